@@ -111,6 +111,13 @@ class FormatSpec(Strict):
     teacher_system_prompt: str | None = Field(None, description="Teacher system prompt (overrides the preset).")
     tags: TagSet = Field(default_factory=TagSet, description="Tag overrides.")
 
+    @model_validator(mode="after")
+    def _preset_exists(self) -> "FormatSpec":
+        bundled = sorted(p.stem for p in (Path(__file__).parent / "formats").glob("*.yaml"))
+        if self.file is None and self.preset not in bundled:
+            raise ValueError(f"preset: unknown format {self.preset!r} (bundled: {', '.join(bundled)})")
+        return self
+
 
 # --------------------------------------------------------------------------- stages
 

@@ -1,0 +1,174 @@
+"""The RLT reward (Cetin et al., arXiv 2506.08388), usable on its own and as a TRL reward function.
+
+For an explanation E of question q with solution s, student π_s, teacher π_θ, temperature τ:
+  r_SS = mean_t ℓ_t + α·min_t ℓ_t      ℓ_t = log π_s^τ(s_t | q, E)  over the solution tokens of the student chat
+  r_KL = mean_t Δ_t + α·max_t Δ_t      Δ_t = log π_θ^τ(e_t | q, s) − log π_s^τ(e_t | q)  over the explanation tokens
+  R    = r_SS − λ·r_KL − penalty·[the explanation was not closed]
+Tokens are matched to E and s by character offsets. Δ pairs a teacher token with the student token that
+covers the same characters of E (identical when both share a tokenizer, as in the paper).
+The teacher's log-probs come from generation (`teacher_logprobs`) when the caller has them, else from
+one teacher forward here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from rlt.prompts import Formatter, Span
+from rlt.scoring import ScoreRequest, SpanScorer, completion_token_offsets
+
+EMPTY_KL = 1.0  # Δ-reduction of an empty explanation: a penalty, never a free pass
+
+
+@dataclass
+class RewardBreakdown:
+    total: list[float] = field(default_factory=list)
+    r_ss: list[float] = field(default_factory=list)
+    r_kl: list[float] = field(default_factory=list)
+    format_penalty: list[float] = field(default_factory=list)
+    solution_logprob_mean: list[float] = field(default_factory=list)
+    solution_logprob_min: list[float] = field(default_factory=list)
+    kl_mean: list[float] = field(default_factory=list)
+    kl_max: list[float] = field(default_factory=list)
+    solution_tokens: list[int] = field(default_factory=list)
+    explanation_tokens: list[int] = field(default_factory=list)
+
+    COMPONENTS = ("r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean", "kl_max")
+
+    def row(self, i: int) -> dict[str, float]:
+        return {k: v[i] for k, v in asdict(self).items()}
+
+    def means(self) -> dict[str, float]:
+        out = {}
+        for k in ("total",) + self.COMPONENTS:
+            vals = getattr(self, k)
+            out[k] = sum(vals) / len(vals) if vals else float("nan")
+        return out
+
+
+class RLTReward:
+    """Score explanations with a frozen student (and the teacher's log-probs)."""
+
+    __name__ = "rlt_reward"  # TRL names reward functions by __name__ in its logs
+
+    def __init__(self, student, student_tokenizer, formatter: Formatter, *, alpha: float = 0.01,
+                 kl_weight: float = 3.0, format_penalty: float = 1.0, temperature: float = 0.7,
+                 teacher=None, teacher_tokenizer=None, batch_size: int = 8, share_prefix: bool = True):
+        self.fmt = formatter
+        self.alpha, self.kl_weight, self.penalty = alpha, kl_weight, format_penalty
+        self.student_tokenizer = student_tokenizer
+        self.student = SpanScorer(student, student_tokenizer, temperature, batch_size, share_prefix)
+        self.teacher_tokenizer = teacher_tokenizer or student_tokenizer
+        self.teacher = (
+            SpanScorer(teacher, self.teacher_tokenizer, temperature, batch_size, share_prefix) if teacher is not None else None
+        )
+        self.last: RewardBreakdown | None = None
+        self.last_seconds = 0.0
+        self.scored_tokens_total = 0
+
+    def set_teacher(self, teacher) -> None:
+        """Point the fallback teacher scorer at a (new) model, e.g. the live policy."""
+        self.teacher = SpanScorer(teacher, self.teacher_tokenizer, self.student.temperature, self.student.batch_size,
+                                  self.student.share_prefix)
+
+    # ---- teacher log-probs of E
+    def _teacher_from_generation(self, completion_ids, teacher_logprobs, explanations):
+        out = []
+        for ids, lps, expl in zip(completion_ids, teacher_logprobs, explanations):
+            offs = completion_token_offsets(self.teacher_tokenizer, ids)
+            out.append({o: float(lp) for o, lp in zip(offs, lps) if o[1] <= len(expl) and o[1] > o[0]})
+        return out
+
+    def _teacher_from_forward(self, questions, solutions, completions, explanations):
+        if self.teacher is None:
+            raise ValueError("RLTReward needs teacher log-probs: pass teacher_logprobs or construct it with teacher=")
+        requests = []
+        for q, s, c, e in zip(questions, solutions, completions, explanations):
+            prompt = self.fmt.teacher_prompt(self.teacher_tokenizer, q, s)
+            requests.append(ScoreRequest(prompt + c, [Span(len(prompt), len(prompt) + len(e))], group=(q, s)))
+        return [
+            {o: float(lp) for o, lp in zip(sc[0].offsets, sc[0].logprobs.tolist())} for sc in self.teacher.score(requests)
+        ]
+
+    # ---- public API
+    def score(self, questions: Sequence[str], solutions: Sequence[str], completions: Sequence[str],
+              teacher_logprobs: Sequence[Sequence[float]] | None = None,
+              completion_ids: Sequence[Sequence[int]] | None = None) -> RewardBreakdown:
+        """Rewards of teacher completions (the text written after the opening explanation tag).
+
+        `teacher_logprobs` (per generated token, at temperature τ) with `completion_ids` skip the teacher forward."""
+        if not (len(questions) == len(solutions) == len(completions)):
+            raise ValueError("questions, solutions and completions must have the same length")
+        started = time.perf_counter()
+        parts = [self.fmt.split_explanation(c) for c in completions]
+        explanations = [e for e, _ in parts]
+        if teacher_logprobs is not None:
+            if completion_ids is None:
+                raise ValueError("teacher_logprobs need the completion_ids they belong to")
+            teacher = self._teacher_from_generation(completion_ids, teacher_logprobs, explanations)
+        else:
+            teacher = self._teacher_from_forward(questions, solutions, completions, explanations)
+
+        requests = []
+        for q, s, e in zip(questions, solutions, explanations):
+            text, e_span, s_span = self.fmt.student_chat(self.student_tokenizer, q, e, s)
+            requests.append(ScoreRequest(text, [e_span, s_span], group=q))
+        scores = self.student.score(requests)
+
+        out = RewardBreakdown()
+        for (expl, closed), (e_sc, s_sc), t_lp in zip(parts, scores, teacher):
+            sol = s_sc.logprobs
+            if len(sol) == 0:
+                raise ValueError("no solution token could be scored: the solution text is empty after tokenisation")
+            sol_mean, sol_min = float(sol.mean()), float(sol.min())
+            deltas = [t_lp[o] - lp for o, lp in zip(e_sc.offsets, e_sc.logprobs.tolist()) if o in t_lp]
+            kl_mean = sum(deltas) / len(deltas) if deltas else EMPTY_KL
+            kl_max = max(deltas) if deltas else EMPTY_KL
+            r_ss = sol_mean + self.alpha * sol_min
+            r_kl = kl_mean + self.alpha * kl_max
+            pen = 0.0 if closed else self.penalty
+            total = r_ss - self.kl_weight * r_kl - pen
+            if not math.isfinite(total):
+                raise FloatingPointError(f"reward is not finite (r_ss={r_ss}, r_kl={r_kl}) for explanation {expl[:80]!r}")
+            out.total.append(total)
+            out.r_ss.append(r_ss)
+            out.r_kl.append(r_kl)
+            out.format_penalty.append(pen)
+            out.solution_logprob_mean.append(sol_mean)
+            out.solution_logprob_min.append(sol_min)
+            out.kl_mean.append(kl_mean)
+            out.kl_max.append(kl_max)
+            out.solution_tokens.append(len(sol))
+            out.explanation_tokens.append(len(e_sc))
+        self.last = out
+        self.last_seconds = time.perf_counter() - started
+        self.scored_tokens_total += sum(out.solution_tokens) + sum(out.explanation_tokens)
+        return out
+
+    def __call__(self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str],
+                 completion_ids: list[list[int]] | None = None, teacher_logprobs: list[list[float]] | None = None,
+                 log_metric=None, **_: Any) -> list[float]:
+        """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        if teacher_logprobs is not None and any(lp is None for lp in teacher_logprobs):
+            teacher_logprobs = None
+        result = self.score(question, solution, texts, teacher_logprobs, completion_ids)
+        if log_metric is not None:
+            for k, v in result.means().items():
+                if k != "total":
+                    log_metric(f"rlt/{k}", v)
+        return result.total
+
+
+def reward_from_spec(spec, student, student_tokenizer, formatter: Formatter, teacher=None, teacher_tokenizer=None) -> RLTReward:
+    r = spec.stages.rl.reward
+    return RLTReward(
+        student, student_tokenizer, formatter, alpha=r.alpha, kl_weight=r.kl_weight, format_penalty=r.format_penalty,
+        temperature=r.student_temperature or spec.stages.rl.temperature, teacher=teacher,
+        teacher_tokenizer=teacher_tokenizer, batch_size=r.batch_size, share_prefix=r.share_prefix,
+    )

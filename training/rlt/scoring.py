@@ -1,0 +1,217 @@
+"""Tempered log-probs of the tokens inside character spans of texts, computed with as little work as possible.
+
+What makes it cheap (see docs/reward.md and benchmarks/reward_scoring.py):
+- requests are sorted by length and run in right-padded micro-batches; right padding needs no attention
+  mask under a causal model, so real tokens never see padding;
+- only the backbone runs on every position; the LM head and an fp32 log-softmax run only on the rows
+  that predict a scored token, in chunks, so no [batch, length, vocab] tensor ever exists;
+- requests of one group (the G explanations of one question) share a token prefix (system prompt and
+  question): it runs once and its KV cache is reused for every micro-batch of the group.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+import torch
+
+from rlt.prompts import Span
+
+MIN_SHARED_PREFIX = 8  # below this, a separate prefix pass costs more than it saves
+
+
+@dataclass
+class ScoreRequest:
+    text: str
+    spans: Sequence[Span]
+    group: Hashable | None = None  # same group = likely shared prefix
+
+
+@dataclass
+class SpanScores:
+    """Scored tokens of one span: char offsets relative to the span start, and their log-probs."""
+
+    offsets: list[tuple[int, int]]
+    logprobs: torch.Tensor  # float32, one per token
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+@dataclass
+class ScoringStats:
+    forward_tokens: int = 0  # positions run through the backbone
+    scored_tokens: int = 0  # rows run through the head
+    prefix_tokens_saved: int = 0
+
+    def add(self, other: "ScoringStats") -> None:
+        self.forward_tokens += other.forward_tokens
+        self.scored_tokens += other.scored_tokens
+        self.prefix_tokens_saved += other.prefix_tokens_saved
+
+
+@dataclass
+class _Seq:
+    index: int
+    ids: list[int]
+    targets: list[list[int]]  # per span: token positions t whose log p(ids[t] | ids[:t]) is wanted
+    offsets: list[list[tuple[int, int]]] = field(default_factory=list)
+
+
+def _common_prefix_len(seqs: list[list[int]]) -> int:
+    first, n = seqs[0], min(len(s) for s in seqs)
+    for i in range(n):
+        tok = first[i]
+        if any(s[i] != tok for s in seqs[1:]):
+            return i
+    return n
+
+
+class SpanScorer:
+    """log softmax(logits / temperature) at the tokens that lie wholly inside the requested spans."""
+
+    def __init__(self, model, tokenizer, temperature: float = 1.0, batch_size: int = 8, share_prefix: bool = True,
+                 head_chunk: int = 128):
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError("span scoring needs a fast tokenizer (character offsets)")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.batch_size = batch_size
+        self.share_prefix = share_prefix
+        self.head_chunk = head_chunk
+        self.backbone = getattr(model, model.base_model_prefix)
+        self.head = model.get_output_embeddings()
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.stats = ScoringStats()
+
+    # ---- preparation
+    def _prepare(self, requests: Sequence[ScoreRequest]) -> list[_Seq]:
+        enc = self.tokenizer([r.text for r in requests], add_special_tokens=False, return_offsets_mapping=True)
+        seqs = []
+        for i, req in enumerate(requests):
+            ids, offs = enc["input_ids"][i], enc["offset_mapping"][i]
+            seq = _Seq(i, ids, [])
+            for span in req.spans:
+                pos = [t for t, (s, e) in enumerate(offs) if t > 0 and e > s and s >= span.start and e <= span.end]
+                seq.targets.append(pos)
+                seq.offsets.append([(offs[t][0] - span.start, offs[t][1] - span.start) for t in pos])
+            seqs.append(seq)
+        return seqs
+
+    def _plan(self, requests: Sequence[ScoreRequest], seqs: list[_Seq]) -> list[tuple[int, list[_Seq]]]:
+        """(shared prefix length, micro-batch) pairs; a micro-batch never mixes prefixes."""
+        groups: dict[Hashable, list[_Seq]] = defaultdict(list)
+        loose: list[_Seq] = []
+        for req, seq in zip(requests, seqs):
+            (groups[req.group] if (self.share_prefix and req.group is not None) else loose).append(seq)
+        plan: list[tuple[int, list[_Seq]]] = []
+        for members in groups.values():
+            first_needed = min((t for s in members for span in s.targets for t in span), default=1)
+            prefix = min(_common_prefix_len([s.ids for s in members]), first_needed - 1,
+                         min(len(s.ids) for s in members) - 1)
+            if len(members) < 2 or prefix < MIN_SHARED_PREFIX:
+                loose += members
+                continue
+            members.sort(key=lambda s: len(s.ids))
+            plan += [(prefix, members[i : i + self.batch_size]) for i in range(0, len(members), self.batch_size)]
+        loose.sort(key=lambda s: len(s.ids))
+        plan += [(0, loose[i : i + self.batch_size]) for i in range(0, len(loose), self.batch_size)]
+        return plan
+
+    # ---- compute
+    def _head_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for i in range(0, hidden.shape[0], self.head_chunk):
+            logits = self.head(hidden[i : i + self.head_chunk]).float()
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            if self.temperature != 1.0:
+                logits.div_(self.temperature)
+            tgt = targets[i : i + self.head_chunk]
+            out[i : i + self.head_chunk] = logits.gather(1, tgt[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
+        return out
+
+    @torch.no_grad()
+    def _run_batch(self, prefix_len: int, batch: list[_Seq], prefix_cache) -> list[list[torch.Tensor]]:
+        device = self.head.weight.device
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        width = max(len(s.ids) for s in batch) - prefix_len
+        ids = torch.full((len(batch), width), pad, dtype=torch.long, device=device)
+        for j, s in enumerate(batch):
+            suffix = s.ids[prefix_len:]
+            ids[j, : len(suffix)] = torch.tensor(suffix, device=device)
+        cache = None
+        if prefix_cache is not None:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(batch))
+        out = self.backbone(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
+        hidden = out.last_hidden_state
+        rows, tgts = [], []
+        for j, s in enumerate(batch):
+            for span in s.targets:
+                rows += [j * width + (t - 1 - prefix_len) for t in span]
+                tgts += [s.ids[t] for t in span]
+        self.stats.forward_tokens += sum(len(s.ids) - prefix_len for s in batch)
+        self.stats.scored_tokens += len(rows)
+        if rows:
+            flat = hidden.reshape(-1, hidden.shape[-1])[torch.tensor(rows, device=device)]
+            lp = self._head_logprobs(flat, torch.tensor(tgts, device=device))
+        else:
+            lp = torch.empty(0)
+        lp = lp.float().cpu()
+        results, k = [], 0
+        for s in batch:
+            per_span = []
+            for span in s.targets:
+                per_span.append(lp[k : k + len(span)])
+                k += len(span)
+            results.append(per_span)
+        return results
+
+    @torch.no_grad()
+    def _prefix_cache(self, ids: list[int]):
+        from transformers import DynamicCache
+
+        device = self.head.weight.device
+        cache = DynamicCache(config=self.model.config)
+        self.backbone(input_ids=torch.tensor([ids], device=device), past_key_values=cache, use_cache=True)
+        self.stats.forward_tokens += len(ids)
+        return cache
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[list[SpanScores]]:
+        if not requests:
+            return []
+        seqs = self._prepare(requests)
+        results: list[list[SpanScores] | None] = [None] * len(requests)
+        cache_key, cache = None, None
+        for prefix_len, batch in self._plan(requests, seqs):
+            if prefix_len:
+                key = (prefix_len, tuple(batch[0].ids[:prefix_len]))
+                if key != cache_key:
+                    cache_key, cache = key, self._prefix_cache(batch[0].ids[:prefix_len])
+                self.stats.prefix_tokens_saved += prefix_len * (len(batch) - 1)
+            for s, per_span in zip(batch, self._run_batch(prefix_len, batch, cache if prefix_len else None)):
+                results[s.index] = [SpanScores(o, lp) for o, lp in zip(s.offsets, per_span)]
+        return results  # type: ignore[return-value]
+
+
+def completion_token_offsets(tokenizer, ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Character range of each generated token inside `decode(ids, skip_special_tokens=True)`.
+
+    Decoding token by token is exact unless a character spans several byte-level tokens; then we fall
+    back to decoding growing prefixes (slower, always right)."""
+    pieces = [tokenizer.decode([i], skip_special_tokens=True) for i in ids]
+    full = tokenizer.decode(list(ids), skip_special_tokens=True)
+    if "".join(pieces) != full:
+        lengths = [len(tokenizer.decode(list(ids[: k + 1]), skip_special_tokens=True)) for k in range(len(ids))]
+        starts = [0] + lengths[:-1]
+        return list(zip(starts, lengths))
+    out, pos = [], 0
+    for p in pieces:
+        out.append((pos, pos + len(p)))
+        pos += len(p)
+    return out
