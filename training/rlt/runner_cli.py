@@ -1,9 +1,54 @@
-"""CLI commands that train: `rlt run` and `rlt stage` (filled in by the training code)."""
+"""CLI commands that train: `rlt run` (local, all stages) and `rlt stage` (one stage, in a pod)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+
+from rlt.spec import STAGE_ORDER, SpecError, load_run
+
+
+def _load(path: str):
+    try:
+        return load_run(path)
+    except SpecError as err:
+        print(str(err), file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rlt.runner import run_local
+
+    run = _load(args.file)
+    port = None if args.metrics_port < 0 else args.metrics_port
+    run_local(run, args.output, port, args.linger, args.stage or None, args.device, not args.no_progress)
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from rlt.metrics import metrics_port_from_env
+    from rlt.runner import run_stage_in_pod
+
+    run = _load(args.config)
+    run_stage_in_pod(run, args.name, args.root, metrics_port_from_env())
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pass
+    p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
+    p.add_argument("file", help="RLTRun YAML")
+    p.add_argument("--output", default="results", help="results folder (default: results)")
+    p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
+    p.add_argument("--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run")
+    p.add_argument("--stage", action="append", choices=STAGE_ORDER, help="run only this stage (repeatable)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("stage", help="run one stage of the run in --config (what the operator's pods execute)")
+    p.add_argument("name", choices=STAGE_ORDER)
+    p.add_argument("--config", required=True, help="RLTRun YAML (the run's ConfigMap)")
+    p.add_argument("--root", default="/data", help="data root (the run's PVC)")
+    p.set_defaults(func=cmd_stage)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

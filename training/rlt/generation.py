@@ -1,0 +1,77 @@
+"""Sampling teacher completions together with the tempered log-probs of the sampled tokens.
+
+Those log-probs are the teacher term of the RLT reward: taking them from sampling (in-process) or from
+vLLM's returned logprobs (server mode, `--logprobs-mode processed_logprobs`) saves a teacher forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class Samples:
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]  # up to and including the first EOS
+    logprobs: list[list[float]]  # log π(token | prefix) at the sampling temperature, one per completion token
+
+
+@torch.no_grad()
+def sample_with_logprobs(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, temperature: float, top_p: float,
+                         max_new_tokens: int, batch_size: int | None = None) -> Samples:
+    """One completion per prompt (repeat prompts for G samples), left-padded batches of `batch_size`."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id
+    eos = set(tokenizer.all_special_ids) & {tokenizer.eos_token_id, *([model.generation_config.eos_token_id]
+                                            if isinstance(model.generation_config.eos_token_id, int)
+                                            else (model.generation_config.eos_token_id or []))}
+    out = Samples([list(p) for p in prompt_ids], [], [])
+    step = batch_size or len(prompt_ids)
+    for start in range(0, len(prompt_ids), step):
+        chunk = prompt_ids[start : start + step]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for j, p in enumerate(chunk):
+            ids[j, width - len(p) :] = torch.tensor(p, device=device)
+            mask[j, width - len(p) :] = 1
+        gen = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+            max_new_tokens=max_new_tokens, pad_token_id=pad, output_scores=True, return_dict_in_generate=True,
+        )
+        new = gen.sequences[:, width:]
+        # scores are the processed logits (after temperature/top-p): their log-softmax is the sampling log-prob
+        lps = torch.stack([torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t : t + 1]).squeeze(1)
+                           for t, s in enumerate(gen.scores)], dim=1) if gen.scores else torch.empty(len(chunk), 0)
+        for j in range(len(chunk)):
+            toks = new[j].tolist()
+            end = next((k + 1 for k, t in enumerate(toks) if t in eos), len(toks))
+            out.completion_ids.append(toks[:end])
+            out.logprobs.append(lps[j, :end].tolist())
+    return out
+
+
+def server_generate(base_url: str, prompt_ids: Sequence[Sequence[int]], *, n: int, temperature: float, top_p: float,
+                    max_new_tokens: int, timeout: float = 600.0) -> Samples:
+    """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out)."""
+    import requests
+
+    models = requests.get(f"{base_url}/v1/models", timeout=timeout).json()
+    body = {
+        "model": models["data"][0]["id"], "prompt": [list(p) for p in prompt_ids], "n": n, "temperature": temperature,
+        "top_p": top_p, "top_k": -1, "max_tokens": max_new_tokens, "logprobs": 0, "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
+    resp = requests.post(f"{base_url}/v1/completions", json=body, timeout=timeout)
+    if resp.status_code != 200:
+        raise RuntimeError(f"vLLM server {base_url} answered {resp.status_code}: {resp.text[:300]}")
+    choices = resp.json()["choices"]  # prompt-major: n choices per prompt
+    out = Samples([], [], [])
+    for k, choice in enumerate(choices):
+        out.prompt_ids.append(list(prompt_ids[k // n]))
+        out.completion_ids.append(choice["token_ids"])
+        out.logprobs.append([float("nan") if x is None else x for x in choice["logprobs"]["token_logprobs"]])
+    return out

@@ -1,0 +1,92 @@
+"""PNG plots of a run from its metrics.jsonl: RL reward and components per step, SFT loss, RL step-time split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _latest_per_step(rows: list[dict], stage: str) -> list[dict]:
+    """One row per step (a resumed run may log a step twice: keep the last)."""
+    by_step = {r["step"]: r for r in rows if r["stage"] == stage}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_file)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    rl = _latest_per_step(rows, "rl")
+    if rl:
+        steps = [r["step"] for r in rl]
+        fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+        panels = [
+            ("reward R = r_SS − λ·r_KL − penalty", [("reward", "R (mean)")]),
+            ("r_SS: student log-prob of the solution", [("r_ss", "r_SS"), ("solution_logprob_mean", "mean ℓ"),
+                                                        ("solution_logprob_min", "min ℓ")]),
+            ("r_KL: teacher − student log-prob on the explanation", [("r_kl", "r_KL"), ("kl_mean", "mean Δ"),
+                                                                      ("kl_max", "max Δ")]),
+            ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL")]),
+        ]
+        for ax, (title, series) in zip(axes.flat, panels):
+            for key, label in series:
+                ys = [r.get(key) for r in rl]
+                if any(y is not None for y in ys):
+                    ax.plot(steps, ys, marker="o", label=label)
+            if title.startswith("reward") and all("reward_std" in r for r in rl):
+                mean = [r["reward"] for r in rl]
+                std = [r["reward_std"] for r in rl]
+                ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                                alpha=0.2, label="± std")
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        for ax in axes[1]:
+            ax.set_xlabel("RL step")
+        fig.suptitle("RLT reward per step")
+        fig.tight_layout()
+        written.append(out_dir / "rl_reward.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+        bottom = [0.0] * len(rl)
+        for phase in ("generate", "score", "update", "weight_sync"):
+            ys = [r.get(f"seconds_{phase}", 0.0) for r in rl]
+            if any(ys):
+                ax.bar(steps, ys, bottom=bottom, label=phase)
+                bottom = [b + y for b, y in zip(bottom, ys)]
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("seconds")
+        ax.set_title("RL step time by phase")
+        ax.legend()
+        fig.tight_layout()
+        written.append(out_dir / "rl_step_time.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+    sft = _latest_per_step(rows, "sft")
+    if sft and any("loss" in r for r in sft):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot([r["step"] for r in sft if "loss" in r], [r["loss"] for r in sft if "loss" in r], marker="o")
+        ax.set_xlabel("SFT step")
+        ax.set_ylabel("loss (explanation tokens)")
+        ax.set_title("SFT warm-up loss")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        written.append(out_dir / "sft_loss.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written

@@ -1,0 +1,217 @@
+"""What every stage shares: its context, the record it keeps (metrics.jsonl, progress.json, Prometheus) and a
+Trainer callback that feeds that record with a progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.metrics import STEP_PHASES, TrainerMetrics
+from rlt.spec import RLTRun
+
+
+@dataclass
+class StageContext:
+    run: RLTRun
+    layout: RunLayout
+    metrics: TrainerMetrics | None = None
+    device: str | None = None
+    show_progress: bool = True
+
+    @property
+    def spec(self):
+        return self.run.spec
+
+    @property
+    def is_main(self) -> bool:
+        return int(os.environ.get("RANK", "0")) == 0
+
+    def world_size(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class Recorder:
+    """Appends step records to metrics.jsonl, updates progress.json and the Prometheus gauges (rank 0 only)."""
+
+    def __init__(self, ctx: StageContext, stage: str, total_steps: int):
+        self.ctx, self.stage, self.total = ctx, stage, total_steps
+        self.started = time.time()
+        if ctx.metrics:
+            ctx.metrics.stage = stage
+            ctx.metrics.set("rlt_total_steps", total_steps)
+            ctx.metrics.set("rlt_stage_completed", 0)
+        self.last_checkpoint: str | None = None
+        self.progress: dict[str, Any] = {}
+
+    def set_total(self, total: int) -> None:
+        self.total = total
+        if self.ctx.metrics:
+            self.ctx.metrics.set("rlt_total_steps", total)
+
+    def record(self, step: int, values: dict[str, float]) -> None:
+        if not self.ctx.is_main:
+            return
+        row = {"stage": self.stage, "step": step, "time": round(time.time(), 3), **values}
+        path = self.ctx.layout.metrics_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        m = self.ctx.metrics
+        if m:
+            m.set("rlt_step", step)
+            for key, name in (("reward", "rlt_reward_mean"), ("reward_std", "rlt_reward_std"), ("kl", "rlt_policy_kl"),
+                              ("loss", "rlt_loss")):
+                if key in values and math.isfinite(values[key]):
+                    m.set(name, values[key])
+            for comp in ("r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean", "kl_max"):
+                if comp in values:
+                    m.set("rlt_reward_component", values[comp], component=comp)
+            for phase in STEP_PHASES:
+                if f"seconds_{phase}" in values:
+                    m.observe("rlt_step_phase_seconds", values[f"seconds_{phase}"], phase=phase)
+            if "step_seconds" in values:
+                m.observe("rlt_step_seconds", values["step_seconds"])
+            if values.get("generated_tokens"):
+                m.inc("rlt_generated_tokens_total", values["generated_tokens"])
+            if values.get("scored_tokens"):
+                m.inc("rlt_scored_tokens_total", values["scored_tokens"])
+        self.write_progress(step, values)
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self.last_checkpoint = path
+        if self.ctx.metrics:
+            self.ctx.metrics.set("rlt_checkpoint_step", step)
+            self.ctx.metrics.set("rlt_checkpoint_timestamp_seconds", time.time())
+        self.write_progress(step, {})
+
+    def write_progress(self, step: int, values: dict[str, float]) -> None:
+        if not self.ctx.is_main:
+            return
+        self.progress.update({
+            "stage": self.stage, "step": step, "totalSteps": self.total,
+            "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        })
+        if "reward" in values:
+            self.progress["rewardMean"] = values["reward"]
+        if "tokens_per_second" in values:
+            self.progress["tokensPerSecond"] = values["tokens_per_second"]
+        if self.last_checkpoint:
+            self.progress["lastCheckpoint"] = self.last_checkpoint
+        atomic_write_json(self.ctx.layout.progress_file, self.progress)
+
+    def done(self) -> None:
+        if self.ctx.metrics:
+            self.ctx.metrics.set("rlt_stage_completed", 1)
+        if self.ctx.is_main:
+            atomic_write_text(self.ctx.layout.stage_done(self.stage), time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+
+
+class PhaseTimer:
+    """Seconds per phase of the current optimizer step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
+def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = True):
+    """A transformers TrainerCallback: progress bar (step/total, ETA, reward or loss) and the stage record."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    class RecordCallback(TrainerCallback):
+        def __init__(self):
+            self.bar = None
+            self.step_started = time.perf_counter()
+            self.pending: dict[str, float] = {}
+
+        def on_train_begin(self, args, state, control, **kw):
+            recorder.set_total(state.max_steps)
+            if recorder.ctx.is_main and show_progress:
+                self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=recorder.stage, unit="step",
+                                dynamic_ncols=True)
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.step_started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            values = {"step_seconds": time.perf_counter() - self.step_started}
+            if extra_values is not None:
+                values.update(extra_values(values["step_seconds"]))
+            self.pending = values
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            values = dict(self.pending)
+            for key in ("loss", "reward", "reward_std", "kl", "grad_norm", "learning_rate", "entropy"):
+                if key in logs and isinstance(logs[key], (int, float)):
+                    values.setdefault(key, float(logs[key]))
+            if "train_loss" in logs:
+                return
+            recorder.record(state.global_step, values)
+            if self.bar is not None:
+                self.bar.n = state.global_step
+                shown = {k: f"{values[k]:.3f}" for k in ("reward", "loss") if k in values}
+                self.bar.set_postfix(shown, refresh=True)
+
+        def on_save(self, args, state, control, **kw):
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            recorder.checkpoint(state.global_step, str(path))
+
+        def on_train_end(self, args, state, control, **kw):
+            if self.bar is not None:
+                self.bar.n = state.global_step
+                self.bar.close()
+
+    return RecordCallback()
+
+
+def quiet_trainer(trainer) -> None:
+    """Our callback prints progress; drop the Trainer's own log printer."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+def trainer_precision(device: str) -> dict[str, Any]:
+    """TrainingArguments for the device: fp32 on CPU (TRL defaults to bf16, which the CPU path rejects)."""
+    if device == "cpu":
+        return {"use_cpu": True, "bf16": False}
+    return {"bf16": True}
+
+
+def deepspeed_config(stage: int) -> dict[str, Any] | None:
+    """ZeRO config for distributed runs (WORLD_SIZE > 1); None for a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or stage == 0:
+        return None
+    return {
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+        "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+        "zero_optimization": {"stage": stage, "overlap_comm": True,
+                              **({"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {})},
+    }
+
+
+def last_checkpoint(directory: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(directory)) if directory.is_dir() else None

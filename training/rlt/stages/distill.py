@@ -1,0 +1,86 @@
+"""Stage `distill`: the trained teacher explains every question; the best of `samplesPerQuestion` candidates by
+RLT reward becomes a student-format row: question, reasoning_trace, solution, reward (JSONL, written atomically)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rlt.data import load_data
+from rlt.generation import sample_with_logprobs, server_generate
+from rlt.layout import atomic_write_text
+from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.prompts import Formatter, resolve_format
+from rlt.reward import reward_from_spec
+from rlt.spec import ModelRef
+from rlt.stages.common import Recorder, StageContext
+
+
+def trained_teacher(ctx: StageContext) -> ModelRef:
+    """The newest teacher the run has produced: RL's, else SFT's, else the spec's."""
+    for stage in ("rl", "sft"):
+        if getattr(ctx.spec.stages, stage).enabled:
+            if not ctx.layout.stage_done(stage).exists():
+                raise RuntimeError(f"stage distill needs the {stage} stage's model; run stage {stage} first")
+            return ctx.spec.teacher.model_copy(update={"model": str(ctx.layout.model_dir(stage)), "revision": None})
+    return ctx.spec.teacher
+
+
+def run_distill(ctx: StageContext) -> str:
+    from tqdm.auto import tqdm
+
+    spec, st = ctx.spec, ctx.spec.stages.distill
+    device = ctx.device or pick_device()
+    formatter = Formatter(resolve_format(spec.format))
+    teacher_ref = trained_teacher(ctx)
+    tokenizer = load_tokenizer(teacher_ref, padding_side="left")
+    rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
+    gen = spec.stages.rl.generation
+    teacher = None if gen.mode == "server" else load_model(teacher_ref, device)
+    student = load_model(spec.student, device)
+    reward = reward_from_spec(spec, student, load_tokenizer(spec.student, padding_side="right"), formatter,
+                              teacher_tokenizer=tokenizer)
+    n = st.samples_per_question
+    recorder = Recorder(ctx, "distill", len(rows))
+    out_rows = []
+    per_batch = max(1, st.batch_size)
+    bar = tqdm(total=len(rows), desc="distill", unit="q", disable=not (ctx.show_progress and ctx.is_main))
+    for start in range(0, len(rows), per_batch):
+        t0 = time.perf_counter()
+        chunk = rows[start : start + per_batch]
+        prompt_ids = [tokenizer(formatter.teacher_prompt(tokenizer, r["question"], r["solution"]),
+                                add_special_tokens=False).input_ids for r in chunk]
+        if teacher is None:
+            samples = server_generate(gen.server_url, prompt_ids, n=n, temperature=st.temperature, top_p=1.0,
+                                      max_new_tokens=st.max_new_tokens, timeout=gen.server_timeout_seconds)
+        else:
+            samples = sample_with_logprobs(teacher, tokenizer, [p for p in prompt_ids for _ in range(n)],
+                                           temperature=st.temperature, top_p=1.0, max_new_tokens=st.max_new_tokens,
+                                           batch_size=per_batch * n)
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in samples.completion_ids]
+        questions = [r["question"] for r in chunk for _ in range(n)]
+        solutions = [r["solution"] for r in chunk for _ in range(n)]
+        scores = reward.score(questions, solutions, texts, samples.logprobs, samples.completion_ids)
+        for i, r in enumerate(chunk):
+            cands = range(i * n, (i + 1) * n)
+            best = max(cands, key=lambda k: scores.total[k])
+            explanation, closed = formatter.split_explanation(texts[best])
+            out_rows.append({
+                "question": r["question"], "reasoning_trace": explanation, "solution": r["solution"],
+                "reward": scores.total[best], "closed": closed, "candidate_rewards": [scores.total[k] for k in cands],
+                "source_row": r["row"], "messages": formatter.student_messages(r["question"], explanation, r["solution"]),
+            })
+        elapsed = time.perf_counter() - t0
+        gen_tokens = sum(len(c) for c in samples.completion_ids)
+        recorder.record(len(out_rows), {"reward": sum(scores.total) / len(scores.total), "step_seconds": elapsed,
+                                        "generated_tokens": gen_tokens, "tokens_per_second": gen_tokens / elapsed,
+                                        **{k: v for k, v in scores.means().items() if k != "total"}})
+        if ctx.metrics:
+            ctx.metrics.inc("rlt_distill_rows_total", len(chunk))
+        bar.update(len(chunk))
+    bar.close()
+    path = ctx.layout.distill_dataset
+    if ctx.is_main:
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out_rows))
+    recorder.done()
+    return str(path)

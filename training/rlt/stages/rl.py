@@ -1,0 +1,164 @@
+"""Stage `rl`: GRPO of the teacher with the RLT reward (TRL GRPOTrainer).
+
+Generation goes through a rollout function so that the teacher's log-probs of every sampled token come back
+with the sample (in-process sampling, or vLLM's returned logprobs in server mode) and reach the reward: the
+r_KL teacher term then costs no extra forward. In server mode TRL keeps the vLLM weights in sync every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from rlt.data import DataError, load_data
+from rlt.generation import sample_with_logprobs
+from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.prompts import Formatter, resolve_format
+from rlt.reward import reward_from_spec
+from rlt.spec import ModelRef
+from rlt.stages.common import (quiet_trainer, PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
+                               trainer_precision)
+
+log = logging.getLogger(__name__)
+
+
+def teacher_start(ctx: StageContext) -> ModelRef:
+    """RL starts from the SFT model when the run has an SFT stage, else from spec.teacher."""
+    if ctx.spec.stages.sft.enabled:
+        path = ctx.layout.model_dir("sft")
+        if not ctx.layout.stage_done("sft").exists():
+            raise RuntimeError(f"stage rl needs the sft stage's model at {path}; run stage sft first")
+        return ctx.spec.teacher.model_copy(update={"model": str(path), "revision": None})
+    return ctx.spec.teacher
+
+
+def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str) -> list[dict[str, str]]:
+    out = []
+    for r in rows:
+        prompt = formatter.teacher_prompt(tokenizer, r["question"], r["solution"])
+        n = len(tokenizer(prompt, add_special_tokens=False).input_ids)
+        if n > max_prompt_tokens:
+            msg = f"row {r['row']}: teacher prompt is {n} tokens, over stages.rl.maxPromptLength={max_prompt_tokens}"
+            if bad_rows == "reject":
+                raise DataError(msg)
+            log.warning("skipping %s", msg)
+            continue
+        out.append({"prompt": prompt, "question": r["question"], "solution": r["solution"]})
+    if not out:
+        raise DataError("stage rl: no usable rows")
+    return out
+
+
+def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
+    def rollout(prompts, trainer):
+        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        with timer.phase("generate"):
+            if trainer.use_vllm:  # server mode: TRL's client; logprobs are vLLM's processed (tempered) ones
+                _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
+                    prompts=prompt_ids, images=None, num_generations=trainer.num_generations)
+                logprobs = [[lp[0] for lp in seq] for seq in logprobs]
+            else:
+                from trl.models import unwrap_model_for_generation
+
+                with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                                 gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as m:
+                    was_training = m.training
+                    m.eval()
+                    s = sample_with_logprobs(m, tokenizer, prompt_ids, temperature=st.temperature, top_p=st.top_p,
+                                             max_new_tokens=st.max_completion_length)
+                    m.train(was_training)
+                completion_ids, logprobs = s.completion_ids, s.logprobs
+        counters["generated_tokens"] += sum(len(c) for c in completion_ids)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
+                "teacher_logprobs": logprobs}
+
+    return rollout
+
+
+def run_rl(ctx: StageContext) -> str:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    spec, st = ctx.spec, ctx.spec.stages.rl
+    device = ctx.device or pick_device()
+    formatter = Formatter(resolve_format(spec.format))
+    start = teacher_start(ctx)
+    tokenizer = load_tokenizer(start, padding_side="left")
+    data = load_data(spec.dataset, formatter.fmt)
+    rows = rl_rows(data.train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows)
+
+    student = load_model(spec.student, device)
+    student_tok = load_tokenizer(spec.student, padding_side="right")
+    reward = reward_from_spec(spec, student, student_tok, formatter, teacher_tokenizer=tokenizer)
+
+    world = ctx.world_size()
+    ga = st.batch_size // (st.per_device_batch_size * world)
+    if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
+        raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
+                         f"({st.per_device_batch_size} × {world})")
+    server = st.generation.mode == "server"
+    if server and not st.generation.server_url:
+        raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
+    ckpt_dir = ctx.layout.checkpoints_dir("rl")
+    args = GRPOConfig(
+        output_dir=str(ckpt_dir), max_steps=st.steps, per_device_train_batch_size=st.per_device_batch_size,
+        gradient_accumulation_steps=ga, steps_per_generation=ga, num_generations=st.num_generations,
+        num_iterations=1, max_completion_length=st.max_completion_length, temperature=st.temperature,
+        top_p=st.top_p, top_k=0, learning_rate=st.learning_rate, lr_scheduler_type="constant", beta=st.beta,
+        loss_type="grpo", scale_rewards="group", mask_truncated_completions=False,
+        sync_ref_model=st.ref_sync.enabled and st.beta > 0, ref_model_mixup_alpha=st.ref_sync.alpha,
+        ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
+        save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
+        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True, deepspeed=deepspeed_config(st.deepspeed_zero_stage),
+        use_vllm=server, vllm_mode="server", vllm_server_base_url=st.generation.server_url,
+        vllm_server_timeout=st.generation.server_timeout_seconds, **trainer_precision(device),
+    )
+    timer = PhaseTimer()
+    counters = {"generated_tokens": 0}
+    scored = {"last": 0}
+    original_score = reward.score
+
+    def timed_score(*a, **kw):
+        with timer.phase("score"):
+            return original_score(*a, **kw)
+
+    reward.score = timed_score  # the score phase of the step timer
+
+    def step_values(step_seconds: float) -> dict[str, float]:
+        phases = timer.take()
+        values = {f"seconds_{k}": v for k, v in phases.items()}
+        values["seconds_update"] = max(0.0, step_seconds - sum(phases.values()))
+        if reward.last is not None:
+            values.update({k: v for k, v in reward.last.means().items() if k != "total"})
+            values["explanation_tokens"] = sum(reward.last.explanation_tokens) / max(1, len(reward.last.explanation_tokens))
+        values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
+        values["scored_tokens"] = reward.scored_tokens_total - scored["last"]
+        scored["last"] = reward.scored_tokens_total
+        values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
+        return values
+
+    recorder = Recorder(ctx, "rl", st.steps)
+    model = load_model(start, device, trainable=True)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer, rollout_func=make_rollout(tokenizer, timer, st, counters),
+        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
+    )
+    if server:  # time TRL's weight push to the vLLM server as its own phase
+        sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync(*a, **kw):
+            with timer.phase("weight_sync"):
+                return sync(*a, **kw)
+
+        trainer.vllm_generation.sync_weights = timed_sync
+    quiet_trainer(trainer)
+    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
+    out = ctx.layout.model_dir("rl")
+    trainer.save_model(str(out))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(out))
+    recorder.done()
+    return str(out)

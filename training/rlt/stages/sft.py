@@ -1,0 +1,69 @@
+"""Stage `sft`: warm up the teacher on teacher-format traces (TRL SFTTrainer, loss on the explanation only)."""
+
+from __future__ import annotations
+
+import logging
+
+from rlt.data import DataError, load_data
+from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.prompts import Formatter, resolve_format
+from rlt.stages.common import (quiet_trainer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
+                               trainer_precision)
+
+log = logging.getLogger(__name__)
+
+
+def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[str, str]]:
+    """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed."""
+    out = []
+    for r in rows:
+        if not r.get("reasoning_trace"):
+            msg = f"row {r['row']}: reasoning_trace is missing; stage sft learns explanations from it"
+            if bad_rows == "reject":
+                raise DataError(msg + " (map spec.dataset.columns.reasoningTrace, disable stages.sft, or set badRows: skip)")
+            log.warning("skipping %s", msg)
+            continue
+        out.append({
+            "prompt": formatter.teacher_prompt(tokenizer, r["question"], r["solution"]),
+            "completion": formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token),
+        })
+    if not out:
+        raise DataError("stage sft: no row has a reasoning_trace")
+    return out
+
+
+def run_sft(ctx: StageContext) -> str:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    spec, st = ctx.spec, ctx.spec.stages.sft
+    device = ctx.device or pick_device()
+    formatter = Formatter(resolve_format(spec.format))
+    tokenizer = load_tokenizer(spec.teacher, padding_side="right")
+    data = load_data(spec.dataset, formatter.fmt)
+    rows = sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows)
+
+    world = ctx.world_size()
+    ckpt_dir = ctx.layout.checkpoints_dir("sft")
+    args = SFTConfig(
+        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
+        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * world)),
+        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
+        weight_decay=st.weight_decay, adam_beta2=0.95, max_grad_norm=1.0, num_train_epochs=st.epochs,
+        max_steps=st.max_steps or -1, max_length=st.max_length, completion_only_loss=True, packing=False,
+        save_steps=st.save_steps, save_strategy="steps", logging_steps=1, report_to="none", seed=spec.seed,
+        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True, deepspeed=deepspeed_config(3),
+        **trainer_precision(device),
+    )
+    model = load_model(spec.teacher, device, trainable=True)
+    recorder = Recorder(ctx, "sft", total_steps=0)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)])
+    quiet_trainer(trainer)
+    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
+    out = ctx.layout.model_dir("sft")
+    trainer.save_model(str(out))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(out))
+    recorder.done()
+    return str(out)
