@@ -1,0 +1,467 @@
+"""Pure builders: an RLTRun → the manifests of its children. No I/O, no Kopf.
+
+Every child has a fixed name derived from the run (so a repeated or restarted reconcile finds it
+instead of duplicating it), the labels below, and a controller owner reference to the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
+
+# Labels and annotations (one prefix for everything the operator owns).
+PREFIX = "rlt.dev"
+L_RUN = f"{PREFIX}/run"
+L_ROLE = f"{PREFIX}/role"
+L_STAGE = f"{PREFIX}/stage"
+L_RESTART = f"{PREFIX}/restart"
+A_CONFIG_HASH = f"{PREFIX}/config-hash"
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+ROLE_CONFIG, ROLE_DATA, ROLE_TRAINER, ROLE_GENERATOR = "config", "data", "trainer", "generator"
+
+GPU = "nvidia.com/gpu"
+MASTER_PORT = 29500
+METRICS_PORT = 9400  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
+VLLM_PORT = 8000
+RUN_AS_USER = 1000
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """What the builders need to know about the RLTRun object itself."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+# --------------------------------------------------------------------------- names
+
+
+def config_name(run: str) -> str:
+    return f"{run}-config"
+
+
+def data_claim_name(run: str, spec: RLTRunSpec) -> str:
+    return spec.storage.existing_claim or f"{run}-data"
+
+
+def trainer_name(run: str, stage: str) -> str:
+    """Job and its headless Service (pod DNS `<job>-<index>.<job>`)."""
+    return f"{run}-{stage}"
+
+
+def generator_name(run: str) -> str:
+    """StatefulSet and its headless Service; one per run, replaced when the stage changes."""
+    return f"{run}-generator"
+
+
+def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
+    """vLLM servers run beside the trainer when generation is in server mode (rl and distill)."""
+    return stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server"
+
+
+def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None) -> list[tuple[str, str]]:
+    """(plural, name) of every child a run can have; a user's existing claim is not ours to delete."""
+    out = [("statefulsets", generator_name(run)), ("services", generator_name(run))]
+    for stage in stages:
+        out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
+    out.append(("configmaps", config_name(run)))
+    if not existing_claim:
+        out.append(("persistentvolumeclaims", f"{run}-data"))
+    return out
+
+
+def generator_url(run: str, namespace: str) -> str:
+    return f"http://{generator_name(run)}.{namespace}.svc:{VLLM_PORT}"
+
+
+def layout(run: str) -> RunLayout:
+    return RunLayout.for_run(PVC_MOUNT, run)
+
+
+def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
+    """What vLLM serves: the newest teacher the stages before `stage` produced, else the spec's teacher."""
+    enabled = spec.stages.enabled()
+    before = enabled[: enabled.index(stage)] if stage in enabled else []
+    for prior in reversed(before):
+        if prior in ("sft", "rl"):
+            return str(layout(run).model_dir(prior))
+    return spec.teacher.model
+
+
+def outputs(run: str, spec: RLTRunSpec) -> dict[str, str]:
+    out: dict[str, str] = {}
+    enabled = spec.stages.enabled()
+    trained = [s for s in enabled if s in ("sft", "rl")]
+    if trained:
+        out["teacherCheckpoint"] = str(layout(run).model_dir(trained[-1]))
+    if "distill" in enabled:
+        out["distilledDataset"] = str(layout(run).distill_dataset)
+    return out
+
+
+# --------------------------------------------------------------------------- common parts
+
+
+def labels(run: str, role: str, stage: str | None = None, restart: int | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "rlt",
+        "app.kubernetes.io/instance": run,
+        "app.kubernetes.io/managed-by": "rlt-operator",
+        L_RUN: run,
+        L_ROLE: role,
+    }
+    if stage is not None:
+        out[L_STAGE] = stage
+    if restart is not None:
+        out[L_RESTART] = str(restart)
+    return out
+
+
+def owner_reference(ref: RunRef) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": ref.name,
+        "uid": ref.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, str] | None = None) -> dict:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": lbls,
+        "ownerReferences": [owner_reference(ref)],
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
+    # Only the spec decides the Kueue queue: labels of the RLTRun itself are never copied.
+    if spec.scheduling.queue_name:
+        return {**lbls, KUEUE_QUEUE: spec.scheduling.queue_name}
+    return lbls
+
+
+def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cpu:
+        requests["cpu"] = cpu
+    if memory:
+        requests["memory"] = memory
+    if gpus:
+        # Extended resources must have limit == request.
+        requests[GPU] = limits[GPU] = str(gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
+    sch = spec.scheduling
+    pod: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_name(run)}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": data_claim_name(run, spec)}},
+            # NCCL and dataloaders need more than the runtime's 64Mi /dev/shm.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+        ],
+    }
+    if sch.node_selector:
+        pod["nodeSelector"] = dict(sch.node_selector)
+    if sch.tolerations:
+        pod["tolerations"] = [dict(t) for t in sch.tolerations]
+    if sch.affinity:
+        pod["affinity"] = dict(sch.affinity)
+    if sch.priority_class_name:
+        pod["priorityClassName"] = sch.priority_class_name
+    if sch.service_account_name:
+        pod["serviceAccountName"] = sch.service_account_name
+    if sch.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in sch.image_pull_secrets]
+    return pod
+
+
+_MOUNTS = [
+    {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+    {"name": "data", "mountPath": PVC_MOUNT},
+    {"name": "dshm", "mountPath": "/dev/shm"},
+]
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "RLT_RUN", "value": ref.name},
+        {"name": "RLT_NAMESPACE", "value": ref.namespace},
+        {"name": "RLT_STAGE", "value": stage},
+        {"name": "RLT_RESTART", "value": str(restart)},
+        {"name": "HF_HOME", "value": str(layout(ref.name).cache_dir / "hf")},
+    ]
+    if spec.hf_token_secret is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
+    # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
+    env += [{"name": e.name, "value": e.value} for e in spec.env]
+    return env
+
+
+# --------------------------------------------------------------------------- run-wide children
+
+
+def pod_config(ref: RunRef, spec: RLTRunSpec) -> str:
+    """The run.yaml the pods read: the spec as given, plus the generator URL the operator owns."""
+    spec = spec.model_copy(deep=True)
+    if spec.stages.rl.generation.mode == "server":
+        spec.stages.rl.generation.server_url = generator_url(ref.name, ref.namespace)
+    run = RLTRun(apiVersion=f"{API_GROUP}/{API_VERSION}", kind=KIND,
+                 metadata=Metadata(name=ref.name, namespace=ref.namespace), spec=spec)
+    return dump_run(run)
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def configmap(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
+    text = pod_config(ref, spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(ref, config_name(ref.name), labels(ref.name, ROLE_CONFIG),
+                          {A_CONFIG_HASH: config_hash(text)}),
+        "data": {CONFIG_FILE: text},
+    }
+
+
+def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
+    """None when the user names an existing claim (then it is theirs: never created or deleted)."""
+    st = spec.storage
+    if st.existing_claim:
+        return None
+    claim: dict[str, Any] = {
+        "accessModes": [st.access_mode],
+        "resources": {"requests": {"storage": st.size}},
+    }
+    if st.storage_class_name:
+        claim["storageClassName"] = st.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA)),
+        "spec": claim,
+    }
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def trainer_nodes(spec: RLTRunSpec, stage: str) -> int:
+    # Distillation writes a dataset from one pod; sft and rl train on the configured nodes.
+    return 1 if stage == "distill" else spec.resources.trainer.nodes
+
+
+def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
+    """`rlt stage` directly for one process; accelerate + DeepSpeed for several (Kubernetes expands $(VAR))."""
+    stage_args = ["stage", stage, "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}", "--root", PVC_MOUNT]
+    nodes = trainer_nodes(spec, stage)
+    gpus = spec.resources.trainer.gpus
+    if nodes == 1 and gpus <= 1:
+        return ["rlt", *stage_args]
+    zero = spec.stages.rl.deepspeed_zero_stage if stage == "rl" else 3
+    return [
+        "accelerate", "launch",
+        "--num_machines", str(nodes),
+        "--num_processes", str(nodes * max(gpus, 1)),
+        "--machine_rank", "$(NODE_RANK)",
+        "--main_process_ip", "$(MASTER_ADDR)",
+        "--main_process_port", "$(MASTER_PORT)",
+        "--use_deepspeed", "--zero_stage", str(zero),
+        "--mixed_precision", "bf16",
+        "-m", "rlt.cli", *stage_args,
+    ]
+
+
+def trainer_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = trainer_name(ref.name, stage)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_TRAINER, stage)),
+        "spec": {
+            "clusterIP": "None",  # headless: DNS names for each pod (rendezvous on pod 0)
+            "publishNotReadyAddresses": True,  # ranks must find pod 0 before any readiness
+            "selector": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER, L_STAGE: stage},
+            "ports": [
+                {"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+            ],
+        },
+    }
+
+
+def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = trainer_name(ref.name, stage)
+    nodes = trainer_nodes(spec, stage)
+    res = spec.resources.trainer
+    lbls = _with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
+    env = [
+        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}.{ref.namespace}.svc"},
+        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+        {"name": "NNODES", "value": str(nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(max(res.gpus, 1))},
+        {"name": "WORLD_SIZE", "value": str(nodes * max(res.gpus, 1))},
+        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}}},
+        {"name": "RLT_METRICS_PORT", "value": str(METRICS_PORT)},
+    ]
+    if needs_generators(spec, stage):
+        gen = generator_name(ref.name)
+        hosts = [f"{gen}-{i}.{gen}.{ref.namespace}.svc" for i in range(spec.resources.generator.replicas)]
+        env += [
+            {"name": "RLT_GENERATOR_URL", "value": generator_url(ref.name, ref.namespace)},
+            {"name": "RLT_GENERATOR_HOSTS", "value": ",".join(hosts)},
+            {"name": "RLT_GENERATOR_PORT", "value": str(VLLM_PORT)},
+        ]
+    pod = _pod_spec_common(ref.name, spec, res.shared_memory)
+    pod.update({
+        "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
+        "subdomain": name,
+        "containers": [{
+            "name": "trainer",
+            "image": spec.images.trainer,
+            "imagePullPolicy": spec.images.pull_policy,
+            "command": trainer_command(spec, stage),
+            "env": env + _common_env(ref, spec, stage, restart),
+            "ports": [
+                {"name": "rendezvous", "containerPort": MASTER_PORT},
+                {"name": "metrics", "containerPort": METRICS_PORT},
+            ],
+            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "volumeMounts": [dict(m) for m in _MOUNTS],
+            "securityContext": dict(_CONTAINER_SECURITY),
+        }],
+    })
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(ref, name, lbls),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimit": 0,  # gang restarts are counted by the RLTRun (spec.backoffLimit)
+            "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
+        },
+    }
+
+
+# --------------------------------------------------------------------------- generator (vLLM)
+
+
+def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
+    gen = spec.stages.rl.generation
+    res = spec.resources.generator
+    cmd = [
+        "python", "-m", "vllm.entrypoints.openai.api_server",
+        "--model", generator_model(run, spec, stage),
+        "--host", "0.0.0.0",
+        "--port", str(VLLM_PORT),
+        "--tensor-parallel-size", str(res.tensor_parallel_size),
+        "--gpu-memory-utilization", str(gen.gpu_memory_utilization),
+        "--dtype", spec.teacher.dtype,
+        # TRL's server mode pushes the trainer's weights into vLLM over NCCL (dev-mode endpoints).
+        "--weight-transfer-config", json.dumps({"backend": "nccl"}, separators=(",", ":")),
+        "--logprobs-mode", "processed_logprobs",
+        "--max-logprobs", "-1",
+    ]
+    if gen.max_model_len:
+        cmd += ["--max-model-len", str(gen.max_model_len)]
+    if spec.teacher.revision and generator_model(run, spec, stage) == spec.teacher.model:
+        cmd += ["--revision", spec.teacher.revision]
+    return cmd
+
+
+def generator_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = generator_name(ref.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "spec": {
+            "clusterIP": "None",  # governs the StatefulSet's pod DNS; the URL resolves to ready pods
+            "selector": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR},
+            "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": VLLM_PORT}],
+        },
+    }
+
+
+def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = generator_name(ref.name)
+    res = spec.resources.generator
+    lbls = _with_queue(labels(ref.name, ROLE_GENERATOR, stage, restart), spec)
+    pod = _pod_spec_common(ref.name, spec, res.shared_memory)
+    health = {"httpGet": {"path": "/health", "port": VLLM_PORT}}
+    env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart)
+    pod.update({
+        "containers": [{
+            "name": "vllm",
+            "image": spec.images.generator,
+            "imagePullPolicy": spec.images.pull_policy,
+            "command": generator_command(ref.name, spec, stage),
+            "env": env,
+            # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
+            "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+            # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
+            "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
+            "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "volumeMounts": [dict(m) for m in _MOUNTS],
+            "securityContext": dict(_CONTAINER_SECURITY),
+        }],
+    })
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(ref, name, lbls),
+        "spec": {
+            "serviceName": name,
+            "replicas": res.replicas,
+            "podManagementPolicy": "Parallel",  # all servers load at once
+            "selector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
+            "template": {
+                "metadata": {"labels": dict(lbls), "annotations": {
+                    "prometheus.io/scrape": "true", "prometheus.io/port": str(VLLM_PORT),
+                    "prometheus.io/path": "/metrics"}},
+                "spec": pod,
+            },
+        },
+    }

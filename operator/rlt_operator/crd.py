@@ -1,0 +1,191 @@
+"""The RLTRun CustomResourceDefinition, generated from the pydantic spec model (the one schema source).
+
+pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0 schema. The
+conversion: inline every $ref, turn `anyOf [X, null]` into `X` + `nullable`, `const` into a
+one-value enum, numeric `exclusiveMinimum: n` into `minimum: n, exclusiveMinimum: true`, free-form
+dicts (tolerations, affinity) into `x-kubernetes-preserve-unknown-fields`, and drop titles,
+`additionalProperties: false` (the apiserver prunes unknown fields instead) and null defaults.
+Cross-field rules (batch sizes that must divide) stay in pydantic: the operator reports them as
+InvalidSpec naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rlt.spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, RLTRunSpec
+
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crd" / f"{CRD_NAME}.yaml"
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Run phase."},
+    {"name": "Stage", "type": "string", "jsonPath": ".status.stage", "description": "Stage now running."},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Optimizer step."},
+    {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean",
+     "description": "Mean reward of the last step."},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").split("/")[-1]])
+        # The field's own description wins over the class docstring.
+        target.update({k: v for k, v in node.items() if k in ("description", "default")})
+        node = target
+    return {k: _resolve(v, defs) for k, v in node.items()}
+
+
+def _structural(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    node.pop("title", None)
+    any_of = node.pop("anyOf", None)
+    if any_of is not None:
+        kinds = [s for s in any_of if s.get("type") != "null"]
+        if len(kinds) != 1:
+            raise ValueError(f"cannot express anyOf {any_of} in a structural schema")
+        merged = {**kinds[0], **node}
+        if len(kinds) < len(any_of):
+            merged["nullable"] = True
+        node = merged
+        node.pop("title", None)
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if "enum" in node and "type" not in node:
+        types = {type(v) for v in node["enum"]}
+        node["type"] = "integer" if types == {int} else "string"
+    for bound, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), (int, float)) and not isinstance(node.get(bound), bool):
+            node[flag] = node.pop(bound)
+            node[bound] = True
+    if node.get("default", 0) is None:
+        node.pop("default")
+    extra = node.get("additionalProperties")
+    if extra is False:
+        node.pop("additionalProperties")
+    elif extra is True:
+        # A free-form object (passed through to pods): keep whatever the user wrote.
+        node.pop("additionalProperties")
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    return {k: _structural(v) for k, v in node.items()}
+
+
+def spec_schema() -> dict[str, Any]:
+    raw = RLTRunSpec.model_json_schema(by_alias=True)
+    defs = raw.pop("$defs", {})
+    schema = _structural(_resolve(raw, defs))
+    schema["description"] = "What to train and how: models, data, stages, and the cluster resources of the run."
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    s = lambda d: {"type": "string", "description": d}  # noqa: E731
+    cond = {
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            "type": s("Suspended, GeneratorsReady, TrainerRunning, Complete or Failed."),
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": s("CamelCase reason."),
+            "message": s("Human-readable detail."),
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+        },
+    }
+    return {
+        "type": "object",
+        "description": "Written by the operator; recomputed from the run's children on every reconcile.",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {
+            "phase": {"type": "string", "enum": ["Pending", "Running", "Suspended", "Succeeded", "Failed"],
+                      "description": "Pending, Running, Suspended, Succeeded or Failed."},
+            "stage": s("Stage now running (sft, rl, distill); empty when the run is not running."),
+            "reason": s("Why the run is in its phase (e.g. InvalidSpec, BackoffLimitExceeded, DeadlineExceeded)."),
+            "message": s("Detail for reason; names the field for an invalid spec."),
+            "lastFailure": s("The last failure that caused a gang restart."),
+            "observedGeneration": {"type": "integer", "description": "metadata.generation last reconciled."},
+            "restarts": {"type": "integer", "description": "Gang restarts so far (bounded by spec.backoffLimit)."},
+            "startTime": {"type": "string", "format": "date-time", "description": "When the run last started."},
+            "completionTime": {"type": "string", "format": "date-time", "description": "When it became terminal."},
+            "completedStages": {"type": "array", "items": {"type": "string"}},
+            "progress": {
+                "type": "object",
+                "description": "Read from the trainer's metrics endpoint at a bounded rate.",
+                "properties": {
+                    "step": {"type": "integer"},
+                    "totalSteps": {"type": "integer"},
+                    "rewardMean": {"type": "number"},
+                    "tokensPerSecond": {"type": "number"},
+                    "lastCheckpoint": s("Path of the newest checkpoint on the run's volume."),
+                    "updateTime": {"type": "string", "format": "date-time"},
+                },
+            },
+            "outputs": {
+                "type": "object",
+                "properties": {
+                    "teacherCheckpoint": s("Final teacher model on the run's volume."),
+                    "distilledDataset": s("Distillation dataset (JSONL) on the run's volume."),
+                },
+            },
+            "conditions": {"type": "array", "items": cond,
+                           "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        },
+    }
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/name": "rlt"}},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
+                      "singular": KIND.lower(), "shortNames": [SHORT_NAME], "categories": ["rlt"]},
+            "versions": [{
+                "name": API_VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "RLTRun trains a Reinforcement-Learned Teacher: SFT warm-up, GRPO with the "
+                                   "student-based reward on vLLM generators, then a distillation dataset.",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema(),
+                        "status": status_schema(),
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated by `rlt crd` from rlt.spec.RLTRunSpec; do not edit (a test compares it).\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+def write(path: Path = CRD_PATH) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render())
+    return path

@@ -1,0 +1,312 @@
+"""Kopf handlers: thin. The logic is in builders.py (manifests) and status.py (decisions).
+
+Shape: watch-fed indices hold a summary of every child (so a reconcile makes no reads); one
+daemon per RLTRun runs a serial, level-based reconcile loop, woken by any event on the run or its
+children and at least every RLT_RESYNC_SECONDS; a delete handler removes the children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry, start_http_server
+from rlt.metrics import OPERATOR_METRICS, build
+from rlt.spec import API_GROUP, API_VERSION, PLURAL, STAGE_ORDER
+
+from . import builders as b
+from . import progress as prog
+from . import status as S
+from .kube import Kube, KubeError
+
+log = logging.getLogger("rlt.operator")
+
+FINALIZER = f"{b.PREFIX}/finalizer"
+CHILDREN = (  # (group, version, plural) of every kind the operator creates or watches
+    ("", "v1", "configmaps"),
+    ("", "v1", "persistentvolumeclaims"),
+    ("", "v1", "services"),
+    ("apps", "v1", "statefulsets"),
+    ("batch", "v1", "jobs"),
+    ("", "v1", "pods"),
+)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
+
+
+class OperatorMetrics:
+    """The operator's Prometheus series (names from rlt.metrics.OPERATOR_METRICS)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+        self.m = build(OPERATOR_METRICS, registry)
+        self._info: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def reconciled(self, result: str, seconds: float) -> None:
+        self.m["rlt_operator_reconcile_total"].labels(result=result).inc()
+        self.m["rlt_operator_reconcile_duration_seconds"].observe(seconds)
+
+    def run(self, namespace: str, name: str, st: dict[str, Any], method: str) -> None:
+        for phase in S.PHASES:
+            self.m["rlt_run_phase"].labels(namespace, name, phase).set(1 if st.get("phase") == phase else 0)
+        info = (method, st.get("stage") or "none")
+        old = self._info.get((namespace, name))
+        if old and old != info:
+            self.m["rlt_run_info"].remove(namespace, name, *old)
+        self._info[(namespace, name)] = info
+        self.m["rlt_run_info"].labels(namespace, name, *info).set(1)
+        self.m["rlt_run_restarts"].labels(namespace, name).set(st.get("restarts", 0))
+        self.m["rlt_run_step"].labels(namespace, name).set((st.get("progress") or {}).get("step", 0))
+
+    def forget(self, namespace: str, name: str) -> None:
+        for phase in S.PHASES:
+            _remove(self.m["rlt_run_phase"], namespace, name, phase)
+        old = self._info.pop((namespace, name), None)
+        if old:
+            _remove(self.m["rlt_run_info"], namespace, name, *old)
+        _remove(self.m["rlt_run_restarts"], namespace, name)
+        _remove(self.m["rlt_run_step"], namespace, name)
+
+
+def _remove(metric: Any, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass  # never set for this run
+
+
+@dataclass
+class OperatorState:
+    """Shared by all handlers of one operator process (kept in Kopf's root memo)."""
+
+    kube: Kube
+    metrics: OperatorMetrics
+    resync: float
+    progress_interval: float
+    debounce: float
+    wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    metrics_server: Any = None
+
+    def waker(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakers.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        ev = self.wakers.get((namespace or "", name or ""))
+        if ev is not None:
+            ev.set()
+
+
+# --------------------------------------------------------------------------- startup / health
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    # Own finalizer and annotation prefix: never collide with another Kopf operator on the same objects.
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=b.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=b.PREFIX, key="last-handled-configuration")
+    # Watches behind load balancers die silently: end them server-side and reconnect.
+    settings.watching.server_timeout = int(_env_float("RLT_WATCH_SERVER_TIMEOUT", 300))
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    settings.posting.level = logging.WARNING  # our own Events are explicit; Kopf posts only its errors
+    settings.peering.standalone = True
+
+    registry = CollectorRegistry()
+    state = OperatorState(
+        kube=Kube.from_environment(),
+        metrics=OperatorMetrics(registry),
+        resync=_env_float("RLT_RESYNC_SECONDS", 30),
+        progress_interval=_env_float("RLT_PROGRESS_INTERVAL", 30),
+        debounce=_env_float("RLT_DEBOUNCE_SECONDS", 0.1),
+    )
+    port = int(_env_float("RLT_OPERATOR_METRICS_PORT", 8080))
+    if port >= 0:
+        server, _thread = start_http_server(port, addr=os.environ.get("RLT_OPERATOR_METRICS_ADDR", "0.0.0.0"),
+                                            registry=registry)
+        state.metrics_server = server
+        logger.info(f"operator metrics on :{server.server_port}/metrics")
+    memo.rlt = state
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState | None = getattr(memo, "rlt", None)
+    if state is not None and state.metrics_server is not None:
+        state.metrics_server.shutdown()
+        state.metrics_server.server_close()
+
+
+@kopf.on.probe(id="runs")
+def probe_runs(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness detail: how many runs have a reconcile loop."""
+    state: OperatorState | None = getattr(memo, "rlt", None)
+    return len(state.wakers) if state else 0
+
+
+# --------------------------------------------------------------------------- children: indices + wake-ups
+
+
+def _register_child(group: str, version: str, plural: str) -> None:
+    def index(namespace: str, labels: dict[str, str], body: Any, **_: Any) -> dict:
+        return {(namespace, labels[b.L_RUN]): S.summarize(plural, dict(body))}
+
+    async def wake(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
+        state: OperatorState | None = getattr(memo, "rlt", None)
+        if state is not None:
+            state.wake(namespace, labels.get(b.L_RUN))
+
+    owned = {b.L_RUN: kopf.PRESENT}
+    kopf.index(group, version, plural, id=f"rlt_{plural}", labels=owned)(index)
+    kopf.on.event(group, version, plural, id=f"wake_{plural}", labels=owned)(wake)
+
+
+for _g, _v, _p in CHILDREN:
+    _register_child(_g, _v, _p)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, PLURAL, id="wake_run")
+async def wake_run(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.rlt.wake(namespace, name)
+
+
+def observe(namespace: str, name: str, indices: dict[str, Any]) -> S.Observed:
+    obs = S.Observed()
+    for _g, _v, plural in CHILDREN:
+        store = indices[f"rlt_{plural}"].get((namespace, name), [])
+        items = [dict(v) for v in store]
+        if plural == "pods":
+            obs.pods = items
+        else:
+            setattr(obs, plural, {i["name"]: i for i in items})
+    return obs
+
+
+# --------------------------------------------------------------------------- the reconcile loop
+
+
+async def apply(state: OperatorState, namespace: str, actions: list[S.Action], logger: Any) -> None:
+    for a in actions:
+        if a.verb == "create":
+            created = await asyncio.to_thread(state.kube.create, a.plural, namespace, a.body)
+            if created:
+                logger.info(f"created {a.plural}/{a.name}")
+        elif a.verb == "patch":
+            await asyncio.to_thread(state.kube.patch, a.plural, namespace, a.name, a.body)
+            logger.info(f"updated {a.plural}/{a.name}")
+        elif a.verb == "delete":
+            if await asyncio.to_thread(state.kube.delete, a.plural, namespace, a.name, a.propagation):
+                logger.info(f"deleted {a.plural}/{a.name}")
+        else:  # pragma: no cover - status.py only emits these three
+            raise ValueError(f"unknown action {a.verb}")
+
+
+@dataclass
+class RunMemory:
+    """What one run's loop remembers between iterations (lost on operator restart, by design)."""
+
+    status: dict[str, Any] | None = None  # the last status we wrote (the watch may lag behind it)
+    progress: dict[str, Any] | None = None
+    progress_at: float = 0.0
+
+
+async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indices: dict[str, Any],
+                         logger: Any) -> float | None:
+    meta = body.get("metadata", {})
+    name, namespace = meta["name"], meta["namespace"]
+    ref = b.RunRef(name=name, namespace=namespace, uid=meta["uid"])
+    server_status = dict(body.get("status") or {})
+    prev = mem.status if mem.status is not None else server_status
+    observed = observe(namespace, name, indices)
+    now = dt.datetime.now(dt.timezone.utc)
+    spec = dict(body.get("spec") or {})
+
+    # Progress: scrape the trainer's rank 0 at most once per interval, only while it runs.
+    stage = prev.get("stage") or ""
+    job = observed.jobs.get(b.trainer_name(name, stage)) if stage else None
+    fresh = None
+    if job and job.get("active", 0) > 0 and time.monotonic() - mem.progress_at >= state.progress_interval:
+        mem.progress_at = time.monotonic()
+        url = prog.url_for(name, namespace, stage)
+        try:
+            text = await asyncio.to_thread(prog.fetch, url)
+            mem.progress = prog.progress(name, stage, prog.parse(text, stage), mem.progress, now)
+            fresh = prog.public(mem.progress)
+        except OSError as err:
+            logger.debug(f"progress not available from {url}: {err}")
+
+    decision = S.decide(ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh)
+    await apply(state, namespace, decision.actions, logger)
+    patch = S.merge_patch(server_status, decision.status)
+    if patch:
+        await asyncio.to_thread(state.kube.patch, PLURAL, namespace, name, {"status": patch}, "status")
+    mem.status = decision.status
+    for type_, reason, message in decision.events:
+        kopf.event(body, type=type_, reason=reason, message=message)
+        (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
+    method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
+    state.metrics.run(namespace, name, decision.status, method)
+    return decision.requeue_after
+
+
+@kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_timeout=5.0)
+async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
+                         stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any) -> None:
+    state: OperatorState = memo.rlt
+    indices = {f"rlt_{p}": kwargs[f"rlt_{p}"] for _g, _v, p in CHILDREN}
+    wake = state.waker(namespace, name)
+    mem = RunMemory()
+    try:
+        while not stopped:
+            wake.clear()
+            t0 = time.perf_counter()
+            try:
+                requeue = await reconcile_once(state, body, mem, indices, logger)
+                state.metrics.reconciled("success", time.perf_counter() - t0)
+            except (KubeError, OSError, ValueError) as err:
+                # The loop must survive API hiccups; the next pass retries from observed state.
+                logger.error(f"reconcile failed, retrying in {S.SOON * 2:.0f}s: {err}")
+                state.metrics.reconciled("error", time.perf_counter() - t0)
+                mem.status = None  # re-read what the server has
+                requeue = S.SOON * 2
+            timeout = state.resync if requeue is None else max(0.05, min(requeue, state.resync))
+            waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            if not stopped:
+                await asyncio.sleep(state.debounce)  # coalesce bursts of child events
+    finally:
+        state.wakers.pop((namespace, name), None)
+
+
+# --------------------------------------------------------------------------- deletion
+
+
+@kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")
+async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
+    state: OperatorState = memo.rlt
+    existing_claim = (spec.get("storage") or {}).get("existingClaim")  # raw spec: it may be invalid
+    for plural, child in b.all_children(name, STAGE_ORDER, existing_claim):
+        await asyncio.to_thread(state.kube.delete, plural, namespace, child, "Background")
+    state.metrics.forget(namespace, name)
+    logger.info("children deleted")

@@ -1,0 +1,309 @@
+"""Glue that makes kmock 0.8 behave enough like a Kubernetes API server for Kopf and kubectl.
+
+This is NOT a Kubernetes cluster and NOT an apiserver: it is kmock's in-memory object store behind
+HTTP, plus the fixes below, written by hand. There is no scheduler, no controllers (Job and
+StatefulSet status never change unless a test or a person patches them), no garbage collection of
+owned objects, no admission, no RBAC, no schema validation, no server-side apply. The operator's
+tests and `rlt sandbox` use it; anything proven against it still has to be proven on a cluster.
+
+What the glue adds to `kmock.KubernetesEmulator` (each gap was seen failing, see
+docs/operator.md and the tooling notes):
+- metadata on create (uid, resourceVersion, creationTimestamp, generation, namespace from the URL),
+  a new resourceVersion on every write and generation+1 when `spec` changes (Kopf's patches `test`
+  the resourceVersion);
+- `/status` writes change only `status`, as with a real status subresource;
+- list responses carry `kind: <Kind>List`/`apiVersion`, and honour equality label selectors;
+- core discovery says `groupVersion: v1` (not `/v1`), the version is a plausible v1.31;
+- PUT (replace) works, create answers 201, errors use the API's reasons (NotFound, AlreadyExists);
+- watches stream JSON lines and end after `timeoutSeconds`;
+- creating a CustomResourceDefinition registers its resource, and `kubectl get` on it receives a
+  server-side Table with the CRD's printer columns (kubectl shows them only that way);
+- `parse_path('/api/v1/namespaces')` no longer crashes (kmock bug).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import kmock
+from kmock._internal import enums, k8s, parsing, references, rendering
+
+_original_parse_path = parsing.parse_path
+_NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    # kmock 0.8 unpacks the segment after `namespaces` unconditionally; a bare list of namespaces has none.
+    m = _NAMESPACES_PATH.match(path)
+    if m:
+        gv = m.group(1).split("/")
+        group, version = ("", "v1") if gv[0] == "api" else (gv[1], gv[2])
+        return parsing.ParsedPath(group, version, "namespaces", None, None, None)
+    return _original_parse_path(path)
+
+
+parsing.parse_path = _parse_path
+
+_REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_label_selector(selector: str) -> list[tuple[str, str, str | None]]:
+    """'a=b,c!=d,e,!f' → [(key, op, value)]; set-based `in`/`notin` are not supported (said loudly)."""
+    out: list[tuple[str, str, str | None]] = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if " in " in term or " notin " in term:
+            raise ValueError(f"set-based label selectors are not emulated: {term!r}")
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            out.append((k.strip(), "!=", v.strip()))
+        elif "==" in term or "=" in term:
+            k, v = re.split("==?", term, maxsplit=1)
+            out.append((k.strip(), "=", v.strip()))
+        elif term.startswith("!"):
+            out.append((term[1:].strip(), "!", None))
+        else:
+            out.append((term, "exists", None))
+    return out
+
+
+def labels_match(labels: dict[str, str], terms: list[tuple[str, str, str | None]]) -> bool:
+    for key, op, value in terms:
+        have = labels.get(key)
+        if op == "=" and have != value:
+            return False
+        if op == "!=" and have == value:
+            return False
+        if op == "exists" and key not in labels:
+            return False
+        if op == "!" and key in labels:
+            return False
+    return True
+
+
+def _jsonpath(obj: Any, path: str) -> Any:
+    """The `.a.b.c` subset of JSONPath used by printer columns."""
+    for part in filter(None, path.split(".")):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _age(ts: str | None) -> str:
+    if not ts:
+        return "<unknown>"
+    t = datetime.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    s = int((datetime.datetime.now(tz=datetime.timezone.utc) - t).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{max(s, 0)}s"
+
+
+def _mutate(request: rendering.Request, **fields: Any) -> None:
+    # Requests are frozen, and kmock's views match requests by identity: change this one in place.
+    for key, value in fields.items():
+        object.__setattr__(request, key, value)
+
+
+@attrs.define(kw_only=True)
+class Cluster(kmock.KubernetesEmulator):
+    """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
+
+    _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+    # plural resource → additionalPrinterColumns of its CRD (for server-side Tables)
+    _printer_columns: dict[references.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resources.load_bundled()
+        self.seed_namespace("default")
+
+    # ------------------------------------------------------------------ setup helpers
+
+    def seed_namespace(self, name: str) -> None:
+        self.objects["v1/namespaces", None, name] = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "uid": str(uuid.uuid4()), "resourceVersion": str(next(self._rv)),
+                         "creationTimestamp": _now()},
+            "status": {"phase": "Active"},
+        }
+
+    def register_crd(self, crd: dict[str, Any]) -> None:
+        """Make a CRD's kind servable (what the apiserver does when a CRD is established)."""
+        spec = crd["spec"]
+        names = spec["names"]
+        for version in spec["versions"]:
+            res = references.resource(group=spec["group"], version=version["name"], plural=names["plural"])
+            self.resources[res] = kmock.ResourceInfo(
+                kind=names["kind"],
+                singular=names.get("singular"),
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                shortnames=set(names.get("shortNames", [])),
+                categories=set(names.get("categories", [])),
+                verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+                subresources=set(version.get("subresources", {})),
+            )
+            self._printer_columns[res] = version.get("additionalPrinterColumns", [])
+
+    # ------------------------------------------------------------------ request handling
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None and request.method == enums.method.PUT and request.name:
+            # kmock maps no action to PUT: replace the whole document through a JSON-patch.
+            body = dict(request.data or {})
+            _mutate(request, action=enums.action.UPDATE, data=[{"op": "replace", "path": "", "value": body}])
+        if request.resource is not None:
+            if request.action == enums.action.CREATE and isinstance(request.data, dict):
+                self._stamp_create(request)
+            elif request.action == enums.action.UPDATE and request.name is not None:
+                self._stamp_update(request)
+        return await super()._handle(request)
+
+    def _stamp_create(self, request: rendering.Request) -> None:
+        meta = request.data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if request.namespace and not meta.get("namespace"):
+            meta["namespace"] = request.namespace
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta["resourceVersion"] = str(next(self._rv))
+        if not meta.get("creationTimestamp"):
+            meta["creationTimestamp"] = _now()
+        meta.setdefault("generation", 1)
+        request.data.setdefault("apiVersion", f"{request.resource.group}/{request.resource.version}".lstrip("/"))
+        if request.resource.plural == "customresourcedefinitions":
+            self.register_crd(request.data)
+
+    def _stamp_update(self, request: rendering.Request) -> None:
+        key = (request.resource, request.namespace, request.name)
+        current = self.objects[key] if key in self.objects else None
+        if current is None or current.deleted:
+            return  # kmock answers 404 itself
+        old = current.raw
+        rv = str(next(self._rv))
+        data = request.data
+        status_only = request.subresource == "status"
+        if isinstance(data, dict):
+            data = {"status": data.get("status")} if status_only else dict(data)
+            meta = dict(data.get("metadata") or {})
+            meta["resourceVersion"] = rv
+            if not status_only and "spec" in data and data["spec"] != old.get("spec"):
+                meta["generation"] = int(old.get("metadata", {}).get("generation", 1)) + 1
+            data["metadata"] = meta
+        elif isinstance(data, list):
+            ops = list(data)
+            if status_only:
+                ops = [op for op in ops if op.get("path", "").startswith("/status") or op.get("op") == "test"]
+            if not status_only and any(op.get("path", "").startswith("/spec") or op.get("path") == ""
+                                       for op in ops if op.get("op") != "test"):
+                gen = int(old.get("metadata", {}).get("generation", 1)) + 1
+                ops.append({"op": "add", "path": "/metadata/generation", "value": gen})
+            ops.append({"op": "add", "path": "/metadata/resourceVersion", "value": rv})
+            data = ops
+        _mutate(request, data=data)
+
+    async def _serve_create(self, request: rendering.Request) -> Any:
+        # kubernetes-client 37 maps only 201 to the created object.
+        return rendering.Response(status=201, payload=await super()._serve_create(request))
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        result = await super()._serve_list(request)
+        items = result["items"]
+        selector = request.params.get("labelSelector")
+        if selector:
+            terms = parse_label_selector(selector)
+            items = [o for o in items if labels_match(o.get("metadata", {}).get("labels") or {}, terms)]
+        info = self.resources[request.resource] if request.resource in self.resources else None
+        kind = info.kind if info is not None and info.kind else "Object"
+        api_version = f"{request.resource.group}/{request.resource.version}".lstrip("/")
+        if self._wants_table(request):
+            return self._table(request.resource, items)
+        return {"apiVersion": api_version, "kind": f"{kind}List",
+                "metadata": {"resourceVersion": str(next(self._rv))}, "items": items}
+
+    async def _serve_fetch(self, request: rendering.Request) -> Any:
+        obj = await super()._serve_fetch(request)
+        if self._wants_table(request):
+            return self._table(request.resource, [obj])
+        return obj
+
+    def _wants_table(self, request: rendering.Request) -> bool:
+        accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
+        return "as=Table" in accept and request.resource in self._printer_columns
+
+    def _table(self, resource: references.resource, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """The meta.k8s.io/v1 Table that kubectl prints for a custom resource."""
+        cols = self._printer_columns[resource]
+        defs = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+        defs += [{"name": c["name"], "type": "string" if c.get("type") == "date" else c.get("type", "string"),
+                  "format": "", "description": c.get("description", ""), "priority": c.get("priority", 0)}
+                 for c in cols]
+        rows = []
+        for obj in items:
+            cells: list[Any] = [obj.get("metadata", {}).get("name")]
+            for c in cols:
+                value = _jsonpath(obj, c["jsonPath"])
+                if c.get("type") == "date":
+                    value = _age(value)
+                cells.append("" if value is None else value)
+            rows.append({"cells": cells, "object": {
+                "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}})
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(next(self._rv))},
+                "columnDefinitions": defs, "rows": rows}
+
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
+        timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        selector = request.params.get("labelSelector")
+        terms = parse_label_selector(selector) if selector else None
+        stream = super()._serve_watch(request)
+
+        async def limited() -> AsyncIterator[Any]:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout if timeout else None
+            it = aiter(stream)
+            try:
+                while True:
+                    remaining = None if deadline is None else deadline - loop.time()
+                    if remaining is not None and remaining <= 0:
+                        return
+                    try:
+                        event = await asyncio.wait_for(anext(it), remaining)
+                    except (asyncio.TimeoutError, StopAsyncIteration):
+                        return
+                    if terms is not None and isinstance(event, dict):
+                        labels = event.get("object", {}).get("metadata", {}).get("labels") or {}
+                        if not labels_match(labels, terms):
+                            continue
+                    yield event
+            finally:
+                await it.aclose()
+
+        return rendering.Response(headers={"Content-Type": "application/json"}, payload=limited())
+
+    async def _serve_server_version(self, request: rendering.Request) -> Any:
+        return {"major": "1", "minor": "31", "gitVersion": "v1.31.0-kmock", "platform": "linux/amd64",
+                "gitCommit": "", "gitTreeState": "clean", "buildDate": "", "goVersion": "", "compiler": "gc"}
+
+    async def _serve_version(self, request: rendering.Request) -> Any:
+        result = await super()._serve_version(request)
+        result["groupVersion"] = result["groupVersion"].lstrip("/")  # core says "/v1" in kmock 0.8
+        return result
+
+    async def _render_error(self, exc: Exception) -> Any:
+        if isinstance(exc, k8s.KubernetesError) and exc.status in _REASONS:
+            exc = attrs.evolve(exc, reason=_REASONS[exc.status])
+        return await super()._render_error(exc)

@@ -1,0 +1,78 @@
+"""Training progress for `status.progress`, read from the trainer's rlt_* metrics endpoint (rank 0).
+
+The operator cannot mount the run's volume, so it reads the same numbers the trainer exports to
+Prometheus. The handlers call `fetch` at most once per interval per run; parsing is pure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from . import builders as b
+
+# Where rank 0 of a stage's Job serves /metrics: pod 0 through the headless Service.
+DEFAULT_URL = "http://{job}-0.{job}.{namespace}.svc:{port}/metrics"
+
+
+def url_for(run: str, namespace: str, stage: str) -> str:
+    template = os.environ.get("RLT_PROGRESS_URL", DEFAULT_URL)
+    job = b.trainer_name(run, stage)
+    return template.format(job=job, run=run, namespace=namespace, stage=stage, port=b.METRICS_PORT)
+
+
+def fetch(url: str, timeout: float = 3.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - cluster-internal URL
+        return resp.read().decode()
+
+
+def parse(text: str, stage: str) -> dict[str, float]:
+    """The stage's samples: step, totalSteps, rewardMean, checkpointStep, generatedTokens."""
+    wanted = {
+        "rlt_step": "step",
+        "rlt_total_steps": "totalSteps",
+        "rlt_reward_mean": "rewardMean",
+        "rlt_checkpoint_step": "checkpointStep",
+        "rlt_generated_tokens_total": "generatedTokens",
+    }
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key and sample.labels.get("stage", stage) == stage:
+                out[key] = sample.value
+    return out
+
+
+def progress(run: str, stage: str, sample: dict[str, float], previous: dict[str, Any] | None,
+             now: dt.datetime) -> dict[str, Any]:
+    """status.progress from one scrape; tokens/s from the counter's change since the previous scrape."""
+    out: dict[str, Any] = {"stage": stage, "updateTime": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if "step" in sample:
+        out["step"] = int(sample["step"])
+    if "totalSteps" in sample:
+        out["totalSteps"] = int(sample["totalSteps"])
+    if "rewardMean" in sample:
+        out["rewardMean"] = round(float(sample["rewardMean"]), 6)
+    if sample.get("checkpointStep"):
+        ckpt = b.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
+        out["lastCheckpoint"] = str(ckpt)
+    tokens = sample.get("generatedTokens")
+    if tokens is not None and previous and previous.get("stage") == stage and "_tokens" in previous:
+        seconds = (now - previous["_time"]).total_seconds()
+        if seconds > 0 and tokens >= previous["_tokens"]:
+            out["tokensPerSecond"] = round((tokens - previous["_tokens"]) / seconds, 3)
+    elif previous and previous.get("stage") == stage and "tokensPerSecond" in previous:
+        out["tokensPerSecond"] = previous["tokensPerSecond"]
+    # Kept in memory only (stripped before the status is written): the counter's last reading.
+    if tokens is not None:
+        out["_tokens"], out["_time"] = tokens, now
+    return out
+
+
+def public(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in p.items() if not k.startswith("_")}

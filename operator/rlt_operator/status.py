@@ -1,0 +1,396 @@
+"""Pure reconcile logic: (spec, previous status, observed children, now) → new status + actions.
+
+Level-based: every call recomputes the status from the children that exist now. The previous
+status contributes only what children cannot show: the restart count, the start/completion
+times, stages already finished whose Jobs were cleaned up, and terminal phases (which stick).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlt.spec import RLTRunSpec, SpecError, parse_spec
+
+from . import builders as b
+
+PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
+PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
+TERMINAL = (SUCCEEDED, FAILED)
+
+# Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
+SOON = 2.0
+
+
+# --------------------------------------------------------------------------- observed children
+
+
+def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The few fields of a child the decision needs (what the operator's indices keep in memory)."""
+    meta = body.get("metadata") or {}
+    out: dict[str, Any] = {
+        "name": meta.get("name"),
+        "labels": dict(meta.get("labels") or {}),
+        "deleting": bool(meta.get("deletionTimestamp")),
+    }
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    if plural == "configmaps":
+        out["configHash"] = (meta.get("annotations") or {}).get(b.A_CONFIG_HASH)
+    elif plural == "jobs":
+        out["completions"] = spec.get("completions", 1)
+        out["active"] = int(status.get("active") or 0)
+        out["succeeded"] = int(status.get("succeeded") or 0)
+        out["failed"] = int(status.get("failed") or 0)
+        out["conditions"] = [
+            {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
+            for c in status.get("conditions") or []
+        ]
+    elif plural == "statefulsets":
+        out["replicas"] = spec.get("replicas", 1)
+        out["readyReplicas"] = int(status.get("readyReplicas") or 0)
+    elif plural == "pods":
+        out["phase"] = status.get("phase")
+        out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+    return out
+
+
+@dataclass
+class Observed:
+    """Children of one run, by name (pods as a list), as summaries from `summarize`."""
+
+    configmaps: dict[str, dict] = field(default_factory=dict)
+    persistentvolumeclaims: dict[str, dict] = field(default_factory=dict)
+    services: dict[str, dict] = field(default_factory=dict)
+    statefulsets: dict[str, dict] = field(default_factory=dict)
+    jobs: dict[str, dict] = field(default_factory=dict)
+    pods: list[dict] = field(default_factory=list)
+
+
+def _cond_true(obj: dict, type_: str) -> dict | None:
+    for c in obj.get("conditions", []):
+        if c.get("type") == type_ and c.get("status") == "True":
+            return c
+    return None
+
+
+def job_complete(job: dict | None) -> bool:
+    if not job or job.get("deleting"):
+        return False
+    return bool(_cond_true(job, "Complete")) or job.get("succeeded", 0) >= job.get("completions", 1)
+
+
+def job_failure(job: dict | None) -> str | None:
+    if not job:
+        return None
+    c = _cond_true(job, "Failed")
+    if c:
+        return f"{c.get('reason') or 'Failed'}: {c.get('message') or 'a trainer pod failed'}"
+    if job.get("failed", 0) > 0:
+        return f"{job['failed']} trainer pod(s) failed"
+    return None
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class Action:
+    verb: str  # create | patch | delete
+    plural: str
+    name: str
+    body: dict[str, Any] | None = None
+    propagation: str = "Background"
+
+
+@dataclass
+class Decision:
+    status: dict[str, Any]
+    actions: list[Action]
+    events: list[tuple[str, str, str]]  # (Normal|Warning, reason, message)
+    requeue_after: float | None = None
+
+
+def fmt_time(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: str | None) -> dt.datetime | None:
+    if not s:
+        return None
+    return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+
+
+def set_condition(conds: list[dict], type_: str, status: bool, reason: str, message: str, now: dt.datetime) -> None:
+    """Upsert a condition; lastTransitionTime changes only when its status does."""
+    value = "True" if status else "False"
+    for c in conds:
+        if c["type"] == type_:
+            if c["status"] != value:
+                c["lastTransitionTime"] = fmt_time(now)
+            c.update(status=value, reason=reason, message=message)
+            return
+    conds.append({"type": type_, "status": value, "reason": reason, "message": message,
+                  "lastTransitionTime": fmt_time(now)})
+
+
+def _min(a: float | None, b_: float | None) -> float | None:
+    vals = [v for v in (a, b_) if v is not None]
+    return min(vals) if vals else None
+
+
+class _Plan:
+    """Accumulates actions against what is observed, so nothing is created or deleted twice."""
+
+    def __init__(self, observed: Observed):
+        self.obs = observed
+        self.actions: list[Action] = []
+
+    def ensure(self, plural: str, manifest: dict[str, Any] | None) -> bool:
+        """Create if absent; True when it exists already."""
+        if manifest is None:
+            return True
+        name = manifest["metadata"]["name"]
+        if name in getattr(self.obs, plural):
+            return True
+        self.actions.append(Action("create", plural, name, manifest))
+        return False
+
+    def delete(self, plural: str, name: str, propagation: str = "Background") -> None:
+        child = getattr(self.obs, plural).get(name)
+        if child is not None and not child.get("deleting"):
+            if not any(a.verb == "delete" and a.name == name and a.plural == plural for a in self.actions):
+                self.actions.append(Action("delete", plural, name, propagation=propagation))
+
+
+def decide(
+    ref: b.RunRef,
+    generation: int,
+    raw_spec: dict[str, Any],
+    prev: dict[str, Any] | None,
+    observed: Observed,
+    now: dt.datetime,
+    progress: dict[str, Any] | None = None,
+) -> Decision:
+    prev = dict(prev or {})
+    st: dict[str, Any] = {
+        "phase": prev.get("phase") or PENDING,
+        "stage": prev.get("stage") or "",
+        "observedGeneration": generation,
+        "restarts": int(prev.get("restarts") or 0),
+        "startTime": prev.get("startTime"),
+        "completionTime": prev.get("completionTime"),
+        "completedStages": list(prev.get("completedStages") or []),
+        "progress": dict(prev.get("progress") or {}),
+        "conditions": [dict(c) for c in prev.get("conditions") or []],
+    }
+    if prev.get("reason"):
+        st["reason"], st["message"] = prev.get("reason"), prev.get("message", "")
+    plan = _Plan(observed)
+    gen_name = b.generator_name(ref.name)
+
+    try:
+        spec: RLTRunSpec | None = parse_spec(raw_spec)
+    except SpecError as err:
+        spec = None
+        if st["phase"] not in TERMINAL:
+            _fail(st, "InvalidSpec", "; ".join(err.problems), now)
+        # Nothing can be built from an invalid spec; still free the GPUs of a run that was going.
+        plan.delete("statefulsets", gen_name)
+        return _finish(prev, st, plan, None)
+
+    st["outputs"] = b.outputs(ref.name, spec)
+    enabled = spec.stages.enabled()
+
+    # Run-wide children: the pods' config (kept equal to the spec) and the data claim.
+    cm = b.configmap(ref, spec)
+    if plan.ensure("configmaps", cm):
+        have = observed.configmaps[cm["metadata"]["name"]].get("configHash")
+        if have != cm["metadata"]["annotations"][b.A_CONFIG_HASH]:
+            plan.actions.append(Action("patch", "configmaps", cm["metadata"]["name"],
+                                       {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]}))
+    plan.ensure("persistentvolumeclaims", b.pvc(ref, spec))
+
+    # Stages whose Job completed (or completed before and was cleaned up) are done.
+    done = [s for s in enabled if s in st["completedStages"]
+            or job_complete(observed.jobs.get(b.trainer_name(ref.name, s)))]
+    st["completedStages"] = done
+
+    if st["phase"] not in TERMINAL:
+        start = parse_time(st["startTime"])
+        deadline = spec.active_deadline_seconds
+        if start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
+            _fail(st, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
+        elif len(done) == len(enabled):
+            st.update(phase=SUCCEEDED, stage="", reason="Succeeded", message="all stages finished: " + ", ".join(enabled))
+            set_condition(st["conditions"], "Complete", True, "Succeeded", st["message"], now)
+    if st["phase"] in TERMINAL:
+        return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
+
+    stage = next(s for s in enabled if s not in done)
+    if stage != st["stage"]:
+        st["progress"] = {}
+    st["stage"] = stage
+    job_name = b.trainer_name(ref.name, stage)
+    restarts = st["restarts"]
+
+    # Suspend: every GPU pod goes, the data and config stay; resuming restarts from the last checkpoint.
+    if spec.suspend:
+        plan.delete("jobs", job_name, "Foreground")
+        plan.delete("statefulsets", gen_name, "Foreground")
+        st.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
+        set_condition(st["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
+        return _finish(prev, st, plan, None)
+    if st["phase"] == SUSPENDED:
+        set_condition(st["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
+        st["phase"] = PENDING
+    st.pop("reason", None)
+    st.pop("message", None)
+    if not st["startTime"]:
+        st["startTime"] = fmt_time(now)
+    requeue: float | None = None
+    if spec.active_deadline_seconds:
+        started = parse_time(st["startTime"])
+        assert started is not None
+        requeue = max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
+
+    # Children of another stage or of an older gang are stale: delete them and wait until gone.
+    gens_needed = b.needs_generators(spec, stage)
+    waiting = False
+    sts = observed.statefulsets.get(gen_name)
+    if sts is not None and (sts.get("deleting") or not gens_needed or sts["labels"].get(b.L_STAGE) != stage
+                            or sts["labels"].get(b.L_RESTART) != str(restarts)):
+        plan.delete("statefulsets", gen_name, "Foreground")
+        sts, waiting = None, True
+    job = observed.jobs.get(job_name)
+    if job is not None and (job.get("deleting") or job["labels"].get(b.L_RESTART) != str(restarts)):
+        plan.delete("jobs", job_name, "Foreground")
+        job, waiting = None, True
+
+    # A failure anywhere in the current gang restarts the whole gang (trainer and generators).
+    failure = job_failure(job)
+    if failure:
+        failure = f"trainer Job {job_name}: {failure}"
+    for pod in observed.pods:
+        lb = pod["labels"]
+        if failure or lb.get(b.L_STAGE) != stage or lb.get(b.L_RESTART) != str(restarts):
+            continue
+        if pod.get("phase") == "Failed" or (lb.get(b.L_ROLE) == b.ROLE_GENERATOR and pod.get("restarts", 0) > 0):
+            failure = f"{lb.get(b.L_ROLE)} pod {pod['name']} " + (
+                "failed" if pod.get("phase") == "Failed" else f"restarted {pod['restarts']} time(s)")
+    if failure:
+        if restarts < spec.backoff_limit:
+            st["restarts"] = restarts + 1
+            plan.delete("jobs", job_name, "Foreground")
+            plan.delete("statefulsets", gen_name, "Foreground")
+            set_condition(st["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
+            st["lastFailure"] = failure
+            return _finish(prev, st, plan, SOON)
+        _fail(st, "BackoffLimitExceeded",
+              f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})", now)
+        return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
+
+    # Generators first; the trainer joins them only once every server answers /health.
+    ready = True
+    if gens_needed:
+        plan.ensure("services", b.generator_service(ref, spec, stage, restarts))
+        if sts is None and not waiting:
+            plan.ensure("statefulsets", b.generator_statefulset(ref, spec, stage, restarts))
+        want = spec.resources.generator.replicas
+        have = sts["readyReplicas"] if sts else 0
+        ready = sts is not None and have >= want
+        set_condition(st["conditions"], "GeneratorsReady", ready, "Ready" if ready else "Starting",
+                      f"{have}/{want} vLLM servers ready", now)
+    if ready and not waiting:
+        plan.ensure("services", b.trainer_service(ref, spec, stage, restarts))
+        if job is None:
+            plan.ensure("jobs", b.trainer_job(ref, spec, stage, restarts))
+    active = bool(job and job.get("active", 0) > 0)
+    set_condition(st["conditions"], "TrainerRunning", active, "Running" if active else "Waiting",
+                  f"stage {stage}: " + ("trainer running" if active else
+                                        "waiting for generators" if not ready else "trainer starting"), now)
+    if job is not None or done or st["phase"] == RUNNING:
+        st["phase"] = RUNNING
+    if progress is not None and progress.get("stage", stage) == stage:
+        st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
+    return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def _fail(st: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
+    st.update(phase=FAILED, reason=reason, message=message)
+    set_condition(st["conditions"], "Failed", True, reason, message, now)
+
+
+def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: Observed,
+              now: dt.datetime) -> float | None:
+    """Free the GPUs now; keep finished trainer Jobs (their logs) until ttlSecondsAfterFinished."""
+    if not st.get("completionTime"):
+        st["completionTime"] = fmt_time(now)
+    st["stage"] = ""
+    plan.delete("statefulsets", b.generator_name(ref.name))
+    for stage in spec.stages.enabled():
+        job = observed.jobs.get(b.trainer_name(ref.name, stage))
+        if job and job.get("active", 0) > 0:
+            plan.delete("jobs", b.trainer_name(ref.name, stage), "Foreground")
+    for c in st["conditions"]:
+        if c["type"] in ("TrainerRunning", "GeneratorsReady") and c["status"] == "True":
+            set_condition(st["conditions"], c["type"], False, "Finished", f"run {st['phase'].lower()}", now)
+    ttl = spec.ttl_seconds_after_finished
+    if ttl is None:
+        return None
+    finished = parse_time(st["completionTime"])
+    assert finished is not None
+    left = ttl - (now - finished).total_seconds()
+    if left > 0:
+        return left
+    for stage in spec.stages.enabled():
+        plan.delete("jobs", b.trainer_name(ref.name, stage), "Background")
+        plan.delete("services", b.trainer_name(ref.name, stage))
+    plan.delete("services", b.generator_name(ref.name))
+    return None
+
+
+def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Kubernetes Events for what changed between two statuses."""
+    ev: list[tuple[str, str, str]] = []
+    p_phase, phase = prev.get("phase") or "", st["phase"]
+    if int(st.get("restarts") or 0) > int(prev.get("restarts") or 0):
+        ev.append(("Warning", "GangRestart",
+                   f"restart {st['restarts']}: {st.get('lastFailure', 'a pod failed')}; "
+                   "trainer and generators restart from the last checkpoint"))
+    if st.get("stage") and st["stage"] != (prev.get("stage") or ""):
+        ev.append(("Normal", "StageStarted", f"stage {st['stage']} started"))
+    if phase != p_phase:
+        if phase == FAILED:
+            ev.append(("Warning", st.get("reason") or "Failed", st.get("message") or "run failed"))
+        elif phase == SUCCEEDED:
+            ev.append(("Normal", "Succeeded", st.get("message") or "run succeeded"))
+        elif phase == SUSPENDED:
+            ev.append(("Normal", "Suspended", "GPU pods deleted; data kept"))
+        elif p_phase == SUSPENDED:
+            ev.append(("Normal", "Resumed", "resuming from the last checkpoint"))
+        elif phase == RUNNING:
+            ev.append(("Normal", "Running", f"stage {st.get('stage')} trainer created"))
+    return ev
+
+
+def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: float | None) -> Decision:
+    if st.get("startTime") is None:
+        st.pop("startTime", None)
+    if st.get("completionTime") is None:
+        st.pop("completionTime", None)
+    return Decision(status=st, actions=plan.actions, events=transition_events(prev, st), requeue_after=requeue)
+
+
+OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "lastFailure",
+                     "startTime", "completionTime", "completedStages", "progress", "outputs", "conditions")
+
+
+def merge_patch(prev: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch from `prev` to `new` at the top level (None removes one of our fields)."""
+    patch = {k: v for k, v in new.items() if prev.get(k) != v}
+    for k in prev:
+        if k not in new and k in OWN_STATUS_FIELDS:
+            patch[k] = None
+    return patch

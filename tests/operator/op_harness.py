@@ -1,0 +1,197 @@
+"""Test harness: the emulated API + the real operator in-process, and the simulated controllers.
+
+kmock runs no controllers, so `Harness` plays them through the HTTP API: it creates the pods a Job or
+StatefulSet would create and patches their status (ready, succeeded, failed, restarted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+import yaml
+
+from rlt_operator.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+NS = "default"
+RUNS = "/apis/rlt.dev/v1alpha1/namespaces/{ns}/rltruns"
+PATHS = {
+    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
+    "persistentvolumeclaims": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
+    "services": "/api/v1/namespaces/{ns}/services",
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "events": "/api/v1/namespaces/{ns}/events",
+    "rltruns": RUNS,
+}
+
+
+def example(name: str = "rltrun-tiny.yaml", **overrides: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    doc["metadata"].pop("namespace", None)
+    for dotted, value in overrides.items():
+        node = doc
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return doc
+
+
+def server_mode(doc: dict[str, Any], replicas: int = 2) -> dict[str, Any]:
+    """The tiny run with vLLM generators (generation.mode=server), so rl has generators + trainer."""
+    doc = copy.deepcopy(doc)
+    doc["spec"]["stages"]["rl"].setdefault("generation", {})["mode"] = "server"
+    doc["spec"]["resources"] = {"generator": {"replicas": replicas, "gpus": 1},
+                                "trainer": {"nodes": 2, "gpus": 4}}
+    return doc
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.cluster: Any = None
+        self.url = ""
+        self.operator: InProcessOperator | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    @contextlib.asynccontextmanager
+    async def serve(self):
+        async with serve() as (cluster, url), aiohttp.ClientSession() as session:
+            self.cluster, self.url, self.session = cluster, url, session
+            yield self
+
+    # ------------------------------------------------------------------ operator
+
+    async def start_operator(self) -> None:
+        watches_before = self.count_watches()
+        self.operator = InProcessOperator()
+        await self.operator.start()
+        # Create objects only once the operator watches them (the emulator replays state on watch).
+        await self.wait(lambda: self.count_watches() - watches_before >= 7, "operator watches", timeout=20)
+
+    async def stop_operator(self) -> None:
+        if self.operator is not None:
+            await self.operator.stop()
+            self.operator = None
+
+    def count_watches(self) -> int:
+        return sum(1 for r in self.cluster._requests if r.params.get("watch") == "true")
+
+    # ------------------------------------------------------------------ HTTP helpers
+
+    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        assert self.session is not None
+        async with self.session.request(method, self.url + path, json=body,
+                                        headers={"Content-Type": content_type}) as resp:
+            data = await resp.json(content_type=None) if resp.content_length != 0 else None
+            if resp.status >= 300:
+                raise AssertionError(f"{method} {path}: {resp.status} {data}")
+            return data
+
+    async def create_run(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return await self.call("POST", RUNS.format(ns=NS), doc)
+
+    async def patch_run(self, name: str, patch: dict[str, Any]) -> None:
+        await self.call("PATCH", f"{RUNS.format(ns=NS)}/{name}", patch, "application/merge-patch+json")
+
+    async def delete_run(self, name: str) -> None:
+        await self.call("DELETE", f"{RUNS.format(ns=NS)}/{name}")
+
+    async def get(self, plural: str, name: str) -> dict[str, Any] | None:
+        assert self.session is not None
+        async with self.session.get(f"{self.url}{PATHS[plural].format(ns=NS)}/{name}") as resp:
+            if resp.status == 404:
+                return None
+            return await resp.json(content_type=None)
+
+    async def list(self, plural: str, selector: str | None = None) -> list[dict[str, Any]]:
+        params = {"labelSelector": selector} if selector else {}
+        assert self.session is not None
+        async with self.session.get(f"{self.url}{PATHS[plural].format(ns=NS)}", params=params) as resp:
+            return (await resp.json(content_type=None))["items"]
+
+    async def run_status(self, name: str) -> dict[str, Any]:
+        run = await self.get("rltruns", name)
+        return (run or {}).get("status") or {}
+
+    async def set_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
+        await self.call("PATCH", f"{PATHS[plural].format(ns=NS)}/{name}/status", {"status": status},
+                        "application/merge-patch+json")
+
+    async def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in await self.list("events") if e.get("involvedObject", {}).get("name") == name]
+
+    # ------------------------------------------------------------------ waiting
+
+    async def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            await asyncio.sleep(0.05)
+
+    async def wait_status(self, name: str, check: Callable[[dict[str, Any]], bool], what: str,
+                          timeout: float = 10.0) -> dict[str, Any]:
+        async def probe():
+            st = await self.run_status(name)
+            return st if check(st) else None
+        return await self.wait(probe, what, timeout)
+
+    async def wait_object(self, plural: str, name: str, timeout: float = 10.0) -> dict[str, Any]:
+        return await self.wait(lambda: self.get(plural, name), f"{plural}/{name}", timeout)
+
+    async def wait_gone(self, plural: str, name: str, timeout: float = 10.0) -> None:
+        async def gone():
+            return await self.get(plural, name) is None
+        await self.wait(gone, f"{plural}/{name} deleted", timeout)
+
+    # ------------------------------------------------------------------ simulated controllers
+
+    async def generators_ready(self, run: str) -> None:
+        """What the StatefulSet controller + kubelet would report once every vLLM server is healthy."""
+        sts = await self.wait_object("statefulsets", f"{run}-generator")
+        n = sts["spec"]["replicas"]
+        await self.set_status("statefulsets", f"{run}-generator", {"replicas": n, "readyReplicas": n})
+
+    async def trainer_running(self, run: str, stage: str) -> dict[str, Any]:
+        """The Job controller started every indexed pod."""
+        job = await self.wait_object("jobs", f"{run}-{stage}")
+        await self.set_status("jobs", job["metadata"]["name"], {"active": job["spec"]["parallelism"]})
+        return job
+
+    async def trainer_succeeded(self, run: str, stage: str) -> None:
+        job = await self.wait_object("jobs", f"{run}-{stage}")
+        n = job["spec"]["completions"]
+        await self.set_status("jobs", f"{run}-{stage}", {
+            "active": 0, "succeeded": n,
+            "conditions": [{"type": "Complete", "status": "True"}]})
+
+    async def trainer_failed(self, run: str, stage: str) -> None:
+        await self.set_status("jobs", f"{run}-{stage}", {
+            "active": 0, "failed": 1,
+            "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                            "message": "Job has reached the specified backoff limit"}]})
+
+    async def generator_pod(self, run: str, index: int, restarts: int = 0) -> None:
+        """A pod the StatefulSet controller would create, with the template's labels."""
+        sts = await self.wait_object("statefulsets", f"{run}-generator")
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        name = f"{run}-generator-{index}"
+        if await self.get("pods", name) is None:
+            await self.call("POST", PATHS["pods"].format(ns=NS),
+                            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+                             "spec": sts["spec"]["template"]["spec"]})
+        await self.set_status("pods", name, {"phase": "Running", "containerStatuses": [
+            {"name": "vllm", "ready": restarts == 0, "restartCount": restarts}]})

@@ -1,0 +1,195 @@
+"""Kopf + the real handlers against the emulated API. Child status is simulated by the test (kmock has no controllers)."""
+
+from __future__ import annotations
+
+import pytest
+from op_harness import example, server_mode
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_create_makes_first_stage_children(harness):
+    await harness.start_operator()
+    await harness.create_run(example())
+    cm = await harness.wait_object("configmaps", "tiny-config")
+    assert "run.yaml" in cm["data"]
+    pvc = await harness.wait_object("persistentvolumeclaims", "tiny-data")
+    job = await harness.wait_object("jobs", "tiny-sft")
+    run = await harness.get("rltruns", "tiny")
+    for child in (cm, pvc, job):
+        ref = child["metadata"]["ownerReferences"][0]
+        assert ref["uid"] == run["metadata"]["uid"] and ref["controller"] is True
+        assert child["metadata"]["labels"]["rlt.dev/run"] == "tiny"
+    assert job["metadata"]["labels"]["rlt.dev/stage"] == "sft"
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running")
+    assert st["stage"] == "sft" and st["restarts"] == 0 and st["observedGeneration"] == 1
+
+
+async def test_stages_generators_trainer_to_succeeded(harness):
+    """sft Job → rl generators, trainer only once they are ready → distill → Succeeded, generators gone."""
+    await harness.start_operator()
+    await harness.create_run(server_mode(example()))
+    await harness.trainer_running("tiny", "sft")
+    await harness.trainer_succeeded("tiny", "sft")
+
+    sts = await harness.wait_object("statefulsets", "tiny-generator")
+    assert sts["metadata"]["labels"]["rlt.dev/stage"] == "rl"
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][container["command"].index("--model") + 1] == "/data/tiny/sft/model"
+    await harness.wait_object("services", "tiny-generator")
+    st = await harness.wait_status("tiny", lambda s: s.get("stage") == "rl", "stage rl")
+    assert {c["type"]: c["status"] for c in st["conditions"]}["GeneratorsReady"] == "False"
+    assert await harness.get("jobs", "tiny-rl") is None, "trainer must wait for the generators"
+
+    await harness.generators_ready("tiny")
+    job = await harness.trainer_running("tiny", "rl")
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "tiny-rl-0.tiny-rl.default.svc" and env["NNODES"] == "2"
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
+    await harness.wait_object("services", "tiny-rl")
+    await harness.trainer_succeeded("tiny", "rl")
+
+    # distill serves the RL teacher: the rl generator is replaced by one labelled distill.
+    async def distill_generator():
+        s = await harness.get("statefulsets", "tiny-generator")
+        return s if s and s["metadata"]["labels"]["rlt.dev/stage"] == "distill" else None
+    sts = await harness.wait(distill_generator, "distill generator")
+    cmd = sts["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--model") + 1] == "/data/tiny/rl/model"
+    await harness.generators_ready("tiny")
+    await harness.trainer_running("tiny", "distill")
+    await harness.trainer_succeeded("tiny", "distill")
+
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Succeeded", "Succeeded")
+    assert st["completedStages"] == ["sft", "rl", "distill"] and st["completionTime"]
+    assert st["outputs"] == {"teacherCheckpoint": "/data/tiny/rl/model",
+                             "distilledDataset": "/data/tiny/distill/dataset.jsonl"}
+    await harness.wait_gone("statefulsets", "tiny-generator")
+    for stage in ("sft", "rl", "distill"):  # trainer Jobs stay for their logs (no TTL set)
+        assert await harness.get("jobs", f"tiny-{stage}") is not None
+    reasons = [e["reason"] for e in await harness.events("tiny")]
+    assert "StageStarted" in reasons and "Succeeded" in reasons
+
+
+async def test_pod_failure_gang_restart_then_backoff_limit(harness):
+    doc = server_mode(example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False,
+                                 "spec.backoffLimit": 1}))
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.generators_ready("tiny")
+    await harness.trainer_running("tiny", "rl")
+    await harness.generator_pod("tiny", 0)
+
+    # A vLLM server crashes (its container restarted): the whole gang restarts from the checkpoint.
+    await harness.generator_pod("tiny", 0, restarts=1)
+    st = await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart 1")
+    assert st["phase"] == "Running" and "generator pod tiny-generator-0 restarted" in st["lastFailure"]
+
+    async def relabelled(plural, name):
+        obj = await harness.get(plural, name)
+        return obj if obj and obj["metadata"]["labels"]["rlt.dev/restart"] == "1" else None
+    await harness.wait(lambda: relabelled("statefulsets", "tiny-generator"), "new generators")
+    await harness.generators_ready("tiny")
+    await harness.wait(lambda: relabelled("jobs", "tiny-rl"), "new trainer")
+    await harness.trainer_failed("tiny", "rl")
+
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Failed", "Failed")
+    assert st["reason"] == "BackoffLimitExceeded" and st["restarts"] == 1
+    assert "trainer Job tiny-rl" in st["message"]
+    await harness.wait_gone("statefulsets", "tiny-generator")
+    assert await harness.get("jobs", "tiny-rl") is not None  # kept for logs
+    reasons = [e["reason"] for e in await harness.events("tiny")]
+    assert "GangRestart" in reasons and "BackoffLimitExceeded" in reasons
+
+
+async def test_suspend_and_resume(harness):
+    doc = server_mode(example(**{"spec.stages.sft.enabled": False}))
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.generators_ready("tiny")
+    await harness.trainer_running("tiny", "rl")
+
+    await harness.patch_run("tiny", {"spec": {"suspend": True}})
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Suspended", "Suspended")
+    assert "startTime" not in st
+    await harness.wait_gone("jobs", "tiny-rl")
+    await harness.wait_gone("statefulsets", "tiny-generator")
+    assert await harness.get("persistentvolumeclaims", "tiny-data") is not None
+    assert await harness.get("configmaps", "tiny-config") is not None
+
+    await harness.patch_run("tiny", {"spec": {"suspend": False}})
+    await harness.wait_object("statefulsets", "tiny-generator")
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") in ("Pending", "Running"), "resumed")
+    assert st["restarts"] == 0, "a suspend is not a failure"
+    await harness.generators_ready("tiny")
+    await harness.wait_object("jobs", "tiny-rl")
+    conds = {c["type"]: c for c in (await harness.run_status("tiny"))["conditions"]}
+    assert conds["Suspended"]["status"] == "False" and conds["Suspended"]["reason"] == "Resumed"
+
+
+async def test_deletion_removes_children_and_finalizer(harness):
+    await harness.start_operator()
+    await harness.create_run(example())
+    await harness.wait_object("jobs", "tiny-sft")
+    run = await harness.get("rltruns", "tiny")
+    assert "rlt.dev/finalizer" in run["metadata"]["finalizers"]
+    await harness.delete_run("tiny")
+    await harness.wait_gone("rltruns", "tiny")
+    for plural, name in (("jobs", "tiny-sft"), ("configmaps", "tiny-config"),
+                         ("persistentvolumeclaims", "tiny-data"), ("services", "tiny-sft")):
+        assert await harness.get(plural, name) is None, f"{plural}/{name} left behind"
+
+
+async def test_existing_claim_is_used_and_kept(harness):
+    await harness.start_operator()
+    await harness.create_run(example(**{"spec.storage": {"existingClaim": "shared-data"}}))
+    job = await harness.wait_object("jobs", "tiny-sft")
+    vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "shared-data"
+    assert await harness.get("persistentvolumeclaims", "tiny-data") is None
+
+
+async def test_operator_restart_mid_run_creates_no_duplicates(harness):
+    await harness.start_operator()
+    await harness.create_run(server_mode(example(**{"spec.stages.sft.enabled": False})))
+    await harness.generators_ready("tiny")
+    await harness.trainer_running("tiny", "rl")
+    await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running")
+    await harness.stop_operator()
+
+    seen = len(harness.cluster._requests)
+    await harness.start_operator()
+    await harness.wait(lambda: any(r.method == "PATCH" and "rltruns" in str(r.url)
+                                   for r in harness.cluster._requests[-50:]), "a reconcile after restart")
+    import asyncio
+    await asyncio.sleep(1.0)
+    posts = [r for r in harness.cluster._requests[seen:] if r.method == "POST"]
+    kinds = {str(r.url.path).rsplit("/", 1)[-1] for r in posts}
+    assert kinds <= {"events"}, f"children re-posted after restart: {kinds}"
+    st = await harness.run_status("tiny")
+    assert st["phase"] == "Running" and st["restarts"] == 0
+    assert len(await harness.list("jobs", "rlt.dev/run=tiny")) == 1
+
+
+async def test_invalid_spec_fails_alone(harness):
+    bad = example(**{"metadata.name": "bad", "spec.stages.rl.numGenerations": 3})  # 8 % 3 != 0
+    await harness.start_operator()
+    await harness.create_run(bad)
+    await harness.create_run(example())
+    st = await harness.wait_status("bad", lambda s: s.get("phase") == "Failed", "bad Failed")
+    assert st["reason"] == "InvalidSpec"
+    assert "spec.stages.rl" in st["message"] and "numGenerations" in st["message"]
+    await harness.wait_object("jobs", "tiny-sft")
+    assert await harness.get("jobs", "bad-sft") is None
+    await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "good run Running")
+
+
+async def test_deadline_and_ttl(harness):
+    doc = example(**{"spec.activeDeadlineSeconds": 1, "spec.ttlSecondsAfterFinished": 1})
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.trainer_running("tiny", "sft")
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Failed", "deadline", timeout=10)
+    assert st["reason"] == "DeadlineExceeded"
+    await harness.wait_gone("jobs", "tiny-sft", timeout=10)  # active trainer stopped, then TTL
+    assert await harness.get("persistentvolumeclaims", "tiny-data") is not None
