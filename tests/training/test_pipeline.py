@@ -1,0 +1,107 @@
+"""A real SFT → RL → distill run of the tiny example on CPU (TRL trainers, no mocks), then resume and skip."""
+
+import json
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rlt.layout import RunLayout
+from rlt.plots import read_metrics
+from rlt.runner import run_local
+from rlt.spec import load_run
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    run = load_run(TINY)
+    summary = run_local(run, out, metrics_port=None, show_progress=False, device="cpu")
+    return run, RunLayout.for_run(out, run.name), summary
+
+
+def test_every_stage_leaves_its_output(finished):
+    run, layout, summary = finished
+    for stage in ("sft", "rl", "distill"):
+        assert layout.stage_done(stage).exists()
+    for stage in ("sft", "rl"):
+        assert (layout.model_dir(stage) / "model.safetensors").exists()
+        assert (layout.model_dir(stage) / "tokenizer.json").exists()
+    assert sorted(p.name for p in layout.checkpoints_dir("rl").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert {p.name for p in layout.plots_dir.iterdir()} == {"rl_reward.png", "rl_step_time.png", "sft_loss.png"}
+    assert summary["rl"]["steps"] == run.spec.stages.rl.steps
+    assert json.loads(layout.summary_file.read_text())["stages"].keys() == {"sft", "rl", "distill"}
+
+
+def test_rl_records_reward_components_and_phases_per_step(finished):
+    run, layout, _ = finished
+    rl = [r for r in read_metrics(layout.metrics_file) if r["stage"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2, 3]
+    for r in rl:
+        # R = r_SS − λ·r_KL − penalty holds for the step means too (the reward is linear in its parts)
+        assert r["reward"] == pytest.approx(r["r_ss"] - 3.0 * r["r_kl"] - r["format_penalty"], abs=1e-4)
+        assert r["r_ss"] == pytest.approx(r["solution_logprob_mean"] + 0.01 * r["solution_logprob_min"], abs=1e-4)
+        assert r["seconds_generate"] > 0 and r["seconds_score"] > 0 and r["seconds_update"] >= 0
+        assert r["generated_tokens"] > 0 and r["scored_tokens"] > 0
+    sft = [r for r in read_metrics(layout.metrics_file) if r["stage"] == "sft"]
+    assert [r["step"] for r in sft] == [1, 2] and all(r["loss"] > 0 for r in sft)
+    progress = json.loads(layout.progress_file.read_text())
+    assert progress["stage"] == "distill" and progress["step"] == progress["totalSteps"] == 4
+
+
+def test_distillation_dataset_rows(finished):
+    run, layout, _ = finished
+    rows = [json.loads(line) for line in layout.distill_dataset.read_text().splitlines()]
+    assert len(rows) == run.spec.stages.distill.limit
+    for r in rows:
+        assert {"question", "reasoning_trace", "solution", "reward", "messages"} <= r.keys()
+        assert len(r["candidate_rewards"]) == run.spec.stages.distill.samples_per_question
+        assert r["reward"] == max(r["candidate_rewards"])  # best candidate kept
+        assert r["messages"][2]["content"].startswith("<think>") and r["solution"] in r["messages"][2]["content"]
+
+
+def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_path):
+    run, layout, _ = finished
+    copy = RunLayout.for_run(tmp_path, run.name)
+    shutil.copytree(layout.root, copy.root)
+    # Simulate a run killed after RL's checkpoint at step 2: no final model, no later stages.
+    for p in (copy.stage_done("rl"), copy.stage_done("distill"), copy.distill_dataset):
+        p.unlink()
+    shutil.rmtree(copy.model_dir("rl"))
+    shutil.rmtree(copy.checkpoints_dir("rl") / "checkpoint-3")
+    before = len(read_metrics(copy.metrics_file))
+    summary = run_local(run, tmp_path, metrics_port=None, show_progress=False, device="cpu")
+    assert summary["stages"]["sft"] == {"skipped": True}
+    new_rl = [r for r in read_metrics(copy.metrics_file)[before:] if r["stage"] == "rl"]
+    assert [r["step"] for r in new_rl] == [3]  # resumed at step 2, trained only step 3
+    assert copy.stage_done("distill").exists()
+
+
+def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
+    """`rlt run` as a user runs it: metrics on a port, then --linger keeps them up."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "rlt.cli", "run", str(TINY), "--output", str(tmp_path),
+                             "--metrics-port", str(port), "--linger", "30", "--stage", "sft", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "serving metrics" in line:
+                break
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 'rlt_stage_completed{method="rlt",namespace="local",run="tiny",stage="sft"} 1.0' in body
+    assert 'rlt_step{method="rlt",namespace="local",run="tiny",stage="sft"} 2.0' in body
+    assert "rlt_loss{" in body

@@ -1,0 +1,37 @@
+"""One source for metric names: the catalogue drives the exporter and the docs table."""
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from rlt.metrics import ALL_METRICS, TrainerMetrics, markdown_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_names_follow_prometheus_conventions():
+    names = [d.name for d in ALL_METRICS]
+    assert len(names) == len(set(names))
+    for d in ALL_METRICS:
+        assert d.name.startswith("rlt_")
+        assert d.name.endswith("_total") == (d.kind == "counter"), d.name
+        assert d.kind in ("gauge", "counter", "histogram")
+        assert len(d.labels) <= 5 and "step" not in d.labels
+
+
+def test_docs_table_matches_catalogue():
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    assert markdown_table() in doc, "docs/metrics.md is stale: paste rlt.metrics.markdown_table() between the markers"
+
+
+def test_exporter_uses_catalogue_names_and_labels():
+    reg = CollectorRegistry()
+    m = TrainerMetrics("r1", registry=reg)
+    m.stage = "rl"
+    m.set("rlt_reward_component", -1.5, component="r_ss")
+    m.inc("rlt_generated_tokens_total", 10)
+    m.observe("rlt_step_phase_seconds", 0.3, phase="score")
+    text = generate_latest(reg).decode()
+    assert 'rlt_reward_component{component="r_ss",method="rlt",namespace="local",run="r1",stage="rl"} -1.5' in text
+    assert 'rlt_generated_tokens_total{method="rlt",namespace="local",run="r1",stage="rl"} 10.0' in text
+    assert 'rlt_step_phase_seconds_count{method="rlt",namespace="local",phase="score",run="r1",stage="rl"} 1.0' in text

@@ -1,0 +1,93 @@
+"""The RLTRun spec model and `rlt validate`: every example validates, broken files name the field."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlt.spec import RLTRun, SpecError, dump_run, load_run, load_runs, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+
+def tiny_doc():
+    return yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+
+
+def test_examples_exist_and_validate():
+    assert len(EXAMPLES) >= 3
+    for path in EXAMPLES:
+        for run in load_runs(path):
+            assert run.spec.stages.enabled()
+
+
+def test_paper_defaults():
+    spec = parse_spec({"teacher": {"model": "t"}, "student": {"model": "s"}, "dataset": {"source": "builtin:arithmetic"}})
+    rl = spec.stages.rl
+    assert (rl.num_generations, rl.batch_size, rl.steps, rl.learning_rate, rl.beta, rl.temperature) == (64, 1024, 125, 1e-6, 0.04, 0.7)
+    assert (rl.reward.alpha, rl.reward.kl_weight, rl.reward.format_penalty) == (0.01, 3.0, 1.0)
+
+
+def test_round_trip_is_camel_case_and_lossless():
+    run = load_run(ROOT / "manifests/examples/rltrun-paper-7b.yaml")
+    text = dump_run(run)
+    assert "numGenerations" in text and "lambda: 3" in text and "num_generations" not in text
+    assert RLTRun.model_validate(yaml.safe_load(text)) == run
+
+
+@pytest.mark.parametrize("mutate,field,message", [
+    (lambda d: d["spec"]["stages"]["rl"].update(numGenerations=0), "spec.stages.rl.numGenerations", "greater than 1"),
+    (lambda d: d["spec"]["stages"]["rl"].update(batchSize=10), "spec.stages.rl.batchSize", "divisible by numGenerations"),
+    (lambda d: d["spec"]["stages"]["rl"].update(steps="many"), "spec.stages.rl.steps", "valid integer"),
+    (lambda d: d["spec"]["stages"]["sft"].update(learningRate=-1), "spec.stages.sft.learningRate", "greater than 0"),
+    (lambda d: d["spec"].update(bogus=1), "spec.bogus", "unknown field"),
+    (lambda d: d["spec"].pop("teacher"), "spec.teacher", "Field required"),
+    (lambda d: d["spec"]["student"].update(model=""), "spec.student.model", "at least 1 character"),
+    (lambda d: d["spec"].update(method="ppo"), "spec.method", "'rlt'"),
+    (lambda d: d["spec"]["format"].update(preset="nope") if "format" in d["spec"] else d["spec"].update(format={"preset": "nope"}),
+     "spec.format", "unknown format 'nope'"),
+    (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name", "DNS-1123"),
+    (lambda d: d.update(kind="Job"), "kind", "'RLTRun'"),
+    (lambda d: d["spec"]["dataset"].update(limit=-3), "spec.dataset.limit", "greater than 0"),
+    (lambda d: [d["spec"]["stages"][s].update(enabled=False) for s in ("sft", "rl", "distill")], "spec.stages", "at least one"),
+])
+def test_invalid_specs_name_the_field(tmp_path, mutate, field, message):
+    doc = tiny_doc()
+    mutate(doc)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError) as err:
+        load_run(path)
+    assert any(p.startswith(field) and message in p for p in err.value.problems), err.value.problems
+
+
+def test_validate_cli_reports_every_bad_file_and_exits_nonzero(tmp_path):
+    bad = tiny_doc()
+    bad["spec"]["stages"]["rl"]["numGenerations"] = -1
+    bad["spec"]["extra"] = True
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    (tmp_path / "broken.yaml").write_text("apiVersion: [unclosed")
+    cmd = [sys.executable, "-m", "rlt.cli", "validate", str(ROOT / "manifests/examples/rltrun-tiny.yaml"),
+           str(tmp_path / "bad.yaml"), str(tmp_path / "broken.yaml"), str(tmp_path / "missing.yaml")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "rltrun-tiny.yaml: ok (tiny)" in res.stdout
+    assert "spec.stages.rl.numGenerations: Input should be greater than 1" in res.stderr
+    assert "spec.extra: unknown field" in res.stderr
+    assert "broken.yaml: INVALID" in res.stderr and "<yaml>" in res.stderr
+    assert "missing.yaml: INVALID" in res.stderr and "file not found" in res.stderr
+
+    ok = subprocess.run([sys.executable, "-m", "rlt.cli", "validate", *map(str, EXAMPLES)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_multi_document_file_names_the_document(tmp_path):
+    good, bad = tiny_doc(), tiny_doc()
+    bad["spec"]["seed"] = -1
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump_all([good, bad]))
+    with pytest.raises(SpecError) as err:
+        load_runs(tmp_path / "two.yaml")
+    assert err.value.problems == ["document 1: spec.seed: Input should be greater than or equal to 0"]
