@@ -6,7 +6,7 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv tools test test-fast demo crd chart-crd install-manifests images lint bench clean
+.PHONY: help venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -87,8 +87,6 @@ images:
 clean:
 	rm -rf results .pytest_cache
 
-# Regenerate generated docs (the metrics table) from the catalogue in training/rlt/metrics.py.
+# Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
-	$(BIN)/python -c "from rlt.metrics import markdown_table; import pathlib; \
-	p = pathlib.Path('docs/metrics.md'); s = p.read_text(); a = '<!-- BEGIN METRICS TABLE -->'; b = '<!-- END METRICS TABLE -->'; \
-	p.write_text(s[: s.index(a) + len(a)] + '\n' + markdown_table() + '\n' + s[s.index(b):])"
+	$(BIN)/python -c "from rlt.spec_docs import regenerate; regenerate()"

@@ -35,3 +35,9 @@ def test_exporter_uses_catalogue_names_and_labels():
     assert 'rlt_reward_component{component="r_ss",method="rlt",namespace="local",run="r1",stage="rl"} -1.5' in text
     assert 'rlt_generated_tokens_total{method="rlt",namespace="local",run="r1",stage="rl"} 10.0' in text
     assert 'rlt_step_phase_seconds_count{method="rlt",namespace="local",phase="score",run="r1",stage="rl"} 1.0' in text
+
+
+def test_spec_reference_matches_model():
+    from rlt.spec_docs import spec_table
+
+    assert spec_table() in (ROOT / "docs" / "spec.md").read_text(), "docs/spec.md is stale: run make docs"
