@@ -301,6 +301,9 @@ class Cluster(kmock.KubernetesEmulator):
     async def _serve_version(self, request: rendering.Request) -> Any:
         result = await super()._serve_version(request)
         result["groupVersion"] = result["groupVersion"].lstrip("/")  # core says "/v1" in kmock 0.8
+        for res in result.get("resources", []):
+            if "/" in res["name"]:  # kmock repeats short names on subresources: kubectl then finds two matches
+                res["shortNames"], res["categories"] = [], []
         return result
 
     async def _render_error(self, exc: Exception) -> Any:

@@ -69,9 +69,9 @@ class Harness:
 
     # ------------------------------------------------------------------ operator
 
-    async def start_operator(self) -> None:
+    async def start_operator(self, liveness: str | None = None) -> None:
         watches_before = self.count_watches()
-        self.operator = InProcessOperator()
+        self.operator = InProcessOperator(liveness=liveness)
         await self.operator.start()
         # Create objects only once the operator watches them (the emulator replays state on watch).
         await self.wait(lambda: self.count_watches() - watches_before >= 7, "operator watches", timeout=20)

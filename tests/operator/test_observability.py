@@ -1,0 +1,77 @@
+"""Progress from a real rlt_* exporter, the operator's own /metrics, liveness, and Events.
+Child status is simulated by the test (kmock has no controllers)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+
+import pytest
+from op_harness import example
+
+from rlt.metrics import TrainerMetrics
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=3) as r:
+        return r.read().decode()
+
+
+async def test_progress_from_the_trainer_metrics_endpoint(harness, monkeypatch):
+    trainer = TrainerMetrics(run="tiny", namespace="default")
+    port = trainer.serve(0)
+    try:
+        # Stands in for pod 0 of the Job (http://tiny-rl-0.tiny-rl.default.svc:9400/metrics in a cluster).
+        monkeypatch.setenv("RLT_PROGRESS_URL", f"http://127.0.0.1:{port}/metrics?job={{job}}")
+        trainer.stage = "rl"
+        trainer.set("rlt_step", 4)
+        trainer.set("rlt_total_steps", 125)
+        trainer.set("rlt_reward_mean", -0.75)
+        trainer.set("rlt_checkpoint_step", 4)
+        trainer.inc("rlt_generated_tokens_total", 1000)
+        await harness.start_operator()
+        await harness.create_run(example(**{"spec.stages.sft.enabled": False}))
+        await harness.trainer_running("tiny", "rl")
+        st = await harness.wait_status("tiny", lambda s: (s.get("progress") or {}).get("step") == 4, "progress")
+        p = st["progress"]
+        assert (p["totalSteps"], p["rewardMean"]) == (125, -0.75)
+        assert p["lastCheckpoint"] == "/data/tiny/rl/checkpoints/checkpoint-4"
+        trainer.set("rlt_step", 5)
+        trainer.inc("rlt_generated_tokens_total", 5000)
+        st = await harness.wait_status("tiny", lambda s: s["progress"].get("tokensPerSecond", 0) > 0, "tokens/s")
+        assert st["progress"]["step"] == 5
+    finally:
+        trainer.shutdown()
+
+
+async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
+    mport, lport = free_port(), free_port()
+    monkeypatch.setenv("RLT_OPERATOR_METRICS_PORT", str(mport))
+    await harness.start_operator(liveness=f"http://127.0.0.1:{lport}/healthz")
+    await harness.create_run(example())
+    await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running")
+
+    async def scraped():
+        text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
+        return text if 'rlt_run_phase{namespace="default",phase="Running",run="tiny"} 1.0' in text else None
+    text = await harness.wait(scraped, "phase gauge")
+    assert 'rlt_run_info{method="rlt",namespace="default",run="tiny",stage="sft"} 1.0' in text
+    assert 'rlt_operator_reconcile_total{result="success"}' in text
+    assert "rlt_operator_reconcile_duration_seconds_bucket" in text
+    assert 'rlt_run_restarts{namespace="default",run="tiny"} 0.0' in text
+
+    health = await asyncio.to_thread(get, f"http://127.0.0.1:{lport}/healthz")
+    assert '"runs": 1' in health
+
+    events = await harness.wait(lambda: harness.events("tiny"), "events")
+    assert {"StageStarted", "Running"} <= {e["reason"] for e in events}
+    assert all(e["involvedObject"]["kind"] == "RLTRun" for e in events)
