@@ -209,3 +209,20 @@ def test_values_schema_rejects(bad):
     proc = helm("template", "rel", str(CHART), "--set", bad, check=False)
     assert proc.returncode != 0
     assert "values don't meet the specifications of the schema" in proc.stderr or "schema" in proc.stderr
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_operator_command_parses_with_the_real_cli(name):
+    """The Deployment's command line is accepted by `rlt operator`'s own argument parser."""
+    from rlt.cli import build_parser
+
+    c = one(render_set(name), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["rlt", "operator"]
+    args = build_parser().parse_args(c["command"][1:] + c["args"])
+    assert args.func.__name__ == "cmd_operator"
+    if name == "namespaced":
+        assert args.namespace == ["team-a", "team-b"] and not args.all_namespaces and args.verbose
+    else:
+        assert args.all_namespaces and not args.namespace
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["RLT_OPERATOR_HEALTH_PORT"] == "8081"  # where `rlt operator` serves /healthz

@@ -2,7 +2,7 @@
 operator.
 
 - trainer: `rlt run manifests/examples/rltrun-tiny.yaml --metrics-port P --linger 60` (rank-0 rlt_* exporter);
-- operator: the rlt operator attached to the emulated Kubernetes API of `rlt sandbox` (kmock), started with
+- operator: `rlt sandbox` (the rlt operator attached to an emulated Kubernetes API, kmock), started with
   RLT_OPERATOR_METRICS_PORT so that its own Kopf startup handler serves /metrics, and given the same tiny
   RLTRun with kubectl so that it reconciles it (rlt_run_phase, rlt_run_info, reconcile counters ...);
 - Prometheus 2.x on loopback (random free ports, temp dirs, scrape_interval 1s), always killed at the end.
@@ -131,8 +131,7 @@ def test_every_panel_query_returns_data(tmp_path, procs):
     kubeconfig = tmp_path / "kubeconfig"
     sandbox = procs.start(
         "sandbox",
-        [sys.executable, "-c", "import sys; from rlt_operator import sandbox; "
-         "sys.exit(sandbox.run(port=int(sys.argv[1]), kubeconfig_path=sys.argv[2]))", str(api_port), str(kubeconfig)],
+        [rlt, "sandbox", "--port", str(api_port), "--kubeconfig", str(kubeconfig)],
         env={"RLT_OPERATOR_METRICS_PORT": str(op_port), "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
              "RLT_RESYNC_SECONDS": "2", "RLT_PROGRESS_INTERVAL": "2"},
     )
