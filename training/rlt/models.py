@@ -145,8 +145,8 @@ def load_tokenizer(ref: ModelRef | str, padding_side: str = "left"):
     revision = ref.revision if isinstance(ref, ModelRef) else None
     tok = AutoTokenizer.from_pretrained(resolve_model_path(ref), revision=revision)
     if tok.pad_token is None:
-        # Never pad with EOS: TRL and our masks would treat padding as the end of a completion.
-        tok.add_special_tokens({"pad_token": "<|pad|>"}) if tok.unk_token is None else setattr(tok, "pad_token", tok.unk_token)
+        # Reuse an existing token (adding one would outgrow the model's embeddings); padding is always masked.
+        tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
     tok.padding_side = padding_side
     return tok
 
