@@ -1,44 +1,43 @@
 {{/*
-The operator's permissions, verb by verb. They must equal rlt_operator.rbac.RBAC_RULES
-(tests/chart/test_rbac.py compares them); change both together.
+The operator's permissions, verb by verb. They must equal rlt_operator.rbac.RBAC_RULES and
+CLUSTER_RBAC_RULES (tests/chart/test_rbac.py compares them, order included); change both together.
+docs/operator.md and the chart README explain where each verb comes from.
 */}}
 
-{{/* Rules on namespaced resources: granted cluster-wide, or per watched namespace in namespaced mode. */}}
+{{/* Rules on namespaced resources: a ClusterRole in cluster mode, a Role per watched namespace otherwise. */}}
 {{- define "rlt-operator.namespacedRules" -}}
 - apiGroups: ["rlt.dev"]
   resources: ["rltruns"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["rlt.dev"]
   resources: ["rltruns/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
+- apiGroups: ["rlt.dev"]
+  resources: ["rltruns/finalizers"]
+  verbs: ["update"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create"]
 - apiGroups: [""]
-  resources: ["configmaps", "persistentvolumeclaims", "services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  resources: ["configmaps"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims", "services"]
+  verbs: ["list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["list", "watch"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
 {{- end }}
 
-{{/* Rules on cluster-scoped resources (Kopf's discovery of the CRD and, in cluster mode, of namespaces). */}}
+{{/* Rules on cluster-scoped resources, needed in both modes (Kopf's resource discovery). */}}
 {{- define "rlt-operator.clusterRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
-{{- if not (include "rlt-operator.namespaced" .) }}
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["get", "list", "watch"]
-{{- end }}
+  verbs: ["list", "watch"]
 {{- end }}

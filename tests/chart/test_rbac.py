@@ -1,0 +1,38 @@
+"""The chart grants exactly the operator's own RBAC needs (rlt_operator.rbac), in both modes."""
+
+from __future__ import annotations
+
+from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
+
+from chart_helpers import by_kind, one, render_set
+
+
+def normalized(rules) -> list[dict]:
+    return [{"apiGroups": list(r["apiGroups"]), "resources": list(r["resources"]), "verbs": list(r["verbs"])}
+            for r in rules]
+
+
+def test_cluster_mode_rules_equal_the_operators():
+    docs = render_set("defaults")
+    assert normalized(one(docs, "ClusterRole", "rlt-operator")["rules"]) == normalized(RBAC_RULES)
+    assert normalized(one(docs, "ClusterRole", "-cluster")["rules"]) == normalized(CLUSTER_RBAC_RULES)
+    binding = one(docs, "ClusterRoleBinding", "rlt-operator")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "rel-rlt-operator"}
+
+
+def test_namespaced_mode_rules_equal_the_operators():
+    docs = render_set("namespaced")
+    for role in by_kind(docs, "Role"):
+        assert normalized(role["rules"]) == normalized(RBAC_RULES), role["metadata"]["namespace"]
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert normalized(cluster_role["rules"]) == normalized(CLUSTER_RBAC_RULES)
+
+
+def test_every_verb_the_operator_needs_is_granted_and_nothing_more():
+    granted = {(g, res, v) for r in one(render_set("defaults"), "ClusterRole", "rlt-operator")["rules"]
+               for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    needed = {(g, res, v) for r in RBAC_RULES for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    assert granted == needed
+    # Least privilege: the operator never reads secrets, never touches RBAC or nodes.
+    assert not {res for _, res, _ in granted} & {"secrets", "roles", "rolebindings", "nodes", "clusterroles"}
