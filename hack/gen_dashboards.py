@@ -378,24 +378,20 @@ def _variables(d: Dashboard) -> list[dict]:
     ds = {"type": "prometheus", "uid": "${datasource}"}
     common = {"includeAll": True, "multi": True, "allValue": ".*", "refresh": 2, "sort": 1, "type": "query"}
     return [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0},
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "hide": 0},
         {
             **common,
             "name": "namespace",
             "label": "Namespace",
             "datasource": ds,
-            "definition": f"label_values({d.run_variable_metric}, namespace)",
             "query": {"query": f"label_values({d.run_variable_metric}, namespace)", "refId": "namespace"},
-            "current": {},
         },
         {
             **common,
             "name": "run",
             "label": "Run",
             "datasource": ds,
-            "definition": f'label_values({d.run_variable_metric}{{namespace=~"$namespace"}}, run)',
             "query": {"query": f'label_values({d.run_variable_metric}{{namespace=~"$namespace"}}, run)', "refId": "run"},
-            "current": {},
         },
     ]
 
@@ -455,7 +451,9 @@ def render(d: Dashboard) -> dict:
         "timezone": "browser",
         "templating": {"list": _variables(d)},
         "annotations": {"list": []},
-        "links": [{"title": "RLT dashboards", "type": "dashboards", "tags": ["rlt"], "asDropdown": True}],
+        "links": [{"title": "RLT dashboards", "type": "dashboards", "tags": ["rlt"], "asDropdown": True,
+                   "icon": "external link", "includeVars": True, "keepTime": True, "targetBlank": False,
+                   "tooltip": "The other RLT dashboards, same run and time range", "url": ""}],
         "panels": panels,
     }
 
