@@ -224,6 +224,14 @@ class RunMemory:
     status: dict[str, Any] | None = None  # the last status we wrote (the watch may lag behind it)
     progress: dict[str, Any] | None = None
     progress_at: float = 0.0
+    # Expectations (as Kubernetes controllers keep them): children we created that the watch-fed
+    # index has not shown yet. Not re-posting them saves a 409 per child per reconcile.
+    created: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def expected(self, observed: S.Observed, actions: list[S.Action], now: float, ttl: float = 10.0) -> list[S.Action]:
+        for key in [k for k, t in self.created.items() if now - t > ttl or k[1] in getattr(observed, k[0], {})]:
+            del self.created[key]
+        return [a for a in actions if not (a.verb == "create" and (a.plural, a.name) in self.created)]
 
 
 async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indices: dict[str, Any],
@@ -252,7 +260,13 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
             logger.debug(f"progress not available from {url}: {err}")
 
     decision = S.decide(ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh)
-    await apply(state, namespace, decision.actions, logger)
+    actions = mem.expected(observed, decision.actions, time.monotonic())
+    await apply(state, namespace, actions, logger)
+    for a in actions:
+        if a.verb == "create":
+            mem.created[(a.plural, a.name)] = time.monotonic()
+        elif a.verb == "delete":
+            mem.created.pop((a.plural, a.name), None)
     patch = S.merge_patch(server_status, decision.status)
     if patch:
         await asyncio.to_thread(state.kube.patch, PLURAL, namespace, name, {"status": patch}, "status")

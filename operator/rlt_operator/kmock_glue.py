@@ -18,6 +18,7 @@ docs/operator.md and the tooling notes):
 - watches stream JSON lines and end after `timeoutSeconds`;
 - creating a CustomResourceDefinition registers its resource, and `kubectl get` on it receives a
   server-side Table with the CRD's printer columns (kubectl shows them only that way);
+- a failed JSON-patch `test` answers 422 (as the apiserver does), not 500;
 - `parse_path('/api/v1/namespaces')` no longer crashes (kmock bug).
 """
 
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
+import jsonpatch
 import kmock
 from kmock._internal import enums, k8s, parsing, references, rendering
 
@@ -307,6 +309,10 @@ class Cluster(kmock.KubernetesEmulator):
         return result
 
     async def _render_error(self, exc: Exception) -> Any:
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed):
+            # A failed `test` (Kopf's resourceVersion precondition) is a 422 on a real apiserver; Kopf then
+            # re-reads and retries, whereas kmock's 500 makes it resend the same stale patch.
+            exc = k8s.KubernetesError(status=422, reason="Invalid", message=f"the patch test failed: {exc}")
         if isinstance(exc, k8s.KubernetesError) and exc.status in _REASONS:
             exc = attrs.evolve(exc, reason=_REASONS[exc.status])
         return await super()._render_error(exc)

@@ -268,6 +268,10 @@ def decide(
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
 
+    # Running once a trainer of the run has existed; Pending before (e.g. while vLLM loads the model).
+    if job is not None or done or st["phase"] == RUNNING:
+        st["phase"] = RUNNING
+
     # A failure anywhere in the current gang restarts the whole gang (trainer and generators).
     failure = job_failure(job)
     if failure:
@@ -310,8 +314,6 @@ def decide(
     set_condition(st["conditions"], "TrainerRunning", active, "Running" if active else "Waiting",
                   f"stage {stage}: " + ("trainer running" if active else
                                         "waiting for generators" if not ready else "trainer starting"), now)
-    if job is not None or done or st["phase"] == RUNNING:
-        st["phase"] = RUNNING
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
