@@ -129,7 +129,10 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str]) -> None
             "StatefulSet status changes only if you patch it (kubectl patch ... --subresource=status).\n\n"
             f"  export KUBECONFIG={kubeconfig_path}\n"
             "  kubectl apply --validate=false -f manifests/examples/rltrun-tiny.yaml\n"
-            "  kubectl get rlt,configmaps,pvc,services,statefulsets,jobs -l rlt.dev/run=tiny\n\n"
+            "  kubectl get rlt\n"
+            "  kubectl get configmaps,persistentvolumeclaims,services,statefulsets,jobs -l rlt.dev/run=tiny\n"
+            "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"
+            "    -p '{\"status\":{\"succeeded\":1,\"conditions\":[{\"type\":\"Complete\",\"status\":\"True\"}]}}'\n\n"
             "Ctrl-C stops it.",
             flush=True,
         )
