@@ -1,0 +1,93 @@
+"""Answer checking, shared by every stage that grades a model (RCL rewards, evaluation, compare).
+
+`extract_answer` finds the final answer in a model's output; `normalize` puts answers in a canonical form
+(numbers, fractions, `\\boxed{}`, thousands separators, LaTeX wrappers, multiple-choice letters); `is_correct`
+compares the two. The order of extraction is documented in docs/evaluation.md and fixed by tests.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?"
+_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*[:\s]*\$?([^\n$]+?)\$?\s*(?:\.|$)", re.IGNORECASE | re.MULTILINE)
+_CHOICE = re.compile(r"^\(?([A-J])\)?$|^\(?([A-J])[.)]:?\s")
+_LAST_NUMBER = re.compile(_NUMBER)
+
+
+def boxed_contents(text: str) -> list[str]:
+    """Contents of every \\boxed{...} / \\fbox{...}, with nested braces balanced."""
+    out = []
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            out.append(text[m.end() : i - 1])
+    return out
+
+
+def _between_tags(text: str, start: str, end: str) -> str | None:
+    i = text.rfind(start)
+    if i < 0:
+        return None
+    j = text.find(end, i + len(start))
+    return text[i + len(start) : j] if j >= 0 else None
+
+
+def extract_answer(text: str, answer_tags: tuple[str, str] | None = None, last_number: bool = True) -> str | None:
+    """The final answer in `text`, or None. Order: answer tags, last \\boxed{}, 'answer is …', the last number."""
+    if answer_tags:
+        inside = _between_tags(text, *answer_tags)
+        if inside is not None:
+            # An answer block may itself hold a box or a sentence: look inside it with the same rules.
+            return extract_answer(inside) or (inside.strip() or None)
+    boxes = boxed_contents(text)
+    if boxes:
+        return boxes[-1].strip()
+    said = _ANSWER_IS.findall(text)
+    if said:
+        return said[-1].strip()
+    numbers = _LAST_NUMBER.findall(text) if last_number else []
+    return numbers[-1] if numbers else None
+
+
+def _unlatex(s: str) -> str:
+    s = re.sub(r"\\(?:d|t)?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"(\1)/(\2)", s)
+    s = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", s)
+    s = re.sub(r"\\(?:left|right|,|;|!|\s)", "", s)
+    s = s.replace("\\%", "%").replace("$", "")
+    return s
+
+
+def normalize(answer: str | None) -> str | None:
+    """Canonical form: exact numbers as reduced fractions or integers, choices as a letter, else folded text."""
+    if answer is None:
+        return None
+    s = answer.strip()
+    boxes = boxed_contents(s)
+    if boxes:
+        s = boxes[-1]
+    s = _unlatex(s).strip().rstrip(".").strip()
+    choice = _CHOICE.match(s)
+    if choice:
+        return choice.group(1) or choice.group(2)
+    s = re.sub(r"^[a-z]\s*=\s*", "", s)  # "x = 5" -> "5"
+    number = s.replace(" ", "").rstrip("%")
+    number = re.sub(r"(?<=\d),(?=\d{3}\b)", "", number)  # 1,234 -> 1234 (not 1,2)
+    number = re.sub(r"^\((-?[\d.]+)\)/\((-?[\d.]+)\)$", r"\1/\2", number)
+    try:
+        value = Fraction(number)
+    except (ValueError, ZeroDivisionError):
+        return re.sub(r"\s+", " ", s).lower()
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def is_correct(output: str, reference: str, answer_tags: tuple[str, str] | None = None) -> bool:
+    """Does the answer extracted from `output` equal the reference answer (itself extracted if it is a sentence)?"""
+    got = normalize(extract_answer(output, answer_tags))
+    # A reference is an answer unless it marks one ("The answer is 98.", a box, answer tags).
+    want = normalize(extract_answer(reference, answer_tags, last_number=False) or reference)
+    return got is not None and got == want
