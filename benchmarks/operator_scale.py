@@ -58,6 +58,11 @@ def peak_rss_mb(pid: int) -> float:
     raise RuntimeError("no VmHWM in /proc status")
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
 def percentile(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
@@ -104,6 +109,7 @@ async def main(runs: int, timeout: float) -> dict:
                 await asyncio.sleep(0.02)
             t_all = time.monotonic() - t_start
             rss = peak_rss_mb(proc.pid)
+            op_cpu = cpu_seconds(proc.pid)
         finally:
             proc.terminate()
             try:
@@ -136,6 +142,8 @@ async def main(runs: int, timeout: float) -> dict:
             },
             "wall_seconds_all_runs": round(t_all, 2),
             "operator_peak_rss_mb": rss,
+            "operator_cpu_seconds": op_cpu,
+            "emulator_and_client_cpu_seconds": round(time.process_time(), 2),
             "operator_api_requests_per_run": round(total / runs, 2),
             "operator_api_requests_by_kind": dict(sorted(by_verb.items())),
             "api": "kmock + rlt_operator.kmock_glue (in-memory emulator, not a real apiserver)",
