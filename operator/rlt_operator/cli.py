@@ -27,6 +27,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from rlt_operator import handlers  # noqa: F401 - registers the handlers
 
+    # The operator owns its log format: drop handlers another command's registration may have installed.
+    logging.getLogger().handlers.clear()
     kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("rlt.operator").info("starting")
     health = int(os.environ.get("RLT_OPERATOR_HEALTH_PORT", "8081"))

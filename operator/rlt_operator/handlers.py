@@ -293,9 +293,15 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
             try:
                 requeue = await reconcile_once(state, body, mem, indices, logger)
                 state.metrics.reconciled("success", time.perf_counter() - t0)
-            except (KubeError, OSError, ValueError) as err:
+            except KubeError as err:
                 # The loop must survive API hiccups; the next pass retries from observed state.
                 logger.error(f"reconcile failed, retrying in {S.SOON * 2:.0f}s: {err}")
+                state.metrics.reconciled("error", time.perf_counter() - t0)
+                mem.status = None  # re-read what the server has
+                requeue = S.SOON * 2
+            except Exception:
+                # A bug must not stall this run forever nor touch the others: loud, counted, retried.
+                logger.exception(f"reconcile crashed, retrying in {S.SOON * 2:.0f}s")
                 state.metrics.reconciled("error", time.perf_counter() - t0)
                 mem.status = None  # re-read what the server has
                 requeue = S.SOON * 2

@@ -1,0 +1,54 @@
+"""`rlt crd` prints the committed CRD; `rlt operator` (a real process) serves runs, liveness included.
+Child status is not needed here; the emulated API runs no controllers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from op_harness import example, write_kubeconfig
+
+from rlt_operator import crd
+
+pytestmark = pytest.mark.timeout(60)
+RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())"]
+
+
+def test_rlt_crd_prints_the_committed_file():
+    out = subprocess.run(RLT + ["crd"], capture_output=True, text=True, check=True).stdout
+    assert out == crd.CRD_PATH.read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_rlt_operator_process(harness, tmp_path):
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", harness.url)
+    health = free_port()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "RLT_OPERATOR_METRICS_PORT": "-1",
+           "RLT_OPERATOR_HEALTH_PORT": str(health)}
+    watches = harness.count_watches()
+    proc = await asyncio.create_subprocess_exec(*RLT, "operator", "--all-namespaces", env=env,
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        await harness.wait(lambda: harness.count_watches() - watches >= 7, "operator watches", timeout=30)
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft")
+
+        def healthz() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=3) as r:
+                return r.read().decode()
+        assert '"runs": 1' in await asyncio.to_thread(healthz)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()[-2000:]
