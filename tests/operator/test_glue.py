@@ -1,0 +1,60 @@
+"""The emulator glue itself (a hand-written stand-in for an apiserver): what the operator relies on."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlt_operator.kmock_glue import labels_match, parse_label_selector
+
+CMS = "/api/v1/namespaces/default/configmaps"
+RUNS = "/apis/rlt.dev/v1alpha1/namespaces/default/rltruns"
+
+
+@pytest.mark.parametrize("selector, labels, match", [
+    ("a=1", {"a": "1"}, True),
+    ("a==1,b", {"a": "1", "b": "x"}, True),
+    ("a!=1", {"a": "1"}, False),
+    ("!a", {}, True),
+    ("a", {}, False),
+])
+def test_label_selectors(selector, labels, match):
+    assert labels_match(labels, parse_label_selector(selector)) is match
+
+
+def test_set_based_selectors_are_refused_not_ignored():
+    with pytest.raises(ValueError, match="set-based"):
+        parse_label_selector("env in (a,b)")
+
+
+async def test_metadata_versions_status_isolation_and_errors(harness):
+    created = await harness.call("POST", CMS, {"metadata": {"name": "x", "labels": {"k": "v"}}, "data": {"a": "1"}})
+    meta = created["metadata"]
+    assert meta["namespace"] == "default" and meta["uid"] and meta["generation"] == 1
+    rv = int(meta["resourceVersion"])
+
+    patched = await harness.call("PATCH", f"{CMS}/x", {"data": {"a": "2"}}, "application/merge-patch+json")
+    assert int(patched["metadata"]["resourceVersion"]) > rv
+
+    replaced = await harness.call("PUT", f"{CMS}/x", {"metadata": {"name": "x"}, "data": {"b": "3"}})
+    assert replaced["data"] == {"b": "3"}
+
+    with pytest.raises(AssertionError, match="409.*AlreadyExists"):
+        await harness.call("POST", CMS, {"metadata": {"name": "x"}})
+    with pytest.raises(AssertionError, match="404.*NotFound"):
+        await harness.call("PATCH", f"{CMS}/nope", {"data": {}}, "application/merge-patch+json")
+    with pytest.raises(AssertionError, match="422"):
+        await harness.call("PATCH", f"{CMS}/x", [{"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
+                                                 {"op": "add", "path": "/data/c", "value": "4"}],
+                           "application/json-patch+json")
+
+    run = await harness.call("POST", RUNS, {"apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun",
+                                            "metadata": {"name": "r"}, "spec": {"seed": 1}})
+    assert run["metadata"]["generation"] == 1
+    after = await harness.call("PATCH", f"{RUNS}/r/status", {"status": {"phase": "Running"}, "spec": {"seed": 2}},
+                               "application/merge-patch+json")
+    assert after["status"] == {"phase": "Running"} and after["spec"] == {"seed": 1}, "status writes only status"
+    after = await harness.call("PATCH", f"{RUNS}/r", {"spec": {"seed": 3}}, "application/merge-patch+json")
+    assert after["metadata"]["generation"] == 2
+
+    listed = await harness.call("GET", f"{CMS}?labelSelector=k%3Dv")
+    assert listed["kind"] == "ConfigMapList" and listed["items"] == []  # the PUT dropped the label
