@@ -20,7 +20,7 @@ API_VERSION = "v1alpha1"
 KIND = "RLTRun"
 PLURAL = "rltruns"
 SHORT_NAME = "rlt"
-STAGE_ORDER = ("sft", "rl", "distill")
+STAGE_ORDER = ("sft", "rl", "distill", "student", "evaluate")
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -227,10 +227,41 @@ class DistillStage(Strict):
     batch_size: int = Field(8, gt=0, description="Questions generated together.")
 
 
+class StudentStage(Strict):
+    """Supervised distillation of a student on the distill stage's dataset (student format)."""
+
+    enabled: bool = False
+    model: ModelRef | None = Field(None, description="Student to train (default: spec.student).")
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
+    learning_rate: float = Field(1e-5, gt=0)
+    batch_size: int = Field(16, gt=0, description="Global batch size.")
+    per_device_batch_size: int = Field(1, gt=0)
+    max_length: int = Field(16384, gt=0, description="Tokens per training row.")
+    over_long: Literal["drop", "truncate", "best_fit"] = Field(
+        "best_fit", description="Rows over maxLength: drop them, truncate them, or use the best-rewarded candidate that fits."
+    )
+    gradient_checkpointing: bool = True
+
+
+class EvaluateStage(Strict):
+    """Accuracy of a model on a held-out split, pass@1 averaged over `samples` answers per question."""
+
+    enabled: bool = False
+    dataset: DatasetSpec | None = Field(None, description="Evaluation data (default: the held-out part of spec.dataset).")
+    samples: int = Field(1, gt=0, description="Answers sampled per question.")
+    temperature: float = Field(0.7, ge=0)
+    max_new_tokens: int = Field(1024, gt=0)
+    limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions.")
+    batch_size: int = Field(8, gt=0)
+
+
 class Stages(Strict):
     sft: SftStage = Field(default_factory=SftStage)
     rl: RlStage = Field(default_factory=RlStage)
     distill: DistillStage = Field(default_factory=DistillStage)
+    student: StudentStage = Field(default_factory=StudentStage)
+    evaluate: EvaluateStage = Field(default_factory=EvaluateStage)
 
     def enabled(self) -> list[str]:
         return [name for name in STAGE_ORDER if getattr(self, name).enabled]
@@ -305,8 +336,26 @@ class Scheduling(Strict):
 # --------------------------------------------------------------------------- the run
 
 
+class RclSpec(Strict):
+    """RCL adaptive teaching (method: rcl): probe → guidance → reward from the student's gain, losses cost double."""
+
+    max_probe_tokens: int = Field(50, gt=0, description="Length limit of the student's diagnostic probe.")
+    student_samples: int = Field(4, gt=0, description="Student answers per question and condition (with/without guidance).")
+    max_student_tokens: int = Field(512, gt=0, description="Length limit of each student answer.")
+    degradation_penalty: float = Field(2.0, ge=0, description="Multiplier of a loss (Δ < 0): 2 = a loss costs twice a gain.")
+    efficiency_weight: float = Field(0.5, ge=0, description="w: weight of the conciseness bonus eff = L0 / (L0 + tokens).")
+    efficiency_tokens: int = Field(200, gt=0, description="L0 of the conciseness bonus.")
+    maintain_bonus: float = Field(0.1, ge=0, description="Bonus (×w·eff) when a strong student stays right (Δ = 0).")
+    strong_threshold: float = Field(0.75, ge=0, le=1, description="Baseline accuracy at or above which the student counts as strong.")
+    answer_leak_penalty: float = Field(0.0, ge=0, description="Subtracted when the guidance states the reference answer.")
+    performance: Literal["accuracy", "dense"] = Field(
+        "accuracy", description="accuracy: share of correct student answers; dense: student's tempered log-prob of the solution."
+    )
+
+
 class RLTRunSpec(Strict):
-    method: Literal["rlt"] = Field("rlt", description="Teaching method (rlt; rcl arrives in its own release).")
+    method: Literal["rlt", "rcl"] = Field("rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching).")
+    rcl: RclSpec = Field(default_factory=RclSpec, description="Settings of method rcl (ignored by rlt).")
     teacher: ModelRef = Field(description="Teacher model trained by SFT and RL.")
     student: ModelRef = Field(description="Frozen student that scores explanations.")
     dataset: DatasetSpec
@@ -328,7 +377,7 @@ class RLTRunSpec(Strict):
     @model_validator(mode="after")
     def _some_stage(self) -> "RLTRunSpec":
         if not self.stages.enabled():
-            raise ValueError("stages: enable at least one of sft, rl, distill")
+            raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
         return self
 
 
