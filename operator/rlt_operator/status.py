@@ -33,6 +33,7 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         "name": meta.get("name"),
         "labels": dict(meta.get("labels") or {}),
         "deleting": bool(meta.get("deletionTimestamp")),
+        "owner": next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None),
     }
     status = body.get("status") or {}
     spec = body.get("spec") or {}
@@ -260,11 +261,12 @@ def decide(
     waiting = False
     sts = observed.statefulsets.get(gen_name)
     if sts is not None and (sts.get("deleting") or not gens_needed or sts["labels"].get(b.L_STAGE) != stage
-                            or sts["labels"].get(b.L_RESTART) != str(restarts)):
+                            or sts["labels"].get(b.L_RESTART) != str(restarts) or _foreign(sts, ref)):
         plan.delete("statefulsets", gen_name, "Foreground")
         sts, waiting = None, True
     job = observed.jobs.get(job_name)
-    if job is not None and (job.get("deleting") or job["labels"].get(b.L_RESTART) != str(restarts)):
+    if job is not None and (job.get("deleting") or job["labels"].get(b.L_RESTART) != str(restarts)
+                            or _foreign(job, ref)):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
 
@@ -317,6 +319,11 @@ def decide(
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def _foreign(child: dict[str, Any], ref: b.RunRef) -> bool:
+    """A GPU child of an earlier RLTRun with the same name (deleted and re-created): never adopt it."""
+    return child.get("owner") not in (None, ref.uid)
 
 
 def _fail(st: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:

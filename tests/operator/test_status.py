@@ -199,3 +199,12 @@ def test_config_follows_spec_edits():
 def test_merge_patch_only_touches_changes_and_own_fields():
     assert S.merge_patch({"phase": "Pending", "x": 1, "reason": "r"}, {"phase": "Running"}) == \
         {"phase": "Running", "reason": None}
+
+
+def test_gpu_children_of_an_earlier_run_with_the_same_name_are_replaced():
+    sp = spec(sft=False)
+    old = dict(job("rl", active=1), owner="an-earlier-uid")
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [old]), NOW)
+    assert ("delete", "jobs", "t-rl") in acts(d) and ("create", "jobs", "t-rl") not in acts(d)
+    mine = dict(job("rl", active=1), owner="u1")
+    assert acts(S.decide(REF, 1, sp, running("rl"), observed(sp, [mine]), NOW)) == {("create", "services", "t-rl")}
