@@ -256,7 +256,8 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
             text = await asyncio.to_thread(prog.fetch, url)
             mem.progress = prog.progress(name, stage, prog.parse(text, stage), mem.progress, now)
             fresh = prog.public(mem.progress)
-        except OSError as err:
+        except (OSError, ValueError) as err:
+            # Progress is informative only: an unreachable or garbled endpoint must not hold up the reconcile.
             logger.debug(f"progress not available from {url}: {err}")
 
     decision = S.decide(ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh)
