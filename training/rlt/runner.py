@@ -117,7 +117,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         print(f"[{stage}] already done: nothing to do", flush=True)
         return str(layout.stage_dir(stage))
     if ctx.is_main:
-        ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("POD_NAMESPACE", run.metadata.namespace or "default"),
+        ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
                                      method=run.spec.method)
         ctx.metrics.serve(metrics_port, addr="0.0.0.0")
     return stage_function(stage)(ctx)
