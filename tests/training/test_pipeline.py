@@ -105,3 +105,25 @@ def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
     assert 'rlt_stage_completed{method="rlt",namespace="local",run="tiny",stage="sft"} 1.0' in body
     assert 'rlt_step{method="rlt",namespace="local",run="tiny",stage="sft"} 2.0' in body
     assert "rlt_loss{" in body
+
+
+def test_stage_command_as_a_pod_runs_it_once(tmp_path):
+    """`rlt stage` is what the operator's pods execute: one stage, into <root>/<run>/, idempotent on re-run."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RLT_METRICS_PORT": str(port), "RLT_NAMESPACE": "research"}
+    cmd = [sys.executable, "-m", "rlt.cli", "stage", "sft", "--config", str(TINY), "--root", str(tmp_path)]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    assert layout.stage_done("sft").exists() and (layout.model_dir("sft") / "config.json").exists()
+    assert json.loads(layout.progress_file.read_text())["stage"] == "sft"
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "already done" in again.stdout
+    missing = subprocess.run([sys.executable, "-m", "rlt.cli", "stage", "rl", "--config", str(tmp_path / "nope.yaml")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "file not found" in missing.stderr
