@@ -40,7 +40,17 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def reset_peak() -> None:
+    """Reset the kernel's peak-RSS mark (VmHWM) so the next reading covers only the timed section."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def peak_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -181,19 +191,25 @@ def run_variant(args) -> dict:
     qs, ss, cs = workload(tok, args.n, args.grouped)
     chat_tokens = sum(len(tok(fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0], add_special_tokens=False).input_ids)
                       for q, s, c in zip(qs, ss, cs))
+    if args.variant == "teacher":  # generation's log-probs, made in their own process so they cost the scorer nothing
+        ids, lps = teacher_logprobs(model, tok, fmt, qs, ss, cs)
+        return {"ids": ids, "lps": lps}
     if args.variant == "reference":
         reference_scores(model, tok, fmt, qs[:2], ss[:2], cs[:2])  # warm-up
         base = rss_mb()
+        reset_peak()
         t0 = time.perf_counter()
         res, tokens = reference_scores(model, tok, fmt, qs, ss, cs)
         seconds = time.perf_counter() - t0
         forward_tokens, head_rows = tokens, tokens
     else:
-        ids, lps = teacher_logprobs(model, tok, fmt, qs, ss, cs)
+        given = json.loads(Path(args.teacher_file).read_text())
+        ids, lps = given["ids"], given["lps"]
         reward = RLTReward(model, tok, fmt, temperature=TAU, batch_size=args.batch_size)
         reward.score(qs[:2], ss[:2], cs[:2], lps[:2], ids[:2])  # warm-up
         reward.student.stats.__init__()
         base = rss_mb()
+        reset_peak()
         t0 = time.perf_counter()
         res = reward.score(qs, ss, cs, lps, ids)
         seconds = time.perf_counter() - t0
@@ -207,10 +223,10 @@ def run_variant(args) -> dict:
                                                     "solution_logprob_min", "kl_mean", "kl_max")}}
 
 
-def child(model: str, variant: str, grouped: bool, n: int, batch_size: int) -> dict:
+def child(model: str, variant: str, grouped: bool, n: int, batch_size: int, teacher_file: str = "") -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--child", variant, "--models", model, "--n", str(n),
-               "--batch-size", str(batch_size), "--out", f.name] + (["--grouped"] if grouped else [])
+               "--batch-size", str(batch_size), "--out", f.name, "--teacher-file", teacher_file] + (["--grouped"] if grouped else [])
         subprocess.run(cmd, check=True)
         return json.loads(Path(f.name).read_text())
 
@@ -221,7 +237,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--workloads", default="grouped,distinct")
-    ap.add_argument("--child", choices=["reference", "batched"])
+    ap.add_argument("--child", choices=["reference", "teacher", "batched"])
+    ap.add_argument("--teacher-file", default="")
     ap.add_argument("--grouped", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -237,7 +254,10 @@ def main() -> None:
         for wl in args.workloads.split(","):
             grouped = wl == "grouped"
             ref = child(model, "reference", grouped, args.n, args.batch_size)
-            new = child(model, "batched", grouped, args.n, args.batch_size)
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as tf:
+                json.dump(child(model, "teacher", grouped, args.n, args.batch_size), tf)
+                tf.flush()
+                new = child(model, "batched", grouped, args.n, args.batch_size, tf.name)
             diffs = {k: max(abs(a - b) for a, b in zip(ref["scores"][k], new["scores"][k])) for k in ref["scores"]}
             entry = {
                 "model": model, "workload": wl,
