@@ -44,6 +44,19 @@ class RunRef:
 
 # --------------------------------------------------------------------------- names
 
+# Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
+# Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
+MAX_RUN_NAME = 40
+
+
+def run_name_problem(name: str) -> str | None:
+    if len(name) > MAX_RUN_NAME:
+        return f"metadata.name: {name!r} is longer than {MAX_RUN_NAME} characters (child names add suffixes)"
+    if not name[:1].isalpha():
+        return f"metadata.name: {name!r} must start with a letter (its Services need DNS-1035 names)"
+    return None
+
+
 
 def config_name(run: str) -> str:
     return f"{run}-config"
@@ -105,6 +118,8 @@ def outputs(run: str, spec: RLTRunSpec) -> dict[str, str]:
         out["teacherCheckpoint"] = str(layout(run).model_dir(trained[-1]))
     if "distill" in enabled:
         out["distilledDataset"] = str(layout(run).distill_dataset)
+    if "student" in enabled:
+        out["studentCheckpoint"] = str(layout(run).model_dir("student"))
     return out
 
 
@@ -285,8 +300,9 @@ def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
 
 
 def trainer_nodes(spec: RLTRunSpec, stage: str) -> int:
-    # Distillation writes a dataset from one pod; sft and rl train on the configured nodes.
-    return 1 if stage == "distill" else spec.resources.trainer.nodes
+    # distill writes a dataset and evaluate scores a model from one pod; the training stages
+    # (sft, rl, student) use the configured nodes.
+    return 1 if stage in ("distill", "evaluate") else spec.resources.trainer.nodes
 
 
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:

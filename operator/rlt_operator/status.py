@@ -193,6 +193,9 @@ def decide(
 
     try:
         spec: RLTRunSpec | None = parse_spec(raw_spec)
+        name_problem = b.run_name_problem(ref.name)
+        if name_problem:
+            raise SpecError(ref.name, [name_problem])
     except SpecError as err:
         spec = None
         if st["phase"] not in TERMINAL:

@@ -138,3 +138,14 @@ def test_outputs_and_generator_model_follow_enabled_stages():
     spec.stages.sft.enabled = False
     assert b.generator_model("t", spec, "rl") == "builtin:tiny-qwen2"
     assert b.generator_model("t", spec, "distill") == "/data/t/rl/model"
+
+
+def test_optional_student_and_evaluate_stages():
+    spec = spec_from(resources={"trainer": {"nodes": 2}},
+                     stages={"student": {"enabled": True}, "evaluate": {"enabled": True}})
+    assert spec.stages.enabled()[-2:] == ["student", "evaluate"]
+    assert b.trainer_nodes(spec, "student") == 2 and b.trainer_nodes(spec, "evaluate") == 1
+    assert b.outputs("r1", spec)["studentCheckpoint"] == "/data/r1/student/model"
+    job = b.trainer_job(REF, spec, "evaluate", 0)
+    assert job["metadata"]["name"] == "r1-evaluate" and job["spec"]["completions"] == 1
+    assert ("jobs", "r1-evaluate") in b.all_children("r1", spec.stages.enabled(), None)

@@ -208,3 +208,10 @@ def test_gpu_children_of_an_earlier_run_with_the_same_name_are_replaced():
     assert ("delete", "jobs", "t-rl") in acts(d) and ("create", "jobs", "t-rl") not in acts(d)
     mine = dict(job("rl", active=1), owner="u1")
     assert acts(S.decide(REF, 1, sp, running("rl"), observed(sp, [mine]), NOW)) == {("create", "services", "t-rl")}
+
+
+@pytest.mark.parametrize("name", ["7b-run", "a" * 41])
+def test_run_names_children_cannot_carry_are_invalid(name):
+    d = S.decide(b.RunRef(name=name, namespace="ns", uid="u"), 1, spec(), None, S.Observed(), NOW)
+    assert d.status["reason"] == "InvalidSpec" and d.status["message"].startswith("metadata.name")
+    assert d.actions == []
