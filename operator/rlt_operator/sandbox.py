@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -121,6 +122,9 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str]) -> None
                 cluster.seed_namespace(ns)
         write_kubeconfig(kubeconfig_path, url)
         os.environ["KUBECONFIG"] = str(kubeconfig_path)  # before kopf/kubernetes are imported
+        # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
+        logging.getLogger("kopf._core.reactor.running").addFilter(
+            lambda record: "OS signals are ignored" not in record.getMessage())
         op = InProcessOperator()
         await op.start()
         print(
