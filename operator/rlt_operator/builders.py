@@ -6,6 +6,7 @@ instead of duplicating it), the labels below, and a controller owner reference t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -254,7 +255,14 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list
 
 def pod_config(ref: RunRef, spec: RLTRunSpec) -> str:
     """The run.yaml the pods read: the spec as given, plus the generator URL the operator owns."""
-    spec = spec.model_copy(deep=True)
+    # Every reconcile asks for it; rendering YAML costs ~4 ms, so render each distinct spec once.
+    return _pod_config(ref.name, ref.namespace, spec.model_dump_json(by_alias=True))
+
+
+@functools.lru_cache(maxsize=1024)
+def _pod_config(name: str, namespace: str, spec_json: str) -> str:
+    ref = RunRef(name=name, namespace=namespace, uid="")
+    spec = RLTRunSpec.model_validate_json(spec_json)
     if spec.stages.rl.generation.mode == "server":
         spec.stages.rl.generation.server_url = generator_url(ref.name, ref.namespace)
     run = RLTRun(apiVersion=f"{API_GROUP}/{API_VERSION}", kind=KIND,
