@@ -164,7 +164,8 @@ def probe_runs(memo: kopf.Memo, **_: Any) -> int:
 
 
 def _register_child(group: str, version: str, plural: str) -> None:
-    def index(namespace: str, labels: dict[str, str], body: Any, **_: Any) -> dict:
+    # async: Kopf would run a sync function in its thread pool, a hop per watch event for a dict copy.
+    async def index(namespace: str, labels: dict[str, str], body: Any, **_: Any) -> dict:
         return {(namespace, labels[b.L_RUN]): S.summarize(plural, dict(body))}
 
     async def wake(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
