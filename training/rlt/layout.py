@@ -15,6 +15,7 @@ from typing import Any
 PVC_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/rlt"
 CONFIG_FILE = "run.yaml"
+STAGE_DIRS = {"evaluate": "eval"}  # folder names that differ from the stage name
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class RunLayout:
 
     # stage outputs
     def stage_dir(self, stage: str) -> Path:
-        return self.root / stage
+        return self.root / STAGE_DIRS.get(stage, stage)
 
     def stage_done(self, stage: str) -> Path:
         """Marker written last by a stage: its presence means the stage finished."""
@@ -43,6 +44,21 @@ class RunLayout:
     @property
     def distill_dataset(self) -> Path:
         return self.stage_dir("distill") / "dataset.jsonl"
+
+    @property
+    def student_dataset_report(self) -> Path:
+        """What the student stage did with each distillation row (kept, truncated, replaced, dropped)."""
+        return self.stage_dir("student") / "rows.json"
+
+    @property
+    def eval_dir(self) -> Path:
+        """Evaluation report: report.json, report.md, per_question.jsonl, accuracy.png."""
+        return self.stage_dir("evaluate")
+
+    @property
+    def compare_dir(self) -> Path:
+        """`rlt compare`: one sub-run per arm and the comparison report."""
+        return self.root / "compare"
 
     # run-wide records
     @property

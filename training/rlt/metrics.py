@@ -25,6 +25,15 @@ REWARD_COMPONENTS = (
     "kl_max",
 )
 STEP_PHASES = ("generate", "score", "update", "weight_sync")
+# What an evaluation measured: the run's student, an explicit model, the untrained student, or a `rlt compare` arm.
+EVAL_MODELS = ("student", "custom", "baseline", "untrained", "rl_teacher", "sft_teacher", "dataset_traces")
+# metrics.jsonl key -> rlt_rcl_* gauge (written by the rcl stages, exported by the Recorder)
+RCL_GAUGES = {
+    "rcl_apg": "rlt_rcl_apg", "rcl_ndr": "rlt_rcl_ndr", "rcl_tes": "rlt_rcl_tes",
+    "rcl_acc_with": "rlt_rcl_accuracy_with_guidance", "rcl_acc_without": "rlt_rcl_accuracy_without_guidance",
+    "rcl_teaching_tokens": "rlt_rcl_teaching_tokens", "rcl_format_ok": "rlt_rcl_guidance_wellformed_ratio",
+    "rcl_leak_rate": "rlt_rcl_answer_leak_ratio",
+}
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 
 
@@ -63,6 +72,27 @@ TRAINER_METRICS: tuple[MetricDef, ...] = (
     MetricDef("rlt_checkpoint_timestamp_seconds", "gauge", "Unix time of the last checkpoint written."),
     MetricDef("rlt_distill_rows_total", "counter", "Rows written to the distillation dataset."),
     MetricDef("rlt_stage_completed", "gauge", "1 once the stage has finished, else 0."),
+    # method rcl (docs/rcl.md): per rl step over the step's questions, and once per evaluate stage
+    *(MetricDef(f"rlt_rcl_{key}", "gauge", text) for key, text in (
+        ("apg", "RCL adaptive performance gain: mean over questions of student accuracy with − without guidance."),
+        ("ndr", "RCL non-degradation rate: 1 − share of questions right without guidance and wrong with it."),
+        ("tes", "RCL teaching efficiency: APG per 100 teaching (guidance) tokens."),
+        ("accuracy_with_guidance", "RCL mean student accuracy with the teacher's guidance (0–1)."),
+        ("accuracy_without_guidance", "RCL mean student accuracy without guidance, the shared baseline (0–1)."),
+        ("teaching_tokens", "RCL mean guidance length in teacher tokens."),
+        ("guidance_wellformed_ratio", "RCL share of teacher outputs with closed guidance tags."),
+        ("answer_leak_ratio", "RCL share of guidances that state the reference answer."),
+    )),
+    MetricDef(
+        "rlt_eval_accuracy",
+        "gauge",
+        "Evaluation pass@1 (mean over questions of the share of correct answers) so far (model: "
+        + ", ".join(EVAL_MODELS) + ").",
+        RUN_LABELS + ("model",),
+    ),
+    MetricDef("rlt_eval_questions_total", "counter", "Questions evaluated, per evaluated model.", RUN_LABELS + ("model",)),
+    MetricDef("rlt_eval_answers_total", "counter", "Answers generated and graded (questions × samples), per evaluated model.",
+              RUN_LABELS + ("model",)),
 )
 
 OPERATOR_LABELS = ("namespace", "run")

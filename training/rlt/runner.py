@@ -80,7 +80,7 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
                 continue
             print(f"[{name}] starting", flush=True)
             t0 = time.perf_counter()
-            output_path = stage_function(name)(ctx)
+            output_path = stage_function(name, run.spec.method)(ctx)
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
         plots = make_plots(layout.metrics_file, layout.plots_dir)
@@ -120,4 +120,4 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
                                      method=run.spec.method)
         ctx.metrics.serve(metrics_port, addr="0.0.0.0")
-    return stage_function(stage)(ctx)
+    return stage_function(stage, run.spec.method)(ctx)

@@ -21,6 +21,7 @@ KIND = "RLTRun"
 PLURAL = "rltruns"
 SHORT_NAME = "rlt"
 STAGE_ORDER = ("sft", "rl", "distill", "student", "evaluate")
+RCL_STAGES = ("sft", "rl", "evaluate")  # the stages method rcl has
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -228,32 +229,66 @@ class DistillStage(Strict):
 
 
 class StudentStage(Strict):
-    """Supervised distillation of a student on the distill stage's dataset (student format)."""
+    """Supervised distillation of a student on the distill stage's dataset (student format, loss on the answer)."""
 
     enabled: bool = False
     model: ModelRef | None = Field(None, description="Student to train (default: spec.student).")
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
     learning_rate: float = Field(1e-5, gt=0)
+    lr_scheduler: Literal["cosine", "constant", "linear"] = "cosine"
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
     batch_size: int = Field(16, gt=0, description="Global batch size.")
     per_device_batch_size: int = Field(1, gt=0)
-    max_length: int = Field(16384, gt=0, description="Tokens per training row.")
+    max_length: int = Field(16384, gt=0, description="Tokens per training row (the whole student chat).")
     over_long: Literal["drop", "truncate", "best_fit"] = Field(
-        "best_fit", description="Rows over maxLength: drop them, truncate them, or use the best-rewarded candidate that fits."
+        "best_fit",
+        description="Rows over maxLength: drop them, truncate them (large students are hurt by cropped traces), or "
+        "use the best-rewarded distill candidate that fits (dropped when none fits).",
     )
     gradient_checkpointing: bool = True
+    save_steps: int = Field(500, gt=0)
+    deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "StudentStage":
+        if self.batch_size % self.per_device_batch_size:
+            raise ValueError(
+                f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
+            )
+        return self
 
 
 class EvaluateStage(Strict):
     """Accuracy of a model on a held-out split, pass@1 averaged over `samples` answers per question."""
 
     enabled: bool = False
-    dataset: DatasetSpec | None = Field(None, description="Evaluation data (default: the held-out part of spec.dataset).")
-    samples: int = Field(1, gt=0, description="Answers sampled per question.")
-    temperature: float = Field(0.7, ge=0)
+    model: ModelRef | None = Field(
+        None, description="Model to evaluate (default: the student stage's model when it is enabled, else the "
+        "untrained student: stages.student.model or spec.student)."
+    )
+    dataset: DatasetSpec | None = Field(
+        None, description="Evaluation data: a benchmark name or hub id (aime2024, math500, gpqa-diamond; see "
+        "docs/evaluation.md), any dataset, or a built-in task (default: the held-out part of spec.dataset, which "
+        "needs spec.dataset.evalFraction > 0)."
+    )
+    answer_type: Literal["auto", "math", "choice", "builtin"] = Field(
+        "auto", description="How answers are checked: math (extracted and normalised), choice (a letter), builtin "
+        "(the built-in task's checker: countdown expressions are verified); auto picks from the dataset."
+    )
+    samples: int = Field(1, gt=0, description="Answers sampled per question (pass@1 is averaged over them).")
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature; 0 = greedy (then use samples: 1).")
+    top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(1024, gt=0)
     limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions.")
-    batch_size: int = Field(8, gt=0)
+    batch_size: int = Field(8, gt=0, description="Prompts generated together (in-process).")
+    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="In-process or a vLLM server.")
+
+    @model_validator(mode="after")
+    def _greedy_single(self) -> "EvaluateStage":
+        if self.temperature == 0 and self.samples > 1:
+            raise ValueError(f"samples: greedy decoding (temperature 0) gives one answer; got samples={self.samples}")
+        return self
 
 
 class Stages(Strict):
@@ -348,6 +383,13 @@ class RclSpec(Strict):
     maintain_bonus: float = Field(0.1, ge=0, description="Bonus (×w·eff) when a strong student stays right (Δ = 0).")
     strong_threshold: float = Field(0.75, ge=0, le=1, description="Baseline accuracy at or above which the student counts as strong.")
     answer_leak_penalty: float = Field(0.0, ge=0, description="Subtracted when the guidance states the reference answer.")
+    format_penalty: float = Field(
+        1.0, ge=0, description="Reward (negated) of a teacher output without closed guidance tags; nothing is passed on."
+    )
+    format: str = Field(
+        "rcl-default", min_length=1,
+        description="Prompts and tags of both passes: a bundled rcl format (rlt/formats/<name>.yaml) or a YAML file path.",
+    )
     performance: Literal["accuracy", "dense"] = Field(
         "accuracy", description="accuracy: share of correct student answers; dense: student's tempered log-prob of the solution."
     )
@@ -378,6 +420,12 @@ class RLTRunSpec(Strict):
     def _some_stage(self) -> "RLTRunSpec":
         if not self.stages.enabled():
             raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
+        if self.method == "rcl":
+            # rcl teaches at answer time: there is no distillation dataset, so no distill or student stage
+            for name in ("distill", "student"):
+                if getattr(self.stages, name).enabled:
+                    raise ValueError(f"stages: method rcl has no {name} stage; set stages.{name}.enabled: false "
+                                     f"(rcl runs {', '.join(RCL_STAGES)})")
         return self
 
 

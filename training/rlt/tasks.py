@@ -6,8 +6,10 @@ Every row has `question`, `reasoning_trace` (a worked solution a student could f
 
 from __future__ import annotations
 
+import ast
 import itertools
 import random
+import re
 
 TASKS = ("arithmetic", "countdown", "mixed")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -59,3 +61,39 @@ def generate(task: str, size: int, seed: int = 0) -> list[dict[str, str]]:
         task, [arithmetic_problem, countdown_problem]
     )
     return [makers[i % len(makers)](rng) for i in range(size)]
+
+
+_COUNTDOWN_Q = re.compile(r"Using each of the numbers (\d+), (\d+) and (\d+) exactly once with \+ - \*, make (-?\d+)\.")
+
+
+def _eval_int_expr(node) -> tuple[int, list[int]]:
+    """Value of an integer + - * expression and the literals it uses; anything else raises ValueError."""
+    if isinstance(node, ast.Expression):
+        return _eval_int_expr(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value, [node.value]
+    if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult):
+        (a, la), (b, lb) = _eval_int_expr(node.left), _eval_int_expr(node.right)
+        value = a + b if isinstance(node.op, ast.Add) else a - b if isinstance(node.op, ast.Sub) else a * b
+        return value, la + lb
+    raise ValueError("not an integer + - * expression")
+
+
+def check_countdown(question: str, answer: str | None) -> bool | None:
+    """None if `question` is not a countdown problem; else whether `answer` (an expression, optionally
+    followed by '= target') uses each given number exactly once and reaches the target."""
+    m = _COUNTDOWN_Q.search(question)
+    if m is None:
+        return None
+    if not answer:
+        return False
+    *nums, target = (int(g) for g in m.groups())
+    expr, *claims = answer.strip().rstrip(".").replace("×", "*").split("=")
+    expr = expr.strip()
+    if not expr or len(expr) > 100 or any(c.strip() != str(target) for c in claims):
+        return False  # a stated result must be the target
+    try:
+        value, used = _eval_int_expr(ast.parse(expr, mode="eval"))
+    except (SyntaxError, ValueError):
+        return False
+    return sorted(used) == sorted(nums) and value == target

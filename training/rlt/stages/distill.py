@@ -1,5 +1,6 @@
 """Stage `distill`: the trained teacher explains every question; the best of `samplesPerQuestion` candidates by
-RLT reward becomes a student-format row: question, reasoning_trace, solution, reward (JSONL, written atomically)."""
+RLT reward becomes a student-format row: question, reasoning_trace, solution, reward (JSONL, written atomically).
+Each row also keeps every candidate (text, reward, closed), best first."""
 
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ def run_distill(ctx: StageContext) -> str:
                 "question": r["question"], "reasoning_trace": explanation, "solution": r["solution"],
                 "reward": scores.total[best], "closed": closed, "candidate_rewards": [scores.total[k] for k in cands],
                 "source_row": r["row"], "messages": formatter.student_messages(r["question"], explanation, r["solution"]),
+                # every candidate, best first: the student stage's best_fit policy falls back to a shorter one
+                "candidates": [{"reasoning_trace": e, "reward": scores.total[k], "closed": c}
+                               for k in sorted(cands, key=lambda k: -scores.total[k])
+                               for e, c in [formatter.split_explanation(texts[k])]],
             })
         elapsed = time.perf_counter() - t0
         gen_tokens = sum(len(c) for c in samples.completion_ids)

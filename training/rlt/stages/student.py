@@ -1,0 +1,136 @@
+"""Stage `student`: supervised distillation of a student on the distill stage's dataset (TRL SFTTrainer).
+
+Each row's `messages` (student system prompt, question, thought + solution) becomes a conversational
+prompt/completion pair, so the loss covers the assistant turn only, whatever the chat template.
+Rows longer than `maxLength` follow the `overLong` policy; what happened to each row is written to
+student/rows.json, so nothing is dropped or cropped without a record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+from rlt.data import DataError
+from rlt.layout import atomic_write_json
+from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.prompts import Formatter, resolve_format
+from rlt.spec import ModelRef
+from rlt.stages.common import (quiet_trainer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
+                               trainer_precision)
+
+log = logging.getLogger(__name__)
+
+
+def student_ref(spec) -> ModelRef:
+    return spec.stages.student.model or spec.student
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path} line {n + 1}: not JSON ({err})") from None
+    return rows
+
+
+def choose_rows(rows: list[dict[str, Any]], length: Callable[[list[dict[str, str]]], int], max_length: int,
+                policy: str, formatter: Formatter) -> tuple[list[list[dict[str, str]]], list[dict[str, Any]]]:
+    """The chat of every usable row under the over-long policy, and one record per row of what was done.
+
+    drop: rows over max_length are left out. truncate: kept whole; the trainer cuts them at max_length.
+    best_fit: the best-rewarded candidate whose chat fits (the row's own trace first); none fits → dropped."""
+    if policy not in ("drop", "truncate", "best_fit"):
+        raise ValueError(f"stages.student.overLong: unknown policy {policy!r}")
+    chats, records = [], []
+    for i, row in enumerate(rows):
+        messages = row.get("messages")
+        if not isinstance(messages, list) or len(messages) != 3 or messages[-1].get("role") != "assistant":
+            raise DataError(f"distillation row {i}: `messages` must be [system, user, assistant]")
+        tokens = length(messages)
+        record: dict[str, Any] = {"row": i, "source_row": row.get("source_row"), "tokens": tokens}
+        if tokens <= max_length:
+            record["action"] = "kept"
+            chats.append(messages)
+        elif policy == "truncate":
+            record["action"] = "truncated"
+            chats.append(messages)
+        elif policy == "drop":
+            record["action"] = "dropped"
+        else:
+            record["action"] = "dropped"
+            ranked = sorted(row.get("candidates") or [], key=lambda c: -c["reward"])
+            for rank, cand in enumerate(ranked):
+                alt = formatter.student_messages(row["question"], cand["reasoning_trace"], row["solution"])
+                alt_tokens = length(alt)
+                if alt_tokens <= max_length:
+                    if alt[-1]["content"] != messages[-1]["content"]:
+                        record.update(action="replaced", candidate_rank=rank, candidate_reward=cand["reward"],
+                                      tokens=alt_tokens)
+                    else:  # the best candidate is the row itself; it cannot fit
+                        continue
+                    chats.append(alt)
+                    break
+        records.append(record)
+    return chats, records
+
+
+def run_student(ctx: StageContext) -> str:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    spec, st = ctx.spec, ctx.spec.stages.student
+    device = ctx.device or pick_device()
+    formatter = Formatter(resolve_format(spec.format))
+    source = ctx.layout.distill_dataset
+    if not source.exists():
+        raise RuntimeError(f"stage student needs the distillation dataset at {source}; run stage distill first")
+    ref = student_ref(spec)
+    tokenizer = load_tokenizer(ref, padding_side="right")
+
+    def length(messages):
+        return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+
+    chats, records = choose_rows(read_jsonl(source), length, st.max_length, st.over_long, formatter)
+    counts = Counter(r["action"] for r in records)
+    if ctx.is_main:
+        atomic_write_json(ctx.layout.student_dataset_report,
+                          {"policy": st.over_long, "maxLength": st.max_length, "counts": dict(counts), "rows": records})
+    for r in records:
+        if r["action"] != "kept":
+            log.warning("student: distillation row %d (%d tokens > maxLength %d): %s", r["row"], r["tokens"],
+                        st.max_length, r["action"])
+    if not chats:
+        raise DataError(f"stage student: no distillation row fits stages.student.maxLength={st.max_length} "
+                        f"(policy {st.over_long}: {dict(counts)})")
+
+    world = ctx.world_size()
+    ckpt_dir = ctx.layout.checkpoints_dir("student")
+    args = SFTConfig(
+        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
+        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * world)),
+        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
+        num_train_epochs=st.epochs, max_steps=st.max_steps or -1, max_length=st.max_length,
+        completion_only_loss=True, packing=False, save_steps=st.save_steps, save_strategy="steps", logging_steps=1,
+        report_to="none", seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
+        deepspeed=deepspeed_config(st.deepspeed_zero_stage), **trainer_precision(device),
+    )
+    rows = [{"prompt": m[:2], "completion": m[2:]} for m in chats]
+    model = load_model(ref, device, trainable=True)
+    recorder = Recorder(ctx, "student", total_steps=0)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)])
+    quiet_trainer(trainer)
+    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
+    out = ctx.layout.model_dir("student")
+    trainer.save_model(str(out))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(out))
+    recorder.done()
+    return str(out)
