@@ -40,6 +40,14 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
                                                                       ("kl_max", "max Δ")]),
             ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL")]),
         ]
+        rcl = any("rcl_apg" in r for r in rl)
+        if rcl:  # method rcl: its reward has other parts (docs/rcl.md)
+            panels = [
+                ("reward (RCL: gain, losses ×degradationPenalty)", [("reward", "R (mean)")]),
+                ("APG and NDR over the step's questions", [("rcl_apg", "APG"), ("rcl_ndr", "NDR")]),
+                ("student accuracy", [("rcl_acc_with", "with guidance"), ("rcl_acc_without", "without")]),
+                ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL")]),
+            ]
         for ax, (title, series) in zip(axes.flat, panels):
             for key, label in series:
                 ys = [r.get(key) for r in rl]
@@ -52,10 +60,11 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
                                 alpha=0.2, label="± std")
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
         for ax in axes[1]:
             ax.set_xlabel("RL step")
-        fig.suptitle("RLT reward per step")
+        fig.suptitle("RCL reward per step" if rcl else "RLT reward per step")
         fig.tight_layout()
         written.append(out_dir / "rl_reward.png")
         fig.savefig(written[-1], dpi=110)

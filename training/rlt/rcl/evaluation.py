@@ -1,0 +1,146 @@
+"""APG, NDR and TES (pure functions) and the two-pass evaluation of a teacher on held-out problems (`rlt eval`).
+
+Per problem: acc_without = share of correct student answers without guidance, acc_with = the same with the
+teacher's guidance (mean over guidance samples), tokens = teaching tokens (guidance only, 0 when missing).
+- APG = mean over problems of (acc_with − acc_without).
+- NDR = 1 − share of problems the student had right without guidance (acc_without ≥ 0.5) and wrong with it
+  (acc_with < 0.5).
+- TES = APG per 100 teaching tokens = APG / (mean tokens / 100); undefined (NaN) when no token was taught.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Sequence
+
+RIGHT = 0.5  # a problem counts as "right" when at least half of the student's answers are correct
+
+
+def apg(problems: Sequence[tuple[float, float, float]]) -> float:
+    return sum(w - b for b, w, _ in problems) / len(problems) if problems else float("nan")
+
+
+def ndr(problems: Sequence[tuple[float, float, float]]) -> float:
+    if not problems:
+        return float("nan")
+    degraded = sum(1 for b, w, _ in problems if b >= RIGHT and w < RIGHT)
+    return 1.0 - degraded / len(problems)
+
+
+def tes(apg_value: float, mean_tokens: float) -> float:
+    return apg_value / (mean_tokens / 100.0) if mean_tokens > 0 else float("nan")
+
+
+def summarize_problems(problems: Sequence[tuple[float, float, float]]) -> dict[str, float]:
+    """(acc_without, acc_with, teaching tokens) per problem -> the report's numbers."""
+    n = len(problems)
+    tokens = sum(t for _, _, t in problems) / n if n else float("nan")
+    a = apg(problems)
+    return {"problems": n, "apg": a, "ndr": ndr(problems), "tes": tes(a, tokens),
+            "acc_without": sum(b for b, _, _ in problems) / n if n else float("nan"),
+            "acc_with": sum(w for _, w, _ in problems) / n if n else float("nan"), "teaching_tokens": tokens}
+
+
+# --------------------------------------------------------------------------- running it
+
+
+def evaluate_teacher(protocol, rows: list[dict], student, student_tok, teacher, teacher_tok, *, student_samples: int,
+                     guidance_samples: int, temperature: float, max_probe_tokens: int, max_student_tokens: int,
+                     max_guidance_tokens: int, batch_size: int) -> list[dict]:
+    """Per-problem records of the two-pass protocol. teacher None = no teacher (acc_with is acc_without)."""
+    from rlt.generation import sample_with_logprobs
+    from rlt.rcl.reward import states_answer, student_sampler
+
+    answer = student_sampler(student, student_tok, temperature=temperature, max_new_tokens=max_student_tokens,
+                             batch_size=batch_size)
+
+    def accuracy(prompts, sols):
+        return [sum(protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answer(prompts, student_samples), sols)]
+
+    qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
+    base = accuracy([protocol.student_prompt(student_tok, q) for q in qs], sols)
+    records = [{"row": r.get("row"), "question": q, "solution": s, "acc_without": b}
+               for r, q, s, b in zip(rows, qs, sols, base)]
+    if teacher is None:
+        for rec in records:
+            rec.update(acc_with=rec["acc_without"], teaching_tokens=0, guidance=[], probe=None, format_ok=None,
+                       leaked=None)
+        return records
+    probe_ids = [student_tok(protocol.probe_prompt(student_tok, q), add_special_tokens=False).input_ids for q in qs]
+    pr = sample_with_logprobs(student, student_tok, probe_ids, temperature=temperature, top_p=1.0,
+                              max_new_tokens=max_probe_tokens, batch_size=batch_size)
+    probes = student_tok.batch_decode(pr.completion_ids, skip_special_tokens=True)
+    t_ids = [teacher_tok(protocol.teacher_prompt(teacher_tok, q, p), add_special_tokens=False).input_ids
+             for q, p in zip(qs, probes) for _ in range(guidance_samples)]
+    ts = sample_with_logprobs(teacher, teacher_tok, t_ids, temperature=temperature, top_p=1.0,
+                              max_new_tokens=max_guidance_tokens, batch_size=batch_size)
+    outputs = teacher_tok.batch_decode(ts.completion_ids, skip_special_tokens=True)
+    guidance = [protocol.extract_guidance(o) for o in outputs]
+    todo = [k for k, g in enumerate(guidance) if g is not None]
+    acc = dict(zip(todo, accuracy([protocol.student_prompt(student_tok, qs[k // guidance_samples], guidance[k])
+                                   for k in todo], [sols[k // guidance_samples] for k in todo])))
+    for i, rec in enumerate(records):
+        ks = range(i * guidance_samples, (i + 1) * guidance_samples)
+        # a missing guidance passes nothing on: the student answers alone (acc_without)
+        withs = [acc.get(k, rec["acc_without"]) for k in ks]
+        toks = [len(teacher_tok(guidance[k], add_special_tokens=False).input_ids) if guidance[k] else 0 for k in ks]
+        rec.update(probe=probes[i], acc_with=sum(withs) / len(withs), teaching_tokens=sum(toks) / len(toks),
+                   guidance=[guidance[k] for k in ks], teacher_outputs=[outputs[k] for k in ks],
+                   format_ok=sum(guidance[k] is not None for k in ks) / len(ks),
+                   leaked=sum(bool(guidance[k]) and states_answer(guidance[k], rec["solution"]) for k in ks) / len(ks))
+    return records
+
+
+def _fmt(x: float, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
+
+
+def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> dict:
+    """eval/<label>/{problems.jsonl,metrics.json,plot.png} and eval/report.md (one row per evaluated teacher)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlt.layout import atomic_write_json, atomic_write_text
+
+    here = out_dir / label
+    here.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(here / "problems.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    summary = summarize_problems([(r["acc_without"], r["acc_with"], r["teaching_tokens"]) for r in records])
+    oks = [r["format_ok"] for r in records if r.get("format_ok") is not None]
+    summary["format_ok"] = sum(oks) / len(oks) if oks else None
+    summary.update(label=label, **info, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    atomic_write_json(here / "metrics.json", summary)
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    xs = range(len(records))
+    ax[0].bar([x - 0.2 for x in xs], [r["acc_without"] for r in records], 0.4, label="without guidance")
+    ax[0].bar([x + 0.2 for x in xs], [r["acc_with"] for r in records], 0.4, label="with guidance")
+    ax[0].set(title=f"{label}: student accuracy per problem", xlabel="problem", ylim=(0, 1.05))
+    ax[0].legend()
+    ax[1].scatter([r["teaching_tokens"] for r in records], [r["acc_with"] - r["acc_without"] for r in records])
+    ax[1].axhline(0, color="grey", lw=0.5)
+    ax[1].set(title=f"APG {_fmt(summary['apg'])}  NDR {_fmt(summary['ndr'], True)}  TES {_fmt(summary['tes'])}",
+              xlabel="teaching tokens", ylabel="acc with − without")
+    fig.tight_layout()
+    fig.savefig(here / "plot.png", dpi=90)
+    plt.close(fig)
+
+    rows = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*/metrics.json"))]
+    lines = ["| teacher | problems | APG | NDR | TES | acc without | acc with | teaching tokens | guidance well-formed | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in rows:
+        lines.append(f"| {m['label']} ({m.get('teacher', '')}) | {m['problems']} | {_fmt(m['apg'])} | {_fmt(m['ndr'], True)} | "
+                     f"{_fmt(m['tes'])} | {_fmt(m['acc_without'], True)} | {_fmt(m['acc_with'], True)} | "
+                     f"{_fmt(m['teaching_tokens'])} | {_fmt(m.get('format_ok'), True)} | {m.get('seconds', '—')} |")
+    text = ("# RCL evaluation\n\nAPG = mean(acc with − acc without); NDR = 1 − share right without and wrong with "
+            "(right = at least half the answers correct); TES = APG per 100 teaching tokens. See docs/rcl.md.\n\n"
+            + "\n".join(lines) + "\n")
+    atomic_write_text(out_dir / "report.md", text)
+    return summary

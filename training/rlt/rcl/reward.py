@@ -1,0 +1,207 @@
+"""The RCL reward: the student's performance gain from the guidance, losses charged `degradationPenalty` times.
+
+Pure core (`rcl_reward`) with a table test; `RCLReward` runs the student (baseline once per question, then with
+each guidance) and is both a plain scorer and a TRL reward function.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from rlt.answers import boxed_contents, extract_answer, normalize
+from rlt.rcl.protocol import Protocol
+
+ZERO = 1e-9  # |Δ| at or below this counts as no change (accuracies are k/n, exact in float for small n)
+
+
+@dataclass(frozen=True)
+class RewardParams:
+    """Every number of the reward; defaults are RclSpec's."""
+
+    degradation_penalty: float = 2.0
+    efficiency_weight: float = 0.5
+    efficiency_tokens: int = 200
+    maintain_bonus: float = 0.1
+    strong_threshold: float = 0.75
+    answer_leak_penalty: float = 0.0
+    format_penalty: float = 1.0
+
+    @classmethod
+    def from_spec(cls, rcl) -> "RewardParams":
+        return cls(rcl.degradation_penalty, rcl.efficiency_weight, rcl.efficiency_tokens, rcl.maintain_bonus,
+                   rcl.strong_threshold, rcl.answer_leak_penalty, rcl.format_penalty)
+
+
+def efficiency(teaching_tokens: int, l0: int) -> float:
+    """eff = L0 / (L0 + tokens): 1 for no teaching, 1/2 at L0 tokens."""
+    return l0 / (l0 + teaching_tokens)
+
+
+def rcl_reward(perf_base: float, perf_with: float | None, teaching_tokens: int, *, leaked: bool = False,
+               p: RewardParams = RewardParams()) -> float:
+    """Reward of one guidance. perf_with None = the guidance tags were missing (format penalty, nothing passed on)."""
+    if perf_with is None:
+        return -p.format_penalty
+    delta = perf_with - perf_base
+    bonus = p.efficiency_weight * efficiency(teaching_tokens, p.efficiency_tokens)
+    if delta > ZERO:
+        r = delta * (1.0 + bonus)
+    elif delta < -ZERO:
+        r = p.degradation_penalty * delta
+    elif perf_base >= p.strong_threshold:
+        r = bonus * p.maintain_bonus
+    else:
+        r = 0.0
+    return r - (p.answer_leak_penalty if leaked else 0.0)
+
+
+_NUMBERS = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def states_answer(guidance: str, solution: str) -> bool:
+    """Does the guidance state the reference answer? Numbers and boxes are compared normalised, text as a phrase."""
+    want = normalize(extract_answer(solution, last_number=False) or solution)
+    if not want:
+        return False
+    candidates = boxed_contents(guidance) + _NUMBERS.findall(guidance)
+    if any(normalize(c) == want for c in candidates):
+        return True
+    return not _NUMBERS.fullmatch(want) and want in re.sub(r"\s+", " ", guidance).lower()
+
+
+# --------------------------------------------------------------------------- running the student
+
+AnswerFn = Callable[[list[str], int], list[list[str]]]  # prompts, n -> n answers per prompt
+
+
+def student_sampler(model, tokenizer, *, temperature: float, max_new_tokens: int, batch_size: int = 32) -> AnswerFn:
+    """n sampled answers per prompt from a frozen student, all prompts batched (the shared sampling helper)."""
+    from rlt.generation import sample_with_logprobs
+
+    def answer(prompts: list[str], n: int) -> list[list[str]]:
+        if not prompts:
+            return []
+        ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts for _ in range(n)]
+        s = sample_with_logprobs(model, tokenizer, ids, temperature=temperature, top_p=1.0,
+                                 max_new_tokens=max_new_tokens, batch_size=batch_size)
+        texts = tokenizer.batch_decode(s.completion_ids, skip_special_tokens=True)
+        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    return answer
+
+
+@dataclass
+class RclBatch:
+    """Per completion: reward and its inputs; per question (in first-seen order): the baseline."""
+
+    reward: list[float] = field(default_factory=list)
+    perf_base: list[float] = field(default_factory=list)
+    perf_with: list[float | None] = field(default_factory=list)
+    teaching_tokens: list[int] = field(default_factory=list)
+    leaked: list[bool] = field(default_factory=list)
+    question_index: list[int] = field(default_factory=list)  # which unique question each completion belongs to
+
+    def problems(self) -> list[tuple[float, float, float]]:
+        """(accuracy without, mean accuracy with, mean teaching tokens) per question; a missing guidance counts as
+        no guidance (the student would have answered alone), i.e. perf_with = perf_base and 0 tokens."""
+        out = []
+        for q in sorted(set(self.question_index)):
+            idx = [i for i, k in enumerate(self.question_index) if k == q]
+            withs = [self.perf_base[i] if self.perf_with[i] is None else self.perf_with[i] for i in idx]
+            out.append((self.perf_base[idx[0]], sum(withs) / len(withs),
+                        sum(self.teaching_tokens[i] for i in idx) / len(idx)))
+        return out
+
+    def means(self) -> dict[str, float]:
+        from rlt.rcl.evaluation import summarize_problems
+
+        n = max(1, len(self.reward))
+        s = summarize_problems(self.problems())
+        return {"reward": sum(self.reward) / n, "rcl_apg": s["apg"], "rcl_ndr": s["ndr"], "rcl_tes": s["tes"],
+                "rcl_acc_with": s["acc_with"], "rcl_acc_without": s["acc_without"],
+                "rcl_teaching_tokens": s["teaching_tokens"],
+                "rcl_format_ok": sum(p is not None for p in self.perf_with) / n,
+                "rcl_leak_rate": sum(self.leaked) / n}
+
+
+class RCLReward:
+    """Scores teacher completions by the student's gain. Usable standalone (`score`) and as a TRL reward function."""
+
+    __name__ = "rcl"
+
+    def __init__(self, protocol: Protocol, student_tokenizer, answer_fn: AnswerFn, *, samples: int,
+                 params: RewardParams = RewardParams(), teacher_tokenizer=None, performance: str = "accuracy",
+                 scorer=None):
+        if performance == "dense" and scorer is None:
+            raise ValueError("spec.rcl.performance: dense needs a SpanScorer over the student")
+        self.protocol, self.tok, self.answer_fn = protocol, student_tokenizer, answer_fn
+        self.samples, self.params, self.performance, self.scorer = samples, params, performance, scorer
+        self.teacher_tok = teacher_tokenizer or student_tokenizer
+        self.last: RclBatch | None = None
+        self.student_prompts_total = 0  # student prompts answered or scored (tests count baseline work with it)
+
+    # performance of the student on (question, guidance|None) pairs
+    def performance_of(self, items: Sequence[tuple[str, str | None]], solutions: Sequence[str]) -> list[float]:
+        prompts = [self.protocol.student_prompt(self.tok, q, g) for q, g in items]
+        self.student_prompts_total += len(prompts)
+        if self.performance == "dense":
+            return self._dense(prompts, solutions)
+        answers = self.answer_fn(prompts, self.samples)
+        return [sum(self.protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answers, solutions)]
+
+    def _dense(self, prompts: list[str], solutions: Sequence[str]) -> list[float]:
+        """exp(mean tempered log-prob of the reference answer): a per-token probability in (0, 1]."""
+        from rlt.prompts import Span
+        from rlt.scoring import ScoreRequest
+
+        reqs = []
+        for k, (p, s) in enumerate(zip(prompts, solutions)):
+            answer = self.protocol.student_answer_text(s)
+            start = len(p) + len(self.protocol.fmt.answer_start)
+            reqs.append(ScoreRequest(p + answer, [Span(start, start + len(s))], group=k))
+        out = []
+        for (span,) in self.scorer.score(reqs):
+            out.append(math.exp(float(span.logprobs.mean())) if len(span) else 0.0)
+        return out
+
+    def score(self, questions: Sequence[str], solutions: Sequence[str], completions: Sequence[str]) -> RclBatch:
+        order: dict[str, int] = {}
+        for q in questions:
+            order.setdefault(q, len(order))
+        sol_of = {q: s for q, s in zip(questions, solutions)}
+        uniq = list(order)
+        # the no-guidance baseline: once per question, shared by every guidance of its group
+        base = dict(zip(uniq, self.performance_of([(q, None) for q in uniq], [sol_of[q] for q in uniq])))
+        guidance = [self.protocol.extract_guidance(c) for c in completions]
+        todo = [i for i, g in enumerate(guidance) if g is not None]
+        with_perf = self.performance_of([(questions[i], guidance[i]) for i in todo], [solutions[i] for i in todo])
+        perf_with: list[float | None] = [None] * len(completions)
+        for i, v in zip(todo, with_perf):
+            perf_with[i] = v
+        out = RclBatch()
+        for i, (q, s) in enumerate(zip(questions, solutions)):
+            g = guidance[i]
+            tokens = len(self.teacher_tok(g, add_special_tokens=False).input_ids) if g else 0
+            leaked = bool(g) and states_answer(g, s)
+            out.reward.append(rcl_reward(base[q], perf_with[i], tokens, leaked=leaked, p=self.params))
+            out.perf_base.append(base[q])
+            out.perf_with.append(perf_with[i])
+            out.teaching_tokens.append(tokens)
+            out.leaked.append(leaked)
+            out.question_index.append(order[q])
+        self.last = out
+        return out
+
+    def __call__(self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str],
+                 log_metric=None, **_: Any) -> list[float]:
+        """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        batch = self.score(question, solution, texts)
+        if log_metric is not None:
+            for k, v in batch.means().items():
+                if k != "reward" and math.isfinite(v):
+                    log_metric(k, v)
+        return batch.reward

@@ -1,0 +1,340 @@
+"""Stages of method rcl: `sft` (format warm-up: probe -> diagnosis -> guidance rows), `rl` (GRPO with the two-pass
+rollout and the RCL reward) and `evaluate` (APG/NDR/TES on held-out problems). Same TRL trainers and Recorder as rlt.
+
+Two properties the public RCL code lacks and tests pin down (tests/training/test_rcl_rl.py):
+- the prompt the GRPO loss conditions on is the exact prompt the guidance was sampled from (question + probe):
+  the rollout returns those token ids as `prompt_ids`, and TRL computes every log-prob from them;
+- in server mode the rollout goes through TRL's `_generate`, which pushes the policy weights to vLLM whenever the
+  optimizer step changed, i.e. before every step's generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from rlt.data import DataError, load_data
+from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.prompts import resolve_format
+from rlt.rcl.protocol import Protocol, load_rcl_format
+from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
+from rlt.spec import ModelRef
+from rlt.stages.common import (PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
+                               quiet_trainer, trainer_precision)
+
+log = logging.getLogger(__name__)
+
+
+def protocol_for(spec) -> Protocol:
+    return Protocol(load_rcl_format(spec.rcl.format))
+
+
+def _rows(spec, split: str = "train") -> list[dict]:
+    data = load_data(spec.dataset, resolve_format(spec.format))
+    return data.train if split == "train" else data.eval
+
+
+# --------------------------------------------------------------------------- sft
+
+
+def rcl_sft_rows(rows, protocol: Protocol, tokenizer, bad_rows: str) -> list[dict[str, str]]:
+    """Teacher-format rows from worked reasoning: fixed probe and diagnosis (format file), guidance = its first line."""
+    f, out = protocol.fmt, []
+    for r in rows:
+        trace = (r.get("reasoning_trace") or "").strip()
+        if not trace:
+            msg = f"row {r['row']}: reasoning_trace is missing; the rcl warm-up takes the guidance from it"
+            if bad_rows == "reject":
+                raise DataError(msg + " (disable stages.sft or set spec.dataset.badRows: skip)")
+            log.warning("skipping %s", msg)
+            continue
+        out.append({"prompt": protocol.teacher_prompt(tokenizer, r["question"], f.sft_probe),
+                    "completion": protocol.teacher_target(f.sft_diagnosis, trace.splitlines()[0]) + tokenizer.eos_token})
+    if not out:
+        raise DataError("stage sft (rcl): no row has a reasoning_trace")
+    return out
+
+
+def run_rcl_sft(ctx: StageContext) -> str:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    spec, st = ctx.spec, ctx.spec.stages.sft
+    device = ctx.device or pick_device()
+    tokenizer = load_tokenizer(spec.teacher, padding_side="right")
+    rows = rcl_sft_rows(_rows(spec), protocol_for(spec), tokenizer, spec.dataset.bad_rows)
+    ckpt_dir = ctx.layout.checkpoints_dir("sft")
+    args = SFTConfig(
+        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
+        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
+        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
+        weight_decay=st.weight_decay, max_grad_norm=1.0, num_train_epochs=st.epochs, max_steps=st.max_steps or -1,
+        max_length=st.max_length, completion_only_loss=True, packing=False, save_steps=st.save_steps,
+        save_strategy="steps", logging_steps=1, report_to="none", seed=spec.seed,
+        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True, deepspeed=deepspeed_config(3),
+        **trainer_precision(device),
+    )
+    recorder = Recorder(ctx, "sft", total_steps=0)
+    trainer = SFTTrainer(model=load_model(spec.teacher, device, trainable=True), args=args,
+                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)])
+    quiet_trainer(trainer)
+    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
+    out = ctx.layout.model_dir("sft")
+    trainer.save_model(str(out))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(out))
+    recorder.done()
+    return str(out)
+
+
+# --------------------------------------------------------------------------- rl
+
+
+def teacher_start(ctx: StageContext) -> ModelRef:
+    """RL starts from the sft model when the run has an sft stage, else from spec.teacher."""
+    if ctx.spec.stages.sft.enabled:
+        if not ctx.layout.stage_done("sft").exists():
+            raise RuntimeError(f"stage rl needs the sft stage's model at {ctx.layout.model_dir('sft')}; run stage sft first")
+        return ctx.spec.teacher.model_copy(update={"model": str(ctx.layout.model_dir("sft")), "revision": None})
+    return ctx.spec.teacher
+
+
+def rcl_rl_rows(rows, protocol: Protocol, tokenizer, max_prompt_tokens: int, max_probe_tokens: int,
+                bad_rows: str) -> list[dict[str, str]]:
+    """Dataset rows for GRPO: `prompt` is the bare question (the rollout builds the real teacher prompt)."""
+    out = []
+    for r in rows:
+        n = len(tokenizer(protocol.teacher_prompt(tokenizer, r["question"], ""), add_special_tokens=False).input_ids)
+        if n + max_probe_tokens > max_prompt_tokens:
+            msg = (f"row {r['row']}: teacher prompt is {n} tokens + up to {max_probe_tokens} probe tokens, over "
+                   f"stages.rl.maxPromptLength={max_prompt_tokens}")
+            if bad_rows == "reject":
+                raise DataError(msg)
+            log.warning("skipping %s", msg)
+            continue
+        out.append({"prompt": r["question"], "question": r["question"], "solution": r["solution"]})
+    if not out:
+        raise DataError("stage rl (rcl): no usable rows")
+    return out
+
+
+def probe_sampler(protocol: Protocol, student, student_tok, *, temperature: float, max_tokens: int):
+    """Pass 1: one short approach outline per question, from the frozen student."""
+    from rlt.generation import sample_with_logprobs
+
+    def probe(questions: list[str]) -> list[str]:
+        ids = [student_tok(protocol.probe_prompt(student_tok, q), add_special_tokens=False).input_ids for q in questions]
+        s = sample_with_logprobs(student, student_tok, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_tokens)
+        return student_tok.batch_decode(s.completion_ids, skip_special_tokens=True)
+
+    return probe
+
+
+def make_rcl_rollout(protocol: Protocol, teacher_tok, probe_fn, st, timer: PhaseTimer, counters: dict):
+    """TRL rollout_func: probe once per question, then G guidance samples from the teacher prompt (question + probe).
+
+    `prompt_ids` returned = the tokens of that teacher prompt, so the GRPO loss conditions on exactly the
+    prompt each guidance was sampled from."""
+    from rlt.generation import sample_with_logprobs
+
+    def rollout(prompts, trainer):
+        g = trainer.num_generations
+        groups = [prompts[k:k + g] for k in range(0, len(prompts), g)]
+        for grp in groups:
+            if len(grp) != g or any(p != grp[0] for p in grp):
+                raise RuntimeError(f"rcl rollout: expected groups of {g} identical prompts, got {grp!r}")
+        questions = [grp[0] for grp in groups]
+        with timer.phase("generate"):
+            probes = probe_fn(questions)
+            teacher_prompts = [protocol.teacher_prompt(teacher_tok, q, p) for q, p in zip(questions, probes)]
+            unique_ids = [teacher_tok(t, add_special_tokens=False).input_ids for t in teacher_prompts]
+            prompt_ids = [ids for ids in unique_ids for _ in range(g)]
+            if trainer.use_vllm:  # server mode: TRL has already pushed this step's weights (see _generate)
+                _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
+                    prompts=prompt_ids, images=None, num_generations=g)
+                logprobs = [[lp[0] for lp in seq] for seq in logprobs]
+            else:
+                from trl.models import unwrap_model_for_generation
+
+                with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                                 gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as m:
+                    was_training = m.training
+                    m.eval()
+                    s = sample_with_logprobs(m, teacher_tok, prompt_ids, temperature=st.temperature, top_p=st.top_p,
+                                             max_new_tokens=st.max_completion_length)
+                    m.train(was_training)
+                completion_ids, logprobs = s.completion_ids, s.logprobs
+        counters["generated_tokens"] += sum(len(c) for c in completion_ids)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
+                "probe": [p for p in probes for _ in range(g)],
+                "teacher_prompt": [t for t in teacher_prompts for _ in range(g)]}
+
+    return rollout
+
+
+def build_rcl_reward(spec, protocol: Protocol, student, student_tok, teacher_tok) -> RCLReward:
+    rcl, rl = spec.rcl, spec.stages.rl
+    scorer = None
+    if rcl.performance == "dense":
+        from rlt.scoring import SpanScorer
+
+        scorer = SpanScorer(student, student_tok, temperature=rl.temperature, batch_size=rl.reward.batch_size,
+                            share_prefix=rl.reward.share_prefix)
+    answer = student_sampler(student, student_tok, temperature=rl.temperature, max_new_tokens=rcl.max_student_tokens)
+    return RCLReward(protocol, student_tok, answer, samples=rcl.student_samples, params=RewardParams.from_spec(rcl),
+                     teacher_tokenizer=teacher_tok, performance=rcl.performance, scorer=scorer)
+
+
+def run_rcl_rl(ctx: StageContext) -> str:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    spec, st = ctx.spec, ctx.spec.stages.rl
+    device = ctx.device or pick_device()
+    protocol = protocol_for(spec)
+    start = teacher_start(ctx)
+    tokenizer = load_tokenizer(start, padding_side="left")
+    rows = rcl_rl_rows(_rows(spec), protocol, tokenizer, st.max_prompt_length, spec.rcl.max_probe_tokens,
+                       spec.dataset.bad_rows)
+    student = load_model(spec.student, device)
+    student_tok = load_tokenizer(spec.student, padding_side="left")
+    reward = build_rcl_reward(spec, protocol, student, student_tok, tokenizer)
+    probe_fn = probe_sampler(protocol, student, student_tok, temperature=st.temperature,
+                             max_tokens=spec.rcl.max_probe_tokens)
+
+    world = ctx.world_size()
+    ga = st.batch_size // (st.per_device_batch_size * world)
+    if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
+        raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
+                         f"({st.per_device_batch_size} × {world})")
+    server = st.generation.mode == "server"
+    if server and not st.generation.server_url:
+        raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
+    ckpt_dir = ctx.layout.checkpoints_dir("rl")
+    args = GRPOConfig(
+        output_dir=str(ckpt_dir), max_steps=st.steps, per_device_train_batch_size=st.per_device_batch_size,
+        gradient_accumulation_steps=ga, steps_per_generation=ga, num_generations=st.num_generations,
+        num_iterations=1, max_completion_length=st.max_completion_length, temperature=st.temperature,
+        top_p=st.top_p, top_k=0, learning_rate=st.learning_rate, lr_scheduler_type="constant", beta=st.beta,
+        loss_type="grpo", scale_rewards="group", mask_truncated_completions=False,
+        sync_ref_model=st.ref_sync.enabled and st.beta > 0, ref_model_mixup_alpha=st.ref_sync.alpha,
+        ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
+        save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
+        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
+        deepspeed=deepspeed_config(st.deepspeed_zero_stage), use_vllm=server, vllm_mode="server",
+        vllm_server_base_url=st.generation.server_url, vllm_server_timeout=st.generation.server_timeout_seconds,
+        **trainer_precision(device),
+    )
+    timer = PhaseTimer()
+    counters = {"generated_tokens": 0}
+    score = reward.score
+
+    def timed_score(*a, **kw):
+        with timer.phase("score"):
+            return score(*a, **kw)
+
+    reward.score = timed_score
+
+    def step_values(step_seconds: float) -> dict[str, float]:
+        phases = timer.take()
+        values = {f"seconds_{k}": v for k, v in phases.items()}
+        values["seconds_update"] = max(0.0, step_seconds - sum(phases.values()))
+        if reward.last is not None:
+            values.update({k: v for k, v in reward.last.means().items() if k != "reward"})
+        values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
+        values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
+        return values
+
+    recorder = Recorder(ctx, "rl", st.steps)
+    trainer = GRPOTrainer(
+        model=load_model(start, device, trainable=True), reward_funcs=[reward], args=args,
+        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        rollout_func=make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters),
+        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
+    )
+    if server:  # time TRL's weight push to the vLLM server as its own phase
+        sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync(*a, **kw):
+            with timer.phase("weight_sync"):
+                return sync(*a, **kw)
+
+        trainer.vllm_generation.sync_weights = timed_sync
+    quiet_trainer(trainer)
+    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
+    out = ctx.layout.model_dir("rl")
+    trainer.save_model(str(out))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(out))
+    recorder.done()
+    return str(out)
+
+
+# --------------------------------------------------------------------------- evaluate / rlt eval
+
+
+def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:
+    """The run's latest finished teacher: rl's model, else sft's, else spec.teacher (label for the report)."""
+    for stage in ("rl", "sft"):
+        if getattr(ctx.spec.stages, stage).enabled and ctx.layout.stage_done(stage).exists():
+            return ctx.spec.teacher.model_copy(update={"model": str(ctx.layout.model_dir(stage)), "revision": None}), stage
+    return ctx.spec.teacher, "initial"
+
+
+def eval_rows(spec) -> list[dict]:
+    ev = spec.stages.evaluate
+    if ev.dataset is not None:
+        data = load_data(ev.dataset, resolve_format(spec.format))
+        rows = data.eval or data.train
+    else:
+        if spec.dataset.eval_fraction <= 0:
+            raise ValueError("spec.dataset.evalFraction: set it > 0 (a held-out split) or set stages.evaluate.dataset "
+                             "for the rcl evaluation")
+        rows = _rows(spec, "eval")
+    return rows[: ev.limit] if ev.limit else rows
+
+
+def eval_dir(layout) -> Path:
+    """<run>/eval/: the evaluate stage and `rlt eval` share one report."""
+    return layout.root / "eval"
+
+
+def evaluate(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict:
+    """Two-pass evaluation of `teacher` (None = no teacher) -> out_dir/<label>/ and out_dir/report.md."""
+    from rlt.rcl.evaluation import evaluate_teacher, write_report
+
+    spec, ev = ctx.spec, ctx.spec.stages.evaluate
+    device = ctx.device or pick_device()
+    rows = eval_rows(spec)
+    t0 = time.perf_counter()
+    student = load_model(spec.student, device)
+    student_tok = load_tokenizer(spec.student, padding_side="left")
+    t_model = t_tok = None
+    if teacher is not None:
+        t_model, t_tok = load_model(teacher, device), load_tokenizer(teacher, padding_side="left")
+    records = evaluate_teacher(
+        protocol_for(spec), rows, student, student_tok, t_model, t_tok, student_samples=spec.rcl.student_samples,
+        guidance_samples=ev.samples, temperature=ev.temperature, max_probe_tokens=spec.rcl.max_probe_tokens,
+        max_student_tokens=spec.rcl.max_student_tokens, max_guidance_tokens=ev.max_new_tokens, batch_size=ev.batch_size)
+    info = {"teacher": teacher.model if teacher else "none", "seconds": round(time.perf_counter() - t0, 1)}
+    return write_report(out_dir, label, records, info)
+
+
+def run_rcl_evaluate(ctx: StageContext) -> str:
+    teacher, label = final_teacher(ctx)
+    recorder = Recorder(ctx, "evaluate", 1)
+    out_dir = eval_dir(ctx.layout)
+    summary = evaluate(ctx, teacher, label, out_dir)
+    recorder.record(1, _numbers(summary))
+    recorder.done()
+    return str(out_dir / "report.md")
+
+
+def _numbers(summary: dict) -> dict[str, float]:
+    names = {"apg": "rcl_apg", "ndr": "rcl_ndr", "tes": "rcl_tes", "acc_with": "rcl_acc_with", "acc_without": "rcl_acc_without",
+             "teaching_tokens": "rcl_teaching_tokens", "format_ok": "rcl_format_ok"}
+    return {names[k]: float(v) for k, v in summary.items() if k in names and isinstance(v, (int, float))}
