@@ -10,6 +10,8 @@ from rlt.spec import STAGE_ORDER, SpecError, load_run
 
 
 def _load(path: str):
+    # Logging is set up by the command that runs, not at registration: the operator has its own format.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return load_run(path)
     except SpecError as err:
@@ -92,4 +94,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
