@@ -235,7 +235,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="tiny49k,smollm2")
     ap.add_argument("--n", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--workloads", default="grouped,distinct")
     ap.add_argument("--child", choices=["reference", "teacher", "batched"])
     ap.add_argument("--teacher-file", default="")

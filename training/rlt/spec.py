@@ -158,7 +158,9 @@ class RewardSpec(Strict):
     student_temperature: float | None = Field(
         None, gt=0, description="Temperature of the student's log-probs (default: rl.temperature)."
     )
-    batch_size: int = Field(8, gt=0, description="Scoring micro-batch (8 on CPU; larger on GPU).")
+    batch_size: int = Field(
+        2, gt=0, description="Scoring micro-batch: small on CPU (batching only adds memory there), 16-32 on a GPU."
+    )
     share_prefix: bool = Field(True, description="Run a group's shared prompt prefix once and reuse its KV cache.")
 
 
