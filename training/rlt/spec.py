@@ -127,18 +127,18 @@ class FormatSpec(Strict):
 class SftStage(Strict):
     """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Run this stage.")
     epochs: float = Field(1.0, gt=0, description="Training epochs (the reference code used 10).")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
-    learning_rate: float = Field(1e-5, gt=0)
-    lr_scheduler: Literal["cosine", "constant", "linear"] = "cosine"
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
-    weight_decay: float = Field(1e-4, ge=0)
+    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("cosine", description="Learning-rate schedule.")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
     batch_size: int = Field(16, gt=0, description="Global batch size (rows per optimizer step).")
-    per_device_batch_size: int = Field(1, gt=0)
+    per_device_batch_size: int = Field(1, gt=0, description="Rows per process per micro-step (the rest is gradient accumulation).")
     max_length: int = Field(16384, gt=0, description="Tokens per training row; longer rows are truncated.")
-    gradient_checkpointing: bool = True
-    save_steps: int = Field(500, gt=0)
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
+    save_steps: int = Field(500, gt=0, description="Checkpoint every N optimizer steps.")
 
     @model_validator(mode="after")
     def _batch_divides(self) -> "SftStage":
@@ -171,39 +171,39 @@ class GenerationSpec(Strict):
         "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode)."
     )
     server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server; set by the operator).")
-    server_timeout_seconds: int = Field(600, gt=0)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_model_len: int | None = Field(None, gt=0)
+    server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators.")
+    max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
 
 
 class RefSyncSpec(Strict):
     """TR-DPO style soft update of the GRPO reference: ref ← α·policy + (1−α)·ref every `steps`."""
 
-    enabled: bool = True
-    alpha: float = Field(0.9, gt=0, le=1)
-    steps: int = Field(32, gt=0)
+    enabled: bool = Field(True, description="Soft-update the reference (only when beta > 0).")
+    alpha: float = Field(0.9, gt=0, le=1, description="Weight of the policy in the update.")
+    steps: int = Field(32, gt=0, description="Update every N steps.")
 
 
 class RlStage(Strict):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Run this stage.")
     steps: int = Field(125, gt=0, description="Optimizer steps.")
     batch_size: int = Field(1024, gt=0, description="Completions per optimizer step (global); multiple of numGenerations.")
     num_generations: int = Field(64, gt=1, description="G: completions per question.")
     per_device_batch_size: int = Field(1, gt=0, description="Completions per backward micro-batch.")
-    learning_rate: float = Field(1e-6, gt=0)
+    learning_rate: float = Field(1e-6, gt=0, description="Learning rate (constant schedule, as in the paper).")
     beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature τ (also used for every log-prob).")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_prompt_length: int = Field(16384, gt=0)
-    max_completion_length: int = Field(16384, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (1 = off; the reward's teacher log-probs follow it).")
+    max_prompt_length: int = Field(16384, gt=0, description="Longest teacher prompt in tokens; longer rows are bad rows.")
+    max_completion_length: int = Field(16384, gt=0, description="Longest explanation in tokens (unclosed ones pay the format penalty).")
     save_steps: int = Field(25, gt=0, description="Checkpoint every N steps.")
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
-    gradient_checkpointing: bool = True
-    ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec)
-    reward: RewardSpec = Field(default_factory=RewardSpec)
-    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
+    ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec, description="Soft update of the GRPO reference model.")
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="The RLT reward's coefficients and scoring.")
+    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="Where completions are sampled.")
     deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
 
     @model_validator(mode="after")
@@ -222,10 +222,10 @@ class RlStage(Strict):
 class DistillStage(Strict):
     """The trained teacher explains every question; the best of N candidates (by RLT reward) is kept."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="Run this stage.")
     samples_per_question: int = Field(1, gt=0, description="Candidates per question, ranked by the RLT reward.")
-    temperature: float = Field(0.7, gt=0)
-    max_new_tokens: int = Field(16384, gt=0)
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature of the explanations.")
+    max_new_tokens: int = Field(16384, gt=0, description="Longest explanation in tokens.")
     limit: int | None = Field(None, gt=0, description="Explain at most this many questions.")
     batch_size: int = Field(8, gt=0, description="Questions generated together.")
 
@@ -405,7 +405,7 @@ class RLTRunSpec(Strict):
     dataset: DatasetSpec
     format: FormatSpec = Field(default_factory=FormatSpec)
     stages: Stages = Field(default_factory=Stages)
-    seed: int = Field(42, ge=0)
+    seed: int = Field(42, ge=0, description="Seed of training and sampling.")
     # cluster-only fields (ignored by `rlt run`)
     resources: Resources = Field(default_factory=Resources)
     storage: Storage = Field(default_factory=Storage)
