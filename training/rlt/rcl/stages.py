@@ -11,7 +11,6 @@ Two properties the public RCL code lacks and tests pin down (tests/training/test
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -21,8 +20,9 @@ from rlt.prompts import resolve_format
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.spec import ModelRef
-from rlt.stages.common import (PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               quiet_trainer, trainer_precision)
+from rlt.stages.common import PhaseTimer, Recorder, StageContext
+from rlt.stages.rl import teacher_start, train_grpo
+from rlt.stages.sft import train_sft
 
 log = logging.getLogger(__name__)
 
@@ -58,48 +58,13 @@ def rcl_sft_rows(rows, protocol: Protocol, tokenizer, bad_rows: str) -> list[dic
 
 
 def run_rcl_sft(ctx: StageContext) -> str:
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
-    spec, st = ctx.spec, ctx.spec.stages.sft
-    device = ctx.device or pick_device()
+    spec = ctx.spec
     tokenizer = load_tokenizer(spec.teacher, padding_side="right")
     rows = rcl_sft_rows(_rows(spec), protocol_for(spec), tokenizer, spec.dataset.bad_rows)
-    ckpt_dir = ctx.layout.checkpoints_dir("sft")
-    args = SFTConfig(
-        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
-        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
-        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
-        weight_decay=st.weight_decay, max_grad_norm=1.0, num_train_epochs=st.epochs, max_steps=st.max_steps or -1,
-        max_length=st.max_length, completion_only_loss=True, packing=False, save_steps=st.save_steps,
-        save_strategy="steps", logging_steps=1, report_to="none", seed=spec.seed,
-        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True, deepspeed=deepspeed_config(3),
-        **trainer_precision(device),
-    )
-    recorder = Recorder(ctx, "sft", total_steps=0)
-    trainer = SFTTrainer(model=load_model(spec.teacher, device, trainable=True), args=args,
-                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)])
-    quiet_trainer(trainer)
-    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
-    out = ctx.layout.model_dir("sft")
-    trainer.save_model(str(out))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(out))
-    recorder.done()
-    return str(out)
+    return train_sft(ctx, ctx.device or pick_device(), rows, tokenizer)
 
 
 # --------------------------------------------------------------------------- rl
-
-
-def teacher_start(ctx: StageContext) -> ModelRef:
-    """RL starts from the sft model when the run has an sft stage, else from spec.teacher."""
-    if ctx.spec.stages.sft.enabled:
-        if not ctx.layout.stage_done("sft").exists():
-            raise RuntimeError(f"stage rl needs the sft stage's model at {ctx.layout.model_dir('sft')}; run stage sft first")
-        return ctx.spec.teacher.model_copy(update={"model": str(ctx.layout.model_dir("sft")), "revision": None})
-    return ctx.spec.teacher
 
 
 def rcl_rl_rows(rows, protocol: Protocol, tokenizer, max_prompt_tokens: int, max_probe_tokens: int,
@@ -189,10 +154,6 @@ def build_rcl_reward(spec, protocol: Protocol, student, student_tok, teacher_tok
 
 
 def run_rcl_rl(ctx: StageContext) -> str:
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
     spec, st = ctx.spec, ctx.spec.stages.rl
     device = ctx.device or pick_device()
     protocol = protocol_for(spec)
@@ -206,75 +167,12 @@ def run_rcl_rl(ctx: StageContext) -> str:
     probe_fn = probe_sampler(protocol, student, student_tok, temperature=st.temperature,
                              max_tokens=spec.rcl.max_probe_tokens)
 
-    world = ctx.world_size()
-    ga = st.batch_size // (st.per_device_batch_size * world)
-    if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
-        raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
-                         f"({st.per_device_batch_size} × {world})")
-    server = st.generation.mode == "server"
-    if server and not st.generation.server_url:
-        raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
-    ckpt_dir = ctx.layout.checkpoints_dir("rl")
-    args = GRPOConfig(
-        output_dir=str(ckpt_dir), max_steps=st.steps, per_device_train_batch_size=st.per_device_batch_size,
-        gradient_accumulation_steps=ga, steps_per_generation=ga, num_generations=st.num_generations,
-        num_iterations=1, max_completion_length=st.max_completion_length, temperature=st.temperature,
-        top_p=st.top_p, top_k=0, learning_rate=st.learning_rate, lr_scheduler_type="constant", beta=st.beta,
-        loss_type="grpo", scale_rewards="group", mask_truncated_completions=False,
-        sync_ref_model=st.ref_sync.enabled and st.beta > 0, ref_model_mixup_alpha=st.ref_sync.alpha,
-        ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
-        save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
-        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
-        deepspeed=deepspeed_config(st.deepspeed_zero_stage), use_vllm=server, vllm_mode="server",
-        vllm_server_base_url=st.generation.server_url, vllm_server_timeout=st.generation.server_timeout_seconds,
-        **trainer_precision(device),
-    )
-    timer = PhaseTimer()
-    counters = {"generated_tokens": 0}
-    score = reward.score
+    def reward_values() -> dict[str, float]:
+        return {k: v for k, v in reward.last.means().items() if k != "reward"} if reward.last is not None else {}
 
-    def timed_score(*a, **kw):
-        with timer.phase("score"):
-            return score(*a, **kw)
-
-    reward.score = timed_score
-
-    def step_values(step_seconds: float) -> dict[str, float]:
-        phases = timer.take()
-        values = {f"seconds_{k}": v for k, v in phases.items()}
-        values["seconds_update"] = max(0.0, step_seconds - sum(phases.values()))
-        if reward.last is not None:
-            values.update({k: v for k, v in reward.last.means().items() if k != "reward"})
-        values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
-        values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
-        return values
-
-    recorder = Recorder(ctx, "rl", st.steps)
-    trainer = GRPOTrainer(
-        model=load_model(start, device, trainable=True), reward_funcs=[reward], args=args,
-        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        rollout_func=make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters),
-        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
-    )
-    if server:  # time TRL's weight push to the vLLM server as its own phase
-        sync = trainer.vllm_generation.sync_weights
-
-        def timed_sync(*a, **kw):
-            with timer.phase("weight_sync"):
-                return sync(*a, **kw)
-
-        trainer.vllm_generation.sync_weights = timed_sync
-    quiet_trainer(trainer)
-    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
-    out = ctx.layout.model_dir("rl")
-    trainer.save_model(str(out))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(out))
-    recorder.done()
-    return str(out)
-
-
-# --------------------------------------------------------------------------- evaluate / rlt eval
+    return train_grpo(ctx, device, start, tokenizer, rows, reward,
+                      lambda timer, counters: make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters),
+                      reward_values)
 
 
 def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from rlt.data import DataError, load_data
 from rlt.generation import sample_with_logprobs
@@ -76,11 +75,92 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     return rollout
 
 
-def run_rl(ctx: StageContext) -> str:
+def grpo_config(ctx: StageContext, device: str):
+    """TRL GRPOConfig from spec.stages.rl: one generation round per optimizer step, the paper's loss settings."""
+    from trl import GRPOConfig
+
+    spec, st = ctx.spec, ctx.spec.stages.rl
+    world = ctx.world_size()
+    ga = st.batch_size // (st.per_device_batch_size * world)
+    if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
+        raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
+                         f"({st.per_device_batch_size} × {world})")
+    server = st.generation.mode == "server"
+    if server and not st.generation.server_url:
+        raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
+    return GRPOConfig(
+        output_dir=str(ctx.layout.checkpoints_dir("rl")), max_steps=st.steps,
+        per_device_train_batch_size=st.per_device_batch_size, gradient_accumulation_steps=ga,
+        steps_per_generation=ga, num_generations=st.num_generations, num_iterations=1,
+        max_completion_length=st.max_completion_length, temperature=st.temperature, top_p=st.top_p, top_k=0,
+        learning_rate=st.learning_rate, lr_scheduler_type="constant", beta=st.beta, loss_type="grpo",
+        scale_rewards="group", mask_truncated_completions=False,
+        sync_ref_model=st.ref_sync.enabled and st.beta > 0, ref_model_mixup_alpha=st.ref_sync.alpha,
+        ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
+        save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
+        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
+        deepspeed=deepspeed_config(st.deepspeed_zero_stage), use_vllm=server, vllm_mode="server",
+        vllm_server_base_url=st.generation.server_url, vllm_server_timeout=st.generation.server_timeout_seconds,
+        **trainer_precision(device),
+    )
+
+
+def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows: list[dict], reward,
+               make_rollout_fn, reward_values) -> str:
+    """What every GRPO stage shares: config, step timing split by phase, the record, checkpoints, the final model.
+
+    `make_rollout_fn(timer, counters)` builds the method's rollout (it times "generate" and counts generated
+    tokens); `reward.score` is timed as "score"; `reward_values()` adds the method's per-step numbers."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
+    args = grpo_config(ctx, device)
+    timer = PhaseTimer()
+    counters = {"generated_tokens": 0}
+    score = reward.score
+
+    def timed_score(*a, **kw):
+        with timer.phase("score"):
+            return score(*a, **kw)
+
+    reward.score = timed_score  # the score phase of the step timer
+
+    def step_values(step_seconds: float) -> dict[str, float]:
+        phases = timer.take()
+        values = {f"seconds_{k}": v for k, v in phases.items()}
+        values["seconds_update"] = max(0.0, step_seconds - sum(phases.values()))
+        values.update(reward_values())
+        values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
+        values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
+        return values
+
+    recorder = Recorder(ctx, "rl", ctx.spec.stages.rl.steps)
+    trainer = GRPOTrainer(
+        model=load_model(start, device, trainable=True), reward_funcs=[reward], args=args,
+        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        rollout_func=make_rollout_fn(timer, counters),
+        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
+    )
+    if args.use_vllm:  # time TRL's weight push to the vLLM server as its own phase
+        sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync(*a, **kw):
+            with timer.phase("weight_sync"):
+                return sync(*a, **kw)
+
+        trainer.vllm_generation.sync_weights = timed_sync
+    quiet_trainer(trainer)
+    trainer.train(resume_from_checkpoint=last_checkpoint(ctx.layout.checkpoints_dir("rl")))
+    out = ctx.layout.model_dir("rl")
+    trainer.save_model(str(out))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(out))
+    recorder.done()
+    return str(out)
+
+
+def run_rl(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.rl
     device = ctx.device or pick_device()
     formatter = Formatter(resolve_format(spec.format))
@@ -92,73 +172,15 @@ def run_rl(ctx: StageContext) -> str:
     student = load_model(spec.student, device)
     student_tok = load_tokenizer(spec.student, padding_side="right")
     reward = reward_from_spec(spec, student, student_tok, formatter, teacher_tokenizer=tokenizer)
-
-    world = ctx.world_size()
-    ga = st.batch_size // (st.per_device_batch_size * world)
-    if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
-        raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
-                         f"({st.per_device_batch_size} × {world})")
-    server = st.generation.mode == "server"
-    if server and not st.generation.server_url:
-        raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
-    ckpt_dir = ctx.layout.checkpoints_dir("rl")
-    args = GRPOConfig(
-        output_dir=str(ckpt_dir), max_steps=st.steps, per_device_train_batch_size=st.per_device_batch_size,
-        gradient_accumulation_steps=ga, steps_per_generation=ga, num_generations=st.num_generations,
-        num_iterations=1, max_completion_length=st.max_completion_length, temperature=st.temperature,
-        top_p=st.top_p, top_k=0, learning_rate=st.learning_rate, lr_scheduler_type="constant", beta=st.beta,
-        loss_type="grpo", scale_rewards="group", mask_truncated_completions=False,
-        sync_ref_model=st.ref_sync.enabled and st.beta > 0, ref_model_mixup_alpha=st.ref_sync.alpha,
-        ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
-        save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
-        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True, deepspeed=deepspeed_config(st.deepspeed_zero_stage),
-        use_vllm=server, vllm_mode="server", vllm_server_base_url=st.generation.server_url,
-        vllm_server_timeout=st.generation.server_timeout_seconds, **trainer_precision(device),
-    )
-    timer = PhaseTimer()
-    counters = {"generated_tokens": 0}
     scored = {"last": 0}
-    original_score = reward.score
 
-    def timed_score(*a, **kw):
-        with timer.phase("score"):
-            return original_score(*a, **kw)
-
-    reward.score = timed_score  # the score phase of the step timer
-
-    def step_values(step_seconds: float) -> dict[str, float]:
-        phases = timer.take()
-        values = {f"seconds_{k}": v for k, v in phases.items()}
-        values["seconds_update"] = max(0.0, step_seconds - sum(phases.values()))
+    def reward_values() -> dict[str, float]:
+        values: dict[str, float] = {}
         if reward.last is not None:
             values.update({k: v for k, v in reward.last.means().items() if k != "total"})
             values["explanation_tokens"] = sum(reward.last.explanation_tokens) / max(1, len(reward.last.explanation_tokens))
-        values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
-        values["scored_tokens"] = reward.scored_tokens_total - scored["last"]
-        scored["last"] = reward.scored_tokens_total
-        values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
+        values["scored_tokens"], scored["last"] = reward.scored_tokens_total - scored["last"], reward.scored_tokens_total
         return values
 
-    recorder = Recorder(ctx, "rl", st.steps)
-    model = load_model(start, device, trainable=True)
-    trainer = GRPOTrainer(
-        model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer, rollout_func=make_rollout(tokenizer, timer, st, counters),
-        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
-    )
-    if server:  # time TRL's weight push to the vLLM server as its own phase
-        sync = trainer.vllm_generation.sync_weights
-
-        def timed_sync(*a, **kw):
-            with timer.phase("weight_sync"):
-                return sync(*a, **kw)
-
-        trainer.vllm_generation.sync_weights = timed_sync
-    quiet_trainer(trainer)
-    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
-    out = ctx.layout.model_dir("rl")
-    trainer.save_model(str(out))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(out))
-    recorder.done()
-    return str(out)
+    return train_grpo(ctx, device, start, tokenizer, rows, reward,
+                      lambda timer, counters: make_rollout(tokenizer, timer, st, counters), reward_values)

@@ -32,22 +32,18 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
     return out
 
 
-def run_sft(ctx: StageContext) -> str:
+def train_sft(ctx: StageContext, device: str, rows: list[dict[str, str]], tokenizer) -> str:
+    """SFT of the teacher on prompt/completion rows (loss on the completion only): config, record, final model.
+
+    Shared by every method's warm-up; only the rows differ."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     spec, st = ctx.spec, ctx.spec.stages.sft
-    device = ctx.device or pick_device()
-    formatter = Formatter(resolve_format(spec.format))
-    tokenizer = load_tokenizer(spec.teacher, padding_side="right")
-    data = load_data(spec.dataset, formatter.fmt)
-    rows = sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows)
-
-    world = ctx.world_size()
     ckpt_dir = ctx.layout.checkpoints_dir("sft")
     args = SFTConfig(
         output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
-        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * world)),
+        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
         learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
         weight_decay=st.weight_decay, adam_beta2=0.95, max_grad_norm=1.0, num_train_epochs=st.epochs,
         max_steps=st.max_steps or -1, max_length=st.max_length, completion_only_loss=True, packing=False,
@@ -55,9 +51,9 @@ def run_sft(ctx: StageContext) -> str:
         gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True, deepspeed=deepspeed_config(3),
         **trainer_precision(device),
     )
-    model = load_model(spec.teacher, device, trainable=True)
     recorder = Recorder(ctx, "sft", total_steps=0)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+    trainer = SFTTrainer(model=load_model(spec.teacher, device, trainable=True), args=args,
+                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                          callbacks=[make_callback(recorder, show_progress=ctx.show_progress)])
     quiet_trainer(trainer)
     trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
@@ -67,3 +63,12 @@ def run_sft(ctx: StageContext) -> str:
         tokenizer.save_pretrained(str(out))
     recorder.done()
     return str(out)
+
+
+def run_sft(ctx: StageContext) -> str:
+    spec = ctx.spec
+    device = ctx.device or pick_device()
+    formatter = Formatter(resolve_format(spec.format))
+    tokenizer = load_tokenizer(spec.teacher, padding_side="right")
+    data = load_data(spec.dataset, formatter.fmt)
+    return train_sft(ctx, device, sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows), tokenizer)
