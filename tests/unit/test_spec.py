@@ -91,3 +91,12 @@ def test_multi_document_file_names_the_document(tmp_path):
     with pytest.raises(SpecError) as err:
         load_runs(tmp_path / "two.yaml")
     assert err.value.problems == ["document 1: spec.seed: Input should be greater than or equal to 0"]
+
+
+def test_validate_checks_the_named_format_fits_the_method(tmp_path):
+    doc = tiny_doc()
+    doc["spec"]["format"] = {"preset": "rcl-default"}  # exists, but is an rcl format
+    (tmp_path / "f.yaml").write_text(yaml.safe_dump(doc))
+    res = subprocess.run([sys.executable, "-m", "rlt.cli", "validate", str(tmp_path / "f.yaml")], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "spec.format.preset:" in res.stderr and "is not an rlt prompt format" in res.stderr

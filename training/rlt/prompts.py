@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from rlt.spec import FormatSpec, Strict
 
@@ -67,7 +67,12 @@ def resolve_format(spec: FormatSpec) -> PromptFormat:
         data["studentSystemPrompt"] = spec.student_system_prompt
     if spec.teacher_system_prompt:
         data["teacherSystemPrompt"] = spec.teacher_system_prompt
-    return PromptFormat.model_validate(data)
+    try:
+        return PromptFormat.model_validate(data)
+    except ValidationError as err:
+        field = "spec.format.file" if spec.file else "spec.format.preset"
+        missing = ", ".join(".".join(str(p) for p in e["loc"]) for e in err.errors()[:4])
+        raise ValueError(f"{field}: {source} is not an rlt prompt format (problems at: {missing})") from None
 
 
 @dataclass(frozen=True)
