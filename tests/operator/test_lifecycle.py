@@ -8,6 +8,14 @@ from op_harness import example, server_mode
 pytestmark = pytest.mark.timeout(60)
 
 
+async def wait_for_events(harness, run: str, wanted: set[str]) -> list[str]:
+    """Kopf posts Events in the background, after the status patch: wait for them rather than read once."""
+    async def reasons():
+        got = [e["reason"] for e in await harness.events(run)]
+        return got if wanted <= set(got) else None
+    return await harness.wait(reasons, f"events {sorted(wanted)}")
+
+
 async def test_create_makes_first_stage_children(harness):
     await harness.start_operator()
     await harness.create_run(example())
@@ -67,8 +75,7 @@ async def test_stages_generators_trainer_to_succeeded(harness):
     await harness.wait_gone("statefulsets", "tiny-generator")
     for stage in ("sft", "rl", "distill"):  # trainer Jobs stay for their logs (no TTL set)
         assert await harness.get("jobs", f"tiny-{stage}") is not None
-    reasons = [e["reason"] for e in await harness.events("tiny")]
-    assert "StageStarted" in reasons and "Succeeded" in reasons
+    await wait_for_events(harness, "tiny", {"StageStarted", "Succeeded"})
 
 
 async def test_pod_failure_gang_restart_then_backoff_limit(harness):
@@ -98,8 +105,7 @@ async def test_pod_failure_gang_restart_then_backoff_limit(harness):
     assert "trainer Job tiny-rl" in st["message"]
     await harness.wait_gone("statefulsets", "tiny-generator")
     assert await harness.get("jobs", "tiny-rl") is not None  # kept for logs
-    reasons = [e["reason"] for e in await harness.events("tiny")]
-    assert "GangRestart" in reasons and "BackoffLimitExceeded" in reasons
+    await wait_for_events(harness, "tiny", {"GangRestart", "BackoffLimitExceeded"})
 
 
 async def test_suspend_and_resume(harness):
