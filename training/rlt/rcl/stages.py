@@ -21,7 +21,7 @@ from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.spec import ModelRef
 from rlt.stages.common import PhaseTimer, Recorder, StageContext
-from rlt.stages.rl import teacher_start, train_grpo
+from rlt.stages.rl import sample_policy, teacher_start, train_grpo
 from rlt.stages.sft import train_sft
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,6 @@ def make_rcl_rollout(protocol: Protocol, teacher_tok, probe_fn, st, timer: Phase
 
     `prompt_ids` returned = the tokens of that teacher prompt, so the GRPO loss conditions on exactly the
     prompt each guidance was sampled from."""
-    from rlt.generation import sample_with_logprobs
 
     def rollout(prompts, trainer):
         g = trainer.num_generations
@@ -117,21 +116,8 @@ def make_rcl_rollout(protocol: Protocol, teacher_tok, probe_fn, st, timer: Phase
             teacher_prompts = [protocol.teacher_prompt(teacher_tok, q, p) for q, p in zip(questions, probes)]
             unique_ids = [teacher_tok(t, add_special_tokens=False).input_ids for t in teacher_prompts]
             prompt_ids = [ids for ids in unique_ids for _ in range(g)]
-            if trainer.use_vllm:  # server mode: TRL has already pushed this step's weights (see _generate)
-                _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
-                    prompts=prompt_ids, images=None, num_generations=g)
-                logprobs = [[lp[0] for lp in seq] for seq in logprobs]
-            else:
-                from trl.models import unwrap_model_for_generation
-
-                with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                                 gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as m:
-                    was_training = m.training
-                    m.eval()
-                    s = sample_with_logprobs(m, teacher_tok, prompt_ids, temperature=st.temperature, top_p=st.top_p,
-                                             max_new_tokens=st.max_completion_length)
-                    m.train(was_training)
-                completion_ids, logprobs = s.completion_ids, s.logprobs
+            # server mode: TRL has already pushed this step's weights (see GRPOTrainer._generate)
+            completion_ids, logprobs = sample_policy(trainer, teacher_tok, prompt_ids, g, st)
         counters["generated_tokens"] += sum(len(c) for c in completion_ids)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
                 "probe": [p for p in probes for _ in range(g)],

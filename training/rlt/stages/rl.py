@@ -49,25 +49,32 @@ def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_r
     return out
 
 
+def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generations: int, st):
+    """Completions of the current policy with the tempered log-prob of every sampled token.
+
+    `prompt_ids` holds each prompt `num_generations` times (TRL's layout). Server mode: TRL's vLLM client, whose
+    weights TRL has synced for this step; in-process: the unwrapped policy samples itself."""
+    if trainer.use_vllm:
+        _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
+            prompts=prompt_ids, images=None, num_generations=num_generations)
+        return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]  # sampled token's (processed) logprob
+    from trl.models import unwrap_model_for_generation
+
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                     gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as m:
+        was_training = m.training
+        m.eval()
+        s = sample_with_logprobs(m, tokenizer, prompt_ids, temperature=st.temperature, top_p=st.top_p,
+                                 max_new_tokens=st.max_completion_length)
+        m.train(was_training)
+    return s.completion_ids, s.logprobs
+
+
 def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
         prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
         with timer.phase("generate"):
-            if trainer.use_vllm:  # server mode: TRL's client; logprobs are vLLM's processed (tempered) ones
-                _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
-                    prompts=prompt_ids, images=None, num_generations=trainer.num_generations)
-                logprobs = [[lp[0] for lp in seq] for seq in logprobs]
-            else:
-                from trl.models import unwrap_model_for_generation
-
-                with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                                 gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as m:
-                    was_training = m.training
-                    m.eval()
-                    s = sample_with_logprobs(m, tokenizer, prompt_ids, temperature=st.temperature, top_p=st.top_p,
-                                             max_new_tokens=st.max_completion_length)
-                    m.train(was_training)
-                completion_ids, logprobs = s.completion_ids, s.logprobs
+            completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, trainer.num_generations, st)
         counters["generated_tokens"] += sum(len(c) for c in completion_ids)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
                 "teacher_logprobs": logprobs}
