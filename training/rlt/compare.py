@@ -26,7 +26,7 @@ from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef, RLTRun, parse_run
 from rlt.stages import stage_function
 from rlt.stages.common import StageContext
-from rlt.stages.evaluate import EvalSet, evaluate_model, load_eval_set, markdown_table, plot_accuracy, resolve_answer_type
+from rlt.stages.evaluate import EvalSet, evaluate_model, load_eval_set, plot_accuracy, resolve_answer_type
 from rlt.stages.student import read_jsonl
 
 ARMS = {

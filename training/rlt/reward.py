@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-import torch
 
 from rlt.prompts import Formatter, Span
 from rlt.scoring import ScoreRequest, SpanScorer, completion_token_offsets

@@ -19,7 +19,7 @@ from rlt.benchmarks import find_benchmark, load_benchmark
 from rlt.data import DataError, load_data
 from rlt.layout import atomic_write_json, atomic_write_text
 from rlt.prompts import Formatter, resolve_format
-from rlt.spec import DatasetSpec, ModelRef
+from rlt.spec import ModelRef
 from rlt.stages.common import Recorder, StageContext
 
 

@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 from rlt.data import DataError
 from rlt.layout import atomic_write_json
-from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.models import load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef
-from rlt.stages.common import (quiet_trainer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               trainer_precision)
+from rlt.stages.common import StageContext
+from rlt.stages.sft import train_sft
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,6 @@ def choose_rows(rows: list[dict[str, Any]], length: Callable[[list[dict[str, str
 
 
 def run_student(ctx: StageContext) -> str:
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
     spec, st = ctx.spec, ctx.spec.stages.student
     device = ctx.device or pick_device()
     formatter = Formatter(resolve_format(spec.format))
@@ -110,27 +107,5 @@ def run_student(ctx: StageContext) -> str:
         raise DataError(f"stage student: no distillation row fits stages.student.maxLength={st.max_length} "
                         f"(policy {st.over_long}: {dict(counts)})")
 
-    world = ctx.world_size()
-    ckpt_dir = ctx.layout.checkpoints_dir("student")
-    args = SFTConfig(
-        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
-        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * world)),
-        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
-        num_train_epochs=st.epochs, max_steps=st.max_steps or -1, max_length=st.max_length,
-        completion_only_loss=True, packing=False, save_steps=st.save_steps, save_strategy="steps", logging_steps=1,
-        report_to="none", seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
-        deepspeed=deepspeed_config(st.deepspeed_zero_stage), **trainer_precision(device),
-    )
     rows = [{"prompt": m[:2], "completion": m[2:]} for m in chats]
-    model = load_model(ref, device, trainable=True)
-    recorder = Recorder(ctx, "student", total_steps=0)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)])
-    quiet_trainer(trainer)
-    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
-    out = ctx.layout.model_dir("student")
-    trainer.save_model(str(out))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(out))
-    recorder.done()
-    return str(out)
+    return train_sft(ctx, device, rows, tokenizer, stage="student", model=ref)
