@@ -20,7 +20,7 @@ from rlt.prompts import resolve_format
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.spec import ModelRef
-from rlt.stages.common import PhaseTimer, Recorder, StageContext
+from rlt.stages.common import PhaseTimer, Recorder, StageContext, newest_teacher
 from rlt.stages.rl import sample_policy, teacher_start, train_grpo
 from rlt.stages.sft import train_sft
 
@@ -163,10 +163,7 @@ def run_rcl_rl(ctx: StageContext) -> str:
 
 def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:
     """The run's latest finished teacher: rl's model, else sft's, else spec.teacher (label for the report)."""
-    for stage in ("rl", "sft"):
-        if getattr(ctx.spec.stages, stage).enabled and ctx.layout.stage_done(stage).exists():
-            return ctx.spec.teacher.model_copy(update={"model": str(ctx.layout.model_dir(stage)), "revision": None}), stage
-    return ctx.spec.teacher, "initial"
+    return newest_teacher(ctx, ("rl", "sft"))
 
 
 def eval_rows(spec) -> list[dict]:

@@ -214,6 +214,24 @@ def deepspeed_config(stage: int) -> dict[str, Any] | None:
     }
 
 
+def newest_teacher(ctx: StageContext, stages: tuple[str, ...], needed_by: str | None = None):
+    """The teacher the run has produced most recently among `stages` (newest first), as (ModelRef, stage).
+
+    With `needed_by`, an enabled stage that has not finished is an error (that stage must run first);
+    without, it is passed over. Falls back to spec.teacher, labelled "initial"."""
+    spec = ctx.spec
+    for stage in stages:
+        if not getattr(spec.stages, stage).enabled:
+            continue
+        if ctx.layout.stage_done(stage).exists():
+            path = str(ctx.layout.model_dir(stage))
+            return spec.teacher.model_copy(update={"model": path, "revision": None}), stage
+        if needed_by:
+            raise RuntimeError(f"stage {needed_by} needs the {stage} stage's model at {ctx.layout.model_dir(stage)}; "
+                               f"run stage {stage} first")
+    return spec.teacher, "initial"
+
+
 def last_checkpoint(directory: Path) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 

@@ -14,17 +14,12 @@ from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
-from rlt.stages.common import Recorder, StageContext
+from rlt.stages.common import Recorder, StageContext, newest_teacher
 
 
 def trained_teacher(ctx: StageContext) -> ModelRef:
     """The newest teacher the run has produced: RL's, else SFT's, else the spec's."""
-    for stage in ("rl", "sft"):
-        if getattr(ctx.spec.stages, stage).enabled:
-            if not ctx.layout.stage_done(stage).exists():
-                raise RuntimeError(f"stage distill needs the {stage} stage's model; run stage {stage} first")
-            return ctx.spec.teacher.model_copy(update={"model": str(ctx.layout.model_dir(stage)), "revision": None})
-    return ctx.spec.teacher
+    return newest_teacher(ctx, ("rl", "sft"), needed_by="distill")[0]
 
 
 def run_distill(ctx: StageContext) -> str:

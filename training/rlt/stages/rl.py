@@ -16,20 +16,15 @@ from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
-from rlt.stages.common import (quiet_trainer, PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               trainer_precision)
+from rlt.stages.common import (PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
+                               newest_teacher, quiet_trainer, trainer_precision)
 
 log = logging.getLogger(__name__)
 
 
 def teacher_start(ctx: StageContext) -> ModelRef:
     """RL starts from the SFT model when the run has an SFT stage, else from spec.teacher."""
-    if ctx.spec.stages.sft.enabled:
-        path = ctx.layout.model_dir("sft")
-        if not ctx.layout.stage_done("sft").exists():
-            raise RuntimeError(f"stage rl needs the sft stage's model at {path}; run stage sft first")
-        return ctx.spec.teacher.model_copy(update={"model": str(path), "revision": None})
-    return ctx.spec.teacher
+    return newest_teacher(ctx, ("sft",), needed_by="rl")[0]
 
 
 def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str) -> list[dict[str, str]]:
