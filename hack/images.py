@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Build the three images here, without a registry or a daemon, and run them without a container runtime.
+
+    python hack/images.py base                         # mmdebstrap a minimal Debian bookworm once, import it
+    python hack/images.py build operator trainer ...   # buildah build each Containerfile on that base (CPU flavour)
+    python hack/images.py sizes operator trainer ...   # the built images' sizes
+    python hack/images.py rootfs operator              # build-or-reuse an unpacked rootfs, cached by its inputs
+
+The upstream bases (python:slim, CUDA, vLLM) cannot be pulled on our machines; Debian's archive and PyPI can be
+reached. So the base is bootstrapped with mmdebstrap and imported as `localhost/rlt-base:bookworm`, and every
+Containerfile is built with `--build-arg BASE_IMAGE=` that image and `--build-arg FLAVOUR=cpu` (the CPU flavour of
+GPU-only steps). buildah runs with the vfs storage driver and chroot isolation (no overlay, no cgroups needed).
+The host's CA bundle is mounted read-only into every RUN (pip verifies TLS against it), and so is a local wheel
+folder when the host has one (the CPU torch wheel).
+
+`run_rootfs` starts an unpacked image the way a kubelet would with the chart's or the operator's pod settings:
+read-only root filesystem, tmpfs emptyDirs, the image's Env and WorkingDir, a non-root uid, in a private mount
+namespace, on the host's network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ("operator", "trainer", "generator")
+CACHE = Path(os.environ.get("RLT_IMAGE_CACHE") or Path.home() / ".cache" / "rlt" / "images")
+BASE_IMAGE = "localhost/rlt-base:bookworm"
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+LOCAL_WHEELS = Path(os.environ.get("RLT_LOCAL_WHEELS", "/opt/wheels"))  # where the host's pip finds torch+cpu
+DEBIAN_MIRROR = os.environ.get("RLT_DEBIAN_MIRROR", "http://deb.debian.org")
+# The base: what python:3.11-slim-bookworm gives the operator (python3 with venv, CA certificates), from Debian.
+MMDEBSTRAP = [
+    "mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm",
+]
+MIRRORS = [
+    f"deb {DEBIAN_MIRROR}/debian bookworm main",
+    f"deb {DEBIAN_MIRROR}/debian bookworm-updates main",
+    f"deb {DEBIAN_MIRROR}/debian-security bookworm-security main",
+]
+# CPU-flavour build arguments per image (the Containerfiles' defaults are the upstream, GPU ones).
+CPU_ARGS = {
+    "operator": {},
+    # torch 2.13.0+cpu comes from the local wheel folder; everything else from PyPI.
+    "trainer": {"FLAVOUR": "cpu", "TORCH_INDEX": "https://pypi.org/simple"},
+    "generator": {"FLAVOUR": "cpu"},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[images] {msg}", file=sys.stderr, flush=True)
+
+
+def version() -> str:
+    """The one version of everything: pyproject.toml's."""
+    m = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert m, "pyproject.toml has no version"
+    return m.group(1)
+
+
+def registry() -> str:
+    return os.environ.get("IMAGE_REGISTRY", "ghcr.io/rlt-dev")
+
+
+def image_ref(name: str, flavour: str = "cpu") -> str:
+    """`make images` tags <registry>/rlt-<name>:<version>; local CPU builds of GPU images get a -cpu suffix."""
+    suffix = "-cpu" if flavour == "cpu" and CPU_ARGS[name] else ""
+    return f"{registry()}/rlt-{name}:{os.environ.get('IMAGE_TAG') or version()}{suffix}"
+
+
+def buildah(*args: str, capture: bool = True, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = ["buildah", "--storage-driver", "vfs", *args]
+    proc = subprocess.run(cmd, capture_output=capture, text=True,
+                          env={**os.environ, "BUILDAH_ISOLATION": "chroot", "STORAGE_DRIVER": "vfs"})
+    if check and proc.returncode != 0:
+        raise SystemExit(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr if capture else ''}")
+    return proc
+
+
+def image_exists(ref: str) -> bool:
+    return buildah("inspect", "--type", "image", ref, check=False).returncode == 0
+
+
+def image_info(ref: str) -> dict:
+    return json.loads(buildah("inspect", "--type", "image", ref).stdout)
+
+
+def sha(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(hashlib.sha256(p).digest())
+    return h.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- base
+
+
+def base_key() -> str:
+    return sha(json.dumps([MMDEBSTRAP, MIRRORS]).encode())
+
+
+def ensure_base() -> str:
+    """Bootstrap (once) and import the Debian base; returns its image ID."""
+    key = base_key()
+    if image_exists(BASE_IMAGE) and image_info(BASE_IMAGE)["OCIv1"]["config"].get("Labels", {}).get(
+            "rlt.base.key") == key:
+        return image_info(BASE_IMAGE)["FromImageID"]
+    tar = CACHE / f"base-{key}" / "rootfs.tar"
+    if not tar.exists():
+        tar.parent.mkdir(parents=True, exist_ok=True)
+        log(f"mmdebstrap bookworm (minbase + python3) -> {tar}")
+        t0 = time.monotonic()
+        subprocess.run(["nice", "-n", "10", *MMDEBSTRAP, f"{tar}.part", *MIRRORS], check=True)
+        os.replace(f"{tar}.part", tar)
+        log(f"mmdebstrap took {time.monotonic() - t0:.0f}s")
+    log(f"importing {tar} as {BASE_IMAGE}")
+    c = buildah("from", "scratch").stdout.strip()
+    try:
+        buildah("add", c, str(tar), "/")
+        buildah("config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "--env", "LANG=C.UTF-8", "--cmd", "/bin/bash", "--label", f"rlt.base.key={key}", c)
+        buildah("commit", "--rm", c, BASE_IMAGE)
+    except BaseException:
+        buildah("rm", c, check=False)
+        raise
+    return image_info(BASE_IMAGE)["FromImageID"]
+
+
+# --------------------------------------------------------------------------- build
+
+
+def containerfile(name: str) -> Path:
+    return ROOT / "images" / name / "Containerfile"
+
+
+def build_inputs(name: str) -> list[Path]:
+    """The Containerfile and every file its COPY lines take from the build context."""
+    text = containerfile(name).read_text()
+    files = [containerfile(name), ROOT / ".containerignore"]
+    for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M):
+        for src in line.split()[:-1]:
+            p = ROOT / src
+            files += sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts) \
+                if p.is_dir() else [p]
+    return files
+
+
+def build_args(name: str) -> dict[str, str]:
+    return {"BASE_IMAGE": BASE_IMAGE, "VERSION": version(), **CPU_ARGS[name]}
+
+
+def input_key(name: str, base_id: str) -> str:
+    parts = [json.dumps(build_args(name), sort_keys=True).encode(), base_id.encode()]
+    parts += [str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() for f in build_inputs(name)]
+    return sha(*parts)
+
+
+def pip_conf() -> Path:
+    """pip's config inside the build: verify TLS with the (mounted) host CA bundle, find local wheels."""
+    conf = CACHE / "pip.conf"
+    lines = ["[global]", f"cert = {HOST_CA}"]
+    if LOCAL_WHEELS.is_dir():
+        lines.append(f"find-links = {LOCAL_WHEELS}")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    conf.write_text("\n".join(lines) + "\n")
+    return conf
+
+
+def build(name: str) -> float:
+    """buildah build one image (CPU flavour on the local base); returns the seconds it took."""
+    base_id = ensure_base()
+    ref = image_ref(name)
+    key = input_key(name, base_id)
+    volumes = [f"{HOST_CA}:{HOST_CA}:ro", f"{pip_conf()}:/etc/pip.conf:ro"]
+    if LOCAL_WHEELS.is_dir():
+        volumes.append(f"{LOCAL_WHEELS}:{LOCAL_WHEELS}:ro")
+    cmd = ["build", "--isolation", "chroot", "--pull=never", "--layers=false",
+           "--ignorefile", str(ROOT / ".containerignore"), "-f", str(containerfile(name)), "-t", ref,
+           "--label", f"rlt.inputs.key={key}"]
+    for k, v in build_args(name).items():
+        cmd += ["--build-arg", f"{k}={v}"]
+    for v in volumes:
+        cmd += ["--volume", v]
+    log(f"building {ref}")
+    t0 = time.monotonic()
+    proc = subprocess.run(["nice", "-n", "10", "buildah", "--storage-driver", "vfs", *cmd, str(ROOT)],
+                          env={**os.environ, "BUILDAH_ISOLATION": "chroot", "STORAGE_DRIVER": "vfs"})
+    if proc.returncode != 0:
+        raise SystemExit(f"building {ref} failed ({proc.returncode})")
+    took = time.monotonic() - t0
+    log(f"built {ref} in {took:.0f}s")
+    return took
+
+
+def built_key(ref: str) -> str | None:
+    if not image_exists(ref):
+        return None
+    return image_info(ref)["OCIv1"]["config"].get("Labels", {}).get("rlt.inputs.key")
+
+
+def ensure_built(name: str) -> str:
+    ref = image_ref(name)
+    if built_key(ref) != input_key(name, ensure_base()):
+        build(name)
+    return ref
+
+
+def size(ref: str) -> str:
+    """buildah's own figure: the image's unpacked size, all layers."""
+    return json.loads(buildah("images", "--json", ref).stdout)[0]["size"]
+
+
+# --------------------------------------------------------------------------- rootfs cache + run
+
+
+def rootfs(name: str) -> Path:
+    """An unpacked rootfs of the image (dir/rootfs) and its OCI config (dir/config.json), keyed by the inputs:
+    reused while Containerfile, build context and base are unchanged, rebuilt otherwise."""
+    base_id = ensure_base()
+    key = input_key(name, base_id)
+    out = CACHE / f"{name}-{key}"
+    if (out / "config.json").exists():
+        return out
+    ref = ensure_built(name)
+    tmp = CACHE / f"{name}-{key}.part"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "rootfs").mkdir(parents=True)
+    c = buildah("from", "--pull=never", ref).stdout.strip()
+    try:
+        mnt = buildah("mount", c).stdout.strip()
+        subprocess.run(f"tar -C {shlex.quote(mnt)} -cf - . | tar -C {shlex.quote(str(tmp / 'rootfs'))} -xpf -",
+                       shell=True, check=True)
+    finally:
+        buildah("umount", c, check=False)
+        buildah("rm", c, check=False)
+    (tmp / "config.json").write_text(json.dumps(image_info(ref)["OCIv1"]["config"], indent=1))
+    for old in CACHE.glob(f"{name}-*"):  # one cached rootfs per image is enough
+        if old.is_dir() and old != tmp:
+            shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def parse_user(user: str, rootfs_dir: Path) -> tuple[int, int]:
+    """An image's USER (uid[:gid] or a name) as numbers, read from the image's own /etc/passwd for names."""
+    name, _, group = user.partition(":")
+    if name.isdigit():
+        uid = int(name)
+        gid = int(group) if group.isdigit() else uid
+        return uid, gid
+    for line in (rootfs_dir / "etc" / "passwd").read_text().splitlines():
+        f = line.split(":")
+        if f[0] == name:
+            return int(f[2]), int(group) if group.isdigit() else int(f[3])
+    raise ValueError(f"user {user!r} is not in the image's /etc/passwd")
+
+
+def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None = None, uid: int | None = None,
+               gid: int | None = None, read_only: bool = True, tmpfs: tuple[str, ...] = ("/tmp",),
+               binds: dict[str, str] | None = None, workdir: str | None = None, **popen) -> subprocess.Popen:
+    """Start argv in the unpacked image like a container: its Env (then `env` on top, as a pod's env overrides
+    the image's), its WorkingDir, uid/gid (default: the image's USER), the root filesystem bind-mounted read-only,
+    tmpfs on `tmpfs` paths, `binds` (host path -> container path, read-write), /proc and /dev from the host."""
+    config = json.loads((image_dir / "config.json").read_text())
+    root = image_dir / "rootfs"
+    if uid is None:
+        uid, gid = parse_user(config.get("User") or "0", root)
+    gid = uid if gid is None else gid
+    full_env = dict(e.split("=", 1) for e in config.get("Env") or [])
+    full_env.update(env or {})
+    cwd = workdir or config.get("WorkingDir") or "/"
+    mnt = f"/tmp/rlt-rootfs-{os.getpid()}-{time.monotonic_ns()}"
+    q = shlex.quote
+    script = [f"set -e; mkdir -p {q(mnt)}", f"mount --bind {q(str(root))} {q(mnt)}"]
+    if read_only:
+        script.append(f"mount -o remount,bind,ro {q(mnt)}")
+    script += [f"mount -t proc proc {q(mnt)}/proc", f"mount --rbind /dev {q(mnt)}/dev"]
+    for path in tmpfs:
+        script.append(f"mount -t tmpfs -o mode=1777,size=256m tmpfs {q(mnt + path)}")
+    for host, inside in (binds or {}).items():
+        script.append(f"mount --bind {q(host)} {q(mnt + inside)}")
+    env_args = " ".join(q(f"{k}={v}") for k, v in full_env.items())
+    # `env -i` inside the chroot: the process sees the image's environment only, as in a container.
+    inner = f"cd {q(cwd)} && exec env -i {env_args} " + " ".join(q(a) for a in argv)
+    script.append(f"exec chroot --userspec={uid}:{gid} --groups={gid} {q(mnt)} /bin/sh -c {q(inner)}")
+    # --kill-child: the container process dies with its unshare parent (no orphan if the caller is killed).
+    return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--fork", "--kill-child",
+                             "/bin/sh", "-c", "; ".join(script)], **popen)
+
+
+def descendants(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            kids += [int(child), *descendants(int(child))]
+    return kids
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
+    """SIGTERM the container process (unshare's child, as a kubelet would) and return its exit status."""
+    for pid in descendants(proc.pid):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # --kill-child takes the container process with it
+        return proc.wait()
+
+
+def tools_missing() -> list[str]:
+    return [t for t in ("buildah", "mmdebstrap", "unshare", "chroot") if shutil.which(t) is None]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("base")
+    for cmd in ("build", "sizes", "rootfs"):
+        s = sub.add_parser(cmd)
+        s.add_argument("names", nargs="*", default=list(IMAGES), help=f"any of {', '.join(IMAGES)}")
+    args = p.parse_args(argv)
+    if unknown := set(getattr(args, "names", [])) - set(IMAGES):
+        p.error(f"unknown image(s) {', '.join(sorted(unknown))}; choose from {', '.join(IMAGES)}")
+    if missing := tools_missing():
+        raise SystemExit(f"missing tools: {', '.join(missing)} (apt-get install buildah mmdebstrap)")
+    if args.cmd == "base":
+        print(ensure_base())
+    elif args.cmd == "build":
+        times = {n: build(n) for n in args.names}
+        for n in args.names:
+            print(f"{image_ref(n):55s} {size(image_ref(n)):>9s}  built in {times[n]:.0f}s")
+    elif args.cmd == "sizes":
+        for n in args.names:
+            ref = image_ref(n)
+            print(f"{ref:55s} {size(ref) if image_exists(ref) else 'not built':>9s}")
+    elif args.cmd == "rootfs":
+        for n in args.names:
+            print(rootfs(n))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
