@@ -6,7 +6,8 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean
+.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean \
+	image-tools images-local images-test images-push
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -64,7 +65,7 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
-test: $(STAMP) tools $(VLLM_STAMP)
+test: $(STAMP) tools $(VLLM_STAMP) image-tools
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: $(STAMP)
@@ -91,14 +92,41 @@ CONTAINER_TOOL ?= $(shell command -v buildah >/dev/null && echo buildah || echo 
 IMAGE_REGISTRY ?= ghcr.io/rlt-dev
 IMAGE_TAG      ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGES         ?= operator trainer generator
+# buildah's storage driver: vfs works everywhere (no overlay or fuse needed), overlay is faster where it works.
+BUILDAH_STORAGE ?= vfs
+export IMAGE_REGISTRY IMAGE_TAG BUILDAH_STORAGE
 images:
 	@for img in $(IMAGES); do \
 	  echo "building $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) with $(CONTAINER_TOOL)"; \
 	  if [ "$(CONTAINER_TOOL)" = buildah ]; then \
-	    buildah bud --layers --isolation chroot -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
+	    buildah --storage-driver $(BUILDAH_STORAGE) bud --layers --isolation chroot --build-arg VERSION=$(IMAGE_TAG) -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
 	  else \
-	    $(CONTAINER_TOOL) build -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
+	    $(CONTAINER_TOOL) build --build-arg VERSION=$(IMAGE_TAG) -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
 	  fi; \
+	done
+
+# The same Containerfiles built HERE, where the upstream bases cannot be pulled: a Debian bookworm rootfs
+# bootstrapped once with mmdebstrap is the base, GPU-only steps take their CPU flavour (FLAVOUR=cpu), buildah uses
+# vfs storage and chroot isolation. Operator tagged <registry>/rlt-operator:<version>, the others :<version>-cpu.
+# The operator image's smoke test runs in `make test` (tests/operator/test_operator_image.py, build cached by its
+# inputs in ~/.cache/rlt/images); the trainer/generator smoke tests (several GB each) in `make images-test`.
+image-tools:
+	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah mmdebstrap >/dev/null; }
+
+images-local: image-tools
+	$(PY) hack/images.py build $(IMAGES)
+
+images-test: $(STAMP) image-tools
+	RLT_IMAGES_TEST=1 $(BIN)/python -m pytest -q -rs tests/images tests/operator/test_operator_image.py
+	$(PY) hack/images.py sizes
+
+# Push what images-local (or images) tagged to IMAGE_REGISTRY, e.g. make images-push IMAGE_REGISTRY=registry.example.com/rlt
+images-push:
+	@for img in $(IMAGES); do \
+	  for ref in $$(buildah --storage-driver $(BUILDAH_STORAGE) images --format '{{.Name}}:{{.Tag}}' | grep "^$(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG)"); do \
+	    echo "pushing $$ref"; buildah --storage-driver $(BUILDAH_STORAGE) push $$ref docker://$$ref || exit 1; \
+	  done; \
 	done
 
 clean:

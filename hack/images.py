@@ -39,6 +39,7 @@ CACHE = Path(os.environ.get("RLT_IMAGE_CACHE") or Path.home() / ".cache" / "rlt"
 BASE_IMAGE = "localhost/rlt-base:bookworm"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 LOCAL_WHEELS = Path(os.environ.get("RLT_LOCAL_WHEELS", "/opt/wheels"))  # where the host's pip finds torch+cpu
+STORAGE = os.environ.get("BUILDAH_STORAGE", "vfs")  # no overlay/fuse needed; the Makefile passes its choice
 DEBIAN_MIRROR = os.environ.get("RLT_DEBIAN_MIRROR", "http://deb.debian.org")
 # The base: what python:3.11-slim-bookworm gives the operator (python3 with venv, CA certificates), from Debian.
 MMDEBSTRAP = [
@@ -80,9 +81,8 @@ def image_ref(name: str, flavour: str = "cpu") -> str:
 
 
 def buildah(*args: str, capture: bool = True, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = ["buildah", "--storage-driver", "vfs", *args]
-    proc = subprocess.run(cmd, capture_output=capture, text=True,
-                          env={**os.environ, "BUILDAH_ISOLATION": "chroot", "STORAGE_DRIVER": "vfs"})
+    cmd = ["buildah", "--storage-driver", STORAGE, *args]
+    proc = subprocess.run(cmd, capture_output=capture, text=True, env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
     if check and proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr if capture else ''}")
     return proc
@@ -194,8 +194,8 @@ def build(name: str) -> float:
         cmd += ["--volume", v]
     log(f"building {ref}")
     t0 = time.monotonic()
-    proc = subprocess.run(["nice", "-n", "10", "buildah", "--storage-driver", "vfs", *cmd, str(ROOT)],
-                          env={**os.environ, "BUILDAH_ISOLATION": "chroot", "STORAGE_DRIVER": "vfs"})
+    proc = subprocess.run(["nice", "-n", "10", "buildah", "--storage-driver", STORAGE, *cmd, str(ROOT)],
+                          env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
     if proc.returncode != 0:
         raise SystemExit(f"building {ref} failed ({proc.returncode})")
     took = time.monotonic() - t0
@@ -280,6 +280,8 @@ def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None =
     full_env = dict(e.split("=", 1) for e in config.get("Env") or [])
     full_env.update(env or {})
     cwd = workdir or config.get("WorkingDir") or "/"
+    for inside in (binds or {}).values():  # the runtime creates missing mount points (in our copy, not the image)
+        (root / inside.lstrip("/")).mkdir(parents=True, exist_ok=True)
     mnt = f"/tmp/rlt-rootfs-{os.getpid()}-{time.monotonic_ns()}"
     q = shlex.quote
     script = [f"set -e; mkdir -p {q(mnt)}", f"mount --bind {q(str(root))} {q(mnt)}"]

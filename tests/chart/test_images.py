@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +57,32 @@ def test_makefile_builds_every_image():
     assert re.search(r"^images:", makefile, re.M)
     assert "IMAGES         ?= operator trainer generator" in makefile
     assert "images/$$img/Containerfile" in makefile
+
+
+def test_containerignore_lets_only_the_sources_in(tmp_path):
+    """A real buildah build of a context holding a venv, results, a secret and caches, filtered by .containerignore
+    (the allow-list every image build uses): only pyproject.toml, README.md and the two packages get in."""
+    buildah = shutil.which("buildah")
+    if buildah is None:
+        pytest.skip("buildah not installed (make test installs it)")
+    ctx = tmp_path / "ctx"
+    for rel in ("pyproject.toml", "README.md", "training/rlt/x.py", "operator/rlt_operator/y.py",
+                "training/rlt/__pycache__/x.cpython-311.pyc", ".venv/bin/python", "results/tiny/model.bin",
+                ".env", "secrets/token", "tests/t.py", ".git/config", "charts/c.yaml"):
+        (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ctx / rel).write_text("x")
+    (ctx / "Containerfile").write_text("FROM scratch\nCOPY . /ctx/\n")
+    store = ["--storage-driver", "vfs", "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run")]
+    tag = "localhost/rlt-ignore-probe:test"
+    subprocess.run([buildah, *store, "build", "--isolation", "chroot", "--ignorefile", str(ROOT / ".containerignore"),
+                    "-f", str(ctx / "Containerfile"), "-t", tag, str(ctx)], check=True, capture_output=True, timeout=120)
+    c = subprocess.run([buildah, *store, "from", tag], check=True, capture_output=True, text=True).stdout.strip()
+    mnt = Path(subprocess.run([buildah, *store, "mount", c], check=True, capture_output=True, text=True).stdout.strip())
+    try:
+        got = sorted(str(p.relative_to(mnt / "ctx")) for p in (mnt / "ctx").rglob("*") if p.is_file())
+    finally:
+        subprocess.run([buildah, *store, "umount", c], capture_output=True)
+        subprocess.run([buildah, *store, "rm", c], capture_output=True)
+        subprocess.run([buildah, *store, "rmi", "-a", "-f"], capture_output=True)
+    assert got == ["README.md", "operator/rlt_operator/y.py", "pyproject.toml", "training/rlt/x.py"]
+    assert (ROOT / ".dockerignore").resolve() == (ROOT / ".containerignore").resolve(), "docker reads the same list"
