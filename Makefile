@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean \
-	image-tools images-local images-test images-push
+	image-tools operator-image images-local images-test images-push
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -65,7 +65,7 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
-test: $(STAMP) tools $(VLLM_STAMP) image-tools
+test: $(STAMP) tools $(VLLM_STAMP) operator-image
 	$(BIN)/python -m pytest -q -rs
 
 test-fast: $(STAMP)
@@ -113,6 +113,10 @@ images:
 image-tools:
 	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah mmdebstrap >/dev/null; }
+
+# Build (or reuse, keyed by its inputs) the operator image's rootfs before the tests, outside their timeouts.
+operator-image: image-tools
+	$(PY) hack/images.py rootfs operator
 
 images-local: image-tools
 	$(PY) hack/images.py build $(IMAGES)

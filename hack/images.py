@@ -59,6 +59,9 @@ CPU_ARGS = {
 }
 
 
+LAYERED = {"operator"}
+
+
 def log(msg: str) -> None:
     print(f"[images] {msg}", file=sys.stderr, flush=True)
 
@@ -80,8 +83,16 @@ def image_ref(name: str, flavour: str = "cpu") -> str:
     return f"{registry()}/rlt-{name}:{os.environ.get('IMAGE_TAG') or version()}{suffix}"
 
 
+def store_args() -> list[str]:
+    """buildah's storage: the system's (vfs driver) unless RLT_BUILDAH_ROOT names a private one."""
+    args = ["--storage-driver", STORAGE]
+    if root := os.environ.get("RLT_BUILDAH_ROOT"):
+        args += ["--root", f"{root}/storage", "--runroot", f"{root}/run"]
+    return args
+
+
 def buildah(*args: str, capture: bool = True, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = ["buildah", "--storage-driver", STORAGE, *args]
+    cmd = ["buildah", *store_args(), *args]
     proc = subprocess.run(cmd, capture_output=capture, text=True, env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
     if check and proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr if capture else ''}")
@@ -185,7 +196,10 @@ def build(name: str) -> float:
     volumes = [f"{HOST_CA}:{HOST_CA}:ro", f"{pip_conf()}:/etc/pip.conf:ro"]
     if LOCAL_WHEELS.is_dir():
         volumes.append(f"{LOCAL_WHEELS}:{LOCAL_WHEELS}:ro")
-    cmd = ["build", "--isolation", "chroot", "--pull=never", "--layers=false",
+    # Layer cache for the small operator image (its pinned dependencies survive code changes); the multi-GB
+    # images build without one, since vfs stores every layer as a full copy of the filesystem.
+    layers = "true" if name in LAYERED else "false"
+    cmd = ["build", "--isolation", "chroot", "--pull=never", f"--layers={layers}",
            "--ignorefile", str(ROOT / ".containerignore"), "-f", str(containerfile(name)), "-t", ref,
            "--label", f"rlt.inputs.key={key}"]
     for k, v in build_args(name).items():
@@ -194,7 +208,7 @@ def build(name: str) -> float:
         cmd += ["--volume", v]
     log(f"building {ref}")
     t0 = time.monotonic()
-    proc = subprocess.run(["nice", "-n", "10", "buildah", "--storage-driver", STORAGE, *cmd, str(ROOT)],
+    proc = subprocess.run(["nice", "-n", "10", "buildah", *store_args(), *cmd, str(ROOT)],
                           env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
     if proc.returncode != 0:
         raise SystemExit(f"building {ref} failed ({proc.returncode})")
@@ -233,7 +247,7 @@ def rootfs(name: str) -> Path:
     if (out / "config.json").exists():
         return out
     ref = ensure_built(name)
-    tmp = CACHE / f"{name}-{key}.part"
+    tmp = CACHE / f"{name}-{key}.part{os.getpid()}"  # several test processes may build at once
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "rootfs").mkdir(parents=True)
     c = buildah("from", "--pull=never", ref).stdout.strip()
@@ -246,9 +260,12 @@ def rootfs(name: str) -> Path:
         buildah("rm", c, check=False)
     (tmp / "config.json").write_text(json.dumps(image_info(ref)["OCIv1"]["config"], indent=1))
     for old in CACHE.glob(f"{name}-*"):  # one cached rootfs per image is enough
-        if old.is_dir() and old != tmp:
+        if old.is_dir() and ".part" not in old.name and old != out:
             shutil.rmtree(old, ignore_errors=True)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process finished the same key first: theirs is as good
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
