@@ -68,6 +68,8 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
     container = next(c for c in pod["containers"] if c["name"] == "operator")
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     uid, gid = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
+    image_user = json.loads((operator_image / "config.json").read_text())["User"]
+    assert uid != 0 and images.parse_user(image_user, operator_image / "rootfs") == (uid, gid), image_user
     tmpfs = tuple(m["mountPath"] for m in container["volumeMounts"]
                   if any(v["name"] == m["name"] and "emptyDir" in v for v in pod["volumes"]))
     assert tmpfs == ("/tmp",)
