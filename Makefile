@@ -99,7 +99,7 @@ images:
 	@for img in $(IMAGES); do \
 	  echo "building $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) with $(CONTAINER_TOOL)"; \
 	  if [ "$(CONTAINER_TOOL)" = buildah ]; then \
-	    buildah --storage-driver $(BUILDAH_STORAGE) bud --layers --isolation chroot --build-arg VERSION=$(IMAGE_TAG) -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
+	    buildah --storage-driver $(BUILDAH_STORAGE) bud --layers --isolation chroot --format docker --build-arg VERSION=$(IMAGE_TAG) -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
 	  else \
 	    $(CONTAINER_TOOL) build --build-arg VERSION=$(IMAGE_TAG) -f images/$$img/Containerfile -t $(IMAGE_REGISTRY)/rlt-$$img:$(IMAGE_TAG) . || exit 1; \
 	  fi; \

@@ -100,7 +100,11 @@ def buildah(*args: str, capture: bool = True, check: bool = True) -> subprocess.
 
 
 def image_exists(ref: str) -> bool:
-    return buildah("inspect", "--type", "image", ref, check=False).returncode == 0
+    proc = buildah("inspect", "--type", "image", ref, check=False)
+    if proc.returncode != 0 and "image not known" not in proc.stderr:
+        # Anything else (a storage lock, a broken store) must not pass for "absent": that would rebuild for nothing.
+        raise SystemExit(f"buildah inspect {ref} failed: {proc.stderr.strip()}")
+    return proc.returncode == 0
 
 
 def image_info(ref: str) -> dict:
@@ -199,7 +203,8 @@ def build(name: str) -> float:
     # Layer cache for the small operator image (its pinned dependencies survive code changes); the multi-GB
     # images build without one, since vfs stores every layer as a full copy of the filesystem.
     layers = "true" if name in LAYERED else "false"
-    cmd = ["build", "--isolation", "chroot", "--pull=never", f"--layers={layers}",
+    # docker format: OCI image configs have no SHELL, and buildah would then run every RUN with /bin/sh.
+    cmd = ["build", "--isolation", "chroot", "--pull=never", f"--layers={layers}", "--format", "docker",
            "--ignorefile", str(ROOT / ".containerignore"), "-f", str(containerfile(name)), "-t", ref,
            "--label", f"rlt.inputs.key={key}"]
     for k, v in build_args(name).items():
