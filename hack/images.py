@@ -302,7 +302,7 @@ def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None =
     full_env = dict(e.split("=", 1) for e in config.get("Env") or [])
     full_env.update(env or {})
     cwd = workdir or config.get("WorkingDir") or "/"
-    for inside in (binds or {}).values():  # the runtime creates missing mount points (in our copy, not the image)
+    for inside in [*(binds or {}).values(), *tmpfs]:  # the runtime creates missing mount points (in our copy)
         (root / inside.lstrip("/")).mkdir(parents=True, exist_ok=True)
     mnt = f"/tmp/rlt-rootfs-{os.getpid()}-{time.monotonic_ns()}"
     q = shlex.quote

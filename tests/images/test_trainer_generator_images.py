@@ -27,10 +27,33 @@ def rendered(tiny_run, kind: str, stage: str) -> tuple[dict, dict]:
     return pod, pod["containers"][0]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def pod_env(container: dict) -> dict[str, str]:
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     env["NODE_RANK"] = "0"  # downward API (the Job's completion index)
+    # The one change to the pod: the host network is shared with other tests, so the pod's ports are remapped
+    # to free ones, as a container runtime's port mapping would (the contract test checks the real ones).
+    if "RLT_METRICS_PORT" in env:
+        env["RLT_METRICS_PORT"] = str(free_port())
     return env
+
+
+def pod_mounts(pod: dict, container: dict) -> tuple[bool, tuple[str, ...]]:
+    """readOnlyRootFilesystem and the emptyDir mount paths (tmpfs here) of the rendered container."""
+    empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    tmpfs = tuple(m["mountPath"] for m in container["volumeMounts"] if m["name"] in empty
+                  and not m["mountPath"].startswith("/dev/"))  # /dev/shm: the host's /dev is bound already
+    return bool(container.get("securityContext", {}).get("readOnlyRootFilesystem")), tmpfs
+
+
+def remap_port(command: list[str], port: int) -> list[str]:
+    i = command.index("--port")
+    return [*command[:i + 1], str(port), *command[i + 2:]]
 
 
 def mounts(tiny_run, tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -65,10 +88,11 @@ def test_trainer_image_trains_sft_from_the_rendered_command(trainer_image, tiny_
     data, binds = mounts(tiny_run, tmp_path)
     chown_for(pod, data)
     sc = pod["securityContext"]
+    read_only, tmpfs = pod_mounts(pod, c)
     log = tmp_path / "trainer.log"
     with log.open("w") as out:
         proc = images.run_rootfs(trainer_image, c["command"], env=pod_env(c), uid=sc["runAsUser"],
-                                 gid=sc["runAsGroup"], binds=binds, tmpfs=("/tmp",), stdout=out,
+                                 gid=sc["runAsGroup"], binds=binds, read_only=read_only, tmpfs=tmpfs, stdout=out,
                                  stderr=subprocess.STDOUT)
         rc = proc.wait(timeout=1800)
     assert rc == 0, log.read_text()[-4000:]
@@ -97,15 +121,14 @@ def test_generator_image_serves_health_from_the_rendered_command(generator_image
     shutil.copytree(resolve_model_path("builtin:tiny-qwen2"), model)
     assert str(RunLayout.for_run(PVC_MOUNT, tiny_run.metadata.name).model_dir("sft")) in c["command"]
     chown_for(pod, data)
-    port = c["ports"][0]["containerPort"]
-    with socket.socket() as s:  # the server binds the pod's own port on the host network: it must be free
-        if s.connect_ex(("127.0.0.1", port)) == 0:
-            pytest.fail(f"port {port} is already taken on this host")
+    assert c["command"][c["command"].index("--port") + 1] == str(c["ports"][0]["containerPort"])
+    port = free_port()
     sc = pod["securityContext"]
+    read_only, tmpfs = pod_mounts(pod, c)
     log = tmp_path / "generator.log"
     with log.open("w") as out:
-        proc = images.run_rootfs(generator_image, c["command"], env=pod_env(c), uid=sc["runAsUser"],
-                                 gid=sc["runAsGroup"], binds=binds, tmpfs=("/tmp",), stdout=out,
+        proc = images.run_rootfs(generator_image, remap_port(c["command"], port), env=pod_env(c), uid=sc["runAsUser"],
+                                 gid=sc["runAsGroup"], binds=binds, read_only=read_only, tmpfs=tmpfs, stdout=out,
                                  stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
