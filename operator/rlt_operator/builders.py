@@ -45,20 +45,6 @@ class RunRef:
 
 # --------------------------------------------------------------------------- names
 
-# Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
-# Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
-MAX_RUN_NAME = 40
-
-
-def run_name_problem(name: str) -> str | None:
-    if len(name) > MAX_RUN_NAME:
-        return f"metadata.name: {name!r} is longer than {MAX_RUN_NAME} characters (child names add suffixes)"
-    if not name[:1].isalpha():
-        return f"metadata.name: {name!r} must start with a letter (its Services need DNS-1035 names)"
-    return None
-
-
-
 def config_name(run: str) -> str:
     return f"{run}-config"
 

@@ -11,7 +11,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlt.spec import RLTRunSpec, SpecError, parse_spec
+from rlt.spec import RLTRunSpec, SpecError
+from rlt.validation import validate_spec
 
 from . import builders as b
 
@@ -191,18 +192,23 @@ def decide(
     plan = _Plan(observed)
     gen_name = b.generator_name(ref.name)
 
+    # A run failed as InvalidSpec by an older operator recovers too: invalid specs are not terminal now.
+    if st["phase"] == FAILED and st.get("reason") == "InvalidSpec":
+        st["phase"] = PENDING
+        st.pop("reason", None)
+        st.pop("message", None)
+        st["conditions"] = [c for c in st["conditions"] if c["type"] != "Failed"]
     try:
-        spec: RLTRunSpec | None = parse_spec(raw_spec)
-        name_problem = b.run_name_problem(ref.name)
-        if name_problem:
-            raise SpecError(ref.name, [name_problem])
+        spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")
     except SpecError as err:
-        spec = None
+        # The same check as `rlt validate`. Hold: nothing is started or stopped (the pods keep the last valid
+        # spec in their ConfigMap); the condition says why, and fixing the spec resumes from here.
+        message = "; ".join(err.problems)
         if st["phase"] not in TERMINAL:
-            _fail(st, "InvalidSpec", "; ".join(err.problems), now)
-        # Nothing can be built from an invalid spec; still free the GPUs of a run that was going.
-        plan.delete("statefulsets", gen_name)
+            st.update(reason="InvalidSpec", message=message)
+        set_condition(st["conditions"], "SpecValid", False, "InvalidSpec", message, now)
         return _finish(prev, st, plan, None)
+    set_condition(st["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
 
     st["outputs"] = b.outputs(ref.name, spec)
     enabled = spec.stages.enabled()
@@ -371,6 +377,10 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
         ev.append(("Warning", "GangRestart",
                    f"restart {st['restarts']}: {st.get('lastFailure', 'a pod failed')}; "
                    "trainer and generators restart from the last checkpoint"))
+    if st.get("reason") == "InvalidSpec" and (prev.get("reason"), prev.get("message")) != ("InvalidSpec", st["message"]):
+        ev.append(("Warning", "InvalidSpec", f"{st['message']}; nothing is started or stopped until the spec is fixed"))
+    elif prev.get("reason") == "InvalidSpec" and st.get("reason") != "InvalidSpec":
+        ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
     if st.get("stage") and st["stage"] != (prev.get("stage") or ""):
         ev.append(("Normal", "StageStarted", f"stage {st['stage']} started"))
     if phase != p_phase:

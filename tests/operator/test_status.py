@@ -8,6 +8,7 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
+from rlt.spec import parse_spec
 from rlt_operator import builders as b
 from rlt_operator import status as S
 
@@ -41,7 +42,7 @@ def sts(stage, restart=0, ready=2):
 
 
 def base_children(sp):
-    cm = b.configmap(REF, S.parse_spec(sp))
+    cm = b.configmap(REF, parse_spec(sp))
     return {"configmaps": {"t-config": {"name": "t-config", "labels": {}, "configHash":
                                         cm["metadata"]["annotations"][b.A_CONFIG_HASH]}},
             "persistentvolumeclaims": {"t-data": {"name": "t-data", "labels": {}}}}
@@ -161,15 +162,43 @@ def test_ttl_after_finished():
     assert later.status["phase"] == "Succeeded"
 
 
-def test_invalid_spec_names_the_field_and_is_sticky():
+def test_invalid_spec_names_the_field_and_creates_nothing():
     bad = spec()
     bad["stages"]["rl"]["numGenerations"] = 3
     d = S.decide(REF, 1, bad, None, S.Observed(), NOW)
-    assert d.status["phase"] == "Failed" and d.status["reason"] == "InvalidSpec"
+    assert d.status["phase"] == "Pending" and d.status["reason"] == "InvalidSpec"
     assert d.status["message"].startswith("spec.stages.rl") and "numGenerations (3)" in d.status["message"]
     assert d.actions == []
-    again = S.decide(REF, 2, spec(), d.status, S.Observed(), NOW)
-    assert again.status["phase"] == "Failed", "terminal phases stick (like a Job's)"
+    cond = {c["type"]: c for c in d.status["conditions"]}["SpecValid"]
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
+    assert [e[1] for e in d.events] == ["InvalidSpec"]
+    fixed = S.decide(REF, 2, spec(), d.status, S.Observed(), NOW)
+    assert "reason" not in fixed.status and ("create", "jobs", "t-sft") in acts(fixed)
+    assert {c["type"]: c for c in fixed.status["conditions"]}["SpecValid"]["status"] == "True"
+
+
+def test_invalid_edit_mid_run_neither_starts_nor_stops_anything_and_is_recoverable():
+    """`rlt validate` refuses format preset rcl-default for method rlt: so must the operator, without harm."""
+    sp = spec(server=True, sft=False)
+    obs = observed(sp, [job("rl", active=1)], [sts("rl")])
+    bad = spec(server=True, sft=False, format={"preset": "rcl-default"})
+    d = S.decide(REF, 2, bad, running("rl"), obs, NOW)
+    assert d.actions == [], "an invalid edit must not delete the generators, the Job or patch the ConfigMap"
+    assert d.status["phase"] == "Running" and d.status["reason"] == "InvalidSpec"
+    assert d.status["message"].startswith("spec.format.preset:") and "not an rlt prompt format" in d.status["message"]
+    again = S.decide(REF, 2, bad, d.status, obs, NOW)
+    assert again.events == [], "the InvalidSpec Event is posted once, not every reconcile"
+    fixed = S.decide(REF, 3, sp, again.status, obs, NOW)
+    assert fixed.status["phase"] == "Running" and "reason" not in fixed.status
+    assert not any(a.verb == "delete" for a in fixed.actions)
+    assert ("Normal", "SpecValid", "the spec is valid again; reconciling") in fixed.events
+
+
+def test_a_run_failed_as_invalid_spec_by_an_older_operator_recovers():
+    old = {"phase": "Failed", "reason": "InvalidSpec", "message": "x",
+           "conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": "x"}]}
+    d = S.decide(REF, 2, spec(), old, S.Observed(), NOW)
+    assert d.status["phase"] == "Pending" and ("create", "jobs", "t-sft") in acts(d)
 
 
 def test_completed_stage_remembered_after_its_job_is_gone():

@@ -6,14 +6,15 @@ import argparse
 import logging
 import sys
 
-from rlt.spec import STAGE_ORDER, SpecError, load_run
+from rlt.spec import STAGE_ORDER, SpecError
+from rlt.validation import load_valid_run
 
 
 def _load(path: str):
     # Logging is set up by the command that runs, not at registration: the operator has its own format.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return load_run(path)
+        return load_valid_run(path)  # the checks `rlt validate` and the operator make
     except SpecError as err:
         print(str(err), file=sys.stderr)
         raise SystemExit(1) from None
