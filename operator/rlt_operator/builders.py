@@ -6,6 +6,7 @@ instead of duplicating it), the labels below, and a controller owner reference t
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -197,8 +198,9 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
         pod["nodeSelector"] = dict(sch.node_selector)
     if sch.tolerations:
         pod["tolerations"] = [dict(t) for t in sch.tolerations]
-    if sch.affinity:
-        pod["affinity"] = dict(sch.affinity)
+    affinity = same_node_affinity(run, spec)
+    if affinity:
+        pod["affinity"] = affinity
     if sch.priority_class_name:
         pod["priorityClassName"] = sch.priority_class_name
     if sch.service_account_name:
@@ -206,6 +208,23 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
     if sch.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": n} for n in sch.image_pull_secrets]
     return pod
+
+
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
+    """The user's affinity, plus: with a ReadWriteOnce volume every pod of the run goes to one node.
+
+    A ReadWriteOnce claim attaches to one node; a second node's pod would wait on a Multi-Attach error
+    forever. Validation refuses several trainer nodes with it; this keeps generators beside the trainer.
+    """
+    affinity = copy.deepcopy(dict(spec.scheduling.affinity))
+    if spec.storage.access_mode == "ReadWriteOnce":
+        term = {"labelSelector": {"matchLabels": {L_RUN: run}}, "topologyKey": HOSTNAME_TOPOLOGY}
+        pod_affinity = affinity.setdefault("podAffinity", {})
+        pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    return affinity
 
 
 _MOUNTS = [

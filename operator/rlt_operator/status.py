@@ -38,7 +38,9 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     }
     status = body.get("status") or {}
     spec = body.get("spec") or {}
-    if plural == "configmaps":
+    if plural == "persistentvolumeclaims":
+        out["phase"] = status.get("phase")
+    elif plural == "configmaps":
         out["configHash"] = (meta.get("annotations") or {}).get(b.A_CONFIG_HASH)
     elif plural == "jobs":
         out["completions"] = spec.get("completions", 1)
@@ -220,7 +222,9 @@ def decide(
         if have != cm["metadata"]["annotations"][b.A_CONFIG_HASH]:
             plan.actions.append(Action("patch", "configmaps", cm["metadata"]["name"],
                                        {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]}))
-    plan.ensure("persistentvolumeclaims", b.pvc(ref, spec))
+    claim = observed.persistentvolumeclaims.get(b.data_claim_name(ref.name, spec))
+    if plan.ensure("persistentvolumeclaims", b.pvc(ref, spec)) and claim is not None:
+        _volume_condition(st, claim, now)  # a user's existingClaim is not watched (it has no run label)
 
     # Stages whose Job completed (or completed before and was cleaned up) are done.
     done = [s for s in enabled if s in st["completedStages"]
@@ -328,6 +332,20 @@ def decide(
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def _volume_condition(st: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
+    """VolumeReady from the claim's phase (scheduling conflicts of the volume show in PodsSchedulable)."""
+    phase = claim.get("phase")
+    if phase in (None, "Bound"):
+        if phase == "Bound" or any(c["type"] == "VolumeReady" for c in st["conditions"]):
+            set_condition(st["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound", now)
+        return
+    why = {"Pending": "not bound yet (a WaitForFirstConsumer class binds when the first pod is scheduled; "
+                      "otherwise check storage.storageClassName and the provisioner)",
+           "Lost": "lost its volume: the data is gone from the cluster's view"}.get(phase, phase)
+    set_condition(st["conditions"], "VolumeReady", False, f"Claim{phase}", f"claim {claim['name']} is {phase}: {why}",
+                  now)
 
 
 def _foreign(child: dict[str, Any], ref: b.RunRef) -> bool:

@@ -51,6 +51,7 @@ def server_mode(doc: dict[str, Any], replicas: int = 2) -> dict[str, Any]:
     doc["spec"]["stages"]["rl"].setdefault("generation", {})["mode"] = "server"
     doc["spec"]["resources"] = {"generator": {"replicas": replicas, "gpus": 1},
                                 "trainer": {"nodes": 2, "gpus": 4}}
+    doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # two trainer nodes need a shared volume
     return doc
 
 

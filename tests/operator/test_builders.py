@@ -111,7 +111,7 @@ def test_scheduling_passthrough_and_queue_label_only_from_spec():
         pod = tmpl["spec"]
         assert pod["nodeSelector"] == {"gpu": "h100"} and pod["priorityClassName"] == "high"
         assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-        assert pod["affinity"] == {"nodeAffinity": {"x": 1}} and pod["serviceAccountName"] == "trainer"
+        assert pod["affinity"]["nodeAffinity"] == {"x": 1} and pod["serviceAccountName"] == "trainer"
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert tmpl["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
         assert obj["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
@@ -149,3 +149,22 @@ def test_optional_student_and_evaluate_stages():
     job = b.trainer_job(REF, spec, "evaluate", 0)
     assert job["metadata"]["name"] == "r1-evaluate" and job["spec"]["completions"] == 1
     assert ("jobs", "r1-evaluate") in b.all_children("r1", spec.stages.enabled(), None)
+
+
+def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}
+    spec = spec_from(scheduling={"affinity": user})
+    assert spec.storage.access_mode == "ReadWriteOnce"
+    same_node = {"labelSelector": {"matchLabels": {b.L_RUN: "r1"}}, "topologyKey": "kubernetes.io/hostname"}
+    for obj in (b.trainer_job(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0)):
+        tmpl = obj["spec"]["template"]
+        aff = tmpl["spec"]["affinity"]
+        assert aff["nodeAffinity"] == user["nodeAffinity"]
+        assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [{"topologyKey": "zone"},
+                                                                                        same_node]
+        # the term selects the pods of this run, and this pod is one of them (the first pod may go anywhere)
+        assert tmpl["metadata"]["labels"][b.L_RUN] == "r1"
+    assert spec.scheduling.affinity == user, "the spec is not mutated"
+    shared = spec_from(storage={"accessMode": "ReadWriteMany"}, scheduling={"affinity": user})
+    assert b.trainer_job(REF, shared, "rl", 0)["spec"]["template"]["spec"]["affinity"] == user

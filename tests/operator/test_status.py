@@ -244,3 +244,15 @@ def test_run_names_children_cannot_carry_are_invalid(name):
     d = S.decide(b.RunRef(name=name, namespace="ns", uid="u"), 1, spec(), None, S.Observed(), NOW)
     assert d.status["reason"] == "InvalidSpec" and d.status["message"].startswith("metadata.name")
     assert d.actions == []
+
+
+def test_volume_condition_follows_the_claim():
+    sp = spec(sft=False)
+    obs = observed(sp, [job("rl", active=1)])
+    obs.persistentvolumeclaims["t-data"]["phase"] = "Pending"
+    d = S.decide(REF, 1, sp, running("rl"), obs, NOW)
+    cond = {c["type"]: c for c in d.status["conditions"]}["VolumeReady"]
+    assert (cond["status"], cond["reason"]) == ("False", "ClaimPending") and "t-data" in cond["message"]
+    obs.persistentvolumeclaims["t-data"]["phase"] = "Bound"
+    d = S.decide(REF, 1, sp, d.status, obs, NOW)
+    assert {c["type"]: c for c in d.status["conditions"]}["VolumeReady"]["status"] == "True"

@@ -19,6 +19,8 @@ TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
 # (what is wrong, spec patch, the field the message names)
 BAD = [
     ("rcl format for method rlt", {"format": {"preset": "rcl-default"}}, "spec.format.preset"),
+    ("ReadWriteOnce volume for trainer pods on several nodes",
+     {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteOnce"}}, "spec.storage.accessMode"),
 ]
 
 
@@ -59,3 +61,13 @@ def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_pa
     ref = b.RunRef(name=doc["metadata"]["name"], namespace="ns", uid="u")
     d = S.decide(ref, 1, doc["spec"], None, S.Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     assert d.actions == [] and problem in d.status["message"]
+
+
+def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stages():
+    doc = yaml.safe_load(TINY.read_text())
+    validate_spec(_merge(doc["spec"], {"resources": {"trainer": {"nodes": 2}},
+                                       "storage": {"accessMode": "ReadWriteMany"}}))
+    only_distill = _merge(yaml.safe_load(TINY.read_text())["spec"], {
+        "resources": {"trainer": {"nodes": 2}},
+        "stages": {"sft": {"enabled": False}, "rl": {"enabled": False}}})
+    validate_spec(only_distill)  # distill runs on one pod whatever nodes says

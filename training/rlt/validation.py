@@ -22,6 +22,9 @@ from rlt.spec import RLTRun, RLTRunSpec, SpecError, load_runs, parse_spec
 # Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
 MAX_RUN_NAME = 40
 
+# Stages whose trainer Job has `resources.trainer.nodes` pods (distill and evaluate run on one pod).
+MULTI_NODE_STAGES = ("sft", "rl", "student")
+
 
 def run_name_problem(name: str) -> str | None:
     if len(name) > MAX_RUN_NAME:
@@ -53,6 +56,19 @@ def format_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
     return []
 
 
+def cluster_problems(spec: RLTRunSpec) -> list[str]:
+    """Combinations a cluster cannot run, refused before anything is created."""
+    out: list[str] = []
+    nodes = spec.resources.trainer.nodes
+    multi = [s for s in spec.stages.enabled() if s in MULTI_NODE_STAGES]
+    if spec.storage.access_mode == "ReadWriteOnce" and nodes > 1 and multi:
+        # A ReadWriteOnce volume attaches to one node: the other trainer pods would wait on a
+        # Multi-Attach error forever.
+        out.append(f"spec.storage.accessMode: ReadWriteOnce attaches to one node, but stages {', '.join(multi)} "
+                   f"run {nodes} trainer pods (resources.trainer.nodes), one per node; use ReadWriteMany")
+    return out
+
+
 def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool = True) -> list[str]:
     """Every problem beyond the schema, as 'field: message' lines (empty when the spec is usable)."""
     out: list[str] = []
@@ -60,7 +76,7 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         problem = run_name_problem(name)
         if problem:
             out.append(problem)
-    return out + format_problems(spec, local_files)
+    return out + format_problems(spec, local_files) + cluster_problems(spec)
 
 
 def validate_spec(raw: Any, name: str | None = None, local_files: bool = False, source: str = "<spec>") -> RLTRunSpec:
