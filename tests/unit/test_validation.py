@@ -21,6 +21,9 @@ BAD = [
     ("rcl format for method rlt", {"format": {"preset": "rcl-default"}}, "spec.format.preset"),
     ("ReadWriteOnce volume for trainer pods on several nodes",
      {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteOnce"}}, "spec.storage.accessMode"),
+    ("evaluate in server mode with no server",
+     {"stages": {"evaluate": {"enabled": True, "generation": {"mode": "server"}}}},
+     "spec.stages.evaluate.generation.serverUrl"),
 ]
 
 
@@ -71,3 +74,9 @@ def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stage
         "resources": {"trainer": {"nodes": 2}},
         "stages": {"sft": {"enabled": False}, "rl": {"enabled": False}}})
     validate_spec(only_distill)  # distill runs on one pod whatever nodes says
+
+
+def test_evaluate_server_mode_with_a_server_url_is_accepted():
+    doc = yaml.safe_load(TINY.read_text())
+    validate_spec(_merge(doc["spec"], {"stages": {"evaluate": {"enabled": True, "generation": {
+        "mode": "server", "serverUrl": "http://vllm.team.svc:8000"}}}}))
