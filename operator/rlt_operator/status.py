@@ -15,6 +15,7 @@ from rlt.spec import RLTRunSpec, SpecError
 from rlt.validation import validate_spec
 
 from . import builders as b
+from . import status_model
 
 PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
 PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
@@ -420,6 +421,7 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
         st.pop("startTime", None)
     if st.get("completionTime") is None:
         st.pop("completionTime", None)
+    status_model.check(st)  # a field the CRD does not list would be pruned by the API server
     return Decision(status=st, actions=plan.actions, events=transition_events(prev, st), requeue_after=requeue)
 
 
