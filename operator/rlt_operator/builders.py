@@ -33,6 +33,9 @@ MASTER_PORT = 29500
 METRICS_PORT = 9400  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 RUN_AS_USER = 1000
+TMP_MOUNT = "/tmp"
+# Prometheus pods (any namespace) may scrape the generators' vllm:* metrics on the vLLM port.
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
 
 @dataclass(frozen=True)
@@ -71,13 +74,18 @@ def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
 
 def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None) -> list[tuple[str, str]]:
     """(plural, name) of every child a run can have; a user's existing claim is not ours to delete."""
-    out = [("statefulsets", generator_name(run)), ("services", generator_name(run))]
+    out = [("statefulsets", generator_name(run)), ("services", generator_name(run)),
+           ("networkpolicies", generator_policy_name(run))]
     for stage in stages:
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
     if not existing_claim:
         out.append(("persistentvolumeclaims", f"{run}-data"))
     return out
+
+
+def generator_policy_name(run: str) -> str:
+    return f"{run}-generator"
 
 
 def generator_url(run: str, namespace: str) -> str:
@@ -185,13 +193,19 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
             "runAsUser": RUN_AS_USER,
             "runAsGroup": RUN_AS_USER,
             "fsGroup": RUN_AS_USER,
+            # Re-chowning a multi-TB volume on every start takes minutes: only when its root is not ours.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        # The pods never call the Kubernetes API: no token to steal.
+        "automountServiceAccountToken": False,
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(run)}},
             {"name": "data", "persistentVolumeClaim": {"claimName": data_claim_name(run, spec)}},
             # NCCL and dataloaders need more than the runtime's 64Mi /dev/shm.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            # The root filesystem is read-only: caches (HOME, /tmp: vLLM, Triton, torch extensions) go here.
+            {"name": "tmp", "emptyDir": {}},
         ],
     }
     if sch.node_selector:
@@ -231,10 +245,12 @@ _MOUNTS = [
     {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
     {"name": "data", "mountPath": PVC_MOUNT},
     {"name": "dshm", "mountPath": "/dev/shm"},
+    {"name": "tmp", "mountPath": TMP_MOUNT},
 ]
 
 _CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
 
@@ -246,13 +262,23 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list
         {"name": "RLT_STAGE", "value": stage},
         {"name": "RLT_RESTART", "value": str(restart)},
         {"name": "HF_HOME", "value": str(layout(ref.name).cache_dir / "hf")},
+        # Everything that writes under $HOME (vLLM, Triton, torch extensions, matplotlib) goes to the emptyDir.
+        {"name": "HOME", "value": TMP_MOUNT},
+        {"name": "XDG_CACHE_HOME", "value": f"{TMP_MOUNT}/.cache"},
+        {"name": "TMPDIR", "value": TMP_MOUNT},
     ]
     if spec.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
     # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
-    env += [{"name": e.name, "value": e.value} for e in spec.env]
+    env += [_env_var(e) for e in spec.env]
     return env
+
+
+def _env_var(var: Any) -> dict[str, Any]:
+    if var.value_from is not None:
+        return {"name": var.name, "valueFrom": var.value_from.model_dump(by_alias=True, exclude_none=True)}
+    return {"name": var.name, "value": var.value or ""}
 
 
 # --------------------------------------------------------------------------- run-wide children
@@ -492,5 +518,26 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
                     "prometheus.io/path": "/metrics"}},
                 "spec": pod,
             },
+        },
+    }
+
+
+def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
+    """Only the run's own trainer pods reach its generators (vLLM dev mode serves /update_weights,
+    /collective_rpc and /sleep); Prometheus pods may reach the vLLM port for vllm:* metrics."""
+    name = generator_policy_name(ref.name)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "spec": {
+            "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
+                {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
+                {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
+                 "ports": [{"protocol": "TCP", "port": VLLM_PORT}]},
+            ],
         },
     }

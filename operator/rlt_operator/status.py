@@ -71,6 +71,7 @@ class Observed:
     statefulsets: dict[str, dict] = field(default_factory=dict)
     jobs: dict[str, dict] = field(default_factory=dict)
     pods: list[dict] = field(default_factory=list)
+    networkpolicies: dict[str, dict] = field(default_factory=dict)
 
 
 def _cond_true(obj: dict, type_: str) -> dict | None:
@@ -314,6 +315,7 @@ def decide(
     # Generators first; the trainer joins them only once every server answers /health.
     ready = True
     if gens_needed:
+        plan.ensure("networkpolicies", b.generator_network_policy(ref, spec))
         plan.ensure("services", b.generator_service(ref, spec, stage, restarts))
         if sts is None and not waiting:
             plan.ensure("statefulsets", b.generator_statefulset(ref, spec, stage, restarts))
@@ -385,6 +387,7 @@ def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: 
         plan.delete("jobs", b.trainer_name(ref.name, stage), "Background")
         plan.delete("services", b.trainer_name(ref.name, stage))
     plan.delete("services", b.generator_name(ref.name))
+    plan.delete("networkpolicies", b.generator_policy_name(ref.name))
     return None
 
 

@@ -168,3 +168,96 @@ def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
     assert spec.scheduling.affinity == user, "the spec is not mutated"
     shared = spec_from(storage={"accessMode": "ReadWriteMany"}, scheduling={"affinity": user})
     assert b.trainer_job(REF, shared, "rl", 0)["spec"]["template"]["spec"]["affinity"] == user
+
+
+def _all_pod_templates(spec):
+    return [b.trainer_job(REF, spec, s, 0)["spec"]["template"] for s in ("sft", "rl", "distill")] + \
+        [b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]]
+
+
+def test_children_pods_are_locked_down():
+    spec = spec_from()
+    for tmpl in _all_pod_templates(spec):
+        pod = tmpl["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        sc = pod["securityContext"]
+        assert sc["fsGroupChangePolicy"] == "OnRootMismatch" and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        c = pod["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        vols = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert "emptyDir" in vols[mounts["/tmp"]] and "emptyDir" in vols[mounts["/dev/shm"]]
+        env = env_of(pod)
+        # every writable path a library picks from the environment is on a writable volume
+        for var in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "HF_HOME"):
+            path = env[var]["value"]
+            assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts
+                       if m not in ("/etc/rlt",)), f"{var}={path} is not on a writable volume"
+
+
+def test_env_value_from_a_secret_reaches_the_pods_and_no_secret_is_written():
+    spec = spec_from(env=[{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}},
+                          {"name": "PLAIN", "value": "1"}])
+    for tmpl in _all_pod_templates(spec):
+        env = env_of(tmpl["spec"])
+        assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY",
+                                        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}
+        assert env["PLAIN"] == {"name": "PLAIN", "value": "1"}
+    text = b.configmap(REF, spec)["data"]["run.yaml"]
+    assert parse_run(yaml.safe_load(text)).spec.env == spec.env  # the pods' copy round-trips
+
+
+def test_env_value_and_value_from_together_are_refused():
+    import pytest
+
+    from rlt.spec import SpecError, parse_spec
+    with pytest.raises(SpecError, match="spec.env.0.valueFrom"):
+        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                    "env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})
+
+
+def _admits(policy, source_labels, port, namespace_same=True):
+    """NetworkPolicy ingress semantics (one policy selecting the target): is traffic from a pod with these labels,
+    to `port`, allowed? Any rule whose `from` peer matches and whose ports include `port` (or has none) admits."""
+    def matches(sel, lbls):
+        return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+    for rule in policy["spec"]["ingress"]:
+        ports = [p["port"] for p in rule.get("ports", [])]
+        if ports and port not in ports:
+            continue
+        for peer in rule["from"]:
+            in_ns = "namespaceSelector" in peer or namespace_same
+            if in_ns and matches(peer.get("podSelector", {}), source_labels):
+                return True
+    return False
+
+
+def test_generators_admit_only_their_own_runs_trainers():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from()
+    policy = b.generator_network_policy(REF, spec)
+    kubernetes_validate.validate(policy, "1.31.0", strict=True)
+    gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    assert all(gen.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    mine = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    other = b.trainer_job(b.RunRef("r2", "team", "u2"), spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    for port in (8000, 51216, 40000):  # HTTP, TRL's weight-sync store, an NCCL port
+        assert _admits(policy, mine, port)
+        assert not _admits(policy, other, port), "another run's trainer must not reach these generators"
+        assert not _admits(policy, gen, port) and not _admits(policy, {"app": "anything"}, port)
+    prom = {"app.kubernetes.io/name": "prometheus"}
+    assert _admits(policy, prom, 8000, namespace_same=False) and not _admits(policy, prom, 51216)
+
+
+def test_every_child_is_a_valid_kubernetes_object():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from(env=[{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
+    for child in (b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 0),
+                  b.trainer_service(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0),
+                  b.generator_service(REF, spec, "rl", 0), b.generator_network_policy(REF, spec)):
+        kubernetes_validate.validate(child, "1.31.0", strict=True)
