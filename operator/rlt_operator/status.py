@@ -57,8 +57,36 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         out["readyReplicas"] = int(status.get("readyReplicas") or 0)
     elif plural == "pods":
         out["phase"] = status.get("phase")
+        containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+        out["problem"] = pod_problem(status, containers)
     return out
+
+
+# Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.
+STUCK_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff",
+                 "CreateContainerConfigError", "CreateContainerError")
+
+
+def pod_problem(status: dict[str, Any], containers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Why a pod cannot run: {kind: Unschedulable|Container, reason, message, exitCode?} or None."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return {"kind": "Unschedulable", "reason": c.get("reason") or "Unschedulable",
+                    "message": c.get("message") or "no node fits the pod"}
+    for c in containers:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            last = ((c.get("lastState") or {}).get("terminated") or {})
+            reason = "OOMKilled" if last.get("reason") == "OOMKilled" else waiting["reason"]
+            return {"kind": "Container", "reason": reason,
+                    "message": f"container {c.get('name')}: {waiting.get('message') or reason}"}
+        for state in ((c.get("state") or {}).get("terminated"), (c.get("lastState") or {}).get("terminated")):
+            if state and state.get("reason") == "OOMKilled":
+                return {"kind": "Container", "reason": "OOMKilled", "exitCode": state.get("exitCode"),
+                        "message": f"container {c.get('name')} ran out of memory (OOMKilled): raise its memory "
+                                   "limit in spec.resources"}
+    return None
 
 
 @dataclass
@@ -328,13 +356,36 @@ def decide(
         plan.ensure("services", b.trainer_service(ref, spec, stage, restarts))
         if job is None:
             plan.ensure("jobs", b.trainer_job(ref, spec, stage, restarts))
-    active = bool(job and job.get("active", 0) > 0)
+    # Job.status.active counts Pending pods too: the trainer runs once every one of its pods does.
+    gang = [p for p in observed.pods if p["labels"].get(b.L_STAGE) == stage
+            and p["labels"].get(b.L_RESTART) == str(restarts)]
+    want_pods = int(job.get("completions", 1)) if job else 0
+    running_pods = sum(1 for p in gang if p["labels"].get(b.L_ROLE) == b.ROLE_TRAINER and p.get("phase") == "Running")
+    active = bool(job and job.get("active", 0) > 0) and running_pods >= want_pods
+    why = ("trainer running" if active else "waiting for generators" if not ready else
+           f"{running_pods}/{want_pods} trainer pods running" if job else "trainer starting")
     set_condition(st["conditions"], "TrainerRunning", active, "Running" if active else "Waiting",
-                  f"stage {stage}: " + ("trainer running" if active else
-                                        "waiting for generators" if not ready else "trainer starting"), now)
+                  f"stage {stage}: {why}", now)
+    _pod_conditions(st, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
+    """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
+    problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
+    for cond, kind, ok_reason in (("PodsSchedulable", "Unschedulable", "Scheduled"),
+                                  ("PodsHealthy", "Container", "Healthy")):
+        mine = [(name, pr) for name, pr in problems if pr["kind"] == kind]
+        if mine:
+            name, pr = mine[0]
+            more = f" (and {len(mine) - 1} more pod(s))" if len(mine) > 1 else ""
+            set_condition(st["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now)
+            if "reason" not in st:
+                st["reason"], st["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
+        elif gang or any(c["type"] == cond for c in st["conditions"]):
+            set_condition(st["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
 
 
 def _volume_condition(st: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
@@ -403,6 +454,12 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
         ev.append(("Warning", "InvalidSpec", f"{st['message']}; nothing is started or stopped until the spec is fixed"))
     elif prev.get("reason") == "InvalidSpec" and st.get("reason") != "InvalidSpec":
         ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
+    before = {c["type"]: c for c in prev.get("conditions") or []}
+    for c in st.get("conditions") or []:
+        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady") and c["status"] == "False":
+            old = before.get(c["type"]) or {}
+            if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
+                ev.append(("Warning", c["reason"], c["message"]))
     if st.get("stage") and st["stage"] != (prev.get("stage") or ""):
         ev.append(("Normal", "StageStarted", f"stage {st['stage']} started"))
     if phase != p_phase:

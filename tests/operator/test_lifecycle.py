@@ -206,3 +206,25 @@ async def test_deadline_and_ttl(harness):
     assert st["reason"] == "DeadlineExceeded"
     await harness.wait_gone("jobs", "tiny-sft", timeout=10)  # active trainer stopped, then TTL
     assert await harness.get("persistentvolumeclaims", "tiny-data") is not None
+
+
+async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_event(harness):
+    await harness.start_operator()
+    await harness.create_run(example())
+    job = await harness.trainer_running("tiny", "sft")
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    await harness.call("POST", "/api/v1/namespaces/default/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-sft-0-abcde", "labels": labels},
+        "spec": job["spec"]["template"]["spec"]})
+    await harness.set_status("pods", "tiny-sft-0-abcde", {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
+
+    def stuck(s):
+        c = {c["type"]: c for c in s.get("conditions", [])}
+        return c.get("PodsSchedulable", {}).get("status") == "False"
+    st = await harness.wait_status("tiny", stuck, "PodsSchedulable=False")
+    c = {c["type"]: c for c in st["conditions"]}
+    assert c["TrainerRunning"]["status"] == "False", "Job.active counts the Pending pod; the trainer is not running"
+    assert st["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in st["message"]
+    await wait_for_events(harness, "tiny", {"Unschedulable"})

@@ -256,3 +256,62 @@ def test_volume_condition_follows_the_claim():
     obs.persistentvolumeclaims["t-data"]["phase"] = "Bound"
     d = S.decide(REF, 1, sp, d.status, obs, NOW)
     assert {c["type"]: c for c in d.status["conditions"]}["VolumeReady"]["status"] == "True"
+
+
+def pod_body(name, role, stage, restart=0, phase="Running", conditions=(), containers=()):
+    return {"metadata": {"name": name, "labels": b.labels("t", role, stage, restart)},
+            "status": {"phase": phase, "conditions": list(conditions), "containerStatuses": list(containers)}}
+
+
+UNSCHEDULABLE = pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Pending", conditions=[
+    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+     "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}])
+IMAGE_PULL = pod_body("t-generator-0", b.ROLE_GENERATOR, "rl", phase="Pending", containers=[
+    {"name": "vllm", "restartCount": 0, "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "Back-off pulling image \"ghcr.io/x/gen:0\""}}}])
+OOM = pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[
+    {"name": "trainer", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
+
+
+def conds(d):
+    return {c["type"]: c for c in d.status["conditions"]}
+
+
+def test_unschedulable_trainer_is_not_running_and_is_reported_once():
+    sp = spec(sft=False)
+    pods = [S.summarize("pods", UNSCHEDULABLE)]
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=pods), NOW)
+    c = conds(d)
+    assert c["TrainerRunning"]["status"] == "False" and "0/1 trainer pods running" in c["TrainerRunning"]["message"]
+    assert (c["PodsSchedulable"]["status"], c["PodsSchedulable"]["reason"]) == ("False", "Unschedulable")
+    assert "Insufficient nvidia.com/gpu" in c["PodsSchedulable"]["message"]
+    assert d.status["reason"] == "Unschedulable" and "t-rl-0-x" in d.status["message"]
+    assert [e[:2] for e in d.events] == [("Warning", "Unschedulable")]
+    again = S.decide(REF, 1, sp, d.status, observed(sp, [job("rl", active=1)], pods=pods), NOW)
+    assert again.events == []
+    ok = [S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl"))]
+    fine = S.decide(REF, 1, sp, again.status, observed(sp, [job("rl", active=1)], pods=ok), NOW)
+    assert conds(fine)["TrainerRunning"]["status"] == "True" and conds(fine)["PodsSchedulable"]["status"] == "True"
+    assert "reason" not in fine.status
+
+
+def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
+    sp = spec(server=True, sft=False)
+    pods = [S.summarize("pods", IMAGE_PULL)]
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=0)], pods=pods), NOW)
+    c = conds(d)["PodsHealthy"]
+    assert (c["status"], c["reason"]) == ("False", "ImagePullBackOff") and "ghcr.io/x/gen:0" in c["message"]
+    assert ("Warning", "ImagePullBackOff") in [e[:2] for e in d.events]
+
+
+@pytest.mark.parametrize("body, reason", [
+    (OOM, "OOMKilled"),
+    (pod_body("g", b.ROLE_GENERATOR, "rl", containers=[{"name": "vllm", "restartCount": 3, "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]),
+     "CrashLoopBackOff"),
+    (pod_body("g", b.ROLE_GENERATOR, "rl", containers=[{"name": "vllm", "restartCount": 3, "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]),
+     "OOMKilled"),
+])
+def test_pod_reasons_are_read_from_the_pod_status(body, reason):
+    assert S.summarize("pods", body)["problem"]["reason"] == reason
