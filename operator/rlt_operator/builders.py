@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from rlt.exitcodes import FAIL_FAST
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
 
@@ -410,6 +411,17 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     pod.update({
         "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
         "subdomain": name,
+        # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
+        # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
+        "initContainers": [{
+            "name": "validate",
+            "image": spec.images.trainer,
+            "imagePullPolicy": spec.images.pull_policy,
+            "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+            "env": _common_env(ref, spec, stage, restart),
+            "volumeMounts": [dict(m) for m in _MOUNTS],
+            "securityContext": dict(_CONTAINER_SECURITY),
+        }],
         "containers": [{
             "name": "trainer",
             "image": spec.images.trainer,
@@ -434,9 +446,20 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "completions": nodes,
             "parallelism": nodes,
             "backoffLimit": 0,  # gang restarts are counted by the RLTRun (spec.backoffLimit)
+            "podFailurePolicy": pod_failure_policy(),
             "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
         },
     }
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Config and data errors fail the Job at once (the operator then fails the run without a gang restart);
+    a disrupted pod (preemption, node drain, eviction) is not counted by the Job: the operator restarts the
+    gang without counting it against spec.backoffLimit."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
 
 # --------------------------------------------------------------------------- generator (vLLM)

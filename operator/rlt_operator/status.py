@@ -11,6 +11,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlt.exitcodes import FAIL_FAST, ExitCode
 from rlt.spec import RLTRunSpec, SpecError
 from rlt.validation import validate_spec
 
@@ -60,6 +61,12 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
         out["problem"] = pod_problem(status, containers)
+        # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
+        out["disrupted"] = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                               for c in status.get("conditions") or [])
+        codes = [t.get("exitCode") for c in containers
+                 for t in ((c.get("state") or {}).get("terminated"),) if t and t.get("exitCode")]
+        out["exitCode"] = int(codes[0]) if codes else None
     return out
 
 
@@ -213,6 +220,7 @@ def decide(
         "stage": prev.get("stage") or "",
         "observedGeneration": generation,
         "restarts": int(prev.get("restarts") or 0),
+        "disruptions": int(prev.get("disruptions") or 0),
         "startTime": prev.get("startTime"),
         "completionTime": prev.get("completionTime"),
         "completedStages": list(prev.get("completedStages") or []),
@@ -317,20 +325,18 @@ def decide(
     if job is not None or done or st["phase"] == RUNNING:
         st["phase"] = RUNNING
 
-    # A failure anywhere in the current gang restarts the whole gang (trainer and generators).
-    failure = job_failure(job)
+    # A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
+    # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
+    failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts)
+    if fatal:
+        _fail(st, "ConfigError", f"{fatal}; not retried (fix the spec or the data, then create the run again)", now)
+        return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
     if failure:
-        failure = f"trainer Job {job_name}: {failure}"
-    for pod in observed.pods:
-        lb = pod["labels"]
-        if failure or lb.get(b.L_STAGE) != stage or lb.get(b.L_RESTART) != str(restarts):
-            continue
-        if pod.get("phase") == "Failed" or (lb.get(b.L_ROLE) == b.ROLE_GENERATOR and pod.get("restarts", 0) > 0):
-            failure = f"{lb.get(b.L_ROLE)} pod {pod['name']} " + (
-                "failed" if pod.get("phase") == "Failed" else f"restarted {pod['restarts']} time(s)")
-    if failure:
-        if restarts < spec.backoff_limit:
+        counted = restarts - int(st.get("disruptions") or 0)
+        if disrupted or counted < spec.backoff_limit:
             st["restarts"] = restarts + 1
+            if disrupted:
+                st["disruptions"] = int(st.get("disruptions") or 0) + 1
             plan.delete("jobs", job_name, "Foreground")
             plan.delete("statefulsets", gen_name, "Foreground")
             set_condition(st["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
@@ -370,6 +376,36 @@ def decide(
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def gang_failure(job: dict | None, job_name: str, pods: list[dict], stage: str,
+                 restarts: int) -> tuple[str | None, str | None, bool]:
+    """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
+    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
+    gang = [p for p in pods if p["labels"].get(b.L_STAGE) == stage and p["labels"].get(b.L_RESTART) == str(restarts)]
+    for pod in gang:
+        if pod["labels"].get(b.L_ROLE) == b.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
+            code = ExitCode(pod["exitCode"])
+            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)})", False)
+    reason = (_cond_true(job, "Failed") or {}).get("reason") if job else None
+    if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
+        return None, f"trainer Job {job_name}: {job_failure(job)}", False
+    failure = job_failure(job)
+    if failure:
+        return f"trainer Job {job_name}: {failure}", None, False
+    for pod in gang:
+        role = pod["labels"].get(b.L_ROLE)
+        if pod.get("phase") == "Failed":
+            why = (pod.get("problem") or {}).get("reason") or (
+                f"exit code {pod['exitCode']}" if pod.get("exitCode") else "")
+            if pod.get("disrupted"):
+                return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
+            return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
+        if role == b.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
+            why = (pod.get("problem") or {}).get("reason")
+            return (f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
+                    None, False)
+    return None, None, False
 
 
 def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
@@ -447,9 +483,11 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
     ev: list[tuple[str, str, str]] = []
     p_phase, phase = prev.get("phase") or "", st["phase"]
     if int(st.get("restarts") or 0) > int(prev.get("restarts") or 0):
+        uncounted = int(st.get("disruptions") or 0) > int(prev.get("disruptions") or 0)
         ev.append(("Warning", "GangRestart",
                    f"restart {st['restarts']}: {st.get('lastFailure', 'a pod failed')}; "
-                   "trainer and generators restart from the last checkpoint"))
+                   "trainer and generators restart from the last checkpoint"
+                   + (" (a disruption: not counted against backoffLimit)" if uncounted else "")))
     if st.get("reason") == "InvalidSpec" and (prev.get("reason"), prev.get("message")) != ("InvalidSpec", st["message"]):
         ev.append(("Warning", "InvalidSpec", f"{st['message']}; nothing is started or stopped until the spec is fixed"))
     elif prev.get("reason") == "InvalidSpec" and st.get("reason") != "InvalidSpec":
@@ -485,7 +523,8 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
     return Decision(status=st, actions=plan.actions, events=transition_events(prev, st), requeue_after=requeue)
 
 
-OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "lastFailure",
+OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",
+                     "lastFailure",
                      "startTime", "completionTime", "completedStages", "progress", "outputs", "conditions")
 
 

@@ -58,11 +58,15 @@ class RLTRunStatus(_Status):
     stage: str | None = Field(None, description="Stage now running (sft, rl, distill, student, evaluate); empty "
                                                 "when the run is not running.")
     reason: str | None = Field(None, description="Why the run is in its phase or held (e.g. InvalidSpec, "
-                                                 "Unschedulable, BackoffLimitExceeded, DeadlineExceeded).")
+                                                 "Unschedulable, ConfigError, BackoffLimitExceeded, "
+                                                 "DeadlineExceeded).")
     message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
     last_failure: str | None = Field(None, description="The last failure that caused a gang restart.")
     observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
-    restarts: int | None = Field(None, description="Gang restarts so far (bounded by spec.backoffLimit).")
+    restarts: int | None = Field(None, description="Gang restarts so far (those not caused by disruptions are "
+                                                   "bounded by spec.backoffLimit).")
+    disruptions: int | None = Field(None, description="Gang restarts caused by disruptions (preemption, node "
+                                                      "drain, eviction); not counted against spec.backoffLimit.")
     start_time: str | None = Field(None, description="When the run last started.", json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)
     completed_stages: list[str] | None = Field(None, description="Stages whose Job completed.")

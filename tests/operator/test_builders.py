@@ -261,3 +261,32 @@ def test_every_child_is_a_valid_kubernetes_object():
                   b.trainer_service(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0),
                   b.generator_service(REF, spec, "rl", 0), b.generator_network_policy(REF, spec)):
         kubernetes_validate.validate(child, "1.31.0", strict=True)
+
+
+def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fast_on(tmp_path):
+    """Run the init container's command as rendered: a format file missing in the pod (the operator cannot
+    see it) exits with a code the Job's FailJob rule matches; a good config exits 0."""
+    import subprocess
+    import sys
+
+    from rlt.exitcodes import ExitCode
+
+    def preflight(spec):
+        job = b.trainer_job(REF, spec, "sft", 0)
+        init = job["spec"]["template"]["spec"]["initContainers"][0]
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
+        cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
+               for c in init["command"]]
+        assert cmd != init["command"], "the command reads the mounted config"
+        return subprocess.run(cmd, capture_output=True, text=True), job["spec"]["podFailurePolicy"]["rules"]
+
+    ok, _ = preflight(spec_from("rltrun-tiny.yaml"))
+    assert ok.returncode == 0, ok.stderr
+    bad, rules = preflight(spec_from("rltrun-tiny.yaml", format={"file": "/data/formats/missing.yaml"}))
+    assert bad.returncode == ExitCode.CONFIG_ERROR and "spec.format.file" in bad.stderr
+    fail_fast = next(r for r in rules if r["action"] == "FailJob")["onExitCodes"]
+    assert fail_fast["operator"] == "In" and bad.returncode in fail_fast["values"]
+    assert ExitCode.FAILED not in fail_fast["values"], "an ordinary crash stays retryable"
+    ignore = next(r for r in rules if r["action"] == "Ignore")
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]

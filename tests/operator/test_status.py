@@ -315,3 +315,43 @@ def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
 ])
 def test_pod_reasons_are_read_from_the_pod_status(body, reason):
     assert S.summarize("pods", body)["problem"]["reason"] == reason
+
+
+def test_a_config_error_exit_fails_the_run_at_once_without_a_gang_restart():
+    sp = spec(server=True, sft=False)
+    pod = S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[
+        {"name": "validate", "state": {"terminated": {"reason": "Error", "exitCode": 78}}}]))
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", failed=True)], [sts("rl")], [pod]), NOW)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "ConfigError" and d.status["restarts"] == 0
+    assert "CONFIG_ERROR (78)" in d.status["message"]
+    assert ("delete", "statefulsets", "t-generator") in acts(d) and not any(a.verb == "create" for a in d.actions)
+    # the pod may be gone: the Job's own reason says the FailJob rule matched
+    failed = dict(job("rl", failed=True), conditions=[{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                                       "message": "Container trainer ... exit code 65 ..."}])
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [failed], [sts("rl")]), NOW)
+    assert d.status["reason"] == "ConfigError"
+
+
+def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_limit():
+    sp = spec(server=True, sft=False, backoffLimit=1)
+
+    def evicted(r):
+        return S.summarize("pods", pod_body("t-generator-0", b.ROLE_GENERATOR, "rl", restart=r, phase="Failed",
+                                            conditions=[{"type": "DisruptionTarget", "status": "True",
+                                                         "reason": "PreemptionByScheduler"}]))
+
+    def crashed(r):
+        return S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", restart=r, phase="Failed", containers=[
+            {"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1}}}]))
+
+    def step(prev, r, pod):
+        return S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=r, active=1)], [sts("rl", restart=r)], [pod]),
+                        NOW)
+    d = step(running("rl"), 0, crashed(0))  # counted: 1 of 1
+    assert (d.status["phase"], d.status["restarts"]) == ("Running", 1)
+    d = step(d.status, 1, evicted(1))  # the limit is used up, but a disruption is not a failure
+    assert d.status["phase"] == "Running" and (d.status["restarts"], d.status["disruptions"]) == (2, 1)
+    assert "not counted" in d.events[0][2]
+    d = step(d.status, 2, crashed(2))
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
+    assert "exit code 1" in d.status["message"]

@@ -111,3 +111,25 @@ def load_valid_run(path: str | Path) -> RLTRun:
     if len(runs) != 1:
         raise SpecError(str(path), [f"<root>: expected one RLTRun, found {len(runs)}"])
     return runs[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rlt.validation FILE...`: the trainer pods' preflight; exits ExitCode.CONFIG_ERROR when invalid
+    (the Job's podFailurePolicy then fails the run at once instead of retrying it)."""
+    import sys
+
+    from rlt.exitcodes import ExitCode
+
+    paths = sys.argv[1:] if argv is None else argv
+    status = ExitCode.OK
+    for path in paths:
+        try:
+            load_valid_runs(path)
+        except SpecError as err:
+            print(str(err), file=sys.stderr)
+            status = ExitCode.CONFIG_ERROR
+    return int(status)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
