@@ -23,6 +23,7 @@ L_RUN = f"{PREFIX}/run"
 L_ROLE = f"{PREFIX}/role"
 L_STAGE = f"{PREFIX}/stage"
 L_RESTART = f"{PREFIX}/restart"
+L_SHAPE = f"{PREFIX}/shape"
 A_CONFIG_HASH = f"{PREFIX}/config-hash"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -345,6 +346,20 @@ def trainer_nodes(spec: RLTRunSpec, stage: str) -> int:
     return 1 if stage in ("distill", "evaluate") else spec.resources.trainer.nodes
 
 
+def shape_label(spec: RLTRunSpec, stage: str) -> str:
+    """nodes x gpus of a trainer Job (a Job's pod template is immutable: a new shape is a new Job)."""
+    return f"{trainer_nodes(spec, stage)}x{spec.resources.trainer.gpus}"
+
+
+def with_trainer_shape(spec: RLTRunSpec, nodes: int, gpus: int) -> RLTRunSpec:
+    """The spec with another trainer shape (the one a running stage keeps); the spec itself is not changed."""
+    tr = spec.resources.trainer
+    if (tr.nodes, tr.gpus) == (nodes, gpus):
+        return spec
+    return spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"trainer": tr.model_copy(update={"nodes": nodes, "gpus": gpus})})})
+
+
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     """`rlt stage` directly for one process; accelerate + DeepSpeed for several (Kubernetes expands $(VAR))."""
     stage_args = ["stage", stage, "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}", "--root", PVC_MOUNT]
@@ -440,7 +455,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _meta(ref, name, lbls),
+        "metadata": _meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
         "spec": {
             "completionMode": "Indexed",
             "completions": nodes,

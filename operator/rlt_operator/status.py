@@ -225,6 +225,7 @@ def decide(
         "completionTime": prev.get("completionTime"),
         "completedStages": list(prev.get("completedStages") or []),
         "progress": dict(prev.get("progress") or {}),
+        "trainerShape": dict(prev.get("trainerShape") or {}) or None,
         "conditions": [dict(c) for c in prev.get("conditions") or []],
     }
     if prev.get("reason"):
@@ -272,20 +273,30 @@ def decide(
     if st["phase"] not in TERMINAL:
         start = parse_time(st["startTime"])
         deadline = spec.active_deadline_seconds
-        if start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
-            _fail(st, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
-        elif len(done) == len(enabled):
+        # Completion first: a run whose last Job completed in time but is observed after the deadline
+        # (operator down, slow watch) is done, not DeadlineExceeded.
+        if len(done) == len(enabled):
             st.update(phase=SUCCEEDED, stage="", reason="Succeeded", message="all stages finished: " + ", ".join(enabled))
             set_condition(st["conditions"], "Complete", True, "Succeeded", st["message"], now)
+        elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
+            _fail(st, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
     if st["phase"] in TERMINAL:
         return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
 
     stage = next(s for s in enabled if s not in done)
     if stage != st["stage"]:
         st["progress"] = {}
+        st.pop("trainerShape", None)
     st["stage"] = stage
     job_name = b.trainer_name(ref.name, stage)
     restarts = st["restarts"]
+
+    # The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still
+    # active stops first (the run always runs the first enabled, unfinished stage; one stage at a time).
+    other_active = [n for n, j in observed.jobs.items() if n != job_name and j.get("active", 0) > 0
+                    and not j.get("deleting") and j["labels"].get(b.L_STAGE) and not job_complete(j)]
+    for other in other_active:
+        plan.delete("jobs", other, "Foreground")
 
     # Suspend: every GPU pod goes, the data and config stay; resuming restarts from the last checkpoint.
     if spec.suspend:
@@ -309,7 +320,12 @@ def decide(
 
     # Children of another stage or of an older gang are stale: delete them and wait until gone.
     gens_needed = b.needs_generators(spec, stage)
-    waiting = False
+    waiting = bool(other_active) or any(j.get("deleting") and j.get("active", 0) > 0 and n != job_name
+                                        for n, j in observed.jobs.items())
+    # The trainer's shape (nodes x gpus) is frozen for a stage once it has a checkpoint: ZeRO checkpoints
+    # resume only with the world size that wrote them. Before that, a new shape replaces the gang at once.
+    shape = trainer_shape(spec, stage, st, now)
+    run_spec = b.with_trainer_shape(spec, shape["nodes"], shape["gpus"])
     sts = observed.statefulsets.get(gen_name)
     if sts is not None and (sts.get("deleting") or not gens_needed or sts["labels"].get(b.L_STAGE) != stage
                             or sts["labels"].get(b.L_RESTART) != str(restarts) or _foreign(sts, ref)):
@@ -317,7 +333,8 @@ def decide(
         sts, waiting = None, True
     job = observed.jobs.get(job_name)
     if job is not None and (job.get("deleting") or job["labels"].get(b.L_RESTART) != str(restarts)
-                            or _foreign(job, ref)):
+                            or job["labels"].get(b.L_SHAPE, b.shape_label(run_spec, stage)) !=
+                            b.shape_label(run_spec, stage) or _foreign(job, ref)):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
 
@@ -359,9 +376,9 @@ def decide(
         set_condition(st["conditions"], "GeneratorsReady", ready, "Ready" if ready else "Starting",
                       f"{have}/{want} vLLM servers ready", now)
     if ready and not waiting:
-        plan.ensure("services", b.trainer_service(ref, spec, stage, restarts))
+        plan.ensure("services", b.trainer_service(ref, run_spec, stage, restarts))
         if job is None:
-            plan.ensure("jobs", b.trainer_job(ref, spec, stage, restarts))
+            plan.ensure("jobs", b.trainer_job(ref, run_spec, stage, restarts))
     # Job.status.active counts Pending pods too: the trainer runs once every one of its pods does.
     gang = [p for p in observed.pods if p["labels"].get(b.L_STAGE) == stage
             and p["labels"].get(b.L_RESTART) == str(restarts)]
@@ -376,6 +393,23 @@ def decide(
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def trainer_shape(spec: RLTRunSpec, stage: str, st: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """The nodes x gpus the current stage's trainer runs with (kept in status.trainerShape)."""
+    want = {"stage": stage, "nodes": spec.resources.trainer.nodes, "gpus": spec.resources.trainer.gpus}
+    had = st.get("trainerShape") or {}
+    checkpointed = bool((st.get("progress") or {}).get("lastCheckpoint"))
+    if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
+        set_condition(st["conditions"], "SpecApplied", False, "ShapeFrozen",
+                      f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
+                      f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
+                      "resume only with the world size that wrote them)", now)
+        return had
+    if any(c["type"] == "SpecApplied" for c in st["conditions"]):
+        set_condition(st["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now)
+    st["trainerShape"] = want
+    return want
 
 
 def gang_failure(job: dict | None, job_name: str, pods: list[dict], stage: str,
@@ -454,6 +488,7 @@ def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: 
     if not st.get("completionTime"):
         st["completionTime"] = fmt_time(now)
     st["stage"] = ""
+    st.pop("trainerShape", None)
     plan.delete("statefulsets", b.generator_name(ref.name))
     for stage in spec.stages.enabled():
         job = observed.jobs.get(b.trainer_name(ref.name, stage))
@@ -519,12 +554,14 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
         st.pop("startTime", None)
     if st.get("completionTime") is None:
         st.pop("completionTime", None)
+    if not st.get("trainerShape"):
+        st.pop("trainerShape", None)
     status_model.check(st)  # a field the CRD does not list would be pruned by the API server
     return Decision(status=st, actions=plan.actions, events=transition_events(prev, st), requeue_after=requeue)
 
 
 OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",
-                     "lastFailure",
+                     "trainerShape", "lastFailure",
                      "startTime", "completionTime", "completedStages", "progress", "outputs", "conditions")
 
 

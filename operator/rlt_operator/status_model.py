@@ -22,7 +22,7 @@ class _Status(BaseModel):
 class Condition(_Status):
     """A condition of the run (metav1.Condition without observedGeneration)."""
 
-    type: str = Field(description="SpecValid, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
+    type: str = Field(description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
                                   "TrainerRunning, Suspended, Complete or Failed.")
     status: Literal["True", "False", "Unknown"]
     reason: str | None = Field(None, description="CamelCase reason.")
@@ -50,6 +50,14 @@ class Outputs(_Status):
     student_checkpoint: str | None = Field(None, description="Distilled student model on the run's volume.")
 
 
+class TrainerShape(_Status):
+    """The trainer shape the running stage uses (frozen once the stage has a checkpoint)."""
+
+    stage: str
+    nodes: int
+    gpus: int
+
+
 class RLTRunStatus(_Status):
     """Written by the operator; recomputed from the run's children on every reconcile."""
 
@@ -71,6 +79,7 @@ class RLTRunStatus(_Status):
     completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)
     completed_stages: list[str] | None = Field(None, description="Stages whose Job completed.")
     progress: Progress | None = None
+    trainer_shape: TrainerShape | None = Field(None, description="nodes x gpus of the running stage's trainer.")
     outputs: Outputs | None = None
     conditions: list[Condition] | None = Field(None, description="Current state, one entry per type.")
 

@@ -355,3 +355,51 @@ def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_lim
     d = step(d.status, 2, crashed(2))
     assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
     assert "exit code 1" in d.status["message"]
+
+
+def shaped(stage, gpus, **kw):
+    j = job(stage, **kw)
+    j["labels"][b.L_SHAPE] = f"1x{gpus}"
+    return j
+
+
+def test_disabling_the_running_stage_stops_its_job_before_the_next_stage_starts():
+    sp = spec(sft=False)
+    sp["stages"]["rl"]["enabled"] = False
+    d = S.decide(REF, 2, sp, running("rl"), observed(sp, [job("rl", active=1)]), NOW)
+    assert d.status["stage"] == "distill"
+    assert ("delete", "jobs", "t-rl") in acts(d) and ("create", "jobs", "t-distill") not in acts(d)
+    gone = S.decide(REF, 2, sp, d.status, observed(sp, []), NOW)
+    assert ("create", "jobs", "t-distill") in acts(gone)
+
+
+def test_a_new_trainer_shape_replaces_the_gang_before_any_checkpoint_uncounted():
+    sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
+    prev = running("rl", trainerShape={"stage": "rl", "nodes": 1, "gpus": 8})
+    d = S.decide(REF, 2, sp, prev, observed(sp, [shaped("rl", 8, active=1)]), NOW)
+    assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 0
+    assert d.status["trainerShape"] == {"stage": "rl", "nodes": 1, "gpus": 4}
+    new = S.decide(REF, 2, sp, d.status, observed(sp, []), NOW)
+    created = next(a for a in new.actions if a.verb == "create" and a.plural == "jobs")
+    assert created.body["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][b.GPU] == "4"
+
+
+def test_the_trainer_shape_is_frozen_once_the_stage_has_a_checkpoint():
+    sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
+    prev = running("rl", trainerShape={"stage": "rl", "nodes": 1, "gpus": 8},
+                   progress={"step": 30, "lastCheckpoint": "/data/t/rl/checkpoints/checkpoint-25"})
+    d = S.decide(REF, 2, sp, prev, observed(sp, [shaped("rl", 8, active=1)]), NOW)
+    assert not any(a.plural == "jobs" for a in d.actions), "no restart burnt on an edit ZeRO cannot resume"
+    c = conds(d)["SpecApplied"]
+    assert (c["status"], c["reason"]) == ("False", "ShapeFrozen") and "next stage" in c["message"]
+    # a gang restart of the same stage keeps the checkpoint's shape
+    restarted = dict(d.status, restarts=1)
+    again = S.decide(REF, 2, sp, restarted, observed(sp, []), NOW)
+    created = next(a for a in again.actions if a.verb == "create" and a.plural == "jobs")
+    assert created.body["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][b.GPU] == "8"
+
+
+def test_a_run_finished_in_time_but_observed_after_its_deadline_succeeded():
+    sp = spec(sft=False, distill=False, activeDeadlineSeconds=60)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", complete=True)]), NOW)
+    assert d.status["phase"] == "Succeeded"
