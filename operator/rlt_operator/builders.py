@@ -74,14 +74,16 @@ def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
     return stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server"
 
 
-def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None) -> list[tuple[str, str]]:
-    """(plural, name) of every child a run can have; a user's existing claim is not ours to delete."""
+def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None,
+                 retention: str = "Delete") -> list[tuple[str, str]]:
+    """(plural, name) of every child to delete with the run: a user's existing claim is not ours, and a
+    retained claim stays."""
     out = [("statefulsets", generator_name(run)), ("services", generator_name(run)),
            ("networkpolicies", generator_policy_name(run))]
     for stage in stages:
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
-    if not existing_claim:
+    if not existing_claim and retention == "Delete":
         out.append(("persistentvolumeclaims", f"{run}-data"))
     return out
 
@@ -329,10 +331,14 @@ def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
     }
     if st.storage_class_name:
         claim["storageClassName"] = st.storage_class_name
+    meta = _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA))
+    if st.retention_policy == "Retain":
+        # An owner reference would let the garbage collector delete the checkpoints with the run.
+        del meta["ownerReferences"]
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA)),
+        "metadata": meta,
         "spec": claim,
     }
 

@@ -328,8 +328,10 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
 async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
     state: OperatorState = memo.rlt
-    existing_claim = (spec.get("storage") or {}).get("existingClaim")  # raw spec: it may be invalid
-    for plural, child in b.all_children(name, STAGE_ORDER, existing_claim):
+    storage = spec.get("storage") or {}  # raw spec: it may be invalid
+    retention = "Delete" if storage.get("retentionPolicy") == "Delete" else "Retain"  # unknown → keep the data
+    for plural, child in b.all_children(name, STAGE_ORDER, storage.get("existingClaim"), retention):
         await asyncio.to_thread(state.kube.delete, plural, namespace, child, "Background")
     state.metrics.forget(namespace, name)
-    logger.info("children deleted")
+    logger.info("children deleted" + (f"; volume {name}-data retained (storage.retentionPolicy: Retain)"
+                                      if retention == "Retain" and not storage.get("existingClaim") else ""))

@@ -36,7 +36,7 @@ def test_configmap_holds_the_run_with_the_generator_url():
 
 
 def test_owner_and_labels_on_every_child():
-    spec = spec_from()
+    spec = spec_from(storage={"retentionPolicy": "Delete"})
     children = [b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 2),
                 b.trainer_service(REF, spec, "rl", 2), b.generator_statefulset(REF, spec, "rl", 2),
                 b.generator_service(REF, spec, "rl", 2)]
@@ -290,3 +290,11 @@ def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fas
     assert ExitCode.FAILED not in fail_fast["values"], "an ordinary crash stays retryable"
     ignore = next(r for r in rules if r["action"] == "Ignore")
     assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+
+
+def test_a_retained_volume_has_no_owner_and_is_not_deleted_with_the_run():
+    spec = spec_from()
+    assert spec.storage.retention_policy == "Retain", "keep by default, like a PV's reclaim policy"
+    assert "ownerReferences" not in b.pvc(REF, spec)["metadata"]
+    assert ("persistentvolumeclaims", "r1-data") not in b.all_children("r1", ["rl"], None, "Retain")
+    assert ("persistentvolumeclaims", "r1-data") in b.all_children("r1", ["rl"], None, "Delete")

@@ -24,7 +24,8 @@ async def test_create_makes_first_stage_children(harness):
     pvc = await harness.wait_object("persistentvolumeclaims", "tiny-data")
     job = await harness.wait_object("jobs", "tiny-sft")
     run = await harness.get("rltruns", "tiny")
-    for child in (cm, pvc, job):
+    assert "ownerReferences" not in pvc["metadata"], "the volume is retained by default"
+    for child in (cm, job):
         ref = child["metadata"]["ownerReferences"][0]
         assert ref["uid"] == run["metadata"]["uid"] and ref["controller"] is True
         assert child["metadata"]["labels"]["rlt.dev/run"] == "tiny"
@@ -133,17 +134,22 @@ async def test_suspend_and_resume(harness):
     assert conds["Suspended"]["status"] == "False" and conds["Suspended"]["reason"] == "Resumed"
 
 
-async def test_deletion_removes_children_and_finalizer(harness):
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+async def test_deletion_removes_children_and_finalizer_and_the_volume_only_when_asked(harness, policy):
     await harness.start_operator()
-    await harness.create_run(example())
+    await harness.create_run(example(**{"spec.storage": {"retentionPolicy": policy}}))
     await harness.wait_object("jobs", "tiny-sft")
+    pvc = await harness.wait_object("persistentvolumeclaims", "tiny-data")
+    # no owner reference on a retained claim: a real cluster's garbage collector would delete it with the run
+    assert ("ownerReferences" in pvc["metadata"]) == (policy == "Delete")
     run = await harness.get("rltruns", "tiny")
     assert "rlt.dev/finalizer" in run["metadata"]["finalizers"]
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")
-    for plural, name in (("jobs", "tiny-sft"), ("configmaps", "tiny-config"),
-                         ("persistentvolumeclaims", "tiny-data"), ("services", "tiny-sft")):
+    for plural, name in (("jobs", "tiny-sft"), ("configmaps", "tiny-config"), ("services", "tiny-sft")):
         assert await harness.get(plural, name) is None, f"{plural}/{name} left behind"
+    kept = await harness.get("persistentvolumeclaims", "tiny-data")
+    assert (kept is not None) == (policy == "Retain")
 
 
 async def test_existing_claim_is_used_and_kept(harness):

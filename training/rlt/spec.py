@@ -342,6 +342,9 @@ class Storage(Strict):
         "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
     )
     existing_claim: str | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
+    retention_policy: Literal["Retain", "Delete"] = Field(
+        "Retain", description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
+        "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.")
 
 
 class Images(Strict):
