@@ -36,6 +36,7 @@ METRICS_PORT = 9400  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 RUN_AS_USER = 1000
 TMP_MOUNT = "/tmp"
+PREFLIGHT_RESOURCES = {"cpu": "1", "memory": "1Gi"}
 # Prometheus pods (any namespace) may scrape the generators' vllm:* metrics on the vLLM port.
 PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
@@ -171,22 +172,41 @@ def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
     return lbls
 
 
-def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
-    requests: dict[str, str] = {}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+def quantity_bytes(q: str) -> int:
+    """A Kubernetes quantity (the spec's pattern guarantees its form) in bytes."""
+    for table in (_BINARY, _DECIMAL):
+        for suffix in sorted(table, key=len, reverse=True):
+            if q.endswith(suffix):
+                return int(float(q[: -len(suffix)]) * table[suffix])
+    return int(float(q))
+
+
+def _plus_shm(memory: str, shm: str) -> str:
+    # tmpfs pages of /dev/shm are charged to the pod's memory cgroup: without this the pod is OOM-killed or
+    # evicted as soon as NCCL fills its shared memory.
+    return f"{-(-(quantity_bytes(memory) + quantity_bytes(shm)) // 2**20)}Mi"
+
+
+def pod_resources(res: Any) -> dict[str, Any]:
+    """requests/limits of a trainer or generator container from spec.resources.<role>, with defaults."""
+    gpus = res.gpus
+    requests = {"cpu": res.cpu or str(max(1, 4 * gpus)),
+                "memory": _plus_shm(res.memory or f"{max(8, 32 * gpus)}Gi", res.shared_memory)}
     limits: dict[str, str] = {}
-    if cpu:
-        requests["cpu"] = cpu
-    if memory:
-        requests["memory"] = memory
+    if res.cpu_limit:
+        limits["cpu"] = res.cpu_limit
+    if res.memory_limit:
+        limits["memory"] = _plus_shm(res.memory_limit, res.shared_memory)
+    extended = dict(res.extra)
     if gpus:
-        # Extended resources must have limit == request.
-        requests[GPU] = limits[GPU] = str(gpus)
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
-    return out
+        extended[GPU] = str(gpus)
+    for name, value in extended.items():  # extended resources must have limit == request
+        requests[name] = limits[name] = str(value)
+    return {"requests": requests, "limits": limits} if limits else {"requests": requests}
 
 
 def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
@@ -439,6 +459,8 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "image": spec.images.trainer,
             "imagePullPolicy": spec.images.pull_policy,
             "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+            # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
+            "resources": {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
             "env": _common_env(ref, spec, stage, restart),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
@@ -453,7 +475,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                 {"name": "rendezvous", "containerPort": MASTER_PORT},
                 {"name": "metrics", "containerPort": METRICS_PORT},
             ],
-            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "resources": pod_resources(res),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
         }],
@@ -468,9 +490,16 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "parallelism": nodes,
             "backoffLimit": 0,  # gang restarts are counted by the RLTRun (spec.backoffLimit)
             "podFailurePolicy": pod_failure_policy(),
-            "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
+            "template": {"metadata": _template_meta(lbls, spec), "spec": pod},
         },
     }
+
+
+def _template_meta(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": dict(lbls)}
+    if spec.scheduling.pod_annotations:
+        meta["annotations"] = dict(spec.scheduling.pod_annotations)
+    return meta
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -542,7 +571,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
             # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
             "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
             "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
-            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "resources": pod_resources(res),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
         }],
@@ -558,6 +587,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
             "selector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "template": {
                 "metadata": {"labels": dict(lbls), "annotations": {
+                    **spec.scheduling.pod_annotations,
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(VLLM_PORT),
                     "prometheus.io/path": "/metrics"}},
                 "spec": pod,

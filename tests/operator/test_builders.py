@@ -69,6 +69,7 @@ def test_trainer_job_rendezvous_and_command():
     assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
     assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "/etc/rlt/run.yaml", "--root", "/data"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert pod["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "8"
     svc = b.trainer_service(REF, spec, "rl", 0)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
 
@@ -298,3 +299,56 @@ def test_a_retained_volume_has_no_owner_and_is_not_deleted_with_the_run():
     assert "ownerReferences" not in b.pvc(REF, spec)["metadata"]
     assert ("persistentvolumeclaims", "r1-data") not in b.all_children("r1", ["rl"], None, "Retain")
     assert ("persistentvolumeclaims", "r1-data") in b.all_children("r1", ["rl"], None, "Delete")
+
+
+def _qos(containers):
+    """The pod QoS class Kubernetes would assign (BestEffort: no requests or limits at all)."""
+    res = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in res):
+        return "BestEffort"
+    full = all(r.get("limits", {}).get(k) and r.get("limits", {}).get(k) == r.get("requests", {}).get(k, r["limits"][k])
+               for r in res for k in ("cpu", "memory"))
+    return "Guaranteed" if full else "Burstable"
+
+
+def test_no_example_child_is_best_effort_and_shared_memory_is_accounted():
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        spec = load_run(path).spec
+        for tmpl in _all_pod_templates(spec):
+            assert _qos(tmpl["spec"].get("initContainers", []) + tmpl["spec"]["containers"]) != "BestEffort", path.name
+    spec = spec_from()  # paper: trainer 4 GPUs, cpu 48, memory 600Gi, sharedMemory 64Gi
+    req = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert req["cpu"] == "48" and req["memory"] == f"{(600 + 64) * 1024}Mi"
+    tiny = spec_from("rltrun-tiny.yaml", resources={"generator": {"gpus": 2, "sharedMemory": "1Gi"}})
+    req = b.generator_statefulset(REF, tiny, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert req["requests"]["cpu"] == "8" and req["requests"]["memory"] == f"{65 * 1024}Mi"  # defaults: 4 CPU, 32Gi per GPU
+    assert "memory" not in req.get("limits", {}), "no limit unless asked"
+
+
+def test_limits_extra_resources_and_pod_annotations_pass_through():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from(resources={"trainer": {"gpus": 0, "cpu": "8", "memory": "64Gi", "cpuLimit": "8",
+                                            "memoryLimit": "64Gi", "sharedMemory": "8Gi",
+                                            "extra": {"nvidia.com/mig-3g.40gb": "1", "rdma/rdma_shared_device_a": "1"}}},
+                     scheduling={"podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}})
+    job = b.trainer_job(REF, spec, "rl", 0)
+    kubernetes_validate.validate(job, "1.31.0", strict=True)
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"cpu": "8", "memory": f"{72 * 1024}Mi", "nvidia.com/mig-3g.40gb": "1",
+                                        "rdma/rdma_shared_device_a": "1"}
+    assert c["resources"]["requests"]["memory"] == f"{72 * 1024}Mi" and b.GPU not in c["resources"]["requests"]
+    assert _qos(job["spec"]["template"]["spec"]["initContainers"] + [c]) == "Guaranteed"
+    assert job["spec"]["template"]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["annotations"]
+    assert gen["k8s.v1.cni.cncf.io/networks"] == "rdma-net" and gen["prometheus.io/scrape"] == "true"
+
+
+def test_a_malformed_quantity_is_refused_naming_the_field():
+    import pytest
+
+    from rlt.spec import SpecError, parse_spec
+    with pytest.raises(SpecError, match="spec.resources.trainer.memory"):
+        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                    "resources": {"trainer": {"memory": "lots"}}})
