@@ -114,6 +114,10 @@ class OperatorState:
 # --------------------------------------------------------------------------- startup / health
 
 
+def _is(group: str, plural: str) -> Any:
+    return lambda res: res.group == group and res.plural == plural
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     # Own finalizer and annotation prefix: never collide with another Kopf operator on the same objects.
@@ -126,6 +130,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    # Children are watched server-side filtered: the API server sends only objects with the run label, so
+    # memory and watch traffic grow with the runs, not with everything else in the namespaces.
+    for group, _version, plural in CHILDREN:
+        settings.watching.label_selectors[_is(group, plural)] = b.L_RUN
     settings.posting.level = logging.WARNING  # our own Events are explicit; Kopf posts only its errors
     settings.peering.standalone = True
 

@@ -234,3 +234,17 @@ async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_ev
     assert c["TrainerRunning"]["status"] == "False", "Job.active counts the Pending pod; the trainer is not running"
     assert st["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in st["message"]
     await wait_for_events(harness, "tiny", {"Unschedulable"})
+
+
+async def test_children_are_watched_with_a_server_side_label_selector(harness):
+    from rlt_operator.handlers import CHILDREN
+
+    await harness.start_operator()
+    watches = {}
+    for r in harness.cluster._requests:
+        if r.params.get("watch") == "true" or r.method.value == "GET":
+            watches.setdefault(r.url.path.rsplit("/", 1)[-1], []).append(r.params.get("labelSelector"))
+    for _g, _v, plural in CHILDREN:
+        assert watches.get(plural), f"{plural} not listed/watched"
+        assert all(sel == "rlt.dev/run" for sel in watches[plural]), f"{plural}: {watches[plural]}"
+    assert all(sel is None for sel in watches["rltruns"]), "the runs themselves are not filtered"
