@@ -111,15 +111,16 @@ def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     return spec.teacher.model
 
 
-def outputs(run: str, spec: RLTRunSpec) -> dict[str, str]:
+def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Paths on the volume of what the finished stages (`done`) wrote; nothing is listed before it exists."""
     out: dict[str, str] = {}
-    enabled = spec.stages.enabled()
-    trained = [s for s in enabled if s in ("sft", "rl")]
+    finished = [s for s in spec.stages.enabled() if s in done]
+    trained = [s for s in finished if s in ("sft", "rl")]
     if trained:
         out["teacherCheckpoint"] = str(layout(run).model_dir(trained[-1]))
-    if "distill" in enabled:
+    if "distill" in finished:
         out["distilledDataset"] = str(layout(run).distill_dataset)
-    if "student" in enabled:
+    if "student" in finished:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
     return out
 

@@ -282,7 +282,7 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
     if patch:
         await asyncio.to_thread(state.kube.patch, PLURAL, namespace, name, {"status": patch}, "status")
     mem.status = decision.status
-    for type_, reason, message in decision.events:
+    for type_, reason, message in S.events_for(decision, actions):
         kopf.event(body, type=type_, reason=reason, message=message)
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"

@@ -224,6 +224,7 @@ def decide(
         "startTime": prev.get("startTime"),
         "completionTime": prev.get("completionTime"),
         "completedStages": list(prev.get("completedStages") or []),
+        "lastFailure": prev.get("lastFailure"),
         "progress": dict(prev.get("progress") or {}),
         "trainerShape": dict(prev.get("trainerShape") or {}) or None,
         "conditions": [dict(c) for c in prev.get("conditions") or []],
@@ -251,7 +252,6 @@ def decide(
         return _finish(prev, st, plan, None)
     set_condition(st["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
 
-    st["outputs"] = b.outputs(ref.name, spec)
     enabled = spec.stages.enabled()
 
     # Run-wide children: the pods' config (kept equal to the spec) and the data claim.
@@ -269,6 +269,7 @@ def decide(
     done = [s for s in enabled if s in st["completedStages"]
             or job_complete(observed.jobs.get(b.trainer_name(ref.name, s)))]
     st["completedStages"] = done
+    st["outputs"] = b.outputs(ref.name, spec, done)
 
     if st["phase"] not in TERMINAL:
         start = parse_time(st["startTime"])
@@ -304,6 +305,7 @@ def decide(
         plan.delete("statefulsets", gen_name, "Foreground")
         st.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
         set_condition(st["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
+        _no_pods(st, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
         return _finish(prev, st, plan, None)
     if st["phase"] == SUSPENDED:
         set_condition(st["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
@@ -458,6 +460,14 @@ def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.date
             set_condition(st["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
 
 
+def _no_pods(st: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
+    """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
+    st["conditions"] = [c for c in st["conditions"] if c["type"] not in ("PodsSchedulable", "PodsHealthy")]
+    for c in list(st["conditions"]):
+        if c["type"] in ("TrainerRunning", "GeneratorsReady"):
+            set_condition(st["conditions"], c["type"], False, reason, message, now)
+
+
 def _volume_condition(st: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
     """VolumeReady from the claim's phase (scheduling conflicts of the volume show in PodsSchedulable)."""
     phase = claim.get("phase")
@@ -494,9 +504,7 @@ def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: 
         job = observed.jobs.get(b.trainer_name(ref.name, stage))
         if job and job.get("active", 0) > 0:
             plan.delete("jobs", b.trainer_name(ref.name, stage), "Foreground")
-    for c in st["conditions"]:
-        if c["type"] in ("TrainerRunning", "GeneratorsReady") and c["status"] == "True":
-            set_condition(st["conditions"], c["type"], False, "Finished", f"run {st['phase'].lower()}", now)
+    _no_pods(st, "Finished", f"run {st['phase'].lower()}", now)
     ttl = spec.ttl_seconds_after_finished
     if ttl is None:
         return None
@@ -533,6 +541,9 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
             old = before.get(c["type"]) or {}
             if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
                 ev.append(("Warning", c["reason"], c["message"]))
+    for stage in st.get("completedStages") or []:
+        if stage not in (prev.get("completedStages") or []):
+            ev.append(("Normal", "StageCompleted", f"stage {stage} completed"))
     if st.get("stage") and st["stage"] != (prev.get("stage") or ""):
         ev.append(("Normal", "StageStarted", f"stage {st['stage']} started"))
     if phase != p_phase:
@@ -545,8 +556,14 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
         elif p_phase == SUSPENDED:
             ev.append(("Normal", "Resumed", "resuming from the last checkpoint"))
         elif phase == RUNNING:
-            ev.append(("Normal", "Running", f"stage {st.get('stage')} trainer created"))
+            ev.append(("Normal", "Running", f"the run is running (stage {st.get('stage')})"))
     return ev
+
+
+def events_for(decision: Decision, applied: list[Action]) -> list[tuple[str, str, str]]:
+    """The decision's Events, without TrainerCreated for a create that was not sent (already in flight)."""
+    sent = {a.name for a in applied if a.verb == "create" and a.plural == "jobs"}
+    return [e for e in decision.events if e[1] != "TrainerCreated" or any(f"Job {n} created" in e[2] for n in sent)]
 
 
 def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: float | None) -> Decision:
@@ -556,8 +573,16 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
         st.pop("completionTime", None)
     if not st.get("trainerShape"):
         st.pop("trainerShape", None)
+    if not st.get("lastFailure"):
+        st.pop("lastFailure", None)
     status_model.check(st)  # a field the CRD does not list would be pruned by the API server
-    return Decision(status=st, actions=plan.actions, events=transition_events(prev, st), requeue_after=requeue)
+    events = transition_events(prev, st)
+    for a in plan.actions:
+        if a.verb == "create" and a.plural == "jobs":
+            lb = a.body["metadata"]["labels"]
+            events.append(("Normal", "TrainerCreated", f"stage {lb.get(b.L_STAGE)}: trainer Job {a.name} created "
+                                                       f"(gang {lb.get(b.L_RESTART)})"))
+    return Decision(status=st, actions=plan.actions, events=events, requeue_after=requeue)
 
 
 OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",

@@ -134,8 +134,10 @@ def test_pvc_and_existing_claim():
 
 def test_outputs_and_generator_model_follow_enabled_stages():
     spec = load_run(EXAMPLES / "rltrun-tiny.yaml").spec
-    assert b.outputs("t", spec) == {"teacherCheckpoint": "/data/t/rl/model",
-                                    "distilledDataset": "/data/t/distill/dataset.jsonl"}
+    assert b.outputs("t", spec, []) == {}, "nothing is listed before it exists"
+    assert b.outputs("t", spec, ["sft"]) == {"teacherCheckpoint": "/data/t/sft/model"}
+    assert b.outputs("t", spec, ["sft", "rl", "distill"]) == {"teacherCheckpoint": "/data/t/rl/model",
+                                                           "distilledDataset": "/data/t/distill/dataset.jsonl"}
     spec.stages.sft.enabled = False
     assert b.generator_model("t", spec, "rl") == "builtin:tiny-qwen2"
     assert b.generator_model("t", spec, "distill") == "/data/t/rl/model"
@@ -146,7 +148,7 @@ def test_optional_student_and_evaluate_stages():
                      stages={"student": {"enabled": True}, "evaluate": {"enabled": True}})
     assert spec.stages.enabled()[-2:] == ["student", "evaluate"]
     assert b.trainer_nodes(spec, "student") == 2 and b.trainer_nodes(spec, "evaluate") == 1
-    assert b.outputs("r1", spec)["studentCheckpoint"] == "/data/r1/student/model"
+    assert b.outputs("r1", spec, spec.stages.enabled())["studentCheckpoint"] == "/data/r1/student/model"
     job = b.trainer_job(REF, spec, "evaluate", 0)
     assert job["metadata"]["name"] == "r1-evaluate" and job["spec"]["completions"] == 1
     assert ("jobs", "r1-evaluate") in b.all_children("r1", spec.stages.enabled(), None)
