@@ -394,6 +394,9 @@ def decide(
     _pod_conditions(st, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
+        if "step" in st["progress"]:
+            total = st["progress"].get("totalSteps")
+            st["progress"]["stepOfTotal"] = f"{st['progress']['step']}/{total}" if total else str(st["progress"]["step"])
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
 
 
