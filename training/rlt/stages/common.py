@@ -113,6 +113,9 @@ class Recorder:
         if self.ctx.metrics:
             self.ctx.metrics.set("rlt_stage_completed", 1)
         if self.ctx.is_main:
+            from rlt import fingerprint  # the spec this stage finished under, read by re-runs
+
+            fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
             atomic_write_text(self.ctx.layout.stage_done(self.stage), time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
 
 
