@@ -53,18 +53,18 @@ class MetricsPortError(ValueError):
     """The asked-for metrics port is taken; the message is one line."""
 
 
-def serve_metrics(metrics: TrainerMetrics, port: int, fallback: bool) -> int:
+def serve_metrics(metrics: TrainerMetrics, port: int, fallback: bool, addr: str = "127.0.0.1") -> int:
     """Bind the /metrics port. With `fallback` (the default port, not one the user chose) a taken port is replaced
     by a free one, said on stdout; otherwise a taken port is a one-line error."""
     try:
-        return metrics.serve(port)
+        return metrics.serve(port, addr=addr)
     except OSError as err:
         if err.errno != errno.EADDRINUSE:
             raise
     if not fallback:
-        raise MetricsPortError(f"--metrics-port {port}: 127.0.0.1:{port} is already in use (another rlt run?); "
+        raise MetricsPortError(f"--metrics-port {port}: {addr}:{port} is already in use (another rlt run?); "
                                "pick another port, 0 for any free one, or -1 for no metrics")
-    bound = metrics.serve(0)
+    bound = metrics.serve(0, addr=addr)
     print(f"metrics: port {port} is in use (another rlt run?); serving on {bound} instead", flush=True)
     return bound
 
@@ -188,6 +188,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)
         return str(layout.stage_dir(stage))
+    check_run_data(run, [stage])  # a data error ends the pod in one line before any model is loaded
     if ctx.is_main and plan.action == "start_over":
         print(f"[{stage}] {plan.note}; previous outputs moved to {fingerprint.start_over(layout, stage)}", flush=True)
     elif ctx.is_main and plan.action == "continue":
@@ -196,5 +197,5 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     if ctx.is_main:
         ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
                                      method=run.spec.method)
-        ctx.metrics.serve(metrics_port, addr="0.0.0.0")
+        serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
     return stage_function(stage, run.spec.method)(ctx)
