@@ -127,3 +127,17 @@ def test_a_taken_metrics_port_falls_back_by_default_and_is_one_line_when_chosen(
                 pass
         finally:
             m.shutdown()
+
+
+def test_stage_row_filters_warn_once_per_stage(tiny, formatter, caplog):
+    from rlt.stages.rl import rl_rows
+    from rlt.stages.sft import sft_rows
+
+    _, tok = tiny
+    rows = [{"question": "Q " * (300 if i % 2 else 1), "solution": "A", "reasoning_trace": None if i % 2 else "W",
+             "row": i} for i in range(6)]
+    with caplog.at_level("WARNING"):
+        assert len(sft_rows(rows, formatter, tok, "skip")) == 3
+        assert len(rl_rows(rows, formatter, tok, 250, "skip")) == 3
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == [
+        "stage sft: skipping 3 of 6 rows (badRows: skip)", "stage rl: skipping 3 of 6 rows (badRows: skip)"]
