@@ -25,6 +25,7 @@ docs/operator.md and the tooling notes):
 - lists and watches honour equality field selectors (`kubectl describe` asks for one object's Events);
 - a watch that asks for a Table (`kubectl get -w`) streams Tables, and a watch from a resourceVersion does not
   replay objects unchanged since (kmock replays everything: kubectl printed each row twice);
+- a Secret or ConfigMap sent as protobuf (Helm's release records) is decoded to JSON (rlt_operator.kube_protobuf);
 - OpenAPI v3 (discovery and one document per group version) and v2 as JSON, generated from the served
   resources and the CRDs' schemas (rlt_operator.openapi), so `kubectl explain`, `kubectl apply` without
   `--validate=false` and helm's validation work.
@@ -245,6 +246,26 @@ class Cluster(kmock.KubernetesEmulator):
                 self._schemas[res] = version["schema"]["openAPIV3Schema"]
 
     # ------------------------------------------------------------------ request handling
+
+    async def __call__(self, raw_request: Any) -> Any:
+        # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
+        if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
+            import json
+
+            from aiohttp import web
+
+            from .kube_protobuf import UnsupportedProtobuf, decode
+
+            headers = {**raw_request.headers, "Content-Type": "application/json"}
+            clone = raw_request.clone(headers=headers)
+            try:
+                obj = decode(await clone.read())
+            except UnsupportedProtobuf as err:
+                return web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 415,
+                                          "reason": "UnsupportedMediaType", "message": str(err)}, status=415)
+            clone._read_bytes = json.dumps(obj).encode()
+            raw_request = clone
+        return await super().__call__(raw_request)
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.method == enums.method.PUT and request.name:

@@ -104,6 +104,13 @@ def test_events_explain_validation_and_helm_dry_run(sandbox):
               "--set", "image.repository=example.org/rlt-operator")
     assert "kind: Deployment" in dry.stdout and "STATUS: pending-install" in dry.stdout
     assert kubectl("get", "deployments", "-A", "-o", "name").stdout.strip() == ""  # a dry run creates nothing
+    # a real install: Helm's release record is a protobuf Secret, which the glue decodes
+    run(HELM, "install", "rlt", str(chart), "--namespace", "default", "--set", "image.repository=example.org/rlt-operator")
+    assert "deployed" in run(HELM, "list", "--namespace", "default").stdout
+    assert kubectl("get", "deployments", "-o", "name").stdout.split() == ["deployment.apps/rlt-rlt-operator"]
+    release = kubectl("get", "secret", "sh.helm.release.v1.rlt.v1", "-o", "jsonpath={.type} {.metadata.labels.status}")
+    assert release.stdout == "helm.sh/release.v1 deployed"  # updated (PUT, protobuf) from pending-install
+    run(HELM, "uninstall", "rlt", "--namespace", "default")
 
 
 def test_watch_keeps_its_columns_and_does_not_repeat_rows(sandbox):
