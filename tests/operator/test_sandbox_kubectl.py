@@ -1,5 +1,5 @@
 """What kubectl and helm need from `rlt sandbox` beyond get/apply: Events (listed, and per object in describe),
-OpenAPI v3 for `kubectl explain` and client-side validation, `helm install --dry-run`, and `kubectl get -w`
+OpenAPI v3 for `kubectl explain` and client-side validation, `helm install` (and --dry-run), and `kubectl get -w`
 keeping its columns. Real kubectl and helm binaries against the emulated API (not a cluster)."""
 
 from __future__ import annotations
