@@ -354,3 +354,22 @@ def test_a_malformed_quantity_is_refused_naming_the_field():
     with pytest.raises(SpecError, match="spec.resources.trainer.memory"):
         parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
                     "resources": {"trainer": {"memory": "lots"}}})
+
+
+def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
+    """A data file missing in the pod: the rendered preflight exits DATA_ERROR, which the FailJob rule matches."""
+    import subprocess
+    import sys
+
+    from rlt.exitcodes import ExitCode
+
+    spec = spec_from("rltrun-tiny.yaml", dataset={"source": str(tmp_path / "missing.jsonl")})
+    job = b.trainer_job(REF, spec, "sft", 0)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
+    cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
+           for c in job["spec"]["template"]["spec"]["initContainers"][0]["command"]]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == ExitCode.DATA_ERROR and "missing.jsonl" in out.stderr, out.stderr
+    rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
+    assert out.returncode in rule["onExitCodes"]["values"]
