@@ -373,3 +373,27 @@ def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
     assert out.returncode == ExitCode.DATA_ERROR and "missing.jsonl" in out.stderr, out.stderr
     rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
     assert out.returncode in rule["onExitCodes"]["values"]
+
+
+def test_every_example_renders_valid_children_and_none_is_refused():
+    """What `kubectl apply` of each example makes the operator create: no InvalidSpec, every child a valid object."""
+    import datetime as dt
+
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    from rlt_operator import status as S
+
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        ref = b.RunRef(name=doc["metadata"]["name"], namespace="team", uid="u")
+        spec = load_run(path).spec
+        d = S.decide(ref, 1, doc["spec"], None, S.Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+        assert d.status.get("reason") != "InvalidSpec", f"{path.name}: {d.status.get('message')}"
+        creates = [a.body for a in d.actions if a.verb == "create"]
+        assert creates or spec.suspend, path.name
+        stage = spec.stages.enabled()[0]
+        creates += [b.trainer_job(ref, spec, stage, 0), b.generator_statefulset(ref, spec, "rl", 0),
+                    b.generator_network_policy(ref, spec)]
+        for child in creates:
+            kubernetes_validate.validate(child, "1.31.0", strict=True)
