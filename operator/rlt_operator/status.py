@@ -226,6 +226,7 @@ def decide(
         "completedStages": list(prev.get("completedStages") or []),
         "lastFailure": prev.get("lastFailure"),
         "progress": dict(prev.get("progress") or {}),
+        "outputs": dict(prev.get("outputs") or {}),  # recomputed below; kept as is while the spec is invalid
         "trainerShape": dict(prev.get("trainerShape") or {}) or None,
         "conditions": [dict(c) for c in prev.get("conditions") or []],
     }

@@ -188,6 +188,8 @@ def test_invalid_edit_mid_run_neither_starts_nor_stops_anything_and_is_recoverab
     assert d.status["message"].startswith("spec.format.preset:") and "not an rlt prompt format" in d.status["message"]
     again = S.decide(REF, 2, bad, d.status, obs, NOW)
     assert again.events == [], "the InvalidSpec Event is posted once, not every reconcile"
+    held = S.decide(REF, 2, bad, running("rl", outputs={"teacherCheckpoint": "/data/t/sft/model"}), obs, NOW)
+    assert held.status["outputs"] == {"teacherCheckpoint": "/data/t/sft/model"}, "what exists stays listed"
     fixed = S.decide(REF, 3, sp, again.status, obs, NOW)
     assert fixed.status["phase"] == "Running" and "reason" not in fixed.status
     assert not any(a.verb == "delete" for a in fixed.actions)
