@@ -24,6 +24,8 @@ TERMINAL = (SUCCEEDED, FAILED)
 
 # Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
 SOON = 2.0
+# A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
+VOLUME_ATTACH_WAIT = 180.0
 
 
 # --------------------------------------------------------------------------- observed children
@@ -61,6 +63,12 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
         out["problem"] = pod_problem(status, containers)
+        # Scheduled but no sandbox yet: the kubelet waits for the pod's volumes to attach and mount before it
+        # creates the sandbox (image pulls come after), so a long wait here is a volume that cannot attach.
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        waiting = conds.get("PodReadyToStartContainers") or {}
+        if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
+            out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
         # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
         out["disrupted"] = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
                                for c in status.get("conditions") or [])
@@ -462,6 +470,16 @@ def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.date
                 st["reason"], st["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
         elif gang or any(c["type"] == cond for c in st["conditions"]):
             set_condition(st["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
+    stuck = [p for p in gang if p.get("sandboxWaitingSince") and parse_time(p["sandboxWaitingSince"])
+             and (now - parse_time(p["sandboxWaitingSince"])).total_seconds() >= VOLUME_ATTACH_WAIT]
+    if stuck:
+        name = stuck[0]["name"]
+        minutes = int((now - parse_time(stuck[0]["sandboxWaitingSince"])).total_seconds() // 60)
+        message = (f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
+                   f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})")
+        set_condition(st["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
+        if "reason" not in st:
+            st["reason"], st["message"] = "VolumeNotAttached", message
 
 
 def _no_pods(st: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:

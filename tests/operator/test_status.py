@@ -449,3 +449,20 @@ def test_each_stage_start_finish_and_trainer_creation_has_an_event():
     assert ("StageCompleted", "stage sft completed") in reasons and ("StageStarted", "stage rl started") in reasons
     assert ("TrainerCreated", "stage rl: trainer Job t-rl created (gang 0)") in reasons
     assert S.events_for(d, []) == [e for e in d.events if e[1] != "TrainerCreated"], "no Event for a create not sent"
+
+
+def test_a_volume_that_cannot_attach_is_a_condition():
+    sp = spec(sft=False)
+
+    def stuck_for(seconds):
+        since = S.fmt_time(NOW - dt.timedelta(seconds=seconds))
+        return S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Pending", conditions=[
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": since}]))
+    early = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=[stuck_for(30)]), NOW)
+    assert "VolumeReady" not in conds(early), "a minute of attaching is normal"
+    late = S.decide(REF, 1, sp, early.status, observed(sp, [job("rl", active=1)], pods=[stuck_for(600)]), NOW)
+    c = conds(late)["VolumeReady"]
+    assert (c["status"], c["reason"]) == ("False", "VolumeNotAttached") and "10 min" in c["message"]
+    assert late.status["reason"] == "VolumeNotAttached"
+    assert ("Warning", "VolumeNotAttached") in [e[:2] for e in late.events]
