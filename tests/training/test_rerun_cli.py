@@ -36,8 +36,9 @@ def rlt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env)
 
 
-def assert_one_line_error(res: subprocess.CompletedProcess, *fragments: str) -> str:
-    assert res.returncode == ExitCode.CONFIG_ERROR, (res.returncode, res.stderr[-3000:])
+def assert_one_line_error(res: subprocess.CompletedProcess, *fragments: str,
+                          code: ExitCode = ExitCode.CONFIG_ERROR) -> str:
+    assert res.returncode == code, (res.returncode, res.stderr[-3000:])
     assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, res.stderr
@@ -92,11 +93,11 @@ def test_bad_data_stops_run_and_stage_in_one_line_before_any_model_loads(tmp_pat
     doc["spec"]["dataset"] = {"source": "data.jsonl", "badRows": policy}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
     res = rlt("run", "run.yaml", "--output", "out", "--metrics-port", "-1", "--no-progress", cwd=tmp_path)
-    assert_one_line_error(res, "rlt run: ", *fragments)
+    assert_one_line_error(res, "rlt run: ", *fragments, code=ExitCode.DATA_ERROR)
     assert not (tmp_path / "out" / "tiny" / "run.yaml").exists()  # refused before anything was written
     # the pod's command: the same line, the same exit code (the operator then fails the run instead of restarting)
     res = rlt("stage", "sft", "--config", "run.yaml", "--root", "pvc", cwd=tmp_path)
-    assert_one_line_error(res, "rlt stage: ", *fragments)
+    assert_one_line_error(res, "rlt stage: ", *fragments, code=ExitCode.DATA_ERROR)
     # and `rlt validate` says it before a run is tried
     val = rlt("validate", "run.yaml", cwd=tmp_path)
     assert val.returncode == 1 and fragments[0] in val.stderr

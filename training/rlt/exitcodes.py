@@ -1,17 +1,23 @@
-"""The exit codes of `rlt` commands: one table for the CLI, the local runner and the operator's pods.
+"""Exit codes of `rlt` commands that the cluster acts on: one table for the CLI, the local runner and the operator's
+trainer Job (its podFailurePolicy matches them).
 
-The operator reads a trainer pod's exit code to decide between a gang restart (a crash, a lost node) and failing
-the run at once: restarting cannot fix a bad spec, a bad dataset or a stage that finished under another spec.
-argparse already exits 2 on a malformed command line, so input problems get their own code, 3.
+A config or data error fails the same way on every retry, so the trainer Job fails at once instead of burning gang
+restarts; anything else (exit 1, a signal) may be transient and is restarted from the last checkpoint. The input
+errors use the BSD sysexits values, so they collide neither with Python's 1, argparse's 2 nor a signal's 128+n.
 """
 
 from __future__ import annotations
 
-import enum
+from enum import IntEnum
 
 
-class ExitCode(enum.IntEnum):
+class ExitCode(IntEnum):
     OK = 0
-    FAILURE = 1  # anything unexpected (a crash, a lost process): worth a restart from the last checkpoint
+    FAILED = 1  # anything unexpected (a crash, a lost process): retried (gang restart, counted against backoffLimit)
     USAGE = 2  # argparse: the command line itself is malformed
-    CONFIG_ERROR = 3  # the spec, the data or the stage state must be fixed by a person: do not restart
+    DATA_ERROR = 65  # EX_DATAERR: the dataset is unusable (missing file, unmapped column, bad rows)
+    CONFIG_ERROR = 78  # EX_CONFIG: the spec is invalid, or a stage finished under another spec, or a port is taken
+
+
+# Exit codes that mean "retrying cannot help": the Job fails at once (podFailurePolicy FailJob).
+FAIL_FAST = (ExitCode.DATA_ERROR, ExitCode.CONFIG_ERROR)

@@ -24,7 +24,7 @@ def _load(path: str):
 
 def input_errors() -> tuple[type[Exception], ...]:
     """Problems a person must fix (spec, data, a stage finished under another spec, a taken port): said in one line
-    without a traceback, exit code CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
+    without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
     from rlt.data import DataError
     from rlt.fingerprint import StaleStageError
     from rlt.runner import MetricsPortError
@@ -36,8 +36,10 @@ def _one_line_on_input_error(command: str, fn) -> int:
     try:
         fn()
     except input_errors() as err:
+        from rlt.data import DataError
+
         print(f"rlt {command}: {err}", file=sys.stderr)
-        return ExitCode.CONFIG_ERROR
+        return ExitCode.DATA_ERROR if isinstance(err, DataError) else ExitCode.CONFIG_ERROR
     return ExitCode.OK
 
 
