@@ -5,27 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlt.spec import SpecError, load_runs
-
-
-def check_formats(run) -> list[str]:
-    """Beyond the schema: the prompt format the run names must load and fit its method."""
-    from pydantic import ValidationError
-
-    try:
-        if run.spec.method == "rcl":
-            from rlt.rcl.protocol import load_rcl_format
-
-            load_rcl_format(run.spec.rcl.format)
-        else:
-            from rlt.prompts import resolve_format
-
-            resolve_format(run.spec.format)
-    except (ValueError, ValidationError) as err:
-        where = "spec.rcl.format" if run.spec.method == "rcl" else "spec.format"
-        first = str(err).splitlines()[0]
-        return [first if first.startswith("spec.") else f"{where}: not a usable {run.spec.method} format ({first})"]
-    return []
+from rlt.spec import SpecError
+from rlt.validation import load_valid_runs
 
 
 def check_datasets(run) -> tuple[list[str], list[str]]:
@@ -68,9 +49,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for path in args.files:
         notes: list[str] = []
         try:
-            runs = load_runs(path)
-            problems = [p for run in runs for p in check_formats(run)]
-            if not problems and not args.no_data:
+            runs = load_valid_runs(path)  # the same checks as the operator's and the pods'
+            problems: list[str] = []
+            if not args.no_data:
                 for run in runs:
                     run_problems, run_notes = check_datasets(run)
                     problems += run_problems

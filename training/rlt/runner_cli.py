@@ -7,7 +7,8 @@ import logging
 import sys
 
 from rlt.exitcodes import ExitCode
-from rlt.spec import STAGE_ORDER, SpecError, load_run
+from rlt.spec import STAGE_ORDER, SpecError
+from rlt.validation import load_valid_run
 
 DEFAULT_METRICS_PORT = 9400
 
@@ -16,7 +17,7 @@ def _load(path: str):
     # Logging is set up by the command that runs, not at registration: the operator has its own format.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return load_run(path)
+        return load_valid_run(path)  # the checks `rlt validate` and the operator make
     except SpecError as err:
         print(str(err), file=sys.stderr)
         raise SystemExit(ExitCode.CONFIG_ERROR) from None

@@ -355,9 +355,38 @@ class SecretKeyRef(Strict):
     key: str = Field("token", min_length=1)
 
 
+class KeyRef(Strict):
+    name: str = Field(min_length=1, description="Secret or ConfigMap name.")
+    key: str = Field(min_length=1, description="Key inside it.")
+    optional: bool | None = None
+
+
+class EnvVarSource(Strict):
+    """Where a variable's value comes from (a Kubernetes EnvVarSource): secrets stay out of the RLTRun."""
+
+    secret_key_ref: KeyRef | None = Field(None, description="A key of a Secret.")
+    config_map_key_ref: KeyRef | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: dict[str, Any] | None = Field(None, description="A field of the pod (downward API).")
+    resource_field_ref: dict[str, Any] | None = Field(None, description="A resource of the container.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnvVarSource":
+        if sum(v is not None for v in (self.secret_key_ref, self.config_map_key_ref, self.field_ref,
+                                       self.resource_field_ref)) != 1:
+            raise ValueError("valueFrom: give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
+        return self
+
+
 class EnvVar(Strict):
     name: str = Field(min_length=1)
-    value: str = ""
+    value: str | None = Field(None, description="Literal value (written into the run's ConfigMap: no secrets).")
+    value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> "EnvVar":
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"valueFrom: {self.name} has both value and valueFrom; give one")
+        return self
 
 
 class Scheduling(Strict):
