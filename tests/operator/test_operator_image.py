@@ -43,7 +43,9 @@ def free_port() -> int:
 
 
 def chart_deployment() -> dict:
-    out = subprocess.run([HELM, "template", "rlt", str(ROOT / "charts" / "rlt-operator"), "--namespace", "rlt-system"],
+    # The chart refuses its placeholder repository: name one, as a user installing the built image would.
+    out = subprocess.run([HELM, "template", "rlt", str(ROOT / "charts" / "rlt-operator"), "--namespace", "rlt-system",
+                          "--set", "image.repository=registry.example.com/rlt/rlt-operator"],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     return next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
 

@@ -307,11 +307,23 @@ class Stages(Strict):
 # --------------------------------------------------------------------------- cluster (operator only)
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+
 class PodResources(Strict):
-    gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod.")
-    cpu: str | None = Field(None, description="CPU request, e.g. '16'.")
-    memory: str | None = Field(None, description="Memory request, e.g. '200Gi'.")
-    shared_memory: str = Field("16Gi", description="Size of the /dev/shm emptyDir (NCCL, dataloaders).")
+    gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod (0 with MIG: name the MIG profile in extra).")
+    cpu: str | None = Field(None, pattern=_QUANTITY,
+                            description="CPU request, e.g. '16' (default: 4 per GPU, at least 1).")
+    memory: str | None = Field(None, pattern=_QUANTITY, description="Memory request for the processes, e.g. '200Gi' "
+                               "(default: 32Gi per GPU, at least 8Gi); sharedMemory is added to it.")
+    cpu_limit: str | None = Field(None, pattern=_QUANTITY, description="CPU limit (default: none).")
+    memory_limit: str | None = Field(None, pattern=_QUANTITY,
+                                     description="Memory limit (default: none); sharedMemory is added to it.")
+    shared_memory: str = Field("16Gi", pattern=_QUANTITY,
+                               description="Size of the memory-backed /dev/shm emptyDir (NCCL, dataloaders); it counts "
+                               "as the pod's memory, so it is added to the memory request and limit.")
+    extra: dict[str, str] = Field(default_factory=dict, description="More extended resources, request = limit, e.g. "
+                                  "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.")
 
 
 class TrainerResources(PodResources):
@@ -342,6 +354,9 @@ class Storage(Strict):
         "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
     )
     existing_claim: str | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
+    retention_policy: Literal["Retain", "Delete"] = Field(
+        "Retain", description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
+        "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.")
 
 
 class Images(Strict):
@@ -355,9 +370,38 @@ class SecretKeyRef(Strict):
     key: str = Field("token", min_length=1)
 
 
+class KeyRef(Strict):
+    name: str = Field(min_length=1, description="Secret or ConfigMap name.")
+    key: str = Field(min_length=1, description="Key inside it.")
+    optional: bool | None = None
+
+
+class EnvVarSource(Strict):
+    """Where a variable's value comes from (a Kubernetes EnvVarSource): secrets stay out of the RLTRun."""
+
+    secret_key_ref: KeyRef | None = Field(None, description="A key of a Secret.")
+    config_map_key_ref: KeyRef | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: dict[str, Any] | None = Field(None, description="A field of the pod (downward API).")
+    resource_field_ref: dict[str, Any] | None = Field(None, description="A resource of the container.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnvVarSource":
+        if sum(v is not None for v in (self.secret_key_ref, self.config_map_key_ref, self.field_ref,
+                                       self.resource_field_ref)) != 1:
+            raise ValueError("valueFrom: give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
+        return self
+
+
 class EnvVar(Strict):
     name: str = Field(min_length=1)
-    value: str = ""
+    value: str | None = Field(None, description="Literal value (written into the run's ConfigMap: no secrets).")
+    value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> "EnvVar":
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"valueFrom: {self.name} has both value and valueFrom; give one")
+        return self
 
 
 class Scheduling(Strict):
@@ -368,6 +412,8 @@ class Scheduling(Strict):
     queue_name: str | None = Field(None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod.")
     service_account_name: str | None = None
     image_pull_secrets: list[str] = Field(default_factory=list)
+    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations on every pod of the run "
+                                            "(e.g. for a network operator or a sidecar injector).")
 
 
 # --------------------------------------------------------------------------- the run
@@ -472,7 +518,36 @@ class SpecError(ValueError):
         super().__init__(f"{source}: invalid RLTRun\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
+def _known_fields(model: type[BaseModel], loc: tuple) -> list[str] | None:
+    """The YAML names of the fields of the object at `loc` (a pydantic error location), for did-you-mean."""
+    import typing
+
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        ann = field.annotation
+        models = [a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = models[0] if models else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _did_you_mean(root: type[BaseModel], loc: tuple) -> str:
+    import difflib
+
+    known = _known_fields(root, loc[:-1]) or []
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if not close:  # case slips (batchsize) and snake_case (batch_size) are close too
+        lowered = {k.lower().replace("_", ""): k for k in known}
+        close = [lowered[str(loc[-1]).lower().replace("_", "")]] if str(loc[-1]).lower().replace("_", "") in lowered else []
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def format_validation_error(err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None) -> list[str]:
     """pydantic errors → 'spec.stages.rl.numGenerations: Input should be greater than 1'."""
     lines = []
     for e in err.errors():
@@ -485,26 +560,61 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
             loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
             msg = msg[named.end():]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
         lines.append(f"{loc or '<root>'}: {msg}")
     return lines
+
+
+def _without_unknown_fields(doc: Any, locs: list[tuple]) -> Any:
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for loc in locs:
+        node = doc
+        for part in loc[:-1]:
+            node = node[part] if isinstance(node, (dict, list)) else None
+        if isinstance(node, dict):
+            node.pop(loc[-1], None)
+    return doc
+
+
+def _validate_all(model: type[BaseModel], doc: Any, prefix: str = ""):
+    """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
+    fields is unknown, so unknown fields are reported, dropped, and the rest validated again."""
+    try:
+        return model.model_validate(doc), []
+    except ValidationError as err:
+        problems = format_validation_error(err, prefix, model)
+        unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+    for _ in range(3):  # each round can only reveal checks hidden by the previous round's unknown fields
+        if not unknown:
+            break
+        doc = _without_unknown_fields(doc, unknown)
+        try:
+            model.model_validate(doc)
+            break
+        except ValidationError as err:
+            more = [p for p in format_validation_error(err, prefix, model) if p not in problems]
+            problems += more
+            unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+    return None, problems
 
 
 def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
     if not isinstance(doc, dict):
         raise SpecError(source, [f"<root>: expected a mapping (an RLTRun object), got {type(doc).__name__}"])
-    try:
-        return RLTRun.model_validate(doc)
-    except ValidationError as err:
-        raise SpecError(source, format_validation_error(err)) from None
+    run, problems = _validate_all(RLTRun, doc)
+    if problems:
+        raise SpecError(source, problems)
+    return run
 
 
 def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
     """Validate only `.spec` (what the operator receives from Kopf)."""
-    try:
-        return RLTRunSpec.model_validate(spec)
-    except ValidationError as err:
-        raise SpecError(source, format_validation_error(err, "spec")) from None
+    parsed, problems = _validate_all(RLTRunSpec, spec, "spec")
+    if problems:
+        raise SpecError(source, problems)
+    return parsed
 
 
 def load_runs(path: str | Path) -> list[RLTRun]:
