@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.outputs import pushed_uri
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
 
 # Labels and annotations (one prefix for everything the operator owns).
@@ -121,6 +122,11 @@ def outputs(run: str, spec: RLTRunSpec) -> dict[str, str]:
         out["distilledDataset"] = str(layout(run).distill_dataset)
     if "student" in enabled:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
+    # copies off the volume (rlt.outputs pushes them after the producing stage)
+    for key, uri in (("teacherUri", spec.outputs.teacher), ("distilledDatasetUri", spec.outputs.distill_dataset),
+                     ("studentUri", spec.outputs.student)):
+        if uri:
+            out[key] = pushed_uri(uri, "distill" if key == "distilledDatasetUri" else "model")
     return out
 
 
@@ -245,6 +251,9 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list
     if spec.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
+    # Tracking and outputs credentials: values only ever come from the Secrets the spec names.
+    env += [{"name": e.name, "valueFrom": {"secretKeyRef": {"name": e.secret_key_ref.name, "key": e.secret_key_ref.key}}}
+            for e in spec.secret_env()]
     # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
     env += [{"name": e.name, "value": e.value} for e in spec.env]
     return env

@@ -138,6 +138,10 @@ def status_schema() -> dict[str, Any]:
                 "properties": {
                     "teacherCheckpoint": s("Final teacher model on the run's volume."),
                     "distilledDataset": s("Distillation dataset (JSONL) on the run's volume."),
+                    "studentCheckpoint": s("Distilled student on the run's volume."),
+                    "teacherUri": s("Where spec.outputs.teacher pushes the final teacher."),
+                    "distilledDatasetUri": s("Where spec.outputs.distillDataset pushes the distillation dataset."),
+                    "studentUri": s("Where spec.outputs.student pushes the distilled student."),
                 },
             },
             "conditions": {"type": "array", "items": cond,

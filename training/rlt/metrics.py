@@ -34,6 +34,18 @@ RCL_GAUGES = {
     "rcl_teaching_tokens": "rlt_rcl_teaching_tokens", "rcl_format_ok": "rlt_rcl_guidance_wellformed_ratio",
     "rcl_leak_rate": "rlt_rcl_answer_leak_ratio",
 }
+# The one list of names for a stage's per-step figures: metrics.jsonl key -> (metric, value of its extra label).
+# The Recorder exports these to Prometheus and logs them to experiment tracking as `metric` or `metric/label`.
+STEP_KEYS: dict[str, tuple[str, str | None]] = {
+    "reward": ("rlt_reward_mean", None), "reward_std": ("rlt_reward_std", None), "kl": ("rlt_policy_kl", None),
+    "loss": ("rlt_loss", None),
+    **{c: ("rlt_reward_component", c) for c in REWARD_COMPONENTS},
+    **{f"seconds_{p}": ("rlt_step_phase_seconds", p) for p in STEP_PHASES},
+    "step_seconds": ("rlt_step_seconds", None),
+    "generated_tokens": ("rlt_generated_tokens_total", None), "scored_tokens": ("rlt_scored_tokens_total", None),
+    **{k: (v, None) for k, v in RCL_GAUGES.items()},
+    "accuracy": ("rlt_eval_accuracy", "model"),  # label value: the evaluated model (set per stage)
+}
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 
 
@@ -126,6 +138,7 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
 )
 
 ALL_METRICS = TRAINER_METRICS + OPERATOR_METRICS
+METRIC_DEFS = {d.name: d for d in ALL_METRICS}
 
 
 def build(defs: tuple[MetricDef, ...], registry: CollectorRegistry) -> dict[str, object]:
@@ -177,6 +190,11 @@ class TrainerMetrics:
 
     def observe(self, name: str, value: float, **extra: str) -> None:
         self._labels(name, **extra).observe(value)
+
+
+def tracking_name(metric: str, label: str | None = None) -> str:
+    """Name of a figure in TensorBoard / MLflow / W&B: the metric name, plus `/label-value` for labelled ones."""
+    return metric if label is None else f"{metric}/{label}"
 
 
 def metrics_port_from_env(default: int = 9400) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.metrics import TrainerMetrics
+from rlt.outputs import push_stage_outputs
 from rlt.plots import make_plots, read_metrics
 from rlt.spec import RLTRun, dump_run
 from rlt.stages import stage_function
@@ -81,6 +82,7 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
             print(f"[{name}] starting", flush=True)
             t0 = time.perf_counter()
             output_path = stage_function(name, run.spec.method)(ctx)
+            push_stage_outputs(ctx, name)
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
         plots = make_plots(layout.metrics_file, layout.plots_dir)
@@ -120,4 +122,6 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
                                      method=run.spec.method)
         ctx.metrics.serve(metrics_port, addr="0.0.0.0")
-    return stage_function(stage, run.spec.method)(ctx)
+    output_path = stage_function(stage, run.spec.method)(ctx)
+    push_stage_outputs(ctx, stage)
+    return output_path

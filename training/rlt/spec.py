@@ -25,6 +25,9 @@ RCL_STAGES = ("sft", "rl", "evaluate")  # the stages method rcl has
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Keys the distill stage writes itself (spec.dataset.keepColumns may not reuse them).
+DISTILL_ROW_KEYS = frozenset({"question", "reasoning_trace", "solution", "reward", "closed", "candidate_rewards",
+                              "source_row", "messages", "candidates"})
 
 
 class Strict(BaseModel):
@@ -41,6 +44,19 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- models and data
 
 
+class LoraSpec(Strict):
+    """LoRA through PEFT, handed to TRL's trainers as peft_config (SFT and GRPO)."""
+
+    r: int = Field(16, gt=0, description="Rank of the update matrices.")
+    alpha: int = Field(32, gt=0, description="lora_alpha: the update is scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"], min_length=1,
+        description="Module names to adapt (e.g. [q_proj, v_proj]); [all-linear] = every linear layer but the "
+        "output head.",
+    )
+
+
 class ModelRef(Strict):
     """A model: a Hugging Face hub id, a local directory, or a built-in source.
 
@@ -52,6 +68,10 @@ class ModelRef(Strict):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit); hub ids only.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
+    )
+    lora: LoraSpec | None = Field(
+        None, description="Train a LoRA adapter (PEFT) instead of every weight; only for models a stage trains "
+        "(teacher, stages.student.model). Checkpoints hold the adapter; the stage's final model is merged."
     )
 
 
@@ -89,6 +109,17 @@ class DatasetSpec(Strict):
     eval_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="Fraction of rows held out (deterministically) for evaluation."
     )
+    keep_columns: list[str] = Field(
+        default_factory=list, description="Source columns (e.g. id) copied unchanged into every distillation row; "
+        "a row without one is a bad row."
+    )
+
+    @model_validator(mode="after")
+    def _keep_columns_free(self) -> "DatasetSpec":
+        taken = sorted(set(self.keep_columns) & DISTILL_ROW_KEYS)
+        if taken:
+            raise ValueError(f"keepColumns: {', '.join(taken)} would overwrite the distillation row's own fields")
+        return self
 
 
 class TagSet(Strict):
@@ -124,7 +155,48 @@ class FormatSpec(Strict):
 # --------------------------------------------------------------------------- stages
 
 
-class SftStage(Strict):
+# TrainingArguments that rlt sets itself, with the spec field to use instead (trainerArgs may not set them:
+# two sources for one option would make the effective value depend on merge order).
+MANAGED_TRAINER_ARGS: dict[str, str] = {
+    "output_dir": "the run's layout", "report_to": "spec.tracking", "logging_dir": "spec.tracking",
+    "deepspeed": "deepspeedZeroStage", "use_cpu": "the device", "bf16": "precision", "fp16": "precision",
+    "max_steps": "maxSteps / steps", "num_train_epochs": "epochs", "learning_rate": "learningRate",
+    "lr_scheduler_type": "lrScheduler", "warmup_steps": "warmupRatio", "warmup_ratio": "warmupRatio",
+    "weight_decay": "weightDecay", "max_grad_norm": "maxGradNorm", "per_device_train_batch_size": "perDeviceBatchSize",
+    "gradient_accumulation_steps": "batchSize / perDeviceBatchSize", "gradient_checkpointing": "gradientCheckpointing",
+    "save_steps": "saveSteps", "save_strategy": "saveSteps", "save_total_limit": "saveTotalLimit",
+    "logging_steps": "loggingSteps", "seed": "spec.seed", "max_length": "maxLength",
+    "num_generations": "numGenerations", "max_completion_length": "maxCompletionLength", "temperature": "temperature",
+    "top_p": "topP", "beta": "beta", "use_vllm": "generation.mode", "vllm_mode": "generation.mode",
+    "vllm_server_base_url": "generation.serverUrl", "vllm_server_timeout": "generation.serverTimeoutSeconds",
+    "steps_per_generation": "batchSize", "disable_tqdm": "the progress bar", "completion_only_loss": "the stage",
+}
+
+
+class TrainerOptions(Strict):
+    """Options every TRL-trained stage (sft, rl, student) shares, plus the trainerArgs escape hatch."""
+
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
+    logging_steps: int = Field(1, gt=0, description="Log (metrics.jsonl, tracking, Prometheus) every N steps.")
+    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Training precision; auto = fp32 on CPU, bf16 on GPU."
+    )
+    trainer_args: dict[str, Any] = Field(
+        default_factory=dict, description="More TRL config options (SFTConfig / GRPOConfig field names, snake_case), "
+        "passed as given; `rlt validate` checks them against the installed TRL. Options the spec has a field for "
+        "are refused here."
+    )
+
+    @model_validator(mode="after")
+    def _trainer_args_free(self) -> "TrainerOptions":
+        for key in self.trainer_args:
+            if key in MANAGED_TRAINER_ARGS:
+                raise ValueError(f"trainerArgs: {key} is set by rlt from {MANAGED_TRAINER_ARGS[key]}; use that instead")
+        return self
+
+
+class SftStage(TrainerOptions):
     """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
 
     enabled: bool = Field(True, description="Run this stage.")
@@ -184,7 +256,7 @@ class RefSyncSpec(Strict):
     steps: int = Field(32, gt=0, description="Update every N steps.")
 
 
-class RlStage(Strict):
+class RlStage(TrainerOptions):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 
     enabled: bool = Field(True, description="Run this stage.")
@@ -193,13 +265,15 @@ class RlStage(Strict):
     num_generations: int = Field(64, gt=1, description="G: completions per question.")
     per_device_batch_size: int = Field(1, gt=0, description="Completions per backward micro-batch.")
     learning_rate: float = Field(1e-6, gt=0, description="Learning rate (constant schedule, as in the paper).")
+    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("constant", description="Learning-rate schedule.")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature τ (also used for every log-prob).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (1 = off; the reward's teacher log-probs follow it).")
     max_prompt_length: int = Field(16384, gt=0, description="Longest teacher prompt in tokens; longer rows are bad rows.")
     max_completion_length: int = Field(16384, gt=0, description="Longest explanation in tokens (unclosed ones pay the format penalty).")
     save_steps: int = Field(25, gt=0, description="Checkpoint every N steps.")
-    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
     ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec, description="Soft update of the GRPO reference model.")
     reward: RewardSpec = Field(default_factory=RewardSpec, description="The RLT reward's coefficients and scoring.")
@@ -230,7 +304,7 @@ class DistillStage(Strict):
     batch_size: int = Field(8, gt=0, description="Questions generated together.")
 
 
-class StudentStage(Strict):
+class StudentStage(TrainerOptions):
     """Supervised distillation of a student on the distill stage's dataset (student format, loss on the answer)."""
 
     enabled: bool = False
@@ -240,6 +314,7 @@ class StudentStage(Strict):
     learning_rate: float = Field(1e-5, gt=0)
     lr_scheduler: Literal["cosine", "constant", "linear"] = "cosine"
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     batch_size: int = Field(16, gt=0, description="Global batch size.")
     per_device_batch_size: int = Field(1, gt=0)
     max_length: int = Field(16384, gt=0, description="Tokens per training row (the whole student chat).")
@@ -370,6 +445,93 @@ class Scheduling(Strict):
     image_pull_secrets: list[str] = Field(default_factory=list)
 
 
+class SecretEnvVar(Strict):
+    """An environment variable of every pod whose value comes from a Kubernetes Secret (never from the spec)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name, e.g. AWS_ACCESS_KEY_ID.")
+    secret_key_ref: SecretKeyRef = Field(description="Secret name and key holding the value.")
+
+
+class WandbSpec(Strict):
+    """Weights & Biases through transformers' WandbCallback (plus the rlt_* figures)."""
+
+    project: str = Field(min_length=1, description="W&B project (WANDB_PROJECT).")
+    entity: str | None = Field(None, description="W&B entity (team or user).")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="offline: write runs under the run's folder (tracking/wandb) for `wandb sync` later."
+    )
+    api_key_secret: SecretKeyRef | None = Field(None, description="Secret key holding WANDB_API_KEY (online mode).")
+
+
+class MlflowSpec(Strict):
+    """MLflow through transformers' MLflowCallback (plus the rlt_* figures)."""
+
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking server URL (no credentials in it) or file store path; default: a file "
+        "store in the run's folder (tracking/mlruns)."
+    )
+    experiment: str | None = Field(None, description="Experiment name (default: the run's name).")
+    credentials: list[SecretEnvVar] = Field(
+        default_factory=list, description="Environment from Secrets, e.g. MLFLOW_TRACKING_TOKEN or "
+        "MLFLOW_TRACKING_USERNAME/PASSWORD."
+    )
+
+    @model_validator(mode="after")
+    def _no_inline_credentials(self) -> "MlflowSpec":
+        if self.tracking_uri and re.match(r"^[a-z+]+://[^/@]+@", self.tracking_uri):
+            raise ValueError("trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
+                             "(Secret references) instead")
+        return self
+
+
+class TrackingSpec(Strict):
+    """Experiment tracking: the trainers' own report_to integrations; every rlt_* figure is logged there too,
+    under its Prometheus metric name (labelled ones as name/label-value)."""
+
+    tensorboard: bool = Field(False, description="TensorBoard event files under the run's folder (tracking/tensorboard/<stage>).")
+    wandb: WandbSpec | None = Field(None, description="Weights & Biases.")
+    mlflow: MlflowSpec | None = Field(None, description="MLflow.")
+
+    def report_to(self) -> list[str]:
+        """transformers' report_to names, in a fixed order."""
+        return [name for name, on in (("tensorboard", self.tensorboard), ("wandb", self.wandb is not None),
+                                      ("mlflow", self.mlflow is not None)) if on]
+
+
+_OUTPUT_URI = re.compile(r"^(s3|gs|gcs|file|memory|hf)://\S+$")
+
+
+class OutputsSpec(Strict):
+    """Copies of the run's results outside the volume, pushed after the stage that produces each: object storage
+    through fsspec (s3://, gs://) or the Hugging Face Hub (hf://<org>/<model>, hf://datasets/<org>/<name>;
+    token from spec.hfTokenSecret)."""
+
+    distill_dataset: str | None = Field(None, description="Where the distillation dataset goes (a folder/prefix; "
+                                        "dataset.jsonl is written under it) or a hub dataset repo.")
+    teacher: str | None = Field(None, description="Where the final teacher (merged when LoRA) goes.")
+    student: str | None = Field(None, description="Where the distilled student goes.")
+    credentials: list[SecretEnvVar] = Field(
+        default_factory=list, description="Environment from Secrets for the storage, e.g. AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (s3fs) or GOOGLE_APPLICATION_CREDENTIALS' JSON via GOOGLE_CREDENTIALS (gcsfs)."
+    )
+
+    @model_validator(mode="after")
+    def _uris(self) -> "OutputsSpec":
+        for field, alias in (("distill_dataset", "distillDataset"), ("teacher", "teacher"), ("student", "student")):
+            uri = getattr(self, field)
+            if uri is None:
+                continue
+            if not _OUTPUT_URI.match(uri):
+                raise ValueError(f"{alias}: {uri!r} is not s3://, gs://, file://, memory:// or hf:// followed by a path")
+            if uri.startswith("hf://"):
+                parts = uri.removeprefix("hf://").strip("/").split("/")
+                dataset = parts[0] == "datasets"
+                if (field == "distill_dataset") != dataset or len(parts) != (3 if dataset else 2):
+                    want = "hf://datasets/<org>/<name>" if field == "distill_dataset" else "hf://<org>/<name>"
+                    raise ValueError(f"{alias}: {uri!r} must look like {want}")
+        return self
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -413,6 +575,8 @@ class RLTRunSpec(Strict):
     scheduling: Scheduling = Field(default_factory=Scheduling)
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment for every pod.")
     hf_token_secret: SecretKeyRef | None = Field(None, description="Secret holding a Hugging Face token.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment tracking (TensorBoard, W&B, MLflow).")
+    outputs: OutputsSpec = Field(default_factory=OutputsSpec, description="Copies of the results off the volume.")
     suspend: bool = Field(False, description="Delete the run's pods and keep its data; resume from the last checkpoint.")
     backoff_limit: int = Field(3, ge=0, description="Gang restarts allowed before the run fails.")
     active_deadline_seconds: int | None = Field(None, gt=0, description="Fail the run after this long.")
@@ -428,7 +592,29 @@ class RLTRunSpec(Strict):
                 if getattr(self.stages, name).enabled:
                     raise ValueError(f"stages: method rcl has no {name} stage; set stages.{name}.enabled: false "
                                      f"(rcl runs {', '.join(RCL_STAGES)})")
+        # LoRA trains an adapter: only where a stage trains the model
+        for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
+            if ref is not None and ref.lora is not None:
+                raise ValueError(f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, "
+                                 f"stages.student.model)")
+        if self.outputs.student and not self.stages.student.enabled:
+            raise ValueError("outputs: outputs.student needs stages.student.enabled")
+        if self.outputs.distill_dataset and not self.stages.distill.enabled:
+            raise ValueError("outputs: outputs.distillDataset needs stages.distill.enabled")
+        hub = [u for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
+               if u and u.startswith("hf://")]
+        if hub and self.hf_token_secret is None:
+            raise ValueError("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
         return self
+
+    def secret_env(self) -> list[SecretEnvVar]:
+        """Every Secret-backed variable the run's pods need for tracking and outputs (HF_TOKEN is separate)."""
+        out = list(self.outputs.credentials)
+        if self.tracking.wandb and self.tracking.wandb.api_key_secret:
+            out.append(SecretEnvVar(name="WANDB_API_KEY", secret_key_ref=self.tracking.wandb.api_key_secret))
+        if self.tracking.mlflow:
+            out += self.tracking.mlflow.credentials
+        return out
 
 
 class Metadata(BaseModel):

@@ -62,6 +62,7 @@ def run_distill(ctx: StageContext) -> str:
             best = max(cands, key=lambda k: scores.total[k])
             explanation, closed = formatter.split_explanation(texts[best])
             out_rows.append({
+                **r.get("keep", {}),  # spec.dataset.keepColumns (names cannot clash: the spec refuses ours)
                 "question": r["question"], "reasoning_trace": explanation, "solution": r["solution"],
                 "reward": scores.total[best], "closed": closed, "candidate_rewards": [scores.total[k] for k in cands],
                 "source_row": r["row"], "messages": formatter.student_messages(r["question"], explanation, r["solution"]),

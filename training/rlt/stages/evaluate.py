@@ -192,6 +192,7 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     prompts = [tokenizer.apply_chat_template(formatter.student_messages(r["question"], "", "")[:2], tokenize=False,
                                              add_generation_prompt=True) for r in evalset.rows]
     recorder = Recorder(ctx, "evaluate", len(prompts))
+    recorder.eval_model = label  # rlt_eval_accuracy/<label> in experiment tracking
     bar = tqdm(total=len(prompts), desc=f"evaluate {label}", unit="q", disable=not (ctx.show_progress and ctx.is_main))
     graded: list[list[bool]] = []
     started = time.perf_counter()

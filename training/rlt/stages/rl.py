@@ -17,7 +17,8 @@ from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
 from rlt.stages.common import (PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               newest_teacher, quiet_trainer, trainer_precision)
+                               newest_teacher, peft_config, quiet_trainer, save_final_model, trainer_options)
+from rlt.tracking import point_tensorboard
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +96,16 @@ def grpo_config(ctx: StageContext, device: str):
         per_device_train_batch_size=st.per_device_batch_size, gradient_accumulation_steps=ga,
         steps_per_generation=ga, num_generations=st.num_generations, num_iterations=1,
         max_completion_length=st.max_completion_length, temperature=st.temperature, top_p=st.top_p, top_k=0,
-        learning_rate=st.learning_rate, lr_scheduler_type="constant", beta=st.beta, loss_type="grpo",
-        scale_rewards="group", mask_truncated_completions=False,
-        sync_ref_model=st.ref_sync.enabled and st.beta > 0, ref_model_mixup_alpha=st.ref_sync.alpha,
-        ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
-        save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
-        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
+        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
+        weight_decay=st.weight_decay, beta=st.beta, loss_type="grpo", scale_rewards="group",
+        mask_truncated_completions=False,
+        # TRL cannot soft-update a PEFT model's reference (with LoRA the reference is the frozen base)
+        sync_ref_model=st.ref_sync.enabled and st.beta > 0 and spec.teacher.lora is None,
+        ref_model_mixup_alpha=st.ref_sync.alpha, ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps",
+        save_steps=st.save_steps, seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
         deepspeed=deepspeed_config(st.deepspeed_zero_stage), use_vllm=server, vllm_mode="server",
         vllm_server_base_url=st.generation.server_url, vllm_server_timeout=st.generation.server_timeout_seconds,
-        **trainer_precision(device),
+        **trainer_options(ctx, st, device),
     )
 
 
@@ -142,8 +144,9 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
         model=load_model(start, device, trainable=True), reward_funcs=[reward], args=args,
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
         rollout_func=make_rollout_fn(timer, counters),
-        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
+        callbacks=[make_callback(recorder, step_values, ctx.show_progress)], peft_config=peft_config(start),
     )
+    point_tensorboard(trainer, ctx, "rl")
     if args.use_vllm:  # time TRL's weight push to the vLLM server as its own phase
         sync = trainer.vllm_generation.sync_weights
 
@@ -154,12 +157,9 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
         trainer.vllm_generation.sync_weights = timed_sync
     quiet_trainer(trainer)
     trainer.train(resume_from_checkpoint=last_checkpoint(ctx.layout.checkpoints_dir("rl")))
-    out = ctx.layout.model_dir("rl")
-    trainer.save_model(str(out))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(out))
+    out = save_final_model(trainer, ctx, "rl", start, tokenizer, device)
     recorder.done()
-    return str(out)
+    return out
 
 
 def run_rl(ctx: StageContext) -> str:
