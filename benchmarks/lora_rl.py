@@ -103,7 +103,8 @@ def reward_same_weights(completion: int) -> dict:
     texts = [tok.decode(c, skip_special_tokens=True) for c in samples["merged"].completion_ids]
     q, s = [r["question"] for r in rows], [r["solution"] for r in rows]
     scores = {}
-    for name, model in (("peft", peft), ("merged", merged)):  # teacher forward inside the reward (r_KL)
+    # teacher forward inside the reward (r_KL); get_base_model() is the model with the LoRA layers injected and live
+    for name, model in (("peft", peft.get_base_model()), ("merged", merged)):
         reward = RLTReward(student, load_tokenizer(ref, padding_side="right"), fmt, temperature=0.7, teacher=model,
                            teacher_tokenizer=tok)
         scores[name] = reward.score(q, s, texts).total
@@ -130,6 +131,7 @@ def main() -> None:
             if proc.returncode:
                 sys.exit(f"arm {arm} failed:\n{proc.stderr[-3000:]}")
             result[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(arm, json.dumps(result[arm]), file=sys.stderr, flush=True)
         f, l = result["full"], result["lora"]
         result["ratios_lora_over_full"] = {
             k: round(l[k] / f[k], 3) for k in ("peak_rss_mb", "step_s_mean_after_first", "update_s_mean_after_first",
