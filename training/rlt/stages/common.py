@@ -53,6 +53,7 @@ class Recorder:
         self.totals: dict[str, float] = {}  # counters, as running totals for experiment tracking
         self.eval_model: str | None = None  # label of rlt_eval_accuracy (set by evaluate stages)
         self.tracker = Tracker(ctx, stage) if ctx.spec.tracking.report_to() and ctx.is_main else None
+        self.reward_key = "rewardMean"  # progress.json's name for values["reward"] (distill: candidateRewardMean)
 
     def set_total(self, total: int) -> None:
         self.total = total
@@ -107,7 +108,9 @@ class Recorder:
             "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         })
         if "reward" in values:
-            self.progress["rewardMean"] = values["reward"]
+            self.progress[self.reward_key] = values["reward"]
+        if "kept_reward" in values:
+            self.progress["keptRewardMean"] = values["kept_reward"]
         if "tokens_per_second" in values:
             self.progress["tokensPerSecond"] = values["tokens_per_second"]
         if self.last_checkpoint:
@@ -120,6 +123,9 @@ class Recorder:
         if self.ctx.metrics:
             self.ctx.metrics.set("rlt_stage_completed", 1)
         if self.ctx.is_main:
+            from rlt import fingerprint  # the spec this stage finished under, read by re-runs
+
+            fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
             atomic_write_text(self.ctx.layout.stage_done(self.stage), time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
 
 
