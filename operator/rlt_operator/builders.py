@@ -263,7 +263,8 @@ _CONTAINER_SECURITY = {
 }
 
 
-def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list[dict[str, Any]]:
+def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int,
+                trainer: bool = True) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "RLT_RUN", "value": ref.name},
         {"name": "RLT_NAMESPACE", "value": ref.namespace},
@@ -278,9 +279,12 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list
     if spec.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
-    # Tracking and outputs credentials: values only ever come from the Secrets the spec names.
-    env += [{"name": e.name, "valueFrom": {"secretKeyRef": {"name": e.secret_key_ref.name, "key": e.secret_key_ref.key}}}
-            for e in spec.secret_env()]
+    # Tracking and outputs credentials, for the trainer pods only (they log and push; the generators do neither):
+    # values only ever come from the Secrets the spec names.
+    if trainer:
+        env += [{"name": e.name, "valueFrom": {"secretKeyRef": {"name": e.secret_key_ref.name,
+                                                               "key": e.secret_key_ref.key}}}
+                for e in spec.secret_env()]
     # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
     env += [_env_var(e) for e in spec.env]
     return env
@@ -532,7 +536,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     lbls = _with_queue(labels(ref.name, ROLE_GENERATOR, stage, restart), spec)
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
     health = {"httpGet": {"path": "/health", "port": VLLM_PORT}}
-    env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart)
+    env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart, trainer=False)
     pod.update({
         "containers": [{
             "name": "vllm",

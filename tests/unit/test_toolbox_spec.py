@@ -117,11 +117,14 @@ def test_pods_get_tracking_and_storage_credentials_only_from_secrets():
     want = {"WANDB_API_KEY": ("tracking", "wandb"), "MLFLOW_TRACKING_TOKEN": ("tracking", "mlflow"),
             "AWS_ACCESS_KEY_ID": ("s3-creds", "id"), "AWS_SECRET_ACCESS_KEY": ("s3-creds", "secret"),
             "HF_TOKEN": ("hf-token", "token")}
-    for pod in (b.trainer_job(ref, run.spec, "rl", 0)["spec"]["template"]["spec"],
-                b.generator_statefulset(ref, run.spec, "rl", 0)["spec"]["template"]["spec"]):
+    for stage in ("sft", "rl", "distill"):
+        pod = b.trainer_job(ref, run.spec, stage, 0)["spec"]["template"]["spec"]
         env = {e["name"]: e for e in pod["containers"][0]["env"]}
         for name, (secret, key) in want.items():
             assert env[name] == {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+    generator = b.generator_statefulset(ref, run.spec, "rl", 0)["spec"]["template"]["spec"]
+    gen_env = {e["name"] for e in generator["containers"][0]["env"]}
+    assert not gen_env & {"WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "AWS_ACCESS_KEY_ID"}  # least privilege
     config = b.configmap(ref, run.spec)["data"]["run.yaml"]
     assert "apiKeySecret" in config and "s3-creds" in config  # references only: the values never exist here
     assert b.outputs(run.name, run.spec)["distilledDatasetUri"] == "s3://my-bucket/rlt/qwen7b-lora/distill/dataset.jsonl"
