@@ -15,7 +15,7 @@ from typing import Any
 
 from rlt.exitcodes import FAIL_FAST
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
-from rlt.outputs import pushed_uri
+from rlt.outputs import pushed_uri, teacher_stage
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
 
 # Labels and annotations (one prefix for everything the operator owns).
@@ -123,10 +123,11 @@ def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> di
         out["distilledDataset"] = str(layout(run).distill_dataset)
     if "student" in finished:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
-    # copies off the volume (rlt.outputs pushes them after the producing stage)
-    for key, uri in (("teacherUri", spec.outputs.teacher), ("distilledDatasetUri", spec.outputs.distill_dataset),
-                     ("studentUri", spec.outputs.student)):
-        if uri:
+    # copies off the volume, which the producing stage's pod pushes before it exits
+    for key, uri, stage in (("teacherUri", spec.outputs.teacher, teacher_stage(spec)),
+                            ("distilledDatasetUri", spec.outputs.distill_dataset, "distill"),
+                            ("studentUri", spec.outputs.student, "student")):
+        if uri and stage in finished:
             out[key] = pushed_uri(uri, "distill" if key == "distilledDatasetUri" else "model")
     return out
 

@@ -127,5 +127,7 @@ def test_pods_get_tracking_and_storage_credentials_only_from_secrets():
     assert not gen_env & {"WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "AWS_ACCESS_KEY_ID"}  # least privilege
     config = b.configmap(ref, run.spec)["data"]["run.yaml"]
     assert "apiKeySecret" in config and "s3-creds" in config  # references only: the values never exist here
-    assert b.outputs(run.name, run.spec)["distilledDatasetUri"] == "s3://my-bucket/rlt/qwen7b-lora/distill/dataset.jsonl"
-    assert b.outputs(run.name, run.spec)["teacherUri"] == "hf://my-org/qwen7b-rlt-teacher"
+    assert "teacherUri" not in b.outputs(run.name, run.spec, ["sft"])  # listed once the producing stage is done
+    done = b.outputs(run.name, run.spec, ["sft", "rl", "distill"])
+    assert done["distilledDatasetUri"] == "s3://my-bucket/rlt/qwen7b-lora/distill/dataset.jsonl"
+    assert done["teacherUri"] == "hf://my-org/qwen7b-rlt-teacher"

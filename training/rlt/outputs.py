@@ -94,16 +94,18 @@ def push_stage_outputs(ctx, stage: str, hub_api: Any = None) -> dict[str, str]:
     todo = stage_outputs(ctx.spec, stage)
     if not todo or not ctx.is_main:
         return {}
-    layout = ctx.layout
-    pushed: dict[str, str] = {}
-    for name, uri, kind in todo:
-        local = layout.distill_dataset if kind == "distill" else layout.model_dir(stage)
-        pushed[name] = push(local, uri, kind, hub_api)
-        log.info("outputs: %s -> %s", local, pushed[name])
-        print(f"[{stage}] pushed {name} -> {pushed[name]}", flush=True)
-    record = layout.root / "outputs.json"
-    previous = json.loads(record.read_text()) if record.exists() else {}
     from rlt.layout import atomic_write_json
 
-    atomic_write_json(record, {**previous, **pushed})
+    layout = ctx.layout
+    record = layout.root / "outputs.json"
+    pushed: dict[str, str] = {}
+    for name, uri, kind in todo:
+        previous = json.loads(record.read_text()) if record.exists() else {}
+        if previous.get(name) == pushed_uri(uri, kind):
+            continue  # pushed by an earlier attempt of this stage
+        local = layout.distill_dataset if kind == "distill" else layout.model_dir(stage)
+        pushed[name] = push(local, uri, kind, hub_api)
+        atomic_write_json(record, {**previous, name: pushed[name]})  # after each push: a retry redoes only the rest
+        log.info("outputs: %s -> %s", local, pushed[name])
+        print(f"[{stage}] pushed {name} -> {pushed[name]}", flush=True)
     return pushed

@@ -137,6 +137,7 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
                 print(f"[{name}] already done ({layout.stage_done(name)}): skipped"
                       + (f" ({plan.note})" if plan.note else ""), flush=True)
                 info[name] = {"skipped": True}
+                push_stage_outputs(ctx, name)  # a push that failed after the stage finished is retried
                 continue
             if plan.action == "start_over":
                 moved = fingerprint.start_over(layout, name)
@@ -189,6 +190,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
                                      has_checkpoint=lambda st: has_checkpoint(layout, st))
     if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)
+        push_stage_outputs(ctx, stage)  # a push that failed after the stage finished is retried
         return str(layout.stage_dir(stage))
     check_run_data(run, [stage])  # a data error ends the pod in one line before any model is loaded
     if ctx.is_main and plan.action == "start_over":
