@@ -90,7 +90,7 @@ def test_credentials_never_inline():
         "spec.tracking.mlflow.trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
         "(Secret references) instead"]
     (p,) = problems(doc(tracking={"wandb": {"project": "p", "apiKey": "abc"}}))
-    assert p == "spec.tracking.wandb.apiKey: unknown field"
+    assert p == "spec.tracking.wandb.apiKey: unknown field (did you mean apiKeySecret?)"
 
 
 def test_lora_only_where_a_stage_trains():
