@@ -8,10 +8,12 @@ times, stages already finished whose Jobs were cleaned up, and terminal phases (
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlt.exitcodes import FAIL_FAST, ExitCode
+from rlt.fingerprint import describe_changes, fingerprint_of, stage_fields
 from rlt.spec import RLTRunSpec, SpecError
 from rlt.validation import validate_spec
 
@@ -232,6 +234,7 @@ def decide(
         "startTime": prev.get("startTime"),
         "completionTime": prev.get("completionTime"),
         "completedStages": list(prev.get("completedStages") or []),
+        "stageSpecs": dict(prev.get("stageSpecs") or {}),
         "lastFailure": prev.get("lastFailure"),
         "progress": dict(prev.get("progress") or {}),
         "outputs": dict(prev.get("outputs") or {}),  # recomputed below; kept as is while the spec is invalid
@@ -279,6 +282,7 @@ def decide(
             or job_complete(observed.jobs.get(b.trainer_name(ref.name, s)))]
     st["completedStages"] = done
     st["outputs"] = b.outputs(ref.name, spec, done)
+    finished_stage_edits(st, spec, done, now)
 
     if st["phase"] not in TERMINAL:
         start = parse_time(st["startTime"])
@@ -407,6 +411,33 @@ def decide(
             total = st["progress"].get("totalSteps")
             st["progress"]["stepOfTotal"] = f"{st['progress']['step']}/{total}" if total else str(st["progress"]["step"])
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def finished_stage_edits(st: dict[str, Any], spec: RLTRunSpec, done: list[str], now: dt.datetime) -> None:
+    """Record the spec each stage finished under (status.stageSpecs) and report a later edit of it.
+
+    A finished stage is never re-run by the operator: an edit of the fields its output depends on is not
+    applied, so the condition StagesCurrent says so, naming the changed fields (docs/operator.md)."""
+    records = {s: r for s, r in (st.get("stageSpecs") or {}).items() if s in done}
+    edits = []
+    for stage in done:
+        fields = stage_fields(spec, stage)
+        record = records.get(stage)
+        if record is None:  # finished now (or before the operator recorded stage specs): this spec is its spec
+            records[stage] = {"fingerprint": fingerprint_of(fields),
+                              "fields": {k: json.dumps(v) for k, v in fields.items()}}
+        elif record["fingerprint"] != fingerprint_of(fields):
+            old = {k: json.loads(v) for k, v in record["fields"].items()}
+            edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
+    st["stageSpecs"] = records
+    if edits:
+        set_condition(st["conditions"], "StagesCurrent", False, "FinishedStageEdited",
+                      "; ".join(edits) + ". Not applied: a finished stage is not run again and its outputs stay "
+                      "those of the old spec; restore the old values, or train under the new ones in a new RLTRun",
+                      now)
+    elif records:
+        set_condition(st["conditions"], "StagesCurrent", True, "Current",
+                      "finished stages ran under the current spec: " + ", ".join(records), now)
 
 
 def trainer_shape(spec: RLTRunSpec, stage: str, st: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
@@ -559,7 +590,7 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
         ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
     before = {c["type"]: c for c in prev.get("conditions") or []}
     for c in st.get("conditions") or []:
-        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady") and c["status"] == "False":
+        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady", "StagesCurrent") and c["status"] == "False":
             old = before.get(c["type"]) or {}
             if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
                 ev.append(("Warning", c["reason"], c["message"]))
@@ -597,6 +628,8 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
         st.pop("trainerShape", None)
     if not st.get("lastFailure"):
         st.pop("lastFailure", None)
+    if not st.get("stageSpecs"):
+        st.pop("stageSpecs", None)
     status_model.check(st)  # a field the CRD does not list would be pruned by the API server
     events = transition_events(prev, st)
     for a in plan.actions:
@@ -609,12 +642,15 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
 
 OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",
                      "trainerShape", "lastFailure",
-                     "startTime", "completionTime", "completedStages", "progress", "outputs", "conditions")
+                     "startTime", "completionTime", "completedStages", "stageSpecs", "progress", "outputs", "conditions")
 
 
 def merge_patch(prev: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """The JSON merge patch from `prev` to `new` at the top level (None removes one of our fields)."""
     patch = {k: v for k, v in new.items() if prev.get(k) != v}
+    for k, v in patch.items():  # a merge patch merges maps: a key gone from a map of ours is removed explicitly
+        if isinstance(v, dict) and isinstance(prev.get(k), dict):
+            patch[k] = {**{gone: None for gone in prev[k] if gone not in v}, **v}
     for k in prev:
         if k not in new and k in OWN_STATUS_FIELDS:
             patch[k] = None

@@ -23,7 +23,8 @@ class Condition(_Status):
     """A condition of the run (metav1.Condition without observedGeneration)."""
 
     type: str = Field(description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
-                                  "TrainerRunning, Suspended, Complete or Failed.")
+                                  "TrainerRunning, SpecApplied, StagesCurrent, Suspended, Complete or "
+                                  "Failed.")
     status: Literal["True", "False", "Unknown"]
     reason: str | None = Field(None, description="CamelCase reason.")
     message: str | None = Field(None, description="Human-readable detail.")
@@ -59,6 +60,14 @@ class TrainerShape(_Status):
     gpus: int
 
 
+class StageSpec(_Status):
+    """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
+
+    fingerprint: str = Field(description="rlt.fingerprint.stage_fingerprint of the fields below.")
+    fields: dict[str, str] = Field(description="The fields the stage's output depends on (dotted spec path -> "
+                                               "value as JSON), so that an edit can be named.")
+
+
 class RLTRunStatus(_Status):
     """Written by the operator; recomputed from the run's children on every reconcile."""
 
@@ -79,6 +88,9 @@ class RLTRunStatus(_Status):
     start_time: str | None = Field(None, description="When the run last started.", json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)
     completed_stages: list[str] | None = Field(None, description="Stages whose Job completed.")
+    stage_specs: dict[str, StageSpec] | None = Field(
+        None, description="Per finished stage, the spec it finished under; a later edit of those fields is "
+                          "reported (condition StagesCurrent, Event FinishedStageEdited), not applied.")
     progress: Progress | None = None
     trainer_shape: TrainerShape | None = Field(None, description="nodes x gpus of the running stage's trainer.")
     outputs: Outputs | None = None
