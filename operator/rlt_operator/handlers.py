@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from . import builders as b
 from . import progress as prog
 from . import status as S
 from .kube import Kube, KubeError
+from .settings import OperatorSettings
 
 log = logging.getLogger("rlt.operator")
 
@@ -37,16 +37,6 @@ CHILDREN = (  # (group, version, plural) of every kind the operator creates or w
     ("", "v1", "pods"),
     ("networking.k8s.io", "v1", "networkpolicies"),
 )
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
 
 
 class OperatorMetrics:
@@ -96,9 +86,7 @@ class OperatorState:
 
     kube: Kube
     metrics: OperatorMetrics
-    resync: float
-    progress_interval: float
-    debounce: float
+    settings: OperatorSettings
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
 
@@ -120,13 +108,15 @@ def _is(group: str, plural: str) -> Any:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    # Read once at start-up: `rlt operator` and the in-process operator pass theirs in the root memo.
+    config: OperatorSettings = getattr(memo, "settings", None) or OperatorSettings.from_env()
     # Own finalizer and annotation prefix: never collide with another Kopf operator on the same objects.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=b.PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=b.PREFIX, key="last-handled-configuration")
     # Watches behind load balancers die silently: end them server-side and reconnect.
-    settings.watching.server_timeout = int(_env_float("RLT_WATCH_SERVER_TIMEOUT", 300))
+    settings.watching.server_timeout = int(config.watch_server_timeout)
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
@@ -141,14 +131,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     state = OperatorState(
         kube=Kube.from_environment(),
         metrics=OperatorMetrics(registry),
-        resync=_env_float("RLT_RESYNC_SECONDS", 30),
-        progress_interval=_env_float("RLT_PROGRESS_INTERVAL", 30),
-        debounce=_env_float("RLT_DEBOUNCE_SECONDS", 0.1),
+        settings=config,
     )
-    port = int(_env_float("RLT_OPERATOR_METRICS_PORT", 8080))
-    if port >= 0:
-        server, _thread = start_http_server(port, addr=os.environ.get("RLT_OPERATOR_METRICS_ADDR", "0.0.0.0"),
-                                            registry=registry)
+    if config.metrics_port >= 0:
+        server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=registry)
         state.metrics_server = server
         logger.info(f"operator metrics on :{server.server_port}/metrics")
     memo.rlt = state
@@ -259,9 +245,9 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
     stage = prev.get("stage") or ""
     job = observed.jobs.get(b.trainer_name(name, stage)) if stage else None
     fresh = None
-    if job and job.get("active", 0) > 0 and time.monotonic() - mem.progress_at >= state.progress_interval:
+    if job and job.get("active", 0) > 0 and time.monotonic() - mem.progress_at >= state.settings.progress_interval:
         mem.progress_at = time.monotonic()
-        url = prog.url_for(name, namespace, stage)
+        url = prog.url_for(state.settings.progress_url, name, namespace, stage)
         try:
             text = await asyncio.to_thread(prog.fetch, url)
             mem.progress = prog.progress(name, stage, prog.parse(text, stage), mem.progress, now)
@@ -316,7 +302,7 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
                 state.metrics.reconciled("error", time.perf_counter() - t0)
                 mem.status = None  # re-read what the server has
                 requeue = S.SOON * 2
-            timeout = state.resync if requeue is None else max(0.05, min(requeue, state.resync))
+            timeout = state.settings.resync_seconds if requeue is None else max(0.05, min(requeue, state.settings.resync_seconds))
             waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
             try:
                 await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -324,7 +310,7 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
                 for w in waiters:
                     w.cancel()
             if not stopped:
-                await asyncio.sleep(state.debounce)  # coalesce bursts of child events
+                await asyncio.sleep(state.settings.debounce_seconds)  # coalesce bursts of child events
     finally:
         state.wakers.pop((namespace, name), None)
 

@@ -7,7 +7,6 @@ Prometheus. The handlers call `fetch` at most once per interval per run; parsing
 from __future__ import annotations
 
 import datetime as dt
-import os
 import urllib.request
 from typing import Any
 
@@ -15,12 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from . import builders as b
 
-# Where rank 0 of a stage's Job serves /metrics: pod 0 through the headless Service.
-DEFAULT_URL = "http://{job}-0.{job}.{namespace}.svc:{port}/metrics"
 
 
-def url_for(run: str, namespace: str, stage: str) -> str:
-    template = os.environ.get("RLT_PROGRESS_URL", DEFAULT_URL)
+def url_for(template: str, run: str, namespace: str, stage: str) -> str:
+    """Rank 0's /metrics URL from OperatorSettings.progress_url (DEFAULT_PROGRESS_URL: pod 0 of the Job)."""
     job = b.trainer_name(run, stage)
     return template.format(job=job, run=run, namespace=namespace, stage=stage, port=b.METRICS_PORT)
 

@@ -84,6 +84,9 @@ class InProcessOperator:
         import kopf
 
         from . import handlers  # noqa: F401 - registers the handlers
+        from .settings import OperatorSettings
+
+        config = OperatorSettings.from_env()  # read once, when this operator starts
 
         def main() -> None:
             try:
@@ -95,6 +98,7 @@ class InProcessOperator:
                     namespaces=self.namespaces or [],
                     liveness_endpoint=self.liveness,
                     stop_flag=self._stop,
+                    memo=kopf.Memo(settings=config),
                 ))
             except BaseException as err:  # reported by stop()
                 self.error = err
