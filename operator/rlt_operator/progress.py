@@ -12,14 +12,14 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import builders as b
+from . import builders
 
 
 
 def url_for(template: str, run: str, namespace: str, stage: str) -> str:
     """Rank 0's /metrics URL from OperatorSettings.progress_url (DEFAULT_PROGRESS_URL: pod 0 of the Job)."""
-    job = b.trainer_name(run, stage)
-    return template.format(job=job, run=run, namespace=namespace, stage=stage, port=b.METRICS_PORT)
+    job = builders.trainer_name(run, stage)
+    return template.format(job=job, run=run, namespace=namespace, stage=stage, port=builders.METRICS_PORT)
 
 
 def fetch(url: str, timeout: float = 3.0) -> str:
@@ -56,7 +56,7 @@ def progress(run: str, stage: str, sample: dict[str, float], previous: dict[str,
     if "rewardMean" in sample:
         out["rewardMean"] = round(float(sample["rewardMean"]), 6)
     if sample.get("checkpointStep"):
-        ckpt = b.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
+        ckpt = builders.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
         out["lastCheckpoint"] = str(ckpt)
     tokens = sample.get("generatedTokens")
     if tokens is not None and previous and previous.get("stage") == stage and "_tokens" in previous:
