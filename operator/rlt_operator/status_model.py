@@ -25,7 +25,7 @@ class Condition(_Status):
     type: str = Field(description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
                                   "TrainerRunning, SpecApplied, StagesCurrent, Suspended, Complete or "
                                   "Failed.")
-    status: Literal["True", "False", "Unknown"]
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(None, description="CamelCase reason.")
     message: str | None = Field(None, description="Human-readable detail.")
     last_transition_time: str | None = Field(None, description="When status last changed.",
@@ -55,9 +55,9 @@ class Outputs(_Status):
 class TrainerShape(_Status):
     """The trainer shape the running stage uses (frozen once the stage has a checkpoint)."""
 
-    stage: str
-    nodes: int
-    gpus: int
+    stage: str = Field(description="The stage this shape belongs to.")
+    nodes: int = Field(description="Trainer pods (one per node).")
+    gpus: int = Field(description="GPUs per trainer pod.")
 
 
 class StageSpec(_Status):
