@@ -19,9 +19,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rlt.metrics import OPERATOR_METRICS, build
 from rlt.spec import API_GROUP, API_VERSION, PLURAL, STAGE_ORDER
 
-from . import builders
-from . import progress
-from . import status
+from . import builders, progress, status
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
 

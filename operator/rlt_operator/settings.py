@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 # Where rank 0 of a stage's Job serves /metrics: pod 0 through the headless Service.
 DEFAULT_PROGRESS_URL = "http://{job}-0.{job}.{namespace}.svc:{port}/metrics"
@@ -26,7 +26,7 @@ class OperatorSettings:
     health_port: int = 8081  # RLT_OPERATOR_HEALTH_PORT: /healthz of `rlt operator` (0 or negative: off)
     progress_url: str = DEFAULT_PROGRESS_URL  # RLT_PROGRESS_URL: template with {job} {run} {namespace} {stage} {port}
 
-    ENV = {
+    ENV: ClassVar[Mapping[str, str]] = {  # field -> environment variable
         "resync_seconds": "RLT_RESYNC_SECONDS",
         "progress_interval": "RLT_PROGRESS_INTERVAL",
         "debounce_seconds": "RLT_DEBOUNCE_SECONDS",
@@ -45,7 +45,7 @@ class OperatorSettings:
             raw = environ.get(cls.ENV[f.name], "")
             if raw == "":
                 continue  # unset or empty: the default
-            kind = type(f.default)
+            kind: type = type(getattr(cls, f.name))  # the default's type: float, int or str
             try:
                 values[f.name] = kind(raw)
             except ValueError:

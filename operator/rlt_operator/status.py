@@ -17,8 +17,7 @@ from rlt.fingerprint import describe_changes, fingerprint_of, stage_fields
 from rlt.spec import RLTRunSpec, SpecError
 from rlt.validation import validate_spec
 
-from . import builders
-from . import status_model
+from . import builders, status_model
 
 PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
 PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
