@@ -174,6 +174,10 @@ class GenerationSpec(Strict):
     server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators.")
     max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
+    importance_sampling: Literal["off", "sequenceMask", "sequenceTruncate", "tokenMask", "tokenTruncate"] = Field(
+        "off", description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
+                           "when on, the masked or clipped share per step is a metric).")
+    importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
 
 
 class RefSyncSpec(Strict):
