@@ -109,7 +109,7 @@ def protocol():
     ("<guidance> Multiply 3 by 4. </guidance> trailing", "Multiply 3 by 4."),
     ("<guidance>never closed", None),          # unclosed: nothing is passed on
     ("Just the answer: 12", None),             # no tags: never the whole output
-    ("<guidance>   </guidance>", None),        # empty guidance counts as missing
+    ("<guidance>   </guidance>", ""),          # closed and empty: zero-length guidance, not missing
 ])
 def test_extract_guidance(protocol, output, guidance):
     assert protocol.extract_guidance(output) == guidance

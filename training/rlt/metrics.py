@@ -32,7 +32,7 @@ RCL_GAUGES = {
     "rcl_apg": "rlt_rcl_apg", "rcl_ndr": "rlt_rcl_ndr", "rcl_tes": "rlt_rcl_tes",
     "rcl_acc_with": "rlt_rcl_accuracy_with_guidance", "rcl_acc_without": "rlt_rcl_accuracy_without_guidance",
     "rcl_teaching_tokens": "rlt_rcl_teaching_tokens", "rcl_format_ok": "rlt_rcl_guidance_wellformed_ratio",
-    "rcl_leak_rate": "rlt_rcl_answer_leak_ratio",
+    "rcl_leak_rate": "rlt_rcl_answer_leak_ratio", "rcl_ndr_samples": "rlt_rcl_ndr_samples",
 }
 # metrics.jsonl key -> rlt_* gauge of the rl stage's step record (exported by the Recorder)
 RL_GAUGES = {
@@ -87,6 +87,8 @@ TRAINER_METRICS: tuple[MetricDef, ...] = (
     *(MetricDef(f"rlt_rcl_{key}", "gauge", text) for key, text in (
         ("apg", "RCL adaptive performance gain: mean over questions of student accuracy with − without guidance."),
         ("ndr", "RCL non-degradation rate: 1 − share of questions right without guidance and wrong with it."),
+        ("ndr_samples", "RCL non-degradation rate per guidance sample: 1 − share of guidance samples after which the "
+                        "student did worse than alone (any drop counts); stricter than rlt_rcl_ndr, which the target is defined on."),
         ("tes", "RCL teaching efficiency: APG per 100 teaching (guidance) tokens."),
         ("accuracy_with_guidance", "RCL mean student accuracy with the teacher's guidance (0–1)."),
         ("accuracy_without_guidance", "RCL mean student accuracy without guidance, the shared baseline (0–1)."),

@@ -71,6 +71,7 @@ class RLTReward:
         )
         self.last: RewardBreakdown | None = None
         self.last_seconds = 0.0
+        self.last_pairing_seconds = 0.0  # offsets of generated tokens + teacher/student pairing, inside last_seconds
         self.scored_tokens_total = 0
 
     def set_teacher(self, teacher) -> None:
@@ -116,9 +117,12 @@ class RLTReward:
         if teacher_logprobs is not None:
             if completion_ids is None:
                 raise ValueError("teacher_logprobs need the completion_ids they belong to")
+            t0 = time.perf_counter()
             teacher = self._teacher_from_generation(completions, completion_ids, teacher_logprobs, explanations)
+            pairing_seconds = time.perf_counter() - t0
         else:
             teacher = self._teacher_from_forward(questions, solutions, completions, explanations)
+            pairing_seconds = 0.0
 
         requests = []
         for q, s, e in zip(questions, solutions, explanations):
@@ -132,7 +136,9 @@ class RLTReward:
             if len(sol) == 0:
                 raise ValueError("no solution token could be scored: the solution text is empty after tokenisation")
             sol_mean, sol_min = float(sol.mean()), float(sol.min())
+            t0 = time.perf_counter()
             pairing = pair_explanation(t_lp, SideTokens(e_sc.offsets, e_sc.ids, e_sc.logprobs.tolist()), self.same_vocab)
+            pairing_seconds += time.perf_counter() - t0
             deltas = pairing.deltas
             kl_mean = sum(deltas) / len(deltas) if deltas else EMPTY_KL
             kl_max = max(deltas) if deltas else EMPTY_KL
@@ -155,6 +161,7 @@ class RLTReward:
             out.pairing_coverage.append(pairing.coverage)
         self.last = out
         self.last_seconds = time.perf_counter() - started
+        self.last_pairing_seconds = pairing_seconds
         self.scored_tokens_total += sum(out.solution_tokens) + sum(out.explanation_tokens)
         return out
 

@@ -518,8 +518,13 @@ def load_runs(path: str | Path) -> list[RLTRun]:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
+    except UnicodeDecodeError as err:
+        raise SpecError(str(path), [f"not a UTF-8 text file (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                                    "an RLTRun file is YAML text"]) from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
     except yaml.YAMLError as err:
-        raise SpecError(str(path), [f"<yaml>: {err}"]) from None
+        raise SpecError(str(path), ["<yaml>: " + " ".join(str(err).split())]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
     runs, problems = [], []

@@ -67,7 +67,7 @@ def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generatio
 
 def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
-        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]  # = sft.teacher_prompt_ids
         with timer.phase("generate"):
             completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, trainer.num_generations, st)
         counters["generated_tokens"] += sum(len(c) for c in completion_ids)
