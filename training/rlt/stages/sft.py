@@ -26,13 +26,14 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
     the rl and distill stages sample after (`teacher_prompt_ids`). Tokenising prompt + completion as one text would
     merge the tag with a trace that starts with, say, "=" or "." (SmolLM2: `>=`), so SFT would train on a context
     the policy never sees."""
-    out = []
+    out, skipped = [], []
     for r in rows:
         if not r.get("reasoning_trace"):
             msg = f"row {r['row']}: reasoning_trace is missing; stage sft learns explanations from it"
             if bad_rows == "reject":
-                raise DataError(msg + " (map spec.dataset.columns.reasoningTrace, disable stages.sft, or set badRows: skip)")
-            log.warning("skipping %s", msg)
+                hint = ", or set badRows: skip" if any(x.get("reasoning_trace") for x in rows) else ""
+                raise DataError(msg + f" (map spec.dataset.columns.reasoningTrace, disable stages.sft{hint})")
+            skipped.append(msg)
             continue
         prompt = teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"])
         completion = tokenizer(formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token),
@@ -40,6 +41,8 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
         out.append({"input_ids": prompt + completion, "completion_mask": [0] * len(prompt) + [1] * len(completion)})
     if not out:
         raise DataError("stage sft: no row has a reasoning_trace")
+    if skipped:  # once per stage, not once per row
+        log.warning("stage sft: skipping %d of %d rows (badRows: skip), first %s", len(skipped), len(rows), skipped[0])
     return out
 
 
