@@ -58,18 +58,25 @@ def _units(offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, int]
 def pair_explanation(teacher: SideTokens, student: SideTokens, same_vocab: bool) -> Pairing:
     """Δ terms of r_KL by the rule in the module docstring; linear in the number of tokens."""
     tu, su = _units(teacher.offsets), _units(student.offsets)
+    t_lp, s_lp = list(teacher.logprobs), list(student.logprobs)
     deltas: list[float] = []
     paired = 0
     i = j = 0
     while i < len(tu) and j < len(su):
-        if tu[i][0] != su[j][0]:  # no common start: the earlier unit has no partner
-            if tu[i][0] < su[j][0]:
+        ts, te, ta, tb = tu[i]
+        ss, se, sa, sb = su[j]
+        if ts != ss:  # no common start: the earlier unit has no partner
+            if ts < ss:
                 i += 1
             else:
                 j += 1
             continue
+        if te == se and tb - ta == 1 and sb - sa == 1:  # the common case: one token each side, same characters
+            deltas.append(float(t_lp[ta]) - float(s_lp[sa]))
+            paired += 2
+            i, j = i + 1, j + 1
+            continue
         ti, sj = i + 1, j + 1
-        te, se = tu[i][1], su[j][1]
         while te != se:  # grow the side that ends first, as long as it stays contiguous
             if te < se:
                 if ti == len(tu) or tu[ti][0] != te:
@@ -80,12 +87,11 @@ def pair_explanation(teacher: SideTokens, student: SideTokens, same_vocab: bool)
                     break
                 se, sj = su[sj][1], sj + 1
         if te == se:
-            a, b, c, d = tu[i][2], tu[ti - 1][3], su[j][2], su[sj - 1][3]
-            t_lp, s_lp = teacher.logprobs[a:b], student.logprobs[c:d]
+            a, b, c, d = ta, tu[ti - 1][3], sa, su[sj - 1][3]
             if same_vocab and list(teacher.ids[a:b]) == list(student.ids[c:d]):
-                deltas += [float(t) - float(s) for t, s in zip(t_lp, s_lp)]
+                deltas += [float(t) - float(s) for t, s in zip(t_lp[a:b], s_lp[c:d])]
             else:
-                deltas.append(float(sum(t_lp)) - float(sum(s_lp)))
+                deltas.append(float(sum(t_lp[a:b])) - float(sum(s_lp[c:d])))
             paired += (b - a) + (d - c)
         i, j = ti, sj
     return Pairing(deltas, paired, len(teacher) + len(student))
