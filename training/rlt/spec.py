@@ -176,6 +176,10 @@ class GenerationSpec(Strict):
     server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators.")
     max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
+    importance_sampling: Literal["off", "sequenceMask", "sequenceTruncate", "tokenMask", "tokenTruncate"] = Field(
+        "off", description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
+                           "when on, the masked or clipped share per step is a metric).")
+    importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
 
 
 class RefSyncSpec(Strict):
@@ -646,8 +650,13 @@ def load_runs(path: str | Path) -> list[RLTRun]:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
+    except UnicodeDecodeError as err:
+        raise SpecError(str(path), [f"not a UTF-8 text file (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                                    "an RLTRun file is YAML text"]) from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
     except yaml.YAMLError as err:
-        raise SpecError(str(path), [f"<yaml>: {err}"]) from None
+        raise SpecError(str(path), ["<yaml>: " + " ".join(str(err).split())]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
     runs, problems = [], []
