@@ -6,7 +6,7 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean
+.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests generate images bench clean
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -107,3 +107,11 @@ clean:
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
 	$(BIN)/python -c "from rlt.spec_docs import regenerate; regenerate()"
+
+crd: $(STAMP)
+	$(BIN)/python -c "from rlt_operator.crd import write; write()"
+
+# Every generated file from its one source: CRD (+ chart copy), install manifests, doc tables, dashboards.
+# `make test` checks each is current (tests/chart, tests/operator/test_crd.py, tests/observability).
+generate: crd chart-crd install-manifests docs
+	$(BIN)/python hack/gen_dashboards.py
