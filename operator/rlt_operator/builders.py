@@ -357,17 +357,17 @@ def configmap(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
 
 def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
     """None when the user names an existing claim (then it is theirs: never created or deleted)."""
-    st = spec.storage
-    if st.existing_claim:
+    storage = spec.storage
+    if storage.existing_claim:
         return None
     claim: dict[str, Any] = {
-        "accessModes": [st.access_mode],
-        "resources": {"requests": {"storage": st.size}},
+        "accessModes": [storage.access_mode],
+        "resources": {"requests": {"storage": storage.size}},
     }
-    if st.storage_class_name:
-        claim["storageClassName"] = st.storage_class_name
+    if storage.storage_class_name:
+        claim["storageClassName"] = storage.storage_class_name
     meta = _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA))
-    if st.retention_policy == "Retain":
+    if storage.retention_policy == "Retain":
         # An owner reference would let the garbage collector delete the checkpoints with the run.
         del meta["ownerReferences"]
     return {
