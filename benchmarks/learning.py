@@ -19,6 +19,7 @@ import json
 import math
 import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,11 +89,17 @@ def train(args, out: Path) -> tuple[str, dict[int, dict]]:
     sft_run.metadata.name = "learning-sft"
     run_local(sft_run, out, metrics_port=None, show_progress=False)
     sft_model = str(out / "learning-sft" / "sft" / "model")
+    if args.parallel and len(args.seeds) > 1:
+        # One process per seed: on a shared machine each process gets its own share of the CPU.
+        argv = [a for a in sys.argv[1:] if a != "--parallel"]
+        procs = [subprocess.Popen([sys.executable, "-u", __file__, *argv, "--rl-seed", str(s)]) for s in args.seeds]
+        if any(p.wait() for p in procs):
+            raise SystemExit("an RL seed failed (see its output above)")
     runs = {}
     for seed in args.seeds:
         t0 = time.perf_counter()
         run = parse_run(run_spec(args, seed, sft_model, sft=False, rl=True))
-        run_local(run, out, metrics_port=None, show_progress=not args.quiet)
+        run_local(run, out, metrics_port=None, show_progress=not args.quiet)  # skipped when already done
         rows = [json.loads(x) for x in (out / run.name / "metrics.jsonl").read_text().splitlines() if x.strip()]
         by_step = {r["step"]: r for r in rows if r["stage"] == "rl"}
         runs[seed] = {"model": str(out / run.name / "rl" / "model"), "rows": [by_step[k] for k in sorted(by_step)],
@@ -212,6 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="results/learning")
     p.add_argument("--quick", action="store_true", help="tiny settings that only check the script runs")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes")
+    p.add_argument("--rl-seed", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
@@ -219,9 +228,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     from rlt import tasks
     from rlt.runner import quiet_libraries
+    from rlt.runner import run_local
+    from rlt.spec import parse_run
 
     quiet_libraries()
     out = Path(args.out)
+    if args.rl_seed is not None:  # a child of --parallel: this seed's RL run only
+        sft_model = str(out / "learning-sft" / "sft" / "model")
+        run_local(parse_run(run_spec(args, args.rl_seed, sft_model, sft=False, rl=True)), out, metrics_port=None,
+                  show_progress=not args.quiet)
+        return {}
     started = time.perf_counter()
     sft_model, runs = train(args, out)
     seen = {r["question"] for r in tasks.generate(args.task, args.train_size, 0)}

@@ -1,9 +1,11 @@
 """How well does the untrained student answer the built-in `basic` task, alone and when shown a worked explanation?
 
 Per level, N fresh questions (seeded), the student (default SmolLM2-135M-Instruct) answers greedily:
-  alone      student chat (system prompt, question), the model writes its own thought and answer;
-  explained  the same chat with the task's worked reasoning already written inside the thought tags and the
-             answer tag opened, the model writes the answer.
+  free       student chat (system prompt, question), the model writes its own thought and answer (what the
+             evaluate stage and `rlt compare` measure; a 135M model rambles, so the token limit matters);
+  direct     the thought left empty and the answer tag opened: the model writes the answer at once (the setting
+             the RLT reward scores, with an empty explanation);
+  explained  the same chat with the task's worked reasoning inside the thought tags and the answer tag opened.
 Both are graded by the task's own checker (rlt.tasks.check_builtin, recomputed from the question). Prints a
 table with 95 % Wilson intervals. Usage:
   nice -n 10 python benchmarks/task_calibration.py [--per-level 64] [--model builtin:smollm2-135m-instruct]
@@ -75,6 +77,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--levels", default=",".join(map(str, tasks.BASIC_LEVELS)))
     p.add_argument("--show", type=int, default=0, help="print this many raw outputs per level")
+    p.add_argument("--free-tokens", type=int, default=48, help="token limit of the free answers (0: skip them)")
     args = p.parse_args()
 
     from rlt.models import load_model, load_tokenizer
@@ -84,20 +87,27 @@ def main() -> None:
     model = load_model(ref, "cpu")
     formatter = Formatter(resolve_format(FormatSpec()))
     print(f"student {args.model}, {args.per_level} questions per level, greedy, seed {args.seed}")
-    print("| level | example | alone | 95 % CI | with worked explanation | 95 % CI | seconds |")
-    print("|---|---|---|---|---|---|---|")
+    print("| level | example | free (own thought) | 95 % CI | direct (empty thought) | 95 % CI | "
+          "with worked explanation | 95 % CI | seconds |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for level in map(int, args.levels.split(",")):
         t0 = time.perf_counter()
         rows = tasks.generate(f"basic-{level}", args.per_level, args.seed)
         qs = [r["question"] for r in rows]
-        alone = answer_alone(model, tokenizer, formatter, qs)
+        cells = []
+        free = answer_alone(model, tokenizer, formatter, qs, args.free_tokens) if args.free_tokens else None
+        direct = answer_explained(model, tokenizer, formatter, qs, [""] * len(qs))
         helped = answer_explained(model, tokenizer, formatter, qs, [r["reasoning_trace"] for r in rows])
-        a, h = graded(qs, alone, formatter), graded(qs, helped, formatter)
-        (al, ah), (hl, hh) = wilson(sum(a), len(a)), wilson(sum(h), len(h))
-        print(f"| {level} | {qs[0]} | {sum(a) / len(a):.2f} | [{al:.2f}, {ah:.2f}] | {sum(h) / len(h):.2f} | "
-              f"[{hl:.2f}, {hh:.2f}] | {time.perf_counter() - t0:.0f} |", flush=True)
-        for q, o in list(zip(qs, alone))[: args.show]:
-            print(f"    {q!r} -> {o!r}")
+        for outputs in (free, direct, helped):
+            if outputs is None:
+                cells.append("— | —")
+                continue
+            ok = graded(qs, outputs, formatter)
+            lo, hi = wilson(sum(ok), len(ok))
+            cells.append(f"{sum(ok) / len(ok):.2f} | [{lo:.2f}, {hi:.2f}]")
+        print(f"| {level} | {qs[0]} | {' | '.join(cells)} | {time.perf_counter() - t0:.0f} |", flush=True)
+        for q, o in list(zip(qs, direct))[: args.show]:
+            print(f"    direct {q!r} -> {o!r}")
 
 
 if __name__ == "__main__":
