@@ -25,8 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from task_calibration import answer_alone, answer_explained, graded, wilson  # noqa: E402
-
+from task_calibration import answer_alone, answer_explained, graded, wilson
 
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
@@ -97,13 +96,14 @@ def train(args, out: Path) -> tuple[str, dict[int, dict]]:
             raise SystemExit("an RL seed failed (see its output above)")
     runs = {}
     for seed in args.seeds:
-        t0 = time.perf_counter()
         run = parse_run(run_spec(args, seed, sft_model, sft=False, rl=True))
         run_local(run, out, metrics_port=None, show_progress=not args.quiet)  # skipped when already done
         rows = [json.loads(x) for x in (out / run.name / "metrics.jsonl").read_text().splitlines() if x.strip()]
         by_step = {r["step"]: r for r in rows if r["stage"] == "rl"}
-        runs[seed] = {"model": str(out / run.name / "rl" / "model"), "rows": [by_step[k] for k in sorted(by_step)],
-                      "seconds": time.perf_counter() - t0}
+        steps = [by_step[k] for k in sorted(by_step)]
+        # RL time from the step records: in --parallel mode the training happened in a child process
+        runs[seed] = {"model": str(out / run.name / "rl" / "model"), "rows": steps,
+                      "seconds": sum(r.get("step_seconds", 0.0) for r in steps)}
     return sft_model, runs
 
 
@@ -227,8 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.completion_length, args.train_size, args.k = 16, 16, 1
 
     from rlt import tasks
-    from rlt.runner import quiet_libraries
-    from rlt.runner import run_local
+    from rlt.runner import quiet_libraries, run_local
     from rlt.spec import parse_run
 
     quiet_libraries()
@@ -256,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nRLT learning on builtin:{args.task}: {args.model} teacher and student, {args.steps} RL steps × "
           f"{args.questions} questions × G={args.generations}, lr {args.lr}, explanations ≤ {args.completion_length} "
           f"tokens; wall {report['seconds']:.0f} s")
-    print("| seed | term | start (first k) | end (last k) | slope per step ± 95 % CI | RL seconds |")
+    print("| seed | term | start (first k) | end (last k) | slope per step ± 95 % CI | RL step seconds (sum) |")
     print("|---|---|---|---|---|---|")
     for seed, f in figures.items():
         for key in ("reward", "r_ss", "r_kl"):

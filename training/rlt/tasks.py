@@ -92,7 +92,7 @@ def basic_level(question: str) -> int | None:
     m = _BASIC_Q.match(question.strip())
     if m is None:
         return None
-    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+    a, op = int(m.group(1)), m.group(2)
     return {"+": 1 if a < 10 else 2, "-": 3, "*": 4}[op]
 
 
