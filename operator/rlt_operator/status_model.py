@@ -23,8 +23,9 @@ class Condition(_Status):
     """A condition of the run (metav1.Condition without observedGeneration)."""
 
     type: str = Field(description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
-                                  "TrainerRunning, Suspended, Complete or Failed.")
-    status: Literal["True", "False", "Unknown"]
+                                  "TrainerRunning, SpecApplied, StagesCurrent, Suspended, Complete or "
+                                  "Failed.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(None, description="CamelCase reason.")
     message: str | None = Field(None, description="Human-readable detail.")
     last_transition_time: str | None = Field(None, description="When status last changed.",
@@ -36,6 +37,7 @@ class Progress(_Status):
 
     step: int | None = Field(None, description="Optimizer step of the running stage.")
     total_steps: int | None = Field(None, description="Steps the running stage will take.")
+    step_of_total: str | None = Field(None, description="step/totalSteps (the Step column of `kubectl get rlt`).")
     reward_mean: float | None = Field(None, description="Mean reward of the last step.")
     tokens_per_second: float | None = Field(None, description="Generated tokens per second between two reads.")
     last_checkpoint: str | None = Field(None, description="Path of the newest checkpoint on the run's volume.")
@@ -53,9 +55,17 @@ class Outputs(_Status):
 class TrainerShape(_Status):
     """The trainer shape the running stage uses (frozen once the stage has a checkpoint)."""
 
-    stage: str
-    nodes: int
-    gpus: int
+    stage: str = Field(description="The stage this shape belongs to.")
+    nodes: int = Field(description="Trainer pods (one per node).")
+    gpus: int = Field(description="GPUs per trainer pod.")
+
+
+class StageSpec(_Status):
+    """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
+
+    fingerprint: str = Field(description="rlt.fingerprint.stage_fingerprint of the fields below.")
+    fields: dict[str, str] = Field(description="The fields the stage's output depends on (dotted spec path -> "
+                                               "value as JSON), so that an edit can be named.")
 
 
 class RLTRunStatus(_Status):
@@ -78,6 +88,9 @@ class RLTRunStatus(_Status):
     start_time: str | None = Field(None, description="When the run last started.", json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)
     completed_stages: list[str] | None = Field(None, description="Stages whose Job completed.")
+    stage_specs: dict[str, StageSpec] | None = Field(
+        None, description="Per finished stage, the spec it finished under; a later edit of those fields is "
+                          "reported (condition StagesCurrent, Event FinishedStageEdited), not applied.")
     progress: Progress | None = None
     trainer_shape: TrainerShape | None = Field(None, description="nodes x gpus of the running stage's trainer.")
     outputs: Outputs | None = None

@@ -67,10 +67,36 @@ def test_schema_is_structural_with_descriptions_and_printer_columns():
     assert rl["deepspeedZeroStage"]["enum"] == [0, 1, 2, 3]
     assert "description" in spec["properties"]["suspend"]
     assert spec["properties"]["scheduling"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Stage", "Step", "Reward", "Restarts", "Age"]
+    cols = version["additionalPrinterColumns"]
+    assert [c["name"] for c in cols] == ["Phase", "Stage", "Step", "Reward", "Restarts", "Age", "Reason", "Message"]
+    assert [c["name"] for c in cols if c.get("priority") == 1] == ["Reason", "Message"], "-o wide adds them"
+    status = root["properties"]["status"]
+    for c in [c for c in cols if c["jsonPath"].startswith(".status.")]:  # a field the status schema keeps
+        node = root
+        for part in c["jsonPath"].strip(".").split("."):
+            node = node.get("properties", {}).get(part)
+            assert node is not None, f"{c['name']}: {c['jsonPath']} is not in the schema"
+    assert status["properties"]["progress"]["properties"]["stepOfTotal"]["type"] == "string"
     assert version["subresources"] == {"status": {}}
     assert crd.crd()["spec"]["names"]["shortNames"] == ["rlt"]
+
+
+def _undescribed(node, path):
+    """Properties without a description (what `kubectl explain` would show empty), walking objects and lists."""
+    for name, sub in (node.get("properties") or {}).items():
+        if not sub.get("description"):
+            yield f"{path}.{name}"
+        yield from _undescribed(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from _undescribed(node[key], f"{path}[]")
+
+
+def test_every_spec_and_status_field_has_a_description_for_kubectl_explain():
+    """Walks the schema generated from the pydantic models: a field's own description or its model's docstring."""
+    root = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert list(_undescribed(root["properties"]["spec"], "spec")) == []
+    assert list(_undescribed(root["properties"]["status"], "status")) == []
 
 
 def test_crd_is_a_valid_apiextensions_object():

@@ -85,10 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     runner_cli.register(sub)
 
-    from rlt_operator import cli as operator_cli  # operator commands (kopf is imported inside the handlers)
-
-    operator_cli.register(sub)
+    register_command_groups(sub)
     return parser
+
+
+COMMAND_GROUPS = "rlt.commands"  # entry-point group: `register(subparsers)` functions of other packages
+
+
+def register_command_groups(sub: argparse._SubParsersAction) -> None:
+    """Commands of packages built on rlt (the operator's `crd`, `operator`, `sandbox`), found through their
+    entry points, so that the core imports nothing from them."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group=COMMAND_GROUPS), key=lambda e: e.name):
+        ep.load()(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

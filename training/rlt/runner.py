@@ -117,7 +117,7 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
     restart = {s for s in order if from_stage and order.index(s) >= order.index(from_stage)}
     # Refusals come before anything is written: run.yaml must keep describing what the outputs were made with.
     plans = fingerprint.plan_stages(layout, run.spec, stages, restart, "--from-stage {stage}",
-                                    has_checkpoint=lambda st: has_checkpoint(layout, st))
+                                    has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name))
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     quiet_libraries()
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -184,7 +184,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     layout = RunLayout.for_run(root, run.name)
     ctx = StageContext(run, layout, None, None, show_progress=False)
     [plan] = fingerprint.plan_stages(layout, run.spec, [stage], {stage} if restart else set(), "--restart",
-                                     has_checkpoint=lambda st: has_checkpoint(layout, st))
+                                     has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name))
     if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)
         return str(layout.stage_dir(stage))

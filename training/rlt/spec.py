@@ -94,12 +94,12 @@ class DatasetSpec(Strict):
 class TagSet(Strict):
     """Plain-text markers around each part of a completion. All optional: unset = the preset's."""
 
-    thought_start: str | None = None
-    thought_end: str | None = None
-    solution_start: str | None = None
-    solution_end: str | None = None
-    explanation_start: str | None = None
-    explanation_end: str | None = None
+    thought_start: str | None = Field(None, description="Opens the reasoning (thought) part.")
+    thought_end: str | None = Field(None, description="Closes the reasoning (thought) part.")
+    solution_start: str | None = Field(None, description="Opens the solution given to the teacher.")
+    solution_end: str | None = Field(None, description="Closes the solution given to the teacher.")
+    explanation_start: str | None = Field(None, description="Opens the teacher's explanation.")
+    explanation_end: str | None = Field(None, description="Closes the teacher's explanation.")
 
 
 class FormatSpec(Strict):
@@ -170,10 +170,16 @@ class GenerationSpec(Strict):
     mode: Literal["inprocess", "server"] = Field(
         "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode)."
     )
-    server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server; set by the operator).")
+    server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server). For stages.rl the "
+                                   "operator sets it to its generators (they serve rl and distill); for "
+                                   "stages.evaluate give it yourself: no server is started for evaluate.")
     server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators.")
     max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
+    importance_sampling: Literal["off", "sequenceMask", "sequenceTruncate", "tokenMask", "tokenTruncate"] = Field(
+        "off", description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
+                           "when on, the masked or clipped share per step is a metric).")
+    importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
 
 
 class RefSyncSpec(Strict):
@@ -233,23 +239,23 @@ class DistillStage(Strict):
 class StudentStage(Strict):
     """Supervised distillation of a student on the distill stage's dataset (student format, loss on the answer)."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="Run this stage.")
     model: ModelRef | None = Field(None, description="Student to train (default: spec.student).")
-    epochs: float = Field(1.0, gt=0)
+    epochs: float = Field(1.0, gt=0, description="Passes over the distilled dataset.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
-    learning_rate: float = Field(1e-5, gt=0)
-    lr_scheduler: Literal["cosine", "constant", "linear"] = "cosine"
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("cosine", description="Learning-rate schedule.")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Fraction of the steps spent warming up.")
     batch_size: int = Field(16, gt=0, description="Global batch size.")
-    per_device_batch_size: int = Field(1, gt=0)
+    per_device_batch_size: int = Field(1, gt=0, description="Rows per GPU per micro-step (the rest is accumulation).")
     max_length: int = Field(16384, gt=0, description="Tokens per training row (the whole student chat).")
     over_long: Literal["drop", "truncate", "best_fit"] = Field(
         "best_fit",
         description="Rows over maxLength: drop them, truncate them (large students are hurt by cropped traces), or "
         "use the best-rewarded distill candidate that fits (dropped when none fits).",
     )
-    gradient_checkpointing: bool = True
-    save_steps: int = Field(500, gt=0)
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass (less memory).")
+    save_steps: int = Field(500, gt=0, description="Checkpoint every this many optimizer steps.")
     deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
 
     @model_validator(mode="after")
@@ -264,7 +270,7 @@ class StudentStage(Strict):
 class EvaluateStage(Strict):
     """Accuracy of a model on a held-out split, pass@1 averaged over `samples` answers per question."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="Run this stage.")
     model: ModelRef | None = Field(
         None, description="Model to evaluate (default: the student stage's model when it is enabled, else the "
         "untrained student: stages.student.model or spec.student)."
@@ -280,8 +286,8 @@ class EvaluateStage(Strict):
     )
     samples: int = Field(1, gt=0, description="Answers sampled per question (pass@1 is averaged over them).")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature; 0 = greedy (then use samples: 1).")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(1024, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest token set of this mass.")
+    max_new_tokens: int = Field(1024, gt=0, description="Length limit of each answer.")
     limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions.")
     batch_size: int = Field(8, gt=0, description="Prompts generated together (in-process).")
     generation: GenerationSpec = Field(default_factory=GenerationSpec, description="In-process or a vLLM server.")
@@ -294,6 +300,8 @@ class EvaluateStage(Strict):
 
 
 class Stages(Strict):
+    """The stages of a run, run in this order; each runs when enabled."""
+
     sft: SftStage = Field(default_factory=SftStage)
     rl: RlStage = Field(default_factory=RlStage)
     distill: DistillStage = Field(default_factory=DistillStage)
@@ -307,11 +315,23 @@ class Stages(Strict):
 # --------------------------------------------------------------------------- cluster (operator only)
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+
 class PodResources(Strict):
-    gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod.")
-    cpu: str | None = Field(None, description="CPU request, e.g. '16'.")
-    memory: str | None = Field(None, description="Memory request, e.g. '200Gi'.")
-    shared_memory: str = Field("16Gi", description="Size of the /dev/shm emptyDir (NCCL, dataloaders).")
+    gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod (0 with MIG: name the MIG profile in extra).")
+    cpu: str | None = Field(None, pattern=_QUANTITY,
+                            description="CPU request, e.g. '16' (default: 4 per GPU, at least 1).")
+    memory: str | None = Field(None, pattern=_QUANTITY, description="Memory request for the processes, e.g. '200Gi' "
+                               "(default: 32Gi per GPU, at least 8Gi); sharedMemory is added to it.")
+    cpu_limit: str | None = Field(None, pattern=_QUANTITY, description="CPU limit (default: none).")
+    memory_limit: str | None = Field(None, pattern=_QUANTITY,
+                                     description="Memory limit (default: none); sharedMemory is added to it.")
+    shared_memory: str = Field("16Gi", pattern=_QUANTITY,
+                               description="Size of the memory-backed /dev/shm emptyDir (NCCL, dataloaders); it counts "
+                               "as the pod's memory, so it is added to the memory request and limit.")
+    extra: dict[str, str] = Field(default_factory=dict, description="More extended resources, request = limit, e.g. "
+                                  "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.")
 
 
 class TrainerResources(PodResources):
@@ -331,34 +351,48 @@ class GeneratorResources(PodResources):
 
 
 class Resources(Strict):
-    trainer: TrainerResources = Field(default_factory=TrainerResources)
-    generator: GeneratorResources = Field(default_factory=GeneratorResources)
+    """Pods of the run on a cluster (ignored by `rlt run`)."""
+
+    trainer: TrainerResources = Field(default_factory=TrainerResources,
+                                      description="The trainer's Indexed Job: one pod per node, torchrun inside.")
+    generator: GeneratorResources = Field(default_factory=GeneratorResources,
+                                          description="vLLM servers (generation.mode: server of stages.rl).")
 
 
 class Storage(Strict):
+    """The run's volume (a PVC mounted at /data in every pod)."""
+
     size: str = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")
-    storage_class_name: str | None = None
+    storage_class_name: str | None = Field(None, description="StorageClass of the PVC (default: the cluster's).")
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
         "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
     )
     existing_claim: str | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
+    retention_policy: Literal["Retain", "Delete"] = Field(
+        "Retain", description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
+        "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.")
 
 
 class Images(Strict):
+    """Container images of the run's pods (build and push them: `make images`)."""
+
     trainer: str = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
     generator: str = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
-    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent",
+                                                                   description="imagePullPolicy of every container.")
 
 
 class SecretKeyRef(Strict):
-    name: str = Field(min_length=1)
-    key: str = Field("token", min_length=1)
+    """A key of a Secret in the run's namespace."""
+
+    name: str = Field(min_length=1, description="Secret name.")
+    key: str = Field("token", min_length=1, description="Key inside it.")
 
 
 class KeyRef(Strict):
     name: str = Field(min_length=1, description="Secret or ConfigMap name.")
     key: str = Field(min_length=1, description="Key inside it.")
-    optional: bool | None = None
+    optional: bool | None = Field(None, description="Start the pod even when the key is missing.")
 
 
 class EnvVarSource(Strict):
@@ -378,7 +412,9 @@ class EnvVarSource(Strict):
 
 
 class EnvVar(Strict):
-    name: str = Field(min_length=1)
+    """An environment variable of every pod of the run."""
+
+    name: str = Field(min_length=1, description="Variable name.")
     value: str | None = Field(None, description="Literal value (written into the run's ConfigMap: no secrets).")
     value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
 
@@ -390,13 +426,19 @@ class EnvVar(Strict):
 
 
 class Scheduling(Strict):
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Where and how the run's pods are scheduled."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector (labels a node must "
+                                          "carry).")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (passed through).")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (passed through).")
-    priority_class_name: str | None = None
+    priority_class_name: str | None = Field(None, description="PriorityClass of every pod.")
     queue_name: str | None = Field(None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod.")
-    service_account_name: str | None = None
-    image_pull_secrets: list[str] = Field(default_factory=list)
+    service_account_name: str | None = Field(None, description="ServiceAccount of the pods (its token is not "
+                                             "mounted).")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Names of Secrets to pull images with.")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations on every pod of the run "
+                                            "(e.g. for a network operator or a sidecar injector).")
 
 
 # --------------------------------------------------------------------------- the run
@@ -431,9 +473,10 @@ class RLTRunSpec(Strict):
     rcl: RclSpec = Field(default_factory=RclSpec, description="Settings of method rcl (ignored by rlt).")
     teacher: ModelRef = Field(description="Teacher model trained by SFT and RL.")
     student: ModelRef = Field(description="Frozen student that scores explanations.")
-    dataset: DatasetSpec
-    format: FormatSpec = Field(default_factory=FormatSpec)
-    stages: Stages = Field(default_factory=Stages)
+    dataset: DatasetSpec = Field(description="Questions and reference solutions: source, split, columns.")
+    format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and "
+                               "overrides.")
+    stages: Stages = Field(default_factory=Stages, description="The stages of the run and their settings.")
     seed: int = Field(42, ge=0, description="Seed of training and sampling.")
     # cluster-only fields (ignored by `rlt run`)
     resources: Resources = Field(default_factory=Resources)
@@ -607,8 +650,13 @@ def load_runs(path: str | Path) -> list[RLTRun]:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
+    except UnicodeDecodeError as err:
+        raise SpecError(str(path), [f"not a UTF-8 text file (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                                    "an RLTRun file is YAML text"]) from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
     except yaml.YAMLError as err:
-        raise SpecError(str(path), [f"<yaml>: {err}"]) from None
+        raise SpecError(str(path), ["<yaml>: " + " ".join(str(err).split())]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
     runs, problems = [], []

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
-from rlt.metrics import RCL_GAUGES, STEP_PHASES, TrainerMetrics
+from rlt.metrics import RCL_GAUGES, RL_GAUGES, STEP_PHASES, TrainerMetrics
 from rlt.spec import RLTRun
 
 
@@ -74,7 +74,7 @@ class Recorder:
             for comp in ("r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean", "kl_max"):
                 if comp in values:
                     m.set("rlt_reward_component", values[comp], component=comp)
-            for key, name in RCL_GAUGES.items():
+            for key, name in (RCL_GAUGES | RL_GAUGES).items():
                 if key in values and math.isfinite(values[key]):
                     m.set(name, values[key])
             for phase in STEP_PHASES:

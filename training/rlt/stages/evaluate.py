@@ -160,9 +160,13 @@ def _greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]
     for j, p in enumerate(prompt_ids):
         ids[j, width - len(p) :] = torch.tensor(p, device=device)
         mask[j, width - len(p) :] = 1
-    with torch.no_grad():
-        seqs = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                              pad_token_id=tokenizer.pad_token_id)
+    from rlt.generation import clean_generation_config, only_generation_config
+
+    # greedy on the model's own logits: no repetition penalty or other processor from the checkpoint's config
+    config = clean_generation_config(model, do_sample=False, max_new_tokens=max_new_tokens,
+                                     pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad(), only_generation_config(model, config):
+        seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     eos = tokenizer.eos_token_id
     out = []
     for row in seqs[:, width:].tolist():

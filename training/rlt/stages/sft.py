@@ -14,8 +14,18 @@ from rlt.stages.common import (quiet_trainer, Recorder, StageContext, deepspeed_
 log = logging.getLogger(__name__)
 
 
-def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[str, str]]:
-    """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed."""
+def teacher_prompt_ids(formatter: Formatter, tokenizer, question: str, solution: str) -> list[int]:
+    """The teacher prompt's token ids, one definition for the sft, rl and distill stages."""
+    return tokenizer(formatter.teacher_prompt(tokenizer, question, solution), add_special_tokens=False).input_ids
+
+
+def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[str, list[int]]]:
+    """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed.
+
+    Tokenised here, prompt and completion apart, and handed to TRL as ids: the prompt is then the very token sequence
+    the rl and distill stages sample after (`teacher_prompt_ids`). Tokenising prompt + completion as one text would
+    merge the tag with a trace that starts with, say, "=" or "." (SmolLM2: `>=`), so SFT would train on a context
+    the policy never sees."""
     out, skipped = [], []
     for r in rows:
         if not r.get("reasoning_trace"):
@@ -25,10 +35,10 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
                 raise DataError(msg + f" (map spec.dataset.columns.reasoningTrace, disable stages.sft{hint})")
             skipped.append(msg)
             continue
-        out.append({
-            "prompt": formatter.teacher_prompt(tokenizer, r["question"], r["solution"]),
-            "completion": formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token),
-        })
+        prompt = teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"])
+        completion = tokenizer(formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token),
+                               add_special_tokens=False).input_ids
+        out.append({"input_ids": prompt + completion, "completion_mask": [0] * len(prompt) + [1] * len(completion)})
     if not out:
         raise DataError("stage sft: no row has a reasoning_trace")
     if skipped:  # once per stage, not once per row
