@@ -91,8 +91,8 @@ def grade(row: dict[str, Any], output: str, answer_type: str, tags: tuple[str, s
     if answer_type == "builtin":
         block = _between(output, *tags)
         answer = block if block is not None else _last_line(output)
-        verdict = tasks.check_countdown(row["question"], answer)
-        if verdict is not None:  # a countdown problem: verify the expression; other built-in rows are math
+        verdict = tasks.check_builtin(row["question"], answer)
+        if verdict is not None:  # countdown/basic: verified from the question itself; other built-in rows are math
             return answer, verdict
     if answer_type not in ("math", "builtin"):
         raise ValueError(f"stages.evaluate.answerType: unknown {answer_type!r}")
