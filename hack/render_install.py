@@ -4,7 +4,8 @@
     python hack/render_install.py   (or: make install-manifests)
 
 Equivalent to `helm template rlt-operator charts/rlt-operator --namespace rlt-system` plus the Namespace.
-tests/chart/test_install_manifests.py keeps the committed file equal to a fresh render.
+tests/chart/test_examples_and_crd.py (test_install_manifests_equal_helm_template) keeps the committed file equal
+to a fresh render.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any
 
 from rlt.exitcodes import FAIL_FAST
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.outputs import pushed_uri, teacher_stage
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
 
 # Labels and annotations (one prefix for everything the operator owns).
@@ -125,6 +126,12 @@ def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> di
         out["distilledDataset"] = str(layout(run).distill_dataset)
     if "student" in finished:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
+    # copies off the volume, which the producing stage's pod pushes before it exits
+    for key, uri, stage in (("teacherUri", spec.outputs.teacher, teacher_stage(spec)),
+                            ("distilledDatasetUri", spec.outputs.distill_dataset, "distill"),
+                            ("studentUri", spec.outputs.student, "student")):
+        if uri and stage in finished:
+            out[key] = pushed_uri(uri, "distill" if key == "distilledDatasetUri" else "model")
     return out
 
 
@@ -283,7 +290,8 @@ _CONTAINER_SECURITY = {
 }
 
 
-def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list[dict[str, Any]]:
+def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int,
+                trainer: bool = True) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "RLT_RUN", "value": ref.name},
         {"name": "RLT_NAMESPACE", "value": ref.namespace},
@@ -298,6 +306,12 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list
     if spec.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
+    # Tracking and outputs credentials, for the trainer pods only (they log and push; the generators do neither):
+    # values only ever come from the Secrets the spec names.
+    if trainer:
+        env += [{"name": e.name, "valueFrom": {"secretKeyRef": {"name": e.secret_key_ref.name,
+                                                               "key": e.secret_key_ref.key}}}
+                for e in spec.secret_env()]
     # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
     env += [_env_var(e) for e in spec.env]
     return env
@@ -346,17 +360,17 @@ def configmap(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
 
 def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
     """None when the user names an existing claim (then it is theirs: never created or deleted)."""
-    st = spec.storage
-    if st.existing_claim:
+    storage = spec.storage
+    if storage.existing_claim:
         return None
     claim: dict[str, Any] = {
-        "accessModes": [st.access_mode],
-        "resources": {"requests": {"storage": st.size}},
+        "accessModes": [storage.access_mode],
+        "resources": {"requests": {"storage": storage.size}},
     }
-    if st.storage_class_name:
-        claim["storageClassName"] = st.storage_class_name
+    if storage.storage_class_name:
+        claim["storageClassName"] = storage.storage_class_name
     meta = _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA))
-    if st.retention_policy == "Retain":
+    if storage.retention_policy == "Retain":
         # An owner reference would let the garbage collector delete the checkpoints with the run.
         del meta["ownerReferences"]
     return {
@@ -562,7 +576,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     lbls = _with_queue(labels(ref.name, ROLE_GENERATOR, stage, restart), spec)
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
     health = {"httpGet": {"path": "/health", "port": VLLM_PORT}}
-    env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart)
+    env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart, trainer=False)
     pod.update({
         "containers": [{
             "name": "vllm",

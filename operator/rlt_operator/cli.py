@@ -6,7 +6,6 @@ Kopf and the Kubernetes client are imported inside the handlers: `rlt validate` 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -26,17 +25,21 @@ def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from rlt_operator import handlers  # noqa: F401 - registers the handlers
+    from rlt_operator.settings import OperatorSettings
+
+    config = OperatorSettings.from_env()  # every RLT_* variable, read once here
 
     # The operator owns its log format: drop handlers another command's registration may have installed.
     logging.getLogger().handlers.clear()
     kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)
     logging.getLogger("rlt.operator").info("starting")
-    health = int(os.environ.get("RLT_OPERATOR_HEALTH_PORT", "8081"))
+    health = config.health_port
     kopf.run(
         standalone=True,  # one replica (Deployment strategy Recreate); no peering objects needed
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or [],
         liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health > 0 else None,
+        memo=kopf.Memo(settings=config),
     )
     return 0
 

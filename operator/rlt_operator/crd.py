@@ -128,8 +128,10 @@ def crd() -> dict[str, Any]:
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
-                    "description": "RLTRun trains a Reinforcement-Learned Teacher: SFT warm-up, GRPO with the "
-                                   "student-based reward on vLLM generators, then a distillation dataset.",
+                    "description": "RLTRun trains a Reinforcement-Learned Teacher (method rlt, or rcl for RCL "
+                                   "adaptive teaching): SFT warm-up, GRPO with the student-based reward on vLLM "
+                                   "generators, a distillation dataset, then optionally a student distilled from it "
+                                   "and an evaluation of the models.",
                     "required": ["spec"],
                     "properties": {
                         "apiVersion": {"type": "string"},

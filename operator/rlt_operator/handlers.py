@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,14 +19,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rlt.metrics import OPERATOR_METRICS, build
 from rlt.spec import API_GROUP, API_VERSION, PLURAL, STAGE_ORDER
 
-from . import builders as b
-from . import progress as prog
-from . import status as S
+from . import builders, progress, status
 from .kube import Kube, KubeError
+from .settings import OperatorSettings
 
 log = logging.getLogger("rlt.operator")
 
-FINALIZER = f"{b.PREFIX}/finalizer"
+FINALIZER = f"{builders.PREFIX}/finalizer"
 CHILDREN = (  # (group, version, plural) of every kind the operator creates or watches
     ("", "v1", "configmaps"),
     ("", "v1", "persistentvolumeclaims"),
@@ -37,16 +35,6 @@ CHILDREN = (  # (group, version, plural) of every kind the operator creates or w
     ("", "v1", "pods"),
     ("networking.k8s.io", "v1", "networkpolicies"),
 )
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from None
 
 
 class OperatorMetrics:
@@ -61,20 +49,20 @@ class OperatorMetrics:
         self.m["rlt_operator_reconcile_total"].labels(result=result).inc()
         self.m["rlt_operator_reconcile_duration_seconds"].observe(seconds)
 
-    def run(self, namespace: str, name: str, st: dict[str, Any], method: str) -> None:
-        for phase in S.PHASES:
-            self.m["rlt_run_phase"].labels(namespace, name, phase).set(1 if st.get("phase") == phase else 0)
-        info = (method, st.get("stage") or "none")
+    def run(self, namespace: str, name: str, run_status: dict[str, Any], method: str) -> None:
+        for phase in status.PHASES:
+            self.m["rlt_run_phase"].labels(namespace, name, phase).set(1 if run_status.get("phase") == phase else 0)
+        info = (method, run_status.get("stage") or "none")
         old = self._info.get((namespace, name))
         if old and old != info:
             self.m["rlt_run_info"].remove(namespace, name, *old)
         self._info[(namespace, name)] = info
         self.m["rlt_run_info"].labels(namespace, name, *info).set(1)
-        self.m["rlt_run_restarts"].labels(namespace, name).set(st.get("restarts", 0))
-        self.m["rlt_run_step"].labels(namespace, name).set((st.get("progress") or {}).get("step", 0))
+        self.m["rlt_run_restarts"].labels(namespace, name).set(run_status.get("restarts", 0))
+        self.m["rlt_run_step"].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
 
     def forget(self, namespace: str, name: str) -> None:
-        for phase in S.PHASES:
+        for phase in status.PHASES:
             _remove(self.m["rlt_run_phase"], namespace, name, phase)
         old = self._info.pop((namespace, name), None)
         if old:
@@ -96,9 +84,7 @@ class OperatorState:
 
     kube: Kube
     metrics: OperatorMetrics
-    resync: float
-    progress_interval: float
-    debounce: float
+    settings: OperatorSettings
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
 
@@ -120,20 +106,22 @@ def _is(group: str, plural: str) -> Any:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    # Read once at start-up: `rlt operator` and the in-process operator pass theirs in the root memo.
+    config: OperatorSettings = getattr(memo, "settings", None) or OperatorSettings.from_env()
     # Own finalizer and annotation prefix: never collide with another Kopf operator on the same objects.
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=b.PREFIX)
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=builders.PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=b.PREFIX, key="last-handled-configuration")
+        prefix=builders.PREFIX, key="last-handled-configuration")
     # Watches behind load balancers die silently: end them server-side and reconnect.
-    settings.watching.server_timeout = int(_env_float("RLT_WATCH_SERVER_TIMEOUT", 300))
+    settings.watching.server_timeout = int(config.watch_server_timeout)
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     # Children are watched server-side filtered: the API server sends only objects with the run label, so
     # memory and watch traffic grow with the runs, not with everything else in the namespaces.
     for group, _version, plural in CHILDREN:
-        settings.watching.label_selectors[_is(group, plural)] = b.L_RUN
+        settings.watching.label_selectors[_is(group, plural)] = builders.L_RUN
     settings.posting.level = logging.WARNING  # our own Events are explicit; Kopf posts only its errors
     settings.peering.standalone = True
 
@@ -141,14 +129,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     state = OperatorState(
         kube=Kube.from_environment(),
         metrics=OperatorMetrics(registry),
-        resync=_env_float("RLT_RESYNC_SECONDS", 30),
-        progress_interval=_env_float("RLT_PROGRESS_INTERVAL", 30),
-        debounce=_env_float("RLT_DEBOUNCE_SECONDS", 0.1),
+        settings=config,
     )
-    port = int(_env_float("RLT_OPERATOR_METRICS_PORT", 8080))
-    if port >= 0:
-        server, _thread = start_http_server(port, addr=os.environ.get("RLT_OPERATOR_METRICS_ADDR", "0.0.0.0"),
-                                            registry=registry)
+    if config.metrics_port >= 0:
+        server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=registry)
         state.metrics_server = server
         logger.info(f"operator metrics on :{server.server_port}/metrics")
     memo.rlt = state
@@ -175,14 +159,14 @@ def probe_runs(memo: kopf.Memo, **_: Any) -> int:
 def _register_child(group: str, version: str, plural: str) -> None:
     # async: Kopf would run a sync function in its thread pool, a hop per watch event for a dict copy.
     async def index(namespace: str, labels: dict[str, str], body: Any, **_: Any) -> dict:
-        return {(namespace, labels[b.L_RUN]): S.summarize(plural, dict(body))}
+        return {(namespace, labels[builders.L_RUN]): status.summarize(plural, dict(body))}
 
     async def wake(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
         state: OperatorState | None = getattr(memo, "rlt", None)
         if state is not None:
-            state.wake(namespace, labels.get(b.L_RUN))
+            state.wake(namespace, labels.get(builders.L_RUN))
 
-    owned = {b.L_RUN: kopf.PRESENT}
+    owned = {builders.L_RUN: kopf.PRESENT}
     kopf.index(group, version, plural, id=f"rlt_{plural}", labels=owned)(index)
     kopf.on.event(group, version, plural, id=f"wake_{plural}", labels=owned)(wake)
 
@@ -196,8 +180,8 @@ async def wake_run(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None
     memo.rlt.wake(namespace, name)
 
 
-def observe(namespace: str, name: str, indices: dict[str, Any]) -> S.Observed:
-    obs = S.Observed()
+def observe(namespace: str, name: str, indices: dict[str, Any]) -> status.Observed:
+    obs = status.Observed()
     for _g, _v, plural in CHILDREN:
         store = indices[f"rlt_{plural}"].get((namespace, name), [])
         items = [dict(v) for v in store]
@@ -211,7 +195,7 @@ def observe(namespace: str, name: str, indices: dict[str, Any]) -> S.Observed:
 # --------------------------------------------------------------------------- the reconcile loop
 
 
-async def apply(state: OperatorState, namespace: str, actions: list[S.Action], logger: Any) -> None:
+async def apply(state: OperatorState, namespace: str, actions: list[status.Action], logger: Any) -> None:
     for a in actions:
         if a.verb == "create":
             created = await asyncio.to_thread(state.kube.create, a.plural, namespace, a.body)
@@ -238,7 +222,8 @@ class RunMemory:
     # index has not shown yet. Not re-posting them saves a 409 per child per reconcile.
     created: dict[tuple[str, str], float] = field(default_factory=dict)
 
-    def expected(self, observed: S.Observed, actions: list[S.Action], now: float, ttl: float = 10.0) -> list[S.Action]:
+    def expected(self, observed: status.Observed, actions: list[status.Action], now: float,
+                 ttl: float = 10.0) -> list[status.Action]:
         for key in [k for k, t in self.created.items() if now - t > ttl or k[1] in getattr(observed, k[0], {})]:
             del self.created[key]
         return [a for a in actions if not (a.verb == "create" and (a.plural, a.name) in self.created)]
@@ -248,7 +233,7 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
                          logger: Any) -> float | None:
     meta = body.get("metadata", {})
     name, namespace = meta["name"], meta["namespace"]
-    ref = b.RunRef(name=name, namespace=namespace, uid=meta["uid"])
+    ref = builders.RunRef(name=name, namespace=namespace, uid=meta["uid"])
     server_status = dict(body.get("status") or {})
     prev = mem.status if mem.status is not None else server_status
     observed = observe(namespace, name, indices)
@@ -257,20 +242,20 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
 
     # Progress: scrape the trainer's rank 0 at most once per interval, only while it runs.
     stage = prev.get("stage") or ""
-    job = observed.jobs.get(b.trainer_name(name, stage)) if stage else None
+    job = observed.jobs.get(builders.trainer_name(name, stage)) if stage else None
     fresh = None
-    if job and job.get("active", 0) > 0 and time.monotonic() - mem.progress_at >= state.progress_interval:
+    if job and job.get("active", 0) > 0 and time.monotonic() - mem.progress_at >= state.settings.progress_interval:
         mem.progress_at = time.monotonic()
-        url = prog.url_for(name, namespace, stage)
+        url = progress.url_for(state.settings.progress_url, name, namespace, stage)
         try:
-            text = await asyncio.to_thread(prog.fetch, url)
-            mem.progress = prog.progress(name, stage, prog.parse(text, stage), mem.progress, now)
-            fresh = prog.public(mem.progress)
+            text = await asyncio.to_thread(progress.fetch, url)
+            mem.progress = progress.progress(name, stage, progress.parse(text, stage), mem.progress, now)
+            fresh = progress.public(mem.progress)
         except (OSError, ValueError) as err:
             # Progress is informative only: an unreachable or garbled endpoint must not hold up the reconcile.
             logger.debug(f"progress not available from {url}: {err}")
 
-    decision = S.decide(ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh)
+    decision = status.decide(ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh)
     actions = mem.expected(observed, decision.actions, time.monotonic())
     await apply(state, namespace, actions, logger)
     for a in actions:
@@ -278,11 +263,11 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
             mem.created[(a.plural, a.name)] = time.monotonic()
         elif a.verb == "delete":
             mem.created.pop((a.plural, a.name), None)
-    patch = S.merge_patch(server_status, decision.status)
+    patch = status.merge_patch(server_status, decision.status)
     if patch:
         await asyncio.to_thread(state.kube.patch, PLURAL, namespace, name, {"status": patch}, "status")
     mem.status = decision.status
-    for type_, reason, message in S.events_for(decision, actions):
+    for type_, reason, message in status.events_for(decision, actions):
         kopf.event(body, type=type_, reason=reason, message=message)
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
@@ -306,17 +291,18 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
                 state.metrics.reconciled("success", time.perf_counter() - t0)
             except KubeError as err:
                 # The loop must survive API hiccups; the next pass retries from observed state.
-                logger.error(f"reconcile failed, retrying in {S.SOON * 2:.0f}s: {err}")
+                logger.error(f"reconcile failed, retrying in {status.SOON * 2:.0f}s: {err}")
                 state.metrics.reconciled("error", time.perf_counter() - t0)
                 mem.status = None  # re-read what the server has
-                requeue = S.SOON * 2
+                requeue = status.SOON * 2
             except Exception:
                 # A bug must not stall this run forever nor touch the others: loud, counted, retried.
-                logger.exception(f"reconcile crashed, retrying in {S.SOON * 2:.0f}s")
+                logger.exception(f"reconcile crashed, retrying in {status.SOON * 2:.0f}s")
                 state.metrics.reconciled("error", time.perf_counter() - t0)
                 mem.status = None  # re-read what the server has
-                requeue = S.SOON * 2
-            timeout = state.resync if requeue is None else max(0.05, min(requeue, state.resync))
+                requeue = status.SOON * 2
+            resync = state.settings.resync_seconds
+            timeout = resync if requeue is None else max(0.05, min(requeue, resync))
             waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
             try:
                 await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -324,7 +310,7 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
                 for w in waiters:
                     w.cancel()
             if not stopped:
-                await asyncio.sleep(state.debounce)  # coalesce bursts of child events
+                await asyncio.sleep(state.settings.debounce_seconds)  # coalesce bursts of child events
     finally:
         state.wakers.pop((namespace, name), None)
 
@@ -338,7 +324,7 @@ async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, l
     state: OperatorState = memo.rlt
     storage = spec.get("storage") or {}  # raw spec: it may be invalid
     retention = "Delete" if storage.get("retentionPolicy") == "Delete" else "Retain"  # unknown → keep the data
-    for plural, child in b.all_children(name, STAGE_ORDER, storage.get("existingClaim"), retention):
+    for plural, child in builders.all_children(name, STAGE_ORDER, storage.get("existingClaim"), retention):
         await asyncio.to_thread(state.kube.delete, plural, namespace, child, "Background")
     state.metrics.forget(namespace, name)
     logger.info("children deleted" + (f"; volume {name}-data retained (storage.retentionPolicy: Retain)"

@@ -7,7 +7,8 @@ owned objects, no admission, no RBAC, no schema validation, no server-side apply
 tests and `rlt sandbox` use it; anything proven against it still has to be proven on a cluster.
 
 What the glue adds to `kmock.KubernetesEmulator` (each gap was seen failing, see
-docs/operator.md and the tooling notes):
+docs/operator.md and the tooling notes); the two items marked (patch) replace kmock internals and are
+installed only by an explicit `patch_kmock()` call:
 - metadata on create (uid, resourceVersion, creationTimestamp, generation, namespace from the URL),
   a new resourceVersion on every write and generation+1 when `spec` changes (Kopf's patches `test`
   the resourceVersion);
@@ -18,9 +19,9 @@ docs/operator.md and the tooling notes):
 - watches stream JSON lines and end after `timeoutSeconds`;
 - creating a CustomResourceDefinition registers its resource, and `kubectl get` on it receives a
   server-side Table with the CRD's printer columns (kubectl shows them only that way);
-- matching a request to the emulator's reactions costs O(1), not a scan of the whole request log;
+- (patch) matching a request to the emulator's reactions costs O(1), not a scan of the whole request log;
 - a failed JSON-patch `test` answers 422 (as the apiserver does), not 500;
-- `parse_path('/api/v1/namespaces')` no longer crashes (kmock bug);
+- (patch) `parse_path('/api/v1/namespaces')` no longer crashes (kmock bug);
 - created objects carry their `kind` (Kopf posts Events without one; `kubectl get events` needs it);
 - lists and watches honour equality field selectors (`kubectl describe` asks for one object's Events);
 - a watch that asks for a Table (`kubectl get -w`) streams Tables, and a watch from a resourceVersion does not
@@ -60,8 +61,6 @@ def _parse_path(path: str) -> parsing.ParsedPath:
     return _original_parse_path(path)
 
 
-parsing.parse_path = _parse_path
-
 _original_contains = dsl.View.__contains__
 
 
@@ -85,7 +84,17 @@ def _contains(view: Any, item: Any) -> bool:
     return _original_contains(view, item)
 
 
-dsl.View.__contains__ = _contains
+def patch_kmock() -> None:
+    """Install the two fixes that replace kmock 0.8 internals (`parse_path`, `View.__contains__`).
+
+    Explicit, not done at import: importing this module changes nothing of kmock's. `serve` (the sandbox, the
+    tests, the benchmark) calls it before starting an emulator; calling it again does nothing."""
+    parsing.parse_path = _parse_path
+    dsl.View.__contains__ = _contains
+
+
+def kmock_patched() -> bool:
+    return parsing.parse_path is _parse_path and dsl.View.__contains__ is _contains
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
 # The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.

@@ -7,22 +7,19 @@ Prometheus. The handlers call `fetch` at most once per interval per run; parsing
 from __future__ import annotations
 
 import datetime as dt
-import os
 import urllib.request
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import builders as b
-
-# Where rank 0 of a stage's Job serves /metrics: pod 0 through the headless Service.
-DEFAULT_URL = "http://{job}-0.{job}.{namespace}.svc:{port}/metrics"
+from . import builders
 
 
-def url_for(run: str, namespace: str, stage: str) -> str:
-    template = os.environ.get("RLT_PROGRESS_URL", DEFAULT_URL)
-    job = b.trainer_name(run, stage)
-    return template.format(job=job, run=run, namespace=namespace, stage=stage, port=b.METRICS_PORT)
+
+def url_for(template: str, run: str, namespace: str, stage: str) -> str:
+    """Rank 0's /metrics URL from OperatorSettings.progress_url (DEFAULT_PROGRESS_URL: pod 0 of the Job)."""
+    job = builders.trainer_name(run, stage)
+    return template.format(job=job, run=run, namespace=namespace, stage=stage, port=builders.METRICS_PORT)
 
 
 def fetch(url: str, timeout: float = 3.0) -> str:
@@ -59,7 +56,7 @@ def progress(run: str, stage: str, sample: dict[str, float], previous: dict[str,
     if "rewardMean" in sample:
         out["rewardMean"] = round(float(sample["rewardMean"]), 6)
     if sample.get("checkpointStep"):
-        ckpt = b.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
+        ckpt = builders.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
         out["lastCheckpoint"] = str(ckpt)
     tokens = sample.get("generatedTokens")
     if tokens is not None and previous and previous.get("stage") == stage and "_tokens" in previous:

@@ -31,10 +31,14 @@ from . import crd as crd_mod
 @contextlib.asynccontextmanager
 async def serve(port: int | None = None, host: str = "127.0.0.1") -> AsyncIterator[tuple[Any, str]]:
     """The emulated API with the RLTRun CRD registered and namespace `default`; yields (cluster, url)."""
-    import kmock
+    try:
+        import kmock
 
-    from .kmock_glue import Cluster
+        from .kmock_glue import Cluster, patch_kmock
+    except ImportError as err:  # the operator image installs the operator extra only
+        raise SystemExit(f"the emulated API needs the sandbox extra (pip install 'rlt[sandbox]'): {err}") from None
 
+    patch_kmock()
     cluster = Cluster()
     cluster.register_crd(crd_mod.crd())
     kwargs: dict[str, Any] = {"host": host}
@@ -80,6 +84,9 @@ class InProcessOperator:
         import kopf
 
         from . import handlers  # noqa: F401 - registers the handlers
+        from .settings import OperatorSettings
+
+        config = OperatorSettings.from_env()  # read once, when this operator starts
 
         def main() -> None:
             try:
@@ -91,6 +98,7 @@ class InProcessOperator:
                     namespaces=self.namespaces or [],
                     liveness_endpoint=self.liveness,
                     stop_flag=self._stop,
+                    memo=kopf.Memo(settings=config),
                 ))
             except BaseException as err:  # reported by stop()
                 self.error = err

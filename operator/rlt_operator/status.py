@@ -8,15 +8,16 @@ times, stages already finished whose Jobs were cleaned up, and terminal phases (
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlt.exitcodes import FAIL_FAST, ExitCode
+from rlt.fingerprint import describe_changes, fingerprint_of, stage_fields
 from rlt.spec import RLTRunSpec, SpecError
 from rlt.validation import validate_spec
 
-from . import builders as b
-from . import status_model
+from . import builders, status_model
 
 PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
 PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
@@ -45,7 +46,7 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     if plural == "persistentvolumeclaims":
         out["phase"] = status.get("phase")
     elif plural == "configmaps":
-        out["configHash"] = (meta.get("annotations") or {}).get(b.A_CONFIG_HASH)
+        out["configHash"] = (meta.get("annotations") or {}).get(builders.A_CONFIG_HASH)
     elif plural == "jobs":
         out["completions"] = spec.get("completions", 1)
         out["active"] = int(status.get("active") or 0)
@@ -214,7 +215,7 @@ class _Plan:
 
 
 def decide(
-    ref: b.RunRef,
+    ref: builders.RunRef,
     generation: int,
     raw_spec: dict[str, Any],
     prev: dict[str, Any] | None,
@@ -223,7 +224,7 @@ def decide(
     progress: dict[str, Any] | None = None,
 ) -> Decision:
     prev = dict(prev or {})
-    st: dict[str, Any] = {
+    run_status: dict[str, Any] = {
         "phase": prev.get("phase") or PENDING,
         "stage": prev.get("stage") or "",
         "observedGeneration": generation,
@@ -232,6 +233,7 @@ def decide(
         "startTime": prev.get("startTime"),
         "completionTime": prev.get("completionTime"),
         "completedStages": list(prev.get("completedStages") or []),
+        "stageSpecs": dict(prev.get("stageSpecs") or {}),
         "lastFailure": prev.get("lastFailure"),
         "progress": dict(prev.get("progress") or {}),
         "outputs": dict(prev.get("outputs") or {}),  # recomputed below; kept as is while the spec is invalid
@@ -239,72 +241,76 @@ def decide(
         "conditions": [dict(c) for c in prev.get("conditions") or []],
     }
     if prev.get("reason"):
-        st["reason"], st["message"] = prev.get("reason"), prev.get("message", "")
+        run_status["reason"], run_status["message"] = prev.get("reason"), prev.get("message", "")
     plan = _Plan(observed)
-    gen_name = b.generator_name(ref.name)
+    gen_name = builders.generator_name(ref.name)
 
     # A run failed as InvalidSpec by an older operator recovers too: invalid specs are not terminal now.
-    if st["phase"] == FAILED and st.get("reason") == "InvalidSpec":
-        st["phase"] = PENDING
-        st.pop("reason", None)
-        st.pop("message", None)
-        st["conditions"] = [c for c in st["conditions"] if c["type"] != "Failed"]
+    if run_status["phase"] == FAILED and run_status.get("reason") == "InvalidSpec":
+        run_status["phase"] = PENDING
+        run_status.pop("reason", None)
+        run_status.pop("message", None)
+        run_status["conditions"] = [c for c in run_status["conditions"] if c["type"] != "Failed"]
     try:
         spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")
     except SpecError as err:
         # The same check as `rlt validate`. Hold: nothing is started or stopped (the pods keep the last valid
         # spec in their ConfigMap); the condition says why, and fixing the spec resumes from here.
         message = "; ".join(err.problems)
-        if st["phase"] not in TERMINAL:
-            st.update(reason="InvalidSpec", message=message)
-        set_condition(st["conditions"], "SpecValid", False, "InvalidSpec", message, now)
-        return _finish(prev, st, plan, None)
-    set_condition(st["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
+        if run_status["phase"] not in TERMINAL:
+            run_status.update(reason="InvalidSpec", message=message)
+        set_condition(run_status["conditions"], "SpecValid", False, "InvalidSpec", message, now)
+        return _finish(prev, run_status, plan, None)
+    set_condition(run_status["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
 
     enabled = spec.stages.enabled()
 
     # Run-wide children: the pods' config (kept equal to the spec) and the data claim.
-    cm = b.configmap(ref, spec)
+    cm = builders.configmap(ref, spec)
     if plan.ensure("configmaps", cm):
         have = observed.configmaps[cm["metadata"]["name"]].get("configHash")
-        if have != cm["metadata"]["annotations"][b.A_CONFIG_HASH]:
+        if have != cm["metadata"]["annotations"][builders.A_CONFIG_HASH]:
             plan.actions.append(Action("patch", "configmaps", cm["metadata"]["name"],
-                                       {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]}))
-    claim = observed.persistentvolumeclaims.get(b.data_claim_name(ref.name, spec))
-    if plan.ensure("persistentvolumeclaims", b.pvc(ref, spec)) and claim is not None:
-        _volume_condition(st, claim, now)  # a user's existingClaim is not watched (it has no run label)
+                                       {"metadata": {"annotations": cm["metadata"]["annotations"]},
+                                        "data": cm["data"]}))
+    claim = observed.persistentvolumeclaims.get(builders.data_claim_name(ref.name, spec))
+    if plan.ensure("persistentvolumeclaims", builders.pvc(ref, spec)) and claim is not None:
+        _volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)
 
     # Stages whose Job completed (or completed before and was cleaned up) are done.
-    done = [s for s in enabled if s in st["completedStages"]
-            or job_complete(observed.jobs.get(b.trainer_name(ref.name, s)))]
-    st["completedStages"] = done
-    st["outputs"] = b.outputs(ref.name, spec, done)
+    done = [s for s in enabled if s in run_status["completedStages"]
+            or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))]
+    run_status["completedStages"] = done
+    run_status["outputs"] = builders.outputs(ref.name, spec, done)
+    finished_stage_edits(run_status, spec, done, now)
 
-    if st["phase"] not in TERMINAL:
-        start = parse_time(st["startTime"])
+    if run_status["phase"] not in TERMINAL:
+        start = parse_time(run_status["startTime"])
         deadline = spec.active_deadline_seconds
         # Completion first: a run whose last Job completed in time but is observed after the deadline
         # (operator down, slow watch) is done, not DeadlineExceeded.
         if len(done) == len(enabled):
-            st.update(phase=SUCCEEDED, stage="", reason="Succeeded", message="all stages finished: " + ", ".join(enabled))
-            set_condition(st["conditions"], "Complete", True, "Succeeded", st["message"], now)
+            run_status.update(phase=SUCCEEDED, stage="", reason="Succeeded",
+                              message="all stages finished: " + ", ".join(enabled))
+            set_condition(run_status["conditions"], "Complete", True, "Succeeded", run_status["message"], now)
         elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
-            _fail(st, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
-    if st["phase"] in TERMINAL:
-        return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
+            _fail(run_status, "DeadlineExceeded",
+                  f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
+    if run_status["phase"] in TERMINAL:
+        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
 
     stage = next(s for s in enabled if s not in done)
-    if stage != st["stage"]:
-        st["progress"] = {}
-        st.pop("trainerShape", None)
-    st["stage"] = stage
-    job_name = b.trainer_name(ref.name, stage)
-    restarts = st["restarts"]
+    if stage != run_status["stage"]:
+        run_status["progress"] = {}
+        run_status.pop("trainerShape", None)
+    run_status["stage"] = stage
+    job_name = builders.trainer_name(ref.name, stage)
+    restarts = run_status["restarts"]
 
     # The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still
     # active stops first (the run always runs the first enabled, unfinished stage; one stage at a time).
     other_active = [n for n, j in observed.jobs.items() if n != job_name and j.get("active", 0) > 0
-                    and not j.get("deleting") and j["labels"].get(b.L_STAGE) and not job_complete(j)]
+                    and not j.get("deleting") and j["labels"].get(builders.L_STAGE) and not job_complete(j)]
     for other in other_active:
         plan.delete("jobs", other, "Foreground")
 
@@ -312,117 +318,148 @@ def decide(
     if spec.suspend:
         plan.delete("jobs", job_name, "Foreground")
         plan.delete("statefulsets", gen_name, "Foreground")
-        st.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
-        set_condition(st["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
-        _no_pods(st, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
-        return _finish(prev, st, plan, None)
-    if st["phase"] == SUSPENDED:
-        set_condition(st["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
-        st["phase"] = PENDING
-    st.pop("reason", None)
-    st.pop("message", None)
-    if not st["startTime"]:
-        st["startTime"] = fmt_time(now)
+        run_status.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
+        set_condition(run_status["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
+        _no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
+        return _finish(prev, run_status, plan, None)
+    if run_status["phase"] == SUSPENDED:
+        set_condition(run_status["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
+        run_status["phase"] = PENDING
+    run_status.pop("reason", None)
+    run_status.pop("message", None)
+    if not run_status["startTime"]:
+        run_status["startTime"] = fmt_time(now)
     requeue: float | None = None
     if spec.active_deadline_seconds:
-        started = parse_time(st["startTime"])
+        started = parse_time(run_status["startTime"])
         assert started is not None
         requeue = max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
 
     # Children of another stage or of an older gang are stale: delete them and wait until gone.
-    gens_needed = b.needs_generators(spec, stage)
+    gens_needed = builders.needs_generators(spec, stage)
     waiting = bool(other_active) or any(j.get("deleting") and j.get("active", 0) > 0 and n != job_name
                                         for n, j in observed.jobs.items())
     # The trainer's shape (nodes x gpus) is frozen for a stage once it has a checkpoint: ZeRO checkpoints
     # resume only with the world size that wrote them. Before that, a new shape replaces the gang at once.
-    shape = trainer_shape(spec, stage, st, now)
-    run_spec = b.with_trainer_shape(spec, shape["nodes"], shape["gpus"])
+    shape = trainer_shape(spec, stage, run_status, now)
+    run_spec = builders.with_trainer_shape(spec, shape["nodes"], shape["gpus"])
     sts = observed.statefulsets.get(gen_name)
-    if sts is not None and (sts.get("deleting") or not gens_needed or sts["labels"].get(b.L_STAGE) != stage
-                            or sts["labels"].get(b.L_RESTART) != str(restarts) or _foreign(sts, ref)):
+    if sts is not None and (sts.get("deleting") or not gens_needed or sts["labels"].get(builders.L_STAGE) != stage
+                            or sts["labels"].get(builders.L_RESTART) != str(restarts) or _foreign(sts, ref)):
         plan.delete("statefulsets", gen_name, "Foreground")
         sts, waiting = None, True
     job = observed.jobs.get(job_name)
-    if job is not None and (job.get("deleting") or job["labels"].get(b.L_RESTART) != str(restarts)
-                            or job["labels"].get(b.L_SHAPE, b.shape_label(run_spec, stage)) !=
-                            b.shape_label(run_spec, stage) or _foreign(job, ref)):
+    if job is not None and (job.get("deleting") or job["labels"].get(builders.L_RESTART) != str(restarts)
+                            or job["labels"].get(builders.L_SHAPE, builders.shape_label(run_spec, stage)) !=
+                            builders.shape_label(run_spec, stage) or _foreign(job, ref)):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
 
     # Running once a trainer of the run has existed; Pending before (e.g. while vLLM loads the model).
-    if job is not None or done or st["phase"] == RUNNING:
-        st["phase"] = RUNNING
+    if job is not None or done or run_status["phase"] == RUNNING:
+        run_status["phase"] = RUNNING
 
     # A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
     # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
     failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts)
     if fatal:
-        _fail(st, "ConfigError", f"{fatal}; not retried (fix the spec or the data, then create the run again)", now)
-        return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
+        _fail(run_status, "ConfigError",
+              f"{fatal}; not retried (fix the spec or the data, then create the run again)", now)
+        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
     if failure:
-        counted = restarts - int(st.get("disruptions") or 0)
+        counted = restarts - int(run_status.get("disruptions") or 0)
         if disrupted or counted < spec.backoff_limit:
-            st["restarts"] = restarts + 1
+            run_status["restarts"] = restarts + 1
             if disrupted:
-                st["disruptions"] = int(st.get("disruptions") or 0) + 1
+                run_status["disruptions"] = int(run_status.get("disruptions") or 0) + 1
             plan.delete("jobs", job_name, "Foreground")
             plan.delete("statefulsets", gen_name, "Foreground")
-            set_condition(st["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
-            st["lastFailure"] = failure
-            return _finish(prev, st, plan, SOON)
-        _fail(st, "BackoffLimitExceeded",
+            set_condition(run_status["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
+            run_status["lastFailure"] = failure
+            return _finish(prev, run_status, plan, SOON)
+        _fail(run_status, "BackoffLimitExceeded",
               f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})", now)
-        return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
+        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
 
     # Generators first; the trainer joins them only once every server answers /health.
     ready = True
     if gens_needed:
-        plan.ensure("networkpolicies", b.generator_network_policy(ref, spec))
-        plan.ensure("services", b.generator_service(ref, spec, stage, restarts))
+        plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec))
+        plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
         if sts is None and not waiting:
-            plan.ensure("statefulsets", b.generator_statefulset(ref, spec, stage, restarts))
+            plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))
         want = spec.resources.generator.replicas
         have = sts["readyReplicas"] if sts else 0
         ready = sts is not None and have >= want
-        set_condition(st["conditions"], "GeneratorsReady", ready, "Ready" if ready else "Starting",
+        set_condition(run_status["conditions"], "GeneratorsReady", ready, "Ready" if ready else "Starting",
                       f"{have}/{want} vLLM servers ready", now)
     if ready and not waiting:
-        plan.ensure("services", b.trainer_service(ref, run_spec, stage, restarts))
+        plan.ensure("services", builders.trainer_service(ref, run_spec, stage, restarts))
         if job is None:
-            plan.ensure("jobs", b.trainer_job(ref, run_spec, stage, restarts))
+            plan.ensure("jobs", builders.trainer_job(ref, run_spec, stage, restarts))
     # Job.status.active counts Pending pods too: the trainer runs once every one of its pods does.
-    gang = [p for p in observed.pods if p["labels"].get(b.L_STAGE) == stage
-            and p["labels"].get(b.L_RESTART) == str(restarts)]
+    gang = [p for p in observed.pods if p["labels"].get(builders.L_STAGE) == stage
+            and p["labels"].get(builders.L_RESTART) == str(restarts)]
     want_pods = int(job.get("completions", 1)) if job else 0
-    running_pods = sum(1 for p in gang if p["labels"].get(b.L_ROLE) == b.ROLE_TRAINER and p.get("phase") == "Running")
+    running_pods = sum(1 for p in gang
+                       if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Running")
     active = bool(job and job.get("active", 0) > 0) and running_pods >= want_pods
     why = ("trainer running" if active else "waiting for generators" if not ready else
            f"{running_pods}/{want_pods} trainer pods running" if job else "trainer starting")
-    set_condition(st["conditions"], "TrainerRunning", active, "Running" if active else "Waiting",
+    set_condition(run_status["conditions"], "TrainerRunning", active, "Running" if active else "Waiting",
                   f"stage {stage}: {why}", now)
-    _pod_conditions(st, gang, now)
+    _pod_conditions(run_status, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
-        st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
-        if "step" in st["progress"]:
-            total = st["progress"].get("totalSteps")
-            st["progress"]["stepOfTotal"] = f"{st['progress']['step']}/{total}" if total else str(st["progress"]["step"])
-    return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+        run_status["progress"] = {k: v for k, v in progress.items() if k != "stage"}
+        if "step" in run_status["progress"]:
+            total = run_status["progress"].get("totalSteps")
+            step = run_status["progress"]["step"]
+            run_status["progress"]["stepOfTotal"] = f"{step}/{total}" if total else str(step)
+    return _finish(prev, run_status, plan, _min(requeue, SOON if waiting else None))
 
 
-def trainer_shape(spec: RLTRunSpec, stage: str, st: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+def finished_stage_edits(run_status: dict[str, Any], spec: RLTRunSpec, done: list[str], now: dt.datetime) -> None:
+    """Record the spec each stage finished under (status.stageSpecs) and report a later edit of it.
+
+    A finished stage is never re-run by the operator: an edit of the fields its output depends on is not
+    applied, so the condition StagesCurrent says so, naming the changed fields (docs/operator.md)."""
+    records = {s: r for s, r in (run_status.get("stageSpecs") or {}).items() if s in done}
+    edits = []
+    for stage in done:
+        fields = stage_fields(spec, stage)
+        record = records.get(stage)
+        if record is None:  # finished now (or before the operator recorded stage specs): this spec is its spec
+            records[stage] = {"fingerprint": fingerprint_of(fields),
+                              "fields": {k: json.dumps(v) for k, v in fields.items()}}
+        elif record["fingerprint"] != fingerprint_of(fields):
+            old = {k: json.loads(v) for k, v in record["fields"].items()}
+            edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
+    run_status["stageSpecs"] = records
+    if edits:
+        set_condition(run_status["conditions"], "StagesCurrent", False, "FinishedStageEdited",
+                      "; ".join(edits) + ". Not applied: a finished stage is not run again and its outputs stay "
+                      "those of the old spec; restore the old values, or train under the new ones in a new RLTRun",
+                      now)
+    elif records:
+        set_condition(run_status["conditions"], "StagesCurrent", True, "Current",
+                      "finished stages ran under the current spec: " + ", ".join(records), now)
+
+
+def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
     """The nodes x gpus the current stage's trainer runs with (kept in status.trainerShape)."""
     want = {"stage": stage, "nodes": spec.resources.trainer.nodes, "gpus": spec.resources.trainer.gpus}
-    had = st.get("trainerShape") or {}
-    checkpointed = bool((st.get("progress") or {}).get("lastCheckpoint"))
+    had = run_status.get("trainerShape") or {}
+    checkpointed = bool((run_status.get("progress") or {}).get("lastCheckpoint"))
     if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
-        set_condition(st["conditions"], "SpecApplied", False, "ShapeFrozen",
+        set_condition(run_status["conditions"], "SpecApplied", False, "ShapeFrozen",
                       f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
                       f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
                       "resume only with the world size that wrote them)", now)
         return had
-    if any(c["type"] == "SpecApplied" for c in st["conditions"]):
-        set_condition(st["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now)
-    st["trainerShape"] = want
+    if any(c["type"] == "SpecApplied" for c in run_status["conditions"]):
+        set_condition(run_status["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape",
+                      now)
+    run_status["trainerShape"] = want
     return want
 
 
@@ -430,9 +467,10 @@ def gang_failure(job: dict | None, job_name: str, pods: list[dict], stage: str,
                  restarts: int) -> tuple[str | None, str | None, bool]:
     """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
     code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
-    gang = [p for p in pods if p["labels"].get(b.L_STAGE) == stage and p["labels"].get(b.L_RESTART) == str(restarts)]
+    gang = [p for p in pods
+            if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)]
     for pod in gang:
-        if pod["labels"].get(b.L_ROLE) == b.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
+        if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
             code = ExitCode(pod["exitCode"])
             return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)})", False)
     reason = (_cond_true(job, "Failed") or {}).get("reason") if job else None
@@ -442,21 +480,21 @@ def gang_failure(job: dict | None, job_name: str, pods: list[dict], stage: str,
     if failure:
         return f"trainer Job {job_name}: {failure}", None, False
     for pod in gang:
-        role = pod["labels"].get(b.L_ROLE)
+        role = pod["labels"].get(builders.L_ROLE)
         if pod.get("phase") == "Failed":
             why = (pod.get("problem") or {}).get("reason") or (
                 f"exit code {pod['exitCode']}" if pod.get("exitCode") else "")
             if pod.get("disrupted"):
                 return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
             return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
-        if role == b.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
+        if role == builders.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
             why = (pod.get("problem") or {}).get("reason")
             return (f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
                     None, False)
     return None, None, False
 
 
-def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
+def _pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
     """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
     problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
     for cond, kind, ok_reason in (("PodsSchedulable", "Unschedulable", "Scheduled"),
@@ -465,11 +503,13 @@ def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.date
         if mine:
             name, pr = mine[0]
             more = f" (and {len(mine) - 1} more pod(s))" if len(mine) > 1 else ""
-            set_condition(st["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now)
-            if "reason" not in st:
-                st["reason"], st["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
-        elif gang or any(c["type"] == cond for c in st["conditions"]):
-            set_condition(st["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
+            set_condition(run_status["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}",
+                          now)
+            if "reason" not in run_status:
+                run_status["reason"], run_status["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
+        elif gang or any(c["type"] == cond for c in run_status["conditions"]):
+            set_condition(run_status["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang",
+                          now)
     stuck = [p for p in gang if p.get("sandboxWaitingSince") and parse_time(p["sandboxWaitingSince"])
              and (now - parse_time(p["sandboxWaitingSince"])).total_seconds() >= VOLUME_ATTACH_WAIT]
     if stuck:
@@ -477,108 +517,112 @@ def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.date
         minutes = int((now - parse_time(stuck[0]["sandboxWaitingSince"])).total_seconds() // 60)
         message = (f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
                    f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})")
-        set_condition(st["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
-        if "reason" not in st:
-            st["reason"], st["message"] = "VolumeNotAttached", message
+        set_condition(run_status["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
+        if "reason" not in run_status:
+            run_status["reason"], run_status["message"] = "VolumeNotAttached", message
 
 
-def _no_pods(st: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
+def _no_pods(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
     """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
-    st["conditions"] = [c for c in st["conditions"] if c["type"] not in ("PodsSchedulable", "PodsHealthy")]
-    for c in list(st["conditions"]):
+    run_status["conditions"] = [c for c in run_status["conditions"]
+                                if c["type"] not in ("PodsSchedulable", "PodsHealthy")]
+    for c in list(run_status["conditions"]):
         if c["type"] in ("TrainerRunning", "GeneratorsReady"):
-            set_condition(st["conditions"], c["type"], False, reason, message, now)
+            set_condition(run_status["conditions"], c["type"], False, reason, message, now)
 
 
-def _volume_condition(st: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
+def _volume_condition(run_status: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
     """VolumeReady from the claim's phase (scheduling conflicts of the volume show in PodsSchedulable)."""
     phase = claim.get("phase")
     if phase in (None, "Bound"):
-        if phase == "Bound" or any(c["type"] == "VolumeReady" for c in st["conditions"]):
-            set_condition(st["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound", now)
+        if phase == "Bound" or any(c["type"] == "VolumeReady" for c in run_status["conditions"]):
+            set_condition(run_status["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound",
+                          now)
         return
     why = {"Pending": "not bound yet (a WaitForFirstConsumer class binds when the first pod is scheduled; "
                       "otherwise check storage.storageClassName and the provisioner)",
            "Lost": "lost its volume: the data is gone from the cluster's view"}.get(phase, phase)
-    set_condition(st["conditions"], "VolumeReady", False, f"Claim{phase}", f"claim {claim['name']} is {phase}: {why}",
-                  now)
+    set_condition(run_status["conditions"], "VolumeReady", False, f"Claim{phase}",
+                  f"claim {claim['name']} is {phase}: {why}", now)
 
 
-def _foreign(child: dict[str, Any], ref: b.RunRef) -> bool:
+def _foreign(child: dict[str, Any], ref: builders.RunRef) -> bool:
     """A GPU child of an earlier RLTRun with the same name (deleted and re-created): never adopt it."""
     return child.get("owner") not in (None, ref.uid)
 
 
-def _fail(st: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
-    st.update(phase=FAILED, reason=reason, message=message)
-    set_condition(st["conditions"], "Failed", True, reason, message, now)
+def _fail(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
+    run_status.update(phase=FAILED, reason=reason, message=message)
+    set_condition(run_status["conditions"], "Failed", True, reason, message, now)
 
 
-def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: Observed,
+def _terminal(ref: builders.RunRef, spec: RLTRunSpec, run_status: dict, plan: _Plan, observed: Observed,
               now: dt.datetime) -> float | None:
     """Free the GPUs now; keep finished trainer Jobs (their logs) until ttlSecondsAfterFinished."""
-    if not st.get("completionTime"):
-        st["completionTime"] = fmt_time(now)
-    st["stage"] = ""
-    st.pop("trainerShape", None)
-    plan.delete("statefulsets", b.generator_name(ref.name))
+    if not run_status.get("completionTime"):
+        run_status["completionTime"] = fmt_time(now)
+    run_status["stage"] = ""
+    run_status.pop("trainerShape", None)
+    plan.delete("statefulsets", builders.generator_name(ref.name))
     for stage in spec.stages.enabled():
-        job = observed.jobs.get(b.trainer_name(ref.name, stage))
+        job = observed.jobs.get(builders.trainer_name(ref.name, stage))
         if job and job.get("active", 0) > 0:
-            plan.delete("jobs", b.trainer_name(ref.name, stage), "Foreground")
-    _no_pods(st, "Finished", f"run {st['phase'].lower()}", now)
+            plan.delete("jobs", builders.trainer_name(ref.name, stage), "Foreground")
+    _no_pods(run_status, "Finished", f"run {run_status['phase'].lower()}", now)
     ttl = spec.ttl_seconds_after_finished
     if ttl is None:
         return None
-    finished = parse_time(st["completionTime"])
+    finished = parse_time(run_status["completionTime"])
     assert finished is not None
     left = ttl - (now - finished).total_seconds()
     if left > 0:
         return left
     for stage in spec.stages.enabled():
-        plan.delete("jobs", b.trainer_name(ref.name, stage), "Background")
-        plan.delete("services", b.trainer_name(ref.name, stage))
-    plan.delete("services", b.generator_name(ref.name))
-    plan.delete("networkpolicies", b.generator_policy_name(ref.name))
+        plan.delete("jobs", builders.trainer_name(ref.name, stage), "Background")
+        plan.delete("services", builders.trainer_name(ref.name, stage))
+    plan.delete("services", builders.generator_name(ref.name))
+    plan.delete("networkpolicies", builders.generator_policy_name(ref.name))
     return None
 
 
-def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[str, str, str]]:
+def transition_events(prev: dict[str, Any], run_status: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Kubernetes Events for what changed between two statuses."""
     ev: list[tuple[str, str, str]] = []
-    p_phase, phase = prev.get("phase") or "", st["phase"]
-    if int(st.get("restarts") or 0) > int(prev.get("restarts") or 0):
-        uncounted = int(st.get("disruptions") or 0) > int(prev.get("disruptions") or 0)
+    p_phase, phase = prev.get("phase") or "", run_status["phase"]
+    if int(run_status.get("restarts") or 0) > int(prev.get("restarts") or 0):
+        uncounted = int(run_status.get("disruptions") or 0) > int(prev.get("disruptions") or 0)
         ev.append(("Warning", "GangRestart",
-                   f"restart {st['restarts']}: {st.get('lastFailure', 'a pod failed')}; "
+                   f"restart {run_status['restarts']}: {run_status.get('lastFailure', 'a pod failed')}; "
                    "trainer and generators restart from the last checkpoint"
                    + (" (a disruption: not counted against backoffLimit)" if uncounted else "")))
-    if st.get("reason") == "InvalidSpec" and (prev.get("reason"), prev.get("message")) != ("InvalidSpec", st["message"]):
-        ev.append(("Warning", "InvalidSpec", f"{st['message']}; nothing is started or stopped until the spec is fixed"))
-    elif prev.get("reason") == "InvalidSpec" and st.get("reason") != "InvalidSpec":
+    if run_status.get("reason") == "InvalidSpec" and \
+            (prev.get("reason"), prev.get("message")) != ("InvalidSpec", run_status["message"]):
+        ev.append(("Warning", "InvalidSpec",
+                   f"{run_status['message']}; nothing is started or stopped until the spec is fixed"))
+    elif prev.get("reason") == "InvalidSpec" and run_status.get("reason") != "InvalidSpec":
         ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
     before = {c["type"]: c for c in prev.get("conditions") or []}
-    for c in st.get("conditions") or []:
-        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady") and c["status"] == "False":
+    for c in run_status.get("conditions") or []:
+        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady", "StagesCurrent") and c["status"] == "False":
             old = before.get(c["type"]) or {}
             if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
                 ev.append(("Warning", c["reason"], c["message"]))
-    for stage in st.get("completedStages") or []:
+    for stage in run_status.get("completedStages") or []:
         if stage not in (prev.get("completedStages") or []):
             ev.append(("Normal", "StageCompleted", f"stage {stage} completed"))
-    if st.get("stage") and st["stage"] != (prev.get("stage") or ""):
-        ev.append(("Normal", "StageStarted", f"stage {st['stage']} started"))
+    if run_status.get("stage") and run_status["stage"] != (prev.get("stage") or ""):
+        ev.append(("Normal", "StageStarted", f"stage {run_status['stage']} started"))
     if phase != p_phase:
         if phase == FAILED:
-            ev.append(("Warning", st.get("reason") or "Failed", st.get("message") or "run failed"))
+            ev.append(("Warning", run_status.get("reason") or "Failed", run_status.get("message") or "run failed"))
         elif phase == SUCCEEDED:
-            ev.append(("Normal", "Succeeded", st.get("message") or "run succeeded"))
+            ev.append(("Normal", "Succeeded", run_status.get("message") or "run succeeded"))
         elif phase == SUSPENDED:
             ev.append(("Normal", "Suspended", "GPU pods deleted; data kept"))
         elif p_phase == SUSPENDED:
             ev.append(("Normal", "Resumed", "resuming from the last checkpoint"))
         elif phase == RUNNING:
-            ev.append(("Normal", "Running", f"the run is running (stage {st.get('stage')})"))
+            ev.append(("Normal", "Running", f"the run is running (stage {run_status.get('stage')})"))
     return ev
 
 
@@ -588,33 +632,40 @@ def events_for(decision: Decision, applied: list[Action]) -> list[tuple[str, str
     return [e for e in decision.events if e[1] != "TrainerCreated" or any(f"Job {n} created" in e[2] for n in sent)]
 
 
-def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: float | None) -> Decision:
-    if st.get("startTime") is None:
-        st.pop("startTime", None)
-    if st.get("completionTime") is None:
-        st.pop("completionTime", None)
-    if not st.get("trainerShape"):
-        st.pop("trainerShape", None)
-    if not st.get("lastFailure"):
-        st.pop("lastFailure", None)
-    status_model.check(st)  # a field the CRD does not list would be pruned by the API server
-    events = transition_events(prev, st)
+def _finish(prev: dict[str, Any], run_status: dict[str, Any], plan: _Plan, requeue: float | None) -> Decision:
+    if run_status.get("startTime") is None:
+        run_status.pop("startTime", None)
+    if run_status.get("completionTime") is None:
+        run_status.pop("completionTime", None)
+    if not run_status.get("trainerShape"):
+        run_status.pop("trainerShape", None)
+    if not run_status.get("lastFailure"):
+        run_status.pop("lastFailure", None)
+    if not run_status.get("stageSpecs"):
+        run_status.pop("stageSpecs", None)
+    status_model.check(run_status)  # a field the CRD does not list would be pruned by the API server
+    events = transition_events(prev, run_status)
     for a in plan.actions:
         if a.verb == "create" and a.plural == "jobs":
             lb = a.body["metadata"]["labels"]
-            events.append(("Normal", "TrainerCreated", f"stage {lb.get(b.L_STAGE)}: trainer Job {a.name} created "
-                                                       f"(gang {lb.get(b.L_RESTART)})"))
-    return Decision(status=st, actions=plan.actions, events=events, requeue_after=requeue)
+            events.append(("Normal", "TrainerCreated",
+                           f"stage {lb.get(builders.L_STAGE)}: trainer Job {a.name} created "
+                           f"(gang {lb.get(builders.L_RESTART)})"))
+    return Decision(status=run_status, actions=plan.actions, events=events, requeue_after=requeue)
 
 
 OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",
                      "trainerShape", "lastFailure",
-                     "startTime", "completionTime", "completedStages", "progress", "outputs", "conditions")
+                     "startTime", "completionTime", "completedStages", "stageSpecs", "progress", "outputs",
+                     "conditions")
 
 
 def merge_patch(prev: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """The JSON merge patch from `prev` to `new` at the top level (None removes one of our fields)."""
     patch = {k: v for k, v in new.items() if prev.get(k) != v}
+    for k, v in patch.items():  # a merge patch merges maps: a key gone from a map of ours is removed explicitly
+        if isinstance(v, dict) and isinstance(prev.get(k), dict):
+            patch[k] = {**{gone: None for gone in prev[k] if gone not in v}, **v}
     for k in prev:
         if k not in new and k in OWN_STATUS_FIELDS:
             patch[k] = None

@@ -23,8 +23,9 @@ class Condition(_Status):
     """A condition of the run (metav1.Condition without observedGeneration)."""
 
     type: str = Field(description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
-                                  "TrainerRunning, Suspended, Complete or Failed.")
-    status: Literal["True", "False", "Unknown"]
+                                  "TrainerRunning, SpecApplied, StagesCurrent, Suspended, Complete or "
+                                  "Failed.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(None, description="CamelCase reason.")
     message: str | None = Field(None, description="Human-readable detail.")
     last_transition_time: str | None = Field(None, description="When status last changed.",
@@ -49,14 +50,26 @@ class Outputs(_Status):
     teacher_checkpoint: str | None = Field(None, description="Final teacher model on the run's volume.")
     distilled_dataset: str | None = Field(None, description="Distillation dataset (JSONL) on the run's volume.")
     student_checkpoint: str | None = Field(None, description="Distilled student model on the run's volume.")
+    teacher_uri: str | None = Field(None, description="Where spec.outputs.teacher pushes the final teacher.")
+    distilled_dataset_uri: str | None = Field(
+        None, description="Where spec.outputs.distillDataset pushes the distillation dataset.")
+    student_uri: str | None = Field(None, description="Where spec.outputs.student pushes the distilled student.")
 
 
 class TrainerShape(_Status):
     """The trainer shape the running stage uses (frozen once the stage has a checkpoint)."""
 
-    stage: str
-    nodes: int
-    gpus: int
+    stage: str = Field(description="The stage this shape belongs to.")
+    nodes: int = Field(description="Trainer pods (one per node).")
+    gpus: int = Field(description="GPUs per trainer pod.")
+
+
+class StageSpec(_Status):
+    """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
+
+    fingerprint: str = Field(description="rlt.fingerprint.stage_fingerprint of the fields below.")
+    fields: dict[str, str] = Field(description="The fields the stage's output depends on (dotted spec path -> "
+                                               "value as JSON), so that an edit can be named.")
 
 
 class RLTRunStatus(_Status):
@@ -79,6 +92,9 @@ class RLTRunStatus(_Status):
     start_time: str | None = Field(None, description="When the run last started.", json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)
     completed_stages: list[str] | None = Field(None, description="Stages whose Job completed.")
+    stage_specs: dict[str, StageSpec] | None = Field(
+        None, description="Per finished stage, the spec it finished under; a later edit of those fields is "
+                          "reported (condition StagesCurrent, Event FinishedStageEdited), not applied.")
     progress: Progress | None = None
     trainer_shape: TrainerShape | None = Field(None, description="nodes x gpus of the running stage's trainer.")
     outputs: Outputs | None = None

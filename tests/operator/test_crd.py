@@ -81,6 +81,24 @@ def test_schema_is_structural_with_descriptions_and_printer_columns():
     assert crd.crd()["spec"]["names"]["shortNames"] == ["rlt"]
 
 
+def _undescribed(node, path):
+    """Properties without a description (what `kubectl explain` would show empty), walking objects and lists."""
+    for name, sub in (node.get("properties") or {}).items():
+        if not sub.get("description"):
+            yield f"{path}.{name}"
+        yield from _undescribed(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from _undescribed(node[key], f"{path}[]")
+
+
+def test_every_spec_and_status_field_has_a_description_for_kubectl_explain():
+    """Walks the schema generated from the pydantic models: a field's own description or its model's docstring."""
+    root = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert list(_undescribed(root["properties"]["spec"], "spec")) == []
+    assert list(_undescribed(root["properties"]["status"], "status")) == []
+
+
 def test_crd_is_a_valid_apiextensions_object():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     kubernetes_validate.validate(crd.crd(), "1.31.0", strict=True)

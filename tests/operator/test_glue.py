@@ -58,3 +58,20 @@ async def test_metadata_versions_status_isolation_and_errors(harness):
 
     listed = await harness.call("GET", f"{CMS}?labelSelector=k%3Dv")
     assert listed["kind"] == "ConfigMapList" and listed["items"] == []  # the PUT dropped the label
+
+
+def test_kmock_internals_are_patched_only_by_an_explicit_call():
+    """Importing the glue changes nothing of kmock's; `patch_kmock()` (called by `serve`) installs the fixes."""
+    import subprocess
+    import sys
+
+    code = (
+        "from kmock._internal import parsing\n"
+        "from rlt_operator import kmock_glue\n"
+        "print(kmock_glue.kmock_patched())\n"
+        "try:\n    parsing.parse_path('/api/v1/namespaces')\nexcept ValueError:\n    print('kmock bug')\n"
+        "kmock_glue.patch_kmock(); kmock_glue.patch_kmock()\n"
+        "print(kmock_glue.kmock_patched(), parsing.parse_path('/api/v1/namespaces').plural)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:3] == ["False", "kmock bug", "True namespaces"]

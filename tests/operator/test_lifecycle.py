@@ -248,3 +248,28 @@ async def test_children_are_watched_with_a_server_side_label_selector(harness):
         assert watches.get(plural), f"{plural} not listed/watched"
         assert all(sel == "rlt.dev/run" for sel in watches[plural]), f"{plural}: {watches[plural]}"
     assert all(sel is None for sel in watches["rltruns"]), "the runs themselves are not filtered"
+
+
+async def test_an_edit_of_a_finished_stage_is_recorded_reported_and_not_applied(harness):
+    """sft finishes and records its spec; editing sft's learning rate while rl runs is a condition and an Event
+    naming the field, the rl trainer keeps running, and no sft Job is created again."""
+    await harness.start_operator()
+    await harness.create_run(example(**{"spec.stages.distill.enabled": False}))
+    await harness.trainer_running("tiny", "sft")
+    await harness.trainer_succeeded("tiny", "sft")
+    st = await harness.wait_status("tiny", lambda s: "sft" in (s.get("stageSpecs") or {}), "sft recorded")
+    sft_lr = st["stageSpecs"]["sft"]["fields"]["stages.sft.learningRate"]
+    await harness.trainer_running("tiny", "rl")
+
+    await harness.patch_run("tiny", {"spec": {"stages": {"sft": {"learningRate": 0.5}}}})
+    edited = await harness.wait_status("tiny", lambda s: any(
+        c["type"] == "StagesCurrent" and c["status"] == "False" for c in s.get("conditions") or []), "edit reported")
+    cond = next(c for c in edited["conditions"] if c["type"] == "StagesCurrent")
+    assert cond["reason"] == "FinishedStageEdited"
+    assert f"stage sft finished under a different spec (stages.sft.learningRate {sft_lr} -> 0.5)" in cond["message"]
+    assert edited["stageSpecs"]["sft"]["fields"]["stages.sft.learningRate"] == sft_lr, "the record is kept"
+    assert edited["phase"] == "Running" and edited["stage"] == "rl"
+    messages = await wait_for_events(harness, "tiny", {"FinishedStageEdited"})
+    assert messages.count("FinishedStageEdited") == 1
+    job = await harness.get("jobs", "tiny-sft")
+    assert job["status"].get("succeeded"), "the finished sft Job is neither replaced nor re-run"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from rlt.metrics import TrainerMetrics
 from rlt_operator import progress as prog
+from rlt_operator.settings import OperatorSettings
 
 T = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -35,8 +38,41 @@ def test_parse_and_rate():
     assert second["tokensPerSecond"] == 200.0 and second["step"] == 31
 
 
-def test_url_template(monkeypatch):
-    monkeypatch.delenv("RLT_PROGRESS_URL", raising=False)
-    assert prog.url_for("r", "ns", "rl") == "http://r-rl-0.r-rl.ns.svc:9400/metrics"
-    monkeypatch.setenv("RLT_PROGRESS_URL", "http://{job}.example:{port}/m")
-    assert prog.url_for("r", "ns", "rl") == "http://r-rl.example:9400/m"
+def test_url_template_comes_from_the_settings_read_once_at_start_up():
+    default = OperatorSettings.from_env({})
+    assert prog.url_for(default.progress_url, "r", "ns", "rl") == "http://r-rl-0.r-rl.ns.svc:9400/metrics"
+    custom = OperatorSettings.from_env({"RLT_PROGRESS_URL": "http://{job}.example:{port}/m"})
+    assert prog.url_for(custom.progress_url, "r", "ns", "rl") == "http://r-rl.example:9400/m"
+
+
+def test_settings_parse_every_variable_and_name_a_bad_one():
+    env = {"RLT_RESYNC_SECONDS": "2", "RLT_PROGRESS_INTERVAL": "0.5", "RLT_DEBOUNCE_SECONDS": "",
+           "RLT_WATCH_SERVER_TIMEOUT": "60", "RLT_OPERATOR_METRICS_PORT": "-1", "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
+           "RLT_OPERATOR_HEALTH_PORT": "0", "RLT_PROGRESS_URL": "http://x/{job}"}
+    got = OperatorSettings.from_env(env)
+    assert (got.resync_seconds, got.progress_interval, got.debounce_seconds, got.watch_server_timeout) == \
+        (2.0, 0.5, 0.1, 60.0)
+    assert (got.metrics_port, got.metrics_addr, got.health_port, got.progress_url) == \
+        (-1, "127.0.0.1", 0, "http://x/{job}")
+    assert set(OperatorSettings.ENV.values()) == set(env), "every field has its variable"
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    assert [v for v in env if f"| `{v}` |" not in documented] == [], "docs/operator.md lists every variable"
+    with pytest.raises(ValueError, match=r"RLT_OPERATOR_HEALTH_PORT='80.5': expected an integer"):
+        OperatorSettings.from_env({"RLT_OPERATOR_HEALTH_PORT": "80.5"})
+    with pytest.raises(ValueError, match=r"RLT_RESYNC_SECONDS='soon': expected a number of seconds"):
+        OperatorSettings.from_env({"RLT_RESYNC_SECONDS": "soon"})
+
+
+def test_operator_modules_read_no_environment_variables_but_the_settings():
+    import ast
+
+    import rlt_operator
+
+    readers = []
+    for path in Path(rlt_operator.__file__).parent.glob("*.py"):
+        if path.name in ("settings.py", "sandbox.py"):  # sandbox.py sets KUBECONFIG for the clients it starts
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
+                readers.append(f"{path.name}:{node.lineno}")
+    assert not readers

@@ -466,3 +466,43 @@ def test_a_volume_that_cannot_attach_is_a_condition():
     assert (c["status"], c["reason"]) == ("False", "VolumeNotAttached") and "10 min" in c["message"]
     assert late.status["reason"] == "VolumeNotAttached"
     assert ("Warning", "VolumeNotAttached") in [e[:2] for e in late.events]
+
+
+def state(d, type_="StagesCurrent"):
+    c = conds(d)[type_]
+    return c["status"], c["reason"]
+
+
+def test_a_finished_stage_records_its_spec_and_a_later_edit_is_reported_not_applied():
+    sp = spec(sft=False)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, jobs=[job("rl", complete=True)]), NOW)
+    record = d.status["stageSpecs"]["rl"]
+    assert record["fields"]["stages.rl.steps"] == str(sp["stages"]["rl"]["steps"])
+    assert state(d) == ("True", "Current")
+
+    # A field rl's output does not depend on (checkpoint cadence): nothing to report.
+    cadence = spec(sft=False)
+    cadence["stages"]["rl"]["saveSteps"] = 7
+    again = S.decide(REF, 2, cadence, d.status, observed(cadence, jobs=[job("rl", complete=True)]), NOW)
+    assert state(again) == ("True", "Current")
+
+    edited = spec(sft=False)
+    edited["stages"]["rl"]["steps"] = sp["stages"]["rl"]["steps"] + 1
+    e = S.decide(REF, 3, edited, d.status, observed(edited, jobs=[job("rl", complete=True)]), NOW)
+    steps = sp["stages"]["rl"]["steps"]
+    message = next(c["message"] for c in e.status["conditions"] if c["type"] == "StagesCurrent")
+    assert state(e) == ("False", "FinishedStageEdited")
+    assert f"stage rl finished under a different spec (stages.rl.steps {steps} -> {steps + 1})" in message
+    assert ("Warning", "FinishedStageEdited", message) in e.events
+    assert e.status["stageSpecs"]["rl"] == record, "the record keeps the spec the stage finished under"
+    assert not any(a.name == "t-rl" for a in e.actions), "a finished stage is not run again"
+    # Reported once: the next reconcile under the same edit posts no second Event; restoring clears it.
+    assert not [ev for ev in S.decide(REF, 3, edited, e.status, observed(edited, jobs=[job("rl", complete=True)]),
+                                      NOW).events if ev[1] == "FinishedStageEdited"]
+    back = S.decide(REF, 4, sp, e.status, observed(sp, jobs=[job("rl", complete=True)]), NOW)
+    assert state(back) == ("True", "Current")
+
+
+def test_merge_patch_removes_keys_gone_from_a_map():
+    assert S.merge_patch({"stageSpecs": {"sft": 1, "rl": 2}}, {"stageSpecs": {"rl": 2}}) == \
+        {"stageSpecs": {"sft": None, "rl": 2}}

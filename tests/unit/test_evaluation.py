@@ -153,3 +153,12 @@ def test_spec_rejects_greedy_with_several_samples():
 
     with pytest.raises(SpecError, match="spec.stages.evaluate.samples"):
         parse_run(_doc(evaluate={"enabled": True, "temperature": 0, "samples": 4}))
+
+
+def test_wilson_interval_of_compare():
+    from rlt.compare import wilson_interval
+
+    lo, hi = wilson_interval(20, 100)  # textbook value: [0.133, 0.289]
+    assert lo == pytest.approx(0.1334, abs=1e-3) and hi == pytest.approx(0.2888, abs=1e-3)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == pytest.approx(1.0)
+    assert wilson_interval(0, 0) is None

@@ -109,7 +109,7 @@ def protocol():
     ("<guidance> Multiply 3 by 4. </guidance> trailing", "Multiply 3 by 4."),
     ("<guidance>never closed", None),          # unclosed: nothing is passed on
     ("Just the answer: 12", None),             # no tags: never the whole output
-    ("<guidance>   </guidance>", None),        # empty guidance counts as missing
+    ("<guidance>   </guidance>", ""),          # closed and empty: zero-length guidance, not missing
 ])
 def test_extract_guidance(protocol, output, guidance):
     assert protocol.extract_guidance(output) == guidance
@@ -155,6 +155,29 @@ def test_baseline_once_per_question_shared_by_the_group(protocol):
     assert m["rcl_apg"] == pytest.approx((0 + (2 / 3)) / 2)  # q2: 2 of 3 guidances lift 0 -> 1, the missing one = baseline
     assert m["rcl_ndr"] == 1.0 and m["rcl_format_ok"] == pytest.approx(4 / 6)
     assert reward(["q1", "q1"], [good, good], question=["q1", "q1"], solution=["5", "5"]) == pytest.approx([eff_bonus * 0.1] * 2)
+
+
+def test_empty_guidance_is_zero_length_teaching_and_ndr_per_sample_counts_any_drop(protocol):
+    """Closed tags around nothing: the student alone (perf_with = baseline, no student call, eff = 1), not a format
+    error. NDR per sample counts every guidance after which the student did worse; the per-question NDR does not."""
+    calls = []
+
+    def answers(prompts, n):
+        calls.append(list(prompts))
+        # right alone on q1; the "wrong" hint makes it fail, the "good" one keeps it right
+        return [["<answer>0</answer>"] * n if "wrong" in p else ["<answer>5</answer>"] * n for p in prompts]
+
+    reward = RCLReward(protocol, WordTokenizer(), answers, samples=2)
+    batch = reward.score(["q1"] * 4, ["5"] * 4,
+                         ["<guidance></guidance>", "<guidance>good</guidance>", "<guidance>good</guidance>",
+                          "<guidance>wrong</guidance>"])
+    assert batch.perf_with[0] == batch.perf_base[0] == 1.0 and batch.teaching_tokens[0] == 0
+    assert len(calls[1]) == 3  # the empty guidance asks the student nothing more
+    assert batch.reward[0] == pytest.approx(rcl_reward(1.0, 1.0, 0, p=RewardParams()))  # eff = 1: the full bonus
+    m = batch.means()
+    assert m["rcl_format_ok"] == 1.0
+    assert m["rcl_ndr"] == 1.0  # per question: mean with = 3/4 ≥ 0.5, still "right"
+    assert m["rcl_ndr_samples"] == pytest.approx(3 / 4)  # per sample: the "wrong" guidance degraded it
 
 
 def test_rcl_spec_validation():

@@ -49,6 +49,16 @@ DEFAULT_EVALUATE = {"enabled": True, "samples": 2, "temperature": 0.7, "maxNewTo
 # --------------------------------------------------------------------------- pure helpers
 
 
+def wilson_interval(correct: int, n: int, z: float = 1.96) -> list[float] | None:
+    """95 % Wilson score interval of a binomial proportion (all answers pooled); None without answers."""
+    if n <= 0:
+        return None
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
     """Pearson's r with n; r is None (and `reason` says why) when it is undefined."""
     import numpy as np
@@ -263,6 +273,7 @@ class Compare:
                 "description": description, "distillRows": len(rows), "studentRows": actions,
                 "meanReward": sum(rewards) / len(rewards) if rewards else None,
                 "accuracy": reports[arm]["accuracy"], "stderr": reports[arm]["stderr"],
+                "ci95": wilson_interval(reports[arm]["correct"], reports[arm]["answers"]),
                 "gainOverUntrained": reports[arm]["accuracy"] - base,
                 "taughtAccuracy": taught_reports[arm]["accuracy"],
                 "evalReport": str(self.root / arm / "eval" / "report.json"),
@@ -282,6 +293,7 @@ class Compare:
             "studentBudget": self.run.spec.stages.student.model_dump(mode="json", by_alias=True, exclude_none=True),
             "evaluation": self.run.spec.stages.evaluate.model_dump(mode="json", by_alias=True, exclude_none=True),
             "untrained": {"accuracy": base, "stderr": reports[UNTRAINED]["stderr"],
+                          "ci95": wilson_interval(reports[UNTRAINED]["correct"], reports[UNTRAINED]["answers"]),
                           "taughtAccuracy": taught_reports[UNTRAINED]["accuracy"],
                           "evalReport": str(self.root / UNTRAINED / "eval" / "report.json")},
             "arms": arms, "correlation": correlation, "points": points,
@@ -300,6 +312,10 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def _ci(ci: list[float] | None) -> str:
+    return "—" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
 def _r(c: dict[str, Any]) -> str:
     return f"{_fmt(c['pearson'])} (n={c['n']}{', ' + c['reason'] if c.get('reason') else ''})"
 
@@ -311,14 +327,17 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"Held-out: {report['evalQuestions']} questions from {report['evalSource']} ({report['answerType']} answers), "
         f"{report['evaluation']['samples']} samples each; taught: {report['taughtQuestions']} questions; "
         f"wall time {report['wallSeconds']:.0f} s.", "",
-        "| student | distilled on | rows | mean RLT reward | held-out pass@1 | ± s.e. | Δ vs untrained | taught-question pass@1 |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {UNTRAINED} | — | — | — | {_fmt(u['accuracy'])} | {_fmt(u['stderr'])} | — | {_fmt(u['taughtAccuracy'])} |",
+        "| student | distilled on | rows | mean RLT reward | held-out pass@1 | ± s.e. | 95 % CI (Wilson) | Δ vs untrained "
+        "| taught-question pass@1 |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {UNTRAINED} | — | — | — | {_fmt(u['accuracy'])} | {_fmt(u['stderr'])} | {_ci(u.get('ci95'))} | — | "
+        f"{_fmt(u['taughtAccuracy'])} |",
     ]
     for arm, a in report["arms"].items():
         rows = sum(v for k, v in a["studentRows"].items() if k != "dropped")
         lines.append(f"| {arm} | {a['description']} | {rows} | {_fmt(a['meanReward'])} | {_fmt(a['accuracy'])} | "
-                     f"{_fmt(a['stderr'])} | {a['gainOverUntrained']:+.3f} | {_fmt(a['taughtAccuracy'])} |")
+                     f"{_fmt(a['stderr'])} | {_ci(a.get('ci95'))} | {a['gainOverUntrained']:+.3f} | "
+                     f"{_fmt(a['taughtAccuracy'])} |")
     c = report["correlation"]
     lines += [
         "", "Pearson correlation between an explanation's RLT reward and the student's improvement on the question "

@@ -1,6 +1,7 @@
 """Datasets: load rows from a built-in task, local files or the hub, map columns, report bad rows.
 
-Every row becomes {"question", "solution", "reasoning_trace" (may be None), "row": source index}.
+Every row becomes {"question", "solution", "reasoning_trace" (may be None), "row": source index}, plus
+"keep": {column: value} for the columns spec.dataset.keepColumns carries into the distillation dataset.
 A bad row (missing field, unclosed tag, over-long, tag inside a field) is rejected naming its line (JSONL, CSV:
 1-based file lines) or row index, or skipped and reported when `badRows: skip` — never silently changed. A number
 where text is expected (solution: 42) is used as its text ("42") and reported.
@@ -147,6 +148,14 @@ def _from_columns(raw: dict[str, Any], spec: DatasetSpec) -> dict[str, Any]:
     return {"question": raw[cols.question], "solution": raw[cols.solution], "reasoning_trace": trace}
 
 
+def _kept_columns(raw: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """spec.dataset.keepColumns: carried unchanged into the distillation dataset."""
+    missing = [n for n in names if n not in raw]
+    if missing:
+        raise DataError(f"column {missing[0]!r} (spec.dataset.keepColumns) is missing (columns: {', '.join(sorted(raw))})")
+    return {n: raw[n] for n in names}
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -241,6 +250,8 @@ def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]
             row = _from_conversations(raw, fmt) if spec.layout == "conversations" else _from_columns(raw, spec)
             converted = _as_text(row)
             check_row(row, fmt, spec.max_chars)
+            if spec.keep_columns:
+                row["keep"] = _kept_columns(raw, spec.keep_columns)
         except DataError as err:
             bad.append(f"{where(index)}: {err}")
             continue

@@ -2,10 +2,17 @@
 
 Those log-probs are the teacher term of the RLT reward: taking them from sampling (in-process) or from
 vLLM's returned logprobs (server mode, `--logprobs-mode processed_logprobs`) saves a teacher forward.
+
+Clean sampling: the samples must come from the policy at temperature τ (and top-p), nothing else, or the
+sampled log-probs stop being "log π^τ" and GRPO's on-policy assumption breaks. A checkpoint's
+`generation_config.json` may ask for more (Qwen2.5-Instruct ships repetition_penalty 1.05), and both Hugging Face
+`generate` and vLLM apply it unless told otherwise. So HF sampling runs with a generation config that holds only the
+special-token ids from the model's, and vLLM requests set every distribution-changing parameter explicitly.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,6 +24,31 @@ class Samples:
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]  # up to and including the first EOS
     logprobs: list[list[float]]  # log π(token | prefix) at the sampling temperature, one per completion token
+
+
+# vLLM sampling parameters that leave the distribution as is (the server's defaults come from the checkpoint).
+NEUTRAL_VLLM_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
+                         "min_tokens": 0}
+
+
+def clean_generation_config(model, **settings):
+    """A GenerationConfig with the model's special-token ids and `settings`, nothing else from the checkpoint."""
+    from transformers import GenerationConfig
+
+    own = model.generation_config
+    ids = {k: getattr(own, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")}
+    return GenerationConfig(**{**{k: v for k, v in ids.items() if v is not None}, **settings})
+
+
+@contextmanager
+def only_generation_config(model, config):
+    """`generate` fills every unset field from `model.generation_config`: swap in `config` while sampling."""
+    saved = model.generation_config
+    model.generation_config = config
+    try:
+        yield config
+    finally:
+        model.generation_config = saved
 
 
 @torch.no_grad()
@@ -38,10 +70,11 @@ def sample_with_logprobs(model, tokenizer, prompt_ids: Sequence[Sequence[int]], 
         for j, p in enumerate(chunk):
             ids[j, width - len(p) :] = torch.tensor(p, device=device)
             mask[j, width - len(p) :] = 1
-        gen = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-            max_new_tokens=max_new_tokens, pad_token_id=pad, output_scores=True, return_dict_in_generate=True,
-        )
+        config = clean_generation_config(model, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                                         max_new_tokens=max_new_tokens, pad_token_id=pad, output_scores=True,
+                                         return_dict_in_generate=True)
+        with only_generation_config(model, config):
+            gen = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         new = gen.sequences[:, width:]
         # scores are the processed logits (after temperature/top-p): their log-softmax is the sampling log-prob
         lps = torch.stack([torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t : t + 1]).squeeze(1)
@@ -63,7 +96,7 @@ def server_generate(base_url: str, prompt_ids: Sequence[Sequence[int]], *, n: in
     body = {
         "model": models["data"][0]["id"], "prompt": [list(p) for p in prompt_ids], "n": n, "temperature": temperature,
         "top_p": top_p, "top_k": -1, "max_tokens": max_new_tokens, "logprobs": 0, "return_token_ids": True,
-        "return_tokens_as_token_ids": True,
+        "return_tokens_as_token_ids": True, **NEUTRAL_VLLM_SAMPLING,
     }
     resp = requests.post(f"{base_url}/v1/completions", json=body, timeout=timeout)
     if resp.status_code != 200:

@@ -4,10 +4,10 @@ For an explanation E of question q with solution s, student π_s, teacher π_θ,
   r_SS = mean_t ℓ_t + α·min_t ℓ_t      ℓ_t = log π_s^τ(s_t | q, E)  over the solution tokens of the student chat
   r_KL = mean_t Δ_t + α·max_t Δ_t      Δ_t = log π_θ^τ(e_t | q, s) − log π_s^τ(e_t | q)  over the explanation tokens
   R    = r_SS − λ·r_KL − penalty·[the explanation was not closed]
-Tokens are matched to E and s by character offsets. Δ pairs a teacher token with the student token that
-covers the same characters of E (identical when both share a tokenizer, as in the paper).
-The teacher's log-probs come from generation (`teacher_logprobs`) when the caller has them, else from
-one teacher forward here.
+Tokens are matched to E and s by character offsets. Teacher and student log-probs over E are paired by
+`rlt.pairing` (per token where both sides tokenise E identically, per shared character range otherwise; see
+docs/reward.md). The teacher's log-probs come from generation (`teacher_logprobs`) when the caller has them,
+else from one teacher forward here.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 
+from rlt.pairing import SideTokens, pair_explanation
 from rlt.prompts import Formatter, Span
 from rlt.scoring import ScoreRequest, SpanScorer, completion_token_offsets
 
@@ -36,6 +37,7 @@ class RewardBreakdown:
     kl_max: list[float] = field(default_factory=list)
     solution_tokens: list[int] = field(default_factory=list)
     explanation_tokens: list[int] = field(default_factory=list)
+    pairing_coverage: list[float] = field(default_factory=list)  # share of E's tokens (both sides) that got a Δ
 
     COMPONENTS = ("r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean", "kl_max")
 
@@ -44,7 +46,7 @@ class RewardBreakdown:
 
     def means(self) -> dict[str, float]:
         out = {}
-        for k in ("total",) + self.COMPONENTS:
+        for k in ("total",) + self.COMPONENTS + ("pairing_coverage",):
             vals = getattr(self, k)
             out[k] = sum(vals) / len(vals) if vals else float("nan")
         return out
@@ -63,11 +65,13 @@ class RLTReward:
         self.student_tokenizer = student_tokenizer
         self.student = SpanScorer(student, student_tokenizer, temperature, batch_size, share_prefix)
         self.teacher_tokenizer = teacher_tokenizer or student_tokenizer
+        self.same_vocab = _same_vocab(self.teacher_tokenizer, student_tokenizer)
         self.teacher = (
             SpanScorer(teacher, self.teacher_tokenizer, temperature, batch_size, share_prefix) if teacher is not None else None
         )
         self.last: RewardBreakdown | None = None
         self.last_seconds = 0.0
+        self.last_pairing_seconds = 0.0  # offsets of generated tokens + teacher/student pairing, inside last_seconds
         self.scored_tokens_total = 0
 
     def set_teacher(self, teacher) -> None:
@@ -76,11 +80,17 @@ class RLTReward:
                                   self.student.share_prefix)
 
     # ---- teacher log-probs of E
-    def _teacher_from_generation(self, completion_ids, teacher_logprobs, explanations):
+    def _teacher_from_generation(self, completions, completion_ids, teacher_logprobs, explanations):
         out = []
-        for ids, lps, expl in zip(completion_ids, teacher_logprobs, explanations):
-            offs = completion_token_offsets(self.teacher_tokenizer, ids)
-            out.append({o: float(lp) for o, lp in zip(offs, lps) if o[1] <= len(expl) and o[1] > o[0]})
+        for text, ids, lps, expl in zip(completions, completion_ids, teacher_logprobs, explanations):
+            if len(ids) != len(lps):
+                raise ValueError(f"teacher_logprobs has {len(lps)} values for {len(ids)} completion ids")
+            offs, decoded = completion_token_offsets(self.teacher_tokenizer, ids)
+            if decoded != text:
+                raise ValueError("completion_ids do not decode to the completion text they come with: "
+                                 f"{decoded[:60]!r} vs {text[:60]!r}")
+            keep = [k for k, (s, e) in enumerate(offs) if e > s and e <= len(expl)]
+            out.append(SideTokens([offs[k] for k in keep], [ids[k] for k in keep], [float(lps[k]) for k in keep]))
         return out
 
     def _teacher_from_forward(self, questions, solutions, completions, explanations):
@@ -90,9 +100,7 @@ class RLTReward:
         for q, s, c, e in zip(questions, solutions, completions, explanations):
             prompt = self.fmt.teacher_prompt(self.teacher_tokenizer, q, s)
             requests.append(ScoreRequest(prompt + c, [Span(len(prompt), len(prompt) + len(e))], group=(q, s)))
-        return [
-            {o: float(lp) for o, lp in zip(sc[0].offsets, sc[0].logprobs.tolist())} for sc in self.teacher.score(requests)
-        ]
+        return [SideTokens(sc[0].offsets, sc[0].ids, sc[0].logprobs.tolist()) for sc in self.teacher.score(requests)]
 
     # ---- public API
     def score(self, questions: Sequence[str], solutions: Sequence[str], completions: Sequence[str],
@@ -109,9 +117,12 @@ class RLTReward:
         if teacher_logprobs is not None:
             if completion_ids is None:
                 raise ValueError("teacher_logprobs need the completion_ids they belong to")
-            teacher = self._teacher_from_generation(completion_ids, teacher_logprobs, explanations)
+            t0 = time.perf_counter()
+            teacher = self._teacher_from_generation(completions, completion_ids, teacher_logprobs, explanations)
+            pairing_seconds = time.perf_counter() - t0
         else:
             teacher = self._teacher_from_forward(questions, solutions, completions, explanations)
+            pairing_seconds = 0.0
 
         requests = []
         for q, s, e in zip(questions, solutions, explanations):
@@ -125,7 +136,10 @@ class RLTReward:
             if len(sol) == 0:
                 raise ValueError("no solution token could be scored: the solution text is empty after tokenisation")
             sol_mean, sol_min = float(sol.mean()), float(sol.min())
-            deltas = [t_lp[o] - lp for o, lp in zip(e_sc.offsets, e_sc.logprobs.tolist()) if o in t_lp]
+            t0 = time.perf_counter()
+            pairing = pair_explanation(t_lp, SideTokens(e_sc.offsets, e_sc.ids, e_sc.logprobs.tolist()), self.same_vocab)
+            pairing_seconds += time.perf_counter() - t0
+            deltas = pairing.deltas
             kl_mean = sum(deltas) / len(deltas) if deltas else EMPTY_KL
             kl_max = max(deltas) if deltas else EMPTY_KL
             r_ss = sol_mean + self.alpha * sol_min
@@ -144,8 +158,10 @@ class RLTReward:
             out.kl_max.append(kl_max)
             out.solution_tokens.append(len(sol))
             out.explanation_tokens.append(len(e_sc))
+            out.pairing_coverage.append(pairing.coverage)
         self.last = out
         self.last_seconds = time.perf_counter() - started
+        self.last_pairing_seconds = pairing_seconds
         self.scored_tokens_total += sum(out.solution_tokens) + sum(out.explanation_tokens)
         return out
 
@@ -162,6 +178,11 @@ class RLTReward:
                 if k != "total":
                     log_metric(f"rlt/{k}", v)
         return result.total
+
+
+def _same_vocab(a, b) -> bool:
+    """Whether two tokenizers map the same strings to the same ids (then identical ids mean identical tokens)."""
+    return a is b or a.get_vocab() == b.get_vocab()
 
 
 def reward_from_spec(spec, student, student_tokenizer, formatter: Formatter, teacher=None, teacher_tokenizer=None) -> RLTReward:

@@ -13,6 +13,7 @@ from typing import Any
 from rlt import fingerprint
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.metrics import TrainerMetrics
+from rlt.outputs import push_stage_outputs
 from rlt.plots import make_plots, read_metrics
 from rlt.spec import RLTRun, dump_run
 from rlt.stages import stage_function
@@ -117,7 +118,7 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
     restart = {s for s in order if from_stage and order.index(s) >= order.index(from_stage)}
     # Refusals come before anything is written: run.yaml must keep describing what the outputs were made with.
     plans = fingerprint.plan_stages(layout, run.spec, stages, restart, "--from-stage {stage}",
-                                    has_checkpoint=lambda st: has_checkpoint(layout, st))
+                                    has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name))
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     quiet_libraries()
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -136,6 +137,7 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
                 print(f"[{name}] already done ({layout.stage_done(name)}): skipped"
                       + (f" ({plan.note})" if plan.note else ""), flush=True)
                 info[name] = {"skipped": True}
+                push_stage_outputs(ctx, name)  # a push that failed after the stage finished is retried
                 continue
             if plan.action == "start_over":
                 moved = fingerprint.start_over(layout, name)
@@ -146,6 +148,7 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
             print(f"[{name}] starting", flush=True)
             t0 = time.perf_counter()
             output_path = stage_function(name, run.spec.method)(ctx)
+            push_stage_outputs(ctx, name)
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
         plots = make_plots(layout.metrics_file, layout.plots_dir)
@@ -184,9 +187,10 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     layout = RunLayout.for_run(root, run.name)
     ctx = StageContext(run, layout, None, None, show_progress=False)
     [plan] = fingerprint.plan_stages(layout, run.spec, [stage], {stage} if restart else set(), "--restart",
-                                     has_checkpoint=lambda st: has_checkpoint(layout, st))
+                                     has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name))
     if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)
+        push_stage_outputs(ctx, stage)  # a push that failed after the stage finished is retried
         return str(layout.stage_dir(stage))
     check_run_data(run, [stage])  # a data error ends the pod in one line before any model is loaded
     if ctx.is_main and plan.action == "start_over":
@@ -198,4 +202,6 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
                                      method=run.spec.method)
         serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
-    return stage_function(stage, run.spec.method)(ctx)
+    output_path = stage_function(stage, run.spec.method)(ctx)
+    push_stage_outputs(ctx, stage)
+    return output_path

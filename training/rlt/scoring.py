@@ -32,10 +32,11 @@ class ScoreRequest:
 
 @dataclass
 class SpanScores:
-    """Scored tokens of one span: char offsets relative to the span start, and their log-probs."""
+    """Scored tokens of one span: char offsets relative to the span start, their ids and their log-probs."""
 
     offsets: list[tuple[int, int]]
     logprobs: torch.Tensor  # float32, one per token
+    ids: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -201,23 +202,65 @@ class SpanScorer:
                     cache_key, cache = key, self._prefix_cache(batch[0].ids[:prefix_len])
                 self.stats.prefix_tokens_saved += prefix_len * (len(batch) - 1)
             for s, per_span in zip(batch, self._run_batch(prefix_len, batch, cache if prefix_len else None)):
-                results[s.index] = [SpanScores(o, lp) for o, lp in zip(s.offsets, per_span)]
+                results[s.index] = [SpanScores(o, lp, [s.ids[t] for t in tg])
+                                    for o, lp, tg in zip(s.offsets, per_span, s.targets)]
         return results  # type: ignore[return-value]
 
 
-def completion_token_offsets(tokenizer, ids: Sequence[int]) -> list[tuple[int, int]]:
-    """Character range of each generated token inside `decode(ids, skip_special_tokens=True)`.
+MAX_SPLIT_TOKENS = 8  # a character split over more byte-level tokens than this is not a character
 
-    Decoding token by token is exact unless a character spans several byte-level tokens; then we fall
-    back to decoding growing prefixes (slower, always right)."""
-    pieces = [tokenizer.decode([i], skip_special_tokens=True) for i in ids]
-    full = tokenizer.decode(list(ids), skip_special_tokens=True)
-    if "".join(pieces) != full:
-        lengths = [len(tokenizer.decode(list(ids[: k + 1]), skip_special_tokens=True)) for k in range(len(ids))]
-        starts = [0] + lengths[:-1]
-        return list(zip(starts, lengths))
-    out, pos = [], 0
-    for p in pieces:
-        out.append((pos, pos + len(p)))
-        pos += len(p)
-    return out
+
+def completion_token_offsets(tokenizer, ids: Sequence[int]) -> tuple[list[tuple[int, int]], str]:
+    """Character range of each generated token inside `text = decode(ids, skip_special_tokens=True)`, and `text`.
+
+    Linear time. A character split over several byte-level tokens decodes to U+FFFD until its last byte arrives:
+    those tokens are decoded as one group and all get the group's range (as a fast tokenizer's offsets do).
+    Tokenizers whose single-token decode differs from their decode in context (SentencePiece's leading space)
+    are decoded with a few tokens of context instead."""
+    ids = list(ids)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        def decode_many(seqs):
+            return backend.decode_batch(seqs, skip_special_tokens=True)
+    else:
+        def decode_many(seqs):
+            return [tokenizer.decode(q, skip_special_tokens=True) for q in seqs]
+
+    pieces = decode_many([[i] for i in ids])
+    offsets, texts, pos, k = [], [], 0, 0
+    while k < len(ids):
+        j, piece = k + 1, pieces[k]
+        while piece.endswith("\ufffd") and j < len(ids) and j - k < MAX_SPLIT_TOKENS:
+            j += 1
+            piece = decode_many([ids[k:j]])[0]
+        offsets += [(pos, pos + len(piece))] * (j - k)
+        texts.append(piece)
+        pos += len(piece)
+        k = j
+    if "".join(texts) == text:
+        return offsets, text
+    offsets, texts = _offsets_in_context(ids, decode_many)
+    if "".join(texts) == text:
+        return offsets, text
+    raise ValueError("cannot locate the generated tokens in their decoded text: the tokenizer decodes a sequence "
+                     "differently from its pieces")
+
+
+def _offsets_in_context(ids: list[int], decode_many, context: int = 4) -> tuple[list[tuple[int, int]], list[str]]:
+    """Per-token ranges from decoding each new token after a few tokens of context (still linear, slower)."""
+    offsets: list[tuple[int, int]] = []
+    texts: list[str] = []
+    pos, start = 0, 0
+    for k in range(len(ids)):
+        ctx = max(0, start - context)
+        before, after = decode_many([ids[ctx:start], ids[ctx : k + 1]])
+        last = k == len(ids) - 1 or k + 1 - start >= MAX_SPLIT_TOKENS
+        if after.startswith(before) and (last or not after.endswith("\ufffd")):
+            piece = after[len(before):]
+            offsets += [(pos, pos + len(piece))] * (k + 1 - start)
+            texts.append(piece)
+            pos += len(piece)
+            start = k + 1
+    offsets += [(pos, pos)] * (len(ids) - len(offsets))
+    return offsets, texts

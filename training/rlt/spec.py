@@ -25,6 +25,9 @@ RCL_STAGES = ("sft", "rl", "evaluate")  # the stages method rcl has
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Keys the distill stage writes itself (spec.dataset.keepColumns may not reuse them).
+DISTILL_ROW_KEYS = frozenset({"question", "reasoning_trace", "solution", "reward", "closed", "candidate_rewards",
+                              "source_row", "messages", "candidates"})
 
 
 class Strict(BaseModel):
@@ -41,6 +44,19 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- models and data
 
 
+class LoraSpec(Strict):
+    """LoRA through PEFT, handed to TRL's trainers as peft_config (SFT and GRPO)."""
+
+    r: int = Field(16, gt=0, description="Rank of the update matrices.")
+    alpha: int = Field(32, gt=0, description="lora_alpha: the update is scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"], min_length=1,
+        description="Module names to adapt (e.g. [q_proj, v_proj]); [all-linear] = every linear layer but the "
+        "output head.",
+    )
+
+
 class ModelRef(Strict):
     """A model: a Hugging Face hub id, a local directory, or a built-in source.
 
@@ -52,6 +68,10 @@ class ModelRef(Strict):
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit); hub ids only.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
+    )
+    lora: LoraSpec | None = Field(
+        None, description="Train a LoRA adapter (PEFT) instead of every weight; only for models a stage trains "
+        "(teacher, stages.student.model). Checkpoints hold the adapter; the stage's final model is merged."
     )
 
 
@@ -89,17 +109,28 @@ class DatasetSpec(Strict):
     eval_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="Fraction of rows held out (deterministically) for evaluation."
     )
+    keep_columns: list[str] = Field(
+        default_factory=list, description="Source columns (e.g. id) copied unchanged into every distillation row; "
+        "a row without one is a bad row."
+    )
+
+    @model_validator(mode="after")
+    def _keep_columns_free(self) -> "DatasetSpec":
+        taken = sorted(set(self.keep_columns) & DISTILL_ROW_KEYS)
+        if taken:
+            raise ValueError(f"keepColumns: {', '.join(taken)} would overwrite the distillation row's own fields")
+        return self
 
 
 class TagSet(Strict):
     """Plain-text markers around each part of a completion. All optional: unset = the preset's."""
 
-    thought_start: str | None = None
-    thought_end: str | None = None
-    solution_start: str | None = None
-    solution_end: str | None = None
-    explanation_start: str | None = None
-    explanation_end: str | None = None
+    thought_start: str | None = Field(None, description="Opens the reasoning (thought) part.")
+    thought_end: str | None = Field(None, description="Closes the reasoning (thought) part.")
+    solution_start: str | None = Field(None, description="Opens the solution given to the teacher.")
+    solution_end: str | None = Field(None, description="Closes the solution given to the teacher.")
+    explanation_start: str | None = Field(None, description="Opens the teacher's explanation.")
+    explanation_end: str | None = Field(None, description="Closes the teacher's explanation.")
 
 
 class FormatSpec(Strict):
@@ -124,7 +155,48 @@ class FormatSpec(Strict):
 # --------------------------------------------------------------------------- stages
 
 
-class SftStage(Strict):
+# TrainingArguments that rlt sets itself, with the spec field to use instead (trainerArgs may not set them:
+# two sources for one option would make the effective value depend on merge order).
+MANAGED_TRAINER_ARGS: dict[str, str] = {
+    "output_dir": "the run's layout", "report_to": "spec.tracking", "logging_dir": "spec.tracking",
+    "deepspeed": "deepspeedZeroStage", "use_cpu": "the device", "bf16": "precision", "fp16": "precision",
+    "max_steps": "maxSteps / steps", "num_train_epochs": "epochs", "learning_rate": "learningRate",
+    "lr_scheduler_type": "lrScheduler", "warmup_steps": "warmupRatio", "warmup_ratio": "warmupRatio",
+    "weight_decay": "weightDecay", "max_grad_norm": "maxGradNorm", "per_device_train_batch_size": "perDeviceBatchSize",
+    "gradient_accumulation_steps": "batchSize / perDeviceBatchSize", "gradient_checkpointing": "gradientCheckpointing",
+    "save_steps": "saveSteps", "save_strategy": "saveSteps", "save_total_limit": "saveTotalLimit",
+    "logging_steps": "loggingSteps", "seed": "spec.seed", "max_length": "maxLength",
+    "num_generations": "numGenerations", "max_completion_length": "maxCompletionLength", "temperature": "temperature",
+    "top_p": "topP", "beta": "beta", "use_vllm": "generation.mode", "vllm_mode": "generation.mode",
+    "vllm_server_base_url": "generation.serverUrl", "vllm_server_timeout": "generation.serverTimeoutSeconds",
+    "steps_per_generation": "batchSize", "disable_tqdm": "the progress bar", "completion_only_loss": "the stage",
+}
+
+
+class TrainerOptions(Strict):
+    """Options every TRL-trained stage (sft, rl, student) shares, plus the trainerArgs escape hatch."""
+
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
+    logging_steps: int = Field(1, gt=0, description="Log (metrics.jsonl, tracking, Prometheus) every N steps.")
+    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Training precision; auto = fp32 on CPU, bf16 on GPU."
+    )
+    trainer_args: dict[str, Any] = Field(
+        default_factory=dict, description="More TRL config options (SFTConfig / GRPOConfig field names, snake_case), "
+        "passed as given; `rlt validate` checks them against the installed TRL. Options the spec has a field for "
+        "are refused here."
+    )
+
+    @model_validator(mode="after")
+    def _trainer_args_free(self) -> "TrainerOptions":
+        for key in self.trainer_args:
+            if key in MANAGED_TRAINER_ARGS:
+                raise ValueError(f"trainerArgs: {key} is set by rlt from {MANAGED_TRAINER_ARGS[key]}; use that instead")
+        return self
+
+
+class SftStage(TrainerOptions):
     """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
 
     enabled: bool = Field(True, description="Run this stage.")
@@ -170,10 +242,16 @@ class GenerationSpec(Strict):
     mode: Literal["inprocess", "server"] = Field(
         "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode)."
     )
-    server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server; set by the operator).")
+    server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server). For stages.rl the "
+                                   "operator sets it to its generators (they serve rl and distill); for "
+                                   "stages.evaluate give it yourself: no server is started for evaluate.")
     server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators.")
     max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
+    importance_sampling: Literal["off", "sequenceMask", "sequenceTruncate", "tokenMask", "tokenTruncate"] = Field(
+        "off", description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
+                           "when on, the masked or clipped share per step is a metric).")
+    importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
 
 
 class RefSyncSpec(Strict):
@@ -184,7 +262,7 @@ class RefSyncSpec(Strict):
     steps: int = Field(32, gt=0, description="Update every N steps.")
 
 
-class RlStage(Strict):
+class RlStage(TrainerOptions):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 
     enabled: bool = Field(True, description="Run this stage.")
@@ -193,13 +271,15 @@ class RlStage(Strict):
     num_generations: int = Field(64, gt=1, description="G: completions per question.")
     per_device_batch_size: int = Field(1, gt=0, description="Completions per backward micro-batch.")
     learning_rate: float = Field(1e-6, gt=0, description="Learning rate (constant schedule, as in the paper).")
+    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("constant", description="Learning-rate schedule.")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature τ (also used for every log-prob).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (1 = off; the reward's teacher log-probs follow it).")
     max_prompt_length: int = Field(16384, gt=0, description="Longest teacher prompt in tokens; longer rows are bad rows.")
     max_completion_length: int = Field(16384, gt=0, description="Longest explanation in tokens (unclosed ones pay the format penalty).")
     save_steps: int = Field(25, gt=0, description="Checkpoint every N steps.")
-    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
     ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec, description="Soft update of the GRPO reference model.")
     reward: RewardSpec = Field(default_factory=RewardSpec, description="The RLT reward's coefficients and scoring.")
@@ -230,26 +310,27 @@ class DistillStage(Strict):
     batch_size: int = Field(8, gt=0, description="Questions generated together.")
 
 
-class StudentStage(Strict):
+class StudentStage(TrainerOptions):
     """Supervised distillation of a student on the distill stage's dataset (student format, loss on the answer)."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="Run this stage.")
     model: ModelRef | None = Field(None, description="Student to train (default: spec.student).")
-    epochs: float = Field(1.0, gt=0)
+    epochs: float = Field(1.0, gt=0, description="Passes over the distilled dataset.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
-    learning_rate: float = Field(1e-5, gt=0)
-    lr_scheduler: Literal["cosine", "constant", "linear"] = "cosine"
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("cosine", description="Learning-rate schedule.")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Fraction of the steps spent warming up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     batch_size: int = Field(16, gt=0, description="Global batch size.")
-    per_device_batch_size: int = Field(1, gt=0)
+    per_device_batch_size: int = Field(1, gt=0, description="Rows per GPU per micro-step (the rest is accumulation).")
     max_length: int = Field(16384, gt=0, description="Tokens per training row (the whole student chat).")
     over_long: Literal["drop", "truncate", "best_fit"] = Field(
         "best_fit",
         description="Rows over maxLength: drop them, truncate them (large students are hurt by cropped traces), or "
         "use the best-rewarded distill candidate that fits (dropped when none fits).",
     )
-    gradient_checkpointing: bool = True
-    save_steps: int = Field(500, gt=0)
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass (less memory).")
+    save_steps: int = Field(500, gt=0, description="Checkpoint every this many optimizer steps.")
     deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
 
     @model_validator(mode="after")
@@ -264,7 +345,7 @@ class StudentStage(Strict):
 class EvaluateStage(Strict):
     """Accuracy of a model on a held-out split, pass@1 averaged over `samples` answers per question."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="Run this stage.")
     model: ModelRef | None = Field(
         None, description="Model to evaluate (default: the student stage's model when it is enabled, else the "
         "untrained student: stages.student.model or spec.student)."
@@ -280,8 +361,8 @@ class EvaluateStage(Strict):
     )
     samples: int = Field(1, gt=0, description="Answers sampled per question (pass@1 is averaged over them).")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature; 0 = greedy (then use samples: 1).")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(1024, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest token set of this mass.")
+    max_new_tokens: int = Field(1024, gt=0, description="Length limit of each answer.")
     limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions.")
     batch_size: int = Field(8, gt=0, description="Prompts generated together (in-process).")
     generation: GenerationSpec = Field(default_factory=GenerationSpec, description="In-process or a vLLM server.")
@@ -294,6 +375,8 @@ class EvaluateStage(Strict):
 
 
 class Stages(Strict):
+    """The stages of a run, run in this order; each runs when enabled."""
+
     sft: SftStage = Field(default_factory=SftStage)
     rl: RlStage = Field(default_factory=RlStage)
     distill: DistillStage = Field(default_factory=DistillStage)
@@ -343,13 +426,19 @@ class GeneratorResources(PodResources):
 
 
 class Resources(Strict):
-    trainer: TrainerResources = Field(default_factory=TrainerResources)
-    generator: GeneratorResources = Field(default_factory=GeneratorResources)
+    """Pods of the run on a cluster (ignored by `rlt run`)."""
+
+    trainer: TrainerResources = Field(default_factory=TrainerResources,
+                                      description="The trainer's Indexed Job: one pod per node, torchrun inside.")
+    generator: GeneratorResources = Field(default_factory=GeneratorResources,
+                                          description="vLLM servers (generation.mode: server of stages.rl).")
 
 
 class Storage(Strict):
+    """The run's volume (a PVC mounted at /data in every pod)."""
+
     size: str = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")
-    storage_class_name: str | None = None
+    storage_class_name: str | None = Field(None, description="StorageClass of the PVC (default: the cluster's).")
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
         "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
     )
@@ -360,20 +449,25 @@ class Storage(Strict):
 
 
 class Images(Strict):
+    """Container images of the run's pods (build and push them: `make images`)."""
+
     trainer: str = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
     generator: str = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
-    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent",
+                                                                   description="imagePullPolicy of every container.")
 
 
 class SecretKeyRef(Strict):
-    name: str = Field(min_length=1)
-    key: str = Field("token", min_length=1)
+    """A key of a Secret in the run's namespace."""
+
+    name: str = Field(min_length=1, description="Secret name.")
+    key: str = Field("token", min_length=1, description="Key inside it.")
 
 
 class KeyRef(Strict):
     name: str = Field(min_length=1, description="Secret or ConfigMap name.")
     key: str = Field(min_length=1, description="Key inside it.")
-    optional: bool | None = None
+    optional: bool | None = Field(None, description="Start the pod even when the key is missing.")
 
 
 class EnvVarSource(Strict):
@@ -393,7 +487,9 @@ class EnvVarSource(Strict):
 
 
 class EnvVar(Strict):
-    name: str = Field(min_length=1)
+    """An environment variable of every pod of the run."""
+
+    name: str = Field(min_length=1, description="Variable name.")
     value: str | None = Field(None, description="Literal value (written into the run's ConfigMap: no secrets).")
     value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
 
@@ -405,15 +501,106 @@ class EnvVar(Strict):
 
 
 class Scheduling(Strict):
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Where and how the run's pods are scheduled."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector (labels a node must "
+                                          "carry).")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (passed through).")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (passed through).")
-    priority_class_name: str | None = None
+    priority_class_name: str | None = Field(None, description="PriorityClass of every pod.")
     queue_name: str | None = Field(None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod.")
-    service_account_name: str | None = None
-    image_pull_secrets: list[str] = Field(default_factory=list)
+    service_account_name: str | None = Field(None, description="ServiceAccount of the pods (its token is not "
+                                             "mounted).")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Names of Secrets to pull images with.")
     pod_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations on every pod of the run "
                                             "(e.g. for a network operator or a sidecar injector).")
+
+
+class SecretEnvVar(Strict):
+    """An environment variable of every pod whose value comes from a Kubernetes Secret (never from the spec)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name, e.g. AWS_ACCESS_KEY_ID.")
+    secret_key_ref: SecretKeyRef = Field(description="Secret name and key holding the value.")
+
+
+class WandbSpec(Strict):
+    """Weights & Biases through transformers' WandbCallback (plus the rlt_* figures)."""
+
+    project: str = Field(min_length=1, description="W&B project (WANDB_PROJECT).")
+    entity: str | None = Field(None, description="W&B entity (team or user).")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="offline: write runs under the run's folder (tracking/wandb) for `wandb sync` later."
+    )
+    api_key_secret: SecretKeyRef | None = Field(None, description="Secret key holding WANDB_API_KEY (online mode).")
+
+
+class MlflowSpec(Strict):
+    """MLflow through transformers' MLflowCallback (plus the rlt_* figures)."""
+
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking server URL (no credentials in it) or file store path; default: a file "
+        "store in the run's folder (tracking/mlruns)."
+    )
+    experiment: str | None = Field(None, description="Experiment name (default: the run's name).")
+    credentials: list[SecretEnvVar] = Field(
+        default_factory=list, description="Environment from Secrets, e.g. MLFLOW_TRACKING_TOKEN or "
+        "MLFLOW_TRACKING_USERNAME/PASSWORD."
+    )
+
+    @model_validator(mode="after")
+    def _no_inline_credentials(self) -> "MlflowSpec":
+        if self.tracking_uri and re.match(r"^[a-z+]+://[^/@]+@", self.tracking_uri):
+            raise ValueError("trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
+                             "(Secret references) instead")
+        return self
+
+
+class TrackingSpec(Strict):
+    """Experiment tracking: the trainers' own report_to integrations; every rlt_* figure is logged there too,
+    under its Prometheus metric name (labelled ones as name/label-value)."""
+
+    tensorboard: bool = Field(False, description="TensorBoard event files under the run's folder (tracking/tensorboard/<stage>).")
+    wandb: WandbSpec | None = Field(None, description="Weights & Biases.")
+    mlflow: MlflowSpec | None = Field(None, description="MLflow.")
+
+    def report_to(self) -> list[str]:
+        """transformers' report_to names, in a fixed order."""
+        return [name for name, on in (("tensorboard", self.tensorboard), ("wandb", self.wandb is not None),
+                                      ("mlflow", self.mlflow is not None)) if on]
+
+
+_OUTPUT_URI = re.compile(r"^(s3|gs|gcs|file|memory|hf)://\S+$")
+
+
+class OutputsSpec(Strict):
+    """Copies of the run's results outside the volume, pushed after the stage that produces each: object storage
+    through fsspec (s3://, gs://) or the Hugging Face Hub (hf://<org>/<model>, hf://datasets/<org>/<name>;
+    token from spec.hfTokenSecret)."""
+
+    distill_dataset: str | None = Field(None, description="Where the distillation dataset goes (a folder/prefix; "
+                                        "dataset.jsonl is written under it) or a hub dataset repo.")
+    teacher: str | None = Field(None, description="Where the final teacher (merged when LoRA) goes.")
+    student: str | None = Field(None, description="Where the distilled student goes.")
+    credentials: list[SecretEnvVar] = Field(
+        default_factory=list, description="Environment from Secrets for the storage, e.g. AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (s3fs) or GOOGLE_APPLICATION_CREDENTIALS' JSON via GOOGLE_CREDENTIALS (gcsfs)."
+    )
+
+    @model_validator(mode="after")
+    def _uris(self) -> "OutputsSpec":
+        for field, alias in (("distill_dataset", "distillDataset"), ("teacher", "teacher"), ("student", "student")):
+            uri = getattr(self, field)
+            if uri is None:
+                continue
+            if not _OUTPUT_URI.match(uri):
+                raise ValueError(f"{alias}: {uri!r} is not s3://, gs://, file://, memory:// or hf:// followed by a path")
+            if uri.startswith("hf://"):
+                parts = uri.removeprefix("hf://").strip("/").split("/")
+                dataset = parts[0] == "datasets"
+                if (field == "distill_dataset") != dataset or len(parts) != (3 if dataset else 2):
+                    want = "hf://datasets/<org>/<name>" if field == "distill_dataset" else "hf://<org>/<name>"
+                    raise ValueError(f"{alias}: {uri!r} must look like {want}")
+        return self
 
 
 # --------------------------------------------------------------------------- the run
@@ -448,9 +635,10 @@ class RLTRunSpec(Strict):
     rcl: RclSpec = Field(default_factory=RclSpec, description="Settings of method rcl (ignored by rlt).")
     teacher: ModelRef = Field(description="Teacher model trained by SFT and RL.")
     student: ModelRef = Field(description="Frozen student that scores explanations.")
-    dataset: DatasetSpec
-    format: FormatSpec = Field(default_factory=FormatSpec)
-    stages: Stages = Field(default_factory=Stages)
+    dataset: DatasetSpec = Field(description="Questions and reference solutions: source, split, columns.")
+    format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and "
+                               "overrides.")
+    stages: Stages = Field(default_factory=Stages, description="The stages of the run and their settings.")
     seed: int = Field(42, ge=0, description="Seed of training and sampling.")
     # cluster-only fields (ignored by `rlt run`)
     resources: Resources = Field(default_factory=Resources)
@@ -459,6 +647,8 @@ class RLTRunSpec(Strict):
     scheduling: Scheduling = Field(default_factory=Scheduling)
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment for every pod.")
     hf_token_secret: SecretKeyRef | None = Field(None, description="Secret holding a Hugging Face token.")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment tracking (TensorBoard, W&B, MLflow).")
+    outputs: OutputsSpec = Field(default_factory=OutputsSpec, description="Copies of the results off the volume.")
     suspend: bool = Field(False, description="Delete the run's pods and keep its data; resume from the last checkpoint.")
     backoff_limit: int = Field(3, ge=0, description="Gang restarts allowed before the run fails.")
     active_deadline_seconds: int | None = Field(None, gt=0, description="Fail the run after this long.")
@@ -474,7 +664,29 @@ class RLTRunSpec(Strict):
                 if getattr(self.stages, name).enabled:
                     raise ValueError(f"stages: method rcl has no {name} stage; set stages.{name}.enabled: false "
                                      f"(rcl runs {', '.join(RCL_STAGES)})")
+        # LoRA trains an adapter: only where a stage trains the model
+        for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
+            if ref is not None and ref.lora is not None:
+                raise ValueError(f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, "
+                                 f"stages.student.model)")
+        if self.outputs.student and not self.stages.student.enabled:
+            raise ValueError("outputs: outputs.student needs stages.student.enabled")
+        if self.outputs.distill_dataset and not self.stages.distill.enabled:
+            raise ValueError("outputs: outputs.distillDataset needs stages.distill.enabled")
+        hub = [u for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
+               if u and u.startswith("hf://")]
+        if hub and self.hf_token_secret is None:
+            raise ValueError("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
         return self
+
+    def secret_env(self) -> list[SecretEnvVar]:
+        """Every Secret-backed variable the run's pods need for tracking and outputs (HF_TOKEN is separate)."""
+        out = list(self.outputs.credentials)
+        if self.tracking.wandb and self.tracking.wandb.api_key_secret:
+            out.append(SecretEnvVar(name="WANDB_API_KEY", secret_key_ref=self.tracking.wandb.api_key_secret))
+        if self.tracking.mlflow:
+            out += self.tracking.mlflow.credentials
+        return out
 
 
 class Metadata(BaseModel):
@@ -624,8 +836,13 @@ def load_runs(path: str | Path) -> list[RLTRun]:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
+    except UnicodeDecodeError as err:
+        raise SpecError(str(path), [f"not a UTF-8 text file (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                                    "an RLTRun file is YAML text"]) from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
     except yaml.YAMLError as err:
-        raise SpecError(str(path), [f"<yaml>: {err}"]) from None
+        raise SpecError(str(path), ["<yaml>: " + " ".join(str(err).split())]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
     runs, problems = [], []

@@ -1,4 +1,4 @@
-"""Built-in tasks: arithmetic and countdown problems with worked reasoning, generated from a seed.
+"""Built-in tasks: arithmetic, countdown and the calibrated `basic` family, with worked reasoning, from a seed.
 
 Every row has `question`, `reasoning_trace` (a worked solution a student could follow) and `solution`
 (the final answer sentence). Same seed, same rows, on any machine.
@@ -11,7 +11,8 @@ import itertools
 import random
 import re
 
-TASKS = ("arithmetic", "countdown", "mixed")
+BASIC_LEVELS = (1, 2, 3, 4)
+TASKS = ("arithmetic", "countdown", "mixed", "basic") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -53,10 +54,74 @@ def countdown_problem(rng: random.Random) -> dict[str, str]:
     return {"question": question, "reasoning_trace": trace, "solution": f"{expr} = {target}"}
 
 
+# ---- the calibrated family `basic`: one small-number operation per question, sized for a ~135M student.
+# Levels (measured accuracies in docs/data-formats.md, script benchmarks/task_calibration.py):
+#   1 add two one-digit numbers, 2 add a two-digit and a one-digit number, 3 subtract a one-digit number
+#   from a two-digit one, 4 a times-table product. The solution is the bare number, so the RLT reward's
+#   r_SS measures the student's confidence in the answer digits and nothing else.
+_BASIC_Q = re.compile(r"^What is (\d+) ([+\-*]) (\d+)\?$")
+
+
+def basic_problem(rng: random.Random, level: int) -> dict[str, str]:
+    if level == 1:
+        a, b, op = rng.randint(1, 9), rng.randint(1, 9), "+"
+    elif level == 2:
+        a, b, op = rng.randint(10, 89), rng.randint(1, 9), "+"
+    elif level == 3:
+        a, b, op = rng.randint(11, 60), rng.randint(1, 9), "-"
+    elif level == 4:
+        a, b, op = rng.randint(2, 9), rng.randint(2, 9), "*"
+    else:
+        raise ValueError(f"basic task: unknown level {level} (levels {BASIC_LEVELS})")
+    result = _OPS[op](a, b)
+    if op == "*":
+        steps = f"{a} * {b} means {b} added {a} times" if a <= 4 else f"{a} * {b} is {a} times {b}"
+        trace = f"{steps}.\n{a} * {b} = {result}."
+    elif op == "+" and a >= 10:
+        tens, ones = a - a % 10, a % 10
+        trace = f"Split {a} into {tens} and {ones}. First {ones} + {b} = {ones + b}.\nThen {tens} + {ones + b} = {result}."
+    elif op == "-":
+        trace = f"Count down {b} from {a}.\n{a} - {b} = {result}."
+    else:
+        trace = f"Start at {a} and count up {b}.\n{a} + {b} = {result}."
+    return {"question": f"What is {a} {op} {b}?", "reasoning_trace": trace, "solution": str(result), "level": level}
+
+
+def basic_level(question: str) -> int | None:
+    """The level of a `basic` question, None for any other question."""
+    m = _BASIC_Q.match(question.strip())
+    if m is None:
+        return None
+    a, op = int(m.group(1)), m.group(2)
+    return {"+": 1 if a < 10 else 2, "-": 3, "*": 4}[op]
+
+
+def check_basic(question: str, answer: str | None) -> bool | None:
+    """None if `question` is not a `basic` question; else whether `answer` (text whose extracted final
+    answer is compared) is the value of the operation, recomputed from the question itself."""
+    m = _BASIC_Q.match(question.strip())
+    if m is None:
+        return None
+    from rlt.answers import extract_answer, normalize
+
+    want = _OPS[m.group(2)](int(m.group(1)), int(m.group(3)))
+    got = normalize(extract_answer(answer or ""))
+    return got == str(want)
+
+
+def check_builtin(question: str, answer: str | None) -> bool | None:
+    """The built-in checker that knows `question` (countdown or basic), or None when none does."""
+    verdict = check_countdown(question, answer)
+    return verdict if verdict is not None else check_basic(question, answer)
+
+
 def generate(task: str, size: int, seed: int = 0) -> list[dict[str, str]]:
     if task not in TASKS:
         raise ValueError(f"spec.dataset.source: unknown built-in task {task!r} (choose from {', '.join(TASKS)})")
     rng = random.Random(f"rlt-{task}-{seed}")
+    if task.startswith("basic"):
+        levels = BASIC_LEVELS if task == "basic" else (int(task.removeprefix("basic-")),)
+        return [basic_problem(rng, levels[i % len(levels)]) for i in range(size)]
     makers = {"arithmetic": [arithmetic_problem], "countdown": [countdown_problem]}.get(
         task, [arithmetic_problem, countdown_problem]
     )

@@ -79,12 +79,12 @@ def evaluate_teacher(protocol, rows: list[dict], student, student_tok, teacher, 
                               max_new_tokens=max_guidance_tokens, batch_size=batch_size)
     outputs = teacher_tok.batch_decode(ts.completion_ids, skip_special_tokens=True)
     guidance = [protocol.extract_guidance(o) for o in outputs]
-    todo = [k for k, g in enumerate(guidance) if g is not None]
+    todo = [k for k, g in enumerate(guidance) if g]  # zero-length guidance ("") = the student alone, as in the reward
     acc = dict(zip(todo, accuracy([protocol.student_prompt(student_tok, qs[k // guidance_samples], guidance[k])
                                    for k in todo], [sols[k // guidance_samples] for k in todo])))
     for i, rec in enumerate(records):
         ks = range(i * guidance_samples, (i + 1) * guidance_samples)
-        # a missing guidance passes nothing on: the student answers alone (acc_without)
+        # a missing or zero-length guidance passes nothing on: the student answers alone (acc_without)
         withs = [acc.get(k, rec["acc_without"]) for k in ks]
         toks = [len(teacher_tok(guidance[k], add_special_tokens=False).input_ids) if guidance[k] else 0 for k in ks]
         rec.update(probe=probes[i], acc_with=sum(withs) / len(withs), teaching_tokens=sum(toks) / len(toks),

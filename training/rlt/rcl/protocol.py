@@ -112,11 +112,11 @@ class Protocol:
         return f"{f.diagnosis_start}{diagnosis}{f.diagnosis_end}\n{f.guidance_start}{guidance}{f.guidance_end}"
 
     def extract_guidance(self, completion: str) -> str | None:
-        """The text between the guidance tags, or None when they are missing or unclosed (never the whole output)."""
+        """The text between the guidance tags, or None when they are missing or unclosed (never the whole output).
+        Closed tags around nothing are zero-length guidance (""): the teacher chose to add nothing, which the method
+        asks for when the student's idea is already right, so it is scored as no teaching (eff = 1), not a format error."""
         inside = _between(completion, self.fmt.guidance_start, self.fmt.guidance_end)
-        if inside is None or not inside.strip():
-            return None
-        return inside.strip()
+        return None if inside is None else inside.strip()
 
     # student answers
     def student_prompt(self, tokenizer, question: str, guidance: str | None = None) -> str:

@@ -115,6 +115,12 @@ class RclBatch:
                         sum(self.teaching_tokens[i] for i in idx) / len(idx)))
         return out
 
+    def ndr_per_sample(self) -> float:
+        """1 − share of guidance samples after which the student did worse than alone (any drop counts; a missing
+        guidance passes nothing on, so it cannot degrade). Stricter than the per-question NDR of `means()`."""
+        graded = [(b, w) for b, w in zip(self.perf_base, self.perf_with) if w is not None]
+        return 1.0 - sum(w < b - 1e-9 for b, w in graded) / len(graded) if graded else float("nan")
+
     def means(self) -> dict[str, float]:
         from rlt.rcl.evaluation import summarize_problems
 
@@ -123,6 +129,7 @@ class RclBatch:
         return {"reward": sum(self.reward) / n, "rcl_apg": s["apg"], "rcl_ndr": s["ndr"], "rcl_tes": s["tes"],
                 "rcl_acc_with": s["acc_with"], "rcl_acc_without": s["acc_without"],
                 "rcl_teaching_tokens": s["teaching_tokens"],
+                "rcl_ndr_samples": self.ndr_per_sample(),
                 "rcl_format_ok": sum(p is not None for p in self.perf_with) / n,
                 "rcl_leak_rate": sum(self.leaked) / n}
 
@@ -176,11 +183,14 @@ class RCLReward:
         # the no-guidance baseline: once per question, shared by every guidance of its group
         base = dict(zip(uniq, self.performance_of([(q, None) for q in uniq], [sol_of[q] for q in uniq])))
         guidance = [self.protocol.extract_guidance(c) for c in completions]
-        todo = [i for i, g in enumerate(guidance) if g is not None]
+        todo = [i for i, g in enumerate(guidance) if g]  # zero-length guidance = the student alone: its baseline
         with_perf = self.performance_of([(questions[i], guidance[i]) for i in todo], [solutions[i] for i in todo])
         perf_with: list[float | None] = [None] * len(completions)
         for i, v in zip(todo, with_perf):
             perf_with[i] = v
+        for i, g in enumerate(guidance):
+            if g == "":
+                perf_with[i] = base[questions[i]]
         out = RclBatch()
         for i, (q, s) in enumerate(zip(questions, solutions)):
             g = guidance[i]

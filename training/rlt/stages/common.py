@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
-from rlt.metrics import RCL_GAUGES, STEP_PHASES, TrainerMetrics
+from rlt.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, TrainerMetrics, tracking_name
 from rlt.spec import RLTRun
+from rlt.tracking import Tracker
 
 
 @dataclass
@@ -49,6 +50,9 @@ class Recorder:
             ctx.metrics.set("rlt_stage_completed", 0)
         self.last_checkpoint: str | None = None
         self.progress: dict[str, Any] = {}
+        self.totals: dict[str, float] = {}  # counters, as running totals for experiment tracking
+        self.eval_model: str | None = None  # label of rlt_eval_accuracy (set by evaluate stages)
+        self.tracker = Tracker(ctx, stage) if ctx.spec.tracking.report_to() and ctx.is_main else None
         self.reward_key = "rewardMean"  # progress.json's name for values["reward"] (distill: candidateRewardMean)
 
     def set_total(self, total: int) -> None:
@@ -67,25 +71,26 @@ class Recorder:
         m = self.ctx.metrics
         if m:
             m.set("rlt_step", step)
-            for key, name in (("reward", "rlt_reward_mean"), ("reward_std", "rlt_reward_std"), ("kl", "rlt_policy_kl"),
-                              ("loss", "rlt_loss")):
-                if key in values and math.isfinite(values[key]):
-                    m.set(name, values[key])
-            for comp in ("r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean", "kl_max"):
-                if comp in values:
-                    m.set("rlt_reward_component", values[comp], component=comp)
-            for key, name in RCL_GAUGES.items():
-                if key in values and math.isfinite(values[key]):
-                    m.set(name, values[key])
-            for phase in STEP_PHASES:
-                if f"seconds_{phase}" in values:
-                    m.observe("rlt_step_phase_seconds", values[f"seconds_{phase}"], phase=phase)
-            if "step_seconds" in values:
-                m.observe("rlt_step_seconds", values["step_seconds"])
-            if values.get("generated_tokens"):
-                m.inc("rlt_generated_tokens_total", values["generated_tokens"])
-            if values.get("scored_tokens"):
-                m.inc("rlt_scored_tokens_total", values["scored_tokens"])
+        tracked: dict[str, float] = {}
+        for key, (metric, label) in STEP_KEYS.items():
+            value = values.get(key)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            d = METRIC_DEFS[metric]
+            extra = d.labels[len(RUN_LABELS):]
+            if d.kind == "counter":
+                self.totals[metric] = self.totals.get(metric, 0.0) + value
+            if key == "accuracy":  # labelled by the evaluated model: the evaluate stage exports it itself
+                label = self.eval_model
+            elif m and d.kind == "gauge":
+                m.set(metric, value, **({extra[0]: label} if extra else {}))
+            elif m and d.kind == "histogram":
+                m.observe(metric, value, **({extra[0]: label} if extra else {}))
+            elif m and value:
+                m.inc(metric, value)
+            tracked[tracking_name(metric, label)] = self.totals.get(metric, value)
+        if self.tracker is not None and tracked:
+            self.tracker.log(step, tracked)
         self.write_progress(step, values)
 
     def checkpoint(self, step: int, path: str) -> None:
@@ -113,6 +118,8 @@ class Recorder:
         atomic_write_json(self.ctx.layout.progress_file, self.progress)
 
     def done(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
         if self.ctx.metrics:
             self.ctx.metrics.set("rlt_stage_completed", 1)
         if self.ctx.is_main:
@@ -201,11 +208,60 @@ def quiet_trainer(trainer) -> None:
     trainer.remove_callback(ProgressCallback)
 
 
-def trainer_precision(device: str) -> dict[str, Any]:
-    """TrainingArguments for the device: fp32 on CPU (TRL defaults to bf16, which the CPU path rejects)."""
+def trainer_precision(device: str, precision: str = "auto") -> dict[str, Any]:
+    """TrainingArguments for the device: auto = fp32 on CPU (TRL defaults to bf16, which the CPU path rejects),
+    bf16 on a GPU."""
+    if precision == "auto":
+        precision = "fp32" if device == "cpu" else "bf16"
+    out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
     if device == "cpu":
-        return {"use_cpu": True, "bf16": False}
-    return {"bf16": True}
+        out["use_cpu"] = True
+    return out
+
+
+def trainer_options(ctx: StageContext, st, device: str) -> dict[str, Any]:
+    """TrainingArguments every TRL-trained stage shares (spec TrainerOptions): the typed options, tracking, then
+    the stage's trainerArgs (which the spec keeps off the options set here)."""
+    from rlt.tracking import report_to_args
+
+    return {"max_grad_norm": st.max_grad_norm, "logging_steps": st.logging_steps,
+            "save_total_limit": st.save_total_limit, **trainer_precision(device, st.precision),
+            **report_to_args(ctx), **st.trainer_args}
+
+
+def peft_config(ref):
+    """PEFT LoraConfig for a model with `lora` set (handed to TRL's trainers as peft_config), else None."""
+    if ref.lora is None:
+        return None
+    from peft import LoraConfig
+
+    lo = ref.lora
+    targets = "all-linear" if lo.target_modules == ["all-linear"] else lo.target_modules
+    return LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets,
+                      task_type="CAUSAL_LM")
+
+
+def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, device: str) -> str:
+    """The stage's final model in model_dir(stage). With LoRA the adapter is saved beside it (stage/adapter) and
+    the model is the base with the adapter merged in: what distill, the vLLM generators and the next stage load
+    as a plain model. Merging from the saved adapter works the same under ZeRO-3, where the live weights are
+    sharded."""
+    out = ctx.layout.model_dir(stage)
+    if start.lora is None:
+        trainer.save_model(str(out))
+    else:
+        adapter = ctx.layout.stage_dir(stage) / "adapter"
+        trainer.save_model(str(adapter))
+        if ctx.is_main:
+            from peft import PeftModel
+
+            from rlt.models import load_model
+
+            merged = PeftModel.from_pretrained(load_model(start, device), str(adapter)).merge_and_unload()
+            merged.save_pretrained(str(out))
+    if ctx.is_main:
+        tokenizer.save_pretrained(str(out))
+    return str(out)
 
 
 def deepspeed_config(stage: int) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
 from rlt.stages.common import Recorder, StageContext, newest_teacher
+from rlt.stages.sft import teacher_prompt_ids
 
 
 def trained_teacher(ctx: StageContext) -> ModelRef:
@@ -45,8 +46,7 @@ def run_distill(ctx: StageContext) -> str:
     for start in range(0, len(rows), per_batch):
         t0 = time.perf_counter()
         chunk = rows[start : start + per_batch]
-        prompt_ids = [tokenizer(formatter.teacher_prompt(tokenizer, r["question"], r["solution"]),
-                                add_special_tokens=False).input_ids for r in chunk]
+        prompt_ids = [teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"]) for r in chunk]
         if teacher is None:
             samples = server_generate(gen.server_url, prompt_ids, n=n, temperature=st.temperature, top_p=1.0,
                                       max_new_tokens=st.max_new_tokens, timeout=gen.server_timeout_seconds)
@@ -63,6 +63,7 @@ def run_distill(ctx: StageContext) -> str:
             best = max(cands, key=lambda k: scores.total[k])
             explanation, closed = formatter.split_explanation(texts[best])
             out_rows.append({
+                **r.get("keep", {}),  # spec.dataset.keepColumns (names cannot clash: the spec refuses ours)
                 "question": r["question"], "reasoning_trace": explanation, "solution": r["solution"],
                 "reward": scores.total[best], "closed": closed, "candidate_rewards": [scores.total[k] for k in cands],
                 "source_row": r["row"], "messages": formatter.student_messages(r["question"], explanation, r["solution"]),

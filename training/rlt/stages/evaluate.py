@@ -91,8 +91,8 @@ def grade(row: dict[str, Any], output: str, answer_type: str, tags: tuple[str, s
     if answer_type == "builtin":
         block = _between(output, *tags)
         answer = block if block is not None else _last_line(output)
-        verdict = tasks.check_countdown(row["question"], answer)
-        if verdict is not None:  # a countdown problem: verify the expression; other built-in rows are math
+        verdict = tasks.check_builtin(row["question"], answer)
+        if verdict is not None:  # countdown/basic: verified from the question itself; other built-in rows are math
             return answer, verdict
     if answer_type not in ("math", "builtin"):
         raise ValueError(f"stages.evaluate.answerType: unknown {answer_type!r}")
@@ -160,9 +160,13 @@ def _greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]
     for j, p in enumerate(prompt_ids):
         ids[j, width - len(p) :] = torch.tensor(p, device=device)
         mask[j, width - len(p) :] = 1
-    with torch.no_grad():
-        seqs = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                              pad_token_id=tokenizer.pad_token_id)
+    from rlt.generation import clean_generation_config, only_generation_config
+
+    # greedy on the model's own logits: no repetition penalty or other processor from the checkpoint's config
+    config = clean_generation_config(model, do_sample=False, max_new_tokens=max_new_tokens,
+                                     pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad(), only_generation_config(model, config):
+        seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     eos = tokenizer.eos_token_id
     out = []
     for row in seqs[:, width:].tolist():
@@ -192,6 +196,7 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     prompts = [tokenizer.apply_chat_template(formatter.student_messages(r["question"], "", "")[:2], tokenize=False,
                                              add_generation_prompt=True) for r in evalset.rows]
     recorder = Recorder(ctx, "evaluate", len(prompts))
+    recorder.eval_model = label  # rlt_eval_accuracy/<label> in experiment tracking
     bar = tqdm(total=len(prompts), desc=f"evaluate {label}", unit="q", disable=not (ctx.show_progress and ctx.is_main))
     graded: list[list[bool]] = []
     started = time.perf_counter()

@@ -17,7 +17,8 @@ from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
 from rlt.stages.common import (PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               newest_teacher, quiet_trainer, trainer_precision)
+                               newest_teacher, peft_config, quiet_trainer, save_final_model, trainer_options)
+from rlt.tracking import point_tensorboard
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generatio
 
 def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
-        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]  # = sft.teacher_prompt_ids
         with timer.phase("generate"):
             completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, trainer.num_generations, st)
         counters["generated_tokens"] += sum(len(c) for c in completion_ids)
@@ -77,6 +78,10 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
                 "teacher_logprobs": logprobs}
 
     return rollout
+
+
+IS_MODES = {"off": "sequence_mask", "sequenceMask": "sequence_mask", "sequenceTruncate": "sequence_truncate",
+            "tokenMask": "token_mask", "tokenTruncate": "token_truncate"}
 
 
 def grpo_config(ctx: StageContext, device: str):
@@ -97,16 +102,37 @@ def grpo_config(ctx: StageContext, device: str):
         per_device_train_batch_size=st.per_device_batch_size, gradient_accumulation_steps=ga,
         steps_per_generation=ga, num_generations=st.num_generations, num_iterations=1,
         max_completion_length=st.max_completion_length, temperature=st.temperature, top_p=st.top_p, top_k=0,
-        learning_rate=st.learning_rate, lr_scheduler_type="constant", beta=st.beta, loss_type="grpo",
-        scale_rewards="group", mask_truncated_completions=False,
-        sync_ref_model=st.ref_sync.enabled and st.beta > 0, ref_model_mixup_alpha=st.ref_sync.alpha,
-        ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
-        save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
-        gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
+        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
+        weight_decay=st.weight_decay, beta=st.beta, loss_type="grpo", scale_rewards="group",
+        mask_truncated_completions=False,
+        # TRL cannot soft-update a PEFT model's reference (with LoRA the reference is the frozen base)
+        sync_ref_model=st.ref_sync.enabled and st.beta > 0 and spec.teacher.lora is None,
+        ref_model_mixup_alpha=st.ref_sync.alpha, ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps",
+        save_steps=st.save_steps, seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
         deepspeed=deepspeed_config(st.deepspeed_zero_stage), use_vllm=server, vllm_mode="server",
         vllm_server_base_url=st.generation.server_url, vllm_server_timeout=st.generation.server_timeout_seconds,
-        **trainer_precision(device),
+        # clean sampling (docs/reward.md): nothing but τ and top-p shapes the distribution
+        repetition_penalty=1.0, min_p=None,
+        vllm_importance_sampling_correction=server and st.generation.importance_sampling != "off",
+        vllm_importance_sampling_mode=IS_MODES[st.generation.importance_sampling],
+        vllm_importance_sampling_clip_max=st.generation.importance_sampling_cap,
+        **trainer_options(ctx, st, device),
     )
+
+
+def clipped_share(ratio, completion_mask, mode: str, cap: float, floor: float | None) -> tuple[float, float]:
+    """(masked or clipped entries, all entries) of TRL's importance-sampling ratio: per sequence in sequence
+    modes (ratio shape [B, 1]), per completion token in token modes. Masking writes 0, truncation clamps."""
+    import torch
+
+    valid = torch.ones_like(ratio, dtype=torch.bool) if ratio.shape[-1] == 1 else completion_mask.bool()
+    if mode.endswith("mask"):
+        hit = ratio == 0
+    else:
+        hit = ratio >= cap * (1 - 1e-6)
+        if floor is not None:
+            hit |= ratio <= floor * (1 + 1e-6)
+    return float((hit & valid).sum()), float(valid.sum())
 
 
 def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows: list[dict], reward,
@@ -129,12 +155,16 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
             return score(*a, **kw)
 
     reward.score = timed_score  # the score phase of the step timer
+    clipped = {"hit": 0.0, "all": 0.0}
 
     def step_values(step_seconds: float) -> dict[str, float]:
         phases = timer.take()
         values = {f"seconds_{k}": v for k, v in phases.items()}
         values["seconds_update"] = max(0.0, step_seconds - sum(phases.values()))
         values.update(reward_values())
+        if clipped["all"]:
+            values["importance_sampling_clipped"] = clipped["hit"] / clipped["all"]
+            clipped.update(hit=0.0, all=0.0)
         values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
         values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
         return values
@@ -144,8 +174,9 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
         model=load_model(start, device, trainable=True), reward_funcs=[reward], args=args,
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
         rollout_func=make_rollout_fn(timer, counters),
-        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
+        callbacks=[make_callback(recorder, step_values, ctx.show_progress)], peft_config=peft_config(start),
     )
+    point_tensorboard(trainer, ctx, "rl")
     if args.use_vllm:  # time TRL's weight push to the vLLM server as its own phase
         sync = trainer.vllm_generation.sync_weights
 
@@ -154,14 +185,25 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
                 return sync(*a, **kw)
 
         trainer.vllm_generation.sync_weights = timed_sync
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        # TRL logs the ratio's min/mean/max; the share it masked or clipped is what says how much loss was dropped
+        generate_and_score = trainer._generate_and_score_completions
+
+        def counted(*a, **kw):
+            out = generate_and_score(*a, **kw)
+            hit, total = clipped_share(out["importance_sampling_ratio"], out["completion_mask"],
+                                       args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max,
+                                       args.vllm_importance_sampling_clip_min)
+            clipped["hit"] += hit
+            clipped["all"] += total
+            return out
+
+        trainer._generate_and_score_completions = counted
     quiet_trainer(trainer)
     trainer.train(resume_from_checkpoint=last_checkpoint(ctx.layout.checkpoints_dir("rl")))
-    out = ctx.layout.model_dir("rl")
-    trainer.save_model(str(out))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(out))
+    out = save_final_model(trainer, ctx, "rl", start, tokenizer, device)
     recorder.done()
-    return str(out)
+    return out
 
 
 def run_rl(ctx: StageContext) -> str:
@@ -181,7 +223,7 @@ def run_rl(ctx: StageContext) -> str:
     def reward_values() -> dict[str, float]:
         values: dict[str, float] = {}
         if reward.last is not None:
-            values.update({k: v for k, v in reward.last.means().items() if k != "total"})
+            values.update({k: v for k, v in reward.last.means().items() if k != "total"})  # incl. pairing_coverage
             values["explanation_tokens"] = sum(reward.last.explanation_tokens) / max(1, len(reward.last.explanation_tokens))
         values["scored_tokens"], scored["last"] = reward.scored_tokens_total - scored["last"], reward.scored_tokens_total
         return values

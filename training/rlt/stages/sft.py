@@ -9,13 +9,24 @@ from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef
 from rlt.stages.common import (quiet_trainer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               trainer_precision)
+                               peft_config, save_final_model, trainer_options)
+from rlt.tracking import point_tensorboard
 
 log = logging.getLogger(__name__)
 
 
-def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[str, str]]:
-    """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed."""
+def teacher_prompt_ids(formatter: Formatter, tokenizer, question: str, solution: str) -> list[int]:
+    """The teacher prompt's token ids, one definition for the sft, rl and distill stages."""
+    return tokenizer(formatter.teacher_prompt(tokenizer, question, solution), add_special_tokens=False).input_ids
+
+
+def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[str, list[int]]]:
+    """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed.
+
+    Tokenised here, prompt and completion apart, and handed to TRL as ids: the prompt is then the very token sequence
+    the rl and distill stages sample after (`teacher_prompt_ids`). Tokenising prompt + completion as one text would
+    merge the tag with a trace that starts with, say, "=" or "." (SmolLM2: `>=`), so SFT would train on a context
+    the policy never sees."""
     out, skipped = [], []
     for r in rows:
         if not r.get("reasoning_trace"):
@@ -25,15 +36,35 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
                 raise DataError(msg + f" (map spec.dataset.columns.reasoningTrace, disable stages.sft{hint})")
             skipped.append(msg)
             continue
-        out.append({
-            "prompt": formatter.teacher_prompt(tokenizer, r["question"], r["solution"]),
-            "completion": formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token),
-        })
+        prompt = teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"])
+        completion = tokenizer(formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token),
+                               add_special_tokens=False).input_ids
+        out.append({"input_ids": prompt + completion, "completion_mask": [0] * len(prompt) + [1] * len(completion)})
     if not out:
         raise DataError("stage sft: no row has a reasoning_trace")
     if skipped:  # once per stage, not once per row
         log.warning("stage sft: skipping %d of %d rows (badRows: skip), first %s", len(skipped), len(rows), skipped[0])
     return out
+
+
+def sft_config(ctx: StageContext, device: str, stage: str = "sft"):
+    """TRL SFTConfig from spec.stages.<stage> (sft or student)."""
+    from trl import SFTConfig
+
+    spec, st = ctx.spec, getattr(ctx.spec.stages, stage)
+    ckpt_dir = ctx.layout.checkpoints_dir(stage)
+    teacher_warmup = stage == "sft"
+    return SFTConfig(
+        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
+        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
+        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
+        # The teacher warm-up uses the reference code's beta2; students keep AdamW's default.
+        weight_decay=st.weight_decay, adam_beta2=0.95 if teacher_warmup else 0.999,
+        num_train_epochs=st.epochs, max_steps=st.max_steps or -1, max_length=st.max_length,
+        completion_only_loss=True, packing=False, save_steps=st.save_steps, save_strategy="steps",
+        seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
+        deepspeed=deepspeed_config(getattr(st, "deepspeed_zero_stage", 3)), **trainer_options(ctx, st, device),
+    )
 
 
 def train_sft(ctx: StageContext, device: str, rows: list[dict], tokenizer, stage: str = "sft",
@@ -43,34 +74,23 @@ def train_sft(ctx: StageContext, device: str, rows: list[dict], tokenizer, stage
     Shared by every SFT-like stage: the teacher warm-ups of both methods (`sft`) and the student's distillation
     (`student`); the stage's own settings come from spec.stages.<stage>."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
-    spec, st = ctx.spec, getattr(ctx.spec.stages, stage)
+    spec = ctx.spec
     ckpt_dir = ctx.layout.checkpoints_dir(stage)
-    teacher_warmup = stage == "sft"
-    args = SFTConfig(
-        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
-        gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
-        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
-        # The teacher warm-up uses the reference code's optimizer settings; students keep AdamW's defaults.
-        weight_decay=st.weight_decay if teacher_warmup else 0.0, adam_beta2=0.95 if teacher_warmup else 0.999,
-        max_grad_norm=1.0, num_train_epochs=st.epochs, max_steps=st.max_steps or -1, max_length=st.max_length,
-        completion_only_loss=True, packing=False, save_steps=st.save_steps, save_strategy="steps", logging_steps=1,
-        report_to="none", seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
-        deepspeed=deepspeed_config(getattr(st, "deepspeed_zero_stage", 3)), **trainer_precision(device),
-    )
+    args = sft_config(ctx, device, stage)
+    start = model or spec.teacher
     recorder = Recorder(ctx, stage, total_steps=0)
-    trainer = SFTTrainer(model=load_model(model or spec.teacher, device, trainable=True), args=args,
+    trainer = SFTTrainer(model=load_model(start, device, trainable=True), args=args,
                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)])
+                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)],
+                         peft_config=peft_config(start))
     quiet_trainer(trainer)
+    point_tensorboard(trainer, ctx, stage)
     trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
-    out = ctx.layout.model_dir(stage)
-    trainer.save_model(str(out))
-    if ctx.is_main:
-        tokenizer.save_pretrained(str(out))
+    out = save_final_model(trainer, ctx, stage, start, tokenizer, device)
     recorder.done()
-    return str(out)
+    return out
 
 
 def run_sft(ctx: StageContext) -> str:

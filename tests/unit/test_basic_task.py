@@ -1,0 +1,41 @@
+"""The calibrated built-in task `basic`: seeded, levelled, its traces reach its answers, and its own checker."""
+
+import pytest
+
+from rlt import tasks
+from rlt.stages.evaluate import grade
+
+TAGS = ("<answer>", "</answer>")
+
+
+def test_basic_is_seeded_levelled_and_consistent():
+    rows = tasks.generate("basic", 40, seed=3)
+    assert rows == tasks.generate("basic", 40, seed=3) and rows != tasks.generate("basic", 40, seed=4)
+    assert [tasks.basic_level(r["question"]) for r in rows[:4]] == [1, 2, 3, 4]
+    for row in rows:
+        assert tasks.basic_level(row["question"]) == row["level"]
+        assert tasks.check_basic(row["question"], row["solution"]) is True
+        # the worked reasoning ends on the answer: a student shown it can read the answer off
+        assert row["reasoning_trace"].rstrip(".").endswith(f"= {row['solution']}")
+    for level in tasks.BASIC_LEVELS:
+        assert {tasks.basic_level(r["question"]) for r in tasks.generate(f"basic-{level}", 20)} == {level}
+
+
+@pytest.mark.parametrize("output,want", [
+    ("<think>9 + 6</think>\n<answer>15</answer>", True),
+    ("<answer>The answer is 15.</answer>", True),
+    ("<answer>16</answer>", False),
+    ("no tags, the last number counts: 15", True),
+    ("<answer>fifteen</answer>", False),
+    ("", False),
+])
+def test_basic_checker_recomputes_from_the_question(output, want):
+    # the reference solution is deliberately wrong: the checker must not read it
+    assert grade({"question": "What is 9 + 6?", "solution": "99"}, output, "builtin", TAGS)[1] is want
+
+
+def test_checker_ignores_other_questions():
+    assert tasks.check_basic("What is (2 + 3) * 4?", "20") is None
+    assert tasks.check_builtin("What is 7 * 8?", "56") is True
+    with pytest.raises(ValueError, match="unknown built-in task 'basic-9'"):
+        tasks.generate("basic-9", 1)
