@@ -14,7 +14,7 @@ from rlt.metrics import TrainerMetrics
 from rlt.plots import make_plots, read_metrics
 from rlt.spec import RLTRun, dump_run
 from rlt.stages import stage_function
-from rlt.stages.common import StageContext
+from rlt.stages.common import StageContext, leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -120,4 +120,6 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
                                      method=run.spec.method)
         ctx.metrics.serve(metrics_port, addr="0.0.0.0")
-    return stage_function(stage, run.spec.method)(ctx)
+    out = stage_function(stage, run.spec.method)(ctx)
+    leave_process_group()  # on success only: a barrier after a failed rank would wait forever
+    return out

@@ -7,6 +7,7 @@ r_KL teacher term then costs no extra forward. In server mode TRL keeps the vLLM
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -17,7 +18,7 @@ from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
 from rlt.stages.common import (PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               newest_teacher, quiet_trainer, trainer_precision)
+                               newest_teacher, quiet_trainer, rank_device, trainer_precision)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generatio
 
 def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
+        # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
+        drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
+        print(f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
+              f"prompts={','.join(drawn)}", flush=True)
         prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
         with timer.phase("generate"):
             completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, trainer.num_generations, st)
@@ -164,7 +169,7 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
 
 def run_rl(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.rl
-    device = ctx.device or pick_device()
+    device = rank_device(ctx.device or pick_device())  # before the student is loaded onto it
     formatter = Formatter(resolve_format(spec.format))
     start = teacher_start(ctx)
     tokenizer = load_tokenizer(start, padding_side="left")
