@@ -426,6 +426,7 @@ def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
         "--host", "0.0.0.0",
         "--port", str(VLLM_PORT),
         "--tensor-parallel-size", str(res.tensor_parallel_size),
+        "--data-parallel-size", str(res.data_parallel_size),
         "--gpu-memory-utilization", str(gen.gpu_memory_utilization),
         "--dtype", spec.teacher.dtype,
         # TRL's server mode pushes the trainer's weights into vLLM over NCCL (dev-mode endpoints).

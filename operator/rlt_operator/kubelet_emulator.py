@@ -368,7 +368,10 @@ class LocalKubelet:
             raise PodConfigError(f"no local stand-in for image {c.get('image')!r}")
         mounts = await self._mounts(ns, pod)
         env = {"PATH": f"{image.bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
-               "HOME": str(self.workdir / "home"), "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "",
+               # This machine's home stands for the image's: its caches hold what an image bakes in (the tiny
+               # model, DeepSpeed's compiled CPU ops).
+               "HOME": os.environ.get("HOME", str(self.workdir / "home")), "LANG": "C.UTF-8",
+               "CUDA_VISIBLE_DEVICES": "",
                "HOSTNAME": pod.body["spec"].get("hostname", pod.name), **image.env}
         pod.tag = f"{ns}/{pod.name}/{secrets.token_hex(4)}"
         env_tag = {TAG_VAR: pod.tag}
