@@ -62,6 +62,7 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
         # Kill during a save; a save that won the race against the kill is no test: try the next one.
         partial = None
         for attempt in range(1, 4):
+            old_pods = set(pod_logs(kubelet, f"{RUN}-rl-"))
             killer = SaveKiller(kubelet, ckpts)
             killer.start()
             await wait_for(lambda: killer.killed, "a checkpoint being written", 600, kubelet)
@@ -75,9 +76,8 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
 
         # The restarted trainer sets the partial checkpoint aside and resumes from the one before it.
         async def resumed():
-            logs = pod_logs(kubelet, f"{RUN}-rl-")
-            newest = max(logs, key=lambda n: (tmp_path / "pods" / "default" / n).stat().st_mtime)
-            return logs[newest] if "rlt-shard stage=rl" in logs[newest] else None
+            new = {n: t for n, t in pod_logs(kubelet, f"{RUN}-rl-").items() if n not in old_pods}
+            return next((t for t in new.values() if "rlt-shard stage=rl" in t), None)
         new_log = await wait_for(resumed, "the restarted trainer's first step", 300, kubelet)
         assert re.search(rf"checkpoint-{step} is incomplete .*set aside", new_log), new_log[-3000:]
         first = int(re.search(r"rlt-shard stage=rl rank=0 step=(\d+)", new_log).group(1))

@@ -167,8 +167,10 @@ class RewardSpec(Strict):
 class GenerationSpec(Strict):
     """Where RL/distill completions come from."""
 
-    mode: Literal["inprocess", "server"] = Field(
-        "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode)."
+    mode: Literal["inprocess", "server", "colocate"] = Field(
+        "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode); "
+        "colocate: vLLM inside each trainer process on its GPU (TRL colocate mode, rl only; how one GPU runs GRPO "
+        "with vLLM)."
     )
     server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server; set by the operator).")
     server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
@@ -429,6 +431,9 @@ class RLTRunSpec(Strict):
     def _some_stage(self) -> "RLTRunSpec":
         if not self.stages.enabled():
             raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
+        if self.stages.evaluate.generation.mode == "colocate":
+            raise ValueError("stages.evaluate.generation.mode: colocate is TRL's GRPO mode (rl only); use inprocess "
+                             "or server")
         if (self.stages.rl.enabled and self.stages.rl.generation.mode == "server"
                 and self.resources.generator.replicas > 1):
             # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other

@@ -92,9 +92,17 @@ def grpo_config(ctx: StageContext, device: str):
     if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
         raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
                          f"({st.per_device_batch_size} × {world})")
-    server = st.generation.mode == "server"
-    if server and not st.generation.server_url:
+    gen = st.generation
+    server, colocate = gen.mode == "server", gen.mode == "colocate"
+    if server and not gen.server_url:
         raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
+    if colocate and not device.startswith("cuda"):
+        raise ValueError("stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
+                         "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)")
+    vllm = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
+    if colocate:  # vLLM shares each rank's GPU with training: unless set, TRL's 30 % (not a generator pod's 90 %)
+        share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
+        vllm.update(vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len)
     return GRPOConfig(
         output_dir=str(ctx.layout.checkpoints_dir("rl")), max_steps=st.steps,
         per_device_train_batch_size=st.per_device_batch_size, gradient_accumulation_steps=ga,
@@ -106,8 +114,8 @@ def grpo_config(ctx: StageContext, device: str):
         ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps", save_steps=st.save_steps,
         save_total_limit=st.save_total_limit, logging_steps=1, report_to="none", seed=spec.seed,
         gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
-        deepspeed=deepspeed_config(st.deepspeed_zero_stage), use_vllm=server, vllm_mode="server",
-        vllm_server_base_url=st.generation.server_url, vllm_server_timeout=st.generation.server_timeout_seconds,
+        deepspeed=deepspeed_config(st.deepspeed_zero_stage), **vllm,
+        vllm_server_base_url=gen.server_url, vllm_server_timeout=gen.server_timeout_seconds,
         **trainer_precision(device),
     )
 
@@ -149,7 +157,7 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
         rollout_func=make_rollout_fn(timer, counters),
         callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
     )
-    if args.use_vllm:  # time TRL's weight push to the vLLM server as its own phase
+    if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
         sync = trainer.vllm_generation.sync_weights
 
         def timed_sync(*a, **kw):
