@@ -36,6 +36,7 @@ class SaveKiller(threading.Thread):
         super().__init__(daemon=True)
         self.kubelet, self.ckpts = kubelet, ckpts
         self.killed: str | None = None
+        self.victims: list[str] = []
         self.stop = False
 
     def run(self) -> None:
@@ -48,6 +49,7 @@ class SaveKiller(threading.Thread):
                         for pod in pods:
                             kill_all(pod.tag)
                         if pods:
+                            self.victims = [p.name for p in pods]
                             self.killed = path.name
                         break
             time.sleep(0.002)
@@ -62,12 +64,12 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
         # Kill during a save; a save that won the race against the kill is no test: try the next one.
         partial = None
         for attempt in range(1, 4):
-            old_pods = set(pod_logs(kubelet, f"{RUN}-rl-"))
             killer = SaveKiller(kubelet, ckpts)
             killer.start()
             await wait_for(lambda: killer.killed, "a checkpoint being written", 600, kubelet)
             killer.stop = True
             await harness.wait_status(RUN, lambda s, a=attempt: s.get("restarts") == a, "a gang restart", 120)
+            old_pods = set(killer.victims)
             if not (ckpts / killer.killed / "RLT_COMPLETE").exists():
                 partial = killer.killed
                 break
