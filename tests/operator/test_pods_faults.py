@@ -62,14 +62,14 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
         await harness.create_run(single_process_rl())
 
         # Kill during a save; a save that won the race against the kill is no test: try the next one.
-        partial = None
+        partial, old_pods = None, set()
         for attempt in range(1, 4):
             killer = SaveKiller(kubelet, ckpts)
             killer.start()
             await wait_for(lambda: killer.killed, "a checkpoint being written", 600, kubelet)
             killer.stop = True
             await harness.wait_status(RUN, lambda s, a=attempt: s.get("restarts") == a, "a gang restart", 120)
-            old_pods = set(killer.victims)
+            old_pods |= set(killer.victims)
             if not (ckpts / killer.killed / "RLT_COMPLETE").exists():
                 partial = killer.killed
                 break
