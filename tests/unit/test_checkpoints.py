@@ -42,3 +42,17 @@ def test_the_marker_is_what_counts(tmp_path):
     path = _checkpoint(tmp_path, 3, complete=True)
     assert (path / CHECKPOINT_COMPLETE).exists()
     assert last_checkpoint(tmp_path) == str(path)
+
+
+def test_rank_shares_cover_every_row_once_and_the_merge_refuses_gaps():
+    import pytest
+
+    from rlt.stages.common import gather_shares, my_share
+
+    rows = list("abcdefg")
+    shares = [my_share(rows, r, 3) for r in range(3)]
+    indices = sorted(i for share in shares for i, _ in share)
+    assert indices == list(range(7)) and [len(s) for s in shares] == [3, 2, 2]
+    assert gather_shares(sorted(p for s in shares for p in s), 0, 1, 7) == rows
+    with pytest.raises(RuntimeError, match="duplicates or gaps"):
+        gather_shares(shares[0] + shares[0], 0, 1, 7)
