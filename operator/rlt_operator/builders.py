@@ -6,12 +6,14 @@ instead of duplicating it), the labels below, and a controller owner reference t
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from rlt.exitcodes import FAIL_FAST
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
 
@@ -21,6 +23,7 @@ L_RUN = f"{PREFIX}/run"
 L_ROLE = f"{PREFIX}/role"
 L_STAGE = f"{PREFIX}/stage"
 L_RESTART = f"{PREFIX}/restart"
+L_SHAPE = f"{PREFIX}/shape"
 A_CONFIG_HASH = f"{PREFIX}/config-hash"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -32,6 +35,9 @@ MASTER_PORT = 29500
 METRICS_PORT = 9400  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 RUN_AS_USER = 1000
+TMP_MOUNT = "/tmp"
+# Prometheus pods (any namespace) may scrape the generators' vllm:* metrics on the vLLM port.
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
 
 @dataclass(frozen=True)
@@ -44,20 +50,6 @@ class RunRef:
 
 
 # --------------------------------------------------------------------------- names
-
-# Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
-# Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
-MAX_RUN_NAME = 40
-
-
-def run_name_problem(name: str) -> str | None:
-    if len(name) > MAX_RUN_NAME:
-        return f"metadata.name: {name!r} is longer than {MAX_RUN_NAME} characters (child names add suffixes)"
-    if not name[:1].isalpha():
-        return f"metadata.name: {name!r} must start with a letter (its Services need DNS-1035 names)"
-    return None
-
-
 
 def config_name(run: str) -> str:
     return f"{run}-config"
@@ -84,13 +76,18 @@ def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
 
 def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None) -> list[tuple[str, str]]:
     """(plural, name) of every child a run can have; a user's existing claim is not ours to delete."""
-    out = [("statefulsets", generator_name(run)), ("services", generator_name(run))]
+    out = [("statefulsets", generator_name(run)), ("services", generator_name(run)),
+           ("networkpolicies", generator_policy_name(run))]
     for stage in stages:
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
     if not existing_claim:
         out.append(("persistentvolumeclaims", f"{run}-data"))
     return out
+
+
+def generator_policy_name(run: str) -> str:
+    return f"{run}-generator"
 
 
 def generator_url(run: str, namespace: str) -> str:
@@ -198,21 +195,28 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
             "runAsUser": RUN_AS_USER,
             "runAsGroup": RUN_AS_USER,
             "fsGroup": RUN_AS_USER,
+            # Re-chowning a multi-TB volume on every start takes minutes: only when its root is not ours.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        # The pods never call the Kubernetes API: no token to steal.
+        "automountServiceAccountToken": False,
         "volumes": [
             {"name": "config", "configMap": {"name": config_name(run)}},
             {"name": "data", "persistentVolumeClaim": {"claimName": data_claim_name(run, spec)}},
             # NCCL and dataloaders need more than the runtime's 64Mi /dev/shm.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            # The root filesystem is read-only: caches (HOME, /tmp: vLLM, Triton, torch extensions) go here.
+            {"name": "tmp", "emptyDir": {}},
         ],
     }
     if sch.node_selector:
         pod["nodeSelector"] = dict(sch.node_selector)
     if sch.tolerations:
         pod["tolerations"] = [dict(t) for t in sch.tolerations]
-    if sch.affinity:
-        pod["affinity"] = dict(sch.affinity)
+    affinity = same_node_affinity(run, spec)
+    if affinity:
+        pod["affinity"] = affinity
     if sch.priority_class_name:
         pod["priorityClassName"] = sch.priority_class_name
     if sch.service_account_name:
@@ -222,14 +226,33 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
     return pod
 
 
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
+    """The user's affinity, plus: with a ReadWriteOnce volume every pod of the run goes to one node.
+
+    A ReadWriteOnce claim attaches to one node; a second node's pod would wait on a Multi-Attach error
+    forever. Validation refuses several trainer nodes with it; this keeps generators beside the trainer.
+    """
+    affinity = copy.deepcopy(dict(spec.scheduling.affinity))
+    if spec.storage.access_mode == "ReadWriteOnce":
+        term = {"labelSelector": {"matchLabels": {L_RUN: run}}, "topologyKey": HOSTNAME_TOPOLOGY}
+        pod_affinity = affinity.setdefault("podAffinity", {})
+        pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    return affinity
+
+
 _MOUNTS = [
     {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
     {"name": "data", "mountPath": PVC_MOUNT},
     {"name": "dshm", "mountPath": "/dev/shm"},
+    {"name": "tmp", "mountPath": TMP_MOUNT},
 ]
 
 _CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
 }
 
@@ -241,13 +264,23 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> list
         {"name": "RLT_STAGE", "value": stage},
         {"name": "RLT_RESTART", "value": str(restart)},
         {"name": "HF_HOME", "value": str(layout(ref.name).cache_dir / "hf")},
+        # Everything that writes under $HOME (vLLM, Triton, torch extensions, matplotlib) goes to the emptyDir.
+        {"name": "HOME", "value": TMP_MOUNT},
+        {"name": "XDG_CACHE_HOME", "value": f"{TMP_MOUNT}/.cache"},
+        {"name": "TMPDIR", "value": TMP_MOUNT},
     ]
     if spec.hf_token_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
     # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
-    env += [{"name": e.name, "value": e.value} for e in spec.env]
+    env += [_env_var(e) for e in spec.env]
     return env
+
+
+def _env_var(var: Any) -> dict[str, Any]:
+    if var.value_from is not None:
+        return {"name": var.name, "valueFrom": var.value_from.model_dump(by_alias=True, exclude_none=True)}
+    return {"name": var.name, "value": var.value or ""}
 
 
 # --------------------------------------------------------------------------- run-wide children
@@ -311,6 +344,20 @@ def trainer_nodes(spec: RLTRunSpec, stage: str) -> int:
     # distill writes a dataset and evaluate scores a model from one pod; the training stages
     # (sft, rl, student) use the configured nodes.
     return 1 if stage in ("distill", "evaluate") else spec.resources.trainer.nodes
+
+
+def shape_label(spec: RLTRunSpec, stage: str) -> str:
+    """nodes x gpus of a trainer Job (a Job's pod template is immutable: a new shape is a new Job)."""
+    return f"{trainer_nodes(spec, stage)}x{spec.resources.trainer.gpus}"
+
+
+def with_trainer_shape(spec: RLTRunSpec, nodes: int, gpus: int) -> RLTRunSpec:
+    """The spec with another trainer shape (the one a running stage keeps); the spec itself is not changed."""
+    tr = spec.resources.trainer
+    if (tr.nodes, tr.gpus) == (nodes, gpus):
+        return spec
+    return spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"trainer": tr.model_copy(update={"nodes": nodes, "gpus": gpus})})})
 
 
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
@@ -385,6 +432,17 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     pod.update({
         "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
         "subdomain": name,
+        # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
+        # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
+        "initContainers": [{
+            "name": "validate",
+            "image": spec.images.trainer,
+            "imagePullPolicy": spec.images.pull_policy,
+            "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+            "env": _common_env(ref, spec, stage, restart),
+            "volumeMounts": [dict(m) for m in _MOUNTS],
+            "securityContext": dict(_CONTAINER_SECURITY),
+        }],
         "containers": [{
             "name": "trainer",
             "image": spec.images.trainer,
@@ -403,15 +461,26 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _meta(ref, name, lbls),
+        "metadata": _meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
         "spec": {
             "completionMode": "Indexed",
             "completions": nodes,
             "parallelism": nodes,
             "backoffLimit": 0,  # gang restarts are counted by the RLTRun (spec.backoffLimit)
+            "podFailurePolicy": pod_failure_policy(),
             "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
         },
     }
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Config and data errors fail the Job at once (the operator then fails the run without a gang restart);
+    a disrupted pod (preemption, node drain, eviction) is not counted by the Job: the operator restarts the
+    gang without counting it against spec.backoffLimit."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
 
 # --------------------------------------------------------------------------- generator (vLLM)
@@ -494,5 +563,26 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
                     "prometheus.io/path": "/metrics"}},
                 "spec": pod,
             },
+        },
+    }
+
+
+def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
+    """Only the run's own trainer pods reach its generators (vLLM dev mode serves /update_weights,
+    /collective_rpc and /sleep); Prometheus pods may reach the vLLM port for vllm:* metrics."""
+    name = generator_policy_name(ref.name)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "spec": {
+            "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
+                {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
+                {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
+                 "ports": [{"protocol": "TCP", "port": VLLM_PORT}]},
+            ],
         },
     }

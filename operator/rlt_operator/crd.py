@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from rlt.spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, RLTRunSpec
 
+from .status_model import RLTRunStatus
+
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crd" / f"{CRD_NAME}.yaml"
 
@@ -93,57 +95,13 @@ def spec_schema() -> dict[str, Any]:
 
 
 def status_schema() -> dict[str, Any]:
-    s = lambda d: {"type": "string", "description": d}  # noqa: E731
-    cond = {
-        "type": "object",
-        "required": ["type", "status"],
-        "properties": {
-            "type": s("Suspended, GeneratorsReady, TrainerRunning, Complete or Failed."),
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": s("CamelCase reason."),
-            "message": s("Human-readable detail."),
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-        },
-    }
-    return {
-        "type": "object",
-        "description": "Written by the operator; recomputed from the run's children on every reconcile.",
-        "x-kubernetes-preserve-unknown-fields": True,
-        "properties": {
-            "phase": {"type": "string", "enum": ["Pending", "Running", "Suspended", "Succeeded", "Failed"],
-                      "description": "Pending, Running, Suspended, Succeeded or Failed."},
-            "stage": s("Stage now running (sft, rl, distill); empty when the run is not running."),
-            "reason": s("Why the run is in its phase (e.g. InvalidSpec, BackoffLimitExceeded, DeadlineExceeded)."),
-            "message": s("Detail for reason; names the field for an invalid spec."),
-            "lastFailure": s("The last failure that caused a gang restart."),
-            "observedGeneration": {"type": "integer", "description": "metadata.generation last reconciled."},
-            "restarts": {"type": "integer", "description": "Gang restarts so far (bounded by spec.backoffLimit)."},
-            "startTime": {"type": "string", "format": "date-time", "description": "When the run last started."},
-            "completionTime": {"type": "string", "format": "date-time", "description": "When it became terminal."},
-            "completedStages": {"type": "array", "items": {"type": "string"}},
-            "progress": {
-                "type": "object",
-                "description": "Read from the trainer's metrics endpoint at a bounded rate.",
-                "properties": {
-                    "step": {"type": "integer"},
-                    "totalSteps": {"type": "integer"},
-                    "rewardMean": {"type": "number"},
-                    "tokensPerSecond": {"type": "number"},
-                    "lastCheckpoint": s("Path of the newest checkpoint on the run's volume."),
-                    "updateTime": {"type": "string", "format": "date-time"},
-                },
-            },
-            "outputs": {
-                "type": "object",
-                "properties": {
-                    "teacherCheckpoint": s("Final teacher model on the run's volume."),
-                    "distilledDataset": s("Distillation dataset (JSONL) on the run's volume."),
-                },
-            },
-            "conditions": {"type": "array", "items": cond,
-                           "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        },
-    }
+    """From the typed status model: every field the operator writes is listed, so none is pruned."""
+    raw = RLTRunStatus.model_json_schema(by_alias=True)
+    defs = raw.pop("$defs", {})
+    schema = _structural(_resolve(raw, defs))
+    conditions = schema["properties"]["conditions"]
+    conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    return schema
 
 
 def crd() -> dict[str, Any]:

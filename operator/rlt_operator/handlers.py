@@ -35,6 +35,7 @@ CHILDREN = (  # (group, version, plural) of every kind the operator creates or w
     ("apps", "v1", "statefulsets"),
     ("batch", "v1", "jobs"),
     ("", "v1", "pods"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
 )
 
 

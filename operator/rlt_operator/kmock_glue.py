@@ -20,7 +20,15 @@ docs/operator.md and the tooling notes):
   server-side Table with the CRD's printer columns (kubectl shows them only that way);
 - matching a request to the emulator's reactions costs O(1), not a scan of the whole request log;
 - a failed JSON-patch `test` answers 422 (as the apiserver does), not 500;
-- `parse_path('/api/v1/namespaces')` no longer crashes (kmock bug).
+- `parse_path('/api/v1/namespaces')` no longer crashes (kmock bug);
+- created objects carry their `kind` (Kopf posts Events without one; `kubectl get events` needs it);
+- lists and watches honour equality field selectors (`kubectl describe` asks for one object's Events);
+- a watch that asks for a Table (`kubectl get -w`) streams Tables, and a watch from a resourceVersion does not
+  replay objects unchanged since (kmock replays everything: kubectl printed each row twice);
+- a Secret or ConfigMap sent as protobuf (Helm's release records) is decoded to JSON (rlt_operator.kube_protobuf);
+- OpenAPI v3 (discovery and one document per group version) and v2 as JSON, generated from the served
+  resources and the CRDs' schemas (rlt_operator.openapi), so `kubectl explain`, `kubectl apply` without
+  `--validate=false` and helm's validation work.
 """
 
 from __future__ import annotations
@@ -80,6 +88,14 @@ def _contains(view: Any, item: Any) -> bool:
 dsl.View.__contains__ = _contains
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
+# The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
+EVENT_COLUMNS = [
+    {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
+    {"name": "Type", "type": "string", "jsonPath": ".type"},
+    {"name": "Reason", "type": "string", "jsonPath": ".reason"},
+    {"name": "Object", "type": "string", "jsonPath": ".involvedObject", "ref": True},
+    {"name": "Message", "type": "string", "jsonPath": ".message"},
+]
 
 
 def _now() -> str:
@@ -119,6 +135,35 @@ def labels_match(labels: dict[str, str], terms: list[tuple[str, str, str | None]
     return True
 
 
+def parse_field_selector(selector: str) -> list[tuple[str, str, str]]:
+    """'involvedObject.name=x,metadata.namespace!=y' → [(path, op, value)] (equality only, as the API offers)."""
+    out = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            out.append((k.strip(), "!=", v.strip()))
+        else:
+            k, v = re.split("==?", term, maxsplit=1)
+            out.append((k.strip(), "=", v.strip()))
+    return out
+
+
+def fields_match(obj: dict[str, Any], terms: list[tuple[str, str, str]]) -> bool:
+    for path, op, value in terms:
+        have = _jsonpath(obj, path)
+        have = "" if have is None else str(have)
+        if (op == "=") != (have == value):
+            return False
+    return True
+
+
+def _resource_version(obj: Any) -> int | None:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion"))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def _jsonpath(obj: Any, path: str) -> Any:
     """The `.a.b.c` subset of JSONPath used by printer columns."""
     for part in filter(None, path.split(".")):
@@ -131,7 +176,12 @@ def _jsonpath(obj: Any, path: str) -> Any:
 def _age(ts: str | None) -> str:
     if not ts:
         return "<unknown>"
-    t = datetime.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+    try:  # the API's form, and Kopf's Event timestamps (microseconds, +00:00)
+        t = datetime.datetime.fromisoformat(str(ts).replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.timezone.utc)
     s = int((datetime.datetime.now(tz=datetime.timezone.utc) - t).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if s >= size:
@@ -153,10 +203,17 @@ class Cluster(kmock.KubernetesEmulator):
     # plural resource → additionalPrinterColumns of its CRD (for server-side Tables)
     _printer_columns: dict[references.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
+    # plural resource → openAPIV3Schema of its CRD (for the OpenAPI documents)
+    _schemas: dict[references.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
+
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.resources.load_bundled()
         self.seed_namespace("default")
+        self._printer_columns[references.resource(group="", version="v1", plural="events")] = EVENT_COLUMNS
+        self.fallback["get", re.compile(r"/openapi/v3")] << self._serve_openapi_v3_discovery
+        self.fallback["get", re.compile(r"/openapi/v3/.+")] << self._serve_openapi_v3
+        self.fallback["get", re.compile(r"/openapi/v2")] << self._serve_openapi_v2
 
     # ------------------------------------------------------------------ setup helpers
 
@@ -185,8 +242,30 @@ class Cluster(kmock.KubernetesEmulator):
                 subresources=set(version.get("subresources", {})),
             )
             self._printer_columns[res] = version.get("additionalPrinterColumns", [])
+            if version.get("schema", {}).get("openAPIV3Schema"):
+                self._schemas[res] = version["schema"]["openAPIV3Schema"]
 
     # ------------------------------------------------------------------ request handling
+
+    async def __call__(self, raw_request: Any) -> Any:
+        # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
+        if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
+            import json
+
+            from aiohttp import web
+
+            from .kube_protobuf import UnsupportedProtobuf, decode
+
+            headers = {**raw_request.headers, "Content-Type": "application/json"}
+            clone = raw_request.clone(headers=headers)
+            try:
+                obj = decode(await clone.read())
+            except UnsupportedProtobuf as err:
+                return web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 415,
+                                          "reason": "UnsupportedMediaType", "message": str(err)}, status=415)
+            clone._read_bytes = json.dumps(obj).encode()
+            raw_request = clone
+        return await super().__call__(raw_request)
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.method == enums.method.PUT and request.name:
@@ -212,6 +291,8 @@ class Cluster(kmock.KubernetesEmulator):
             meta["creationTimestamp"] = _now()
         meta.setdefault("generation", 1)
         request.data.setdefault("apiVersion", f"{request.resource.group}/{request.resource.version}".lstrip("/"))
+        if not request.data.get("kind") and request.resource in self.resources:
+            request.data["kind"] = self.resources[request.resource].kind  # Kopf's Events come without one
         if request.resource.plural == "customresourcedefinitions":
             self.register_crd(request.data)
 
@@ -254,9 +335,16 @@ class Cluster(kmock.KubernetesEmulator):
         if selector:
             terms = parse_label_selector(selector)
             items = [o for o in items if labels_match(o.get("metadata", {}).get("labels") or {}, terms)]
+        field_selector = request.params.get("fieldSelector")
+        if field_selector:
+            fterms = parse_field_selector(field_selector)
+            items = [o for o in items if fields_match(o, fterms)]
         info = self.resources[request.resource] if request.resource in self.resources else None
         kind = info.kind if info is not None and info.kind else "Object"
         api_version = f"{request.resource.group}/{request.resource.version}".lstrip("/")
+        for item in items:  # objects stored before the kind was stamped on create
+            if not item.get("kind") and info is not None and info.kind:
+                item["kind"], item["apiVersion"] = info.kind, item.get("apiVersion") or api_version
         if self._wants_table(request):
             return self._table(request.resource, items)
         return {"apiVersion": api_version, "kind": f"{kind}List",
@@ -272,8 +360,10 @@ class Cluster(kmock.KubernetesEmulator):
         accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
         return "as=Table" in accept and request.resource in self._printer_columns
 
-    def _table(self, resource: references.resource, items: list[dict[str, Any]]) -> dict[str, Any]:
-        """The meta.k8s.io/v1 Table that kubectl prints for a custom resource."""
+    def _table(self, resource: references.resource, items: list[dict[str, Any]],
+               definitions: bool = True) -> dict[str, Any]:
+        """The meta.k8s.io/v1 Table that kubectl prints for a custom resource (in a watch, only the first event
+        carries the column definitions, as from the API server)."""
         cols = self._printer_columns[resource]
         defs = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
         defs += [{"name": c["name"], "type": "string" if c.get("type") == "date" else c.get("type", "string"),
@@ -284,25 +374,32 @@ class Cluster(kmock.KubernetesEmulator):
             cells: list[Any] = [obj.get("metadata", {}).get("name")]
             for c in cols:
                 value = _jsonpath(obj, c["jsonPath"])
+                if c.get("ref") and isinstance(value, dict):
+                    value = f"{str(value.get('kind', '')).lower()}/{value.get('name', '')}"
                 if c.get("type") == "date":
                     value = _age(value)
                 cells.append("" if value is None else value)
             rows.append({"cells": cells, "object": {
                 "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}})
         return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(next(self._rv))},
-                "columnDefinitions": defs, "rows": rows}
+                "columnDefinitions": defs if definitions else [], "rows": rows}
 
     async def _serve_watch(self, request: rendering.Request) -> Any:
         # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
         selector = request.params.get("labelSelector")
         terms = parse_label_selector(selector) if selector else None
+        field_selector = request.params.get("fieldSelector")
+        fterms = parse_field_selector(field_selector) if field_selector else None
+        since = _resource_version({"metadata": {"resourceVersion": request.params.get("resourceVersion")}})
+        as_table = self._wants_table(request)
         stream = super()._serve_watch(request)
 
         async def limited() -> AsyncIterator[Any]:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout if timeout else None
             it = aiter(stream)
+            first_table = True
             try:
                 while True:
                     remaining = None if deadline is None else deadline - loop.time()
@@ -312,15 +409,64 @@ class Cluster(kmock.KubernetesEmulator):
                         event = await asyncio.wait_for(anext(it), remaining)
                     except (asyncio.TimeoutError, StopAsyncIteration):
                         return
-                    if terms is not None and isinstance(event, dict):
-                        labels = event.get("object", {}).get("metadata", {}).get("labels") or {}
-                        if not labels_match(labels, terms):
-                            continue
+                    if not isinstance(event, dict):
+                        yield event
+                        continue
+                    obj = event.get("object", {})
+                    if terms is not None and not labels_match(obj.get("metadata", {}).get("labels") or {}, terms):
+                        continue
+                    if fterms is not None and not fields_match(obj, fterms):
+                        continue
+                    rv = _resource_version(obj)
+                    if since is not None and rv is not None and rv <= since and event.get("type") == "ADDED":
+                        continue  # kmock replays the current state; a watch from a version starts after it
+                    if as_table and event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        event = {"type": event["type"], "object": self._table(request.resource, [obj], first_table)}
+                        first_table = False
                     yield event
             finally:
                 await it.aclose()
 
         return rendering.Response(headers={"Content-Type": "application/json"}, payload=limited())
+
+    # ------------------------------------------------------------------ OpenAPI
+
+    def _served(self) -> list[Any]:
+        from .openapi import Served
+
+        out = []
+        for res in self._get_resources():
+            info = self.resources[res] if res in self.resources else None
+            if info is None or not info.kind or "/" in res.plural:
+                continue
+            out.append(Served(res.group, res.version, res.plural, info.kind, bool(info.namespaced),
+                              self._schemas.get(res)))
+        return sorted(out, key=lambda r: (r.group, r.version, r.plural))
+
+    async def _serve_openapi_v3_discovery(self, request: rendering.Request) -> Any:
+        from .openapi import v3_discovery
+
+        return v3_discovery(self._served())
+
+    async def _serve_openapi_v3(self, request: rendering.Request) -> Any:
+        from .openapi import v3_group_version
+
+        prefix = request.url.path.removeprefix("/openapi/v3/").strip("/")
+        members = [r for r in self._served() if r.prefix == prefix]
+        if not members:
+            raise k8s.KubernetesError(status=404, reason="NotFound", message=f"no OpenAPI v3 document for {prefix}")
+        return v3_group_version(members)
+
+    async def _serve_openapi_v2(self, request: rendering.Request) -> Any:
+        from .openapi import v2_document
+
+        accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
+        if "protobuf" in accept and "json" not in accept:
+            # client-go decodes v2 only as protobuf (gnostic), which the emulator does not produce
+            return rendering.Response(status=406, payload={
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 406, "reason": "NotAcceptable",
+                "message": "the rlt sandbox serves OpenAPI v2 as JSON only; use OpenAPI v3 (/openapi/v3)"})
+        return v2_document(self._served())
 
     async def _serve_server_version(self, request: rendering.Request) -> Any:
         return {"major": "1", "minor": "31", "gitVersion": "v1.31.0-kmock", "platform": "linux/amd64",

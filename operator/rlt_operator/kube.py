@@ -19,6 +19,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "pods": ("", "v1"),
     "statefulsets": ("apps", "v1"),
     "jobs": ("batch", "v1"),
+    "networkpolicies": ("networking.k8s.io", "v1"),
     "rltruns": ("rlt.dev", "v1alpha1"),
 }
 

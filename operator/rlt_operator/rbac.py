@@ -13,6 +13,7 @@ lifecycle is covered. Where each verb comes from:
   children; delete: gang restarts, suspend, terminal cleanup, TTL and run deletion; configmaps patch:
   the pods' run.yaml follows spec edits. Pods are only watched (generator restarts, failed ranks);
   deleting a Job or StatefulSet with Foreground propagation lets the garbage collector remove them.
+- networkpolicies list/watch/create/delete: the policy that lets only a run's trainers reach its generators.
 - customresourcedefinitions list/watch (cluster scope): Kopf's resource discovery.
   Namespaces are not needed unless `--namespace` is given a glob pattern (Kopf then watches them).
 """
@@ -32,6 +33,7 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "watch", "create", "delete"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch", "create", "delete"]},
 )
 """Namespaced rules: in a ClusterRole for `--all-namespaces`, or a Role per watched namespace."""
 

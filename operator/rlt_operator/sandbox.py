@@ -142,7 +142,7 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str], run_pod
             "This is a PREVIEW of what the operator would create, not a cluster: nothing runs, and Job/\n"
             "StatefulSet status changes only if you patch it (kubectl patch ... --subresource=status).\n\n"
             f"  export KUBECONFIG={kubeconfig_path}\n"
-            "  kubectl apply --validate=false -f manifests/examples/rltrun-tiny.yaml\n"
+            "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
             "  kubectl get rlt\n"
             "  kubectl get configmaps,persistentvolumeclaims,services,statefulsets,jobs -l rlt.dev/run=tiny\n"
             "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"

@@ -11,9 +11,12 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlt.spec import RLTRunSpec, SpecError, parse_spec
+from rlt.exitcodes import FAIL_FAST, ExitCode
+from rlt.spec import RLTRunSpec, SpecError
+from rlt.validation import validate_spec
 
 from . import builders as b
+from . import status_model
 
 PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
 PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
@@ -37,7 +40,9 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     }
     status = body.get("status") or {}
     spec = body.get("spec") or {}
-    if plural == "configmaps":
+    if plural == "persistentvolumeclaims":
+        out["phase"] = status.get("phase")
+    elif plural == "configmaps":
         out["configHash"] = (meta.get("annotations") or {}).get(b.A_CONFIG_HASH)
     elif plural == "jobs":
         out["completions"] = spec.get("completions", 1)
@@ -53,8 +58,42 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         out["readyReplicas"] = int(status.get("readyReplicas") or 0)
     elif plural == "pods":
         out["phase"] = status.get("phase")
+        containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+        out["problem"] = pod_problem(status, containers)
+        # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
+        out["disrupted"] = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                               for c in status.get("conditions") or [])
+        codes = [t.get("exitCode") for c in containers
+                 for t in ((c.get("state") or {}).get("terminated"),) if t and t.get("exitCode")]
+        out["exitCode"] = int(codes[0]) if codes else None
     return out
+
+
+# Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.
+STUCK_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff",
+                 "CreateContainerConfigError", "CreateContainerError")
+
+
+def pod_problem(status: dict[str, Any], containers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Why a pod cannot run: {kind: Unschedulable|Container, reason, message, exitCode?} or None."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return {"kind": "Unschedulable", "reason": c.get("reason") or "Unschedulable",
+                    "message": c.get("message") or "no node fits the pod"}
+    for c in containers:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            last = ((c.get("lastState") or {}).get("terminated") or {})
+            reason = "OOMKilled" if last.get("reason") == "OOMKilled" else waiting["reason"]
+            return {"kind": "Container", "reason": reason,
+                    "message": f"container {c.get('name')}: {waiting.get('message') or reason}"}
+        for state in ((c.get("state") or {}).get("terminated"), (c.get("lastState") or {}).get("terminated")):
+            if state and state.get("reason") == "OOMKilled":
+                return {"kind": "Container", "reason": "OOMKilled", "exitCode": state.get("exitCode"),
+                        "message": f"container {c.get('name')} ran out of memory (OOMKilled): raise its memory "
+                                   "limit in spec.resources"}
+    return None
 
 
 @dataclass
@@ -67,6 +106,7 @@ class Observed:
     statefulsets: dict[str, dict] = field(default_factory=dict)
     jobs: dict[str, dict] = field(default_factory=dict)
     pods: list[dict] = field(default_factory=list)
+    networkpolicies: dict[str, dict] = field(default_factory=dict)
 
 
 def _cond_true(obj: dict, type_: str) -> dict | None:
@@ -180,10 +220,12 @@ def decide(
         "stage": prev.get("stage") or "",
         "observedGeneration": generation,
         "restarts": int(prev.get("restarts") or 0),
+        "disruptions": int(prev.get("disruptions") or 0),
         "startTime": prev.get("startTime"),
         "completionTime": prev.get("completionTime"),
         "completedStages": list(prev.get("completedStages") or []),
         "progress": dict(prev.get("progress") or {}),
+        "trainerShape": dict(prev.get("trainerShape") or {}) or None,
         "conditions": [dict(c) for c in prev.get("conditions") or []],
     }
     if prev.get("reason"):
@@ -191,18 +233,23 @@ def decide(
     plan = _Plan(observed)
     gen_name = b.generator_name(ref.name)
 
+    # A run failed as InvalidSpec by an older operator recovers too: invalid specs are not terminal now.
+    if st["phase"] == FAILED and st.get("reason") == "InvalidSpec":
+        st["phase"] = PENDING
+        st.pop("reason", None)
+        st.pop("message", None)
+        st["conditions"] = [c for c in st["conditions"] if c["type"] != "Failed"]
     try:
-        spec: RLTRunSpec | None = parse_spec(raw_spec)
-        name_problem = b.run_name_problem(ref.name)
-        if name_problem:
-            raise SpecError(ref.name, [name_problem])
+        spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")
     except SpecError as err:
-        spec = None
+        # The same check as `rlt validate`. Hold: nothing is started or stopped (the pods keep the last valid
+        # spec in their ConfigMap); the condition says why, and fixing the spec resumes from here.
+        message = "; ".join(err.problems)
         if st["phase"] not in TERMINAL:
-            _fail(st, "InvalidSpec", "; ".join(err.problems), now)
-        # Nothing can be built from an invalid spec; still free the GPUs of a run that was going.
-        plan.delete("statefulsets", gen_name)
+            st.update(reason="InvalidSpec", message=message)
+        set_condition(st["conditions"], "SpecValid", False, "InvalidSpec", message, now)
         return _finish(prev, st, plan, None)
+    set_condition(st["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
 
     st["outputs"] = b.outputs(ref.name, spec)
     enabled = spec.stages.enabled()
@@ -214,7 +261,9 @@ def decide(
         if have != cm["metadata"]["annotations"][b.A_CONFIG_HASH]:
             plan.actions.append(Action("patch", "configmaps", cm["metadata"]["name"],
                                        {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]}))
-    plan.ensure("persistentvolumeclaims", b.pvc(ref, spec))
+    claim = observed.persistentvolumeclaims.get(b.data_claim_name(ref.name, spec))
+    if plan.ensure("persistentvolumeclaims", b.pvc(ref, spec)) and claim is not None:
+        _volume_condition(st, claim, now)  # a user's existingClaim is not watched (it has no run label)
 
     # Stages whose Job completed (or completed before and was cleaned up) are done.
     done = [s for s in enabled if s in st["completedStages"]
@@ -224,20 +273,30 @@ def decide(
     if st["phase"] not in TERMINAL:
         start = parse_time(st["startTime"])
         deadline = spec.active_deadline_seconds
-        if start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
-            _fail(st, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
-        elif len(done) == len(enabled):
+        # Completion first: a run whose last Job completed in time but is observed after the deadline
+        # (operator down, slow watch) is done, not DeadlineExceeded.
+        if len(done) == len(enabled):
             st.update(phase=SUCCEEDED, stage="", reason="Succeeded", message="all stages finished: " + ", ".join(enabled))
             set_condition(st["conditions"], "Complete", True, "Succeeded", st["message"], now)
+        elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
+            _fail(st, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
     if st["phase"] in TERMINAL:
         return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
 
     stage = next(s for s in enabled if s not in done)
     if stage != st["stage"]:
         st["progress"] = {}
+        st.pop("trainerShape", None)
     st["stage"] = stage
     job_name = b.trainer_name(ref.name, stage)
     restarts = st["restarts"]
+
+    # The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still
+    # active stops first (the run always runs the first enabled, unfinished stage; one stage at a time).
+    other_active = [n for n, j in observed.jobs.items() if n != job_name and j.get("active", 0) > 0
+                    and not j.get("deleting") and j["labels"].get(b.L_STAGE) and not job_complete(j)]
+    for other in other_active:
+        plan.delete("jobs", other, "Foreground")
 
     # Suspend: every GPU pod goes, the data and config stay; resuming restarts from the last checkpoint.
     if spec.suspend:
@@ -261,7 +320,12 @@ def decide(
 
     # Children of another stage or of an older gang are stale: delete them and wait until gone.
     gens_needed = b.needs_generators(spec, stage)
-    waiting = False
+    waiting = bool(other_active) or any(j.get("deleting") and j.get("active", 0) > 0 and n != job_name
+                                        for n, j in observed.jobs.items())
+    # The trainer's shape (nodes x gpus) is frozen for a stage once it has a checkpoint: ZeRO checkpoints
+    # resume only with the world size that wrote them. Before that, a new shape replaces the gang at once.
+    shape = trainer_shape(spec, stage, st, now)
+    run_spec = b.with_trainer_shape(spec, shape["nodes"], shape["gpus"])
     sts = observed.statefulsets.get(gen_name)
     if sts is not None and (sts.get("deleting") or not gens_needed or sts["labels"].get(b.L_STAGE) != stage
                             or sts["labels"].get(b.L_RESTART) != str(restarts) or _foreign(sts, ref)):
@@ -269,7 +333,8 @@ def decide(
         sts, waiting = None, True
     job = observed.jobs.get(job_name)
     if job is not None and (job.get("deleting") or job["labels"].get(b.L_RESTART) != str(restarts)
-                            or _foreign(job, ref)):
+                            or job["labels"].get(b.L_SHAPE, b.shape_label(run_spec, stage)) !=
+                            b.shape_label(run_spec, stage) or _foreign(job, ref)):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
 
@@ -277,20 +342,18 @@ def decide(
     if job is not None or done or st["phase"] == RUNNING:
         st["phase"] = RUNNING
 
-    # A failure anywhere in the current gang restarts the whole gang (trainer and generators).
-    failure = job_failure(job)
+    # A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
+    # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
+    failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts)
+    if fatal:
+        _fail(st, "ConfigError", f"{fatal}; not retried (fix the spec or the data, then create the run again)", now)
+        return _finish(prev, st, plan, _terminal(ref, spec, st, plan, observed, now))
     if failure:
-        failure = f"trainer Job {job_name}: {failure}"
-    for pod in observed.pods:
-        lb = pod["labels"]
-        if failure or lb.get(b.L_STAGE) != stage or lb.get(b.L_RESTART) != str(restarts):
-            continue
-        if pod.get("phase") == "Failed" or (lb.get(b.L_ROLE) == b.ROLE_GENERATOR and pod.get("restarts", 0) > 0):
-            failure = f"{lb.get(b.L_ROLE)} pod {pod['name']} " + (
-                "failed" if pod.get("phase") == "Failed" else f"restarted {pod['restarts']} time(s)")
-    if failure:
-        if restarts < spec.backoff_limit:
+        counted = restarts - int(st.get("disruptions") or 0)
+        if disrupted or counted < spec.backoff_limit:
             st["restarts"] = restarts + 1
+            if disrupted:
+                st["disruptions"] = int(st.get("disruptions") or 0) + 1
             plan.delete("jobs", job_name, "Foreground")
             plan.delete("statefulsets", gen_name, "Foreground")
             set_condition(st["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
@@ -303,6 +366,7 @@ def decide(
     # Generators first; the trainer joins them only once every server answers /health.
     ready = True
     if gens_needed:
+        plan.ensure("networkpolicies", b.generator_network_policy(ref, spec))
         plan.ensure("services", b.generator_service(ref, spec, stage, restarts))
         if sts is None and not waiting:
             plan.ensure("statefulsets", b.generator_statefulset(ref, spec, stage, restarts))
@@ -312,16 +376,100 @@ def decide(
         set_condition(st["conditions"], "GeneratorsReady", ready, "Ready" if ready else "Starting",
                       f"{have}/{want} vLLM servers ready", now)
     if ready and not waiting:
-        plan.ensure("services", b.trainer_service(ref, spec, stage, restarts))
+        plan.ensure("services", b.trainer_service(ref, run_spec, stage, restarts))
         if job is None:
-            plan.ensure("jobs", b.trainer_job(ref, spec, stage, restarts))
-    active = bool(job and job.get("active", 0) > 0)
+            plan.ensure("jobs", b.trainer_job(ref, run_spec, stage, restarts))
+    # Job.status.active counts Pending pods too: the trainer runs once every one of its pods does.
+    gang = [p for p in observed.pods if p["labels"].get(b.L_STAGE) == stage
+            and p["labels"].get(b.L_RESTART) == str(restarts)]
+    want_pods = int(job.get("completions", 1)) if job else 0
+    running_pods = sum(1 for p in gang if p["labels"].get(b.L_ROLE) == b.ROLE_TRAINER and p.get("phase") == "Running")
+    active = bool(job and job.get("active", 0) > 0) and running_pods >= want_pods
+    why = ("trainer running" if active else "waiting for generators" if not ready else
+           f"{running_pods}/{want_pods} trainer pods running" if job else "trainer starting")
     set_condition(st["conditions"], "TrainerRunning", active, "Running" if active else "Waiting",
-                  f"stage {stage}: " + ("trainer running" if active else
-                                        "waiting for generators" if not ready else "trainer starting"), now)
+                  f"stage {stage}: {why}", now)
+    _pod_conditions(st, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
+
+
+def trainer_shape(spec: RLTRunSpec, stage: str, st: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """The nodes x gpus the current stage's trainer runs with (kept in status.trainerShape)."""
+    want = {"stage": stage, "nodes": spec.resources.trainer.nodes, "gpus": spec.resources.trainer.gpus}
+    had = st.get("trainerShape") or {}
+    checkpointed = bool((st.get("progress") or {}).get("lastCheckpoint"))
+    if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
+        set_condition(st["conditions"], "SpecApplied", False, "ShapeFrozen",
+                      f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
+                      f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
+                      "resume only with the world size that wrote them)", now)
+        return had
+    if any(c["type"] == "SpecApplied" for c in st["conditions"]):
+        set_condition(st["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now)
+    st["trainerShape"] = want
+    return want
+
+
+def gang_failure(job: dict | None, job_name: str, pods: list[dict], stage: str,
+                 restarts: int) -> tuple[str | None, str | None, bool]:
+    """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
+    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
+    gang = [p for p in pods if p["labels"].get(b.L_STAGE) == stage and p["labels"].get(b.L_RESTART) == str(restarts)]
+    for pod in gang:
+        if pod["labels"].get(b.L_ROLE) == b.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
+            code = ExitCode(pod["exitCode"])
+            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)})", False)
+    reason = (_cond_true(job, "Failed") or {}).get("reason") if job else None
+    if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
+        return None, f"trainer Job {job_name}: {job_failure(job)}", False
+    failure = job_failure(job)
+    if failure:
+        return f"trainer Job {job_name}: {failure}", None, False
+    for pod in gang:
+        role = pod["labels"].get(b.L_ROLE)
+        if pod.get("phase") == "Failed":
+            why = (pod.get("problem") or {}).get("reason") or (
+                f"exit code {pod['exitCode']}" if pod.get("exitCode") else "")
+            if pod.get("disrupted"):
+                return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
+            return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
+        if role == b.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
+            why = (pod.get("problem") or {}).get("reason")
+            return (f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
+                    None, False)
+    return None, None, False
+
+
+def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
+    """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
+    problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
+    for cond, kind, ok_reason in (("PodsSchedulable", "Unschedulable", "Scheduled"),
+                                  ("PodsHealthy", "Container", "Healthy")):
+        mine = [(name, pr) for name, pr in problems if pr["kind"] == kind]
+        if mine:
+            name, pr = mine[0]
+            more = f" (and {len(mine) - 1} more pod(s))" if len(mine) > 1 else ""
+            set_condition(st["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now)
+            if "reason" not in st:
+                st["reason"], st["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
+        elif gang or any(c["type"] == cond for c in st["conditions"]):
+            set_condition(st["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
+
+
+def _volume_condition(st: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
+    """VolumeReady from the claim's phase (scheduling conflicts of the volume show in PodsSchedulable)."""
+    phase = claim.get("phase")
+    if phase in (None, "Bound"):
+        if phase == "Bound" or any(c["type"] == "VolumeReady" for c in st["conditions"]):
+            set_condition(st["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound", now)
+        return
+    why = {"Pending": "not bound yet (a WaitForFirstConsumer class binds when the first pod is scheduled; "
+                      "otherwise check storage.storageClassName and the provisioner)",
+           "Lost": "lost its volume: the data is gone from the cluster's view"}.get(phase, phase)
+    set_condition(st["conditions"], "VolumeReady", False, f"Claim{phase}", f"claim {claim['name']} is {phase}: {why}",
+                  now)
 
 
 def _foreign(child: dict[str, Any], ref: b.RunRef) -> bool:
@@ -340,6 +488,7 @@ def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: 
     if not st.get("completionTime"):
         st["completionTime"] = fmt_time(now)
     st["stage"] = ""
+    st.pop("trainerShape", None)
     plan.delete("statefulsets", b.generator_name(ref.name))
     for stage in spec.stages.enabled():
         job = observed.jobs.get(b.trainer_name(ref.name, stage))
@@ -360,6 +509,7 @@ def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: 
         plan.delete("jobs", b.trainer_name(ref.name, stage), "Background")
         plan.delete("services", b.trainer_name(ref.name, stage))
     plan.delete("services", b.generator_name(ref.name))
+    plan.delete("networkpolicies", b.generator_policy_name(ref.name))
     return None
 
 
@@ -368,9 +518,21 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
     ev: list[tuple[str, str, str]] = []
     p_phase, phase = prev.get("phase") or "", st["phase"]
     if int(st.get("restarts") or 0) > int(prev.get("restarts") or 0):
+        uncounted = int(st.get("disruptions") or 0) > int(prev.get("disruptions") or 0)
         ev.append(("Warning", "GangRestart",
                    f"restart {st['restarts']}: {st.get('lastFailure', 'a pod failed')}; "
-                   "trainer and generators restart from the last checkpoint"))
+                   "trainer and generators restart from the last checkpoint"
+                   + (" (a disruption: not counted against backoffLimit)" if uncounted else "")))
+    if st.get("reason") == "InvalidSpec" and (prev.get("reason"), prev.get("message")) != ("InvalidSpec", st["message"]):
+        ev.append(("Warning", "InvalidSpec", f"{st['message']}; nothing is started or stopped until the spec is fixed"))
+    elif prev.get("reason") == "InvalidSpec" and st.get("reason") != "InvalidSpec":
+        ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
+    before = {c["type"]: c for c in prev.get("conditions") or []}
+    for c in st.get("conditions") or []:
+        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady") and c["status"] == "False":
+            old = before.get(c["type"]) or {}
+            if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
+                ev.append(("Warning", c["reason"], c["message"]))
     if st.get("stage") and st["stage"] != (prev.get("stage") or ""):
         ev.append(("Normal", "StageStarted", f"stage {st['stage']} started"))
     if phase != p_phase:
@@ -392,10 +554,14 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
         st.pop("startTime", None)
     if st.get("completionTime") is None:
         st.pop("completionTime", None)
+    if not st.get("trainerShape"):
+        st.pop("trainerShape", None)
+    status_model.check(st)  # a field the CRD does not list would be pruned by the API server
     return Decision(status=st, actions=plan.actions, events=transition_events(prev, st), requeue_after=requeue)
 
 
-OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "lastFailure",
+OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",
+                     "trainerShape", "lastFailure",
                      "startTime", "completionTime", "completedStages", "progress", "outputs", "conditions")
 
 

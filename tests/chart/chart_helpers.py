@@ -40,8 +40,12 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+# The chart refuses its placeholder image (nothing is published at ghcr.io/rlt-dev): renders name one.
+IMAGE = ("--set", "image.repository=registry.example.com/rlt/rlt-operator")
+
+
 def template(*extra: str, release: str = "rel", namespace: str = "rlt-system") -> list[dict]:
-    out = helm("template", release, str(CHART), "--namespace", namespace, *extra).stdout
+    out = helm("template", release, str(CHART), "--namespace", namespace, *IMAGE, *extra).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 

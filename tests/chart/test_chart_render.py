@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from chart_helpers import CHART, MONITORING_API, VALUE_SETS, by_kind, helm, one, render_set, template, validate_monitoring_objects
+from chart_helpers import CHART, IMAGE, MONITORING_API, VALUE_SETS, by_kind, helm, one, render_set, template, validate_monitoring_objects
 
 K8S_VERSIONS = ("1.31.0", "1.37.0")
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -18,8 +18,15 @@ MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 def test_helm_lint_strict(name):
     files, extra = VALUE_SETS[name]
     args = [a for f in files for a in ("-f", str(f))]
-    out = helm("lint", "--strict", str(CHART), *args).stdout
+    out = helm("lint", "--strict", str(CHART), *IMAGE, *args).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_the_placeholder_image_is_refused_with_what_to_do():
+    proc = helm("template", "rel", str(CHART), check=False)
+    assert proc.returncode != 0
+    assert ("image.repository is ghcr.io/rlt-dev/rlt-operator, a placeholder: no rlt image is published. "
+            "Build and push the images (make images IMAGE_REGISTRY=<registry>") in proc.stderr
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -206,7 +213,7 @@ def test_dashboard_configmaps():
     ],
 )
 def test_values_schema_rejects(bad):
-    proc = helm("template", "rel", str(CHART), "--set", bad, check=False)
+    proc = helm("template", "rel", str(CHART), *IMAGE, "--set", bad, check=False)
     assert proc.returncode != 0
     assert "values don't meet the specifications of the schema" in proc.stderr or "schema" in proc.stderr
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from chart_helpers import CHART, ROOT, helm, render_set
+from chart_helpers import CHART, IMAGE, ROOT, helm, render_set
 
 CRD_FILE = ROOT / "manifests" / "crd" / "rltruns.rlt.dev.yaml"
 CHART_CRD = CHART / "files" / "crds" / "rltruns.rlt.dev.yaml"
@@ -78,7 +78,7 @@ def test_chart_crd_is_a_copy_of_the_generated_crd():
 
 
 def test_rendered_crd_is_the_file_plus_the_keep_policy():
-    out = helm("template", "rel", str(CHART), "--show-only", "templates/crd.yaml").stdout
+    out = helm("template", "rel", str(CHART), *IMAGE, "--show-only", "templates/crd.yaml").stdout
     lines = out.splitlines()
     assert lines[:2] == ["---", "# Source: rlt-operator/templates/crd.yaml"]
     inserted = ["  annotations:", "    helm.sh/resource-policy: keep"]

@@ -28,6 +28,7 @@ PATHS = {
     "pods": "/api/v1/namespaces/{ns}/pods",
     "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
     "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "networkpolicies": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
     "events": "/api/v1/namespaces/{ns}/events",
     "rltruns": RUNS,
 }
@@ -52,6 +53,7 @@ def server_mode(doc: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
     doc["spec"]["stages"]["rl"].setdefault("generation", {})["mode"] = "server"
     doc["spec"]["resources"] = {"generator": {"replicas": replicas, "gpus": 2, "dataParallelSize": 2},
                                 "trainer": {"nodes": 2, "gpus": 4}}
+    doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # two trainer nodes need a shared volume
     return doc
 
 
@@ -75,7 +77,9 @@ class Harness:
         self.operator = InProcessOperator(liveness=liveness)
         await self.operator.start()
         # Create objects only once the operator watches them (the emulator replays state on watch).
-        await self.wait(lambda: self.count_watches() - watches_before >= 7, "operator watches", timeout=20)
+        from rlt_operator.handlers import CHILDREN
+        await self.wait(lambda: self.count_watches() - watches_before >= len(CHILDREN) + 1, "operator watches",
+                        timeout=20)
 
     async def stop_operator(self) -> None:
         if self.operator is not None:

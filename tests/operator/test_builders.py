@@ -114,7 +114,7 @@ def test_scheduling_passthrough_and_queue_label_only_from_spec():
         pod = tmpl["spec"]
         assert pod["nodeSelector"] == {"gpu": "h100"} and pod["priorityClassName"] == "high"
         assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-        assert pod["affinity"] == {"nodeAffinity": {"x": 1}} and pod["serviceAccountName"] == "trainer"
+        assert pod["affinity"]["nodeAffinity"] == {"x": 1} and pod["serviceAccountName"] == "trainer"
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert tmpl["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
         assert obj["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
@@ -174,3 +174,144 @@ def test_multinode_deepspeed_launch_uses_torchrun_on_every_pod():
     assert cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
     # distill/evaluate: one process per GPU of the one pod, each with its own rows (no DeepSpeed engine).
     assert b.trainer_command(spec, "distill")[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "-m"]
+
+
+def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}
+    spec = spec_from(scheduling={"affinity": user})
+    assert spec.storage.access_mode == "ReadWriteOnce"
+    same_node = {"labelSelector": {"matchLabels": {b.L_RUN: "r1"}}, "topologyKey": "kubernetes.io/hostname"}
+    for obj in (b.trainer_job(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0)):
+        tmpl = obj["spec"]["template"]
+        aff = tmpl["spec"]["affinity"]
+        assert aff["nodeAffinity"] == user["nodeAffinity"]
+        assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [{"topologyKey": "zone"},
+                                                                                        same_node]
+        # the term selects the pods of this run, and this pod is one of them (the first pod may go anywhere)
+        assert tmpl["metadata"]["labels"][b.L_RUN] == "r1"
+    assert spec.scheduling.affinity == user, "the spec is not mutated"
+    shared = spec_from(storage={"accessMode": "ReadWriteMany"}, scheduling={"affinity": user})
+    assert b.trainer_job(REF, shared, "rl", 0)["spec"]["template"]["spec"]["affinity"] == user
+
+
+def _all_pod_templates(spec):
+    return [b.trainer_job(REF, spec, s, 0)["spec"]["template"] for s in ("sft", "rl", "distill")] + \
+        [b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]]
+
+
+def test_children_pods_are_locked_down():
+    spec = spec_from()
+    for tmpl in _all_pod_templates(spec):
+        pod = tmpl["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        sc = pod["securityContext"]
+        assert sc["fsGroupChangePolicy"] == "OnRootMismatch" and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        c = pod["containers"][0]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        vols = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert "emptyDir" in vols[mounts["/tmp"]] and "emptyDir" in vols[mounts["/dev/shm"]]
+        env = env_of(pod)
+        # every writable path a library picks from the environment is on a writable volume
+        for var in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "HF_HOME"):
+            path = env[var]["value"]
+            assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts
+                       if m not in ("/etc/rlt",)), f"{var}={path} is not on a writable volume"
+
+
+def test_env_value_from_a_secret_reaches_the_pods_and_no_secret_is_written():
+    spec = spec_from(env=[{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}},
+                          {"name": "PLAIN", "value": "1"}])
+    for tmpl in _all_pod_templates(spec):
+        env = env_of(tmpl["spec"])
+        assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY",
+                                        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}
+        assert env["PLAIN"] == {"name": "PLAIN", "value": "1"}
+    text = b.configmap(REF, spec)["data"]["run.yaml"]
+    assert parse_run(yaml.safe_load(text)).spec.env == spec.env  # the pods' copy round-trips
+
+
+def test_env_value_and_value_from_together_are_refused():
+    import pytest
+
+    from rlt.spec import SpecError, parse_spec
+    with pytest.raises(SpecError, match="spec.env.0.valueFrom"):
+        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                    "env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})
+
+
+def _admits(policy, source_labels, port, namespace_same=True):
+    """NetworkPolicy ingress semantics (one policy selecting the target): is traffic from a pod with these labels,
+    to `port`, allowed? Any rule whose `from` peer matches and whose ports include `port` (or has none) admits."""
+    def matches(sel, lbls):
+        return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+    for rule in policy["spec"]["ingress"]:
+        ports = [p["port"] for p in rule.get("ports", [])]
+        if ports and port not in ports:
+            continue
+        for peer in rule["from"]:
+            in_ns = "namespaceSelector" in peer or namespace_same
+            if in_ns and matches(peer.get("podSelector", {}), source_labels):
+                return True
+    return False
+
+
+def test_generators_admit_only_their_own_runs_trainers():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from()
+    policy = b.generator_network_policy(REF, spec)
+    kubernetes_validate.validate(policy, "1.31.0", strict=True)
+    gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    assert all(gen.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    mine = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    other = b.trainer_job(b.RunRef("r2", "team", "u2"), spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
+    for port in (8000, 51216, 40000):  # HTTP, TRL's weight-sync store, an NCCL port
+        assert _admits(policy, mine, port)
+        assert not _admits(policy, other, port), "another run's trainer must not reach these generators"
+        assert not _admits(policy, gen, port) and not _admits(policy, {"app": "anything"}, port)
+    prom = {"app.kubernetes.io/name": "prometheus"}
+    assert _admits(policy, prom, 8000, namespace_same=False) and not _admits(policy, prom, 51216)
+
+
+def test_every_child_is_a_valid_kubernetes_object():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from(env=[{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
+    for child in (b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 0),
+                  b.trainer_service(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0),
+                  b.generator_service(REF, spec, "rl", 0), b.generator_network_policy(REF, spec)):
+        kubernetes_validate.validate(child, "1.31.0", strict=True)
+
+
+def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fast_on(tmp_path):
+    """Run the init container's command as rendered: a format file missing in the pod (the operator cannot
+    see it) exits with a code the Job's FailJob rule matches; a good config exits 0."""
+    import subprocess
+    import sys
+
+    from rlt.exitcodes import ExitCode
+
+    def preflight(spec):
+        job = b.trainer_job(REF, spec, "sft", 0)
+        init = job["spec"]["template"]["spec"]["initContainers"][0]
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
+        cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
+               for c in init["command"]]
+        assert cmd != init["command"], "the command reads the mounted config"
+        return subprocess.run(cmd, capture_output=True, text=True), job["spec"]["podFailurePolicy"]["rules"]
+
+    ok, _ = preflight(spec_from("rltrun-tiny.yaml"))
+    assert ok.returncode == 0, ok.stderr
+    bad, rules = preflight(spec_from("rltrun-tiny.yaml", format={"file": "/data/formats/missing.yaml"}))
+    assert bad.returncode == ExitCode.CONFIG_ERROR and "spec.format.file" in bad.stderr
+    fail_fast = next(r for r in rules if r["action"] == "FailJob")["onExitCodes"]
+    assert fail_fast["operator"] == "In" and bad.returncode in fail_fast["values"]
+    assert ExitCode.FAILED not in fail_fast["values"], "an ordinary crash stays retryable"
+    ignore = next(r for r in rules if r["action"] == "Ignore")
+    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]

@@ -104,3 +104,83 @@ def test_schema_rejects_what_the_model_rejects(validator, patch, word):
     merge(doc["spec"], patch)
     messages = " | ".join(e.message for e in validator.iter_errors(doc))
     assert word in messages
+
+
+def prune(value, schema):
+    """What a real API server keeps of `value` under a structural schema (apiextensions pruning)."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        keep = schema.get("x-kubernetes-preserve-unknown-fields")
+        out = {}
+        for k, v in value.items():
+            if k in props:
+                out[k] = prune(v, props[k])
+            elif isinstance(extra, dict):
+                out[k] = prune(v, extra)
+            elif keep:
+                out[k] = v
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune(v, schema["items"]) for v in value]
+    return value
+
+
+def _statuses_the_operator_writes():
+    """Statuses from decisions that together touch every field: fresh, progress, restart, suspend, invalid,
+    pod problems, and a finished run with every output (student enabled)."""
+    import datetime as dt
+
+    from op_harness import EXAMPLES as EX
+
+    from rlt_operator import builders as b
+    from rlt_operator import status as S
+
+    ref = b.RunRef(name="t", namespace="ns", uid="u")
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    sp = yaml.safe_load((EX / "rltrun-tiny.yaml").read_text())["spec"]
+    sp["stages"]["student"] = {"enabled": True}
+    sp["stages"]["evaluate"] = {"enabled": True}
+    out = []
+    d = S.decide(ref, 1, sp, None, S.Observed(), now)
+    out.append(d.status)
+    lbl = lambda st, r=0: b.labels("t", b.ROLE_TRAINER, st, r)  # noqa: E731
+    job = {"name": "t-sft", "labels": lbl("sft"), "deleting": False, "completions": 1, "active": 1,
+           "succeeded": 0, "failed": 0, "conditions": []}
+    obs = S.Observed(jobs={"t-sft": job}, persistentvolumeclaims={"t-data": {"name": "t-data", "phase": "Pending"}})
+    d = S.decide(ref, 1, sp, d.status, obs, now, {"stage": "sft", "step": 3, "totalSteps": 10, "rewardMean": 0.5,
+                                                 "tokensPerSecond": 12.5, "lastCheckpoint": "/data/t/c",
+                                                 "updateTime": "2026-01-01T00:00:00Z"})
+    out.append(d.status)
+    failed = dict(job, active=0, failed=1)
+    d = S.decide(ref, 1, sp, d.status, S.Observed(jobs={"t-sft": failed}), now)
+    out.append(d.status)
+    out.append(S.decide(ref, 2, {**sp, "suspend": True}, d.status, S.Observed(), now).status)
+    out.append(S.decide(ref, 3, {**sp, "seed": -1}, d.status, S.Observed(), now).status)
+    stages = ["sft", "rl", "distill", "student", "evaluate"]
+    done = {f"t-{s}": {"name": f"t-{s}", "labels": lbl(s), "deleting": False, "completions": 1, "active": 0,
+                       "succeeded": 1, "failed": 0, "conditions": [{"type": "Complete", "status": "True"}]}
+            for s in stages}
+    fin = S.decide(ref, 4, sp, d.status, S.Observed(jobs=done), now).status
+    assert fin["phase"] == "Succeeded" and "studentCheckpoint" in fin["outputs"]
+    out.append(fin)
+    return out
+
+
+def test_every_status_field_the_operator_writes_survives_pruning_with_the_crds_own_schema():
+    schema = yaml.safe_load(crd.CRD_PATH.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    status_schema = schema["properties"]["status"]
+    assert not status_schema.get("x-kubernetes-preserve-unknown-fields"), "the schema must list the fields"
+    statuses = _statuses_the_operator_writes()
+    for st in statuses:
+        assert prune({"status": st}, schema)["status"] == st
+    written = {k for st in statuses for k in st}
+    assert written >= {"phase", "stage", "restarts", "lastFailure", "progress", "outputs", "conditions",
+                       "completionTime", "reason", "message"}
+
+
+def test_a_status_field_missing_from_the_model_is_an_error():
+    from rlt_operator import status_model
+
+    with pytest.raises(Exception, match="extra"):
+        status_model.check({"phase": "Running", "outputs": {"studentModel": "/x"}})

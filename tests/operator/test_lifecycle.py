@@ -177,17 +177,24 @@ async def test_operator_restart_mid_run_creates_no_duplicates(harness):
     assert len(await harness.list("jobs", "rlt.dev/run=tiny")) == 1
 
 
-async def test_invalid_spec_fails_alone(harness):
+async def test_invalid_spec_holds_alone_and_recovers_when_fixed(harness):
     bad = example(**{"metadata.name": "bad", "spec.stages.rl.numGenerations": 3})  # 8 % 3 != 0
     await harness.start_operator()
     await harness.create_run(bad)
     await harness.create_run(example())
-    st = await harness.wait_status("bad", lambda s: s.get("phase") == "Failed", "bad Failed")
-    assert st["reason"] == "InvalidSpec"
+    st = await harness.wait_status("bad", lambda s: s.get("reason") == "InvalidSpec", "bad InvalidSpec")
+    assert st["phase"] == "Pending"
     assert "spec.stages.rl" in st["message"] and "numGenerations" in st["message"]
     await harness.wait_object("jobs", "tiny-sft")
     assert await harness.get("jobs", "bad-sft") is None
+    assert await harness.get("configmaps", "bad-config") is None, "nothing is created for an invalid spec"
     await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "good run Running")
+    await harness.patch_run("bad", {"spec": {"stages": {"rl": {"numGenerations": 2}}}})
+    await harness.wait_object("jobs", "bad-sft")
+    st = await harness.wait_status("bad", lambda s: "reason" not in s, "bad recovered")
+    async def fixed_event():
+        return "SpecValid" in [e["reason"] for e in await harness.events("bad")]
+    await harness.wait(fixed_event, "SpecValid Event")
 
 
 async def test_deadline_and_ttl(harness):
@@ -199,3 +206,25 @@ async def test_deadline_and_ttl(harness):
     assert st["reason"] == "DeadlineExceeded"
     await harness.wait_gone("jobs", "tiny-sft", timeout=10)  # active trainer stopped, then TTL
     assert await harness.get("persistentvolumeclaims", "tiny-data") is not None
+
+
+async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_event(harness):
+    await harness.start_operator()
+    await harness.create_run(example())
+    job = await harness.trainer_running("tiny", "sft")
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    await harness.call("POST", "/api/v1/namespaces/default/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-sft-0-abcde", "labels": labels},
+        "spec": job["spec"]["template"]["spec"]})
+    await harness.set_status("pods", "tiny-sft-0-abcde", {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
+
+    def stuck(s):
+        c = {c["type"]: c for c in s.get("conditions", [])}
+        return c.get("PodsSchedulable", {}).get("status") == "False"
+    st = await harness.wait_status("tiny", stuck, "PodsSchedulable=False")
+    c = {c["type"]: c for c in st["conditions"]}
+    assert c["TrainerRunning"]["status"] == "False", "Job.active counts the Pending pod; the trainer is not running"
+    assert st["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in st["message"]
+    await wait_for_events(harness, "tiny", {"Unschedulable"})

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
+from rlt.spec import parse_spec
 from rlt_operator import builders as b
 from rlt_operator import status as S
 
@@ -41,7 +42,7 @@ def sts(stage, restart=0, ready=1):
 
 
 def base_children(sp):
-    cm = b.configmap(REF, S.parse_spec(sp))
+    cm = b.configmap(REF, parse_spec(sp))
     return {"configmaps": {"t-config": {"name": "t-config", "labels": {}, "configHash":
                                         cm["metadata"]["annotations"][b.A_CONFIG_HASH]}},
             "persistentvolumeclaims": {"t-data": {"name": "t-data", "labels": {}}}}
@@ -72,20 +73,20 @@ def test_fresh_run_creates_run_wide_children_and_first_stage():
 # (name, spec, prev status, jobs, statefulsets, expected actions, expected phase, expected stage)
 TABLE = [
     ("generators first", spec(server=True, sft=False), running("rl"), [], [],
-     {("create", "services", "t-generator"), ("create", "statefulsets", "t-generator")}, "Running", "rl"),
+     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "statefulsets", "t-generator")}, "Running", "rl"),
     ("trainer waits for readiness", spec(server=True, sft=False), running("rl"), [], [sts("rl", ready=0)],
-     {("create", "services", "t-generator")}, "Running", "rl"),
+     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")}, "Running", "rl"),
     ("trainer once ready", spec(server=True, sft=False), running("rl"), [], [sts("rl")],
-     {("create", "services", "t-generator"), ("create", "services", "t-rl"), ("create", "jobs", "t-rl")},
+     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "services", "t-rl"), ("create", "jobs", "t-rl")},
      "Running", "rl"),
     ("sft done → rl", spec(server=True), running("sft"), [job("sft", complete=True)], [],
-     {("create", "services", "t-generator"), ("create", "statefulsets", "t-generator")}, "Running", "rl"),
+     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "statefulsets", "t-generator")}, "Running", "rl"),
     ("stale generators of rl during distill", spec(server=True), running("rl"),
      [job("sft", complete=True), job("rl", complete=True)], [sts("rl")],
-     {("delete", "statefulsets", "t-generator"), ("create", "services", "t-generator")}, "Running", "distill"),
+     {("delete", "statefulsets", "t-generator"), ("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")}, "Running", "distill"),
     ("older gang deleted, nothing created yet", spec(server=True, sft=False), running("rl", restarts=1),
      [job("rl", restart=0, active=1)], [sts("rl", restart=0)],
-     {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator"), ("create", "services", "t-generator")},
+     {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator"), ("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")},
      "Running", "rl"),
     ("all done → Succeeded, generators freed, Jobs kept", spec(server=True, sft=False, distill=False), running("rl"),
      [job("rl", complete=True)], [sts("rl")], {("delete", "statefulsets", "t-generator")}, "Succeeded", ""),
@@ -161,15 +162,43 @@ def test_ttl_after_finished():
     assert later.status["phase"] == "Succeeded"
 
 
-def test_invalid_spec_names_the_field_and_is_sticky():
+def test_invalid_spec_names_the_field_and_creates_nothing():
     bad = spec()
     bad["stages"]["rl"]["numGenerations"] = 3
     d = S.decide(REF, 1, bad, None, S.Observed(), NOW)
-    assert d.status["phase"] == "Failed" and d.status["reason"] == "InvalidSpec"
+    assert d.status["phase"] == "Pending" and d.status["reason"] == "InvalidSpec"
     assert d.status["message"].startswith("spec.stages.rl") and "numGenerations (3)" in d.status["message"]
     assert d.actions == []
-    again = S.decide(REF, 2, spec(), d.status, S.Observed(), NOW)
-    assert again.status["phase"] == "Failed", "terminal phases stick (like a Job's)"
+    cond = {c["type"]: c for c in d.status["conditions"]}["SpecValid"]
+    assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
+    assert [e[1] for e in d.events] == ["InvalidSpec"]
+    fixed = S.decide(REF, 2, spec(), d.status, S.Observed(), NOW)
+    assert "reason" not in fixed.status and ("create", "jobs", "t-sft") in acts(fixed)
+    assert {c["type"]: c for c in fixed.status["conditions"]}["SpecValid"]["status"] == "True"
+
+
+def test_invalid_edit_mid_run_neither_starts_nor_stops_anything_and_is_recoverable():
+    """`rlt validate` refuses format preset rcl-default for method rlt: so must the operator, without harm."""
+    sp = spec(server=True, sft=False)
+    obs = observed(sp, [job("rl", active=1)], [sts("rl")])
+    bad = spec(server=True, sft=False, format={"preset": "rcl-default"})
+    d = S.decide(REF, 2, bad, running("rl"), obs, NOW)
+    assert d.actions == [], "an invalid edit must not delete the generators, the Job or patch the ConfigMap"
+    assert d.status["phase"] == "Running" and d.status["reason"] == "InvalidSpec"
+    assert d.status["message"].startswith("spec.format.preset:") and "not an rlt prompt format" in d.status["message"]
+    again = S.decide(REF, 2, bad, d.status, obs, NOW)
+    assert again.events == [], "the InvalidSpec Event is posted once, not every reconcile"
+    fixed = S.decide(REF, 3, sp, again.status, obs, NOW)
+    assert fixed.status["phase"] == "Running" and "reason" not in fixed.status
+    assert not any(a.verb == "delete" for a in fixed.actions)
+    assert ("Normal", "SpecValid", "the spec is valid again; reconciling") in fixed.events
+
+
+def test_a_run_failed_as_invalid_spec_by_an_older_operator_recovers():
+    old = {"phase": "Failed", "reason": "InvalidSpec", "message": "x",
+           "conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": "x"}]}
+    d = S.decide(REF, 2, spec(), old, S.Observed(), NOW)
+    assert d.status["phase"] == "Pending" and ("create", "jobs", "t-sft") in acts(d)
 
 
 def test_completed_stage_remembered_after_its_job_is_gone():
@@ -215,3 +244,162 @@ def test_run_names_children_cannot_carry_are_invalid(name):
     d = S.decide(b.RunRef(name=name, namespace="ns", uid="u"), 1, spec(), None, S.Observed(), NOW)
     assert d.status["reason"] == "InvalidSpec" and d.status["message"].startswith("metadata.name")
     assert d.actions == []
+
+
+def test_volume_condition_follows_the_claim():
+    sp = spec(sft=False)
+    obs = observed(sp, [job("rl", active=1)])
+    obs.persistentvolumeclaims["t-data"]["phase"] = "Pending"
+    d = S.decide(REF, 1, sp, running("rl"), obs, NOW)
+    cond = {c["type"]: c for c in d.status["conditions"]}["VolumeReady"]
+    assert (cond["status"], cond["reason"]) == ("False", "ClaimPending") and "t-data" in cond["message"]
+    obs.persistentvolumeclaims["t-data"]["phase"] = "Bound"
+    d = S.decide(REF, 1, sp, d.status, obs, NOW)
+    assert {c["type"]: c for c in d.status["conditions"]}["VolumeReady"]["status"] == "True"
+
+
+def pod_body(name, role, stage, restart=0, phase="Running", conditions=(), containers=()):
+    return {"metadata": {"name": name, "labels": b.labels("t", role, stage, restart)},
+            "status": {"phase": phase, "conditions": list(conditions), "containerStatuses": list(containers)}}
+
+
+UNSCHEDULABLE = pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Pending", conditions=[
+    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+     "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}])
+IMAGE_PULL = pod_body("t-generator-0", b.ROLE_GENERATOR, "rl", phase="Pending", containers=[
+    {"name": "vllm", "restartCount": 0, "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": "Back-off pulling image \"ghcr.io/x/gen:0\""}}}])
+OOM = pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[
+    {"name": "trainer", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
+
+
+def conds(d):
+    return {c["type"]: c for c in d.status["conditions"]}
+
+
+def test_unschedulable_trainer_is_not_running_and_is_reported_once():
+    sp = spec(sft=False)
+    pods = [S.summarize("pods", UNSCHEDULABLE)]
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=pods), NOW)
+    c = conds(d)
+    assert c["TrainerRunning"]["status"] == "False" and "0/1 trainer pods running" in c["TrainerRunning"]["message"]
+    assert (c["PodsSchedulable"]["status"], c["PodsSchedulable"]["reason"]) == ("False", "Unschedulable")
+    assert "Insufficient nvidia.com/gpu" in c["PodsSchedulable"]["message"]
+    assert d.status["reason"] == "Unschedulable" and "t-rl-0-x" in d.status["message"]
+    assert [e[:2] for e in d.events] == [("Warning", "Unschedulable")]
+    again = S.decide(REF, 1, sp, d.status, observed(sp, [job("rl", active=1)], pods=pods), NOW)
+    assert again.events == []
+    ok = [S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl"))]
+    fine = S.decide(REF, 1, sp, again.status, observed(sp, [job("rl", active=1)], pods=ok), NOW)
+    assert conds(fine)["TrainerRunning"]["status"] == "True" and conds(fine)["PodsSchedulable"]["status"] == "True"
+    assert "reason" not in fine.status
+
+
+def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
+    sp = spec(server=True, sft=False)
+    pods = [S.summarize("pods", IMAGE_PULL)]
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=0)], pods=pods), NOW)
+    c = conds(d)["PodsHealthy"]
+    assert (c["status"], c["reason"]) == ("False", "ImagePullBackOff") and "ghcr.io/x/gen:0" in c["message"]
+    assert ("Warning", "ImagePullBackOff") in [e[:2] for e in d.events]
+
+
+@pytest.mark.parametrize("body, reason", [
+    (OOM, "OOMKilled"),
+    (pod_body("g", b.ROLE_GENERATOR, "rl", containers=[{"name": "vllm", "restartCount": 3, "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]),
+     "CrashLoopBackOff"),
+    (pod_body("g", b.ROLE_GENERATOR, "rl", containers=[{"name": "vllm", "restartCount": 3, "state": {"waiting": {
+        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]),
+     "OOMKilled"),
+])
+def test_pod_reasons_are_read_from_the_pod_status(body, reason):
+    assert S.summarize("pods", body)["problem"]["reason"] == reason
+
+
+def test_a_config_error_exit_fails_the_run_at_once_without_a_gang_restart():
+    sp = spec(server=True, sft=False)
+    pod = S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[
+        {"name": "validate", "state": {"terminated": {"reason": "Error", "exitCode": 78}}}]))
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", failed=True)], [sts("rl")], [pod]), NOW)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "ConfigError" and d.status["restarts"] == 0
+    assert "CONFIG_ERROR (78)" in d.status["message"]
+    assert ("delete", "statefulsets", "t-generator") in acts(d) and not any(a.verb == "create" for a in d.actions)
+    # the pod may be gone: the Job's own reason says the FailJob rule matched
+    failed = dict(job("rl", failed=True), conditions=[{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                                       "message": "Container trainer ... exit code 65 ..."}])
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [failed], [sts("rl")]), NOW)
+    assert d.status["reason"] == "ConfigError"
+
+
+def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_limit():
+    sp = spec(server=True, sft=False, backoffLimit=1)
+
+    def evicted(r):
+        return S.summarize("pods", pod_body("t-generator-0", b.ROLE_GENERATOR, "rl", restart=r, phase="Failed",
+                                            conditions=[{"type": "DisruptionTarget", "status": "True",
+                                                         "reason": "PreemptionByScheduler"}]))
+
+    def crashed(r):
+        return S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", restart=r, phase="Failed", containers=[
+            {"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1}}}]))
+
+    def step(prev, r, pod):
+        return S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=r, active=1)], [sts("rl", restart=r)], [pod]),
+                        NOW)
+    d = step(running("rl"), 0, crashed(0))  # counted: 1 of 1
+    assert (d.status["phase"], d.status["restarts"]) == ("Running", 1)
+    d = step(d.status, 1, evicted(1))  # the limit is used up, but a disruption is not a failure
+    assert d.status["phase"] == "Running" and (d.status["restarts"], d.status["disruptions"]) == (2, 1)
+    assert "not counted" in d.events[0][2]
+    d = step(d.status, 2, crashed(2))
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
+    assert "exit code 1" in d.status["message"]
+
+
+def shaped(stage, gpus, **kw):
+    j = job(stage, **kw)
+    j["labels"][b.L_SHAPE] = f"1x{gpus}"
+    return j
+
+
+def test_disabling_the_running_stage_stops_its_job_before_the_next_stage_starts():
+    sp = spec(sft=False)
+    sp["stages"]["rl"]["enabled"] = False
+    d = S.decide(REF, 2, sp, running("rl"), observed(sp, [job("rl", active=1)]), NOW)
+    assert d.status["stage"] == "distill"
+    assert ("delete", "jobs", "t-rl") in acts(d) and ("create", "jobs", "t-distill") not in acts(d)
+    gone = S.decide(REF, 2, sp, d.status, observed(sp, []), NOW)
+    assert ("create", "jobs", "t-distill") in acts(gone)
+
+
+def test_a_new_trainer_shape_replaces_the_gang_before_any_checkpoint_uncounted():
+    sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
+    prev = running("rl", trainerShape={"stage": "rl", "nodes": 1, "gpus": 8})
+    d = S.decide(REF, 2, sp, prev, observed(sp, [shaped("rl", 8, active=1)]), NOW)
+    assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 0
+    assert d.status["trainerShape"] == {"stage": "rl", "nodes": 1, "gpus": 4}
+    new = S.decide(REF, 2, sp, d.status, observed(sp, []), NOW)
+    created = next(a for a in new.actions if a.verb == "create" and a.plural == "jobs")
+    assert created.body["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][b.GPU] == "4"
+
+
+def test_the_trainer_shape_is_frozen_once_the_stage_has_a_checkpoint():
+    sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
+    prev = running("rl", trainerShape={"stage": "rl", "nodes": 1, "gpus": 8},
+                   progress={"step": 30, "lastCheckpoint": "/data/t/rl/checkpoints/checkpoint-25"})
+    d = S.decide(REF, 2, sp, prev, observed(sp, [shaped("rl", 8, active=1)]), NOW)
+    assert not any(a.plural == "jobs" for a in d.actions), "no restart burnt on an edit ZeRO cannot resume"
+    c = conds(d)["SpecApplied"]
+    assert (c["status"], c["reason"]) == ("False", "ShapeFrozen") and "next stage" in c["message"]
+    # a gang restart of the same stage keeps the checkpoint's shape
+    restarted = dict(d.status, restarts=1)
+    again = S.decide(REF, 2, sp, restarted, observed(sp, []), NOW)
+    created = next(a for a in again.actions if a.verb == "create" and a.plural == "jobs")
+    assert created.body["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][b.GPU] == "8"
+
+
+def test_a_run_finished_in_time_but_observed_after_its_deadline_succeeded():
+    sp = spec(sft=False, distill=False, activeDeadlineSeconds=60)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", complete=True)]), NOW)
+    assert d.status["phase"] == "Succeeded"

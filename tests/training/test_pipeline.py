@@ -127,3 +127,20 @@ def test_stage_command_as_a_pod_runs_it_once(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "rlt.cli", "stage", "rl", "--config", str(tmp_path / "nope.yaml")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1 and "file not found" in missing.stderr
+
+
+def test_distill_reward_of_kept_rows_and_of_all_candidates_are_named_apart(finished):
+    run, layout, summary = finished
+    rows = [json.loads(line) for line in layout.distill_dataset.read_text().splitlines()]
+    kept = sum(r["reward"] for r in rows) / len(rows)
+    every = [c for r in rows for c in r["candidate_rewards"]]
+    assert summary["distill"]["keptRewardMean"] == pytest.approx(kept)
+    assert summary["distill"]["candidateRewardMean"] == pytest.approx(sum(every) / len(every))
+    assert kept >= summary["distill"]["candidateRewardMean"]  # the best of 2 is at least the average candidate
+    progress = json.loads(layout.progress_file.read_text())
+    assert "rewardMean" not in progress  # the old ambiguous name
+    assert progress["keptRewardMean"] == pytest.approx(kept)
+    assert progress["candidateRewardMean"] == pytest.approx(sum(every) / len(every))  # one batch: the same rows
+    # the data were checked once, before the stages, and counted in the summary
+    assert summary["data"] == {"source": "builtin:arithmetic", "rowsRead": 32, "rowsUsed": 32, "skippedRows": 0,
+                               "skipped": [], "numbersUsedAsText": 0}

@@ -41,8 +41,10 @@ def test_jsonl_with_column_mapping_and_limit(tmp_path):
 def test_missing_column_is_named(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "Q", "solution": "A"}) + "\n")
-    with pytest.raises(DataError, match=r"row 0: column 'question' is missing \(columns: prompt, solution\)"):
+    with pytest.raises(DataError, match=r"line 1: column 'question' is missing \(columns: prompt, solution\)") as err:
         load_data(DatasetSpec(source=str(path)), FMT)
+    # the only row is bad: skipping cannot help, so the message must not suggest it
+    assert "badRows: skip would drop every row" in str(err.value) and "set spec.dataset.badRows" not in str(err.value)
 
 
 def test_bad_rows_rejected_or_skipped_by_index(tmp_path):
@@ -50,11 +52,12 @@ def test_bad_rows_rejected_or_skipped_by_index(tmp_path):
             {"question": "Q2 </explain>", "solution": "A2"}, {"question": "Q3", "solution": "A3"}]
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=r"row 1: solution: missing or empty"):
+    with pytest.raises(DataError, match=r"line 2: solution: empty \(1 more bad rows; `rlt validate` lists them\); "
+                                        r"set spec.dataset.badRows: skip to drop the 2 bad rows$"):
         load_data(DatasetSpec(source=str(path)), FMT)
     data = load_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
     assert [r["row"] for r in data.train] == [0, 3]
-    assert len(data.skipped) == 2 and "row 2: question: contains the format tag '</explain>'" in data.skipped[1]
+    assert len(data.skipped) == 2 and "line 3: question: contains the format tag '</explain>'" in data.skipped[1]
 
 
 def test_conversations_layout(tmp_path):
@@ -67,8 +70,8 @@ def test_conversations_layout(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = load_data(DatasetSpec(source=str(path), layout="conversations", badRows="skip"), STRATOS)
     assert data.train == [{"question": "What is 2+2?", "solution": "4", "reasoning_trace": "\n\nadd\n\n", "row": 0}]
-    assert "row 1: conversations[1]: <|begin_of_thought|> is never closed" in data.skipped[0]
-    assert "row 2: conversations[1]: no closed <|begin_of_solution|>" in data.skipped[1]
+    assert "line 2: conversations[1]: <|begin_of_thought|> is never closed" in data.skipped[0]
+    assert "line 3: conversations[1]: no closed <|begin_of_solution|>" in data.skipped[1]
 
 
 def test_parquet_and_eval_split(tmp_path):
@@ -91,3 +94,56 @@ def test_formats_are_data_and_overridable(tmp_path):
     custom.write_text("tags: {thoughtStart: a, thoughtEnd: b, solutionStart: c, solutionEnd: d, explanationStart: e, "
                       "explanationEnd: f}\nstudentSystemPrompt: s\nteacherSystemPrompt: t\n")
     assert resolve_format(FormatSpec(file=str(custom))).tags.explanation_end == "f"
+
+
+def _jsonl(path, rows, blank_after_first=False):
+    lines = [json.dumps(r) for r in rows]
+    if blank_after_first:
+        lines.insert(1, "")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_numeric_solution_is_used_as_its_text_and_other_types_are_named(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"question": "6*7?", "solution": 42}, {"question": "Q", "solution": 2.5},
+                                         {"question": "Q", "solution": True}, {"question": "Q", "solution": None},
+                                         {"question": "Q", "solution": ["a"]}], blank_after_first=True)
+    data = load_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
+    assert [r["solution"] for r in data.train] == ["42", "2.5"]
+    assert data.numbers == ["line 1: solution", "line 3: solution"]  # line 2 is blank: lines are the file's own
+    problems = [s.split(" ", 1)[1] for s in data.skipped]
+    assert problems == ["line 4: solution: expected text, got the boolean true", "line 5: solution: missing (null)",
+                        "line 6: solution: expected text, got list [\"a\"]"]
+
+
+def test_csv_lines_count_the_header_and_broken_jsonl_lines_are_named(tmp_path):
+    (tmp_path / "d.csv").write_text("question,solution\nQ1,A1\nQ2,\nQ3,7\n")
+    data = load_data(DatasetSpec(source=str(tmp_path / "d.csv"), badRows="skip"), FMT)
+    assert [r["question"] for r in data.train] == ["Q1", "Q3"] and data.train[1]["solution"] == "7"
+    assert data.skipped == [f"{tmp_path / 'd.csv'} line 3: solution: missing (null)"]
+    (tmp_path / "b.jsonl").write_text('{"question": "Q", "solution": "A"}\n{"question": "Q2", \n')
+    with pytest.raises(DataError, match=r"b.jsonl line 2: not valid JSON .*set spec.dataset.badRows: skip to drop the 1"):
+        load_data(DatasetSpec(source=str(tmp_path / "b.jsonl")), FMT)
+
+
+def test_a_missing_file_is_one_clear_error(tmp_path):
+    with pytest.raises(DataError, match=r"^spec.dataset.source: file data/nope.jsonl does not exist$"):
+        load_data(DatasetSpec(source="data/nope.jsonl"), FMT)
+
+
+def test_check_data_counts_what_skip_would_drop(tmp_path):
+    from rlt.data import check_data
+
+    path = _jsonl(tmp_path / "d.jsonl", [{"question": f"Q{i}", "solution": "" if i % 3 == 0 else "A"} for i in range(9)])
+    report = check_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
+    assert len(report.train) == 6 and report.read == 9 and len(report.skipped) == 3
+    with pytest.raises(DataError, match=r"line 1: solution: empty \(2 more bad rows.*drop the 3 bad rows$"):
+        check_data(DatasetSpec(source=str(path)), FMT)
+
+
+def test_skip_warns_once_per_load(tmp_path, caplog):
+    path = _jsonl(tmp_path / "d.jsonl", [{"question": "Q", "solution": ""}] * 5 + [{"question": "Q", "solution": "A"}])
+    with caplog.at_level("WARNING", logger="rlt.data"):
+        load_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipping 5 of 6 rows of {path} (badRows: skip), first line 1: solution: empty"]

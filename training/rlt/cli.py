@@ -5,35 +5,57 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlt.spec import SpecError, load_runs
+from rlt.spec import SpecError
+from rlt.validation import load_valid_runs
 
 
-def check_formats(run) -> list[str]:
-    """Beyond the schema: the prompt format the run names must load and fit its method."""
-    from pydantic import ValidationError
+def check_datasets(run) -> tuple[list[str], list[str]]:
+    """The run's data where this machine can read it: (problems, notes). Every bad row is listed (up to 20)."""
+    from rlt.data import DataError, check_data, group_problems, is_reachable, scan_rows
+    from rlt.prompts import resolve_format
 
-    try:
-        if run.spec.method == "rcl":
-            from rlt.rcl.protocol import load_rcl_format
-
-            load_rcl_format(run.spec.rcl.format)
-        else:
-            from rlt.prompts import resolve_format
-
-            resolve_format(run.spec.format)
-    except (ValueError, ValidationError) as err:
-        where = "spec.rcl.format" if run.spec.method == "rcl" else "spec.format"
-        first = str(err).splitlines()[0]
-        return [first if first.startswith("spec.") else f"{where}: not a usable {run.spec.method} format ({first})"]
-    return []
+    problems: list[str] = []
+    notes: list[str] = []
+    datasets = [("spec.dataset", run.spec.dataset)]
+    if run.spec.stages.evaluate.enabled and run.spec.stages.evaluate.dataset is not None:
+        datasets.append(("spec.stages.evaluate.dataset", run.spec.stages.evaluate.dataset))
+    for where, ds in datasets:
+        if not is_reachable(ds):
+            notes.append(f"{where}: {ds.source} not checked (a hub dataset is read at run time)")
+            continue
+        fmt = resolve_format(run.spec.format)
+        try:
+            data = check_data(ds, fmt, listed=True)
+        except DataError as err:
+            problems.append(str(err) if str(err).startswith("spec.") else f"{where}: {err}")
+            try:  # every bad row, grouped by problem, not only the first
+                _, bad, _, _ = scan_rows(ds, fmt)
+                problems += [f"  {line}" for line in group_problems(bad)] if len(bad) > 1 else []
+            except DataError:
+                pass
+            continue
+        used = data.read - len(data.skipped)
+        note = f"{where}: {used} usable rows"
+        if data.skipped:
+            note += f"; badRows: skip drops {len(data.skipped)} of {data.read} (first: {data.skipped[0]})"
+        if data.numbers:
+            note += f"; {len(data.numbers)} numeric values used as text (first: {data.numbers[0]})"
+        notes.append(note)
+    return problems, notes
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     bad = 0
     for path in args.files:
+        notes: list[str] = []
         try:
-            runs = load_runs(path)
-            problems = [p for run in runs for p in check_formats(run)]
+            runs = load_valid_runs(path)  # the same checks as the operator's and the pods'
+            problems: list[str] = []
+            if not args.no_data:
+                for run in runs:
+                    run_problems, run_notes = check_datasets(run)
+                    problems += run_problems
+                    notes += run_notes
             if problems:
                 raise SpecError(path, problems)
         except SpecError as err:
@@ -44,6 +66,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         names = ", ".join(r.name for r in runs)
         print(f"{path}: ok ({names})")
+        for note in notes:
+            print(f"  {note}")
     return 1 if bad else 0
 
 
@@ -51,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("validate", help="check RLTRun files; exit 1 naming every invalid field")
+    p = sub.add_parser("validate", help="check RLTRun files and the data they name; exit 1 naming every invalid "
+                                        "field and bad row")
     p.add_argument("files", nargs="+")
+    p.add_argument("--no-data", action="store_true", help="check the spec only, not the dataset it names")
     p.set_defaults(func=cmd_validate)
 
     from rlt import runner_cli  # training commands (heavy imports happen inside their handlers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 
@@ -16,6 +17,31 @@ def _latest_per_step(rows: list[dict], stage: str) -> list[dict]:
     """One row per step (a resumed run may log a step twice: keep the last)."""
     by_step = {r["step"]: r for r in rows if r["stage"] == stage}
     return [by_step[k] for k in sorted(by_step)]
+
+
+def y_limits(values: list[float], min_span: float = 0.1) -> tuple[float, float] | None:
+    """Limits for an almost flat series: at least `min_span` (or 10 % of its size) around it, so that a change in
+    the fifth decimal is not drawn as a climb over the whole axis. None: matplotlib's own limits are fine."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    lo, hi = min(finite), max(finite)
+    span = max(min_span, 0.1 * max(abs(lo), abs(hi)))
+    if hi - lo >= span:
+        return None
+    mid = (lo + hi) / 2
+    return mid - span / 2, mid + span / 2
+
+
+def _tidy(ax, ys: list[float]) -> None:
+    """Steps are whole numbers; plain tick labels (no '+1e-5' offset); flat series keep a sensible height."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    limits = y_limits(ys)
+    if limits is not None:
+        ax.set_ylim(*limits)
 
 
 def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
@@ -49,15 +75,19 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
                 ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL")]),
             ]
         for ax, (title, series) in zip(axes.flat, panels):
+            drawn: list[float] = []
             for key, label in series:
                 ys = [r.get(key) for r in rl]
                 if any(y is not None for y in ys):
                     ax.plot(steps, ys, marker="o", label=label)
+                    drawn += [y for y in ys if y is not None]
             if title.startswith("reward") and all("reward_std" in r for r in rl):
                 mean = [r["reward"] for r in rl]
                 std = [r["reward_std"] for r in rl]
                 ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                 alpha=0.2, label="± std")
+                drawn += [m - s for m, s in zip(mean, std)] + [m + s for m, s in zip(mean, std)]
+            _tidy(ax, drawn)
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
@@ -77,6 +107,7 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
             if any(ys):
                 ax.bar(steps, ys, bottom=bottom, label=phase)
                 bottom = [b + y for b, y in zip(bottom, ys)]
+        _tidy(ax, bottom)
         ax.set_xlabel("RL step")
         ax.set_ylabel("seconds")
         ax.set_title("RL step time by phase")
@@ -89,7 +120,9 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
     sft = _latest_per_step(rows, "sft")
     if sft and any("loss" in r for r in sft):
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot([r["step"] for r in sft if "loss" in r], [r["loss"] for r in sft if "loss" in r], marker="o")
+        losses = [r["loss"] for r in sft if "loss" in r]
+        ax.plot([r["step"] for r in sft if "loss" in r], losses, marker="o")
+        _tidy(ax, losses)
         ax.set_xlabel("SFT step")
         ax.set_ylabel("loss (explanation tokens)")
         ax.set_title("SFT warm-up loss")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import statistics
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlt import fingerprint
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.metrics import TrainerMetrics
 from rlt.plots import make_plots, read_metrics
@@ -35,12 +37,56 @@ def summarize(layout: RunLayout, stage_info: dict[str, Any], wall: float, plots:
         import json
 
         data = [json.loads(line) for line in layout.distill_dataset.read_text().splitlines() if line.strip()]
+        candidates = [c for d in data for c in d.get("candidate_rewards", [d["reward"]])]
         summary["distill"] = {
             "rows": len(data), "path": str(layout.distill_dataset),
-            "meanReward": statistics.mean(d["reward"] for d in data) if data else None,
+            # kept = the best candidate of each question (the dataset); candidates = every sample scored, which is
+            # what progress.json's candidateRewardMean and the distill rows of metrics.jsonl average
+            "keptRewardMean": statistics.mean(d["reward"] for d in data) if data else None,
+            "candidateRewardMean": statistics.mean(candidates) if candidates else None,
             "closedFraction": sum(d["closed"] for d in data) / len(data) if data else None,
         }
     return summary
+
+
+class MetricsPortError(ValueError):
+    """The asked-for metrics port is taken; the message is one line."""
+
+
+def serve_metrics(metrics: TrainerMetrics, port: int, fallback: bool, addr: str = "127.0.0.1") -> int:
+    """Bind the /metrics port. With `fallback` (the default port, not one the user chose) a taken port is replaced
+    by a free one, said on stdout; otherwise a taken port is a one-line error."""
+    try:
+        return metrics.serve(port, addr=addr)
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            raise
+    if not fallback:
+        raise MetricsPortError(f"--metrics-port {port}: {addr}:{port} is already in use (another rlt run?); "
+                               "pick another port, 0 for any free one, or -1 for no metrics")
+    bound = metrics.serve(0, addr=addr)
+    print(f"metrics: port {port} is in use (another rlt run?); serving on {bound} instead", flush=True)
+    return bound
+
+
+def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
+    """Check the run's dataset once, before any model loads (DataError names the first bad line); the counts go
+    into summary.json. None when no stage reads spec.dataset or it is a hub dataset (read by the stages)."""
+    from rlt.data import check_data, is_reachable
+
+    spec = run.spec
+    reads = {"sft", "rl", "distill"} | ({"evaluate"} if spec.stages.evaluate.dataset is None else set())
+    if not reads & set(stages) or not is_reachable(spec.dataset):
+        return None
+    from rlt.prompts import resolve_format  # both methods read rows with spec.format's tags
+
+    data = check_data(spec.dataset, resolve_format(spec.format))
+    if data.skipped:
+        print(f"data: skipping {len(data.skipped)} of {data.read} rows (badRows: skip); first: {data.skipped[0]}",
+              flush=True)
+    return {"source": spec.dataset.source, "rowsRead": data.read, "rowsUsed": data.read - len(data.skipped),
+            "skippedRows": len(data.skipped), "skipped": data.skipped[:50],
+            "numbersUsedAsText": len(data.numbers)}
 
 
 def quiet_libraries() -> None:
@@ -58,26 +104,45 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*rollout_func.*")
 
 
+def has_checkpoint(layout: RunLayout, stage: str) -> bool:
+    return any(layout.checkpoints_dir(stage).glob("checkpoint-*"))
+
+
 def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | None = 9400, linger: float = 0.0,
-              only: list[str] | None = None, device: str | None = None, show_progress: bool = True) -> dict[str, Any]:
-    quiet_libraries()
+              only: list[str] | None = None, device: str | None = None, show_progress: bool = True,
+              from_stage: str | None = None, port_fallback: bool = False) -> dict[str, Any]:
     layout = RunLayout.for_run(output, run.name)
+    stages = only or run.spec.stages.enabled()
+    order = list(fingerprint.STAGE_ORDER)
+    restart = {s for s in order if from_stage and order.index(s) >= order.index(from_stage)}
+    # Refusals come before anything is written: run.yaml must keep describing what the outputs were made with.
+    plans = fingerprint.plan_stages(layout, run.spec, stages, restart, "--from-stage {stage}",
+                                    has_checkpoint=lambda st: has_checkpoint(layout, st))
+    data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
+    quiet_libraries()
     layout.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(layout.root / "run.yaml", dump_run(run))
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
-        port = metrics.serve(metrics_port)
+        port = serve_metrics(metrics, metrics_port, port_fallback)
         print(f"metrics: http://127.0.0.1:{port}/metrics", flush=True)
     ctx = StageContext(run, layout, metrics, device, show_progress)
-    stages = only or run.spec.stages.enabled()
     info: dict[str, Any] = {}
     started = time.perf_counter()
     try:
-        for name in stages:
-            if layout.stage_done(name).exists():
-                print(f"[{name}] already done ({layout.stage_done(name)}): skipped", flush=True)
+        for plan in plans:
+            name = plan.stage
+            if plan.action == "skip":
+                print(f"[{name}] already done ({layout.stage_done(name)}): skipped"
+                      + (f" ({plan.note})" if plan.note else ""), flush=True)
                 info[name] = {"skipped": True}
                 continue
+            if plan.action == "start_over":
+                moved = fingerprint.start_over(layout, name)
+                print(f"[{name}] {plan.note}; previous outputs moved to {moved}", flush=True)
+            elif plan.action == "continue":
+                fingerprint.reopen(layout, name)
+                print(f"[{name}] {plan.note}", flush=True)
             print(f"[{name}] starting", flush=True)
             t0 = time.perf_counter()
             output_path = stage_function(name, run.spec.method)(ctx)
@@ -85,6 +150,8 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
         plots = make_plots(layout.metrics_file, layout.plots_dir)
         summary = summarize(layout, info, time.perf_counter() - started, plots)
+        if data_summary is not None:
+            summary["data"] = data_summary
         atomic_write_json(layout.summary_file, summary)
         print_summary(layout, summary)
         if linger > 0:
@@ -104,22 +171,33 @@ def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
         print(f"  reward per RL step: {rewards}")
     if "distill" in summary:
         d = summary["distill"]
-        print(f"  distillation dataset: {d['rows']} rows, mean reward {d['meanReward']:.3f} -> {d['path']}")
+        print(f"  distillation dataset: {d['rows']} rows, mean reward of the kept rows {d['keptRewardMean']:.3f} "
+              f"(all candidates {d['candidateRewardMean']:.3f}) -> {d['path']}")
+    if summary.get("data", {}).get("skippedRows"):
+        print(f"  data: {summary['data']['skippedRows']} of {summary['data']['rowsRead']} rows skipped (badRows: skip)")
     for p in summary["plots"]:
         print(f"  plot: {p}")
 
 
-def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: int) -> str:
+def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: int, restart: bool = False) -> str:
     """`rlt stage`: one stage inside a pod; rank 0 exports metrics on all interfaces."""
     layout = RunLayout.for_run(root, run.name)
     ctx = StageContext(run, layout, None, None, show_progress=False)
-    if layout.stage_done(stage).exists():
+    [plan] = fingerprint.plan_stages(layout, run.spec, [stage], {stage} if restart else set(), "--restart",
+                                     has_checkpoint=lambda st: has_checkpoint(layout, st))
+    if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)
         return str(layout.stage_dir(stage))
+    check_run_data(run, [stage])  # a data error ends the pod in one line before any model is loaded
+    if ctx.is_main and plan.action == "start_over":
+        print(f"[{stage}] {plan.note}; previous outputs moved to {fingerprint.start_over(layout, stage)}", flush=True)
+    elif ctx.is_main and plan.action == "continue":
+        fingerprint.reopen(layout, stage)
+        print(f"[{stage}] {plan.note}", flush=True)
     if ctx.is_main:
         ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
                                      method=run.spec.method)
-        ctx.metrics.serve(metrics_port, addr="0.0.0.0")
+        serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
     out = stage_function(stage, run.spec.method)(ctx)
     leave_process_group()  # on success only: a barrier after a failed rank would wait forever
     return out

@@ -6,26 +6,52 @@ import argparse
 import logging
 import sys
 
-from rlt.spec import STAGE_ORDER, SpecError, load_run
+from rlt.exitcodes import ExitCode
+from rlt.spec import STAGE_ORDER, SpecError
+from rlt.validation import load_valid_run
+
+DEFAULT_METRICS_PORT = 9400
 
 
 def _load(path: str):
     # Logging is set up by the command that runs, not at registration: the operator has its own format.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return load_run(path)
+        return load_valid_run(path)  # the checks `rlt validate` and the operator make
     except SpecError as err:
         print(str(err), file=sys.stderr)
-        raise SystemExit(1) from None
+        raise SystemExit(ExitCode.CONFIG_ERROR) from None
+
+
+def input_errors() -> tuple[type[Exception], ...]:
+    """Problems a person must fix (spec, data, a stage finished under another spec, a taken port): said in one line
+    without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
+    from rlt.data import DataError
+    from rlt.fingerprint import StaleStageError
+    from rlt.runner import MetricsPortError
+
+    return SpecError, DataError, StaleStageError, MetricsPortError
+
+
+def _one_line_on_input_error(command: str, fn) -> int:
+    try:
+        fn()
+    except input_errors() as err:
+        from rlt.data import DataError
+
+        print(f"rlt {command}: {err}", file=sys.stderr)
+        return ExitCode.DATA_ERROR if isinstance(err, DataError) else ExitCode.CONFIG_ERROR
+    return ExitCode.OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from rlt.runner import run_local
 
     run = _load(args.file)
-    port = None if args.metrics_port < 0 else args.metrics_port
-    run_local(run, args.output, port, args.linger, args.stage or None, args.device, not args.no_progress)
-    return 0
+    port = DEFAULT_METRICS_PORT if args.metrics_port is None else None if args.metrics_port < 0 else args.metrics_port
+    return _one_line_on_input_error("run", lambda: run_local(
+        run, args.output, port, args.linger, args.stage or None, args.device, not args.no_progress,
+        from_stage=args.from_stage, port_fallback=args.metrics_port is None))
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -33,8 +59,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from rlt.runner import run_stage_in_pod
 
     run = _load(args.config)
-    run_stage_in_pod(run, args.name, args.root, metrics_port_from_env())
-    return 0
+    return _one_line_on_input_error("stage", lambda: run_stage_in_pod(
+        run, args.name, args.root, metrics_port_from_env(), restart=args.restart))
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -44,11 +70,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if run.spec.method != "rcl":
         print(f"{args.file}: rlt eval runs the rcl teaching evaluation; this run has method {run.spec.method} "
               "(use its evaluate stage)", file=sys.stderr)
-        return 2
-    report = run_eval(run, args.output, args.teacher, args.label, args.device)
-    print(report.read_text())
-    print(f"report: {report}")
-    return 0
+        return ExitCode.CONFIG_ERROR
+
+    def evaluate() -> None:
+        report = run_eval(run, args.output, args.teacher, args.label, args.device)
+        print(report.read_text())
+        print(f"report: {report}")
+
+    return _one_line_on_input_error("eval", evaluate)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -56,17 +85,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     run = _load(args.file)
     port = None if args.metrics_port < 0 else args.metrics_port
-    run_compare(run, args.output, args.device, not args.no_progress, port)
-    return 0
+    return _one_line_on_input_error("compare", lambda: run_compare(run, args.output, args.device,
+                                                                   not args.no_progress, port))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
     p.add_argument("file", help="RLTRun YAML")
     p.add_argument("--output", default="results", help="results folder (default: results)")
-    p.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}, or a free one when it is taken; "
+                        "0 = any, -1 = off)")
     p.add_argument("--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run")
     p.add_argument("--stage", action="append", choices=STAGE_ORDER, help="run only this stage (repeatable)")
+    p.add_argument("--from-stage", choices=STAGE_ORDER,
+                   help="start this stage and every later one over (old outputs move to OUTPUT/<run>/replaced/); "
+                        "needed after editing the spec of a finished stage")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)
@@ -84,6 +118,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", choices=STAGE_ORDER)
     p.add_argument("--config", required=True, help="RLTRun YAML (the run's ConfigMap)")
     p.add_argument("--root", default="/data", help="data root (the run's PVC)")
+    p.add_argument("--restart", action="store_true",
+                   help="start the stage over even if it finished (old outputs move to ROOT/<run>/replaced/)")
     p.set_defaults(func=cmd_stage)
     p = sub.add_parser("compare", help="distil students from the RL teacher, the SFT-only teacher and the dataset's traces; "
                                        "evaluate them and the untrained student (OUTPUT/<run>/compare/)")

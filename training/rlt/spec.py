@@ -364,9 +364,38 @@ class SecretKeyRef(Strict):
     key: str = Field("token", min_length=1)
 
 
+class KeyRef(Strict):
+    name: str = Field(min_length=1, description="Secret or ConfigMap name.")
+    key: str = Field(min_length=1, description="Key inside it.")
+    optional: bool | None = None
+
+
+class EnvVarSource(Strict):
+    """Where a variable's value comes from (a Kubernetes EnvVarSource): secrets stay out of the RLTRun."""
+
+    secret_key_ref: KeyRef | None = Field(None, description="A key of a Secret.")
+    config_map_key_ref: KeyRef | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: dict[str, Any] | None = Field(None, description="A field of the pod (downward API).")
+    resource_field_ref: dict[str, Any] | None = Field(None, description="A resource of the container.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EnvVarSource":
+        if sum(v is not None for v in (self.secret_key_ref, self.config_map_key_ref, self.field_ref,
+                                       self.resource_field_ref)) != 1:
+            raise ValueError("valueFrom: give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
+        return self
+
+
 class EnvVar(Strict):
     name: str = Field(min_length=1)
-    value: str = ""
+    value: str | None = Field(None, description="Literal value (written into the run's ConfigMap: no secrets).")
+    value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
+
+    @model_validator(mode="after")
+    def _value_or_source(self) -> "EnvVar":
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"valueFrom: {self.name} has both value and valueFrom; give one")
+        return self
 
 
 class Scheduling(Strict):
@@ -491,7 +520,36 @@ class SpecError(ValueError):
         super().__init__(f"{source}: invalid RLTRun\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
+def _known_fields(model: type[BaseModel], loc: tuple) -> list[str] | None:
+    """The YAML names of the fields of the object at `loc` (a pydantic error location), for did-you-mean."""
+    import typing
+
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        ann = field.annotation
+        models = [a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = models[0] if models else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _did_you_mean(root: type[BaseModel], loc: tuple) -> str:
+    import difflib
+
+    known = _known_fields(root, loc[:-1]) or []
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if not close:  # case slips (batchsize) and snake_case (batch_size) are close too
+        lowered = {k.lower().replace("_", ""): k for k in known}
+        close = [lowered[str(loc[-1]).lower().replace("_", "")]] if str(loc[-1]).lower().replace("_", "") in lowered else []
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def format_validation_error(err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None) -> list[str]:
     """pydantic errors → 'spec.stages.rl.numGenerations: Input should be greater than 1'."""
     lines = []
     for e in err.errors():
@@ -504,26 +562,61 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
             loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
             msg = msg[named.end():]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
         lines.append(f"{loc or '<root>'}: {msg}")
     return lines
+
+
+def _without_unknown_fields(doc: Any, locs: list[tuple]) -> Any:
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for loc in locs:
+        node = doc
+        for part in loc[:-1]:
+            node = node[part] if isinstance(node, (dict, list)) else None
+        if isinstance(node, dict):
+            node.pop(loc[-1], None)
+    return doc
+
+
+def _validate_all(model: type[BaseModel], doc: Any, prefix: str = ""):
+    """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
+    fields is unknown, so unknown fields are reported, dropped, and the rest validated again."""
+    try:
+        return model.model_validate(doc), []
+    except ValidationError as err:
+        problems = format_validation_error(err, prefix, model)
+        unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+    for _ in range(3):  # each round can only reveal checks hidden by the previous round's unknown fields
+        if not unknown:
+            break
+        doc = _without_unknown_fields(doc, unknown)
+        try:
+            model.model_validate(doc)
+            break
+        except ValidationError as err:
+            more = [p for p in format_validation_error(err, prefix, model) if p not in problems]
+            problems += more
+            unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+    return None, problems
 
 
 def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
     if not isinstance(doc, dict):
         raise SpecError(source, [f"<root>: expected a mapping (an RLTRun object), got {type(doc).__name__}"])
-    try:
-        return RLTRun.model_validate(doc)
-    except ValidationError as err:
-        raise SpecError(source, format_validation_error(err)) from None
+    run, problems = _validate_all(RLTRun, doc)
+    if problems:
+        raise SpecError(source, problems)
+    return run
 
 
 def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
     """Validate only `.spec` (what the operator receives from Kopf)."""
-    try:
-        return RLTRunSpec.model_validate(spec)
-    except ValidationError as err:
-        raise SpecError(source, format_validation_error(err, "spec")) from None
+    parsed, problems = _validate_all(RLTRunSpec, spec, "spec")
+    if problems:
+        raise SpecError(source, problems)
+    return parsed
 
 
 def load_runs(path: str | Path) -> list[RLTRun]:

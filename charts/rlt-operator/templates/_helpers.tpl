@@ -46,6 +46,9 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{- define "rlt-operator.image" -}}
+{{- if hasPrefix "ghcr.io/rlt-dev/" .Values.image.repository }}
+{{- fail (printf "image.repository is %s, a placeholder: no rlt image is published. Build and push the images (make images IMAGE_REGISTRY=<registry>, then push them), then set --set image.repository=<registry>/rlt-operator (docs/install.md)" .Values.image.repository) }}
+{{- end }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 

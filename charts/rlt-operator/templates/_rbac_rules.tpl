@@ -33,6 +33,9 @@ docs/operator.md and the chart README explain where each verb comes from.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "delete"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create", "delete"]
 {{- end }}
 
 {{/* Rules on cluster-scoped resources, needed in both modes (Kopf's resource discovery). */}}

@@ -49,6 +49,7 @@ class Recorder:
             ctx.metrics.set("rlt_stage_completed", 0)
         self.last_checkpoint: str | None = None
         self.progress: dict[str, Any] = {}
+        self.reward_key = "rewardMean"  # progress.json's name for values["reward"] (distill: candidateRewardMean)
 
     def set_total(self, total: int) -> None:
         self.total = total
@@ -102,7 +103,9 @@ class Recorder:
             "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         })
         if "reward" in values:
-            self.progress["rewardMean"] = values["reward"]
+            self.progress[self.reward_key] = values["reward"]
+        if "kept_reward" in values:
+            self.progress["keptRewardMean"] = values["kept_reward"]
         if "tokens_per_second" in values:
             self.progress["tokensPerSecond"] = values["tokens_per_second"]
         if self.last_checkpoint:
@@ -113,6 +116,9 @@ class Recorder:
         if self.ctx.metrics:
             self.ctx.metrics.set("rlt_stage_completed", 1)
         if self.ctx.is_main:
+            from rlt import fingerprint  # the spec this stage finished under, read by re-runs
+
+            fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
             atomic_write_text(self.ctx.layout.stage_done(self.stage), time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
 
 

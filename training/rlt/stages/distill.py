@@ -45,6 +45,7 @@ def run_distill(ctx: StageContext) -> str:
                               teacher_tokenizer=tokenizer)
     n = st.samples_per_question
     recorder = Recorder(ctx, "distill", len(rows))
+    recorder.reward_key = "candidateRewardMean"  # the step's reward averages every candidate, kept or not
     out_rows = []
     per_batch = max(1, st.batch_size)
     bar = tqdm(total=len(rows), desc="distill", unit="q", disable=not (ctx.show_progress and ctx.is_main))
@@ -80,6 +81,7 @@ def run_distill(ctx: StageContext) -> str:
         elapsed = time.perf_counter() - t0
         gen_tokens = sum(len(c) for c in samples.completion_ids)
         recorder.record(len(out_rows), {"reward": sum(scores.total) / len(scores.total), "step_seconds": elapsed,
+                                        "kept_reward": sum(r["reward"] for r in out_rows) / len(out_rows),
                                         "generated_tokens": gen_tokens, "tokens_per_second": gen_tokens / elapsed,
                                         **{k: v for k, v in scores.means().items() if k != "total"}})
         if ctx.metrics:

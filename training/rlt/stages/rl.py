@@ -29,7 +29,7 @@ def teacher_start(ctx: StageContext) -> ModelRef:
 
 
 def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str) -> list[dict[str, str]]:
-    out = []
+    out, skipped = [], []
     for r in rows:
         prompt = formatter.teacher_prompt(tokenizer, r["question"], r["solution"])
         n = len(tokenizer(prompt, add_special_tokens=False).input_ids)
@@ -37,11 +37,13 @@ def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_r
             msg = f"row {r['row']}: teacher prompt is {n} tokens, over stages.rl.maxPromptLength={max_prompt_tokens}"
             if bad_rows == "reject":
                 raise DataError(msg)
-            log.warning("skipping %s", msg)
+            skipped.append(msg)
             continue
         out.append({"prompt": prompt, "question": r["question"], "solution": r["solution"]})
     if not out:
-        raise DataError("stage rl: no usable rows")
+        raise DataError("stage rl: no usable rows" + (f" (all {len(skipped)} too long, first {skipped[0]})" if skipped else ""))
+    if skipped:  # once per stage, not once per row
+        log.warning("stage rl: skipping %d of %d rows (badRows: skip), first %s", len(skipped), len(rows), skipped[0])
     return out
 
 

@@ -16,13 +16,14 @@ log = logging.getLogger(__name__)
 
 def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[str, str]]:
     """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed."""
-    out = []
+    out, skipped = [], []
     for r in rows:
         if not r.get("reasoning_trace"):
             msg = f"row {r['row']}: reasoning_trace is missing; stage sft learns explanations from it"
             if bad_rows == "reject":
-                raise DataError(msg + " (map spec.dataset.columns.reasoningTrace, disable stages.sft, or set badRows: skip)")
-            log.warning("skipping %s", msg)
+                hint = ", or set badRows: skip" if any(x.get("reasoning_trace") for x in rows) else ""
+                raise DataError(msg + f" (map spec.dataset.columns.reasoningTrace, disable stages.sft{hint})")
+            skipped.append(msg)
             continue
         out.append({
             "prompt": formatter.teacher_prompt(tokenizer, r["question"], r["solution"]),
@@ -30,6 +31,8 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
         })
     if not out:
         raise DataError("stage sft: no row has a reasoning_trace")
+    if skipped:  # once per stage, not once per row
+        log.warning("stage sft: skipping %d of %d rows (badRows: skip), first %s", len(skipped), len(rows), skipped[0])
     return out
 
 

@@ -1,0 +1,89 @@
+"""The typed RLTRun status: what the operator writes, and the source of the CRD's status schema.
+
+A real API server prunes every status field its CRD schema does not list. Generating the schema from
+this model, and checking every status `status.decide` returns against the model (unknown fields are
+an error), keeps the two from drifting apart.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+DATE_TIME = {"format": "date-time"}
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Condition(_Status):
+    """A condition of the run (metav1.Condition without observedGeneration)."""
+
+    type: str = Field(description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
+                                  "TrainerRunning, Suspended, Complete or Failed.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = Field(None, description="CamelCase reason.")
+    message: str | None = Field(None, description="Human-readable detail.")
+    last_transition_time: str | None = Field(None, description="When status last changed.",
+                                             json_schema_extra=DATE_TIME)
+
+
+class Progress(_Status):
+    """Read from the trainer's metrics endpoint at a bounded rate."""
+
+    step: int | None = Field(None, description="Optimizer step of the running stage.")
+    total_steps: int | None = Field(None, description="Steps the running stage will take.")
+    reward_mean: float | None = Field(None, description="Mean reward of the last step.")
+    tokens_per_second: float | None = Field(None, description="Generated tokens per second between two reads.")
+    last_checkpoint: str | None = Field(None, description="Path of the newest checkpoint on the run's volume.")
+    update_time: str | None = Field(None, description="When progress was read.", json_schema_extra=DATE_TIME)
+
+
+class Outputs(_Status):
+    """Paths on the run's volume, listed once the stage that writes them has finished."""
+
+    teacher_checkpoint: str | None = Field(None, description="Final teacher model on the run's volume.")
+    distilled_dataset: str | None = Field(None, description="Distillation dataset (JSONL) on the run's volume.")
+    student_checkpoint: str | None = Field(None, description="Distilled student model on the run's volume.")
+
+
+class TrainerShape(_Status):
+    """The trainer shape the running stage uses (frozen once the stage has a checkpoint)."""
+
+    stage: str
+    nodes: int
+    gpus: int
+
+
+class RLTRunStatus(_Status):
+    """Written by the operator; recomputed from the run's children on every reconcile."""
+
+    phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"] | None = Field(
+        None, description="Pending, Running, Suspended, Succeeded or Failed.")
+    stage: str | None = Field(None, description="Stage now running (sft, rl, distill, student, evaluate); empty "
+                                                "when the run is not running.")
+    reason: str | None = Field(None, description="Why the run is in its phase or held (e.g. InvalidSpec, "
+                                                 "Unschedulable, ConfigError, BackoffLimitExceeded, "
+                                                 "DeadlineExceeded).")
+    message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
+    last_failure: str | None = Field(None, description="The last failure that caused a gang restart.")
+    observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
+    restarts: int | None = Field(None, description="Gang restarts so far (those not caused by disruptions are "
+                                                   "bounded by spec.backoffLimit).")
+    disruptions: int | None = Field(None, description="Gang restarts caused by disruptions (preemption, node "
+                                                      "drain, eviction); not counted against spec.backoffLimit.")
+    start_time: str | None = Field(None, description="When the run last started.", json_schema_extra=DATE_TIME)
+    completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)
+    completed_stages: list[str] | None = Field(None, description="Stages whose Job completed.")
+    progress: Progress | None = None
+    trainer_shape: TrainerShape | None = Field(None, description="nodes x gpus of the running stage's trainer.")
+    outputs: Outputs | None = None
+    conditions: list[Condition] | None = Field(None, description="Current state, one entry per type.")
+
+
+def check(status: dict) -> None:
+    """Raise if `status` holds a field the CRD would prune (or a wrong type)."""
+    RLTRunStatus.model_validate(status)

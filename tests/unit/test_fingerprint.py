@@ -1,0 +1,115 @@
+"""What a finished stage remembers of its spec, and what a re-run decides from it (pure: no training here)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlt import fingerprint as fp
+from rlt.layout import RunLayout, atomic_write_text
+from rlt.spec import RLTRun
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny(**edits) -> RLTRun:
+    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+    for path, value in edits.items():
+        node = doc["spec"]
+        *parents, last = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return RLTRun.model_validate(doc)
+
+
+def finish(layout: RunLayout, run: RLTRun, stage: str, checkpoint: bool = True) -> None:
+    """What Recorder.done() leaves: the fingerprint, then DONE (and a checkpoint, as the trainers leave)."""
+    fp.record(layout, run.spec, stage)
+    atomic_write_text(layout.stage_done(stage), "now\n")
+    if checkpoint:
+        (layout.checkpoints_dir(stage) / "checkpoint-2").mkdir(parents=True, exist_ok=True)
+
+
+def plan(layout, run, stages=("sft", "rl", "distill"), **kw):
+    ckpt = lambda st: any(layout.checkpoints_dir(st).glob("checkpoint-*"))  # noqa: E731
+    return [(p.stage, p.action) for p in fp.plan_stages(layout, run.spec, list(stages), has_checkpoint=ckpt, **kw)]
+
+
+def test_fields_name_what_a_stage_depends_on_and_leave_out_what_does_not():
+    fields = fp.stage_fields(tiny().spec, "rl")
+    assert fields["stages.rl.steps"] == 3 and fields["stages.sft.maxSteps"] == 2 and fields["teacher.model"]
+    assert "stages.distill.limit" not in fields  # a later stage cannot change rl's output
+    assert not any(k.startswith(("resources", "images", "storage")) for k in fields)
+    # speed and placement settings do not change what the stage produces
+    same = tiny(**{"stages.rl.saveSteps": 1, "stages.rl.gradientCheckpointing": True, "resources.trainer.gpus": 1})
+    assert fp.stage_fingerprint(same.spec, "rl") == fp.stage_fingerprint(tiny().spec, "rl")
+    assert fp.stage_fingerprint(tiny(**{"stages.rl.beta": 0.0}).spec, "rl") != fp.stage_fingerprint(tiny().spec, "rl")
+    assert fp.stage_fingerprint(tiny(**{"dataset.size": 8}).spec, "sft") != fp.stage_fingerprint(tiny().spec, "sft")
+
+
+def test_unchanged_spec_skips_and_more_rl_steps_continue(tmp_path):
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny()
+    for stage in ("sft", "rl", "distill"):
+        finish(layout, run, stage)
+    assert plan(layout, run) == [("sft", "skip"), ("rl", "skip"), ("distill", "skip")]
+    more = tiny(**{"stages.rl.steps": 5})
+    # rl trains on from its checkpoint; distill read rl's model, which changes: it is done again
+    assert plan(layout, more) == [("sft", "skip"), ("rl", "continue"), ("distill", "start_over")]
+
+
+def test_other_edits_refuse_in_one_line_naming_fields_and_flag(tmp_path):
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny()
+    for stage in ("sft", "rl"):
+        finish(layout, run, stage)
+    edited = tiny(**{"stages.rl.learningRate": 0.001, "stages.rl.beta": 0.0})
+    with pytest.raises(fp.StaleStageError) as err:
+        plan(layout, edited, ("sft", "rl"))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("[rl] finished under a different spec (stages.rl.beta 0.04 -> 0.0, "
+                          "stages.rl.learningRate 0.0001 -> 0.001)")
+    assert "re-run with --from-stage rl" in msg
+    # fewer steps cannot be un-trained; more steps without a checkpoint cannot continue
+    with pytest.raises(fp.StaleStageError, match="stages.rl.steps 3 -> 2"):
+        plan(layout, tiny(**{"stages.rl.steps": 2}), ("sft", "rl"))
+    for ckpt in layout.checkpoints_dir("rl").iterdir():
+        ckpt.rmdir()
+    with pytest.raises(fp.StaleStageError, match="stages.rl.steps 3 -> 4"):
+        plan(layout, tiny(**{"stages.rl.steps": 4}), ("sft", "rl"))
+    # the pod's command names its own flag
+    with pytest.raises(fp.StaleStageError, match="re-run with --restart to"):
+        fp.plan_stages(layout, edited.spec, ["rl"], restart_flag="--restart")
+    # asked to start over: allowed, and the old outputs are moved, not deleted
+    assert plan(layout, edited, ("sft", "rl"), restart={"rl"}) == [("sft", "skip"), ("rl", "start_over")]
+    moved = fp.start_over(layout, "rl")
+    assert moved.parent == layout.root / "replaced" and (moved / "DONE").exists() and not layout.stage_dir("rl").exists()
+
+
+def test_an_earlier_edit_refuses_at_the_earliest_stage_and_a_redone_upstream_reruns_later_ones(tmp_path):
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny()
+    for stage in ("sft", "rl"):
+        finish(layout, run, stage)
+    edited = tiny(**{"stages.sft.learningRate": 0.01})
+    with pytest.raises(fp.StaleStageError, match=r"^\[sft\] .*stages.sft.learningRate"):
+        plan(layout, edited, ("sft", "rl"))
+    # once sft has been redone under the new spec, rl (whose input it is) starts over by itself
+    fp.start_over(layout, "sft")
+    finish(layout, edited, "sft")
+    assert plan(layout, edited, ("sft", "rl")) == [("sft", "skip"), ("rl", "start_over")]
+    # but rl alone, with sft still from the old spec, refuses
+    layout2 = RunLayout.for_run(tmp_path / "b", "tiny")
+    for stage in ("sft", "rl"):
+        finish(layout2, run, stage)
+    with pytest.raises(fp.StaleStageError, match=r"^\[rl\] .*stages.sft.learningRate"):
+        plan(layout2, edited, ("rl",))
+
+
+def test_stages_finished_before_fingerprints_existed_are_kept(tmp_path):
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    atomic_write_text(layout.stage_done("sft"), "old\n")
+    [p] = fp.plan_stages(layout, tiny().spec, ["sft"])
+    assert p.action == "skip" and "assumed unchanged" in p.note

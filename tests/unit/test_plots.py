@@ -1,0 +1,45 @@
+"""Plots of a run: whole-number steps on the x axis; a flat series is drawn flat, not as a climb."""
+
+import json
+
+import pytest
+
+from rlt.plots import make_plots, y_limits
+
+
+def test_y_limits_give_a_flat_series_room_and_leave_a_real_change_alone():
+    assert y_limits([2.30001, 2.30002, 2.30003]) == pytest.approx((2.30002 - 0.1150015, 2.30002 + 0.1150015))
+    assert y_limits([0.0, 0.0]) == pytest.approx((-0.05, 0.05))
+    assert y_limits([1.0, 3.0]) is None
+    assert y_limits([None, float("nan")]) is None
+
+
+def test_plots_use_integer_steps_and_keep_a_flat_loss_flat(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    rows = [{"stage": "sft", "step": s, "loss": 2.3 + 1e-5 * s} for s in (1, 2, 3)]
+    rows += [{"stage": "rl", "step": s, "reward": -1.0 + 0.5 * s, "reward_std": 0.1, "r_ss": -1.0, "r_kl": 0.0,
+              "format_penalty": 0.0, "kl": 0.001 * s, "seconds_generate": 1.0, "seconds_score": 0.5} for s in (1, 2, 3)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    saved = {}
+    real_savefig = Figure.savefig
+
+    def keep(fig, path, *a, **kw):
+        fig.canvas.draw()  # ticks exist once drawn
+        saved[path.name] = fig
+        return real_savefig(fig, path, *a, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    written = make_plots(metrics, tmp_path / "plots")
+    assert {p.name for p in written} == {"rl_reward.png", "rl_step_time.png", "sft_loss.png"}
+    for fig in saved.values():
+        for ax in fig.axes:
+            ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+            assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    [loss_ax] = saved["sft_loss.png"].axes
+    lo, hi = loss_ax.get_ylim()
+    assert hi - lo >= 0.1  # a change of 2e-5 stays a flat line, not a rise over the whole panel
+    assert loss_ax.yaxis.get_major_formatter().get_offset() == ""  # no '+2.3' offset label
+    reward_ax = saved["rl_reward.png"].axes[0]
+    assert reward_ax.get_ylim()[1] - reward_ax.get_ylim()[0] < 3  # a real change keeps matplotlib's limits

@@ -1,0 +1,38 @@
+"""Spec errors a user can act on: a did-you-mean for unknown fields, and every problem of a file in one pass."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlt.spec import SpecError, load_run, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_unknown_fields_get_a_did_you_mean_and_cross_field_checks_still_run(tmp_path):
+    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+    rl = doc["spec"]["stages"]["rl"]
+    rl["numGeneration"] = 4  # typo
+    rl["batchSize"] = 6  # not divisible by numGenerations (4): pydantic hides this behind the unknown field
+    doc["spec"]["stages"]["sft"]["batchsize"] = 3
+    doc["spec"]["datset"] = {}
+    doc["spec"]["stages"]["rl"]["zzz"] = 1  # nothing close: no suggestion
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError) as err:
+        load_run(tmp_path / "r.yaml")
+    assert sorted(err.value.problems) == sorted([
+        "spec.stages.rl.numGeneration: unknown field (did you mean numGenerations?)",
+        "spec.stages.sft.batchsize: unknown field (did you mean batchSize?)",
+        "spec.datset: unknown field (did you mean dataset?)",
+        "spec.stages.rl.zzz: unknown field",
+        "spec.stages.rl.batchSize: 6 must be divisible by numGenerations (4)",
+    ])
+
+
+def test_the_operator_path_reports_the_same():
+    with pytest.raises(SpecError) as err:
+        parse_spec({"teacher": {"model": "t"}, "student": {"model": "s"}, "dataset": {"source": "builtin:arithmetic"},
+                    "stages": {"rl": {"batchSize": 10, "numGenerations": 4, "learnigRate": 1}}})
+    assert err.value.problems == ["spec.stages.rl.learnigRate: unknown field (did you mean learningRate?)",
+                                  "spec.stages.rl.batchSize: 10 must be divisible by numGenerations (4)"]

@@ -1,0 +1,82 @@
+"""One validation entry point (rlt.validation): `rlt validate`, the pods' `rlt stage` and the operator agree."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlt.spec import SpecError
+from rlt.validation import validate_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
+
+# (what is wrong, spec patch, the field the message names)
+BAD = [
+    ("rcl format for method rlt", {"format": {"preset": "rcl-default"}}, "spec.format.preset"),
+    ("ReadWriteOnce volume for trainer pods on several nodes",
+     {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteOnce"}}, "spec.storage.accessMode"),
+    ("evaluate in server mode with no server",
+     {"stages": {"evaluate": {"enabled": True, "generation": {"mode": "server"}}}},
+     "spec.stages.evaluate.generation.serverUrl"),
+]
+
+
+def _merge(dst, src):
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v)
+        else:
+            dst[k] = v
+    return dst
+
+
+def _bad_file(tmp_path: Path, patch: dict) -> tuple[Path, dict]:
+    doc = yaml.safe_load(TINY.read_text())
+    _merge(doc["spec"], patch)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, doc
+
+
+@pytest.mark.parametrize("what, patch, field", BAD, ids=[b[0] for b in BAD])
+def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_path, what, patch, field):
+    from rlt_operator import builders as b
+    from rlt_operator import status as S
+
+    path, doc = _bad_file(tmp_path, patch)
+    with pytest.raises(SpecError) as err:
+        validate_spec(doc["spec"], name=doc["metadata"]["name"])
+    problem = next(p for p in err.value.problems if p.startswith(field))
+
+    cli = subprocess.run([sys.executable, "-m", "rlt.cli", "validate", str(path)], capture_output=True, text=True)
+    assert cli.returncode == 1 and problem in cli.stderr
+
+    pod = subprocess.run([sys.executable, "-m", "rlt.cli", "stage", "sft", "--config", str(path),
+                          "--root", str(tmp_path / "data")], capture_output=True, text=True)
+    assert pod.returncode != 0 and problem in pod.stderr and not (tmp_path / "data").exists()
+
+    ref = b.RunRef(name=doc["metadata"]["name"], namespace="ns", uid="u")
+    d = S.decide(ref, 1, doc["spec"], None, S.Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    assert d.actions == [] and problem in d.status["message"]
+
+
+def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stages():
+    doc = yaml.safe_load(TINY.read_text())
+    validate_spec(_merge(doc["spec"], {"resources": {"trainer": {"nodes": 2}},
+                                       "storage": {"accessMode": "ReadWriteMany"}}))
+    only_distill = _merge(yaml.safe_load(TINY.read_text())["spec"], {
+        "resources": {"trainer": {"nodes": 2}},
+        "stages": {"sft": {"enabled": False}, "rl": {"enabled": False}}})
+    validate_spec(only_distill)  # distill runs on one pod whatever nodes says
+
+
+def test_evaluate_server_mode_with_a_server_url_is_accepted():
+    doc = yaml.safe_load(TINY.read_text())
+    validate_spec(_merge(doc["spec"], {"stages": {"evaluate": {"enabled": True, "generation": {
+        "mode": "server", "serverUrl": "http://vllm.team.svc:8000"}}}}))

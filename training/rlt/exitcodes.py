@@ -1,0 +1,23 @@
+"""Exit codes of `rlt` commands that the cluster acts on: one table for the CLI, the local runner and the operator's
+trainer Job (its podFailurePolicy matches them).
+
+A config or data error fails the same way on every retry, so the trainer Job fails at once instead of burning gang
+restarts; anything else (exit 1, a signal) may be transient and is restarted from the last checkpoint. The input
+errors use the BSD sysexits values, so they collide neither with Python's 1, argparse's 2 nor a signal's 128+n.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1  # anything unexpected (a crash, a lost process): retried (gang restart, counted against backoffLimit)
+    USAGE = 2  # argparse: the command line itself is malformed
+    DATA_ERROR = 65  # EX_DATAERR: the dataset is unusable (missing file, unmapped column, bad rows)
+    CONFIG_ERROR = 78  # EX_CONFIG: the spec is invalid, or a stage finished under another spec, or a port is taken
+
+
+# Exit codes that mean "retrying cannot help": the Job fails at once (podFailurePolicy FailJob).
+FAIL_FAST = (ExitCode.DATA_ERROR, ExitCode.CONFIG_ERROR)
