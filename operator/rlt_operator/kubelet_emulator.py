@@ -375,9 +375,11 @@ class LocalKubelet:
                "HOSTNAME": pod.body["spec"].get("hostname", pod.name), **image.env}
         pod.tag = f"{ns}/{pod.name}/{secrets.token_hex(4)}"
         env_tag = {TAG_VAR: pod.tag}
+        rendered: dict[str, str] = {}
         for entry in c.get("env") or []:
-            env[entry["name"]] = await self._env_value(ns, pod, entry, env)
-        env = {k: self._localize(v, mounts) for k, v in env.items()}
+            rendered[entry["name"]] = await self._env_value(ns, pod, entry, {**env, **rendered})
+        # Only what the pod spec says is mapped onto this machine; the stand-in image's own env is already local.
+        env |= {k: self._localize(v, mounts) for k, v in rendered.items()}
         argv = [self._localize(expand(a, env), mounts) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
         if not argv:
             raise PodConfigError("the container has no command (image entrypoints are not emulated)")
@@ -457,9 +459,12 @@ class LocalKubelet:
     def _localize(self, text: str, mounts: list[tuple[str, Path]]) -> str:
         """Cluster DNS names → loopback; paths under a mount → its host folder (no mount namespace here)."""
         text = self.dns.sub(LOOPBACK, text)
-        for mount, host in mounts:
-            text = re.sub(rf"(?<![\w/.-]){re.escape(mount)}(?=/|$|[\s:,;\"'])", str(host), text)
-        return text
+        if not mounts:
+            return text
+        # One pass: a host folder put in for one mount (say under /tmp) is never rewritten again by another.
+        hosts = dict(mounts)
+        pattern = "|".join(re.escape(m) for m, _ in mounts)  # longest first
+        return re.sub(rf"(?<![\w/.-])({pattern})(?=/|$|[\s:,;\"'])", lambda m: str(hosts[m.group(1)]), text)
 
     def _terminate(self, pod: PodRun, grace: float) -> None:
         """SIGTERM to the container's main process now, SIGKILL to all of its processes after `grace` (kubelet's

@@ -26,9 +26,22 @@ def parse_images(specs: list[str]) -> dict[str, ImageEnv]:
     return out
 
 
+def baked_caches() -> dict[str, str]:
+    """What an image would bake in, from this machine's caches: DeepSpeed's compiled CPU ops (minutes to compile)
+    and the built-in models. The pods' own HOME is their /tmp emptyDir, as rendered."""
+    home = Path(os.environ.get("HOME", str(Path.home())))
+    from rlt.models import cache_root
+
+    # torch's default build folder for this interpreter (with the variable set, torch adds no py3XX_cpu level)
+    default = home / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
+    return {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(default)),
+            "RLT_CACHE": str(cache_root())}
+
+
 def _python_env() -> dict[str, str]:
     # A checkout run with PYTHONPATH (not installed) must reach the pods too: it is part of this "image".
-    return {k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)} | {"PYTHONUNBUFFERED": "1"}
+    return ({k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)} | {"PYTHONUNBUFFERED": "1"}
+            | baked_caches())
 
 
 def default_image() -> ImageEnv:

@@ -22,9 +22,11 @@ WORLD_LINE = re.compile(r"^rlt-world stage=(\w+) rank=(\d+) world_size=(\d+) bac
 
 
 def trainer_image() -> ImageEnv:
+    from rlt_operator.sandbox_pods import baked_caches
+
     return ImageEnv(str(Path(sys.executable).parent),
                     {"PYTHONPATH": f"{REPO / 'training'}:{REPO / 'operator'}", "PYTHONUNBUFFERED": "1",
-                     "TOKENIZERS_PARALLELISM": "false"})
+                     "TOKENIZERS_PARALLELISM": "false", **baked_caches()})
 
 
 @contextlib.asynccontextmanager
