@@ -117,7 +117,7 @@ class LocalKubelet:
                  default_image: ImageEnv | None = None, namespaces: list[str] | None = None,
                  poll_seconds: float = 0.3, grace_seconds: float = 5.0):
         self.api = api_url.rstrip("/")
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).absolute()
         self.images = dict(images or {})
         self.default_image = default_image
         self.namespaces = namespaces or ["default"]
@@ -387,13 +387,17 @@ class LocalKubelet:
         if exe is None:
             raise PodConfigError(f"executable {argv[0]!r} not found in the image stand-in ({image.bin_dir})")
         Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-        cwd = self._localize(c.get("workingDir") or str(pod.dir), mounts)
+        cwd = self._localize(c["workingDir"], mounts) if c.get("workingDir") else str(pod.dir)
         logf = pod.log_path.open("ab")
         logf.write(f"--- {time.strftime('%H:%M:%S')} start {' '.join(argv)}\n".encode())
         logf.flush()
-        pod.proc = subprocess.Popen([exe, *argv[1:]], env={**env, **env_tag}, cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        logf.close()
+        try:
+            pod.proc = subprocess.Popen([exe, *argv[1:]], env={**env, **env_tag}, cwd=cwd, stdout=logf,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as err:  # the runtime's StartError
+            raise PodConfigError(f"cannot start {argv[0]!r}: {err}") from None
+        finally:
+            logf.close()
         pod.phase, pod.exit_code, pod.ready, pod.started_at = "Running", None, False, time.monotonic()
 
     async def _env_value(self, ns: str, pod: PodRun, entry: dict[str, Any], env: dict[str, str]) -> str:
