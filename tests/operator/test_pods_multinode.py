@@ -28,6 +28,7 @@ def multinode_run() -> dict:
     st["rl"].update(batchSize=16, perDeviceBatchSize=4, numGenerations=4, steps=6, saveSteps=SAVE_STEPS)
     st["distill"].update(limit=5)  # odd on purpose: the two ranks' shares differ
     doc["spec"]["resources"] = {"trainer": {"nodes": 2, "gpus": 2}}
+    doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # pods on several nodes share the claim
     doc["spec"]["backoffLimit"] = 2
     return doc
 
@@ -42,7 +43,11 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
 
         # rl is running and has a complete checkpoint: kill rank 3 (on the second pod) mid-step.
         ckpt = claim / RUN / "rl" / "checkpoints" / f"checkpoint-{SAVE_STEPS}" / "RLT_COMPLETE"
-        await wait_for(ckpt.exists, "rl's first complete checkpoint", 600, kubelet)
+        async def checkpointed():
+            st = await harness.run_status(RUN)
+            assert st.get("phase") != "Failed", st  # fail fast, e.g. on a spec the operator refuses
+            return ckpt.exists()
+        await wait_for(checkpointed, "rl's first complete checkpoint", 600, kubelet)
         pod = kubelet.pod(f"{RUN}-rl-1-")
         ranks = rank_processes(pod)
         assert sorted(ranks) == [2, 3], f"pod index 1 should run ranks 2 and 3, found {ranks}"
