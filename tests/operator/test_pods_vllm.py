@@ -23,10 +23,16 @@ RUN = "vl"
 async def test_distill_generates_through_the_rendered_vllm_generator_pod(harness, tmp_path):
     from rlt.models import resolve_model_path
 
+    import shutil
+
     doc = example("rltrun-tiny.yaml")
     doc["metadata"]["name"] = RUN
-    # vLLM loads a model folder (a hub id on a cluster); builtin: names are rlt's own.
-    doc["spec"]["teacher"] = {"model": resolve_model_path("builtin:tiny-qwen2")}
+    # vLLM loads a model folder (a hub id on a cluster); builtin: names are rlt's own. The folder must not be under
+    # a pod mount (/tmp is the pods' emptyDir): a copy under this machine's home stands for an image-baked model.
+    model = Path.home() / ".cache" / "rlt-pods-test" / "tiny-qwen2"
+    if not (model / "config.json").exists():
+        shutil.copytree(resolve_model_path("builtin:tiny-qwen2"), model, dirs_exist_ok=True)
+    doc["spec"]["teacher"] = {"model": str(model)}
     st = doc["spec"]["stages"]
     st["sft"]["enabled"] = False
     st["rl"]["enabled"] = False
