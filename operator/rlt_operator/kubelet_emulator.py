@@ -255,7 +255,8 @@ class LocalKubelet:
         meta, spec = sts["metadata"], sts["spec"]
         pods = {p.index: p for p in self._owned(ns, "StatefulSet", meta["name"], meta["uid"])}
         for ordinal in range(int(spec.get("replicas", 1))):
-            if ordinal not in pods:
+            # A pod of the same name from an earlier StatefulSet must be gone first (as the controller waits).
+            if ordinal not in pods and (ns, f"{meta['name']}-{ordinal}") not in self.pods:
                 await self._create_pod(ns, f"{meta['name']}-{ordinal}", "StatefulSet", sts, ordinal,
                                        hostname=f"{meta['name']}-{ordinal}")
         pods = {p.index: p for p in self._owned(ns, "StatefulSet", meta["name"], meta["uid"])}
