@@ -36,6 +36,7 @@ METRICS_PORT = 9400  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 RUN_AS_USER = 1000
 TMP_MOUNT = "/tmp"
+PREFLIGHT_RESOURCES = {"cpu": "1", "memory": "1Gi"}
 # Prometheus pods (any namespace) may scrape the generators' vllm:* metrics on the vLLM port.
 PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
 
@@ -74,14 +75,16 @@ def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
     return stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server"
 
 
-def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None) -> list[tuple[str, str]]:
-    """(plural, name) of every child a run can have; a user's existing claim is not ours to delete."""
+def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None,
+                 retention: str = "Delete") -> list[tuple[str, str]]:
+    """(plural, name) of every child to delete with the run: a user's existing claim is not ours, and a
+    retained claim stays."""
     out = [("statefulsets", generator_name(run)), ("services", generator_name(run)),
            ("networkpolicies", generator_policy_name(run))]
     for stage in stages:
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
-    if not existing_claim:
+    if not existing_claim and retention == "Delete":
         out.append(("persistentvolumeclaims", f"{run}-data"))
     return out
 
@@ -108,15 +111,16 @@ def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     return spec.teacher.model
 
 
-def outputs(run: str, spec: RLTRunSpec) -> dict[str, str]:
+def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Paths on the volume of what the finished stages (`done`) wrote; nothing is listed before it exists."""
     out: dict[str, str] = {}
-    enabled = spec.stages.enabled()
-    trained = [s for s in enabled if s in ("sft", "rl")]
+    finished = [s for s in spec.stages.enabled() if s in done]
+    trained = [s for s in finished if s in ("sft", "rl")]
     if trained:
         out["teacherCheckpoint"] = str(layout(run).model_dir(trained[-1]))
-    if "distill" in enabled:
+    if "distill" in finished:
         out["distilledDataset"] = str(layout(run).distill_dataset)
-    if "student" in enabled:
+    if "student" in finished:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
     return out
 
@@ -169,22 +173,41 @@ def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
     return lbls
 
 
-def _resources(gpus: int, cpu: str | None, memory: str | None) -> dict[str, Any]:
-    requests: dict[str, str] = {}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+def quantity_bytes(q: str) -> int:
+    """A Kubernetes quantity (the spec's pattern guarantees its form) in bytes."""
+    for table in (_BINARY, _DECIMAL):
+        for suffix in sorted(table, key=len, reverse=True):
+            if q.endswith(suffix):
+                return int(float(q[: -len(suffix)]) * table[suffix])
+    return int(float(q))
+
+
+def _plus_shm(memory: str, shm: str) -> str:
+    # tmpfs pages of /dev/shm are charged to the pod's memory cgroup: without this the pod is OOM-killed or
+    # evicted as soon as NCCL fills its shared memory.
+    return f"{-(-(quantity_bytes(memory) + quantity_bytes(shm)) // 2**20)}Mi"
+
+
+def pod_resources(res: Any) -> dict[str, Any]:
+    """requests/limits of a trainer or generator container from spec.resources.<role>, with defaults."""
+    gpus = res.gpus
+    requests = {"cpu": res.cpu or str(max(1, 4 * gpus)),
+                "memory": _plus_shm(res.memory or f"{max(8, 32 * gpus)}Gi", res.shared_memory)}
     limits: dict[str, str] = {}
-    if cpu:
-        requests["cpu"] = cpu
-    if memory:
-        requests["memory"] = memory
+    if res.cpu_limit:
+        limits["cpu"] = res.cpu_limit
+    if res.memory_limit:
+        limits["memory"] = _plus_shm(res.memory_limit, res.shared_memory)
+    extended = dict(res.extra)
     if gpus:
-        # Extended resources must have limit == request.
-        requests[GPU] = limits[GPU] = str(gpus)
-    out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
-    return out
+        extended[GPU] = str(gpus)
+    for name, value in extended.items():  # extended resources must have limit == request
+        requests[name] = limits[name] = str(value)
+    return {"requests": requests, "limits": limits} if limits else {"requests": requests}
 
 
 def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
@@ -329,10 +352,14 @@ def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
     }
     if st.storage_class_name:
         claim["storageClassName"] = st.storage_class_name
+    meta = _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA))
+    if st.retention_policy == "Retain":
+        # An owner reference would let the garbage collector delete the checkpoints with the run.
+        del meta["ownerReferences"]
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA)),
+        "metadata": meta,
         "spec": claim,
     }
 
@@ -439,6 +466,8 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "image": spec.images.trainer,
             "imagePullPolicy": spec.images.pull_policy,
             "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+            # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
+            "resources": {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
             "env": _common_env(ref, spec, stage, restart),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
@@ -453,7 +482,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                 {"name": "rendezvous", "containerPort": MASTER_PORT},
                 {"name": "metrics", "containerPort": METRICS_PORT},
             ],
-            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "resources": pod_resources(res),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
         }],
@@ -468,9 +497,16 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "parallelism": nodes,
             "backoffLimit": 0,  # gang restarts are counted by the RLTRun (spec.backoffLimit)
             "podFailurePolicy": pod_failure_policy(),
-            "template": {"metadata": {"labels": dict(lbls)}, "spec": pod},
+            "template": {"metadata": _template_meta(lbls, spec), "spec": pod},
         },
     }
+
+
+def _template_meta(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": dict(lbls)}
+    if spec.scheduling.pod_annotations:
+        meta["annotations"] = dict(spec.scheduling.pod_annotations)
+    return meta
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -543,7 +579,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
             # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
             "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
             "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
-            "resources": _resources(res.gpus, res.cpu, res.memory),
+            "resources": pod_resources(res),
             "volumeMounts": [dict(m) for m in _MOUNTS],
             "securityContext": dict(_CONTAINER_SECURITY),
         }],
@@ -559,6 +595,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
             "selector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "template": {
                 "metadata": {"labels": dict(lbls), "annotations": {
+                    **spec.scheduling.pod_annotations,
                     "prometheus.io/scrape": "true", "prometheus.io/port": str(VLLM_PORT),
                     "prometheus.io/path": "/metrics"}},
                 "spec": pod,

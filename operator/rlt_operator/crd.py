@@ -26,11 +26,17 @@ CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crd" / f"{CRD_NA
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Run phase."},
     {"name": "Stage", "type": "string", "jsonPath": ".status.stage", "description": "Stage now running."},
-    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "description": "Optimizer step."},
+    {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepOfTotal",
+     "description": "Optimizer step of the running stage, as step/total."},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean",
      "description": "Mean reward of the last step."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # -o wide: why the run is where it is (InvalidSpec, Unschedulable, BackoffLimitExceeded, ...).
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
+     "description": "Why the run is in its phase or held."},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1,
+     "description": "Detail for the reason."},
 ]
 
 

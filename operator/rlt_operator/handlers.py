@@ -114,6 +114,10 @@ class OperatorState:
 # --------------------------------------------------------------------------- startup / health
 
 
+def _is(group: str, plural: str) -> Any:
+    return lambda res: res.group == group and res.plural == plural
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     # Own finalizer and annotation prefix: never collide with another Kopf operator on the same objects.
@@ -126,6 +130,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    # Children are watched server-side filtered: the API server sends only objects with the run label, so
+    # memory and watch traffic grow with the runs, not with everything else in the namespaces.
+    for group, _version, plural in CHILDREN:
+        settings.watching.label_selectors[_is(group, plural)] = b.L_RUN
     settings.posting.level = logging.WARNING  # our own Events are explicit; Kopf posts only its errors
     settings.peering.standalone = True
 
@@ -274,7 +282,7 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
     if patch:
         await asyncio.to_thread(state.kube.patch, PLURAL, namespace, name, {"status": patch}, "status")
     mem.status = decision.status
-    for type_, reason, message in decision.events:
+    for type_, reason, message in S.events_for(decision, actions):
         kopf.event(body, type=type_, reason=reason, message=message)
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
@@ -328,8 +336,10 @@ async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.
 async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
     state: OperatorState = memo.rlt
-    existing_claim = (spec.get("storage") or {}).get("existingClaim")  # raw spec: it may be invalid
-    for plural, child in b.all_children(name, STAGE_ORDER, existing_claim):
+    storage = spec.get("storage") or {}  # raw spec: it may be invalid
+    retention = "Delete" if storage.get("retentionPolicy") == "Delete" else "Retain"  # unknown → keep the data
+    for plural, child in b.all_children(name, STAGE_ORDER, storage.get("existingClaim"), retention):
         await asyncio.to_thread(state.kube.delete, plural, namespace, child, "Background")
     state.metrics.forget(namespace, name)
-    logger.info("children deleted")
+    logger.info("children deleted" + (f"; volume {name}-data retained (storage.retentionPolicy: Retain)"
+                                      if retention == "Retain" and not storage.get("existingClaim") else ""))

@@ -24,6 +24,8 @@ TERMINAL = (SUCCEEDED, FAILED)
 
 # Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
 SOON = 2.0
+# A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
+VOLUME_ATTACH_WAIT = 180.0
 
 
 # --------------------------------------------------------------------------- observed children
@@ -61,6 +63,12 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
         out["problem"] = pod_problem(status, containers)
+        # Scheduled but no sandbox yet: the kubelet waits for the pod's volumes to attach and mount before it
+        # creates the sandbox (image pulls come after), so a long wait here is a volume that cannot attach.
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        waiting = conds.get("PodReadyToStartContainers") or {}
+        if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
+            out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
         # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
         out["disrupted"] = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
                                for c in status.get("conditions") or [])
@@ -224,7 +232,9 @@ def decide(
         "startTime": prev.get("startTime"),
         "completionTime": prev.get("completionTime"),
         "completedStages": list(prev.get("completedStages") or []),
+        "lastFailure": prev.get("lastFailure"),
         "progress": dict(prev.get("progress") or {}),
+        "outputs": dict(prev.get("outputs") or {}),  # recomputed below; kept as is while the spec is invalid
         "trainerShape": dict(prev.get("trainerShape") or {}) or None,
         "conditions": [dict(c) for c in prev.get("conditions") or []],
     }
@@ -251,7 +261,6 @@ def decide(
         return _finish(prev, st, plan, None)
     set_condition(st["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
 
-    st["outputs"] = b.outputs(ref.name, spec)
     enabled = spec.stages.enabled()
 
     # Run-wide children: the pods' config (kept equal to the spec) and the data claim.
@@ -269,6 +278,7 @@ def decide(
     done = [s for s in enabled if s in st["completedStages"]
             or job_complete(observed.jobs.get(b.trainer_name(ref.name, s)))]
     st["completedStages"] = done
+    st["outputs"] = b.outputs(ref.name, spec, done)
 
     if st["phase"] not in TERMINAL:
         start = parse_time(st["startTime"])
@@ -304,6 +314,7 @@ def decide(
         plan.delete("statefulsets", gen_name, "Foreground")
         st.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
         set_condition(st["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
+        _no_pods(st, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
         return _finish(prev, st, plan, None)
     if st["phase"] == SUSPENDED:
         set_condition(st["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
@@ -392,6 +403,9 @@ def decide(
     _pod_conditions(st, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
         st["progress"] = {k: v for k, v in progress.items() if k != "stage"}
+        if "step" in st["progress"]:
+            total = st["progress"].get("totalSteps")
+            st["progress"]["stepOfTotal"] = f"{st['progress']['step']}/{total}" if total else str(st["progress"]["step"])
     return _finish(prev, st, plan, _min(requeue, SOON if waiting else None))
 
 
@@ -456,6 +470,24 @@ def _pod_conditions(st: dict[str, Any], gang: list[dict[str, Any]], now: dt.date
                 st["reason"], st["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
         elif gang or any(c["type"] == cond for c in st["conditions"]):
             set_condition(st["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
+    stuck = [p for p in gang if p.get("sandboxWaitingSince") and parse_time(p["sandboxWaitingSince"])
+             and (now - parse_time(p["sandboxWaitingSince"])).total_seconds() >= VOLUME_ATTACH_WAIT]
+    if stuck:
+        name = stuck[0]["name"]
+        minutes = int((now - parse_time(stuck[0]["sandboxWaitingSince"])).total_seconds() // 60)
+        message = (f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
+                   f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})")
+        set_condition(st["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
+        if "reason" not in st:
+            st["reason"], st["message"] = "VolumeNotAttached", message
+
+
+def _no_pods(st: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
+    """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
+    st["conditions"] = [c for c in st["conditions"] if c["type"] not in ("PodsSchedulable", "PodsHealthy")]
+    for c in list(st["conditions"]):
+        if c["type"] in ("TrainerRunning", "GeneratorsReady"):
+            set_condition(st["conditions"], c["type"], False, reason, message, now)
 
 
 def _volume_condition(st: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
@@ -494,9 +526,7 @@ def _terminal(ref: b.RunRef, spec: RLTRunSpec, st: dict, plan: _Plan, observed: 
         job = observed.jobs.get(b.trainer_name(ref.name, stage))
         if job and job.get("active", 0) > 0:
             plan.delete("jobs", b.trainer_name(ref.name, stage), "Foreground")
-    for c in st["conditions"]:
-        if c["type"] in ("TrainerRunning", "GeneratorsReady") and c["status"] == "True":
-            set_condition(st["conditions"], c["type"], False, "Finished", f"run {st['phase'].lower()}", now)
+    _no_pods(st, "Finished", f"run {st['phase'].lower()}", now)
     ttl = spec.ttl_seconds_after_finished
     if ttl is None:
         return None
@@ -533,6 +563,9 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
             old = before.get(c["type"]) or {}
             if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
                 ev.append(("Warning", c["reason"], c["message"]))
+    for stage in st.get("completedStages") or []:
+        if stage not in (prev.get("completedStages") or []):
+            ev.append(("Normal", "StageCompleted", f"stage {stage} completed"))
     if st.get("stage") and st["stage"] != (prev.get("stage") or ""):
         ev.append(("Normal", "StageStarted", f"stage {st['stage']} started"))
     if phase != p_phase:
@@ -545,8 +578,14 @@ def transition_events(prev: dict[str, Any], st: dict[str, Any]) -> list[tuple[st
         elif p_phase == SUSPENDED:
             ev.append(("Normal", "Resumed", "resuming from the last checkpoint"))
         elif phase == RUNNING:
-            ev.append(("Normal", "Running", f"stage {st.get('stage')} trainer created"))
+            ev.append(("Normal", "Running", f"the run is running (stage {st.get('stage')})"))
     return ev
+
+
+def events_for(decision: Decision, applied: list[Action]) -> list[tuple[str, str, str]]:
+    """The decision's Events, without TrainerCreated for a create that was not sent (already in flight)."""
+    sent = {a.name for a in applied if a.verb == "create" and a.plural == "jobs"}
+    return [e for e in decision.events if e[1] != "TrainerCreated" or any(f"Job {n} created" in e[2] for n in sent)]
 
 
 def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: float | None) -> Decision:
@@ -556,8 +595,16 @@ def _finish(prev: dict[str, Any], st: dict[str, Any], plan: _Plan, requeue: floa
         st.pop("completionTime", None)
     if not st.get("trainerShape"):
         st.pop("trainerShape", None)
+    if not st.get("lastFailure"):
+        st.pop("lastFailure", None)
     status_model.check(st)  # a field the CRD does not list would be pruned by the API server
-    return Decision(status=st, actions=plan.actions, events=transition_events(prev, st), requeue_after=requeue)
+    events = transition_events(prev, st)
+    for a in plan.actions:
+        if a.verb == "create" and a.plural == "jobs":
+            lb = a.body["metadata"]["labels"]
+            events.append(("Normal", "TrainerCreated", f"stage {lb.get(b.L_STAGE)}: trainer Job {a.name} created "
+                                                       f"(gang {lb.get(b.L_RESTART)})"))
+    return Decision(status=st, actions=plan.actions, events=events, requeue_after=requeue)
 
 
 OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",

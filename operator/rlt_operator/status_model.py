@@ -36,6 +36,7 @@ class Progress(_Status):
 
     step: int | None = Field(None, description="Optimizer step of the running stage.")
     total_steps: int | None = Field(None, description="Steps the running stage will take.")
+    step_of_total: str | None = Field(None, description="step/totalSteps (the Step column of `kubectl get rlt`).")
     reward_mean: float | None = Field(None, description="Mean reward of the last step.")
     tokens_per_second: float | None = Field(None, description="Generated tokens per second between two reads.")
     last_checkpoint: str | None = Field(None, description="Path of the newest checkpoint on the run's volume.")

@@ -37,7 +37,7 @@ def test_configmap_holds_the_run_with_the_generator_url():
 
 
 def test_owner_and_labels_on_every_child():
-    spec = spec_from()
+    spec = spec_from(storage={"retentionPolicy": "Delete"})
     children = [b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 2),
                 b.trainer_service(REF, spec, "rl", 2), b.generator_statefulset(REF, spec, "rl", 2),
                 b.generator_service(REF, spec, "rl", 2)]
@@ -70,6 +70,7 @@ def test_trainer_job_rendezvous_and_command():
     assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
     assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "/etc/rlt/run.yaml", "--root", "/data"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert pod["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "8"
     svc = b.trainer_service(REF, spec, "rl", 0)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
 
@@ -136,8 +137,10 @@ def test_pvc_and_existing_claim():
 
 def test_outputs_and_generator_model_follow_enabled_stages():
     spec = load_run(EXAMPLES / "rltrun-tiny.yaml").spec
-    assert b.outputs("t", spec) == {"teacherCheckpoint": "/data/t/rl/model",
-                                    "distilledDataset": "/data/t/distill/dataset.jsonl"}
+    assert b.outputs("t", spec, []) == {}, "nothing is listed before it exists"
+    assert b.outputs("t", spec, ["sft"]) == {"teacherCheckpoint": "/data/t/sft/model"}
+    assert b.outputs("t", spec, ["sft", "rl", "distill"]) == {"teacherCheckpoint": "/data/t/rl/model",
+                                                           "distilledDataset": "/data/t/distill/dataset.jsonl"}
     spec.stages.sft.enabled = False
     assert b.generator_model("t", spec, "rl") == "builtin:tiny-qwen2"
     assert b.generator_model("t", spec, "distill") == "/data/t/rl/model"
@@ -148,7 +151,7 @@ def test_optional_student_and_evaluate_stages():
                      stages={"student": {"enabled": True}, "evaluate": {"enabled": True}})
     assert spec.stages.enabled()[-2:] == ["student", "evaluate"]
     assert b.trainer_nodes(spec, "student") == 2 and b.trainer_nodes(spec, "evaluate") == 1
-    assert b.outputs("r1", spec)["studentCheckpoint"] == "/data/r1/student/model"
+    assert b.outputs("r1", spec, spec.stages.enabled())["studentCheckpoint"] == "/data/r1/student/model"
     job = b.trainer_job(REF, spec, "evaluate", 0)
     assert job["metadata"]["name"] == "r1-evaluate" and job["spec"]["completions"] == 1
     assert ("jobs", "r1-evaluate") in b.all_children("r1", spec.stages.enabled(), None)
@@ -315,3 +318,107 @@ def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fas
     assert ExitCode.FAILED not in fail_fast["values"], "an ordinary crash stays retryable"
     ignore = next(r for r in rules if r["action"] == "Ignore")
     assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+
+
+def test_a_retained_volume_has_no_owner_and_is_not_deleted_with_the_run():
+    spec = spec_from()
+    assert spec.storage.retention_policy == "Retain", "keep by default, like a PV's reclaim policy"
+    assert "ownerReferences" not in b.pvc(REF, spec)["metadata"]
+    assert ("persistentvolumeclaims", "r1-data") not in b.all_children("r1", ["rl"], None, "Retain")
+    assert ("persistentvolumeclaims", "r1-data") in b.all_children("r1", ["rl"], None, "Delete")
+
+
+def _qos(containers):
+    """The pod QoS class Kubernetes would assign (BestEffort: no requests or limits at all)."""
+    res = [c.get("resources") or {} for c in containers]
+    if not any(r.get("requests") or r.get("limits") for r in res):
+        return "BestEffort"
+    full = all(r.get("limits", {}).get(k) and r.get("limits", {}).get(k) == r.get("requests", {}).get(k, r["limits"][k])
+               for r in res for k in ("cpu", "memory"))
+    return "Guaranteed" if full else "Burstable"
+
+
+def test_no_example_child_is_best_effort_and_shared_memory_is_accounted():
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        spec = load_run(path).spec
+        for tmpl in _all_pod_templates(spec):
+            assert _qos(tmpl["spec"].get("initContainers", []) + tmpl["spec"]["containers"]) != "BestEffort", path.name
+    spec = spec_from()  # paper: trainer 4 GPUs, cpu 48, memory 600Gi, sharedMemory 64Gi
+    req = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert req["cpu"] == "48" and req["memory"] == f"{(600 + 64) * 1024}Mi"
+    tiny = spec_from("rltrun-tiny.yaml", resources={"generator": {"gpus": 2, "sharedMemory": "1Gi"}})
+    req = b.generator_statefulset(REF, tiny, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert req["requests"]["cpu"] == "8" and req["requests"]["memory"] == f"{65 * 1024}Mi"  # defaults: 4 CPU, 32Gi per GPU
+    assert "memory" not in req.get("limits", {}), "no limit unless asked"
+
+
+def test_limits_extra_resources_and_pod_annotations_pass_through():
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    spec = spec_from(resources={"trainer": {"gpus": 0, "cpu": "8", "memory": "64Gi", "cpuLimit": "8",
+                                            "memoryLimit": "64Gi", "sharedMemory": "8Gi",
+                                            "extra": {"nvidia.com/mig-3g.40gb": "1", "rdma/rdma_shared_device_a": "1"}}},
+                     scheduling={"podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}})
+    job = b.trainer_job(REF, spec, "rl", 0)
+    kubernetes_validate.validate(job, "1.31.0", strict=True)
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"cpu": "8", "memory": f"{72 * 1024}Mi", "nvidia.com/mig-3g.40gb": "1",
+                                        "rdma/rdma_shared_device_a": "1"}
+    assert c["resources"]["requests"]["memory"] == f"{72 * 1024}Mi" and b.GPU not in c["resources"]["requests"]
+    assert _qos(job["spec"]["template"]["spec"]["initContainers"] + [c]) == "Guaranteed"
+    assert job["spec"]["template"]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["annotations"]
+    assert gen["k8s.v1.cni.cncf.io/networks"] == "rdma-net" and gen["prometheus.io/scrape"] == "true"
+
+
+def test_a_malformed_quantity_is_refused_naming_the_field():
+    import pytest
+
+    from rlt.spec import SpecError, parse_spec
+    with pytest.raises(SpecError, match="spec.resources.trainer.memory"):
+        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                    "resources": {"trainer": {"memory": "lots"}}})
+
+
+def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
+    """A data file missing in the pod: the rendered preflight exits DATA_ERROR, which the FailJob rule matches."""
+    import subprocess
+    import sys
+
+    from rlt.exitcodes import ExitCode
+
+    spec = spec_from("rltrun-tiny.yaml", dataset={"source": str(tmp_path / "missing.jsonl")})
+    job = b.trainer_job(REF, spec, "sft", 0)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
+    cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
+           for c in job["spec"]["template"]["spec"]["initContainers"][0]["command"]]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == ExitCode.DATA_ERROR and "missing.jsonl" in out.stderr, out.stderr
+    rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
+    assert out.returncode in rule["onExitCodes"]["values"]
+
+
+def test_every_example_renders_valid_children_and_none_is_refused():
+    """What `kubectl apply` of each example makes the operator create: no InvalidSpec, every child a valid object."""
+    import datetime as dt
+
+    import pytest
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+    from rlt_operator import status as S
+
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        ref = b.RunRef(name=doc["metadata"]["name"], namespace="team", uid="u")
+        spec = load_run(path).spec
+        d = S.decide(ref, 1, doc["spec"], None, S.Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+        assert d.status.get("reason") != "InvalidSpec", f"{path.name}: {d.status.get('message')}"
+        creates = [a.body for a in d.actions if a.verb == "create"]
+        assert creates or spec.suspend, path.name
+        stage = spec.stages.enabled()[0]
+        creates += [b.trainer_job(ref, spec, stage, 0), b.generator_statefulset(ref, spec, "rl", 0),
+                    b.generator_network_policy(ref, spec)]
+        for child in creates:
+            kubernetes_validate.validate(child, "1.31.0", strict=True)

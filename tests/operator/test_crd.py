@@ -67,8 +67,16 @@ def test_schema_is_structural_with_descriptions_and_printer_columns():
     assert rl["deepspeedZeroStage"]["enum"] == [0, 1, 2, 3]
     assert "description" in spec["properties"]["suspend"]
     assert spec["properties"]["scheduling"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Stage", "Step", "Reward", "Restarts", "Age"]
+    cols = version["additionalPrinterColumns"]
+    assert [c["name"] for c in cols] == ["Phase", "Stage", "Step", "Reward", "Restarts", "Age", "Reason", "Message"]
+    assert [c["name"] for c in cols if c.get("priority") == 1] == ["Reason", "Message"], "-o wide adds them"
+    status = root["properties"]["status"]
+    for c in [c for c in cols if c["jsonPath"].startswith(".status.")]:  # a field the status schema keeps
+        node = root
+        for part in c["jsonPath"].strip(".").split("."):
+            node = node.get("properties", {}).get(part)
+            assert node is not None, f"{c['name']}: {c['jsonPath']} is not in the schema"
+    assert status["properties"]["progress"]["properties"]["stepOfTotal"]["type"] == "string"
     assert version["subresources"] == {"status": {}}
     assert crd.crd()["spec"]["names"]["shortNames"] == ["rlt"]
 

@@ -24,7 +24,8 @@ async def test_create_makes_first_stage_children(harness):
     pvc = await harness.wait_object("persistentvolumeclaims", "tiny-data")
     job = await harness.wait_object("jobs", "tiny-sft")
     run = await harness.get("rltruns", "tiny")
-    for child in (cm, pvc, job):
+    assert "ownerReferences" not in pvc["metadata"], "the volume is retained by default"
+    for child in (cm, job):
         ref = child["metadata"]["ownerReferences"][0]
         assert ref["uid"] == run["metadata"]["uid"] and ref["controller"] is True
         assert child["metadata"]["labels"]["rlt.dev/run"] == "tiny"
@@ -133,17 +134,22 @@ async def test_suspend_and_resume(harness):
     assert conds["Suspended"]["status"] == "False" and conds["Suspended"]["reason"] == "Resumed"
 
 
-async def test_deletion_removes_children_and_finalizer(harness):
+@pytest.mark.parametrize("policy", ["Retain", "Delete"])
+async def test_deletion_removes_children_and_finalizer_and_the_volume_only_when_asked(harness, policy):
     await harness.start_operator()
-    await harness.create_run(example())
+    await harness.create_run(example(**{"spec.storage": {"retentionPolicy": policy}}))
     await harness.wait_object("jobs", "tiny-sft")
+    pvc = await harness.wait_object("persistentvolumeclaims", "tiny-data")
+    # no owner reference on a retained claim: a real cluster's garbage collector would delete it with the run
+    assert ("ownerReferences" in pvc["metadata"]) == (policy == "Delete")
     run = await harness.get("rltruns", "tiny")
     assert "rlt.dev/finalizer" in run["metadata"]["finalizers"]
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")
-    for plural, name in (("jobs", "tiny-sft"), ("configmaps", "tiny-config"),
-                         ("persistentvolumeclaims", "tiny-data"), ("services", "tiny-sft")):
+    for plural, name in (("jobs", "tiny-sft"), ("configmaps", "tiny-config"), ("services", "tiny-sft")):
         assert await harness.get(plural, name) is None, f"{plural}/{name} left behind"
+    kept = await harness.get("persistentvolumeclaims", "tiny-data")
+    assert (kept is not None) == (policy == "Retain")
 
 
 async def test_existing_claim_is_used_and_kept(harness):
@@ -228,3 +234,17 @@ async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_ev
     assert c["TrainerRunning"]["status"] == "False", "Job.active counts the Pending pod; the trainer is not running"
     assert st["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in st["message"]
     await wait_for_events(harness, "tiny", {"Unschedulable"})
+
+
+async def test_children_are_watched_with_a_server_side_label_selector(harness):
+    from rlt_operator.handlers import CHILDREN
+
+    await harness.start_operator()
+    watches = {}
+    for r in harness.cluster._requests:
+        if r.params.get("watch") == "true" or r.method.value == "GET":
+            watches.setdefault(r.url.path.rsplit("/", 1)[-1], []).append(r.params.get("labelSelector"))
+    for _g, _v, plural in CHILDREN:
+        assert watches.get(plural), f"{plural} not listed/watched"
+        assert all(sel == "rlt.dev/run" for sel in watches[plural]), f"{plural}: {watches[plural]}"
+    assert all(sel is None for sel in watches["rltruns"]), "the runs themselves are not filtered"

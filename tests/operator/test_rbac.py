@@ -32,7 +32,9 @@ def permission(method: str, path: str, watch: bool) -> tuple[str, str, str] | No
 
 async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.start_operator()
-    await harness.create_run(server_mode(example(**{"spec.backoffLimit": 1})))
+    doc = server_mode(example(**{"spec.backoffLimit": 1}))
+    doc["spec"]["storage"]["retentionPolicy"] = "Delete"  # so that deletion deletes the PVC too
+    await harness.create_run(doc)
     await harness.trainer_succeeded("tiny", "sft")
     await harness.generators_ready("tiny")
     await harness.trainer_running("tiny", "rl")

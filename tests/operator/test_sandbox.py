@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl", path=f"{ROOT / '.tools' / 'bin'}:{os.environ.get('PATH', '')}")
@@ -64,6 +65,21 @@ def test_kubectl_against_the_sandbox(tmp_path):
         header = table.splitlines()[0].split()
         assert header == ["NAME", "PHASE", "STAGE", "STEP", "REWARD", "RESTARTS", "AGE"]
         assert table.splitlines()[1].split()[:3] == ["tiny", "Running", "sft"]
+        # -o wide adds Reason and Message: an invalid run says why it is held
+        bad = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+        bad["metadata"]["name"] = "bad"
+        bad["spec"]["format"] = {"preset": "rcl-default"}
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+        kubectl("apply", "--validate=false", "-f", str(tmp_path / "bad.yaml"))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            wide = kubectl("get", "rlt", "bad", "-o", "wide")
+            if "InvalidSpec" in wide:
+                break
+            time.sleep(0.3)
+        assert wide.splitlines()[0].split()[-2:] == ["REASON", "MESSAGE"]
+        assert wide.splitlines()[1].split()[:2] == ["bad", "Pending"] and "InvalidSpec" in wide
+        assert "spec.format.preset" in wide
         children = kubectl("get", "configmaps,persistentvolumeclaims,services,jobs", "-l", "rlt.dev/run=tiny",
                            "-o", "name")
         assert set(children.split()) == {"configmap/tiny-config", "persistentvolumeclaim/tiny-data",

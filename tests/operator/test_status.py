@@ -188,6 +188,8 @@ def test_invalid_edit_mid_run_neither_starts_nor_stops_anything_and_is_recoverab
     assert d.status["message"].startswith("spec.format.preset:") and "not an rlt prompt format" in d.status["message"]
     again = S.decide(REF, 2, bad, d.status, obs, NOW)
     assert again.events == [], "the InvalidSpec Event is posted once, not every reconcile"
+    held = S.decide(REF, 2, bad, running("rl", outputs={"teacherCheckpoint": "/data/t/sft/model"}), obs, NOW)
+    assert held.status["outputs"] == {"teacherCheckpoint": "/data/t/sft/model"}, "what exists stays listed"
     fixed = S.decide(REF, 3, sp, again.status, obs, NOW)
     assert fixed.status["phase"] == "Running" and "reason" not in fixed.status
     assert not any(a.verb == "delete" for a in fixed.actions)
@@ -211,7 +213,9 @@ def test_progress_belongs_to_its_stage():
     sp = spec(sft=False, distill=False)
     obs = observed(sp, [job("rl", active=1)])
     d = S.decide(REF, 1, sp, running("rl"), obs, NOW, {"stage": "rl", "step": 3, "rewardMean": -1.5})
-    assert d.status["progress"] == {"step": 3, "rewardMean": -1.5}
+    assert d.status["progress"] == {"step": 3, "rewardMean": -1.5, "stepOfTotal": "3"}
+    d = S.decide(REF, 1, sp, running("rl"), obs, NOW, {"stage": "rl", "step": 3, "totalSteps": 125})
+    assert d.status["progress"]["stepOfTotal"] == "3/125"
     other = S.decide(REF, 1, sp, running("rl"), obs, NOW, {"stage": "sft", "step": 9})
     assert other.status["progress"] == {}
 
@@ -403,3 +407,62 @@ def test_a_run_finished_in_time_but_observed_after_its_deadline_succeeded():
     sp = spec(sft=False, distill=False, activeDeadlineSeconds=60)
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", complete=True)]), NOW)
     assert d.status["phase"] == "Succeeded"
+
+
+def test_conditions_describe_the_current_state_while_suspended_and_after_success():
+    sp = spec(server=True, sft=False)
+    waiting = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=1)]), NOW)
+    assert "waiting for generators" in conds(waiting)["TrainerRunning"]["message"]
+    susp = S.decide(REF, 2, spec(server=True, sft=False, suspend=True), waiting.status, observed(sp), NOW)
+    c = conds(susp)
+    assert (c["TrainerRunning"]["status"], c["TrainerRunning"]["reason"]) == ("False", "Suspended")
+    assert "waiting" not in c["TrainerRunning"]["message"] and c["GeneratorsReady"]["reason"] == "Suspended"
+    starting = S.decide(REF, 1, spec(sft=False, distill=False), running("rl"), observed(sp, [job("rl", active=1)]), NOW)
+    assert conds(starting)["TrainerRunning"]["status"] == "False"  # no Running pod seen yet
+    done = S.decide(REF, 1, spec(sft=False, distill=False), starting.status,
+                    observed(sp, [job("rl", complete=True)]), NOW)
+    c = conds(done)["TrainerRunning"]
+    assert done.status["phase"] == "Succeeded" and (c["reason"], c["message"]) == ("Finished", "run succeeded")
+
+
+def test_outputs_appear_when_they_exist():
+    sp = spec()
+    d = S.decide(REF, 1, sp, None, S.Observed(), NOW)
+    assert d.status["outputs"] == {}
+    d = S.decide(REF, 1, sp, running("rl", completedStages=["sft"]), observed(sp), NOW)
+    assert d.status["outputs"] == {"teacherCheckpoint": "/data/t/sft/model"}
+
+
+def test_last_failure_stays_after_the_restart():
+    sp = spec(server=True, sft=False)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", failed=True)], [sts("rl")]), NOW)
+    assert d.status["restarts"] == 1 and d.status["lastFailure"]
+    after = S.decide(REF, 1, sp, d.status, observed(sp), NOW)
+    assert after.status["lastFailure"] == d.status["lastFailure"]
+    assert "lastFailure" not in S.merge_patch(d.status, after.status)
+
+
+def test_each_stage_start_finish_and_trainer_creation_has_an_event():
+    sp = spec(sft=True, distill=False)
+    d = S.decide(REF, 1, sp, running("sft"), observed(sp, [job("sft", complete=True)]), NOW)
+    reasons = [(e[1], e[2]) for e in d.events]
+    assert ("StageCompleted", "stage sft completed") in reasons and ("StageStarted", "stage rl started") in reasons
+    assert ("TrainerCreated", "stage rl: trainer Job t-rl created (gang 0)") in reasons
+    assert S.events_for(d, []) == [e for e in d.events if e[1] != "TrainerCreated"], "no Event for a create not sent"
+
+
+def test_a_volume_that_cannot_attach_is_a_condition():
+    sp = spec(sft=False)
+
+    def stuck_for(seconds):
+        since = S.fmt_time(NOW - dt.timedelta(seconds=seconds))
+        return S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Pending", conditions=[
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": since}]))
+    early = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=[stuck_for(30)]), NOW)
+    assert "VolumeReady" not in conds(early), "a minute of attaching is normal"
+    late = S.decide(REF, 1, sp, early.status, observed(sp, [job("rl", active=1)], pods=[stuck_for(600)]), NOW)
+    c = conds(late)["VolumeReady"]
+    assert (c["status"], c["reason"]) == ("False", "VolumeNotAttached") and "10 min" in c["message"]
+    assert late.status["reason"] == "VolumeNotAttached"
+    assert ("Warning", "VolumeNotAttached") in [e[:2] for e in late.events]

@@ -126,7 +126,9 @@ def test_stage_command_as_a_pod_runs_it_once(tmp_path):
     assert again.returncode == 0 and "already done" in again.stdout
     missing = subprocess.run([sys.executable, "-m", "rlt.cli", "stage", "rl", "--config", str(tmp_path / "nope.yaml")],
                              capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 1 and "file not found" in missing.stderr
+    from rlt.exitcodes import ExitCode
+
+    assert missing.returncode == ExitCode.CONFIG_ERROR and "file not found" in missing.stderr  # fail fast, no restart
 
 
 def test_distill_reward_of_kept_rows_and_of_all_candidates_are_named_apart(finished):

@@ -113,3 +113,12 @@ def test_stages_finished_before_fingerprints_existed_are_kept(tmp_path):
     atomic_write_text(layout.stage_done("sft"), "old\n")
     [p] = fp.plan_stages(layout, tiny().spec, ["sft"])
     assert p.action == "skip" and "assumed unchanged" in p.note
+
+
+def test_the_operator_can_tell_which_finished_stages_an_edit_touches():
+    run = tiny()
+    recorded = {stage: fp.stage_fingerprint(run.spec, stage) for stage in ("sft", "rl")}
+    assert fp.edited_finished_stages(run.spec, recorded) == []
+    assert fp.edited_finished_stages(tiny(**{"stages.rl.beta": 0.0}).spec, recorded) == ["rl"]
+    assert fp.edited_finished_stages(tiny(**{"stages.sft.maxSteps": 3}).spec, recorded) == ["sft", "rl"]
+    assert fp.edited_finished_stages(tiny(**{"stages.distill.limit": 2}).spec, recorded) == []  # distill not finished

@@ -77,6 +77,12 @@ def stage_fingerprint(spec: RLTRunSpec, stage: str) -> str:
     return fingerprint_of(stage_fields(spec, stage))
 
 
+def edited_finished_stages(spec: RLTRunSpec, recorded: dict[str, str]) -> list[str]:
+    """For the operator, which cannot read the PVC: given {stage: fingerprint} recorded in status when each stage
+    finished, the finished stages the current spec would change (to report the edit instead of ignoring it)."""
+    return [stage for stage in STAGE_ORDER if stage in recorded and recorded[stage] != stage_fingerprint(spec, stage)]
+
+
 def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
 

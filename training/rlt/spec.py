@@ -309,11 +309,23 @@ class Stages(Strict):
 # --------------------------------------------------------------------------- cluster (operator only)
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+
 class PodResources(Strict):
-    gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod.")
-    cpu: str | None = Field(None, description="CPU request, e.g. '16'.")
-    memory: str | None = Field(None, description="Memory request, e.g. '200Gi'.")
-    shared_memory: str = Field("16Gi", description="Size of the /dev/shm emptyDir (NCCL, dataloaders).")
+    gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod (0 with MIG: name the MIG profile in extra).")
+    cpu: str | None = Field(None, pattern=_QUANTITY,
+                            description="CPU request, e.g. '16' (default: 4 per GPU, at least 1).")
+    memory: str | None = Field(None, pattern=_QUANTITY, description="Memory request for the processes, e.g. '200Gi' "
+                               "(default: 32Gi per GPU, at least 8Gi); sharedMemory is added to it.")
+    cpu_limit: str | None = Field(None, pattern=_QUANTITY, description="CPU limit (default: none).")
+    memory_limit: str | None = Field(None, pattern=_QUANTITY,
+                                     description="Memory limit (default: none); sharedMemory is added to it.")
+    shared_memory: str = Field("16Gi", pattern=_QUANTITY,
+                               description="Size of the memory-backed /dev/shm emptyDir (NCCL, dataloaders); it counts "
+                               "as the pod's memory, so it is added to the memory request and limit.")
+    extra: dict[str, str] = Field(default_factory=dict, description="More extended resources, request = limit, e.g. "
+                                  "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.")
 
 
 class TrainerResources(PodResources):
@@ -351,6 +363,9 @@ class Storage(Strict):
         "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
     )
     existing_claim: str | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
+    retention_policy: Literal["Retain", "Delete"] = Field(
+        "Retain", description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
+        "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.")
 
 
 class Images(Strict):
@@ -406,6 +421,8 @@ class Scheduling(Strict):
     queue_name: str | None = Field(None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod.")
     service_account_name: str | None = None
     image_pull_secrets: list[str] = Field(default_factory=list)
+    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations on every pod of the run "
+                                            "(e.g. for a network operator or a sidecar injector).")
 
 
 # --------------------------------------------------------------------------- the run

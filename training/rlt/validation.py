@@ -114,8 +114,11 @@ def load_valid_run(path: str | Path) -> RLTRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rlt.validation FILE...`: the trainer pods' preflight; exits ExitCode.CONFIG_ERROR when invalid
-    (the Job's podFailurePolicy then fails the run at once instead of retrying it)."""
+    """`python -m rlt.validation FILE...`: the trainer pods' preflight (an init container, before any launcher).
+
+    Exits ExitCode.CONFIG_ERROR for an invalid spec and ExitCode.DATA_ERROR for unusable data (the data check
+    of `rlt validate`, where the pod can read the data); the Job's podFailurePolicy then fails the run at once.
+    It runs before `accelerate launch`, whose launcher would turn a rank's exit code into 1."""
     import sys
 
     from rlt.exitcodes import ExitCode
@@ -124,10 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     status = ExitCode.OK
     for path in paths:
         try:
-            load_valid_runs(path)
+            runs = load_valid_runs(path)
         except SpecError as err:
             print(str(err), file=sys.stderr)
             status = ExitCode.CONFIG_ERROR
+            continue
+        from rlt.cli import check_datasets  # the data check `rlt validate` makes
+
+        for run in runs:
+            problems, _notes = check_datasets(run)
+            if problems:
+                print(f"{path}: unusable data", file=sys.stderr)
+                for p in problems:
+                    print(f"  {p}", file=sys.stderr)
+                status = ExitCode.DATA_ERROR if status == ExitCode.OK else status
     return int(status)
 
 
