@@ -411,7 +411,7 @@ def test_a_run_finished_in_time_but_observed_after_its_deadline_succeeded():
 
 def test_conditions_describe_the_current_state_while_suspended_and_after_success():
     sp = spec(server=True, sft=False)
-    waiting = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=1)]), NOW)
+    waiting = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=0)]), NOW)
     assert "waiting for generators" in conds(waiting)["TrainerRunning"]["message"]
     susp = S.decide(REF, 2, spec(server=True, sft=False, suspend=True), waiting.status, observed(sp), NOW)
     c = conds(susp)
