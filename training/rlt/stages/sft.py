@@ -9,7 +9,7 @@ from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef
 from rlt.stages.common import (quiet_trainer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               peft_config, save_final_model, trainer_options)
+                               peft_config, rank_device, save_final_model, trainer_options)
 from rlt.tracking import point_tensorboard
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def train_sft(ctx: StageContext, device: str, rows: list[dict], tokenizer, stage
 
 def run_sft(ctx: StageContext) -> str:
     spec = ctx.spec
-    device = ctx.device or pick_device()
+    device = rank_device(ctx.device or pick_device())
     formatter = Formatter(resolve_format(spec.format))
     tokenizer = load_tokenizer(spec.teacher, padding_side="right")
     data = load_data(spec.dataset, formatter.fmt)
