@@ -12,6 +12,7 @@ The same pieces serve the tests and the scale benchmark: `serve` (the emulated A
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import logging
 import os
@@ -73,9 +74,11 @@ class InProcessOperator:
     emulated API (and a test's own tasks) down with it.
     """
 
-    def __init__(self, namespaces: list[str] | None = None, liveness: str | None = None):
+    def __init__(self, namespaces: list[str] | None = None, liveness: str | None = None,
+                 overrides: dict[str, str] | None = None):
         self.namespaces = namespaces
         self.liveness = liveness
+        self.overrides = overrides or {}  # OperatorSettings fields the sandbox sets (e.g. progress_url for local pods)
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
@@ -87,6 +90,8 @@ class InProcessOperator:
         from .settings import OperatorSettings
 
         config = OperatorSettings.from_env()  # read once, when this operator starts
+        if self.overrides:
+            config = dataclasses.replace(config, **self.overrides)
 
         def main() -> None:
             try:
@@ -135,12 +140,13 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str], run_pod
         if run_pods is not None:  # pods run as local processes (rlt_operator.sandbox_pods)
             from . import sandbox_pods
 
-            sandbox_pods.configure_operator_for_local_pods()
             kubelet = await sandbox_pods.start(url, run_pods, namespaces, images or [])
         # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
         logging.getLogger("kopf._core.reactor.running").addFilter(
             lambda record: "OS signals are ignored" not in record.getMessage())
-        op = InProcessOperator()
+        # With local pods, progress comes from the trainer's rank 0 on loopback (an explicit RLT_PROGRESS_URL wins).
+        local = run_pods is not None and "RLT_PROGRESS_URL" not in os.environ
+        op = InProcessOperator(overrides={"progress_url": sandbox_pods.local_progress_url()} if local else None)
         await op.start()
         if kubelet is not None:
             print(f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "

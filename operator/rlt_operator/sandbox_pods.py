@@ -48,9 +48,9 @@ def default_image() -> ImageEnv:
     return ImageEnv(str(Path(sys.executable).parent), _python_env())
 
 
-def configure_operator_for_local_pods() -> None:
-    """The operator reads progress from rank 0 of the trainer: on this machine that is loopback (before it starts)."""
-    os.environ.setdefault("RLT_PROGRESS_URL", f"http://127.0.0.1:{b.METRICS_PORT}/metrics")
+def local_progress_url() -> str:
+    """The operator reads progress from rank 0 of the trainer: on this machine that is loopback."""
+    return f"http://127.0.0.1:{b.METRICS_PORT}/metrics"
 
 
 async def start(url: str, workdir: Path, namespaces: list[str], images: list[str]) -> LocalKubelet:
