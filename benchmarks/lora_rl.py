@@ -73,12 +73,12 @@ def reward_same_weights(completion: int) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from rlt import tasks
     from rlt.generation import sample_with_logprobs
     from rlt.models import load_model, load_tokenizer
     from rlt.prompts import Formatter, resolve_format
     from rlt.reward import RLTReward
     from rlt.spec import FormatSpec, ModelRef
-    from rlt import tasks
 
     ref = ModelRef(model=SMOL)
     tok = load_tokenizer(ref, padding_side="left")
@@ -132,9 +132,9 @@ def main() -> None:
                 sys.exit(f"arm {arm} failed:\n{proc.stderr[-3000:]}")
             result[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
             print(arm, json.dumps(result[arm]), file=sys.stderr, flush=True)
-        f, l = result["full"], result["lora"]
+        full, lora = result["full"], result["lora"]
         result["ratios_lora_over_full"] = {
-            k: round(l[k] / f[k], 3) for k in ("peak_rss_mb", "step_s_mean_after_first", "update_s_mean_after_first",
+            k: round(lora[k] / full[k], 3) for k in ("peak_rss_mb", "step_s_mean_after_first", "update_s_mean_after_first",
                                                "generate_s_mean_after_first")}
     result["reward_same_weights"] = reward_same_weights(a.completion)
     print(json.dumps(result, indent=2))

@@ -235,11 +235,11 @@ def matmul_peak_gflops(seconds: float = 3.0) -> float:
 def run_variant(args) -> dict:
     """Child process: load, build the workload, time one variant, report."""
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlt.prompts import Formatter, resolve_format
     from rlt.reward import RLTReward
     from rlt.spec import FormatSpec
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1)))
     path = model_path(args.model)

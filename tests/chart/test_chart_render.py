@@ -7,8 +7,18 @@ import json
 import kubernetes_validate
 import pytest
 import yaml
-
-from chart_helpers import CHART, IMAGE, MONITORING_API, VALUE_SETS, by_kind, helm, one, render_set, template, validate_monitoring_objects
+from chart_helpers import (
+    CHART,
+    IMAGE,
+    MONITORING_API,
+    VALUE_SETS,
+    by_kind,
+    helm,
+    one,
+    render_set,
+    template,
+    validate_monitoring_objects,
+)
 
 K8S_VERSIONS = ("1.31.0", "1.37.0")
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}

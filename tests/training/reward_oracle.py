@@ -82,7 +82,7 @@ def pair_by_cuts(t_tokens, s_tokens, same_vocab: bool) -> tuple[list[float], int
         tt = [x for x in t_tokens if x[0] >= lo and x[1] <= hi]
         ss = [x for x in s_tokens if x[0] >= lo and x[1] <= hi]
 
-        def tiles(tokens):
+        def tiles(tokens, lo=lo, hi=hi):
             covered = set()
             for s, e, _, _ in tokens:
                 covered |= set(range(s, e))

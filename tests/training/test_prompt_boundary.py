@@ -20,9 +20,8 @@ ROWS = [
 @pytest.mark.parametrize("preset", ["stratos-tags"])
 def test_sft_rl_and_distill_share_the_prompt_tokens(smol_tok, preset):
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
     from reward_oracle import tiny_lm
+    from trl import SFTConfig, SFTTrainer
 
     fmt = Formatter(resolve_format(FormatSpec(preset=preset)))
     sft = sft_rows(ROWS, fmt, smol_tok, "reject")

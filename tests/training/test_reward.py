@@ -1,6 +1,5 @@
 """The RLT reward against values computed by hand (full-vocabulary forward, one sequence at a time)."""
 
-import copy
 import math
 
 import pytest

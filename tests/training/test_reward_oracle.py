@@ -8,10 +8,10 @@ tokenisation (characters split over byte tokens, merges at tags, whitespace runs
 from __future__ import annotations
 
 import pytest
+from reward_oracle import oracle_reward, plain_logprobs, tiny_lm, token_bytes
 
 from rlt.generation import sample_with_logprobs
 from rlt.reward import RLTReward
-from reward_oracle import oracle_reward, plain_logprobs, tiny_lm, token_bytes
 
 TAU, TOL = 0.7, 1e-4
 FIELDS = ("total", "r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean",

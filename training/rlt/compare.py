@@ -17,8 +17,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rlt.data import DataError, load_data
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text

@@ -15,8 +15,8 @@ text the student re-tokenises; and the teacher and student tokenizers may differ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)

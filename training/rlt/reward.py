@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
-
+from typing import Any
 
 from rlt.pairing import SideTokens, pair_explanation
 from rlt.prompts import Formatter, Span

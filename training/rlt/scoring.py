@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
 
 import torch
 
@@ -48,7 +48,7 @@ class ScoringStats:
     scored_tokens: int = 0  # rows run through the head
     prefix_tokens_saved: int = 0
 
-    def add(self, other: "ScoringStats") -> None:
+    def add(self, other: ScoringStats) -> None:
         self.forward_tokens += other.forward_tokens
         self.scored_tokens += other.scored_tokens
         self.prefix_tokens_saved += other.prefix_tokens_saved

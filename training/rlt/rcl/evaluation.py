@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 RIGHT = 0.5  # a problem counts as "right" when at least half of the student's answers are correct
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rlt.answers import boxed_contents, extract_answer, normalize
 from rlt.rcl.protocol import Protocol
@@ -30,7 +31,7 @@ class RewardParams:
     format_penalty: float = 1.0
 
     @classmethod
-    def from_spec(cls, rcl) -> "RewardParams":
+    def from_spec(cls, rcl) -> RewardParams:
         return cls(rcl.degradation_penalty, rcl.efficiency_weight, rcl.efficiency_tokens, rcl.maintain_bonus,
                    rcl.strong_threshold, rcl.answer_leak_penalty, rcl.format_penalty)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rlt import answers, tasks
 from rlt.benchmarks import find_benchmark, load_benchmark
