@@ -98,8 +98,8 @@ def reward_same_weights(completion: int) -> dict:
         torch.manual_seed(1)
         samples[name] = sample_with_logprobs(model, tok, prompts, temperature=0.7, top_p=1.0, max_new_tokens=completion)
     out["same_sampled_tokens"] = samples["peft"].completion_ids == samples["merged"].completion_ids
-    out["max_abs_diff_sampled_logprob"] = max(abs(a - b) for x, y in zip(samples["peft"].logprobs, samples["merged"].logprobs)
-                                              for a, b in zip(x, y))
+    out["max_abs_diff_sampled_logprob"] = max(abs(a - b) for x, y in zip(samples["peft"].logprobs, samples["merged"].logprobs, strict=False)
+                                              for a, b in zip(x, y, strict=False))
     texts = [tok.decode(c, skip_special_tokens=True) for c in samples["merged"].completion_ids]
     q, s = [r["question"] for r in rows], [r["solution"] for r in rows]
     scores = {}
@@ -109,7 +109,7 @@ def reward_same_weights(completion: int) -> dict:
                            teacher_tokenizer=tok)
         scores[name] = reward.score(q, s, texts).total
     out["rewards_merged"] = [round(x, 5) for x in scores["merged"]]
-    out["max_abs_diff_reward"] = max(abs(a - b) for a, b in zip(scores["peft"], scores["merged"]))
+    out["max_abs_diff_reward"] = max(abs(a - b) for a, b in zip(scores["peft"], scores["merged"], strict=True))
     return out
 
 

@@ -191,7 +191,7 @@ def test_prometheusrule_embeds_the_rule_file():
     source = yaml.safe_load((CHART / "files" / "alerts" / "rlt-alerts.yaml").read_text())
     rendered_groups = rule["spec"]["groups"]
     assert [g["name"] for g in rendered_groups] == [g["name"] for g in source["groups"]]
-    for got_g, want_g in zip(rendered_groups, source["groups"]):
+    for got_g, want_g in zip(rendered_groups, source["groups"], strict=True):
         for got, want in zip(got_g["rules"], want_g["rules"], strict=True):
             assert got["expr"] == want["expr"] and got.get("for") == want.get("for")
             assert got["labels"] == {**want["labels"], "team": "ml-platform"}

@@ -204,7 +204,7 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     tokens = {"n": 0}
 
     def on_batch(start, batch, n_tokens):
-        for row, outs in zip(evalset.rows[start : start + len(batch)], batch):
+        for row, outs in zip(evalset.rows[start : start + len(batch)], batch, strict=True):
             graded.append([grade(row, o, evalset.answer_type, tags)[1] for o in outs])
         tokens["n"] += n_tokens
         acc = pass_at_1(graded)
@@ -224,12 +224,12 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     bar.close()
     seconds = time.perf_counter() - started
     per_question = []
-    for row, outs in zip(evalset.rows, outputs):
+    for row, outs in zip(evalset.rows, outputs, strict=True):
         checked = [grade(row, o, evalset.answer_type, tags) for o in outs]
         per_question.append({
             "row": row.get("row"), "question": row["question"], "solution": row["solution"],
             "accuracy": sum(c for _, c in checked) / len(checked),
-            "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked)],
+            "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked, strict=True)],
         })
     report = build_report(label, ref.model, evalset, st, per_question, seconds, tokens["n"])
     write_report(out_dir, report, per_question)
@@ -278,7 +278,7 @@ def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass@1 (mean over questions)")
     ax.set_title(title, fontsize=10)
-    for x, r in zip(xs, reports):
+    for x, r in zip(xs, reports, strict=True):
         ax.text(x, r["accuracy"] + 0.02, f"{r['accuracy']:.2f}", ha="center", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
