@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -730,7 +730,7 @@ class SpecError(ValueError):
         super().__init__(f"{source}: invalid RLTRun\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def _known_fields(model: type[BaseModel], loc: tuple) -> list[str] | None:
+def _known_fields(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
     """The YAML names of the fields of the object at `loc` (a pydantic error location), for did-you-mean."""
     import typing
 
@@ -748,7 +748,7 @@ def _known_fields(model: type[BaseModel], loc: tuple) -> list[str] | None:
     return [f.alias or n for n, f in model.model_fields.items()]
 
 
-def _did_you_mean(root: type[BaseModel], loc: tuple) -> str:
+def _did_you_mean(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     import difflib
 
     known = _known_fields(root, loc[:-1]) or []
@@ -777,7 +777,7 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
     return lines
 
 
-def _without_unknown_fields(doc: Any, locs: list[tuple]) -> Any:
+def _without_unknown_fields(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
     import copy
 
     doc = copy.deepcopy(doc)
@@ -790,7 +790,10 @@ def _without_unknown_fields(doc: Any, locs: list[tuple]) -> Any:
     return doc
 
 
-def _validate_all(model: type[BaseModel], doc: Any, prefix: str = ""):
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Model | None, list[str]]:
     """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
     fields is unknown, so unknown fields are reported, dropped, and the rest validated again."""
     try:
@@ -816,7 +819,7 @@ def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
     if not isinstance(doc, dict):
         raise SpecError(source, [f"<root>: expected a mapping (an RLTRun object), got {type(doc).__name__}"])
     run, problems = _validate_all(RLTRun, doc)
-    if problems:
+    if problems or run is None:
         raise SpecError(source, problems)
     return run
 
@@ -824,7 +827,7 @@ def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
 def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
     """Validate only `.spec` (what the operator receives from Kopf)."""
     parsed, problems = _validate_all(RLTRunSpec, spec, "spec")
-    if problems:
+    if problems or parsed is None:
         raise SpecError(source, problems)
     return parsed
 
@@ -866,4 +869,5 @@ def load_run(path: str | Path) -> RLTRun:
 
 def dump_run(run: RLTRun) -> str:
     """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
-    return yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    text: str = yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    return text
