@@ -411,6 +411,9 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     gpus = spec.resources.trainer.gpus
     if nodes == 1 and gpus <= 1:
         return ["rlt", *stage_args]
+    if stage in ("distill", "evaluate"):
+        # No training engine: one process per GPU of the pod, each taking its own share of the rows.
+        return ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
     zero = spec.stages.rl.deepspeed_zero_stage if stage == "rl" else 3
     return [
         "accelerate", "launch",
@@ -420,6 +423,9 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
         "--main_process_ip", "$(MASTER_ADDR)",
         "--main_process_port", "$(MASTER_PORT)",
         "--use_deepspeed", "--zero_stage", str(zero),
+        # torchrun on every pod (rendezvous on MASTER_ADDR), not accelerate's default pdsh launcher, which finds no
+        # hostfile, runs each pod as its own one-node world and resets MASTER_ADDR to 127.0.0.1.
+        "--deepspeed_multinode_launcher", "standard",
         "--mixed_precision", "bf16",
         "-m", "rlt.cli", *stage_args,
     ]
@@ -542,6 +548,7 @@ def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
         "--host", "0.0.0.0",
         "--port", str(VLLM_PORT),
         "--tensor-parallel-size", str(res.tensor_parallel_size),
+        "--data-parallel-size", str(res.data_parallel_size),
         "--gpu-memory-utilization", str(gen.gpu_memory_utilization),
         "--dtype", spec.teacher.dtype,
         # TRL's server mode pushes the trainer's weights into vLLM over NCCL (dev-mode endpoints).

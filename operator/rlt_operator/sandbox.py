@@ -123,18 +123,28 @@ class InProcessOperator:
             raise RuntimeError("the operator failed") from self.error
 
 
-async def _main(port: int, kubeconfig_path: Path, namespaces: list[str]) -> None:
+async def _main(port: int, kubeconfig_path: Path, namespaces: list[str], run_pods: Path | None = None,
+                images: list[str] | None = None) -> None:
     async with serve(port) as (cluster, url):
         for ns in namespaces:
             if ns != "default":
                 cluster.seed_namespace(ns)
         write_kubeconfig(kubeconfig_path, url)
         os.environ["KUBECONFIG"] = str(kubeconfig_path)  # before kopf/kubernetes are imported
+        kubelet = None
+        if run_pods is not None:  # pods run as local processes (rlt_operator.sandbox_pods)
+            from . import sandbox_pods
+
+            sandbox_pods.configure_operator_for_local_pods()
+            kubelet = await sandbox_pods.start(url, run_pods, namespaces, images or [])
         # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
         logging.getLogger("kopf._core.reactor.running").addFilter(
             lambda record: "OS signals are ignored" not in record.getMessage())
         op = InProcessOperator()
         await op.start()
+        if kubelet is not None:
+            print(f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "
+                  f"the trainer's metrics at http://127.0.0.1:{9400}/metrics while it runs.", flush=True)
         print(
             f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"
             "This is a PREVIEW of what the operator would create, not a cluster: nothing runs, and Job/\n"
@@ -155,12 +165,16 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str]) -> None
         while not stop.is_set() and op.alive:
             await asyncio.sleep(0.5)
         await op.stop()
+        if kubelet is not None:
+            await kubelet.stop()
 
 
-def run(port: int = 18443, kubeconfig_path: str | None = None, namespaces: list[str] | None = None) -> int:
+def run(port: int = 18443, kubeconfig_path: str | None = None, namespaces: list[str] | None = None,
+        run_pods: str | None = None, images: list[str] | None = None) -> int:
     path = Path(kubeconfig_path) if kubeconfig_path else Path(tempfile.gettempdir()) / "rlt-sandbox" / "kubeconfig"
+    pods_dir = Path(run_pods) if run_pods else None
     try:
-        asyncio.run(_main(port, path, namespaces or ["default"]))
+        asyncio.run(_main(port, path, namespaces or ["default"], pods_dir, images))
     except KeyboardInterrupt:
         pass
     print("rlt sandbox stopped.", file=sys.stderr)

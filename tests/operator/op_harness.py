@@ -47,11 +47,12 @@ def example(name: str = "rltrun-tiny.yaml", **overrides: Any) -> dict[str, Any]:
     return doc
 
 
-def server_mode(doc: dict[str, Any], replicas: int = 2) -> dict[str, Any]:
-    """The tiny run with vLLM generators (generation.mode=server), so rl has generators + trainer."""
+def server_mode(doc: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
+    """The tiny run with vLLM generators (generation.mode=server), so rl has generators + trainer.
+    rl keeps one server in sync (TRL), so its GPUs are data parallel inside it."""
     doc = copy.deepcopy(doc)
     doc["spec"]["stages"]["rl"].setdefault("generation", {})["mode"] = "server"
-    doc["spec"]["resources"] = {"generator": {"replicas": replicas, "gpus": 1},
+    doc["spec"]["resources"] = {"generator": {"replicas": replicas, "gpus": 2, "dataParallelSize": 2},
                                 "trainer": {"nodes": 2, "gpus": 4}}
     doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # two trainer nodes need a shared volume
     return doc

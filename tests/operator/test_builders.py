@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 from op_harness import EXAMPLES
 
@@ -81,7 +82,8 @@ def test_single_process_stage_runs_rlt_directly():
 
 
 def test_generator_statefulset_runs_vllm_for_trl():
-    spec = spec_from(resources={"generator": {"replicas": 2, "gpus": 2, "tensorParallelSize": 2}})
+    spec = spec_from(resources={"generator": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2,
+                                              "dataParallelSize": 2}})
     sts = b.generator_statefulset(REF, spec, "rl", 0)
     pod = sts["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -89,14 +91,15 @@ def test_generator_statefulset_runs_vllm_for_trl():
     assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--model") + 1] == "/data/r1/sft/model"  # sft ran before rl
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+    assert cmd[cmd.index("--data-parallel-size") + 1] == "2"
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {"backend": "nccl"}
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert cmd[cmd.index("--max-logprobs") + 1] == "-1"
     assert env_of(pod)["VLLM_SERVER_DEV_MODE"]["value"] == "1"
     assert c["startupProbe"]["httpGet"] == {"path": "/health", "port": 8000}
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
-    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "r1-generator"
+    assert sts["spec"]["replicas"] == 1 and sts["spec"]["serviceName"] == "r1-generator"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
 
@@ -152,6 +155,28 @@ def test_optional_student_and_evaluate_stages():
     job = b.trainer_job(REF, spec, "evaluate", 0)
     assert job["metadata"]["name"] == "r1-evaluate" and job["spec"]["completions"] == 1
     assert ("jobs", "r1-evaluate") in b.all_children("r1", spec.stages.enabled(), None)
+
+
+def test_rl_in_server_mode_refuses_several_generator_replicas():
+    """TRL keeps ONE vLLM server in sync: a second replica behind the Service would generate from stale weights."""
+    from rlt.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"resources.generator.replicas: 2 .*dataParallelSize"):
+        spec_from(resources={"generator": {"replicas": 2, "gpus": 1}})
+    # distill alone serves a fixed teacher: several replicas are fine there.
+    spec_from("rltrun-tiny.yaml", stages={"rl": {"enabled": False, "generation": {"mode": "server"}}},
+              resources={"generator": {"replicas": 2}})
+
+
+def test_multinode_deepspeed_launch_uses_torchrun_on_every_pod():
+    """accelerate's default multi-node launcher (pdsh) would turn each pod into its own one-node world."""
+    spec = spec_from("rltrun-multinode.yaml")
+    cmd = b.trainer_command(spec, "rl")
+    assert cmd[cmd.index("--deepspeed_multinode_launcher") + 1] == "standard"
+    assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--num_processes") + 1] == "32"
+    assert cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
+    # distill/evaluate: one process per GPU of the one pod, each with its own rows (no DeepSpeed engine).
+    assert b.trainer_command(spec, "distill")[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "-m"]
 
 
 def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():

@@ -23,7 +23,7 @@ def spec(server=False, sft=True, distill=True, **extra):
     s["stages"]["distill"]["enabled"] = distill
     if server:
         s["stages"]["rl"]["generation"] = {"mode": "server"}
-        s["resources"] = {"generator": {"replicas": 2}}
+        s["resources"] = {"generator": {"replicas": 1, "gpus": 2, "dataParallelSize": 2}}
     s.update(extra)
     return s
 
@@ -36,9 +36,9 @@ def job(stage, restart=0, active=0, complete=False, failed=False):
             "conditions": conds}
 
 
-def sts(stage, restart=0, ready=2):
+def sts(stage, restart=0, ready=1):
     return {"name": "t-generator", "labels": b.labels("t", b.ROLE_GENERATOR, stage, restart), "deleting": False,
-            "replicas": 2, "readyReplicas": ready}
+            "replicas": 1, "readyReplicas": ready}
 
 
 def base_children(sp):
@@ -74,7 +74,7 @@ def test_fresh_run_creates_run_wide_children_and_first_stage():
 TABLE = [
     ("generators first", spec(server=True, sft=False), running("rl"), [], [],
      {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "statefulsets", "t-generator")}, "Running", "rl"),
-    ("trainer waits for readiness", spec(server=True, sft=False), running("rl"), [], [sts("rl", ready=1)],
+    ("trainer waits for readiness", spec(server=True, sft=False), running("rl"), [], [sts("rl", ready=0)],
      {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")}, "Running", "rl"),
     ("trainer once ready", spec(server=True, sft=False), running("rl"), [], [sts("rl")],
      {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "services", "t-rl"), ("create", "jobs", "t-rl")},
@@ -411,7 +411,7 @@ def test_a_run_finished_in_time_but_observed_after_its_deadline_succeeded():
 
 def test_conditions_describe_the_current_state_while_suspended_and_after_success():
     sp = spec(server=True, sft=False)
-    waiting = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=1)]), NOW)
+    waiting = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=0)]), NOW)
     assert "waiting for generators" in conds(waiting)["TrainerRunning"]["message"]
     susp = S.decide(REF, 2, spec(server=True, sft=False, suspend=True), waiting.status, observed(sp), NOW)
     c = conds(susp)

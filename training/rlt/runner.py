@@ -17,7 +17,7 @@ from rlt.outputs import push_stage_outputs
 from rlt.plots import make_plots, read_metrics
 from rlt.spec import RLTRun, dump_run
 from rlt.stages import stage_function
-from rlt.stages.common import StageContext
+from rlt.stages.common import StageContext, leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -203,4 +203,5 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
     output_path = stage_function(stage, run.spec.method)(ctx)
     push_stage_outputs(ctx, stage)
+    leave_process_group()  # on success only: a barrier after a failed rank would wait forever
     return output_path

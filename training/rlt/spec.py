@@ -239,8 +239,10 @@ class RewardSpec(Strict):
 class GenerationSpec(Strict):
     """Where RL/distill completions come from."""
 
-    mode: Literal["inprocess", "server"] = Field(
-        "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode)."
+    mode: Literal["inprocess", "server", "colocate"] = Field(
+        "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode); "
+        "colocate: vLLM inside each trainer process on its GPU (TRL colocate mode, rl only; how one GPU runs GRPO "
+        "with vLLM)."
     )
     server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server). For stages.rl the "
                                    "operator sets it to its generators (they serve rl and distill); for "
@@ -415,13 +417,20 @@ class TrainerResources(PodResources):
 
 
 class GeneratorResources(PodResources):
-    replicas: int = Field(1, gt=0, description="vLLM server replicas.")
+    replicas: int = Field(1, gt=0, description="vLLM server replicas (rl in server mode: exactly 1, see "
+                          "dataParallelSize).")
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism (≤ gpus).")
+    data_parallel_size: int = Field(1, gt=0, description="vLLM data parallelism inside the one server "
+                                    "(--data-parallel-size): how rl in server mode uses more generation GPUs; "
+                                    "tensorParallelSize × dataParallelSize ≤ gpus.")
 
     @model_validator(mode="after")
     def _tp_fits(self) -> GeneratorResources:
         if self.gpus and self.tensor_parallel_size > self.gpus:
             raise ValueError(f"tensorParallelSize: {self.tensor_parallel_size} exceeds gpus ({self.gpus})")
+        if self.gpus and self.tensor_parallel_size * self.data_parallel_size > self.gpus:
+            raise ValueError(f"dataParallelSize: tensorParallelSize × dataParallelSize = "
+                             f"{self.tensor_parallel_size * self.data_parallel_size} exceeds gpus ({self.gpus})")
         return self
 
 
@@ -658,6 +667,16 @@ class RLTRunSpec(Strict):
     def _some_stage(self) -> RLTRunSpec:
         if not self.stages.enabled():
             raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
+        if self.stages.evaluate.generation.mode == "colocate":
+            raise ValueError("stages.evaluate.generation.mode: colocate is TRL's GRPO mode (rl only); use inprocess "
+                             "or server")
+        if (self.stages.rl.enabled and self.stages.rl.generation.mode == "server"
+                and self.resources.generator.replicas > 1):
+            # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other
+            # replicas would generate from stale weights and weight updates would land on the wrong one.
+            raise ValueError(f"resources.generator.replicas: {self.resources.generator.replicas} with stages.rl."
+                             "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
+                             "and spread its GPUs with dataParallelSize / tensorParallelSize")
         if self.method == "rcl":
             # rcl teaches at answer time: there is no distillation dataset, so no distill or student stage
             for name in ("distill", "student"):

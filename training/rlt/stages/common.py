@@ -160,6 +160,7 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
             self.pending: dict[str, float] = {}
 
         def on_train_begin(self, args, state, control, **kw):
+            announce_world(recorder.stage)
             recorder.set_total(state.max_steps)
             if recorder.ctx.is_main and show_progress:
                 self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=recorder.stage, unit="step",
@@ -190,6 +191,7 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
 
         def on_save(self, args, state, control, **kw):
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            mark_checkpoint_complete(path, recorder.ctx.is_main)
             recorder.checkpoint(state.global_step, str(path))
 
         def on_train_end(self, args, state, control, **kw):
@@ -210,12 +212,22 @@ def quiet_trainer(trainer) -> None:
 
 def trainer_precision(device: str, precision: str = "auto") -> dict[str, Any]:
     """TrainingArguments for the device: auto = fp32 on CPU (TRL defaults to bf16, which the CPU path rejects),
-    bf16 on a GPU."""
+    bf16 on a GPU.
+
+    Several CPU processes (the gloo stand-in for GPUs and nodes): accelerate 1.15 picks no backend for DeepSpeed
+    without CUDA and every rank would think it is alone, so the process group is made here first (gloo) and the
+    Trainer told to use it; `use_cpu` would switch accelerate to MULTI_CPU and away from DeepSpeed."""
     if precision == "auto":
         precision = "fp32" if device == "cpu" else "bf16"
     out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
     if device == "cpu":
-        out["use_cpu"] = True
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from accelerate import PartialState
+
+            PartialState(backend="gloo")
+            out.update(use_cpu=False, accelerator_config={"use_configured_state": True})
+        else:
+            out["use_cpu"] = True
     return out
 
 
@@ -264,6 +276,76 @@ def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, d
     return str(out)
 
 
+def rank_device(device: str) -> str:
+    """This process's device. Under a launcher each rank owns GPU LOCAL_RANK, made current before any model is
+    loaded (a bare "cuda" would put every rank's models on GPU 0)."""
+    if device.startswith("cuda") and "LOCAL_RANK" in os.environ:
+        import torch
+
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        return f"cuda:{local}"
+    return device
+
+
+def join_process_group(device: str) -> tuple[int, int]:
+    """(rank, world size) of this process. Under a launcher (WORLD_SIZE > 1) it joins the process group: gloo on
+    CPU, NCCL on GPU (call `rank_device` first so NCCL uses this rank's GPU)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def my_share(items: list, rank: int, world: int) -> list[tuple[int, Any]]:
+    """This rank's rows with their global index: every `world`-th one from `rank` (shares differ by one at most)."""
+    return [(i, item) for i, item in enumerate(items) if i % world == rank]
+
+
+def gather_shares(share: list[tuple[int, Any]], rank: int, world: int, total: int) -> list[Any] | None:
+    """Every rank's (index, result) pairs, on rank 0 only, in global index order; None on the other ranks.
+    Refuses a duplicate or missing index: the merged output must have each row exactly once."""
+    if world == 1:
+        parts = [share]
+    else:
+        import torch.distributed as dist
+
+        parts = [None] * world if rank == 0 else None
+        dist.gather_object(share, parts, dst=0)
+        if rank != 0:
+            return None
+    merged = sorted((pair for part in parts for pair in part), key=lambda p: p[0])
+    indices = [i for i, _ in merged]
+    if indices != list(range(total)):
+        raise RuntimeError(f"the ranks returned rows {indices}: duplicates or gaps (expected each of 0..{total - 1} once)")
+    return [item for _, item in merged]
+
+
+def leave_process_group() -> None:
+    """Without it a gloo rank aborts at exit (`terminate called without an active exception`)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def announce_world(stage: str) -> None:
+    """One line per process saying which process group it is in (read by people and by the multi-process tests)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
+    else:
+        rank, world, backend = 0, 1, "none"
+    print(f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
+          f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "
+          f"local_rank={os.environ.get('LOCAL_RANK', '0')} pid={os.getpid()}", flush=True)
+
+
 def deepspeed_config(stage: int) -> dict[str, Any] | None:
     """ZeRO config for distributed runs (WORLD_SIZE > 1); None for a single process."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or stage == 0:
@@ -294,7 +376,40 @@ def newest_teacher(ctx: StageContext, stages: tuple[str, ...], needed_by: str | 
     return spec.teacher, "initial"
 
 
-def last_checkpoint(directory: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+# Written into checkpoint-N/ once every rank has finished saving it: a checkpoint without it is partial.
+CHECKPOINT_COMPLETE = "RLT_COMPLETE"
+SET_ASIDE = "set-aside"
 
-    return get_last_checkpoint(str(directory)) if directory.is_dir() else None
+
+def mark_checkpoint_complete(path: str | Path, is_main: bool) -> None:
+    """After every rank's save of `path` (ZeRO shards are written by all ranks), rank 0 writes the marker last."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    if is_main:
+        atomic_write_text(Path(path) / CHECKPOINT_COMPLETE, time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+
+
+def last_checkpoint(directory: Path) -> str | None:
+    """The newest COMPLETE checkpoint-N under `directory`; newer partial ones (a pod killed mid-save) are moved to
+    `directory/set-aside/` with a warning, so neither a resume nor the Trainer's rotation ever reads them."""
+    import logging
+    import re
+
+    if not directory.is_dir():
+        return None
+    found = sorted(((int(m.group(1)), p) for p in directory.iterdir()
+                    if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))), reverse=True)
+    for _step, path in found:
+        if (path / CHECKPOINT_COMPLETE).exists():
+            return str(path)
+        target = directory / SET_ASIDE / f"{path.name}.{int(time.time())}.{os.getpid()}"
+        logging.getLogger(__name__).warning("checkpoint %s is incomplete (no %s): set aside as %s, not resumed",
+                                            path, CHECKPOINT_COMPLETE, target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.rename(target)
+        except FileNotFoundError:
+            pass  # another rank set it aside first
+    return None

@@ -14,7 +14,16 @@ from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
-from rlt.stages.common import Recorder, StageContext, newest_teacher
+from rlt.stages.common import (
+    Recorder,
+    StageContext,
+    announce_world,
+    gather_shares,
+    join_process_group,
+    my_share,
+    newest_teacher,
+    rank_device,
+)
 from rlt.stages.sft import teacher_prompt_ids
 
 
@@ -27,11 +36,17 @@ def run_distill(ctx: StageContext) -> str:
     from tqdm.auto import tqdm
 
     spec, st = ctx.spec, ctx.spec.stages.distill
-    device = ctx.device or pick_device()
+    device = rank_device(ctx.device or pick_device())
+    rank, world = join_process_group(device)
+    announce_world("distill")
     formatter = Formatter(resolve_format(spec.format))
     teacher_ref = trained_teacher(ctx)
     tokenizer = load_tokenizer(teacher_ref, padding_side="left")
-    rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
+    all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
+    # Each rank explains its own share of the questions; rank 0 merges them in dataset order and writes the file.
+    share = my_share(all_rows, rank, world)
+    rows = [r for _, r in share]
+    print(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}", flush=True)
     gen = spec.stages.rl.generation
     teacher = None if gen.mode == "server" else load_model(teacher_ref, device)
     student = load_model(spec.student, device)
@@ -83,7 +98,8 @@ def run_distill(ctx: StageContext) -> str:
         bar.update(len(chunk))
     bar.close()
     path = ctx.layout.distill_dataset
-    if ctx.is_main:
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out_rows))
+    merged = gather_shares([(i, row) for (i, _), row in zip(share, out_rows, strict=True)], rank, world, len(all_rows))
+    if merged is not None:
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged))
     recorder.done()
     return str(path)

@@ -21,7 +21,15 @@ from rlt.data import DataError, load_data
 from rlt.layout import atomic_write_json, atomic_write_text
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef
-from rlt.stages.common import Recorder, StageContext
+from rlt.stages.common import (
+    Recorder,
+    StageContext,
+    announce_world,
+    gather_shares,
+    join_process_group,
+    my_share,
+    rank_device,
+)
 
 
 @dataclass
@@ -186,7 +194,14 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     from rlt.models import load_model, load_tokenizer, pick_device
 
     st = settings or ctx.spec.stages.evaluate
-    device = ctx.device or pick_device()
+    device = rank_device(ctx.device or pick_device())
+    rank, world = join_process_group(device)
+    announce_world("evaluate")
+    # Each rank answers its own share of the questions; rank 0 merges them in order and writes the report.
+    all_rows = evalset.rows
+    share = my_share(all_rows, rank, world)
+    print(f"rlt-shard stage=evaluate rank={rank} rows={','.join(str(i) for i, _ in share)}", flush=True)
+    evalset = EvalSet([r for _, r in share], evalset.answer_type, evalset.source)
     formatter = Formatter(resolve_format(ctx.spec.format))
     tags = (formatter.t.solution_start, formatter.t.solution_end)
     tokenizer = load_tokenizer(ref, padding_side="left")
@@ -223,14 +238,18 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
                                server_url=server, timeout=st.generation.server_timeout_seconds, on_batch=on_batch)
     bar.close()
     seconds = time.perf_counter() - started
+    answered = gather_shares([(i, outs) for (i, _), outs in zip(share, outputs, strict=True)], rank, world, len(all_rows))
+    if answered is None:
+        return {}  # not rank 0: rank 0 writes the report
     per_question = []
-    for row, outs in zip(evalset.rows, outputs, strict=True):
+    for row, outs in zip(all_rows, answered, strict=True):
         checked = [grade(row, o, evalset.answer_type, tags) for o in outs]
         per_question.append({
             "row": row.get("row"), "question": row["question"], "solution": row["solution"],
             "accuracy": sum(c for _, c in checked) / len(checked),
             "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked, strict=True)],
         })
+    evalset = EvalSet(all_rows, evalset.answer_type, evalset.source)
     report = build_report(label, ref.model, evalset, st, per_question, seconds, tokens["n"])
     write_report(out_dir, report, per_question)
     if ctx.metrics:
@@ -301,6 +320,7 @@ def run_evaluate(ctx: StageContext) -> str:
     evalset = load_eval_set(ctx.spec, formatter.fmt)
     out = ctx.layout.eval_dir
     report = evaluate_model(ctx, ref, label, evalset, out)
-    print(markdown_table([report]), end="", flush=True)
+    if report:  # rank 0
+        print(markdown_table([report]), end="", flush=True)
     Recorder(ctx, "evaluate", len(evalset.rows)).done()
     return str(out)

@@ -7,6 +7,7 @@ r_KL teacher term then costs no extra forward. In server mode TRL keeps the vLLM
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
@@ -26,6 +27,7 @@ from rlt.stages.common import (
     newest_teacher,
     peft_config,
     quiet_trainer,
+    rank_device,
     save_final_model,
     trainer_options,
 )
@@ -81,6 +83,10 @@ def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generatio
 
 def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
+        # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
+        drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
+        print(f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
+              f"prompts={','.join(drawn)}", flush=True)
         prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]  # = sft.teacher_prompt_ids
         with timer.phase("generate"):
             completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, trainer.num_generations, st)
@@ -105,9 +111,17 @@ def grpo_config(ctx: StageContext, device: str):
     if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
         raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
                          f"({st.per_device_batch_size} × {world})")
-    server = st.generation.mode == "server"
-    if server and not st.generation.server_url:
+    gen = st.generation
+    server, colocate = gen.mode == "server", gen.mode == "colocate"
+    if server and not gen.server_url:
         raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
+    if colocate and not device.startswith("cuda"):
+        raise ValueError("stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
+                         "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)")
+    vllm = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
+    if colocate:  # vLLM shares each rank's GPU with training: unless set, TRL's 30 % (not a generator pod's 90 %)
+        share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
+        vllm.update(vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len)
     return GRPOConfig(
         output_dir=str(ctx.layout.checkpoints_dir("rl")), max_steps=st.steps,
         per_device_train_batch_size=st.per_device_batch_size, gradient_accumulation_steps=ga,
@@ -120,13 +134,13 @@ def grpo_config(ctx: StageContext, device: str):
         sync_ref_model=st.ref_sync.enabled and st.beta > 0 and spec.teacher.lora is None,
         ref_model_mixup_alpha=st.ref_sync.alpha, ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps",
         save_steps=st.save_steps, seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
-        deepspeed=deepspeed_config(st.deepspeed_zero_stage), use_vllm=server, vllm_mode="server",
-        vllm_server_base_url=st.generation.server_url, vllm_server_timeout=st.generation.server_timeout_seconds,
+        deepspeed=deepspeed_config(st.deepspeed_zero_stage), **vllm,
+        vllm_server_base_url=gen.server_url, vllm_server_timeout=gen.server_timeout_seconds,
         # clean sampling (docs/reward.md): nothing but τ and top-p shapes the distribution
         repetition_penalty=1.0, min_p=None,
-        vllm_importance_sampling_correction=server and st.generation.importance_sampling != "off",
-        vllm_importance_sampling_mode=IS_MODES[st.generation.importance_sampling],
-        vllm_importance_sampling_clip_max=st.generation.importance_sampling_cap,
+        vllm_importance_sampling_correction=(server or colocate) and gen.importance_sampling != "off",
+        vllm_importance_sampling_mode=IS_MODES[gen.importance_sampling],
+        vllm_importance_sampling_clip_max=gen.importance_sampling_cap,
         **trainer_options(ctx, st, device),
     )
 
@@ -188,7 +202,7 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
         callbacks=[make_callback(recorder, step_values, ctx.show_progress)], peft_config=peft_config(start),
     )
     point_tensorboard(trainer, ctx, "rl")
-    if args.use_vllm:  # time TRL's weight push to the vLLM server as its own phase
+    if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
         sync = trainer.vllm_generation.sync_weights
 
         def timed_sync(*a, **kw):
@@ -219,7 +233,7 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
 
 def run_rl(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.rl
-    device = ctx.device or pick_device()
+    device = rank_device(ctx.device or pick_device())  # before the student is loaded onto it
     formatter = Formatter(resolve_format(spec.format))
     start = teacher_start(ctx)
     tokenizer = load_tokenizer(start, padding_side="left")

@@ -16,6 +16,7 @@ from rlt.stages.common import (
     make_callback,
     peft_config,
     quiet_trainer,
+    rank_device,
     save_final_model,
     trainer_options,
 )
@@ -104,7 +105,7 @@ def train_sft(ctx: StageContext, device: str, rows: list[dict], tokenizer, stage
 
 def run_sft(ctx: StageContext) -> str:
     spec = ctx.spec
-    device = ctx.device or pick_device()
+    device = rank_device(ctx.device or pick_device())
     formatter = Formatter(resolve_format(spec.format))
     tokenizer = load_tokenizer(spec.teacher, padding_side="right")
     data = load_data(spec.dataset, formatter.fmt)

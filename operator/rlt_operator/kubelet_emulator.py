@@ -1,0 +1,556 @@
+"""An emulator of kubelet (and of the pod-making half of the Job and StatefulSet controllers) for local previews
+and tests: it runs the pods the operator rendered as real local processes and reports them back to the emulated
+API (kmock), so the operator sees real exit codes.
+
+NOT a kubelet and NOT a container runtime. What it does, and what it stands in for:
+- Indexed Jobs: one pod per completion index (annotation and env `JOB_COMPLETION_INDEX`), restartPolicy Never;
+  Job status `active/succeeded/failed` and the Complete / Failed (BackoffLimitExceeded) conditions; the pods of a
+  failed Job are terminated, as the Job controller does.
+- StatefulSets: pods `<name>-<ordinal>`, restartPolicy Always (a dead container restarts, counted in
+  restartCount), readiness from the container's httpGet readinessProbe, `readyReplicas` on the StatefulSet.
+- A deleted Job or StatefulSet: its processes get SIGTERM, then SIGKILL after the grace period; its pods go.
+- Containers: `command` + `args` exactly as rendered, `$(VAR)` expanded as Kubernetes does; `env` exactly as
+  rendered (values, fieldRefs of the pod's annotations/labels/name/namespace/IP, Secret and ConfigMap keys read
+  from the API). The image is stood in for by an `ImageEnv` (a bin folder on PATH: a venv with the same entry
+  points the image has). There is no isolation: every pod shares this machine's network and file system.
+- Volumes: a PersistentVolumeClaim is a folder per claim, a ConfigMap is written as files, an emptyDir is a
+  folder per pod. Paths under a mount in args and env are mapped onto those folders (there is no mount namespace).
+- Networking: every pod is on this machine's loopback. Cluster DNS names (`*.<namespace>.svc[.cluster.local]`) in
+  args, env and mounted ConfigMap files are mapped to 127.0.0.1, so ports as rendered must be free here.
+- GPU requests: ignored; the processes run on CPU (`CUDA_VISIBLE_DEVICES` empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("rlt.kubelet_emulator")
+
+LOOPBACK = "127.0.0.1"
+JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+PATHS = {
+    "pods": "/api/v1/namespaces/{ns}/pods",
+    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
+    "secrets": "/api/v1/namespaces/{ns}/secrets",
+}
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
+_FIELD_KEY = re.compile(r"^metadata\.(annotations|labels)\['(.+)'\]$")
+
+
+@dataclass(frozen=True)
+class ImageEnv:
+    """What stands in for one container image here: its bin folder (put first on PATH) and its image-level env."""
+
+    bin_dir: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class PodConfigError(Exception):
+    """The pod cannot start as rendered (the kubelet's CreateContainerConfigError)."""
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: defined variables are replaced, `$$` is a literal `$`, the rest stays."""
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return _VAR_REF.sub(sub, text)
+
+
+def cluster_dns_pattern(namespaces: list[str]) -> re.Pattern:
+    ns = "|".join(re.escape(n) for n in namespaces)
+    return re.compile(rf"\b(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.)+(?:{ns})\.svc(?:\.cluster\.local)?\b")
+
+
+@dataclass
+class PodRun:
+    """One emulated pod: its API object's identity and its container's process."""
+
+    name: str
+    owner_kind: str  # Job | StatefulSet
+    owner: str
+    index: int
+    restart_policy: str
+    body: dict[str, Any]
+    dir: Path
+    log_path: Path
+    container: dict[str, Any]
+    proc: subprocess.Popen | None = None
+    phase: str = "Pending"
+    exit_code: int | None = None
+    restarts: int = 0
+    ready: bool = False
+    message: str = ""
+    reported: tuple | None = None
+    started_at: float = 0.0
+    terminating: bool = False
+    kill_at: float = 0.0
+    tag: str = ""  # marks every process of the container (its stand-in for a cgroup)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+
+class LocalKubelet:
+    """Watches Jobs and StatefulSets in the emulated API (by polling) and runs their pods as local processes."""
+
+    def __init__(self, api_url: str, workdir: str | Path, images: dict[str, ImageEnv] | None = None,
+                 default_image: ImageEnv | None = None, namespaces: list[str] | None = None,
+                 poll_seconds: float = 0.3, grace_seconds: float = 5.0):
+        self.api = api_url.rstrip("/")
+        self.workdir = Path(workdir).absolute()
+        self.images = dict(images or {})
+        self.default_image = default_image
+        self.namespaces = namespaces or ["default"]
+        self.poll = poll_seconds
+        self.grace = grace_seconds
+        self.pods: dict[tuple[str, str], PodRun] = {}  # (namespace, pod name)
+        self.owners_seen: dict[tuple[str, str, str], str] = {}  # (ns, kind, name) -> uid
+        self.dns = cluster_dns_pattern(self.namespaces)
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task | None = None
+        self.errors: list[str] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._session = aiohttp.ClientSession()
+        self._task = asyncio.create_task(self._loop(), name="kubelet-emulator")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for pod in list(self.pods.values()):
+            self._terminate(pod, grace=1.0)
+        deadline = time.monotonic() + 1.5
+        while any(not self._gone(p) for p in self.pods.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        for pod in self.pods.values():
+            pod.kill_at = 0.0
+            self._reap(pod)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                for ns in self.namespaces:
+                    await self._sync(ns)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the emulator must outlive an API hiccup; said loudly
+                log.exception("kubelet emulator pass failed")
+                self.errors.append(repr(err))
+            await asyncio.sleep(self.poll)
+
+    # ------------------------------------------------------------------ API access
+
+    async def _get(self, path: str) -> Any:
+        assert self._session is not None
+        async with self._session.get(self.api + path) as resp:
+            if resp.status == 404:
+                return None
+            resp.raise_for_status()
+            return await resp.json(content_type=None)
+
+    async def _send(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
+        assert self._session is not None
+        async with self._session.request(method, self.api + path, json=body,
+                                         headers={"Content-Type": content_type}) as resp:
+            if resp.status >= 300 and resp.status != 404:
+                raise RuntimeError(f"{method} {path}: {resp.status} {await resp.text()}")
+            return await resp.json(content_type=None) if resp.status != 404 else None
+
+    async def _status(self, plural: str, ns: str, name: str, status: dict[str, Any]) -> None:
+        await self._send("PATCH", f"{PATHS[plural].format(ns=ns)}/{name}/status", {"status": status},
+                         "application/merge-patch+json")
+
+    # ------------------------------------------------------------------ one pass
+
+    async def _sync(self, ns: str) -> None:
+        jobs = {j["metadata"]["name"]: j for j in (await self._get(PATHS["jobs"].format(ns=ns)) or {}).get("items", [])}
+        stss = {s["metadata"]["name"]: s
+                for s in (await self._get(PATHS["statefulsets"].format(ns=ns)) or {}).get("items", [])}
+        owners = {("Job", n): o for n, o in jobs.items() if not o["metadata"].get("deletionTimestamp")}
+        owners |= {("StatefulSet", n): o for n, o in stss.items() if not o["metadata"].get("deletionTimestamp")}
+
+        # Pods whose owner is gone (or was replaced by a new object of the same name) are terminated and deleted.
+        for key, pod in list(self.pods.items()):
+            if key[0] != ns:
+                continue
+            owner = owners.get((pod.owner_kind, pod.owner))
+            if owner is None or owner["metadata"]["uid"] != pod.body["metadata"]["ownerReferences"][0]["uid"]:
+                self._terminate(pod, self.grace)
+                if self._gone(pod):
+                    await self._send("DELETE", f"{PATHS['pods'].format(ns=ns)}/{pod.name}", None)
+                    del self.pods[key]
+
+        for (kind, _name), obj in owners.items():
+            if kind == "Job":
+                await self._sync_job(ns, obj)
+            else:
+                await self._sync_statefulset(ns, obj)
+
+    def _owned(self, ns: str, kind: str, name: str, uid: str) -> list[PodRun]:
+        return [p for (n, _), p in self.pods.items() if n == ns and p.owner_kind == kind and p.owner == name
+                and p.body["metadata"]["ownerReferences"][0]["uid"] == uid]
+
+    async def _sync_job(self, ns: str, job: dict[str, Any]) -> None:
+        meta, spec = job["metadata"], job["spec"]
+        status = job.get("status") or {}
+        finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                       for c in status.get("conditions") or [])
+        pods = self._owned(ns, "Job", meta["name"], meta["uid"])
+        if not pods and not finished and not spec.get("suspend"):
+            for index in range(int(spec.get("completions", 1))):
+                name = f"{meta['name']}-{index}-{secrets.token_hex(3)[:5]}"
+                await self._create_pod(ns, name, "Job", job, index, hostname=f"{meta['name']}-{index}")
+            pods = self._owned(ns, "Job", meta["name"], meta["uid"])
+        for pod in pods:
+            await self._advance(ns, pod)
+        active = sum(p.phase in ("Pending", "Running") for p in pods)
+        succeeded = sum(p.phase == "Succeeded" for p in pods)
+        failed = sum(p.phase == "Failed" for p in pods)
+        new: dict[str, Any] = {"active": active, "succeeded": succeeded, "failed": failed}
+        conds = list(status.get("conditions") or [])
+        if not finished:
+            if failed > int(spec.get("backoffLimit", 6)):
+                # The Job controller ends the other pods of a failed Job.
+                for pod in pods:
+                    if pod.phase in ("Pending", "Running"):
+                        self._terminate(pod, self.grace)
+                conds.append({"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                              "message": "Job has reached the specified backoff limit"})
+            elif succeeded >= int(spec.get("completions", 1)):
+                conds.append({"type": "Complete", "status": "True", "reason": "Completed", "message": ""})
+        new["conditions"] = conds
+        if any(status.get(k, 0 if k != "conditions" else []) != v for k, v in new.items()):
+            await self._status("jobs", ns, meta["name"], new)
+
+    async def _sync_statefulset(self, ns: str, sts: dict[str, Any]) -> None:
+        meta, spec = sts["metadata"], sts["spec"]
+        pods = {p.index: p for p in self._owned(ns, "StatefulSet", meta["name"], meta["uid"])}
+        for ordinal in range(int(spec.get("replicas", 1))):
+            # A pod of the same name from an earlier StatefulSet must be gone first (as the controller waits).
+            if ordinal not in pods and (ns, f"{meta['name']}-{ordinal}") not in self.pods:
+                await self._create_pod(ns, f"{meta['name']}-{ordinal}", "StatefulSet", sts, ordinal,
+                                       hostname=f"{meta['name']}-{ordinal}")
+        pods = {p.index: p for p in self._owned(ns, "StatefulSet", meta["name"], meta["uid"])}
+        for pod in pods.values():
+            await self._advance(ns, pod)
+        ready = sum(p.ready for p in pods.values())
+        status = sts.get("status") or {}
+        new = {"replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready}
+        if any(status.get(k, 0) != v for k, v in new.items()):
+            await self._status("statefulsets", ns, meta["name"], new)
+
+    # ------------------------------------------------------------------ pods
+
+    async def _create_pod(self, ns: str, name: str, kind: str, owner: dict[str, Any], index: int,
+                          hostname: str) -> None:
+        template = owner["spec"]["template"]
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+        if kind == "Job":
+            labels |= {"job-name": owner["metadata"]["name"], JOB_INDEX_ANNOTATION: str(index)}
+            annotations[JOB_INDEX_ANNOTATION] = str(index)
+        else:
+            labels["statefulset.kubernetes.io/pod-name"] = name
+        pod_spec = dict(template["spec"])
+        pod_spec["hostname"] = hostname
+        body = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations,
+                         "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": kind,
+                                              "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+                                              "controller": True}]},
+            "spec": pod_spec,
+            "status": {"phase": "Pending"},
+        }
+        created = await self._send("POST", PATHS["pods"].format(ns=ns), body)
+        pod_dir = self.workdir / "pods" / ns / name
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        pod = PodRun(name=name, owner_kind=kind, owner=owner["metadata"]["name"], index=index,
+                     restart_policy=pod_spec.get("restartPolicy", "Always"), body=created or body, dir=pod_dir,
+                     log_path=pod_dir / "container.log", container=pod_spec["containers"][0])
+        self.pods[(ns, name)] = pod
+        log.info("pod %s/%s: log %s", ns, name, pod.log_path)
+        try:
+            await self._start(ns, pod)
+        except PodConfigError as err:
+            pod.phase, pod.message = "Failed", f"CreateContainerConfigError: {err}"
+            log.error("pod %s/%s cannot start: %s", ns, name, err)
+
+    async def _advance(self, ns: str, pod: PodRun) -> None:
+        """Fold the process's state into the pod's phase, restart it when its policy says so, report changes."""
+        self._reap(pod)
+        if pod.proc is not None and pod.phase in ("Pending", "Running"):
+            code = pod.proc.poll()
+            if code is None:
+                pod.phase = "Running"
+                if not pod.ready:
+                    pod.ready = await asyncio.to_thread(self._probe, pod)
+            else:
+                pod.exit_code, pod.ready = code, False
+                if pod.restart_policy == "Always" and not pod.terminating:
+                    pod.restarts += 1
+                    log.warning("pod %s/%s exited with %s: restarting (%d)", ns, pod.name, code, pod.restarts)
+                    try:
+                        await self._start(ns, pod)
+                    except PodConfigError as err:
+                        pod.phase, pod.message = "Failed", str(err)
+                else:
+                    pod.phase = "Succeeded" if code == 0 else "Failed"
+        report = (pod.phase, pod.ready, pod.restarts, pod.exit_code)
+        if report != pod.reported:
+            pod.reported = report
+            await self._status("pods", ns, pod.name, self._pod_status(pod))
+
+    def _pod_status(self, pod: PodRun) -> dict[str, Any]:
+        state: dict[str, Any]
+        if pod.phase in ("Succeeded", "Failed") and pod.exit_code is not None:
+            state = {"terminated": {"exitCode": pod.exit_code, "reason": "Completed" if pod.exit_code == 0 else "Error"}}
+        elif pod.phase == "Running":
+            state = {"running": {}}
+        else:
+            state = {"waiting": {"reason": pod.message.split(":")[0] or "ContainerCreating"}}
+        last = {"terminated": {"exitCode": pod.exit_code}} if pod.restarts and pod.exit_code is not None else {}
+        return {
+            "phase": pod.phase, "podIP": LOOPBACK, "hostIP": LOOPBACK, "message": pod.message or None,
+            "conditions": [{"type": "Ready", "status": "True" if pod.ready else "False"}],
+            "containerStatuses": [{"name": pod.container["name"], "ready": pod.ready, "restartCount": pod.restarts,
+                                   "state": state, "lastState": last}],
+        }
+
+    def _probe(self, pod: PodRun) -> bool:
+        probe = pod.container.get("readinessProbe")
+        if not probe:
+            return True
+        get = probe.get("httpGet")
+        if not get:
+            return True  # only httpGet probes are emulated; others count as passing
+        url = f"http://{LOOPBACK}:{get['port']}{get.get('path', '/')}"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 - loopback
+                return 200 <= resp.status < 400
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ containers as processes
+
+    async def _start(self, ns: str, pod: PodRun) -> None:
+        c = pod.container
+        image = self.images.get(c.get("image", ""), self.default_image)
+        if image is None:
+            raise PodConfigError(f"no local stand-in for image {c.get('image')!r}")
+        mounts = await self._mounts(ns, pod)
+        env = {"PATH": f"{image.bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
+               # This machine's home stands for the image's: its caches hold what an image bakes in (the tiny
+               # model, DeepSpeed's compiled CPU ops).
+               "HOME": os.environ.get("HOME", str(self.workdir / "home")), "LANG": "C.UTF-8",
+               "CUDA_VISIBLE_DEVICES": "",
+               "HOSTNAME": pod.body["spec"].get("hostname", pod.name), **image.env}
+        pod.tag = f"{ns}/{pod.name}/{secrets.token_hex(4)}"
+        env_tag = {TAG_VAR: pod.tag}
+        rendered: dict[str, str] = {}
+        for entry in c.get("env") or []:
+            rendered[entry["name"]] = await self._env_value(ns, pod, entry, {**env, **rendered})
+        # Only what the pod spec says is mapped onto this machine; the stand-in image's own env is already local.
+        env |= {k: self._localize(v, mounts) for k, v in rendered.items()}
+        argv = [self._localize(expand(a, env), mounts) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+        if not argv:
+            raise PodConfigError("the container has no command (image entrypoints are not emulated)")
+        exe = shutil.which(argv[0], path=env["PATH"])
+        if exe is None:
+            raise PodConfigError(f"executable {argv[0]!r} not found in the image stand-in ({image.bin_dir})")
+        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+        cwd = self._localize(c["workingDir"], mounts) if c.get("workingDir") else str(pod.dir)
+        logf = pod.log_path.open("ab")
+        logf.write(f"--- {time.strftime('%H:%M:%S')} start {' '.join(argv)}\n".encode())
+        logf.flush()
+        try:
+            pod.proc = subprocess.Popen([exe, *argv[1:]], env={**env, **env_tag}, cwd=cwd, stdout=logf,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as err:  # the runtime's StartError
+            raise PodConfigError(f"cannot start {argv[0]!r}: {err}") from None
+        finally:
+            logf.close()
+        pod.phase, pod.exit_code, pod.ready, pod.started_at = "Running", None, False, time.monotonic()
+
+    async def _env_value(self, ns: str, pod: PodRun, entry: dict[str, Any], env: dict[str, str]) -> str:
+        if "value" in entry:
+            return expand(str(entry["value"]), env)
+        src = entry.get("valueFrom") or {}
+        meta = pod.body["metadata"]
+        if "fieldRef" in src:
+            path = src["fieldRef"]["fieldPath"]
+            m = _FIELD_KEY.match(path)
+            if m:
+                return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
+            simple = {"metadata.name": meta["name"], "metadata.namespace": ns, "status.podIP": LOOPBACK,
+                      "status.hostIP": LOOPBACK, "spec.nodeName": "localhost",
+                      "spec.serviceAccountName": pod.body["spec"].get("serviceAccountName", "default")}
+            if path not in simple:
+                raise PodConfigError(f"env {entry['name']}: fieldRef {path!r} is not emulated")
+            return simple[path]
+        for kind, plural in (("secretKeyRef", "secrets"), ("configMapKeyRef", "configmaps")):
+            if kind in src:
+                ref = src[kind]
+                obj = await self._get(f"{PATHS[plural].format(ns=ns)}/{ref['name']}")
+                data = (obj or {}).get("data") or {}
+                if ref["key"] not in data:
+                    if ref.get("optional"):
+                        return ""
+                    raise PodConfigError(f"env {entry['name']}: {plural[:-1]} {ref['name']!r} has no key {ref['key']!r}")
+                value = data[ref["key"]]
+                if plural == "secrets":
+                    import base64
+
+                    value = base64.b64decode(value).decode()
+                return value
+        raise PodConfigError(f"env {entry['name']}: unsupported valueFrom {sorted(src)}")
+
+    async def _mounts(self, ns: str, pod: PodRun) -> list[tuple[str, Path]]:
+        """(mountPath, host folder) per volumeMount, longest mount path first."""
+        volumes = {v["name"]: v for v in pod.body["spec"].get("volumes") or []}
+        out = []
+        for m in pod.container.get("volumeMounts") or []:
+            vol = volumes.get(m["name"])
+            if vol is None:
+                raise PodConfigError(f"volumeMount {m['name']!r} names no volume of the pod")
+            if "persistentVolumeClaim" in vol:
+                host = self.workdir / "volumes" / ns / vol["persistentVolumeClaim"]["claimName"]
+            elif "configMap" in vol:
+                host = pod.dir / "volumes" / m["name"]
+                cm = await self._get(f"{PATHS['configmaps'].format(ns=ns)}/{vol['configMap']['name']}")
+                if cm is None:
+                    raise PodConfigError(f"configmap {vol['configMap']['name']!r} not found")
+                host.mkdir(parents=True, exist_ok=True)
+                for key, text in (cm.get("data") or {}).items():
+                    (host / key).write_text(self.dns.sub(LOOPBACK, text))
+            elif "emptyDir" in vol:
+                host = pod.dir / "volumes" / m["name"]
+            else:
+                raise PodConfigError(f"volume {m['name']!r}: only persistentVolumeClaim, configMap and emptyDir "
+                                     "are emulated")
+            host.mkdir(parents=True, exist_ok=True)
+            out.append((m["mountPath"].rstrip("/"), host))
+        return sorted(out, key=lambda t: -len(t[0]))
+
+    def _localize(self, text: str, mounts: list[tuple[str, Path]]) -> str:
+        """Cluster DNS names → loopback; paths under a mount → its host folder (no mount namespace here)."""
+        text = self.dns.sub(LOOPBACK, text)
+        if not mounts:
+            return text
+        # One pass: a host folder put in for one mount (say under /tmp) is never rewritten again by another.
+        hosts = dict(mounts)
+        pattern = "|".join(re.escape(m) for m, _ in mounts)  # longest first
+        return re.sub(rf"(?<![\w/.-])({pattern})(?=/|$|[\s:,;\"'])", lambda m: str(hosts[m.group(1)]), text)
+
+    def _terminate(self, pod: PodRun, grace: float) -> None:
+        """SIGTERM to the container's main process now, SIGKILL to all of its processes after `grace` (kubelet's
+        order); `_reap` finishes the job on later passes, so the event loop (and the API it serves) never waits."""
+        if not pod.terminating:
+            pod.terminating = True
+            pod.kill_at = time.monotonic() + grace
+            if pod.proc is not None and pod.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pod.proc.pid, signal.SIGTERM)
+        self._reap(pod)
+
+    def _reap(self, pod: PodRun) -> None:
+        if pod.terminating and time.monotonic() >= pod.kill_at:
+            kill_all(pod.tag)
+        if pod.proc is not None and pod.proc.poll() is not None and not pod.terminating:
+            # The main process ended: like a container's end, nothing it started outlives it.
+            kill_all(pod.tag)
+
+    def _gone(self, pod: PodRun) -> bool:
+        return (pod.proc is None or pod.proc.poll() is not None) and not tagged_processes(pod.tag)
+
+    # ------------------------------------------------------------------ for people and tests
+
+    def pod(self, name_prefix: str, namespace: str = "default") -> PodRun:
+        found = [p for (ns, n), p in self.pods.items() if ns == namespace and n.startswith(name_prefix)]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} pods match {name_prefix!r}: {[p.name for p in found]}")
+        return found[0]
+
+    def kill(self, pod_name: str, namespace: str = "default") -> None:
+        """A pod dies (node lost, OOM kill): every process of its container gets SIGKILL; the pod then fails."""
+        kill_all(self.pods[(namespace, pod_name)].tag)
+
+    def claim_dir(self, claim: str, namespace: str = "default") -> Path:
+        return self.workdir / "volumes" / namespace / claim
+
+
+TAG_VAR = "KUBELET_EMULATOR_CONTAINER"  # inherited by every process a container starts (launchers start sessions)
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live processes of one emulated container, found by the tag in their environment."""
+    if not tag:
+        return []
+    needle = f"{TAG_VAR}={tag}".encode()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def kill_all(tag: str) -> None:
+    for pid in tagged_processes(tag):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def process_env(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def rank_processes(pod: PodRun) -> dict[int, int]:
+    """{RANK: pid} of the training workers inside a pod (the launcher's children that carry a RANK)."""
+    if pod.proc is None:
+        return {}
+    out = {}
+    for pid in tagged_processes(pod.tag):
+        env = process_env(pid)
+        if "RANK" in env and "LOCAL_RANK" in env and pid != pod.proc.pid:
+            out[int(env["RANK"])] = pid
+    return out

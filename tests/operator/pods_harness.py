@@ -1,0 +1,73 @@
+"""The operator, the emulated API and the kubelet emulator together: rendered pods run as real local processes.
+
+The trainer image is stood in for by this interpreter's venv (same entry points: rlt, accelerate, torchrun) with
+this checkout first on PYTHONPATH; nothing of the rendered command line or env is changed for the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet
+
+REPO = Path(__file__).resolve().parents[2]
+WORLD_LINE = re.compile(r"^rlt-world stage=(\w+) rank=(\d+) world_size=(\d+) backend=(\w+) node_rank=(\d+)", re.M)
+
+
+def trainer_image() -> ImageEnv:
+    from rlt_operator.sandbox_pods import baked_caches
+
+    return ImageEnv(str(Path(sys.executable).parent),
+                    {"PYTHONPATH": f"{REPO / 'training'}:{REPO / 'operator'}", "PYTHONUNBUFFERED": "1",
+                     "TOKENIZERS_PARALLELISM": "false", **baked_caches()})
+
+
+@contextlib.asynccontextmanager
+async def running_pods(harness, workdir: Path, **kwargs: Any):
+    kubelet = LocalKubelet(harness.url, workdir, default_image=trainer_image(), poll_seconds=0.2, **kwargs)
+    await kubelet.start()
+    try:
+        yield kubelet
+    finally:
+        await kubelet.stop()
+
+
+def pod_logs(kubelet: LocalKubelet, prefix: str, namespace: str = "default") -> dict[str, str]:
+    """Container logs of every pod whose name starts with `prefix`, deleted pods included (their files stay)."""
+    return {p.parent.name: p.read_text(errors="replace")
+            for p in sorted((kubelet.workdir / "pods" / namespace).glob(f"{prefix}*/container.log"))}
+
+
+def world_lines(text: str) -> list[dict[str, Any]]:
+    return [{"stage": m[0], "rank": int(m[1]), "world": int(m[2]), "backend": m[3], "node": int(m[4])}
+            for m in WORLD_LINE.findall(text)]
+
+
+def metrics_rows(claim: Path, run: str) -> list[dict[str, Any]]:
+    path = claim / run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def wait_for(predicate, what: str, timeout: float, kubelet: LocalKubelet | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            logs = ""
+            if kubelet is not None:
+                logs = "\n".join(f"--- {n}\n{t[-3000:]}" for n, t in pod_logs(kubelet, "").items())
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
+        await asyncio.sleep(0.2)

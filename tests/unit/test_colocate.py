@@ -1,0 +1,56 @@
+"""generation.mode colocate: TRL's colocate mode (vLLM inside each trainer process); no generator pods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlt.spec import SpecError, parse_run
+
+TINY = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "rltrun-tiny.yaml"
+
+
+def _run(mode: str, **gen):
+    doc = yaml.safe_load(TINY.read_text())
+    doc["spec"]["stages"]["rl"]["generation"] = {"mode": mode, **gen}
+    return parse_run(doc)
+
+
+def test_colocate_configures_trl_and_needs_no_generator_pods(tmp_path):
+    from rlt.layout import RunLayout
+    from rlt.stages.common import StageContext
+    from rlt.stages.rl import grpo_config
+    from rlt_operator import builders as b
+
+    run = _run("colocate")
+    ctx = StageContext(run, RunLayout.for_run(tmp_path, "tiny"))
+    with pytest.raises(ValueError, match="colocate runs vLLM inside the trainer .* on CPU use inprocess"):
+        grpo_config(ctx, "cpu")
+    assert not b.needs_generators(run.spec, "rl")
+    # On a GPU the same spec becomes TRL's colocate mode with a training-friendly vLLM memory share.
+    import trl
+
+    seen = {}
+    real = trl.GRPOConfig
+
+    def capture(**kw):
+        seen.update(kw)
+        raise RuntimeError("stop")  # the config itself would look for a GPU
+
+    trl.GRPOConfig = capture
+    try:
+        with pytest.raises(RuntimeError, match="stop"):
+            grpo_config(ctx, "cuda")
+    finally:
+        trl.GRPOConfig = real
+    assert seen["use_vllm"] is True and seen["vllm_mode"] == "colocate"
+    assert seen["vllm_gpu_memory_utilization"] == 0.3
+
+
+def test_colocate_is_refused_for_evaluate():
+    doc = yaml.safe_load(TINY.read_text())
+    doc["spec"]["stages"]["evaluate"] = {"enabled": True, "generation": {"mode": "colocate"}}
+    with pytest.raises(SpecError, match="stages.evaluate.generation.mode: colocate"):
+        parse_run(doc)
