@@ -7,12 +7,13 @@ STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests generate images bench clean \
-	image-tools operator-image images-local images-test images-push
+	image-tools operator-image images-local images-test images-push lint
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make bench  - reward-scoring and operator-scale benchmarks"
+	@echo "make lint   - ruff (lint + format check) and mypy, as make test runs them first"
 
 # torch first, from the local CPU wheel: a bare `torch` requirement would pull the CUDA build.
 $(STAMP): pyproject.toml
@@ -65,8 +66,15 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
-test: $(STAMP) tools $(VLLM_STAMP) operator-image
+# Lint first: a style or type slip fails in seconds, before the long suite starts.
+test: $(STAMP) tools $(VLLM_STAMP) operator-image lint
 	$(BIN)/python -m pytest -q -rs
+
+# ruff (lint + formatting) and mypy, configured in pyproject.toml; .pre-commit-config.yaml runs the same on commit.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -103,7 +103,7 @@ def reward_bench(path: Path, n: int, batch_size: int) -> dict:
         n_params = sum(p.numel() for p in model.parameters())
         emb = model.get_input_embeddings().weight.numel()
         flops = 2 * (n_params - emb) * st.forward_tokens + 2 * emb * st.scored_tokens
-        chats = [fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0] for q, s, c in zip(qs, ss, cs)]
+        chats = [fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0] for q, s, c in zip(qs, ss, cs, strict=True)]
         chat_tokens = sum(len(tok(c, add_special_tokens=False).input_ids) for c in chats)
         # Reference: one sequence at a time, full forward, full-vocabulary fp32 log-softmax.
         torch.cuda.synchronize()

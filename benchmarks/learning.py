@@ -51,8 +51,8 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
     xs = list(range(n))
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    resid = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    resid = sum((y - my - b * (x - mx)) ** 2 for x, y in zip(xs, ys, strict=True))
     se = math.sqrt(resid / (n - 2) / sxx)
     return b, t_quantile(n - 2) * se
 
@@ -160,7 +160,7 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
         br = reward.score(qs, sols, completions)
         expl = [formatter.split_explanation(c)[0] for c in completions]
         ok = graded(qs, answer_explained(student, s_tok_left, formatter, qs, expl), formatter)
-        leaks = [bool(re.search(rf"(?<!\d){re.escape(s)}(?!\d)", e)) for e, s in zip(expl, sols)]
+        leaks = [bool(re.search(rf"(?<!\d){re.escape(s)}(?!\d)", e)) for e, s in zip(expl, sols, strict=True)]
         results[name] = {
             "accuracy": sum(ok) / len(ok), "correct": sum(ok), "n": len(ok),
             "solution_logprob_mean": statistics.fmean(br.solution_logprob_mean),
@@ -181,7 +181,7 @@ def plot(runs: dict[int, dict], figures: dict[int, dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, key, title in zip(axes, ("reward", "r_ss", "r_kl"),
                               ("reward R = r_SS − λ·r_KL − penalty", "r_SS (student log-prob of solution)",
-                               "r_KL (teacher − student on explanation)")):
+                               "r_KL (teacher − student on explanation)"), strict=False):
         for seed, f in figures.items():
             if key not in f:
                 continue

@@ -73,12 +73,12 @@ def reward_same_weights(completion: int) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from rlt import tasks
     from rlt.generation import sample_with_logprobs
     from rlt.models import load_model, load_tokenizer
     from rlt.prompts import Formatter, resolve_format
     from rlt.reward import RLTReward
     from rlt.spec import FormatSpec, ModelRef
-    from rlt import tasks
 
     ref = ModelRef(model=SMOL)
     tok = load_tokenizer(ref, padding_side="left")
@@ -98,8 +98,8 @@ def reward_same_weights(completion: int) -> dict:
         torch.manual_seed(1)
         samples[name] = sample_with_logprobs(model, tok, prompts, temperature=0.7, top_p=1.0, max_new_tokens=completion)
     out["same_sampled_tokens"] = samples["peft"].completion_ids == samples["merged"].completion_ids
-    out["max_abs_diff_sampled_logprob"] = max(abs(a - b) for x, y in zip(samples["peft"].logprobs, samples["merged"].logprobs)
-                                              for a, b in zip(x, y))
+    out["max_abs_diff_sampled_logprob"] = max(abs(a - b) for x, y in zip(samples["peft"].logprobs, samples["merged"].logprobs, strict=False)
+                                              for a, b in zip(x, y, strict=False))
     texts = [tok.decode(c, skip_special_tokens=True) for c in samples["merged"].completion_ids]
     q, s = [r["question"] for r in rows], [r["solution"] for r in rows]
     scores = {}
@@ -109,7 +109,7 @@ def reward_same_weights(completion: int) -> dict:
                            teacher_tokenizer=tok)
         scores[name] = reward.score(q, s, texts).total
     out["rewards_merged"] = [round(x, 5) for x in scores["merged"]]
-    out["max_abs_diff_reward"] = max(abs(a - b) for a, b in zip(scores["peft"], scores["merged"]))
+    out["max_abs_diff_reward"] = max(abs(a - b) for a, b in zip(scores["peft"], scores["merged"], strict=True))
     return out
 
 
@@ -132,9 +132,9 @@ def main() -> None:
                 sys.exit(f"arm {arm} failed:\n{proc.stderr[-3000:]}")
             result[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
             print(arm, json.dumps(result[arm]), file=sys.stderr, flush=True)
-        f, l = result["full"], result["lora"]
+        full, lora = result["full"], result["lora"]
         result["ratios_lora_over_full"] = {
-            k: round(l[k] / f[k], 3) for k in ("peak_rss_mb", "step_s_mean_after_first", "update_s_mean_after_first",
+            k: round(lora[k] / full[k], 3) for k in ("peak_rss_mb", "step_s_mean_after_first", "update_s_mean_after_first",
                                                "generate_s_mean_after_first")}
     result["reward_same_weights"] = reward_same_weights(a.completion)
     print(json.dumps(result, indent=2))

@@ -140,7 +140,7 @@ def reference_scores(model, tok, fmt, qs, ss, cs):
         return out, ids.shape[1]
 
     res, tokens = RewardBreakdown(), 0
-    for q, s, c in zip(qs, ss, cs):
+    for q, s, c in zip(qs, ss, cs, strict=True):
         e, closed = fmt.split_explanation(c)
         chat, e_span, s_span = fmt.student_chat(tok, q, e, s)
         (stud_e, stud_s), n1 = token_lps(chat, [(e_span.start, e_span.end), (s_span.start, s_span.end)])
@@ -164,7 +164,7 @@ def teacher_logprobs(model, tok, fmt, qs, ss, cs):
     import torch
 
     ids_all, lps_all = [], []
-    for q, s, c in zip(qs, ss, cs):
+    for q, s, c in zip(qs, ss, cs, strict=True):
         p_ids = tok(fmt.teacher_prompt(tok, q, s), add_special_tokens=False).input_ids
         c_ids = tok(c, add_special_tokens=False).input_ids
         with torch.no_grad():
@@ -177,7 +177,7 @@ def teacher_logprobs(model, tok, fmt, qs, ss, cs):
 def prefix_decode_offsets(tokenizer, ids):
     """The offsets method this project used before: decode every growing prefix (quadratic), for comparison."""
     lengths = [len(tokenizer.decode(list(ids[: k + 1]), skip_special_tokens=True)) for k in range(len(ids))]
-    return list(zip([0] + lengths[:-1], lengths))
+    return list(zip([0] + lengths[:-1], lengths, strict=False))
 
 
 def run_long(args, model, tok, fmt) -> dict:
@@ -235,11 +235,11 @@ def matmul_peak_gflops(seconds: float = 3.0) -> float:
 def run_variant(args) -> dict:
     """Child process: load, build the workload, time one variant, report."""
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlt.prompts import Formatter, resolve_format
     from rlt.reward import RLTReward
     from rlt.spec import FormatSpec
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1)))
     path = model_path(args.model)
@@ -254,7 +254,7 @@ def run_variant(args) -> dict:
         return run_long(args, model, tok, fmt)
     qs, ss, cs = workload(tok, args.n, args.grouped)
     chat_tokens = sum(len(tok(fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0], add_special_tokens=False).input_ids)
-                      for q, s, c in zip(qs, ss, cs))
+                      for q, s, c in zip(qs, ss, cs, strict=True))
     if args.variant == "teacher":  # generation's log-probs, made in their own process so they cost the scorer nothing
         ids, lps = teacher_logprobs(model, tok, fmt, qs, ss, cs)
         return {"ids": ids, "lps": lps}
@@ -328,7 +328,7 @@ def main() -> None:
                 json.dump(child(model, "teacher", grouped, args.n, args.batch_size), tf)
                 tf.flush()
                 new = child(model, "batched", grouped, args.n, args.batch_size, tf.name)
-            diffs = {k: max(abs(a - b) for a, b in zip(ref["scores"][k], new["scores"][k])) for k in ref["scores"]}
+            diffs = {k: max(abs(a - b) for a, b in zip(ref["scores"][k], new["scores"][k], strict=True)) for k in ref["scores"]}
             entry = {
                 "model": model, "workload": wl,
                 "max_abs_diff": {k: float(f"{v:.3g}") for k, v in diffs.items()},

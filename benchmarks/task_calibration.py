@@ -55,7 +55,7 @@ def answer_explained(model, tokenizer, formatter: Formatter, questions: list[str
     """The student's answers when the thought is the given explanation (answer tag already opened)."""
     t = formatter.t
     prompts = []
-    for q, e in zip(questions, explanations):
+    for q, e in zip(questions, explanations, strict=True):
         messages = formatter.student_messages(q, e, "")
         messages[-1]["content"] = f"{t.thought_start}{e}{t.thought_end}{formatter.fmt.separator}{t.solution_start}"
         prompts.append(tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True))
@@ -67,7 +67,7 @@ def graded(questions: list[str], outputs: list[str], formatter: Formatter) -> li
     from rlt.stages.evaluate import grade
 
     tags = (formatter.t.solution_start, formatter.t.solution_end)
-    return [grade({"question": q, "solution": ""}, o, "builtin", tags)[1] for q, o in zip(questions, outputs)]
+    return [grade({"question": q, "solution": ""}, o, "builtin", tags)[1] for q, o in zip(questions, outputs, strict=True)]
 
 
 def main() -> None:
@@ -106,7 +106,7 @@ def main() -> None:
             lo, hi = wilson(sum(ok), len(ok))
             cells.append(f"{sum(ok) / len(ok):.2f} | [{lo:.2f}, {hi:.2f}]")
         print(f"| {level} | {qs[0]} | {' | '.join(cells)} | {time.perf_counter() - t0:.0f} |", flush=True)
-        for q, o in list(zip(qs, direct))[: args.show]:
+        for q, o in list(zip(qs, direct, strict=True))[: args.show]:
             print(f"    direct {q!r} -> {o!r}")
 
 

@@ -164,7 +164,7 @@ def owner_reference(ref: RunRef) -> dict[str, Any]:
     }
 
 
-def _meta(ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, str] | None = None) -> dict:
+def _meta(ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": ref.namespace,
@@ -276,7 +276,7 @@ def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
     return affinity
 
 
-_MOUNTS = [
+_MOUNTS: list[dict[str, Any]] = [
     {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
     {"name": "data", "mountPath": PVC_MOUNT},
     {"name": "dshm", "mountPath": "/dev/shm"},

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from rlt.spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, RLTRunSpec
 
 from .status_model import RLTRunStatus

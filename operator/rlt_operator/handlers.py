@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
+
 from rlt.metrics import OPERATOR_METRICS, build
 from rlt.spec import API_GROUP, API_VERSION, PLURAL, STAGE_ORDER
 

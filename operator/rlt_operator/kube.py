@@ -42,7 +42,7 @@ class Kube:
     timeout: float = 15.0
 
     @classmethod
-    def from_environment(cls) -> "Kube":
+    def from_environment(cls) -> Kube:
         """In-cluster service account if present, else $KUBECONFIG / ~/.kube/config (as kubectl does)."""
         import kubernetes
 

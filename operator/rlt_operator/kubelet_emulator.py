@@ -209,7 +209,7 @@ class LocalKubelet:
                     await self._send("DELETE", f"{PATHS['pods'].format(ns=ns)}/{pod.name}", None)
                     del self.pods[key]
 
-        for (kind, name), obj in owners.items():
+        for (kind, _name), obj in owners.items():
             if kind == "Job":
                 await self._sync_job(ns, obj)
             else:

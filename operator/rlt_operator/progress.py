@@ -15,7 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from . import builders
 
 
-
 def url_for(template: str, run: str, namespace: str, stage: str) -> str:
     """Rank 0's /metrics URL from OperatorSettings.progress_url (DEFAULT_PROGRESS_URL: pod 0 of the Job)."""
     job = builders.trainer_name(run, stage)

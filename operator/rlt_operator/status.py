@@ -109,29 +109,30 @@ def pod_problem(status: dict[str, Any], containers: list[dict[str, Any]]) -> dic
 class Observed:
     """Children of one run, by name (pods as a list), as summaries from `summarize`."""
 
-    configmaps: dict[str, dict] = field(default_factory=dict)
-    persistentvolumeclaims: dict[str, dict] = field(default_factory=dict)
-    services: dict[str, dict] = field(default_factory=dict)
-    statefulsets: dict[str, dict] = field(default_factory=dict)
-    jobs: dict[str, dict] = field(default_factory=dict)
-    pods: list[dict] = field(default_factory=list)
-    networkpolicies: dict[str, dict] = field(default_factory=dict)
+    configmaps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    persistentvolumeclaims: dict[str, dict[str, Any]] = field(default_factory=dict)
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    statefulsets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    networkpolicies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _cond_true(obj: dict, type_: str) -> dict | None:
-    for c in obj.get("conditions", []):
+def _cond_true(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    conditions: list[dict[str, Any]] = obj.get("conditions", [])
+    for c in conditions:
         if c.get("type") == type_ and c.get("status") == "True":
             return c
     return None
 
 
-def job_complete(job: dict | None) -> bool:
+def job_complete(job: dict[str, Any] | None) -> bool:
     if not job or job.get("deleting"):
         return False
     return bool(_cond_true(job, "Complete")) or job.get("succeeded", 0) >= job.get("completions", 1)
 
 
-def job_failure(job: dict | None) -> str | None:
+def job_failure(job: dict[str, Any] | None) -> str | None:
     if not job:
         return None
     c = _cond_true(job, "Failed")
@@ -172,7 +173,7 @@ def parse_time(s: str | None) -> dt.datetime | None:
     return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
 
 
-def set_condition(conds: list[dict], type_: str, status: bool, reason: str, message: str, now: dt.datetime) -> None:
+def set_condition(conds: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, now: dt.datetime) -> None:
     """Upsert a condition; lastTransitionTime changes only when its status does."""
     value = "True" if status else "False"
     for c in conds:
@@ -463,7 +464,7 @@ def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now:
     return want
 
 
-def gang_failure(job: dict | None, job_name: str, pods: list[dict], stage: str,
+def gang_failure(job: dict[str, Any] | None, job_name: str, pods: list[dict[str, Any]], stage: str,
                  restarts: int) -> tuple[str | None, str | None, bool]:
     """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
     code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
@@ -510,11 +511,11 @@ def _pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now:
         elif gang or any(c["type"] == cond for c in run_status["conditions"]):
             set_condition(run_status["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang",
                           now)
-    stuck = [p for p in gang if p.get("sandboxWaitingSince") and parse_time(p["sandboxWaitingSince"])
-             and (now - parse_time(p["sandboxWaitingSince"])).total_seconds() >= VOLUME_ATTACH_WAIT]
+    waiting = [(p, since) for p in gang if (since := parse_time(p.get("sandboxWaitingSince"))) is not None]
+    stuck = [(p, since) for p, since in waiting if (now - since).total_seconds() >= VOLUME_ATTACH_WAIT]
     if stuck:
-        name = stuck[0]["name"]
-        minutes = int((now - parse_time(stuck[0]["sandboxWaitingSince"])).total_seconds() // 60)
+        name = stuck[0][0]["name"]
+        minutes = int((now - stuck[0][1]).total_seconds() // 60)
         message = (f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
                    f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})")
         set_condition(run_status["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
@@ -556,7 +557,7 @@ def _fail(run_status: dict[str, Any], reason: str, message: str, now: dt.datetim
     set_condition(run_status["conditions"], "Failed", True, reason, message, now)
 
 
-def _terminal(ref: builders.RunRef, spec: RLTRunSpec, run_status: dict, plan: _Plan, observed: Observed,
+def _terminal(ref: builders.RunRef, spec: RLTRunSpec, run_status: dict[str, Any], plan: _Plan, observed: Observed,
               now: dt.datetime) -> float | None:
     """Free the GPUs now; keep finished trainer Jobs (their logs) until ttlSecondsAfterFinished."""
     if not run_status.get("completionTime"):
@@ -647,6 +648,7 @@ def _finish(prev: dict[str, Any], run_status: dict[str, Any], plan: _Plan, reque
     events = transition_events(prev, run_status)
     for a in plan.actions:
         if a.verb == "create" and a.plural == "jobs":
+            assert a.body is not None, "a create action carries the object it creates"
             lb = a.body["metadata"]["labels"]
             events.append(("Normal", "TrainerCreated",
                            f"stage {lb.get(builders.L_STAGE)}: trainer Job {a.name} created "

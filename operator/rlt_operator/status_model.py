@@ -7,12 +7,12 @@ an error), keeps the two from drifting apart.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-DATE_TIME = {"format": "date-time"}
+DATE_TIME: dict[str, Any] = {"format": "date-time"}  # a pydantic JsonDict
 
 
 class _Status(BaseModel):
@@ -101,6 +101,6 @@ class RLTRunStatus(_Status):
     conditions: list[Condition] | None = Field(None, description="Current state, one entry per type.")
 
 
-def check(status: dict) -> None:
+def check(status: dict[str, Any]) -> None:
     """Raise if `status` holds a field the CRD would prune (or a wrong type)."""
     RLTRunStatus.model_validate(status)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from chart_helpers import VALUE_SETS, render_set
 
 

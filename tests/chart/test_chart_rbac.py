@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
-
 from chart_helpers import by_kind, one, render_set
+
+from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
 
 
 def normalized(rules) -> list[dict]:

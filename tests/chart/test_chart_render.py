@@ -7,8 +7,18 @@ import json
 import kubernetes_validate
 import pytest
 import yaml
-
-from chart_helpers import CHART, IMAGE, MONITORING_API, VALUE_SETS, by_kind, helm, one, render_set, template, validate_monitoring_objects
+from chart_helpers import (
+    CHART,
+    IMAGE,
+    MONITORING_API,
+    VALUE_SETS,
+    by_kind,
+    helm,
+    one,
+    render_set,
+    template,
+    validate_monitoring_objects,
+)
 
 K8S_VERSIONS = ("1.31.0", "1.37.0")
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -181,7 +191,7 @@ def test_prometheusrule_embeds_the_rule_file():
     source = yaml.safe_load((CHART / "files" / "alerts" / "rlt-alerts.yaml").read_text())
     rendered_groups = rule["spec"]["groups"]
     assert [g["name"] for g in rendered_groups] == [g["name"] for g in source["groups"]]
-    for got_g, want_g in zip(rendered_groups, source["groups"]):
+    for got_g, want_g in zip(rendered_groups, source["groups"], strict=True):
         for got, want in zip(got_g["rules"], want_g["rules"], strict=True):
             assert got["expr"] == want["expr"] and got.get("for") == want.get("for")
             assert got["labels"] == {**want["labels"], "team": "ml-platform"}

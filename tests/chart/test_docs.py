@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import yaml
-
 from chart_helpers import CHART, ROOT
 
 OPAQUE = {"podSecurityContext", "securityContext", "resources"}  # documented as one row each

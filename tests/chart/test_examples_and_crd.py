@@ -10,7 +10,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
 from chart_helpers import CHART, IMAGE, ROOT, helm, render_set
 
 CRD_FILE = ROOT / "manifests" / "crd" / "rltruns.rlt.dev.yaml"

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from chart_helpers import ROOT, tool
 
 IMAGES = sorted((ROOT / "images").glob("*/Containerfile"))

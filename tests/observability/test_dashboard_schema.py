@@ -10,7 +10,6 @@ import json
 import subprocess
 
 import pytest
-
 from obs_helpers import DASHBOARD_DIR, ROOT, dashboards, tool
 
 NPM = ROOT / ".tools" / "npm" / "node_modules"

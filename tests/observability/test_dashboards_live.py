@@ -26,7 +26,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from obs_helpers import ROOT, dashboards, panel_queries, tool
 
 TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"

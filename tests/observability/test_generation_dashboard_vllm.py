@@ -23,7 +23,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from obs_helpers import ROOT, dashboards, panel_queries, tool
 from test_dashboards_live import Procs, concrete, free_port, http_get, only_vllm, prom_query, wait_until
 

@@ -8,9 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from obs_helpers import (
-    ALERTS_FILE, METRIC_RE, ROOT, VLLM_METRICS, alert_rules, catalogue_names, dashboards, panel_queries, tool,
+    ALERTS_FILE,
+    METRIC_RE,
+    ROOT,
+    VLLM_METRICS,
+    alert_rules,
+    catalogue_names,
+    dashboards,
+    panel_queries,
+    tool,
 )
 
 ALERTS_TEST = Path(__file__).parent / "alerts_test.yaml"

@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import yaml

@@ -67,7 +67,7 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
         for attempt in range(1, 4):
             killer = SaveKiller(kubelet, ckpts)
             killer.start()
-            await wait_for(lambda: killer.killed, "a checkpoint being written", 600, kubelet)
+            await wait_for(lambda k=killer: k.killed, "a checkpoint being written", 600, kubelet)
             killer.stop = True
             await harness.wait_status(RUN, lambda s, a=attempt: s.get("restarts") == a, "a gang restart", 120)
             old_pods |= set(killer.victims)

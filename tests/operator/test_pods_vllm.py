@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from op_harness import example
-from pods_harness import REPO, pod_logs, running_pods, trainer_image
+from pods_harness import REPO, pod_logs, running_pods
 
 from rlt_operator.kubelet_emulator import ImageEnv
 
@@ -25,9 +25,9 @@ RUN = "vl"
 
 
 async def test_distill_generates_through_the_rendered_vllm_generator_pod(harness, tmp_path):
-    from rlt.models import resolve_model_path
-
     import shutil
+
+    from rlt.models import resolve_model_path
 
     doc = example("rltrun-tiny.yaml")
     doc["metadata"]["name"] = RUN

@@ -35,7 +35,7 @@ BYTES = byte_decoder()
 def token_bytes(tok, ids, skip_special: bool = False) -> list[bytes]:
     special = set(tok.all_special_ids) if skip_special else set()
     return [b"" if i in special else bytes(BYTES[ch] for ch in piece)
-            for i, piece in zip(ids, tok.convert_ids_to_tokens(list(ids)))]
+            for i, piece in zip(ids, tok.convert_ids_to_tokens(list(ids)), strict=True)]
 
 
 def char_ranges(tok, ids, text: str, skip_special: bool = False) -> list[tuple[int, int]]:
@@ -78,11 +78,11 @@ def pair_by_cuts(t_tokens, s_tokens, same_vocab: bool) -> tuple[list[float], int
 
     common = sorted(cuts(t_tokens) & cuts(s_tokens))
     deltas, paired = [], 0
-    for lo, hi in zip(common, common[1:]):
+    for lo, hi in zip(common, common[1:], strict=False):
         tt = [x for x in t_tokens if x[0] >= lo and x[1] <= hi]
         ss = [x for x in s_tokens if x[0] >= lo and x[1] <= hi]
 
-        def tiles(tokens):
+        def tiles(tokens, lo=lo, hi=hi):
             covered = set()
             for s, e, _, _ in tokens:
                 covered |= set(range(s, e))
@@ -91,7 +91,7 @@ def pair_by_cuts(t_tokens, s_tokens, same_vocab: bool) -> tuple[list[float], int
         if not (tiles(tt) and tiles(ss)):
             continue
         if same_vocab and [x[2] for x in tt] == [x[2] for x in ss]:
-            deltas += [a[3] - b[3] for a, b in zip(tt, ss)]
+            deltas += [a[3] - b[3] for a, b in zip(tt, ss, strict=True)]
         else:
             deltas.append(sum(x[3] for x in tt) - sum(x[3] for x in ss))
         paired += len(tt) + len(ss)

@@ -42,11 +42,11 @@ def test_sampled_logprobs_equal_a_forward_at_tau(penalised, formatter):
     out = sample_with_logprobs(model, tok, [p for p in prompts for _ in range(3)], temperature=TAU, top_p=1.0,
                                max_new_tokens=32)
     worst = 0.0
-    for p, ids, lps in zip(out.prompt_ids, out.completion_ids, out.logprobs):
+    for p, ids, lps in zip(out.prompt_ids, out.completion_ids, out.logprobs, strict=True):
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([p + ids])).logits[0].float() / TAU, -1)
         forward = [lp[len(p) - 1 + i, t].item() for i, t in enumerate(ids)]
-        worst = max(worst, max(abs(a - b) for a, b in zip(forward, lps)))
+        worst = max(worst, max(abs(a - b) for a, b in zip(forward, lps, strict=False)))
     assert worst <= 1e-4
     assert model.generation_config.repetition_penalty == 1.05  # the model's own config is left as it was
 

@@ -36,10 +36,10 @@ def test_sampled_tokens_and_logprobs_match(adapted, tiny, formatter):
         torch.manual_seed(7)
         out[name] = sample_with_logprobs(m, tok, prompts, temperature=0.7, top_p=1.0, max_new_tokens=12)
     assert out["live"].completion_ids == out["merged"].completion_ids
-    for a, b in zip(out["live"].logprobs, out["merged"].logprobs):
+    for a, b in zip(out["live"].logprobs, out["merged"].logprobs, strict=False):
         assert a == pytest.approx(b, abs=1e-5)
     # the adapter changes the model: the same seed gives other log-probs without it
-    assert any(a != pytest.approx(b, abs=1e-3) for a, b in zip(out["live"].logprobs, out["base"].logprobs))
+    assert any(a != pytest.approx(b, abs=1e-3) for a, b in zip(out["live"].logprobs, out["base"].logprobs, strict=False))
 
 
 def test_reward_parts_match(adapted, tiny, formatter):

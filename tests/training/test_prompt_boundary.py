@@ -20,9 +20,8 @@ ROWS = [
 @pytest.mark.parametrize("preset", ["stratos-tags"])
 def test_sft_rl_and_distill_share_the_prompt_tokens(smol_tok, preset):
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
     from reward_oracle import tiny_lm
+    from trl import SFTConfig, SFTTrainer
 
     fmt = Formatter(resolve_format(FormatSpec(preset=preset)))
     sft = sft_rows(ROWS, fmt, smol_tok, "reject")
@@ -33,7 +32,7 @@ def test_sft_rl_and_distill_share_the_prompt_tokens(smol_tok, preset):
                          args=SFTConfig(output_dir="/tmp/unused-sft", use_cpu=True, bf16=False, report_to="none",
                                         completion_only_loss=True, max_steps=1))
     merged = 0
-    for row, rl_row, prepared in zip(ROWS, rl, trainer.train_dataset):
+    for row, rl_row, prepared in zip(ROWS, rl, trainer.train_dataset, strict=True):
         rl_prompt = smol_tok(rl_row["prompt"], add_special_tokens=False).input_ids  # as the rl rollout tokenises
         distill_prompt = teacher_prompt_ids(fmt, smol_tok, row["question"], row["solution"])
         n = len(rl_prompt)

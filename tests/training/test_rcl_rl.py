@@ -82,14 +82,14 @@ def test_loss_uses_the_prompt_the_guidance_was_sampled_from(tiny, tmp_path):
     assert len(counts["loss_inputs"]) == STEPS
     for step, inputs in enumerate(counts["loss_inputs"]):
         # strip TRL's left padding: what remains is the exact token sequence the loss conditions on
-        seen = [ids[mask.bool()].tolist() for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"])]
+        seen = [ids[mask.bool()].tolist() for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"], strict=True)]
         # TRL shuffles rows inside the batch: compare (prompt, completion) pairs, which must stay together
-        pairs = {(tuple(p), tuple(c)) for p, c in zip(counts["rollout_prompt_ids"][step], counts["completions"][step])}
+        pairs = {(tuple(p), tuple(c)) for p, c in zip(counts["rollout_prompt_ids"][step], counts["completions"][step], strict=True)}
         got = {(tuple(p), tuple(c[:len(next(cc for pp, cc in pairs if pp == tuple(p)))].tolist()))
-               for p, c in zip(seen, inputs["completion_ids"])}
+               for p, c in zip(seen, inputs["completion_ids"], strict=True)}
         assert got == pairs and len(seen) == len(counts["rollout_prompt_ids"][step])
         assert sorted(seen) == sorted(counts["rollout_prompt_ids"][step])
-        for ids, text in zip(counts["rollout_prompt_ids"][step], counts["teacher_prompts"][step]):
+        for ids, text in zip(counts["rollout_prompt_ids"][step], counts["teacher_prompts"][step], strict=True):
             assert ids == tok(text, add_special_tokens=False).input_ids
             question = next(q for q in QUESTIONS if q in text)
             probe = text.split("Student's first idea: ", 1)[1].split("<|im_end|>")[0]

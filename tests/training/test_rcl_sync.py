@@ -58,7 +58,7 @@ def test_real_rcl_stage_syncs_every_global_step_and_samples_the_loss_prompt(tmp_
 
         def _compute_loss(self, model, inputs):
             seen["loss_prompts"].append([ids[m.bool()].tolist() for ids, m in zip(inputs["prompt_ids"],
-                                                                                  inputs["prompt_mask"])])
+                                                                                  inputs["prompt_mask"], strict=True)])
             return super()._compute_loss(model, inputs)
 
     real_probe_sampler = stages.probe_sampler
@@ -68,7 +68,7 @@ def test_real_rcl_stage_syncs_every_global_step_and_samples_the_loss_prompt(tmp_
 
         def recorded(questions):
             out = probe(questions)
-            seen["probes"].append(dict(zip(questions, out)))
+            seen["probes"].append(dict(zip(questions, out, strict=True)))
             return out
 
         return recorded

@@ -1,6 +1,5 @@
 """The RLT reward against values computed by hand (full-vocabulary forward, one sequence at a time)."""
 
-import copy
 import math
 
 import pytest
@@ -70,7 +69,7 @@ def test_every_component_matches_hand_computation(tiny, formatter, share_prefix,
     reward = RLTReward(model, tok, formatter, alpha=ALPHA, kl_weight=LAM, format_penalty=PEN, temperature=TAU,
                        teacher=model, teacher_tokenizer=tok, batch_size=batch_size, share_prefix=share_prefix)
     got = reward.score(QUESTIONS, SOLUTIONS, COMPLETIONS)
-    for i, (q, s, c) in enumerate(zip(QUESTIONS, SOLUTIONS, COMPLETIONS)):
+    for i, (q, s, c) in enumerate(zip(QUESTIONS, SOLUTIONS, COMPLETIONS, strict=True)):
         want = hand_reward(model, tok, formatter, q, s, c)
         assert got.r_ss[i] == pytest.approx(want["r_ss"], abs=1e-4)
         assert got.r_kl[i] == pytest.approx(want["r_kl"], abs=1e-4)
@@ -95,7 +94,7 @@ def test_teacher_logprobs_from_generation_equal_a_teacher_forward(tiny, formatte
     out = model.generate(ids, do_sample=True, temperature=TAU, top_k=0, top_p=1.0, max_new_tokens=12,
                          output_scores=True, return_dict_in_generate=True)
     gen = out.sequences[0, ids.shape[1]:]
-    sampled = [torch.log_softmax(sc[0].float(), -1)[t].item() for sc, t in zip(out.scores, gen)]
+    sampled = [torch.log_softmax(sc[0].float(), -1)[t].item() for sc, t in zip(out.scores, gen, strict=False)]
     with torch.no_grad():
         forward = torch.log_softmax(model(out.sequences).logits[0].float() / TAU, -1)
     assert sampled == pytest.approx([forward[ids.shape[1] - 1 + i, t].item() for i, t in enumerate(gen)], abs=1e-5)

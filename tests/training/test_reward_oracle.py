@@ -8,10 +8,10 @@ tokenisation (characters split over byte tokens, merges at tags, whitespace runs
 from __future__ import annotations
 
 import pytest
+from reward_oracle import oracle_reward, plain_logprobs, tiny_lm, token_bytes
 
 from rlt.generation import sample_with_logprobs
 from rlt.reward import RLTReward
-from reward_oracle import oracle_reward, plain_logprobs, tiny_lm, token_bytes
 
 TAU, TOL = 0.7, 1e-4
 FIELDS = ("total", "r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean",
@@ -45,7 +45,7 @@ def generated(tok, teacher, fmt, qs, ss, cs, split: bool):
     """(prompt ids, completion ids, tempered log-probs) as a generation path hands them over: canonical ids,
     or the text tokenised one character at a time (ids a sampler may produce but the tokenizer never would)."""
     prompts, ids, lps = [], [], []
-    for q, s, c in zip(qs, ss, cs):
+    for q, s, c in zip(qs, ss, cs, strict=True):
         p = tok(fmt.teacher_prompt(tok, q, s), add_special_tokens=False).input_ids
         c_ids = [i for ch in c for i in tok(ch, add_special_tokens=False).input_ids] if split else \
             tok(c, add_special_tokens=False).input_ids
@@ -67,18 +67,18 @@ ORACLE: dict[str, list] = {}  # path -> oracle rows (one oracle per path, compar
 def oracle_rows(path, fmt, teacher, student, tok, qs, ss, cs, generated_inputs=None):
     if path not in ORACLE:
         if generated_inputs is None:
-            ORACLE[path] = [oracle_reward(fmt, student, tok, teacher, tok, q, s, c) for q, s, c in zip(qs, ss, cs)]
+            ORACLE[path] = [oracle_reward(fmt, student, tok, teacher, tok, q, s, c) for q, s, c in zip(qs, ss, cs, strict=True)]
         else:
             prompts, ids, _ = generated_inputs
             ORACLE[path] = [oracle_reward(fmt, student, tok, teacher, tok, q, s, c, completion_ids=i, prompt_ids=p)
-                            for q, s, c, i, p in zip(qs, ss, cs, ids, prompts)]
+                            for q, s, c, i, p in zip(qs, ss, cs, ids, prompts, strict=True)]
     return ORACLE[path]
 
 
 @pytest.mark.parametrize("path", ["teacher_forward", "generated_canonical", "generated_split"])
 def test_reward_equals_oracle_on_unicode_text(smol_tok, models, formatter, path):
     teacher, student = models
-    qs, ss, cs = map(list, zip(*CASES))
+    qs, ss, cs = map(list, zip(*CASES, strict=True))
     inputs = None if path == "teacher_forward" else \
         generated(smol_tok, teacher, formatter, qs, ss, cs, split=path == "generated_split")
     want = oracle_rows(path, formatter, teacher, student, smol_tok, qs, ss, cs, inputs)
@@ -91,7 +91,7 @@ def test_reward_equals_oracle_on_unicode_text(smol_tok, models, formatter, path)
         assert got.format_penalty == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
         assert (reward.student.stats.prefix_tokens_saved > 0) == share_prefix
     if path != "generated_split":  # one tokenizer, one tokenisation: (nearly) every explanation token pairs up
-        assert min(c for c, e in zip(got.pairing_coverage, got.explanation_tokens) if e) > 0.9
+        assert min(c for c, e in zip(got.pairing_coverage, got.explanation_tokens, strict=True) if e) > 0.9
 
 
 def test_reward_equals_oracle_on_sampled_completions(smol_tok, models, formatter):
@@ -105,7 +105,7 @@ def test_reward_equals_oracle_on_sampled_completions(smol_tok, models, formatter
     torch.manual_seed(0)
     sampled = sample_with_logprobs(teacher, smol_tok, [prompt] * 12, temperature=TAU, top_p=1.0, max_new_tokens=24)
     keep = []
-    for ids, lps in zip(sampled.completion_ids, sampled.logprobs):
+    for ids, lps in zip(sampled.completion_ids, sampled.logprobs, strict=True):
         try:  # the oracle places tokens by their bytes, so it needs completions that are valid UTF-8
             text = b"".join(token_bytes(smol_tok, ids, skip_special=True)).decode("utf-8")
         except UnicodeDecodeError:
@@ -130,19 +130,19 @@ def test_reward_equals_oracle_with_a_different_student_tokenizer(smol_tok, tiny,
     teacher, _ = models
     _, s_tok = tiny
     student = tiny_lm(len(s_tok), seed=3)
-    qs, ss, cs = map(list, zip(*[case for case in CASES if "\u0301" not in case[2]]))
+    qs, ss, cs = map(list, zip(*[case for case in CASES if "\u0301" not in case[2]], strict=True))
     reward = RLTReward(student, s_tok, formatter, temperature=TAU, teacher=teacher, teacher_tokenizer=smol_tok,
                        batch_size=4)
     if path == "teacher_forward":
         got = reward.score(qs, ss, cs)
-        want = [oracle_reward(formatter, student, s_tok, teacher, smol_tok, q, s, c) for q, s, c in zip(qs, ss, cs)]
+        want = [oracle_reward(formatter, student, s_tok, teacher, smol_tok, q, s, c) for q, s, c in zip(qs, ss, cs, strict=True)]
     else:
         prompts, ids, lps = generated(smol_tok, teacher, formatter, qs, ss, cs, split=True)
         got = reward.score(qs, ss, cs, teacher_logprobs=lps, completion_ids=ids)
         want = [oracle_reward(formatter, student, s_tok, teacher, smol_tok, q, s, c, completion_ids=i, prompt_ids=p)
-                for q, s, c, i, p in zip(qs, ss, cs, ids, prompts)]
+                for q, s, c, i, p in zip(qs, ss, cs, ids, prompts, strict=True)]
     assert_matches(got, want, f"different tokenizers, {path}")
-    assert min(c for c, e in zip(got.pairing_coverage, got.explanation_tokens) if e) > 0.5
+    assert min(c for c, e in zip(got.pairing_coverage, got.explanation_tokens, strict=True) if e) > 0.5
 
 
 def test_dict_pairing_by_offsets_fails_the_oracle(smol_tok, models, formatter, monkeypatch):
@@ -152,13 +152,13 @@ def test_dict_pairing_by_offsets_fails_the_oracle(smol_tok, models, formatter, m
     from rlt.pairing import Pairing
 
     def dict_pairing(teacher, student, same_vocab):
-        by_offset = {o: lp for o, lp in zip(teacher.offsets, teacher.logprobs)}
-        deltas = [by_offset[o] - lp for o, lp in zip(student.offsets, student.logprobs) if o in by_offset]
+        by_offset = {o: lp for o, lp in zip(teacher.offsets, teacher.logprobs, strict=True)}
+        deltas = [by_offset[o] - lp for o, lp in zip(student.offsets, student.logprobs, strict=True) if o in by_offset]
         return Pairing(deltas, len(deltas) * 2, len(teacher) + len(student))
 
     monkeypatch.setattr(rlt.reward, "pair_explanation", dict_pairing)
     teacher, student = models
-    qs, ss, cs = map(list, zip(*CASES))
+    qs, ss, cs = map(list, zip(*CASES, strict=True))
     got = RLTReward(student, smol_tok, formatter, temperature=TAU, teacher=teacher, teacher_tokenizer=smol_tok).score(qs, ss, cs)
     want = oracle_rows("teacher_forward", formatter, teacher, student, smol_tok, qs, ss, cs)
-    assert max(abs(g - w["r_kl"]) for g, w in zip(got.r_kl, want)) > 1e-2
+    assert max(abs(g - w["r_kl"]) for g, w in zip(got.r_kl, want, strict=True)) > 1e-2

@@ -68,12 +68,12 @@ def test_teacher_logprobs_are_the_current_policys(trainer):
     moved = unmoved = 0.0
     start = type(model)(model.config).eval()
     start.load_state_dict(before)
-    for p_ids, c_ids, lps in zip(out["prompt_ids"], out["completion_ids"], out["teacher_logprobs"]):
+    for p_ids, c_ids, lps in zip(out["prompt_ids"], out["completion_ids"], out["teacher_logprobs"], strict=True):
         seq = torch.tensor([p_ids + c_ids])
         with torch.no_grad():
             now = torch.log_softmax(model(seq).logits[0].float() / st.temperature, -1)
             then = torch.log_softmax(start(seq).logits[0].float() / st.temperature, -1)
-        for i, (t, lp) in enumerate(zip(c_ids, lps)):
+        for i, (t, lp) in enumerate(zip(c_ids, lps, strict=False)):
             moved = max(moved, abs(now[len(p_ids) - 1 + i, t].item() - lp))
             unmoved = max(unmoved, abs(then[len(p_ids) - 1 + i, t].item() - lp))
     assert moved <= 1e-4  # the current policy's tempered log-probs

@@ -72,12 +72,12 @@ def test_server_logprobs_are_the_teachers_tempered_logprobs(server, tiny, format
     out = server_generate(base, prompts, n=3, temperature=TAU, top_p=1.0, max_new_tokens=12)
     assert len(out.completion_ids) == 6 and out.prompt_ids[0] == prompts[0] and out.prompt_ids[3] == prompts[1]
     worst = 0.0
-    for p_ids, c_ids, lps in zip(out.prompt_ids, out.completion_ids, out.logprobs):
+    for p_ids, c_ids, lps in zip(out.prompt_ids, out.completion_ids, out.logprobs, strict=True):
         assert len(c_ids) == len(lps) > 0
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([p_ids + c_ids])).logits[0].float() / TAU, -1)
         ours = [lp[len(p_ids) - 1 + i, t].item() for i, t in enumerate(c_ids)]
-        worst = max(worst, max(abs(a - b) for a, b in zip(ours, lps)))
+        worst = max(worst, max(abs(a - b) for a, b in zip(ours, lps, strict=False)))
     assert worst < 2e-3, f"vLLM logprobs differ from a forward at τ by {worst}"
 
 

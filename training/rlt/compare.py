@@ -17,8 +17,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rlt.data import DataError, load_data
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
@@ -216,7 +217,7 @@ class Compare:
         for model in (before, after):
             scorer = SpanScorer(model, tokenizer, temperature, spec.stages.rl.reward.batch_size, True)
             means.append([float(sc[0].logprobs.mean()) for sc in scorer.score(requests)])
-        return [a - b for b, a in zip(*means)]
+        return [a - b for b, a in zip(*means, strict=True)]
 
     def run_all(self) -> dict[str, Any]:
         from rlt.models import load_model, load_tokenizer, pick_device
@@ -251,7 +252,7 @@ class Compare:
             after_model = load_model(self.student_model(arm), device)
             gains = self.logprob_gains(rows, before_model, after_model, tokenizer)
             del after_model
-            for r, g in zip(rows, gains):
+            for r, g in zip(rows, gains, strict=True):
                 points.append({"arm": arm, "sourceRow": r["source_row"], "reward": r["reward"],
                                "accuracyGain": acc[r["source_row"]] - base_acc[r["source_row"]], "logprobGain": g})
         report = self.build_report(taught, evalset, reports, taught_reports, points, time.perf_counter() - started)
@@ -359,8 +360,8 @@ def plot_correlation(points: list[dict[str, Any]], correlation: dict[str, Any], 
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, measure, label in zip(axes, ("accuracyGain", "logprobGain"),
-                                  ("taught-question pass@1 gain", "solution log-prob gain")):
-        for arm, colour in zip(TEACHER_ARMS, ("tab:red", "tab:blue")):
+                                  ("taught-question pass@1 gain", "solution log-prob gain"), strict=False):
+        for arm, colour in zip(TEACHER_ARMS, ("tab:red", "tab:blue"), strict=True):
             mine = [p for p in points if p["arm"] == arm]
             ax.scatter([p["reward"] for p in mine], [p[measure] for p in mine], label=arm, color=colour, alpha=0.7)
         ax.set_xlabel("RLT reward of the explanation")

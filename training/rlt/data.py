@@ -13,13 +13,14 @@ import json
 import logging
 import math
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
+from rlt import tasks
 from rlt.prompts import PromptFormat
 from rlt.spec import DatasetSpec
-from rlt import tasks
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ special-token ids from the model's, and vLLM requests set every distribution-cha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

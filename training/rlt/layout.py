@@ -23,7 +23,7 @@ class RunLayout:
     root: Path
 
     @classmethod
-    def for_run(cls, base: str | Path, run_name: str) -> "RunLayout":
+    def for_run(cls, base: str | Path, run_name: str) -> RunLayout:
         return cls(Path(base) / run_name)
 
     # stage outputs

@@ -15,8 +15,8 @@ text the student re-tokenises; and the teacher and student tokenizers may differ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def pair_explanation(teacher: SideTokens, student: SideTokens, same_vocab: bool)
         if te == se:
             a, b, c, d = ta, tu[ti - 1][3], sa, su[sj - 1][3]
             if same_vocab and list(teacher.ids[a:b]) == list(student.ids[c:d]):
-                deltas += [float(t) - float(s) for t, s in zip(t_lp[a:b], s_lp[c:d])]
+                deltas += [float(t) - float(s) for t, s in zip(t_lp[a:b], s_lp[c:d], strict=True)]
             else:
                 deltas.append(float(sum(t_lp[a:b])) - float(sum(s_lp[c:d])))
             paired += (b - a) + (d - c)

@@ -74,7 +74,7 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
                 ("student accuracy", [("rcl_acc_with", "with guidance"), ("rcl_acc_without", "without")]),
                 ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL")]),
             ]
-        for ax, (title, series) in zip(axes.flat, panels):
+        for ax, (title, series) in zip(axes.flat, panels, strict=False):
             drawn: list[float] = []
             for key, label in series:
                 ys = [r.get(key) for r in rl]
@@ -84,9 +84,9 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
             if title.startswith("reward") and all("reward_std" in r for r in rl):
                 mean = [r["reward"] for r in rl]
                 std = [r["reward_std"] for r in rl]
-                ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)],
                                 alpha=0.2, label="± std")
-                drawn += [m - s for m, s in zip(mean, std)] + [m + s for m, s in zip(mean, std)]
+                drawn += [m - s for m, s in zip(mean, std, strict=True)] + [m + s for m, s in zip(mean, std, strict=True)]
             _tidy(ax, drawn)
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
@@ -106,7 +106,7 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
             ys = [r.get(f"seconds_{phase}", 0.0) for r in rl]
             if any(ys):
                 ax.bar(steps, ys, bottom=bottom, label=phase)
-                bottom = [b + y for b, y in zip(bottom, ys)]
+                bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
         _tidy(ax, bottom)
         ax.set_xlabel("RL step")
         ax.set_ylabel("seconds")

@@ -9,7 +9,7 @@ The student never sees the solution before the thought: the reward asks how well
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ def bundled_formats() -> list[str]:
     return sorted(p.stem for p in FORMATS_DIR.glob("*.yaml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_file(path: str) -> dict[str, Any]:
     data = yaml.safe_load(Path(path).read_text())
     if not isinstance(data, dict):

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
-
+from typing import TYPE_CHECKING, Any
 
 from rlt.pairing import SideTokens, pair_explanation
 from rlt.prompts import Formatter, Span
 from rlt.scoring import ScoreRequest, SpanScorer, completion_token_offsets
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlt.spec import RLTRunSpec
 
 EMPTY_KL = 1.0  # Δ-reduction of an empty explanation: a penalty, never a free pass
 
@@ -57,9 +62,10 @@ class RLTReward:
 
     __name__ = "rlt_reward"  # TRL names reward functions by __name__ in its logs
 
-    def __init__(self, student, student_tokenizer, formatter: Formatter, *, alpha: float = 0.01,
-                 kl_weight: float = 3.0, format_penalty: float = 1.0, temperature: float = 0.7,
-                 teacher=None, teacher_tokenizer=None, batch_size: int = 8, share_prefix: bool = True):
+    def __init__(self, student: PreTrainedModel, student_tokenizer: PreTrainedTokenizerBase, formatter: Formatter, *,
+                 alpha: float = 0.01, kl_weight: float = 3.0, format_penalty: float = 1.0, temperature: float = 0.7,
+                 teacher: PreTrainedModel | None = None, teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+                 batch_size: int = 8, share_prefix: bool = True) -> None:
         self.fmt = formatter
         self.alpha, self.kl_weight, self.penalty = alpha, kl_weight, format_penalty
         self.student_tokenizer = student_tokenizer
@@ -74,15 +80,17 @@ class RLTReward:
         self.last_pairing_seconds = 0.0  # offsets of generated tokens + teacher/student pairing, inside last_seconds
         self.scored_tokens_total = 0
 
-    def set_teacher(self, teacher) -> None:
+    def set_teacher(self, teacher: PreTrainedModel) -> None:
         """Point the fallback teacher scorer at a (new) model, e.g. the live policy."""
         self.teacher = SpanScorer(teacher, self.teacher_tokenizer, self.student.temperature, self.student.batch_size,
                                   self.student.share_prefix)
 
     # ---- teacher log-probs of E
-    def _teacher_from_generation(self, completions, completion_ids, teacher_logprobs, explanations):
+    def _teacher_from_generation(self, completions: Sequence[str], completion_ids: Sequence[Sequence[int]],
+                                 teacher_logprobs: Sequence[Sequence[float]],
+                                 explanations: Sequence[str]) -> list[SideTokens]:
         out = []
-        for text, ids, lps, expl in zip(completions, completion_ids, teacher_logprobs, explanations):
+        for text, ids, lps, expl in zip(completions, completion_ids, teacher_logprobs, explanations, strict=True):
             if len(ids) != len(lps):
                 raise ValueError(f"teacher_logprobs has {len(lps)} values for {len(ids)} completion ids")
             offs, decoded = completion_token_offsets(self.teacher_tokenizer, ids)
@@ -93,11 +101,12 @@ class RLTReward:
             out.append(SideTokens([offs[k] for k in keep], [ids[k] for k in keep], [float(lps[k]) for k in keep]))
         return out
 
-    def _teacher_from_forward(self, questions, solutions, completions, explanations):
+    def _teacher_from_forward(self, questions: Sequence[str], solutions: Sequence[str], completions: Sequence[str],
+                              explanations: Sequence[str]) -> list[SideTokens]:
         if self.teacher is None:
             raise ValueError("RLTReward needs teacher log-probs: pass teacher_logprobs or construct it with teacher=")
         requests = []
-        for q, s, c, e in zip(questions, solutions, completions, explanations):
+        for q, s, c, e in zip(questions, solutions, completions, explanations, strict=True):
             prompt = self.fmt.teacher_prompt(self.teacher_tokenizer, q, s)
             requests.append(ScoreRequest(prompt + c, [Span(len(prompt), len(prompt) + len(e))], group=(q, s)))
         return [SideTokens(sc[0].offsets, sc[0].ids, sc[0].logprobs.tolist()) for sc in self.teacher.score(requests)]
@@ -125,13 +134,13 @@ class RLTReward:
             pairing_seconds = 0.0
 
         requests = []
-        for q, s, e in zip(questions, solutions, explanations):
+        for q, s, e in zip(questions, solutions, explanations, strict=True):
             text, e_span, s_span = self.fmt.student_chat(self.student_tokenizer, q, e, s)
             requests.append(ScoreRequest(text, [e_span, s_span], group=q))
         scores = self.student.score(requests)
 
         out = RewardBreakdown()
-        for (expl, closed), (e_sc, s_sc), t_lp in zip(parts, scores, teacher):
+        for (expl, closed), (e_sc, s_sc), t_lp in zip(parts, scores, teacher, strict=True):
             sol = s_sc.logprobs
             if len(sol) == 0:
                 raise ValueError("no solution token could be scored: the solution text is empty after tokenisation")
@@ -167,7 +176,7 @@ class RLTReward:
 
     def __call__(self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str],
                  completion_ids: list[list[int]] | None = None, teacher_logprobs: list[list[float]] | None = None,
-                 log_metric=None, **_: Any) -> list[float]:
+                 log_metric: Callable[[str, float], None] | None = None, **_: Any) -> list[float]:
         """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
         if teacher_logprobs is not None and any(lp is None for lp in teacher_logprobs):
@@ -180,12 +189,14 @@ class RLTReward:
         return result.total
 
 
-def _same_vocab(a, b) -> bool:
+def _same_vocab(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
     """Whether two tokenizers map the same strings to the same ids (then identical ids mean identical tokens)."""
     return a is b or a.get_vocab() == b.get_vocab()
 
 
-def reward_from_spec(spec, student, student_tokenizer, formatter: Formatter, teacher=None, teacher_tokenizer=None) -> RLTReward:
+def reward_from_spec(spec: RLTRunSpec, student: PreTrainedModel, student_tokenizer: PreTrainedTokenizerBase,
+                     formatter: Formatter, teacher: PreTrainedModel | None = None,
+                     teacher_tokenizer: PreTrainedTokenizerBase | None = None) -> RLTReward:
     r = spec.stages.rl.reward
     return RLTReward(
         student, student_tokenizer, formatter, alpha=r.alpha, kl_weight=r.kl_weight, format_penalty=r.format_penalty,

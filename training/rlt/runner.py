@@ -94,9 +94,8 @@ def quiet_libraries() -> None:
     """Our progress bars tell the story; silence per-file loading bars and known deprecation noise."""
     import warnings
 
-    import transformers
-
     import datasets
+    import transformers
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()

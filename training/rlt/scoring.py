@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlt.prompts import Span
 
 MIN_SHARED_PREFIX = 8  # below this, a separate prefix pass costs more than it saves
+
+# Decodes several token-id sequences at once (a fast tokenizer's batch decode, or one decode per sequence).
+DecodeMany = Callable[[list[list[int]]], list[str]]
 
 
 @dataclass
@@ -48,7 +55,7 @@ class ScoringStats:
     scored_tokens: int = 0  # rows run through the head
     prefix_tokens_saved: int = 0
 
-    def add(self, other: "ScoringStats") -> None:
+    def add(self, other: ScoringStats) -> None:
         self.forward_tokens += other.forward_tokens
         self.scored_tokens += other.scored_tokens
         self.prefix_tokens_saved += other.prefix_tokens_saved
@@ -74,8 +81,8 @@ def _common_prefix_len(seqs: list[list[int]]) -> int:
 class SpanScorer:
     """log softmax(logits / temperature) at the tokens that lie wholly inside the requested spans."""
 
-    def __init__(self, model, tokenizer, temperature: float = 1.0, batch_size: int = 8, share_prefix: bool = True,
-                 head_chunk: int = 128):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, temperature: float = 1.0, batch_size: int = 8, share_prefix: bool = True,
+                 head_chunk: int = 128) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("span scoring needs a fast tokenizer (character offsets)")
         self.model = model
@@ -85,7 +92,7 @@ class SpanScorer:
         self.share_prefix = share_prefix
         self.head_chunk = head_chunk
         self.backbone = getattr(model, model.base_model_prefix)
-        self.head = model.get_output_embeddings()
+        self.head = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # unannotated in transformers
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.stats = ScoringStats()
 
@@ -107,7 +114,7 @@ class SpanScorer:
         """(shared prefix length, micro-batch) pairs; a micro-batch never mixes prefixes."""
         groups: dict[Hashable, list[_Seq]] = defaultdict(list)
         loose: list[_Seq] = []
-        for req, seq in zip(requests, seqs):
+        for req, seq in zip(requests, seqs, strict=True):
             (groups[req.group] if (self.share_prefix and req.group is not None) else loose).append(seq)
         plan: list[tuple[int, list[_Seq]]] = []
         for members in groups.values():
@@ -143,7 +150,7 @@ class SpanScorer:
         return out
 
     @torch.no_grad()
-    def _run_batch(self, prefix_len: int, batch: list[_Seq], prefix_cache) -> list[list[torch.Tensor]]:
+    def _run_batch(self, prefix_len: int, batch: list[_Seq], prefix_cache: DynamicCache | None) -> list[list[torch.Tensor]]:
         device = self.head.weight.device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(s.ids) for s in batch) - prefix_len
@@ -180,7 +187,7 @@ class SpanScorer:
         return results
 
     @torch.no_grad()
-    def _prefix_cache(self, ids: list[int]):
+    def _prefix_cache(self, ids: list[int]) -> DynamicCache:
         from transformers import DynamicCache
 
         device = self.head.weight.device
@@ -201,16 +208,16 @@ class SpanScorer:
                 if key != cache_key:
                     cache_key, cache = key, self._prefix_cache(batch[0].ids[:prefix_len])
                 self.stats.prefix_tokens_saved += prefix_len * (len(batch) - 1)
-            for s, per_span in zip(batch, self._run_batch(prefix_len, batch, cache if prefix_len else None)):
+            for s, per_span in zip(batch, self._run_batch(prefix_len, batch, cache if prefix_len else None), strict=True):
                 results[s.index] = [SpanScores(o, lp, [s.ids[t] for t in tg])
-                                    for o, lp, tg in zip(s.offsets, per_span, s.targets)]
+                                    for o, lp, tg in zip(s.offsets, per_span, s.targets, strict=True)]
         return results  # type: ignore[return-value]
 
 
 MAX_SPLIT_TOKENS = 8  # a character split over more byte-level tokens than this is not a character
 
 
-def completion_token_offsets(tokenizer, ids: Sequence[int]) -> tuple[list[tuple[int, int]], str]:
+def completion_token_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> tuple[list[tuple[int, int]], str]:
     """Character range of each generated token inside `text = decode(ids, skip_special_tokens=True)`, and `text`.
 
     Linear time. A character split over several byte-level tokens decodes to U+FFFD until its last byte arrives:
@@ -221,11 +228,12 @@ def completion_token_offsets(tokenizer, ids: Sequence[int]) -> tuple[list[tuple[
     text = tokenizer.decode(ids, skip_special_tokens=True)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        def decode_many(seqs):
-            return backend.decode_batch(seqs, skip_special_tokens=True)
+        def decode_many(seqs: list[list[int]]) -> list[str]:
+            decoded: list[str] = backend.decode_batch(seqs, skip_special_tokens=True)
+            return decoded
     else:
-        def decode_many(seqs):
-            return [tokenizer.decode(q, skip_special_tokens=True) for q in seqs]
+        def decode_many(seqs: list[list[int]]) -> list[str]:
+            return [str(tokenizer.decode(q, skip_special_tokens=True)) for q in seqs]  # one sequence -> one str
 
     pieces = decode_many([[i] for i in ids])
     offsets, texts, pos, k = [], [], 0, 0
@@ -247,7 +255,7 @@ def completion_token_offsets(tokenizer, ids: Sequence[int]) -> tuple[list[tuple[
                      "differently from its pieces")
 
 
-def _offsets_in_context(ids: list[int], decode_many, context: int = 4) -> tuple[list[tuple[int, int]], list[str]]:
+def _offsets_in_context(ids: list[int], decode_many: DecodeMany, context: int = 4) -> tuple[list[tuple[int, int]], list[str]]:
     """Per-token ranges from decoding each new token after a few tokens of context (still linear, slower)."""
     offsets: list[tuple[int, int]] = []
     texts: list[str] = []

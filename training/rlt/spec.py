@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -115,7 +115,7 @@ class DatasetSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _keep_columns_free(self) -> "DatasetSpec":
+    def _keep_columns_free(self) -> DatasetSpec:
         taken = sorted(set(self.keep_columns) & DISTILL_ROW_KEYS)
         if taken:
             raise ValueError(f"keepColumns: {', '.join(taken)} would overwrite the distillation row's own fields")
@@ -145,7 +145,7 @@ class FormatSpec(Strict):
     tags: TagSet = Field(default_factory=TagSet, description="Tag overrides.")
 
     @model_validator(mode="after")
-    def _preset_exists(self) -> "FormatSpec":
+    def _preset_exists(self) -> FormatSpec:
         bundled = sorted(p.stem for p in (Path(__file__).parent / "formats").glob("*.yaml"))
         if self.file is None and self.preset not in bundled:
             raise ValueError(f"preset: unknown format {self.preset!r} (bundled: {', '.join(bundled)})")
@@ -189,7 +189,7 @@ class TrainerOptions(Strict):
     )
 
     @model_validator(mode="after")
-    def _trainer_args_free(self) -> "TrainerOptions":
+    def _trainer_args_free(self) -> TrainerOptions:
         for key in self.trainer_args:
             if key in MANAGED_TRAINER_ARGS:
                 raise ValueError(f"trainerArgs: {key} is set by rlt from {MANAGED_TRAINER_ARGS[key]}; use that instead")
@@ -213,7 +213,7 @@ class SftStage(TrainerOptions):
     save_steps: int = Field(500, gt=0, description="Checkpoint every N optimizer steps.")
 
     @model_validator(mode="after")
-    def _batch_divides(self) -> "SftStage":
+    def _batch_divides(self) -> SftStage:
         if self.batch_size % self.per_device_batch_size:
             raise ValueError(
                 f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
@@ -289,7 +289,7 @@ class RlStage(TrainerOptions):
     deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
 
     @model_validator(mode="after")
-    def _batch_divides(self) -> "RlStage":
+    def _batch_divides(self) -> RlStage:
         if self.batch_size % self.num_generations:
             raise ValueError(
                 f"batchSize: {self.batch_size} must be divisible by numGenerations ({self.num_generations})"
@@ -336,7 +336,7 @@ class StudentStage(TrainerOptions):
     deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
 
     @model_validator(mode="after")
-    def _batch_divides(self) -> "StudentStage":
+    def _batch_divides(self) -> StudentStage:
         if self.batch_size % self.per_device_batch_size:
             raise ValueError(
                 f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
@@ -370,7 +370,7 @@ class EvaluateStage(Strict):
     generation: GenerationSpec = Field(default_factory=GenerationSpec, description="In-process or a vLLM server.")
 
     @model_validator(mode="after")
-    def _greedy_single(self) -> "EvaluateStage":
+    def _greedy_single(self) -> EvaluateStage:
         if self.temperature == 0 and self.samples > 1:
             raise ValueError(f"samples: greedy decoding (temperature 0) gives one answer; got samples={self.samples}")
         return self
@@ -425,7 +425,7 @@ class GeneratorResources(PodResources):
                                     "tensorParallelSize × dataParallelSize ≤ gpus.")
 
     @model_validator(mode="after")
-    def _tp_fits(self) -> "GeneratorResources":
+    def _tp_fits(self) -> GeneratorResources:
         if self.gpus and self.tensor_parallel_size > self.gpus:
             raise ValueError(f"tensorParallelSize: {self.tensor_parallel_size} exceeds gpus ({self.gpus})")
         if self.gpus and self.tensor_parallel_size * self.data_parallel_size > self.gpus:
@@ -488,7 +488,7 @@ class EnvVarSource(Strict):
     resource_field_ref: dict[str, Any] | None = Field(None, description="A resource of the container.")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "EnvVarSource":
+    def _one_source(self) -> EnvVarSource:
         if sum(v is not None for v in (self.secret_key_ref, self.config_map_key_ref, self.field_ref,
                                        self.resource_field_ref)) != 1:
             raise ValueError("valueFrom: give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
@@ -503,7 +503,7 @@ class EnvVar(Strict):
     value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
 
     @model_validator(mode="after")
-    def _value_or_source(self) -> "EnvVar":
+    def _value_or_source(self) -> EnvVar:
         if self.value is not None and self.value_from is not None:
             raise ValueError(f"valueFrom: {self.name} has both value and valueFrom; give one")
         return self
@@ -557,7 +557,7 @@ class MlflowSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _no_inline_credentials(self) -> "MlflowSpec":
+    def _no_inline_credentials(self) -> MlflowSpec:
         if self.tracking_uri and re.match(r"^[a-z+]+://[^/@]+@", self.tracking_uri):
             raise ValueError("trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
                              "(Secret references) instead")
@@ -596,7 +596,7 @@ class OutputsSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _uris(self) -> "OutputsSpec":
+    def _uris(self) -> OutputsSpec:
         for field, alias in (("distill_dataset", "distillDataset"), ("teacher", "teacher"), ("student", "student")):
             uri = getattr(self, field)
             if uri is None:
@@ -664,7 +664,7 @@ class RLTRunSpec(Strict):
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the run's pods this long after it ends.")
 
     @model_validator(mode="after")
-    def _some_stage(self) -> "RLTRunSpec":
+    def _some_stage(self) -> RLTRunSpec:
         if not self.stages.enabled():
             raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
         if self.stages.evaluate.generation.mode == "colocate":
@@ -718,7 +718,7 @@ class Metadata(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _dns(self) -> "Metadata":
+    def _dns(self) -> Metadata:
         if not _DNS1123.match(self.name):
             raise ValueError(f"name: {self.name!r} must be a DNS-1123 label (lowercase letters, digits, '-')")
         return self
@@ -749,7 +749,7 @@ class SpecError(ValueError):
         super().__init__(f"{source}: invalid RLTRun\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def _known_fields(model: type[BaseModel], loc: tuple) -> list[str] | None:
+def _known_fields(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
     """The YAML names of the fields of the object at `loc` (a pydantic error location), for did-you-mean."""
     import typing
 
@@ -767,7 +767,7 @@ def _known_fields(model: type[BaseModel], loc: tuple) -> list[str] | None:
     return [f.alias or n for n, f in model.model_fields.items()]
 
 
-def _did_you_mean(root: type[BaseModel], loc: tuple) -> str:
+def _did_you_mean(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     import difflib
 
     known = _known_fields(root, loc[:-1]) or []
@@ -796,7 +796,7 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
     return lines
 
 
-def _without_unknown_fields(doc: Any, locs: list[tuple]) -> Any:
+def _without_unknown_fields(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
     import copy
 
     doc = copy.deepcopy(doc)
@@ -809,7 +809,10 @@ def _without_unknown_fields(doc: Any, locs: list[tuple]) -> Any:
     return doc
 
 
-def _validate_all(model: type[BaseModel], doc: Any, prefix: str = ""):
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Model | None, list[str]]:
     """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
     fields is unknown, so unknown fields are reported, dropped, and the rest validated again."""
     try:
@@ -835,7 +838,7 @@ def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
     if not isinstance(doc, dict):
         raise SpecError(source, [f"<root>: expected a mapping (an RLTRun object), got {type(doc).__name__}"])
     run, problems = _validate_all(RLTRun, doc)
-    if problems:
+    if problems or run is None:
         raise SpecError(source, problems)
     return run
 
@@ -843,7 +846,7 @@ def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
 def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
     """Validate only `.spec` (what the operator receives from Kopf)."""
     parsed, problems = _validate_all(RLTRunSpec, spec, "spec")
-    if problems:
+    if problems or parsed is None:
         raise SpecError(source, problems)
     return parsed
 
@@ -885,4 +888,5 @@ def load_run(path: str | Path) -> RLTRun:
 
 def dump_run(run: RLTRun) -> str:
     """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
-    return yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    text: str = yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    return text

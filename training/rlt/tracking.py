@@ -24,16 +24,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def tracking_root(layout: "RunLayout") -> Path:
+def tracking_root(layout: RunLayout) -> Path:
     return layout.root / "tracking"
 
 
-def tensorboard_dir(layout: "RunLayout", stage: str) -> Path:
+def tensorboard_dir(layout: RunLayout, stage: str) -> Path:
     """One TensorBoard run per stage: `tensorboard --logdir <run>/tracking/tensorboard` shows them side by side."""
     return tracking_root(layout) / "tensorboard" / stage
 
 
-def tracking_env(run: "RLTRun", layout: "RunLayout") -> dict[str, str]:
+def tracking_env(run: RLTRun, layout: RunLayout) -> dict[str, str]:
     """Environment the W&B and MLflow integrations read (transformers' callbacks and our Tracker alike)."""
     t, env = run.spec.tracking, {}
     if t.wandb is not None:
@@ -50,12 +50,12 @@ def tracking_env(run: "RLTRun", layout: "RunLayout") -> dict[str, str]:
     return env
 
 
-def apply_tracking_env(run: "RLTRun", layout: "RunLayout") -> None:
+def apply_tracking_env(run: RLTRun, layout: RunLayout) -> None:
     os.environ.update(tracking_env(run, layout))
     tracking_root(layout).mkdir(parents=True, exist_ok=True)
 
 
-def report_to_args(ctx: "StageContext") -> dict[str, Any]:
+def report_to_args(ctx: StageContext) -> dict[str, Any]:
     """TrainingArguments for spec.tracking: report_to and the run name the integrations show."""
     backends = ctx.spec.tracking.report_to()
     if backends:
@@ -63,7 +63,7 @@ def report_to_args(ctx: "StageContext") -> dict[str, Any]:
     return {"report_to": backends or "none", "run_name": ctx.run.name}
 
 
-def point_tensorboard(trainer, ctx: "StageContext", stage: str) -> None:
+def point_tensorboard(trainer, ctx: StageContext, stage: str) -> None:
     """Send the Trainer's TensorBoard callback to the stage's folder (it would default to output_dir/runs)."""
     from transformers.integrations import TensorBoardCallback
 
@@ -75,7 +75,7 @@ def point_tensorboard(trainer, ctx: "StageContext", stage: str) -> None:
 class Tracker:
     """The rlt_* figures of one stage into the backends spec.tracking enables (rank 0 only; opened lazily)."""
 
-    def __init__(self, ctx: "StageContext", stage: str):
+    def __init__(self, ctx: StageContext, stage: str):
         self.ctx, self.stage = ctx, stage
         self.backends = ctx.spec.tracking.report_to()
         self._tb = None

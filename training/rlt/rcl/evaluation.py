@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 RIGHT = 0.5  # a problem counts as "right" when at least half of the student's answers are correct
 
@@ -58,12 +58,12 @@ def evaluate_teacher(protocol, rows: list[dict], student, student_tok, teacher, 
                              batch_size=batch_size)
 
     def accuracy(prompts, sols):
-        return [sum(protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answer(prompts, student_samples), sols)]
+        return [sum(protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answer(prompts, student_samples), sols, strict=True)]
 
     qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
     base = accuracy([protocol.student_prompt(student_tok, q) for q in qs], sols)
     records = [{"row": r.get("row"), "question": q, "solution": s, "acc_without": b}
-               for r, q, s, b in zip(rows, qs, sols, base)]
+               for r, q, s, b in zip(rows, qs, sols, base, strict=True)]
     if teacher is None:
         for rec in records:
             rec.update(acc_with=rec["acc_without"], teaching_tokens=0, guidance=[], probe=None, format_ok=None,
@@ -74,14 +74,14 @@ def evaluate_teacher(protocol, rows: list[dict], student, student_tok, teacher, 
                               max_new_tokens=max_probe_tokens, batch_size=batch_size)
     probes = student_tok.batch_decode(pr.completion_ids, skip_special_tokens=True)
     t_ids = [teacher_tok(protocol.teacher_prompt(teacher_tok, q, p), add_special_tokens=False).input_ids
-             for q, p in zip(qs, probes) for _ in range(guidance_samples)]
+             for q, p in zip(qs, probes, strict=True) for _ in range(guidance_samples)]
     ts = sample_with_logprobs(teacher, teacher_tok, t_ids, temperature=temperature, top_p=1.0,
                               max_new_tokens=max_guidance_tokens, batch_size=batch_size)
     outputs = teacher_tok.batch_decode(ts.completion_ids, skip_special_tokens=True)
     guidance = [protocol.extract_guidance(o) for o in outputs]
     todo = [k for k, g in enumerate(guidance) if g]  # zero-length guidance ("") = the student alone, as in the reward
     acc = dict(zip(todo, accuracy([protocol.student_prompt(student_tok, qs[k // guidance_samples], guidance[k])
-                                   for k in todo], [sols[k // guidance_samples] for k in todo])))
+                                   for k in todo], [sols[k // guidance_samples] for k in todo]), strict=True))
     for i, rec in enumerate(records):
         ks = range(i * guidance_samples, (i + 1) * guidance_samples)
         # a missing or zero-length guidance passes nothing on: the student answers alone (acc_without)

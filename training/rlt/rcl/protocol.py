@@ -3,7 +3,7 @@ and the student prompts with and without guidance. Every sentence and tag comes 
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -37,7 +37,7 @@ class RclFormat(Strict):
     sft_diagnosis: str = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _placeholders(self) -> "RclFormat":
+    def _placeholders(self) -> RclFormat:
         for field, keys in (("teacherUserTemplate", ("{question}", "{probe}")),
                             ("studentGuidanceTemplate", ("{question}", "{guidance}"))):
             text = getattr(self, "teacher_user_template" if field.startswith("teacher") else "student_guidance_template")
@@ -51,7 +51,7 @@ def bundled_rcl_formats() -> list[str]:
     return sorted(p.stem for p in FORMATS_DIR.glob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("kind") == "rcl")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_rcl_format(name_or_path: str) -> RclFormat:
     """A bundled rcl format by name, or a YAML file by path; errors name spec.rcl.format."""
     path = Path(name_or_path)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rlt.answers import boxed_contents, extract_answer, normalize
 from rlt.rcl.protocol import Protocol
@@ -30,7 +31,7 @@ class RewardParams:
     format_penalty: float = 1.0
 
     @classmethod
-    def from_spec(cls, rcl) -> "RewardParams":
+    def from_spec(cls, rcl) -> RewardParams:
         return cls(rcl.degradation_penalty, rcl.efficiency_weight, rcl.efficiency_tokens, rcl.maintain_bonus,
                    rcl.strong_threshold, rcl.answer_leak_penalty, rcl.format_penalty)
 
@@ -118,7 +119,7 @@ class RclBatch:
     def ndr_per_sample(self) -> float:
         """1 − share of guidance samples after which the student did worse than alone (any drop counts; a missing
         guidance passes nothing on, so it cannot degrade). Stricter than the per-question NDR of `means()`."""
-        graded = [(b, w) for b, w in zip(self.perf_base, self.perf_with) if w is not None]
+        graded = [(b, w) for b, w in zip(self.perf_base, self.perf_with, strict=True) if w is not None]
         return 1.0 - sum(w < b - 1e-9 for b, w in graded) / len(graded) if graded else float("nan")
 
     def means(self) -> dict[str, float]:
@@ -157,7 +158,7 @@ class RCLReward:
         if self.performance == "dense":
             return self._dense(prompts, solutions)
         answers = self.answer_fn(prompts, self.samples)
-        return [sum(self.protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answers, solutions)]
+        return [sum(self.protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answers, solutions, strict=True)]
 
     def _dense(self, prompts: list[str], solutions: Sequence[str]) -> list[float]:
         """exp(mean tempered log-prob of the reference answer): a per-token probability in (0, 1]."""
@@ -165,7 +166,7 @@ class RCLReward:
         from rlt.scoring import ScoreRequest
 
         reqs = []
-        for k, (p, s) in enumerate(zip(prompts, solutions)):
+        for k, (p, s) in enumerate(zip(prompts, solutions, strict=True)):
             answer = self.protocol.student_answer_text(s)
             start = len(p) + len(self.protocol.fmt.answer_start)
             reqs.append(ScoreRequest(p + answer, [Span(start, start + len(s))], group=k))
@@ -178,21 +179,21 @@ class RCLReward:
         order: dict[str, int] = {}
         for q in questions:
             order.setdefault(q, len(order))
-        sol_of = {q: s for q, s in zip(questions, solutions)}
+        sol_of = {q: s for q, s in zip(questions, solutions, strict=True)}
         uniq = list(order)
         # the no-guidance baseline: once per question, shared by every guidance of its group
-        base = dict(zip(uniq, self.performance_of([(q, None) for q in uniq], [sol_of[q] for q in uniq])))
+        base = dict(zip(uniq, self.performance_of([(q, None) for q in uniq], [sol_of[q] for q in uniq]), strict=True))
         guidance = [self.protocol.extract_guidance(c) for c in completions]
         todo = [i for i, g in enumerate(guidance) if g]  # zero-length guidance = the student alone: its baseline
         with_perf = self.performance_of([(questions[i], guidance[i]) for i in todo], [solutions[i] for i in todo])
         perf_with: list[float | None] = [None] * len(completions)
-        for i, v in zip(todo, with_perf):
+        for i, v in zip(todo, with_perf, strict=True):
             perf_with[i] = v
         for i, g in enumerate(guidance):
             if g == "":
                 perf_with[i] = base[questions[i]]
         out = RclBatch()
-        for i, (q, s) in enumerate(zip(questions, solutions)):
+        for i, (q, s) in enumerate(zip(questions, solutions, strict=True)):
             g = guidance[i]
             tokens = len(self.teacher_tok(g, add_special_tokens=False).input_ids) if g else 0
             leaked = bool(g) and states_answer(g, s)

@@ -113,7 +113,7 @@ def make_rcl_rollout(protocol: Protocol, teacher_tok, probe_fn, st, timer: Phase
         questions = [grp[0] for grp in groups]
         with timer.phase("generate"):
             probes = probe_fn(questions)
-            teacher_prompts = [protocol.teacher_prompt(teacher_tok, q, p) for q, p in zip(questions, probes)]
+            teacher_prompts = [protocol.teacher_prompt(teacher_tok, q, p) for q, p in zip(questions, probes, strict=True)]
             unique_ids = [teacher_tok(t, add_special_tokens=False).input_ids for t in teacher_prompts]
             prompt_ids = [ids for ids in unique_ids for _ in range(g)]
             # server mode: TRL has already pushed this step's weights (see GRPOTrainer._generate)

@@ -14,8 +14,16 @@ from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
-from rlt.stages.common import (Recorder, StageContext, announce_world, gather_shares, join_process_group, my_share,
-                               newest_teacher, rank_device)
+from rlt.stages.common import (
+    Recorder,
+    StageContext,
+    announce_world,
+    gather_shares,
+    join_process_group,
+    my_share,
+    newest_teacher,
+    rank_device,
+)
 from rlt.stages.sft import teacher_prompt_ids
 
 
@@ -90,7 +98,7 @@ def run_distill(ctx: StageContext) -> str:
         bar.update(len(chunk))
     bar.close()
     path = ctx.layout.distill_dataset
-    merged = gather_shares([(i, row) for (i, _), row in zip(share, out_rows)], rank, world, len(all_rows))
+    merged = gather_shares([(i, row) for (i, _), row in zip(share, out_rows, strict=True)], rank, world, len(all_rows))
     if merged is not None:
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged))
     recorder.done()

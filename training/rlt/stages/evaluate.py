@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rlt import answers, tasks
 from rlt.benchmarks import find_benchmark, load_benchmark
@@ -20,8 +21,15 @@ from rlt.data import DataError, load_data
 from rlt.layout import atomic_write_json, atomic_write_text
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef
-from rlt.stages.common import (Recorder, StageContext, announce_world, gather_shares, join_process_group, my_share,
-                               rank_device)
+from rlt.stages.common import (
+    Recorder,
+    StageContext,
+    announce_world,
+    gather_shares,
+    join_process_group,
+    my_share,
+    rank_device,
+)
 
 
 @dataclass
@@ -211,7 +219,7 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     tokens = {"n": 0}
 
     def on_batch(start, batch, n_tokens):
-        for row, outs in zip(evalset.rows[start : start + len(batch)], batch):
+        for row, outs in zip(evalset.rows[start : start + len(batch)], batch, strict=True):
             graded.append([grade(row, o, evalset.answer_type, tags)[1] for o in outs])
         tokens["n"] += n_tokens
         acc = pass_at_1(graded)
@@ -230,16 +238,16 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
                                server_url=server, timeout=st.generation.server_timeout_seconds, on_batch=on_batch)
     bar.close()
     seconds = time.perf_counter() - started
-    answered = gather_shares([(i, outs) for (i, _), outs in zip(share, outputs)], rank, world, len(all_rows))
+    answered = gather_shares([(i, outs) for (i, _), outs in zip(share, outputs, strict=True)], rank, world, len(all_rows))
     if answered is None:
         return {}  # not rank 0: rank 0 writes the report
     per_question = []
-    for row, outs in zip(all_rows, answered):
+    for row, outs in zip(all_rows, answered, strict=True):
         checked = [grade(row, o, evalset.answer_type, tags) for o in outs]
         per_question.append({
             "row": row.get("row"), "question": row["question"], "solution": row["solution"],
             "accuracy": sum(c for _, c in checked) / len(checked),
-            "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked)],
+            "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked, strict=True)],
         })
     evalset = EvalSet(all_rows, evalset.answer_type, evalset.source)
     report = build_report(label, ref.model, evalset, st, per_question, seconds, tokens["n"])
@@ -289,7 +297,7 @@ def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass@1 (mean over questions)")
     ax.set_title(title, fontsize=10)
-    for x, r in zip(xs, reports):
+    for x, r in zip(xs, reports, strict=True):
         ax.text(x, r["accuracy"] + 0.02, f"{r['accuracy']:.2f}", ha="center", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

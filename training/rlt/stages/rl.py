@@ -17,9 +17,20 @@ from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
-from rlt.stages.common import (PhaseTimer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               newest_teacher, peft_config, quiet_trainer, rank_device, save_final_model,
-                               trainer_options)
+from rlt.stages.common import (
+    PhaseTimer,
+    Recorder,
+    StageContext,
+    deepspeed_config,
+    last_checkpoint,
+    make_callback,
+    newest_teacher,
+    peft_config,
+    quiet_trainer,
+    rank_device,
+    save_final_model,
+    trainer_options,
+)
 from rlt.tracking import point_tensorboard
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,18 @@ from rlt.data import DataError, load_data
 from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef
-from rlt.stages.common import (quiet_trainer, Recorder, StageContext, deepspeed_config, last_checkpoint, make_callback,
-                               peft_config, rank_device, save_final_model, trainer_options)
+from rlt.stages.common import (
+    Recorder,
+    StageContext,
+    deepspeed_config,
+    last_checkpoint,
+    make_callback,
+    peft_config,
+    quiet_trainer,
+    rank_device,
+    save_final_model,
+    trainer_options,
+)
 from rlt.tracking import point_tensorboard
 
 log = logging.getLogger(__name__)

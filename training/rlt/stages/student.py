@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlt.data import DataError
 from rlt.layout import atomic_write_json
