@@ -25,10 +25,12 @@ import time
 from pathlib import Path
 
 SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads); vocab 151,936, tied embeddings at 0.5B/1.5B
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2),
+    "0.5b": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2
+    ),
+    "1.5b": dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2
+    ),
 }
 TAU = 0.7
 
@@ -40,9 +42,16 @@ def build(name: str, out: Path) -> Path:
     from rlt.models import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-qwen2"))
-    cfg = Qwen2Config(vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
-                      torch_dtype="bfloat16", **SHAPES[name])
+    cfg = Qwen2Config(
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+        torch_dtype="bfloat16",
+        **SHAPES[name],
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
@@ -68,7 +77,7 @@ def bf16_peak_tflops(seconds: float = 3.0) -> float:
             a @ b
             reps += 1
         torch.cuda.synchronize()
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12)
     return best
 
 
@@ -103,7 +112,9 @@ def reward_bench(path: Path, n: int, batch_size: int) -> dict:
         n_params = sum(p.numel() for p in model.parameters())
         emb = model.get_input_embeddings().weight.numel()
         flops = 2 * (n_params - emb) * st.forward_tokens + 2 * emb * st.scored_tokens
-        chats = [fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0] for q, s, c in zip(qs, ss, cs, strict=True)]
+        chats = [
+            fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0] for q, s, c in zip(qs, ss, cs, strict=True)
+        ]
         chat_tokens = sum(len(tok(c, add_special_tokens=False).input_ids) for c in chats)
         # Reference: one sequence at a time, full forward, full-vocabulary fp32 log-softmax.
         torch.cuda.synchronize()
@@ -115,8 +126,12 @@ def reward_bench(path: Path, n: int, batch_size: int) -> dict:
         torch.cuda.synchronize()
         ref = time.perf_counter() - t0
         out["grouped" if grouped else "distinct"] = {
-            "rlt_tokens_per_s": chat_tokens / fast, "reference_tokens_per_s": chat_tokens / ref,
-            "speedup_vs_reference": ref / fast, "achieved_tflops": flops / fast / 1e12, "seconds": fast}
+            "rlt_tokens_per_s": chat_tokens / fast,
+            "reference_tokens_per_s": chat_tokens / ref,
+            "speedup_vs_reference": ref / fast,
+            "achieved_tflops": flops / fast / 1e12,
+            "seconds": fast,
+        }
     return out
 
 
@@ -124,23 +139,57 @@ def grpo_step(path: Path, workdir: Path) -> dict:
     import yaml
 
     run = {
-        "apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun", "metadata": {"name": "gpu-smoke"},
-        "spec": {"teacher": {"model": str(path), "dtype": "bfloat16"}, "student": {"model": str(path),
-                 "dtype": "bfloat16"},
-                 "dataset": {"source": "builtin:arithmetic", "size": 64},
-                 "stages": {"sft": {"enabled": False}, "distill": {"enabled": False},
-                            "rl": {"steps": 1, "batchSize": 16, "perDeviceBatchSize": 16, "numGenerations": 8,
-                                   "maxCompletionLength": 512, "maxPromptLength": 512, "saveSteps": 100,
-                                   "gradientCheckpointing": True}}}}
+        "apiVersion": "rlt.dev/v1alpha1",
+        "kind": "RLTRun",
+        "metadata": {"name": "gpu-smoke"},
+        "spec": {
+            "teacher": {"model": str(path), "dtype": "bfloat16"},
+            "student": {"model": str(path), "dtype": "bfloat16"},
+            "dataset": {"source": "builtin:arithmetic", "size": 64},
+            "stages": {
+                "sft": {"enabled": False},
+                "distill": {"enabled": False},
+                "rl": {
+                    "steps": 1,
+                    "batchSize": 16,
+                    "perDeviceBatchSize": 16,
+                    "numGenerations": 8,
+                    "maxCompletionLength": 512,
+                    "maxPromptLength": 512,
+                    "saveSteps": 100,
+                    "gradientCheckpointing": True,
+                },
+            },
+        },
+    }
     spec_file = workdir / "run.yaml"
     spec_file.write_text(yaml.safe_dump(run))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "rlt.cli", "run", str(spec_file), "--output", str(workdir / "out"),
-                    "--metrics-port", "-1", "--device", "cuda", "--no-progress"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlt.cli",
+            "run",
+            str(spec_file),
+            "--output",
+            str(workdir / "out"),
+            "--metrics-port",
+            "-1",
+            "--device",
+            "cuda",
+            "--no-progress",
+        ],
+        check=True,
+    )
     rows = [json.loads(line) for line in (workdir / "out" / "gpu-smoke" / "metrics.jsonl").read_text().splitlines()]
     step = [r for r in rows if r["stage"] == "rl"][-1]
-    return {"wall_seconds": time.perf_counter() - t0, **{k: step[k] for k in step if k.startswith("seconds_")},
-            "step_seconds": step.get("step_seconds"), "generated_tokens": step.get("generated_tokens")}
+    return {
+        "wall_seconds": time.perf_counter() - t0,
+        **{k: step[k] for k in step if k.startswith("seconds_")},
+        "step_seconds": step.get("step_seconds"),
+        "generated_tokens": step.get("generated_tokens"),
+    }
 
 
 def main() -> None:

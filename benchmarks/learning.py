@@ -27,8 +27,38 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from task_calibration import answer_alone, answer_explained, graded, wilson
 
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t_quantile(df: int) -> float:
@@ -39,8 +69,12 @@ def t_quantile(df: int) -> float:
         return float("inf")
     if df <= len(_T975):
         return _T975[df - 1]
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2) + \
-        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
 
 
 def slope_ci(ys: list[float]) -> tuple[float, float]:
@@ -60,19 +94,39 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
 def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
     """The RLTRun the benchmark trains: small batches, short explanations, no reference-KL (beta 0)."""
     return {
-        "apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun", "metadata": {"name": f"learning-seed{seed}"},
+        "apiVersion": "rlt.dev/v1alpha1",
+        "kind": "RLTRun",
+        "metadata": {"name": f"learning-seed{seed}"},
         "spec": {
-            "method": "rlt", "seed": seed,
-            "teacher": {"model": teacher}, "student": {"model": args.model},
+            "method": "rlt",
+            "seed": seed,
+            "teacher": {"model": teacher},
+            "student": {"model": args.model},
             "dataset": {"source": f"builtin:{args.task}", "size": args.train_size, "seed": 0},
             "stages": {
-                "sft": {"enabled": sft, "maxSteps": args.sft_steps, "batchSize": 8, "perDeviceBatchSize": 8,
-                        "learningRate": args.sft_lr, "maxLength": 384, "gradientCheckpointing": False},
-                "rl": {"enabled": rl, "steps": args.steps, "batchSize": args.questions * args.generations,
-                       "numGenerations": args.generations, "perDeviceBatchSize": args.questions * args.generations,
-                       "learningRate": args.lr, "beta": 0.0, "maxCompletionLength": args.completion_length,
-                       "maxPromptLength": 512, "saveSteps": 10_000, "gradientCheckpointing": False,
-                       "reward": {"batchSize": 8}},
+                "sft": {
+                    "enabled": sft,
+                    "maxSteps": args.sft_steps,
+                    "batchSize": 8,
+                    "perDeviceBatchSize": 8,
+                    "learningRate": args.sft_lr,
+                    "maxLength": 384,
+                    "gradientCheckpointing": False,
+                },
+                "rl": {
+                    "enabled": rl,
+                    "steps": args.steps,
+                    "batchSize": args.questions * args.generations,
+                    "numGenerations": args.generations,
+                    "perDeviceBatchSize": args.questions * args.generations,
+                    "learningRate": args.lr,
+                    "beta": 0.0,
+                    "maxCompletionLength": args.completion_length,
+                    "maxPromptLength": 512,
+                    "saveSteps": 10_000,
+                    "gradientCheckpointing": False,
+                    "reward": {"batchSize": 8},
+                },
                 "distill": {"enabled": False},
             },
         },
@@ -102,8 +156,11 @@ def train(args, out: Path) -> tuple[str, dict[int, dict]]:
         by_step = {r["step"]: r for r in rows if r["stage"] == "rl"}
         steps = [by_step[k] for k in sorted(by_step)]
         # RL time from the step records: in --parallel mode the training happened in a child process
-        runs[seed] = {"model": str(out / run.name / "rl" / "model"), "rows": steps,
-                      "seconds": sum(r.get("step_seconds", 0.0) for r in steps)}
+        runs[seed] = {
+            "model": str(out / run.name / "rl" / "model"),
+            "rows": steps,
+            "seconds": sum(r.get("step_seconds", 0.0) for r in steps),
+        }
     return sft_model, runs
 
 
@@ -115,8 +172,14 @@ def curve_figures(rows: list[dict], k: int) -> dict:
             continue
         kk = max(1, min(k, len(ys) // 2))
         b, half = slope_ci(ys)
-        figs[key] = {"start": statistics.fmean(ys[:kk]), "end": statistics.fmean(ys[-kk:]), "k": kk,
-                     "slope": b, "slope_ci95": half, "per_step": ys}
+        figs[key] = {
+            "start": statistics.fmean(ys[:kk]),
+            "end": statistics.fmean(ys[-kk:]),
+            "k": kk,
+            "slope": b,
+            "slope_ci95": half,
+            "per_step": ys,
+        }
     return figs
 
 
@@ -155,18 +218,31 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
         t_tok = load_tokenizer(tref, padding_side="left")
         teacher = load_model(tref, "cpu")
         completions = explain(teacher, t_tok, formatter, rows, args.completion_length)
-        reward = RLTReward(student, s_tok, formatter, teacher=teacher, teacher_tokenizer=load_tokenizer(tref, "right"),
-                           temperature=0.7, batch_size=8)
+        reward = RLTReward(
+            student,
+            s_tok,
+            formatter,
+            teacher=teacher,
+            teacher_tokenizer=load_tokenizer(tref, "right"),
+            temperature=0.7,
+            batch_size=8,
+        )
         br = reward.score(qs, sols, completions)
         expl = [formatter.split_explanation(c)[0] for c in completions]
         ok = graded(qs, answer_explained(student, s_tok_left, formatter, qs, expl), formatter)
         leaks = [bool(re.search(rf"(?<!\d){re.escape(s)}(?!\d)", e)) for e, s in zip(expl, sols, strict=True)]
         results[name] = {
-            "accuracy": sum(ok) / len(ok), "correct": sum(ok), "n": len(ok),
+            "accuracy": sum(ok) / len(ok),
+            "correct": sum(ok),
+            "n": len(ok),
             "solution_logprob_mean": statistics.fmean(br.solution_logprob_mean),
-            "r_ss": statistics.fmean(br.r_ss), "r_kl": statistics.fmean(br.r_kl), "reward": statistics.fmean(br.total),
-            "closed": sum(p == 0 for p in br.format_penalty) / len(rows), "states_answer": sum(leaks) / len(rows),
-            "explanation_tokens": statistics.fmean(br.explanation_tokens), "examples": expl[:3],
+            "r_ss": statistics.fmean(br.r_ss),
+            "r_kl": statistics.fmean(br.r_kl),
+            "reward": statistics.fmean(br.total),
+            "closed": sum(p == 0 for p in br.format_penalty) / len(rows),
+            "states_answer": sum(leaks) / len(rows),
+            "explanation_tokens": statistics.fmean(br.explanation_tokens),
+            "examples": expl[:3],
         }
         del teacher
     return results
@@ -179,18 +255,29 @@ def plot(runs: dict[int, dict], figures: dict[int, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, title in zip(axes, ("reward", "r_ss", "r_kl"),
-                              ("reward R = r_SS − λ·r_KL − penalty", "r_SS (student log-prob of solution)",
-                               "r_KL (teacher − student on explanation)"), strict=False):
+    for ax, key, title in zip(
+        axes,
+        ("reward", "r_ss", "r_kl"),
+        (
+            "reward R = r_SS − λ·r_KL − penalty",
+            "r_SS (student log-prob of solution)",
+            "r_KL (teacher − student on explanation)",
+        ),
+        strict=False,
+    ):
         for seed, f in figures.items():
             if key not in f:
                 continue
             ys = f[key]["per_step"]
-            line, = ax.plot(range(1, len(ys) + 1), ys, alpha=0.35)
+            (line,) = ax.plot(range(1, len(ys) + 1), ys, alpha=0.35)
             w = max(1, len(ys) // 10)
             smooth = [statistics.fmean(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
-            ax.plot(range(1, len(ys) + 1), smooth, color=line.get_color(),
-                    label=f"seed {seed}: slope {f[key]['slope']:+.4f} ± {f[key]['slope_ci95']:.4f}")
+            ax.plot(
+                range(1, len(ys) + 1),
+                smooth,
+                color=line.get_color(),
+                label=f"seed {seed}: slope {f[key]['slope']:+.4f} ± {f[key]['slope_ci95']:.4f}",
+            )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
@@ -234,8 +321,12 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     if args.rl_seed is not None:  # a child of --parallel: this seed's RL run only
         sft_model = str(out / "learning-sft" / "sft" / "model")
-        run_local(parse_run(run_spec(args, args.rl_seed, sft_model, sft=False, rl=True)), out, metrics_port=None,
-                  show_progress=not args.quiet)
+        run_local(
+            parse_run(run_spec(args, args.rl_seed, sft_model, sft=False, rl=True)),
+            out,
+            metrics_port=None,
+            show_progress=not args.quiet,
+        )
         return {}
     started = time.perf_counter()
     sft_model, runs = train(args, out)
@@ -247,31 +338,46 @@ def main(argv: list[str] | None = None) -> dict:
     teachers = {"SFT-only teacher": sft_model} | {f"RL teacher seed {s}": r["model"] for s, r in runs.items()}
     teaching = teaching_figures(args, teachers, heldout)
     plot(runs, figures, out / "learning.png")
-    report = {"settings": {k: v for k, v in vars(args).items()}, "seconds": round(time.perf_counter() - started, 1),
-              "rl_seconds": {s: round(r["seconds"], 1) for s, r in runs.items()}, "curves": figures,
-              "heldout_questions": len(heldout), "teaching": teaching, "plot": str(out / "learning.png")}
+    report = {
+        "settings": {k: v for k, v in vars(args).items()},
+        "seconds": round(time.perf_counter() - started, 1),
+        "rl_seconds": {s: round(r["seconds"], 1) for s, r in runs.items()},
+        "curves": figures,
+        "heldout_questions": len(heldout),
+        "teaching": teaching,
+        "plot": str(out / "learning.png"),
+    }
     (out / "learning.json").write_text(json.dumps(report, indent=1))
 
-    print(f"\nRLT learning on builtin:{args.task}: {args.model} teacher and student, {args.steps} RL steps × "
-          f"{args.questions} questions × G={args.generations}, lr {args.lr}, explanations ≤ {args.completion_length} "
-          f"tokens; wall {report['seconds']:.0f} s")
+    print(
+        f"\nRLT learning on builtin:{args.task}: {args.model} teacher and student, {args.steps} RL steps × "
+        f"{args.questions} questions × G={args.generations}, lr {args.lr}, explanations ≤ {args.completion_length} "
+        f"tokens; wall {report['seconds']:.0f} s"
+    )
     print("| seed | term | start (first k) | end (last k) | slope per step ± 95 % CI | RL step seconds (sum) |")
     print("|---|---|---|---|---|---|")
     for seed, f in figures.items():
         for key in ("reward", "r_ss", "r_kl"):
             if key in f:
                 c = f[key]
-                print(f"| {seed} | {key} | {c['start']:.4f} | {c['end']:.4f} | {c['slope']:+.5f} ± {c['slope_ci95']:.5f}"
-                      f" | {report['rl_seconds'][seed]:.0f} |")
+                print(
+                    f"| {seed} | {key} | {c['start']:.4f} | {c['end']:.4f} | {c['slope']:+.5f} ± {c['slope_ci95']:.5f}"
+                    f" | {report['rl_seconds'][seed]:.0f} |"
+                )
     print(f"\nheld-out: {len(heldout)} unseen questions, one greedy explanation per teacher and question")
-    print("| explanation | student accuracy | 95 % CI | solution log-prob (mean) | r_SS | r_KL | reward | "
-          "states answer | closed | tokens |")
+    print(
+        "| explanation | student accuracy | 95 % CI | solution log-prob (mean) | r_SS | r_KL | reward | "
+        "states answer | closed | tokens |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, t in teaching.items():
         lo, hi = wilson(t["correct"], t["n"])
-        extra = (f"{t['solution_logprob_mean']:.4f} | {t['r_ss']:.4f} | {t['r_kl']:.4f} | {t['reward']:.4f} | "
-                 f"{t['states_answer']:.2f} | {t['closed']:.2f} | {t['explanation_tokens']:.1f}"
-                 if "r_ss" in t else "— | — | — | — | — | — | —")
+        extra = (
+            f"{t['solution_logprob_mean']:.4f} | {t['r_ss']:.4f} | {t['r_kl']:.4f} | {t['reward']:.4f} | "
+            f"{t['states_answer']:.2f} | {t['closed']:.2f} | {t['explanation_tokens']:.1f}"
+            if "r_ss" in t
+            else "— | — | — | — | — | — | —"
+        )
         print(f"| {name} | {t['accuracy']:.3f} | [{lo:.2f}, {hi:.2f}] | {extra} |")
     for name, t in teaching.items():
         for e in t.get("examples", [])[:2]:

@@ -73,13 +73,27 @@ async def main(runs: int, timeout: float) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="rlt-bench-"))
     async with serve() as (cluster, url), aiohttp.ClientSession() as session:
         kubeconfig = write_kubeconfig(workdir / "kubeconfig", url)
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "RLT_OPERATOR_METRICS_PORT": "-1",
-               "RLT_OPERATOR_HEALTH_PORT": "0",
-               "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "training")])}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "RLT_OPERATOR_METRICS_PORT": "-1",
+            "RLT_OPERATOR_HEALTH_PORT": "0",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "training")]),
+        }
         log = open(workdir / "operator.log", "w")
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())", "operator",
-             "--all-namespaces", "--quiet"], env=env, stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-c",
+                "from rlt.cli import main; raise SystemExit(main())",
+                "operator",
+                "--all-namespaces",
+                "--quiet",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 60
             while sum(1 for r in cluster._requests if r.params.get("watch") == "true") < 8:
@@ -128,7 +142,9 @@ async def main(runs: int, timeout: float) -> dict:
                 elif path.endswith("/status"):
                     by_verb[f"{r.method.value} status"] += 1
                 else:
-                    by_verb[f"{r.method.value} {path.rstrip('/').split('/')[-1 if r.method.value == 'POST' else -2]}"] += 1
+                    by_verb[
+                        f"{r.method.value} {path.rstrip('/').split('/')[-1 if r.method.value == 'POST' else -2]}"
+                    ] += 1
         total = sum(by_verb.values())
         latencies = [ready[n] - created[n] for n in ready]
         return {

@@ -34,11 +34,29 @@ import time
 from pathlib import Path
 
 TAU = 0.7
-WORDS = ("first consider the numbers then combine them carefully check the intermediate value and keep the sum "
-         "multiply subtract compare because therefore so we get which means next step result target").split()
+WORDS = (
+    "first consider the numbers then combine them carefully check the intermediate value and keep the sum "
+    "multiply subtract compare because therefore so we get which means next step result target"
+).split()
 # Text real reasoning data is full of, and that byte-level BPE splits over several tokens (see docs/reward.md).
-UNICODE_WORDS = ("x ≤ y", "y ≥ 0", "√2 ≈ 1.414", "a ≠ b", "∑ᵢ aᵢ", "∫₀¹ f(x) dx", "→ ∞", "$\\frac{a}{b}$",
-                 "\\(\\alpha + \\beta\\)", "计算结果", "日本語", "😀", "🎉👍🏽", "café", "e\u0301", "  \n\n\t")
+UNICODE_WORDS = (
+    "x ≤ y",
+    "y ≥ 0",
+    "√2 ≈ 1.414",
+    "a ≠ b",
+    "∑ᵢ aᵢ",
+    "∫₀¹ f(x) dx",
+    "→ ∞",
+    "$\\frac{a}{b}$",
+    "\\(\\alpha + \\beta\\)",
+    "计算结果",
+    "日本語",
+    "😀",
+    "🎉👍🏽",
+    "café",
+    "e\u0301",
+    "  \n\n\t",
+)
 
 
 def rss_mb() -> float:
@@ -72,8 +90,16 @@ def build_tiny49k(path: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:smollm2-135m-instruct"))
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
 
@@ -135,8 +161,13 @@ def reference_scores(model, tok, fmt, qs, ss, cs):
         out = []
         for start, end in spans:
             pos = [t for t, (s, e) in enumerate(enc["offset_mapping"]) if t > 0 and e > s and s >= start and e <= end]
-            out.append(SideTokens([(enc["offset_mapping"][t][0] - start, enc["offset_mapping"][t][1] - start) for t in pos],
-                                  [enc["input_ids"][t] for t in pos], [lp[t - 1, ids[0, t]].item() for t in pos]))
+            out.append(
+                SideTokens(
+                    [(enc["offset_mapping"][t][0] - start, enc["offset_mapping"][t][1] - start) for t in pos],
+                    [enc["input_ids"][t] for t in pos],
+                    [lp[t - 1, ids[0, t]].item() for t in pos],
+                )
+            )
         return out, ids.shape[1]
 
     res, tokens = RewardBreakdown(), 0
@@ -152,9 +183,16 @@ def reference_scores(model, tok, fmt, qs, ss, cs):
         r_ss = sum(sol) / len(sol) + 0.01 * min(sol)
         r_kl = sum(d) / len(d) + 0.01 * max(d)
         pen = 0.0 if closed else 1.0
-        for k, v in (("total", r_ss - 3 * r_kl - pen), ("r_ss", r_ss), ("r_kl", r_kl), ("format_penalty", pen),
-                     ("solution_logprob_mean", sum(sol) / len(sol)), ("solution_logprob_min", min(sol)),
-                     ("kl_mean", sum(d) / len(d)), ("kl_max", max(d))):
+        for k, v in (
+            ("total", r_ss - 3 * r_kl - pen),
+            ("r_ss", r_ss),
+            ("r_kl", r_kl),
+            ("format_penalty", pen),
+            ("solution_logprob_mean", sum(sol) / len(sol)),
+            ("solution_logprob_min", min(sol)),
+            ("kl_mean", sum(d) / len(d)),
+            ("kl_max", max(d)),
+        ):
             getattr(res, k).append(v)
     return res, tokens
 
@@ -196,8 +234,14 @@ def run_long(args, model, tok, fmt) -> dict:
     with torch.no_grad():  # generation's log-probs (not timed), with the LM head in chunks
         hidden = model.model(torch.tensor([prompt_ids + ids])).last_hidden_state[0, len(prompt_ids) - 1 : -1]
         head = model.get_output_embeddings()
-        lps = torch.cat([torch.log_softmax(head(hidden[i : i + 1024]).float() / TAU, -1)
-                         .gather(1, torch.tensor(ids[i : i + 1024])[:, None]).squeeze(1) for i in range(0, len(ids), 1024)])
+        lps = torch.cat(
+            [
+                torch.log_softmax(head(hidden[i : i + 1024]).float() / TAU, -1)
+                .gather(1, torch.tensor(ids[i : i + 1024])[:, None])
+                .squeeze(1)
+                for i in range(0, len(ids), 1024)
+            ]
+        )
     reward = RLTReward(model, tok, fmt, temperature=TAU, batch_size=1)
     t0 = time.perf_counter()
     res = reward.score([p["question"]], [p["solution"]], [c], [lps.tolist()], [ids])
@@ -209,10 +253,16 @@ def run_long(args, model, tok, fmt) -> dict:
     t0 = time.perf_counter()
     prefix_decode_offsets(tok, head_ids)
     quadratic = time.perf_counter() - t0
-    return {"completion_tokens": len(ids), "explanation_tokens": res.explanation_tokens[0],
-            "scoring_seconds": seconds, "offsets_and_pairing_seconds": reward.last_pairing_seconds,
-            "offsets_alone_seconds": offsets_seconds, "pairing_coverage": res.pairing_coverage[0],
-            "quadratic_offsets_tokens": len(head_ids), "quadratic_offsets_seconds": quadratic}
+    return {
+        "completion_tokens": len(ids),
+        "explanation_tokens": res.explanation_tokens[0],
+        "scoring_seconds": seconds,
+        "offsets_and_pairing_seconds": reward.last_pairing_seconds,
+        "offsets_alone_seconds": offsets_seconds,
+        "pairing_coverage": res.pairing_coverage[0],
+        "quadratic_offsets_tokens": len(head_ids),
+        "quadratic_offsets_seconds": quadratic,
+    }
 
 
 def matmul_peak_gflops(seconds: float = 3.0) -> float:
@@ -253,8 +303,10 @@ def run_variant(args) -> dict:
     if args.variant == "long":
         return run_long(args, model, tok, fmt)
     qs, ss, cs = workload(tok, args.n, args.grouped)
-    chat_tokens = sum(len(tok(fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0], add_special_tokens=False).input_ids)
-                      for q, s, c in zip(qs, ss, cs, strict=True))
+    chat_tokens = sum(
+        len(tok(fmt.student_chat(tok, q, fmt.split_explanation(c)[0], s)[0], add_special_tokens=False).input_ids)
+        for q, s, c in zip(qs, ss, cs, strict=True)
+    )
     if args.variant == "teacher":  # generation's log-probs, made in their own process so they cost the scorer nothing
         ids, lps = teacher_logprobs(model, tok, fmt, qs, ss, cs)
         return {"ids": ids, "lps": lps}
@@ -281,17 +333,49 @@ def run_variant(args) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     emb = model.get_input_embeddings().weight.numel()
     flops = 2 * (n_params - emb) * forward_tokens + 2 * emb * head_rows  # body on every position, head on scored rows
-    return {"seconds": seconds, "chat_tokens": chat_tokens, "forward_tokens": forward_tokens, "head_rows": head_rows, "flops": flops,
-            "naive_flops": 2 * n_params * forward_tokens, "peak_over_loaded_mb": peak_mb() - base,
-            "scores": {k: getattr(res, k) for k in ("total", "r_ss", "r_kl", "format_penalty", "solution_logprob_mean",
-                                                    "solution_logprob_min", "kl_mean", "kl_max")}}
+    return {
+        "seconds": seconds,
+        "chat_tokens": chat_tokens,
+        "forward_tokens": forward_tokens,
+        "head_rows": head_rows,
+        "flops": flops,
+        "naive_flops": 2 * n_params * forward_tokens,
+        "peak_over_loaded_mb": peak_mb() - base,
+        "scores": {
+            k: getattr(res, k)
+            for k in (
+                "total",
+                "r_ss",
+                "r_kl",
+                "format_penalty",
+                "solution_logprob_mean",
+                "solution_logprob_min",
+                "kl_mean",
+                "kl_max",
+            )
+        },
+    }
 
 
 def child(model: str, variant: str, grouped: bool, n: int, batch_size: int, teacher_file: str = "", extra=()) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, __file__, "--child", variant, "--models", model, "--n", str(n),
-               "--batch-size", str(batch_size), "--out", f.name, "--teacher-file", teacher_file, *extra] + \
-              (["--grouped"] if grouped else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            variant,
+            "--models",
+            model,
+            "--n",
+            str(n),
+            "--batch-size",
+            str(batch_size),
+            "--out",
+            f.name,
+            "--teacher-file",
+            teacher_file,
+            *extra,
+        ] + (["--grouped"] if grouped else [])
         subprocess.run(cmd, check=True)
         return json.loads(Path(f.name).read_text())
 
@@ -304,10 +388,17 @@ def main() -> None:
     ap.add_argument("--workloads", default="grouped,distinct")
     ap.add_argument("--child", choices=["reference", "teacher", "batched", "long"])
     ap.add_argument("--long-tokens", type=int, default=16384, help="length of the long-completion workload (0: skip)")
-    ap.add_argument("--long-model", default="tiny49k", help="model of the long workload (the cheapest model gives the "
-                                                             "largest offsets/pairing share)")
-    ap.add_argument("--quadratic-tokens", type=int, default=2048,
-                    help="tokens on which the old prefix-decoding offsets are timed for comparison")
+    ap.add_argument(
+        "--long-model",
+        default="tiny49k",
+        help="model of the long workload (the cheapest model gives the largest offsets/pairing share)",
+    )
+    ap.add_argument(
+        "--quadratic-tokens",
+        type=int,
+        default=2048,
+        help="tokens on which the old prefix-decoding offsets are timed for comparison",
+    )
     ap.add_argument("--teacher-file", default="")
     ap.add_argument("--grouped", action="store_true")
     ap.add_argument("--out")
@@ -318,8 +409,12 @@ def main() -> None:
         return
 
     peak = matmul_peak_gflops()
-    report = {"machine": {"cpus": os.cpu_count(), "fp32_matmul_peak_gflops": round(peak, 1)}, "n": args.n,
-              "batch_size": args.batch_size, "results": []}
+    report = {
+        "machine": {"cpus": os.cpu_count(), "fp32_matmul_peak_gflops": round(peak, 1)},
+        "n": args.n,
+        "batch_size": args.batch_size,
+        "results": [],
+    }
     for model in filter(None, args.models.split(",")):
         for wl in args.workloads.split(","):
             grouped = wl == "grouped"
@@ -328,28 +423,49 @@ def main() -> None:
                 json.dump(child(model, "teacher", grouped, args.n, args.batch_size), tf)
                 tf.flush()
                 new = child(model, "batched", grouped, args.n, args.batch_size, tf.name)
-            diffs = {k: max(abs(a - b) for a, b in zip(ref["scores"][k], new["scores"][k], strict=True)) for k in ref["scores"]}
+            diffs = {
+                k: max(abs(a - b) for a, b in zip(ref["scores"][k], new["scores"][k], strict=True))
+                for k in ref["scores"]
+            }
             entry = {
-                "model": model, "workload": wl,
+                "model": model,
+                "workload": wl,
                 "max_abs_diff": {k: float(f"{v:.3g}") for k, v in diffs.items()},
                 "equal_within_1e-4": all(v <= 1e-4 for v in diffs.values()),
-                "reference": {"seconds": round(ref["seconds"], 2), "tokens_per_s": round(ref["chat_tokens"] / ref["seconds"], 1),
-                              "peak_mem_mb": round(ref["peak_over_loaded_mb"], 1),
-                              "gflops": round(ref["flops"] / ref["seconds"] / 1e9, 1)},
-                "batched": {"seconds": round(new["seconds"], 2), "tokens_per_s": round(new["chat_tokens"] / new["seconds"], 1),
-                            "peak_mem_mb": round(new["peak_over_loaded_mb"], 1),
-                            "gflops": round(new["flops"] / new["seconds"] / 1e9, 1)},
+                "reference": {
+                    "seconds": round(ref["seconds"], 2),
+                    "tokens_per_s": round(ref["chat_tokens"] / ref["seconds"], 1),
+                    "peak_mem_mb": round(ref["peak_over_loaded_mb"], 1),
+                    "gflops": round(ref["flops"] / ref["seconds"] / 1e9, 1),
+                },
+                "batched": {
+                    "seconds": round(new["seconds"], 2),
+                    "tokens_per_s": round(new["chat_tokens"] / new["seconds"], 1),
+                    "peak_mem_mb": round(new["peak_over_loaded_mb"], 1),
+                    "gflops": round(new["flops"] / new["seconds"] / 1e9, 1),
+                },
                 "speedup": round(ref["seconds"] / new["seconds"], 2),
                 "batched_fraction_of_matmul_peak": round(new["flops"] / new["seconds"] / 1e9 / peak, 3),
-                "completions_per_s": {"reference": round(args.n / ref["seconds"], 2), "batched": round(args.n / new["seconds"], 2)},
+                "completions_per_s": {
+                    "reference": round(args.n / ref["seconds"], 2),
+                    "batched": round(args.n / new["seconds"], 2),
+                },
             }
             report["results"].append(entry)
             print(json.dumps(entry), file=sys.stderr, flush=True)
     if args.long_tokens:
-        long = child(args.long_model, "long", False, 1, 1, extra=["--long-tokens", str(args.long_tokens),
-                                                                   "--quadratic-tokens", str(args.quadratic_tokens)])
+        long = child(
+            args.long_model,
+            "long",
+            False,
+            1,
+            1,
+            extra=["--long-tokens", str(args.long_tokens), "--quadratic-tokens", str(args.quadratic_tokens)],
+        )
         long["model"] = args.long_model
-        long["offsets_and_pairing_share_of_scoring"] = round(long["offsets_and_pairing_seconds"] / long["scoring_seconds"], 4)
+        long["offsets_and_pairing_share_of_scoring"] = round(
+            long["offsets_and_pairing_seconds"] / long["scoring_seconds"], 4
+        )
         long["within_2_percent"] = long["offsets_and_pairing_share_of_scoring"] <= 0.02
         report["long_completion"] = long
         print(json.dumps(long), file=sys.stderr, flush=True)

@@ -42,16 +42,28 @@ def _greedy_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, bat
     return out
 
 
-def answer_alone(model, tokenizer, formatter: Formatter, questions: list[str], max_new_tokens: int = 48,
-                 batch_size: int = 16) -> list[str]:
+def answer_alone(
+    model, tokenizer, formatter: Formatter, questions: list[str], max_new_tokens: int = 48, batch_size: int = 16
+) -> list[str]:
     """The student's own outputs (thought and answer) for each question."""
-    prompts = [tokenizer.apply_chat_template(formatter.student_messages(q, "", "")[:2], tokenize=False,
-                                             add_generation_prompt=True) for q in questions]
+    prompts = [
+        tokenizer.apply_chat_template(
+            formatter.student_messages(q, "", "")[:2], tokenize=False, add_generation_prompt=True
+        )
+        for q in questions
+    ]
     return _greedy_texts(model, tokenizer, prompts, max_new_tokens, batch_size)
 
 
-def answer_explained(model, tokenizer, formatter: Formatter, questions: list[str], explanations: list[str],
-                     max_new_tokens: int = 8, batch_size: int = 16) -> list[str]:
+def answer_explained(
+    model,
+    tokenizer,
+    formatter: Formatter,
+    questions: list[str],
+    explanations: list[str],
+    max_new_tokens: int = 8,
+    batch_size: int = 16,
+) -> list[str]:
     """The student's answers when the thought is the given explanation (answer tag already opened)."""
     t = formatter.t
     prompts = []
@@ -67,7 +79,9 @@ def graded(questions: list[str], outputs: list[str], formatter: Formatter) -> li
     from rlt.stages.evaluate import grade
 
     tags = (formatter.t.solution_start, formatter.t.solution_end)
-    return [grade({"question": q, "solution": ""}, o, "builtin", tags)[1] for q, o in zip(questions, outputs, strict=True)]
+    return [
+        grade({"question": q, "solution": ""}, o, "builtin", tags)[1] for q, o in zip(questions, outputs, strict=True)
+    ]
 
 
 def main() -> None:
@@ -87,8 +101,10 @@ def main() -> None:
     model = load_model(ref, "cpu")
     formatter = Formatter(resolve_format(FormatSpec()))
     print(f"student {args.model}, {args.per_level} questions per level, greedy, seed {args.seed}")
-    print("| level | example | free (own thought) | 95 % CI | direct (empty thought) | 95 % CI | "
-          "with worked explanation | 95 % CI | seconds |")
+    print(
+        "| level | example | free (own thought) | 95 % CI | direct (empty thought) | 95 % CI | "
+        "with worked explanation | 95 % CI | seconds |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for level in map(int, args.levels.split(",")):
         t0 = time.perf_counter()

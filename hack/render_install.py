@@ -48,9 +48,19 @@ def helm() -> str:
 
 def render() -> str:
     out = subprocess.run(
-        [helm(), "template", RELEASE, str(ROOT / "charts" / "rlt-operator"), "--namespace", NAMESPACE,
-         "--set", f"image.repository={IMAGE_REPOSITORY}"],
-        check=True, capture_output=True, text=True,
+        [
+            helm(),
+            "template",
+            RELEASE,
+            str(ROOT / "charts" / "rlt-operator"),
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            f"image.repository={IMAGE_REPOSITORY}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return HEADER + out
 

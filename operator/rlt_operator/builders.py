@@ -56,6 +56,7 @@ class RunRef:
 
 # --------------------------------------------------------------------------- names
 
+
 def config_name(run: str) -> str:
     return f"{run}-config"
 
@@ -79,12 +80,16 @@ def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
     return stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server"
 
 
-def all_children(run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None,
-                 retention: str = "Delete") -> list[tuple[str, str]]:
+def all_children(
+    run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None, retention: str = "Delete"
+) -> list[tuple[str, str]]:
     """(plural, name) of every child to delete with the run: a user's existing claim is not ours, and a
     retained claim stays."""
-    out = [("statefulsets", generator_name(run)), ("services", generator_name(run)),
-           ("networkpolicies", generator_policy_name(run))]
+    out = [
+        ("statefulsets", generator_name(run)),
+        ("services", generator_name(run)),
+        ("networkpolicies", generator_policy_name(run)),
+    ]
     for stage in stages:
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
@@ -127,9 +132,11 @@ def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> di
     if "student" in finished:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
     # copies off the volume, which the producing stage's pod pushes before it exits
-    for key, uri, stage in (("teacherUri", spec.outputs.teacher, teacher_stage(spec)),
-                            ("distilledDatasetUri", spec.outputs.distill_dataset, "distill"),
-                            ("studentUri", spec.outputs.student, "student")):
+    for key, uri, stage in (
+        ("teacherUri", spec.outputs.teacher, teacher_stage(spec)),
+        ("distilledDatasetUri", spec.outputs.distill_dataset, "distill"),
+        ("studentUri", spec.outputs.student, "student"),
+    ):
         if uri and stage in finished:
             out[key] = pushed_uri(uri, "distill" if key == "distilledDatasetUri" else "model")
     return out
@@ -205,8 +212,10 @@ def _plus_shm(memory: str, shm: str) -> str:
 def pod_resources(res: Any) -> dict[str, Any]:
     """requests/limits of a trainer or generator container from spec.resources.<role>, with defaults."""
     gpus = res.gpus
-    requests = {"cpu": res.cpu or str(max(1, 4 * gpus)),
-                "memory": _plus_shm(res.memory or f"{max(8, 32 * gpus)}Gi", res.shared_memory)}
+    requests = {
+        "cpu": res.cpu or str(max(1, 4 * gpus)),
+        "memory": _plus_shm(res.memory or f"{max(8, 32 * gpus)}Gi", res.shared_memory),
+    }
     limits: dict[str, str] = {}
     if res.cpu_limit:
         limits["cpu"] = res.cpu_limit
@@ -290,8 +299,7 @@ _CONTAINER_SECURITY = {
 }
 
 
-def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int,
-                trainer: bool = True) -> list[dict[str, Any]]:
+def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int, trainer: bool = True) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "RLT_RUN", "value": ref.name},
         {"name": "RLT_NAMESPACE", "value": ref.namespace},
@@ -304,14 +312,22 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int,
         {"name": "TMPDIR", "value": TMP_MOUNT},
     ]
     if spec.hf_token_secret is not None:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}}})
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}},
+            }
+        )
     # Tracking and outputs credentials, for the trainer pods only (they log and push; the generators do neither):
     # values only ever come from the Secrets the spec names.
     if trainer:
-        env += [{"name": e.name, "valueFrom": {"secretKeyRef": {"name": e.secret_key_ref.name,
-                                                               "key": e.secret_key_ref.key}}}
-                for e in spec.secret_env()]
+        env += [
+            {
+                "name": e.name,
+                "valueFrom": {"secretKeyRef": {"name": e.secret_key_ref.name, "key": e.secret_key_ref.key}},
+            }
+            for e in spec.secret_env()
+        ]
     # User env last so it can override ours on purpose (Kubernetes keeps the last duplicate).
     env += [_env_var(e) for e in spec.env]
     return env
@@ -338,8 +354,12 @@ def _pod_config(name: str, namespace: str, spec_json: str) -> str:
     spec = RLTRunSpec.model_validate_json(spec_json)
     if spec.stages.rl.generation.mode == "server":
         spec.stages.rl.generation.server_url = generator_url(ref.name, ref.namespace)
-    run = RLTRun(apiVersion=f"{API_GROUP}/{API_VERSION}", kind=KIND,
-                 metadata=Metadata(name=ref.name, namespace=ref.namespace), spec=spec)
+    run = RLTRun(
+        apiVersion=f"{API_GROUP}/{API_VERSION}",
+        kind=KIND,
+        metadata=Metadata(name=ref.name, namespace=ref.namespace),
+        spec=spec,
+    )
     return dump_run(run)
 
 
@@ -352,8 +372,9 @@ def configmap(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(ref, config_name(ref.name), labels(ref.name, ROLE_CONFIG),
-                          {A_CONFIG_HASH: config_hash(text)}),
+        "metadata": _meta(
+            ref, config_name(ref.name), labels(ref.name, ROLE_CONFIG), {A_CONFIG_HASH: config_hash(text)}
+        ),
         "data": {CONFIG_FILE: text},
     }
 
@@ -400,8 +421,13 @@ def with_trainer_shape(spec: RLTRunSpec, nodes: int, gpus: int) -> RLTRunSpec:
     tr = spec.resources.trainer
     if (tr.nodes, tr.gpus) == (nodes, gpus):
         return spec
-    return spec.model_copy(update={"resources": spec.resources.model_copy(
-        update={"trainer": tr.model_copy(update={"nodes": nodes, "gpus": gpus})})})
+    return spec.model_copy(
+        update={
+            "resources": spec.resources.model_copy(
+                update={"trainer": tr.model_copy(update={"nodes": nodes, "gpus": gpus})}
+            )
+        }
+    )
 
 
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
@@ -416,18 +442,30 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
         return ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
     zero = spec.stages.rl.deepspeed_zero_stage if stage == "rl" else 3
     return [
-        "accelerate", "launch",
-        "--num_machines", str(nodes),
-        "--num_processes", str(nodes * max(gpus, 1)),
-        "--machine_rank", "$(NODE_RANK)",
-        "--main_process_ip", "$(MASTER_ADDR)",
-        "--main_process_port", "$(MASTER_PORT)",
-        "--use_deepspeed", "--zero_stage", str(zero),
+        "accelerate",
+        "launch",
+        "--num_machines",
+        str(nodes),
+        "--num_processes",
+        str(nodes * max(gpus, 1)),
+        "--machine_rank",
+        "$(NODE_RANK)",
+        "--main_process_ip",
+        "$(MASTER_ADDR)",
+        "--main_process_port",
+        "$(MASTER_PORT)",
+        "--use_deepspeed",
+        "--zero_stage",
+        str(zero),
         # torchrun on every pod (rendezvous on MASTER_ADDR), not accelerate's default pdsh launcher, which finds no
         # hostfile, runs each pod as its own one-node world and resets MASTER_ADDR to 127.0.0.1.
-        "--deepspeed_multinode_launcher", "standard",
-        "--mixed_precision", "bf16",
-        "-m", "rlt.cli", *stage_args,
+        "--deepspeed_multinode_launcher",
+        "standard",
+        "--mixed_precision",
+        "bf16",
+        "-m",
+        "rlt.cli",
+        *stage_args,
     ]
 
 
@@ -460,8 +498,10 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         {"name": "NNODES", "value": str(nodes)},
         {"name": "NPROC_PER_NODE", "value": str(max(res.gpus, 1))},
         {"name": "WORLD_SIZE", "value": str(nodes * max(res.gpus, 1))},
-        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}}},
+        {
+            "name": "NODE_RANK",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}},
+        },
         {"name": "RLT_METRICS_PORT", "value": str(METRICS_PORT)},
     ]
     if needs_generators(spec, stage):
@@ -473,37 +513,43 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             {"name": "RLT_GENERATOR_PORT", "value": str(VLLM_PORT)},
         ]
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
-    pod.update({
-        "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
-        "subdomain": name,
-        # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
-        # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
-        "initContainers": [{
-            "name": "validate",
-            "image": spec.images.trainer,
-            "imagePullPolicy": spec.images.pull_policy,
-            "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
-            # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
-            "resources": {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
-            "env": _common_env(ref, spec, stage, restart),
-            "volumeMounts": [dict(m) for m in _MOUNTS],
-            "securityContext": dict(_CONTAINER_SECURITY),
-        }],
-        "containers": [{
-            "name": "trainer",
-            "image": spec.images.trainer,
-            "imagePullPolicy": spec.images.pull_policy,
-            "command": trainer_command(spec, stage),
-            "env": env + _common_env(ref, spec, stage, restart),
-            "ports": [
-                {"name": "rendezvous", "containerPort": MASTER_PORT},
-                {"name": "metrics", "containerPort": METRICS_PORT},
+    pod.update(
+        {
+            "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
+            "subdomain": name,
+            # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
+            # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
+            "initContainers": [
+                {
+                    "name": "validate",
+                    "image": spec.images.trainer,
+                    "imagePullPolicy": spec.images.pull_policy,
+                    "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                    # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
+                    "resources": {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+                    "env": _common_env(ref, spec, stage, restart),
+                    "volumeMounts": [dict(m) for m in _MOUNTS],
+                    "securityContext": dict(_CONTAINER_SECURITY),
+                }
             ],
-            "resources": pod_resources(res),
-            "volumeMounts": [dict(m) for m in _MOUNTS],
-            "securityContext": dict(_CONTAINER_SECURITY),
-        }],
-    })
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": spec.images.trainer,
+                    "imagePullPolicy": spec.images.pull_policy,
+                    "command": trainer_command(spec, stage),
+                    "env": env + _common_env(ref, spec, stage, restart),
+                    "ports": [
+                        {"name": "rendezvous", "containerPort": MASTER_PORT},
+                        {"name": "metrics", "containerPort": METRICS_PORT},
+                    ],
+                    "resources": pod_resources(res),
+                    "volumeMounts": [dict(m) for m in _MOUNTS],
+                    "securityContext": dict(_CONTAINER_SECURITY),
+                }
+            ],
+        }
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -530,10 +576,12 @@ def pod_failure_policy() -> dict[str, Any]:
     """Config and data errors fail the Job at once (the operator then fails the run without a gang restart);
     a disrupted pod (preemption, node drain, eviction) is not counted by the Job: the operator restarts the
     gang without counting it against spec.backoffLimit."""
-    return {"rules": [
-        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-    ]}
+    return {
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
 
 
 # --------------------------------------------------------------------------- generator (vLLM)
@@ -544,17 +592,27 @@ def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
     res = spec.resources.generator
     cmd = [
         *GENERATOR_ENTRYPOINT,
-        "--model", generator_model(run, spec, stage),
-        "--host", "0.0.0.0",
-        "--port", str(VLLM_PORT),
-        "--tensor-parallel-size", str(res.tensor_parallel_size),
-        "--data-parallel-size", str(res.data_parallel_size),
-        "--gpu-memory-utilization", str(gen.gpu_memory_utilization),
-        "--dtype", spec.teacher.dtype,
+        "--model",
+        generator_model(run, spec, stage),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--tensor-parallel-size",
+        str(res.tensor_parallel_size),
+        "--data-parallel-size",
+        str(res.data_parallel_size),
+        "--gpu-memory-utilization",
+        str(gen.gpu_memory_utilization),
+        "--dtype",
+        spec.teacher.dtype,
         # TRL's server mode pushes the trainer's weights into vLLM over NCCL (dev-mode endpoints).
-        "--weight-transfer-config", json.dumps({"backend": "nccl"}, separators=(",", ":")),
-        "--logprobs-mode", "processed_logprobs",
-        "--max-logprobs", "-1",
+        "--weight-transfer-config",
+        json.dumps({"backend": "nccl"}, separators=(",", ":")),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
     ]
     if gen.max_model_len:
         cmd += ["--max-model-len", str(gen.max_model_len)]
@@ -584,23 +642,27 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
     health = {"httpGet": {"path": "/health", "port": VLLM_PORT}}
     env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart, trainer=False)
-    pod.update({
-        "containers": [{
-            "name": "vllm",
-            "image": spec.images.generator,
-            "imagePullPolicy": spec.images.pull_policy,
-            "command": generator_command(ref.name, spec, stage),
-            "env": env,
-            # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
-            "ports": [{"name": "http", "containerPort": VLLM_PORT}],
-            # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
-            "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
-            "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
-            "resources": pod_resources(res),
-            "volumeMounts": [dict(m) for m in _MOUNTS],
-            "securityContext": dict(_CONTAINER_SECURITY),
-        }],
-    })
+    pod.update(
+        {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": spec.images.generator,
+                    "imagePullPolicy": spec.images.pull_policy,
+                    "command": generator_command(ref.name, spec, stage),
+                    "env": env,
+                    # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
+                    "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+                    # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
+                    "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
+                    "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+                    "resources": pod_resources(res),
+                    "volumeMounts": [dict(m) for m in _MOUNTS],
+                    "securityContext": dict(_CONTAINER_SECURITY),
+                }
+            ],
+        }
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -611,10 +673,15 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
             "podManagementPolicy": "Parallel",  # all servers load at once
             "selector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "template": {
-                "metadata": {"labels": dict(lbls), "annotations": {
-                    **spec.scheduling.pod_annotations,
-                    "prometheus.io/scrape": "true", "prometheus.io/port": str(VLLM_PORT),
-                    "prometheus.io/path": "/metrics"}},
+                "metadata": {
+                    "labels": dict(lbls),
+                    "annotations": {
+                        **spec.scheduling.pod_annotations,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(VLLM_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
                 "spec": pod,
             },
         },
@@ -635,8 +702,10 @@ def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
             "ingress": [
                 # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
                 {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
-                {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
-                 "ports": [{"protocol": "TCP", "port": VLLM_PORT}]},
+                {
+                    "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
+                    "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
+                },
             ],
         },
     }

@@ -27,17 +27,35 @@ CRD_PATH = Path(__file__).resolve().parents[2] / "manifests" / "crd" / f"{CRD_NA
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Run phase."},
     {"name": "Stage", "type": "string", "jsonPath": ".status.stage", "description": "Stage now running."},
-    {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepOfTotal",
-     "description": "Optimizer step of the running stage, as step/total."},
-    {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean",
-     "description": "Mean reward of the last step."},
+    {
+        "name": "Step",
+        "type": "string",
+        "jsonPath": ".status.progress.stepOfTotal",
+        "description": "Optimizer step of the running stage, as step/total.",
+    },
+    {
+        "name": "Reward",
+        "type": "number",
+        "jsonPath": ".status.progress.rewardMean",
+        "description": "Mean reward of the last step.",
+    },
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     # -o wide: why the run is where it is (InvalidSpec, Unschedulable, BackoffLimitExceeded, ...).
-    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1,
-     "description": "Why the run is in its phase or held."},
-    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1,
-     "description": "Detail for the reason."},
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": ".status.reason",
+        "priority": 1,
+        "description": "Why the run is in its phase or held.",
+    },
+    {
+        "name": "Message",
+        "type": "string",
+        "jsonPath": ".status.message",
+        "priority": 1,
+        "description": "Detail for the reason.",
+    },
 ]
 
 
@@ -119,30 +137,40 @@ def crd() -> dict[str, Any]:
         "spec": {
             "group": API_GROUP,
             "scope": "Namespaced",
-            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
-                      "singular": KIND.lower(), "shortNames": [SHORT_NAME], "categories": ["rlt"]},
-            "versions": [{
-                "name": API_VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "description": "RLTRun trains a Reinforcement-Learned Teacher (method rlt, or rcl for RCL "
-                                   "adaptive teaching): SFT warm-up, GRPO with the student-based reward on vLLM "
-                                   "generators, a distillation dataset, then optionally a student distilled from it "
-                                   "and an evaluation of the models.",
-                    "required": ["spec"],
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema(),
-                        "status": status_schema(),
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": [SHORT_NAME],
+                "categories": ["rlt"],
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "RLTRun trains a Reinforcement-Learned Teacher (method rlt, or rcl for RCL "
+                            "adaptive teaching): SFT warm-up, GRPO with the student-based reward on vLLM "
+                            "generators, a distillation dataset, then optionally a student distilled from it "
+                            "and an evaluation of the models.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                        }
                     },
-                }},
-            }],
+                }
+            ],
         },
     }
 

@@ -113,7 +113,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=builders.PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=builders.PREFIX, key="last-handled-configuration")
+        prefix=builders.PREFIX, key="last-handled-configuration"
+    )
     # Watches behind load balancers die silently: end them server-side and reconnect.
     settings.watching.server_timeout = int(config.watch_server_timeout)
     settings.watching.client_timeout = settings.watching.server_timeout + 30
@@ -223,15 +224,17 @@ class RunMemory:
     # index has not shown yet. Not re-posting them saves a 409 per child per reconcile.
     created: dict[tuple[str, str], float] = field(default_factory=dict)
 
-    def expected(self, observed: status.Observed, actions: list[status.Action], now: float,
-                 ttl: float = 10.0) -> list[status.Action]:
+    def expected(
+        self, observed: status.Observed, actions: list[status.Action], now: float, ttl: float = 10.0
+    ) -> list[status.Action]:
         for key in [k for k, t in self.created.items() if now - t > ttl or k[1] in getattr(observed, k[0], {})]:
             del self.created[key]
         return [a for a in actions if not (a.verb == "create" and (a.plural, a.name) in self.created)]
 
 
-async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indices: dict[str, Any],
-                         logger: Any) -> float | None:
+async def reconcile_once(
+    state: OperatorState, body: Any, mem: RunMemory, indices: dict[str, Any], logger: Any
+) -> float | None:
     meta = body.get("metadata", {})
     name, namespace = meta["name"], meta["namespace"]
     ref = builders.RunRef(name=name, namespace=namespace, uid=meta["uid"])
@@ -277,8 +280,9 @@ async def reconcile_once(state: OperatorState, body: Any, mem: RunMemory, indice
 
 
 @kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_timeout=5.0)
-async def reconcile_loop(name: str, namespace: str, body: kopf.Body, memo: kopf.Memo,
-                         stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any) -> None:
+async def reconcile_loop(
+    name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any
+) -> None:
     state: OperatorState = memo.rlt
     indices = {f"rlt_{p}": kwargs[f"rlt_{p}"] for _g, _v, p in CHILDREN}
     wake = state.waker(namespace, name)
@@ -328,5 +332,11 @@ async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, l
     for plural, child in builders.all_children(name, STAGE_ORDER, storage.get("existingClaim"), retention):
         await asyncio.to_thread(state.kube.delete, plural, namespace, child, "Background")
     state.metrics.forget(namespace, name)
-    logger.info("children deleted" + (f"; volume {name}-data retained (storage.retentionPolicy: Retain)"
-                                      if retention == "Retain" and not storage.get("existingClaim") else ""))
+    logger.info(
+        "children deleted"
+        + (
+            f"; volume {name}-data retained (storage.retentionPolicy: Retain)"
+            if retention == "Retain" and not storage.get("existingClaim")
+            else ""
+        )
+    )

@@ -96,6 +96,7 @@ def patch_kmock() -> None:
 def kmock_patched() -> bool:
     return parsing.parse_path is _parse_path and dsl.View.__contains__ is _contains
 
+
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
 # The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
 EVENT_COLUMNS = [
@@ -230,8 +231,12 @@ class Cluster(kmock.KubernetesEmulator):
         self.objects["v1/namespaces", None, name] = {
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {"name": name, "uid": str(uuid.uuid4()), "resourceVersion": str(next(self._rv)),
-                         "creationTimestamp": _now()},
+            "metadata": {
+                "name": name,
+                "uid": str(uuid.uuid4()),
+                "resourceVersion": str(next(self._rv)),
+                "creationTimestamp": _now(),
+            },
             "status": {"phase": "Active"},
         }
 
@@ -270,8 +275,17 @@ class Cluster(kmock.KubernetesEmulator):
             try:
                 obj = decode(await clone.read())
             except UnsupportedProtobuf as err:
-                return web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 415,
-                                          "reason": "UnsupportedMediaType", "message": str(err)}, status=415)
+                return web.json_response(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Status",
+                        "status": "Failure",
+                        "code": 415,
+                        "reason": "UnsupportedMediaType",
+                        "message": str(err),
+                    },
+                    status=415,
+                )
             clone._read_bytes = json.dumps(obj).encode()
             raw_request = clone
         return await super().__call__(raw_request)
@@ -325,8 +339,9 @@ class Cluster(kmock.KubernetesEmulator):
             ops = list(data)
             if status_only:
                 ops = [op for op in ops if op.get("path", "").startswith("/status") or op.get("op") == "test"]
-            if not status_only and any(op.get("path", "").startswith("/spec") or op.get("path") == ""
-                                       for op in ops if op.get("op") != "test"):
+            if not status_only and any(
+                op.get("path", "").startswith("/spec") or op.get("path") == "" for op in ops if op.get("op") != "test"
+            ):
                 gen = int(old.get("metadata", {}).get("generation", 1)) + 1
                 ops.append({"op": "add", "path": "/metadata/generation", "value": gen})
             ops.append({"op": "add", "path": "/metadata/resourceVersion", "value": rv})
@@ -356,8 +371,12 @@ class Cluster(kmock.KubernetesEmulator):
                 item["kind"], item["apiVersion"] = info.kind, item.get("apiVersion") or api_version
         if self._wants_table(request):
             return self._table(request.resource, items)
-        return {"apiVersion": api_version, "kind": f"{kind}List",
-                "metadata": {"resourceVersion": str(next(self._rv))}, "items": items}
+        return {
+            "apiVersion": api_version,
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": str(next(self._rv))},
+            "items": items,
+        }
 
     async def _serve_fetch(self, request: rendering.Request) -> Any:
         obj = await super()._serve_fetch(request)
@@ -369,15 +388,23 @@ class Cluster(kmock.KubernetesEmulator):
         accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
         return "as=Table" in accept and request.resource in self._printer_columns
 
-    def _table(self, resource: references.resource, items: list[dict[str, Any]],
-               definitions: bool = True) -> dict[str, Any]:
+    def _table(
+        self, resource: references.resource, items: list[dict[str, Any]], definitions: bool = True
+    ) -> dict[str, Any]:
         """The meta.k8s.io/v1 Table that kubectl prints for a custom resource (in a watch, only the first event
         carries the column definitions, as from the API server)."""
         cols = self._printer_columns[resource]
         defs = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
-        defs += [{"name": c["name"], "type": "string" if c.get("type") == "date" else c.get("type", "string"),
-                  "format": "", "description": c.get("description", ""), "priority": c.get("priority", 0)}
-                 for c in cols]
+        defs += [
+            {
+                "name": c["name"],
+                "type": "string" if c.get("type") == "date" else c.get("type", "string"),
+                "format": "",
+                "description": c.get("description", ""),
+                "priority": c.get("priority", 0),
+            }
+            for c in cols
+        ]
         rows = []
         for obj in items:
             cells: list[Any] = [obj.get("metadata", {}).get("name")]
@@ -388,10 +415,23 @@ class Cluster(kmock.KubernetesEmulator):
                 if c.get("type") == "date":
                     value = _age(value)
                 cells.append("" if value is None else value)
-            rows.append({"cells": cells, "object": {
-                "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata", {})}})
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(next(self._rv))},
-                "columnDefinitions": defs if definitions else [], "rows": rows}
+            rows.append(
+                {
+                    "cells": cells,
+                    "object": {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": obj.get("metadata", {}),
+                    },
+                }
+            )
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": str(next(self._rv))},
+            "columnDefinitions": defs if definitions else [],
+            "rows": rows,
+        }
 
     async def _serve_watch(self, request: rendering.Request) -> Any:
         # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
@@ -448,8 +488,9 @@ class Cluster(kmock.KubernetesEmulator):
             info = self.resources[res] if res in self.resources else None
             if info is None or not info.kind or "/" in res.plural:
                 continue
-            out.append(Served(res.group, res.version, res.plural, info.kind, bool(info.namespaced),
-                              self._schemas.get(res)))
+            out.append(
+                Served(res.group, res.version, res.plural, info.kind, bool(info.namespaced), self._schemas.get(res))
+            )
         return sorted(out, key=lambda r: (r.group, r.version, r.plural))
 
     async def _serve_openapi_v3_discovery(self, request: rendering.Request) -> Any:
@@ -472,14 +513,31 @@ class Cluster(kmock.KubernetesEmulator):
         accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
         if "protobuf" in accept and "json" not in accept:
             # client-go decodes v2 only as protobuf (gnostic), which the emulator does not produce
-            return rendering.Response(status=406, payload={
-                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 406, "reason": "NotAcceptable",
-                "message": "the rlt sandbox serves OpenAPI v2 as JSON only; use OpenAPI v3 (/openapi/v3)"})
+            return rendering.Response(
+                status=406,
+                payload={
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": 406,
+                    "reason": "NotAcceptable",
+                    "message": "the rlt sandbox serves OpenAPI v2 as JSON only; use OpenAPI v3 (/openapi/v3)",
+                },
+            )
         return v2_document(self._served())
 
     async def _serve_server_version(self, request: rendering.Request) -> Any:
-        return {"major": "1", "minor": "31", "gitVersion": "v1.31.0-kmock", "platform": "linux/amd64",
-                "gitCommit": "", "gitTreeState": "clean", "buildDate": "", "goVersion": "", "compiler": "gc"}
+        return {
+            "major": "1",
+            "minor": "31",
+            "gitVersion": "v1.31.0-kmock",
+            "platform": "linux/amd64",
+            "gitCommit": "",
+            "gitTreeState": "clean",
+            "buildDate": "",
+            "goVersion": "",
+            "compiler": "gc",
+        }
 
     async def _serve_version(self, request: rendering.Request) -> Any:
         result = await super()._serve_version(request)

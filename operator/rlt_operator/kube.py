@@ -52,10 +52,19 @@ class Kube:
         except kubernetes.config.ConfigException:
             return cls(kubernetes.config.new_client_from_config())
 
-    def _call(self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
-              content_type: str = "application/json") -> tuple[int, Any]:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
         m, url, headers, body, _ = self.api.param_serialize(
-            method, path, query_params=query or [], body=body,
+            method,
+            path,
+            query_params=query or [],
+            body=body,
             header_params={"Content-Type": content_type, "Accept": "application/json"},
             auth_settings=["BearerToken"],
         )

@@ -94,7 +94,7 @@ def decode(body: bytes) -> dict[str, Any]:
     """A protobuf-encoded Secret or ConfigMap as the JSON object the API would store."""
     if not body.startswith(MAGIC):
         raise UnsupportedProtobuf("not a Kubernetes protobuf envelope")
-    unknown = dict(_fields(body[len(MAGIC):]))
+    unknown = dict(_fields(body[len(MAGIC) :]))
     type_meta = dict(_fields(unknown.get(1, b"")))
     api_version, kind = type_meta.get(1, b"").decode(), type_meta.get(2, b"").decode()
     fields = _fields(unknown.get(2, b""))

@@ -68,10 +68,12 @@ class PodConfigError(Exception):
 
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: defined variables are replaced, `$$` is a literal `$`, the rest stays."""
+
     def sub(m: re.Match) -> str:
         if m.group(0) == "$$":
             return "$"
         return env.get(m.group(1), m.group(0))
+
     return _VAR_REF.sub(sub, text)
 
 
@@ -113,9 +115,16 @@ class PodRun:
 class LocalKubelet:
     """Watches Jobs and StatefulSets in the emulated API (by polling) and runs their pods as local processes."""
 
-    def __init__(self, api_url: str, workdir: str | Path, images: dict[str, ImageEnv] | None = None,
-                 default_image: ImageEnv | None = None, namespaces: list[str] | None = None,
-                 poll_seconds: float = 0.3, grace_seconds: float = 5.0):
+    def __init__(
+        self,
+        api_url: str,
+        workdir: str | Path,
+        images: dict[str, ImageEnv] | None = None,
+        default_image: ImageEnv | None = None,
+        namespaces: list[str] | None = None,
+        poll_seconds: float = 0.3,
+        grace_seconds: float = 5.0,
+    ):
         self.api = api_url.rstrip("/")
         self.workdir = Path(workdir).absolute()
         self.images = dict(images or {})
@@ -179,22 +188,26 @@ class LocalKubelet:
 
     async def _send(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Any:
         assert self._session is not None
-        async with self._session.request(method, self.api + path, json=body,
-                                         headers={"Content-Type": content_type}) as resp:
+        async with self._session.request(
+            method, self.api + path, json=body, headers={"Content-Type": content_type}
+        ) as resp:
             if resp.status >= 300 and resp.status != 404:
                 raise RuntimeError(f"{method} {path}: {resp.status} {await resp.text()}")
             return await resp.json(content_type=None) if resp.status != 404 else None
 
     async def _status(self, plural: str, ns: str, name: str, status: dict[str, Any]) -> None:
-        await self._send("PATCH", f"{PATHS[plural].format(ns=ns)}/{name}/status", {"status": status},
-                         "application/merge-patch+json")
+        await self._send(
+            "PATCH", f"{PATHS[plural].format(ns=ns)}/{name}/status", {"status": status}, "application/merge-patch+json"
+        )
 
     # ------------------------------------------------------------------ one pass
 
     async def _sync(self, ns: str) -> None:
         jobs = {j["metadata"]["name"]: j for j in (await self._get(PATHS["jobs"].format(ns=ns)) or {}).get("items", [])}
-        stss = {s["metadata"]["name"]: s
-                for s in (await self._get(PATHS["statefulsets"].format(ns=ns)) or {}).get("items", [])}
+        stss = {
+            s["metadata"]["name"]: s
+            for s in (await self._get(PATHS["statefulsets"].format(ns=ns)) or {}).get("items", [])
+        }
         owners = {("Job", n): o for n, o in jobs.items() if not o["metadata"].get("deletionTimestamp")}
         owners |= {("StatefulSet", n): o for n, o in stss.items() if not o["metadata"].get("deletionTimestamp")}
 
@@ -216,14 +229,22 @@ class LocalKubelet:
                 await self._sync_statefulset(ns, obj)
 
     def _owned(self, ns: str, kind: str, name: str, uid: str) -> list[PodRun]:
-        return [p for (n, _), p in self.pods.items() if n == ns and p.owner_kind == kind and p.owner == name
-                and p.body["metadata"]["ownerReferences"][0]["uid"] == uid]
+        return [
+            p
+            for (n, _), p in self.pods.items()
+            if n == ns
+            and p.owner_kind == kind
+            and p.owner == name
+            and p.body["metadata"]["ownerReferences"][0]["uid"] == uid
+        ]
 
     async def _sync_job(self, ns: str, job: dict[str, Any]) -> None:
         meta, spec = job["metadata"], job["spec"]
         status = job.get("status") or {}
-        finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                       for c in status.get("conditions") or [])
+        finished = any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
         pods = self._owned(ns, "Job", meta["name"], meta["uid"])
         if not pods and not finished and not spec.get("suspend"):
             for index in range(int(spec.get("completions", 1))):
@@ -243,8 +264,14 @@ class LocalKubelet:
                 for pod in pods:
                     if pod.phase in ("Pending", "Running"):
                         self._terminate(pod, self.grace)
-                conds.append({"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                              "message": "Job has reached the specified backoff limit"})
+                conds.append(
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                    }
+                )
             elif succeeded >= int(spec.get("completions", 1)):
                 conds.append({"type": "Complete", "status": "True", "reason": "Completed", "message": ""})
         new["conditions"] = conds
@@ -257,8 +284,9 @@ class LocalKubelet:
         for ordinal in range(int(spec.get("replicas", 1))):
             # A pod of the same name from an earlier StatefulSet must be gone first (as the controller waits).
             if ordinal not in pods and (ns, f"{meta['name']}-{ordinal}") not in self.pods:
-                await self._create_pod(ns, f"{meta['name']}-{ordinal}", "StatefulSet", sts, ordinal,
-                                       hostname=f"{meta['name']}-{ordinal}")
+                await self._create_pod(
+                    ns, f"{meta['name']}-{ordinal}", "StatefulSet", sts, ordinal, hostname=f"{meta['name']}-{ordinal}"
+                )
         pods = {p.index: p for p in self._owned(ns, "StatefulSet", meta["name"], meta["uid"])}
         for pod in pods.values():
             await self._advance(ns, pod)
@@ -270,8 +298,9 @@ class LocalKubelet:
 
     # ------------------------------------------------------------------ pods
 
-    async def _create_pod(self, ns: str, name: str, kind: str, owner: dict[str, Any], index: int,
-                          hostname: str) -> None:
+    async def _create_pod(
+        self, ns: str, name: str, kind: str, owner: dict[str, Any], index: int, hostname: str
+    ) -> None:
         template = owner["spec"]["template"]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         annotations = dict((template.get("metadata") or {}).get("annotations") or {})
@@ -283,20 +312,40 @@ class LocalKubelet:
         pod_spec = dict(template["spec"])
         pod_spec["hostname"] = hostname
         body = {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations,
-                         "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": kind,
-                                              "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
-                                              "controller": True}]},
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": kind,
+                        "name": owner["metadata"]["name"],
+                        "uid": owner["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
             "spec": pod_spec,
             "status": {"phase": "Pending"},
         }
         created = await self._send("POST", PATHS["pods"].format(ns=ns), body)
         pod_dir = self.workdir / "pods" / ns / name
         pod_dir.mkdir(parents=True, exist_ok=True)
-        pod = PodRun(name=name, owner_kind=kind, owner=owner["metadata"]["name"], index=index,
-                     restart_policy=pod_spec.get("restartPolicy", "Always"), body=created or body, dir=pod_dir,
-                     log_path=pod_dir / "container.log", container=pod_spec["containers"][0])
+        pod = PodRun(
+            name=name,
+            owner_kind=kind,
+            owner=owner["metadata"]["name"],
+            index=index,
+            restart_policy=pod_spec.get("restartPolicy", "Always"),
+            body=created or body,
+            dir=pod_dir,
+            log_path=pod_dir / "container.log",
+            container=pod_spec["containers"][0],
+        )
         self.pods[(ns, name)] = pod
         log.info("pod %s/%s: log %s", ns, name, pod.log_path)
         try:
@@ -333,17 +382,29 @@ class LocalKubelet:
     def _pod_status(self, pod: PodRun) -> dict[str, Any]:
         state: dict[str, Any]
         if pod.phase in ("Succeeded", "Failed") and pod.exit_code is not None:
-            state = {"terminated": {"exitCode": pod.exit_code, "reason": "Completed" if pod.exit_code == 0 else "Error"}}
+            state = {
+                "terminated": {"exitCode": pod.exit_code, "reason": "Completed" if pod.exit_code == 0 else "Error"}
+            }
         elif pod.phase == "Running":
             state = {"running": {}}
         else:
             state = {"waiting": {"reason": pod.message.split(":")[0] or "ContainerCreating"}}
         last = {"terminated": {"exitCode": pod.exit_code}} if pod.restarts and pod.exit_code is not None else {}
         return {
-            "phase": pod.phase, "podIP": LOOPBACK, "hostIP": LOOPBACK, "message": pod.message or None,
+            "phase": pod.phase,
+            "podIP": LOOPBACK,
+            "hostIP": LOOPBACK,
+            "message": pod.message or None,
             "conditions": [{"type": "Ready", "status": "True" if pod.ready else "False"}],
-            "containerStatuses": [{"name": pod.container["name"], "ready": pod.ready, "restartCount": pod.restarts,
-                                   "state": state, "lastState": last}],
+            "containerStatuses": [
+                {
+                    "name": pod.container["name"],
+                    "ready": pod.ready,
+                    "restartCount": pod.restarts,
+                    "state": state,
+                    "lastState": last,
+                }
+            ],
         }
 
     def _probe(self, pod: PodRun) -> bool:
@@ -368,12 +429,16 @@ class LocalKubelet:
         if image is None:
             raise PodConfigError(f"no local stand-in for image {c.get('image')!r}")
         mounts = await self._mounts(ns, pod)
-        env = {"PATH": f"{image.bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
-               # This machine's home stands for the image's: its caches hold what an image bakes in (the tiny
-               # model, DeepSpeed's compiled CPU ops).
-               "HOME": os.environ.get("HOME", str(self.workdir / "home")), "LANG": "C.UTF-8",
-               "CUDA_VISIBLE_DEVICES": "",
-               "HOSTNAME": pod.body["spec"].get("hostname", pod.name), **image.env}
+        env = {
+            "PATH": f"{image.bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
+            # This machine's home stands for the image's: its caches hold what an image bakes in (the tiny
+            # model, DeepSpeed's compiled CPU ops).
+            "HOME": os.environ.get("HOME", str(self.workdir / "home")),
+            "LANG": "C.UTF-8",
+            "CUDA_VISIBLE_DEVICES": "",
+            "HOSTNAME": pod.body["spec"].get("hostname", pod.name),
+            **image.env,
+        }
         pod.tag = f"{ns}/{pod.name}/{secrets.token_hex(4)}"
         env_tag = {TAG_VAR: pod.tag}
         rendered: dict[str, str] = {}
@@ -393,8 +458,15 @@ class LocalKubelet:
         logf.write(f"--- {time.strftime('%H:%M:%S')} start {' '.join(argv)}\n".encode())
         logf.flush()
         try:
-            pod.proc = subprocess.Popen([exe, *argv[1:]], env={**env, **env_tag}, cwd=cwd, stdout=logf,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            pod.proc = subprocess.Popen(
+                [exe, *argv[1:]],
+                env={**env, **env_tag},
+                cwd=cwd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as err:  # the runtime's StartError
             raise PodConfigError(f"cannot start {argv[0]!r}: {err}") from None
         finally:
@@ -411,9 +483,14 @@ class LocalKubelet:
             m = _FIELD_KEY.match(path)
             if m:
                 return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
-            simple = {"metadata.name": meta["name"], "metadata.namespace": ns, "status.podIP": LOOPBACK,
-                      "status.hostIP": LOOPBACK, "spec.nodeName": "localhost",
-                      "spec.serviceAccountName": pod.body["spec"].get("serviceAccountName", "default")}
+            simple = {
+                "metadata.name": meta["name"],
+                "metadata.namespace": ns,
+                "status.podIP": LOOPBACK,
+                "status.hostIP": LOOPBACK,
+                "spec.nodeName": "localhost",
+                "spec.serviceAccountName": pod.body["spec"].get("serviceAccountName", "default"),
+            }
             if path not in simple:
                 raise PodConfigError(f"env {entry['name']}: fieldRef {path!r} is not emulated")
             return simple[path]
@@ -425,7 +502,9 @@ class LocalKubelet:
                 if ref["key"] not in data:
                     if ref.get("optional"):
                         return ""
-                    raise PodConfigError(f"env {entry['name']}: {plural[:-1]} {ref['name']!r} has no key {ref['key']!r}")
+                    raise PodConfigError(
+                        f"env {entry['name']}: {plural[:-1]} {ref['name']!r} has no key {ref['key']!r}"
+                    )
                 value = data[ref["key"]]
                 if plural == "secrets":
                     import base64
@@ -455,8 +534,9 @@ class LocalKubelet:
             elif "emptyDir" in vol:
                 host = pod.dir / "volumes" / m["name"]
             else:
-                raise PodConfigError(f"volume {m['name']!r}: only persistentVolumeClaim, configMap and emptyDir "
-                                     "are emulated")
+                raise PodConfigError(
+                    f"volume {m['name']!r}: only persistentVolumeClaim, configMap and emptyDir are emulated"
+                )
             host.mkdir(parents=True, exist_ok=True)
             out.append((m["mountPath"].rstrip("/"), host))
         return sorted(out, key=lambda t: -len(t[0]))

@@ -49,8 +49,11 @@ class Served:
 
 
 def _object_meta() -> dict[str, Any]:
-    return {"type": "object", "description": "Standard object metadata: name, namespace, labels, annotations, ...",
-            "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "type": "object",
+        "description": "Standard object metadata: name, namespace, labels, annotations, ...",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
 
 
 def kind_schema(res: Served, ref_prefix: str) -> dict[str, Any]:
@@ -61,8 +64,12 @@ def kind_schema(res: Served, ref_prefix: str) -> dict[str, Any]:
         "metadata": {"$ref": f"{ref_prefix}{OBJECT_META}", "description": "Standard object's metadata."},
     }
     if res.schema is None:
-        schema: dict[str, Any] = {"type": "object", "description": f"{res.kind} ({res.group_version}).",
-                                  "properties": dict(common), "x-kubernetes-preserve-unknown-fields": True}
+        schema: dict[str, Any] = {
+            "type": "object",
+            "description": f"{res.kind} ({res.group_version}).",
+            "properties": dict(common),
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
     else:
         schema = json.loads(json.dumps(res.schema))  # a copy: the CRD stays as it was
         schema.setdefault("type", "object")
@@ -73,11 +80,14 @@ def kind_schema(res: Served, ref_prefix: str) -> dict[str, Any]:
 
 def _operations(res: Served, body_ref: str) -> dict[str, dict[str, Any]]:
     """The paths of one resource, with the parameters clients look for (fieldValidation, dryRun)."""
-    query = [{"name": name, "in": "query", "schema": {"type": "string"}, "description": desc} for name, desc in (
-        ("fieldValidation", "Strict/Warn/Ignore: how unknown or duplicate fields are handled."),
-        ("dryRun", "All: do not persist (NOT honoured by the emulator: it persists)."),
-        ("fieldManager", "Name of the actor making the change."),
-    )]
+    query = [
+        {"name": name, "in": "query", "schema": {"type": "string"}, "description": desc}
+        for name, desc in (
+            ("fieldValidation", "Strict/Warn/Ignore: how unknown or duplicate fields are handled."),
+            ("dryRun", "All: do not persist (NOT honoured by the emulator: it persists)."),
+            ("fieldManager", "Name of the actor making the change."),
+        )
+    ]
     ns = "/namespaces/{namespace}" if res.namespaced else ""
     collection = f"/{res.prefix}{ns}/{res.plural}"
     item = f"{collection}/{{name}}"
@@ -85,9 +95,13 @@ def _operations(res: Served, body_ref: str) -> dict[str, dict[str, Any]]:
 
     def op(verb: str, action: str, with_body: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "operationId": f"{verb}{res.kind}", "x-kubernetes-action": action, **ext,
+            "operationId": f"{verb}{res.kind}",
+            "x-kubernetes-action": action,
+            **ext,
             "parameters": query if action in ("post", "put", "patch") else [],
-            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": body_ref}}}}},
+            "responses": {
+                "200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": body_ref}}}}
+            },
         }
         if with_body:
             out["requestBody"] = {"content": {"application/json": {"schema": {"$ref": body_ref}}}}
@@ -95,8 +109,12 @@ def _operations(res: Served, body_ref: str) -> dict[str, dict[str, Any]]:
 
     return {
         collection: {"get": op("list", "list", False), "post": op("create", "post", True)},
-        item: {"get": op("read", "get", False), "put": op("replace", "put", True),
-               "patch": op("patch", "patch", True), "delete": op("delete", "delete", False)},
+        item: {
+            "get": op("read", "get", False),
+            "put": op("replace", "put", True),
+            "patch": op("patch", "patch", True),
+            "delete": op("delete", "delete", False),
+        },
     }
 
 
@@ -108,8 +126,12 @@ def v3_group_version(resources: list[Served]) -> dict[str, Any]:
         name = res.definition_name()
         schemas[name] = kind_schema(res, "#/components/schemas/")
         paths.update(_operations(res, f"#/components/schemas/{name}"))
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes (rlt sandbox emulation)", "version": K8S_VERSION},
-            "paths": paths, "components": {"schemas": schemas}}
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes (rlt sandbox emulation)", "version": K8S_VERSION},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
 
 
 def v3_discovery(resources: list[Served]) -> dict[str, Any]:
@@ -132,10 +154,20 @@ def v2_document(resources: list[Served]) -> dict[str, Any]:
         name = res.definition_name()
         definitions[name] = kind_schema(res, "#/definitions/")
         for path, ops in _operations(res, f"#/definitions/{name}").items():
-            paths[path] = {verb: {**{k: v for k, v in body.items() if k not in ("requestBody", "responses", "parameters")},
-                                  "parameters": [{"name": p["name"], "in": "query", "type": "string",
-                                                  "uniqueItems": True} for p in body["parameters"]],
-                                  "responses": {"200": {"description": "OK", "schema": {"$ref": f"#/definitions/{name}"}}}}
-                           for verb, body in ops.items()}
-    return {"swagger": "2.0", "info": {"title": "Kubernetes (rlt sandbox emulation)", "version": K8S_VERSION},
-            "paths": paths, "definitions": definitions}
+            paths[path] = {
+                verb: {
+                    **{k: v for k, v in body.items() if k not in ("requestBody", "responses", "parameters")},
+                    "parameters": [
+                        {"name": p["name"], "in": "query", "type": "string", "uniqueItems": True}
+                        for p in body["parameters"]
+                    ],
+                    "responses": {"200": {"description": "OK", "schema": {"$ref": f"#/definitions/{name}"}}},
+                }
+                for verb, body in ops.items()
+            }
+    return {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes (rlt sandbox emulation)", "version": K8S_VERSION},
+        "paths": paths,
+        "definitions": definitions,
+    }

@@ -44,8 +44,9 @@ def parse(text: str, stage: str) -> dict[str, float]:
     return out
 
 
-def progress(run: str, stage: str, sample: dict[str, float], previous: dict[str, Any] | None,
-             now: dt.datetime) -> dict[str, Any]:
+def progress(
+    run: str, stage: str, sample: dict[str, float], previous: dict[str, Any] | None, now: dt.datetime
+) -> dict[str, Any]:
     """status.progress from one scrape; tokens/s from the counter's change since the previous scrape."""
     out: dict[str, Any] = {"stage": stage, "updateTime": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
     if "step" in sample:

@@ -28,12 +28,19 @@ RBAC_RULES: tuple[dict[str, Any], ...] = (
     {"apiGroups": ["rlt.dev"], "resources": ["rltruns/finalizers"], "verbs": ["update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": [""], "resources": ["persistentvolumeclaims", "services"],
-     "verbs": ["list", "watch", "create", "delete"]},
+    {
+        "apiGroups": [""],
+        "resources": ["persistentvolumeclaims", "services"],
+        "verbs": ["list", "watch", "create", "delete"],
+    },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "watch", "create", "delete"]},
-    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch", "create", "delete"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["list", "watch", "create", "delete"],
+    },
 )
 """Namespaced rules: in a ClusterRole for `--all-namespaces`, or a Role per watched namespace."""
 

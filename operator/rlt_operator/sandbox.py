@@ -12,8 +12,8 @@ The same pieces serve the tests and the scale benchmark: `serve` (the emulated A
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -55,8 +55,12 @@ def kubeconfig(url: str) -> dict[str, Any]:
         "kind": "Config",
         "clusters": [{"name": "rlt-sandbox", "cluster": {"server": url}}],
         "users": [{"name": "rlt-sandbox", "user": {}}],
-        "contexts": [{"name": "rlt-sandbox",
-                      "context": {"cluster": "rlt-sandbox", "user": "rlt-sandbox", "namespace": "default"}}],
+        "contexts": [
+            {
+                "name": "rlt-sandbox",
+                "context": {"cluster": "rlt-sandbox", "user": "rlt-sandbox", "namespace": "default"},
+            }
+        ],
         "current-context": "rlt-sandbox",
     }
 
@@ -74,8 +78,9 @@ class InProcessOperator:
     emulated API (and a test's own tasks) down with it.
     """
 
-    def __init__(self, namespaces: list[str] | None = None, liveness: str | None = None,
-                 overrides: dict[str, str] | None = None):
+    def __init__(
+        self, namespaces: list[str] | None = None, liveness: str | None = None, overrides: dict[str, str] | None = None
+    ):
         self.namespaces = namespaces
         self.liveness = liveness
         self.overrides = overrides or {}  # OperatorSettings fields the sandbox sets (e.g. progress_url for local pods)
@@ -95,16 +100,18 @@ class InProcessOperator:
 
         def main() -> None:
             try:
-                asyncio.run(kopf.operator(
-                    registry=kopf.get_default_registry(),
-                    settings=kopf.OperatorSettings(),
-                    standalone=True,
-                    clusterwide=not self.namespaces,
-                    namespaces=self.namespaces or [],
-                    liveness_endpoint=self.liveness,
-                    stop_flag=self._stop,
-                    memo=kopf.Memo(settings=config),
-                ))
+                asyncio.run(
+                    kopf.operator(
+                        registry=kopf.get_default_registry(),
+                        settings=kopf.OperatorSettings(),
+                        standalone=True,
+                        clusterwide=not self.namespaces,
+                        namespaces=self.namespaces or [],
+                        liveness_endpoint=self.liveness,
+                        stop_flag=self._stop,
+                        memo=kopf.Memo(settings=config),
+                    )
+                )
             except BaseException as err:  # reported by stop()
                 self.error = err
 
@@ -128,8 +135,13 @@ class InProcessOperator:
             raise RuntimeError("the operator failed") from self.error
 
 
-async def _main(port: int, kubeconfig_path: Path, namespaces: list[str], run_pods: Path | None = None,
-                images: list[str] | None = None) -> None:
+async def _main(
+    port: int,
+    kubeconfig_path: Path,
+    namespaces: list[str],
+    run_pods: Path | None = None,
+    images: list[str] | None = None,
+) -> None:
     async with serve(port) as (cluster, url):
         for ns in namespaces:
             if ns != "default":
@@ -143,14 +155,18 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str], run_pod
             kubelet = await sandbox_pods.start(url, run_pods, namespaces, images or [])
         # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
         logging.getLogger("kopf._core.reactor.running").addFilter(
-            lambda record: "OS signals are ignored" not in record.getMessage())
+            lambda record: "OS signals are ignored" not in record.getMessage()
+        )
         # With local pods, progress comes from the trainer's rank 0 on loopback (an explicit RLT_PROGRESS_URL wins).
         local = run_pods is not None and "RLT_PROGRESS_URL" not in os.environ
         op = InProcessOperator(overrides={"progress_url": sandbox_pods.local_progress_url()} if local else None)
         await op.start()
         if kubelet is not None:
-            print(f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "
-                  f"the trainer's metrics at http://127.0.0.1:{9400}/metrics while it runs.", flush=True)
+            print(
+                f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "
+                f"the trainer's metrics at http://127.0.0.1:{9400}/metrics while it runs.",
+                flush=True,
+            )
         print(
             f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"
             "This is a PREVIEW of what the operator would create, not a cluster: nothing runs, and Job/\n"
@@ -160,7 +176,7 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str], run_pod
             "  kubectl get rlt\n"
             "  kubectl get configmaps,persistentvolumeclaims,services,statefulsets,jobs -l rlt.dev/run=tiny\n"
             "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"
-            "    -p '{\"status\":{\"succeeded\":1,\"conditions\":[{\"type\":\"Complete\",\"status\":\"True\"}]}}'\n\n"
+            '    -p \'{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}\'\n\n'
             "Ctrl-C stops it.",
             flush=True,
         )
@@ -175,8 +191,13 @@ async def _main(port: int, kubeconfig_path: Path, namespaces: list[str], run_pod
             await kubelet.stop()
 
 
-def run(port: int = 18443, kubeconfig_path: str | None = None, namespaces: list[str] | None = None,
-        run_pods: str | None = None, images: list[str] | None = None) -> int:
+def run(
+    port: int = 18443,
+    kubeconfig_path: str | None = None,
+    namespaces: list[str] | None = None,
+    run_pods: str | None = None,
+    images: list[str] | None = None,
+) -> int:
     path = Path(kubeconfig_path) if kubeconfig_path else Path(tempfile.gettempdir()) / "rlt-sandbox" / "kubeconfig"
     pods_dir = Path(run_pods) if run_pods else None
     try:

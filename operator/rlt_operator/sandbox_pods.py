@@ -34,14 +34,15 @@ def baked_caches() -> dict[str, str]:
 
     # torch's default build folder for this interpreter (with the variable set, torch adds no py3XX_cpu level)
     default = home / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
-    return {"TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(default)),
-            "RLT_CACHE": str(cache_root())}
+    return {
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(default)),
+        "RLT_CACHE": str(cache_root()),
+    }
 
 
 def _python_env() -> dict[str, str]:
     # A checkout run with PYTHONPATH (not installed) must reach the pods too: it is part of this "image".
-    return ({k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)} | {"PYTHONUNBUFFERED": "1"}
-            | baked_caches())
+    return {k: os.environ[k] for k in ("PYTHONPATH",) if os.environ.get(k)} | {"PYTHONUNBUFFERED": "1"} | baked_caches()
 
 
 def default_image() -> ImageEnv:
@@ -54,8 +55,9 @@ def local_progress_url() -> str:
 
 
 async def start(url: str, workdir: Path, namespaces: list[str], images: list[str]) -> LocalKubelet:
-    kubelet = LocalKubelet(url, workdir, images=parse_images(images), default_image=default_image(),
-                           namespaces=namespaces)
+    kubelet = LocalKubelet(
+        url, workdir, images=parse_images(images), default_image=default_image(), namespaces=namespaces
+    )
     await kubelet.start()
     asyncio.get_running_loop().create_task(_announce(kubelet))
     return kubelet

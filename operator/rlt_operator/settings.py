@@ -49,6 +49,7 @@ class OperatorSettings:
             try:
                 values[f.name] = kind(raw)
             except ValueError:
-                raise ValueError(f"{cls.ENV[f.name]}={raw!r}: expected "
-                                 f"{'a number of seconds' if kind is float else 'an integer'}") from None
+                raise ValueError(
+                    f"{cls.ENV[f.name]}={raw!r}: expected {'a number of seconds' if kind is float else 'an integer'}"
+                ) from None
         return cls(**values)

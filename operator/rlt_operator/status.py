@@ -71,37 +71,58 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
             out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
         # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
-        out["disrupted"] = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-                               for c in status.get("conditions") or [])
-        codes = [t.get("exitCode") for c in containers
-                 for t in ((c.get("state") or {}).get("terminated"),) if t and t.get("exitCode")]
+        out["disrupted"] = any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        codes = [
+            t.get("exitCode")
+            for c in containers
+            for t in ((c.get("state") or {}).get("terminated"),)
+            if t and t.get("exitCode")
+        ]
         out["exitCode"] = int(codes[0]) if codes else None
     return out
 
 
 # Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.
-STUCK_WAITING = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CrashLoopBackOff",
-                 "CreateContainerConfigError", "CreateContainerError")
+STUCK_WAITING = (
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+)
 
 
 def pod_problem(status: dict[str, Any], containers: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Why a pod cannot run: {kind: Unschedulable|Container, reason, message, exitCode?} or None."""
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
-            return {"kind": "Unschedulable", "reason": c.get("reason") or "Unschedulable",
-                    "message": c.get("message") or "no node fits the pod"}
+            return {
+                "kind": "Unschedulable",
+                "reason": c.get("reason") or "Unschedulable",
+                "message": c.get("message") or "no node fits the pod",
+            }
     for c in containers:
         waiting = (c.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in STUCK_WAITING:
-            last = ((c.get("lastState") or {}).get("terminated") or {})
+            last = (c.get("lastState") or {}).get("terminated") or {}
             reason = "OOMKilled" if last.get("reason") == "OOMKilled" else waiting["reason"]
-            return {"kind": "Container", "reason": reason,
-                    "message": f"container {c.get('name')}: {waiting.get('message') or reason}"}
+            return {
+                "kind": "Container",
+                "reason": reason,
+                "message": f"container {c.get('name')}: {waiting.get('message') or reason}",
+            }
         for state in ((c.get("state") or {}).get("terminated"), (c.get("lastState") or {}).get("terminated")):
             if state and state.get("reason") == "OOMKilled":
-                return {"kind": "Container", "reason": "OOMKilled", "exitCode": state.get("exitCode"),
-                        "message": f"container {c.get('name')} ran out of memory (OOMKilled): raise its memory "
-                                   "limit in spec.resources"}
+                return {
+                    "kind": "Container",
+                    "reason": "OOMKilled",
+                    "exitCode": state.get("exitCode"),
+                    "message": f"container {c.get('name')} ran out of memory (OOMKilled): raise its memory "
+                    "limit in spec.resources",
+                }
     return None
 
 
@@ -173,7 +194,9 @@ def parse_time(s: str | None) -> dt.datetime | None:
     return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
 
 
-def set_condition(conds: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, now: dt.datetime) -> None:
+def set_condition(
+    conds: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, now: dt.datetime
+) -> None:
     """Upsert a condition; lastTransitionTime changes only when its status does."""
     value = "True" if status else "False"
     for c in conds:
@@ -182,8 +205,9 @@ def set_condition(conds: list[dict[str, Any]], type_: str, status: bool, reason:
                 c["lastTransitionTime"] = fmt_time(now)
             c.update(status=value, reason=reason, message=message)
             return
-    conds.append({"type": type_, "status": value, "reason": reason, "message": message,
-                  "lastTransitionTime": fmt_time(now)})
+    conds.append(
+        {"type": type_, "status": value, "reason": reason, "message": message, "lastTransitionTime": fmt_time(now)}
+    )
 
 
 def _min(a: float | None, b_: float | None) -> float | None:
@@ -271,16 +295,24 @@ def decide(
     if plan.ensure("configmaps", cm):
         have = observed.configmaps[cm["metadata"]["name"]].get("configHash")
         if have != cm["metadata"]["annotations"][builders.A_CONFIG_HASH]:
-            plan.actions.append(Action("patch", "configmaps", cm["metadata"]["name"],
-                                       {"metadata": {"annotations": cm["metadata"]["annotations"]},
-                                        "data": cm["data"]}))
+            plan.actions.append(
+                Action(
+                    "patch",
+                    "configmaps",
+                    cm["metadata"]["name"],
+                    {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]},
+                )
+            )
     claim = observed.persistentvolumeclaims.get(builders.data_claim_name(ref.name, spec))
     if plan.ensure("persistentvolumeclaims", builders.pvc(ref, spec)) and claim is not None:
         _volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)
 
     # Stages whose Job completed (or completed before and was cleaned up) are done.
-    done = [s for s in enabled if s in run_status["completedStages"]
-            or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))]
+    done = [
+        s
+        for s in enabled
+        if s in run_status["completedStages"] or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))
+    ]
     run_status["completedStages"] = done
     run_status["outputs"] = builders.outputs(ref.name, spec, done)
     finished_stage_edits(run_status, spec, done, now)
@@ -291,12 +323,17 @@ def decide(
         # Completion first: a run whose last Job completed in time but is observed after the deadline
         # (operator down, slow watch) is done, not DeadlineExceeded.
         if len(done) == len(enabled):
-            run_status.update(phase=SUCCEEDED, stage="", reason="Succeeded",
-                              message="all stages finished: " + ", ".join(enabled))
+            run_status.update(
+                phase=SUCCEEDED, stage="", reason="Succeeded", message="all stages finished: " + ", ".join(enabled)
+            )
             set_condition(run_status["conditions"], "Complete", True, "Succeeded", run_status["message"], now)
         elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
-            _fail(run_status, "DeadlineExceeded",
-                  f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now)
+            _fail(
+                run_status,
+                "DeadlineExceeded",
+                f"the run was active longer than activeDeadlineSeconds ({deadline}s)",
+                now,
+            )
     if run_status["phase"] in TERMINAL:
         return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
 
@@ -310,8 +347,15 @@ def decide(
 
     # The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still
     # active stops first (the run always runs the first enabled, unfinished stage; one stage at a time).
-    other_active = [n for n, j in observed.jobs.items() if n != job_name and j.get("active", 0) > 0
-                    and not j.get("deleting") and j["labels"].get(builders.L_STAGE) and not job_complete(j)]
+    other_active = [
+        n
+        for n, j in observed.jobs.items()
+        if n != job_name
+        and j.get("active", 0) > 0
+        and not j.get("deleting")
+        and j["labels"].get(builders.L_STAGE)
+        and not job_complete(j)
+    ]
     for other in other_active:
         plan.delete("jobs", other, "Foreground")
 
@@ -338,21 +382,31 @@ def decide(
 
     # Children of another stage or of an older gang are stale: delete them and wait until gone.
     gens_needed = builders.needs_generators(spec, stage)
-    waiting = bool(other_active) or any(j.get("deleting") and j.get("active", 0) > 0 and n != job_name
-                                        for n, j in observed.jobs.items())
+    waiting = bool(other_active) or any(
+        j.get("deleting") and j.get("active", 0) > 0 and n != job_name for n, j in observed.jobs.items()
+    )
     # The trainer's shape (nodes x gpus) is frozen for a stage once it has a checkpoint: ZeRO checkpoints
     # resume only with the world size that wrote them. Before that, a new shape replaces the gang at once.
     shape = trainer_shape(spec, stage, run_status, now)
     run_spec = builders.with_trainer_shape(spec, shape["nodes"], shape["gpus"])
     sts = observed.statefulsets.get(gen_name)
-    if sts is not None and (sts.get("deleting") or not gens_needed or sts["labels"].get(builders.L_STAGE) != stage
-                            or sts["labels"].get(builders.L_RESTART) != str(restarts) or _foreign(sts, ref)):
+    if sts is not None and (
+        sts.get("deleting")
+        or not gens_needed
+        or sts["labels"].get(builders.L_STAGE) != stage
+        or sts["labels"].get(builders.L_RESTART) != str(restarts)
+        or _foreign(sts, ref)
+    ):
         plan.delete("statefulsets", gen_name, "Foreground")
         sts, waiting = None, True
     job = observed.jobs.get(job_name)
-    if job is not None and (job.get("deleting") or job["labels"].get(builders.L_RESTART) != str(restarts)
-                            or job["labels"].get(builders.L_SHAPE, builders.shape_label(run_spec, stage)) !=
-                            builders.shape_label(run_spec, stage) or _foreign(job, ref)):
+    if job is not None and (
+        job.get("deleting")
+        or job["labels"].get(builders.L_RESTART) != str(restarts)
+        or job["labels"].get(builders.L_SHAPE, builders.shape_label(run_spec, stage))
+        != builders.shape_label(run_spec, stage)
+        or _foreign(job, ref)
+    ):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
 
@@ -364,8 +418,12 @@ def decide(
     # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
     failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts)
     if fatal:
-        _fail(run_status, "ConfigError",
-              f"{fatal}; not retried (fix the spec or the data, then create the run again)", now)
+        _fail(
+            run_status,
+            "ConfigError",
+            f"{fatal}; not retried (fix the spec or the data, then create the run again)",
+            now,
+        )
         return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
     if failure:
         counted = restarts - int(run_status.get("disruptions") or 0)
@@ -378,8 +436,12 @@ def decide(
             set_condition(run_status["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
             run_status["lastFailure"] = failure
             return _finish(prev, run_status, plan, SOON)
-        _fail(run_status, "BackoffLimitExceeded",
-              f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})", now)
+        _fail(
+            run_status,
+            "BackoffLimitExceeded",
+            f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})",
+            now,
+        )
         return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
 
     # Generators first; the trainer joins them only once every server answers /health.
@@ -392,23 +454,46 @@ def decide(
         want = spec.resources.generator.replicas
         have = sts["readyReplicas"] if sts else 0
         ready = sts is not None and have >= want
-        set_condition(run_status["conditions"], "GeneratorsReady", ready, "Ready" if ready else "Starting",
-                      f"{have}/{want} vLLM servers ready", now)
+        set_condition(
+            run_status["conditions"],
+            "GeneratorsReady",
+            ready,
+            "Ready" if ready else "Starting",
+            f"{have}/{want} vLLM servers ready",
+            now,
+        )
     if ready and not waiting:
         plan.ensure("services", builders.trainer_service(ref, run_spec, stage, restarts))
         if job is None:
             plan.ensure("jobs", builders.trainer_job(ref, run_spec, stage, restarts))
     # Job.status.active counts Pending pods too: the trainer runs once every one of its pods does.
-    gang = [p for p in observed.pods if p["labels"].get(builders.L_STAGE) == stage
-            and p["labels"].get(builders.L_RESTART) == str(restarts)]
+    gang = [
+        p
+        for p in observed.pods
+        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
+    ]
     want_pods = int(job.get("completions", 1)) if job else 0
-    running_pods = sum(1 for p in gang
-                       if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Running")
+    running_pods = sum(
+        1 for p in gang if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Running"
+    )
     active = bool(job and job.get("active", 0) > 0) and running_pods >= want_pods
-    why = ("trainer running" if active else "waiting for generators" if not ready else
-           f"{running_pods}/{want_pods} trainer pods running" if job else "trainer starting")
-    set_condition(run_status["conditions"], "TrainerRunning", active, "Running" if active else "Waiting",
-                  f"stage {stage}: {why}", now)
+    why = (
+        "trainer running"
+        if active
+        else "waiting for generators"
+        if not ready
+        else f"{running_pods}/{want_pods} trainer pods running"
+        if job
+        else "trainer starting"
+    )
+    set_condition(
+        run_status["conditions"],
+        "TrainerRunning",
+        active,
+        "Running" if active else "Waiting",
+        f"stage {stage}: {why}",
+        now,
+    )
     _pod_conditions(run_status, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
         run_status["progress"] = {k: v for k, v in progress.items() if k != "stage"}
@@ -430,20 +515,33 @@ def finished_stage_edits(run_status: dict[str, Any], spec: RLTRunSpec, done: lis
         fields = stage_fields(spec, stage)
         record = records.get(stage)
         if record is None:  # finished now (or before the operator recorded stage specs): this spec is its spec
-            records[stage] = {"fingerprint": fingerprint_of(fields),
-                              "fields": {k: json.dumps(v) for k, v in fields.items()}}
+            records[stage] = {
+                "fingerprint": fingerprint_of(fields),
+                "fields": {k: json.dumps(v) for k, v in fields.items()},
+            }
         elif record["fingerprint"] != fingerprint_of(fields):
             old = {k: json.loads(v) for k, v in record["fields"].items()}
             edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
     run_status["stageSpecs"] = records
     if edits:
-        set_condition(run_status["conditions"], "StagesCurrent", False, "FinishedStageEdited",
-                      "; ".join(edits) + ". Not applied: a finished stage is not run again and its outputs stay "
-                      "those of the old spec; restore the old values, or train under the new ones in a new RLTRun",
-                      now)
+        set_condition(
+            run_status["conditions"],
+            "StagesCurrent",
+            False,
+            "FinishedStageEdited",
+            "; ".join(edits) + ". Not applied: a finished stage is not run again and its outputs stay "
+            "those of the old spec; restore the old values, or train under the new ones in a new RLTRun",
+            now,
+        )
     elif records:
-        set_condition(run_status["conditions"], "StagesCurrent", True, "Current",
-                      "finished stages ran under the current spec: " + ", ".join(records), now)
+        set_condition(
+            run_status["conditions"],
+            "StagesCurrent",
+            True,
+            "Current",
+            "finished stages ran under the current spec: " + ", ".join(records),
+            now,
+        )
 
 
 def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
@@ -452,24 +550,35 @@ def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now:
     had = run_status.get("trainerShape") or {}
     checkpointed = bool((run_status.get("progress") or {}).get("lastCheckpoint"))
     if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
-        set_condition(run_status["conditions"], "SpecApplied", False, "ShapeFrozen",
-                      f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
-                      f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
-                      "resume only with the world size that wrote them)", now)
+        set_condition(
+            run_status["conditions"],
+            "SpecApplied",
+            False,
+            "ShapeFrozen",
+            f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
+            f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
+            "resume only with the world size that wrote them)",
+            now,
+        )
         return had
     if any(c["type"] == "SpecApplied" for c in run_status["conditions"]):
-        set_condition(run_status["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape",
-                      now)
+        set_condition(
+            run_status["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now
+        )
     run_status["trainerShape"] = want
     return want
 
 
-def gang_failure(job: dict[str, Any] | None, job_name: str, pods: list[dict[str, Any]], stage: str,
-                 restarts: int) -> tuple[str | None, str | None, bool]:
+def gang_failure(
+    job: dict[str, Any] | None, job_name: str, pods: list[dict[str, Any]], stage: str, restarts: int
+) -> tuple[str | None, str | None, bool]:
     """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
     code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
-    gang = [p for p in pods
-            if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)]
+    gang = [
+        p
+        for p in pods
+        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
+    ]
     for pod in gang:
         if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
             code = ExitCode(pod["exitCode"])
@@ -484,40 +593,50 @@ def gang_failure(job: dict[str, Any] | None, job_name: str, pods: list[dict[str,
         role = pod["labels"].get(builders.L_ROLE)
         if pod.get("phase") == "Failed":
             why = (pod.get("problem") or {}).get("reason") or (
-                f"exit code {pod['exitCode']}" if pod.get("exitCode") else "")
+                f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
+            )
             if pod.get("disrupted"):
                 return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
             return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
         if role == builders.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
             why = (pod.get("problem") or {}).get("reason")
-            return (f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
-                    None, False)
+            return (
+                f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
+                None,
+                False,
+            )
     return None, None, False
 
 
 def _pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
     """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
     problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
-    for cond, kind, ok_reason in (("PodsSchedulable", "Unschedulable", "Scheduled"),
-                                  ("PodsHealthy", "Container", "Healthy")):
+    for cond, kind, ok_reason in (
+        ("PodsSchedulable", "Unschedulable", "Scheduled"),
+        ("PodsHealthy", "Container", "Healthy"),
+    ):
         mine = [(name, pr) for name, pr in problems if pr["kind"] == kind]
         if mine:
             name, pr = mine[0]
             more = f" (and {len(mine) - 1} more pod(s))" if len(mine) > 1 else ""
-            set_condition(run_status["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}",
-                          now)
+            set_condition(
+                run_status["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now
+            )
             if "reason" not in run_status:
                 run_status["reason"], run_status["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
         elif gang or any(c["type"] == cond for c in run_status["conditions"]):
-            set_condition(run_status["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang",
-                          now)
+            set_condition(
+                run_status["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now
+            )
     waiting = [(p, since) for p in gang if (since := parse_time(p.get("sandboxWaitingSince"))) is not None]
     stuck = [(p, since) for p, since in waiting if (now - since).total_seconds() >= VOLUME_ATTACH_WAIT]
     if stuck:
         name = stuck[0][0]["name"]
         minutes = int((now - stuck[0][1]).total_seconds() // 60)
-        message = (f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
-                   f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})")
+        message = (
+            f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
+            f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})"
+        )
         set_condition(run_status["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
         if "reason" not in run_status:
             run_status["reason"], run_status["message"] = "VolumeNotAttached", message
@@ -525,8 +644,9 @@ def _pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now:
 
 def _no_pods(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
     """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
-    run_status["conditions"] = [c for c in run_status["conditions"]
-                                if c["type"] not in ("PodsSchedulable", "PodsHealthy")]
+    run_status["conditions"] = [
+        c for c in run_status["conditions"] if c["type"] not in ("PodsSchedulable", "PodsHealthy")
+    ]
     for c in list(run_status["conditions"]):
         if c["type"] in ("TrainerRunning", "GeneratorsReady"):
             set_condition(run_status["conditions"], c["type"], False, reason, message, now)
@@ -537,14 +657,18 @@ def _volume_condition(run_status: dict[str, Any], claim: dict[str, Any], now: dt
     phase = claim.get("phase")
     if phase in (None, "Bound"):
         if phase == "Bound" or any(c["type"] == "VolumeReady" for c in run_status["conditions"]):
-            set_condition(run_status["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound",
-                          now)
+            set_condition(
+                run_status["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound", now
+            )
         return
-    why = {"Pending": "not bound yet (a WaitForFirstConsumer class binds when the first pod is scheduled; "
-                      "otherwise check storage.storageClassName and the provisioner)",
-           "Lost": "lost its volume: the data is gone from the cluster's view"}.get(phase, phase)
-    set_condition(run_status["conditions"], "VolumeReady", False, f"Claim{phase}",
-                  f"claim {claim['name']} is {phase}: {why}", now)
+    why = {
+        "Pending": "not bound yet (a WaitForFirstConsumer class binds when the first pod is scheduled; "
+        "otherwise check storage.storageClassName and the provisioner)",
+        "Lost": "lost its volume: the data is gone from the cluster's view",
+    }.get(phase, phase)
+    set_condition(
+        run_status["conditions"], "VolumeReady", False, f"Claim{phase}", f"claim {claim['name']} is {phase}: {why}", now
+    )
 
 
 def _foreign(child: dict[str, Any], ref: builders.RunRef) -> bool:
@@ -557,8 +681,14 @@ def _fail(run_status: dict[str, Any], reason: str, message: str, now: dt.datetim
     set_condition(run_status["conditions"], "Failed", True, reason, message, now)
 
 
-def _terminal(ref: builders.RunRef, spec: RLTRunSpec, run_status: dict[str, Any], plan: _Plan, observed: Observed,
-              now: dt.datetime) -> float | None:
+def _terminal(
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    run_status: dict[str, Any],
+    plan: _Plan,
+    observed: Observed,
+    now: dt.datetime,
+) -> float | None:
     """Free the GPUs now; keep finished trainer Jobs (their logs) until ttlSecondsAfterFinished."""
     if not run_status.get("completionTime"):
         run_status["completionTime"] = fmt_time(now)
@@ -592,14 +722,26 @@ def transition_events(prev: dict[str, Any], run_status: dict[str, Any]) -> list[
     p_phase, phase = prev.get("phase") or "", run_status["phase"]
     if int(run_status.get("restarts") or 0) > int(prev.get("restarts") or 0):
         uncounted = int(run_status.get("disruptions") or 0) > int(prev.get("disruptions") or 0)
-        ev.append(("Warning", "GangRestart",
-                   f"restart {run_status['restarts']}: {run_status.get('lastFailure', 'a pod failed')}; "
-                   "trainer and generators restart from the last checkpoint"
-                   + (" (a disruption: not counted against backoffLimit)" if uncounted else "")))
-    if run_status.get("reason") == "InvalidSpec" and \
-            (prev.get("reason"), prev.get("message")) != ("InvalidSpec", run_status["message"]):
-        ev.append(("Warning", "InvalidSpec",
-                   f"{run_status['message']}; nothing is started or stopped until the spec is fixed"))
+        ev.append(
+            (
+                "Warning",
+                "GangRestart",
+                f"restart {run_status['restarts']}: {run_status.get('lastFailure', 'a pod failed')}; "
+                "trainer and generators restart from the last checkpoint"
+                + (" (a disruption: not counted against backoffLimit)" if uncounted else ""),
+            )
+        )
+    if run_status.get("reason") == "InvalidSpec" and (prev.get("reason"), prev.get("message")) != (
+        "InvalidSpec",
+        run_status["message"],
+    ):
+        ev.append(
+            (
+                "Warning",
+                "InvalidSpec",
+                f"{run_status['message']}; nothing is started or stopped until the spec is fixed",
+            )
+        )
     elif prev.get("reason") == "InvalidSpec" and run_status.get("reason") != "InvalidSpec":
         ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
     before = {c["type"]: c for c in prev.get("conditions") or []}
@@ -650,16 +792,35 @@ def _finish(prev: dict[str, Any], run_status: dict[str, Any], plan: _Plan, reque
         if a.verb == "create" and a.plural == "jobs":
             assert a.body is not None, "a create action carries the object it creates"
             lb = a.body["metadata"]["labels"]
-            events.append(("Normal", "TrainerCreated",
-                           f"stage {lb.get(builders.L_STAGE)}: trainer Job {a.name} created "
-                           f"(gang {lb.get(builders.L_RESTART)})"))
+            events.append(
+                (
+                    "Normal",
+                    "TrainerCreated",
+                    f"stage {lb.get(builders.L_STAGE)}: trainer Job {a.name} created "
+                    f"(gang {lb.get(builders.L_RESTART)})",
+                )
+            )
     return Decision(status=run_status, actions=plan.actions, events=events, requeue_after=requeue)
 
 
-OWN_STATUS_FIELDS = ("phase", "stage", "reason", "message", "observedGeneration", "restarts", "disruptions",
-                     "trainerShape", "lastFailure",
-                     "startTime", "completionTime", "completedStages", "stageSpecs", "progress", "outputs",
-                     "conditions")
+OWN_STATUS_FIELDS = (
+    "phase",
+    "stage",
+    "reason",
+    "message",
+    "observedGeneration",
+    "restarts",
+    "disruptions",
+    "trainerShape",
+    "lastFailure",
+    "startTime",
+    "completionTime",
+    "completedStages",
+    "stageSpecs",
+    "progress",
+    "outputs",
+    "conditions",
+)
 
 
 def merge_patch(prev: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -22,14 +22,15 @@ class _Status(BaseModel):
 class Condition(_Status):
     """A condition of the run (metav1.Condition without observedGeneration)."""
 
-    type: str = Field(description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
-                                  "TrainerRunning, SpecApplied, StagesCurrent, Suspended, Complete or "
-                                  "Failed.")
+    type: str = Field(
+        description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
+        "TrainerRunning, SpecApplied, StagesCurrent, Suspended, Complete or "
+        "Failed."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(None, description="CamelCase reason.")
     message: str | None = Field(None, description="Human-readable detail.")
-    last_transition_time: str | None = Field(None, description="When status last changed.",
-                                             json_schema_extra=DATE_TIME)
+    last_transition_time: str | None = Field(None, description="When status last changed.", json_schema_extra=DATE_TIME)
 
 
 class Progress(_Status):
@@ -52,7 +53,8 @@ class Outputs(_Status):
     student_checkpoint: str | None = Field(None, description="Distilled student model on the run's volume.")
     teacher_uri: str | None = Field(None, description="Where spec.outputs.teacher pushes the final teacher.")
     distilled_dataset_uri: str | None = Field(
-        None, description="Where spec.outputs.distillDataset pushes the distillation dataset.")
+        None, description="Where spec.outputs.distillDataset pushes the distillation dataset."
+    )
     student_uri: str | None = Field(None, description="Where spec.outputs.student pushes the distilled student.")
 
 
@@ -68,33 +70,46 @@ class StageSpec(_Status):
     """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
 
     fingerprint: str = Field(description="rlt.fingerprint.stage_fingerprint of the fields below.")
-    fields: dict[str, str] = Field(description="The fields the stage's output depends on (dotted spec path -> "
-                                               "value as JSON), so that an edit can be named.")
+    fields: dict[str, str] = Field(
+        description="The fields the stage's output depends on (dotted spec path -> "
+        "value as JSON), so that an edit can be named."
+    )
 
 
 class RLTRunStatus(_Status):
     """Written by the operator; recomputed from the run's children on every reconcile."""
 
     phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"] | None = Field(
-        None, description="Pending, Running, Suspended, Succeeded or Failed.")
-    stage: str | None = Field(None, description="Stage now running (sft, rl, distill, student, evaluate); empty "
-                                                "when the run is not running.")
-    reason: str | None = Field(None, description="Why the run is in its phase or held (e.g. InvalidSpec, "
-                                                 "Unschedulable, ConfigError, BackoffLimitExceeded, "
-                                                 "DeadlineExceeded).")
+        None, description="Pending, Running, Suspended, Succeeded or Failed."
+    )
+    stage: str | None = Field(
+        None, description="Stage now running (sft, rl, distill, student, evaluate); empty when the run is not running."
+    )
+    reason: str | None = Field(
+        None,
+        description="Why the run is in its phase or held (e.g. InvalidSpec, "
+        "Unschedulable, ConfigError, BackoffLimitExceeded, "
+        "DeadlineExceeded).",
+    )
     message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
     last_failure: str | None = Field(None, description="The last failure that caused a gang restart.")
     observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
-    restarts: int | None = Field(None, description="Gang restarts so far (those not caused by disruptions are "
-                                                   "bounded by spec.backoffLimit).")
-    disruptions: int | None = Field(None, description="Gang restarts caused by disruptions (preemption, node "
-                                                      "drain, eviction); not counted against spec.backoffLimit.")
+    restarts: int | None = Field(
+        None, description="Gang restarts so far (those not caused by disruptions are bounded by spec.backoffLimit)."
+    )
+    disruptions: int | None = Field(
+        None,
+        description="Gang restarts caused by disruptions (preemption, node "
+        "drain, eviction); not counted against spec.backoffLimit.",
+    )
     start_time: str | None = Field(None, description="When the run last started.", json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)
     completed_stages: list[str] | None = Field(None, description="Stages whose Job completed.")
     stage_specs: dict[str, StageSpec] | None = Field(
-        None, description="Per finished stage, the spec it finished under; a later edit of those fields is "
-                          "reported (condition StagesCurrent, Event FinishedStageEdited), not applied.")
+        None,
+        description="Per finished stage, the spec it finished under; a later edit of those fields is "
+        "reported (condition StagesCurrent, Event FinishedStageEdited), not applied.",
+    )
     progress: Progress | None = None
     trainer_shape: TrainerShape | None = Field(None, description="nodes x gpus of the running stage's trainer.")
     outputs: Outputs | None = None

@@ -27,7 +27,9 @@ VALUE_SETS = {
 
 
 def tool(name: str) -> str:
-    path = shutil.which(name, path=os.pathsep.join([str(TOOLS), str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    path = shutil.which(
+        name, path=os.pathsep.join([str(TOOLS), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     if not path:
         pytest.skip(f"{name} not found: run `make tools` (make test installs it)")
     return path
@@ -88,7 +90,8 @@ for (const d of docs) {{
 }}
 process.stdout.write(JSON.stringify(errors));
 """
-    proc = subprocess.run([node, "--input-type=module", "-e", script], input=json.dumps(docs),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [node, "--input-type=module", "-e", script], input=json.dumps(docs), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -8,8 +8,9 @@ from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
 
 
 def normalized(rules) -> list[dict]:
-    return [{"apiGroups": list(r["apiGroups"]), "resources": list(r["resources"]), "verbs": list(r["verbs"])}
-            for r in rules]
+    return [
+        {"apiGroups": list(r["apiGroups"]), "resources": list(r["resources"]), "verbs": list(r["verbs"])} for r in rules
+    ]
 
 
 def test_cluster_mode_rules_equal_the_operators():
@@ -17,8 +18,11 @@ def test_cluster_mode_rules_equal_the_operators():
     assert normalized(one(docs, "ClusterRole", "rlt-operator")["rules"]) == normalized(RBAC_RULES)
     assert normalized(one(docs, "ClusterRole", "-cluster")["rules"]) == normalized(CLUSTER_RBAC_RULES)
     binding = one(docs, "ClusterRoleBinding", "rlt-operator")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": "rel-rlt-operator"}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "rel-rlt-operator",
+    }
 
 
 def test_namespaced_mode_rules_equal_the_operators():
@@ -30,8 +34,13 @@ def test_namespaced_mode_rules_equal_the_operators():
 
 
 def test_every_verb_the_operator_needs_is_granted_and_nothing_more():
-    granted = {(g, res, v) for r in one(render_set("defaults"), "ClusterRole", "rlt-operator")["rules"]
-               for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    granted = {
+        (g, res, v)
+        for r in one(render_set("defaults"), "ClusterRole", "rlt-operator")["rules"]
+        for g in r["apiGroups"]
+        for res in r["resources"]
+        for v in r["verbs"]
+    }
     needed = {(g, res, v) for r in RBAC_RULES for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
     assert granted == needed
     # Least privilege: the operator never reads secrets, never touches RBAC or nodes.

@@ -35,8 +35,10 @@ def test_helm_lint_strict(name):
 def test_the_placeholder_image_is_refused_with_what_to_do():
     proc = helm("template", "rel", str(CHART), check=False)
     assert proc.returncode != 0
-    assert ("image.repository is ghcr.io/rlt-dev/rlt-operator, a placeholder: no rlt image is published. "
-            "Build and push the images (make images IMAGE_REGISTRY=<registry>") in proc.stderr
+    assert (
+        "image.repository is ghcr.io/rlt-dev/rlt-operator, a placeholder: no rlt image is published. "
+        "Build and push the images (make images IMAGE_REGISTRY=<registry>"
+    ) in proc.stderr
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -153,7 +155,9 @@ def test_aggregated_user_roles():
     view_verbs = {v for r in viewer["rules"] for v in r["verbs"]}
     assert view_verbs == {"get", "list", "watch"}
     assert "aggregate-to-view" not in json.dumps(editor["metadata"]["labels"])
-    assert not [r for r in by_kind(render_set("namespaced"), "ClusterRole") if r["metadata"]["name"].endswith("-editor")]
+    assert not [
+        r for r in by_kind(render_set("namespaced"), "ClusterRole") if r["metadata"]["name"].endswith("-editor")
+    ]
 
 
 def test_crd_is_a_kept_template():
@@ -180,8 +184,14 @@ def test_servicemonitor_and_podmonitor():
     exprs = pm["spec"]["selector"]["matchExpressions"]
     assert {"key": "rlt.dev/role", "operator": "In", "values": ["trainer", "generator"]} in exprs
     # In namespaced mode the PodMonitor only looks into the watched namespaces.
-    ns_docs = template("-f", str(CHART / "ci" / "namespaced-values.yaml"), "--set", "metrics.podMonitor.enabled=true",
-                       "--api-versions", MONITORING_API)
+    ns_docs = template(
+        "-f",
+        str(CHART / "ci" / "namespaced-values.yaml"),
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--api-versions",
+        MONITORING_API,
+    )
     assert one(ns_docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 

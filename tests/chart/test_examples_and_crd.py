@@ -32,8 +32,14 @@ def schema_errors(doc: dict) -> list[str]:
 
 def test_required_examples_exist():
     names = {p.name for p in EXAMPLES}
-    assert {"rltrun-paper-7b.yaml", "rltrun-local.yaml", "rltrun-tiny.yaml", "rltrun-small-2gpu.yaml",
-            "rltrun-multinode.yaml", "rltrun-suspended.yaml"} <= names
+    assert {
+        "rltrun-paper-7b.yaml",
+        "rltrun-local.yaml",
+        "rltrun-tiny.yaml",
+        "rltrun-small-2gpu.yaml",
+        "rltrun-multinode.yaml",
+        "rltrun-suspended.yaml",
+    } <= names
 
 
 def test_examples_pass_rlt_validate():
@@ -66,7 +72,11 @@ def test_example_specifics():
         return yaml.safe_load((ROOT / "manifests" / "examples" / name).read_text())["spec"]
 
     small = spec("rltrun-small-2gpu.yaml")["resources"]
-    assert small["trainer"]["gpus"] * small["trainer"].get("nodes", 1) + small["generator"]["gpus"] * small["generator"]["replicas"] == 2
+    assert (
+        small["trainer"]["gpus"] * small["trainer"].get("nodes", 1)
+        + small["generator"]["gpus"] * small["generator"]["replicas"]
+        == 2
+    )
     multi = spec("rltrun-multinode.yaml")
     assert multi["resources"]["trainer"]["nodes"] > 1
     assert multi["storage"]["accessMode"] == "ReadWriteMany"

@@ -44,7 +44,9 @@ def test_walkthrough_kubeconfig_and_selector_work_without_tmpdir():
 def test_helm_notes_create_the_example_namespace_first():
     notes = read("charts/rlt-operator/templates/NOTES.txt")
     ns = yaml.safe_load(read("manifests/examples/rltrun-small-2gpu.yaml"))["metadata"]["namespace"]
-    assert notes.index(f"kubectl create namespace {ns}") < notes.index("kubectl apply -f manifests/examples/rltrun-small-2gpu.yaml")
+    assert notes.index(f"kubectl create namespace {ns}") < notes.index(
+        "kubectl apply -f manifests/examples/rltrun-small-2gpu.yaml"
+    )
     assert f"kubectl -n {ns} get rltruns -w" in notes
 
 

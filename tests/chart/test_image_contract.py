@@ -92,8 +92,13 @@ def test_trainer_image_matches_the_builders():
     assert c["command"][0] == img["entrypoint"][0] == "rlt"
     assert img["env"]["HF_HOME"].startswith(PVC_MOUNT + "/")
     # Distributed stages start through accelerate, which the image must put on the same PATH as rlt.
-    multi = spec.model_copy(update={"resources": spec.resources.model_copy(update={
-        "trainer": spec.resources.trainer.model_copy(update={"gpus": 2})})})
+    multi = spec.model_copy(
+        update={
+            "resources": spec.resources.model_copy(
+                update={"trainer": spec.resources.trainer.model_copy(update={"gpus": 2})}
+            )
+        }
+    )
     assert b.trainer_command(multi, "sft")[0] == "accelerate"
     assert img["env"]["PATH"].startswith("/opt/venv/bin:")
 
@@ -108,7 +113,7 @@ def test_generator_image_matches_the_builders():
     assert img["expose"] == {p["containerPort"] for p in c["ports"]} == {b.VLLM_PORT}
     # The pod's command is the image's entrypoint followed by the flags: one source (builders.GENERATOR_ENTRYPOINT).
     assert tuple(img["entrypoint"]) == b.GENERATOR_ENTRYPOINT
-    assert c["command"][:len(img["entrypoint"])] == img["entrypoint"]
+    assert c["command"][: len(img["entrypoint"])] == img["entrypoint"]
     assert img["entrypoint"][0] == "python3", "vLLM's images have python3, not python"
     pod_env = {e["name"]: e.get("value") for e in c["env"]}
     assert pod_env["VLLM_SERVER_DEV_MODE"] == img["env"]["VLLM_SERVER_DEV_MODE"] == "1"

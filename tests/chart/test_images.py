@@ -65,16 +65,44 @@ def test_containerignore_lets_only_the_sources_in(tmp_path):
     if buildah is None:
         pytest.skip("buildah not installed (make test installs it)")
     ctx = tmp_path / "ctx"
-    for rel in ("pyproject.toml", "README.md", "training/rlt/x.py", "operator/rlt_operator/y.py",
-                "training/rlt/__pycache__/x.cpython-311.pyc", ".venv/bin/python", "results/tiny/model.bin",
-                ".env", "secrets/token", "tests/t.py", ".git/config", "charts/c.yaml"):
+    for rel in (
+        "pyproject.toml",
+        "README.md",
+        "training/rlt/x.py",
+        "operator/rlt_operator/y.py",
+        "training/rlt/__pycache__/x.cpython-311.pyc",
+        ".venv/bin/python",
+        "results/tiny/model.bin",
+        ".env",
+        "secrets/token",
+        "tests/t.py",
+        ".git/config",
+        "charts/c.yaml",
+    ):
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
         (ctx / rel).write_text("x")
     (ctx / "Containerfile").write_text("FROM scratch\nCOPY . /ctx/\n")
     store = ["--storage-driver", "vfs", "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run")]
     tag = "localhost/rlt-ignore-probe:test"
-    subprocess.run([buildah, *store, "build", "--isolation", "chroot", "--ignorefile", str(ROOT / ".containerignore"),
-                    "-f", str(ctx / "Containerfile"), "-t", tag, str(ctx)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            buildah,
+            *store,
+            "build",
+            "--isolation",
+            "chroot",
+            "--ignorefile",
+            str(ROOT / ".containerignore"),
+            "-f",
+            str(ctx / "Containerfile"),
+            "-t",
+            tag,
+            str(ctx),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     c = subprocess.run([buildah, *store, "from", tag], check=True, capture_output=True, text=True).stdout.strip()
     mnt = Path(subprocess.run([buildah, *store, "mount", c], check=True, capture_output=True, text=True).stdout.strip())
     try:

@@ -46,14 +46,17 @@ def pod_env(container: dict) -> dict[str, str]:
 def pod_mounts(pod: dict, container: dict) -> tuple[bool, tuple[str, ...]]:
     """readOnlyRootFilesystem and the emptyDir mount paths (tmpfs here) of the rendered container."""
     empty = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
-    tmpfs = tuple(m["mountPath"] for m in container["volumeMounts"] if m["name"] in empty
-                  and not m["mountPath"].startswith("/dev/"))  # /dev/shm: the host's /dev is bound already
+    tmpfs = tuple(
+        m["mountPath"]
+        for m in container["volumeMounts"]
+        if m["name"] in empty and not m["mountPath"].startswith("/dev/")
+    )  # /dev/shm: the host's /dev is bound already
     return bool(container.get("securityContext", {}).get("readOnlyRootFilesystem")), tmpfs
 
 
 def remap_port(command: list[str], port: int) -> list[str]:
     i = command.index("--port")
-    return [*command[:i + 1], str(port), *command[i + 2:]]
+    return [*command[: i + 1], str(port), *command[i + 2 :]]
 
 
 def mounts(tiny_run, tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -91,9 +94,18 @@ def test_trainer_image_trains_sft_from_the_rendered_command(trainer_image, tiny_
     read_only, tmpfs = pod_mounts(pod, c)
     log = tmp_path / "trainer.log"
     with log.open("w") as out:
-        proc = images.run_rootfs(trainer_image, c["command"], env=pod_env(c), uid=sc["runAsUser"],
-                                 gid=sc["runAsGroup"], binds=binds, read_only=read_only, tmpfs=tmpfs, stdout=out,
-                                 stderr=subprocess.STDOUT)
+        proc = images.run_rootfs(
+            trainer_image,
+            c["command"],
+            env=pod_env(c),
+            uid=sc["runAsUser"],
+            gid=sc["runAsGroup"],
+            binds=binds,
+            read_only=read_only,
+            tmpfs=tmpfs,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         rc = proc.wait(timeout=1800)
     assert rc == 0, log.read_text()[-4000:]
     run = RunLayout.for_run(data, tiny_run.metadata.name)
@@ -103,10 +115,17 @@ def test_trainer_image_trains_sft_from_the_rendered_command(trainer_image, tiny_
 
 def test_trainer_image_imports_trls_vllm_client(trainer_image):
     """Server-mode rl builds TRL's VLLMClient in the trainer, which needs vLLM importable there (issue 10, item 2)."""
-    code = ("import trl.generation.vllm_client as c, transformers, importlib.metadata as m; "
-            "assert c.is_vllm_available(); print('vllm', c._HAS_STATEFUL_TRAINER_ENGINE, transformers.__version__)")
-    proc = images.run_rootfs(trainer_image, ["python3", "-W", "ignore", "-c", code], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    code = (
+        "import trl.generation.vllm_client as c, transformers, importlib.metadata as m; "
+        "assert c.is_vllm_available(); print('vllm', c._HAS_STATEFUL_TRAINER_ENGINE, transformers.__version__)"
+    )
+    proc = images.run_rootfs(
+        trainer_image,
+        ["python3", "-W", "ignore", "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0 and "vllm True" in out, out[-3000:]
 
@@ -127,9 +146,18 @@ def test_generator_image_serves_health_from_the_rendered_command(generator_image
     read_only, tmpfs = pod_mounts(pod, c)
     log = tmp_path / "generator.log"
     with log.open("w") as out:
-        proc = images.run_rootfs(generator_image, remap_port(c["command"], port), env=pod_env(c), uid=sc["runAsUser"],
-                                 gid=sc["runAsGroup"], binds=binds, read_only=read_only, tmpfs=tmpfs, stdout=out,
-                                 stderr=subprocess.STDOUT)
+        proc = images.run_rootfs(
+            generator_image,
+            remap_port(c["command"], port),
+            env=pod_env(c),
+            uid=sc["runAsUser"],
+            gid=sc["runAsGroup"],
+            binds=binds,
+            read_only=read_only,
+            tmpfs=tmpfs,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 600
         while True:

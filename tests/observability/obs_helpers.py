@@ -35,7 +35,9 @@ VLLM_METRICS = {
 
 
 def tool(name: str) -> str:
-    path = shutil.which(name, path=os.pathsep.join([str(TOOLS), str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    path = shutil.which(
+        name, path=os.pathsep.join([str(TOOLS), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     if not path:
         pytest.skip(f"{name} not found: run `make tools` (make test installs it)")
     return path

@@ -23,16 +23,27 @@ def tsc_check(tmp_path, named: dict[str, dict]) -> subprocess.CompletedProcess:
     for name, dash in named.items():
         ident = name.removesuffix(".json").replace("-", "_")
         path = tmp_path / f"{ident}.ts"
-        path.write_text('import type { Dashboard } from "@grafana/schema";\n'
-                        f"export const {ident}: Dashboard = {json.dumps(dash, indent=1)};\n")
+        path.write_text(
+            'import type { Dashboard } from "@grafana/schema";\n'
+            f"export const {ident}: Dashboard = {json.dumps(dash, indent=1)};\n"
+        )
         files.append(path.name)
-    (tmp_path / "tsconfig.json").write_text(json.dumps({
-        "compilerOptions": {
-            "strict": True, "noEmit": True, "skipLibCheck": True, "module": "esnext", "moduleResolution": "bundler",
-            "baseUrl": ".", "paths": {"@grafana/schema": [str(NPM / "@grafana" / "schema")]},
-        },
-        "files": files,
-    }))
+    (tmp_path / "tsconfig.json").write_text(
+        json.dumps(
+            {
+                "compilerOptions": {
+                    "strict": True,
+                    "noEmit": True,
+                    "skipLibCheck": True,
+                    "module": "esnext",
+                    "moduleResolution": "bundler",
+                    "baseUrl": ".",
+                    "paths": {"@grafana/schema": [str(NPM / "@grafana" / "schema")]},
+                },
+                "files": files,
+            }
+        )
+    )
     return subprocess.run([str(NPM / ".bin" / "tsc"), "-p", str(tmp_path)], capture_output=True, text=True, timeout=120)
 
 

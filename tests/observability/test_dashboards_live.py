@@ -75,8 +75,14 @@ class Procs:
 
     def start(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         log = self.tmp / f"{name}.log"
-        p = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
-                             env={**os.environ, **(env or {})}, start_new_session=True)
+        p = subprocess.Popen(
+            args,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
         p.log_path = log
         self.items.append(p)
         return p
@@ -131,8 +137,12 @@ def test_every_panel_query_returns_data(tmp_path, procs):
     sandbox = procs.start(
         "sandbox",
         [rlt, "sandbox", "--port", str(api_port), "--kubeconfig", str(kubeconfig)],
-        env={"RLT_OPERATOR_METRICS_PORT": str(op_port), "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
-             "RLT_RESYNC_SECONDS": "2", "RLT_PROGRESS_INTERVAL": "2"},
+        env={
+            "RLT_OPERATOR_METRICS_PORT": str(op_port),
+            "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
+            "RLT_RESYNC_SECONDS": "2",
+            "RLT_PROGRESS_INTERVAL": "2",
+        },
     )
 
     # 2. Prometheus scraping the trainer and the operator every second.
@@ -144,23 +154,55 @@ def test_every_panel_query_returns_data(tmp_path, procs):
         f"  - job_name: rlt-operator\n    static_configs:\n      - targets: ['127.0.0.1:{op_port}']\n"
     )
     subprocess.run([tool("promtool"), "check", "config", str(config)], check=True, capture_output=True)
-    prom = procs.start("prometheus", [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                      f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
+    prom = procs.start(
+        "prometheus",
+        [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--log.level=warn",
+        ],
+    )
     base = f"http://127.0.0.1:{prom_port}"
 
     # 3. The real local tiny run (trainer rank-0 exporter), serving its metrics 60 s after it finishes.
-    run = procs.start("rlt-run", [rlt, "run", str(TINY), "--metrics-port", str(trainer_port), "--linger", "60",
-                                  "--output", str(tmp_path / "results"), "--no-progress", "--device", "cpu"])
+    run = procs.start(
+        "rlt-run",
+        [
+            rlt,
+            "run",
+            str(TINY),
+            "--metrics-port",
+            str(trainer_port),
+            "--linger",
+            "60",
+            "--output",
+            str(tmp_path / "results"),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+    )
 
     wait_until(lambda: http_get(f"{base}/-/ready"), 30, "Prometheus ready", [prom])
-    wait_until(lambda: b"rlt_operator_reconcile" in http_get(f"http://127.0.0.1:{op_port}/metrics"), 60,
-               "operator metrics endpoint", [sandbox])
+    wait_until(
+        lambda: b"rlt_operator_reconcile" in http_get(f"http://127.0.0.1:{op_port}/metrics"),
+        60,
+        "operator metrics endpoint",
+        [sandbox],
+    )
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    applied = subprocess.run([kubectl, "apply", "--validate=false", "-f", str(TINY)], env=env,
-                             capture_output=True, text=True, timeout=60)
+    applied = subprocess.run(
+        [kubectl, "apply", "--validate=false", "-f", str(TINY)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert applied.returncode == 0, applied.stderr
-    wait_until(lambda: b'rlt_run_phase{' in http_get(f"http://127.0.0.1:{op_port}/metrics"), 60,
-               "the operator to reconcile the tiny run", [sandbox])
+    wait_until(
+        lambda: b"rlt_run_phase{" in http_get(f"http://127.0.0.1:{op_port}/metrics"),
+        60,
+        "the operator to reconcile the tiny run",
+        [sandbox],
+    )
 
     # Wait for the run to finish (it lingers), so that every stage's series exists.
     wait_until(lambda: "serving metrics for" in Path(run.log_path).read_text(), DEADLINE_S, "the tiny run", [run])
@@ -194,5 +236,7 @@ def test_every_panel_query_returns_data(tmp_path, procs):
     assert [float(s["value"][1]) for s in steps] == [3.0]
     phase = prom_query(base, 'rlt_run_phase{run="tiny", namespace="default"} == 1')["data"]["result"]
     assert len(phase) == 1 and phase[0]["metric"]["phase"] in ("Pending", "Running")
-    print(f"\n{len(need_data)} panel queries returned data; {len(vllm_only)} vllm:*-only queries were checked "
-          f"for valid PromQL (they need a vLLM generator): " + ", ".join(f"{d}/{t}" for d, t, _ in vllm_only))
+    print(
+        f"\n{len(need_data)} panel queries returned data; {len(vllm_only)} vllm:*-only queries were checked "
+        f"for valid PromQL (they need a vLLM generator): " + ", ".join(f"{d}/{t}" for d, t, _ in vllm_only)
+    )

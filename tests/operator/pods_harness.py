@@ -24,9 +24,15 @@ WORLD_LINE = re.compile(r"^rlt-world stage=(\w+) rank=(\d+) world_size=(\d+) bac
 def trainer_image() -> ImageEnv:
     from rlt_operator.sandbox_pods import baked_caches
 
-    return ImageEnv(str(Path(sys.executable).parent),
-                    {"PYTHONPATH": f"{REPO / 'training'}:{REPO / 'operator'}", "PYTHONUNBUFFERED": "1",
-                     "TOKENIZERS_PARALLELISM": "false", **baked_caches()})
+    return ImageEnv(
+        str(Path(sys.executable).parent),
+        {
+            "PYTHONPATH": f"{REPO / 'training'}:{REPO / 'operator'}",
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **baked_caches(),
+        },
+    )
 
 
 @contextlib.asynccontextmanager
@@ -41,13 +47,17 @@ async def running_pods(harness, workdir: Path, **kwargs: Any):
 
 def pod_logs(kubelet: LocalKubelet, prefix: str, namespace: str = "default") -> dict[str, str]:
     """Container logs of every pod whose name starts with `prefix`, deleted pods included (their files stay)."""
-    return {p.parent.name: p.read_text(errors="replace")
-            for p in sorted((kubelet.workdir / "pods" / namespace).glob(f"{prefix}*/container.log"))}
+    return {
+        p.parent.name: p.read_text(errors="replace")
+        for p in sorted((kubelet.workdir / "pods" / namespace).glob(f"{prefix}*/container.log"))
+    }
 
 
 def world_lines(text: str) -> list[dict[str, Any]]:
-    return [{"stage": m[0], "rank": int(m[1]), "world": int(m[2]), "backend": m[3], "node": int(m[4])}
-            for m in WORLD_LINE.findall(text)]
+    return [
+        {"stage": m[0], "rank": int(m[1]), "world": int(m[2]), "backend": m[3], "node": int(m[4])}
+        for m in WORLD_LINE.findall(text)
+    ]
 
 
 def metrics_rows(claim: Path, run: str) -> list[dict[str, Any]]:

@@ -38,14 +38,27 @@ def test_configmap_holds_the_run_with_the_generator_url():
 
 def test_owner_and_labels_on_every_child():
     spec = spec_from(storage={"retentionPolicy": "Delete"})
-    children = [b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 2),
-                b.trainer_service(REF, spec, "rl", 2), b.generator_statefulset(REF, spec, "rl", 2),
-                b.generator_service(REF, spec, "rl", 2)]
+    children = [
+        b.configmap(REF, spec),
+        b.pvc(REF, spec),
+        b.trainer_job(REF, spec, "rl", 2),
+        b.trainer_service(REF, spec, "rl", 2),
+        b.generator_statefulset(REF, spec, "rl", 2),
+        b.generator_service(REF, spec, "rl", 2),
+    ]
     for child in children:
         meta = child["metadata"]
         assert meta["namespace"] == "team" and meta["labels"][b.L_RUN] == "r1"
-        assert meta["ownerReferences"] == [{"apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun", "name": "r1",
-                                            "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}]
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "rlt.dev/v1alpha1",
+                "kind": "RLTRun",
+                "name": "r1",
+                "uid": "uid-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     job = children[2]
     assert job["metadata"]["labels"][b.L_RESTART] == "2"
     assert job["spec"]["template"]["metadata"]["labels"][b.L_STAGE] == "rl"
@@ -61,8 +74,10 @@ def test_trainer_job_rendezvous_and_command():
     env = env_of(pod)
     assert env["MASTER_ADDR"]["value"] == "r1-rl-0.r1-rl.team.svc"
     assert env["WORLD_SIZE"]["value"] == "32" and env["NNODES"]["value"] == "4"
-    assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     assert "value" not in env["HF_TOKEN"], "the token never appears in a manifest"
     cmd = pod["containers"][0]["command"]
@@ -82,8 +97,9 @@ def test_single_process_stage_runs_rlt_directly():
 
 
 def test_generator_statefulset_runs_vllm_for_trl():
-    spec = spec_from(resources={"generator": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2,
-                                              "dataParallelSize": 2}})
+    spec = spec_from(
+        resources={"generator": {"replicas": 1, "gpus": 4, "tensorParallelSize": 2, "dataParallelSize": 2}}
+    )
     sts = b.generator_statefulset(REF, spec, "rl", 0)
     pod = sts["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -105,11 +121,18 @@ def test_generator_statefulset_runs_vllm_for_trl():
 
 
 def test_scheduling_passthrough_and_queue_label_only_from_spec():
-    spec = spec_from(scheduling={
-        "nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
-        "affinity": {"nodeAffinity": {"x": 1}}, "priorityClassName": "high", "queueName": "team-q",
-        "serviceAccountName": "trainer", "imagePullSecrets": ["regcred"]},
-        env=[{"name": "EXTRA", "value": "1"}])
+    spec = spec_from(
+        scheduling={
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "affinity": {"nodeAffinity": {"x": 1}},
+            "priorityClassName": "high",
+            "queueName": "team-q",
+            "serviceAccountName": "trainer",
+            "imagePullSecrets": ["regcred"],
+        },
+        env=[{"name": "EXTRA", "value": "1"}],
+    )
     for obj in (b.trainer_job(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0)):
         tmpl = obj["spec"]["template"]
         pod = tmpl["spec"]
@@ -127,8 +150,11 @@ def test_scheduling_passthrough_and_queue_label_only_from_spec():
 def test_pvc_and_existing_claim():
     spec = spec_from(storage={"size": "2Ti", "storageClassName": "fast", "accessMode": "ReadWriteMany"})
     pvc = b.pvc(REF, spec)
-    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "2Ti"}},
-                           "storageClassName": "fast"}
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "2Ti"}},
+        "storageClassName": "fast",
+    }
     mine = spec_from(storage={"existingClaim": "shared"})
     assert b.pvc(REF, mine) is None
     assert b.data_claim_name("r1", mine) == "shared"
@@ -139,16 +165,19 @@ def test_outputs_and_generator_model_follow_enabled_stages():
     spec = load_run(EXAMPLES / "rltrun-tiny.yaml").spec
     assert b.outputs("t", spec, []) == {}, "nothing is listed before it exists"
     assert b.outputs("t", spec, ["sft"]) == {"teacherCheckpoint": "/data/t/sft/model"}
-    assert b.outputs("t", spec, ["sft", "rl", "distill"]) == {"teacherCheckpoint": "/data/t/rl/model",
-                                                           "distilledDataset": "/data/t/distill/dataset.jsonl"}
+    assert b.outputs("t", spec, ["sft", "rl", "distill"]) == {
+        "teacherCheckpoint": "/data/t/rl/model",
+        "distilledDataset": "/data/t/distill/dataset.jsonl",
+    }
     spec.stages.sft.enabled = False
     assert b.generator_model("t", spec, "rl") == "builtin:tiny-qwen2"
     assert b.generator_model("t", spec, "distill") == "/data/t/rl/model"
 
 
 def test_optional_student_and_evaluate_stages():
-    spec = spec_from(resources={"trainer": {"nodes": 2}},
-                     stages={"student": {"enabled": True}, "evaluate": {"enabled": True}})
+    spec = spec_from(
+        resources={"trainer": {"nodes": 2}}, stages={"student": {"enabled": True}, "evaluate": {"enabled": True}}
+    )
     assert spec.stages.enabled()[-2:] == ["student", "evaluate"]
     assert b.trainer_nodes(spec, "student") == 2 and b.trainer_nodes(spec, "evaluate") == 1
     assert b.outputs("r1", spec, spec.stages.enabled())["studentCheckpoint"] == "/data/r1/student/model"
@@ -164,8 +193,11 @@ def test_rl_in_server_mode_refuses_several_generator_replicas():
     with pytest.raises(SpecError, match=r"resources.generator.replicas: 2 .*dataParallelSize"):
         spec_from(resources={"generator": {"replicas": 2, "gpus": 1}})
     # distill alone serves a fixed teacher: several replicas are fine there.
-    spec_from("rltrun-tiny.yaml", stages={"rl": {"enabled": False, "generation": {"mode": "server"}}},
-              resources={"generator": {"replicas": 2}})
+    spec_from(
+        "rltrun-tiny.yaml",
+        stages={"rl": {"enabled": False, "generation": {"mode": "server"}}},
+        resources={"generator": {"replicas": 2}},
+    )
 
 
 def test_multinode_deepspeed_launch_uses_torchrun_on_every_pod():
@@ -180,8 +212,10 @@ def test_multinode_deepspeed_launch_uses_torchrun_on_every_pod():
 
 
 def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
-    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
-            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]}}
+    user = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]},
+    }
     spec = spec_from(scheduling={"affinity": user})
     assert spec.storage.access_mode == "ReadWriteOnce"
     same_node = {"labelSelector": {"matchLabels": {b.L_RUN: "r1"}}, "topologyKey": "kubernetes.io/hostname"}
@@ -189,8 +223,10 @@ def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
         tmpl = obj["spec"]["template"]
         aff = tmpl["spec"]["affinity"]
         assert aff["nodeAffinity"] == user["nodeAffinity"]
-        assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [{"topologyKey": "zone"},
-                                                                                        same_node]
+        assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+            {"topologyKey": "zone"},
+            same_node,
+        ]
         # the term selects the pods of this run, and this pod is one of them (the first pod may go anywhere)
         assert tmpl["metadata"]["labels"][b.L_RUN] == "r1"
     assert spec.scheduling.affinity == user, "the spec is not mutated"
@@ -199,8 +235,9 @@ def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
 
 
 def _all_pod_templates(spec):
-    return [b.trainer_job(REF, spec, s, 0)["spec"]["template"] for s in ("sft", "rl", "distill")] + \
-        [b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]]
+    return [b.trainer_job(REF, spec, s, 0)["spec"]["template"] for s in ("sft", "rl", "distill")] + [
+        b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]
+    ]
 
 
 def test_children_pods_are_locked_down():
@@ -219,17 +256,24 @@ def test_children_pods_are_locked_down():
         # every writable path a library picks from the environment is on a writable volume
         for var in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "HF_HOME"):
             path = env[var]["value"]
-            assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts
-                       if m not in ("/etc/rlt",)), f"{var}={path} is not on a writable volume"
+            assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts if m not in ("/etc/rlt",)), (
+                f"{var}={path} is not on a writable volume"
+            )
 
 
 def test_env_value_from_a_secret_reaches_the_pods_and_no_secret_is_written():
-    spec = spec_from(env=[{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}},
-                          {"name": "PLAIN", "value": "1"}])
+    spec = spec_from(
+        env=[
+            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}},
+            {"name": "PLAIN", "value": "1"},
+        ]
+    )
     for tmpl in _all_pod_templates(spec):
         env = env_of(tmpl["spec"])
-        assert env["WANDB_API_KEY"] == {"name": "WANDB_API_KEY",
-                                        "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}}
+        assert env["WANDB_API_KEY"] == {
+            "name": "WANDB_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}},
+        }
         assert env["PLAIN"] == {"name": "PLAIN", "value": "1"}
     text = b.configmap(REF, spec)["data"]["run.yaml"]
     assert parse_run(yaml.safe_load(text)).spec.env == spec.env  # the pods' copy round-trips
@@ -239,16 +283,23 @@ def test_env_value_and_value_from_together_are_refused():
     import pytest
 
     from rlt.spec import SpecError, parse_spec
+
     with pytest.raises(SpecError, match="spec.env.0.valueFrom"):
-        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
-                    "env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})
+        parse_spec(
+            {
+                **yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                "env": [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            }
+        )
 
 
 def _admits(policy, source_labels, port, namespace_same=True):
     """NetworkPolicy ingress semantics (one policy selecting the target): is traffic from a pod with these labels,
     to `port`, allowed? Any rule whose `from` peer matches and whose ports include `port` (or has none) admits."""
+
     def matches(sel, lbls):
         return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+
     for rule in policy["spec"]["ingress"]:
         ports = [p["port"] for p in rule.get("ports", [])]
         if ports and port not in ports:
@@ -262,6 +313,7 @@ def _admits(policy, source_labels, port, namespace_same=True):
 
 def test_generators_admit_only_their_own_runs_trainers():
     import pytest
+
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
     spec = spec_from()
@@ -282,12 +334,19 @@ def test_generators_admit_only_their_own_runs_trainers():
 
 def test_every_child_is_a_valid_kubernetes_object():
     import pytest
+
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
     spec = spec_from(env=[{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
-    for child in (b.configmap(REF, spec), b.pvc(REF, spec), b.trainer_job(REF, spec, "rl", 0),
-                  b.trainer_service(REF, spec, "rl", 0), b.generator_statefulset(REF, spec, "rl", 0),
-                  b.generator_service(REF, spec, "rl", 0), b.generator_network_policy(REF, spec)):
+    for child in (
+        b.configmap(REF, spec),
+        b.pvc(REF, spec),
+        b.trainer_job(REF, spec, "rl", 0),
+        b.trainer_service(REF, spec, "rl", 0),
+        b.generator_statefulset(REF, spec, "rl", 0),
+        b.generator_service(REF, spec, "rl", 0),
+        b.generator_network_policy(REF, spec),
+    ):
         kubernetes_validate.validate(child, "1.31.0", strict=True)
 
 
@@ -304,8 +363,9 @@ def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fas
         init = job["spec"]["template"]["spec"]["initContainers"][0]
         cfg = tmp_path / "run.yaml"
         cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
-        cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
-               for c in init["command"]]
+        cmd = [
+            sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c for c in init["command"]
+        ]
         assert cmd != init["command"], "the command reads the mounted config"
         return subprocess.run(cmd, capture_output=True, text=True), job["spec"]["podFailurePolicy"]["rules"]
 
@@ -333,8 +393,11 @@ def _qos(containers):
     res = [c.get("resources") or {} for c in containers]
     if not any(r.get("requests") or r.get("limits") for r in res):
         return "BestEffort"
-    full = all(r.get("limits", {}).get(k) and r.get("limits", {}).get(k) == r.get("requests", {}).get(k, r["limits"][k])
-               for r in res for k in ("cpu", "memory"))
+    full = all(
+        r.get("limits", {}).get(k) and r.get("limits", {}).get(k) == r.get("requests", {}).get(k, r["limits"][k])
+        for r in res
+        for k in ("cpu", "memory")
+    )
     return "Guaranteed" if full else "Burstable"
 
 
@@ -348,23 +411,40 @@ def test_no_example_child_is_best_effort_and_shared_memory_is_accounted():
     assert req["cpu"] == "48" and req["memory"] == f"{(600 + 64) * 1024}Mi"
     tiny = spec_from("rltrun-tiny.yaml", resources={"generator": {"gpus": 2, "sharedMemory": "1Gi"}})
     req = b.generator_statefulset(REF, tiny, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]
-    assert req["requests"]["cpu"] == "8" and req["requests"]["memory"] == f"{65 * 1024}Mi"  # defaults: 4 CPU, 32Gi per GPU
+    assert (
+        req["requests"]["cpu"] == "8" and req["requests"]["memory"] == f"{65 * 1024}Mi"
+    )  # defaults: 4 CPU, 32Gi per GPU
     assert "memory" not in req.get("limits", {}), "no limit unless asked"
 
 
 def test_limits_extra_resources_and_pod_annotations_pass_through():
     import pytest
+
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-    spec = spec_from(resources={"trainer": {"gpus": 0, "cpu": "8", "memory": "64Gi", "cpuLimit": "8",
-                                            "memoryLimit": "64Gi", "sharedMemory": "8Gi",
-                                            "extra": {"nvidia.com/mig-3g.40gb": "1", "rdma/rdma_shared_device_a": "1"}}},
-                     scheduling={"podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}})
+    spec = spec_from(
+        resources={
+            "trainer": {
+                "gpus": 0,
+                "cpu": "8",
+                "memory": "64Gi",
+                "cpuLimit": "8",
+                "memoryLimit": "64Gi",
+                "sharedMemory": "8Gi",
+                "extra": {"nvidia.com/mig-3g.40gb": "1", "rdma/rdma_shared_device_a": "1"},
+            }
+        },
+        scheduling={"podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}},
+    )
     job = b.trainer_job(REF, spec, "rl", 0)
     kubernetes_validate.validate(job, "1.31.0", strict=True)
     c = job["spec"]["template"]["spec"]["containers"][0]
-    assert c["resources"]["limits"] == {"cpu": "8", "memory": f"{72 * 1024}Mi", "nvidia.com/mig-3g.40gb": "1",
-                                        "rdma/rdma_shared_device_a": "1"}
+    assert c["resources"]["limits"] == {
+        "cpu": "8",
+        "memory": f"{72 * 1024}Mi",
+        "nvidia.com/mig-3g.40gb": "1",
+        "rdma/rdma_shared_device_a": "1",
+    }
     assert c["resources"]["requests"]["memory"] == f"{72 * 1024}Mi" and b.GPU not in c["resources"]["requests"]
     assert _qos(job["spec"]["template"]["spec"]["initContainers"] + [c]) == "Guaranteed"
     assert job["spec"]["template"]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
@@ -376,9 +456,14 @@ def test_a_malformed_quantity_is_refused_naming_the_field():
     import pytest
 
     from rlt.spec import SpecError, parse_spec
+
     with pytest.raises(SpecError, match="spec.resources.trainer.memory"):
-        parse_spec({**yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
-                    "resources": {"trainer": {"memory": "lots"}}})
+        parse_spec(
+            {
+                **yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())["spec"],
+                "resources": {"trainer": {"memory": "lots"}},
+            }
+        )
 
 
 def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
@@ -392,8 +477,10 @@ def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
     job = b.trainer_job(REF, spec, "sft", 0)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
-    cmd = [sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
-           for c in job["spec"]["template"]["spec"]["initContainers"][0]["command"]]
+    cmd = [
+        sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
+        for c in job["spec"]["template"]["spec"]["initContainers"][0]["command"]
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == ExitCode.DATA_ERROR and "missing.jsonl" in out.stderr, out.stderr
     rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
@@ -405,6 +492,7 @@ def test_every_example_renders_valid_children_and_none_is_refused():
     import datetime as dt
 
     import pytest
+
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
     from rlt_operator import status as S
@@ -418,7 +506,10 @@ def test_every_example_renders_valid_children_and_none_is_refused():
         creates = [a.body for a in d.actions if a.verb == "create"]
         assert creates or spec.suspend, path.name
         stage = spec.stages.enabled()[0]
-        creates += [b.trainer_job(ref, spec, stage, 0), b.generator_statefulset(ref, spec, "rl", 0),
-                    b.generator_network_policy(ref, spec)]
+        creates += [
+            b.trainer_job(ref, spec, stage, 0),
+            b.generator_statefulset(ref, spec, "rl", 0),
+            b.generator_network_policy(ref, spec),
+        ]
         for child in creates:
             kubernetes_validate.validate(child, "1.31.0", strict=True)

@@ -34,11 +34,16 @@ def free_port() -> int:
 async def test_rlt_operator_process(harness, tmp_path):
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", harness.url)
     health = free_port()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "RLT_OPERATOR_METRICS_PORT": "-1",
-           "RLT_OPERATOR_HEALTH_PORT": str(health)}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "RLT_OPERATOR_METRICS_PORT": "-1",
+        "RLT_OPERATOR_HEALTH_PORT": str(health),
+    }
     watches = harness.count_watches()
-    proc = await asyncio.create_subprocess_exec(*RLT, "operator", "--all-namespaces", env=env,
-                                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *RLT, "operator", "--all-namespaces", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         await harness.wait(lambda: harness.count_watches() - watches >= 7, "operator watches", timeout=30)
         await harness.create_run(example())
@@ -47,6 +52,7 @@ async def test_rlt_operator_process(harness, tmp_path):
         def healthz() -> str:
             with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=3) as r:
                 return r.read().decode()
+
         assert '"runs": 1' in await asyncio.to_thread(healthz)
     finally:
         proc.send_signal(signal.SIGTERM)

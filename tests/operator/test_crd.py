@@ -111,13 +111,16 @@ def test_examples_pass_the_schema(validator, path):
     assert errors == []
 
 
-@pytest.mark.parametrize("patch, word", [
-    ({"stages": {"rl": {"numGenerations": 1}}}, "minimum"),
-    ({"stages": {"rl": {"deepspeedZeroStage": 4}}}, "is not one of"),
-    ({"resources": {"trainer": {"nodes": "two"}}}, "is not of type"),
-    ({"teacher": None}, "is not of type"),
-    ({"stages": {"rl": {"bogus": 1}}}, "Additional properties"),
-])
+@pytest.mark.parametrize(
+    "patch, word",
+    [
+        ({"stages": {"rl": {"numGenerations": 1}}}, "minimum"),
+        ({"stages": {"rl": {"deepspeedZeroStage": 4}}}, "is not one of"),
+        ({"resources": {"trainer": {"nodes": "two"}}}, "is not of type"),
+        ({"teacher": None}, "is not of type"),
+        ({"stages": {"rl": {"bogus": 1}}}, "Additional properties"),
+    ],
+)
 def test_schema_rejects_what_the_model_rejects(validator, patch, word):
     doc = yaml.safe_load(EXAMPLES[-1].read_text())
 
@@ -127,6 +130,7 @@ def test_schema_rejects_what_the_model_rejects(validator, patch, word):
                 merge(dst[k], v)
             else:
                 dst[k] = v
+
     merge(doc["spec"], patch)
     messages = " | ".join(e.message for e in validator.iter_errors(doc))
     assert word in messages
@@ -171,12 +175,34 @@ def _statuses_the_operator_writes():
     d = S.decide(ref, 1, sp, None, S.Observed(), now)
     out.append(d.status)
     lbl = lambda st, r=0: b.labels("t", b.ROLE_TRAINER, st, r)  # noqa: E731
-    job = {"name": "t-sft", "labels": lbl("sft"), "deleting": False, "completions": 1, "active": 1,
-           "succeeded": 0, "failed": 0, "conditions": []}
+    job = {
+        "name": "t-sft",
+        "labels": lbl("sft"),
+        "deleting": False,
+        "completions": 1,
+        "active": 1,
+        "succeeded": 0,
+        "failed": 0,
+        "conditions": [],
+    }
     obs = S.Observed(jobs={"t-sft": job}, persistentvolumeclaims={"t-data": {"name": "t-data", "phase": "Pending"}})
-    d = S.decide(ref, 1, sp, d.status, obs, now, {"stage": "sft", "step": 3, "totalSteps": 10, "rewardMean": 0.5,
-                                                 "tokensPerSecond": 12.5, "lastCheckpoint": "/data/t/c",
-                                                 "updateTime": "2026-01-01T00:00:00Z"})
+    d = S.decide(
+        ref,
+        1,
+        sp,
+        d.status,
+        obs,
+        now,
+        {
+            "stage": "sft",
+            "step": 3,
+            "totalSteps": 10,
+            "rewardMean": 0.5,
+            "tokensPerSecond": 12.5,
+            "lastCheckpoint": "/data/t/c",
+            "updateTime": "2026-01-01T00:00:00Z",
+        },
+    )
     out.append(d.status)
     failed = dict(job, active=0, failed=1)
     d = S.decide(ref, 1, sp, d.status, S.Observed(jobs={"t-sft": failed}), now)
@@ -184,9 +210,19 @@ def _statuses_the_operator_writes():
     out.append(S.decide(ref, 2, {**sp, "suspend": True}, d.status, S.Observed(), now).status)
     out.append(S.decide(ref, 3, {**sp, "seed": -1}, d.status, S.Observed(), now).status)
     stages = ["sft", "rl", "distill", "student", "evaluate"]
-    done = {f"t-{s}": {"name": f"t-{s}", "labels": lbl(s), "deleting": False, "completions": 1, "active": 0,
-                       "succeeded": 1, "failed": 0, "conditions": [{"type": "Complete", "status": "True"}]}
-            for s in stages}
+    done = {
+        f"t-{s}": {
+            "name": f"t-{s}",
+            "labels": lbl(s),
+            "deleting": False,
+            "completions": 1,
+            "active": 0,
+            "succeeded": 1,
+            "failed": 0,
+            "conditions": [{"type": "Complete", "status": "True"}],
+        }
+        for s in stages
+    }
     fin = S.decide(ref, 4, sp, d.status, S.Observed(jobs=done), now).status
     assert fin["phase"] == "Succeeded" and "studentCheckpoint" in fin["outputs"]
     out.append(fin)
@@ -201,8 +237,18 @@ def test_every_status_field_the_operator_writes_survives_pruning_with_the_crds_o
     for st in statuses:
         assert prune({"status": st}, schema)["status"] == st
     written = {k for st in statuses for k in st}
-    assert written >= {"phase", "stage", "restarts", "lastFailure", "progress", "outputs", "conditions",
-                       "completionTime", "reason", "message"}
+    assert written >= {
+        "phase",
+        "stage",
+        "restarts",
+        "lastFailure",
+        "progress",
+        "outputs",
+        "conditions",
+        "completionTime",
+        "reason",
+        "message",
+    }
 
 
 def test_a_status_field_missing_from_the_model_is_an_error():

@@ -10,13 +10,16 @@ CMS = "/api/v1/namespaces/default/configmaps"
 RUNS = "/apis/rlt.dev/v1alpha1/namespaces/default/rltruns"
 
 
-@pytest.mark.parametrize("selector, labels, match", [
-    ("a=1", {"a": "1"}, True),
-    ("a==1,b", {"a": "1", "b": "x"}, True),
-    ("a!=1", {"a": "1"}, False),
-    ("!a", {}, True),
-    ("a", {}, False),
-])
+@pytest.mark.parametrize(
+    "selector, labels, match",
+    [
+        ("a=1", {"a": "1"}, True),
+        ("a==1,b", {"a": "1", "b": "x"}, True),
+        ("a!=1", {"a": "1"}, False),
+        ("!a", {}, True),
+        ("a", {}, False),
+    ],
+)
 def test_label_selectors(selector, labels, match):
     assert labels_match(labels, parse_label_selector(selector)) is match
 
@@ -43,15 +46,28 @@ async def test_metadata_versions_status_isolation_and_errors(harness):
     with pytest.raises(AssertionError, match="404.*NotFound"):
         await harness.call("PATCH", f"{CMS}/nope", {"data": {}}, "application/merge-patch+json")
     with pytest.raises(AssertionError, match="422"):
-        await harness.call("PATCH", f"{CMS}/x", [{"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
-                                                 {"op": "add", "path": "/data/c", "value": "4"}],
-                           "application/json-patch+json")
+        await harness.call(
+            "PATCH",
+            f"{CMS}/x",
+            [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "0"},
+                {"op": "add", "path": "/data/c", "value": "4"},
+            ],
+            "application/json-patch+json",
+        )
 
-    run = await harness.call("POST", RUNS, {"apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun",
-                                            "metadata": {"name": "r"}, "spec": {"seed": 1}})
+    run = await harness.call(
+        "POST",
+        RUNS,
+        {"apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun", "metadata": {"name": "r"}, "spec": {"seed": 1}},
+    )
     assert run["metadata"]["generation"] == 1
-    after = await harness.call("PATCH", f"{RUNS}/r/status", {"status": {"phase": "Running"}, "spec": {"seed": 2}},
-                               "application/merge-patch+json")
+    after = await harness.call(
+        "PATCH",
+        f"{RUNS}/r/status",
+        {"status": {"phase": "Running"}, "spec": {"seed": 2}},
+        "application/merge-patch+json",
+    )
     assert after["status"] == {"phase": "Running"} and after["spec"] == {"seed": 1}, "status writes only status"
     after = await harness.call("PATCH", f"{RUNS}/r", {"spec": {"seed": 3}}, "application/merge-patch+json")
     assert after["metadata"]["generation"] == 2

@@ -21,47 +21,83 @@ def test_expand_follows_kubernetes_rules():
 
 def _job(name: str, script: str, completions: int = 2, env: list | None = None) -> dict:
     return {
-        "apiVersion": "batch/v1", "kind": "Job",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": name, "labels": {"rlt.dev/run": "t"}},
-        "spec": {"completionMode": "Indexed", "completions": completions, "parallelism": completions,
-                 "backoffLimit": 0, "template": {"metadata": {"labels": {"rlt.dev/run": "t", "app": name}}, "spec": {
-                     "restartPolicy": "Never",
-                     "volumes": [{"name": "config", "configMap": {"name": "cfg"}},
-                                 {"name": "data", "persistentVolumeClaim": {"claimName": "claim"}}],
-                     "containers": [{
-                         "name": "main", "image": "trainer:1",
-                         "command": ["python", "-c", script, "$(MASTER_ADDR)", "/data/out"],
-                         "env": env or [],
-                         "volumeMounts": [{"name": "config", "mountPath": "/etc/rlt"},
-                                          {"name": "data", "mountPath": "/data"}]}]}}},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": completions,
+            "parallelism": completions,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"rlt.dev/run": "t", "app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": "cfg"}},
+                        {"name": "data", "persistentVolumeClaim": {"claimName": "claim"}},
+                    ],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "trainer:1",
+                            "command": ["python", "-c", script, "$(MASTER_ADDR)", "/data/out"],
+                            "env": env or [],
+                            "volumeMounts": [
+                                {"name": "config", "mountPath": "/etc/rlt"},
+                                {"name": "data", "mountPath": "/data"},
+                            ],
+                        }
+                    ],
+                },
+            },
+        },
     }
 
 
 async def test_job_pods_run_as_rendered_and_report_back(harness, tmp_path):
-    await harness.call("POST", PATHS["configmaps"].format(ns=NS), {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
-        "data": {"run.yaml": "url: http://gen.default.svc:8000\n"}})
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "cfg"},
+            "data": {"run.yaml": "url: http://gen.default.svc:8000\n"},
+        },
+    )
     script = (
         "import os, sys, pathlib, time\n"
         "idx = os.environ['NODE_RANK']\n"
         "out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)\n"
         "(out / idx).write_text(sys.argv[1] + ' ' + pathlib.Path('/etc/rlt/run.yaml').read_text())\n"
         "time.sleep(1.0 if idx == '1' else 0)\n"
-        "sys.exit(3 if idx == '1' else 0)\n")
-    env = [{"name": "MASTER_ADDR", "value": "t-sft-0.t-sft.default.svc"},
-           {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
-               "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}]
+        "sys.exit(3 if idx == '1' else 0)\n"
+    )
+    env = [
+        {"name": "MASTER_ADDR", "value": "t-sft-0.t-sft.default.svc"},
+        {
+            "name": "NODE_RANK",
+            "valueFrom": {
+                "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+            },
+        },
+    ]
     await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-sft", script, env=env))
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
+
         async def failed():
             job = await harness.get("jobs", "t-sft")
             return job if any(c["type"] == "Failed" for c in (job.get("status") or {}).get("conditions", [])) else None
+
         job = await harness.wait(failed, "the Job to fail (index 1 exits 3)", timeout=30)
         assert job["status"]["failed"] == 1 and job["status"]["succeeded"] == 1
-        pods = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
-                for p in await harness.list("pods", "app=t-sft")}
+        pods = {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+            for p in await harness.list("pods", "app=t-sft")
+        }
         assert pods["0"]["status"]["phase"] == "Succeeded"
         assert pods["1"]["status"]["phase"] == "Failed"
         assert pods["1"]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
@@ -74,21 +110,29 @@ async def test_job_pods_run_as_rendered_and_report_back(harness, tmp_path):
 
 
 async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness, tmp_path):
-    await harness.call("POST", PATHS["configmaps"].format(ns=NS), {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}})
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
     await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-rl", "import time; time.sleep(600)"))
-    kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1,
-                           grace_seconds=1.0)
+    kubelet = LocalKubelet(
+        harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, grace_seconds=1.0
+    )
     await kubelet.start()
     try:
-        await harness.wait(lambda: len(kubelet.pods) == 2 and all(p.phase == "Running" for p in kubelet.pods.values()),
-                           "two running pods", timeout=20)
+        await harness.wait(
+            lambda: len(kubelet.pods) == 2 and all(p.phase == "Running" for p in kubelet.pods.values()),
+            "two running pods",
+            timeout=20,
+        )
         victim = kubelet.pod("t-rl-1-")
         kubelet.kill(victim.name)
 
         async def failed():
             job = await harness.get("jobs", "t-rl")
             return any(c["type"] == "Failed" for c in (job.get("status") or {}).get("conditions", []))
+
         await harness.wait(failed, "the Job to fail after a pod was killed", timeout=20)
         assert victim.exit_code == -9
         survivor = kubelet.pod("t-rl-0-")
@@ -104,24 +148,48 @@ async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness
 async def test_statefulset_pod_restarts_and_becomes_ready(harness, tmp_path):
     port = 18000 + (hash(str(tmp_path)) % 1000)
     server = f"import http.server as h; h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
-    await harness.call("POST", PATHS["statefulsets"].format(ns=NS), {
-        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "t-generator"},
-        "spec": {"replicas": 1, "serviceName": "t-generator", "selector": {"matchLabels": {"app": "g"}},
-                 "template": {"metadata": {"labels": {"app": "g", "rlt.dev/run": "t"}}, "spec": {"containers": [{
-                     "name": "vllm", "image": "generator:1", "command": ["python3", "-c", server],
-                     "readinessProbe": {"httpGet": {"path": "/", "port": port}}}]}}}})
+    await harness.call(
+        "POST",
+        PATHS["statefulsets"].format(ns=NS),
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "t-generator"},
+            "spec": {
+                "replicas": 1,
+                "serviceName": "t-generator",
+                "selector": {"matchLabels": {"app": "g"}},
+                "template": {
+                    "metadata": {"labels": {"app": "g", "rlt.dev/run": "t"}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "vllm",
+                                "image": "generator:1",
+                                "command": ["python3", "-c", server],
+                                "readinessProbe": {"httpGet": {"path": "/", "port": port}},
+                            }
+                        ]
+                    },
+                },
+            },
+        },
+    )
     kubelet = LocalKubelet(harness.url, tmp_path, images={"generator:1": ImageEnv(str(PY.parent))}, poll_seconds=0.1)
     await kubelet.start()
     try:
+
         async def ready():
             sts = await harness.get("statefulsets", "t-generator")
             return (sts.get("status") or {}).get("readyReplicas") == 1
+
         await harness.wait(ready, "the server to answer its readiness probe", timeout=30)
         kubelet.kill("t-generator-0")
 
         async def restarted():
             pod = await harness.get("pods", "t-generator-0")
             return pod["status"]["containerStatuses"][0]["restartCount"] == 1
+
         await harness.wait(restarted, "restartPolicy Always to restart the container", timeout=30)
         await harness.wait(ready, "ready again", timeout=30)
     finally:
@@ -132,15 +200,20 @@ async def test_statefulset_pod_restarts_and_becomes_ready(harness, tmp_path):
 async def test_an_image_without_stand_in_fails_the_pod_with_a_reason(harness, tmp_path, image):
     job = _job("t-x", "pass", completions=1)
     job["spec"]["template"]["spec"]["containers"][0]["image"] = image
-    await harness.call("POST", PATHS["configmaps"].format(ns=NS), {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}})
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
     await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
     kubelet = LocalKubelet(harness.url, tmp_path, images={}, poll_seconds=0.1)
     await kubelet.start()
     try:
+
         async def pod_failed():
             pods = await harness.list("pods", "app=t-x")
             return pods and pods[0]["status"]["phase"] == "Failed" and pods[0]["status"].get("message")
+
         message = await harness.wait(pod_failed, "the pod to fail", timeout=20)
         assert "unknown:1" in message
     finally:

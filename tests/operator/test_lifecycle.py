@@ -10,9 +10,11 @@ pytestmark = pytest.mark.timeout(60)
 
 async def wait_for_events(harness, run: str, wanted: set[str]) -> list[str]:
     """Kopf posts Events in the background, after the status patch: wait for them rather than read once."""
+
     async def reasons():
         got = [e["reason"] for e in await harness.events(run)]
         return got if wanted <= set(got) else None
+
     return await harness.wait(reasons, f"events {sorted(wanted)}")
 
 
@@ -62,6 +64,7 @@ async def test_stages_generators_trainer_to_succeeded(harness):
     async def distill_generator():
         s = await harness.get("statefulsets", "tiny-generator")
         return s if s and s["metadata"]["labels"]["rlt.dev/stage"] == "distill" else None
+
     sts = await harness.wait(distill_generator, "distill generator")
     cmd = sts["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--model") + 1] == "/data/tiny/rl/model"
@@ -71,8 +74,10 @@ async def test_stages_generators_trainer_to_succeeded(harness):
 
     st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Succeeded", "Succeeded")
     assert st["completedStages"] == ["sft", "rl", "distill"] and st["completionTime"]
-    assert st["outputs"] == {"teacherCheckpoint": "/data/tiny/rl/model",
-                             "distilledDataset": "/data/tiny/distill/dataset.jsonl"}
+    assert st["outputs"] == {
+        "teacherCheckpoint": "/data/tiny/rl/model",
+        "distilledDataset": "/data/tiny/distill/dataset.jsonl",
+    }
     await harness.wait_gone("statefulsets", "tiny-generator")
     for stage in ("sft", "rl", "distill"):  # trainer Jobs stay for their logs (no TTL set)
         assert await harness.get("jobs", f"tiny-{stage}") is not None
@@ -80,8 +85,9 @@ async def test_stages_generators_trainer_to_succeeded(harness):
 
 
 async def test_pod_failure_gang_restart_then_backoff_limit(harness):
-    doc = server_mode(example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False,
-                                 "spec.backoffLimit": 1}))
+    doc = server_mode(
+        example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
+    )
     await harness.start_operator()
     await harness.create_run(doc)
     await harness.generators_ready("tiny")
@@ -96,6 +102,7 @@ async def test_pod_failure_gang_restart_then_backoff_limit(harness):
     async def relabelled(plural, name):
         obj = await harness.get(plural, name)
         return obj if obj and obj["metadata"]["labels"]["rlt.dev/restart"] == "1" else None
+
     await harness.wait(lambda: relabelled("statefulsets", "tiny-generator"), "new generators")
     await harness.generators_ready("tiny")
     await harness.wait(lambda: relabelled("jobs", "tiny-rl"), "new trainer")
@@ -171,9 +178,12 @@ async def test_operator_restart_mid_run_creates_no_duplicates(harness):
 
     seen = len(harness.cluster._requests)
     await harness.start_operator()
-    await harness.wait(lambda: any(r.method == "PATCH" and "rltruns" in str(r.url)
-                                   for r in harness.cluster._requests[-50:]), "a reconcile after restart")
+    await harness.wait(
+        lambda: any(r.method == "PATCH" and "rltruns" in str(r.url) for r in harness.cluster._requests[-50:]),
+        "a reconcile after restart",
+    )
     import asyncio
+
     await asyncio.sleep(1.0)
     posts = [r for r in harness.cluster._requests[seen:] if r.method == "POST"]
     kinds = {str(r.url.path).rsplit("/", 1)[-1] for r in posts}
@@ -198,8 +208,10 @@ async def test_invalid_spec_holds_alone_and_recovers_when_fixed(harness):
     await harness.patch_run("bad", {"spec": {"stages": {"rl": {"numGenerations": 2}}}})
     await harness.wait_object("jobs", "bad-sft")
     st = await harness.wait_status("bad", lambda s: "reason" not in s, "bad recovered")
+
     async def fixed_event():
         return "SpecValid" in [e["reason"] for e in await harness.events("bad")]
+
     await harness.wait(fixed_event, "SpecValid Event")
 
 
@@ -219,16 +231,36 @@ async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_ev
     await harness.create_run(example())
     job = await harness.trainer_running("tiny", "sft")
     labels = job["spec"]["template"]["metadata"]["labels"]
-    await harness.call("POST", "/api/v1/namespaces/default/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tiny-sft-0-abcde", "labels": labels},
-        "spec": job["spec"]["template"]["spec"]})
-    await harness.set_status("pods", "tiny-sft-0-abcde", {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]})
+    await harness.call(
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "tiny-sft-0-abcde", "labels": labels},
+            "spec": job["spec"]["template"]["spec"],
+        },
+    )
+    await harness.set_status(
+        "pods",
+        "tiny-sft-0-abcde",
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                }
+            ],
+        },
+    )
 
     def stuck(s):
         c = {c["type"]: c for c in s.get("conditions", [])}
         return c.get("PodsSchedulable", {}).get("status") == "False"
+
     st = await harness.wait_status("tiny", stuck, "PodsSchedulable=False")
     c = {c["type"]: c for c in st["conditions"]}
     assert c["TrainerRunning"]["status"] == "False", "Job.active counts the Pending pod; the trainer is not running"
@@ -262,8 +294,11 @@ async def test_an_edit_of_a_finished_stage_is_recorded_reported_and_not_applied(
     await harness.trainer_running("tiny", "rl")
 
     await harness.patch_run("tiny", {"spec": {"stages": {"sft": {"learningRate": 0.5}}}})
-    edited = await harness.wait_status("tiny", lambda s: any(
-        c["type"] == "StagesCurrent" and c["status"] == "False" for c in s.get("conditions") or []), "edit reported")
+    edited = await harness.wait_status(
+        "tiny",
+        lambda s: any(c["type"] == "StagesCurrent" and c["status"] == "False" for c in s.get("conditions") or []),
+        "edit reported",
+    )
     cond = next(c for c in edited["conditions"] if c["type"] == "StagesCurrent")
     assert cond["reason"] == "FinishedStageEdited"
     assert f"stage sft finished under a different spec (stages.sft.learningRate {sft_lr} -> 0.5)" in cond["message"]

@@ -63,6 +63,7 @@ async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
     async def scraped():
         text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
         return text if 'rlt_run_phase{namespace="default",phase="Running",run="tiny"} 1.0' in text else None
+
     text = await harness.wait(scraped, "phase gauge")
     assert 'rlt_run_info{method="rlt",namespace="default",run="tiny",stage="sft"} 1.0' in text
     assert 'rlt_operator_reconcile_total{result="success"}' in text

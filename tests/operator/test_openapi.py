@@ -32,4 +32,6 @@ def test_v2_document_carries_the_same_schema():
     assert doc["swagger"] == "2.0"
     spec = doc["definitions"]["dev.rlt.v1alpha1.RLTRun"]["properties"]["spec"]
     assert "teacher" in spec["properties"]
-    assert {"apiVersion", "kind", "metadata", "spec", "status"} <= doc["definitions"]["dev.rlt.v1alpha1.RLTRun"]["properties"].keys()
+    assert {"apiVersion", "kind", "metadata", "spec", "status"} <= doc["definitions"]["dev.rlt.v1alpha1.RLTRun"][
+        "properties"
+    ].keys()

@@ -30,7 +30,9 @@ HELM = shutil.which("helm", path=f"{ROOT / '.tools' / 'bin'}:{os.environ.get('PA
 
 pytestmark = [
     pytest.mark.timeout(900),  # a fresh machine bootstraps the base and builds the image first (about 5 min)
-    pytest.mark.skipif(bool(images.tools_missing()), reason=f"needs {images.tools_missing()} (make test installs them)"),
+    pytest.mark.skipif(
+        bool(images.tools_missing()), reason=f"needs {images.tools_missing()} (make test installs them)"
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting the image's rootfs needs root"),
     pytest.mark.skipif(HELM is None, reason="helm not installed (make tools)"),
 ]
@@ -44,9 +46,22 @@ def free_port() -> int:
 
 def chart_deployment() -> dict:
     # The chart refuses its placeholder repository: name one, as a user installing the built image would.
-    out = subprocess.run([HELM, "template", "rlt", str(ROOT / "charts" / "rlt-operator"), "--namespace", "rlt-system",
-                          "--set", "image.repository=registry.example.com/rlt/rlt-operator"],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [
+            HELM,
+            "template",
+            "rlt",
+            str(ROOT / "charts" / "rlt-operator"),
+            "--namespace",
+            "rlt-system",
+            "--set",
+            "image.repository=registry.example.com/rlt/rlt-operator",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     return next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
 
 
@@ -72,16 +87,25 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
     uid, gid = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
     image_user = json.loads((operator_image / "config.json").read_text())["User"]
     assert uid != 0 and images.parse_user(image_user, operator_image / "rootfs") == (uid, gid), image_user
-    tmpfs = tuple(m["mountPath"] for m in container["volumeMounts"]
-                  if any(v["name"] == m["name"] and "emptyDir" in v for v in pod["volumes"]))
+    tmpfs = tuple(
+        m["mountPath"]
+        for m in container["volumeMounts"]
+        if any(v["name"] == m["name"] and "emptyDir" in v for v in pod["volumes"])
+    )
     assert tmpfs == ("/tmp",)
 
     metrics, health = free_port(), free_port()
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    env.update({"POD_NAMESPACE": "rlt-system", "RLT_OPERATOR_METRICS_PORT": str(metrics),
-                "RLT_OPERATOR_HEALTH_PORT": str(health), "RLT_RESYNC_SECONDS": "2",
-                # stands in for the service-account mount: the emulated API speaks plain HTTP
-                "KUBECONFIG": "/mnt/kubeconfig"})
+    env.update(
+        {
+            "POD_NAMESPACE": "rlt-system",
+            "RLT_OPERATOR_METRICS_PORT": str(metrics),
+            "RLT_OPERATOR_HEALTH_PORT": str(health),
+            "RLT_RESYNC_SECONDS": "2",
+            # stands in for the service-account mount: the emulated API speaks plain HTTP
+            "KUBECONFIG": "/mnt/kubeconfig",
+        }
+    )
     kube_dir = tmp_path / "kube"
     kube_dir.mkdir()
     (kube_dir / "kubeconfig").write_text((Path(os.environ["KUBECONFIG"])).read_text())
@@ -90,31 +114,48 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
 
     watches = harness.count_watches()
     log = (tmp_path / "operator.log").open("w+")
-    proc = images.run_rootfs(operator_image, container["command"] + container["args"], env=env, uid=uid, gid=gid,
-                             read_only=True, tmpfs=tmpfs, binds={str(kube_dir): "/mnt"},
-                             stdout=log, stderr=subprocess.STDOUT)
+    proc = images.run_rootfs(
+        operator_image,
+        container["command"] + container["args"],
+        env=env,
+        uid=uid,
+        gid=gid,
+        read_only=True,
+        tmpfs=tmpfs,
+        binds={str(kube_dir): "/mnt"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        await harness.wait(lambda: harness.count_watches() - watches >= 7 or proc.poll() is not None,
-                           "the operator's watches", timeout=60)
+        await harness.wait(
+            lambda: harness.count_watches() - watches >= 7 or proc.poll() is not None,
+            "the operator's watches",
+            timeout=60,
+        )
         assert proc.poll() is None, f"operator exited:\n{tail(log)}"
 
         # It runs as the chart's non-root user, on a read-only root filesystem.
-        op_pid = next(p for p in images.descendants(proc.pid)
-                      if b"operator" in Path(f"/proc/{p}/cmdline").read_bytes())
+        op_pid = next(p for p in images.descendants(proc.pid) if b"operator" in Path(f"/proc/{p}/cmdline").read_bytes())
         st = proc_status(op_pid)
         assert st["Uid"].split()[:2] == [str(uid), str(uid)] and st["Gid"].split()[0] == str(gid), st["Uid"]
-        root_mount = next(line.split() for line in Path(f"/proc/{op_pid}/mountinfo").read_text().splitlines()
-                          if line.split()[4] == "/")
+        root_mount = next(
+            line.split()
+            for line in Path(f"/proc/{op_pid}/mountinfo").read_text().splitlines()
+            if line.split()[4] == "/"
+        )
         assert "ro" in root_mount[5].split(","), root_mount
 
         # It reconciles: children created, status written.
         await harness.create_run(example())
-        for plural, name in (("configmaps", "tiny-config"), ("persistentvolumeclaims", "tiny-data"),
-                             ("services", "tiny-sft"), ("jobs", "tiny-sft")):
+        for plural, name in (
+            ("configmaps", "tiny-config"),
+            ("persistentvolumeclaims", "tiny-data"),
+            ("services", "tiny-sft"),
+            ("jobs", "tiny-sft"),
+        ):
             await harness.wait_object(plural, name, timeout=30)
         await harness.trainer_running("tiny", "sft")
-        status = await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "phase Running",
-                                           timeout=30)
+        status = await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "phase Running", timeout=30)
         assert status["stage"] == "sft"
         await harness.trainer_succeeded("tiny", "sft")
         await harness.wait_object("jobs", "tiny-rl", timeout=30)
@@ -123,6 +164,7 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
         def get(url: str) -> str:
             with urllib.request.urlopen(url, timeout=5) as r:
                 return r.read().decode()
+
         body = get(f"http://127.0.0.1:{metrics}/metrics")
         assert "rlt_operator_reconcile_total" in body
         assert json.loads(get(f"http://127.0.0.1:{health}/healthz")).get("runs") == 1
@@ -135,8 +177,15 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
 
 def test_run_rootfs_really_is_read_only(operator_image):
     """The harness itself: a write to / fails inside, a write to the tmpfs works, the uid is the one asked for."""
-    proc = images.run_rootfs(operator_image, ["sh", "-c", "id -u; touch /probe || echo RO; touch /tmp/ok && echo TMP"],
-                             uid=12345, gid=12345, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = images.run_rootfs(
+        operator_image,
+        ["sh", "-c", "id -u; touch /probe || echo RO; touch /tmp/ok && echo TMP"],
+        uid=12345,
+        gid=12345,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out = proc.communicate(timeout=60)[0]
     assert out.split()[0] == "12345" and "RO" in out and "TMP" in out, out
     assert not (operator_image / "rootfs" / "probe").exists()

@@ -45,8 +45,11 @@ class SaveKiller(threading.Thread):
                 for path in self.ckpts.glob("checkpoint-*"):
                     # from the second save on, so that a complete checkpoint exists to resume from
                     if path.name != "checkpoint-1" and not (path / "RLT_COMPLETE").exists():
-                        pods = [p for (_, n), p in list(self.kubelet.pods.items())
-                                if n.startswith(f"{RUN}-rl-") and p.phase == "Running"]
+                        pods = [
+                            p
+                            for (_, n), p in list(self.kubelet.pods.items())
+                            if n.startswith(f"{RUN}-rl-") and p.phase == "Running"
+                        ]
                         for pod in pods:
                             kill_all(pod.tag)
                         if pods:
@@ -81,13 +84,16 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
         async def resumed():
             new = {n: t for n, t in pod_logs(kubelet, f"{RUN}-rl-").items() if n not in old_pods}
             return next((t for t in new.values() if "rlt-shard stage=rl" in t), None)
+
         new_log = await wait_for(resumed, "the restarted trainer's first step", 300, kubelet)
         assert re.search(rf"checkpoint-{step} is incomplete .*set aside", new_log), new_log[-3000:]
         first = int(re.search(r"rlt-shard stage=rl rank=0 step=(\d+)", new_log).group(1))
         assert first == step - 1, f"resumed at step {first}, expected the last complete checkpoint-{step - 1}"
         assert any(p.name.startswith(f"{partial}.") for p in (ckpts / "set-aside").iterdir())
-        print(f"\nkilled during the save of {partial}: resumed from checkpoint-{step - 1}, "
-              f"steps lost: {step - first} (save interval 1; the step whose save was cut short)")
+        print(
+            f"\nkilled during the save of {partial}: resumed from checkpoint-{step - 1}, "
+            f"steps lost: {step - first} (save interval 1; the step whose save was cut short)"
+        )
 
         # Operator restart while the trainer runs: it must adopt the Job and pod it finds, not re-create them.
         job_before = await harness.get("jobs", f"{RUN}-rl")
@@ -95,8 +101,9 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
         restarts = (await harness.run_status(RUN))["restarts"]
         await harness.stop_operator()
         await harness.start_operator()
-        final = await harness.wait_status(RUN, lambda s: s.get("phase") in ("Succeeded", "Failed"),
-                                          "the run to finish", timeout=600)
+        final = await harness.wait_status(
+            RUN, lambda s: s.get("phase") in ("Succeeded", "Failed"), "the run to finish", timeout=600
+        )
         assert final["phase"] == "Succeeded" and final["restarts"] == restarts, final
         job_after = await harness.get("jobs", f"{RUN}-rl")
         assert job_after["metadata"]["uid"] == job_before["metadata"]["uid"], "the Job was re-created"

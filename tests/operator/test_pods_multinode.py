@@ -33,8 +33,7 @@ def multinode_run() -> dict:
     return doc
 
 
-async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_killed_rank(harness, tmp_path,
-                                                                                         monkeypatch):
+async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_killed_rank(harness, tmp_path, monkeypatch):
     monkeypatch.setenv("RLT_PROGRESS_URL", "http://127.0.0.1:{port}/metrics")
     await harness.start_operator()
     async with running_pods(harness, tmp_path) as kubelet:
@@ -43,10 +42,12 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
 
         # rl is running and has a complete checkpoint: kill rank 3 (on the second pod) mid-step.
         ckpt = claim / RUN / "rl" / "checkpoints" / f"checkpoint-{SAVE_STEPS}" / "RLT_COMPLETE"
+
         async def checkpointed():
             st = await harness.run_status(RUN)
             assert st.get("phase") != "Failed", st  # fail fast, e.g. on a spec the operator refuses
             return ckpt.exists()
+
         await wait_for(checkpointed, "rl's first complete checkpoint", 600, kubelet)
         pod = kubelet.pod(f"{RUN}-rl-1-")
         ranks = rank_processes(pod)
@@ -56,8 +57,9 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
 
         st = await harness.wait_status(RUN, lambda s: s.get("restarts") == 1, "a gang restart", timeout=120)
         assert "rl" in st.get("lastFailure", "")
-        final = await harness.wait_status(RUN, lambda s: s.get("phase") in ("Succeeded", "Failed"),
-                                          "the run to finish", timeout=900)
+        final = await harness.wait_status(
+            RUN, lambda s: s.get("phase") in ("Succeeded", "Failed"), "the run to finish", timeout=900
+        )
         assert final["phase"] == "Succeeded", (final, pod_logs(kubelet, f"{RUN}-"))
         assert final["restarts"] == 1
 
@@ -88,8 +90,10 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
         steps = [r["step"] for r in metrics_rows(claim, RUN) if r["stage"] == "rl"]
         assert steps[-1] == 6
         lost = last_before - resumed_from
-        print(f"\nrl steps lost to the killed rank: {lost} completed (last logged {last_before}, resumed from "
-              f"checkpoint-{resumed_from}, save interval {SAVE_STEPS}) + the interrupted step")
+        print(
+            f"\nrl steps lost to the killed rank: {lost} completed (last logged {last_before}, resumed from "
+            f"checkpoint-{resumed_from}, save interval {SAVE_STEPS}) + the interrupted step"
+        )
         assert 0 <= lost <= SAVE_STEPS
         # One writer: each sft step is recorded once, not once per rank.
         sft_steps = [r["step"] for r in metrics_rows(claim, RUN) if r["stage"] == "sft"]

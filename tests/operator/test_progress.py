@@ -30,9 +30,14 @@ def exported(stage: str, step: int, tokens: float) -> str:
 
 def test_parse_and_rate():
     first = prog.progress("r", "rl", prog.parse(exported("rl", 30, 1000), "rl"), None, T)
-    assert prog.public(first) == {"stage": "rl", "updateTime": "2026-01-01T00:00:00Z", "step": 30,
-                                  "totalSteps": 125, "rewardMean": 0.25,
-                                  "lastCheckpoint": "/data/r/rl/checkpoints/checkpoint-25"}
+    assert prog.public(first) == {
+        "stage": "rl",
+        "updateTime": "2026-01-01T00:00:00Z",
+        "step": 30,
+        "totalSteps": 125,
+        "rewardMean": 0.25,
+        "lastCheckpoint": "/data/r/rl/checkpoints/checkpoint-25",
+    }
     later = T + dt.timedelta(seconds=10)
     second = prog.progress("r", "rl", prog.parse(exported("rl", 31, 3000), "rl"), first, later)
     assert second["tokensPerSecond"] == 200.0 and second["step"] == 31
@@ -46,14 +51,29 @@ def test_url_template_comes_from_the_settings_read_once_at_start_up():
 
 
 def test_settings_parse_every_variable_and_name_a_bad_one():
-    env = {"RLT_RESYNC_SECONDS": "2", "RLT_PROGRESS_INTERVAL": "0.5", "RLT_DEBOUNCE_SECONDS": "",
-           "RLT_WATCH_SERVER_TIMEOUT": "60", "RLT_OPERATOR_METRICS_PORT": "-1", "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
-           "RLT_OPERATOR_HEALTH_PORT": "0", "RLT_PROGRESS_URL": "http://x/{job}"}
+    env = {
+        "RLT_RESYNC_SECONDS": "2",
+        "RLT_PROGRESS_INTERVAL": "0.5",
+        "RLT_DEBOUNCE_SECONDS": "",
+        "RLT_WATCH_SERVER_TIMEOUT": "60",
+        "RLT_OPERATOR_METRICS_PORT": "-1",
+        "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
+        "RLT_OPERATOR_HEALTH_PORT": "0",
+        "RLT_PROGRESS_URL": "http://x/{job}",
+    }
     got = OperatorSettings.from_env(env)
-    assert (got.resync_seconds, got.progress_interval, got.debounce_seconds, got.watch_server_timeout) == \
-        (2.0, 0.5, 0.1, 60.0)
-    assert (got.metrics_port, got.metrics_addr, got.health_port, got.progress_url) == \
-        (-1, "127.0.0.1", 0, "http://x/{job}")
+    assert (got.resync_seconds, got.progress_interval, got.debounce_seconds, got.watch_server_timeout) == (
+        2.0,
+        0.5,
+        0.1,
+        60.0,
+    )
+    assert (got.metrics_port, got.metrics_addr, got.health_port, got.progress_url) == (
+        -1,
+        "127.0.0.1",
+        0,
+        "http://x/{job}",
+    )
     assert set(OperatorSettings.ENV.values()) == set(env), "every field has its variable"
     documented = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
     assert [v for v in env if f"| `{v}` |" not in documented] == [], "docs/operator.md lists every variable"

@@ -13,8 +13,10 @@ from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES, allows
 
 pytestmark = pytest.mark.timeout(60)
 
-_PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))(?:/namespaces/(?P<ns>[^/]+))?"
-                   r"/(?P<res>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$")
+_PATH = re.compile(
+    r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<v>[^/]+))(?:/namespaces/(?P<ns>[^/]+))?"
+    r"/(?P<res>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
+)
 
 
 def permission(method: str, path: str, watch: bool) -> tuple[str, str, str] | None:
@@ -41,8 +43,10 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.generator_pod("tiny", 0, restarts=1)  # gang restart: deletes
     await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart")
     await harness.patch_run("tiny", {"spec": {"seed": 7}})  # config follows the spec: configmap patch
-    await harness.wait(lambda: any(r.method == "PATCH" and "configmaps" in r.url.path
-                                   for r in harness.cluster._requests), "configmap patch")
+    await harness.wait(
+        lambda: any(r.method == "PATCH" and "configmaps" in r.url.path for r in harness.cluster._requests),
+        "configmap patch",
+    )
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")
 
@@ -57,8 +61,13 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
         used.add(perm)
         assert allows(RBAC_RULES + CLUSTER_RBAC_RULES, *perm), f"{r.method} {r.url.path} needs {perm}"
 
-    granted = {(g, res, v) for rule in RBAC_RULES + CLUSTER_RBAC_RULES
-               for g in rule["apiGroups"] for res in rule["resources"] for v in rule["verbs"]}
+    granted = {
+        (g, res, v)
+        for rule in RBAC_RULES + CLUSTER_RBAC_RULES
+        for g in rule["apiGroups"]
+        for res in rule["resources"]
+        for v in rule["verbs"]
+    }
     # Granted for a real apiserver's admission (blockOwnerDeletion), which the emulator does not check.
     admission_only = {("rlt.dev", "rltruns/finalizers", "update")}
     assert granted - used - admission_only == set(), "rules the operator never used"

@@ -33,9 +33,22 @@ def test_kubectl_against_the_sandbox(tmp_path):
     env = {**os.environ, "RLT_OPERATOR_METRICS_PORT": "-1", "RLT_RESYNC_SECONDS": "2"}
     env.pop("KUBECONFIG", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())", "sandbox",
-         "--port", str(port), "--kubeconfig", str(kubeconfig)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        [
+            sys.executable,
+            "-c",
+            "from rlt.cli import main; raise SystemExit(main())",
+            "sandbox",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     try:
         banner = ""
         deadline = time.monotonic() + 30
@@ -48,13 +61,18 @@ def test_kubectl_against_the_sandbox(tmp_path):
         assert "not a cluster" in banner
 
         def kubectl(*args: str) -> str:
-            out = subprocess.run([KUBECTL, f"--kubeconfig={kubeconfig}", f"--cache-dir={tmp_path / 'cache'}", *args],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [KUBECTL, f"--kubeconfig={kubeconfig}", f"--cache-dir={tmp_path / 'cache'}", *args],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             assert out.returncode == 0, out.stderr
             return out.stdout
 
         assert "rltrun.rlt.dev/tiny created" in kubectl(
-            "apply", "--validate=false", "-f", str(ROOT / "manifests/examples/rltrun-tiny.yaml"))
+            "apply", "--validate=false", "-f", str(ROOT / "manifests/examples/rltrun-tiny.yaml")
+        )
         deadline = time.monotonic() + 20
         table = ""
         while time.monotonic() < deadline:
@@ -80,10 +98,15 @@ def test_kubectl_against_the_sandbox(tmp_path):
         assert wide.splitlines()[0].split()[-2:] == ["REASON", "MESSAGE"]
         assert wide.splitlines()[1].split()[:2] == ["bad", "Pending"] and "InvalidSpec" in wide
         assert "spec.format.preset" in wide
-        children = kubectl("get", "configmaps,persistentvolumeclaims,services,jobs", "-l", "rlt.dev/run=tiny",
-                           "-o", "name")
-        assert set(children.split()) == {"configmap/tiny-config", "persistentvolumeclaim/tiny-data",
-                                         "service/tiny-sft", "job.batch/tiny-sft"}
+        children = kubectl(
+            "get", "configmaps,persistentvolumeclaims,services,jobs", "-l", "rlt.dev/run=tiny", "-o", "name"
+        )
+        assert set(children.split()) == {
+            "configmap/tiny-config",
+            "persistentvolumeclaim/tiny-data",
+            "service/tiny-sft",
+            "job.batch/tiny-sft",
+        }
     finally:
         proc.send_signal(signal.SIGINT)
         try:

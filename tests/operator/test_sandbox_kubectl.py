@@ -20,8 +20,10 @@ TOOLS = f"{ROOT / '.tools' / 'bin'}:{os.environ.get('PATH', '')}"
 KUBECTL = shutil.which("kubectl", path=TOOLS)
 HELM = shutil.which("helm", path=TOOLS)
 
-pytestmark = [pytest.mark.timeout(120),
-              pytest.mark.skipif(KUBECTL is None or HELM is None, reason="kubectl/helm not installed")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(KUBECTL is None or HELM is None, reason="kubectl/helm not installed"),
+]
 
 
 @pytest.fixture()
@@ -33,9 +35,22 @@ def sandbox(tmp_path):
     env = {**os.environ, "RLT_OPERATOR_METRICS_PORT": "-1", "RLT_RESYNC_SECONDS": "2"}
     env.pop("KUBECONFIG", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())", "sandbox",
-         "--port", str(port), "--kubeconfig", str(kubeconfig)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        [
+            sys.executable,
+            "-c",
+            "from rlt.cli import main; raise SystemExit(main())",
+            "sandbox",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     banner = ""
     deadline = time.monotonic() + 30
     while "Ctrl-C" not in banner and time.monotonic() < deadline:
@@ -44,8 +59,13 @@ def sandbox(tmp_path):
             break
         banner += line
     assert "Ctrl-C" in banner, banner
-    client_env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HELM_CACHE_HOME": str(tmp_path / "helm-cache"),
-                  "HELM_CONFIG_HOME": str(tmp_path / "helm-config"), "HELM_DATA_HOME": str(tmp_path / "helm-data")}
+    client_env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "HELM_CACHE_HOME": str(tmp_path / "helm-cache"),
+        "HELM_CONFIG_HOME": str(tmp_path / "helm-config"),
+        "HELM_DATA_HOME": str(tmp_path / "helm-data"),
+    }
 
     def run(tool: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
         cmd = [tool, *args] + ([f"--cache-dir={tmp_path / 'cache'}"] if tool == KUBECTL else [])
@@ -80,11 +100,22 @@ def test_events_explain_validation_and_helm_dry_run(sandbox):
     kubectl = lambda *a, **kw: run(KUBECTL, *a, **kw)  # noqa: E731
     tiny = (ROOT / "manifests/examples/rltrun-tiny.yaml").read_text()
     # client-side validation on (no --validate=false): kubectl finds fieldValidation in the OpenAPI v3 document
-    assert "rltrun.rlt.dev/tiny created" in kubectl("apply", "-f", str(ROOT / "manifests/examples/rltrun-tiny.yaml")).stdout
-    subprocess.run([KUBECTL, "apply", "-f", "-"], input=tiny.replace("name: tiny", "name: other"), text=True,
-                   env=sandbox[1], check=True, capture_output=True)
+    assert (
+        "rltrun.rlt.dev/tiny created"
+        in kubectl("apply", "-f", str(ROOT / "manifests/examples/rltrun-tiny.yaml")).stdout
+    )
+    subprocess.run(
+        [KUBECTL, "apply", "-f", "-"],
+        input=tiny.replace("name: tiny", "name: other"),
+        text=True,
+        env=sandbox[1],
+        check=True,
+        capture_output=True,
+    )
 
-    events = wait_for(lambda: (out := kubectl("get", "events").stdout).count("rltrun/") >= 4 and out, "events of 2 runs")
+    events = wait_for(
+        lambda: (out := kubectl("get", "events").stdout).count("rltrun/") >= 4 and out, "events of 2 runs"
+    )
     assert events.splitlines()[0].split() == ["NAME", "LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
     assert "rltrun/tiny" in events and "rltrun/other" in events
 
@@ -100,12 +131,30 @@ def test_events_explain_validation_and_helm_dry_run(sandbox):
     assert "Optimizer steps." in kubectl("explain", "rltrun.spec.stages.rl.steps").stdout
 
     chart = ROOT / "charts/rlt-operator"
-    dry = run(HELM, "install", "--dry-run", "rlt", str(chart), "--namespace", "default",
-              "--set", "image.repository=example.org/rlt-operator")
+    dry = run(
+        HELM,
+        "install",
+        "--dry-run",
+        "rlt",
+        str(chart),
+        "--namespace",
+        "default",
+        "--set",
+        "image.repository=example.org/rlt-operator",
+    )
     assert "kind: Deployment" in dry.stdout and "STATUS: pending-install" in dry.stdout
     assert kubectl("get", "deployments", "-A", "-o", "name").stdout.strip() == ""  # a dry run creates nothing
     # a real install: Helm's release record is a protobuf Secret, which the glue decodes
-    run(HELM, "install", "rlt", str(chart), "--namespace", "default", "--set", "image.repository=example.org/rlt-operator")
+    run(
+        HELM,
+        "install",
+        "rlt",
+        str(chart),
+        "--namespace",
+        "default",
+        "--set",
+        "image.repository=example.org/rlt-operator",
+    )
     assert "deployed" in run(HELM, "list", "--namespace", "default").stdout
     assert kubectl("get", "deployments", "-o", "name").stdout.split() == ["deployment.apps/rlt-rlt-operator"]
     release = kubectl("get", "secret", "sh.helm.release.v1.rlt.v1", "-o", "jsonpath={.type} {.metadata.labels.status}")
@@ -117,13 +166,26 @@ def test_watch_keeps_its_columns_and_does_not_repeat_rows(sandbox):
     run, env = sandbox
     run(KUBECTL, "apply", "-f", str(ROOT / "manifests/examples/rltrun-tiny.yaml"))
     wait_for(lambda: "Running" in run(KUBECTL, "get", "rlt").stdout, "the run to start")
-    watch = subprocess.Popen([KUBECTL, "get", "rlt", "-w", "--request-timeout=0"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env)
+    watch = subprocess.Popen(
+        [KUBECTL, "get", "rlt", "-w", "--request-timeout=0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         header = watch.stdout.readline().split()
         first = watch.stdout.readline().split()
-        run(KUBECTL, "patch", "job", "tiny-sft", "--subresource=status", "--type=merge", "-p",
-            '{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}')
+        run(
+            KUBECTL,
+            "patch",
+            "job",
+            "tiny-sft",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            '{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}',
+        )
         later = []
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not any("rl" in line for line in later):

@@ -15,8 +15,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_sandbox import KUBECTL, ROOT, free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed"),
+]
 
 
 def test_sandbox_runs_the_tiny_example_to_succeeded(tmp_path):
@@ -27,9 +30,24 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(tmp_path):
     env.pop("KUBECONFIG", None)
     env.pop("RLT_PROGRESS_URL", None)  # the sandbox points it at the local trainer itself
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())", "sandbox",
-         "--port", str(port), "--kubeconfig", str(kubeconfig), "--run-pods", str(pods_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        [
+            sys.executable,
+            "-c",
+            "from rlt.cli import main; raise SystemExit(main())",
+            "sandbox",
+            "--port",
+            str(port),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--run-pods",
+            str(pods_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
@@ -39,8 +57,12 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(tmp_path):
             time.sleep(0.2)
 
         def kubectl(*args: str) -> str:
-            out = subprocess.run([KUBECTL, f"--kubeconfig={kubeconfig}", f"--cache-dir={tmp_path / 'cache'}", *args],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [KUBECTL, f"--kubeconfig={kubeconfig}", f"--cache-dir={tmp_path / 'cache'}", *args],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             assert out.returncode == 0, out.stderr
             return out.stdout
 
@@ -54,8 +76,7 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(tmp_path):
             phase = table.splitlines()[1].split()[1]
             try:  # rank 0's /metrics, as a Prometheus scrape would read it
                 text = urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=2).read().decode()
-                scraped += [s for f in text_string_to_metric_families(text) for s in f.samples
-                            if s.name == "rlt_step"]
+                scraped += [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "rlt_step"]
             except OSError:
                 pass
             time.sleep(1)

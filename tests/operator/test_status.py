@@ -31,26 +31,45 @@ def spec(server=False, sft=True, distill=True, **extra):
 def job(stage, restart=0, active=0, complete=False, failed=False):
     conds = [{"type": "Complete", "status": "True"}] if complete else []
     conds += [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "x"}] if failed else []
-    return {"name": f"t-{stage}", "labels": b.labels("t", b.ROLE_TRAINER, stage, restart), "deleting": False,
-            "completions": 1, "active": active, "succeeded": 1 if complete else 0, "failed": 1 if failed else 0,
-            "conditions": conds}
+    return {
+        "name": f"t-{stage}",
+        "labels": b.labels("t", b.ROLE_TRAINER, stage, restart),
+        "deleting": False,
+        "completions": 1,
+        "active": active,
+        "succeeded": 1 if complete else 0,
+        "failed": 1 if failed else 0,
+        "conditions": conds,
+    }
 
 
 def sts(stage, restart=0, ready=1):
-    return {"name": "t-generator", "labels": b.labels("t", b.ROLE_GENERATOR, stage, restart), "deleting": False,
-            "replicas": 1, "readyReplicas": ready}
+    return {
+        "name": "t-generator",
+        "labels": b.labels("t", b.ROLE_GENERATOR, stage, restart),
+        "deleting": False,
+        "replicas": 1,
+        "readyReplicas": ready,
+    }
 
 
 def base_children(sp):
     cm = b.configmap(REF, parse_spec(sp))
-    return {"configmaps": {"t-config": {"name": "t-config", "labels": {}, "configHash":
-                                        cm["metadata"]["annotations"][b.A_CONFIG_HASH]}},
-            "persistentvolumeclaims": {"t-data": {"name": "t-data", "labels": {}}}}
+    return {
+        "configmaps": {
+            "t-config": {"name": "t-config", "labels": {}, "configHash": cm["metadata"]["annotations"][b.A_CONFIG_HASH]}
+        },
+        "persistentvolumeclaims": {"t-data": {"name": "t-data", "labels": {}}},
+    }
 
 
 def observed(sp, jobs=(), statefulsets=(), pods=()):
-    return S.Observed(**base_children(sp), jobs={j["name"]: j for j in jobs},
-                      statefulsets={s["name"]: s for s in statefulsets}, pods=list(pods))
+    return S.Observed(
+        **base_children(sp),
+        jobs={j["name"]: j for j in jobs},
+        statefulsets={s["name"]: s for s in statefulsets},
+        pods=list(pods),
+    )
 
 
 def running(stage, restarts=0, **more):
@@ -63,8 +82,12 @@ def acts(decision):
 
 def test_fresh_run_creates_run_wide_children_and_first_stage():
     d = S.decide(REF, 1, spec(), None, S.Observed(), NOW)
-    assert acts(d) == {("create", "configmaps", "t-config"), ("create", "persistentvolumeclaims", "t-data"),
-                       ("create", "services", "t-sft"), ("create", "jobs", "t-sft")}
+    assert acts(d) == {
+        ("create", "configmaps", "t-config"),
+        ("create", "persistentvolumeclaims", "t-data"),
+        ("create", "services", "t-sft"),
+        ("create", "jobs", "t-sft"),
+    }
     assert d.status["phase"] == "Pending" and d.status["stage"] == "sft"
     assert d.status["startTime"] == S.fmt_time(NOW) and d.status["observedGeneration"] == 1
     assert ("Normal", "StageStarted", "stage sft started") in d.events
@@ -72,26 +95,108 @@ def test_fresh_run_creates_run_wide_children_and_first_stage():
 
 # (name, spec, prev status, jobs, statefulsets, expected actions, expected phase, expected stage)
 TABLE = [
-    ("generators first", spec(server=True, sft=False), running("rl"), [], [],
-     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "statefulsets", "t-generator")}, "Running", "rl"),
-    ("trainer waits for readiness", spec(server=True, sft=False), running("rl"), [], [sts("rl", ready=0)],
-     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")}, "Running", "rl"),
-    ("trainer once ready", spec(server=True, sft=False), running("rl"), [], [sts("rl")],
-     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "services", "t-rl"), ("create", "jobs", "t-rl")},
-     "Running", "rl"),
-    ("sft done → rl", spec(server=True), running("sft"), [job("sft", complete=True)], [],
-     {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator"), ("create", "statefulsets", "t-generator")}, "Running", "rl"),
-    ("stale generators of rl during distill", spec(server=True), running("rl"),
-     [job("sft", complete=True), job("rl", complete=True)], [sts("rl")],
-     {("delete", "statefulsets", "t-generator"), ("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")}, "Running", "distill"),
-    ("older gang deleted, nothing created yet", spec(server=True, sft=False), running("rl", restarts=1),
-     [job("rl", restart=0, active=1)], [sts("rl", restart=0)],
-     {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator"), ("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")},
-     "Running", "rl"),
-    ("all done → Succeeded, generators freed, Jobs kept", spec(server=True, sft=False, distill=False), running("rl"),
-     [job("rl", complete=True)], [sts("rl")], {("delete", "statefulsets", "t-generator")}, "Succeeded", ""),
-    ("inprocess generation: no generators", spec(sft=False), running("rl"), [], [],
-     {("create", "services", "t-rl"), ("create", "jobs", "t-rl")}, "Running", "rl"),
+    (
+        "generators first",
+        spec(server=True, sft=False),
+        running("rl"),
+        [],
+        [],
+        {
+            ("create", "services", "t-generator"),
+            ("create", "networkpolicies", "t-generator"),
+            ("create", "statefulsets", "t-generator"),
+        },
+        "Running",
+        "rl",
+    ),
+    (
+        "trainer waits for readiness",
+        spec(server=True, sft=False),
+        running("rl"),
+        [],
+        [sts("rl", ready=0)],
+        {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")},
+        "Running",
+        "rl",
+    ),
+    (
+        "trainer once ready",
+        spec(server=True, sft=False),
+        running("rl"),
+        [],
+        [sts("rl")],
+        {
+            ("create", "services", "t-generator"),
+            ("create", "networkpolicies", "t-generator"),
+            ("create", "services", "t-rl"),
+            ("create", "jobs", "t-rl"),
+        },
+        "Running",
+        "rl",
+    ),
+    (
+        "sft done → rl",
+        spec(server=True),
+        running("sft"),
+        [job("sft", complete=True)],
+        [],
+        {
+            ("create", "services", "t-generator"),
+            ("create", "networkpolicies", "t-generator"),
+            ("create", "statefulsets", "t-generator"),
+        },
+        "Running",
+        "rl",
+    ),
+    (
+        "stale generators of rl during distill",
+        spec(server=True),
+        running("rl"),
+        [job("sft", complete=True), job("rl", complete=True)],
+        [sts("rl")],
+        {
+            ("delete", "statefulsets", "t-generator"),
+            ("create", "services", "t-generator"),
+            ("create", "networkpolicies", "t-generator"),
+        },
+        "Running",
+        "distill",
+    ),
+    (
+        "older gang deleted, nothing created yet",
+        spec(server=True, sft=False),
+        running("rl", restarts=1),
+        [job("rl", restart=0, active=1)],
+        [sts("rl", restart=0)],
+        {
+            ("delete", "jobs", "t-rl"),
+            ("delete", "statefulsets", "t-generator"),
+            ("create", "services", "t-generator"),
+            ("create", "networkpolicies", "t-generator"),
+        },
+        "Running",
+        "rl",
+    ),
+    (
+        "all done → Succeeded, generators freed, Jobs kept",
+        spec(server=True, sft=False, distill=False),
+        running("rl"),
+        [job("rl", complete=True)],
+        [sts("rl")],
+        {("delete", "statefulsets", "t-generator")},
+        "Succeeded",
+        "",
+    ),
+    (
+        "inprocess generation: no generators",
+        spec(sft=False),
+        running("rl"),
+        [],
+        [],
+        {("create", "services", "t-rl"), ("create", "jobs", "t-rl")},
+        "Running",
+        "rl",
+    ),
 ]
 
 
@@ -121,8 +226,12 @@ def test_trainer_failure_restarts_the_gang_until_the_backoff_limit(restarts, lim
 
 def test_generator_restart_in_current_gang_counts_but_old_gang_pods_do_not():
     sp = spec(server=True, sft=False)
-    pod = {"name": "t-generator-0", "labels": b.labels("t", b.ROLE_GENERATOR, "rl", 0), "phase": "Running",
-           "restarts": 2}
+    pod = {
+        "name": "t-generator-0",
+        "labels": b.labels("t", b.ROLE_GENERATOR, "rl", 0),
+        "phase": "Running",
+        "restarts": 2,
+    }
     old = S.decide(REF, 1, sp, running("rl", 1), observed(sp, [], [sts("rl", restart=1)], [pod]), NOW)
     assert old.status["restarts"] == 1
     cur = S.decide(REF, 1, sp, running("rl", 0), observed(sp, [job("rl", active=1)], [sts("rl")], [pod]), NOW)
@@ -146,15 +255,20 @@ def test_deadline_fails_the_run_and_stops_the_trainer():
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)]), NOW)
     assert d.status["phase"] == "Failed" and d.status["reason"] == "DeadlineExceeded"
     assert ("delete", "jobs", "t-rl") in acts(d)
-    early = S.decide(REF, 1, spec(sft=False, activeDeadlineSeconds=3600), running("rl"),
-                     observed(sp, [job("rl", active=1)]), NOW)
+    early = S.decide(
+        REF, 1, spec(sft=False, activeDeadlineSeconds=3600), running("rl"), observed(sp, [job("rl", active=1)]), NOW
+    )
     assert early.status["phase"] == "Running" and early.requeue_after == pytest.approx(3000)
 
 
 def test_ttl_after_finished():
     sp = spec(sft=False, distill=False, ttlSecondsAfterFinished=300)
-    done = {"phase": "Succeeded", "stage": "", "completionTime": S.fmt_time(NOW - dt.timedelta(seconds=100)),
-            "completedStages": ["rl"]}
+    done = {
+        "phase": "Succeeded",
+        "stage": "",
+        "completionTime": S.fmt_time(NOW - dt.timedelta(seconds=100)),
+        "completedStages": ["rl"],
+    }
     d = S.decide(REF, 1, sp, done, observed(sp, [job("rl", complete=True)]), NOW)
     assert acts(d) == set() and d.requeue_after == pytest.approx(200)
     later = S.decide(REF, 1, sp, done, observed(sp, [job("rl", complete=True)]), NOW + dt.timedelta(seconds=201))
@@ -197,8 +311,12 @@ def test_invalid_edit_mid_run_neither_starts_nor_stops_anything_and_is_recoverab
 
 
 def test_a_run_failed_as_invalid_spec_by_an_older_operator_recovers():
-    old = {"phase": "Failed", "reason": "InvalidSpec", "message": "x",
-           "conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": "x"}]}
+    old = {
+        "phase": "Failed",
+        "reason": "InvalidSpec",
+        "message": "x",
+        "conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": "x"}],
+    }
     d = S.decide(REF, 2, spec(), old, S.Observed(), NOW)
     assert d.status["phase"] == "Pending" and ("create", "jobs", "t-sft") in acts(d)
 
@@ -230,8 +348,10 @@ def test_config_follows_spec_edits():
 
 
 def test_merge_patch_only_touches_changes_and_own_fields():
-    assert S.merge_patch({"phase": "Pending", "x": 1, "reason": "r"}, {"phase": "Running"}) == \
-        {"phase": "Running", "reason": None}
+    assert S.merge_patch({"phase": "Pending", "x": 1, "reason": "r"}, {"phase": "Running"}) == {
+        "phase": "Running",
+        "reason": None,
+    }
 
 
 def test_gpu_children_of_an_earlier_run_with_the_same_name_are_replaced():
@@ -263,18 +383,48 @@ def test_volume_condition_follows_the_claim():
 
 
 def pod_body(name, role, stage, restart=0, phase="Running", conditions=(), containers=()):
-    return {"metadata": {"name": name, "labels": b.labels("t", role, stage, restart)},
-            "status": {"phase": phase, "conditions": list(conditions), "containerStatuses": list(containers)}}
+    return {
+        "metadata": {"name": name, "labels": b.labels("t", role, stage, restart)},
+        "status": {"phase": phase, "conditions": list(conditions), "containerStatuses": list(containers)},
+    }
 
 
-UNSCHEDULABLE = pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Pending", conditions=[
-    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-     "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}])
-IMAGE_PULL = pod_body("t-generator-0", b.ROLE_GENERATOR, "rl", phase="Pending", containers=[
-    {"name": "vllm", "restartCount": 0, "state": {"waiting": {
-        "reason": "ImagePullBackOff", "message": "Back-off pulling image \"ghcr.io/x/gen:0\""}}}])
-OOM = pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[
-    {"name": "trainer", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}])
+UNSCHEDULABLE = pod_body(
+    "t-rl-0-x",
+    b.ROLE_TRAINER,
+    "rl",
+    phase="Pending",
+    conditions=[
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+        }
+    ],
+)
+IMAGE_PULL = pod_body(
+    "t-generator-0",
+    b.ROLE_GENERATOR,
+    "rl",
+    phase="Pending",
+    containers=[
+        {
+            "name": "vllm",
+            "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "ghcr.io/x/gen:0"'}},
+        }
+    ],
+)
+OOM = pod_body(
+    "t-rl-0-x",
+    b.ROLE_TRAINER,
+    "rl",
+    phase="Failed",
+    containers=[
+        {"name": "trainer", "restartCount": 0, "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}
+    ],
+)
 
 
 def conds(d):
@@ -308,30 +458,76 @@ def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
     assert ("Warning", "ImagePullBackOff") in [e[:2] for e in d.events]
 
 
-@pytest.mark.parametrize("body, reason", [
-    (OOM, "OOMKilled"),
-    (pod_body("g", b.ROLE_GENERATOR, "rl", containers=[{"name": "vllm", "restartCount": 3, "state": {"waiting": {
-        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]),
-     "CrashLoopBackOff"),
-    (pod_body("g", b.ROLE_GENERATOR, "rl", containers=[{"name": "vllm", "restartCount": 3, "state": {"waiting": {
-        "reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]),
-     "OOMKilled"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (OOM, "OOMKilled"),
+        (
+            pod_body(
+                "g",
+                b.ROLE_GENERATOR,
+                "rl",
+                containers=[
+                    {
+                        "name": "vllm",
+                        "restartCount": 3,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"reason": "Error", "exitCode": 1}},
+                    }
+                ],
+            ),
+            "CrashLoopBackOff",
+        ),
+        (
+            pod_body(
+                "g",
+                b.ROLE_GENERATOR,
+                "rl",
+                containers=[
+                    {
+                        "name": "vllm",
+                        "restartCount": 3,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                    }
+                ],
+            ),
+            "OOMKilled",
+        ),
+    ],
+)
 def test_pod_reasons_are_read_from_the_pod_status(body, reason):
     assert S.summarize("pods", body)["problem"]["reason"] == reason
 
 
 def test_a_config_error_exit_fails_the_run_at_once_without_a_gang_restart():
     sp = spec(server=True, sft=False)
-    pod = S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[
-        {"name": "validate", "state": {"terminated": {"reason": "Error", "exitCode": 78}}}]))
+    pod = S.summarize(
+        "pods",
+        pod_body(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            phase="Failed",
+            containers=[{"name": "validate", "state": {"terminated": {"reason": "Error", "exitCode": 78}}}],
+        ),
+    )
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", failed=True)], [sts("rl")], [pod]), NOW)
     assert d.status["phase"] == "Failed" and d.status["reason"] == "ConfigError" and d.status["restarts"] == 0
     assert "CONFIG_ERROR (78)" in d.status["message"]
     assert ("delete", "statefulsets", "t-generator") in acts(d) and not any(a.verb == "create" for a in d.actions)
     # the pod may be gone: the Job's own reason says the FailJob rule matched
-    failed = dict(job("rl", failed=True), conditions=[{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
-                                                       "message": "Container trainer ... exit code 65 ..."}])
+    failed = dict(
+        job("rl", failed=True),
+        conditions=[
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "PodFailurePolicy",
+                "message": "Container trainer ... exit code 65 ...",
+            }
+        ],
+    )
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [failed], [sts("rl")]), NOW)
     assert d.status["reason"] == "ConfigError"
 
@@ -340,17 +536,36 @@ def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_lim
     sp = spec(server=True, sft=False, backoffLimit=1)
 
     def evicted(r):
-        return S.summarize("pods", pod_body("t-generator-0", b.ROLE_GENERATOR, "rl", restart=r, phase="Failed",
-                                            conditions=[{"type": "DisruptionTarget", "status": "True",
-                                                         "reason": "PreemptionByScheduler"}]))
+        return S.summarize(
+            "pods",
+            pod_body(
+                "t-generator-0",
+                b.ROLE_GENERATOR,
+                "rl",
+                restart=r,
+                phase="Failed",
+                conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+            ),
+        )
 
     def crashed(r):
-        return S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", restart=r, phase="Failed", containers=[
-            {"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1}}}]))
+        return S.summarize(
+            "pods",
+            pod_body(
+                "t-rl-0-x",
+                b.ROLE_TRAINER,
+                "rl",
+                restart=r,
+                phase="Failed",
+                containers=[{"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1}}}],
+            ),
+        )
 
     def step(prev, r, pod):
-        return S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=r, active=1)], [sts("rl", restart=r)], [pod]),
-                        NOW)
+        return S.decide(
+            REF, 1, sp, prev, observed(sp, [job("rl", restart=r, active=1)], [sts("rl", restart=r)], [pod]), NOW
+        )
+
     d = step(running("rl"), 0, crashed(0))  # counted: 1 of 1
     assert (d.status["phase"], d.status["restarts"]) == ("Running", 1)
     d = step(d.status, 1, evicted(1))  # the limit is used up, but a disruption is not a failure
@@ -390,8 +605,11 @@ def test_a_new_trainer_shape_replaces_the_gang_before_any_checkpoint_uncounted()
 
 def test_the_trainer_shape_is_frozen_once_the_stage_has_a_checkpoint():
     sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
-    prev = running("rl", trainerShape={"stage": "rl", "nodes": 1, "gpus": 8},
-                   progress={"step": 30, "lastCheckpoint": "/data/t/rl/checkpoints/checkpoint-25"})
+    prev = running(
+        "rl",
+        trainerShape={"stage": "rl", "nodes": 1, "gpus": 8},
+        progress={"step": 30, "lastCheckpoint": "/data/t/rl/checkpoints/checkpoint-25"},
+    )
     d = S.decide(REF, 2, sp, prev, observed(sp, [shaped("rl", 8, active=1)]), NOW)
     assert not any(a.plural == "jobs" for a in d.actions), "no restart burnt on an edit ZeRO cannot resume"
     c = conds(d)["SpecApplied"]
@@ -419,8 +637,9 @@ def test_conditions_describe_the_current_state_while_suspended_and_after_success
     assert "waiting" not in c["TrainerRunning"]["message"] and c["GeneratorsReady"]["reason"] == "Suspended"
     starting = S.decide(REF, 1, spec(sft=False, distill=False), running("rl"), observed(sp, [job("rl", active=1)]), NOW)
     assert conds(starting)["TrainerRunning"]["status"] == "False"  # no Running pod seen yet
-    done = S.decide(REF, 1, spec(sft=False, distill=False), starting.status,
-                    observed(sp, [job("rl", complete=True)]), NOW)
+    done = S.decide(
+        REF, 1, spec(sft=False, distill=False), starting.status, observed(sp, [job("rl", complete=True)]), NOW
+    )
     c = conds(done)["TrainerRunning"]
     assert done.status["phase"] == "Succeeded" and (c["reason"], c["message"]) == ("Finished", "run succeeded")
 
@@ -456,9 +675,20 @@ def test_a_volume_that_cannot_attach_is_a_condition():
 
     def stuck_for(seconds):
         since = S.fmt_time(NOW - dt.timedelta(seconds=seconds))
-        return S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Pending", conditions=[
-            {"type": "PodScheduled", "status": "True"},
-            {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": since}]))
+        return S.summarize(
+            "pods",
+            pod_body(
+                "t-rl-0-x",
+                b.ROLE_TRAINER,
+                "rl",
+                phase="Pending",
+                conditions=[
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": since},
+                ],
+            ),
+        )
+
     early = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=[stuck_for(30)]), NOW)
     assert "VolumeReady" not in conds(early), "a minute of attaching is normal"
     late = S.decide(REF, 1, sp, early.status, observed(sp, [job("rl", active=1)], pods=[stuck_for(600)]), NOW)
@@ -497,12 +727,16 @@ def test_a_finished_stage_records_its_spec_and_a_later_edit_is_reported_not_appl
     assert e.status["stageSpecs"]["rl"] == record, "the record keeps the spec the stage finished under"
     assert not any(a.name == "t-rl" for a in e.actions), "a finished stage is not run again"
     # Reported once: the next reconcile under the same edit posts no second Event; restoring clears it.
-    assert not [ev for ev in S.decide(REF, 3, edited, e.status, observed(edited, jobs=[job("rl", complete=True)]),
-                                      NOW).events if ev[1] == "FinishedStageEdited"]
+    assert not [
+        ev
+        for ev in S.decide(REF, 3, edited, e.status, observed(edited, jobs=[job("rl", complete=True)]), NOW).events
+        if ev[1] == "FinishedStageEdited"
+    ]
     back = S.decide(REF, 4, sp, e.status, observed(sp, jobs=[job("rl", complete=True)]), NOW)
     assert state(back) == ("True", "Current")
 
 
 def test_merge_patch_removes_keys_gone_from_a_map():
-    assert S.merge_patch({"stageSpecs": {"sft": 1, "rl": 2}}, {"stageSpecs": {"rl": 2}}) == \
-        {"stageSpecs": {"sft": None, "rl": 2}}
+    assert S.merge_patch({"stageSpecs": {"sft": 1, "rl": 2}}, {"stageSpecs": {"rl": 2}}) == {
+        "stageSpecs": {"sft": None, "rl": 2}
+    }

@@ -43,4 +43,3 @@ def smol_tok():
         src = Path(list(found.submodule_search_locations)[0])
         AutoTokenizer.from_pretrained(src, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf").save_pretrained(saved)
     return AutoTokenizer.from_pretrained(saved)
-

@@ -26,8 +26,15 @@ def penalised(tiny, tmp_path_factory):
     path = tmp_path_factory.mktemp("penalised")
     model.save_pretrained(path)
     config = json.loads((path / "generation_config.json").read_text())
-    config.update(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05, min_p=0.05,
-                  no_repeat_ngram_size=2)
+    config.update(
+        do_sample=True,
+        temperature=0.7,
+        top_p=0.8,
+        top_k=20,
+        repetition_penalty=1.05,
+        min_p=0.05,
+        no_repeat_ngram_size=2,
+    )
     (path / "generation_config.json").write_text(json.dumps(config))
     loaded = AutoModelForCausalLM.from_pretrained(path).eval()
     assert loaded.generation_config.repetition_penalty == 1.05
@@ -36,11 +43,14 @@ def penalised(tiny, tmp_path_factory):
 
 def test_sampled_logprobs_equal_a_forward_at_tau(penalised, formatter):
     model, tok = penalised
-    prompts = [tok(formatter.teacher_prompt(tok, q, "14"), add_special_tokens=False).input_ids
-               for q in ("What is 7 * 2?", "What is (3 + 4) * 2?")]
+    prompts = [
+        tok(formatter.teacher_prompt(tok, q, "14"), add_special_tokens=False).input_ids
+        for q in ("What is 7 * 2?", "What is (3 + 4) * 2?")
+    ]
     torch.manual_seed(0)
-    out = sample_with_logprobs(model, tok, [p for p in prompts for _ in range(3)], temperature=TAU, top_p=1.0,
-                               max_new_tokens=32)
+    out = sample_with_logprobs(
+        model, tok, [p for p in prompts for _ in range(3)], temperature=TAU, top_p=1.0, max_new_tokens=32
+    )
     worst = 0.0
     for p, ids, lps in zip(out.prompt_ids, out.completion_ids, out.logprobs, strict=True):
         with torch.no_grad():
@@ -61,7 +71,7 @@ def test_greedy_evaluation_ignores_the_checkpoint_penalty(penalised):
     with torch.no_grad():
         for _ in range(len(got)):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    assert got == ids[len(prompt):]  # plain argmax of the model's logits, token by token
+    assert got == ids[len(prompt) :]  # plain argmax of the model's logits, token by token
 
 
 class RecordingVLLMServer(BaseHTTPRequestHandler):
@@ -76,8 +86,14 @@ class RecordingVLLMServer(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         RecordingVLLMServer.bodies.append(body)
-        self._reply({"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}}
-                                 for _ in range(len(body["prompt"]) * body["n"])]})
+        self._reply(
+            {
+                "choices": [
+                    {"token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}}
+                    for _ in range(len(body["prompt"]) * body["n"])
+                ]
+            }
+        )
 
     def _reply(self, obj):
         data = json.dumps(obj).encode()
@@ -94,8 +110,9 @@ def test_vllm_requests_set_every_distribution_changing_parameter():
     server = HTTPServer(("127.0.0.1", 0), RecordingVLLMServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        server_generate(f"http://127.0.0.1:{server.server_port}", [[1, 2, 3]], n=2, temperature=TAU, top_p=1.0,
-                        max_new_tokens=8)
+        server_generate(
+            f"http://127.0.0.1:{server.server_port}", [[1, 2, 3]], n=2, temperature=TAU, top_p=1.0, max_new_tokens=8
+        )
     finally:
         server.shutdown()
     body = RecordingVLLMServer.bodies[-1]
@@ -111,17 +128,27 @@ def test_grpo_config_samples_clean_and_importance_sampling_follows_the_spec(tmp_
     from rlt.stages.rl import grpo_config
 
     def config(**generation):
-        run = RLTRun.model_validate({
-            "apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun", "metadata": {"name": "is"},
-            "spec": {"teacher": {"model": "builtin:tiny-qwen2"}, "student": {"model": "builtin:tiny-qwen2"},
-                     "dataset": {"source": "builtin:arithmetic"},
-                     "stages": {"rl": {"batchSize": 4, "numGenerations": 4, "generation": generation}}}})
+        run = RLTRun.model_validate(
+            {
+                "apiVersion": "rlt.dev/v1alpha1",
+                "kind": "RLTRun",
+                "metadata": {"name": "is"},
+                "spec": {
+                    "teacher": {"model": "builtin:tiny-qwen2"},
+                    "student": {"model": "builtin:tiny-qwen2"},
+                    "dataset": {"source": "builtin:arithmetic"},
+                    "stages": {"rl": {"batchSize": 4, "numGenerations": 4, "generation": generation}},
+                },
+            }
+        )
         return grpo_config(StageContext(run, RunLayout(tmp_path)), "cpu")
 
     default = config(mode="server", serverUrl="http://127.0.0.1:1")
     assert default.vllm_importance_sampling_correction is False  # TRL's default is True: the paper has none
     assert default.repetition_penalty == 1.0 and default.min_p is None and default.top_k == 0
-    on = config(mode="server", serverUrl="http://127.0.0.1:1", importanceSampling="tokenTruncate", importanceSamplingCap=2)
+    on = config(
+        mode="server", serverUrl="http://127.0.0.1:1", importanceSampling="tokenTruncate", importanceSamplingCap=2
+    )
     assert on.vllm_importance_sampling_correction is True
     assert on.vllm_importance_sampling_mode == "token_truncate" and on.vllm_importance_sampling_clip_max == 2
     assert config(importanceSampling="sequenceMask").vllm_importance_sampling_correction is False  # in-process: n/a

@@ -22,8 +22,15 @@ def tiny_compare_doc():
     st = doc["spec"]["stages"]
     st["sft"]["maxSteps"] = 1
     st["rl"]["steps"] = 1
-    st["student"] = {"enabled": True, "maxSteps": 2, "batchSize": 2, "perDeviceBatchSize": 2, "learningRate": 1.0e-3,
-                     "maxLength": 400, "gradientCheckpointing": False}
+    st["student"] = {
+        "enabled": True,
+        "maxSteps": 2,
+        "batchSize": 2,
+        "perDeviceBatchSize": 2,
+        "learningRate": 1.0e-3,
+        "maxLength": 400,
+        "gradientCheckpointing": False,
+    }
     st["evaluate"] = {"enabled": True, "samples": 2, "maxNewTokens": 16, "limit": 6, "batchSize": 6}
     return doc
 
@@ -46,8 +53,16 @@ def jsonl(path):
 
 def test_report_files_and_structure(compared):
     run, root, report = compared
-    assert {p.name for p in root.iterdir()} >= {"report.json", "report.md", "accuracy.png", "correlation.png",
-                                                 "rl_teacher", "sft_teacher", "dataset_traces", "untrained"}
+    assert {p.name for p in root.iterdir()} >= {
+        "report.json",
+        "report.md",
+        "accuracy.png",
+        "correlation.png",
+        "rl_teacher",
+        "sft_teacher",
+        "dataset_traces",
+        "untrained",
+    }
     assert read(root / "report.json") == json.loads(json.dumps(report))
     assert set(report["arms"]) == set(ARMS)
     assert report["correlation"].keys() == {"accuracyGain", "logprobGain"}
@@ -110,8 +125,23 @@ def test_cli_rerun_reuses_every_finished_part(compared, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(tiny_compare_doc()))
     out = root.parent.parent
-    proc = subprocess.run([sys.executable, "-m", "rlt.cli", "compare", str(path), "--output", str(out), "--no-progress",
-                           "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlt.cli",
+            "compare",
+            str(path),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("done before, skipped") == 7  # sft, rl, 2 distills, 3 students
     assert "| rl_teacher |" in proc.stdout

@@ -14,8 +14,11 @@ BENCH = Path(__file__).parents[2] / "benchmarks" / "learning.py"
 @pytest.mark.slow
 def test_learning_benchmark_quick_run_writes_plot_and_figures(tmp_path, monkeypatch):
     out = tmp_path / "learning"
-    monkeypatch.setattr(sys, "argv", [str(BENCH), "--quick", "--model", "builtin:tiny-qwen2", "--seeds", "3",
-                                      "--out", str(out), "--quiet"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [str(BENCH), "--quick", "--model", "builtin:tiny-qwen2", "--seeds", "3", "--out", str(out), "--quiet"],
+    )
     report = runpy.run_path(str(BENCH), run_name="not_main")["main"]()
     assert (out / "learning.png").stat().st_size > 10_000
     saved = json.loads((out / "learning.json").read_text())
@@ -35,5 +38,5 @@ def test_slope_interval_matches_known_values():
     b, half = mod["slope_ci"]([0.0, 1.0, 2.0, 3.0, 4.0])
     assert b == pytest.approx(1.0) and half == pytest.approx(0.0, abs=1e-12)
     b, half = mod["slope_ci"]([0.0, 2.0, 1.0, 3.0])  # slope 0.8, residual SS 1.8, s.e. sqrt(1.8/2/5), t(2) = 4.303
-    assert b == pytest.approx(0.8) and half == pytest.approx(4.303 * 0.18 ** 0.5, rel=1e-3)
+    assert b == pytest.approx(0.8) and half == pytest.approx(4.303 * 0.18**0.5, rel=1e-3)
     assert mod["t_quantile"](30) == pytest.approx(2.042, rel=0.002)

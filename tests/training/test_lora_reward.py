@@ -19,8 +19,9 @@ def adapted(tiny):
 
     model, _ = tiny
     torch.manual_seed(0)  # init_lora_weights=False: a random, non-zero update (a fresh LoRA is a no-op)
-    live = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                           init_lora_weights=False)).eval()
+    live = get_peft_model(
+        copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    ).eval()
     merged = copy.deepcopy(live).merge_and_unload().eval()
     return live, merged
 
@@ -29,8 +30,11 @@ def test_sampled_tokens_and_logprobs_match(adapted, tiny, formatter):
     live, merged = adapted
     base, tok = tiny
     rows = list(tasks.generate("arithmetic", 3, seed=2))
-    prompts = [tok(formatter.teacher_prompt(tok, r["question"], r["solution"]), add_special_tokens=False).input_ids
-               for r in rows for _ in range(2)]
+    prompts = [
+        tok(formatter.teacher_prompt(tok, r["question"], r["solution"]), add_special_tokens=False).input_ids
+        for r in rows
+        for _ in range(2)
+    ]
     out = {}
     for name, m in (("live", live), ("merged", merged), ("base", base)):
         torch.manual_seed(7)
@@ -39,7 +43,9 @@ def test_sampled_tokens_and_logprobs_match(adapted, tiny, formatter):
     for a, b in zip(out["live"].logprobs, out["merged"].logprobs, strict=False):
         assert a == pytest.approx(b, abs=1e-5)
     # the adapter changes the model: the same seed gives other log-probs without it
-    assert any(a != pytest.approx(b, abs=1e-3) for a, b in zip(out["live"].logprobs, out["base"].logprobs, strict=False))
+    assert any(
+        a != pytest.approx(b, abs=1e-3) for a, b in zip(out["live"].logprobs, out["base"].logprobs, strict=False)
+    )
 
 
 def test_reward_parts_match(adapted, tiny, formatter):

@@ -91,9 +91,27 @@ def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "rlt.cli", "run", str(TINY), "--output", str(tmp_path),
-                             "--metrics-port", str(port), "--linger", "30", "--stage", "sft", "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rlt.cli",
+            "run",
+            str(TINY),
+            "--output",
+            str(tmp_path),
+            "--metrics-port",
+            str(port),
+            "--linger",
+            "30",
+            "--stage",
+            "sft",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for line in proc.stdout:
             if "serving metrics" in line:
@@ -124,8 +142,12 @@ def test_stage_command_as_a_pod_runs_it_once(tmp_path):
     assert json.loads(layout.progress_file.read_text())["stage"] == "sft"
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "already done" in again.stdout
-    missing = subprocess.run([sys.executable, "-m", "rlt.cli", "stage", "rl", "--config", str(tmp_path / "nope.yaml")],
-                             capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "stage", "rl", "--config", str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     from rlt.exitcodes import ExitCode
 
     assert missing.returncode == ExitCode.CONFIG_ERROR and "file not found" in missing.stderr  # fail fast, no restart
@@ -144,5 +166,11 @@ def test_distill_reward_of_kept_rows_and_of_all_candidates_are_named_apart(finis
     assert progress["keptRewardMean"] == pytest.approx(kept)
     assert progress["candidateRewardMean"] == pytest.approx(sum(every) / len(every))  # one batch: the same rows
     # the data were checked once, before the stages, and counted in the summary
-    assert summary["data"] == {"source": "builtin:arithmetic", "rowsRead": 32, "rowsUsed": 32, "skippedRows": 0,
-                               "skipped": [], "numbersUsedAsText": 0}
+    assert summary["data"] == {
+        "source": "builtin:arithmetic",
+        "rowsRead": 32,
+        "rowsUsed": 32,
+        "skippedRows": 0,
+        "skipped": [],
+        "numbersUsedAsText": 0,
+    }

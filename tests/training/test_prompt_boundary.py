@@ -27,10 +27,19 @@ def test_sft_rl_and_distill_share_the_prompt_tokens(smol_tok, preset):
     sft = sft_rows(ROWS, fmt, smol_tok, "reject")
     rl = rl_rows(ROWS, fmt, smol_tok, 10_000, "reject")
     # what TRL's SFTTrainer trains on (the dataset after its own preparation)
-    trainer = SFTTrainer(model=tiny_lm(len(smol_tok), seed=0), train_dataset=Dataset.from_list(sft),
-                         processing_class=smol_tok,
-                         args=SFTConfig(output_dir="/tmp/unused-sft", use_cpu=True, bf16=False, report_to="none",
-                                        completion_only_loss=True, max_steps=1))
+    trainer = SFTTrainer(
+        model=tiny_lm(len(smol_tok), seed=0),
+        train_dataset=Dataset.from_list(sft),
+        processing_class=smol_tok,
+        args=SFTConfig(
+            output_dir="/tmp/unused-sft",
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            completion_only_loss=True,
+            max_steps=1,
+        ),
+    )
     merged = 0
     for row, rl_row, prepared in zip(ROWS, rl, trainer.train_dataset, strict=True):
         rl_prompt = smol_tok(rl_row["prompt"], add_special_tokens=False).input_ids  # as the rl rollout tokenises

@@ -37,8 +37,18 @@ def test_stages_and_per_step_rcl_metrics(finished):
     rl = [r for r in rows if r["stage"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2]
     for r in rl:
-        assert {"rcl_apg", "rcl_ndr", "rcl_tes", "rcl_acc_with", "rcl_acc_without", "rcl_teaching_tokens",
-                "rcl_format_ok", "reward", "seconds_generate", "seconds_score"} <= r.keys()
+        assert {
+            "rcl_apg",
+            "rcl_ndr",
+            "rcl_tes",
+            "rcl_acc_with",
+            "rcl_acc_without",
+            "rcl_teaching_tokens",
+            "rcl_format_ok",
+            "reward",
+            "seconds_generate",
+            "seconds_score",
+        } <= r.keys()
         assert 0.0 <= r["rcl_ndr"] <= 1.0 and -1.0 <= r["rcl_apg"] <= 1.0
     ev = [r for r in rows if r["stage"] == "evaluate"]
     assert len(ev) == 1 and {"rcl_apg", "rcl_ndr"} <= ev[0].keys()
@@ -69,8 +79,9 @@ def test_recorder_exports_rcl_gauges(finished, tmp_path):
     run = finished[0]
     reg = CollectorRegistry()
     metrics = TrainerMetrics(run.name, method="rcl", registry=reg)
-    Recorder(StageContext(run, RunLayout(tmp_path), metrics), "rl", 2).record(1, {"rcl_apg": 0.25, "rcl_ndr": 0.99,
-                                                                                  "rcl_tes": 1.5})
+    Recorder(StageContext(run, RunLayout(tmp_path), metrics), "rl", 2).record(
+        1, {"rcl_apg": 0.25, "rcl_ndr": 0.99, "rcl_tes": 1.5}
+    )
     text = generate_latest(reg).decode()
     assert 'rlt_rcl_apg{method="rcl",namespace="local",run="rcl-tiny",stage="rl"} 0.25' in text
     assert 'rlt_rcl_ndr{method="rcl",namespace="local",run="rcl-tiny",stage="rl"} 0.99' in text

@@ -27,8 +27,9 @@ def make_trainer(tiny, tmp_path, counts, server=False):
 
     student, tok = tiny  # frozen student (and probe writer); the policy is a fresh copy
     protocol = Protocol(load_rcl_format("rcl-default"))
-    st = RlStage(steps=STEPS, batch_size=4, num_generations=G, per_device_batch_size=4, max_completion_length=6,
-                 temperature=1.0)
+    st = RlStage(
+        steps=STEPS, batch_size=4, num_generations=G, per_device_batch_size=4, max_completion_length=6, temperature=1.0
+    )
     probe = probe_sampler(protocol, student, tok, temperature=1.0, max_tokens=3)
 
     def counted_probe(questions):
@@ -53,14 +54,35 @@ def make_trainer(tiny, tmp_path, counts, server=False):
         counts["teacher_prompts"].append(out["teacher_prompt"])
         return out
 
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=4, gradient_accumulation_steps=1,
-                      num_generations=G, max_completion_length=6, temperature=1.0, top_k=0, learning_rate=1e-4,
-                      beta=0.0, logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-                      disable_tqdm=True, seed=0)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        num_generations=G,
+        max_completion_length=6,
+        temperature=1.0,
+        top_k=0,
+        learning_rate=1e-4,
+        beta=0.0,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
     rows = [{"prompt": q, "question": q, "solution": "The answer is 20."} for q in QUESTIONS * 4]
     policy = load_model(ModelRef(model="builtin:tiny-qwen2"), "cpu", trainable=True)
-    trainer = GRPOTrainer(model=policy, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows),
-                          processing_class=tok, rollout_func=recording_rollout)
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        rollout_func=recording_rollout,
+    )
     original = trainer._compute_loss
 
     def capturing_loss(model, inputs):
@@ -72,7 +94,18 @@ def make_trainer(tiny, tmp_path, counts, server=False):
 
 
 def fresh_counts():
-    return {k: [] for k in ("probe_calls", "probes", "student", "rollout_prompt_ids", "teacher_prompts", "loss_inputs", "completions")}
+    return {
+        k: []
+        for k in (
+            "probe_calls",
+            "probes",
+            "student",
+            "rollout_prompt_ids",
+            "teacher_prompts",
+            "loss_inputs",
+            "completions",
+        )
+    }
 
 
 def test_loss_uses_the_prompt_the_guidance_was_sampled_from(tiny, tmp_path):
@@ -82,11 +115,18 @@ def test_loss_uses_the_prompt_the_guidance_was_sampled_from(tiny, tmp_path):
     assert len(counts["loss_inputs"]) == STEPS
     for step, inputs in enumerate(counts["loss_inputs"]):
         # strip TRL's left padding: what remains is the exact token sequence the loss conditions on
-        seen = [ids[mask.bool()].tolist() for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"], strict=True)]
+        seen = [
+            ids[mask.bool()].tolist() for ids, mask in zip(inputs["prompt_ids"], inputs["prompt_mask"], strict=True)
+        ]
         # TRL shuffles rows inside the batch: compare (prompt, completion) pairs, which must stay together
-        pairs = {(tuple(p), tuple(c)) for p, c in zip(counts["rollout_prompt_ids"][step], counts["completions"][step], strict=True)}
-        got = {(tuple(p), tuple(c[:len(next(cc for pp, cc in pairs if pp == tuple(p)))].tolist()))
-               for p, c in zip(seen, inputs["completion_ids"], strict=True)}
+        pairs = {
+            (tuple(p), tuple(c))
+            for p, c in zip(counts["rollout_prompt_ids"][step], counts["completions"][step], strict=True)
+        }
+        got = {
+            (tuple(p), tuple(c[: len(next(cc for pp, cc in pairs if pp == tuple(p)))].tolist()))
+            for p, c in zip(seen, inputs["completion_ids"], strict=True)
+        }
         assert got == pairs and len(seen) == len(counts["rollout_prompt_ids"][step])
         assert sorted(seen) == sorted(counts["rollout_prompt_ids"][step])
         for ids, text in zip(counts["rollout_prompt_ids"][step], counts["teacher_prompts"][step], strict=True):
@@ -147,10 +187,19 @@ def test_dense_performance_is_the_students_probability_of_the_reference(tiny):
     def no_sampling(prompts, n):
         raise AssertionError("dense performance must not sample student answers")
 
-    reward = RCLReward(protocol, tok, no_sampling, samples=4, performance="dense",
-                       scorer=SpanScorer(student, tok, temperature=0.7, batch_size=4))
-    batch = reward.score(["What is 2 + 3?"] * 3, ["5"] * 3,
-                         ["<guidance>add the two numbers</guidance>", "no tags", "<guidance>count up from 2</guidance>"])
+    reward = RCLReward(
+        protocol,
+        tok,
+        no_sampling,
+        samples=4,
+        performance="dense",
+        scorer=SpanScorer(student, tok, temperature=0.7, batch_size=4),
+    )
+    batch = reward.score(
+        ["What is 2 + 3?"] * 3,
+        ["5"] * 3,
+        ["<guidance>add the two numbers</guidance>", "no tags", "<guidance>count up from 2</guidance>"],
+    )
     assert reward.student_prompts_total == 1 + 2  # one baseline for the question, one per well-formed guidance
     assert all(0.0 < p <= 1.0 for p in batch.perf_base)
     assert batch.perf_with[1] is None and all(0.0 < batch.perf_with[i] <= 1.0 for i in (0, 2))

@@ -57,8 +57,9 @@ def test_real_rcl_stage_syncs_every_global_step_and_samples_the_loss_prompt(tmp_
             generators.append(self.vllm_generation)
 
         def _compute_loss(self, model, inputs):
-            seen["loss_prompts"].append([ids[m.bool()].tolist() for ids, m in zip(inputs["prompt_ids"],
-                                                                                  inputs["prompt_mask"], strict=True)])
+            seen["loss_prompts"].append(
+                [ids[m.bool()].tolist() for ids, m in zip(inputs["prompt_ids"], inputs["prompt_mask"], strict=True)]
+            )
             return super()._compute_loss(model, inputs)
 
     real_probe_sampler = stages.probe_sampler
@@ -87,6 +88,8 @@ def test_real_rcl_stage_syncs_every_global_step_and_samples_the_loss_prompt(tmp_
         in_loss = seen["loss_prompts"][2 * step] + seen["loss_prompts"][2 * step + 1]
         assert sorted(map(tuple, in_loss)) == sorted(map(tuple, gen.prompts[step]))
         # each prompt is its question with the probe written for that question this step
-        expected = {tuple(tok(protocol.teacher_prompt(tok, q, p), add_special_tokens=False).input_ids)
-                    for q, p in seen["probes"][step].items()}
+        expected = {
+            tuple(tok(protocol.teacher_prompt(tok, q, p), add_special_tokens=False).input_ids)
+            for q, p in seen["probes"][step].items()
+        }
         assert set(map(tuple, gen.prompts[step])) == expected and len(expected) == 8 // 2

@@ -22,8 +22,9 @@ def rl_only(tmp_path: Path, **rl) -> Path:
     doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
     doc["spec"]["stages"]["sft"] = {"enabled": False}
     doc["spec"]["stages"]["distill"] = {"enabled": False}
-    doc["spec"]["stages"]["rl"].update({"steps": 2, "saveSteps": 1, "batchSize": 4, "numGenerations": 2,
-                                        "maxCompletionLength": 8, **rl})
+    doc["spec"]["stages"]["rl"].update(
+        {"steps": 2, "saveSteps": 1, "batchSize": 4, "numGenerations": 2, "maxCompletionLength": 8, **rl}
+    )
     doc["spec"]["dataset"]["size"] = 8
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -32,12 +33,14 @@ def rl_only(tmp_path: Path, **rl) -> Path:
 
 def rlt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "RLT_METRICS_PORT": "0"}  # `rlt stage` (a pod) serves metrics; any free port here
-    return subprocess.run([sys.executable, "-m", "rlt.cli", *args], capture_output=True, text=True, timeout=600,
-                          cwd=cwd, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "rlt.cli", *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env
+    )
 
 
-def assert_one_line_error(res: subprocess.CompletedProcess, *fragments: str,
-                          code: ExitCode = ExitCode.CONFIG_ERROR) -> str:
+def assert_one_line_error(
+    res: subprocess.CompletedProcess, *fragments: str, code: ExitCode = ExitCode.CONFIG_ERROR
+) -> str:
     assert res.returncode == code, (res.returncode, res.stderr[-3000:])
     assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
     lines = [line for line in res.stderr.splitlines() if line.strip()]
@@ -66,8 +69,9 @@ def test_rerun_after_a_spec_edit_continues_or_refuses(tmp_path):
     # an edit RL cannot absorb: refused in one line naming the fields and the flag; run.yaml still tells the truth
     edited = rl_only(tmp_path, steps=3, learningRate=0.01)
     refused = rlt("run", str(edited), "--output", str(out), "--metrics-port", "-1", "--no-progress")
-    line = assert_one_line_error(refused, "[rl] finished under a different spec (stages.rl.learningRate 0.0001 -> 0.01)",
-                                 "--from-stage rl")
+    line = assert_one_line_error(
+        refused, "[rl] finished under a different spec (stages.rl.learningRate 0.0001 -> 0.01)", "--from-stage rl"
+    )
     assert yaml.safe_load((layout.root / "run.yaml").read_text())["spec"]["stages"]["rl"]["learningRate"] == 0.0001
     print(line)
 
@@ -77,16 +81,27 @@ def test_rerun_after_a_spec_edit_continues_or_refuses(tmp_path):
     assert "[rl] started over as asked; previous outputs moved to" in again.stdout
     [old] = (layout.root / "replaced").iterdir()
     assert (old / "DONE").exists() and (old / "model").is_dir()
-    assert json.loads((layout.stage_dir("rl") / "spec-fingerprint.json").read_text())["fields"][
-        "stages.rl.learningRate"] == 0.01
+    assert (
+        json.loads((layout.stage_dir("rl") / "spec-fingerprint.json").read_text())["fields"]["stages.rl.learningRate"]
+        == 0.01
+    )
 
 
-@pytest.mark.parametrize("rows, policy, fragments", [
-    ([{"question": "Q1", "solution": "A"}, {"question": "Q2", "solution": ""}], "reject",
-     ["data.jsonl line 2: solution: empty; set spec.dataset.badRows: skip to drop the 1 bad row"]),
-    ([{"q": "Q1", "solution": "A"}, {"q": "Q2", "solution": "B"}], "skip",
-     ["data.jsonl line 1: column 'question' is missing (columns: q, solution)", "would drop every row"]),
-])
+@pytest.mark.parametrize(
+    "rows, policy, fragments",
+    [
+        (
+            [{"question": "Q1", "solution": "A"}, {"question": "Q2", "solution": ""}],
+            "reject",
+            ["data.jsonl line 2: solution: empty; set spec.dataset.badRows: skip to drop the 1 bad row"],
+        ),
+        (
+            [{"q": "Q1", "solution": "A"}, {"q": "Q2", "solution": "B"}],
+            "skip",
+            ["data.jsonl line 1: column 'question' is missing (columns: q, solution)", "would drop every row"],
+        ),
+    ],
+)
 def test_bad_data_stops_run_and_stage_in_one_line_before_any_model_loads(tmp_path, rows, policy, fragments):
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
@@ -109,8 +124,14 @@ def test_a_taken_metrics_port_falls_back_by_default_and_is_one_line_when_chosen(
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        res = rlt("run", str(ROOT / "manifests/examples/rltrun-tiny.yaml"), "--metrics-port", str(port),
-                  "--output", str(tmp_path))
+        res = rlt(
+            "run",
+            str(ROOT / "manifests/examples/rltrun-tiny.yaml"),
+            "--metrics-port",
+            str(port),
+            "--output",
+            str(tmp_path),
+        )
         assert_one_line_error(res, f"--metrics-port {port}: 127.0.0.1:{port} is already in use")
     # the default port (9400) taken, as by a second local run: a free port is used and printed
     from rlt.metrics import TrainerMetrics
@@ -135,10 +156,14 @@ def test_stage_row_filters_warn_once_per_stage(tiny, formatter, caplog):
     from rlt.stages.sft import sft_rows
 
     _, tok = tiny
-    rows = [{"question": "Q " * (300 if i % 2 else 1), "solution": "A", "reasoning_trace": None if i % 2 else "W",
-             "row": i} for i in range(6)]
+    rows = [
+        {"question": "Q " * (300 if i % 2 else 1), "solution": "A", "reasoning_trace": None if i % 2 else "W", "row": i}
+        for i in range(6)
+    ]
     with caplog.at_level("WARNING"):
         assert len(sft_rows(rows, formatter, tok, "skip")) == 3
         assert len(rl_rows(rows, formatter, tok, 250, "skip")) == 3
     assert [r.getMessage().split(",")[0] for r in caplog.records] == [
-        "stage sft: skipping 3 of 6 rows (badRows: skip)", "stage rl: skipping 3 of 6 rows (badRows: skip)"]
+        "stage sft: skipping 3 of 6 rows (badRows: skip)",
+        "stage rl: skipping 3 of 6 rows (badRows: skip)",
+    ]

@@ -41,8 +41,13 @@ def hand_reward(model, tok, fmt, q, s, c):
     # student: solution and explanation tokens of the student chat
     answer = f"<think>{expl}</think>\n<answer>{s}</answer>"
     chat = tok.apply_chat_template(
-        [{"role": "system", "content": fmt.fmt.student_system_prompt}, {"role": "user", "content": q},
-         {"role": "assistant", "content": answer}], tokenize=False)
+        [
+            {"role": "system", "content": fmt.fmt.student_system_prompt},
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": answer},
+        ],
+        tokenize=False,
+    )
     a0 = chat.index(answer)
     e0, s0 = a0 + len("<think>"), a0 + len(f"<think>{expl}</think>\n<answer>")
     offs, lps = full_logprobs(model, tok, chat)
@@ -50,8 +55,14 @@ def hand_reward(model, tok, fmt, q, s, c):
     stud_e = {(offs[t][0] - e0, offs[t][1] - e0): lps[t] for t in tokens_in(offs, e0, e0 + len(expl))}
     # teacher: the same model conditioned on question and solution, over the explanation tokens
     prompt = tok.apply_chat_template(
-        [{"role": "system", "content": fmt.fmt.teacher_system_prompt}, {"role": "user", "content": q},
-         {"role": "assistant", "content": f"<answer>{s}</answer>\n<explain>"}], tokenize=False, continue_final_message=True)
+        [
+            {"role": "system", "content": fmt.fmt.teacher_system_prompt},
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": f"<answer>{s}</answer>\n<explain>"},
+        ],
+        tokenize=False,
+        continue_final_message=True,
+    )
     toffs, tlps = full_logprobs(model, tok, prompt + c)
     p = len(prompt)
     teach_e = {(toffs[t][0] - p, toffs[t][1] - p): tlps[t] for t in tokens_in(toffs, p, p + len(expl))}
@@ -59,15 +70,34 @@ def hand_reward(model, tok, fmt, q, s, c):
     assert len(deltas) >= 0.8 * len(stud_e)  # shared tokenizer: nearly every token pairs up
     r_ss = sum(sol) / len(sol) + ALPHA * min(sol)
     r_kl = sum(deltas) / len(deltas) + ALPHA * max(deltas)
-    return dict(r_ss=r_ss, r_kl=r_kl, pen=0.0 if closed else PEN, total=r_ss - LAM * r_kl - (0.0 if closed else PEN),
-                sol_mean=sum(sol) / len(sol), sol_min=min(sol), kl_mean=sum(deltas) / len(deltas), kl_max=max(deltas))
+    return dict(
+        r_ss=r_ss,
+        r_kl=r_kl,
+        pen=0.0 if closed else PEN,
+        total=r_ss - LAM * r_kl - (0.0 if closed else PEN),
+        sol_mean=sum(sol) / len(sol),
+        sol_min=min(sol),
+        kl_mean=sum(deltas) / len(deltas),
+        kl_max=max(deltas),
+    )
 
 
 @pytest.mark.parametrize("share_prefix,batch_size", [(True, 2), (False, 3), (True, 8)])
 def test_every_component_matches_hand_computation(tiny, formatter, share_prefix, batch_size):
     model, tok = tiny
-    reward = RLTReward(model, tok, formatter, alpha=ALPHA, kl_weight=LAM, format_penalty=PEN, temperature=TAU,
-                       teacher=model, teacher_tokenizer=tok, batch_size=batch_size, share_prefix=share_prefix)
+    reward = RLTReward(
+        model,
+        tok,
+        formatter,
+        alpha=ALPHA,
+        kl_weight=LAM,
+        format_penalty=PEN,
+        temperature=TAU,
+        teacher=model,
+        teacher_tokenizer=tok,
+        batch_size=batch_size,
+        share_prefix=share_prefix,
+    )
     got = reward.score(QUESTIONS, SOLUTIONS, COMPLETIONS)
     for i, (q, s, c) in enumerate(zip(QUESTIONS, SOLUTIONS, COMPLETIONS, strict=True)):
         want = hand_reward(model, tok, formatter, q, s, c)
@@ -91,9 +121,17 @@ def test_teacher_logprobs_from_generation_equal_a_teacher_forward(tiny, formatte
     prompt = formatter.teacher_prompt(tok, q, s)
     ids = tok(prompt, add_special_tokens=False, return_tensors="pt").input_ids
     torch.manual_seed(3)
-    out = model.generate(ids, do_sample=True, temperature=TAU, top_k=0, top_p=1.0, max_new_tokens=12,
-                         output_scores=True, return_dict_in_generate=True)
-    gen = out.sequences[0, ids.shape[1]:]
+    out = model.generate(
+        ids,
+        do_sample=True,
+        temperature=TAU,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=12,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    gen = out.sequences[0, ids.shape[1] :]
     sampled = [torch.log_softmax(sc[0].float(), -1)[t].item() for sc, t in zip(out.scores, gen, strict=False)]
     with torch.no_grad():
         forward = torch.log_softmax(model(out.sequences).logits[0].float() / TAU, -1)
@@ -118,8 +156,13 @@ def test_trl_interface_returns_one_float_per_completion(tiny, formatter):
     model, tok = tiny
     reward = RLTReward(model, tok, formatter, teacher=model, teacher_tokenizer=tok)
     logged = {}
-    rewards = reward(prompts=["p"] * 4, completions=COMPLETIONS, question=QUESTIONS, solution=SOLUTIONS,
-                     log_metric=lambda k, v: logged.__setitem__(k, v))
+    rewards = reward(
+        prompts=["p"] * 4,
+        completions=COMPLETIONS,
+        question=QUESTIONS,
+        solution=SOLUTIONS,
+        log_metric=lambda k, v: logged.__setitem__(k, v),
+    )
     assert len(rewards) == 4 and all(math.isfinite(r) for r in rewards)
     assert rewards[2] < rewards[0] - 0.5  # the unclosed explanation pays the format penalty
     assert set(logged) >= {"rlt/r_ss", "rlt/r_kl", "rlt/format_penalty"}

@@ -14,8 +14,17 @@ from rlt.generation import sample_with_logprobs
 from rlt.reward import RLTReward
 
 TAU, TOL = 0.7, 1e-4
-FIELDS = ("total", "r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean",
-          "kl_max", "pairing_coverage")
+FIELDS = (
+    "total",
+    "r_ss",
+    "r_kl",
+    "format_penalty",
+    "solution_logprob_mean",
+    "solution_logprob_min",
+    "kl_mean",
+    "kl_max",
+    "pairing_coverage",
+)
 
 Q1, S1 = "Prove that √(a·b) ≤ (a + b)/2 for a, b ≥ 0.", "Since (√a − √b)² ≥ 0, we get a + b ≥ 2√(ab). ∎"
 Q2, S2 = "计算 (3 + 4) × 2 等于多少？", "答案是 14。"
@@ -47,12 +56,15 @@ def generated(tok, teacher, fmt, qs, ss, cs, split: bool):
     prompts, ids, lps = [], [], []
     for q, s, c in zip(qs, ss, cs, strict=True):
         p = tok(fmt.teacher_prompt(tok, q, s), add_special_tokens=False).input_ids
-        c_ids = [i for ch in c for i in tok(ch, add_special_tokens=False).input_ids] if split else \
-            tok(c, add_special_tokens=False).input_ids
+        c_ids = (
+            [i for ch in c for i in tok(ch, add_special_tokens=False).input_ids]
+            if split
+            else tok(c, add_special_tokens=False).input_ids
+        )
         assert tok.decode(c_ids, skip_special_tokens=True) == c
         prompts.append(p)
         ids.append(c_ids)
-        lps.append(plain_logprobs(teacher, p + c_ids, TAU)[len(p):])
+        lps.append(plain_logprobs(teacher, p + c_ids, TAU)[len(p) :])
     return prompts, ids, lps
 
 
@@ -67,11 +79,15 @@ ORACLE: dict[str, list] = {}  # path -> oracle rows (one oracle per path, compar
 def oracle_rows(path, fmt, teacher, student, tok, qs, ss, cs, generated_inputs=None):
     if path not in ORACLE:
         if generated_inputs is None:
-            ORACLE[path] = [oracle_reward(fmt, student, tok, teacher, tok, q, s, c) for q, s, c in zip(qs, ss, cs, strict=True)]
+            ORACLE[path] = [
+                oracle_reward(fmt, student, tok, teacher, tok, q, s, c) for q, s, c in zip(qs, ss, cs, strict=True)
+            ]
         else:
             prompts, ids, _ = generated_inputs
-            ORACLE[path] = [oracle_reward(fmt, student, tok, teacher, tok, q, s, c, completion_ids=i, prompt_ids=p)
-                            for q, s, c, i, p in zip(qs, ss, cs, ids, prompts, strict=True)]
+            ORACLE[path] = [
+                oracle_reward(fmt, student, tok, teacher, tok, q, s, c, completion_ids=i, prompt_ids=p)
+                for q, s, c, i, p in zip(qs, ss, cs, ids, prompts, strict=True)
+            ]
     return ORACLE[path]
 
 
@@ -79,14 +95,28 @@ def oracle_rows(path, fmt, teacher, student, tok, qs, ss, cs, generated_inputs=N
 def test_reward_equals_oracle_on_unicode_text(smol_tok, models, formatter, path):
     teacher, student = models
     qs, ss, cs = map(list, zip(*CASES, strict=True))
-    inputs = None if path == "teacher_forward" else \
-        generated(smol_tok, teacher, formatter, qs, ss, cs, split=path == "generated_split")
+    inputs = (
+        None
+        if path == "teacher_forward"
+        else generated(smol_tok, teacher, formatter, qs, ss, cs, split=path == "generated_split")
+    )
     want = oracle_rows(path, formatter, teacher, student, smol_tok, qs, ss, cs, inputs)
     for share_prefix in (True, False):
-        reward = RLTReward(student, smol_tok, formatter, temperature=TAU, batch_size=3, share_prefix=share_prefix,
-                           teacher=teacher if path == "teacher_forward" else None, teacher_tokenizer=smol_tok)
-        got = reward.score(qs, ss, cs) if inputs is None else \
-            reward.score(qs, ss, cs, teacher_logprobs=inputs[2], completion_ids=inputs[1])
+        reward = RLTReward(
+            student,
+            smol_tok,
+            formatter,
+            temperature=TAU,
+            batch_size=3,
+            share_prefix=share_prefix,
+            teacher=teacher if path == "teacher_forward" else None,
+            teacher_tokenizer=smol_tok,
+        )
+        got = (
+            reward.score(qs, ss, cs)
+            if inputs is None
+            else reward.score(qs, ss, cs, teacher_logprobs=inputs[2], completion_ids=inputs[1])
+        )
         assert_matches(got, want, f"{path}, share_prefix={share_prefix}")
         assert got.format_penalty == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
         assert (reward.student.stats.prefix_tokens_saved > 0) == share_prefix
@@ -113,12 +143,26 @@ def test_reward_equals_oracle_on_sampled_completions(smol_tok, models, formatter
         keep.append((ids, lps, text))
     assert len(keep) >= 4
     for share_prefix in (True, False):
-        reward = RLTReward(student, smol_tok, formatter, temperature=TAU, teacher_tokenizer=smol_tok, batch_size=4,
-                           share_prefix=share_prefix)
-        got = reward.score([q] * len(keep), [s] * len(keep), [t for _, _, t in keep],
-                           teacher_logprobs=[lp for _, lp, _ in keep], completion_ids=[i for i, _, _ in keep])
-        want = [oracle_reward(formatter, student, smol_tok, teacher, smol_tok, q, s, t, completion_ids=i, prompt_ids=prompt)
-                for i, _, t in keep]
+        reward = RLTReward(
+            student,
+            smol_tok,
+            formatter,
+            temperature=TAU,
+            teacher_tokenizer=smol_tok,
+            batch_size=4,
+            share_prefix=share_prefix,
+        )
+        got = reward.score(
+            [q] * len(keep),
+            [s] * len(keep),
+            [t for _, _, t in keep],
+            teacher_logprobs=[lp for _, lp, _ in keep],
+            completion_ids=[i for i, _, _ in keep],
+        )
+        want = [
+            oracle_reward(formatter, student, smol_tok, teacher, smol_tok, q, s, t, completion_ids=i, prompt_ids=prompt)
+            for i, _, t in keep
+        ]
         assert_matches(got, want, f"sampled, share_prefix={share_prefix}")
 
 
@@ -131,16 +175,22 @@ def test_reward_equals_oracle_with_a_different_student_tokenizer(smol_tok, tiny,
     _, s_tok = tiny
     student = tiny_lm(len(s_tok), seed=3)
     qs, ss, cs = map(list, zip(*[case for case in CASES if "\u0301" not in case[2]], strict=True))
-    reward = RLTReward(student, s_tok, formatter, temperature=TAU, teacher=teacher, teacher_tokenizer=smol_tok,
-                       batch_size=4)
+    reward = RLTReward(
+        student, s_tok, formatter, temperature=TAU, teacher=teacher, teacher_tokenizer=smol_tok, batch_size=4
+    )
     if path == "teacher_forward":
         got = reward.score(qs, ss, cs)
-        want = [oracle_reward(formatter, student, s_tok, teacher, smol_tok, q, s, c) for q, s, c in zip(qs, ss, cs, strict=True)]
+        want = [
+            oracle_reward(formatter, student, s_tok, teacher, smol_tok, q, s, c)
+            for q, s, c in zip(qs, ss, cs, strict=True)
+        ]
     else:
         prompts, ids, lps = generated(smol_tok, teacher, formatter, qs, ss, cs, split=True)
         got = reward.score(qs, ss, cs, teacher_logprobs=lps, completion_ids=ids)
-        want = [oracle_reward(formatter, student, s_tok, teacher, smol_tok, q, s, c, completion_ids=i, prompt_ids=p)
-                for q, s, c, i, p in zip(qs, ss, cs, ids, prompts, strict=True)]
+        want = [
+            oracle_reward(formatter, student, s_tok, teacher, smol_tok, q, s, c, completion_ids=i, prompt_ids=p)
+            for q, s, c, i, p in zip(qs, ss, cs, ids, prompts, strict=True)
+        ]
     assert_matches(got, want, f"different tokenizers, {path}")
     assert min(c for c, e in zip(got.pairing_coverage, got.explanation_tokens, strict=True) if e) > 0.5
 
@@ -159,6 +209,8 @@ def test_dict_pairing_by_offsets_fails_the_oracle(smol_tok, models, formatter, m
     monkeypatch.setattr(rlt.reward, "pair_explanation", dict_pairing)
     teacher, student = models
     qs, ss, cs = map(list, zip(*CASES, strict=True))
-    got = RLTReward(student, smol_tok, formatter, temperature=TAU, teacher=teacher, teacher_tokenizer=smol_tok).score(qs, ss, cs)
+    got = RLTReward(student, smol_tok, formatter, temperature=TAU, teacher=teacher, teacher_tokenizer=smol_tok).score(
+        qs, ss, cs
+    )
     want = oracle_rows("teacher_forward", formatter, teacher, student, smol_tok, qs, ss, cs)
     assert max(abs(g - w["r_kl"]) for g, w in zip(got.r_kl, want, strict=True)) > 1e-2

@@ -26,8 +26,16 @@ def rl_run(tmp_path, sign: float, learning_rate: float) -> list[float]:
     spec = run.spec.model_dump(by_alias=True)
     spec["dataset"]["size"] = 8  # a fixed prompt set: 8 questions, seen again and again
     spec["stages"]["sft"]["enabled"] = False
-    spec["stages"]["rl"].update(steps=STEPS, batchSize=8, numGenerations=4, perDeviceBatchSize=8,
-                                learningRate=learning_rate, beta=0.0, maxCompletionLength=8, saveSteps=10_000)
+    spec["stages"]["rl"].update(
+        steps=STEPS,
+        batchSize=8,
+        numGenerations=4,
+        perDeviceBatchSize=8,
+        learningRate=learning_rate,
+        beta=0.0,
+        maxCompletionLength=8,
+        saveSteps=10_000,
+    )
     run = run.model_validate({**run.model_dump(by_alias=True), "spec": spec})
     per_step: list[float] = []
     build = rl.reward_from_spec
@@ -46,7 +54,9 @@ def rl_run(tmp_path, sign: float, learning_rate: float) -> list[float]:
 
     rl.reward_from_spec = signed_reward
     try:
-        rl.run_rl(StageContext(run, RunLayout(tmp_path / f"run{sign}{learning_rate}"), device="cpu", show_progress=False))
+        rl.run_rl(
+            StageContext(run, RunLayout(tmp_path / f"run{sign}{learning_rate}"), device="cpu", show_progress=False)
+        )
     finally:
         rl.reward_from_spec = build
     assert len(per_step) == STEPS
@@ -57,9 +67,18 @@ def test_grpo_raises_the_rlt_reward_and_the_negated_reward_lowers_it(tmp_path):
     control = rl_run(tmp_path, 1.0, 1e-12)  # no learning: the reward's own noise from step to step
     up = rl_run(tmp_path, 1.0, 3e-3)
     down = rl_run(tmp_path, -1.0, 3e-3)
-    noise = statistics.stdev(control) / WINDOW ** 0.5  # standard error of a WINDOW-step mean
-    late = {name: statistics.fmean(curve[-WINDOW:]) for name, curve in (("control", control), ("up", up), ("down", down))}
-    print({"control": [round(x, 3) for x in control], "up": [round(x, 3) for x in up],
-           "down": [round(x, 3) for x in down], "late": late, "noise": noise})
+    noise = statistics.stdev(control) / WINDOW**0.5  # standard error of a WINDOW-step mean
+    late = {
+        name: statistics.fmean(curve[-WINDOW:]) for name, curve in (("control", control), ("up", up), ("down", down))
+    }
+    print(
+        {
+            "control": [round(x, 3) for x in control],
+            "up": [round(x, 3) for x in up],
+            "down": [round(x, 3) for x in down],
+            "late": late,
+            "noise": noise,
+        }
+    )
     assert late["up"] - late["control"] > 4 * noise, (late, noise)
     assert late["down"] - late["control"] < -4 * noise, (late, noise)

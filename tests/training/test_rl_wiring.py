@@ -38,8 +38,13 @@ def trainer(tmp_path_factory, formatter):
     st = run.spec.stages.rl
     tok = load_tokenizer(run.spec.teacher, padding_side="left")
     rows = rl_rows(load_data(run.spec.dataset, formatter.fmt).train[:4], formatter, tok, 256, "reject")
-    reward = reward_from_spec(run.spec, load_model(run.spec.student, "cpu"), load_tokenizer(run.spec.student, "right"),
-                              formatter, teacher_tokenizer=tok)
+    reward = reward_from_spec(
+        run.spec,
+        load_model(run.spec.student, "cpu"),
+        load_tokenizer(run.spec.student, "right"),
+        formatter,
+        teacher_tokenizer=tok,
+    )
     rollout = make_rollout(tok, PhaseTimer(), st, {"generated_tokens": 0})
     seen: list[dict] = []
 
@@ -48,9 +53,14 @@ def trainer(tmp_path_factory, formatter):
         seen.append(out)
         return out
 
-    trainer = GRPOTrainer(model=load_model(run.spec.teacher, "cpu", trainable=True), reward_funcs=[reward],
-                          args=grpo_config(ctx, "cpu"), train_dataset=Dataset.from_list(rows), processing_class=tok,
-                          rollout_func=recorded)
+    trainer = GRPOTrainer(
+        model=load_model(run.spec.teacher, "cpu", trainable=True),
+        reward_funcs=[reward],
+        args=grpo_config(ctx, "cpu"),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        rollout_func=recorded,
+    )
     return trainer, rows, seen, st
 
 

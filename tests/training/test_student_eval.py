@@ -29,8 +29,16 @@ def tiny_run(**stages):
     return parse_run(doc)
 
 
-STUDENT = {"enabled": True, "maxSteps": 3, "batchSize": 2, "perDeviceBatchSize": 2, "learningRate": 1.0e-3,
-           "maxLength": 190, "overLong": "best_fit", "gradientCheckpointing": False}
+STUDENT = {
+    "enabled": True,
+    "maxSteps": 3,
+    "batchSize": 2,
+    "perDeviceBatchSize": 2,
+    "learningRate": 1.0e-3,
+    "maxLength": 190,
+    "overLong": "best_fit",
+    "gradientCheckpointing": False,
+}
 EVALUATE = {"enabled": True, "samples": 2, "maxNewTokens": 16, "limit": 5, "batchSize": 4}
 
 
@@ -95,8 +103,13 @@ def test_held_out_questions_are_not_taught(finished):
 def test_evaluate_exports_accuracy_for_the_untrained_student(tmp_path):
     run = tiny_run(distill={"enabled": False}, evaluate={**EVALUATE, "temperature": 0, "samples": 1, "limit": 3})
     registry = CollectorRegistry()
-    ctx = StageContext(run, RunLayout.for_run(tmp_path, run.name), TrainerMetrics(run.name, registry=registry), "cpu",
-                       show_progress=False)
+    ctx = StageContext(
+        run,
+        RunLayout.for_run(tmp_path, run.name),
+        TrainerMetrics(run.name, registry=registry),
+        "cpu",
+        show_progress=False,
+    )
     run_evaluate(ctx)
     report = json.loads((ctx.layout.eval_dir / "report.json").read_text())
     assert report["model"] == "baseline" and report["questions"] == 3 and report["answers"] == 3

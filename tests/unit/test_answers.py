@@ -7,25 +7,43 @@ from rlt.answers import boxed_contents, extract_answer, is_correct, normalize
 TAGS = ("<answer>", "</answer>")
 
 
-@pytest.mark.parametrize("text,want", [
-    ("so the result is \\boxed{42}.", "42"),
-    ("first \\boxed{1} then \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
-    ("nested \\boxed{\\sqrt{\\frac{1}{2}}} end", "\\sqrt{\\frac{1}{2}}"),
-    ("<think>7 * 2</think><answer>The answer is 14.</answer>", "14"),
-    ("Therefore, the final answer is: 1,234.", "1,234"),
-    ("we get 3 and then 5 and finally 8", "8"),
-    ("no digits here at all", None),
-    ("unclosed \\boxed{12", "12"),
-])
+@pytest.mark.parametrize(
+    "text,want",
+    [
+        ("so the result is \\boxed{42}.", "42"),
+        ("first \\boxed{1} then \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
+        ("nested \\boxed{\\sqrt{\\frac{1}{2}}} end", "\\sqrt{\\frac{1}{2}}"),
+        ("<think>7 * 2</think><answer>The answer is 14.</answer>", "14"),
+        ("Therefore, the final answer is: 1,234.", "1,234"),
+        ("we get 3 and then 5 and finally 8", "8"),
+        ("no digits here at all", None),
+        ("unclosed \\boxed{12", "12"),
+    ],
+)
 def test_extract(text, want):
     assert extract_answer(text, TAGS) == want
 
 
-@pytest.mark.parametrize("raw,want", [
-    ("1,234", "1234"), ("1,234,567", "1234567"), ("\\frac{6}{8}", "3/4"), ("\\dfrac{10}{5}", "2"),
-    ("0.50", "1/2"), ("-3", "-3"), ("x = 5", "5"), ("\\boxed{7}", "7"), ("50\\%", "50"), ("(B)", "B"),
-    ("C. Paris", "C"), ("  Paris ", "paris"), ("3/0", "3/0"), ("1,2", "1,2"), (None, None),
-])
+@pytest.mark.parametrize(
+    "raw,want",
+    [
+        ("1,234", "1234"),
+        ("1,234,567", "1234567"),
+        ("\\frac{6}{8}", "3/4"),
+        ("\\dfrac{10}{5}", "2"),
+        ("0.50", "1/2"),
+        ("-3", "-3"),
+        ("x = 5", "5"),
+        ("\\boxed{7}", "7"),
+        ("50\\%", "50"),
+        ("(B)", "B"),
+        ("C. Paris", "C"),
+        ("  Paris ", "paris"),
+        ("3/0", "3/0"),
+        ("1,2", "1,2"),
+        (None, None),
+    ],
+)
 def test_normalize(raw, want):
     assert normalize(raw) == want
 

@@ -15,13 +15,16 @@ FILES = {
 }
 
 
-@pytest.mark.parametrize("command,name", [("validate", "latin1.yaml"), ("run", "model.bin"), ("validate", "picture.png"),
-                                          ("run", "nul.yaml")])
+@pytest.mark.parametrize(
+    "command,name",
+    [("validate", "latin1.yaml"), ("run", "model.bin"), ("validate", "picture.png"), ("run", "nul.yaml")],
+)
 def test_a_binary_or_non_utf8_file_is_named_in_one_clear_error(tmp_path, command, name):
     path = tmp_path / name
     path.write_bytes(FILES[name])
-    res = subprocess.run([sys.executable, "-m", "rlt.cli", command, str(path)], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", command, str(path)], capture_output=True, text=True, timeout=120
+    )
     from rlt.exitcodes import ExitCode
 
     # validate: 1 = some file invalid; run: the spec is unusable, a configuration error (fails fast in a pod)

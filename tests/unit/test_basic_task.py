@@ -21,14 +21,17 @@ def test_basic_is_seeded_levelled_and_consistent():
         assert {tasks.basic_level(r["question"]) for r in tasks.generate(f"basic-{level}", 20)} == {level}
 
 
-@pytest.mark.parametrize("output,want", [
-    ("<think>9 + 6</think>\n<answer>15</answer>", True),
-    ("<answer>The answer is 15.</answer>", True),
-    ("<answer>16</answer>", False),
-    ("no tags, the last number counts: 15", True),
-    ("<answer>fifteen</answer>", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "output,want",
+    [
+        ("<think>9 + 6</think>\n<answer>15</answer>", True),
+        ("<answer>The answer is 15.</answer>", True),
+        ("<answer>16</answer>", False),
+        ("no tags, the last number counts: 15", True),
+        ("<answer>fifteen</answer>", False),
+        ("", False),
+    ],
+)
 def test_basic_checker_recomputes_from_the_question(output, want):
     # the reference solution is deliberately wrong: the checker must not read it
     assert grade({"question": "What is 9 + 6?", "solution": "99"}, output, "builtin", TAGS)[1] is want

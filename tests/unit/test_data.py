@@ -48,12 +48,19 @@ def test_missing_column_is_named(tmp_path):
 
 
 def test_bad_rows_rejected_or_skipped_by_index(tmp_path):
-    rows = [{"question": "Q0", "solution": "A0"}, {"question": "Q1", "solution": ""},
-            {"question": "Q2 </explain>", "solution": "A2"}, {"question": "Q3", "solution": "A3"}]
+    rows = [
+        {"question": "Q0", "solution": "A0"},
+        {"question": "Q1", "solution": ""},
+        {"question": "Q2 </explain>", "solution": "A2"},
+        {"question": "Q3", "solution": "A3"},
+    ]
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(DataError, match=r"line 2: solution: empty \(1 more bad rows; `rlt validate` lists them\); "
-                                        r"set spec.dataset.badRows: skip to drop the 2 bad rows$"):
+    with pytest.raises(
+        DataError,
+        match=r"line 2: solution: empty \(1 more bad rows; `rlt validate` lists them\); "
+        r"set spec.dataset.badRows: skip to drop the 2 bad rows$",
+    ):
         load_data(DatasetSpec(source=str(path)), FMT)
     data = load_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
     assert [r["row"] for r in data.train] == [0, 3]
@@ -61,11 +68,19 @@ def test_bad_rows_rejected_or_skipped_by_index(tmp_path):
 
 
 def test_conversations_layout(tmp_path):
-    conv = lambda body: {"conversations": [{"from": "user", "value": "What is 2+2?"},  # noqa: E731
-                                           {"from": "assistant", "value": body}]}
-    rows = [conv("<|begin_of_thought|>\n\nadd\n\n<|end_of_thought|>\n\n<|begin_of_solution|>4<|end_of_solution|>"),
-            conv("<|begin_of_thought|>never closed <|begin_of_solution|>4<|end_of_solution|>"),
-            conv("no tags at all")]
+    def conv(body):
+        return {
+            "conversations": [
+                {"from": "user", "value": "What is 2+2?"},
+                {"from": "assistant", "value": body},
+            ]
+        }
+
+    rows = [
+        conv("<|begin_of_thought|>\n\nadd\n\n<|end_of_thought|>\n\n<|begin_of_solution|>4<|end_of_solution|>"),
+        conv("<|begin_of_thought|>never closed <|begin_of_solution|>4<|end_of_solution|>"),
+        conv("no tags at all"),
+    ]
     path = tmp_path / "c.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = load_data(DatasetSpec(source=str(path), layout="conversations", badRows="skip"), STRATOS)
@@ -86,13 +101,19 @@ def test_parquet_and_eval_split(tmp_path):
 def test_formats_are_data_and_overridable(tmp_path):
     assert {"default", "stratos-tags"} <= set(bundled_formats())
     fmt = resolve_format(FormatSpec(studentSystemPrompt="EXACT PROMPT", tags={"thoughtStart": "<t>"}))
-    assert fmt.student_system_prompt == "EXACT PROMPT" and fmt.tags.thought_start == "<t>" and fmt.tags.thought_end == "</think>"
+    assert (
+        fmt.student_system_prompt == "EXACT PROMPT"
+        and fmt.tags.thought_start == "<t>"
+        and fmt.tags.thought_end == "</think>"
+    )
     f = Formatter(fmt)
     assert f.split_explanation("abc</explain>tail") == ("abc", True)
     assert f.split_explanation("abc") == ("abc", False)
     custom = tmp_path / "f.yaml"
-    custom.write_text("tags: {thoughtStart: a, thoughtEnd: b, solutionStart: c, solutionEnd: d, explanationStart: e, "
-                      "explanationEnd: f}\nstudentSystemPrompt: s\nteacherSystemPrompt: t\n")
+    custom.write_text(
+        "tags: {thoughtStart: a, thoughtEnd: b, solutionStart: c, solutionEnd: d, explanationStart: e, "
+        "explanationEnd: f}\nstudentSystemPrompt: s\nteacherSystemPrompt: t\n"
+    )
     assert resolve_format(FormatSpec(file=str(custom))).tags.explanation_end == "f"
 
 
@@ -105,15 +126,26 @@ def _jsonl(path, rows, blank_after_first=False):
 
 
 def test_numeric_solution_is_used_as_its_text_and_other_types_are_named(tmp_path):
-    path = _jsonl(tmp_path / "d.jsonl", [{"question": "6*7?", "solution": 42}, {"question": "Q", "solution": 2.5},
-                                         {"question": "Q", "solution": True}, {"question": "Q", "solution": None},
-                                         {"question": "Q", "solution": ["a"]}], blank_after_first=True)
+    path = _jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"question": "6*7?", "solution": 42},
+            {"question": "Q", "solution": 2.5},
+            {"question": "Q", "solution": True},
+            {"question": "Q", "solution": None},
+            {"question": "Q", "solution": ["a"]},
+        ],
+        blank_after_first=True,
+    )
     data = load_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
     assert [r["solution"] for r in data.train] == ["42", "2.5"]
     assert data.numbers == ["line 1: solution", "line 3: solution"]  # line 2 is blank: lines are the file's own
     problems = [s.split(" ", 1)[1] for s in data.skipped]
-    assert problems == ["line 4: solution: expected text, got the boolean true", "line 5: solution: missing (null)",
-                        "line 6: solution: expected text, got list [\"a\"]"]
+    assert problems == [
+        "line 4: solution: expected text, got the boolean true",
+        "line 5: solution: missing (null)",
+        'line 6: solution: expected text, got list ["a"]',
+    ]
 
 
 def test_csv_lines_count_the_header_and_broken_jsonl_lines_are_named(tmp_path):
@@ -122,7 +154,9 @@ def test_csv_lines_count_the_header_and_broken_jsonl_lines_are_named(tmp_path):
     assert [r["question"] for r in data.train] == ["Q1", "Q3"] and data.train[1]["solution"] == "7"
     assert data.skipped == [f"{tmp_path / 'd.csv'} line 3: solution: missing (null)"]
     (tmp_path / "b.jsonl").write_text('{"question": "Q", "solution": "A"}\n{"question": "Q2", \n')
-    with pytest.raises(DataError, match=r"b.jsonl line 2: not valid JSON .*set spec.dataset.badRows: skip to drop the 1"):
+    with pytest.raises(
+        DataError, match=r"b.jsonl line 2: not valid JSON .*set spec.dataset.badRows: skip to drop the 1"
+    ):
         load_data(DatasetSpec(source=str(tmp_path / "b.jsonl")), FMT)
 
 
@@ -134,7 +168,9 @@ def test_a_missing_file_is_one_clear_error(tmp_path):
 def test_check_data_counts_what_skip_would_drop(tmp_path):
     from rlt.data import check_data
 
-    path = _jsonl(tmp_path / "d.jsonl", [{"question": f"Q{i}", "solution": "" if i % 3 == 0 else "A"} for i in range(9)])
+    path = _jsonl(
+        tmp_path / "d.jsonl", [{"question": f"Q{i}", "solution": "" if i % 3 == 0 else "A"} for i in range(9)]
+    )
     report = check_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
     assert len(report.train) == 6 and report.read == 9 and len(report.skipped) == 3
     with pytest.raises(DataError, match=r"line 1: solution: empty \(2 more bad rows.*drop the 3 bad rows$"):
@@ -146,4 +182,5 @@ def test_skip_warns_once_per_load(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="rlt.data"):
         load_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
     assert [r.getMessage() for r in caplog.records] == [
-        f"skipping 5 of 6 rows of {path} (badRows: skip), first line 1: solution: empty"]
+        f"skipping 5 of 6 rows of {path} (badRows: skip), first line 1: solution: empty"
+    ]

@@ -16,31 +16,63 @@ COUNTDOWN = "Using each of the numbers 6, 3 and 11 exactly once with + - *, make
 FMT = Formatter(resolve_format(FormatSpec()))
 
 
-@pytest.mark.parametrize("answer_type,row,output,want", [
-    ("math", {"question": "What is (2 + 3) * 4?", "solution": "The answer is 20."},
-     "<think>5 * 4</think>\n<answer>The answer is 20.</answer>", ("20", True)),
-    ("math", {"question": "q", "solution": "The answer is 20."}, "<answer>21</answer>", ("21", False)),
-    ("math", {"question": "q", "solution": "\\frac{1}{2}"}, "so \\boxed{0.5}", ("0.5", True)),
-    ("math", {"question": "q", "solution": "1,234"}, "no answer block, the total is 1234", ("1234", True)),
-    ("math", {"question": "q", "solution": "7"}, "I cannot say", (None, False)),
-    ("choice", {"question": "q", "solution": "C"}, "<answer>(C)</answer>", ("C", True)),
-    ("choice", {"question": "q", "solution": "C"}, "The answer is B.", ("B", False)),
-    ("choice", {"question": "q", "solution": "C"}, "it costs 3 dollars", (None, False)),  # no letter, no number fallback
-    ("builtin", {"question": COUNTDOWN, "solution": "(11 * 6) + 3 = 69"}, "<answer>(6 * 11) + 3 = 69</answer>",
-     ("(6 * 11) + 3 = 69", True)),
-    ("builtin", {"question": COUNTDOWN, "solution": "(11 * 6) + 3 = 69"}, "<answer>69</answer>", ("69", False)),
-    ("builtin", {"question": COUNTDOWN, "solution": "(11 * 6) + 3 = 69"}, "<answer>6 * 11 + 3 + 0 = 69</answer>",
-     ("6 * 11 + 3 + 0 = 69", False)),  # 0 is not one of the numbers
-    ("builtin", {"question": "What is (2 + 3) * 4?", "solution": "The answer is 20."}, "<answer>20</answer>",
-     ("20", True)),  # arithmetic rows of the built-in task are math answers
-])
+@pytest.mark.parametrize(
+    "answer_type,row,output,want",
+    [
+        (
+            "math",
+            {"question": "What is (2 + 3) * 4?", "solution": "The answer is 20."},
+            "<think>5 * 4</think>\n<answer>The answer is 20.</answer>",
+            ("20", True),
+        ),
+        ("math", {"question": "q", "solution": "The answer is 20."}, "<answer>21</answer>", ("21", False)),
+        ("math", {"question": "q", "solution": "\\frac{1}{2}"}, "so \\boxed{0.5}", ("0.5", True)),
+        ("math", {"question": "q", "solution": "1,234"}, "no answer block, the total is 1234", ("1234", True)),
+        ("math", {"question": "q", "solution": "7"}, "I cannot say", (None, False)),
+        ("choice", {"question": "q", "solution": "C"}, "<answer>(C)</answer>", ("C", True)),
+        ("choice", {"question": "q", "solution": "C"}, "The answer is B.", ("B", False)),
+        (
+            "choice",
+            {"question": "q", "solution": "C"},
+            "it costs 3 dollars",
+            (None, False),
+        ),  # no letter, no number fallback
+        (
+            "builtin",
+            {"question": COUNTDOWN, "solution": "(11 * 6) + 3 = 69"},
+            "<answer>(6 * 11) + 3 = 69</answer>",
+            ("(6 * 11) + 3 = 69", True),
+        ),
+        ("builtin", {"question": COUNTDOWN, "solution": "(11 * 6) + 3 = 69"}, "<answer>69</answer>", ("69", False)),
+        (
+            "builtin",
+            {"question": COUNTDOWN, "solution": "(11 * 6) + 3 = 69"},
+            "<answer>6 * 11 + 3 + 0 = 69</answer>",
+            ("6 * 11 + 3 + 0 = 69", False),
+        ),  # 0 is not one of the numbers
+        (
+            "builtin",
+            {"question": "What is (2 + 3) * 4?", "solution": "The answer is 20."},
+            "<answer>20</answer>",
+            ("20", True),
+        ),  # arithmetic rows of the built-in task are math answers
+    ],
+)
 def test_grade(answer_type, row, output, want):
     assert grade(row, output, answer_type, TAGS) == want
 
 
-@pytest.mark.parametrize("answer", [
-    "__import__('os').system('true')", "(6 ** 11) + 3", "6 + 3 + 11", "", None, "(6*11)+3 = 69 = 70",
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "__import__('os').system('true')",
+        "(6 ** 11) + 3",
+        "6 + 3 + 11",
+        "",
+        None,
+        "(6*11)+3 = 69 = 70",
+    ],
+)
 def test_countdown_checker_rejects(answer):
     assert check_countdown(COUNTDOWN, answer) is False
 
@@ -57,10 +89,17 @@ def test_pass_at_1_averages_samples_then_questions():
         pass_at_1([])
 
 
-@pytest.mark.parametrize("requested,source,want", [
-    ("auto", "builtin:mixed", "builtin"), ("auto", "math500", "math"), ("auto", "HuggingFaceH4/aime_2024", "math"),
-    ("auto", "gpqa-diamond", "choice"), ("auto", "org/other", "math"), ("choice", "builtin:mixed", "choice"),
-])
+@pytest.mark.parametrize(
+    "requested,source,want",
+    [
+        ("auto", "builtin:mixed", "builtin"),
+        ("auto", "math500", "math"),
+        ("auto", "HuggingFaceH4/aime_2024", "math"),
+        ("auto", "gpqa-diamond", "choice"),
+        ("auto", "org/other", "math"),
+        ("choice", "builtin:mixed", "choice"),
+    ],
+)
 def test_answer_type(requested, source, want):
     assert resolve_answer_type(requested, source) == want
 
@@ -75,8 +114,14 @@ def test_benchmarks_by_name_and_hub_id():
 
 def test_gpqa_row_gets_lettered_shuffled_options():
     bench = find_benchmark("gpqa-diamond")
-    raw = {"Question": "Which?", "Correct Answer": "right", "Incorrect Answer 1": "w1", "Incorrect Answer 2": "w2",
-           "Incorrect Answer 3": "w3", "Explanation": "because"}
+    raw = {
+        "Question": "Which?",
+        "Correct Answer": "right",
+        "Incorrect Answer 1": "w1",
+        "Incorrect Answer 2": "w2",
+        "Incorrect Answer 3": "w3",
+        "Explanation": "because",
+    }
     rows = [benchmark_row(raw, bench, i) for i in range(8)]
     for r in rows:
         letter = r["solution"]
@@ -90,19 +135,28 @@ def test_gpqa_row_gets_lettered_shuffled_options():
 
 
 def _row(trace, reward, candidates=None):
-    return {"question": "q", "solution": "s", "reward": reward, "source_row": 0,
-            "messages": FMT.student_messages("q", trace, "s"), "candidates": candidates}
+    return {
+        "question": "q",
+        "solution": "s",
+        "reward": reward,
+        "source_row": 0,
+        "messages": FMT.student_messages("q", trace, "s"),
+        "candidates": candidates,
+    }
 
 
 def _length(messages):
     return len(messages[-1]["content"])  # characters stand in for tokens
 
 
-@pytest.mark.parametrize("policy,actions,kept", [
-    ("drop", ["kept", "dropped", "dropped"], 1),
-    ("truncate", ["kept", "truncated", "truncated"], 3),
-    ("best_fit", ["kept", "replaced", "dropped"], 2),
-])
+@pytest.mark.parametrize(
+    "policy,actions,kept",
+    [
+        ("drop", ["kept", "dropped", "dropped"], 1),
+        ("truncate", ["kept", "truncated", "truncated"], 3),
+        ("best_fit", ["kept", "replaced", "dropped"], 2),
+    ],
+)
 def test_over_long_policies(policy, actions, kept):
     long, short = "x" * 100, "y" * 5
     rows = [
@@ -123,10 +177,15 @@ def test_rows_without_messages_are_rejected_by_index():
         choose_rows([{"question": "q"}], _length, 10, "drop", FMT)
 
 
-@pytest.mark.parametrize("xs,ys,want", [
-    ([1, 2, 3, 4], [2, 4, 6, 8], 1.0), ([1, 2, 3, 4], [4, 3, 2, 1], -1.0), ([1, 2], [1, 2], None),
-    ([1, 2, 3], [5, 5, 5], None),
-])
+@pytest.mark.parametrize(
+    "xs,ys,want",
+    [
+        ([1, 2, 3, 4], [2, 4, 6, 8], 1.0),
+        ([1, 2, 3, 4], [4, 3, 2, 1], -1.0),
+        ([1, 2], [1, 2], None),
+        ([1, 2, 3], [5, 5, 5], None),
+    ],
+)
 def test_pearson(xs, ys, want):
     got = pearson(xs, ys)
     assert got["n"] == len(xs)
@@ -134,9 +193,17 @@ def test_pearson(xs, ys, want):
 
 
 def _doc(**stages):
-    return {"apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun", "metadata": {"name": "c"},
-            "spec": {"teacher": {"model": "t"}, "student": {"model": "s"}, "dataset": {"source": "builtin:mixed"},
-                     "stages": stages}}
+    return {
+        "apiVersion": "rlt.dev/v1alpha1",
+        "kind": "RLTRun",
+        "metadata": {"name": "c"},
+        "spec": {
+            "teacher": {"model": "t"},
+            "student": {"model": "s"},
+            "dataset": {"source": "builtin:mixed"},
+            "stages": stages,
+        },
+    }
 
 
 def test_compare_fills_student_and_evaluate_defaults_and_needs_both_teachers():

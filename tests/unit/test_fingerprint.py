@@ -69,8 +69,9 @@ def test_other_edits_refuse_in_one_line_naming_fields_and_flag(tmp_path):
         plan(layout, edited, ("sft", "rl"))
     msg = str(err.value)
     assert "\n" not in msg
-    assert msg.startswith("[rl] finished under a different spec (stages.rl.beta 0.04 -> 0.0, "
-                          "stages.rl.learningRate 0.0001 -> 0.001)")
+    assert msg.startswith(
+        "[rl] finished under a different spec (stages.rl.beta 0.04 -> 0.0, stages.rl.learningRate 0.0001 -> 0.001)"
+    )
     assert "re-run with --from-stage rl" in msg
     # fewer steps cannot be un-trained; more steps without a checkpoint cannot continue
     with pytest.raises(fp.StaleStageError, match="stages.rl.steps 3 -> 2"):
@@ -85,7 +86,9 @@ def test_other_edits_refuse_in_one_line_naming_fields_and_flag(tmp_path):
     # asked to start over: allowed, and the old outputs are moved, not deleted
     assert plan(layout, edited, ("sft", "rl"), restart={"rl"}) == [("sft", "skip"), ("rl", "start_over")]
     moved = fp.start_over(layout, "rl")
-    assert moved.parent == layout.root / "replaced" and (moved / "DONE").exists() and not layout.stage_dir("rl").exists()
+    assert (
+        moved.parent == layout.root / "replaced" and (moved / "DONE").exists() and not layout.stage_dir("rl").exists()
+    )
 
 
 def test_an_earlier_edit_refuses_at_the_earliest_stage_and_a_redone_upstream_reruns_later_ones(tmp_path):

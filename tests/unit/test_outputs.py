@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_push_after_the_producing_stage_once(tmp_path):
     doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
-    doc["spec"]["outputs"] = {"teacher": "memory://unit-bucket/teacher",
-                              "distillDataset": (tmp_path / "bucket" / "distill").as_uri()}
+    doc["spec"]["outputs"] = {
+        "teacher": "memory://unit-bucket/teacher",
+        "distillDataset": (tmp_path / "bucket" / "distill").as_uri(),
+    }
     run = parse_run(doc)
     layout = RunLayout.for_run(tmp_path / "results", run.name)
     (layout.model_dir("rl") / "sub").mkdir(parents=True)
@@ -39,7 +41,9 @@ def test_push_after_the_producing_stage_once(tmp_path):
     assert pushed == {"distillDataset": (tmp_path / "bucket" / "distill").as_uri() + "/dataset.jsonl"}
     assert (tmp_path / "bucket" / "distill" / "dataset.jsonl").read_text() == layout.distill_dataset.read_text()
     assert json.loads((layout.root / "outputs.json").read_text()) == {
-        "teacher": "memory://unit-bucket/teacher", **pushed}
+        "teacher": "memory://unit-bucket/teacher",
+        **pushed,
+    }
 
     mem.rm("/unit-bucket/teacher", recursive=True)
     assert push_stage_outputs(ctx, "rl") == {}  # recorded as pushed: a re-run of a finished stage does not redo it

@@ -29,8 +29,13 @@ def test_no_rlt_source_names_the_operator_package_in_an_import():
     offenders = []
     for path in CORE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{path.relative_to(CORE)}:{node.lineno}" for n in names if n.split(".")[0] == "rlt_operator"]
     assert not offenders
 

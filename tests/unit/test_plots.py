@@ -18,8 +18,21 @@ def test_plots_use_integer_steps_and_keep_a_flat_loss_flat(tmp_path, monkeypatch
     from matplotlib.figure import Figure
 
     rows = [{"stage": "sft", "step": s, "loss": 2.3 + 1e-5 * s} for s in (1, 2, 3)]
-    rows += [{"stage": "rl", "step": s, "reward": -1.0 + 0.5 * s, "reward_std": 0.1, "r_ss": -1.0, "r_kl": 0.0,
-              "format_penalty": 0.0, "kl": 0.001 * s, "seconds_generate": 1.0, "seconds_score": 0.5} for s in (1, 2, 3)]
+    rows += [
+        {
+            "stage": "rl",
+            "step": s,
+            "reward": -1.0 + 0.5 * s,
+            "reward_std": 0.1,
+            "r_ss": -1.0,
+            "r_kl": 0.0,
+            "format_penalty": 0.0,
+            "kl": 0.001 * s,
+            "seconds_generate": 1.0,
+            "seconds_score": 0.5,
+        }
+        for s in (1, 2, 3)
+    ]
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     saved = {}

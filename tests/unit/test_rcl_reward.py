@@ -13,24 +13,27 @@ P = RewardParams()  # defaults: penalty 2, w 0.5, L0 200, maintain 0.1, strong �
 
 
 # (perf_base, perf_with, teaching tokens) -> hand-computed reward with the defaults
-@pytest.mark.parametrize("base, with_, tokens, expected", [
-    # baseline wrong (0/4)
-    (0.0, 1.0, 0, 1.5),            # full gain, no teaching: 1·(1 + 0.5·1)
-    (0.0, 1.0, 200, 1.25),         # full gain, L0 tokens: eff = 1/2 -> 1·(1 + 0.25)
-    (0.0, 0.5, 600, 0.5625),       # half gain, eff = 200/800 = 0.25 -> 0.5·(1 + 0.125)
-    (0.0, 0.0, 50, 0.0),           # no change, weak student: nothing
-    # baseline partly right (2/4): weak
-    (0.5, 0.75, 200, 0.3125),      # +0.25·1.25
-    (0.5, 0.5, 10, 0.0),           # no change, weak
-    (0.5, 0.25, 10, -0.5),         # −0.25 × 2
-    (0.5, 0.0, 0, -1.0),           # −0.5 × 2
-    # baseline strong (≥ 0.75)
-    (0.75, 0.75, 200, 0.025),      # maintained: 0.5 · 0.5 · 0.1
-    (1.0, 1.0, 0, 0.05),           # maintained, no teaching: 0.5 · 1 · 0.1
-    (1.0, 0.75, 0, -0.5),          # −0.25 × 2 (conciseness never offsets a loss)
-    (1.0, 0.0, 0, -2.0),           # right → wrong costs twice a wrong → right gain (before the bonus)
-    (0.75, 1.0, 600, 0.28125),     # +0.25·(1 + 0.5·0.25)
-])
+@pytest.mark.parametrize(
+    "base, with_, tokens, expected",
+    [
+        # baseline wrong (0/4)
+        (0.0, 1.0, 0, 1.5),  # full gain, no teaching: 1·(1 + 0.5·1)
+        (0.0, 1.0, 200, 1.25),  # full gain, L0 tokens: eff = 1/2 -> 1·(1 + 0.25)
+        (0.0, 0.5, 600, 0.5625),  # half gain, eff = 200/800 = 0.25 -> 0.5·(1 + 0.125)
+        (0.0, 0.0, 50, 0.0),  # no change, weak student: nothing
+        # baseline partly right (2/4): weak
+        (0.5, 0.75, 200, 0.3125),  # +0.25·1.25
+        (0.5, 0.5, 10, 0.0),  # no change, weak
+        (0.5, 0.25, 10, -0.5),  # −0.25 × 2
+        (0.5, 0.0, 0, -1.0),  # −0.5 × 2
+        # baseline strong (≥ 0.75)
+        (0.75, 0.75, 200, 0.025),  # maintained: 0.5 · 0.5 · 0.1
+        (1.0, 1.0, 0, 0.05),  # maintained, no teaching: 0.5 · 1 · 0.1
+        (1.0, 0.75, 0, -0.5),  # −0.25 × 2 (conciseness never offsets a loss)
+        (1.0, 0.0, 0, -2.0),  # right → wrong costs twice a wrong → right gain (before the bonus)
+        (0.75, 1.0, 600, 0.28125),  # +0.25·(1 + 0.5·0.25)
+    ],
+)
 def test_reward_table(base, with_, tokens, expected):
     assert rcl_reward(base, with_, tokens, p=P) == pytest.approx(expected)
 
@@ -59,14 +62,17 @@ def test_efficiency():
     assert efficiency(50, 50) == 0.5
 
 
-@pytest.mark.parametrize("guidance, solution, leaked", [
-    ("The result is 42.", "The answer is 42.", True),
-    ("First compute 6 * 7.", "The answer is 42.", False),
-    ("Half of it: \\boxed{\\frac{1}{2}}", "1/2", True),
-    ("It is 1,000 in total", "The answer is 1000.", True),
-    ("Add 10 and 4", "The answer is 104.", False),
-    ("Try (3 + 4) * 5 = 35", "(3 + 4) * 5 = 35", True),
-])
+@pytest.mark.parametrize(
+    "guidance, solution, leaked",
+    [
+        ("The result is 42.", "The answer is 42.", True),
+        ("First compute 6 * 7.", "The answer is 42.", False),
+        ("Half of it: \\boxed{\\frac{1}{2}}", "1/2", True),
+        ("It is 1,000 in total", "The answer is 1000.", True),
+        ("Add 10 and 4", "The answer is 104.", False),
+        ("Try (3 + 4) * 5 = 35", "(3 + 4) * 5 = 35", True),
+    ],
+)
 def test_states_answer(guidance, solution, leaked):
     assert states_answer(guidance, solution) is leaked
 
@@ -93,10 +99,13 @@ class WordTokenizer:
     def __call__(self, text, add_special_tokens=False):
         class Out:
             input_ids = text.split()
+
         return Out()
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
-        return "\n".join(f"[{m['role']}] {m['content']}" for m in messages) + ("\n[assistant] " if add_generation_prompt else "")
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in messages) + (
+            "\n[assistant] " if add_generation_prompt else ""
+        )
 
 
 @pytest.fixture
@@ -104,24 +113,30 @@ def protocol():
     return Protocol(load_rcl_format("rcl-default"))
 
 
-@pytest.mark.parametrize("output, guidance", [
-    ("<diagnosis>ok</diagnosis>\n<guidance>Add first.</guidance>", "Add first."),
-    ("<guidance> Multiply 3 by 4. </guidance> trailing", "Multiply 3 by 4."),
-    ("<guidance>never closed", None),          # unclosed: nothing is passed on
-    ("Just the answer: 12", None),             # no tags: never the whole output
-    ("<guidance>   </guidance>", ""),          # closed and empty: zero-length guidance, not missing
-])
+@pytest.mark.parametrize(
+    "output, guidance",
+    [
+        ("<diagnosis>ok</diagnosis>\n<guidance>Add first.</guidance>", "Add first."),
+        ("<guidance> Multiply 3 by 4. </guidance> trailing", "Multiply 3 by 4."),
+        ("<guidance>never closed", None),  # unclosed: nothing is passed on
+        ("Just the answer: 12", None),  # no tags: never the whole output
+        ("<guidance>   </guidance>", ""),  # closed and empty: zero-length guidance, not missing
+    ],
+)
 def test_extract_guidance(protocol, output, guidance):
     assert protocol.extract_guidance(output) == guidance
 
 
-@pytest.mark.parametrize("output, solution, ok", [
-    ("so <answer>\\boxed{\\frac{3}{4}}</answer>", "3/4", True),      # nested braces in a box inside the tags
-    ("<answer>1,250</answer>", "The answer is 1250.", True),          # thousands separator
-    ("<answer>0.5</answer>", "1/2", True),                            # decimal = fraction
-    ("I do not know", "The answer is 7.", False),                     # no answer at all
-    ("<answer>8</answer> but maybe 7", "The answer is 7.", False),    # the tagged answer wins
-])
+@pytest.mark.parametrize(
+    "output, solution, ok",
+    [
+        ("so <answer>\\boxed{\\frac{3}{4}}</answer>", "3/4", True),  # nested braces in a box inside the tags
+        ("<answer>1,250</answer>", "The answer is 1250.", True),  # thousands separator
+        ("<answer>0.5</answer>", "1/2", True),  # decimal = fraction
+        ("I do not know", "The answer is 7.", False),  # no answer at all
+        ("<answer>8</answer> but maybe 7", "The answer is 7.", False),  # the tagged answer wins
+    ],
+)
 def test_student_answers_are_checked_with_the_shared_normaliser(protocol, output, solution, ok):
     assert protocol.correct(output, solution) is ok
 
@@ -141,7 +156,9 @@ def test_baseline_once_per_question_shared_by_the_group(protocol):
     def answers(prompts, n):
         calls.append(list(prompts))
         # the student is right without guidance for q1 only; with guidance it always answers 5
-        return [["<answer>5</answer>"] * n if ("hint" in p or "q1" in p) else ["<answer>0</answer>"] * n for p in prompts]
+        return [
+            ["<answer>5</answer>"] * n if ("hint" in p or "q1" in p) else ["<answer>0</answer>"] * n for p in prompts
+        ]
 
     reward = RCLReward(protocol, WordTokenizer(), answers, samples=4)
     good, bad = "<guidance>a hint</guidance>", "no tags"
@@ -152,9 +169,13 @@ def test_baseline_once_per_question_shared_by_the_group(protocol):
     eff_bonus = 0.5 * 200 / 202  # "a hint" is 2 tokens
     assert batch.reward == pytest.approx([eff_bonus * 0.1, -1.0, eff_bonus * 0.1, 1 + eff_bonus, 1 + eff_bonus, -1.0])
     m = batch.means()
-    assert m["rcl_apg"] == pytest.approx((0 + (2 / 3)) / 2)  # q2: 2 of 3 guidances lift 0 -> 1, the missing one = baseline
+    assert m["rcl_apg"] == pytest.approx(
+        (0 + (2 / 3)) / 2
+    )  # q2: 2 of 3 guidances lift 0 -> 1, the missing one = baseline
     assert m["rcl_ndr"] == 1.0 and m["rcl_format_ok"] == pytest.approx(4 / 6)
-    assert reward(["q1", "q1"], [good, good], question=["q1", "q1"], solution=["5", "5"]) == pytest.approx([eff_bonus * 0.1] * 2)
+    assert reward(["q1", "q1"], [good, good], question=["q1", "q1"], solution=["5", "5"]) == pytest.approx(
+        [eff_bonus * 0.1] * 2
+    )
 
 
 def test_empty_guidance_is_zero_length_teaching_and_ndr_per_sample_counts_any_drop(protocol):
@@ -168,9 +189,16 @@ def test_empty_guidance_is_zero_length_teaching_and_ndr_per_sample_counts_any_dr
         return [["<answer>0</answer>"] * n if "wrong" in p else ["<answer>5</answer>"] * n for p in prompts]
 
     reward = RCLReward(protocol, WordTokenizer(), answers, samples=2)
-    batch = reward.score(["q1"] * 4, ["5"] * 4,
-                         ["<guidance></guidance>", "<guidance>good</guidance>", "<guidance>good</guidance>",
-                          "<guidance>wrong</guidance>"])
+    batch = reward.score(
+        ["q1"] * 4,
+        ["5"] * 4,
+        [
+            "<guidance></guidance>",
+            "<guidance>good</guidance>",
+            "<guidance>good</guidance>",
+            "<guidance>wrong</guidance>",
+        ],
+    )
     assert batch.perf_with[0] == batch.perf_base[0] == 1.0 and batch.teaching_tokens[0] == 0
     assert len(calls[1]) == 3  # the empty guidance asks the student nothing more
     assert batch.reward[0] == pytest.approx(rcl_reward(1.0, 1.0, 0, p=RewardParams()))  # eff = 1: the full bonus
@@ -181,7 +209,12 @@ def test_empty_guidance_is_zero_length_teaching_and_ndr_per_sample_counts_any_dr
 
 
 def test_rcl_spec_validation():
-    base = {"method": "rcl", "teacher": {"model": "t"}, "student": {"model": "s"}, "dataset": {"source": "builtin:arithmetic"}}
+    base = {
+        "method": "rcl",
+        "teacher": {"model": "t"},
+        "student": {"model": "s"},
+        "dataset": {"source": "builtin:arithmetic"},
+    }
     with pytest.raises(SpecError, match=r"spec.stages: method rcl has no distill stage"):
         parse_spec(base)
     spec = parse_spec({**base, "stages": {"distill": {"enabled": False}}})

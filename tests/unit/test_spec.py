@@ -25,9 +25,18 @@ def test_examples_exist_and_validate():
 
 
 def test_paper_defaults():
-    spec = parse_spec({"teacher": {"model": "t"}, "student": {"model": "s"}, "dataset": {"source": "builtin:arithmetic"}})
+    spec = parse_spec(
+        {"teacher": {"model": "t"}, "student": {"model": "s"}, "dataset": {"source": "builtin:arithmetic"}}
+    )
     rl = spec.stages.rl
-    assert (rl.num_generations, rl.batch_size, rl.steps, rl.learning_rate, rl.beta, rl.temperature) == (64, 1024, 125, 1e-6, 0.04, 0.7)
+    assert (rl.num_generations, rl.batch_size, rl.steps, rl.learning_rate, rl.beta, rl.temperature) == (
+        64,
+        1024,
+        125,
+        1e-6,
+        0.04,
+        0.7,
+    )
     assert (rl.reward.alpha, rl.reward.kl_weight, rl.reward.format_penalty) == (0.01, 3.0, 1.0)
 
 
@@ -38,22 +47,48 @@ def test_round_trip_is_camel_case_and_lossless():
     assert RLTRun.model_validate(yaml.safe_load(text)) == run
 
 
-@pytest.mark.parametrize("mutate,field,message", [
-    (lambda d: d["spec"]["stages"]["rl"].update(numGenerations=0), "spec.stages.rl.numGenerations", "greater than 1"),
-    (lambda d: d["spec"]["stages"]["rl"].update(batchSize=10), "spec.stages.rl.batchSize", "divisible by numGenerations"),
-    (lambda d: d["spec"]["stages"]["rl"].update(steps="many"), "spec.stages.rl.steps", "valid integer"),
-    (lambda d: d["spec"]["stages"]["sft"].update(learningRate=-1), "spec.stages.sft.learningRate", "greater than 0"),
-    (lambda d: d["spec"].update(bogus=1), "spec.bogus", "unknown field"),
-    (lambda d: d["spec"].pop("teacher"), "spec.teacher", "Field required"),
-    (lambda d: d["spec"]["student"].update(model=""), "spec.student.model", "at least 1 character"),
-    (lambda d: d["spec"].update(method="ppo"), "spec.method", "'rlt'"),
-    (lambda d: d["spec"]["format"].update(preset="nope") if "format" in d["spec"] else d["spec"].update(format={"preset": "nope"}),
-     "spec.format", "unknown format 'nope'"),
-    (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name", "DNS-1123"),
-    (lambda d: d.update(kind="Job"), "kind", "'RLTRun'"),
-    (lambda d: d["spec"]["dataset"].update(limit=-3), "spec.dataset.limit", "greater than 0"),
-    (lambda d: [d["spec"]["stages"][s].update(enabled=False) for s in ("sft", "rl", "distill")], "spec.stages", "at least one"),
-])
+@pytest.mark.parametrize(
+    "mutate,field,message",
+    [
+        (
+            lambda d: d["spec"]["stages"]["rl"].update(numGenerations=0),
+            "spec.stages.rl.numGenerations",
+            "greater than 1",
+        ),
+        (
+            lambda d: d["spec"]["stages"]["rl"].update(batchSize=10),
+            "spec.stages.rl.batchSize",
+            "divisible by numGenerations",
+        ),
+        (lambda d: d["spec"]["stages"]["rl"].update(steps="many"), "spec.stages.rl.steps", "valid integer"),
+        (
+            lambda d: d["spec"]["stages"]["sft"].update(learningRate=-1),
+            "spec.stages.sft.learningRate",
+            "greater than 0",
+        ),
+        (lambda d: d["spec"].update(bogus=1), "spec.bogus", "unknown field"),
+        (lambda d: d["spec"].pop("teacher"), "spec.teacher", "Field required"),
+        (lambda d: d["spec"]["student"].update(model=""), "spec.student.model", "at least 1 character"),
+        (lambda d: d["spec"].update(method="ppo"), "spec.method", "'rlt'"),
+        (
+            lambda d: (
+                d["spec"]["format"].update(preset="nope")
+                if "format" in d["spec"]
+                else d["spec"].update(format={"preset": "nope"})
+            ),
+            "spec.format",
+            "unknown format 'nope'",
+        ),
+        (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name", "DNS-1123"),
+        (lambda d: d.update(kind="Job"), "kind", "'RLTRun'"),
+        (lambda d: d["spec"]["dataset"].update(limit=-3), "spec.dataset.limit", "greater than 0"),
+        (
+            lambda d: [d["spec"]["stages"][s].update(enabled=False) for s in ("sft", "rl", "distill")],
+            "spec.stages",
+            "at least one",
+        ),
+    ],
+)
 def test_invalid_specs_name_the_field(tmp_path, mutate, field, message):
     doc = tiny_doc()
     mutate(doc)
@@ -70,8 +105,16 @@ def test_validate_cli_reports_every_bad_file_and_exits_nonzero(tmp_path):
     bad["spec"]["extra"] = True
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     (tmp_path / "broken.yaml").write_text("apiVersion: [unclosed")
-    cmd = [sys.executable, "-m", "rlt.cli", "validate", str(ROOT / "manifests/examples/rltrun-tiny.yaml"),
-           str(tmp_path / "bad.yaml"), str(tmp_path / "broken.yaml"), str(tmp_path / "missing.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlt.cli",
+        "validate",
+        str(ROOT / "manifests/examples/rltrun-tiny.yaml"),
+        str(tmp_path / "bad.yaml"),
+        str(tmp_path / "broken.yaml"),
+        str(tmp_path / "missing.yaml"),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 1
     assert "rltrun-tiny.yaml: ok (tiny)" in res.stdout
@@ -80,7 +123,9 @@ def test_validate_cli_reports_every_bad_file_and_exits_nonzero(tmp_path):
     assert "broken.yaml: INVALID" in res.stderr and "<yaml>" in res.stderr
     assert "missing.yaml: INVALID" in res.stderr and "file not found" in res.stderr
 
-    ok = subprocess.run([sys.executable, "-m", "rlt.cli", "validate", *map(str, EXAMPLES)], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", *map(str, EXAMPLES)], capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
 
 
@@ -97,6 +142,8 @@ def test_validate_checks_the_named_format_fits_the_method(tmp_path):
     doc = tiny_doc()
     doc["spec"]["format"] = {"preset": "rcl-default"}  # exists, but is an rcl format
     (tmp_path / "f.yaml").write_text(yaml.safe_dump(doc))
-    res = subprocess.run([sys.executable, "-m", "rlt.cli", "validate", str(tmp_path / "f.yaml")], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", str(tmp_path / "f.yaml")], capture_output=True, text=True
+    )
     assert res.returncode == 1
     assert "spec.format.preset:" in res.stderr and "is not an rlt prompt format" in res.stderr

@@ -21,18 +21,28 @@ def test_unknown_fields_get_a_did_you_mean_and_cross_field_checks_still_run(tmp_
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(SpecError) as err:
         load_run(tmp_path / "r.yaml")
-    assert sorted(err.value.problems) == sorted([
-        "spec.stages.rl.numGeneration: unknown field (did you mean numGenerations?)",
-        "spec.stages.sft.batchsize: unknown field (did you mean batchSize?)",
-        "spec.datset: unknown field (did you mean dataset?)",
-        "spec.stages.rl.zzz: unknown field",
-        "spec.stages.rl.batchSize: 6 must be divisible by numGenerations (4)",
-    ])
+    assert sorted(err.value.problems) == sorted(
+        [
+            "spec.stages.rl.numGeneration: unknown field (did you mean numGenerations?)",
+            "spec.stages.sft.batchsize: unknown field (did you mean batchSize?)",
+            "spec.datset: unknown field (did you mean dataset?)",
+            "spec.stages.rl.zzz: unknown field",
+            "spec.stages.rl.batchSize: 6 must be divisible by numGenerations (4)",
+        ]
+    )
 
 
 def test_the_operator_path_reports_the_same():
     with pytest.raises(SpecError) as err:
-        parse_spec({"teacher": {"model": "t"}, "student": {"model": "s"}, "dataset": {"source": "builtin:arithmetic"},
-                    "stages": {"rl": {"batchSize": 10, "numGenerations": 4, "learnigRate": 1}}})
-    assert err.value.problems == ["spec.stages.rl.learnigRate: unknown field (did you mean learningRate?)",
-                                  "spec.stages.rl.batchSize: 10 must be divisible by numGenerations (4)"]
+        parse_spec(
+            {
+                "teacher": {"model": "t"},
+                "student": {"model": "s"},
+                "dataset": {"source": "builtin:arithmetic"},
+                "stages": {"rl": {"batchSize": 10, "numGenerations": 4, "learnigRate": 1}},
+            }
+        )
+    assert err.value.problems == [
+        "spec.stages.rl.learnigRate: unknown field (did you mean learningRate?)",
+        "spec.stages.rl.batchSize: 10 must be divisible by numGenerations (4)",
+    ]

@@ -34,9 +34,11 @@ def problems(d: dict) -> list[str]:
 
 def test_trainer_args_may_not_set_what_the_spec_owns():
     assert problems(doc(stages__rl__trainerArgs={"learning_rate": 1e-3})) == [
-        "spec.stages.rl.trainerArgs: learning_rate is set by rlt from learningRate; use that instead"]
+        "spec.stages.rl.trainerArgs: learning_rate is set by rlt from learningRate; use that instead"
+    ]
     assert problems(doc(stages__sft__trainerArgs={"report_to": "wandb"})) == [
-        "spec.stages.sft.trainerArgs: report_to is set by rlt from spec.tracking; use that instead"]
+        "spec.stages.sft.trainerArgs: report_to is set by rlt from spec.tracking; use that instead"
+    ]
 
 
 def test_trainer_args_checked_against_the_installed_trl():
@@ -44,7 +46,8 @@ def test_trainer_args_checked_against_the_installed_trl():
 
     typo = parse_run(doc(stages__sft__trainerArgs={"adam_epsilom": 1e-7}, stages__rl__trainerArgs={"optim": "sgd"}))
     assert check_trainer_args(typo) == [
-        "spec.stages.sft.trainerArgs.adam_epsilom: not a SFTConfig option (did you mean adam_epsilon?)"]
+        "spec.stages.sft.trainerArgs.adam_epsilom: not a SFTConfig option (did you mean adam_epsilon?)"
+    ]
     bad_value = parse_run(doc(stages__rl__trainerArgs={"optim": "not_an_optimizer"}))
     (p,) = check_trainer_args(bad_value)
     assert p.startswith("spec.stages.rl.trainerArgs: GRPOConfig refuses them: not_an_optimizer is not a valid")
@@ -57,11 +60,19 @@ def test_typed_options_and_trainer_args_reach_the_trl_configs(tmp_path):
     from rlt.stages.rl import grpo_config
     from rlt.stages.sft import sft_config
 
-    run = parse_run(doc(
-        stages__sft__maxGradNorm=0.25, stages__sft__loggingSteps=3, stages__sft__saveTotalLimit=2,
-        stages__sft__trainerArgs={"adam_epsilon": 1e-7, "dataloader_drop_last": True},
-        stages__rl__lrScheduler="cosine", stages__rl__warmupRatio=0.1, stages__rl__weightDecay=0.01,
-        stages__rl__trainerArgs={"adam_beta1": 0.8}, tracking={"tensorboard": True}))
+    run = parse_run(
+        doc(
+            stages__sft__maxGradNorm=0.25,
+            stages__sft__loggingSteps=3,
+            stages__sft__saveTotalLimit=2,
+            stages__sft__trainerArgs={"adam_epsilon": 1e-7, "dataloader_drop_last": True},
+            stages__rl__lrScheduler="cosine",
+            stages__rl__warmupRatio=0.1,
+            stages__rl__weightDecay=0.01,
+            stages__rl__trainerArgs={"adam_beta1": 0.8},
+            tracking={"tensorboard": True},
+        )
+    )
     ctx = StageContext(run, RunLayout.for_run(tmp_path, run.name), show_progress=False)
     sft = sft_config(ctx, "cpu")
     assert (sft.max_grad_norm, sft.logging_steps, sft.save_total_limit) == (0.25, 3, 2)
@@ -76,26 +87,32 @@ def test_typed_options_and_trainer_args_reach_the_trl_configs(tmp_path):
 
 def test_outputs_destinations_are_checked():
     assert problems(doc(outputs={"teacher": "ftp://host/x"})) == [
-        "spec.outputs.teacher: 'ftp://host/x' is not s3://, gs://, file://, memory:// or hf:// followed by a path"]
+        "spec.outputs.teacher: 'ftp://host/x' is not s3://, gs://, file://, memory:// or hf:// followed by a path"
+    ]
     assert problems(doc(outputs={"distillDataset": "hf://my-org/data"})) == [
-        "spec.outputs.distillDataset: 'hf://my-org/data' must look like hf://datasets/<org>/<name>"]
+        "spec.outputs.distillDataset: 'hf://my-org/data' must look like hf://datasets/<org>/<name>"
+    ]
     assert problems(doc(outputs={"teacher": "hf://my-org/teacher"})) == [
-        "spec.outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret"]
+        "spec.outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret"
+    ]
     assert problems(doc(outputs={"student": "s3://b/student"})) == [
-        "spec.outputs: outputs.student needs stages.student.enabled"]
+        "spec.outputs: outputs.student needs stages.student.enabled"
+    ]
 
 
 def test_credentials_never_inline():
     assert problems(doc(tracking={"mlflow": {"trackingUri": "https://user:pw@mlflow.example.org"}})) == [
         "spec.tracking.mlflow.trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
-        "(Secret references) instead"]
+        "(Secret references) instead"
+    ]
     (p,) = problems(doc(tracking={"wandb": {"project": "p", "apiKey": "abc"}}))
     assert p == "spec.tracking.wandb.apiKey: unknown field (did you mean apiKeySecret?)"
 
 
 def test_lora_only_where_a_stage_trains():
     assert problems(doc(student={"model": "builtin:tiny-qwen2", "lora": {"r": 4}})) == [
-        "spec.student: student.lora is for trained models only (teacher, stages.student.model)"]
+        "spec.student: student.lora is for trained models only (teacher, stages.student.model)"
+    ]
     run = parse_run(doc(teacher={"model": "builtin:tiny-qwen2", "lora": {"r": 4, "targetModules": ["q_proj"]}}))
     from rlt.stages.common import peft_config
 
@@ -106,7 +123,8 @@ def test_lora_only_where_a_stage_trains():
 
 def test_keep_columns_may_not_overwrite_distill_fields():
     assert problems(doc(dataset={"source": "x.jsonl", "keepColumns": ["id", "reward"]})) == [
-        "spec.dataset.keepColumns: reward would overwrite the distillation row's own fields"]
+        "spec.dataset.keepColumns: reward would overwrite the distillation row's own fields"
+    ]
 
 
 def test_pods_get_tracking_and_storage_credentials_only_from_secrets():
@@ -114,9 +132,13 @@ def test_pods_get_tracking_and_storage_credentials_only_from_secrets():
 
     run = parse_run(yaml.safe_load((EXAMPLES / "rltrun-lora-tracked.yaml").read_text()))
     ref = b.RunRef(name=run.name, namespace="research", uid="u1")
-    want = {"WANDB_API_KEY": ("tracking", "wandb"), "MLFLOW_TRACKING_TOKEN": ("tracking", "mlflow"),
-            "AWS_ACCESS_KEY_ID": ("s3-creds", "id"), "AWS_SECRET_ACCESS_KEY": ("s3-creds", "secret"),
-            "HF_TOKEN": ("hf-token", "token")}
+    want = {
+        "WANDB_API_KEY": ("tracking", "wandb"),
+        "MLFLOW_TRACKING_TOKEN": ("tracking", "mlflow"),
+        "AWS_ACCESS_KEY_ID": ("s3-creds", "id"),
+        "AWS_SECRET_ACCESS_KEY": ("s3-creds", "secret"),
+        "HF_TOKEN": ("hf-token", "token"),
+    }
     for stage in ("sft", "rl", "distill"):
         pod = b.trainer_job(ref, run.spec, stage, 0)["spec"]["template"]["spec"]
         env = {e["name"]: e for e in pod["containers"][0]["env"]}

@@ -14,9 +14,21 @@ from rlt.stages.common import Recorder, StageContext
 
 ROOT = Path(__file__).resolve().parents[2]
 
-STEP = {"reward": -1.25, "reward_std": 0.5, "kl": 0.01, "loss": 0.2, "r_ss": -1.0, "r_kl": 0.05,
-        "format_penalty": 0.1, "seconds_generate": 1.5, "seconds_score": 0.5, "seconds_update": 0.25,
-        "step_seconds": 2.25, "generated_tokens": 100, "tokens_per_second": 44.4}
+STEP = {
+    "reward": -1.25,
+    "reward_std": 0.5,
+    "kl": 0.01,
+    "loss": 0.2,
+    "r_ss": -1.0,
+    "r_kl": 0.05,
+    "format_penalty": 0.1,
+    "seconds_generate": 1.5,
+    "seconds_score": 0.5,
+    "seconds_update": 0.25,
+    "step_seconds": 2.25,
+    "generated_tokens": 100,
+    "tokens_per_second": 44.4,
+}
 
 
 def ctx_for(tmp_path, tracking) -> StageContext:
@@ -37,10 +49,19 @@ def test_tensorboard_tags_are_the_metric_names(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tiny" / "tracking" / "tensorboard" / "rl"))
     acc.Reload()
     assert set(acc.Tags()["scalars"]) == {
-        "rlt_reward_mean", "rlt_reward_std", "rlt_policy_kl", "rlt_loss", "rlt_reward_component/r_ss",
-        "rlt_reward_component/r_kl", "rlt_reward_component/format_penalty", "rlt_step_phase_seconds/generate",
-        "rlt_step_phase_seconds/score", "rlt_step_phase_seconds/update", "rlt_step_seconds",
-        "rlt_generated_tokens_total"}
+        "rlt_reward_mean",
+        "rlt_reward_std",
+        "rlt_policy_kl",
+        "rlt_loss",
+        "rlt_reward_component/r_ss",
+        "rlt_reward_component/r_kl",
+        "rlt_reward_component/format_penalty",
+        "rlt_step_phase_seconds/generate",
+        "rlt_step_phase_seconds/score",
+        "rlt_step_phase_seconds/update",
+        "rlt_step_seconds",
+        "rlt_generated_tokens_total",
+    }
     assert [(e.step, e.value) for e in acc.Scalars("rlt_reward_mean")] == [(1, -1.25), (2, -0.75)]
     assert [e.value for e in acc.Scalars("rlt_generated_tokens_total")] == [100, 150]  # a counter: running total
     # and Prometheus got the same figures under the same names

@@ -19,11 +19,16 @@ TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
 # (what is wrong, spec patch, the field the message names)
 BAD = [
     ("rcl format for method rlt", {"format": {"preset": "rcl-default"}}, "spec.format.preset"),
-    ("ReadWriteOnce volume for trainer pods on several nodes",
-     {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteOnce"}}, "spec.storage.accessMode"),
-    ("evaluate in server mode with no server",
-     {"stages": {"evaluate": {"enabled": True, "generation": {"mode": "server"}}}},
-     "spec.stages.evaluate.generation.serverUrl"),
+    (
+        "ReadWriteOnce volume for trainer pods on several nodes",
+        {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteOnce"}},
+        "spec.storage.accessMode",
+    ),
+    (
+        "evaluate in server mode with no server",
+        {"stages": {"evaluate": {"enabled": True, "generation": {"mode": "server"}}}},
+        "spec.stages.evaluate.generation.serverUrl",
+    ),
 ]
 
 
@@ -57,8 +62,11 @@ def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_pa
     cli = subprocess.run([sys.executable, "-m", "rlt.cli", "validate", str(path)], capture_output=True, text=True)
     assert cli.returncode == 1 and problem in cli.stderr
 
-    pod = subprocess.run([sys.executable, "-m", "rlt.cli", "stage", "sft", "--config", str(path),
-                          "--root", str(tmp_path / "data")], capture_output=True, text=True)
+    pod = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "stage", "sft", "--config", str(path), "--root", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+    )
     assert pod.returncode != 0 and problem in pod.stderr and not (tmp_path / "data").exists()
 
     ref = b.RunRef(name=doc["metadata"]["name"], namespace="ns", uid="u")
@@ -68,15 +76,28 @@ def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_pa
 
 def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stages():
     doc = yaml.safe_load(TINY.read_text())
-    validate_spec(_merge(doc["spec"], {"resources": {"trainer": {"nodes": 2}},
-                                       "storage": {"accessMode": "ReadWriteMany"}}))
-    only_distill = _merge(yaml.safe_load(TINY.read_text())["spec"], {
-        "resources": {"trainer": {"nodes": 2}},
-        "stages": {"sft": {"enabled": False}, "rl": {"enabled": False}}})
+    validate_spec(
+        _merge(doc["spec"], {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteMany"}})
+    )
+    only_distill = _merge(
+        yaml.safe_load(TINY.read_text())["spec"],
+        {"resources": {"trainer": {"nodes": 2}}, "stages": {"sft": {"enabled": False}, "rl": {"enabled": False}}},
+    )
     validate_spec(only_distill)  # distill runs on one pod whatever nodes says
 
 
 def test_evaluate_server_mode_with_a_server_url_is_accepted():
     doc = yaml.safe_load(TINY.read_text())
-    validate_spec(_merge(doc["spec"], {"stages": {"evaluate": {"enabled": True, "generation": {
-        "mode": "server", "serverUrl": "http://vllm.team.svc:8000"}}}}))
+    validate_spec(
+        _merge(
+            doc["spec"],
+            {
+                "stages": {
+                    "evaluate": {
+                        "enabled": True,
+                        "generation": {"mode": "server", "serverUrl": "http://vllm.team.svc:8000"},
+                    }
+                }
+            },
+        )
+    )

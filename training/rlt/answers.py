@@ -11,7 +11,9 @@ import re
 from fractions import Fraction
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?"
-_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:|=)\s*[:\s]*\$?([^\n$]+?)\$?\s*(?:\.|$)", re.IGNORECASE | re.MULTILINE)
+_ANSWER_IS = re.compile(
+    r"(?:final answer|answer)\s*(?:is|:|=)\s*[:\s]*\$?([^\n$]+?)\$?\s*(?:\.|$)", re.IGNORECASE | re.MULTILINE
+)
 _CHOICE = re.compile(r"^\(?([A-J])\)?$|^\(?([A-J])[.)]:?\s")
 _LAST_NUMBER = re.compile(_NUMBER)
 

@@ -31,8 +31,18 @@ class Benchmark:
 @lru_cache(maxsize=1)
 def benchmarks() -> dict[str, Benchmark]:
     data = yaml.safe_load(BENCHMARKS_FILE.read_text())
-    return {name: Benchmark(name=name, hub_id=b["hubId"], split=b["split"], answer=b["answer"], columns=b["columns"],
-                            config=b.get("config"), choices=b.get("choices") or {}) for name, b in data.items()}
+    return {
+        name: Benchmark(
+            name=name,
+            hub_id=b["hubId"],
+            split=b["split"],
+            answer=b["answer"],
+            columns=b["columns"],
+            config=b.get("config"),
+            choices=b.get("choices") or {},
+        )
+        for name, b in data.items()
+    }
 
 
 def find_benchmark(source: str) -> Benchmark | None:
@@ -42,8 +52,7 @@ def find_benchmark(source: str) -> Benchmark | None:
         if key.lower() in (b.name, b.hub_id.lower()):
             return b
     if source.startswith("benchmark:"):
-        raise DataError(f"stages.evaluate.dataset.source: unknown benchmark {key!r} "
-                        f"(known: {', '.join(benchmarks())})")
+        raise DataError(f"stages.evaluate.dataset.source: unknown benchmark {key!r} (known: {', '.join(benchmarks())})")
     return None
 
 
@@ -54,12 +63,15 @@ def benchmark_row(raw: dict[str, Any], bench: Benchmark, index: int) -> dict[str
     if bench.answer == "choice":
         missing += [c for c in [bench.choices["correct"], *bench.choices["incorrect"]] if c not in raw]
     if missing:
-        raise DataError(f"{bench.hub_id} row {index}: column(s) {', '.join(missing)} missing "
-                        f"(columns: {', '.join(sorted(raw))})")
+        raise DataError(
+            f"{bench.hub_id} row {index}: column(s) {', '.join(missing)} missing (columns: {', '.join(sorted(raw))})"
+        )
     question = str(raw[cols["question"]]).strip()
     trace = raw.get(cols["reasoningTrace"]) if cols.get("reasoningTrace") else None
     if bench.answer == "choice":
-        options = [str(raw[bench.choices["correct"]]).strip()] + [str(raw[c]).strip() for c in bench.choices["incorrect"]]
+        options = [str(raw[bench.choices["correct"]]).strip()] + [
+            str(raw[c]).strip() for c in bench.choices["incorrect"]
+        ]
         order = list(range(len(options)))
         random.Random(f"rlt-choices-{bench.name}-{index}").shuffle(order)
         lines = [f"{LETTERS[k]}. {options[j]}" for k, j in enumerate(order)]

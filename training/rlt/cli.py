@@ -50,8 +50,10 @@ def trainer_args_problems(run) -> list[str]:
         import trl  # noqa: F401
     except ImportError:
         if any(getattr(run.spec.stages, s).trainer_args for s in ("sft", "rl", "student")):
-            print(f"{run.name}: note: trainerArgs not checked (TRL is not installed here; the stage checks them)",
-                  file=sys.stderr)
+            print(
+                f"{run.name}: note: trainerArgs not checked (TRL is not installed here; the stage checks them)",
+                file=sys.stderr,
+            )
         return []
     from rlt.trainer_check import check_trainer_args
 
@@ -90,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("validate", help="check RLTRun files and the data they name; exit 1 naming every invalid "
-                                        "field and bad row")
+    p = sub.add_parser(
+        "validate", help="check RLTRun files and the data they name; exit 1 naming every invalid field and bad row"
+    )
     p.add_argument("files", nargs="+")
     p.add_argument("--no-data", action="store_true", help="check the spec only, not the dataset it names")
     p.set_defaults(func=cmd_validate)

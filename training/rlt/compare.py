@@ -40,11 +40,26 @@ UNTRAINED = "untrained"
 
 # Used when the file leaves the student / evaluate stage disabled (documented in docs/evaluation.md):
 # a small budget that a 135M student on a 2-core CPU finishes in minutes.
-DEFAULT_STUDENT = {"enabled": True, "epochs": 2, "batchSize": 4, "perDeviceBatchSize": 4, "learningRate": 5.0e-5,
-                   "lrScheduler": "constant", "warmupRatio": 0.0, "maxLength": 512, "overLong": "best_fit",
-                   "gradientCheckpointing": False}
-DEFAULT_EVALUATE = {"enabled": True, "samples": 2, "temperature": 0.7, "maxNewTokens": 128, "limit": 16,
-                    "batchSize": 16}
+DEFAULT_STUDENT = {
+    "enabled": True,
+    "epochs": 2,
+    "batchSize": 4,
+    "perDeviceBatchSize": 4,
+    "learningRate": 5.0e-5,
+    "lrScheduler": "constant",
+    "warmupRatio": 0.0,
+    "maxLength": 512,
+    "overLong": "best_fit",
+    "gradientCheckpointing": False,
+}
+DEFAULT_EVALUATE = {
+    "enabled": True,
+    "samples": 2,
+    "temperature": 0.7,
+    "maxNewTokens": 128,
+    "limit": 16,
+    "batchSize": 16,
+}
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -95,8 +110,10 @@ def compare_stages(run: RLTRun) -> dict[str, Any]:
     if not st.student.enabled:
         out["student"] = dict(DEFAULT_STUDENT)
     if not st.evaluate.enabled:
-        out["evaluate"] = {**DEFAULT_EVALUATE, **({"dataset": out["evaluate"]["dataset"]}
-                                                  if "dataset" in out["evaluate"] else {})}
+        out["evaluate"] = {
+            **DEFAULT_EVALUATE,
+            **({"dataset": out["evaluate"]["dataset"]} if "dataset" in out["evaluate"] else {}),
+        }
     return out
 
 
@@ -156,12 +173,23 @@ class Compare:
             if src is None or src["question"] != t["question"]:
                 raise DataError(f"compare: dataset row {t['source_row']} is not the question the teacher explained")
             if not src.get("reasoning_trace"):
-                raise DataError(f"compare: dataset row {t['source_row']} has no reasoning_trace for the dataset arm "
-                                "(map spec.dataset.columns.reasoningTrace)")
-            rows.append({"question": src["question"], "reasoning_trace": src["reasoning_trace"],
-                         "solution": src["solution"], "reward": None, "closed": True, "source_row": src["row"],
-                         "messages": self.formatter.student_messages(src["question"], src["reasoning_trace"],
-                                                                     src["solution"])})
+                raise DataError(
+                    f"compare: dataset row {t['source_row']} has no reasoning_trace for the dataset arm "
+                    "(map spec.dataset.columns.reasoningTrace)"
+                )
+            rows.append(
+                {
+                    "question": src["question"],
+                    "reasoning_trace": src["reasoning_trace"],
+                    "solution": src["solution"],
+                    "reward": None,
+                    "closed": True,
+                    "source_row": src["row"],
+                    "messages": self.formatter.student_messages(
+                        src["question"], src["reasoning_trace"], src["solution"]
+                    ),
+                }
+            )
         atomic_write_text(layout.distill_dataset, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         atomic_write_text(layout.stage_done("distill"), "dataset traces\n")
 
@@ -180,16 +208,22 @@ class Compare:
         if spec.stages.evaluate.dataset is not None or spec.dataset.eval_fraction > 0:
             return load_eval_set(spec, self.formatter.fmt)
         if not spec.dataset.source.startswith("builtin:"):
-            raise DataError("rlt compare: set stages.evaluate.dataset or spec.dataset.evalFraction > 0 "
-                            "(held-out questions are needed)")
+            raise DataError(
+                "rlt compare: set stages.evaluate.dataset or spec.dataset.evalFraction > 0 "
+                "(held-out questions are needed)"
+            )
         # A built-in task with no held-out split: fresh problems from the next seed, minus any seen in training.
         seen = {r["question"] for r in load_data(spec.dataset, self.formatter.fmt).train}
         limit = spec.stages.evaluate.limit or 64
-        fresh = spec.dataset.model_copy(update={"seed": spec.dataset.seed + 1, "limit": None,
-                                                "size": max(spec.dataset.size, 4 * limit)})
+        fresh = spec.dataset.model_copy(
+            update={"seed": spec.dataset.seed + 1, "limit": None, "size": max(spec.dataset.size, 4 * limit)}
+        )
         rows = [r for r in load_data(fresh, self.formatter.fmt).train if r["question"] not in seen][:limit]
-        return EvalSet(rows, resolve_answer_type(spec.stages.evaluate.answer_type, spec.dataset.source),
-                       f"{spec.dataset.source} seed {fresh.seed} (unseen in training)")
+        return EvalSet(
+            rows,
+            resolve_answer_type(spec.stages.evaluate.answer_type, spec.dataset.source),
+            f"{spec.dataset.source} seed {fresh.seed} (unseen in training)",
+        )
 
     def evaluate(self, arm: str, label: str, ref: ModelRef, evalset: EvalSet, folder: str) -> dict[str, Any]:
         out = self.root / arm / folder
@@ -210,8 +244,9 @@ class Compare:
         temperature = spec.stages.rl.reward.student_temperature or spec.stages.rl.temperature
         requests = []
         for r in rows:
-            text, e_span, s_span = self.formatter.student_chat(tokenizer, r["question"], r["reasoning_trace"],
-                                                               r["solution"])
+            text, e_span, s_span = self.formatter.student_chat(
+                tokenizer, r["question"], r["reasoning_trace"], r["solution"]
+            )
             requests.append(ScoreRequest(text, [s_span], group=r["question"]))
         means = []
         for model in (before, after):
@@ -231,9 +266,11 @@ class Compare:
 
         evalset = self.eval_set()
         base_ref = self.run.spec.stages.student.model or self.run.spec.student
-        taught_set = EvalSet([{"question": r["question"], "solution": r["solution"], "row": r["source_row"]}
-                              for r in taught], resolve_answer_type("auto", self.run.spec.dataset.source),
-                             "taught questions")
+        taught_set = EvalSet(
+            [{"question": r["question"], "solution": r["solution"], "row": r["source_row"]} for r in taught],
+            resolve_answer_type("auto", self.run.spec.dataset.source),
+            "taught questions",
+        )
         reports = {UNTRAINED: self.evaluate(UNTRAINED, UNTRAINED, base_ref, evalset, "eval")}
         taught_reports = {UNTRAINED: self.evaluate(UNTRAINED, UNTRAINED, base_ref, taught_set, "eval-taught")}
         for arm in ARMS:
@@ -253,8 +290,15 @@ class Compare:
             gains = self.logprob_gains(rows, before_model, after_model, tokenizer)
             del after_model
             for r, g in zip(rows, gains, strict=True):
-                points.append({"arm": arm, "sourceRow": r["source_row"], "reward": r["reward"],
-                               "accuracyGain": acc[r["source_row"]] - base_acc[r["source_row"]], "logprobGain": g})
+                points.append(
+                    {
+                        "arm": arm,
+                        "sourceRow": r["source_row"],
+                        "reward": r["reward"],
+                        "accuracyGain": acc[r["source_row"]] - base_acc[r["source_row"]],
+                        "logprobGain": g,
+                    }
+                )
         report = self.build_report(taught, evalset, reports, taught_reports, points, time.perf_counter() - started)
         self.write(report)
         return report
@@ -271,9 +315,12 @@ class Compare:
             rewards = [r["reward"] for r in rows if r.get("reward") is not None]
             actions = json.loads(self.layout(arm).student_dataset_report.read_text())["counts"]
             arms[arm] = {
-                "description": description, "distillRows": len(rows), "studentRows": actions,
+                "description": description,
+                "distillRows": len(rows),
+                "studentRows": actions,
                 "meanReward": sum(rewards) / len(rewards) if rewards else None,
-                "accuracy": reports[arm]["accuracy"], "stderr": reports[arm]["stderr"],
+                "accuracy": reports[arm]["accuracy"],
+                "stderr": reports[arm]["stderr"],
                 "ci95": wilson_interval(reports[arm]["correct"], reports[arm]["answers"]),
                 "gainOverUntrained": reports[arm]["accuracy"] - base,
                 "taughtAccuracy": taught_reports[arm]["accuracy"],
@@ -288,24 +335,36 @@ class Compare:
                 mine = [p for p in points if p["arm"] == arm]
                 correlation[measure][arm] = pearson([p["reward"] for p in mine], [p[measure] for p in mine])
         return {
-            "run": self.run.name, "wallSeconds": round(seconds, 1),
-            "taughtQuestions": len(taught), "taughtRows": [r["source_row"] for r in taught],
-            "evalQuestions": len(evalset.rows), "evalSource": evalset.source, "answerType": evalset.answer_type,
+            "run": self.run.name,
+            "wallSeconds": round(seconds, 1),
+            "taughtQuestions": len(taught),
+            "taughtRows": [r["source_row"] for r in taught],
+            "evalQuestions": len(evalset.rows),
+            "evalSource": evalset.source,
+            "answerType": evalset.answer_type,
             "studentBudget": self.run.spec.stages.student.model_dump(mode="json", by_alias=True, exclude_none=True),
             "evaluation": self.run.spec.stages.evaluate.model_dump(mode="json", by_alias=True, exclude_none=True),
-            "untrained": {"accuracy": base, "stderr": reports[UNTRAINED]["stderr"],
-                          "ci95": wilson_interval(reports[UNTRAINED]["correct"], reports[UNTRAINED]["answers"]),
-                          "taughtAccuracy": taught_reports[UNTRAINED]["accuracy"],
-                          "evalReport": str(self.root / UNTRAINED / "eval" / "report.json")},
-            "arms": arms, "correlation": correlation, "points": points,
+            "untrained": {
+                "accuracy": base,
+                "stderr": reports[UNTRAINED]["stderr"],
+                "ci95": wilson_interval(reports[UNTRAINED]["correct"], reports[UNTRAINED]["answers"]),
+                "taughtAccuracy": taught_reports[UNTRAINED]["accuracy"],
+                "evalReport": str(self.root / UNTRAINED / "eval" / "report.json"),
+            },
+            "arms": arms,
+            "correlation": correlation,
+            "points": points,
         }
 
     def write(self, report: dict[str, Any]) -> None:
         atomic_write_json(self.root / "report.json", report)
         atomic_write_text(self.root / "report.md", render_markdown(report))
         reports = [{"model": UNTRAINED, **report["untrained"]}] + [{"model": a, **v} for a, v in report["arms"].items()]
-        plot_accuracy(reports, self.root / "accuracy.png",
-                      f"held-out pass@1: {report['evalQuestions']} questions × {report['evaluation']['samples']} samples")
+        plot_accuracy(
+            reports,
+            self.root / "accuracy.png",
+            f"held-out pass@1: {report['evalQuestions']} questions × {report['evaluation']['samples']} samples",
+        )
         plot_correlation(report["points"], report["correlation"], self.root / "correlation.png")
 
 
@@ -324,10 +383,12 @@ def _r(c: dict[str, Any]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     u = report["untrained"]
     lines = [
-        f"# Teaching efficacy: {report['run']}", "",
+        f"# Teaching efficacy: {report['run']}",
+        "",
         f"Held-out: {report['evalQuestions']} questions from {report['evalSource']} ({report['answerType']} answers), "
         f"{report['evaluation']['samples']} samples each; taught: {report['taughtQuestions']} questions; "
-        f"wall time {report['wallSeconds']:.0f} s.", "",
+        f"wall time {report['wallSeconds']:.0f} s.",
+        "",
         "| student | distilled on | rows | mean RLT reward | held-out pass@1 | ± s.e. | 95 % CI (Wilson) | Δ vs untrained "
         "| taught-question pass@1 |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -336,14 +397,19 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for arm, a in report["arms"].items():
         rows = sum(v for k, v in a["studentRows"].items() if k != "dropped")
-        lines.append(f"| {arm} | {a['description']} | {rows} | {_fmt(a['meanReward'])} | {_fmt(a['accuracy'])} | "
-                     f"{_fmt(a['stderr'])} | {_ci(a.get('ci95'))} | {a['gainOverUntrained']:+.3f} | "
-                     f"{_fmt(a['taughtAccuracy'])} |")
+        lines.append(
+            f"| {arm} | {a['description']} | {rows} | {_fmt(a['meanReward'])} | {_fmt(a['accuracy'])} | "
+            f"{_fmt(a['stderr'])} | {_ci(a.get('ci95'))} | {a['gainOverUntrained']:+.3f} | "
+            f"{_fmt(a['taughtAccuracy'])} |"
+        )
     c = report["correlation"]
     lines += [
-        "", "Pearson correlation between an explanation's RLT reward and the student's improvement on the question "
-        "it taught (the paper reports 0.89 at its scale):", "",
-        "| improvement measure | pooled | rl_teacher | sft_teacher |", "|---|---|---|---|",
+        "",
+        "Pearson correlation between an explanation's RLT reward and the student's improvement on the question "
+        "it taught (the paper reports 0.89 at its scale):",
+        "",
+        "| improvement measure | pooled | rl_teacher | sft_teacher |",
+        "|---|---|---|---|",
         f"| taught-question pass@1 gain | {_r(c['accuracyGain']['pooled'])} | {_r(c['accuracyGain']['rl_teacher'])} | "
         f"{_r(c['accuracyGain']['sft_teacher'])} |",
         f"| solution log-prob gain | {_r(c['logprobGain']['pooled'])} | {_r(c['logprobGain']['rl_teacher'])} | "
@@ -359,8 +425,9 @@ def plot_correlation(points: list[dict[str, Any]], correlation: dict[str, Any], 
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, measure, label in zip(axes, ("accuracyGain", "logprobGain"),
-                                  ("taught-question pass@1 gain", "solution log-prob gain"), strict=False):
+    for ax, measure, label in zip(
+        axes, ("accuracyGain", "logprobGain"), ("taught-question pass@1 gain", "solution log-prob gain"), strict=False
+    ):
         for arm, colour in zip(TEACHER_ARMS, ("tab:red", "tab:blue"), strict=True):
             mine = [p for p in points if p["arm"] == arm]
             ax.scatter([p["reward"] for p in mine], [p[measure] for p in mine], label=arm, color=colour, alpha=0.7)
@@ -375,8 +442,13 @@ def plot_correlation(points: list[dict[str, Any]], correlation: dict[str, Any], 
     return path
 
 
-def run_compare(run: RLTRun, output: str | Path = "results", device: str | None = None, show_progress: bool = True,
-                metrics_port: int | None = None) -> dict[str, Any]:
+def run_compare(
+    run: RLTRun,
+    output: str | Path = "results",
+    device: str | None = None,
+    show_progress: bool = True,
+    metrics_port: int | None = None,
+) -> dict[str, Any]:
     from rlt.metrics import TrainerMetrics
     from rlt.runner import quiet_libraries
 

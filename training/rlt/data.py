@@ -144,7 +144,9 @@ def _from_columns(raw: dict[str, Any], spec: DatasetSpec) -> dict[str, Any]:
     cols = spec.columns
     for needed in (cols.question, cols.solution):
         if needed not in raw:
-            raise DataError(f"column {needed!r} is missing (columns: {', '.join(sorted(raw))}); map it in spec.dataset.columns")
+            raise DataError(
+                f"column {needed!r} is missing (columns: {', '.join(sorted(raw))}); map it in spec.dataset.columns"
+            )
     trace = raw.get(cols.reasoning_trace) if cols.reasoning_trace else None
     return {"question": raw[cols.question], "solution": raw[cols.solution], "reasoning_trace": trace}
 
@@ -153,7 +155,9 @@ def _kept_columns(raw: dict[str, Any], names: list[str]) -> dict[str, Any]:
     """spec.dataset.keepColumns: carried unchanged into the distillation dataset."""
     missing = [n for n in names if n not in raw]
     if missing:
-        raise DataError(f"column {missing[0]!r} (spec.dataset.keepColumns) is missing (columns: {', '.join(sorted(raw))})")
+        raise DataError(
+            f"column {missing[0]!r} (spec.dataset.keepColumns) is missing (columns: {', '.join(sorted(raw))})"
+        )
     return {n: raw[n] for n in names}
 
 
@@ -213,8 +217,10 @@ def bad_rows_message(source: str, bad: list[str], good: int, policy: str, listed
     if len(bad) > 1:
         more = f" ({len(bad) - 1} more bad rows" + (")" if listed else "; `rlt validate` lists them)")
     if good == 0:
-        return (f"{source} {bad[0]}{more}; no row is usable, so badRows: skip would drop every row: "
-                "fix the data or spec.dataset.columns")
+        return (
+            f"{source} {bad[0]}{more}; no row is usable, so badRows: skip would drop every row: "
+            "fix the data or spec.dataset.columns"
+        )
     if policy == "reject":
         return f"{source} {bad[0]}{more}; set spec.dataset.badRows: skip to drop the {_rows(len(bad))}"
     return f"{source} {bad[0]}{more}"
@@ -275,8 +281,9 @@ def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> Loaded
     if warn and bad:
         log.warning("skipping %d of %d rows of %s (badRows: skip), first %s", len(bad), read, spec.source, bad[0])
     if warn and numbers:
-        log.warning("%s: %d numeric question/solution values used as text, first at %s", spec.source, len(numbers),
-                    numbers[0])
+        log.warning(
+            "%s: %d numeric question/solution values used as text, first at %s", spec.source, len(numbers), numbers[0]
+        )
     train, held_out = rows, []
     if spec.eval_fraction > 0:
         order = list(range(len(rows)))
@@ -287,14 +294,19 @@ def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> Loaded
         train = [r for i, r in enumerate(rows) if i not in eval_ids]
     if spec.limit:
         train = train[: spec.limit]
-    return LoadedData(train=train, eval=held_out, skipped=[f"{spec.source} {b}" for b in bad], read=read,
-                      numbers=numbers)
+    return LoadedData(
+        train=train, eval=held_out, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers
+    )
 
 
 def is_reachable(spec: DatasetSpec) -> bool:
     """Whether the data can be checked here without a network: a built-in task or a local path."""
-    return spec.source.startswith("builtin:") or Path(spec.source).exists() or spec.source.startswith(
-        (".", "/", "~")) or Path(spec.source).suffix.lower() in _FILE_KINDS
+    return (
+        spec.source.startswith("builtin:")
+        or Path(spec.source).exists()
+        or spec.source.startswith((".", "/", "~"))
+        or Path(spec.source).suffix.lower() in _FILE_KINDS
+    )
 
 
 def check_data(spec: DatasetSpec, fmt: PromptFormat, listed: bool = False) -> LoadedData:

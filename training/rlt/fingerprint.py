@@ -23,8 +23,16 @@ from rlt.spec import STAGE_ORDER, RLTRunSpec
 
 RUN_WIDE = ("method", "teacher", "student", "dataset", "format", "seed")
 # Settings of a stage that change speed, memory or placement but not what the stage produces.
-NOT_AFFECTING = {"gradientCheckpointing", "saveSteps", "saveTotalLimit", "deepspeedZeroStage", "generation",
-                 "perDeviceBatchSize", "reward.batchSize", "reward.sharePrefix"}
+NOT_AFFECTING = {
+    "gradientCheckpointing",
+    "saveSteps",
+    "saveTotalLimit",
+    "deepspeedZeroStage",
+    "generation",
+    "perDeviceBatchSize",
+    "reward.batchSize",
+    "reward.sharePrefix",
+}
 NOT_AFFECTING_BY_STAGE = {"distill": {"batchSize"}, "evaluate": {"batchSize"}}
 # Changes a finished stage can absorb by training on: RL's schedule is constant, so steps 1..n then n+1..m from the
 # checkpoint equal one run of m steps.
@@ -135,8 +143,14 @@ def _is_current(layout: RunLayout, spec: RLTRunSpec, stage: str) -> bool:
     return old is None or old == stage_fields(spec, stage)
 
 
-def plan_stages(layout: RunLayout, spec: RLTRunSpec, stages: list[str], restart: set[str] | None = None,
-                restart_flag: str = "--from-stage {stage}", has_checkpoint=None) -> list[StagePlan]:
+def plan_stages(
+    layout: RunLayout,
+    spec: RLTRunSpec,
+    stages: list[str],
+    restart: set[str] | None = None,
+    restart_flag: str = "--from-stage {stage}",
+    has_checkpoint=None,
+) -> list[StagePlan]:
     """What to do with each of `stages` (in run order); raises StaleStageError for the first that must refuse.
 
     `restart`: stages the user asked to start over. `restart_flag` is how the refusal names that option.
@@ -151,38 +165,57 @@ def plan_stages(layout: RunLayout, spec: RLTRunSpec, stages: list[str], restart:
             continue
         done = layout.stage_done(stage).exists()
         if stage in restart:
-            plans.append(StagePlan(stage, "start_over" if layout.stage_dir(stage).exists() else "run",
-                                   "started over as asked"))
+            plans.append(
+                StagePlan(stage, "start_over" if layout.stage_dir(stage).exists() else "run", "started over as asked")
+            )
         elif not done:
             plans.append(StagePlan(stage, "run"))
         else:
             old, new = recorded_fields(layout, stage), stage_fields(spec, stage)
             if old is None or old == new:
-                plans.append(StagePlan(stage, "skip", "" if old is not None else
-                                       "finished before rlt recorded stage specs; assumed unchanged"))
+                plans.append(
+                    StagePlan(
+                        stage,
+                        "skip",
+                        "" if old is not None else "finished before rlt recorded stage specs; assumed unchanged",
+                    )
+                )
             else:
                 plans.append(_stale(layout, stage, old, new, fresh, restart_flag, has_checkpoint))
         fresh.add(stage)
     return plans
 
 
-def _stale(layout: RunLayout, stage: str, old: dict[str, Any], new: dict[str, Any], fresh: set[str],
-           restart_flag: str, has_checkpoint) -> StagePlan:
+def _stale(
+    layout: RunLayout,
+    stage: str,
+    old: dict[str, Any],
+    new: dict[str, Any],
+    fresh: set[str],
+    restart_flag: str,
+    has_checkpoint,
+) -> StagePlan:
     names = changed_fields(old, new)
     upstream = {n.split(".")[1] for n in names if n.startswith("stages.") and n.split(".")[1] != stage}
     own_or_run_wide = [n for n in names if not n.startswith("stages.") or n.split(".")[1] == stage]
     if not own_or_run_wide and upstream <= fresh:
         return StagePlan(stage, "start_over", f"its input changed ({', '.join(names)}): done again from the start")
     extend = EXTENDABLE.get(stage)
-    if (names == [extend] and isinstance(old.get(extend), int) and new[extend] > old[extend]
-            and (has_checkpoint is None or has_checkpoint(stage))):
-        return StagePlan(stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: "
-                                            "continuing from the last checkpoint")
+    if (
+        names == [extend]
+        and isinstance(old.get(extend), int)
+        and new[extend] > old[extend]
+        and (has_checkpoint is None or has_checkpoint(stage))
+    ):
+        return StagePlan(
+            stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: continuing from the last checkpoint"
+        )
     flag = restart_flag.format(stage=stage)
     raise StaleStageError(
         f"[{stage}] finished under a different spec ({describe_changes(old, new)}); not reusing it. "
         f"Restore the old values, or re-run with {flag} to train it again (its old outputs move to "
-        f"{layout.root / 'replaced'}/)")
+        f"{layout.root / 'replaced'}/)"
+    )
 
 
 def start_over(layout: RunLayout, stage: str) -> Path | None:

@@ -27,8 +27,13 @@ class Samples:
 
 
 # vLLM sampling parameters that leave the distribution as is (the server's defaults come from the checkpoint).
-NEUTRAL_VLLM_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0,
-                         "min_tokens": 0}
+NEUTRAL_VLLM_SAMPLING = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+}
 
 
 def clean_generation_config(model, **settings):
@@ -52,14 +57,27 @@ def only_generation_config(model, config):
 
 
 @torch.no_grad()
-def sample_with_logprobs(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, temperature: float, top_p: float,
-                         max_new_tokens: int, batch_size: int | None = None) -> Samples:
+def sample_with_logprobs(
+    model,
+    tokenizer,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    batch_size: int | None = None,
+) -> Samples:
     """One completion per prompt (repeat prompts for G samples), left-padded batches of `batch_size`."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
-    eos = set(tokenizer.all_special_ids) & {tokenizer.eos_token_id, *([model.generation_config.eos_token_id]
-                                            if isinstance(model.generation_config.eos_token_id, int)
-                                            else (model.generation_config.eos_token_id or []))}
+    eos = set(tokenizer.all_special_ids) & {
+        tokenizer.eos_token_id,
+        *(
+            [model.generation_config.eos_token_id]
+            if isinstance(model.generation_config.eos_token_id, int)
+            else (model.generation_config.eos_token_id or [])
+        ),
+    }
     out = Samples([list(p) for p in prompt_ids], [], [])
     step = batch_size or len(prompt_ids)
     for start in range(0, len(prompt_ids), step):
@@ -70,15 +88,32 @@ def sample_with_logprobs(model, tokenizer, prompt_ids: Sequence[Sequence[int]], 
         for j, p in enumerate(chunk):
             ids[j, width - len(p) :] = torch.tensor(p, device=device)
             mask[j, width - len(p) :] = 1
-        config = clean_generation_config(model, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                                         max_new_tokens=max_new_tokens, pad_token_id=pad, output_scores=True,
-                                         return_dict_in_generate=True)
+        config = clean_generation_config(
+            model,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         with only_generation_config(model, config):
             gen = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         new = gen.sequences[:, width:]
         # scores are the processed logits (after temperature/top-p): their log-softmax is the sampling log-prob
-        lps = torch.stack([torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t : t + 1]).squeeze(1)
-                           for t, s in enumerate(gen.scores)], dim=1) if gen.scores else torch.empty(len(chunk), 0)
+        lps = (
+            torch.stack(
+                [
+                    torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t : t + 1]).squeeze(1)
+                    for t, s in enumerate(gen.scores)
+                ],
+                dim=1,
+            )
+            if gen.scores
+            else torch.empty(len(chunk), 0)
+        )
         for j in range(len(chunk)):
             toks = new[j].tolist()
             end = next((k + 1 for k, t in enumerate(toks) if t in eos), len(toks))
@@ -87,16 +122,32 @@ def sample_with_logprobs(model, tokenizer, prompt_ids: Sequence[Sequence[int]], 
     return out
 
 
-def server_generate(base_url: str, prompt_ids: Sequence[Sequence[int]], *, n: int, temperature: float, top_p: float,
-                    max_new_tokens: int, timeout: float = 600.0) -> Samples:
+def server_generate(
+    base_url: str,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    timeout: float = 600.0,
+) -> Samples:
     """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out)."""
     import requests
 
     models = requests.get(f"{base_url}/v1/models", timeout=timeout).json()
     body = {
-        "model": models["data"][0]["id"], "prompt": [list(p) for p in prompt_ids], "n": n, "temperature": temperature,
-        "top_p": top_p, "top_k": -1, "max_tokens": max_new_tokens, "logprobs": 0, "return_token_ids": True,
-        "return_tokens_as_token_ids": True, **NEUTRAL_VLLM_SAMPLING,
+        "model": models["data"][0]["id"],
+        "prompt": [list(p) for p in prompt_ids],
+        "n": n,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": -1,
+        "max_tokens": max_new_tokens,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        **NEUTRAL_VLLM_SAMPLING,
     }
     resp = requests.post(f"{base_url}/v1/completions", json=body, timeout=timeout)
     if resp.status_code != 200:

@@ -92,7 +92,10 @@ def _build_tiny_qwen2(out: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        vocab_size=512,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(_tiny_corpus(), trainer)
     hf_tok = PreTrainedTokenizerFast(
@@ -102,9 +105,17 @@ def _build_tiny_qwen2(out: Path) -> None:
     ids = {s: hf_tok.convert_tokens_to_ids(s) for s in specials}
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=len(hf_tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
-        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|pad|>"], bos_token_id=None,
+        vocab_size=len(hf_tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|pad|>"],
+        bos_token_id=None,
     )
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
@@ -120,7 +131,9 @@ def resolve_model_path(ref: ModelRef | str) -> str:
         key = name.removeprefix("builtin:")
         builders = {"smollm2-135m-instruct": _convert_smollm2, "tiny-qwen2": _build_tiny_qwen2}
         if key not in builders:
-            raise ValueError(f"unknown built-in model {name!r} (choose from {', '.join('builtin:' + b for b in BUILTIN_MODELS)})")
+            raise ValueError(
+                f"unknown built-in model {name!r} (choose from {', '.join('builtin:' + b for b in BUILTIN_MODELS)})"
+            )
         return str(_build_atomically(cache_root() / "models" / f"{key}-v1", builders[key]))
     return name
 

@@ -74,10 +74,17 @@ def push_hub(local: Path, uri: str, kind: str, api: Any = None) -> str:
     repo_id = "/".join(parts[1:] if repo_type == "dataset" else parts)
     api.create_repo(repo_id, repo_type=repo_type, private=True, exist_ok=True)
     if local.is_dir():
-        api.upload_folder(repo_id=repo_id, repo_type=repo_type, folder_path=str(local), commit_message="rlt: push model")
+        api.upload_folder(
+            repo_id=repo_id, repo_type=repo_type, folder_path=str(local), commit_message="rlt: push model"
+        )
     else:
-        api.upload_file(repo_id=repo_id, repo_type=repo_type, path_or_fileobj=str(local), path_in_repo=DATASET_FILE,
-                        commit_message="rlt: push distillation dataset")
+        api.upload_file(
+            repo_id=repo_id,
+            repo_type=repo_type,
+            path_or_fileobj=str(local),
+            path_in_repo=DATASET_FILE,
+            commit_message="rlt: push distillation dataset",
+        )
     return uri
 
 

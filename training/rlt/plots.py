@@ -60,10 +60,14 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
         panels = [
             ("reward R = r_SS − λ·r_KL − penalty", [("reward", "R (mean)")]),
-            ("r_SS: student log-prob of the solution", [("r_ss", "r_SS"), ("solution_logprob_mean", "mean ℓ"),
-                                                        ("solution_logprob_min", "min ℓ")]),
-            ("r_KL: teacher − student log-prob on the explanation", [("r_kl", "r_KL"), ("kl_mean", "mean Δ"),
-                                                                      ("kl_max", "max Δ")]),
+            (
+                "r_SS: student log-prob of the solution",
+                [("r_ss", "r_SS"), ("solution_logprob_mean", "mean ℓ"), ("solution_logprob_min", "min ℓ")],
+            ),
+            (
+                "r_KL: teacher − student log-prob on the explanation",
+                [("r_kl", "r_KL"), ("kl_mean", "mean Δ"), ("kl_max", "max Δ")],
+            ),
             ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL")]),
         ]
         rcl = any("rcl_apg" in r for r in rl)
@@ -84,9 +88,16 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
             if title.startswith("reward") and all("reward_std" in r for r in rl):
                 mean = [r["reward"] for r in rl]
                 std = [r["reward_std"] for r in rl]
-                ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)],
-                                alpha=0.2, label="± std")
-                drawn += [m - s for m, s in zip(mean, std, strict=True)] + [m + s for m, s in zip(mean, std, strict=True)]
+                ax.fill_between(
+                    steps,
+                    [m - s for m, s in zip(mean, std, strict=True)],
+                    [m + s for m, s in zip(mean, std, strict=True)],
+                    alpha=0.2,
+                    label="± std",
+                )
+                drawn += [m - s for m, s in zip(mean, std, strict=True)] + [
+                    m + s for m, s in zip(mean, std, strict=True)
+                ]
             _tidy(ax, drawn)
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)

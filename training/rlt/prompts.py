@@ -59,7 +59,9 @@ def resolve_format(spec: FormatSpec) -> PromptFormat:
     else:
         path = FORMATS_DIR / f"{spec.preset}.yaml"
         if not path.is_file():
-            raise ValueError(f"spec.format.preset: unknown format {spec.preset!r} (bundled: {', '.join(bundled_formats())})")
+            raise ValueError(
+                f"spec.format.preset: unknown format {spec.preset!r} (bundled: {', '.join(bundled_formats())})"
+            )
         source = str(path)
     data = dict(_load_file(source))
     data["tags"] = {**data.get("tags", {}), **spec.tags.model_dump(by_alias=True, exclude_none=True)}
@@ -118,7 +120,9 @@ class Formatter:
         ]
         text = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
         if not text.endswith(self.t.explanation_start):
-            raise ValueError("the teacher chat template altered the assistant prefix; use a template that keeps it verbatim")
+            raise ValueError(
+                "the teacher chat template altered the assistant prefix; use a template that keeps it verbatim"
+            )
         return text
 
     def teacher_completion(self, explanation: str, eos: str) -> str:
@@ -136,7 +140,9 @@ class Formatter:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
         at = text.rfind(answer)
         if at < 0:
-            raise ValueError("the student chat template altered the assistant answer; use a template that keeps it verbatim")
+            raise ValueError(
+                "the student chat template altered the assistant answer; use a template that keeps it verbatim"
+            )
         e0 = at + len(self.t.thought_start)
         s0 = e0 + len(explanation) + len(self.t.thought_end) + len(self.fmt.separator) + len(self.t.solution_start)
         return text, Span(e0, e0 + len(explanation)), Span(s0, s0 + len(solution))

@@ -44,7 +44,15 @@ class RewardBreakdown:
     explanation_tokens: list[int] = field(default_factory=list)
     pairing_coverage: list[float] = field(default_factory=list)  # share of E's tokens (both sides) that got a Δ
 
-    COMPONENTS = ("r_ss", "r_kl", "format_penalty", "solution_logprob_mean", "solution_logprob_min", "kl_mean", "kl_max")
+    COMPONENTS = (
+        "r_ss",
+        "r_kl",
+        "format_penalty",
+        "solution_logprob_mean",
+        "solution_logprob_min",
+        "kl_mean",
+        "kl_max",
+    )
 
     def row(self, i: int) -> dict[str, float]:
         return {k: v[i] for k, v in asdict(self).items()}
@@ -62,10 +70,21 @@ class RLTReward:
 
     __name__ = "rlt_reward"  # TRL names reward functions by __name__ in its logs
 
-    def __init__(self, student: PreTrainedModel, student_tokenizer: PreTrainedTokenizerBase, formatter: Formatter, *,
-                 alpha: float = 0.01, kl_weight: float = 3.0, format_penalty: float = 1.0, temperature: float = 0.7,
-                 teacher: PreTrainedModel | None = None, teacher_tokenizer: PreTrainedTokenizerBase | None = None,
-                 batch_size: int = 8, share_prefix: bool = True) -> None:
+    def __init__(
+        self,
+        student: PreTrainedModel,
+        student_tokenizer: PreTrainedTokenizerBase,
+        formatter: Formatter,
+        *,
+        alpha: float = 0.01,
+        kl_weight: float = 3.0,
+        format_penalty: float = 1.0,
+        temperature: float = 0.7,
+        teacher: PreTrainedModel | None = None,
+        teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+        batch_size: int = 8,
+        share_prefix: bool = True,
+    ) -> None:
         self.fmt = formatter
         self.alpha, self.kl_weight, self.penalty = alpha, kl_weight, format_penalty
         self.student_tokenizer = student_tokenizer
@@ -73,7 +92,9 @@ class RLTReward:
         self.teacher_tokenizer = teacher_tokenizer or student_tokenizer
         self.same_vocab = _same_vocab(self.teacher_tokenizer, student_tokenizer)
         self.teacher = (
-            SpanScorer(teacher, self.teacher_tokenizer, temperature, batch_size, share_prefix) if teacher is not None else None
+            SpanScorer(teacher, self.teacher_tokenizer, temperature, batch_size, share_prefix)
+            if teacher is not None
+            else None
         )
         self.last: RewardBreakdown | None = None
         self.last_seconds = 0.0
@@ -82,27 +103,43 @@ class RLTReward:
 
     def set_teacher(self, teacher: PreTrainedModel) -> None:
         """Point the fallback teacher scorer at a (new) model, e.g. the live policy."""
-        self.teacher = SpanScorer(teacher, self.teacher_tokenizer, self.student.temperature, self.student.batch_size,
-                                  self.student.share_prefix)
+        self.teacher = SpanScorer(
+            teacher,
+            self.teacher_tokenizer,
+            self.student.temperature,
+            self.student.batch_size,
+            self.student.share_prefix,
+        )
 
     # ---- teacher log-probs of E
-    def _teacher_from_generation(self, completions: Sequence[str], completion_ids: Sequence[Sequence[int]],
-                                 teacher_logprobs: Sequence[Sequence[float]],
-                                 explanations: Sequence[str]) -> list[SideTokens]:
+    def _teacher_from_generation(
+        self,
+        completions: Sequence[str],
+        completion_ids: Sequence[Sequence[int]],
+        teacher_logprobs: Sequence[Sequence[float]],
+        explanations: Sequence[str],
+    ) -> list[SideTokens]:
         out = []
         for text, ids, lps, expl in zip(completions, completion_ids, teacher_logprobs, explanations, strict=True):
             if len(ids) != len(lps):
                 raise ValueError(f"teacher_logprobs has {len(lps)} values for {len(ids)} completion ids")
             offs, decoded = completion_token_offsets(self.teacher_tokenizer, ids)
             if decoded != text:
-                raise ValueError("completion_ids do not decode to the completion text they come with: "
-                                 f"{decoded[:60]!r} vs {text[:60]!r}")
+                raise ValueError(
+                    "completion_ids do not decode to the completion text they come with: "
+                    f"{decoded[:60]!r} vs {text[:60]!r}"
+                )
             keep = [k for k, (s, e) in enumerate(offs) if e > s and e <= len(expl)]
             out.append(SideTokens([offs[k] for k in keep], [ids[k] for k in keep], [float(lps[k]) for k in keep]))
         return out
 
-    def _teacher_from_forward(self, questions: Sequence[str], solutions: Sequence[str], completions: Sequence[str],
-                              explanations: Sequence[str]) -> list[SideTokens]:
+    def _teacher_from_forward(
+        self,
+        questions: Sequence[str],
+        solutions: Sequence[str],
+        completions: Sequence[str],
+        explanations: Sequence[str],
+    ) -> list[SideTokens]:
         if self.teacher is None:
             raise ValueError("RLTReward needs teacher log-probs: pass teacher_logprobs or construct it with teacher=")
         requests = []
@@ -112,9 +149,14 @@ class RLTReward:
         return [SideTokens(sc[0].offsets, sc[0].ids, sc[0].logprobs.tolist()) for sc in self.teacher.score(requests)]
 
     # ---- public API
-    def score(self, questions: Sequence[str], solutions: Sequence[str], completions: Sequence[str],
-              teacher_logprobs: Sequence[Sequence[float]] | None = None,
-              completion_ids: Sequence[Sequence[int]] | None = None) -> RewardBreakdown:
+    def score(
+        self,
+        questions: Sequence[str],
+        solutions: Sequence[str],
+        completions: Sequence[str],
+        teacher_logprobs: Sequence[Sequence[float]] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+    ) -> RewardBreakdown:
         """Rewards of teacher completions (the text written after the opening explanation tag).
 
         `teacher_logprobs` (per generated token, at temperature τ) with `completion_ids` skip the teacher forward."""
@@ -146,7 +188,9 @@ class RLTReward:
                 raise ValueError("no solution token could be scored: the solution text is empty after tokenisation")
             sol_mean, sol_min = float(sol.mean()), float(sol.min())
             t0 = time.perf_counter()
-            pairing = pair_explanation(t_lp, SideTokens(e_sc.offsets, e_sc.ids, e_sc.logprobs.tolist()), self.same_vocab)
+            pairing = pair_explanation(
+                t_lp, SideTokens(e_sc.offsets, e_sc.ids, e_sc.logprobs.tolist()), self.same_vocab
+            )
             pairing_seconds += time.perf_counter() - t0
             deltas = pairing.deltas
             kl_mean = sum(deltas) / len(deltas) if deltas else EMPTY_KL
@@ -156,7 +200,9 @@ class RLTReward:
             pen = 0.0 if closed else self.penalty
             total = r_ss - self.kl_weight * r_kl - pen
             if not math.isfinite(total):
-                raise FloatingPointError(f"reward is not finite (r_ss={r_ss}, r_kl={r_kl}) for explanation {expl[:80]!r}")
+                raise FloatingPointError(
+                    f"reward is not finite (r_ss={r_ss}, r_kl={r_kl}) for explanation {expl[:80]!r}"
+                )
             out.total.append(total)
             out.r_ss.append(r_ss)
             out.r_kl.append(r_kl)
@@ -174,9 +220,17 @@ class RLTReward:
         self.scored_tokens_total += sum(out.solution_tokens) + sum(out.explanation_tokens)
         return out
 
-    def __call__(self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str],
-                 completion_ids: list[list[int]] | None = None, teacher_logprobs: list[list[float]] | None = None,
-                 log_metric: Callable[[str, float], None] | None = None, **_: Any) -> list[float]:
+    def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        question: list[str],
+        solution: list[str],
+        completion_ids: list[list[int]] | None = None,
+        teacher_logprobs: list[list[float]] | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
+        **_: Any,
+    ) -> list[float]:
         """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
         if teacher_logprobs is not None and any(lp is None for lp in teacher_logprobs):
@@ -194,12 +248,25 @@ def _same_vocab(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
     return a is b or a.get_vocab() == b.get_vocab()
 
 
-def reward_from_spec(spec: RLTRunSpec, student: PreTrainedModel, student_tokenizer: PreTrainedTokenizerBase,
-                     formatter: Formatter, teacher: PreTrainedModel | None = None,
-                     teacher_tokenizer: PreTrainedTokenizerBase | None = None) -> RLTReward:
+def reward_from_spec(
+    spec: RLTRunSpec,
+    student: PreTrainedModel,
+    student_tokenizer: PreTrainedTokenizerBase,
+    formatter: Formatter,
+    teacher: PreTrainedModel | None = None,
+    teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> RLTReward:
     r = spec.stages.rl.reward
     return RLTReward(
-        student, student_tokenizer, formatter, alpha=r.alpha, kl_weight=r.kl_weight, format_penalty=r.format_penalty,
-        temperature=r.student_temperature or spec.stages.rl.temperature, teacher=teacher,
-        teacher_tokenizer=teacher_tokenizer, batch_size=r.batch_size, share_prefix=r.share_prefix,
+        student,
+        student_tokenizer,
+        formatter,
+        alpha=r.alpha,
+        kl_weight=r.kl_weight,
+        format_penalty=r.format_penalty,
+        temperature=r.student_temperature or spec.stages.rl.temperature,
+        teacher=teacher,
+        teacher_tokenizer=teacher_tokenizer,
+        batch_size=r.batch_size,
+        share_prefix=r.share_prefix,
     )

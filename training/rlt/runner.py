@@ -31,7 +31,8 @@ def summarize(layout: RunLayout, stage_info: dict[str, Any], wall: float, plots:
         summary["rl"] = {
             "steps": len(rl_rows),
             "rewardPerStep": [round(r.get("reward", float("nan")), 4) for r in rl_rows],
-            "rewardFirst": rl_rows[0].get("reward"), "rewardLast": rl_rows[-1].get("reward"),
+            "rewardFirst": rl_rows[0].get("reward"),
+            "rewardLast": rl_rows[-1].get("reward"),
             "meanStepSeconds": statistics.mean(r.get("step_seconds", 0.0) for r in rl_rows),
         }
     if layout.distill_dataset.exists():
@@ -40,7 +41,8 @@ def summarize(layout: RunLayout, stage_info: dict[str, Any], wall: float, plots:
         data = [json.loads(line) for line in layout.distill_dataset.read_text().splitlines() if line.strip()]
         candidates = [c for d in data for c in d.get("candidate_rewards", [d["reward"]])]
         summary["distill"] = {
-            "rows": len(data), "path": str(layout.distill_dataset),
+            "rows": len(data),
+            "path": str(layout.distill_dataset),
             # kept = the best candidate of each question (the dataset); candidates = every sample scored, which is
             # what progress.json's candidateRewardMean and the distill rows of metrics.jsonl average
             "keptRewardMean": statistics.mean(d["reward"] for d in data) if data else None,
@@ -63,8 +65,10 @@ def serve_metrics(metrics: TrainerMetrics, port: int, fallback: bool, addr: str 
         if err.errno != errno.EADDRINUSE:
             raise
     if not fallback:
-        raise MetricsPortError(f"--metrics-port {port}: {addr}:{port} is already in use (another rlt run?); "
-                               "pick another port, 0 for any free one, or -1 for no metrics")
+        raise MetricsPortError(
+            f"--metrics-port {port}: {addr}:{port} is already in use (another rlt run?); "
+            "pick another port, 0 for any free one, or -1 for no metrics"
+        )
     bound = metrics.serve(0, addr=addr)
     print(f"metrics: port {port} is in use (another rlt run?); serving on {bound} instead", flush=True)
     return bound
@@ -83,11 +87,18 @@ def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
 
     data = check_data(spec.dataset, resolve_format(spec.format))
     if data.skipped:
-        print(f"data: skipping {len(data.skipped)} of {data.read} rows (badRows: skip); first: {data.skipped[0]}",
-              flush=True)
-    return {"source": spec.dataset.source, "rowsRead": data.read, "rowsUsed": data.read - len(data.skipped),
-            "skippedRows": len(data.skipped), "skipped": data.skipped[:50],
-            "numbersUsedAsText": len(data.numbers)}
+        print(
+            f"data: skipping {len(data.skipped)} of {data.read} rows (badRows: skip); first: {data.skipped[0]}",
+            flush=True,
+        )
+    return {
+        "source": spec.dataset.source,
+        "rowsRead": data.read,
+        "rowsUsed": data.read - len(data.skipped),
+        "skippedRows": len(data.skipped),
+        "skipped": data.skipped[:50],
+        "numbersUsedAsText": len(data.numbers),
+    }
 
 
 def quiet_libraries() -> None:
@@ -108,16 +119,30 @@ def has_checkpoint(layout: RunLayout, stage: str) -> bool:
     return any(layout.checkpoints_dir(stage).glob("checkpoint-*"))
 
 
-def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | None = 9400, linger: float = 0.0,
-              only: list[str] | None = None, device: str | None = None, show_progress: bool = True,
-              from_stage: str | None = None, port_fallback: bool = False) -> dict[str, Any]:
+def run_local(
+    run: RLTRun,
+    output: str | Path = "results",
+    metrics_port: int | None = 9400,
+    linger: float = 0.0,
+    only: list[str] | None = None,
+    device: str | None = None,
+    show_progress: bool = True,
+    from_stage: str | None = None,
+    port_fallback: bool = False,
+) -> dict[str, Any]:
     layout = RunLayout.for_run(output, run.name)
     stages = only or run.spec.stages.enabled()
     order = list(fingerprint.STAGE_ORDER)
     restart = {s for s in order if from_stage and order.index(s) >= order.index(from_stage)}
     # Refusals come before anything is written: run.yaml must keep describing what the outputs were made with.
-    plans = fingerprint.plan_stages(layout, run.spec, stages, restart, "--from-stage {stage}",
-                                    has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name))
+    plans = fingerprint.plan_stages(
+        layout,
+        run.spec,
+        stages,
+        restart,
+        "--from-stage {stage}",
+        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+    )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     quiet_libraries()
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -133,8 +158,11 @@ def run_local(run: RLTRun, output: str | Path = "results", metrics_port: int | N
         for plan in plans:
             name = plan.stage
             if plan.action == "skip":
-                print(f"[{name}] already done ({layout.stage_done(name)}): skipped"
-                      + (f" ({plan.note})" if plan.note else ""), flush=True)
+                print(
+                    f"[{name}] already done ({layout.stage_done(name)}): skipped"
+                    + (f" ({plan.note})" if plan.note else ""),
+                    flush=True,
+                )
                 info[name] = {"skipped": True}
                 push_stage_outputs(ctx, name)  # a push that failed after the stage finished is retried
                 continue
@@ -173,8 +201,10 @@ def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
         print(f"  reward per RL step: {rewards}")
     if "distill" in summary:
         d = summary["distill"]
-        print(f"  distillation dataset: {d['rows']} rows, mean reward of the kept rows {d['keptRewardMean']:.3f} "
-              f"(all candidates {d['candidateRewardMean']:.3f}) -> {d['path']}")
+        print(
+            f"  distillation dataset: {d['rows']} rows, mean reward of the kept rows {d['keptRewardMean']:.3f} "
+            f"(all candidates {d['candidateRewardMean']:.3f}) -> {d['path']}"
+        )
     if summary.get("data", {}).get("skippedRows"):
         print(f"  data: {summary['data']['skippedRows']} of {summary['data']['rowsRead']} rows skipped (badRows: skip)")
     for p in summary["plots"]:
@@ -185,8 +215,14 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     """`rlt stage`: one stage inside a pod; rank 0 exports metrics on all interfaces."""
     layout = RunLayout.for_run(root, run.name)
     ctx = StageContext(run, layout, None, None, show_progress=False)
-    [plan] = fingerprint.plan_stages(layout, run.spec, [stage], {stage} if restart else set(), "--restart",
-                                     has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name))
+    [plan] = fingerprint.plan_stages(
+        layout,
+        run.spec,
+        [stage],
+        {stage} if restart else set(),
+        "--restart",
+        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+    )
     if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)
         push_stage_outputs(ctx, stage)  # a push that failed after the stage finished is retried
@@ -198,8 +234,11 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         fingerprint.reopen(layout, stage)
         print(f"[{stage}] {plan.note}", flush=True)
     if ctx.is_main:
-        ctx.metrics = TrainerMetrics(run.name, namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
-                                     method=run.spec.method)
+        ctx.metrics = TrainerMetrics(
+            run.name,
+            namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
+            method=run.spec.method,
+        )
         serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
     output_path = stage_function(stage, run.spec.method)(ctx)
     push_stage_outputs(ctx, stage)

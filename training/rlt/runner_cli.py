@@ -49,9 +49,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     run = _load(args.file)
     port = DEFAULT_METRICS_PORT if args.metrics_port is None else None if args.metrics_port < 0 else args.metrics_port
-    return _one_line_on_input_error("run", lambda: run_local(
-        run, args.output, port, args.linger, args.stage or None, args.device, not args.no_progress,
-        from_stage=args.from_stage, port_fallback=args.metrics_port is None))
+    return _one_line_on_input_error(
+        "run",
+        lambda: run_local(
+            run,
+            args.output,
+            port,
+            args.linger,
+            args.stage or None,
+            args.device,
+            not args.no_progress,
+            from_stage=args.from_stage,
+            port_fallback=args.metrics_port is None,
+        ),
+    )
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -59,8 +70,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from rlt.runner import run_stage_in_pod
 
     run = _load(args.config)
-    return _one_line_on_input_error("stage", lambda: run_stage_in_pod(
-        run, args.name, args.root, metrics_port_from_env(), restart=args.restart))
+    return _one_line_on_input_error(
+        "stage", lambda: run_stage_in_pod(run, args.name, args.root, metrics_port_from_env(), restart=args.restart)
+    )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -68,8 +80,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     run = _load(args.file)
     if run.spec.method != "rcl":
-        print(f"{args.file}: rlt eval runs the rcl teaching evaluation; this run has method {run.spec.method} "
-              "(use its evaluate stage)", file=sys.stderr)
+        print(
+            f"{args.file}: rlt eval runs the rcl teaching evaluation; this run has method {run.spec.method} "
+            "(use its evaluate stage)",
+            file=sys.stderr,
+        )
         return ExitCode.CONFIG_ERROR
 
     def evaluate() -> None:
@@ -85,30 +100,41 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     run = _load(args.file)
     port = None if args.metrics_port < 0 else args.metrics_port
-    return _one_line_on_input_error("compare", lambda: run_compare(run, args.output, args.device,
-                                                                   not args.no_progress, port))
+    return _one_line_on_input_error(
+        "compare", lambda: run_compare(run, args.output, args.device, not args.no_progress, port)
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
     p.add_argument("file", help="RLTRun YAML")
     p.add_argument("--output", default="results", help="results folder (default: results)")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}, or a free one when it is taken; "
-                        "0 = any, -1 = off)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}, or a free one when it is taken; "
+        "0 = any, -1 = off)",
+    )
     p.add_argument("--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run")
     p.add_argument("--stage", action="append", choices=STAGE_ORDER, help="run only this stage (repeatable)")
-    p.add_argument("--from-stage", choices=STAGE_ORDER,
-                   help="start this stage and every later one over (old outputs move to OUTPUT/<run>/replaced/); "
-                        "needed after editing the spec of a finished stage")
+    p.add_argument(
+        "--from-stage",
+        choices=STAGE_ORDER,
+        help="start this stage and every later one over (old outputs move to OUTPUT/<run>/replaced/); "
+        "needed after editing the spec of a finished stage",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("eval", help="rcl: APG/NDR/TES of a teacher on the held-out split -> OUTPUT/<run>/eval/")
     p.add_argument("file", help="RLTRun YAML (method: rcl)")
-    p.add_argument("--teacher", help="teacher to evaluate: a model path or hub id, builtin:<name>, 'initial' "
-                   "(spec.teacher), 'none' (no teacher); default: the run's latest trained teacher (rl, else sft)")
+    p.add_argument(
+        "--teacher",
+        help="teacher to evaluate: a model path or hub id, builtin:<name>, 'initial' "
+        "(spec.teacher), 'none' (no teacher); default: the run's latest trained teacher (rl, else sft)",
+    )
     p.add_argument("--label", help="row name in the report (default: from --teacher)")
     p.add_argument("--output", default="results", help="results folder of the run (default: results)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
@@ -118,15 +144,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", choices=STAGE_ORDER)
     p.add_argument("--config", required=True, help="RLTRun YAML (the run's ConfigMap)")
     p.add_argument("--root", default="/data", help="data root (the run's PVC)")
-    p.add_argument("--restart", action="store_true",
-                   help="start the stage over even if it finished (old outputs move to ROOT/<run>/replaced/)")
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start the stage over even if it finished (old outputs move to ROOT/<run>/replaced/)",
+    )
     p.set_defaults(func=cmd_stage)
-    p = sub.add_parser("compare", help="distil students from the RL teacher, the SFT-only teacher and the dataset's traces; "
-                                       "evaluate them and the untrained student (OUTPUT/<run>/compare/)")
+    p = sub.add_parser(
+        "compare",
+        help="distil students from the RL teacher, the SFT-only teacher and the dataset's traces; "
+        "evaluate them and the untrained student (OUTPUT/<run>/compare/)",
+    )
     p.add_argument("file", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)")
     p.add_argument("--output", default="results", help="results folder (default: results)")
     p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
-

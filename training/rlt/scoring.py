@@ -81,8 +81,15 @@ def _common_prefix_len(seqs: list[list[int]]) -> int:
 class SpanScorer:
     """log softmax(logits / temperature) at the tokens that lie wholly inside the requested spans."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, temperature: float = 1.0, batch_size: int = 8, share_prefix: bool = True,
-                 head_chunk: int = 128) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        share_prefix: bool = True,
+        head_chunk: int = 128,
+    ) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("span scoring needs a fast tokenizer (character offsets)")
         self.model = model
@@ -119,8 +126,9 @@ class SpanScorer:
         plan: list[tuple[int, list[_Seq]]] = []
         for members in groups.values():
             first_needed = min((t for s in members for span in s.targets for t in span), default=1)
-            prefix = min(_common_prefix_len([s.ids for s in members]), first_needed - 1,
-                         min(len(s.ids) for s in members) - 1)
+            prefix = min(
+                _common_prefix_len([s.ids for s in members]), first_needed - 1, min(len(s.ids) for s in members) - 1
+            )
             if len(members) < 2 or prefix < MIN_SHARED_PREFIX:
                 loose += members
                 continue
@@ -150,7 +158,9 @@ class SpanScorer:
         return out
 
     @torch.no_grad()
-    def _run_batch(self, prefix_len: int, batch: list[_Seq], prefix_cache: DynamicCache | None) -> list[list[torch.Tensor]]:
+    def _run_batch(
+        self, prefix_len: int, batch: list[_Seq], prefix_cache: DynamicCache | None
+    ) -> list[list[torch.Tensor]]:
         device = self.head.weight.device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         width = max(len(s.ids) for s in batch) - prefix_len
@@ -208,16 +218,22 @@ class SpanScorer:
                 if key != cache_key:
                     cache_key, cache = key, self._prefix_cache(batch[0].ids[:prefix_len])
                 self.stats.prefix_tokens_saved += prefix_len * (len(batch) - 1)
-            for s, per_span in zip(batch, self._run_batch(prefix_len, batch, cache if prefix_len else None), strict=True):
-                results[s.index] = [SpanScores(o, lp, [s.ids[t] for t in tg])
-                                    for o, lp, tg in zip(s.offsets, per_span, s.targets, strict=True)]
+            for s, per_span in zip(
+                batch, self._run_batch(prefix_len, batch, cache if prefix_len else None), strict=True
+            ):
+                results[s.index] = [
+                    SpanScores(o, lp, [s.ids[t] for t in tg])
+                    for o, lp, tg in zip(s.offsets, per_span, s.targets, strict=True)
+                ]
         return results  # type: ignore[return-value]
 
 
 MAX_SPLIT_TOKENS = 8  # a character split over more byte-level tokens than this is not a character
 
 
-def completion_token_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> tuple[list[tuple[int, int]], str]:
+def completion_token_offsets(
+    tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]
+) -> tuple[list[tuple[int, int]], str]:
     """Character range of each generated token inside `text = decode(ids, skip_special_tokens=True)`, and `text`.
 
     Linear time. A character split over several byte-level tokens decodes to U+FFFD until its last byte arrives:
@@ -228,10 +244,12 @@ def completion_token_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[i
     text = tokenizer.decode(ids, skip_special_tokens=True)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+
         def decode_many(seqs: list[list[int]]) -> list[str]:
             decoded: list[str] = backend.decode_batch(seqs, skip_special_tokens=True)
             return decoded
     else:
+
         def decode_many(seqs: list[list[int]]) -> list[str]:
             return [str(tokenizer.decode(q, skip_special_tokens=True)) for q in seqs]  # one sequence -> one str
 
@@ -251,11 +269,15 @@ def completion_token_offsets(tokenizer: PreTrainedTokenizerBase, ids: Sequence[i
     offsets, texts = _offsets_in_context(ids, decode_many)
     if "".join(texts) == text:
         return offsets, text
-    raise ValueError("cannot locate the generated tokens in their decoded text: the tokenizer decodes a sequence "
-                     "differently from its pieces")
+    raise ValueError(
+        "cannot locate the generated tokens in their decoded text: the tokenizer decodes a sequence "
+        "differently from its pieces"
+    )
 
 
-def _offsets_in_context(ids: list[int], decode_many: DecodeMany, context: int = 4) -> tuple[list[tuple[int, int]], list[str]]:
+def _offsets_in_context(
+    ids: list[int], decode_many: DecodeMany, context: int = 4
+) -> tuple[list[tuple[int, int]], list[str]]:
     """Per-token ranges from decoding each new token after a few tokens of context (still linear, slower)."""
     offsets: list[tuple[int, int]] = []
     texts: list[str] = []
@@ -265,7 +287,7 @@ def _offsets_in_context(ids: list[int], decode_many: DecodeMany, context: int = 
         before, after = decode_many([ids[ctx:start], ids[ctx : k + 1]])
         last = k == len(ids) - 1 or k + 1 - start >= MAX_SPLIT_TOKENS
         if after.startswith(before) and (last or not after.endswith("\ufffd")):
-            piece = after[len(before):]
+            piece = after[len(before) :]
             offsets += [(pos, pos + len(piece))] * (k + 1 - start)
             texts.append(piece)
             pos += len(piece)

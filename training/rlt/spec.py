@@ -26,8 +26,19 @@ RCL_STAGES = ("sft", "rl", "evaluate")  # the stages method rcl has
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Keys the distill stage writes itself (spec.dataset.keepColumns may not reuse them).
-DISTILL_ROW_KEYS = frozenset({"question", "reasoning_trace", "solution", "reward", "closed", "candidate_rewards",
-                              "source_row", "messages", "candidates"})
+DISTILL_ROW_KEYS = frozenset(
+    {
+        "question",
+        "reasoning_trace",
+        "solution",
+        "reward",
+        "closed",
+        "candidate_rewards",
+        "source_row",
+        "messages",
+        "candidates",
+    }
+)
 
 
 class Strict(BaseModel):
@@ -51,7 +62,8 @@ class LoraSpec(Strict):
     alpha: int = Field(32, gt=0, description="lora_alpha: the update is scaled by alpha / r.")
     dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
     target_modules: list[str] = Field(
-        default_factory=lambda: ["all-linear"], min_length=1,
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
         description="Module names to adapt (e.g. [q_proj, v_proj]); [all-linear] = every linear layer but the "
         "output head.",
     )
@@ -70,8 +82,9 @@ class ModelRef(Strict):
         "auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
     )
     lora: LoraSpec | None = Field(
-        None, description="Train a LoRA adapter (PEFT) instead of every weight; only for models a stage trains "
-        "(teacher, stages.student.model). Checkpoints hold the adapter; the stage's final model is merged."
+        None,
+        description="Train a LoRA adapter (PEFT) instead of every weight; only for models a stage trains "
+        "(teacher, stages.student.model). Checkpoints hold the adapter; the stage's final model is merged.",
     )
 
 
@@ -110,8 +123,9 @@ class DatasetSpec(Strict):
         0.0, ge=0.0, lt=1.0, description="Fraction of rows held out (deterministically) for evaluation."
     )
     keep_columns: list[str] = Field(
-        default_factory=list, description="Source columns (e.g. id) copied unchanged into every distillation row; "
-        "a row without one is a bad row."
+        default_factory=list,
+        description="Source columns (e.g. id) copied unchanged into every distillation row; "
+        "a row without one is a bad row.",
     )
 
     @model_validator(mode="after")
@@ -158,18 +172,42 @@ class FormatSpec(Strict):
 # TrainingArguments that rlt sets itself, with the spec field to use instead (trainerArgs may not set them:
 # two sources for one option would make the effective value depend on merge order).
 MANAGED_TRAINER_ARGS: dict[str, str] = {
-    "output_dir": "the run's layout", "report_to": "spec.tracking", "logging_dir": "spec.tracking",
-    "deepspeed": "deepspeedZeroStage", "use_cpu": "the device", "bf16": "precision", "fp16": "precision",
-    "max_steps": "maxSteps / steps", "num_train_epochs": "epochs", "learning_rate": "learningRate",
-    "lr_scheduler_type": "lrScheduler", "warmup_steps": "warmupRatio", "warmup_ratio": "warmupRatio",
-    "weight_decay": "weightDecay", "max_grad_norm": "maxGradNorm", "per_device_train_batch_size": "perDeviceBatchSize",
-    "gradient_accumulation_steps": "batchSize / perDeviceBatchSize", "gradient_checkpointing": "gradientCheckpointing",
-    "save_steps": "saveSteps", "save_strategy": "saveSteps", "save_total_limit": "saveTotalLimit",
-    "logging_steps": "loggingSteps", "seed": "spec.seed", "max_length": "maxLength",
-    "num_generations": "numGenerations", "max_completion_length": "maxCompletionLength", "temperature": "temperature",
-    "top_p": "topP", "beta": "beta", "use_vllm": "generation.mode", "vllm_mode": "generation.mode",
-    "vllm_server_base_url": "generation.serverUrl", "vllm_server_timeout": "generation.serverTimeoutSeconds",
-    "steps_per_generation": "batchSize", "disable_tqdm": "the progress bar", "completion_only_loss": "the stage",
+    "output_dir": "the run's layout",
+    "report_to": "spec.tracking",
+    "logging_dir": "spec.tracking",
+    "deepspeed": "deepspeedZeroStage",
+    "use_cpu": "the device",
+    "bf16": "precision",
+    "fp16": "precision",
+    "max_steps": "maxSteps / steps",
+    "num_train_epochs": "epochs",
+    "learning_rate": "learningRate",
+    "lr_scheduler_type": "lrScheduler",
+    "warmup_steps": "warmupRatio",
+    "warmup_ratio": "warmupRatio",
+    "weight_decay": "weightDecay",
+    "max_grad_norm": "maxGradNorm",
+    "per_device_train_batch_size": "perDeviceBatchSize",
+    "gradient_accumulation_steps": "batchSize / perDeviceBatchSize",
+    "gradient_checkpointing": "gradientCheckpointing",
+    "save_steps": "saveSteps",
+    "save_strategy": "saveSteps",
+    "save_total_limit": "saveTotalLimit",
+    "logging_steps": "loggingSteps",
+    "seed": "spec.seed",
+    "max_length": "maxLength",
+    "num_generations": "numGenerations",
+    "max_completion_length": "maxCompletionLength",
+    "temperature": "temperature",
+    "top_p": "topP",
+    "beta": "beta",
+    "use_vllm": "generation.mode",
+    "vllm_mode": "generation.mode",
+    "vllm_server_base_url": "generation.serverUrl",
+    "vllm_server_timeout": "generation.serverTimeoutSeconds",
+    "steps_per_generation": "batchSize",
+    "disable_tqdm": "the progress bar",
+    "completion_only_loss": "the stage",
 }
 
 
@@ -183,9 +221,10 @@ class TrainerOptions(Strict):
         "auto", description="Training precision; auto = fp32 on CPU, bf16 on GPU."
     )
     trainer_args: dict[str, Any] = Field(
-        default_factory=dict, description="More TRL config options (SFTConfig / GRPOConfig field names, snake_case), "
+        default_factory=dict,
+        description="More TRL config options (SFTConfig / GRPOConfig field names, snake_case), "
         "passed as given; `rlt validate` checks them against the installed TRL. Options the spec has a field for "
-        "are refused here."
+        "are refused here.",
     )
 
     @model_validator(mode="after")
@@ -207,7 +246,9 @@ class SftStage(TrainerOptions):
     warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
     batch_size: int = Field(16, gt=0, description="Global batch size (rows per optimizer step).")
-    per_device_batch_size: int = Field(1, gt=0, description="Rows per process per micro-step (the rest is gradient accumulation).")
+    per_device_batch_size: int = Field(
+        1, gt=0, description="Rows per process per micro-step (the rest is gradient accumulation)."
+    )
     max_length: int = Field(16384, gt=0, description="Tokens per training row; longer rows are truncated.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
     save_steps: int = Field(500, gt=0, description="Checkpoint every N optimizer steps.")
@@ -240,19 +281,27 @@ class GenerationSpec(Strict):
     """Where RL/distill completions come from."""
 
     mode: Literal["inprocess", "server", "colocate"] = Field(
-        "inprocess", description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode); "
+        "inprocess",
+        description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode); "
         "colocate: vLLM inside each trainer process on its GPU (TRL colocate mode, rl only; how one GPU runs GRPO "
-        "with vLLM)."
+        "with vLLM).",
     )
-    server_url: str | None = Field(None, description="Base URL of the vLLM server (mode=server). For stages.rl the "
-                                   "operator sets it to its generators (they serve rl and distill); for "
-                                   "stages.evaluate give it yourself: no server is started for evaluate.")
+    server_url: str | None = Field(
+        None,
+        description="Base URL of the vLLM server (mode=server). For stages.rl the "
+        "operator sets it to its generators (they serve rl and distill); for "
+        "stages.evaluate give it yourself: no server is started for evaluate.",
+    )
     server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators.")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators."
+    )
     max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
     importance_sampling: Literal["off", "sequenceMask", "sequenceTruncate", "tokenMask", "tokenTruncate"] = Field(
-        "off", description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
-                           "when on, the masked or clipped share per step is a metric).")
+        "off",
+        description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
+        "when on, the masked or clipped share per step is a metric).",
+    )
     importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
 
 
@@ -269,7 +318,9 @@ class RlStage(TrainerOptions):
 
     enabled: bool = Field(True, description="Run this stage.")
     steps: int = Field(125, gt=0, description="Optimizer steps.")
-    batch_size: int = Field(1024, gt=0, description="Completions per optimizer step (global); multiple of numGenerations.")
+    batch_size: int = Field(
+        1024, gt=0, description="Completions per optimizer step (global); multiple of numGenerations."
+    )
     num_generations: int = Field(64, gt=1, description="G: completions per question.")
     per_device_batch_size: int = Field(1, gt=0, description="Completions per backward micro-batch.")
     learning_rate: float = Field(1e-6, gt=0, description="Learning rate (constant schedule, as in the paper).")
@@ -278,9 +329,15 @@ class RlStage(TrainerOptions):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature τ (also used for every log-prob).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (1 = off; the reward's teacher log-probs follow it).")
-    max_prompt_length: int = Field(16384, gt=0, description="Longest teacher prompt in tokens; longer rows are bad rows.")
-    max_completion_length: int = Field(16384, gt=0, description="Longest explanation in tokens (unclosed ones pay the format penalty).")
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Nucleus sampling (1 = off; the reward's teacher log-probs follow it)."
+    )
+    max_prompt_length: int = Field(
+        16384, gt=0, description="Longest teacher prompt in tokens; longer rows are bad rows."
+    )
+    max_completion_length: int = Field(
+        16384, gt=0, description="Longest explanation in tokens (unclosed ones pay the format penalty)."
+    )
     save_steps: int = Field(25, gt=0, description="Checkpoint every N steps.")
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
     ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec, description="Soft update of the GRPO reference model.")
@@ -349,17 +406,20 @@ class EvaluateStage(Strict):
 
     enabled: bool = Field(False, description="Run this stage.")
     model: ModelRef | None = Field(
-        None, description="Model to evaluate (default: the student stage's model when it is enabled, else the "
-        "untrained student: stages.student.model or spec.student)."
+        None,
+        description="Model to evaluate (default: the student stage's model when it is enabled, else the "
+        "untrained student: stages.student.model or spec.student).",
     )
     dataset: DatasetSpec | None = Field(
-        None, description="Evaluation data: a benchmark name or hub id (aime2024, math500, gpqa-diamond; see "
+        None,
+        description="Evaluation data: a benchmark name or hub id (aime2024, math500, gpqa-diamond; see "
         "docs/evaluation.md), any dataset, or a built-in task (default: the held-out part of spec.dataset, which "
-        "needs spec.dataset.evalFraction > 0)."
+        "needs spec.dataset.evalFraction > 0).",
     )
     answer_type: Literal["auto", "math", "choice", "builtin"] = Field(
-        "auto", description="How answers are checked: math (extracted and normalised), choice (a letter), builtin "
-        "(the built-in task's checker: countdown expressions are verified); auto picks from the dataset."
+        "auto",
+        description="How answers are checked: math (extracted and normalised), choice (a letter), builtin "
+        "(the built-in task's checker: countdown expressions are verified); auto picks from the dataset.",
     )
     samples: int = Field(1, gt=0, description="Answers sampled per question (pass@1 is averaged over them).")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature; 0 = greedy (then use samples: 1).")
@@ -397,18 +457,30 @@ _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
 class PodResources(Strict):
     gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod (0 with MIG: name the MIG profile in extra).")
-    cpu: str | None = Field(None, pattern=_QUANTITY,
-                            description="CPU request, e.g. '16' (default: 4 per GPU, at least 1).")
-    memory: str | None = Field(None, pattern=_QUANTITY, description="Memory request for the processes, e.g. '200Gi' "
-                               "(default: 32Gi per GPU, at least 8Gi); sharedMemory is added to it.")
+    cpu: str | None = Field(
+        None, pattern=_QUANTITY, description="CPU request, e.g. '16' (default: 4 per GPU, at least 1)."
+    )
+    memory: str | None = Field(
+        None,
+        pattern=_QUANTITY,
+        description="Memory request for the processes, e.g. '200Gi' "
+        "(default: 32Gi per GPU, at least 8Gi); sharedMemory is added to it.",
+    )
     cpu_limit: str | None = Field(None, pattern=_QUANTITY, description="CPU limit (default: none).")
-    memory_limit: str | None = Field(None, pattern=_QUANTITY,
-                                     description="Memory limit (default: none); sharedMemory is added to it.")
-    shared_memory: str = Field("16Gi", pattern=_QUANTITY,
-                               description="Size of the memory-backed /dev/shm emptyDir (NCCL, dataloaders); it counts "
-                               "as the pod's memory, so it is added to the memory request and limit.")
-    extra: dict[str, str] = Field(default_factory=dict, description="More extended resources, request = limit, e.g. "
-                                  "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.")
+    memory_limit: str | None = Field(
+        None, pattern=_QUANTITY, description="Memory limit (default: none); sharedMemory is added to it."
+    )
+    shared_memory: str = Field(
+        "16Gi",
+        pattern=_QUANTITY,
+        description="Size of the memory-backed /dev/shm emptyDir (NCCL, dataloaders); it counts "
+        "as the pod's memory, so it is added to the memory request and limit.",
+    )
+    extra: dict[str, str] = Field(
+        default_factory=dict,
+        description="More extended resources, request = limit, e.g. "
+        "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.",
+    )
 
 
 class TrainerResources(PodResources):
@@ -417,30 +489,39 @@ class TrainerResources(PodResources):
 
 
 class GeneratorResources(PodResources):
-    replicas: int = Field(1, gt=0, description="vLLM server replicas (rl in server mode: exactly 1, see "
-                          "dataParallelSize).")
+    replicas: int = Field(
+        1, gt=0, description="vLLM server replicas (rl in server mode: exactly 1, see dataParallelSize)."
+    )
     tensor_parallel_size: int = Field(1, gt=0, description="vLLM tensor parallelism (≤ gpus).")
-    data_parallel_size: int = Field(1, gt=0, description="vLLM data parallelism inside the one server "
-                                    "(--data-parallel-size): how rl in server mode uses more generation GPUs; "
-                                    "tensorParallelSize × dataParallelSize ≤ gpus.")
+    data_parallel_size: int = Field(
+        1,
+        gt=0,
+        description="vLLM data parallelism inside the one server "
+        "(--data-parallel-size): how rl in server mode uses more generation GPUs; "
+        "tensorParallelSize × dataParallelSize ≤ gpus.",
+    )
 
     @model_validator(mode="after")
     def _tp_fits(self) -> GeneratorResources:
         if self.gpus and self.tensor_parallel_size > self.gpus:
             raise ValueError(f"tensorParallelSize: {self.tensor_parallel_size} exceeds gpus ({self.gpus})")
         if self.gpus and self.tensor_parallel_size * self.data_parallel_size > self.gpus:
-            raise ValueError(f"dataParallelSize: tensorParallelSize × dataParallelSize = "
-                             f"{self.tensor_parallel_size * self.data_parallel_size} exceeds gpus ({self.gpus})")
+            raise ValueError(
+                f"dataParallelSize: tensorParallelSize × dataParallelSize = "
+                f"{self.tensor_parallel_size * self.data_parallel_size} exceeds gpus ({self.gpus})"
+            )
         return self
 
 
 class Resources(Strict):
     """Pods of the run on a cluster (ignored by `rlt run`)."""
 
-    trainer: TrainerResources = Field(default_factory=TrainerResources,
-                                      description="The trainer's Indexed Job: one pod per node, torchrun inside.")
-    generator: GeneratorResources = Field(default_factory=GeneratorResources,
-                                          description="vLLM servers (generation.mode: server of stages.rl).")
+    trainer: TrainerResources = Field(
+        default_factory=TrainerResources, description="The trainer's Indexed Job: one pod per node, torchrun inside."
+    )
+    generator: GeneratorResources = Field(
+        default_factory=GeneratorResources, description="vLLM servers (generation.mode: server of stages.rl)."
+    )
 
 
 class Storage(Strict):
@@ -453,8 +534,10 @@ class Storage(Strict):
     )
     existing_claim: str | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
     retention_policy: Literal["Retain", "Delete"] = Field(
-        "Retain", description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
-        "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.")
+        "Retain",
+        description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
+        "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.",
+    )
 
 
 class Images(Strict):
@@ -462,8 +545,9 @@ class Images(Strict):
 
     trainer: str = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
     generator: str = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
-    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent",
-                                                                   description="imagePullPolicy of every container.")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="imagePullPolicy of every container."
+    )
 
 
 class SecretKeyRef(Strict):
@@ -489,8 +573,13 @@ class EnvVarSource(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVarSource:
-        if sum(v is not None for v in (self.secret_key_ref, self.config_map_key_ref, self.field_ref,
-                                       self.resource_field_ref)) != 1:
+        if (
+            sum(
+                v is not None
+                for v in (self.secret_key_ref, self.config_map_key_ref, self.field_ref, self.resource_field_ref)
+            )
+            != 1
+        ):
             raise ValueError("valueFrom: give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
         return self
 
@@ -512,23 +601,27 @@ class EnvVar(Strict):
 class Scheduling(Strict):
     """Where and how the run's pods are scheduled."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector (labels a node must "
-                                          "carry).")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Pod nodeSelector (labels a node must carry)."
+    )
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (passed through).")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (passed through).")
     priority_class_name: str | None = Field(None, description="PriorityClass of every pod.")
     queue_name: str | None = Field(None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod.")
-    service_account_name: str | None = Field(None, description="ServiceAccount of the pods (its token is not "
-                                             "mounted).")
+    service_account_name: str | None = Field(None, description="ServiceAccount of the pods (its token is not mounted).")
     image_pull_secrets: list[str] = Field(default_factory=list, description="Names of Secrets to pull images with.")
-    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations on every pod of the run "
-                                            "(e.g. for a network operator or a sidecar injector).")
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations on every pod of the run (e.g. for a network operator or a sidecar injector).",
+    )
 
 
 class SecretEnvVar(Strict):
     """An environment variable of every pod whose value comes from a Kubernetes Secret (never from the spec)."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name, e.g. AWS_ACCESS_KEY_ID.")
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name, e.g. AWS_ACCESS_KEY_ID."
+    )
     secret_key_ref: SecretKeyRef = Field(description="Secret name and key holding the value.")
 
 
@@ -547,20 +640,23 @@ class MlflowSpec(Strict):
     """MLflow through transformers' MLflowCallback (plus the rlt_* figures)."""
 
     tracking_uri: str | None = Field(
-        None, description="MLflow tracking server URL (no credentials in it) or file store path; default: a file "
-        "store in the run's folder (tracking/mlruns)."
+        None,
+        description="MLflow tracking server URL (no credentials in it) or file store path; default: a file "
+        "store in the run's folder (tracking/mlruns).",
     )
     experiment: str | None = Field(None, description="Experiment name (default: the run's name).")
     credentials: list[SecretEnvVar] = Field(
-        default_factory=list, description="Environment from Secrets, e.g. MLFLOW_TRACKING_TOKEN or "
-        "MLFLOW_TRACKING_USERNAME/PASSWORD."
+        default_factory=list,
+        description="Environment from Secrets, e.g. MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD.",
     )
 
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> MlflowSpec:
         if self.tracking_uri and re.match(r"^[a-z+]+://[^/@]+@", self.tracking_uri):
-            raise ValueError("trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
-                             "(Secret references) instead")
+            raise ValueError(
+                "trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
+                "(Secret references) instead"
+            )
         return self
 
 
@@ -568,14 +664,23 @@ class TrackingSpec(Strict):
     """Experiment tracking: the trainers' own report_to integrations; every rlt_* figure is logged there too,
     under its Prometheus metric name (labelled ones as name/label-value)."""
 
-    tensorboard: bool = Field(False, description="TensorBoard event files under the run's folder (tracking/tensorboard/<stage>).")
+    tensorboard: bool = Field(
+        False, description="TensorBoard event files under the run's folder (tracking/tensorboard/<stage>)."
+    )
     wandb: WandbSpec | None = Field(None, description="Weights & Biases.")
     mlflow: MlflowSpec | None = Field(None, description="MLflow.")
 
     def report_to(self) -> list[str]:
         """transformers' report_to names, in a fixed order."""
-        return [name for name, on in (("tensorboard", self.tensorboard), ("wandb", self.wandb is not None),
-                                      ("mlflow", self.mlflow is not None)) if on]
+        return [
+            name
+            for name, on in (
+                ("tensorboard", self.tensorboard),
+                ("wandb", self.wandb is not None),
+                ("mlflow", self.mlflow is not None),
+            )
+            if on
+        ]
 
 
 _OUTPUT_URI = re.compile(r"^(s3|gs|gcs|file|memory|hf)://\S+$")
@@ -586,13 +691,17 @@ class OutputsSpec(Strict):
     through fsspec (s3://, gs://) or the Hugging Face Hub (hf://<org>/<model>, hf://datasets/<org>/<name>;
     token from spec.hfTokenSecret)."""
 
-    distill_dataset: str | None = Field(None, description="Where the distillation dataset goes (a folder/prefix; "
-                                        "dataset.jsonl is written under it) or a hub dataset repo.")
+    distill_dataset: str | None = Field(
+        None,
+        description="Where the distillation dataset goes (a folder/prefix; "
+        "dataset.jsonl is written under it) or a hub dataset repo.",
+    )
     teacher: str | None = Field(None, description="Where the final teacher (merged when LoRA) goes.")
     student: str | None = Field(None, description="Where the distilled student goes.")
     credentials: list[SecretEnvVar] = Field(
-        default_factory=list, description="Environment from Secrets for the storage, e.g. AWS_ACCESS_KEY_ID and "
-        "AWS_SECRET_ACCESS_KEY (s3fs) or GOOGLE_APPLICATION_CREDENTIALS' JSON via GOOGLE_CREDENTIALS (gcsfs)."
+        default_factory=list,
+        description="Environment from Secrets for the storage, e.g. AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (s3fs) or GOOGLE_APPLICATION_CREDENTIALS' JSON via GOOGLE_CREDENTIALS (gcsfs).",
     )
 
     @model_validator(mode="after")
@@ -602,7 +711,9 @@ class OutputsSpec(Strict):
             if uri is None:
                 continue
             if not _OUTPUT_URI.match(uri):
-                raise ValueError(f"{alias}: {uri!r} is not s3://, gs://, file://, memory:// or hf:// followed by a path")
+                raise ValueError(
+                    f"{alias}: {uri!r} is not s3://, gs://, file://, memory:// or hf:// followed by a path"
+                )
             if uri.startswith("hf://"):
                 parts = uri.removeprefix("hf://").strip("/").split("/")
                 dataset = parts[0] == "datasets"
@@ -619,34 +730,49 @@ class RclSpec(Strict):
     """RCL adaptive teaching (method: rcl): probe → guidance → reward from the student's gain, losses cost double."""
 
     max_probe_tokens: int = Field(50, gt=0, description="Length limit of the student's diagnostic probe.")
-    student_samples: int = Field(4, gt=0, description="Student answers per question and condition (with/without guidance).")
+    student_samples: int = Field(
+        4, gt=0, description="Student answers per question and condition (with/without guidance)."
+    )
     max_student_tokens: int = Field(512, gt=0, description="Length limit of each student answer.")
-    degradation_penalty: float = Field(2.0, ge=0, description="Multiplier of a loss (Δ < 0): 2 = a loss costs twice a gain.")
-    efficiency_weight: float = Field(0.5, ge=0, description="w: weight of the conciseness bonus eff = L0 / (L0 + tokens).")
+    degradation_penalty: float = Field(
+        2.0, ge=0, description="Multiplier of a loss (Δ < 0): 2 = a loss costs twice a gain."
+    )
+    efficiency_weight: float = Field(
+        0.5, ge=0, description="w: weight of the conciseness bonus eff = L0 / (L0 + tokens)."
+    )
     efficiency_tokens: int = Field(200, gt=0, description="L0 of the conciseness bonus.")
     maintain_bonus: float = Field(0.1, ge=0, description="Bonus (×w·eff) when a strong student stays right (Δ = 0).")
-    strong_threshold: float = Field(0.75, ge=0, le=1, description="Baseline accuracy at or above which the student counts as strong.")
-    answer_leak_penalty: float = Field(0.0, ge=0, description="Subtracted when the guidance states the reference answer.")
+    strong_threshold: float = Field(
+        0.75, ge=0, le=1, description="Baseline accuracy at or above which the student counts as strong."
+    )
+    answer_leak_penalty: float = Field(
+        0.0, ge=0, description="Subtracted when the guidance states the reference answer."
+    )
     format_penalty: float = Field(
-        1.0, ge=0, description="Reward (negated) of a teacher output without closed guidance tags; nothing is passed on."
+        1.0,
+        ge=0,
+        description="Reward (negated) of a teacher output without closed guidance tags; nothing is passed on.",
     )
     format: str = Field(
-        "rcl-default", min_length=1,
+        "rcl-default",
+        min_length=1,
         description="Prompts and tags of both passes: a bundled rcl format (rlt/formats/<name>.yaml) or a YAML file path.",
     )
     performance: Literal["accuracy", "dense"] = Field(
-        "accuracy", description="accuracy: share of correct student answers; dense: student's tempered log-prob of the solution."
+        "accuracy",
+        description="accuracy: share of correct student answers; dense: student's tempered log-prob of the solution.",
     )
 
 
 class RLTRunSpec(Strict):
-    method: Literal["rlt", "rcl"] = Field("rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching).")
+    method: Literal["rlt", "rcl"] = Field(
+        "rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching)."
+    )
     rcl: RclSpec = Field(default_factory=RclSpec, description="Settings of method rcl (ignored by rlt).")
     teacher: ModelRef = Field(description="Teacher model trained by SFT and RL.")
     student: ModelRef = Field(description="Frozen student that scores explanations.")
     dataset: DatasetSpec = Field(description="Questions and reference solutions: source, split, columns.")
-    format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and "
-                               "overrides.")
+    format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and overrides.")
     stages: Stages = Field(default_factory=Stages, description="The stages of the run and their settings.")
     seed: int = Field(42, ge=0, description="Seed of training and sampling.")
     # cluster-only fields (ignored by `rlt run`)
@@ -656,44 +782,62 @@ class RLTRunSpec(Strict):
     scheduling: Scheduling = Field(default_factory=Scheduling)
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment for every pod.")
     hf_token_secret: SecretKeyRef | None = Field(None, description="Secret holding a Hugging Face token.")
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="Experiment tracking (TensorBoard, W&B, MLflow).")
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment tracking (TensorBoard, W&B, MLflow)."
+    )
     outputs: OutputsSpec = Field(default_factory=OutputsSpec, description="Copies of the results off the volume.")
-    suspend: bool = Field(False, description="Delete the run's pods and keep its data; resume from the last checkpoint.")
+    suspend: bool = Field(
+        False, description="Delete the run's pods and keep its data; resume from the last checkpoint."
+    )
     backoff_limit: int = Field(3, ge=0, description="Gang restarts allowed before the run fails.")
     active_deadline_seconds: int | None = Field(None, gt=0, description="Fail the run after this long.")
-    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the run's pods this long after it ends.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the run's pods this long after it ends."
+    )
 
     @model_validator(mode="after")
     def _some_stage(self) -> RLTRunSpec:
         if not self.stages.enabled():
             raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
         if self.stages.evaluate.generation.mode == "colocate":
-            raise ValueError("stages.evaluate.generation.mode: colocate is TRL's GRPO mode (rl only); use inprocess "
-                             "or server")
-        if (self.stages.rl.enabled and self.stages.rl.generation.mode == "server"
-                and self.resources.generator.replicas > 1):
+            raise ValueError(
+                "stages.evaluate.generation.mode: colocate is TRL's GRPO mode (rl only); use inprocess or server"
+            )
+        if (
+            self.stages.rl.enabled
+            and self.stages.rl.generation.mode == "server"
+            and self.resources.generator.replicas > 1
+        ):
             # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other
             # replicas would generate from stale weights and weight updates would land on the wrong one.
-            raise ValueError(f"resources.generator.replicas: {self.resources.generator.replicas} with stages.rl."
-                             "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
-                             "and spread its GPUs with dataParallelSize / tensorParallelSize")
+            raise ValueError(
+                f"resources.generator.replicas: {self.resources.generator.replicas} with stages.rl."
+                "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
+                "and spread its GPUs with dataParallelSize / tensorParallelSize"
+            )
         if self.method == "rcl":
             # rcl teaches at answer time: there is no distillation dataset, so no distill or student stage
             for name in ("distill", "student"):
                 if getattr(self.stages, name).enabled:
-                    raise ValueError(f"stages: method rcl has no {name} stage; set stages.{name}.enabled: false "
-                                     f"(rcl runs {', '.join(RCL_STAGES)})")
+                    raise ValueError(
+                        f"stages: method rcl has no {name} stage; set stages.{name}.enabled: false "
+                        f"(rcl runs {', '.join(RCL_STAGES)})"
+                    )
         # LoRA trains an adapter: only where a stage trains the model
         for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
             if ref is not None and ref.lora is not None:
-                raise ValueError(f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, "
-                                 f"stages.student.model)")
+                raise ValueError(
+                    f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, stages.student.model)"
+                )
         if self.outputs.student and not self.stages.student.enabled:
             raise ValueError("outputs: outputs.student needs stages.student.enabled")
         if self.outputs.distill_dataset and not self.stages.distill.enabled:
             raise ValueError("outputs: outputs.distillDataset needs stages.distill.enabled")
-        hub = [u for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
-               if u and u.startswith("hf://")]
+        hub = [
+            u
+            for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
+            if u and u.startswith("hf://")
+        ]
         if hub and self.hf_token_secret is None:
             raise ValueError("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
         return self
@@ -774,7 +918,9 @@ def _did_you_mean(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
     close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
     if not close:  # case slips (batchsize) and snake_case (batch_size) are close too
         lowered = {k.lower().replace("_", ""): k for k in known}
-        close = [lowered[str(loc[-1]).lower().replace("_", "")]] if str(loc[-1]).lower().replace("_", "") in lowered else []
+        close = (
+            [lowered[str(loc[-1]).lower().replace("_", "")]] if str(loc[-1]).lower().replace("_", "") in lowered else []
+        )
     return f" (did you mean {close[0]}?)" if close else ""
 
 
@@ -789,7 +935,7 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
         named = _NAMED_MSG.match(msg)
         if e["type"] == "value_error" and named:
             loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
-            msg = msg[named.end():]
+            msg = msg[named.end() :]
         if e["type"] == "extra_forbidden":
             msg = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
         lines.append(f"{loc or '<root>'}: {msg}")
@@ -859,8 +1005,13 @@ def load_runs(path: str | Path) -> list[RLTRun]:
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
     except UnicodeDecodeError as err:
-        raise SpecError(str(path), [f"not a UTF-8 text file (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
-                                    "an RLTRun file is YAML text"]) from None
+        raise SpecError(
+            str(path),
+            [
+                f"not a UTF-8 text file (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                "an RLTRun file is YAML text"
+            ],
+        ) from None
     except (IsADirectoryError, PermissionError) as err:
         raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
     except yaml.YAMLError as err:

@@ -32,7 +32,11 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
                 if isinstance(arg, type) and issubclass(arg, BaseModel):
                     nested = arg
         if nested is not None and typing.get_origin(ann) is not list:
-            doc = field.description or (nested.__doc__ or "").strip().splitlines()[0] if (field.description or nested.__doc__) else ""
+            doc = (
+                field.description or (nested.__doc__ or "").strip().splitlines()[0]
+                if (field.description or nested.__doc__)
+                else ""
+            )
             rows.append(f"| `{key}` | object | | {doc.replace('|', '/')} |")
             rows += _rows(nested, key)
             continue
@@ -42,15 +46,19 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             default = f"`{field.default_factory()}`"
         else:
             default = "**required**"
-        limits = [f"{k} {getattr(m, k)}" for m in field.metadata for k in ("gt", "ge", "lt", "le", "min_length")
-                  if getattr(m, k, None) is not None]
+        limits = [
+            f"{k} {getattr(m, k)}"
+            for m in field.metadata
+            for k in ("gt", "ge", "lt", "le", "min_length")
+            if getattr(m, k, None) is not None
+        ]
         desc = (field.description or "") + (f" ({', '.join(limits)})" if limits else "")
         rows.append(f"| `{key}` | {_type_name(ann)} | {default} | {desc.replace('|', '/')} |")
     return rows
 
 
 def replace_between(text: str, begin: str, end: str, body: str) -> str:
-    return text[: text.index(begin) + len(begin)] + "\n" + body + "\n" + text[text.index(end):]
+    return text[: text.index(begin) + len(begin)] + "\n" + body + "\n" + text[text.index(end) :]
 
 
 def regenerate(docs_dir: str = "docs") -> None:
@@ -61,7 +69,9 @@ def regenerate(docs_dir: str = "docs") -> None:
 
     for name, marker, body in (("spec.md", "SPEC", spec_table()), ("metrics.md", "METRICS", markdown_table())):
         path = Path(docs_dir) / name
-        path.write_text(replace_between(path.read_text(), f"<!-- BEGIN {marker} TABLE -->", f"<!-- END {marker} TABLE -->", body))
+        path.write_text(
+            replace_between(path.read_text(), f"<!-- BEGIN {marker} TABLE -->", f"<!-- END {marker} TABLE -->", body)
+        )
 
 
 def spec_table() -> str:

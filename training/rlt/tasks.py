@@ -79,7 +79,9 @@ def basic_problem(rng: random.Random, level: int) -> dict[str, str]:
         trace = f"{steps}.\n{a} * {b} = {result}."
     elif op == "+" and a >= 10:
         tens, ones = a - a % 10, a % 10
-        trace = f"Split {a} into {tens} and {ones}. First {ones} + {b} = {ones + b}.\nThen {tens} + {ones + b} = {result}."
+        trace = (
+            f"Split {a} into {tens} and {ones}. First {ones} + {b} = {ones + b}.\nThen {tens} + {ones + b} = {result}."
+        )
     elif op == "-":
         trace = f"Count down {b} from {a}.\n{a} - {b} = {result}."
     else:

@@ -37,8 +37,14 @@ def tracking_env(run: RLTRun, layout: RunLayout) -> dict[str, str]:
     """Environment the W&B and MLflow integrations read (transformers' callbacks and our Tracker alike)."""
     t, env = run.spec.tracking, {}
     if t.wandb is not None:
-        env.update({"WANDB_PROJECT": t.wandb.project, "WANDB_MODE": t.wandb.mode,
-                    "WANDB_DIR": str(tracking_root(layout)), "WANDB_RUN_GROUP": run.name})
+        env.update(
+            {
+                "WANDB_PROJECT": t.wandb.project,
+                "WANDB_MODE": t.wandb.mode,
+                "WANDB_DIR": str(tracking_root(layout)),
+                "WANDB_RUN_GROUP": run.name,
+            }
+        )
         if t.wandb.entity:
             env["WANDB_ENTITY"] = t.wandb.entity
     if t.mlflow is not None:

@@ -21,7 +21,9 @@ def config_class(stage: str):
 
 def check_trainer_args(run) -> list[str]:
     """Problems ('spec.stages.rl.trainerArgs.x: ...') of every enabled trained stage's trainerArgs."""
-    stages = [s for s in TRAINED_STAGES if getattr(run.spec.stages, s).enabled and getattr(run.spec.stages, s).trainer_args]
+    stages = [
+        s for s in TRAINED_STAGES if getattr(run.spec.stages, s).enabled and getattr(run.spec.stages, s).trainer_args
+    ]
     if not stages or run.spec.method not in ("rlt", "rcl"):
         return []
     problems: list[str] = []

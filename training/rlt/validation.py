@@ -64,13 +64,17 @@ def cluster_problems(spec: RLTRunSpec) -> list[str]:
     if spec.storage.access_mode == "ReadWriteOnce" and nodes > 1 and multi:
         # A ReadWriteOnce volume attaches to one node: the other trainer pods would wait on a
         # Multi-Attach error forever.
-        out.append(f"spec.storage.accessMode: ReadWriteOnce attaches to one node, but stages {', '.join(multi)} "
-                   f"run {nodes} trainer pods (resources.trainer.nodes), one per node; use ReadWriteMany")
+        out.append(
+            f"spec.storage.accessMode: ReadWriteOnce attaches to one node, but stages {', '.join(multi)} "
+            f"run {nodes} trainer pods (resources.trainer.nodes), one per node; use ReadWriteMany"
+        )
     ev = spec.stages.evaluate
     if ev.enabled and ev.generation.mode == "server" and not ev.generation.server_url:
         # Nothing starts a vLLM server for evaluate (the operator's generators serve rl and distill only).
-        out.append("spec.stages.evaluate.generation.serverUrl: required with mode server (no server is started for "
-                   "evaluate); give the URL of a vLLM server that serves the model, or use mode inprocess")
+        out.append(
+            "spec.stages.evaluate.generation.serverUrl: required with mode server (no server is started for "
+            "evaluate); give the URL of a vLLM server that serves the model, or use mode inprocess"
+        )
     return out
 
 

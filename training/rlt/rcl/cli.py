@@ -26,8 +26,13 @@ def resolve_teacher(ctx, teacher: str | None, label: str | None):
     return ref, label or name
 
 
-def run_eval(run: RLTRun, output: str | Path = "results", teacher: str | None = None, label: str | None = None,
-             device: str | None = None) -> Path:
+def run_eval(
+    run: RLTRun,
+    output: str | Path = "results",
+    teacher: str | None = None,
+    label: str | None = None,
+    device: str | None = None,
+) -> Path:
     from rlt.rcl.stages import eval_dir, evaluate
     from rlt.runner import quiet_libraries
     from rlt.stages.common import StageContext

@@ -39,58 +39,114 @@ def summarize_problems(problems: Sequence[tuple[float, float, float]]) -> dict[s
     n = len(problems)
     tokens = sum(t for _, _, t in problems) / n if n else float("nan")
     a = apg(problems)
-    return {"problems": n, "apg": a, "ndr": ndr(problems), "tes": tes(a, tokens),
-            "acc_without": sum(b for b, _, _ in problems) / n if n else float("nan"),
-            "acc_with": sum(w for _, w, _ in problems) / n if n else float("nan"), "teaching_tokens": tokens}
+    return {
+        "problems": n,
+        "apg": a,
+        "ndr": ndr(problems),
+        "tes": tes(a, tokens),
+        "acc_without": sum(b for b, _, _ in problems) / n if n else float("nan"),
+        "acc_with": sum(w for _, w, _ in problems) / n if n else float("nan"),
+        "teaching_tokens": tokens,
+    }
 
 
 # --------------------------------------------------------------------------- running it
 
 
-def evaluate_teacher(protocol, rows: list[dict], student, student_tok, teacher, teacher_tok, *, student_samples: int,
-                     guidance_samples: int, temperature: float, max_probe_tokens: int, max_student_tokens: int,
-                     max_guidance_tokens: int, batch_size: int) -> list[dict]:
+def evaluate_teacher(
+    protocol,
+    rows: list[dict],
+    student,
+    student_tok,
+    teacher,
+    teacher_tok,
+    *,
+    student_samples: int,
+    guidance_samples: int,
+    temperature: float,
+    max_probe_tokens: int,
+    max_student_tokens: int,
+    max_guidance_tokens: int,
+    batch_size: int,
+) -> list[dict]:
     """Per-problem records of the two-pass protocol. teacher None = no teacher (acc_with is acc_without)."""
     from rlt.generation import sample_with_logprobs
     from rlt.rcl.reward import states_answer, student_sampler
 
-    answer = student_sampler(student, student_tok, temperature=temperature, max_new_tokens=max_student_tokens,
-                             batch_size=batch_size)
+    answer = student_sampler(
+        student, student_tok, temperature=temperature, max_new_tokens=max_student_tokens, batch_size=batch_size
+    )
 
     def accuracy(prompts, sols):
-        return [sum(protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answer(prompts, student_samples), sols, strict=True)]
+        return [
+            sum(protocol.correct(a, s) for a in ans) / len(ans)
+            for ans, s in zip(answer(prompts, student_samples), sols, strict=True)
+        ]
 
     qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
     base = accuracy([protocol.student_prompt(student_tok, q) for q in qs], sols)
-    records = [{"row": r.get("row"), "question": q, "solution": s, "acc_without": b}
-               for r, q, s, b in zip(rows, qs, sols, base, strict=True)]
+    records = [
+        {"row": r.get("row"), "question": q, "solution": s, "acc_without": b}
+        for r, q, s, b in zip(rows, qs, sols, base, strict=True)
+    ]
     if teacher is None:
         for rec in records:
-            rec.update(acc_with=rec["acc_without"], teaching_tokens=0, guidance=[], probe=None, format_ok=None,
-                       leaked=None)
+            rec.update(
+                acc_with=rec["acc_without"], teaching_tokens=0, guidance=[], probe=None, format_ok=None, leaked=None
+            )
         return records
     probe_ids = [student_tok(protocol.probe_prompt(student_tok, q), add_special_tokens=False).input_ids for q in qs]
-    pr = sample_with_logprobs(student, student_tok, probe_ids, temperature=temperature, top_p=1.0,
-                              max_new_tokens=max_probe_tokens, batch_size=batch_size)
+    pr = sample_with_logprobs(
+        student,
+        student_tok,
+        probe_ids,
+        temperature=temperature,
+        top_p=1.0,
+        max_new_tokens=max_probe_tokens,
+        batch_size=batch_size,
+    )
     probes = student_tok.batch_decode(pr.completion_ids, skip_special_tokens=True)
-    t_ids = [teacher_tok(protocol.teacher_prompt(teacher_tok, q, p), add_special_tokens=False).input_ids
-             for q, p in zip(qs, probes, strict=True) for _ in range(guidance_samples)]
-    ts = sample_with_logprobs(teacher, teacher_tok, t_ids, temperature=temperature, top_p=1.0,
-                              max_new_tokens=max_guidance_tokens, batch_size=batch_size)
+    t_ids = [
+        teacher_tok(protocol.teacher_prompt(teacher_tok, q, p), add_special_tokens=False).input_ids
+        for q, p in zip(qs, probes, strict=True)
+        for _ in range(guidance_samples)
+    ]
+    ts = sample_with_logprobs(
+        teacher,
+        teacher_tok,
+        t_ids,
+        temperature=temperature,
+        top_p=1.0,
+        max_new_tokens=max_guidance_tokens,
+        batch_size=batch_size,
+    )
     outputs = teacher_tok.batch_decode(ts.completion_ids, skip_special_tokens=True)
     guidance = [protocol.extract_guidance(o) for o in outputs]
     todo = [k for k, g in enumerate(guidance) if g]  # zero-length guidance ("") = the student alone, as in the reward
-    acc = dict(zip(todo, accuracy([protocol.student_prompt(student_tok, qs[k // guidance_samples], guidance[k])
-                                   for k in todo], [sols[k // guidance_samples] for k in todo]), strict=True))
+    acc = dict(
+        zip(
+            todo,
+            accuracy(
+                [protocol.student_prompt(student_tok, qs[k // guidance_samples], guidance[k]) for k in todo],
+                [sols[k // guidance_samples] for k in todo],
+            ),
+            strict=True,
+        )
+    )
     for i, rec in enumerate(records):
         ks = range(i * guidance_samples, (i + 1) * guidance_samples)
         # a missing or zero-length guidance passes nothing on: the student answers alone (acc_without)
         withs = [acc.get(k, rec["acc_without"]) for k in ks]
         toks = [len(teacher_tok(guidance[k], add_special_tokens=False).input_ids) if guidance[k] else 0 for k in ks]
-        rec.update(probe=probes[i], acc_with=sum(withs) / len(withs), teaching_tokens=sum(toks) / len(toks),
-                   guidance=[guidance[k] for k in ks], teacher_outputs=[outputs[k] for k in ks],
-                   format_ok=sum(guidance[k] is not None for k in ks) / len(ks),
-                   leaked=sum(bool(guidance[k]) and states_answer(guidance[k], rec["solution"]) for k in ks) / len(ks))
+        rec.update(
+            probe=probes[i],
+            acc_with=sum(withs) / len(withs),
+            teaching_tokens=sum(toks) / len(toks),
+            guidance=[guidance[k] for k in ks],
+            teacher_outputs=[outputs[k] for k in ks],
+            format_ok=sum(guidance[k] is not None for k in ks) / len(ks),
+            leaked=sum(bool(guidance[k]) and states_answer(guidance[k], rec["solution"]) for k in ks) / len(ks),
+        )
     return records
 
 
@@ -126,21 +182,31 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
     ax[0].legend()
     ax[1].scatter([r["teaching_tokens"] for r in records], [r["acc_with"] - r["acc_without"] for r in records])
     ax[1].axhline(0, color="grey", lw=0.5)
-    ax[1].set(title=f"APG {_fmt(summary['apg'])}  NDR {_fmt(summary['ndr'], True)}  TES {_fmt(summary['tes'])}",
-              xlabel="teaching tokens", ylabel="acc with − without")
+    ax[1].set(
+        title=f"APG {_fmt(summary['apg'])}  NDR {_fmt(summary['ndr'], True)}  TES {_fmt(summary['tes'])}",
+        xlabel="teaching tokens",
+        ylabel="acc with − without",
+    )
     fig.tight_layout()
     fig.savefig(here / "plot.png", dpi=90)
     plt.close(fig)
 
     rows = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*/metrics.json"))]
-    lines = ["| teacher | problems | APG | NDR | TES | acc without | acc with | teaching tokens | guidance well-formed | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| teacher | problems | APG | NDR | TES | acc without | acc with | teaching tokens | guidance well-formed | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for m in rows:
-        lines.append(f"| {m['label']} ({m.get('teacher', '')}) | {m['problems']} | {_fmt(m['apg'])} | {_fmt(m['ndr'], True)} | "
-                     f"{_fmt(m['tes'])} | {_fmt(m['acc_without'], True)} | {_fmt(m['acc_with'], True)} | "
-                     f"{_fmt(m['teaching_tokens'])} | {_fmt(m.get('format_ok'), True)} | {m.get('seconds', '—')} |")
-    text = ("# RCL evaluation\n\nAPG = mean(acc with − acc without); NDR = 1 − share right without and wrong with "
-            "(right = at least half the answers correct); TES = APG per 100 teaching tokens. See docs/rcl.md.\n\n"
-            + "\n".join(lines) + "\n")
+        lines.append(
+            f"| {m['label']} ({m.get('teacher', '')}) | {m['problems']} | {_fmt(m['apg'])} | {_fmt(m['ndr'], True)} | "
+            f"{_fmt(m['tes'])} | {_fmt(m['acc_without'], True)} | {_fmt(m['acc_with'], True)} | "
+            f"{_fmt(m['teaching_tokens'])} | {_fmt(m.get('format_ok'), True)} | {m.get('seconds', '—')} |"
+        )
+    text = (
+        "# RCL evaluation\n\nAPG = mean(acc with − acc without); NDR = 1 − share right without and wrong with "
+        "(right = at least half the answers correct); TES = APG per 100 teaching tokens. See docs/rcl.md.\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
     atomic_write_text(out_dir / "report.md", text)
     return summary

@@ -38,9 +38,13 @@ class RclFormat(Strict):
 
     @model_validator(mode="after")
     def _placeholders(self) -> RclFormat:
-        for field, keys in (("teacherUserTemplate", ("{question}", "{probe}")),
-                            ("studentGuidanceTemplate", ("{question}", "{guidance}"))):
-            text = getattr(self, "teacher_user_template" if field.startswith("teacher") else "student_guidance_template")
+        for field, keys in (
+            ("teacherUserTemplate", ("{question}", "{probe}")),
+            ("studentGuidanceTemplate", ("{question}", "{guidance}")),
+        ):
+            text = getattr(
+                self, "teacher_user_template" if field.startswith("teacher") else "student_guidance_template"
+            )
             missing = [k for k in keys if k not in text]
             if missing:
                 raise ValueError(f"{field}: must contain {', '.join(missing)}")
@@ -48,7 +52,9 @@ class RclFormat(Strict):
 
 
 def bundled_rcl_formats() -> list[str]:
-    return sorted(p.stem for p in FORMATS_DIR.glob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("kind") == "rcl")
+    return sorted(
+        p.stem for p in FORMATS_DIR.glob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("kind") == "rcl"
+    )
 
 
 @cache
@@ -58,8 +64,10 @@ def load_rcl_format(name_or_path: str) -> RclFormat:
     if not path.suffix:
         path = FORMATS_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise ValueError(f"spec.rcl.format: {name_or_path!r} is neither a file nor a bundled rcl format "
-                         f"({', '.join(bundled_rcl_formats())})")
+        raise ValueError(
+            f"spec.rcl.format: {name_or_path!r} is neither a file nor a bundled rcl format "
+            f"({', '.join(bundled_rcl_formats())})"
+        )
     try:
         return RclFormat.model_validate(yaml.safe_load(path.read_text()))
     except ValidationError as err:
@@ -78,7 +86,7 @@ def _between(text: str, start: str, end: str) -> str | None:
     if i < 0:
         return None
     j = text.find(end, i + len(start))
-    return text[i + len(start): j] if j >= 0 else None
+    return text[i + len(start) : j] if j >= 0 else None
 
 
 class Protocol:
@@ -93,18 +101,23 @@ class Protocol:
 
     # pass 1
     def probe_prompt(self, tokenizer, question: str) -> str:
-        messages = [{"role": "system", "content": self.fmt.probe_system_prompt},
-                    {"role": "user", "content": f"{question}\n\n{self.fmt.probe_instruction}"}]
+        messages = [
+            {"role": "system", "content": self.fmt.probe_system_prompt},
+            {"role": "user", "content": f"{question}\n\n{self.fmt.probe_instruction}"},
+        ]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     # pass 2
     def teacher_messages(self, question: str, probe: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.fmt.teacher_system_prompt},
-                {"role": "user", "content": _fill(self.fmt.teacher_user_template, question=question, probe=probe.strip())}]
+        return [
+            {"role": "system", "content": self.fmt.teacher_system_prompt},
+            {"role": "user", "content": _fill(self.fmt.teacher_user_template, question=question, probe=probe.strip())},
+        ]
 
     def teacher_prompt(self, tokenizer, question: str, probe: str) -> str:
-        return tokenizer.apply_chat_template(self.teacher_messages(question, probe), tokenize=False,
-                                             add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            self.teacher_messages(question, probe), tokenize=False, add_generation_prompt=True
+        )
 
     def teacher_target(self, diagnosis: str, guidance: str) -> str:
         """What a well-formed teacher turn looks like (the sft warm-up target)."""
@@ -120,8 +133,11 @@ class Protocol:
 
     # student answers
     def student_prompt(self, tokenizer, question: str, guidance: str | None = None) -> str:
-        user = question if guidance is None else _fill(self.fmt.student_guidance_template, question=question,
-                                                       guidance=guidance)
+        user = (
+            question
+            if guidance is None
+            else _fill(self.fmt.student_guidance_template, question=question, guidance=guidance)
+        )
         messages = [{"role": "system", "content": self.fmt.student_system_prompt}, {"role": "user", "content": user}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 

@@ -32,8 +32,15 @@ class RewardParams:
 
     @classmethod
     def from_spec(cls, rcl) -> RewardParams:
-        return cls(rcl.degradation_penalty, rcl.efficiency_weight, rcl.efficiency_tokens, rcl.maintain_bonus,
-                   rcl.strong_threshold, rcl.answer_leak_penalty, rcl.format_penalty)
+        return cls(
+            rcl.degradation_penalty,
+            rcl.efficiency_weight,
+            rcl.efficiency_tokens,
+            rcl.maintain_bonus,
+            rcl.strong_threshold,
+            rcl.answer_leak_penalty,
+            rcl.format_penalty,
+        )
 
 
 def efficiency(teaching_tokens: int, l0: int) -> float:
@@ -41,8 +48,14 @@ def efficiency(teaching_tokens: int, l0: int) -> float:
     return l0 / (l0 + teaching_tokens)
 
 
-def rcl_reward(perf_base: float, perf_with: float | None, teaching_tokens: int, *, leaked: bool = False,
-               p: RewardParams = RewardParams()) -> float:
+def rcl_reward(
+    perf_base: float,
+    perf_with: float | None,
+    teaching_tokens: int,
+    *,
+    leaked: bool = False,
+    p: RewardParams = RewardParams(),
+) -> float:
     """Reward of one guidance. perf_with None = the guidance tags were missing (format penalty, nothing passed on)."""
     if perf_with is None:
         return -p.format_penalty
@@ -86,10 +99,17 @@ def student_sampler(model, tokenizer, *, temperature: float, max_new_tokens: int
         if not prompts:
             return []
         ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts for _ in range(n)]
-        s = sample_with_logprobs(model, tokenizer, ids, temperature=temperature, top_p=1.0,
-                                 max_new_tokens=max_new_tokens, batch_size=batch_size)
+        s = sample_with_logprobs(
+            model,
+            tokenizer,
+            ids,
+            temperature=temperature,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+        )
         texts = tokenizer.batch_decode(s.completion_ids, skip_special_tokens=True)
-        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     return answer
 
@@ -112,8 +132,9 @@ class RclBatch:
         for q in sorted(set(self.question_index)):
             idx = [i for i, k in enumerate(self.question_index) if k == q]
             withs = [self.perf_base[i] if self.perf_with[i] is None else self.perf_with[i] for i in idx]
-            out.append((self.perf_base[idx[0]], sum(withs) / len(withs),
-                        sum(self.teaching_tokens[i] for i in idx) / len(idx)))
+            out.append(
+                (self.perf_base[idx[0]], sum(withs) / len(withs), sum(self.teaching_tokens[i] for i in idx) / len(idx))
+            )
         return out
 
     def ndr_per_sample(self) -> float:
@@ -127,12 +148,18 @@ class RclBatch:
 
         n = max(1, len(self.reward))
         s = summarize_problems(self.problems())
-        return {"reward": sum(self.reward) / n, "rcl_apg": s["apg"], "rcl_ndr": s["ndr"], "rcl_tes": s["tes"],
-                "rcl_acc_with": s["acc_with"], "rcl_acc_without": s["acc_without"],
-                "rcl_teaching_tokens": s["teaching_tokens"],
-                "rcl_ndr_samples": self.ndr_per_sample(),
-                "rcl_format_ok": sum(p is not None for p in self.perf_with) / n,
-                "rcl_leak_rate": sum(self.leaked) / n}
+        return {
+            "reward": sum(self.reward) / n,
+            "rcl_apg": s["apg"],
+            "rcl_ndr": s["ndr"],
+            "rcl_tes": s["tes"],
+            "rcl_acc_with": s["acc_with"],
+            "rcl_acc_without": s["acc_without"],
+            "rcl_teaching_tokens": s["teaching_tokens"],
+            "rcl_ndr_samples": self.ndr_per_sample(),
+            "rcl_format_ok": sum(p is not None for p in self.perf_with) / n,
+            "rcl_leak_rate": sum(self.leaked) / n,
+        }
 
 
 class RCLReward:
@@ -140,9 +167,18 @@ class RCLReward:
 
     __name__ = "rcl"
 
-    def __init__(self, protocol: Protocol, student_tokenizer, answer_fn: AnswerFn, *, samples: int,
-                 params: RewardParams = RewardParams(), teacher_tokenizer=None, performance: str = "accuracy",
-                 scorer=None):
+    def __init__(
+        self,
+        protocol: Protocol,
+        student_tokenizer,
+        answer_fn: AnswerFn,
+        *,
+        samples: int,
+        params: RewardParams = RewardParams(),
+        teacher_tokenizer=None,
+        performance: str = "accuracy",
+        scorer=None,
+    ):
         if performance == "dense" and scorer is None:
             raise ValueError("spec.rcl.performance: dense needs a SpanScorer over the student")
         self.protocol, self.tok, self.answer_fn = protocol, student_tokenizer, answer_fn
@@ -158,7 +194,9 @@ class RCLReward:
         if self.performance == "dense":
             return self._dense(prompts, solutions)
         answers = self.answer_fn(prompts, self.samples)
-        return [sum(self.protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answers, solutions, strict=True)]
+        return [
+            sum(self.protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answers, solutions, strict=True)
+        ]
 
     def _dense(self, prompts: list[str], solutions: Sequence[str]) -> list[float]:
         """exp(mean tempered log-prob of the reference answer): a per-token probability in (0, 1]."""
@@ -206,8 +244,15 @@ class RCLReward:
         self.last = out
         return out
 
-    def __call__(self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str],
-                 log_metric=None, **_: Any) -> list[float]:
+    def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        question: list[str],
+        solution: list[str],
+        log_metric=None,
+        **_: Any,
+    ) -> list[float]:
         """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
         batch = self.score(question, solution, texts)

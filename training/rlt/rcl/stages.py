@@ -50,8 +50,12 @@ def rcl_sft_rows(rows, protocol: Protocol, tokenizer, bad_rows: str) -> list[dic
                 raise DataError(msg + " (disable stages.sft or set spec.dataset.badRows: skip)")
             log.warning("skipping %s", msg)
             continue
-        out.append({"prompt": protocol.teacher_prompt(tokenizer, r["question"], f.sft_probe),
-                    "completion": protocol.teacher_target(f.sft_diagnosis, trace.splitlines()[0]) + tokenizer.eos_token})
+        out.append(
+            {
+                "prompt": protocol.teacher_prompt(tokenizer, r["question"], f.sft_probe),
+                "completion": protocol.teacher_target(f.sft_diagnosis, trace.splitlines()[0]) + tokenizer.eos_token,
+            }
+        )
     if not out:
         raise DataError("stage sft (rcl): no row has a reasoning_trace")
     return out
@@ -67,15 +71,18 @@ def run_rcl_sft(ctx: StageContext) -> str:
 # --------------------------------------------------------------------------- rl
 
 
-def rcl_rl_rows(rows, protocol: Protocol, tokenizer, max_prompt_tokens: int, max_probe_tokens: int,
-                bad_rows: str) -> list[dict[str, str]]:
+def rcl_rl_rows(
+    rows, protocol: Protocol, tokenizer, max_prompt_tokens: int, max_probe_tokens: int, bad_rows: str
+) -> list[dict[str, str]]:
     """Dataset rows for GRPO: `prompt` is the bare question (the rollout builds the real teacher prompt)."""
     out = []
     for r in rows:
         n = len(tokenizer(protocol.teacher_prompt(tokenizer, r["question"], ""), add_special_tokens=False).input_ids)
         if n + max_probe_tokens > max_prompt_tokens:
-            msg = (f"row {r['row']}: teacher prompt is {n} tokens + up to {max_probe_tokens} probe tokens, over "
-                   f"stages.rl.maxPromptLength={max_prompt_tokens}")
+            msg = (
+                f"row {r['row']}: teacher prompt is {n} tokens + up to {max_probe_tokens} probe tokens, over "
+                f"stages.rl.maxPromptLength={max_prompt_tokens}"
+            )
             if bad_rows == "reject":
                 raise DataError(msg)
             log.warning("skipping %s", msg)
@@ -91,8 +98,12 @@ def probe_sampler(protocol: Protocol, student, student_tok, *, temperature: floa
     from rlt.generation import sample_with_logprobs
 
     def probe(questions: list[str]) -> list[str]:
-        ids = [student_tok(protocol.probe_prompt(student_tok, q), add_special_tokens=False).input_ids for q in questions]
-        s = sample_with_logprobs(student, student_tok, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_tokens)
+        ids = [
+            student_tok(protocol.probe_prompt(student_tok, q), add_special_tokens=False).input_ids for q in questions
+        ]
+        s = sample_with_logprobs(
+            student, student_tok, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_tokens
+        )
         return student_tok.batch_decode(s.completion_ids, skip_special_tokens=True)
 
     return probe
@@ -106,22 +117,28 @@ def make_rcl_rollout(protocol: Protocol, teacher_tok, probe_fn, st, timer: Phase
 
     def rollout(prompts, trainer):
         g = trainer.num_generations
-        groups = [prompts[k:k + g] for k in range(0, len(prompts), g)]
+        groups = [prompts[k : k + g] for k in range(0, len(prompts), g)]
         for grp in groups:
             if len(grp) != g or any(p != grp[0] for p in grp):
                 raise RuntimeError(f"rcl rollout: expected groups of {g} identical prompts, got {grp!r}")
         questions = [grp[0] for grp in groups]
         with timer.phase("generate"):
             probes = probe_fn(questions)
-            teacher_prompts = [protocol.teacher_prompt(teacher_tok, q, p) for q, p in zip(questions, probes, strict=True)]
+            teacher_prompts = [
+                protocol.teacher_prompt(teacher_tok, q, p) for q, p in zip(questions, probes, strict=True)
+            ]
             unique_ids = [teacher_tok(t, add_special_tokens=False).input_ids for t in teacher_prompts]
             prompt_ids = [ids for ids in unique_ids for _ in range(g)]
             # server mode: TRL has already pushed this step's weights (see GRPOTrainer._generate)
             completion_ids, logprobs = sample_policy(trainer, teacher_tok, prompt_ids, g, st)
         counters["generated_tokens"] += sum(len(c) for c in completion_ids)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
-                "probe": [p for p in probes for _ in range(g)],
-                "teacher_prompt": [t for t in teacher_prompts for _ in range(g)]}
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": logprobs,
+            "probe": [p for p in probes for _ in range(g)],
+            "teacher_prompt": [t for t in teacher_prompts for _ in range(g)],
+        }
 
     return rollout
 
@@ -132,11 +149,24 @@ def build_rcl_reward(spec, protocol: Protocol, student, student_tok, teacher_tok
     if rcl.performance == "dense":
         from rlt.scoring import SpanScorer
 
-        scorer = SpanScorer(student, student_tok, temperature=rl.temperature, batch_size=rl.reward.batch_size,
-                            share_prefix=rl.reward.share_prefix)
+        scorer = SpanScorer(
+            student,
+            student_tok,
+            temperature=rl.temperature,
+            batch_size=rl.reward.batch_size,
+            share_prefix=rl.reward.share_prefix,
+        )
     answer = student_sampler(student, student_tok, temperature=rl.temperature, max_new_tokens=rcl.max_student_tokens)
-    return RCLReward(protocol, student_tok, answer, samples=rcl.student_samples, params=RewardParams.from_spec(rcl),
-                     teacher_tokenizer=teacher_tok, performance=rcl.performance, scorer=scorer)
+    return RCLReward(
+        protocol,
+        student_tok,
+        answer,
+        samples=rcl.student_samples,
+        params=RewardParams.from_spec(rcl),
+        teacher_tokenizer=teacher_tok,
+        performance=rcl.performance,
+        scorer=scorer,
+    )
 
 
 def run_rcl_rl(ctx: StageContext) -> str:
@@ -145,20 +175,29 @@ def run_rcl_rl(ctx: StageContext) -> str:
     protocol = protocol_for(spec)
     start = teacher_start(ctx)
     tokenizer = load_tokenizer(start, padding_side="left")
-    rows = rcl_rl_rows(_rows(spec), protocol, tokenizer, st.max_prompt_length, spec.rcl.max_probe_tokens,
-                       spec.dataset.bad_rows)
+    rows = rcl_rl_rows(
+        _rows(spec), protocol, tokenizer, st.max_prompt_length, spec.rcl.max_probe_tokens, spec.dataset.bad_rows
+    )
     student = load_model(spec.student, device)
     student_tok = load_tokenizer(spec.student, padding_side="left")
     reward = build_rcl_reward(spec, protocol, student, student_tok, tokenizer)
-    probe_fn = probe_sampler(protocol, student, student_tok, temperature=st.temperature,
-                             max_tokens=spec.rcl.max_probe_tokens)
+    probe_fn = probe_sampler(
+        protocol, student, student_tok, temperature=st.temperature, max_tokens=spec.rcl.max_probe_tokens
+    )
 
     def reward_values() -> dict[str, float]:
         return {k: v for k, v in reward.last.means().items() if k != "reward"} if reward.last is not None else {}
 
-    return train_grpo(ctx, device, start, tokenizer, rows, reward,
-                      lambda timer, counters: make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters),
-                      reward_values)
+    return train_grpo(
+        ctx,
+        device,
+        start,
+        tokenizer,
+        rows,
+        reward,
+        lambda timer, counters: make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters),
+        reward_values,
+    )
 
 
 def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:
@@ -173,8 +212,10 @@ def eval_rows(spec) -> list[dict]:
         rows = data.eval or data.train
     else:
         if spec.dataset.eval_fraction <= 0:
-            raise ValueError("spec.dataset.evalFraction: set it > 0 (a held-out split) or set stages.evaluate.dataset "
-                             "for the rcl evaluation")
+            raise ValueError(
+                "spec.dataset.evalFraction: set it > 0 (a held-out split) or set stages.evaluate.dataset "
+                "for the rcl evaluation"
+            )
         rows = _rows(spec, "eval")
     return rows[: ev.limit] if ev.limit else rows
 
@@ -198,9 +239,20 @@ def evaluate(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: P
     if teacher is not None:
         t_model, t_tok = load_model(teacher, device), load_tokenizer(teacher, padding_side="left")
     records = evaluate_teacher(
-        protocol_for(spec), rows, student, student_tok, t_model, t_tok, student_samples=spec.rcl.student_samples,
-        guidance_samples=ev.samples, temperature=ev.temperature, max_probe_tokens=spec.rcl.max_probe_tokens,
-        max_student_tokens=spec.rcl.max_student_tokens, max_guidance_tokens=ev.max_new_tokens, batch_size=ev.batch_size)
+        protocol_for(spec),
+        rows,
+        student,
+        student_tok,
+        t_model,
+        t_tok,
+        student_samples=spec.rcl.student_samples,
+        guidance_samples=ev.samples,
+        temperature=ev.temperature,
+        max_probe_tokens=spec.rcl.max_probe_tokens,
+        max_student_tokens=spec.rcl.max_student_tokens,
+        max_guidance_tokens=ev.max_new_tokens,
+        batch_size=ev.batch_size,
+    )
     info = {"teacher": teacher.model if teacher else "none", "seconds": round(time.perf_counter() - t0, 1)}
     return write_report(out_dir, label, records, info)
 
@@ -216,6 +268,13 @@ def run_rcl_evaluate(ctx: StageContext) -> str:
 
 
 def _numbers(summary: dict) -> dict[str, float]:
-    names = {"apg": "rcl_apg", "ndr": "rcl_ndr", "tes": "rcl_tes", "acc_with": "rcl_acc_with", "acc_without": "rcl_acc_without",
-             "teaching_tokens": "rcl_teaching_tokens", "format_ok": "rcl_format_ok"}
+    names = {
+        "apg": "rcl_apg",
+        "ndr": "rcl_ndr",
+        "tes": "rcl_tes",
+        "acc_with": "rcl_acc_with",
+        "acc_without": "rcl_acc_without",
+        "teaching_tokens": "rcl_teaching_tokens",
+        "format_ok": "rcl_format_ok",
+    }
     return {names[k]: float(v) for k, v in summary.items() if k in names and isinstance(v, (int, float))}

@@ -77,7 +77,7 @@ class Recorder:
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 continue
             d = METRIC_DEFS[metric]
-            extra = d.labels[len(RUN_LABELS):]
+            extra = d.labels[len(RUN_LABELS) :]
             if d.kind == "counter":
                 self.totals[metric] = self.totals.get(metric, 0.0) + value
             if key == "accuracy":  # labelled by the evaluated model: the evaluate stage exports it itself
@@ -103,10 +103,14 @@ class Recorder:
     def write_progress(self, step: int, values: dict[str, float]) -> None:
         if not self.ctx.is_main:
             return
-        self.progress.update({
-            "stage": self.stage, "step": step, "totalSteps": self.total,
-            "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        })
+        self.progress.update(
+            {
+                "stage": self.stage,
+                "step": step,
+                "totalSteps": self.total,
+                "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
         if "reward" in values:
             self.progress[self.reward_key] = values["reward"]
         if "kept_reward" in values:
@@ -126,7 +130,9 @@ class Recorder:
             from rlt import fingerprint  # the spec this stage finished under, read by re-runs
 
             fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
-            atomic_write_text(self.ctx.layout.stage_done(self.stage), time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+            atomic_write_text(
+                self.ctx.layout.stage_done(self.stage), time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime())
+            )
 
 
 class PhaseTimer:
@@ -163,8 +169,13 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
             announce_world(recorder.stage)
             recorder.set_total(state.max_steps)
             if recorder.ctx.is_main and show_progress:
-                self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=recorder.stage, unit="step",
-                                dynamic_ncols=True)
+                self.bar = tqdm(
+                    total=state.max_steps,
+                    initial=state.global_step,
+                    desc=recorder.stage,
+                    unit="step",
+                    dynamic_ncols=True,
+                )
 
         def on_step_begin(self, args, state, control, **kw):
             self.step_started = time.perf_counter()
@@ -236,9 +247,14 @@ def trainer_options(ctx: StageContext, st, device: str) -> dict[str, Any]:
     the stage's trainerArgs (which the spec keeps off the options set here)."""
     from rlt.tracking import report_to_args
 
-    return {"max_grad_norm": st.max_grad_norm, "logging_steps": st.logging_steps,
-            "save_total_limit": st.save_total_limit, **trainer_precision(device, st.precision),
-            **report_to_args(ctx), **st.trainer_args}
+    return {
+        "max_grad_norm": st.max_grad_norm,
+        "logging_steps": st.logging_steps,
+        "save_total_limit": st.save_total_limit,
+        **trainer_precision(device, st.precision),
+        **report_to_args(ctx),
+        **st.trainer_args,
+    }
 
 
 def peft_config(ref):
@@ -249,8 +265,9 @@ def peft_config(ref):
 
     lo = ref.lora
     targets = "all-linear" if lo.target_modules == ["all-linear"] else lo.target_modules
-    return LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets,
-                      task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
 
 
 def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, device: str) -> str:
@@ -320,7 +337,9 @@ def gather_shares(share: list[tuple[int, Any]], rank: int, world: int, total: in
     merged = sorted((pair for part in parts for pair in part), key=lambda p: p[0])
     indices = [i for i, _ in merged]
     if indices != list(range(total)):
-        raise RuntimeError(f"the ranks returned rows {indices}: duplicates or gaps (expected each of 0..{total - 1} once)")
+        raise RuntimeError(
+            f"the ranks returned rows {indices}: duplicates or gaps (expected each of 0..{total - 1} once)"
+        )
     return [item for _, item in merged]
 
 
@@ -341,9 +360,12 @@ def announce_world(stage: str) -> None:
         rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     else:
         rank, world, backend = 0, 1, "none"
-    print(f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
-          f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "
-          f"local_rank={os.environ.get('LOCAL_RANK', '0')} pid={os.getpid()}", flush=True)
+    print(
+        f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
+        f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "
+        f"local_rank={os.environ.get('LOCAL_RANK', '0')} pid={os.getpid()}",
+        flush=True,
+    )
 
 
 def deepspeed_config(stage: int) -> dict[str, Any] | None:
@@ -351,10 +373,16 @@ def deepspeed_config(stage: int) -> dict[str, Any] | None:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or stage == 0:
         return None
     return {
-        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
-        "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
-        "zero_optimization": {"stage": stage, "overlap_comm": True,
-                              **({"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {})},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {
+            "stage": stage,
+            "overlap_comm": True,
+            **({"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {}),
+        },
     }
 
 
@@ -371,8 +399,10 @@ def newest_teacher(ctx: StageContext, stages: tuple[str, ...], needed_by: str | 
             path = str(ctx.layout.model_dir(stage))
             return spec.teacher.model_copy(update={"model": path, "revision": None}), stage
         if needed_by:
-            raise RuntimeError(f"stage {needed_by} needs the {stage} stage's model at {ctx.layout.model_dir(stage)}; "
-                               f"run stage {stage} first")
+            raise RuntimeError(
+                f"stage {needed_by} needs the {stage} stage's model at {ctx.layout.model_dir(stage)}; "
+                f"run stage {stage} first"
+            )
     return spec.teacher, "initial"
 
 
@@ -399,14 +429,21 @@ def last_checkpoint(directory: Path) -> str | None:
 
     if not directory.is_dir():
         return None
-    found = sorted(((int(m.group(1)), p) for p in directory.iterdir()
-                    if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))), reverse=True)
+    found = sorted(
+        (
+            (int(m.group(1)), p)
+            for p in directory.iterdir()
+            if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))
+        ),
+        reverse=True,
+    )
     for _step, path in found:
         if (path / CHECKPOINT_COMPLETE).exists():
             return str(path)
         target = directory / SET_ASIDE / f"{path.name}.{int(time.time())}.{os.getpid()}"
-        logging.getLogger(__name__).warning("checkpoint %s is incomplete (no %s): set aside as %s, not resumed",
-                                            path, CHECKPOINT_COMPLETE, target)
+        logging.getLogger(__name__).warning(
+            "checkpoint %s is incomplete (no %s): set aside as %s, not resumed", path, CHECKPOINT_COMPLETE, target
+        )
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             path.rename(target)

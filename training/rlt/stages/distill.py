@@ -50,8 +50,9 @@ def run_distill(ctx: StageContext) -> str:
     gen = spec.stages.rl.generation
     teacher = None if gen.mode == "server" else load_model(teacher_ref, device)
     student = load_model(spec.student, device)
-    reward = reward_from_spec(spec, student, load_tokenizer(spec.student, padding_side="right"), formatter,
-                              teacher_tokenizer=tokenizer)
+    reward = reward_from_spec(
+        spec, student, load_tokenizer(spec.student, padding_side="right"), formatter, teacher_tokenizer=tokenizer
+    )
     n = st.samples_per_question
     recorder = Recorder(ctx, "distill", len(rows))
     recorder.reward_key = "candidateRewardMean"  # the step's reward averages every candidate, kept or not
@@ -63,12 +64,25 @@ def run_distill(ctx: StageContext) -> str:
         chunk = rows[start : start + per_batch]
         prompt_ids = [teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"]) for r in chunk]
         if teacher is None:
-            samples = server_generate(gen.server_url, prompt_ids, n=n, temperature=st.temperature, top_p=1.0,
-                                      max_new_tokens=st.max_new_tokens, timeout=gen.server_timeout_seconds)
+            samples = server_generate(
+                gen.server_url,
+                prompt_ids,
+                n=n,
+                temperature=st.temperature,
+                top_p=1.0,
+                max_new_tokens=st.max_new_tokens,
+                timeout=gen.server_timeout_seconds,
+            )
         else:
-            samples = sample_with_logprobs(teacher, tokenizer, [p for p in prompt_ids for _ in range(n)],
-                                           temperature=st.temperature, top_p=1.0, max_new_tokens=st.max_new_tokens,
-                                           batch_size=per_batch * n)
+            samples = sample_with_logprobs(
+                teacher,
+                tokenizer,
+                [p for p in prompt_ids for _ in range(n)],
+                temperature=st.temperature,
+                top_p=1.0,
+                max_new_tokens=st.max_new_tokens,
+                batch_size=per_batch * n,
+            )
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in samples.completion_ids]
         questions = [r["question"] for r in chunk for _ in range(n)]
         solutions = [r["solution"] for r in chunk for _ in range(n)]
@@ -77,22 +91,38 @@ def run_distill(ctx: StageContext) -> str:
             cands = range(i * n, (i + 1) * n)
             best = max(cands, key=lambda k: scores.total[k])
             explanation, closed = formatter.split_explanation(texts[best])
-            out_rows.append({
-                **r.get("keep", {}),  # spec.dataset.keepColumns (names cannot clash: the spec refuses ours)
-                "question": r["question"], "reasoning_trace": explanation, "solution": r["solution"],
-                "reward": scores.total[best], "closed": closed, "candidate_rewards": [scores.total[k] for k in cands],
-                "source_row": r["row"], "messages": formatter.student_messages(r["question"], explanation, r["solution"]),
-                # every candidate, best first: the student stage's best_fit policy falls back to a shorter one
-                "candidates": [{"reasoning_trace": e, "reward": scores.total[k], "closed": c}
-                               for k in sorted(cands, key=lambda k: -scores.total[k])
-                               for e, c in [formatter.split_explanation(texts[k])]],
-            })
+            out_rows.append(
+                {
+                    **r.get("keep", {}),  # spec.dataset.keepColumns (names cannot clash: the spec refuses ours)
+                    "question": r["question"],
+                    "reasoning_trace": explanation,
+                    "solution": r["solution"],
+                    "reward": scores.total[best],
+                    "closed": closed,
+                    "candidate_rewards": [scores.total[k] for k in cands],
+                    "source_row": r["row"],
+                    "messages": formatter.student_messages(r["question"], explanation, r["solution"]),
+                    # every candidate, best first: the student stage's best_fit policy falls back to a shorter one
+                    "candidates": [
+                        {"reasoning_trace": e, "reward": scores.total[k], "closed": c}
+                        for k in sorted(cands, key=lambda k: -scores.total[k])
+                        for e, c in [formatter.split_explanation(texts[k])]
+                    ],
+                }
+            )
         elapsed = time.perf_counter() - t0
         gen_tokens = sum(len(c) for c in samples.completion_ids)
-        recorder.record(len(out_rows), {"reward": sum(scores.total) / len(scores.total), "step_seconds": elapsed,
-                                        "kept_reward": sum(r["reward"] for r in out_rows) / len(out_rows),
-                                        "generated_tokens": gen_tokens, "tokens_per_second": gen_tokens / elapsed,
-                                        **{k: v for k, v in scores.means().items() if k != "total"}})
+        recorder.record(
+            len(out_rows),
+            {
+                "reward": sum(scores.total) / len(scores.total),
+                "step_seconds": elapsed,
+                "kept_reward": sum(r["reward"] for r in out_rows) / len(out_rows),
+                "generated_tokens": gen_tokens,
+                "tokens_per_second": gen_tokens / elapsed,
+                **{k: v for k, v in scores.means().items() if k != "total"},
+            },
+        )
         if ctx.metrics:
             ctx.metrics.inc("rlt_distill_rows_total", len(chunk))
         bar.update(len(chunk))

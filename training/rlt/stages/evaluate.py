@@ -77,15 +77,18 @@ def load_eval_set(spec, fmt) -> EvalSet:
         source = st.dataset.source
     else:
         if spec.dataset.eval_fraction <= 0:
-            raise DataError("stages.evaluate.dataset: not set, and spec.dataset.evalFraction is 0 (no held-out rows); "
-                            "set one of them")
+            raise DataError(
+                "stages.evaluate.dataset: not set, and spec.dataset.evalFraction is 0 (no held-out rows); "
+                "set one of them"
+            )
         rows = load_data(spec.dataset, fmt).eval
         source = f"{spec.dataset.source} (held out)"
     rows = rows[: st.limit]
     if not rows:
         raise DataError(f"stage evaluate: {source} gave no questions")
-    return EvalSet(rows, resolve_answer_type(st.answer_type, st.dataset.source if st.dataset else spec.dataset.source),
-                   source)
+    return EvalSet(
+        rows, resolve_answer_type(st.answer_type, st.dataset.source if st.dataset else spec.dataset.source), source
+    )
 
 
 # --------------------------------------------------------------------------- grading
@@ -132,9 +135,20 @@ def pass_at_1(per_question: Sequence[Sequence[bool]]) -> float:
 # --------------------------------------------------------------------------- generation
 
 
-def generate_answers(model, tokenizer, prompts: list[str], *, samples: int, temperature: float, top_p: float,
-                     max_new_tokens: int, batch_size: int, server_url: str | None = None,
-                     timeout: float = 600.0, on_batch=None) -> list[list[str]]:
+def generate_answers(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    samples: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    batch_size: int,
+    server_url: str | None = None,
+    timeout: float = 600.0,
+    on_batch=None,
+) -> list[list[str]]:
     """`samples` decoded answers per prompt, in-process (the shared sampler; greedy at temperature 0) or from vLLM."""
     from rlt.generation import sample_with_logprobs, server_generate
 
@@ -143,12 +157,25 @@ def generate_answers(model, tokenizer, prompts: list[str], *, samples: int, temp
     for start in range(0, len(prompts), batch_size):
         chunk = prompt_ids[start : start + batch_size]
         if server_url:
-            ids = server_generate(server_url, chunk, n=samples, temperature=temperature, top_p=top_p,
-                                  max_new_tokens=max_new_tokens, timeout=timeout).completion_ids
+            ids = server_generate(
+                server_url,
+                chunk,
+                n=samples,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                timeout=timeout,
+            ).completion_ids
         elif temperature > 0:
-            ids = sample_with_logprobs(model, tokenizer, [p for p in chunk for _ in range(samples)],
-                                       temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                                       batch_size=len(chunk) * samples).completion_ids
+            ids = sample_with_logprobs(
+                model,
+                tokenizer,
+                [p for p in chunk for _ in range(samples)],
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                batch_size=len(chunk) * samples,
+            ).completion_ids
         else:
             ids = _greedy(model, tokenizer, chunk, max_new_tokens)
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in ids]
@@ -172,8 +199,9 @@ def _greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]
     from rlt.generation import clean_generation_config, only_generation_config
 
     # greedy on the model's own logits: no repetition penalty or other processor from the checkpoint's config
-    config = clean_generation_config(model, do_sample=False, max_new_tokens=max_new_tokens,
-                                     pad_token_id=tokenizer.pad_token_id)
+    config = clean_generation_config(
+        model, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
+    )
     with torch.no_grad(), only_generation_config(model, config):
         seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     eos = tokenizer.eos_token_id
@@ -186,8 +214,9 @@ def _greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]
 # --------------------------------------------------------------------------- one model on one set
 
 
-def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSet, out_dir: Path,
-                   settings=None) -> dict[str, Any]:
+def evaluate_model(
+    ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSet, out_dir: Path, settings=None
+) -> dict[str, Any]:
     """Answer every question `samples` times, grade, write the report files under out_dir; return the report."""
     from tqdm.auto import tqdm
 
@@ -209,8 +238,12 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     if st.generation.mode == "server" and not server:
         raise ValueError("stages.evaluate.generation.serverUrl: required when mode is server")
     model = None if server else load_model(ref, device)
-    prompts = [tokenizer.apply_chat_template(formatter.student_messages(r["question"], "", "")[:2], tokenize=False,
-                                             add_generation_prompt=True) for r in evalset.rows]
+    prompts = [
+        tokenizer.apply_chat_template(
+            formatter.student_messages(r["question"], "", "")[:2], tokenize=False, add_generation_prompt=True
+        )
+        for r in evalset.rows
+    ]
     recorder = Recorder(ctx, "evaluate", len(prompts))
     recorder.eval_model = label  # rlt_eval_accuracy/<label> in experiment tracking
     bar = tqdm(total=len(prompts), desc=f"evaluate {label}", unit="q", disable=not (ctx.show_progress and ctx.is_main))
@@ -224,8 +257,14 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
         tokens["n"] += n_tokens
         acc = pass_at_1(graded)
         elapsed = time.perf_counter() - started
-        recorder.record(len(graded), {"accuracy": acc, "generated_tokens": n_tokens,
-                                      "tokens_per_second": tokens["n"] / elapsed if elapsed > 0 else 0.0})
+        recorder.record(
+            len(graded),
+            {
+                "accuracy": acc,
+                "generated_tokens": n_tokens,
+                "tokens_per_second": tokens["n"] / elapsed if elapsed > 0 else 0.0,
+            },
+        )
         if ctx.metrics:
             ctx.metrics.set("rlt_eval_accuracy", acc, model=label)
             ctx.metrics.inc("rlt_eval_questions_total", len(batch), model=label)
@@ -233,22 +272,38 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
         bar.update(len(batch))
         bar.set_postfix({"acc": f"{acc:.3f}"}, refresh=True)
 
-    outputs = generate_answers(model, tokenizer, prompts, samples=st.samples, temperature=st.temperature,
-                               top_p=st.top_p, max_new_tokens=st.max_new_tokens, batch_size=st.batch_size,
-                               server_url=server, timeout=st.generation.server_timeout_seconds, on_batch=on_batch)
+    outputs = generate_answers(
+        model,
+        tokenizer,
+        prompts,
+        samples=st.samples,
+        temperature=st.temperature,
+        top_p=st.top_p,
+        max_new_tokens=st.max_new_tokens,
+        batch_size=st.batch_size,
+        server_url=server,
+        timeout=st.generation.server_timeout_seconds,
+        on_batch=on_batch,
+    )
     bar.close()
     seconds = time.perf_counter() - started
-    answered = gather_shares([(i, outs) for (i, _), outs in zip(share, outputs, strict=True)], rank, world, len(all_rows))
+    answered = gather_shares(
+        [(i, outs) for (i, _), outs in zip(share, outputs, strict=True)], rank, world, len(all_rows)
+    )
     if answered is None:
         return {}  # not rank 0: rank 0 writes the report
     per_question = []
     for row, outs in zip(all_rows, answered, strict=True):
         checked = [grade(row, o, evalset.answer_type, tags) for o in outs]
-        per_question.append({
-            "row": row.get("row"), "question": row["question"], "solution": row["solution"],
-            "accuracy": sum(c for _, c in checked) / len(checked),
-            "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked, strict=True)],
-        })
+        per_question.append(
+            {
+                "row": row.get("row"),
+                "question": row["question"],
+                "solution": row["solution"],
+                "accuracy": sum(c for _, c in checked) / len(checked),
+                "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked, strict=True)],
+            }
+        )
     evalset = EvalSet(all_rows, evalset.answer_type, evalset.source)
     report = build_report(label, ref.model, evalset, st, per_question, seconds, tokens["n"])
     write_report(out_dir, report, per_question)
@@ -257,20 +312,34 @@ def evaluate_model(ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSe
     return report
 
 
-def build_report(label: str, model: str, evalset: EvalSet, st, per_question: list[dict[str, Any]], seconds: float,
-                 generated_tokens: int) -> dict[str, Any]:
+def build_report(
+    label: str,
+    model: str,
+    evalset: EvalSet,
+    st,
+    per_question: list[dict[str, Any]],
+    seconds: float,
+    generated_tokens: int,
+) -> dict[str, Any]:
     accs = [q["accuracy"] for q in per_question]
     acc = sum(accs) / len(accs)
     n = len(accs)
     return {
-        "model": label, "modelPath": model, "dataset": evalset.source, "answerType": evalset.answer_type,
-        "questions": n, "samples": st.samples, "temperature": st.temperature, "maxNewTokens": st.max_new_tokens,
+        "model": label,
+        "modelPath": model,
+        "dataset": evalset.source,
+        "answerType": evalset.answer_type,
+        "questions": n,
+        "samples": st.samples,
+        "temperature": st.temperature,
+        "maxNewTokens": st.max_new_tokens,
         "accuracy": acc,
         # standard error of the mean over questions (per-question accuracies are the unit)
         "stderr": math.sqrt(sum((a - acc) ** 2 for a in accs) / (n - 1) / n) if n > 1 else None,
         "correct": sum(sum(a["correct"] for a in q["answers"]) for q in per_question),
         "answers": sum(len(q["answers"]) for q in per_question),
-        "seconds": round(seconds, 1), "generatedTokens": generated_tokens,
+        "seconds": round(seconds, 1),
+        "generatedTokens": generated_tokens,
     }
 
 
@@ -278,8 +347,10 @@ def markdown_table(reports: list[dict[str, Any]]) -> str:
     lines = ["| model | questions | samples | pass@1 | ± s.e. | correct / answers |", "|---|---|---|---|---|---|"]
     for r in reports:
         se = f"{r['stderr']:.3f}" if r.get("stderr") is not None else "—"
-        lines.append(f"| {r['model']} | {r['questions']} | {r['samples']} | {r['accuracy']:.3f} | {se} | "
-                     f"{r['correct']} / {r['answers']} |")
+        lines.append(
+            f"| {r['model']} | {r['questions']} | {r['samples']} | {r['accuracy']:.3f} | {se} | "
+            f"{r['correct']} / {r['answers']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -291,8 +362,9 @@ def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path
 
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(reports) + 2), 4))
     xs = range(len(reports))
-    ax.bar(xs, [r["accuracy"] for r in reports], yerr=[r.get("stderr") or 0 for r in reports], capsize=4,
-           color="tab:blue")
+    ax.bar(
+        xs, [r["accuracy"] for r in reports], yerr=[r.get("stderr") or 0 for r in reports], capsize=4, color="tab:blue"
+    )
     ax.set_xticks(list(xs), [r["model"] for r in reports])
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass@1 (mean over questions)")
@@ -307,8 +379,9 @@ def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path
 
 
 def write_report(out_dir: Path, report: dict[str, Any], per_question: list[dict[str, Any]]) -> None:
-    atomic_write_text(out_dir / "per_question.jsonl", "".join(json.dumps(q, ensure_ascii=False) + "\n"
-                                                               for q in per_question))
+    atomic_write_text(
+        out_dir / "per_question.jsonl", "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in per_question)
+    )
     atomic_write_json(out_dir / "report.json", report)
     atomic_write_text(out_dir / "report.md", f"# Evaluation: {report['dataset']}\n\n" + markdown_table([report]))
     plot_accuracy([report], out_dir / "accuracy.png", f"{report['dataset']} ({report['answerType']})")

@@ -54,7 +54,9 @@ def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_r
             continue
         out.append({"prompt": prompt, "question": r["question"], "solution": r["solution"]})
     if not out:
-        raise DataError("stage rl: no usable rows" + (f" (all {len(skipped)} too long, first {skipped[0]})" if skipped else ""))
+        raise DataError(
+            "stage rl: no usable rows" + (f" (all {len(skipped)} too long, first {skipped[0]})" if skipped else "")
+        )
     if skipped:  # once per stage, not once per row
         log.warning("stage rl: skipping %d of %d rows (badRows: skip), first %s", len(skipped), len(rows), skipped[0])
     return out
@@ -67,16 +69,24 @@ def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generatio
     weights TRL has synced for this step; in-process: the unwrapped policy samples itself."""
     if trainer.use_vllm:
         _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
-            prompts=prompt_ids, images=None, num_generations=num_generations)
+            prompts=prompt_ids, images=None, num_generations=num_generations
+        )
         return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]  # sampled token's (processed) logprob
     from trl.models import unwrap_model_for_generation
 
-    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                     gather_deepspeed3_params=trainer.args.ds3_gather_for_generation) as m:
+    with unwrap_model_for_generation(
+        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
+    ) as m:
         was_training = m.training
         m.eval()
-        s = sample_with_logprobs(m, tokenizer, prompt_ids, temperature=st.temperature, top_p=st.top_p,
-                                 max_new_tokens=st.max_completion_length)
+        s = sample_with_logprobs(
+            m,
+            tokenizer,
+            prompt_ids,
+            temperature=st.temperature,
+            top_p=st.top_p,
+            max_new_tokens=st.max_completion_length,
+        )
         m.train(was_training)
     return s.completion_ids, s.logprobs
 
@@ -85,20 +95,32 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
         # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
         drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
-        print(f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
-              f"prompts={','.join(drawn)}", flush=True)
+        print(
+            f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
+            f"prompts={','.join(drawn)}",
+            flush=True,
+        )
         prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]  # = sft.teacher_prompt_ids
         with timer.phase("generate"):
             completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, trainer.num_generations, st)
         counters["generated_tokens"] += sum(len(c) for c in completion_ids)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
-                "teacher_logprobs": logprobs}
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": logprobs,
+            "teacher_logprobs": logprobs,
+        }
 
     return rollout
 
 
-IS_MODES = {"off": "sequence_mask", "sequenceMask": "sequence_mask", "sequenceTruncate": "sequence_truncate",
-            "tokenMask": "token_mask", "tokenTruncate": "token_truncate"}
+IS_MODES = {
+    "off": "sequence_mask",
+    "sequenceMask": "sequence_mask",
+    "sequenceTruncate": "sequence_truncate",
+    "tokenMask": "token_mask",
+    "tokenTruncate": "token_truncate",
+}
 
 
 def grpo_config(ctx: StageContext, device: str):
@@ -109,35 +131,59 @@ def grpo_config(ctx: StageContext, device: str):
     world = ctx.world_size()
     ga = st.batch_size // (st.per_device_batch_size * world)
     if ga < 1 or st.batch_size % (st.per_device_batch_size * world):
-        raise ValueError(f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
-                         f"({st.per_device_batch_size} × {world})")
+        raise ValueError(
+            f"stages.rl.batchSize ({st.batch_size}) must be a multiple of perDeviceBatchSize × processes "
+            f"({st.per_device_batch_size} × {world})"
+        )
     gen = st.generation
     server, colocate = gen.mode == "server", gen.mode == "colocate"
     if server and not gen.server_url:
         raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
     if colocate and not device.startswith("cuda"):
-        raise ValueError("stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
-                         "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)")
+        raise ValueError(
+            "stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
+            "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)"
+        )
     vllm = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
     if colocate:  # vLLM shares each rank's GPU with training: unless set, TRL's 30 % (not a generator pod's 90 %)
         share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
         vllm.update(vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len)
     return GRPOConfig(
-        output_dir=str(ctx.layout.checkpoints_dir("rl")), max_steps=st.steps,
-        per_device_train_batch_size=st.per_device_batch_size, gradient_accumulation_steps=ga,
-        steps_per_generation=ga, num_generations=st.num_generations, num_iterations=1,
-        max_completion_length=st.max_completion_length, temperature=st.temperature, top_p=st.top_p, top_k=0,
-        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
-        weight_decay=st.weight_decay, beta=st.beta, loss_type="grpo", scale_rewards="group",
+        output_dir=str(ctx.layout.checkpoints_dir("rl")),
+        max_steps=st.steps,
+        per_device_train_batch_size=st.per_device_batch_size,
+        gradient_accumulation_steps=ga,
+        steps_per_generation=ga,
+        num_generations=st.num_generations,
+        num_iterations=1,
+        max_completion_length=st.max_completion_length,
+        temperature=st.temperature,
+        top_p=st.top_p,
+        top_k=0,
+        learning_rate=st.learning_rate,
+        lr_scheduler_type=st.lr_scheduler,
+        warmup_steps=st.warmup_ratio,
+        weight_decay=st.weight_decay,
+        beta=st.beta,
+        loss_type="grpo",
+        scale_rewards="group",
         mask_truncated_completions=False,
         # TRL cannot soft-update a PEFT model's reference (with LoRA the reference is the frozen base)
         sync_ref_model=st.ref_sync.enabled and st.beta > 0 and spec.teacher.lora is None,
-        ref_model_mixup_alpha=st.ref_sync.alpha, ref_model_sync_steps=st.ref_sync.steps, save_strategy="steps",
-        save_steps=st.save_steps, seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
-        deepspeed=deepspeed_config(st.deepspeed_zero_stage), **vllm,
-        vllm_server_base_url=gen.server_url, vllm_server_timeout=gen.server_timeout_seconds,
+        ref_model_mixup_alpha=st.ref_sync.alpha,
+        ref_model_sync_steps=st.ref_sync.steps,
+        save_strategy="steps",
+        save_steps=st.save_steps,
+        seed=spec.seed,
+        gradient_checkpointing=st.gradient_checkpointing,
+        disable_tqdm=True,
+        deepspeed=deepspeed_config(st.deepspeed_zero_stage),
+        **vllm,
+        vllm_server_base_url=gen.server_url,
+        vllm_server_timeout=gen.server_timeout_seconds,
         # clean sampling (docs/reward.md): nothing but τ and top-p shapes the distribution
-        repetition_penalty=1.0, min_p=None,
+        repetition_penalty=1.0,
+        min_p=None,
         vllm_importance_sampling_correction=(server or colocate) and gen.importance_sampling != "off",
         vllm_importance_sampling_mode=IS_MODES[gen.importance_sampling],
         vllm_importance_sampling_clip_max=gen.importance_sampling_cap,
@@ -160,8 +206,9 @@ def clipped_share(ratio, completion_mask, mode: str, cap: float, floor: float | 
     return float((hit & valid).sum()), float(valid.sum())
 
 
-def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows: list[dict], reward,
-               make_rollout_fn, reward_values) -> str:
+def train_grpo(
+    ctx: StageContext, device: str, start: ModelRef, tokenizer, rows: list[dict], reward, make_rollout_fn, reward_values
+) -> str:
     """What every GRPO stage shares: config, step timing split by phase, the record, checkpoints, the final model.
 
     `make_rollout_fn(timer, counters)` builds the method's rollout (it times "generate" and counts generated
@@ -196,10 +243,14 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
 
     recorder = Recorder(ctx, "rl", ctx.spec.stages.rl.steps)
     trainer = GRPOTrainer(
-        model=load_model(start, device, trainable=True), reward_funcs=[reward], args=args,
-        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        model=load_model(start, device, trainable=True),
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
         rollout_func=make_rollout_fn(timer, counters),
-        callbacks=[make_callback(recorder, step_values, ctx.show_progress)], peft_config=peft_config(start),
+        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
+        peft_config=peft_config(start),
     )
     point_tensorboard(trainer, ctx, "rl")
     if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
@@ -216,9 +267,13 @@ def train_grpo(ctx: StageContext, device: str, start: ModelRef, tokenizer, rows:
 
         def counted(*a, **kw):
             out = generate_and_score(*a, **kw)
-            hit, total = clipped_share(out["importance_sampling_ratio"], out["completion_mask"],
-                                       args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max,
-                                       args.vllm_importance_sampling_clip_min)
+            hit, total = clipped_share(
+                out["importance_sampling_ratio"],
+                out["completion_mask"],
+                args.vllm_importance_sampling_mode,
+                args.vllm_importance_sampling_clip_max,
+                args.vllm_importance_sampling_clip_min,
+            )
             clipped["hit"] += hit
             clipped["all"] += total
             return out
@@ -249,9 +304,22 @@ def run_rl(ctx: StageContext) -> str:
         values: dict[str, float] = {}
         if reward.last is not None:
             values.update({k: v for k, v in reward.last.means().items() if k != "total"})  # incl. pairing_coverage
-            values["explanation_tokens"] = sum(reward.last.explanation_tokens) / max(1, len(reward.last.explanation_tokens))
-        values["scored_tokens"], scored["last"] = reward.scored_tokens_total - scored["last"], reward.scored_tokens_total
+            values["explanation_tokens"] = sum(reward.last.explanation_tokens) / max(
+                1, len(reward.last.explanation_tokens)
+            )
+        values["scored_tokens"], scored["last"] = (
+            reward.scored_tokens_total - scored["last"],
+            reward.scored_tokens_total,
+        )
         return values
 
-    return train_grpo(ctx, device, start, tokenizer, rows, reward,
-                      lambda timer, counters: make_rollout(tokenizer, timer, st, counters), reward_values)
+    return train_grpo(
+        ctx,
+        device,
+        start,
+        tokenizer,
+        rows,
+        reward,
+        lambda timer, counters: make_rollout(tokenizer, timer, st, counters),
+        reward_values,
+    )

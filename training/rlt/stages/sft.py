@@ -47,8 +47,9 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
             skipped.append(msg)
             continue
         prompt = teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"])
-        completion = tokenizer(formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token),
-                               add_special_tokens=False).input_ids
+        completion = tokenizer(
+            formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token), add_special_tokens=False
+        ).input_ids
         out.append({"input_ids": prompt + completion, "completion_mask": [0] * len(prompt) + [1] * len(completion)})
     if not out:
         raise DataError("stage sft: no row has a reasoning_trace")
@@ -65,20 +66,33 @@ def sft_config(ctx: StageContext, device: str, stage: str = "sft"):
     ckpt_dir = ctx.layout.checkpoints_dir(stage)
     teacher_warmup = stage == "sft"
     return SFTConfig(
-        output_dir=str(ckpt_dir), per_device_train_batch_size=st.per_device_batch_size,
+        output_dir=str(ckpt_dir),
+        per_device_train_batch_size=st.per_device_batch_size,
         gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
-        learning_rate=st.learning_rate, lr_scheduler_type=st.lr_scheduler, warmup_steps=st.warmup_ratio,
+        learning_rate=st.learning_rate,
+        lr_scheduler_type=st.lr_scheduler,
+        warmup_steps=st.warmup_ratio,
         # The teacher warm-up uses the reference code's beta2; students keep AdamW's default.
-        weight_decay=st.weight_decay, adam_beta2=0.95 if teacher_warmup else 0.999,
-        num_train_epochs=st.epochs, max_steps=st.max_steps or -1, max_length=st.max_length,
-        completion_only_loss=True, packing=False, save_steps=st.save_steps, save_strategy="steps",
-        seed=spec.seed, gradient_checkpointing=st.gradient_checkpointing, disable_tqdm=True,
-        deepspeed=deepspeed_config(getattr(st, "deepspeed_zero_stage", 3)), **trainer_options(ctx, st, device),
+        weight_decay=st.weight_decay,
+        adam_beta2=0.95 if teacher_warmup else 0.999,
+        num_train_epochs=st.epochs,
+        max_steps=st.max_steps or -1,
+        max_length=st.max_length,
+        completion_only_loss=True,
+        packing=False,
+        save_steps=st.save_steps,
+        save_strategy="steps",
+        seed=spec.seed,
+        gradient_checkpointing=st.gradient_checkpointing,
+        disable_tqdm=True,
+        deepspeed=deepspeed_config(getattr(st, "deepspeed_zero_stage", 3)),
+        **trainer_options(ctx, st, device),
     )
 
 
-def train_sft(ctx: StageContext, device: str, rows: list[dict], tokenizer, stage: str = "sft",
-              model: ModelRef | None = None) -> str:
+def train_sft(
+    ctx: StageContext, device: str, rows: list[dict], tokenizer, stage: str = "sft", model: ModelRef | None = None
+) -> str:
     """Supervised training on prompt/completion rows, loss on the completion only: config, record, final model.
 
     Shared by every SFT-like stage: the teacher warm-ups of both methods (`sft`) and the student's distillation
@@ -91,10 +105,14 @@ def train_sft(ctx: StageContext, device: str, rows: list[dict], tokenizer, stage
     args = sft_config(ctx, device, stage)
     start = model or spec.teacher
     recorder = Recorder(ctx, stage, total_steps=0)
-    trainer = SFTTrainer(model=load_model(start, device, trainable=True), args=args,
-                         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         callbacks=[make_callback(recorder, show_progress=ctx.show_progress)],
-                         peft_config=peft_config(start))
+    trainer = SFTTrainer(
+        model=load_model(start, device, trainable=True),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[make_callback(recorder, show_progress=ctx.show_progress)],
+        peft_config=peft_config(start),
+    )
     quiet_trainer(trainer)
     point_tensorboard(trainer, ctx, stage)
     trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))

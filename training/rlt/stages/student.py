@@ -41,8 +41,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def choose_rows(rows: list[dict[str, Any]], length: Callable[[list[dict[str, str]]], int], max_length: int,
-                policy: str, formatter: Formatter) -> tuple[list[list[dict[str, str]]], list[dict[str, Any]]]:
+def choose_rows(
+    rows: list[dict[str, Any]],
+    length: Callable[[list[dict[str, str]]], int],
+    max_length: int,
+    policy: str,
+    formatter: Formatter,
+) -> tuple[list[list[dict[str, str]]], list[dict[str, Any]]]:
     """The chat of every usable row under the over-long policy, and one record per row of what was done.
 
     drop: rows over max_length are left out. truncate: kept whole; the trainer cuts them at max_length.
@@ -72,8 +77,9 @@ def choose_rows(rows: list[dict[str, Any]], length: Callable[[list[dict[str, str
                 alt_tokens = length(alt)
                 if alt_tokens <= max_length:
                     if alt[-1]["content"] != messages[-1]["content"]:
-                        record.update(action="replaced", candidate_rank=rank, candidate_reward=cand["reward"],
-                                      tokens=alt_tokens)
+                        record.update(
+                            action="replaced", candidate_rank=rank, candidate_reward=cand["reward"], tokens=alt_tokens
+                        )
                     else:  # the best candidate is the row itself; it cannot fit
                         continue
                     chats.append(alt)
@@ -98,15 +104,24 @@ def run_student(ctx: StageContext) -> str:
     chats, records = choose_rows(read_jsonl(source), length, st.max_length, st.over_long, formatter)
     counts = Counter(r["action"] for r in records)
     if ctx.is_main:
-        atomic_write_json(ctx.layout.student_dataset_report,
-                          {"policy": st.over_long, "maxLength": st.max_length, "counts": dict(counts), "rows": records})
+        atomic_write_json(
+            ctx.layout.student_dataset_report,
+            {"policy": st.over_long, "maxLength": st.max_length, "counts": dict(counts), "rows": records},
+        )
     for r in records:
         if r["action"] != "kept":
-            log.warning("student: distillation row %d (%d tokens > maxLength %d): %s", r["row"], r["tokens"],
-                        st.max_length, r["action"])
+            log.warning(
+                "student: distillation row %d (%d tokens > maxLength %d): %s",
+                r["row"],
+                r["tokens"],
+                st.max_length,
+                r["action"],
+            )
     if not chats:
-        raise DataError(f"stage student: no distillation row fits stages.student.maxLength={st.max_length} "
-                        f"(policy {st.over_long}: {dict(counts)})")
+        raise DataError(
+            f"stage student: no distillation row fits stages.student.maxLength={st.max_length} "
+            f"(policy {st.over_long}: {dict(counts)})"
+        )
 
     rows = [{"prompt": m[:2], "completion": m[2:]} for m in chats]
     return train_sft(ctx, device, rows, tokenizer, stage="student", model=ref)
