@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -360,12 +361,18 @@ def announce_world(stage: str) -> None:
         rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     else:
         rank, world, backend = 0, 1, "none"
-    print(
+    say_line(
         f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
         f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "
-        f"local_rank={os.environ.get('LOCAL_RANK', '0')} pid={os.getpid()}",
-        flush=True,
+        f"local_rank={os.environ.get('LOCAL_RANK', '0')} pid={os.getpid()}"
     )
+
+
+def say_line(text: str) -> None:
+    """One line to stdout in ONE write: the ranks of a pod share its log, and with unbuffered stdout `print` writes
+    the text and its newline apart, so two ranks' lines could run together."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def deepspeed_config(stage: int) -> dict[str, Any] | None:

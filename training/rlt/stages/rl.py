@@ -29,6 +29,7 @@ from rlt.stages.common import (
     quiet_trainer,
     rank_device,
     save_final_model,
+    say_line,
     trainer_options,
 )
 from rlt.tracking import point_tensorboard
@@ -95,10 +96,9 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
         # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
         drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
-        print(
+        say_line(
             f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
-            f"prompts={','.join(drawn)}",
-            flush=True,
+            f"prompts={','.join(drawn)}"
         )
         prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]  # = sft.teacher_prompt_ids
         with timer.phase("generate"):
