@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,6 +277,8 @@ async def reconcile_once(
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
     state.metrics.run(namespace, name, decision.status, method)
+    if job and job.get("active", 0) > 0:  # come back for the next progress read, not only at the next resync
+        return min(decision.requeue_after or math.inf, state.settings.progress_interval)
     return decision.requeue_after
 
 

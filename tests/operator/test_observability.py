@@ -32,6 +32,9 @@ async def test_progress_from_the_trainer_metrics_endpoint(harness, monkeypatch):
     try:
         # Stands in for pod 0 of the Job (http://tiny-rl-0.tiny-rl.default.svc:9400/metrics in a cluster).
         monkeypatch.setenv("RLT_PROGRESS_URL", f"http://127.0.0.1:{port}/metrics?job={{job}}")
+        # Nothing changes in the cluster between two reads: the operator must come back for progress by itself,
+        # at the progress interval, not only at the (here very long) resync.
+        monkeypatch.setenv("RLT_RESYNC_SECONDS", "600")
         trainer.stage = "rl"
         trainer.set("rlt_step", 4)
         trainer.set("rlt_total_steps", 125)

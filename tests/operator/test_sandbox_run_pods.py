@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_sandbox import KUBECTL, ROOT, free_port
 
@@ -66,20 +67,38 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(tmp_path):
             assert out.returncode == 0, out.stderr
             return out.stdout
 
+        # Rank 0's /metrics, read as a Prometheus scrape would. The rl stage of the tiny example can be up for only a
+        # few seconds on a fast machine, so a thread polls it often, apart from the slower kubectl loop.
+        scraped: list = []
+        finished = threading.Event()
+
+        def scrape() -> None:
+            while not finished.is_set():
+                try:
+                    text = urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=2).read().decode()
+                    families = text_string_to_metric_families(text)
+                    scraped.extend(s for f in families for s in f.samples if s.name == "rlt_step")
+                except OSError:
+                    pass
+                finished.wait(0.1)
+
+        scraper = threading.Thread(target=scrape, daemon=True)
+        scraper.start()
         started = time.monotonic()
-        kubectl("apply", "--validate=false", "-f", str(ROOT / "manifests/examples/rltrun-tiny.yaml"))
-        tables, scraped = [], []
+        # The tiny example with more rl steps, so that its rl stage runs long enough to be read a few times.
+        run = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+        run["spec"]["stages"]["rl"]["steps"] = 12
+        (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(run))
+        kubectl("apply", "--validate=false", "-f", str(tmp_path / "tiny.yaml"))
+        tables = []
         phase = ""
         while time.monotonic() - started < 420 and phase not in ("Succeeded", "Failed"):
             table = kubectl("get", "rlt", "tiny")
             tables.append(table)
             phase = table.splitlines()[1].split()[1]
-            try:  # rank 0's /metrics, as a Prometheus scrape would read it
-                text = urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=2).read().decode()
-                scraped += [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "rlt_step"]
-            except OSError:
-                pass
             time.sleep(1)
+        finished.set()
+        scraper.join(5)
         seconds = time.monotonic() - started
         print(f"\nrlt sandbox --run-pods: tiny example {phase} in {seconds:.0f} s (machine shared, under load)")
         assert phase == "Succeeded", "".join(output[-60:]) + "\n".join(tables[-3:])
@@ -87,7 +106,7 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(tmp_path):
         assert header[:6] == ["NAME", "PHASE", "STAGE", "STEP", "REWARD", "RESTARTS"]
         rl_rows = [t.splitlines()[1].split() for t in tables if " rl " in t]
         # STEP is "step" or "step/total"
-        assert any(len(r) >= 5 and r[3].split("/")[0].isdigit() and _is_number(r[4]) for r in rl_rows), tables
+        assert any(len(r) >= 5 and r[3].split("/")[0].isdigit() and _is_number(r[4]) for r in rl_rows), "".join(tables)
         assert scraped, "the trainer's /metrics never answered"
         logs = [line for line in output if line.startswith("pod default/tiny-")]
         for stage in ("sft", "rl", "distill"):
