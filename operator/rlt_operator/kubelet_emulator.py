@@ -4,8 +4,10 @@ API (kmock), so the operator sees real exit codes.
 
 NOT a kubelet and NOT a container runtime. What it does, and what it stands in for:
 - Indexed Jobs: one pod per completion index (annotation and env `JOB_COMPLETION_INDEX`), restartPolicy Never;
-  Job status `active/succeeded/failed` and the Complete / Failed (BackoffLimitExceeded) conditions; the pods of a
-  failed Job are terminated, as the Job controller does.
+  Job status `active/succeeded/failed` and the Complete / Failed conditions; a failed pod's index is retried after
+  the Job controller's back-off (doubling per failure) until `backoffLimit` failures are exceeded
+  (BackoffLimitExceeded); the `podFailurePolicy` decides first (FailJob: reason PodFailurePolicy at once; Ignore:
+  not counted); the pods of a failed Job are terminated, as the Job controller does.
 - StatefulSets: pods `<name>-<ordinal>`, restartPolicy Always (a dead container restarts, counted in
   restartCount), readiness from the container's httpGet readinessProbe, `readyReplicas` on the StatefulSet.
 - A deleted Job or StatefulSet: its processes get SIGTERM, then SIGKILL after the grace period; its pods go.
@@ -106,6 +108,9 @@ class PodRun:
     terminating: bool = False
     kill_at: float = 0.0
     tag: str = ""  # marks every process of the container (its stand-in for a cgroup)
+    finished_at: float = 0.0
+    failure_action: str | None = None  # a failed Job pod's podFailurePolicy verdict: FailJob | Ignore | Count
+    failure_rule: int | None = None  # the index of the rule that gave it (None: no rule matched)
 
     @property
     def pid(self) -> int | None:
@@ -124,6 +129,7 @@ class LocalKubelet:
         namespaces: list[str] | None = None,
         poll_seconds: float = 0.3,
         grace_seconds: float = 5.0,
+        job_backoff_seconds: float = 10.0,
     ):
         self.api = api_url.rstrip("/")
         self.workdir = Path(workdir).absolute()
@@ -132,6 +138,7 @@ class LocalKubelet:
         self.namespaces = namespaces or ["default"]
         self.poll = poll_seconds
         self.grace = grace_seconds
+        self.job_backoff = job_backoff_seconds  # the Job controller's first retry delay (Kubernetes: 10 s)
         self.pods: dict[tuple[str, str], PodRun] = {}  # (namespace, pod name)
         self.owners_seen: dict[tuple[str, str, str], str] = {}  # (ns, kind, name) -> uid
         self.dns = cluster_dns_pattern(self.namespaces)
@@ -245,38 +252,61 @@ class LocalKubelet:
             c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
             for c in status.get("conditions") or []
         )
+        completions = int(spec.get("completions", 1))
         pods = self._owned(ns, "Job", meta["name"], meta["uid"])
-        if not pods and not finished and not spec.get("suspend"):
-            for index in range(int(spec.get("completions", 1))):
-                name = f"{meta['name']}-{index}-{secrets.token_hex(3)[:5]}"
-                await self._create_pod(ns, name, "Job", job, index, hostname=f"{meta['name']}-{index}")
-            pods = self._owned(ns, "Job", meta["name"], meta["uid"])
         for pod in pods:
             await self._advance(ns, pod)
+        for pod in pods:
+            if pod.phase == "Failed" and pod.failure_action is None:
+                pod.failure_action, pod.failure_rule = failure_action(
+                    spec.get("podFailurePolicy"), self._pod_status(pod)
+                )
         active = sum(p.phase in ("Pending", "Running") for p in pods)
         succeeded = sum(p.phase == "Succeeded" for p in pods)
-        failed = sum(p.phase == "Failed" for p in pods)
+        # A pod an Ignore rule matched counts neither as failed nor against backoffLimit; it is replaced.
+        failed = sum(p.phase == "Failed" and p.failure_action != "Ignore" for p in pods)
         new: dict[str, Any] = {"active": active, "succeeded": succeeded, "failed": failed}
         conds = list(status.get("conditions") or [])
+        fail_job = next((p for p in pods if p.failure_action == "FailJob"), None)
+        failure: dict[str, Any] | None = None
         if not finished:
-            if failed > int(spec.get("backoffLimit", 6)):
+            if fail_job is not None:
+                failure = {
+                    "reason": "PodFailurePolicy",
+                    "message": f"Container {fail_job.container['name']} for pod {ns}/{fail_job.name} failed with "
+                    f"exit code {fail_job.exit_code} matching FailJob rule at index {fail_job.failure_rule}",
+                }
+            elif failed > int(spec.get("backoffLimit", 6)):
+                failure = {"reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}
+            if failure is not None:
                 # The Job controller ends the other pods of a failed Job.
                 for pod in pods:
                     if pod.phase in ("Pending", "Running"):
                         self._terminate(pod, self.grace)
-                conds.append(
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": "BackoffLimitExceeded",
-                        "message": "Job has reached the specified backoff limit",
-                    }
-                )
-            elif succeeded >= int(spec.get("completions", 1)):
+                conds.append({"type": "Failed", "status": "True", **failure})
+            elif succeeded >= completions:
                 conds.append({"type": "Complete", "status": "True", "reason": "Completed", "message": ""})
+            elif not spec.get("suspend"):
+                await self._start_missing_indexes(ns, job, pods, completions, failed)
         new["conditions"] = conds
         if any(status.get(k, 0 if k != "conditions" else []) != v for k, v in new.items()):
             await self._status("jobs", ns, meta["name"], new)
+
+    async def _start_missing_indexes(
+        self, ns: str, job: dict[str, Any], pods: list[PodRun], completions: int, failed: int
+    ) -> None:
+        """A pod for every index that has neither succeeded nor a live pod: at first all of them; after a failure,
+        the Job controller's retry, once its back-off (doubling per counted failure, as Kubernetes does) is over."""
+        meta = job["metadata"]
+        last_failure = max((p.finished_at for p in pods if p.phase == "Failed"), default=0.0)
+        if failed and time.monotonic() < last_failure + self.job_backoff * 2 ** (failed - 1):
+            return
+        for index in range(completions):
+            mine = [p for p in pods if p.index == index]
+            if any(p.phase in ("Pending", "Running", "Succeeded") for p in mine):
+                continue
+            name = f"{meta['name']}-{index}-{secrets.token_hex(3)[:5]}"
+            await self._create_pod(ns, name, "Job", job, index, hostname=f"{meta['name']}-{index}")
 
     async def _sync_statefulset(self, ns: str, sts: dict[str, Any]) -> None:
         meta, spec = sts["metadata"], sts["spec"]
@@ -352,6 +382,7 @@ class LocalKubelet:
             await self._start(ns, pod)
         except PodConfigError as err:
             pod.phase, pod.message = "Failed", f"CreateContainerConfigError: {err}"
+            pod.finished_at = time.monotonic()
             log.error("pod %s/%s cannot start: %s", ns, name, err)
 
     async def _advance(self, ns: str, pod: PodRun) -> None:
@@ -374,6 +405,7 @@ class LocalKubelet:
                         pod.phase, pod.message = "Failed", str(err)
                 else:
                     pod.phase = "Succeeded" if code == 0 else "Failed"
+                    pod.finished_at = time.monotonic()
         report = (pod.phase, pod.ready, pod.restarts, pod.exit_code)
         if report != pod.reported:
             pod.reported = report
@@ -586,6 +618,34 @@ class LocalKubelet:
 
     def claim_dir(self, claim: str, namespace: str = "default") -> Path:
         return self.workdir / "volumes" / namespace / claim
+
+
+def failure_action(policy: dict[str, Any] | None, status: dict[str, Any]) -> tuple[str, int | None]:
+    """The Job controller's podFailurePolicy for one failed pod: the first rule that matches its containers' exit
+    codes (onExitCodes) or its conditions (onPodConditions) decides (FailJob, Ignore, Count); no match counts."""
+    for i, rule in enumerate((policy or {}).get("rules") or []):
+        on_codes = rule.get("onExitCodes")
+        if on_codes:
+            values = {int(v) for v in on_codes.get("values") or []}
+            codes = [
+                cs["state"]["terminated"]["exitCode"]
+                for cs in status.get("containerStatuses") or []
+                if "terminated" in (cs.get("state") or {})
+                and on_codes.get("containerName") in (None, cs["name"])
+                and cs["state"]["terminated"]["exitCode"] != 0  # NotIn never matches a success
+            ]
+            if on_codes["operator"] == "In":
+                hit = any(c in values for c in codes)
+            elif on_codes["operator"] == "NotIn":
+                hit = any(c not in values for c in codes)
+            else:
+                raise ValueError(f"podFailurePolicy rule {i}: onExitCodes.operator {on_codes['operator']!r}")
+        else:
+            conds = {(c.get("type"), c.get("status")) for c in status.get("conditions") or []}
+            hit = any((c["type"], c.get("status", "True")) in conds for c in rule.get("onPodConditions") or [])
+        if hit:
+            return rule["action"], i
+    return "Count", None
 
 
 TAG_VAR = "KUBELET_EMULATOR_CONTAINER"  # inherited by every process a container starts (launchers start sessions)

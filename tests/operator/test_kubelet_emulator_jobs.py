@@ -1,0 +1,115 @@
+"""The kubelet emulator's Job controller: a failed pod is retried up to backoffLimit, and the operator's own
+podFailurePolicy (FailJob on the config/data exit codes) fails the Job at the first such exit, with no retry."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from op_harness import NS, PATHS
+
+from rlt.exitcodes import ExitCode
+from rlt_operator.builders import pod_failure_policy
+from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet
+
+PY = Path(sys.executable)
+BACKOFF_LIMIT = 2
+# Exits `code` the first `fails` times it runs (a count kept on the claim, as a real retry would find it).
+SCRIPT = """
+import pathlib, sys
+n = pathlib.Path("/data/attempts"); n.parent.mkdir(parents=True, exist_ok=True)
+k = int(n.read_text()) if n.exists() else 0
+n.write_text(str(k + 1))
+sys.exit(int(sys.argv[1]) if k < int(sys.argv[2]) else 0)
+"""
+
+
+def _job(name: str, code: int, fails: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": BACKOFF_LIMIT,
+            "podFailurePolicy": pod_failure_policy(),  # the one the operator renders for trainer Jobs
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}],
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "trainer:1",
+                            "command": ["python", "-c", SCRIPT, str(code), str(fails)],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+async def _finished(harness, name: str, timeout: float = 60) -> dict[str, Any]:
+    async def done():
+        job = await harness.get("jobs", name)
+        conds = (job.get("status") or {}).get("conditions") or []
+        return job if any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conds) else None
+
+    return await harness.wait(done, f"Job {name} to finish", timeout=timeout)
+
+
+def _condition(job: dict[str, Any]) -> dict[str, Any]:
+    (cond,) = [c for c in job["status"]["conditions"] if c["status"] == "True"]
+    return cond
+
+
+@pytest.fixture
+async def kubelet(harness, tmp_path):
+    k = LocalKubelet(
+        harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, job_backoff_seconds=0.2
+    )
+    await k.start()
+    try:
+        yield k
+    finally:
+        await k.stop()
+
+
+@pytest.mark.parametrize("code", [ExitCode.CONFIG_ERROR, ExitCode.DATA_ERROR])
+async def test_fail_fast_exit_code_fails_the_job_at_once(harness, kubelet, code):
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("ff", int(code), fails=99))
+    job = await _finished(harness, "ff")
+    cond = _condition(job)
+    assert (cond["type"], cond["reason"]) == ("Failed", "PodFailurePolicy"), cond
+    assert f"exit code {int(code)} matching FailJob rule at index 0" in cond["message"]
+    assert job["status"]["failed"] == 1
+    await asyncio.sleep(1.0)  # well past the retry back-off: no second pod comes
+    pods = await harness.list("pods", "app=ff")
+    assert len(pods) == 1 and (kubelet.claim_dir("ff") / "attempts").read_text() == "1"
+
+
+async def test_other_exit_codes_are_retried_up_to_the_backoff_limit(harness, kubelet):
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("flaky", 1, fails=99))
+    job = await _finished(harness, "flaky")
+    cond = _condition(job)
+    assert (cond["type"], cond["reason"]) == ("Failed", "BackoffLimitExceeded"), cond
+    pods = await harness.list("pods", "app=flaky")
+    codes = [p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] for p in pods]
+    # backoffLimit 2: the first run and two retries, all of index 0.
+    assert codes == [1] * (BACKOFF_LIMIT + 1) and job["status"]["failed"] == BACKOFF_LIMIT + 1
+    assert {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] for p in pods} == {"0"}
+
+
+async def test_a_retry_that_succeeds_completes_the_job(harness, kubelet):
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("retry", 1, fails=BACKOFF_LIMIT))
+    job = await _finished(harness, "retry")
+    assert _condition(job)["type"] == "Complete", job["status"]
+    assert (job["status"]["failed"], job["status"]["succeeded"]) == (BACKOFF_LIMIT, 1)
