@@ -16,7 +16,8 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
   from the API). The image is stood in for by an `ImageEnv` (a bin folder on PATH: a venv with the same entry
   points the image has). There is no isolation: every pod shares this machine's network and file system.
 - Volumes: a PersistentVolumeClaim is a folder per claim, a ConfigMap is written as files, an emptyDir is a
-  folder per pod. Paths under a mount in args and env are mapped onto those folders (there is no mount namespace).
+  folder per pod (reached through a short link: Unix socket paths are short). Paths under a mount in args and env
+  are mapped onto those folders (there is no mount namespace).
 - Networking: every pod is on this machine's loopback. Cluster DNS names (`*.<namespace>.svc[.cluster.local]`) in
   args, env and mounted ConfigMap files are mapped to 127.0.0.1, so ports as rendered must be free here.
 - GPU requests: ignored; the processes run on CPU (`CUDA_VISIBLE_DEVICES` empty).
@@ -33,6 +34,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -145,6 +147,8 @@ class LocalKubelet:
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
         self.errors: list[str] = []
+        self._links_dir: Path | None = None
+        self._links: dict[Path, Path] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,6 +174,9 @@ class LocalKubelet:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._links_dir is not None:
+            shutil.rmtree(self._links_dir, ignore_errors=True)  # the links only; their folders stay
+            self._links_dir, self._links = None, {}
 
     async def _loop(self) -> None:
         while True:
@@ -565,6 +572,8 @@ class LocalKubelet:
                     (host / key).write_text(self.dns.sub(LOOPBACK, text))
             elif "emptyDir" in vol:
                 host = pod.dir / "volumes" / m["name"]
+                host.mkdir(parents=True, exist_ok=True)
+                host = self._short_link(host)
             else:
                 raise PodConfigError(
                     f"volume {m['name']!r}: only persistentVolumeClaim, configMap and emptyDir are emulated"
@@ -572,6 +581,19 @@ class LocalKubelet:
             host.mkdir(parents=True, exist_ok=True)
             out.append((m["mountPath"].rstrip("/"), host))
         return sorted(out, key=lambda t: -len(t[0]))
+
+    def _short_link(self, folder: Path) -> Path:
+        """A short path (a symlink) to a pod's folder. Programs put their Unix sockets in emptyDirs (/tmp, /dev/shm;
+        vLLM's ZMQ sockets go to $TMPDIR), and a socket path must fit in sun_path (107 bytes): in a pod /tmp is four,
+        a folder under `workdir` can leave no room."""
+        if self._links_dir is None:
+            self._links_dir = Path(tempfile.mkdtemp(prefix="kubelet-"))
+        link = self._links.get(folder)
+        if link is None:
+            link = self._links_dir / str(len(self._links))
+            link.symlink_to(folder, target_is_directory=True)
+            self._links[folder] = link
+        return link
 
     def _localize(self, text: str, mounts: list[tuple[str, Path]]) -> str:
         """Cluster DNS names → loopback; paths under a mount → its host folder (no mount namespace here)."""
