@@ -1,5 +1,6 @@
 """The kubelet emulator's Job controller: a failed pod is retried up to backoffLimit, and the operator's own
-podFailurePolicy (FailJob on the config/data exit codes) fails the Job at the first such exit, with no retry."""
+podFailurePolicy (FailJob on the config/data exit codes) fails the Job at the first such exit, with no retry; and a
+pod's /tmp emptyDir holds Unix sockets however deep the emulator's work folder is."""
 
 from __future__ import annotations
 
@@ -113,3 +114,29 @@ async def test_a_retry_that_succeeds_completes_the_job(harness, kubelet):
     job = await _finished(harness, "retry")
     assert _condition(job)["type"] == "Complete", job["status"]
     assert (job["status"]["failed"], job["status"]["succeeded"]) == (BACKOFF_LIMIT, 1)
+
+
+async def test_a_pod_binds_a_unix_socket_in_its_tmp_emptydir_under_a_deep_workdir(harness, tmp_path):
+    """vLLM puts its ZMQ sockets in $TMPDIR: the /tmp emptyDir must map to a path a socket name fits in (107 bytes)."""
+    script = (
+        "import os, socket, uuid\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.bind(os.path.join(os.environ['TMPDIR'], str(uuid.uuid4())))\n"
+    )
+    job = _job("sock", 0, fails=0)
+    pod = job["spec"]["template"]["spec"]
+    pod["volumes"].append({"name": "tmp", "emptyDir": {}})
+    container = pod["containers"][0]
+    container["command"] = ["python", "-c", script]
+    container["env"] = [{"name": "TMPDIR", "value": "/tmp"}]
+    container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    deep = tmp_path / ("d" * 60)  # with a pod folder's path, no room is left for a socket's name
+    k = LocalKubelet(harness.url, deep, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
+    await k.start()
+    try:
+        done = await _finished(harness, "sock")
+        logs = [p.log_path.read_text()[-1500:] for p in k.pods.values()]
+        assert _condition(done)["type"] == "Complete", logs[-1]
+    finally:
+        await k.stop()
