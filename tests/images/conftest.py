@@ -5,17 +5,12 @@ and runs in `make test`, and so does the store-pruning test here (tiny images in
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("rlt_images", ROOT / "hack" / "images.py")
-images = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(images)
+from image_helpers import ROOT, images
 
 
 def pytest_configure(config):

@@ -9,7 +9,7 @@ import fcntl
 import json
 
 import pytest
-from conftest import images
+from image_helpers import images
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import images
+from image_helpers import images
 
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt_operator import builders as b
