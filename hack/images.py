@@ -151,7 +151,8 @@ def prune(replaced: str | None = None) -> None:
     """Free what builds leave in the vfs store, where every layer is a full copy of its filesystem (GBs for the
     trainer and generator): the image a rebuild replaced, then, when no other build or unpack of this script is
     running, working containers left by interrupted builds and dangling images (untagged, no child). Tagged images
-    (the base, the built images) and the operator's layer cache (intermediate images have children) stay."""
+    (the base, the built images) and the layers under them (the operator's layer cache) stay; a multi-stage build's
+    builder stage, untagged and childless, goes."""
     if replaced and image_names(replaced) == []:
         buildah("rmi", replaced, check=False)  # still in use by a container: it goes with the next prune
     with store_lock(exclusive=True) as alone:
