@@ -16,7 +16,8 @@ def test_basic_is_seeded_levelled_and_consistent():
         assert tasks.basic_level(row["question"]) == row["level"]
         assert tasks.check_basic(row["question"], row["solution"]) is True
         # the worked reasoning ends on the answer: a student shown it can read the answer off
-        assert row["reasoning_trace"].rstrip(".").endswith(f"= {row['solution']}")
+        assert row["reasoning_trace"].rstrip(".").endswith(f" {row['solution']}")
+        assert tasks.check_basic(row["question"], row["reasoning_trace"]) is True
     for level in tasks.BASIC_LEVELS:
         assert {tasks.basic_level(r["question"]) for r in tasks.generate(f"basic-{level}", 20)} == {level}
 
@@ -37,8 +38,30 @@ def test_basic_checker_recomputes_from_the_question(output, want):
     assert grade({"question": "What is 9 + 6?", "solution": "99"}, output, "builtin", TAGS)[1] is want
 
 
+def test_comparison_levels_ask_for_the_larger_or_smaller_of_two_distinct_two_digit_numbers():
+    # levels 2 and 3 replaced two-digit sums/differences, where the untrained student copies the first number
+    for level, word, pick in ((2, "larger", max), (3, "smaller", min)):
+        rows = tasks.generate(f"basic-{level}", 200, seed=0)
+        firsts = 0
+        for row in rows:
+            q = row["question"]
+            assert q.startswith(f"Which is {word}, ")
+            a, b = (int(x) for x in q.removeprefix(f"Which is {word}, ").rstrip("?").split(" or "))
+            assert a != b and 10 <= a <= 99 and 10 <= b <= 99
+            assert row["solution"] == str(pick(a, b))
+            assert tasks.check_basic(q, f"<answer>{pick(a, b)}</answer>") is True
+            other = a + b - pick(a, b)
+            assert tasks.check_basic(q, f"<answer>{other}</answer>") is False
+            firsts += row["solution"] == str(a)
+        # copying the first number must not be a winning strategy: the answer is first about half the time
+        assert 70 <= firsts <= 130
+
+
 def test_checker_ignores_other_questions():
     assert tasks.check_basic("What is (2 + 3) * 4?", "20") is None
+    assert tasks.check_basic("What is 42 - 5?", "37") is None  # subtraction is no longer a basic level
+    assert tasks.check_basic("Which is larger, 47 or 52?", "<answer>52</answer>") is True
+    assert tasks.check_basic("Which is smaller, 47 or 52?", "<answer>52</answer>") is False
     assert tasks.check_builtin("What is 7 * 8?", "56") is True
     with pytest.raises(ValueError, match="unknown built-in task 'basic-9'"):
         tasks.generate("basic-9", 1)
