@@ -56,27 +56,38 @@ def countdown_problem(rng: random.Random) -> dict[str, str]:
 
 # ---- the calibrated family `basic`: one small-number question per row, sized for a ~135M student.
 # Levels (measured accuracies in docs/data-formats.md, script benchmarks/task_calibration.py):
-#   1 add two one-digit numbers, 2 the larger of two two-digit numbers, 3 the smaller of two two-digit numbers,
-#   4 a times-table product. Two-digit sums and differences were tried for levels 2 and 3 and left out: alone the
-#   135M student copies the question's first number (0-11 % right), outside the 20-60 % band a teaching effect
-#   needs. The solution is the bare number, so the RLT reward's r_SS measures the student's confidence in the
-#   answer digits and nothing else.
+#   1 add two one-digit numbers, 2 the larger of two two-digit numbers, 3 the smallest of three two-digit numbers,
+#   4 a times-table product. Tried and left out for levels 2-3, because the untrained student was outside the
+#   20-60 % band a teaching effect needs: two-digit sums and differences (0-11 %: it copies the first number) and
+#   the smaller of two numbers (73 %: it leans to the smaller one). The solution is the bare number, so the RLT
+#   reward's r_SS measures the student's confidence in the answer digits and nothing else.
 _BASIC_Q = re.compile(r"^What is (\d+) ([+*]) (\d+)\?$")
-_BASIC_CMP = re.compile(r"^Which is (larger|smaller), (\d+) or (\d+)\?$")
+_BASIC_LARGER = re.compile(r"^Which is larger, (\d+) or (\d+)\?$")
+_BASIC_SMALLEST = re.compile(r"^Which is the smallest of (\d+), (\d+) and (\d+)\?$")
+
+
+def _comparison_problem(rng: random.Random, level: int) -> dict[str, str]:
+    # the first line of a trace says how to compare, without the answer (the rcl warm-up uses it as guidance)
+    if level == 2:
+        a, b = rng.sample(range(10, 100), 2)
+        result, question = max(a, b), f"Which is larger, {a} or {b}?"
+        if a // 10 != b // 10:
+            how = f"Compare the tens: {a // 10} tens against {b // 10} tens."
+        else:
+            how = f"Both have {a // 10} tens, so compare the ones: {a % 10} against {b % 10}."
+        trace = f"{how}\nSo the larger number is {result}."
+    else:
+        nums = rng.sample(range(10, 100), 3)
+        result, question = min(nums), f"Which is the smallest of {nums[0]}, {nums[1]} and {nums[2]}?"
+        tens = [n // 10 for n in nums]
+        ties = ", then the ones where the tens are equal" if len(set(tens)) < 3 else ""
+        trace = f"Compare the tens digits: {', '.join(map(str, tens))}{ties}.\nSo the smallest number is {result}."
+    return {"question": question, "reasoning_trace": trace, "solution": str(result), "level": level}
 
 
 def basic_problem(rng: random.Random, level: int) -> dict[str, str]:
     if level in (2, 3):
-        a, b = rng.sample(range(10, 100), 2)
-        word, pick = ("larger", max) if level == 2 else ("smaller", min)
-        result = pick(a, b)
-        if a // 10 != b // 10:
-            why = f"Compare the tens: {a // 10} tens against {b // 10} tens."
-        else:
-            why = f"Both have {a // 10} tens, so compare the ones: {a % 10} against {b % 10}."
-        trace = f"{why}\nSo the {word} number is {result}."
-        question = f"Which is {word}, {a} or {b}?"
-        return {"question": question, "reasoning_trace": trace, "solution": str(result), "level": level}
+        return _comparison_problem(rng, level)
     if level == 1:
         a, b, op = rng.randint(1, 9), rng.randint(1, 9), "+"
     elif level == 4:
@@ -99,10 +110,12 @@ def _basic_value(question: str) -> tuple[int, int] | None:
     if m is not None:
         a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
         return (1 if op == "+" else 4), _OPS[op](a, b)
-    m = _BASIC_CMP.match(q)
+    m = _BASIC_LARGER.match(q)
     if m is not None:
-        a, b = int(m.group(2)), int(m.group(3))
-        return (2, max(a, b)) if m.group(1) == "larger" else (3, min(a, b))
+        return 2, max(int(g) for g in m.groups())
+    m = _BASIC_SMALLEST.match(q)
+    if m is not None:
+        return 3, min(int(g) for g in m.groups())
     return None
 
 
