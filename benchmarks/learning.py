@@ -8,7 +8,7 @@ question (greedy) and the frozen student is measured with it: the mean log-prob 
 measure of teaching, r_SS's mean part), the student's accuracy when shown the explanation, and how often the
 explanation states the answer. Writes learning.png and learning.json into --out.
 
-  nice -n 10 python benchmarks/learning.py                        # the full run (SmolLM2-135M, 2 seeds)
+  OMP_NUM_THREADS=1 python benchmarks/learning.py --parallel      # the full run (SmolLM2-135M, 2 seeds)
   python benchmarks/learning.py --quick --model builtin:tiny-qwen2  # seconds: checks that it runs
 """
 
@@ -293,16 +293,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="teacher start and frozen student")
     p.add_argument("--task", default="basic")
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    p.add_argument("--steps", type=int, default=60, help="RL steps per seed")
-    p.add_argument("--lr", type=float, default=5e-6, help="RL learning rate (full fine-tune, constant)")
-    p.add_argument("--questions", type=int, default=4, help="questions per RL step")
+    p.add_argument("--steps", type=int, default=24, help="RL steps per seed")
+    p.add_argument("--lr", type=float, default=2e-5, help="RL learning rate (full fine-tune, constant)")
+    p.add_argument("--questions", type=int, default=2, help="questions per RL step")
     p.add_argument("--generations", type=int, default=4, help="G: explanations per question")
-    p.add_argument("--completion-length", type=int, default=48)
-    p.add_argument("--sft-steps", type=int, default=30)
+    p.add_argument("--completion-length", type=int, default=24)
+    p.add_argument("--sft-steps", type=int, default=6)
     p.add_argument("--sft-lr", type=float, default=5e-5)
     p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--heldout", type=int, default=96)
-    p.add_argument("--k", type=int, default=10, help="steps averaged for the start/end reward")
+    p.add_argument("--heldout", type=int, default=48)
+    p.add_argument("--k", type=int, default=5, help="steps averaged for the start/end reward")
     p.add_argument("--out", default="results/learning")
     p.add_argument("--quick", action="store_true", help="tiny settings that only check the script runs")
     p.add_argument("--quiet", action="store_true")
