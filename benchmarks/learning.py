@@ -183,6 +183,11 @@ def curve_figures(rows: list[dict], k: int) -> dict:
     return figs
 
 
+def mentions(text: str, number: str) -> bool:
+    """Whether `number` appears in `text` as a whole number (not inside a longer one)."""
+    return re.search(rf"(?<!\d){re.escape(number)}(?!\d)", text) is not None
+
+
 def explain(model, tokenizer, formatter, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[str]:
     """One greedy teacher completion per held-out question (the text after the opening explanation tag)."""
     from rlt.stages.evaluate import _greedy
@@ -230,7 +235,9 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
         br = reward.score(qs, sols, completions)
         expl = [formatter.split_explanation(c)[0] for c in completions]
         ok = graded(qs, answer_explained(student, s_tok_left, formatter, qs, expl), formatter)
-        leaks = [bool(re.search(rf"(?<!\d){re.escape(s)}(?!\d)", e)) for e, s in zip(expl, sols, strict=True)]
+        # "states the answer": the solution's number appears in the explanation. Only counted where the question
+        # does not contain that number itself (in a comparison the answer is one of the question's numbers).
+        leaks = [mentions(e, s) for e, s, q in zip(expl, sols, qs, strict=True) if not mentions(q, s)]
         results[name] = {
             "accuracy": sum(ok) / len(ok),
             "correct": sum(ok),
@@ -240,7 +247,7 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
             "r_kl": statistics.fmean(br.r_kl),
             "reward": statistics.fmean(br.total),
             "closed": sum(p == 0 for p in br.format_penalty) / len(rows),
-            "states_answer": sum(leaks) / len(rows),
+            "states_answer": sum(leaks) / len(leaks) if leaks else float("nan"),
             "explanation_tokens": statistics.fmean(br.explanation_tokens),
             "examples": expl[:3],
         }
@@ -367,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nheld-out: {len(heldout)} unseen questions, one greedy explanation per teacher and question")
     print(
         "| explanation | student accuracy | 95 % CI | solution log-prob (mean) | r_SS | r_KL | reward | "
-        "states answer | closed | tokens |"
+        "states answer (answer not in question) | closed | tokens |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, t in teaching.items():
