@@ -327,6 +327,29 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int, trainer
     return env
 
 
+def _container(
+    spec: RLTRunSpec,
+    name: str,
+    image: str,
+    command: list[str],
+    env: list[dict[str, Any]],
+    resources: dict[str, Any],
+    **more: Any,
+) -> dict[str, Any]:
+    """A container of the run's pods: the run's pull policy, its volumes, and the locked-down security context."""
+    return {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": command,
+        "env": env,
+        "resources": resources,
+        "volumeMounts": [dict(m) for m in _MOUNTS],
+        "securityContext": dict(_CONTAINER_SECURITY),
+        **more,
+    }
+
+
 def _env_var(var: Any) -> dict[str, Any]:
     if var.value_from is not None:
         return {"name": var.name, "valueFrom": var.value_from.model_dump(by_alias=True, exclude_none=True)}
@@ -514,33 +537,29 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
             # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
             "initContainers": [
-                {
-                    "name": "validate",
-                    "image": spec.images.trainer,
-                    "imagePullPolicy": spec.images.pull_policy,
-                    "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                _container(
+                    spec,
+                    "validate",
+                    spec.images.trainer,
+                    ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                    _common_env(ref, spec, stage, restart),
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
-                    "resources": {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
-                    "env": _common_env(ref, spec, stage, restart),
-                    "volumeMounts": [dict(m) for m in _MOUNTS],
-                    "securityContext": dict(_CONTAINER_SECURITY),
-                }
+                    {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+                )
             ],
             "containers": [
-                {
-                    "name": "trainer",
-                    "image": spec.images.trainer,
-                    "imagePullPolicy": spec.images.pull_policy,
-                    "command": trainer_command(spec, stage),
-                    "env": env + _common_env(ref, spec, stage, restart),
-                    "ports": [
+                _container(
+                    spec,
+                    "trainer",
+                    spec.images.trainer,
+                    trainer_command(spec, stage),
+                    env + _common_env(ref, spec, stage, restart),
+                    pod_resources(res),
+                    ports=[
                         {"name": "rendezvous", "containerPort": MASTER_PORT},
                         {"name": "metrics", "containerPort": METRICS_PORT},
                     ],
-                    "resources": pod_resources(res),
-                    "volumeMounts": [dict(m) for m in _MOUNTS],
-                    "securityContext": dict(_CONTAINER_SECURITY),
-                }
+                )
             ],
         }
     )
@@ -639,21 +658,19 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     pod.update(
         {
             "containers": [
-                {
-                    "name": "vllm",
-                    "image": spec.images.generator,
-                    "imagePullPolicy": spec.images.pull_policy,
-                    "command": generator_command(ref.name, spec, stage),
-                    "env": env,
+                _container(
+                    spec,
+                    "vllm",
+                    spec.images.generator,
+                    generator_command(ref.name, spec, stage),
+                    env,
+                    pod_resources(res),
                     # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
-                    "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+                    ports=[{"name": "http", "containerPort": VLLM_PORT}],
                     # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
-                    "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
-                    "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
-                    "resources": pod_resources(res),
-                    "volumeMounts": [dict(m) for m in _MOUNTS],
-                    "securityContext": dict(_CONTAINER_SECURITY),
-                }
+                    startupProbe={**health, "periodSeconds": 10, "failureThreshold": 180},
+                    readinessProbe={**health, "periodSeconds": 10, "failureThreshold": 3},
+                )
             ],
         }
     )

@@ -21,7 +21,7 @@ def test_every_stage_of_every_method_dispatches_to_a_function_that_is_there():
     for info in reg.STAGES:
         for method in info.methods:
             fn = reg.stage_function(info.name, method)
-            assert callable(fn) and fn.__name__ == info.runs[method].split(":")[1]
+            assert callable(fn) and fn.__name__ == reg.STAGE_FUNCTIONS[method].format(stage=info.name).split(":")[1]
     assert reg.method_stages("rcl") == ("sft", "rl", "evaluate")
     with pytest.raises(ValueError, match=r"method rcl has no stage 'distill' \(stages: sft, rl, evaluate\)"):
         reg.stage_function("distill", "rcl")

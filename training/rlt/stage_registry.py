@@ -17,13 +17,17 @@ if TYPE_CHECKING:
     from rlt.spec import RLTRunSpec
 
 
+# The function running a stage, per teaching method: rlt's live in rlt.stages.<stage>, rcl's in rlt.rcl.stages.
+STAGE_FUNCTIONS = {"rlt": "rlt.stages.{stage}:run_{stage}", "rcl": "rlt.rcl.stages:run_rcl_{stage}"}
+
+
 @dataclass(frozen=True)
 class StageInfo:
     name: str
     # teacher/student: a model in <folder>/model; dataset: the distillation dataset; report: the evaluation report
     produces: Literal["teacher", "student", "dataset", "report"]
-    # "module:function" running the stage, per teaching method; the methods that have the stage are its keys
-    runs: dict[str, str]
+    # the teaching methods that have the stage (see STAGE_FUNCTIONS)
+    methods: tuple[str, ...]
     # The TRL config class of a Trainer stage (its trainerArgs are checked against it), None for the others. Trainer
     # stages run accelerate + DeepSpeed over resources.trainer.nodes pods, checkpoint, and resume; the others run one
     # pod with a process per GPU, each taking its share of the rows.
@@ -42,58 +46,15 @@ class StageInfo:
     def trainer(self) -> bool:
         return self.trl_config is not None
 
-    @property
-    def methods(self) -> tuple[str, ...]:
-        return tuple(self.runs)
 
-
+BOTH = ("rlt", "rcl")
 STAGES: tuple[StageInfo, ...] = (
-    StageInfo(
-        "sft",
-        produces="teacher",
-        runs={"rlt": "rlt.stages.sft:run_sft", "rcl": "rlt.rcl.stages:run_rcl_sft"},
-        trl_config="SFTConfig",
-        uses_generators=False,
-        reads_dataset=True,
-        folder="sft",
-    ),
-    StageInfo(
-        "rl",
-        produces="teacher",
-        runs={"rlt": "rlt.stages.rl:run_rl", "rcl": "rlt.rcl.stages:run_rcl_rl"},
-        trl_config="GRPOConfig",
-        uses_generators=True,
-        reads_dataset=True,
-        folder="rl",
-        extendable="steps",
-    ),
-    StageInfo(
-        "distill",
-        produces="dataset",
-        runs={"rlt": "rlt.stages.distill:run_distill"},
-        trl_config=None,
-        uses_generators=True,
-        reads_dataset=True,
-        folder="distill",
-    ),
-    StageInfo(
-        "student",
-        produces="student",
-        runs={"rlt": "rlt.stages.student:run_student"},
-        trl_config="SFTConfig",
-        uses_generators=False,
-        reads_dataset=False,
-        folder="student",
-    ),
-    StageInfo(
-        "evaluate",
-        produces="report",
-        runs={"rlt": "rlt.stages.evaluate:run_evaluate", "rcl": "rlt.rcl.stages:run_rcl_evaluate"},
-        trl_config=None,
-        uses_generators=False,
-        reads_dataset=True,
-        folder="eval",
-    ),
+    # name, produces, methods, TRL config (None: no Trainer), uses generators, reads spec.dataset, folder
+    StageInfo("sft", "teacher", BOTH, "SFTConfig", False, True, "sft"),
+    StageInfo("rl", "teacher", BOTH, "GRPOConfig", True, True, "rl", extendable="steps"),
+    StageInfo("distill", "dataset", ("rlt",), None, True, True, "distill"),
+    StageInfo("student", "student", ("rlt",), "SFTConfig", False, False, "student"),
+    StageInfo("evaluate", "report", BOTH, None, False, True, "eval"),
 )
 STAGE_ORDER: tuple[str, ...] = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}
@@ -110,15 +71,14 @@ def stage_info(name: str) -> StageInfo:
 
 def method_stages(method: str) -> tuple[str, ...]:
     """The stages teaching method `method` has, in run order."""
-    return tuple(s.name for s in STAGES if method in s.runs)
+    return tuple(s.name for s in STAGES if method in s.methods)
 
 
 def stage_function(name: str, method: str = "rlt") -> Callable[..., str]:
     """The function running stage `name` for teaching method `method` (imported on first use: heavy modules)."""
-    where = stage_info(name).runs.get(method)
-    if where is None:
+    if method not in stage_info(name).methods:
         raise ValueError(f"method {method} has no stage {name!r} (stages: {', '.join(method_stages(method))})")
-    module, function = where.split(":")
+    module, function = STAGE_FUNCTIONS[method].format(stage=name).split(":")
     fn: Callable[..., str] = getattr(importlib.import_module(module), function)
     return fn
 
