@@ -509,7 +509,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     nodes = trainer_nodes(spec, stage)
     res = spec.resources.trainer
     lbls = _with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "MASTER_ADDR", "value": f"{name}-0.{name}.{ref.namespace}.svc"},
         {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
         {"name": "NNODES", "value": str(nodes)},

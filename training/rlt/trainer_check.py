@@ -16,7 +16,10 @@ from rlt.stage_registry import TRAINER_STAGES, stage_info, stage_settings
 def config_class(stage: str):
     import trl
 
-    return getattr(trl, stage_info(stage).trl_config or "")
+    name = stage_info(stage).trl_config
+    if name is None:
+        raise ValueError(f"stage {stage} has no Trainer, so no TRL config")
+    return getattr(trl, name)
 
 
 def check_trainer_args(run) -> list[str]:
