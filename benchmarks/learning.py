@@ -133,21 +133,34 @@ def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
     }
 
 
-def train(args, out: Path) -> tuple[str, dict[int, dict]]:
-    """SFT once, then RL per seed; returns the SFT model path and, per seed, the RL model and metrics rows."""
+def run_sft(args, out: Path) -> None:
+    """The SFT warm-up of the teacher, shared by every seed (skipped when already done)."""
     from rlt.runner import run_local
     from rlt.spec import parse_run
 
     sft_run = parse_run(run_spec(args, args.seeds[0], args.model, sft=True, rl=False))
     sft_run.metadata.name = "learning-sft"
     run_local(sft_run, out, metrics_port=None, show_progress=False)
+
+
+def train(args, out: Path) -> tuple[str, dict[int, dict]]:
+    """SFT once, then RL per seed; returns the SFT model path and, per seed, the RL model and metrics rows."""
+    from rlt.runner import run_local
+    from rlt.spec import parse_run
+
     sft_model = str(out / "learning-sft" / "sft" / "model")
     if args.parallel and len(args.seeds) > 1:
-        # One process per seed: on a shared machine each process gets its own share of the CPU.
         argv = [a for a in sys.argv[1:] if a != "--parallel"]
+        # The SFT warm-up in a child too: a parent that trained keeps ~3 GB, next to ~4.5 GB per RL child
+        # (on a 24 GB machine shared with other work that got one seed OOM-killed).
+        if subprocess.run([sys.executable, "-u", __file__, *argv, "--sft-only"]).returncode:
+            raise SystemExit("the SFT warm-up failed (see its output above)")
+        # One process per seed: on a shared machine each process gets its own share of the CPU.
         procs = [subprocess.Popen([sys.executable, "-u", __file__, *argv, "--rl-seed", str(s)]) for s in args.seeds]
         if any(p.wait() for p in procs):
             raise SystemExit("an RL seed failed (see its output above)")
+    else:
+        run_sft(args, out)
     runs = {}
     for seed in args.seeds:
         run = parse_run(run_spec(args, seed, sft_model, sft=False, rl=True))
@@ -315,6 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes")
     p.add_argument("--rl-seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--sft-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
@@ -326,6 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     quiet_libraries()
     out = Path(args.out)
+    if args.sft_only:  # a child of --parallel: the SFT warm-up only
+        run_sft(args, out)
+        return {}
     if args.rl_seed is not None:  # a child of --parallel: this seed's RL run only
         sft_model = str(out / "learning-sft" / "sft" / "model")
         run_local(
