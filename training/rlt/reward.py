@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlt.metrics import REWARD_COMPONENTS
 from rlt.pairing import SideTokens, pair_explanation
 from rlt.prompts import Formatter, Span
 from rlt.scoring import ScoreRequest, SpanScorer, completion_token_offsets
@@ -44,15 +45,7 @@ class RewardBreakdown:
     explanation_tokens: list[int] = field(default_factory=list)
     pairing_coverage: list[float] = field(default_factory=list)  # share of E's tokens (both sides) that got a Δ
 
-    COMPONENTS = (
-        "r_ss",
-        "r_kl",
-        "format_penalty",
-        "solution_logprob_mean",
-        "solution_logprob_min",
-        "kl_mean",
-        "kl_max",
-    )
+    COMPONENTS = REWARD_COMPONENTS  # the fields above that are reward components (one list: rlt.metrics)
 
     def row(self, i: int) -> dict[str, float]:
         return {k: v[i] for k, v in asdict(self).items()}

@@ -50,6 +50,17 @@ def summarize_problems(problems: Sequence[tuple[float, float, float]]) -> dict[s
     }
 
 
+def step_values(summary: dict) -> dict[str, float]:
+    """The summary's numbers under their metrics.jsonl keys (`rcl_<name>`, the keys of rlt.metrics.RCL_GAUGES)."""
+    from rlt.metrics import RCL_GAUGES
+
+    return {
+        f"rcl_{k}": float(v)
+        for k, v in summary.items()
+        if f"rcl_{k}" in RCL_GAUGES and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 # --------------------------------------------------------------------------- running it
 
 
@@ -163,11 +174,12 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from rlt.jsonl import write_jsonl
     from rlt.layout import atomic_write_json, atomic_write_text
 
     here = out_dir / label
     here.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(here / "problems.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write_jsonl(here / "problems.jsonl", records)
     summary = summarize_problems([(r["acc_without"], r["acc_with"], r["teaching_tokens"]) for r in records])
     oks = [r["format_ok"] for r in records if r.get("format_ok") is not None]
     summary["format_ok"] = sum(oks) / len(oks) if oks else None

@@ -144,21 +144,19 @@ class RclBatch:
         return 1.0 - sum(w < b - 1e-9 for b, w in graded) / len(graded) if graded else float("nan")
 
     def means(self) -> dict[str, float]:
-        from rlt.rcl.evaluation import summarize_problems
+        from rlt.rcl.evaluation import step_values, summarize_problems
 
         n = max(1, len(self.reward))
-        s = summarize_problems(self.problems())
         return {
             "reward": sum(self.reward) / n,
-            "rcl_apg": s["apg"],
-            "rcl_ndr": s["ndr"],
-            "rcl_tes": s["tes"],
-            "rcl_acc_with": s["acc_with"],
-            "rcl_acc_without": s["acc_without"],
-            "rcl_teaching_tokens": s["teaching_tokens"],
-            "rcl_ndr_samples": self.ndr_per_sample(),
-            "rcl_format_ok": sum(p is not None for p in self.perf_with) / n,
-            "rcl_leak_rate": sum(self.leaked) / n,
+            **step_values(
+                {
+                    **summarize_problems(self.problems()),
+                    "ndr_samples": self.ndr_per_sample(),
+                    "format_ok": sum(p is not None for p in self.perf_with) / n,
+                    "leak_rate": sum(self.leaked) / n,
+                }
+            ),
         }
 
 

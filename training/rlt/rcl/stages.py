@@ -17,6 +17,7 @@ from pathlib import Path
 from rlt.data import DataError, load_data
 from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import resolve_format
+from rlt.rcl.evaluation import step_values
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.spec import ModelRef
@@ -262,19 +263,6 @@ def run_rcl_evaluate(ctx: StageContext) -> str:
     recorder = Recorder(ctx, "evaluate", 1)
     out_dir = eval_dir(ctx.layout)
     summary = evaluate(ctx, teacher, label, out_dir)
-    recorder.record(1, _numbers(summary))
+    recorder.record(1, step_values(summary))
     recorder.done()
     return str(out_dir / "report.md")
-
-
-def _numbers(summary: dict) -> dict[str, float]:
-    names = {
-        "apg": "rcl_apg",
-        "ndr": "rcl_ndr",
-        "tes": "rcl_tes",
-        "acc_with": "rcl_acc_with",
-        "acc_without": "rcl_acc_without",
-        "teaching_tokens": "rcl_teaching_tokens",
-        "format_ok": "rcl_format_ok",
-    }
-    return {names[k]: float(v) for k, v in summary.items() if k in names and isinstance(v, (int, float))}

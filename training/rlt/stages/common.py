@@ -3,7 +3,6 @@ Trainer callback that feeds that record with a progress bar."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlt.jsonl import append_jsonl
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, TrainerMetrics, tracking_name
 from rlt.spec import RLTRun
@@ -65,10 +65,7 @@ class Recorder:
         if not self.ctx.is_main:
             return
         row = {"stage": self.stage, "step": step, "time": round(time.time(), 3), **values}
-        path = self.ctx.layout.metrics_file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(self.ctx.layout.metrics_file, row)
         m = self.ctx.metrics
         if m:
             m.set("rlt_step", step)

@@ -4,12 +4,11 @@ Each row also keeps every candidate (text, reward, closed), best first."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from rlt.data import load_data
 from rlt.generation import sample_with_logprobs, server_generate
-from rlt.layout import atomic_write_text
+from rlt.jsonl import write_jsonl
 from rlt.models import load_model, load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.reward import reward_from_spec
@@ -130,6 +129,6 @@ def run_distill(ctx: StageContext) -> str:
     path = ctx.layout.distill_dataset
     merged = gather_shares([(i, row) for (i, _), row in zip(share, out_rows, strict=True)], rank, world, len(all_rows))
     if merged is not None:
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged))
+        write_jsonl(path, merged)
     recorder.done()
     return str(path)

@@ -8,14 +8,13 @@ student/rows.json, so nothing is dropped or cropped without a record.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rlt.data import DataError
+from rlt.jsonl import read_jsonl
 from rlt.layout import atomic_write_json
 from rlt.models import load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
@@ -28,17 +27,6 @@ log = logging.getLogger(__name__)
 
 def student_ref(spec) -> ModelRef:
     return spec.stages.student.model or spec.student
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path} line {n + 1}: not JSON ({err})") from None
-    return rows
 
 
 def choose_rows(
