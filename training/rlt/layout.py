@@ -60,6 +60,15 @@ class RunLayout:
         """`rlt compare`: one sub-run per arm and the comparison report."""
         return self.root / "compare"
 
+    def compare_arm(self, arm: str) -> RunLayout:
+        """`rlt compare`: the sub-run of one arm (its stages, eval/ and eval-taught/)."""
+        return RunLayout(self.compare_dir / arm)
+
+    @property
+    def taught_eval_dir(self) -> Path:
+        """`rlt compare`: an arm's evaluation on the questions its teacher explained (files as in eval_dir)."""
+        return self.root / "eval-taught"
+
     # run-wide records
     @property
     def metrics_file(self) -> Path:

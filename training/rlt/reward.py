@@ -58,7 +58,35 @@ class RewardBreakdown:
         return out
 
 
-class RLTReward:
+class RewardFunction:
+    """A reward as TRL's GRPOTrainer calls it: the prompts, the completions (text or chat messages), the dataset
+    columns `question` and `solution` as keyword lists, and TRL's extras (`log_metric`, `completion_ids`, ...).
+    Subclasses score the completion texts in `reward`."""
+
+    def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        question: list[str],
+        solution: list[str],
+        log_metric: Callable[[str, float], None] | None = None,
+        **extra: Any,
+    ) -> list[float]:
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return self.reward(question, solution, texts, log_metric, **extra)
+
+    def reward(
+        self,
+        questions: list[str],
+        solutions: list[str],
+        texts: list[str],
+        log_metric: Callable[[str, float], None] | None,
+        **extra: Any,
+    ) -> list[float]:
+        raise NotImplementedError
+
+
+class RLTReward(RewardFunction):
     """Score explanations with a frozen student (and the teacher's log-probs)."""
 
     __name__ = "rlt_reward"  # TRL names reward functions by __name__ in its logs
@@ -213,22 +241,19 @@ class RLTReward:
         self.scored_tokens_total += sum(out.solution_tokens) + sum(out.explanation_tokens)
         return out
 
-    def __call__(
+    def reward(
         self,
-        prompts: list[Any],
-        completions: list[Any],
-        question: list[str],
-        solution: list[str],
+        questions: list[str],
+        solutions: list[str],
+        texts: list[str],
+        log_metric: Callable[[str, float], None] | None,
         completion_ids: list[list[int]] | None = None,
         teacher_logprobs: list[list[float]] | None = None,
-        log_metric: Callable[[str, float], None] | None = None,
         **_: Any,
     ) -> list[float]:
-        """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
-        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
         if teacher_logprobs is not None and any(lp is None for lp in teacher_logprobs):
             teacher_logprobs = None
-        result = self.score(question, solution, texts, teacher_logprobs, completion_ids)
+        result = self.score(questions, solutions, texts, teacher_logprobs, completion_ids)
         if log_metric is not None:
             for k, v in result.means().items():
                 if k != "total":

@@ -81,7 +81,7 @@ def evaluate_teacher(
     batch_size: int,
 ) -> list[dict]:
     """Per-problem records of the two-pass protocol. teacher None = no teacher (acc_with is acc_without)."""
-    from rlt.generation import sample_with_logprobs
+    from rlt.generation import sample_texts
     from rlt.rcl.reward import states_answer, student_sampler
 
     answer = student_sampler(
@@ -106,32 +106,27 @@ def evaluate_teacher(
                 acc_with=rec["acc_without"], teaching_tokens=0, guidance=[], probe=None, format_ok=None, leaked=None
             )
         return records
-    probe_ids = [student_tok(protocol.probe_prompt(student_tok, q), add_special_tokens=False).input_ids for q in qs]
-    pr = sample_with_logprobs(
+    probes = sample_texts(
         student,
         student_tok,
-        probe_ids,
+        [protocol.probe_prompt(student_tok, q) for q in qs],
         temperature=temperature,
-        top_p=1.0,
         max_new_tokens=max_probe_tokens,
         batch_size=batch_size,
     )
-    probes = student_tok.batch_decode(pr.completion_ids, skip_special_tokens=True)
-    t_ids = [
-        teacher_tok(protocol.teacher_prompt(teacher_tok, q, p), add_special_tokens=False).input_ids
+    teacher_prompts = [
+        protocol.teacher_prompt(teacher_tok, q, p)
         for q, p in zip(qs, probes, strict=True)
         for _ in range(guidance_samples)
     ]
-    ts = sample_with_logprobs(
+    outputs = sample_texts(
         teacher,
         teacher_tok,
-        t_ids,
+        teacher_prompts,
         temperature=temperature,
-        top_p=1.0,
         max_new_tokens=max_guidance_tokens,
         batch_size=batch_size,
     )
-    outputs = teacher_tok.batch_decode(ts.completion_ids, skip_special_tokens=True)
     guidance = [protocol.extract_guidance(o) for o in outputs]
     todo = [k for k, g in enumerate(guidance) if g]  # zero-length guidance ("") = the student alone, as in the reward
     acc = dict(

@@ -14,6 +14,7 @@ from typing import Any
 
 from rlt.answers import boxed_contents, extract_answer, normalize
 from rlt.rcl.protocol import Protocol
+from rlt.reward import RewardFunction
 
 ZERO = 1e-9  # |Δ| at or below this counts as no change (accuracies are k/n, exact in float for small n)
 
@@ -93,22 +94,19 @@ AnswerFn = Callable[[list[str], int], list[list[str]]]  # prompts, n -> n answer
 
 def student_sampler(model, tokenizer, *, temperature: float, max_new_tokens: int, batch_size: int = 32) -> AnswerFn:
     """n sampled answers per prompt from a frozen student, all prompts batched (the shared sampling helper)."""
-    from rlt.generation import sample_with_logprobs
+    from rlt.generation import sample_texts
 
     def answer(prompts: list[str], n: int) -> list[list[str]]:
         if not prompts:
             return []
-        ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts for _ in range(n)]
-        s = sample_with_logprobs(
+        texts = sample_texts(
             model,
             tokenizer,
-            ids,
+            [p for p in prompts for _ in range(n)],
             temperature=temperature,
-            top_p=1.0,
             max_new_tokens=max_new_tokens,
             batch_size=batch_size,
         )
-        texts = tokenizer.batch_decode(s.completion_ids, skip_special_tokens=True)
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     return answer
@@ -160,7 +158,7 @@ class RclBatch:
         }
 
 
-class RCLReward:
+class RCLReward(RewardFunction):
     """Scores teacher completions by the student's gain. Usable standalone (`score`) and as a TRL reward function."""
 
     __name__ = "rcl"
@@ -242,18 +240,8 @@ class RCLReward:
         self.last = out
         return out
 
-    def __call__(
-        self,
-        prompts: list[Any],
-        completions: list[Any],
-        question: list[str],
-        solution: list[str],
-        log_metric=None,
-        **_: Any,
-    ) -> list[float]:
-        """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
-        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        batch = self.score(question, solution, texts)
+    def reward(self, questions, solutions, texts, log_metric, **_: Any) -> list[float]:
+        batch = self.score(questions, solutions, texts)
         if log_metric is not None:
             for k, v in batch.means().items():
                 if k != "reward" and math.isfinite(v):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 from rlt.data import DataError, load_data
-from rlt.models import load_model, load_tokenizer, pick_device
-from rlt.prompts import Formatter, resolve_format
+from rlt.models import load_model, load_tokenizer
+from rlt.prompts import Formatter
 from rlt.spec import ModelRef
 from rlt.stages.common import (
     Recorder,
@@ -16,7 +16,6 @@ from rlt.stages.common import (
     make_callback,
     peft_config,
     quiet_trainer,
-    rank_device,
     save_final_model,
     trainer_options,
 )
@@ -123,8 +122,8 @@ def train_sft(
 
 def run_sft(ctx: StageContext) -> str:
     spec = ctx.spec
-    device = rank_device(ctx.device or pick_device())
-    formatter = Formatter(resolve_format(spec.format))
+    device = ctx.compute_device
+    formatter = ctx.formatter
     tokenizer = load_tokenizer(spec.teacher, padding_side="right")
     data = load_data(spec.dataset, formatter.fmt)
     return train_sft(ctx, device, sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows), tokenizer)

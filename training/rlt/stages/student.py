@@ -16,8 +16,8 @@ from typing import Any
 from rlt.data import DataError
 from rlt.jsonl import read_jsonl
 from rlt.layout import atomic_write_json
-from rlt.models import load_tokenizer, pick_device
-from rlt.prompts import Formatter, resolve_format
+from rlt.models import load_tokenizer
+from rlt.prompts import Formatter
 from rlt.spec import ModelRef
 from rlt.stages.common import StageContext
 from rlt.stages.sft import train_sft
@@ -78,8 +78,8 @@ def choose_rows(
 
 def run_student(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.student
-    device = ctx.device or pick_device()
-    formatter = Formatter(resolve_format(spec.format))
+    device = ctx.compute_device
+    formatter = ctx.formatter
     source = ctx.layout.distill_dataset
     if not source.exists():
         raise RuntimeError(f"stage student needs the distillation dataset at {source}; run stage distill first")
