@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt.data import DataError, load_data
-from rlt.jsonl import read_jsonl, write_jsonl
+from rlt.jsonl import camel_json, read_jsonl, write_jsonl
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.spec import ModelRef, RLTRun, parse_run
 from rlt.stages import stage_function
@@ -148,13 +148,7 @@ class Point:
     logprob_gain: float  # mean tempered log-prob of the solution given question + explanation, after − before
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "arm": self.arm,
-            "sourceRow": self.source_row,
-            "reward": self.reward,
-            "accuracyGain": self.accuracy_gain,
-            "logprobGain": self.logprob_gain,
-        }
+        return camel_json(self)
 
 
 @dataclass(frozen=True)

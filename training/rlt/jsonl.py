@@ -1,14 +1,30 @@
 """JSON Lines files of the run (distillation rows, per-question answers, problems, metrics.jsonl): one reader,
-one writer, one appender, so every file is read and written the same way."""
+one writer, one appender, so every file is read and written the same way; and the camelCase JSON form of the
+typed records written into report files."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic.alias_generators import to_camel
 
 from rlt.layout import atomic_write_text
+
+R = TypeVar("R")
+
+
+def camel_json(record: Any) -> dict[str, Any]:
+    """A dataclass record as a JSON object: its fields in order, names in camelCase (the report files' style)."""
+    return {to_camel(k): v for k, v in asdict(record).items()}
+
+
+def from_camel_json(cls: type[R], doc: dict[str, Any]) -> R:
+    """The record `camel_json` wrote; a missing key is a KeyError naming it."""
+    return cls(**{f.name: doc[to_camel(f.name)] for f in fields(cls)})
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -58,10 +58,22 @@ class RewardBreakdown:
         return out
 
 
+@dataclass
+class RewardCall:
+    """One call of a reward function by TRL: the batch's questions, solutions and completion texts, TRL's metric
+    logger, and the other keywords TRL passes (completion_ids, teacher_logprobs, ...)."""
+
+    questions: list[str]
+    solutions: list[str]
+    texts: list[str]
+    log_metric: Callable[[str, float], None] | None
+    extra: dict[str, Any]
+
+
 class RewardFunction:
     """A reward as TRL's GRPOTrainer calls it: the prompts, the completions (text or chat messages), the dataset
     columns `question` and `solution` as keyword lists, and TRL's extras (`log_metric`, `completion_ids`, ...).
-    Subclasses score the completion texts in `reward`."""
+    Subclasses score the call in `reward`."""
 
     def __call__(
         self,
@@ -73,16 +85,9 @@ class RewardFunction:
         **extra: Any,
     ) -> list[float]:
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        return self.reward(question, solution, texts, log_metric, **extra)
+        return self.reward(RewardCall(question, solution, texts, log_metric, extra))
 
-    def reward(
-        self,
-        questions: list[str],
-        solutions: list[str],
-        texts: list[str],
-        log_metric: Callable[[str, float], None] | None,
-        **extra: Any,
-    ) -> list[float]:
+    def reward(self, call: RewardCall) -> list[float]:
         raise NotImplementedError
 
 
@@ -241,23 +246,18 @@ class RLTReward(RewardFunction):
         self.scored_tokens_total += sum(out.solution_tokens) + sum(out.explanation_tokens)
         return out
 
-    def reward(
-        self,
-        questions: list[str],
-        solutions: list[str],
-        texts: list[str],
-        log_metric: Callable[[str, float], None] | None,
-        completion_ids: list[list[int]] | None = None,
-        teacher_logprobs: list[list[float]] | None = None,
-        **_: Any,
-    ) -> list[float]:
+    def reward(self, call: RewardCall) -> list[float]:
+        """The generation's log-probs (`teacher_logprobs` with `completion_ids`) are used when every row has them."""
+        teacher_logprobs = call.extra.get("teacher_logprobs")
         if teacher_logprobs is not None and any(lp is None for lp in teacher_logprobs):
             teacher_logprobs = None
-        result = self.score(questions, solutions, texts, teacher_logprobs, completion_ids)
-        if log_metric is not None:
+        result = self.score(
+            call.questions, call.solutions, call.texts, teacher_logprobs, call.extra.get("completion_ids")
+        )
+        if call.log_metric is not None:
             for k, v in result.means().items():
                 if k != "total":
-                    log_metric(f"rlt/{k}", v)
+                    call.log_metric(f"rlt/{k}", v)
         return result.total
 
 

@@ -10,11 +10,10 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rlt.answers import boxed_contents, extract_answer, normalize
 from rlt.rcl.protocol import Protocol
-from rlt.reward import RewardFunction
+from rlt.reward import RewardCall, RewardFunction
 
 ZERO = 1e-9  # |Δ| at or below this counts as no change (accuracies are k/n, exact in float for small n)
 
@@ -240,10 +239,10 @@ class RCLReward(RewardFunction):
         self.last = out
         return out
 
-    def reward(self, questions, solutions, texts, log_metric, **_: Any) -> list[float]:
-        batch = self.score(questions, solutions, texts)
-        if log_metric is not None:
+    def reward(self, call: RewardCall) -> list[float]:
+        batch = self.score(call.questions, call.solutions, call.texts)
+        if call.log_metric is not None:
             for k, v in batch.means().items():
                 if k != "reward" and math.isfinite(v):
-                    log_metric(k, v)
+                    call.log_metric(k, v)
         return batch.reward

@@ -22,7 +22,7 @@ from typing import Any
 from rlt import answers, tasks
 from rlt.benchmarks import find_benchmark, load_benchmark
 from rlt.data import DataError, load_data
-from rlt.jsonl import read_jsonl, write_jsonl
+from rlt.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
 from rlt.layout import atomic_write_json, atomic_write_text
 from rlt.prompts import Formatter
 from rlt.spec import ModelRef
@@ -192,41 +192,11 @@ class EvalReport:
     generated_tokens: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "modelPath": self.model_path,
-            "dataset": self.dataset,
-            "answerType": self.answer_type,
-            "questions": self.questions,
-            "samples": self.samples,
-            "temperature": self.temperature,
-            "maxNewTokens": self.max_new_tokens,
-            "accuracy": self.accuracy,
-            "stderr": self.stderr,
-            "correct": self.correct,
-            "answers": self.answers,
-            "seconds": self.seconds,
-            "generatedTokens": self.generated_tokens,
-        }
+        return camel_json(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> EvalReport:
-        return cls(
-            d["model"],
-            d["modelPath"],
-            d["dataset"],
-            d["answerType"],
-            d["questions"],
-            d["samples"],
-            d["temperature"],
-            d["maxNewTokens"],
-            d["accuracy"],
-            d["stderr"],
-            d["correct"],
-            d["answers"],
-            d["seconds"],
-            d["generatedTokens"],
-        )
+    def from_json(cls, doc: dict[str, Any]) -> EvalReport:
+        return from_camel_json(cls, doc)
 
 
 def build_report(
