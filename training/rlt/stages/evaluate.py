@@ -235,22 +235,14 @@ def build_report(
 
 
 def generate_answers(
-    model,
-    tokenizer,
-    prompts: list[str],
-    *,
-    samples: int,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    batch_size: int,
-    server_url: str | None = None,
-    timeout: float = 600.0,
-    on_batch=None,
+    model, tokenizer, prompts: list[str], st, server_url: str | None = None, on_batch=None
 ) -> list[list[str]]:
-    """`samples` decoded answers per prompt, in-process (the shared sampler; greedy at temperature 0) or from vLLM."""
+    """`st.samples` decoded answers per prompt (settings: stages.evaluate), in-process (the shared sampler; greedy at
+    temperature 0) or from the vLLM server at `server_url`."""
     from rlt.generation import sample_with_logprobs, server_generate
 
+    samples, temperature, top_p, max_new_tokens = st.samples, st.temperature, st.top_p, st.max_new_tokens
+    batch_size, timeout = st.batch_size, st.generation.server_timeout_seconds
     prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     out: list[list[str]] = []
     for start in range(0, len(prompts), batch_size):
@@ -370,19 +362,7 @@ def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]
         )
         for r in rows
     ]
-    generate_answers(
-        model,
-        tokenizer,
-        prompts,
-        samples=st.samples,
-        temperature=st.temperature,
-        top_p=st.top_p,
-        max_new_tokens=st.max_new_tokens,
-        batch_size=st.batch_size,
-        server_url=server,
-        timeout=st.generation.server_timeout_seconds,
-        on_batch=on_batch,
-    )
+    generate_answers(model, tokenizer, prompts, st, server, on_batch)
 
 
 def evaluate_model(
