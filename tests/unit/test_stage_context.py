@@ -1,7 +1,10 @@
 """What every stage shares, resolved once: the device and prompt format on StageContext; TrainingArguments'
 precision as a pure function (the process group is made by join_process_group alone)."""
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from rlt.layout import RunLayout
 from rlt.prompts import resolve_format
@@ -10,19 +13,10 @@ from rlt.stages.common import StageContext, trainer_precision
 
 
 def _run():
-    return parse_run(
-        {
-            "apiVersion": "rlt.dev/v1alpha1",
-            "kind": "RLTRun",
-            "metadata": {"name": "ctx"},
-            "spec": {
-                "teacher": {"model": "t"},
-                "student": {"model": "s"},
-                "dataset": {"source": "builtin:mixed"},
-                "format": {"tags": {"solutionStart": "<final>", "solutionEnd": "</final>"}},
-            },
-        }
-    )
+    """The tiny example run with its own solution tags (a format override the context must keep)."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/examples/rltrun-tiny.yaml").read_text())
+    doc["spec"]["format"] = {"tags": {"solutionStart": "<final>", "solutionEnd": "</final>"}}
+    return parse_run(doc)
 
 
 def test_context_resolves_device_and_format_once(tmp_path):
