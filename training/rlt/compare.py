@@ -30,7 +30,7 @@ from rlt.data import DataError, load_data
 from rlt.jsonl import camel_json, read_jsonl, write_jsonl
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.spec import ModelRef, RLTRun, parse_run
-from rlt.stages import stage_function
+from rlt.stage_registry import STAGE_ORDER, stage_function
 from rlt.stages.common import StageContext
 from rlt.stages.evaluate import (
     EvalReport,
@@ -263,7 +263,7 @@ def write_compare(root: Path, report: dict[str, Any]) -> None:
 class Compare:
     def __init__(self, run: RLTRun, output: str | Path, device: str | None, show_progress: bool, metrics=None):
         self.stages = compare_stages(run)
-        self.run = derive(run, with_enabled(self.stages, ("sft", "rl", "distill", "student", "evaluate")))
+        self.run = derive(run, with_enabled(self.stages, STAGE_ORDER))
         self.run_layout = RunLayout.for_run(output, run.name)
         self.root = self.run_layout.compare_dir
         self.device, self.show_progress, self.metrics = device, show_progress, metrics

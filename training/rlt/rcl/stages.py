@@ -191,21 +191,15 @@ def run_rcl_rl(ctx: StageContext) -> str:
     def reward_values() -> dict[str, float]:
         return {k: v for k, v in reward.last.means().items() if k != "reward"} if reward.last is not None else {}
 
-    return train_grpo(
-        ctx,
-        device,
-        start,
-        tokenizer,
-        rows,
-        reward,
-        lambda timer, counters: make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters),
-        reward_values,
-    )
+    def rollout(timer: PhaseTimer, counters: dict):
+        return make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters)
+
+    return train_grpo(ctx, device, start, tokenizer, rows, reward, rollout, reward_values)
 
 
 def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:
     """The run's latest finished teacher: rl's model, else sft's, else spec.teacher (label for the report)."""
-    return newest_teacher(ctx, ("rl", "sft"))
+    return newest_teacher(ctx, "evaluate", strict=False)
 
 
 def eval_rows(spec) -> list[dict]:
