@@ -5,6 +5,7 @@
     python hack/images.py build operator trainer ...   # buildah build each Containerfile on that base (CPU flavour)
     python hack/images.py sizes operator trainer ...   # the built images' sizes
     python hack/images.py rootfs operator              # build-or-reuse an unpacked rootfs, cached by its inputs
+    python hack/images.py prune                        # drop dangling images and leftover working containers
 
 The upstream bases (python:slim, CUDA, vLLM) cannot be pulled on our machines; Debian's archive and PyPI can be
 reached. So the base is bootstrapped with mmdebstrap and imported as `localhost/rlt-base:bookworm`, and every
@@ -21,6 +22,8 @@ namespace, on the host's network.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -114,6 +117,57 @@ def image_info(ref: str) -> dict:
     return json.loads(buildah("inspect", "--type", "image", ref).stdout)
 
 
+def image_id(ref: str) -> str | None:
+    return image_info(ref)["FromImageID"] if image_exists(ref) else None
+
+
+def image_names(image_id: str) -> list[str] | None:
+    """The names (tags) an image ID has; None when the store has no such image."""
+    for img in json.loads(buildah("images", "--json", "--all", "--no-trunc").stdout or "null") or []:
+        if img["id"].removeprefix("sha256:") == image_id:
+            return img.get("names") or []
+    return None
+
+
+@contextlib.contextmanager
+def store_lock(exclusive: bool = False):
+    """Shared while this script builds or unpacks an image (several may, in parallel worktrees); exclusive, and
+    only if free at once, for pruning, which must not take an image or container from under a running build.
+    Yields whether the lock was taken."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / "store.lock").open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prune(replaced: str | None = None) -> None:
+    """Free what builds leave in the vfs store, where every layer is a full copy of its filesystem (GBs for the
+    trainer and generator): the image a rebuild replaced, then, when no other build or unpack of this script is
+    running, working containers left by interrupted builds and dangling images (untagged, no child). Tagged images
+    (the base, the built images) and the layers under them (the operator's layer cache) stay; a multi-stage build's
+    builder stage, untagged and childless, goes."""
+    if replaced and image_names(replaced) == []:
+        buildah("rmi", replaced, check=False)  # still in use by a container: it goes with the next prune
+    with store_lock(exclusive=True) as alone:
+        if not alone:
+            log("prune: another build is using the store; left its containers and images alone")
+            return
+        containers = json.loads(buildah("containers", "--json").stdout or "null") or []
+        if containers:
+            log(f"prune: removing {len(containers)} leftover working container(s)")
+            buildah("rm", *[c["id"] for c in containers], check=False)
+        out = buildah("rmi", "--prune", check=False).stdout.split()
+        if out:
+            log(f"prune: removed {len(out)} dangling image(s)")
+
+
 def sha(*parts: bytes) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -145,6 +199,12 @@ def ensure_base() -> str:
         os.replace(f"{tar}.part", tar)
         log(f"mmdebstrap took {time.monotonic() - t0:.0f}s")
     log(f"importing {tar} as {BASE_IMAGE}")
+    with store_lock():
+        import_base(tar, key)
+    return image_info(BASE_IMAGE)["FromImageID"]
+
+
+def import_base(tar: Path, key: str) -> None:
     c = buildah("from", "scratch").stdout.strip()
     try:
         buildah("add", c, str(tar), "/")
@@ -164,7 +224,6 @@ def ensure_base() -> str:
     except BaseException:
         buildah("rm", c, check=False)
         raise
-    return image_info(BASE_IMAGE)["FromImageID"]
 
 
 # --------------------------------------------------------------------------- build
@@ -225,6 +284,7 @@ def build(name: str) -> float:
         "--isolation",
         "chroot",
         "--pull=never",
+        "--force-rm",  # a failed step's working container goes too (each is a full copy of the image's files)
         f"--layers={layers}",
         "--format",
         "docker",
@@ -242,15 +302,18 @@ def build(name: str) -> float:
     for v in volumes:
         cmd += ["--volume", v]
     log(f"building {ref}")
+    replaced = image_id(ref)
     t0 = time.monotonic()
-    proc = subprocess.run(
-        ["nice", "-n", "10", "buildah", *store_args(), *cmd, str(ROOT)],
-        env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
-    )
+    with store_lock():
+        proc = subprocess.run(
+            ["nice", "-n", "10", "buildah", *store_args(), *cmd, str(ROOT)],
+            env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
+        )
     if proc.returncode != 0:
         raise SystemExit(f"building {ref} failed ({proc.returncode})")
     took = time.monotonic() - t0
     log(f"built {ref} in {took:.0f}s")
+    prune(replaced)
     return took
 
 
@@ -287,17 +350,18 @@ def rootfs(name: str) -> Path:
     tmp = CACHE / f"{name}-{key}.part{os.getpid()}"  # several test processes may build at once
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "rootfs").mkdir(parents=True)
-    c = buildah("from", "--pull=never", ref).stdout.strip()
-    try:
-        mnt = buildah("mount", c).stdout.strip()
-        subprocess.run(
-            f"tar -C {shlex.quote(mnt)} -cf - . | tar -C {shlex.quote(str(tmp / 'rootfs'))} -xpf -",
-            shell=True,
-            check=True,
-        )
-    finally:
-        buildah("umount", c, check=False)
-        buildah("rm", c, check=False)
+    with store_lock():
+        c = buildah("from", "--pull=never", ref).stdout.strip()
+        try:
+            mnt = buildah("mount", c).stdout.strip()
+            subprocess.run(
+                f"tar -C {shlex.quote(mnt)} -cf - . | tar -C {shlex.quote(str(tmp / 'rootfs'))} -xpf -",
+                shell=True,
+                check=True,
+            )
+        finally:
+            buildah("umount", c, check=False)
+            buildah("rm", c, check=False)
     (tmp / "config.json").write_text(json.dumps(image_info(ref)["OCIv1"]["config"], indent=1))
     for old in CACHE.glob(f"{name}-*"):  # one cached rootfs per image is enough
         if old.is_dir() and ".part" not in old.name and old != out:
@@ -422,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("base")
+    sub.add_parser("prune")
     for cmd in ("build", "sizes", "rootfs"):
         s = sub.add_parser(cmd)
         s.add_argument("names", nargs="*", default=list(IMAGES), help=f"any of {', '.join(IMAGES)}")
@@ -432,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"missing tools: {', '.join(missing)} (apt-get install buildah mmdebstrap)")
     if args.cmd == "base":
         print(ensure_base())
+    elif args.cmd == "prune":
+        prune()
     elif args.cmd == "build":
         times = {n: build(n) for n in args.names}
         for n in args.names:

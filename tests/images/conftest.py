@@ -1,35 +1,36 @@
 """Trainer and generator images (CPU flavour), run the way the operator's pods run them. Each image is several GB
 and takes minutes to build on 2 cores, so these run under `make images-test` (RLT_IMAGES_TEST=1), not in every
-`make test`; the operator image's smoke test is in tests/operator/test_operator_image.py and runs in `make test`."""
+`make test` (tests marked `image_build`); the operator image's smoke test is in tests/operator/test_operator_image.py
+and runs in `make test`, and so does the store-pruning test here (tiny images in a private store)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 import yaml
+from image_helpers import ROOT, images
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("rlt_images", ROOT / "hack" / "images.py")
-images = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(images)
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "image_build: builds the multi-GB trainer/generator images (make images-test)")
 
 
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
     reasons = []
-    if os.environ.get("RLT_IMAGES_TEST") != "1":
-        reasons.append("multi-GB image builds: run by `make images-test`")
-    elif missing := images.tools_missing():
+    if missing := images.tools_missing():
         reasons.append(f"needs {', '.join(missing)} (apt-get install buildah mmdebstrap)")
     elif os.geteuid() != 0:
         reasons.append("mounting an image's rootfs needs root")
-    if reasons:
-        for item in items:
-            if here in Path(item.fspath).parents:
-                item.add_marker(pytest.mark.skip(reason="; ".join(reasons)))
+    for item in items:
+        if here not in Path(item.fspath).parents:
+            continue
+        heavy = os.environ.get("RLT_IMAGES_TEST") != "1" and item.get_closest_marker("image_build")
+        why = [*reasons, *(["multi-GB image builds: run by `make images-test`"] if heavy else [])]
+        if why:
+            item.add_marker(pytest.mark.skip(reason="; ".join(why)))
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import images
+from image_helpers import images
 
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt_operator import builders as b
 
-pytestmark = pytest.mark.timeout(3600)  # a first build on 2 shared cores takes tens of minutes
+# a first build on 2 shared cores takes tens of minutes
+pytestmark = [pytest.mark.timeout(3600), pytest.mark.image_build]
 
 
 def rendered(tiny_run, kind: str, stage: str) -> tuple[dict, dict]:

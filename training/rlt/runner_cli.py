@@ -7,7 +7,8 @@ import logging
 import sys
 
 from rlt.exitcodes import ExitCode
-from rlt.spec import STAGE_ORDER, SpecError
+from rlt.spec import SpecError
+from rlt.stage_registry import STAGE_ORDER
 from rlt.validation import load_valid_run
 
 DEFAULT_METRICS_PORT = 9400
@@ -76,7 +77,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlt.rcl.cli import run_eval
+    from rlt.rcl.stages import run_teaching_eval
 
     run = _load(args.file)
     if run.spec.method != "rcl":
@@ -88,7 +89,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return ExitCode.CONFIG_ERROR
 
     def evaluate() -> None:
-        report = run_eval(run, args.output, args.teacher, args.label, args.device)
+        report = run_teaching_eval(run, args.output, args.teacher, args.label, args.device)
         print(report.read_text())
         print(f"report: {report}")
 
