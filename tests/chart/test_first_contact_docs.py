@@ -4,13 +4,11 @@ and labels, the reward batch size, and the placeholder images."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import yaml
+from suite_helpers import ROOT
 
 from rlt.spec import RewardSpec, load_run
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def read(rel: str) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("rlt_images", ROOT / "hack" / "images.py")
 images = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(images)

@@ -11,15 +11,14 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
+from suite_helpers import EXAMPLES
 
 from rlt_operator.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 NS = "default"
 RUNS = "/apis/rlt.dev/v1alpha1/namespaces/{ns}/rltruns"
 PATHS = {

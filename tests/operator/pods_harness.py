@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from suite_helpers import ROOT as REPO
+
 from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet
 
-REPO = Path(__file__).resolve().parents[2]
 WORLD_LINE = re.compile(r"^rlt-world stage=(\w+) rank=(\d+) world_size=(\d+) backend=(\w+) node_rank=(\d+)", re.M)
 
 

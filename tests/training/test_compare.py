@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT
 
 from rlt.compare import ARMS, run_compare
 from rlt.spec import parse_run
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

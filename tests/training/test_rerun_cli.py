@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT
 
 from rlt.exitcodes import ExitCode
 from rlt.layout import RunLayout
 from rlt.plots import read_metrics
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def rl_only(tmp_path: Path, **rl) -> Path:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
+from suite_helpers import TINY
 
 from rlt.spec import SpecError, parse_run
-
-TINY = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "rltrun-tiny.yaml"
 
 
 def _run(mode: str, **gen):

@@ -1,15 +1,12 @@
 """What a finished stage remembers of its spec, and what a re-run decides from it (pure: no training here)."""
 
-from pathlib import Path
-
 import pytest
 import yaml
+from suite_helpers import ROOT
 
 from rlt import fingerprint as fp
 from rlt.layout import RunLayout, atomic_write_text
 from rlt.spec import RLTRun
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(**edits) -> RLTRun:

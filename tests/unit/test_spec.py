@@ -2,14 +2,13 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT
 
 from rlt.spec import RLTRun, SpecError, dump_run, load_run, load_runs, parse_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
 

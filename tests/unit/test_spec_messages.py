@@ -1,13 +1,10 @@
 """Spec errors a user can act on: a did-you-mean for unknown fields, and every problem of a file in one pass."""
 
-from pathlib import Path
-
 import pytest
 import yaml
+from suite_helpers import ROOT
 
 from rlt.spec import SpecError, load_run, parse_spec
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_fields_get_a_did_you_mean_and_cross_field_checks_still_run(tmp_path):

@@ -3,16 +3,13 @@ TensorBoard event files and an MLflow file store (no training: the figures a sta
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
+from suite_helpers import ROOT
 
 from rlt.layout import RunLayout
 from rlt.metrics import TrainerMetrics
 from rlt.spec import parse_run
 from rlt.stages.common import Recorder, StageContext
-
-ROOT = Path(__file__).resolve().parents[2]
 
 STEP = {
     "reward": -1.25,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT
 
 from rlt.spec import SpecError
 from rlt.validation import validate_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
 
 # (what is wrong, spec patch, the field the message names)
