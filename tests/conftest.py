@@ -192,6 +192,8 @@ def vllm_server(tmp_path_factory):
         "512",
         "--seed",
         "0",
+        # no torch.compile: on CPU it only costs start-up time (vLLM's own CPU CI skips inductor too)
+        "--enforce-eager",
         *generator_flags(),
     ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}

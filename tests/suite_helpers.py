@@ -42,3 +42,10 @@ def wait_for(fn, what: str, seconds: float = 20.0, every: float = 0.3):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {seconds}s waiting for {what} (last: {value!r})")
         time.sleep(every)
+
+
+def tiny_doc() -> dict:
+    """A fresh copy of the tiny example RLTRun (manifests/examples/rltrun-tiny.yaml) as a dict, to edit."""
+    import yaml
+
+    return yaml.safe_load(TINY.read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from suite_helpers import TINY, find_tool
+from suite_helpers import TINY, find_tool, tiny_doc
 
 KUBECTL = find_tool("kubectl")
 
@@ -24,7 +24,7 @@ def test_kubectl_against_the_sandbox(start_sandbox, tmp_path):
     assert header == ["NAME", "PHASE", "STAGE", "STEP", "REWARD", "RESTARTS", "AGE"]
     assert table.splitlines()[1].split()[:3] == ["tiny", "Running", "sft"]
     # -o wide adds Reason and Message: an invalid run says why it is held
-    bad = yaml.safe_load(TINY.read_text())
+    bad = tiny_doc()
     bad["metadata"]["name"] = "bad"
     bad["spec"]["format"] = {"preset": "rcl-default"}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from suite_helpers import TINY, find_tool
+from suite_helpers import find_tool, tiny_doc
 
 KUBECTL = find_tool("kubectl")
 
@@ -47,7 +47,7 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(start_sandbox, tmp_path):
     scraper.start()
     started = time.monotonic()
     # The tiny example with more rl steps, so that its rl stage runs long enough to be read a few times.
-    run = yaml.safe_load(TINY.read_text())
+    run = tiny_doc()
     run["spec"]["stages"]["rl"]["steps"] = 12
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(run))
     kubectl("apply", "--validate=false", "-f", str(tmp_path / "tiny.yaml"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import ROOT
+from suite_helpers import tiny_doc
 
 from rlt.compare import ARMS, run_compare
 from rlt.spec import parse_run
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_compare_doc():
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["metadata"]["name"] = "tiny-compare"
     doc["spec"]["dataset"]["source"] = "builtin:mixed"
     st = doc["spec"]["stages"]

@@ -7,14 +7,13 @@ import sys
 import urllib.request
 
 import pytest
-from suite_helpers import ROOT, free_port
+from suite_helpers import TINY, free_port
 
 from rlt.layout import RunLayout
 from rlt.plots import read_metrics
 from rlt.runner import run_local
 from rlt.spec import load_run
 
-TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
 pytestmark = pytest.mark.slow
 
 

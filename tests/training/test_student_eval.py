@@ -3,9 +3,8 @@
 import json
 
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry, generate_latest
-from suite_helpers import ROOT
+from suite_helpers import tiny_doc
 
 from rlt.layout import RunLayout
 from rlt.metrics import TrainerMetrics
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_run(**stages):
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["metadata"]["name"] = "tiny-student"
     doc["spec"]["dataset"].update(source="builtin:mixed", evalFraction=0.25)
     doc["spec"]["stages"].update(sft={"enabled": False}, rl={"enabled": False})

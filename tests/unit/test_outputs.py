@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 
 import fsspec
-import yaml
-from suite_helpers import ROOT
+from suite_helpers import tiny_doc
 
 from rlt.layout import RunLayout
 from rlt.outputs import push_stage_outputs
@@ -16,7 +15,7 @@ from rlt.stages.common import StageContext
 
 
 def test_push_after_the_producing_stage_once(tmp_path):
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["outputs"] = {
         "teacher": "memory://unit-bucket/teacher",
         "distillDataset": (tmp_path / "bucket" / "distill").as_uri(),
