@@ -153,6 +153,14 @@ def generator_flags() -> list[str]:
     return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tests that use the session's vLLM server run last, one after another: the server (about 1.5 GB) is then up
+    only while they run, not through the rest of the suite."""
+    users = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
+    if users:
+        items[:] = [item for item in items if item not in users] + users
+
+
 @dataclass
 class VllmServer:
     base: str  # http://127.0.0.1:PORT
