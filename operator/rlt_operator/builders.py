@@ -15,8 +15,9 @@ from typing import Any
 
 from rlt.exitcodes import FAIL_FAST
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
-from rlt.outputs import pushed_uri, teacher_stage
+from rlt.outputs import pushed_uri, stage_outputs
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
+from rlt.stage_registry import needs_generators, newest_teacher_stage, stage_info, stage_settings, zero_stage
 
 # Labels and annotations (one prefix for everything the operator owns).
 PREFIX = "rlt.dev"
@@ -75,11 +76,6 @@ def generator_name(run: str) -> str:
     return f"{run}-generator"
 
 
-def needs_generators(spec: RLTRunSpec, stage: str) -> bool:
-    """vLLM servers run beside the trainer when generation is in server mode (rl and distill)."""
-    return stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server"
-
-
 def all_children(
     run: str, stages: tuple[str, ...] | list[str], existing_claim: str | None, retention: str = "Delete"
 ) -> list[tuple[str, str]]:
@@ -112,33 +108,31 @@ def layout(run: str) -> RunLayout:
 
 def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     """What vLLM serves: the newest teacher the stages before `stage` produced, else the spec's teacher."""
-    enabled = spec.stages.enabled()
-    before = enabled[: enabled.index(stage)] if stage in enabled else []
-    for prior in reversed(before):
-        if prior in ("sft", "rl"):
-            return str(layout(run).model_dir(prior))
-    return spec.teacher.model
+    prior = newest_teacher_stage(spec.stages.enabled(), before=stage)
+    return str(layout(run).model_dir(prior)) if prior else spec.teacher.model
+
+
+# status.outputs key of each spec.outputs copy (rlt.outputs.stage_outputs names them)
+OUTPUT_URI_KEYS = {"teacher": "teacherUri", "distillDataset": "distilledDatasetUri", "student": "studentUri"}
+# accelerate's --mixed_precision for spec precision in a GPU pod (what the Trainer picks there; auto = bf16 on a GPU)
+ACCELERATE_PRECISION = {"auto": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
 def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> dict[str, str]:
     """Paths on the volume of what the finished stages (`done`) wrote; nothing is listed before it exists."""
     out: dict[str, str] = {}
     finished = [s for s in spec.stages.enabled() if s in done]
-    trained = [s for s in finished if s in ("sft", "rl")]
-    if trained:
-        out["teacherCheckpoint"] = str(layout(run).model_dir(trained[-1]))
+    teacher = newest_teacher_stage(finished)
+    if teacher:
+        out["teacherCheckpoint"] = str(layout(run).model_dir(teacher))
     if "distill" in finished:
         out["distilledDataset"] = str(layout(run).distill_dataset)
     if "student" in finished:
         out["studentCheckpoint"] = str(layout(run).model_dir("student"))
     # copies off the volume, which the producing stage's pod pushes before it exits
-    for key, uri, stage in (
-        ("teacherUri", spec.outputs.teacher, teacher_stage(spec)),
-        ("distilledDatasetUri", spec.outputs.distill_dataset, "distill"),
-        ("studentUri", spec.outputs.student, "student"),
-    ):
-        if uri and stage in finished:
-            out[key] = pushed_uri(uri, "distill" if key == "distilledDatasetUri" else "model")
+    for stage in finished:
+        for name, uri, kind in stage_outputs(spec, stage):
+            out[OUTPUT_URI_KEYS[name]] = pushed_uri(uri, kind)
     return out
 
 
@@ -333,6 +327,29 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int, trainer
     return env
 
 
+def _container(
+    spec: RLTRunSpec,
+    name: str,
+    image: str,
+    command: list[str],
+    env: list[dict[str, Any]],
+    resources: dict[str, Any],
+    **more: Any,
+) -> dict[str, Any]:
+    """A container of the run's pods: the run's pull policy, its volumes, and the locked-down security context."""
+    return {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": spec.images.pull_policy,
+        "command": command,
+        "env": env,
+        "resources": resources,
+        "volumeMounts": [dict(m) for m in _MOUNTS],
+        "securityContext": dict(_CONTAINER_SECURITY),
+        **more,
+    }
+
+
 def _env_var(var: Any) -> dict[str, Any]:
     if var.value_from is not None:
         return {"name": var.name, "valueFrom": var.value_from.model_dump(by_alias=True, exclude_none=True)}
@@ -406,9 +423,9 @@ def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
 
 
 def trainer_nodes(spec: RLTRunSpec, stage: str) -> int:
-    # distill writes a dataset and evaluate scores a model from one pod; the training stages
-    # (sft, rl, student) use the configured nodes.
-    return 1 if stage in ("distill", "evaluate") else spec.resources.trainer.nodes
+    # The Trainer stages use the configured nodes; the others (distill writes a dataset, evaluate scores a model)
+    # run one pod.
+    return spec.resources.trainer.nodes if stage_info(stage).trainer else 1
 
 
 def shape_label(spec: RLTRunSpec, stage: str) -> str:
@@ -437,10 +454,10 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     gpus = spec.resources.trainer.gpus
     if nodes == 1 and gpus <= 1:
         return ["rlt", *stage_args]
-    if stage in ("distill", "evaluate"):
+    zero = zero_stage(spec, stage)
+    if zero is None:
         # No training engine: one process per GPU of the pod, each taking its own share of the rows.
         return ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
-    zero = spec.stages.rl.deepspeed_zero_stage if stage == "rl" else 3
     return [
         "accelerate",
         "launch",
@@ -462,7 +479,7 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
         "--deepspeed_multinode_launcher",
         "standard",
         "--mixed_precision",
-        "bf16",
+        ACCELERATE_PRECISION[stage_settings(spec, stage).precision],
         "-m",
         "rlt.cli",
         *stage_args,
@@ -492,7 +509,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     nodes = trainer_nodes(spec, stage)
     res = spec.resources.trainer
     lbls = _with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "MASTER_ADDR", "value": f"{name}-0.{name}.{ref.namespace}.svc"},
         {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
         {"name": "NNODES", "value": str(nodes)},
@@ -520,33 +537,29 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
             # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
             "initContainers": [
-                {
-                    "name": "validate",
-                    "image": spec.images.trainer,
-                    "imagePullPolicy": spec.images.pull_policy,
-                    "command": ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                _container(
+                    spec,
+                    "validate",
+                    spec.images.trainer,
+                    ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                    _common_env(ref, spec, stage, restart),
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
-                    "resources": {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
-                    "env": _common_env(ref, spec, stage, restart),
-                    "volumeMounts": [dict(m) for m in _MOUNTS],
-                    "securityContext": dict(_CONTAINER_SECURITY),
-                }
+                    {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+                )
             ],
             "containers": [
-                {
-                    "name": "trainer",
-                    "image": spec.images.trainer,
-                    "imagePullPolicy": spec.images.pull_policy,
-                    "command": trainer_command(spec, stage),
-                    "env": env + _common_env(ref, spec, stage, restart),
-                    "ports": [
+                _container(
+                    spec,
+                    "trainer",
+                    spec.images.trainer,
+                    trainer_command(spec, stage),
+                    env + _common_env(ref, spec, stage, restart),
+                    pod_resources(res),
+                    ports=[
                         {"name": "rendezvous", "containerPort": MASTER_PORT},
                         {"name": "metrics", "containerPort": METRICS_PORT},
                     ],
-                    "resources": pod_resources(res),
-                    "volumeMounts": [dict(m) for m in _MOUNTS],
-                    "securityContext": dict(_CONTAINER_SECURITY),
-                }
+                )
             ],
         }
     )
@@ -645,21 +658,19 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     pod.update(
         {
             "containers": [
-                {
-                    "name": "vllm",
-                    "image": spec.images.generator,
-                    "imagePullPolicy": spec.images.pull_policy,
-                    "command": generator_command(ref.name, spec, stage),
-                    "env": env,
+                _container(
+                    spec,
+                    "vllm",
+                    spec.images.generator,
+                    generator_command(ref.name, spec, stage),
+                    env,
+                    pod_resources(res),
                     # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
-                    "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+                    ports=[{"name": "http", "containerPort": VLLM_PORT}],
                     # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
-                    "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 180},
-                    "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
-                    "resources": pod_resources(res),
-                    "volumeMounts": [dict(m) for m in _MOUNTS],
-                    "securityContext": dict(_CONTAINER_SECURITY),
-                }
+                    startupProbe={**health, "periodSeconds": 10, "failureThreshold": 180},
+                    readinessProbe={**health, "periodSeconds": 10, "failureThreshold": 3},
+                )
             ],
         }
     )

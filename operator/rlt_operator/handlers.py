@@ -19,7 +19,8 @@ import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
 from rlt.metrics import OPERATOR_METRICS, build
-from rlt.spec import API_GROUP, API_VERSION, PLURAL, STAGE_ORDER
+from rlt.spec import API_GROUP, API_VERSION, PLURAL
+from rlt.stage_registry import STAGE_ORDER
 
 from . import builders, progress, status
 from .kube import Kube, KubeError

@@ -15,6 +15,7 @@ from typing import Any
 from rlt.exitcodes import FAIL_FAST, ExitCode
 from rlt.fingerprint import describe_changes, fingerprint_of, stage_fields
 from rlt.spec import RLTRunSpec, SpecError
+from rlt.stage_registry import needs_generators
 from rlt.validation import validate_spec
 
 from . import builders, status_model
@@ -381,7 +382,7 @@ def decide(
         requeue = max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
 
     # Children of another stage or of an older gang are stale: delete them and wait until gone.
-    gens_needed = builders.needs_generators(spec, stage)
+    gens_needed = needs_generators(spec, stage)
     waiting = bool(other_active) or any(
         j.get("deleting") and j.get("active", 0) > 0 and n != job_name for n, j in observed.jobs.items()
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -209,6 +210,35 @@ def test_multinode_deepspeed_launch_uses_torchrun_on_every_pod():
     assert cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
     # distill/evaluate: one process per GPU of the one pod, each with its own rows (no DeepSpeed engine).
     assert b.trainer_command(spec, "distill")[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "-m"]
+
+
+@pytest.mark.parametrize("stage", ["sft", "rl", "student"])
+def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(stage, monkeypatch):
+    """A user's stages.<stage>.deepspeedZeroStage and precision reach the rendered `accelerate launch` (read back by
+    accelerate's own parser, after Kubernetes' $(VAR) expansion) exactly as they reach the Trainer's options: two
+    sources would launch one ZeRO stage and train under another (the student's ZeRO stage once stopped at the Trainer)."""
+    from accelerate.commands.launch import launch_command_parser
+
+    from rlt.layout import RunLayout
+    from rlt.stages.common import StageContext, trainer_options
+
+    doc = yaml.safe_load((EXAMPLES / "rltrun-multinode.yaml").read_text())
+    doc["spec"]["stages"].setdefault(stage, {}).update(enabled=True, deepspeedZeroStage=2, precision="fp16")
+    run = parse_run(doc)
+    container = b.trainer_job(REF, run.spec, stage, 0)["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", "1") for e in container["env"]}  # NODE_RANK (a fieldRef) on pod 1
+    command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], part) for part in container["command"]]
+    assert command[:2] == ["accelerate", "launch"]
+    launch = launch_command_parser().parse_args(command[2:])
+    assert launch.use_deepspeed and launch.zero_stage == 2 and launch.mixed_precision == "fp16"
+    assert launch.module and launch.training_script == "rlt.cli" and launch.training_script_args[:2] == ["stage", stage]
+    assert (launch.num_machines, launch.num_processes, launch.machine_rank) == (4, 32, 1)
+
+    monkeypatch.setenv("WORLD_SIZE", "32")  # as torchrun sets it in every rank
+    ctx = StageContext(run, RunLayout.for_run("/data", "r1"), show_progress=False)
+    trainer = trainer_options(ctx, stage, "cuda:0")
+    assert trainer["deepspeed"]["zero_optimization"]["stage"] == launch.zero_stage
+    assert trainer["fp16"] and not trainer["bf16"]
 
 
 def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from rlt.spec import SpecError
+from rlt.stage_registry import TRAINER_STAGES, stage_settings
 from rlt.validation import load_valid_runs
 
 
@@ -49,7 +50,7 @@ def trainer_args_problems(run) -> list[str]:
     try:
         import trl  # noqa: F401
     except ImportError:
-        if any(getattr(run.spec.stages, s).trainer_args for s in ("sft", "rl", "student")):
+        if any(stage_settings(run.spec, s).trainer_args for s in TRAINER_STAGES):
             print(
                 f"{run.name}: note: trainerArgs not checked (TRL is not installed here; the stage checks them)",
                 file=sys.stderr,

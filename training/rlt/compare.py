@@ -25,7 +25,7 @@ from rlt.data import DataError, load_data
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef, RLTRun, parse_run
-from rlt.stages import stage_function
+from rlt.stage_registry import STAGE_ORDER, stage_function
 from rlt.stages.common import StageContext
 from rlt.stages.evaluate import EvalSet, evaluate_model, load_eval_set, plot_accuracy, resolve_answer_type
 from rlt.stages.student import read_jsonl
@@ -127,7 +127,7 @@ def with_enabled(stages: dict[str, Any], enabled: Sequence[str]) -> dict[str, An
 class Compare:
     def __init__(self, run: RLTRun, output: str | Path, device: str | None, show_progress: bool, metrics=None):
         self.stages = compare_stages(run)
-        self.run = derive(run, with_enabled(self.stages, ("sft", "rl", "distill", "student", "evaluate")))
+        self.run = derive(run, with_enabled(self.stages, STAGE_ORDER))
         self.root = RunLayout.for_run(output, run.name).compare_dir
         self.device, self.show_progress, self.metrics = device, show_progress, metrics
         self.formatter = Formatter(resolve_format(self.run.spec.format))

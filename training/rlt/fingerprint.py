@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from rlt.layout import RunLayout, atomic_write_json
-from rlt.spec import STAGE_ORDER, RLTRunSpec
+from rlt.spec import RLTRunSpec
+from rlt.stage_registry import STAGE_ORDER, STAGES, stages_before
 
 RUN_WIDE = ("method", "teacher", "student", "dataset", "format", "seed")
 # Settings of a stage that change speed, memory or placement but not what the stage produces.
@@ -33,10 +34,10 @@ NOT_AFFECTING = {
     "reward.batchSize",
     "reward.sharePrefix",
 }
-NOT_AFFECTING_BY_STAGE = {"distill": {"batchSize"}, "evaluate": {"batchSize"}}
-# Changes a finished stage can absorb by training on: RL's schedule is constant, so steps 1..n then n+1..m from the
-# checkpoint equal one run of m steps.
-EXTENDABLE = {"rl": "stages.rl.steps"}
+# Without a Trainer, batchSize is how many rows are generated together: speed, not output.
+NOT_AFFECTING_BY_STAGE = {s.name: {"batchSize"} for s in STAGES if not s.trainer}
+# Changes a finished stage can absorb by training on (rlt.stage_registry says which and why).
+EXTENDABLE = {s.name: f"stages.{s.name}.{s.extendable}" for s in STAGES if s.extendable}
 FINGERPRINT_FILE = "spec-fingerprint.json"
 
 
@@ -70,7 +71,7 @@ def stage_fields(spec: RLTRunSpec, stage: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in RUN_WIDE + (("rcl",) if spec.method == "rcl" else ()):
         _flatten(doc[key], key, out)
-    for earlier in STAGE_ORDER[: STAGE_ORDER.index(stage)]:
+    for earlier in stages_before(stage):
         out.update(_stage_settings(doc, earlier, own=False))
     out.update(_stage_settings(doc, stage, own=True))
     return out

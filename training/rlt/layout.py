@@ -12,10 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlt.stage_registry import stage_info
+
 PVC_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/rlt"
 CONFIG_FILE = "run.yaml"
-STAGE_DIRS = {"evaluate": "eval"}  # folder names that differ from the stage name
+
+
+class _Path:
+    """A fixed path of a run's layout, named in one line: under the run's root, or under a stage's folder."""
+
+    def __init__(self, *parts: str, stage: str | None = None):
+        self.parts, self.stage = parts, stage
+
+    def __get__(self, layout: RunLayout, owner: type | None = None) -> Path:
+        base = layout.root if self.stage is None else layout.stage_dir(self.stage)
+        return base.joinpath(*self.parts)
 
 
 @dataclass(frozen=True)
@@ -28,59 +40,34 @@ class RunLayout:
 
     # stage outputs
     def stage_dir(self, stage: str) -> Path:
-        return self.root / STAGE_DIRS.get(stage, stage)
+        return self.root / stage_info(stage).folder
 
     def stage_done(self, stage: str) -> Path:
         """Marker written last by a stage: its presence means the stage finished."""
         return self.stage_dir(stage) / "DONE"
 
     def model_dir(self, stage: str) -> Path:
-        """Final model written by a training stage (sft, rl)."""
+        """Final model written by a training stage (sft, rl, student)."""
         return self.stage_dir(stage) / "model"
 
     def checkpoints_dir(self, stage: str) -> Path:
         return self.stage_dir(stage) / "checkpoints"
 
-    @property
-    def distill_dataset(self) -> Path:
-        return self.stage_dir("distill") / "dataset.jsonl"
-
-    @property
-    def student_dataset_report(self) -> Path:
-        """What the student stage did with each distillation row (kept, truncated, replaced, dropped)."""
-        return self.stage_dir("student") / "rows.json"
-
-    @property
-    def eval_dir(self) -> Path:
-        """Evaluation report: report.json, report.md, per_question.jsonl, accuracy.png."""
-        return self.stage_dir("evaluate")
-
-    @property
-    def compare_dir(self) -> Path:
-        """`rlt compare`: one sub-run per arm and the comparison report."""
-        return self.root / "compare"
+    distill_dataset = _Path("dataset.jsonl", stage="distill")
+    # what the student stage did with each distillation row (kept, truncated, replaced, dropped)
+    student_dataset_report = _Path("rows.json", stage="student")
+    # evaluation report: report.json, report.md, per_question.jsonl, accuracy.png
+    eval_dir = _Path(stage="evaluate")
+    # `rlt compare`: one sub-run per arm and the comparison report
+    compare_dir = _Path("compare")
 
     # run-wide records
-    @property
-    def metrics_file(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def progress_file(self) -> Path:
-        """JSON written atomically by the trainer: stage, step, totalSteps, rewardMean, ... (read by the operator)."""
-        return self.root / "progress.json"
-
-    @property
-    def summary_file(self) -> Path:
-        return self.root / "summary.json"
-
-    @property
-    def plots_dir(self) -> Path:
-        return self.root / "plots"
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.root / "cache"
+    metrics_file = _Path("metrics.jsonl")
+    # JSON written atomically by the trainer: stage, step, totalSteps, rewardMean, ... (read by the operator)
+    progress_file = _Path("progress.json")
+    summary_file = _Path("summary.json")
+    plots_dir = _Path("plots")
+    cache_dir = _Path("cache")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlt.stage_registry import newest_teacher_stage
+
 log = logging.getLogger(__name__)
 
 DATASET_FILE = "dataset.jsonl"
@@ -28,9 +30,8 @@ def pushed_uri(uri: str, kind: str) -> str:
 
 
 def teacher_stage(spec) -> str | None:
-    """The stage whose model is the run's final teacher: the last enabled of sft, rl."""
-    trained = [s for s in spec.stages.enabled() if s in ("sft", "rl")]
-    return trained[-1] if trained else None
+    """The stage whose model is the run's final teacher: the last enabled teacher stage."""
+    return newest_teacher_stage(spec.stages.enabled())
 
 
 def stage_outputs(spec, stage: str) -> list[tuple[str, str, str]]:

@@ -16,7 +16,7 @@ from rlt.metrics import TrainerMetrics
 from rlt.outputs import push_stage_outputs
 from rlt.plots import make_plots, read_metrics
 from rlt.spec import RLTRun, dump_run
-from rlt.stages import stage_function
+from rlt.stage_registry import STAGE_ORDER, reads_run_dataset, stage_function
 from rlt.stages.common import StageContext, leave_process_group
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,7 @@ def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
     from rlt.data import check_data, is_reachable
 
     spec = run.spec
-    reads = {"sft", "rl", "distill"} | ({"evaluate"} if spec.stages.evaluate.dataset is None else set())
-    if not reads & set(stages) or not is_reachable(spec.dataset):
+    if not any(reads_run_dataset(spec, s) for s in stages) or not is_reachable(spec.dataset):
         return None
     from rlt.prompts import resolve_format  # both methods read rows with spec.format's tags
 
@@ -132,7 +131,7 @@ def run_local(
 ) -> dict[str, Any]:
     layout = RunLayout.for_run(output, run.name)
     stages = only or run.spec.stages.enabled()
-    order = list(fingerprint.STAGE_ORDER)
+    order = list(STAGE_ORDER)
     restart = {s for s in order if from_stage and order.index(s) >= order.index(from_stage)}
     # Refusals come before anything is written: run.yaml must keep describing what the outputs were made with.
     plans = fingerprint.plan_stages(

@@ -7,7 +7,8 @@ import logging
 import sys
 
 from rlt.exitcodes import ExitCode
-from rlt.spec import STAGE_ORDER, SpecError
+from rlt.spec import SpecError
+from rlt.stage_registry import STAGE_ORDER
 from rlt.validation import load_valid_run
 
 DEFAULT_METRICS_PORT = 9400

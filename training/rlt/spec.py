@@ -15,13 +15,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from rlt.stage_registry import STAGE_ORDER, method_stages
+
 API_GROUP = "rlt.dev"
 API_VERSION = "v1alpha1"
 KIND = "RLTRun"
 PLURAL = "rltruns"
 SHORT_NAME = "rlt"
-STAGE_ORDER = ("sft", "rl", "distill", "student", "evaluate")
-RCL_STAGES = ("sft", "rl", "evaluate")  # the stages method rcl has
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -211,6 +211,11 @@ MANAGED_TRAINER_ARGS: dict[str, str] = {
 }
 
 
+def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
+    if batch_size % per_device_batch_size:
+        raise ValueError(f"batchSize: {batch_size} must be a multiple of perDeviceBatchSize ({per_device_batch_size})")
+
+
 class TrainerOptions(Strict):
     """Options every TRL-trained stage (sft, rl, student) shares, plus the trainerArgs escape hatch."""
 
@@ -219,6 +224,9 @@ class TrainerOptions(Strict):
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Training precision; auto = fp32 on CPU, bf16 on GPU."
+    )
+    deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(
+        3, description="DeepSpeed ZeRO stage when running distributed (the accelerate launch and the Trainer's)."
     )
     trainer_args: dict[str, Any] = Field(
         default_factory=dict,
@@ -235,11 +243,13 @@ class TrainerOptions(Strict):
         return self
 
 
-class SftStage(TrainerOptions):
-    """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
+class SupervisedStage(TrainerOptions):
+    """Settings of the supervised stages (TRL SFTTrainer, loss on the completion only): sft and student."""
 
     enabled: bool = Field(True, description="Run this stage.")
-    epochs: float = Field(1.0, gt=0, description="Training epochs (the reference code used 10).")
+    epochs: float = Field(
+        1.0, gt=0, description="Passes over the training rows (the RLT reference code warmed the teacher up for 10)."
+    )
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
     learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
     lr_scheduler: Literal["cosine", "constant", "linear"] = Field("cosine", description="Learning-rate schedule.")
@@ -249,17 +259,23 @@ class SftStage(TrainerOptions):
     per_device_batch_size: int = Field(
         1, gt=0, description="Rows per process per micro-step (the rest is gradient accumulation)."
     )
-    max_length: int = Field(16384, gt=0, description="Tokens per training row; longer rows are truncated.")
+    max_length: int = Field(
+        16384,
+        gt=0,
+        description="Tokens per training row (student: its whole chat); longer rows are truncated "
+        "(student: see overLong).",
+    )
     gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
     save_steps: int = Field(500, gt=0, description="Checkpoint every N optimizer steps.")
 
     @model_validator(mode="after")
-    def _batch_divides(self) -> SftStage:
-        if self.batch_size % self.per_device_batch_size:
-            raise ValueError(
-                f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
-            )
+    def _batch_divides(self) -> SupervisedStage:
+        _check_micro_batches(self.batch_size, self.per_device_batch_size)
         return self
+
+
+class SftStage(SupervisedStage):
+    """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
 
 
 class RewardSpec(Strict):
@@ -343,7 +359,6 @@ class RlStage(TrainerOptions):
     ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec, description="Soft update of the GRPO reference model.")
     reward: RewardSpec = Field(default_factory=RewardSpec, description="The RLT reward's coefficients and scoring.")
     generation: GenerationSpec = Field(default_factory=GenerationSpec, description="Where completions are sampled.")
-    deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
 
     @model_validator(mode="after")
     def _batch_divides(self) -> RlStage:
@@ -351,10 +366,7 @@ class RlStage(TrainerOptions):
             raise ValueError(
                 f"batchSize: {self.batch_size} must be divisible by numGenerations ({self.num_generations})"
             )
-        if self.batch_size % self.per_device_batch_size:
-            raise ValueError(
-                f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
-            )
+        _check_micro_batches(self.batch_size, self.per_device_batch_size)
         return self
 
 
@@ -369,36 +381,17 @@ class DistillStage(Strict):
     batch_size: int = Field(8, gt=0, description="Questions generated together.")
 
 
-class StudentStage(TrainerOptions):
+class StudentStage(SupervisedStage):
     """Supervised distillation of a student on the distill stage's dataset (student format, loss on the answer)."""
 
     enabled: bool = Field(False, description="Run this stage.")
-    model: ModelRef | None = Field(None, description="Student to train (default: spec.student).")
-    epochs: float = Field(1.0, gt=0, description="Passes over the distilled dataset.")
-    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
-    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
-    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("cosine", description="Learning-rate schedule.")
-    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Fraction of the steps spent warming up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    batch_size: int = Field(16, gt=0, description="Global batch size.")
-    per_device_batch_size: int = Field(1, gt=0, description="Rows per GPU per micro-step (the rest is accumulation).")
-    max_length: int = Field(16384, gt=0, description="Tokens per training row (the whole student chat).")
+    model: ModelRef | None = Field(None, description="Student to train (default: spec.student).")
     over_long: Literal["drop", "truncate", "best_fit"] = Field(
         "best_fit",
-        description="Rows over maxLength: drop them, truncate them (large students are hurt by cropped traces), or "
-        "use the best-rewarded distill candidate that fits (dropped when none fits).",
+        description="Rows over maxLength (the whole student chat): drop them, truncate them (large students are "
+        "hurt by cropped traces), or use the best-rewarded distill candidate that fits (dropped when none fits).",
     )
-    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass (less memory).")
-    save_steps: int = Field(500, gt=0, description="Checkpoint every this many optimizer steps.")
-    deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(3, description="ZeRO stage when running distributed.")
-
-    @model_validator(mode="after")
-    def _batch_divides(self) -> StudentStage:
-        if self.batch_size % self.per_device_batch_size:
-            raise ValueError(
-                f"batchSize: {self.batch_size} must be a multiple of perDeviceBatchSize ({self.per_device_batch_size})"
-            )
-        return self
 
 
 class EvaluateStage(Strict):
@@ -815,14 +808,14 @@ class RLTRunSpec(Strict):
                 "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
                 "and spread its GPUs with dataParallelSize / tensorParallelSize"
             )
-        if self.method == "rcl":
-            # rcl teaches at answer time: there is no distillation dataset, so no distill or student stage
-            for name in ("distill", "student"):
-                if getattr(self.stages, name).enabled:
-                    raise ValueError(
-                        f"stages: method rcl has no {name} stage; set stages.{name}.enabled: false "
-                        f"(rcl runs {', '.join(RCL_STAGES)})"
-                    )
+        # A method runs its own stages only (rcl teaches at answer time: no distillation dataset, no student stage).
+        own = method_stages(self.method)
+        for name in STAGE_ORDER:
+            if name not in own and getattr(self.stages, name).enabled:
+                raise ValueError(
+                    f"stages: method {self.method} has no {name} stage; set stages.{name}.enabled: false "
+                    f"({self.method} runs {', '.join(own)})"
+                )
         # LoRA trains an adapter: only where a stage trains the model
         for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
             if ref is not None and ref.lora is not None:

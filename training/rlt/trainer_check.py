@@ -10,19 +10,22 @@ import dataclasses
 import difflib
 import tempfile
 
-TRAINED_STAGES = ("sft", "rl", "student")
+from rlt.stage_registry import TRAINER_STAGES, stage_info, stage_settings
 
 
 def config_class(stage: str):
-    from trl import GRPOConfig, SFTConfig
+    import trl
 
-    return GRPOConfig if stage == "rl" else SFTConfig
+    name = stage_info(stage).trl_config
+    if name is None:
+        raise ValueError(f"stage {stage} has no Trainer, so no TRL config")
+    return getattr(trl, name)
 
 
 def check_trainer_args(run) -> list[str]:
     """Problems ('spec.stages.rl.trainerArgs.x: ...') of every enabled trained stage's trainerArgs."""
     stages = [
-        s for s in TRAINED_STAGES if getattr(run.spec.stages, s).enabled and getattr(run.spec.stages, s).trainer_args
+        s for s in TRAINER_STAGES if stage_settings(run.spec, s).enabled and stage_settings(run.spec, s).trainer_args
     ]
     if not stages or run.spec.method not in ("rlt", "rcl"):
         return []
@@ -30,7 +33,7 @@ def check_trainer_args(run) -> list[str]:
     for stage in stages:
         cls = config_class(stage)
         known = {f.name for f in dataclasses.fields(cls)}
-        for key in getattr(run.spec.stages, stage).trainer_args:
+        for key in stage_settings(run.spec, stage).trainer_args:
             if key not in known:
                 close = difflib.get_close_matches(key, sorted(known), n=1)
                 hint = f" (did you mean {close[0]}?)" if close else ""

@@ -17,13 +17,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlt.spec import RLTRun, RLTRunSpec, SpecError, load_runs, parse_spec
+from rlt.stage_registry import TRAINER_STAGES
 
 # Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
 # Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
 MAX_RUN_NAME = 40
-
-# Stages whose trainer Job has `resources.trainer.nodes` pods (distill and evaluate run on one pod).
-MULTI_NODE_STAGES = ("sft", "rl", "student")
 
 
 def run_name_problem(name: str) -> str | None:
@@ -60,7 +58,8 @@ def cluster_problems(spec: RLTRunSpec) -> list[str]:
     """Combinations a cluster cannot run, refused before anything is created."""
     out: list[str] = []
     nodes = spec.resources.trainer.nodes
-    multi = [s for s in spec.stages.enabled() if s in MULTI_NODE_STAGES]
+    # the Trainer stages' Jobs have resources.trainer.nodes pods (distill and evaluate run on one pod)
+    multi = [s for s in spec.stages.enabled() if s in TRAINER_STAGES]
     if spec.storage.access_mode == "ReadWriteOnce" and nodes > 1 and multi:
         # A ReadWriteOnce volume attaches to one node: the other trainer pods would wait on a
         # Multi-Attach error forever.

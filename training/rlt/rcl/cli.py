@@ -33,7 +33,7 @@ def run_eval(
     label: str | None = None,
     device: str | None = None,
 ) -> Path:
-    from rlt.rcl.stages import eval_dir, evaluate
+    from rlt.rcl.stages import evaluate
     from rlt.runner import quiet_libraries
     from rlt.stages.common import StageContext
 
@@ -41,6 +41,6 @@ def run_eval(
     layout = RunLayout.for_run(output, run.name)
     ctx = StageContext(run, layout, None, device, show_progress=False)
     ref, name = resolve_teacher(ctx, teacher, label)
-    out_dir = eval_dir(layout)
+    out_dir = layout.eval_dir
     evaluate(ctx, ref, name, out_dir)
     return out_dir / "report.md"

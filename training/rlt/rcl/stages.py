@@ -188,21 +188,15 @@ def run_rcl_rl(ctx: StageContext) -> str:
     def reward_values() -> dict[str, float]:
         return {k: v for k, v in reward.last.means().items() if k != "reward"} if reward.last is not None else {}
 
-    return train_grpo(
-        ctx,
-        device,
-        start,
-        tokenizer,
-        rows,
-        reward,
-        lambda timer, counters: make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters),
-        reward_values,
-    )
+    def rollout(timer: PhaseTimer, counters: dict):
+        return make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters)
+
+    return train_grpo(ctx, device, start, tokenizer, rows, reward, rollout, reward_values)
 
 
 def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:
     """The run's latest finished teacher: rl's model, else sft's, else spec.teacher (label for the report)."""
-    return newest_teacher(ctx, ("rl", "sft"))
+    return newest_teacher(ctx, "evaluate", strict=False)
 
 
 def eval_rows(spec) -> list[dict]:
@@ -218,11 +212,6 @@ def eval_rows(spec) -> list[dict]:
             )
         rows = _rows(spec, "eval")
     return rows[: ev.limit] if ev.limit else rows
-
-
-def eval_dir(layout) -> Path:
-    """<run>/eval/: the evaluate stage and `rlt eval` share one report."""
-    return layout.root / "eval"
 
 
 def evaluate(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict:
@@ -260,7 +249,7 @@ def evaluate(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: P
 def run_rcl_evaluate(ctx: StageContext) -> str:
     teacher, label = final_teacher(ctx)
     recorder = Recorder(ctx, "evaluate", 1)
-    out_dir = eval_dir(ctx.layout)
+    out_dir = ctx.layout.eval_dir  # the evaluate stage and `rlt eval` share one report
     summary = evaluate(ctx, teacher, label, out_dir)
     recorder.record(1, _numbers(summary))
     recorder.done()

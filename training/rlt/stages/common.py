@@ -16,7 +16,8 @@ from typing import Any
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, TrainerMetrics, tracking_name
 from rlt.spec import RLTRun
-from rlt.tracking import Tracker
+from rlt.stage_registry import stage_settings, teacher_stages_before, zero_stage
+from rlt.tracking import Tracker, point_tensorboard
 
 
 @dataclass
@@ -243,12 +244,26 @@ def trainer_precision(device: str, precision: str = "auto") -> dict[str, Any]:
     return out
 
 
-def trainer_options(ctx: StageContext, st, device: str) -> dict[str, Any]:
-    """TrainingArguments every TRL-trained stage shares (spec TrainerOptions): the typed options, tracking, then
-    the stage's trainerArgs (which the spec keeps off the options set here)."""
+def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any]:
+    """TrainingArguments every TRL-trained stage (sft, rl, student) shares, from spec.stages.<stage>: the schedule and
+    TrainerOptions, the DeepSpeed config of its ZeRO stage (the value the operator's accelerate launch gets too),
+    the layout, the seed, tracking, then the stage's trainerArgs (which the spec keeps off the options set here)."""
     from rlt.tracking import report_to_args
 
+    st = stage_settings(ctx.spec, stage)
     return {
+        "output_dir": str(ctx.layout.checkpoints_dir(stage)),
+        "per_device_train_batch_size": st.per_device_batch_size,
+        "learning_rate": st.learning_rate,
+        "lr_scheduler_type": st.lr_scheduler,
+        "warmup_steps": st.warmup_ratio,  # below 1: a share of the steps
+        "weight_decay": st.weight_decay,
+        "save_strategy": "steps",
+        "save_steps": st.save_steps,
+        "seed": ctx.spec.seed,
+        "gradient_checkpointing": st.gradient_checkpointing,
+        "disable_tqdm": True,
+        "deepspeed": deepspeed_config(zero_stage(ctx.spec, stage)),
         "max_grad_norm": st.max_grad_norm,
         "logging_steps": st.logging_steps,
         "save_total_limit": st.save_total_limit,
@@ -256,6 +271,49 @@ def trainer_options(ctx: StageContext, st, device: str) -> dict[str, Any]:
         **report_to_args(ctx),
         **st.trainer_args,
     }
+
+
+@dataclass
+class TrainerRun:
+    """What every TRL-trained stage (sft, rl, student; both methods) shares around its own config and rows: the
+    trainer built on the start model with the stage's record, and the epilogue (train, resuming from the last
+    complete checkpoint; the final model; the stage marked done)."""
+
+    ctx: StageContext
+    stage: str
+    start: Any  # the ModelRef the stage trains
+    tokenizer: Any
+    device: str
+    total_steps: int = 0  # 0: the Trainer says once it has planned the steps
+
+    def __post_init__(self) -> None:
+        self.recorder = Recorder(self.ctx, self.stage, self.total_steps)
+
+    def trainer(self, trainer_cls, args, rows: list[dict], step_values=None, **more):
+        """`trainer_cls` (a TRL trainer) on the start model (LoRA through PEFT when set) with our record callback;
+        `step_values(step_seconds)` adds the stage's own numbers to each step's record."""
+        from datasets import Dataset
+
+        from rlt.models import load_model
+
+        return trainer_cls(
+            model=load_model(self.start, self.device, trainable=True),
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=self.tokenizer,
+            callbacks=[make_callback(self.recorder, step_values, self.ctx.show_progress)],
+            peft_config=peft_config(self.start),
+            **more,
+        )
+
+    def train(self, trainer) -> str:
+        """Train to the end and return the final model's folder; the stage is then done."""
+        quiet_trainer(trainer)
+        point_tensorboard(trainer, self.ctx, self.stage)
+        trainer.train(resume_from_checkpoint=last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage)))
+        out = save_final_model(trainer, self.ctx, self.stage, self.start, self.tokenizer, self.device)
+        self.recorder.done()
+        return out
 
 
 def peft_config(ref):
@@ -375,9 +433,9 @@ def say_line(text: str) -> None:
     sys.stdout.flush()
 
 
-def deepspeed_config(stage: int) -> dict[str, Any] | None:
-    """ZeRO config for distributed runs (WORLD_SIZE > 1); None for a single process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or stage == 0:
+def deepspeed_config(stage: int | None) -> dict[str, Any] | None:
+    """ZeRO config for distributed runs (WORLD_SIZE > 1); None for a single process, ZeRO 0 or no ZeRO stage."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not stage:
         return None
     return {
         "train_micro_batch_size_per_gpu": "auto",
@@ -393,21 +451,22 @@ def deepspeed_config(stage: int) -> dict[str, Any] | None:
     }
 
 
-def newest_teacher(ctx: StageContext, stages: tuple[str, ...], needed_by: str | None = None):
-    """The teacher the run has produced most recently among `stages` (newest first), as (ModelRef, stage).
+def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True):
+    """The teacher stage `for_stage` works from: the newest model of the run's earlier teacher stages
+    (rlt.stage_registry), as (ModelRef, stage); spec.teacher, labelled "initial", when none has produced one.
 
-    With `needed_by`, an enabled stage that has not finished is an error (that stage must run first);
-    without, it is passed over. Falls back to spec.teacher, labelled "initial"."""
+    `strict`: an enabled earlier teacher stage that has not finished is an error (it must run first); otherwise it
+    is passed over."""
     spec = ctx.spec
-    for stage in stages:
-        if not getattr(spec.stages, stage).enabled:
+    for stage in teacher_stages_before(for_stage):
+        if not stage_settings(spec, stage).enabled:
             continue
         if ctx.layout.stage_done(stage).exists():
             path = str(ctx.layout.model_dir(stage))
             return spec.teacher.model_copy(update={"model": path, "revision": None}), stage
-        if needed_by:
+        if strict:
             raise RuntimeError(
-                f"stage {needed_by} needs the {stage} stage's model at {ctx.layout.model_dir(stage)}; "
+                f"stage {for_stage} needs the {stage} stage's model at {ctx.layout.model_dir(stage)}; "
                 f"run stage {stage} first"
             )
     return spec.teacher, "initial"

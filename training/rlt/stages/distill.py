@@ -29,7 +29,7 @@ from rlt.stages.sft import teacher_prompt_ids
 
 def trained_teacher(ctx: StageContext) -> ModelRef:
     """The newest teacher the run has produced: RL's, else SFT's, else the spec's."""
-    return newest_teacher(ctx, ("rl", "sft"), needed_by="distill")[0]
+    return newest_teacher(ctx, "distill")[0]
 
 
 def run_distill(ctx: StageContext) -> str:

@@ -19,27 +19,20 @@ from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
 from rlt.stages.common import (
     PhaseTimer,
-    Recorder,
     StageContext,
-    deepspeed_config,
-    last_checkpoint,
-    make_callback,
+    TrainerRun,
     newest_teacher,
-    peft_config,
-    quiet_trainer,
     rank_device,
-    save_final_model,
     say_line,
     trainer_options,
 )
-from rlt.tracking import point_tensorboard
 
 log = logging.getLogger(__name__)
 
 
 def teacher_start(ctx: StageContext) -> ModelRef:
     """RL starts from the SFT model when the run has an SFT stage, else from spec.teacher."""
-    return newest_teacher(ctx, ("sft",), needed_by="rl")[0]
+    return newest_teacher(ctx, "rl")[0]
 
 
 def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str) -> list[dict[str, str]]:
@@ -149,9 +142,7 @@ def grpo_config(ctx: StageContext, device: str):
         share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
         vllm.update(vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len)
     return GRPOConfig(
-        output_dir=str(ctx.layout.checkpoints_dir("rl")),
         max_steps=st.steps,
-        per_device_train_batch_size=st.per_device_batch_size,
         gradient_accumulation_steps=ga,
         steps_per_generation=ga,
         num_generations=st.num_generations,
@@ -160,10 +151,6 @@ def grpo_config(ctx: StageContext, device: str):
         temperature=st.temperature,
         top_p=st.top_p,
         top_k=0,
-        learning_rate=st.learning_rate,
-        lr_scheduler_type=st.lr_scheduler,
-        warmup_steps=st.warmup_ratio,
-        weight_decay=st.weight_decay,
         beta=st.beta,
         loss_type="grpo",
         scale_rewards="group",
@@ -172,12 +159,6 @@ def grpo_config(ctx: StageContext, device: str):
         sync_ref_model=st.ref_sync.enabled and st.beta > 0 and spec.teacher.lora is None,
         ref_model_mixup_alpha=st.ref_sync.alpha,
         ref_model_sync_steps=st.ref_sync.steps,
-        save_strategy="steps",
-        save_steps=st.save_steps,
-        seed=spec.seed,
-        gradient_checkpointing=st.gradient_checkpointing,
-        disable_tqdm=True,
-        deepspeed=deepspeed_config(st.deepspeed_zero_stage),
         **vllm,
         vllm_server_base_url=gen.server_url,
         vllm_server_timeout=gen.server_timeout_seconds,
@@ -187,7 +168,7 @@ def grpo_config(ctx: StageContext, device: str):
         vllm_importance_sampling_correction=(server or colocate) and gen.importance_sampling != "off",
         vllm_importance_sampling_mode=IS_MODES[gen.importance_sampling],
         vllm_importance_sampling_clip_max=gen.importance_sampling_cap,
-        **trainer_options(ctx, st, device),
+        **trainer_options(ctx, "rl", device),
     )
 
 
@@ -214,7 +195,6 @@ def train_grpo(
     `make_rollout_fn(timer, counters)` builds the method's rollout (it times "generate" and counts generated
     tokens); `reward.score` is timed as "score"; `reward_values()` adds the method's per-step numbers."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
-    from datasets import Dataset
     from trl import GRPOTrainer
 
     args = grpo_config(ctx, device)
@@ -241,18 +221,10 @@ def train_grpo(
         values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
         return values
 
-    recorder = Recorder(ctx, "rl", ctx.spec.stages.rl.steps)
-    trainer = GRPOTrainer(
-        model=load_model(start, device, trainable=True),
-        reward_funcs=[reward],
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        rollout_func=make_rollout_fn(timer, counters),
-        callbacks=[make_callback(recorder, step_values, ctx.show_progress)],
-        peft_config=peft_config(start),
+    run = TrainerRun(ctx, "rl", start, tokenizer, device, ctx.spec.stages.rl.steps)
+    trainer = run.trainer(
+        GRPOTrainer, args, rows, step_values, reward_funcs=[reward], rollout_func=make_rollout_fn(timer, counters)
     )
-    point_tensorboard(trainer, ctx, "rl")
     if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
         sync = trainer.vllm_generation.sync_weights
 
@@ -279,11 +251,7 @@ def train_grpo(
             return out
 
         trainer._generate_and_score_completions = counted
-    quiet_trainer(trainer)
-    trainer.train(resume_from_checkpoint=last_checkpoint(ctx.layout.checkpoints_dir("rl")))
-    out = save_final_model(trainer, ctx, "rl", start, tokenizer, device)
-    recorder.done()
-    return out
+    return run.train(trainer)
 
 
 def run_rl(ctx: StageContext) -> str:
@@ -313,13 +281,7 @@ def run_rl(ctx: StageContext) -> str:
         )
         return values
 
-    return train_grpo(
-        ctx,
-        device,
-        start,
-        tokenizer,
-        rows,
-        reward,
-        lambda timer, counters: make_rollout(tokenizer, timer, st, counters),
-        reward_values,
-    )
+    def rollout(timer: PhaseTimer, counters: dict):
+        return make_rollout(tokenizer, timer, st, counters)
+
+    return train_grpo(ctx, device, start, tokenizer, rows, reward, rollout, reward_values)

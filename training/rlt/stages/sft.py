@@ -5,22 +5,11 @@ from __future__ import annotations
 import logging
 
 from rlt.data import DataError, load_data
-from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.models import load_tokenizer, pick_device
 from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef
-from rlt.stages.common import (
-    Recorder,
-    StageContext,
-    deepspeed_config,
-    last_checkpoint,
-    make_callback,
-    peft_config,
-    quiet_trainer,
-    rank_device,
-    save_final_model,
-    trainer_options,
-)
-from rlt.tracking import point_tensorboard
+from rlt.stage_registry import stage_settings
+from rlt.stages.common import StageContext, TrainerRun, rank_device, trainer_options
 
 log = logging.getLogger(__name__)
 
@@ -62,31 +51,17 @@ def sft_config(ctx: StageContext, device: str, stage: str = "sft"):
     """TRL SFTConfig from spec.stages.<stage> (sft or student)."""
     from trl import SFTConfig
 
-    spec, st = ctx.spec, getattr(ctx.spec.stages, stage)
-    ckpt_dir = ctx.layout.checkpoints_dir(stage)
-    teacher_warmup = stage == "sft"
+    st = stage_settings(ctx.spec, stage)
     return SFTConfig(
-        output_dir=str(ckpt_dir),
-        per_device_train_batch_size=st.per_device_batch_size,
         gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
-        learning_rate=st.learning_rate,
-        lr_scheduler_type=st.lr_scheduler,
-        warmup_steps=st.warmup_ratio,
         # The teacher warm-up uses the reference code's beta2; students keep AdamW's default.
-        weight_decay=st.weight_decay,
-        adam_beta2=0.95 if teacher_warmup else 0.999,
+        adam_beta2=0.95 if stage == "sft" else 0.999,
         num_train_epochs=st.epochs,
         max_steps=st.max_steps or -1,
         max_length=st.max_length,
         completion_only_loss=True,
         packing=False,
-        save_steps=st.save_steps,
-        save_strategy="steps",
-        seed=spec.seed,
-        gradient_checkpointing=st.gradient_checkpointing,
-        disable_tqdm=True,
-        deepspeed=deepspeed_config(getattr(st, "deepspeed_zero_stage", 3)),
-        **trainer_options(ctx, st, device),
+        **trainer_options(ctx, stage, device),
     )
 
 
@@ -97,28 +72,10 @@ def train_sft(
 
     Shared by every SFT-like stage: the teacher warm-ups of both methods (`sft`) and the student's distillation
     (`student`); the stage's own settings come from spec.stages.<stage>."""
-    from datasets import Dataset
     from trl import SFTTrainer
 
-    spec = ctx.spec
-    ckpt_dir = ctx.layout.checkpoints_dir(stage)
-    args = sft_config(ctx, device, stage)
-    start = model or spec.teacher
-    recorder = Recorder(ctx, stage, total_steps=0)
-    trainer = SFTTrainer(
-        model=load_model(start, device, trainable=True),
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=[make_callback(recorder, show_progress=ctx.show_progress)],
-        peft_config=peft_config(start),
-    )
-    quiet_trainer(trainer)
-    point_tensorboard(trainer, ctx, stage)
-    trainer.train(resume_from_checkpoint=last_checkpoint(ckpt_dir))
-    out = save_final_model(trainer, ctx, stage, start, tokenizer, device)
-    recorder.done()
-    return out
+    run = TrainerRun(ctx, stage, model or ctx.spec.teacher, tokenizer, device)
+    return run.train(run.trainer(SFTTrainer, sft_config(ctx, device, stage), rows))
 
 
 def run_sft(ctx: StageContext) -> str:
