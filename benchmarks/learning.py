@@ -8,7 +8,7 @@ question (greedy) and the frozen student is measured with it: the mean log-prob 
 measure of teaching, r_SS's mean part), the student's accuracy when shown the explanation, and how often the
 explanation states the answer. Writes learning.png and learning.json into --out.
 
-  nice -n 10 python benchmarks/learning.py                        # the full run (SmolLM2-135M, 2 seeds)
+  OMP_NUM_THREADS=1 python benchmarks/learning.py --parallel      # the full run (SmolLM2-135M, 2 seeds)
   python benchmarks/learning.py --quick --model builtin:tiny-qwen2  # seconds: checks that it runs
 """
 
@@ -133,21 +133,34 @@ def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
     }
 
 
-def train(args, out: Path) -> tuple[str, dict[int, dict]]:
-    """SFT once, then RL per seed; returns the SFT model path and, per seed, the RL model and metrics rows."""
+def run_sft(args, out: Path) -> None:
+    """The SFT warm-up of the teacher, shared by every seed (skipped when already done)."""
     from rlt.runner import run_local
     from rlt.spec import parse_run
 
     sft_run = parse_run(run_spec(args, args.seeds[0], args.model, sft=True, rl=False))
     sft_run.metadata.name = "learning-sft"
     run_local(sft_run, out, metrics_port=None, show_progress=False)
+
+
+def train(args, out: Path) -> tuple[str, dict[int, dict]]:
+    """SFT once, then RL per seed; returns the SFT model path and, per seed, the RL model and metrics rows."""
+    from rlt.runner import run_local
+    from rlt.spec import parse_run
+
     sft_model = str(out / "learning-sft" / "sft" / "model")
     if args.parallel and len(args.seeds) > 1:
-        # One process per seed: on a shared machine each process gets its own share of the CPU.
         argv = [a for a in sys.argv[1:] if a != "--parallel"]
+        # The SFT warm-up in a child too: a parent that trained keeps ~3 GB, next to ~4.5 GB per RL child
+        # (on a 24 GB machine shared with other work that got one seed OOM-killed).
+        if subprocess.run([sys.executable, "-u", __file__, *argv, "--sft-only"]).returncode:
+            raise SystemExit("the SFT warm-up failed (see its output above)")
+        # One process per seed: on a shared machine each process gets its own share of the CPU.
         procs = [subprocess.Popen([sys.executable, "-u", __file__, *argv, "--rl-seed", str(s)]) for s in args.seeds]
         if any(p.wait() for p in procs):
             raise SystemExit("an RL seed failed (see its output above)")
+    else:
+        run_sft(args, out)
     runs = {}
     for seed in args.seeds:
         run = parse_run(run_spec(args, seed, sft_model, sft=False, rl=True))
@@ -181,6 +194,11 @@ def curve_figures(rows: list[dict], k: int) -> dict:
             "per_step": ys,
         }
     return figs
+
+
+def mentions(text: str, number: str) -> bool:
+    """Whether `number` appears in `text` as a whole number (not inside a longer one)."""
+    return re.search(rf"(?<!\d){re.escape(number)}(?!\d)", text) is not None
 
 
 def explain(model, tokenizer, formatter, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[str]:
@@ -230,7 +248,9 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
         br = reward.score(qs, sols, completions)
         expl = [formatter.split_explanation(c)[0] for c in completions]
         ok = graded(qs, answer_explained(student, s_tok_left, formatter, qs, expl), formatter)
-        leaks = [bool(re.search(rf"(?<!\d){re.escape(s)}(?!\d)", e)) for e, s in zip(expl, sols, strict=True)]
+        # "states the answer": the solution's number appears in the explanation. Only counted where the question
+        # does not contain that number itself (in a comparison the answer is one of the question's numbers).
+        leaks = [mentions(e, s) for e, s, q in zip(expl, sols, qs, strict=True) if not mentions(q, s)]
         results[name] = {
             "accuracy": sum(ok) / len(ok),
             "correct": sum(ok),
@@ -240,7 +260,7 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
             "r_kl": statistics.fmean(br.r_kl),
             "reward": statistics.fmean(br.total),
             "closed": sum(p == 0 for p in br.format_penalty) / len(rows),
-            "states_answer": sum(leaks) / len(rows),
+            "states_answer": sum(leaks) / len(leaks) if leaks else float("nan"),
             "explanation_tokens": statistics.fmean(br.explanation_tokens),
             "examples": expl[:3],
         }
@@ -293,21 +313,22 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="teacher start and frozen student")
     p.add_argument("--task", default="basic")
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    p.add_argument("--steps", type=int, default=60, help="RL steps per seed")
-    p.add_argument("--lr", type=float, default=5e-6, help="RL learning rate (full fine-tune, constant)")
-    p.add_argument("--questions", type=int, default=4, help="questions per RL step")
+    p.add_argument("--steps", type=int, default=24, help="RL steps per seed")
+    p.add_argument("--lr", type=float, default=2e-5, help="RL learning rate (full fine-tune, constant)")
+    p.add_argument("--questions", type=int, default=2, help="questions per RL step")
     p.add_argument("--generations", type=int, default=4, help="G: explanations per question")
-    p.add_argument("--completion-length", type=int, default=48)
-    p.add_argument("--sft-steps", type=int, default=30)
+    p.add_argument("--completion-length", type=int, default=24)
+    p.add_argument("--sft-steps", type=int, default=6)
     p.add_argument("--sft-lr", type=float, default=5e-5)
     p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--heldout", type=int, default=96)
-    p.add_argument("--k", type=int, default=10, help="steps averaged for the start/end reward")
+    p.add_argument("--heldout", type=int, default=48)
+    p.add_argument("--k", type=int, default=5, help="steps averaged for the start/end reward")
     p.add_argument("--out", default="results/learning")
     p.add_argument("--quick", action="store_true", help="tiny settings that only check the script runs")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes")
     p.add_argument("--rl-seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--sft-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
@@ -319,6 +340,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     quiet_libraries()
     out = Path(args.out)
+    if args.sft_only:  # a child of --parallel: the SFT warm-up only
+        run_sft(args, out)
+        return {}
     if args.rl_seed is not None:  # a child of --parallel: this seed's RL run only
         sft_model = str(out / "learning-sft" / "sft" / "model")
         run_local(
@@ -367,7 +391,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nheld-out: {len(heldout)} unseen questions, one greedy explanation per teacher and question")
     print(
         "| explanation | student accuracy | 95 % CI | solution log-prob (mean) | r_SS | r_KL | reward | "
-        "states answer | closed | tokens |"
+        "states answer (answer not in question) | closed | tokens |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, t in teaching.items():

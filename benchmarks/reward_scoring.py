@@ -83,24 +83,12 @@ def peak_mb() -> float:
 
 def build_tiny49k(path: Path) -> None:
     """Tiny Qwen2 with a realistic 49,152-token vocabulary: the SmolLM2 tokenizer, 2 small layers."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer
 
-    from rlt.models import resolve_model_path
+    from rlt.models import resolve_model_path, tiny_qwen2
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:smollm2-135m-instruct"))
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tiny_qwen2(len(tok), 2048).save_pretrained(path)
     tok.save_pretrained(path)
 
 
@@ -288,7 +276,7 @@ def run_variant(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlt.prompts import Formatter, resolve_format
-    from rlt.reward import RLTReward
+    from rlt.reward import RewardBreakdown, RLTReward
     from rlt.spec import FormatSpec
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1)))
@@ -341,19 +329,7 @@ def run_variant(args) -> dict:
         "flops": flops,
         "naive_flops": 2 * n_params * forward_tokens,
         "peak_over_loaded_mb": peak_mb() - base,
-        "scores": {
-            k: getattr(res, k)
-            for k in (
-                "total",
-                "r_ss",
-                "r_kl",
-                "format_penalty",
-                "solution_logprob_mean",
-                "solution_logprob_min",
-                "kl_mean",
-                "kl_max",
-            )
-        },
+        "scores": {k: getattr(res, k) for k in ("total", *RewardBreakdown.COMPONENTS)},
     }
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rlt.metrics import PROGRESS_FIELDS
+
 from . import builders
 
 
@@ -28,17 +30,10 @@ def fetch(url: str, timeout: float = 3.0) -> str:
 
 def parse(text: str, stage: str) -> dict[str, float]:
     """The stage's samples: step, totalSteps, rewardMean, checkpointStep, generatedTokens."""
-    wanted = {
-        "rlt_step": "step",
-        "rlt_total_steps": "totalSteps",
-        "rlt_reward_mean": "rewardMean",
-        "rlt_checkpoint_step": "checkpointStep",
-        "rlt_generated_tokens_total": "generatedTokens",
-    }
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            key = wanted.get(sample.name)
+            key = PROGRESS_FIELDS.get(sample.name)
             if key and sample.labels.get("stage", stage) == stage:
                 out[key] = sample.value
     return out

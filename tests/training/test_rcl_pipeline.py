@@ -9,7 +9,7 @@ from suite_helpers import ROOT
 from rlt.layout import RunLayout
 from rlt.metrics import TrainerMetrics
 from rlt.plots import read_metrics
-from rlt.rcl.cli import run_eval
+from rlt.rcl.stages import run_teaching_eval
 from rlt.spec import load_run
 from rlt.stages.common import Recorder, StageContext
 
@@ -54,8 +54,8 @@ def test_evaluate_stage_and_rlt_eval_write_the_report(finished):
     run, out, layout, _ = finished
     eval_dir = layout.root / "eval"
     assert (eval_dir / "rl" / "metrics.json").exists()
-    run_eval(run, out, teacher="none", device="cpu")
-    report = run_eval(run, out, teacher="initial", device="cpu")
+    run_teaching_eval(run, out, teacher="none", device="cpu")
+    report = run_teaching_eval(run, out, teacher="initial", device="cpu")
     assert report == eval_dir / "report.md"
     text = report.read_text()
     for label in ("| rl (", "| none (", "| initial ("):

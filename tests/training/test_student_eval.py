@@ -95,7 +95,13 @@ def test_held_out_questions_are_not_taught(finished):
     assert asked and not taught & asked
 
 
-def test_evaluate_exports_accuracy_for_the_untrained_student(tmp_path):
+def test_evaluate_exports_accuracy_for_the_untrained_student(tmp_path, monkeypatch):
+    from rlt.stages import evaluate as evaluation
+
+    graded, real_grade = [], evaluation.grade
+    monkeypatch.setattr(
+        evaluation, "grade", lambda row, output, *rest: graded.append(output) or real_grade(row, output, *rest)
+    )
     run = tiny_run(distill={"enabled": False}, evaluate={**EVALUATE, "temperature": 0, "samples": 1, "limit": 3})
     registry = CollectorRegistry()
     ctx = StageContext(
@@ -108,6 +114,7 @@ def test_evaluate_exports_accuracy_for_the_untrained_student(tmp_path):
     run_evaluate(ctx)
     report = json.loads((ctx.layout.eval_dir / "report.json").read_text())
     assert report["model"] == "baseline" and report["questions"] == 3 and report["answers"] == 3
+    assert len(graded) == 3  # each answer graded once (for the live accuracy and the report alike)
     text = generate_latest(registry).decode()
     labels = 'method="rlt",model="baseline",namespace="local",run="tiny-student",stage="evaluate"'
     assert f"rlt_eval_accuracy{{{labels}}} {float(report['accuracy'])}" in text

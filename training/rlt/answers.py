@@ -31,18 +31,24 @@ def boxed_contents(text: str) -> list[str]:
     return out
 
 
-def _between_tags(text: str, start: str, end: str) -> str | None:
-    i = text.rfind(start)
+def between(text: str, start: str, end: str, *, last: bool = False, open_end: bool = False) -> str | None:
+    """The text between the tag `start` (its first occurrence, or its last with `last`) and the next `end`.
+    None when `start` is missing; when `end` never follows it, None, or the rest of the text with `open_end`.
+    The one tag slicer of the package: prompts, data rows, answers, guidance and grading all read tags with it."""
+    i = text.rfind(start) if last else text.find(start)
     if i < 0:
         return None
-    j = text.find(end, i + len(start))
-    return text[i + len(start) : j] if j >= 0 else None
+    i += len(start)
+    j = text.find(end, i)
+    if j < 0:
+        return text[i:] if open_end else None
+    return text[i:j]
 
 
 def extract_answer(text: str, answer_tags: tuple[str, str] | None = None, last_number: bool = True) -> str | None:
     """The final answer in `text`, or None. Order: answer tags, last \\boxed{}, 'answer is …', the last number."""
     if answer_tags:
-        inside = _between_tags(text, *answer_tags)
+        inside = between(text, *answer_tags, last=True)
         if inside is not None:
             # An answer block may itself hold a box or a sentence: look inside it with the same rules.
             return extract_answer(inside) or (inside.strip() or None)

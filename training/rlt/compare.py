@@ -6,9 +6,13 @@ traces. They and the untrained student are evaluated on the same held-out questi
 explanation a teacher wrote, its RLT reward is set against the student's improvement on the question it
 taught (definitions in docs/evaluation.md). Every number of the report is read from a stage's output.
 
-Layout under OUTPUT/<run>/compare/: rl_teacher/ (sft, rl, distill, student, eval, eval-taught),
-sft_teacher/ (sft → ../rl_teacher/sft, distill, ...), dataset_traces/, untrained/, and report.{json,md},
-accuracy.png, correlation.png. A re-run skips what is done (stage DONE markers, existing eval reports).
+Layout under OUTPUT/<run>/compare/ (RunLayout.compare_dir, .compare_arm): rl_teacher/ (sft, rl, distill,
+student, eval, eval-taught), sft_teacher/ (sft → ../rl_teacher/sft, distill, ...), dataset_traces/, untrained/,
+and report.{json,md}, accuracy.png, correlation.png. A re-run skips what is done (stage DONE markers, existing
+eval reports).
+
+The steps: run the arms' stages and evaluations (`Compare`), then, from typed records, the pure report
+(`teaching_points`, `correlations`, `build_report`), then the files (`write_compare`).
 """
 
 from __future__ import annotations
@@ -18,17 +22,26 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlt.data import DataError, load_data
+from rlt.jsonl import camel_json, read_jsonl, write_jsonl
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
-from rlt.prompts import Formatter, resolve_format
 from rlt.spec import ModelRef, RLTRun, parse_run
 from rlt.stage_registry import STAGE_ORDER, stage_function
 from rlt.stages.common import StageContext
-from rlt.stages.evaluate import EvalSet, evaluate_model, load_eval_set, plot_accuracy, resolve_answer_type
-from rlt.stages.student import read_jsonl
+from rlt.stages.evaluate import (
+    EvalReport,
+    EvalSet,
+    evaluate_model,
+    load_eval_set,
+    plot_accuracy,
+    read_report,
+    read_results,
+    resolve_answer_type,
+)
 
 ARMS = {
     "rl_teacher": "explanations of the RL teacher (sft → rl → distill)",
@@ -121,20 +134,144 @@ def with_enabled(stages: dict[str, Any], enabled: Sequence[str]) -> dict[str, An
     return {k: {**v, "enabled": k in enabled} for k, v in stages.items()}
 
 
-# --------------------------------------------------------------------------- the comparison
+# --------------------------------------------------------------------------- records and the report (pure)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One explanation a teacher wrote: its reward against the student's improvement on the question it taught."""
+
+    arm: str
+    source_row: int
+    reward: float
+    accuracy_gain: float  # taught-question pass@1 of the arm's student minus the untrained student's
+    logprob_gain: float  # mean tempered log-prob of the solution given question + explanation, after − before
+
+    def to_json(self) -> dict[str, Any]:
+        return camel_json(self)
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """What one arm produced: its distillation rows, what the student stage did with them, its two evaluations."""
+
+    name: str
+    distill_rows: list[dict[str, Any]]
+    student_rows: dict[str, int]  # counts per action (kept, truncated, replaced, dropped)
+    held_out: EvalReport
+    taught: EvalReport
+    layout: RunLayout
+
+
+MEASURES = {"accuracyGain": "accuracy_gain", "logprobGain": "logprob_gain"}
+
+
+def teaching_points(
+    arm: str,
+    rows: Sequence[dict[str, Any]],
+    taught_after: dict[int, float],
+    taught_before: dict[int, float],
+    logprob_gains: Sequence[float],
+) -> list[Point]:
+    """A Point per distillation row, from per-question taught accuracies (after, before) and log-prob gains."""
+    return [
+        Point(arm, r["source_row"], r["reward"], taught_after[r["source_row"]] - taught_before[r["source_row"]], g)
+        for r, g in zip(rows, logprob_gains, strict=True)
+    ]
+
+
+def correlations(points: Sequence[Point]) -> dict[str, dict[str, Any]]:
+    """Per improvement measure: Pearson's r of reward against it, pooled and per teacher arm."""
+    out: dict[str, dict[str, Any]] = {}
+    for measure, field in MEASURES.items():
+        out[measure] = {"pooled": pearson([p.reward for p in points], [getattr(p, field) for p in points])}
+        for arm in TEACHER_ARMS:
+            mine = [p for p in points if p.arm == arm]
+            out[measure][arm] = pearson([p.reward for p in mine], [getattr(p, field) for p in mine])
+    return out
+
+
+def arm_summary(arm: ArmResult, untrained: EvalReport) -> dict[str, Any]:
+    rewards = [r["reward"] for r in arm.distill_rows if r.get("reward") is not None]
+    return {
+        "description": ARMS[arm.name],
+        "distillRows": len(arm.distill_rows),
+        "studentRows": arm.student_rows,
+        "meanReward": sum(rewards) / len(rewards) if rewards else None,
+        "accuracy": arm.held_out.accuracy,
+        "stderr": arm.held_out.stderr,
+        "ci95": wilson_interval(arm.held_out.correct, arm.held_out.answers),
+        "gainOverUntrained": arm.held_out.accuracy - untrained.accuracy,
+        "taughtAccuracy": arm.taught.accuracy,
+        "evalReport": str(arm.layout.eval_dir / "report.json"),
+        "taughtReport": str(arm.layout.taught_eval_dir / "report.json"),
+        "studentModel": str(arm.layout.model_dir("student")),
+    }
+
+
+def build_report(
+    run: RLTRun,
+    taught: Sequence[dict[str, Any]],
+    evalset: EvalSet,
+    untrained: tuple[EvalReport, EvalReport, RunLayout],
+    arms: Sequence[ArmResult],
+    points: Sequence[Point],
+    seconds: float,
+) -> dict[str, Any]:
+    """report.json: every number read from the records given (`untrained` = held-out report, taught report, its
+    layout)."""
+    held_out, taught_report, untrained_layout = untrained
+    return {
+        "run": run.name,
+        "wallSeconds": round(seconds, 1),
+        "taughtQuestions": len(taught),
+        "taughtRows": [r["source_row"] for r in taught],
+        "evalQuestions": len(evalset.rows),
+        "evalSource": evalset.source,
+        "answerType": evalset.answer_type,
+        "studentBudget": run.spec.stages.student.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "evaluation": run.spec.stages.evaluate.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "untrained": {
+            "accuracy": held_out.accuracy,
+            "stderr": held_out.stderr,
+            "ci95": wilson_interval(held_out.correct, held_out.answers),
+            "taughtAccuracy": taught_report.accuracy,
+            "evalReport": str(untrained_layout.eval_dir / "report.json"),
+        },
+        "arms": {a.name: arm_summary(a, held_out) for a in arms},
+        "correlation": correlations(points),
+        "points": [p.to_json() for p in points],
+    }
+
+
+def write_compare(root: Path, report: dict[str, Any]) -> None:
+    """report.json, report.md, accuracy.png and correlation.png under the compare folder."""
+    atomic_write_json(root / "report.json", report)
+    atomic_write_text(root / "report.md", render_markdown(report))
+    reports = [{"model": UNTRAINED, **report["untrained"]}] + [{"model": a, **v} for a, v in report["arms"].items()]
+    plot_accuracy(
+        reports,
+        root / "accuracy.png",
+        f"held-out pass@1: {report['evalQuestions']} questions × {report['evaluation']['samples']} samples",
+    )
+    plot_correlation(report["points"], report["correlation"], root / "correlation.png")
+
+
+# --------------------------------------------------------------------------- running the arms
 
 
 class Compare:
     def __init__(self, run: RLTRun, output: str | Path, device: str | None, show_progress: bool, metrics=None):
         self.stages = compare_stages(run)
         self.run = derive(run, with_enabled(self.stages, STAGE_ORDER))
-        self.root = RunLayout.for_run(output, run.name).compare_dir
+        self.run_layout = RunLayout.for_run(output, run.name)
+        self.root = self.run_layout.compare_dir
         self.device, self.show_progress, self.metrics = device, show_progress, metrics
-        self.formatter = Formatter(resolve_format(self.run.spec.format))
-        self.log: list[str] = []
+        # the run's device and prompt format, resolved once for the steps outside a stage
+        self.base = StageContext(self.run, self.layout(UNTRAINED), metrics, device, show_progress)
 
     def layout(self, arm: str) -> RunLayout:
-        return RunLayout(self.root / arm)
+        return self.run_layout.compare_arm(arm)
 
     def ctx(self, arm: str, enabled: Sequence[str]) -> StageContext:
         run = derive(self.run, with_enabled(self.stages, enabled))
@@ -165,8 +302,9 @@ class Compare:
         layout = self.layout("dataset_traces")
         if layout.stage_done("distill").exists():
             return
+        formatter = self.base.formatter
         taught = read_jsonl(self.layout("rl_teacher").distill_dataset)
-        by_row = {r["row"]: r for r in load_data(self.run.spec.dataset, self.formatter.fmt).train}
+        by_row = {r["row"]: r for r in load_data(self.run.spec.dataset, formatter.fmt).train}
         rows = []
         for t in taught:
             src = by_row.get(t["source_row"])
@@ -185,12 +323,10 @@ class Compare:
                     "reward": None,
                     "closed": True,
                     "source_row": src["row"],
-                    "messages": self.formatter.student_messages(
-                        src["question"], src["reasoning_trace"], src["solution"]
-                    ),
+                    "messages": formatter.student_messages(src["question"], src["reasoning_trace"], src["solution"]),
                 }
             )
-        atomic_write_text(layout.distill_dataset, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        write_jsonl(layout.distill_dataset, rows)
         atomic_write_text(layout.stage_done("distill"), "dataset traces\n")
 
     def check_same_questions(self) -> list[dict[str, Any]]:
@@ -204,33 +340,35 @@ class Compare:
 
     # ---- evaluation
     def eval_set(self) -> EvalSet:
-        spec = self.run.spec
+        spec, fmt = self.run.spec, self.base.formatter.fmt
         if spec.stages.evaluate.dataset is not None or spec.dataset.eval_fraction > 0:
-            return load_eval_set(spec, self.formatter.fmt)
+            return load_eval_set(spec, fmt)
         if not spec.dataset.source.startswith("builtin:"):
             raise DataError(
                 "rlt compare: set stages.evaluate.dataset or spec.dataset.evalFraction > 0 "
                 "(held-out questions are needed)"
             )
         # A built-in task with no held-out split: fresh problems from the next seed, minus any seen in training.
-        seen = {r["question"] for r in load_data(spec.dataset, self.formatter.fmt).train}
+        seen = {r["question"] for r in load_data(spec.dataset, fmt).train}
         limit = spec.stages.evaluate.limit or 64
         fresh = spec.dataset.model_copy(
             update={"seed": spec.dataset.seed + 1, "limit": None, "size": max(spec.dataset.size, 4 * limit)}
         )
-        rows = [r for r in load_data(fresh, self.formatter.fmt).train if r["question"] not in seen][:limit]
+        rows = [r for r in load_data(fresh, fmt).train if r["question"] not in seen][:limit]
         return EvalSet(
             rows,
             resolve_answer_type(spec.stages.evaluate.answer_type, spec.dataset.source),
             f"{spec.dataset.source} seed {fresh.seed} (unseen in training)",
         )
 
-    def evaluate(self, arm: str, label: str, ref: ModelRef, evalset: EvalSet, folder: str) -> dict[str, Any]:
-        out = self.root / arm / folder
+    def evaluate(self, arm: str, ref: ModelRef, evalset: EvalSet, out: Path) -> EvalReport:
+        """The arm's report on `evalset` in `out`: read when an earlier run wrote it, else evaluated now."""
         if (out / "report.json").exists():
-            return json.loads((out / "report.json").read_text())
-        ctx = self.ctx(arm, ("evaluate",))
-        return evaluate_model(ctx, ref, label, evalset, out)
+            return read_report(out)
+        report = evaluate_model(self.ctx(arm, ("evaluate",)), ref, arm, evalset, out)
+        if report is None:
+            raise RuntimeError("rlt compare runs in one process; evaluate_model returned no report")
+        return report
 
     def student_model(self, arm: str) -> ModelRef:
         base = self.run.spec.stages.student.model or self.run.spec.student
@@ -244,7 +382,7 @@ class Compare:
         temperature = spec.stages.rl.reward.student_temperature or spec.stages.rl.temperature
         requests = []
         for r in rows:
-            text, e_span, s_span = self.formatter.student_chat(
+            text, _, s_span = self.base.formatter.student_chat(
                 tokenizer, r["question"], r["reasoning_trace"], r["solution"]
             )
             requests.append(ScoreRequest(text, [s_span], group=r["question"]))
@@ -255,7 +393,7 @@ class Compare:
         return [a - b for b, a in zip(*means, strict=True)]
 
     def run_all(self) -> dict[str, Any]:
-        from rlt.models import load_model, load_tokenizer, pick_device
+        from rlt.models import load_model, load_tokenizer
 
         started = time.perf_counter()
         self.teachers()
@@ -271,101 +409,47 @@ class Compare:
             resolve_answer_type("auto", self.run.spec.dataset.source),
             "taught questions",
         )
-        reports = {UNTRAINED: self.evaluate(UNTRAINED, UNTRAINED, base_ref, evalset, "eval")}
-        taught_reports = {UNTRAINED: self.evaluate(UNTRAINED, UNTRAINED, base_ref, taught_set, "eval-taught")}
+        base_layout = self.layout(UNTRAINED)
+        untrained = (
+            self.evaluate(UNTRAINED, base_ref, evalset, base_layout.eval_dir),
+            self.evaluate(UNTRAINED, base_ref, taught_set, base_layout.taught_eval_dir),
+            base_layout,
+        )
+        arms = []
         for arm in ARMS:
-            reports[arm] = self.evaluate(arm, arm, self.student_model(arm), evalset, "eval")
-            taught_reports[arm] = self.evaluate(arm, arm, self.student_model(arm), taught_set, "eval-taught")
+            layout = self.layout(arm)
+            arms.append(
+                ArmResult(
+                    arm,
+                    read_jsonl(layout.distill_dataset),
+                    json.loads(layout.student_dataset_report.read_text())["counts"],
+                    self.evaluate(arm, self.student_model(arm), evalset, layout.eval_dir),
+                    self.evaluate(arm, self.student_model(arm), taught_set, layout.taught_eval_dir),
+                    layout,
+                )
+            )
 
         # per explanation: reward vs the student's improvement on the question it taught
-        device = self.device or pick_device()
+        device = self.base.compute_device
         tokenizer = load_tokenizer(base_ref, padding_side="right")
         before_model = load_model(base_ref, device)
-        base_acc = self._per_question(UNTRAINED, "eval-taught")
-        points = []
-        for arm in TEACHER_ARMS:
-            rows = read_jsonl(self.layout(arm).distill_dataset)
-            acc = self._per_question(arm, "eval-taught")
-            after_model = load_model(self.student_model(arm), device)
-            gains = self.logprob_gains(rows, before_model, after_model, tokenizer)
+        taught_before = per_question_accuracy(base_layout.taught_eval_dir)
+        points: list[Point] = []
+        for a in arms:
+            if a.name not in TEACHER_ARMS:
+                continue
+            after_model = load_model(self.student_model(a.name), device)
+            gains = self.logprob_gains(a.distill_rows, before_model, after_model, tokenizer)
             del after_model
-            for r, g in zip(rows, gains, strict=True):
-                points.append(
-                    {
-                        "arm": arm,
-                        "sourceRow": r["source_row"],
-                        "reward": r["reward"],
-                        "accuracyGain": acc[r["source_row"]] - base_acc[r["source_row"]],
-                        "logprobGain": g,
-                    }
-                )
-        report = self.build_report(taught, evalset, reports, taught_reports, points, time.perf_counter() - started)
-        self.write(report)
+            taught_after = per_question_accuracy(a.layout.taught_eval_dir)
+            points += teaching_points(a.name, a.distill_rows, taught_after, taught_before, gains)
+        report = build_report(self.run, taught, evalset, untrained, arms, points, time.perf_counter() - started)
+        write_compare(self.root, report)
         return report
 
-    def _per_question(self, arm: str, folder: str) -> dict[int, float]:
-        rows = read_jsonl(self.root / arm / folder / "per_question.jsonl")
-        return {r["row"]: r["accuracy"] for r in rows}
 
-    def build_report(self, taught, evalset, reports, taught_reports, points, seconds) -> dict[str, Any]:
-        base = reports[UNTRAINED]["accuracy"]
-        arms = {}
-        for arm, description in ARMS.items():
-            rows = read_jsonl(self.layout(arm).distill_dataset)
-            rewards = [r["reward"] for r in rows if r.get("reward") is not None]
-            actions = json.loads(self.layout(arm).student_dataset_report.read_text())["counts"]
-            arms[arm] = {
-                "description": description,
-                "distillRows": len(rows),
-                "studentRows": actions,
-                "meanReward": sum(rewards) / len(rewards) if rewards else None,
-                "accuracy": reports[arm]["accuracy"],
-                "stderr": reports[arm]["stderr"],
-                "ci95": wilson_interval(reports[arm]["correct"], reports[arm]["answers"]),
-                "gainOverUntrained": reports[arm]["accuracy"] - base,
-                "taughtAccuracy": taught_reports[arm]["accuracy"],
-                "evalReport": str(self.root / arm / "eval" / "report.json"),
-                "taughtReport": str(self.root / arm / "eval-taught" / "report.json"),
-                "studentModel": str(self.layout(arm).model_dir("student")),
-            }
-        correlation = {}
-        for measure in ("accuracyGain", "logprobGain"):
-            correlation[measure] = {"pooled": pearson([p["reward"] for p in points], [p[measure] for p in points])}
-            for arm in TEACHER_ARMS:
-                mine = [p for p in points if p["arm"] == arm]
-                correlation[measure][arm] = pearson([p["reward"] for p in mine], [p[measure] for p in mine])
-        return {
-            "run": self.run.name,
-            "wallSeconds": round(seconds, 1),
-            "taughtQuestions": len(taught),
-            "taughtRows": [r["source_row"] for r in taught],
-            "evalQuestions": len(evalset.rows),
-            "evalSource": evalset.source,
-            "answerType": evalset.answer_type,
-            "studentBudget": self.run.spec.stages.student.model_dump(mode="json", by_alias=True, exclude_none=True),
-            "evaluation": self.run.spec.stages.evaluate.model_dump(mode="json", by_alias=True, exclude_none=True),
-            "untrained": {
-                "accuracy": base,
-                "stderr": reports[UNTRAINED]["stderr"],
-                "ci95": wilson_interval(reports[UNTRAINED]["correct"], reports[UNTRAINED]["answers"]),
-                "taughtAccuracy": taught_reports[UNTRAINED]["accuracy"],
-                "evalReport": str(self.root / UNTRAINED / "eval" / "report.json"),
-            },
-            "arms": arms,
-            "correlation": correlation,
-            "points": points,
-        }
-
-    def write(self, report: dict[str, Any]) -> None:
-        atomic_write_json(self.root / "report.json", report)
-        atomic_write_text(self.root / "report.md", render_markdown(report))
-        reports = [{"model": UNTRAINED, **report["untrained"]}] + [{"model": a, **v} for a, v in report["arms"].items()]
-        plot_accuracy(
-            reports,
-            self.root / "accuracy.png",
-            f"held-out pass@1: {report['evalQuestions']} questions × {report['evaluation']['samples']} samples",
-        )
-        plot_correlation(report["points"], report["correlation"], self.root / "correlation.png")
+def per_question_accuracy(eval_dir: Path) -> dict[int, float]:
+    return {q.row: q.accuracy for q in read_results(eval_dir)}
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:

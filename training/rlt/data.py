@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt import tasks
+from rlt.answers import between
 from rlt.prompts import PromptFormat
 from rlt.spec import DatasetSpec
 
@@ -110,14 +111,6 @@ def _read_source(spec: DatasetSpec) -> tuple[Iterable[Any], Callable[[int], str]
     return ds, ((lambda i: f"line {i + 2}") if kind == "csv" else by_index)  # CSV line 1 is the header
 
 
-def _between(text: str, start: str, end: str) -> str | None:
-    i = text.find(start)
-    if i < 0:
-        return None
-    j = text.find(end, i + len(start))
-    return None if j < 0 else text[i + len(start) : j]
-
-
 def _from_conversations(raw: dict[str, Any], fmt: PromptFormat) -> dict[str, Any]:
     conv = raw.get("conversations")
     if not isinstance(conv, list) or len(conv) < 2:
@@ -131,8 +124,8 @@ def _from_conversations(raw: dict[str, Any], fmt: PromptFormat) -> dict[str, Any
         raise DataError("conversations[1]: expected the assistant turn")
     text = assistant.get("value", assistant.get("content")) or ""
     t = fmt.tags
-    thought = _between(text, t.thought_start, t.thought_end)
-    solution = _between(text, t.solution_start, t.solution_end)
+    thought = between(text, t.thought_start, t.thought_end)
+    solution = between(text, t.solution_start, t.solution_end)
     if solution is None:
         raise DataError(f"conversations[1]: no closed {t.solution_start}…{t.solution_end} block")
     if thought is None and t.thought_start in text:

@@ -122,6 +122,18 @@ def sample_with_logprobs(
     return out
 
 
+def sample_texts(
+    model, tokenizer, prompts: Sequence[str], *, temperature: float, max_new_tokens: int, batch_size: int
+) -> list[str]:
+    """One decoded completion per rendered prompt (repeat a prompt for several), sampled with the shared sampler
+    at top-p 1: what the rcl protocol asks of its student and teacher."""
+    ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    samples = sample_with_logprobs(
+        model, tokenizer, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=batch_size
+    )
+    return tokenizer.batch_decode(samples.completion_ids, skip_special_tokens=True)
+
+
 def server_generate(
     base_url: str,
     prompt_ids: Sequence[Sequence[int]],

@@ -61,6 +61,13 @@ class RunLayout:
     # `rlt compare`: one sub-run per arm and the comparison report
     compare_dir = _Path("compare")
 
+    def compare_arm(self, arm: str) -> RunLayout:
+        """`rlt compare`: the sub-run of one arm (its stages, eval/ and eval-taught/)."""
+        return RunLayout(self.compare_dir / arm)
+
+    # `rlt compare`: an arm's evaluation on the questions its teacher explained (files as in eval_dir)
+    taught_eval_dir = _Path("eval-taught")
+
     # run-wide records
     metrics_file = _Path("metrics.jsonl")
     # JSON written atomically by the trainer: stage, step, totalSteps, rewardMean, ... (read by the operator)

@@ -59,6 +59,15 @@ STEP_KEYS: dict[str, tuple[str, str | None]] = {
     **{k: (v, None) for k, v in (RCL_GAUGES | RL_GAUGES).items()},
     "accuracy": ("rlt_eval_accuracy", "model"),  # label value: the evaluated model (set per stage)
 }
+# What the operator reads back from rank 0's /metrics for status.progress: metric -> status.progress field
+# (operator/rlt_operator/progress.py). Every name is a TRAINER_METRICS entry (checked where METRIC_DEFS is built).
+PROGRESS_FIELDS = {
+    "rlt_step": "step",
+    "rlt_total_steps": "totalSteps",
+    "rlt_reward_mean": "rewardMean",
+    "rlt_checkpoint_step": "checkpointStep",
+    "rlt_generated_tokens_total": "generatedTokens",
+}
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 
 
@@ -179,6 +188,9 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
 
 ALL_METRICS = TRAINER_METRICS + OPERATOR_METRICS
 METRIC_DEFS = {d.name: d for d in ALL_METRICS}
+_unknown = [m for m in PROGRESS_FIELDS if m not in METRIC_DEFS]
+if _unknown:  # a renamed metric must not leave the operator reading a name nobody exports
+    raise RuntimeError(f"PROGRESS_FIELDS names metrics that are not defined: {_unknown}")
 
 
 def build(defs: tuple[MetricDef, ...], registry: CollectorRegistry) -> dict[str, object]:

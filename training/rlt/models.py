@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from rlt.spec import ModelRef
 
@@ -82,10 +83,31 @@ def _tiny_corpus() -> list[str]:
     return lines
 
 
-def _build_tiny_qwen2(out: Path) -> None:
+def tiny_qwen2(vocab_size: int, max_positions: int, **config: Any):
+    """A seeded, randomly initialised Qwen2 of 2 layers and width 128: the shape of every tiny model (builtin:tiny-qwen2
+    and the benchmarks' larger-vocabulary one), so a model built twice is the same model."""
     import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=True,
+            **config,
+        )
+    )
+
+
+def _build_tiny_qwen2(out: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
     tok = Tokenizer(models.BPE())
@@ -103,21 +125,9 @@ def _build_tiny_qwen2(out: Path) -> None:
     )
     hf_tok.chat_template = CHATML_TEMPLATE
     ids = {s: hf_tok.convert_tokens_to_ids(s) for s in specials}
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(hf_tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|pad|>"],
-        bos_token_id=None,
+    model = tiny_qwen2(
+        len(hf_tok), 1024, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|pad|>"], bos_token_id=None
     )
-    model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = ids["<|im_end|>"]
     model.generation_config.pad_token_id = ids["<|pad|>"]
     model.save_pretrained(out)

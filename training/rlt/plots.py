@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from rlt.jsonl import read_jsonl
 
 
 def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def _latest_per_step(rows: list[dict], stage: str) -> list[dict]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlt.metrics import REWARD_COMPONENTS
 from rlt.pairing import SideTokens, pair_explanation
 from rlt.prompts import Formatter, Span
 from rlt.scoring import ScoreRequest, SpanScorer, completion_token_offsets
@@ -44,15 +45,7 @@ class RewardBreakdown:
     explanation_tokens: list[int] = field(default_factory=list)
     pairing_coverage: list[float] = field(default_factory=list)  # share of E's tokens (both sides) that got a Δ
 
-    COMPONENTS = (
-        "r_ss",
-        "r_kl",
-        "format_penalty",
-        "solution_logprob_mean",
-        "solution_logprob_min",
-        "kl_mean",
-        "kl_max",
-    )
+    COMPONENTS = REWARD_COMPONENTS  # the fields above that are reward components (one list: rlt.metrics)
 
     def row(self, i: int) -> dict[str, float]:
         return {k: v[i] for k, v in asdict(self).items()}
@@ -65,7 +58,40 @@ class RewardBreakdown:
         return out
 
 
-class RLTReward:
+@dataclass
+class RewardCall:
+    """One call of a reward function by TRL: the batch's questions, solutions and completion texts, TRL's metric
+    logger, and the other keywords TRL passes (completion_ids, teacher_logprobs, ...)."""
+
+    questions: list[str]
+    solutions: list[str]
+    texts: list[str]
+    log_metric: Callable[[str, float], None] | None
+    extra: dict[str, Any]
+
+
+class RewardFunction:
+    """A reward as TRL's GRPOTrainer calls it: the prompts, the completions (text or chat messages), the dataset
+    columns `question` and `solution` as keyword lists, and TRL's extras (`log_metric`, `completion_ids`, ...).
+    Subclasses score the call in `reward`."""
+
+    def __call__(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        question: list[str],
+        solution: list[str],
+        log_metric: Callable[[str, float], None] | None = None,
+        **extra: Any,
+    ) -> list[float]:
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return self.reward(RewardCall(question, solution, texts, log_metric, extra))
+
+    def reward(self, call: RewardCall) -> list[float]:
+        raise NotImplementedError
+
+
+class RLTReward(RewardFunction):
     """Score explanations with a frozen student (and the teacher's log-probs)."""
 
     __name__ = "rlt_reward"  # TRL names reward functions by __name__ in its logs
@@ -220,26 +246,18 @@ class RLTReward:
         self.scored_tokens_total += sum(out.solution_tokens) + sum(out.explanation_tokens)
         return out
 
-    def __call__(
-        self,
-        prompts: list[Any],
-        completions: list[Any],
-        question: list[str],
-        solution: list[str],
-        completion_ids: list[list[int]] | None = None,
-        teacher_logprobs: list[list[float]] | None = None,
-        log_metric: Callable[[str, float], None] | None = None,
-        **_: Any,
-    ) -> list[float]:
-        """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
-        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    def reward(self, call: RewardCall) -> list[float]:
+        """The generation's log-probs (`teacher_logprobs` with `completion_ids`) are used when every row has them."""
+        teacher_logprobs = call.extra.get("teacher_logprobs")
         if teacher_logprobs is not None and any(lp is None for lp in teacher_logprobs):
             teacher_logprobs = None
-        result = self.score(question, solution, texts, teacher_logprobs, completion_ids)
-        if log_metric is not None:
+        result = self.score(
+            call.questions, call.solutions, call.texts, teacher_logprobs, call.extra.get("completion_ids")
+        )
+        if call.log_metric is not None:
             for k, v in result.means().items():
                 if k != "total":
-                    log_metric(f"rlt/{k}", v)
+                    call.log_metric(f"rlt/{k}", v)
         return result.total
 
 

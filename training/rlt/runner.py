@@ -36,9 +36,9 @@ def summarize(layout: RunLayout, stage_info: dict[str, Any], wall: float, plots:
             "meanStepSeconds": statistics.mean(r.get("step_seconds", 0.0) for r in rl_rows),
         }
     if layout.distill_dataset.exists():
-        import json
+        from rlt.jsonl import read_jsonl
 
-        data = [json.loads(line) for line in layout.distill_dataset.read_text().splitlines() if line.strip()]
+        data = read_jsonl(layout.distill_dataset)
         candidates = [c for d in data for c in d.get("candidate_rewards", [d["reward"]])]
         summary["distill"] = {
             "rows": len(data),

@@ -77,7 +77,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlt.rcl.cli import run_eval
+    from rlt.rcl.stages import run_teaching_eval
 
     run = _load(args.file)
     if run.spec.method != "rcl":
@@ -89,7 +89,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return ExitCode.CONFIG_ERROR
 
     def evaluate() -> None:
-        report = run_eval(run, args.output, args.teacher, args.label, args.device)
+        report = run_teaching_eval(run, args.output, args.teacher, args.label, args.device)
         print(report.read_text())
         print(f"report: {report}")
 

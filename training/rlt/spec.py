@@ -101,7 +101,8 @@ class ColumnMapping(Strict):
 class DatasetSpec(Strict):
     source: str = Field(
         min_length=1,
-        description="builtin:arithmetic | builtin:countdown | builtin:mixed, a local JSONL/Parquet file or "
+        description="builtin:arithmetic | builtin:countdown | builtin:mixed | builtin:basic (the task calibrated "
+        "to a ~135M student, levels 1-4 in turn; builtin:basic-N for one level), a local JSONL/Parquet file or "
         "HF dataset directory, or a hub dataset id.",
     )
     split: str = Field("train", description="Split to read.")

@@ -54,21 +54,42 @@ def countdown_problem(rng: random.Random) -> dict[str, str]:
     return {"question": question, "reasoning_trace": trace, "solution": f"{expr} = {target}"}
 
 
-# ---- the calibrated family `basic`: one small-number operation per question, sized for a ~135M student.
+# ---- the calibrated family `basic`: one small-number question per row, sized for a ~135M student.
 # Levels (measured accuracies in docs/data-formats.md, script benchmarks/task_calibration.py):
-#   1 add two one-digit numbers, 2 add a two-digit and a one-digit number, 3 subtract a one-digit number
-#   from a two-digit one, 4 a times-table product. The solution is the bare number, so the RLT reward's
-#   r_SS measures the student's confidence in the answer digits and nothing else.
-_BASIC_Q = re.compile(r"^What is (\d+) ([+\-*]) (\d+)\?$")
+#   1 add two one-digit numbers, 2 the larger of two two-digit numbers, 3 the smallest of three two-digit numbers,
+#   4 a times-table product. Tried and left out for levels 2-3, because the untrained student was outside the
+#   20-60 % band a teaching effect needs: two-digit sums and differences (0-11 %: it copies the first number) and
+#   the smaller of two numbers (73 %: it leans to the smaller one). The solution is the bare number, so the RLT
+#   reward's r_SS measures the student's confidence in the answer digits and nothing else.
+_BASIC_Q = re.compile(r"^What is (\d+) ([+*]) (\d+)\?$")
+_BASIC_LARGER = re.compile(r"^Which is larger, (\d+) or (\d+)\?$")
+_BASIC_SMALLEST = re.compile(r"^Which is the smallest of (\d+), (\d+) and (\d+)\?$")
+
+
+def _comparison_problem(rng: random.Random, level: int) -> dict[str, str]:
+    # the first line of a trace says how to compare, without the answer (the rcl warm-up uses it as guidance)
+    if level == 2:
+        a, b = rng.sample(range(10, 100), 2)
+        result, question = max(a, b), f"Which is larger, {a} or {b}?"
+        if a // 10 != b // 10:
+            how = f"Compare the tens: {a // 10} tens against {b // 10} tens."
+        else:
+            how = f"Both have {a // 10} tens, so compare the ones: {a % 10} against {b % 10}."
+        trace = f"{how}\nSo the larger number is {result}."
+    else:
+        nums = rng.sample(range(10, 100), 3)
+        result, question = min(nums), f"Which is the smallest of {nums[0]}, {nums[1]} and {nums[2]}?"
+        tens = [n // 10 for n in nums]
+        ties = ", then the ones where the tens are equal" if len(set(tens)) < 3 else ""
+        trace = f"Compare the tens digits: {', '.join(map(str, tens))}{ties}.\nSo the smallest number is {result}."
+    return {"question": question, "reasoning_trace": trace, "solution": str(result), "level": level}
 
 
 def basic_problem(rng: random.Random, level: int) -> dict[str, str]:
+    if level in (2, 3):
+        return _comparison_problem(rng, level)
     if level == 1:
         a, b, op = rng.randint(1, 9), rng.randint(1, 9), "+"
-    elif level == 2:
-        a, b, op = rng.randint(10, 89), rng.randint(1, 9), "+"
-    elif level == 3:
-        a, b, op = rng.randint(11, 60), rng.randint(1, 9), "-"
     elif level == 4:
         a, b, op = rng.randint(2, 9), rng.randint(2, 9), "*"
     else:
@@ -77,38 +98,43 @@ def basic_problem(rng: random.Random, level: int) -> dict[str, str]:
     if op == "*":
         steps = f"{a} * {b} means {b} added {a} times" if a <= 4 else f"{a} * {b} is {a} times {b}"
         trace = f"{steps}.\n{a} * {b} = {result}."
-    elif op == "+" and a >= 10:
-        tens, ones = a - a % 10, a % 10
-        trace = (
-            f"Split {a} into {tens} and {ones}. First {ones} + {b} = {ones + b}.\nThen {tens} + {ones + b} = {result}."
-        )
-    elif op == "-":
-        trace = f"Count down {b} from {a}.\n{a} - {b} = {result}."
     else:
         trace = f"Start at {a} and count up {b}.\n{a} + {b} = {result}."
     return {"question": f"What is {a} {op} {b}?", "reasoning_trace": trace, "solution": str(result), "level": level}
 
 
+def _basic_value(question: str) -> tuple[int, int] | None:
+    """(level, value) of a `basic` question, recomputed from its text; None for any other question."""
+    q = question.strip()
+    m = _BASIC_Q.match(q)
+    if m is not None:
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        return (1 if op == "+" else 4), _OPS[op](a, b)
+    m = _BASIC_LARGER.match(q)
+    if m is not None:
+        return 2, max(int(g) for g in m.groups())
+    m = _BASIC_SMALLEST.match(q)
+    if m is not None:
+        return 3, min(int(g) for g in m.groups())
+    return None
+
+
 def basic_level(question: str) -> int | None:
     """The level of a `basic` question, None for any other question."""
-    m = _BASIC_Q.match(question.strip())
-    if m is None:
-        return None
-    a, op = int(m.group(1)), m.group(2)
-    return {"+": 1 if a < 10 else 2, "-": 3, "*": 4}[op]
+    found = _basic_value(question)
+    return None if found is None else found[0]
 
 
 def check_basic(question: str, answer: str | None) -> bool | None:
     """None if `question` is not a `basic` question; else whether `answer` (text whose extracted final
-    answer is compared) is the value of the operation, recomputed from the question itself."""
-    m = _BASIC_Q.match(question.strip())
-    if m is None:
+    answer is compared) is the right value, recomputed from the question itself."""
+    found = _basic_value(question)
+    if found is None:
         return None
     from rlt.answers import extract_answer, normalize
 
-    want = _OPS[m.group(2)](int(m.group(1)), int(m.group(3)))
     got = normalize(extract_answer(answer or ""))
-    return got == str(want)
+    return got == str(found[1])
 
 
 def check_builtin(question: str, answer: str | None) -> bool | None:

@@ -50,6 +50,17 @@ def summarize_problems(problems: Sequence[tuple[float, float, float]]) -> dict[s
     }
 
 
+def step_values(summary: dict) -> dict[str, float]:
+    """The summary's numbers under their metrics.jsonl keys (`rcl_<name>`, the keys of rlt.metrics.RCL_GAUGES)."""
+    from rlt.metrics import RCL_GAUGES
+
+    return {
+        f"rcl_{k}": float(v)
+        for k, v in summary.items()
+        if f"rcl_{k}" in RCL_GAUGES and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 # --------------------------------------------------------------------------- running it
 
 
@@ -70,7 +81,7 @@ def evaluate_teacher(
     batch_size: int,
 ) -> list[dict]:
     """Per-problem records of the two-pass protocol. teacher None = no teacher (acc_with is acc_without)."""
-    from rlt.generation import sample_with_logprobs
+    from rlt.generation import sample_texts
     from rlt.rcl.reward import states_answer, student_sampler
 
     answer = student_sampler(
@@ -95,32 +106,27 @@ def evaluate_teacher(
                 acc_with=rec["acc_without"], teaching_tokens=0, guidance=[], probe=None, format_ok=None, leaked=None
             )
         return records
-    probe_ids = [student_tok(protocol.probe_prompt(student_tok, q), add_special_tokens=False).input_ids for q in qs]
-    pr = sample_with_logprobs(
+    probes = sample_texts(
         student,
         student_tok,
-        probe_ids,
+        [protocol.probe_prompt(student_tok, q) for q in qs],
         temperature=temperature,
-        top_p=1.0,
         max_new_tokens=max_probe_tokens,
         batch_size=batch_size,
     )
-    probes = student_tok.batch_decode(pr.completion_ids, skip_special_tokens=True)
-    t_ids = [
-        teacher_tok(protocol.teacher_prompt(teacher_tok, q, p), add_special_tokens=False).input_ids
+    teacher_prompts = [
+        protocol.teacher_prompt(teacher_tok, q, p)
         for q, p in zip(qs, probes, strict=True)
         for _ in range(guidance_samples)
     ]
-    ts = sample_with_logprobs(
+    outputs = sample_texts(
         teacher,
         teacher_tok,
-        t_ids,
+        teacher_prompts,
         temperature=temperature,
-        top_p=1.0,
         max_new_tokens=max_guidance_tokens,
         batch_size=batch_size,
     )
-    outputs = teacher_tok.batch_decode(ts.completion_ids, skip_special_tokens=True)
     guidance = [protocol.extract_guidance(o) for o in outputs]
     todo = [k for k, g in enumerate(guidance) if g]  # zero-length guidance ("") = the student alone, as in the reward
     acc = dict(
@@ -163,11 +169,12 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from rlt.jsonl import write_jsonl
     from rlt.layout import atomic_write_json, atomic_write_text
 
     here = out_dir / label
     here.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(here / "problems.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write_jsonl(here / "problems.jsonl", records)
     summary = summarize_problems([(r["acc_without"], r["acc_with"], r["teaching_tokens"]) for r in records])
     oks = [r["format_ok"] for r in records if r.get("format_ok") is not None]
     summary["format_ok"] = sum(oks) / len(oks) if oks else None

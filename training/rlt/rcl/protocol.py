@@ -10,10 +10,9 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from rlt.answers import is_correct
+from rlt.answers import between, is_correct
+from rlt.prompts import FORMATS_DIR
 from rlt.spec import Strict
-
-FORMATS_DIR = Path(__file__).resolve().parent.parent / "formats"
 
 
 class RclFormat(Strict):
@@ -81,14 +80,6 @@ def _fill(template: str, **values: str) -> str:
     return template
 
 
-def _between(text: str, start: str, end: str) -> str | None:
-    i = text.find(start)
-    if i < 0:
-        return None
-    j = text.find(end, i + len(start))
-    return text[i + len(start) : j] if j >= 0 else None
-
-
 class Protocol:
     """Renders the chats of both passes with the models' chat templates."""
 
@@ -128,7 +119,7 @@ class Protocol:
         """The text between the guidance tags, or None when they are missing or unclosed (never the whole output).
         Closed tags around nothing are zero-length guidance (""): the teacher chose to add nothing, which the method
         asks for when the student's idea is already right, so it is scored as no teaching (eff = 1), not a format error."""
-        inside = _between(completion, self.fmt.guidance_start, self.fmt.guidance_end)
+        inside = between(completion, self.fmt.guidance_start, self.fmt.guidance_end)
         return None if inside is None else inside.strip()
 
     # student answers

@@ -10,10 +10,10 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rlt.answers import boxed_contents, extract_answer, normalize
 from rlt.rcl.protocol import Protocol
+from rlt.reward import RewardCall, RewardFunction
 
 ZERO = 1e-9  # |Δ| at or below this counts as no change (accuracies are k/n, exact in float for small n)
 
@@ -93,22 +93,19 @@ AnswerFn = Callable[[list[str], int], list[list[str]]]  # prompts, n -> n answer
 
 def student_sampler(model, tokenizer, *, temperature: float, max_new_tokens: int, batch_size: int = 32) -> AnswerFn:
     """n sampled answers per prompt from a frozen student, all prompts batched (the shared sampling helper)."""
-    from rlt.generation import sample_with_logprobs
+    from rlt.generation import sample_texts
 
     def answer(prompts: list[str], n: int) -> list[list[str]]:
         if not prompts:
             return []
-        ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts for _ in range(n)]
-        s = sample_with_logprobs(
+        texts = sample_texts(
             model,
             tokenizer,
-            ids,
+            [p for p in prompts for _ in range(n)],
             temperature=temperature,
-            top_p=1.0,
             max_new_tokens=max_new_tokens,
             batch_size=batch_size,
         )
-        texts = tokenizer.batch_decode(s.completion_ids, skip_special_tokens=True)
         return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     return answer
@@ -144,25 +141,23 @@ class RclBatch:
         return 1.0 - sum(w < b - 1e-9 for b, w in graded) / len(graded) if graded else float("nan")
 
     def means(self) -> dict[str, float]:
-        from rlt.rcl.evaluation import summarize_problems
+        from rlt.rcl.evaluation import step_values, summarize_problems
 
         n = max(1, len(self.reward))
-        s = summarize_problems(self.problems())
         return {
             "reward": sum(self.reward) / n,
-            "rcl_apg": s["apg"],
-            "rcl_ndr": s["ndr"],
-            "rcl_tes": s["tes"],
-            "rcl_acc_with": s["acc_with"],
-            "rcl_acc_without": s["acc_without"],
-            "rcl_teaching_tokens": s["teaching_tokens"],
-            "rcl_ndr_samples": self.ndr_per_sample(),
-            "rcl_format_ok": sum(p is not None for p in self.perf_with) / n,
-            "rcl_leak_rate": sum(self.leaked) / n,
+            **step_values(
+                {
+                    **summarize_problems(self.problems()),
+                    "ndr_samples": self.ndr_per_sample(),
+                    "format_ok": sum(p is not None for p in self.perf_with) / n,
+                    "leak_rate": sum(self.leaked) / n,
+                }
+            ),
         }
 
 
-class RCLReward:
+class RCLReward(RewardFunction):
     """Scores teacher completions by the student's gain. Usable standalone (`score`) and as a TRL reward function."""
 
     __name__ = "rcl"
@@ -244,20 +239,10 @@ class RCLReward:
         self.last = out
         return out
 
-    def __call__(
-        self,
-        prompts: list[Any],
-        completions: list[Any],
-        question: list[str],
-        solution: list[str],
-        log_metric=None,
-        **_: Any,
-    ) -> list[float]:
-        """TRL reward-function interface: dataset columns `question` and `solution` arrive as keyword lists."""
-        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
-        batch = self.score(question, solution, texts)
-        if log_metric is not None:
+    def reward(self, call: RewardCall) -> list[float]:
+        batch = self.score(call.questions, call.solutions, call.texts)
+        if call.log_metric is not None:
             for k, v in batch.means().items():
                 if k != "reward" and math.isfinite(v):
-                    log_metric(k, v)
+                    call.log_metric(k, v)
         return batch.reward

@@ -11,15 +11,18 @@ Two properties the public RCL code lacks and tests pin down (tests/training/test
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 
 from rlt.data import DataError, load_data
-from rlt.models import load_model, load_tokenizer, pick_device
+from rlt.layout import RunLayout
+from rlt.models import load_model, load_tokenizer
 from rlt.prompts import resolve_format
+from rlt.rcl.evaluation import step_values
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
-from rlt.spec import ModelRef
+from rlt.spec import ModelRef, RLTRun
 from rlt.stages.common import PhaseTimer, Recorder, StageContext, newest_teacher
 from rlt.stages.rl import sample_policy, teacher_start, train_grpo
 from rlt.stages.sft import train_sft
@@ -65,7 +68,7 @@ def run_rcl_sft(ctx: StageContext) -> str:
     spec = ctx.spec
     tokenizer = load_tokenizer(spec.teacher, padding_side="right")
     rows = rcl_sft_rows(_rows(spec), protocol_for(spec), tokenizer, spec.dataset.bad_rows)
-    return train_sft(ctx, ctx.device or pick_device(), rows, tokenizer)
+    return train_sft(ctx, ctx.compute_device, rows, tokenizer)
 
 
 # --------------------------------------------------------------------------- rl
@@ -171,7 +174,7 @@ def build_rcl_reward(spec, protocol: Protocol, student, student_tok, teacher_tok
 
 def run_rcl_rl(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.rl
-    device = ctx.device or pick_device()
+    device = ctx.compute_device
     protocol = protocol_for(spec)
     start = teacher_start(ctx)
     tokenizer = load_tokenizer(start, padding_side="left")
@@ -214,12 +217,12 @@ def eval_rows(spec) -> list[dict]:
     return rows[: ev.limit] if ev.limit else rows
 
 
-def evaluate(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict:
+def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict:
     """Two-pass evaluation of `teacher` (None = no teacher) -> out_dir/<label>/ and out_dir/report.md."""
     from rlt.rcl.evaluation import evaluate_teacher, write_report
 
     spec, ev = ctx.spec, ctx.spec.stages.evaluate
-    device = ctx.device or pick_device()
+    device = ctx.compute_device
     rows = eval_rows(spec)
     t0 = time.perf_counter()
     student = load_model(spec.student, device)
@@ -250,20 +253,43 @@ def run_rcl_evaluate(ctx: StageContext) -> str:
     teacher, label = final_teacher(ctx)
     recorder = Recorder(ctx, "evaluate", 1)
     out_dir = ctx.layout.eval_dir  # the evaluate stage and `rlt eval` share one report
-    summary = evaluate(ctx, teacher, label, out_dir)
-    recorder.record(1, _numbers(summary))
+    summary = evaluate_teaching(ctx, teacher, label, out_dir)
+    recorder.record(1, step_values(summary))
     recorder.done()
     return str(out_dir / "report.md")
 
 
-def _numbers(summary: dict) -> dict[str, float]:
-    names = {
-        "apg": "rcl_apg",
-        "ndr": "rcl_ndr",
-        "tes": "rcl_tes",
-        "acc_with": "rcl_acc_with",
-        "acc_without": "rcl_acc_without",
-        "teaching_tokens": "rcl_teaching_tokens",
-        "format_ok": "rcl_format_ok",
-    }
-    return {names[k]: float(v) for k, v in summary.items() if k in names and isinstance(v, (int, float))}
+# --------------------------------------------------------------------------- `rlt eval`
+
+
+def named_teacher(ctx: StageContext, teacher: str | None, label: str | None) -> tuple[ModelRef | None, str]:
+    """(model or None, report label) for `rlt eval --teacher`: unset = the run's latest trained teacher, "none" = no
+    teacher, "initial" = spec.teacher, else a model path or hub id."""
+    if teacher is None:
+        ref, name = final_teacher(ctx)
+    elif teacher == "none":
+        ref, name = None, "none"
+    elif teacher == "initial":
+        ref, name = ctx.spec.teacher, "initial"
+    else:
+        ref = ctx.spec.teacher.model_copy(update={"model": teacher, "revision": None})
+        shown = "-".join(Path(teacher).parts[-2:]) if Path(teacher).exists() else teacher
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", shown).strip("-")
+    return ref, label or name
+
+
+def run_teaching_eval(
+    run: RLTRun,
+    output: str | Path = "results",
+    teacher: str | None = None,
+    label: str | None = None,
+    device: str | None = None,
+) -> Path:
+    """`rlt eval`: the teaching evaluation of one teacher into <output>/<run>/eval/<label>/; returns report.md."""
+    from rlt.runner import quiet_libraries
+
+    quiet_libraries()
+    ctx = StageContext(run, RunLayout.for_run(output, run.name), None, device, show_progress=False)
+    ref, name = named_teacher(ctx, teacher, label)
+    evaluate_teaching(ctx, ref, name, ctx.layout.eval_dir)
+    return ctx.layout.eval_dir / "report.md"

@@ -3,21 +3,25 @@ Trainer callback that feeds that record with a progress bar."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rlt.jsonl import append_jsonl
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, TrainerMetrics, tracking_name
 from rlt.spec import RLTRun
 from rlt.stage_registry import stage_settings, teacher_stages_before, zero_stage
 from rlt.tracking import Tracker, point_tensorboard
+
+if TYPE_CHECKING:
+    from rlt.prompts import Formatter
 
 
 @dataclass
@@ -37,7 +41,27 @@ class StageContext:
         return int(os.environ.get("RANK", "0")) == 0
 
     def world_size(self) -> int:
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        return world_size()
+
+    @cached_property
+    def compute_device(self) -> str:
+        """Where this process computes: `device` (default: cuda when available), under a launcher the rank's own GPU.
+        Resolved once, on first use, before any model of the stage is loaded."""
+        from rlt.models import pick_device
+
+        return rank_device(self.device or pick_device())
+
+    @cached_property
+    def formatter(self) -> Formatter:
+        """The run's prompt format (spec.format resolved once)."""
+        from rlt.prompts import Formatter, resolve_format
+
+        return Formatter(resolve_format(self.spec.format))
+
+
+def world_size() -> int:
+    """Processes in the job (the launcher's WORLD_SIZE; 1 without a launcher): the one place it is read."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class Recorder:
@@ -66,10 +90,7 @@ class Recorder:
         if not self.ctx.is_main:
             return
         row = {"stage": self.stage, "step": step, "time": round(time.time(), 3), **values}
-        path = self.ctx.layout.metrics_file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(self.ctx.layout.metrics_file, row)
         m = self.ctx.metrics
         if m:
             m.set("rlt_step", step)
@@ -223,21 +244,18 @@ def quiet_trainer(trainer) -> None:
     trainer.remove_callback(ProgressCallback)
 
 
-def trainer_precision(device: str, precision: str = "auto") -> dict[str, Any]:
-    """TrainingArguments for the device: auto = fp32 on CPU (TRL defaults to bf16, which the CPU path rejects),
-    bf16 on a GPU.
+def trainer_precision(device: str, precision: str = "auto", processes: int = 1) -> dict[str, Any]:
+    """TrainingArguments for the device (pure): auto = fp32 on CPU (TRL defaults to bf16, which the CPU path
+    rejects), bf16 on a GPU.
 
     Several CPU processes (the gloo stand-in for GPUs and nodes): accelerate 1.15 picks no backend for DeepSpeed
-    without CUDA and every rank would think it is alone, so the process group is made here first (gloo) and the
-    Trainer told to use it; `use_cpu` would switch accelerate to MULTI_CPU and away from DeepSpeed."""
+    without CUDA and every rank would think it is alone, so the Trainer is told to use the process group that
+    `join_process_group` made; `use_cpu` would switch accelerate to MULTI_CPU and away from DeepSpeed."""
     if precision == "auto":
         precision = "fp32" if device == "cpu" else "bf16"
     out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
     if device == "cpu":
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            from accelerate import PartialState
-
-            PartialState(backend="gloo")
+        if processes > 1:
             out.update(use_cpu=False, accelerator_config={"use_configured_state": True})
         else:
             out["use_cpu"] = True
@@ -251,6 +269,9 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
     from rlt.tracking import report_to_args
 
     st = stage_settings(ctx.spec, stage)
+    processes = world_size()
+    if device == "cpu" and processes > 1:
+        join_process_group(device)  # the configured state the Trainer is told to use (trainer_precision)
     return {
         "output_dir": str(ctx.layout.checkpoints_dir(stage)),
         "per_device_train_batch_size": st.per_device_batch_size,
@@ -267,7 +288,7 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
         "max_grad_norm": st.max_grad_norm,
         "logging_steps": st.logging_steps,
         "save_total_limit": st.save_total_limit,
-        **trainer_precision(device, st.precision),
+        **trainer_precision(device, st.precision, processes),
         **report_to_args(ctx),
         **st.trainer_args,
     }
@@ -365,20 +386,36 @@ def rank_device(device: str) -> str:
 
 
 def join_process_group(device: str) -> tuple[int, int]:
-    """(rank, world size) of this process. Under a launcher (WORLD_SIZE > 1) it joins the process group: gloo on
-    CPU, NCCL on GPU (call `rank_device` first so NCCL uses this rank's GPU)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    """(rank, world size) of this process; the one place a stage makes its process group. Under a launcher
+    (WORLD_SIZE > 1) it joins it: gloo on CPU, NCCL on GPU (call `rank_device` first so NCCL uses this rank's GPU).
+    On CPU accelerate's PartialState is made over the same group, so a Trainer with `use_configured_state` joins it
+    too (accelerate alone would make none for DeepSpeed without CUDA)."""
+    if world_size() <= 1:
         return 0, 1
     import torch.distributed as dist
 
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    if not device.startswith("cuda"):
+        from accelerate import PartialState
+
+        PartialState(backend="gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
 def my_share(items: list, rank: int, world: int) -> list[tuple[int, Any]]:
     """This rank's rows with their global index: every `world`-th one from `rank` (shares differ by one at most)."""
     return [(i, item) for i, item in enumerate(items) if i % world == rank]
+
+
+def shard_rows(ctx: StageContext, stage: str, rows: list) -> tuple[int, int, list[tuple[int, Any]]]:
+    """(rank, world size, this rank's rows with their index) for a stage whose ranks split the rows (distill,
+    evaluate): joins the process group, says which world and which rows (the rlt-world and rlt-shard lines)."""
+    rank, world = join_process_group(ctx.compute_device)
+    announce_world(stage)
+    share = my_share(rows, rank, world)
+    say_line(f"rlt-shard stage={stage} rank={rank} rows={','.join(str(i) for i, _ in share)}")
+    return rank, world, share
 
 
 def gather_shares(share: list[tuple[int, Any]], rank: int, world: int, total: int) -> list[Any] | None:
@@ -435,7 +472,7 @@ def say_line(text: str) -> None:
 
 def deepspeed_config(stage: int | None) -> dict[str, Any] | None:
     """ZeRO config for distributed runs (WORLD_SIZE > 1); None for a single process, ZeRO 0 or no ZeRO stage."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not stage:
+    if world_size() <= 1 or not stage:
         return None
     return {
         "train_micro_batch_size_per_gpu": "auto",

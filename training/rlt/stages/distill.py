@@ -4,26 +4,15 @@ Each row also keeps every candidate (text, reward, closed), best first."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from rlt.data import load_data
 from rlt.generation import sample_with_logprobs, server_generate
-from rlt.layout import atomic_write_text
-from rlt.models import load_model, load_tokenizer, pick_device
-from rlt.prompts import Formatter, resolve_format
+from rlt.jsonl import write_jsonl
+from rlt.models import load_model, load_tokenizer
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
-from rlt.stages.common import (
-    Recorder,
-    StageContext,
-    announce_world,
-    gather_shares,
-    join_process_group,
-    my_share,
-    newest_teacher,
-    rank_device,
-)
+from rlt.stages.common import Recorder, StageContext, gather_shares, newest_teacher, shard_rows
 from rlt.stages.sft import teacher_prompt_ids
 
 
@@ -36,17 +25,13 @@ def run_distill(ctx: StageContext) -> str:
     from tqdm.auto import tqdm
 
     spec, st = ctx.spec, ctx.spec.stages.distill
-    device = rank_device(ctx.device or pick_device())
-    rank, world = join_process_group(device)
-    announce_world("distill")
-    formatter = Formatter(resolve_format(spec.format))
+    device, formatter = ctx.compute_device, ctx.formatter
     teacher_ref = trained_teacher(ctx)
-    tokenizer = load_tokenizer(teacher_ref, padding_side="left")
     all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
     # Each rank explains its own share of the questions; rank 0 merges them in dataset order and writes the file.
-    share = my_share(all_rows, rank, world)
+    rank, world, share = shard_rows(ctx, "distill", all_rows)
     rows = [r for _, r in share]
-    print(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}", flush=True)
+    tokenizer = load_tokenizer(teacher_ref, padding_side="left")
     gen = spec.stages.rl.generation
     teacher = None if gen.mode == "server" else load_model(teacher_ref, device)
     student = load_model(spec.student, device)
@@ -130,6 +115,6 @@ def run_distill(ctx: StageContext) -> str:
     path = ctx.layout.distill_dataset
     merged = gather_shares([(i, row) for (i, _), row in zip(share, out_rows, strict=True)], rank, world, len(all_rows))
     if merged is not None:
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged))
+        write_jsonl(path, merged)
     recorder.done()
     return str(path)

@@ -3,6 +3,10 @@
 The model answers in the student format (student system prompt, question); its answer is taken from the
 solution tags and checked with rlt.answers (math), as a letter (choice), or with the built-in task's checker.
 Writes eval/report.json, eval/report.md, eval/per_question.jsonl and eval/accuracy.png.
+
+Four steps, each its own function: generate (`generate_answers`, one call over every question), grade (`grade`,
+pure, once per answer, into `QuestionResult` records), report (`build_report`, pure, an `EvalReport` from the
+records) and write (`write_report`, the files).
 """
 
 from __future__ import annotations
@@ -18,18 +22,11 @@ from typing import Any
 from rlt import answers, tasks
 from rlt.benchmarks import find_benchmark, load_benchmark
 from rlt.data import DataError, load_data
+from rlt.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
 from rlt.layout import atomic_write_json, atomic_write_text
-from rlt.prompts import Formatter, resolve_format
+from rlt.prompts import Formatter
 from rlt.spec import ModelRef
-from rlt.stages.common import (
-    Recorder,
-    StageContext,
-    announce_world,
-    gather_shares,
-    join_process_group,
-    my_share,
-    rank_device,
-)
+from rlt.stages.common import Recorder, StageContext, gather_shares, shard_rows
 
 
 @dataclass
@@ -91,7 +88,47 @@ def load_eval_set(spec, fmt) -> EvalSet:
     )
 
 
-# --------------------------------------------------------------------------- grading
+# --------------------------------------------------------------------------- grading (pure)
+
+
+@dataclass(frozen=True)
+class GradedAnswer:
+    text: str
+    extracted: str | None
+    correct: bool
+
+
+@dataclass(frozen=True)
+class QuestionResult:
+    """One question's answers, graded: a line of per_question.jsonl."""
+
+    row: Any  # the question's row number in its source (None when the source has none)
+    question: str
+    solution: str
+    answers: tuple[GradedAnswer, ...]
+
+    @property
+    def accuracy(self) -> float:
+        return sum(a.correct for a in self.answers) / len(self.answers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "row": self.row,
+            "question": self.question,
+            "solution": self.solution,
+            "accuracy": self.accuracy,
+            "answers": [{"text": a.text, "extracted": a.extracted, "correct": a.correct} for a in self.answers],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> QuestionResult:
+        answers = tuple(GradedAnswer(a["text"], a["extracted"], a["correct"]) for a in d["answers"])
+        return cls(d["row"], d["question"], d["solution"], answers)
+
+
+def answer_tags(formatter: Formatter) -> tuple[str, str]:
+    """Where an answer is read from: the solution tags of the student format."""
+    return formatter.t.solution_start, formatter.t.solution_end
 
 
 def grade(row: dict[str, Any], output: str, answer_type: str, tags: tuple[str, str]) -> tuple[str | None, bool]:
@@ -101,8 +138,8 @@ def grade(row: dict[str, Any], output: str, answer_type: str, tags: tuple[str, s
         want = answers.normalize(row["solution"])
         return got, got is not None and len(got) == 1 and got == want
     if answer_type == "builtin":
-        block = _between(output, *tags)
-        answer = block if block is not None else _last_line(output)
+        block = answers.between(output, *tags, last=True, open_end=True)
+        answer = block.strip() if block is not None else _last_line(output)
         verdict = tasks.check_builtin(row["question"], answer)
         if verdict is not None:  # countdown/basic: verified from the question itself; other built-in rows are math
             return answer, verdict
@@ -112,12 +149,12 @@ def grade(row: dict[str, Any], output: str, answer_type: str, tags: tuple[str, s
     return got, answers.is_correct(output, row["solution"], tags)
 
 
-def _between(text: str, start: str, end: str) -> str | None:
-    i = text.rfind(start)
-    if i < 0:
-        return None
-    j = text.find(end, i + len(start))
-    return (text[i + len(start) : j] if j >= 0 else text[i + len(start) :]).strip()
+def grade_question(
+    row: dict[str, Any], outputs: Sequence[str], answer_type: str, tags: tuple[str, str]
+) -> QuestionResult:
+    """Every answer of one question graded once."""
+    graded = tuple(GradedAnswer(o, *grade(row, o, answer_type, tags)) for o in outputs)
+    return QuestionResult(row.get("row"), row["question"], row["solution"], graded)
 
 
 def _last_line(text: str) -> str:
@@ -132,26 +169,80 @@ def pass_at_1(per_question: Sequence[Sequence[bool]]) -> float:
     return sum(sum(c) / len(c) for c in per_question) / len(per_question)
 
 
+# --------------------------------------------------------------------------- the report (pure)
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """report.json of one model on one set (camelCase on disk)."""
+
+    model: str  # label: student, custom, baseline, or a compare arm
+    model_path: str
+    dataset: str
+    answer_type: str
+    questions: int
+    samples: int
+    temperature: float
+    max_new_tokens: int
+    accuracy: float
+    stderr: float | None
+    correct: int
+    answers: int
+    seconds: float
+    generated_tokens: int
+
+    def to_json(self) -> dict[str, Any]:
+        return camel_json(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> EvalReport:
+        return from_camel_json(cls, doc)
+
+
+def build_report(
+    label: str,
+    model_path: str,
+    evalset: EvalSet,
+    st,
+    results: Sequence[QuestionResult],
+    seconds: float,
+    generated_tokens: int,
+) -> EvalReport:
+    """The report of graded questions: pass@1 over questions, its standard error, the answer counts."""
+    accs = [q.accuracy for q in results]
+    n = len(accs)
+    acc = pass_at_1([[a.correct for a in q.answers] for q in results])
+    return EvalReport(
+        model=label,
+        model_path=model_path,
+        dataset=evalset.source,
+        answer_type=evalset.answer_type,
+        questions=n,
+        samples=st.samples,
+        temperature=st.temperature,
+        max_new_tokens=st.max_new_tokens,
+        accuracy=acc,
+        # standard error of the mean over questions (per-question accuracies are the unit)
+        stderr=math.sqrt(sum((a - acc) ** 2 for a in accs) / (n - 1) / n) if n > 1 else None,
+        correct=sum(a.correct for q in results for a in q.answers),
+        answers=sum(len(q.answers) for q in results),
+        seconds=round(seconds, 1),
+        generated_tokens=generated_tokens,
+    )
+
+
 # --------------------------------------------------------------------------- generation
 
 
 def generate_answers(
-    model,
-    tokenizer,
-    prompts: list[str],
-    *,
-    samples: int,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    batch_size: int,
-    server_url: str | None = None,
-    timeout: float = 600.0,
-    on_batch=None,
+    model, tokenizer, prompts: list[str], st, server_url: str | None = None, on_batch=None
 ) -> list[list[str]]:
-    """`samples` decoded answers per prompt, in-process (the shared sampler; greedy at temperature 0) or from vLLM."""
+    """`st.samples` decoded answers per prompt (settings: stages.evaluate), in-process (the shared sampler; greedy at
+    temperature 0) or from the vLLM server at `server_url`."""
     from rlt.generation import sample_with_logprobs, server_generate
 
+    samples, temperature, top_p, max_new_tokens = st.samples, st.temperature, st.top_p, st.max_new_tokens
+    batch_size, timeout = st.batch_size, st.generation.server_timeout_seconds
     prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     out: list[list[str]] = []
     for start in range(0, len(prompts), batch_size):
@@ -214,133 +305,100 @@ def _greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]
 # --------------------------------------------------------------------------- one model on one set
 
 
-def evaluate_model(
-    ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSet, out_dir: Path, settings=None
-) -> dict[str, Any]:
-    """Answer every question `samples` times, grade, write the report files under out_dir; return the report."""
-    from tqdm.auto import tqdm
+class EvalProgress:
+    """What an evaluation shows while it runs: metrics.jsonl / progress.json, the rlt_eval_* metrics, a bar."""
 
-    from rlt.models import load_model, load_tokenizer, pick_device
+    def __init__(self, ctx: StageContext, label: str, questions: int):
+        from tqdm.auto import tqdm
 
-    st = settings or ctx.spec.stages.evaluate
-    device = rank_device(ctx.device or pick_device())
-    rank, world = join_process_group(device)
-    announce_world("evaluate")
-    # Each rank answers its own share of the questions; rank 0 merges them in order and writes the report.
-    all_rows = evalset.rows
-    share = my_share(all_rows, rank, world)
-    print(f"rlt-shard stage=evaluate rank={rank} rows={','.join(str(i) for i, _ in share)}", flush=True)
-    evalset = EvalSet([r for _, r in share], evalset.answer_type, evalset.source)
-    formatter = Formatter(resolve_format(ctx.spec.format))
-    tags = (formatter.t.solution_start, formatter.t.solution_end)
-    tokenizer = load_tokenizer(ref, padding_side="left")
-    server = st.generation.server_url if st.generation.mode == "server" else None
-    if st.generation.mode == "server" and not server:
-        raise ValueError("stages.evaluate.generation.serverUrl: required when mode is server")
-    model = None if server else load_model(ref, device)
-    prompts = [
-        tokenizer.apply_chat_template(
-            formatter.student_messages(r["question"], "", "")[:2], tokenize=False, add_generation_prompt=True
+        self.ctx, self.label = ctx, label
+        self.recorder = Recorder(ctx, "evaluate", questions)
+        self.recorder.eval_model = label  # rlt_eval_accuracy/<label> in experiment tracking
+        self.bar = tqdm(
+            total=questions, desc=f"evaluate {label}", unit="q", disable=not (ctx.show_progress and ctx.is_main)
         )
-        for r in evalset.rows
-    ]
-    recorder = Recorder(ctx, "evaluate", len(prompts))
-    recorder.eval_model = label  # rlt_eval_accuracy/<label> in experiment tracking
-    bar = tqdm(total=len(prompts), desc=f"evaluate {label}", unit="q", disable=not (ctx.show_progress and ctx.is_main))
-    graded: list[list[bool]] = []
-    started = time.perf_counter()
-    tokens = {"n": 0}
+        self.started = time.perf_counter()
+        self.tokens = 0
 
-    def on_batch(start, batch, n_tokens):
-        for row, outs in zip(evalset.rows[start : start + len(batch)], batch, strict=True):
-            graded.append([grade(row, o, evalset.answer_type, tags)[1] for o in outs])
-        tokens["n"] += n_tokens
-        acc = pass_at_1(graded)
-        elapsed = time.perf_counter() - started
-        recorder.record(
+    def batch(self, graded: Sequence[QuestionResult], batch: Sequence[QuestionResult], tokens: int) -> None:
+        """After a batch: `graded` is every question graded so far, `batch` the new ones."""
+        self.tokens += tokens
+        acc = pass_at_1([[a.correct for a in q.answers] for q in graded])
+        elapsed = time.perf_counter() - self.started
+        self.recorder.record(
             len(graded),
             {
                 "accuracy": acc,
-                "generated_tokens": n_tokens,
-                "tokens_per_second": tokens["n"] / elapsed if elapsed > 0 else 0.0,
+                "generated_tokens": tokens,
+                "tokens_per_second": self.tokens / elapsed if elapsed > 0 else 0.0,
             },
         )
-        if ctx.metrics:
-            ctx.metrics.set("rlt_eval_accuracy", acc, model=label)
-            ctx.metrics.inc("rlt_eval_questions_total", len(batch), model=label)
-            ctx.metrics.inc("rlt_eval_answers_total", sum(len(o) for o in batch), model=label)
-        bar.update(len(batch))
-        bar.set_postfix({"acc": f"{acc:.3f}"}, refresh=True)
+        if self.ctx.metrics:
+            self.ctx.metrics.set("rlt_eval_accuracy", acc, model=self.label)
+            self.ctx.metrics.inc("rlt_eval_questions_total", len(batch), model=self.label)
+            self.ctx.metrics.inc("rlt_eval_answers_total", sum(len(q.answers) for q in batch), model=self.label)
+        self.bar.update(len(batch))
+        self.bar.set_postfix({"acc": f"{acc:.3f}"}, refresh=True)
 
-    outputs = generate_answers(
-        model,
-        tokenizer,
-        prompts,
-        samples=st.samples,
-        temperature=st.temperature,
-        top_p=st.top_p,
-        max_new_tokens=st.max_new_tokens,
-        batch_size=st.batch_size,
-        server_url=server,
-        timeout=st.generation.server_timeout_seconds,
-        on_batch=on_batch,
-    )
-    bar.close()
-    seconds = time.perf_counter() - started
-    answered = gather_shares(
-        [(i, outs) for (i, _), outs in zip(share, outputs, strict=True)], rank, world, len(all_rows)
-    )
-    if answered is None:
-        return {}  # not rank 0: rank 0 writes the report
-    per_question = []
-    for row, outs in zip(all_rows, answered, strict=True):
-        checked = [grade(row, o, evalset.answer_type, tags) for o in outs]
-        per_question.append(
-            {
-                "row": row.get("row"),
-                "question": row["question"],
-                "solution": row["solution"],
-                "accuracy": sum(c for _, c in checked) / len(checked),
-                "answers": [{"text": o, "extracted": e, "correct": c} for o, (e, c) in zip(outs, checked, strict=True)],
-            }
+    def close(self) -> float:
+        """Seconds since the start."""
+        self.bar.close()
+        return time.perf_counter() - self.started
+
+
+def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]], st, on_batch) -> None:
+    """Generation: `st.samples` answers to every row in the student format, by `ref` in-process or by the vLLM
+    server of stages.evaluate.generation; `on_batch(start, answers, tokens)` after each batch."""
+    from rlt.models import load_model, load_tokenizer
+
+    server = st.generation.server_url if st.generation.mode == "server" else None
+    if st.generation.mode == "server" and not server:
+        raise ValueError("stages.evaluate.generation.serverUrl: required when mode is server")
+    tokenizer = load_tokenizer(ref, padding_side="left")
+    model = None if server else load_model(ref, ctx.compute_device)
+    prompts = [
+        tokenizer.apply_chat_template(
+            ctx.formatter.student_messages(r["question"], "", "")[:2], tokenize=False, add_generation_prompt=True
         )
-    evalset = EvalSet(all_rows, evalset.answer_type, evalset.source)
-    report = build_report(label, ref.model, evalset, st, per_question, seconds, tokens["n"])
-    write_report(out_dir, report, per_question)
+        for r in rows
+    ]
+    generate_answers(model, tokenizer, prompts, st, server, on_batch)
+
+
+def evaluate_model(
+    ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSet, out_dir: Path, settings=None
+) -> EvalReport | None:
+    """Generate, grade, report, write: `ref` on every question of `evalset`, the files under out_dir. Each rank
+    answers and grades its own share; rank 0 merges the graded questions in order, writes and returns the report
+    (the other ranks return None)."""
+    st = settings or ctx.spec.stages.evaluate
+    rank, world, share = shard_rows(ctx, "evaluate", evalset.rows)
+    rows = [r for _, r in share]
+    tags = answer_tags(ctx.formatter)
+    progress = EvalProgress(ctx, label, len(rows))
+    graded: list[QuestionResult] = []
+
+    def on_batch(start: int, batch: list[list[str]], tokens: int) -> None:
+        new = [
+            grade_question(r, outs, evalset.answer_type, tags)
+            for r, outs in zip(rows[start : start + len(batch)], batch, strict=True)
+        ]
+        graded.extend(new)
+        progress.batch(graded, new, tokens)
+
+    answer_questions(ctx, ref, rows, st, on_batch)
+    seconds = progress.close()
+    merged = gather_shares([(i, q) for (i, _), q in zip(share, graded, strict=True)], rank, world, len(evalset.rows))
+    if merged is None:
+        return None
+    report = build_report(label, ref.model, evalset, st, merged, seconds, progress.tokens)
+    write_report(out_dir, report, merged)
     if ctx.metrics:
-        ctx.metrics.set("rlt_eval_accuracy", report["accuracy"], model=label)
+        ctx.metrics.set("rlt_eval_accuracy", report.accuracy, model=label)
     return report
 
 
-def build_report(
-    label: str,
-    model: str,
-    evalset: EvalSet,
-    st,
-    per_question: list[dict[str, Any]],
-    seconds: float,
-    generated_tokens: int,
-) -> dict[str, Any]:
-    accs = [q["accuracy"] for q in per_question]
-    acc = sum(accs) / len(accs)
-    n = len(accs)
-    return {
-        "model": label,
-        "modelPath": model,
-        "dataset": evalset.source,
-        "answerType": evalset.answer_type,
-        "questions": n,
-        "samples": st.samples,
-        "temperature": st.temperature,
-        "maxNewTokens": st.max_new_tokens,
-        "accuracy": acc,
-        # standard error of the mean over questions (per-question accuracies are the unit)
-        "stderr": math.sqrt(sum((a - acc) ** 2 for a in accs) / (n - 1) / n) if n > 1 else None,
-        "correct": sum(sum(a["correct"] for a in q["answers"]) for q in per_question),
-        "answers": sum(len(q["answers"]) for q in per_question),
-        "seconds": round(seconds, 1),
-        "generatedTokens": generated_tokens,
-    }
+# --------------------------------------------------------------------------- writing
 
 
 def markdown_table(reports: list[dict[str, Any]]) -> str:
@@ -378,22 +436,29 @@ def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path
     return path
 
 
-def write_report(out_dir: Path, report: dict[str, Any], per_question: list[dict[str, Any]]) -> None:
-    atomic_write_text(
-        out_dir / "per_question.jsonl", "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in per_question)
-    )
-    atomic_write_json(out_dir / "report.json", report)
-    atomic_write_text(out_dir / "report.md", f"# Evaluation: {report['dataset']}\n\n" + markdown_table([report]))
-    plot_accuracy([report], out_dir / "accuracy.png", f"{report['dataset']} ({report['answerType']})")
+def write_report(out_dir: Path, report: EvalReport, results: Sequence[QuestionResult]) -> None:
+    write_jsonl(out_dir / "per_question.jsonl", (q.to_json() for q in results))
+    doc = report.to_json()
+    atomic_write_json(out_dir / "report.json", doc)
+    atomic_write_text(out_dir / "report.md", f"# Evaluation: {report.dataset}\n\n" + markdown_table([doc]))
+    plot_accuracy([doc], out_dir / "accuracy.png", f"{report.dataset} ({report.answer_type})")
+
+
+def read_results(out_dir: Path) -> list[QuestionResult]:
+    """The graded questions an evaluation wrote (per_question.jsonl)."""
+    return [QuestionResult.from_json(d) for d in read_jsonl(out_dir / "per_question.jsonl")]
+
+
+def read_report(out_dir: Path) -> EvalReport:
+    return EvalReport.from_json(json.loads((out_dir / "report.json").read_text()))
 
 
 def run_evaluate(ctx: StageContext) -> str:
-    formatter = Formatter(resolve_format(ctx.spec.format))
     label, ref = eval_target(ctx)
-    evalset = load_eval_set(ctx.spec, formatter.fmt)
+    evalset = load_eval_set(ctx.spec, ctx.formatter.fmt)
     out = ctx.layout.eval_dir
     report = evaluate_model(ctx, ref, label, evalset, out)
-    if report:  # rank 0
-        print(markdown_table([report]), end="", flush=True)
+    if report is not None:  # rank 0
+        print(markdown_table([report.to_json()]), end="", flush=True)
     Recorder(ctx, "evaluate", len(evalset.rows)).done()
     return str(out)

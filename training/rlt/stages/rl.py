@@ -13,8 +13,8 @@ import os
 
 from rlt.data import DataError, load_data
 from rlt.generation import sample_with_logprobs
-from rlt.models import load_model, load_tokenizer, pick_device
-from rlt.prompts import Formatter, resolve_format
+from rlt.models import load_model, load_tokenizer
+from rlt.prompts import Formatter
 from rlt.reward import reward_from_spec
 from rlt.spec import ModelRef
 from rlt.stages.common import (
@@ -22,7 +22,6 @@ from rlt.stages.common import (
     StageContext,
     TrainerRun,
     newest_teacher,
-    rank_device,
     say_line,
     trainer_options,
 )
@@ -107,8 +106,9 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     return rollout
 
 
+# spec.stages.rl.generation.importanceSampling -> TRL's vllm_importance_sampling_mode. "off" is no mode: the
+# correction is switched off (vllm_importance_sampling_correction=False) and TRL's mode is left unset.
 IS_MODES = {
-    "off": "sequence_mask",
     "sequenceMask": "sequence_mask",
     "sequenceTruncate": "sequence_truncate",
     "tokenMask": "token_mask",
@@ -137,6 +137,7 @@ def grpo_config(ctx: StageContext, device: str):
             "stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
             "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)"
         )
+    correct_is = (server or colocate) and gen.importance_sampling != "off"
     vllm = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
     if colocate:  # vLLM shares each rank's GPU with training: unless set, TRL's 30 % (not a generator pod's 90 %)
         share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
@@ -165,8 +166,8 @@ def grpo_config(ctx: StageContext, device: str):
         # clean sampling (docs/reward.md): nothing but τ and top-p shapes the distribution
         repetition_penalty=1.0,
         min_p=None,
-        vllm_importance_sampling_correction=(server or colocate) and gen.importance_sampling != "off",
-        vllm_importance_sampling_mode=IS_MODES[gen.importance_sampling],
+        vllm_importance_sampling_correction=correct_is,
+        **({"vllm_importance_sampling_mode": IS_MODES[gen.importance_sampling]} if correct_is else {}),
         vllm_importance_sampling_clip_max=gen.importance_sampling_cap,
         **trainer_options(ctx, "rl", device),
     )
@@ -256,8 +257,8 @@ def train_grpo(
 
 def run_rl(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.rl
-    device = rank_device(ctx.device or pick_device())  # before the student is loaded onto it
-    formatter = Formatter(resolve_format(spec.format))
+    device = ctx.compute_device  # before the student is loaded onto it
+    formatter = ctx.formatter
     start = teacher_start(ctx)
     tokenizer = load_tokenizer(start, padding_side="left")
     data = load_data(spec.dataset, formatter.fmt)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 from rlt.data import DataError, load_data
-from rlt.models import load_tokenizer, pick_device
-from rlt.prompts import Formatter, resolve_format
+from rlt.models import load_tokenizer
+from rlt.prompts import Formatter
 from rlt.spec import ModelRef
 from rlt.stage_registry import stage_settings
-from rlt.stages.common import StageContext, TrainerRun, rank_device, trainer_options
+from rlt.stages.common import StageContext, TrainerRun, trainer_options
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ def train_sft(
 
 def run_sft(ctx: StageContext) -> str:
     spec = ctx.spec
-    device = rank_device(ctx.device or pick_device())
-    formatter = Formatter(resolve_format(spec.format))
+    device = ctx.compute_device
+    formatter = ctx.formatter
     tokenizer = load_tokenizer(spec.teacher, padding_side="right")
     data = load_data(spec.dataset, formatter.fmt)
     return train_sft(ctx, device, sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows), tokenizer)

@@ -8,17 +8,16 @@ student/rows.json, so nothing is dropped or cropped without a record.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rlt.data import DataError
+from rlt.jsonl import read_jsonl
 from rlt.layout import atomic_write_json
-from rlt.models import load_tokenizer, pick_device
-from rlt.prompts import Formatter, resolve_format
+from rlt.models import load_tokenizer
+from rlt.prompts import Formatter
 from rlt.spec import ModelRef
 from rlt.stages.common import StageContext
 from rlt.stages.sft import train_sft
@@ -28,17 +27,6 @@ log = logging.getLogger(__name__)
 
 def student_ref(spec) -> ModelRef:
     return spec.stages.student.model or spec.student
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path} line {n + 1}: not JSON ({err})") from None
-    return rows
 
 
 def choose_rows(
@@ -90,8 +78,8 @@ def choose_rows(
 
 def run_student(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.student
-    device = ctx.device or pick_device()
-    formatter = Formatter(resolve_format(spec.format))
+    device = ctx.compute_device
+    formatter = ctx.formatter
     source = ctx.layout.distill_dataset
     if not source.exists():
         raise RuntimeError(f"stage student needs the distillation dataset at {source}; run stage distill first")

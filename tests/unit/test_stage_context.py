@@ -1,0 +1,48 @@
+"""What every stage shares, resolved once: the device and prompt format on StageContext; TrainingArguments'
+precision as a pure function (the process group is made by join_process_group alone)."""
+
+import pytest
+from suite_helpers import tiny_doc
+
+from rlt.layout import RunLayout
+from rlt.prompts import resolve_format
+from rlt.spec import parse_run
+from rlt.stages.common import StageContext, trainer_precision
+
+
+def _run():
+    """The tiny example run with its own solution tags (a format override the context must keep)."""
+    doc = tiny_doc()
+    doc["spec"]["format"] = {"tags": {"solutionStart": "<final>", "solutionEnd": "</final>"}}
+    return parse_run(doc)
+
+
+def test_context_resolves_device_and_format_once(tmp_path):
+    ctx = StageContext(_run(), RunLayout(tmp_path), device="cpu")
+    assert ctx.compute_device == "cpu"
+    assert ctx.formatter is ctx.formatter  # one Formatter per context, not one per caller
+    assert ctx.formatter.t.solution_start == "<final>"  # the run's own format, overrides included
+    assert ctx.formatter.fmt == resolve_format(ctx.spec.format)
+
+
+@pytest.mark.parametrize(
+    "device,precision,processes,want",
+    [
+        ("cpu", "auto", 1, {"bf16": False, "fp16": False, "use_cpu": True}),
+        (
+            "cpu",
+            "auto",
+            2,
+            {"bf16": False, "fp16": False, "use_cpu": False, "accelerator_config": {"use_configured_state": True}},
+        ),
+        ("cuda:0", "auto", 4, {"bf16": True, "fp16": False}),
+        ("cuda", "fp16", 1, {"bf16": False, "fp16": True}),
+    ],
+)
+def test_trainer_precision_is_pure(monkeypatch, device, precision, processes, want):
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    monkeypatch.setenv("WORLD_SIZE", str(processes))
+    assert trainer_precision(device, precision, processes) == want
+    assert not dist.is_initialized() and not PartialState._shared_state  # no process group made as a side effect
