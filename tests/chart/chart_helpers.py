@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT, find_tool
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rlt-operator"
-TOOLS = ROOT / ".tools" / "bin"
 MONITORING_API = "monitoring.coreos.com/v1"
 PROMOP_MODELS = ROOT / ".tools" / "npm" / "node_modules" / "@kubernetes-models" / "prometheus-operator"
 
@@ -27,9 +22,7 @@ VALUE_SETS = {
 
 
 def tool(name: str) -> str:
-    path = shutil.which(
-        name, path=os.pathsep.join([str(TOOLS), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    )
+    path = find_tool(name)
     if not path:
         pytest.skip(f"{name} not found: run `make tools` (make test installs it)")
     return path

@@ -11,6 +11,7 @@ import shlex
 import pytest
 import yaml
 from chart_helpers import CHART, IMAGE, ROOT, helm
+from suite_helpers import tiny_doc
 
 from rlt.layout import PVC_MOUNT
 from rlt.spec import RLTRunSpec, parse_run
@@ -47,7 +48,7 @@ def final_stage(name: str) -> dict:
 
 
 def example_spec() -> RLTRunSpec:
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["stages"]["rl"].setdefault("generation", {})["mode"] = "server"
     doc["spec"]["resources"] = {"generator": {"replicas": 1, "gpus": 1}, "trainer": {"nodes": 1, "gpus": 1}}
     return parse_run(doc).spec

@@ -4,9 +4,9 @@ this folder together with tests/operator, which has its own conftest)."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from suite_helpers import ROOT
+
 _spec = importlib.util.spec_from_file_location("rlt_images", ROOT / "hack" / "images.py")
 images = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(images)

@@ -5,7 +5,6 @@ env, uid/gid, the run's ConfigMap on /etc/rlt and a host folder as the PVC on /d
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from image_helpers import images
+from suite_helpers import free_port
 
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt_operator import builders as b
@@ -26,12 +26,6 @@ def rendered(tiny_run, kind: str, stage: str) -> tuple[dict, dict]:
     obj = (b.trainer_job if kind == "trainer" else b.generator_statefulset)(ref, tiny_run.spec, stage, 0)
     pod = obj["spec"]["template"]["spec"]
     return pod, pod["containers"][0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pod_env(container: dict) -> dict[str, str]:

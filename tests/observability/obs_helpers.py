@@ -5,19 +5,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import sys
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT, find_tool
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rlt-operator"
 ALERTS_FILE = CHART / "files" / "alerts" / "rlt-alerts.yaml"
 DASHBOARD_DIR = CHART / "files" / "dashboards"
-TOOLS = ROOT / ".tools" / "bin"
 
+RATE_WINDOW = "5m"  # stands in for $__rate_interval: wide enough to hold the whole tiny run
 METRIC_RE = re.compile(r"\b(rlt_[a-z0-9_]+|vllm:[a-z0-9_:]+)")
 
 # vLLM's own metrics the dashboards and alerts may use (vLLM v1 docs/design/metrics.md).
@@ -35,9 +39,7 @@ VLLM_METRICS = {
 
 
 def tool(name: str) -> str:
-    path = shutil.which(
-        name, path=os.pathsep.join([str(TOOLS), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    )
+    path = find_tool(name)
     if not path:
         pytest.skip(f"{name} not found: run `make tools` (make test installs it)")
     return path
@@ -68,3 +70,80 @@ def catalogue_names() -> set[str]:
         else:
             names.add(d.name)
     return names
+
+
+def http_get(url: str, timeout: float = 5) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+        return r.read()
+
+
+def wait_until(fn, deadline_s: float, what: str, procs=()):
+    end = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < end:
+        for p in procs:
+            if p.poll() is not None:
+                pytest.fail(f"{what}: {p.args[0]} exited with {p.returncode}:\n{read_log(p)}")
+        try:
+            value = fn()
+            if value:
+                return value
+        except Exception as err:  # not up yet
+            last = err
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {deadline_s}s waiting for {what} (last error: {last})")
+
+
+def read_log(p) -> str:
+    path = getattr(p, "log_path", None)
+    return Path(path).read_text()[-4000:] if path and Path(path).exists() else ""
+
+
+class Procs:
+    """Processes started by the test, each in its own session; all killed at teardown."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.items: list[subprocess.Popen] = []
+
+    def start(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = self.tmp / f"{name}.log"
+        p = subprocess.Popen(
+            args,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        p.log_path = log
+        self.items.append(p)
+        return p
+
+    def stop_all(self) -> None:
+        for p in reversed(self.items):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in reversed(self.items):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def prom_query(base: str, expr: str) -> dict:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        return json.loads(http_get(url))
+    except urllib.error.HTTPError as err:  # 400 = bad PromQL: report Prometheus's message
+        return json.loads(err.read())
+
+
+def concrete(expr: str) -> str:
+    return expr.replace("$__rate_interval", RATE_WINDOW).replace("$namespace", ".*").replace("$run", ".*")
+
+
+def only_vllm(expr: str) -> bool:
+    names = set(re.findall(r"\b(rlt_[a-z0-9_]+|vllm:[a-z0-9_:]+|up)\b", expr))
+    return bool(names) and all(n.startswith("vllm:") for n in names)

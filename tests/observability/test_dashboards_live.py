@@ -13,137 +13,38 @@ vllm:* are checked for valid PromQL against the same server and reported, not re
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
-from obs_helpers import ROOT, dashboards, panel_queries, tool
+from obs_helpers import (
+    concrete,
+    dashboards,
+    http_get,
+    only_vllm,
+    panel_queries,
+    prom_query,
+    read_log,
+    tool,
+    wait_until,
+)
+from suite_helpers import TINY, free_port
 
-TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
-RATE_WINDOW = "5m"  # stands in for $__rate_interval: wide enough to hold the whole tiny run
 DEADLINE_S = 150
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url: str, timeout: float = 5) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
-        return r.read()
-
-
-def wait_until(fn, deadline_s: float, what: str, procs=()):
-    end = time.monotonic() + deadline_s
-    last = None
-    while time.monotonic() < end:
-        for p in procs:
-            if p.poll() is not None:
-                pytest.fail(f"{what}: {p.args[0]} exited with {p.returncode}:\n{read_log(p)}")
-        try:
-            value = fn()
-            if value:
-                return value
-        except Exception as err:  # not up yet
-            last = err
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {deadline_s}s waiting for {what} (last error: {last})")
-
-
-def read_log(p) -> str:
-    path = getattr(p, "log_path", None)
-    return Path(path).read_text()[-4000:] if path and Path(path).exists() else ""
-
-
-class Procs:
-    """Processes started by the test, each in its own session; all killed at teardown."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.items: list[subprocess.Popen] = []
-
-    def start(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
-        log = self.tmp / f"{name}.log"
-        p = subprocess.Popen(
-            args,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-        p.log_path = log
-        self.items.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in reversed(self.items):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in reversed(self.items):
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
-
-
-@pytest.fixture
-def procs(tmp_path):
-    ps = Procs(tmp_path)
-    try:
-        yield ps
-    finally:
-        ps.stop_all()
-
-
-def prom_query(base: str, expr: str) -> dict:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        return json.loads(http_get(url))
-    except urllib.error.HTTPError as err:  # 400 = bad PromQL: report Prometheus's message
-        return json.loads(err.read())
-
-
-def concrete(expr: str) -> str:
-    return expr.replace("$__rate_interval", RATE_WINDOW).replace("$namespace", ".*").replace("$run", ".*")
-
-
-def only_vllm(expr: str) -> bool:
-    names = set(re.findall(r"\b(rlt_[a-z0-9_]+|vllm:[a-z0-9_:]+|up)\b", expr))
-    return bool(names) and all(n.startswith("vllm:") for n in names)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_every_panel_query_returns_data(tmp_path, procs):
-    prometheus, kubectl = tool("prometheus"), tool("kubectl")
+def test_every_panel_query_returns_data(tmp_path, procs, start_sandbox):
+    prometheus = tool("prometheus")
     rlt = str(Path(sys.executable).parent / "rlt")
-    prom_port, trainer_port, op_port, api_port = (free_port() for _ in range(4))
+    prom_port, trainer_port, op_port = (free_port() for _ in range(3))
 
     # 1. The operator on the emulated API, exporting its metrics on loopback.
-    kubeconfig = tmp_path / "kubeconfig"
-    sandbox = procs.start(
-        "sandbox",
-        [rlt, "sandbox", "--port", str(api_port), "--kubeconfig", str(kubeconfig)],
-        env={
-            "RLT_OPERATOR_METRICS_PORT": str(op_port),
-            "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
-            "RLT_RESYNC_SECONDS": "2",
-            "RLT_PROGRESS_INTERVAL": "2",
-        },
-    )
+    op_env = {"RLT_OPERATOR_METRICS_PORT": str(op_port), "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1"}
+    sandbox = start_sandbox(env={**op_env, "RLT_RESYNC_SECONDS": "2", "RLT_PROGRESS_INTERVAL": "2"})
 
     # 2. Prometheus scraping the trainer and the operator every second.
     config = tmp_path / "prometheus.yml"
@@ -190,18 +91,14 @@ def test_every_panel_query_returns_data(tmp_path, procs):
         lambda: b"rlt_operator_reconcile" in http_get(f"http://127.0.0.1:{op_port}/metrics"),
         60,
         "operator metrics endpoint",
-        [sandbox],
+        [sandbox.proc],
     )
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    applied = subprocess.run(
-        [kubectl, "apply", "--validate=false", "-f", str(TINY)], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert applied.returncode == 0, applied.stderr
+    sandbox.kubectl("apply", "--validate=false", "-f", str(TINY))
     wait_until(
         lambda: b"rlt_run_phase{" in http_get(f"http://127.0.0.1:{op_port}/metrics"),
         60,
         "the operator to reconcile the tiny run",
-        [sandbox],
+        [sandbox.proc],
     )
 
     # Wait for the run to finish (it lingers), so that every stage's series exists.

@@ -11,15 +11,14 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
+from suite_helpers import EXAMPLES
 
 from rlt_operator.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 NS = "default"
 RUNS = "/apis/rlt.dev/v1alpha1/namespaces/{ns}/rltruns"
 PATHS = {
@@ -58,6 +57,22 @@ def server_mode(doc: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
     }
     doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # two trainer nodes need a shared volume
     return doc
+
+
+async def poll_until(
+    predicate: Callable[[], Any], what: str, timeout: float, every: float = 0.05, detail: Callable[[], str] = str
+) -> Any:
+    """predicate()'s first true answer (it may be a coroutine function); on timeout fails naming `what` and detail()."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{detail()}".rstrip())
+        await asyncio.sleep(every)
 
 
 class Harness:
@@ -143,16 +158,7 @@ class Harness:
     # ------------------------------------------------------------------ waiting
 
     async def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-            await asyncio.sleep(0.05)
+        return await poll_until(predicate, what, timeout)
 
     async def wait_status(
         self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10.0

@@ -6,18 +6,18 @@ this checkout first on PYTHONPATH; nothing of the rendered command line or env i
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from op_harness import poll_until
+from suite_helpers import ROOT as REPO
+
 from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet
 
-REPO = Path(__file__).resolve().parents[2]
 WORLD_LINE = re.compile(r"^rlt-world stage=(\w+) rank=(\d+) world_size=(\d+) backend=(\w+) node_rank=(\d+)", re.M)
 
 
@@ -68,16 +68,9 @@ def metrics_rows(claim: Path, run: str) -> list[dict[str, Any]]:
 
 
 async def wait_for(predicate, what: str, timeout: float, kubelet: LocalKubelet | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = ""
-            if kubelet is not None:
-                logs = "\n".join(f"--- {n}\n{t[-3000:]}" for n, t in pod_logs(kubelet, "").items())
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
-        await asyncio.sleep(0.2)
+    """poll_until, every 0.2 s, with every pod's log tail in the failure."""
+
+    def logs() -> str:
+        return "" if kubelet is None else "\n".join(f"--- {n}\n{t[-3000:]}" for n, t in pod_logs(kubelet, "").items())
+
+    return await poll_until(predicate, what, timeout, every=0.2, detail=logs)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
 
 import pytest
 from op_harness import example, write_kubeconfig
+from suite_helpers import free_port
 
 from rlt_operator import crd
 
@@ -23,12 +23,6 @@ RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())
 def test_rlt_crd_prints_the_committed_file():
     out = subprocess.run(RLT + ["crd"], capture_output=True, text=True, check=True).stdout
     assert out == crd.CRD_PATH.read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_rlt_operator_process(harness, tmp_path):

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
+from suite_helpers import EXAMPLES as EXAMPLE_DIR
 
 from rlt_operator import crd
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
+EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 
 
 def test_committed_crd_is_generated():

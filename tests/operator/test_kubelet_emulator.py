@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from op_harness import NS, PATHS
+from suite_helpers import free_port
 
 from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet, expand
 
@@ -146,7 +147,7 @@ async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness
 
 
 async def test_statefulset_pod_restarts_and_becomes_ready(harness, tmp_path):
-    port = 18000 + (hash(str(tmp_path)) % 1000)
+    port = free_port()
     server = f"import http.server as h; h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
     await harness.call(
         "POST",

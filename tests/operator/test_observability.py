@@ -4,21 +4,15 @@ Child status is simulated by the test (kmock has no controllers)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.request
 
 import pytest
 from op_harness import example
+from suite_helpers import free_port
 
 from rlt.metrics import TrainerMetrics
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> str:

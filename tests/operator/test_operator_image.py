@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -21,12 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 from op_harness import example
+from suite_helpers import ROOT, find_tool, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("rlt_images", ROOT / "hack" / "images.py")
 images = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(images)
-HELM = shutil.which("helm", path=f"{ROOT / '.tools' / 'bin'}:{os.environ.get('PATH', '')}")
+HELM = find_tool("helm")
 
 pytestmark = [
     pytest.mark.timeout(900),  # a fresh machine bootstraps the base and builds the image first (about 5 min)
@@ -36,12 +34,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting the image's rootfs needs root"),
     pytest.mark.skipif(HELM is None, reason="helm not installed (make tools)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chart_deployment() -> dict:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
+from suite_helpers import ROOT
 
 from rlt.metrics import TrainerMetrics
 from rlt_operator import progress as prog
@@ -75,7 +76,7 @@ def test_settings_parse_every_variable_and_name_a_bad_one():
         "http://x/{job}",
     )
     assert set(OperatorSettings.ENV.values()) == set(env), "every field has its variable"
-    documented = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    documented = (ROOT / "docs" / "operator.md").read_text()
     assert [v for v in env if f"| `{v}` |" not in documented] == [], "docs/operator.md lists every variable"
     with pytest.raises(ValueError, match=r"RLT_OPERATOR_HEALTH_PORT='80.5': expected an integer"):
         OperatorSettings.from_env({"RLT_OPERATOR_HEALTH_PORT": "80.5"})

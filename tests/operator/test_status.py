@@ -93,6 +93,8 @@ def test_fresh_run_creates_run_wide_children_and_first_stage():
     assert ("Normal", "StageStarted", "stage sft started") in d.events
 
 
+# The generator's Service and NetworkPolicy: (re)created whenever the generators are wanted.
+GEN_NETWORK = {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")}
 # (name, spec, prev status, jobs, statefulsets, expected actions, expected phase, expected stage)
 TABLE = [
     (
@@ -101,11 +103,7 @@ TABLE = [
         running("rl"),
         [],
         [],
-        {
-            ("create", "services", "t-generator"),
-            ("create", "networkpolicies", "t-generator"),
-            ("create", "statefulsets", "t-generator"),
-        },
+        GEN_NETWORK | {("create", "statefulsets", "t-generator")},
         "Running",
         "rl",
     ),
@@ -115,7 +113,7 @@ TABLE = [
         running("rl"),
         [],
         [sts("rl", ready=0)],
-        {("create", "services", "t-generator"), ("create", "networkpolicies", "t-generator")},
+        GEN_NETWORK,
         "Running",
         "rl",
     ),
@@ -125,12 +123,7 @@ TABLE = [
         running("rl"),
         [],
         [sts("rl")],
-        {
-            ("create", "services", "t-generator"),
-            ("create", "networkpolicies", "t-generator"),
-            ("create", "services", "t-rl"),
-            ("create", "jobs", "t-rl"),
-        },
+        GEN_NETWORK | {("create", "services", "t-rl"), ("create", "jobs", "t-rl")},
         "Running",
         "rl",
     ),
@@ -140,11 +133,7 @@ TABLE = [
         running("sft"),
         [job("sft", complete=True)],
         [],
-        {
-            ("create", "services", "t-generator"),
-            ("create", "networkpolicies", "t-generator"),
-            ("create", "statefulsets", "t-generator"),
-        },
+        GEN_NETWORK | {("create", "statefulsets", "t-generator")},
         "Running",
         "rl",
     ),
@@ -154,11 +143,7 @@ TABLE = [
         running("rl"),
         [job("sft", complete=True), job("rl", complete=True)],
         [sts("rl")],
-        {
-            ("delete", "statefulsets", "t-generator"),
-            ("create", "services", "t-generator"),
-            ("create", "networkpolicies", "t-generator"),
-        },
+        GEN_NETWORK | {("delete", "statefulsets", "t-generator")},
         "Running",
         "distill",
     ),
@@ -168,12 +153,7 @@ TABLE = [
         running("rl", restarts=1),
         [job("rl", restart=0, active=1)],
         [sts("rl", restart=0)],
-        {
-            ("delete", "jobs", "t-rl"),
-            ("delete", "statefulsets", "t-generator"),
-            ("create", "services", "t-generator"),
-            ("create", "networkpolicies", "t-generator"),
-        },
+        GEN_NETWORK | {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator")},
         "Running",
         "rl",
     ),
@@ -389,6 +369,11 @@ def pod_body(name, role, stage, restart=0, phase="Running", conditions=(), conta
     }
 
 
+def observed_pod(*args, **kwargs):
+    """A pod as the operator observes it (summarized), from pod_body's arguments."""
+    return S.summarize("pods", pod_body(*args, **kwargs))
+
+
 UNSCHEDULABLE = pod_body(
     "t-rl-0-x",
     b.ROLE_TRAINER,
@@ -443,7 +428,7 @@ def test_unschedulable_trainer_is_not_running_and_is_reported_once():
     assert [e[:2] for e in d.events] == [("Warning", "Unschedulable")]
     again = S.decide(REF, 1, sp, d.status, observed(sp, [job("rl", active=1)], pods=pods), NOW)
     assert again.events == []
-    ok = [S.summarize("pods", pod_body("t-rl-0-x", b.ROLE_TRAINER, "rl"))]
+    ok = [observed_pod("t-rl-0-x", b.ROLE_TRAINER, "rl")]
     fine = S.decide(REF, 1, sp, again.status, observed(sp, [job("rl", active=1)], pods=ok), NOW)
     assert conds(fine)["TrainerRunning"]["status"] == "True" and conds(fine)["PodsSchedulable"]["status"] == "True"
     assert "reason" not in fine.status
@@ -458,42 +443,20 @@ def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
     assert ("Warning", "ImagePullBackOff") in [e[:2] for e in d.events]
 
 
+def crash_looping(last_reason: str, exit_code: int) -> dict:
+    """A generator pod whose vllm container crash-loops, its last exit being `last_reason`."""
+    last = {"terminated": {"reason": last_reason, "exitCode": exit_code}}
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    container = {"name": "vllm", "restartCount": 3, "state": waiting, "lastState": last}
+    return pod_body("g", b.ROLE_GENERATOR, "rl", containers=[container])
+
+
 @pytest.mark.parametrize(
     "body, reason",
     [
         (OOM, "OOMKilled"),
-        (
-            pod_body(
-                "g",
-                b.ROLE_GENERATOR,
-                "rl",
-                containers=[
-                    {
-                        "name": "vllm",
-                        "restartCount": 3,
-                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                        "lastState": {"terminated": {"reason": "Error", "exitCode": 1}},
-                    }
-                ],
-            ),
-            "CrashLoopBackOff",
-        ),
-        (
-            pod_body(
-                "g",
-                b.ROLE_GENERATOR,
-                "rl",
-                containers=[
-                    {
-                        "name": "vllm",
-                        "restartCount": 3,
-                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                        "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
-                    }
-                ],
-            ),
-            "OOMKilled",
-        ),
+        (crash_looping("Error", 1), "CrashLoopBackOff"),  # a plain crash: the loop is the news
+        (crash_looping("OOMKilled", 137), "OOMKilled"),  # a loop of OOM kills: the cause is
     ],
 )
 def test_pod_reasons_are_read_from_the_pod_status(body, reason):
@@ -502,15 +465,12 @@ def test_pod_reasons_are_read_from_the_pod_status(body, reason):
 
 def test_a_config_error_exit_fails_the_run_at_once_without_a_gang_restart():
     sp = spec(server=True, sft=False)
-    pod = S.summarize(
-        "pods",
-        pod_body(
-            "t-rl-0-x",
-            b.ROLE_TRAINER,
-            "rl",
-            phase="Failed",
-            containers=[{"name": "validate", "state": {"terminated": {"reason": "Error", "exitCode": 78}}}],
-        ),
+    pod = observed_pod(
+        "t-rl-0-x",
+        b.ROLE_TRAINER,
+        "rl",
+        phase="Failed",
+        containers=[{"name": "validate", "state": {"terminated": {"reason": "Error", "exitCode": 78}}}],
     )
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", failed=True)], [sts("rl")], [pod]), NOW)
     assert d.status["phase"] == "Failed" and d.status["reason"] == "ConfigError" and d.status["restarts"] == 0
@@ -536,29 +496,23 @@ def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_lim
     sp = spec(server=True, sft=False, backoffLimit=1)
 
     def evicted(r):
-        return S.summarize(
-            "pods",
-            pod_body(
-                "t-generator-0",
-                b.ROLE_GENERATOR,
-                "rl",
-                restart=r,
-                phase="Failed",
-                conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
-            ),
+        return observed_pod(
+            "t-generator-0",
+            b.ROLE_GENERATOR,
+            "rl",
+            restart=r,
+            phase="Failed",
+            conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
         )
 
     def crashed(r):
-        return S.summarize(
-            "pods",
-            pod_body(
-                "t-rl-0-x",
-                b.ROLE_TRAINER,
-                "rl",
-                restart=r,
-                phase="Failed",
-                containers=[{"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1}}}],
-            ),
+        return observed_pod(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            restart=r,
+            phase="Failed",
+            containers=[{"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1}}}],
         )
 
     def step(prev, r, pod):
@@ -675,18 +629,15 @@ def test_a_volume_that_cannot_attach_is_a_condition():
 
     def stuck_for(seconds):
         since = S.fmt_time(NOW - dt.timedelta(seconds=seconds))
-        return S.summarize(
-            "pods",
-            pod_body(
-                "t-rl-0-x",
-                b.ROLE_TRAINER,
-                "rl",
-                phase="Pending",
-                conditions=[
-                    {"type": "PodScheduled", "status": "True"},
-                    {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": since},
-                ],
-            ),
+        return observed_pod(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            phase="Pending",
+            conditions=[
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": since},
+            ],
         )
 
     early = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=[stuck_for(30)]), NOW)

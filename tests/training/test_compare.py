@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import tiny_doc
 
 from rlt.compare import ARMS, run_compare
 from rlt.spec import parse_run
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 def tiny_compare_doc():
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["metadata"]["name"] = "tiny-compare"
     doc["spec"]["dataset"]["source"] = "builtin:mixed"
     st = doc["spec"]["stages"]

@@ -4,11 +4,11 @@ figures, the plot and the JSON report. Its numbers are not judged here; the full
 import json
 import runpy
 import sys
-from pathlib import Path
 
 import pytest
+from suite_helpers import ROOT
 
-BENCH = Path(__file__).parents[2] / "benchmarks" / "learning.py"
+BENCH = ROOT / "benchmarks" / "learning.py"
 
 
 @pytest.mark.slow

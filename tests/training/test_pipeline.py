@@ -5,26 +5,22 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
+from suite_helpers import TINY, free_port
 
 from rlt.layout import RunLayout
 from rlt.plots import read_metrics
 from rlt.runner import run_local
 from rlt.spec import load_run
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    out = tmp_path_factory.mktemp("results")
-    run = load_run(TINY)
-    summary = run_local(run, out, metrics_port=None, show_progress=False, device="cpu")
-    return run, RunLayout.for_run(out, run.name), summary
+def finished(run_to_end):
+    done = run_to_end(load_run(TINY))
+    return done.run, done.layout, done.summary
 
 
 def test_every_stage_leaves_its_output(finished):
@@ -86,11 +82,8 @@ def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_pa
 
 def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
     """`rlt run` as a user runs it: metrics on a port, then --linger keeps them up."""
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -128,11 +121,8 @@ def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
 def test_stage_command_as_a_pod_runs_it_once(tmp_path):
     """`rlt stage` is what the operator's pods execute: one stage, into <root>/<run>/, idempotent on re-run."""
     import os
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "RLT_METRICS_PORT": str(port), "RLT_NAMESPACE": "research"}
     cmd = [sys.executable, "-m", "rlt.cli", "stage", "sft", "--config", str(TINY), "--root", str(tmp_path)]
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

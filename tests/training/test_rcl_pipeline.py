@@ -1,30 +1,26 @@
 """A real rcl run of the tiny example (sft -> rl -> evaluate, TRL trainers, no mocks), then `rlt eval` reports."""
 
 import json
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from suite_helpers import ROOT
 
 from rlt.layout import RunLayout
 from rlt.metrics import TrainerMetrics
 from rlt.plots import read_metrics
 from rlt.rcl.stages import run_teaching_eval
-from rlt.runner import run_local
 from rlt.spec import load_run
 from rlt.stages.common import Recorder, StageContext
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "manifests" / "examples" / "rltrun-rcl-tiny.yaml"
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    out = tmp_path_factory.mktemp("results")
-    run = load_run(TINY)
-    summary = run_local(run, out, metrics_port=None, show_progress=False, device="cpu")
-    return run, out, RunLayout.for_run(out, run.name), summary
+def finished(run_to_end):
+    done = run_to_end(load_run(TINY))
+    return done.run, done.out, done.layout, done.summary
 
 
 def test_stages_and_per_step_rcl_metrics(finished):

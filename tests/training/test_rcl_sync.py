@@ -5,15 +5,14 @@ step's probe for its own question."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from suite_helpers import EXAMPLES
 
 from rlt.layout import RunLayout
 from rlt.spec import load_run
 from rlt.stages.common import StageContext
 
-RCL_TINY = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "rltrun-rcl-tiny.yaml"
+RCL_TINY = EXAMPLES / "rltrun-rcl-tiny.yaml"
 STEPS = 3
 pytestmark = pytest.mark.slow
 

@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import TINY, tiny_doc
 
 from rlt.exitcodes import ExitCode
 from rlt.layout import RunLayout
 from rlt.plots import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def rl_only(tmp_path: Path, **rl) -> Path:
-    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["stages"]["sft"] = {"enabled": False}
     doc["spec"]["stages"]["distill"] = {"enabled": False}
     doc["spec"]["stages"]["rl"].update(
@@ -104,7 +103,7 @@ def test_rerun_after_a_spec_edit_continues_or_refuses(tmp_path):
 )
 def test_bad_data_stops_run_and_stage_in_one_line_before_any_model_loads(tmp_path, rows, policy, fragments):
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["dataset"] = {"source": "data.jsonl", "badRows": policy}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
     res = rlt("run", "run.yaml", "--output", "out", "--metrics-port", "-1", "--no-progress", cwd=tmp_path)
@@ -126,7 +125,7 @@ def test_a_taken_metrics_port_falls_back_by_default_and_is_one_line_when_chosen(
         port = busy.getsockname()[1]
         res = rlt(
             "run",
-            str(ROOT / "manifests/examples/rltrun-tiny.yaml"),
+            str(TINY),
             "--metrics-port",
             str(port),
             "--output",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from suite_helpers import TINY
 
 from rlt.layout import RunLayout
 from rlt.spec import load_run
@@ -18,11 +19,10 @@ STEPS, WINDOW = 20, 8
 
 def rl_run(tmp_path, sign: float, learning_rate: float) -> list[float]:
     """Mean RLT reward per step of the rl stage, with the reward GRPO sees multiplied by `sign`."""
-    from pathlib import Path
 
     import rlt.stages.rl as rl
 
-    run = load_run(Path(__file__).resolve().parents[2] / "manifests" / "examples" / "rltrun-tiny.yaml")
+    run = load_run(TINY)
     spec = run.spec.model_dump(by_alias=True)
     spec["dataset"]["size"] = 8  # a fixed prompt set: 8 questions, seen again and again
     spec["stages"]["sft"]["enabled"] = False

@@ -4,16 +4,14 @@ grpo_config, rollout and reward with TRL's GRPOTrainer on the tiny model."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from suite_helpers import TINY
 
 from rlt.layout import RunLayout
 from rlt.spec import load_run
 from rlt.stages.common import PhaseTimer, StageContext
 
-TINY = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "rltrun-tiny.yaml"
 pytestmark = pytest.mark.slow
 
 

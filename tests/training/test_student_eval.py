@@ -1,26 +1,23 @@
 """A real distill → student → evaluate run on the tiny model (TRL SFTTrainer, in-process generation, no mocks)."""
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry, generate_latest
+from suite_helpers import tiny_doc
 
 from rlt.layout import RunLayout
 from rlt.metrics import TrainerMetrics
 from rlt.plots import read_metrics
-from rlt.runner import run_local
 from rlt.spec import parse_run
 from rlt.stages.common import StageContext
 from rlt.stages.evaluate import run_evaluate
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 def tiny_run(**stages):
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["metadata"]["name"] = "tiny-student"
     doc["spec"]["dataset"].update(source="builtin:mixed", evalFraction=0.25)
     doc["spec"]["stages"].update(sft={"enabled": False}, rl={"enabled": False})
@@ -43,11 +40,9 @@ EVALUATE = {"enabled": True, "samples": 2, "maxNewTokens": 16, "limit": 5, "batc
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    out = tmp_path_factory.mktemp("results")
-    run = tiny_run(student=STUDENT, evaluate=EVALUATE)
-    summary = run_local(run, out, metrics_port=None, show_progress=False, device="cpu")
-    return run, RunLayout.for_run(out, run.name), summary
+def finished(run_to_end):
+    done = run_to_end(tiny_run(student=STUDENT, evaluate=EVALUATE))
+    return done.run, done.layout, done.summary
 
 
 def test_student_is_trained_on_the_distillation_rows(finished):

@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import ROOT
 
-from rlt.layout import RunLayout
 from rlt.metrics import REWARD_COMPONENTS, STEP_PHASES
 from rlt.plots import read_metrics
-from rlt.runner import run_local
 from rlt.spec import parse_run
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "rltrun-tiny-toolbox.yaml"
 pytestmark = pytest.mark.slow
 
@@ -42,7 +40,7 @@ class LocalHubStandIn:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+def finished(run_to_end, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("toolbox")
     data = tmp / "problems.jsonl"
     from rlt import tasks
@@ -55,9 +53,8 @@ def finished(tmp_path_factory):
         "distillDataset": (tmp / "bucket" / "distill").as_uri(),
         "teacher": "memory://bucket/teacher",
     }
-    run = parse_run(doc)
-    run_local(run, tmp / "results", metrics_port=None, show_progress=False, device="cpu")
-    return run, RunLayout.for_run(tmp / "results", run.name), tmp, {r["id"]: r for r in rows}
+    done = run_to_end(parse_run(doc), tmp / "results")
+    return done.run, done.layout, tmp, {r["id"]: r for r in rows}
 
 
 def test_tensorboard_event_files_hold_the_rlt_figures_under_their_metric_names(finished):

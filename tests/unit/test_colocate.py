@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
+from suite_helpers import tiny_doc
 
 from rlt.spec import SpecError, parse_run
 
-TINY = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "rltrun-tiny.yaml"
-
 
 def _run(mode: str, **gen):
-    doc = yaml.safe_load(TINY.read_text())
+    doc = tiny_doc()
     doc["spec"]["stages"]["rl"]["generation"] = {"mode": mode, **gen}
     return parse_run(doc)
 
@@ -50,7 +46,7 @@ def test_colocate_configures_trl_and_needs_no_generator_pods(tmp_path):
 
 
 def test_colocate_is_refused_for_evaluate():
-    doc = yaml.safe_load(TINY.read_text())
+    doc = tiny_doc()
     doc["spec"]["stages"]["evaluate"] = {"enabled": True, "generation": {"mode": "colocate"}}
     with pytest.raises(SpecError, match="stages.evaluate.generation.mode: colocate"):
         parse_run(doc)

@@ -1,19 +1,15 @@
 """What a finished stage remembers of its spec, and what a re-run decides from it (pure: no training here)."""
 
-from pathlib import Path
-
 import pytest
-import yaml
+from suite_helpers import tiny_doc
 
 from rlt import fingerprint as fp
 from rlt.layout import RunLayout, atomic_write_text
 from rlt.spec import RLTRun
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def tiny(**edits) -> RLTRun:
-    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     for path, value in edits.items():
         node = doc["spec"]
         *parents, last = path.split(".")

@@ -1,12 +1,9 @@
 """One source for metric names: the catalogue drives the exporter and the docs table."""
 
-from pathlib import Path
-
 from prometheus_client import CollectorRegistry, generate_latest
+from suite_helpers import ROOT
 
 from rlt.metrics import ALL_METRICS, TrainerMetrics, markdown_table
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_names_follow_prometheus_conventions():

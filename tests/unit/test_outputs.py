@@ -4,21 +4,18 @@ that does not push twice (no training: a stage's files written by hand)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import fsspec
-import yaml
+from suite_helpers import tiny_doc
 
 from rlt.layout import RunLayout
 from rlt.outputs import push_stage_outputs
 from rlt.spec import parse_run
 from rlt.stages.common import StageContext
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_push_after_the_producing_stage_once(tmp_path):
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["outputs"] = {
         "teacher": "memory://unit-bucket/teacher",
         "distillDataset": (tmp_path / "bucket" / "distill").as_uri(),

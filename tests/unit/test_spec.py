@@ -2,19 +2,15 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import EXAMPLES as EXAMPLE_DIR
+from suite_helpers import ROOT, TINY, tiny_doc
 
 from rlt.spec import RLTRun, SpecError, dump_run, load_run, load_runs, parse_spec
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-
-
-def tiny_doc():
-    return yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 
 
 def test_examples_exist_and_validate():
@@ -110,7 +106,7 @@ def test_validate_cli_reports_every_bad_file_and_exits_nonzero(tmp_path):
         "-m",
         "rlt.cli",
         "validate",
-        str(ROOT / "manifests/examples/rltrun-tiny.yaml"),
+        str(TINY),
         str(tmp_path / "bad.yaml"),
         str(tmp_path / "broken.yaml"),
         str(tmp_path / "missing.yaml"),

@@ -1,17 +1,14 @@
 """Spec errors a user can act on: a did-you-mean for unknown fields, and every problem of a file in one pass."""
 
-from pathlib import Path
-
 import pytest
 import yaml
+from suite_helpers import tiny_doc
 
 from rlt.spec import SpecError, load_run, parse_spec
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_unknown_fields_get_a_did_you_mean_and_cross_field_checks_still_run(tmp_path):
-    doc = yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     rl = doc["spec"]["stages"]["rl"]
     rl["numGeneration"] = 4  # typo
     rl["batchSize"] = 6  # not divisible by numGenerations (4): pydantic hides this behind the unknown field

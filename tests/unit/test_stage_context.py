@@ -1,10 +1,8 @@
 """What every stage shares, resolved once: the device and prompt format on StageContext; TrainingArguments'
 precision as a pure function (the process group is made by join_process_group alone)."""
 
-from pathlib import Path
-
 import pytest
-import yaml
+from suite_helpers import tiny_doc
 
 from rlt.layout import RunLayout
 from rlt.prompts import resolve_format
@@ -14,7 +12,7 @@ from rlt.stages.common import StageContext, trainer_precision
 
 def _run():
     """The tiny example run with its own solution tags (a format override the context must keep)."""
-    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/examples/rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["format"] = {"tags": {"solutionStart": "<final>", "solutionEnd": "</final>"}}
     return parse_run(doc)
 

@@ -3,15 +3,13 @@ real TRL config classes), tracking and outputs settings, Secret-only credentials
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
+from suite_helpers import ROOT
 
 from rlt.layout import RunLayout
 from rlt.spec import SpecError, parse_run
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "manifests" / "examples"
 
 

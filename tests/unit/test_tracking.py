@@ -3,16 +3,12 @@ TensorBoard event files and an MLflow file store (no training: the figures a sta
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
+from suite_helpers import tiny_doc
 
 from rlt.layout import RunLayout
 from rlt.metrics import TrainerMetrics
 from rlt.spec import parse_run
 from rlt.stages.common import Recorder, StageContext
-
-ROOT = Path(__file__).resolve().parents[2]
 
 STEP = {
     "reward": -1.25,
@@ -32,7 +28,7 @@ STEP = {
 
 
 def ctx_for(tmp_path, tracking) -> StageContext:
-    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+    doc = tiny_doc()
     doc["spec"]["tracking"] = tracking
     run = parse_run(doc)
     return StageContext(run, RunLayout.for_run(tmp_path, run.name), TrainerMetrics(run.name), show_progress=False)

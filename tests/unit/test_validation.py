@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from suite_helpers import tiny_doc
 
 from rlt.spec import SpecError
 from rlt.validation import validate_spec
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
 
 # (what is wrong, spec patch, the field the message names)
 BAD = [
@@ -42,7 +40,7 @@ def _merge(dst, src):
 
 
 def _bad_file(tmp_path: Path, patch: dict) -> tuple[Path, dict]:
-    doc = yaml.safe_load(TINY.read_text())
+    doc = tiny_doc()
     _merge(doc["spec"], patch)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -75,19 +73,19 @@ def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_pa
 
 
 def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stages():
-    doc = yaml.safe_load(TINY.read_text())
+    doc = tiny_doc()
     validate_spec(
         _merge(doc["spec"], {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteMany"}})
     )
     only_distill = _merge(
-        yaml.safe_load(TINY.read_text())["spec"],
+        tiny_doc()["spec"],
         {"resources": {"trainer": {"nodes": 2}}, "stages": {"sft": {"enabled": False}, "rl": {"enabled": False}}},
     )
     validate_spec(only_distill)  # distill runs on one pod whatever nodes says
 
 
 def test_evaluate_server_mode_with_a_server_url_is_accepted():
-    doc = yaml.safe_load(TINY.read_text())
+    doc = tiny_doc()
     validate_spec(
         _merge(
             doc["spec"],

