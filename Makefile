@@ -68,7 +68,7 @@ vllm-venv: $(VLLM_STAMP)
 
 # Lint first: a style or type slip fails in seconds, before the long suite starts.
 test: $(STAMP) tools $(VLLM_STAMP) operator-image lint
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs --durations=25
 
 # ruff (lint + formatting) and mypy, configured in pyproject.toml; .pre-commit-config.yaml runs the same on commit.
 lint: $(STAMP)
