@@ -522,11 +522,8 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         {"name": "RLT_METRICS_PORT", "value": str(METRICS_PORT)},
     ]
     if needs_generators(spec, stage):
-        gen = generator_name(ref.name)
-        hosts = [f"{gen}-{i}.{gen}.{ref.namespace}.svc" for i in range(spec.resources.generator.replicas)]
         env += [
             {"name": "RLT_GENERATOR_URL", "value": generator_url(ref.name, ref.namespace)},
-            {"name": "RLT_GENERATOR_HOSTS", "value": ",".join(hosts)},
             {"name": "RLT_GENERATOR_PORT", "value": str(VLLM_PORT)},
         ]
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
