@@ -44,5 +44,8 @@ def test_trainer_precision_is_pure(monkeypatch, device, precision, processes, wa
     from accelerate import PartialState
 
     monkeypatch.setenv("WORLD_SIZE", str(processes))
+    # Earlier tests in the same process may have made accelerate's state: start from an empty one, so that a state
+    # made by trainer_precision shows (accelerate's Borg dict is a plain class attribute; monkeypatch restores it).
+    monkeypatch.setattr(PartialState, "_shared_state", {})
     assert trainer_precision(device, precision, processes) == want
     assert not dist.is_initialized() and not PartialState._shared_state  # no process group made as a side effect
