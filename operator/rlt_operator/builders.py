@@ -15,6 +15,7 @@ from typing import Any
 
 from rlt.exitcodes import FAIL_FAST
 from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.metrics import TRAINER_METRICS_PORT
 from rlt.outputs import pushed_uri, stage_outputs
 from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
 from rlt.stage_registry import needs_generators, newest_teacher_stage, stage_info, stage_settings, zero_stage
@@ -34,7 +35,7 @@ ROLE_CONFIG, ROLE_DATA, ROLE_TRAINER, ROLE_GENERATOR = "config", "data", "traine
 
 GPU = "nvidia.com/gpu"
 MASTER_PORT = 29500
-METRICS_PORT = 9400  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
+METRICS_PORT = TRAINER_METRICS_PORT  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 RUN_AS_USER = 1000
 # The generator image's ENTRYPOINT (images/generator/Containerfile; a test keeps the two equal). vLLM's images ship

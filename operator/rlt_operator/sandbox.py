@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from rlt.metrics import TRAINER_METRICS_PORT
+
 from . import crd as crd_mod
 
 
@@ -164,7 +166,7 @@ async def _main(
         if kubelet is not None:
             print(
                 f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "
-                f"the trainer's metrics at http://127.0.0.1:{9400}/metrics while it runs.",
+                f"the trainer's metrics at http://127.0.0.1:{TRAINER_METRICS_PORT}/metrics while it runs.",
                 flush=True,
             )
         print(

@@ -251,7 +251,10 @@ def tracking_name(metric: str, label: str | None = None) -> str:
     return metric if label is None else f"{metric}/{label}"
 
 
-def metrics_port_from_env(default: int = 9400) -> int:
+TRAINER_METRICS_PORT = 9400  # rank 0's rlt_* exporter: local runs, pods (RLT_METRICS_PORT) and the operator's reads
+
+
+def metrics_port_from_env(default: int = TRAINER_METRICS_PORT) -> int:
     return int(os.environ.get("RLT_METRICS_PORT", default))
 
 

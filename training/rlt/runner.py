@@ -12,7 +12,7 @@ from typing import Any
 
 from rlt import fingerprint
 from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
-from rlt.metrics import TrainerMetrics
+from rlt.metrics import TRAINER_METRICS_PORT, TrainerMetrics
 from rlt.outputs import push_stage_outputs
 from rlt.plots import make_plots, read_metrics
 from rlt.spec import RLTRun, dump_run
@@ -121,7 +121,7 @@ def has_checkpoint(layout: RunLayout, stage: str) -> bool:
 def run_local(
     run: RLTRun,
     output: str | Path = "results",
-    metrics_port: int | None = 9400,
+    metrics_port: int | None = TRAINER_METRICS_PORT,
     linger: float = 0.0,
     only: list[str] | None = None,
     device: str | None = None,

@@ -7,11 +7,12 @@ import logging
 import sys
 
 from rlt.exitcodes import ExitCode
+from rlt.metrics import TRAINER_METRICS_PORT
 from rlt.spec import SpecError
 from rlt.stage_registry import STAGE_ORDER
 from rlt.validation import load_valid_run
 
-DEFAULT_METRICS_PORT = 9400
+DEFAULT_METRICS_PORT = TRAINER_METRICS_PORT
 
 
 def _load(path: str):
