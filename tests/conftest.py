@@ -12,6 +12,12 @@ import tempfile
 os.environ.setdefault("RLT_CACHE", tempfile.mkdtemp(prefix="rlt-test-cache-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    # Each xdist worker (and what it starts) gets its share of the cores: torch's OpenMP threads spin while they
+    # wait, so two workers with a thread per core each run several times slower than with a share each.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+# Local runs' trainer exporters on free ports: 9400 belongs to the emulated trainer pods (as in a pod network).
+os.environ.setdefault("RLT_METRICS_PORT", "0")
 
 import json  # noqa: E402
 import signal  # noqa: E402
@@ -153,12 +159,41 @@ def generator_flags() -> list[str]:
     return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
 
 
+# `make test` runs the tests marked `pods` first, alone: they run emulated trainer pods, which bind the pods' fixed
+# ports (9400, 29500) on this host where a real cluster gives each pod its own address, and they inject faults whose
+# timing a busy machine would blur. The rest runs on two pytest-xdist workers (--dist loadgroup); tests that share a
+# session resource stay on one worker, one after another: the vLLM server (started once) and the local runs that
+# `run_to_end` trains once per session and shares.
+POD_TEST_FILES = ("test_pods_", "test_sandbox_run_pods", "test_kubelet_emulator")
+
+
+def xdist_group(item) -> str | None:
+    fixtures = getattr(item, "fixturenames", ())
+    if "vllm_server" in fixtures:
+        return "vllm-server"
+    if "run_to_end" in fixtures:
+        return "local-runs"
+    return None
+
+
+@pytest.hookimpl(wrapper=True)  # around the other hooks: -m selection and xdist's grouping read these marks
 def pytest_collection_modifyitems(config, items):
-    """The tests that use the session's vLLM server run last, one after another: the server (about 1.5 GB) is then up
-    only while they run, not through the rest of the suite."""
-    users = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
-    if users:
-        items[:] = [item for item in items if item not in users] + users
+    """Marks `pods` and the xdist groups; the tests that use the session's vLLM server run last, so that the server
+    (about 1.5 GB) is up only while they run."""
+    items.sort(key=lambda item: xdist_group(item) == "vllm-server")  # stable: file order otherwise
+    for item in items:
+        if item.path.name.startswith(POD_TEST_FILES):
+            item.add_marker(pytest.mark.pods)
+        if group := xdist_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    # Groups that silently did not apply would start a second vLLM server and train shared runs twice. pytest-xdist
+    # 3.8 marks a group in the node id, which pytest 9.2 no longer reads (pytest-xdist#1386): say so instead.
+    if config.getvalue("loadgroup") and "PYTEST_XDIST_WORKER" in os.environ:
+        lost = [item.nodeid for item in items if xdist_group(item) and "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(f"--dist loadgroup did not group {lost[0]} and {len(lost) - 1} more")
+    return result
 
 
 @dataclass

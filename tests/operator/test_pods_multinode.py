@@ -19,13 +19,14 @@ pytestmark = pytest.mark.slow
 
 RUN = "world"
 SAVE_STEPS = 2
+RL_STEPS = 4  # killed after checkpoint-2: the restarted gang trains steps 3 and 4
 
 
 def multinode_run() -> dict:
     doc = example("rltrun-tiny.yaml")
     doc["metadata"]["name"] = RUN
     st = doc["spec"]["stages"]
-    st["rl"].update(batchSize=16, perDeviceBatchSize=4, numGenerations=4, steps=6, saveSteps=SAVE_STEPS)
+    st["rl"].update(batchSize=16, perDeviceBatchSize=4, numGenerations=4, steps=RL_STEPS, saveSteps=SAVE_STEPS)
     st["distill"].update(limit=5)  # odd on purpose: the two ranks' shares differ
     doc["spec"]["resources"] = {"trainer": {"nodes": 2, "gpus": 2}}
     doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # pods on several nodes share the claim
@@ -88,7 +89,7 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
         assert rl_log.count(f"rlt-shard stage=rl rank=0 step={resumed_from} ") == 2, "not resumed at the checkpoint"
         assert "incomplete" not in rl_log  # nothing partial was seen or set aside here
         steps = [r["step"] for r in metrics_rows(claim, RUN) if r["stage"] == "rl"]
-        assert steps[-1] == 6
+        assert steps[-1] == RL_STEPS
         lost = last_before - resumed_from
         print(
             f"\nrl steps lost to the killed rank: {lost} completed (last logged {last_before}, resumed from "

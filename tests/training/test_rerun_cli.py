@@ -30,8 +30,9 @@ def rl_only(tmp_path: Path, **rl) -> Path:
     return path
 
 
-def rlt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RLT_METRICS_PORT": "0"}  # `rlt stage` (a pod) serves metrics; any free port here
+def rlt(*args: str, cwd: Path | None = None, **env_vars: str) -> subprocess.CompletedProcess:
+    # `rlt stage` (a pod) and `rlt run` serve metrics on $RLT_METRICS_PORT: any free port here
+    env = {**os.environ, "RLT_METRICS_PORT": "0", **env_vars}
     return subprocess.run(
         [sys.executable, "-m", "rlt.cli", *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env
     )
@@ -132,6 +133,11 @@ def test_a_taken_metrics_port_falls_back_by_default_and_is_one_line_when_chosen(
             str(tmp_path),
         )
         assert_one_line_error(res, f"--metrics-port {port}: 127.0.0.1:{port} is already in use")
+        # chosen by $RLT_METRICS_PORT instead of the flag: chosen all the same, so no fallback either
+        res = rlt("run", str(TINY), "--output", str(tmp_path), RLT_METRICS_PORT=str(port))
+        assert_one_line_error(res, f"{port}: 127.0.0.1:{port} is already in use")
+    res = rlt("run", str(TINY), "--output", str(tmp_path), RLT_METRICS_PORT="nine")
+    assert_one_line_error(res, "rlt run: RLT_METRICS_PORT='nine' is not a port number")
     # the default port (9400) taken, as by a second local run: a free port is used and printed
     from rlt.metrics import TrainerMetrics
     from rlt.runner import serve_metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from rlt.exitcodes import ExitCode
@@ -50,7 +51,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rlt.runner import run_local
 
     run = _load(args.file)
-    port = DEFAULT_METRICS_PORT if args.metrics_port is None else None if args.metrics_port < 0 else args.metrics_port
+    # The flag, else $RLT_METRICS_PORT (as `rlt stage` reads it), else 9400 with a free port when that is taken.
+    try:
+        chosen = args.metrics_port if args.metrics_port is not None else _env_metrics_port()
+    except ValueError as err:
+        print(f"rlt run: {err}", file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    port = DEFAULT_METRICS_PORT if chosen is None else None if chosen < 0 else chosen
     return _one_line_on_input_error(
         "run",
         lambda: run_local(
@@ -62,9 +69,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.device,
             not args.no_progress,
             from_stage=args.from_stage,
-            port_fallback=args.metrics_port is None,
+            port_fallback=chosen is None,
         ),
     )
+
+
+def _env_metrics_port() -> int | None:
+    value = os.environ.get("RLT_METRICS_PORT", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"RLT_METRICS_PORT={value!r} is not a port number (0 = any free port, -1 = off)") from None
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -115,8 +132,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_METRICS_PORT}, or a free one when it is taken; "
-        "0 = any, -1 = off)",
+        help=f"Prometheus port on 127.0.0.1 (default $RLT_METRICS_PORT, else {DEFAULT_METRICS_PORT} or a free one "
+        "when it is taken; 0 = any, -1 = off)",
     )
     p.add_argument("--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run")
     p.add_argument("--stage", action="append", choices=STAGE_ORDER, help="run only this stage (repeatable)")
