@@ -189,7 +189,7 @@ def pytest_collection_modifyitems(config, items):
     result = yield
     # Groups that silently did not apply would start a second vLLM server and train shared runs twice. pytest-xdist
     # 3.8 marks a group in the node id, which pytest 9.2 no longer reads (pytest-xdist#1386): say so instead.
-    if config.getvalue("loadgroup") and "PYTEST_XDIST_WORKER" in os.environ:
+    if config.getoption("loadgroup", False) and "PYTEST_XDIST_WORKER" in os.environ:
         lost = [item.nodeid for item in items if xdist_group(item) and "@" not in item.nodeid]
         if lost:
             raise pytest.UsageError(f"--dist loadgroup did not group {lost[0]} and {len(lost) - 1} more")
