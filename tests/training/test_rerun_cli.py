@@ -138,6 +138,9 @@ def test_a_taken_metrics_port_falls_back_by_default_and_is_one_line_when_chosen(
         assert_one_line_error(res, f"{port}: 127.0.0.1:{port} is already in use")
     res = rlt("run", str(TINY), "--output", str(tmp_path), RLT_METRICS_PORT="nine")
     assert_one_line_error(res, "rlt run: RLT_METRICS_PORT='nine' is not a port number")
+    # the pod's command reads the same variable the same way
+    res = rlt("stage", "sft", "--config", str(TINY), "--root", str(tmp_path), RLT_METRICS_PORT="nine")
+    assert_one_line_error(res, "rlt stage: RLT_METRICS_PORT='nine' is not a port number")
     # the default port (9400) taken, as by a second local run: a free port is used and printed
     from rlt.metrics import TrainerMetrics
     from rlt.runner import serve_metrics

@@ -254,8 +254,15 @@ def tracking_name(metric: str, label: str | None = None) -> str:
 TRAINER_METRICS_PORT = 9400  # rank 0's rlt_* exporter: local runs, pods (RLT_METRICS_PORT) and the operator's reads
 
 
-def metrics_port_from_env(default: int = TRAINER_METRICS_PORT) -> int:
-    return int(os.environ.get("RLT_METRICS_PORT", default))
+def metrics_port_from_env() -> int | None:
+    """$RLT_METRICS_PORT (0 = any free port, -1 = off) as `rlt run` and `rlt stage` read it; None when unset."""
+    value = os.environ.get("RLT_METRICS_PORT", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"RLT_METRICS_PORT={value!r} is not a port number (0 = any free port, -1 = off)") from None
 
 
 def markdown_table() -> str:

@@ -210,8 +210,8 @@ def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
         print(f"  plot: {p}")
 
 
-def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: int, restart: bool = False) -> str:
-    """`rlt stage`: one stage inside a pod; rank 0 exports metrics on all interfaces."""
+def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: int | None, restart: bool = False) -> str:
+    """`rlt stage`: one stage inside a pod; rank 0 exports metrics on all interfaces (metrics_port None: none)."""
     layout = RunLayout.for_run(root, run.name)
     ctx = StageContext(run, layout, None, None, show_progress=False)
     [plan] = fingerprint.plan_stages(
@@ -238,7 +238,8 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
             namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
             method=run.spec.method,
         )
-        serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
+        if metrics_port is not None:
+            serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
     output_path = stage_function(stage, run.spec.method)(ctx)
     push_stage_outputs(ctx, stage)
     leave_process_group()  # on success only: a barrier after a failed rank would wait forever

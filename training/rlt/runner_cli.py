@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from rlt.exitcodes import ExitCode
@@ -47,23 +46,35 @@ def _one_line_on_input_error(command: str, fn) -> int:
     return ExitCode.OK
 
 
+def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:
+    """The --metrics-port flag, else $RLT_METRICS_PORT; None when neither says. A bad value is one line."""
+    from rlt.metrics import metrics_port_from_env
+
+    if flag is not None:
+        return flag
+    try:
+        return metrics_port_from_env()
+    except ValueError as err:
+        print(f"rlt {command}: {err}", file=sys.stderr)
+        raise SystemExit(ExitCode.CONFIG_ERROR) from None
+
+
+def _port_to_serve(chosen: int | None) -> int | None:
+    return DEFAULT_METRICS_PORT if chosen is None else None if chosen < 0 else chosen
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rlt.runner import run_local
 
     run = _load(args.file)
-    # The flag, else $RLT_METRICS_PORT (as `rlt stage` reads it), else 9400 with a free port when that is taken.
-    try:
-        chosen = args.metrics_port if args.metrics_port is not None else _env_metrics_port()
-    except ValueError as err:
-        print(f"rlt run: {err}", file=sys.stderr)
-        return ExitCode.CONFIG_ERROR
-    port = DEFAULT_METRICS_PORT if chosen is None else None if chosen < 0 else chosen
+    # The flag, else $RLT_METRICS_PORT, else 9400 with a free port when that is taken.
+    chosen = _chosen_metrics_port("run", args.metrics_port)
     return _one_line_on_input_error(
         "run",
         lambda: run_local(
             run,
             args.output,
-            port,
+            _port_to_serve(chosen),
             args.linger,
             args.stage or None,
             args.device,
@@ -74,23 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
 
-def _env_metrics_port() -> int | None:
-    value = os.environ.get("RLT_METRICS_PORT", "").strip()
-    if not value:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"RLT_METRICS_PORT={value!r} is not a port number (0 = any free port, -1 = off)") from None
-
-
 def cmd_stage(args: argparse.Namespace) -> int:
-    from rlt.metrics import metrics_port_from_env
     from rlt.runner import run_stage_in_pod
 
     run = _load(args.config)
+    port = _port_to_serve(_chosen_metrics_port("stage"))
     return _one_line_on_input_error(
-        "stage", lambda: run_stage_in_pod(run, args.name, args.root, metrics_port_from_env(), restart=args.restart)
+        "stage", lambda: run_stage_in_pod(run, args.name, args.root, port, restart=args.restart)
     )
 
 
