@@ -157,7 +157,7 @@ clean:
 
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
-	$(BIN)/python -c "from rlt.spec_docs import regenerate; regenerate()"
+	$(BIN)/python -c "from rlt.spec.docs import regenerate; regenerate()"
 
 crd: $(STAMP)
 	$(BIN)/python -c "from rlt_operator.crd import write; write()"

@@ -39,7 +39,7 @@ def build(name: str, out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from rlt.models import resolve_model_path
+    from rlt.run.models import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-qwen2"))
     cfg = Qwen2Config(
@@ -85,9 +85,9 @@ def reward_bench(path: Path, n: int, batch_size: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlt.prompts import Formatter, resolve_format
-    from rlt.reward import RLTReward
-    from rlt.spec import FormatSpec
+    from rlt.method.prompts import Formatter, resolve_format
+    from rlt.method.reward import RLTReward
+    from rlt.spec.inputs import FormatSpec
 
     sys.path.insert(0, str(Path(__file__).parent))
     from reward_scoring import workload  # the CPU benchmark's workload: explanations of 100-300 tokens

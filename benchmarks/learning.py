@@ -135,8 +135,8 @@ def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
 
 def run_sft(args, out: Path) -> None:
     """The SFT warm-up of the teacher, shared by every seed (skipped when already done)."""
-    from rlt.runner import run_local
-    from rlt.spec import parse_run
+    from rlt.run.runner import run_local
+    from rlt.spec.loading import parse_run
 
     sft_run = parse_run(run_spec(args, args.seeds[0], args.model, sft=True, rl=False))
     sft_run.metadata.name = "learning-sft"
@@ -145,8 +145,8 @@ def run_sft(args, out: Path) -> None:
 
 def train(args, out: Path) -> tuple[str, dict[int, dict]]:
     """SFT once, then RL per seed; returns the SFT model path and, per seed, the RL model and metrics rows."""
-    from rlt.runner import run_local
-    from rlt.spec import parse_run
+    from rlt.run.runner import run_local
+    from rlt.spec.loading import parse_run
 
     sft_model = str(out / "learning-sft" / "sft" / "model")
     if args.parallel and len(args.seeds) > 1:
@@ -215,10 +215,10 @@ def explain(model, tokenizer, formatter, rows: list[dict], max_new_tokens: int, 
 
 def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> dict:
     """Per teacher: the student's solution log-prob, r_SS, r_KL and accuracy with its explanations; and baselines."""
-    from rlt.models import load_model, load_tokenizer
-    from rlt.prompts import Formatter, resolve_format
-    from rlt.reward import RLTReward
-    from rlt.spec import FormatSpec, ModelRef
+    from rlt.method.prompts import Formatter, resolve_format
+    from rlt.method.reward import RLTReward
+    from rlt.run.models import load_model, load_tokenizer
+    from rlt.spec.inputs import FormatSpec, ModelRef
 
     formatter = Formatter(resolve_format(FormatSpec()))
     sref = ModelRef(model=args.model)
@@ -334,9 +334,9 @@ def main(argv: list[str] | None = None) -> dict:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
         args.completion_length, args.train_size, args.k = 16, 16, 1
 
-    from rlt import tasks
-    from rlt.runner import quiet_libraries, run_local
-    from rlt.spec import parse_run
+    from rlt.data import tasks
+    from rlt.run.runner import quiet_libraries, run_local
+    from rlt.spec.loading import parse_run
 
     quiet_libraries()
     out = Path(args.out)

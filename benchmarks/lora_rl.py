@@ -54,8 +54,8 @@ def run_doc(name: str, steps: int, completion: int, lora: bool) -> dict:
 
 def one_arm(arm: str, steps: int, completion: int) -> dict:
     """Runs in a child process: the rl stage only, then its figures."""
-    from rlt.runner import run_local
-    from rlt.spec import parse_run
+    from rlt.run.runner import run_local
+    from rlt.spec.loading import parse_run
 
     run = parse_run(run_doc(f"lora-bench-{arm}", steps, completion, arm == "lora"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,12 +87,12 @@ def reward_same_weights(completion: int) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from rlt import tasks
-    from rlt.generation import sample_with_logprobs
-    from rlt.models import load_model, load_tokenizer
-    from rlt.prompts import Formatter, resolve_format
-    from rlt.reward import RLTReward
-    from rlt.spec import FormatSpec, ModelRef
+    from rlt.data import tasks
+    from rlt.method.generation import sample_with_logprobs
+    from rlt.method.prompts import Formatter, resolve_format
+    from rlt.method.reward import RLTReward
+    from rlt.run.models import load_model, load_tokenizer
+    from rlt.spec.inputs import FormatSpec, ModelRef
 
     ref = ModelRef(model=SMOL)
     tok = load_tokenizer(ref, padding_side="left")

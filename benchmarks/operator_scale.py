@@ -4,7 +4,7 @@ Reports (JSON on stdout): p50/p95/max seconds from an RLTRun's create to all of 
 children present (ConfigMap, PVC, the sft Job and its headless Service), the operator process's peak
 RSS, and the API requests the operator made per run (by verb) over that window.
 
-The API is kmock with rlt_operator.kmock_glue: an in-memory stand-in, far faster than a real
+The API is kmock with rlt_sandbox.kmock_glue: an in-memory stand-in, far faster than a real
 apiserver and without its rate limits, so the times are the operator's own cost, not a cluster's.
 
     .venv/bin/python benchmarks/operator_scale.py [--runs 200]
@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "training")]
 
-from rlt_operator.sandbox import serve, write_kubeconfig  # noqa: E402
+from rlt_sandbox.sandbox import serve, write_kubeconfig  # noqa: E402
 
 NS = "default"
 OPERATOR_AGENTS = ("kopf", "OpenAPI-Generator")  # Kopf's own client, and the handlers' kubernetes client
@@ -162,7 +162,7 @@ async def main(runs: int, timeout: float) -> dict:
             "emulator_and_client_cpu_seconds": round(time.process_time(), 2),
             "operator_api_requests_per_run": round(total / runs, 2),
             "operator_api_requests_by_kind": dict(sorted(by_verb.items())),
-            "api": "kmock + rlt_operator.kmock_glue (in-memory emulator, not a real apiserver)",
+            "api": "kmock + rlt_sandbox.kmock_glue (in-memory emulator, not a real apiserver)",
             "cpu_cores": os.cpu_count(),
         }
 

@@ -85,7 +85,7 @@ def build_tiny49k(path: Path) -> None:
     """Tiny Qwen2 with a realistic 49,152-token vocabulary: the SmolLM2 tokenizer, 2 small layers."""
     from transformers import AutoTokenizer
 
-    from rlt.models import resolve_model_path, tiny_qwen2
+    from rlt.run.models import resolve_model_path, tiny_qwen2
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:smollm2-135m-instruct"))
     tiny_qwen2(len(tok), 2048).save_pretrained(path)
@@ -93,7 +93,7 @@ def build_tiny49k(path: Path) -> None:
 
 
 def model_path(name: str) -> str:
-    from rlt.models import cache_root, resolve_model_path
+    from rlt.run.models import cache_root, resolve_model_path
 
     if name == "smollm2":
         return resolve_model_path("builtin:smollm2-135m-instruct")
@@ -105,7 +105,7 @@ def model_path(name: str) -> str:
 
 def workload(tok, n: int, grouped: bool, seed: int = 0):
     """n completions with explanations of 100–300 tokens; grouped = all for one question (a GRPO group)."""
-    from rlt import tasks
+    from rlt.data import tasks
 
     rng = random.Random(seed)
     problems = tasks.generate("mixed", n, seed=seed)
@@ -138,8 +138,8 @@ def reference_scores(model, tok, fmt, qs, ss, cs):
     """One at a time, full forward, full-vocabulary fp32 log-softmax: the research code's way (without gc)."""
     import torch
 
-    from rlt.pairing import SideTokens, pair_explanation
-    from rlt.reward import RewardBreakdown
+    from rlt.method.pairing import SideTokens, pair_explanation
+    from rlt.method.reward import RewardBreakdown
 
     def token_lps(text, spans):
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -211,9 +211,9 @@ def run_long(args, model, tok, fmt) -> dict:
     locating the generated tokens in the text and pairing them with the student's (docs/reward.md)."""
     import torch
 
-    from rlt import tasks
-    from rlt.reward import RLTReward
-    from rlt.scoring import completion_token_offsets
+    from rlt.data import tasks
+    from rlt.method.reward import RLTReward
+    from rlt.method.scoring import completion_token_offsets
 
     p = tasks.generate("mixed", 1, seed=1)[0]
     c = long_completion(tok, args.long_tokens)
@@ -275,9 +275,9 @@ def run_variant(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlt.prompts import Formatter, resolve_format
-    from rlt.reward import RewardBreakdown, RLTReward
-    from rlt.spec import FormatSpec
+    from rlt.method.prompts import Formatter, resolve_format
+    from rlt.method.reward import RewardBreakdown, RLTReward
+    from rlt.spec.inputs import FormatSpec
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1)))
     path = model_path(args.model)

@@ -6,7 +6,7 @@ Per level, N fresh questions (seeded), the student (default SmolLM2-135M-Instruc
   direct     the thought left empty and the answer tag opened: the model writes the answer at once (the setting
              the RLT reward scores, with an empty explanation);
   explained  the same chat with the task's worked reasoning inside the thought tags and the answer tag opened.
-Both are graded by the task's own checker (rlt.tasks.check_builtin, recomputed from the question). Prints a
+Both are graded by the task's own checker (rlt.data.tasks.check_builtin, recomputed from the question). Prints a
 table with 95 % Wilson intervals. Usage:
   nice -n 10 python benchmarks/task_calibration.py [--per-level 64] [--model builtin:smollm2-135m-instruct]
 """
@@ -17,9 +17,9 @@ import argparse
 import math
 import time
 
-from rlt import tasks
-from rlt.prompts import Formatter, resolve_format
-from rlt.spec import FormatSpec, ModelRef
+from rlt.data import tasks
+from rlt.method.prompts import Formatter, resolve_format
+from rlt.spec.inputs import FormatSpec, ModelRef
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--free-tokens", type=int, default=48, help="token limit of the free answers (0: skip them)")
     args = p.parse_args()
 
-    from rlt.models import load_model, load_tokenizer
+    from rlt.run.models import load_model, load_tokenizer
 
     ref = ModelRef(model=args.model)
     tokenizer = load_tokenizer(ref, padding_side="left")

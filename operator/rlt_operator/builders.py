@@ -13,12 +13,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rlt.exitcodes import FAIL_FAST
-from rlt.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
-from rlt.metrics import TRAINER_METRICS_PORT
-from rlt.outputs import pushed_uri, stage_outputs
-from rlt.spec import API_GROUP, API_VERSION, KIND, Metadata, RLTRun, RLTRunSpec, dump_run
-from rlt.stage_registry import needs_generators, newest_teacher_stage, stage_info, stage_settings, zero_stage
+from rlt.run.exitcodes import FAIL_FAST
+from rlt.run.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.run.metrics import TRAINER_METRICS_PORT
+from rlt.run.outputs import pushed_uri, stage_outputs
+from rlt.spec.base import API_GROUP, API_VERSION, KIND
+from rlt.spec.loading import dump_run
+from rlt.spec.run import Metadata, RLTRun, RLTRunSpec, needs_generators, stage_settings, zero_stage
+from rlt.spec.stage_registry import newest_teacher_stage, stage_info
 
 # Labels and annotations (one prefix for everything the operator owns).
 PREFIX = "rlt.dev"
@@ -113,7 +115,7 @@ def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     return str(layout(run).model_dir(prior)) if prior else spec.teacher.model
 
 
-# status.outputs key of each spec.outputs copy (rlt.outputs.stage_outputs names them)
+# status.outputs key of each spec.outputs copy (rlt.run.outputs.stage_outputs names them)
 OUTPUT_URI_KEYS = {"teacher": "teacherUri", "distillDataset": "distilledDatasetUri", "student": "studentUri"}
 # accelerate's --mixed_precision for spec precision in a GPU pod (what the Trainer picks there; auto = bf16 on a GPU)
 ACCELERATE_PRECISION = {"auto": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "no"}
@@ -539,7 +541,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     spec,
                     "validate",
                     spec.images.trainer,
-                    ["python", "-m", "rlt.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                    ["python", "-m", "rlt.spec.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
                     _common_env(ref, spec, stage, restart),
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},

@@ -1,4 +1,4 @@
-"""CLI commands of the operator side (`rlt crd`, `rlt operator`, `rlt sandbox`).
+"""CLI commands of the operator side (`rlt crd`, `rlt operator`); `rlt sandbox` is rlt_sandbox.cli.
 
 Kopf and the Kubernetes client are imported inside the handlers: `rlt validate` must stay light.
 """
@@ -44,23 +44,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sandbox(args: argparse.Namespace) -> int:
-    from rlt_operator import sandbox
-
-    run_pods = None
-    if args.run_pods is not None:
-        import tempfile
-
-        run_pods = args.run_pods or tempfile.mkdtemp(prefix="rlt-sandbox-pods-")
-    return sandbox.run(
-        port=args.port,
-        kubeconfig_path=args.kubeconfig,
-        namespaces=args.namespace or ["default"],
-        run_pods=run_pods,
-        images=args.image,
-    )
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crd", help="print the RLTRun CustomResourceDefinition generated from the spec model")
     p.add_argument("--write", action="store_true", help="write manifests/crd/rltruns.rlt.dev.yaml instead")
@@ -75,29 +58,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     level.add_argument("--debug", action="store_true")
     level.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_operator)
-
-    p = sub.add_parser(
-        "sandbox",
-        help="emulated Kubernetes API + the operator, for kubectl: a preview of what the operator would "
-        "create, not a cluster",
-    )
-    p.add_argument("--port", type=int, default=18443, help="port of the emulated API (default 18443)")
-    p.add_argument("--kubeconfig", help="where to write the kubeconfig (default: $TMPDIR/rlt-sandbox/kubeconfig)")
-    p.add_argument("--namespace", action="append", metavar="NS", help="extra namespaces to create")
-    p.add_argument(
-        "--run-pods",
-        nargs="?",
-        const="",
-        metavar="DIR",
-        help="run the pods as local processes (kubelet emulator; volumes and logs under DIR, "
-        "default a new temp folder)",
-    )
-    p.add_argument(
-        "--image",
-        action="append",
-        default=[],
-        metavar="IMAGE=BINDIR",
-        help="with --run-pods: the local bin folder standing for IMAGE (default for every image: this "
-        "Python environment); e.g. the generator image = .vllm-venv/bin",
-    )
-    p.set_defaults(func=cmd_sandbox)

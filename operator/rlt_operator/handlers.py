@@ -18,9 +18,9 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
-from rlt.metrics import OPERATOR_METRICS, build
-from rlt.spec import API_GROUP, API_VERSION, PLURAL
-from rlt.stage_registry import STAGE_ORDER
+from rlt.run.metrics import OPERATOR_METRICS, build
+from rlt.spec.base import API_GROUP, API_VERSION, PLURAL
+from rlt.spec.stage_registry import STAGE_ORDER
 
 from . import builders, progress, status
 from .kube import Kube, KubeError
@@ -41,7 +41,7 @@ CHILDREN = (  # (group, version, plural) of every kind the operator creates or w
 
 
 class OperatorMetrics:
-    """The operator's Prometheus series (names from rlt.metrics.OPERATOR_METRICS)."""
+    """The operator's Prometheus series (names from rlt.run.metrics.OPERATOR_METRICS)."""
 
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry

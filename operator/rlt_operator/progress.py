@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlt.metrics import PROGRESS_FIELDS
+from rlt.run.metrics import PROGRESS_FIELDS
 
 from . import builders
 

@@ -12,11 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlt.exitcodes import FAIL_FAST, ExitCode
-from rlt.fingerprint import describe_changes, fingerprint_of, stage_fields
-from rlt.spec import RLTRunSpec, SpecError
-from rlt.stage_registry import needs_generators
-from rlt.validation import validate_spec
+from rlt.run.exitcodes import FAIL_FAST, ExitCode
+from rlt.run.fingerprint import describe_changes, fingerprint_of, stage_fields
+from rlt.spec.loading import SpecError
+from rlt.spec.run import RLTRunSpec, needs_generators
+from rlt.spec.validation import validate_spec
 
 from . import builders, status_model
 

@@ -69,7 +69,7 @@ class TrainerShape(_Status):
 class StageSpec(_Status):
     """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
 
-    fingerprint: str = Field(description="rlt.fingerprint.stage_fingerprint of the fields below.")
+    fingerprint: str = Field(description="rlt.run.fingerprint.stage_fingerprint of the fields below.")
     fields: dict[str, str] = Field(
         description="The fields the stage's output depends on (dotted spec path -> "
         "value as JSON), so that an edit can be named."

@@ -9,7 +9,8 @@ import re
 import yaml
 from suite_helpers import ROOT
 
-from rlt.spec import RewardSpec, load_run
+from rlt.spec.loading import load_run
+from rlt.spec.stages import RewardSpec
 
 
 def read(rel: str) -> str:

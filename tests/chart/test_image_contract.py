@@ -13,8 +13,9 @@ import yaml
 from chart_helpers import CHART, IMAGE, ROOT, helm
 from suite_helpers import tiny_doc
 
-from rlt.layout import PVC_MOUNT
-from rlt.spec import RLTRunSpec, parse_run
+from rlt.run.layout import PVC_MOUNT
+from rlt.spec.loading import parse_run
+from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders as b
 
 VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)

@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_run():
     """The tiny example with server-mode rl (so a generator is rendered) and a small vLLM KV cache (user env)."""
-    from rlt.spec import parse_run
+    from rlt.spec.loading import parse_run
 
     doc = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
     doc["metadata"]["namespace"] = "default"

@@ -1,6 +1,6 @@
 """Kopf against kmock, in-process.
 
-kmock (with rlt_operator.kmock_glue) is an in-memory stand-in for the Kubernetes API: it stores
+kmock (with rlt_sandbox.kmock_glue) is an in-memory stand-in for the Kubernetes API: it stores
 objects and streams watch events, but runs no controllers. Whatever a Job, StatefulSet or kubelet
 would do (pods appearing, readiness, success, failure) is SIMULATED by these tests through the
 same HTTP API a controller would use (see op_harness.Harness).

@@ -17,7 +17,7 @@ import aiohttp
 import yaml
 from suite_helpers import EXAMPLES
 
-from rlt_operator.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
+from rlt_sandbox.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
 NS = "default"
 RUNS = "/apis/rlt.dev/v1alpha1/namespaces/{ns}/rltruns"

@@ -16,13 +16,13 @@ from typing import Any
 from op_harness import poll_until
 from suite_helpers import ROOT as REPO
 
-from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet
+from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
 
 WORLD_LINE = re.compile(r"^rlt-world stage=(\w+) rank=(\d+) world_size=(\d+) backend=(\w+) node_rank=(\d+)", re.M)
 
 
 def trainer_image() -> ImageEnv:
-    from rlt_operator.sandbox_pods import baked_caches
+    from rlt_sandbox.sandbox_pods import baked_caches
 
     return ImageEnv(
         str(Path(sys.executable).parent),

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
-from rlt.spec import load_run, parse_run
+from rlt.spec.loading import load_run, parse_run
 from rlt_operator import builders as b
 
 REF = b.RunRef(name="r1", namespace="team", uid="uid-1")
@@ -189,7 +189,7 @@ def test_optional_student_and_evaluate_stages():
 
 def test_rl_in_server_mode_refuses_several_generator_replicas():
     """TRL keeps ONE vLLM server in sync: a second replica behind the Service would generate from stale weights."""
-    from rlt.spec import SpecError
+    from rlt.spec.loading import SpecError
 
     with pytest.raises(SpecError, match=r"resources.generator.replicas: 2 .*dataParallelSize"):
         spec_from(resources={"generator": {"replicas": 2, "gpus": 1}})
@@ -219,8 +219,9 @@ def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(st
     sources would launch one ZeRO stage and train under another (the student's ZeRO stage once stopped at the Trainer)."""
     from accelerate.commands.launch import launch_command_parser
 
-    from rlt.layout import RunLayout
-    from rlt.stages.common import StageContext, trainer_options
+    from rlt.run.layout import RunLayout
+    from rlt.stages.common import trainer_options
+    from rlt.stages.context import StageContext
 
     doc = yaml.safe_load((EXAMPLES / "rltrun-multinode.yaml").read_text())
     doc["spec"]["stages"].setdefault(stage, {}).update(enabled=True, deepspeedZeroStage=2, precision="fp16")
@@ -312,7 +313,7 @@ def test_env_value_from_a_secret_reaches_the_pods_and_no_secret_is_written():
 def test_env_value_and_value_from_together_are_refused():
     import pytest
 
-    from rlt.spec import SpecError, parse_spec
+    from rlt.spec.loading import SpecError, parse_spec
 
     with pytest.raises(SpecError, match="spec.env.0.valueFrom"):
         parse_spec(
@@ -386,7 +387,7 @@ def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fas
     import subprocess
     import sys
 
-    from rlt.exitcodes import ExitCode
+    from rlt.run.exitcodes import ExitCode
 
     def preflight(spec):
         job = b.trainer_job(REF, spec, "sft", 0)
@@ -485,7 +486,7 @@ def test_limits_extra_resources_and_pod_annotations_pass_through():
 def test_a_malformed_quantity_is_refused_naming_the_field():
     import pytest
 
-    from rlt.spec import SpecError, parse_spec
+    from rlt.spec.loading import SpecError, parse_spec
 
     with pytest.raises(SpecError, match="spec.resources.trainer.memory"):
         parse_spec(
@@ -501,7 +502,7 @@ def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
     import subprocess
     import sys
 
-    from rlt.exitcodes import ExitCode
+    from rlt.run.exitcodes import ExitCode
 
     spec = spec_from("rltrun-tiny.yaml", dataset={"source": str(tmp_path / "missing.jsonl")})
     job = b.trainer_job(REF, spec, "sft", 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlt_operator.kmock_glue import labels_match, parse_label_selector
+from rlt_sandbox.kmock_glue import labels_match, parse_label_selector
 
 CMS = "/api/v1/namespaces/default/configmaps"
 RUNS = "/apis/rlt.dev/v1alpha1/namespaces/default/rltruns"
@@ -83,7 +83,7 @@ def test_kmock_internals_are_patched_only_by_an_explicit_call():
 
     code = (
         "from kmock._internal import parsing\n"
-        "from rlt_operator import kmock_glue\n"
+        "from rlt_sandbox import kmock_glue\n"
         "print(kmock_glue.kmock_patched())\n"
         "try:\n    parsing.parse_path('/api/v1/namespaces')\nexcept ValueError:\n    print('kmock bug')\n"
         "kmock_glue.patch_kmock(); kmock_glue.patch_kmock()\n"

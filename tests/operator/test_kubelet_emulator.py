@@ -10,7 +10,7 @@ import pytest
 from op_harness import NS, PATHS
 from suite_helpers import free_port
 
-from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet, expand
+from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet, expand
 
 PY = Path(sys.executable)
 

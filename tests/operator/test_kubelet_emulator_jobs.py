@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from op_harness import NS, PATHS
 
-from rlt.exitcodes import ExitCode
+from rlt.run.exitcodes import ExitCode
 from rlt_operator.builders import pod_failure_policy
-from rlt_operator.kubelet_emulator import ImageEnv, LocalKubelet
+from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
 
 PY = Path(sys.executable)
 BACKOFF_LIMIT = 2

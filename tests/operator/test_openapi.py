@@ -1,7 +1,7 @@
 """The OpenAPI documents the sandbox serves, generated from the CRD: what kubectl and helm look for in them."""
 
 from rlt_operator import crd as crd_mod
-from rlt_operator.openapi import Served, v2_document, v3_discovery, v3_group_version
+from rlt_sandbox.openapi import Served, v2_document, v3_discovery, v3_group_version
 
 
 def rltrun() -> Served:

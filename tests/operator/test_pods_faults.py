@@ -11,7 +11,7 @@ import pytest
 from op_harness import example
 from pods_harness import pod_logs, running_pods, wait_for
 
-from rlt_operator.kubelet_emulator import kill_all
+from rlt_sandbox.kubelet_emulator import kill_all
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 from op_harness import example
 from pods_harness import metrics_rows, pod_logs, running_pods, wait_for, world_lines
 
-from rlt_operator.kubelet_emulator import rank_processes
+from rlt_sandbox.kubelet_emulator import rank_processes
 
 pytestmark = pytest.mark.slow
 

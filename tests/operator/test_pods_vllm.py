@@ -14,7 +14,7 @@ import pytest
 from op_harness import example
 from pods_harness import REPO, pod_logs, running_pods
 
-from rlt_operator.kubelet_emulator import ImageEnv
+from rlt_sandbox.kubelet_emulator import ImageEnv
 
 VLLM_BIN = Path(os.environ.get("RLT_VLLM_PYTHON") or REPO / ".vllm-venv" / "bin" / "python").parent
 pytestmark = [
@@ -31,7 +31,7 @@ RUN = "vl"
 async def test_distill_generates_through_the_rendered_vllm_generator_pod(harness, tmp_path):
     import shutil
 
-    from rlt.models import resolve_model_path
+    from rlt.run.models import resolve_model_path
 
     doc = example("rltrun-tiny.yaml")
     doc["metadata"]["name"] = RUN

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
-from rlt.spec import parse_spec
+from rlt.spec.loading import parse_spec
 from rlt_operator import builders as b
 from rlt_operator import status as S
 

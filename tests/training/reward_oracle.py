@@ -2,7 +2,7 @@
 
 One completion at a time, one plain forward per model, full-vocabulary log_softmax(logits / τ), no batching, no
 prefix cache, no character offsets from the tokenizer: where each token sits in the text is worked out from the
-token's own bytes (byte-level BPE), so the oracle shares no code path with rlt.scoring / rlt.pairing.
+token's own bytes (byte-level BPE), so the oracle shares no code path with rlt.method.scoring / rlt.method.pairing.
 
     r_SS = mean ℓ + α·min ℓ   (student log-probs of the solution tokens)
     r_KL = mean Δ + α·max Δ   (Δ: teacher − student over the explanation; pairing rule of docs/reward.md)

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 import torch
 
-from rlt.generation import sample_with_logprobs, server_generate
+from rlt.method.generation import sample_with_logprobs, server_generate
 
 TAU = 0.7
 
@@ -122,9 +122,9 @@ def test_vllm_requests_set_every_distribution_changing_parameter():
 
 
 def test_grpo_config_samples_clean_and_importance_sampling_follows_the_spec(tmp_path):
-    from rlt.layout import RunLayout
-    from rlt.spec import RLTRun
-    from rlt.stages.common import StageContext
+    from rlt.run.layout import RunLayout
+    from rlt.spec.run import RLTRun
+    from rlt.stages.context import StageContext
     from rlt.stages.rl import grpo_config
 
     def config(**generation):

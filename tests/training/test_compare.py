@@ -9,8 +9,8 @@ import pytest
 import yaml
 from suite_helpers import tiny_doc
 
-from rlt.compare import ARMS, run_compare
-from rlt.spec import parse_run
+from rlt.run.compare import ARMS, run_compare
+from rlt.spec.loading import parse_run
 
 pytestmark = pytest.mark.slow
 

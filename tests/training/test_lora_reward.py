@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
-from rlt import tasks
-from rlt.generation import sample_with_logprobs
-from rlt.reward import RLTReward
+from rlt.data import tasks
+from rlt.method.generation import sample_with_logprobs
+from rlt.method.reward import RLTReward
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import urllib.request
 import pytest
 from suite_helpers import TINY, free_port
 
-from rlt.layout import RunLayout
-from rlt.plots import read_metrics
-from rlt.runner import run_local
-from rlt.spec import load_run
+from rlt.run.layout import RunLayout
+from rlt.run.plots import read_metrics
+from rlt.run.runner import run_local
+from rlt.spec.loading import load_run
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,7 @@ def test_stage_command_as_a_pod_runs_it_once(tmp_path):
         text=True,
         timeout=120,
     )
-    from rlt.exitcodes import ExitCode
+    from rlt.run.exitcodes import ExitCode
 
     assert missing.returncode == ExitCode.CONFIG_ERROR and "file not found" in missing.stderr  # fail fast, no restart
 

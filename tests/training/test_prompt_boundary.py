@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlt.prompts import Formatter, resolve_format
-from rlt.spec import FormatSpec
+from rlt.method.prompts import Formatter, resolve_format
+from rlt.spec.inputs import FormatSpec
 from rlt.stages.rl import rl_rows
 from rlt.stages.sft import sft_rows, teacher_prompt_ids
 

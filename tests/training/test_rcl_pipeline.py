@@ -6,12 +6,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import ROOT
 
-from rlt.layout import RunLayout
-from rlt.metrics import TrainerMetrics
-from rlt.plots import read_metrics
 from rlt.rcl.stages import run_teaching_eval
-from rlt.spec import load_run
-from rlt.stages.common import Recorder, StageContext
+from rlt.run.layout import RunLayout
+from rlt.run.metrics import TrainerMetrics
+from rlt.run.plots import read_metrics
+from rlt.spec.loading import load_run
+from rlt.stages.common import Recorder
+from rlt.stages.context import StageContext
 
 TINY = ROOT / "manifests" / "examples" / "rltrun-rcl-tiny.yaml"
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ import pytest
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, student_sampler
 from rlt.rcl.stages import make_rcl_rollout, probe_sampler
-from rlt.spec import ModelRef, RlStage
+from rlt.spec.inputs import ModelRef
+from rlt.spec.stages import RlStage
 from rlt.stages.common import PhaseTimer
 
 pytestmark = pytest.mark.slow
@@ -23,7 +24,7 @@ def make_trainer(tiny, tmp_path, counts, server=False):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlt.models import load_model
+    from rlt.run.models import load_model
 
     student, tok = tiny  # frozen student (and probe writer); the policy is a fresh copy
     protocol = Protocol(load_rcl_format("rcl-default"))
@@ -179,7 +180,7 @@ def test_server_mode_syncs_weights_before_every_step(tiny, tmp_path):
 
 def test_dense_performance_is_the_students_probability_of_the_reference(tiny):
     """performance: dense scores the reference answer with the SpanScorer instead of sampling answers."""
-    from rlt.scoring import SpanScorer
+    from rlt.method.scoring import SpanScorer
 
     student, tok = tiny
     protocol = Protocol(load_rcl_format("rcl-default"))

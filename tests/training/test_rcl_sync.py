@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from suite_helpers import EXAMPLES
 
-from rlt.layout import RunLayout
-from rlt.spec import load_run
-from rlt.stages.common import StageContext
+from rlt.run.layout import RunLayout
+from rlt.spec.loading import load_run
+from rlt.stages.context import StageContext
 
 RCL_TINY = EXAMPLES / "rltrun-rcl-tiny.yaml"
 STEPS = 3

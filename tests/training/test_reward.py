@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlt.reward import RLTReward
+from rlt.method.reward import RLTReward
 
 TAU = 0.7
 ALPHA, LAM, PEN = 0.01, 3.0, 1.0

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from reward_oracle import oracle_reward, plain_logprobs, tiny_lm, token_bytes
 
-from rlt.generation import sample_with_logprobs
-from rlt.reward import RLTReward
+from rlt.method.generation import sample_with_logprobs
+from rlt.method.reward import RLTReward
 
 TAU, TOL = 0.7, 1e-4
 FIELDS = (
@@ -198,15 +198,15 @@ def test_reward_equals_oracle_with_a_different_student_tokenizer(smol_tok, tiny,
 def test_dict_pairing_by_offsets_fails_the_oracle(smol_tok, models, formatter, monkeypatch):
     """The pairing this replaced (one teacher log-prob per character range, in a dict) is measurably wrong on
     split characters: the unicode set above can tell them apart."""
-    import rlt.reward
-    from rlt.pairing import Pairing
+    import rlt.method.reward
+    from rlt.method.pairing import Pairing
 
     def dict_pairing(teacher, student, same_vocab):
         by_offset = {o: lp for o, lp in zip(teacher.offsets, teacher.logprobs, strict=True)}
         deltas = [by_offset[o] - lp for o, lp in zip(student.offsets, student.logprobs, strict=True) if o in by_offset]
         return Pairing(deltas, len(deltas) * 2, len(teacher) + len(student))
 
-    monkeypatch.setattr(rlt.reward, "pair_explanation", dict_pairing)
+    monkeypatch.setattr(rlt.method.reward, "pair_explanation", dict_pairing)
     teacher, student = models
     qs, ss, cs = map(list, zip(*CASES, strict=True))
     got = RLTReward(student, smol_tok, formatter, temperature=TAU, teacher=teacher, teacher_tokenizer=smol_tok).score(

@@ -9,9 +9,9 @@ import statistics
 import pytest
 from suite_helpers import TINY
 
-from rlt.layout import RunLayout
-from rlt.spec import load_run
-from rlt.stages.common import StageContext
+from rlt.run.layout import RunLayout
+from rlt.spec.loading import load_run
+from rlt.stages.context import StageContext
 
 pytestmark = pytest.mark.slow
 STEPS, WINDOW = 20, 8

@@ -8,9 +8,10 @@ import pytest
 import torch
 from suite_helpers import TINY
 
-from rlt.layout import RunLayout
-from rlt.spec import load_run
-from rlt.stages.common import PhaseTimer, StageContext
+from rlt.run.layout import RunLayout
+from rlt.spec.loading import load_run
+from rlt.stages.common import PhaseTimer
+from rlt.stages.context import StageContext
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +24,9 @@ def trainer(tmp_path_factory, formatter):
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from rlt.data import load_data
-    from rlt.models import load_model, load_tokenizer
-    from rlt.reward import reward_from_spec
+    from rlt.data.dataset import load_data
+    from rlt.method.reward import reward_from_spec
+    from rlt.run.models import load_model, load_tokenizer
     from rlt.stages.rl import grpo_config, make_rollout, rl_rows
 
     run = load_run(TINY)

@@ -6,11 +6,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import tiny_doc
 
-from rlt.layout import RunLayout
-from rlt.metrics import TrainerMetrics
-from rlt.plots import read_metrics
-from rlt.spec import parse_run
-from rlt.stages.common import StageContext
+from rlt.run.layout import RunLayout
+from rlt.run.metrics import TrainerMetrics
+from rlt.run.plots import read_metrics
+from rlt.spec.loading import parse_run
+from rlt.stages.context import StageContext
 from rlt.stages.evaluate import run_evaluate
 
 pytestmark = pytest.mark.slow
@@ -123,7 +123,7 @@ def test_evaluate_exports_accuracy_for_the_untrained_student(tmp_path, monkeypat
 
 
 def test_evaluate_without_held_out_rows_names_the_fields(tmp_path):
-    from rlt.data import DataError
+    from rlt.data.dataset import DataError
 
     run = tiny_run(distill={"enabled": False}, evaluate=EVALUATE)
     run.spec.dataset.eval_fraction = 0.0

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from suite_helpers import ROOT
 
-from rlt.metrics import REWARD_COMPONENTS, STEP_PHASES
-from rlt.plots import read_metrics
-from rlt.spec import parse_run
+from rlt.run.metrics import REWARD_COMPONENTS, STEP_PHASES
+from rlt.run.plots import read_metrics
+from rlt.spec.loading import parse_run
 
 EXAMPLE = ROOT / "manifests" / "examples" / "rltrun-tiny-toolbox.yaml"
 pytestmark = pytest.mark.slow
@@ -43,7 +43,7 @@ class LocalHubStandIn:
 def finished(run_to_end, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("toolbox")
     data = tmp / "problems.jsonl"
-    from rlt import tasks
+    from rlt.data import tasks
 
     rows = [{"id": f"q-{i:03d}", **r} for i, r in enumerate(tasks.generate("arithmetic", 12, seed=5))]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -186,8 +186,8 @@ def test_outputs_pushed_through_fsspec_with_kept_columns(finished):
 
 
 def test_hub_push_against_a_local_stand_in(finished, tmp_path):
-    from rlt.outputs import push_stage_outputs
-    from rlt.stages.common import StageContext
+    from rlt.run.outputs import push_stage_outputs
+    from rlt.stages.context import StageContext
 
     run, layout, _, _ = finished
     spec = run.spec.model_copy(

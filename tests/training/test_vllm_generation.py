@@ -18,7 +18,7 @@ TAU = 0.7
 
 
 def test_server_logprobs_are_the_teachers_tempered_logprobs(vllm_server, tiny, formatter):
-    from rlt.generation import server_generate
+    from rlt.method.generation import server_generate
 
     base = vllm_server.base
     model, tok = tiny
@@ -40,9 +40,9 @@ def test_server_logprobs_are_the_teachers_tempered_logprobs(vllm_server, tiny, f
 
 def test_distill_stage_generates_through_the_server(vllm_server, tmp_path):
 
-    from rlt.layout import RunLayout
-    from rlt.runner import run_local
-    from rlt.spec import RLTRun
+    from rlt.run.layout import RunLayout
+    from rlt.run.runner import run_local
+    from rlt.spec.run import RLTRun
 
     doc = tiny_doc()
     doc["spec"]["teacher"] = {"model": vllm_server.model_dir}

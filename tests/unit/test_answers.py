@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlt.answers import boxed_contents, extract_answer, is_correct, normalize
+from rlt.data.answers import boxed_contents, extract_answer, is_correct, normalize
 
 TAGS = ("<answer>", "</answer>")
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from rlt import tasks
+from rlt.data import tasks
 from rlt.stages.evaluate import grade
 
 TAGS = ("<answer>", "</answer>")

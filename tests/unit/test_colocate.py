@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from suite_helpers import tiny_doc
 
-from rlt.spec import SpecError, parse_run
+from rlt.spec.loading import SpecError, parse_run
 
 
 def _run(mode: str, **gen):
@@ -15,8 +15,8 @@ def _run(mode: str, **gen):
 
 
 def test_colocate_configures_trl_and_needs_no_generator_pods(tmp_path):
-    from rlt.layout import RunLayout
-    from rlt.stages.common import StageContext
+    from rlt.run.layout import RunLayout
+    from rlt.stages.context import StageContext
     from rlt.stages.rl import grpo_config
     from rlt_operator import builders as b
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from rlt import tasks
-from rlt.data import DataError, load_data
-from rlt.prompts import Formatter, bundled_formats, resolve_format
-from rlt.spec import DatasetSpec, FormatSpec
+from rlt.data import tasks
+from rlt.data.dataset import DataError, load_data
+from rlt.method.prompts import Formatter, bundled_formats, resolve_format
+from rlt.spec.inputs import DatasetSpec, FormatSpec
 
 FMT = resolve_format(FormatSpec())
 STRATOS = resolve_format(FormatSpec(preset="stratos-tags"))
@@ -166,7 +166,7 @@ def test_a_missing_file_is_one_clear_error(tmp_path):
 
 
 def test_check_data_counts_what_skip_would_drop(tmp_path):
-    from rlt.data import check_data
+    from rlt.data.dataset import check_data
 
     path = _jsonl(
         tmp_path / "d.jsonl", [{"question": f"Q{i}", "solution": "" if i % 3 == 0 else "A"} for i in range(9)]
@@ -179,7 +179,7 @@ def test_check_data_counts_what_skip_would_drop(tmp_path):
 
 def test_skip_warns_once_per_load(tmp_path, caplog):
     path = _jsonl(tmp_path / "d.jsonl", [{"question": "Q", "solution": ""}] * 5 + [{"question": "Q", "solution": "A"}])
-    with caplog.at_level("WARNING", logger="rlt.data"):
+    with caplog.at_level("WARNING", logger="rlt.data.dataset"):
         load_data(DatasetSpec(source=str(path), badRows="skip"), FMT)
     assert [r.getMessage() for r in caplog.records] == [
         f"skipping 5 of 6 rows of {path} (badRows: skip), first line 1: solution: empty"

@@ -2,14 +2,15 @@
 
 import pytest
 
-from rlt.benchmarks import benchmark_row, find_benchmark
-from rlt.compare import compare_stages, pearson
-from rlt.data import DataError
-from rlt.prompts import Formatter, resolve_format
-from rlt.spec import FormatSpec, parse_run
+from rlt.data.benchmarks import benchmark_row, find_benchmark
+from rlt.data.dataset import DataError
+from rlt.data.tasks import check_countdown, generate
+from rlt.method.prompts import Formatter, resolve_format
+from rlt.run.compare import compare_stages, pearson
+from rlt.spec.inputs import FormatSpec
+from rlt.spec.loading import parse_run
 from rlt.stages.evaluate import grade, pass_at_1, resolve_answer_type
 from rlt.stages.student import choose_rows
-from rlt.tasks import check_countdown, generate
 
 TAGS = ("<answer>", "</answer>")
 COUNTDOWN = "Using each of the numbers 6, 3 and 11 exactly once with + - *, make 69."
@@ -216,14 +217,14 @@ def test_compare_fills_student_and_evaluate_defaults_and_needs_both_teachers():
 
 
 def test_spec_rejects_greedy_with_several_samples():
-    from rlt.spec import SpecError
+    from rlt.spec.loading import SpecError
 
     with pytest.raises(SpecError, match="spec.stages.evaluate.samples"):
         parse_run(_doc(evaluate={"enabled": True, "temperature": 0, "samples": 4}))
 
 
 def test_wilson_interval_of_compare():
-    from rlt.compare import wilson_interval
+    from rlt.run.compare import wilson_interval
 
     lo, hi = wilson_interval(20, 100)  # textbook value: [0.133, 0.289]
     assert lo == pytest.approx(0.1334, abs=1e-3) and hi == pytest.approx(0.2888, abs=1e-3)

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlt.answers import between
-from rlt.compare import ArmResult, build_report, correlations, teaching_points
-from rlt.layout import RunLayout
-from rlt.spec import parse_run
+from rlt.data.answers import between
+from rlt.run.compare import ArmResult, build_report, correlations, teaching_points
+from rlt.run.layout import RunLayout
+from rlt.spec.loading import parse_run
 from rlt.stages.evaluate import (
     EvalReport,
     EvalSet,

@@ -3,9 +3,9 @@
 import pytest
 from suite_helpers import tiny_doc
 
-from rlt import fingerprint as fp
-from rlt.layout import RunLayout, atomic_write_text
-from rlt.spec import RLTRun
+from rlt.run import fingerprint as fp
+from rlt.run.layout import RunLayout, atomic_write_text
+from rlt.spec.run import RLTRun
 
 
 def tiny(**edits) -> RLTRun:

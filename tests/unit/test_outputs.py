@@ -8,10 +8,10 @@ import json
 import fsspec
 from suite_helpers import tiny_doc
 
-from rlt.layout import RunLayout
-from rlt.outputs import push_stage_outputs
-from rlt.spec import parse_run
-from rlt.stages.common import StageContext
+from rlt.run.layout import RunLayout
+from rlt.run.outputs import push_stage_outputs
+from rlt.spec.loading import parse_run
+from rlt.stages.context import StageContext
 
 
 def test_push_after_the_producing_stage_once(tmp_path):

@@ -1,4 +1,5 @@
-"""The core package `rlt` depends on nothing of the operator's: operator commands come through an entry point."""
+"""Which package may import which: the core `rlt` nothing of the operator's, the shipped operator nothing of the
+sandbox's (commands of both come through an entry point), and no import circle anywhere in the shipped packages."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import sys
 from pathlib import Path
 
 import rlt
+import rlt_operator
 
 CORE = Path(rlt.__file__).resolve().parent
+OPERATOR = Path(rlt_operator.__file__).resolve().parent
+ROOT = CORE.parents[1]
 
 
 def test_importing_every_rlt_module_imports_nothing_of_the_operator():
@@ -46,4 +50,37 @@ def test_operator_commands_register_through_the_entry_point_group():
     commands = build_parser()._subparsers._group_actions[0].choices  # the `rlt` sub-commands
     assert {"validate", "run", "stage", "crd", "operator", "sandbox"} <= set(commands)
     pyproject = (CORE.parents[1] / "pyproject.toml").read_text()
-    assert '[project.entry-points."rlt.commands"]\noperator = "rlt_operator.cli:register"' in pyproject
+    assert (
+        '[project.entry-points."rlt.commands"]\noperator = "rlt_operator.cli:register"\n'
+        'sandbox = "rlt_sandbox.cli:register"' in pyproject
+    )
+
+
+def _imports_of(package: Path, banned: str) -> list[str]:
+    """`file:line` of every import (any depth, type-only ones too) in `package` that names package `banned`."""
+    offenders = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            offenders += [f"{path.relative_to(package)}:{node.lineno}" for n in names if n.split(".")[0] == banned]
+    return offenders
+
+
+def test_the_shipped_operator_imports_nothing_of_the_sandbox():
+    assert not _imports_of(OPERATOR, "rlt_sandbox")
+    # and the operator image copies the operator package only
+    containerfile = (ROOT / "images/operator/Containerfile").read_text()
+    assert "COPY operator/rlt_operator " in containerfile and "rlt_sandbox" not in containerfile
+
+
+def test_no_import_circle_in_the_shipped_packages():
+    """hack/import_graph.py reads every import of rlt, rlt_operator and rlt_sandbox from the source (ast)."""
+    run = subprocess.run([sys.executable, str(ROOT / "hack/import_graph.py")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    assert " 0 circles" in run.stdout
+    assert int(run.stdout.split(" modules")[0].split()[-1]) > 60, "every module was read"

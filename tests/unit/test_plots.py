@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlt.plots import make_plots, y_limits
+from rlt.run.plots import make_plots, y_limits
 
 
 def test_y_limits_give_a_flat_series_room_and_leave_a_real_change_alone():

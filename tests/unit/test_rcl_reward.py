@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from rlt.rcl.evaluation import apg, ndr, summarize_problems, tes
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, efficiency, rcl_reward, states_answer
-from rlt.spec import SpecError, parse_spec
+from rlt.rcl.summary import apg, ndr, summarize_problems, tes
+from rlt.spec.loading import SpecError, parse_spec
 
 P = RewardParams()  # defaults: penalty 2, w 0.5, L0 200, maintain 0.1, strong ≥ 0.75, leak 0, format 1
 

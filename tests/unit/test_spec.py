@@ -8,7 +8,8 @@ import yaml
 from suite_helpers import EXAMPLES as EXAMPLE_DIR
 from suite_helpers import ROOT, TINY, tiny_doc
 
-from rlt.spec import RLTRun, SpecError, dump_run, load_run, load_runs, parse_spec
+from rlt.spec.loading import SpecError, dump_run, load_run, load_runs, parse_spec
+from rlt.spec.run import RLTRun
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 

@@ -4,7 +4,7 @@ import pytest
 import yaml
 from suite_helpers import tiny_doc
 
-from rlt.spec import SpecError, load_run, parse_spec
+from rlt.spec.loading import SpecError, load_run, parse_spec
 
 
 def test_unknown_fields_get_a_did_you_mean_and_cross_field_checks_still_run(tmp_path):

@@ -1,12 +1,12 @@
-"""The stage table (rlt.stage_registry) against what reads it: the spec model, the layout, the dispatch."""
+"""The stage table (rlt.spec.stage_registry) against what reads it: the spec model, the layout, the dispatch."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlt import stage_registry as reg
-from rlt.layout import RunLayout
-from rlt.spec import Stages, TrainerOptions
+from rlt.run.layout import RunLayout
+from rlt.spec import stage_registry as reg
+from rlt.spec.stages import Stages, TrainerOptions
 
 
 def test_the_table_and_the_spec_name_the_same_stages_in_the_same_order():

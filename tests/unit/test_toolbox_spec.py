@@ -7,8 +7,8 @@ import pytest
 import yaml
 from suite_helpers import ROOT
 
-from rlt.layout import RunLayout
-from rlt.spec import SpecError, parse_run
+from rlt.run.layout import RunLayout
+from rlt.spec.loading import SpecError, parse_run
 
 EXAMPLES = ROOT / "manifests" / "examples"
 
@@ -40,7 +40,7 @@ def test_trainer_args_may_not_set_what_the_spec_owns():
 
 
 def test_trainer_args_checked_against_the_installed_trl():
-    from rlt.trainer_check import check_trainer_args
+    from rlt.stages.trainer_check import check_trainer_args
 
     typo = parse_run(doc(stages__sft__trainerArgs={"adam_epsilom": 1e-7}, stages__rl__trainerArgs={"optim": "sgd"}))
     assert check_trainer_args(typo) == [
@@ -54,7 +54,7 @@ def test_trainer_args_checked_against_the_installed_trl():
 
 
 def test_typed_options_and_trainer_args_reach_the_trl_configs(tmp_path):
-    from rlt.stages.common import StageContext
+    from rlt.stages.context import StageContext
     from rlt.stages.rl import grpo_config
     from rlt.stages.sft import sft_config
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from suite_helpers import tiny_doc
 
-from rlt.layout import RunLayout
-from rlt.metrics import TrainerMetrics
-from rlt.spec import parse_run
-from rlt.stages.common import Recorder, StageContext
+from rlt.run.layout import RunLayout
+from rlt.run.metrics import TrainerMetrics
+from rlt.spec.loading import parse_run
+from rlt.stages.common import Recorder
+from rlt.stages.context import StageContext
 
 STEP = {
     "reward": -1.25,

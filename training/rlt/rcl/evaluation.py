@@ -1,67 +1,13 @@
-"""APG, NDR and TES (pure functions) and the two-pass evaluation of a teacher on held-out problems (`rlt eval`).
-
-Per problem: acc_without = share of correct student answers without guidance, acc_with = the same with the
-teacher's guidance (mean over guidance samples), tokens = teaching tokens (guidance only, 0 when missing).
-- APG = mean over problems of (acc_with − acc_without).
-- NDR = 1 − share of problems the student had right without guidance (acc_without ≥ 0.5) and wrong with it
-  (acc_with < 0.5).
-- TES = APG per 100 teaching tokens = APG / (mean tokens / 100); undefined (NaN) when no token was taught.
-"""
+"""The two-pass evaluation of a teacher on held-out problems (`rlt eval`), summarised by rlt.rcl.summary."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-RIGHT = 0.5  # a problem counts as "right" when at least half of the student's answers are correct
-
-
-def apg(problems: Sequence[tuple[float, float, float]]) -> float:
-    return sum(w - b for b, w, _ in problems) / len(problems) if problems else float("nan")
-
-
-def ndr(problems: Sequence[tuple[float, float, float]]) -> float:
-    if not problems:
-        return float("nan")
-    degraded = sum(1 for b, w, _ in problems if b >= RIGHT and w < RIGHT)
-    return 1.0 - degraded / len(problems)
-
-
-def tes(apg_value: float, mean_tokens: float) -> float:
-    return apg_value / (mean_tokens / 100.0) if mean_tokens > 0 else float("nan")
-
-
-def summarize_problems(problems: Sequence[tuple[float, float, float]]) -> dict[str, float]:
-    """(acc_without, acc_with, teaching tokens) per problem -> the report's numbers."""
-    n = len(problems)
-    tokens = sum(t for _, _, t in problems) / n if n else float("nan")
-    a = apg(problems)
-    return {
-        "problems": n,
-        "apg": a,
-        "ndr": ndr(problems),
-        "tes": tes(a, tokens),
-        "acc_without": sum(b for b, _, _ in problems) / n if n else float("nan"),
-        "acc_with": sum(w for _, w, _ in problems) / n if n else float("nan"),
-        "teaching_tokens": tokens,
-    }
-
-
-def step_values(summary: dict) -> dict[str, float]:
-    """The summary's numbers under their metrics.jsonl keys (`rcl_<name>`, the keys of rlt.metrics.RCL_GAUGES)."""
-    from rlt.metrics import RCL_GAUGES
-
-    return {
-        f"rcl_{k}": float(v)
-        for k, v in summary.items()
-        if f"rcl_{k}" in RCL_GAUGES and isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-
-
-# --------------------------------------------------------------------------- running it
+from rlt.rcl.summary import summarize_problems
 
 
 def evaluate_teacher(
@@ -81,7 +27,7 @@ def evaluate_teacher(
     batch_size: int,
 ) -> list[dict]:
     """Per-problem records of the two-pass protocol. teacher None = no teacher (acc_with is acc_without)."""
-    from rlt.generation import sample_texts
+    from rlt.method.generation import sample_texts
     from rlt.rcl.reward import states_answer, student_sampler
 
     answer = student_sampler(
@@ -169,8 +115,8 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rlt.jsonl import write_jsonl
-    from rlt.layout import atomic_write_json, atomic_write_text
+    from rlt.data.jsonl import write_jsonl
+    from rlt.run.layout import atomic_write_json, atomic_write_text
 
     here = out_dir / label
     here.mkdir(parents=True, exist_ok=True)

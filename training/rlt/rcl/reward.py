@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rlt.answers import boxed_contents, extract_answer, normalize
+from rlt.data.answers import boxed_contents, extract_answer, normalize
+from rlt.method.reward import RewardCall, RewardFunction
 from rlt.rcl.protocol import Protocol
-from rlt.reward import RewardCall, RewardFunction
 
 ZERO = 1e-9  # |Δ| at or below this counts as no change (accuracies are k/n, exact in float for small n)
 
@@ -93,7 +93,7 @@ AnswerFn = Callable[[list[str], int], list[list[str]]]  # prompts, n -> n answer
 
 def student_sampler(model, tokenizer, *, temperature: float, max_new_tokens: int, batch_size: int = 32) -> AnswerFn:
     """n sampled answers per prompt from a frozen student, all prompts batched (the shared sampling helper)."""
-    from rlt.generation import sample_texts
+    from rlt.method.generation import sample_texts
 
     def answer(prompts: list[str], n: int) -> list[list[str]]:
         if not prompts:
@@ -141,7 +141,7 @@ class RclBatch:
         return 1.0 - sum(w < b - 1e-9 for b, w in graded) / len(graded) if graded else float("nan")
 
     def means(self) -> dict[str, float]:
-        from rlt.rcl.evaluation import step_values, summarize_problems
+        from rlt.rcl.summary import step_values, summarize_problems
 
         n = max(1, len(self.reward))
         return {
@@ -195,8 +195,8 @@ class RCLReward(RewardFunction):
 
     def _dense(self, prompts: list[str], solutions: Sequence[str]) -> list[float]:
         """exp(mean tempered log-prob of the reference answer): a per-token probability in (0, 1]."""
-        from rlt.prompts import Span
-        from rlt.scoring import ScoreRequest
+        from rlt.method.prompts import Span
+        from rlt.method.scoring import ScoreRequest
 
         reqs = []
         for k, (p, s) in enumerate(zip(prompts, solutions, strict=True)):

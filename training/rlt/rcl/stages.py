@@ -15,15 +15,17 @@ import re
 import time
 from pathlib import Path
 
-from rlt.data import DataError, load_data
-from rlt.layout import RunLayout
-from rlt.models import load_model, load_tokenizer
-from rlt.prompts import resolve_format
-from rlt.rcl.evaluation import step_values
+from rlt.data.dataset import DataError, load_data
+from rlt.method.prompts import resolve_format
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
-from rlt.spec import ModelRef, RLTRun
-from rlt.stages.common import PhaseTimer, Recorder, StageContext, newest_teacher
+from rlt.rcl.summary import step_values
+from rlt.run.layout import RunLayout
+from rlt.run.models import load_model, load_tokenizer
+from rlt.spec.inputs import ModelRef
+from rlt.spec.run import RLTRun
+from rlt.stages.common import PhaseTimer, Recorder, newest_teacher
+from rlt.stages.context import StageContext
 from rlt.stages.rl import sample_policy, teacher_start, train_grpo
 from rlt.stages.sft import train_sft
 
@@ -98,7 +100,7 @@ def rcl_rl_rows(
 
 def probe_sampler(protocol: Protocol, student, student_tok, *, temperature: float, max_tokens: int):
     """Pass 1: one short approach outline per question, from the frozen student."""
-    from rlt.generation import sample_with_logprobs
+    from rlt.method.generation import sample_with_logprobs
 
     def probe(questions: list[str]) -> list[str]:
         ids = [
@@ -150,7 +152,7 @@ def build_rcl_reward(spec, protocol: Protocol, student, student_tok, teacher_tok
     rcl, rl = spec.rcl, spec.stages.rl
     scorer = None
     if rcl.performance == "dense":
-        from rlt.scoring import SpanScorer
+        from rlt.method.scoring import SpanScorer
 
         scorer = SpanScorer(
             student,
@@ -286,7 +288,7 @@ def run_teaching_eval(
     device: str | None = None,
 ) -> Path:
     """`rlt eval`: the teaching evaluation of one teacher into <output>/<run>/eval/<label>/; returns report.md."""
-    from rlt.runner import quiet_libraries
+    from rlt.run.runner import quiet_libraries
 
     quiet_libraries()
     ctx = StageContext(run, RunLayout.for_run(output, run.name), None, device, show_progress=False)

@@ -9,59 +9,19 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlt.jsonl import append_jsonl
-from rlt.layout import RunLayout, atomic_write_json, atomic_write_text
-from rlt.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, TrainerMetrics, tracking_name
-from rlt.spec import RLTRun
-from rlt.stage_registry import stage_settings, teacher_stages_before, zero_stage
-from rlt.tracking import Tracker, point_tensorboard
+from rlt.data.jsonl import append_jsonl
+from rlt.run.layout import atomic_write_json, atomic_write_text
+from rlt.run.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, tracking_name
+from rlt.run.tracking import Tracker, point_tensorboard
+from rlt.spec.run import stage_settings, zero_stage
+from rlt.spec.stage_registry import teacher_stages_before
+from rlt.stages.context import StageContext, world_size
 
 if TYPE_CHECKING:
-    from rlt.prompts import Formatter
-
-
-@dataclass
-class StageContext:
-    run: RLTRun
-    layout: RunLayout
-    metrics: TrainerMetrics | None = None
-    device: str | None = None
-    show_progress: bool = True
-
-    @property
-    def spec(self):
-        return self.run.spec
-
-    @property
-    def is_main(self) -> bool:
-        return int(os.environ.get("RANK", "0")) == 0
-
-    def world_size(self) -> int:
-        return world_size()
-
-    @cached_property
-    def compute_device(self) -> str:
-        """Where this process computes: `device` (default: cuda when available), under a launcher the rank's own GPU.
-        Resolved once, on first use, before any model of the stage is loaded."""
-        from rlt.models import pick_device
-
-        return rank_device(self.device or pick_device())
-
-    @cached_property
-    def formatter(self) -> Formatter:
-        """The run's prompt format (spec.format resolved once)."""
-        from rlt.prompts import Formatter, resolve_format
-
-        return Formatter(resolve_format(self.spec.format))
-
-
-def world_size() -> int:
-    """Processes in the job (the launcher's WORLD_SIZE; 1 without a launcher): the one place it is read."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    pass
 
 
 class Recorder:
@@ -150,7 +110,7 @@ class Recorder:
         if self.ctx.metrics:
             self.ctx.metrics.set("rlt_stage_completed", 1)
         if self.ctx.is_main:
-            from rlt import fingerprint  # the spec this stage finished under, read by re-runs
+            from rlt.run import fingerprint  # the spec this stage finished under, read by re-runs
 
             fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
             atomic_write_text(
@@ -266,7 +226,7 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
     """TrainingArguments every TRL-trained stage (sft, rl, student) shares, from spec.stages.<stage>: the schedule and
     TrainerOptions, the DeepSpeed config of its ZeRO stage (the value the operator's accelerate launch gets too),
     the layout, the seed, tracking, then the stage's trainerArgs (which the spec keeps off the options set here)."""
-    from rlt.tracking import report_to_args
+    from rlt.run.tracking import report_to_args
 
     st = stage_settings(ctx.spec, stage)
     processes = world_size()
@@ -315,7 +275,7 @@ class TrainerRun:
         `step_values(step_seconds)` adds the stage's own numbers to each step's record."""
         from datasets import Dataset
 
-        from rlt.models import load_model
+        from rlt.run.models import load_model
 
         return trainer_cls(
             model=load_model(self.start, self.device, trainable=True),
@@ -364,25 +324,13 @@ def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, d
         if ctx.is_main:
             from peft import PeftModel
 
-            from rlt.models import load_model
+            from rlt.run.models import load_model
 
             merged = PeftModel.from_pretrained(load_model(start, device), str(adapter)).merge_and_unload()
             merged.save_pretrained(str(out))
     if ctx.is_main:
         tokenizer.save_pretrained(str(out))
     return str(out)
-
-
-def rank_device(device: str) -> str:
-    """This process's device. Under a launcher each rank owns GPU LOCAL_RANK, made current before any model is
-    loaded (a bare "cuda" would put every rank's models on GPU 0)."""
-    if device.startswith("cuda") and "LOCAL_RANK" in os.environ:
-        import torch
-
-        local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
-        return f"cuda:{local}"
-    return device
 
 
 def join_process_group(device: str) -> tuple[int, int]:
@@ -490,7 +438,7 @@ def deepspeed_config(stage: int | None) -> dict[str, Any] | None:
 
 def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True):
     """The teacher stage `for_stage` works from: the newest model of the run's earlier teacher stages
-    (rlt.stage_registry), as (ModelRef, stage); spec.teacher, labelled "initial", when none has produced one.
+    (rlt.spec.stage_registry), as (ModelRef, stage); spec.teacher, labelled "initial", when none has produced one.
 
     `strict`: an enabled earlier teacher stage that has not finished is an error (it must run first); otherwise it
     is passed over."""

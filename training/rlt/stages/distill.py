@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 
-from rlt.data import load_data
-from rlt.generation import sample_with_logprobs, server_generate
-from rlt.jsonl import write_jsonl
-from rlt.models import load_model, load_tokenizer
-from rlt.reward import reward_from_spec
-from rlt.spec import ModelRef
-from rlt.stages.common import Recorder, StageContext, gather_shares, newest_teacher, shard_rows
+from rlt.data.dataset import load_data
+from rlt.data.jsonl import write_jsonl
+from rlt.method.generation import sample_with_logprobs, server_generate
+from rlt.method.reward import reward_from_spec
+from rlt.run.models import load_model, load_tokenizer
+from rlt.spec.inputs import ModelRef
+from rlt.stages.common import Recorder, gather_shares, newest_teacher, shard_rows
+from rlt.stages.context import StageContext
 from rlt.stages.sft import teacher_prompt_ids
 
 

@@ -1,7 +1,7 @@
 """Stage `evaluate` (method rlt): accuracy of a model on held-out questions, pass@1 averaged over `samples`.
 
 The model answers in the student format (student system prompt, question); its answer is taken from the
-solution tags and checked with rlt.answers (math), as a letter (choice), or with the built-in task's checker.
+solution tags and checked with rlt.data.answers (math), as a letter (choice), or with the built-in task's checker.
 Writes eval/report.json, eval/report.md, eval/per_question.jsonl and eval/accuracy.png.
 
 Four steps, each its own function: generate (`generate_answers`, one call over every question), grade (`grade`,
@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt import answers, tasks
-from rlt.benchmarks import find_benchmark, load_benchmark
-from rlt.data import DataError, load_data
-from rlt.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
-from rlt.layout import atomic_write_json, atomic_write_text
-from rlt.prompts import Formatter
-from rlt.spec import ModelRef
-from rlt.stages.common import Recorder, StageContext, gather_shares, shard_rows
+from rlt.data import answers, tasks
+from rlt.data.benchmarks import find_benchmark, load_benchmark
+from rlt.data.dataset import DataError, load_data
+from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
+from rlt.method.prompts import Formatter
+from rlt.run.layout import atomic_write_json, atomic_write_text
+from rlt.spec.inputs import ModelRef
+from rlt.stages.common import Recorder, gather_shares, shard_rows
+from rlt.stages.context import StageContext
 
 
 @dataclass
@@ -239,7 +240,7 @@ def generate_answers(
 ) -> list[list[str]]:
     """`st.samples` decoded answers per prompt (settings: stages.evaluate), in-process (the shared sampler; greedy at
     temperature 0) or from the vLLM server at `server_url`."""
-    from rlt.generation import sample_with_logprobs, server_generate
+    from rlt.method.generation import sample_with_logprobs, server_generate
 
     samples, temperature, top_p, max_new_tokens = st.samples, st.temperature, st.top_p, st.max_new_tokens
     batch_size, timeout = st.batch_size, st.generation.server_timeout_seconds
@@ -287,7 +288,7 @@ def _greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]
     for j, p in enumerate(prompt_ids):
         ids[j, width - len(p) :] = torch.tensor(p, device=device)
         mask[j, width - len(p) :] = 1
-    from rlt.generation import clean_generation_config, only_generation_config
+    from rlt.method.generation import clean_generation_config, only_generation_config
 
     # greedy on the model's own logits: no repetition penalty or other processor from the checkpoint's config
     config = clean_generation_config(
@@ -349,7 +350,7 @@ class EvalProgress:
 def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]], st, on_batch) -> None:
     """Generation: `st.samples` answers to every row in the student format, by `ref` in-process or by the vLLM
     server of stages.evaluate.generation; `on_batch(start, answers, tokens)` after each batch."""
-    from rlt.models import load_model, load_tokenizer
+    from rlt.run.models import load_model, load_tokenizer
 
     server = st.generation.server_url if st.generation.mode == "server" else None
     if st.generation.mode == "server" and not server:

@@ -11,20 +11,14 @@ import hashlib
 import logging
 import os
 
-from rlt.data import DataError, load_data
-from rlt.generation import sample_with_logprobs
-from rlt.models import load_model, load_tokenizer
-from rlt.prompts import Formatter
-from rlt.reward import reward_from_spec
-from rlt.spec import ModelRef
-from rlt.stages.common import (
-    PhaseTimer,
-    StageContext,
-    TrainerRun,
-    newest_teacher,
-    say_line,
-    trainer_options,
-)
+from rlt.data.dataset import DataError, load_data
+from rlt.method.generation import sample_with_logprobs
+from rlt.method.prompts import Formatter
+from rlt.method.reward import reward_from_spec
+from rlt.run.models import load_model, load_tokenizer
+from rlt.spec.inputs import ModelRef
+from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, say_line, trainer_options
+from rlt.stages.context import StageContext
 
 log = logging.getLogger(__name__)
 

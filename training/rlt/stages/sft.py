@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from rlt.data import DataError, load_data
-from rlt.models import load_tokenizer
-from rlt.prompts import Formatter
-from rlt.spec import ModelRef
-from rlt.stage_registry import stage_settings
-from rlt.stages.common import StageContext, TrainerRun, trainer_options
+from rlt.data.dataset import DataError, load_data
+from rlt.method.prompts import Formatter
+from rlt.run.models import load_tokenizer
+from rlt.spec.inputs import ModelRef
+from rlt.spec.run import stage_settings
+from rlt.stages.common import TrainerRun, trainer_options
+from rlt.stages.context import StageContext
 
 log = logging.getLogger(__name__)
 

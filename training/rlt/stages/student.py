@@ -13,13 +13,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from rlt.data import DataError
-from rlt.jsonl import read_jsonl
-from rlt.layout import atomic_write_json
-from rlt.models import load_tokenizer
-from rlt.prompts import Formatter
-from rlt.spec import ModelRef
-from rlt.stages.common import StageContext
+from rlt.data.dataset import DataError
+from rlt.data.jsonl import read_jsonl
+from rlt.method.prompts import Formatter
+from rlt.run.layout import atomic_write_json
+from rlt.run.models import load_tokenizer
+from rlt.spec.inputs import ModelRef
+from rlt.stages.context import StageContext
 from rlt.stages.sft import train_sft
 
 log = logging.getLogger(__name__)

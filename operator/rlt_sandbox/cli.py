@@ -1,0 +1,51 @@
+"""`rlt sandbox`: the emulated Kubernetes API with the operator attached, registered through the `rlt.commands`
+entry point like the operator's commands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from rlt_sandbox import sandbox
+
+    run_pods = None
+    if args.run_pods is not None:
+        import tempfile
+
+        run_pods = args.run_pods or tempfile.mkdtemp(prefix="rlt-sandbox-pods-")
+    return sandbox.run(
+        port=args.port,
+        kubeconfig_path=args.kubeconfig,
+        namespaces=args.namespace or ["default"],
+        run_pods=run_pods,
+        images=args.image,
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sandbox",
+        help="emulated Kubernetes API + the operator, for kubectl: a preview of what the operator would "
+        "create, not a cluster",
+    )
+    p.add_argument("--port", type=int, default=18443, help="port of the emulated API (default 18443)")
+    p.add_argument("--kubeconfig", help="where to write the kubeconfig (default: $TMPDIR/rlt-sandbox/kubeconfig)")
+    p.add_argument("--namespace", action="append", metavar="NS", help="extra namespaces to create")
+    p.add_argument(
+        "--run-pods",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="run the pods as local processes (kubelet emulator; volumes and logs under DIR, "
+        "default a new temp folder)",
+    )
+    p.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="IMAGE=BINDIR",
+        help="with --run-pods: the local bin folder standing for IMAGE (default for every image: this "
+        "Python environment); e.g. the generator image = .vllm-venv/bin",
+    )
+    p.set_defaults(func=cmd_sandbox)

@@ -1,0 +1,557 @@
+"""Glue that makes kmock 0.8 behave enough like a Kubernetes API server for Kopf and kubectl.
+
+This is NOT a Kubernetes cluster and NOT an apiserver: it is kmock's in-memory object store behind
+HTTP, plus the fixes below, written by hand. There is no scheduler, no controllers (Job and
+StatefulSet status never change unless a test or a person patches them), no garbage collection of
+owned objects, no admission, no RBAC, no schema validation, no server-side apply. The operator's
+tests and `rlt sandbox` use it; anything proven against it still has to be proven on a cluster.
+
+What the glue adds to `kmock.KubernetesEmulator` (each gap was seen failing, see
+docs/operator.md and the tooling notes); the two items marked (patch) replace kmock internals and are
+installed only by an explicit `patch_kmock()` call:
+- metadata on create (uid, resourceVersion, creationTimestamp, generation, namespace from the URL),
+  a new resourceVersion on every write and generation+1 when `spec` changes (Kopf's patches `test`
+  the resourceVersion);
+- `/status` writes change only `status`, as with a real status subresource;
+- list responses carry `kind: <Kind>List`/`apiVersion`, and honour equality label selectors;
+- core discovery says `groupVersion: v1` (not `/v1`), the version is a plausible v1.31;
+- PUT (replace) works, create answers 201, errors use the API's reasons (NotFound, AlreadyExists);
+- watches stream JSON lines and end after `timeoutSeconds`;
+- creating a CustomResourceDefinition registers its resource, and `kubectl get` on it receives a
+  server-side Table with the CRD's printer columns (kubectl shows them only that way);
+- (patch) matching a request to the emulator's reactions costs O(1), not a scan of the whole request log;
+- a failed JSON-patch `test` answers 422 (as the apiserver does), not 500;
+- (patch) `parse_path('/api/v1/namespaces')` no longer crashes (kmock bug);
+- created objects carry their `kind` (Kopf posts Events without one; `kubectl get events` needs it);
+- lists and watches honour equality field selectors (`kubectl describe` asks for one object's Events);
+- a watch that asks for a Table (`kubectl get -w`) streams Tables, and a watch from a resourceVersion does not
+  replay objects unchanged since (kmock replays everything: kubectl printed each row twice);
+- a Secret or ConfigMap sent as protobuf (Helm's release records) is decoded to JSON (rlt_sandbox.kube_protobuf);
+- OpenAPI v3 (discovery and one document per group version) and v2 as JSON, generated from the served
+  resources and the CRDs' schemas (rlt_sandbox.openapi), so `kubectl explain`, `kubectl apply` without
+  `--validate=false` and helm's validation work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import dsl, enums, k8s, parsing, references, rendering
+
+_original_parse_path = parsing.parse_path
+_NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")
+
+
+def _parse_path(path: str) -> parsing.ParsedPath:
+    # kmock 0.8 unpacks the segment after `namespaces` unconditionally; a bare list of namespaces has none.
+    m = _NAMESPACES_PATH.match(path)
+    if m:
+        gv = m.group(1).split("/")
+        group, version = ("", "v1") if gv[0] == "api" else (gv[1], gv[2])
+        return parsing.ParsedPath(group, version, "namespaces", None, None, None)
+    return _original_parse_path(path)
+
+
+_original_contains = dsl.View.__contains__
+
+
+def _contains(view: Any, item: Any) -> bool:
+    """Is a request seen by a view? kmock re-filters the whole request log for that (quadratic over a
+    long sandbox session); for the plain filter/priority chains behind the emulator's fallbacks, test the
+    request against the chain's criteria instead."""
+    if isinstance(item, rendering.Request):
+        node = view
+        while True:
+            if type(node) is dsl.Filter:
+                if not node.criteria(item):
+                    return False
+                node = node._source
+            elif type(node) is dsl.Priority:
+                node = node._source
+            elif type(node) is dsl.Root or isinstance(node, dsl.Root):
+                return any(r is item for r in reversed(node._requests))
+            else:
+                break
+    return _original_contains(view, item)
+
+
+def patch_kmock() -> None:
+    """Install the two fixes that replace kmock 0.8 internals (`parse_path`, `View.__contains__`).
+
+    Explicit, not done at import: importing this module changes nothing of kmock's. `serve` (the sandbox, the
+    tests, the benchmark) calls it before starting an emulator; calling it again does nothing."""
+    parsing.parse_path = _parse_path
+    dsl.View.__contains__ = _contains
+
+
+def kmock_patched() -> bool:
+    return parsing.parse_path is _parse_path and dsl.View.__contains__ is _contains
+
+
+_REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
+# The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
+EVENT_COLUMNS = [
+    {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
+    {"name": "Type", "type": "string", "jsonPath": ".type"},
+    {"name": "Reason", "type": "string", "jsonPath": ".reason"},
+    {"name": "Object", "type": "string", "jsonPath": ".involvedObject", "ref": True},
+    {"name": "Message", "type": "string", "jsonPath": ".message"},
+]
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_label_selector(selector: str) -> list[tuple[str, str, str | None]]:
+    """'a=b,c!=d,e,!f' → [(key, op, value)]; set-based `in`/`notin` are not supported (said loudly)."""
+    out: list[tuple[str, str, str | None]] = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if " in " in term or " notin " in term:
+            raise ValueError(f"set-based label selectors are not emulated: {term!r}")
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            out.append((k.strip(), "!=", v.strip()))
+        elif "==" in term or "=" in term:
+            k, v = re.split("==?", term, maxsplit=1)
+            out.append((k.strip(), "=", v.strip()))
+        elif term.startswith("!"):
+            out.append((term[1:].strip(), "!", None))
+        else:
+            out.append((term, "exists", None))
+    return out
+
+
+def labels_match(labels: dict[str, str], terms: list[tuple[str, str, str | None]]) -> bool:
+    for key, op, value in terms:
+        have = labels.get(key)
+        if op == "=" and have != value:
+            return False
+        if op == "!=" and have == value:
+            return False
+        if op == "exists" and key not in labels:
+            return False
+        if op == "!" and key in labels:
+            return False
+    return True
+
+
+def parse_field_selector(selector: str) -> list[tuple[str, str, str]]:
+    """'involvedObject.name=x,metadata.namespace!=y' → [(path, op, value)] (equality only, as the API offers)."""
+    out = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            out.append((k.strip(), "!=", v.strip()))
+        else:
+            k, v = re.split("==?", term, maxsplit=1)
+            out.append((k.strip(), "=", v.strip()))
+    return out
+
+
+def fields_match(obj: dict[str, Any], terms: list[tuple[str, str, str]]) -> bool:
+    for path, op, value in terms:
+        have = _jsonpath(obj, path)
+        have = "" if have is None else str(have)
+        if (op == "=") != (have == value):
+            return False
+    return True
+
+
+def _resource_version(obj: Any) -> int | None:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion"))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _jsonpath(obj: Any, path: str) -> Any:
+    """The `.a.b.c` subset of JSONPath used by printer columns."""
+    for part in filter(None, path.split(".")):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _age(ts: str | None) -> str:
+    if not ts:
+        return "<unknown>"
+    try:  # the API's form, and Kopf's Event timestamps (microseconds, +00:00)
+        t = datetime.datetime.fromisoformat(str(ts).replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.timezone.utc)
+    s = int((datetime.datetime.now(tz=datetime.timezone.utc) - t).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{max(s, 0)}s"
+
+
+def _mutate(request: rendering.Request, **fields: Any) -> None:
+    # Requests are frozen, and kmock's views match requests by identity: change this one in place.
+    for key, value in fields.items():
+        object.__setattr__(request, key, value)
+
+
+@attrs.define(kw_only=True)
+class Cluster(kmock.KubernetesEmulator):
+    """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
+
+    _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+    # plural resource → additionalPrinterColumns of its CRD (for server-side Tables)
+    _printer_columns: dict[references.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+
+    # plural resource → openAPIV3Schema of its CRD (for the OpenAPI documents)
+    _schemas: dict[references.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resources.load_bundled()
+        self.seed_namespace("default")
+        self._printer_columns[references.resource(group="", version="v1", plural="events")] = EVENT_COLUMNS
+        self.fallback["get", re.compile(r"/openapi/v3")] << self._serve_openapi_v3_discovery
+        self.fallback["get", re.compile(r"/openapi/v3/.+")] << self._serve_openapi_v3
+        self.fallback["get", re.compile(r"/openapi/v2")] << self._serve_openapi_v2
+
+    # ------------------------------------------------------------------ setup helpers
+
+    def seed_namespace(self, name: str) -> None:
+        self.objects["v1/namespaces", None, name] = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "uid": str(uuid.uuid4()),
+                "resourceVersion": str(next(self._rv)),
+                "creationTimestamp": _now(),
+            },
+            "status": {"phase": "Active"},
+        }
+
+    def register_crd(self, crd: dict[str, Any]) -> None:
+        """Make a CRD's kind servable (what the apiserver does when a CRD is established)."""
+        spec = crd["spec"]
+        names = spec["names"]
+        for version in spec["versions"]:
+            res = references.resource(group=spec["group"], version=version["name"], plural=names["plural"])
+            self.resources[res] = kmock.ResourceInfo(
+                kind=names["kind"],
+                singular=names.get("singular"),
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                shortnames=set(names.get("shortNames", [])),
+                categories=set(names.get("categories", [])),
+                verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+                subresources=set(version.get("subresources", {})),
+            )
+            self._printer_columns[res] = version.get("additionalPrinterColumns", [])
+            if version.get("schema", {}).get("openAPIV3Schema"):
+                self._schemas[res] = version["schema"]["openAPIV3Schema"]
+
+    # ------------------------------------------------------------------ request handling
+
+    async def __call__(self, raw_request: Any) -> Any:
+        # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
+        if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
+            import json
+
+            from aiohttp import web
+
+            from rlt_sandbox.kube_protobuf import UnsupportedProtobuf, decode
+
+            headers = {**raw_request.headers, "Content-Type": "application/json"}
+            clone = raw_request.clone(headers=headers)
+            try:
+                obj = decode(await clone.read())
+            except UnsupportedProtobuf as err:
+                return web.json_response(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Status",
+                        "status": "Failure",
+                        "code": 415,
+                        "reason": "UnsupportedMediaType",
+                        "message": str(err),
+                    },
+                    status=415,
+                )
+            clone._read_bytes = json.dumps(obj).encode()
+            raw_request = clone
+        return await super().__call__(raw_request)
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is not None and request.method == enums.method.PUT and request.name:
+            # kmock maps no action to PUT: replace the whole document through a JSON-patch.
+            body = dict(request.data or {})
+            _mutate(request, action=enums.action.UPDATE, data=[{"op": "replace", "path": "", "value": body}])
+        if request.resource is not None:
+            if request.action == enums.action.CREATE and isinstance(request.data, dict):
+                self._stamp_create(request)
+            elif request.action == enums.action.UPDATE and request.name is not None:
+                self._stamp_update(request)
+        return await super()._handle(request)
+
+    def _stamp_create(self, request: rendering.Request) -> None:
+        meta = request.data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if request.namespace and not meta.get("namespace"):
+            meta["namespace"] = request.namespace
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta["resourceVersion"] = str(next(self._rv))
+        if not meta.get("creationTimestamp"):
+            meta["creationTimestamp"] = _now()
+        meta.setdefault("generation", 1)
+        request.data.setdefault("apiVersion", f"{request.resource.group}/{request.resource.version}".lstrip("/"))
+        if not request.data.get("kind") and request.resource in self.resources:
+            request.data["kind"] = self.resources[request.resource].kind  # Kopf's Events come without one
+        if request.resource.plural == "customresourcedefinitions":
+            self.register_crd(request.data)
+
+    def _stamp_update(self, request: rendering.Request) -> None:
+        key = (request.resource, request.namespace, request.name)
+        current = self.objects[key] if key in self.objects else None
+        if current is None or current.deleted:
+            return  # kmock answers 404 itself
+        old = current.raw
+        rv = str(next(self._rv))
+        data = request.data
+        status_only = request.subresource == "status"
+        if isinstance(data, dict):
+            data = {"status": data.get("status")} if status_only else dict(data)
+            meta = dict(data.get("metadata") or {})
+            meta["resourceVersion"] = rv
+            if not status_only and "spec" in data and data["spec"] != old.get("spec"):
+                meta["generation"] = int(old.get("metadata", {}).get("generation", 1)) + 1
+            data["metadata"] = meta
+        elif isinstance(data, list):
+            ops = list(data)
+            if status_only:
+                ops = [op for op in ops if op.get("path", "").startswith("/status") or op.get("op") == "test"]
+            if not status_only and any(
+                op.get("path", "").startswith("/spec") or op.get("path") == "" for op in ops if op.get("op") != "test"
+            ):
+                gen = int(old.get("metadata", {}).get("generation", 1)) + 1
+                ops.append({"op": "add", "path": "/metadata/generation", "value": gen})
+            ops.append({"op": "add", "path": "/metadata/resourceVersion", "value": rv})
+            data = ops
+        _mutate(request, data=data)
+
+    async def _serve_create(self, request: rendering.Request) -> Any:
+        # kubernetes-client 37 maps only 201 to the created object.
+        return rendering.Response(status=201, payload=await super()._serve_create(request))
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        result = await super()._serve_list(request)
+        items = result["items"]
+        selector = request.params.get("labelSelector")
+        if selector:
+            terms = parse_label_selector(selector)
+            items = [o for o in items if labels_match(o.get("metadata", {}).get("labels") or {}, terms)]
+        field_selector = request.params.get("fieldSelector")
+        if field_selector:
+            fterms = parse_field_selector(field_selector)
+            items = [o for o in items if fields_match(o, fterms)]
+        info = self.resources[request.resource] if request.resource in self.resources else None
+        kind = info.kind if info is not None and info.kind else "Object"
+        api_version = f"{request.resource.group}/{request.resource.version}".lstrip("/")
+        for item in items:  # objects stored before the kind was stamped on create
+            if not item.get("kind") and info is not None and info.kind:
+                item["kind"], item["apiVersion"] = info.kind, item.get("apiVersion") or api_version
+        if self._wants_table(request):
+            return self._table(request.resource, items)
+        return {
+            "apiVersion": api_version,
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": str(next(self._rv))},
+            "items": items,
+        }
+
+    async def _serve_fetch(self, request: rendering.Request) -> Any:
+        obj = await super()._serve_fetch(request)
+        if self._wants_table(request):
+            return self._table(request.resource, [obj])
+        return obj
+
+    def _wants_table(self, request: rendering.Request) -> bool:
+        accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
+        return "as=Table" in accept and request.resource in self._printer_columns
+
+    def _table(
+        self, resource: references.resource, items: list[dict[str, Any]], definitions: bool = True
+    ) -> dict[str, Any]:
+        """The meta.k8s.io/v1 Table that kubectl prints for a custom resource (in a watch, only the first event
+        carries the column definitions, as from the API server)."""
+        cols = self._printer_columns[resource]
+        defs = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+        defs += [
+            {
+                "name": c["name"],
+                "type": "string" if c.get("type") == "date" else c.get("type", "string"),
+                "format": "",
+                "description": c.get("description", ""),
+                "priority": c.get("priority", 0),
+            }
+            for c in cols
+        ]
+        rows = []
+        for obj in items:
+            cells: list[Any] = [obj.get("metadata", {}).get("name")]
+            for c in cols:
+                value = _jsonpath(obj, c["jsonPath"])
+                if c.get("ref") and isinstance(value, dict):
+                    value = f"{str(value.get('kind', '')).lower()}/{value.get('name', '')}"
+                if c.get("type") == "date":
+                    value = _age(value)
+                cells.append("" if value is None else value)
+            rows.append(
+                {
+                    "cells": cells,
+                    "object": {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": obj.get("metadata", {}),
+                    },
+                }
+            )
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": str(next(self._rv))},
+            "columnDefinitions": defs if definitions else [],
+            "rows": rows,
+        }
+
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
+        timeout = float(request.params.get("timeoutSeconds") or 0) or None
+        selector = request.params.get("labelSelector")
+        terms = parse_label_selector(selector) if selector else None
+        field_selector = request.params.get("fieldSelector")
+        fterms = parse_field_selector(field_selector) if field_selector else None
+        since = _resource_version({"metadata": {"resourceVersion": request.params.get("resourceVersion")}})
+        as_table = self._wants_table(request)
+        stream = super()._serve_watch(request)
+
+        async def limited() -> AsyncIterator[Any]:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout if timeout else None
+            it = aiter(stream)
+            first_table = True
+            try:
+                while True:
+                    remaining = None if deadline is None else deadline - loop.time()
+                    if remaining is not None and remaining <= 0:
+                        return
+                    try:
+                        event = await asyncio.wait_for(anext(it), remaining)
+                    except (asyncio.TimeoutError, StopAsyncIteration):
+                        return
+                    if not isinstance(event, dict):
+                        yield event
+                        continue
+                    obj = event.get("object", {})
+                    if terms is not None and not labels_match(obj.get("metadata", {}).get("labels") or {}, terms):
+                        continue
+                    if fterms is not None and not fields_match(obj, fterms):
+                        continue
+                    rv = _resource_version(obj)
+                    if since is not None and rv is not None and rv <= since and event.get("type") == "ADDED":
+                        continue  # kmock replays the current state; a watch from a version starts after it
+                    if as_table and event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        event = {"type": event["type"], "object": self._table(request.resource, [obj], first_table)}
+                        first_table = False
+                    yield event
+            finally:
+                await it.aclose()
+
+        return rendering.Response(headers={"Content-Type": "application/json"}, payload=limited())
+
+    # ------------------------------------------------------------------ OpenAPI
+
+    def _served(self) -> list[Any]:
+        from rlt_sandbox.openapi import Served
+
+        out = []
+        for res in self._get_resources():
+            info = self.resources[res] if res in self.resources else None
+            if info is None or not info.kind or "/" in res.plural:
+                continue
+            out.append(
+                Served(res.group, res.version, res.plural, info.kind, bool(info.namespaced), self._schemas.get(res))
+            )
+        return sorted(out, key=lambda r: (r.group, r.version, r.plural))
+
+    async def _serve_openapi_v3_discovery(self, request: rendering.Request) -> Any:
+        from rlt_sandbox.openapi import v3_discovery
+
+        return v3_discovery(self._served())
+
+    async def _serve_openapi_v3(self, request: rendering.Request) -> Any:
+        from rlt_sandbox.openapi import v3_group_version
+
+        prefix = request.url.path.removeprefix("/openapi/v3/").strip("/")
+        members = [r for r in self._served() if r.prefix == prefix]
+        if not members:
+            raise k8s.KubernetesError(status=404, reason="NotFound", message=f"no OpenAPI v3 document for {prefix}")
+        return v3_group_version(members)
+
+    async def _serve_openapi_v2(self, request: rendering.Request) -> Any:
+        from rlt_sandbox.openapi import v2_document
+
+        accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
+        if "protobuf" in accept and "json" not in accept:
+            # client-go decodes v2 only as protobuf (gnostic), which the emulator does not produce
+            return rendering.Response(
+                status=406,
+                payload={
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "code": 406,
+                    "reason": "NotAcceptable",
+                    "message": "the rlt sandbox serves OpenAPI v2 as JSON only; use OpenAPI v3 (/openapi/v3)",
+                },
+            )
+        return v2_document(self._served())
+
+    async def _serve_server_version(self, request: rendering.Request) -> Any:
+        return {
+            "major": "1",
+            "minor": "31",
+            "gitVersion": "v1.31.0-kmock",
+            "platform": "linux/amd64",
+            "gitCommit": "",
+            "gitTreeState": "clean",
+            "buildDate": "",
+            "goVersion": "",
+            "compiler": "gc",
+        }
+
+    async def _serve_version(self, request: rendering.Request) -> Any:
+        result = await super()._serve_version(request)
+        result["groupVersion"] = result["groupVersion"].lstrip("/")  # core says "/v1" in kmock 0.8
+        for res in result.get("resources", []):
+            if "/" in res["name"]:  # kmock repeats short names on subresources: kubectl then finds two matches
+                res["shortNames"], res["categories"] = [], []
+        return result
+
+    async def _render_error(self, exc: Exception) -> Any:
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed):
+            # A failed `test` (Kopf's resourceVersion precondition) is a 422 on a real apiserver; Kopf then
+            # re-reads and retries, whereas kmock's 500 makes it resend the same stale patch.
+            exc = k8s.KubernetesError(status=422, reason="Invalid", message=f"the patch test failed: {exc}")
+        if isinstance(exc, k8s.KubernetesError) and exc.status in _REASONS:
+            exc = attrs.evolve(exc, reason=_REASONS[exc.status])
+        return await super()._render_error(exc)

@@ -1,0 +1,209 @@
+"""`rlt sandbox`: an emulated Kubernetes API (kmock + glue) with the operator attached, for trying RLTRuns.
+
+A PREVIEW OF WHAT THE OPERATOR WOULD CREATE, NOT A CLUSTER: nothing is scheduled, no pod ever runs,
+Jobs and StatefulSets never progress unless you patch their status yourself. It answers kubectl so
+you can `kubectl apply -f manifests/examples/rltrun-tiny.yaml` and look at the children, labels,
+Events and status the operator produces.
+
+The same pieces serve the tests and the scale benchmark: `serve` (the emulated API on a port),
+`write_kubeconfig`, and `InProcessOperator` (Kopf's operator as a task in the current event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlt.run.metrics import TRAINER_METRICS_PORT
+from rlt_operator import crd as crd_mod
+
+
+@contextlib.asynccontextmanager
+async def serve(port: int | None = None, host: str = "127.0.0.1") -> AsyncIterator[tuple[Any, str]]:
+    """The emulated API with the RLTRun CRD registered and namespace `default`; yields (cluster, url)."""
+    try:
+        import kmock
+
+        from rlt_sandbox.kmock_glue import Cluster, patch_kmock
+    except ImportError as err:  # the operator image installs the operator extra only
+        raise SystemExit(f"the emulated API needs the sandbox extra (pip install 'rlt[sandbox]'): {err}") from None
+
+    patch_kmock()
+    cluster = Cluster()
+    cluster.register_crd(crd_mod.crd())
+    kwargs: dict[str, Any] = {"host": host}
+    if port:
+        kwargs["port"] = port
+    async with cluster, kmock.Server(cluster, **kwargs) as server:
+        yield cluster, str(server.url).rstrip("/")
+
+
+def kubeconfig(url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "rlt-sandbox", "cluster": {"server": url}}],
+        "users": [{"name": "rlt-sandbox", "user": {}}],
+        "contexts": [
+            {
+                "name": "rlt-sandbox",
+                "context": {"cluster": "rlt-sandbox", "user": "rlt-sandbox", "namespace": "default"},
+            }
+        ],
+        "current-context": "rlt-sandbox",
+    }
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(kubeconfig(url), sort_keys=False))
+    return path
+
+
+class InProcessOperator:
+    """Kopf's operator with rlt_operator.handlers in a thread with its own event loop.
+
+    Its own loop because Kopf cancels every task of its loop when it stops, which would take the
+    emulated API (and a test's own tasks) down with it.
+    """
+
+    def __init__(
+        self, namespaces: list[str] | None = None, liveness: str | None = None, overrides: dict[str, str] | None = None
+    ):
+        self.namespaces = namespaces
+        self.liveness = liveness
+        self.overrides = overrides or {}  # OperatorSettings fields the sandbox sets (e.g. progress_url for local pods)
+        self.thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+    async def start(self) -> None:
+        import kopf
+
+        from rlt_operator import handlers  # noqa: F401 - registers the handlers
+        from rlt_operator.settings import OperatorSettings
+
+        config = OperatorSettings.from_env()  # read once, when this operator starts
+        if self.overrides:
+            config = dataclasses.replace(config, **self.overrides)
+
+        def main() -> None:
+            try:
+                asyncio.run(
+                    kopf.operator(
+                        registry=kopf.get_default_registry(),
+                        settings=kopf.OperatorSettings(),
+                        standalone=True,
+                        clusterwide=not self.namespaces,
+                        namespaces=self.namespaces or [],
+                        liveness_endpoint=self.liveness,
+                        stop_flag=self._stop,
+                        memo=kopf.Memo(settings=config),
+                    )
+                )
+            except BaseException as err:  # reported by stop()
+                self.error = err
+
+        self._stop.clear()
+        self.thread = threading.Thread(target=main, name="rlt-operator", daemon=True)
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    async def stop(self, timeout: float = 20.0) -> None:
+        if self.thread is None:
+            return
+        self._stop.set()
+        thread, self.thread = self.thread, None
+        await asyncio.to_thread(thread.join, timeout)
+        if thread.is_alive():
+            raise RuntimeError(f"the operator did not stop within {timeout}s")
+        if self.error is not None:
+            raise RuntimeError("the operator failed") from self.error
+
+
+async def _main(
+    port: int,
+    kubeconfig_path: Path,
+    namespaces: list[str],
+    run_pods: Path | None = None,
+    images: list[str] | None = None,
+) -> None:
+    async with serve(port) as (cluster, url):
+        for ns in namespaces:
+            if ns != "default":
+                cluster.seed_namespace(ns)
+        write_kubeconfig(kubeconfig_path, url)
+        os.environ["KUBECONFIG"] = str(kubeconfig_path)  # before kopf/kubernetes are imported
+        kubelet = None
+        if run_pods is not None:  # pods run as local processes (rlt_sandbox.sandbox_pods)
+            from rlt_sandbox import sandbox_pods
+
+            kubelet = await sandbox_pods.start(url, run_pods, namespaces, images or [])
+        # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
+        logging.getLogger("kopf._core.reactor.running").addFilter(
+            lambda record: "OS signals are ignored" not in record.getMessage()
+        )
+        # With local pods, progress comes from the trainer's rank 0 on loopback (an explicit RLT_PROGRESS_URL wins).
+        local = run_pods is not None and "RLT_PROGRESS_URL" not in os.environ
+        op = InProcessOperator(overrides={"progress_url": sandbox_pods.local_progress_url()} if local else None)
+        await op.start()
+        if kubelet is not None:
+            print(
+                f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "
+                f"the trainer's metrics at http://127.0.0.1:{TRAINER_METRICS_PORT}/metrics while it runs.",
+                flush=True,
+            )
+        print(
+            f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"
+            "This is a PREVIEW of what the operator would create, not a cluster: nothing runs, and Job/\n"
+            "StatefulSet status changes only if you patch it (kubectl patch ... --subresource=status).\n\n"
+            f"  export KUBECONFIG={kubeconfig_path}\n"
+            "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
+            "  kubectl get rlt\n"
+            "  kubectl get configmaps,persistentvolumeclaims,services,statefulsets,jobs -l rlt.dev/run=tiny\n"
+            "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"
+            '    -p \'{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}\'\n\n'
+            "Ctrl-C stops it.",
+            flush=True,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        while not stop.is_set() and op.alive:
+            await asyncio.sleep(0.5)
+        await op.stop()
+        if kubelet is not None:
+            await kubelet.stop()
+
+
+def run(
+    port: int = 18443,
+    kubeconfig_path: str | None = None,
+    namespaces: list[str] | None = None,
+    run_pods: str | None = None,
+    images: list[str] | None = None,
+) -> int:
+    path = Path(kubeconfig_path) if kubeconfig_path else Path(tempfile.gettempdir()) / "rlt-sandbox" / "kubeconfig"
+    pods_dir = Path(run_pods) if run_pods else None
+    try:
+        asyncio.run(_main(port, path, namespaces or ["default"], pods_dir, images))
+    except KeyboardInterrupt:
+        pass
+    print("rlt sandbox stopped.", file=sys.stderr)
+    return 0

@@ -1,0 +1,183 @@
+"""CLI commands that train: `rlt run` (local, all stages) and `rlt stage` (one stage, in a pod)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rlt.run.exitcodes import ExitCode
+from rlt.run.metrics import TRAINER_METRICS_PORT
+from rlt.spec.loading import SpecError
+from rlt.spec.stage_registry import STAGE_ORDER
+from rlt.spec.validation import load_valid_run
+
+DEFAULT_METRICS_PORT = TRAINER_METRICS_PORT
+
+
+def _load(path: str):
+    # Logging is set up by the command that runs, not at registration: the operator has its own format.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return load_valid_run(path)  # the checks `rlt validate` and the operator make
+    except SpecError as err:
+        print(str(err), file=sys.stderr)
+        raise SystemExit(ExitCode.CONFIG_ERROR) from None
+
+
+def input_errors() -> tuple[type[Exception], ...]:
+    """Problems a person must fix (spec, data, a stage finished under another spec, a taken port): said in one line
+    without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
+    from rlt.data.dataset import DataError
+    from rlt.run.fingerprint import StaleStageError
+    from rlt.run.runner import MetricsPortError
+
+    return SpecError, DataError, StaleStageError, MetricsPortError
+
+
+def _one_line_on_input_error(command: str, fn) -> int:
+    try:
+        fn()
+    except input_errors() as err:
+        from rlt.data.dataset import DataError
+
+        print(f"rlt {command}: {err}", file=sys.stderr)
+        return ExitCode.DATA_ERROR if isinstance(err, DataError) else ExitCode.CONFIG_ERROR
+    return ExitCode.OK
+
+
+def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:
+    """The --metrics-port flag, else $RLT_METRICS_PORT; None when neither says. A bad value is one line."""
+    from rlt.run.metrics import metrics_port_from_env
+
+    if flag is not None:
+        return flag
+    try:
+        return metrics_port_from_env()
+    except ValueError as err:
+        print(f"rlt {command}: {err}", file=sys.stderr)
+        raise SystemExit(ExitCode.CONFIG_ERROR) from None
+
+
+def _port_to_serve(chosen: int | None) -> int | None:
+    return DEFAULT_METRICS_PORT if chosen is None else None if chosen < 0 else chosen
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rlt.run.runner import run_local
+
+    run = _load(args.file)
+    # The flag, else $RLT_METRICS_PORT, else 9400 with a free port when that is taken.
+    chosen = _chosen_metrics_port("run", args.metrics_port)
+    return _one_line_on_input_error(
+        "run",
+        lambda: run_local(
+            run,
+            args.output,
+            _port_to_serve(chosen),
+            args.linger,
+            args.stage or None,
+            args.device,
+            not args.no_progress,
+            from_stage=args.from_stage,
+            port_fallback=chosen is None,
+        ),
+    )
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from rlt.run.runner import run_stage_in_pod
+
+    run = _load(args.config)
+    port = _port_to_serve(_chosen_metrics_port("stage"))
+    return _one_line_on_input_error(
+        "stage", lambda: run_stage_in_pod(run, args.name, args.root, port, restart=args.restart)
+    )
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rlt.rcl.stages import run_teaching_eval
+
+    run = _load(args.file)
+    if run.spec.method != "rcl":
+        print(
+            f"{args.file}: rlt eval runs the rcl teaching evaluation; this run has method {run.spec.method} "
+            "(use its evaluate stage)",
+            file=sys.stderr,
+        )
+        return ExitCode.CONFIG_ERROR
+
+    def evaluate() -> None:
+        report = run_teaching_eval(run, args.output, args.teacher, args.label, args.device)
+        print(report.read_text())
+        print(f"report: {report}")
+
+    return _one_line_on_input_error("eval", evaluate)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rlt.run.compare import run_compare
+
+    run = _load(args.file)
+    port = None if args.metrics_port < 0 else args.metrics_port
+    return _one_line_on_input_error(
+        "compare", lambda: run_compare(run, args.output, args.device, not args.no_progress, port)
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
+    p.add_argument("file", help="RLTRun YAML")
+    p.add_argument("--output", default="results", help="results folder (default: results)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help=f"Prometheus port on 127.0.0.1 (default $RLT_METRICS_PORT, else {DEFAULT_METRICS_PORT} or a free one "
+        "when it is taken; 0 = any, -1 = off)",
+    )
+    p.add_argument("--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run")
+    p.add_argument("--stage", action="append", choices=STAGE_ORDER, help="run only this stage (repeatable)")
+    p.add_argument(
+        "--from-stage",
+        choices=STAGE_ORDER,
+        help="start this stage and every later one over (old outputs move to OUTPUT/<run>/replaced/); "
+        "needed after editing the spec of a finished stage",
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("eval", help="rcl: APG/NDR/TES of a teacher on the held-out split -> OUTPUT/<run>/eval/")
+    p.add_argument("file", help="RLTRun YAML (method: rcl)")
+    p.add_argument(
+        "--teacher",
+        help="teacher to evaluate: a model path or hub id, builtin:<name>, 'initial' "
+        "(spec.teacher), 'none' (no teacher); default: the run's latest trained teacher (rl, else sft)",
+    )
+    p.add_argument("--label", help="row name in the report (default: from --teacher)")
+    p.add_argument("--output", default="results", help="results folder of the run (default: results)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("stage", help="run one stage of the run in --config (what the operator's pods execute)")
+    p.add_argument("name", choices=STAGE_ORDER)
+    p.add_argument("--config", required=True, help="RLTRun YAML (the run's ConfigMap)")
+    p.add_argument("--root", default="/data", help="data root (the run's PVC)")
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start the stage over even if it finished (old outputs move to ROOT/<run>/replaced/)",
+    )
+    p.set_defaults(func=cmd_stage)
+    p = sub.add_parser(
+        "compare",
+        help="distil students from the RL teacher, the SFT-only teacher and the dataset's traces; "
+        "evaluate them and the untrained student (OUTPUT/<run>/compare/)",
+    )
+    p.add_argument("file", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)")
+    p.add_argument("--output", default="results", help="results folder (default: results)")
+    p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_compare)

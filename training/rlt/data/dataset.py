@@ -1,0 +1,313 @@
+"""Datasets: load rows from a built-in task, local files or the hub, map columns, report bad rows.
+
+Every row becomes {"question", "solution", "reasoning_trace" (may be None), "row": source index}, plus
+"keep": {column: value} for the columns spec.dataset.keepColumns carries into the distillation dataset.
+A bad row (missing field, unclosed tag, over-long, tag inside a field) is rejected naming its line (JSONL, CSV:
+1-based file lines) or row index, or skipped and reported when `badRows: skip` — never silently changed. A number
+where text is expected (solution: 42) is used as its text ("42") and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlt.data import tasks
+from rlt.data.answers import between
+from rlt.method.prompts import PromptFormat
+from rlt.spec.inputs import DatasetSpec
+
+log = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """A dataset problem; the message names the file, the line (or row) and the field."""
+
+
+@dataclass
+class LoadedData:
+    train: list[dict[str, Any]]
+    eval: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # one message per bad row (all of them, also under reject)
+    read: int = 0  # rows read from the source (good and bad)
+    numbers: list[str] = field(default_factory=list)  # where a question/solution was a number, used as its text
+
+
+_FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class _Unparsable:
+    """A JSON-lines line that is not a JSON object (reported as that line's problem)."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+
+
+def _read_json_lines(path: Path) -> tuple[list[Any], list[int]]:
+    """Rows of a JSONL file (or a JSON array) with the 1-based line of each row.
+
+    Read here rather than by `datasets`: it gives line numbers, reports a broken line instead of failing the
+    file, and keeps a column whose values mix numbers and text (Arrow refuses to type such a column)."""
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: not valid JSON ({err})") from None
+        return rows, []
+    rows, lines = [], []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            value = _Unparsable(f"not valid JSON ({err.msg} at column {err.colno})")
+        if not isinstance(value, (dict, _Unparsable)):
+            value = _Unparsable(f"expected a JSON object, got {type(value).__name__}")
+        rows.append(value)
+        lines.append(n)
+    return rows, lines
+
+
+def _read_source(spec: DatasetSpec) -> tuple[Iterable[Any], Callable[[int], str]]:
+    """The rows, and how to name row i in a message: 'line N' (1-based) for JSONL/CSV, 'row i' otherwise."""
+    src = spec.source
+    by_index = lambda i: f"row {i}"  # noqa: E731
+    if src.startswith("builtin:"):
+        return tasks.generate(src.removeprefix("builtin:"), spec.size, spec.seed), by_index
+    path = Path(src)
+    if not path.exists():
+        if src.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_KINDS:
+            raise DataError(f"spec.dataset.source: file {src} does not exist")
+        import datasets  # a hub dataset id
+
+        return datasets.load_dataset(src, split=spec.split, revision=spec.revision), by_index
+    import datasets  # heavy: only when a real dataset is read
+
+    if path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "state.json").exists():
+            ds = datasets.load_from_disk(str(path))
+            return (ds[spec.split] if isinstance(ds, datasets.DatasetDict) else ds), by_index
+        return datasets.load_dataset(str(path), split=spec.split), by_index
+    suffix = path.suffix.lower()
+    kind = _FILE_KINDS.get(suffix)
+    if kind is None:
+        raise DataError(f"spec.dataset.source: unsupported file type {suffix!r} (use .jsonl, .json, .parquet or .csv)")
+    if kind == "json":
+        rows, lines = _read_json_lines(path)
+        return rows, ((lambda i: f"line {lines[i]}") if lines else by_index)
+    try:
+        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as err:  # noqa: BLE001 - any reader failure is a problem of this file, said in one line
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DataError(f"{src}: cannot be read as {suffix} ({first})") from None
+    return ds, ((lambda i: f"line {i + 2}") if kind == "csv" else by_index)  # CSV line 1 is the header
+
+
+def _from_conversations(raw: dict[str, Any], fmt: PromptFormat) -> dict[str, Any]:
+    conv = raw.get("conversations")
+    if not isinstance(conv, list) or len(conv) < 2:
+        raise DataError("conversations: expected a list with a user turn and an assistant turn")
+    user, assistant = conv[0], conv[1]
+    if not isinstance(user, dict) or not isinstance(assistant, dict):
+        raise DataError("conversations: each turn must be an object with from/value (or role/content)")
+    if user.get("from", user.get("role")) != "user":
+        raise DataError("conversations[0]: expected the user turn")
+    if assistant.get("from", assistant.get("role")) != "assistant":
+        raise DataError("conversations[1]: expected the assistant turn")
+    text = assistant.get("value", assistant.get("content")) or ""
+    t = fmt.tags
+    thought = between(text, t.thought_start, t.thought_end)
+    solution = between(text, t.solution_start, t.solution_end)
+    if solution is None:
+        raise DataError(f"conversations[1]: no closed {t.solution_start}…{t.solution_end} block")
+    if thought is None and t.thought_start in text:
+        raise DataError(f"conversations[1]: {t.thought_start} is never closed by {t.thought_end}")
+    return {"question": user.get("value", user.get("content")), "solution": solution, "reasoning_trace": thought}
+
+
+def _from_columns(raw: dict[str, Any], spec: DatasetSpec) -> dict[str, Any]:
+    cols = spec.columns
+    for needed in (cols.question, cols.solution):
+        if needed not in raw:
+            raise DataError(
+                f"column {needed!r} is missing (columns: {', '.join(sorted(raw))}); map it in spec.dataset.columns"
+            )
+    trace = raw.get(cols.reasoning_trace) if cols.reasoning_trace else None
+    return {"question": raw[cols.question], "solution": raw[cols.solution], "reasoning_trace": trace}
+
+
+def _kept_columns(raw: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """spec.dataset.keepColumns: carried unchanged into the distillation dataset."""
+    missing = [n for n in names if n not in raw]
+    if missing:
+        raise DataError(
+            f"column {missing[0]!r} (spec.dataset.keepColumns) is missing (columns: {', '.join(sorted(raw))})"
+        )
+    return {n: raw[n] for n in names}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _as_text(row: dict[str, Any]) -> list[str]:
+    """A numeric question or solution (42, 3.5) is used as its text ('42'); returns the fields converted."""
+    converted = []
+    for name in ("question", "solution", "reasoning_trace"):
+        if _is_number(row.get(name)):
+            row[name] = str(row[name])
+            converted.append(name)
+    return converted
+
+
+def _describe(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "missing (null)"
+    if isinstance(value, bool):
+        return f"expected text, got the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return "empty"
+    return f"expected text, got {type(value).__name__} {json.dumps(value, default=str)[:40]}"
+
+
+def check_row(row: dict[str, Any], fmt: PromptFormat, max_chars: int) -> None:
+    """Raise DataError naming the field if the row cannot be used as-is."""
+    for name in ("question", "solution"):
+        value = row.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise DataError(f"{name}: {_describe(value)}")
+    trace = row.get("reasoning_trace")
+    if isinstance(trace, float) and math.isnan(trace):
+        row["reasoning_trace"] = trace = None  # an empty CSV/Parquet cell: no trace
+    if trace is not None and not isinstance(trace, str):
+        raise DataError(f"reasoning_trace: {_describe(trace)}")
+    tags = fmt.tags.model_dump().values()
+    for name in ("question", "solution", "reasoning_trace"):
+        value = row.get(name) or ""
+        for tag in tags:
+            if tag in value:
+                raise DataError(f"{name}: contains the format tag {tag!r}, which would corrupt the prompt")
+    total = sum(len(row.get(k) or "") for k in ("question", "solution", "reasoning_trace"))
+    if total > max_chars:
+        raise DataError(f"row is {total} characters, over spec.dataset.maxChars={max_chars}")
+
+
+def _rows(n: int) -> str:
+    return f"{n} bad row" if n == 1 else f"{n} bad rows"
+
+
+def bad_rows_message(source: str, bad: list[str], good: int, policy: str, listed: bool = False) -> str:
+    """One line: the first bad row, how many more, and the way out that would actually help."""
+    more = ""
+    if len(bad) > 1:
+        more = f" ({len(bad) - 1} more bad rows" + (")" if listed else "; `rlt validate` lists them)")
+    if good == 0:
+        return (
+            f"{source} {bad[0]}{more}; no row is usable, so badRows: skip would drop every row: "
+            "fix the data or spec.dataset.columns"
+        )
+    if policy == "reject":
+        return f"{source} {bad[0]}{more}; set spec.dataset.badRows: skip to drop the {_rows(len(bad))}"
+    return f"{source} {bad[0]}{more}"
+
+
+def group_problems(bad: list[str], limit: int = 10) -> list[str]:
+    """'line 3: solution: empty' lines grouped by problem: 'line 3, line 7 (+12 more): solution: empty'."""
+    by_problem: dict[str, list[str]] = {}
+    for b in bad:
+        where, _, problem = b.partition(": ")
+        by_problem.setdefault(problem, []).append(where)
+    out = []
+    for problem, wheres in list(by_problem.items())[:limit]:
+        extra = f" (+{len(wheres) - 3} more)" if len(wheres) > 3 else ""
+        out.append(f"{', '.join(wheres[:3])}{extra}: {problem}")
+    if len(by_problem) > limit:
+        out.append(f"... and {len(by_problem) - limit} other problems")
+    return out
+
+
+def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]], list[str], int, list[str]]:
+    """(usable rows, 'line N: problem' per bad row, rows read, where numbers were used as text); raises only when
+    the source itself cannot be read."""
+    rows, bad, numbers = [], [], []
+    source, where = _read_source(spec)
+    read = 0
+    for index, raw in enumerate(source):
+        read += 1
+        try:
+            if isinstance(raw, _Unparsable):
+                raise DataError(raw.problem)
+            if not isinstance(raw, dict):
+                raise DataError(f"expected an object with named fields, got {type(raw).__name__}")
+            row = _from_conversations(raw, fmt) if spec.layout == "conversations" else _from_columns(raw, spec)
+            converted = _as_text(row)
+            check_row(row, fmt, spec.max_chars)
+            if spec.keep_columns:
+                row["keep"] = _kept_columns(raw, spec.keep_columns)
+        except DataError as err:
+            bad.append(f"{where(index)}: {err}")
+            continue
+        numbers += [f"{where(index)}: {name}" for name in converted]
+        row["row"] = index
+        rows.append(row)
+        if spec.limit and len(rows) >= spec.limit and spec.eval_fraction == 0:
+            break
+    return rows, bad, read, numbers
+
+
+def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> LoadedData:
+    """The usable rows. Every row up to `limit` is checked, so a rejection can say how many rows are bad and
+    whether skipping them would leave anything; under `badRows: skip` one warning sums the skipped rows up."""
+    rows, bad, read, numbers = scan_rows(spec, fmt)
+    if bad and (spec.bad_rows == "reject" or not rows):
+        raise DataError(bad_rows_message(spec.source, bad, len(rows), spec.bad_rows))
+    if not rows:
+        raise DataError(f"{spec.source}: no rows")
+    if warn and bad:
+        log.warning("skipping %d of %d rows of %s (badRows: skip), first %s", len(bad), read, spec.source, bad[0])
+    if warn and numbers:
+        log.warning(
+            "%s: %d numeric question/solution values used as text, first at %s", spec.source, len(numbers), numbers[0]
+        )
+    train, held_out = rows, []
+    if spec.eval_fraction > 0:
+        order = list(range(len(rows)))
+        random.Random(f"rlt-split-{spec.seed}").shuffle(order)
+        n_eval = max(1, int(len(rows) * spec.eval_fraction))
+        eval_ids = set(order[:n_eval])
+        held_out = [r for i, r in enumerate(rows) if i in eval_ids]
+        train = [r for i, r in enumerate(rows) if i not in eval_ids]
+    if spec.limit:
+        train = train[: spec.limit]
+    return LoadedData(
+        train=train, eval=held_out, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers
+    )
+
+
+def is_reachable(spec: DatasetSpec) -> bool:
+    """Whether the data can be checked here without a network: a built-in task or a local path."""
+    return (
+        spec.source.startswith("builtin:")
+        or Path(spec.source).exists()
+        or spec.source.startswith((".", "/", "~"))
+        or Path(spec.source).suffix.lower() in _FILE_KINDS
+    )
+
+
+def check_data(spec: DatasetSpec, fmt: PromptFormat, listed: bool = False) -> LoadedData:
+    """Every row checked, none dropped silently: what `rlt validate` reports and `rlt run` checks before it starts.
+    Raises DataError (one line) when the run would fail on its data; else returns what `badRows: skip` drops."""
+    rows, bad, read, numbers = scan_rows(spec, fmt)
+    if bad and (spec.bad_rows == "reject" or not rows):
+        raise DataError(bad_rows_message(spec.source, bad, len(rows), spec.bad_rows, listed))
+    if not rows:
+        raise DataError(f"{spec.source}: no rows")
+    return LoadedData(train=rows, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers)

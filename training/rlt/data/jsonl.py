@@ -1,0 +1,58 @@
+"""JSON Lines files of the run (distillation rows, per-question answers, problems, metrics.jsonl): one reader,
+one writer, one appender, so every file is read and written the same way; and the camelCase JSON form of the
+typed records written into report files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic.alias_generators import to_camel
+
+from rlt.run.layout import atomic_write_text
+
+R = TypeVar("R")
+
+
+def camel_json(record: Any) -> dict[str, Any]:
+    """A dataclass record as a JSON object: its fields in order, names in camelCase (the report files' style)."""
+    return {to_camel(k): v for k, v in asdict(record).items()}
+
+
+def from_camel_json(cls: type[R], doc: dict[str, Any]) -> R:
+    """The record `camel_json` wrote; a missing key is a KeyError naming it."""
+    return cls(**{f.name: doc[to_camel(f.name)] for f in fields(cls)})
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every object of the file, blank lines skipped; a line that is not JSON is a DataError naming file and line."""
+    from rlt.data.dataset import DataError
+
+    rows = []
+    for n, line in enumerate(Path(path).read_text().splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path} line {n + 1}: not JSON ({err})") from None
+    return rows
+
+
+def dumps_line(row: Any) -> str:
+    return json.dumps(row, ensure_ascii=False) + "\n"
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Any]) -> None:
+    """The whole file at once, atomically (readers never see half of it)."""
+    atomic_write_text(path, "".join(dumps_line(r) for r in rows))
+
+
+def append_jsonl(path: str | Path, row: Any) -> None:
+    """One more line (metrics.jsonl grows a step at a time)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(dumps_line(row))

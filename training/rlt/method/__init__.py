@@ -1,0 +1,1 @@
+"""The teaching method: prompts and formats, generation, the reward and its scoring and pairing."""

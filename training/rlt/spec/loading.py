@@ -1,0 +1,173 @@
+"""Loading RLTRun YAML and reporting every problem as one 'path.to.field: message' line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from rlt.spec.run import RLTRun, RLTRunSpec
+
+_NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
+
+
+class SpecError(ValueError):
+    """An invalid RLTRun; `problems` lists 'path.to.field: message' lines."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid RLTRun\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _known_fields(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
+    """The YAML names of the fields of the object at `loc` (a pydantic error location), for did-you-mean."""
+    import typing
+
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        ann = field.annotation
+        models = [a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = models[0] if models else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _did_you_mean(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    import difflib
+
+    known = _known_fields(root, loc[:-1]) or []
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if not close:  # case slips (batchsize) and snake_case (batch_size) are close too
+        lowered = {k.lower().replace("_", ""): k for k in known}
+        close = (
+            [lowered[str(loc[-1]).lower().replace("_", "")]] if str(loc[-1]).lower().replace("_", "") in lowered else []
+        )
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def format_validation_error(err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None) -> list[str]:
+    """pydantic errors → 'spec.stages.rl.numGenerations: Input should be greater than 1'."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
+        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        msg = e["msg"].removeprefix("Value error, ")
+        # Cross-field validators say "field: problem"; fold the field into the path.
+        named = _NAMED_MSG.match(msg)
+        if e["type"] == "value_error" and named:
+            loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
+            msg = msg[named.end() :]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
+        lines.append(f"{loc or '<root>'}: {msg}")
+    return lines
+
+
+def _without_unknown_fields(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for loc in locs:
+        node = doc
+        for part in loc[:-1]:
+            node = node[part] if isinstance(node, (dict, list)) else None
+        if isinstance(node, dict):
+            node.pop(loc[-1], None)
+    return doc
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Model | None, list[str]]:
+    """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
+    fields is unknown, so unknown fields are reported, dropped, and the rest validated again."""
+    try:
+        return model.model_validate(doc), []
+    except ValidationError as err:
+        problems = format_validation_error(err, prefix, model)
+        unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+    for _ in range(3):  # each round can only reveal checks hidden by the previous round's unknown fields
+        if not unknown:
+            break
+        doc = _without_unknown_fields(doc, unknown)
+        try:
+            model.model_validate(doc)
+            break
+        except ValidationError as err:
+            more = [p for p in format_validation_error(err, prefix, model) if p not in problems]
+            problems += more
+            unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+    return None, problems
+
+
+def parse_run(doc: Any, source: str = "<input>") -> RLTRun:
+    if not isinstance(doc, dict):
+        raise SpecError(source, [f"<root>: expected a mapping (an RLTRun object), got {type(doc).__name__}"])
+    run, problems = _validate_all(RLTRun, doc)
+    if problems or run is None:
+        raise SpecError(source, problems)
+    return run
+
+
+def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
+    """Validate only `.spec` (what the operator receives from Kopf)."""
+    parsed, problems = _validate_all(RLTRunSpec, spec, "spec")
+    if problems or parsed is None:
+        raise SpecError(source, problems)
+    return parsed
+
+
+def load_runs(path: str | Path) -> list[RLTRun]:
+    """Every RLTRun document in a YAML file (multi-document files allowed)."""
+    path = Path(path)
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except FileNotFoundError:
+        raise SpecError(str(path), ["file not found"]) from None
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            str(path),
+            [
+                f"not a UTF-8 text file (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                "an RLTRun file is YAML text"
+            ],
+        ) from None
+    except (IsADirectoryError, PermissionError) as err:
+        raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
+    except yaml.YAMLError as err:
+        raise SpecError(str(path), ["<yaml>: " + " ".join(str(err).split())]) from None
+    if not docs:
+        raise SpecError(str(path), ["<root>: file holds no YAML document"])
+    runs, problems = [], []
+    for i, doc in enumerate(docs):
+        src = f"{path}" if len(docs) == 1 else f"{path}[document {i}]"
+        try:
+            runs.append(parse_run(doc, src))
+        except SpecError as err:
+            problems += [p if len(docs) == 1 else f"document {i}: {p}" for p in err.problems]
+    if problems:
+        raise SpecError(str(path), problems)
+    return runs
+
+
+def load_run(path: str | Path) -> RLTRun:
+    runs = load_runs(path)
+    if len(runs) != 1:
+        raise SpecError(str(path), [f"<root>: expected one RLTRun, found {len(runs)}"])
+    return runs[0]
+
+
+def dump_run(run: RLTRun) -> str:
+    """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
+    text: str = yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    return text

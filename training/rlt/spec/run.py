@@ -1,0 +1,213 @@
+"""The run: RLTRunSpec (with its cross-field rules) and the RLTRun resource around it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlt.spec.base import (
+    Strict,
+)
+from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
+from rlt.spec.resources import (
+    EnvVar,
+    Images,
+    Resources,
+    Scheduling,
+    SecretEnvVar,
+    SecretKeyRef,
+    Storage,
+)
+from rlt.spec.stage_registry import STAGE_ORDER, method_stages, stage_info
+from rlt.spec.stages import (
+    Stages,
+)
+from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
+
+# --------------------------------------------------------------------------- the run
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class RclSpec(Strict):
+    """RCL adaptive teaching (method: rcl): probe → guidance → reward from the student's gain, losses cost double."""
+
+    max_probe_tokens: int = Field(50, gt=0, description="Length limit of the student's diagnostic probe.")
+    student_samples: int = Field(
+        4, gt=0, description="Student answers per question and condition (with/without guidance)."
+    )
+    max_student_tokens: int = Field(512, gt=0, description="Length limit of each student answer.")
+    degradation_penalty: float = Field(
+        2.0, ge=0, description="Multiplier of a loss (Δ < 0): 2 = a loss costs twice a gain."
+    )
+    efficiency_weight: float = Field(
+        0.5, ge=0, description="w: weight of the conciseness bonus eff = L0 / (L0 + tokens)."
+    )
+    efficiency_tokens: int = Field(200, gt=0, description="L0 of the conciseness bonus.")
+    maintain_bonus: float = Field(0.1, ge=0, description="Bonus (×w·eff) when a strong student stays right (Δ = 0).")
+    strong_threshold: float = Field(
+        0.75, ge=0, le=1, description="Baseline accuracy at or above which the student counts as strong."
+    )
+    answer_leak_penalty: float = Field(
+        0.0, ge=0, description="Subtracted when the guidance states the reference answer."
+    )
+    format_penalty: float = Field(
+        1.0,
+        ge=0,
+        description="Reward (negated) of a teacher output without closed guidance tags; nothing is passed on.",
+    )
+    format: str = Field(
+        "rcl-default",
+        min_length=1,
+        description="Prompts and tags of both passes: a bundled rcl format (rlt/method/formats/<name>.yaml) or a YAML file path.",
+    )
+    performance: Literal["accuracy", "dense"] = Field(
+        "accuracy",
+        description="accuracy: share of correct student answers; dense: student's tempered log-prob of the solution.",
+    )
+
+
+class RLTRunSpec(Strict):
+    method: Literal["rlt", "rcl"] = Field(
+        "rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching)."
+    )
+    rcl: RclSpec = Field(default_factory=RclSpec, description="Settings of method rcl (ignored by rlt).")
+    teacher: ModelRef = Field(description="Teacher model trained by SFT and RL.")
+    student: ModelRef = Field(description="Frozen student that scores explanations.")
+    dataset: DatasetSpec = Field(description="Questions and reference solutions: source, split, columns.")
+    format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and overrides.")
+    stages: Stages = Field(default_factory=Stages, description="The stages of the run and their settings.")
+    seed: int = Field(42, ge=0, description="Seed of training and sampling.")
+    # cluster-only fields (ignored by `rlt run`)
+    resources: Resources = Field(default_factory=Resources)
+    storage: Storage = Field(default_factory=Storage)
+    images: Images = Field(default_factory=Images)
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment for every pod.")
+    hf_token_secret: SecretKeyRef | None = Field(None, description="Secret holding a Hugging Face token.")
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec, description="Experiment tracking (TensorBoard, W&B, MLflow)."
+    )
+    outputs: OutputsSpec = Field(default_factory=OutputsSpec, description="Copies of the results off the volume.")
+    suspend: bool = Field(
+        False, description="Delete the run's pods and keep its data; resume from the last checkpoint."
+    )
+    backoff_limit: int = Field(3, ge=0, description="Gang restarts allowed before the run fails.")
+    active_deadline_seconds: int | None = Field(None, gt=0, description="Fail the run after this long.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the run's pods this long after it ends."
+    )
+
+    @model_validator(mode="after")
+    def _some_stage(self) -> RLTRunSpec:
+        if not self.stages.enabled():
+            raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
+        if self.stages.evaluate.generation.mode == "colocate":
+            raise ValueError(
+                "stages.evaluate.generation.mode: colocate is TRL's GRPO mode (rl only); use inprocess or server"
+            )
+        if (
+            self.stages.rl.enabled
+            and self.stages.rl.generation.mode == "server"
+            and self.resources.generator.replicas > 1
+        ):
+            # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other
+            # replicas would generate from stale weights and weight updates would land on the wrong one.
+            raise ValueError(
+                f"resources.generator.replicas: {self.resources.generator.replicas} with stages.rl."
+                "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
+                "and spread its GPUs with dataParallelSize / tensorParallelSize"
+            )
+        # A method runs its own stages only (rcl teaches at answer time: no distillation dataset, no student stage).
+        own = method_stages(self.method)
+        for name in STAGE_ORDER:
+            if name not in own and getattr(self.stages, name).enabled:
+                raise ValueError(
+                    f"stages: method {self.method} has no {name} stage; set stages.{name}.enabled: false "
+                    f"({self.method} runs {', '.join(own)})"
+                )
+        # LoRA trains an adapter: only where a stage trains the model
+        for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
+            if ref is not None and ref.lora is not None:
+                raise ValueError(
+                    f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, stages.student.model)"
+                )
+        if self.outputs.student and not self.stages.student.enabled:
+            raise ValueError("outputs: outputs.student needs stages.student.enabled")
+        if self.outputs.distill_dataset and not self.stages.distill.enabled:
+            raise ValueError("outputs: outputs.distillDataset needs stages.distill.enabled")
+        hub = [
+            u
+            for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
+            if u and u.startswith("hf://")
+        ]
+        if hub and self.hf_token_secret is None:
+            raise ValueError("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
+        return self
+
+    def secret_env(self) -> list[SecretEnvVar]:
+        """Every Secret-backed variable the run's pods need for tracking and outputs (HF_TOKEN is separate)."""
+        out = list(self.outputs.credentials)
+        if self.tracking.wandb and self.tracking.wandb.api_key_secret:
+            out.append(SecretEnvVar(name="WANDB_API_KEY", secret_key_ref=self.tracking.wandb.api_key_secret))
+        if self.tracking.mlflow:
+            out += self.tracking.mlflow.credentials
+        return out
+
+
+class Metadata(BaseModel):
+    """The part of ObjectMeta we read; the API server owns the rest."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=63)
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _dns(self) -> Metadata:
+        if not _DNS1123.match(self.name):
+            raise ValueError(f"name: {self.name!r} must be a DNS-1123 label (lowercase letters, digits, '-')")
+        return self
+
+
+class RLTRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    api_version: Literal["rlt.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["RLTRun"]
+    metadata: Metadata
+    spec: RLTRunSpec
+    status: dict[str, Any] | None = Field(None, description="Written by the operator; ignored on input.")
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+# --------------------------------------------------------------------------- a stage's settings in a spec
+
+
+def stage_settings(spec: RLTRunSpec, name: str) -> Any:
+    """spec.stages.<name>."""
+    return getattr(spec.stages, stage_info(name).name)
+
+
+def zero_stage(spec: RLTRunSpec, name: str) -> int | None:
+    """The DeepSpeed ZeRO stage of a Trainer stage (its deepspeedZeroStage): the one value both the accelerate
+    launch and the Trainer's DeepSpeed config read. None for the stages without a Trainer."""
+    if not stage_info(name).trainer:
+        return None
+    zero: int = stage_settings(spec, name).deepspeed_zero_stage
+    return zero
+
+
+def needs_generators(spec: RLTRunSpec, name: str) -> bool:
+    """vLLM generators run beside the stage's trainer: it samples from the teacher and rl generates in server mode."""
+    return stage_info(name).uses_generators and spec.stages.rl.generation.mode == "server"
+
+
+def reads_run_dataset(spec: RLTRunSpec, name: str) -> bool:
+    """Whether the stage reads spec.dataset (evaluate does unless stages.evaluate.dataset names its own data)."""
+    return stage_info(name).reads_dataset and getattr(stage_settings(spec, name), "dataset", None) is None

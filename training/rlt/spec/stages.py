@@ -1,0 +1,291 @@
+"""Per-stage settings: the Trainer options shared by the Trainer stages, then sft, rl, distill, student, evaluate."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from rlt.spec.base import (
+    Strict,
+)
+from rlt.spec.inputs import DatasetSpec, ModelRef
+from rlt.spec.stage_registry import STAGE_ORDER
+
+# --------------------------------------------------------------------------- stages
+
+
+# TrainingArguments that rlt sets itself, with the spec field to use instead (trainerArgs may not set them:
+# two sources for one option would make the effective value depend on merge order).
+MANAGED_TRAINER_ARGS: dict[str, str] = {
+    "output_dir": "the run's layout",
+    "report_to": "spec.tracking",
+    "logging_dir": "spec.tracking",
+    "deepspeed": "deepspeedZeroStage",
+    "use_cpu": "the device",
+    "bf16": "precision",
+    "fp16": "precision",
+    "max_steps": "maxSteps / steps",
+    "num_train_epochs": "epochs",
+    "learning_rate": "learningRate",
+    "lr_scheduler_type": "lrScheduler",
+    "warmup_steps": "warmupRatio",
+    "warmup_ratio": "warmupRatio",
+    "weight_decay": "weightDecay",
+    "max_grad_norm": "maxGradNorm",
+    "per_device_train_batch_size": "perDeviceBatchSize",
+    "gradient_accumulation_steps": "batchSize / perDeviceBatchSize",
+    "gradient_checkpointing": "gradientCheckpointing",
+    "save_steps": "saveSteps",
+    "save_strategy": "saveSteps",
+    "save_total_limit": "saveTotalLimit",
+    "logging_steps": "loggingSteps",
+    "seed": "spec.seed",
+    "max_length": "maxLength",
+    "num_generations": "numGenerations",
+    "max_completion_length": "maxCompletionLength",
+    "temperature": "temperature",
+    "top_p": "topP",
+    "beta": "beta",
+    "use_vllm": "generation.mode",
+    "vllm_mode": "generation.mode",
+    "vllm_server_base_url": "generation.serverUrl",
+    "vllm_server_timeout": "generation.serverTimeoutSeconds",
+    "steps_per_generation": "batchSize",
+    "disable_tqdm": "the progress bar",
+    "completion_only_loss": "the stage",
+}
+
+
+def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
+    if batch_size % per_device_batch_size:
+        raise ValueError(f"batchSize: {batch_size} must be a multiple of perDeviceBatchSize ({per_device_batch_size})")
+
+
+class TrainerOptions(Strict):
+    """Options every TRL-trained stage (sft, rl, student) shares, plus the trainerArgs escape hatch."""
+
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
+    logging_steps: int = Field(1, gt=0, description="Log (metrics.jsonl, tracking, Prometheus) every N steps.")
+    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Training precision; auto = fp32 on CPU, bf16 on GPU."
+    )
+    deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(
+        3, description="DeepSpeed ZeRO stage when running distributed (the accelerate launch and the Trainer's)."
+    )
+    trainer_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More TRL config options (SFTConfig / GRPOConfig field names, snake_case), "
+        "passed as given; `rlt validate` checks them against the installed TRL. Options the spec has a field for "
+        "are refused here.",
+    )
+
+    @model_validator(mode="after")
+    def _trainer_args_free(self) -> TrainerOptions:
+        for key in self.trainer_args:
+            if key in MANAGED_TRAINER_ARGS:
+                raise ValueError(f"trainerArgs: {key} is set by rlt from {MANAGED_TRAINER_ARGS[key]}; use that instead")
+        return self
+
+
+class SupervisedStage(TrainerOptions):
+    """Settings of the supervised stages (TRL SFTTrainer, loss on the completion only): sft and student."""
+
+    enabled: bool = Field(True, description="Run this stage.")
+    epochs: float = Field(
+        1.0, gt=0, description="Passes over the training rows (the RLT reference code warmed the teacher up for 10)."
+    )
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
+    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("cosine", description="Learning-rate schedule.")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
+    batch_size: int = Field(16, gt=0, description="Global batch size (rows per optimizer step).")
+    per_device_batch_size: int = Field(
+        1, gt=0, description="Rows per process per micro-step (the rest is gradient accumulation)."
+    )
+    max_length: int = Field(
+        16384,
+        gt=0,
+        description="Tokens per training row (student: its whole chat); longer rows are truncated "
+        "(student: see overLong).",
+    )
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
+    save_steps: int = Field(500, gt=0, description="Checkpoint every N optimizer steps.")
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> SupervisedStage:
+        _check_micro_batches(self.batch_size, self.per_device_batch_size)
+        return self
+
+
+class SftStage(SupervisedStage):
+    """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
+
+
+class RewardSpec(Strict):
+    """R = r_SS − λ·r_KL − formatPenalty·[explanation not closed]."""
+
+    alpha: float = Field(0.01, ge=0, description="Weight of the min (r_SS) / max (r_KL) term.")
+    kl_weight: float = Field(3.0, ge=0, alias="lambda", description="λ: weight of r_KL.")
+    format_penalty: float = Field(1.0, ge=0, description="Subtracted when the explanation is not closed.")
+    student_temperature: float | None = Field(
+        None, gt=0, description="Temperature of the student's log-probs (default: rl.temperature)."
+    )
+    batch_size: int = Field(
+        2, gt=0, description="Scoring micro-batch: small on CPU (batching only adds memory there), 16-32 on a GPU."
+    )
+    share_prefix: bool = Field(True, description="Run a group's shared prompt prefix once and reuse its KV cache.")
+
+
+class GenerationSpec(Strict):
+    """Where RL/distill completions come from."""
+
+    mode: Literal["inprocess", "server", "colocate"] = Field(
+        "inprocess",
+        description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode); "
+        "colocate: vLLM inside each trainer process on its GPU (TRL colocate mode, rl only; how one GPU runs GRPO "
+        "with vLLM).",
+    )
+    server_url: str | None = Field(
+        None,
+        description="Base URL of the vLLM server (mode=server). For stages.rl the "
+        "operator sets it to its generators (they serve rl and distill); for "
+        "stages.evaluate give it yourself: no server is started for evaluate.",
+    )
+    server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators."
+    )
+    max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
+    importance_sampling: Literal["off", "sequenceMask", "sequenceTruncate", "tokenMask", "tokenTruncate"] = Field(
+        "off",
+        description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
+        "when on, the masked or clipped share per step is a metric).",
+    )
+    importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
+
+
+class RefSyncSpec(Strict):
+    """TR-DPO style soft update of the GRPO reference: ref ← α·policy + (1−α)·ref every `steps`."""
+
+    enabled: bool = Field(True, description="Soft-update the reference (only when beta > 0).")
+    alpha: float = Field(0.9, gt=0, le=1, description="Weight of the policy in the update.")
+    steps: int = Field(32, gt=0, description="Update every N steps.")
+
+
+class RlStage(TrainerOptions):
+    """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
+
+    enabled: bool = Field(True, description="Run this stage.")
+    steps: int = Field(125, gt=0, description="Optimizer steps.")
+    batch_size: int = Field(
+        1024, gt=0, description="Completions per optimizer step (global); multiple of numGenerations."
+    )
+    num_generations: int = Field(64, gt=1, description="G: completions per question.")
+    per_device_batch_size: int = Field(1, gt=0, description="Completions per backward micro-batch.")
+    learning_rate: float = Field(1e-6, gt=0, description="Learning rate (constant schedule, as in the paper).")
+    lr_scheduler: Literal["cosine", "constant", "linear"] = Field("constant", description="Learning-rate schedule.")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature τ (also used for every log-prob).")
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Nucleus sampling (1 = off; the reward's teacher log-probs follow it)."
+    )
+    max_prompt_length: int = Field(
+        16384, gt=0, description="Longest teacher prompt in tokens; longer rows are bad rows."
+    )
+    max_completion_length: int = Field(
+        16384, gt=0, description="Longest explanation in tokens (unclosed ones pay the format penalty)."
+    )
+    save_steps: int = Field(25, gt=0, description="Checkpoint every N steps.")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in the backward pass to save memory.")
+    ref_sync: RefSyncSpec = Field(default_factory=RefSyncSpec, description="Soft update of the GRPO reference model.")
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="The RLT reward's coefficients and scoring.")
+    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="Where completions are sampled.")
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> RlStage:
+        if self.batch_size % self.num_generations:
+            raise ValueError(
+                f"batchSize: {self.batch_size} must be divisible by numGenerations ({self.num_generations})"
+            )
+        _check_micro_batches(self.batch_size, self.per_device_batch_size)
+        return self
+
+
+class DistillStage(Strict):
+    """The trained teacher explains every question; the best of N candidates (by RLT reward) is kept."""
+
+    enabled: bool = Field(True, description="Run this stage.")
+    samples_per_question: int = Field(1, gt=0, description="Candidates per question, ranked by the RLT reward.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature of the explanations.")
+    max_new_tokens: int = Field(16384, gt=0, description="Longest explanation in tokens.")
+    limit: int | None = Field(None, gt=0, description="Explain at most this many questions.")
+    batch_size: int = Field(8, gt=0, description="Questions generated together.")
+
+
+class StudentStage(SupervisedStage):
+    """Supervised distillation of a student on the distill stage's dataset (student format, loss on the answer)."""
+
+    enabled: bool = Field(False, description="Run this stage.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    model: ModelRef | None = Field(None, description="Student to train (default: spec.student).")
+    over_long: Literal["drop", "truncate", "best_fit"] = Field(
+        "best_fit",
+        description="Rows over maxLength (the whole student chat): drop them, truncate them (large students are "
+        "hurt by cropped traces), or use the best-rewarded distill candidate that fits (dropped when none fits).",
+    )
+
+
+class EvaluateStage(Strict):
+    """Accuracy of a model on a held-out split, pass@1 averaged over `samples` answers per question."""
+
+    enabled: bool = Field(False, description="Run this stage.")
+    model: ModelRef | None = Field(
+        None,
+        description="Model to evaluate (default: the student stage's model when it is enabled, else the "
+        "untrained student: stages.student.model or spec.student).",
+    )
+    dataset: DatasetSpec | None = Field(
+        None,
+        description="Evaluation data: a benchmark name or hub id (aime2024, math500, gpqa-diamond; see "
+        "docs/evaluation.md), any dataset, or a built-in task (default: the held-out part of spec.dataset, which "
+        "needs spec.dataset.evalFraction > 0).",
+    )
+    answer_type: Literal["auto", "math", "choice", "builtin"] = Field(
+        "auto",
+        description="How answers are checked: math (extracted and normalised), choice (a letter), builtin "
+        "(the built-in task's checker: countdown expressions are verified); auto picks from the dataset.",
+    )
+    samples: int = Field(1, gt=0, description="Answers sampled per question (pass@1 is averaged over them).")
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature; 0 = greedy (then use samples: 1).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest token set of this mass.")
+    max_new_tokens: int = Field(1024, gt=0, description="Length limit of each answer.")
+    limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions.")
+    batch_size: int = Field(8, gt=0, description="Prompts generated together (in-process).")
+    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="In-process or a vLLM server.")
+
+    @model_validator(mode="after")
+    def _greedy_single(self) -> EvaluateStage:
+        if self.temperature == 0 and self.samples > 1:
+            raise ValueError(f"samples: greedy decoding (temperature 0) gives one answer; got samples={self.samples}")
+        return self
+
+
+class Stages(Strict):
+    """The stages of a run, run in this order; each runs when enabled."""
+
+    sft: SftStage = Field(default_factory=SftStage)
+    rl: RlStage = Field(default_factory=RlStage)
+    distill: DistillStage = Field(default_factory=DistillStage)
+    student: StudentStage = Field(default_factory=StudentStage)
+    evaluate: EvaluateStage = Field(default_factory=EvaluateStage)
+
+    def enabled(self) -> list[str]:
+        return [name for name in STAGE_ORDER if getattr(self, name).enabled]
+
+
+# --------------------------------------------------------------------------- cluster (operator only)

@@ -1,0 +1,185 @@
+"""The one validation entry point: what makes an RLTRun invalid beyond its field types.
+
+`rlt validate`, the local runner, the pods (`rlt stage`) and the operator all call this module, so a
+spec the CLI refuses is refused by the operator too, with the same message. The pydantic model checks
+each field; the rules here look at several fields together (the prompt format against the method,
+the volume's access mode against the number of nodes) or at the run's name, which its children carry.
+
+`local_files=False` is for the operator: it cannot read paths that only exist inside the pods
+(`format.file`, `rcl.format` as a path), so those are checked where they are read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from rlt.spec.loading import SpecError, load_runs, parse_spec
+from rlt.spec.run import RLTRun, RLTRunSpec
+from rlt.spec.stage_registry import TRAINER_STAGES
+
+# Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
+# Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
+MAX_RUN_NAME = 40
+
+
+def run_name_problem(name: str) -> str | None:
+    if len(name) > MAX_RUN_NAME:
+        return f"metadata.name: {name!r} is longer than {MAX_RUN_NAME} characters (child names add suffixes)"
+    if not name[:1].isalpha():
+        return f"metadata.name: {name!r} must start with a letter (its Services need DNS-1035 names)"
+    return None
+
+
+def format_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
+    """The prompt format the run names must load and fit its method."""
+    try:
+        if spec.method == "rcl":
+            from rlt.rcl.protocol import load_rcl_format
+
+            if not local_files and Path(spec.rcl.format).suffix:
+                return []  # a path inside the pods: checked there
+            load_rcl_format(spec.rcl.format)
+        else:
+            from rlt.method.prompts import resolve_format
+
+            if not local_files and spec.format.file:
+                return []
+            resolve_format(spec.format)
+    except (ValueError, ValidationError) as err:
+        where = "spec.rcl.format" if spec.method == "rcl" else "spec.format"
+        first = str(err).splitlines()[0]
+        return [first if first.startswith("spec.") else f"{where}: not a usable {spec.method} format ({first})"]
+    return []
+
+
+def cluster_problems(spec: RLTRunSpec) -> list[str]:
+    """Combinations a cluster cannot run, refused before anything is created."""
+    out: list[str] = []
+    nodes = spec.resources.trainer.nodes
+    # the Trainer stages' Jobs have resources.trainer.nodes pods (distill and evaluate run on one pod)
+    multi = [s for s in spec.stages.enabled() if s in TRAINER_STAGES]
+    if spec.storage.access_mode == "ReadWriteOnce" and nodes > 1 and multi:
+        # A ReadWriteOnce volume attaches to one node: the other trainer pods would wait on a
+        # Multi-Attach error forever.
+        out.append(
+            f"spec.storage.accessMode: ReadWriteOnce attaches to one node, but stages {', '.join(multi)} "
+            f"run {nodes} trainer pods (resources.trainer.nodes), one per node; use ReadWriteMany"
+        )
+    ev = spec.stages.evaluate
+    if ev.enabled and ev.generation.mode == "server" and not ev.generation.server_url:
+        # Nothing starts a vLLM server for evaluate (the operator's generators serve rl and distill only).
+        out.append(
+            "spec.stages.evaluate.generation.serverUrl: required with mode server (no server is started for "
+            "evaluate); give the URL of a vLLM server that serves the model, or use mode inprocess"
+        )
+    return out
+
+
+def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool = True) -> list[str]:
+    """Every problem beyond the schema, as 'field: message' lines (empty when the spec is usable)."""
+    out: list[str] = []
+    if name is not None:
+        problem = run_name_problem(name)
+        if problem:
+            out.append(problem)
+    return out + format_problems(spec, local_files) + cluster_problems(spec)
+
+
+def validate_spec(raw: Any, name: str | None = None, local_files: bool = False, source: str = "<spec>") -> RLTRunSpec:
+    """The operator's entry point: the raw `.spec` → a usable spec, or SpecError listing every problem."""
+    spec = parse_spec(raw, source)
+    problems = spec_problems(spec, name, local_files)
+    if problems:
+        raise SpecError(source, problems)
+    return spec
+
+
+def run_problems(run: RLTRun, local_files: bool = True) -> list[str]:
+    return spec_problems(run.spec, run.name, local_files)
+
+
+def load_valid_runs(path: str | Path) -> list[RLTRun]:
+    """`rlt validate`, `rlt run` and `rlt stage`: every RLTRun of a file, fully checked."""
+    runs = load_runs(path)
+    problems = [p for run in runs for p in run_problems(run)]
+    if problems:
+        raise SpecError(str(path), problems)
+    return runs
+
+
+def load_valid_run(path: str | Path) -> RLTRun:
+    runs = load_valid_runs(path)
+    if len(runs) != 1:
+        raise SpecError(str(path), [f"<root>: expected one RLTRun, found {len(runs)}"])
+    return runs[0]
+
+
+def check_datasets(run) -> tuple[list[str], list[str]]:
+    """The run's data where this machine can read it: (problems, notes). Every bad row is listed (up to 20)."""
+    from rlt.data.dataset import DataError, check_data, group_problems, is_reachable, scan_rows
+    from rlt.method.prompts import resolve_format
+
+    problems: list[str] = []
+    notes: list[str] = []
+    datasets = [("spec.dataset", run.spec.dataset)]
+    if run.spec.stages.evaluate.enabled and run.spec.stages.evaluate.dataset is not None:
+        datasets.append(("spec.stages.evaluate.dataset", run.spec.stages.evaluate.dataset))
+    for where, ds in datasets:
+        if not is_reachable(ds):
+            notes.append(f"{where}: {ds.source} not checked (a hub dataset is read at run time)")
+            continue
+        fmt = resolve_format(run.spec.format)
+        try:
+            data = check_data(ds, fmt, listed=True)
+        except DataError as err:
+            problems.append(str(err) if str(err).startswith("spec.") else f"{where}: {err}")
+            try:  # every bad row, grouped by problem, not only the first
+                _, bad, _, _ = scan_rows(ds, fmt)
+                problems += [f"  {line}" for line in group_problems(bad)] if len(bad) > 1 else []
+            except DataError:
+                pass
+            continue
+        used = data.read - len(data.skipped)
+        note = f"{where}: {used} usable rows"
+        if data.skipped:
+            note += f"; badRows: skip drops {len(data.skipped)} of {data.read} (first: {data.skipped[0]})"
+        if data.numbers:
+            note += f"; {len(data.numbers)} numeric values used as text (first: {data.numbers[0]})"
+        notes.append(note)
+    return problems, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rlt.spec.validation FILE...`: the trainer pods' preflight (an init container, before any launcher).
+
+    Exits ExitCode.CONFIG_ERROR for an invalid spec and ExitCode.DATA_ERROR for unusable data (the data check
+    of `rlt validate`, where the pod can read the data); the Job's podFailurePolicy then fails the run at once.
+    It runs before `accelerate launch`, whose launcher would turn a rank's exit code into 1."""
+    import sys
+
+    from rlt.run.exitcodes import ExitCode
+
+    paths = sys.argv[1:] if argv is None else argv
+    status = ExitCode.OK
+    for path in paths:
+        try:
+            runs = load_valid_runs(path)
+        except SpecError as err:
+            print(str(err), file=sys.stderr)
+            status = ExitCode.CONFIG_ERROR
+            continue
+        for run in runs:
+            problems, _notes = check_datasets(run)
+            if problems:
+                print(f"{path}: unusable data", file=sys.stderr)
+                for p in problems:
+                    print(f"  {p}", file=sys.stderr)
+                status = ExitCode.DATA_ERROR if status == ExitCode.OK else status
+    return int(status)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

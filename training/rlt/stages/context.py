@@ -1,0 +1,68 @@
+"""What every stage function is given (the run, its layout, the metrics, the device) and the process facts it
+reads from the launcher (world size, this rank's device)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from rlt.run.layout import RunLayout
+from rlt.run.metrics import TrainerMetrics
+from rlt.spec.run import RLTRun
+
+if TYPE_CHECKING:
+    from rlt.method.prompts import Formatter
+
+
+@dataclass
+class StageContext:
+    run: RLTRun
+    layout: RunLayout
+    metrics: TrainerMetrics | None = None
+    device: str | None = None
+    show_progress: bool = True
+
+    @property
+    def spec(self):
+        return self.run.spec
+
+    @property
+    def is_main(self) -> bool:
+        return int(os.environ.get("RANK", "0")) == 0
+
+    def world_size(self) -> int:
+        return world_size()
+
+    @cached_property
+    def compute_device(self) -> str:
+        """Where this process computes: `device` (default: cuda when available), under a launcher the rank's own GPU.
+        Resolved once, on first use, before any model of the stage is loaded."""
+        from rlt.run.models import pick_device
+
+        return rank_device(self.device or pick_device())
+
+    @cached_property
+    def formatter(self) -> Formatter:
+        """The run's prompt format (spec.format resolved once)."""
+        from rlt.method.prompts import Formatter, resolve_format
+
+        return Formatter(resolve_format(self.spec.format))
+
+
+def world_size() -> int:
+    """Processes in the job (the launcher's WORLD_SIZE; 1 without a launcher): the one place it is read."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank_device(device: str) -> str:
+    """This process's device. Under a launcher each rank owns GPU LOCAL_RANK, made current before any model is
+    loaded (a bare "cuda" would put every rank's models on GPU 0)."""
+    if device.startswith("cuda") and "LOCAL_RANK" in os.environ:
+        import torch
+
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        return f"cuda:{local}"
+    return device
