@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rlt.run.metrics import OPERATOR_METRICS, build
 from rlt.spec.base import API_GROUP, API_VERSION, PLURAL
 from rlt.spec.stage_registry import STAGE_ORDER
+from rlt_operator.observed import Observed, summarize
 
 from . import builders, progress, status
 from .kube import Kube, KubeError
@@ -163,7 +164,7 @@ def probe_runs(memo: kopf.Memo, **_: Any) -> int:
 def _register_child(group: str, version: str, plural: str) -> None:
     # async: Kopf would run a sync function in its thread pool, a hop per watch event for a dict copy.
     async def index(namespace: str, labels: dict[str, str], body: Any, **_: Any) -> dict:
-        return {(namespace, labels[builders.L_RUN]): status.summarize(plural, dict(body))}
+        return {(namespace, labels[builders.L_RUN]): summarize(plural, dict(body))}
 
     async def wake(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
         state: OperatorState | None = getattr(memo, "rlt", None)
@@ -184,8 +185,8 @@ async def wake_run(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None
     memo.rlt.wake(namespace, name)
 
 
-def observe(namespace: str, name: str, indices: dict[str, Any]) -> status.Observed:
-    obs = status.Observed()
+def observe(namespace: str, name: str, indices: dict[str, Any]) -> Observed:
+    obs = Observed()
     for _g, _v, plural in CHILDREN:
         store = indices[f"rlt_{plural}"].get((namespace, name), [])
         items = [dict(v) for v in store]
@@ -227,7 +228,7 @@ class RunMemory:
     created: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def expected(
-        self, observed: status.Observed, actions: list[status.Action], now: float, ttl: float = 10.0
+        self, observed: Observed, actions: list[status.Action], now: float, ttl: float = 10.0
     ) -> list[status.Action]:
         for key in [k for k, t in self.created.items() if now - t > ttl or k[1] in getattr(observed, k[0], {})]:
             del self.created[key]

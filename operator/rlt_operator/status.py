@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from rlt.run.exitcodes import FAIL_FAST, ExitCode
 from rlt.run.fingerprint import describe_changes, fingerprint_of, stage_fields
 from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt.spec.validation import validate_spec
-
-from . import builders, status_model
+from rlt_operator import builders, status_model
+from rlt_operator.conditions import (
+    fmt_time,
+    no_pods,
+    parse_time,
+    pod_conditions,
+    set_condition,
+    volume_condition,
+)
+from rlt_operator.gang import gang_failure, trainer_shape
+from rlt_operator.observed import (
+    Observed,
+    job_complete,
+)
 
 PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
 PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
@@ -26,143 +37,6 @@ TERMINAL = (SUCCEEDED, FAILED)
 
 # Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
 SOON = 2.0
-# A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
-VOLUME_ATTACH_WAIT = 180.0
-
-
-# --------------------------------------------------------------------------- observed children
-
-
-def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The few fields of a child the decision needs (what the operator's indices keep in memory)."""
-    meta = body.get("metadata") or {}
-    out: dict[str, Any] = {
-        "name": meta.get("name"),
-        "labels": dict(meta.get("labels") or {}),
-        "deleting": bool(meta.get("deletionTimestamp")),
-        "owner": next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None),
-    }
-    status = body.get("status") or {}
-    spec = body.get("spec") or {}
-    if plural == "persistentvolumeclaims":
-        out["phase"] = status.get("phase")
-    elif plural == "configmaps":
-        out["configHash"] = (meta.get("annotations") or {}).get(builders.A_CONFIG_HASH)
-    elif plural == "jobs":
-        out["completions"] = spec.get("completions", 1)
-        out["active"] = int(status.get("active") or 0)
-        out["succeeded"] = int(status.get("succeeded") or 0)
-        out["failed"] = int(status.get("failed") or 0)
-        out["conditions"] = [
-            {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
-            for c in status.get("conditions") or []
-        ]
-    elif plural == "statefulsets":
-        out["replicas"] = spec.get("replicas", 1)
-        out["readyReplicas"] = int(status.get("readyReplicas") or 0)
-    elif plural == "pods":
-        out["phase"] = status.get("phase")
-        containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
-        out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
-        out["problem"] = pod_problem(status, containers)
-        # Scheduled but no sandbox yet: the kubelet waits for the pod's volumes to attach and mount before it
-        # creates the sandbox (image pulls come after), so a long wait here is a volume that cannot attach.
-        conds = {c.get("type"): c for c in status.get("conditions") or []}
-        waiting = conds.get("PodReadyToStartContainers") or {}
-        if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
-            out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
-        # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
-        out["disrupted"] = any(
-            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
-        codes = [
-            t.get("exitCode")
-            for c in containers
-            for t in ((c.get("state") or {}).get("terminated"),)
-            if t and t.get("exitCode")
-        ]
-        out["exitCode"] = int(codes[0]) if codes else None
-    return out
-
-
-# Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.
-STUCK_WAITING = (
-    "ImagePullBackOff",
-    "ErrImagePull",
-    "InvalidImageName",
-    "CrashLoopBackOff",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-)
-
-
-def pod_problem(status: dict[str, Any], containers: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Why a pod cannot run: {kind: Unschedulable|Container, reason, message, exitCode?} or None."""
-    for c in status.get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False":
-            return {
-                "kind": "Unschedulable",
-                "reason": c.get("reason") or "Unschedulable",
-                "message": c.get("message") or "no node fits the pod",
-            }
-    for c in containers:
-        waiting = (c.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in STUCK_WAITING:
-            last = (c.get("lastState") or {}).get("terminated") or {}
-            reason = "OOMKilled" if last.get("reason") == "OOMKilled" else waiting["reason"]
-            return {
-                "kind": "Container",
-                "reason": reason,
-                "message": f"container {c.get('name')}: {waiting.get('message') or reason}",
-            }
-        for state in ((c.get("state") or {}).get("terminated"), (c.get("lastState") or {}).get("terminated")):
-            if state and state.get("reason") == "OOMKilled":
-                return {
-                    "kind": "Container",
-                    "reason": "OOMKilled",
-                    "exitCode": state.get("exitCode"),
-                    "message": f"container {c.get('name')} ran out of memory (OOMKilled): raise its memory "
-                    "limit in spec.resources",
-                }
-    return None
-
-
-@dataclass
-class Observed:
-    """Children of one run, by name (pods as a list), as summaries from `summarize`."""
-
-    configmaps: dict[str, dict[str, Any]] = field(default_factory=dict)
-    persistentvolumeclaims: dict[str, dict[str, Any]] = field(default_factory=dict)
-    services: dict[str, dict[str, Any]] = field(default_factory=dict)
-    statefulsets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pods: list[dict[str, Any]] = field(default_factory=list)
-    networkpolicies: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-def _cond_true(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    conditions: list[dict[str, Any]] = obj.get("conditions", [])
-    for c in conditions:
-        if c.get("type") == type_ and c.get("status") == "True":
-            return c
-    return None
-
-
-def job_complete(job: dict[str, Any] | None) -> bool:
-    if not job or job.get("deleting"):
-        return False
-    return bool(_cond_true(job, "Complete")) or job.get("succeeded", 0) >= job.get("completions", 1)
-
-
-def job_failure(job: dict[str, Any] | None) -> str | None:
-    if not job:
-        return None
-    c = _cond_true(job, "Failed")
-    if c:
-        return f"{c.get('reason') or 'Failed'}: {c.get('message') or 'a trainer pod failed'}"
-    if job.get("failed", 0) > 0:
-        return f"{job['failed']} trainer pod(s) failed"
-    return None
 
 
 # --------------------------------------------------------------------------- decisions
@@ -183,32 +57,6 @@ class Decision:
     actions: list[Action]
     events: list[tuple[str, str, str]]  # (Normal|Warning, reason, message)
     requeue_after: float | None = None
-
-
-def fmt_time(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-
-
-def set_condition(
-    conds: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, now: dt.datetime
-) -> None:
-    """Upsert a condition; lastTransitionTime changes only when its status does."""
-    value = "True" if status else "False"
-    for c in conds:
-        if c["type"] == type_:
-            if c["status"] != value:
-                c["lastTransitionTime"] = fmt_time(now)
-            c.update(status=value, reason=reason, message=message)
-            return
-    conds.append(
-        {"type": type_, "status": value, "reason": reason, "message": message, "lastTransitionTime": fmt_time(now)}
-    )
 
 
 def _min(a: float | None, b_: float | None) -> float | None:
@@ -306,7 +154,7 @@ def decide(
             )
     claim = observed.persistentvolumeclaims.get(builders.data_claim_name(ref.name, spec))
     if plan.ensure("persistentvolumeclaims", builders.pvc(ref, spec)) and claim is not None:
-        _volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)
+        volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)
 
     # Stages whose Job completed (or completed before and was cleaned up) are done.
     done = [
@@ -366,7 +214,7 @@ def decide(
         plan.delete("statefulsets", gen_name, "Foreground")
         run_status.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
         set_condition(run_status["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
-        _no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
+        no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
         return _finish(prev, run_status, plan, None)
     if run_status["phase"] == SUSPENDED:
         set_condition(run_status["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
@@ -495,7 +343,7 @@ def decide(
         f"stage {stage}: {why}",
         now,
     )
-    _pod_conditions(run_status, gang, now)
+    pod_conditions(run_status, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
         run_status["progress"] = {k: v for k, v in progress.items() if k != "stage"}
         if "step" in run_status["progress"]:
@@ -545,133 +393,6 @@ def finished_stage_edits(run_status: dict[str, Any], spec: RLTRunSpec, done: lis
         )
 
 
-def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
-    """The nodes x gpus the current stage's trainer runs with (kept in status.trainerShape)."""
-    want = {"stage": stage, "nodes": spec.resources.trainer.nodes, "gpus": spec.resources.trainer.gpus}
-    had = run_status.get("trainerShape") or {}
-    checkpointed = bool((run_status.get("progress") or {}).get("lastCheckpoint"))
-    if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
-        set_condition(
-            run_status["conditions"],
-            "SpecApplied",
-            False,
-            "ShapeFrozen",
-            f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
-            f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
-            "resume only with the world size that wrote them)",
-            now,
-        )
-        return had
-    if any(c["type"] == "SpecApplied" for c in run_status["conditions"]):
-        set_condition(
-            run_status["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now
-        )
-    run_status["trainerShape"] = want
-    return want
-
-
-def gang_failure(
-    job: dict[str, Any] | None, job_name: str, pods: list[dict[str, Any]], stage: str, restarts: int
-) -> tuple[str | None, str | None, bool]:
-    """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
-    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
-    gang = [
-        p
-        for p in pods
-        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
-    ]
-    for pod in gang:
-        if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
-            code = ExitCode(pod["exitCode"])
-            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)})", False)
-    reason = (_cond_true(job, "Failed") or {}).get("reason") if job else None
-    if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
-        return None, f"trainer Job {job_name}: {job_failure(job)}", False
-    failure = job_failure(job)
-    if failure:
-        return f"trainer Job {job_name}: {failure}", None, False
-    for pod in gang:
-        role = pod["labels"].get(builders.L_ROLE)
-        if pod.get("phase") == "Failed":
-            why = (pod.get("problem") or {}).get("reason") or (
-                f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
-            )
-            if pod.get("disrupted"):
-                return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
-            return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
-        if role == builders.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
-            why = (pod.get("problem") or {}).get("reason")
-            return (
-                f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
-                None,
-                False,
-            )
-    return None, None, False
-
-
-def _pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
-    """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
-    problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
-    for cond, kind, ok_reason in (
-        ("PodsSchedulable", "Unschedulable", "Scheduled"),
-        ("PodsHealthy", "Container", "Healthy"),
-    ):
-        mine = [(name, pr) for name, pr in problems if pr["kind"] == kind]
-        if mine:
-            name, pr = mine[0]
-            more = f" (and {len(mine) - 1} more pod(s))" if len(mine) > 1 else ""
-            set_condition(
-                run_status["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now
-            )
-            if "reason" not in run_status:
-                run_status["reason"], run_status["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
-        elif gang or any(c["type"] == cond for c in run_status["conditions"]):
-            set_condition(
-                run_status["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now
-            )
-    waiting = [(p, since) for p in gang if (since := parse_time(p.get("sandboxWaitingSince"))) is not None]
-    stuck = [(p, since) for p, since in waiting if (now - since).total_seconds() >= VOLUME_ATTACH_WAIT]
-    if stuck:
-        name = stuck[0][0]["name"]
-        minutes = int((now - stuck[0][1]).total_seconds() // 60)
-        message = (
-            f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
-            f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})"
-        )
-        set_condition(run_status["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
-        if "reason" not in run_status:
-            run_status["reason"], run_status["message"] = "VolumeNotAttached", message
-
-
-def _no_pods(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
-    """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
-    run_status["conditions"] = [
-        c for c in run_status["conditions"] if c["type"] not in ("PodsSchedulable", "PodsHealthy")
-    ]
-    for c in list(run_status["conditions"]):
-        if c["type"] in ("TrainerRunning", "GeneratorsReady"):
-            set_condition(run_status["conditions"], c["type"], False, reason, message, now)
-
-
-def _volume_condition(run_status: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
-    """VolumeReady from the claim's phase (scheduling conflicts of the volume show in PodsSchedulable)."""
-    phase = claim.get("phase")
-    if phase in (None, "Bound"):
-        if phase == "Bound" or any(c["type"] == "VolumeReady" for c in run_status["conditions"]):
-            set_condition(
-                run_status["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound", now
-            )
-        return
-    why = {
-        "Pending": "not bound yet (a WaitForFirstConsumer class binds when the first pod is scheduled; "
-        "otherwise check storage.storageClassName and the provisioner)",
-        "Lost": "lost its volume: the data is gone from the cluster's view",
-    }.get(phase, phase)
-    set_condition(
-        run_status["conditions"], "VolumeReady", False, f"Claim{phase}", f"claim {claim['name']} is {phase}: {why}", now
-    )
-
-
 def _foreign(child: dict[str, Any], ref: builders.RunRef) -> bool:
     """A GPU child of an earlier RLTRun with the same name (deleted and re-created): never adopt it."""
     return child.get("owner") not in (None, ref.uid)
@@ -700,7 +421,7 @@ def _terminal(
         job = observed.jobs.get(builders.trainer_name(ref.name, stage))
         if job and job.get("active", 0) > 0:
             plan.delete("jobs", builders.trainer_name(ref.name, stage), "Foreground")
-    _no_pods(run_status, "Finished", f"run {run_status['phase'].lower()}", now)
+    no_pods(run_status, "Finished", f"run {run_status['phase'].lower()}", now)
     ttl = spec.ttl_seconds_after_finished
     if ttl is None:
         return None

@@ -11,6 +11,7 @@ from op_harness import EXAMPLES
 
 from rlt.spec.loading import load_run, parse_run
 from rlt_operator import builders as b
+from rlt_operator.observed import Observed
 
 REF = b.RunRef(name="r1", namespace="team", uid="uid-1")
 
@@ -532,7 +533,7 @@ def test_every_example_renders_valid_children_and_none_is_refused():
         doc = yaml.safe_load(path.read_text())
         ref = b.RunRef(name=doc["metadata"]["name"], namespace="team", uid="u")
         spec = load_run(path).spec
-        d = S.decide(ref, 1, doc["spec"], None, S.Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+        d = S.decide(ref, 1, doc["spec"], None, Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
         assert d.status.get("reason") != "InvalidSpec", f"{path.name}: {d.status.get('message')}"
         creates = [a.body for a in d.actions if a.verb == "create"]
         assert creates or spec.suspend, path.name

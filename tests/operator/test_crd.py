@@ -10,6 +10,7 @@ import yaml
 from suite_helpers import EXAMPLES as EXAMPLE_DIR
 
 from rlt_operator import crd
+from rlt_operator.observed import Observed
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 
@@ -172,7 +173,7 @@ def _statuses_the_operator_writes():
     sp["stages"]["student"] = {"enabled": True}
     sp["stages"]["evaluate"] = {"enabled": True}
     out = []
-    d = S.decide(ref, 1, sp, None, S.Observed(), now)
+    d = S.decide(ref, 1, sp, None, Observed(), now)
     out.append(d.status)
     lbl = lambda st, r=0: b.labels("t", b.ROLE_TRAINER, st, r)  # noqa: E731
     job = {
@@ -185,7 +186,7 @@ def _statuses_the_operator_writes():
         "failed": 0,
         "conditions": [],
     }
-    obs = S.Observed(jobs={"t-sft": job}, persistentvolumeclaims={"t-data": {"name": "t-data", "phase": "Pending"}})
+    obs = Observed(jobs={"t-sft": job}, persistentvolumeclaims={"t-data": {"name": "t-data", "phase": "Pending"}})
     d = S.decide(
         ref,
         1,
@@ -205,10 +206,10 @@ def _statuses_the_operator_writes():
     )
     out.append(d.status)
     failed = dict(job, active=0, failed=1)
-    d = S.decide(ref, 1, sp, d.status, S.Observed(jobs={"t-sft": failed}), now)
+    d = S.decide(ref, 1, sp, d.status, Observed(jobs={"t-sft": failed}), now)
     out.append(d.status)
-    out.append(S.decide(ref, 2, {**sp, "suspend": True}, d.status, S.Observed(), now).status)
-    out.append(S.decide(ref, 3, {**sp, "seed": -1}, d.status, S.Observed(), now).status)
+    out.append(S.decide(ref, 2, {**sp, "suspend": True}, d.status, Observed(), now).status)
+    out.append(S.decide(ref, 3, {**sp, "seed": -1}, d.status, Observed(), now).status)
     stages = ["sft", "rl", "distill", "student", "evaluate"]
     done = {
         f"t-{s}": {
@@ -223,7 +224,7 @@ def _statuses_the_operator_writes():
         }
         for s in stages
     }
-    fin = S.decide(ref, 4, sp, d.status, S.Observed(jobs=done), now).status
+    fin = S.decide(ref, 4, sp, d.status, Observed(jobs=done), now).status
     assert fin["phase"] == "Succeeded" and "studentCheckpoint" in fin["outputs"]
     out.append(fin)
     return out

@@ -11,10 +11,12 @@ from op_harness import EXAMPLES
 from rlt.spec.loading import parse_spec
 from rlt_operator import builders as b
 from rlt_operator import status as S
+from rlt_operator.conditions import fmt_time
+from rlt_operator.observed import Observed, summarize
 
 REF = b.RunRef(name="t", namespace="ns", uid="u1")
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-T0 = S.fmt_time(NOW - dt.timedelta(minutes=10))
+T0 = fmt_time(NOW - dt.timedelta(minutes=10))
 
 
 def spec(server=False, sft=True, distill=True, **extra):
@@ -64,7 +66,7 @@ def base_children(sp):
 
 
 def observed(sp, jobs=(), statefulsets=(), pods=()):
-    return S.Observed(
+    return Observed(
         **base_children(sp),
         jobs={j["name"]: j for j in jobs},
         statefulsets={s["name"]: s for s in statefulsets},
@@ -81,7 +83,7 @@ def acts(decision):
 
 
 def test_fresh_run_creates_run_wide_children_and_first_stage():
-    d = S.decide(REF, 1, spec(), None, S.Observed(), NOW)
+    d = S.decide(REF, 1, spec(), None, Observed(), NOW)
     assert acts(d) == {
         ("create", "configmaps", "t-config"),
         ("create", "persistentvolumeclaims", "t-data"),
@@ -89,7 +91,7 @@ def test_fresh_run_creates_run_wide_children_and_first_stage():
         ("create", "jobs", "t-sft"),
     }
     assert d.status["phase"] == "Pending" and d.status["stage"] == "sft"
-    assert d.status["startTime"] == S.fmt_time(NOW) and d.status["observedGeneration"] == 1
+    assert d.status["startTime"] == fmt_time(NOW) and d.status["observedGeneration"] == 1
     assert ("Normal", "StageStarted", "stage sft started") in d.events
 
 
@@ -246,7 +248,7 @@ def test_ttl_after_finished():
     done = {
         "phase": "Succeeded",
         "stage": "",
-        "completionTime": S.fmt_time(NOW - dt.timedelta(seconds=100)),
+        "completionTime": fmt_time(NOW - dt.timedelta(seconds=100)),
         "completedStages": ["rl"],
     }
     d = S.decide(REF, 1, sp, done, observed(sp, [job("rl", complete=True)]), NOW)
@@ -259,14 +261,14 @@ def test_ttl_after_finished():
 def test_invalid_spec_names_the_field_and_creates_nothing():
     bad = spec()
     bad["stages"]["rl"]["numGenerations"] = 3
-    d = S.decide(REF, 1, bad, None, S.Observed(), NOW)
+    d = S.decide(REF, 1, bad, None, Observed(), NOW)
     assert d.status["phase"] == "Pending" and d.status["reason"] == "InvalidSpec"
     assert d.status["message"].startswith("spec.stages.rl") and "numGenerations (3)" in d.status["message"]
     assert d.actions == []
     cond = {c["type"]: c for c in d.status["conditions"]}["SpecValid"]
     assert (cond["status"], cond["reason"]) == ("False", "InvalidSpec")
     assert [e[1] for e in d.events] == ["InvalidSpec"]
-    fixed = S.decide(REF, 2, spec(), d.status, S.Observed(), NOW)
+    fixed = S.decide(REF, 2, spec(), d.status, Observed(), NOW)
     assert "reason" not in fixed.status and ("create", "jobs", "t-sft") in acts(fixed)
     assert {c["type"]: c for c in fixed.status["conditions"]}["SpecValid"]["status"] == "True"
 
@@ -297,7 +299,7 @@ def test_a_run_failed_as_invalid_spec_by_an_older_operator_recovers():
         "message": "x",
         "conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec", "message": "x"}],
     }
-    d = S.decide(REF, 2, spec(), old, S.Observed(), NOW)
+    d = S.decide(REF, 2, spec(), old, Observed(), NOW)
     assert d.status["phase"] == "Pending" and ("create", "jobs", "t-sft") in acts(d)
 
 
@@ -345,7 +347,7 @@ def test_gpu_children_of_an_earlier_run_with_the_same_name_are_replaced():
 
 @pytest.mark.parametrize("name", ["7b-run", "a" * 41])
 def test_run_names_children_cannot_carry_are_invalid(name):
-    d = S.decide(b.RunRef(name=name, namespace="ns", uid="u"), 1, spec(), None, S.Observed(), NOW)
+    d = S.decide(b.RunRef(name=name, namespace="ns", uid="u"), 1, spec(), None, Observed(), NOW)
     assert d.status["reason"] == "InvalidSpec" and d.status["message"].startswith("metadata.name")
     assert d.actions == []
 
@@ -371,7 +373,7 @@ def pod_body(name, role, stage, restart=0, phase="Running", conditions=(), conta
 
 def observed_pod(*args, **kwargs):
     """A pod as the operator observes it (summarized), from pod_body's arguments."""
-    return S.summarize("pods", pod_body(*args, **kwargs))
+    return summarize("pods", pod_body(*args, **kwargs))
 
 
 UNSCHEDULABLE = pod_body(
@@ -418,7 +420,7 @@ def conds(d):
 
 def test_unschedulable_trainer_is_not_running_and_is_reported_once():
     sp = spec(sft=False)
-    pods = [S.summarize("pods", UNSCHEDULABLE)]
+    pods = [summarize("pods", UNSCHEDULABLE)]
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=pods), NOW)
     c = conds(d)
     assert c["TrainerRunning"]["status"] == "False" and "0/1 trainer pods running" in c["TrainerRunning"]["message"]
@@ -436,7 +438,7 @@ def test_unschedulable_trainer_is_not_running_and_is_reported_once():
 
 def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
     sp = spec(server=True, sft=False)
-    pods = [S.summarize("pods", IMAGE_PULL)]
+    pods = [summarize("pods", IMAGE_PULL)]
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [], [sts("rl", ready=0)], pods=pods), NOW)
     c = conds(d)["PodsHealthy"]
     assert (c["status"], c["reason"]) == ("False", "ImagePullBackOff") and "ghcr.io/x/gen:0" in c["message"]
@@ -460,7 +462,7 @@ def crash_looping(last_reason: str, exit_code: int) -> dict:
     ],
 )
 def test_pod_reasons_are_read_from_the_pod_status(body, reason):
-    assert S.summarize("pods", body)["problem"]["reason"] == reason
+    assert summarize("pods", body)["problem"]["reason"] == reason
 
 
 def test_a_config_error_exit_fails_the_run_at_once_without_a_gang_restart():
@@ -600,7 +602,7 @@ def test_conditions_describe_the_current_state_while_suspended_and_after_success
 
 def test_outputs_appear_when_they_exist():
     sp = spec()
-    d = S.decide(REF, 1, sp, None, S.Observed(), NOW)
+    d = S.decide(REF, 1, sp, None, Observed(), NOW)
     assert d.status["outputs"] == {}
     d = S.decide(REF, 1, sp, running("rl", completedStages=["sft"]), observed(sp), NOW)
     assert d.status["outputs"] == {"teacherCheckpoint": "/data/t/sft/model"}
@@ -628,7 +630,7 @@ def test_a_volume_that_cannot_attach_is_a_condition():
     sp = spec(sft=False)
 
     def stuck_for(seconds):
-        since = S.fmt_time(NOW - dt.timedelta(seconds=seconds))
+        since = fmt_time(NOW - dt.timedelta(seconds=seconds))
         return observed_pod(
             "t-rl-0-x",
             b.ROLE_TRAINER,

@@ -13,6 +13,7 @@ from suite_helpers import tiny_doc
 
 from rlt.spec.loading import SpecError
 from rlt.spec.validation import validate_spec
+from rlt_operator.observed import Observed
 
 # (what is wrong, spec patch, the field the message names)
 BAD = [
@@ -68,7 +69,7 @@ def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_pa
     assert pod.returncode != 0 and problem in pod.stderr and not (tmp_path / "data").exists()
 
     ref = b.RunRef(name=doc["metadata"]["name"], namespace="ns", uid="u")
-    d = S.decide(ref, 1, doc["spec"], None, S.Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    d = S.decide(ref, 1, doc["spec"], None, Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     assert d.actions == [] and problem in d.status["message"]
 
 

@@ -1,0 +1,81 @@
+"""The current stage's trainer gang: the shape it runs with and why it failed."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from rlt.run.exitcodes import FAIL_FAST, ExitCode
+from rlt.spec.run import RLTRunSpec
+from rlt_operator import builders
+from rlt_operator.conditions import (
+    set_condition,
+)
+from rlt_operator.observed import (
+    condition_true,
+    job_failure,
+)
+
+
+def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """The nodes x gpus the current stage's trainer runs with (kept in status.trainerShape)."""
+    want = {"stage": stage, "nodes": spec.resources.trainer.nodes, "gpus": spec.resources.trainer.gpus}
+    had = run_status.get("trainerShape") or {}
+    checkpointed = bool((run_status.get("progress") or {}).get("lastCheckpoint"))
+    if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
+        set_condition(
+            run_status["conditions"],
+            "SpecApplied",
+            False,
+            "ShapeFrozen",
+            f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
+            f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
+            "resume only with the world size that wrote them)",
+            now,
+        )
+        return had
+    if any(c["type"] == "SpecApplied" for c in run_status["conditions"]):
+        set_condition(
+            run_status["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now
+        )
+    run_status["trainerShape"] = want
+    return want
+
+
+def gang_failure(
+    job: dict[str, Any] | None, job_name: str, pods: list[dict[str, Any]], stage: str, restarts: int
+) -> tuple[str | None, str | None, bool]:
+    """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
+    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
+    gang = [
+        p
+        for p in pods
+        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
+    ]
+    for pod in gang:
+        if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
+            code = ExitCode(pod["exitCode"])
+            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)})", False)
+    reason = (condition_true(job, "Failed") or {}).get("reason") if job else None
+    if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
+        return None, f"trainer Job {job_name}: {job_failure(job)}", False
+    failure = job_failure(job)
+    if failure:
+        return f"trainer Job {job_name}: {failure}", None, False
+    for pod in gang:
+        role = pod["labels"].get(builders.L_ROLE)
+        if pod.get("phase") == "Failed":
+            why = (pod.get("problem") or {}).get("reason") or (
+                f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
+            )
+            if pod.get("disrupted"):
+                return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
+            return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
+        if role == builders.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
+            why = (pod.get("problem") or {}).get("reason")
+            return (
+                f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
+                None,
+                False,
+            )
+    return None, None, False

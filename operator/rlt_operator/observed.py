@@ -1,0 +1,141 @@
+"""What the operator sees of a run's children: the summary of each (what its indices keep), pod problems,
+Job completion and failure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlt_operator import builders
+
+
+def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The few fields of a child the decision needs (what the operator's indices keep in memory)."""
+    meta = body.get("metadata") or {}
+    out: dict[str, Any] = {
+        "name": meta.get("name"),
+        "labels": dict(meta.get("labels") or {}),
+        "deleting": bool(meta.get("deletionTimestamp")),
+        "owner": next((r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")), None),
+    }
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    if plural == "persistentvolumeclaims":
+        out["phase"] = status.get("phase")
+    elif plural == "configmaps":
+        out["configHash"] = (meta.get("annotations") or {}).get(builders.A_CONFIG_HASH)
+    elif plural == "jobs":
+        out["completions"] = spec.get("completions", 1)
+        out["active"] = int(status.get("active") or 0)
+        out["succeeded"] = int(status.get("succeeded") or 0)
+        out["failed"] = int(status.get("failed") or 0)
+        out["conditions"] = [
+            {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
+            for c in status.get("conditions") or []
+        ]
+    elif plural == "statefulsets":
+        out["replicas"] = spec.get("replicas", 1)
+        out["readyReplicas"] = int(status.get("readyReplicas") or 0)
+    elif plural == "pods":
+        out["phase"] = status.get("phase")
+        containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+        out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+        out["problem"] = pod_problem(status, containers)
+        # Scheduled but no sandbox yet: the kubelet waits for the pod's volumes to attach and mount before it
+        # creates the sandbox (image pulls come after), so a long wait here is a volume that cannot attach.
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        waiting = conds.get("PodReadyToStartContainers") or {}
+        if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
+            out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
+        # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
+        out["disrupted"] = any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        codes = [
+            t.get("exitCode")
+            for c in containers
+            for t in ((c.get("state") or {}).get("terminated"),)
+            if t and t.get("exitCode")
+        ]
+        out["exitCode"] = int(codes[0]) if codes else None
+    return out
+
+
+# Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.
+STUCK_WAITING = (
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+)
+
+
+def pod_problem(status: dict[str, Any], containers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Why a pod cannot run: {kind: Unschedulable|Container, reason, message, exitCode?} or None."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return {
+                "kind": "Unschedulable",
+                "reason": c.get("reason") or "Unschedulable",
+                "message": c.get("message") or "no node fits the pod",
+            }
+    for c in containers:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            last = (c.get("lastState") or {}).get("terminated") or {}
+            reason = "OOMKilled" if last.get("reason") == "OOMKilled" else waiting["reason"]
+            return {
+                "kind": "Container",
+                "reason": reason,
+                "message": f"container {c.get('name')}: {waiting.get('message') or reason}",
+            }
+        for state in ((c.get("state") or {}).get("terminated"), (c.get("lastState") or {}).get("terminated")):
+            if state and state.get("reason") == "OOMKilled":
+                return {
+                    "kind": "Container",
+                    "reason": "OOMKilled",
+                    "exitCode": state.get("exitCode"),
+                    "message": f"container {c.get('name')} ran out of memory (OOMKilled): raise its memory "
+                    "limit in spec.resources",
+                }
+    return None
+
+
+@dataclass
+class Observed:
+    """Children of one run, by name (pods as a list), as summaries from `summarize`."""
+
+    configmaps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    persistentvolumeclaims: dict[str, dict[str, Any]] = field(default_factory=dict)
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    statefulsets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    networkpolicies: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def condition_true(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    conditions: list[dict[str, Any]] = obj.get("conditions", [])
+    for c in conditions:
+        if c.get("type") == type_ and c.get("status") == "True":
+            return c
+    return None
+
+
+def job_complete(job: dict[str, Any] | None) -> bool:
+    if not job or job.get("deleting"):
+        return False
+    return bool(condition_true(job, "Complete")) or job.get("succeeded", 0) >= job.get("completions", 1)
+
+
+def job_failure(job: dict[str, Any] | None) -> str | None:
+    if not job:
+        return None
+    c = condition_true(job, "Failed")
+    if c:
+        return f"{c.get('reason') or 'Failed'}: {c.get('message') or 'a trainer pod failed'}"
+    if job.get("failed", 0) > 0:
+        return f"{job['failed']} trainer pod(s) failed"
+    return None
