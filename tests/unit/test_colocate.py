@@ -45,8 +45,17 @@ def test_colocate_configures_trl_and_needs_no_generator_pods(tmp_path):
     assert seen["vllm_gpu_memory_utilization"] == 0.3
 
 
-def test_colocate_is_refused_for_evaluate():
+@pytest.mark.parametrize(
+    ("generation", "message"),
+    [
+        ({"mode": "colocate"}, r"stages.evaluate.generation.mode: Input should be 'inprocess' or 'server'"),
+        # rl-only settings have no meaning for evaluate, so its model does not carry them
+        ({"importanceSampling": "tokenMask"}, "stages.evaluate.generation.importanceSampling: unknown field"),
+        ({"gpuMemoryUtilization": 0.5}, "stages.evaluate.generation.gpuMemoryUtilization: unknown field"),
+    ],
+)
+def test_evaluate_generation_has_no_rl_only_settings(generation, message):
     doc = tiny_doc()
-    doc["spec"]["stages"]["evaluate"] = {"enabled": True, "generation": {"mode": "colocate"}}
-    with pytest.raises(SpecError, match="stages.evaluate.generation.mode: colocate"):
+    doc["spec"]["stages"]["evaluate"] = {"enabled": True, "generation": generation}
+    with pytest.raises(SpecError, match=message):
         parse_run(doc)

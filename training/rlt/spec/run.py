@@ -104,10 +104,6 @@ class RLTRunSpec(Strict):
     def _some_stage(self) -> RLTRunSpec:
         if not self.stages.enabled():
             raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
-        if self.stages.evaluate.generation.mode == "colocate":
-            raise ValueError(
-                "stages.evaluate.generation.mode: colocate is TRL's GRPO mode (rl only); use inprocess or server"
-            )
         if (
             self.stages.rl.enabled
             and self.stages.rl.generation.mode == "server"

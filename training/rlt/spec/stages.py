@@ -139,30 +139,40 @@ class RewardSpec(Strict):
     share_prefix: bool = Field(True, description="Run a group's shared prompt prefix once and reuse its KV cache.")
 
 
-class GenerationSpec(Strict):
-    """Where RL/distill completions come from."""
+class ServerSpec(Strict):
+    """Where a stage's samples come from: in-process, or a vLLM OpenAI server given by URL."""
 
-    mode: Literal["inprocess", "server", "colocate"] = Field(
+    mode: Literal["inprocess", "server"] = Field(
+        "inprocess", description="inprocess: the trainer generates; server: a vLLM OpenAI server at serverUrl."
+    )
+    server_url: str | None = Field(
+        None, description="Base URL of the vLLM server (mode=server): give it yourself, no server is started for it."
+    )
+    server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
+
+
+class GenerationSpec(ServerSpec):
+    """Where RL/distill completions come from, and the run's vLLM generators (rl only: evaluate has ServerSpec)."""
+
+    mode: Literal["inprocess", "server", "colocate"] = Field(  # type: ignore[assignment]  # rl adds colocate
         "inprocess",
         description="inprocess: the trainer generates; server: vLLM OpenAI server(s) (TRL server mode); "
-        "colocate: vLLM inside each trainer process on its GPU (TRL colocate mode, rl only; how one GPU runs GRPO "
+        "colocate: vLLM inside each trainer process on its GPU (TRL colocate mode; how one GPU runs GRPO "
         "with vLLM).",
     )
     server_url: str | None = Field(
         None,
-        description="Base URL of the vLLM server (mode=server). For stages.rl the "
-        "operator sets it to its generators (they serve rl and distill); for "
-        "stages.evaluate give it yourself: no server is started for evaluate.",
+        description="Base URL of the vLLM server (mode=server): the operator sets it to its generators (they serve "
+        "rl and distill).",
     )
-    server_timeout_seconds: int = Field(600, gt=0, description="How long to wait for the server.")
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization of the generators."
     )
     max_model_len: int | None = Field(None, gt=0, description="vLLM --max-model-len (default: the model's own).")
     importance_sampling: Literal["off", "sequenceMask", "sequenceTruncate", "tokenMask", "tokenTruncate"] = Field(
         "off",
-        description="rl, server mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the paper; "
-        "when on, the masked or clipped share per step is a metric).",
+        description="Server or colocate mode: TRL's correction for vLLM/trainer log-prob mismatch (off, as in the "
+        "paper; when on, the masked or clipped share per step is a metric).",
     )
     importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
 
@@ -266,7 +276,7 @@ class EvaluateStage(Strict):
     max_new_tokens: int = Field(1024, gt=0, description="Length limit of each answer.")
     limit: int | None = Field(None, gt=0, description="Evaluate at most this many questions.")
     batch_size: int = Field(8, gt=0, description="Prompts generated together (in-process).")
-    generation: GenerationSpec = Field(default_factory=GenerationSpec, description="In-process or a vLLM server.")
+    generation: ServerSpec = Field(default_factory=ServerSpec, description="In-process or a vLLM server.")
 
     @model_validator(mode="after")
     def _greedy_single(self) -> EvaluateStage:
