@@ -51,8 +51,7 @@ def progress(
     if "rewardMean" in sample:
         out["rewardMean"] = round(float(sample["rewardMean"]), 6)
     if sample.get("checkpointStep"):
-        ckpt = builders.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
-        out["lastCheckpoint"] = str(ckpt)
+        out["lastCheckpoint"] = str(builders.layout(run).checkpoint_dir(stage, int(sample["checkpointStep"])))
     tokens = sample.get("generatedTokens")
     if tokens is not None and previous and previous.get("stage") == stage and "_tokens" in previous:
         seconds = (now - previous["_time"]).total_seconds()

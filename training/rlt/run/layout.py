@@ -5,8 +5,10 @@ Locally the root is `results/<run>/`; in a cluster it is `/data/<run>/` on the r
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,50 @@ from rlt.spec.stage_registry import stage_info
 PVC_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/rlt"
 CONFIG_FILE = "run.yaml"
+
+# The Trainer names its saves checkpoint-<global step> (transformers' PREFIX_CHECKPOINT_DIR); rank 0 writes
+# CHECKPOINT_COMPLETE into one once every rank has finished saving it: a checkpoint without it is partial.
+CHECKPOINT_PREFIX = "checkpoint-"
+_CHECKPOINT_NAME = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)")
+CHECKPOINT_COMPLETE = "RLT_COMPLETE"
+# partial checkpoints are moved here (never deleted), out of the Trainer's sight
+SET_ASIDE = "set-aside"
+
+# Every timestamp a run or the operator writes: RFC 3339 in UTC, seconds (Kubernetes' metav1.Time).
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(t: dt.datetime | None = None) -> str:
+    """`t` (now when None) as TIME_FORMAT."""
+    return (t or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc).strftime(TIME_FORMAT)
+
+
+def parse_time(s: str | None) -> dt.datetime | None:
+    """A TIME_FORMAT timestamp (None or empty: None), timezone-aware."""
+    if not s:
+        return None
+    return dt.datetime.strptime(s, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+
+
+def checkpoint_path(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"{CHECKPOINT_PREFIX}{step}"
+
+
+def checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """Every checkpoint-N folder under `directory` (complete or not), newest (highest step) first."""
+    if not directory.is_dir():
+        return []
+    found = ((m, p) for p in directory.iterdir() if p.is_dir() and (m := _CHECKPOINT_NAME.fullmatch(p.name)))
+    return sorted(((int(m.group(1)), p) for m, p in found), reverse=True)
+
+
+def is_complete(checkpoint: Path) -> bool:
+    """The one notion of a complete checkpoint: every rank saved it (its marker exists)."""
+    return (checkpoint / CHECKPOINT_COMPLETE).exists()
+
+
+def newest_complete_checkpoint(directory: Path) -> Path | None:
+    return next((p for _step, p in checkpoints(directory) if is_complete(p)), None)
 
 
 class _Path:
@@ -52,6 +98,13 @@ class RunLayout:
 
     def checkpoints_dir(self, stage: str) -> Path:
         return self.stage_dir(stage) / "checkpoints"
+
+    def checkpoint_dir(self, stage: str, step: int) -> Path:
+        return checkpoint_path(self.checkpoints_dir(stage), step)
+
+    def has_complete_checkpoint(self, stage: str) -> bool:
+        """Whether the stage has a checkpoint to continue from (partial ones do not count)."""
+        return newest_complete_checkpoint(self.checkpoints_dir(stage)) is not None
 
     distill_dataset = _Path("dataset.jsonl", stage="distill")
     # what the student stage did with each distillation row (kept, truncated, replaced, dropped)

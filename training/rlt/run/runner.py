@@ -116,10 +116,6 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*rollout_func.*")
 
 
-def has_checkpoint(layout: RunLayout, stage: str) -> bool:
-    return any(layout.checkpoints_dir(stage).glob("checkpoint-*"))
-
-
 def run_local(
     run: RLTRun,
     output: str | Path = "results",
@@ -142,7 +138,7 @@ def run_local(
         stages,
         restart,
         "--from-stage {stage}",
-        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+        has_checkpoint=layout.has_complete_checkpoint,
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     quiet_libraries()
@@ -222,7 +218,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         [stage],
         {stage} if restart else set(),
         "--restart",
-        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+        has_checkpoint=layout.has_complete_checkpoint,
     )
     if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)
