@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from rlt_operator.status_model import ConditionType
+
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
 VOLUME_ATTACH_WAIT = 180.0
 
@@ -20,7 +22,7 @@ def parse_time(s: str | None) -> dt.datetime | None:
 
 
 def set_condition(
-    conds: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, now: dt.datetime
+    conds: list[dict[str, Any]], type_: ConditionType, status: bool, reason: str, message: str, now: dt.datetime
 ) -> None:
     """Upsert a condition; lastTransitionTime changes only when its status does."""
     value = "True" if status else "False"
@@ -31,7 +33,7 @@ def set_condition(
             c.update(status=value, reason=reason, message=message)
             return
     conds.append(
-        {"type": type_, "status": value, "reason": reason, "message": message, "lastTransitionTime": fmt_time(now)}
+        {"type": str(type_), "status": value, "reason": reason, "message": message, "lastTransitionTime": fmt_time(now)}
     )
 
 
@@ -39,8 +41,8 @@ def pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: 
     """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
     problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
     for cond, kind, ok_reason in (
-        ("PodsSchedulable", "Unschedulable", "Scheduled"),
-        ("PodsHealthy", "Container", "Healthy"),
+        (ConditionType.PODS_SCHEDULABLE, "Unschedulable", "Scheduled"),
+        (ConditionType.PODS_HEALTHY, "Container", "Healthy"),
     ):
         mine = [(name, pr) for name, pr in problems if pr["kind"] == kind]
         if mine:
@@ -64,7 +66,7 @@ def pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: 
             f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
             f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})"
         )
-        set_condition(run_status["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
+        set_condition(run_status["conditions"], ConditionType.VOLUME_READY, False, "VolumeNotAttached", message, now)
         if "reason" not in run_status:
             run_status["reason"], run_status["message"] = "VolumeNotAttached", message
 
@@ -72,20 +74,27 @@ def pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: 
 def no_pods(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
     """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
     run_status["conditions"] = [
-        c for c in run_status["conditions"] if c["type"] not in ("PodsSchedulable", "PodsHealthy")
+        c
+        for c in run_status["conditions"]
+        if c["type"] not in (ConditionType.PODS_SCHEDULABLE, ConditionType.PODS_HEALTHY)
     ]
     for c in list(run_status["conditions"]):
-        if c["type"] in ("TrainerRunning", "GeneratorsReady"):
-            set_condition(run_status["conditions"], c["type"], False, reason, message, now)
+        if c["type"] in (ConditionType.TRAINER_RUNNING, ConditionType.GENERATORS_READY):
+            set_condition(run_status["conditions"], ConditionType(c["type"]), False, reason, message, now)
 
 
 def volume_condition(run_status: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
     """VolumeReady from the claim's phase (scheduling conflicts of the volume show in PodsSchedulable)."""
     phase = claim.get("phase")
     if phase in (None, "Bound"):
-        if phase == "Bound" or any(c["type"] == "VolumeReady" for c in run_status["conditions"]):
+        if phase == "Bound" or any(c["type"] == ConditionType.VOLUME_READY for c in run_status["conditions"]):
             set_condition(
-                run_status["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound", now
+                run_status["conditions"],
+                ConditionType.VOLUME_READY,
+                True,
+                "Bound",
+                f"claim {claim['name']} is bound",
+                now,
             )
         return
     why = {
@@ -94,5 +103,10 @@ def volume_condition(run_status: dict[str, Any], claim: dict[str, Any], now: dt.
         "Lost": "lost its volume: the data is gone from the cluster's view",
     }.get(phase, phase)
     set_condition(
-        run_status["conditions"], "VolumeReady", False, f"Claim{phase}", f"claim {claim['name']} is {phase}: {why}", now
+        run_status["conditions"],
+        ConditionType.VOLUME_READY,
+        False,
+        f"Claim{phase}",
+        f"claim {claim['name']} is {phase}: {why}",
+        now,
     )

@@ -15,6 +15,7 @@ from rlt_operator.observed import (
     condition_true,
     job_failure,
 )
+from rlt_operator.status_model import ConditionType
 
 
 def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now:
     if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
         set_condition(
             run_status["conditions"],
-            "SpecApplied",
+            ConditionType.SPEC_APPLIED,
             False,
             "ShapeFrozen",
             f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
@@ -34,9 +35,14 @@ def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now:
             now,
         )
         return had
-    if any(c["type"] == "SpecApplied" for c in run_status["conditions"]):
+    if any(c["type"] == ConditionType.SPEC_APPLIED for c in run_status["conditions"]):
         set_condition(
-            run_status["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now
+            run_status["conditions"],
+            ConditionType.SPEC_APPLIED,
+            True,
+            "Applied",
+            "the trainer runs the spec's shape",
+            now,
         )
     run_status["trainerShape"] = want
     return want

@@ -19,7 +19,7 @@ import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
 from rlt.run.metrics import OPERATOR_METRICS, build
-from rlt.spec.base import API_GROUP, API_VERSION, PLURAL
+from rlt.spec.base import API_GROUP, API_VERSION, PLURAL, Phase
 from rlt.spec.stage_registry import STAGE_ORDER
 from rlt_operator.observed import Observed, summarize
 
@@ -54,7 +54,7 @@ class OperatorMetrics:
         self.m["rlt_operator_reconcile_duration_seconds"].observe(seconds)
 
     def run(self, namespace: str, name: str, run_status: dict[str, Any], method: str) -> None:
-        for phase in status.PHASES:
+        for phase in Phase:
             self.m["rlt_run_phase"].labels(namespace, name, phase).set(1 if run_status.get("phase") == phase else 0)
         info = (method, run_status.get("stage") or "none")
         old = self._info.get((namespace, name))
@@ -66,7 +66,7 @@ class OperatorMetrics:
         self.m["rlt_run_step"].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
 
     def forget(self, namespace: str, name: str) -> None:
-        for phase in status.PHASES:
+        for phase in Phase:
             _remove(self.m["rlt_run_phase"], namespace, name, phase)
         old = self._info.pop((namespace, name), None)
         if old:

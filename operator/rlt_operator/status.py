@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.run.fingerprint import describe_changes, fingerprint_of, stage_fields
+from rlt.spec.base import TERMINAL_PHASES, Phase
 from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt.spec.validation import validate_spec
@@ -30,10 +31,24 @@ from rlt_operator.observed import (
     Observed,
     job_complete,
 )
+from rlt_operator.status_model import ConditionType
 
-PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
-PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
-TERMINAL = (SUCCEEDED, FAILED)
+PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = (
+    Phase.PENDING,
+    Phase.RUNNING,
+    Phase.SUSPENDED,
+    Phase.SUCCEEDED,
+    Phase.FAILED,
+)
+TERMINAL = TERMINAL_PHASES
+
+# Conditions whose turning False (or changing while False) is a Warning Event.
+WARN_WHEN_FALSE = (
+    ConditionType.PODS_SCHEDULABLE,
+    ConditionType.PODS_HEALTHY,
+    ConditionType.VOLUME_READY,
+    ConditionType.STAGES_CURRENT,
+)
 
 # Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
 SOON = 2.0
@@ -124,7 +139,7 @@ def decide(
         run_status["phase"] = PENDING
         run_status.pop("reason", None)
         run_status.pop("message", None)
-        run_status["conditions"] = [c for c in run_status["conditions"] if c["type"] != "Failed"]
+        run_status["conditions"] = [c for c in run_status["conditions"] if c["type"] != ConditionType.FAILED]
     try:
         spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")
     except SpecError as err:
@@ -133,9 +148,11 @@ def decide(
         message = "; ".join(err.problems)
         if run_status["phase"] not in TERMINAL:
             run_status.update(reason="InvalidSpec", message=message)
-        set_condition(run_status["conditions"], "SpecValid", False, "InvalidSpec", message, now)
+        set_condition(run_status["conditions"], ConditionType.SPEC_VALID, False, "InvalidSpec", message, now)
         return _finish(prev, run_status, plan, None)
-    set_condition(run_status["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
+    set_condition(
+        run_status["conditions"], ConditionType.SPEC_VALID, True, "Valid", "the spec passes rlt validate", now
+    )
 
     enabled = spec.stages.enabled()
 
@@ -175,7 +192,9 @@ def decide(
             run_status.update(
                 phase=SUCCEEDED, stage="", reason="Succeeded", message="all stages finished: " + ", ".join(enabled)
             )
-            set_condition(run_status["conditions"], "Complete", True, "Succeeded", run_status["message"], now)
+            set_condition(
+                run_status["conditions"], ConditionType.COMPLETE, True, "Succeeded", run_status["message"], now
+            )
         elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
             _fail(
                 run_status,
@@ -213,11 +232,20 @@ def decide(
         plan.delete("jobs", job_name, "Foreground")
         plan.delete("statefulsets", gen_name, "Foreground")
         run_status.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
-        set_condition(run_status["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
+        set_condition(
+            run_status["conditions"], ConditionType.SUSPENDED, True, "Suspended", "all GPU pods deleted; data kept", now
+        )
         no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
         return _finish(prev, run_status, plan, None)
     if run_status["phase"] == SUSPENDED:
-        set_condition(run_status["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
+        set_condition(
+            run_status["conditions"],
+            ConditionType.SUSPENDED,
+            False,
+            "Resumed",
+            "resuming from the last checkpoint",
+            now,
+        )
         run_status["phase"] = PENDING
     run_status.pop("reason", None)
     run_status.pop("message", None)
@@ -282,7 +310,7 @@ def decide(
                 run_status["disruptions"] = int(run_status.get("disruptions") or 0) + 1
             plan.delete("jobs", job_name, "Foreground")
             plan.delete("statefulsets", gen_name, "Foreground")
-            set_condition(run_status["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
+            set_condition(run_status["conditions"], ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
             run_status["lastFailure"] = failure
             return _finish(prev, run_status, plan, SOON)
         _fail(
@@ -305,7 +333,7 @@ def decide(
         ready = sts is not None and have >= want
         set_condition(
             run_status["conditions"],
-            "GeneratorsReady",
+            ConditionType.GENERATORS_READY,
             ready,
             "Ready" if ready else "Starting",
             f"{have}/{want} vLLM servers ready",
@@ -337,7 +365,7 @@ def decide(
     )
     set_condition(
         run_status["conditions"],
-        "TrainerRunning",
+        ConditionType.TRAINER_RUNNING,
         active,
         "Running" if active else "Waiting",
         f"stage {stage}: {why}",
@@ -375,7 +403,7 @@ def finished_stage_edits(run_status: dict[str, Any], spec: RLTRunSpec, done: lis
     if edits:
         set_condition(
             run_status["conditions"],
-            "StagesCurrent",
+            ConditionType.STAGES_CURRENT,
             False,
             "FinishedStageEdited",
             "; ".join(edits) + ". Not applied: a finished stage is not run again and its outputs stay "
@@ -385,7 +413,7 @@ def finished_stage_edits(run_status: dict[str, Any], spec: RLTRunSpec, done: lis
     elif records:
         set_condition(
             run_status["conditions"],
-            "StagesCurrent",
+            ConditionType.STAGES_CURRENT,
             True,
             "Current",
             "finished stages ran under the current spec: " + ", ".join(records),
@@ -400,7 +428,7 @@ def _foreign(child: dict[str, Any], ref: builders.RunRef) -> bool:
 
 def _fail(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
     run_status.update(phase=FAILED, reason=reason, message=message)
-    set_condition(run_status["conditions"], "Failed", True, reason, message, now)
+    set_condition(run_status["conditions"], ConditionType.FAILED, True, reason, message, now)
 
 
 def _terminal(
@@ -468,7 +496,7 @@ def transition_events(prev: dict[str, Any], run_status: dict[str, Any]) -> list[
         ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
     before = {c["type"]: c for c in prev.get("conditions") or []}
     for c in run_status.get("conditions") or []:
-        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady", "StagesCurrent") and c["status"] == "False":
+        if c["type"] in WARN_WHEN_FALSE and c["status"] == "False":
             old = before.get(c["type"]) or {}
             if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
                 ev.append(("Warning", c["reason"], c["message"]))
