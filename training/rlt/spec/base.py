@@ -9,6 +9,7 @@ from pydantic.alias_generators import to_camel
 
 API_GROUP = "rlt.dev"
 API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"  # an RLTRun's apiVersion
 KIND = "RLTRun"
 PLURAL = "rltruns"
 SHORT_NAME = "rlt"
