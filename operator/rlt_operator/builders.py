@@ -67,7 +67,12 @@ def config_name(run: str) -> str:
 
 
 def data_claim_name(run: str, spec: RLTRunSpec) -> str:
-    return spec.storage.existing_claim or f"{run}-data"
+    return spec.storage.existing_claim or own_claim_name(run)
+
+
+def own_claim_name(run: str) -> str:
+    """The claim the operator creates for a run (when storage.existingClaim names none)."""
+    return f"{run}-data"
 
 
 def trainer_name(run: str, stage: str) -> str:
@@ -94,7 +99,7 @@ def all_children(
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
     if not existing_claim and retention == "Delete":
-        out.append(("persistentvolumeclaims", f"{run}-data"))
+        out.append(("persistentvolumeclaims", own_claim_name(run)))
     return out
 
 

@@ -5,20 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from rlt.run.layout import format_time, parse_time
 from rlt_operator.status_model import ConditionType
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
 VOLUME_ATTACH_WAIT = 180.0
-
-
-def fmt_time(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
 
 
 def set_condition(
@@ -29,11 +20,17 @@ def set_condition(
     for c in conds:
         if c["type"] == type_:
             if c["status"] != value:
-                c["lastTransitionTime"] = fmt_time(now)
+                c["lastTransitionTime"] = format_time(now)
             c.update(status=value, reason=reason, message=message)
             return
     conds.append(
-        {"type": str(type_), "status": value, "reason": reason, "message": message, "lastTransitionTime": fmt_time(now)}
+        {
+            "type": str(type_),
+            "status": value,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": format_time(now),
+        }
     )
 
 

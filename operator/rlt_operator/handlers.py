@@ -332,7 +332,7 @@ async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, l
     logger.info(
         "children deleted"
         + (
-            f"; volume {name}-data retained (storage.retentionPolicy: Retain)"
+            f"; volume {builders.own_claim_name(name)} retained (storage.retentionPolicy: Retain)"
             if retention == "Retain" and not storage.get("existingClaim")
             else ""
         )

@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.run.fingerprint import describe_changes, fingerprint_of, stage_fields
+from rlt.run.layout import format_time, parse_time
 from rlt.spec.base import TERMINAL_PHASES, Phase
 from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt.spec.validation import validate_spec
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import (
-    fmt_time,
     no_pods,
-    parse_time,
     pod_conditions,
     set_condition,
     volume_condition,
@@ -250,7 +249,7 @@ def decide(
     run_status.pop("reason", None)
     run_status.pop("message", None)
     if not run_status["startTime"]:
-        run_status["startTime"] = fmt_time(now)
+        run_status["startTime"] = format_time(now)
     requeue: float | None = None
     if spec.active_deadline_seconds:
         started = parse_time(run_status["startTime"])
@@ -441,7 +440,7 @@ def _terminal(
 ) -> float | None:
     """Free the GPUs now; keep finished trainer Jobs (their logs) until ttlSecondsAfterFinished."""
     if not run_status.get("completionTime"):
-        run_status["completionTime"] = fmt_time(now)
+        run_status["completionTime"] = format_time(now)
     run_status["stage"] = ""
     run_status.pop("trainerShape", None)
     plan.delete("statefulsets", builders.generator_name(ref.name))

@@ -11,7 +11,8 @@ import pytest
 from op_harness import example
 from pods_harness import pod_logs, running_pods, wait_for
 
-from rlt.run.layout import checkpoints, is_complete
+from rlt.run.layout import RunLayout, checkpoints, is_complete
+from rlt_operator.builders import own_claim_name
 from rlt_sandbox.kubelet_emulator import kill_all
 
 pytestmark = pytest.mark.slow
@@ -63,7 +64,7 @@ class SaveKiller(threading.Thread):
 async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_path):
     await harness.start_operator()
     async with running_pods(harness, tmp_path) as kubelet:
-        ckpts = kubelet.claim_dir(f"{RUN}-data") / RUN / "rl" / "checkpoints"
+        ckpts = RunLayout.for_run(kubelet.claim_dir(own_claim_name(RUN)), RUN).checkpoints_dir("rl")
         await harness.create_run(single_process_rl())
 
         # Kill during a save; a save that won the race against the kill is no test: try the next one.

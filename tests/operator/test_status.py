@@ -8,15 +8,15 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
+from rlt.run.layout import format_time
 from rlt.spec.loading import parse_spec
 from rlt_operator import builders as b
 from rlt_operator import status as S
-from rlt_operator.conditions import fmt_time
 from rlt_operator.observed import Observed, summarize
 
 REF = b.RunRef(name="t", namespace="ns", uid="u1")
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-T0 = fmt_time(NOW - dt.timedelta(minutes=10))
+T0 = format_time(NOW - dt.timedelta(minutes=10))
 
 
 def spec(server=False, sft=True, distill=True, **extra):
@@ -91,7 +91,7 @@ def test_fresh_run_creates_run_wide_children_and_first_stage():
         ("create", "jobs", "t-sft"),
     }
     assert d.status["phase"] == "Pending" and d.status["stage"] == "sft"
-    assert d.status["startTime"] == fmt_time(NOW) and d.status["observedGeneration"] == 1
+    assert d.status["startTime"] == format_time(NOW) and d.status["observedGeneration"] == 1
     assert ("Normal", "StageStarted", "stage sft started") in d.events
 
 
@@ -248,7 +248,7 @@ def test_ttl_after_finished():
     done = {
         "phase": "Succeeded",
         "stage": "",
-        "completionTime": fmt_time(NOW - dt.timedelta(seconds=100)),
+        "completionTime": format_time(NOW - dt.timedelta(seconds=100)),
         "completedStages": ["rl"],
     }
     d = S.decide(REF, 1, sp, done, observed(sp, [job("rl", complete=True)]), NOW)
@@ -630,7 +630,7 @@ def test_a_volume_that_cannot_attach_is_a_condition():
     sp = spec(sft=False)
 
     def stuck_for(seconds):
-        since = fmt_time(NOW - dt.timedelta(seconds=seconds))
+        since = format_time(NOW - dt.timedelta(seconds=seconds))
         return observed_pod(
             "t-rl-0-x",
             b.ROLE_TRAINER,

@@ -156,7 +156,7 @@ def test_lora_checkpoints_hold_the_adapter_and_the_stage_model_is_merged(finishe
     run, layout, _, _ = finished
     for _step, ckpt in checkpoints(layout.checkpoints_dir("rl")):
         assert (ckpt / "adapter_model.safetensors").exists() and not (ckpt / "model.safetensors").exists()
-    merged_dir, adapter_dir = layout.model_dir("rl"), layout.stage_dir("rl") / "adapter"
+    merged_dir, adapter_dir = layout.model_dir("rl"), layout.adapter_dir("rl")
     assert not (merged_dir / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(merged_dir)
     start = AutoModelForCausalLM.from_pretrained(layout.model_dir("sft"))  # rl started from the merged sft model

@@ -143,7 +143,7 @@ def run_local(
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     quiet_libraries()
     layout.root.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(layout.root / "run.yaml", dump_run(run))
+    atomic_write_text(layout.run_file, dump_run(run))
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
         port = serve_metrics(metrics, metrics_port, port_fallback)

@@ -326,7 +326,7 @@ def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, d
     if start.lora is None:
         trainer.save_model(str(out))
     else:
-        adapter = ctx.layout.stage_dir(stage) / "adapter"
+        adapter = ctx.layout.adapter_dir(stage)
         trainer.save_model(str(adapter))
         if ctx.is_main:
             from peft import PeftModel
