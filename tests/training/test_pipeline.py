@@ -12,14 +12,14 @@ from suite_helpers import TINY, free_port
 from rlt.run.layout import RunLayout, checkpoints
 from rlt.run.plots import read_metrics
 from rlt.run.runner import run_local
-from rlt.spec.loading import load_run
+from rlt.spec.validation import load_valid_run
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def finished(run_to_end):
-    done = run_to_end(load_run(TINY))
+    done = run_to_end(load_valid_run(TINY))
     return done.run, done.layout, done.summary
 
 
