@@ -552,24 +552,8 @@ def _finish(prev: dict[str, Any], run_status: dict[str, Any], plan: _Plan, reque
     return Decision(status=run_status, actions=plan.actions, events=events, requeue_after=requeue)
 
 
-OWN_STATUS_FIELDS = (
-    "phase",
-    "stage",
-    "reason",
-    "message",
-    "observedGeneration",
-    "restarts",
-    "disruptions",
-    "trainerShape",
-    "lastFailure",
-    "startTime",
-    "completionTime",
-    "completedStages",
-    "stageSpecs",
-    "progress",
-    "outputs",
-    "conditions",
-)
+# The status fields the operator owns (a merge patch removes one of these when a status drops it): the typed model's.
+OWN_STATUS_FIELDS = tuple(f.alias or name for name, f in status_model.RLTRunStatus.model_fields.items())
 
 
 def merge_patch(prev: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -334,6 +334,11 @@ def test_merge_patch_only_touches_changes_and_own_fields():
         "phase": "Running",
         "reason": None,
     }
+    # the fields the operator owns are the status model's, as the CRD lists them: a field added there is owned
+    from rlt_operator import crd
+
+    assert set(S.OWN_STATUS_FIELDS) == set(crd.status_schema()["properties"]) and "disruptions" in S.OWN_STATUS_FIELDS
+    assert S.merge_patch({"disruptions": 1, "trainerShape": {}}, {}) == {"disruptions": None, "trainerShape": None}
 
 
 def test_gpu_children_of_an_earlier_run_with_the_same_name_are_replaced():
