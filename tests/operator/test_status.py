@@ -698,3 +698,16 @@ def test_merge_patch_removes_keys_gone_from_a_map():
     assert S.merge_patch({"stageSpecs": {"sft": 1, "rl": 2}}, {"stageSpecs": {"rl": 2}}) == {
         "stageSpecs": {"sft": None, "rl": 2}
     }
+
+
+def test_a_previous_status_with_what_this_operator_no_longer_writes_is_read_not_refused():
+    """decide() reads the previous status into the typed model: a condition type an older operator wrote, or a field
+    the model does not know, is dropped (the written status replaces the list), never a reconcile that fails forever."""
+    sp = spec(sft=False)
+    old = {"type": "TrainerHealthy", "status": "True", "reason": "Old", "message": "x", "lastTransitionTime": T0}
+    prev = running("rl", conditions=[old], someOldField=1)
+    d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", active=1)]), NOW)
+    assert "TrainerHealthy" not in conds(d) and "someOldField" not in d.status
+    assert conds(d)["TrainerRunning"]["status"] == "False" and d.status["phase"] == "Running"
+    patch = S.merge_patch(prev, d.status)
+    assert [c["type"] for c in patch["conditions"]] == [c["type"] for c in d.status["conditions"]]
