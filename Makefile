@@ -6,7 +6,7 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd install-manifests generate images bench clean \
+.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd chart-rbac install-manifests generate images bench clean \
 	image-tools operator-image images-local images-test images-push lint
 
 help:
@@ -101,8 +101,12 @@ bench: $(STAMP)
 chart-crd:
 	cp manifests/crd/rltruns.rlt.dev.yaml charts/rlt-operator/files/crds/rltruns.rlt.dev.yaml
 
+# The chart's RBAC rules, from rlt_operator.rbac (a test keeps them equal).
+chart-rbac: $(STAMP)
+	$(BIN)/python -c "from rlt_operator.rbac import write_chart_rules; write_chart_rules()"
+
 # Plain manifests for users without Helm (a test keeps them equal to `helm template`).
-install-manifests: $(TOOLS)/helm chart-crd
+install-manifests: $(TOOLS)/helm chart-crd chart-rbac
 	$(BIN)/python hack/render_install.py
 
 # Container images (operator, trainer, generator) with buildah, or docker if CONTAINER_TOOL=docker.
@@ -164,5 +168,5 @@ crd: $(STAMP)
 
 # Every generated file from its one source: CRD (+ chart copy), install manifests, doc tables, dashboards.
 # `make test` checks each is current (tests/chart, tests/operator/test_crd.py, tests/observability).
-generate: crd chart-crd install-manifests docs
+generate: crd chart-crd chart-rbac install-manifests docs
 	$(BIN)/python hack/gen_dashboards.py

@@ -138,9 +138,11 @@ def reward_bench(path: Path, n: int, batch_size: int) -> dict:
 def grpo_step(path: Path, workdir: Path) -> dict:
     import yaml
 
+    from rlt.spec.base import GROUP_VERSION, KIND
+
     run = {
-        "apiVersion": "rlt.dev/v1alpha1",
-        "kind": "RLTRun",
+        "apiVersion": GROUP_VERSION,
+        "kind": KIND,
         "metadata": {"name": "gpu-smoke"},
         "spec": {
             "teacher": {"model": str(path), "dtype": "bfloat16"},

@@ -32,6 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "training")]
 
+from rlt_operator.kinds import RUN  # noqa: E402
 from rlt_sandbox.sandbox import serve, write_kubeconfig  # noqa: E402
 
 NS = "default"
@@ -109,7 +110,7 @@ async def main(runs: int, timeout: float) -> dict:
                 doc = copy.deepcopy(template)
                 name = f"bench-{i:03d}"
                 doc["metadata"] = {"name": name}
-                async with session.post(f"{url}/apis/rlt.dev/v1alpha1/namespaces/{NS}/rltruns", json=doc) as r:
+                async with session.post(f"{url}{RUN.collection_path(NS)}", json=doc) as r:
                     if r.status != 201:
                         raise RuntimeError(f"create {name}: HTTP {r.status} {await r.text()}")
                 created[name] = time.monotonic()

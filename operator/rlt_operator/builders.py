@@ -17,13 +17,14 @@ from rlt.run.exitcodes import FAIL_FAST
 from rlt.run.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt.run.outputs import pushed_uri, stage_outputs
-from rlt.spec.base import API_GROUP, API_VERSION, KIND
+from rlt.spec.base import API_GROUP
 from rlt.spec.loading import dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec, needs_generators, stage_settings, zero_stage
 from rlt.spec.stage_registry import newest_teacher_stage, stage_info
+from rlt_operator.kinds import BY_PLURAL, RUN
 
 # Labels and annotations (one prefix for everything the operator owns).
-PREFIX = "rlt.dev"
+PREFIX = API_GROUP
 L_RUN = f"{PREFIX}/run"
 L_ROLE = f"{PREFIX}/role"
 L_STAGE = f"{PREFIX}/stage"
@@ -66,7 +67,12 @@ def config_name(run: str) -> str:
 
 
 def data_claim_name(run: str, spec: RLTRunSpec) -> str:
-    return spec.storage.existing_claim or f"{run}-data"
+    return spec.storage.existing_claim or own_claim_name(run)
+
+
+def own_claim_name(run: str) -> str:
+    """The claim the operator creates for a run (when storage.existingClaim names none)."""
+    return f"{run}-data"
 
 
 def trainer_name(run: str, stage: str) -> str:
@@ -93,7 +99,7 @@ def all_children(
         out += [("jobs", trainer_name(run, stage)), ("services", trainer_name(run, stage))]
     out.append(("configmaps", config_name(run)))
     if not existing_claim and retention == "Delete":
-        out.append(("persistentvolumeclaims", f"{run}-data"))
+        out.append(("persistentvolumeclaims", own_claim_name(run)))
     return out
 
 
@@ -157,10 +163,15 @@ def labels(run: str, role: str, stage: str | None = None, restart: int | None = 
     return out
 
 
+def type_meta(plural: str) -> dict[str, str]:
+    """apiVersion and kind of a manifest, from the kind table."""
+    k = BY_PLURAL[plural]
+    return {"apiVersion": k.api_version, "kind": k.kind}
+
+
 def owner_reference(ref: RunRef) -> dict[str, Any]:
     return {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
-        "kind": KIND,
+        **type_meta(RUN.plural),
         "name": ref.name,
         "uid": ref.uid,
         "controller": True,
@@ -375,8 +386,7 @@ def _pod_config(name: str, namespace: str, spec_json: str) -> str:
     if spec.stages.rl.generation.mode == "server":
         spec.stages.rl.generation.server_url = generator_url(ref.name, ref.namespace)
     run = RLTRun(
-        apiVersion=f"{API_GROUP}/{API_VERSION}",
-        kind=KIND,
+        **type_meta(RUN.plural),
         metadata=Metadata(name=ref.name, namespace=ref.namespace),
         spec=spec,
     )
@@ -390,8 +400,7 @@ def config_hash(text: str) -> str:
 def configmap(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
     text = pod_config(ref, spec)
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
+        **type_meta("configmaps"),
         "metadata": _meta(
             ref, config_name(ref.name), labels(ref.name, ROLE_CONFIG), {A_CONFIG_HASH: config_hash(text)}
         ),
@@ -415,8 +424,7 @@ def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
         # An owner reference would let the garbage collector delete the checkpoints with the run.
         del meta["ownerReferences"]
     return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
+        **type_meta("persistentvolumeclaims"),
         "metadata": meta,
         "spec": claim,
     }
@@ -492,8 +500,7 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
 def trainer_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
     name = trainer_name(ref.name, stage)
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **type_meta("services"),
         "metadata": _meta(ref, name, labels(ref.name, ROLE_TRAINER, stage)),
         "spec": {
             "clusterIP": "None",  # headless: DNS names for each pod (rendezvous on pod 0)
@@ -564,8 +571,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         }
     )
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        **type_meta("jobs"),
         "metadata": _meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
         "spec": {
             "completionMode": "Indexed",
@@ -637,8 +643,7 @@ def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
 def generator_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
     name = generator_name(ref.name)
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **type_meta("services"),
         "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
         "spec": {
             "clusterIP": "None",  # governs the StatefulSet's pod DNS; the URL resolves to ready pods
@@ -675,8 +680,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
         }
     )
     return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
+        **type_meta("statefulsets"),
         "metadata": _meta(ref, name, lbls),
         "spec": {
             "serviceName": name,
@@ -704,8 +708,7 @@ def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
     /collective_rpc and /sleep); Prometheus pods may reach the vLLM port for vllm:* metrics."""
     name = generator_policy_name(ref.name)
     return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
+        **type_meta("networkpolicies"),
         "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
         "spec": {
             "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},

@@ -46,7 +46,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crd", help="print the RLTRun CustomResourceDefinition generated from the spec model")
-    p.add_argument("--write", action="store_true", help="write manifests/crd/rltruns.rlt.dev.yaml instead")
+    p.add_argument("--write", action="store_true", help="write it under manifests/crd/ instead")
     p.set_defaults(func=cmd_crd)
 
     p = sub.add_parser("operator", help="run the RLTRun operator (Kopf) against the current kubeconfig/cluster")

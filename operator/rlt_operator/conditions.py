@@ -3,58 +3,57 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Literal
+
+from rlt.run.layout import format_time, parse_time
+from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
 VOLUME_ATTACH_WAIT = 180.0
 
 
-def fmt_time(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-
-
 def set_condition(
-    conds: list[dict[str, Any]], type_: str, status: bool, reason: str, message: str, now: dt.datetime
+    conds: list[Condition], type_: ConditionType, status: bool, reason: str, message: str, now: dt.datetime
 ) -> None:
     """Upsert a condition; lastTransitionTime changes only when its status does."""
-    value = "True" if status else "False"
+    value: Literal["True", "False"] = "True" if status else "False"
     for c in conds:
-        if c["type"] == type_:
-            if c["status"] != value:
-                c["lastTransitionTime"] = fmt_time(now)
-            c.update(status=value, reason=reason, message=message)
+        if c.type == type_:
+            if c.status != value:
+                c.last_transition_time = format_time(now)
+            c.status, c.reason, c.message = value, reason, message
             return
     conds.append(
-        {"type": type_, "status": value, "reason": reason, "message": message, "lastTransitionTime": fmt_time(now)}
+        Condition(type=type_, status=value, reason=reason, message=message, last_transition_time=format_time(now))
     )
 
 
-def pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
+def has_condition(run_status: RLTRunStatus, type_: ConditionType) -> bool:
+    return any(c.type == type_ for c in run_status.conditions or [])
+
+
+def hold(run_status: RLTRunStatus, reason: str, message: str) -> None:
+    """Make `reason` the run's reason unless an earlier problem already is."""
+    if run_status.reason is None:
+        run_status.reason, run_status.message = reason, message
+
+
+def pod_conditions(run_status: RLTRunStatus, gang: list[dict[str, Any]], now: dt.datetime) -> None:
     """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
+    conds = run_status.conditions = run_status.conditions or []
     problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
     for cond, kind, ok_reason in (
-        ("PodsSchedulable", "Unschedulable", "Scheduled"),
-        ("PodsHealthy", "Container", "Healthy"),
+        (ConditionType.PODS_SCHEDULABLE, "Unschedulable", "Scheduled"),
+        (ConditionType.PODS_HEALTHY, "Container", "Healthy"),
     ):
         mine = [(name, pr) for name, pr in problems if pr["kind"] == kind]
         if mine:
             name, pr = mine[0]
             more = f" (and {len(mine) - 1} more pod(s))" if len(mine) > 1 else ""
-            set_condition(
-                run_status["conditions"], cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now
-            )
-            if "reason" not in run_status:
-                run_status["reason"], run_status["message"] = pr["reason"], f"pod {name}: {pr['message']}{more}"
-        elif gang or any(c["type"] == cond for c in run_status["conditions"]):
-            set_condition(
-                run_status["conditions"], cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now
-            )
+            set_condition(conds, cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now)
+            hold(run_status, pr["reason"], f"pod {name}: {pr['message']}{more}")
+        elif gang or has_condition(run_status, cond):
+            set_condition(conds, cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
     waiting = [(p, since) for p in gang if (since := parse_time(p.get("sandboxWaitingSince"))) is not None]
     stuck = [(p, since) for p, since in waiting if (now - since).total_seconds() >= VOLUME_ATTACH_WAIT]
     if stuck:
@@ -64,35 +63,31 @@ def pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: 
             f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
             f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})"
         )
-        set_condition(run_status["conditions"], "VolumeReady", False, "VolumeNotAttached", message, now)
-        if "reason" not in run_status:
-            run_status["reason"], run_status["message"] = "VolumeNotAttached", message
+        set_condition(conds, ConditionType.VOLUME_READY, False, "VolumeNotAttached", message, now)
+        hold(run_status, "VolumeNotAttached", message)
 
 
-def no_pods(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
+def no_pods(run_status: RLTRunStatus, reason: str, message: str, now: dt.datetime) -> None:
     """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
-    run_status["conditions"] = [
-        c for c in run_status["conditions"] if c["type"] not in ("PodsSchedulable", "PodsHealthy")
-    ]
-    for c in list(run_status["conditions"]):
-        if c["type"] in ("TrainerRunning", "GeneratorsReady"):
-            set_condition(run_status["conditions"], c["type"], False, reason, message, now)
+    gone = (ConditionType.PODS_SCHEDULABLE, ConditionType.PODS_HEALTHY)
+    conds = run_status.conditions = [c for c in run_status.conditions or [] if c.type not in gone]
+    for c in list(conds):
+        if c.type in (ConditionType.TRAINER_RUNNING, ConditionType.GENERATORS_READY):
+            set_condition(conds, c.type, False, reason, message, now)
 
 
-def volume_condition(run_status: dict[str, Any], claim: dict[str, Any], now: dt.datetime) -> None:
+def volume_condition(run_status: RLTRunStatus, claim: dict[str, Any], now: dt.datetime) -> None:
     """VolumeReady from the claim's phase (scheduling conflicts of the volume show in PodsSchedulable)."""
+    conds = run_status.conditions = run_status.conditions or []
     phase = claim.get("phase")
     if phase in (None, "Bound"):
-        if phase == "Bound" or any(c["type"] == "VolumeReady" for c in run_status["conditions"]):
-            set_condition(
-                run_status["conditions"], "VolumeReady", True, "Bound", f"claim {claim['name']} is bound", now
-            )
+        if phase == "Bound" or has_condition(run_status, ConditionType.VOLUME_READY):
+            set_condition(conds, ConditionType.VOLUME_READY, True, "Bound", f"claim {claim['name']} is bound", now)
         return
     why = {
         "Pending": "not bound yet (a WaitForFirstConsumer class binds when the first pod is scheduled; "
         "otherwise check storage.storageClassName and the provisioner)",
         "Lost": "lost its volume: the data is gone from the cluster's view",
     }.get(phase, phase)
-    set_condition(
-        run_status["conditions"], "VolumeReady", False, f"Claim{phase}", f"claim {claim['name']} is {phase}: {why}", now
-    )
+    message = f"claim {claim['name']} is {phase}: {why}"
+    set_condition(conds, ConditionType.VOLUME_READY, False, f"Claim{phase}", message, now)

@@ -8,37 +8,35 @@ from typing import Any
 from rlt.run.exitcodes import FAIL_FAST, ExitCode
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
-from rlt_operator.conditions import (
-    set_condition,
-)
+from rlt_operator.conditions import has_condition, set_condition
 from rlt_operator.observed import (
     condition_true,
     job_failure,
 )
+from rlt_operator.status_model import ConditionType, RLTRunStatus, TrainerShape
 
 
-def trainer_shape(spec: RLTRunSpec, stage: str, run_status: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+def trainer_shape(spec: RLTRunSpec, stage: str, run_status: RLTRunStatus, now: dt.datetime) -> TrainerShape:
     """The nodes x gpus the current stage's trainer runs with (kept in status.trainerShape)."""
-    want = {"stage": stage, "nodes": spec.resources.trainer.nodes, "gpus": spec.resources.trainer.gpus}
-    had = run_status.get("trainerShape") or {}
-    checkpointed = bool((run_status.get("progress") or {}).get("lastCheckpoint"))
-    if had.get("stage") == stage and checkpointed and (had["nodes"], had["gpus"]) != (want["nodes"], want["gpus"]):
+    want = TrainerShape(stage=stage, nodes=spec.resources.trainer.nodes, gpus=spec.resources.trainer.gpus)
+    had = run_status.trainer_shape
+    conds = run_status.conditions = run_status.conditions or []
+    checkpointed = bool(run_status.progress and run_status.progress.last_checkpoint)
+    if had is not None and had.stage == stage and checkpointed and (had.nodes, had.gpus) != (want.nodes, want.gpus):
         set_condition(
-            run_status["conditions"],
-            "SpecApplied",
+            conds,
+            ConditionType.SPEC_APPLIED,
             False,
             "ShapeFrozen",
-            f"resources.trainer nodes/gpus {want['nodes']}x{want['gpus']} apply from the next stage: "
-            f"stage {stage} has a checkpoint written by {had['nodes']}x{had['gpus']} (ZeRO checkpoints "
+            f"resources.trainer nodes/gpus {want.nodes}x{want.gpus} apply from the next stage: "
+            f"stage {stage} has a checkpoint written by {had.nodes}x{had.gpus} (ZeRO checkpoints "
             "resume only with the world size that wrote them)",
             now,
         )
         return had
-    if any(c["type"] == "SpecApplied" for c in run_status["conditions"]):
-        set_condition(
-            run_status["conditions"], "SpecApplied", True, "Applied", "the trainer runs the spec's shape", now
-        )
-    run_status["trainerShape"] = want
+    if has_condition(run_status, ConditionType.SPEC_APPLIED):
+        set_condition(conds, ConditionType.SPEC_APPLIED, True, "Applied", "the trainer runs the spec's shape", now)
+    run_status.trainer_shape = want
     return want
 
 

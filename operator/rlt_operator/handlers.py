@@ -19,26 +19,18 @@ import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
 from rlt.run.metrics import OPERATOR_METRICS, build
-from rlt.spec.base import API_GROUP, API_VERSION, PLURAL
+from rlt.spec.base import Phase
 from rlt.spec.stage_registry import STAGE_ORDER
 from rlt_operator.observed import Observed, summarize
 
 from . import builders, progress, status
+from .kinds import CHILDREN, RUN
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
 
 log = logging.getLogger("rlt.operator")
 
 FINALIZER = f"{builders.PREFIX}/finalizer"
-CHILDREN = (  # (group, version, plural) of every kind the operator creates or watches
-    ("", "v1", "configmaps"),
-    ("", "v1", "persistentvolumeclaims"),
-    ("", "v1", "services"),
-    ("apps", "v1", "statefulsets"),
-    ("batch", "v1", "jobs"),
-    ("", "v1", "pods"),
-    ("networking.k8s.io", "v1", "networkpolicies"),
-)
 
 
 class OperatorMetrics:
@@ -54,7 +46,7 @@ class OperatorMetrics:
         self.m["rlt_operator_reconcile_duration_seconds"].observe(seconds)
 
     def run(self, namespace: str, name: str, run_status: dict[str, Any], method: str) -> None:
-        for phase in status.PHASES:
+        for phase in Phase:
             self.m["rlt_run_phase"].labels(namespace, name, phase).set(1 if run_status.get("phase") == phase else 0)
         info = (method, run_status.get("stage") or "none")
         old = self._info.get((namespace, name))
@@ -66,7 +58,7 @@ class OperatorMetrics:
         self.m["rlt_run_step"].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
 
     def forget(self, namespace: str, name: str) -> None:
-        for phase in status.PHASES:
+        for phase in Phase:
             _remove(self.m["rlt_run_phase"], namespace, name, phase)
         old = self._info.pop((namespace, name), None)
         if old:
@@ -125,8 +117,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.networking.request_timeout = 60
     # Children are watched server-side filtered: the API server sends only objects with the run label, so
     # memory and watch traffic grow with the runs, not with everything else in the namespaces.
-    for group, _version, plural in CHILDREN:
-        settings.watching.label_selectors[_is(group, plural)] = builders.L_RUN
+    for child in CHILDREN:
+        settings.watching.label_selectors[_is(child.group, child.plural)] = builders.L_RUN
     settings.posting.level = logging.WARNING  # our own Events are explicit; Kopf posts only its errors
     settings.peering.standalone = True
 
@@ -176,24 +168,24 @@ def _register_child(group: str, version: str, plural: str) -> None:
     kopf.on.event(group, version, plural, id=f"wake_{plural}", labels=owned)(wake)
 
 
-for _g, _v, _p in CHILDREN:
-    _register_child(_g, _v, _p)
+for _child in CHILDREN:
+    _register_child(_child.group, _child.version, _child.plural)
 
 
-@kopf.on.event(API_GROUP, API_VERSION, PLURAL, id="wake_run")
+@kopf.on.event(RUN.group, RUN.version, RUN.plural, id="wake_run")
 async def wake_run(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.rlt.wake(namespace, name)
 
 
 def observe(namespace: str, name: str, indices: dict[str, Any]) -> Observed:
     obs = Observed()
-    for _g, _v, plural in CHILDREN:
-        store = indices[f"rlt_{plural}"].get((namespace, name), [])
+    for child in CHILDREN:
+        store = indices[f"rlt_{child.plural}"].get((namespace, name), [])
         items = [dict(v) for v in store]
-        if plural == "pods":
+        if child.plural == "pods":
             obs.pods = items
         else:
-            setattr(obs, plural, {i["name"]: i for i in items})
+            setattr(obs, child.plural, {i["name"]: i for i in items})
     return obs
 
 
@@ -272,7 +264,7 @@ async def reconcile_once(
             mem.created.pop((a.plural, a.name), None)
     patch = status.merge_patch(server_status, decision.status)
     if patch:
-        await asyncio.to_thread(state.kube.patch, PLURAL, namespace, name, {"status": patch}, "status")
+        await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
     mem.status = decision.status
     for type_, reason, message in status.events_for(decision, actions):
         kopf.event(body, type=type_, reason=reason, message=message)
@@ -284,12 +276,12 @@ async def reconcile_once(
     return decision.requeue_after
 
 
-@kopf.daemon(API_GROUP, API_VERSION, PLURAL, id="reconcile", cancellation_timeout=5.0)
+@kopf.daemon(RUN.group, RUN.version, RUN.plural, id="reconcile", cancellation_timeout=5.0)
 async def reconcile_loop(
     name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any
 ) -> None:
     state: OperatorState = memo.rlt
-    indices = {f"rlt_{p}": kwargs[f"rlt_{p}"] for _g, _v, p in CHILDREN}
+    indices = {f"rlt_{c.plural}": kwargs[f"rlt_{c.plural}"] for c in CHILDREN}
     wake = state.waker(namespace, name)
     mem = RunMemory()
     try:
@@ -328,7 +320,7 @@ async def reconcile_loop(
 # --------------------------------------------------------------------------- deletion
 
 
-@kopf.on.delete(API_GROUP, API_VERSION, PLURAL, id="cleanup")
+@kopf.on.delete(RUN.group, RUN.version, RUN.plural, id="cleanup")
 async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
     state: OperatorState = memo.rlt
@@ -340,7 +332,7 @@ async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, l
     logger.info(
         "children deleted"
         + (
-            f"; volume {name}-data retained (storage.retentionPolicy: Retain)"
+            f"; volume {builders.own_claim_name(name)} retained (storage.retentionPolicy: Retain)"
             if retention == "Retain" and not storage.get("existingClaim")
             else ""
         )

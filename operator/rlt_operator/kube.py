@@ -11,29 +11,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# plural → (group, version); the only kinds the operator writes.
-RESOURCES: dict[str, tuple[str, str]] = {
-    "configmaps": ("", "v1"),
-    "persistentvolumeclaims": ("", "v1"),
-    "services": ("", "v1"),
-    "pods": ("", "v1"),
-    "statefulsets": ("apps", "v1"),
-    "jobs": ("batch", "v1"),
-    "networkpolicies": ("networking.k8s.io", "v1"),
-    "rltruns": ("rlt.dev", "v1alpha1"),
-}
+from rlt_operator.kinds import collection_path
 
 
 class KubeError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, body: str):
         self.status = status
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
-
-
-def collection_path(plural: str, namespace: str) -> str:
-    group, version = RESOURCES[plural]
-    base = f"/api/{version}" if not group else f"/apis/{group}/{version}"
-    return f"{base}/namespaces/{namespace}/{plural}"
 
 
 @dataclass

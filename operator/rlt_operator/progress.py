@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from rlt.run.layout import format_time
 from rlt.run.metrics import PROGRESS_FIELDS
 
 from . import builders
@@ -43,7 +44,7 @@ def progress(
     run: str, stage: str, sample: dict[str, float], previous: dict[str, Any] | None, now: dt.datetime
 ) -> dict[str, Any]:
     """status.progress from one scrape; tokens/s from the counter's change since the previous scrape."""
-    out: dict[str, Any] = {"stage": stage, "updateTime": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    out: dict[str, Any] = {"stage": stage, "updateTime": format_time(now)}
     if "step" in sample:
         out["step"] = int(sample["step"])
     if "totalSteps" in sample:
@@ -51,8 +52,7 @@ def progress(
     if "rewardMean" in sample:
         out["rewardMean"] = round(float(sample["rewardMean"]), 6)
     if sample.get("checkpointStep"):
-        ckpt = builders.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
-        out["lastCheckpoint"] = str(ckpt)
+        out["lastCheckpoint"] = str(builders.layout(run).checkpoint_dir(stage, int(sample["checkpointStep"])))
     tokens = sample.get("generatedTokens")
     if tokens is not None and previous and previous.get("stage") == stage and "_tokens" in previous:
         seconds = (now - previous["_time"]).total_seconds()

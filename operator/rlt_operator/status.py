@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.run.fingerprint import describe_changes, fingerprint_of, stage_fields
+from rlt.run.layout import format_time, parse_time
+from rlt.spec.base import TERMINAL_PHASES, Phase
 from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt.spec.validation import validate_spec
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import (
-    fmt_time,
     no_pods,
-    parse_time,
     pod_conditions,
     set_condition,
     volume_condition,
@@ -30,10 +30,24 @@ from rlt_operator.observed import (
     Observed,
     job_complete,
 )
+from rlt_operator.status_model import ConditionType, Outputs, Progress, RLTRunStatus, StageSpec
 
-PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Pending", "Running", "Suspended", "Succeeded", "Failed"
-PHASES = (PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED)
-TERMINAL = (SUCCEEDED, FAILED)
+PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = (
+    Phase.PENDING,
+    Phase.RUNNING,
+    Phase.SUSPENDED,
+    Phase.SUCCEEDED,
+    Phase.FAILED,
+)
+TERMINAL = TERMINAL_PHASES
+
+# Conditions whose turning False (or changing while False) is a Warning Event.
+WARN_WHEN_FALSE = (
+    ConditionType.PODS_SCHEDULABLE,
+    ConditionType.PODS_HEALTHY,
+    ConditionType.VOLUME_READY,
+    ConditionType.STAGES_CURRENT,
+)
 
 # Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
 SOON = 2.0
@@ -88,6 +102,15 @@ class _Plan:
                 self.actions.append(Action("delete", plural, name, propagation=propagation))
 
 
+def previous_status(prev: dict[str, Any]) -> RLTRunStatus:
+    """The typed status of what the server (or our last write) holds: fields the model does not know, and condition
+    types no longer in use (an older operator's), are dropped rather than failing every reconcile."""
+    known = {k: v for k, v in prev.items() if k in OWN_STATUS_FIELDS}
+    conds = known.get("conditions") or []
+    known["conditions"] = [dict(c) for c in conds if c.get("type") in set(ConditionType)]
+    return RLTRunStatus.model_validate(known)
+
+
 def decide(
     ref: builders.RunRef,
     generation: int,
@@ -98,44 +121,40 @@ def decide(
     progress: dict[str, Any] | None = None,
 ) -> Decision:
     prev = dict(prev or {})
-    run_status: dict[str, Any] = {
-        "phase": prev.get("phase") or PENDING,
-        "stage": prev.get("stage") or "",
-        "observedGeneration": generation,
-        "restarts": int(prev.get("restarts") or 0),
-        "disruptions": int(prev.get("disruptions") or 0),
-        "startTime": prev.get("startTime"),
-        "completionTime": prev.get("completionTime"),
-        "completedStages": list(prev.get("completedStages") or []),
-        "stageSpecs": dict(prev.get("stageSpecs") or {}),
-        "lastFailure": prev.get("lastFailure"),
-        "progress": dict(prev.get("progress") or {}),
-        "outputs": dict(prev.get("outputs") or {}),  # recomputed below; kept as is while the spec is invalid
-        "trainerShape": dict(prev.get("trainerShape") or {}) or None,
-        "conditions": [dict(c) for c in prev.get("conditions") or []],
-    }
-    if prev.get("reason"):
-        run_status["reason"], run_status["message"] = prev.get("reason"), prev.get("message", "")
+    run_status = previous_status(prev)
+    run_status.phase = run_status.phase or PENDING
+    run_status.stage = run_status.stage or ""
+    run_status.observed_generation = generation
+    run_status.restarts = run_status.restarts or 0
+    run_status.disruptions = run_status.disruptions or 0
+    run_status.completed_stages = list(run_status.completed_stages or [])
+    run_status.stage_specs = dict(run_status.stage_specs or {})
+    run_status.progress = run_status.progress or Progress()
+    run_status.outputs = run_status.outputs or Outputs()  # recomputed below; kept as is while the spec is invalid
+    conds = run_status.conditions = run_status.conditions or []
+    if not run_status.reason:
+        run_status.reason = run_status.message = None
+    else:
+        run_status.message = run_status.message or ""
     plan = _Plan(observed)
     gen_name = builders.generator_name(ref.name)
 
     # A run failed as InvalidSpec by an older operator recovers too: invalid specs are not terminal now.
-    if run_status["phase"] == FAILED and run_status.get("reason") == "InvalidSpec":
-        run_status["phase"] = PENDING
-        run_status.pop("reason", None)
-        run_status.pop("message", None)
-        run_status["conditions"] = [c for c in run_status["conditions"] if c["type"] != "Failed"]
+    if run_status.phase == FAILED and run_status.reason == "InvalidSpec":
+        run_status.phase = PENDING
+        run_status.reason = run_status.message = None
+        conds = run_status.conditions = [c for c in conds if c.type != ConditionType.FAILED]
     try:
         spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")
     except SpecError as err:
         # The same check as `rlt validate`. Hold: nothing is started or stopped (the pods keep the last valid
         # spec in their ConfigMap); the condition says why, and fixing the spec resumes from here.
         message = "; ".join(err.problems)
-        if run_status["phase"] not in TERMINAL:
-            run_status.update(reason="InvalidSpec", message=message)
-        set_condition(run_status["conditions"], "SpecValid", False, "InvalidSpec", message, now)
+        if run_status.phase not in TERMINAL:
+            run_status.reason, run_status.message = "InvalidSpec", message
+        set_condition(conds, ConditionType.SPEC_VALID, False, "InvalidSpec", message, now)
         return _finish(prev, run_status, plan, None)
-    set_condition(run_status["conditions"], "SpecValid", True, "Valid", "the spec passes rlt validate", now)
+    set_condition(conds, ConditionType.SPEC_VALID, True, "Valid", "the spec passes rlt validate", now)
 
     enabled = spec.stages.enabled()
 
@@ -160,22 +179,22 @@ def decide(
     done = [
         s
         for s in enabled
-        if s in run_status["completedStages"] or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))
+        if s in run_status.completed_stages or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))
     ]
-    run_status["completedStages"] = done
-    run_status["outputs"] = builders.outputs(ref.name, spec, done)
+    run_status.completed_stages = done
+    run_status.outputs = Outputs.model_validate(builders.outputs(ref.name, spec, done))
     finished_stage_edits(run_status, spec, done, now)
 
-    if run_status["phase"] not in TERMINAL:
-        start = parse_time(run_status["startTime"])
+    if run_status.phase not in TERMINAL:
+        start = parse_time(run_status.start_time)
         deadline = spec.active_deadline_seconds
         # Completion first: a run whose last Job completed in time but is observed after the deadline
         # (operator down, slow watch) is done, not DeadlineExceeded.
         if len(done) == len(enabled):
-            run_status.update(
-                phase=SUCCEEDED, stage="", reason="Succeeded", message="all stages finished: " + ", ".join(enabled)
-            )
-            set_condition(run_status["conditions"], "Complete", True, "Succeeded", run_status["message"], now)
+            message = "all stages finished: " + ", ".join(enabled)
+            run_status.phase, run_status.stage = SUCCEEDED, ""
+            run_status.reason, run_status.message = "Succeeded", message
+            set_condition(conds, ConditionType.COMPLETE, True, "Succeeded", message, now)
         elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
             _fail(
                 run_status,
@@ -183,16 +202,16 @@ def decide(
                 f"the run was active longer than activeDeadlineSeconds ({deadline}s)",
                 now,
             )
-    if run_status["phase"] in TERMINAL:
+    if run_status.phase in TERMINAL:
         return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
 
     stage = next(s for s in enabled if s not in done)
-    if stage != run_status["stage"]:
-        run_status["progress"] = {}
-        run_status.pop("trainerShape", None)
-    run_status["stage"] = stage
+    if stage != run_status.stage:
+        run_status.progress = Progress()
+        run_status.trainer_shape = None
+    run_status.stage = stage
     job_name = builders.trainer_name(ref.name, stage)
-    restarts = run_status["restarts"]
+    restarts = run_status.restarts
 
     # The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still
     # active stops first (the run always runs the first enabled, unfinished stage; one stage at a time).
@@ -212,20 +231,20 @@ def decide(
     if spec.suspend:
         plan.delete("jobs", job_name, "Foreground")
         plan.delete("statefulsets", gen_name, "Foreground")
-        run_status.update(phase=SUSPENDED, startTime=None, reason="Suspended", message="spec.suspend is true")
-        set_condition(run_status["conditions"], "Suspended", True, "Suspended", "all GPU pods deleted; data kept", now)
+        run_status.phase, run_status.start_time = SUSPENDED, None
+        run_status.reason, run_status.message = "Suspended", "spec.suspend is true"
+        set_condition(conds, ConditionType.SUSPENDED, True, "Suspended", "all GPU pods deleted; data kept", now)
         no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
         return _finish(prev, run_status, plan, None)
-    if run_status["phase"] == SUSPENDED:
-        set_condition(run_status["conditions"], "Suspended", False, "Resumed", "resuming from the last checkpoint", now)
-        run_status["phase"] = PENDING
-    run_status.pop("reason", None)
-    run_status.pop("message", None)
-    if not run_status["startTime"]:
-        run_status["startTime"] = fmt_time(now)
+    if run_status.phase == SUSPENDED:
+        set_condition(conds, ConditionType.SUSPENDED, False, "Resumed", "resuming from the last checkpoint", now)
+        run_status.phase = PENDING
+    run_status.reason = run_status.message = None
+    if not run_status.start_time:
+        run_status.start_time = format_time(now)
     requeue: float | None = None
     if spec.active_deadline_seconds:
-        started = parse_time(run_status["startTime"])
+        started = parse_time(run_status.start_time)
         assert started is not None
         requeue = max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
 
@@ -237,7 +256,7 @@ def decide(
     # The trainer's shape (nodes x gpus) is frozen for a stage once it has a checkpoint: ZeRO checkpoints
     # resume only with the world size that wrote them. Before that, a new shape replaces the gang at once.
     shape = trainer_shape(spec, stage, run_status, now)
-    run_spec = builders.with_trainer_shape(spec, shape["nodes"], shape["gpus"])
+    run_spec = builders.with_trainer_shape(spec, shape.nodes, shape.gpus)
     sts = observed.statefulsets.get(gen_name)
     if sts is not None and (
         sts.get("deleting")
@@ -260,8 +279,8 @@ def decide(
         job, waiting = None, True
 
     # Running once a trainer of the run has existed; Pending before (e.g. while vLLM loads the model).
-    if job is not None or done or run_status["phase"] == RUNNING:
-        run_status["phase"] = RUNNING
+    if job is not None or done or run_status.phase == RUNNING:
+        run_status.phase = RUNNING
 
     # A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
     # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
@@ -275,15 +294,15 @@ def decide(
         )
         return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
     if failure:
-        counted = restarts - int(run_status.get("disruptions") or 0)
+        counted = restarts - (run_status.disruptions or 0)
         if disrupted or counted < spec.backoff_limit:
-            run_status["restarts"] = restarts + 1
+            run_status.restarts = restarts + 1
             if disrupted:
-                run_status["disruptions"] = int(run_status.get("disruptions") or 0) + 1
+                run_status.disruptions = (run_status.disruptions or 0) + 1
             plan.delete("jobs", job_name, "Foreground")
             plan.delete("statefulsets", gen_name, "Foreground")
-            set_condition(run_status["conditions"], "TrainerRunning", False, "GangRestart", failure, now)
-            run_status["lastFailure"] = failure
+            set_condition(conds, ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
+            run_status.last_failure = failure
             return _finish(prev, run_status, plan, SOON)
         _fail(
             run_status,
@@ -304,8 +323,8 @@ def decide(
         have = sts["readyReplicas"] if sts else 0
         ready = sts is not None and have >= want
         set_condition(
-            run_status["conditions"],
-            "GeneratorsReady",
+            conds,
+            ConditionType.GENERATORS_READY,
             ready,
             "Ready" if ready else "Starting",
             f"{have}/{want} vLLM servers ready",
@@ -336,8 +355,8 @@ def decide(
         else "trainer starting"
     )
     set_condition(
-        run_status["conditions"],
-        "TrainerRunning",
+        conds,
+        ConditionType.TRAINER_RUNNING,
         active,
         "Running" if active else "Waiting",
         f"stage {stage}: {why}",
@@ -345,37 +364,36 @@ def decide(
     )
     pod_conditions(run_status, gang, now)
     if progress is not None and progress.get("stage", stage) == stage:
-        run_status["progress"] = {k: v for k, v in progress.items() if k != "stage"}
-        if "step" in run_status["progress"]:
-            total = run_status["progress"].get("totalSteps")
-            step = run_status["progress"]["step"]
-            run_status["progress"]["stepOfTotal"] = f"{step}/{total}" if total else str(step)
+        read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
+        if read.step is not None:
+            read.step_of_total = f"{read.step}/{read.total_steps}" if read.total_steps else str(read.step)
+        run_status.progress = read
     return _finish(prev, run_status, plan, _min(requeue, SOON if waiting else None))
 
 
-def finished_stage_edits(run_status: dict[str, Any], spec: RLTRunSpec, done: list[str], now: dt.datetime) -> None:
+def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[str], now: dt.datetime) -> None:
     """Record the spec each stage finished under (status.stageSpecs) and report a later edit of it.
 
     A finished stage is never re-run by the operator: an edit of the fields its output depends on is not
     applied, so the condition StagesCurrent says so, naming the changed fields (docs/operator.md)."""
-    records = {s: r for s, r in (run_status.get("stageSpecs") or {}).items() if s in done}
+    records = {s: r for s, r in (run_status.stage_specs or {}).items() if s in done}
     edits = []
     for stage in done:
         fields = stage_fields(spec, stage)
         record = records.get(stage)
         if record is None:  # finished now (or before the operator recorded stage specs): this spec is its spec
-            records[stage] = {
-                "fingerprint": fingerprint_of(fields),
-                "fields": {k: json.dumps(v) for k, v in fields.items()},
-            }
-        elif record["fingerprint"] != fingerprint_of(fields):
-            old = {k: json.loads(v) for k, v in record["fields"].items()}
+            records[stage] = StageSpec(
+                fingerprint=fingerprint_of(fields), fields={k: json.dumps(v) for k, v in fields.items()}
+            )
+        elif record.fingerprint != fingerprint_of(fields):
+            old = {k: json.loads(v) for k, v in record.fields.items()}
             edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
-    run_status["stageSpecs"] = records
+    run_status.stage_specs = records
+    conds = run_status.conditions = run_status.conditions or []
     if edits:
         set_condition(
-            run_status["conditions"],
-            "StagesCurrent",
+            conds,
+            ConditionType.STAGES_CURRENT,
             False,
             "FinishedStageEdited",
             "; ".join(edits) + ". Not applied: a finished stage is not run again and its outputs stay "
@@ -384,8 +402,8 @@ def finished_stage_edits(run_status: dict[str, Any], spec: RLTRunSpec, done: lis
         )
     elif records:
         set_condition(
-            run_status["conditions"],
-            "StagesCurrent",
+            conds,
+            ConditionType.STAGES_CURRENT,
             True,
             "Current",
             "finished stages ran under the current spec: " + ", ".join(records),
@@ -398,34 +416,35 @@ def _foreign(child: dict[str, Any], ref: builders.RunRef) -> bool:
     return child.get("owner") not in (None, ref.uid)
 
 
-def _fail(run_status: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
-    run_status.update(phase=FAILED, reason=reason, message=message)
-    set_condition(run_status["conditions"], "Failed", True, reason, message, now)
+def _fail(run_status: RLTRunStatus, reason: str, message: str, now: dt.datetime) -> None:
+    run_status.phase, run_status.reason, run_status.message = FAILED, reason, message
+    run_status.conditions = run_status.conditions or []
+    set_condition(run_status.conditions, ConditionType.FAILED, True, reason, message, now)
 
 
 def _terminal(
     ref: builders.RunRef,
     spec: RLTRunSpec,
-    run_status: dict[str, Any],
+    run_status: RLTRunStatus,
     plan: _Plan,
     observed: Observed,
     now: dt.datetime,
 ) -> float | None:
     """Free the GPUs now; keep finished trainer Jobs (their logs) until ttlSecondsAfterFinished."""
-    if not run_status.get("completionTime"):
-        run_status["completionTime"] = fmt_time(now)
-    run_status["stage"] = ""
-    run_status.pop("trainerShape", None)
+    if not run_status.completion_time:
+        run_status.completion_time = format_time(now)
+    run_status.stage = ""
+    run_status.trainer_shape = None
     plan.delete("statefulsets", builders.generator_name(ref.name))
     for stage in spec.stages.enabled():
         job = observed.jobs.get(builders.trainer_name(ref.name, stage))
         if job and job.get("active", 0) > 0:
             plan.delete("jobs", builders.trainer_name(ref.name, stage), "Foreground")
-    no_pods(run_status, "Finished", f"run {run_status['phase'].lower()}", now)
+    no_pods(run_status, "Finished", f"run {str(run_status.phase).lower()}", now)
     ttl = spec.ttl_seconds_after_finished
     if ttl is None:
         return None
-    finished = parse_time(run_status["completionTime"])
+    finished = parse_time(run_status.completion_time)
     assert finished is not None
     left = ttl - (now - finished).total_seconds()
     if left > 0:
@@ -438,56 +457,46 @@ def _terminal(
     return None
 
 
-def transition_events(prev: dict[str, Any], run_status: dict[str, Any]) -> list[tuple[str, str, str]]:
+def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, str, str]]:
     """Kubernetes Events for what changed between two statuses."""
     ev: list[tuple[str, str, str]] = []
-    p_phase, phase = prev.get("phase") or "", run_status["phase"]
-    if int(run_status.get("restarts") or 0) > int(prev.get("restarts") or 0):
-        uncounted = int(run_status.get("disruptions") or 0) > int(prev.get("disruptions") or 0)
+    if (new.restarts or 0) > (prev.restarts or 0):
+        uncounted = (new.disruptions or 0) > (prev.disruptions or 0)
         ev.append(
             (
                 "Warning",
                 "GangRestart",
-                f"restart {run_status['restarts']}: {run_status.get('lastFailure', 'a pod failed')}; "
+                f"restart {new.restarts}: {new.last_failure or 'a pod failed'}; "
                 "trainer and generators restart from the last checkpoint"
                 + (" (a disruption: not counted against backoffLimit)" if uncounted else ""),
             )
         )
-    if run_status.get("reason") == "InvalidSpec" and (prev.get("reason"), prev.get("message")) != (
-        "InvalidSpec",
-        run_status["message"],
-    ):
-        ev.append(
-            (
-                "Warning",
-                "InvalidSpec",
-                f"{run_status['message']}; nothing is started or stopped until the spec is fixed",
-            )
-        )
-    elif prev.get("reason") == "InvalidSpec" and run_status.get("reason") != "InvalidSpec":
+    if new.reason == "InvalidSpec" and (prev.reason, prev.message) != ("InvalidSpec", new.message):
+        ev.append(("Warning", "InvalidSpec", f"{new.message}; nothing is started or stopped until the spec is fixed"))
+    elif prev.reason == "InvalidSpec" and new.reason != "InvalidSpec":
         ev.append(("Normal", "SpecValid", "the spec is valid again; reconciling"))
-    before = {c["type"]: c for c in prev.get("conditions") or []}
-    for c in run_status.get("conditions") or []:
-        if c["type"] in ("PodsSchedulable", "PodsHealthy", "VolumeReady", "StagesCurrent") and c["status"] == "False":
-            old = before.get(c["type"]) or {}
-            if (old.get("status"), old.get("reason"), old.get("message")) != ("False", c["reason"], c["message"]):
-                ev.append(("Warning", c["reason"], c["message"]))
-    for stage in run_status.get("completedStages") or []:
-        if stage not in (prev.get("completedStages") or []):
+    before = {c.type: c for c in prev.conditions or []}
+    for c in new.conditions or []:
+        if c.type in WARN_WHEN_FALSE and c.status == "False":
+            old = before.get(c.type)
+            if old is None or (old.status, old.reason, old.message) != ("False", c.reason, c.message):
+                ev.append(("Warning", c.reason or c.type, c.message or ""))
+    for stage in new.completed_stages or []:
+        if stage not in (prev.completed_stages or []):
             ev.append(("Normal", "StageCompleted", f"stage {stage} completed"))
-    if run_status.get("stage") and run_status["stage"] != (prev.get("stage") or ""):
-        ev.append(("Normal", "StageStarted", f"stage {run_status['stage']} started"))
-    if phase != p_phase:
-        if phase == FAILED:
-            ev.append(("Warning", run_status.get("reason") or "Failed", run_status.get("message") or "run failed"))
-        elif phase == SUCCEEDED:
-            ev.append(("Normal", "Succeeded", run_status.get("message") or "run succeeded"))
-        elif phase == SUSPENDED:
+    if new.stage and new.stage != (prev.stage or ""):
+        ev.append(("Normal", "StageStarted", f"stage {new.stage} started"))
+    if new.phase != prev.phase:
+        if new.phase == FAILED:
+            ev.append(("Warning", new.reason or "Failed", new.message or "run failed"))
+        elif new.phase == SUCCEEDED:
+            ev.append(("Normal", "Succeeded", new.message or "run succeeded"))
+        elif new.phase == SUSPENDED:
             ev.append(("Normal", "Suspended", "GPU pods deleted; data kept"))
-        elif p_phase == SUSPENDED:
+        elif prev.phase == SUSPENDED:
             ev.append(("Normal", "Resumed", "resuming from the last checkpoint"))
-        elif phase == RUNNING:
-            ev.append(("Normal", "Running", f"the run is running (stage {run_status.get('stage')})"))
+        elif new.phase == RUNNING:
+            ev.append(("Normal", "Running", f"the run is running (stage {new.stage})"))
     return ev
 
 
@@ -497,19 +506,15 @@ def events_for(decision: Decision, applied: list[Action]) -> list[tuple[str, str
     return [e for e in decision.events if e[1] != "TrainerCreated" or any(f"Job {n} created" in e[2] for n in sent)]
 
 
-def _finish(prev: dict[str, Any], run_status: dict[str, Any], plan: _Plan, requeue: float | None) -> Decision:
-    if run_status.get("startTime") is None:
-        run_status.pop("startTime", None)
-    if run_status.get("completionTime") is None:
-        run_status.pop("completionTime", None)
-    if not run_status.get("trainerShape"):
-        run_status.pop("trainerShape", None)
-    if not run_status.get("lastFailure"):
-        run_status.pop("lastFailure", None)
-    if not run_status.get("stageSpecs"):
-        run_status.pop("stageSpecs", None)
-    status_model.check(run_status)  # a field the CRD does not list would be pruned by the API server
-    events = transition_events(prev, run_status)
+def _finish(prev: dict[str, Any], run_status: RLTRunStatus, plan: _Plan, requeue: float | None) -> Decision:
+    # Empty records are left out of the written status (a merge patch then removes them).
+    if not run_status.last_failure:
+        run_status.last_failure = None
+    if not run_status.stage_specs:
+        run_status.stage_specs = None
+    status = run_status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    status_model.check(status)  # a field the CRD does not list would be pruned by the API server
+    events = transition_events(previous_status(prev), run_status)
     for a in plan.actions:
         if a.verb == "create" and a.plural == "jobs":
             assert a.body is not None, "a create action carries the object it creates"
@@ -522,27 +527,11 @@ def _finish(prev: dict[str, Any], run_status: dict[str, Any], plan: _Plan, reque
                     f"(gang {lb.get(builders.L_RESTART)})",
                 )
             )
-    return Decision(status=run_status, actions=plan.actions, events=events, requeue_after=requeue)
+    return Decision(status=status, actions=plan.actions, events=events, requeue_after=requeue)
 
 
-OWN_STATUS_FIELDS = (
-    "phase",
-    "stage",
-    "reason",
-    "message",
-    "observedGeneration",
-    "restarts",
-    "disruptions",
-    "trainerShape",
-    "lastFailure",
-    "startTime",
-    "completionTime",
-    "completedStages",
-    "stageSpecs",
-    "progress",
-    "outputs",
-    "conditions",
-)
+# The status fields the operator owns (a merge patch removes one of these when a status drops it): the typed model's.
+OWN_STATUS_FIELDS = tuple(f.alias or name for name, f in status_model.RLTRunStatus.model_fields.items())
 
 
 def merge_patch(prev: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

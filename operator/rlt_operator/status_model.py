@@ -7,12 +7,30 @@ an error), keeps the two from drifting apart.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from rlt.spec.base import Phase, StrEnum
+
 DATE_TIME: dict[str, Any] = {"format": "date-time"}  # a pydantic JsonDict
+
+
+class ConditionType(StrEnum):
+    """The run's condition types, one entry each in status.conditions (docs/operator.md says what each means)."""
+
+    SPEC_VALID = "SpecValid"
+    SPEC_APPLIED = "SpecApplied"
+    VOLUME_READY = "VolumeReady"
+    PODS_SCHEDULABLE = "PodsSchedulable"
+    PODS_HEALTHY = "PodsHealthy"
+    GENERATORS_READY = "GeneratorsReady"
+    TRAINER_RUNNING = "TrainerRunning"
+    STAGES_CURRENT = "StagesCurrent"
+    SUSPENDED = "Suspended"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
 
 
 class _Status(BaseModel):
@@ -22,10 +40,10 @@ class _Status(BaseModel):
 class Condition(_Status):
     """A condition of the run (metav1.Condition without observedGeneration)."""
 
-    type: str = Field(
-        description="SpecValid, SpecApplied, VolumeReady, PodsSchedulable, PodsHealthy, GeneratorsReady, "
-        "TrainerRunning, SpecApplied, StagesCurrent, Suspended, Complete or "
-        "Failed."
+    # Checked against the enum when the operator writes it; a plain string in the CRD (as in metav1.Condition),
+    # so that a type added or dropped later never makes a stored status invalid.
+    type: Annotated[ConditionType, WithJsonSchema({"type": "string"})] = Field(
+        description=", ".join(ConditionType) + "."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(None, description="CamelCase reason.")
@@ -79,9 +97,7 @@ class StageSpec(_Status):
 class RLTRunStatus(_Status):
     """Written by the operator; recomputed from the run's children on every reconcile."""
 
-    phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"] | None = Field(
-        None, description="Pending, Running, Suspended, Succeeded or Failed."
-    )
+    phase: Phase | None = Field(None, description=", ".join(Phase) + ".")
     stage: str | None = Field(
         None, description="Stage now running (sft, rl, distill, student, evaluate); empty when the run is not running."
     )

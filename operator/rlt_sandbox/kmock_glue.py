@@ -47,6 +47,8 @@ import jsonpatch
 import kmock
 from kmock._internal import dsl, enums, k8s, parsing, references, rendering
 
+from rlt.run.layout import format_time
+
 _original_parse_path = parsing.parse_path
 _NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")
 
@@ -109,7 +111,7 @@ EVENT_COLUMNS = [
 
 
 def _now() -> str:
-    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time()
 
 
 def parse_label_selector(selector: str) -> list[tuple[str, str, str | None]]:

@@ -11,6 +11,8 @@ import base64
 import datetime as dt
 from typing import Any
 
+from rlt.run.layout import format_time
+
 MAGIC = b"k8s\x00"
 
 
@@ -65,7 +67,7 @@ def _map(entries: list[bytes], value=lambda b: b.decode()) -> dict[str, Any]:
 
 def _time(buf: bytes) -> str:
     seconds = dict(_fields(buf)).get(1, 0)
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(dt.datetime.fromtimestamp(seconds, dt.timezone.utc))
 
 
 def _object_meta(buf: bytes) -> dict[str, Any]:

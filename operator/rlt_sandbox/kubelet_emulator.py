@@ -43,16 +43,16 @@ from typing import Any
 
 import aiohttp
 
+from rlt_operator.kinds import CHILDREN, Kind
+
 log = logging.getLogger("rlt.kubelet_emulator")
 
 LOOPBACK = "127.0.0.1"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# The operator's children from its kind table, and the Secrets a pod's env and volumes may name (the kubelet's).
 PATHS = {
-    "pods": "/api/v1/namespaces/{ns}/pods",
-    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
-    "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
-    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
-    "secrets": "/api/v1/namespaces/{ns}/secrets",
+    **{child.plural: child.collection_path("{ns}") for child in CHILDREN},
+    "secrets": Kind("", "v1", "secrets", "Secret", ("get",)).collection_path("{ns}"),
 }
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 _FIELD_KEY = re.compile(r"^metadata\.(annotations|labels)\['(.+)'\]$")

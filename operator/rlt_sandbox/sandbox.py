@@ -28,6 +28,8 @@ import yaml
 
 from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt_operator import crd as crd_mod
+from rlt_operator.builders import L_RUN
+from rlt_operator.kinds import CHILDREN
 
 
 @contextlib.asynccontextmanager
@@ -175,7 +177,7 @@ async def _main(
             f"  export KUBECONFIG={kubeconfig_path}\n"
             "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
             "  kubectl get rlt\n"
-            "  kubectl get configmaps,persistentvolumeclaims,services,statefulsets,jobs -l rlt.dev/run=tiny\n"
+            f"  kubectl get {','.join(c.plural for c in CHILDREN if c.plural != 'pods')} -l {L_RUN}=tiny\n"
             "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"
             '    -p \'{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}\'\n\n'
             "Ctrl-C stops it.",

@@ -45,3 +45,20 @@ def test_every_verb_the_operator_needs_is_granted_and_nothing_more():
     assert granted == needed
     # Least privilege: the operator never reads secrets, never touches RBAC or nodes.
     assert not {res for _, res, _ in granted} & {"secrets", "roles", "rolebindings", "nodes", "clusterroles"}
+
+
+def test_the_charts_rules_are_generated_from_the_kind_table():
+    """Adding a child kind is one entry in rlt_operator.kinds.CHILDREN: its rule reaches the chart's template (made
+    by `make generate`), and the observed children, the watches and the API paths follow."""
+    from dataclasses import fields
+
+    from rlt_operator import rbac
+    from rlt_operator.kinds import CHILDREN, Kind
+    from rlt_operator.observed import Observed
+
+    assert rbac.CHART_RULES.read_text() == rbac.render_chart_rules(), "run `make generate` and commit the result"
+    granted = {(r["apiGroups"][0], res, tuple(r["verbs"])) for r in RBAC_RULES for res in r["resources"]}
+    assert {(c.group, c.plural, c.verbs) for c in CHILDREN} <= granted
+    assert [f.name for f in fields(Observed)] == [c.plural for c in CHILDREN]
+    extra = Kind("example.dev", "v1", "widgets", "Widget", ("list", "watch"))
+    assert "widgets" in rbac._yaml_rules(tuple(rbac._kind_rules((*CHILDREN, extra))))

@@ -9,8 +9,8 @@ import re
 import yaml
 from suite_helpers import ROOT
 
-from rlt.spec.loading import load_run
 from rlt.spec.stages import RewardSpec
+from rlt.spec.validation import load_valid_run
 
 
 def read(rel: str) -> str:
@@ -34,7 +34,7 @@ def test_walkthrough_kubeconfig_and_selector_work_without_tmpdir():
     walk = read("docs/walkthrough.md")
     assert "$TMPDIR" not in walk
     selector = re.search(r"-l rlt\.dev/run=(\S+)", walk).group(1)
-    run = load_run(ROOT / "manifests/examples/rltrun-small-2gpu.yaml")
+    run = load_valid_run(ROOT / "manifests/examples/rltrun-small-2gpu.yaml")
     assert run.metadata.labels.get("rlt.dev/run") == selector == run.name  # the RLTRun itself is selected too
     assert f"--namespace {run.metadata.namespace}" in walk  # the sandbox serves the example's namespace
 

@@ -17,21 +17,13 @@ import aiohttp
 import yaml
 from suite_helpers import EXAMPLES
 
+from rlt_operator.kinds import BY_PLURAL, CHILDREN, RUN
 from rlt_sandbox.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
 NS = "default"
-RUNS = "/apis/rlt.dev/v1alpha1/namespaces/{ns}/rltruns"
-PATHS = {
-    "configmaps": "/api/v1/namespaces/{ns}/configmaps",
-    "persistentvolumeclaims": "/api/v1/namespaces/{ns}/persistentvolumeclaims",
-    "services": "/api/v1/namespaces/{ns}/services",
-    "pods": "/api/v1/namespaces/{ns}/pods",
-    "statefulsets": "/apis/apps/v1/namespaces/{ns}/statefulsets",
-    "jobs": "/apis/batch/v1/namespaces/{ns}/jobs",
-    "networkpolicies": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
-    "events": "/api/v1/namespaces/{ns}/events",
-    "rltruns": RUNS,
-}
+# every kind the operator touches, from its kind table: plural -> collection path with an {ns} placeholder
+PATHS = {plural: kind.collection_path("{ns}") for plural, kind in BY_PLURAL.items()}
+RUNS = PATHS[RUN.plural]
 
 
 def example(name: str = "rltrun-tiny.yaml", **overrides: Any) -> dict[str, Any]:
@@ -95,8 +87,6 @@ class Harness:
         self.operator = InProcessOperator(liveness=liveness)
         await self.operator.start()
         # Create objects only once the operator watches them (the emulator replays state on watch).
-        from rlt_operator.handlers import CHILDREN
-
         await self.wait(
             lambda: self.count_watches() - watches_before >= len(CHILDREN) + 1, "operator watches", timeout=20
         )

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
-from rlt.spec.loading import load_run, parse_run
+from rlt.spec.loading import parse_run
+from rlt.spec.validation import load_valid_run
 from rlt_operator import builders as b
 from rlt_operator.observed import Observed
 
@@ -164,7 +165,7 @@ def test_pvc_and_existing_claim():
 
 
 def test_outputs_and_generator_model_follow_enabled_stages():
-    spec = load_run(EXAMPLES / "rltrun-tiny.yaml").spec
+    spec = load_valid_run(EXAMPLES / "rltrun-tiny.yaml").spec
     assert b.outputs("t", spec, []) == {}, "nothing is listed before it exists"
     assert b.outputs("t", spec, ["sft"]) == {"teacherCheckpoint": "/data/t/sft/model"}
     assert b.outputs("t", spec, ["sft", "rl", "distill"]) == {
@@ -435,7 +436,7 @@ def _qos(containers):
 
 def test_no_example_child_is_best_effort_and_shared_memory_is_accounted():
     for path in sorted(EXAMPLES.glob("*.yaml")):
-        spec = load_run(path).spec
+        spec = load_valid_run(path).spec
         for tmpl in _all_pod_templates(spec):
             assert _qos(tmpl["spec"].get("initContainers", []) + tmpl["spec"]["containers"]) != "BestEffort", path.name
     spec = spec_from()  # paper: trainer 4 GPUs, cpu 48, memory 600Gi, sharedMemory 64Gi
@@ -532,7 +533,7 @@ def test_every_example_renders_valid_children_and_none_is_refused():
     for path in sorted(EXAMPLES.glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())
         ref = b.RunRef(name=doc["metadata"]["name"], namespace="team", uid="u")
-        spec = load_run(path).spec
+        spec = load_valid_run(path).spec
         d = S.decide(ref, 1, doc["spec"], None, Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
         assert d.status.get("reason") != "InvalidSpec", f"{path.name}: {d.status.get('message')}"
         creates = [a.body for a in d.actions if a.verb == "create"]

@@ -257,3 +257,23 @@ def test_a_status_field_missing_from_the_model_is_an_error():
 
     with pytest.raises(Exception, match="extra"):
         status_model.check({"phase": "Running", "outputs": {"studentModel": "/x"}})
+
+
+def test_phases_and_condition_types_come_from_their_enums():
+    """Adding a phase or a condition type is one edit of its StrEnum: the CRD, the status check and the phase metric
+    follow, and a condition the enum does not list is refused before it is written."""
+    from rlt.run.metrics import METRIC_DEFS
+    from rlt.spec.base import Phase
+    from rlt_operator import status_model
+    from rlt_operator.status_model import ConditionType
+
+    status = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["phase"]["enum"] == [p.value for p in Phase]
+    described = status["conditions"]["items"]["properties"]["type"]["description"].rstrip(".").split(", ")
+    assert described == [c.value for c in ConditionType] and len(set(described)) == len(described)
+    help_text = METRIC_DEFS["rlt_run_phase"].help
+    assert all(p.value in help_text for p in Phase)
+    cond = {"type": "SpecValid", "status": "True"}
+    status_model.check({"conditions": [cond]})
+    with pytest.raises(Exception, match="type"):
+        status_model.check({"conditions": [{**cond, "type": "SpecVaild"}]})

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from rlt_operator.kinds import RUN
 from rlt_sandbox.kmock_glue import labels_match, parse_label_selector
 
 CMS = "/api/v1/namespaces/default/configmaps"
-RUNS = "/apis/rlt.dev/v1alpha1/namespaces/default/rltruns"
+RUNS = RUN.collection_path("default")
 
 
 @pytest.mark.parametrize(

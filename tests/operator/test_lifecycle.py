@@ -269,17 +269,18 @@ async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_ev
 
 
 async def test_children_are_watched_with_a_server_side_label_selector(harness):
-    from rlt_operator.handlers import CHILDREN
+    from rlt_operator.builders import L_RUN
+    from rlt_operator.kinds import CHILDREN, RUN
 
     await harness.start_operator()
     watches = {}
     for r in harness.cluster._requests:
         if r.params.get("watch") == "true" or r.method.value == "GET":
             watches.setdefault(r.url.path.rsplit("/", 1)[-1], []).append(r.params.get("labelSelector"))
-    for _g, _v, plural in CHILDREN:
-        assert watches.get(plural), f"{plural} not listed/watched"
-        assert all(sel == "rlt.dev/run" for sel in watches[plural]), f"{plural}: {watches[plural]}"
-    assert all(sel is None for sel in watches["rltruns"]), "the runs themselves are not filtered"
+    for child in CHILDREN:
+        assert watches.get(child.plural), f"{child.plural} not listed/watched"
+        assert all(sel == L_RUN for sel in watches[child.plural]), f"{child.plural}: {watches[child.plural]}"
+    assert all(sel is None for sel in watches[RUN.plural]), "the runs themselves are not filtered"
 
 
 async def test_an_edit_of_a_finished_stage_is_recorded_reported_and_not_applied(harness):

@@ -11,6 +11,8 @@ import pytest
 from op_harness import example
 from pods_harness import pod_logs, running_pods, wait_for
 
+from rlt.run.layout import RunLayout, checkpoints, is_complete
+from rlt_operator.builders import own_claim_name
 from rlt_sandbox.kubelet_emulator import kill_all
 
 pytestmark = pytest.mark.slow
@@ -42,9 +44,9 @@ class SaveKiller(threading.Thread):
     def run(self) -> None:
         while not self.stop and self.killed is None:
             if self.ckpts.is_dir():
-                for path in self.ckpts.glob("checkpoint-*"):
+                for step, path in checkpoints(self.ckpts):
                     # from the second save on, so that a complete checkpoint exists to resume from
-                    if path.name != "checkpoint-1" and not (path / "RLT_COMPLETE").exists():
+                    if step != 1 and not is_complete(path):
                         pods = [
                             p
                             for (_, n), p in list(self.kubelet.pods.items())
@@ -62,7 +64,7 @@ class SaveKiller(threading.Thread):
 async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_path):
     await harness.start_operator()
     async with running_pods(harness, tmp_path) as kubelet:
-        ckpts = kubelet.claim_dir(f"{RUN}-data") / RUN / "rl" / "checkpoints"
+        ckpts = RunLayout.for_run(kubelet.claim_dir(own_claim_name(RUN)), RUN).checkpoints_dir("rl")
         await harness.create_run(single_process_rl())
 
         # Kill during a save; a save that won the race against the kill is no test: try the next one.
@@ -74,7 +76,7 @@ async def test_kill_during_checkpoint_save_and_operator_restart(harness, tmp_pat
             killer.stop = True
             await harness.wait_status(RUN, lambda s, a=attempt: s.get("restarts") == a, "a gang restart", 120)
             old_pods |= set(killer.victims)
-            if not (ckpts / killer.killed / "RLT_COMPLETE").exists():
+            if not is_complete(ckpts / killer.killed):
                 partial = killer.killed
                 break
         assert partial, "three saves finished before the kill landed"

@@ -13,6 +13,8 @@ import pytest
 from op_harness import example
 from pods_harness import metrics_rows, pod_logs, running_pods, wait_for, world_lines
 
+from rlt.run.layout import CHECKPOINT_COMPLETE, RunLayout
+from rlt_operator.builders import own_claim_name
 from rlt_sandbox.kubelet_emulator import rank_processes
 
 pytestmark = pytest.mark.slow
@@ -38,11 +40,11 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
     monkeypatch.setenv("RLT_PROGRESS_URL", "http://127.0.0.1:{port}/metrics")
     await harness.start_operator()
     async with running_pods(harness, tmp_path) as kubelet:
-        claim = kubelet.claim_dir(f"{RUN}-data")
+        claim = kubelet.claim_dir(own_claim_name(RUN))
         await harness.create_run(multinode_run())
 
         # rl is running and has a complete checkpoint: kill rank 3 (on the second pod) mid-step.
-        ckpt = claim / RUN / "rl" / "checkpoints" / f"checkpoint-{SAVE_STEPS}" / "RLT_COMPLETE"
+        ckpt = RunLayout.for_run(claim, RUN).checkpoint_dir("rl", SAVE_STEPS) / CHECKPOINT_COMPLETE
 
         async def checkpointed():
             st = await harness.run_status(RUN)

@@ -14,6 +14,8 @@ import pytest
 from op_harness import example
 from pods_harness import REPO, pod_logs, running_pods
 
+from rlt.run.layout import RunLayout
+from rlt_operator.builders import own_claim_name
 from rlt_sandbox.kubelet_emulator import ImageEnv
 
 VLLM_BIN = Path(os.environ.get("RLT_VLLM_PYTHON") or REPO / ".vllm-venv" / "bin" / "python").parent
@@ -67,6 +69,8 @@ async def test_distill_generates_through_the_rendered_vllm_generator_pod(harness
         assert "POST /v1/completions" in gen_log, gen_log[-3000:]
         rows = [
             json.loads(line)
-            for line in (kubelet.claim_dir(f"{RUN}-data") / RUN / "distill" / "dataset.jsonl").read_text().splitlines()
+            for line in RunLayout.for_run(kubelet.claim_dir(own_claim_name(RUN)), RUN)
+            .distill_dataset.read_text()
+            .splitlines()
         ]
         assert len(rows) == 4 and all(len(r["candidate_rewards"]) == 2 for r in rows)

@@ -8,15 +8,15 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
+from rlt.run.layout import format_time
 from rlt.spec.loading import parse_spec
 from rlt_operator import builders as b
 from rlt_operator import status as S
-from rlt_operator.conditions import fmt_time
 from rlt_operator.observed import Observed, summarize
 
 REF = b.RunRef(name="t", namespace="ns", uid="u1")
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
-T0 = fmt_time(NOW - dt.timedelta(minutes=10))
+T0 = format_time(NOW - dt.timedelta(minutes=10))
 
 
 def spec(server=False, sft=True, distill=True, **extra):
@@ -91,7 +91,7 @@ def test_fresh_run_creates_run_wide_children_and_first_stage():
         ("create", "jobs", "t-sft"),
     }
     assert d.status["phase"] == "Pending" and d.status["stage"] == "sft"
-    assert d.status["startTime"] == fmt_time(NOW) and d.status["observedGeneration"] == 1
+    assert d.status["startTime"] == format_time(NOW) and d.status["observedGeneration"] == 1
     assert ("Normal", "StageStarted", "stage sft started") in d.events
 
 
@@ -248,7 +248,7 @@ def test_ttl_after_finished():
     done = {
         "phase": "Succeeded",
         "stage": "",
-        "completionTime": fmt_time(NOW - dt.timedelta(seconds=100)),
+        "completionTime": format_time(NOW - dt.timedelta(seconds=100)),
         "completedStages": ["rl"],
     }
     d = S.decide(REF, 1, sp, done, observed(sp, [job("rl", complete=True)]), NOW)
@@ -334,6 +334,11 @@ def test_merge_patch_only_touches_changes_and_own_fields():
         "phase": "Running",
         "reason": None,
     }
+    # the fields the operator owns are the status model's, as the CRD lists them: a field added there is owned
+    from rlt_operator import crd
+
+    assert set(S.OWN_STATUS_FIELDS) == set(crd.status_schema()["properties"]) and "disruptions" in S.OWN_STATUS_FIELDS
+    assert S.merge_patch({"disruptions": 1, "trainerShape": {}}, {}) == {"disruptions": None, "trainerShape": None}
 
 
 def test_gpu_children_of_an_earlier_run_with_the_same_name_are_replaced():
@@ -630,7 +635,7 @@ def test_a_volume_that_cannot_attach_is_a_condition():
     sp = spec(sft=False)
 
     def stuck_for(seconds):
-        since = fmt_time(NOW - dt.timedelta(seconds=seconds))
+        since = format_time(NOW - dt.timedelta(seconds=seconds))
         return observed_pod(
             "t-rl-0-x",
             b.ROLE_TRAINER,
@@ -693,3 +698,16 @@ def test_merge_patch_removes_keys_gone_from_a_map():
     assert S.merge_patch({"stageSpecs": {"sft": 1, "rl": 2}}, {"stageSpecs": {"rl": 2}}) == {
         "stageSpecs": {"sft": None, "rl": 2}
     }
+
+
+def test_a_previous_status_with_what_this_operator_no_longer_writes_is_read_not_refused():
+    """decide() reads the previous status into the typed model: a condition type an older operator wrote, or a field
+    the model does not know, is dropped (the written status replaces the list), never a reconcile that fails forever."""
+    sp = spec(sft=False)
+    old = {"type": "TrainerHealthy", "status": "True", "reason": "Old", "message": "x", "lastTransitionTime": T0}
+    prev = running("rl", conditions=[old], someOldField=1)
+    d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", active=1)]), NOW)
+    assert "TrainerHealthy" not in conds(d) and "someOldField" not in d.status
+    assert conds(d)["TrainerRunning"]["status"] == "False" and d.status["phase"] == "Running"
+    patch = S.merge_patch(prev, d.status)
+    assert [c["type"] for c in patch["conditions"]] == [c["type"] for c in d.status["conditions"]]

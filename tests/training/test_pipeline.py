@@ -9,17 +9,17 @@ import urllib.request
 import pytest
 from suite_helpers import TINY, free_port
 
-from rlt.run.layout import RunLayout
+from rlt.run.layout import RunLayout, checkpoints
 from rlt.run.plots import read_metrics
 from rlt.run.runner import run_local
-from rlt.spec.loading import load_run
+from rlt.spec.validation import load_valid_run
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def finished(run_to_end):
-    done = run_to_end(load_run(TINY))
+    done = run_to_end(load_valid_run(TINY))
     return done.run, done.layout, done.summary
 
 
@@ -30,7 +30,7 @@ def test_every_stage_leaves_its_output(finished):
     for stage in ("sft", "rl"):
         assert (layout.model_dir(stage) / "model.safetensors").exists()
         assert (layout.model_dir(stage) / "tokenizer.json").exists()
-    assert sorted(p.name for p in layout.checkpoints_dir("rl").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert [step for step, _ in checkpoints(layout.checkpoints_dir("rl"))] == [3, 2]
     assert {p.name for p in layout.plots_dir.iterdir()} == {"rl_reward.png", "rl_step_time.png", "sft_loss.png"}
     assert summary["rl"]["steps"] == run.spec.stages.rl.steps
     assert json.loads(layout.summary_file.read_text())["stages"].keys() == {"sft", "rl", "distill"}
@@ -71,7 +71,7 @@ def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_pa
     for p in (copy.stage_done("rl"), copy.stage_done("distill"), copy.distill_dataset):
         p.unlink()
     shutil.rmtree(copy.model_dir("rl"))
-    shutil.rmtree(copy.checkpoints_dir("rl") / "checkpoint-3")
+    shutil.rmtree(copy.checkpoint_dir("rl", 3))
     before = len(read_metrics(copy.metrics_file))
     summary = run_local(run, tmp_path, metrics_port=None, show_progress=False, device="cpu")
     assert summary["stages"]["sft"] == {"skipped": True}

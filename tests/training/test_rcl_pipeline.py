@@ -10,7 +10,7 @@ from rlt.rcl.stages import run_teaching_eval
 from rlt.run.layout import RunLayout
 from rlt.run.metrics import TrainerMetrics
 from rlt.run.plots import read_metrics
-from rlt.spec.loading import load_run
+from rlt.spec.validation import load_valid_run
 from rlt.stages.common import Recorder
 from rlt.stages.context import StageContext
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def finished(run_to_end):
-    done = run_to_end(load_run(TINY))
+    done = run_to_end(load_valid_run(TINY))
     return done.run, done.out, done.layout, done.summary
 
 

@@ -9,7 +9,7 @@ import pytest
 from suite_helpers import EXAMPLES
 
 from rlt.run.layout import RunLayout
-from rlt.spec.loading import load_run
+from rlt.spec.validation import load_valid_run
 from rlt.stages.context import StageContext
 
 RCL_TINY = EXAMPLES / "rltrun-rcl-tiny.yaml"
@@ -40,7 +40,7 @@ def test_real_rcl_stage_syncs_every_global_step_and_samples_the_loss_prompt(tmp_
 
     import rlt.rcl.stages as stages
 
-    run = load_run(RCL_TINY)
+    run = load_valid_run(RCL_TINY)
     spec = run.spec.model_dump(by_alias=True)
     spec["stages"]["sft"]["enabled"] = False
     spec["stages"]["rl"].update(steps=STEPS, batchSize=8, perDeviceBatchSize=4, numGenerations=2, saveSteps=100)

@@ -10,7 +10,7 @@ import pytest
 from suite_helpers import TINY
 
 from rlt.run.layout import RunLayout
-from rlt.spec.loading import load_run
+from rlt.spec.validation import load_valid_run
 from rlt.stages.context import StageContext
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def rl_run(tmp_path, sign: float, learning_rate: float) -> list[float]:
 
     import rlt.stages.rl as rl
 
-    run = load_run(TINY)
+    run = load_valid_run(TINY)
     spec = run.spec.model_dump(by_alias=True)
     spec["dataset"]["size"] = 8  # a fixed prompt set: 8 questions, seen again and again
     spec["stages"]["sft"]["enabled"] = False

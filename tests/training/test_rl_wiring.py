@@ -9,7 +9,7 @@ import torch
 from suite_helpers import TINY
 
 from rlt.run.layout import RunLayout
-from rlt.spec.loading import load_run
+from rlt.spec.validation import load_valid_run
 from rlt.stages.common import PhaseTimer
 from rlt.stages.context import StageContext
 
@@ -29,7 +29,7 @@ def trainer(tmp_path_factory, formatter):
     from rlt.run.models import load_model, load_tokenizer
     from rlt.stages.rl import grpo_config, make_rollout, rl_rows
 
-    run = load_run(TINY)
+    run = load_valid_run(TINY)
     spec = run.spec.model_dump(by_alias=True)
     spec["stages"]["rl"].update(steps=1, batchSize=8, numGenerations=4, perDeviceBatchSize=8, maxCompletionLength=8)
     run = run.model_validate({**run.model_dump(by_alias=True), "spec": spec})

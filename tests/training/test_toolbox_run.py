@@ -11,6 +11,7 @@ import pytest
 import yaml
 from suite_helpers import ROOT
 
+from rlt.run.layout import checkpoints
 from rlt.run.metrics import REWARD_COMPONENTS, STEP_PHASES
 from rlt.run.plots import read_metrics
 from rlt.spec.loading import parse_run
@@ -153,9 +154,9 @@ def test_lora_checkpoints_hold_the_adapter_and_the_stage_model_is_merged(finishe
     from transformers import AutoModelForCausalLM
 
     run, layout, _, _ = finished
-    for ckpt in layout.checkpoints_dir("rl").glob("checkpoint-*"):
+    for _step, ckpt in checkpoints(layout.checkpoints_dir("rl")):
         assert (ckpt / "adapter_model.safetensors").exists() and not (ckpt / "model.safetensors").exists()
-    merged_dir, adapter_dir = layout.model_dir("rl"), layout.stage_dir("rl") / "adapter"
+    merged_dir, adapter_dir = layout.model_dir("rl"), layout.adapter_dir("rl")
     assert not (merged_dir / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(merged_dir)
     start = AutoModelForCausalLM.from_pretrained(layout.model_dir("sft"))  # rl started from the merged sft model

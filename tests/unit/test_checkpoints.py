@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from rlt.stages.common import CHECKPOINT_COMPLETE, SET_ASIDE, last_checkpoint, mark_checkpoint_complete
+from rlt.run.layout import CHECKPOINT_COMPLETE, SET_ASIDE, checkpoint_path
+from rlt.stages.common import last_checkpoint, mark_checkpoint_complete
 
 
 def _checkpoint(root, step, complete):
-    path = root / f"checkpoint-{step}"
+    path = checkpoint_path(root, step)
     path.mkdir(parents=True)
     (path / "model.safetensors").write_bytes(b"x")
     if complete:
@@ -56,3 +57,45 @@ def test_rank_shares_cover_every_row_once_and_the_merge_refuses_gaps():
     assert gather_shares(sorted(p for s in shares for p in s), 0, 1, 7) == rows
     with pytest.raises(RuntimeError, match="duplicates or gaps"):
         gather_shares(shares[0] + shares[0], 0, 1, 7)
+
+
+def test_every_reader_agrees_on_what_a_complete_checkpoint_is(tmp_path):
+    """Continuing a finished stage (the plan) and resuming it (the Trainer) read the same checkpoints."""
+    from rlt.run.layout import RunLayout
+
+    layout = RunLayout(tmp_path / "run")
+    partial = _checkpoint(layout.checkpoints_dir("rl"), 4, complete=False)
+    assert partial == layout.checkpoint_dir("rl", 4)
+    assert not layout.has_complete_checkpoint("rl")
+    assert partial.exists(), "asking is read-only: only a resume sets a partial checkpoint aside"
+    assert last_checkpoint(layout.checkpoints_dir("rl")) is None
+    complete = _checkpoint(layout.checkpoints_dir("rl"), 2, complete=True)
+    assert layout.has_complete_checkpoint("rl")
+    assert last_checkpoint(layout.checkpoints_dir("rl")) == str(complete)
+
+
+def test_the_runner_does_not_continue_a_stage_whose_only_checkpoint_is_partial(tmp_path, monkeypatch):
+    """More RL steps continue a finished rl stage from its checkpoint; a partial one is no checkpoint, so the run
+    refuses in one line (before it reads data or loads a model) instead of planning to continue from nothing."""
+    import pytest
+    from suite_helpers import tiny_doc
+
+    from rlt.run import fingerprint, runner
+    from rlt.run.layout import RunLayout, atomic_write_text
+    from rlt.spec.run import RLTRun
+
+    doc = tiny_doc()
+    run = RLTRun.model_validate(doc)
+    layout = RunLayout.for_run(tmp_path, run.name)
+    for stage in ("sft", "rl"):
+        fingerprint.record(layout, run.spec, stage)
+        atomic_write_text(layout.stage_done(stage), "now\n")
+    _checkpoint(layout.checkpoints_dir("rl"), 3, complete=False)
+    doc["spec"]["stages"]["rl"]["steps"] = 5
+
+    def planned_to_run(*_a, **_k):
+        raise AssertionError("the runner planned to continue rl from a partial checkpoint")
+
+    monkeypatch.setattr(runner, "check_run_data", planned_to_run)
+    with pytest.raises(fingerprint.StaleStageError, match=r"stages.rl.steps"):
+        runner.run_local(RLTRun.model_validate(doc), output=tmp_path, only=["sft", "rl"], metrics_port=None)

@@ -4,7 +4,7 @@ import pytest
 from suite_helpers import tiny_doc
 
 from rlt.run import fingerprint as fp
-from rlt.run.layout import RunLayout, atomic_write_text
+from rlt.run.layout import CHECKPOINT_COMPLETE, RunLayout, atomic_write_text
 from rlt.spec.run import RLTRun
 
 
@@ -24,11 +24,13 @@ def finish(layout: RunLayout, run: RLTRun, stage: str, checkpoint: bool = True) 
     fp.record(layout, run.spec, stage)
     atomic_write_text(layout.stage_done(stage), "now\n")
     if checkpoint:
-        (layout.checkpoints_dir(stage) / "checkpoint-2").mkdir(parents=True, exist_ok=True)
+        ckpt = layout.checkpoint_dir(stage, 2)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / CHECKPOINT_COMPLETE).write_text("now\n")
 
 
 def plan(layout, run, stages=("sft", "rl", "distill"), **kw):
-    ckpt = lambda st: any(layout.checkpoints_dir(st).glob("checkpoint-*"))  # noqa: E731
+    ckpt = layout.has_complete_checkpoint
     return [(p.stage, p.action) for p in fp.plan_stages(layout, run.spec, list(stages), has_checkpoint=ckpt, **kw)]
 
 
@@ -69,11 +71,11 @@ def test_other_edits_refuse_in_one_line_naming_fields_and_flag(tmp_path):
         "[rl] finished under a different spec (stages.rl.beta 0.04 -> 0.0, stages.rl.learningRate 0.0001 -> 0.001)"
     )
     assert "re-run with --from-stage rl" in msg
-    # fewer steps cannot be un-trained; more steps without a checkpoint cannot continue
+    # fewer steps cannot be un-trained; more steps without a complete checkpoint cannot continue
     with pytest.raises(fp.StaleStageError, match="stages.rl.steps 3 -> 2"):
         plan(layout, tiny(**{"stages.rl.steps": 2}), ("sft", "rl"))
     for ckpt in layout.checkpoints_dir("rl").iterdir():
-        ckpt.rmdir()
+        (ckpt / CHECKPOINT_COMPLETE).unlink()  # partial now: a pod killed mid-save
     with pytest.raises(fp.StaleStageError, match="stages.rl.steps 3 -> 4"):
         plan(layout, tiny(**{"stages.rl.steps": 4}), ("sft", "rl"))
     # the pod's command names its own flag

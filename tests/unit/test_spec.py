@@ -8,8 +8,9 @@ import yaml
 from suite_helpers import EXAMPLES as EXAMPLE_DIR
 from suite_helpers import ROOT, TINY, tiny_doc
 
-from rlt.spec.loading import SpecError, dump_run, load_run, load_runs, parse_spec
+from rlt.spec.loading import SpecError, dump_run, parse_spec
 from rlt.spec.run import RLTRun
+from rlt.spec.validation import load_valid_run, load_valid_runs
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 
@@ -17,7 +18,7 @@ EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 def test_examples_exist_and_validate():
     assert len(EXAMPLES) >= 3
     for path in EXAMPLES:
-        for run in load_runs(path):
+        for run in load_valid_runs(path):
             assert run.spec.stages.enabled()
 
 
@@ -38,7 +39,7 @@ def test_paper_defaults():
 
 
 def test_round_trip_is_camel_case_and_lossless():
-    run = load_run(ROOT / "manifests/examples/rltrun-paper-7b.yaml")
+    run = load_valid_run(ROOT / "manifests/examples/rltrun-paper-7b.yaml")
     text = dump_run(run)
     assert "numGenerations" in text and "lambda: 3" in text and "num_generations" not in text
     assert RLTRun.model_validate(yaml.safe_load(text)) == run
@@ -92,7 +93,7 @@ def test_invalid_specs_name_the_field(tmp_path, mutate, field, message):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(SpecError) as err:
-        load_run(path)
+        load_valid_run(path)
     assert any(p.startswith(field) and message in p for p in err.value.problems), err.value.problems
 
 
@@ -131,7 +132,7 @@ def test_multi_document_file_names_the_document(tmp_path):
     bad["spec"]["seed"] = -1
     (tmp_path / "two.yaml").write_text(yaml.safe_dump_all([good, bad]))
     with pytest.raises(SpecError) as err:
-        load_runs(tmp_path / "two.yaml")
+        load_valid_runs(tmp_path / "two.yaml")
     assert err.value.problems == ["document 1: spec.seed: Input should be greater than or equal to 0"]
 
 

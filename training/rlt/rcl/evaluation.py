@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 from rlt.rcl.summary import summarize_problems
+from rlt.run.layout import PROBLEMS_FILE, REPORT_MD, TEACHER_METRICS_FILE, TEACHER_PLOT, format_time
 
 
 def evaluate_teacher(
@@ -120,12 +120,12 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
 
     here = out_dir / label
     here.mkdir(parents=True, exist_ok=True)
-    write_jsonl(here / "problems.jsonl", records)
+    write_jsonl(here / PROBLEMS_FILE, records)
     summary = summarize_problems([(r["acc_without"], r["acc_with"], r["teaching_tokens"]) for r in records])
     oks = [r["format_ok"] for r in records if r.get("format_ok") is not None]
     summary["format_ok"] = sum(oks) / len(oks) if oks else None
-    summary.update(label=label, **info, finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    atomic_write_json(here / "metrics.json", summary)
+    summary.update(label=label, **info, finished=format_time())
+    atomic_write_json(here / TEACHER_METRICS_FILE, summary)
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     xs = range(len(records))
@@ -141,10 +141,10 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
         ylabel="acc with − without",
     )
     fig.tight_layout()
-    fig.savefig(here / "plot.png", dpi=90)
+    fig.savefig(here / TEACHER_PLOT, dpi=90)
     plt.close(fig)
 
-    rows = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*/metrics.json"))]
+    rows = [json.loads(p.read_text()) for p in sorted(out_dir.glob(f"*/{TEACHER_METRICS_FILE}"))]
     lines = [
         "| teacher | problems | APG | NDR | TES | acc without | acc with | teaching tokens | guidance well-formed | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -161,5 +161,5 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
         + "\n".join(lines)
         + "\n"
     )
-    atomic_write_text(out_dir / "report.md", text)
+    atomic_write_text(out_dir / REPORT_MD, text)
     return summary

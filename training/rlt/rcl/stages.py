@@ -20,7 +20,7 @@ from rlt.method.prompts import resolve_format
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.rcl.summary import step_values
-from rlt.run.layout import RunLayout
+from rlt.run.layout import REPORT_MD, RunLayout
 from rlt.run.models import load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRun
@@ -258,7 +258,7 @@ def run_rcl_evaluate(ctx: StageContext) -> str:
     summary = evaluate_teaching(ctx, teacher, label, out_dir)
     recorder.record(1, step_values(summary))
     recorder.done()
-    return str(out_dir / "report.md")
+    return str(out_dir / REPORT_MD)
 
 
 # --------------------------------------------------------------------------- `rlt eval`
@@ -294,4 +294,4 @@ def run_teaching_eval(
     ctx = StageContext(run, RunLayout.for_run(output, run.name), None, device, show_progress=False)
     ref, name = named_teacher(ctx, teacher, label)
     evaluate_teaching(ctx, ref, name, ctx.layout.eval_dir)
-    return ctx.layout.eval_dir / "report.md"
+    return ctx.layout.eval_dir / REPORT_MD

@@ -28,7 +28,15 @@ from typing import Any
 
 from rlt.data.dataset import DataError, load_data
 from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
-from rlt.run.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.run.layout import (
+    ACCURACY_PLOT,
+    CORRELATION_PLOT,
+    REPORT_JSON,
+    REPORT_MD,
+    RunLayout,
+    atomic_write_json,
+    atomic_write_text,
+)
 from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
@@ -205,8 +213,8 @@ def arm_summary(arm: ArmResult, untrained: EvalReport) -> dict[str, Any]:
         "ci95": wilson_interval(arm.held_out.correct, arm.held_out.answers),
         "gainOverUntrained": arm.held_out.accuracy - untrained.accuracy,
         "taughtAccuracy": arm.taught.accuracy,
-        "evalReport": str(arm.layout.eval_dir / "report.json"),
-        "taughtReport": str(arm.layout.taught_eval_dir / "report.json"),
+        "evalReport": str(arm.layout.eval_dir / REPORT_JSON),
+        "taughtReport": str(arm.layout.taught_eval_dir / REPORT_JSON),
         "studentModel": str(arm.layout.model_dir("student")),
     }
 
@@ -238,7 +246,7 @@ def build_report(
             "stderr": held_out.stderr,
             "ci95": wilson_interval(held_out.correct, held_out.answers),
             "taughtAccuracy": taught_report.accuracy,
-            "evalReport": str(untrained_layout.eval_dir / "report.json"),
+            "evalReport": str(untrained_layout.eval_dir / REPORT_JSON),
         },
         "arms": {a.name: arm_summary(a, held_out) for a in arms},
         "correlation": correlations(points),
@@ -248,15 +256,15 @@ def build_report(
 
 def write_compare(root: Path, report: dict[str, Any]) -> None:
     """report.json, report.md, accuracy.png and correlation.png under the compare folder."""
-    atomic_write_json(root / "report.json", report)
-    atomic_write_text(root / "report.md", render_markdown(report))
+    atomic_write_json(root / REPORT_JSON, report)
+    atomic_write_text(root / REPORT_MD, render_markdown(report))
     reports = [{"model": UNTRAINED, **report["untrained"]}] + [{"model": a, **v} for a, v in report["arms"].items()]
     plot_accuracy(
         reports,
-        root / "accuracy.png",
+        root / ACCURACY_PLOT,
         f"held-out pass@1: {report['evalQuestions']} questions × {report['evaluation']['samples']} samples",
     )
-    plot_correlation(report["points"], report["correlation"], root / "correlation.png")
+    plot_correlation(report["points"], report["correlation"], root / CORRELATION_PLOT)
 
 
 # --------------------------------------------------------------------------- running the arms
@@ -365,7 +373,7 @@ class Compare:
 
     def evaluate(self, arm: str, ref: ModelRef, evalset: EvalSet, out: Path) -> EvalReport:
         """The arm's report on `evalset` in `out`: read when an earlier run wrote it, else evaluated now."""
-        if (out / "report.json").exists():
+        if (out / REPORT_JSON).exists():
             return read_report(out)
         report = evaluate_model(self.ctx(arm, ("evaluate",)), ref, arm, evalset, out)
         if report is None:
@@ -548,5 +556,5 @@ def run_compare(
     finally:
         metrics.shutdown()
     print("\n" + render_markdown(report), flush=True)
-    print(f"report: {cmp.root / 'report.md'}", flush=True)
+    print(f"report: {cmp.root / REPORT_MD}", flush=True)
     return report

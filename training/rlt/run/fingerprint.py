@@ -11,14 +11,13 @@ the changed fields and the flag that starts the stage over.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.run.layout import RunLayout, atomic_write_json
+from rlt.run.layout import STAMP_FORMAT, RunLayout, atomic_write_json, format_time
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stage_registry import STAGE_ORDER, STAGES, stages_before
 
@@ -38,7 +37,6 @@ NOT_AFFECTING = {
 NOT_AFFECTING_BY_STAGE = {s.name: {"batchSize"} for s in STAGES if not s.trainer}
 # Changes a finished stage can absorb by training on (rlt.spec.stage_registry says which and why).
 EXTENDABLE = {s.name: f"stages.{s.name}.{s.extendable}" for s in STAGES if s.extendable}
-FINGERPRINT_FILE = "spec-fingerprint.json"
 
 
 class StaleStageError(ValueError):
@@ -112,7 +110,7 @@ def describe_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -
 
 
 def fingerprint_path(layout: RunLayout, stage: str) -> Path:
-    return layout.stage_dir(stage) / FINGERPRINT_FILE
+    return layout.stage_fingerprint(stage)
 
 
 def record(layout: RunLayout, spec: RLTRunSpec, stage: str) -> None:
@@ -215,7 +213,7 @@ def _stale(
     raise StaleStageError(
         f"[{stage}] finished under a different spec ({describe_changes(old, new)}); not reusing it. "
         f"Restore the old values, or re-run with {flag} to train it again (its old outputs move to "
-        f"{layout.root / 'replaced'}/)"
+        f"{layout.replaced_dir}/)"
     )
 
 
@@ -224,12 +222,12 @@ def start_over(layout: RunLayout, stage: str) -> Path | None:
     src = layout.stage_dir(stage)
     if not src.exists():
         return None
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    dest = layout.root / "replaced" / f"{src.name}-{stamp}"
+    stamp = format_time(fmt=STAMP_FORMAT)
+    dest = layout.replaced_dir / f"{src.name}-{stamp}"
     n = 1
     while dest.exists():
         n += 1
-        dest = layout.root / "replaced" / f"{src.name}-{stamp}-{n}"
+        dest = layout.replaced_dir / f"{src.name}-{stamp}-{n}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     src.rename(dest)
     return dest

@@ -5,8 +5,10 @@ Locally the root is `results/<run>/`; in a cluster it is `/data/<run>/` on the r
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,66 @@ from rlt.spec.stage_registry import stage_info
 PVC_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/rlt"
 CONFIG_FILE = "run.yaml"
+
+# The Trainer names its saves checkpoint-<global step> (transformers' PREFIX_CHECKPOINT_DIR); rank 0 writes
+# CHECKPOINT_COMPLETE into one once every rank has finished saving it: a checkpoint without it is partial.
+CHECKPOINT_PREFIX = "checkpoint-"
+_CHECKPOINT_NAME = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)")
+CHECKPOINT_COMPLETE = "RLT_COMPLETE"
+# partial checkpoints are moved here (never deleted), out of the Trainer's sight
+SET_ASIDE = "set-aside"
+
+# Every timestamp a run or the operator writes: RFC 3339 in UTC, seconds (Kubernetes' metav1.Time).
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+# The same instant in a file name (outputs moved aside to <run>/replaced/<stage>-<stamp>).
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+
+# The distillation dataset: distill/<this> on the volume, <prefix>/<this> when pushed to object storage.
+DISTILL_DATASET_FILE = "dataset.jsonl"
+
+# The files of a report folder (an evaluation's eval/ or eval-taught/, `rlt compare`'s compare/, rcl's eval/)
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+PER_QUESTION_FILE = "per_question.jsonl"  # an evaluation's graded questions
+ACCURACY_PLOT = "accuracy.png"
+CORRELATION_PLOT = "correlation.png"  # `rlt compare`
+# rcl's evaluation of one teacher: eval/<label>/
+PROBLEMS_FILE = "problems.jsonl"
+TEACHER_METRICS_FILE = "metrics.json"
+TEACHER_PLOT = "plot.png"
+
+
+def format_time(t: dt.datetime | None = None, fmt: str = TIME_FORMAT) -> str:
+    """`t` (now when None) in UTC as TIME_FORMAT (or STAMP_FORMAT)."""
+    return (t or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc).strftime(fmt)
+
+
+def parse_time(s: str | None) -> dt.datetime | None:
+    """A TIME_FORMAT timestamp (None or empty: None), timezone-aware."""
+    if not s:
+        return None
+    return dt.datetime.strptime(s, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+
+
+def checkpoint_path(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"{CHECKPOINT_PREFIX}{step}"
+
+
+def checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """Every checkpoint-N folder under `directory` (complete or not), newest (highest step) first."""
+    if not directory.is_dir():
+        return []
+    found = ((m, p) for p in directory.iterdir() if p.is_dir() and (m := _CHECKPOINT_NAME.fullmatch(p.name)))
+    return sorted(((int(m.group(1)), p) for m, p in found), reverse=True)
+
+
+def is_complete(checkpoint: Path) -> bool:
+    """The one notion of a complete checkpoint: every rank saved it (its marker exists)."""
+    return (checkpoint / CHECKPOINT_COMPLETE).exists()
+
+
+def newest_complete_checkpoint(directory: Path) -> Path | None:
+    return next((p for _step, p in checkpoints(directory) if is_complete(p)), None)
 
 
 class _Path:
@@ -46,14 +108,29 @@ class RunLayout:
         """Marker written last by a stage: its presence means the stage finished."""
         return self.stage_dir(stage) / "DONE"
 
+    def stage_fingerprint(self, stage: str) -> Path:
+        """The spec fields a finished stage's output depends on (rlt.run.fingerprint)."""
+        return self.stage_dir(stage) / "spec-fingerprint.json"
+
     def model_dir(self, stage: str) -> Path:
         """Final model written by a training stage (sft, rl, student)."""
         return self.stage_dir(stage) / "model"
 
+    def adapter_dir(self, stage: str) -> Path:
+        """A LoRA stage's adapter, saved before it is merged into model_dir."""
+        return self.stage_dir(stage) / "adapter"
+
     def checkpoints_dir(self, stage: str) -> Path:
         return self.stage_dir(stage) / "checkpoints"
 
-    distill_dataset = _Path("dataset.jsonl", stage="distill")
+    def checkpoint_dir(self, stage: str, step: int) -> Path:
+        return checkpoint_path(self.checkpoints_dir(stage), step)
+
+    def has_complete_checkpoint(self, stage: str) -> bool:
+        """Whether the stage has a checkpoint to continue from (partial ones do not count)."""
+        return newest_complete_checkpoint(self.checkpoints_dir(stage)) is not None
+
+    distill_dataset = _Path(DISTILL_DATASET_FILE, stage="distill")
     # what the student stage did with each distillation row (kept, truncated, replaced, dropped)
     student_dataset_report = _Path("rows.json", stage="student")
     # evaluation report: report.json, report.md, per_question.jsonl, accuracy.png
@@ -69,7 +146,20 @@ class RunLayout:
     taught_eval_dir = _Path("eval-taught")
 
     # run-wide records
+    run_file = _Path(CONFIG_FILE)  # the spec the outputs were made with (`rlt run`)
     metrics_file = _Path("metrics.jsonl")
+    # what spec.outputs pushed, and where
+    outputs_record = _Path("outputs.json")
+    # stage folders moved aside by a re-run that starts a stage over (never deleted)
+    replaced_dir = _Path("replaced")
+    # W&B's and MLflow's local files; one TensorBoard run per stage under tensorboard/
+    tracking_dir = _Path("tracking")
+    mlflow_dir = _Path("tracking", "mlruns")
+
+    def tensorboard_dir(self, stage: str) -> Path:
+        """`tensorboard --logdir <run>/tracking/tensorboard` shows the stages side by side."""
+        return self.tracking_dir / "tensorboard" / stage
+
     # JSON written atomically by the trainer: stage, step, totalSteps, rewardMean, ... (read by the operator)
     progress_file = _Path("progress.json")
     summary_file = _Path("summary.json")

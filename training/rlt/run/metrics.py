@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from rlt.spec.base import Phase
+
 RUN_LABELS = ("namespace", "run", "stage", "method")
 
 # Bounded label values.
@@ -171,7 +173,7 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         "rlt_run_phase",
         "gauge",
-        "1 for the run's current phase (phase: Pending, Running, Suspended, Succeeded, Failed), else 0.",
+        f"1 for the run's current phase (phase: {', '.join(Phase)}), else 0.",
         OPERATOR_LABELS + ("phase",),
         "operator",
     ),

@@ -14,18 +14,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlt.run.layout import DISTILL_DATASET_FILE
 from rlt.spec.stage_registry import newest_teacher_stage
 
 log = logging.getLogger(__name__)
-
-DATASET_FILE = "dataset.jsonl"
 
 
 def pushed_uri(uri: str, kind: str) -> str:
     """Where the result lands: the distillation dataset is one file under an object-storage prefix; a model is
     the folder's files under the prefix; a Hub destination is the repository."""
     if kind == "distill" and not uri.startswith("hf://"):
-        return uri.rstrip("/") + "/" + DATASET_FILE
+        return uri.rstrip("/") + "/" + DISTILL_DATASET_FILE
     return uri
 
 
@@ -57,7 +56,7 @@ def push_fsspec(local: Path, uri: str, kind: str) -> str:
     root = root.rstrip("/")
     base = local if local.is_dir() else local.parent
     for f in _files(local):
-        rel = DATASET_FILE if kind == "distill" else f.relative_to(base).as_posix()
+        rel = DISTILL_DATASET_FILE if kind == "distill" else f.relative_to(base).as_posix()
         target = f"{root}/{rel}"
         fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(str(f), target)  # one object per file: readers see whole files or none
@@ -83,7 +82,7 @@ def push_hub(local: Path, uri: str, kind: str, api: Any = None) -> str:
             repo_id=repo_id,
             repo_type=repo_type,
             path_or_fileobj=str(local),
-            path_in_repo=DATASET_FILE,
+            path_in_repo=DISTILL_DATASET_FILE,
             commit_message="rlt: push distillation dataset",
         )
     return uri
@@ -105,7 +104,7 @@ def push_stage_outputs(ctx, stage: str, hub_api: Any = None) -> dict[str, str]:
     from rlt.run.layout import atomic_write_json
 
     layout = ctx.layout
-    record = layout.root / "outputs.json"
+    record = layout.outputs_record
     pushed: dict[str, str] = {}
     for name, uri, kind in todo:
         previous = json.loads(record.read_text()) if record.exists() else {}

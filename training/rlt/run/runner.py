@@ -116,10 +116,6 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*rollout_func.*")
 
 
-def has_checkpoint(layout: RunLayout, stage: str) -> bool:
-    return any(layout.checkpoints_dir(stage).glob("checkpoint-*"))
-
-
 def run_local(
     run: RLTRun,
     output: str | Path = "results",
@@ -142,12 +138,12 @@ def run_local(
         stages,
         restart,
         "--from-stage {stage}",
-        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+        has_checkpoint=layout.has_complete_checkpoint,
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     quiet_libraries()
     layout.root.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(layout.root / "run.yaml", dump_run(run))
+    atomic_write_text(layout.run_file, dump_run(run))
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
         port = serve_metrics(metrics, metrics_port, port_fallback)
@@ -222,7 +218,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         [stage],
         {stage} if restart else set(),
         "--restart",
-        has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
+        has_checkpoint=layout.has_complete_checkpoint,
     )
     if plan.action == "skip":
         print(f"[{stage}] already done: nothing to do", flush=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,15 +23,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def tracking_root(layout: RunLayout) -> Path:
-    return layout.root / "tracking"
-
-
-def tensorboard_dir(layout: RunLayout, stage: str) -> Path:
-    """One TensorBoard run per stage: `tensorboard --logdir <run>/tracking/tensorboard` shows them side by side."""
-    return tracking_root(layout) / "tensorboard" / stage
-
-
 def tracking_env(run: RLTRun, layout: RunLayout) -> dict[str, str]:
     """Environment the W&B and MLflow integrations read (transformers' callbacks and our Tracker alike)."""
     t, env = run.spec.tracking, {}
@@ -41,14 +31,14 @@ def tracking_env(run: RLTRun, layout: RunLayout) -> dict[str, str]:
             {
                 "WANDB_PROJECT": t.wandb.project,
                 "WANDB_MODE": t.wandb.mode,
-                "WANDB_DIR": str(tracking_root(layout)),
+                "WANDB_DIR": str(layout.tracking_dir),
                 "WANDB_RUN_GROUP": run.name,
             }
         )
         if t.wandb.entity:
             env["WANDB_ENTITY"] = t.wandb.entity
     if t.mlflow is not None:
-        uri = t.mlflow.tracking_uri or (tracking_root(layout) / "mlruns").resolve().as_uri()
+        uri = t.mlflow.tracking_uri or layout.mlflow_dir.resolve().as_uri()
         env.update({"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": t.mlflow.experiment or run.name})
         if "://" not in uri or uri.startswith("file:"):
             # MLflow 3 keeps the file store for offline use behind an explicit opt-in
@@ -58,7 +48,7 @@ def tracking_env(run: RLTRun, layout: RunLayout) -> dict[str, str]:
 
 def apply_tracking_env(run: RLTRun, layout: RunLayout) -> None:
     os.environ.update(tracking_env(run, layout))
-    tracking_root(layout).mkdir(parents=True, exist_ok=True)
+    layout.tracking_dir.mkdir(parents=True, exist_ok=True)
 
 
 def report_to_args(ctx: StageContext) -> dict[str, Any]:
@@ -75,7 +65,7 @@ def point_tensorboard(trainer, ctx: StageContext, stage: str) -> None:
 
     for cb in trainer.callback_handler.callbacks:
         if isinstance(cb, TensorBoardCallback):
-            cb.logging_dir = str(tensorboard_dir(ctx.layout, stage))
+            cb.logging_dir = str(ctx.layout.tensorboard_dir(stage))
 
 
 class Tracker:
@@ -93,7 +83,7 @@ class Tracker:
             if self._tb is None:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(tensorboard_dir(self.ctx.layout, self.stage)))
+                self._tb = SummaryWriter(log_dir=str(self.ctx.layout.tensorboard_dir(self.stage)))
             for name, value in figures.items():
                 self._tb.add_scalar(name, value, step)
             self._tb.flush()

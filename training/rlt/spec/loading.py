@@ -127,8 +127,11 @@ def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
     return parsed
 
 
-def load_runs(path: str | Path) -> list[RLTRun]:
-    """Every RLTRun document in a YAML file (multi-document files allowed)."""
+def read_runs(path: str | Path) -> list[RLTRun]:
+    """Every RLTRun document in a YAML file (multi-document files allowed), checked against the model only.
+
+    Not a loader to call: rlt.spec.validation.load_valid_run(s) reads through this and adds every other rule
+    (what `rlt validate`, `rlt run`, `rlt stage` and the tests use)."""
     path = Path(path)
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
@@ -158,13 +161,6 @@ def load_runs(path: str | Path) -> list[RLTRun]:
     if problems:
         raise SpecError(str(path), problems)
     return runs
-
-
-def load_run(path: str | Path) -> RLTRun:
-    runs = load_runs(path)
-    if len(runs) != 1:
-        raise SpecError(str(path), [f"<root>: expected one RLTRun, found {len(runs)}"])
-    return runs[0]
 
 
 def dump_run(run: RLTRun) -> str:

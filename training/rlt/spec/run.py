@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlt.spec.base import (
+    GROUP_VERSION,
+    KIND,
     Strict,
 )
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
@@ -171,8 +173,24 @@ class Metadata(BaseModel):
 
 class RLTRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    api_version: Literal["rlt.dev/v1alpha1"] = Field(alias="apiVersion")
-    kind: Literal["RLTRun"]
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+
+    # Checked by value (not a Literal type) so that the group, version and kind are written once, in rlt.spec.base.
+    @field_validator("api_version")
+    @classmethod
+    def _api_version(cls, v: str) -> str:
+        if v != GROUP_VERSION:
+            raise ValueError(f"Input should be '{GROUP_VERSION}'")
+        return v
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v != KIND:
+            raise ValueError(f"Input should be '{KIND}'")
+        return v
+
     metadata: Metadata
     spec: RLTRunSpec
     status: dict[str, Any] | None = Field(None, description="Written by the operator; ignored on input.")

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rlt.spec.loading import SpecError, load_runs, parse_spec
+from rlt.spec.loading import SpecError, parse_spec, read_runs
 from rlt.spec.run import RLTRun, RLTRunSpec
 from rlt.spec.stage_registry import TRAINER_STAGES
 
@@ -103,7 +103,7 @@ def run_problems(run: RLTRun, local_files: bool = True) -> list[str]:
 
 def load_valid_runs(path: str | Path) -> list[RLTRun]:
     """`rlt validate`, `rlt run` and `rlt stage`: every RLTRun of a file, fully checked."""
-    runs = load_runs(path)
+    runs = read_runs(path)
     problems = [p for run in runs for p in run_problems(run)]
     if problems:
         raise SpecError(str(path), problems)

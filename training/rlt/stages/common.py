@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlt.data.jsonl import append_jsonl
-from rlt.run.layout import atomic_write_json, atomic_write_text
+from rlt.run.layout import (
+    CHECKPOINT_COMPLETE,
+    SET_ASIDE,
+    atomic_write_json,
+    atomic_write_text,
+    checkpoint_path,
+    checkpoints,
+    format_time,
+    is_complete,
+)
 from rlt.run.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, tracking_name
 from rlt.run.tracking import Tracker, point_tensorboard
 from rlt.spec.run import stage_settings, zero_stage
@@ -91,7 +100,7 @@ class Recorder:
                 "stage": self.stage,
                 "step": step,
                 "totalSteps": self.total,
-                "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "updatedAt": format_time(),
             }
         )
         if "reward" in values:
@@ -113,9 +122,7 @@ class Recorder:
             from rlt.run import fingerprint  # the spec this stage finished under, read by re-runs
 
             fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
-            atomic_write_text(
-                self.ctx.layout.stage_done(self.stage), time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime())
-            )
+            atomic_write_text(self.ctx.layout.stage_done(self.stage), format_time() + "\n")
 
 
 class PhaseTimer:
@@ -184,7 +191,7 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
                 self.bar.set_postfix(shown, refresh=True)
 
         def on_save(self, args, state, control, **kw):
-            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            path = checkpoint_path(args.output_dir, state.global_step)
             mark_checkpoint_complete(path, recorder.ctx.is_main)
             recorder.checkpoint(state.global_step, str(path))
 
@@ -319,7 +326,7 @@ def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, d
     if start.lora is None:
         trainer.save_model(str(out))
     else:
-        adapter = ctx.layout.stage_dir(stage) / "adapter"
+        adapter = ctx.layout.adapter_dir(stage)
         trainer.save_model(str(adapter))
         if ctx.is_main:
             from peft import PeftModel
@@ -457,11 +464,6 @@ def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True):
     return spec.teacher, "initial"
 
 
-# Written into checkpoint-N/ once every rank has finished saving it: a checkpoint without it is partial.
-CHECKPOINT_COMPLETE = "RLT_COMPLETE"
-SET_ASIDE = "set-aside"
-
-
 def mark_checkpoint_complete(path: str | Path, is_main: bool) -> None:
     """After every rank's save of `path` (ZeRO shards are written by all ranks), rank 0 writes the marker last."""
     import torch.distributed as dist
@@ -469,27 +471,16 @@ def mark_checkpoint_complete(path: str | Path, is_main: bool) -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     if is_main:
-        atomic_write_text(Path(path) / CHECKPOINT_COMPLETE, time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+        atomic_write_text(Path(path) / CHECKPOINT_COMPLETE, format_time() + "\n")
 
 
 def last_checkpoint(directory: Path) -> str | None:
-    """The newest COMPLETE checkpoint-N under `directory`; newer partial ones (a pod killed mid-save) are moved to
+    """The newest complete checkpoint under `directory`; newer partial ones (a pod killed mid-save) are moved to
     `directory/set-aside/` with a warning, so neither a resume nor the Trainer's rotation ever reads them."""
     import logging
-    import re
 
-    if not directory.is_dir():
-        return None
-    found = sorted(
-        (
-            (int(m.group(1)), p)
-            for p in directory.iterdir()
-            if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))
-        ),
-        reverse=True,
-    )
-    for _step, path in found:
-        if (path / CHECKPOINT_COMPLETE).exists():
+    for _step, path in checkpoints(directory):
+        if is_complete(path):
             return str(path)
         target = directory / SET_ASIDE / f"{path.name}.{int(time.time())}.{os.getpid()}"
         logging.getLogger(__name__).warning(

@@ -24,7 +24,14 @@ from rlt.data.benchmarks import find_benchmark, load_benchmark
 from rlt.data.dataset import DataError, load_data
 from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
 from rlt.method.prompts import Formatter
-from rlt.run.layout import atomic_write_json, atomic_write_text
+from rlt.run.layout import (
+    ACCURACY_PLOT,
+    PER_QUESTION_FILE,
+    REPORT_JSON,
+    REPORT_MD,
+    atomic_write_json,
+    atomic_write_text,
+)
 from rlt.spec.inputs import ModelRef
 from rlt.stages.common import Recorder, gather_shares, shard_rows
 from rlt.stages.context import StageContext
@@ -438,20 +445,20 @@ def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path
 
 
 def write_report(out_dir: Path, report: EvalReport, results: Sequence[QuestionResult]) -> None:
-    write_jsonl(out_dir / "per_question.jsonl", (q.to_json() for q in results))
+    write_jsonl(out_dir / PER_QUESTION_FILE, (q.to_json() for q in results))
     doc = report.to_json()
-    atomic_write_json(out_dir / "report.json", doc)
-    atomic_write_text(out_dir / "report.md", f"# Evaluation: {report.dataset}\n\n" + markdown_table([doc]))
-    plot_accuracy([doc], out_dir / "accuracy.png", f"{report.dataset} ({report.answer_type})")
+    atomic_write_json(out_dir / REPORT_JSON, doc)
+    atomic_write_text(out_dir / REPORT_MD, f"# Evaluation: {report.dataset}\n\n" + markdown_table([doc]))
+    plot_accuracy([doc], out_dir / ACCURACY_PLOT, f"{report.dataset} ({report.answer_type})")
 
 
 def read_results(out_dir: Path) -> list[QuestionResult]:
     """The graded questions an evaluation wrote (per_question.jsonl)."""
-    return [QuestionResult.from_json(d) for d in read_jsonl(out_dir / "per_question.jsonl")]
+    return [QuestionResult.from_json(d) for d in read_jsonl(out_dir / PER_QUESTION_FILE)]
 
 
 def read_report(out_dir: Path) -> EvalReport:
-    return EvalReport.from_json(json.loads((out_dir / "report.json").read_text()))
+    return EvalReport.from_json(json.loads((out_dir / REPORT_JSON).read_text()))
 
 
 def run_evaluate(ctx: StageContext) -> str:

@@ -1,0 +1,59 @@
+"""Every kind the operator touches and what it does to each: the one table that the Kopf watches and indices
+(handlers), the RBAC rules (rbac, and from them the chart's generated `_rbac_rules.tpl`), the API paths (kube), the
+observed children (observed.Observed), the sandbox's kubelet emulator and the tests' harness read.
+
+Adding a child kind is one entry in CHILDREN (and the code that builds or reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlt.spec.base import API_GROUP, API_VERSION, KIND, PLURAL
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str  # "" for the core API
+    version: str
+    plural: str
+    kind: str
+    verbs: tuple[str, ...]  # what the operator does with it: exactly its RBAC verbs
+
+    @property
+    def api_version(self) -> str:
+        """As a manifest's apiVersion: `apps/v1`, or `v1` for the core API."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def collection_path(self, namespace: str) -> str:
+        """The REST path of the kind's objects in `namespace` (a `{ns}` placeholder works too)."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        return f"{base}/namespaces/{namespace}/{self.plural}"
+
+
+_WRITE = ("list", "watch", "create", "delete")
+
+# The run's children: watched (server-side filtered on the run label), indexed, created and deleted by fixed name.
+# Pods are only watched: their Job or StatefulSet owns them. ConfigMaps are patched too: the pods' run.yaml
+# follows spec edits.
+CHILDREN: tuple[Kind, ...] = (
+    Kind("", "v1", "configmaps", "ConfigMap", ("list", "watch", "create", "patch", "delete")),
+    Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", _WRITE),
+    Kind("", "v1", "services", "Service", _WRITE),
+    Kind("apps", "v1", "statefulsets", "StatefulSet", _WRITE),
+    Kind("batch", "v1", "jobs", "Job", _WRITE),
+    Kind("", "v1", "pods", "Pod", ("list", "watch")),
+    Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", _WRITE),
+)
+
+# The RLTRun itself: Kopf's watch (list, watch) and its finalizer and progress annotations (patch).
+RUN = Kind(API_GROUP, API_VERSION, PLURAL, KIND, ("list", "watch", "patch"))
+# The run's Events (Kopf posts them).
+EVENTS = Kind("", "v1", "events", "Event", ("create",))
+
+BY_PLURAL: dict[str, Kind] = {k.plural: k for k in (*CHILDREN, RUN, EVENTS)}
+CHILD_PLURALS: tuple[str, ...] = tuple(k.plural for k in CHILDREN)
+
+
+def collection_path(plural: str, namespace: str) -> str:
+    return BY_PLURAL[plural].collection_path(namespace)
