@@ -76,7 +76,7 @@ def test_round_trip_is_camel_case_and_lossless():
             "spec.format",
             "unknown format 'nope'",
         ),
-        (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name", "DNS-1123"),
+        (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name", "DNS-1035"),
         (lambda d: d.update(kind="Job"), "kind", "'RLTRun'"),
         (lambda d: d["spec"]["dataset"].update(limit=-3), "spec.dataset.limit", "greater than 0"),
         (

@@ -14,22 +14,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from rlt.spec.k8s import RunName
 from rlt.spec.loading import SpecError, load_runs, parse_spec
 from rlt.spec.run import RLTRun, RLTRunSpec
 from rlt.spec.stage_registry import TRAINER_STAGES
 
-# Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
-# Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
-MAX_RUN_NAME = 40
-
-
 def run_name_problem(name: str) -> str | None:
-    if len(name) > MAX_RUN_NAME:
-        return f"metadata.name: {name!r} is longer than {MAX_RUN_NAME} characters (child names add suffixes)"
-    if not name[:1].isalpha():
-        return f"metadata.name: {name!r} must start with a letter (its Services need DNS-1035 names)"
+    """The run name's rule (rlt.spec.k8s.RunName, the type of metadata.name) for the operator, which receives the
+    name apart from the spec."""
+    try:
+        TypeAdapter(RunName).validate_python(name)
+    except ValidationError as err:
+        return f"metadata.name: {err.errors()[0]['msg'].removeprefix('Value error, ')}"
     return None
 
 
