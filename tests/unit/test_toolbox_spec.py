@@ -61,10 +61,11 @@ def test_trainer_args_checked_against_the_installed_trl():
     ]
     bad_value = parse_run(doc(stages__rl__trainerArgs={"optim": "not_an_optimizer"}))
     (p,) = check_trainer_args(bad_value)
-    assert p.startswith('spec.stages.rl.trainerArgs.optim: "not_an_optimizer" is a str, not \'adamw_torch\'')
+    assert p.startswith("spec.stages.rl.trainerArgs.optim: \"not_an_optimizer\" is a str, not 'adamw_torch'")
     # what the option table cannot see, building TRL's config does (two options that exclude each other)
-    clash = parse_run(doc(stages__rl__trainerArgs={"use_liger_kernel": True, "fp16_full_eval": True,
-                                                   "bf16_full_eval": True}))
+    clash = parse_run(
+        doc(stages__rl__trainerArgs={"use_liger_kernel": True, "fp16_full_eval": True, "bf16_full_eval": True})
+    )
     (p,) = check_trainer_args(clash)
     assert p.startswith("spec.stages.rl.trainerArgs: GRPOConfig refuses them: "), p
     good = parse_run(doc(stages__sft__trainerArgs={"adam_epsilon": 1e-7}, stages__rl__trainerArgs={"adam_beta1": 0.8}))

@@ -145,9 +145,7 @@ def test_every_problem_at_once_through_the_cli_the_pods_and_the_operator(tmp_pat
     assert cli.returncode == 1 and "Traceback" not in cli.stderr
     for w in want:
         assert w in cli.stderr, cli.stderr
-    pod = subprocess.run(
-        [sys.executable, "-m", "rlt.spec.validation", str(path)], capture_output=True, text=True
-    )
+    pod = subprocess.run([sys.executable, "-m", "rlt.spec.validation", str(path)], capture_output=True, text=True)
     assert pod.returncode == 78 and all(w in pod.stderr for w in want), pod.stderr
     ref = b.RunRef(name=d["metadata"]["name"], namespace="ns", uid="u")
     op = S.decide(ref, 1, d["spec"], None, Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))

@@ -59,11 +59,10 @@ def quantity_value(q: str) -> Fraction:
 # -------------------------------------------------------------------------------------------------- the types
 
 
-def _string_type(
+def _check(
     pattern: str, max_length: int | None, what: str, extra: Callable[[str], str | None] | None = None
-) -> Any:
-    """A str type checked against `pattern` and `max_length` with a message saying what it must be; the pattern and
-    bound go into the JSON schema (and so the CRD)."""
+) -> AfterValidator:
+    """Checks a str against `pattern` and `max_length` with a message saying what it must be."""
     compiled = re.compile(pattern)
 
     def check(value: str) -> str:
@@ -76,10 +75,15 @@ def _string_type(
             raise ValueError(f"{value!r}: {problem}")
         return value
 
+    return AfterValidator(check)
+
+
+def _schema(pattern: str, max_length: int | None = None) -> WithJsonSchema:
+    """The same pattern and bound in the JSON schema (and so the CRD)."""
     schema: dict[str, Any] = {"type": "string", "pattern": pattern}
     if max_length is not None:
         schema["maxLength"] = max_length
-    return Annotated[str, AfterValidator(check), WithJsonSchema(schema)]
+    return WithJsonSchema(schema)
 
 
 def _qualified_name_parts(value: str) -> str | None:
@@ -96,39 +100,71 @@ def _whole(value: str) -> str | None:
     return None if v.denominator == 1 else "an extended resource must be a whole number (request = limit)"
 
 
-Quantity = _string_type(QUANTITY, None, "a Kubernetes quantity (e.g. 200Gi, 500m, 1.5T, 4; no spaces)")
+Quantity = Annotated[
+    str, _check(QUANTITY, None, "a Kubernetes quantity (e.g. 200Gi, 500m, 1.5T, 4; no spaces)"), _schema(QUANTITY)
+]
 # Extended resources (nvidia.com/gpu, rdma/...): the API server takes whole numbers only.
-WholeQuantity = _string_type(
-    QUANTITY, None, "a Kubernetes quantity (e.g. 1, 2, 1k; no spaces)", extra=_whole
-)
-DNS1123Label = _string_type(DNS1123_LABEL, 63, "a DNS-1123 label (lowercase letters, digits, '-')")
-DNS1123Subdomain = _string_type(
-    DNS1123_SUBDOMAIN, 253, "a Kubernetes object name (DNS-1123 subdomain: lowercase letters, digits, '-', '.')"
-)
+WholeQuantity = Annotated[
+    str, _check(QUANTITY, None, "a Kubernetes quantity (e.g. 1, 2, 1k; no spaces)", extra=_whole), _schema(QUANTITY)
+]
+DNS1123Label = Annotated[
+    str, _check(DNS1123_LABEL, 63, "a DNS-1123 label (lowercase letters, digits, '-')"), _schema(DNS1123_LABEL, 63)
+]
+DNS1123Subdomain = Annotated[
+    str,
+    _check(
+        DNS1123_SUBDOMAIN, 253, "a Kubernetes object name (DNS-1123 subdomain: lowercase letters, digits, '-', '.')"
+    ),
+    _schema(DNS1123_SUBDOMAIN, 253),
+]
 # The run's own name: its children append suffixes (up to "-generator-<index>" plus controller hashes) and its
 # Services need DNS-1035 names (a letter first), so it is stricter than an object name.
 MAX_RUN_NAME = 40
-RunName = _string_type(
-    DNS1035_LABEL,
-    MAX_RUN_NAME,
-    f"a run name (a DNS-1035 label of at most {MAX_RUN_NAME} characters, as child names add suffixes: lowercase "
-    "letters, digits and '-', a letter first)",
-)
-LabelValue = _string_type(LABEL_VALUE, 63, "a label value (letters, digits, '-', '_', '.', alphanumeric at both ends)")
-QualifiedName = _string_type(
-    QUALIFIED_NAME,
-    253 + 1 + 63,
-    "a label or annotation key ([prefix/]name: a DNS subdomain prefix, a name of letters, digits, '-', '_', '.')",
-    extra=_qualified_name_parts,
-)
-ResourceName = _string_type(
-    EXTENDED_RESOURCE,
-    253 + 1 + 63,
-    "an extended resource name (domain/name, e.g. rdma/hca or nvidia.com/mig-3g.40gb)",
-    extra=_qualified_name_parts,
-)
-EnvVarName = _string_type(C_IDENTIFIER, None, "an environment variable name (letters, digits, '_', not a digit first)")
-ConfigKey = _string_type(CONFIG_KEY, 253, "a Secret or ConfigMap key (letters, digits, '-', '_', '.')")
+RunName = Annotated[
+    str,
+    _check(
+        DNS1035_LABEL,
+        MAX_RUN_NAME,
+        f"a run name (a DNS-1035 label of at most {MAX_RUN_NAME} characters, as child names add suffixes: "
+        "lowercase letters, digits and '-', a letter first)",
+    ),
+    _schema(DNS1035_LABEL, MAX_RUN_NAME),
+]
+LabelValue = Annotated[
+    str,
+    _check(LABEL_VALUE, 63, "a label value (letters, digits, '-', '_', '.', alphanumeric at both ends)"),
+    _schema(LABEL_VALUE, 63),
+]
+QualifiedName = Annotated[
+    str,
+    _check(
+        QUALIFIED_NAME,
+        253 + 1 + 63,
+        "a label or annotation key ([prefix/]name: a DNS subdomain prefix, a name of letters, digits, '-', '_', '.')",
+        extra=_qualified_name_parts,
+    ),
+    _schema(QUALIFIED_NAME, 253 + 1 + 63),
+]
+ResourceName = Annotated[
+    str,
+    _check(
+        EXTENDED_RESOURCE,
+        253 + 1 + 63,
+        "an extended resource name (domain/name, e.g. rdma/hca or nvidia.com/mig-3g.40gb)",
+        extra=_qualified_name_parts,
+    ),
+    _schema(EXTENDED_RESOURCE, 253 + 1 + 63),
+]
+EnvVarName = Annotated[
+    str,
+    _check(C_IDENTIFIER, None, "an environment variable name (letters, digits, '_', not a digit first)"),
+    _schema(C_IDENTIFIER),
+]
+ConfigKey = Annotated[
+    str,
+    _check(CONFIG_KEY, 253, "a Secret or ConfigMap key (letters, digits, '-', '_', '.')"),
+    _schema(CONFIG_KEY, 253),
+]
 
 
 # -------------------------------------------------------------------------------------------------- CEL rules

@@ -148,11 +148,15 @@ class Storage(Strict):
     """The run's volume (a PVC mounted at /data in every pod)."""
 
     size: Quantity = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")
-    storage_class_name: DNS1123Subdomain | None = Field(None, description="StorageClass of the PVC (default: the cluster's).")
+    storage_class_name: DNS1123Subdomain | None = Field(
+        None, description="StorageClass of the PVC (default: the cluster's)."
+    )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
         "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
     )
-    existing_claim: DNS1123Subdomain | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
+    existing_claim: DNS1123Subdomain | None = Field(
+        None, description="Use this PVC instead of creating one (kept on delete)."
+    )
     retention_policy: Literal["Retain", "Delete"] = Field(
         "Retain",
         description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "

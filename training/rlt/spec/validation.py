@@ -24,6 +24,7 @@ from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
 from rlt.spec.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
 
+
 def run_name_problem(name: str) -> str | None:
     """The run name's rule (rlt.spec.k8s.RunName, the type of metadata.name) for the operator, which receives the
     name apart from the spec."""
