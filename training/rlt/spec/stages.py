@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from rlt.spec.base import (
     Strict,
 )
 from rlt.spec.inputs import DatasetSpec, ModelRef
+from rlt.spec.k8s import cel_rules
 from rlt.spec.stage_registry import STAGE_ORDER
 
 # --------------------------------------------------------------------------- stages
@@ -89,6 +90,14 @@ RL_OWNED_ARGS: dict[str, str] = {
 }
 
 
+# The same rules as CEL for the CRD (tests/operator/test_crd_cel.py holds the two equal).
+_MICRO_BATCH_RULE = (
+    "self.batchSize % self.perDeviceBatchSize == 0",
+    "batchSize must be a multiple of perDeviceBatchSize",
+)
+_GROUP_RULE = ("self.batchSize % self.numGenerations == 0", "batchSize must be divisible by numGenerations")
+
+
 def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
     if batch_size % per_device_batch_size:
         raise ValueError(f"batchSize: {batch_size} must be a multiple of perDeviceBatchSize ({per_device_batch_size})")
@@ -117,6 +126,8 @@ class TrainerOptions(Strict):
 
 class SupervisedStage(TrainerOptions):
     """Settings of the supervised stages (TRL SFTTrainer, loss on the completion only): sft and student."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(_MICRO_BATCH_RULE))
 
     enabled: bool = Field(True, description="Run this stage.")
     epochs: float = Field(
@@ -206,6 +217,7 @@ class RefSyncSpec(Strict):
 class RlStage(TrainerOptions):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules(_GROUP_RULE, _MICRO_BATCH_RULE))
     owned_trainer_args: ClassVar[dict[str, str]] = RL_OWNED_ARGS
 
     enabled: bool = Field(True, description="Run this stage.")
