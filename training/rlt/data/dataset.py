@@ -20,14 +20,12 @@ from typing import Any
 
 from rlt.data import tasks
 from rlt.data.answers import between
+from rlt.data.errors import DataError
+from rlt.data.jsonl import decoded_lines
 from rlt.method.prompts import PromptFormat
 from rlt.spec.inputs import DatasetSpec
 
 log = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """A dataset problem; the message names the file, the line (or row) and the field."""
 
 
 @dataclass
@@ -55,8 +53,6 @@ def _read_json_lines(path: Path) -> tuple[list[Any], list[int]]:
     Read here rather than by `datasets`: it gives line numbers, reports a broken line (not JSON, not UTF-8, anywhere
     in the file) as that row's problem instead of failing the file (so badRows: skip applies to it), and keeps a
     column whose values mix numbers and text (Arrow refuses to type such a column)."""
-    from rlt.data.jsonl import decoded_lines
-
     data = path.read_bytes()
     if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
         try:
@@ -91,8 +87,6 @@ def _read_error(path: Path, kind: str, err: BaseException) -> str:
     """Why `datasets` could not read a CSV or Parquet file, naming the line (CSV) or row group (Parquet): its
     own message only says "An error occurred while generating the dataset"."""
     if kind == "csv":
-        from rlt.data.jsonl import decoded_lines
-
         bad = next(((n, p) for n, _, p in decoded_lines(path.read_bytes()) if p), None)
         if bad:
             return f"line {bad[0]}: {bad[1]}"

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from pydantic.alias_generators import to_camel
 
+from rlt.data.errors import DataError
 from rlt.run.layout import atomic_write_text
 
 R = TypeVar("R")
@@ -50,8 +51,6 @@ def decoded_lines(data: bytes) -> Iterator[tuple[int, str | None, str | None]]:
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Every object of the file, blank lines skipped; a line that is not UTF-8 JSON is a DataError naming file and
     line."""
-    from rlt.data.dataset import DataError
-
     rows = []
     for n, line, problem in decoded_lines(Path(path).read_bytes()):
         if problem is not None:
