@@ -33,6 +33,7 @@ QUALIFIED_NAME = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_NAME_PART}$"
 EXTENDED_RESOURCE = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/{_NAME_PART}$"
 C_IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
+IMAGE = r"^[^\s]+$"  # the apiserver checks only that; the registry says the rest at pull time
 # resource.Quantity without a sign (requests and limits must not be negative): a number, then a binary suffix
 # (Ki..Ei), a decimal one (n u m k M G T P E) or an integer exponent (e3, E-2); no spaces.
 _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -159,6 +160,9 @@ EnvVarName = Annotated[
     str,
     _check(C_IDENTIFIER, None, "an environment variable name (letters, digits, '_', not a digit first)"),
     _schema(C_IDENTIFIER),
+]
+Image = Annotated[
+    str, _check(IMAGE, None, "a container image reference (no spaces, e.g. ghcr.io/org/image:tag)"), _schema(IMAGE)
 ]
 ConfigKey = Annotated[
     str,

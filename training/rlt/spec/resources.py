@@ -13,6 +13,7 @@ from rlt.spec.k8s import (
     ConfigKey,
     DNS1123Subdomain,
     EnvVarName,
+    Image,
     LabelValue,
     QualifiedName,
     Quantity,
@@ -147,6 +148,10 @@ class Resources(Strict):
 class Storage(Strict):
     """The run's volume (a PVC mounted at /data in every pod)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(("quantity(self.size).compareTo(quantity('0')) > 0", "size must be above 0"))
+    )
+
     size: Quantity = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")
     storage_class_name: DNS1123Subdomain | None = Field(
         None, description="StorageClass of the PVC (default: the cluster's)."
@@ -163,12 +168,18 @@ class Storage(Strict):
         "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.",
     )
 
+    @model_validator(mode="after")
+    def _some_size(self) -> Storage:
+        if quantity_value(self.size) <= 0:  # the apiserver refuses a claim of no storage
+            raise ValueError(f"size: {self.size} must be above 0")
+        return self
+
 
 class Images(Strict):
     """Container images of the run's pods (build and push them: `make images`)."""
 
-    trainer: str = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
-    generator: str = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
+    trainer: Image = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
+    generator: Image = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="imagePullPolicy of every container."
     )

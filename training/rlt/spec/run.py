@@ -10,7 +10,7 @@ from rlt.spec.base import (
     Strict,
 )
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
-from rlt.spec.k8s import RunName, cel_rules
+from rlt.spec.k8s import DNS1123Label, RunName, cel_rules
 from rlt.spec.resources import (
     EnvVar,
     Images,
@@ -177,7 +177,7 @@ class Metadata(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     name: RunName
-    namespace: str | None = None
+    namespace: DNS1123Label | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
