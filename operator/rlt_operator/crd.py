@@ -6,7 +6,7 @@ one-value enum, numeric `exclusiveMinimum: n` into `minimum: n, exclusiveMinimum
 dicts (tolerations, affinity) into `x-kubernetes-preserve-unknown-fields`, and drop titles,
 `additionalProperties: false` (the apiserver prunes unknown fields instead) and null defaults.
 `propertyNames`/`patternProperties` (map keys: label and annotation keys, resource names), which a
-structural schema cannot hold, become a CEL rule over the keys with the same pattern and bound.
+structural schema cannot hold, are left to the model and the operator (see `_structural`).
 
 The Kubernetes types (rlt.spec.k8s) bring their patterns and bounds, and the models their cross-field rules as
 `x-kubernetes-validations` CEL (limit ≥ request, tensor × data parallel ≤ GPUs, colocate needs trainer GPUs, the
@@ -109,14 +109,15 @@ def _structural(node: Any) -> Any:
             node[bound] = True
     if node.get("default", 0) is None:
         node.pop("default")
-    keys = node.pop("propertyNames", None)
+    # Map keys (label/annotation keys, resource names): a structural schema has no key patterns, and a CEL rule
+    # iterating a map's keys is priced by the apiserver's cost estimator at the worst case of an unbounded map of
+    # unbounded strings, which can make the whole CRD uninstallable ("estimated rule cost exceeds budget"). The
+    # model checks the keys; the operator holds such a run with SpecValid=False.
+    node.pop("propertyNames", None)
     by_pattern = node.pop("patternProperties", None)
     if by_pattern is not None:  # pydantic's form of a map whose key type has a pattern
-        ((pattern, values),) = by_pattern.items()
+        ((_pattern, values),) = by_pattern.items()
         node["additionalProperties"] = values
-        keys = {**(keys or {}), "pattern": pattern}
-    if keys is not None and set(keys) - {"type", "title"}:
-        node.setdefault("x-kubernetes-validations", []).append(_keys_rule(keys))
     extra = node.get("additionalProperties")
     if extra is False:
         node.pop("additionalProperties")
@@ -137,11 +138,6 @@ def _string_rule(schema: dict[str, Any], var: str) -> str:
     if not parts or set(schema) - {"type", "pattern", "maxLength", "title"}:
         raise ValueError(f"cannot express {schema} as a CEL rule")
     return " && ".join(parts)
-
-
-def _keys_rule(keys: dict[str, Any]) -> dict[str, str]:
-    what = f"match {keys['pattern']}" if "pattern" in keys else f"be at most {keys['maxLength']} characters"
-    return {"rule": f"self.all(k, {_string_rule(keys, 'k')})", "message": f"every key must {what}"}
 
 
 def run_name_rule() -> dict[str, str]:

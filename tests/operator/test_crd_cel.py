@@ -139,6 +139,9 @@ def _trainer(**res):
     return {"resources": {"trainer": res}}
 
 
+# Refused by the model and the operator only: the CRD has no map-key rules (rlt_operator.crd._structural says why).
+MODEL_ONLY = {"extended resource name without a domain", "annotation key with spaces", "annotation key two slashes"}
+
 # (case, spec patch, run name, the field the model names or None when valid)
 CASES = [
     ("limit equals request in other units", _trainer(memory="1Gi", memoryLimit="1024Mi"), None, None),
@@ -160,6 +163,7 @@ CASES = [
     ("storage of a millibyte", {"storage": {"size": "1m"}}, None, None),
     ("image with a space", {"images": {"trainer": "ghcr.io/x/y: 1"}}, None, "images.trainer"),
     ("quantity .5", _trainer(cpu=".5"), None, None),
+    ("quantity too long", _trainer(cpu="1" * 65), None, "cpu"),
     ("extended resource not a number", _trainer(extra={"rdma/hca": "lots"}), None, "extra"),
     ("extended resource name without a domain", _trainer(extra={"hca": "1"}), None, "extra"),
     ("extended resource fine", _trainer(extra={"nvidia.com/mig-3g.40gb": "1"}), None, None),
@@ -251,7 +255,10 @@ def test_the_crd_refuses_what_the_model_refuses(case, patch, name, field):
         assert model == [] and schema == [], (model, schema)
     else:
         assert any(field in p for p in model), model
-        assert schema, f"the CRD lets through what the model refuses: {model}"
+        if case in MODEL_ONLY:
+            assert schema == [], f"the CRD refuses a case listed as model-only: {schema}"
+        else:
+            assert schema, f"the CRD lets through what the model refuses: {model}"
 
 
 def test_every_cel_rule_is_exercised_both_ways():

@@ -3,7 +3,7 @@
 Every spec field that holds a quantity, a name, a label value, an annotation or label key, an env var name or a
 Secret key uses one of these types, so a field added later cannot forget the rule, and a value the API server
 would refuse on a child object (a pod, a PVC) is refused by `rlt validate` and the operator first. Each type
-carries its pattern and length into the generated CRD (`pattern`, `maxLength`; map keys become a CEL rule there),
+carries its pattern and length into the generated CRD (`pattern`, `maxLength`; not for map keys, see rlt_operator.crd),
 and its own one-line message here (pydantic's would print the regular expression).
 
 Grammars: k8s.io/apimachinery (resource.Quantity, validation.IsDNS1123Label/Subdomain, IsDNS1035Label,
@@ -101,12 +101,18 @@ def _whole(value: str) -> str | None:
     return None if v.denominator == 1 else "an extended resource must be a whole number (request = limit)"
 
 
+# Bounded so that the CRD's CEL rules on quantities stay cheap in the apiserver's cost estimate.
+MAX_QUANTITY = 64
 Quantity = Annotated[
-    str, _check(QUANTITY, None, "a Kubernetes quantity (e.g. 200Gi, 500m, 1.5T, 4; no spaces)"), _schema(QUANTITY)
+    str,
+    _check(QUANTITY, MAX_QUANTITY, "a Kubernetes quantity (e.g. 200Gi, 500m, 1.5T, 4; no spaces)"),
+    _schema(QUANTITY, MAX_QUANTITY),
 ]
 # Extended resources (nvidia.com/gpu, rdma/...): the API server takes whole numbers only.
 WholeQuantity = Annotated[
-    str, _check(QUANTITY, None, "a Kubernetes quantity (e.g. 1, 2, 1k; no spaces)", extra=_whole), _schema(QUANTITY)
+    str,
+    _check(QUANTITY, MAX_QUANTITY, "a Kubernetes quantity (e.g. 1, 2, 1k; no spaces)", extra=_whole),
+    _schema(QUANTITY, MAX_QUANTITY),
 ]
 DNS1123Label = Annotated[
     str, _check(DNS1123_LABEL, 63, "a DNS-1123 label (lowercase letters, digits, '-')"), _schema(DNS1123_LABEL, 63)
