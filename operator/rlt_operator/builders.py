@@ -10,6 +10,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from rlt.run.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt.run.outputs import pushed_uri, stage_outputs
 from rlt.spec.base import API_GROUP
+from rlt.spec.k8s import quantity_value
 from rlt.spec.loading import dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec, needs_generators, stage_settings, zero_stage
 from rlt.spec.stage_registry import newest_teacher_stage, stage_info
@@ -198,32 +200,16 @@ def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
     return lbls
 
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-
-
-def quantity_bytes(q: str) -> int:
-    """A Kubernetes quantity (the spec's pattern guarantees its form) in bytes."""
-    for table in (_BINARY, _DECIMAL):
-        for suffix in sorted(table, key=len, reverse=True):
-            if q.endswith(suffix):
-                return int(float(q[: -len(suffix)]) * table[suffix])
-    return int(float(q))
-
-
 def _plus_shm(memory: str, shm: str) -> str:
     # tmpfs pages of /dev/shm are charged to the pod's memory cgroup: without this the pod is OOM-killed or
     # evicted as soon as NCCL fills its shared memory.
-    return f"{-(-(quantity_bytes(memory) + quantity_bytes(shm)) // 2**20)}Mi"
+    return f"{math.ceil((quantity_value(memory) + quantity_value(shm)) / 2**20)}Mi"
 
 
 def pod_resources(res: Any) -> dict[str, Any]:
     """requests/limits of a trainer or generator container from spec.resources.<role>, with defaults."""
     gpus = res.gpus
-    requests = {
-        "cpu": res.cpu or str(max(1, 4 * gpus)),
-        "memory": _plus_shm(res.memory or f"{max(8, 32 * gpus)}Gi", res.shared_memory),
-    }
+    requests = {"cpu": res.cpu_request(), "memory": _plus_shm(res.memory_request(), res.shared_memory)}
     limits: dict[str, str] = {}
     if res.cpu_limit:
         limits["cpu"] = res.cpu_limit

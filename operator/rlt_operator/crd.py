@@ -5,8 +5,14 @@ conversion: inline every $ref, turn `anyOf [X, null]` into `X` + `nullable`, `co
 one-value enum, numeric `exclusiveMinimum: n` into `minimum: n, exclusiveMinimum: true`, free-form
 dicts (tolerations, affinity) into `x-kubernetes-preserve-unknown-fields`, and drop titles,
 `additionalProperties: false` (the apiserver prunes unknown fields instead) and null defaults.
-Cross-field rules (batch sizes that must divide) stay in pydantic: the operator reports them as
-InvalidSpec naming the field.
+`propertyNames`/`patternProperties` (map keys: label and annotation keys, resource names), which a
+structural schema cannot hold, are left to the model and the operator (see `_structural`).
+
+The Kubernetes types (rlt.spec.k8s) bring their patterns and bounds, and the models their cross-field rules as
+`x-kubernetes-validations` CEL (limit ≥ request, tensor × data parallel ≤ GPUs, colocate needs trainer GPUs, the
+run name's length), so `kubectl apply` refuses those before the operator sees them. The rest of the cross-field
+rules (batch sizes that must divide, the prompt format against the method, ...) stay in pydantic and
+rlt.spec.validation: the operator holds such a run with SpecValid=False naming the field.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from typing import Any
 import yaml
 
 from rlt.spec.base import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME
-from rlt.spec.run import RLTRunSpec
+from rlt.spec.k8s import cel_string
+from rlt.spec.run import Metadata, RLTRunSpec
 
 from .status_model import RLTRunStatus
 
@@ -102,6 +109,15 @@ def _structural(node: Any) -> Any:
             node[bound] = True
     if node.get("default", 0) is None:
         node.pop("default")
+    # Map keys (label/annotation keys, resource names): a structural schema has no key patterns, and a CEL rule
+    # iterating a map's keys is priced by the apiserver's cost estimator at the worst case of an unbounded map of
+    # unbounded strings, which can make the whole CRD uninstallable ("estimated rule cost exceeds budget"). The
+    # model checks the keys; the operator holds such a run with SpecValid=False.
+    node.pop("propertyNames", None)
+    by_pattern = node.pop("patternProperties", None)
+    if by_pattern is not None:  # pydantic's form of a map whose key type has a pattern
+        ((_pattern, values),) = by_pattern.items()
+        node["additionalProperties"] = values
     extra = node.get("additionalProperties")
     if extra is False:
         node.pop("additionalProperties")
@@ -110,6 +126,28 @@ def _structural(node: Any) -> Any:
         node.pop("additionalProperties")
         node["x-kubernetes-preserve-unknown-fields"] = True
     return {k: _structural(v) for k, v in node.items()}
+
+
+def _string_rule(schema: dict[str, Any], var: str) -> str:
+    """A CEL condition on the string `var` with the pattern and length bound of a string schema."""
+    parts = []
+    if "maxLength" in schema:
+        parts.append(f"{var}.size() <= {schema['maxLength']}")
+    if "pattern" in schema:
+        parts.append(f"{var}.matches({cel_string(schema['pattern'])})")
+    if not parts or set(schema) - {"type", "pattern", "maxLength", "title"}:
+        raise ValueError(f"cannot express {schema} as a CEL rule")
+    return " && ".join(parts)
+
+
+def run_name_rule() -> dict[str, str]:
+    """The run name's rule (rlt.spec.k8s.RunName) at the root, where CEL sees metadata.name."""
+    name = Metadata.model_json_schema()["properties"]["name"]
+    return {
+        "rule": _string_rule(name, "self.metadata.name"),
+        "message": f"metadata.name must be at most {name['maxLength']} characters (child names add suffixes) and "
+        "match " + name["pattern"] + " (its Services need DNS-1035 names)",
+    }
 
 
 def spec_schema() -> dict[str, Any]:
@@ -161,6 +199,7 @@ def crd() -> dict[str, Any]:
                             "generators, a distillation dataset, then optionally a student distilled from it "
                             "and an evaluation of the models.",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [run_name_rule()],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

@@ -123,3 +123,17 @@ def test_the_operator_can_tell_which_finished_stages_an_edit_touches():
     assert fp.edited_finished_stages(tiny(**{"stages.rl.beta": 0.0}).spec, recorded) == ["rl"]
     assert fp.edited_finished_stages(tiny(**{"stages.sft.maxSteps": 3}).spec, recorded) == ["sft", "rl"]
     assert fp.edited_finished_stages(tiny(**{"stages.distill.limit": 2}).spec, recorded) == []  # distill not finished
+
+
+def test_a_field_added_later_at_its_old_behaviour_keeps_finished_stages_current(tmp_path):
+    """stages.rl.lossType (was fixed at grpo): a stage recorded before the field existed is still current at grpo, and
+    the new value is a named change."""
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny()
+    finish(layout, run, "rl")
+    recorded = fp.recorded_fields(layout, "rl")
+    assert recorded is not None and "stages.rl.lossType" not in recorded
+    assert fp.stage_fields(tiny(**{"stages.rl.lossType": "grpo"}).spec, "rl") == recorded
+    assert "stages.rl.lossType" in fp.changed_fields(
+        recorded, fp.stage_fields(tiny(**{"stages.rl.lossType": "dapo"}).spec, "rl")
+    )

@@ -77,7 +77,7 @@ def test_round_trip_is_camel_case_and_lossless():
             "spec.format",
             "unknown format 'nope'",
         ),
-        (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name", "DNS-1123"),
+        (lambda d: d["metadata"].update(name="Bad_Name"), "metadata.name", "DNS-1035"),
         (lambda d: d.update(kind="Job"), "kind", "'RLTRun'"),
         (lambda d: d["spec"]["dataset"].update(limit=-3), "spec.dataset.limit", "greater than 0"),
         (
@@ -145,3 +145,51 @@ def test_validate_checks_the_named_format_fits_the_method(tmp_path):
     )
     assert res.returncode == 1
     assert "spec.format.preset:" in res.stderr and "is not an rlt prompt format" in res.stderr
+
+
+# (field patch, the path the one line names or None when accepted): the Kubernetes types of rlt.spec.k8s
+K8S_VALUES = [
+    ({"storage": {"size": "1.5Ti"}}, None),
+    ({"storage": {"size": "1e12"}}, None),
+    ({"storage": {"size": "+100G"}}, None),
+    ({"storage": {"size": "1.5.Gi"}}, "spec.storage.size"),
+    ({"storage": {"size": "Gi"}}, "spec.storage.size"),
+    ({"storage": {"size": ""}}, "spec.storage.size"),
+    ({"storage": {"size": "1e"}}, "spec.storage.size"),
+    ({"storage": {"size": "100 Mi"}}, "spec.storage.size"),
+    ({"storage": {"size": "1tb"}}, "spec.storage.size"),
+    ({"storage": {"existingClaim": "-claim"}}, "spec.storage.existingClaim"),
+    ({"storage": {"existingClaim": "team.claim-1"}}, None),
+    ({"resources": {"trainer": {"cpu": "500m", "gpus": 0}}}, None),
+    ({"resources": {"trainer": {"sharedMemory": "16 Gi"}}}, "spec.resources.trainer.sharedMemory"),
+    ({"resources": {"trainer": {"extra": {"nvidia.com/gpu": "1.5"}}}}, "spec.resources.trainer.extra.nvidia.com/gpu"),
+    ({"resources": {"trainer": {"extra": {"example.com/": "1"}}}}, "spec.resources.trainer.extra"),
+    ({"resources": {"generator": {"extra": {"rdma/hca_shared_a": "2"}}}}, None),
+    ({"scheduling": {"nodeSelector": {"kubernetes.io/": "x"}}}, "spec.scheduling.nodeSelector"),
+    ({"scheduling": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"}}}, None),
+    ({"scheduling": {"nodeSelector": {"pool": "-gpu"}}}, "spec.scheduling.nodeSelector.pool"),
+    ({"scheduling": {"podAnnotations": {"a" * 64: "x"}}}, "spec.scheduling.podAnnotations"),
+    ({"scheduling": {"podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}}}, None),
+    ({"scheduling": {"imagePullSecrets": ["Registry"]}}, "spec.scheduling.imagePullSecrets.0"),
+    ({"scheduling": {"priorityClassName": "high priority"}}, "spec.scheduling.priorityClassName"),
+    ({"scheduling": {"serviceAccountName": "trainer.sa"}}, None),
+    ({"hfTokenSecret": {"name": "hf", "key": "a b"}}, "spec.hfTokenSecret.key"),
+    ({"env": [{"name": "1VAR", "value": "x"}]}, "spec.env.0.name"),
+    ({"env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}, None),
+]
+
+
+@pytest.mark.parametrize("patch, field", K8S_VALUES, ids=[repr(p) for p, _ in K8S_VALUES])
+def test_every_kubernetes_value_is_checked_by_its_type(patch, field):
+    from rlt.spec.loading import parse_spec
+
+    spec = tiny_doc()["spec"]
+    for k, v in patch.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    if field is None:
+        parse_spec(spec)
+        return
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec)
+    (line,) = err.value.problems
+    assert line.startswith(f"{field}: ") and "\n" not in line, line

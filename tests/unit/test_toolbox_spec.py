@@ -31,12 +31,25 @@ def problems(d: dict) -> list[str]:
 
 
 def test_trainer_args_may_not_set_what_the_spec_owns():
-    assert problems(doc(stages__rl__trainerArgs={"learning_rate": 1e-3})) == [
-        "spec.stages.rl.trainerArgs: learning_rate is set by rlt from learningRate; use that instead"
-    ]
-    assert problems(doc(stages__sft__trainerArgs={"report_to": "wandb"})) == [
-        "spec.stages.sft.trainerArgs: report_to is set by rlt from spec.tracking; use that instead"
-    ]
+    from rlt.spec.validation import load_valid_runs
+
+    def refused(d, tmp):
+        path = tmp / "r.yaml"
+        path.write_text(yaml.safe_dump(d))
+        with pytest.raises(SpecError) as err:
+            load_valid_runs(path)
+        return err.value.problems
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        assert refused(doc(stages__rl__trainerArgs={"learning_rate": 1e-3}), Path(tmp)) == [
+            "spec.stages.rl.trainerArgs.learning_rate: set by rlt; set spec.stages.rl.learningRate"
+        ]
+        assert refused(doc(stages__sft__trainerArgs={"report_to": "wandb"}), Path(tmp)) == [
+            "spec.stages.sft.trainerArgs.report_to: set by rlt; set spec.tracking"
+        ]
 
 
 def test_trainer_args_checked_against_the_installed_trl():
@@ -48,7 +61,13 @@ def test_trainer_args_checked_against_the_installed_trl():
     ]
     bad_value = parse_run(doc(stages__rl__trainerArgs={"optim": "not_an_optimizer"}))
     (p,) = check_trainer_args(bad_value)
-    assert p.startswith("spec.stages.rl.trainerArgs: GRPOConfig refuses them: not_an_optimizer is not a valid")
+    assert p.startswith("spec.stages.rl.trainerArgs.optim: \"not_an_optimizer\" is a str, not 'adamw_torch'")
+    # what the option table cannot see, building TRL's config does (two options that exclude each other)
+    clash = parse_run(
+        doc(stages__rl__trainerArgs={"use_liger_kernel": True, "fp16_full_eval": True, "bf16_full_eval": True})
+    )
+    (p,) = check_trainer_args(clash)
+    assert p.startswith("spec.stages.rl.trainerArgs: GRPOConfig refuses them: "), p
     good = parse_run(doc(stages__sft__trainerArgs={"adam_epsilon": 1e-7}, stages__rl__trainerArgs={"adam_beta1": 0.8}))
     assert check_trainer_args(good) == []
 

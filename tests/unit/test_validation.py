@@ -28,6 +28,48 @@ BAD = [
         {"stages": {"evaluate": {"enabled": True, "generation": {"mode": "server"}}}},
         "spec.stages.evaluate.generation.serverUrl",
     ),
+    # issue 23: values a real API server or trainer would reject, refused at the door
+    ("storage size with a space", {"storage": {"size": "1 TB"}}, "spec.storage.size: '1 TB' is not a Kubernetes"),
+    (
+        "extended resource that is no quantity",
+        {"resources": {"trainer": {"extra": {"rdma/hca": "lots"}}}},
+        "spec.resources.trainer.extra.rdma/hca: 'lots' is not a Kubernetes quantity",
+    ),
+    (
+        "memory limit under the request",
+        {"resources": {"trainer": {"memory": "64Gi", "memoryLimit": "32Gi"}}},
+        "spec.resources.trainer.memoryLimit: 32Gi is below the request 64Gi",
+    ),
+    (
+        "pod annotation key that is no key",
+        {"scheduling": {"podAnnotations": {"not a key!": "x"}}},
+        "spec.scheduling.podAnnotations: key 'not a key!' is not a label or annotation key",
+    ),
+    (
+        "queue name that is no label value",
+        {"scheduling": {"queueName": "bad queue!"}},
+        "spec.scheduling.queueName: 'bad queue!' is not a label value",
+    ),
+    (
+        "trainerArgs value of the wrong type",
+        {"stages": {"sft": {"trainerArgs": {"adam_epsilon": "very"}}}},
+        'spec.stages.sft.trainerArgs.adam_epsilon: "very" is a str, not float',
+    ),
+    (
+        "trainerArgs key rlt sets",
+        {"stages": {"sft": {"trainerArgs": {"adam_beta2": 0.9}}}},
+        "spec.stages.sft.trainerArgs.adam_beta2: set by rlt",
+    ),
+    (
+        "colocate without trainer GPUs",
+        {"resources": {"trainer": {"gpus": 0}}, "stages": {"rl": {"generation": {"mode": "colocate"}}}},
+        "spec.resources.trainer.gpus: 0 with stages.rl.generation.mode colocate",
+    ),
+    (
+        "env var name the kubelet refuses",
+        {"env": [{"name": "MY-VAR", "value": "1"}]},
+        "spec.env.0.name: 'MY-VAR' is not an environment variable name",
+    ),
 ]
 
 
@@ -71,6 +113,23 @@ def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_pa
     ref = b.RunRef(name=doc["metadata"]["name"], namespace="ns", uid="u")
     d = S.decide(ref, 1, doc["spec"], None, Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     assert d.actions == [] and problem in d.status["message"]
+    cond = {c["type"]: c for c in d.status["conditions"]}["SpecValid"]
+    assert cond["status"] == "False" and problem in cond["message"]
+
+
+def test_a_run_name_its_children_cannot_carry_is_refused_by_all_three(tmp_path):
+    from rlt_operator import builders as b
+    from rlt_operator import status as S
+
+    doc = tiny_doc()
+    doc["metadata"]["name"] = "r" * 41
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cli = subprocess.run([sys.executable, "-m", "rlt.cli", "validate", str(path)], capture_output=True, text=True)
+    assert cli.returncode == 1 and "metadata.name: 'rrrrrrrr" in cli.stderr and "over 40" in cli.stderr
+    ref = b.RunRef(name=doc["metadata"]["name"], namespace="ns", uid="u")
+    d = S.decide(ref, 1, doc["spec"], None, Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+    assert d.actions == [] and d.status["message"].startswith("metadata.name: ") and "over 40" in d.status["message"]
 
 
 def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stages():

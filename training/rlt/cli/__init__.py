@@ -12,13 +12,15 @@ from rlt.spec.validation import check_datasets, load_valid_runs
 
 
 def trainer_args_problems(run) -> list[str]:
-    """trainerArgs checked against the installed TRL; without TRL they cannot be, which is said, not hidden."""
+    """trainerArgs built into the installed TRL's config (the option table's checks ran in load_valid_runs); without
+    TRL that last check cannot run, which is said, not hidden."""
     try:
         import trl  # noqa: F401
     except ImportError:
         if any(stage_settings(run.spec, s).trainer_args for s in TRAINER_STAGES):
             print(
-                f"{run.name}: note: trainerArgs not checked (TRL is not installed here; the stage checks them)",
+                f"{run.name}: note: trainerArgs checked against TRL's option table only (TRL is not installed here; "
+                "the stage builds its config)",
                 file=sys.stderr,
             )
         return []

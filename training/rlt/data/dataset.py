@@ -20,14 +20,12 @@ from typing import Any
 
 from rlt.data import tasks
 from rlt.data.answers import between
+from rlt.data.errors import DataError
+from rlt.data.jsonl import decoded_lines
 from rlt.method.prompts import PromptFormat
 from rlt.spec.inputs import DatasetSpec
 
 log = logging.getLogger(__name__)
-
-
-class DataError(ValueError):
-    """A dataset problem; the message names the file, the line (or row) and the field."""
 
 
 @dataclass
@@ -52,18 +50,27 @@ class _Unparsable:
 def _read_json_lines(path: Path) -> tuple[list[Any], list[int]]:
     """Rows of a JSONL file (or a JSON array) with the 1-based line of each row.
 
-    Read here rather than by `datasets`: it gives line numbers, reports a broken line instead of failing the
-    file, and keeps a column whose values mix numbers and text (Arrow refuses to type such a column)."""
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
+    Read here rather than by `datasets`: it gives line numbers, reports a broken line (not JSON, not UTF-8, anywhere
+    in the file) as that row's problem instead of failing the file (so badRows: skip applies to it), and keeps a
+    column whose values mix numbers and text (Arrow refuses to type such a column)."""
+    data = path.read_bytes()
+    if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
         try:
-            rows = json.loads(text)
+            rows = json.loads(data.decode("utf-8-sig"))
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at byte offset {err.start})"
+            ) from None
         except json.JSONDecodeError as err:
             raise DataError(f"{path}: not valid JSON ({err})") from None
         return rows, []
     rows, lines = [], []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    for n, line, problem in decoded_lines(data):
+        if problem is not None:
+            rows.append(_Unparsable(problem))
+            lines.append(n)
+            continue
+        if line is None or not line.strip():
             continue
         try:
             value = json.loads(line)
@@ -74,6 +81,35 @@ def _read_json_lines(path: Path) -> tuple[list[Any], list[int]]:
         rows.append(value)
         lines.append(n)
     return rows, lines
+
+
+def _read_error(path: Path, kind: str, err: BaseException) -> str:
+    """Why `datasets` could not read a CSV or Parquet file, naming the line (CSV) or row group (Parquet): its
+    own message only says "An error occurred while generating the dataset"."""
+    if kind == "csv":
+        bad = next(((n, p) for n, _, p in decoded_lines(path.read_bytes()) if p), None)
+        if bad:
+            return f"line {bad[0]}: {bad[1]}"
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as exc:  # noqa: BLE001 - the reader's own words, in one line
+            return f"not a Parquet file: {_first_line(exc)}"
+        for group in range(pf.num_row_groups):
+            try:
+                pf.read_row_group(group)
+            except Exception as exc:  # noqa: BLE001
+                return f"row group {group} of {pf.num_row_groups}: {_first_line(exc)}"
+    cause: BaseException | None = err
+    while cause is not None and type(cause).__name__ == "DatasetGenerationError":
+        cause = cause.__cause__ or cause.__context__  # the reader's error, which says the line
+    return _first_line(cause or err)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def _read_source(spec: DatasetSpec) -> tuple[Iterable[Any], Callable[[int], str]]:
@@ -103,11 +139,19 @@ def _read_source(spec: DatasetSpec) -> tuple[Iterable[Any], Callable[[int], str]
     if kind == "json":
         rows, lines = _read_json_lines(path)
         return rows, ((lambda i: f"line {lines[i]}") if lines else by_index)
+    quiet = datasets.utils.logging.get_verbosity()
+    bars = datasets.utils.are_progress_bars_disabled()
     try:
+        # a local file: no progress bar, and the reader's failure is said once, below, not logged as well
+        datasets.utils.logging.set_verbosity(logging.CRITICAL)
+        datasets.disable_progress_bars()
         ds = datasets.load_dataset(kind, data_files=str(path), split="train")
     except Exception as err:  # noqa: BLE001 - any reader failure is a problem of this file, said in one line
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise DataError(f"{src}: cannot be read as {suffix} ({first})") from None
+        raise DataError(f"{src}: cannot be read as {suffix} ({_read_error(path, kind, err)})") from None
+    finally:
+        datasets.utils.logging.set_verbosity(quiet)
+        if not bars:
+            datasets.enable_progress_bars()
     return ds, ((lambda i: f"line {i + 2}") if kind == "csv" else by_index)  # CSV line 1 is the header
 
 

@@ -4,14 +4,16 @@ typed records written into report files."""
 
 from __future__ import annotations
 
+import codecs
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic.alias_generators import to_camel
 
+from rlt.data.errors import DataError
 from rlt.run.layout import atomic_write_text
 
 R = TypeVar("R")
@@ -27,17 +29,37 @@ def from_camel_json(cls: type[R], doc: dict[str, Any]) -> R:
     return cls(**{f.name: doc[to_camel(f.name)] for f in fields(cls)})
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every object of the file, blank lines skipped; a line that is not JSON is a DataError naming file and line."""
-    from rlt.data.dataset import DataError
+def decoded_lines(data: bytes) -> Iterator[tuple[int, str | None, str | None]]:
+    """(1-based line, text, None) per line of UTF-8 bytes split at '\\n' only (as editors count lines), or
+    (line, None, problem) for a line that is not UTF-8, naming the byte, its column and its offset in the file."""
+    offset = 0
+    if data.startswith(codecs.BOM_UTF8):
+        data, offset = data[len(codecs.BOM_UTF8) :], len(codecs.BOM_UTF8)
+    for n, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            yield n, raw.decode("utf-8").removesuffix("\r"), None
+        except UnicodeDecodeError as err:
+            yield (
+                n,
+                None,
+                f"not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}, "
+                f"byte offset {offset + err.start})",
+            )
+        offset += len(raw) + 1
 
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every object of the file, blank lines skipped; a line that is not UTF-8 JSON is a DataError naming file and
+    line."""
     rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines()):
-        if line.strip():
+    for n, line, problem in decoded_lines(Path(path).read_bytes()):
+        if problem is not None:
+            raise DataError(f"{path} line {n}: {problem}")
+        if line is not None and line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise DataError(f"{path} line {n + 1}: not JSON ({err})") from None
+                raise DataError(f"{path} line {n}: not JSON ({err})") from None
     return rows
 
 

@@ -37,6 +37,9 @@ NOT_AFFECTING = {
 NOT_AFFECTING_BY_STAGE = {s.name: {"batchSize"} for s in STAGES if not s.trainer}
 # Changes a finished stage can absorb by training on (rlt.spec.stage_registry says which and why).
 EXTENDABLE = {s.name: f"stages.{s.name}.{s.extendable}" for s in STAGES if s.extendable}
+# Fields added after stages recorded their fingerprints, at the value that reproduces what those stages did: left out
+# of the fields at that value, so a stage finished before the field existed is still current.
+ADDED_AT_DEFAULT = {"stages.rl.lossType": "grpo"}
 
 
 class StaleStageError(ValueError):
@@ -72,7 +75,7 @@ def stage_fields(spec: RLTRunSpec, stage: str) -> dict[str, Any]:
     for earlier in stages_before(stage):
         out.update(_stage_settings(doc, earlier, own=False))
     out.update(_stage_settings(doc, stage, own=True))
-    return out
+    return {k: v for k, v in out.items() if k not in ADDED_AT_DEFAULT or ADDED_AT_DEFAULT[k] != v}
 
 
 def fingerprint_of(fields: dict[str, Any]) -> str:

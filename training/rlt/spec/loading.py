@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlt.spec.run import RLTRun, RLTRunSpec
 
-_NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*): ")
+_NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*): ")
 
 
 class SpecError(ValueError):
@@ -58,9 +58,13 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
     """pydantic errors → 'spec.stages.rl.numGenerations: Input should be greater than 1'."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if p not in ("function-after",))
-        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        parts = [str(p) for p in e["loc"] if p not in ("function-after",)]
         msg = e["msg"].removeprefix("Value error, ")
+        if parts[-2:-1] and parts[-1] == "[key]":  # a map's key: name the map, then the key
+            msg = f"key {msg}" if msg.startswith(repr(parts[-2])) else f"key {parts[-2]!r}: {msg}"
+            parts = parts[:-2]
+        loc = ".".join(parts)
+        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
         # Cross-field validators say "field: problem"; fold the field into the path.
         named = _NAMED_MSG.match(msg)
         if e["type"] == "value_error" and named:

@@ -4,41 +4,92 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from rlt.spec.base import (
     Strict,
 )
+from rlt.spec.k8s import (
+    ConfigKey,
+    DNS1123Subdomain,
+    EnvVarName,
+    Image,
+    LabelValue,
+    QualifiedName,
+    Quantity,
+    ResourceName,
+    WholeQuantity,
+    cel_rules,
+    quantity_value,
+)
 
-_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# The requests a pod gets when the spec names none (per GPU, with a floor), in Python and in the CRD's CEL rules.
+CPU_PER_GPU, MIN_CPU = 4, 1
+MEMORY_GI_PER_GPU, MIN_MEMORY_GI = 32, 8
+
+
+def _default_request_cel(field: str, per_gpu: int, floor: int, unit: str) -> str:
+    n = f"self.gpus * {per_gpu}"
+    return f"(has(self.{field}) ? quantity(self.{field}) : quantity(string({n} > {floor} ? {n} : {floor}) + '{unit}'))"
+
+
+_LIMIT_RULES = cel_rules(
+    (
+        "!has(self.cpuLimit) || quantity(self.cpuLimit).compareTo("
+        + _default_request_cel("cpu", CPU_PER_GPU, MIN_CPU, "")
+        + ") >= 0",
+        "cpuLimit must be at least the CPU request (cpu, or its default of 4 per GPU)",
+    ),
+    (
+        "!has(self.memoryLimit) || quantity(self.memoryLimit).compareTo("
+        + _default_request_cel("memory", MEMORY_GI_PER_GPU, MIN_MEMORY_GI, "Gi")
+        + ") >= 0",
+        "memoryLimit must be at least the memory request (memory, or its default of 32Gi per GPU)",
+    ),
+)
 
 
 class PodResources(Strict):
+    model_config = ConfigDict(json_schema_extra=_LIMIT_RULES)
+
     gpus: int = Field(1, ge=0, description="nvidia.com/gpu per pod (0 with MIG: name the MIG profile in extra).")
-    cpu: str | None = Field(
-        None, pattern=_QUANTITY, description="CPU request, e.g. '16' (default: 4 per GPU, at least 1)."
-    )
-    memory: str | None = Field(
+    cpu: Quantity | None = Field(None, description="CPU request, e.g. '16' (default: 4 per GPU, at least 1).")
+    memory: Quantity | None = Field(
         None,
-        pattern=_QUANTITY,
         description="Memory request for the processes, e.g. '200Gi' "
         "(default: 32Gi per GPU, at least 8Gi); sharedMemory is added to it.",
     )
-    cpu_limit: str | None = Field(None, pattern=_QUANTITY, description="CPU limit (default: none).")
-    memory_limit: str | None = Field(
-        None, pattern=_QUANTITY, description="Memory limit (default: none); sharedMemory is added to it."
+    cpu_limit: Quantity | None = Field(None, description="CPU limit (default: none); at least the request.")
+    memory_limit: Quantity | None = Field(
+        None, description="Memory limit (default: none), at least the request; sharedMemory is added to it."
     )
-    shared_memory: str = Field(
+    shared_memory: Quantity = Field(
         "16Gi",
-        pattern=_QUANTITY,
         description="Size of the memory-backed /dev/shm emptyDir (NCCL, dataloaders); it counts "
         "as the pod's memory, so it is added to the memory request and limit.",
     )
-    extra: dict[str, str] = Field(
+    extra: dict[ResourceName, WholeQuantity] = Field(
         default_factory=dict,
         description="More extended resources, request = limit, e.g. "
         "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.",
     )
+
+    def cpu_request(self) -> str:
+        return self.cpu or str(max(MIN_CPU, CPU_PER_GPU * self.gpus))
+
+    def memory_request(self) -> str:
+        return self.memory or f"{max(MIN_MEMORY_GI, MEMORY_GI_PER_GPU * self.gpus)}Gi"
+
+    @model_validator(mode="after")
+    def _limits_cover_requests(self) -> PodResources:
+        # The API server refuses a pod whose limit is below its request (the Job would create no pod).
+        for field, limit, request in (
+            ("cpuLimit", self.cpu_limit, self.cpu_request()),
+            ("memoryLimit", self.memory_limit, self.memory_request()),
+        ):
+            if limit is not None and quantity_value(limit) < quantity_value(request):
+                raise ValueError(f"{field}: {limit} is below the request {request}; a limit must be at least it")
+        return self
 
 
 class TrainerResources(PodResources):
@@ -57,6 +108,18 @@ class GeneratorResources(PodResources):
         description="vLLM data parallelism inside the one server "
         "(--data-parallel-size): how rl in server mode uses more generation GPUs; "
         "tensorParallelSize × dataParallelSize ≤ gpus.",
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": _LIMIT_RULES["x-kubernetes-validations"]
+            + cel_rules(
+                (
+                    "self.gpus == 0 || self.tensorParallelSize * self.dataParallelSize <= self.gpus",
+                    "tensorParallelSize × dataParallelSize must not exceed gpus",
+                )
+            )["x-kubernetes-validations"]
+        }
     )
 
     @model_validator(mode="after")
@@ -85,24 +148,38 @@ class Resources(Strict):
 class Storage(Strict):
     """The run's volume (a PVC mounted at /data in every pod)."""
 
-    size: str = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")
-    storage_class_name: str | None = Field(None, description="StorageClass of the PVC (default: the cluster's).")
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(("quantity(self.size).compareTo(quantity('0')) > 0", "size must be above 0"))
+    )
+
+    size: Quantity = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")
+    storage_class_name: DNS1123Subdomain | None = Field(
+        None, description="StorageClass of the PVC (default: the cluster's)."
+    )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = Field(
         "ReadWriteOnce", description="ReadWriteMany is needed when pods of a run land on several nodes."
     )
-    existing_claim: str | None = Field(None, description="Use this PVC instead of creating one (kept on delete).")
+    existing_claim: DNS1123Subdomain | None = Field(
+        None, description="Use this PVC instead of creating one (kept on delete)."
+    )
     retention_policy: Literal["Retain", "Delete"] = Field(
         "Retain",
         description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
         "Retain keeps it (no owner reference; a new run of the same name reuses it), Delete removes it.",
     )
 
+    @model_validator(mode="after")
+    def _some_size(self) -> Storage:
+        if quantity_value(self.size) <= 0:  # the apiserver refuses a claim of no storage
+            raise ValueError(f"size: {self.size} must be above 0")
+        return self
+
 
 class Images(Strict):
     """Container images of the run's pods (build and push them: `make images`)."""
 
-    trainer: str = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
-    generator: str = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
+    trainer: Image = Field("ghcr.io/rlt-dev/rlt-trainer:0.1.0", description="Image running `rlt stage`.")
+    generator: Image = Field("ghcr.io/rlt-dev/rlt-generator:0.1.0", description="vLLM server image.")
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="imagePullPolicy of every container."
     )
@@ -111,13 +188,13 @@ class Images(Strict):
 class SecretKeyRef(Strict):
     """A key of a Secret in the run's namespace."""
 
-    name: str = Field(min_length=1, description="Secret name.")
-    key: str = Field("token", min_length=1, description="Key inside it.")
+    name: DNS1123Subdomain = Field(description="Secret name.")
+    key: ConfigKey = Field("token", description="Key inside it.")
 
 
 class KeyRef(Strict):
-    name: str = Field(min_length=1, description="Secret or ConfigMap name.")
-    key: str = Field(min_length=1, description="Key inside it.")
+    name: DNS1123Subdomain = Field(description="Secret or ConfigMap name.")
+    key: ConfigKey = Field(description="Key inside it.")
     optional: bool | None = Field(None, description="Start the pod even when the key is missing.")
 
 
@@ -145,7 +222,7 @@ class EnvVarSource(Strict):
 class EnvVar(Strict):
     """An environment variable of every pod of the run."""
 
-    name: str = Field(min_length=1, description="Variable name.")
+    name: EnvVarName = Field(description="Variable name.")
     value: str | None = Field(None, description="Literal value (written into the run's ConfigMap: no secrets).")
     value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
 
@@ -159,16 +236,22 @@ class EnvVar(Strict):
 class Scheduling(Strict):
     """Where and how the run's pods are scheduled."""
 
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[QualifiedName, LabelValue] = Field(
         default_factory=dict, description="Pod nodeSelector (labels a node must carry)."
     )
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (passed through).")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (passed through).")
-    priority_class_name: str | None = Field(None, description="PriorityClass of every pod.")
-    queue_name: str | None = Field(None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod.")
-    service_account_name: str | None = Field(None, description="ServiceAccount of the pods (its token is not mounted).")
-    image_pull_secrets: list[str] = Field(default_factory=list, description="Names of Secrets to pull images with.")
-    pod_annotations: dict[str, str] = Field(
+    priority_class_name: DNS1123Subdomain | None = Field(None, description="PriorityClass of every pod.")
+    queue_name: LabelValue | None = Field(
+        None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod (a label value)."
+    )
+    service_account_name: DNS1123Subdomain | None = Field(
+        None, description="ServiceAccount of the pods (its token is not mounted)."
+    )
+    image_pull_secrets: list[DNS1123Subdomain] = Field(
+        default_factory=list, description="Names of Secrets to pull images with."
+    )
+    pod_annotations: dict[QualifiedName, str] = Field(
         default_factory=dict,
         description="Annotations on every pod of the run (e.g. for a network operator or a sidecar injector).",
     )
@@ -177,7 +260,5 @@ class Scheduling(Strict):
 class SecretEnvVar(Strict):
     """An environment variable of every pod whose value comes from a Kubernetes Secret (never from the spec)."""
 
-    name: str = Field(
-        min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name, e.g. AWS_ACCESS_KEY_ID."
-    )
+    name: EnvVarName = Field(description="Variable name, e.g. AWS_ACCESS_KEY_ID.")
     secret_key_ref: SecretKeyRef = Field(description="Secret name and key holding the value.")

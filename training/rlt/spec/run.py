@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -13,6 +12,7 @@ from rlt.spec.base import (
     Strict,
 )
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
+from rlt.spec.k8s import DNS1123Label, RunName, cel_rules
 from rlt.spec.resources import (
     EnvVar,
     Images,
@@ -30,7 +30,14 @@ from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
 # --------------------------------------------------------------------------- the run
 
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# colocate runs vLLM inside each trainer process on its GPU: a trainer without GPUs cannot (the CRD says it too;
+# the apiserver fills in the defaults before it evaluates the rule, so only the objects can be absent).
+_COLOCATE_RULE = (
+    "!(has(self.stages) && has(self.stages.rl) && has(self.stages.rl.generation) && self.stages.rl.enabled && "
+    "self.stages.rl.generation.mode == 'colocate') || !has(self.resources) || !has(self.resources.trainer) || "
+    "self.resources.trainer.gpus > 0",
+    "stages.rl.generation.mode colocate runs vLLM on the trainer's GPUs: resources.trainer.gpus must be at least 1",
+)
 
 
 class RclSpec(Strict):
@@ -72,6 +79,8 @@ class RclSpec(Strict):
 
 
 class RLTRunSpec(Strict):
+    model_config = ConfigDict(json_schema_extra=cel_rules(_COLOCATE_RULE))
+
     method: Literal["rlt", "rcl"] = Field(
         "rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching)."
     )
@@ -106,6 +115,12 @@ class RLTRunSpec(Strict):
     def _some_stage(self) -> RLTRunSpec:
         if not self.stages.enabled():
             raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
+        rl = self.stages.rl
+        if rl.enabled and rl.generation.mode == "colocate" and self.resources.trainer.gpus == 0:
+            raise ValueError(
+                "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
+                "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
+            )
         if (
             self.stages.rl.enabled
             and self.stages.rl.generation.mode == "server"
@@ -159,16 +174,10 @@ class Metadata(BaseModel):
     """The part of ObjectMeta we read; the API server owns the rest."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1, max_length=63)
-    namespace: str | None = None
+    name: RunName
+    namespace: DNS1123Label | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _dns(self) -> Metadata:
-        if not _DNS1123.match(self.name):
-            raise ValueError(f"name: {self.name!r} must be a DNS-1123 label (lowercase letters, digits, '-')")
-        return self
 
 
 class RLTRun(BaseModel):

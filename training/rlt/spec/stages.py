@@ -2,59 +2,100 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from rlt.spec.base import (
     Strict,
 )
 from rlt.spec.inputs import DatasetSpec, ModelRef
+from rlt.spec.k8s import cel_rules
 from rlt.spec.stage_registry import STAGE_ORDER
 
 # --------------------------------------------------------------------------- stages
 
 
-# TrainingArguments that rlt sets itself, with the spec field to use instead (trainerArgs may not set them:
-# two sources for one option would make the effective value depend on merge order).
-MANAGED_TRAINER_ARGS: dict[str, str] = {
-    "output_dir": "the run's layout",
-    "report_to": "spec.tracking",
-    "logging_dir": "spec.tracking",
-    "deepspeed": "deepspeedZeroStage",
-    "use_cpu": "the device",
-    "bf16": "precision",
-    "fp16": "precision",
-    "max_steps": "maxSteps / steps",
-    "num_train_epochs": "epochs",
-    "learning_rate": "learningRate",
-    "lr_scheduler_type": "lrScheduler",
-    "warmup_steps": "warmupRatio",
-    "warmup_ratio": "warmupRatio",
-    "weight_decay": "weightDecay",
-    "max_grad_norm": "maxGradNorm",
-    "per_device_train_batch_size": "perDeviceBatchSize",
-    "gradient_accumulation_steps": "batchSize / perDeviceBatchSize",
-    "gradient_checkpointing": "gradientCheckpointing",
-    "save_steps": "saveSteps",
-    "save_strategy": "saveSteps",
-    "save_total_limit": "saveTotalLimit",
-    "logging_steps": "loggingSteps",
-    "seed": "spec.seed",
-    "max_length": "maxLength",
-    "num_generations": "numGenerations",
-    "max_completion_length": "maxCompletionLength",
-    "temperature": "temperature",
-    "top_p": "topP",
-    "beta": "beta",
-    "use_vllm": "generation.mode",
-    "vllm_mode": "generation.mode",
-    "vllm_server_base_url": "generation.serverUrl",
-    "vllm_server_timeout": "generation.serverTimeoutSeconds",
-    "steps_per_generation": "batchSize",
-    "disable_tqdm": "the progress bar",
-    "completion_only_loss": "the stage",
+# trainerArgs keys rlt sets itself, per Trainer stage, with what to set instead or why the value is fixed: two sources
+# for one option would make the effective value depend on merge order. tests/training/test_trainer_args.py holds
+# each table equal to the keys the stage's config builder (stages/sft.py, stages/rl.py) really sets.
+_INSTEAD = "set spec.stages.{stage}."
+TRAINER_OWNED_ARGS: dict[str, str] = {
+    "output_dir": "the run's layout decides it",
+    "report_to": "set spec.tracking",
+    "run_name": "the run's name (metadata.name)",
+    "logging_dir": "set spec.tracking (TensorBoard writes under the run's folder)",
+    "deepspeed": _INSTEAD + "deepspeedZeroStage",
+    "accelerator_config": "the launch (processes and devices) decides it",
+    "use_cpu": "the device decides it",
+    "bf16": _INSTEAD + "precision",
+    "fp16": _INSTEAD + "precision",
+    "learning_rate": _INSTEAD + "learningRate",
+    "lr_scheduler_type": _INSTEAD + "lrScheduler",
+    "warmup_steps": _INSTEAD + "warmupRatio",
+    "warmup_ratio": _INSTEAD + "warmupRatio",
+    "weight_decay": _INSTEAD + "weightDecay",
+    "max_grad_norm": _INSTEAD + "maxGradNorm",
+    "per_device_train_batch_size": _INSTEAD + "perDeviceBatchSize",
+    "gradient_accumulation_steps": _INSTEAD + "batchSize and perDeviceBatchSize",
+    "gradient_checkpointing": _INSTEAD + "gradientCheckpointing",
+    "save_steps": _INSTEAD + "saveSteps",
+    "save_strategy": _INSTEAD + "saveSteps",
+    "save_total_limit": _INSTEAD + "saveTotalLimit",
+    "logging_steps": _INSTEAD + "loggingSteps",
+    "seed": "set spec.seed",
+    "disable_tqdm": "the progress bar is rlt's",
 }
+SFT_OWNED_ARGS: dict[str, str] = {
+    **TRAINER_OWNED_ARGS,
+    "num_train_epochs": _INSTEAD + "epochs",
+    "max_steps": _INSTEAD + "maxSteps",
+    "max_length": _INSTEAD + "maxLength",
+    "completion_only_loss": "the loss is on the completion only (the stage's prompt/completion rows)",
+    "packing": "rows are one prompt/completion each; packing would mix the completion-only loss masks",
+}
+# The teacher warm-up keeps the RLT reference code's AdamW beta2 (0.95); the student stage passes adam_beta2 through.
+TEACHER_SFT_OWNED_ARGS: dict[str, str] = {
+    **SFT_OWNED_ARGS,
+    "adam_beta2": "fixed at the RLT reference code's 0.95 for the teacher warm-up",
+}
+RL_OWNED_ARGS: dict[str, str] = {
+    **TRAINER_OWNED_ARGS,
+    "max_steps": _INSTEAD + "steps",
+    "steps_per_generation": _INSTEAD + "batchSize (one generation round per optimizer step)",
+    "num_generations": _INSTEAD + "numGenerations",
+    "num_iterations": "fixed at 1: the RLT reward scores the policy that sampled, once per generation round",
+    "max_completion_length": _INSTEAD + "maxCompletionLength",
+    "temperature": _INSTEAD + "temperature",
+    "top_p": _INSTEAD + "topP",
+    "top_k": "fixed off (clean sampling: the reward's teacher log-probs follow only temperature and topP)",
+    "min_p": "fixed off (clean sampling: the reward's teacher log-probs follow only temperature and topP)",
+    "repetition_penalty": "fixed at 1 (clean sampling: the reward's teacher log-probs follow only temperature and topP)",
+    "beta": _INSTEAD + "beta",
+    "loss_type": _INSTEAD + "lossType",
+    "scale_rewards": "fixed at 'group' (the paper's per-question normalisation of the RLT reward)",
+    "mask_truncated_completions": "fixed off: unclosed explanations pay spec.stages.rl.reward.formatPenalty instead",
+    "sync_ref_model": _INSTEAD + "refSync.enabled",
+    "ref_model_mixup_alpha": _INSTEAD + "refSync.alpha",
+    "ref_model_sync_steps": _INSTEAD + "refSync.steps",
+    "use_vllm": _INSTEAD + "generation.mode",
+    "vllm_mode": _INSTEAD + "generation.mode",
+    "vllm_server_base_url": _INSTEAD + "generation.serverUrl",
+    "vllm_server_timeout": _INSTEAD + "generation.serverTimeoutSeconds",
+    "vllm_gpu_memory_utilization": _INSTEAD + "generation.gpuMemoryUtilization",
+    "vllm_max_model_length": _INSTEAD + "generation.maxModelLen",
+    "vllm_importance_sampling_correction": _INSTEAD + "generation.importanceSampling",
+    "vllm_importance_sampling_mode": _INSTEAD + "generation.importanceSampling",
+    "vllm_importance_sampling_clip_max": _INSTEAD + "generation.importanceSamplingCap",
+}
+
+
+# The same rules as CEL for the CRD (tests/operator/test_crd_cel.py holds the two equal).
+_MICRO_BATCH_RULE = (
+    "self.batchSize % self.perDeviceBatchSize == 0",
+    "batchSize must be a multiple of perDeviceBatchSize",
+)
+_GROUP_RULE = ("self.batchSize % self.numGenerations == 0", "batchSize must be divisible by numGenerations")
 
 
 def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
@@ -77,20 +118,16 @@ class TrainerOptions(Strict):
     trainer_args: dict[str, Any] = Field(
         default_factory=dict,
         description="More TRL config options (SFTConfig / GRPOConfig field names, snake_case), "
-        "passed as given; `rlt validate` checks them against the installed TRL. Options the spec has a field for "
-        "are refused here.",
+        "passed as given; each is checked against the TRL config's own field type. Options rlt sets itself are "
+        "refused, naming the spec field to use (or why the value is fixed).",
     )
-
-    @model_validator(mode="after")
-    def _trainer_args_free(self) -> TrainerOptions:
-        for key in self.trainer_args:
-            if key in MANAGED_TRAINER_ARGS:
-                raise ValueError(f"trainerArgs: {key} is set by rlt from {MANAGED_TRAINER_ARGS[key]}; use that instead")
-        return self
+    owned_trainer_args: ClassVar[dict[str, str]] = TRAINER_OWNED_ARGS
 
 
 class SupervisedStage(TrainerOptions):
     """Settings of the supervised stages (TRL SFTTrainer, loss on the completion only): sft and student."""
+
+    model_config = ConfigDict(json_schema_extra=cel_rules(_MICRO_BATCH_RULE))
 
     enabled: bool = Field(True, description="Run this stage.")
     epochs: float = Field(
@@ -122,6 +159,8 @@ class SupervisedStage(TrainerOptions):
 
 class SftStage(SupervisedStage):
     """Supervised warm-up of the teacher on teacher-format traces; loss on the explanation only."""
+
+    owned_trainer_args: ClassVar[dict[str, str]] = TEACHER_SFT_OWNED_ARGS
 
 
 class RewardSpec(Strict):
@@ -188,6 +227,9 @@ class RefSyncSpec(Strict):
 class RlStage(TrainerOptions):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 
+    model_config = ConfigDict(json_schema_extra=cel_rules(_GROUP_RULE, _MICRO_BATCH_RULE))
+    owned_trainer_args: ClassVar[dict[str, str]] = RL_OWNED_ARGS
+
     enabled: bool = Field(True, description="Run this stage.")
     steps: int = Field(125, gt=0, description="Optimizer steps.")
     batch_size: int = Field(
@@ -200,6 +242,12 @@ class RlStage(TrainerOptions):
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
+        "grpo",
+        description="How TRL aggregates the token losses (its GRPOConfig.loss_type): grpo (per-sequence mean, as in "
+        "the paper), dr_grpo (a global constant), dapo (active tokens of the global batch), bnpo (of the local "
+        "batch).",
+    )
     temperature: float = Field(0.7, gt=0, description="Sampling temperature τ (also used for every log-prob).")
     top_p: float = Field(
         1.0, gt=0, le=1, description="Nucleus sampling (1 = off; the reward's teacher log-probs follow it)."
@@ -239,6 +287,8 @@ class DistillStage(Strict):
 
 class StudentStage(SupervisedStage):
     """Supervised distillation of a student on the distill stage's dataset (student format, loss on the answer)."""
+
+    owned_trainer_args: ClassVar[dict[str, str]] = SFT_OWNED_ARGS
 
     enabled: bool = Field(False, description="Run this stage.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")

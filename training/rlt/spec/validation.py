@@ -2,8 +2,10 @@
 
 `rlt validate`, the local runner, the pods (`rlt stage`) and the operator all call this module, so a
 spec the CLI refuses is refused by the operator too, with the same message. The pydantic model checks
-each field; the rules here look at several fields together (the prompt format against the method,
-the volume's access mode against the number of nodes) or at the run's name, which its children carry.
+each field (and the cross-field rules the CRD repeats as CEL); the rules here look at what the model
+cannot: the prompt format against the method, trainerArgs against TRL's option table (every key
+reported), the volume's access mode against the number of nodes, and the run's name, which the operator
+receives apart from the spec.
 
 `local_files=False` is for the operator: it cannot read paths that only exist inside the pods
 (`format.file`, `rcl.format` as a path), so those are checked where they are read.
@@ -14,22 +16,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from rlt.spec.k8s import RunName
 from rlt.spec.loading import SpecError, parse_spec, read_runs
-from rlt.spec.run import RLTRun, RLTRunSpec
-from rlt.spec.stage_registry import TRAINER_STAGES
-
-# Children append up to "-generator-<index>" / "-distill-<index>" plus controller hashes, and
-# Services need DNS-1035 names (a letter first): the run's own name is therefore stricter than DNS-1123.
-MAX_RUN_NAME = 40
+from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
+from rlt.spec.stage_registry import TRAINER_STAGES, stage_info
+from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
 
 
 def run_name_problem(name: str) -> str | None:
-    if len(name) > MAX_RUN_NAME:
-        return f"metadata.name: {name!r} is longer than {MAX_RUN_NAME} characters (child names add suffixes)"
-    if not name[:1].isalpha():
-        return f"metadata.name: {name!r} must start with a letter (its Services need DNS-1035 names)"
+    """The run name's rule (rlt.spec.k8s.RunName, the type of metadata.name) for the operator, which receives the
+    name apart from the spec."""
+    try:
+        TypeAdapter(RunName).validate_python(name)
+    except ValidationError as err:
+        return f"metadata.name: {err.errors()[0]['msg'].removeprefix('Value error, ')}"
     return None
 
 
@@ -53,6 +55,18 @@ def format_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
         first = str(err).splitlines()[0]
         return [first if first.startswith("spec.") else f"{where}: not a usable {spec.method} format ({first})"]
     return []
+
+
+def trainer_args_problems(spec: RLTRunSpec) -> list[str]:
+    """Every trainerArgs key of every enabled Trainer stage that rlt sets itself, that its TRL config does not have,
+    or whose value is not of the option's type (rlt.spec.trainer_args, TRL's option table: no TRL needed)."""
+    out: list[str] = []
+    for stage in TRAINER_STAGES:
+        settings = stage_settings(spec, stage)
+        config = stage_info(stage).trl_config
+        if settings.enabled and settings.trainer_args and config is not None:
+            out += check_trainer_args(stage, config, settings.owned_trainer_args, settings.trainer_args)
+    return out
 
 
 def cluster_problems(spec: RLTRunSpec) -> list[str]:
@@ -85,7 +99,7 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         problem = run_name_problem(name)
         if problem:
             out.append(problem)
-    return out + format_problems(spec, local_files) + cluster_problems(spec)
+    return out + format_problems(spec, local_files) + trainer_args_problems(spec) + cluster_problems(spec)
 
 
 def validate_spec(raw: Any, name: str | None = None, local_files: bool = False, source: str = "<spec>") -> RLTRunSpec:

@@ -232,7 +232,8 @@ def trainer_precision(device: str, precision: str = "auto", processes: int = 1) 
 def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any]:
     """TrainingArguments every TRL-trained stage (sft, rl, student) shares, from spec.stages.<stage>: the schedule and
     TrainerOptions, the DeepSpeed config of its ZeRO stage (the value the operator's accelerate launch gets too),
-    the layout, the seed, tracking, then the stage's trainerArgs (which the spec keeps off the options set here)."""
+    the layout, the seed, tracking. The stage's trainerArgs are added by the config builder (the spec keeps them off
+    the keys set here: spec.stages.TRAINER_OWNED_ARGS)."""
     from rlt.run.tracking import report_to_args
 
     st = stage_settings(ctx.spec, stage)
@@ -257,7 +258,6 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
         "save_total_limit": st.save_total_limit,
         **trainer_precision(device, st.precision, processes),
         **report_to_args(ctx),
-        **st.trainer_args,
     }
 
 

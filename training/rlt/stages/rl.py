@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from typing import Any
 
 from rlt.data.dataset import DataError, load_data
 from rlt.method.generation import sample_with_logprobs
@@ -111,9 +112,15 @@ IS_MODES = {
 
 
 def grpo_config(ctx: StageContext, device: str):
-    """TRL GRPOConfig from spec.stages.rl: one generation round per optimizer step, the paper's loss settings."""
+    """TRL GRPOConfig from spec.stages.rl and its trainerArgs (which may not repeat a key rlt sets)."""
     from trl import GRPOConfig
 
+    return GRPOConfig(**grpo_options(ctx, device), **ctx.spec.stages.rl.trainer_args)
+
+
+def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
+    """The GRPOConfig options rlt sets from spec.stages.rl (spec.stages.RL_OWNED_ARGS lists them): one generation
+    round per optimizer step, the paper's loss settings."""
     spec, st = ctx.spec, ctx.spec.stages.rl
     world = ctx.world_size()
     ga = st.batch_size // (st.per_device_batch_size * world)
@@ -136,7 +143,7 @@ def grpo_config(ctx: StageContext, device: str):
     if colocate:  # vLLM shares each rank's GPU with training: unless set, TRL's 30 % (not a generator pod's 90 %)
         share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
         vllm.update(vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len)
-    return GRPOConfig(
+    return dict(
         max_steps=st.steps,
         gradient_accumulation_steps=ga,
         steps_per_generation=ga,
@@ -147,7 +154,7 @@ def grpo_config(ctx: StageContext, device: str):
         top_p=st.top_p,
         top_k=0,
         beta=st.beta,
-        loss_type="grpo",
+        loss_type=st.loss_type,
         scale_rewards="group",
         mask_truncated_completions=False,
         # TRL cannot soft-update a PEFT model's reference (with LoRA the reference is the frozen base)

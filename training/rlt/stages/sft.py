@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from rlt.data.dataset import DataError, load_data
 from rlt.method.prompts import Formatter
@@ -49,14 +50,20 @@ def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[
 
 
 def sft_config(ctx: StageContext, device: str, stage: str = "sft"):
-    """TRL SFTConfig from spec.stages.<stage> (sft or student)."""
+    """TRL SFTConfig from spec.stages.<stage> (sft or student) and its trainerArgs (which may not repeat a key rlt
+    sets)."""
     from trl import SFTConfig
 
+    return SFTConfig(**sft_options(ctx, device, stage), **stage_settings(ctx.spec, stage).trainer_args)
+
+
+def sft_options(ctx: StageContext, device: str, stage: str = "sft") -> dict[str, Any]:
+    """The SFTConfig options rlt sets from spec.stages.<stage> (SftStage/StudentStage.owned_trainer_args list them)."""
     st = stage_settings(ctx.spec, stage)
-    return SFTConfig(
+    return dict(
         gradient_accumulation_steps=max(1, st.batch_size // (st.per_device_batch_size * ctx.world_size())),
-        # The teacher warm-up uses the reference code's beta2; students keep AdamW's default.
-        adam_beta2=0.95 if stage == "sft" else 0.999,
+        # The teacher warm-up uses the reference code's beta2; students keep AdamW's default (or trainerArgs').
+        **({"adam_beta2": 0.95} if stage == "sft" else {}),
         num_train_epochs=st.epochs,
         max_steps=st.max_steps or -1,
         max_length=st.max_length,

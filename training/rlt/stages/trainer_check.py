@@ -1,17 +1,21 @@
-"""`rlt validate`'s check of spec.stages.<stage>.trainerArgs against the installed TRL config classes.
-
-A name the class does not have is an error naming the field (with the closest real name); values are checked by
-building the stage's real config (the same function the stage calls), so TRL's and transformers' own validation
-runs on them before any pod starts."""
+"""trainerArgs against the installed TRL: the option table the spec checks them with (rlt/spec/trl_options.json,
+generated here from TRL's own SFTConfig/GRPOConfig dataclass fields and their types), and `rlt validate`'s last
+check, building the stage's real config (the same function the stage calls) so TRL's and transformers' own
+validation runs on the values before any pod starts."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import enum
+import json
 import tempfile
+import types
+import typing
+from typing import Any
 
 from rlt.spec.run import stage_settings
-from rlt.spec.stage_registry import TRAINER_STAGES, stage_info
+from rlt.spec.stage_registry import STAGE_ORDER, TRAINER_STAGES, stage_info
+from rlt.spec.trainer_args import OPTIONS_FILE, Kind
 
 
 def config_class(stage: str):
@@ -23,24 +27,64 @@ def config_class(stage: str):
     return getattr(trl, name)
 
 
+def _kinds(hint: Any) -> list[Kind]:
+    """The YAML values a dataclass field's type accepts: bool/int/float/str/list/dict/null or an enum's values."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    out: list[Kind] = []
+    enums = [a for a in args if isinstance(a, type) and issubclass(a, enum.Enum)]
+    for a in args:
+        origin = typing.get_origin(a) or a
+        if a is type(None):
+            out.append("null")
+        elif origin is typing.Literal:
+            out.append({"enum": list(typing.get_args(a))})
+        elif isinstance(a, type) and issubclass(a, enum.Enum):
+            out.append({"enum": [m.value for m in a]})
+        elif a is str and enums:
+            continue  # `SchedulerType | str`: the str is one of the enum's values
+        elif origin in (bool, int, float, str):
+            out.append(origin.__name__)
+        elif origin in (list, tuple):
+            out.append("list")
+        elif origin is dict:
+            out.append("dict")
+        # anything else (a ParallelismConfig object) cannot come from YAML: no kind, so any value is refused
+    return out
+
+
+def option_table() -> dict[str, Any]:
+    """{config: {option: kinds}} for the TRL config classes of the Trainer stages, from the installed TRL."""
+    import trl
+
+    table: dict[str, Any] = {"_trl": trl.__version__}
+    for stage in STAGE_ORDER:
+        if stage_info(stage).trl_config is None:
+            continue
+        cls = config_class(stage)
+        hints = typing.get_type_hints(cls)
+        table[cls.__name__] = {f.name: _kinds(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+    return table
+
+
+def render() -> str:
+    return json.dumps(option_table(), indent=1, sort_keys=True) + "\n"
+
+
+def write() -> None:
+    OPTIONS_FILE.write_text(render())
+
+
 def check_trainer_args(run) -> list[str]:
-    """Problems ('spec.stages.rl.trainerArgs.x: ...') of every enabled trained stage's trainerArgs."""
+    """Problems of every enabled trained stage's trainerArgs: first the table's (rlt.spec.validation reports those
+    too), then, when those pass, what building the real config refuses."""
+    from rlt.spec.validation import trainer_args_problems
+
+    problems = trainer_args_problems(run.spec)
+    if problems:
+        return problems
     stages = [
         s for s in TRAINER_STAGES if stage_settings(run.spec, s).enabled and stage_settings(run.spec, s).trainer_args
     ]
-    if not stages or run.spec.method not in ("rlt", "rcl"):
-        return []
-    problems: list[str] = []
-    for stage in stages:
-        cls = config_class(stage)
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in stage_settings(run.spec, stage).trainer_args:
-            if key not in known:
-                close = difflib.get_close_matches(key, sorted(known), n=1)
-                hint = f" (did you mean {close[0]}?)" if close else ""
-                problems.append(f"spec.stages.{stage}.trainerArgs.{key}: not a {cls.__name__} option{hint}")
-    if problems:
-        return problems
     for stage in stages:
         err = _build_error(run, stage)
         if err:
@@ -56,6 +100,8 @@ def _build_error(run, stage: str) -> str | None:
     spec = run.spec.model_copy(deep=True)
     if stage == "rl" and spec.stages.rl.generation.mode == "server" and not spec.stages.rl.generation.server_url:
         spec.stages.rl.generation.server_url = "http://generator.invalid:8000"  # the operator fills it in
+    if stage == "rl" and spec.stages.rl.generation.mode == "colocate":
+        spec.stages.rl.generation.mode = "inprocess"  # colocate needs a GPU; the options are checked on CPU
     probe = run.model_copy(update={"spec": spec})
     with tempfile.TemporaryDirectory(prefix="rlt-validate-") as tmp:
         ctx = StageContext(probe, RunLayout.for_run(tmp, run.name), show_progress=False)
@@ -71,3 +117,7 @@ def _build_error(run, stage: str) -> str | None:
         except (ValueError, TypeError) as exc:
             return str(exc).splitlines()[0]
     return None
+
+
+if __name__ == "__main__":
+    write()

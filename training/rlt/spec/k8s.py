@@ -1,0 +1,194 @@
+"""One type per Kubernetes concept the spec holds, with the API server's own grammar.
+
+Every spec field that holds a quantity, a name, a label value, an annotation or label key, an env var name or a
+Secret key uses one of these types, so a field added later cannot forget the rule, and a value the API server
+would refuse on a child object (a pod, a PVC) is refused by `rlt validate` and the operator first. Each type
+carries its pattern and length into the generated CRD (`pattern`, `maxLength`; not for map keys, see rlt_operator.crd),
+and its own one-line message here (pydantic's would print the regular expression).
+
+Grammars: k8s.io/apimachinery (resource.Quantity, validation.IsDNS1123Label/Subdomain, IsDNS1035Label,
+IsQualifiedName, IsValidLabelValue, IsConfigMapKey, IsCIdentifier).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+from pydantic.json_schema import WithJsonSchema
+
+# -------------------------------------------------------------------------------------------------- the grammars
+
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = rf"^{_DNS_LABEL}$"
+DNS1123_SUBDOMAIN = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$"
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# a label value or the name part of a qualified name: alphanumeric at both ends, '-', '_', '.' inside
+_NAME_PART = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+LABEL_VALUE = rf"^({_NAME_PART})?$"
+QUALIFIED_NAME = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_NAME_PART}$"
+EXTENDED_RESOURCE = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/{_NAME_PART}$"
+C_IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
+CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
+IMAGE = r"^[^\s]+$"  # the apiserver checks only that; the registry says the rest at pull time
+# resource.Quantity without a sign (requests and limits must not be negative): a number, then a binary suffix
+# (Ki..Ei), a decimal one (n u m k M G T P E) or an integer exponent (e3, E-2); no spaces.
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY = rf"^\+?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE][-+]?[0-9]+))?$"
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1}
+_DECIMAL.update({s: 10 ** (3 * (i + 1)) for i, s in enumerate("kMGTPE")})
+
+
+def quantity_value(q: str) -> Fraction:
+    """The exact value of a quantity in its base unit (bytes, cores): '1.5Gi' → 1610612736, '500m' → 1/2."""
+    m = re.fullmatch(rf"\+?(?P<num>{_NUMBER})(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?", q)
+    if m is None:
+        raise ValueError(f"{q!r} is not a Kubernetes quantity")
+    num, suffix = Fraction(m.group("num")), m.group("suffix") or ""
+    if suffix in _BINARY:
+        return num * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return num * _DECIMAL[suffix]
+    return num * Fraction(10) ** int(suffix[1:])
+
+
+# -------------------------------------------------------------------------------------------------- the types
+
+
+def _check(
+    pattern: str, max_length: int | None, what: str, extra: Callable[[str], str | None] | None = None
+) -> AfterValidator:
+    """Checks a str against `pattern` and `max_length` with a message saying what it must be."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if max_length is not None and len(value) > max_length:
+            raise ValueError(f"{value[:40]!r}… is {len(value)} characters, over {max_length} ({what})")
+        if not compiled.match(value):
+            raise ValueError(f"{value!r} is not {what}")
+        problem = extra(value) if extra else None
+        if problem:
+            raise ValueError(f"{value!r}: {problem}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _schema(pattern: str, max_length: int | None = None) -> WithJsonSchema:
+    """The same pattern and bound in the JSON schema (and so the CRD)."""
+    schema: dict[str, Any] = {"type": "string", "pattern": pattern}
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    return WithJsonSchema(schema)
+
+
+def _qualified_name_parts(value: str) -> str | None:
+    prefix, _, name = value.rpartition("/")
+    if len(prefix) > 253:
+        return f"the prefix before '/' is {len(prefix)} characters, over 253"
+    if len(name) > 63:
+        return f"the name after the prefix is {len(name)} characters, over 63"
+    return None
+
+
+def _whole(value: str) -> str | None:
+    v = quantity_value(value)
+    return None if v.denominator == 1 else "an extended resource must be a whole number (request = limit)"
+
+
+# Bounded so that the CRD's CEL rules on quantities stay cheap in the apiserver's cost estimate.
+MAX_QUANTITY = 64
+Quantity = Annotated[
+    str,
+    _check(QUANTITY, MAX_QUANTITY, "a Kubernetes quantity (e.g. 200Gi, 500m, 1.5T, 4; no spaces)"),
+    _schema(QUANTITY, MAX_QUANTITY),
+]
+# Extended resources (nvidia.com/gpu, rdma/...): the API server takes whole numbers only.
+WholeQuantity = Annotated[
+    str,
+    _check(QUANTITY, MAX_QUANTITY, "a Kubernetes quantity (e.g. 1, 2, 1k; no spaces)", extra=_whole),
+    _schema(QUANTITY, MAX_QUANTITY),
+]
+DNS1123Label = Annotated[
+    str, _check(DNS1123_LABEL, 63, "a DNS-1123 label (lowercase letters, digits, '-')"), _schema(DNS1123_LABEL, 63)
+]
+DNS1123Subdomain = Annotated[
+    str,
+    _check(
+        DNS1123_SUBDOMAIN, 253, "a Kubernetes object name (DNS-1123 subdomain: lowercase letters, digits, '-', '.')"
+    ),
+    _schema(DNS1123_SUBDOMAIN, 253),
+]
+# The run's own name: its children append suffixes (up to "-generator-<index>" plus controller hashes) and its
+# Services need DNS-1035 names (a letter first), so it is stricter than an object name.
+MAX_RUN_NAME = 40
+RunName = Annotated[
+    str,
+    _check(
+        DNS1035_LABEL,
+        MAX_RUN_NAME,
+        f"a run name (a DNS-1035 label of at most {MAX_RUN_NAME} characters, as child names add suffixes: "
+        "lowercase letters, digits and '-', a letter first)",
+    ),
+    _schema(DNS1035_LABEL, MAX_RUN_NAME),
+]
+LabelValue = Annotated[
+    str,
+    _check(LABEL_VALUE, 63, "a label value (letters, digits, '-', '_', '.', alphanumeric at both ends)"),
+    _schema(LABEL_VALUE, 63),
+]
+QualifiedName = Annotated[
+    str,
+    _check(
+        QUALIFIED_NAME,
+        253 + 1 + 63,
+        "a label or annotation key ([prefix/]name: a DNS subdomain prefix, a name of letters, digits, '-', '_', '.')",
+        extra=_qualified_name_parts,
+    ),
+    _schema(QUALIFIED_NAME, 253 + 1 + 63),
+]
+ResourceName = Annotated[
+    str,
+    _check(
+        EXTENDED_RESOURCE,
+        253 + 1 + 63,
+        "an extended resource name (domain/name, e.g. rdma/hca or nvidia.com/mig-3g.40gb)",
+        extra=_qualified_name_parts,
+    ),
+    _schema(EXTENDED_RESOURCE, 253 + 1 + 63),
+]
+EnvVarName = Annotated[
+    str,
+    _check(C_IDENTIFIER, None, "an environment variable name (letters, digits, '_', not a digit first)"),
+    _schema(C_IDENTIFIER),
+]
+Image = Annotated[
+    str, _check(IMAGE, None, "a container image reference (no spaces, e.g. ghcr.io/org/image:tag)"), _schema(IMAGE)
+]
+ConfigKey = Annotated[
+    str,
+    _check(CONFIG_KEY, 253, "a Secret or ConfigMap key (letters, digits, '-', '_', '.')"),
+    _schema(CONFIG_KEY, 253),
+]
+
+
+# -------------------------------------------------------------------------------------------------- CEL rules
+
+
+def cel_rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    """A model's cross-field rules as the CRD's `x-kubernetes-validations` ((CEL rule, message) pairs), for the
+    model's `json_schema_extra`: the API server applies them at `kubectl apply`, the model's validator applies the
+    same rule in Python (tests/unit/test_crd_cel.py evaluates both on the same inputs)."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+def cel_string(pattern: str) -> str:
+    """A regular expression as a CEL raw string literal (RE2 in both the API server and cel-python)."""
+    if "'" in pattern:
+        raise ValueError(f"pattern {pattern!r} cannot be a raw single-quoted CEL string")
+    return f"r'{pattern}'"

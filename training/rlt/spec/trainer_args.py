@@ -1,0 +1,84 @@
+"""spec.stages.<stage>.trainerArgs checked without TRL: each key against the option table of TRL's own config class
+(`trl_options.json`, generated from the installed TRL's SFTConfig/GRPOConfig dataclass fields by
+`rlt.stages.trainer_check`, `make generate`; a test keeps it equal to the installed TRL), so the operator (whose
+image has no TRL) refuses what `rlt validate` refuses.
+
+Each key is one of: an option rlt sets itself (refused, naming the spec field to use or why it is fixed — two
+sources for one option would make the effective value depend on merge order), an option of the config (passed
+through; its value must have the option's type), or not an option (refused, with the closest real name). Every
+problem is reported, not only the first."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+OPTIONS_FILE = Path(__file__).with_name("trl_options.json")
+
+# An option's accepted kinds: "bool", "int", "float", "str", "list", "dict", "null", or {"enum": [values]}.
+Kind = str | dict[str, list[Any]]
+
+
+@cache
+def trl_options() -> dict[str, dict[str, list[Kind]]]:
+    """{config class name: {option: [accepted kinds]}} (plus "_trl": the TRL version it was made from)."""
+    table: dict[str, dict[str, list[Kind]]] = json.loads(OPTIONS_FILE.read_text())
+    return table
+
+
+def _is(value: Any, kind: Kind) -> bool:
+    if isinstance(kind, dict):
+        return value in kind["enum"]
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "null":
+        return value is None
+    return isinstance(value, {"str": str, "list": list, "dict": dict}[kind])
+
+
+def _kinds(kinds: list[Kind]) -> str:
+    words = [
+        " | ".join(repr(v) for v in k["enum"]) if isinstance(k, dict) else {"null": "null"}.get(k, k) for k in kinds
+    ]
+    return " or ".join(words)
+
+
+def value_problem(value: Any, kinds: list[Kind]) -> str | None:
+    """Why `value` does not fit an option of these kinds (None when it does)."""
+    if any(_is(value, k) for k in kinds):
+        return None
+    hint = ""
+    if isinstance(value, str) and "float" in kinds:
+        try:
+            float(value)
+            hint = " (YAML reads a number like 1e-8 as text: write 1.0e-8)"
+        except ValueError:
+            pass
+    shown = json.dumps(value, default=str)
+    return f"{shown[:40]} is a {type(value).__name__}, not {_kinds(kinds)}{hint}"
+
+
+def trainer_args_problems(stage: str, config: str, owned: dict[str, str], args: dict[str, Any]) -> list[str]:
+    """'spec.stages.<stage>.trainerArgs.<key>: ...' for every key that is owned by rlt, unknown, or of the wrong
+    type; `owned` maps the keys rlt sets to what to set instead ('{stage}' is the stage's name)."""
+    where = f"spec.stages.{stage}.trainerArgs"
+    options = trl_options()[config]
+    out = []
+    for key, value in args.items():
+        if key in owned:
+            out.append(f"{where}.{key}: set by rlt; {owned[key].format(stage=stage)}")
+        elif key not in options:
+            close = difflib.get_close_matches(key, sorted(options), n=1)
+            out.append(f"{where}.{key}: not a {config} option" + (f" (did you mean {close[0]}?)" if close else ""))
+        else:
+            problem = value_problem(value, options[key])
+            if problem:
+                out.append(f"{where}.{key}: {problem} ({config}.{key})")
+    return out
