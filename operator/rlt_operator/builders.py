@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rlt.run.exitcodes import FAIL_FAST
+from rlt.run.exitcodes import DISRUPTION, FAIL_FAST
 from rlt.run.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
 from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt.run.outputs import pushed_uri, stage_outputs
@@ -450,6 +450,9 @@ def with_trainer_shape(spec: RLTRunSpec, nodes: int, gpus: int) -> RLTRunSpec:
     )
 
 
+LAUNCH = ("rlt", "launch", "--")
+
+
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     """`rlt stage` directly for one process; accelerate + DeepSpeed for several (Kubernetes expands $(VAR))."""
     stage_args = ["stage", stage, "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}", "--root", PVC_MOUNT]
@@ -457,11 +460,14 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     gpus = spec.resources.trainer.gpus
     if nodes == 1 and gpus <= 1:
         return ["rlt", *stage_args]
+    # `rlt launch` runs the launcher: it forwards SIGTERM and exits STOPPED when the ranks saved and stopped
+    # (a launcher exits 1 after a signal whatever its ranks did).
     zero = zero_stage(spec, stage)
     if zero is None:
         # No training engine: one process per GPU of the pod, each taking its own share of the rows.
-        return ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
+        return [*LAUNCH, "torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
     return [
+        *LAUNCH,
         "accelerate",
         "launch",
         "--num_machines",
@@ -523,6 +529,8 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}},
         },
         {"name": "RLT_METRICS_PORT", "value": str(METRICS_PORT)},
+        # torchrun waits this long for its ranks after forwarding SIGTERM (default 30 s): they save meanwhile
+        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(res.termination_grace_period_seconds)},
     ]
     if needs_generators(spec, stage):
         env += [
@@ -534,6 +542,8 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         {
             "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
             "subdomain": name,
+            # SIGTERM → the gang finishes its step and saves (rlt.stages.preemption); SIGKILL only after this
+            "terminationGracePeriodSeconds": res.termination_grace_period_seconds,
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
             # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
             "initContainers": [
@@ -587,11 +597,13 @@ def _template_meta(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, Any]:
 
 def pod_failure_policy() -> dict[str, Any]:
     """Config and data errors fail the Job at once (the operator then fails the run without a gang restart);
-    a disrupted pod (preemption, node drain, eviction) is not counted by the Job: the operator restarts the
-    gang without counting it against spec.backoffLimit."""
+    a disrupted pod (preemption, node drain, eviction) or a trainer that stopped on SIGTERM after saving is not
+    counted by the Job: the operator restarts the gang without counting it against spec.backoffLimit."""
     return {
         "rules": [
             {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
+            # stopped on SIGTERM after saving (rlt.stages.preemption): a disruption
+            {"action": "Ignore", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in DISRUPTION)}},
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }

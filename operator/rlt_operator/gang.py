@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rlt.run.exitcodes import FAIL_FAST, ExitCode
+from rlt.run.exitcodes import DISRUPTION, FAIL_FAST, ExitCode
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
 from rlt_operator.conditions import (
@@ -68,6 +68,13 @@ def gang_failure(
             why = (pod.get("problem") or {}).get("reason") or (
                 f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
             )
+            if pod.get("exitCode") in DISRUPTION:
+                return (
+                    f"{role} pod {pod['name']} stopped on SIGTERM after saving a checkpoint "
+                    f"(exit {pod['exitCode']}: preempted, evicted, drained or suspended)",
+                    None,
+                    True,
+                )
             if pod.get("disrupted"):
                 return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
             return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlt.run.exitcodes import DISRUPTION
 from rlt_operator import builders
 
 
@@ -47,10 +48,6 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         waiting = conds.get("PodReadyToStartContainers") or {}
         if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
             out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
-        # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
-        out["disrupted"] = any(
-            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
         codes = [
             t.get("exitCode")
             for c in containers
@@ -58,6 +55,11 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             if t and t.get("exitCode")
         ]
         out["exitCode"] = int(codes[0]) if codes else None
+        # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
+        # wrong (podFailurePolicy Ignore, not counted).
+        out["disrupted"] = out["exitCode"] in DISRUPTION or any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
     return out
 
 
