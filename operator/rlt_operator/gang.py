@@ -68,15 +68,14 @@ def gang_failure(
             why = (pod.get("problem") or {}).get("reason") or (
                 f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
             )
-            if pod.get("exitCode") in DISRUPTION:
-                return (
-                    f"{role} pod {pod['name']} stopped on SIGTERM after saving a checkpoint "
-                    f"(exit {pod['exitCode']}: preempted, evicted, drained or suspended)",
-                    None,
-                    True,
-                )
             if pod.get("disrupted"):
-                return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
+                what = (
+                    f"stopped on SIGTERM after saving a checkpoint (exit {pod['exitCode']}: preempted, evicted, "
+                    "drained or suspended)"
+                    if pod.get("exitCode") in DISRUPTION
+                    else "was disrupted (preempted, evicted or its node drained)"
+                )
+                return f"{role} pod {pod['name']} {what}", None, True
             return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
         if role == builders.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
             why = (pod.get("problem") or {}).get("reason")

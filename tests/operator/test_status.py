@@ -532,6 +532,33 @@ def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_lim
     assert "exit code 1" in d.status["message"]
 
 
+def test_a_trainer_that_stopped_on_sigterm_after_saving_is_a_disruption_every_time():
+    """Exit 75 (rlt.stages.preemption): the gang saved and stopped; however often, it never uses up backoffLimit."""
+    sp = spec(sft=False, backoffLimit=0)
+
+    def stopped(r, code=75):
+        return observed_pod(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            restart=r,
+            phase="Failed",
+            containers=[{"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": code}}}],
+        )
+
+    prev = running("rl")
+    for r in range(3):
+        d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=r, active=1)], [], [stopped(r)]), NOW)
+        assert d.status["phase"] == "Running" and (d.status["restarts"], d.status["disruptions"]) == (r + 1, r + 1)
+        assert "stopped on SIGTERM after saving a checkpoint (exit 75" in d.status["lastFailure"]
+        assert ("delete", "jobs", "t-rl") in acts(d)
+        prev = d.status
+    d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=3, active=1)], [], [stopped(3, 143)]), NOW)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"  # a plain SIGTERM death
+    rules = b.pod_failure_policy()["rules"]
+    assert {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [75]}} in rules
+
+
 def shaped(stage, gpus, **kw):
     j = job(stage, **kw)
     j["labels"][b.L_SHAPE] = f"1x{gpus}"

@@ -83,8 +83,9 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 120) -> int:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"did not exit {timeout} s after SIGTERM (a rank waiting on another?):\n"
-                             f"{log.read_text()[-4000:]}") from None
+        raise AssertionError(
+            f"did not exit {timeout} s after SIGTERM (a rank waiting on another?):\n{log.read_text()[-4000:]}"
+        ) from None
 
 
 def start(cmd: list[str], log: Path, cwd: Path, **more: str) -> subprocess.Popen:
@@ -157,16 +158,21 @@ def test_sigterm_to_one_rank_stops_the_whole_gang_at_one_saved_step(tmp_path):
     assert container["command"][:3] == ["rlt", "launch", "--"]
     vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     cmd = [re.sub(r"\$\((\w+)\)", lambda m: vars_[m.group(1)], a) for a in container["command"]]
-    cmd = [a.replace(builders.CONFIG_MOUNT + "/run.yaml", str(run)).replace(builders.PVC_MOUNT, str(tmp_path / "pvc"))
-           for a in cmd]
+    cmd = [
+        a.replace(builders.CONFIG_MOUNT + "/run.yaml", str(run)).replace(builders.PVC_MOUNT, str(tmp_path / "pvc"))
+        for a in cmd
+    ]
     cmd[0] = str(Path(sys.executable).parent / "rlt")
     layout = RunLayout.for_run(tmp_path / "pvc", "stop2")
     log = tmp_path / "gang.log"
     extra = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"}
     proc = start(cmd, log, tmp_path, **extra)
     pids = wait(
-        lambda: dict(re.findall(r"rlt-world stage=rl rank=(\d+) .* pid=(\d+)", log.read_text())) if len(
-            rl_steps(layout)) >= 2 else None,
+        lambda: (
+            dict(re.findall(r"rlt-world stage=rl rank=(\d+) .* pid=(\d+)", log.read_text()))
+            if len(rl_steps(layout)) >= 2
+            else None
+        ),
         "two rl steps of the 2-rank gang",
         proc,
         log,

@@ -55,7 +55,9 @@ class StopRequest:
         if self.asked_at is None:
             self.asked_at = time.monotonic()
             # one write, no logging machinery: this runs between two bytecodes of whatever the rank was doing
-            os.write(2, f"rlt: SIGTERM on rank {os.environ.get('RANK', '0')}: finishing the step, then saving\n".encode())
+            os.write(
+                2, f"rlt: SIGTERM on rank {os.environ.get('RANK', '0')}: finishing the step, then saving\n".encode()
+            )
 
     def gang_agrees(self) -> bool:
         """True when any rank was asked to stop: every rank must call this at the same point of every step."""
