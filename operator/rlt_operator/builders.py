@@ -545,16 +545,28 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             # SIGTERM → the gang finishes its step and saves (rlt.stages.preemption); SIGKILL only after this
             "terminationGracePeriodSeconds": res.termination_grace_period_seconds,
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
-            # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
+            # (format files, a stage of an earlier run on a retained volume). Exits CONFIG_ERROR, which the
+            # podFailurePolicy turns into a failed Job; its last log lines become the termination message the
+            # operator puts in the run's status.
             "initContainers": [
                 _container(
                     spec,
                     "validate",
                     spec.images.trainer,
-                    ["python", "-m", "rlt.spec.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+                    [
+                        "python",
+                        "-m",
+                        "rlt.run.preflight",
+                        f"{CONFIG_MOUNT}/{CONFIG_FILE}",
+                        "--stage",
+                        stage,
+                        "--root",
+                        PVC_MOUNT,
+                    ],
                     _common_env(ref, spec, stage, restart),
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+                    terminationMessagePolicy="FallbackToLogsOnError",
                 )
             ],
             "containers": [

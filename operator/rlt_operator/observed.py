@@ -55,6 +55,15 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             if t and t.get("exitCode")
         ]
         out["exitCode"] = int(codes[0]) if codes else None
+        # What the failed container said last (terminationMessagePolicy FallbackToLogsOnError: its last log lines)
+        said = [
+            t.get("message")
+            for c in containers
+            for t in ((c.get("state") or {}).get("terminated"),)
+            if t and t.get("exitCode") and t.get("message")
+        ]
+        if said:
+            out["exitMessage"] = said[0].strip().splitlines()[-1][-1000:]
         # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
         # wrong (podFailurePolicy Ignore, not counted).
         out["disrupted"] = out["exitCode"] in DISRUPTION or any(

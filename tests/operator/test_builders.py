@@ -414,6 +414,83 @@ def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fas
     assert [r["onExitCodes"]["values"] for r in ignore if "onExitCodes" in r] == [[ExitCode.STOPPED]]
 
 
+def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_preflight_with_what_to_do(tmp_path):
+    """A re-created RLTRun of the same name mounts the retained volume: its finished sft, trained under another
+    learning rate, is refused by the init container as rendered (exit 78, before any launcher), in one line that
+    says what to do; the same spec passes (the stage is skipped), and so does an RL extension (more steps)."""
+    import subprocess
+    import sys
+
+    from rlt.run import fingerprint
+    from rlt.run.exitcodes import ExitCode
+    from rlt.run.layout import RunLayout
+
+    old = spec_from("rltrun-tiny.yaml")
+    layout = RunLayout.for_run(tmp_path / "pvc", REF.name)
+    for stage in ("sft", "rl"):
+        layout.stage_dir(stage).mkdir(parents=True)
+        fingerprint.record(layout, old, stage)
+        layout.stage_done(stage).write_text("done\n")
+    (layout.checkpoints_dir("rl") / "checkpoint-3").mkdir(parents=True)
+
+    def preflight(spec, stage):
+        init = b.trainer_job(REF, spec, stage, 0)["spec"]["template"]["spec"]["initContainers"][0]
+        assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"  # its last line reaches the status
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
+        swap = {"python": sys.executable, "/etc/rlt/run.yaml": str(cfg), "/data": str(tmp_path / "pvc")}
+        return subprocess.run([swap.get(c, c) for c in init["command"]], capture_output=True, text=True)
+
+    same = preflight(old, "sft")
+    assert same.returncode == 0, same.stderr
+    new_sft = old.model_copy(deep=True)
+    new_sft.stages.sft.learning_rate = 5e-4
+    bad = preflight(new_sft, "sft")
+    assert bad.returncode == ExitCode.CONFIG_ERROR, bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr
+    for fragment in (
+        "stage sft",
+        "stages.sft.learningRate",
+        "retained volume",
+        "restore the old values",
+        "new name",
+        f"kubectl delete pvc {REF.name}-data",
+    ):
+        assert fragment in lines[0], lines[0]
+    more_rl = old.model_copy(deep=True)
+    more_rl.stages.rl.steps += 2
+    assert preflight(more_rl, "rl").returncode == 0  # continuing rl from its checkpoint is allowed
+
+
+def test_a_config_error_says_why_in_the_status_from_the_termination_message():
+    pod = {
+        "metadata": {"name": "t-sft-0-x", "labels": b.labels("t", b.ROLE_TRAINER, "sft", 0)},
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {
+                    "name": "validate",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 78,
+                            "reason": "Error",
+                            "message": "some warning\nstage sft: the volume already holds it, finished under ...\n",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    from rlt_operator.gang import gang_failure
+    from rlt_operator.observed import summarize
+
+    _, fatal, _ = gang_failure(None, "t-sft", [summarize("pods", pod)], "sft", 0)
+    assert fatal == (
+        "trainer pod t-sft-0-x exited with CONFIG_ERROR (78): stage sft: the volume already holds it, finished under ..."
+    )
+
+
 def test_a_retained_volume_has_no_owner_and_is_not_deleted_with_the_run():
     spec = spec_from()
     assert spec.storage.retention_policy == "Retain", "keep by default, like a PV's reclaim policy"
