@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.run.exitcodes import DISRUPTION, FAIL_FAST
-from rlt.run.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.run.layout import CONFIG_ENV, CONFIG_FILE, PVC_MOUNT, RunLayout
 from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt.run.outputs import pushed_uri, stage_outputs
 from rlt.spec.base import API_GROUP, API_VERSION, KIND
-from rlt.spec.loading import dump_run
+from rlt.spec.loading import ENV_SOURCE, dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec, needs_generators, stage_settings, zero_stage
 from rlt.spec.stage_registry import newest_teacher_stage, stage_info
 
@@ -241,7 +241,6 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
         # The pods never call the Kubernetes API: no token to steal.
         "automountServiceAccountToken": False,
         "volumes": [
-            {"name": "config", "configMap": {"name": config_name(run)}},
             {"name": "data", "persistentVolumeClaim": {"claimName": data_claim_name(run, spec)}},
             # NCCL and dataloaders need more than the runtime's 64Mi /dev/shm.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
@@ -283,7 +282,6 @@ def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
 
 
 _MOUNTS: list[dict[str, Any]] = [
-    {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
     {"name": "data", "mountPath": PVC_MOUNT},
     {"name": "dshm", "mountPath": "/dev/shm"},
     {"name": "tmp", "mountPath": TMP_MOUNT},
@@ -455,7 +453,7 @@ LAUNCH = ("rlt", "launch", "--")
 
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     """`rlt stage` directly for one process; accelerate + DeepSpeed for several (Kubernetes expands $(VAR))."""
-    stage_args = ["stage", stage, "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}", "--root", PVC_MOUNT]
+    stage_args = ["stage", stage, "--config", f"{ENV_SOURCE}{CONFIG_ENV}", "--root", PVC_MOUNT]
     nodes = trainer_nodes(spec, stage)
     gpus = spec.resources.trainer.gpus
     if nodes == 1 and gpus <= 1:
@@ -537,6 +535,9 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             {"name": "RLT_GENERATOR_URL", "value": generator_url(ref.name, ref.namespace)},
             {"name": "RLT_GENERATOR_PORT", "value": str(VLLM_PORT)},
         ]
+    # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
+    # pull) reads the same spec as its running peers, not a later edit (a mounted ConfigMap changes under pods).
+    snapshot = {"name": CONFIG_ENV, "value": pod_config(ref, spec)}
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
     pod.update(
         {
@@ -557,13 +558,13 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                         "python",
                         "-m",
                         "rlt.run.preflight",
-                        f"{CONFIG_MOUNT}/{CONFIG_FILE}",
+                        f"{ENV_SOURCE}{CONFIG_ENV}",
                         "--stage",
                         stage,
                         "--root",
                         PVC_MOUNT,
                     ],
-                    _common_env(ref, spec, stage, restart),
+                    [snapshot, *_common_env(ref, spec, stage, restart)],
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
                     terminationMessagePolicy="FallbackToLogsOnError",
@@ -575,7 +576,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     "trainer",
                     spec.images.trainer,
                     trainer_command(spec, stage),
-                    env + _common_env(ref, spec, stage, restart),
+                    [snapshot, *env, *_common_env(ref, spec, stage, restart)],
                     pod_resources(res),
                     ports=[
                         {"name": "rendezvous", "containerPort": MASTER_PORT},

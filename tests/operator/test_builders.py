@@ -22,6 +22,20 @@ def spec_from(name="rltrun-paper-7b.yaml", **spec_patch):
     return parse_run(doc).spec
 
 
+def run_init(job, volume=None):
+    """The trainer Job's init container `validate` as rendered: its command and its literal env (the gang's spec
+    snapshot among them), the volume's /data on `volume`."""
+    import os
+    import subprocess
+    import sys
+
+    init = job["spec"]["template"]["spec"]["initContainers"][0]
+    env = {e["name"]: e["value"] for e in init["env"] if "value" in e and e["name"] not in ("HOME", "TMPDIR")}
+    swap = {"python": sys.executable, "/data": str(volume or "/data")}
+    cmd = [swap.get(c, c) for c in init["command"]]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+
+
 def env_of(pod_spec):
     return {e["name"]: e for e in pod_spec["containers"][0]["env"]}
 
@@ -86,7 +100,7 @@ def test_trainer_job_rendezvous_and_command():
     assert cmd[:5] == ["rlt", "launch", "--", "accelerate", "launch"]  # rlt launch keeps a stop's exit code
     assert pod["terminationGracePeriodSeconds"] == 600  # the documented default: one step + one save
     assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
-    assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "/etc/rlt/run.yaml", "--root", "/data"]
+    assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "env:RLT_RUN_YAML", "--root", "/data"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert pod["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "8"
     svc = b.trainer_service(REF, spec, "rl", 0)
@@ -95,7 +109,7 @@ def test_trainer_job_rendezvous_and_command():
 
 def test_single_process_stage_runs_rlt_directly():
     spec = spec_from("rltrun-tiny.yaml", resources={"trainer": {"nodes": 1, "gpus": 1}})
-    assert b.trainer_command(spec, "sft") == ["rlt", "stage", "sft", "--config", "/etc/rlt/run.yaml", "--root", "/data"]
+    assert b.trainer_command(spec, "sft") == ["rlt", "stage", "sft", "--config", "env:RLT_RUN_YAML", "--root", "/data"]
     assert b.trainer_nodes(spec_from(resources={"trainer": {"nodes": 3}}), "distill") == 1
 
 
@@ -386,21 +400,12 @@ def test_every_child_is_a_valid_kubernetes_object():
 def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fast_on(tmp_path):
     """Run the init container's command as rendered: a format file missing in the pod (the operator cannot
     see it) exits with a code the Job's FailJob rule matches; a good config exits 0."""
-    import subprocess
-    import sys
 
     from rlt.run.exitcodes import ExitCode
 
     def preflight(spec):
         job = b.trainer_job(REF, spec, "sft", 0)
-        init = job["spec"]["template"]["spec"]["initContainers"][0]
-        cfg = tmp_path / "run.yaml"
-        cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
-        cmd = [
-            sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c for c in init["command"]
-        ]
-        assert cmd != init["command"], "the command reads the mounted config"
-        return subprocess.run(cmd, capture_output=True, text=True), job["spec"]["podFailurePolicy"]["rules"]
+        return run_init(job), job["spec"]["podFailurePolicy"]["rules"]
 
     ok, _ = preflight(spec_from("rltrun-tiny.yaml"))
     assert ok.returncode == 0, ok.stderr
@@ -418,8 +423,6 @@ def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_prefligh
     """A re-created RLTRun of the same name mounts the retained volume: its finished sft, trained under another
     learning rate, is refused by the init container as rendered (exit 78, before any launcher), in one line that
     says what to do; the same spec passes (the stage is skipped), and so does an RL extension (more steps)."""
-    import subprocess
-    import sys
 
     from rlt.run import fingerprint
     from rlt.run.exitcodes import ExitCode
@@ -434,12 +437,10 @@ def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_prefligh
     (layout.checkpoints_dir("rl") / "checkpoint-3").mkdir(parents=True)
 
     def preflight(spec, stage):
-        init = b.trainer_job(REF, spec, stage, 0)["spec"]["template"]["spec"]["initContainers"][0]
+        job = b.trainer_job(REF, spec, stage, 0)
+        init = job["spec"]["template"]["spec"]["initContainers"][0]
         assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"  # its last line reaches the status
-        cfg = tmp_path / "run.yaml"
-        cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
-        swap = {"python": sys.executable, "/etc/rlt/run.yaml": str(cfg), "/data": str(tmp_path / "pvc")}
-        return subprocess.run([swap.get(c, c) for c in init["command"]], capture_output=True, text=True)
+        return run_init(job, tmp_path / "pvc")
 
     same = preflight(old, "sft")
     assert same.returncode == 0, same.stderr
@@ -579,20 +580,12 @@ def test_a_malformed_quantity_is_refused_naming_the_field():
 
 def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
     """A data file missing in the pod: the rendered preflight exits DATA_ERROR, which the FailJob rule matches."""
-    import subprocess
-    import sys
 
     from rlt.run.exitcodes import ExitCode
 
     spec = spec_from("rltrun-tiny.yaml", dataset={"source": str(tmp_path / "missing.jsonl")})
     job = b.trainer_job(REF, spec, "sft", 0)
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
-    cmd = [
-        sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
-        for c in job["spec"]["template"]["spec"]["initContainers"][0]["command"]
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = run_init(job)
     assert out.returncode == ExitCode.DATA_ERROR and "missing.jsonl" in out.stderr, out.stderr
     rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
     assert out.returncode in rule["onExitCodes"]["values"]

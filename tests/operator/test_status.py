@@ -329,6 +329,38 @@ def test_config_follows_spec_edits():
     assert len(patch) == 1 and "run.yaml" in patch[0].body["data"]
 
 
+def test_each_gang_reads_the_spec_it_was_created_with_whenever_its_pods_start(monkeypatch):
+    """An edit mid-gang updates the ConfigMap (for people) but never what the gang's pods read: the snapshot is in
+    the Job's immutable pod template, so a pod that starts late (slow image pull) reads the gang's spec."""
+    from rlt.run.layout import CONFIG_ENV
+    from rlt.spec.validation import load_valid_run
+
+    old = spec(sft=False)
+    new = spec(sft=False)
+    new["stages"]["rl"]["learningRate"] = 5e-5
+    gang0 = b.trainer_job(REF, parse_spec(old), "rl", 0)["spec"]["template"]["spec"]
+    mounted = [v["name"] for v in gang0["volumes"] if "configMap" in v or "projected" in v]
+    assert mounted == [], f"a ConfigMap volume changes under running pods: {mounted}"
+
+    obs = observed(new, [job("rl", active=1)])
+    obs.configmaps["t-config"]["configHash"] = "old"
+    d = S.decide(REF, 2, new, running("rl"), obs, NOW)
+    assert ("patch", "configmaps") in {(a.verb, a.plural) for a in d.actions}
+    assert not [a for a in d.actions if a.plural in ("jobs", "pods")], d.actions  # the gang itself is left alone
+
+    def read_by_a_pod_of(pod_spec) -> float:
+        for c in pod_spec["initContainers"] + pod_spec["containers"]:
+            monkeypatch.setenv(CONFIG_ENV, next(e["value"] for e in c["env"] if e["name"] == CONFIG_ENV))
+            [arg] = [a for a in c["command"] if a.startswith("env:")]
+            rates = {load_valid_run(arg).spec.stages.rl.learning_rate}
+        assert len(rates) == 1
+        return rates.pop()
+
+    assert read_by_a_pod_of(gang0) == parse_spec(old).stages.rl.learning_rate
+    gang1 = b.trainer_job(REF, parse_spec(new), "rl", 1)["spec"]["template"]["spec"]
+    assert read_by_a_pod_of(gang1) == 5e-5  # the next gang runs the edit
+
+
 def test_merge_patch_only_touches_changes_and_own_fields():
     assert S.merge_patch({"phase": "Pending", "x": 1, "reason": "r"}, {"phase": "Running"}) == {
         "phase": "Running",

@@ -158,14 +158,11 @@ def test_sigterm_to_one_rank_stops_the_whole_gang_at_one_saved_step(tmp_path):
     assert container["command"][:3] == ["rlt", "launch", "--"]
     vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     cmd = [re.sub(r"\$\((\w+)\)", lambda m: vars_[m.group(1)], a) for a in container["command"]]
-    cmd = [
-        a.replace(builders.CONFIG_MOUNT + "/run.yaml", str(run)).replace(builders.PVC_MOUNT, str(tmp_path / "pvc"))
-        for a in cmd
-    ]
+    cmd = [a.replace(builders.PVC_MOUNT, str(tmp_path / "pvc")) for a in cmd]
     cmd[0] = str(Path(sys.executable).parent / "rlt")
     layout = RunLayout.for_run(tmp_path / "pvc", "stop2")
     log = tmp_path / "gang.log"
-    extra = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120"}
+    extra = {k: pod_env[k] for k in ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "RLT_RUN_YAML")}  # the gang's spec snapshot
     proc = start(cmd, log, tmp_path, **extra)
     pids = wait(
         lambda: (
