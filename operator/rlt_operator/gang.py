@@ -61,7 +61,11 @@ def gang_failure(
     if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
         return None, f"trainer Job {job_name}: {job_failure(job)}", False
     failure = job_failure(job)
+    suspended = bool(job and job.get("suspended"))
+    why_suspended = "suspended (a Kueue eviction or preemption): its pods were stopped, not failed"
     if failure:
+        if suspended:
+            return f"trainer Job {job_name} was {why_suspended}", None, True
         return f"trainer Job {job_name}: {failure}", None, False
     for pod in gang:
         role = pod["labels"].get(builders.L_ROLE)
@@ -69,6 +73,8 @@ def gang_failure(
             why = (pod.get("problem") or {}).get("reason") or (
                 f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
             )
+            if suspended and role == builders.ROLE_TRAINER:
+                return f"trainer Job {job_name} was {why_suspended} (pod {pod['name']})", None, True
             if pod.get("disrupted"):
                 what = (
                     f"stopped on SIGTERM after saving a checkpoint (exit {pod['exitCode']}: preempted, evicted, "

@@ -34,6 +34,11 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
             for c in status.get("conditions") or []
         ]
+        # Kueue evicts (preemption, lost admission) by suspending the Job: its pods are deleted without a
+        # DisruptionTarget condition, so the Job's own state is what says their end was a disruption.
+        out["suspended"] = bool(spec.get("suspend")) or any(
+            c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
     elif plural == "statefulsets":
         out["replicas"] = spec.get("replicas", 1)
         out["readyReplicas"] = int(status.get("readyReplicas") or 0)

@@ -329,6 +329,8 @@ def decide(
     why = (
         "trainer running"
         if active
+        else "trainer Job suspended (Kueue: waiting to be admitted again)"
+        if job and job.get("suspended")
         else "waiting for generators"
         if not ready
         else f"{running_pods}/{want_pods} trainer pods running"

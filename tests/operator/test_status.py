@@ -591,6 +591,46 @@ def test_a_trainer_that_stopped_on_sigterm_after_saving_is_a_disruption_every_ti
     assert {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [75]}} in rules
 
 
+def test_pods_of_a_job_kueue_suspended_are_disruptions_not_failures():
+    """Kueue evicts a workload by suspending its Job: the Job controller deletes the pods (no DisruptionTarget) and
+    may count them failed. Three evictions with backoffLimit 0 leave the run Running; the restarts are uncounted."""
+    sp = spec(sft=False, backoffLimit=0)
+
+    def suspended_job(r, failed):
+        body = {
+            "metadata": {"name": "t-rl", "labels": b.labels("t", b.ROLE_TRAINER, "rl", r)},
+            "spec": {"completions": 1, "suspend": True},
+            "status": {
+                "failed": failed,
+                "conditions": [
+                    {"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}
+                ],
+            },
+        }
+        return summarize("jobs", body)
+
+    def killed(r):  # SIGTERM outside the training loop: 143, no DisruptionTarget
+        return observed_pod(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            restart=r,
+            phase="Failed",
+            containers=[{"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 143}}}],
+        )
+
+    prev = running("rl")
+    for r, (failed, pods) in enumerate([(0, [killed(0)]), (1, [killed(1)]), (1, [])]):
+        d = S.decide(REF, 1, sp, prev, observed(sp, [suspended_job(r, failed)], [], pods), NOW)
+        assert d.status["phase"] == "Running", d.status
+        assert (d.status["restarts"], d.status["disruptions"]) == (r + 1, r + 1)
+        assert "suspended (a Kueue eviction or preemption)" in d.status["lastFailure"]
+        prev = d.status
+    # the same pod end without a suspended Job is a failure: the limit applies
+    d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=3, active=1)], [], [killed(3)]), NOW)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
+
+
 def shaped(stage, gpus, **kw):
     j = job(stage, **kw)
     j["labels"][b.L_SHAPE] = f"1x{gpus}"
