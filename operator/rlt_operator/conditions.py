@@ -7,6 +7,8 @@ from typing import Any
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
 VOLUME_ATTACH_WAIT = 180.0
+# A deleted pod still there this long after its deletionTimestamp (= deletion + grace period) is stuck Terminating.
+STUCK_TERMINATING_AFTER = 120.0
 
 
 def fmt_time(t: dt.datetime) -> str:
@@ -35,9 +37,31 @@ def set_condition(
     )
 
 
-def pod_conditions(run_status: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime) -> None:
-    """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
+def stuck_terminating(pods: list[dict[str, Any]], now: dt.datetime) -> dict[str, Any] | None:
+    """A problem (as pod_problem gives) for the first pod stuck Terminating: on a NotReady node (after a GPU Xid
+    error, a kernel hang) the kubelet never confirms the deletion, and a gang restart waits for the old pods."""
+    for p in pods:
+        at = parse_time(p.get("deletionTimestamp")) if p.get("deleting") else None
+        if at is not None and (now - at).total_seconds() >= STUCK_TERMINATING_AFTER:
+            return {
+                "kind": "Container",
+                "reason": "PodStuckTerminating",
+                "message": f"stuck Terminating since {fmt_time(at)} on node {p.get('node') or '?'} (probably "
+                "NotReady): the gang restart waits until it is gone. If the node is lost and its processes are "
+                f"surely stopped, remove it: kubectl delete pod {p['name']} --grace-period=0 --force",
+                "pod": p["name"],
+            }
+    return None
+
+
+def pod_conditions(
+    run_status: dict[str, Any], gang: list[dict[str, Any]], now: dt.datetime, blocked: dict[str, Any] | None = None
+) -> None:
+    """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason.
+    `blocked`: a pod of an older gang that the restart waits for (stuck_terminating), reported first."""
     problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
+    if blocked:
+        problems.insert(0, (blocked["pod"], blocked))
     for cond, kind, ok_reason in (
         ("PodsSchedulable", "Unschedulable", "Scheduled"),
         ("PodsHealthy", "Container", "Healthy"),

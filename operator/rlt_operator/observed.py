@@ -44,6 +44,9 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         out["readyReplicas"] = int(status.get("readyReplicas") or 0)
     elif plural == "pods":
         out["phase"] = status.get("phase")
+        out["node"] = spec.get("nodeName")
+        # Set at deletion to now + the grace period: a pod still there well after it is stuck (a NotReady node).
+        out["deletionTimestamp"] = meta.get("deletionTimestamp")
         containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
         out["problem"] = pod_problem(status, containers)

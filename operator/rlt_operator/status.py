@@ -23,6 +23,7 @@ from rlt_operator.conditions import (
     parse_time,
     pod_conditions,
     set_condition,
+    stuck_terminating,
     volume_condition,
 )
 from rlt_operator.gang import gang_failure, trainer_shape
@@ -345,7 +346,8 @@ def decide(
         f"stage {stage}: {why}",
         now,
     )
-    pod_conditions(run_status, gang, now)
+    # A restart waiting on an old gang's pod that never goes (its node is NotReady) says so (docs/operator.md).
+    pod_conditions(run_status, gang, now, stuck_terminating(observed.pods, now) if waiting else None)
     if progress is not None and progress.get("stage", stage) == stage:
         run_status["progress"] = {k: v for k, v in progress.items() if k != "stage"}
         if "step" in run_status["progress"]:

@@ -631,6 +631,36 @@ def test_pods_of_a_job_kueue_suspended_are_disruptions_not_failures():
     assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
 
 
+def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_once():
+    """Gang 0's Job is being deleted (Foreground) and its pod never goes (NotReady node): the restart waits, and
+    past the pod's deletionTimestamp (deletion + grace) PodsHealthy=False / PodStuckTerminating names the pod,
+    its node and the way out, with one Warning Event; a pod still within its grace period is not reported."""
+    sp = spec(sft=False)
+    old_job = dict(job("rl", restart=0, active=1), deleting=True)
+
+    def old_pod(deleted_ago: float) -> dict:
+        body = pod_body("t-rl-0-abc", b.ROLE_TRAINER, "rl", restart=0, phase="Running")
+        body["metadata"]["deletionTimestamp"] = fmt_time(NOW - dt.timedelta(seconds=deleted_ago))
+        body["spec"] = {"nodeName": "gpu-node-7"}
+        return summarize("pods", body)
+
+    prev = running("rl", restarts=1)
+    d = S.decide(REF, 1, sp, prev, observed(sp, [old_job], [], [old_pod(-300)]), NOW)  # within its grace
+    assert not any(c.get("reason") == "PodStuckTerminating" for c in d.status["conditions"])
+    assert not any(a.verb == "create" and a.plural == "jobs" for a in d.actions)  # the restart waits
+
+    d = S.decide(REF, 1, sp, prev, observed(sp, [old_job], [], [old_pod(600)]), NOW)
+    cond = next(c for c in d.status["conditions"] if c["type"] == "PodsHealthy")
+    assert (cond["status"], cond["reason"]) == ("False", "PodStuckTerminating")
+    for fragment in ("pod t-rl-0-abc", "gpu-node-7", "kubectl delete pod t-rl-0-abc --grace-period=0 --force"):
+        assert fragment in cond["message"], cond["message"]
+    assert [e for e in d.events if e[1] == "PodStuckTerminating"][0][0] == "Warning"
+    assert not any(a.verb == "create" and a.plural == "jobs" for a in d.actions)
+    later = NOW + dt.timedelta(minutes=5)
+    d2 = S.decide(REF, 1, sp, d.status, observed(sp, [old_job], [], [old_pod(600)]), later)  # the same pod
+    assert not [e for e in d2.events if e[1] == "PodStuckTerminating"], "one Event, not one per reconcile"
+
+
 def shaped(stage, gpus, **kw):
     j = job(stage, **kw)
     j["labels"][b.L_SHAPE] = f"1x{gpus}"
