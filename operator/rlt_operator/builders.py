@@ -45,8 +45,9 @@ RUN_AS_USER = 1000
 GENERATOR_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 TMP_MOUNT = "/tmp"
 PREFLIGHT_RESOURCES = {"cpu": "1", "memory": "1Gi"}
-# Prometheus pods (any namespace) may scrape the generators' vllm:* metrics on the vLLM port.
+# Prometheus pods (of the namespaces the chart names) may scrape the generators' vllm:* metrics on the vLLM port.
 PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
 
 @dataclass(frozen=True)
@@ -724,10 +725,23 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     }
 
 
-def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
+def generator_network_policy(ref: RunRef, spec: RLTRunSpec, scrapers: tuple[str, ...] = ()) -> dict[str, Any]:
     """Only the run's own trainer pods reach its generators (vLLM dev mode serves /update_weights,
-    /collective_rpc and /sleep); Prometheus pods may reach the vLLM port for vllm:* metrics."""
+    /collective_rpc and /sleep on the same port as /metrics); Prometheus pods of the `scrapers` namespaces only
+    (the chart's metrics.podMonitor.prometheusNamespaces) may reach the vLLM port for vllm:* metrics."""
     name = generator_policy_name(ref.name)
+    ingress: list[dict[str, Any]] = [
+        # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
+        {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
+    ]
+    if scrapers:
+        where = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": where, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
+                "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
+            }
+        )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -735,13 +749,6 @@ def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
         "spec": {
             "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
-                {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
-                {
-                    "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
-                    "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
-                },
-            ],
+            "ingress": ingress,
         },
     }

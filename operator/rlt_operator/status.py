@@ -97,7 +97,9 @@ def decide(
     observed: Observed,
     now: dt.datetime,
     progress: dict[str, Any] | None = None,
+    scrapers: tuple[str, ...] = (),
 ) -> Decision:
+    """`scrapers`: namespaces whose Prometheus may reach the generators' port 8000 (OperatorSettings.scrapers)."""
     prev = dict(prev or {})
     run_status: dict[str, Any] = {
         "phase": prev.get("phase") or PENDING,
@@ -297,7 +299,7 @@ def decide(
     # Generators first; the trainer joins them only once every server answers /health.
     ready = True
     if gens_needed:
-        plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec))
+        plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec, scrapers))
         plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
         if sts is None and not waiting:
             plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))

@@ -340,19 +340,29 @@ def test_env_value_and_value_from_together_are_refused():
         )
 
 
-def _admits(policy, source_labels, port, namespace_same=True):
+def _admits(policy, source_labels, port, namespace=None):
     """NetworkPolicy ingress semantics (one policy selecting the target): is traffic from a pod with these labels,
-    to `port`, allowed? Any rule whose `from` peer matches and whose ports include `port` (or has none) admits."""
+    in `namespace` (None: the policy's own), to `port`, allowed? Any rule whose `from` peer matches and whose
+    ports include `port` (or has none) admits. Selectors: matchLabels and matchExpressions In."""
 
     def matches(sel, lbls):
-        return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+        exprs = sel.get("matchExpressions") or []
+        assert all(e["operator"] == "In" for e in exprs), "only In is read here"
+        return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items()) and all(
+            lbls.get(e["key"]) in e["values"] for e in exprs
+        )
 
     for rule in policy["spec"]["ingress"]:
         ports = [p["port"] for p in rule.get("ports", [])]
         if ports and port not in ports:
             continue
         for peer in rule["from"]:
-            in_ns = "namespaceSelector" in peer or namespace_same
+            if "namespaceSelector" in peer:
+                in_ns = namespace is not None and matches(
+                    peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}
+                )
+            else:
+                in_ns = namespace is None
             if in_ns and matches(peer.get("podSelector", {}), source_labels):
                 return True
     return False
@@ -364,7 +374,7 @@ def test_generators_admit_only_their_own_runs_trainers():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
     spec = spec_from()
-    policy = b.generator_network_policy(REF, spec)
+    policy = b.generator_network_policy(REF, spec, ("monitoring",))
     kubernetes_validate.validate(policy, "1.31.0", strict=True)
     gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
     assert all(gen.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
@@ -376,7 +386,12 @@ def test_generators_admit_only_their_own_runs_trainers():
         assert not _admits(policy, other, port), "another run's trainer must not reach these generators"
         assert not _admits(policy, gen, port) and not _admits(policy, {"app": "anything"}, port)
     prom = {"app.kubernetes.io/name": "prometheus"}
-    assert _admits(policy, prom, 8000, namespace_same=False) and not _admits(policy, prom, 51216)
+    assert _admits(policy, prom, 8000, "monitoring") and not _admits(policy, prom, 51216, "monitoring")
+    # port 8000 also serves /collective_rpc and /update_weights: a pod labelled prometheus elsewhere is refused
+    assert not _admits(policy, prom, 8000, "team-x") and not _admits(policy, prom, 8000)
+    closed = b.generator_network_policy(REF, spec)  # no Prometheus namespace named: no one but the trainers
+    assert not any(_admits(closed, prom, 8000, ns) for ns in ("monitoring", "team-x", None))
+    assert _admits(closed, mine, 8000)
 
 
 def test_every_child_is_a_valid_kubernetes_object():
