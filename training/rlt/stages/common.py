@@ -416,8 +416,8 @@ def announce_world(stage: str) -> None:
 
     if dist.is_available() and dist.is_initialized():
         rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
-    else:
-        rank, world, backend = 0, 1, "none"
+    else:  # a stage whose ranks share no process group (distill): the launcher's numbers
+        rank, world, backend = int(os.environ.get("RANK", "0")), world_size(), "none"
     say_line(
         f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
         f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "
