@@ -18,7 +18,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import yaml
 from suite_helpers import ROOT, tiny_doc
 
 from rlt.method import generation
