@@ -14,13 +14,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlt.run.exitcodes import FAIL_FAST
-from rlt.run.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.run.exitcodes import DISRUPTION, FAIL_FAST
+from rlt.run.layout import CONFIG_ENV, CONFIG_FILE, PVC_MOUNT, RunLayout
 from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt.run.outputs import pushed_uri, stage_outputs
 from rlt.spec.base import API_GROUP
 from rlt.spec.k8s import quantity_value
-from rlt.spec.loading import dump_run
+from rlt.spec.loading import ENV_SOURCE, dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec, needs_generators, stage_settings, zero_stage
 from rlt.spec.stage_registry import newest_teacher_stage, stage_info
 from rlt_operator.kinds import BY_PLURAL, RUN
@@ -48,8 +48,9 @@ RUN_AS_USER = 1000
 GENERATOR_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 TMP_MOUNT = "/tmp"
 PREFLIGHT_RESOURCES = {"cpu": "1", "memory": "1Gi"}
-# Prometheus pods (any namespace) may scrape the generators' vllm:* metrics on the vLLM port.
+# Prometheus pods (of the namespaces the chart names) may scrape the generators' vllm:* metrics on the vLLM port.
 PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,6 @@ def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
         # The pods never call the Kubernetes API: no token to steal.
         "automountServiceAccountToken": False,
         "volumes": [
-            {"name": "config", "configMap": {"name": config_name(run)}},
             {"name": "data", "persistentVolumeClaim": {"claimName": data_claim_name(run, spec)}},
             # NCCL and dataloaders need more than the runtime's 64Mi /dev/shm.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
@@ -280,7 +280,6 @@ def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
 
 
 _MOUNTS: list[dict[str, Any]] = [
-    {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
     {"name": "data", "mountPath": PVC_MOUNT},
     {"name": "dshm", "mountPath": "/dev/shm"},
     {"name": "tmp", "mountPath": TMP_MOUNT},
@@ -444,18 +443,24 @@ def with_trainer_shape(spec: RLTRunSpec, nodes: int, gpus: int) -> RLTRunSpec:
     )
 
 
+LAUNCH = ("rlt", "launch", "--")
+
+
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     """`rlt stage` directly for one process; accelerate + DeepSpeed for several (Kubernetes expands $(VAR))."""
-    stage_args = ["stage", stage, "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}", "--root", PVC_MOUNT]
+    stage_args = ["stage", stage, "--config", f"{ENV_SOURCE}{CONFIG_ENV}", "--root", PVC_MOUNT]
     nodes = trainer_nodes(spec, stage)
     gpus = spec.resources.trainer.gpus
     if nodes == 1 and gpus <= 1:
         return ["rlt", *stage_args]
+    # `rlt launch` runs the launcher: it forwards SIGTERM and exits STOPPED when the ranks saved and stopped
+    # (a launcher exits 1 after a signal whatever its ranks did).
     zero = zero_stage(spec, stage)
     if zero is None:
         # No training engine: one process per GPU of the pod, each taking its own share of the rows.
-        return ["torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
+        return [*LAUNCH, "torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
     return [
+        *LAUNCH,
         "accelerate",
         "launch",
         "--num_machines",
@@ -516,28 +521,47 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}},
         },
         {"name": "RLT_METRICS_PORT", "value": str(METRICS_PORT)},
+        # torchrun waits this long for its ranks after forwarding SIGTERM (default 30 s): they save meanwhile
+        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(res.termination_grace_period_seconds)},
     ]
     if needs_generators(spec, stage):
         env += [
             {"name": "RLT_GENERATOR_URL", "value": generator_url(ref.name, ref.namespace)},
             {"name": "RLT_GENERATOR_PORT", "value": str(VLLM_PORT)},
         ]
+    # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
+    # pull) reads the same spec as its running peers, not a later edit (a mounted ConfigMap changes under pods).
+    snapshot = {"name": CONFIG_ENV, "value": pod_config(ref, spec)}
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
     pod.update(
         {
             "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
             "subdomain": name,
+            # SIGTERM → the gang finishes its step and saves (rlt.stages.preemption); SIGKILL only after this
+            "terminationGracePeriodSeconds": res.termination_grace_period_seconds,
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
-            # (format files on the volume). Exits CONFIG_ERROR, which the podFailurePolicy turns into a failed Job.
+            # (format files, a stage of an earlier run on a retained volume). Exits CONFIG_ERROR, which the
+            # podFailurePolicy turns into a failed Job; its last log lines become the termination message the
+            # operator puts in the run's status.
             "initContainers": [
                 _container(
                     spec,
                     "validate",
                     spec.images.trainer,
-                    ["python", "-m", "rlt.spec.validation", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
-                    _common_env(ref, spec, stage, restart),
+                    [
+                        "python",
+                        "-m",
+                        "rlt.run.preflight",
+                        f"{ENV_SOURCE}{CONFIG_ENV}",
+                        "--stage",
+                        stage,
+                        "--root",
+                        PVC_MOUNT,
+                    ],
+                    [snapshot, *_common_env(ref, spec, stage, restart)],
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+                    terminationMessagePolicy="FallbackToLogsOnError",
                 )
             ],
             "containers": [
@@ -546,7 +570,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     "trainer",
                     spec.images.trainer,
                     trainer_command(spec, stage),
-                    env + _common_env(ref, spec, stage, restart),
+                    [snapshot, *env, *_common_env(ref, spec, stage, restart)],
                     pod_resources(res),
                     ports=[
                         {"name": "rendezvous", "containerPort": MASTER_PORT},
@@ -579,11 +603,13 @@ def _template_meta(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, Any]:
 
 def pod_failure_policy() -> dict[str, Any]:
     """Config and data errors fail the Job at once (the operator then fails the run without a gang restart);
-    a disrupted pod (preemption, node drain, eviction) is not counted by the Job: the operator restarts the
-    gang without counting it against spec.backoffLimit."""
+    a disrupted pod (preemption, node drain, eviction) or a trainer that stopped on SIGTERM after saving is not
+    counted by the Job: the operator restarts the gang without counting it against spec.backoffLimit."""
     return {
         "rules": [
             {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
+            # stopped on SIGTERM after saving (rlt.stages.preemption): a disruption
+            {"action": "Ignore", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in DISRUPTION)}},
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }
@@ -689,23 +715,29 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     }
 
 
-def generator_network_policy(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
+def generator_network_policy(ref: RunRef, spec: RLTRunSpec, scrapers: tuple[str, ...] = ()) -> dict[str, Any]:
     """Only the run's own trainer pods reach its generators (vLLM dev mode serves /update_weights,
-    /collective_rpc and /sleep); Prometheus pods may reach the vLLM port for vllm:* metrics."""
+    /collective_rpc and /sleep on the same port as /metrics); Prometheus pods of the `scrapers` namespaces only
+    (the chart's metrics.podMonitor.prometheusNamespaces) may reach the vLLM port for vllm:* metrics."""
     name = generator_policy_name(ref.name)
+    ingress: list[dict[str, Any]] = [
+        # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
+        {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
+    ]
+    if scrapers:
+        where = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": where, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
+                "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
+            }
+        )
     return {
         **type_meta("networkpolicies"),
         "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
         "spec": {
             "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
-                {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
-                {
-                    "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
-                    "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
-                },
-            ],
+            "ingress": ingress,
         },
     }

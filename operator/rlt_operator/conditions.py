@@ -10,6 +10,8 @@ from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
 VOLUME_ATTACH_WAIT = 180.0
+# A deleted pod still there this long after its deletionTimestamp (= deletion + grace period) is stuck Terminating.
+STUCK_TERMINATING_AFTER = 120.0
 
 
 def set_condition(
@@ -38,10 +40,32 @@ def hold(run_status: RLTRunStatus, reason: str, message: str) -> None:
         run_status.reason, run_status.message = reason, message
 
 
-def pod_conditions(run_status: RLTRunStatus, gang: list[dict[str, Any]], now: dt.datetime) -> None:
-    """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason."""
+def stuck_terminating(pods: list[dict[str, Any]], now: dt.datetime) -> dict[str, Any] | None:
+    """A problem (as pod_problem gives) for the first pod stuck Terminating: on a NotReady node (after a GPU Xid
+    error, a kernel hang) the kubelet never confirms the deletion, and a gang restart waits for the old pods."""
+    for p in pods:
+        at = parse_time(p.get("deletionTimestamp")) if p.get("deleting") else None
+        if at is not None and (now - at).total_seconds() >= STUCK_TERMINATING_AFTER:
+            return {
+                "kind": "Container",
+                "reason": "PodStuckTerminating",
+                "message": f"stuck Terminating since {format_time(at)} on node {p.get('node') or '?'} (probably "
+                "NotReady): the gang restart waits until it is gone. If the node is lost and its processes are "
+                f"surely stopped, remove it: kubectl delete pod {p['name']} --grace-period=0 --force",
+                "pod": p["name"],
+            }
+    return None
+
+
+def pod_conditions(
+    run_status: RLTRunStatus, gang: list[dict[str, Any]], now: dt.datetime, blocked: dict[str, Any] | None = None
+) -> None:
+    """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason.
+    `blocked`: a pod of an older gang that the restart waits for (stuck_terminating), reported first."""
     conds = run_status.conditions = run_status.conditions or []
     problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
+    if blocked:
+        problems.insert(0, (blocked["pod"], blocked))
     for cond, kind, ok_reason in (
         (ConditionType.PODS_SCHEDULABLE, "Unschedulable", "Scheduled"),
         (ConditionType.PODS_HEALTHY, "Container", "Healthy"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rlt.run.exitcodes import FAIL_FAST, ExitCode
+from rlt.run.exitcodes import DISRUPTION, FAIL_FAST, ExitCode
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
 from rlt_operator.conditions import has_condition, set_condition
@@ -53,12 +53,17 @@ def gang_failure(
     for pod in gang:
         if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
             code = ExitCode(pod["exitCode"])
-            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)})", False)
+            said = f": {pod['exitMessage']}" if pod.get("exitMessage") else ""
+            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)}){said}", False)
     reason = (condition_true(job, "Failed") or {}).get("reason") if job else None
     if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
         return None, f"trainer Job {job_name}: {job_failure(job)}", False
     failure = job_failure(job)
+    suspended = bool(job and job.get("suspended"))
+    why_suspended = "suspended (a Kueue eviction or preemption): its pods were stopped, not failed"
     if failure:
+        if suspended:
+            return f"trainer Job {job_name} was {why_suspended}", None, True
         return f"trainer Job {job_name}: {failure}", None, False
     for pod in gang:
         role = pod["labels"].get(builders.L_ROLE)
@@ -66,8 +71,16 @@ def gang_failure(
             why = (pod.get("problem") or {}).get("reason") or (
                 f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
             )
+            if suspended and role == builders.ROLE_TRAINER:
+                return f"trainer Job {job_name} was {why_suspended} (pod {pod['name']})", None, True
             if pod.get("disrupted"):
-                return f"{role} pod {pod['name']} was disrupted (preempted, evicted or its node drained)", None, True
+                what = (
+                    f"stopped on SIGTERM after saving a checkpoint (exit {pod['exitCode']}: preempted, evicted, "
+                    "drained or suspended)"
+                    if pod.get("exitCode") in DISRUPTION
+                    else "was disrupted (preempted, evicted or its node drained)"
+                )
+                return f"{role} pod {pod['name']} {what}", None, True
             return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
         if role == builders.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
             why = (pod.get("problem") or {}).get("reason")

@@ -254,7 +254,9 @@ async def reconcile_once(
             # Progress is informative only: an unreachable or garbled endpoint must not hold up the reconcile.
             logger.debug(f"progress not available from {url}: {err}")
 
-    decision = status.decide(ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh)
+    decision = status.decide(
+        ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh, state.settings.scrapers
+    )
     actions = mem.expected(observed, decision.actions, time.monotonic())
     await apply(state, namespace, actions, logger)
     for a in actions:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlt.run.exitcodes import DISRUPTION
 from rlt_operator import builders
 
 
@@ -33,11 +34,19 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
             for c in status.get("conditions") or []
         ]
+        # Kueue evicts (preemption, lost admission) by suspending the Job: its pods are deleted without a
+        # DisruptionTarget condition, so the Job's own state is what says their end was a disruption.
+        out["suspended"] = bool(spec.get("suspend")) or any(
+            c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
     elif plural == "statefulsets":
         out["replicas"] = spec.get("replicas", 1)
         out["readyReplicas"] = int(status.get("readyReplicas") or 0)
     elif plural == "pods":
         out["phase"] = status.get("phase")
+        out["node"] = spec.get("nodeName")
+        # Set at deletion to now + the grace period: a pod still there well after it is stuck (a NotReady node).
+        out["deletionTimestamp"] = meta.get("deletionTimestamp")
         containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
         out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
         out["problem"] = pod_problem(status, containers)
@@ -47,10 +56,6 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         waiting = conds.get("PodReadyToStartContainers") or {}
         if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
             out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
-        # Preemption, node drain, eviction: the pod did nothing wrong (podFailurePolicy Ignore, not counted).
-        out["disrupted"] = any(
-            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
         codes = [
             t.get("exitCode")
             for c in containers
@@ -58,6 +63,20 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             if t and t.get("exitCode")
         ]
         out["exitCode"] = int(codes[0]) if codes else None
+        # What the failed container said last (terminationMessagePolicy FallbackToLogsOnError: its last log lines)
+        said = [
+            t.get("message")
+            for c in containers
+            for t in ((c.get("state") or {}).get("terminated"),)
+            if t and t.get("exitCode") and t.get("message")
+        ]
+        if said:
+            out["exitMessage"] = said[0].strip().splitlines()[-1][-1000:]
+        # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
+        # wrong (podFailurePolicy Ignore, not counted).
+        out["disrupted"] = out["exitCode"] in DISRUPTION or any(
+            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
     return out
 
 

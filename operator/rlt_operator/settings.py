@@ -25,6 +25,9 @@ class OperatorSettings:
     metrics_addr: str = "0.0.0.0"  # RLT_OPERATOR_METRICS_ADDR
     health_port: int = 8081  # RLT_OPERATOR_HEALTH_PORT: /healthz of `rlt operator` (0 or negative: off)
     progress_url: str = DEFAULT_PROGRESS_URL  # RLT_PROGRESS_URL: template with {job} {run} {namespace} {stage} {port}
+    # RLT_PROMETHEUS_NAMESPACES: comma-separated namespaces whose Prometheus pods may reach the generators' port 8000
+    # (the chart's metrics.podMonitor.prometheusNamespaces); empty: none
+    prometheus_namespaces: str = ""
 
     ENV: ClassVar[Mapping[str, str]] = {  # field -> environment variable
         "resync_seconds": "RLT_RESYNC_SECONDS",
@@ -35,7 +38,13 @@ class OperatorSettings:
         "metrics_addr": "RLT_OPERATOR_METRICS_ADDR",
         "health_port": "RLT_OPERATOR_HEALTH_PORT",
         "progress_url": "RLT_PROGRESS_URL",
+        "prometheus_namespaces": "RLT_PROMETHEUS_NAMESPACES",
     }
+
+    @property
+    def scrapers(self) -> tuple[str, ...]:
+        """The namespaces of RLT_PROMETHEUS_NAMESPACES, in order."""
+        return tuple(n.strip() for n in self.prometheus_namespaces.split(",") if n.strip())
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:

@@ -23,6 +23,7 @@ from rlt_operator.conditions import (
     no_pods,
     pod_conditions,
     set_condition,
+    stuck_terminating,
     volume_condition,
 )
 from rlt_operator.gang import gang_failure, trainer_shape
@@ -119,7 +120,9 @@ def decide(
     observed: Observed,
     now: dt.datetime,
     progress: dict[str, Any] | None = None,
+    scrapers: tuple[str, ...] = (),
 ) -> Decision:
+    """`scrapers`: namespaces whose Prometheus may reach the generators' port 8000 (OperatorSettings.scrapers)."""
     prev = dict(prev or {})
     run_status = previous_status(prev)
     run_status.phase = run_status.phase or PENDING
@@ -315,7 +318,7 @@ def decide(
     # Generators first; the trainer joins them only once every server answers /health.
     ready = True
     if gens_needed:
-        plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec))
+        plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec, scrapers))
         plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
         if sts is None and not waiting:
             plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))
@@ -348,6 +351,8 @@ def decide(
     why = (
         "trainer running"
         if active
+        else "trainer Job suspended (Kueue: waiting to be admitted again)"
+        if job and job.get("suspended")
         else "waiting for generators"
         if not ready
         else f"{running_pods}/{want_pods} trainer pods running"
@@ -362,7 +367,8 @@ def decide(
         f"stage {stage}: {why}",
         now,
     )
-    pod_conditions(run_status, gang, now)
+    # A restart waiting on an old gang's pod that never goes (its node is NotReady) says so (docs/operator.md).
+    pod_conditions(run_status, gang, now, stuck_terminating(observed.pods, now) if waiting else None)
     if progress is not None and progress.get("stage", stage) == stage:
         read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
         if read.step is not None:

@@ -195,6 +195,33 @@ def test_servicemonitor_and_podmonitor():
     assert one(ns_docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
+def test_only_the_named_prometheus_namespaces_reach_the_generators_port_8000():
+    """metrics.podMonitor.prometheusNamespaces reaches the operator (env, as rendered by real helm) and from it each
+    run's generator NetworkPolicy: Prometheus pods of those namespaces only may reach port 8000."""
+    from suite_helpers import ROOT
+
+    from rlt.spec.loading import parse_run
+    from rlt_operator import builders as b
+    from rlt_operator.settings import OperatorSettings
+
+    def policy_from(*extra):
+        deploy = one(template(*extra), "Deployment")
+        env = {e["name"]: e.get("value", "") for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+        settings = OperatorSettings.from_env(env)
+        spec = parse_run(yaml.safe_load((ROOT / "manifests/examples/rltrun-tiny.yaml").read_text())).spec
+        return b.generator_network_policy(b.RunRef("r", "team-a", "u"), spec, settings.scrapers)["spec"]["ingress"]
+
+    def prometheus_namespaces(ingress):
+        peers = [p for rule in ingress for p in rule["from"] if "namespaceSelector" in p]
+        assert all(p["namespaceSelector"] for p in peers), "an empty namespaceSelector admits every namespace"
+        return [v for p in peers for e in p["namespaceSelector"]["matchExpressions"] for v in e["values"]]
+
+    assert prometheus_namespaces(policy_from()) == ["monitoring"]  # the documented default
+    named = policy_from("--set", "metrics.podMonitor.prometheusNamespaces={mon-a,mon-b}")
+    assert prometheus_namespaces(named) == ["mon-a", "mon-b"]
+    assert prometheus_namespaces(policy_from("--set", "metrics.podMonitor.prometheusNamespaces=null")) == []
+
+
 def test_prometheusrule_embeds_the_rule_file():
     docs = render_set("monitoring")
     rule = one(docs, "PrometheusRule")

@@ -101,7 +101,7 @@ def test_trainer_image_matches_the_builders():
             )
         }
     )
-    assert b.trainer_command(multi, "sft")[0] == "accelerate"
+    assert b.trainer_command(multi, "sft")[:4] == ["rlt", "launch", "--", "accelerate"]
     assert img["env"]["PATH"].startswith("/opt/venv/bin:")
 
 

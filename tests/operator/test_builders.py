@@ -23,6 +23,20 @@ def spec_from(name="rltrun-paper-7b.yaml", **spec_patch):
     return parse_run(doc).spec
 
 
+def run_init(job, volume=None):
+    """The trainer Job's init container `validate` as rendered: its command and its literal env (the gang's spec
+    snapshot among them), the volume's /data on `volume`."""
+    import os
+    import subprocess
+    import sys
+
+    init = job["spec"]["template"]["spec"]["initContainers"][0]
+    env = {e["name"]: e["value"] for e in init["env"] if "value" in e and e["name"] not in ("HOME", "TMPDIR")}
+    swap = {"python": sys.executable, "/data": str(volume or "/data")}
+    cmd = [swap.get(c, c) for c in init["command"]]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+
+
 def env_of(pod_spec):
     return {e["name"]: e for e in pod_spec["containers"][0]["env"]}
 
@@ -84,9 +98,10 @@ def test_trainer_job_rendezvous_and_command():
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
     assert "value" not in env["HF_TOKEN"], "the token never appears in a manifest"
     cmd = pod["containers"][0]["command"]
-    assert cmd[:2] == ["accelerate", "launch"]
+    assert cmd[:5] == ["rlt", "launch", "--", "accelerate", "launch"]  # rlt launch keeps a stop's exit code
+    assert pod["terminationGracePeriodSeconds"] == 600  # the documented default: one step + one save
     assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
-    assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "/etc/rlt/run.yaml", "--root", "/data"]
+    assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "env:RLT_RUN_YAML", "--root", "/data"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert pod["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "8"
     svc = b.trainer_service(REF, spec, "rl", 0)
@@ -95,7 +110,7 @@ def test_trainer_job_rendezvous_and_command():
 
 def test_single_process_stage_runs_rlt_directly():
     spec = spec_from("rltrun-tiny.yaml", resources={"trainer": {"nodes": 1, "gpus": 1}})
-    assert b.trainer_command(spec, "sft") == ["rlt", "stage", "sft", "--config", "/etc/rlt/run.yaml", "--root", "/data"]
+    assert b.trainer_command(spec, "sft") == ["rlt", "stage", "sft", "--config", "env:RLT_RUN_YAML", "--root", "/data"]
     assert b.trainer_nodes(spec_from(resources={"trainer": {"nodes": 3}}), "distill") == 1
 
 
@@ -211,7 +226,7 @@ def test_multinode_deepspeed_launch_uses_torchrun_on_every_pod():
     assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--num_processes") + 1] == "32"
     assert cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
     # distill/evaluate: one process per GPU of the one pod, each with its own rows (no DeepSpeed engine).
-    assert b.trainer_command(spec, "distill")[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "-m"]
+    assert b.trainer_command(spec, "distill")[3:8] == ["torchrun", "--standalone", "--nproc_per_node", "8", "-m"]
 
 
 @pytest.mark.parametrize("stage", ["sft", "rl", "student"])
@@ -231,8 +246,8 @@ def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(st
     container = b.trainer_job(REF, run.spec, stage, 0)["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value", "1") for e in container["env"]}  # NODE_RANK (a fieldRef) on pod 1
     command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], part) for part in container["command"]]
-    assert command[:2] == ["accelerate", "launch"]
-    launch = launch_command_parser().parse_args(command[2:])
+    assert command[:5] == ["rlt", "launch", "--", "accelerate", "launch"]
+    launch = launch_command_parser().parse_args(command[5:])
     assert launch.use_deepspeed and launch.zero_stage == 2 and launch.mixed_precision == "fp16"
     assert launch.module and launch.training_script == "rlt.cli" and launch.training_script_args[:2] == ["stage", stage]
     assert (launch.num_machines, launch.num_processes, launch.machine_rank) == (4, 32, 1)
@@ -326,19 +341,29 @@ def test_env_value_and_value_from_together_are_refused():
         )
 
 
-def _admits(policy, source_labels, port, namespace_same=True):
+def _admits(policy, source_labels, port, namespace=None):
     """NetworkPolicy ingress semantics (one policy selecting the target): is traffic from a pod with these labels,
-    to `port`, allowed? Any rule whose `from` peer matches and whose ports include `port` (or has none) admits."""
+    in `namespace` (None: the policy's own), to `port`, allowed? Any rule whose `from` peer matches and whose
+    ports include `port` (or has none) admits. Selectors: matchLabels and matchExpressions In."""
 
     def matches(sel, lbls):
-        return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items())
+        exprs = sel.get("matchExpressions") or []
+        assert all(e["operator"] == "In" for e in exprs), "only In is read here"
+        return all(lbls.get(k) == v for k, v in (sel.get("matchLabels") or {}).items()) and all(
+            lbls.get(e["key"]) in e["values"] for e in exprs
+        )
 
     for rule in policy["spec"]["ingress"]:
         ports = [p["port"] for p in rule.get("ports", [])]
         if ports and port not in ports:
             continue
         for peer in rule["from"]:
-            in_ns = "namespaceSelector" in peer or namespace_same
+            if "namespaceSelector" in peer:
+                in_ns = namespace is not None and matches(
+                    peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}
+                )
+            else:
+                in_ns = namespace is None
             if in_ns and matches(peer.get("podSelector", {}), source_labels):
                 return True
     return False
@@ -350,7 +375,7 @@ def test_generators_admit_only_their_own_runs_trainers():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
     spec = spec_from()
-    policy = b.generator_network_policy(REF, spec)
+    policy = b.generator_network_policy(REF, spec, ("monitoring",))
     kubernetes_validate.validate(policy, "1.31.0", strict=True)
     gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["metadata"]["labels"]
     assert all(gen.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
@@ -362,7 +387,12 @@ def test_generators_admit_only_their_own_runs_trainers():
         assert not _admits(policy, other, port), "another run's trainer must not reach these generators"
         assert not _admits(policy, gen, port) and not _admits(policy, {"app": "anything"}, port)
     prom = {"app.kubernetes.io/name": "prometheus"}
-    assert _admits(policy, prom, 8000, namespace_same=False) and not _admits(policy, prom, 51216)
+    assert _admits(policy, prom, 8000, "monitoring") and not _admits(policy, prom, 51216, "monitoring")
+    # port 8000 also serves /collective_rpc and /update_weights: a pod labelled prometheus elsewhere is refused
+    assert not _admits(policy, prom, 8000, "team-x") and not _admits(policy, prom, 8000)
+    closed = b.generator_network_policy(REF, spec)  # no Prometheus namespace named: no one but the trainers
+    assert not any(_admits(closed, prom, 8000, ns) for ns in ("monitoring", "team-x", None))
+    assert _admits(closed, mine, 8000)
 
 
 def test_every_child_is_a_valid_kubernetes_object():
@@ -386,21 +416,12 @@ def test_every_child_is_a_valid_kubernetes_object():
 def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fast_on(tmp_path):
     """Run the init container's command as rendered: a format file missing in the pod (the operator cannot
     see it) exits with a code the Job's FailJob rule matches; a good config exits 0."""
-    import subprocess
-    import sys
 
     from rlt.run.exitcodes import ExitCode
 
     def preflight(spec):
         job = b.trainer_job(REF, spec, "sft", 0)
-        init = job["spec"]["template"]["spec"]["initContainers"][0]
-        cfg = tmp_path / "run.yaml"
-        cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
-        cmd = [
-            sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c for c in init["command"]
-        ]
-        assert cmd != init["command"], "the command reads the mounted config"
-        return subprocess.run(cmd, capture_output=True, text=True), job["spec"]["podFailurePolicy"]["rules"]
+        return run_init(job), job["spec"]["podFailurePolicy"]["rules"]
 
     ok, _ = preflight(spec_from("rltrun-tiny.yaml"))
     assert ok.returncode == 0, ok.stderr
@@ -409,8 +430,83 @@ def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fas
     fail_fast = next(r for r in rules if r["action"] == "FailJob")["onExitCodes"]
     assert fail_fast["operator"] == "In" and bad.returncode in fail_fast["values"]
     assert ExitCode.FAILED not in fail_fast["values"], "an ordinary crash stays retryable"
-    ignore = next(r for r in rules if r["action"] == "Ignore")
-    assert ignore["onPodConditions"] == [{"type": "DisruptionTarget", "status": "True"}]
+    ignore = [r for r in rules if r["action"] == "Ignore"]
+    assert {"type": "DisruptionTarget", "status": "True"} in [c for r in ignore for c in r.get("onPodConditions", [])]
+    assert [r["onExitCodes"]["values"] for r in ignore if "onExitCodes" in r] == [[ExitCode.STOPPED]]
+
+
+def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_preflight_with_what_to_do(tmp_path):
+    """A re-created RLTRun of the same name mounts the retained volume: its finished sft, trained under another
+    learning rate, is refused by the init container as rendered (exit 78, before any launcher), in one line that
+    says what to do; the same spec passes (the stage is skipped), and so does an RL extension (more steps)."""
+
+    from rlt.run import fingerprint
+    from rlt.run.exitcodes import ExitCode
+    from rlt.run.layout import CHECKPOINT_COMPLETE, RunLayout
+
+    old = spec_from("rltrun-tiny.yaml")
+    layout = RunLayout.for_run(tmp_path / "pvc", REF.name)
+    for stage in ("sft", "rl"):
+        layout.stage_dir(stage).mkdir(parents=True)
+        fingerprint.record(layout, old, stage)
+        layout.stage_done(stage).write_text("done\n")
+    layout.checkpoint_dir("rl", 3).mkdir(parents=True)
+    (layout.checkpoint_dir("rl", 3) / CHECKPOINT_COMPLETE).touch()  # every rank saved it: one to extend from
+
+    def preflight(spec, stage):
+        job = b.trainer_job(REF, spec, stage, 0)
+        init = job["spec"]["template"]["spec"]["initContainers"][0]
+        assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"  # its last line reaches the status
+        return run_init(job, tmp_path / "pvc")
+
+    same = preflight(old, "sft")
+    assert same.returncode == 0, same.stderr
+    new_sft = old.model_copy(deep=True)
+    new_sft.stages.sft.learning_rate = 5e-4
+    bad = preflight(new_sft, "sft")
+    assert bad.returncode == ExitCode.CONFIG_ERROR, bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in bad.stderr, bad.stderr
+    for fragment in (
+        "stage sft",
+        "stages.sft.learningRate",
+        "retained volume",
+        "restore the old values",
+        "new name",
+        f"kubectl delete pvc {REF.name}-data",
+    ):
+        assert fragment in lines[0], lines[0]
+    more_rl = old.model_copy(deep=True)
+    more_rl.stages.rl.steps += 2
+    assert preflight(more_rl, "rl").returncode == 0  # continuing rl from its checkpoint is allowed
+
+
+def test_a_config_error_says_why_in_the_status_from_the_termination_message():
+    pod = {
+        "metadata": {"name": "t-sft-0-x", "labels": b.labels("t", b.ROLE_TRAINER, "sft", 0)},
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {
+                    "name": "validate",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 78,
+                            "reason": "Error",
+                            "message": "some warning\nstage sft: the volume already holds it, finished under ...\n",
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    from rlt_operator.gang import gang_failure
+    from rlt_operator.observed import summarize
+
+    _, fatal, _ = gang_failure(None, "t-sft", [summarize("pods", pod)], "sft", 0)
+    assert fatal == (
+        "trainer pod t-sft-0-x exited with CONFIG_ERROR (78): stage sft: the volume already holds it, finished under ..."
+    )
 
 
 def test_a_retained_volume_has_no_owner_and_is_not_deleted_with_the_run():
@@ -501,20 +597,12 @@ def test_a_malformed_quantity_is_refused_naming_the_field():
 
 def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
     """A data file missing in the pod: the rendered preflight exits DATA_ERROR, which the FailJob rule matches."""
-    import subprocess
-    import sys
 
     from rlt.run.exitcodes import ExitCode
 
     spec = spec_from("rltrun-tiny.yaml", dataset={"source": str(tmp_path / "missing.jsonl")})
     job = b.trainer_job(REF, spec, "sft", 0)
-    cfg = tmp_path / "run.yaml"
-    cfg.write_text(b.configmap(REF, spec)["data"]["run.yaml"])
-    cmd = [
-        sys.executable if c == "python" else str(cfg) if c == "/etc/rlt/run.yaml" else c
-        for c in job["spec"]["template"]["spec"]["initContainers"][0]["command"]
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = run_init(job)
     assert out.returncode == ExitCode.DATA_ERROR and "missing.jsonl" in out.stderr, out.stderr
     rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
     assert out.returncode in rule["onExitCodes"]["values"]

@@ -329,6 +329,38 @@ def test_config_follows_spec_edits():
     assert len(patch) == 1 and "run.yaml" in patch[0].body["data"]
 
 
+def test_each_gang_reads_the_spec_it_was_created_with_whenever_its_pods_start(monkeypatch):
+    """An edit mid-gang updates the ConfigMap (for people) but never what the gang's pods read: the snapshot is in
+    the Job's immutable pod template, so a pod that starts late (slow image pull) reads the gang's spec."""
+    from rlt.run.layout import CONFIG_ENV
+    from rlt.spec.validation import load_valid_run
+
+    old = spec(sft=False)
+    new = spec(sft=False)
+    new["stages"]["rl"]["learningRate"] = 5e-5
+    gang0 = b.trainer_job(REF, parse_spec(old), "rl", 0)["spec"]["template"]["spec"]
+    mounted = [v["name"] for v in gang0["volumes"] if "configMap" in v or "projected" in v]
+    assert mounted == [], f"a ConfigMap volume changes under running pods: {mounted}"
+
+    obs = observed(new, [job("rl", active=1)])
+    obs.configmaps["t-config"]["configHash"] = "old"
+    d = S.decide(REF, 2, new, running("rl"), obs, NOW)
+    assert ("patch", "configmaps") in {(a.verb, a.plural) for a in d.actions}
+    assert not [a for a in d.actions if a.plural in ("jobs", "pods")], d.actions  # the gang itself is left alone
+
+    def read_by_a_pod_of(pod_spec) -> float:
+        for c in pod_spec["initContainers"] + pod_spec["containers"]:
+            monkeypatch.setenv(CONFIG_ENV, next(e["value"] for e in c["env"] if e["name"] == CONFIG_ENV))
+            [arg] = [a for a in c["command"] if a.startswith("env:")]
+            rates = {load_valid_run(arg).spec.stages.rl.learning_rate}
+        assert len(rates) == 1
+        return rates.pop()
+
+    assert read_by_a_pod_of(gang0) == parse_spec(old).stages.rl.learning_rate
+    gang1 = b.trainer_job(REF, parse_spec(new), "rl", 1)["spec"]["template"]["spec"]
+    assert read_by_a_pod_of(gang1) == 5e-5  # the next gang runs the edit
+
+
 def test_merge_patch_only_touches_changes_and_own_fields():
     assert S.merge_patch({"phase": "Pending", "x": 1, "reason": "r"}, {"phase": "Running"}) == {
         "phase": "Running",
@@ -535,6 +567,103 @@ def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_lim
     d = step(d.status, 2, crashed(2))
     assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
     assert "exit code 1" in d.status["message"]
+
+
+def test_a_trainer_that_stopped_on_sigterm_after_saving_is_a_disruption_every_time():
+    """Exit 75 (rlt.stages.preemption): the gang saved and stopped; however often, it never uses up backoffLimit."""
+    sp = spec(sft=False, backoffLimit=0)
+
+    def stopped(r, code=75):
+        return observed_pod(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            restart=r,
+            phase="Failed",
+            containers=[{"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": code}}}],
+        )
+
+    prev = running("rl")
+    for r in range(3):
+        d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=r, active=1)], [], [stopped(r)]), NOW)
+        assert d.status["phase"] == "Running" and (d.status["restarts"], d.status["disruptions"]) == (r + 1, r + 1)
+        assert "stopped on SIGTERM after saving a checkpoint (exit 75" in d.status["lastFailure"]
+        assert ("delete", "jobs", "t-rl") in acts(d)
+        prev = d.status
+    d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=3, active=1)], [], [stopped(3, 143)]), NOW)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"  # a plain SIGTERM death
+    rules = b.pod_failure_policy()["rules"]
+    assert {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [75]}} in rules
+
+
+def test_pods_of_a_job_kueue_suspended_are_disruptions_not_failures():
+    """Kueue evicts a workload by suspending its Job: the Job controller deletes the pods (no DisruptionTarget) and
+    may count them failed. Three evictions with backoffLimit 0 leave the run Running; the restarts are uncounted."""
+    sp = spec(sft=False, backoffLimit=0)
+
+    def suspended_job(r, failed):
+        body = {
+            "metadata": {"name": "t-rl", "labels": b.labels("t", b.ROLE_TRAINER, "rl", r)},
+            "spec": {"completions": 1, "suspend": True},
+            "status": {
+                "failed": failed,
+                "conditions": [
+                    {"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended"}
+                ],
+            },
+        }
+        return summarize("jobs", body)
+
+    def killed(r):  # SIGTERM outside the training loop: 143, no DisruptionTarget
+        return observed_pod(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            restart=r,
+            phase="Failed",
+            containers=[{"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 143}}}],
+        )
+
+    prev = running("rl")
+    for r, (failed, pods) in enumerate([(0, [killed(0)]), (1, [killed(1)]), (1, [])]):
+        d = S.decide(REF, 1, sp, prev, observed(sp, [suspended_job(r, failed)], [], pods), NOW)
+        assert d.status["phase"] == "Running", d.status
+        assert (d.status["restarts"], d.status["disruptions"]) == (r + 1, r + 1)
+        assert "suspended (a Kueue eviction or preemption)" in d.status["lastFailure"]
+        prev = d.status
+    # the same pod end without a suspended Job is a failure: the limit applies
+    d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", restart=3, active=1)], [], [killed(3)]), NOW)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "BackoffLimitExceeded"
+
+
+def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_once():
+    """Gang 0's Job is being deleted (Foreground) and its pod never goes (NotReady node): the restart waits, and
+    past the pod's deletionTimestamp (deletion + grace) PodsHealthy=False / PodStuckTerminating names the pod,
+    its node and the way out, with one Warning Event; a pod still within its grace period is not reported."""
+    sp = spec(sft=False)
+    old_job = dict(job("rl", restart=0, active=1), deleting=True)
+
+    def old_pod(deleted_ago: float) -> dict:
+        body = pod_body("t-rl-0-abc", b.ROLE_TRAINER, "rl", restart=0, phase="Running")
+        body["metadata"]["deletionTimestamp"] = format_time(NOW - dt.timedelta(seconds=deleted_ago))
+        body["spec"] = {"nodeName": "gpu-node-7"}
+        return summarize("pods", body)
+
+    prev = running("rl", restarts=1)
+    d = S.decide(REF, 1, sp, prev, observed(sp, [old_job], [], [old_pod(-300)]), NOW)  # within its grace
+    assert not any(c.get("reason") == "PodStuckTerminating" for c in d.status["conditions"])
+    assert not any(a.verb == "create" and a.plural == "jobs" for a in d.actions)  # the restart waits
+
+    d = S.decide(REF, 1, sp, prev, observed(sp, [old_job], [], [old_pod(600)]), NOW)
+    cond = next(c for c in d.status["conditions"] if c["type"] == "PodsHealthy")
+    assert (cond["status"], cond["reason"]) == ("False", "PodStuckTerminating")
+    for fragment in ("pod t-rl-0-abc", "gpu-node-7", "kubectl delete pod t-rl-0-abc --grace-period=0 --force"):
+        assert fragment in cond["message"], cond["message"]
+    assert [e for e in d.events if e[1] == "PodStuckTerminating"][0][0] == "Warning"
+    assert not any(a.verb == "create" and a.plural == "jobs" for a in d.actions)
+    later = NOW + dt.timedelta(minutes=5)
+    d2 = S.decide(REF, 1, sp, d.status, observed(sp, [old_job], [], [old_pod(600)]), later)  # the same pod
+    assert not [e for e in d2.events if e[1] == "PodStuckTerminating"], "one Event, not one per reconcile"
 
 
 def shaped(stage, gpus, **kw):

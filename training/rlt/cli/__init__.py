@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlt.cli import run_commands as runner_cli  # training commands (heavy imports happen inside their handlers)
 
     runner_cli.register(sub)
+    from rlt.cli import launch as launch_cli
+
+    launch_cli.register(sub)
 
     register_command_groups(sub)
     return parser

@@ -36,8 +36,13 @@ def input_errors() -> tuple[type[Exception], ...]:
 
 
 def _one_line_on_input_error(command: str, fn) -> int:
+    from rlt.stages.preemption import Stopped
+
     try:
         fn()
+    except Stopped as stopped:  # SIGTERM: the checkpoint is saved; a disruption, not an error
+        print(f"rlt {command}: {stopped}", file=sys.stderr)
+        return ExitCode.STOPPED
     except input_errors() as err:
         from rlt.data.dataset import DataError
 

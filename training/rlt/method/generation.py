@@ -134,6 +134,30 @@ def sample_texts(
     return tokenizer.batch_decode(samples.completion_ids, skip_special_tokens=True)
 
 
+HTTP_RETRIES = 5  # retries after the first attempt
+HTTP_BACKOFF = 1.0  # seconds before the first retry, doubled each time: 1, 2, 4, 8, 16 (about 30 s in all)
+
+
+def retrying_session(retries: int | None = None, backoff: float | None = None):
+    """A requests Session that retries connection errors, timeouts, 429 and 5xx answers, POST included (a
+    generation request has no side effect to repeat)."""
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    retry = Retry(
+        total=HTTP_RETRIES if retries is None else retries,
+        backoff_factor=HTTP_BACKOFF if backoff is None else backoff,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=None,  # every method
+        raise_on_status=False,  # the last answer comes back, and its status is reported
+    )
+    session = requests.Session()
+    session.mount("http://", HTTPAdapter(max_retries=retry))
+    session.mount("https://", HTTPAdapter(max_retries=retry))
+    return session
+
+
 def server_generate(
     base_url: str,
     prompt_ids: Sequence[Sequence[int]],
@@ -144,10 +168,24 @@ def server_generate(
     max_new_tokens: int,
     timeout: float = 600.0,
 ) -> Samples:
-    """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out)."""
+    """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out).
+
+    A lost connection, a timeout, 429 or a 5xx is retried with exponential backoff (urllib3's Retry: 1, 2, 4, 8,
+    16 s) before it is an error naming the server, the attempts and the last answer: a restarting server or one
+    bad answer costs a few seconds, not the stage."""
     import requests
 
-    models = requests.get(f"{base_url}/v1/models", timeout=timeout).json()
+    session = retrying_session()
+
+    def call(method: str, path: str, **kw):
+        try:
+            return session.request(method, f"{base_url}{path}", timeout=timeout, **kw)
+        except requests.RequestException as err:  # retries used up on connection errors or timeouts
+            raise RuntimeError(
+                f"vLLM server {base_url}: no answer to {path} after {HTTP_RETRIES + 1} attempts with backoff: {err}"
+            ) from None
+
+    models = call("GET", "/v1/models").json()
     body = {
         "model": models["data"][0]["id"],
         "prompt": [list(p) for p in prompt_ids],
@@ -161,9 +199,12 @@ def server_generate(
         "return_tokens_as_token_ids": True,
         **NEUTRAL_VLLM_SAMPLING,
     }
-    resp = requests.post(f"{base_url}/v1/completions", json=body, timeout=timeout)
+    resp = call("POST", "/v1/completions", json=body)
     if resp.status_code != 200:
-        raise RuntimeError(f"vLLM server {base_url} answered {resp.status_code}: {resp.text[:300]}")
+        raise RuntimeError(
+            f"vLLM server {base_url} answered {resp.status_code} (after up to {HTTP_RETRIES + 1} attempts): "
+            f"{resp.text[:300]}"
+        )
     choices = resp.json()["choices"]  # prompt-major: n choices per prompt
     out = Samples([], [], [])
     for k, choice in enumerate(choices):

@@ -2,8 +2,9 @@
 trainer Job (its podFailurePolicy matches them).
 
 A config or data error fails the same way on every retry, so the trainer Job fails at once instead of burning gang
-restarts; anything else (exit 1, a signal) may be transient and is restarted from the last checkpoint. The input
-errors use the BSD sysexits values, so they collide neither with Python's 1, argparse's 2 nor a signal's 128+n.
+restarts; anything else (exit 1, a signal) may be transient and is restarted from the last checkpoint. A trainer
+asked to stop (SIGTERM) that saved first exits STOPPED: a disruption. These use the BSD sysexits values, so they
+collide neither with Python's 1, argparse's 2 nor a signal's 128+n.
 """
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ class ExitCode(IntEnum):
     FAILED = 1  # anything unexpected (a crash, a lost process): retried (gang restart, counted against backoffLimit)
     USAGE = 2  # argparse: the command line itself is malformed
     DATA_ERROR = 65  # EX_DATAERR: the dataset is unusable (missing file, unmapped column, bad rows)
+    # EX_TEMPFAIL: asked to stop (SIGTERM: preemption, drain, suspend), the gang saved a complete checkpoint and
+    # exited; a disruption, not a failure (podFailurePolicy Ignore; the operator restarts the gang uncounted)
+    STOPPED = 75
     CONFIG_ERROR = 78  # EX_CONFIG: the spec is invalid, or a stage finished under another spec, or a port is taken
 
 
 # Exit codes that mean "retrying cannot help": the Job fails at once (podFailurePolicy FailJob).
 FAIL_FAST = (ExitCode.DATA_ERROR, ExitCode.CONFIG_ERROR)
+# Exit codes that mean "stopped on purpose, nothing lost": a disruption (podFailurePolicy Ignore, not counted).
+DISRUPTION = (ExitCode.STOPPED,)

@@ -43,7 +43,12 @@ ADDED_AT_DEFAULT = {"stages.rl.lossType": "grpo"}
 
 
 class StaleStageError(ValueError):
-    """A stage finished under a different spec and cannot simply continue; the message is one line."""
+    """A stage finished under a different spec and cannot simply continue; the message is one line. `stage` and
+    `changes` (the changed fields, described) let a caller say what to do in its own terms (the pods' preflight)."""
+
+    def __init__(self, message: str, stage: str = "", changes: str = ""):
+        super().__init__(message)
+        self.stage, self.changes = stage, changes
 
 
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
@@ -213,10 +218,13 @@ def _stale(
             stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: continuing from the last checkpoint"
         )
     flag = restart_flag.format(stage=stage)
+    changes = describe_changes(old, new)
     raise StaleStageError(
-        f"[{stage}] finished under a different spec ({describe_changes(old, new)}); not reusing it. "
+        f"[{stage}] finished under a different spec ({changes}); not reusing it. "
         f"Restore the old values, or re-run with {flag} to train it again (its old outputs move to "
-        f"{layout.replaced_dir}/)"
+        f"{layout.replaced_dir}/)",
+        stage,
+        changes,
     )
 
 

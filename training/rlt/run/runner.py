@@ -20,6 +20,7 @@ from rlt.spec.run import RLTRun, reads_run_dataset
 from rlt.spec.stage_registry import STAGE_ORDER, stage_function
 from rlt.stages.common import leave_process_group
 from rlt.stages.context import StageContext
+from rlt.stages.preemption import Stopped, report_stop
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,12 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         )
         if metrics_port is not None:
             serve_metrics(ctx.metrics, metrics_port, fallback=False, addr="0.0.0.0")
-    output_path = stage_function(stage, run.spec.method)(ctx)
+    try:
+        output_path = stage_function(stage, run.spec.method)(ctx)
+    except Stopped as stopped:  # every rank agreed and saved: they all get here, so the barrier cannot hang
+        report_stop(stopped)
+        leave_process_group()
+        raise
     push_stage_outputs(ctx, stage)
     leave_process_group()  # on success only: a barrier after a failed rank would wait forever
     return output_path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -131,14 +132,30 @@ def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
     return parsed
 
 
+ENV_SOURCE = "env:"  # `--config env:NAME`: the YAML is the value of environment variable NAME
+
+
+def _read_source(path: Path) -> str:
+    """The text of a file, or of an environment variable for `env:NAME` (the operator's trainer pods get the spec
+    their gang was created with that way: a Job's pod template is immutable, a mounted ConfigMap is not)."""
+    text = str(path)
+    if text.startswith(ENV_SOURCE):
+        value = os.environ.get(text[len(ENV_SOURCE) :])
+        if value is None:
+            raise SpecError(text, ["environment variable not set"])
+        return value
+    return path.read_text()
+
+
 def read_runs(path: str | Path) -> list[RLTRun]:
-    """Every RLTRun document in a YAML file (multi-document files allowed), checked against the model only.
+    """Every RLTRun document in a YAML file (multi-document files allowed), or in `env:NAME`, checked against the
+    model only.
 
     Not a loader to call: rlt.spec.validation.load_valid_run(s) reads through this and adds every other rule
     (what `rlt validate`, `rlt run`, `rlt stage` and the tests use)."""
     path = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        docs = [d for d in yaml.safe_load_all(_read_source(path)) if d is not None]
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
     except UnicodeDecodeError as err:

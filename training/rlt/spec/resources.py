@@ -95,6 +95,14 @@ class PodResources(Strict):
 class TrainerResources(PodResources):
     nodes: int = Field(1, gt=0, description="Trainer pods (one per node) in the Indexed Job.")
     gpus: int = Field(8, ge=0, description="GPUs per trainer pod (= processes per node).")
+    termination_grace_period_seconds: int = Field(
+        600,
+        ge=30,
+        description="Seconds a trainer pod has after SIGTERM (preemption, drain, eviction, suspend) to finish its "
+        "step and save a checkpoint before SIGKILL: set it above one step plus one checkpoint save (a ZeRO-3 "
+        "save of a 7B model with its optimizer is ~100 GiB). Some stops cap it (cluster-autoscaler scale-down: "
+        "10 min by default; spot reclaim: minutes).",
+    )
 
 
 class GeneratorResources(PodResources):

@@ -275,7 +275,10 @@ class TrainerRun:
     total_steps: int = 0  # 0: the Trainer says once it has planned the steps
 
     def __post_init__(self) -> None:
+        from rlt.stages.preemption import StopRequest
+
         self.recorder = Recorder(self.ctx, self.stage, self.total_steps)
+        self.stop = StopRequest()  # SIGTERM during training: finish the step, save, stop (rlt.stages.preemption)
 
     def trainer(self, trainer_cls, args, rows: list[dict], step_values=None, **more):
         """`trainer_cls` (a TRL trainer) on the start model (LoRA through PEFT when set) with our record callback;
@@ -283,22 +286,33 @@ class TrainerRun:
         from datasets import Dataset
 
         from rlt.run.models import load_model
+        from rlt.stages.preemption import stop_callback
 
         return trainer_cls(
             model=load_model(self.start, self.device, trainable=True),
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=self.tokenizer,
-            callbacks=[make_callback(self.recorder, step_values, self.ctx.show_progress)],
+            callbacks=[make_callback(self.recorder, step_values, self.ctx.show_progress), stop_callback(self.stop)],
             peft_config=peft_config(self.start),
             **more,
         )
 
     def train(self, trainer) -> str:
-        """Train to the end and return the final model's folder; the stage is then done."""
+        """Train to the end and return the final model's folder; the stage is then done. Raises `Stopped` when
+        the gang stopped on SIGTERM (after saving a complete checkpoint of the last finished step)."""
+        from rlt.stages.preemption import Stopped
+
         quiet_trainer(trainer)
         point_tensorboard(trainer, self.ctx, self.stage)
-        trainer.train(resume_from_checkpoint=last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage)))
+        self.stop.install()
+        try:
+            trainer.train(resume_from_checkpoint=last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage)))
+        finally:
+            if not self.stop.agreed:  # once stopping, a second SIGTERM (the launcher's) must not kill the exit
+                self.stop.uninstall()
+        if self.stop.agreed:
+            raise Stopped(self.stage, trainer.state.global_step, self.recorder.last_checkpoint)
         out = save_final_model(trainer, self.ctx, self.stage, self.start, self.tokenizer, self.device)
         self.recorder.done()
         return out
@@ -409,8 +423,8 @@ def announce_world(stage: str) -> None:
 
     if dist.is_available() and dist.is_initialized():
         rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
-    else:
-        rank, world, backend = 0, 1, "none"
+    else:  # a stage whose ranks share no process group (distill): the launcher's numbers
+        rank, world, backend = int(os.environ.get("RANK", "0")), world_size(), "none"
     say_line(
         f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
         f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "

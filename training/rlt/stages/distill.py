@@ -1,19 +1,25 @@
 """Stage `distill`: the trained teacher explains every question; the best of `samplesPerQuestion` candidates by
 RLT reward becomes a student-format row: question, reasoning_trace, solution, reward (JSONL, written atomically).
-Each row also keeps every candidate (text, reward, closed), best first."""
+Each row also keeps every candidate (text, reward, closed), best first.
+
+Resumable (rlt.stages.distill_parts): each rank appends its finished batches to its own file on the volume, a
+restart does only the rows no rank has written, and rank 0 merges the files; the ranks share no process group."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from rlt.data.dataset import load_data
 from rlt.data.jsonl import write_jsonl
 from rlt.method.generation import sample_with_logprobs, server_generate
 from rlt.method.reward import reward_from_spec
+from rlt.run.fingerprint import stage_fingerprint
 from rlt.run.models import load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import Recorder, gather_shares, newest_teacher, shard_rows
-from rlt.stages.context import StageContext
+from rlt.stages.common import Recorder, announce_world, newest_teacher, say_line
+from rlt.stages.context import StageContext, world_size
+from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
 from rlt.stages.sft import teacher_prompt_ids
 
 
@@ -29,8 +35,19 @@ def run_distill(ctx: StageContext) -> str:
     device, formatter = ctx.compute_device, ctx.formatter
     teacher_ref = trained_teacher(ctx)
     all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
-    # Each rank explains its own share of the questions; rank 0 merges them in dataset order and writes the file.
-    rank, world, share = shard_rows(ctx, "distill", all_rows)
+    # Each rank explains its own share of the rows no rank has written yet (a restart resumes by row index) and
+    # appends them to its file; rank 0 merges the files in dataset order. No process group: nothing to time out.
+    rank, world = int(os.environ.get("RANK", "0")), world_size()
+    announce_world("distill")
+    folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(spec, "distill"))
+    mine = rank_file(folder, rank)
+    repair_tail(mine)
+    done = read_done(folder)
+    remaining = [i for i in range(len(all_rows)) if i not in done]
+    share = [(i, all_rows[i]) for i in remaining[rank::world]]
+    say_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
+    if done and ctx.is_main:
+        say_line(f"distill: resuming: {len(done)} of {len(all_rows)} rows were written before, {len(remaining)} left")
     rows = [r for _, r in share]
     tokenizer = load_tokenizer(teacher_ref, padding_side="left")
     gen = spec.stages.rl.generation
@@ -42,7 +59,7 @@ def run_distill(ctx: StageContext) -> str:
     n = st.samples_per_question
     recorder = Recorder(ctx, "distill", len(rows))
     recorder.reward_key = "candidateRewardMean"  # the step's reward averages every candidate, kept or not
-    out_rows = []
+    out_rows: list[dict] = []
     per_batch = max(1, st.batch_size)
     bar = tqdm(total=len(rows), desc="distill", unit="q", disable=not (ctx.show_progress and ctx.is_main))
     for start in range(0, len(rows), per_batch):
@@ -96,6 +113,9 @@ def run_distill(ctx: StageContext) -> str:
                     ],
                 }
             )
+        batch = [i for i, _ in share[start : start + per_batch]]
+        append_rows(mine, zip(batch, out_rows[-len(chunk) :], strict=True))  # on disk before the next batch
+        say_line(f"rlt-distill-written rank={rank} rows={','.join(map(str, batch))}")
         elapsed = time.perf_counter() - t0
         gen_tokens = sum(len(c) for c in samples.completion_ids)
         recorder.record(
@@ -114,8 +134,7 @@ def run_distill(ctx: StageContext) -> str:
         bar.update(len(chunk))
     bar.close()
     path = ctx.layout.distill_dataset
-    merged = gather_shares([(i, row) for (i, _), row in zip(share, out_rows, strict=True)], rank, world, len(all_rows))
-    if merged is not None:
-        write_jsonl(path, merged)
+    if rank == 0:
+        write_jsonl(path, wait_for_all(folder, len(all_rows)))
     recorder.done()
     return str(path)

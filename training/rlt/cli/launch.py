@@ -1,0 +1,59 @@
+"""`rlt launch -- LAUNCHER ...`: how a trainer pod runs its launcher (accelerate launch, torchrun).
+
+The launcher is a child process that gets every SIGTERM/SIGINT this process gets (the kubelet signals only the
+container's main process; the launcher forwards it to the ranks). A launcher exits 1 after a signal whatever its
+ranks did, so the ranks say a clean stop in a file (rlt.stages.preemption.report_stop) and this command exits
+`ExitCode.STOPPED` when they did: the operator then counts the stop as a disruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rlt.run.exitcodes import ExitCode
+from rlt.stages.preemption import STOP_MARKER_ENV
+
+
+def launch(command: list[str]) -> int:
+    with tempfile.TemporaryDirectory(prefix="rlt-launch-") as tmp:
+        marker = Path(tmp) / "stopped"
+        try:
+            proc = subprocess.Popen(command, env={**os.environ, STOP_MARKER_ENV: str(marker)})
+        except OSError as err:
+            print(f"rlt launch: cannot run {command[0]}: {err.strerror}", file=sys.stderr)
+            return 127  # the shell's "command not found"
+
+        def forward(signum: int, _frame) -> None:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, forward)
+        code = proc.wait()
+        if marker.exists():
+            print(f"rlt launch: the ranks stopped after saving ({marker.read_text().strip()})", file=sys.stderr)
+            return ExitCode.STOPPED
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's 128+n
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    command = args.launcher[1:] if args.launcher[:1] == ["--"] else args.launcher
+    if not command:
+        print("rlt launch: give the launcher's command after --", file=sys.stderr)
+        return ExitCode.USAGE
+    return launch(command)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "launch",
+        help="run a trainer launcher (after --), forwarding SIGTERM; exit 75 when its ranks stopped after a save",
+    )
+    p.add_argument("launcher", nargs=argparse.REMAINDER, help="-- accelerate launch ... | -- torchrun ...")
+    p.set_defaults(func=cmd_launch)

@@ -1,0 +1,65 @@
+"""`python -m rlt.run.preflight FILE --stage STAGE --root ROOT`: the trainer pods' init container `validate`.
+
+Before any launcher (whose exit code would be 1 whatever a rank's was) and before any GPU work it checks what only
+the pod can see: the spec and the data as `rlt validate` does (rlt.spec.validation), then the run's volume. A
+volume retained from an earlier RLTRun of the same name may hold a finished stage under another spec; `rlt stage`
+would refuse it inside the launcher and burn every gang restart. Here it exits CONFIG_ERROR, which the Job's
+podFailurePolicy fails at once, with a message that says what to do on a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlt.run import fingerprint
+from rlt.run.exitcodes import ExitCode
+from rlt.run.layout import RunLayout
+from rlt.spec import validation
+from rlt.spec.loading import SpecError
+
+
+def stale_stage_problem(path: str, stage: str, root: str) -> str | None:
+    """One line when stage `stage` (or an earlier one it builds on) finished on this volume under another spec."""
+    run = validation.load_valid_run(path)
+    layout = RunLayout.for_run(root, run.name)
+    try:
+        fingerprint.plan_stages(
+            layout,
+            run.spec,
+            [stage],
+            has_checkpoint=layout.has_complete_checkpoint,
+        )
+    except fingerprint.StaleStageError as err:
+        return (
+            f"stage {err.stage}: the volume already holds it, finished under a different spec ({err.changes}) — "
+            f"an earlier RLTRun named {run.name} left it on the retained volume ({layout.stage_dir(err.stage)}). "
+            "A finished stage is not redone: restore the old values, or run the new spec under a new name (a new "
+            f"volume), or delete the old volume first (kubectl delete rltrun {run.name}; kubectl delete pvc "
+            f"{run.name}-data) to start from nothing"
+        )
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rlt.run.preflight", description=__doc__)
+    p.add_argument("file")
+    p.add_argument("--stage", help="the stage this pod runs: check the volume for it")
+    p.add_argument("--root", help="the run volume's mount (with --stage)")
+    args = p.parse_args(argv)
+    status = validation.main([args.file])
+    if status != ExitCode.OK or not args.stage:
+        return status
+    try:
+        problem = stale_stage_problem(args.file, args.stage, args.root or ".")
+    except SpecError as err:  # checked above; kept for a file changed in between
+        print(str(err), file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    if problem:
+        print(problem, file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

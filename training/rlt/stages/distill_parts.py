@@ -1,0 +1,83 @@
+"""Distillation rows on the volume as they are made, so a lost rank or a restart costs at most its batch in progress.
+
+Each rank appends the rows of every finished batch to its own file `distill/parts/<fingerprint>/rank-<R>.jsonl`,
+one write + fsync per batch, each line `{"index": i, "row": {...}}` (i: the row's place in the stage's rows). A
+restart reads every part file of the same stage spec (the fingerprint: a spec edit starts from nothing) and
+splits only the missing indices over the ranks, whatever the world size is now. Rank 0 merges by reading the
+files once all indices are there: no collective, so ranks may finish hours apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rlt.data.jsonl import dumps_line
+from rlt.stages.common import say_line
+
+
+def parts_dir(stage_dir: Path, fingerprint: str) -> Path:
+    return stage_dir / "parts" / fingerprint
+
+
+def rank_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank-{rank}.jsonl"
+
+
+def repair_tail(path: Path) -> None:
+    """Cut a torn last line (the process died inside a write) so that the next append starts on a line of its own."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end != len(data):
+        with path.open("r+b") as f:
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def append_rows(path: Path, pairs: Iterable[tuple[int, dict[str, Any]]]) -> None:
+    """One batch, in one write, on disk before returning (fsync): a kill loses the batch in progress only."""
+    text = "".join(dumps_line({"index": i, "row": row}) for i, row in pairs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_done(folder: Path) -> dict[int, dict[str, Any]]:
+    """index -> row of every row any rank has written; a torn last line (a kill mid-write) is not a row."""
+    done: dict[int, dict[str, Any]] = {}
+    for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
+        for line in path.read_text().splitlines():
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # only ever the last line of a file, cut by repair_tail before its rank appends again
+            done.setdefault(int(item["index"]), item["row"])
+    return done
+
+
+def wait_for_all(folder: Path, total: int, poll: float = 2.0, say_every: float = 300.0) -> list[dict[str, Any]]:
+    """Rank 0: every row 0..total-1, in order, once the other ranks have written theirs (read from their files).
+    A rank that dies ends the pod (its launcher stops the others), so this never waits on a dead rank."""
+    started = last_said = time.monotonic()
+    while True:
+        done = read_done(folder)
+        if len(done) >= total and all(i in done for i in range(total)):
+            return [done[i] for i in range(total)]
+        if time.monotonic() - last_said >= say_every:
+            last_said = time.monotonic()
+            say_line(
+                f"distill: {len(done)}/{total} rows written; waiting for the other ranks "
+                f"({time.monotonic() - started:.0f} s)"
+            )
+        time.sleep(poll)
