@@ -165,6 +165,7 @@ K8S_VALUES = [
     ({"resources": {"trainer": {"extra": {"nvidia.com/gpu": "1.5"}}}}, "spec.resources.trainer.extra.nvidia.com/gpu"),
     ({"resources": {"trainer": {"extra": {"example.com/": "1"}}}}, "spec.resources.trainer.extra"),
     ({"resources": {"generator": {"extra": {"rdma/hca_shared_a": "2"}}}}, None),
+    ({"resources": {"trainer": {"extra": {"rdma/hca": 1}}}}, "spec.resources.trainer.extra.rdma/hca"),  # quote it
     ({"scheduling": {"nodeSelector": {"kubernetes.io/": "x"}}}, "spec.scheduling.nodeSelector"),
     ({"scheduling": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"}}}, None),
     ({"scheduling": {"nodeSelector": {"pool": "-gpu"}}}, "spec.scheduling.nodeSelector.pool"),

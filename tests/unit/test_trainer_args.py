@@ -91,6 +91,8 @@ VALUES = [
     ("rl", "adam_epsilon", "very", '"very" is a str, not float (GRPOConfig.adam_epsilon)'),
     ("rl", "adam_epsilon", "1e-8", "write 1.0e-8"),
     ("rl", "adam_epsilon", 1e-8, None),
+    ("rl", "adam_epsilon", None, "null is not float (GRPOConfig.adam_epsilon)"),
+    ("rl", "optim_target_modules", "q_proj", None),  # str or list[str]
     ("rl", "adam_beta1", 1, None),  # an int is a float
     ("rl", "dataloader_num_workers", 2.5, "is a float, not int"),
     ("rl", "dataloader_num_workers", True, "is a bool, not int"),

@@ -71,6 +71,8 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
         if e["type"] == "value_error" and named:
             loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
             msg = msg[named.end() :]
+        if e["type"] == "string_type" and isinstance(e.get("input"), (int, float)) and not isinstance(e["input"], bool):
+            msg += f" (a number here is text: quote it, '{e['input']}')"
         if e["type"] == "extra_forbidden":
             msg = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
         lines.append(f"{loc or '<root>'}: {msg}")

@@ -62,6 +62,8 @@ def value_problem(value: Any, kinds: list[Kind]) -> str | None:
         except ValueError:
             pass
     shown = json.dumps(value, default=str)
+    if value is None:
+        return f"null is not {_kinds(kinds)}"
     return f"{shown[:40]} is a {type(value).__name__}, not {_kinds(kinds)}{hint}"
 
 

@@ -11,6 +11,7 @@ import json
 import tempfile
 import types
 import typing
+import warnings
 from typing import Any
 
 from rlt.spec.run import stage_settings
@@ -103,7 +104,9 @@ def _build_error(run, stage: str) -> str | None:
     if stage == "rl" and spec.stages.rl.generation.mode == "colocate":
         spec.stages.rl.generation.mode = "inprocess"  # colocate needs a GPU; the options are checked on CPU
     probe = run.model_copy(update={"spec": spec})
-    with tempfile.TemporaryDirectory(prefix="rlt-validate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rlt-validate-") as tmp, warnings.catch_warnings():
+        # transformers' deprecation notes are about its own option names, not the user's spec
+        warnings.simplefilter("ignore", FutureWarning)
         ctx = StageContext(probe, RunLayout.for_run(tmp, run.name), show_progress=False)
         try:
             if stage == "rl":
