@@ -151,11 +151,13 @@ def plan_stages(
     restart: set[str] | None = None,
     restart_flag: str = "--from-stage {stage}",
     has_checkpoint=None,
+    restart_hint: str | None = None,
 ) -> list[StagePlan]:
     """What to do with each of `stages` (in run order); raises StaleStageError for the first that must refuse.
 
     `restart`: stages the user asked to start over. `restart_flag` is how the refusal names that option.
-    `has_checkpoint(stage)`: whether a checkpoint to continue from exists (RL's extension needs one)."""
+    `has_checkpoint(stage)`: whether a checkpoint to continue from exists (RL's extension needs one).
+    `restart_hint`: the refusal's advice when the caller has no restart flag (it replaces the flag's sentence)."""
     restart = restart or set()
     fresh: set[str] = set()  # stages whose output is (or will be, in this invocation) from the current spec
     plans: list[StagePlan] = []
@@ -182,7 +184,7 @@ def plan_stages(
                     )
                 )
             else:
-                plans.append(_stale(layout, stage, old, new, fresh, restart_flag, has_checkpoint))
+                plans.append(_stale(layout, stage, old, new, fresh, restart_flag, has_checkpoint, restart_hint))
         fresh.add(stage)
     return plans
 
@@ -195,6 +197,7 @@ def _stale(
     fresh: set[str],
     restart_flag: str,
     has_checkpoint,
+    restart_hint: str | None = None,
 ) -> StagePlan:
     names = changed_fields(old, new)
     upstream = {n.split(".")[1] for n in names if n.startswith("stages.") and n.split(".")[1] != stage}
@@ -212,10 +215,12 @@ def _stale(
             stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: continuing from the last checkpoint"
         )
     flag = restart_flag.format(stage=stage)
+    advice = restart_hint or (
+        f"re-run with {flag} to train it again (its old outputs move to {layout.root / 'replaced'}/)"
+    )
     raise StaleStageError(
         f"[{stage}] finished under a different spec ({describe_changes(old, new)}); not reusing it. "
-        f"Restore the old values, or re-run with {flag} to train it again (its old outputs move to "
-        f"{layout.root / 'replaced'}/)"
+        f"Restore the old values, or {advice}"
     )
 
 
