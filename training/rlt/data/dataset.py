@@ -37,6 +37,8 @@ class LoadedData:
     skipped: list[str] = field(default_factory=list)  # one message per bad row (all of them, also under reject)
     read: int = 0  # rows read from the source (good and bad)
     numbers: list[str] = field(default_factory=list)  # where a question/solution was a number, used as its text
+    # How a message names a row by its "row" index: 'line N' for JSONL/CSV (what an editor shows), else 'row i'.
+    where: Callable[[int], str] = field(default=lambda i: f"row {i}")
 
 
 _FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -237,6 +239,10 @@ def group_problems(bad: list[str], limit: int = 10) -> list[str]:
 def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]], list[str], int, list[str]]:
     """(usable rows, 'line N: problem' per bad row, rows read, where numbers were used as text); raises only when
     the source itself cannot be read."""
+    return _scan(spec, fmt)[:4]
+
+
+def _scan(spec: DatasetSpec, fmt: PromptFormat):
     rows, bad, numbers = [], [], []
     source, where = _read_source(spec)
     read = 0
@@ -260,13 +266,13 @@ def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]
         rows.append(row)
         if spec.limit and len(rows) >= spec.limit and spec.eval_fraction == 0:
             break
-    return rows, bad, read, numbers
+    return rows, bad, read, numbers, where
 
 
 def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> LoadedData:
     """The usable rows. Every row up to `limit` is checked, so a rejection can say how many rows are bad and
     whether skipping them would leave anything; under `badRows: skip` one warning sums the skipped rows up."""
-    rows, bad, read, numbers = scan_rows(spec, fmt)
+    rows, bad, read, numbers, where = _scan(spec, fmt)
     if bad and (spec.bad_rows == "reject" or not rows):
         raise DataError(bad_rows_message(spec.source, bad, len(rows), spec.bad_rows))
     if not rows:
@@ -288,7 +294,7 @@ def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> Loaded
     if spec.limit:
         train = train[: spec.limit]
     return LoadedData(
-        train=train, eval=held_out, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers
+        train=train, eval=held_out, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers, where=where
     )
 
 
@@ -305,9 +311,9 @@ def is_reachable(spec: DatasetSpec) -> bool:
 def check_data(spec: DatasetSpec, fmt: PromptFormat, listed: bool = False) -> LoadedData:
     """Every row checked, none dropped silently: what `rlt validate` reports and `rlt run` checks before it starts.
     Raises DataError (one line) when the run would fail on its data; else returns what `badRows: skip` drops."""
-    rows, bad, read, numbers = scan_rows(spec, fmt)
+    rows, bad, read, numbers, where = _scan(spec, fmt)
     if bad and (spec.bad_rows == "reject" or not rows):
         raise DataError(bad_rows_message(spec.source, bad, len(rows), spec.bad_rows, listed))
     if not rows:
         raise DataError(f"{spec.source}: no rows")
-    return LoadedData(train=rows, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers)
+    return LoadedData(train=rows, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers, where=where)

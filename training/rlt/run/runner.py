@@ -102,6 +102,23 @@ def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
     }
 
 
+def check_lengths(run: RLTRun, stages: list[str]) -> None:
+    """Before any stage trains: every teacher prompt fits the limits of the sft and rl stages about to run, or one
+    DataError lists each limit, the file lines over it and the value to raise it to."""
+    from rlt.data.dataset import DataError
+
+    if not {"sft", "rl"} & set(stages):
+        return
+    from rlt.stages.prompt_lengths import check_prompt_lengths
+
+    problems, _ = check_prompt_lengths(run.spec)
+    mine = [p for p in problems if any(p.startswith(f"spec.stages.{s}.") for s in stages)]
+    if mine and run.spec.dataset.bad_rows == "reject":
+        raise DataError("; ".join(mine) + " (or set spec.dataset.badRows: skip to leave those rows out)")
+    for p in mine:
+        print(f"data: badRows: skip leaves out rows where {p}", flush=True)
+
+
 def quiet_libraries() -> None:
     """Our progress bars tell the story; silence per-file loading bars and known deprecation noise."""
     import warnings
@@ -145,6 +162,7 @@ def run_local(
         has_checkpoint=lambda stage_name: has_checkpoint(layout, stage_name),
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
+    check_lengths(run, [p.stage for p in plans if p.action != "skip"])
     quiet_libraries()
     layout.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(layout.root / "run.yaml", dump_run(run))

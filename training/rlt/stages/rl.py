@@ -28,13 +28,19 @@ def teacher_start(ctx: StageContext) -> ModelRef:
     return newest_teacher(ctx, "rl")[0]
 
 
-def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str) -> list[dict[str, str]]:
+def rl_rows(
+    rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str, where=lambda i: f"row {i}"
+) -> list[dict[str, str]]:
+    """`where(row)` names a row as the user's file does ('line N', LoadedData.where)."""
     out, skipped = [], []
     for r in rows:
         prompt = formatter.teacher_prompt(tokenizer, r["question"], r["solution"])
         n = len(tokenizer(prompt, add_special_tokens=False).input_ids)
         if n > max_prompt_tokens:
-            msg = f"row {r['row']}: teacher prompt is {n} tokens, over stages.rl.maxPromptLength={max_prompt_tokens}"
+            msg = (
+                f"{where(r['row'])}: teacher prompt is {n} tokens, over spec.stages.rl.maxPromptLength="
+                f"{max_prompt_tokens} (raise it, or set spec.dataset.badRows: skip)"
+            )
             if bad_rows == "reject":
                 raise DataError(msg)
             skipped.append(msg)
@@ -256,7 +262,7 @@ def run_rl(ctx: StageContext) -> str:
     start = teacher_start(ctx)
     tokenizer = load_tokenizer(start, padding_side="left")
     data = load_data(spec.dataset, formatter.fmt)
-    rows = rl_rows(data.train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows)
+    rows = rl_rows(data.train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows, data.where)
 
     student = load_model(spec.student, device)
     student_tok = load_tokenizer(spec.student, padding_side="right")
