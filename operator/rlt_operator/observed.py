@@ -58,7 +58,21 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             if t and t.get("exitCode")
         ]
         out["exitCode"] = int(codes[0]) if codes else None
+        out["lastError"] = last_error_line(
+            next((t.get("message") for c in containers if (t := (c.get("state") or {}).get("terminated"))), None)
+        )
     return out
+
+
+def last_error_line(message: str | None) -> str | None:
+    """Why a container failed, from its terminated message (the log's tail, terminationMessagePolicy
+    FallbackToLogsOnError): rlt's own one-line error ('rlt stage: ...') when there is one, else the last line."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    if not lines:
+        return None
+    ours = [line for line in lines if line.startswith("rlt ") or line.startswith("/etc/rlt/")]
+    line = (ours or lines)[-1]
+    return line if len(line) <= 400 else line[:397] + "..."
 
 
 # Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.

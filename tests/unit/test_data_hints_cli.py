@@ -84,3 +84,25 @@ def test_sharegpt_roles_and_a_system_turn_are_read(tmp_path):
     assert "2 usable rows" in res.stdout
     bad = validate(tmp_path, [{"conversations": turns("customer", "gpt")}], {"layout": "conversations"})
     assert "expected the user turn (from/role: user or human), got 'customer'" in bad.stderr, bad.stderr
+
+
+def test_relative_paths_are_read_from_the_files_folder(tmp_path):
+    """`rlt validate project/run.yaml` from another folder: `source: word.jsonl` is the file beside run.yaml."""
+    project = tmp_path / "project"
+    project.mkdir()
+    rows = [{"question": f"What is {i} + 2?", "reasoning_trace": "add", "solution": str(i + 2)} for i in range(5)]
+    (project / "word.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tiny_doc()
+    doc["spec"]["dataset"] = {"source": "word.jsonl"}
+    (project / "run.yaml").write_text(yaml.safe_dump(doc))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", "../project/run.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=elsewhere,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "spec.dataset: 5 usable rows" in res.stdout

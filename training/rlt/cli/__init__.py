@@ -43,7 +43,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for path in args.files:
         notes: list[str] = []
         try:
-            runs = load_valid_runs(path)  # the same checks as the operator's and the pods'
+            runs = load_valid_runs(path, paths_from_file=True)  # the same checks as the operator's and the pods'
             problems: list[str] = []
             if not args.no_data:
                 for run in runs:
