@@ -30,6 +30,23 @@ def test_readme_quick_start_commands_exist_in_their_order():
         assert (ROOT / path).is_file(), path
 
 
+def test_quick_start_names_the_command_that_installs_the_sandbox_tools():
+    """kubectl (for `rlt sandbox`), helm and prometheus come from `make tools` alone: the Quick start says so, and
+    that target's recipe is the one that puts each of them in .tools/bin."""
+    quick = read("README.md").split("## Quick start", 1)[1].split("## ", 1)[0]
+    line = next(s for s in quick.splitlines() if s.startswith("make tools"))
+    assert all(tool in line for tool in ("helm", "kubectl", "prometheus")), line
+    said = " ".join(quick.split("```")[2].split())
+    assert "only `make tools` installs helm, kubectl and prometheus" in said, said
+    makefile = read("Makefile")
+    tools = re.search(r"^tools: (.*)$", makefile, re.M).group(1).split()
+    recipes = {t: makefile.split(f"\n{t}:", 1)[1].split("\n\n", 1)[0] for t in tools if t.startswith("$(TOOLS)")}
+    built = " ".join(recipes.values())
+    for binary in ("helm/helm", "kubectl/kubectl", "$(TOOLS)/promtool", "$(TOOLS)/prometheus"):
+        assert binary in built, binary
+    assert "make tools" in makefile.split("help:", 1)[1].split("\n\n", 1)[0]  # `make help` lists it
+
+
 def test_walkthrough_kubeconfig_and_selector_work_without_tmpdir():
     walk = read("docs/walkthrough.md")
     assert "$TMPDIR" not in walk

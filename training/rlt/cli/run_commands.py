@@ -32,9 +32,10 @@ def input_errors() -> tuple[type[Exception], ...]:
     without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
     from rlt.data.dataset import DataError
     from rlt.run.fingerprint import StaleStageError
+    from rlt.run.lock import RunLockedError
     from rlt.run.runner import MetricsPortError
 
-    return SpecError, DataError, StaleStageError, MetricsPortError
+    return SpecError, DataError, StaleStageError, MetricsPortError, RunLockedError
 
 
 def _one_line_on_input_error(command: str, fn) -> int:

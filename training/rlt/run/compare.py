@@ -32,6 +32,7 @@ from rlt.data.dataset import DataError, load_data
 from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
 from rlt.run import fingerprint
 from rlt.run.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.run.lock import lock_run_folder
 from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
@@ -594,6 +595,7 @@ def run_compare(
     from rlt.run.metrics import TrainerMetrics
     from rlt.run.runner import quiet_libraries
 
+    lock_run_folder(RunLayout.for_run(output, run.name).root, "rlt compare")  # one command per run folder
     quiet_libraries()
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from rlt.run import fingerprint
 from rlt.run.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.run.lock import lock_run_folder
 from rlt.run.metrics import TRAINER_METRICS_PORT, TrainerMetrics
 from rlt.run.outputs import push_stage_outputs
 from rlt.run.plots import make_plots, read_metrics
@@ -163,8 +164,8 @@ def run_local(
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     check_lengths(run, [p.stage for p in plans if p.action != "skip"])
+    lock_run_folder(layout.root, "rlt run")  # before the first write: a second run of this file is refused
     quiet_libraries()
-    layout.root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(layout.root / "run.yaml", dump_run(run))
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
