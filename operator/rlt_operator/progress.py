@@ -49,7 +49,7 @@ def progress(
     if "totalSteps" in sample:
         out["totalSteps"] = int(sample["totalSteps"])
     if "rewardMean" in sample:
-        out["rewardMean"] = round(float(sample["rewardMean"]), 6)
+        out["rewardMean"] = round(float(sample["rewardMean"]), 3)  # kubectl prints it as is (REWARD)
     if sample.get("checkpointStep"):
         ckpt = builders.layout(run).checkpoints_dir(stage) / f"checkpoint-{int(sample['checkpointStep'])}"
         out["lastCheckpoint"] = str(ckpt)

@@ -40,6 +40,7 @@ import itertools
 import re
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -99,6 +100,13 @@ def kmock_patched() -> bool:
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
 # The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
+# `kubectl get pods`: the pod's phase as STATUS (a real kubelet refines it with container reasons) and AGE.
+POD_COLUMNS = [
+    {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+_POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+
 EVENT_COLUMNS = [
     {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
     {"name": "Type", "type": "string", "jsonPath": ".type"},
@@ -215,12 +223,15 @@ class Cluster(kmock.KubernetesEmulator):
 
     # plural resource → openAPIV3Schema of its CRD (for the OpenAPI documents)
     _schemas: dict[references.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    # (namespace, pod) → its log file, when pods run (`rlt sandbox --run-pods`); None: no pod ever runs
+    pod_log: Any = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.resources.load_bundled()
         self.seed_namespace("default")
         self._printer_columns[references.resource(group="", version="v1", plural="events")] = EVENT_COLUMNS
+        self._printer_columns[references.resource(group="", version="v1", plural="pods")] = POD_COLUMNS
         self.fallback["get", re.compile(r"/openapi/v3")] << self._serve_openapi_v3_discovery
         self.fallback["get", re.compile(r"/openapi/v3/.+")] << self._serve_openapi_v3
         self.fallback["get", re.compile(r"/openapi/v2")] << self._serve_openapi_v2
@@ -262,6 +273,9 @@ class Cluster(kmock.KubernetesEmulator):
     # ------------------------------------------------------------------ request handling
 
     async def __call__(self, raw_request: Any) -> Any:
+        log = _POD_LOG.match(raw_request.path) if raw_request.method == "GET" else None
+        if log:  # `kubectl logs POD`: the pod's log as text (kmock would answer with the pod object)
+            return self._serve_pod_log(*log.groups())
         # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
         if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
             import json
@@ -289,6 +303,23 @@ class Cluster(kmock.KubernetesEmulator):
             clone._read_bytes = json.dumps(obj).encode()
             raw_request = clone
         return await super().__call__(raw_request)
+
+    def _serve_pod_log(self, namespace: str, name: str) -> Any:
+        from aiohttp import web
+
+        path = self.pod_log(namespace, name) if self.pod_log is not None else None
+        if path is None or not Path(path).exists():
+            why = (
+                f'pod "{name}" has no log here: pods run only under `rlt sandbox --run-pods`'
+                if self.pod_log is None
+                else f'pods "{name}" not found (no pod of that name has run in namespace {namespace})'
+            )
+            status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": why}
+            code = 400 if self.pod_log is None else 404
+            return web.json_response(
+                {**status, "reason": "BadRequest" if code == 400 else "NotFound", "code": code}, status=code
+            )
+        return web.Response(text=Path(path).read_text(errors="replace"), content_type="text/plain")
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.method == enums.method.PUT and request.name:

@@ -403,6 +403,11 @@ class LocalKubelet:
             pod.finished_at = time.monotonic()
             log.error("pod %s/%s cannot start: %s", ns, name, err)
 
+    def log_of(self, namespace: str, name: str) -> Path | None:
+        """The log file of a pod that ran here (what `kubectl logs` shows); None for a pod that never ran."""
+        pod = self.pods.get((namespace, name))
+        return pod.log_path if pod is not None else None
+
     async def _advance(self, ns: str, pod: PodRun) -> None:
         """Fold the process's state into the pod's phase, restart it when its policy says so, report changes."""
         self._reap(pod)

@@ -65,3 +65,12 @@ def test_run_stops_before_training_naming_the_lines(tmp_path):
     assert "Traceback" not in res.stderr and "num_samples" not in res.stderr
     assert "spec.stages.sft.maxLength=256" in res.stderr and "line 1, line 2, line 3, line 4" in res.stderr
     assert "[sft] starting" not in res.stdout
+
+
+def test_validate_prints_no_library_deprecation_noise():
+    """Checking trainerArgs builds TRL configs; transformers' FutureWarning about its own fields is not the user's."""
+    from suite_helpers import EXAMPLES
+
+    res = rlt("validate", str(EXAMPLES / "rltrun-lora-tracked.yaml"))
+    assert res.returncode == 0, res.stderr
+    assert "Warning" not in res.stderr and "warnings.warn" not in res.stderr, res.stderr

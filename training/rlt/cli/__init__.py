@@ -39,6 +39,11 @@ def prompt_length_problems(run) -> tuple[list[str], str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    import warnings
+
+    # Building TRL's configs to check trainerArgs trips transformers' deprecation notices of its own fields
+    # (gradient_checkpointing), which are not the user's to fix.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     bad = 0
     for path in args.files:
         notes: list[str] = []

@@ -595,16 +595,17 @@ def run_compare(
     from rlt.run.metrics import TrainerMetrics
     from rlt.run.runner import quiet_libraries
 
-    lock_run_folder(RunLayout.for_run(output, run.name).root, "rlt compare")  # one command per run folder
     quiet_libraries()
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
         print(f"metrics: http://127.0.0.1:{metrics.serve(metrics_port)}/metrics", flush=True)
+    lock = lock_run_folder(RunLayout.for_run(output, run.name).root, "rlt compare")  # one command per run folder
     try:
         cmp = Compare(run, output, device, show_progress, metrics)
         report = cmp.run_all()
     finally:
         metrics.shutdown()
+        lock.release()
     print("\n" + render_markdown(report), flush=True)
     print(f"report: {cmp.root / 'report.md'}", flush=True)
     return report

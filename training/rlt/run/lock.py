@@ -18,17 +18,29 @@ LOCK_FILE = ".rlt.lock"
 _held: dict[Path, IO[str]] = {}  # open lock files of this process (closing one would release its lock)
 
 
+class RunLock:
+    """A held lock; `release()` gives it back before the process ends (callers that go on, such as tests)."""
+
+    def __init__(self, path: Path, owned: bool):
+        self.path, self.owned = path, owned
+
+    def release(self) -> None:
+        f = _held.pop(self.path.resolve(), None) if self.owned else None
+        if f is not None:
+            f.close()  # closing the file drops the flock
+
+
 class RunLockedError(RuntimeError):
     """Another process holds the run folder; the message is one line naming its pid."""
 
 
-def lock_run_folder(root: str | Path, command: str) -> Path:
+def lock_run_folder(root: str | Path, command: str) -> RunLock:
     """Take the lock on `root` (created if needed) for this process, or raise RunLockedError naming the holder."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_FILE
     if path.resolve() in _held:
-        return path  # this process already holds it (compare runs stages of the same run)
+        return RunLock(path, owned=False)  # this process already holds it: the outer holder releases it
     f = open(path, "a+")  # noqa: SIM115 - kept open: the lock lives as long as the file stays open
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -44,4 +56,4 @@ def lock_run_folder(root: str | Path, command: str) -> Path:
     f.write(f"{command} (pid {os.getpid()})\n")
     f.flush()
     _held[path.resolve()] = f
-    return path
+    return RunLock(path, owned=True)

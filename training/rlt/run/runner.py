@@ -164,13 +164,17 @@ def run_local(
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     check_lengths(run, [p.stage for p in plans if p.action != "skip"])
-    lock_run_folder(layout.root, "rlt run")  # before the first write: a second run of this file is refused
+    lock = lock_run_folder(layout.root, "rlt run")  # before the first write: a second run of this file is refused
     quiet_libraries()
-    atomic_write_text(layout.root / "run.yaml", dump_run(run))
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
-    if metrics_port is not None:
-        port = serve_metrics(metrics, metrics_port, port_fallback)
-        print(f"metrics: http://127.0.0.1:{port}/metrics", flush=True)
+    try:
+        atomic_write_text(layout.root / "run.yaml", dump_run(run))
+        if metrics_port is not None:
+            port = serve_metrics(metrics, metrics_port, port_fallback)
+            print(f"metrics: http://127.0.0.1:{port}/metrics", flush=True)
+    except BaseException:
+        lock.release()
+        raise
     ctx = StageContext(run, layout, metrics, device, show_progress)
     info: dict[str, Any] = {}
     started = time.perf_counter()
@@ -210,6 +214,7 @@ def run_local(
         return summary
     finally:
         metrics.shutdown()
+        lock.release()
 
 
 def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
