@@ -68,3 +68,19 @@ def test_helm_notes_create_the_example_namespace_first():
 def test_reward_doc_states_the_default_batch_size():
     said = re.search(r"`reward\.batchSize`, default (\d+)", read("docs/reward.md"))
     assert said and int(said.group(1)) == RewardSpec().batch_size
+
+
+def test_readme_and_install_guide_name_one_release_and_its_deployment():
+    """The README's `helm install` and docs/install.md use one release name, and the `deployment/…` that install.md
+    waits for is the Deployment the chart renders for it (another name makes `kubectl rollout status` fail)."""
+    from chart_helpers import by_kind, template
+
+    readme = " ".join(read("README.md").split())
+    install = read("docs/install.md")
+    releases = set(re.findall(r"helm install (\S+) charts/rlt-operator", readme + install))
+    assert len(releases) == 1, releases
+    [release] = releases
+    [deployment] = by_kind(template(release=release), "Deployment")
+    waited = set(re.findall(r"deployment/([\w.-]+)", install))
+    assert waited == {deployment["metadata"]["name"]}, (waited, deployment["metadata"]["name"])
+
