@@ -83,4 +83,3 @@ def test_readme_and_install_guide_name_one_release_and_its_deployment():
     [deployment] = by_kind(template(release=release), "Deployment")
     waited = set(re.findall(r"deployment/([\w.-]+)", install))
     assert waited == {deployment["metadata"]["name"]}, (waited, deployment["metadata"]["name"])
-
