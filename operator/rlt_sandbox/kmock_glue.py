@@ -107,6 +107,30 @@ POD_COLUMNS = [
 ]
 _POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 
+
+def not_found_status(path: str) -> dict[str, Any]:
+    """The API server's 404 for a request path (`rltruns.rlt.dev "nope" not found`), in place of kmock's own
+    message, which tells a test author how to declare the object in the emulator."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[:1] == ["api"] else (parts[1] if len(parts) > 1 else "", parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    plural = rest[0] if rest else ""
+    name = rest[1] if len(rest) > 1 else None
+    resource = f"{plural}.{group}" if group else plural
+    message = f'{resource} "{name}" not found' if name else f"the server could not find the requested resource ({path})"
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "NotFound",
+        "details": {"name": name, "group": group, "kind": plural},
+        "code": 404,
+    }
+
+
 EVENT_COLUMNS = [
     {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
     {"name": "Type", "type": "string", "jsonPath": ".type"},
@@ -302,7 +326,12 @@ class Cluster(kmock.KubernetesEmulator):
                 )
             clone._read_bytes = json.dumps(obj).encode()
             raw_request = clone
-        return await super().__call__(raw_request)
+        response = await super().__call__(raw_request)
+        if getattr(response, "status", None) == 404 and b"kmock" in (getattr(response, "body", None) or b""):
+            from aiohttp import web
+
+            return web.json_response(not_found_status(raw_request.path), status=404)
+        return response
 
     def _serve_pod_log(self, namespace: str, name: str) -> Any:
         from aiohttp import web
