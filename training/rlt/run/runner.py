@@ -120,10 +120,20 @@ def check_lengths(run: RLTRun, stages: list[str]) -> None:
         print(f"data: badRows: skip leaves out rows where {p}", flush=True)
 
 
+def name_the_accelerator() -> None:
+    """Before anything imports DeepSpeed: on a machine without CUDA, say `cpu` rather than let DeepSpeed detect it
+    and warn "Setting accelerator to CPU" (into the progress bars)."""
+    import torch
+
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def quiet_libraries() -> None:
     """Our progress bars tell the story; silence per-file loading bars and known deprecation noise."""
     import warnings
 
+    name_the_accelerator()
     import datasets
     import transformers
 
@@ -149,6 +159,7 @@ def run_local(
     from_stage: str | None = None,
     port_fallback: bool = False,
 ) -> dict[str, Any]:
+    name_the_accelerator()
     layout = RunLayout.for_run(output, run.name)
     stages = only or run.spec.stages.enabled()
     order = list(STAGE_ORDER)

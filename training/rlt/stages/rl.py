@@ -17,7 +17,7 @@ from rlt.method.prompts import Formatter
 from rlt.method.reward import reward_from_spec
 from rlt.run.models import load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, say_line, trainer_options
+from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, trace_line, trainer_options
 from rlt.stages.context import StageContext
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
         # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
         drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
-        say_line(
+        trace_line(
             f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
             f"prompts={','.join(drawn)}"
         )
