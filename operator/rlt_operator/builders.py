@@ -345,6 +345,9 @@ def _container(
         "resources": resources,
         "volumeMounts": [dict(m) for m in _MOUNTS],
         "securityContext": dict(_CONTAINER_SECURITY),
+        # A container that fails leaves its log's tail in its terminated state: the operator puts the error line
+        # into the run's condition (rlt's one-line errors), so the cause is on the RLTRun, not only in the log.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         **more,
     }
 

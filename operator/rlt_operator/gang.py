@@ -53,7 +53,7 @@ def gang_failure(
     for pod in gang:
         if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
             code = ExitCode(pod["exitCode"])
-            said = f": {pod['exitMessage']}" if pod.get("exitMessage") else ""
+            said = f": {pod['lastError']}" if pod.get("lastError") else ""  # the pod's own error line
             return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)}){said}", False)
     reason = (condition_true(job, "Failed") or {}).get("reason") if job else None
     if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)

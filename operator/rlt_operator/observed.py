@@ -63,21 +63,34 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             if t and t.get("exitCode")
         ]
         out["exitCode"] = int(codes[0]) if codes else None
-        # What the failed container said last (terminationMessagePolicy FallbackToLogsOnError: its last log lines)
-        said = [
-            t.get("message")
-            for c in containers
-            for t in ((c.get("state") or {}).get("terminated"),)
-            if t and t.get("exitCode") and t.get("message")
-        ]
-        if said:
-            out["exitMessage"] = said[0].strip().splitlines()[-1][-1000:]
+        # What the failed container said (terminationMessagePolicy FallbackToLogsOnError: its log's tail)
+        out["lastError"] = last_error_line(
+            next(
+                (
+                    t.get("message")
+                    for c in containers
+                    if (t := (c.get("state") or {}).get("terminated")) and t.get("exitCode") and t.get("message")
+                ),
+                None,
+            )
+        )
         # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
         # wrong (podFailurePolicy Ignore, not counted).
         out["disrupted"] = out["exitCode"] in DISRUPTION or any(
             c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
         )
     return out
+
+
+def last_error_line(message: str | None) -> str | None:
+    """Why a container failed, from its terminated message (the log's tail, terminationMessagePolicy
+    FallbackToLogsOnError): rlt's own one-line error ('rlt stage: ...') when there is one, else the last line."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    if not lines:
+        return None
+    ours = [line for line in lines if line.startswith("rlt ") or line.startswith("/etc/rlt/")]
+    line = (ours or lines)[-1]
+    return line if len(line) <= 400 else line[:397] + "..."
 
 
 # Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.

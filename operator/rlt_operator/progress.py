@@ -50,7 +50,7 @@ def progress(
     if "totalSteps" in sample:
         out["totalSteps"] = int(sample["totalSteps"])
     if "rewardMean" in sample:
-        out["rewardMean"] = round(float(sample["rewardMean"]), 6)
+        out["rewardMean"] = round(float(sample["rewardMean"]), 3)  # kubectl prints it as is (REWARD)
     if sample.get("checkpointStep"):
         out["lastCheckpoint"] = str(builders.layout(run).checkpoint_dir(stage, int(sample["checkpointStep"])))
     tokens = sample.get("generatedTokens")

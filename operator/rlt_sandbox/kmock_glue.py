@@ -40,6 +40,7 @@ import itertools
 import re
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -101,6 +102,37 @@ def kmock_patched() -> bool:
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
 # The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
+# `kubectl get pods`: the pod's phase as STATUS (a real kubelet refines it with container reasons) and AGE.
+POD_COLUMNS = [
+    {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+_POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+
+
+def not_found_status(path: str) -> dict[str, Any]:
+    """The API server's 404 for a request path (`rltruns.rlt.dev "nope" not found`), in place of kmock's own
+    message, which tells a test author how to declare the object in the emulator."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[:1] == ["api"] else (parts[1] if len(parts) > 1 else "", parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    plural = rest[0] if rest else ""
+    name = rest[1] if len(rest) > 1 else None
+    resource = f"{plural}.{group}" if group else plural
+    message = f'{resource} "{name}" not found' if name else f"the server could not find the requested resource ({path})"
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "NotFound",
+        "details": {"name": name, "group": group, "kind": plural},
+        "code": 404,
+    }
+
+
 EVENT_COLUMNS = [
     {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
     {"name": "Type", "type": "string", "jsonPath": ".type"},
@@ -217,12 +249,15 @@ class Cluster(kmock.KubernetesEmulator):
 
     # plural resource → openAPIV3Schema of its CRD (for the OpenAPI documents)
     _schemas: dict[references.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    # (namespace, pod) → its log file, when pods run (`rlt sandbox --run-pods`); None: no pod ever runs
+    pod_log: Any = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.resources.load_bundled()
         self.seed_namespace("default")
         self._printer_columns[references.resource(group="", version="v1", plural="events")] = EVENT_COLUMNS
+        self._printer_columns[references.resource(group="", version="v1", plural="pods")] = POD_COLUMNS
         self.fallback["get", re.compile(r"/openapi/v3")] << self._serve_openapi_v3_discovery
         self.fallback["get", re.compile(r"/openapi/v3/.+")] << self._serve_openapi_v3
         self.fallback["get", re.compile(r"/openapi/v2")] << self._serve_openapi_v2
@@ -264,6 +299,9 @@ class Cluster(kmock.KubernetesEmulator):
     # ------------------------------------------------------------------ request handling
 
     async def __call__(self, raw_request: Any) -> Any:
+        log = _POD_LOG.match(raw_request.path) if raw_request.method == "GET" else None
+        if log:  # `kubectl logs POD`: the pod's log as text (kmock would answer with the pod object)
+            return self._serve_pod_log(*log.groups())
         # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
         if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
             import json
@@ -290,7 +328,29 @@ class Cluster(kmock.KubernetesEmulator):
                 )
             clone._read_bytes = json.dumps(obj).encode()
             raw_request = clone
-        return await super().__call__(raw_request)
+        response = await super().__call__(raw_request)
+        if getattr(response, "status", None) == 404 and b"kmock" in (getattr(response, "body", None) or b""):
+            from aiohttp import web
+
+            return web.json_response(not_found_status(raw_request.path), status=404)
+        return response
+
+    def _serve_pod_log(self, namespace: str, name: str) -> Any:
+        from aiohttp import web
+
+        path = self.pod_log(namespace, name) if self.pod_log is not None else None
+        if path is None or not Path(path).exists():
+            why = (
+                f'pod "{name}" has no log here: pods run only under `rlt sandbox --run-pods`'
+                if self.pod_log is None
+                else f'pods "{name}" not found (no pod of that name has run in namespace {namespace})'
+            )
+            status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": why}
+            code = 400 if self.pod_log is None else 404
+            return web.json_response(
+                {**status, "reason": "BadRequest" if code == 400 else "NotFound", "code": code}, status=code
+            )
+        return web.Response(text=Path(path).read_text(errors="replace"), content_type="text/plain")
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.method == enums.method.PUT and request.name:

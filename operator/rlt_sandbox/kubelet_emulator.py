@@ -16,8 +16,8 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
   from the API). The image is stood in for by an `ImageEnv` (a bin folder on PATH: a venv with the same entry
   points the image has). There is no isolation: every pod shares this machine's network and file system.
 - Volumes: a PersistentVolumeClaim is a folder per claim, a ConfigMap is written as files, an emptyDir is a
-  folder per pod (reached through a short link: Unix socket paths are short). Paths under a mount in args and env
-  are mapped onto those folders (there is no mount namespace).
+  folder per pod (reached through a short link: Unix socket paths are short). Paths under a mount in args, env and
+  mounted ConfigMap files are mapped onto those folders (there is no mount namespace).
 - Networking: every pod is on this machine's loopback. Cluster DNS names (`*.<namespace>.svc[.cluster.local]`) in
   args, env and mounted ConfigMap files are mapped to 127.0.0.1, so ports as rendered must be free here.
 - GPU requests: ignored; the processes run on CPU (`CUDA_VISIBLE_DEVICES` empty).
@@ -64,6 +64,17 @@ class ImageEnv:
 
     bin_dir: str
     env: dict[str, str] = field(default_factory=dict)
+
+
+def log_tail(path: Path, lines: int = 80, limit: int = 2048) -> str:
+    """What the kubelet keeps of a failed container's log as its termination message (FallbackToLogsOnError):
+    the last 80 lines, at most 2048 bytes."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    tail = b"\n".join(data.splitlines()[-lines:])[-limit:]
+    return tail.decode(errors="replace")
 
 
 class PodConfigError(Exception):
@@ -392,6 +403,11 @@ class LocalKubelet:
             pod.finished_at = time.monotonic()
             log.error("pod %s/%s cannot start: %s", ns, name, err)
 
+    def log_of(self, namespace: str, name: str) -> Path | None:
+        """The log file of a pod that ran here (what `kubectl logs` shows); None for a pod that never ran."""
+        pod = self.pods.get((namespace, name))
+        return pod.log_path if pod is not None else None
+
     async def _advance(self, ns: str, pod: PodRun) -> None:
         """Fold the process's state into the pod's phase, restart it when its policy says so, report changes."""
         self._reap(pod)
@@ -424,6 +440,8 @@ class LocalKubelet:
             state = {
                 "terminated": {"exitCode": pod.exit_code, "reason": "Completed" if pod.exit_code == 0 else "Error"}
             }
+            if pod.exit_code != 0 and pod.container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                state["terminated"]["message"] = log_tail(pod.log_path)
         elif pod.phase == "Running":
             state = {"running": {}}
         else:
@@ -556,6 +574,7 @@ class LocalKubelet:
         """(mountPath, host folder) per volumeMount, longest mount path first."""
         volumes = {v["name"]: v for v in pod.body["spec"].get("volumes") or []}
         out = []
+        files: list[tuple[Path, dict[str, str]]] = []
         for m in pod.container.get("volumeMounts") or []:
             vol = volumes.get(m["name"])
             if vol is None:
@@ -568,8 +587,7 @@ class LocalKubelet:
                 if cm is None:
                     raise PodConfigError(f"configmap {vol['configMap']['name']!r} not found")
                 host.mkdir(parents=True, exist_ok=True)
-                for key, text in (cm.get("data") or {}).items():
-                    (host / key).write_text(self.dns.sub(LOOPBACK, text))
+                files.append((host, cm.get("data") or {}))
             elif "emptyDir" in vol:
                 host = pod.dir / "volumes" / m["name"]
                 host.mkdir(parents=True, exist_ok=True)
@@ -580,7 +598,13 @@ class LocalKubelet:
                 )
             host.mkdir(parents=True, exist_ok=True)
             out.append((m["mountPath"].rstrip("/"), host))
-        return sorted(out, key=lambda t: -len(t[0]))
+        mounts = sorted(out, key=lambda t: -len(t[0]))
+        # ConfigMap files are read by the programs: DNS names and paths under the pod's mounts in them (a run
+        # file's `/data/datasets/x.jsonl` on the run's claim) are mapped as in args and env.
+        for host, data in files:
+            for key, text in data.items():
+                (host / key).write_text(self._localize(text, mounts))
+        return mounts
 
     def _short_link(self, folder: Path) -> Path:
         """A short path (a symlink) to a pod's folder. Programs put their Unix sockets in emptyDirs (/tmp, /dev/shm;

@@ -170,17 +170,32 @@ async def _main(
                 f"the trainer's metrics at http://127.0.0.1:{TRAINER_METRICS_PORT}/metrics while it runs.",
                 flush=True,
             )
+        if kubelet is not None:
+            cluster.pod_log = kubelet.log_of
+            what = (
+                "The operator's Jobs and StatefulSets run: each pod is a local process (kubelet emulator), on CPU.\n\n"
+                f"  export KUBECONFIG={kubeconfig_path}\n"
+                "  kubectl apply --validate=false -f manifests/examples/rltrun-tiny.yaml\n"
+                "  kubectl get rlt -w                     # Pending -> Running sft/rl/distill -> Succeeded\n"
+                "  kubectl get pods -l rlt.dev/run=tiny\n"
+                "  kubectl logs tiny-sft-0-<suffix>       # a pod's log (also printed above as each pod starts)\n\n"
+            )
+        else:
+            what = (
+                "This is a PREVIEW of what the operator would create, not a cluster: nothing runs (add\n"
+                "--run-pods DIR to run the pods as local processes), and Job/StatefulSet status changes only\n"
+                "if you patch it (kubectl patch ... --subresource=status).\n\n"
+                f"  export KUBECONFIG={kubeconfig_path}\n"
+                "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
+                "  kubectl get rlt\n"
+                f"  kubectl get {','.join(c.plural for c in CHILDREN if c.plural != 'pods')} -l {L_RUN}=tiny\n"
+                "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"
+                '    -p \'{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}\'\n\n'
+            )
         print(
             f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"
-            "This is a PREVIEW of what the operator would create, not a cluster: nothing runs, and Job/\n"
-            "StatefulSet status changes only if you patch it (kubectl patch ... --subresource=status).\n\n"
-            f"  export KUBECONFIG={kubeconfig_path}\n"
-            "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
-            "  kubectl get rlt\n"
-            f"  kubectl get {','.join(c.plural for c in CHILDREN if c.plural != 'pods')} -l {L_RUN}=tiny\n"
-            "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"
-            '    -p \'{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}\'\n\n'
-            "Ctrl-C stops it.",
+            + what
+            + "Ctrl-C stops it.",
             flush=True,
         )
         stop = asyncio.Event()

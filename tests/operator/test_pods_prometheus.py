@@ -14,164 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from monitor_scrape import only, pod_targets, podmonitor_scrape_configs, render_chart
 from op_harness import example
 from pods_harness import REPO, running_pods, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TOOLS = REPO / ".tools" / "bin"
-CHART = REPO / "charts" / "rlt-operator"
 RUN = "prom"
 RL_STEPS = 12
 
 
 def render_podmonitor() -> dict[str, Any]:
     """The chart's PodMonitor, rendered with the CI monitoring values and a 1 s interval (for a short test)."""
-    out = subprocess.run(
-        [
-            str(TOOLS / "helm"),
-            "template",
-            "rel",
-            str(CHART),
-            "--namespace",
-            "rlt-system",
-            "--set",
-            "image.repository=registry.example.com/rlt/rlt-operator",
-            "-f",
-            str(CHART / "ci" / "monitoring-values.yaml"),
-            "--api-versions",
-            "monitoring.coreos.com/v1",
-            "--set",
-            "metrics.podMonitor.interval=1s",
-            "--set",
-            "metrics.podMonitor.scrapeTimeout=1s",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    monitors = [d for d in yaml.safe_load_all(out) if d and d.get("kind") == "PodMonitor"]
-    assert len(monitors) == 1, monitors
-    return monitors[0]
-
-
-# ---------------------------------------------------------------------------------- PodMonitor → scrape config
-
-
-def _meta_name(label: str) -> str:
-    """How Kubernetes service discovery spells a label in its meta labels."""
-    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
-
-
-def selector_relabelings(selector: dict[str, Any]) -> list[dict[str, Any]]:
-    """The `keep`/`drop` rules prometheus-operator makes of a label selector."""
-    rules = []
-    for key, value in (selector.get("matchLabels") or {}).items():
-        name = _meta_name(key)
-        rules.append(
-            {
-                "action": "keep",
-                "source_labels": [f"__meta_kubernetes_pod_label_{name}", f"__meta_kubernetes_pod_labelpresent_{name}"],
-                "regex": f"({re.escape(value)});true",
-            }
-        )
-    for expr in selector.get("matchExpressions") or []:
-        name = _meta_name(expr["key"])
-        label, present = f"__meta_kubernetes_pod_label_{name}", f"__meta_kubernetes_pod_labelpresent_{name}"
-        values = "|".join(re.escape(v) for v in expr.get("values") or [])
-        op = expr["operator"]
-        if op == "In":
-            rules.append({"action": "keep", "source_labels": [label, present], "regex": f"({values});true"})
-        elif op == "NotIn":
-            rules.append({"action": "drop", "source_labels": [label, present], "regex": f"({values});true"})
-        elif op == "Exists":
-            rules.append({"action": "keep", "source_labels": [present], "regex": "true"})
-        elif op == "DoesNotExist":
-            rules.append({"action": "drop", "source_labels": [present], "regex": "true"})
-        else:
-            raise ValueError(f"PodMonitor selector operator {op!r} is not a Kubernetes one")
-    return rules
-
-
-def _snake(relabeling: dict[str, Any]) -> dict[str, Any]:
-    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
-    return {keys.get(k, k): v for k, v in relabeling.items()}
-
-
-def podmonitor_scrape_configs(pm: dict[str, Any], sd_file: Path) -> list[dict[str, Any]]:
-    """One scrape config per podMetricsEndpoint, as prometheus-operator writes it (kubernetes_sd → file_sd)."""
-    spec = pm["spec"]
-    namespaces = (spec.get("namespaceSelector") or {}).get("matchNames")
-    configs = []
-    for i, ep in enumerate(spec["podMetricsEndpoints"]):
-        relabel = selector_relabelings(spec["selector"])
-        if namespaces:
-            relabel.append(
-                {"action": "keep", "source_labels": ["__meta_kubernetes_namespace"], "regex": "|".join(namespaces)}
-            )
-        relabel.append(
-            {"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": ep["port"]}
-        )
-        relabel += [
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-        ]
-        relabel += [_snake(r) for r in ep.get("relabelings") or []]
-        configs.append(
-            {
-                "job_name": f"podMonitor/{pm['metadata']['namespace']}/{pm['metadata']['name']}/{i}",
-                "honor_labels": bool(ep.get("honorLabels", False)),
-                "metrics_path": ep.get("path", "/metrics"),
-                "scrape_interval": ep["interval"],
-                "scrape_timeout": ep["scrapeTimeout"],
-                "file_sd_configs": [{"files": [str(sd_file)], "refresh_interval": "1s"}],
-                "relabel_configs": relabel,
-            }
-        )
-    return configs
-
-
-# ---------------------------------------------------------------------------------- the stand-in for discovery
-
-
-def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Kubernetes service discovery's `pod` role: one target per container port, with the pod's meta labels."""
-    groups = []
-    for pod in pods:
-        ip = (pod.get("status") or {}).get("podIP")
-        if not ip:
-            continue  # discovery has no address for a pod without an IP
-        meta = pod["metadata"]
-        base = {
-            "__meta_kubernetes_namespace": meta["namespace"],
-            "__meta_kubernetes_pod_name": meta["name"],
-            "__meta_kubernetes_pod_phase": (pod.get("status") or {}).get("phase", ""),
-        }
-        for key, value in (meta.get("labels") or {}).items():
-            base[f"__meta_kubernetes_pod_label_{_meta_name(key)}"] = value
-            base[f"__meta_kubernetes_pod_labelpresent_{_meta_name(key)}"] = "true"
-        for c in pod["spec"]["containers"]:
-            for port in c.get("ports") or []:
-                labels = {
-                    **base,
-                    "__meta_kubernetes_pod_container_name": c["name"],
-                    "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
-                    "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
-                }
-                groups.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": labels})
-    return groups
+    return only(render_chart("metrics.podMonitor.interval=1s", "metrics.podMonitor.scrapeTimeout=1s"), "PodMonitor")
 
 
 def prom_get(base: str, path: str, **params: str) -> dict[str, Any]:

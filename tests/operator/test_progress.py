@@ -44,6 +44,12 @@ def test_parse_and_rate():
     assert second["tokensPerSecond"] == 200.0 and second["step"] == 31
 
 
+def test_reward_is_kept_to_three_decimals_for_the_reward_column():
+    """`kubectl get rlt` prints status.progress.rewardMean as stored (the REWARD column): -0.931, not -0.931234."""
+    sample = {"step": 3.0, "rewardMean": -0.931234567}
+    assert prog.progress("r", "rl", sample, None, T)["rewardMean"] == -0.931
+
+
 def test_url_template_comes_from_the_settings_read_once_at_start_up():
     default = OperatorSettings.from_env({})
     assert prog.url_for(default.progress_url, "r", "ns", "rl") == "http://r-rl-0.r-rl.ns.svc:9400/metrics"

@@ -84,3 +84,15 @@ def test_watch_keeps_its_columns_and_does_not_repeat_rows(start_sandbox):
     # after the first row every update is still a row of the same columns (it used to be the bare name)
     assert later and all(len(row) >= 5 and row[0] == "tiny" for row in later), later
     assert ["tiny", "Running", "rl"] in [row[:3] for row in later]
+
+
+def test_not_found_reads_as_the_api_servers(start_sandbox):
+    """`kubectl get rlt nope` says what a cluster says, not how to declare the object in the emulator."""
+    sandbox = start_sandbox()
+    res = sandbox.run("kubectl", "get", "rlt", "nope", ok=False)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == 'Error from server (NotFound): rltruns.rlt.dev "nope" not found', (
+        res.stderr
+    )
+    res = sandbox.run("kubectl", "get", "pod", "nope", "-n", "default", ok=False)
+    assert 'pods "nope" not found' in res.stderr and "kmock" not in res.stderr, res.stderr

@@ -3,6 +3,7 @@ running as local processes; `kubectl get rlt` shows step and reward; the trainer
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.request
@@ -85,3 +86,57 @@ def _is_number(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path):
+    """A run whose local dataset is not on the run's volume: the trainer pod exits DATA_ERROR, and the cause (the
+    pod's own one-line error) is in the RLTRun's condition, where `kubectl describe`/`get -o yaml` show it."""
+    sandbox = start_sandbox("--run-pods", str(tmp_path / "pods"))
+    run = tiny_doc()
+    run["metadata"]["name"] = "own-data"
+    run["spec"]["dataset"] = {"source": "word.jsonl"}  # on the researcher's laptop, not on own-data-data
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "run.yaml"))
+    phase = sandbox.kubectl_until("Failed", "get", "rlt", "own-data", "-o", "jsonpath={.status.phase}", seconds=240)
+    assert phase == "Failed"
+    status = yaml.safe_load(sandbox.kubectl("get", "rlt", "own-data", "-o", "yaml"))["status"]
+    messages = [c.get("message") or "" for c in status["conditions"]]
+    failed = next(m for m in messages if "exited with DATA_ERROR (65)" in m)
+    assert "spec.dataset.source: file word.jsonl does not exist" in failed, messages
+    # What a user types next: the banner said pods run; `kubectl get pods` has a STATUS; `kubectl logs` is the log.
+    assert "each pod is a local process" in sandbox.banner and "nothing runs" not in sandbox.banner, sandbox.banner
+    pod = failed.split("trainer pod ", 1)[1].split()[0]
+    table = sandbox.kubectl("get", "pods", "-l", "rlt.dev/run=own-data").splitlines()
+    assert table[0].split() == ["NAME", "STATUS", "AGE"], table
+    assert any(row.split()[:2] == [pod, "Failed"] for row in table[1:]), table
+    log = sandbox.kubectl("logs", pod)
+    assert "rlt stage: spec.dataset.source: file word.jsonl does not exist" in log and '"kind"' not in log, log
+
+    # The recipe of docs/gpu-cluster.md ("Your own dataset or model on the run's volume"): the file staged onto a
+    # claim of one's own (under the sandbox, the claim's folder), named by its path under /data.
+    staged = tmp_path / "pods" / "volumes" / "default" / "word-problems" / "datasets" / "word.jsonl"
+    staged.parent.mkdir(parents=True)
+    staged.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} + 2?", "reasoning_trace": f"{i} plus 2", "solution": str(i + 2)})
+            + "\n"
+            for i in range(12)
+        )
+    )
+    run["metadata"]["name"] = "own-data-staged"
+    run["spec"]["dataset"] = {"source": "/data/datasets/word.jsonl"}
+    run["spec"]["storage"] = {"existingClaim": "word-problems"}
+    (tmp_path / "staged.yaml").write_text(yaml.safe_dump(run))
+    sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "staged.yaml"))
+    done = wait_for_phase(sandbox, "own-data-staged", 420)
+    assert done == "Succeeded", sandbox.kubectl("get", "rlt", "own-data-staged", "-o", "yaml")
+    assert (staged.parent.parent / "own-data-staged" / "distill" / "dataset.jsonl").exists()
+
+
+def wait_for_phase(sandbox, name: str, seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    phase = ""
+    while time.monotonic() < deadline and phase not in ("Succeeded", "Failed"):
+        phase = sandbox.kubectl("get", "rlt", name, "-o", "jsonpath={.status.phase}")
+        time.sleep(1)
+    return phase

@@ -147,3 +147,25 @@ def test_cli_rerun_reuses_every_finished_part(compared, tmp_path):
     assert "| rl_teacher |" in proc.stdout
     again = read(root / "report.json")
     assert again["arms"] == json.loads(json.dumps(report["arms"]))
+
+
+def test_cli_refuses_stages_trained_on_another_split(compared, tmp_path):
+    """Adding evalFraction after a compare changes which rows are taught: like `rlt run`, compare refuses to reuse
+    the finished stages (exit 78, the field named) instead of reporting on students taught held-out questions."""
+    run, root, report = compared
+    doc = tiny_compare_doc()
+    doc["spec"]["dataset"]["evalFraction"] = 0.25
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    before = read(root / "report.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "compare", str(path), "--output", str(root.parent.parent), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 78, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "dataset.evalFraction 0.0 -> 0.25" in proc.stderr and "a new --output folder" in proc.stderr, proc.stderr
+    assert "starting" not in proc.stdout and "done before, skipped" not in proc.stdout
+    assert read(root / "report.json") == before

@@ -159,3 +159,27 @@ def test_compare_report_from_records(tmp_path):
 )
 def test_between_tags(text, kw, want):
     assert between(text, "<t>", "</t>", **kw) == want
+
+
+def test_compare_plot_draws_the_tables_wilson_intervals_and_says_so(tmp_path):
+    """accuracy.png of `rlt compare` shows the 95 % Wilson intervals its table gives (not ± s.e.) and labels them;
+    a single evaluation without intervals keeps ± s.e., also labelled."""
+    import matplotlib.image
+
+    from rlt.run.compare import wilson_interval
+    from rlt.stages.evaluate import error_bars, plot_accuracy
+
+    reports = [
+        {"model": "untrained", "accuracy": 0.25, "stderr": 0.1, "ci95": wilson_interval(5, 20)},
+        {"model": "rl_teacher", "accuracy": 0.5, "stderr": 0.1, "ci95": wilson_interval(10, 20)},
+    ]
+    (lower, upper), what = error_bars(reports)
+    assert what == "error bars: 95 % Wilson interval"
+    lo, hi = wilson_interval(5, 20)
+    assert lower[0] == pytest.approx(0.25 - lo) and upper[0] == pytest.approx(hi - 0.25) and lower[0] != upper[0]
+    assert error_bars([{"model": "student", "accuracy": 0.5, "stderr": 0.1}]) == (
+        [[0.1], [0.1]],
+        "error bars: ± 1 standard error",
+    )
+    path = plot_accuracy(reports, tmp_path / "accuracy.png", "held-out")
+    assert matplotlib.image.imread(path).shape[0] > 100

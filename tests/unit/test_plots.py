@@ -56,3 +56,11 @@ def test_plots_use_integer_steps_and_keep_a_flat_loss_flat(tmp_path, monkeypatch
     assert loss_ax.yaxis.get_major_formatter().get_offset() == ""  # no '+2.3' offset label
     reward_ax = saved["rl_reward.png"].axes[0]
     assert reward_ax.get_ylim()[1] - reward_ax.get_ylim()[0] < 3  # a real change keeps matplotlib's limits
+    # GRPO KL (0.001-0.003) on an axis of its own, not flattened against the format penalty's scale
+    [penalty_ax] = [a for a in saved["rl_reward.png"].axes if a.get_title() == "format penalty and policy KL"]
+    [kl_ax] = [
+        a for a in saved["rl_reward.png"].axes if a is not penalty_ax and a.bbox.bounds == penalty_ax.bbox.bounds
+    ]
+    assert [line.get_label() for line in kl_ax.get_lines()] == ["GRPO KL (right axis)"]
+    assert [line.get_label() for line in penalty_ax.get_lines()] == ["penalty"]
+    assert kl_ax.get_ylim()[1] < 0.1

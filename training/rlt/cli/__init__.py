@@ -29,12 +29,28 @@ def trainer_args_problems(run) -> list[str]:
     return check_trainer_args(run)
 
 
+def prompt_length_problems(run) -> tuple[list[str], str]:
+    """Token lengths of the training rows against the stages' limits, when the teacher's tokenizer is here."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return [], "token lengths not checked (transformers is not installed here; the stages check them)"
+    from rlt.stages.prompt_lengths import check_prompt_lengths
+
+    return check_prompt_lengths(run.spec)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    import warnings
+
+    # Building TRL's configs to check trainerArgs trips transformers' deprecation notices of its own fields
+    # (gradient_checkpointing), which are not the user's to fix.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     bad = 0
     for path in args.files:
         notes: list[str] = []
         try:
-            runs = load_valid_runs(path)  # the same checks as the operator's and the pods'
+            runs = load_valid_runs(path, paths_from_file=True)  # the same checks as the operator's and the pods'
             problems: list[str] = []
             if not args.no_data:
                 for run in runs:
@@ -42,6 +58,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     problems += run_problems
                     notes += run_notes
             problems += [p for run in runs for p in trainer_args_problems(run)]
+            if not args.no_data and not problems:  # lengths of rows that are otherwise usable
+                for run in runs:
+                    length_problems, note = prompt_length_problems(run)
+                    problems += length_problems
+                    notes += [note] if note else []
             if problems:
                 raise SpecError(path, problems)
         except SpecError as err:

@@ -15,11 +15,13 @@ from rlt.spec.validation import load_valid_run
 DEFAULT_METRICS_PORT = TRAINER_METRICS_PORT
 
 
-def _load(path: str):
+def _load(path: str, paths_from_file: bool = True):
+    """The run of a file, fully checked. On this machine (run, eval, compare) relative local paths are taken from
+    the file's folder; in a pod (`rlt stage`, paths_from_file=False) they are the container's."""
     # Logging is set up by the command that runs, not at registration: the operator has its own format.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return load_valid_run(path)  # the checks `rlt validate` and the operator make
+        return load_valid_run(path, paths_from_file)  # the checks `rlt validate` and the operator make
     except SpecError as err:
         print(str(err), file=sys.stderr)
         raise SystemExit(ExitCode.CONFIG_ERROR) from None
@@ -30,9 +32,10 @@ def input_errors() -> tuple[type[Exception], ...]:
     without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
     from rlt.data.dataset import DataError
     from rlt.run.fingerprint import StaleStageError
+    from rlt.run.lock import RunLockedError
     from rlt.run.runner import MetricsPortError
 
-    return SpecError, DataError, StaleStageError, MetricsPortError
+    return SpecError, DataError, StaleStageError, MetricsPortError, RunLockedError
 
 
 def _one_line_on_input_error(command: str, fn) -> int:
@@ -93,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     from rlt.run.runner import run_stage_in_pod
 
-    run = _load(args.config)
+    run = _load(args.config, paths_from_file=False)
     port = _port_to_serve(_chosen_metrics_port("stage"))
     return _one_line_on_input_error(
         "stage", lambda: run_stage_in_pod(run, args.name, args.root, port, restart=args.restart)

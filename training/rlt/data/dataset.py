@@ -22,8 +22,8 @@ from rlt.data import tasks
 from rlt.data.answers import between
 from rlt.data.errors import DataError
 from rlt.data.jsonl import decoded_lines
-from rlt.method.prompts import PromptFormat
-from rlt.spec.inputs import DatasetSpec
+from rlt.method.prompts import PromptFormat, bundled_formats, resolve_format
+from rlt.spec.inputs import DatasetSpec, FormatSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ class LoadedData:
     skipped: list[str] = field(default_factory=list)  # one message per bad row (all of them, also under reject)
     read: int = 0  # rows read from the source (good and bad)
     numbers: list[str] = field(default_factory=list)  # where a question/solution was a number, used as its text
+    # How a message names a row by its "row" index: 'line N' for JSONL/CSV (what an editor shows), else 'row i'.
+    where: Callable[[int], str] = field(default=lambda i: f"row {i}")
 
 
 _FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -155,25 +157,61 @@ def _read_source(spec: DatasetSpec) -> tuple[Iterable[Any], Callable[[int], str]
     return ds, ((lambda i: f"line {i + 2}") if kind == "csv" else by_index)  # CSV line 1 is the header
 
 
-def _from_conversations(raw: dict[str, Any], fmt: PromptFormat) -> dict[str, Any]:
-    conv = raw.get("conversations")
+# Role names of a turn (`from` in ShareGPT, `role` in OpenAI chat): the common spellings of each side.
+USER_ROLES = ("user", "human")
+ASSISTANT_ROLES = ("assistant", "gpt")
+CHAT_COLUMNS = ("conversations", "messages")
+
+
+def _preset_with_tags(text: str, fmt: PromptFormat) -> str | None:
+    """A bundled format preset, other than the one in use, whose solution tags close a block in `text`."""
+    for name in bundled_formats():
+        try:
+            tags = resolve_format(FormatSpec(preset=name)).tags
+        except ValueError:
+            continue  # not a prompt format of this method (rcl's)
+        if tags.solution_start != fmt.tags.solution_start and between(text, tags.solution_start, tags.solution_end):
+            return name
+    return None
+
+
+def _from_conversations(raw: dict[str, Any], fmt: PromptFormat, column: str = "conversations") -> dict[str, Any]:
+    where = column
+    if column not in raw:
+        others = [c for c in CHAT_COLUMNS if c in raw and c != column]
+        hint = f"; map it: spec.dataset.columns.conversations: {others[0]}" if others else ""
+        raise DataError(f"column {column!r} is missing (columns: {', '.join(sorted(raw))}){hint}")
+    conv = raw[column]
     if not isinstance(conv, list) or len(conv) < 2:
-        raise DataError("conversations: expected a list with a user turn and an assistant turn")
+        raise DataError(f"{where}: expected a list with a user turn and an assistant turn")
+    if all(isinstance(turn, dict) for turn in conv) and conv[0].get("from", conv[0].get("role")) == "system":
+        conv = conv[1:]  # a leading system turn is not part of the question
+        where = f"{column} (after its system turn)"
+    if len(conv) < 2:
+        raise DataError(f"{where}: expected a user turn and an assistant turn")
     user, assistant = conv[0], conv[1]
     if not isinstance(user, dict) or not isinstance(assistant, dict):
-        raise DataError("conversations: each turn must be an object with from/value (or role/content)")
-    if user.get("from", user.get("role")) != "user":
-        raise DataError("conversations[0]: expected the user turn")
-    if assistant.get("from", assistant.get("role")) != "assistant":
-        raise DataError("conversations[1]: expected the assistant turn")
+        raise DataError(f"{where}: each turn must be an object with from/value (or role/content)")
+    role = user.get("from", user.get("role"))
+    if role not in USER_ROLES:
+        raise DataError(f"{where}[0]: expected the user turn (from/role: {' or '.join(USER_ROLES)}), got {role!r}")
+    role = assistant.get("from", assistant.get("role"))
+    if role not in ASSISTANT_ROLES:
+        raise DataError(
+            f"{where}[1]: expected the assistant turn (from/role: {' or '.join(ASSISTANT_ROLES)}), got {role!r}"
+        )
     text = assistant.get("value", assistant.get("content")) or ""
     t = fmt.tags
     thought = between(text, t.thought_start, t.thought_end)
     solution = between(text, t.solution_start, t.solution_end)
     if solution is None:
-        raise DataError(f"conversations[1]: no closed {t.solution_start}…{t.solution_end} block")
+        preset = _preset_with_tags(text, fmt)
+        hint = (
+            f"; the turn uses the tags of format preset {preset!r}: set spec.format.preset: {preset}" if preset else ""
+        )
+        raise DataError(f"{where}[1]: no closed {t.solution_start}…{t.solution_end} block{hint}")
     if thought is None and t.thought_start in text:
-        raise DataError(f"conversations[1]: {t.thought_start} is never closed by {t.thought_end}")
+        raise DataError(f"{where}[1]: {t.thought_start} is never closed by {t.thought_end}")
     return {"question": user.get("value", user.get("content")), "solution": solution, "reasoning_trace": thought}
 
 
@@ -181,9 +219,14 @@ def _from_columns(raw: dict[str, Any], spec: DatasetSpec) -> dict[str, Any]:
     cols = spec.columns
     for needed in (cols.question, cols.solution):
         if needed not in raw:
-            raise DataError(
-                f"column {needed!r} is missing (columns: {', '.join(sorted(raw))}); map it in spec.dataset.columns"
+            chat = [c for c in CHAT_COLUMNS if isinstance(raw.get(c), list)]
+            fix = (
+                f"the rows hold chat turns in {chat[0]!r}: set spec.dataset.layout: conversations"
+                + ("" if chat[0] == "conversations" else f" and spec.dataset.columns.conversations: {chat[0]}")
+                if chat
+                else "map it in spec.dataset.columns"
             )
+            raise DataError(f"column {needed!r} is missing (columns: {', '.join(sorted(raw))}); {fix}")
     trace = raw.get(cols.reasoning_trace) if cols.reasoning_trace else None
     return {"question": raw[cols.question], "solution": raw[cols.solution], "reasoning_trace": trace}
 
@@ -254,9 +297,9 @@ def bad_rows_message(source: str, bad: list[str], good: int, policy: str, listed
     if len(bad) > 1:
         more = f" ({len(bad) - 1} more bad rows" + (")" if listed else "; `rlt validate` lists them)")
     if good == 0:
-        return (
-            f"{source} {bad[0]}{more}; no row is usable, so badRows: skip would drop every row: "
-            "fix the data or spec.dataset.columns"
+        told = "set spec." in bad[0] or "map it:" in bad[0]  # the row's own message already names the fix
+        return f"{source} {bad[0]}{more}; no row is usable, so badRows: skip would drop every row" + (
+            "" if told else ": fix the data or spec.dataset.columns"
         )
     if policy == "reject":
         return f"{source} {bad[0]}{more}; set spec.dataset.badRows: skip to drop the {_rows(len(bad))}"
@@ -281,6 +324,10 @@ def group_problems(bad: list[str], limit: int = 10) -> list[str]:
 def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]], list[str], int, list[str]]:
     """(usable rows, 'line N: problem' per bad row, rows read, where numbers were used as text); raises only when
     the source itself cannot be read."""
+    return _scan(spec, fmt)[:4]
+
+
+def _scan(spec: DatasetSpec, fmt: PromptFormat):
     rows, bad, numbers = [], [], []
     source, where = _read_source(spec)
     read = 0
@@ -291,7 +338,11 @@ def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]
                 raise DataError(raw.problem)
             if not isinstance(raw, dict):
                 raise DataError(f"expected an object with named fields, got {type(raw).__name__}")
-            row = _from_conversations(raw, fmt) if spec.layout == "conversations" else _from_columns(raw, spec)
+            row = (
+                _from_conversations(raw, fmt, spec.columns.conversations)
+                if spec.layout == "conversations"
+                else _from_columns(raw, spec)
+            )
             converted = _as_text(row)
             check_row(row, fmt, spec.max_chars)
             if spec.keep_columns:
@@ -304,13 +355,13 @@ def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]
         rows.append(row)
         if spec.limit and len(rows) >= spec.limit and spec.eval_fraction == 0:
             break
-    return rows, bad, read, numbers
+    return rows, bad, read, numbers, where
 
 
 def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> LoadedData:
     """The usable rows. Every row up to `limit` is checked, so a rejection can say how many rows are bad and
     whether skipping them would leave anything; under `badRows: skip` one warning sums the skipped rows up."""
-    rows, bad, read, numbers = scan_rows(spec, fmt)
+    rows, bad, read, numbers, where = _scan(spec, fmt)
     if bad and (spec.bad_rows == "reject" or not rows):
         raise DataError(bad_rows_message(spec.source, bad, len(rows), spec.bad_rows))
     if not rows:
@@ -332,7 +383,7 @@ def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> Loaded
     if spec.limit:
         train = train[: spec.limit]
     return LoadedData(
-        train=train, eval=held_out, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers
+        train=train, eval=held_out, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers, where=where
     )
 
 
@@ -349,9 +400,9 @@ def is_reachable(spec: DatasetSpec) -> bool:
 def check_data(spec: DatasetSpec, fmt: PromptFormat, listed: bool = False) -> LoadedData:
     """Every row checked, none dropped silently: what `rlt validate` reports and `rlt run` checks before it starts.
     Raises DataError (one line) when the run would fail on its data; else returns what `badRows: skip` drops."""
-    rows, bad, read, numbers = scan_rows(spec, fmt)
+    rows, bad, read, numbers, where = _scan(spec, fmt)
     if bad and (spec.bad_rows == "reject" or not rows):
         raise DataError(bad_rows_message(spec.source, bad, len(rows), spec.bad_rows, listed))
     if not rows:
         raise DataError(f"{spec.source}: no rows")
-    return LoadedData(train=rows, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers)
+    return LoadedData(train=rows, skipped=[f"{spec.source} {b}" for b in bad], read=read, numbers=numbers, where=where)

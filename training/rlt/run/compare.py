@@ -8,8 +8,10 @@ taught (definitions in docs/evaluation.md). Every number of the report is read f
 
 Layout under OUTPUT/<run>/compare/ (RunLayout.compare_dir, .compare_arm): rl_teacher/ (sft, rl, distill,
 student, eval, eval-taught), sft_teacher/ (sft → ../rl_teacher/sft, distill, ...), dataset_traces/, untrained/,
-and report.{json,md}, accuracy.png, correlation.png. A re-run skips what is done (stage DONE markers, existing
-eval reports).
+and report.{json,md}, accuracy.png, correlation.png. A re-run follows `rlt run`'s rules (run/fingerprint.py): a
+stage done under the same spec is skipped, one whose input was redone is done again, one finished under other
+run-wide or own settings (e.g. another spec.dataset.evalFraction) is refused in one line before anything trains; an
+evaluation is reused only for the same model output, questions and settings (compare-key.json beside its report).
 
 The steps: run the arms' stages and evaluations (`Compare`), then, from typed records, the pure report
 (`teaching_points`, `correlations`, `build_report`), then the files (`write_compare`).
@@ -28,15 +30,21 @@ from typing import Any
 
 from rlt.data.dataset import DataError, load_data
 from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
+from rlt.run import fingerprint
 from rlt.run.layout import (
     ACCURACY_PLOT,
+    COMPARE_KEY_FILE,
     CORRELATION_PLOT,
+    REPLACED_DIR,
     REPORT_JSON,
     REPORT_MD,
+    STAMP_FORMAT,
     RunLayout,
     atomic_write_json,
     atomic_write_text,
+    format_time,
 )
+from rlt.run.lock import lock_run_folder
 from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
@@ -60,6 +68,13 @@ ARMS = {
 }
 TEACHER_ARMS = ("rl_teacher", "sft_teacher")
 UNTRAINED = "untrained"
+# The stages behind each arm's student, all enabled in the arm's spec: a stage's fingerprint covers every earlier
+# enabled stage, so a student distilled from a teacher that was trained again is never reused.
+ARM_STAGES = {
+    "rl_teacher": ("sft", "rl", "distill", "student"),
+    "sft_teacher": ("sft", "distill", "student"),
+    "dataset_traces": ("distill", "student"),
+}
 
 # Used when the file leaves the student / evaluate stage disabled (documented in docs/evaluation.md):
 # a small budget that a 135M student on a 2-core CPU finishes in minutes.
@@ -287,11 +302,33 @@ class Compare:
         run = derive(self.run, with_enabled(self.stages, enabled))
         return StageContext(run, self.layout(arm), self.metrics, self.device, self.show_progress)
 
-    def stage(self, arm: str, name: str, enabled: Sequence[str]) -> None:
-        ctx = self.ctx(arm, enabled)
-        if ctx.layout.stage_done(name).exists():
+    def plan(self, arm: str, names: Sequence[str]) -> list[fingerprint.StagePlan]:
+        """`rlt run`'s decisions for stages of an arm; StaleStageError when one finished under another spec."""
+        ctx = self.ctx(arm, ARM_STAGES[arm])
+        return fingerprint.plan_stages(
+            ctx.layout,
+            ctx.spec,
+            list(names),
+            has_checkpoint=ctx.layout.has_complete_checkpoint,
+            restart_hint=f"use a new --output folder, or move {self.root} aside to compare from scratch",
+        )
+
+    def check_finished_stages(self) -> None:
+        """Before anything trains: every finished stage of every arm must be reusable under this spec."""
+        for arm, names in ARM_STAGES.items():
+            self.plan(arm, [n for n in names if not (arm == "sft_teacher" and n == "sft")])  # sft: the RL teacher's
+
+    def stage(self, arm: str, name: str) -> None:
+        [plan] = self.plan(arm, [name])
+        ctx = self.ctx(arm, ARM_STAGES[arm])
+        if plan.action == "skip":
             print(f"[compare] {arm}/{name}: done before, skipped", flush=True)
             return
+        if plan.action == "start_over":
+            print(f"[compare] {arm}/{name}: {plan.note}; moved to {fingerprint.start_over(ctx.layout, name)}")
+        elif plan.action == "continue":
+            fingerprint.reopen(ctx.layout, name)
+            print(f"[compare] {arm}/{name}: {plan.note}", flush=True)
         print(f"[compare] {arm}/{name}: starting", flush=True)
         t0 = time.perf_counter()
         stage_function(name, "rlt")(ctx)
@@ -300,17 +337,17 @@ class Compare:
     # ---- the three distillation sets
     def teachers(self) -> None:
         for name in ("sft", "rl", "distill"):
-            self.stage("rl_teacher", name, ("sft", "rl", "distill"))
+            self.stage("rl_teacher", name)
         sft_link = self.layout("sft_teacher").stage_dir("sft")
         if not sft_link.exists():  # the SFT-only teacher is the RL teacher's starting point, not a second SFT run
             sft_link.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(os.path.relpath(self.layout("rl_teacher").stage_dir("sft"), sft_link.parent), sft_link)
-        self.stage("sft_teacher", "distill", ("sft", "distill"))
+        self.stage("sft_teacher", "distill")
 
     def dataset_traces(self) -> None:
         """The dataset's own traces for exactly the questions the teachers explained."""
         layout = self.layout("dataset_traces")
-        if layout.stage_done("distill").exists():
+        if self.plan("dataset_traces", ["distill"])[0].action == "skip":
             return
         formatter = self.base.formatter
         taught = read_jsonl(self.layout("rl_teacher").distill_dataset)
@@ -337,6 +374,7 @@ class Compare:
                 }
             )
         write_jsonl(layout.distill_dataset, rows)
+        fingerprint.record(layout, self.ctx("dataset_traces", ARM_STAGES["dataset_traces"]).spec, "distill")
         atomic_write_text(layout.stage_done("distill"), "dataset traces\n")
 
     def check_same_questions(self) -> list[dict[str, Any]]:
@@ -371,13 +409,33 @@ class Compare:
             f"{spec.dataset.source} seed {fresh.seed} (unseen in training)",
         )
 
+    def eval_key(self, arm: str, ref: ModelRef, evalset: EvalSet) -> dict[str, Any]:
+        """What an evaluation's numbers depend on: the model (and the student stage that wrote it), the questions,
+        the evaluate settings."""
+        student = None if arm == UNTRAINED else fingerprint.recorded_fields(self.layout(arm), "student")
+        return {
+            "model": ref.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "studentStage": fingerprint.fingerprint_of(student) if student is not None else None,
+            "questions": fingerprint.fingerprint_of([[r.get("row"), r["question"]] for r in evalset.rows]),
+            "evaluate": self.run.spec.stages.evaluate.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+
     def evaluate(self, arm: str, ref: ModelRef, evalset: EvalSet, out: Path) -> EvalReport:
-        """The arm's report on `evalset` in `out`: read when an earlier run wrote it, else evaluated now."""
+        """The arm's report on `evalset` in `out`: read when an earlier run wrote it for the same key, else
+        evaluated now (an outdated report moves aside)."""
+        key = self.eval_key(arm, ref, evalset)
         if (out / REPORT_JSON).exists():
-            return read_report(out)
+            old = json.loads((out / COMPARE_KEY_FILE).read_text()) if (out / COMPARE_KEY_FILE).exists() else key
+            if old == key:
+                return read_report(out)
+            dest = out.parent / REPLACED_DIR / f"{out.name}-{format_time(fmt=STAMP_FORMAT)}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            out.rename(dest)
+            print(f"[compare] {arm}: {out.name} was evaluated for another model or settings; moved to {dest}")
         report = evaluate_model(self.ctx(arm, ("evaluate",)), ref, arm, evalset, out)
         if report is None:
             raise RuntimeError("rlt compare runs in one process; evaluate_model returned no report")
+        atomic_write_json(out / COMPARE_KEY_FILE, key)
         return report
 
     def student_model(self, arm: str) -> ModelRef:
@@ -406,13 +464,15 @@ class Compare:
         from rlt.run.models import load_model, load_tokenizer
 
         started = time.perf_counter()
+        # Refusals first: held-out questions must exist and no finished stage may come from another spec.
+        evalset = self.eval_set()
+        self.check_finished_stages()
         self.teachers()
         self.dataset_traces()
         taught = self.check_same_questions()
         for arm in ARMS:
-            self.stage(arm, "student", ("student",))
+            self.stage(arm, "student")
 
-        evalset = self.eval_set()
         base_ref = self.run.spec.stages.student.model or self.run.spec.student
         taught_set = EvalSet(
             [{"question": r["question"], "solution": r["solution"], "row": r["source_row"]} for r in taught],
@@ -550,11 +610,13 @@ def run_compare(
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
         print(f"metrics: http://127.0.0.1:{metrics.serve(metrics_port)}/metrics", flush=True)
+    lock = lock_run_folder(RunLayout.for_run(output, run.name).root, "rlt compare")  # one command per run folder
     try:
         cmp = Compare(run, output, device, show_progress, metrics)
         report = cmp.run_all()
     finally:
         metrics.shutdown()
+        lock.release()
     print("\n" + render_markdown(report), flush=True)
     print(f"report: {cmp.root / REPORT_MD}", flush=True)
     return report

@@ -157,11 +157,13 @@ def plan_stages(
     restart: set[str] | None = None,
     restart_flag: str = "--from-stage {stage}",
     has_checkpoint=None,
+    restart_hint: str | None = None,
 ) -> list[StagePlan]:
     """What to do with each of `stages` (in run order); raises StaleStageError for the first that must refuse.
 
     `restart`: stages the user asked to start over. `restart_flag` is how the refusal names that option.
-    `has_checkpoint(stage)`: whether a checkpoint to continue from exists (RL's extension needs one)."""
+    `has_checkpoint(stage)`: whether a checkpoint to continue from exists (RL's extension needs one).
+    `restart_hint`: the refusal's advice when the caller has no restart flag (it replaces the flag's sentence)."""
     restart = restart or set()
     fresh: set[str] = set()  # stages whose output is (or will be, in this invocation) from the current spec
     plans: list[StagePlan] = []
@@ -188,7 +190,7 @@ def plan_stages(
                     )
                 )
             else:
-                plans.append(_stale(layout, stage, old, new, fresh, restart_flag, has_checkpoint))
+                plans.append(_stale(layout, stage, old, new, fresh, restart_flag, has_checkpoint, restart_hint))
         fresh.add(stage)
     return plans
 
@@ -201,6 +203,7 @@ def _stale(
     fresh: set[str],
     restart_flag: str,
     has_checkpoint,
+    restart_hint: str | None = None,
 ) -> StagePlan:
     names = changed_fields(old, new)
     upstream = {n.split(".")[1] for n in names if n.startswith("stages.") and n.split(".")[1] != stage}
@@ -219,10 +222,9 @@ def _stale(
         )
     flag = restart_flag.format(stage=stage)
     changes = describe_changes(old, new)
+    advice = restart_hint or f"re-run with {flag} to train it again (its old outputs move to {layout.replaced_dir}/)"
     raise StaleStageError(
-        f"[{stage}] finished under a different spec ({changes}); not reusing it. "
-        f"Restore the old values, or re-run with {flag} to train it again (its old outputs move to "
-        f"{layout.replaced_dir}/)",
+        f"[{stage}] finished under a different spec ({changes}); not reusing it. Restore the old values, or {advice}",
         stage,
         changes,
     )

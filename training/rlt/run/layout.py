@@ -40,6 +40,8 @@ DISTILL_DATASET_FILE = "dataset.jsonl"
 
 # The files of a report folder (an evaluation's eval/ or eval-taught/, `rlt compare`'s compare/, rcl's eval/)
 REPORT_JSON = "report.json"
+COMPARE_KEY_FILE = "compare-key.json"  # what a compare arm's report was evaluated for (model, settings)
+REPLACED_DIR = "replaced"  # outputs moved aside, never deleted
 REPORT_MD = "report.md"
 PER_QUESTION_FILE = "per_question.jsonl"  # an evaluation's graded questions
 ACCURACY_PLOT = "accuracy.png"
@@ -153,7 +155,7 @@ class RunLayout:
     # what spec.outputs pushed, and where
     outputs_record = _Path("outputs.json")
     # stage folders moved aside by a re-run that starts a stage over (never deleted)
-    replaced_dir = _Path("replaced")
+    replaced_dir = _Path(REPLACED_DIR)
     # W&B's and MLflow's local files; one TensorBoard run per stage under tensorboard/
     tracking_dir = _Path("tracking")
     mlflow_dir = _Path("tracking", "mlruns")

@@ -69,7 +69,8 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
                 "r_KL: teacher − student log-prob on the explanation",
                 [("r_kl", "r_KL"), ("kl_mean", "mean Δ"), ("kl_max", "max Δ")],
             ),
-            ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL")]),
+            # GRPO's KL is orders of magnitude below the penalty: its own axis (right), or it draws as a flat zero
+            ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL (right axis)", "right")]),
         ]
         rcl = any("rcl_apg" in r for r in rl)
         if rcl:  # method rcl: its reward has other parts (docs/rcl.md)
@@ -77,15 +78,25 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
                 ("reward (RCL: gain, losses ×degradationPenalty)", [("reward", "R (mean)")]),
                 ("APG and NDR over the step's questions", [("rcl_apg", "APG"), ("rcl_ndr", "NDR")]),
                 ("student accuracy", [("rcl_acc_with", "with guidance"), ("rcl_acc_without", "without")]),
-                ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL")]),
+                ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL (right axis)", "right")]),
             ]
         for ax, (title, series) in zip(axes.flat, panels, strict=False):
             drawn: list[float] = []
-            for key, label in series:
+            right, right_drawn = None, []
+            for key, label, *side in series:
                 ys = [r.get(key) for r in rl]
-                if any(y is not None for y in ys):
+                if not any(y is not None for y in ys):
+                    continue
+                if side:  # a series on a scale of its own
+                    right = right or ax.twinx()
+                    right.plot(steps, ys, marker="s", color="tab:red", label=label)
+                    right.set_ylabel(label.split(" (")[0], fontsize=8, color="tab:red")
+                    right_drawn += [y for y in ys if y is not None]
+                else:
                     ax.plot(steps, ys, marker="o", label=label)
                     drawn += [y for y in ys if y is not None]
+            if right is not None:
+                _tidy(right, right_drawn)
             if title.startswith("reward") and all("reward_std" in r for r in rl):
                 mean = [r["reward"] for r in rl]
                 std = [r["reward_std"] for r in rl]
@@ -102,8 +113,12 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
             _tidy(ax, drawn)
             ax.set_title(title, fontsize=10)
             ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
+            handles, labels = ax.get_legend_handles_labels()
+            if right is not None:
+                more = right.get_legend_handles_labels()
+                handles, labels = handles + more[0], labels + more[1]
+            if handles:
+                ax.legend(handles, labels, fontsize=8)
         for ax in axes[1]:
             ax.set_xlabel("RL step")
         fig.suptitle("RCL reward per step" if rcl else "RLT reward per step")

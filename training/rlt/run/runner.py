@@ -12,6 +12,7 @@ from typing import Any
 
 from rlt.run import fingerprint
 from rlt.run.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.run.lock import lock_run_folder
 from rlt.run.metrics import TRAINER_METRICS_PORT, TrainerMetrics
 from rlt.run.outputs import push_stage_outputs
 from rlt.run.plots import make_plots, read_metrics
@@ -103,10 +104,37 @@ def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
     }
 
 
+def check_lengths(run: RLTRun, stages: list[str]) -> None:
+    """Before any stage trains: every teacher prompt fits the limits of the sft and rl stages about to run, or one
+    DataError lists each limit, the file lines over it and the value to raise it to."""
+    from rlt.data.dataset import DataError
+
+    if not {"sft", "rl"} & set(stages):
+        return
+    from rlt.stages.prompt_lengths import check_prompt_lengths
+
+    problems, _ = check_prompt_lengths(run.spec)
+    mine = [p for p in problems if any(p.startswith(f"spec.stages.{s}.") for s in stages)]
+    if mine and run.spec.dataset.bad_rows == "reject":
+        raise DataError("; ".join(mine) + " (or set spec.dataset.badRows: skip to leave those rows out)")
+    for p in mine:
+        print(f"data: badRows: skip leaves out rows where {p}", flush=True)
+
+
+def name_the_accelerator() -> None:
+    """Before anything imports DeepSpeed: on a machine without CUDA, say `cpu` rather than let DeepSpeed detect it
+    and warn "Setting accelerator to CPU" (into the progress bars)."""
+    import torch
+
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def quiet_libraries() -> None:
     """Our progress bars tell the story; silence per-file loading bars and known deprecation noise."""
     import warnings
 
+    name_the_accelerator()
     import datasets
     import transformers
 
@@ -128,6 +156,7 @@ def run_local(
     from_stage: str | None = None,
     port_fallback: bool = False,
 ) -> dict[str, Any]:
+    name_the_accelerator()
     layout = RunLayout.for_run(output, run.name)
     stages = only or run.spec.stages.enabled()
     order = list(STAGE_ORDER)
@@ -142,13 +171,18 @@ def run_local(
         has_checkpoint=layout.has_complete_checkpoint,
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
+    check_lengths(run, [p.stage for p in plans if p.action != "skip"])
+    lock = lock_run_folder(layout.root, "rlt run")  # before the first write: a second run of this file is refused
     quiet_libraries()
-    layout.root.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(layout.run_file, dump_run(run))
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
-    if metrics_port is not None:
-        port = serve_metrics(metrics, metrics_port, port_fallback)
-        print(f"metrics: http://127.0.0.1:{port}/metrics", flush=True)
+    try:
+        atomic_write_text(layout.run_file, dump_run(run))
+        if metrics_port is not None:
+            port = serve_metrics(metrics, metrics_port, port_fallback)
+            print(f"metrics: http://127.0.0.1:{port}/metrics", flush=True)
+    except BaseException:
+        lock.release()
+        raise
     ctx = StageContext(run, layout, metrics, device, show_progress)
     info: dict[str, Any] = {}
     started = time.perf_counter()
@@ -188,6 +222,7 @@ def run_local(
         return summary
     finally:
         metrics.shutdown()
+        lock.release()
 
 
 def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:

@@ -57,6 +57,9 @@ class ColumnMapping(Strict):
     reasoning_trace: str | None = Field(
         "reasoning_trace", description="Column holding a worked reasoning trace (optional; null for none)."
     )
+    conversations: str = Field(
+        "conversations", description="layout=conversations: column holding the chat turns (e.g. messages)."
+    )
 
 
 class DatasetSpec(Strict):
@@ -73,7 +76,10 @@ class DatasetSpec(Strict):
         description="columns: one column per field (see columns). conversations: a Bespoke-Stratos style "
         "`conversations` list (user turn = question, assistant turn = thought + solution in the student tags).",
     )
-    columns: ColumnMapping = Field(default_factory=ColumnMapping, description="Column mapping (layout=columns).")
+    columns: ColumnMapping = Field(
+        default_factory=ColumnMapping,
+        description="Column mapping (layout=columns; layout=conversations reads only columns.conversations).",
+    )
     limit: int | None = Field(None, gt=0, description="Use at most this many rows (after bad-row handling).")
     bad_rows: Literal["reject", "skip"] = Field(
         "reject", description="reject: fail on the first bad row, naming it; skip: drop bad rows and report each."

@@ -190,3 +190,45 @@ def dump_run(run: RLTRun) -> str:
     """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
     text: str = yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
     return text
+
+
+_DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+def _relative_local(value: str | None, base: Path, looks_local: bool) -> str | None:
+    """`value` as a path from `base` when it is a relative local path that means something else from the working
+    directory; None when it is kept as written."""
+    if not value or value.startswith(("builtin:", "/", "~")) or "://" in value:
+        return None
+    if not (looks_local or value.startswith(("./", "../")) or (base / value).exists()):
+        return None  # a hub id (org/name) or a name: not a path
+    resolved = (base / value).resolve()
+    return None if resolved == Path(value).resolve() else str(resolved)
+
+
+def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
+    """Relative local paths of a run file (datasets, a format file, local models) taken from the file's folder
+    `base`, as `rlt run`/`validate`/`compare` on this machine read them; unchanged when the working directory is
+    that folder (so earlier runs' fingerprints stay valid). Not for pods: there they are paths in the container."""
+    base = Path(base)
+    doc = run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec = doc["spec"]
+    targets: list[tuple[dict[str, Any], str, bool]] = [(spec["dataset"], "source", True)]
+    stages = spec.get("stages") or {}
+    if isinstance((stages.get("evaluate") or {}).get("dataset"), dict):
+        targets.append((stages["evaluate"]["dataset"], "source", True))
+    if "file" in (spec.get("format") or {}):
+        targets.append((spec["format"], "file", True))
+    for holder in (spec.get("teacher"), spec.get("student"), (stages.get("student") or {}).get("model")):
+        if isinstance(holder, dict):
+            targets.append((holder, "model", False))
+    if isinstance((stages.get("evaluate") or {}).get("model"), dict):
+        targets.append((stages["evaluate"]["model"], "model", False))
+    changed = False
+    for holder, key, is_file in targets:
+        value = holder.get(key)
+        new = _relative_local(value, base, is_file and (key == "file" or str(value).endswith(_DATA_SUFFIXES)))
+        if new is not None:
+            holder[key] = new
+            changed = True
+    return parse_run(doc, run.name) if changed else run

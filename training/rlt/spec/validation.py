@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from rlt.spec.k8s import RunName
-from rlt.spec.loading import SpecError, parse_spec, read_runs
+from rlt.spec.loading import SpecError, parse_spec, read_runs, resolve_local_paths
 from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
 from rlt.spec.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
@@ -115,17 +115,20 @@ def run_problems(run: RLTRun, local_files: bool = True) -> list[str]:
     return spec_problems(run.spec, run.name, local_files)
 
 
-def load_valid_runs(path: str | Path) -> list[RLTRun]:
-    """`rlt validate`, `rlt run` and `rlt stage`: every RLTRun of a file, fully checked."""
+def load_valid_runs(path: str | Path, paths_from_file: bool = False) -> list[RLTRun]:
+    """`rlt validate`, `rlt run` and `rlt stage`: every RLTRun of a file, fully checked. `paths_from_file`: the
+    commands that run on the user's machine read relative local paths from the file's folder."""
     runs = read_runs(path)
+    if paths_from_file:
+        runs = [resolve_local_paths(run, Path(path).parent) for run in runs]
     problems = [p for run in runs for p in run_problems(run)]
     if problems:
         raise SpecError(str(path), problems)
     return runs
 
 
-def load_valid_run(path: str | Path) -> RLTRun:
-    runs = load_valid_runs(path)
+def load_valid_run(path: str | Path, paths_from_file: bool = False) -> RLTRun:
+    runs = load_valid_runs(path, paths_from_file)
     if len(runs) != 1:
         raise SpecError(str(path), [f"<root>: expected one RLTRun, found {len(runs)}"])
     return runs[0]

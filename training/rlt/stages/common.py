@@ -383,7 +383,7 @@ def shard_rows(ctx: StageContext, stage: str, rows: list) -> tuple[int, int, lis
     rank, world = join_process_group(ctx.compute_device)
     announce_world(stage)
     share = my_share(rows, rank, world)
-    say_line(f"rlt-shard stage={stage} rank={rank} rows={','.join(str(i) for i, _ in share)}")
+    trace_line(f"rlt-shard stage={stage} rank={rank} rows={','.join(str(i) for i, _ in share)}")
     return rank, world, share
 
 
@@ -425,11 +425,19 @@ def announce_world(stage: str) -> None:
         rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     else:  # a stage whose ranks share no process group (distill): the launcher's numbers
         rank, world, backend = int(os.environ.get("RANK", "0")), world_size(), "none"
-    say_line(
+    trace_line(
         f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
         f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "
         f"local_rank={os.environ.get('LOCAL_RANK', '0')} pid={os.getpid()}"
     )
+
+
+def trace_line(text: str) -> None:
+    """A line for the logs of a pod or a multi-process run (which world, which rows), read by people debugging and by
+    the multi-process tests; a single local `rlt run` keeps its terminal for the progress bars (RLT_TRACE=1 shows
+    them there too)."""
+    if os.environ.get("RLT_STAGE") or world_size() > 1 or os.environ.get("RLT_TRACE") == "1":
+        say_line(text)
 
 
 def say_line(text: str) -> None:

@@ -420,6 +420,17 @@ def markdown_table(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def error_bars(reports: list[dict[str, Any]]) -> tuple[list[list[float]], str]:
+    """The bars' error bars and what they are: the 95 % Wilson intervals when every report has one (`rlt compare`'s
+    table gives them), else ± one standard error."""
+    if reports and all(r.get("ci95") for r in reports):
+        lower = [r["accuracy"] - r["ci95"][0] for r in reports]
+        upper = [r["ci95"][1] - r["accuracy"] for r in reports]
+        return [lower, upper], "error bars: 95 % Wilson interval"
+    se = [r.get("stderr") or 0.0 for r in reports]
+    return [se, se], "error bars: ± 1 standard error"
+
+
 def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path:
     import matplotlib
 
@@ -428,12 +439,12 @@ def plot_accuracy(reports: list[dict[str, Any]], path: Path, title: str) -> Path
 
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(reports) + 2), 4))
     xs = range(len(reports))
-    ax.bar(
-        xs, [r["accuracy"] for r in reports], yerr=[r.get("stderr") or 0 for r in reports], capsize=4, color="tab:blue"
-    )
+    yerr, what = error_bars(reports)
+    ax.bar(xs, [r["accuracy"] for r in reports], yerr=yerr, capsize=4, color="tab:blue")
     ax.set_xticks(list(xs), [r["model"] for r in reports])
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass@1 (mean over questions)")
+    ax.set_xlabel(what, fontsize=8)
     ax.set_title(title, fontsize=10)
     for x, r in zip(xs, reports, strict=True):
         ax.text(x, r["accuracy"] + 0.02, f"{r['accuracy']:.2f}", ha="center", fontsize=9)

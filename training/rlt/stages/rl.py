@@ -18,7 +18,7 @@ from rlt.method.prompts import Formatter
 from rlt.method.reward import reward_from_spec
 from rlt.run.models import load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, say_line, trainer_options
+from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, trace_line, trainer_options
 from rlt.stages.context import StageContext
 
 log = logging.getLogger(__name__)
@@ -29,13 +29,19 @@ def teacher_start(ctx: StageContext) -> ModelRef:
     return newest_teacher(ctx, "rl")[0]
 
 
-def rl_rows(rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str) -> list[dict[str, str]]:
+def rl_rows(
+    rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str, where=lambda i: f"row {i}"
+) -> list[dict[str, str]]:
+    """`where(row)` names a row as the user's file does ('line N', LoadedData.where)."""
     out, skipped = [], []
     for r in rows:
         prompt = formatter.teacher_prompt(tokenizer, r["question"], r["solution"])
         n = len(tokenizer(prompt, add_special_tokens=False).input_ids)
         if n > max_prompt_tokens:
-            msg = f"row {r['row']}: teacher prompt is {n} tokens, over stages.rl.maxPromptLength={max_prompt_tokens}"
+            msg = (
+                f"{where(r['row'])}: teacher prompt is {n} tokens, over spec.stages.rl.maxPromptLength="
+                f"{max_prompt_tokens} (raise it, or set spec.dataset.badRows: skip)"
+            )
             if bad_rows == "reject":
                 raise DataError(msg)
             skipped.append(msg)
@@ -83,7 +89,7 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
     def rollout(prompts, trainer):
         # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
         drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
-        say_line(
+        trace_line(
             f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
             f"prompts={','.join(drawn)}"
         )
@@ -263,7 +269,7 @@ def run_rl(ctx: StageContext) -> str:
     start = teacher_start(ctx)
     tokenizer = load_tokenizer(start, padding_side="left")
     data = load_data(spec.dataset, formatter.fmt)
-    rows = rl_rows(data.train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows)
+    rows = rl_rows(data.train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows, data.where)
 
     student = load_model(spec.student, device)
     student_tok = load_tokenizer(spec.student, padding_side="right")

@@ -21,29 +21,41 @@ def teacher_prompt_ids(formatter: Formatter, tokenizer, question: str, solution:
     return tokenizer(formatter.teacher_prompt(tokenizer, question, solution), add_special_tokens=False).input_ids
 
 
-def sft_rows(rows, formatter: Formatter, tokenizer, bad_rows: str) -> list[dict[str, list[int]]]:
+def sft_rows(
+    rows, formatter: Formatter, tokenizer, bad_rows: str, max_length: int | None = None, where=lambda i: f"row {i}"
+) -> list[dict[str, list[int]]]:
     """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed.
 
     Tokenised here, prompt and completion apart, and handed to TRL as ids: the prompt is then the very token sequence
     the rl and distill stages sample after (`teacher_prompt_ids`). Tokenising prompt + completion as one text would
     merge the tag with a trace that starts with, say, "=" or "." (SmolLM2: `>=`), so SFT would train on a context
-    the policy never sees."""
+    the policy never sees. A row whose prompt fills `max_length` (TRL keeps its first max_length tokens) has no
+    explanation token left: a bad row, named by `where(row)` ('line N'), not one TRL drops in silence."""
     out, skipped = [], []
     for r in rows:
         if not r.get("reasoning_trace"):
-            msg = f"row {r['row']}: reasoning_trace is missing; stage sft learns explanations from it"
+            msg = f"{where(r['row'])}: reasoning_trace is missing; stage sft learns explanations from it"
             if bad_rows == "reject":
                 hint = ", or set badRows: skip" if any(x.get("reasoning_trace") for x in rows) else ""
                 raise DataError(msg + f" (map spec.dataset.columns.reasoningTrace, disable stages.sft{hint})")
             skipped.append(msg)
             continue
         prompt = teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"])
+        if max_length is not None and len(prompt) >= max_length:
+            msg = (
+                f"{where(r['row'])}: teacher prompt is {len(prompt)} tokens, at or over spec.stages.sft.maxLength="
+                f"{max_length}, so no explanation token is left to learn (raise it)"
+            )
+            if bad_rows == "reject":
+                raise DataError(msg)
+            skipped.append(msg)
+            continue
         completion = tokenizer(
             formatter.teacher_completion(r["reasoning_trace"], tokenizer.eos_token), add_special_tokens=False
         ).input_ids
         out.append({"input_ids": prompt + completion, "completion_mask": [0] * len(prompt) + [1] * len(completion)})
     if not out:
-        raise DataError("stage sft: no row has a reasoning_trace")
+        raise DataError("stage sft: no usable rows" + (f" (first {skipped[0]})" if skipped else ""))
     if skipped:  # once per stage, not once per row
         log.warning("stage sft: skipping %d of %d rows (badRows: skip), first %s", len(skipped), len(rows), skipped[0])
     return out
@@ -92,4 +104,5 @@ def run_sft(ctx: StageContext) -> str:
     formatter = ctx.formatter
     tokenizer = load_tokenizer(spec.teacher, padding_side="right")
     data = load_data(spec.dataset, formatter.fmt)
-    return train_sft(ctx, device, sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows), tokenizer)
+    rows = sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows, spec.stages.sft.max_length, data.where)
+    return train_sft(ctx, device, rows, tokenizer)

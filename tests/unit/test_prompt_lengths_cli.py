@@ -1,0 +1,76 @@
+"""Teacher prompts longer than a stage's token limit: `rlt validate` names the file lines and the field to raise, and
+`rlt run` stops with the same before any training (never TRL's `num_samples=0` traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+from suite_helpers import tiny_doc
+
+from rlt.run.exitcodes import ExitCode
+
+LONG = "Count the apples in this long story. " + "There was one more apple on the table. " * 40
+
+
+def write_run(tmp_path, rows):
+    data = tmp_path / "word.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = tiny_doc()
+    doc["spec"]["dataset"] = {"source": str(data)}
+    doc["spec"]["stages"]["sft"]["maxLength"] = 256
+    doc["spec"]["stages"]["rl"]["maxPromptLength"] = 256
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def rlt(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "rlt.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
+
+
+def test_validate_names_the_lines_and_the_field_to_raise(tmp_path):
+    short = {"question": "What is 2 + 2?", "reasoning_trace": "add", "solution": "4"}
+    long = {"question": LONG, "reasoning_trace": "count them", "solution": "41"}
+    path = write_run(tmp_path, [short, long, short, long])
+    res = rlt("validate", str(path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    sft = next(line for line in lines if "spec.stages.sft.maxLength=256" in line)
+    rl = next(line for line in lines if "spec.stages.rl.maxPromptLength=256" in line)
+    for line in (sft, rl):
+        assert "2 of 4 rows have a longer teacher prompt" in line and ": line 2, line 4;" in line, line
+    assert "raise spec.stages.rl.maxPromptLength to at least" in rl
+    need = int(rl.rsplit("at least ", 1)[1])
+    assert need > 256
+    # raising the limits as told makes the file valid
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["stages"]["rl"]["maxPromptLength"] = need
+    doc["spec"]["stages"]["sft"]["maxLength"] = int(sft.rsplit("at least ", 1)[1])
+    path.write_text(yaml.safe_dump(doc))
+    res = rlt("validate", str(path))
+    assert res.returncode == 0, res.stderr
+
+
+def test_run_stops_before_training_naming_the_lines(tmp_path):
+    long = {"question": LONG, "reasoning_trace": "count them", "solution": "41"}
+    path = write_run(tmp_path, [long] * 4)
+    res = rlt("run", str(path), "--output", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
+    assert res.returncode == ExitCode.DATA_ERROR, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "num_samples" not in res.stderr
+    assert "spec.stages.sft.maxLength=256" in res.stderr and "line 1, line 2, line 3, line 4" in res.stderr
+    assert "[sft] starting" not in res.stdout
+
+
+def test_validate_prints_no_library_deprecation_noise():
+    """Checking trainerArgs builds TRL configs; transformers' FutureWarning about its own fields is not the user's."""
+    from suite_helpers import EXAMPLES
+
+    res = rlt("validate", str(EXAMPLES / "rltrun-lora-tracked.yaml"))
+    assert res.returncode == 0, res.stderr
+    assert "Warning" not in res.stderr and "warnings.warn" not in res.stderr, res.stderr
