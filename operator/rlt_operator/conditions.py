@@ -9,6 +9,8 @@ from typing import Any
 VOLUME_ATTACH_WAIT = 180.0
 # A deleted pod still there this long after its deletionTimestamp (= deletion + grace period) is stuck Terminating.
 STUCK_TERMINATING_AFTER = 120.0
+# ReadWriteOnce runs: a trainer pod unschedulable this long beside its generators releases the gang (gang.py).
+RWO_PLACEMENT_SECONDS = 600.0
 
 
 def fmt_time(t: dt.datetime) -> str:
