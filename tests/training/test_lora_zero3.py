@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from suite_helpers import ROOT, tiny_doc
+from suite_helpers import ROOT, kill_gang, tiny_doc
 
 from rlt.run.layout import RunLayout
 from rlt.spec.validation import validate_spec
@@ -74,7 +73,7 @@ def run_stage(stage: str, tmp_path: Path, timeout: float = 240) -> str:
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_gang(proc, log)
         raise AssertionError(f"stage {stage} hung ({timeout} s):\n{log.read_text()[-3000:]}") from None
     text = log.read_text()
     assert code == 0, text[-4000:]
