@@ -49,3 +49,21 @@ def tiny_doc() -> dict:
     import yaml
 
     return yaml.safe_load(TINY.read_text())
+
+
+def kill_gang(proc, log) -> None:
+    """A launched gang gone for good: the launcher's process group (started with start_new_session) and every
+    rank its log named (`rlt-world ... pid=N`; torchrun starts its workers in sessions of their own)."""
+    import os
+    import re
+    import signal
+
+    for pid in re.findall(r"rlt-world stage=\w+ rank=\d+ .* pid=(\d+)", Path(log).read_text()):
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -12,6 +12,8 @@ from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
 VOLUME_ATTACH_WAIT = 180.0
 # A deleted pod still there this long after its deletionTimestamp (= deletion + grace period) is stuck Terminating.
 STUCK_TERMINATING_AFTER = 120.0
+# ReadWriteOnce runs: a trainer pod unschedulable this long beside its generators releases the gang (gang.py).
+RWO_PLACEMENT_SECONDS = 600.0
 
 
 def set_condition(

@@ -6,9 +6,10 @@ import datetime as dt
 from typing import Any
 
 from rlt.run.exitcodes import DISRUPTION, FAIL_FAST, ExitCode
+from rlt.run.layout import parse_time
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
-from rlt_operator.conditions import has_condition, set_condition
+from rlt_operator.conditions import RWO_PLACEMENT_SECONDS, has_condition, set_condition
 from rlt_operator.observed import (
     condition_true,
     job_failure,
@@ -41,10 +42,20 @@ def trainer_shape(spec: RLTRunSpec, stage: str, run_status: RLTRunStatus, now: d
 
 
 def gang_failure(
-    job: dict[str, Any] | None, job_name: str, pods: list[dict[str, Any]], stage: str, restarts: int
+    job: dict[str, Any] | None,
+    job_name: str,
+    pods: list[dict[str, Any]],
+    stage: str,
+    restarts: int,
+    now: dt.datetime | None = None,
+    one_node: bool = False,
 ) -> tuple[str | None, str | None, bool]:
     """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
-    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only."""
+    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only.
+
+    `one_node` (a ReadWriteOnce volume with generators: every pod of the run on the generators' node): a trainer
+    pod unschedulable for RWO_PLACEMENT_SECONDS releases the gang (uncounted), so the generators never hold
+    their GPUs for good while the trainer cannot join them."""
     gang = [
         p
         for p in pods
@@ -67,6 +78,18 @@ def gang_failure(
         return f"trainer Job {job_name}: {failure}", None, False
     for pod in gang:
         role = pod["labels"].get(builders.L_ROLE)
+        problem = pod.get("problem") or {}
+        since = parse_time(problem.get("since")) if problem.get("kind") == "Unschedulable" else None
+        if one_node and now and since and role == builders.ROLE_TRAINER:
+            waited = (now - since).total_seconds()
+            if waited >= RWO_PLACEMENT_SECONDS:
+                return (
+                    f"trainer pod {pod['name']} unschedulable for {int(waited // 60)} min beside the generators "
+                    f"(ReadWriteOnce volume: one node for the whole run; {problem.get('message')}): generators "
+                    "and trainer released to be placed again together",
+                    None,
+                    True,
+                )
         if pod.get("phase") == "Failed":
             why = (pod.get("problem") or {}).get("reason") or (
                 f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""

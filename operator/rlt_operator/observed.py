@@ -112,6 +112,7 @@ def pod_problem(status: dict[str, Any], containers: list[dict[str, Any]]) -> dic
                 "kind": "Unschedulable",
                 "reason": c.get("reason") or "Unschedulable",
                 "message": c.get("message") or "no node fits the pod",
+                "since": c.get("lastTransitionTime"),
             }
     for c in containers:
         waiting = (c.get("state") or {}).get("waiting") or {}

@@ -287,7 +287,8 @@ def decide(
 
     # A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
     # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
-    failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts)
+    one_node = spec.storage.access_mode == "ReadWriteOnce" and gens_needed
+    failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts, now, one_node)
     if fatal:
         _fail(
             run_status,

@@ -1,5 +1,5 @@
 """The CPU flavour of the trainer and generator images runs the exact containers the operator renders: command,
-env, uid/gid, the run's ConfigMap on /etc/rlt and a host folder as the PVC on /data. Built by hack/images.py
+env (the run's spec in RLT_RUN_YAML), uid/gid and a host folder as the PVC on /data. Built by hack/images.py
 (cached by inputs); run under `make images-test`."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from image_helpers import images
 from suite_helpers import free_port
 
-from rlt.run.layout import CONFIG_FILE, CONFIG_MOUNT, PVC_MOUNT, RunLayout
+from rlt.run.layout import PVC_MOUNT, RunLayout
 from rlt_operator import builders as b
 
 # a first build on 2 shared cores takes tens of minutes
@@ -55,12 +55,9 @@ def remap_port(command: list[str], port: int) -> list[str]:
 
 
 def mounts(tiny_run, tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    ref = b.RunRef(name=tiny_run.metadata.name, namespace="default", uid="u")
-    config, data = tmp_path / "config", tmp_path / "data"
-    config.mkdir()
+    data = tmp_path / "data"  # the spec comes in the container's env (RLT_RUN_YAML), no ConfigMap volume
     data.mkdir()
-    (config / CONFIG_FILE).write_text(b.configmap(ref, tiny_run.spec)["data"][CONFIG_FILE])
-    return data, {str(config): CONFIG_MOUNT, str(data): PVC_MOUNT}
+    return data, {str(data): PVC_MOUNT}
 
 
 def chown_for(pod: dict, *paths: Path) -> None:

@@ -67,8 +67,10 @@ def test_settings_parse_every_variable_and_name_a_bad_one():
         "RLT_OPERATOR_METRICS_ADDR": "127.0.0.1",
         "RLT_OPERATOR_HEALTH_PORT": "0",
         "RLT_PROGRESS_URL": "http://x/{job}",
+        "RLT_PROMETHEUS_NAMESPACES": " monitoring, ,mon-b",
     }
     got = OperatorSettings.from_env(env)
+    assert got.scrapers == ("monitoring", "mon-b")
     assert (got.resync_seconds, got.progress_interval, got.debounce_seconds, got.watch_server_timeout) == (
         2.0,
         0.5,

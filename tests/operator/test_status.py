@@ -473,6 +473,47 @@ def test_unschedulable_trainer_is_not_running_and_is_reported_once():
     assert "reason" not in fine.status
 
 
+def test_a_readwriteonce_trainer_that_cannot_join_its_generators_releases_them_after_a_timeout():
+    """RWO: every pod of the run goes to the generators' node. A trainer pod unschedulable there does not keep the
+    generators' GPUs for good: after 10 min both are deleted (an uncounted gang restart that says why) and placed
+    again together; before that, and with a ReadWriteMany volume, the run keeps waiting."""
+    rwo = spec(server=True, sft=False, backoffLimit=0)
+    rwx = spec(server=True, sft=False, backoffLimit=0, storage={"accessMode": "ReadWriteMany"})
+
+    def pending_for(minutes):
+        body = pod_body(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            phase="Pending",
+            conditions=[
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) didn't match pod "
+                    "affinity rules.",
+                    "lastTransitionTime": format_time(NOW - dt.timedelta(minutes=minutes)),
+                }
+            ],
+        )
+        return summarize("pods", body)
+
+    def decide(sp, minutes):
+        obs = observed(sp, [job("rl", active=1)], [sts("rl")], [pending_for(minutes)])
+        return S.decide(REF, 1, sp, running("rl"), obs, NOW)
+
+    waiting = decide(rwo, 5)
+    assert waiting.status["restarts"] == 0 and not any(a.verb == "delete" for a in waiting.actions)
+    released = decide(rwo, 11)
+    assert released.status["phase"] == "Running"
+    assert (released.status["restarts"], released.status["disruptions"]) == (1, 1)
+    assert {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator")} <= acts(released)
+    assert "unschedulable for 11 min beside the generators (ReadWriteOnce" in released.status["lastFailure"]
+    assert any(e[1] == "GangRestart" and "not counted" in e[2] for e in released.events)
+    assert decide(rwx, 60).status["restarts"] == 0  # pods of an RWX run may go to any node: nothing to release
+
+
 def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
     sp = spec(server=True, sft=False)
     pods = [summarize("pods", IMAGE_PULL)]

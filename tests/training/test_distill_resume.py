@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from suite_helpers import ROOT, tiny_doc
+from suite_helpers import ROOT, kill_gang, tiny_doc
 
 from rlt.method import generation
 from rlt.run.fingerprint import stage_fingerprint
@@ -77,7 +77,9 @@ def test_a_distill_rank_killed_half_way_resumes_with_every_row_exactly_once(tmp_
     deadline = time.monotonic() + 600
     while len(indices(folder / "rank-1.jsonl")) < 2:
         assert proc.poll() is None, log1.read_text()[-4000:]
-        assert time.monotonic() < deadline, log1.read_text()[-4000:]
+        if time.monotonic() > deadline:
+            kill_gang(proc, log1)
+            raise AssertionError(log1.read_text()[-4000:])
         time.sleep(0.05)
     pids = dict(re.findall(r"rlt-world stage=distill rank=(\d+) .* pid=(\d+)", log1.read_text()))
     os.kill(int(pids["1"]), signal.SIGKILL)  # a lost rank: no chance to save anything
@@ -94,7 +96,11 @@ def test_a_distill_rank_killed_half_way_resumes_with_every_row_exactly_once(tmp_
 
     log2 = tmp_path / "attempt2.log"
     proc = start(tmp_path, log2)
-    assert proc.wait(timeout=600) == 0, log2.read_text()[-4000:]
+    try:
+        assert proc.wait(timeout=600) == 0, log2.read_text()[-4000:]
+    except subprocess.TimeoutExpired:
+        kill_gang(proc, log2)
+        raise
     text2 = log2.read_text()
     shares = {
         int(r): {int(i) for i in rows.split(",") if i}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import ROOT, tiny_doc
+from suite_helpers import ROOT, kill_gang, tiny_doc
 
 from rlt.run.exitcodes import ExitCode
 from rlt.run.layout import RunLayout
@@ -74,7 +74,7 @@ def wait(predicate, what: str, proc: subprocess.Popen, log: Path, timeout: float
         if proc.poll() is not None:
             raise AssertionError(f"exited {proc.returncode} before {what}:\n{log.read_text()[-4000:]}")
         time.sleep(0.05)
-    proc.kill()
+    kill_gang(proc, log)
     raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
 
 
@@ -82,7 +82,7 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = 120) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_gang(proc, log)
         raise AssertionError(
             f"did not exit {timeout} s after SIGTERM (a rank waiting on another?):\n{log.read_text()[-4000:]}"
         ) from None
@@ -103,7 +103,7 @@ def resume_and_check(cmd: list[str], layout: RunLayout, tmp_path: Path, stopped_
     """The restart resumes at the stop's checkpoint and trains to the end: the lost completed steps are 0."""
     log = tmp_path / "resume.log"
     proc = start(cmd, log, tmp_path, **more)
-    assert finish(proc, log, 900) == 0, log.read_text()[-4000:]
+    assert finish(proc, log, 900) == 0, log.read_text()[-4000:]  # kills the gang when it hangs
     text = log.read_text()
     first = min(int(s) for s in re.findall(r"rlt-shard stage=rl rank=0 step=(\d+) ", text))
     assert first == stopped_at, f"resumed at step {first}, the stop saved step {stopped_at}"

@@ -347,11 +347,28 @@ def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, d
 
             from rlt.run.models import load_model
 
-            merged = PeftModel.from_pretrained(load_model(start, device), str(adapter)).merge_and_unload()
-            merged.save_pretrained(str(out))
+            with outside_zero3(trainer):
+                merged = PeftModel.from_pretrained(load_model(start, device), str(adapter)).merge_and_unload()
+                merged.save_pretrained(str(out))
     if ctx.is_main:
         tokenizer.save_pretrained(str(out))
     return str(out)
+
+
+@contextmanager
+def outside_zero3(trainer):
+    """While rank 0 alone loads the base model to merge the adapter: transformers must not see the Trainer's
+    ZeRO-3 config, or `from_pretrained` builds the model inside `deepspeed.zero.Init`, whose collectives wait
+    for the other ranks (already in their exit barrier) forever. The config is set again afterwards."""
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    live = getattr(trainer.args, "hf_deepspeed_config", None)
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if live is not None:
+            set_hf_deepspeed_config(live)
 
 
 def join_process_group(device: str) -> tuple[int, int]:

@@ -1,0 +1,91 @@
+"""LoRA under ZeRO-3 on more than one rank finishes: the operator's rendered 2-GPU trainer command (`rlt launch` →
+accelerate launch → torchrun → 2 DeepSpeed ZeRO-3 ranks over gloo) with `teacher.lora` set runs sft and then rl to
+the end and leaves each stage's merged model. Rank 0 alone loads the base model to merge the adapter; inside the
+live ZeRO-3 config that load waits in `zero.Init` for ranks that are already in their exit barrier."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from suite_helpers import ROOT, kill_gang, tiny_doc
+
+from rlt.run.layout import RunLayout
+from rlt.spec.validation import validate_spec
+from rlt_operator import builders
+
+pytestmark = pytest.mark.slow
+
+
+def lora_zero3_spec():
+    doc = tiny_doc()
+    doc["metadata"]["name"] = "lz3"
+    doc["spec"]["teacher"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0, "targetModules": ["all-linear"]}
+    st = doc["spec"]["stages"]
+    st["sft"].update(maxSteps=1, deepspeedZeroStage=3)
+    st["rl"].update(
+        steps=1,
+        saveSteps=100,
+        batchSize=4,
+        perDeviceBatchSize=2,
+        numGenerations=2,
+        maxCompletionLength=8,
+        deepspeedZeroStage=3,
+    )
+    st["distill"] = {"enabled": False}
+    doc["spec"]["dataset"]["size"] = 16
+    doc["spec"]["resources"] = {"trainer": {"gpus": 2}}
+    return validate_spec(doc["spec"], name="lz3")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_stage(stage: str, tmp_path: Path, timeout: float = 240) -> str:
+    job = builders.trainer_job(builders.RunRef("lz3", "default", "u"), lora_zero3_spec(), stage, 0)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    literal = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cmd = [re.sub(r"\$\((\w+)\)", lambda m: vars_[m.group(1)], a) for a in container["command"]]
+    cmd = [a.replace(builders.PVC_MOUNT, str(tmp_path / "pvc")) for a in cmd]
+    assert "--zero_stage" in cmd and cmd[cmd.index("--zero_stage") + 1] == "3", cmd
+    cmd[0] = str(Path(sys.executable).parent / "rlt")
+    env = {
+        **os.environ,
+        "RLT_RUN_YAML": literal["RLT_RUN_YAML"],
+        "PYTHONPATH": f"{ROOT / 'training'}:{ROOT / 'operator'}",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "RLT_METRICS_PORT": "-1",
+    }
+    log = tmp_path / f"{stage}.log"
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_gang(proc, log)
+        raise AssertionError(f"stage {stage} hung ({timeout} s):\n{log.read_text()[-3000:]}") from None
+    text = log.read_text()
+    assert code == 0, text[-4000:]
+    return text
+
+
+def test_lora_with_zero3_on_two_ranks_runs_sft_and_rl_to_the_merged_model(tmp_path):
+    layout = RunLayout.for_run(tmp_path / "pvc", "lz3")
+    for stage in ("sft", "rl"):
+        text = run_stage(stage, tmp_path)
+        assert re.search(rf"rlt-world stage={stage} rank=1 world_size=2", text), text[-2000:]
+        assert (layout.stage_dir(stage) / "adapter" / "adapter_config.json").exists()
+        assert (layout.model_dir(stage) / "config.json").exists(), "the merged model"
+        assert not (layout.model_dir(stage) / "adapter_config.json").exists(), "a plain model, not an adapter"
+        assert layout.stage_done(stage).exists()
