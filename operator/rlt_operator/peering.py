@@ -82,7 +82,7 @@ def render_chart_crds() -> str:
         "# In crds/ so that Helm installs them before the peering object of templates/peering.yaml; Helm never\n"
         "# upgrades nor deletes them, and other Kopf operators may share them.\n"
     )
-    return head + "".join("---\n" + yaml.safe_dump(c, sort_keys=False) for c in crds())
+    return head + "---\n".join(yaml.safe_dump(c, sort_keys=False) for c in crds())
 
 
 def write_chart_crds(path: Path = CHART_CRDS) -> Path:
