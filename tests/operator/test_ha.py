@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import yaml
 from op_harness import example, poll_until
 
 from rlt_operator.kinds import CLUSTER_PEERING
+from rlt_operator.peering import auto_priority
 from rlt_sandbox.sandbox import kubeconfig
 
 pytestmark = pytest.mark.timeout(150)
@@ -70,12 +72,28 @@ async def peers(harness: Any) -> dict[str, Any]:
     return obj.get("status") or {}
 
 
+async def create_peering(harness: Any) -> None:
+    """What the chart creates (templates/peering.yaml): the ClusterKopfPeering both replicas share."""
+    body = {"apiVersion": CLUSTER_PEERING.api_version, "kind": CLUSTER_PEERING.kind, "metadata": {"name": PEERING}}
+    await harness.call("POST", PEERINGS, body)
+
+
+def peering_verbs(requests: list[Any]) -> set[str]:
+    """The RBAC verbs of the operators' requests on the peering kind."""
+    verbs = set()
+    for r in requests:
+        if sender(r) and CLUSTER_PEERING.plural in r.url.path:
+            method = str(r.method.value)
+            named = r.url.path.rstrip("/").endswith(f"/{PEERING}")
+            if method == "GET":
+                verbs.add("watch" if r.params.get("watch") == "true" else "get" if named else "list")
+            else:
+                verbs.add({"PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[method])
+    return verbs
+
+
 async def test_standby_takes_over_after_sigkill(harness, tmp_path):
-    await harness.call(
-        "POST",
-        PEERINGS,
-        {"apiVersion": CLUSTER_PEERING.api_version, "kind": CLUSTER_PEERING.kind, "metadata": {"name": PEERING}},
-    )
+    await create_peering(harness)
     procs: dict[str, asyncio.subprocess.Process] = {}
     logs = []
     marks: list[tuple[str, int]] = []  # (event, index into the request log)
@@ -163,3 +181,65 @@ async def test_standby_takes_over_after_sigkill(harness, tmp_path):
     status = [(i, who) for i, who, method, path in ops if path.endswith("/rltruns/tiny/status")]
     assert status and all(who == "op-a" for i, who in status if i < kill_at)
     assert all(who == "op-b" for i, who in status if i >= kill_at)
+    # Peering needs exactly the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES), nothing more.
+    assert peering_verbs(requests) == set(CLUSTER_PEERING.verbs)
+
+
+async def test_clean_exit_hands_over_at_once(harness, tmp_path):
+    """A rolling update or a drain: the working replica gets SIGTERM, drops its record on the way out, and the
+    standby resumes without waiting for the lifetime."""
+    await create_peering(harness)
+    procs, logs = {}, []
+    try:
+        for name in ("op-a", "op-b"):
+            procs[name], log = await start_operator(harness, tmp_path, name)
+            logs.append(log)
+            if name == "op-a":
+                await harness.create_run(example())
+                await harness.wait_object("jobs", "tiny-sft", timeout=40)
+
+        async def both_peered():
+            return {"op-a", "op-b"} <= set(await peers(harness))
+
+        await harness.wait(both_peered, "both replicas in the peering object", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        procs["op-a"].send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert await asyncio.wait_for(procs["op-a"].wait(), 30) == 0
+        exited = time.monotonic() - signalled
+        gone_at = len(harness.cluster._requests)
+        assert "op-a" not in await peers(harness), "a clean exit removes the replica's record"
+        await harness.trainer_succeeded("tiny", "sft")
+        await harness.wait_object("jobs", "tiny-rl", timeout=LIFETIME)
+        handover = time.monotonic() - signalled
+        print(f"handover: {handover:.1f} s after SIGTERM (the old replica exited in {exited:.1f} s)")
+        assert handover < LIFETIME / 2, handover
+    except BaseException:
+        print("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log"))))
+        raise
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(p.wait(), 30)
+        for log in logs:
+            log.close()
+    later = writes(list(harness.cluster._requests))
+    assert {who for i, who, _, _ in later if i >= gone_at} == {"op-b"}
+
+
+def test_auto_priority_prefers_the_replica_started_first():
+    rng = random.Random(7)
+    older, newer = auto_priority(1_800_000_000, rng), auto_priority(1_800_000_001, rng)
+    assert older > newer  # a newcomer joins as the standby
+    same_second = {auto_priority(1_800_000_000, rng) for _ in range(1000)}
+    assert len(same_second) == 1000  # the random tie-break separates replicas started together
+    assert max(same_second) < 2**53 and auto_priority(2**31 + 5, rng) < newer  # exact in JSON; ordered after 2038
+
+
+def test_bad_peering_lifetime_is_one_line():
+    proc = subprocess.run(
+        [*RLT, "operator", "-A", "--peering", "x", "--peering-lifetime", "1"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "--peering-lifetime '1': expected whole seconds, at least 2" in proc.stderr
+    assert "Traceback" not in proc.stderr
