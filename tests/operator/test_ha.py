@@ -14,14 +14,17 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from op_harness import example, poll_until
+from suite_helpers import free_port
 
 from rlt_operator.kinds import CLUSTER_PEERING
+from rlt_operator.kinds import PEERING as PEERING_KIND
 from rlt_operator.peering import auto_priority
 from rlt_sandbox.sandbox import kubeconfig
 
@@ -32,7 +35,9 @@ PEERINGS = CLUSTER_PEERING.collection_path("")
 LIFETIME = 20  # the chart's default (operator.peering.lifetime)
 
 
-async def start_operator(harness: Any, tmp_path: Path, name: str) -> tuple[asyncio.subprocess.Process, Any]:
+async def start_operator(
+    harness: Any, tmp_path: Path, name: str, scope: tuple[str, ...] = ("--all-namespaces",), health: int = -1
+) -> tuple[asyncio.subprocess.Process, Any]:
     config = kubeconfig(harness.url)
     config["users"][0]["user"] = {"token": name}  # the Authorization header tells the two apart
     path = tmp_path / f"{name}.kubeconfig"
@@ -42,12 +47,12 @@ async def start_operator(harness: Any, tmp_path: Path, name: str) -> tuple[async
         "KUBECONFIG": str(path),
         "POD_ID": name,  # Kopf's peering identity, as the chart sets it from the pod name
         "RLT_OPERATOR_METRICS_PORT": "-1",
-        "RLT_OPERATOR_HEALTH_PORT": "-1",
+        "RLT_OPERATOR_HEALTH_PORT": str(health),
     }
     peering = ["--peering", PEERING, "--peering-lifetime", str(LIFETIME)]
     log = (tmp_path / f"{name}.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
-        *RLT, "operator", "--all-namespaces", *peering, env=env, stdout=log, stderr=subprocess.STDOUT
+        *RLT, "operator", *scope, *peering, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     return proc, log
 
@@ -226,6 +231,55 @@ async def test_clean_exit_hands_over_at_once(harness, tmp_path):
             log.close()
     later = writes(list(harness.cluster._requests))
     assert {who for i, who, _, _ in later if i >= gone_at} == {"op-b"}
+
+
+async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
+    """`--namespace`: the replicas peer in a KopfPeering of each watched namespace (the chart's namespaced mode);
+    the paused standby stays live for its liveness probe and sends nothing but its keep-alives."""
+    ns = "default"
+    body = {"apiVersion": PEERING_KIND.api_version, "kind": PEERING_KIND.kind, "metadata": {"name": PEERING}}
+    await harness.call("POST", PEERING_KIND.collection_path(ns), body)
+    health = free_port()
+    procs, logs = {}, []
+    try:
+        procs["op-a"], log = await start_operator(harness, tmp_path, "op-a", ("--namespace", ns))
+        logs.append(log)
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        procs["op-b"], log = await start_operator(harness, tmp_path, "op-b", ("--namespace", ns), health)
+        logs.append(log)
+
+        async def both_peered():
+            obj = await harness.call("GET", f"{PEERING_KIND.collection_path(ns)}/{PEERING}")
+            return {"op-a", "op-b"} <= set(obj.get("status") or {})
+
+        await harness.wait(both_peered, "both replicas in the KopfPeering", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running", timeout=20)
+
+        def healthz() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=3) as r:
+                return r.read().decode()
+
+        assert '"runs": 0' in await asyncio.to_thread(healthz)  # live, and no reconcile loop while paused
+    except BaseException:
+        print("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log"))))
+        raise
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(p.wait(), 30)
+        for log in logs:
+            log.close()
+    requests = list(harness.cluster._requests)
+    assert {who for _, who, _, _ in writes(requests)} == {"op-a"}
+    used = {
+        (r.url.path.split("/")[-2] if r.url.path.endswith(PEERING) else r.url.path.split("/")[-1])
+        for r in requests
+        if sender(r) and "kopfpeerings" in r.url.path
+    }
+    assert used == {PEERING_KIND.plural}, used  # never the cluster-scoped kind in namespaced mode
 
 
 def test_auto_priority_prefers_the_replica_started_first():
