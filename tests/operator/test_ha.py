@@ -274,12 +274,10 @@ async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
             log.close()
     requests = list(harness.cluster._requests)
     assert {who for _, who, _, _ in writes(requests)} == {"op-a"}
-    used = {
-        (r.url.path.split("/")[-2] if r.url.path.endswith(PEERING) else r.url.path.split("/")[-1])
-        for r in requests
-        if sender(r) and "kopfpeerings" in r.url.path
-    }
-    assert used == {PEERING_KIND.plural}, used  # never the cluster-scoped kind in namespaced mode
+    paths = {r.url.path for r in requests if sender(r) and "kopfpeerings" in r.url.path}
+    assert paths and all(p.startswith(PEERING_KIND.collection_path(ns)) for p in paths), (
+        paths
+    )  # never the cluster-scoped kind in namespaced mode
 
 
 def test_auto_priority_prefers_the_replica_started_first():
