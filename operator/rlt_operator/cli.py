@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from rlt_operator.peering import DEFAULT_LIFETIME
 
@@ -44,6 +45,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         settings.peering.lifetime = args.peering_lifetime
         settings.peering.stealth = True  # keep-alives are not logged; pauses and resumes are
         log.info(f"peering in {args.peering!r} with priority {priority}, keep-alive lifetime {args.peering_lifetime}s")
+        _warn_missing_peering(log, args)
     log.info("starting")
     health = config.health_port
     kopf.run(
@@ -57,6 +59,23 @@ def cmd_operator(args: argparse.Namespace) -> int:
         memo=kopf.Memo(settings=config),
     )
     return 0
+
+
+def _warn_missing_peering(log: Any, args: argparse.Namespace) -> None:
+    """One clear line when the peering object is absent: Kopf itself only logs it at debug level, and waits."""
+    from rlt_operator import peering
+    from rlt_operator.kube import Kube, KubeError
+
+    try:
+        absent = peering.missing(Kube.from_environment(), args.peering, None if args.all_namespaces else args.namespace)
+    except (KubeError, OSError, ValueError) as err:  # e.g. 404: the peering CRD is not installed
+        log.error(f"--peering {args.peering}: cannot read the peering objects ({err}); this replica stays paused")
+        return
+    if absent:
+        log.error(
+            f"--peering {args.peering}: {', '.join(absent)} not found; this replica stays paused until it exists "
+            "(the chart creates it; see docs/operator.md, High availability)"
+        )
 
 
 def _seconds(raw: str) -> int:

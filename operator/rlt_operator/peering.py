@@ -16,11 +16,14 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rlt_operator.kinds import CLUSTER_PEERING, PEERING, Kind
+
+if TYPE_CHECKING:
+    from rlt_operator.kube import Kube
 
 CHART_CRDS = Path(__file__).resolve().parents[2] / "charts" / "rlt-operator" / "crds" / "kopf-peerings.yaml"
 
@@ -38,6 +41,14 @@ def auto_priority(now: float | None = None, rng: random.Random | None = None) ->
     started = int(time.time() if now is None else now)
     tie = (rng or random.SystemRandom()).getrandbits(_TIE_BITS)
     return (2**31 - started) * 2**_TIE_BITS + tie
+
+
+def missing(kube: Kube, name: str, namespaces: list[str] | None) -> list[str]:
+    """The peering objects `rlt operator --peering NAME` needs and the API lacks (None: cluster-wide), as
+    `kind/name` or `kind/name in namespace`: without them Kopf keeps the replica paused, silently."""
+    if namespaces is None:
+        return [] if kube.names(CLUSTER_PEERING.plural, "", name) else [f"{CLUSTER_PEERING.kind}/{name}"]
+    return [f"{PEERING.kind}/{name} in {ns}" for ns in namespaces if not kube.names(PEERING.plural, ns, name)]
 
 
 def _crd(kind: Kind) -> dict[str, Any]:

@@ -36,7 +36,12 @@ LIFETIME = 20  # the chart's default (operator.peering.lifetime)
 
 
 async def start_operator(
-    harness: Any, tmp_path: Path, name: str, scope: tuple[str, ...] = ("--all-namespaces",), health: int = -1
+    harness: Any,
+    tmp_path: Path,
+    name: str,
+    scope: tuple[str, ...] = ("--all-namespaces",),
+    health: int = -1,
+    peering: str = PEERING,
 ) -> tuple[asyncio.subprocess.Process, Any]:
     config = kubeconfig(harness.url)
     config["users"][0]["user"] = {"token": name}  # the Authorization header tells the two apart
@@ -49,10 +54,18 @@ async def start_operator(
         "RLT_OPERATOR_METRICS_PORT": "-1",
         "RLT_OPERATOR_HEALTH_PORT": str(health),
     }
-    peering = ["--peering", PEERING, "--peering-lifetime", str(LIFETIME)]
     log = (tmp_path / f"{name}.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
-        *RLT, "operator", *scope, *peering, env=env, stdout=log, stderr=subprocess.STDOUT
+        *RLT,
+        "operator",
+        *scope,
+        "--peering",
+        peering,
+        "--peering-lifetime",
+        str(LIFETIME),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     return proc, log
 
@@ -278,6 +291,24 @@ async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
     assert paths and all(p.startswith(PEERING_KIND.collection_path(ns)) for p in paths), (
         paths
     )  # never the cluster-scoped kind in namespaced mode
+
+
+async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):
+    """Kopf waits silently (a debug line) for an absent peering object: the operator says it, naming the object."""
+    await create_peering(harness)  # another name than the one asked for
+    proc, log = await start_operator(harness, tmp_path, "op-a", peering="nope")
+    path = tmp_path / "op-a.log"
+    try:
+        await poll_until(lambda: "not found" in path.read_text(), "the warning", 30, detail=path.read_text)
+        await harness.create_run(example())
+        await asyncio.sleep(3)
+        assert await harness.get("jobs", "tiny-sft") is None, "paused: no peering object, no work"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+        log.close()
+    line = next(li for li in path.read_text().splitlines() if "not found" in li)
+    assert "--peering nope: ClusterKopfPeering/nope not found; this replica stays paused until it exists" in line
 
 
 def test_auto_priority_prefers_the_replica_started_first():
