@@ -168,6 +168,13 @@ async def test_standby_takes_over_after_sigkill(harness, tmp_path):
         await harness.trainer_succeeded("tiny", "distill")
         st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Succeeded", "Succeeded", timeout=20)
         assert st["completedStages"] == ["sft", "rl", "distill"]
+        children = [c for p in ("configmaps", "jobs") for c in await harness.list(p, "rlt.dev/run=tiny")]
+        assert len(children) == 4  # config + sft, rl, distill Jobs
+        for child in children:  # one owner each: the run (no second controller reference)
+            assert len(child["metadata"].get("ownerReferences", [])) == 1, child["metadata"]
+        # Deleting the run no longer hangs on the finalizer of a dead operator: the new one removes it.
+        await harness.delete_run("tiny")
+        await harness.wait_gone("rltruns", "tiny", timeout=20)
     except BaseException:
         print(logs_tail())
         raise
@@ -192,9 +199,6 @@ async def test_standby_takes_over_after_sigkill(harness, tmp_path):
     created = [r for r in requests if sender(r) and str(r.method.value) == "POST" and "/events" not in r.url.path]
     names = [(r.url.path, (r.data or {}).get("metadata", {}).get("name")) for r in created]
     assert len(names) == len(set(names)), f"a child was created twice: {sorted(names)}"
-    for plural in ("configmaps", "jobs"):
-        for child in await harness.list(plural, "rlt.dev/run=tiny"):
-            assert len(child["metadata"].get("ownerReferences", [])) == 1, child["metadata"]
     # Status writes: each stage transition written by one replica, the two replicas' writes never interleave.
     status = [(i, who) for i, who, method, path in ops if path.endswith("/rltruns/tiny/status")]
     assert status and all(who == "op-a" for i, who in status if i < kill_at)
