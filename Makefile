@@ -102,9 +102,11 @@ bench: $(STAMP)
 chart-crd:
 	cp manifests/crd/rltruns.rlt.dev.yaml charts/rlt-operator/files/crds/rltruns.rlt.dev.yaml
 
-# The chart's RBAC rules, from rlt_operator.rbac (a test keeps them equal).
+# The chart's RBAC rules, from rlt_operator.rbac, and Kopf's peering CRDs, from rlt_operator.peering (tests keep them
+# equal).
 chart-rbac: $(STAMP)
 	$(BIN)/python -c "from rlt_operator.rbac import write_chart_rules; write_chart_rules()"
+	$(BIN)/python -c "from rlt_operator.peering import write_chart_crds; write_chart_crds()"
 
 # Plain manifests for users without Helm (a test keeps them equal to `helm template`).
 install-manifests: $(TOOLS)/helm chart-crd chart-rbac

@@ -3,7 +3,8 @@
 
     python hack/render_install.py   (or: make install-manifests)
 
-Equivalent to `helm template rlt-operator charts/rlt-operator --namespace rlt-system` plus the Namespace.
+Equivalent to `helm template rlt-operator charts/rlt-operator --namespace rlt-system --include-crds` plus the
+Namespace.
 tests/chart/test_examples_and_crd.py (test_install_manifests_equal_helm_template) keeps the committed file equal
 to a fresh render.
 """
@@ -28,6 +29,7 @@ HEADER = f"""\
 # The operator image below, {IMAGE_REPOSITORY}, is a placeholder: build and push yours (make images
 # IMAGE_REGISTRY=<registry>) and replace it, or render this file with RLT_IMAGE_REPOSITORY=<registry>/rlt-operator.
 # Install:   kubectl apply --server-side -f manifests/install/rlt-operator.yaml
+#            (if it says `no matches for kind "ClusterKopfPeering"`, run it once more: that CRD was not ready yet)
 # Uninstall: delete your RLTRuns first, then `kubectl delete -f manifests/install/rlt-operator.yaml`.
 ---
 apiVersion: v1
@@ -55,6 +57,7 @@ def render() -> str:
             str(ROOT / "charts" / "rlt-operator"),
             "--namespace",
             NAMESPACE,
+            "--include-crds",  # Kopf's peering CRDs (the chart's crds/)
             "--set",
             f"image.repository={IMAGE_REPOSITORY}",
         ],

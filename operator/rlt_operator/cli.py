@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+from rlt_operator.peering import DEFAULT_LIFETIME
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -24,7 +27,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from rlt_operator import handlers  # noqa: F401 - registers the handlers
+    from rlt_operator import handlers, peering  # noqa: F401 - registers the handlers
     from rlt_operator.settings import OperatorSettings
 
     config = OperatorSettings.from_env()  # every RLT_* variable, read once here
@@ -32,16 +35,57 @@ def cmd_operator(args: argparse.Namespace) -> int:
     # The operator owns its log format: drop handlers another command's registration may have installed.
     logging.getLogger().handlers.clear()
     kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)
-    logging.getLogger("rlt.operator").info("starting")
+    log = logging.getLogger("rlt.operator")
+    settings = kopf.OperatorSettings()
+    priority = None
+    if args.peering:
+        # Several replicas: Kopf's mandatory peering on this object (no object or CRD: every replica stays paused,
+        # never active unpeered); the live replica of highest priority works, the others wait (rlt_operator.peering).
+        priority = args.priority if args.priority is not None else peering.auto_priority()
+        settings.peering.lifetime = args.peering_lifetime
+        settings.peering.stealth = True  # keep-alives are not logged; pauses and resumes are
+        log.info(f"peering in {args.peering!r} with priority {priority}, keep-alive lifetime {args.peering_lifetime}s")
+        _warn_missing_peering(log, args)
+    log.info("starting")
     health = config.health_port
     kopf.run(
-        standalone=True,  # one replica (Deployment strategy Recreate); no peering objects needed
+        settings=settings,
+        standalone=None if args.peering else True,  # one replica: no peering objects needed
+        peering_name=args.peering,
+        priority=priority,
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or [],
         liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health > 0 else None,
         memo=kopf.Memo(settings=config),
     )
     return 0
+
+
+def _warn_missing_peering(log: Any, args: argparse.Namespace) -> None:
+    """One clear line when the peering object is absent: Kopf itself only logs it at debug level, and waits."""
+    from rlt_operator import peering
+    from rlt_operator.kube import Kube
+
+    try:
+        absent = peering.missing(Kube.from_environment(), args.peering, None if args.all_namespaces else args.namespace)
+    except Exception as err:  # a diagnostic only (e.g. 404: no peering CRD): Kopf reports real API failures itself
+        log.error(f"--peering {args.peering}: cannot read the peering objects ({err}); this replica stays paused")
+        return
+    if absent:
+        log.error(
+            f"--peering {args.peering}: {', '.join(absent)} not found; this replica stays paused until it exists "
+            "(the chart creates it; see docs/operator.md, High availability)"
+        )
+
+
+def _seconds(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"--peering-lifetime {raw!r}: expected whole seconds, at least 2")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +97,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     scope = p.add_mutually_exclusive_group(required=True)
     scope.add_argument("--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="run as one of several replicas: Kopf peering in the ClusterKopfPeering NAME (with -A) or the "
+        "KopfPeering NAME of each watched namespace; one replica works, the others wait (default: standalone)",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        help="peering priority, the highest live replica works (default: derived from the start time, the "
+        "replica started first works; a random tie-break)",
+    )
+    p.add_argument(
+        "--peering-lifetime",
+        type=_seconds,
+        default=DEFAULT_LIFETIME,
+        metavar="SECONDS",
+        help="how long a replica's keep-alive stays valid: a standby takes over at most this long after the "
+        f"working replica died (default: {DEFAULT_LIFETIME})",
+    )
     level = p.add_mutually_exclusive_group()
     level.add_argument("--verbose", action="store_true")
     level.add_argument("--debug", action="store_true")

@@ -120,7 +120,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     for child in CHILDREN:
         settings.watching.label_selectors[_is(child.group, child.plural)] = builders.L_RUN
     settings.posting.level = logging.WARNING  # our own Events are explicit; Kopf posts only its errors
-    settings.peering.standalone = True
+    # Peering (standalone, or several replicas with one working) is chosen by the caller: `rlt operator --peering`.
 
     registry = CollectorRegistry()
     state = OperatorState(

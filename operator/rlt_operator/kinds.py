@@ -19,6 +19,7 @@ class Kind:
     plural: str
     kind: str
     verbs: tuple[str, ...]  # what the operator does with it: exactly its RBAC verbs
+    namespaced: bool = True
 
     @property
     def api_version(self) -> str:
@@ -28,7 +29,7 @@ class Kind:
     def collection_path(self, namespace: str) -> str:
         """The REST path of the kind's objects in `namespace` (a `{ns}` placeholder works too)."""
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        return f"{base}/namespaces/{namespace}/{self.plural}"
+        return f"{base}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{base}/{self.plural}"
 
 
 _WRITE = ("list", "watch", "create", "delete")
@@ -51,7 +52,14 @@ RUN = Kind(API_GROUP, API_VERSION, PLURAL, KIND, ("list", "watch", "patch"))
 # The run's Events (Kopf posts them).
 EVENTS = Kind("", "v1", "events", "Event", ("create",))
 
-BY_PLURAL: dict[str, Kind] = {k.plural: k for k in (*CHILDREN, RUN, EVENTS)}
+# Kopf's peering objects (rlt_operator.peering): the replicas' keep-alives, watched (list, watch) and merge-patched
+# (patch) by Kopf. A cluster-wide operator peers in a ClusterKopfPeering, a namespaced one in a KopfPeering per
+# watched namespace. The chart creates the objects; the operator never creates nor deletes them.
+_PEER = ("list", "watch", "patch")
+CLUSTER_PEERING = Kind("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", _PEER, namespaced=False)
+PEERING = Kind("kopf.dev", "v1", "kopfpeerings", "KopfPeering", _PEER)
+
+BY_PLURAL: dict[str, Kind] = {k.plural: k for k in (*CHILDREN, RUN, EVENTS, CLUSTER_PEERING, PEERING)}
 CHILD_PLURALS: tuple[str, ...] = tuple(k.plural for k in CHILDREN)
 
 

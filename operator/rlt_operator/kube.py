@@ -83,3 +83,12 @@ class Kube:
         if status >= 300:
             raise KubeError("DELETE", path, status, json.dumps(data))
         return True
+
+    def names(self, plural: str, namespace: str, name: str) -> list[str]:
+        """The names of the objects called `name` (zero or one): a list with a field selector, which needs only
+        the list verb (used once at start-up, for the peering objects)."""
+        path = collection_path(plural, namespace)
+        status, data = self._call("GET", path, query=[("fieldSelector", f"metadata.name={name}")])
+        if status >= 300:
+            raise KubeError("GET", path, status, json.dumps(data))
+        return [item["metadata"]["name"] for item in (data or {}).get("items", [])]

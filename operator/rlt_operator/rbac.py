@@ -15,6 +15,9 @@ lifecycle is covered. Where each verb comes from:
   deleting a Job or StatefulSet with Foreground propagation lets the garbage collector remove them.
 - networkpolicies list/watch/create/delete: the policy that lets only a run's trainers reach its generators.
 - customresourcedefinitions list/watch (cluster scope): Kopf's resource discovery.
+- clusterkopfpeerings (cluster mode) or kopfpeerings (namespaced mode, in each watched namespace) list/watch/patch:
+  Kopf's peering between replicas (rlt_operator.peering): it watches the peering object and merge-patches its own
+  keep-alive into it. Only with peering on (the chart's default); the chart creates the objects.
   Namespaces are not needed unless `--namespace` is given a glob pattern (Kopf then watches them).
 """
 
@@ -24,7 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlt_operator.kinds import CHILDREN, EVENTS, RUN, Kind
+from rlt_operator.kinds import CHILDREN, CLUSTER_PEERING, EVENTS, PEERING, RUN, Kind
 
 CHART_RULES = Path(__file__).resolve().parents[2] / "charts" / "rlt-operator" / "templates" / "_rbac_rules.tpl"
 
@@ -56,6 +59,13 @@ CLUSTER_RBAC_RULES: tuple[dict[str, Any], ...] = (
 """Cluster-scoped rules, needed in both modes (a ClusterRole)."""
 
 
+PEERING_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((PEERING,)))
+"""Peering in namespaced mode: in the Role of each watched namespace, next to RBAC_RULES."""
+
+CLUSTER_PEERING_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((CLUSTER_PEERING,)))
+"""Peering in cluster mode: in the cluster-scoped ClusterRole, next to CLUSTER_RBAC_RULES."""
+
+
 def allows(rules: tuple[dict[str, Any], ...], group: str, resource: str, verb: str) -> bool:
     return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
 
@@ -80,6 +90,14 @@ def render_chart_rules() -> str:
         "{{/* Rules on cluster-scoped resources, needed in both modes (Kopf's resource discovery). */}}\n"
         '{{- define "rlt-operator.clusterRules" -}}\n'
         f"{_yaml_rules(CLUSTER_RBAC_RULES)}\n"
+        "{{- end }}\n\n"
+        "{{/* Kopf's peering between replicas, namespaced mode: a KopfPeering in each watched namespace. */}}\n"
+        '{{- define "rlt-operator.namespacedPeeringRules" -}}\n'
+        f"{_yaml_rules(PEERING_RULES)}\n"
+        "{{- end }}\n\n"
+        "{{/* Kopf's peering between replicas, cluster mode: one ClusterKopfPeering. */}}\n"
+        '{{- define "rlt-operator.clusterPeeringRules" -}}\n'
+        f"{_yaml_rules(CLUSTER_PEERING_RULES)}\n"
         "{{- end }}\n"
     )
 

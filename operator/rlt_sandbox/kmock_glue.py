@@ -17,7 +17,8 @@ installed only by an explicit `patch_kmock()` call:
 - core discovery says `groupVersion: v1` (not `/v1`), the version is a plausible v1.31;
 - PUT (replace) works, create answers 201, errors use the API's reasons (NotFound, AlreadyExists);
 - watches stream JSON lines and end after `timeoutSeconds`;
-- creating a CustomResourceDefinition registers its resource, and `kubectl get` on it receives a
+- creating a CustomResourceDefinition registers its resource and reports it Established (Helm waits for that
+  after installing a chart's crds/), and `kubectl get` on it receives a
   server-side Table with the CRD's printer columns (kubectl shows them only that way);
 - (patch) matching a request to the emulator's reactions costs O(1), not a scan of the whole request log;
 - a failed JSON-patch `test` answers 422 (as the apiserver does), not 500;
@@ -380,6 +381,16 @@ class Cluster(kmock.KubernetesEmulator):
             request.data["kind"] = self.resources[request.resource].kind  # Kopf's Events come without one
         if request.resource.plural == "customresourcedefinitions":
             self.register_crd(request.data)
+            # Established at once, as the apiserver reports it: Helm waits for this after installing crds/.
+            now = _now()
+            request.data["status"] = {
+                "acceptedNames": request.data["spec"]["names"],
+                "conditions": [
+                    {"type": t, "status": "True", "reason": r, "lastTransitionTime": now}
+                    for t, r in (("NamesAccepted", "NoConflicts"), ("Established", "InitialNamesAccepted"))
+                ],
+                "storedVersions": [v["name"] for v in request.data["spec"]["versions"] if v.get("storage")],
+            }
 
     def _stamp_update(self, request: rendering.Request) -> None:
         key = (request.resource, request.namespace, request.name)

@@ -28,13 +28,15 @@ import yaml
 
 from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt_operator import crd as crd_mod
+from rlt_operator import peering
 from rlt_operator.builders import L_RUN
 from rlt_operator.kinds import CHILDREN
 
 
 @contextlib.asynccontextmanager
 async def serve(port: int | None = None, host: str = "127.0.0.1") -> AsyncIterator[tuple[Any, str]]:
-    """The emulated API with the RLTRun CRD registered and namespace `default`; yields (cluster, url)."""
+    """The emulated API with the RLTRun CRD and Kopf's peering CRDs registered and namespace `default`; yields
+    (cluster, url). No peering object exists: operators run standalone unless a test creates one."""
     try:
         import kmock
 
@@ -45,6 +47,8 @@ async def serve(port: int | None = None, host: str = "127.0.0.1") -> AsyncIterat
     patch_kmock()
     cluster = Cluster()
     cluster.register_crd(crd_mod.crd())
+    for peering_crd in peering.crds():  # so that replicas of `rlt operator --peering` can be run against it
+        cluster.register_crd(peering_crd)
     kwargs: dict[str, Any] = {"host": host}
     if port:
         kwargs["port"] = port

@@ -1,10 +1,10 @@
-"""The chart grants exactly the operator's own RBAC needs (rlt_operator.rbac), in both modes."""
+"""The chart grants exactly the operator's own RBAC needs (rlt_operator.rbac), in both modes, peering included."""
 
 from __future__ import annotations
 
-from chart_helpers import by_kind, one, render_set
+from chart_helpers import by_kind, one, render_set, template
 
-from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES
+from rlt_operator.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, PEERING_RULES, RBAC_RULES
 
 
 def normalized(rules) -> list[dict]:
@@ -15,7 +15,8 @@ def normalized(rules) -> list[dict]:
 
 def test_cluster_mode_rules_equal_the_operators():
     docs = render_set("defaults")
-    assert normalized(one(docs, "ClusterRole", "rlt-operator")["rules"]) == normalized(RBAC_RULES)
+    rules = RBAC_RULES + CLUSTER_PEERING_RULES  # peering is on by default: a ClusterKopfPeering
+    assert normalized(one(docs, "ClusterRole", "rlt-operator")["rules"]) == normalized(rules)
     assert normalized(one(docs, "ClusterRole", "-cluster")["rules"]) == normalized(CLUSTER_RBAC_RULES)
     binding = one(docs, "ClusterRoleBinding", "rlt-operator")
     assert binding["roleRef"] == {
@@ -28,7 +29,7 @@ def test_cluster_mode_rules_equal_the_operators():
 def test_namespaced_mode_rules_equal_the_operators():
     docs = render_set("namespaced")
     for role in by_kind(docs, "Role"):
-        assert normalized(role["rules"]) == normalized(RBAC_RULES), role["metadata"]["namespace"]
+        assert normalized(role["rules"]) == normalized(RBAC_RULES + PEERING_RULES), role["metadata"]["namespace"]
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert normalized(cluster_role["rules"]) == normalized(CLUSTER_RBAC_RULES)
 
@@ -41,7 +42,13 @@ def test_every_verb_the_operator_needs_is_granted_and_nothing_more():
         for res in r["resources"]
         for v in r["verbs"]
     }
-    needed = {(g, res, v) for r in RBAC_RULES for g in r["apiGroups"] for res in r["resources"] for v in r["verbs"]}
+    needed = {
+        (g, res, v)
+        for r in RBAC_RULES + CLUSTER_PEERING_RULES
+        for g in r["apiGroups"]
+        for res in r["resources"]
+        for v in r["verbs"]
+    }
     assert granted == needed
     # Least privilege: the operator never reads secrets, never touches RBAC or nodes.
     assert not {res for _, res, _ in granted} & {"secrets", "roles", "rolebindings", "nodes", "clusterroles"}
@@ -62,3 +69,9 @@ def test_the_charts_rules_are_generated_from_the_kind_table():
     assert [f.name for f in fields(Observed)] == [c.plural for c in CHILDREN]
     extra = Kind("example.dev", "v1", "widgets", "Widget", ("list", "watch"))
     assert "widgets" in rbac._yaml_rules(tuple(rbac._kind_rules((*CHILDREN, extra))))
+
+
+def test_standalone_grants_no_peering():
+    docs = template("--set", "operator.peering.enabled=false", "--set", "operator.replicas=1")
+    assert normalized(one(docs, "ClusterRole", "rlt-operator")["rules"]) == normalized(RBAC_RULES)
+    assert not [d for d in docs if d["apiVersion"].startswith("kopf.dev/")]

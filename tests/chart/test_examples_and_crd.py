@@ -12,6 +12,8 @@ import pytest
 import yaml
 from chart_helpers import CHART, IMAGE, ROOT, helm, render_set
 
+from rlt_operator import peering
+
 CRD_FILE = ROOT / "manifests" / "crd" / "rltruns.rlt.dev.yaml"
 CHART_CRD = CHART / "files" / "crds" / "rltruns.rlt.dev.yaml"
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -111,5 +113,5 @@ def test_install_manifests_equal_helm_template():
     docs = [d for d in yaml.safe_load_all(committed) if d]
     kinds = [d["kind"] for d in docs]
     assert kinds[0] == "Namespace" and "CustomResourceDefinition" in kinds and "Deployment" in kinds
-    assert len(docs) == len(render_set("defaults")) + 1
+    assert len(docs) == len(render_set("defaults")) + 1 + len(peering.crds())  # + the Namespace, the chart's crds/
     assert all(d["metadata"].get("namespace", "rlt-system") == "rlt-system" for d in docs)

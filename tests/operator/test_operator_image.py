@@ -21,6 +21,8 @@ import yaml
 from op_harness import example
 from suite_helpers import ROOT, find_tool, free_port
 
+from rlt_operator.kinds import CLUSTER_PEERING
+
 _spec = importlib.util.spec_from_file_location("rlt_images", ROOT / "hack" / "images.py")
 images = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(images)
@@ -36,7 +38,7 @@ pytestmark = [
 ]
 
 
-def chart_deployment() -> dict:
+def chart_docs() -> list[dict]:
     # The chart refuses its placeholder repository: name one, as a user installing the built image would.
     out = subprocess.run(
         [
@@ -54,7 +56,7 @@ def chart_deployment() -> dict:
         check=True,
         timeout=60,
     ).stdout
-    return next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment")
+    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def tail(log, n: int = 3000) -> str:
@@ -73,7 +75,8 @@ def operator_image() -> Path:
 
 
 async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path):
-    pod = chart_deployment()["spec"]["template"]["spec"]
+    docs = chart_docs()
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     container = next(c for c in pod["containers"] if c["name"] == "operator")
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     uid, gid = pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
@@ -104,6 +107,9 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
     os.chmod(kube_dir, 0o755)
     os.chmod(kube_dir / "kubeconfig", 0o644)
 
+    # The chart's peering object (its replicas peer there; without it `--peering` keeps the operator paused).
+    for peering in [d for d in docs if d["apiVersion"] == CLUSTER_PEERING.api_version]:
+        await harness.call("POST", CLUSTER_PEERING.collection_path(""), peering)
     watches = harness.count_watches()
     log = (tmp_path / "operator.log").open("w+")
     proc = images.run_rootfs(

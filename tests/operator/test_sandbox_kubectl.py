@@ -51,6 +51,13 @@ def test_events_explain_validation_and_helm_dry_run(start_sandbox):
     sandbox.run("helm", "install", *install)
     assert "deployed" in sandbox.run("helm", "list", "--namespace", "default").stdout
     assert kubectl("get", "deployments", "-o", "name").split() == ["deployment.apps/rlt-rlt-operator"]
+    # the chart's peering object for its two replicas (Kopf's CRDs come from the chart's crds/, already served here)
+    assert kubectl("get", "clusterkopfpeerings", "-o", "name").split() == [
+        "clusterkopfpeering.kopf.dev/rlt-rlt-operator"
+    ]
+    assert kubectl("get", "poddisruptionbudgets", "-o", "name").split() == [
+        "poddisruptionbudget.policy/rlt-rlt-operator"
+    ]
     release = kubectl("get", "secret", "sh.helm.release.v1.rlt.v1", "-o", "jsonpath={.type} {.metadata.labels.status}")
     assert release == "helm.sh/release.v1 deployed"  # updated (PUT, protobuf) from pending-install
     sandbox.run("helm", "uninstall", "rlt", "--namespace", "default")

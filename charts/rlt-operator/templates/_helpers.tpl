@@ -71,6 +71,10 @@ app.kubernetes.io/component: operator
 {{- else }}
 - --all-namespaces
 {{- end }}
+{{- if .Values.operator.peering.enabled }}
+- --peering={{ include "rlt-operator.peeringName" . }}
+- --peering-lifetime={{ .Values.operator.peering.lifetime }}
+{{- end }}
 {{- if eq .Values.operator.logLevel "verbose" }}
 - --verbose
 {{- else if eq .Values.operator.logLevel "debug" }}
@@ -81,4 +85,9 @@ app.kubernetes.io/component: operator
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}
+{{- end }}
+
+{{/* Name of the Kopf peering object(s) the replicas share. */}}
+{{- define "rlt-operator.peeringName" -}}
+{{- default (include "rlt-operator.fullname" .) .Values.operator.peering.name }}
 {{- end }}

@@ -43,3 +43,17 @@ it). docs/operator.md and the chart README explain where each verb comes from.
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
 {{- end }}
+
+{{/* Kopf's peering between replicas, namespaced mode: a KopfPeering in each watched namespace. */}}
+{{- define "rlt-operator.namespacedPeeringRules" -}}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["list", "watch", "patch"]
+{{- end }}
+
+{{/* Kopf's peering between replicas, cluster mode: one ClusterKopfPeering. */}}
+{{- define "rlt-operator.clusterPeeringRules" -}}
+- apiGroups: ["kopf.dev"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["list", "watch", "patch"]
+{{- end }}

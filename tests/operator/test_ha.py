@@ -1,0 +1,332 @@
+"""Two `rlt operator --peering` processes against the emulated API (Kopf peering): one works, the other waits;
+SIGKILL the working one and the standby takes over, within the keep-alive lifetime.
+
+Each process talks to the API with its own bearer token (its kubeconfig), so that every request in the emulated
+API's log names its sender. Child status is simulated by the test (kmock runs no controllers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from op_harness import example, poll_until
+from suite_helpers import free_port
+
+from rlt_operator.kinds import CLUSTER_PEERING
+from rlt_operator.kinds import PEERING as PEERING_KIND
+from rlt_operator.peering import auto_priority
+from rlt_sandbox.sandbox import kubeconfig
+
+pytestmark = pytest.mark.timeout(150)
+RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())"]
+PEERING = "rlt-operator"
+PEERINGS = CLUSTER_PEERING.collection_path("")
+LIFETIME = 20  # the chart's default (operator.peering.lifetime)
+
+
+async def start_operator(
+    harness: Any,
+    tmp_path: Path,
+    name: str,
+    scope: tuple[str, ...] = ("--all-namespaces",),
+    health: int = -1,
+    peering: str = PEERING,
+) -> tuple[asyncio.subprocess.Process, Any]:
+    config = kubeconfig(harness.url)
+    config["users"][0]["user"] = {"token": name}  # the Authorization header tells the two apart
+    path = tmp_path / f"{name}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(path),
+        "POD_ID": name,  # Kopf's peering identity, as the chart sets it from the pod name
+        "RLT_OPERATOR_METRICS_PORT": "-1",
+        "RLT_OPERATOR_HEALTH_PORT": str(health),
+    }
+    log = (tmp_path / f"{name}.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        *RLT,
+        "operator",
+        *scope,
+        "--peering",
+        peering,
+        "--peering-lifetime",
+        str(LIFETIME),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return proc, log
+
+
+def sender(request: Any) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+
+
+def writes(requests: list[Any]) -> list[tuple[int, str, str, str]]:
+    """(index in the request log, sender, method, path) of every write an operator sent, peering keep-alives aside."""
+    out = []
+    for i, r in enumerate(requests):
+        by, method = sender(r), str(r.method.value)
+        if by is not None and method != "GET" and "kopfpeerings" not in r.url.path:
+            out.append((i, by, method, r.url.path))
+    return out
+
+
+async def peers(harness: Any) -> dict[str, Any]:
+    obj = await harness.call("GET", f"{PEERINGS}/{PEERING}")
+    return obj.get("status") or {}
+
+
+async def create_peering(harness: Any) -> None:
+    """What the chart creates (templates/peering.yaml): the ClusterKopfPeering both replicas share."""
+    body = {"apiVersion": CLUSTER_PEERING.api_version, "kind": CLUSTER_PEERING.kind, "metadata": {"name": PEERING}}
+    await harness.call("POST", PEERINGS, body)
+
+
+def peering_verbs(requests: list[Any]) -> set[str]:
+    """The RBAC verbs of the operators' requests on the peering kind."""
+    verbs = set()
+    for r in requests:
+        if sender(r) and CLUSTER_PEERING.plural in r.url.path:
+            method = str(r.method.value)
+            named = r.url.path.rstrip("/").endswith(f"/{PEERING}")
+            if method == "GET":
+                verbs.add("watch" if r.params.get("watch") == "true" else "get" if named else "list")
+            else:
+                verbs.add({"PATCH": "patch", "PUT": "update", "POST": "create", "DELETE": "delete"}[method])
+    return verbs
+
+
+async def test_standby_takes_over_after_sigkill(harness, tmp_path):
+    await create_peering(harness)
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    logs = []
+    marks: list[tuple[str, int]] = []  # (event, index into the request log)
+
+    def mark(what: str) -> None:
+        marks.append((what, len(harness.cluster._requests)))
+
+    def logs_tail() -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+
+    try:
+        procs["op-a"], log = await start_operator(harness, tmp_path, "op-a")
+        logs.append(log)
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        # The second replica joins once the first works: it is the younger, so the standby.
+        procs["op-b"], log = await start_operator(harness, tmp_path, "op-b")
+        logs.append(log)
+
+        def b_watching() -> bool:  # its peering watch (paused), or the runs' watch (were it active)
+            return any(
+                sender(r) == "op-b"
+                and r.params.get("watch") == "true"
+                and ("kopfpeerings" in r.url.path or "rltruns" in r.url.path)
+                for r in list(harness.cluster._requests)
+            )
+
+        await poll_until(b_watching, "op-b watching", 40, detail=logs_tail)
+
+        # Both alive: the run moves one stage; only the working replica acts.
+        await harness.trainer_running("tiny", "sft")
+        await harness.trainer_succeeded("tiny", "sft")
+        await harness.wait_object("jobs", "tiny-rl", timeout=20)
+        await harness.trainer_running("tiny", "rl")
+        await harness.wait_status("tiny", lambda s: s.get("stage") == "rl", "stage rl")
+        await asyncio.sleep(3)  # let a second active operator (the mutation) show itself
+        mark("kill")
+        b_before = [w for w in writes(list(harness.cluster._requests)) if w[1] == "op-b"]
+        assert not b_before, f"the standby wrote while the working replica lived: {b_before}"
+        st = await peers(harness)
+        assert st["op-a"]["priority"] > st["op-b"]["priority"], st  # the first started works
+        assert st["op-a"]["lifetime"] == st["op-b"]["lifetime"] == LIFETIME
+
+        procs["op-a"].send_signal(signal.SIGKILL)  # no goodbye: its keep-alive must expire
+        await procs["op-a"].wait()
+        killed = time.monotonic()
+        await harness.trainer_succeeded("tiny", "rl")
+        await harness.wait_object("jobs", "tiny-distill", timeout=45)
+        takeover = time.monotonic() - killed
+        print(f"takeover: {takeover:.1f} s after SIGKILL (keep-alive lifetime {LIFETIME} s)")
+        assert takeover < 30, takeover
+
+        await harness.trainer_running("tiny", "distill")
+        await harness.trainer_succeeded("tiny", "distill")
+        st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Succeeded", "Succeeded", timeout=20)
+        assert st["completedStages"] == ["sft", "rl", "distill"]
+        children = [c for p in ("configmaps", "jobs") for c in await harness.list(p, "rlt.dev/run=tiny")]
+        assert len(children) == 4  # config + sft, rl, distill Jobs
+        for child in children:  # one owner each: the run (no second controller reference)
+            assert len(child["metadata"].get("ownerReferences", [])) == 1, child["metadata"]
+        # Deleting the run no longer hangs on the finalizer of a dead operator: the new one removes it.
+        await harness.delete_run("tiny")
+        await harness.wait_gone("rltruns", "tiny", timeout=20)
+    except BaseException:
+        print(logs_tail())
+        raise
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(p.wait(), 30)
+                except asyncio.TimeoutError:
+                    p.kill()
+        for log in logs:
+            log.close()
+
+    requests = list(harness.cluster._requests)
+    kill_at = dict(marks)["kill"]
+    ops = writes(requests)
+    # Every write before the kill came from op-a, every write after it from op-b: never two writers at once.
+    assert {who for i, who, _, _ in ops if i < kill_at} == {"op-a"}
+    assert {who for i, who, _, _ in ops if i >= kill_at} == {"op-b"}
+    # Each child was created once (no duplicate POST, no AlreadyExists race), and has one owner.
+    created = [r for r in requests if sender(r) and str(r.method.value) == "POST" and "/events" not in r.url.path]
+    names = [(r.url.path, (r.data or {}).get("metadata", {}).get("name")) for r in created]
+    assert len(names) == len(set(names)), f"a child was created twice: {sorted(names)}"
+    # Status writes: each stage transition written by one replica, the two replicas' writes never interleave.
+    status = [(i, who) for i, who, method, path in ops if path.endswith("/rltruns/tiny/status")]
+    assert status and all(who == "op-a" for i, who in status if i < kill_at)
+    assert all(who == "op-b" for i, who in status if i >= kill_at)
+    # Peering needs exactly the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES), nothing more.
+    assert peering_verbs(requests) == set(CLUSTER_PEERING.verbs)
+
+
+async def test_clean_exit_hands_over_at_once(harness, tmp_path):
+    """A rolling update or a drain: the working replica gets SIGTERM, drops its record on the way out, and the
+    standby resumes without waiting for the lifetime."""
+    await create_peering(harness)
+    procs, logs = {}, []
+    try:
+        for name in ("op-a", "op-b"):
+            procs[name], log = await start_operator(harness, tmp_path, name)
+            logs.append(log)
+            if name == "op-a":
+                await harness.create_run(example())
+                await harness.wait_object("jobs", "tiny-sft", timeout=40)
+
+        async def both_peered():
+            return {"op-a", "op-b"} <= set(await peers(harness))
+
+        await harness.wait(both_peered, "both replicas in the peering object", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        procs["op-a"].send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert await asyncio.wait_for(procs["op-a"].wait(), 30) == 0
+        exited = time.monotonic() - signalled
+        gone_at = len(harness.cluster._requests)
+        assert "op-a" not in await peers(harness), "a clean exit removes the replica's record"
+        await harness.trainer_succeeded("tiny", "sft")
+        await harness.wait_object("jobs", "tiny-rl", timeout=LIFETIME)
+        handover = time.monotonic() - signalled
+        print(f"handover: {handover:.1f} s after SIGTERM (the old replica exited in {exited:.1f} s)")
+        assert handover < LIFETIME / 2, handover
+    except BaseException:
+        print("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log"))))
+        raise
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(p.wait(), 30)
+        for log in logs:
+            log.close()
+    later = writes(list(harness.cluster._requests))
+    assert {who for i, who, _, _ in later if i >= gone_at} == {"op-b"}
+
+
+async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
+    """`--namespace`: the replicas peer in a KopfPeering of each watched namespace (the chart's namespaced mode);
+    the paused standby stays live for its liveness probe and sends nothing but its keep-alives."""
+    ns = "default"
+    body = {"apiVersion": PEERING_KIND.api_version, "kind": PEERING_KIND.kind, "metadata": {"name": PEERING}}
+    await harness.call("POST", PEERING_KIND.collection_path(ns), body)
+    health = free_port()
+    procs, logs = {}, []
+    try:
+        procs["op-a"], log = await start_operator(harness, tmp_path, "op-a", ("--namespace", ns))
+        logs.append(log)
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        procs["op-b"], log = await start_operator(harness, tmp_path, "op-b", ("--namespace", ns), health)
+        logs.append(log)
+
+        async def both_peered():
+            obj = await harness.call("GET", f"{PEERING_KIND.collection_path(ns)}/{PEERING}")
+            return {"op-a", "op-b"} <= set(obj.get("status") or {})
+
+        await harness.wait(both_peered, "both replicas in the KopfPeering", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running", timeout=20)
+
+        def healthz() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=3) as r:
+                return r.read().decode()
+
+        assert '"runs": 0' in await asyncio.to_thread(healthz)  # live, and no reconcile loop while paused
+    except BaseException:
+        print("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log"))))
+        raise
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(p.wait(), 30)
+        for log in logs:
+            log.close()
+    requests = list(harness.cluster._requests)
+    assert {who for _, who, _, _ in writes(requests)} == {"op-a"}
+    paths = {r.url.path for r in requests if sender(r) and "kopfpeerings" in r.url.path}
+    assert paths and all(p.startswith(PEERING_KIND.collection_path(ns)) for p in paths), (
+        paths
+    )  # never the cluster-scoped kind in namespaced mode
+
+
+async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):
+    """Kopf waits silently (a debug line) for an absent peering object: the operator says it, naming the object."""
+    await create_peering(harness)  # another name than the one asked for
+    proc, log = await start_operator(harness, tmp_path, "op-a", peering="nope")
+    path = tmp_path / "op-a.log"
+    try:
+        await poll_until(lambda: "not found" in path.read_text(), "the warning", 30, detail=path.read_text)
+        await harness.create_run(example())
+        await asyncio.sleep(3)
+        assert await harness.get("jobs", "tiny-sft") is None, "paused: no peering object, no work"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+        log.close()
+    line = next(li for li in path.read_text().splitlines() if "not found" in li)
+    assert "--peering nope: ClusterKopfPeering/nope not found; this replica stays paused until it exists" in line
+
+
+def test_auto_priority_prefers_the_replica_started_first():
+    rng = random.Random(7)
+    older, newer = auto_priority(1_800_000_000, rng), auto_priority(1_800_000_001, rng)
+    assert older > newer  # a newcomer joins as the standby
+    same_second = {auto_priority(1_800_000_000, rng) for _ in range(1000)}
+    assert len(same_second) == 1000  # the random tie-break separates replicas started together
+    assert max(same_second) < 2**53 and auto_priority(2**31 + 5, rng) < newer  # exact in JSON; ordered after 2038
+
+
+def test_bad_peering_lifetime_is_one_line():
+    proc = subprocess.run(
+        [*RLT, "operator", "-A", "--peering", "x", "--peering-lifetime", "1"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "--peering-lifetime '1': expected whole seconds, at least 2" in proc.stderr
+    assert "Traceback" not in proc.stderr
