@@ -154,11 +154,19 @@ def pick_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def is_cuda(device: str) -> bool:
+    """Whether `device` is a GPU: "cuda", "cuda:3" and torch.device("cuda", 3) alike. The one place cuda-ness is
+    decided; comparing device strings missed "cuda:N", the device every launched rank gets (rank_device)."""
+    import torch
+
+    return torch.device(device).type == "cuda"
+
+
 def torch_dtype(ref: ModelRef, device: str):
     import torch
 
     if ref.dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        return torch.bfloat16 if is_cuda(device) else torch.float32
     return getattr(torch, ref.dtype)
 
 

@@ -15,7 +15,7 @@ from rlt.data.dataset import DataError, load_data
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
 from rlt.method.reward import reward_from_spec
-from rlt.run.models import load_model, load_tokenizer
+from rlt.run.models import is_cuda, load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
 from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, say_line, trainer_options
 from rlt.stages.context import StageContext
@@ -126,7 +126,7 @@ def grpo_config(ctx: StageContext, device: str):
     server, colocate = gen.mode == "server", gen.mode == "colocate"
     if server and not gen.server_url:
         raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
-    if colocate and not device.startswith("cuda"):
+    if colocate and not is_cuda(device):
         raise ValueError(
             "stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
             "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)"
