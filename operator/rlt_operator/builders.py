@@ -19,6 +19,7 @@ from rlt.run.metrics import TRAINER_METRICS_PORT
 from rlt.run.outputs import pushed_uri, stage_outputs
 from rlt.spec.base import API_GROUP, API_VERSION, KIND
 from rlt.spec.loading import dump_run
+from rlt.spec.resources import quantity_bytes
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec, needs_generators, stage_settings, zero_stage
 from rlt.spec.stage_registry import newest_teacher_stage, stage_info
 
@@ -186,19 +187,6 @@ def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
     if spec.scheduling.queue_name:
         return {**lbls, KUEUE_QUEUE: spec.scheduling.queue_name}
     return lbls
-
-
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-
-
-def quantity_bytes(q: str) -> int:
-    """A Kubernetes quantity (the spec's pattern guarantees its form) in bytes."""
-    for table in (_BINARY, _DECIMAL):
-        for suffix in sorted(table, key=len, reverse=True):
-            if q.endswith(suffix):
-                return int(float(q[: -len(suffix)]) * table[suffix])
-    return int(float(q))
 
 
 def _plus_shm(memory: str, shm: str) -> str:

@@ -56,3 +56,18 @@ def test_rank_shares_cover_every_row_once_and_the_merge_refuses_gaps():
     assert gather_shares(sorted(p for s in shares for p in s), 0, 1, 7) == rows
     with pytest.raises(RuntimeError, match="duplicates or gaps"):
         gather_shares(shares[0] + shares[0], 0, 1, 7)
+
+
+def test_a_finished_stage_keeps_its_last_checkpoint_without_optimizer_states(tmp_path):
+    from rlt.stages.common import prune_finished_checkpoints
+
+    old = _checkpoint(tmp_path, 2, complete=True)
+    last = _checkpoint(tmp_path, 4, complete=True)
+    for ckpt in (old, last):
+        (ckpt / "optimizer.pt").write_bytes(b"adam")
+        (ckpt / "global_step4").mkdir()
+        (ckpt / "global_step4" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"zero")
+        (ckpt / "trainer_state.json").write_text("{}")
+    prune_finished_checkpoints(tmp_path)
+    assert not old.exists()
+    assert sorted(p.name for p in last.iterdir()) == [CHECKPOINT_COMPLETE, "model.safetensors", "trainer_state.json"]

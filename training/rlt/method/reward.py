@@ -122,7 +122,12 @@ class RLTReward(RewardFunction):
         self.same_vocab = _same_vocab(self.teacher_tokenizer, student_tokenizer)
         self.teacher = (
             SpanScorer(
-                teacher, self.teacher_tokenizer, temperature, batch_size, share_prefix, max_batch_tokens=max_batch_tokens
+                teacher,
+                self.teacher_tokenizer,
+                temperature,
+                batch_size,
+                share_prefix,
+                max_batch_tokens=max_batch_tokens,
             )
             if teacher is not None
             else None

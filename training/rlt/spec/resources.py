@@ -11,6 +11,17 @@ from rlt.spec.base import (
 )
 
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+def quantity_bytes(q: str) -> int:
+    """A Kubernetes quantity (the spec's pattern guarantees its form) in bytes."""
+    for table in (_BINARY, _DECIMAL):
+        for suffix in sorted(table, key=len, reverse=True):
+            if q.endswith(suffix):
+                return int(float(q[: -len(suffix)]) * table[suffix])
+    return int(float(q))
 
 
 class PodResources(Strict):

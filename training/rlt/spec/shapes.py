@@ -123,13 +123,15 @@ def _shape_of(config: Any, source: str) -> ModelShape:
 
 
 @lru_cache(maxsize=32)
-def _read(model: str, revision: str | None) -> tuple[ModelShape | None, str]:
+def _read(model: str, revision: str | None, build: bool) -> tuple[ModelShape | None, str]:
     from pathlib import Path
 
     from transformers import AutoConfig
 
-    from rlt.run.models import resolve_model_path
+    from rlt.run.models import builtin_model_dir, resolve_model_path
 
+    if model.startswith("builtin:") and not build and not builtin_model_dir(model).is_dir():
+        return None, f"{model}: not built yet (`rlt plan` builds it; the first run does too)"
     try:
         path = resolve_model_path(model)  # a built-in is made once in the cache (tiny; no download)
     except ValueError as err:
@@ -154,8 +156,9 @@ def _read(model: str, revision: str | None) -> tuple[ModelShape | None, str]:
     )
 
 
-def read_shape(ref: ModelRef | str) -> tuple[ModelShape | None, str]:
-    """(shape, "") or (None, why it could not be read). Never downloads."""
+def read_shape(ref: ModelRef | str, build: bool = True) -> tuple[ModelShape | None, str]:
+    """(shape, "") or (None, why it could not be read). Never downloads; `build`: make a missing built-in model
+    (a local conversion, seconds) rather than say it is not built yet."""
     if isinstance(ref, ModelRef):
-        return _read(ref.model, ref.revision)
-    return _read(ref, None)
+        return _read(ref.model, ref.revision, build)
+    return _read(ref, None, build)
