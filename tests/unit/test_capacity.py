@@ -148,3 +148,13 @@ def test_process_group_gets_the_spec_timeout(monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_gpu_cluster_doc_sizing_is_the_plan_of_each_example():
+    from suite_helpers import ROOT
+
+    from rlt.spec.docs import sizing_table
+
+    table = sizing_table(EXAMPLES)
+    assert "rltrun-paper-7b.yaml` | rl | GPU memory per trainer process" in table
+    assert table in (ROOT / "docs" / "gpu-cluster.md").read_text(), "docs/gpu-cluster.md is stale: run make generate"

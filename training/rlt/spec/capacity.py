@@ -267,7 +267,8 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             _generation_stage(spec, stage, shapes, gpu_memory, plan, gpu)
             stage_disk[stage] = (0, _generated_bytes(spec, stage, rows))
         if stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server" and teacher is not None:
-            plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
+            if not any(c.resource.startswith("vLLM generator") for c in plan.checks):  # one StatefulSet serves both
+                plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
     # Host memory of a trainer pod: DeepSpeed's start-up estimate (or every rank's loaded copy) and /dev/shm.
     limit = quantity_bytes(res.trainer.memory_limit or res.trainer.memory or f"{max(8, 32 * res.trainer.gpus)}Gi")
     plan.checks.append(
@@ -440,33 +441,33 @@ def _generation_stage(spec: RLTRunSpec, stage: str, shapes: Shapes, gpu_memory: 
 
 
 def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory: int) -> Check:
-    """A vLLM generator GPU: the weights of its tensor-parallel shard and the KV cache vLLM sizes from
-    gpuMemoryUtilization; fails when not one sequence of maxModelLen fits."""
+    """A vLLM generator GPU: the weights of its tensor-parallel shard, vLLM's own working memory and the KV cache of
+    at least one sequence of maxModelLen must fit in the share gpuMemoryUtilization gives vLLM; the rest of the
+    share is KV cache, shown as concurrent sequences of maxModelLen."""
     gen, res = spec.stages.rl.generation, spec.resources.generator
     b = dtype_bytes(spec.teacher)
     tp = res.tensor_parallel_size
     share = int(gen.gpu_memory_utilization * gpu_memory)
     weights = shape.params * b // tp
-    kv_budget = share - weights - VLLM_NON_KV
     max_len = gen.max_model_len or shape.max_positions or 0
     per_seq = max_len * shape.kv_bytes_per_token * b // tp
-    seqs = kv_budget // per_seq if per_seq and kv_budget > 0 else 0
+    kv_budget = share - weights - VLLM_NON_KV
+    seqs = max(0, kv_budget // per_seq) if per_seq else 0
     check = Check(
         stage,
-        "vLLM generator GPU",
+        f"vLLM generator GPU (KV cache for {seqs} sequences of {max_len} tokens at once)",
         [
             (f"weights (1/{tp} of the model)", weights),
             ("vLLM activations, CUDA graphs (constant)", VLLM_NON_KV),
-            (f"KV cache: {seqs} concurrent sequences of {max_len} tokens", max(0, kv_budget)),
+            (f"KV cache of one sequence of maxModelLen {max_len}", per_seq),
         ],
         share,
-        "resources.generator.tensorParallelSize, stages.rl.generation.gpuMemoryUtilization or maxModelLen",
+        "resources.generator.tensorParallelSize, stages.rl.generation.gpuMemoryUtilization or "
+        "stages.rl.generation.maxModelLen",
     )
     need = spec.stages.rl.max_prompt_length + spec.stages.rl.max_completion_length
-    if seqs < 1 or weights + VLLM_NON_KV > share:
-        check.terms.append(("not one sequence fits", share))
-    elif max_len < min(need, shape.max_positions or need):
-        check.note = f"maxModelLen {max_len} < prompt + completion {need}: long rows are cut"
+    if max_len < min(need, shape.max_positions or need):
+        check.note = f"maxModelLen {max_len} < maxPromptLength + maxCompletionLength {need}: long rows are cut"
     return check
 
 
