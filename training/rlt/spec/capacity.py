@@ -72,6 +72,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     values: dict[str, int] = field(default_factory=dict)  # derived settings (e.g. the scoring token cap)
     shapes: Shapes | None = None
+    disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
 
     @property
     def failures(self) -> list[Check]:
@@ -281,6 +282,7 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             note="sharedMemory is added to the pod's request on top",
         )
     )
+    plan.disk = stage_disk
     # The volume at its fullest: every finished stage's kept bytes plus the running stage's peak.
     kept, best = 0, (-1, "", 0, 0)
     for stage, (extra, after) in stage_disk.items():
@@ -389,7 +391,9 @@ def _trainer_disk(
         held = 0
     model = shape.params * b + (trainable * 4 if trainable < shape.params else 0)
     # finished: the model, and the last checkpoint (rl: whole, others: without optimizer states)
-    kept_ckpt = min(held, st.save_total_limit or held) * one if stage == "rl" else (shape.params * b if held else 0)
+    lora = trainable < shape.params
+    last_weights = trainable * 4 if lora else shape.params * b  # a LoRA checkpoint holds the adapter only
+    kept_ckpt = min(held, st.save_total_limit or held) * one if stage == "rl" else (last_weights if held else 0)
     return held * one + model, model + kept_ckpt
 
 
