@@ -200,6 +200,13 @@ def _trainer_terms(
             ),
         )
     ]
+    if ref.lora is not None and ref.lora.dropout > 0:
+        # PEFT applies the LoRA dropout to each adapted layer's input: a new tensor and its mask (1 byte) kept for
+        # the backward pass, per adapted layer (one layer's worth under gradient checkpointing)
+        width = shape.lora_input_width(ref.lora.target_modules)
+        width = width // shape.layers if st.gradient_checkpointing else width
+        name, size = phases[0]
+        phases[0] = (f"{name} + LoRA dropout copies", size + st.per_device_batch_size * length * width * (b + 1))
     if gpu:
         terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
     return host, terms, phases, trainable

@@ -85,6 +85,15 @@ class ModelShape:
             if (every and suffix != "lm_head") or suffix in targets
         )
 
+    def lora_input_width(self, targets: list[str]) -> int:
+        """Summed input width of every adapted linear layer (all layers): what PEFT's LoRA dropout copies per token."""
+        every = targets == ["all-linear"]
+        return sum(
+            count * fan_in
+            for (suffix, fan_in, _), count in self.linears.items()
+            if (every and suffix != "lm_head") or suffix in targets
+        )
+
     @classmethod
     def from_config(cls, config: Any, source: str) -> ModelShape:
         """Shape of a transformers config: counts taken on an empty model built from it."""
