@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -159,7 +160,9 @@ def run_measured(
     t.join()
     if out.returncode:
         raise SystemExit(f"{' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    rss = [int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith(MARK)]
+    rss = [int(n) for n in re.findall(rf"{MARK} (\d+)", out.stdout)]  # ranks share stdout: lines may interleave
+    if len(rss) != world:
+        raise SystemExit(f"{' '.join(args)}: {len(rss)} of {world} processes reported their peak memory")
     return rss, peak[0]
 
 

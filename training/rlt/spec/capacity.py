@@ -25,6 +25,9 @@ CUDA_OVERHEAD = 3 * GiB
 # vLLM keeps this much of its share for activations and CUDA graphs before sizing the KV cache (its profiling run
 # measures it; ~1-2 GiB for a 7B model). Documented constant, not measured here.
 VLLM_NON_KV = 2 * GiB
+# DeepSpeed's default reduce_bucket_size (elements; rlt's ZeRO config leaves it unset): ZeRO 1/2 allocate two
+# gradient buckets of it with overlap_comm (stage_1_and_2.setup_buckets), ZeRO-3 one (stage3, "IPG").
+DS_REDUCE_BUCKET = 500_000_000
 SCORING_SHARE = 0.1  # share of the GPU a scoring micro-batch may take (reward.maxBatchTokens default)
 # Bytes per (scored token × vocabulary entry) of a training loss, on top of the logits in the model's dtype:
 # SFT (transformers' ForCausalLMLoss) upcasts them to fp32 and keeps the fp32 gradient (8 more bytes); GRPO on a GPU
@@ -187,6 +190,17 @@ def _trainer_terms(
     trainable = shape.lora_params(ref.lora.r, ref.lora.target_modules) if ref.lora else shape.params
     states, host, how = model_states(shape, trainable, st.deepspeed_zero_stage, res.nodes, max(1, res.gpus), b)
     terms = [(f"model states ({how})", states)]
+    world = res.nodes * max(1, res.gpus)
+    zero = st.deepspeed_zero_stage
+    if world > 1 and zero > 0:
+        buckets = 1 if zero == 3 else 2  # rlt's config turns overlap_comm on: ZeRO 1/2 double-buffer
+        # torch.empty on a GPU reserves the whole bucket; on CPU only the pages the gradients touch count
+        per_bucket = DS_REDUCE_BUCKET if gpu else min(DS_REDUCE_BUCKET, trainable)
+        terms.append((f"DeepSpeed gradient buckets ({buckets} × reduce_bucket_size)", buckets * per_bucket * b))
+        if not gpu:  # on CPU host and device memory are one: each rank's loaded copy counts here too
+            terms.append(
+                ("model loading before ZeRO partitions it (DeepSpeed's host estimate per rank)", host // res.gpus)
+            )
     if stage == "rl":
         length, scored = st.max_prompt_length + st.max_completion_length, st.max_completion_length
     else:
@@ -241,6 +255,9 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
                     plan.values["rl.reward.maxBatchTokens"] = cap
                     phases.append((f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(student, sb)))
                     host += world // res.trainer.nodes * student.params * sb
+                if rl.beta > 0 and ref.lora is None and rl.ref_sync.enabled and st.deepspeed_zero_stage == 3:
+                    # rlt.stages.rl.pairwise_ref_sync gathers one pair at a time (TRL's callback: both models)
+                    phases.append(("reference soft-sync, one parameter pair gathered", 2 * shape.largest_param * b))
                 if rl.beta > 0 and ref.lora is None:
                     split = world if st.deepspeed_zero_stage == 3 and world > 1 else 1
                     terms.append(
