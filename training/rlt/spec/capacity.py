@@ -377,14 +377,24 @@ def stage_steps(spec: RLTRunSpec, stage: str, rows: int | None) -> int | None:
     return math.ceil(math.ceil(rows / st.batch_size) * st.epochs)
 
 
+def saved_model_bytes(shape: ModelShape, zero: int, world: int, b: int) -> int:
+    """The model as the Trainer saves it: under ZeRO 1/2 from DeepSpeed's module state dict, where tied embeddings
+    are written under both names (measured: benchmarks/capacity.py), else each tensor once."""
+    ds12 = world > 1 and zero in (1, 2)
+    return (shape.params + (shape.tied if ds12 else 0)) * b
+
+
 def checkpoint_bytes(shape: ModelShape, trainable: int, zero: int, world: int, b: int) -> int:
     """One checkpoint on disk: the weights (16-bit gathered model under ZeRO-3, the model otherwise; a LoRA adapter
     alone) plus the optimizer: DeepSpeed's fp32 master weights and two Adam moments (12 bytes per trainable
-    parameter, all ranks' shards together), or the Trainer's AdamW states in the parameters' dtype."""
+    parameter, all ranks' shards together; ZeRO 1/2 also write the whole module again in their model states), or
+    the Trainer's AdamW states in the parameters' dtype."""
     lora = trainable < shape.params
-    weights = trainable * 4 if lora else shape.params * b
-    optimizer = trainable * 12 if (world > 1 and zero > 0) or lora else trainable * 2 * b
-    return weights + optimizer
+    weights = trainable * 4 if lora else saved_model_bytes(shape, zero, world, b)
+    ds = world > 1 and zero > 0
+    optimizer = trainable * 12 if ds or lora else trainable * 2 * b
+    module_states = saved_model_bytes(shape, zero, world, b) if ds and zero in (1, 2) and not lora else 0
+    return weights + optimizer + module_states
 
 
 def _trainer_disk(
@@ -413,10 +423,11 @@ def _trainer_disk(
             )
         )
         held = 0
-    model = shape.params * b + (trainable * 4 if trainable < shape.params else 0)
-    # finished: the model, and the last checkpoint (rl: whole, others: without optimizer states)
     lora = trainable < shape.params
-    last_weights = trainable * 4 if lora else shape.params * b  # a LoRA checkpoint holds the adapter only
+    model = saved_model_bytes(shape, st.deepspeed_zero_stage, world, b) + (trainable * 4 if lora else 0)
+    # finished: the model, and the last checkpoint (rl: whole, others: without optimizer states)
+    # a LoRA checkpoint holds the adapter only
+    last_weights = trainable * 4 if lora else saved_model_bytes(shape, st.deepspeed_zero_stage, world, b)
     kept_ckpt = min(held, st.save_total_limit or held) * one if stage == "rl" else (last_weights if held else 0)
     return held * one + model, model + kept_ckpt
 

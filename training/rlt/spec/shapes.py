@@ -68,6 +68,7 @@ class ModelShape:
     max_positions: int | None
     # (module name suffix, in_features, out_features) -> how many such nn.Linear: what a LoRA adapter attaches to
     linears: dict[tuple[str, int, int], int] = field(default_factory=dict, compare=False)
+    tied: int = 0  # parameters under a second name (tied embeddings): saved twice where a save does not dedupe them
     source: str = ""
 
     @property
@@ -110,6 +111,7 @@ def _shape_of(config: Any, source: str) -> ModelShape:
         model = AutoModelForCausalLM.from_config(config)
     model.tie_weights()  # an empty model is built untied; tied embeddings are one tensor in the real one
     tensors = {id(p): p.numel() for p in model.parameters()}  # a tied tensor once
+    every_name = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
     linears: Counter[tuple[str, int, int]] = Counter()
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
@@ -127,6 +129,7 @@ def _shape_of(config: Any, source: str) -> ModelShape:
         vocab=text.vocab_size,
         max_positions=getattr(text, "max_position_embeddings", None),
         linears=dict(linears),
+        tied=every_name - sum(tensors.values()),
         source=source,
     )
 
