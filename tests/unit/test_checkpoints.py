@@ -99,3 +99,18 @@ def test_the_runner_does_not_continue_a_stage_whose_only_checkpoint_is_partial(t
     monkeypatch.setattr(runner, "check_run_data", planned_to_run)
     with pytest.raises(fingerprint.StaleStageError, match=r"stages.rl.steps"):
         runner.run_local(RLTRun.model_validate(doc), output=tmp_path, only=["sft", "rl"], metrics_port=None)
+
+
+def test_a_finished_stage_keeps_its_last_checkpoint_without_optimizer_states(tmp_path):
+    from rlt.stages.common import prune_finished_checkpoints
+
+    old = _checkpoint(tmp_path, 2, complete=True)
+    last = _checkpoint(tmp_path, 4, complete=True)
+    for ckpt in (old, last):
+        (ckpt / "optimizer.pt").write_bytes(b"adam")
+        (ckpt / "global_step4").mkdir()
+        (ckpt / "global_step4" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"zero")
+        (ckpt / "trainer_state.json").write_text("{}")
+    prune_finished_checkpoints(tmp_path)
+    assert not old.exists()
+    assert sorted(p.name for p in last.iterdir()) == [CHECKPOINT_COMPLETE, "model.safetensors", "trainer_state.json"]

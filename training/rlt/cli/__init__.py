@@ -63,6 +63,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     length_problems, note = prompt_length_problems(run)
                     problems += length_problems
                     notes += [note] if note else []
+            if not args.no_plan:
+                from rlt.spec.capacity import capacity_problems
+
+                problems += [p for run in runs for p in capacity_problems(run.spec)]
             if problems:
                 raise SpecError(path, problems)
         except SpecError as err:
@@ -87,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("files", nargs="+")
     p.add_argument("--no-data", action="store_true", help="check the spec only, not the dataset it names")
+    p.add_argument("--no-plan", action="store_true", help="skip the capacity plan (`rlt plan`) on 80Gi GPUs")
     p.set_defaults(func=cmd_validate)
 
     from rlt.cli import run_commands as runner_cli  # training commands (heavy imports happen inside their handlers)
@@ -95,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     from rlt.cli import launch as launch_cli
 
     launch_cli.register(sub)
+
+    from rlt.cli import plan_command
+
+    plan_command.register(sub)
 
     register_command_groups(sub)
     return parser

@@ -110,15 +110,25 @@ class RLTReward(RewardFunction):
         teacher_tokenizer: PreTrainedTokenizerBase | None = None,
         batch_size: int = 8,
         share_prefix: bool = True,
+        max_batch_tokens: int | None = None,
     ) -> None:
         self.fmt = formatter
         self.alpha, self.kl_weight, self.penalty = alpha, kl_weight, format_penalty
         self.student_tokenizer = student_tokenizer
-        self.student = SpanScorer(student, student_tokenizer, temperature, batch_size, share_prefix)
+        self.student = SpanScorer(
+            student, student_tokenizer, temperature, batch_size, share_prefix, max_batch_tokens=max_batch_tokens
+        )
         self.teacher_tokenizer = teacher_tokenizer or student_tokenizer
         self.same_vocab = _same_vocab(self.teacher_tokenizer, student_tokenizer)
         self.teacher = (
-            SpanScorer(teacher, self.teacher_tokenizer, temperature, batch_size, share_prefix)
+            SpanScorer(
+                teacher,
+                self.teacher_tokenizer,
+                temperature,
+                batch_size,
+                share_prefix,
+                max_batch_tokens=max_batch_tokens,
+            )
             if teacher is not None
             else None
         )
@@ -135,6 +145,7 @@ class RLTReward(RewardFunction):
             self.student.temperature,
             self.student.batch_size,
             self.student.share_prefix,
+            max_batch_tokens=self.student.max_batch_tokens,
         )
 
     # ---- teacher log-probs of E
@@ -287,4 +298,23 @@ def reward_from_spec(
         teacher_tokenizer=teacher_tokenizer,
         batch_size=r.batch_size,
         share_prefix=r.share_prefix,
+        max_batch_tokens=scoring_batch_tokens(spec, student),
     )
+
+
+def scoring_batch_tokens(spec: RLTRunSpec, student: PreTrainedModel) -> int:
+    """The scoring micro-batch's token cap: stages.rl.reward.maxBatchTokens, else the capacity plan's for this
+    student on its device (the GPU's memory; on CPU the plan's assumed GPU, rlt.spec.capacity.DEFAULT_GPU_MEMORY)."""
+    r = spec.stages.rl.reward
+    if r.max_batch_tokens is not None:
+        return r.max_batch_tokens
+    import torch
+
+    from rlt.run.models import is_cuda
+    from rlt.spec.capacity import DEFAULT_GPU_MEMORY, scoring_token_cap
+    from rlt.spec.shapes import ModelShape
+
+    device = student.device
+    memory = torch.cuda.get_device_properties(device).total_memory if is_cuda(str(device)) else DEFAULT_GPU_MEMORY
+    shape = ModelShape.from_config(student.config, source="the loaded student")
+    return scoring_token_cap(spec, shape, memory, dtype_bytes=student.dtype.itemsize)

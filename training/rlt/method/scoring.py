@@ -89,6 +89,7 @@ class SpanScorer:
         batch_size: int = 8,
         share_prefix: bool = True,
         head_chunk: int = 128,
+        max_batch_tokens: int | None = None,
     ) -> None:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("span scoring needs a fast tokenizer (character offsets)")
@@ -98,6 +99,9 @@ class SpanScorer:
         self.batch_size = batch_size
         self.share_prefix = share_prefix
         self.head_chunk = head_chunk
+        # A micro-batch holds at most `batch_size` rows AND at most this many padded positions (rows × longest row,
+        # shared prefix included: its KV cache is copied per row); a longer row runs alone. None: rows only.
+        self.max_batch_tokens = max_batch_tokens
         self.backbone = getattr(model, model.base_model_prefix)
         self.head = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # unannotated in transformers
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -132,11 +136,25 @@ class SpanScorer:
             if len(members) < 2 or prefix < MIN_SHARED_PREFIX:
                 loose += members
                 continue
-            members.sort(key=lambda s: len(s.ids))
-            plan += [(prefix, members[i : i + self.batch_size]) for i in range(0, len(members), self.batch_size)]
-        loose.sort(key=lambda s: len(s.ids))
-        plan += [(0, loose[i : i + self.batch_size]) for i in range(0, len(loose), self.batch_size)]
+            plan += [(prefix, batch) for batch in self._pack(members)]
+        plan += [(0, batch) for batch in self._pack(loose)]
         return plan
+
+    def _pack(self, seqs: list[_Seq]) -> list[list[_Seq]]:
+        """Micro-batches of length-sorted sequences, each within batch_size rows and max_batch_tokens positions."""
+        batches: list[list[_Seq]] = []
+        for seq in sorted(seqs, key=lambda s: len(s.ids)):
+            last = batches[-1] if batches else None
+            # sorted: the new row is the longest, so the padded batch is (rows + 1) × its length
+            if (
+                last is not None
+                and len(last) < self.batch_size
+                and (self.max_batch_tokens is None or (len(last) + 1) * len(seq.ids) <= self.max_batch_tokens)
+            ):
+                last.append(seq)
+            else:
+                batches.append([seq])
+        return batches
 
     # ---- compute
     def _head_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

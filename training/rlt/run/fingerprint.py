@@ -32,6 +32,7 @@ NOT_AFFECTING = {
     "perDeviceBatchSize",
     "reward.batchSize",
     "reward.sharePrefix",
+    "reward.maxBatchTokens",
 }
 # Without a Trainer, batchSize is how many rows are generated together: speed, not output.
 NOT_AFFECTING_BY_STAGE = {s.name: {"batchSize"} for s in STAGES if not s.trainer}

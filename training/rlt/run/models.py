@@ -134,6 +134,11 @@ def _build_tiny_qwen2(out: Path) -> None:
     hf_tok.save_pretrained(out)
 
 
+def builtin_model_dir(name: str) -> Path:
+    """Where the built-in model `builtin:<key>` is (or will be) materialised."""
+    return cache_root() / "models" / f"{name.removeprefix('builtin:')}-v1"
+
+
 def resolve_model_path(ref: ModelRef | str) -> str:
     """A path or hub id that from_pretrained understands; built-ins are materialised in the cache."""
     name = ref.model if isinstance(ref, ModelRef) else ref
@@ -144,7 +149,7 @@ def resolve_model_path(ref: ModelRef | str) -> str:
             raise ValueError(
                 f"unknown built-in model {name!r} (choose from {', '.join('builtin:' + b for b in BUILTIN_MODELS)})"
             )
-        return str(_build_atomically(cache_root() / "models" / f"{key}-v1", builders[key]))
+        return str(_build_atomically(builtin_model_dir(name), builders[key]))
     return name
 
 
@@ -154,11 +159,19 @@ def pick_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def is_cuda(device: str) -> bool:
+    """Whether `device` is a GPU: "cuda", "cuda:3" and torch.device("cuda", 3) alike. The one place cuda-ness is
+    decided; comparing device strings missed "cuda:N", the device every launched rank gets (rank_device)."""
+    import torch
+
+    return torch.device(device).type == "cuda"
+
+
 def torch_dtype(ref: ModelRef, device: str):
     import torch
 
     if ref.dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        return torch.bfloat16 if is_cuda(device) else torch.float32
     return getattr(torch, ref.dtype)
 
 

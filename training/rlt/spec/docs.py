@@ -62,12 +62,16 @@ def replace_between(text: str, begin: str, end: str, body: str) -> str:
 
 
 def regenerate(docs_dir: str = "docs") -> None:
-    """`make docs`: rewrite the generated tables of docs/spec.md and docs/metrics.md."""
+    """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md and docs/gpu-cluster.md."""
     from pathlib import Path
 
     from rlt.run.metrics import markdown_table
 
-    for name, marker, body in (("spec.md", "SPEC", spec_table()), ("metrics.md", "METRICS", markdown_table())):
+    for name, marker, body in (
+        ("spec.md", "SPEC", spec_table()),
+        ("metrics.md", "METRICS", markdown_table()),
+        ("gpu-cluster.md", "SIZING", sizing_table(Path(docs_dir).resolve().parent / "manifests" / "examples")),
+    ):
         path = Path(docs_dir) / name
         path.write_text(
             replace_between(path.read_text(), f"<!-- BEGIN {marker} TABLE -->", f"<!-- END {marker} TABLE -->", body)
@@ -76,3 +80,25 @@ def regenerate(docs_dir: str = "docs") -> None:
 
 def spec_table() -> str:
     return "\n".join(["| field | type | default | meaning |", "|---|---|---|---|"] + _rows(RLTRunSpec, "spec"))
+
+
+# The examples meant for a GPU cluster, sized in docs/gpu-cluster.md from their capacity plan.
+SIZED_EXAMPLES = ("rltrun-paper-7b.yaml", "rltrun-multinode.yaml", "rltrun-small-2gpu.yaml", "rltrun-lora-tracked.yaml")
+
+
+def sizing_table(examples_dir) -> str:
+    """docs/gpu-cluster.md's sizing section: `rlt plan` of each GPU example on 80Gi GPUs, one row per stage and
+    resource (the numbers come from rlt.spec.capacity, never from hand)."""
+    from pathlib import Path
+
+    from rlt.spec.capacity import gib, plan_for_run
+    from rlt.spec.validation import load_valid_run
+
+    rows = ["| example | stage | resource | planned | has |", "|---|---|---|---|---|"]
+    for name in SIZED_EXAMPLES:
+        run = load_valid_run(Path(examples_dir) / name)
+        plan = plan_for_run(run.spec, build=False)
+        for c in plan.checks:
+            has = gib(c.limit) if c.limit is not None else "-"
+            rows.append(f"| `{name}` | {c.stage} | {c.resource} | {gib(c.total)} | {has} |")
+    return "\n".join(rows)

@@ -44,6 +44,11 @@ _DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1
 _DECIMAL.update({s: 10 ** (3 * (i + 1)) for i, s in enumerate("kMGTPE")})
 
 
+def quantity_bytes(q: str) -> int:
+    """A quantity of bytes (memory, storage) as a whole number: '1.5Gi' → 1610612736."""
+    return int(quantity_value(q))
+
+
 def quantity_value(q: str) -> Fraction:
     """The exact value of a quantity in its base unit (bytes, cores): '1.5Gi' → 1610612736, '500m' → 1/2."""
     m = re.fullmatch(rf"\+?(?P<num>{_NUMBER})(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?", q)

@@ -45,6 +45,7 @@ TRAINER_OWNED_ARGS: dict[str, str] = {
     "logging_steps": _INSTEAD + "loggingSteps",
     "seed": "set spec.seed",
     "disable_tqdm": "the progress bar is rlt's",
+    "ddp_timeout": "set by rlt from generation.serverTimeoutSeconds and the stage's lengths (rlt.spec.budgets)",
 }
 SFT_OWNED_ARGS: dict[str, str] = {
     **TRAINER_OWNED_ARGS,
@@ -108,7 +109,13 @@ class TrainerOptions(Strict):
 
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
     logging_steps: int = Field(1, gt=0, description="Log (metrics.jsonl, tracking, Prometheus) every N steps.")
-    save_total_limit: int | None = Field(None, gt=0, description="Keep at most this many checkpoints.")
+    save_total_limit: int | None = Field(
+        2,
+        gt=0,
+        description="Keep at most this many checkpoints (null: all of them; each holds the optimizer states, several "
+        "times the model's size: `rlt plan` shows what they take on the volume). When the stage finishes only the "
+        "last is kept, without its optimizer states except for rl (docs/operator.md).",
+    )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         "auto", description="Training precision; auto = fp32 on CPU, bf16 on GPU."
     )
@@ -176,6 +183,13 @@ class RewardSpec(Strict):
         2, gt=0, description="Scoring micro-batch: small on CPU (batching only adds memory there), 16-32 on a GPU."
     )
     share_prefix: bool = Field(True, description="Run a group's shared prompt prefix once and reuse its KV cache.")
+    max_batch_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Scoring micro-batch cap in padded tokens (rows × longest row); a longer row is scored alone. "
+        "Default: from the capacity plan, a tenth of the GPU's memory over the student's bytes per token "
+        "(`rlt plan` prints it).",
+    )
 
 
 class ServerSpec(Strict):

@@ -25,6 +25,7 @@ from rlt.run.layout import (
 )
 from rlt.run.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, tracking_name
 from rlt.run.tracking import Tracker, point_tensorboard
+from rlt.spec.budgets import collective_timeout_seconds
 from rlt.spec.run import stage_settings, zero_stage
 from rlt.spec.stage_registry import teacher_stages_before
 from rlt.stages.context import StageContext, world_size
@@ -218,10 +219,13 @@ def trainer_precision(device: str, precision: str = "auto", processes: int = 1) 
     Several CPU processes (the gloo stand-in for GPUs and nodes): accelerate 1.15 picks no backend for DeepSpeed
     without CUDA and every rank would think it is alone, so the Trainer is told to use the process group that
     `join_process_group` made; `use_cpu` would switch accelerate to MULTI_CPU and away from DeepSpeed."""
+    from rlt.run.models import is_cuda
+
+    on_gpu = is_cuda(device)
     if precision == "auto":
-        precision = "fp32" if device == "cpu" else "bf16"
+        precision = "bf16" if on_gpu else "fp32"
     out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-    if device == "cpu":
+    if not on_gpu:
         if processes > 1:
             out.update(use_cpu=False, accelerator_config={"use_configured_state": True})
         else:
@@ -234,12 +238,14 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
     TrainerOptions, the DeepSpeed config of its ZeRO stage (the value the operator's accelerate launch gets too),
     the layout, the seed, tracking. The stage's trainerArgs are added by the config builder (the spec keeps them off
     the keys set here: spec.stages.TRAINER_OWNED_ARGS)."""
+    from rlt.run.models import is_cuda
     from rlt.run.tracking import report_to_args
 
     st = stage_settings(ctx.spec, stage)
     processes = world_size()
-    if device == "cpu" and processes > 1:
-        join_process_group(device)  # the configured state the Trainer is told to use (trainer_precision)
+    timeout = collective_timeout_seconds(ctx.spec, stage)
+    if not is_cuda(device) and processes > 1:
+        join_process_group(device, timeout)  # the configured state the Trainer is told to use (trainer_precision)
     return {
         "output_dir": str(ctx.layout.checkpoints_dir(stage)),
         "per_device_train_batch_size": st.per_device_batch_size,
@@ -256,6 +262,7 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
         "max_grad_norm": st.max_grad_norm,
         "logging_steps": st.logging_steps,
         "save_total_limit": st.save_total_limit,
+        "ddp_timeout": timeout,  # a rank waits this long in a collective while rank 0 waits on the rollout
         **trainer_precision(device, st.precision, processes),
         **report_to_args(ctx),
     }
@@ -314,6 +321,10 @@ class TrainerRun:
         if self.stop.agreed:
             raise Stopped(self.stage, trainer.state.global_step, self.recorder.last_checkpoint)
         out = save_final_model(trainer, self.ctx, self.stage, self.start, self.tokenizer, self.device)
+        # Every rank has written its part of the final model (save_model gathers). rl keeps its checkpoints (at most
+        # saveTotalLimit): `rlt run` with more stages.rl.steps continues from the last one, optimizer included.
+        if self.ctx.is_main and self.stage != "rl":
+            prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
         self.recorder.done()
         return out
 
@@ -371,18 +382,27 @@ def outside_zero3(trainer):
             set_hf_deepspeed_config(live)
 
 
-def join_process_group(device: str) -> tuple[int, int]:
+def join_process_group(device: str, timeout_s: float | None = None) -> tuple[int, int]:
     """(rank, world size) of this process; the one place a stage makes its process group. Under a launcher
     (WORLD_SIZE > 1) it joins it: gloo on CPU, NCCL on GPU (call `rank_device` first so NCCL uses this rank's GPU).
     On CPU accelerate's PartialState is made over the same group, so a Trainer with `use_configured_state` joins it
-    too (accelerate alone would make none for DeepSpeed without CUDA)."""
+    too (accelerate alone would make none for DeepSpeed without CUDA). `timeout_s`: how long a collective waits for
+    the slowest rank (rlt.spec.budgets.collective_timeout_seconds; torch's 30 minutes when None)."""
     if world_size() <= 1:
         return 0, 1
+    from datetime import timedelta
+
     import torch.distributed as dist
 
+    from rlt.run.models import is_cuda
+
+    cuda = is_cuda(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    if not device.startswith("cuda"):
+        dist.init_process_group(
+            backend="nccl" if cuda else "gloo",
+            timeout=timedelta(seconds=timeout_s) if timeout_s else None,
+        )
+    if not cuda:
         from accelerate import PartialState
 
         PartialState(backend="gloo")
@@ -397,7 +417,7 @@ def my_share(items: list, rank: int, world: int) -> list[tuple[int, Any]]:
 def shard_rows(ctx: StageContext, stage: str, rows: list) -> tuple[int, int, list[tuple[int, Any]]]:
     """(rank, world size, this rank's rows with their index) for a stage whose ranks split the rows (distill,
     evaluate): joins the process group, says which world and which rows (the rlt-world and rlt-shard lines)."""
-    rank, world = join_process_group(ctx.compute_device)
+    rank, world = join_process_group(ctx.compute_device, collective_timeout_seconds(ctx.spec, stage))
     announce_world(stage)
     share = my_share(rows, rank, world)
     trace_line(f"rlt-shard stage={stage} rank={rank} rows={','.join(str(i) for i, _ in share)}")
@@ -531,3 +551,35 @@ def last_checkpoint(directory: Path) -> str | None:
         except FileNotFoundError:
             pass  # another rank set it aside first
     return None
+
+
+# What a checkpoint holds only to resume training: the Trainer's optimizer, DeepSpeed's ZeRO shards (optimizer and
+# fp32 master weights, several times the model) and the script DeepSpeed writes beside them.
+OPTIMIZER_STATE_FILES = ("optimizer.pt", "latest", "zero_to_fp32.py")
+OPTIMIZER_STATE_DIRS = "global_step*"
+
+
+def prune_finished_checkpoints(directory: Path) -> list[Path]:
+    """Once a stage's final model is written: every checkpoint but the last complete one is deleted, and that one
+    loses its optimizer states (it keeps its weights, trainer state and marker; set-aside partial ones are kept).
+    Returns what was removed. No later stage reads a checkpoint (they read <stage>/model), so this is the stage's
+    disk given back to the next one."""
+    import shutil
+
+    last = last_checkpoint(directory)
+    if last is None:
+        return []
+    removed: list[Path] = []
+    for _step, path in checkpoints(directory):
+        if str(path) != last:
+            shutil.rmtree(path)
+            removed.append(path)
+    keep = Path(last)
+    for name in OPTIMIZER_STATE_FILES:
+        if (keep / name).exists():
+            (keep / name).unlink()
+            removed.append(keep / name)
+    for sub in keep.glob(OPTIMIZER_STATE_DIRS):
+        shutil.rmtree(sub)
+        removed.append(sub)
+    return removed

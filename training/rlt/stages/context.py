@@ -59,7 +59,9 @@ def world_size() -> int:
 def rank_device(device: str) -> str:
     """This process's device. Under a launcher each rank owns GPU LOCAL_RANK, made current before any model is
     loaded (a bare "cuda" would put every rank's models on GPU 0)."""
-    if device.startswith("cuda") and "LOCAL_RANK" in os.environ:
+    from rlt.run.models import is_cuda
+
+    if is_cuda(device) and "LOCAL_RANK" in os.environ:
         import torch
 
         local = int(os.environ["LOCAL_RANK"])

@@ -16,7 +16,7 @@ from rlt.data.dataset import DataError, load_data
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
 from rlt.method.reward import reward_from_spec
-from rlt.run.models import load_model, load_tokenizer
+from rlt.run.models import is_cuda, load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
 from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, trace_line, trainer_options
 from rlt.stages.context import StageContext
@@ -139,7 +139,7 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
     server, colocate = gen.mode == "server", gen.mode == "colocate"
     if server and not gen.server_url:
         raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
-    if colocate and not device.startswith("cuda"):
+    if colocate and not is_cuda(device):
         raise ValueError(
             "stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
             "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)"
@@ -178,6 +178,43 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
         vllm_importance_sampling_clip_max=gen.importance_sampling_cap,
         **trainer_options(ctx, "rl", device),
     )
+
+
+def pairwise_ref_sync(trl_callback, zero3: bool):
+    """TRL's reference soft-sync (ref ← α·policy + (1−α)·ref every refSync.steps), done one parameter pair at a time.
+
+    TRL's SyncRefModelCallback gathers EVERY policy and reference parameter at once under ZeRO-3: a full 16-bit copy
+    of both models on each GPU for the moment of the sync (2 × 15 GB for a 7B pair, on top of the step's memory). Here
+    each (policy, reference) pair is gathered, updated by TRL's own formula on rank 0 and released before the next, so
+    the sync costs two of the largest tensors, not two models. `trl_callback` is TRL's instance (its ref model and
+    accelerator); the returned callback replaces it."""
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    class PairwiseSyncRefModelCallback(SyncRefModelCallback):
+        def sync_target_model(self, model, target_model, alpha):  # type: ignore[override]
+            if not zero3:
+                return SyncRefModelCallback._sync_target_model(model, target_model, alpha)
+            import deepspeed
+
+            for target, source in zip(target_model.parameters(), model.parameters(), strict=True):
+                with deepspeed.zero.GatheredParameters([source, target], modifier_rank=0):
+                    if deepspeed.comm.get_rank() == 0:
+                        target.data.mul_(1.0 - alpha).add_(source.data, alpha=alpha)
+            return None
+
+    return PairwiseSyncRefModelCallback(ref_model=trl_callback.ref_model, accelerator=trl_callback.accelerator)
+
+
+def use_pairwise_ref_sync(trainer, zero3: bool) -> bool:
+    """Swap TRL's reference-sync callback (when the trainer has one) for `pairwise_ref_sync`'s."""
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    for cb in list(trainer.callback_handler.callbacks):
+        if type(cb) is SyncRefModelCallback:
+            trainer.remove_callback(cb)
+            trainer.add_callback(pairwise_ref_sync(cb, zero3))
+            return True
+    return False
 
 
 def clipped_share(ratio, completion_mask, mode: str, cap: float, floor: float | None) -> tuple[float, float]:
@@ -233,6 +270,8 @@ def train_grpo(
     trainer = run.trainer(
         GRPOTrainer, args, rows, step_values, reward_funcs=[reward], rollout_func=make_rollout_fn(timer, counters)
     )
+    ds = args.deepspeed if isinstance(args.deepspeed, dict) else {}
+    use_pairwise_ref_sync(trainer, zero3=ds.get("zero_optimization", {}).get("stage") == 3)
     if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
         sync = trainer.vllm_generation.sync_weights
 

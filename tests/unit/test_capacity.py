@@ -1,0 +1,160 @@
+"""The capacity plan (rlt plan): the examples fit what they ask for, misfits name the field, shapes are counted on
+real models; and the defects it exposed (retention, cuda-ness, timeouts, probes) stay fixed."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from suite_helpers import EXAMPLES
+
+from rlt.cli import main
+from rlt.spec.budgets import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout_seconds, rollout_seconds
+from rlt.spec.capacity import plan_for_run
+from rlt.spec.loading import parse_run
+
+SIZED = ["rltrun-paper-7b.yaml", "rltrun-multinode.yaml", "rltrun-small-2gpu.yaml", "rltrun-lora-tracked.yaml"]
+
+
+def _doc(name="rltrun-paper-7b.yaml"):
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+@pytest.mark.parametrize("name", SIZED)
+def test_examples_fit_the_gpus_and_volume_they_ask_for(name):
+    plan = plan_for_run(parse_run(_doc(name)).spec)
+    assert plan.checks and not plan.notes, plan.notes  # every shape was read, nothing left unplanned
+    assert plan.failures == [], plan.errors()
+
+
+def test_unbounded_checkpoints_fill_the_paper_volume_naming_the_field():
+    doc = _doc()
+    doc["spec"]["stages"]["sft"]["saveTotalLimit"] = None
+    errors = plan_for_run(parse_run(doc).spec).errors()
+    assert len(errors) == 1 and "stages.sft.saveTotalLimit" in errors[0] and "volume" in errors[0], errors
+
+
+def test_a_70b_teacher_does_not_fit_and_the_plan_names_the_resources():
+    doc = _doc()
+    doc["spec"]["teacher"]["model"] = "Qwen/Qwen2.5-72B-Instruct"
+    errors = "\n".join(plan_for_run(parse_run(doc).spec).errors())
+    assert "sft: GPU memory per trainer process" in errors and "resources.trainer.gpus" in errors
+    assert "vLLM generator GPU" in errors and "resources.generator.tensorParallelSize" in errors
+
+
+def test_cli_exit_code_and_validate_run_the_plan(tmp_path, capsys):
+    assert main(["plan", str(EXAMPLES / "rltrun-paper-7b.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "rl       GPU memory per trainer process" in out and "reward student" in out
+    doc = _doc()
+    doc["spec"]["storage"]["size"] = "200Gi"
+    bad = tmp_path / "small-volume.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(bad)]) == 1
+    assert "change storage.size" in capsys.readouterr().err
+    assert main(["validate", "--no-data", str(bad)]) == 1
+    assert "capacity: all: run volume" in capsys.readouterr().err
+
+
+def test_parameter_counts_are_the_real_models(tmp_path):
+    """The shape counted on an empty model equals the parameters of the real built-in model, and a LoRA adapter's
+    count equals PEFT's trainable parameters on it."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlt.run.models import load_model
+    from rlt.spec.inputs import ModelRef
+    from rlt.spec.shapes import read_shape
+
+    ref = ModelRef(model="builtin:tiny-qwen2")
+    shape, why = read_shape(ref)
+    assert shape is not None, why
+    model = load_model(ref, "cpu")
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    targets = ["q_proj", "v_proj", "down_proj"]
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM"))
+    assert shape.lora_params(4, targets) == sum(p.numel() for p in peft.parameters() if p.requires_grad)
+
+
+def test_unknown_model_is_said_not_guessed():
+    doc = _doc()
+    doc["spec"]["student"]["model"] = "nobody/not-a-cached-model"
+    plan = plan_for_run(parse_run(doc).spec)
+    assert any("nobody/not-a-cached-model" in n and "config" in n for n in plan.notes)
+
+
+def test_collective_timeouts_cover_the_rollout():
+    spec = parse_run(_doc()).spec
+    # 1024 completions of 16384 tokens over 4 vLLM data-parallel engines, plus the server wait
+    assert rollout_seconds(spec, "rl") == 600 + 16384 // 10 + 1
+    assert collective_timeout_seconds(spec, "rl") > DEFAULT_COLLECTIVE_TIMEOUT_S + 1800
+    assert collective_timeout_seconds(spec, "sft") == DEFAULT_COLLECTIVE_TIMEOUT_S
+
+
+def test_trainer_options_carry_the_spec_timeout_and_retention(tmp_path, monkeypatch):
+    from suite_helpers import tiny_doc
+
+    from rlt.run.layout import RunLayout
+    from rlt.stages.common import trainer_options
+    from rlt.stages.context import StageContext
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    run = parse_run(tiny_doc())
+    opts = trainer_options(StageContext(run, RunLayout(tmp_path), device="cpu"), "rl", "cpu")
+    assert opts["ddp_timeout"] == collective_timeout_seconds(run.spec, "rl") > DEFAULT_COLLECTIVE_TIMEOUT_S
+    assert opts["save_total_limit"] == 2  # the spec's default, on every trainer stage
+    for stage in ("sft", "rl", "student"):
+        assert getattr(run.spec.stages, stage).save_total_limit == 2
+
+
+@pytest.mark.parametrize("device,cuda", [("cuda:0", True), ("cuda", True), ("cuda:3", True), ("cpu", False)])
+def test_one_helper_decides_cuda_and_auto_dtype_follows_it(device, cuda):
+    import torch
+
+    from rlt.run.models import is_cuda, torch_dtype
+    from rlt.spec.inputs import ModelRef
+
+    assert is_cuda(device) is cuda
+    # "cuda:N" is what every launched rank gets (rank_device): auto must mean bf16 there, not fp32
+    assert torch_dtype(ModelRef(model="x"), device) == (torch.bfloat16 if cuda else torch.float32)
+
+
+def test_process_group_gets_the_spec_timeout(monkeypatch):
+    """join_process_group passes its timeout to torch (spied: the call is recorded, then made for real in a world
+    of one over loopback)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from suite_helpers import free_port
+
+    from rlt.stages.common import join_process_group
+
+    seen = {}
+    real = dist.init_process_group
+
+    def spy(**kw):  # hand-written spy around the real call
+        seen.update(kw)
+        real(
+            backend=kw["backend"],
+            timeout=kw["timeout"],
+            init_method=f"tcp://127.0.0.1:{free_port()}",
+            rank=0,
+            world_size=1,
+        )
+
+    monkeypatch.setattr(dist, "init_process_group", spy)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # join only when launched
+    try:
+        join_process_group("cpu", 7200)
+        assert seen["timeout"] == timedelta(seconds=7200) and seen["backend"] == "gloo"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_gpu_cluster_doc_sizing_is_the_plan_of_each_example():
+    from suite_helpers import ROOT
+
+    from rlt.spec.docs import sizing_table
+
+    table = sizing_table(EXAMPLES)
+    assert "rltrun-paper-7b.yaml` | rl | GPU memory per trainer process" in table
+    assert table in (ROOT / "docs" / "gpu-cluster.md").read_text(), "docs/gpu-cluster.md is stale: run make generate"

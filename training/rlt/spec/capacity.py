@@ -1,0 +1,552 @@
+"""The capacity plan of a run (`rlt plan`, `rlt validate`): for every enabled stage, per pod, what each process
+needs on its GPU, what a trainer pod needs in host memory, what a generator's KV cache holds, and what the run's
+volume holds at its fullest, each compared with what the spec gives it. Pure: spec + model shapes in, a Plan out.
+
+Where a library estimates a term, its estimator is used: DeepSpeed's ZeRO-2/ZeRO-3 model-state estimators (GPU and
+host memory), the model's own config for parameter counts (rlt.spec.shapes) and KV sizes. The rest is arithmetic
+written out below with its assumptions; the CPU benchmark (benchmarks/capacity.py) measures it against real runs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rlt.spec.inputs import ModelRef
+from rlt.spec.k8s import quantity_bytes
+from rlt.spec.run import RLTRunSpec, stage_settings
+from rlt.spec.shapes import ModelShape
+
+GiB = 2**30
+DEFAULT_GPU_MEMORY = 80 * GiB  # an 80 GB A100/H100 (`rlt plan --gpu-memory`)
+# Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
+# communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
+# Not measurable on CPU: a documented constant.
+CUDA_OVERHEAD = 3 * GiB
+# vLLM keeps this much of its share for activations and CUDA graphs before sizing the KV cache (its profiling run
+# measures it; ~1-2 GiB for a 7B model). Documented constant, not measured here.
+VLLM_NON_KV = 2 * GiB
+# DeepSpeed's default reduce_bucket_size (elements; rlt's ZeRO config leaves it unset): ZeRO 1/2 allocate two
+# gradient buckets of it with overlap_comm (stage_1_and_2.setup_buckets), ZeRO-3 one (stage3, "IPG").
+DS_REDUCE_BUCKET = 500_000_000
+SCORING_SHARE = 0.1  # share of the GPU a scoring micro-batch may take (reward.maxBatchTokens default)
+# Bytes per (scored token × vocabulary entry) of a training loss, on top of the logits in the model's dtype:
+# SFT (transformers' ForCausalLMLoss) upcasts them to fp32 and keeps the fp32 gradient (8 more bytes); GRPO on a GPU
+# uses TRL's fused Triton log-prob kernel (trl.trainer.utils.selective_log_softmax): only the logits' gradient (b);
+# without Triton (CPU) TRL divides by the temperature and keeps the log-softmax: 3b more.
+LOSS_FP32_BYTES = 8
+# Characters per token of a stored explanation, for the size of generated datasets (JSONL text).
+CHARS_PER_TOKEN = 4
+# Rows of hub datasets the examples use (dataset card): needed for step counts when the data is not local.
+KNOWN_DATASET_ROWS = {"bespokelabs/Bespoke-Stratos-17k": 16710}
+
+
+@dataclass
+class Check:
+    """One resource of one stage: its terms, their total, what the spec gives it, and the field that changes it."""
+
+    stage: str
+    resource: str
+    terms: list[tuple[str, int]]
+    limit: int | None
+    fix: str
+    note: str = ""
+    # Terms of which only the largest is live at once (a GRPO step samples, then scores, then trains).
+    phases: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.terms) + max((b for _, b in self.phases), default=0)
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.total <= self.limit
+
+
+@dataclass
+class Shapes:
+    teacher: ModelShape | None
+    student: ModelShape | None
+
+
+@dataclass
+class Plan:
+    gpu_memory: int
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    values: dict[str, int] = field(default_factory=dict)  # derived settings (e.g. the scoring token cap)
+    shapes: Shapes | None = None
+    disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.fits]
+
+    def errors(self) -> list[str]:
+        """One line per resource that cannot fit, naming the field to change."""
+        return [
+            f"{c.stage}: {c.resource} needs {gib(c.total)} but has {gib(c.limit or 0)}; change {c.fix}"
+            for c in self.failures
+        ]
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def dtype_bytes(ref: ModelRef, gpu: bool = True) -> int:
+    """Bytes per weight: the ref's dtype; auto = bf16 on a GPU, fp32 on CPU (rlt.run.models.torch_dtype)."""
+    if ref.dtype == "auto":
+        return 2 if gpu else 4
+    return {"bfloat16": 2, "float16": 2, "float32": 4}.get(ref.dtype, 2)
+
+
+# --------------------------------------------------------------------------- GPU terms
+
+
+def model_states(shape: ModelShape, trainable: int, zero: int, nodes: int, gpus: int, b: int) -> tuple[int, int, str]:
+    """(GPU bytes, host bytes at start-up, how) of one process's weights, gradients and Adam states.
+
+    One process or ZeRO 0: no DeepSpeed; the Trainer's AdamW keeps its states in the parameters' dtype (weights b,
+    gradient b, two moments 2b per trainable parameter; a LoRA adapter is kept in fp32 by PEFT: 16 bytes).
+    ZeRO 1/2/3: DeepSpeed's estimators for the trainable parameters (mixed precision: 18 bytes per parameter split
+    over the ranks, plus the 16-bit copy for ZeRO 1/2 or the largest layer gathered for ZeRO 3); frozen parameters
+    (LoRA's base) in 16 bit, partitioned by ZeRO 3. Host: the estimators' start-up memory (each rank loads the
+    model before DeepSpeed partitions it)."""
+    frozen = shape.params - trainable
+    world = nodes * gpus
+    lora = trainable < shape.params
+    if world <= 1 or zero == 0:
+        # weights b per parameter; per trainable one: gradient + two moments (3b), or 16 bytes for fp32 LoRA
+        per_trainable = 16 if lora else 3 * b
+        return shape.params * b + trainable * per_trainable, shape.params * b, "no DeepSpeed (one process or ZeRO 0)"
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if zero == 3:
+        host, gpu, _ = estimate_zero3_model_states_mem_needs(
+            trainable,
+            min(trainable, shape.largest_param),
+            gpus,
+            nodes,
+            cpu_offload=False,
+            cpu_offload_params=False,
+            zero_init=False,
+        )
+        return gpu + frozen * b // world, host, "DeepSpeed estimate_zero3_model_states_mem_needs"
+    host, gpu = estimate_zero2_model_states_mem_needs(trainable, gpus, nodes, cpu_offload=False)
+    return gpu + frozen * b, host, f"DeepSpeed estimate_zero2_model_states_mem_needs (ZeRO {zero})"
+
+
+def layer_bytes_per_token(shape: ModelShape, b: int) -> int:
+    """Activations one decoder layer keeps for the backward pass, per token: the two norms' inputs and outputs,
+    q/k/v, the attention output, the MLP's gate, up, activation and down input (flash/SDPA attention: no
+    length² term)."""
+    kv = shape.kv_heads * shape.head_dim
+    return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate)
+
+
+def loss_bytes(stage: str, b: int, gpu: bool) -> int:
+    """Bytes per (scored token × vocabulary entry) of the stage's loss (LOSS_FP32_BYTES)."""
+    if stage == "rl":
+        return 2 * b if gpu else 4 * b
+    return b + LOSS_FP32_BYTES
+
+
+def activations(shape: ModelShape, rows: int, length: int, scored: int, checkpointing: bool, b: int, loss: int) -> int:
+    """Training activations of one micro-batch: with gradient checkpointing every layer's input plus one layer
+    recomputed, else every layer's; plus the loss over `scored` positions (`loss` bytes per logit)."""
+    per_layer = rows * length * layer_bytes_per_token(shape, b)
+    kept = rows * length * shape.hidden * b * shape.layers + per_layer if checkpointing else per_layer * shape.layers
+    return kept + rows * scored * shape.vocab * loss
+
+
+def scoring_bytes_per_token(shape: ModelShape, b: int) -> int:
+    """A scored position under no_grad: one layer's transients (norm, q/k/v, MLP) and the shared prompt's KV cache
+    copied per row (rlt.method.scoring); the head runs on 128-row chunks, a constant."""
+    kv = shape.kv_heads * shape.head_dim
+    return b * (shape.kv_bytes_per_token + 2 * shape.hidden + 2 * kv + 3 * shape.intermediate)
+
+
+def scoring_token_cap(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, dtype_bytes: int) -> int:
+    """Default scoring micro-batch cap (reward.maxBatchTokens): SCORING_SHARE of the GPU over the student's bytes
+    per scored token, at least one full row (prompt + completion)."""
+    rl = spec.stages.rl
+    return max(
+        rl.max_prompt_length + rl.max_completion_length,
+        int(SCORING_SHARE * gpu_memory) // (scoring_bytes_per_token(shape, dtype_bytes)),
+    )
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _trainer_terms(
+    spec: RLTRunSpec, stage: str, shape: ModelShape, ref: ModelRef, gpu: bool
+) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]], int]:
+    """(host bytes at start-up, GPU terms, phase terms, trainable parameters) of a Trainer stage's process."""
+    st = stage_settings(spec, stage)
+    res = spec.resources.trainer
+    b = dtype_bytes(ref, gpu)
+    trainable = shape.lora_params(ref.lora.r, ref.lora.target_modules) if ref.lora else shape.params
+    states, host, how = model_states(shape, trainable, st.deepspeed_zero_stage, res.nodes, max(1, res.gpus), b)
+    terms = [(f"model states ({how})", states)]
+    world = res.nodes * max(1, res.gpus)
+    zero = st.deepspeed_zero_stage
+    if world > 1 and zero > 0:
+        buckets = 1 if zero == 3 else 2  # rlt's config turns overlap_comm on: ZeRO 1/2 double-buffer
+        # torch.empty on a GPU reserves the whole bucket; on CPU only the pages the gradients touch count
+        per_bucket = DS_REDUCE_BUCKET if gpu else min(DS_REDUCE_BUCKET, trainable)
+        terms.append((f"DeepSpeed gradient buckets ({buckets} × reduce_bucket_size)", buckets * per_bucket * b))
+        if not gpu:  # on CPU host and device memory are one: each rank's loaded copy counts here too
+            terms.append(
+                ("model loading before ZeRO partitions it (DeepSpeed's host estimate per rank)", host // res.gpus)
+            )
+    if stage == "rl":
+        length, scored = st.max_prompt_length + st.max_completion_length, st.max_completion_length
+    else:
+        length = scored = st.max_length
+    phases = [
+        (
+            f"activations ({st.per_device_batch_size} × {length} tokens, "
+            f"checkpointing {'on' if st.gradient_checkpointing else 'off'}, loss over {scored})",
+            activations(
+                shape, st.per_device_batch_size, length, scored, st.gradient_checkpointing, b, loss_bytes(stage, b, gpu)
+            ),
+        )
+    ]
+    if ref.lora is not None and ref.lora.dropout > 0:
+        # PEFT applies the LoRA dropout to each adapted layer's input: a new tensor and its mask (1 byte) kept for
+        # the backward pass, per adapted layer (one layer's worth under gradient checkpointing)
+        width = shape.lora_input_width(ref.lora.target_modules)
+        width = width // shape.layers if st.gradient_checkpointing else width
+        name, size = phases[0]
+        phases[0] = (f"{name} + LoRA dropout copies", size + st.per_device_batch_size * length * width * (b + 1))
+    if gpu:
+        terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
+    return host, terms, phases, trainable
+
+
+def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEMORY, gpu: bool = True) -> Plan:
+    """The plan of every enabled stage. `gpu`: plan for GPUs (bf16 auto dtype, CUDA terms); False plans a CPU run
+    (fp32 auto dtype), what the benchmark measures."""
+    plan = Plan(gpu_memory)
+    res = spec.resources
+    world = res.trainer.nodes * max(1, res.trainer.gpus)
+    teacher, student = shapes.teacher, shapes.student
+    rows = dataset_rows(spec)
+    host_need = 0
+    stage_disk: dict[str, tuple[int, int]] = {}  # stage -> (peak extra while running, kept after)
+    for stage in spec.stages.enabled():
+        st = stage_settings(spec, stage)
+        if stage in ("sft", "rl", "student"):
+            ref = spec.teacher if stage != "student" else (spec.stages.student.model or spec.student)
+            shape = teacher if stage != "student" else student
+            if shape is None:
+                plan.notes.append(f"{stage}: model shape unknown, its memory and disk are not planned")
+                continue
+            b = dtype_bytes(ref, gpu)
+            host, terms, phases, trainable = _trainer_terms(spec, stage, shape, ref, gpu)
+            if stage == "rl":
+                rl = spec.stages.rl
+                if student is not None:
+                    sb = dtype_bytes(spec.student, gpu)
+                    terms.append(("reward student, frozen, whole on every rank", student.params * sb))
+                    cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, student, gpu_memory, sb)
+                    plan.values["rl.reward.maxBatchTokens"] = cap
+                    phases.append((f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(student, sb)))
+                    host += world // res.trainer.nodes * student.params * sb
+                if rl.beta > 0 and ref.lora is None and rl.ref_sync.enabled and st.deepspeed_zero_stage == 3:
+                    # rlt.stages.rl.pairwise_ref_sync gathers one pair at a time (TRL's callback: both models)
+                    phases.append(("reference soft-sync, one parameter pair gathered", 2 * shape.largest_param * b))
+                if rl.beta > 0 and ref.lora is None:
+                    split = world if st.deepspeed_zero_stage == 3 and world > 1 else 1
+                    terms.append(
+                        (
+                            "GRPO reference model" + (" (ZeRO-3 partitioned)" if split > 1 else ""),
+                            shape.params * b // split,
+                        )
+                    )
+                if rl.generation.mode == "inprocess":
+                    seqs = rl.batch_size // world
+                    phases.append(
+                        (
+                            f"in-process sampling KV cache ({seqs} sequences)",
+                            seqs * (rl.max_prompt_length + rl.max_completion_length) * shape.kv_bytes_per_token * b,
+                        )
+                    )
+                elif rl.generation.mode == "colocate":
+                    terms.append(("colocated vLLM share", int(rl.generation.gpu_memory_utilization * gpu_memory)))
+            plan.checks.append(
+                Check(
+                    stage,
+                    "GPU memory per trainer process",
+                    terms,
+                    gpu_memory if gpu else None,
+                    _gpu_fix(stage, spec),
+                    phases=phases,
+                )
+            )
+            host_need = max(host_need, host)
+            stage_disk[stage] = _trainer_disk(spec, stage, shape, trainable, b, rows, plan)
+        elif stage in ("distill", "evaluate"):
+            _generation_stage(spec, stage, shapes, gpu_memory, plan, gpu)
+            stage_disk[stage] = (0, _generated_bytes(spec, stage, rows))
+        if stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server" and teacher is not None:
+            if not any(c.resource.startswith("vLLM generator") for c in plan.checks):  # one StatefulSet serves both
+                plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
+    # Host memory of a trainer pod: DeepSpeed's start-up estimate (or every rank's loaded copy) and /dev/shm.
+    limit = quantity_bytes(res.trainer.memory_limit or res.trainer.memory or f"{max(8, 32 * res.trainer.gpus)}Gi")
+    plan.checks.append(
+        Check(
+            "all",
+            "host memory per trainer pod",
+            [("model loading / ZeRO start-up (DeepSpeed's estimate, all ranks of the pod)", host_need)],
+            limit,
+            "resources.trainer.memory",
+            note="sharedMemory is added to the pod's request on top",
+        )
+    )
+    plan.disk = stage_disk
+    # The volume at its fullest: every finished stage's kept bytes plus the running stage's peak.
+    kept, best = 0, (-1, "", 0, 0)
+    for stage, (extra, after) in stage_disk.items():
+        if kept + extra > best[0]:
+            best = (kept + extra, stage, kept, extra)
+        kept += after
+    if kept > best[0]:
+        best = (kept, "the end", kept, 0)
+    _, when, before, running = best
+    terms = [(f"outputs of the stages before {when} (models, last checkpoints, datasets)", before)]
+    if running:
+        terms.append((f"{when} while it runs (checkpoints × retention, its model)", running))
+    plan.checks.append(
+        Check(
+            "all",
+            f"run volume at its fullest (during {when})",
+            terms,
+            quantity_bytes(spec.storage.size),
+            "storage.size" + (f" or stages.{when}.saveTotalLimit" if when in ("sft", "rl", "student") else ""),
+        )
+    )
+    return plan
+
+
+def _gpu_fix(stage: str, spec: RLTRunSpec) -> str:
+    if stage == "rl":
+        return (
+            "resources.trainer.gpus/nodes (more ranks split ZeRO-3 states), stages.rl.maxCompletionLength, "
+            "stages.rl.reward.maxBatchTokens or a GPU with more memory (--gpu-memory)"
+        )
+    return (
+        f"resources.trainer.gpus/nodes, stages.{stage}.maxLength, stages.{stage}.deepspeedZeroStage "
+        "or a GPU with more memory (--gpu-memory)"
+    )
+
+
+def dataset_rows(spec: RLTRunSpec) -> int | None:
+    """Training rows, when they can be known without reading the data: limit, a built-in task's size, a local
+    JSONL's lines, or a known hub dataset."""
+    from pathlib import Path
+
+    d = spec.dataset
+    rows: int | None = None
+    if d.source.startswith("builtin:"):
+        rows = d.size
+    elif Path(d.source).is_file() and d.source.endswith(".jsonl"):
+        with open(d.source, "rb") as f:
+            rows = sum(1 for line in f if line.strip())
+    else:
+        rows = KNOWN_DATASET_ROWS.get(d.source)
+    if rows is not None and d.limit is not None:
+        rows = min(rows, d.limit)
+    if rows is None and d.limit is not None:
+        rows = d.limit
+    if rows is not None:
+        rows = int(rows * (1 - d.eval_fraction))
+    return rows
+
+
+def stage_steps(spec: RLTRunSpec, stage: str, rows: int | None) -> int | None:
+    st = stage_settings(spec, stage)
+    if stage == "rl":
+        return spec.stages.rl.steps
+    if st.max_steps:
+        return st.max_steps
+    if rows is None or stage == "student":
+        return None
+    return math.ceil(math.ceil(rows / st.batch_size) * st.epochs)
+
+
+def saved_model_bytes(shape: ModelShape, zero: int, world: int, b: int) -> int:
+    """The model as the Trainer saves it: under ZeRO 1/2 from DeepSpeed's module state dict, where tied embeddings
+    are written under both names (measured: benchmarks/capacity.py), else each tensor once."""
+    ds12 = world > 1 and zero in (1, 2)
+    return (shape.params + (shape.tied if ds12 else 0)) * b
+
+
+def checkpoint_bytes(shape: ModelShape, trainable: int, zero: int, world: int, b: int) -> int:
+    """One checkpoint on disk: the weights (16-bit gathered model under ZeRO-3, the model otherwise; a LoRA adapter
+    alone) plus the optimizer: DeepSpeed's fp32 master weights and two Adam moments (12 bytes per trainable
+    parameter, all ranks' shards together; ZeRO 1/2 also write the whole module again in their model states), or
+    the Trainer's AdamW states in the parameters' dtype."""
+    lora = trainable < shape.params
+    weights = trainable * 4 if lora else saved_model_bytes(shape, zero, world, b)
+    ds = world > 1 and zero > 0
+    optimizer = trainable * 12 if ds or lora else trainable * 2 * b
+    module_states = saved_model_bytes(shape, zero, world, b) if ds and zero in (1, 2) and not lora else 0
+    return weights + optimizer + module_states
+
+
+def _trainer_disk(
+    spec: RLTRunSpec, stage: str, shape: ModelShape, trainable: int, b: int, rows: int | None, plan: Plan
+) -> tuple[int, int]:
+    """(peak extra bytes while the stage runs, bytes it leaves) of a Trainer stage."""
+    st = stage_settings(spec, stage)
+    res = spec.resources.trainer
+    world = res.nodes * max(1, res.gpus)
+    one = checkpoint_bytes(shape, trainable, st.deepspeed_zero_stage, world, b)
+    steps = stage_steps(spec, stage, rows)
+    saves = None if steps is None else max(1, steps // st.save_steps + (steps % st.save_steps > 0))
+    if st.save_total_limit is not None:
+        held = st.save_total_limit + 1  # the Trainer writes the new checkpoint before it deletes the oldest
+        held = held if saves is None else min(held, saves)
+    elif saves is not None:
+        held = saves
+    else:
+        plan.checks.append(
+            Check(
+                stage,
+                "checkpoints on the volume",
+                [("unbounded (saveTotalLimit unset, steps unknown)", 1)],
+                0,
+                f"stages.{stage}.saveTotalLimit",
+            )
+        )
+        held = 0
+    lora = trainable < shape.params
+    model = saved_model_bytes(shape, st.deepspeed_zero_stage, world, b) + (trainable * 4 if lora else 0)
+    # finished: the model, and the last checkpoint (rl: whole, others: without optimizer states)
+    # a LoRA checkpoint holds the adapter only
+    last_weights = trainable * 4 if lora else saved_model_bytes(shape, st.deepspeed_zero_stage, world, b)
+    kept_ckpt = min(held, st.save_total_limit or held) * one if stage == "rl" else (last_weights if held else 0)
+    return held * one + model, model + kept_ckpt
+
+
+def _generated_bytes(spec: RLTRunSpec, stage: str, rows: int | None) -> int:
+    if stage != "distill" or rows is None:
+        return 0
+    d = spec.stages.distill
+    n = min(rows, d.limit or rows)
+    return n * d.samples_per_question * d.max_new_tokens * CHARS_PER_TOKEN
+
+
+def _generation_stage(spec: RLTRunSpec, stage: str, shapes: Shapes, gpu_memory: int, plan: Plan, gpu: bool) -> None:
+    """distill/evaluate processes: the student (scoring) and, generating in process, the teacher and its KV cache."""
+    terms: list[tuple[str, int]] = []
+    if stage == "distill" and shapes.student is not None:
+        sb = dtype_bytes(spec.student, gpu)
+        cap = spec.stages.rl.reward.max_batch_tokens or scoring_token_cap(spec, shapes.student, gpu_memory, sb)
+        terms += [
+            ("reward student (scoring)", shapes.student.params * sb),
+            (f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(shapes.student, sb)),
+        ]
+    mode = spec.stages.rl.generation.mode if stage == "distill" else spec.stages.evaluate.generation.mode
+    shape = shapes.teacher if stage == "distill" else shapes.student
+    if mode != "server" and shape is not None:
+        b = dtype_bytes(spec.teacher if stage == "distill" else spec.student, gpu)
+        if stage == "distill":
+            d = spec.stages.distill
+            seqs, length = d.batch_size * d.samples_per_question, spec.stages.rl.max_prompt_length + d.max_new_tokens
+        else:
+            e = spec.stages.evaluate
+            seqs, length = e.batch_size * e.samples, spec.stages.rl.max_prompt_length + e.max_new_tokens
+        terms += [
+            ("generating model", shape.params * b),
+            (f"sampling KV cache ({seqs} × {length} tokens)", seqs * length * shape.kv_bytes_per_token * b),
+        ]
+    if not terms:
+        return
+    if gpu:
+        terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
+    plan.checks.append(
+        Check(
+            stage,
+            "GPU memory per process",
+            terms,
+            gpu_memory if gpu else None,
+            f"stages.{stage}.batchSize or resources.trainer.gpus",
+        )
+    )
+
+
+def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory: int) -> Check:
+    """A vLLM generator GPU: the weights of its tensor-parallel shard, vLLM's own working memory and the KV cache of
+    at least one sequence of maxModelLen must fit in the share gpuMemoryUtilization gives vLLM; the rest of the
+    share is KV cache, shown as concurrent sequences of maxModelLen."""
+    gen, res = spec.stages.rl.generation, spec.resources.generator
+    b = dtype_bytes(spec.teacher)
+    tp = res.tensor_parallel_size
+    share = int(gen.gpu_memory_utilization * gpu_memory)
+    weights = shape.params * b // tp
+    max_len = gen.max_model_len or shape.max_positions or 0
+    per_seq = max_len * shape.kv_bytes_per_token * b // tp
+    kv_budget = share - weights - VLLM_NON_KV
+    seqs = max(0, kv_budget // per_seq) if per_seq else 0
+    check = Check(
+        stage,
+        f"vLLM generator GPU (KV cache for {seqs} sequences of {max_len} tokens at once)",
+        [
+            (f"weights (1/{tp} of the model)", weights),
+            ("vLLM activations, CUDA graphs (constant)", VLLM_NON_KV),
+            (f"KV cache of one sequence of maxModelLen {max_len}", per_seq),
+        ],
+        share,
+        "resources.generator.tensorParallelSize, stages.rl.generation.gpuMemoryUtilization or "
+        "stages.rl.generation.maxModelLen",
+    )
+    need = spec.stages.rl.max_prompt_length + spec.stages.rl.max_completion_length
+    if max_len < min(need, shape.max_positions or need):
+        check.note = f"maxModelLen {max_len} < maxPromptLength + maxCompletionLength {need}: long rows are cut"
+    return check
+
+
+def plan_for_run(spec: RLTRunSpec, gpu_memory: int = DEFAULT_GPU_MEMORY, build: bool = True) -> Plan:
+    """Read the models' shapes (rlt.spec.shapes: never downloads) and plan; what could not be read is a note."""
+    from rlt.spec.shapes import read_shape
+
+    teacher, why_t = read_shape(spec.teacher, build)
+    student, why_s = read_shape(spec.student, build)
+    plan = plan_run(spec, Shapes(teacher, student), gpu_memory)
+    plan.notes[:0] = [why for why in (why_t, why_s) if why]
+    plan.shapes = Shapes(teacher, student)
+    return plan
+
+
+def render(plan: Plan, name: str) -> str:
+    """The plan as a table a platform engineer reads: one block per stage and resource, its terms, need / has."""
+    lines = [f"{name}: capacity plan for {gib(plan.gpu_memory)} GPUs"]
+    if plan.shapes is not None:
+        for role, shape in (("teacher", plan.shapes.teacher), ("student", plan.shapes.student)):
+            if shape is not None:
+                lines.append(f"  {role}: {shape.params / 1e9:.2f} B parameters ({shape.source})")
+    for key, value in plan.values.items():
+        lines.append(f"  derived: stages.{key} = {value}")
+    width = 78
+    lines.append(f"  {'stage':<9}{'resource / term':<{width}}{'need':>11}{'has':>11}")
+    for c in plan.checks:
+        verdict = "ok" if c.fits else "DOES NOT FIT"
+        has = gib(c.limit) if c.limit is not None else "-"
+        lines.append(f"  {c.stage:<9}{c.resource:<{width}}{gib(c.total):>11}{has:>11}  {verdict}")
+        for term, size in c.terms:
+            lines.append(f"  {'':<9}  {term[: width - 2]:<{width - 2}}{gib(size):>11}")
+        for term, size in c.phases:  # one at a time: the largest counts
+            lines.append(f"  {'':<9}  {('phase: ' + term)[: width - 2]:<{width - 2}}{gib(size):>11}")
+        if c.note:
+            lines.append(f"  {'':<9}  note: {c.note}")
+    lines += [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def capacity_problems(spec: RLTRunSpec) -> list[str]:
+    """What `rlt validate` reports of the plan (default GPU, built-in models not built): one line per misfit."""
+    return [f"capacity: {line} (rlt plan)" for line in plan_for_run(spec, build=False).errors()]
