@@ -166,7 +166,17 @@ async def _main(
         )
         # With local pods, progress comes from the trainer's rank 0 on loopback (an explicit RLT_PROGRESS_URL wins).
         local = run_pods is not None and "RLT_PROGRESS_URL" not in os.environ
-        op = InProcessOperator(overrides={"progress_url": sandbox_pods.local_progress_url()} if local else None)
+        overrides: dict[str, Any] = {"progress_url": sandbox_pods.local_progress_url()} if local else {}
+        if run_pods is not None:
+            # A tiny local run's rl stage lasts seconds: read its progress every 2 s (not a cluster's 30 s), or
+            # STEP and REWARD never show in `kubectl get rlt`. An explicit environment variable wins.
+            for field, env in (
+                ("progress_interval", "RLT_PROGRESS_INTERVAL"),
+                ("resync_seconds", "RLT_RESYNC_SECONDS"),
+            ):
+                if env not in os.environ:
+                    overrides[field] = 2.0
+        op = InProcessOperator(overrides=overrides or None)
         await op.start()
         if kubelet is not None:
             print(

@@ -91,7 +91,8 @@ def _is_number(text: str) -> bool:
 def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path):
     """A run whose local dataset is not on the run's volume: the trainer pod exits DATA_ERROR, and the cause (the
     pod's own one-line error) is in the RLTRun's condition, where `kubectl describe`/`get -o yaml` show it."""
-    sandbox = start_sandbox("--run-pods", str(tmp_path / "pods"))
+    # as a user starts it: no RLT_PROGRESS_URL / RLT_PROGRESS_INTERVAL (the sandbox picks them for local pods)
+    sandbox = start_sandbox("--run-pods", str(tmp_path / "pods"), env={"RLT_PROGRESS_URL": None})
     run = tiny_doc()
     run["metadata"]["name"] = "own-data"
     run["spec"]["dataset"] = {"source": "word.jsonl"}  # on the researcher's laptop, not on own-data-data
@@ -128,15 +129,24 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     run["spec"]["storage"] = {"existingClaim": "word-problems"}
     (tmp_path / "staged.yaml").write_text(yaml.safe_dump(run))
     sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "staged.yaml"))
-    done = wait_for_phase(sandbox, "own-data-staged", 420)
+    done, tables = wait_for_phase(sandbox, "own-data-staged", 420)
     assert done == "Succeeded", sandbox.kubectl("get", "rlt", "own-data-staged", "-o", "yaml")
     assert (staged.parent.parent / "own-data-staged" / "distill" / "dataset.jsonl").exists()
+    # The sandbox reads a --run-pods run's progress often enough (no RLT_PROGRESS_INTERVAL given here) for the
+    # rl stage's STEP and REWARD (3 decimals) to show while it runs.
+    rl_rows = [t.splitlines()[1].split() for t in tables if " rl " in t]
+    shown = [r for r in rl_rows if len(r) >= 5 and r[3].split("/")[0].isdigit() and _is_number(r[4])]
+    assert shown, "\n".join(tables)
+    assert all(len(r[4].split(".")[-1]) <= 3 for r in shown), shown
 
 
-def wait_for_phase(sandbox, name: str, seconds: float) -> str:
+def wait_for_phase(sandbox, name: str, seconds: float) -> tuple[str, list[str]]:
+    """The run's final phase, and every `kubectl get rlt NAME` table seen until then (one a second)."""
     deadline = time.monotonic() + seconds
-    phase = ""
+    phase, tables = "", []
     while time.monotonic() < deadline and phase not in ("Succeeded", "Failed"):
-        phase = sandbox.kubectl("get", "rlt", name, "-o", "jsonpath={.status.phase}")
+        table = sandbox.kubectl("get", "rlt", name)
+        tables.append(table)
+        phase = table.splitlines()[1].split()[1]
         time.sleep(1)
-    return phase
+    return phase, tables
