@@ -1,4 +1,4 @@
-"""Kopf handlers: thin. The logic is in builders.py (manifests) and status.py (decisions).
+"""Kopf handlers: thin. The logic is in builders/ (manifests) and status.py (decisions).
 
 Shape: watch-fed indices hold a summary of every child (so a reconcile makes no reads); one
 daemon per RLTRun runs a serial, level-based reconcile loop, woken by any event on the run or its

@@ -1,0 +1,162 @@
+"""The vLLM generators: their command, Service, StatefulSet and the NetworkPolicy that keeps their admin endpoints
+to the trainer (and the named Prometheus namespaces)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rlt.spec.run import RLTRunSpec
+from rlt_operator.builders.common import (
+    GENERATOR_ENTRYPOINT,
+    GENERATOR_PROBE_TIMEOUT_S,
+    L_ROLE,
+    L_RUN,
+    NAMESPACE_NAME_LABEL,
+    PROMETHEUS_POD_LABELS,
+    ROLE_GENERATOR,
+    ROLE_TRAINER,
+    VLLM_PORT,
+    RunRef,
+    _common_env,
+    _container,
+    _meta,
+    _pod_spec_common,
+    _with_queue,
+    generator_model,
+    generator_name,
+    generator_policy_name,
+    labels,
+    pod_resources,
+    type_meta,
+)
+
+# --------------------------------------------------------------------------- generator (vLLM)
+
+
+def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
+    gen = spec.stages.rl.generation
+    res = spec.resources.generator
+    cmd = [
+        *GENERATOR_ENTRYPOINT,
+        "--model",
+        generator_model(run, spec, stage),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--tensor-parallel-size",
+        str(res.tensor_parallel_size),
+        "--data-parallel-size",
+        str(res.data_parallel_size),
+        "--gpu-memory-utilization",
+        str(gen.gpu_memory_utilization),
+        "--dtype",
+        spec.teacher.dtype,
+        # TRL's server mode pushes the trainer's weights into vLLM over NCCL (dev-mode endpoints).
+        "--weight-transfer-config",
+        json.dumps({"backend": "nccl"}, separators=(",", ":")),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+    ]
+    if gen.max_model_len:
+        cmd += ["--max-model-len", str(gen.max_model_len)]
+    if spec.teacher.revision and generator_model(run, spec, stage) == spec.teacher.model:
+        cmd += ["--revision", spec.teacher.revision]
+    return cmd
+
+
+def generator_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = generator_name(ref.name)
+    return {
+        **type_meta("services"),
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "spec": {
+            "clusterIP": "None",  # governs the StatefulSet's pod DNS; the URL resolves to ready pods
+            "selector": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR},
+            "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": VLLM_PORT}],
+        },
+    }
+
+
+def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = generator_name(ref.name)
+    res = spec.resources.generator
+    lbls = _with_queue(labels(ref.name, ROLE_GENERATOR, stage, restart), spec)
+    pod = _pod_spec_common(ref.name, spec, res.shared_memory)
+    health = {"httpGet": {"path": "/health", "port": VLLM_PORT}}
+    # A server decoding hundreds of long sequences answers /health late: Kubernetes' default 1 s timeout would mark
+    # it unready mid-rollout and drop it from the Service while rl waits on it.
+    probe_wait = {"timeoutSeconds": GENERATOR_PROBE_TIMEOUT_S}
+    env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart, trainer=False)
+    pod.update(
+        {
+            "containers": [
+                _container(
+                    spec,
+                    "vllm",
+                    spec.images.generator,
+                    generator_command(ref.name, spec, stage),
+                    env,
+                    pod_resources(res),
+                    # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
+                    ports=[{"name": "http", "containerPort": VLLM_PORT}],
+                    # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
+                    startupProbe={**health, "periodSeconds": 10, "failureThreshold": 180, **probe_wait},
+                    readinessProbe={**health, "periodSeconds": 10, "failureThreshold": 3, **probe_wait},
+                )
+            ],
+        }
+    )
+    return {
+        **type_meta("statefulsets"),
+        "metadata": _meta(ref, name, lbls),
+        "spec": {
+            "serviceName": name,
+            "replicas": res.replicas,
+            "podManagementPolicy": "Parallel",  # all servers load at once
+            "selector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
+            "template": {
+                "metadata": {
+                    "labels": dict(lbls),
+                    "annotations": {
+                        **spec.scheduling.pod_annotations,
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(VLLM_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod,
+            },
+        },
+    }
+
+
+def generator_network_policy(ref: RunRef, spec: RLTRunSpec, scrapers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Only the run's own trainer pods reach its generators (vLLM dev mode serves /update_weights,
+    /collective_rpc and /sleep on the same port as /metrics); Prometheus pods of the `scrapers` namespaces only
+    (the chart's metrics.podMonitor.prometheusNamespaces) may reach the vLLM port for vllm:* metrics."""
+    name = generator_policy_name(ref.name)
+    ingress: list[dict[str, Any]] = [
+        # All ports: TRL's weight transfer opens a TCP store and NCCL connections besides HTTP.
+        {"from": [{"podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER}}}]},
+    ]
+    if scrapers:
+        where = {"matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "In", "values": list(scrapers)}]}
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": where, "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}],
+                "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
+            }
+        )
+    return {
+        **type_meta("networkpolicies"),
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "spec": {
+            "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }

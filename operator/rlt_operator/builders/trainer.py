@@ -1,0 +1,237 @@
+"""The trainer gang of a stage: its launch command, its headless Service and its indexed Job (one pod per node)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlt.run.exitcodes import DISRUPTION, FAIL_FAST
+from rlt.run.layout import CONFIG_ENV, PVC_MOUNT
+from rlt.spec.loading import ENV_SOURCE
+from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings, zero_stage
+from rlt.spec.stage_registry import stage_info
+from rlt_operator.builders.common import (
+    ACCELERATE_PRECISION,
+    JOB_INDEX_ANNOTATION,
+    L_ROLE,
+    L_RUN,
+    L_SHAPE,
+    L_STAGE,
+    MASTER_PORT,
+    METRICS_PORT,
+    PREFLIGHT_RESOURCES,
+    ROLE_TRAINER,
+    VLLM_PORT,
+    RunRef,
+    _common_env,
+    _container,
+    _meta,
+    _pod_spec_common,
+    _with_queue,
+    generator_url,
+    labels,
+    pod_resources,
+    trainer_name,
+    type_meta,
+)
+from rlt_operator.builders.run_children import (
+    pod_config,
+)
+
+# --------------------------------------------------------------------------- trainer
+
+
+def trainer_nodes(spec: RLTRunSpec, stage: str) -> int:
+    # The Trainer stages use the configured nodes; the others (distill writes a dataset, evaluate scores a model)
+    # run one pod.
+    return spec.resources.trainer.nodes if stage_info(stage).trainer else 1
+
+
+def shape_label(spec: RLTRunSpec, stage: str) -> str:
+    """nodes x gpus of a trainer Job (a Job's pod template is immutable: a new shape is a new Job)."""
+    return f"{trainer_nodes(spec, stage)}x{spec.resources.trainer.gpus}"
+
+
+def with_trainer_shape(spec: RLTRunSpec, nodes: int, gpus: int) -> RLTRunSpec:
+    """The spec with another trainer shape (the one a running stage keeps); the spec itself is not changed."""
+    tr = spec.resources.trainer
+    if (tr.nodes, tr.gpus) == (nodes, gpus):
+        return spec
+    return spec.model_copy(
+        update={
+            "resources": spec.resources.model_copy(
+                update={"trainer": tr.model_copy(update={"nodes": nodes, "gpus": gpus})}
+            )
+        }
+    )
+
+
+LAUNCH = ("rlt", "launch", "--")
+
+
+def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
+    """`rlt stage` directly for one process; accelerate + DeepSpeed for several (Kubernetes expands $(VAR))."""
+    stage_args = ["stage", stage, "--config", f"{ENV_SOURCE}{CONFIG_ENV}", "--root", PVC_MOUNT]
+    nodes = trainer_nodes(spec, stage)
+    gpus = spec.resources.trainer.gpus
+    if nodes == 1 and gpus <= 1:
+        return ["rlt", *stage_args]
+    # `rlt launch` runs the launcher: it forwards SIGTERM and exits STOPPED when the ranks saved and stopped
+    # (a launcher exits 1 after a signal whatever its ranks did).
+    zero = zero_stage(spec, stage)
+    if zero is None:
+        # No training engine: one process per GPU of the pod, each taking its own share of the rows.
+        return [*LAUNCH, "torchrun", "--standalone", "--nproc_per_node", str(gpus), "-m", "rlt.cli", *stage_args]
+    return [
+        *LAUNCH,
+        "accelerate",
+        "launch",
+        "--num_machines",
+        str(nodes),
+        "--num_processes",
+        str(nodes * max(gpus, 1)),
+        "--machine_rank",
+        "$(NODE_RANK)",
+        "--main_process_ip",
+        "$(MASTER_ADDR)",
+        "--main_process_port",
+        "$(MASTER_PORT)",
+        "--use_deepspeed",
+        "--zero_stage",
+        str(zero),
+        # torchrun on every pod (rendezvous on MASTER_ADDR), not accelerate's default pdsh launcher, which finds no
+        # hostfile, runs each pod as its own one-node world and resets MASTER_ADDR to 127.0.0.1.
+        "--deepspeed_multinode_launcher",
+        "standard",
+        "--mixed_precision",
+        ACCELERATE_PRECISION[stage_settings(spec, stage).precision],
+        "-m",
+        "rlt.cli",
+        *stage_args,
+    ]
+
+
+def trainer_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = trainer_name(ref.name, stage)
+    return {
+        **type_meta("services"),
+        "metadata": _meta(ref, name, labels(ref.name, ROLE_TRAINER, stage)),
+        "spec": {
+            "clusterIP": "None",  # headless: DNS names for each pod (rendezvous on pod 0)
+            "publishNotReadyAddresses": True,  # ranks must find pod 0 before any readiness
+            "selector": {L_RUN: ref.name, L_ROLE: ROLE_TRAINER, L_STAGE: stage},
+            "ports": [
+                {"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+            ],
+        },
+    }
+
+
+def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
+    name = trainer_name(ref.name, stage)
+    nodes = trainer_nodes(spec, stage)
+    res = spec.resources.trainer
+    lbls = _with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
+    env: list[dict[str, Any]] = [
+        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}.{ref.namespace}.svc"},
+        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+        {"name": "NNODES", "value": str(nodes)},
+        {"name": "NPROC_PER_NODE", "value": str(max(res.gpus, 1))},
+        {"name": "WORLD_SIZE", "value": str(nodes * max(res.gpus, 1))},
+        {
+            "name": "NODE_RANK",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}},
+        },
+        {"name": "RLT_METRICS_PORT", "value": str(METRICS_PORT)},
+        # torchrun waits this long for its ranks after forwarding SIGTERM (default 30 s): they save meanwhile
+        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(res.termination_grace_period_seconds)},
+    ]
+    if needs_generators(spec, stage):
+        env += [
+            {"name": "RLT_GENERATOR_URL", "value": generator_url(ref.name, ref.namespace)},
+            {"name": "RLT_GENERATOR_PORT", "value": str(VLLM_PORT)},
+        ]
+    # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
+    # pull) reads the same spec as its running peers, not a later edit (a mounted ConfigMap changes under pods).
+    snapshot = {"name": CONFIG_ENV, "value": pod_config(ref, spec)}
+    pod = _pod_spec_common(ref.name, spec, res.shared_memory)
+    pod.update(
+        {
+            "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
+            "subdomain": name,
+            # SIGTERM → the gang finishes its step and saves (rlt.stages.preemption); SIGKILL only after this
+            "terminationGracePeriodSeconds": res.termination_grace_period_seconds,
+            # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
+            # (format files, a stage of an earlier run on a retained volume). Exits CONFIG_ERROR, which the
+            # podFailurePolicy turns into a failed Job; its last log lines become the termination message the
+            # operator puts in the run's status.
+            "initContainers": [
+                _container(
+                    spec,
+                    "validate",
+                    spec.images.trainer,
+                    [
+                        "python",
+                        "-m",
+                        "rlt.run.preflight",
+                        f"{ENV_SOURCE}{CONFIG_ENV}",
+                        "--stage",
+                        stage,
+                        "--root",
+                        PVC_MOUNT,
+                    ],
+                    [snapshot, *_common_env(ref, spec, stage, restart)],
+                    # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
+                    {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+                    terminationMessagePolicy="FallbackToLogsOnError",
+                )
+            ],
+            "containers": [
+                _container(
+                    spec,
+                    "trainer",
+                    spec.images.trainer,
+                    trainer_command(spec, stage),
+                    [snapshot, *env, *_common_env(ref, spec, stage, restart)],
+                    pod_resources(res),
+                    ports=[
+                        {"name": "rendezvous", "containerPort": MASTER_PORT},
+                        {"name": "metrics", "containerPort": METRICS_PORT},
+                    ],
+                )
+            ],
+        }
+    )
+    return {
+        **type_meta("jobs"),
+        "metadata": _meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": nodes,
+            "parallelism": nodes,
+            "backoffLimit": 0,  # gang restarts are counted by the RLTRun (spec.backoffLimit)
+            "podFailurePolicy": pod_failure_policy(),
+            "template": {"metadata": _template_meta(lbls, spec), "spec": pod},
+        },
+    }
+
+
+def _template_meta(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": dict(lbls)}
+    if spec.scheduling.pod_annotations:
+        meta["annotations"] = dict(spec.scheduling.pod_annotations)
+    return meta
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Config and data errors fail the Job at once (the operator then fails the run without a gang restart);
+    a disrupted pod (preemption, node drain, eviction) or a trainer that stopped on SIGTERM after saving is not
+    counted by the Job: the operator restarts the gang without counting it against spec.backoffLimit."""
+    return {
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in FAIL_FAST)}},
+            # stopped on SIGTERM after saving (rlt.stages.preemption): a disruption
+            {"action": "Ignore", "onExitCodes": {"operator": "In", "values": sorted(int(c) for c in DISRUPTION)}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
