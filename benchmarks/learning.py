@@ -46,8 +46,8 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
     return b, t_quantile(n - 2) * se
 
 
-# RL settings fixed by the settings search (docs/evaluation.md, "Settings search"), before the seeds ran.
-STEPS, LR, QUESTIONS, GENERATIONS = 12, 2e-5, 2, 4
+# RL settings fixed before the seeds ran (docs/evaluation.md, "Protocol").
+STEPS, LR, QUESTIONS, GENERATIONS = 16, 2e-5, 2, 4
 
 
 def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--questions", type=int, default=QUESTIONS, help="questions per RL step")
     p.add_argument("--generations", type=int, default=GENERATIONS, help="G: explanations per question")
     p.add_argument("--completion-length", type=int, default=64, help="explanation cap (tokens), RL and held-out")
-    p.add_argument("--sft-steps", type=int, default=64)
-    p.add_argument("--sft-lr", type=float, default=5e-5)
+    p.add_argument("--sft-steps", type=int, default=24)
+    p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--train-size", type=int, default=512)
     p.add_argument("--heldout", type=int, default=64)
     p.add_argument("--samples", type=int, default=2, help="K: sampled explanations per held-out question")
