@@ -95,28 +95,39 @@ def bare_leak(question: str, explanation: str, solution: str) -> float:
 
 
 def sample_explanations(model, tokenizer, formatter, rows: list[dict], k: int, max_new_tokens: int, seed: int):
-    """K teacher completions per row, sampled at τ = 0.7 (the trained policy), as [row][k] texts."""
+    """K teacher completions per row, sampled at τ = 0.7 (the trained policy), with their token ids and sampling
+    log-probs (so the reward needs no second teacher forward): (texts, ids, logprobs), each [row][k]. The same
+    sampling seed for every teacher gives common random numbers, which narrows the paired differences."""
     import torch
 
-    from rlt.method.generation import sample_texts
+    from rlt.method.generation import sample_with_logprobs
 
     torch.manual_seed(seed)
     prompts = [formatter.teacher_prompt(tokenizer, r["question"], r["solution"]) for r in rows for _ in range(k)]
-    texts = sample_texts(model, tokenizer, prompts, temperature=0.7, max_new_tokens=max_new_tokens, batch_size=16)
-    return [texts[i * k : (i + 1) * k] for i in range(len(rows))]
+    ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    out = sample_with_logprobs(
+        model, tokenizer, ids, temperature=0.7, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=16
+    )
+    texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
+
+    def per_row(xs: list) -> list[list]:
+        return [xs[i * k : (i + 1) * k] for i in range(len(rows))]
+
+    return per_row(texts), per_row(out.completion_ids), per_row(out.logprobs)
 
 
-def measure(student, s_tok, s_tok_left, formatter, rows: list[dict], completions: list[list[str]], reward) -> dict:
+def measure(student, s_tok_left, formatter, rows: list[dict], sampled, reward) -> dict:
     """Per question (mean over its K explanations): the student's solution log-prob, accuracy when shown the
-    explanation, states-answer, bare-leak, closed, r_KL, reward, tokens. `reward` is an RLTReward whose teacher is
-    the teacher that wrote `completions`."""
+    explanation, states-answer, bare-leak, closed, r_KL, reward, tokens. `sampled` is sample_explanations' output;
+    `reward` an RLTReward with the frozen student (the teacher's log-probs come from the sampling)."""
     from task_calibration import answer_explained, graded
 
+    completions, ids, logprobs = sampled
     k = len(completions[0])
     flat_rows = [r for r in rows for _ in range(k)]
     flat = [c for cs in completions for c in cs]
     qs, sols = [r["question"] for r in flat_rows], [r["solution"] for r in flat_rows]
-    br = reward.score(qs, sols, flat)
+    br = reward.score(qs, sols, flat, [x for xs in logprobs for x in xs], [x for xs in ids for x in xs])
     expl = [formatter.split_explanation(c)[0] for c in flat]
     ok = graded(qs, answer_explained(student, s_tok_left, formatter, qs, expl), formatter)
     per = {
