@@ -78,25 +78,17 @@ def test_reward_prices_a_leaked_answer_on_sums(smol_reward, formatter):
 
 @pytest.mark.slow
 def test_student_side_of_r_kl_never_sees_the_solution(smol_reward, formatter):
-    """Changing the solution leaves the student's log-probs of the explanation unchanged (it scores E from the
-    question alone) and changes the teacher's (which reads the solution first)."""
+    """Through the reward itself: with the teacher's log-probs fixed (all 0, as if given by generation), r_KL's mean
+    is minus the student's mean log-prob of E, and it is bit-identical whatever the solution; the teacher's own
+    forward does change with the solution (it reads it first)."""
     row = tasks.generate("sums", 1, seed=0)[0]
     completion = formatter.teacher_completion(row["reasoning_trace"], "")
-    right = smol_reward.score([row["question"]], [row["solution"]], [completion])
-    other = smol_reward.score([row["question"]], [str(int(row["solution"]) + 7)], [completion])
-    student_kl_part = right.kl_mean[0] - other.kl_mean[0]  # = Δ(teacher mean); the student's share cancels
-    assert right.explanation_tokens == other.explanation_tokens
-    # the student's mean log-prob of E, recovered from both scorings, is identical
-    s_right = _student_explanation_logprobs(smol_reward, formatter, row, row["solution"])
-    s_other = _student_explanation_logprobs(smol_reward, formatter, row, str(int(row["solution"]) + 7))
-    assert torch.equal(s_right, s_other)
-    assert abs(student_kl_part) > 1e-3  # the teacher did read the solution
-
-
-def _student_explanation_logprobs(reward: RLTReward, formatter, row: dict, solution: str) -> torch.Tensor:
-    from rlt.method.scoring import ScoreRequest
-
-    text, e_span, _ = formatter.student_chat(
-        reward.student_tokenizer, row["question"], row["reasoning_trace"], solution
-    )
-    return reward.student.score([ScoreRequest(text, [e_span])])[0][0].logprobs
+    ids = smol_reward.teacher_tokenizer(completion, add_special_tokens=False).input_ids
+    zeros = [[0.0] * len(ids)]
+    q, other_solution = [row["question"]], str(int(row["solution"]) + 7)
+    right = smol_reward.score(q, [row["solution"]], [completion], zeros, [ids])
+    other = smol_reward.score(q, [other_solution], [completion], zeros, [ids])
+    assert right.explanation_tokens[0] > 40 and right.pairing_coverage[0] == 1.0
+    assert right.kl_mean == other.kl_mean and right.kl_mean[0] > 0  # = −mean log π_s(E | question), unchanged
+    with_teacher = [smol_reward.score(q, [s], [completion]).kl_mean[0] for s in (row["solution"], other_solution)]
+    assert abs(with_teacher[0] - with_teacher[1]) > 1e-3  # the teacher's side did read the solution
