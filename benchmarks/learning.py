@@ -1,14 +1,15 @@
-"""Does the teacher learn? The RLT recipe (SFT warm-up, then GRPO on the RLT reward) on the built-in `basic` task.
+"""Does RL teach better than SFT? The pre-registered protocol of docs/evaluation.md, on `builtin:sums`.
 
-One SFT warm-up of the teacher on the task's worked reasoning (the "SFT-only teacher"), then, per seed, an RL run
-from it with rlt's own stages (the same code `rlt run` uses). Prints per seed: the reward at the start and end of
-RL (mean of the first/last k steps), the least-squares slope of reward per step with a 95 % interval, and r_SS and
-r_KL the same way. Then on held-out questions (never seen in training), each teacher writes one explanation per
-question (greedy) and the frozen student is measured with it: the mean log-prob of the solution tokens (the paper's
-measure of teaching, r_SS's mean part), the student's accuracy when shown the explanation, and how often the
-explanation states the answer. Writes learning.png and learning.json into --out.
+One SFT warm-up of the teacher on the task's worked reasoning (the "SFT teacher"), then, per seed, an RL run from it
+with rlt's own stages (the same code `rlt run` uses). Prints per seed the reward, r_SS and r_KL at the start and end
+of RL and their slope per step with a 95 % interval. Then on held-out questions (never seen in training) each teacher
+writes K explanations per question (sampled at τ = 0.7, the same sampling seed for every teacher) and the frozen
+student is measured with them (teaching_protocol.measure). The primary measure is the paired difference RL − SFT of
+the student's mean solution log-prob, with a two-way bootstrap interval over seeds and questions and the
+pre-registered verdict. Writes learning.png and learning.json into --out.
 
-  OMP_NUM_THREADS=1 python benchmarks/learning.py --parallel      # the full run (SmolLM2-135M, 2 seeds)
+  OMP_NUM_THREADS=2 python benchmarks/learning.py            # the default run (3 seeds, sized for 2 shared cores)
+  python benchmarks/learning.py --full     # 5 seeds, 125 steps of 4 x G=8 at lr 1e-5, 128 held out x K=2 (GPU)
   python benchmarks/learning.py --quick --model builtin:tiny-qwen2  # seconds: checks that it runs
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
 import subprocess
 import sys
@@ -25,56 +25,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from task_calibration import answer_alone, answer_explained, graded, wilson
+import teaching_protocol as protocol
+from task_calibration import answer_explained, graded
+from teaching_protocol import t_quantile
 
-_T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
-
-
-def t_quantile(df: int) -> float:
-    """Two-sided 95 % Student-t quantile: the table up to 30 degrees of freedom, then the Cornish–Fisher
-    expansion around the normal (within 0.01 % there; no scipy in the environment)."""
-    z = 1.959964
-    if df <= 0:
-        return float("inf")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
+PRIMARY = "solution_logprob"
+SECONDARY = ("accuracy", "states_answer", "bare_leak", "closed", "r_kl", "reward", "tokens")
 
 
 def slope_ci(ys: list[float]) -> tuple[float, float]:
@@ -91,12 +47,16 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
     return b, t_quantile(n - 2) * se
 
 
+# RL settings fixed before the seeds ran (docs/evaluation.md, "Protocol").
+STEPS, LR, QUESTIONS, GENERATIONS = 4, 5e-5, 1, 4
+
+
 def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
     """The RLTRun the benchmark trains: small batches, short explanations, no reference-KL (beta 0)."""
     return {
         "apiVersion": "rlt.dev/v1alpha1",
         "kind": "RLTRun",
-        "metadata": {"name": f"learning-seed{seed}"},
+        "metadata": {"name": f"learning-seed{seed}{args.tag}"},
         "spec": {
             "method": "rlt",
             "seed": seed,
@@ -196,85 +156,50 @@ def curve_figures(rows: list[dict], k: int) -> dict:
     return figs
 
 
-def mentions(text: str, number: str) -> bool:
-    """Whether `number` appears in `text` as a whole number (not inside a longer one)."""
-    return re.search(rf"(?<!\d){re.escape(number)}(?!\d)", text) is not None
-
-
-def explain(model, tokenizer, formatter, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[str]:
-    """One greedy teacher completion per held-out question (the text after the opening explanation tag)."""
-    from rlt.stages.evaluate import _greedy
-
-    prompts = [formatter.teacher_prompt(tokenizer, r["question"], r["solution"]) for r in rows]
-    out = []
-    for i in range(0, len(prompts), batch_size):
-        ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts[i : i + batch_size]]
-        out += [tokenizer.decode(c, skip_special_tokens=True) for c in _greedy(model, tokenizer, ids, max_new_tokens)]
-    return out
-
-
 def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> dict:
-    """Per teacher: the student's solution log-prob, r_SS, r_KL and accuracy with its explanations; and baselines."""
+    """Per teacher and held-out question: the pre-registered measures (teaching_protocol.measure) of K sampled
+    explanations; and the student alone and with the dataset's trace, for scale."""
     from rlt.method.prompts import Formatter, resolve_format
     from rlt.method.reward import RLTReward
     from rlt.run.models import load_model, load_tokenizer
     from rlt.spec.inputs import FormatSpec, ModelRef
 
     formatter = Formatter(resolve_format(FormatSpec()))
-    sref = ModelRef(model=args.model)
+    sref = ModelRef(model=args.model)  # teachers and student share the tokenizer (one vocabulary)
     student, s_tok_left = load_model(sref, "cpu"), load_tokenizer(sref, padding_side="left")
     s_tok = load_tokenizer(sref, padding_side="right")
-    qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
-    results = {}
-    alone = graded(qs, answer_alone(student, s_tok_left, formatter, qs), formatter)
-    results["no explanation"] = {"accuracy": sum(alone) / len(alone), "correct": sum(alone), "n": len(alone)}
+    qs = [r["question"] for r in rows]
+    # the student alone = empty thought, answer tag opened (calibration's "direct"; a free answer costs 6x more)
+    alone = graded(qs, answer_explained(student, s_tok_left, formatter, qs, [""] * len(qs)), formatter)
     traces = [r["reasoning_trace"] for r in rows]
     with_traces = graded(qs, answer_explained(student, s_tok_left, formatter, qs, traces), formatter)
-    results["dataset trace"] = {"accuracy": sum(with_traces) / len(rows), "correct": sum(with_traces), "n": len(rows)}
+    results: dict[str, dict] = {
+        "no explanation": {"accuracy": [float(x) for x in alone]},
+        "dataset trace": {"accuracy": [float(x) for x in with_traces]},
+    }
+    reward = RLTReward(student, s_tok, formatter, temperature=0.7, batch_size=8)
     for name, path in teacher_paths.items():
+        t0 = time.perf_counter()
         tref = ModelRef(model=path)
-        t_tok = load_tokenizer(tref, padding_side="left")
         teacher = load_model(tref, "cpu")
-        completions = explain(teacher, t_tok, formatter, rows, args.completion_length)
-        reward = RLTReward(
-            student,
-            s_tok,
-            formatter,
-            teacher=teacher,
-            teacher_tokenizer=load_tokenizer(tref, "right"),
-            temperature=0.7,
-            batch_size=8,
+        t_tok = load_tokenizer(tref, padding_side="left")
+        sampled = protocol.sample_explanations(
+            teacher, t_tok, formatter, rows, args.samples, args.completion_length, seed=1000
         )
-        br = reward.score(qs, sols, completions)
-        expl = [formatter.split_explanation(c)[0] for c in completions]
-        ok = graded(qs, answer_explained(student, s_tok_left, formatter, qs, expl), formatter)
-        # "states the answer": the solution's number appears in the explanation. Only counted where the question
-        # does not contain that number itself (in a comparison the answer is one of the question's numbers).
-        leaks = [mentions(e, s) for e, s, q in zip(expl, sols, qs, strict=True) if not mentions(q, s)]
-        results[name] = {
-            "accuracy": sum(ok) / len(ok),
-            "correct": sum(ok),
-            "n": len(ok),
-            "solution_logprob_mean": statistics.fmean(br.solution_logprob_mean),
-            "r_ss": statistics.fmean(br.r_ss),
-            "r_kl": statistics.fmean(br.r_kl),
-            "reward": statistics.fmean(br.total),
-            "closed": sum(p == 0 for p in br.format_penalty) / len(rows),
-            "states_answer": sum(leaks) / len(leaks) if leaks else float("nan"),
-            "explanation_tokens": statistics.fmean(br.explanation_tokens),
-            "examples": expl[:3],
-        }
+        results[name] = protocol.measure(student, s_tok_left, formatter, rows, sampled, reward)
+        results[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"[held-out] {name}: {results[name]['seconds']:.0f} s", flush=True)
         del teacher
     return results
 
 
-def plot(runs: dict[int, dict], figures: dict[int, dict], path: Path) -> None:
+def plot(figures: dict[int, dict], primary: dict | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     for ax, key, title in zip(
         axes,
         ("reward", "r_ss", "r_kl"),
@@ -302,39 +227,73 @@ def plot(runs: dict[int, dict], figures: dict[int, dict], path: Path) -> None:
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    ax = axes[3]
+    if primary is not None:
+        labels, ys, errs = [], [], []
+        for s, (m, half) in primary["per_seed"].items():
+            labels.append(f"seed {s}")
+            ys.append(m)
+            errs.append([half, half])
+        lo, hi = primary["ci95"]
+        labels.append("all (bootstrap)")
+        ys.append(primary["mean"])
+        errs.append([primary["mean"] - lo, hi - primary["mean"]])
+        ax.errorbar(range(len(ys)), ys, yerr=list(zip(*errs, strict=True)), fmt="o", capsize=4)
+        ax.axhline(0, color="k", lw=0.8)
+        for d in (-protocol.DELTA, protocol.DELTA):
+            ax.axhline(d, color="grey", ls="--", lw=0.8)
+        ax.set_xticks(range(len(ys)), labels, fontsize=8)
+    ax.set_title("held-out: RL − SFT teacher, student solution log-prob\n(95 % CI; dashed: ±δ)", fontsize=10)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def heldout_rows(task: str, train_size: int, n: int) -> list[dict]:
+    """n questions of the task from generator seed 1000, none seen in training (seed 0, train_size rows)."""
+    from rlt.data import tasks
+
+    seen = {r["question"] for r in tasks.generate(task, train_size, 0)}
+    fresh = [r for r in tasks.generate(task, 20 * n, 1000) if r["question"] not in seen]
+    return list({r["question"]: r for r in fresh}.values())[:n]
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="teacher start and frozen student")
-    p.add_argument("--task", default="basic")
-    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    p.add_argument("--steps", type=int, default=24, help="RL steps per seed")
-    p.add_argument("--lr", type=float, default=2e-5, help="RL learning rate (full fine-tune, constant)")
-    p.add_argument("--questions", type=int, default=2, help="questions per RL step")
-    p.add_argument("--generations", type=int, default=4, help="G: explanations per question")
-    p.add_argument("--completion-length", type=int, default=24)
-    p.add_argument("--sft-steps", type=int, default=6)
-    p.add_argument("--sft-lr", type=float, default=5e-5)
+    p.add_argument("--task", default="sums")
+    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
+    p.add_argument("--steps", type=int, default=STEPS, help="RL steps per seed")
+    p.add_argument("--lr", type=float, default=LR, help="RL learning rate (full fine-tune, constant)")
+    p.add_argument("--questions", type=int, default=QUESTIONS, help="questions per RL step")
+    p.add_argument("--generations", type=int, default=GENERATIONS, help="G: explanations per question")
+    p.add_argument("--completion-length", type=int, default=64, help="explanation cap (tokens), RL and held-out")
+    p.add_argument("--sft-steps", type=int, default=24)
+    p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--heldout", type=int, default=48)
-    p.add_argument("--k", type=int, default=5, help="steps averaged for the start/end reward")
-    p.add_argument("--out", default="results/learning")
+    p.add_argument("--heldout", type=int, default=32)
+    p.add_argument("--samples", type=int, default=1, help="K: sampled explanations per held-out question")
+    p.add_argument("--k", type=int, default=3, help="steps averaged for the start/end reward")
+    p.add_argument("--out", default="results/learning-sums")
+    p.add_argument("--tag", default="", help="suffix of the RL run names (settings search)")
     p.add_argument("--quick", action="store_true", help="tiny settings that only check the script runs")
+    p.add_argument(
+        "--full", action="store_true", help="5 seeds, 125 RL steps of 4 questions x G=8 at lr 1e-5, 128 held out x K=2"
+    )
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes")
-    p.add_argument("--rl-seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes (~4.5 GB each)")
+    p.add_argument("--rl-seed", type=int, help="train this seed's RL only and print its reward curve (search)")
     p.add_argument("--sft-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
-        args.completion_length, args.train_size, args.k = 16, 16, 1
+        args.completion_length, args.train_size, args.k, args.samples = 16, 16, 1, 1
+    if args.full:
+        args.seeds, args.steps, args.heldout, args.samples = [1, 2, 3, 4, 5], 125, 128, 2
+        args.questions, args.generations, args.lr = 4, 8, 1e-5
 
-    from rlt.data import tasks
     from rlt.run.runner import quiet_libraries, run_local
     from rlt.spec.loading import parse_run
 
@@ -343,25 +302,31 @@ def main(argv: list[str] | None = None) -> dict:
     if args.sft_only:  # a child of --parallel: the SFT warm-up only
         run_sft(args, out)
         return {}
-    if args.rl_seed is not None:  # a child of --parallel: this seed's RL run only
-        sft_model = str(out / "learning-sft" / "sft" / "model")
-        run_local(
-            parse_run(run_spec(args, args.rl_seed, sft_model, sft=False, rl=True)),
-            out,
-            metrics_port=None,
-            show_progress=not args.quiet,
-        )
+    if args.rl_seed is not None:  # one seed's RL only (a child of --parallel, or a settings-search run)
+        run = parse_run(run_spec(args, args.rl_seed, str(out / "learning-sft" / "sft" / "model"), sft=False, rl=True))
+        run_local(run, out, metrics_port=None, show_progress=not args.quiet)
+        rows = [json.loads(x) for x in (out / run.name / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        steps = sorted((r for r in rows if r["stage"] == "rl"), key=lambda r: r["step"])
+        f = curve_figures(steps, args.k).get("reward")
+        if f:
+            secs = statistics.fmean(r.get("step_seconds", 0.0) for r in steps)
+            print(
+                f"[search] {run.name}: reward first {f['k']} {f['start']:+.3f} last {f['k']} {f['end']:+.3f} "
+                f"change {f['end'] - f['start']:+.3f} slope {f['slope']:+.4f} ± {f['slope_ci95']:.4f}; "
+                f"{secs:.0f} s/step"
+            )
         return {}
     started = time.perf_counter()
     sft_model, runs = train(args, out)
-    seen = {r["question"] for r in tasks.generate(args.task, args.train_size, 0)}
-    heldout = [r for r in tasks.generate(args.task, 20 * args.heldout, 1000) if r["question"] not in seen]
-    heldout = list({r["question"]: r for r in heldout}.values())[: args.heldout]
-
+    heldout = heldout_rows(args.task, args.train_size, args.heldout)
     figures = {seed: curve_figures(r["rows"], args.k) for seed, r in runs.items()}
-    teachers = {"SFT-only teacher": sft_model} | {f"RL teacher seed {s}": r["model"] for s, r in runs.items()}
+    teachers = {"SFT teacher": sft_model} | {f"RL teacher seed {s}": r["model"] for s, r in runs.items()}
     teaching = teaching_figures(args, teachers, heldout)
-    plot(runs, figures, out / "learning.png")
+    rl = {s: teaching[f"RL teacher seed {s}"] for s in runs}
+    comparison = protocol.compare(teaching["SFT teacher"], rl, (PRIMARY, *SECONDARY))
+    primary = comparison.get(PRIMARY)
+    verdict = protocol.verdict(*primary["ci95"]) if primary else "not measured"
+    plot(figures, primary, out / "learning.png")
     report = {
         "settings": {k: v for k, v in vars(args).items()},
         "seconds": round(time.perf_counter() - started, 1),
@@ -369,14 +334,21 @@ def main(argv: list[str] | None = None) -> dict:
         "curves": figures,
         "heldout_questions": len(heldout),
         "teaching": teaching,
+        "comparison": comparison,
+        "verdict": verdict,
         "plot": str(out / "learning.png"),
     }
     (out / "learning.json").write_text(json.dumps(report, indent=1))
+    print_report(args, report)
+    return report
 
+
+def print_report(args, report: dict) -> None:
+    figures, teaching, comparison = report["curves"], report["teaching"], report["comparison"]
     print(
-        f"\nRLT learning on builtin:{args.task}: {args.model} teacher and student, {args.steps} RL steps × "
-        f"{args.questions} questions × G={args.generations}, lr {args.lr}, explanations ≤ {args.completion_length} "
-        f"tokens; wall {report['seconds']:.0f} s"
+        f"\nRLT vs SFT teacher on builtin:{args.task}: {args.model} teacher and student, seeds {args.seeds}, "
+        f"{args.steps} RL steps × {args.questions} questions × G={args.generations}, lr {args.lr}, explanations ≤ "
+        f"{args.completion_length} tokens, SFT warm-up {args.sft_steps} × 8 rows; wall {report['seconds']:.0f} s"
     )
     print("| seed | term | start (first k) | end (last k) | slope per step ± 95 % CI | RL step seconds (sum) |")
     print("|---|---|---|---|---|---|")
@@ -388,26 +360,25 @@ def main(argv: list[str] | None = None) -> dict:
                     f"| {seed} | {key} | {c['start']:.4f} | {c['end']:.4f} | {c['slope']:+.5f} ± {c['slope_ci95']:.5f}"
                     f" | {report['rl_seconds'][seed]:.0f} |"
                 )
-    print(f"\nheld-out: {len(heldout)} unseen questions, one greedy explanation per teacher and question")
-    print(
-        "| explanation | student accuracy | 95 % CI | solution log-prob (mean) | r_SS | r_KL | reward | "
-        "states answer (answer not in question) | closed | tokens |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    n = report["heldout_questions"]
+    print(f"\nheld-out: {n} unseen questions, K = {args.samples} explanations per teacher and question (τ = 0.7)")
+    print("| explanation | " + " | ".join(("solution log-prob", *SECONDARY)) + " |")
+    print("|---|" + "---|" * (1 + len(SECONDARY)))
     for name, t in teaching.items():
-        lo, hi = wilson(t["correct"], t["n"])
-        extra = (
-            f"{t['solution_logprob_mean']:.4f} | {t['r_ss']:.4f} | {t['r_kl']:.4f} | {t['reward']:.4f} | "
-            f"{t['states_answer']:.2f} | {t['closed']:.2f} | {t['explanation_tokens']:.1f}"
-            if "r_ss" in t
-            else "— | — | — | — | — | — | —"
-        )
-        print(f"| {name} | {t['accuracy']:.3f} | [{lo:.2f}, {hi:.2f}] | {extra} |")
+        cells = [f"{statistics.fmean(t[k]):.3f}" if k in t else "—" for k in (PRIMARY, *SECONDARY)]
+        print(f"| {name} | {' | '.join(cells)} |")
+    print("\nRL − SFT teacher, paired per question (two-way bootstrap over seeds and questions, 95 %)")
+    print("| measure | RL − SFT | 95 % CI | per seed: mean ± t half-width |")
+    print("|---|---|---|---|")
+    for key, c in comparison.items():
+        per = "; ".join(f"{s}: {m:+.3f} ± {h:.3f}" for s, (m, h) in c["per_seed"].items())
+        label = f"**{key} (primary)**" if key == PRIMARY else key
+        print(f"| {label} | {c['mean']:+.4f} | [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {per} |")
+    print(f"\nverdict (pre-registered rule, δ = {protocol.DELTA}): {report['verdict']}")
     for name, t in teaching.items():
         for e in t.get("examples", [])[:2]:
             print(f"  {name}: {e!r}")
-    print(f"plot: {out / 'learning.png'}\nfigures: {out / 'learning.json'}")
-    return report
+    print(f"plot: {report['plot']}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""How well does the untrained student answer the built-in `basic` task, alone and when shown a worked explanation?
+"""How well does the untrained student answer a built-in task, alone and when shown a worked explanation?
 
-Per level, N fresh questions (seeded), the student (default SmolLM2-135M-Instruct) answers greedily:
+Per level of `basic` (or for `sums`, two-digit + two-digit), N fresh questions (seeded), the student (default SmolLM2-135M-Instruct) answers greedily:
   free       student chat (system prompt, question), the model writes its own thought and answer (what the
              evaluate stage and `rlt compare` measure; a 135M model rambles, so the token limit matters);
   direct     the thought left empty and the answer tag opened: the model writes the answer at once (the setting
@@ -9,6 +9,7 @@ Per level, N fresh questions (seeded), the student (default SmolLM2-135M-Instruc
 Both are graded by the task's own checker (rlt.data.tasks.check_builtin, recomputed from the question). Prints a
 table with 95 % Wilson intervals. Usage:
   nice -n 10 python benchmarks/task_calibration.py [--per-level 64] [--model builtin:smollm2-135m-instruct]
+  nice -n 10 python benchmarks/task_calibration.py --task sums --reward   # + the RLT reward of worked vs leaked
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def main() -> None:
     p.add_argument("--model", default="builtin:smollm2-135m-instruct")
     p.add_argument("--per-level", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--levels", default=",".join(map(str, tasks.BASIC_LEVELS)))
+    p.add_argument("--task", default="basic", choices=("basic", "sums"))
+    p.add_argument("--levels", default=",".join(map(str, tasks.BASIC_LEVELS)), help="levels of `basic`")
+    p.add_argument("--reward", action="store_true", help="also the RLT reward of worked vs bare-answer explanations")
     p.add_argument("--show", type=int, default=0, help="print this many raw outputs per level")
     p.add_argument("--free-tokens", type=int, default=48, help="token limit of the free answers (0: skip them)")
     args = p.parse_args()
@@ -106,9 +109,12 @@ def main() -> None:
         "with worked explanation | 95 % CI | seconds |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for level in map(int, args.levels.split(",")):
+    variants = [f"basic-{lv}" for lv in args.levels.split(",")] if args.task == "basic" else [args.task]
+    reward_rows = []
+    for variant in variants:
+        level = variant.removeprefix("basic-")
         t0 = time.perf_counter()
-        rows = tasks.generate(f"basic-{level}", args.per_level, args.seed)
+        rows = tasks.generate(variant, args.per_level, args.seed)
         qs = [r["question"] for r in rows]
         cells = []
         free = answer_alone(model, tokenizer, formatter, qs, args.free_tokens) if args.free_tokens else None
@@ -124,6 +130,42 @@ def main() -> None:
         print(f"| {level} | {qs[0]} | {' | '.join(cells)} | {time.perf_counter() - t0:.0f} |", flush=True)
         for q, o in list(zip(qs, direct, strict=True))[: args.show]:
             print(f"    direct {q!r} -> {o!r}")
+        if args.reward:
+            reward_rows.append((level, reward_contrast(model, args.model, formatter, rows)))
+    if reward_rows:
+        print("\nRLT reward at initialisation (teacher = the same untrained model), mean [min, max] over questions")
+        print("| level | explanation | R | r_SS | r_KL | worked > this on |")
+        print("|---|---|---|---|---|---|")
+        for level, contrast in reward_rows:
+            worked = contrast["worked"].total
+            for name, b in contrast.items():
+                wins = sum(w > x for w, x in zip(worked, b.total, strict=True))
+                print(
+                    f"| {level} | {name} | {_mean(b.total):+.2f} [{min(b.total):+.2f}, {max(b.total):+.2f}] | "
+                    f"{_mean(b.r_ss):+.2f} | {_mean(b.r_kl):+.3f} | "
+                    f"{'—' if name == 'worked' else f'{wins}/{len(worked)}'} |"
+                )
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def reward_contrast(model, model_name: str, formatter: Formatter, rows: list[dict]) -> dict:
+    """The RLT reward's breakdown for the worked trace and for a bare "The answer is X." on each row."""
+    from rlt.method.reward import RLTReward
+    from rlt.run.models import load_tokenizer
+
+    tok = load_tokenizer(ModelRef(model=model_name), padding_side="right")
+    reward = RLTReward(model, tok, formatter, teacher=model, teacher_tokenizer=tok, temperature=0.7)
+    qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
+    out = {}
+    for name, make in (
+        ("worked", lambda r: r["reasoning_trace"]),
+        ("bare answer", lambda r: f"The answer is {r['solution']}."),
+    ):
+        out[name] = reward.score(qs, sols, [formatter.teacher_completion(make(r), "") for r in rows])
+    return out
 
 
 if __name__ == "__main__":

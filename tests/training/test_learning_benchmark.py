@@ -28,9 +28,36 @@ def test_learning_benchmark_quick_run_writes_plot_and_figures(tmp_path, monkeypa
         c = report["curves"][3][key]
         assert c["slope_ci95"] > 0 and c["start"] == c["per_step"][0] and c["end"] == c["per_step"][-1]
     teaching = report["teaching"]
-    assert set(teaching) == {"no explanation", "dataset trace", "SFT-only teacher", "RL teacher seed 3"}
-    assert teaching["RL teacher seed 3"]["n"] == report["heldout_questions"] == 4
-    assert teaching["SFT-only teacher"]["solution_logprob_mean"] < 0
+    assert set(teaching) == {"no explanation", "dataset trace", "SFT teacher", "RL teacher seed 3"}
+    assert len(teaching["RL teacher seed 3"]["solution_logprob"]) == report["heldout_questions"] == 4
+    assert max(teaching["SFT teacher"]["solution_logprob"]) < 0
+    primary = report["comparison"]["solution_logprob"]
+    lo, hi = primary["ci95"]
+    assert lo <= primary["mean"] <= hi and set(primary["per_seed"]) == {3}
+    assert report["verdict"] in {"RL teaches better", "RL teaches worse", "no difference", "inconclusive"}
+
+
+def test_two_way_bootstrap_and_verdict_rule():
+    proto = runpy.run_path(str(ROOT / "benchmarks" / "teaching_protocol.py"), run_name="not_main")
+    boot, verdict = proto["two_way_bootstrap"], proto["verdict"]
+    # constant differences: the interval collapses onto them
+    assert boot([[0.3] * 5] * 3, resamples=200) == pytest.approx((0.3, 0.3, 0.3))
+    # seed-level spread dominates: one seed at +1, two at -1 -> the interval reaches both signs
+    mean, lo, hi = boot([[1.0] * 20, [-1.0] * 20, [-1.0] * 20], resamples=2000)
+    assert mean == pytest.approx(-1 / 3) and lo == pytest.approx(-1.0) and hi == pytest.approx(1.0)
+    # question-level noise only: the interval is about ±1.96·sd/sqrt(n_seeds·n_questions) wide
+    import numpy as np
+
+    d = np.random.default_rng(1).normal(0.2, 1.0, size=(3, 200))
+    mean, lo, hi = boot(d.tolist(), resamples=2000)
+    assert lo < mean < hi and 0.1 < (hi - lo) / 2 < 0.2 and lo > 0
+    assert verdict(0.01, 0.3) == "RL teaches better"
+    assert verdict(-0.3, -0.01) == "RL teaches worse"
+    assert verdict(-0.05, 0.08) == "no difference"
+    assert verdict(-0.05, 0.2) == "inconclusive"
+    assert proto["bare_leak"]("What is 23 + 45?", "The answer is 68.", "68") == 1.0
+    assert proto["bare_leak"]("What is 23 + 45?", "20 + 40 = 60, 3 + 5 = 8, 68.", "68") == 0.0
+    assert proto["bare_leak"]("What is 23 + 45?", "It is 67.", "68") == 0.0
 
 
 def test_slope_interval_matches_known_values():

@@ -72,3 +72,28 @@ def test_checker_ignores_other_questions():
     assert tasks.check_builtin("What is 7 * 8?", "56") is True
     with pytest.raises(ValueError, match="unknown built-in task 'basic-9'"):
         tasks.generate("basic-9", 1)
+
+
+def test_sums_are_seeded_two_digit_and_their_traces_add_up():
+    rows = tasks.generate("sums", 200, seed=0)
+    assert rows == tasks.generate("sums", 200, seed=0) and rows != tasks.generate("sums", 200, seed=1)
+    for row in rows:
+        a, b = (int(x) for x in re.findall(r"\d+", row["question"]))
+        assert 10 <= a <= 99 and 10 <= b <= 99 and row["solution"] == str(a + b)
+        # the answer is not one of the question's numbers: stating it is not copying
+        assert row["solution"] not in (str(a), str(b))
+        # every equation in the trace is true, and the last one ends on the answer
+        for left, right in re.findall(r"(\d+ \+ \d+) = (\d+)", row["reasoning_trace"]):
+            x, y = map(int, left.split(" + "))
+            assert x + y == int(right)
+        assert row["reasoning_trace"].endswith(f"= {row['solution']}.")
+        assert tasks.check_builtin(row["question"], f"<answer>{row['solution']}</answer>") is True
+        assert tasks.check_builtin(row["question"], f"<answer>{a}</answer>") is False
+
+
+def test_sums_checker_leaves_one_digit_sums_to_basic():
+    assert tasks.check_sums("What is 3 + 4?", "7") is None  # basic level 1
+    assert tasks.check_builtin("What is 3 + 4?", "7") is True
+    assert tasks.check_sums("Which is larger, 67 or 57?", "67") is None
+    assert tasks.check_sums("What is 23 + 45?", "The answer is 68.") is True
+    assert tasks.check_sums("What is 23 + 45?", None) is False

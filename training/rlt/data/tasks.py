@@ -12,7 +12,7 @@ import random
 import re
 
 BASIC_LEVELS = (1, 2, 3, 4)
-TASKS = ("arithmetic", "countdown", "mixed", "basic") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
+TASKS = ("arithmetic", "countdown", "mixed", "basic", "sums") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -119,6 +119,30 @@ def _basic_value(question: str) -> tuple[int, int] | None:
     return None
 
 
+# ---- `sums`: two-digit + two-digit. The answer is not among the question's numbers and the untrained 135M student
+# does not guess it (it copies the first number), but it follows a tens/ones decomposition: a task on which an
+# explanation can teach, and on which stating the bare answer is visible to r_KL (see docs/evaluation.md).
+_SUMS_Q = re.compile(r"^What is (\d+) \+ (\d+)\?$")
+
+
+def sums_problem(rng: random.Random) -> dict[str, str]:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    tens, ones = (a // 10 + b // 10) * 10, a % 10 + b % 10
+    trace = f"Add the tens: {a // 10 * 10} + {b // 10 * 10} = {tens}.\nAdd the ones: {a % 10} + {b % 10} = {ones}.\n"
+    trace += f"Together: {tens} + {ones} = {a + b}."
+    return {"question": f"What is {a} + {b}?", "reasoning_trace": trace, "solution": str(a + b)}
+
+
+def check_sums(question: str, answer: str | None) -> bool | None:
+    """None if `question` is not a `sums` question; else whether the extracted answer is the sum."""
+    m = _SUMS_Q.match(question.strip())
+    if m is None or max(len(m.group(1)), len(m.group(2))) < 2:
+        return None  # one-digit sums are `basic` level 1
+    from rlt.data.answers import extract_answer, normalize
+
+    return normalize(extract_answer(answer or "")) == str(int(m.group(1)) + int(m.group(2)))
+
+
 def basic_level(question: str) -> int | None:
     """The level of a `basic` question, None for any other question."""
     found = _basic_value(question)
@@ -139,14 +163,19 @@ def check_basic(question: str, answer: str | None) -> bool | None:
 
 def check_builtin(question: str, answer: str | None) -> bool | None:
     """The built-in checker that knows `question` (countdown or basic), or None when none does."""
-    verdict = check_countdown(question, answer)
-    return verdict if verdict is not None else check_basic(question, answer)
+    for check in (check_countdown, check_sums, check_basic):
+        verdict = check(question, answer)
+        if verdict is not None:
+            return verdict
+    return None
 
 
 def generate(task: str, size: int, seed: int = 0) -> list[dict[str, str]]:
     if task not in TASKS:
         raise ValueError(f"spec.dataset.source: unknown built-in task {task!r} (choose from {', '.join(TASKS)})")
     rng = random.Random(f"rlt-{task}-{seed}")
+    if task == "sums":
+        return [sums_problem(rng) for _ in range(size)]
     if task.startswith("basic"):
         levels = BASIC_LEVELS if task == "basic" else (int(task.removeprefix("basic-")),)
         return [basic_problem(rng, levels[i % len(levels)]) for i in range(size)]
