@@ -21,7 +21,7 @@ import os
 import sys
 
 from rlt.run import fingerprint
-from rlt.run.exitcodes import ExitCode
+from rlt.run.exitcodes import CAPACITY_PREFIX, ExitCode
 from rlt.run.layout import RunLayout
 from rlt.spec import validation
 from rlt.spec.loading import SpecError
@@ -49,7 +49,6 @@ def stale_stage_problem(path: str, stage: str, root: str) -> str | None:
     return None
 
 
-CAPACITY_PREFIX = "capacity: "  # the preflight's line for a plan that does not fit (read by the operator)
 CAPACITY_CHECK_ENV = "RLT_CAPACITY_CHECK"  # "false" (in spec.env) skips the capacity check
 
 
