@@ -60,7 +60,7 @@ def capacity_problem(path: str, stage: str) -> str | None:
 
     run = validation.load_valid_run(path)
     gpu_memory, source = spec_gpu_memory(run.spec)
-    # build=False: a built-in tiny model is not built (its shape is unknown, and it fits any GPU)
+    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (measured peak: 0.5 GiB)
     misfits = plan_for_run(run.spec, gpu_memory, build=False).errors((stage, "all"))
     if not misfits:
         return None
