@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rlt.run.exitcodes import DISRUPTION, FAIL_FAST, ExitCode
+from rlt.run.exitcodes import CAPACITY_PREFIX, DISRUPTION, FAIL_FAST, ExitCode
 from rlt.run.layout import parse_time
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
@@ -41,6 +41,33 @@ def trainer_shape(spec: RLTRunSpec, stage: str, run_status: RLTRunStatus, now: d
     return want
 
 
+def current_gang(pods: list[dict[str, Any]], stage: str, restarts: int) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in pods
+        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
+    ]
+
+
+def capacity_misfit(
+    run_status: RLTRunStatus, pods: list[dict[str, Any]], stage: str, restarts: int, now: dt.datetime
+) -> None:
+    """CapacityOK=False (CapacityExceeded) when a trainer pod of the current gang exited CONFIG_ERROR with the
+    preflight's capacity line (rlt.run.preflight: the plan of its stage or of the volume does not fit). Never set
+    True: a passed preflight may have skipped the check (RLT_CAPACITY_CHECK=false), so absence means no misfit seen."""
+    for pod in current_gang(pods, stage, restarts):
+        line = pod.get("lastError") or ""
+        if (
+            pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER
+            and pod.get("exitCode") == ExitCode.CONFIG_ERROR
+            and line.startswith(CAPACITY_PREFIX)
+        ):
+            conds = run_status.conditions = run_status.conditions or []
+            message = f"stage {stage}: {line.removeprefix(CAPACITY_PREFIX)}"
+            set_condition(conds, ConditionType.CAPACITY_OK, False, "CapacityExceeded", message, now)
+            return
+
+
 def gang_failure(
     job: dict[str, Any] | None,
     job_name: str,
@@ -56,11 +83,7 @@ def gang_failure(
     `one_node` (a ReadWriteOnce volume with generators: every pod of the run on the generators' node): a trainer
     pod unschedulable for RWO_PLACEMENT_SECONDS releases the gang (uncounted), so the generators never hold
     their GPUs for good while the trainer cannot join them."""
-    gang = [
-        p
-        for p in pods
-        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
-    ]
+    gang = current_gang(pods, stage, restarts)
     for pod in gang:
         if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
             code = ExitCode(pod["exitCode"])

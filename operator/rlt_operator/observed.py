@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlt.run.exitcodes import DISRUPTION
+from rlt.run.exitcodes import CAPACITY_PREFIX, DISRUPTION
 from rlt_operator import builders
 
 
@@ -84,11 +84,12 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def last_error_line(message: str | None) -> str | None:
     """Why a container failed, from its terminated message (the log's tail, terminationMessagePolicy
-    FallbackToLogsOnError): rlt's own one-line error ('rlt stage: ...') when there is one, else the last line."""
+    FallbackToLogsOnError): rlt's own one-line error ('rlt stage: ...', the preflight's 'capacity: ...') when there
+    is one, else the last line."""
     lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
     if not lines:
         return None
-    ours = [line for line in lines if line.startswith("rlt ") or line.startswith("/etc/rlt/")]
+    ours = [line for line in lines if line.startswith(("rlt ", "/etc/rlt/", CAPACITY_PREFIX))]
     line = (ours or lines)[-1]
     return line if len(line) <= 400 else line[:397] + "..."
 

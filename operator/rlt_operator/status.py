@@ -26,7 +26,7 @@ from rlt_operator.conditions import (
     stuck_terminating,
     volume_condition,
 )
-from rlt_operator.gang import gang_failure, trainer_shape
+from rlt_operator.gang import capacity_misfit, gang_failure, trainer_shape
 from rlt_operator.observed import (
     Observed,
     job_complete,
@@ -290,6 +290,7 @@ def decide(
     one_node = spec.storage.access_mode == "ReadWriteOnce" and gens_needed
     failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts, now, one_node)
     if fatal:
+        capacity_misfit(run_status, observed.pods, stage, restarts, now)
         _fail(
             run_status,
             "ConfigError",

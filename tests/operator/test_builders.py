@@ -483,6 +483,30 @@ def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_prefligh
     assert preflight(more_rl, "rl").returncode == 0  # continuing rl from its checkpoint is allowed
 
 
+def test_a_run_that_cannot_fit_fails_the_preflight_with_the_capacity_line(tmp_path):
+    """The init container as rendered runs the capacity plan of its stage (rlt.run.preflight): the paper run on a
+    200Gi volume exits 78 before any launcher with one `capacity:` line naming the field; the example as it is
+    passes, and RLT_CAPACITY_CHECK=false in spec.env skips the check."""
+    from rlt.run.exitcodes import CAPACITY_PREFIX, ExitCode
+    from rlt.spec.resources import EnvVar
+
+    def preflight(spec):
+        return run_init(b.trainer_job(REF, spec, "sft", 0), tmp_path / "pvc")
+
+    small = spec_from()
+    small.storage.size = "200Gi"
+    bad = preflight(small)
+    assert bad.returncode == ExitCode.CONFIG_ERROR, bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(CAPACITY_PREFIX), bad.stderr
+    for fragment in ("run volume", "200.0 GiB", "change storage.size", "GPUs of the default 80.0 GiB"):
+        assert fragment in lines[0], lines[0]
+    assert preflight(spec_from()).returncode == 0  # the example fits its 1Ti
+    small.env.append(EnvVar(name="RLT_CAPACITY_CHECK", value="false"))
+    skipped = preflight(small)
+    assert skipped.returncode == 0, skipped.stderr
+
+
 def test_a_config_error_says_why_in_the_status_from_the_termination_message():
     pod = {
         "metadata": {"name": "t-sft-0-x", "labels": b.labels("t", b.ROLE_TRAINER, "sft", 0)},

@@ -572,6 +572,37 @@ def test_a_config_error_exit_fails_the_run_at_once_without_a_gang_restart():
     assert d.status["reason"] == "ConfigError"
 
 
+def test_a_capacity_misfit_in_the_preflight_sets_capacity_ok_false_and_fails_at_once():
+    """The trainer pod's init container (rlt.run.preflight) exited 78 with the plan's `capacity:` line: CapacityOK
+    False with that line, the run Failed/ConfigError with no gang restart; another config error sets no CapacityOK."""
+    sp = spec(server=True, sft=False)
+    line = (
+        "capacity: all: run volume at its fullest (during rl) needs 340.4 GiB but has 200.0 GiB; change "
+        "storage.size or stages.rl.saveTotalLimit (rlt plan of stage rl, GPUs of the default 80.0 GiB; ...)"
+    )
+
+    def failed_preflight(message):
+        terminated = {"reason": "Error", "exitCode": 78, "message": f"a warning\n{message}\n"}
+        pod = observed_pod(
+            "t-rl-0-x",
+            b.ROLE_TRAINER,
+            "rl",
+            phase="Failed",
+            containers=[{"name": "validate", "state": {"terminated": terminated}}],
+        )
+        return S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", failed=True)], [sts("rl")], [pod]), NOW)
+
+    d = failed_preflight(line)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "ConfigError" and d.status["restarts"] == 0
+    assert line in d.status["message"]
+    cap = conds(d)["CapacityOK"]
+    assert (cap["status"], cap["reason"]) == ("False", "CapacityExceeded")
+    assert cap["message"] == "stage rl: " + line.removeprefix("capacity: ")
+    assert not any(a.verb == "create" for a in d.actions)
+    other = failed_preflight("stage rl: the volume already holds it, finished under a different spec (...)")
+    assert other.status["reason"] == "ConfigError" and "CapacityOK" not in conds(other)
+
+
 def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_limit():
     sp = spec(server=True, sft=False, backoffLimit=1)
 

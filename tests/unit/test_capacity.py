@@ -55,6 +55,24 @@ def test_cli_exit_code_and_validate_run_the_plan(tmp_path, capsys):
     assert "capacity: all: run volume" in capsys.readouterr().err
 
 
+def test_gpu_memory_comes_from_the_nodeselector_label_when_the_run_selects_by_it(tmp_path, capsys):
+    """nvidia.com/gpu.memory (MiB, NVIDIA GPU feature discovery) in spec.scheduling.nodeSelector is the GPU the plan
+    assumes: the paper run on 40 GB A100s does not fit; with no label the plan assumes 80Gi; --gpu-memory wins."""
+    from rlt.spec.capacity import DEFAULT_GPU_MEMORY, GPU_MEMORY_LABEL, spec_gpu_memory
+
+    doc = _doc()
+    assert spec_gpu_memory(parse_run(doc).spec) == (DEFAULT_GPU_MEMORY, "the default 80.0 GiB")
+    doc["spec"].setdefault("scheduling", {}).setdefault("nodeSelector", {})[GPU_MEMORY_LABEL] = "40960"
+    spec = parse_run(doc).spec
+    assert spec_gpu_memory(spec)[0] == 40 * 2**30
+    a100_40 = tmp_path / "a100-40.yaml"
+    a100_40.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(a100_40)]) == 1
+    out = capsys.readouterr()
+    assert "capacity plan for 40.0 GiB GPUs" in out.out and "resources.trainer.gpus" in out.err
+    assert main(["plan", "--gpu-memory", "80Gi", str(a100_40)]) == 0
+
+
 def test_parameter_counts_are_the_real_models(tmp_path):
     """The shape counted on an empty model equals the parameters of the real built-in model, and a LoRA adapter's
     count equals PEFT's trainable parameters on it."""

@@ -91,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("files", nargs="+")
     p.add_argument("--no-data", action="store_true", help="check the spec only, not the dataset it names")
-    p.add_argument("--no-plan", action="store_true", help="skip the capacity plan (`rlt plan`) on 80Gi GPUs")
+    p.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="skip the capacity plan (`rlt plan`; GPUs of the nodeSelector's nvidia.com/gpu.memory, else 80Gi)",
+    )
     p.set_defaults(func=cmd_validate)
 
     from rlt.cli import run_commands as runner_cli  # training commands (heavy imports happen inside their handlers)

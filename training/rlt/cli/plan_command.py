@@ -8,12 +8,12 @@ import sys
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from rlt.spec.capacity import plan_for_run, render
+    from rlt.spec.capacity import plan_for_run, render, spec_gpu_memory
     from rlt.spec.k8s import quantity_bytes
     from rlt.spec.loading import SpecError
     from rlt.spec.validation import load_valid_runs
 
-    gpu_memory = quantity_bytes(args.gpu_memory)
+    given = quantity_bytes(args.gpu_memory) if args.gpu_memory else None
     bad = 0
     for path in args.files:
         try:
@@ -23,7 +23,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             bad += 1
             continue
         for run in runs:
-            plan = plan_for_run(run.spec, gpu_memory)
+            plan = plan_for_run(run.spec, given or spec_gpu_memory(run.spec)[0])
             print(render(plan, f"{path} ({run.name})"))
             for line in plan.errors():
                 print(f"rlt plan: {path}: {line}", file=sys.stderr)
@@ -39,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("files", nargs="+")
     p.add_argument(
-        "--gpu-memory", default="80Gi", help="memory of one GPU, a Kubernetes quantity (default 80Gi: A100/H100 80GB)"
+        "--gpu-memory",
+        help="memory of one GPU, a Kubernetes quantity (default: the spec's nodeSelector nvidia.com/gpu.memory in "
+        "MiB when it selects nodes by it, else 80Gi: A100/H100 80GB)",
     )
     p.set_defaults(func=cmd_plan)

@@ -27,3 +27,6 @@ class ExitCode(IntEnum):
 FAIL_FAST = (ExitCode.DATA_ERROR, ExitCode.CONFIG_ERROR)
 # Exit codes that mean "stopped on purpose, nothing lost": a disruption (podFailurePolicy Ignore, not counted).
 DISRUPTION = (ExitCode.STOPPED,)
+# The start of the preflight's CONFIG_ERROR line for a capacity plan that does not fit (rlt.run.preflight); the
+# operator sets condition CapacityOK=False from it, distinct from other config errors.
+CAPACITY_PREFIX = "capacity: "

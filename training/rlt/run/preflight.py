@@ -5,15 +5,23 @@ the pod can see: the spec and the data as `rlt validate` does (rlt.spec.validati
 volume retained from an earlier RLTRun of the same name may hold a finished stage under another spec; `rlt stage`
 would refuse it inside the launcher and burn every gang restart. Here it exits CONFIG_ERROR, which the Job's
 podFailurePolicy fails at once, with a message that says what to do on a cluster.
+
+Last, the capacity plan (`rlt plan`, rlt.spec.capacity) of this pod's stage and of the run's volume: it needs
+transformers and DeepSpeed, which the trainer image has and the operator's has not, and takes seconds of CPU, too
+slow for a reconcile loop. A misfit exits CONFIG_ERROR with one line that starts with CAPACITY_PREFIX, from which the
+operator sets the run's condition CapacityOK=False (reason CapacityExceeded). The GPU's memory is the spec's
+(rlt.spec.capacity.spec_gpu_memory); `RLT_CAPACITY_CHECK=false` in spec.env skips the check where the plan is wrong
+for the hardware (it is an estimate: a GPU the label does not describe, a model it cannot read).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rlt.run import fingerprint
-from rlt.run.exitcodes import ExitCode
+from rlt.run.exitcodes import CAPACITY_PREFIX, ExitCode
 from rlt.run.layout import RunLayout
 from rlt.spec import validation
 from rlt.spec.loading import SpecError
@@ -41,6 +49,27 @@ def stale_stage_problem(path: str, stage: str, root: str) -> str | None:
     return None
 
 
+CAPACITY_CHECK_ENV = "RLT_CAPACITY_CHECK"  # "false" (in spec.env) skips the capacity check
+
+
+def capacity_problem(path: str, stage: str) -> str | None:
+    """One line when the capacity plan of `stage` (its pods) or of the run's volume does not fit, naming the field."""
+    if os.environ.get(CAPACITY_CHECK_ENV, "").strip().lower() in ("false", "0", "no", "off"):
+        return None
+    from rlt.spec.capacity import plan_for_run, spec_gpu_memory
+
+    run = validation.load_valid_run(path)
+    gpu_memory, source = spec_gpu_memory(run.spec)
+    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (measured peak: 0.5 GiB)
+    misfits = plan_for_run(run.spec, gpu_memory, build=False).errors((stage, "all"))
+    if not misfits:
+        return None
+    return (
+        f"{CAPACITY_PREFIX}{'; '.join(misfits)} (rlt plan of stage {stage}, GPUs of {source}; "
+        f"{CAPACITY_CHECK_ENV}=false in spec.env skips this check)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlt.run.preflight", description=__doc__)
     p.add_argument("file")
@@ -51,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if status != ExitCode.OK or not args.stage:
         return status
     try:
-        problem = stale_stage_problem(args.file, args.stage, args.root or ".")
+        problem = stale_stage_problem(args.file, args.stage, args.root or ".") or capacity_problem(
+            args.file, args.stage
+        )
     except SpecError as err:  # checked above; kept for a file changed in between
         print(str(err), file=sys.stderr)
         return ExitCode.CONFIG_ERROR

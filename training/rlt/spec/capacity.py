@@ -18,6 +18,9 @@ from rlt.spec.shapes import ModelShape
 
 GiB = 2**30
 DEFAULT_GPU_MEMORY = 80 * GiB  # an 80 GB A100/H100 (`rlt plan --gpu-memory`)
+# NVIDIA's GPU feature discovery labels each GPU node with its GPU's memory in MiB (nvidia.com/gpu.memory=81559 on an
+# H100 80GB): a run that selects nodes by it says what its GPUs hold (spec_gpu_memory).
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 # Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
 # communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
 # Not measurable on CPU: a documented constant.
@@ -81,11 +84,12 @@ class Plan:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if not c.fits]
 
-    def errors(self) -> list[str]:
-        """One line per resource that cannot fit, naming the field to change."""
+    def errors(self, stages: tuple[str, ...] | None = None) -> list[str]:
+        """One line per resource that cannot fit (of `stages` only, when given), naming the field to change."""
         return [
             f"{c.stage}: {c.resource} needs {gib(c.total)} but has {gib(c.limit or 0)}; change {c.fix}"
             for c in self.failures
+            if stages is None or c.stage in stages
         ]
 
 
@@ -547,6 +551,17 @@ def render(plan: Plan, name: str) -> str:
     return "\n".join(lines)
 
 
+def spec_gpu_memory(spec: RLTRunSpec) -> tuple[int, str]:
+    """The memory of one GPU of the run's nodes and where the figure comes from: the value of the
+    nvidia.com/gpu.memory label (MiB) in spec.scheduling.nodeSelector when the run selects nodes by it, else
+    DEFAULT_GPU_MEMORY (the spec names no GPU type otherwise: nvidia.com/gpu is a count)."""
+    mib = spec.scheduling.node_selector.get(GPU_MEMORY_LABEL)
+    if mib is not None and mib.isdigit():
+        return int(mib) * 2**20, f"spec.scheduling.nodeSelector {GPU_MEMORY_LABEL}={mib} (MiB)"
+    unread = f" ({GPU_MEMORY_LABEL}={mib} is not a number of MiB)" if mib is not None else ""
+    return DEFAULT_GPU_MEMORY, f"the default {gib(DEFAULT_GPU_MEMORY)}{unread}"
+
+
 def capacity_problems(spec: RLTRunSpec) -> list[str]:
-    """What `rlt validate` reports of the plan (default GPU, built-in models not built): one line per misfit."""
-    return [f"capacity: {line} (rlt plan)" for line in plan_for_run(spec, build=False).errors()]
+    """What `rlt validate` reports of the plan (spec_gpu_memory, built-in models not built): one line per misfit."""
+    return [f"capacity: {line} (rlt plan)" for line in plan_for_run(spec, spec_gpu_memory(spec)[0], False).errors()]
