@@ -135,7 +135,10 @@ def run_world(model: str, world: int, out_dir: Path, skip_prepare: bool = False,
         "--out",
         str(out),
     ] + (["--skip-prepare"] if skip_prepare else [])
-    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_DEEPSPEED="true")  # as `accelerate launch --use_deepspeed`
+    training = str(Path(__file__).resolve().parent.parent / "training")  # this tree's rlt in every rank
+    path = os.pathsep.join(p for p in (training, os.environ.get("PYTHONPATH")) if p)
+    # ACCELERATE_USE_DEEPSPEED: as `accelerate launch --use_deepspeed` sets it
+    env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_DEEPSPEED="true", PYTHONPATH=path)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"world {world} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
