@@ -173,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     res = compare(a.model, a.world, a.out, a.skip_prepare)
     mib = 1 << 20
-    print(f"{'world':>5} {'rank':>4} {'params loaded MiB':>18} {'params held MiB':>16} {'RSS loaded MiB':>15} "
-          f"{'RSS prepared MiB':>17} {'score diff':>10}")
+    print(
+        f"{'world':>5} {'rank':>4} {'params loaded MiB':>18} {'params held MiB':>16} {'RSS loaded MiB':>15} "
+        f"{'RSS prepared MiB':>17} {'score diff':>10}"
+    )
     for r in res["one"] + res["many"]:
         print(
             f"{r['world']:>5} {r['rank']:>4} {r['param_bytes_loaded'] / mib:>18.1f} "
@@ -182,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{(r['rss_prepared'] - r['rss_before_load']) / mib:>17.1f} {r['max_score_diff']:>10.2e}"
         )
     ok = res["ratio"] <= a.target and res["max_score_diff"] == 0.0
-    print(f"per-rank parameter bytes, world {a.world} / world 1: {res['ratio']:.3f} (target <= {a.target}); "
-          f"largest score difference {res['max_score_diff']:.2e} -> {'PASS' if ok else 'FAIL'}")
+    print(
+        f"per-rank parameter bytes, world {a.world} / world 1: {res['ratio']:.3f} (target <= {a.target}); "
+        f"largest score difference {res['max_score_diff']:.2e} -> {'PASS' if ok else 'FAIL'}"
+    )
     return 0 if ok else 1
 
 

@@ -12,9 +12,9 @@ What makes it cheap (see docs/reward.md and benchmarks/reward_scoring.py):
 from __future__ import annotations
 
 import copy
-from contextlib import AbstractContextManager, nullcontext
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
