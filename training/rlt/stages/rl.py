@@ -230,6 +230,7 @@ def partition_frozen(scorer, accelerator) -> bool:
 
     engine = prepare_deepspeed(scorer.model, accelerator)
     scorer.gathered = lambda: unwrap_model_for_generation(engine, accelerator, gather_deepspeed3_params=True)
+    log.info("frozen %s partitioned by ZeRO-3 across %d ranks", type(scorer.model).__name__, accelerator.num_processes)
     return True
 
 
