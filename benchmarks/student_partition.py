@@ -3,7 +3,7 @@
 Each world is a real gloo process group on CPU (torch.distributed.run), with accelerate's DeepSpeed plugin at ZeRO
 stage 3. Every rank loads the student the way stage rl does (rlt.run.models.load_model), scores a batch whole, then
 prepares it with rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed) and scores the same batch again through the
-gather. Rank r scores r + 1 requests, so ranks run different numbers of micro-batches, as they do in GRPO.
+gather. Rank r scores 2r + 1 requests one at a time, so ranks run different numbers of micro-batches, as in GRPO.
 
 Reported per rank: bytes of the student's parameters the rank holds (the local ZeRO partition of each parameter, or
 the whole tensor when it is not partitioned), the RSS after loading and after preparing, and the largest score
@@ -49,7 +49,7 @@ def requests_for(rank: int, tokenizer):
     from rlt.method.scoring import ScoreRequest
 
     out = []
-    for i in range(rank + 1):
+    for i in range(2 * rank + 1):
         text = TEXTS[i % len(TEXTS)]
         cut = text.index("Solution:")
         out.append(ScoreRequest(text, [Span(text.index("Explanation:"), cut), Span(cut, len(text))], group=i % 2))
@@ -81,7 +81,7 @@ def worker(model_name: str, out: Path, skip_prepare: bool) -> None:
     torch.manual_seed(0)  # builtin:tiny-qwen2 is built from random weights: the same ones on every rank
     # loaded before the DeepSpeed config is live, as stage rl loads it (outside zero.Init: whole on every rank)
     student, tok = load_model(ref, "cpu"), load_tokenizer(ref, padding_side="right")
-    scorer = SpanScorer(student, tok, temperature=0.7, batch_size=2)
+    scorer = SpanScorer(student, tok, temperature=0.7, batch_size=1)  # one micro-batch per request
     reqs = requests_for(rank, tok)
     whole = scorer.score(reqs)
     loaded = held_bytes(student)

@@ -1,7 +1,7 @@
 """The frozen reward student under ZeRO-3 (rlt.stages.rl.partition_frozen, TRL's prepare_deepspeed): in a real gloo
 world of 2 CPU ranks each rank holds half of its parameter bytes after preparation, where a world of 1 holds them all,
 and a batch scored through the gather gives exactly the scores of the unpartitioned model, with ranks running
-different numbers of micro-batches (rank r scores r + 1 requests). benchmarks/student_partition.py runs the worlds."""
+different numbers of micro-batches (rank r scores 2r + 1 requests, one per micro-batch). benchmarks/student_partition.py runs the worlds."""
 
 from __future__ import annotations
 
