@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -106,6 +107,10 @@ class SpanScorer:
         self.head = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # unannotated in transformers
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.stats = ScoringStats()
+        # Entered around each score() call. Under ZeRO-3 the frozen model's parameters are partitioned across ranks
+        # (rlt.stages.rl.partition_frozen) and this gathers them for the call: ranks run different numbers of
+        # micro-batches, so gathering module by module (the hooks' way) would leave ranks waiting on each other.
+        self.gathered: Callable[[], AbstractContextManager[object]] = nullcontext
 
     # ---- preparation
     def _prepare(self, requests: Sequence[ScoreRequest]) -> list[_Seq]:
@@ -225,8 +230,10 @@ class SpanScorer:
         return cache
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[list[SpanScores]]:
-        if not requests:
-            return []
+        with self.gathered():  # also with no requests: every rank enters the gather, or the others wait forever
+            return self._score(requests) if requests else []
+
+    def _score(self, requests: Sequence[ScoreRequest]) -> list[list[SpanScores]]:
         seqs = self._prepare(requests)
         results: list[list[SpanScores] | None] = [None] * len(requests)
         cache_key, cache = None, None

@@ -254,10 +254,18 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
                 rl = spec.stages.rl
                 if student is not None:
                     sb = dtype_bytes(spec.student, gpu)
-                    terms.append(("reward student, frozen, whole on every rank", student.params * sb))
+                    whole = student.params * sb
                     cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, student, gpu_memory, sb)
                     plan.values["rl.reward.maxBatchTokens"] = cap
-                    phases.append((f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(student, sb)))
+                    scoring = (f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(student, sb))
+                    if world > 1 and st.deepspeed_zero_stage == 3:
+                        # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
+                        # whole for each score call (benchmarks/student_partition.py measures the 1/world)
+                        terms.append(("reward student, frozen (ZeRO-3 partitioned)", whole // world))
+                        scoring = (f"{scoring[0]} + student gathered whole", scoring[1] + whole - whole // world)
+                    else:
+                        terms.append(("reward student, frozen, whole on every rank", whole))
+                    phases.append(scoring)
                     host += world // res.trainer.nodes * student.params * sb
                 if rl.beta > 0 and ref.lora is None and rl.ref_sync.enabled and st.deepspeed_zero_stage == 3:
                     # rlt.stages.rl.pairwise_ref_sync gathers one pair at a time (TRL's callback: both models)

@@ -217,6 +217,23 @@ def use_pairwise_ref_sync(trainer, zero3: bool) -> bool:
     return False
 
 
+def partition_frozen(scorer, accelerator) -> bool:
+    """A frozen scoring model prepared the way TRL prepares its reference and reward models under DeepSpeed
+    (trl.models.prepare_deepspeed): under ZeRO-3 its parameters are partitioned across the ranks, so each rank
+    holds 1/world of it between steps; each score() call gathers it whole (TRL's unwrap_model_for_generation) and
+    partitions it again. Under ZeRO 0-2 nothing changes (TRL then keeps a whole copy per rank too). True when
+    partitioned."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or plugin.deepspeed_config.get("zero_optimization", {}).get("stage") != 3:
+        return False
+    from trl.models import prepare_deepspeed, unwrap_model_for_generation
+
+    engine = prepare_deepspeed(scorer.model, accelerator)
+    scorer.gathered = lambda: unwrap_model_for_generation(engine, accelerator, gather_deepspeed3_params=True)
+    log.info("frozen %s partitioned by ZeRO-3 across %d ranks", type(scorer.model).__name__, accelerator.num_processes)
+    return True
+
+
 def clipped_share(ratio, completion_mask, mode: str, cap: float, floor: float | None) -> tuple[float, float]:
     """(masked or clipped entries, all entries) of TRL's importance-sampling ratio: per sequence in sequence
     modes (ratio shape [B, 1]), per completion token in token modes. Masking writes 0, truncation clamps."""
@@ -233,12 +250,21 @@ def clipped_share(ratio, completion_mask, mode: str, cap: float, floor: float | 
 
 
 def train_grpo(
-    ctx: StageContext, device: str, start: ModelRef, tokenizer, rows: list[dict], reward, make_rollout_fn, reward_values
+    ctx: StageContext,
+    device: str,
+    start: ModelRef,
+    tokenizer,
+    rows: list[dict],
+    reward,
+    make_rollout_fn,
+    reward_values,
+    frozen=(),
 ) -> str:
     """What every GRPO stage shares: config, step timing split by phase, the record, checkpoints, the final model.
 
     `make_rollout_fn(timer, counters)` builds the method's rollout (it times "generate" and counts generated
-    tokens); `reward.score` is timed as "score"; `reward_values()` adds the method's per-step numbers."""
+    tokens); `reward.score` is timed as "score"; `reward_values()` adds the method's per-step numbers; `frozen`
+    lists the SpanScorers of frozen models, partitioned under ZeRO-3 once the trainer's accelerator exists."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     from trl import GRPOTrainer
 
@@ -270,6 +296,8 @@ def train_grpo(
     trainer = run.trainer(
         GRPOTrainer, args, rows, step_values, reward_funcs=[reward], rollout_func=make_rollout_fn(timer, counters)
     )
+    for scorer in frozen:
+        partition_frozen(scorer, trainer.accelerator)
     ds = args.deepspeed if isinstance(args.deepspeed, dict) else {}
     use_pairwise_ref_sync(trainer, zero3=ds.get("zero_optimization", {}).get("stage") == 3)
     if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
@@ -331,4 +359,4 @@ def run_rl(ctx: StageContext) -> str:
     def rollout(timer: PhaseTimer, counters: dict):
         return make_rollout(tokenizer, timer, st, counters)
 
-    return train_grpo(ctx, device, start, tokenizer, rows, reward, rollout, reward_values)
+    return train_grpo(ctx, device, start, tokenizer, rows, reward, rollout, reward_values, frozen=[reward.student])
