@@ -809,6 +809,7 @@ def tagged_processes(tag: str) -> list[int]:
 def port_free(port: int) -> bool:
     """Whether `port` can be bound on all addresses now (the programs bind 0.0.0.0)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: a TIME_WAIT is no owner
         try:
             sock.bind(("0.0.0.0", port))  # noqa: S104 - a probe, closed at once
         except OSError:
