@@ -11,7 +11,7 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
 - StatefulSets: pods `<name>-<ordinal>`, restartPolicy Always (a dead container restarts, counted in
   restartCount), readiness from the container's httpGet readinessProbe, `readyReplicas` on the StatefulSet.
 - A deleted Job or StatefulSet: its processes get SIGTERM, then SIGKILL after the grace period; its pods go.
-- Containers: `command` + `args` exactly as rendered, `$(VAR)` expanded as Kubernetes does; `env` exactly as
+- Containers: `command` + `args` exactly as rendered (ports aside: see Networking), `$(VAR)` expanded as Kubernetes does; `env` exactly as
   rendered (values, fieldRefs of the pod's annotations/labels/name/namespace/IP, Secret and ConfigMap keys read
   from the API). The image is stood in for by an `ImageEnv` (a bin folder on PATH: a venv with the same entry
   points the image has). There is no isolation: every pod shares this machine's network and file system.
@@ -135,6 +135,7 @@ class PodRun:
     finished_at: float = 0.0
     failure_action: str | None = None  # a failed Job pod's podFailurePolicy verdict: FailJob | Ignore | Count
     failure_rule: int | None = None  # the index of the rule that gave it (None: no rule matched)
+    run: str = ""  # its run (label rlt.dev/run, else its owner): the unit that gets its own ports here
     ports: dict[int, int] = field(default_factory=dict)  # its run's {rendered port: port here}
 
     @property
@@ -238,6 +239,10 @@ class LocalKubelet:
         return f"http://{LOOPBACK}:{self.proxy_port}/{{namespace}}/{{run}}/{{port}}"
 
     def _port_map(self, ns: str, run: str, wanted: set[int]) -> dict[int, int]:
+        """The run's ports, extended by `wanted`. A run holds its ports while one of its pods lives; a run without
+        a live pod starts afresh (back on the rendered ports when free: sft then rl of a run alone keep 9400)."""
+        live = {(n, p.run) for (n, _), p in self.pods.items() if p.phase == "Pending" or not self._exited(p)}
+        self.run_ports = {key: m for key, m in self.run_ports.items() if key in live}
         ports = self.run_ports.setdefault((ns, run), {})
         held = {p for key, m in self.run_ports.items() if key != (ns, run) for p in m.values()}
         for port in sorted(wanted - ports.keys()):
@@ -466,7 +471,7 @@ class LocalKubelet:
             container=pod_spec["containers"][0],
         )
         run = labels.get(L_RUN) or owner["metadata"]["name"]
-        pod.ports = self._port_map(ns, run, self._rendered_ports(pod.container))
+        pod.run, pod.ports = run, self._port_map(ns, run, self._rendered_ports(pod.container))
         self.pods[(ns, name)] = pod
         log.info("pod %s/%s: log %s", ns, name, pod.log_path)
         try:
@@ -736,6 +741,10 @@ class LocalKubelet:
         if pod.proc is not None and pod.proc.poll() is not None and not pod.terminating:
             # The main process ended: like a container's end, nothing it started outlives it.
             kill_all(pod.tag)
+
+    @staticmethod
+    def _exited(pod: PodRun) -> bool:
+        return pod.proc is None or pod.proc.poll() is not None
 
     def _gone(self, pod: PodRun) -> bool:
         return (pod.proc is None or pod.proc.poll() is not None) and not tagged_processes(pod.tag)

@@ -177,7 +177,7 @@ def test_two_runs_applied_at_once_both_succeed(start_sandbox, tmp_path):
         for n in names:
             out = sandbox.kubectl("get", "rlt", n, "-o", "jsonpath={.status.phase}/{.status.progress.totalSteps}")
             phases[n], total = out.split("/")
-            totals[n] |= {total} - {""}
+            totals[n] |= {total} - {"", "0"}  # 0: the trainer's exporter is up, its total not yet set
         if all(p in ("Succeeded", "Failed") for p in phases.values()):
             break
         time.sleep(0.5)
