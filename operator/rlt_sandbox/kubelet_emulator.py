@@ -11,7 +11,7 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
 - StatefulSets: pods `<name>-<ordinal>`, restartPolicy Always (a dead container restarts, counted in
   restartCount), readiness from the container's httpGet readinessProbe, `readyReplicas` on the StatefulSet.
 - A deleted Job or StatefulSet: its processes get SIGTERM, then SIGKILL after the grace period; its pods go.
-- Containers: `command` + `args` exactly as rendered, `$(VAR)` expanded as Kubernetes does; `env` exactly as
+- Containers: `command` + `args` exactly as rendered (ports aside: see Networking), `$(VAR)` expanded as Kubernetes does; `env` exactly as
   rendered (values, fieldRefs of the pod's annotations/labels/name/namespace/IP, Secret and ConfigMap keys read
   from the API). The image is stood in for by an `ImageEnv` (a bin folder on PATH: a venv with the same entry
   points the image has). There is no isolation: every pod shares this machine's network and file system.
@@ -19,7 +19,15 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
   folder per pod (reached through a short link: Unix socket paths are short). Paths under a mount in args, env and
   mounted ConfigMap files are mapped onto those folders (there is no mount namespace).
 - Networking: every pod is on this machine's loopback. Cluster DNS names (`*.<namespace>.svc[.cluster.local]`) in
-  args, env and mounted ConfigMap files are mapped to 127.0.0.1, so ports as rendered must be free here.
+  args, env and mounted ConfigMap files are mapped to 127.0.0.1. On a cluster each pod has its own IP, so two runs
+  both bind the rendered ports (metrics 9400, rendezvous 29500, vLLM 8000); here they would collide. So every run
+  (label rlt.dev/run, else the owner) gets its own ports: the rendered port itself while no other run of this
+  emulator holds it and it is free, else a free one. A pod's declared containerPorts (as args), `*_PORT` env values,
+  `<dns name>:<port>` and its readinessProbe port are rewritten to its run's ports; `ports_of` and `proxy_url`
+  (a small HTTP proxy, `/<namespace>/<run>/<port>/<path>`) let callers (the operator's progress reads) reach them.
+  Ports are per run, not per pod: the pods of one run reach each other (rendezvous on pod 0, the generator
+  Service) on the same numbers, as on a cluster; per-address loopback (127.0.0.N) was not possible, since the
+  programs bind 0.0.0.0 (prometheus_client, torch's TCPStore, vLLM) and rendered commands carry no bind address.
 - GPU requests: ignored; the processes run on CPU (`CUDA_VISIBLE_DEVICES` empty).
 """
 
@@ -33,6 +41,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -42,7 +51,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
+from rlt_operator.builders import L_RUN
 from rlt_operator.kinds import CHILDREN, Kind
 
 log = logging.getLogger("rlt.kubelet_emulator")
@@ -124,6 +135,8 @@ class PodRun:
     finished_at: float = 0.0
     failure_action: str | None = None  # a failed Job pod's podFailurePolicy verdict: FailJob | Ignore | Count
     failure_rule: int | None = None  # the index of the rule that gave it (None: no rule matched)
+    run: str = ""  # its run (label rlt.dev/run, else its owner): the unit that gets its own ports here
+    ports: dict[int, int] = field(default_factory=dict)  # its run's {rendered port: port here}
 
     @property
     def pid(self) -> int | None:
@@ -155,17 +168,28 @@ class LocalKubelet:
         self.pods: dict[tuple[str, str], PodRun] = {}  # (namespace, pod name)
         self.owners_seen: dict[tuple[str, str, str], str] = {}  # (ns, kind, name) -> uid
         self.dns = cluster_dns_pattern(self.namespaces)
+        self.dns_port = re.compile(rf"{self.dns.pattern}(?::(\d+)\b)?")
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
         self.errors: list[str] = []
         self._links_dir: Path | None = None
         self._links: dict[Path, Path] = {}
+        self.run_ports: dict[tuple[str, str], dict[int, int]] = {}  # (ns, run) -> {rendered port: port here}
+        self._proxy: web.AppRunner | None = None
+        self.proxy_port = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.router.add_get("/{ns}/{run}/{port:\\d+}/{path:.*}", self._forward)
+        self._proxy = web.AppRunner(app, access_log=None)
+        await self._proxy.setup()
+        site = web.TCPSite(self._proxy, LOOPBACK, 0)
+        await site.start()
+        self.proxy_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self._task = asyncio.create_task(self._loop(), name="kubelet-emulator")
 
     async def stop(self) -> None:
@@ -182,6 +206,9 @@ class LocalKubelet:
         for pod in self.pods.values():
             pod.kill_at = 0.0
             self._reap(pod)
+        if self._proxy is not None:
+            await self._proxy.cleanup()
+            self._proxy = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -200,6 +227,55 @@ class LocalKubelet:
                 log.exception("kubelet emulator pass failed")
                 self.errors.append(repr(err))
             await asyncio.sleep(self.poll)
+
+    # ------------------------------------------------------------------ per-run ports
+
+    def ports_of(self, namespace: str, run: str) -> dict[int, int]:
+        """{rendered port: the port it is on here} of one run (empty before its first pod)."""
+        return dict(self.run_ports.get((namespace, run), {}))
+
+    def proxy_url(self) -> str:
+        """A URL template (`{namespace}`, `{run}`, `{port}`: the rendered port) that reaches a run's pod here."""
+        return f"http://{LOOPBACK}:{self.proxy_port}/{{namespace}}/{{run}}/{{port}}"
+
+    def _port_map(self, ns: str, run: str, wanted: set[int]) -> dict[int, int]:
+        """The run's ports, extended by `wanted`. A run holds its ports while one of its pods lives; a run without
+        a live pod starts afresh (back on the rendered ports when free: sft then rl of a run alone keep 9400)."""
+        live = {(n, p.run) for (n, _), p in self.pods.items() if p.phase == "Pending" or not self._exited(p)}
+        self.run_ports = {key: m for key, m in self.run_ports.items() if key in live}
+        ports = self.run_ports.setdefault((ns, run), {})
+        held = {p for key, m in self.run_ports.items() if key != (ns, run) for p in m.values()}
+        for port in sorted(wanted - ports.keys()):
+            ports[port] = port if port not in held and port_free(port) else free_port()
+        return ports
+
+    def _rendered_ports(self, c: dict[str, Any]) -> set[int]:
+        """The ports a container binds or reaches: containerPorts, its probe's, `*_PORT` env values, `<dns>:<port>`."""
+        out = {int(p["containerPort"]) for p in c.get("ports") or []}
+        get = (c.get("readinessProbe") or {}).get("httpGet") or {}
+        if str(get.get("port", "")).isdigit():
+            out.add(int(get["port"]))
+        texts = [str(e.get("value", "")) for e in c.get("env") or []] + [str(a) for a in c.get("args") or []]
+        out |= {
+            int(e["value"])
+            for e in c.get("env") or []
+            if e["name"].endswith("PORT") and str(e.get("value", "")).isdigit()
+        }
+        out |= {int(m.group(1)) for t in texts for m in self.dns_port.finditer(t) if m.group(1)}
+        return out
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        port = self.run_ports.get((info["ns"], info["run"]), {}).get(int(info["port"]))
+        if port is None:
+            return web.Response(status=404, text=f"no pod of run {info['ns']}/{info['run']} has port {info['port']}\n")
+        assert self._session is not None
+        try:
+            async with self._session.get(f"http://{LOOPBACK}:{port}/{info['path']}") as resp:
+                body = await resp.read()
+                return web.Response(body=body, status=resp.status, content_type=resp.content_type)
+        except aiohttp.ClientError as err:
+            return web.Response(status=502, text=f"{info['run']}: port {info['port']} (here {port}): {err}\n")
 
     # ------------------------------------------------------------------ API access
 
@@ -394,6 +470,8 @@ class LocalKubelet:
             log_path=pod_dir / "container.log",
             container=pod_spec["containers"][0],
         )
+        run = labels.get(L_RUN) or owner["metadata"]["name"]
+        pod.run, pod.ports = run, self._port_map(ns, run, self._rendered_ports(pod.container))
         self.pods[(ns, name)] = pod
         log.info("pod %s/%s: log %s", ns, name, pod.log_path)
         try:
@@ -471,7 +549,7 @@ class LocalKubelet:
         get = probe.get("httpGet")
         if not get:
             return True  # only httpGet probes are emulated; others count as passing
-        url = f"http://{LOOPBACK}:{get['port']}{get.get('path', '/')}"
+        url = f"http://{LOOPBACK}:{pod.ports.get(int(get['port']), get['port'])}{get.get('path', '/')}"
         try:
             with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 - loopback
                 return 200 <= resp.status < 400
@@ -501,9 +579,19 @@ class LocalKubelet:
         rendered: dict[str, str] = {}
         for entry in c.get("env") or []:
             rendered[entry["name"]] = await self._env_value(ns, pod, entry, {**env, **rendered})
+        ports = pod.ports
+        declared = {str(p["containerPort"]) for p in c.get("ports") or []}
         # Only what the pod spec says is mapped onto this machine; the stand-in image's own env is already local.
-        env |= {k: self._localize(v, mounts) for k, v in rendered.items()}
-        argv = [self._localize(expand(a, env), mounts) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+        env |= {
+            k: str(ports[int(v)])
+            if k.endswith("PORT") and v.isdigit() and int(v) in ports
+            else self._localize(v, mounts, ports)
+            for k, v in rendered.items()
+        }
+        argv = [
+            str(ports[int(a)]) if a in declared else self._localize(expand(a, env), mounts, ports)
+            for a in [*(c.get("command") or []), *(c.get("args") or [])]
+        ]
         if not argv:
             raise PodConfigError("the container has no command (image entrypoints are not emulated)")
         exe = shutil.which(argv[0], path=env["PATH"])
@@ -603,7 +691,7 @@ class LocalKubelet:
         # file's `/data/datasets/x.jsonl` on the run's claim) are mapped as in args and env.
         for host, data in files:
             for key, text in data.items():
-                (host / key).write_text(self._localize(text, mounts))
+                (host / key).write_text(self._localize(text, mounts, pod.ports))
         return mounts
 
     def _short_link(self, folder: Path) -> Path:
@@ -619,9 +707,16 @@ class LocalKubelet:
             self._links[folder] = link
         return link
 
-    def _localize(self, text: str, mounts: list[tuple[str, Path]]) -> str:
-        """Cluster DNS names → loopback; paths under a mount → its host folder (no mount namespace here)."""
-        text = self.dns.sub(LOOPBACK, text)
+    def _localize(self, text: str, mounts: list[tuple[str, Path]], ports: dict[int, int] | None = None) -> str:
+        """Cluster DNS names → loopback (`name:port` → loopback and the run's port); paths under a mount → its host
+        folder (no mount namespace here)."""
+        ports = ports or {}
+
+        def host(m: re.Match) -> str:
+            port = m.group(1)
+            return LOOPBACK if port is None else f"{LOOPBACK}:{ports.get(int(port), int(port))}"
+
+        text = self.dns_port.sub(host, text)
         if not mounts:
             return text
         # One pass: a host folder put in for one mount (say under /tmp) is never rewritten again by another.
@@ -646,6 +741,10 @@ class LocalKubelet:
         if pod.proc is not None and pod.proc.poll() is not None and not pod.terminating:
             # The main process ended: like a container's end, nothing it started outlives it.
             kill_all(pod.tag)
+
+    @staticmethod
+    def _exited(pod: PodRun) -> bool:
+        return pod.proc is None or pod.proc.poll() is not None
 
     def _gone(self, pod: PodRun) -> bool:
         return (pod.proc is None or pod.proc.poll() is not None) and not tagged_processes(pod.tag)
@@ -714,6 +813,23 @@ def tagged_processes(tag: str) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def port_free(port: int) -> bool:
+    """Whether `port` can be bound on all addresses now (the programs bind 0.0.0.0)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: a TIME_WAIT is no owner
+        try:
+            sock.bind(("0.0.0.0", port))  # noqa: S104 - a probe, closed at once
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))  # noqa: S104
+        return int(sock.getsockname()[1])
 
 
 def kill_all(tag: str) -> None:

@@ -165,8 +165,10 @@ async def _main(
             lambda record: "OS signals are ignored" not in record.getMessage()
         )
         # With local pods, progress comes from the trainer's rank 0 on loopback (an explicit RLT_PROGRESS_URL wins).
-        local = run_pods is not None and "RLT_PROGRESS_URL" not in os.environ
-        overrides: dict[str, Any] = {"progress_url": sandbox_pods.local_progress_url()} if local else {}
+        local = kubelet is not None and "RLT_PROGRESS_URL" not in os.environ
+        overrides: dict[str, Any] = (
+            {"progress_url": sandbox_pods.local_progress_url(kubelet)} if local and kubelet else {}
+        )
         if run_pods is not None:
             # A tiny local run's rl stage lasts seconds: read its progress every 2 s (not a cluster's 30 s), or
             # STEP and REWARD never show in `kubectl get rlt`. An explicit environment variable wins.
@@ -181,7 +183,8 @@ async def _main(
         if kubelet is not None:
             print(
                 f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "
-                f"the trainer's metrics at http://127.0.0.1:{TRAINER_METRICS_PORT}/metrics while it runs.",
+                f"the trainer's metrics at http://127.0.0.1:{TRAINER_METRICS_PORT}/metrics while it runs (a run "
+                "applied beside another gets free ports instead, printed with its pods).",
                 flush=True,
             )
         if kubelet is not None:

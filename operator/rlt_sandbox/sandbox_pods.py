@@ -2,7 +2,9 @@
 
 Each container image is stood in for by a local bin folder (`--image NAME=BINDIR`); by default every image is this
 Python environment (where `rlt`, `accelerate` and `torchrun` are installed). Pod log files are printed as the pods
-start; the trainer's rank 0 serves its /metrics on 127.0.0.1:9400 as rendered, and the operator reads progress there.
+start. Each run gets its own ports here (a cluster gives each pod its own IP; see rlt_sandbox.kubelet_emulator): the
+first run keeps the rendered ones (the trainer's /metrics on 127.0.0.1:9400) while free, a run applied beside it gets
+free ones, printed with its pods; the operator reads progress through the emulator's proxy, which knows them all.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import os
 import sys
 from pathlib import Path
 
-from rlt_operator import builders as b
 from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
 
 
@@ -49,9 +50,10 @@ def default_image() -> ImageEnv:
     return ImageEnv(str(Path(sys.executable).parent), _python_env())
 
 
-def local_progress_url() -> str:
-    """The operator reads progress from rank 0 of the trainer: on this machine that is loopback."""
-    return f"http://127.0.0.1:{b.METRICS_PORT}/metrics"
+def local_progress_url(kubelet: LocalKubelet) -> str:
+    """The operator reads progress from rank 0 of the trainer: here through the emulator's proxy, which maps the
+    rendered metrics port to the one this run's pods got (RLT_PROGRESS_URL's {namespace} {run} {port})."""
+    return f"{kubelet.proxy_url()}/metrics"
 
 
 async def start(url: str, workdir: Path, namespaces: list[str], images: list[str]) -> LocalKubelet:
@@ -72,5 +74,12 @@ async def _announce(kubelet: LocalKubelet) -> None:
             if said.get(name) != state:
                 said[name] = state
                 extra = f" (exit {pod.exit_code})" if pod.exit_code is not None else ""
+                moved = {r: p for r, p in pod.ports.items() if r != p and r in _declared(pod.container)}
+                if moved and state == "started":
+                    extra += " ports " + ", ".join(f"{r}->127.0.0.1:{p}" for r, p in sorted(moved.items()))
                 print(f"pod {ns}/{name}: {state}{extra}  log: {pod.log_path}", flush=True)
         await asyncio.sleep(0.5)
+
+
+def _declared(container: dict) -> set[int]:
+    return {int(p["containerPort"]) for p in container.get("ports") or []}

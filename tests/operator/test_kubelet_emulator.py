@@ -3,6 +3,7 @@ their exit codes, restarts and readiness come back as pod, Job and StatefulSet s
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -217,5 +218,70 @@ async def test_an_image_without_stand_in_fails_the_pod_with_a_reason(harness, tm
 
         message = await harness.wait(pod_failed, "the pod to fail", timeout=20)
         assert "unknown:1" in message
+    finally:
+        await kubelet.stop()
+
+
+_NAMED_SERVER = (
+    "import http.server as h, sys\n"
+    "class H(h.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(sys.argv[2].encode())\n"
+    "h.HTTPServer(('0.0.0.0', int(sys.argv[1])), H).serve_forever()\n"
+)
+
+
+async def test_two_runs_binding_the_same_rendered_port_each_get_their_own(harness, tmp_path):
+    """On a cluster two runs' pods bind the same port on their own IPs; here they share loopback, so each run gets
+    its own port (the env value, the declared port and the probe are rewritten) and the proxy reaches each."""
+    import urllib.request
+
+    port = free_port()
+    for run in ("ra", "rb"):
+        await harness.call(
+            "POST",
+            PATHS["statefulsets"].format(ns=NS),
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": f"{run}-server"},
+                "spec": {
+                    "replicas": 1,
+                    "serviceName": f"{run}-server",
+                    "selector": {"matchLabels": {"app": run}},
+                    "template": {
+                        "metadata": {"labels": {"app": run, "rlt.dev/run": run}},
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "server",
+                                    "image": "generator:1",
+                                    "command": ["python3", "-c", _NAMED_SERVER, "$(SERVE_PORT)", run],
+                                    "env": [{"name": "SERVE_PORT", "value": str(port)}],
+                                    "ports": [{"name": "http", "containerPort": port}],
+                                    "readinessProbe": {"httpGet": {"path": "/", "port": port}},
+                                }
+                            ]
+                        },
+                    },
+                },
+            },
+        )
+    kubelet = LocalKubelet(harness.url, tmp_path, images={"generator:1": ImageEnv(str(PY.parent))}, poll_seconds=0.1)
+    await kubelet.start()
+    try:
+
+        async def both_ready():
+            sets = [await harness.get("statefulsets", f"{run}-server") for run in ("ra", "rb")]
+            return all((s.get("status") or {}).get("readyReplicas") == 1 for s in sets)
+
+        await harness.wait(both_ready, "both servers to answer their readiness probes", timeout=30)
+        first, second = kubelet.ports_of(NS, "ra")[port], kubelet.ports_of(NS, "rb")[port]
+        assert first == port and second != port  # the first keeps the rendered port, the second gets a free one
+        template = kubelet.proxy_url()
+        for run in ("ra", "rb"):
+            url = template.format(namespace=NS, run=run, port=port) + "/"
+            body = await asyncio.to_thread(lambda u=url: urllib.request.urlopen(u, timeout=5).read().decode())
+            assert body == run
     finally:
         await kubelet.stop()

@@ -150,3 +150,48 @@ def wait_for_phase(sandbox, name: str, seconds: float) -> tuple[str, list[str]]:
         phase = table.splitlines()[1].split()[1]
         time.sleep(1)
     return phase, tables
+
+
+def test_two_runs_applied_at_once_both_succeed(start_sandbox, tmp_path):
+    """Two tiny runs applied together: on a cluster each trainer pod has its own IP, here they share loopback, so
+    with the rendered ports both sft pods would bind 9400 (the second dies, the run fails as ConfigError). The
+    emulator gives each run its own ports, and the operator still reads each run's progress through its proxy."""
+    sandbox = start_sandbox("--run-pods", str(tmp_path / "pods"), env={"RLT_PROGRESS_URL": None})
+    names = ("pair-a", "pair-b")
+    docs = []
+    for name in names:
+        run = tiny_doc()
+        run["metadata"]["name"] = name
+        # sft only: the stage whose pods overlap; rl and distill would only lengthen the test (same ports)
+        run["spec"]["stages"]["rl"] = {"enabled": False}
+        run["spec"]["stages"]["distill"] = {"enabled": False}
+        # long enough for the two sft pods to overlap; different totals tell whose progress the operator read
+        run["spec"]["stages"]["sft"]["maxSteps"] = {"pair-a": 6, "pair-b": 8}[name]
+        docs.append(yaml.safe_dump(run))
+    (tmp_path / "pair.yaml").write_text("---\n".join(docs))
+    sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "pair.yaml"))
+    phases: dict[str, str] = {}
+    totals: dict[str, set[str]] = {n: set() for n in names}
+    deadline = time.monotonic() + 360
+    while time.monotonic() < deadline:
+        for n in names:
+            out = sandbox.kubectl("get", "rlt", n, "-o", "jsonpath={.status.phase}/{.status.progress.totalSteps}")
+            phases[n], total = out.split("/")
+            totals[n] |= {total} - {"", "0"}  # 0: the trainer's exporter is up, its total not yet set
+        if all(p in ("Succeeded", "Failed") for p in phases.values()):
+            break
+        time.sleep(0.5)
+    detail = "".join(sandbox.output[-80:]) + sandbox.kubectl("get", "rlt", "-o", "yaml")
+    assert phases == {n: "Succeeded" for n in names}, detail
+    lines = [line for line in sandbox.output if line.startswith("pod default/pair-")]
+    started = [line for line in lines if "-sft-0-" in line and ": started" in line]
+    assert len(started) == 2, lines
+    first_end = next(i for i, line in enumerate(lines) if "Succeeded" in line or "Failed" in line)
+    assert all(lines.index(line) < first_end for line in started), lines
+    # the two sft pods ran at the same time (else nothing was shared), on different metrics ports
+    metrics = {
+        line.split("ports 9400->127.0.0.1:")[1].split()[0] if "ports 9400->" in line else "9400" for line in started
+    }
+    assert len(metrics) == 2, started
+    # the operator read each run's own trainer (through the emulator's proxy), not whichever holds 9400
+    assert totals == {"pair-a": {"6"}, "pair-b": {"8"}}, totals

@@ -205,11 +205,48 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
 
 
 def quiet_trainer(trainer) -> None:
-    """Our callback prints progress; drop the Trainer's own log printer."""
+    """Our callback prints progress; drop the Trainer's own log printer, and its false alarm on resuming a model
+    with tied embeddings (TiedKeysFilter)."""
+    import logging
+
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+    trainer_log = logging.getLogger("transformers.trainer")
+    for old in [f for f in trainer_log.filters if isinstance(f, TiedKeysFilter)]:
+        trainer_log.removeFilter(old)  # one per process: the filter of the model trained now
+    trainer_log.addFilter(TiedKeysFilter(trainer.model))
+
+
+class TiedKeysFilter:
+    """Drops the Trainer's "missing keys in the checkpoint" warning when every missing key is a tied weight.
+
+    A checkpoint stores a tied tensor once (lm_head.weight shares the input embeddings' storage; safetensors keeps
+    one name), so resuming loads it with lm_head.weight "missing", and transformers warns unless the model lists it
+    in `_keys_to_ignore_on_save` (Qwen2 and most do not). The weight is there through the tie, so the warning is
+    noise; a key that is truly missing (not an alias of another parameter) still warns."""
+
+    PREFIX = "There were missing keys in the checkpoint model loaded: "
+
+    def __init__(self, model) -> None:
+        names: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)
+        # every name of a parameter that has more than one (one of them is the one the checkpoint kept)
+        self.tied = {n for group in names.values() if len(group) > 1 for n in group}
+
+    def filter(self, record) -> bool:
+        import ast
+
+        message = record.getMessage()
+        if not message.startswith(self.PREFIX):
+            return True
+        try:
+            keys = ast.literal_eval(message[len(self.PREFIX) :].rstrip("."))
+        except (ValueError, SyntaxError):
+            return True
+        return not (keys and set(keys) <= self.tied)
 
 
 def trainer_precision(device: str, precision: str = "auto", processes: int = 1) -> dict[str, Any]:
