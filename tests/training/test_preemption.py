@@ -52,6 +52,7 @@ def env(**more: str) -> dict[str, str]:
         "PYTHONPATH": f"{ROOT / 'training'}:{ROOT / 'operator'}",
         "PYTHONUNBUFFERED": "1",
         "RLT_METRICS_PORT": "-1",
+        "RLT_TRACE": "1",  # the rlt-shard step lines this test reads (a single local process hides them otherwise)
         "OMP_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "",
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # the image's rlt, accelerate
