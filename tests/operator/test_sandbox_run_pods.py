@@ -127,6 +127,9 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     run["metadata"]["name"] = "own-data-staged"
     run["spec"]["dataset"] = {"source": "/data/datasets/word.jsonl"}
     run["spec"]["storage"] = {"existingClaim": "word-problems"}
+    # rl long enough (several seconds) for the 2 s progress reads below to see it: the example's 3 steps can
+    # finish between two reads on an idle machine
+    run["spec"]["stages"]["rl"]["steps"] = 16
     (tmp_path / "staged.yaml").write_text(yaml.safe_dump(run))
     sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "staged.yaml"))
     done, tables = wait_for_phase(sandbox, "own-data-staged", 420)
