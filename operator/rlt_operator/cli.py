@@ -6,10 +6,16 @@ Kopf and the Kubernetes client are imported inside the handlers: `rlt validate` 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+import threading
 from typing import Any
 
 from rlt_operator.peering import DEFAULT_LIFETIME
+
+# Below Kubernetes' default terminationGracePeriodSeconds (30 s), which the chart keeps.
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -23,8 +29,6 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    import logging
-
     import kopf
 
     from rlt_operator import handlers, peering  # noqa: F401 - registers the handlers
@@ -48,7 +52,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
         _warn_missing_peering(log, args)
     log.info("starting")
     health = config.health_port
-    kopf.run(
+    return serve(
+        args.shutdown_timeout,
         settings=settings,
         standalone=None if args.peering else True,  # one replica: no peering objects needed
         peering_name=args.peering,
@@ -58,7 +63,57 @@ def cmd_operator(args: argparse.Namespace) -> int:
         liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health > 0 else None,
         memo=kopf.Memo(settings=config),
     )
-    return 0
+
+
+def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
+    """Run Kopf until SIGTERM/SIGINT; return 0 once Kopf has stopped, or exit with ExitCode.STOPPED when its
+    shutdown is still going `shutdown_timeout` seconds after the signal.
+
+    Kopf's shutdown waits for its last requests, with no deadline of its own but the request timeout and its
+    retries (minutes; then its `ultimate_exiting_timeout` SIGKILLs it after 10 min): with `--peering` the
+    working replica's goodbye, a merge-patch removing its record from the peering object (kopf/_core/engines/
+    peering.py, `keepalive`: a shielded `touch(lifetime=0)` in `finally`). An API server that does not answer it
+    would hold the pod until the kubelet kills it. A standby resumes when the record expires anyway, so the
+    wait buys nothing past a short bound, kept below the pod's terminationGracePeriodSeconds."""
+    import asyncio
+    import signal
+
+    import kopf
+
+    from rlt.run.exitcodes import ExitCode
+
+    log = logging.getLogger("rlt.operator")
+
+    def overdue(name: str) -> None:  # a timer thread: it fires even while the event loop or its threads hang
+        log.warning(
+            f"{name}: the shutdown did not finish in {shutdown_timeout:g}s (the API server did not answer?): "
+            f"exiting with {int(ExitCode.STOPPED)}; a standby resumes when this replica's peering record expires"
+        )
+        logging.shutdown()  # flush the handlers: os._exit skips them
+        os._exit(ExitCode.STOPPED)
+
+    async def operate() -> None:
+        loop = asyncio.get_running_loop()
+        existing = asyncio.all_tasks()  # ours: Kopf must not cancel them as hung tasks at its exit
+        stop = asyncio.Event()
+        tasks = await kopf.spawn_tasks(stop_flag=stop, **kopf_args)
+
+        def stopping(sig: signal.Signals) -> None:
+            if stop.is_set():
+                return
+            log.info(f"{sig.name}: stopping, at most {shutdown_timeout:g}s")
+            timer = threading.Timer(shutdown_timeout, overdue, args=(sig.name,))
+            timer.daemon = True
+            timer.start()
+            stop.set()
+
+        # After spawn_tasks, which installed Kopf's own handlers (they stop Kopf with no deadline): ours replace them.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping, sig)
+        await kopf.run_tasks(tasks, ignored=existing)
+
+    asyncio.run(operate())
+    return int(ExitCode.OK)
 
 
 def _warn_missing_peering(log: Any, args: argparse.Namespace) -> None:
@@ -85,6 +140,16 @@ def _seconds(raw: str) -> int:
         value = 0
     if value < 2:
         raise argparse.ArgumentTypeError(f"--peering-lifetime {raw!r}: expected whole seconds, at least 2")
+    return value
+
+
+def _positive_seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 3600:
+        raise argparse.ArgumentTypeError(f"--shutdown-timeout {raw!r}: expected seconds, above 0 and below 3600")
     return value
 
 
@@ -116,6 +181,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="how long a replica's keep-alive stays valid: a standby takes over at most this long after the "
         f"working replica died (default: {DEFAULT_LIFETIME})",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
+        metavar="SECONDS",
+        help="after SIGTERM, exit with code 75 if Kopf has not stopped within this many seconds (e.g. the API "
+        "server does not answer the peering goodbye); keep it below the pod's terminationGracePeriodSeconds "
+        f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})",
     )
     level = p.add_mutually_exclusive_group()
     level.add_argument("--verbose", action="store_true")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import yaml
 from op_harness import example, poll_until
 from suite_helpers import free_port
 
+from rlt.run.exitcodes import ExitCode
 from rlt_operator.kinds import CLUSTER_PEERING
 from rlt_operator.kinds import PEERING as PEERING_KIND
 from rlt_operator.peering import auto_priority
@@ -42,6 +44,7 @@ async def start_operator(
     scope: tuple[str, ...] = ("--all-namespaces",),
     health: int = -1,
     peering: str = PEERING,
+    extra: tuple[str, ...] = (),
 ) -> tuple[asyncio.subprocess.Process, Any]:
     config = kubeconfig(harness.url)
     config["users"][0]["user"] = {"token": name}  # the Authorization header tells the two apart
@@ -63,6 +66,7 @@ async def start_operator(
         peering,
         "--peering-lifetime",
         str(LIFETIME),
+        *extra,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -250,6 +254,47 @@ async def test_clean_exit_hands_over_at_once(harness, tmp_path):
     assert {who for i, who, _, _ in later if i >= gone_at} == {"op-b"}
 
 
+async def test_sigterm_exits_in_bounded_time_when_the_api_does_not_answer(harness, tmp_path):
+    """The API server stops answering as the working replica gets SIGTERM: Kopf's goodbye (a merge-patch dropping
+    its peering record) never returns, and Kopf's shutdown would wait for it (the request timeout, 60 s, times its
+    retries). The replica exits anyway within --shutdown-timeout, with ExitCode.STOPPED and one line saying why."""
+    shutdown = 3
+    await create_peering(harness)
+    proc, log = await start_operator(harness, tmp_path, "op-a", extra=("--shutdown-timeout", str(shutdown)))
+    path = tmp_path / "op-a.log"
+    held = asyncio.get_running_loop().create_future()  # never resolved: the API holds the request unanswered
+    try:
+
+        async def peered():
+            return "op-a" in await peers(harness)
+
+        await harness.wait(peered, "op-a in the peering object", timeout=40)
+        harness.cluster["patch", re.compile(rf".*/{CLUSTER_PEERING.plural}/{PEERING}")] << held
+        sent = len(harness.cluster._requests)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        try:
+            rc = await asyncio.wait_for(proc.wait(), shutdown + 10)
+        except asyncio.TimeoutError:
+            rc = None
+        exited = time.monotonic() - signalled
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        log.close()
+        held.cancel()
+    print(f"exit: rc {rc} {exited:.1f} s after SIGTERM, the goodbye unanswered")
+    goodbye = [
+        r
+        for r in list(harness.cluster._requests)[sent:]
+        if sender(r) == "op-a" and str(r.method.value) == "PATCH" and r.url.path.endswith(f"/{PEERING}")
+    ]
+    assert goodbye, "the replica sent no goodbye to hold"
+    assert rc == ExitCode.STOPPED and exited < shutdown + 3, (rc, exited, path.read_text()[-3000:])
+    assert f"SIGTERM: the shutdown did not finish in {shutdown}s" in path.read_text()
+
+
 async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
     """`--namespace`: the replicas peer in a KopfPeering of each watched namespace (the chart's namespaced mode);
     the paused standby stays live for its liveness probe and sends nothing but its keep-alives."""
@@ -326,9 +371,12 @@ def test_auto_priority_prefers_the_replica_started_first():
     assert max(same_moment) < 2**53 and auto_priority(2_300_000_000, rng) < newer  # exact in JSON; ordered to 2042
 
 
-def test_bad_peering_lifetime_is_one_line():
-    proc = subprocess.run(
-        [*RLT, "operator", "-A", "--peering", "x", "--peering-lifetime", "1"], capture_output=True, text=True
-    )
-    assert proc.returncode == 2 and "--peering-lifetime '1': expected whole seconds, at least 2" in proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_bad_durations_are_one_line():
+    for flag, value, message in (
+        ("--peering-lifetime", "1", "--peering-lifetime '1': expected whole seconds, at least 2"),
+        ("--shutdown-timeout", "0", "--shutdown-timeout '0': expected seconds, above 0 and below 3600"),
+        ("--shutdown-timeout", "soon", "--shutdown-timeout 'soon': expected seconds, above 0 and below 3600"),
+    ):
+        proc = subprocess.run([*RLT, "operator", "-A", "--peering", "x", flag, value], capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
