@@ -10,7 +10,8 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
   not counted); the pods of a failed Job are terminated, as the Job controller does.
 - StatefulSets: pods `<name>-<ordinal>`, restartPolicy Always (a dead container restarts, counted in
   restartCount), readiness from the container's httpGet readinessProbe, `readyReplicas` on the StatefulSet.
-- A deleted Job or StatefulSet: its processes get SIGTERM, then SIGKILL after the grace period; its pods go.
+- A deleted Job or StatefulSet: its processes get SIGTERM, then SIGKILL after the pod's
+  terminationGracePeriodSeconds (Kubernetes' default 30 s when unset; `grace_seconds` caps it); its pods go.
 - Containers: `command` + `args` exactly as rendered (ports aside: see Networking), `$(VAR)` expanded as Kubernetes does; `env` exactly as
   rendered (values, fieldRefs of the pod's annotations/labels/name/namespace/IP, Secret and ConfigMap keys read
   from the API). The image is stood in for by an `ImageEnv` (a bin folder on PATH: a venv with the same entry
@@ -60,6 +61,7 @@ log = logging.getLogger("rlt.kubelet_emulator")
 
 LOOPBACK = "127.0.0.1"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+DEFAULT_GRACE_SECONDS = 30  # a pod's terminationGracePeriodSeconds when its spec has none (Kubernetes' default)
 # The operator's children from its kind table, and the Secrets a pod's env and volumes may name (the kubelet's).
 PATHS = {
     **{child.plural: child.collection_path("{ns}") for child in CHILDREN},
@@ -154,7 +156,7 @@ class LocalKubelet:
         default_image: ImageEnv | None = None,
         namespaces: list[str] | None = None,
         poll_seconds: float = 0.3,
-        grace_seconds: float = 5.0,
+        grace_seconds: float | None = None,
         job_backoff_seconds: float = 10.0,
     ):
         self.api = api_url.rstrip("/")
@@ -163,7 +165,7 @@ class LocalKubelet:
         self.default_image = default_image
         self.namespaces = namespaces or ["default"]
         self.poll = poll_seconds
-        self.grace = grace_seconds
+        self.grace_cap = grace_seconds  # None: each pod's own grace period, uncapped (as a kubelet)
         self.job_backoff = job_backoff_seconds  # the Job controller's first retry delay (Kubernetes: 10 s)
         self.pods: dict[tuple[str, str], PodRun] = {}  # (namespace, pod name)
         self.owners_seen: dict[tuple[str, str, str], str] = {}  # (ns, kind, name) -> uid
@@ -318,7 +320,7 @@ class LocalKubelet:
                 continue
             owner = owners.get((pod.owner_kind, pod.owner))
             if owner is None or owner["metadata"]["uid"] != pod.body["metadata"]["ownerReferences"][0]["uid"]:
-                self._terminate(pod, self.grace)
+                self._terminate(pod, self._grace(pod))
                 if self._gone(pod):
                     await self._send("DELETE", f"{PATHS['pods'].format(ns=ns)}/{pod.name}", None)
                     del self.pods[key]
@@ -376,7 +378,7 @@ class LocalKubelet:
                 # The Job controller ends the other pods of a failed Job.
                 for pod in pods:
                     if pod.phase in ("Pending", "Running"):
-                        self._terminate(pod, self.grace)
+                        self._terminate(pod, self._grace(pod))
                 conds.append({"type": "Failed", "status": "True", **failure})
             elif succeeded >= completions:
                 conds.append({"type": "Complete", "status": "True", "reason": "Completed", "message": ""})
@@ -723,6 +725,11 @@ class LocalKubelet:
         hosts = dict(mounts)
         pattern = "|".join(re.escape(m) for m, _ in mounts)  # longest first
         return re.sub(rf"(?<![\w/.-])({pattern})(?=/|$|[\s:,;\"'])", lambda m: str(hosts[m.group(1)]), text)
+
+    def _grace(self, pod: PodRun) -> float:
+        """The pod's terminationGracePeriodSeconds (Kubernetes' default when unset), at most `grace_seconds`."""
+        own = float(pod.body.get("spec", {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+        return own if self.grace_cap is None else min(own, self.grace_cap)
 
     def _terminate(self, pod: PodRun, grace: float) -> None:
         """SIGTERM to the container's main process now, SIGKILL to all of its processes after `grace` (kubelet's

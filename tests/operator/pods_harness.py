@@ -37,6 +37,9 @@ def trainer_image() -> ImageEnv:
 
 @contextlib.asynccontextmanager
 async def running_pods(harness, workdir: Path, **kwargs: Any):
+    # A gang restart's SIGTERMed ranks get at most 5 s, not the trainer's 600 s grace period: a rank that waits
+    # for a killed peer would hold the test for minutes (the kubelet emulator's own tests check the real period).
+    kwargs.setdefault("grace_seconds", 5.0)
     kubelet = LocalKubelet(harness.url, workdir, default_image=trainer_image(), poll_seconds=0.2, **kwargs)
     await kubelet.start()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,42 @@ async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness
         await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-rl")
         await harness.wait(lambda: not kubelet.pods, "pods of the deleted Job to go", timeout=20)
         assert await harness.list("pods", "app=t-rl") == []
+    finally:
+        await kubelet.stop()
+
+
+async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
+    """SIGTERM first, SIGKILL `terminationGracePeriodSeconds` later (the pod's own, as a kubelet does): a pod that
+    ignores SIGTERM lives on for its 2 s, no more, no less."""
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    script = (
+        "import pathlib, signal, sys, time\n"
+        "out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (out / 'term').write_text('1'))  # heard, and carried on\n"
+        "(out / 'up').write_text('1')\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    job = _job("t-grace", script, completions=1)
+    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
+    await kubelet.start()
+    try:
+        out = kubelet.claim_dir("claim") / "out"
+        await harness.wait(lambda: (out / "up").exists(), "the pod to start", timeout=20)
+        pod = kubelet.pod("t-grace-0-")
+        await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-grace")
+        deleted = time.monotonic()
+        await harness.wait(lambda: pod.proc.poll() is not None, "the pod's process to end", timeout=20)
+        lived = time.monotonic() - deleted
+        assert (out / "term").exists(), "SIGTERM came first"
+        assert pod.proc.returncode == -9
+        assert 1.8 <= lived < 3.5, f"killed {lived:.1f} s after the deletion; its grace period is 2 s"
+        await harness.wait(lambda: not kubelet.pods, "the pod to go", timeout=10)
     finally:
         await kubelet.stop()
 
