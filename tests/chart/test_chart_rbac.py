@@ -75,3 +75,28 @@ def test_standalone_grants_no_peering():
     docs = template("--set", "operator.peering.enabled=false", "--set", "operator.replicas=1")
     assert normalized(one(docs, "ClusterRole", "rlt-operator")["rules"]) == normalized(RBAC_RULES)
     assert not [d for d in docs if d["apiVersion"].startswith("kopf.dev/")]
+
+
+def test_templates_take_the_api_group_and_run_labels_from_the_code():
+    """Only the generated files spell the API group (also the prefix of a run's labels): the other templates include
+    its names from `_rbac_rules.tpl` (rlt_operator.rbac.CHART_NAMES), so the chart follows rlt.spec.base."""
+    from rlt.spec.base import API_GROUP
+    from rlt_operator import rbac
+    from rlt_operator.builders.common import L_ROLE, L_RUN
+
+    templates = rbac.CHART_RULES.parent
+    spelled = sorted(
+        p.name
+        for p in templates.iterdir()
+        if p != rbac.CHART_RULES and any(s in p.read_text() for s in (API_GROUP, API_GROUP.replace(".", "_")))
+    )
+    assert not spelled, f"{spelled} spell {API_GROUP!r}: include the names of _rbac_rules.tpl instead"
+
+    docs = render_set("monitoring")
+    assert one(docs, "ClusterRole", "-rltrun-editor")["rules"] == list(rbac.EDITOR_RULES)
+    assert one(docs, "ClusterRole", "-rltrun-viewer")["rules"] == list(rbac.VIEWER_RULES)
+    pm = one(docs, "PodMonitor")
+    assert {e["key"] for e in pm["spec"]["selector"]["matchExpressions"]} == {L_RUN, L_ROLE}
+    sources = {s for ep in pm["spec"]["podMetricsEndpoints"] for r in ep["relabelings"] for s in r["sourceLabels"]}
+    assert sources == {rbac.CHART_NAMES["runLabelMeta"], rbac.CHART_NAMES["roleLabelMeta"]}
+    assert one(docs, "CustomResourceDefinition")["metadata"]["name"] == rbac.CHART_NAMES["crdName"]
