@@ -21,6 +21,8 @@ def test_two_replicas_one_peering_by_default():
     args = build_parser().parse_args(["operator", *spec["template"]["spec"]["containers"][0]["args"]])
     assert args.all_namespaces and args.peering == "rel-rlt-operator" and args.peering_lifetime == 20
     assert args.priority is None  # each replica derives its own (rlt_operator.peering.auto_priority)
+    # SIGTERM: the operator's own bound on its shutdown ends it before the kubelet's SIGKILL (Kubernetes' 30 s).
+    assert args.shutdown_timeout < spec["template"]["spec"].get("terminationGracePeriodSeconds", 30)
     env = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}
     assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # Kopf's peer identity
     anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
