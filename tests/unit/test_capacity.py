@@ -176,3 +176,61 @@ def test_gpu_cluster_doc_sizing_is_the_plan_of_each_example():
     table = sizing_table(EXAMPLES)
     assert "rltrun-paper-7b.yaml` | rl | GPU memory per trainer process" in table
     assert table in (ROOT / "docs" / "gpu-cluster.md").read_text(), "docs/gpu-cluster.md is stale: run make generate"
+
+
+@pytest.mark.parametrize("head_trains", [True, False])
+def test_the_loss_term_is_what_trls_chunked_lm_head_allocates(head_trains):
+    """TRL's fused LM head (the SFT and GRPO loss) on CPU, forward and backward over two vocabulary chunks: the peak
+    of what it allocates (torch.profiler's memory timeline) is the plan's CPU loss term within 20 %."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
+
+    from rlt.spec.capacity import lm_head_loss_bytes
+    from rlt.spec.shapes import ModelShape
+
+    tokens, hidden, vocab = 300, 64, _CHUNKED_LOGPROB_CHUNK_SIZE + 4000
+    shape = ModelShape(0, 0, hidden, 1, 1, 1, hidden, hidden, vocab, None)
+    h = torch.randn(tokens, hidden, requires_grad=True)
+    w = torch.randn(vocab, hidden, requires_grad=head_trains)
+    targets = torch.randint(0, vocab, (tokens,))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        logps = _ChunkedLogProbFunction.apply(h, w, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0)[0]
+        logps.sum().backward()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+    measured = max(sum(s) for s in sizes)
+    planned = lm_head_loss_bytes(shape, tokens, 4, gpu=False, head_trainable=head_trains)
+    assert 0.8 < measured / planned < 1.2, (measured, planned)
+
+
+def test_capacity_benchmark_runs_the_command_the_operator_renders(tmp_path, monkeypatch):
+    """benchmarks/capacity.py measures what pods run: the trainer container's command from the operator's builders
+    (an argument added there shows up), $(VAR)s expanded for this machine, the volume at the run's root, and only
+    the entry point (`-m rlt.cli`, or `rlt` alone for one process) swapped for the measuring script."""
+    import runpy
+
+    from suite_helpers import ROOT
+
+    from rlt_operator.builders import trainer
+
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "capacity.py"))
+    rendered = trainer.trainer_command
+    monkeypatch.setattr(trainer, "trainer_command", lambda spec, stage: [*rendered(spec, stage), "--added-by-operator"])
+    script = tmp_path / "measure.py"
+    for world, zero in ((1, 0), (2, 3)):
+        doc = yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())
+        doc["spec"]["resources"]["trainer"]["gpus"] = world
+        doc["spec"]["stages"]["sft"]["deepspeedZeroStage"] = zero
+        cmd, env = bench["pod_command"](doc, "sft", tmp_path, script)
+        assert cmd[-1] == "--added-by-operator" and "rlt.cli" not in cmd, cmd
+        assert not any("$(" in a or a.startswith("/data") for a in cmd), cmd
+        assert ["stage", "sft", "--config", "env:RLT_RUN_YAML", "--root", str(tmp_path)] == cmd[-7:-1]
+        assert yaml.safe_load(env["RLT_RUN_YAML"])["spec"]["resources"]["trainer"]["gpus"] == world
+        if world == 1:
+            assert cmd[1] == str(script), cmd
+        else:
+            assert cmd[1:4] == ["launch", "--", "accelerate"] and cmd[cmd.index("--zero_stage") + 1] == "3", cmd
+            assert cmd[cmd.index("--main_process_ip") + 1] == env["MASTER_ADDR"] == "127.0.0.1"
+            assert cmd[cmd.index("--main_process_port") + 1] == env["MASTER_PORT"]
+            assert cmd[cmd.index(str(script)) + 1] == "stage"

@@ -32,11 +32,13 @@ VLLM_NON_KV = 2 * GiB
 # gradient buckets of it with overlap_comm (stage_1_and_2.setup_buckets), ZeRO-3 one (stage3, "IPG").
 DS_REDUCE_BUCKET = 500_000_000
 SCORING_SHARE = 0.1  # share of the GPU a scoring micro-batch may take (reward.maxBatchTokens default)
-# Bytes per (scored token × vocabulary entry) of a training loss, on top of the logits in the model's dtype:
-# SFT (transformers' ForCausalLMLoss) upcasts them to fp32 and keeps the fp32 gradient (8 more bytes); GRPO on a GPU
-# uses TRL's fused Triton log-prob kernel (trl.trainer.utils.selective_log_softmax): only the logits' gradient (b);
-# without Triton (CPU) TRL divides by the temperature and keeps the log-softmax: 3b more.
-LOSS_FP32_BYTES = 8
+# The training loss (TRL 1.16's SFT and GRPO trainers both add a fused LM head, trl.trainer.utils.add_fused_lm_head):
+# log-probabilities from tiles of at most TOKEN_CHUNK_SIZE tokens × _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries
+# (trl.kernels.chunked_logprob), never the whole logits. With Triton (a GPU) each tile is folded in place; without it
+# (CPU) TRL's torch fallback `_backward_tile` keeps this many fp32 copies of a tile live at once (y, z, log_p, p,
+# grad, the target mask as float, their difference and its product with the incoming gradient; torch.profiler
+# shows 8 live at the benchmark's peak).
+LOSS_TILE_FALLBACK_COPIES = 8
 # Characters per token of a stored explanation, for the size of generated datasets (JSONL text).
 CHARS_PER_TOKEN = 4
 # Rows of hub datasets the examples use (dataset card): needed for step counts when the data is not local.
@@ -149,19 +151,27 @@ def layer_bytes_per_token(shape: ModelShape, b: int) -> int:
     return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate)
 
 
-def loss_bytes(stage: str, b: int, gpu: bool) -> int:
-    """Bytes per (scored token × vocabulary entry) of the stage's loss (LOSS_FP32_BYTES)."""
-    if stage == "rl":
-        return 2 * b if gpu else 4 * b
-    return b + LOSS_FP32_BYTES
+def lm_head_loss_bytes(shape: ModelShape, tokens: int, b: int, gpu: bool, head_trainable: bool) -> int:
+    """Memory of TRL's fused LM-head loss over `tokens` positions (LOSS_TILE_FALLBACK_COPIES): the tile buffer
+    (min(tokens, TOKEN_CHUNK_SIZE) × the chunk width in the compute dtype; a GPU allocates the whole width, a CPU
+    touches only the vocabulary's part), the fp32 gradient of the hidden states it accumulates, the fp32 gradient of
+    the head's weight when the head trains, and on CPU the torch fallback's fp32 copies of a tile."""
+    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as CHUNK
+
+    rows = min(tokens, TOKEN_CHUNK_SIZE)
+    width = CHUNK if gpu else min(shape.vocab, CHUNK)
+    total = rows * width * b + tokens * shape.hidden * 4 + (shape.vocab * shape.hidden * 4 if head_trainable else 0)
+    if not gpu:
+        total += LOSS_TILE_FALLBACK_COPIES * rows * min(shape.vocab, CHUNK) * 4
+    return total
 
 
-def activations(shape: ModelShape, rows: int, length: int, scored: int, checkpointing: bool, b: int, loss: int) -> int:
+def activations(shape: ModelShape, rows: int, length: int, checkpointing: bool, b: int) -> int:
     """Training activations of one micro-batch: with gradient checkpointing every layer's input plus one layer
-    recomputed, else every layer's; plus the loss over `scored` positions (`loss` bytes per logit)."""
+    recomputed, else every layer's (the loss is lm_head_loss_bytes)."""
     per_layer = rows * length * layer_bytes_per_token(shape, b)
-    kept = rows * length * shape.hidden * b * shape.layers + per_layer if checkpointing else per_layer * shape.layers
-    return kept + rows * scored * shape.vocab * loss
+    return rows * length * shape.hidden * b * shape.layers + per_layer if checkpointing else per_layer * shape.layers
 
 
 def scoring_bytes_per_token(shape: ModelShape, b: int) -> int:
@@ -209,13 +219,16 @@ def _trainer_terms(
         length, scored = st.max_prompt_length + st.max_completion_length, st.max_completion_length
     else:
         length = scored = st.max_length
+    rows = st.per_device_batch_size
+    # TRL scores only the labelled positions on a Triton device; its torch fallback scores every position
+    loss_tokens = rows * scored if gpu else rows * length
+    head_trainable = ref.lora is None  # PEFT's all-linear leaves the output head out
     phases = [
         (
-            f"activations ({st.per_device_batch_size} × {length} tokens, "
-            f"checkpointing {'on' if st.gradient_checkpointing else 'off'}, loss over {scored})",
-            activations(
-                shape, st.per_device_batch_size, length, scored, st.gradient_checkpointing, b, loss_bytes(stage, b, gpu)
-            ),
+            f"activations ({rows} × {length} tokens, checkpointing {'on' if st.gradient_checkpointing else 'off'})"
+            " + TRL loss tiles",
+            activations(shape, rows, length, st.gradient_checkpointing, b)
+            + lm_head_loss_bytes(shape, loss_tokens, b, gpu, head_trainable),
         )
     ]
     if ref.lora is not None and ref.lora.dropout > 0:
