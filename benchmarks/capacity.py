@@ -1,14 +1,20 @@
-"""The capacity plan against real runs: each case runs one real stage on CPU (`rlt stage`, TRL + DeepSpeed as the
-pods run them) and compares what it measured with what `rlt.spec.capacity` planned for the same spec.
+"""The capacity plan against real runs: each case runs one real stage on CPU and compares what it measured with what
+`rlt.spec.capacity` planned for the same spec. Each stage runs as its pod would: the trainer container's command
+from the operator's builders (`rlt stage`, or `rlt launch -- accelerate launch ... --use_deepspeed --zero_stage N`
+over gloo), with only its entry point `-m rlt.cli` swapped for a wrapper that runs rlt's CLI and reports its peak
+memory (pod_command).
 
-  memory: peak resident memory of each process (ru_maxrss) minus that of a process that imported the same
-          libraries and loaded nothing, against the plan's per-process total (model states + the largest phase),
-          planned for CPU (fp32 auto dtype, no CUDA terms);
-  disk:   the stage folder at its fullest (polled while the stage runs) and what the finished stage keeps, against
-          the plan's disk terms for the stage.
+  memory:  peak resident memory of each process (ru_maxrss) minus that of a process that imported the same
+           libraries and loaded nothing ("measured"), against the plan's per-process total (model states + the
+           largest phase) planned for CPU (fp32 auto dtype, no CUDA terms) plus "runtime": what the same launch
+           holds with a model of nothing (null_model: one layer of width 8), less that model's own plan; a GPU holds
+           that runtime (rlt, TRL, the Trainer, the data, torch's and DeepSpeed's CPU state) in host memory. The
+           processes run with glibc's mmap threshold fixed (MMAP_THRESHOLD), so RSS counts live tensors.
+  disk:    the stage folder at its fullest (polled while the stage runs) and what the finished stage keeps, against
+           the plan's disk terms for the stage.
 
 Rows are as long as maxLength (rows are truncated to it), so activations are the plan's worst case. Targets:
-±35 % memory, ±25 % disk. Prints one row per measurement and names the worst.
+±35 % memory, ±25 % disk. Prints one row per measurement and names the worst (figures: docs/gpu-cluster.md).
 
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/capacity.py [--quick] [--world 2]
 """
@@ -19,6 +25,7 @@ import argparse
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +37,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "manifests" / "examples" / "rltrun-tiny.yaml"
-MARK = "RLT_MAXRSS"
+MARK = "RLT_MAXRSS_DIR"  # each measured process writes its peak RSS to a file of its own in this folder
 # Run inside each measured process: the stage through rlt's CLI, then this process's peak RSS.
 MEASURE = f"""
 import resource, sys
@@ -42,7 +49,9 @@ else:
     rc = main(sys.argv[1:])
     if rc:
         sys.exit(rc)
-print("{MARK}", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, flush=True)
+import os
+with open(os.path.join(os.environ["{MARK}"], str(os.getpid())), "w") as f:
+    f.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
 """
 TOLERANCE = {"memory": 0.35, "disk": 0.25}
 # glibc raises its mmap threshold after the first large free (up to 32 MiB), and the heap then keeps what later frees
@@ -146,7 +155,10 @@ def pod_command(doc: dict, stage: str, root: Path, script: Path) -> tuple[list[s
 
 
 def run_measured(cmd: list[str], world: int, env: dict, watch: Path | None = None) -> tuple[list[int], int]:
-    """(peak RSS per process, peak bytes under `watch`) of `cmd`, whose `world` processes each print MARK."""
+    """(peak RSS per process, peak bytes under `watch`) of `cmd`, whose `world` processes each write one file
+    under MARK (ranks share stdout, where lines may interleave)."""
+    marks = Path(tempfile.mkdtemp(prefix="rss-"))
+    env = {**env, MARK: str(marks)}
     peak = [0]
     done = threading.Event()
 
@@ -163,7 +175,8 @@ def run_measured(cmd: list[str], world: int, env: dict, watch: Path | None = Non
     t.join()
     if out.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    rss = [int(n) for n in re.findall(rf"{MARK} (\d+)", out.stdout)]  # ranks share stdout: lines may interleave
+    rss = [int(f.read_text()) for f in sorted(marks.iterdir())]
+    shutil.rmtree(marks)
     if len(rss) != world:
         raise SystemExit(f"{' '.join(cmd)}: {len(rss)} of {world} processes reported their peak memory")
     return rss, peak[0]
@@ -224,7 +237,9 @@ def main() -> int:
             cmd, pod_env = pod_command(doc, stage, root, script)
             watch = root / doc["metadata"]["name"] / stage
             rss, peak = run_measured(cmd, world, {**env, **pod_env}, watch=watch)
-            return [r - baseline for r in rss], peak, du(watch)
+            kept = du(watch)
+            shutil.rmtree(root)  # the next case needs the disk
+            return [r - baseline for r in rss], peak, kept
 
         # What a stage process holds besides its model, per launch (world, ZeRO stage): the null model's run,
         # less what the plan gives that model (its own small terms).

@@ -234,3 +234,28 @@ def test_capacity_benchmark_runs_the_command_the_operator_renders(tmp_path, monk
             assert cmd[cmd.index("--main_process_ip") + 1] == env["MASTER_ADDR"] == "127.0.0.1"
             assert cmd[cmd.index("--main_process_port") + 1] == env["MASTER_PORT"]
             assert cmd[cmd.index(str(script)) + 1] == "stage"
+
+
+def test_the_volume_counts_the_hub_models_the_pods_download():
+    """HF_HOME is on the run's volume: the paper run's teacher and student (two 7.6 B hub models saved in bf16) are
+    part of its fullest moment; built-in models are not downloaded."""
+    from rlt.spec.capacity import hub_downloads
+
+    plan = plan_for_run(parse_run(_doc()).spec)
+    (volume,) = [c for c in plan.checks if c.resource.startswith("run volume")]
+    terms = dict(volume.terms)
+    download = terms["hub models downloaded to the run's cache (HF_HOME on the volume)"]
+    assert download == 2 * plan.shapes.teacher.params * 2, terms
+    assert volume.total == sum(terms.values())
+    tiny = parse_run(yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())).spec
+    assert hub_downloads(tiny, plan.shapes) == 0
+
+
+def test_the_scoring_micro_batch_is_no_larger_than_its_rows():
+    """A scoring micro-batch holds at most reward.batchSize rows of full length, whatever the token cap allows."""
+    from rlt.spec.capacity import scoring_tokens
+
+    spec = parse_run(yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())).spec
+    rl = spec.stages.rl
+    rows = rl.reward.batch_size * (rl.max_prompt_length + rl.max_completion_length)
+    assert scoring_tokens(spec, 10**9) == rows and scoring_tokens(spec, 7) == 7

@@ -31,6 +31,8 @@ VLLM_NON_KV = 2 * GiB
 # DeepSpeed's default reduce_bucket_size (elements; rlt's ZeRO config leaves it unset): ZeRO 1/2 allocate two
 # gradient buckets of it with overlap_comm (stage_1_and_2.setup_buckets), ZeRO-3 one (stage3, "IPG").
 DS_REDUCE_BUCKET = 500_000_000
+# DeepSpeed's default stage3_max_live_parameters (parameters resident per GPU before it releases gathered ones).
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 SCORING_SHARE = 0.1  # share of the GPU a scoring micro-batch may take (reward.maxBatchTokens default)
 # The training loss (TRL 1.16's SFT and GRPO trainers both add a fused LM head, trl.trainer.utils.add_fused_lm_head):
 # log-probabilities from tiles of at most TOKEN_CHUNK_SIZE tokens × _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries
@@ -191,6 +193,13 @@ def scoring_token_cap(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, dtyp
     )
 
 
+def scoring_tokens(spec: RLTRunSpec, cap: int) -> int:
+    """Positions of the largest scoring micro-batch: at most reward.batchSize rows of full length and at most the
+    token cap (rlt.method.scoring.Scorer batches by both)."""
+    rl = spec.stages.rl
+    return min(cap, rl.reward.batch_size * (rl.max_prompt_length + rl.max_completion_length))
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -208,13 +217,18 @@ def _trainer_terms(
     zero = st.deepspeed_zero_stage
     if world > 1 and zero > 0:
         buckets = 1 if zero == 3 else 2  # rlt's config turns overlap_comm on: ZeRO 1/2 double-buffer
-        # torch.empty on a GPU reserves the whole bucket; on CPU only the pages the gradients touch count
+        if not gpu:
+            # torch.empty on a GPU reserves each whole bucket; on CPU only the pages gradients are copied into count,
+            # and the second buffer is first used by the second flush
+            buckets = min(buckets, math.ceil(trainable / DS_REDUCE_BUCKET))
         per_bucket = DS_REDUCE_BUCKET if gpu else min(DS_REDUCE_BUCKET, trainable)
         terms.append((f"DeepSpeed gradient buckets ({buckets} × reduce_bucket_size)", buckets * per_bucket * b))
-        if not gpu:  # on CPU host and device memory are one: each rank's loaded copy counts here too
-            terms.append(
-                ("model loading before ZeRO partitions it (DeepSpeed's host estimate per rank)", host // res.gpus)
-            )
+        if zero == 3:
+            # DeepSpeed keeps gathered parameters until stage3_max_live_parameters are resident (reused within
+            # stage3_max_reuse_distance, both 1e9 by default, rlt sets neither): a model under 1e9 parameters stays
+            # whole on every rank through forward and backward
+            live = min(shape.params, DS_MAX_LIVE_PARAMETERS)
+            terms.append(("ZeRO-3 gathered parameters (stage3_max_live_parameters)", live * b))
     if stage == "rl":
         length, scored = st.max_prompt_length + st.max_completion_length, st.max_completion_length
     else:
@@ -270,7 +284,8 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
                     whole = student.params * sb
                     cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, student, gpu_memory, sb)
                     plan.values["rl.reward.maxBatchTokens"] = cap
-                    scoring = (f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(student, sb))
+                    tokens = scoring_tokens(spec, cap)
+                    scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
                     if world > 1 and st.deepspeed_zero_stage == 3:
                         # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
                         # whole for each score call (benchmarks/student_partition.py measures the 1/world)
@@ -342,6 +357,9 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         best = (kept, "the end", kept, 0)
     _, when, before, running = best
     terms = [(f"outputs of the stages before {when} (models, last checkpoints, datasets)", before)]
+    downloads = hub_downloads(spec, shapes)
+    if downloads:
+        terms.insert(0, ("hub models downloaded to the run's cache (HF_HOME on the volume)", downloads))
     if running:
         terms.append((f"{when} while it runs (checkpoints × retention, its model)", running))
     plan.checks.append(
@@ -354,6 +372,20 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         )
     )
     return plan
+
+
+def hub_downloads(spec: RLTRunSpec, shapes: Shapes) -> int:
+    """Bytes of the hub models the pods download into the run's Hugging Face cache, which lives on the run's volume
+    (rlt_operator.builders: HF_HOME under the volume's cache folder): each distinct hub id once, its parameters in the
+    dtype its config was saved in. Built-in models and local folders are not downloaded."""
+    refs = {spec.teacher.model: shapes.teacher, spec.student.model: shapes.student}
+    if spec.stages.student.enabled and spec.stages.student.model is not None:
+        refs.setdefault(spec.stages.student.model.model, shapes.student)
+    return sum(
+        shape.params * shape.saved_bytes
+        for model, shape in refs.items()
+        if shape is not None and not model.startswith(("builtin:", "/", "."))
+    )
 
 
 def _gpu_fix(stage: str, spec: RLTRunSpec) -> str:
@@ -473,7 +505,10 @@ def _generation_stage(spec: RLTRunSpec, stage: str, shapes: Shapes, gpu_memory: 
         cap = spec.stages.rl.reward.max_batch_tokens or scoring_token_cap(spec, shapes.student, gpu_memory, sb)
         terms += [
             ("reward student (scoring)", shapes.student.params * sb),
-            (f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(shapes.student, sb)),
+            (
+                f"scoring micro-batch ({scoring_tokens(spec, cap)} tokens)",
+                scoring_tokens(spec, cap) * scoring_bytes_per_token(shapes.student, sb),
+            ),
         ]
     mode = spec.stages.rl.generation.mode if stage == "distill" else spec.stages.evaluate.generation.mode
     shape = shapes.teacher if stage == "distill" else shapes.student
