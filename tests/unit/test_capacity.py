@@ -185,10 +185,15 @@ def test_the_loss_term_is_what_trls_chunked_lm_head_allocates(head_trains):
     import torch
     from torch.profiler import ProfilerActivity, profile
     from torch.profiler._memory_profiler import MemoryProfileTimeline
+    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
 
-    from rlt.spec.capacity import lm_head_loss_bytes
+    from rlt.spec.capacity import lm_head_loss_bytes, trl_constant
     from rlt.spec.shapes import ModelShape
+
+    # the plan reads TRL's tile sizes from its source (no import of all of TRL in the preflight): the same values
+    assert trl_constant("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE") == _CHUNKED_LOGPROB_CHUNK_SIZE
+    assert trl_constant("trl.kernels.chunked_logprob", "TOKEN_CHUNK_SIZE") == TOKEN_CHUNK_SIZE
 
     tokens, hidden, vocab = 300, 64, _CHUNKED_LOGPROB_CHUNK_SIZE + 4000
     shape = ModelShape(0, 0, hidden, 1, 1, 1, hidden, hidden, vocab, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
@@ -153,15 +154,30 @@ def layer_bytes_per_token(shape: ModelShape, b: int) -> int:
     return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate)
 
 
+@lru_cache(maxsize=8)
+def trl_constant(module: str, name: str) -> int:
+    """An integer constant of the installed TRL, read from the module's source: importing trl.trainer.utils imports
+    all of TRL, 3 s more in every trainer pod's preflight."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    found = importlib.util.find_spec(module)
+    if found is None or found.origin is None:
+        raise LookupError(f"{module} is not installed: the capacity plan reads the loss tile sizes from TRL")
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return int(ast.literal_eval(node.value))
+    raise LookupError(f"{module}.{name} is gone from the installed TRL: rlt.spec.capacity needs its loss tile size")
+
+
 def lm_head_loss_bytes(shape: ModelShape, tokens: int, b: int, gpu: bool, head_trainable: bool) -> int:
     """Memory of TRL's fused LM-head loss over `tokens` positions (LOSS_TILE_FALLBACK_COPIES): the tile buffer
     (min(tokens, TOKEN_CHUNK_SIZE) × the chunk width in the compute dtype; a GPU allocates the whole width, a CPU
     touches only the vocabulary's part), the fp32 gradient of the hidden states it accumulates, the fp32 gradient of
     the head's weight when the head trains, and on CPU the torch fallback's fp32 copies of a tile."""
-    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE as CHUNK
-
-    rows = min(tokens, TOKEN_CHUNK_SIZE)
+    rows = min(tokens, trl_constant("trl.kernels.chunked_logprob", "TOKEN_CHUNK_SIZE"))
+    CHUNK = trl_constant("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE")
     width = CHUNK if gpu else min(shape.vocab, CHUNK)
     total = rows * width * b + tokens * shape.hidden * 4 + (shape.vocab * shape.hidden * 4 if head_trainable else 0)
     if not gpu:
