@@ -13,7 +13,8 @@ memory (pod_command).
   disk:    the stage folder at its fullest (polled while the stage runs) and what the finished stage keeps, against
            the plan's disk terms for the stage.
 
-Rows are as long as maxLength (rows are truncated to it), so activations are the plan's worst case. Targets:
+SFT rows are as long as maxLength (rows are truncated to it), and rl's maxPromptLength is the longest prompt, so
+activations meet the plan's worst case (rl's completions are sampled: up to maxCompletionLength). Targets:
 ±35 % memory, ±25 % disk. Prints one row per measurement and names the worst (figures: docs/gpu-cluster.md).
 
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/capacity.py [--quick] [--world 2]
@@ -78,6 +79,22 @@ def full_length(doc: dict, model: str) -> int:
     return shortest
 
 
+def longest_prompt(doc: dict, model: str) -> int:
+    """The longest teacher prompt of the case in tokens: as stages.rl.maxPromptLength the batch holding it meets the
+    plan's prompt length (rl refuses longer prompts)."""
+    from rlt.data.dataset import load_data
+    from rlt.method.prompts import Formatter, resolve_format
+    from rlt.run.models import load_tokenizer
+    from rlt.spec.loading import parse_run
+    from rlt.stages.sft import teacher_prompt_ids
+
+    spec = parse_run(copy.deepcopy(doc)).spec
+    fmt = Formatter(resolve_format(spec.format))
+    tokenizer = load_tokenizer(model, "left")
+    rows = load_data(spec.dataset, fmt.fmt).train
+    return max(len(teacher_prompt_ids(fmt, tokenizer, r["question"], r["solution"])) for r in rows)
+
+
 def case_doc(model: str, stage: str, lora: bool, zero: int, world: int) -> dict:
     doc = yaml.safe_load(TINY.read_text())
     spec = doc["spec"]
@@ -91,6 +108,7 @@ def case_doc(model: str, stage: str, lora: bool, zero: int, world: int) -> dict:
     spec["stages"]["rl"].update(enabled=stage == "rl", deepspeedZeroStage=zero, saveTotalLimit=2)
     if stage == "rl":
         spec["stages"]["sft"]["enabled"] = False
+        spec["stages"]["rl"]["maxPromptLength"] = longest_prompt(doc, model)
     spec["stages"]["distill"]["enabled"] = False
     spec["resources"]["trainer"]["gpus"] = world
     return doc
@@ -214,6 +232,7 @@ def main() -> int:
         cases += [
             ("builtin:smollm2-135m-instruct", "sft", False, 0, 1),
             ("builtin:smollm2-135m-instruct", "sft", True, 0, 1),
+            ("builtin:smollm2-135m-instruct", "rl", False, 0, 1),
         ]
     if opts.world > 1:
         cases += [("builtin:smollm2-135m-instruct", "sft", False, z, opts.world) for z in (2, 3)]
@@ -241,22 +260,22 @@ def main() -> int:
             shutil.rmtree(root)  # the next case needs the disk
             return [r - baseline for r in rss], peak, kept
 
-        # What a stage process holds besides its model, per launch (world, ZeRO stage): the null model's run,
-        # less what the plan gives that model (its own small terms).
+        # What a stage process holds besides its model, per launch (stage, world, ZeRO stage): the null model's
+        # run, less what the plan gives that model (its own small terms).
         null = null_model(Path(tmp))
-        runtime: dict[tuple[int, int], int] = {}
-        for world, zero in dict.fromkeys((w, z) for _, _, _, z, w in cases):
-            doc = case_doc(null, "sft", False, zero, world)
-            check, _ = planned(doc, "sft")
-            rss, _, _ = measure(doc, "sft", world, f"null-w{world}-z{zero}")
-            runtime[(world, zero)] = max(rss) - check.total
+        runtime: dict[tuple[str, int, int], int] = {}
+        for stage, world, zero in dict.fromkeys((s, w, z) for _, s, _, z, w in cases):
+            doc = case_doc(null, stage, False, zero, world)
+            check, _ = planned(doc, stage)
+            rss, _, _ = measure(doc, stage, world, f"null-{stage}-w{world}-z{zero}")
+            runtime[(stage, world, zero)] = max(rss) - check.total
         for n, (model, stage, lora, zero, world) in enumerate(cases):
             doc = case_doc(model, stage, lora, zero, world)
             check, (disk_peak, disk_kept) = planned(doc, stage)
             rss, peak, kept = measure(doc, stage, world, f"{stage}-{n}")
             label = f"{model.removeprefix('builtin:')} {stage}{' lora' if lora else ''} zero{zero} world{world}"
             for rank, r in enumerate(rss):
-                rows.append((f"{label} rank{rank}", "memory", r, runtime[(world, zero)], check.total))
+                rows.append((f"{label} rank{rank}", "memory", r, runtime[(stage, world, zero)], check.total))
             rows.append((label, "disk peak", peak, 0, disk_peak))
             rows.append((label, "disk kept", kept, 0, disk_kept))
     print(f"baseline (imports only): {baseline / 2**20:.0f} MiB per process; measured = peak RSS - baseline;")
