@@ -226,6 +226,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the tiny model only (plus the --world cases)")
     parser.add_argument("--world", type=int, default=1, help="also run ZeRO-2/3 cases in a gloo world of this size")
+    parser.add_argument("--dir", default=None, help="where the cases write (default: the system's temporary folder)")
     opts = parser.parse_args()
     cases = [("builtin:tiny-qwen2", "sft", False, 0, 1)]
     if not opts.quick:
@@ -237,7 +238,7 @@ def main() -> int:
     if opts.world > 1:
         cases += [("builtin:smollm2-135m-instruct", "sft", False, z, opts.world) for z in (2, 3)]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="rlt-capacity-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rlt-capacity-", dir=opts.dir) as tmp:
         script = Path(tmp) / "measure.py"
         script.write_text(MEASURE)
         env = {
