@@ -176,3 +176,91 @@ def test_gpu_cluster_doc_sizing_is_the_plan_of_each_example():
     table = sizing_table(EXAMPLES)
     assert "rltrun-paper-7b.yaml` | rl | GPU memory per trainer process" in table
     assert table in (ROOT / "docs" / "gpu-cluster.md").read_text(), "docs/gpu-cluster.md is stale: run make generate"
+
+
+@pytest.mark.parametrize("head_trains", [True, False])
+def test_the_loss_term_is_what_trls_chunked_lm_head_allocates(head_trains):
+    """TRL's fused LM head (the SFT and GRPO loss) on CPU, forward and backward over two vocabulary chunks: the peak
+    of what it allocates (torch.profiler's memory timeline) is the plan's CPU loss term within 20 %."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import MemoryProfileTimeline
+    from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
+
+    from rlt.spec.capacity import lm_head_loss_bytes, trl_constant
+    from rlt.spec.shapes import ModelShape
+
+    # the plan reads TRL's tile sizes from its source (no import of all of TRL in the preflight): the same values
+    assert trl_constant("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE") == _CHUNKED_LOGPROB_CHUNK_SIZE
+    assert trl_constant("trl.kernels.chunked_logprob", "TOKEN_CHUNK_SIZE") == TOKEN_CHUNK_SIZE
+
+    tokens, hidden, vocab = 300, 64, _CHUNKED_LOGPROB_CHUNK_SIZE + 4000
+    shape = ModelShape(0, 0, hidden, 1, 1, 1, hidden, hidden, vocab, None)
+    h = torch.randn(tokens, hidden, requires_grad=True)
+    w = torch.randn(vocab, hidden, requires_grad=head_trains)
+    targets = torch.randint(0, vocab, (tokens,))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        logps = _ChunkedLogProbFunction.apply(h, w, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0)[0]
+        logps.sum().backward()
+    _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
+    measured = max(sum(s) for s in sizes)
+    planned = lm_head_loss_bytes(shape, tokens, 4, gpu=False, head_trainable=head_trains)
+    assert 0.8 < measured / planned < 1.2, (measured, planned)
+
+
+def test_capacity_benchmark_runs_the_command_the_operator_renders(tmp_path, monkeypatch):
+    """benchmarks/capacity.py measures what pods run: the trainer container's command from the operator's builders
+    (an argument added there shows up), $(VAR)s expanded for this machine, the volume at the run's root, and only
+    the entry point (`-m rlt.cli`, or `rlt` alone for one process) swapped for the measuring script."""
+    import runpy
+
+    from suite_helpers import ROOT
+
+    from rlt_operator.builders import trainer
+
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "capacity.py"))
+    rendered = trainer.trainer_command
+    monkeypatch.setattr(trainer, "trainer_command", lambda spec, stage: [*rendered(spec, stage), "--added-by-operator"])
+    script = tmp_path / "measure.py"
+    for world, zero in ((1, 0), (2, 3)):
+        doc = yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())
+        doc["spec"]["resources"]["trainer"]["gpus"] = world
+        doc["spec"]["stages"]["sft"]["deepspeedZeroStage"] = zero
+        cmd, env = bench["pod_command"](doc, "sft", tmp_path, script)
+        assert cmd[-1] == "--added-by-operator" and "rlt.cli" not in cmd, cmd
+        assert not any("$(" in a or a.startswith("/data") for a in cmd), cmd
+        assert ["stage", "sft", "--config", "env:RLT_RUN_YAML", "--root", str(tmp_path)] == cmd[-7:-1]
+        assert yaml.safe_load(env["RLT_RUN_YAML"])["spec"]["resources"]["trainer"]["gpus"] == world
+        if world == 1:
+            assert cmd[1] == str(script), cmd
+        else:
+            assert cmd[1:4] == ["launch", "--", "accelerate"] and cmd[cmd.index("--zero_stage") + 1] == "3", cmd
+            assert cmd[cmd.index("--main_process_ip") + 1] == env["MASTER_ADDR"] == "127.0.0.1"
+            assert cmd[cmd.index("--main_process_port") + 1] == env["MASTER_PORT"]
+            assert cmd[cmd.index(str(script)) + 1] == "stage"
+
+
+def test_the_volume_counts_the_hub_models_the_pods_download():
+    """HF_HOME is on the run's volume: the paper run's teacher and student (two 7.6 B hub models saved in bf16) are
+    part of its fullest moment; built-in models are not downloaded."""
+    from rlt.spec.capacity import hub_downloads
+
+    plan = plan_for_run(parse_run(_doc()).spec)
+    (volume,) = [c for c in plan.checks if c.resource.startswith("run volume")]
+    terms = dict(volume.terms)
+    download = terms["hub models downloaded to the run's cache (HF_HOME on the volume)"]
+    assert download == 2 * plan.shapes.teacher.params * 2, terms
+    assert volume.total == sum(terms.values())
+    tiny = parse_run(yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())).spec
+    assert hub_downloads(tiny, plan.shapes) == 0
+
+
+def test_the_scoring_micro_batch_is_no_larger_than_its_rows():
+    """A scoring micro-batch holds at most reward.batchSize rows of full length, whatever the token cap allows."""
+    from rlt.spec.capacity import scoring_tokens
+
+    spec = parse_run(yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())).spec
+    rl = spec.stages.rl
+    rows = rl.reward.batch_size * (rl.max_prompt_length + rl.max_completion_length)
+    assert scoring_tokens(spec, 10**9) == rows and scoring_tokens(spec, 7) == 7

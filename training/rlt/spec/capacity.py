@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
@@ -31,12 +32,16 @@ VLLM_NON_KV = 2 * GiB
 # DeepSpeed's default reduce_bucket_size (elements; rlt's ZeRO config leaves it unset): ZeRO 1/2 allocate two
 # gradient buckets of it with overlap_comm (stage_1_and_2.setup_buckets), ZeRO-3 one (stage3, "IPG").
 DS_REDUCE_BUCKET = 500_000_000
+# DeepSpeed's default stage3_max_live_parameters (parameters resident per GPU before it releases gathered ones).
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 SCORING_SHARE = 0.1  # share of the GPU a scoring micro-batch may take (reward.maxBatchTokens default)
-# Bytes per (scored token × vocabulary entry) of a training loss, on top of the logits in the model's dtype:
-# SFT (transformers' ForCausalLMLoss) upcasts them to fp32 and keeps the fp32 gradient (8 more bytes); GRPO on a GPU
-# uses TRL's fused Triton log-prob kernel (trl.trainer.utils.selective_log_softmax): only the logits' gradient (b);
-# without Triton (CPU) TRL divides by the temperature and keeps the log-softmax: 3b more.
-LOSS_FP32_BYTES = 8
+# The training loss (TRL 1.16's SFT and GRPO trainers both add a fused LM head, trl.trainer.utils.add_fused_lm_head):
+# log-probabilities from tiles of at most TOKEN_CHUNK_SIZE tokens × _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries
+# (trl.kernels.chunked_logprob), never the whole logits. With Triton (a GPU) each tile is folded in place; without it
+# (CPU) TRL's torch fallback `_backward_tile` keeps this many fp32 copies of a tile live at once (y, z, log_p, p,
+# grad, the target mask as float, their difference and its product with the incoming gradient; torch.profiler
+# shows 8 live at the benchmark's peak).
+LOSS_TILE_FALLBACK_COPIES = 8
 # Characters per token of a stored explanation, for the size of generated datasets (JSONL text).
 CHARS_PER_TOKEN = 4
 # Rows of hub datasets the examples use (dataset card): needed for step counts when the data is not local.
@@ -149,19 +154,42 @@ def layer_bytes_per_token(shape: ModelShape, b: int) -> int:
     return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate)
 
 
-def loss_bytes(stage: str, b: int, gpu: bool) -> int:
-    """Bytes per (scored token × vocabulary entry) of the stage's loss (LOSS_FP32_BYTES)."""
-    if stage == "rl":
-        return 2 * b if gpu else 4 * b
-    return b + LOSS_FP32_BYTES
+@lru_cache(maxsize=8)
+def trl_constant(module: str, name: str) -> int:
+    """An integer constant of the installed TRL, read from the module's source: importing trl.trainer.utils imports
+    all of TRL, 3 s more in every trainer pod's preflight."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    found = importlib.util.find_spec(module)
+    if found is None or found.origin is None:
+        raise LookupError(f"{module} is not installed: the capacity plan reads the loss tile sizes from TRL")
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return int(ast.literal_eval(node.value))
+    raise LookupError(f"{module}.{name} is gone from the installed TRL: rlt.spec.capacity needs its loss tile size")
 
 
-def activations(shape: ModelShape, rows: int, length: int, scored: int, checkpointing: bool, b: int, loss: int) -> int:
+def lm_head_loss_bytes(shape: ModelShape, tokens: int, b: int, gpu: bool, head_trainable: bool) -> int:
+    """Memory of TRL's fused LM-head loss over `tokens` positions (LOSS_TILE_FALLBACK_COPIES): the tile buffer
+    (min(tokens, TOKEN_CHUNK_SIZE) × the chunk width in the compute dtype; a GPU allocates the whole width, a CPU
+    touches only the vocabulary's part), the fp32 gradient of the hidden states it accumulates, the fp32 gradient of
+    the head's weight when the head trains, and on CPU the torch fallback's fp32 copies of a tile."""
+    rows = min(tokens, trl_constant("trl.kernels.chunked_logprob", "TOKEN_CHUNK_SIZE"))
+    CHUNK = trl_constant("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE")
+    width = CHUNK if gpu else min(shape.vocab, CHUNK)
+    total = rows * width * b + tokens * shape.hidden * 4 + (shape.vocab * shape.hidden * 4 if head_trainable else 0)
+    if not gpu:
+        total += LOSS_TILE_FALLBACK_COPIES * rows * min(shape.vocab, CHUNK) * 4
+    return total
+
+
+def activations(shape: ModelShape, rows: int, length: int, checkpointing: bool, b: int) -> int:
     """Training activations of one micro-batch: with gradient checkpointing every layer's input plus one layer
-    recomputed, else every layer's; plus the loss over `scored` positions (`loss` bytes per logit)."""
+    recomputed, else every layer's (the loss is lm_head_loss_bytes)."""
     per_layer = rows * length * layer_bytes_per_token(shape, b)
-    kept = rows * length * shape.hidden * b * shape.layers + per_layer if checkpointing else per_layer * shape.layers
-    return kept + rows * scored * shape.vocab * loss
+    return rows * length * shape.hidden * b * shape.layers + per_layer if checkpointing else per_layer * shape.layers
 
 
 def scoring_bytes_per_token(shape: ModelShape, b: int) -> int:
@@ -181,6 +209,13 @@ def scoring_token_cap(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, dtyp
     )
 
 
+def scoring_tokens(spec: RLTRunSpec, cap: int) -> int:
+    """Positions of the largest scoring micro-batch: at most reward.batchSize rows of full length and at most the
+    token cap (rlt.method.scoring.Scorer batches by both)."""
+    rl = spec.stages.rl
+    return min(cap, rl.reward.batch_size * (rl.max_prompt_length + rl.max_completion_length))
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -198,24 +233,32 @@ def _trainer_terms(
     zero = st.deepspeed_zero_stage
     if world > 1 and zero > 0:
         buckets = 1 if zero == 3 else 2  # rlt's config turns overlap_comm on: ZeRO 1/2 double-buffer
-        # torch.empty on a GPU reserves the whole bucket; on CPU only the pages the gradients touch count
+        if not gpu:
+            # torch.empty on a GPU reserves each whole bucket; on CPU only the pages gradients are copied into count,
+            # and the second buffer is first used by the second flush
+            buckets = min(buckets, math.ceil(trainable / DS_REDUCE_BUCKET))
         per_bucket = DS_REDUCE_BUCKET if gpu else min(DS_REDUCE_BUCKET, trainable)
         terms.append((f"DeepSpeed gradient buckets ({buckets} × reduce_bucket_size)", buckets * per_bucket * b))
-        if not gpu:  # on CPU host and device memory are one: each rank's loaded copy counts here too
-            terms.append(
-                ("model loading before ZeRO partitions it (DeepSpeed's host estimate per rank)", host // res.gpus)
-            )
+        if zero == 3:
+            # DeepSpeed keeps gathered parameters until stage3_max_live_parameters are resident (reused within
+            # stage3_max_reuse_distance, both 1e9 by default, rlt sets neither): a model under 1e9 parameters stays
+            # whole on every rank through forward and backward
+            live = min(shape.params, DS_MAX_LIVE_PARAMETERS)
+            terms.append(("ZeRO-3 gathered parameters (stage3_max_live_parameters)", live * b))
     if stage == "rl":
         length, scored = st.max_prompt_length + st.max_completion_length, st.max_completion_length
     else:
         length = scored = st.max_length
+    rows = st.per_device_batch_size
+    # TRL scores only the labelled positions on a Triton device; its torch fallback scores every position
+    loss_tokens = rows * scored if gpu else rows * length
+    head_trainable = ref.lora is None  # PEFT's all-linear leaves the output head out
     phases = [
         (
-            f"activations ({st.per_device_batch_size} × {length} tokens, "
-            f"checkpointing {'on' if st.gradient_checkpointing else 'off'}, loss over {scored})",
-            activations(
-                shape, st.per_device_batch_size, length, scored, st.gradient_checkpointing, b, loss_bytes(stage, b, gpu)
-            ),
+            f"activations ({rows} × {length} tokens, checkpointing {'on' if st.gradient_checkpointing else 'off'})"
+            " + TRL loss tiles",
+            activations(shape, rows, length, st.gradient_checkpointing, b)
+            + lm_head_loss_bytes(shape, loss_tokens, b, gpu, head_trainable),
         )
     ]
     if ref.lora is not None and ref.lora.dropout > 0:
@@ -257,7 +300,8 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
                     whole = student.params * sb
                     cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, student, gpu_memory, sb)
                     plan.values["rl.reward.maxBatchTokens"] = cap
-                    scoring = (f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(student, sb))
+                    tokens = scoring_tokens(spec, cap)
+                    scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
                     if world > 1 and st.deepspeed_zero_stage == 3:
                         # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
                         # whole for each score call (benchmarks/student_partition.py measures the 1/world)
@@ -329,6 +373,9 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         best = (kept, "the end", kept, 0)
     _, when, before, running = best
     terms = [(f"outputs of the stages before {when} (models, last checkpoints, datasets)", before)]
+    downloads = hub_downloads(spec, shapes)
+    if downloads:
+        terms.insert(0, ("hub models downloaded to the run's cache (HF_HOME on the volume)", downloads))
     if running:
         terms.append((f"{when} while it runs (checkpoints × retention, its model)", running))
     plan.checks.append(
@@ -341,6 +388,20 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         )
     )
     return plan
+
+
+def hub_downloads(spec: RLTRunSpec, shapes: Shapes) -> int:
+    """Bytes of the hub models the pods download into the run's Hugging Face cache, which lives on the run's volume
+    (rlt_operator.builders: HF_HOME under the volume's cache folder): each distinct hub id once, its parameters in the
+    dtype its config was saved in. Built-in models and local folders are not downloaded."""
+    refs = {spec.teacher.model: shapes.teacher, spec.student.model: shapes.student}
+    if spec.stages.student.enabled and spec.stages.student.model is not None:
+        refs.setdefault(spec.stages.student.model.model, shapes.student)
+    return sum(
+        shape.params * shape.saved_bytes
+        for model, shape in refs.items()
+        if shape is not None and not model.startswith(("builtin:", "/", "."))
+    )
 
 
 def _gpu_fix(stage: str, spec: RLTRunSpec) -> str:
@@ -460,7 +521,10 @@ def _generation_stage(spec: RLTRunSpec, stage: str, shapes: Shapes, gpu_memory: 
         cap = spec.stages.rl.reward.max_batch_tokens or scoring_token_cap(spec, shapes.student, gpu_memory, sb)
         terms += [
             ("reward student (scoring)", shapes.student.params * sb),
-            (f"scoring micro-batch ({cap} tokens)", cap * scoring_bytes_per_token(shapes.student, sb)),
+            (
+                f"scoring micro-batch ({scoring_tokens(spec, cap)} tokens)",
+                scoring_tokens(spec, cap) * scoring_bytes_per_token(shapes.student, sb),
+            ),
         ]
     mode = spec.stages.rl.generation.mode if stage == "distill" else spec.stages.evaluate.generation.mode
     shape = shapes.teacher if stage == "distill" else shapes.student

@@ -25,6 +25,7 @@ _QWEN25_7B = {
     "vocab_size": 152064,
     "max_position_embeddings": 32768,
     "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
 }
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen2.5-7B-Instruct": _QWEN25_7B,
@@ -39,6 +40,7 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 151936,
         "max_position_embeddings": 32768,
         "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
     },
     "Qwen/Qwen2.5-72B-Instruct": {
         "model_type": "qwen2",
@@ -50,6 +52,7 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 152064,
         "max_position_embeddings": 32768,
         "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
     },
 }
 
@@ -69,6 +72,7 @@ class ModelShape:
     # (module name suffix, in_features, out_features) -> how many such nn.Linear: what a LoRA adapter attaches to
     linears: dict[tuple[str, int, int], int] = field(default_factory=dict, compare=False)
     tied: int = 0  # parameters under a second name (tied embeddings): saved twice where a save does not dedupe them
+    saved_bytes: int = 2  # bytes per parameter of its checkpoint (the config's dtype; 16 bit when it names none)
     source: str = ""
 
     @property
@@ -130,6 +134,7 @@ def _shape_of(config: Any, source: str) -> ModelShape:
         max_positions=getattr(text, "max_position_embeddings", None),
         linears=dict(linears),
         tied=every_name - sum(tensors.values()),
+        saved_bytes=4 if str(getattr(config, "dtype", None)) == "torch.float32" else 2,
         source=source,
     )
 
