@@ -48,7 +48,7 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
 
 
 # RL settings fixed before the seeds ran (docs/evaluation.md, "Protocol").
-STEPS, LR, QUESTIONS, GENERATIONS = 4, 5e-5, 1, 4
+STEPS, LR, QUESTIONS, GENERATIONS, TEMPERATURE = 4, 5e-5, 1, 4, 0.7
 
 
 def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
@@ -80,6 +80,7 @@ def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
                     "numGenerations": args.generations,
                     "perDeviceBatchSize": args.questions * args.generations,
                     "learningRate": args.lr,
+                    "temperature": args.temperature,
                     "beta": 0.0,
                     "maxCompletionLength": args.completion_length,
                     "maxPromptLength": 512,
@@ -154,6 +155,30 @@ def curve_figures(rows: list[dict], k: int) -> dict:
             "per_step": ys,
         }
     return figs
+
+
+def search_row(args, name: str, steps: list[dict]) -> dict | None:
+    """One settings-search record of an RL run: its settings, reward start/end and slope, the share of groups with
+    zero advantage (all G rewards equal: GRPO learns nothing from them), the mean policy entropy, the RL seconds."""
+    f = curve_figures(steps, args.k).get("reward")
+    if not f:
+        return None
+    keys = ("sft_steps", "steps", "lr", "questions", "generations", "temperature", "completion_length")
+    return {
+        "run": name,
+        "seed": args.rl_seed,
+        **{k: getattr(args, k) for k in keys},
+        "reward_start": f["start"],
+        "reward_end": f["end"],
+        "k": f["k"],
+        "slope": f["slope"],
+        "slope_ci95": f["slope_ci95"],
+        "zero_advantage": statistics.fmean(
+            r.get("frac_reward_zero_std", float(r.get("reward_std", 0.0) == 0.0)) for r in steps
+        ),
+        "entropy": statistics.fmean(r.get("entropy", float("nan")) for r in steps),
+        "seconds": sum(r.get("step_seconds", 0.0) for r in steps),
+    }
 
 
 def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> dict:
@@ -267,6 +292,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=STEPS, help="RL steps per seed")
     p.add_argument("--lr", type=float, default=LR, help="RL learning rate (full fine-tune, constant)")
+    p.add_argument(
+        "--temperature", type=float, default=TEMPERATURE, help="RL sampling τ (the rl stage's temperature: rewards too)"
+    )
     p.add_argument("--questions", type=int, default=QUESTIONS, help="questions per RL step")
     p.add_argument("--generations", type=int, default=GENERATIONS, help="G: explanations per question")
     p.add_argument("--completion-length", type=int, default=64, help="explanation cap (tokens), RL and held-out")
@@ -307,13 +335,14 @@ def main(argv: list[str] | None = None) -> dict:
         run_local(run, out, metrics_port=None, show_progress=not args.quiet)
         rows = [json.loads(x) for x in (out / run.name / "metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = sorted((r for r in rows if r["stage"] == "rl"), key=lambda r: r["step"])
-        f = curve_figures(steps, args.k).get("reward")
-        if f:
-            secs = statistics.fmean(r.get("step_seconds", 0.0) for r in steps)
+        row = search_row(args, run.name, steps)
+        if row:
+            with (out / "search.jsonl").open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
             print(
-                f"[search] {run.name}: reward first {f['k']} {f['start']:+.3f} last {f['k']} {f['end']:+.3f} "
-                f"change {f['end'] - f['start']:+.3f} slope {f['slope']:+.4f} ± {f['slope_ci95']:.4f}; "
-                f"{secs:.0f} s/step"
+                f"[search] {run.name}: reward first {row['k']} {row['reward_start']:+.3f} last {row['k']} "
+                f"{row['reward_end']:+.3f} slope {row['slope']:+.4f} ± {row['slope_ci95']:.4f}; zero-advantage "
+                f"groups {row['zero_advantage']:.2f}; entropy {row['entropy']:.4f}; {row['seconds']:.0f} s"
             )
         return {}
     started = time.perf_counter()
