@@ -181,6 +181,24 @@ def search_row(args, name: str, steps: list[dict]) -> dict | None:
     }
 
 
+def search_table(paths: list[str]) -> str:
+    """The settings-search rows of the given search.jsonl files as a markdown table (every row, in file order)."""
+    head = (
+        "| run | SFT steps | RL steps | lr | G | τ | reward first k → last k | slope ± 95 % | zero-adv. | entropy | s |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        for x in Path(path).read_text().splitlines():
+            r = json.loads(x)
+            lines.append(
+                f"| {r['run']} | {r['sft_steps']} | {r['steps']} | {r['lr']:g} | {r['generations']} | "
+                f"{r['temperature']:g} | {r['reward_start']:.2f} → {r['reward_end']:.2f} (k {r['k']}) | "
+                f"{r['slope']:+.3f} ± {r['slope_ci95']:.3f} | {r['zero_advantage']:.2f} | {r['entropy']:.4f} | "
+                f"{r['seconds']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
 def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> dict:
     """Per teacher and held-out question: the pre-registered measures (teaching_protocol.measure) of K sampled
     explanations; and the student alone and with the dataset's trace, for scale."""
@@ -314,7 +332,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes (~4.5 GB each)")
     p.add_argument("--rl-seed", type=int, help="train this seed's RL only and print its reward curve (search)")
     p.add_argument("--sft-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--search-table", nargs="+", metavar="JSONL", help="print these search rows as a table, exit")
     args = p.parse_args(argv)
+    if args.search_table:
+        print(search_table(args.search_table))
+        return {}
     if args.quick:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
         args.completion_length, args.train_size, args.k, args.samples = 16, 16, 1, 1

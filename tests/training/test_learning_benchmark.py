@@ -96,3 +96,8 @@ def test_rl_temperature_flag_reaches_the_generator_and_search_row(tmp_path, monk
         assert rows[tag]["temperature"] == tau and rows[tag]["run"] == f"learning-seed5-{tag}"
         assert 0.0 <= rows[tag]["zero_advantage"] <= 1.0 and rows[tag]["seconds"] > 0
     assert rows["hot"]["entropy"] > rows["cold"]["entropy"] + 1.0  # measured 6.2 vs 4.5 nats (random tiny model)
+    table = runpy.run_path(str(BENCH), run_name="not_main")["search_table"]([str(tmp_path / "search.jsonl")])
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
+        "| learning-seed5-cold",
+        "| learning-seed5-hot",
+    ]
