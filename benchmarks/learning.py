@@ -48,7 +48,9 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
 
 
 # RL settings fixed before the seeds ran (docs/evaluation.md, "Protocol").
-STEPS, LR, QUESTIONS, GENERATIONS, TEMPERATURE = 4, 5e-5, 1, 4, 0.7
+# Second run (docs/learning-search.md chose these on search seed 0 before seeds 1-3 ran): warm-up 8 steps, 16 RL
+# steps of 1 question x G = 8 at lr 1e-5 and tau 1.0. The first run was 24 / 4 x 1 x G 4 at 5e-5, tau 0.7.
+SFT_STEPS, STEPS, LR, QUESTIONS, GENERATIONS, TEMPERATURE = 8, 16, 1e-5, 1, 8, 1.0
 
 
 def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
@@ -183,15 +185,13 @@ def search_row(args, name: str, steps: list[dict]) -> dict | None:
 
 def search_table(paths: list[str]) -> str:
     """The settings-search rows of the given search.jsonl files as a markdown table (every row, in file order)."""
-    head = (
-        "| run | SFT steps | RL steps | lr | G | τ | reward first k → last k | slope ± 95 % | zero-adv. | entropy | s |"
-    )
+    head = "| run | SFT steps | RL steps | lr | q × G | τ | reward first k → last k | slope ± 95 % | zero-adv. | entropy | s |"
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
         for x in Path(path).read_text().splitlines():
             r = json.loads(x)
             lines.append(
-                f"| {r['run']} | {r['sft_steps']} | {r['steps']} | {r['lr']:g} | {r['generations']} | "
+                f"| {r['run']} | {r['sft_steps']} | {r['steps']} | {r['lr']:g} | {r['questions']} × {r['generations']} | "
                 f"{r['temperature']:g} | {r['reward_start']:.2f} → {r['reward_end']:.2f} (k {r['k']}) | "
                 f"{r['slope']:+.3f} ± {r['slope_ci95']:.3f} | {r['zero_advantage']:.2f} | {r['entropy']:.4f} | "
                 f"{r['seconds']:.0f} |"
@@ -316,18 +316,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--questions", type=int, default=QUESTIONS, help="questions per RL step")
     p.add_argument("--generations", type=int, default=GENERATIONS, help="G: explanations per question")
     p.add_argument("--completion-length", type=int, default=64, help="explanation cap (tokens), RL and held-out")
-    p.add_argument("--sft-steps", type=int, default=24)
+    p.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--heldout", type=int, default=32)
+    p.add_argument("--heldout", type=int, default=64)
     p.add_argument("--samples", type=int, default=1, help="K: sampled explanations per held-out question")
     p.add_argument("--k", type=int, default=3, help="steps averaged for the start/end reward")
     p.add_argument("--out", default="results/learning-sums")
     p.add_argument("--tag", default="", help="suffix of the RL run names (settings search)")
     p.add_argument("--quick", action="store_true", help="tiny settings that only check the script runs")
-    p.add_argument(
-        "--full", action="store_true", help="5 seeds, 125 RL steps of 4 questions x G=8 at lr 1e-5, 128 held out x K=2"
-    )
+    p.add_argument("--full", action="store_true", help="5 seeds, 125 RL steps of 4 questions x G=8, 128 held out x K=2")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes (~4.5 GB each)")
     p.add_argument("--rl-seed", type=int, help="train this seed's RL only and print its reward curve (search)")
@@ -342,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.completion_length, args.train_size, args.k, args.samples = 16, 16, 1, 1
     if args.full:
         args.seeds, args.steps, args.heldout, args.samples = [1, 2, 3, 4, 5], 125, 128, 2
-        args.questions, args.generations, args.lr = 4, 8, 1e-5
+        args.questions, args.generations = 4, 8
 
     from rlt.run.runner import quiet_libraries, run_local
     from rlt.spec.loading import parse_run
