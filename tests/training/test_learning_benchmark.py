@@ -95,6 +95,9 @@ def test_rl_temperature_flag_reaches_the_generator_and_search_row(tmp_path, monk
         rows[tag] = json.loads((tmp_path / "search.jsonl").read_text().splitlines()[-1])
         assert rows[tag]["temperature"] == tau and rows[tag]["run"] == f"learning-seed5-{tag}"
         assert 0.0 <= rows[tag]["zero_advantage"] <= 1.0 and rows[tag]["seconds"] > 0
+        steps = [json.loads(x) for x in (tmp_path / f"learning-seed5-{tag}" / "metrics.jsonl").read_text().splitlines()]
+        # TRL's share of equal-reward groups is recorded per step (the search's zero-advantage figure comes from it)
+        assert all(0.0 <= r["frac_reward_zero_std"] <= 1.0 for r in steps if r["stage"] == "rl")
     assert rows["hot"]["entropy"] > rows["cold"]["entropy"] + 1.0  # measured 6.2 vs 4.5 nats (random tiny model)
     table = runpy.run_path(str(BENCH), run_name="not_main")["search_table"]([str(tmp_path / "search.jsonl")])
     assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == [
