@@ -48,7 +48,9 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
 
 
 # RL settings fixed before the seeds ran (docs/evaluation.md, "Protocol").
-STEPS, LR, QUESTIONS, GENERATIONS = 4, 5e-5, 1, 4
+# Second run (docs/learning-search.md chose these on search seed 0 before seeds 1-3 ran): warm-up 8 steps, 16 RL
+# steps of 1 question x G = 8 at lr 1e-5 and tau 1.0. The first run was 24 / 4 x 1 x G 4 at 5e-5, tau 0.7.
+SFT_STEPS, STEPS, LR, QUESTIONS, GENERATIONS, TEMPERATURE = 8, 16, 1e-5, 1, 8, 1.0
 
 
 def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
@@ -80,6 +82,7 @@ def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
                     "numGenerations": args.generations,
                     "perDeviceBatchSize": args.questions * args.generations,
                     "learningRate": args.lr,
+                    "temperature": args.temperature,
                     "beta": 0.0,
                     "maxCompletionLength": args.completion_length,
                     "maxPromptLength": 512,
@@ -154,6 +157,46 @@ def curve_figures(rows: list[dict], k: int) -> dict:
             "per_step": ys,
         }
     return figs
+
+
+def search_row(args, name: str, steps: list[dict]) -> dict | None:
+    """One settings-search record of an RL run: its settings, reward start/end and slope, the share of groups with
+    zero advantage (all G rewards equal: GRPO learns nothing from them), the mean policy entropy, the RL seconds."""
+    f = curve_figures(steps, args.k).get("reward")
+    if not f:
+        return None
+    keys = ("sft_steps", "steps", "lr", "questions", "generations", "temperature", "completion_length")
+    return {
+        "run": name,
+        "seed": args.rl_seed,
+        **{k: getattr(args, k) for k in keys},
+        "reward_start": f["start"],
+        "reward_end": f["end"],
+        "k": f["k"],
+        "slope": f["slope"],
+        "slope_ci95": f["slope_ci95"],
+        "zero_advantage": statistics.fmean(
+            r.get("frac_reward_zero_std", float(r.get("reward_std", 0.0) == 0.0)) for r in steps
+        ),
+        "entropy": statistics.fmean(r.get("entropy", float("nan")) for r in steps),
+        "seconds": sum(r.get("step_seconds", 0.0) for r in steps),
+    }
+
+
+def search_table(paths: list[str]) -> str:
+    """The settings-search rows of the given search.jsonl files as a markdown table (every row, in file order)."""
+    head = "| run | SFT steps | RL steps | lr | q × G | τ | reward first k → last k | slope ± 95 % | zero-adv. | entropy | s |"
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        for x in Path(path).read_text().splitlines():
+            r = json.loads(x)
+            lines.append(
+                f"| {r['run']} | {r['sft_steps']} | {r['steps']} | {r['lr']:g} | {r['questions']} × {r['generations']} | "
+                f"{r['temperature']:g} | {r['reward_start']:.2f} → {r['reward_end']:.2f} (k {r['k']}) | "
+                f"{r['slope']:+.3f} ± {r['slope_ci95']:.3f} | {r['zero_advantage']:.2f} | {r['entropy']:.4f} | "
+                f"{r['seconds']:.0f} |"
+            )
+    return "\n".join(lines)
 
 
 def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> dict:
@@ -267,32 +310,37 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=STEPS, help="RL steps per seed")
     p.add_argument("--lr", type=float, default=LR, help="RL learning rate (full fine-tune, constant)")
+    p.add_argument(
+        "--temperature", type=float, default=TEMPERATURE, help="RL sampling τ (the rl stage's temperature: rewards too)"
+    )
     p.add_argument("--questions", type=int, default=QUESTIONS, help="questions per RL step")
     p.add_argument("--generations", type=int, default=GENERATIONS, help="G: explanations per question")
     p.add_argument("--completion-length", type=int, default=64, help="explanation cap (tokens), RL and held-out")
-    p.add_argument("--sft-steps", type=int, default=24)
+    p.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--train-size", type=int, default=512)
-    p.add_argument("--heldout", type=int, default=32)
+    p.add_argument("--heldout", type=int, default=64)
     p.add_argument("--samples", type=int, default=1, help="K: sampled explanations per held-out question")
     p.add_argument("--k", type=int, default=3, help="steps averaged for the start/end reward")
     p.add_argument("--out", default="results/learning-sums")
     p.add_argument("--tag", default="", help="suffix of the RL run names (settings search)")
     p.add_argument("--quick", action="store_true", help="tiny settings that only check the script runs")
-    p.add_argument(
-        "--full", action="store_true", help="5 seeds, 125 RL steps of 4 questions x G=8 at lr 1e-5, 128 held out x K=2"
-    )
+    p.add_argument("--full", action="store_true", help="5 seeds, 125 RL steps of 4 questions x G=8, 128 held out x K=2")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes (~4.5 GB each)")
     p.add_argument("--rl-seed", type=int, help="train this seed's RL only and print its reward curve (search)")
     p.add_argument("--sft-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--search-table", nargs="+", metavar="JSONL", help="print these search rows as a table, exit")
     args = p.parse_args(argv)
+    if args.search_table:
+        print(search_table(args.search_table))
+        return {}
     if args.quick:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
         args.completion_length, args.train_size, args.k, args.samples = 16, 16, 1, 1
     if args.full:
         args.seeds, args.steps, args.heldout, args.samples = [1, 2, 3, 4, 5], 125, 128, 2
-        args.questions, args.generations, args.lr = 4, 8, 1e-5
+        args.questions, args.generations = 4, 8
 
     from rlt.run.runner import quiet_libraries, run_local
     from rlt.spec.loading import parse_run
@@ -307,13 +355,14 @@ def main(argv: list[str] | None = None) -> dict:
         run_local(run, out, metrics_port=None, show_progress=not args.quiet)
         rows = [json.loads(x) for x in (out / run.name / "metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = sorted((r for r in rows if r["stage"] == "rl"), key=lambda r: r["step"])
-        f = curve_figures(steps, args.k).get("reward")
-        if f:
-            secs = statistics.fmean(r.get("step_seconds", 0.0) for r in steps)
+        row = search_row(args, run.name, steps)
+        if row:
+            with (out / "search.jsonl").open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
             print(
-                f"[search] {run.name}: reward first {f['k']} {f['start']:+.3f} last {f['k']} {f['end']:+.3f} "
-                f"change {f['end'] - f['start']:+.3f} slope {f['slope']:+.4f} ± {f['slope_ci95']:.4f}; "
-                f"{secs:.0f} s/step"
+                f"[search] {run.name}: reward first {row['k']} {row['reward_start']:+.3f} last {row['k']} "
+                f"{row['reward_end']:+.3f} slope {row['slope']:+.4f} ± {row['slope_ci95']:.4f}; zero-advantage "
+                f"groups {row['zero_advantage']:.2f}; entropy {row['entropy']:.4f}; {row['seconds']:.0f} s"
             )
         return {}
     started = time.perf_counter()

@@ -180,7 +180,17 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
         def on_log(self, args, state, control, logs=None, **kw):
             logs = logs or {}
             values = dict(self.pending)
-            for key in ("loss", "reward", "reward_std", "kl", "grad_norm", "learning_rate", "entropy"):
+            # frac_reward_zero_std: the share of groups whose G rewards were equal (advantage 0: no update from them)
+            for key in (
+                "loss",
+                "reward",
+                "reward_std",
+                "frac_reward_zero_std",
+                "kl",
+                "grad_norm",
+                "learning_rate",
+                "entropy",
+            ):
                 if key in logs and isinstance(logs[key], (int, float)):
                     values.setdefault(key, float(logs[key]))
             if "train_loss" in logs:
