@@ -84,6 +84,29 @@ def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_pa
     assert copy.stage_done("distill").exists()
 
 
+def test_rerun_after_the_last_checkpoint_trains_no_extra_step(finished, tmp_path):
+    """Killed after RL's checkpoint of its LAST step but before the final model (a stop or crash in the final save):
+    the rerun writes the final model from that checkpoint and trains nothing. The Trainer alone would train one
+    step past max_steps when the steps do not end on an epoch boundary."""
+    from safetensors.torch import load_file
+
+    run, layout, _ = finished
+    copy = RunLayout.for_run(tmp_path, run.name)
+    shutil.copytree(layout.root, copy.root)
+    for p in (copy.stage_done("rl"), copy.stage_done("distill"), copy.distill_dataset):
+        p.unlink()
+    shutil.rmtree(copy.model_dir("rl"))
+    before = len(read_metrics(copy.metrics_file))
+    run_local(run, tmp_path, metrics_port=None, show_progress=False, device="cpu")
+    new_rl = [r["step"] for r in read_metrics(copy.metrics_file)[before:] if r["stage"] == "rl"]
+    assert new_rl == []
+    final = load_file(copy.model_dir("rl") / "model.safetensors")
+    saved = load_file(copy.checkpoint_dir("rl", 3) / "model.safetensors")
+    assert final.keys() == saved.keys()
+    assert all(final[k].equal(saved[k]) for k in final)
+    assert copy.stage_done("rl").exists() and copy.stage_done("distill").exists()
+
+
 def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
     """`rlt run` as a user runs it: metrics on a port, then --linger keeps them up."""
 

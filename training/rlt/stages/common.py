@@ -347,7 +347,11 @@ class TrainerRun:
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=self.tokenizer,
-            callbacks=[make_callback(self.recorder, step_values, self.ctx.show_progress), stop_callback(self.stop)],
+            callbacks=[
+                end_reached_callback(),  # first: before the record callback opens a progress bar
+                make_callback(self.recorder, step_values, self.ctx.show_progress),
+                stop_callback(self.stop),
+            ],
             peft_config=peft_config(self.start),
             **more,
         )
@@ -360,8 +364,11 @@ class TrainerRun:
         quiet_trainer(trainer)
         point_tensorboard(trainer, self.ctx, self.stage)
         self.stop.install()
+        resume = last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage))
         try:
-            trainer.train(resume_from_checkpoint=last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage)))
+            trainer.train(resume_from_checkpoint=resume)
+        except EndReached as end:  # the checkpoint's weights are loaded: they are the final model
+            say_line(f"{self.stage}: {Path(str(resume)).name} already reached step {end.step}: it is the final model")
         finally:
             if not self.stop.agreed:  # once stopping, a second SIGTERM (the launcher's) must not kill the exit
                 self.stop.uninstall()
@@ -374,6 +381,29 @@ class TrainerRun:
             prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
         self.recorder.done()
         return out
+
+
+class EndReached(Exception):
+    """Resumed from a checkpoint of the stage's last step (stopped or crashed before its final model was written)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"resumed at step {step}, the stage's last")
+
+
+def end_reached_callback():
+    """A transformers TrainerCallback that ends `train()` before the first step when the checkpoint it resumed from
+    already reached max_steps: the Trainer checks max_steps only after a step, so it would train one step past the
+    end whenever the steps do not end on an epoch boundary. Every rank resumes the same checkpoint, so every rank
+    raises here, before any collective of the loop."""
+    from transformers import TrainerCallback
+
+    class StopAtTheEnd(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if 0 < state.max_steps <= state.global_step:
+                raise EndReached(state.global_step)
+
+    return StopAtTheEnd()
 
 
 def peft_config(ref):
