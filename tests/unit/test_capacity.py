@@ -264,3 +264,25 @@ def test_the_scoring_micro_batch_is_no_larger_than_its_rows():
     rl = spec.stages.rl
     rows = rl.reward.batch_size * (rl.max_prompt_length + rl.max_completion_length)
     assert scoring_tokens(spec, 10**9) == rows and scoring_tokens(spec, 7) == 7
+
+
+def test_the_rcl_student_is_planned_whole_on_every_rank():
+    """Method rlt partitions its frozen student under ZeRO-3 (rlt.stages.rl.partition_frozen); method rcl also
+    samples from it and keeps it whole on every rank, so its plan must not count 1/world."""
+
+    def student_terms(method):
+        doc = _doc()
+        doc["spec"]["method"] = method
+        doc["spec"]["stages"]["distill"] = {"enabled": False}  # rcl has none
+        spec = parse_run(doc).spec
+        plan = plan_for_run(spec)
+        (rl,) = [c for c in plan.checks if c.stage == "rl" and c.resource == "GPU memory per trainer process"]
+        world = spec.resources.trainer.nodes * spec.resources.trainer.gpus
+        return world, {name: value for name, value in rl.terms if "student, frozen" in name}
+
+    world, rlt_terms = student_terms("rlt")
+    ((name, part),) = rlt_terms.items()
+    assert name == "reward student, frozen (ZeRO-3 partitioned)" and world > 1
+    _, rcl_terms = student_terms("rcl")
+    ((name, whole),) = rcl_terms.items()
+    assert name == "rcl student, frozen, whole on every rank" and whole // world == part

@@ -302,13 +302,14 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
                     plan.values["rl.reward.maxBatchTokens"] = cap
                     tokens = scoring_tokens(spec, cap)
                     scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
-                    if world > 1 and st.deepspeed_zero_stage == 3:
+                    # method rcl samples from its student too (probes, answers) and keeps it whole on every rank
+                    if world > 1 and st.deepspeed_zero_stage == 3 and spec.method == "rlt":
                         # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
                         # whole for each score call (benchmarks/student_partition.py measures the 1/world)
                         terms.append(("reward student, frozen (ZeRO-3 partitioned)", whole // world))
                         scoring = (f"{scoring[0]} + student gathered whole", scoring[1] + whole - whole // world)
                     else:
-                        terms.append(("reward student, frozen, whole on every rank", whole))
+                        terms.append((f"{spec.method} student, frozen, whole on every rank", whole))
                     phases.append(scoring)
                     host += world // res.trainer.nodes * student.params * sb
                 if rl.beta > 0 and ref.lora is None and rl.ref_sync.enabled and st.deepspeed_zero_stage == 3:
