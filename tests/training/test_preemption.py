@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,3 +188,15 @@ def test_sigterm_to_one_rank_stops_the_whole_gang_at_one_saved_step(tmp_path):
     assert "rlt launch: the ranks stopped after saving" in text
     print(f"\n2-rank gang, SIGTERM to rank 1 after {done_before} steps: checkpoint-{stopped_at}; steps lost: 0")
     resume_and_check(cmd, layout, tmp_path, stopped_at, **extra)
+    # A stop after the LAST step's checkpoint, before the final model: the restart trains nothing (every rank
+    # leaves train() before its first step) and writes the final model from that checkpoint.
+    assert STEPS in checkpoint_steps(layout), checkpoint_steps(layout)
+    shutil.rmtree(layout.model_dir("rl"))
+    layout.stage_done("rl").unlink()
+    before = len(rl_steps(layout))
+    log = tmp_path / "again.log"
+    proc = start(cmd, log, tmp_path, **extra)
+    assert finish(proc, log, 600) == 0, log.read_text()[-4000:]
+    assert rl_steps(layout)[before:] == [], log.read_text()[-4000:]
+    assert layout.stage_done("rl").exists() and any(layout.model_dir("rl").iterdir())
+    assert f"checkpoint-{STEPS} already reached step {STEPS}" in log.read_text()
