@@ -1,4 +1,5 @@
-"""`python -m rlt.run.preflight FILE --stage STAGE --root ROOT`: the trainer pods' init container `validate`.
+"""`python -m rlt.run.preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init
+container `validate`.
 
 Before any launcher (whose exit code would be 1 whatever a rank's was) and before any GPU work it checks what only
 the pod can see: the spec and the data as `rlt validate` does (rlt.spec.validation), then the run's volume. A
