@@ -82,9 +82,13 @@ def capacity_check(path: str, stage: str) -> tuple[bool, str]:
 def write_message(path: str | None, line: str) -> None:
     """The capacity line as the container's termination message (terminationMessagePath): the operator reads it
     from the pod's status whether the check passed or not, with no log to read."""
-    if path:
+    if not path:
+        return
+    try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(line + "\n")
+    except OSError as err:  # the condition is a report: an unwritable file must not fail the pod
+        print(f"preflight: cannot write the termination message {path}: {err.strerror}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
