@@ -17,10 +17,10 @@ RWO_PLACEMENT_SECONDS = 600.0
 
 
 def set_condition(
-    conds: list[Condition], type_: ConditionType, status: bool, reason: str, message: str, now: dt.datetime
+    conds: list[Condition], type_: ConditionType, status: bool | None, reason: str, message: str, now: dt.datetime
 ) -> None:
-    """Upsert a condition; lastTransitionTime changes only when its status does."""
-    value: Literal["True", "False"] = "True" if status else "False"
+    """Upsert a condition (status None: Unknown); lastTransitionTime changes only when its status does."""
+    value: Literal["True", "False", "Unknown"] = "Unknown" if status is None else "True" if status else "False"
     for c in conds:
         if c.type == type_:
             if c.status != value:

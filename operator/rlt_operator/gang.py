@@ -5,7 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rlt.run.exitcodes import CAPACITY_PREFIX, DISRUPTION, FAIL_FAST, ExitCode
+from rlt.run.exitcodes import (
+    CAPACITY_FITS,
+    CAPACITY_NOT_CHECKED,
+    CAPACITY_PREFIX,
+    DISRUPTION,
+    FAIL_FAST,
+    ExitCode,
+)
 from rlt.run.layout import parse_time
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
@@ -49,23 +56,31 @@ def current_gang(pods: list[dict[str, Any]], stage: str, restarts: int) -> list[
     ]
 
 
-def capacity_misfit(
+def capacity_condition(
     run_status: RLTRunStatus, pods: list[dict[str, Any]], stage: str, restarts: int, now: dt.datetime
 ) -> None:
-    """CapacityOK=False (CapacityExceeded) when a trainer pod of the current gang exited CONFIG_ERROR with the
-    preflight's capacity line (rlt.run.preflight: the plan of its stage or of the volume does not fit). Never set
-    True: a passed preflight may have skipped the check (RLT_CAPACITY_CHECK=false), so absence means no misfit seen."""
+    """CapacityOK from the capacity line of the current gang's trainer pods (rlt.run.preflight, the init container's
+    termination message): False (CapacityExceeded) when one exited CONFIG_ERROR with it (the plan of its stage or of
+    the volume does not fit); else True (Fits, the plan's headline) when one passed the check; else Unknown
+    (NotChecked) when the check was skipped (RLT_CAPACITY_CHECK=false). Left as it was while no preflight of the
+    gang has ended: the condition is absent until the first one has."""
+    found: tuple[bool | None, str, str] | None = None
     for pod in current_gang(pods, stage, restarts):
-        line = pod.get("lastError") or ""
-        if (
-            pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER
-            and pod.get("exitCode") == ExitCode.CONFIG_ERROR
-            and line.startswith(CAPACITY_PREFIX)
-        ):
-            conds = run_status.conditions = run_status.conditions or []
-            message = f"stage {stage}: {line.removeprefix(CAPACITY_PREFIX)}"
-            set_condition(conds, ConditionType.CAPACITY_OK, False, "CapacityExceeded", message, now)
-            return
+        if pod["labels"].get(builders.L_ROLE) != builders.ROLE_TRAINER:
+            continue
+        misfit = pod.get("lastError") or ""
+        if pod.get("exitCode") == ExitCode.CONFIG_ERROR and misfit.startswith(CAPACITY_PREFIX):
+            found = (False, "CapacityExceeded", misfit.removeprefix(CAPACITY_PREFIX))
+            break  # a misfit of any pod wins
+        said = (pod.get("capacity") or "").removeprefix(CAPACITY_PREFIX)
+        if said.startswith(CAPACITY_FITS):
+            found = (True, "Fits", said.removeprefix(CAPACITY_FITS).removeprefix(f"stage {stage}: "))
+        elif said.startswith(CAPACITY_NOT_CHECKED) and found is None:
+            found = (None, "NotChecked", f"the capacity check was skipped ({said.removeprefix(CAPACITY_NOT_CHECKED)})")
+    if found is not None:
+        conds = run_status.conditions = run_status.conditions or []
+        status, reason, message = found
+        set_condition(conds, ConditionType.CAPACITY_OK, status, reason, f"stage {stage}: {message}", now)
 
 
 def gang_failure(

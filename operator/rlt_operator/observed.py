@@ -74,6 +74,9 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
                 None,
             )
         )
+        # The preflight's capacity line (rlt.run.preflight writes it to its termination message whatever its exit
+        # code): the plan fits, was not checked, or does not fit (gang.capacity_condition).
+        out["capacity"] = capacity_line(status.get("initContainerStatuses") or [])
         # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
         # wrong (podFailurePolicy Ignore, not counted).
         out["disrupted"] = out["exitCode"] in DISRUPTION or any(
@@ -92,6 +95,16 @@ def last_error_line(message: str | None) -> str | None:
     ours = [line for line in lines if line.startswith(("rlt ", "/etc/rlt/", CAPACITY_PREFIX))]
     line = (ours or lines)[-1]
     return line if len(line) <= 400 else line[:397] + "..."
+
+
+def capacity_line(init_containers: list[dict[str, Any]]) -> str | None:
+    """The last line starting with CAPACITY_PREFIX in a terminated init container's message, if any."""
+    for c in init_containers:
+        message = ((c.get("state") or {}).get("terminated") or {}).get("message") or ""
+        lines = [line.strip() for line in message.splitlines() if line.strip().startswith(CAPACITY_PREFIX)]
+        if lines:
+            return lines[-1] if len(lines[-1]) <= 1000 else lines[-1][:997] + "..."
+    return None
 
 
 # Container states that leave a pod stuck or crashing: the reason is surfaced on the RLTRun as it is.

@@ -26,7 +26,7 @@ from rlt_operator.conditions import (
     stuck_terminating,
     volume_condition,
 )
-from rlt_operator.gang import capacity_misfit, gang_failure, trainer_shape
+from rlt_operator.gang import capacity_condition, gang_failure, trainer_shape
 from rlt_operator.observed import (
     Observed,
     job_complete,
@@ -289,8 +289,8 @@ def decide(
     # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
     one_node = spec.storage.access_mode == "ReadWriteOnce" and gens_needed
     failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts, now, one_node)
+    capacity_condition(run_status, observed.pods, stage, restarts, now)
     if fatal:
-        capacity_misfit(run_status, observed.pods, stage, restarts, now)
         _fail(
             run_status,
             "ConfigError",

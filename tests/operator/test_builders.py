@@ -25,16 +25,25 @@ def spec_from(name="rltrun-paper-7b.yaml", **spec_patch):
 
 def run_init(job, volume=None):
     """The trainer Job's init container `validate` as rendered: its command and its literal env (the gang's spec
-    snapshot among them), the volume's /data on `volume`."""
+    snapshot among them), the volume's /data on `volume`. `.message`: its termination message as the kubelet reports
+    it (terminationMessagePath's file, or with FallbackToLogsOnError the log's tail when that is empty and it
+    failed)."""
     import os
     import subprocess
     import sys
+    import tempfile
 
     init = job["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e["value"] for e in init["env"] if "value" in e and e["name"] not in ("HOME", "TMPDIR")}
-    swap = {"python": sys.executable, "/data": str(volume or "/data")}
-    cmd = [swap.get(c, c) for c in init["command"]]
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    with tempfile.TemporaryDirectory() as tmp:
+        message_file = os.path.join(tmp, "termination-log")
+        swap = {"python": sys.executable, "/data": str(volume or "/data"), init["terminationMessagePath"]: message_file}
+        cmd = [swap.get(c, c) for c in init["command"]]
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+        written = open(message_file).read() if os.path.exists(message_file) else ""
+    fallback = out.returncode and init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    out.message = written or (out.stdout + out.stderr if fallback else "")
+    return out
 
 
 def env_of(pod_spec):
@@ -505,6 +514,46 @@ def test_a_run_that_cannot_fit_fails_the_preflight_with_the_capacity_line(tmp_pa
     small.env.append(EnvVar(name="RLT_CAPACITY_CHECK", value="false"))
     skipped = preflight(small)
     assert skipped.returncode == 0, skipped.stderr
+
+
+def test_the_preflights_termination_message_sets_capacity_ok(tmp_path):
+    """The rendered init container writes its capacity line to its terminationMessagePath whatever the outcome; the
+    operator's pod summary and status logic turn it into CapacityOK: True with the plan's figures for the paper run
+    on its 1Ti, False naming the field on 200Gi, Unknown when RLT_CAPACITY_CHECK=false skipped it."""
+    import datetime as dt
+
+    from rlt.spec.resources import EnvVar
+    from rlt_operator.gang import capacity_condition
+    from rlt_operator.observed import summarize
+    from rlt_operator.status_model import RLTRunStatus
+
+    def condition(spec):
+        job = b.trainer_job(REF, spec, "rl", 0)
+        out = run_init(job, tmp_path / "pvc")
+        terminated = {"exitCode": out.returncode, "message": out.message}  # what the kubelet reports of it
+        labels = job["spec"]["template"]["metadata"]["labels"]
+        pod = {"metadata": {"name": "r1-rl-0-x", "labels": labels}, "status": {"phase": "Running"}}
+        pod["status"]["initContainerStatuses"] = [{"name": "validate", "state": {"terminated": terminated}}]
+        status = RLTRunStatus()
+        capacity_condition(status, [summarize("pods", pod)], "rl", 0, dt.datetime.now(dt.timezone.utc))
+        (cap,) = status.conditions
+        return cap.status, cap.reason, cap.message
+
+    status, reason, message = condition(spec_from())
+    assert (status, reason) == ("True", "Fits"), message
+    figures = re.fullmatch(
+        r"stage rl: GPU memory per trainer process ([\d.]+) of 80\.0 GiB; vLLM generator GPU .* ([\d.]+) of 72\.0 GiB; "
+        r"host memory per trainer pod .*; run volume at its fullest \(during rl\) ([\d.]+) of 1024\.0 GiB "
+        r"\(GPUs of the default 80\.0 GiB\)",
+        message,
+    )
+    assert figures and all(0 < float(f) for f in figures.groups()), message
+    small = spec_from()
+    small.storage.size = "200Gi"
+    status, reason, message = condition(small)
+    assert (status, reason) == ("False", "CapacityExceeded") and "change storage.size" in message, message
+    small.env.append(EnvVar(name="RLT_CAPACITY_CHECK", value="false"))
+    assert condition(small)[:2] == ("Unknown", "NotChecked")
 
 
 def test_a_config_error_says_why_in_the_status_from_the_termination_message():

@@ -401,10 +401,15 @@ def test_volume_condition_follows_the_claim():
     assert {c["type"]: c for c in d.status["conditions"]}["VolumeReady"]["status"] == "True"
 
 
-def pod_body(name, role, stage, restart=0, phase="Running", conditions=(), containers=()):
+def pod_body(name, role, stage, restart=0, phase="Running", conditions=(), containers=(), init=()):
     return {
         "metadata": {"name": name, "labels": b.labels("t", role, stage, restart)},
-        "status": {"phase": phase, "conditions": list(conditions), "containerStatuses": list(containers)},
+        "status": {
+            "phase": phase,
+            "conditions": list(conditions),
+            "initContainerStatuses": list(init),
+            "containerStatuses": list(containers),
+        },
     }
 
 
@@ -601,6 +606,62 @@ def test_a_capacity_misfit_in_the_preflight_sets_capacity_ok_false_and_fails_at_
     assert not any(a.verb == "create" for a in d.actions)
     other = failed_preflight("stage rl: the volume already holds it, finished under a different spec (...)")
     assert other.status["reason"] == "ConfigError" and "CapacityOK" not in conds(other)
+
+
+def preflight_pod(name, code, message, restart=0, phase="Running"):
+    """A trainer pod of the rl gang whose init container `validate` terminated with `code` and `message` (its
+    termination message, as the kubelet reports it)."""
+    terminated = {"reason": "Completed" if code == 0 else "Error", "exitCode": code, "message": message}
+    return observed_pod(
+        name, b.ROLE_TRAINER, "rl", restart, phase, init=[{"name": "validate", "state": {"terminated": terminated}}]
+    )
+
+
+def test_capacity_ok_is_true_with_the_plan_unknown_when_skipped_and_false_wins():
+    """CapacityOK from the preflight's termination message: True (Fits) with the plan's headline when the check
+    passed, Unknown (NotChecked) when RLT_CAPACITY_CHECK=false skipped it, absent before any preflight ended, and
+    a misfit of any pod of the gang (exit 78) makes it False over a True of another pod or of an earlier status."""
+    sp = spec(server=True, sft=False)
+    fits = (
+        "capacity: fits: stage rl: GPU memory per trainer process 65.5 of 80.0 GiB; run volume at its fullest "
+        "(during rl) 368.8 of 1024.0 GiB (GPUs of the default 80.0 GiB)\n"
+    )
+    skipped = "capacity: not checked: RLT_CAPACITY_CHECK=false in spec.env\n"
+    misfit = "capacity: all: run volume at its fullest (during rl) needs 340.4 GiB but has 200.0 GiB; change ...\n"
+
+    def decide(pods, prev=None, failed=False, now=NOW):
+        kids = observed(sp, [job("rl", active=0 if failed else 1, failed=failed)], [sts("rl")], pods)
+        return S.decide(REF, 1, sp, prev or running("rl"), kids, now)
+
+    d = decide([preflight_pod("t-rl-0-a", 0, fits), preflight_pod("t-rl-0-b", 0, skipped)])
+    cap = conds(d)["CapacityOK"]
+    assert (cap["status"], cap["reason"]) == ("True", "Fits")
+    assert cap["message"] == fits.strip().removeprefix("capacity: fits: ")
+    assert d.status["phase"] == "Running" and d.status.get("reason") is None
+
+    cap = conds(decide([preflight_pod("t-rl-0-a", 0, skipped)]))["CapacityOK"]
+    assert (cap["status"], cap["reason"]) == ("Unknown", "NotChecked")
+    assert cap["message"] == "stage rl: the capacity check was skipped (RLT_CAPACITY_CHECK=false in spec.env)"
+
+    pending = observed_pod("t-rl-0-a", b.ROLE_TRAINER, "rl", phase="Pending")
+    assert "CapacityOK" not in conds(decide([pending])), "no preflight has ended yet: no condition"
+    older_gang = preflight_pod("t-rl-0-a", 0, fits, restart=0)
+    assert "CapacityOK" not in conds(decide([older_gang], running("rl", restarts=1)))
+
+    healthy = decide([preflight_pod("t-rl-0-a", 0, fits)])
+    worse = decide(
+        [preflight_pod("t-rl-0-a", 0, fits), preflight_pod("t-rl-0-b", 78, misfit, phase="Failed")],
+        prev=healthy.status,
+        failed=True,
+        now=NOW + dt.timedelta(minutes=1),
+    )
+    cap = conds(worse)["CapacityOK"]
+    assert (cap["status"], cap["reason"]) == ("False", "CapacityExceeded")
+    assert cap["message"] == "stage rl: " + misfit.strip().removeprefix("capacity: ")
+    assert cap["lastTransitionTime"] == format_time(NOW + dt.timedelta(minutes=1)), "True -> False is a transition"
+    assert worse.status["reason"] == "ConfigError"
+    either_order = decide([preflight_pod("t-rl-0-b", 78, misfit, phase="Failed"), preflight_pod("t-rl-0-a", 0, fits)])
+    assert conds(either_order)["CapacityOK"]["status"] == "False"
 
 
 def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_limit():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlt.run.exitcodes import DISRUPTION, FAIL_FAST
+from rlt.run.exitcodes import DISRUPTION, FAIL_FAST, TERMINATION_LOG
 from rlt.run.layout import CONFIG_ENV, PVC_MOUNT
 from rlt.spec.loading import ENV_SOURCE
 from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings, zero_stage
@@ -179,10 +179,15 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                         stage,
                         "--root",
                         PVC_MOUNT,
+                        "--message-file",
+                        TERMINATION_LOG,
                     ],
                     [snapshot, *_common_env(ref, spec, stage, restart)],
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
+                    # The capacity line (fits, not checked, or the misfit) is written here even on success: the
+                    # operator's CapacityOK condition reads it from the pod's status (rlt_operator.gang).
+                    terminationMessagePath=TERMINATION_LOG,
                     terminationMessagePolicy="FallbackToLogsOnError",
                 )
             ],

@@ -30,3 +30,10 @@ DISRUPTION = (ExitCode.STOPPED,)
 # The start of the preflight's CONFIG_ERROR line for a capacity plan that does not fit (rlt.run.preflight); the
 # operator sets condition CapacityOK=False from it, distinct from other config errors.
 CAPACITY_PREFIX = "capacity: "
+# What follows CAPACITY_PREFIX when the preflight exits OK: the plan fits (its headline follows), or the check was
+# skipped (RLT_CAPACITY_CHECK=false). The preflight writes the line to its termination message (TERMINATION_LOG), from
+# which the operator sets CapacityOK=True (Fits) or Unknown (NotChecked).
+CAPACITY_FITS = "fits: "
+CAPACITY_NOT_CHECKED = "not checked: "
+# The preflight's termination message file: the builders set it as the init container's terminationMessagePath.
+TERMINATION_LOG = "/dev/termination-log"

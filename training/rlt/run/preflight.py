@@ -1,4 +1,5 @@
-"""`python -m rlt.run.preflight FILE --stage STAGE --root ROOT`: the trainer pods' init container `validate`.
+"""`python -m rlt.run.preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init
+container `validate`.
 
 Before any launcher (whose exit code would be 1 whatever a rank's was) and before any GPU work it checks what only
 the pod can see: the spec and the data as `rlt validate` does (rlt.spec.validation), then the run's volume. A
@@ -9,7 +10,10 @@ podFailurePolicy fails at once, with a message that says what to do on a cluster
 Last, the capacity plan (`rlt plan`, rlt.spec.capacity) of this pod's stage and of the run's volume: it needs
 transformers and DeepSpeed, which the trainer image has and the operator's has not, and takes seconds of CPU, too
 slow for a reconcile loop. A misfit exits CONFIG_ERROR with one line that starts with CAPACITY_PREFIX, from which the
-operator sets the run's condition CapacityOK=False (reason CapacityExceeded). The GPU's memory is the spec's
+operator sets the run's condition CapacityOK=False (reason CapacityExceeded); a plan that fits exits OK with the plan's
+headline (CAPACITY_FITS) and a skipped check says so (CAPACITY_NOT_CHECKED). The line is also written to
+`--message-file` (the init container's terminationMessagePath), so the operator reads it from the pod's status in
+every case (CapacityOK True, Unknown or False), not only from a failed container's log. The GPU's memory is the spec's
 (rlt.spec.capacity.spec_gpu_memory); `RLT_CAPACITY_CHECK=false` in spec.env skips the check where the plan is wrong
 for the hardware (it is an estimate: a GPU the label does not describe, a model it cannot read).
 """
@@ -21,7 +25,7 @@ import os
 import sys
 
 from rlt.run import fingerprint
-from rlt.run.exitcodes import CAPACITY_PREFIX, ExitCode
+from rlt.run.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
 from rlt.run.layout import RunLayout
 from rlt.spec import validation
 from rlt.spec.loading import SpecError
@@ -52,22 +56,39 @@ def stale_stage_problem(path: str, stage: str, root: str) -> str | None:
 CAPACITY_CHECK_ENV = "RLT_CAPACITY_CHECK"  # "false" (in spec.env) skips the capacity check
 
 
-def capacity_problem(path: str, stage: str) -> str | None:
-    """One line when the capacity plan of `stage` (its pods) or of the run's volume does not fit, naming the field."""
+def capacity_check(path: str, stage: str) -> tuple[bool, str]:
+    """(fits, line) of the capacity plan of `stage` (its pods) and of the run's volume: the misfits naming the field
+    to change, else the plan's headline, or why it was not checked. The line starts with CAPACITY_PREFIX."""
     if os.environ.get(CAPACITY_CHECK_ENV, "").strip().lower() in ("false", "0", "no", "off"):
-        return None
+        return True, f"{CAPACITY_PREFIX}{CAPACITY_NOT_CHECKED}{CAPACITY_CHECK_ENV}=false in spec.env"
     from rlt.spec.capacity import plan_for_run, spec_gpu_memory
 
     run = validation.load_valid_run(path)
     gpu_memory, source = spec_gpu_memory(run.spec)
     # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (measured peak: 0.5 GiB)
-    misfits = plan_for_run(run.spec, gpu_memory, build=False).errors((stage, "all"))
+    plan = plan_for_run(run.spec, gpu_memory, build=False)
+    misfits = plan.errors((stage, "all"))
     if not misfits:
-        return None
-    return (
+        return (
+            True,
+            f"{CAPACITY_PREFIX}{CAPACITY_FITS}stage {stage}: {plan.headline((stage, 'all'))} (GPUs of {source})",
+        )
+    return False, (
         f"{CAPACITY_PREFIX}{'; '.join(misfits)} (rlt plan of stage {stage}, GPUs of {source}; "
         f"{CAPACITY_CHECK_ENV}=false in spec.env skips this check)"
     )
+
+
+def write_message(path: str | None, line: str) -> None:
+    """The capacity line as the container's termination message (terminationMessagePath): the operator reads it
+    from the pod's status whether the check passed or not, with no log to read."""
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError as err:  # the condition is a report: an unwritable file must not fail the pod
+        print(f"preflight: cannot write the termination message {path}: {err.strerror}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,21 +96,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file")
     p.add_argument("--stage", help="the stage this pod runs: check the volume for it")
     p.add_argument("--root", help="the run volume's mount (with --stage)")
+    p.add_argument("--message-file", help="write the capacity check's line here (the termination message)")
     args = p.parse_args(argv)
     status = validation.main([args.file])
     if status != ExitCode.OK or not args.stage:
         return status
     try:
-        problem = stale_stage_problem(args.file, args.stage, args.root or ".") or capacity_problem(
-            args.file, args.stage
-        )
+        problem = stale_stage_problem(args.file, args.stage, args.root or ".")
+        fits, line = (False, "") if problem else capacity_check(args.file, args.stage)
     except SpecError as err:  # checked above; kept for a file changed in between
         print(str(err), file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     if problem:
         print(problem, file=sys.stderr)
         return ExitCode.CONFIG_ERROR
-    return ExitCode.OK
+    write_message(args.message_file, line)
+    print(line, file=sys.stdout if fits else sys.stderr)
+    return ExitCode.OK if fits else ExitCode.CONFIG_ERROR
 
 
 if __name__ == "__main__":

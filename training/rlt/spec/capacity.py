@@ -97,6 +97,14 @@ class Plan:
             if stages is None or c.stage in stages
         ]
 
+    def headline(self, stages: tuple[str, ...]) -> str:
+        """Need of has of every bounded resource of `stages`, one clause each (the plan of a pod that fits)."""
+        return "; ".join(
+            f"{c.resource} {c.total / GiB:.1f} of {gib(c.limit)}"
+            for c in self.checks
+            if c.stage in stages and c.limit is not None
+        )
+
 
 def gib(n: int | float) -> str:
     return f"{n / GiB:.1f} GiB"
