@@ -381,7 +381,9 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     if kept > best[0]:
         best = (kept, "the end", kept, 0)
     _, when, before, running = best
-    terms = [(f"outputs of the stages before {when} (models, last checkpoints, datasets)", before)]
+    moment = "at the end" if when == "the end" else f"during {when}"
+    before_what = "of every stage" if when == "the end" else f"of the stages before {when}"
+    terms = [(f"outputs {before_what} (models, last checkpoints, datasets)", before)]
     downloads = hub_downloads(spec, shapes)
     if downloads:
         terms.insert(0, ("hub models downloaded to the run's cache (HF_HOME on the volume)", downloads))
@@ -390,7 +392,7 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     plan.checks.append(
         Check(
             "all",
-            f"run volume at its fullest (during {when})",
+            f"run volume at its fullest ({moment})",
             terms,
             quantity_bytes(spec.storage.size),
             "storage.size" + (f" or stages.{when}.saveTotalLimit" if when in ("sft", "rl", "student") else ""),
