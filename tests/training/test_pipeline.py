@@ -67,16 +67,21 @@ def test_distillation_dataset_rows(finished):
         assert r["messages"][2]["content"].startswith("<think>") and r["solution"] in r["messages"][2]["content"]
 
 
-def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_path):
+def killed_before_rls_final_model(finished, tmp_path):
+    """A copy of the finished run as if killed before RL wrote its final model: no final model, no later stages.
+    Returns the run, the copy's layout and how many metric records it already holds."""
     run, layout, _ = finished
     copy = RunLayout.for_run(tmp_path, run.name)
     shutil.copytree(layout.root, copy.root)
-    # Simulate a run killed after RL's checkpoint at step 2: no final model, no later stages.
     for p in (copy.stage_done("rl"), copy.stage_done("distill"), copy.distill_dataset):
         p.unlink()
     shutil.rmtree(copy.model_dir("rl"))
-    shutil.rmtree(copy.checkpoint_dir("rl", 3))
-    before = len(read_metrics(copy.metrics_file))
+    return run, copy, len(read_metrics(copy.metrics_file))
+
+
+def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_path):
+    run, copy, before = killed_before_rls_final_model(finished, tmp_path)
+    shutil.rmtree(copy.checkpoint_dir("rl", 3))  # killed after RL's checkpoint at step 2
     summary = run_local(run, tmp_path, metrics_port=None, show_progress=False, device="cpu")
     assert summary["stages"]["sft"] == {"skipped": True}
     new_rl = [r for r in read_metrics(copy.metrics_file)[before:] if r["stage"] == "rl"]
@@ -90,13 +95,7 @@ def test_rerun_after_the_last_checkpoint_trains_no_extra_step(finished, tmp_path
     step past max_steps when the steps do not end on an epoch boundary."""
     from safetensors.torch import load_file
 
-    run, layout, _ = finished
-    copy = RunLayout.for_run(tmp_path, run.name)
-    shutil.copytree(layout.root, copy.root)
-    for p in (copy.stage_done("rl"), copy.stage_done("distill"), copy.distill_dataset):
-        p.unlink()
-    shutil.rmtree(copy.model_dir("rl"))
-    before = len(read_metrics(copy.metrics_file))
+    run, copy, before = killed_before_rls_final_model(finished, tmp_path)
     run_local(run, tmp_path, metrics_port=None, show_progress=False, device="cpu")
     new_rl = [r["step"] for r in read_metrics(copy.metrics_file)[before:] if r["stage"] == "rl"]
     assert new_rl == []
