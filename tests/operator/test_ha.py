@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,40 @@ async def start_operator(
     return proc, log
 
 
+def logs_tail(tmp_path: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+
+
+@asynccontextmanager
+async def replicas(harness: Any, tmp_path: Path):
+    """`start(name, ...)` runs one more operator (start_operator's arguments) and returns it; `procs` holds them by
+    name. On an error every log's tail is printed; on leaving, each replica still running gets SIGTERM (SIGKILL
+    30 s later) and the logs are closed."""
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    logs = []
+
+    async def start(name: str, *args: Any) -> asyncio.subprocess.Process:
+        procs[name], log = await start_operator(harness, tmp_path, name, *args)
+        logs.append(log)
+        return procs[name]
+
+    try:
+        yield start, procs
+    except BaseException:
+        print(logs_tail(tmp_path))
+        raise
+    finally:
+        for p in procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(p.wait(), 30)
+                except asyncio.TimeoutError:
+                    p.kill()
+        for log in logs:
+            log.close()
+
+
 def sender(request: Any) -> str | None:
     auth = request.headers.get("Authorization", "")
     return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
@@ -116,24 +151,17 @@ def peering_verbs(requests: list[Any]) -> set[str]:
 
 async def test_standby_takes_over_after_sigkill(harness, tmp_path):
     await create_peering(harness)
-    procs: dict[str, asyncio.subprocess.Process] = {}
-    logs = []
     marks: list[tuple[str, int]] = []  # (event, index into the request log)
 
     def mark(what: str) -> None:
         marks.append((what, len(harness.cluster._requests)))
 
-    def logs_tail() -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
-
-    try:
-        procs["op-a"], log = await start_operator(harness, tmp_path, "op-a")
-        logs.append(log)
+    async with replicas(harness, tmp_path) as (start, procs):
+        await start("op-a")
         await harness.create_run(example())
         await harness.wait_object("jobs", "tiny-sft", timeout=40)
         # The second replica joins once the first works: it is the younger, so the standby.
-        procs["op-b"], log = await start_operator(harness, tmp_path, "op-b")
-        logs.append(log)
+        await start("op-b")
 
         def b_watching() -> bool:  # its peering watch (paused), or the runs' watch (were it active)
             return any(
@@ -143,7 +171,7 @@ async def test_standby_takes_over_after_sigkill(harness, tmp_path):
                 for r in list(harness.cluster._requests)
             )
 
-        await poll_until(b_watching, "op-b watching", 40, detail=logs_tail)
+        await poll_until(b_watching, "op-b watching", 40, detail=lambda: logs_tail(tmp_path))
 
         # Both alive: the run moves one stage; only the working replica acts.
         await harness.trainer_running("tiny", "sft")
@@ -179,19 +207,6 @@ async def test_standby_takes_over_after_sigkill(harness, tmp_path):
         # Deleting the run no longer hangs on the finalizer of a dead operator: the new one removes it.
         await harness.delete_run("tiny")
         await harness.wait_gone("rltruns", "tiny", timeout=20)
-    except BaseException:
-        print(logs_tail())
-        raise
-    finally:
-        for p in procs.values():
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(p.wait(), 30)
-                except asyncio.TimeoutError:
-                    p.kill()
-        for log in logs:
-            log.close()
 
     requests = list(harness.cluster._requests)
     kill_at = dict(marks)["kill"]
@@ -215,11 +230,9 @@ async def test_clean_exit_hands_over_at_once(harness, tmp_path):
     """A rolling update or a drain: the working replica gets SIGTERM, drops its record on the way out, and the
     standby resumes without waiting for the lifetime."""
     await create_peering(harness)
-    procs, logs = {}, []
-    try:
+    async with replicas(harness, tmp_path) as (start, procs):
         for name in ("op-a", "op-b"):
-            procs[name], log = await start_operator(harness, tmp_path, name)
-            logs.append(log)
+            await start(name)
             if name == "op-a":
                 await harness.create_run(example())
                 await harness.wait_object("jobs", "tiny-sft", timeout=40)
@@ -240,16 +253,6 @@ async def test_clean_exit_hands_over_at_once(harness, tmp_path):
         handover = time.monotonic() - signalled
         print(f"handover: {handover:.1f} s after SIGTERM (the old replica exited in {exited:.1f} s)")
         assert handover < LIFETIME / 2, handover
-    except BaseException:
-        print("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log"))))
-        raise
-    finally:
-        for p in procs.values():
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(p.wait(), 30)
-        for log in logs:
-            log.close()
     later = writes(list(harness.cluster._requests))
     assert {who for i, who, _, _ in later if i >= gone_at} == {"op-b"}
 
@@ -302,14 +305,11 @@ async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
     body = {"apiVersion": PEERING_KIND.api_version, "kind": PEERING_KIND.kind, "metadata": {"name": PEERING}}
     await harness.call("POST", PEERING_KIND.collection_path(ns), body)
     health = free_port()
-    procs, logs = {}, []
-    try:
-        procs["op-a"], log = await start_operator(harness, tmp_path, "op-a", ("--namespace", ns))
-        logs.append(log)
+    async with replicas(harness, tmp_path) as (start, procs):
+        await start("op-a", ("--namespace", ns))
         await harness.create_run(example())
         await harness.wait_object("jobs", "tiny-sft", timeout=40)
-        procs["op-b"], log = await start_operator(harness, tmp_path, "op-b", ("--namespace", ns), health)
-        logs.append(log)
+        await start("op-b", ("--namespace", ns), health)
 
         async def both_peered():
             obj = await harness.call("GET", f"{PEERING_KIND.collection_path(ns)}/{PEERING}")
@@ -324,16 +324,6 @@ async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
                 return r.read().decode()
 
         assert '"runs": 0' in await asyncio.to_thread(healthz)  # live, and no reconcile loop while paused
-    except BaseException:
-        print("\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log"))))
-        raise
-    finally:
-        for p in procs.values():
-            if p.returncode is None:
-                p.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(p.wait(), 30)
-        for log in logs:
-            log.close()
     requests = list(harness.cluster._requests)
     assert {who for _, who, _, _ in writes(requests)} == {"op-a"}
     paths = {r.url.path for r in requests if sender(r) and "kopfpeerings" in r.url.path}
