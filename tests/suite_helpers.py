@@ -67,3 +67,21 @@ def kill_gang(proc, log) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def openapi_to_jsonschema(node, closed: bool = False):
+    """A CRD's OpenAPI v3 schema as JSON Schema draft 4 (which understands OpenAPI's boolean exclusiveMinimum):
+    `nullable` becomes a null type (and a null enum value), x-kubernetes-* keys are dropped. `closed` refuses
+    unknown properties, which the apiserver would prune silently."""
+    if isinstance(node, list):
+        return [openapi_to_jsonschema(n, closed) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: openapi_to_jsonschema(v, closed) for k, v in node.items() if not k.startswith("x-kubernetes")}
+    if node.pop("nullable", False):
+        node["type"] = [node["type"], "null"]
+        if "enum" in node:
+            node["enum"] = node["enum"] + [None]
+    if closed and node.get("type") == "object" and "properties" in node:
+        node["additionalProperties"] = False
+    return node

@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 import yaml
 from suite_helpers import EXAMPLES as EXAMPLE_DIR
+from suite_helpers import openapi_to_jsonschema
 
 from rlt_operator import crd
 from rlt_operator.observed import Observed
@@ -19,29 +20,13 @@ def test_committed_crd_is_generated():
     assert crd.CRD_PATH.read_text() == crd.render(), "run `rlt crd --write` and commit the result"
 
 
-def _openapi_to_jsonschema(node):
-    """Draft 4 understands OpenAPI's boolean exclusiveMinimum; only `nullable` needs translating."""
-    if isinstance(node, list):
-        return [_openapi_to_jsonschema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    node = {k: _openapi_to_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
-    if node.pop("nullable", False):
-        node["type"] = [node["type"], "null"]
-        if "enum" in node:
-            node["enum"] = node["enum"] + [None]
-    if node.get("type") == "object" and "properties" in node:
-        node["additionalProperties"] = False  # what apiserver pruning would drop, we flag
-    return node
-
-
 @pytest.fixture(scope="module")
 def validator():
     schema = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     schema = copy.deepcopy(schema)
     schema["properties"]["metadata"] = {"type": "object"}
     schema["properties"]["status"] = {"type": "object"}
-    return jsonschema.Draft4Validator(_openapi_to_jsonschema(schema))
+    return jsonschema.Draft4Validator(openapi_to_jsonschema(schema, closed=True))  # pruned fields flagged
 
 
 def _structural(node, path="openAPIV3Schema"):

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import jsonschema
 import pytest
-from suite_helpers import tiny_doc
+from suite_helpers import openapi_to_jsonschema, tiny_doc
 
 from rlt.spec.k8s import quantity_value
 from rlt.spec.loading import SpecError, parse_run
@@ -89,18 +89,9 @@ def _cel_failures(value, schema, path="") -> list[str]:
     return out
 
 
-def _to_jsonschema(node):
-    if isinstance(node, list):
-        return [_to_jsonschema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    node = {k: _to_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
-    if node.pop("nullable", False):
-        node["type"] = [node["type"], "null"]
-    return node
-
-
-_SCHEMA = jsonschema.Draft4Validator(_to_jsonschema({**ROOT, "properties": {**ROOT["properties"], "status": {}}}))
+_SCHEMA = jsonschema.Draft4Validator(
+    openapi_to_jsonschema({**ROOT, "properties": {**ROOT["properties"], "status": {}}})
+)
 
 
 def crd_refusals(doc) -> list[str]:
