@@ -145,6 +145,11 @@ class PhaseTimer:
         return out
 
 
+# The figures of TRL's step logs each step record keeps (metrics.jsonl; rlt.run.metrics.STEP_KEYS says which become
+# Prometheus series). frac_reward_zero_std: the share of groups whose G rewards were equal (advantage 0: no update).
+TRL_LOG_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "learning_rate", "entropy")
+
+
 def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = True):
     """A transformers TrainerCallback: progress bar (step/total, ETA, reward or loss) and the stage record."""
     from tqdm.auto import tqdm
@@ -180,17 +185,7 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
         def on_log(self, args, state, control, logs=None, **kw):
             logs = logs or {}
             values = dict(self.pending)
-            # frac_reward_zero_std: the share of groups whose G rewards were equal (advantage 0: no update from them)
-            for key in (
-                "loss",
-                "reward",
-                "reward_std",
-                "frac_reward_zero_std",
-                "kl",
-                "grad_norm",
-                "learning_rate",
-                "entropy",
-            ):
+            for key in TRL_LOG_KEYS:
                 if key in logs and isinstance(logs[key], (int, float)):
                     values.setdefault(key, float(logs[key]))
             if "train_loss" in logs:
