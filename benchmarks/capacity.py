@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +146,7 @@ def pod_command(doc: dict, stage: str, root: Path, script: Path) -> tuple[list[s
     from rlt.run.layout import PVC_MOUNT
     from rlt.spec.validation import validate_spec
     from rlt_operator import builders
+    from rlt_sandbox.kubelet_emulator import expand
 
     spec = validate_spec(copy.deepcopy(doc["spec"]), name=doc["metadata"]["name"])
     job = builders.trainer_job(builders.RunRef(doc["metadata"]["name"], "default", "bench"), spec, stage, 0)
@@ -156,7 +156,7 @@ def pod_command(doc: dict, stage: str, root: Path, script: Path) -> tuple[list[s
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     here = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    cmd = [re.sub(r"\$\((\w+)\)", lambda m: here[m.group(1)], a) for a in container["command"]]
+    cmd = [expand(a, here) for a in container["command"]]  # the kubelet's $(VAR) rules
     cmd = [a.replace(PVC_MOUNT, str(root)) for a in cmd]
     if cmd[0] == "rlt" and cmd[1] != "launch":  # one process: `rlt stage ...`
         cmd[:1] = [sys.executable, str(script)]

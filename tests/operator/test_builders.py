@@ -13,6 +13,7 @@ from rlt.spec.loading import parse_run
 from rlt.spec.validation import load_valid_run
 from rlt_operator import builders as b
 from rlt_operator.observed import Observed
+from rlt_sandbox.kubelet_emulator import expand
 
 REF = b.RunRef(name="r1", namespace="team", uid="uid-1")
 
@@ -256,7 +257,7 @@ def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(st
     run = parse_run(doc)
     container = b.trainer_job(REF, run.spec, stage, 0)["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value", "1") for e in container["env"]}  # NODE_RANK (a fieldRef) on pod 1
-    command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], part) for part in container["command"]]
+    command = [expand(part, env) for part in container["command"]]
     assert command[:5] == ["rlt", "launch", "--", "accelerate", "launch"]
     launch = launch_command_parser().parse_args(command[5:])
     assert launch.use_deepspeed and launch.zero_stage == 2 and launch.mixed_precision == "fp16"

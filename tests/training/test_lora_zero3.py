@@ -18,6 +18,7 @@ from suite_helpers import ROOT, kill_gang, tiny_doc
 from rlt.run.layout import RunLayout
 from rlt.spec.validation import validate_spec
 from rlt_operator import builders
+from rlt_sandbox.kubelet_emulator import expand
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def run_stage(stage: str, tmp_path: Path, timeout: float = 240) -> str:
     container = job["spec"]["template"]["spec"]["containers"][0]
     literal = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    cmd = [re.sub(r"\$\((\w+)\)", lambda m: vars_[m.group(1)], a) for a in container["command"]]
+    cmd = [expand(a, vars_) for a in container["command"]]
     cmd = [a.replace(builders.PVC_MOUNT, str(tmp_path / "pvc")) for a in cmd]
     assert "--zero_stage" in cmd and cmd[cmd.index("--zero_stage") + 1] == "3", cmd
     cmd[0] = str(Path(sys.executable).parent / "rlt")

@@ -26,6 +26,7 @@ from rlt.run.exitcodes import ExitCode
 from rlt.run.layout import RunLayout
 from rlt.spec.validation import validate_spec
 from rlt_operator import builders
+from rlt_sandbox.kubelet_emulator import expand
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +160,7 @@ def test_sigterm_to_one_rank_stops_the_whole_gang_at_one_saved_step(tmp_path):
     assert pod_env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "120"
     assert container["command"][:3] == ["rlt", "launch", "--"]
     vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    cmd = [re.sub(r"\$\((\w+)\)", lambda m: vars_[m.group(1)], a) for a in container["command"]]
+    cmd = [expand(a, vars_) for a in container["command"]]
     cmd = [a.replace(builders.PVC_MOUNT, str(tmp_path / "pvc")) for a in cmd]
     cmd[0] = str(Path(sys.executable).parent / "rlt")
     layout = RunLayout.for_run(tmp_path / "pvc", "stop2")
