@@ -128,9 +128,7 @@ def train(args, out: Path) -> tuple[str, dict[int, dict]]:
     for seed in args.seeds:
         run = parse_run(run_spec(args, seed, sft_model, sft=False, rl=True))
         run_local(run, out, metrics_port=None, show_progress=not args.quiet)  # skipped when already done
-        rows = [json.loads(x) for x in (out / run.name / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        by_step = {r["step"]: r for r in rows if r["stage"] == "rl"}
-        steps = [by_step[k] for k in sorted(by_step)]
+        steps = rl_steps(out, run.name)
         # RL time from the step records: in --parallel mode the training happened in a child process
         runs[seed] = {
             "model": str(out / run.name / "rl" / "model"),
@@ -159,6 +157,14 @@ def curve_figures(rows: list[dict], k: int) -> dict:
     return figs
 
 
+def rl_steps(out: Path, run_name: str) -> list[dict]:
+    """The rl stage's step records of a run under `out`, one per step (a resumed run may log a step twice)."""
+    from rlt.run.layout import RunLayout
+    from rlt.run.plots import latest_per_step, read_metrics
+
+    return latest_per_step(read_metrics(RunLayout.for_run(out, run_name).metrics_file), "rl")
+
+
 def search_row(args, name: str, steps: list[dict]) -> dict | None:
     """One settings-search record of an RL run: its settings, reward start/end and slope, the share of groups with
     zero advantage (all G rewards equal: GRPO learns nothing from them), the mean policy entropy, the RL seconds."""
@@ -185,11 +191,12 @@ def search_row(args, name: str, steps: list[dict]) -> dict | None:
 
 def search_table(paths: list[str]) -> str:
     """The settings-search rows of the given search.jsonl files as a markdown table (every row, in file order)."""
+    from rlt.data.jsonl import read_jsonl
+
     head = "| run | SFT steps | RL steps | lr | q × G | τ | reward first k → last k | slope ± 95 % | zero-adv. | entropy | s |"
     lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in paths:
-        for x in Path(path).read_text().splitlines():
-            r = json.loads(x)
+        for r in read_jsonl(path):
             lines.append(
                 f"| {r['run']} | {r['sft_steps']} | {r['steps']} | {r['lr']:g} | {r['questions']} × {r['generations']} | "
                 f"{r['temperature']:g} | {r['reward_start']:.2f} → {r['reward_end']:.2f} (k {r['k']}) | "
@@ -342,6 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.seeds, args.steps, args.heldout, args.samples = [1, 2, 3, 4, 5], 125, 128, 2
         args.questions, args.generations = 4, 8
 
+    from rlt.data.jsonl import append_jsonl
     from rlt.run.runner import quiet_libraries, run_local
     from rlt.spec.loading import parse_run
 
@@ -353,12 +361,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.rl_seed is not None:  # one seed's RL only (a child of --parallel, or a settings-search run)
         run = parse_run(run_spec(args, args.rl_seed, str(out / "learning-sft" / "sft" / "model"), sft=False, rl=True))
         run_local(run, out, metrics_port=None, show_progress=not args.quiet)
-        rows = [json.loads(x) for x in (out / run.name / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        steps = sorted((r for r in rows if r["stage"] == "rl"), key=lambda r: r["step"])
+        steps = rl_steps(out, run.name)
         row = search_row(args, run.name, steps)
         if row:
-            with (out / "search.jsonl").open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_jsonl(out / "search.jsonl", row)
             print(
                 f"[search] {run.name}: reward first {row['k']} {row['reward_start']:+.3f} last {row['k']} "
                 f"{row['reward_end']:+.3f} slope {row['slope']:+.4f} ± {row['slope_ci95']:.4f}; zero-advantage "

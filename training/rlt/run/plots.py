@@ -14,7 +14,7 @@ def read_metrics(path: Path) -> list[dict]:
     return read_jsonl(path)
 
 
-def _latest_per_step(rows: list[dict], stage: str) -> list[dict]:
+def latest_per_step(rows: list[dict], stage: str) -> list[dict]:
     """One row per step (a resumed run may log a step twice: keep the last)."""
     by_step = {r["step"]: r for r in rows if r["stage"] == stage}
     return [by_step[k] for k in sorted(by_step)]
@@ -55,7 +55,7 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
 
-    rl = _latest_per_step(rows, "rl")
+    rl = latest_per_step(rows, "rl")
     if rl:
         steps = [r["step"] for r in rl]
         fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
@@ -144,7 +144,7 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
 
-    sft = _latest_per_step(rows, "sft")
+    sft = latest_per_step(rows, "sft")
     if sft and any("loss" in r for r in sft):
         fig, ax = plt.subplots(figsize=(7, 4))
         losses = [r["loss"] for r in sft if "loss" in r]
