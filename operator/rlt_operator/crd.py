@@ -147,6 +147,8 @@ def run_name_rule() -> dict[str, str]:
         "rule": _string_rule(name, "self.metadata.name"),
         "message": f"metadata.name must be at most {name['maxLength']} characters (child names add suffixes) and "
         "match " + name["pattern"] + " (its Services need DNS-1035 names)",
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
     }
 
 
