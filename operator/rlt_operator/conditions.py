@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any, Literal
 
 from rlt.run.layout import format_time, parse_time
+from rlt_operator import status_model
 from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
@@ -117,3 +118,28 @@ def volume_condition(run_status: RLTRunStatus, claim: dict[str, Any], now: dt.da
     }.get(phase, phase)
     message = f"claim {claim['name']} is {phase}: {why}"
     set_condition(conds, ConditionType.VOLUME_READY, False, f"Claim{phase}", message, now)
+
+
+def child_writes(run_status: RLTRunStatus, problems: list[Any], now: dt.datetime) -> None:
+    """ChildrenWritten from the child writes the API server refused or that met someone else's object
+    (writes.WriteProblem): False with the first problem's reason and the server's message, which becomes the run's
+    reason; True again once every write went through."""
+    conds = run_status.conditions = run_status.conditions or []
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        set_condition(conds, ConditionType.CHILDREN_WRITTEN, False, first.reason, first.message + more, now)
+        hold(run_status, first.reason, first.message + more)
+    elif has_condition(run_status, ConditionType.CHILDREN_WRITTEN):
+        set_condition(conds, ConditionType.CHILDREN_WRITTEN, True, "Written", "every child was written", now)
+
+
+def with_write_problems(run_status: dict[str, Any], problems: list[Any], now: dt.datetime) -> dict[str, Any]:
+    """The decided status (as status.decide returns it) plus ChildrenWritten from the refused child writes."""
+    typed = RLTRunStatus.model_validate(run_status)
+    if not problems and not has_condition(typed, ConditionType.CHILDREN_WRITTEN):
+        return run_status
+    child_writes(typed, problems, now)
+    out = typed.model_dump(mode="json", by_alias=True, exclude_none=True)
+    status_model.check(out)
+    return out
