@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rlt.run.metrics import OPERATOR_METRICS, build
 from rlt.spec.base import Phase
-from rlt_operator.observed import Observed, summarize
+from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
 from . import builders, progress, status
 from .conditions import with_write_problems
@@ -257,6 +257,40 @@ def observed_conflicts(ref: builders.RunRef, observed: Observed) -> list[WritePr
     return out
 
 
+# How often a run whose Job or StatefulSet lacks pods reads that controller's FailedCreate Events.
+FAILED_CREATE_INTERVAL = 10.0
+
+
+async def read_failed_creates(
+    state: OperatorState, namespace: str, observed: Observed, mem: RunMemory, logger: Any
+) -> list[tuple[str, str, str]]:
+    """Why a Job or StatefulSet of the run has no pods, from its controller's FailedCreate Events (a list by
+    involvedObject.uid, only while pods are missing and at most every FAILED_CREATE_INTERVAL): into mem.not_created;
+    returns the Warning Events to post for new messages."""
+    needy = pods_not_created(observed)
+    if not needy:
+        mem.not_created, mem.reported = [], set()
+        return []
+    if time.monotonic() - mem.not_created_at < FAILED_CREATE_INTERVAL:
+        return []
+    mem.not_created_at = time.monotonic()
+    found = []
+    for kind, child, uid in needy:
+        selector = f"involvedObject.uid={uid},reason=FailedCreate"
+        try:
+            events = await asyncio.to_thread(state.kube.list, "events", namespace, None, selector)
+        except KubeError as err:  # informative only: never hold the reconcile up
+            logger.debug(f"events of {kind} {child} not readable: {err}")
+            continue
+        problem = failed_create(kind, child, events)
+        if problem:
+            found.append(problem)
+    mem.not_created = found
+    news = [("Warning", p["reason"], p["message"]) for p in found if p["message"] not in mem.reported]
+    mem.reported |= {p["message"] for p in found}
+    return news
+
+
 @dataclass
 class RunMemory:
     """What one run's loop remembers between iterations (lost on operator restart, by design)."""
@@ -268,6 +302,9 @@ class RunMemory:
     # index has not shown yet. Not re-posting them saves a 409 per child per reconcile.
     created: dict[tuple[str, str], float] = field(default_factory=dict)
     writes: ChildWrites = field(default_factory=ChildWrites)  # refused writes and their back-off
+    not_created: list[dict[str, Any]] = field(default_factory=list)  # FailedCreate of the run's Jobs/StatefulSets
+    not_created_at: float = -math.inf
+    reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
     generation: int = 0  # a new spec retries refused writes at once
 
     def expected(
@@ -322,13 +359,16 @@ async def reconcile_once(
             mem.created[(a.plural, a.name)] = time.monotonic()
         elif a.verb == "delete":
             mem.created.pop((a.plural, a.name), None)
-    run_status = with_write_problems(decision.status, list(mem.writes.problems.values()), now)
+    news_created = await read_failed_creates(state, namespace, observed, mem, logger)
+    run_status = with_write_problems(
+        decision.status, list(mem.writes.problems.values()), now, mem.not_created, prev.get("conditions")
+    )
     # The status is written whatever happened to the children: a refused child is on the run, not only in a log.
     patch = status.merge_patch(server_status, run_status)
     if patch:
         await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
     mem.status = run_status
-    events = status.events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news]
+    events = status.events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + news_created
     for type_, reason, message in events:
         kopf.event(body, type=type_, reason=reason, message=message)
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
