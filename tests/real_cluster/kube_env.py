@@ -40,7 +40,9 @@ def _key() -> rsa.RSAPrivateKey:
 
 
 def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _cert(
@@ -139,7 +141,9 @@ class ControlPlane:
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [{"name": "real", "cluster": {"server": self.url, "certificate-authority": str(self.ca)}}],
+                    "clusters": [
+                        {"name": "real", "cluster": {"server": self.url, "certificate-authority": str(self.ca)}}
+                    ],
                     "users": [{"name": "user", "user": user}],
                     "contexts": [{"name": "real", "context": {"cluster": "real", "user": "user"}}],
                     "current-context": "real",
@@ -212,7 +216,10 @@ class ControlPlane:
         if kcm.exists():
             kcm_config = self.write_kubeconfig(
                 w / "controller-manager.kubeconfig",
-                {"client-certificate": str(w / "controller-manager.crt"), "client-key": str(w / "controller-manager.key")},
+                {
+                    "client-certificate": str(w / "controller-manager.crt"),
+                    "client-key": str(w / "controller-manager.key"),
+                },
             )
             self._start(
                 "kube-controller-manager",
