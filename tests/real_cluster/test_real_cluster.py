@@ -318,3 +318,19 @@ def test_the_operator_was_never_forbidden(cluster, operator):
     forbidden = [line for line in log.splitlines() if "forbidden" in line.lower() and "quota" not in line]
     assert forbidden == [], "\n".join(forbidden[:10])
     assert operator["proc"].poll() is None, "the operator exited"
+
+
+def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(cluster):
+    """docs/operator.md and the sandbox's banner "finish" a Job with COMPLETE_JOB_PATCH; a real server's Job status
+    rules refuse the bare Complete condition the docs used to show."""
+    from rlt_sandbox.sandbox import COMPLETE_JOB_PATCH
+
+    ns = "team-e"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "job", "idiom", "-n", ns, "--image=registry.example.com/x:1", "--", "true")
+    patch = ["patch", "job", "idiom", "-n", ns, "--subresource=status", "--type=merge", "--dry-run=server", "-p"]
+    old = '{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}'
+    refused = cluster.kubectl(*patch, old, check=False)
+    assert refused.returncode != 0 and "SuccessCriteriaMet" in refused.stderr, refused.stderr
+    r = cluster.kubectl(*patch, COMPLETE_JOB_PATCH, check=False)
+    assert r.returncode == 0, r.stderr
