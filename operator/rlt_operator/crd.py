@@ -205,7 +205,9 @@ def crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                # name declared so that the name rule's fieldPath (.metadata.name) is a valid path
+                                # (the only metadata fields a CRD may restrict are name and generateName)
+                                "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },
