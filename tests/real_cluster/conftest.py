@@ -4,6 +4,7 @@ kube-controller-manager; etcd may also come from PATH). Without it every test he
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -34,3 +35,4 @@ def cluster():
         yield plane
     finally:
         plane.stop()
+        shutil.rmtree(plane.workdir, ignore_errors=True)

@@ -272,7 +272,7 @@ class ControlPlane:
             proc.terminate()
         for _name, proc in reversed(self.procs):
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=5)  # nothing to keep: no graceful drain
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()

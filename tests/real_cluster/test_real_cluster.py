@@ -113,6 +113,9 @@ def test_the_chart_installs_with_its_crd(cluster):
         str(ROOT / "manifests" / "install" / "rlt-operator.yaml"), check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    # docs/install.md: client-side apply works too (the CRD fits the last-applied annotation).
+    r = cluster.kubectl("apply", "--dry-run=server", "-f", str(ROOT / "manifests" / "crd"), check=False)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
