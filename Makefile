@@ -169,7 +169,7 @@ test-real-cluster: $(STAMP) tools
 
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
-	$(BIN)/python -c "from rlt.spec.docs import regenerate; regenerate()"
+	$(BIN)/python -c "from rlt.checks.docs import regenerate; regenerate()"
 
 crd: $(STAMP)
 	$(BIN)/python -c "from rlt_operator.crd import write; write()"
