@@ -339,6 +339,19 @@ def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(clu
     assert refused.returncode != 0 and "SuccessCriteriaMet" in refused.stderr, refused.stderr
     r = cluster.kubectl(*patch, COMPLETE_JOB_PATCH, check=False)
     assert r.returncode == 0, r.stderr
+    # The kubelet emulator's own Job statuses (rlt_sandbox.kubelet_emulator) pass the same rules.
+    from rlt_sandbox.kubelet_emulator import job_terminal_conditions
+
+    start = {"startTime": "2026-01-01T00:00:00Z", "active": 0}
+    done = {"reason": "CompletionsReached", "message": "Reached expected number of succeeded pods"}
+    failed = {"reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}
+    for status in (
+        {**start, "succeeded": 1, "completionTime": "2026-01-01T00:01:00Z",
+         "conditions": job_terminal_conditions("SuccessCriteriaMet", "Complete", done)},
+        {**start, "failed": 1, "conditions": job_terminal_conditions("FailureTarget", "Failed", failed)},
+    ):  # fmt: skip
+        r = cluster.kubectl(*patch, json.dumps({"status": status}), check=False)
+        assert r.returncode == 0, f"{r.stderr}\n{status}"
 
 
 def test_generators_and_suspend_on_the_real_server(cluster, operator):
