@@ -111,8 +111,8 @@ def test_trainer_options_carry_the_spec_timeout_and_retention(tmp_path, monkeypa
     from suite_helpers import tiny_doc
 
     from rlt.contract.layout import RunLayout
-    from rlt.stages.common import trainer_options
     from rlt.stages.context import StageContext
+    from rlt.stages.trainer import trainer_options
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     run = parse_run(tiny_doc())
@@ -143,7 +143,7 @@ def test_process_group_gets_the_spec_timeout(monkeypatch):
     import torch.distributed as dist
     from suite_helpers import free_port
 
-    from rlt.stages.common import join_process_group
+    from rlt.stages.ranks import join_process_group
 
     seen = {}
     real = dist.init_process_group

@@ -20,9 +20,9 @@ from rlt.run.plots import make_plots, read_metrics
 from rlt.spec import fingerprint
 from rlt.spec.loading import dump_run
 from rlt.spec.run import RLTRun, reads_run_dataset
-from rlt.stages.common import leave_process_group
 from rlt.stages.context import StageContext
 from rlt.stages.preemption import Stopped, report_stop
+from rlt.stages.ranks import leave_process_group
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,9 @@ from rlt.data.dataset import DataError, load_data
 from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import Recorder, gather_shares, shard_rows
 from rlt.stages.context import StageContext
+from rlt.stages.ranks import gather_shares, shard_rows
+from rlt.stages.record import Recorder
 
 
 @dataclass

@@ -17,9 +17,11 @@ from rlt.data.models import is_cuda, load_model, load_tokenizer
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, trace_line, trainer_options
 from rlt.stages.context import StageContext
+from rlt.stages.record import PhaseTimer, trace_line
 from rlt.stages.rl_reward import reward_from_spec
+from rlt.stages.start_models import newest_teacher
+from rlt.stages.trainer import TrainerRun, trainer_options
 
 log = logging.getLogger(__name__)
 
