@@ -62,14 +62,16 @@ def replace_between(text: str, begin: str, end: str, body: str) -> str:
 
 
 def regenerate(docs_dir: str = "docs") -> None:
-    """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md and docs/gpu-cluster.md."""
+    """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md, docs/operator.md and
+    docs/gpu-cluster.md."""
     from pathlib import Path
 
-    from rlt.contract.metrics import markdown_table
+    from rlt.contract import env, metrics
 
     for name, marker, body in (
         ("spec.md", "SPEC", spec_table()),
-        ("metrics.md", "METRICS", markdown_table()),
+        ("metrics.md", "METRICS", metrics.markdown_table()),
+        ("operator.md", "POD ENV", env.markdown_table()),
         ("gpu-cluster.md", "SIZING", sizing_table(Path(docs_dir).resolve().parent / "manifests" / "examples")),
     ):
         path = Path(docs_dir) / name

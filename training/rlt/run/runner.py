@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import NAMESPACE
 from rlt.contract.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.contract.metrics import TRAINER_METRICS_PORT, TrainerMetrics
 from rlt.contract.outputs import push_stage_outputs
@@ -246,7 +247,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     if ctx.is_main:
         ctx.metrics = TrainerMetrics(
             run.name,
-            namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
+            namespace=os.environ.get(NAMESPACE.name, run.metadata.namespace or "default"),
             method=run.spec.method,
         )
         if metrics_port is not None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+from rlt.contract import metrics as catalogue
+from rlt.contract.env import RANK
 from rlt.data.dataset import load_data
 from rlt.data.jsonl import write_jsonl
 from rlt.data.models import load_model, load_tokenizer
@@ -38,7 +40,7 @@ def run_distill(ctx: StageContext) -> str:
     all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
     # Each rank explains its own share of the rows no rank has written yet (a restart resumes by row index) and
     # appends them to its file; rank 0 merges the files in dataset order. No process group: nothing to time out.
-    rank, world = int(os.environ.get("RANK", "0")), world_size()
+    rank, world = int(os.environ.get(RANK.name, "0")), world_size()
     announce_world("distill")
     folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(spec, "distill"))
     mine = rank_file(folder, rank)
@@ -131,7 +133,7 @@ def run_distill(ctx: StageContext) -> str:
             },
         )
         if ctx.metrics:
-            ctx.metrics.inc("rlt_distill_rows_total", len(chunk))
+            ctx.metrics.inc(catalogue.DISTILL_ROWS, len(chunk))
         bar.update(len(chunk))
     bar.close()
     path = ctx.layout.distill_dataset

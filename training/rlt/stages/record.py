@@ -10,6 +10,8 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
+from rlt.contract import metrics as catalogue
+from rlt.contract.env import GROUP_RANK, LOCAL_RANK, NODE_RANK, RANK, STAGE, TRACE
 from rlt.contract.layout import (
     atomic_write_json,
     atomic_write_text,
@@ -31,8 +33,8 @@ class Recorder:
         self.started = time.time()
         if ctx.metrics:
             ctx.metrics.stage = stage
-            ctx.metrics.set("rlt_total_steps", total_steps)
-            ctx.metrics.set("rlt_stage_completed", 0)
+            ctx.metrics.set(catalogue.TOTAL_STEPS, total_steps)
+            ctx.metrics.set(catalogue.STAGE_COMPLETED, 0)
         self.last_checkpoint: str | None = None
         self.progress: dict[str, Any] = {}
         self.totals: dict[str, float] = {}  # counters, as running totals for experiment tracking
@@ -43,7 +45,7 @@ class Recorder:
     def set_total(self, total: int) -> None:
         self.total = total
         if self.ctx.metrics:
-            self.ctx.metrics.set("rlt_total_steps", total)
+            self.ctx.metrics.set(catalogue.TOTAL_STEPS, total)
 
     def record(self, step: int, values: dict[str, float]) -> None:
         if not self.ctx.is_main:
@@ -52,7 +54,7 @@ class Recorder:
         append_jsonl(self.ctx.layout.metrics_file, row)
         m = self.ctx.metrics
         if m:
-            m.set("rlt_step", step)
+            m.set(catalogue.STEP, step)
         tracked: dict[str, float] = {}
         for key, (metric, label) in STEP_KEYS.items():
             value = values.get(key)
@@ -78,8 +80,8 @@ class Recorder:
     def checkpoint(self, step: int, path: str) -> None:
         self.last_checkpoint = path
         if self.ctx.metrics:
-            self.ctx.metrics.set("rlt_checkpoint_step", step)
-            self.ctx.metrics.set("rlt_checkpoint_timestamp_seconds", time.time())
+            self.ctx.metrics.set(catalogue.CHECKPOINT_STEP, step)
+            self.ctx.metrics.set(catalogue.CHECKPOINT_TIME, time.time())
         self.write_progress(step, {})
 
     def write_progress(self, step: int, values: dict[str, float]) -> None:
@@ -107,7 +109,7 @@ class Recorder:
         if self.tracker is not None:
             self.tracker.close()
         if self.ctx.metrics:
-            self.ctx.metrics.set("rlt_stage_completed", 1)
+            self.ctx.metrics.set(catalogue.STAGE_COMPLETED, 1)
         if self.ctx.is_main:
             from rlt.spec import fingerprint  # the spec this stage finished under, read by re-runs
 
@@ -250,11 +252,11 @@ def announce_world(stage: str) -> None:
     if dist.is_available() and dist.is_initialized():
         rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     else:  # a stage whose ranks share no process group (distill): the launcher's numbers
-        rank, world, backend = int(os.environ.get("RANK", "0")), world_size(), "none"
+        rank, world, backend = int(os.environ.get(RANK.name, "0")), world_size(), "none"
     trace_line(
         f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
-        f"node_rank={os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))} "
-        f"local_rank={os.environ.get('LOCAL_RANK', '0')} pid={os.getpid()}"
+        f"node_rank={os.environ.get(NODE_RANK.name, os.environ.get(GROUP_RANK.name, '0'))} "
+        f"local_rank={os.environ.get(LOCAL_RANK.name, '0')} pid={os.getpid()}"
     )
 
 
@@ -262,7 +264,7 @@ def trace_line(text: str) -> None:
     """A line for the logs of a pod or a multi-process run (which world, which rows), read by people debugging and by
     the multi-process tests; a single local `rlt run` keeps its terminal for the progress bars (RLT_TRACE=1 shows
     them there too)."""
-    if os.environ.get("RLT_STAGE") or world_size() > 1 or os.environ.get("RLT_TRACE") == "1":
+    if os.environ.get(STAGE.name) or world_size() > 1 or os.environ.get(TRACE.name) == "1":
         say_line(text)
 
 
