@@ -145,6 +145,8 @@ def run_name_rule() -> dict[str, str]:
         "rule": _string_rule(name, "self.metadata.name"),
         "message": f"metadata.name must be at most {name['maxLength']} characters (child names add suffixes) and "
         "match " + name["pattern"] + " (its Services need DNS-1035 names)",
+        "fieldPath": ".metadata.name",
+        "reason": "FieldValueInvalid",
     }
 
 
@@ -201,7 +203,9 @@ def crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                # name declared so that the name rule's fieldPath (.metadata.name) is a valid path
+                                # (the only metadata fields a CRD may restrict are name and generateName)
+                                "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },
