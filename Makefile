@@ -105,8 +105,7 @@ chart-crd:
 # The chart's RBAC rules, from rlt_operator.rbac, and Kopf's peering CRDs, from rlt_operator.peering (tests keep them
 # equal).
 chart-rbac: $(STAMP)
-	$(BIN)/python -c "from rlt_operator.rbac import write_chart_rules; write_chart_rules()"
-	$(BIN)/python -c "from rlt_operator.peering import write_chart_crds; write_chart_crds()"
+	$(BIN)/python hack/generate.py chart-rbac
 
 # Plain manifests for users without Helm (a test keeps them equal to `helm template`).
 install-manifests: $(TOOLS)/helm chart-crd chart-rbac
@@ -169,14 +168,14 @@ test-real-cluster: $(STAMP) tools
 
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
-	$(BIN)/python -c "from rlt.checks.docs import regenerate; regenerate()"
+	$(BIN)/python hack/generate.py docs
 
 crd: $(STAMP)
-	$(BIN)/python -c "from rlt_operator.crd import write; write()"
+	$(BIN)/python hack/generate.py crd
 
 # Every generated file from its one source: CRD (+ chart copy), install manifests, doc tables, dashboards, and the
 # TRL option table trainerArgs are typed against (rlt/spec/trl_options.json, from the installed TRL).
 # `make test` checks each is current (tests/chart, tests/operator/test_crd.py, tests/observability).
 generate: crd chart-crd chart-rbac install-manifests docs
 	$(BIN)/python hack/gen_dashboards.py
-	$(BIN)/python -m rlt.stages.trainer_check
+	$(BIN)/python hack/generate.py trl-options

@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
+from rlt.contract import metrics as catalogue
 from rlt.contract.api import Phase
 from rlt.contract.metrics import OPERATOR_METRICS, build
 from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
@@ -43,29 +44,29 @@ class OperatorMetrics:
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
 
     def reconciled(self, result: str, seconds: float) -> None:
-        self.m["rlt_operator_reconcile_total"].labels(result=result).inc()
-        self.m["rlt_operator_reconcile_duration_seconds"].observe(seconds)
+        self.m[catalogue.RECONCILES].labels(result=result).inc()
+        self.m[catalogue.RECONCILE_SECONDS].observe(seconds)
 
     def run(self, namespace: str, name: str, run_status: dict[str, Any], method: str) -> None:
         for phase in Phase:
-            self.m["rlt_run_phase"].labels(namespace, name, phase).set(1 if run_status.get("phase") == phase else 0)
+            self.m[catalogue.RUN_PHASE].labels(namespace, name, phase).set(1 if run_status.get("phase") == phase else 0)
         info = (method, run_status.get("stage") or "none")
         old = self._info.get((namespace, name))
         if old and old != info:
-            self.m["rlt_run_info"].remove(namespace, name, *old)
+            self.m[catalogue.RUN_INFO].remove(namespace, name, *old)
         self._info[(namespace, name)] = info
-        self.m["rlt_run_info"].labels(namespace, name, *info).set(1)
-        self.m["rlt_run_restarts"].labels(namespace, name).set(run_status.get("restarts", 0))
-        self.m["rlt_run_step"].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
+        self.m[catalogue.RUN_INFO].labels(namespace, name, *info).set(1)
+        self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
+        self.m[catalogue.RUN_STEP].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
 
     def forget(self, namespace: str, name: str) -> None:
         for phase in Phase:
-            _remove(self.m["rlt_run_phase"], namespace, name, phase)
+            _remove(self.m[catalogue.RUN_PHASE], namespace, name, phase)
         old = self._info.pop((namespace, name), None)
         if old:
-            _remove(self.m["rlt_run_info"], namespace, name, *old)
-        _remove(self.m["rlt_run_restarts"], namespace, name)
-        _remove(self.m["rlt_run_step"], namespace, name)
+            _remove(self.m[catalogue.RUN_INFO], namespace, name, *old)
+        _remove(self.m[catalogue.RUN_RESTARTS], namespace, name)
+        _remove(self.m[catalogue.RUN_STEP], namespace, name)
 
 
 def _remove(metric: Any, *labels: str) -> None:

@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from rlt_operator.builders.common import L_ROLE, L_RUN
 from rlt_operator.kinds import CHILDREN, CLUSTER_PEERING, EVENTS, PEERING, RUN, Kind
-
-CHART_RULES = Path(__file__).resolve().parents[2] / "charts" / "rlt-operator" / "templates" / "_rbac_rules.tpl"
 
 
 def _rule(group: str, resources: list[str], verbs: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -136,8 +133,3 @@ def render_chart_rules() -> str:
         "{{/* Names the other templates spell: the RLTRun CRD, the labels of a run's pods (and Prometheus' names). */}}\n"
         f"{names}"
     )
-
-
-def write_chart_rules(path: Path = CHART_RULES) -> Path:
-    path.write_text(render_chart_rules())
-    return path
