@@ -216,7 +216,7 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
 
     formatter = Formatter(resolve_format(FormatSpec()))
     sref = ModelRef(model=args.model)  # teachers and student share the tokenizer (one vocabulary)
-    student, s_tok_left = load_model(sref, "cpu"), load_tokenizer(sref, padding_side="left")
+    student, s_tok_left = load_model(sref), load_tokenizer(sref, padding_side="left")  # the GPU when there is one
     s_tok = load_tokenizer(sref, padding_side="right")
     qs = [r["question"] for r in rows]
     # the student alone = empty thought, answer tag opened (calibration's "direct"; a free answer costs 6x more)
@@ -231,7 +231,7 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
     for name, path in teacher_paths.items():
         t0 = time.perf_counter()
         tref = ModelRef(model=path)
-        teacher = load_model(tref, "cpu")
+        teacher = load_model(tref)
         t_tok = load_tokenizer(tref, padding_side="left")
         sampled = protocol.sample_explanations(
             teacher, t_tok, formatter, rows, args.samples, args.completion_length, seed=1000

@@ -104,3 +104,24 @@ def test_rl_temperature_flag_reaches_the_generator_and_search_row(tmp_path, monk
         "| learning-seed5-cold",
         "| learning-seed5-hot",
     ]
+
+
+def test_heldout_evaluation_uses_the_picked_device(monkeypatch):
+    """learning.py's held-out evaluation loads its models on the machine's device (a GPU when there is one), not on a
+    hard-wired CPU: the loader must get no device, or the one pick_device chose."""
+    import rlt.data.models as models
+
+    mod = runpy.run_path(str(BENCH), run_name="not_main")
+    monkeypatch.setattr(models, "pick_device", lambda: "cuda:7")
+
+    class Loaded(Exception):
+        pass
+
+    def load_model(ref, device=None, trainable=False):
+        raise Loaded(device or models.pick_device())
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    args = type("A", (), {"model": "builtin:tiny-qwen2"})()
+    with pytest.raises(Loaded) as got:
+        mod["teaching_figures"](args, {}, [{"question": "q", "solution": "1", "reasoning_trace": "t"}])
+    assert str(got.value) == "cuda:7"
