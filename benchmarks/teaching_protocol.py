@@ -155,9 +155,13 @@ def compare(sft: dict, rl: dict[int, dict], keys: tuple[str, ...]) -> dict:
         if any(math.isnan(x) for row in d for x in row):
             continue
         mean, lo, hi = two_way_bootstrap(d)
+        seed_means = [statistics.fmean(row) for row in d]
         out[key] = {
             "mean": mean,
             "ci95": [lo, hi],
+            # the seed as the unit (issue 36): t interval over the per-seed means, and the seeds 80 % power needs
+            "seed_t": list(one_sample_interval(seed_means)) if len(seed_means) >= 2 else None,
+            "power": power_lines(statistics.stdev(seed_means), [0.1, 0.25, 0.5]) if len(seed_means) >= 2 else [],
             "per_seed": {s: t_interval(row) for s, row in zip(sorted(rl), d, strict=True)},
             "sft": statistics.fmean(sft[key]),
             "rl": {s: statistics.fmean(rl[s][key]) for s in sorted(rl)},

@@ -125,3 +125,16 @@ def test_heldout_evaluation_uses_the_picked_device(monkeypatch):
     with pytest.raises(Loaded) as got:
         mod["teaching_figures"](args, {}, [{"question": "q", "solution": "1", "reasoning_trace": "t"}])
     assert str(got.value) == "cuda:7"
+
+
+def test_compare_gives_the_seed_level_interval_and_power_and_k_is_at_least_4(capsys):
+    proto = runpy.run_path(str(ROOT / "benchmarks" / "teaching_protocol.py"), run_name="not_main")
+    sft = {"m": [0.0, 0.0, 0.0]}
+    rl = {1: {"m": [1.0, 1.2, 0.8]}, 2: {"m": [0.0, 0.2, -0.2]}, 3: {"m": [0.5, 0.5, 0.5]}}
+    c = proto["compare"](sft, rl, ("m",))["m"]
+    d, lo, hi = c["seed_t"]  # seed means 1.0, 0.0, 0.5: mean 0.5, sd 0.5, t(2) 4.303
+    assert d == pytest.approx(0.5) and hi - d == pytest.approx(4.303 * 0.5 / 3**0.5, rel=1e-3) and lo < 0
+    assert len(c["power"]) == 3 and "seeds per arm" in c["power"][0]
+    mod = runpy.run_path(str(BENCH), run_name="not_main")
+    with pytest.raises(SystemExit, match="K ≥ 4"):
+        mod["main"](["--samples", "2", "--out", "/nonexistent"])
