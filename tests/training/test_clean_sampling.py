@@ -62,11 +62,11 @@ def test_sampled_logprobs_equal_a_forward_at_tau(penalised, formatter):
 
 
 def test_greedy_evaluation_ignores_the_checkpoint_penalty(penalised):
-    from rlt.stages.evaluate import _greedy
+    from rlt.stages.evaluate import greedy
 
     model, tok = penalised
     prompt = tok("1 + 1 = 2. 1 + 1 = 2. 1 + 1 =", add_special_tokens=False).input_ids
-    got = _greedy(model, tok, [prompt], max_new_tokens=16)[0]
+    got = greedy(model, tok, [prompt], max_new_tokens=16)[0]
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(len(got)):

@@ -17,6 +17,7 @@ import rlt_operator
 CORE = Path(rlt.__file__).resolve().parent
 OPERATOR = Path(rlt_operator.__file__).resolve().parent
 ROOT = CORE.parents[1]
+SHIPPED = ("rlt", "rlt_operator", "rlt_sandbox")
 
 
 def test_importing_every_rlt_module_imports_nothing_of_the_operator():
@@ -120,3 +121,19 @@ def test_a_subpackage_on_no_floor_fails_the_graph(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(graph, "ROOT", tmp_path)
     assert graph.main() == 1
     assert "rlt.extra is on no floor (add it to FLOORS)" in capsys.readouterr().out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """What modules share has a public name (the builders' common parts, evaluate's greedy decoding): no
+    `from rlt... import _name` in the shipped packages, the benchmarks or hack/."""
+    offenders = []
+    for folder in ("training/rlt", "operator", "benchmarks", "hack"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in SHIPPED:
+                    offenders += [
+                        f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}"
+                        for a in node.names
+                        if a.name.startswith("_")
+                    ]
+    assert not offenders
