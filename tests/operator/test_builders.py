@@ -33,12 +33,14 @@ def run_init(job, volume=None):
     import subprocess
     import sys
     import tempfile
+    from pathlib import Path
 
     init = job["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e["value"] for e in init["env"] if "value" in e and e["name"] not in ("HOME", "TMPDIR")}
     with tempfile.TemporaryDirectory() as tmp:
         message_file = os.path.join(tmp, "termination-log")
-        swap = {"python": sys.executable, "/data": str(volume or "/data"), init["terminationMessagePath"]: message_file}
+        rlt = str(Path(sys.executable).with_name("rlt"))  # the venv's entry point, as the trainer image has it on PATH
+        swap = {"rlt": rlt, "/data": str(volume or "/data"), init["terminationMessagePath"]: message_file}
         cmd = [swap.get(c, c) for c in init["command"]]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
         written = open(message_file).read() if os.path.exists(message_file) else ""

@@ -165,9 +165,8 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     "validate",
                     spec.images.trainer,
                     [
-                        "python",
-                        "-m",
-                        "rlt.checks.preflight",
+                        "rlt",
+                        "preflight",
                         f"{ENV_SOURCE}{pod_env.RUN_YAML.name}",
                         "--stage",
                         stage,
