@@ -8,6 +8,7 @@ children and at least every RLT_RESYNC_SECONDS; a delete handler removes the chi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -69,10 +70,8 @@ class OperatorMetrics:
 
 
 def _remove(metric: Any, *labels: str) -> None:
-    try:
+    with contextlib.suppress(KeyError):  # never set for this run
         metric.remove(*labels)
-    except KeyError:
-        pass  # never set for this run
 
 
 @dataclass

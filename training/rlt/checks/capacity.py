@@ -356,9 +356,13 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         elif stage in ("distill", "evaluate"):
             _generation_stage(spec, stage, shapes, gpu_memory, plan, gpu)
             stage_disk[stage] = (0, _generated_bytes(spec, stage, rows))
-        if stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server" and teacher is not None:
-            if not any(c.resource.startswith("vLLM generator") for c in plan.checks):  # one StatefulSet serves both
-                plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
+        if (
+            stage in ("rl", "distill")
+            and spec.stages.rl.generation.mode == "server"
+            and teacher is not None
+            and not any(c.resource.startswith("vLLM generator") for c in plan.checks)  # one StatefulSet serves both
+        ):
+            plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
     # Host memory of a trainer pod: DeepSpeed's start-up estimate (or every rank's loaded copy) and /dev/shm.
     limit = quantity_bytes(res.trainer.memory_limit or res.trainer.memory or f"{max(8, 32 * res.trainer.gpus)}Gi")
     plan.checks.append(
@@ -437,7 +441,7 @@ def dataset_rows(spec: RLTRunSpec) -> int | None:
     if d.source.startswith("builtin:"):
         rows = d.size
     elif Path(d.source).is_file() and d.source.endswith(".jsonl"):
-        with open(d.source, "rb") as f:
+        with Path(d.source).open("rb") as f:
             rows = sum(1 for line in f if line.strip())
     else:
         rows = KNOWN_DATASET_ROWS.get(d.source)

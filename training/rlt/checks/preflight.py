@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from rlt.checks import validation
 from rlt.contract.env import CAPACITY_CHECK
@@ -85,7 +86,7 @@ def write_message(path: str | None, line: str) -> None:
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with Path(path).open("w", encoding="utf-8") as f:
             f.write(line + "\n")
     except OSError as err:  # the condition is a report: an unwritable file must not fail the pod
         print(f"preflight: cannot write the termination message {path}: {err.strerror}", file=sys.stderr)
