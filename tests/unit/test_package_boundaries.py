@@ -137,3 +137,21 @@ def test_no_module_imports_a_private_name_of_another():
                         if a.name.startswith("_")
                     ]
     assert not offenders
+
+
+def test_the_operator_pod_imports_no_training_floor():
+    """README's table: the operator pod reads the contract, the spec and validation, never the stages, the laptop
+    runner, model loading or the capacity plan (torch is not in the operator image). Every import counts, lazy ones
+    too (hack/import_graph.py)."""
+    graph = _import_graph()
+    edges = graph.graph()
+    seen: set[str] = set()
+    todo = [m for m in edges if m.startswith("rlt_operator")]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += edges.get(module, ())
+    training_only = ("rlt.stages", "rlt.run", "rlt.cli", "rlt.data.models", "rlt.checks.capacity", "rlt.checks.shapes")
+    assert sorted(m for m in seen if m.startswith(training_only)) == []
+    assert "rlt.checks.validation" in seen and "rlt.contract.env" in seen, "the walk reached rlt"
