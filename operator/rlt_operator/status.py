@@ -26,7 +26,7 @@ from rlt_operator.conditions import (
     stuck_terminating,
     volume_condition,
 )
-from rlt_operator.gang import capacity_condition, gang_failure, trainer_shape
+from rlt_operator.gang import capacity_condition, current_gang, gang_failure, trainer_shape
 from rlt_operator.observed import (
     Observed,
     job_complete,
@@ -122,8 +122,42 @@ def decide(
     progress: dict[str, Any] | None = None,
     scrapers: tuple[str, ...] = (),
 ) -> Decision:
-    """`scrapers`: namespaces whose Prometheus may reach the generators' port 8000 (OperatorSettings.scrapers)."""
+    """One reconcile, as a sequence of named steps (each below, each table-tested in tests/operator/test_status.py).
+
+    `scrapers`: namespaces whose Prometheus may reach the generators' port 8000 (OperatorSettings.scrapers)."""
     prev = dict(prev or {})
+    run_status = carried_status(prev, generation)
+    plan = _Plan(observed)
+    spec = valid_spec(ref, raw_spec, run_status, now)
+    if spec is None:
+        return _finish(prev, run_status, plan, None)
+    run_wide_children(ref, spec, observed, run_status, plan, now)
+    done = finished_stages(ref, spec, observed, run_status, now)
+    if run_ended(spec, run_status, done, now):
+        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+    stage = current_stage(spec, run_status, done)
+    other_active = stop_other_stages(ref, stage, observed, plan)
+    if spec.suspend:
+        suspend(ref, stage, run_status, plan, now)
+        return _finish(prev, run_status, plan, None)
+    requeue = activate(spec, run_status, now)
+    gang = gang_children(ref, spec, stage, run_status, observed, plan, other_active, now)
+    outcome = gang_outcome(spec, gang, run_status, observed, plan, now)
+    if outcome == RESTART:
+        return _finish(prev, run_status, plan, SOON)
+    if outcome == FAILED:
+        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+    ready = launch(ref, spec, gang, run_status, plan, scrapers, now)
+    trainer_condition(gang, ready, run_status, observed, now)
+    read_progress(progress, stage, run_status)
+    return _finish(prev, run_status, plan, _min(requeue, SOON if gang.waiting else None))
+
+
+# --------------------------------------------------------------------------- the steps of decide, in order
+
+
+def carried_status(prev: dict[str, Any], generation: int) -> RLTRunStatus:
+    """The previous status with every field decide() relies on filled in; the rest is recomputed from children."""
     run_status = previous_status(prev)
     run_status.phase = run_status.phase or PENDING
     run_status.stage = run_status.stage or ""
@@ -134,14 +168,20 @@ def decide(
     run_status.stage_specs = dict(run_status.stage_specs or {})
     run_status.progress = run_status.progress or Progress()
     run_status.outputs = run_status.outputs or Outputs()  # recomputed below; kept as is while the spec is invalid
-    conds = run_status.conditions = run_status.conditions or []
+    run_status.conditions = run_status.conditions or []
     if not run_status.reason:
         run_status.reason = run_status.message = None
     else:
         run_status.message = run_status.message or ""
-    plan = _Plan(observed)
-    gen_name = builders.generator_name(ref.name)
+    return run_status
 
+
+def valid_spec(
+    ref: builders.RunRef, raw_spec: dict[str, Any], run_status: RLTRunStatus, now: dt.datetime
+) -> RLTRunSpec | None:
+    """The validated spec, or None with SpecValid False: the run is held (nothing started or stopped: the pods keep
+    the last valid spec in their ConfigMap), the condition says why, and fixing the spec resumes from here."""
+    conds = run_status.conditions = run_status.conditions or []
     # A run failed as InvalidSpec by an older operator recovers too: invalid specs are not terminal now.
     if run_status.phase == FAILED and run_status.reason == "InvalidSpec":
         run_status.phase = PENDING
@@ -149,19 +189,25 @@ def decide(
         conds = run_status.conditions = [c for c in conds if c.type != ConditionType.FAILED]
     try:
         spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")
-    except SpecError as err:
-        # The same check as `rlt validate`. Hold: nothing is started or stopped (the pods keep the last valid
-        # spec in their ConfigMap); the condition says why, and fixing the spec resumes from here.
+    except SpecError as err:  # the same check as `rlt validate`
         message = "; ".join(err.problems)
         if run_status.phase not in TERMINAL:
             run_status.reason, run_status.message = "InvalidSpec", message
         set_condition(conds, ConditionType.SPEC_VALID, False, "InvalidSpec", message, now)
-        return _finish(prev, run_status, plan, None)
+        return None
     set_condition(conds, ConditionType.SPEC_VALID, True, "Valid", "the spec passes rlt validate", now)
+    return spec
 
-    enabled = spec.stages.enabled()
 
-    # Run-wide children: the pods' config (kept equal to the spec) and the data claim.
+def run_wide_children(
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    observed: Observed,
+    run_status: RLTRunStatus,
+    plan: _Plan,
+    now: dt.datetime,
+) -> None:
+    """The pods' config (kept equal to the spec) and the data claim (its state: VolumeReady)."""
     cm = builders.configmap(ref, spec)
     if plan.ensure("configmaps", cm):
         have = observed.configmaps[cm["metadata"]["name"]].get("configHash")
@@ -178,46 +224,60 @@ def decide(
     if plan.ensure("persistentvolumeclaims", builders.pvc(ref, spec)) and claim is not None:
         volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)
 
-    # Stages whose Job completed (or completed before and was cleaned up) are done.
+
+def finished_stages(
+    ref: builders.RunRef, spec: RLTRunSpec, observed: Observed, run_status: RLTRunStatus, now: dt.datetime
+) -> list[str]:
+    """Stages whose Job completed (or completed before and was cleaned up), their outputs and recorded specs."""
     done = [
         s
-        for s in enabled
-        if s in run_status.completed_stages or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))
+        for s in spec.stages.enabled()
+        if s in (run_status.completed_stages or [])
+        or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))
     ]
     run_status.completed_stages = done
     run_status.outputs = Outputs.model_validate(builders.outputs(ref.name, spec, done))
     finished_stage_edits(run_status, spec, done, now)
+    return done
 
-    if run_status.phase not in TERMINAL:
-        start = parse_time(run_status.start_time)
-        deadline = spec.active_deadline_seconds
-        # Completion first: a run whose last Job completed in time but is observed after the deadline
-        # (operator down, slow watch) is done, not DeadlineExceeded.
-        if len(done) == len(enabled):
-            message = "all stages finished: " + ", ".join(enabled)
-            run_status.phase, run_status.stage = SUCCEEDED, ""
-            run_status.reason, run_status.message = "Succeeded", message
-            set_condition(conds, ConditionType.COMPLETE, True, "Succeeded", message, now)
-        elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
-            _fail(
-                run_status,
-                "DeadlineExceeded",
-                f"the run was active longer than activeDeadlineSeconds ({deadline}s)",
-                now,
-            )
+
+def run_ended(spec: RLTRunSpec, run_status: RLTRunStatus, done: list[str], now: dt.datetime) -> bool:
+    """True when the run is (now) terminal: every stage finished, or the deadline passed, or terminal before."""
     if run_status.phase in TERMINAL:
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return True
+    enabled = spec.stages.enabled()
+    start = parse_time(run_status.start_time)
+    deadline = spec.active_deadline_seconds
+    # Completion first: a run whose last Job completed in time but is observed after the deadline
+    # (operator down, slow watch) is done, not DeadlineExceeded.
+    if len(done) == len(enabled):
+        message = "all stages finished: " + ", ".join(enabled)
+        run_status.phase, run_status.stage = SUCCEEDED, ""
+        run_status.reason, run_status.message = "Succeeded", message
+        set_condition(run_status.conditions or [], ConditionType.COMPLETE, True, "Succeeded", message, now)
+        return True
+    if start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
+        _fail(
+            run_status, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now
+        )
+        return True
+    return False
 
-    stage = next(s for s in enabled if s not in done)
+
+def current_stage(spec: RLTRunSpec, run_status: RLTRunStatus, done: list[str]) -> str:
+    """The first enabled, unfinished stage (one stage at a time); a new stage starts with fresh progress."""
+    stage = next(s for s in spec.stages.enabled() if s not in done)
     if stage != run_status.stage:
         run_status.progress = Progress()
         run_status.trainer_shape = None
     run_status.stage = stage
-    job_name = builders.trainer_name(ref.name, stage)
-    restarts = run_status.restarts
+    return stage
 
-    # The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still
-    # active stops first (the run always runs the first enabled, unfinished stage; one stage at a time).
+
+def stop_other_stages(ref: builders.RunRef, stage: str, observed: Observed, plan: _Plan) -> list[str]:
+    """The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still active
+    stops first. Returns the Jobs stopped (the current stage waits for them)."""
+    job_name = builders.trainer_name(ref.name, stage)
     other_active = [
         n
         for n, j in observed.jobs.items()
@@ -229,29 +289,64 @@ def decide(
     ]
     for other in other_active:
         plan.delete("jobs", other, "Foreground")
+    return other_active
 
-    # Suspend: every GPU pod goes, the data and config stay; resuming restarts from the last checkpoint.
-    if spec.suspend:
-        plan.delete("jobs", job_name, "Foreground")
-        plan.delete("statefulsets", gen_name, "Foreground")
-        run_status.phase, run_status.start_time = SUSPENDED, None
-        run_status.reason, run_status.message = "Suspended", "spec.suspend is true"
-        set_condition(conds, ConditionType.SUSPENDED, True, "Suspended", "all GPU pods deleted; data kept", now)
-        no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
-        return _finish(prev, run_status, plan, None)
+
+def suspend(ref: builders.RunRef, stage: str, run_status: RLTRunStatus, plan: _Plan, now: dt.datetime) -> None:
+    """spec.suspend: every GPU pod goes, the data and config stay; resuming restarts from the last checkpoint."""
+    plan.delete("jobs", builders.trainer_name(ref.name, stage), "Foreground")
+    plan.delete("statefulsets", builders.generator_name(ref.name), "Foreground")
+    run_status.phase, run_status.start_time = SUSPENDED, None
+    run_status.reason, run_status.message = "Suspended", "spec.suspend is true"
+    conds = run_status.conditions or []
+    set_condition(conds, ConditionType.SUSPENDED, True, "Suspended", "all GPU pods deleted; data kept", now)
+    no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
+
+
+def activate(spec: RLTRunSpec, run_status: RLTRunStatus, now: dt.datetime) -> float | None:
+    """Resume from Suspended, start the clock; the seconds left until activeDeadlineSeconds (None: no deadline)."""
     if run_status.phase == SUSPENDED:
+        conds = run_status.conditions or []
         set_condition(conds, ConditionType.SUSPENDED, False, "Resumed", "resuming from the last checkpoint", now)
         run_status.phase = PENDING
     run_status.reason = run_status.message = None
     if not run_status.start_time:
         run_status.start_time = format_time(now)
-    requeue: float | None = None
-    if spec.active_deadline_seconds:
-        started = parse_time(run_status.start_time)
-        assert started is not None
-        requeue = max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
+    if not spec.active_deadline_seconds:
+        return None
+    started = parse_time(run_status.start_time)
+    assert started is not None
+    return max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
 
-    # Children of another stage or of an older gang are stale: delete them and wait until gone.
+
+@dataclass
+class Gang:
+    """The current stage's gang as gang_children leaves it: its surviving children and what it runs with."""
+
+    stage: str
+    restarts: int
+    job_name: str
+    gen_name: str
+    run_spec: RLTRunSpec  # the spec with the trainer shape the gang runs
+    gens_needed: bool
+    sts: dict[str, Any] | None  # None: absent or being replaced
+    job: dict[str, Any] | None
+    waiting: bool  # stale children are still going: create nothing new yet
+
+
+def gang_children(
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    stage: str,
+    run_status: RLTRunStatus,
+    observed: Observed,
+    plan: _Plan,
+    other_active: list[str],
+    now: dt.datetime,
+) -> Gang:
+    """Children of another stage or of an older gang are stale: delete them and wait until gone."""
+    restarts = run_status.restarts or 0
+    job_name, gen_name = builders.trainer_name(ref.name, stage), builders.generator_name(ref.name)
     gens_needed = needs_generators(spec, stage)
     waiting = bool(other_active) or any(
         j.get("deleting") and j.get("active", 0) > 0 and n != job_name for n, j in observed.jobs.items()
@@ -280,15 +375,24 @@ def decide(
     ):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
-
     # Running once a trainer of the run has existed; Pending before (e.g. while vLLM loads the model).
-    if job is not None or done or run_status.phase == RUNNING:
+    if job is not None or run_status.completed_stages or run_status.phase == RUNNING:
         run_status.phase = RUNNING
+    return Gang(stage, restarts, job_name, gen_name, run_spec, gens_needed, sts, job, waiting)
 
-    # A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
-    # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
-    one_node = spec.storage.access_mode == "ReadWriteOnce" and gens_needed
-    failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts, now, one_node)
+
+RESTART = "Restart"  # gang_outcome: the gang is being restarted
+
+
+def gang_outcome(
+    spec: RLTRunSpec, gang: Gang, run_status: RLTRunStatus, observed: Observed, plan: _Plan, now: dt.datetime
+) -> str | None:
+    """A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
+    config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
+    Returns RESTART, FAILED, or None (the gang goes on)."""
+    one_node = spec.storage.access_mode == "ReadWriteOnce" and gang.gens_needed
+    stage, restarts = gang.stage, gang.restarts
+    failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, now, one_node)
     capacity_condition(run_status, observed.pods, stage, restarts, now)
     if fatal:
         _fail(
@@ -297,57 +401,68 @@ def decide(
             f"{fatal}; not retried (fix the spec or the data, then create the run again)",
             now,
         )
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
-    if failure:
-        counted = restarts - (run_status.disruptions or 0)
-        if disrupted or counted < spec.backoff_limit:
-            run_status.restarts = restarts + 1
-            if disrupted:
-                run_status.disruptions = (run_status.disruptions or 0) + 1
-            plan.delete("jobs", job_name, "Foreground")
-            plan.delete("statefulsets", gen_name, "Foreground")
-            set_condition(conds, ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
-            run_status.last_failure = failure
-            return _finish(prev, run_status, plan, SOON)
-        _fail(
-            run_status,
-            "BackoffLimitExceeded",
-            f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})",
-            now,
-        )
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return FAILED
+    if not failure:
+        return None
+    counted = restarts - (run_status.disruptions or 0)
+    if not (disrupted or counted < spec.backoff_limit):
+        message = f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})"
+        _fail(run_status, "BackoffLimitExceeded", message, now)
+        return FAILED
+    run_status.restarts = restarts + 1
+    if disrupted:
+        run_status.disruptions = (run_status.disruptions or 0) + 1
+    plan.delete("jobs", gang.job_name, "Foreground")
+    plan.delete("statefulsets", gang.gen_name, "Foreground")
+    set_condition(run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
+    run_status.last_failure = failure
+    return RESTART
 
-    # Generators first; the trainer joins them only once every server answers /health.
+
+def launch(
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    gang: Gang,
+    run_status: RLTRunStatus,
+    plan: _Plan,
+    scrapers: tuple[str, ...],
+    now: dt.datetime,
+) -> bool:
+    """Generators first; the trainer joins them only once every server answers /health. True when they are ready
+    (or not needed)."""
+    stage, restarts = gang.stage, gang.restarts
     ready = True
-    if gens_needed:
+    if gang.gens_needed:
         plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec, scrapers))
         plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
-        if sts is None and not waiting:
+        if gang.sts is None and not gang.waiting:
             plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))
         want = spec.resources.generator.replicas
-        have = sts["readyReplicas"] if sts else 0
-        ready = sts is not None and have >= want
+        have = gang.sts["readyReplicas"] if gang.sts else 0
+        ready = gang.sts is not None and have >= want
         set_condition(
-            conds,
+            run_status.conditions or [],
             ConditionType.GENERATORS_READY,
             ready,
             "Ready" if ready else "Starting",
             f"{have}/{want} vLLM servers ready",
             now,
         )
-    if ready and not waiting:
-        plan.ensure("services", builders.trainer_service(ref, run_spec, stage, restarts))
-        if job is None:
-            plan.ensure("jobs", builders.trainer_job(ref, run_spec, stage, restarts))
-    # Job.status.active counts Pending pods too: the trainer runs once every one of its pods does.
-    gang = [
-        p
-        for p in observed.pods
-        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
-    ]
+    if ready and not gang.waiting:
+        plan.ensure("services", builders.trainer_service(ref, gang.run_spec, stage, restarts))
+        if gang.job is None:
+            plan.ensure("jobs", builders.trainer_job(ref, gang.run_spec, stage, restarts))
+    return ready
+
+
+def trainer_condition(gang: Gang, ready: bool, run_status: RLTRunStatus, observed: Observed, now: dt.datetime) -> None:
+    """TrainerRunning, and the pod conditions of the current gang. Job.status.active counts Pending pods too: the
+    trainer runs once every one of its pods does."""
+    job = gang.job
+    pods = current_gang(observed.pods, gang.stage, gang.restarts)
     want_pods = int(job.get("completions", 1)) if job else 0
     running_pods = sum(
-        1 for p in gang if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Running"
+        1 for p in pods if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Running"
     )
     active = bool(job and job.get("active", 0) > 0) and running_pods >= want_pods
     why = (
@@ -362,21 +477,25 @@ def decide(
         else "trainer starting"
     )
     set_condition(
-        conds,
+        run_status.conditions or [],
         ConditionType.TRAINER_RUNNING,
         active,
         "Running" if active else "Waiting",
-        f"stage {stage}: {why}",
+        f"stage {gang.stage}: {why}",
         now,
     )
     # A restart waiting on an old gang's pod that never goes (its node is NotReady) says so (docs/operator.md).
-    pod_conditions(run_status, gang, now, stuck_terminating(observed.pods, now) if waiting else None)
-    if progress is not None and progress.get("stage", stage) == stage:
-        read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
-        if read.step is not None:
-            read.step_of_total = f"{read.step}/{read.total_steps}" if read.total_steps else str(read.step)
-        run_status.progress = read
-    return _finish(prev, run_status, plan, _min(requeue, SOON if waiting else None))
+    pod_conditions(run_status, pods, now, stuck_terminating(observed.pods, now) if gang.waiting else None)
+
+
+def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRunStatus) -> None:
+    """The trainer's progress as last read (progress.py), when it belongs to the current stage."""
+    if progress is None or progress.get("stage", stage) != stage:
+        return
+    read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
+    if read.step is not None:
+        read.step_of_total = f"{read.step}/{read.total_steps}" if read.total_steps else str(read.step)
+    run_status.progress = read
 
 
 def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[str], now: dt.datetime) -> None:

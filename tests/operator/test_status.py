@@ -973,3 +973,142 @@ def test_a_previous_status_with_what_this_operator_no_longer_writes_is_read_not_
     assert conds(d)["TrainerRunning"]["status"] == "False" and d.status["phase"] == "Running"
     patch = S.merge_patch(prev, d.status)
     assert [c["type"] for c in patch["conditions"]] == [c["type"] for c in d.status["conditions"]]
+
+
+# --------------------------------------------------------------------------- the steps of decide, one table each
+
+
+def carried(prev=None, generation=1):
+    return S.carried_status(prev or {}, generation)
+
+
+@pytest.mark.parametrize(
+    "prev, phase, reason, held",
+    [
+        ({}, "Pending", None, False),  # a valid spec: SpecValid True, nothing held
+        ({"phase": "Failed", "reason": "InvalidSpec", "message": "x"}, "Pending", None, False),  # older operator's
+        ({"phase": "Succeeded", "reason": "Succeeded", "message": "m"}, "Succeeded", "Succeeded", False),
+    ],
+)
+def test_step_valid_spec(prev, phase, reason, held):
+    st = carried(prev)
+    assert S.valid_spec(REF, spec(), st, NOW) is not None
+    assert (st.phase, st.reason) == (phase, reason)
+    assert [c.status for c in st.conditions if c.type == "SpecValid"] == ["True"]
+    bad = carried(prev)
+    assert S.valid_spec(REF, spec(backoffLimit=-1), bad, NOW) is None
+    assert [c.status for c in bad.conditions if c.type == "SpecValid"] == ["False"]
+    assert bad.reason == (reason if phase == "Succeeded" else "InvalidSpec"), "a terminal run keeps its reason"
+
+
+@pytest.mark.parametrize(
+    "sp, prev, done, ended, phase, reason",
+    [
+        (spec(sft=False, distill=False), running("rl"), ["rl"], True, "Succeeded", "Succeeded"),
+        (spec(sft=False, distill=False, activeDeadlineSeconds=60), running("rl"), ["rl"], True, "Succeeded", None),
+        (spec(sft=False, activeDeadlineSeconds=60), running("rl"), [], True, "Failed", "DeadlineExceeded"),
+        (spec(sft=False, activeDeadlineSeconds=60, suspend=True), running("rl"), [], False, "Running", None),
+        (spec(sft=False, activeDeadlineSeconds=6000), running("rl"), [], False, "Running", None),
+        (spec(sft=False), {"phase": "Failed", "reason": "ConfigError"}, [], True, "Failed", "ConfigError"),
+    ],
+)
+def test_step_run_ended(sp, prev, done, ended, phase, reason):
+    st = carried(prev)
+    assert S.run_ended(parse_spec(sp), st, done, NOW) is ended
+    assert st.phase == phase
+    assert reason is None or st.reason == reason
+
+
+@pytest.mark.parametrize(
+    "prev, done, stage, progress_kept",
+    [
+        (running("rl", progress={"step": 3}), [], "rl", True),
+        (running("sft", progress={"step": 3}), [], "rl", False),  # sft disabled meanwhile: rl starts afresh
+        (running("rl", progress={"step": 3}), ["rl"], "distill", False),
+    ],
+)
+def test_step_current_stage(prev, done, stage, progress_kept):
+    st = carried(prev)
+    assert S.current_stage(parse_spec(spec(sft=False)), st, done) == stage
+    assert st.stage == stage and (st.progress.step == 3) is progress_kept
+
+
+@pytest.mark.parametrize(
+    "jobs, stopped",
+    [
+        ([job("rl", active=1)], []),
+        ([job("sft", active=1)], ["t-sft"]),
+        ([job("sft", complete=True)], []),
+        ([{**job("sft", active=1), "deleting": True}], []),
+    ],
+)
+def test_step_stop_other_stages(jobs, stopped):
+    sp = spec()
+    plan = S._Plan(observed(sp, jobs))
+    assert S.stop_other_stages(REF, "rl", plan.obs, plan) == stopped
+    assert [(a.verb, a.name) for a in plan.actions] == [("delete", n) for n in stopped]
+
+
+@pytest.mark.parametrize(
+    "sp, prev, requeue, phase",
+    [
+        (spec(), running("rl"), None, "Running"),
+        (spec(activeDeadlineSeconds=900), running("rl"), 300.0, "Running"),  # started 10 min ago
+        (spec(activeDeadlineSeconds=900), {"phase": "Suspended"}, 900.0, "Pending"),  # the clock starts again
+    ],
+)
+def test_step_activate(sp, prev, requeue, phase):
+    st = carried(prev)
+    assert S.activate(parse_spec(sp), st, NOW) == requeue
+    assert st.phase == phase and st.start_time is not None and st.reason is None
+
+
+@pytest.mark.parametrize(
+    "prev, jobs, stss, waiting, has_job, has_sts",
+    [
+        (running("rl"), [job("rl", active=1)], [sts("rl")], False, True, True),
+        (running("rl", 1), [job("rl", active=1)], [sts("rl")], True, False, False),  # an older gang
+        (running("rl"), [job("rl", active=1)], [sts("sft")], True, True, False),  # generators of another stage
+        (running("rl"), [{**job("rl", active=1), "deleting": True}], [], True, False, False),
+    ],
+)
+def test_step_gang_children(prev, jobs, stss, waiting, has_job, has_sts):
+    sp = spec(server=True, sft=False)
+    st = carried(prev)
+    plan = S._Plan(observed(sp, jobs, stss))
+    g = S.gang_children(REF, parse_spec(sp), "rl", st, plan.obs, plan, [], NOW)
+    assert (g.waiting, g.job is not None, g.sts is not None) == (waiting, has_job, has_sts)
+    assert g.gens_needed and g.job_name == "t-rl" and st.phase == "Running"
+
+
+@pytest.mark.parametrize(
+    "restarts, failed, limit, outcome, phase",
+    [
+        (0, False, 1, None, "Running"),
+        (0, True, 1, S.RESTART, "Running"),
+        (1, True, 1, "Failed", "Failed"),
+    ],
+)
+def test_step_gang_outcome(restarts, failed, limit, outcome, phase):
+    sp = parse_spec(spec(server=True, sft=False, backoffLimit=limit))
+    st = carried(running("rl", restarts))
+    plan = S._Plan(observed(spec(), [job("rl", restart=restarts, active=1, failed=failed)]))
+    g = S.gang_children(REF, sp, "rl", st, plan.obs, plan, [], NOW)
+    assert S.gang_outcome(sp, g, st, plan.obs, plan, NOW) == outcome
+    assert st.phase == phase
+    assert st.restarts == restarts + (outcome == S.RESTART)
+
+
+@pytest.mark.parametrize(
+    "progress, stage, step, of",
+    [
+        ({"stage": "rl", "step": 3, "totalSteps": 40}, "rl", 3, "3/40"),
+        ({"stage": "sft", "step": 3, "totalSteps": 40}, "rl", None, None),  # another stage's read is not ours
+        ({"stage": "rl", "step": 5}, "rl", 5, "5"),
+        (None, "rl", None, None),
+    ],
+)
+def test_step_read_progress(progress, stage, step, of):
+    st = carried(running(stage))
+    S.read_progress(progress, stage, st)
+    assert (st.progress.step, st.progress.step_of_total) == (step, of)
