@@ -52,6 +52,16 @@ WARN_WHEN_FALSE = (
 
 # Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
 SOON = 2.0
+# After the n-th counted gang failure the next gang waits BACKOFF_BASE * 2**(n-1) s, at most BACKOFF_CAP (the Job
+# controller's pod back-off, shorter: a gang restart already costs a model load); a disruption restarts at once.
+BACKOFF_BASE, BACKOFF_CAP = 10.0, 300.0
+
+
+def restart_delay(counted_failures: int) -> float:
+    """Seconds the next gang waits after the `counted_failures`-th failure (0: none yet)."""
+    if counted_failures <= 0:
+        return 0.0
+    return min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** min(counted_failures - 1, 30))
 
 
 # --------------------------------------------------------------------------- decisions
@@ -147,10 +157,11 @@ def decide(
         return _finish(prev, run_status, plan, SOON)
     if outcome == FAILED:
         return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+    backoff = restart_backoff(gang, run_status, now)
     ready = launch(ref, spec, gang, run_status, plan, scrapers, now)
     trainer_condition(gang, ready, run_status, observed, now)
     read_progress(progress, stage, run_status)
-    return _finish(prev, run_status, plan, _min(requeue, SOON if gang.waiting else None))
+    return _finish(prev, run_status, plan, _min(_min(requeue, backoff), SOON if gang.waiting else None))
 
 
 # --------------------------------------------------------------------------- the steps of decide, in order
@@ -332,6 +343,7 @@ class Gang:
     sts: dict[str, Any] | None  # None: absent or being replaced
     job: dict[str, Any] | None
     waiting: bool  # stale children are still going: create nothing new yet
+    backoff: float = 0.0  # seconds left before a new gang may be created (restart_backoff)
 
 
 def gang_children(
@@ -412,11 +424,25 @@ def gang_outcome(
     run_status.restarts = restarts + 1
     if disrupted:
         run_status.disruptions = (run_status.disruptions or 0) + 1
+    delay = 0.0 if disrupted else restart_delay(counted + 1)
+    run_status.backoff_until = format_time(now + dt.timedelta(seconds=delay)) if delay else None
     plan.delete("jobs", gang.job_name, "Foreground")
     plan.delete("statefulsets", gang.gen_name, "Foreground")
     set_condition(run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
     run_status.last_failure = failure
     return RESTART
+
+
+def restart_backoff(gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> float | None:
+    """Seconds the next gang still waits after a failed one (status.backoffUntil), or None once it may start.
+    Children of the gang that exist already (an operator restarted mid-wait found them) are left alone."""
+    until = parse_time(run_status.backoff_until)
+    left = (until - now).total_seconds() if until else 0.0
+    if left <= 0:
+        run_status.backoff_until = None
+        return None
+    gang.backoff = left
+    return left
 
 
 def launch(
@@ -435,7 +461,7 @@ def launch(
     if gang.gens_needed:
         plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec, scrapers))
         plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
-        if gang.sts is None and not gang.waiting:
+        if gang.sts is None and not gang.waiting and not gang.backoff:
             plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))
         want = spec.resources.generator.replicas
         have = gang.sts["readyReplicas"] if gang.sts else 0
@@ -448,7 +474,7 @@ def launch(
             f"{have}/{want} vLLM servers ready",
             now,
         )
-    if ready and not gang.waiting:
+    if ready and not gang.waiting and not gang.backoff:
         plan.ensure("services", builders.trainer_service(ref, gang.run_spec, stage, restarts))
         if gang.job is None:
             plan.ensure("jobs", builders.trainer_job(ref, gang.run_spec, stage, restarts))
@@ -468,6 +494,8 @@ def trainer_condition(gang: Gang, ready: bool, run_status: RLTRunStatus, observe
     why = (
         "trainer running"
         if active
+        else f"gang {gang.restarts} waits {gang.backoff:.0f}s before it starts (back-off after a failed gang)"
+        if gang.backoff and job is None
         else "trainer Job suspended (Kueue: waiting to be admitted again)"
         if job and job.get("suspended")
         else "waiting for generators"
@@ -561,7 +589,7 @@ def _terminal(
     if not run_status.completion_time:
         run_status.completion_time = format_time(now)
     run_status.stage = ""
-    run_status.trainer_shape = None
+    run_status.trainer_shape = run_status.backoff_until = None
     plan.delete("statefulsets", builders.generator_name(ref.name))
     for stage in spec.stages.enabled():
         job = observed.jobs.get(builders.trainer_name(ref.name, stage))
@@ -595,7 +623,8 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, 
                 "GangRestart",
                 f"restart {new.restarts}: {new.last_failure or 'a pod failed'}; "
                 "trainer and generators restart from the last checkpoint"
-                + (" (a disruption: not counted against backoffLimit)" if uncounted else ""),
+                + (" (a disruption: not counted against backoffLimit)" if uncounted else "")
+                + (f", not before {new.backoff_until} (back-off)" if new.backoff_until else ""),
             )
         )
     if new.reason == "InvalidSpec" and (prev.reason, prev.message) != ("InvalidSpec", new.message):
@@ -637,6 +666,8 @@ def _finish(prev: dict[str, Any], run_status: RLTRunStatus, plan: _Plan, requeue
     # Empty records are left out of the written status (a merge patch then removes them).
     if not run_status.last_failure:
         run_status.last_failure = None
+    if not run_status.backoff_until:
+        run_status.backoff_until = None
     if not run_status.stage_specs:
         run_status.stage_specs = None
     status = run_status.model_dump(mode="json", by_alias=True, exclude_none=True)

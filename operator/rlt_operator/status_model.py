@@ -110,6 +110,12 @@ class RLTRunStatus(_Status):
     )
     message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
     last_failure: str | None = Field(None, description="The last failure that caused a gang restart.")
+    backoff_until: str | None = Field(
+        None,
+        description="After a failed gang, the next one is not created before this time (back-off: 10 s, doubling "
+        "with each counted failure, at most 5 min; none after a disruption).",
+        json_schema_extra=DATE_TIME,
+    )
     observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
     restarts: int | None = Field(
         None, description="Gang restarts so far (those not caused by disruptions are bounded by spec.backoffLimit)."

@@ -1112,3 +1112,67 @@ def test_step_read_progress(progress, stage, step, of):
     st = carried(running(stage))
     S.read_progress(progress, stage, st)
     assert (st.progress.step, st.progress.step_of_total) == (step, of)
+
+
+# --------------------------------------------------------------------------- restarts: back-off and the failing pod
+
+
+def crashed_trainer(restart, line="RuntimeError: CUDA error: an illegal memory access was encountered"):
+    return observed_pod(
+        "t-rl-0-x",
+        b.ROLE_TRAINER,
+        "rl",
+        restart=restart,
+        phase="Failed",
+        containers=[
+            {"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1, "message": f"...\n{line}"}}}
+        ],
+    )
+
+
+@pytest.mark.parametrize("failures, delay", [(1, 10.0), (2, 20.0), (3, 40.0), (6, 300.0), (40, 300.0)])
+def test_restart_back_off_doubles_per_counted_failure_and_is_capped(failures, delay):
+    assert S.restart_delay(failures) == delay
+    assert S.restart_delay(0) == 0.0
+
+
+def test_a_failed_gang_is_followed_by_the_next_only_after_the_back_off():
+    sp = spec(sft=False, backoffLimit=3)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [], [crashed_trainer(0)]), NOW)
+    assert d.status["restarts"] == 1 and d.status["backoffUntil"] == format_time(NOW + dt.timedelta(seconds=10))
+    assert "not before " + d.status["backoffUntil"] in next(e[2] for e in d.events if e[1] == "GangRestart")
+    # The old gang is gone 4 s later: nothing is created before the back-off ends, and the run says why.
+    later = NOW + dt.timedelta(seconds=4)
+    w = S.decide(REF, 1, sp, d.status, observed(sp), later)
+    assert not any(a.plural == "jobs" for a in w.actions) and w.requeue_after == pytest.approx(6.0)
+    trainer = next(c for c in w.status["conditions"] if c["type"] == "TrainerRunning")
+    assert "waits 6s" in trainer["message"] and "back-off" in trainer["message"]
+    go = S.decide(REF, 1, sp, w.status, observed(sp), NOW + dt.timedelta(seconds=10))
+    assert ("create", "jobs", "t-rl") in acts(go) and "backoffUntil" not in go.status
+    # A second counted failure waits twice as long.
+    d2 = S.decide(REF, 1, sp, go.status, observed(sp, [job("rl", 1, active=1)], [], [crashed_trainer(1)]), later)
+    assert d2.status["backoffUntil"] == format_time(later + dt.timedelta(seconds=20))
+
+
+def test_a_disruption_restarts_without_back_off():
+    sp = spec(sft=False)
+    evicted = observed_pod(
+        "t-rl-0-x",
+        b.ROLE_TRAINER,
+        "rl",
+        phase="Failed",
+        conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+    )
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [], [evicted]), NOW)
+    assert d.status["restarts"] == 1 and "backoffUntil" not in d.status
+    assert ("create", "jobs", "t-rl") in acts(S.decide(REF, 1, sp, d.status, observed(sp), NOW))
+
+
+def test_the_failed_message_and_event_carry_the_pods_exit_code_and_last_line():
+    sp = spec(sft=False, backoffLimit=0)
+    obs = observed(sp, [job("rl", active=0, failed=True)], [], [crashed_trainer(0)])
+    d = S.decide(REF, 1, sp, running("rl"), obs, NOW)
+    assert d.status["reason"] == "BackoffLimitExceeded"
+    said = "pod t-rl-0-x exit code 1: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert said in d.status["message"]
+    assert any(e[1] == "BackoffLimitExceeded" and said in e[2] for e in d.events)
