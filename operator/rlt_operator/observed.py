@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlt.run.exitcodes import CAPACITY_PREFIX, DISRUPTION
+from rlt.run.layout import CONFIG_ENV
 from rlt_operator import builders
 
 
@@ -34,6 +35,10 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
             for c in status.get("conditions") or []
         ]
+        # The spec the gang was created with (its pods' RLT_RUN_YAML): what it runs, whatever the spec says now.
+        containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        env = (containers[0].get("env") or []) if containers else []
+        out["snapshot"] = next((e.get("value") for e in env if e.get("name") == CONFIG_ENV), None)
         # Kueue evicts (preemption, lost admission) by suspending the Job: its pods are deleted without a
         # DisruptionTarget condition, so the Job's own state is what says their end was a disruption.
         out["suspended"] = bool(spec.get("suspend")) or any(

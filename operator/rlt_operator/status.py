@@ -8,18 +8,23 @@ times, stages already finished whose Jobs were cleaned up, and terminal phases (
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from rlt.run.fingerprint import describe_changes, fingerprint_of, stage_fields
+import yaml
+
+from rlt.run.fingerprint import describe_changes, fingerprint_of, flat_spec, stage_fields
 from rlt.run.layout import format_time, parse_time
 from rlt.spec.base import TERMINAL_PHASES, Phase
-from rlt.spec.loading import SpecError
+from rlt.spec.loading import SpecError, parse_run
 from rlt.spec.run import RLTRunSpec, needs_generators
+from rlt.spec.stage_registry import STAGE_ORDER
 from rlt.spec.validation import validate_spec
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import (
+    has_condition,
     no_pods,
     pod_conditions,
     set_condition,
@@ -140,6 +145,7 @@ def decide(
     plan = _Plan(observed)
     spec = valid_spec(ref, raw_spec, run_status, now)
     if spec is None:
+        while_held(ref, observed, run_status, progress, now)
         return _finish(prev, run_status, plan, None)
     run_wide_children(ref, spec, observed, run_status, plan, now)
     done = finished_stages(ref, spec, observed, run_status, now)
@@ -157,6 +163,7 @@ def decide(
         return _finish(prev, run_status, plan, SOON)
     if outcome == FAILED:
         return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+    spec_applied(ref, gang, run_status, now)
     backoff = restart_backoff(gang, run_status, now)
     ready = launch(ref, spec, gang, run_status, plan, scrapers, now)
     trainer_condition(gang, ready, run_status, observed, now)
@@ -248,7 +255,8 @@ def finished_stages(
     ]
     run_status.completed_stages = done
     run_status.outputs = Outputs.model_validate(builders.outputs(ref.name, spec, done))
-    finished_stage_edits(run_status, spec, done, now)
+    ran = {s: gang_spec(observed.jobs.get(builders.trainer_name(ref.name, s))) for s in done}
+    finished_stage_edits(run_status, spec, done, now, ran)
     return done
 
 
@@ -445,6 +453,51 @@ def restart_backoff(gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> f
     return left
 
 
+# Spec fields the operator applies at once (or reads only at creation/deletion): never pending for a gang.
+APPLIED_AT_ONCE = ("suspend", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished")
+
+
+def pending_edits(ref: builders.RunRef, gang: Gang) -> str | None:
+    """The edits the running gang does not run yet (its snapshot against what a gang created now would get), named
+    (`stages.rl.learningRate 1e-05 -> 5e-05`); None when it runs the current spec."""
+    ran = gang.job.get("snapshot") if gang.job else None
+    if not ran:
+        return None
+    now_text = builders.pod_config(ref, gang.run_spec)
+    if now_text == ran:
+        return None
+    old, new = _spec_of(ran), _spec_of(now_text)
+    if old is None or new is None:
+        return "the spec"
+
+    def gang_fields(spec: RLTRunSpec) -> dict[str, Any]:
+        return {
+            k: v
+            for k, v in flat_spec(spec).items()
+            if k not in APPLIED_AT_ONCE and not k.startswith("storage.") and not k.endswith(".enabled")
+        }
+
+    before, after = gang_fields(old), gang_fields(new)
+    return describe_changes(before, after) if before != after else None
+
+
+def spec_applied(ref: builders.RunRef, gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> None:
+    """SpecApplied: False (PendingGangRestart) while the running gang runs an older spec than the run's (an accepted
+    edit reaches the pods at the next gang restart or stage); ShapeFrozen (trainer_shape) wins."""
+    conds = run_status.conditions = run_status.conditions or []
+    if any(c.type == ConditionType.SPEC_APPLIED and c.reason == "ShapeFrozen" for c in conds):
+        return
+    pending = pending_edits(ref, gang)
+    if pending:
+        message = (
+            f"stage {gang.stage}: the running gang ({gang.restarts}) keeps the spec it was created with; "
+            f"{pending} apply from the next gang restart or stage (suspend and resume to apply now)"
+        )
+        set_condition(conds, ConditionType.SPEC_APPLIED, False, "PendingGangRestart", message, now)
+    elif has_condition(run_status, ConditionType.SPEC_APPLIED):
+        set_condition(conds, ConditionType.SPEC_APPLIED, True, "Applied", "the running gang runs the current spec", now)
+
+
 def launch(
     ref: builders.RunRef,
     spec: RLTRunSpec,
@@ -508,12 +561,54 @@ def trainer_condition(gang: Gang, ready: bool, run_status: RLTRunStatus, observe
         run_status.conditions or [],
         ConditionType.TRAINER_RUNNING,
         active,
-        "Running" if active else "Waiting",
+        "Running" if active else waiting_reason(why),
         f"stage {gang.stage}: {why}",
         now,
     )
     # A restart waiting on an old gang's pod that never goes (its node is NotReady) says so (docs/operator.md).
     pod_conditions(run_status, pods, now, stuck_terminating(observed.pods, now) if gang.waiting else None)
+
+
+def waiting_reason(why: str) -> str:
+    """TrainerRunning's reason while the trainer does not run: what the run waits for (the Trainer column of
+    `kubectl get rlt`: a Running run is either training or waiting for something)."""
+    if "back-off" in why:
+        return "RestartBackOff"
+    if "Kueue" in why:
+        return "WaitingForAdmission"
+    if "generators" in why:
+        return "WaitingForGenerators"
+    return "WaitingForPods"
+
+
+def while_held(
+    ref: builders.RunRef,
+    observed: Observed,
+    run_status: RLTRunStatus,
+    progress: dict[str, Any] | None,
+    now: dt.datetime,
+) -> None:
+    """An invalid spec holds the run (nothing started or stopped), but what its gang does is still read: a stage
+    whose Job completes is recorded (with the spec its gang ran), the running stage's progress goes on."""
+    if run_status.phase in TERMINAL:
+        return
+    done = list(run_status.completed_stages or [])
+    records = dict(run_status.stage_specs or {})
+    for stage in STAGE_ORDER:
+        job = observed.jobs.get(builders.trainer_name(ref.name, stage))
+        if stage not in done and job is not None and job["labels"].get(builders.L_STAGE) == stage and job_complete(job):
+            done.append(stage)
+            ran = gang_spec(job)
+            if ran is not None:
+                records[stage] = stage_record(stage_fields(ran, stage))
+                run_status.outputs = Outputs.model_validate(builders.outputs(ref.name, ran, done))
+    run_status.completed_stages = [s for s in STAGE_ORDER if s in done]
+    run_status.stage_specs = records
+    if run_status.stage and run_status.stage in done:
+        message = f"stage {run_status.stage} finished; the next stage waits for a valid spec (SpecValid)"
+        set_condition(run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, "Held", message, now)
+    else:
+        read_progress(progress, run_status.stage or "", run_status)
 
 
 def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRunStatus) -> None:
@@ -526,8 +621,15 @@ def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRu
     run_status.progress = read
 
 
-def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[str], now: dt.datetime) -> None:
-    """Record the spec each stage finished under (status.stageSpecs) and report a later edit of it.
+def finished_stage_edits(
+    run_status: RLTRunStatus,
+    spec: RLTRunSpec,
+    done: list[str],
+    now: dt.datetime,
+    ran: dict[str, RLTRunSpec | None] | None = None,
+) -> None:
+    """Record the spec each stage finished under (status.stageSpecs: the snapshot its last gang ran, `ran`, else the
+    current spec) and report a later edit of it.
 
     A finished stage is never re-run by the operator: an edit of the fields its output depends on is not
     applied, so the condition StagesCurrent says so, naming the changed fields (docs/operator.md)."""
@@ -536,11 +638,10 @@ def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[
     for stage in done:
         fields = stage_fields(spec, stage)
         record = records.get(stage)
-        if record is None:  # finished now (or before the operator recorded stage specs): this spec is its spec
-            records[stage] = StageSpec(
-                fingerprint=fingerprint_of(fields), fields={k: json.dumps(v) for k, v in fields.items()}
-            )
-        elif record.fingerprint != fingerprint_of(fields):
+        if record is None:  # finished now (or before the operator recorded stage specs)
+            snapshot = (ran or {}).get(stage)
+            record = records[stage] = stage_record(stage_fields(snapshot, stage) if snapshot else fields)
+        if record.fingerprint != fingerprint_of(fields):
             old = {k: json.loads(v) for k, v in record.fields.items()}
             edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
     run_status.stage_specs = records
@@ -564,6 +665,24 @@ def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[
             "finished stages ran under the current spec: " + ", ".join(records),
             now,
         )
+
+
+def stage_record(fields: dict[str, Any]) -> StageSpec:
+    return StageSpec(fingerprint=fingerprint_of(fields), fields={k: json.dumps(v) for k, v in fields.items()})
+
+
+@functools.lru_cache(maxsize=256)
+def _spec_of(snapshot: str) -> RLTRunSpec | None:
+    try:
+        return parse_run(yaml.safe_load(snapshot)).spec
+    except (SpecError, yaml.YAMLError):
+        return None  # written by another version of rlt: not readable here
+
+
+def gang_spec(job: dict[str, Any] | None) -> RLTRunSpec | None:
+    """The spec a trainer Job's gang was created with (its pods' RLT_RUN_YAML), when readable."""
+    snapshot = (job or {}).get("snapshot")
+    return _spec_of(snapshot) if snapshot else None
 
 
 def _foreign(child: dict[str, Any], ref: builders.RunRef) -> bool:

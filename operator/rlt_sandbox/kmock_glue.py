@@ -209,12 +209,21 @@ def _resource_version(obj: Any) -> int | None:
         return None
 
 
+_FILTER = re.compile(r'^(\w+)\[\?\(@\.(\w+)==["\'](.*?)["\']\)\]$')
+
+
 def _jsonpath(obj: Any, path: str) -> Any:
-    """The `.a.b.c` subset of JSONPath used by printer columns."""
-    for part in filter(None, path.split(".")):
+    """The subset of JSONPath printer columns use: `.a.b.c`, and a list filtered by one field
+    (`.status.conditions[?(@.type=="Ready")].reason`, the first match)."""
+    for part in re.findall(r'[^.\[]+(?:\[\?\(@\.\w+==["\'][^"\']*["\']\)\])?', path):
         if not isinstance(obj, dict):
             return None
-        obj = obj.get(part)
+        m = _FILTER.match(part)
+        if m is None:
+            obj = obj.get(part)
+            continue
+        key, field, value = m.groups()
+        obj = next((i for i in obj.get(key) or [] if isinstance(i, dict) and str(i.get(field)) == value), None)
     return obj
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import jsonschema
 import pytest
@@ -54,12 +55,26 @@ def test_schema_is_structural_with_descriptions_and_printer_columns():
     assert "description" in spec["properties"]["suspend"]
     assert spec["properties"]["scheduling"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"]
     cols = version["additionalPrinterColumns"]
-    assert [c["name"] for c in cols] == ["Phase", "Stage", "Step", "Reward", "Restarts", "Age", "Reason", "Message"]
-    assert [c["name"] for c in cols if c.get("priority") == 1] == ["Reason", "Message"], "-o wide adds them"
+    assert [c["name"] for c in cols] == [
+        "Phase",
+        "Stage",
+        "Trainer",
+        "Step",
+        "Reward",
+        "Restarts",
+        "Reason",
+        "Age",
+        "Message",
+    ]
+    # on-call: why a run needs attention is in the default columns of `kubectl get rlt -A`; -o wide adds the detail
+    assert [c["name"] for c in cols if c.get("priority") == 1] == ["Message"], "-o wide adds it"
     status = root["properties"]["status"]
     for c in [c for c in cols if c["jsonPath"].startswith(".status.")]:  # a field the status schema keeps
         node = root
-        for part in c["jsonPath"].strip(".").split("."):
+        for part in re.findall(r"[^.\[]+(?:\[[^\]]*\])?", c["jsonPath"]):
+            if "[?(" in part:  # a list filtered by a field (a condition by type): its items' schema
+                node = (node.get("properties", {}).get(part.split("[", 1)[0]) or {}).get("items")
+                continue
             node = node.get("properties", {}).get(part)
             assert node is not None, f"{c['name']}: {c['jsonPath']} is not in the schema"
     assert status["properties"]["progress"]["properties"]["stepOfTotal"]["type"] == "string"

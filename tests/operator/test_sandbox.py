@@ -21,16 +21,17 @@ def test_kubectl_against_the_sandbox(start_sandbox, tmp_path):
     assert "rltrun.rlt.dev/tiny created" in kubectl("apply", "--validate=false", "-f", str(TINY))
     table = sandbox.kubectl_until("Running", "get", "rlt")
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "STAGE", "STEP", "REWARD", "RESTARTS", "AGE"]
+    assert header == ["NAME", "PHASE", "STAGE", "TRAINER", "STEP", "REWARD", "RESTARTS", "REASON", "AGE"]
     assert table.splitlines()[1].split()[:3] == ["tiny", "Running", "sft"]
-    # -o wide adds Reason and Message: an invalid run says why it is held
+    # the default columns say why a run needs attention; -o wide adds the Message: an invalid run says why it is held
     bad = tiny_doc()
     bad["metadata"]["name"] = "bad"
     bad["spec"]["format"] = {"preset": "rcl-default"}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     kubectl("apply", "--validate=false", "-f", str(tmp_path / "bad.yaml"))
     wide = sandbox.kubectl_until("InvalidSpec", "get", "rlt", "bad", "-o", "wide")
-    assert wide.splitlines()[0].split()[-2:] == ["REASON", "MESSAGE"]
+    assert wide.splitlines()[0].split()[-3:] == ["REASON", "AGE", "MESSAGE"]
+    assert "InvalidSpec" in sandbox.kubectl("get", "rlt", "bad").splitlines()[1].split()
     assert wide.splitlines()[1].split()[:2] == ["bad", "Pending"] and "InvalidSpec" in wide
     assert "spec.format.preset" in wide
     children = kubectl("get", "configmaps,persistentvolumeclaims,services,jobs", "-l", "rlt.dev/run=tiny", "-o", "name")

@@ -1176,3 +1176,97 @@ def test_the_failed_message_and_event_carry_the_pods_exit_code_and_last_line():
     said = "pod t-rl-0-x exit code 1: RuntimeError: CUDA error: an illegal memory access was encountered"
     assert said in d.status["message"]
     assert any(e[1] == "BackoffLimitExceeded" and said in e[2] for e in d.events)
+
+
+# --------------------------------------------------------------------------- honest status
+
+
+def with_snapshot(j, sp):
+    """A Job as observed, with the spec its gang was created with (its pods' RLT_RUN_YAML)."""
+    return {**j, "snapshot": b.pod_config(REF, parse_spec(sp))}
+
+
+def edited_lr(lr=5e-5, **kw):
+    sp = spec(sft=False, **kw)
+    sp["stages"]["rl"]["learningRate"] = lr
+    return sp
+
+
+def test_the_observed_job_carries_its_gangs_snapshot():
+    sp = spec(sft=False)
+    manifest = b.trainer_job(REF, parse_spec(sp), "rl", 0)
+    assert summarize("jobs", manifest)["snapshot"] == b.pod_config(REF, parse_spec(sp))
+    assert S.gang_spec(summarize("jobs", manifest)).stages.rl.learning_rate == parse_spec(sp).stages.rl.learning_rate
+
+
+def test_a_finished_stage_records_the_spec_its_gang_ran_not_the_current_one():
+    """An accepted mid-stage edit never reached the gang: the stage finished under the gang's snapshot. The edit is
+    reported, and restoring the truth is not."""
+    ran, now = spec(sft=False), edited_lr()
+    done = [with_snapshot(job("rl", complete=True), ran)]
+    d = S.decide(REF, 2, now, running("rl"), observed(now, done), NOW)
+    assert d.status["stageSpecs"]["rl"]["fields"]["stages.rl.learningRate"] == str(ran["stages"]["rl"]["learningRate"])
+    assert (
+        state(d) == ("False", "FinishedStageEdited")
+        and "stages.rl.learningRate" in conds(d)["StagesCurrent"]["message"]
+    )
+    restored = S.decide(REF, 3, ran, d.status, observed(ran, done), NOW)
+    assert state(restored) == ("True", "Current")
+
+
+def test_an_accepted_edit_the_running_gang_does_not_run_yet_is_spec_applied_false():
+    ran = spec(sft=False)
+    running_job = [with_snapshot(job("rl", active=1), ran)]
+    same = S.decide(REF, 1, ran, running("rl"), observed(ran, running_job), NOW)
+    assert "SpecApplied" not in conds(same)
+    edit = edited_lr()
+    d = S.decide(REF, 2, edit, same.status, observed(edit, running_job), NOW)
+    assert state(d, "SpecApplied") == ("False", "PendingGangRestart")
+    message = conds(d)["SpecApplied"]["message"]
+    assert "stages.rl.learningRate" in message and "5e-05" in message and "next gang restart" in message
+    assert d.status["observedGeneration"] == 2, "accepted: observedGeneration says so; SpecApplied says not yet"
+    # What the operator applies at once is never pending.
+    at_once = spec(sft=False, backoffLimit=7, activeDeadlineSeconds=99999)
+    assert "SpecApplied" not in conds(S.decide(REF, 3, at_once, running("rl"), observed(at_once, running_job), NOW))
+    # The next gang runs the edit: applied.
+    next_gang = [with_snapshot(job("rl", active=1), edit)]
+    applied = S.decide(REF, 3, edit, d.status, observed(edit, next_gang), NOW)
+    assert state(applied, "SpecApplied") == ("True", "Applied")
+
+
+def test_an_invalid_spec_still_reads_progress_and_a_finished_stage():
+    ran = spec(sft=False)
+    bad = spec(sft=False, format={"preset": "rcl-default"})
+    live = [with_snapshot(job("rl", active=1), ran)]
+    d = S.decide(REF, 2, bad, running("rl"), observed(ran, live), NOW, {"stage": "rl", "step": 30, "totalSteps": 40})
+    assert d.status["reason"] == "InvalidSpec" and d.status["progress"]["stepOfTotal"] == "30/40"
+    finished = [with_snapshot(job("rl", complete=True), ran)]
+    f = S.decide(REF, 2, bad, d.status, observed(ran, finished), NOW)
+    assert f.status["completedStages"] == ["rl"] and f.actions == []
+    assert (
+        state(f, "TrainerRunning") == ("False", "Held")
+        and "waits for a valid spec" in conds(f)["TrainerRunning"]["message"]
+    )
+    assert f.status["stageSpecs"]["rl"]["fields"]["stages.rl.learningRate"] == str(ran["stages"]["rl"]["learningRate"])
+    assert ("Normal", "StageCompleted", "stage rl completed") in f.events
+    fixed = S.decide(REF, 3, ran, f.status, observed(ran, finished), NOW)
+    assert fixed.status["stage"] == "distill"
+
+
+@pytest.mark.parametrize(
+    "sp, jobs, stss, pods, reason",
+    [
+        (spec(sft=False), [job("rl", active=1)], [], [], "WaitingForPods"),
+        (spec(sft=False), [job("rl", active=1)], [], [observed_pod("t-rl-0-x", b.ROLE_TRAINER, "rl")], "Running"),
+        (spec(sft=False), [], [], [], "WaitingForPods"),  # the trainer Job is being created
+        (spec(server=True, sft=False), [], [sts("rl", ready=0)], [], "WaitingForGenerators"),
+        (spec(sft=False), [{**job("rl", active=0), "suspended": True}], [], [], "WaitingForAdmission"),
+    ],
+)
+def test_the_trainer_column_tells_training_from_waiting(sp, jobs, stss, pods, reason):
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, jobs, stss, pods), NOW)
+    assert d.status["phase"] == "Running" and state(d, "TrainerRunning")[1] == reason
+    back_off = S.decide(
+        REF, 1, sp, running("rl", 1, backoffUntil=format_time(NOW + dt.timedelta(seconds=5))), observed(sp), NOW
+    )
+    assert state(back_off, "TrainerRunning") == ("False", "RestartBackOff")
