@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import threading
 from typing import Any
@@ -50,6 +51,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
         settings.peering.stealth = True  # keep-alives are not logged; pauses and resumes are
         log.info(f"peering in {args.peering!r} with priority {priority}, keep-alive lifetime {args.peering_lifetime}s")
         _warn_missing_peering(log, args)
+    info = None
+    if args.peering:
+        assert priority is not None
+        info = handlers.PeeringInfo(
+            name=args.peering,
+            # Kopf's record key for this replica: the pod's name (POD_ID, as the chart sets it), as Kopf would take.
+            identity=os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{priority}",
+            priority=priority,
+            namespaces=None if args.all_namespaces else tuple(args.namespace or []),
+            lifetime=args.peering_lifetime,
+            interval=max(1.0, args.peering_lifetime / 4),
+        )
     log.info("starting")
     health = config.health_port
     return serve(
@@ -61,7 +74,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or [],
         liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health > 0 else None,
-        memo=kopf.Memo(settings=config),
+        memo=kopf.Memo(settings=config, peering=info),
+        identity=info.identity if info else None,
     )
 
 

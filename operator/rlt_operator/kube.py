@@ -87,8 +87,12 @@ class Kube:
     def names(self, plural: str, namespace: str, name: str) -> list[str]:
         """The names of the objects called `name` (zero or one): a list with a field selector, which needs only
         the list verb (used once at start-up, for the peering objects)."""
+        return [item["metadata"]["name"] for item in self.named(plural, namespace, name)]
+
+    def named(self, plural: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The objects called `name` (zero or one), by a list with a field selector (the list verb only)."""
         path = collection_path(plural, namespace)
         status, data = self._call("GET", path, query=[("fieldSelector", f"metadata.name={name}")])
         if status >= 300:
             raise KubeError("GET", path, status, json.dumps(data))
-        return [item["metadata"]["name"] for item in (data or {}).get("items", [])]
+        return list((data or {}).get("items", []))

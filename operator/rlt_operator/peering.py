@@ -13,6 +13,7 @@ crds/ directory (`make generate`) and the emulated API.
 
 from __future__ import annotations
 
+import datetime
 import random
 import time
 from pathlib import Path
@@ -54,6 +55,23 @@ def missing(kube: Kube, name: str, namespaces: list[str] | None) -> list[str]:
     if namespaces is None:
         return [] if kube.names(CLUSTER_PEERING.plural, "", name) else [f"{CLUSTER_PEERING.kind}/{name}"]
     return [f"{PEERING.kind}/{name} in {ns}" for ns in namespaces if not kube.names(PEERING.plural, ns, name)]
+
+
+def working(records: dict[str, Any], identity: str, priority: int, now: float | None = None) -> tuple[bool, str]:
+    """Kopf's rule, read from a peering object's status (identity -> {priority, lifetime, lastseen}): a replica
+    works while no other live record has a priority as high as its own. Returns (works, who works else)."""
+    at = time.time() if now is None else now
+    others = []
+    for who, rec in records.items():
+        if who == identity or not isinstance(rec, dict):
+            continue
+        try:
+            seen = datetime.datetime.fromisoformat(str(rec.get("lastseen"))).timestamp()
+        except ValueError:
+            continue  # not a record Kopf wrote
+        if seen + float(rec.get("lifetime", 60)) > at and int(rec.get("priority", 0)) >= priority:
+            others.append(who)
+    return (not others, ", ".join(sorted(others)))
 
 
 def _crd(kind: Kind) -> dict[str, Any]:

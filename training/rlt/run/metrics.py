@@ -186,6 +186,27 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef("rlt_run_restarts", "gauge", "Gang restarts of the run (status.restarts).", OPERATOR_LABELS, "operator"),
     MetricDef("rlt_run_step", "gauge", "status.progress.step as seen by the operator.", OPERATOR_LABELS, "operator"),
+    MetricDef(
+        "rlt_run_condition",
+        "gauge",
+        "1 per condition of the run's status, labelled with its status and reason (one series per condition type).",
+        OPERATOR_LABELS + ("type", "status", "reason"),
+        "operator",
+    ),
+    MetricDef(
+        "rlt_run_last_reconcile_timestamp_seconds",
+        "gauge",
+        "Unix time of the run's last successful reconcile (0: seen but never reconciled, so it has no status).",
+        OPERATOR_LABELS,
+        "operator",
+    ),
+    MetricDef(
+        "rlt_operator_active",
+        "gauge",
+        "1 on the replica that works, 0 on a paused standby (or any replica whose peering object is missing).",
+        (),
+        "operator",
+    ),
 )
 
 ALL_METRICS = TRAINER_METRICS + OPERATOR_METRICS
