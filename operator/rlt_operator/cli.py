@@ -39,7 +39,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     # The operator owns its log format: drop handlers another command's registration may have installed.
     logging.getLogger().handlers.clear()
-    kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)
+    # Every line about one run names it: `[namespace/run]` in text, an `object` {namespace, name, ...} in JSON.
+    json_logs = args.log_format == "json"
+    fmt = kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL
+    kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet, log_format=fmt, log_prefix=not json_logs)
+    quiet_success(debug=bool(args.debug or args.verbose))
     log = logging.getLogger("rlt.operator")
     settings = kopf.OperatorSettings()
     priority = None
@@ -77,6 +81,27 @@ def cmd_operator(args: argparse.Namespace) -> int:
         memo=kopf.Memo(settings=config, peering=info),
         identity=info.identity if info else None,
     )
+
+
+class _SuccessAtDebug(logging.Filter):
+    """Kopf's "Handler/Activity/Daemon 'x' succeeded." lines (most of a working operator's log: every
+    wake-up of every run) are debug lines: shown with --verbose/--debug, else dropped."""
+
+    def __init__(self, debug: bool):
+        super().__init__()
+        self.debug = debug
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and str(record.msg).endswith(" succeeded."):
+            if str(record.msg).startswith(("Handler '", "Activity '", "Daemon '")):
+                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+                return self.debug
+        return True
+
+
+def quiet_success(debug: bool) -> None:
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_SuccessAtDebug(debug))
 
 
 def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
@@ -204,6 +229,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="after SIGTERM, exit with code 75 if Kopf has not stopped within this many seconds (e.g. the API "
         "server does not answer the peering goodbye); keep it below the pod's terminationGracePeriodSeconds "
         f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines prefixed [namespace/run], or one JSON object per line with the run under 'object' "
+        "(default: text)",
     )
     level = p.add_mutually_exclusive_group()
     level.add_argument("--verbose", action="store_true")

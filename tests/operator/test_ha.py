@@ -8,6 +8,7 @@ API's log names its sender. Child status is simulated by the test (kmock runs no
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -373,8 +374,29 @@ async def test_a_deleted_peering_object_is_recreated_and_the_standby_says_so(har
         assert await asyncio.to_thread(active, "op-b") == "1.0"
         await harness.trainer_succeeded("tiny", "sft")
         await harness.wait_object("jobs", "tiny-rl", timeout=20)
+    # Text logs: every line about the run names it; Kopf's handler-success lines are debug, not shown.
+    assert "[default/tiny] created jobs/tiny-rl" in log("op-b")
+    assert "succeeded." not in log("op-a") + log("op-b")
     # Peering needs exactly the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES), nothing more.
     assert peering_verbs(list(harness.cluster._requests)) == set(CLUSTER_PEERING.verbs)
+
+
+async def test_json_logs_name_the_namespace_and_run_of_every_run_line(harness, tmp_path):
+    """`--log-format json` (the chart's operator.logFormat): one JSON object per line, a run's lines carry it."""
+    await create_peering(harness)
+    async with replicas(harness, tmp_path) as (start, _procs):
+        await start("op-a", ("--all-namespaces",), -1, PEERING, ("--log-format", "json"))
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running", timeout=20)
+    lines = [json.loads(line) for line in (tmp_path / "op-a.log").read_text().splitlines() if line.strip()]
+    about_run = [li for li in lines if "tiny" in li["message"]]
+    assert any(li["message"] == "created jobs/tiny-sft" for li in about_run), about_run
+    for li in about_run:
+        assert (li["object"]["namespace"], li["object"]["name"]) == ("default", "tiny"), li
+    assert not [li for li in lines if li["message"].endswith(" succeeded.")], "handler-success lines are debug"
+    assert any(li["message"] == "this replica works (active)" for li in lines)
 
 
 async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):
