@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -277,3 +278,20 @@ def test_phases_and_condition_types_come_from_their_enums():
     status_model.check({"conditions": [cond]})
     with pytest.raises(Exception, match="type"):
         status_model.check({"conditions": [{**cond, "type": "SpecVaild"}]})
+
+
+# Every example as it was at an earlier commit (copied from git history when it changed): a stored RLTRun of that
+# shape must stay valid under the CRD as the schema evolves (docs/operator.md, "CRD versions"). When an example
+# changes, add its old version here: `git show <commit>:manifests/examples/<name>.yaml`.
+HISTORY = sorted((Path(__file__).parent / "crd_history").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", HISTORY, ids=lambda p: p.name)
+def test_the_crd_keeps_accepting_every_earlier_example(validator, path):
+    doc = yaml.safe_load(path.read_text())
+    assert [e.message for e in validator.iter_errors(doc)] == [], f"{path.name}: a stored run of this shape breaks"
+
+
+def test_the_crd_history_holds_earlier_examples():
+    assert len(HISTORY) >= 10
+    assert {p.name.split("@")[0] for p in HISTORY} <= {p.stem for p in EXAMPLES}
