@@ -642,7 +642,7 @@ def finished_stage_edits(
             snapshot = (ran or {}).get(stage)
             record = records[stage] = stage_record(stage_fields(snapshot, stage) if snapshot else fields)
         if record.fingerprint != fingerprint_of(fields):
-            old = {k: json.loads(v) for k, v in record.fields.items()}
+            old = record.values()
             edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
     run_status.stage_specs = records
     conds = run_status.conditions = run_status.conditions or []
@@ -668,7 +668,7 @@ def finished_stage_edits(
 
 
 def stage_record(fields: dict[str, Any]) -> StageSpec:
-    return StageSpec(fingerprint=fingerprint_of(fields), fields={k: json.dumps(v) for k, v in fields.items()})
+    return StageSpec(fingerprint=fingerprint_of(fields), fields=json.dumps(fields, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=256)

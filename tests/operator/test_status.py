@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 import yaml
@@ -927,7 +928,7 @@ def test_a_finished_stage_records_its_spec_and_a_later_edit_is_reported_not_appl
     sp = spec(sft=False)
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, jobs=[job("rl", complete=True)]), NOW)
     record = d.status["stageSpecs"]["rl"]
-    assert record["fields"]["stages.rl.steps"] == str(sp["stages"]["rl"]["steps"])
+    assert json.loads(record["fields"])["stages.rl.steps"] == sp["stages"]["rl"]["steps"]
     assert state(d) == ("True", "Current")
 
     # A field rl's output does not depend on (checkpoint cadence): nothing to report.
@@ -1205,7 +1206,10 @@ def test_a_finished_stage_records_the_spec_its_gang_ran_not_the_current_one():
     ran, now = spec(sft=False), edited_lr()
     done = [with_snapshot(job("rl", complete=True), ran)]
     d = S.decide(REF, 2, now, running("rl"), observed(now, done), NOW)
-    assert d.status["stageSpecs"]["rl"]["fields"]["stages.rl.learningRate"] == str(ran["stages"]["rl"]["learningRate"])
+    assert (
+        json.loads(d.status["stageSpecs"]["rl"]["fields"])["stages.rl.learningRate"]
+        == ran["stages"]["rl"]["learningRate"]
+    )
     assert (
         state(d) == ("False", "FinishedStageEdited")
         and "stages.rl.learningRate" in conds(d)["StagesCurrent"]["message"]
@@ -1247,7 +1251,10 @@ def test_an_invalid_spec_still_reads_progress_and_a_finished_stage():
         state(f, "TrainerRunning") == ("False", "Held")
         and "waits for a valid spec" in conds(f)["TrainerRunning"]["message"]
     )
-    assert f.status["stageSpecs"]["rl"]["fields"]["stages.rl.learningRate"] == str(ran["stages"]["rl"]["learningRate"])
+    assert (
+        json.loads(f.status["stageSpecs"]["rl"]["fields"])["stages.rl.learningRate"]
+        == ran["stages"]["rl"]["learningRate"]
+    )
     assert ("Normal", "StageCompleted", "stage rl completed") in f.events
     fixed = S.decide(REF, 3, ran, f.status, observed(ran, finished), NOW)
     assert fixed.status["stage"] == "distill"
@@ -1270,3 +1277,16 @@ def test_the_trainer_column_tells_training_from_waiting(sp, jobs, stss, pods, re
         REF, 1, sp, running("rl", 1, backoffUntil=format_time(NOW + dt.timedelta(seconds=5))), observed(sp), NOW
     )
     assert state(back_off, "TrainerRunning") == ("False", "RestartBackOff")
+
+
+def test_stage_specs_stay_compact_for_kubectl_describe_and_an_older_map_is_read():
+    sp = spec(sft=False)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, jobs=[job("rl", complete=True)]), NOW)
+    shown = yaml.safe_dump(d.status["stageSpecs"], width=10**6)
+    assert len(shown.splitlines()) == 3, shown  # rl:, fields: {...} on one line, fingerprint
+    older = dict(d.status["stageSpecs"]["rl"])
+    older["fields"] = {k: json.dumps(v) for k, v in json.loads(older["fields"]).items()}  # an older operator's map
+    again = S.decide(
+        REF, 1, sp, {**d.status, "stageSpecs": {"rl": older}}, observed(sp, jobs=[job("rl", complete=True)]), NOW
+    )
+    assert again.status["stageSpecs"] == d.status["stageSpecs"] and state(again) == ("True", "Current")
