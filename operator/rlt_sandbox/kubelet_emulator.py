@@ -158,11 +158,14 @@ class LocalKubelet:
         poll_seconds: float = 0.3,
         grace_seconds: float | None = None,
         job_backoff_seconds: float = 10.0,
+        follow_namespaces: bool = False,
     ):
         self.api = api_url.rstrip("/")
         self.workdir = Path(workdir).absolute()
         self.images = dict(images or {})
         self.default_image = default_image
+        # every namespace of the API, read each pass (one created later gets its pods too), else `namespaces`
+        self.follow_namespaces = follow_namespaces
         self.namespaces = namespaces or ["default"]
         self.poll = poll_seconds
         self.grace_cap = grace_seconds  # None: each pod's own grace period, uncapped (as a kubelet)
@@ -218,9 +221,19 @@ class LocalKubelet:
             shutil.rmtree(self._links_dir, ignore_errors=True)  # the links only; their folders stay
             self._links_dir, self._links = None, {}
 
+    async def _refresh_namespaces(self) -> None:
+        listed = (await self._get("/api/v1/namespaces") or {}).get("items", [])
+        names = sorted(n["metadata"]["name"] for n in listed if not n["metadata"].get("deletionTimestamp"))
+        if names and names != self.namespaces:
+            self.namespaces = names
+            self.dns = cluster_dns_pattern(self.namespaces)
+            self.dns_port = re.compile(rf"{self.dns.pattern}(?::(\d+)\b)?")
+
     async def _loop(self) -> None:
         while True:
             try:
+                if self.follow_namespaces:
+                    await self._refresh_namespaces()
                 for ns in self.namespaces:
                     await self._sync(ns)
             except asyncio.CancelledError:

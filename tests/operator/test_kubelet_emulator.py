@@ -322,3 +322,30 @@ async def test_two_runs_binding_the_same_rendered_port_each_get_their_own(harnes
             assert body == run
     finally:
         await kubelet.stop()
+
+
+async def test_a_namespace_created_later_gets_its_pods(harness, tmp_path):
+    """`rlt sandbox --run-pods` follows the API's namespaces: a run applied in a namespace created after the start
+    runs (it used to be only the namespaces named at start, and `--namespace` dropped `default`)."""
+    kubelet = LocalKubelet(
+        harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, follow_namespaces=True
+    )
+    await kubelet.start()
+    try:
+        await harness.call(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "late"}}
+        )
+        late = PATHS["configmaps"].format(ns="late")
+        await harness.call(
+            "POST", late, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}}
+        )
+        await harness.call("POST", PATHS["jobs"].format(ns="late"), _job("t-late", "import sys; sys.exit(0)", 1))
+
+        async def done():
+            job = await harness.call("GET", f"{PATHS['jobs'].format(ns='late')}/t-late")
+            return job if (job.get("status") or {}).get("succeeded") == 1 else None
+
+        await harness.wait(done, "the Job in namespace late to succeed", timeout=30)
+        assert "late" in kubelet.namespaces and "default" in kubelet.namespaces
+    finally:
+        await kubelet.stop()

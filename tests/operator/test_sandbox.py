@@ -3,9 +3,11 @@ The sandbox is a preview of what the operator would create, not a cluster (no po
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
-from suite_helpers import TINY, find_tool, tiny_doc
+from suite_helpers import TINY, find_tool, tiny_doc, wait_for
 
 KUBECTL = find_tool("kubectl")
 
@@ -41,3 +43,13 @@ def test_kubectl_against_the_sandbox(start_sandbox, tmp_path):
         "service/tiny-sft",
         "job.batch/tiny-sft",
     }
+
+
+def test_the_in_process_operators_log_is_shown(start_sandbox):
+    """The banner names the operator's log file; a run's lines in it are prefixed [namespace/run]."""
+    sandbox = start_sandbox()
+    path = Path(sandbox.banner.split("The operator's log: tail -f ", 1)[1].split()[0])
+    sandbox.kubectl("apply", "--validate=false", "-f", str(TINY))
+    sandbox.kubectl_until("Running", "get", "rlt")
+    text = wait_for(lambda: "[default/tiny] created jobs/tiny-sft" in path.read_text() and path.read_text(), "log")
+    assert "succeeded." not in text, "Kopf's handler-success lines are debug"
