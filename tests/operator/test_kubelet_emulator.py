@@ -349,3 +349,45 @@ async def test_a_namespace_created_later_gets_its_pods(harness, tmp_path):
         assert "late" in kubelet.namespaces and "default" in kubelet.namespaces
     finally:
         await kubelet.stop()
+
+
+async def test_a_missing_secret_or_an_unmatched_node_selector_keeps_the_pod_pending_with_a_reason(harness, tmp_path):
+    """As a kubelet and a scheduler report them (not a failed pod): the operator reads the same reasons as on a
+    cluster; creating the Secret lets the pod start."""
+    from rlt_operator.observed import summarize
+
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    secret_env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-secret", "import sys; sys.exit(0)", 1, secret_env))
+    pinned = _job("t-pinned", "import sys; sys.exit(0)", 1)
+    pinned["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "H100"}
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), pinned)
+    kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
+    await kubelet.start()
+    try:
+
+        async def problem(app: str, reason: str):
+            pods = await harness.list("pods", f"app={app}")
+            found = [summarize("pods", p)["problem"] for p in pods]
+            return pods[0] if found and found[0] and found[0]["reason"] == reason else None
+
+        pod = await harness.wait(lambda: problem("t-secret", "CreateContainerConfigError"), "config error", timeout=20)
+        assert pod["status"]["phase"] == "Pending" and 'secret "hf" not found' in str(pod["status"])
+        pod = await harness.wait(lambda: problem("t-pinned", "Unschedulable"), "unschedulable", timeout=20)
+        assert pod["status"]["phase"] == "Pending" and "didn't match Pod's node affinity/selector" in str(pod["status"])
+
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"}, "data": {"token": "eA=="}}
+        await harness.call("POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+
+        async def succeeded():
+            job = await harness.get("jobs", "t-secret")
+            return job if (job.get("status") or {}).get("succeeded") == 1 else None
+
+        await harness.wait(succeeded, "the Job to run once its Secret exists", timeout=30)
+        assert (await harness.get("jobs", "t-pinned")).get("status", {}).get("failed", 0) == 0
+    finally:
+        await kubelet.stop()
