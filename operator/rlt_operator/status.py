@@ -15,13 +15,13 @@ from typing import Any
 
 import yaml
 
-from rlt.run.fingerprint import describe_changes, fingerprint_of, flat_spec, stage_fields
-from rlt.run.layout import format_time, parse_time
-from rlt.spec.base import TERMINAL_PHASES, Phase
+from rlt.checks.validation import validate_spec
+from rlt.contract.api import TERMINAL_PHASES, Phase
+from rlt.contract.layout import format_time, parse_time
+from rlt.contract.stage_registry import STAGE_ORDER
+from rlt.spec.fingerprint import describe_changes, fingerprint_of, flat_spec, stage_fields
 from rlt.spec.loading import SpecError, parse_run
 from rlt.spec.run import RLTRunSpec, needs_generators
-from rlt.spec.stage_registry import STAGE_ORDER
-from rlt.spec.validation import validate_spec
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import (
     has_condition,

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
 
-from rlt.spec.base import Phase, StrEnum
+from rlt.contract.api import Phase, StrEnum
 
 DATE_TIME: dict[str, Any] = {"format": "date-time"}  # a pydantic JsonDict
 
@@ -89,7 +89,7 @@ class TrainerShape(_Status):
 class StageSpec(_Status):
     """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
 
-    fingerprint: str = Field(description="rlt.run.fingerprint.stage_fingerprint of the fields below.")
+    fingerprint: str = Field(description="rlt.spec.fingerprint.stage_fingerprint of the fields below.")
     # One JSON string, not a map: `kubectl describe rlt` prints a map one line per entry (~60 per stage).
     fields: str = Field(
         description="The fields the stage's output depends on, as one JSON object (dotted spec path -> value), so "

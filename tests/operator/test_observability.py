@@ -12,7 +12,7 @@ from op_harness import example
 from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import free_port
 
-from rlt.run.metrics import TrainerMetrics
+from rlt.contract.metrics import TrainerMetrics
 from rlt_operator.handlers import OperatorMetrics
 
 pytestmark = pytest.mark.timeout(60)
