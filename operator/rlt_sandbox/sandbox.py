@@ -150,6 +150,7 @@ def show_operator_log(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, mode="w")
     handler.setFormatter(_PrefixingFormatter("[%(asctime)s] %(name)-20.20s [%(levelname)-8s] %(message)s"))
+    handler.addFilter(lambda record: record.name.startswith(("kopf", "rlt")))  # not the emulated API's access log
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(min(root.level or logging.INFO, logging.INFO))

@@ -53,3 +53,4 @@ def test_the_in_process_operators_log_is_shown(start_sandbox):
     sandbox.kubectl_until("Running", "get", "rlt")
     text = wait_for(lambda: "[default/tiny] created jobs/tiny-sft" in path.read_text() and path.read_text(), "log")
     assert "succeeded." not in text, "Kopf's handler-success lines are debug"
+    assert "aiohttp.access" not in text, "the operator's lines, not the emulated API's access log"
