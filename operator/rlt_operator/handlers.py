@@ -206,6 +206,8 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
     was: bool | None = None
     missing: set[str] = set()
     seen: dict[str, Any] = {}  # object -> its records; only one seen is recreated (a mistyped --peering makes none)
+    labels: dict[str, Any] = {}  # object -> its labels (kept when it is recreated)
+    told: set[str] = set()  # overlapping installs already reported
     while True:
         works = True
         for ns in where:
@@ -225,14 +227,17 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                         # with the records last seen: empty, it would let a standby resume beside the working replica.
                         body = {"apiVersion": f"{kind.group}/{kind.version}", "kind": kind.kind}
                         mine = {"priority": info.priority, "lifetime": info.lifetime, "lastseen": _iso_now()}
-                        meta = {"metadata": {"name": info.name}, "status": {**seen[what], info.identity: mine}}
+                        restored = {"name": info.name, "labels": labels.get(what, {})}
+                        meta = {"metadata": restored, "status": {**seen[what], info.identity: mine}}
                         made = await asyncio.to_thread(state.kube.create, kind.plural, ns, {**body, **meta})
                         logger.warning(f"peering object {what} recreated" + ("" if made else " (by another replica)"))
                     continue
                 missing.discard(what)
                 seen[what] = found[0].get("status") or {}
+                labels[what] = found[0]["metadata"].get("labels") or {}
                 mine, others = peering.working(found[0].get("status") or {}, info.identity, info.priority)
                 works = works and mine
+                await _say_overlaps(state, kind, ns, info, told, logger)
             except KubeError as err:
                 logger.error(
                     f"peering object {what}: cannot read or recreate it ({err}); recreate it with helm upgrade"
@@ -245,6 +250,21 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
             )
             was = works
         await asyncio.sleep(info.interval)
+
+
+async def _say_overlaps(state: OperatorState, kind: Any, ns: str, info: PeeringInfo, told: set, logger: Any) -> None:
+    """Another rlt install working in the same scope (its own peering object, live): both reconcile the same runs.
+    Said once per install, loudly; the cure is disjoint operator.watchNamespaces (docs/operator.md)."""
+    objects = await asyncio.to_thread(state.kube.listed, kind.plural, ns, ("labelSelector", "=".join(peering.PART_OF)))
+    for other in peering.overlapping(objects, info.name):
+        where = f"{kind.kind}/{other}" + (f" in namespace {ns}" if ns else "")
+        if where not in told:
+            told.add(where)
+            logger.error(
+                f"another rlt install works in this install's scope (its peering object {where} has a live replica): "
+                "both reconcile the same runs (every Event twice, status writes racing); give each install its own "
+                "namespaces (operator.watchNamespaces) and at most one cluster-wide install"
+            )
 
 
 @kopf.on.probe(id="runs")

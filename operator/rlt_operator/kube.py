@@ -91,8 +91,12 @@ class Kube:
 
     def named(self, plural: str, namespace: str, name: str) -> list[dict[str, Any]]:
         """The objects called `name` (zero or one), by a list with a field selector (the list verb only)."""
+        return self.listed(plural, namespace, ("fieldSelector", f"metadata.name={name}"))
+
+    def listed(self, plural: str, namespace: str, selector: tuple[str, str]) -> list[dict[str, Any]]:
+        """The objects a (fieldSelector|labelSelector, value) selects."""
         path = collection_path(plural, namespace)
-        status, data = self._call("GET", path, query=[("fieldSelector", f"metadata.name={name}")])
+        status, data = self._call("GET", path, query=[selector])
         if status >= 300:
             raise KubeError("GET", path, status, json.dumps(data))
         return list((data or {}).get("items", []))

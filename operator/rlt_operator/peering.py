@@ -74,6 +74,21 @@ def working(records: dict[str, Any], identity: str, priority: int, now: float | 
     return (not others, ", ".join(sorted(others)))
 
 
+# Every peering object the chart creates carries it (app.kubernetes.io/part-of: rlt): other installs' are found by it.
+PART_OF = ("app.kubernetes.io/part-of", "rlt")
+
+
+def overlapping(objects: list[dict[str, Any]], own: str, now: float | None = None) -> list[str]:
+    """Names of other rlt installs' peering objects in the same scope with a live record: an install that works
+    on the same runs as this one (every Event twice, status writes racing)."""
+    out = []
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if name != own and not working(obj.get("status") or {}, "", -(2**63), now)[0]:
+            out.append(name)
+    return out
+
+
 def _crd(kind: Kind) -> dict[str, Any]:
     scope = "Namespaced" if kind.namespaced else "Cluster"
     return {

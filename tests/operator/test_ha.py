@@ -399,6 +399,36 @@ async def test_json_logs_name_the_namespace_and_run_of_every_run_line(harness, t
     assert any(li["message"] == "this replica works (active)" for li in lines)
 
 
+async def test_two_installs_in_one_scope_each_say_so(harness, tmp_path):
+    """Two cluster-wide installs (each its own peering object, as the chart labels it) both work on every run: each
+    says so once, naming the other's peering object."""
+    labels = {"app.kubernetes.io/part-of": "rlt"}
+    for name in ("one", "two"):
+        meta = {"name": name, "labels": labels}
+        await harness.call(
+            "POST",
+            PEERINGS,
+            {"apiVersion": CLUSTER_PEERING.api_version, "kind": CLUSTER_PEERING.kind, "metadata": meta},
+        )
+
+    def log(name: str) -> str:
+        return (tmp_path / f"{name}.log").read_text()
+
+    async with replicas(harness, tmp_path) as (start, _procs):
+        await start("op-a", ("--all-namespaces",), -1, "one")
+        await start("op-b", ("--all-namespaces",), -1, "two")
+        for me, other in (("op-a", "two"), ("op-b", "one")):
+            await poll_until(
+                lambda me=me, other=other: (
+                    f"its peering object ClusterKopfPeering/{other} has a live replica" in log(me)
+                ),
+                f"{me} names install {other}",
+                40,
+            )
+        await asyncio.sleep(2 * LIFETIME / 4)  # said once, not every pass
+        assert log("op-a").count("another rlt install works") == 1
+
+
 async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):
     """Kopf waits silently (a debug line) for an absent peering object: the operator says it, naming the object."""
     await create_peering(harness)  # another name than the one asked for
