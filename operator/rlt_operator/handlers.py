@@ -22,13 +22,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rlt.contract import metrics as catalogue
 from rlt.contract.api import Phase
 from rlt.contract.metrics import OPERATOR_METRICS, build
-from rlt.contract.stage_registry import STAGE_ORDER
-from rlt_operator.observed import Observed, summarize
+from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
-from . import builders, progress, status
-from .kinds import CHILDREN, RUN
+from . import builders, peering, progress, status
+from .conditions import with_write_problems
+from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
+from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_summary, rejected
 
 log = logging.getLogger("rlt.operator")
 
@@ -42,6 +43,8 @@ class OperatorMetrics:
         self.registry = registry
         self.m = build(OPERATOR_METRICS, registry)
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
+        self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self._reconciled: set[tuple[str, str]] = set()
 
     def reconciled(self, result: str, seconds: float) -> None:
         self.m[catalogue.RECONCILES].labels(result=result).inc()
@@ -58,6 +61,28 @@ class OperatorMetrics:
         self.m[catalogue.RUN_INFO].labels(namespace, name, *info).set(1)
         self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
         self.m[catalogue.RUN_STEP].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
+        # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
+        had = self._conditions.setdefault((namespace, name), {})
+        for c in run_status.get("conditions") or []:
+            now = (c.get("status") or "Unknown", c.get("reason") or "")
+            old = had.get(c["type"])
+            if old and old != now:
+                _remove(self.m[catalogue.RUN_CONDITION], namespace, name, c["type"], *old)
+            had[c["type"]] = now
+            self.m[catalogue.RUN_CONDITION].labels(namespace, name, c["type"], *now).set(1)
+
+    def reconciled_run(self, namespace: str, name: str, ok: bool, at: float) -> None:
+        """The run's last successful reconcile; a run that never had one reads 0 (no status: alert)."""
+        gauge = self.m[catalogue.RUN_LAST_RECONCILE].labels(namespace, name)
+        if ok:
+            gauge.set(at)
+        elif (namespace, name) not in self._reconciled:
+            gauge.set(0)
+        if ok:
+            self._reconciled.add((namespace, name))
+
+    def active(self, working: bool) -> None:
+        self.m[catalogue.OPERATOR_ACTIVE].set(1 if working else 0)
 
     def forget(self, namespace: str, name: str) -> None:
         for phase in Phase:
@@ -67,11 +92,27 @@ class OperatorMetrics:
             _remove(self.m[catalogue.RUN_INFO], namespace, name, *old)
         _remove(self.m[catalogue.RUN_RESTARTS], namespace, name)
         _remove(self.m[catalogue.RUN_STEP], namespace, name)
+        for type_, labels in self._conditions.pop((namespace, name), {}).items():
+            _remove(self.m[catalogue.RUN_CONDITION], namespace, name, type_, *labels)
+        _remove(self.m[catalogue.RUN_LAST_RECONCILE], namespace, name)
+        self._reconciled.discard((namespace, name))
 
 
 def _remove(metric: Any, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set for this run
         metric.remove(*labels)
+
+
+@dataclass(frozen=True)
+class PeeringInfo:
+    """What `rlt operator --peering` passes in the root memo: the object and this replica's record in it."""
+
+    name: str
+    identity: str
+    priority: int
+    namespaces: tuple[str, ...] | None  # None: cluster-wide (a ClusterKopfPeering)
+    lifetime: int  # seconds a keep-alive record is valid
+    interval: float  # seconds between two checks
 
 
 @dataclass
@@ -83,6 +124,7 @@ class OperatorState:
     settings: OperatorSettings
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
+    peering_task: asyncio.Task | None = None
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -128,6 +170,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         metrics=OperatorMetrics(registry),
         settings=config,
     )
+    info: PeeringInfo | None = getattr(memo, "peering", None)
+    if info is None:  # standalone: this replica is the one that works
+        state.metrics.active(True)
+    else:
+        state.metrics.active(False)  # until the peering object says so
+        state.peering_task = asyncio.create_task(watch_peering(state, info, logger), name="rlt peering watch")
     if config.metrics_port >= 0:
         server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=registry)
         state.metrics_server = server
@@ -138,9 +186,86 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState | None = getattr(memo, "rlt", None)
+    if state is not None and state.peering_task is not None:
+        state.peering_task.cancel()
+    state: OperatorState | None = getattr(memo, "rlt", None)
     if state is not None and state.metrics_server is not None:
         state.metrics_server.shutdown()
         state.metrics_server.server_close()
+
+
+def _iso_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) -> None:
+    """Whether this replica works (rlt_operator_active, and one log line at each change: a standby says it is one),
+    and whether the peering object is still there. Kopf says neither: with the object deleted the working replica
+    goes on silently, and when it dies no standby takes over. A missing object is said loudly and recreated."""
+    kind = CLUSTER_PEERING if info.namespaces is None else PEERING
+    where = [""] if info.namespaces is None else list(info.namespaces)
+    was: bool | None = None
+    missing: set[str] = set()
+    seen: dict[str, Any] = {}  # object -> its records; only one seen is recreated (a mistyped --peering makes none)
+    labels: dict[str, Any] = {}  # object -> its labels (kept when it is recreated)
+    told: set[str] = set()  # overlapping installs already reported
+    while True:
+        works = True
+        for ns in where:
+            what = f"{kind.kind}/{info.name}" + (f" in namespace {ns}" if ns else "")
+            try:
+                found = await asyncio.to_thread(state.kube.list, kind.plural, ns, None, f"metadata.name={info.name}")
+                if not found:
+                    works = was is True  # Kopf keeps this replica as it was until the object is back
+                    if what not in missing:
+                        logger.error(
+                            f"peering object {what} is missing: a standby cannot take over when the working replica "
+                            "dies, and a restarted replica stays paused"
+                            + ("; recreating it" if what in seen else " (never seen: is --peering right?)")
+                        )
+                    missing.add(what)
+                    if what in seen:  # deleted (an accident, an uninstall racing an install): put it back as it was,
+                        # with the records last seen: empty, it would let a standby resume beside the working replica.
+                        body = {"apiVersion": f"{kind.group}/{kind.version}", "kind": kind.kind}
+                        mine = {"priority": info.priority, "lifetime": info.lifetime, "lastseen": _iso_now()}
+                        restored = {"name": info.name, "labels": labels.get(what, {})}
+                        meta = {"metadata": restored, "status": {**seen[what], info.identity: mine}}
+                        made = await asyncio.to_thread(state.kube.create, kind.plural, ns, {**body, **meta})
+                        logger.warning(f"peering object {what} recreated" + ("" if made is None else " (by another replica)"))
+                    continue
+                missing.discard(what)
+                seen[what] = found[0].get("status") or {}
+                labels[what] = found[0]["metadata"].get("labels") or {}
+                mine, others = peering.working(found[0].get("status") or {}, info.identity, info.priority)
+                works = works and mine
+                await _say_overlaps(state, kind, ns, info, told, logger)
+            except KubeError as err:
+                logger.error(
+                    f"peering object {what}: cannot read or recreate it ({err}); recreate it with helm upgrade"
+                )
+                works = works and bool(was)
+        if works != was:
+            state.metrics.active(works)
+            logger.info(
+                "this replica works (active)" if works else "this replica is the standby (paused while another works)"
+            )
+            was = works
+        await asyncio.sleep(info.interval)
+
+
+async def _say_overlaps(state: OperatorState, kind: Any, ns: str, info: PeeringInfo, told: set, logger: Any) -> None:
+    """Another rlt install working in the same scope (its own peering object, live): both reconcile the same runs.
+    Said once per install, loudly; the cure is disjoint operator.watchNamespaces (docs/operator.md)."""
+    objects = await asyncio.to_thread(state.kube.list, kind.plural, ns, "=".join(peering.PART_OF))
+    for other in peering.overlapping(objects, info.name):
+        where = f"{kind.kind}/{other}" + (f" in namespace {ns}" if ns else "")
+        if where not in told:
+            told.add(where)
+            logger.error(
+                f"another rlt install works in this install's scope (its peering object {where} has a live replica): "
+                "both reconcile the same runs (every Event twice, status writes racing); give each install its own "
+                "namespaces (operator.watchNamespaces) and at most one cluster-wide install"
+            )
 
 
 @kopf.on.probe(id="runs")
@@ -192,20 +317,102 @@ def observe(namespace: str, name: str, indices: dict[str, Any]) -> Observed:
 # --------------------------------------------------------------------------- the reconcile loop
 
 
-async def apply(state: OperatorState, namespace: str, actions: list[status.Action], logger: Any) -> None:
+async def apply(
+    state: OperatorState,
+    ref: builders.RunRef,
+    observed: Observed,
+    actions: list[status.Action],
+    writes: ChildWrites,
+    logger: Any,
+) -> tuple[list[status.Action], list[WriteProblem]]:
+    """Send the decision's writes, each only to an object of the run's (rlt_operator.writes). A write the server
+    refuses (4xx other than 404/409) or that meets someone else's object is not retried at once but becomes a
+    problem with back-off, and the others go on. Returns the actions sent and the problems new or changed."""
+    sent: list[status.Action] = []
+    news: list[WriteProblem] = []
+    now = time.monotonic()
+
+    def problem(p: WriteProblem) -> None:
+        if writes.failed(p, now):
+            news.append(p)
+
     for a in actions:
-        if a.verb == "create":
-            created = await asyncio.to_thread(state.kube.create, a.plural, namespace, a.body)
-            if created:
-                logger.info(f"created {a.plural}/{a.name}")
-        elif a.verb == "patch":
-            await asyncio.to_thread(state.kube.patch, a.plural, namespace, a.name, a.body)
-            logger.info(f"updated {a.plural}/{a.name}")
-        elif a.verb == "delete":
-            if await asyncio.to_thread(state.kube.delete, a.plural, namespace, a.name, a.propagation):
-                logger.info(f"deleted {a.plural}/{a.name}")
-        else:  # pragma: no cover - status.py only emits these three
-            raise ValueError(f"unknown action {a.verb}")
+        key = (a.plural, a.name)
+        if not writes.due(key, now) or (a.verb == "create" and writes.blocked(a.plural)):
+            continue
+        child = getattr(observed, a.plural, {}).get(a.name) if a.verb != "create" else None
+        if child is not None and not owns_summary(ref, a.plural, child):
+            problem(conflict(a.plural, a.name, None))
+            continue
+        try:
+            if a.verb == "create":
+                existing = await asyncio.to_thread(state.kube.create, a.plural, ref.namespace, a.body)
+                if existing is None:
+                    logger.info(f"created {a.plural}/{a.name}")
+                elif existing and not owns_object(ref, a.plural, existing):
+                    problem(conflict(a.plural, a.name, existing))
+                    continue
+            elif a.verb == "patch":
+                await asyncio.to_thread(state.kube.patch, a.plural, ref.namespace, a.name, a.body)
+                logger.info(f"updated {a.plural}/{a.name}")
+            elif a.verb == "delete":
+                if await asyncio.to_thread(state.kube.delete, a.plural, ref.namespace, a.name, a.propagation):
+                    logger.info(f"deleted {a.plural}/{a.name}")
+            else:  # pragma: no cover - status.py only emits these three
+                raise ValueError(f"unknown action {a.verb}")
+        except KubeError as err:
+            if not err.refused:
+                raise
+            problem(rejected(a.verb, a.plural, a.name, err.status, err.server_message))
+            continue
+        writes.succeeded(key)
+        sent.append(a)
+    return sent, news
+
+
+def observed_conflicts(ref: builders.RunRef, observed: Observed) -> list[WriteProblem]:
+    """Run-wide children with the run's label but not the run's (an earlier run's leftovers, a copy): never used.
+    The trainer Jobs and generators of an earlier run of the same name are status.decide's (it waits for them)."""
+    out = []
+    for plural in ("configmaps", "persistentvolumeclaims", "services", "networkpolicies"):
+        for name, child in getattr(observed, plural).items():
+            if not child.get("deleting") and not owns_summary(ref, plural, child):
+                out.append(conflict(plural, name, None))
+    return out
+
+
+# How often a run whose Job or StatefulSet lacks pods reads that controller's FailedCreate Events.
+FAILED_CREATE_INTERVAL = 10.0
+
+
+async def read_failed_creates(
+    state: OperatorState, namespace: str, observed: Observed, mem: RunMemory, logger: Any
+) -> list[tuple[str, str, str]]:
+    """Why a Job or StatefulSet of the run has no pods, from its controller's FailedCreate Events (a list by
+    involvedObject.uid, only while pods are missing and at most every FAILED_CREATE_INTERVAL): into mem.not_created;
+    returns the Warning Events to post for new messages."""
+    needy = pods_not_created(observed)
+    if not needy:
+        mem.not_created, mem.reported = [], set()
+        return []
+    if time.monotonic() - mem.not_created_at < FAILED_CREATE_INTERVAL:
+        return []
+    mem.not_created_at = time.monotonic()
+    found = []
+    for kind, child, uid in needy:
+        selector = f"involvedObject.uid={uid},reason=FailedCreate"
+        try:
+            events = await asyncio.to_thread(state.kube.list, "events", namespace, None, selector)
+        except KubeError as err:  # informative only: never hold the reconcile up
+            logger.debug(f"events of {kind} {child} not readable: {err}")
+            continue
+        problem = failed_create(kind, child, events)
+        if problem:
+            found.append(problem)
+    mem.not_created = found
+    news = [("Warning", p["reason"], p["message"]) for p in found if p["message"] not in mem.reported]
+    mem.reported |= {p["message"] for p in found}
+    return news
 
 
 @dataclass
@@ -218,6 +425,11 @@ class RunMemory:
     # Expectations (as Kubernetes controllers keep them): children we created that the watch-fed
     # index has not shown yet. Not re-posting them saves a 409 per child per reconcile.
     created: dict[tuple[str, str], float] = field(default_factory=dict)
+    writes: ChildWrites = field(default_factory=ChildWrites)  # refused writes and their back-off
+    not_created: list[dict[str, Any]] = field(default_factory=list)  # FailedCreate of the run's Jobs/StatefulSets
+    not_created_at: float = -math.inf
+    reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
+    generation: int = 0  # a new spec retries refused writes at once
 
     def expected(
         self, observed: Observed, actions: list[status.Action], now: float, ttl: float = 10.0
@@ -258,24 +470,43 @@ async def reconcile_once(
         ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh, state.settings.scrapers
     )
     actions = mem.expected(observed, decision.actions, time.monotonic())
-    await apply(state, namespace, actions, logger)
-    for a in actions:
+    generation = int(meta.get("generation") or 1)
+    if generation != mem.generation:
+        mem.generation, mem.writes.next_try = generation, {}
+    standing = observed_conflicts(ref, observed)
+    mem.writes.forget_gone({(a.plural, a.name) for a in decision.actions} | {p.key for p in standing})
+    news = [p for p in standing if mem.writes.failed(p, time.monotonic())]
+    sent, refused = await apply(state, ref, observed, actions, mem.writes, logger)
+    news += refused
+    for a in sent:
         if a.verb == "create":
             mem.created[(a.plural, a.name)] = time.monotonic()
         elif a.verb == "delete":
             mem.created.pop((a.plural, a.name), None)
-    patch = status.merge_patch(server_status, decision.status)
+    news_created = await read_failed_creates(state, namespace, observed, mem, logger)
+    run_status = with_write_problems(
+        decision.status, list(mem.writes.problems.values()), now, mem.not_created, prev.get("conditions")
+    )
+    # The status is written whatever happened to the children: a refused child is on the run, not only in a log.
+    patch = status.merge_patch(server_status, run_status)
     if patch:
         await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
-    mem.status = decision.status
-    for type_, reason, message in status.events_for(decision, actions):
+    mem.status = run_status
+    events = status.events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + news_created
+    for type_, reason, message in events:
         kopf.event(body, type=type_, reason=reason, message=message)
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
-    state.metrics.run(namespace, name, decision.status, method)
+    state.metrics.run(namespace, name, run_status, method)
+    requeue = _min_or_none(decision.requeue_after, mem.writes.requeue(time.monotonic()))
     if job and job.get("active", 0) > 0:  # come back for the next progress read, not only at the next resync
-        return min(decision.requeue_after or math.inf, state.settings.progress_interval)
-    return decision.requeue_after
+        return min(requeue or math.inf, state.settings.progress_interval)
+    return requeue
+
+
+def _min_or_none(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
 
 
 @kopf.daemon(RUN.group, RUN.version, RUN.plural, id="reconcile", cancellation_timeout=5.0)
@@ -293,16 +524,19 @@ async def reconcile_loop(
             try:
                 requeue = await reconcile_once(state, body, mem, indices, logger)
                 state.metrics.reconciled("success", time.perf_counter() - t0)
+                state.metrics.reconciled_run(namespace, name, True, time.time())
             except KubeError as err:
                 # The loop must survive API hiccups; the next pass retries from observed state.
                 logger.error(f"reconcile failed, retrying in {status.SOON * 2:.0f}s: {err}")
                 state.metrics.reconciled("error", time.perf_counter() - t0)
+                state.metrics.reconciled_run(namespace, name, False, time.time())
                 mem.status = None  # re-read what the server has
                 requeue = status.SOON * 2
             except Exception:
                 # A bug must not stall this run forever nor touch the others: loud, counted, retried.
                 logger.exception(f"reconcile crashed, retrying in {status.SOON * 2:.0f}s")
                 state.metrics.reconciled("error", time.perf_counter() - t0)
+                state.metrics.reconciled_run(namespace, name, False, time.time())
                 mem.status = None  # re-read what the server has
                 requeue = status.SOON * 2
             resync = state.settings.resync_seconds
@@ -323,13 +557,27 @@ async def reconcile_loop(
 
 
 @kopf.on.delete(RUN.group, RUN.version, RUN.plural, id="cleanup")
-async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+async def cleanup(
+    name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any
+) -> None:
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
     state: OperatorState = memo.rlt
     storage = spec.get("storage") or {}  # raw spec: it may be invalid
     retention = "Delete" if storage.get("retentionPolicy") == "Delete" else "Retain"  # unknown → keep the data
-    for plural, child in builders.all_children(name, STAGE_ORDER, storage.get("existingClaim"), retention):
-        await asyncio.to_thread(state.kube.delete, plural, namespace, child, "Background")
+    ref = builders.RunRef(name=name, namespace=namespace, uid=meta["uid"])
+    # Only the run's own objects, found by its label and checked by owner UID: never someone else's object that
+    # happens to have a child's name, nor an object the user deleting the run has no rights to.
+    for child in CHILDREN:
+        if child.plural == "pods":
+            continue  # their Job or StatefulSet owns them
+        found = await asyncio.to_thread(state.kube.list, child.plural, namespace, f"{builders.L_RUN}={name}")
+        for obj in found:
+            m = obj["metadata"]
+            if not owns_object(ref, child.plural, obj):
+                continue
+            if child.plural == "persistentvolumeclaims" and (retention == "Retain" or storage.get("existingClaim")):
+                continue
+            await asyncio.to_thread(state.kube.delete, child.plural, namespace, m["name"], "Background", m.get("uid"))
     state.metrics.forget(namespace, name)
     logger.info(
         "children deleted"

@@ -9,7 +9,8 @@ lifecycle is covered. Where each verb comes from:
   ownerReferences with blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement admission
   plugin allows only to who may update the owner's finalizers.
 - events create: Kopf posts the run's Events (core v1 API).
-- children list/watch: Kopf indices (the operator never GETs single objects); create: fixed-name
+- children list/watch: Kopf indices, and a list by name after a 409 (whose object is it?) and by label at deletion
+  (the operator never GETs single objects); create: fixed-name
   children; delete: gang restarts, suspend, terminal cleanup, TTL and run deletion; configmaps patch:
   the pods' run.yaml follows spec edits. Pods are only watched (generator restarts, failed ranks);
   deleting a Job or StatefulSet with Foreground propagation lets the garbage collector remove them.
