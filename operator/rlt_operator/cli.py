@@ -89,10 +89,14 @@ class _SuccessAtDebug(logging.Filter):
         self.debug = debug
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.INFO and str(record.msg).endswith(" succeeded."):
-            if str(record.msg).startswith(("Handler '", "Activity '", "Daemon '")):
-                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-                return self.debug
+        message = str(record.msg)
+        if (
+            record.levelno == logging.INFO
+            and message.endswith(" succeeded.")
+            and message.startswith(("Handler '", "Activity '", "Daemon '"))
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.debug
         return True
 
 

@@ -231,7 +231,9 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                         restored = {"name": info.name, "labels": labels.get(what, {})}
                         meta = {"metadata": restored, "status": {**seen[what], info.identity: mine}}
                         made = await asyncio.to_thread(state.kube.create, kind.plural, ns, {**body, **meta})
-                        logger.warning(f"peering object {what} recreated" + ("" if made is None else " (by another replica)"))
+                        logger.warning(
+                            f"peering object {what} recreated" + ("" if made is None else " (by another replica)")
+                        )
                     continue
                 missing.discard(what)
                 seen[what] = found[0].get("status") or {}
