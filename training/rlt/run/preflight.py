@@ -7,6 +7,9 @@ volume retained from an earlier RLTRun of the same name may hold a finished stag
 would refuse it inside the launcher and burn every gang restart. Here it exits CONFIG_ERROR, which the Job's
 podFailurePolicy fails at once, with a message that says what to do on a cluster.
 
+Between the spec and the volume, the node's NVIDIA driver against the image's CUDA (rlt.run.driver): one too old
+for it exits CONFIG_ERROR with one line naming the driver the image needs (also the termination message).
+
 Last, the capacity plan (`rlt plan`, rlt.spec.capacity) of this pod's stage and of the run's volume: it needs
 transformers and DeepSpeed, which the trainer image has and the operator's has not, and takes seconds of CPU, too
 slow for a reconcile loop. A misfit exits CONFIG_ERROR with one line that starts with CAPACITY_PREFIX, from which the
@@ -24,7 +27,7 @@ import argparse
 import os
 import sys
 
-from rlt.run import fingerprint
+from rlt.run import driver, fingerprint
 from rlt.run.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
 from rlt.run.layout import RunLayout
 from rlt.spec import validation
@@ -101,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     status = validation.main([args.file])
     if status != ExitCode.OK or not args.stage:
         return status
+    # The node's driver first: with one too old for the image's CUDA no stage can start (rlt.run.driver).
+    if too_old := driver.check():
+        write_message(args.message_file, too_old)
+        print(too_old, file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     try:
         problem = stale_stage_problem(args.file, args.stage, args.root or ".")
         fits, line = (False, "") if problem else capacity_check(args.file, args.stage)
