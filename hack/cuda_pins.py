@@ -34,8 +34,10 @@ UV_VERSION = "0.13.9"  # the resolver here and the installer in the Containerfil
 PYTHON_VERSION = "3.11"
 PLATFORM = "x86_64-manylinux_2_36"
 # vLLM requires these, but PyPI's torchaudio is built for another torch (2.11) and a text-only image imports none
-# of them; a mismatched torchvision breaks `import transformers` (operator torchvision::nms does not exist).
-LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
+# of them (video and audio inputs); a mismatched torchvision breaks `import transformers` (operator
+# torchvision::nms does not exist). PyNvVideoCodec (NVDEC video decoding, 66 MB) is never imported by rlt's stages or
+# vLLM's text server (tests/images/test_cuda_images.py imports both).
+LEFT_OUT = ("torchvision", "torchaudio", "torchcodec", "pynvvideocodec")
 # Wheels whose version is the CUDA release they belong to.
 CUDA_VERSIONED = re.compile(
     r"^(cuda-toolkit|cuda-bindings|cuda-python|nvidia-cuda-[a-z-]+|nvidia-nvjitlink|nvidia-nvvm|nvidia-nvtx|nvidia-cublas)$"
@@ -190,8 +192,8 @@ def check(locks: dict[str, str]) -> list[str]:
         for name, major in majors.items():
             if name not in OTHER_MAJOR_ALLOWED:
                 seen.setdefault(major, []).append(f"{image}:{name}=={pkgs[name][0]}")
-        if "cuda-toolkit" not in majors and "torch" in pkgs:
-            problems.append(f"{image}: torch {pkgs['torch'][0]} brings no cuda-toolkit (a CPU or non-PyPI torch?)")
+        if not majors and "torch" in pkgs:
+            problems.append(f"{image}: no CUDA wheel in the lock (torch {pkgs['torch'][0]}: a CPU torch?)")
     if len(seen) > 1:
         problems.append(
             "more than one CUDA major: "
