@@ -15,8 +15,8 @@ import yaml
 from image_helpers import ROOT, images
 from test_trainer_generator_images import chown_for, mounts, pod_env, pod_mounts, rendered
 
-from rlt.run.exitcodes import ExitCode
-from rlt.run.layout import RunLayout
+from rlt.contract.exitcodes import ExitCode
+from rlt.contract.layout import RunLayout
 from rlt_operator import builders as b
 
 pytestmark = [pytest.mark.timeout(3600), pytest.mark.image_build_cuda]
@@ -59,11 +59,13 @@ def test_trainer_imports_grpo_deepspeed_and_vllm(trainer_image):
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-4000:]
 
 
-def test_generator_entrypoint_answers_help(generator_image):
+def test_generator_entrypoint_answers_help(generator_image, tiny_run, tmp_path):
     config = json.loads((generator_image / "config.json").read_text())
     assert tuple(config["Entrypoint"]) == b.GENERATOR_ENTRYPOINT
-    out = run_in(generator_image, [*config["Entrypoint"], "--help"])
-    assert out.returncode == 0 and "--weight-transfer-config" in out.stdout, out.stdout[-4000:]
+    pod, c = rendered(tiny_run, "generator", "rl")
+    log = tmp_path / "help.log"
+    rc = run_rendered(generator_image, pod, c, [*config["Entrypoint"], "--help"], {}, log, timeout=900)
+    assert rc == 0 and "--weight-transfer-config" in log.read_text(), log.read_text()[-4000:]
 
 
 # Every shared library under these site-packages folders, checked with ldd. LD_LIBRARY_PATH is torch/lib and
@@ -160,14 +162,25 @@ def tiny_cpu_run():
     return parse_run(doc)
 
 
-def run_rendered(image: Path, pod: dict, c: dict, argv: list[str], binds: dict, log: Path, timeout: float) -> int:
+def run_rendered(
+    image: Path,
+    pod: dict,
+    c: dict,
+    argv: list[str],
+    binds: dict,
+    log: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> int:
+    """argv in the image as the rendered container runs: its env (and `env` on top), uid/gid, read-only root and
+    emptyDirs, `binds` (host -> container)."""
     sc = pod["securityContext"]
     read_only, tmpfs = pod_mounts(pod, c)
     with log.open("w") as out:
         proc = images.run_rootfs(
             image,
             argv,
-            env=pod_env(c),
+            env={**pod_env(c), **(env or {})},
             uid=sc["runAsUser"],
             gid=sc["runAsGroup"],
             binds=binds,
@@ -197,7 +210,7 @@ PEAK = (
     "import resource, runpy, sys\n"
     "sys.argv = sys.argv[1:]\n"
     "try:\n"
-    "    runpy.run_module('rlt.run.preflight', run_name='__main__')\n"
+    "    runpy.run_module('rlt.checks.preflight', run_name='__main__')\n"
     "finally:\n"
     "    print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
 )
@@ -211,7 +224,7 @@ def memory_mib(quantity: str) -> float:
 def test_preflight_peak_memory_in_the_cuda_trainer_is_below_its_limit(trainer_image, tiny_cpu_run, tmp_path):
     pod, _ = rendered(tiny_cpu_run, "trainer", "rl")
     init = pod["initContainers"][0]
-    assert init["command"][:3] == ["python", "-m", "rlt.run.preflight"]
+    assert init["command"][:3] == ["python", "-m", "rlt.checks.preflight"]
     data, binds = mounts(tiny_cpu_run, tmp_path)
     chown_for(pod, data)
     log = tmp_path / "preflight.log"
@@ -227,56 +240,37 @@ def test_preflight_peak_memory_in_the_cuda_trainer_is_below_its_limit(trainer_im
 
 
 def test_an_old_driver_stops_the_preflight_and_the_generator_with_one_line(
-    trainer_image, generator_image, tiny_cpu_run, tmp_path
+    trainer_image, generator_image, tiny_run, tmp_path
 ):
-    """No GPU here: a stand-in `nvidia-smi` on PATH reports driver 570.86.15 (R570, older than CUDA 13's R580);
-    NVML finds no libnvidia-ml.so.1 on this machine, so the check falls back to it, as on a node without NVML."""
+    """No GPU here: a stand-in `nvidia-smi` on PATH reports the driver (NVML finds no libnvidia-ml.so.1 on this
+    machine, so the check falls back to it, as on a node without NVML). R570 under the images' CUDA 13 stops the
+    trainer's init container and the generator's vLLM (rlt's general plugin) with exit 78 and one `driver:` line;
+    R580 lets the preflight go on to its plan."""
     fake = tmp_path / "fakebin"
     fake.mkdir()
-    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 570.86.15\n")
-    (fake / "nvidia-smi").chmod(0o755)
+    smi = fake / "nvidia-smi"
     binds = {str(fake): "/opt/fake-driver"}
-    path = "/opt/fake-driver:/opt/venv/bin:/usr/local/bin:/usr/bin:/bin"
-    pod, _ = rendered(tiny_cpu_run, "trainer", "rl")
+    path = {"PATH": "/opt/fake-driver:/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    pod, _ = rendered(tiny_run, "trainer", "rl")
     init = pod["initContainers"][0]
-    data, data_binds = mounts(tiny_cpu_run, tmp_path)
+    data, data_binds = mounts(tiny_run, tmp_path)
     chown_for(pod, data)
-    log = tmp_path / "preflight.log"
-    with log.open("w") as out:
-        proc = images.run_rootfs(
-            trainer_image,
-            init["command"],
-            env={**pod_env(init), "PATH": path},
-            binds={**binds, **data_binds},
-            tmpfs=("/tmp",),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        assert proc.wait(timeout=600) == ExitCode.CONFIG_ERROR, log.read_text()[-3000:]
-    line = log.read_text().strip().splitlines()[-1]
-    assert line.startswith("driver:") and "580.65.06" in line and "570.86.15" in line, log.read_text()[-3000:]
-    # the generator: vLLM runs rlt's general plugin at its start
-    config = json.loads((generator_image / "config.json").read_text())
-    model = ROOT / "no-model-needed"
-    out = run_in(
-        generator_image,
-        [*config["Entrypoint"], "--model", str(model), "--port", "0"],
-        env={"PATH": path},
-        binds=binds,
-        timeout=600,
-    )
-    assert out.returncode == ExitCode.CONFIG_ERROR, out.stdout[-4000:]
-    assert any(ln.startswith("driver:") and "580.65.06" in ln for ln in out.stdout.splitlines()), out.stdout[-3000:]
-    # with a new enough driver both go on (the preflight to its plan, exit 0)
-    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 580.95.05\n")
-    with log.open("w") as out_f:
-        proc = images.run_rootfs(
-            trainer_image,
-            init["command"],
-            env={**pod_env(init), "PATH": path},
-            binds={**binds, **data_binds},
-            tmpfs=("/tmp",),
-            stdout=out_f,
-            stderr=subprocess.STDOUT,
-        )
-        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    gen_pod, gen = rendered(tiny_run, "generator", "rl")
+    for version, code in (("570.86.15", ExitCode.CONFIG_ERROR), ("580.95.05", ExitCode.OK)):
+        smi.write_text(f"#!/bin/sh\necho {version}\n")
+        smi.chmod(0o755)
+        log = tmp_path / f"preflight-{version}.log"
+        rc = run_rendered(trainer_image, pod, init, init["command"], {**binds, **data_binds}, log, 600, env=path)
+        text = log.read_text()
+        assert rc == code, text[-3000:]
+        print(f"preflight with driver {version}: exit {rc}: {text.strip().splitlines()[-1]}")
+        if code == ExitCode.CONFIG_ERROR:
+            line = text.strip().splitlines()[-1]
+            assert line.startswith("driver:") and "580.65.06" in line and version in line, text[-3000:]
+            # the generator, as rendered (its model need not exist: vLLM runs its plugins first)
+            log = tmp_path / "generator.log"
+            rc = run_rendered(generator_image, gen_pod, gen, gen["command"], binds, log, 600, env=path)
+            text = log.read_text()
+            assert rc == ExitCode.CONFIG_ERROR, text[-4000:]
+            assert any(ln.startswith("driver:") and "580.65.06" in ln for ln in text.splitlines()), text[-3000:]
+            print(f"generator with driver {version}: exit {rc}")

@@ -1,4 +1,4 @@
-"""rlt.run.driver: the node's NVIDIA driver against the image's CUDA. No GPU here: the driver is simulated by a
+"""rlt.checks.driver: the node's NVIDIA driver against the image's CUDA. No GPU here: the driver is simulated by a
 stand-in `nvidia-smi` on PATH (NVML finds no libnvidia-ml.so.1 on this machine and falls back to it), the image's
 CUDA by a stand-in nvidia-cuda-runtime distribution (its metadata only) on sys.path."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlt.run import driver
-from rlt.run.exitcodes import ExitCode
+from rlt.checks import driver
+from rlt.contract.exitcodes import ExitCode
 
 
 def test_a_driver_older_than_the_cudas_floor_is_one_line_naming_both():

@@ -6,9 +6,9 @@ The image's CUDA major is read from its CUDA runtime wheel (nvidia-cuda-runtime 
 the one whose libcudart every CUDA extension of the image links; an image without one (the CPU flavour) checks
 nothing. The driver's version comes from NVML (the nvidia-ml-py wheel, which vLLM's dependencies bring) or else
 `nvidia-smi`; a pod that sees neither has no GPU and nothing to check. Standard library only besides NVML: it runs
-in the trainer's preflight (rlt.run.preflight) and, as a vLLM general plugin (pyproject's
+in the trainer's preflight (rlt.checks.preflight) and, as a vLLM general plugin (pyproject's
 `vllm.general_plugins` entry point, which vLLM loads in every process it starts, before any CUDA work), in the
-generator; `python -m rlt.run.driver` runs it alone.
+generator; `python -m rlt.checks.driver` runs it alone.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 
 # The oldest Linux driver each CUDA major runs on (NVIDIA's CUDA release notes, "CUDA Toolkit and Minimum Required
 # Driver Version for CUDA Minor Version Compatibility": every 13.x runs on R580, every 12.x on R525).
