@@ -69,7 +69,7 @@ def capacity_check(path: str, stage: str) -> tuple[bool, str]:
 
     run = validation.load_valid_run(path)
     gpu_memory, source = spec_gpu_memory(run.spec)
-    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (measured peak: 0.5 GiB)
+    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (peak: 544 MiB, CUDA image)
     plan = plan_for_run(run.spec, gpu_memory, build=False)
     misfits = plan.errors((stage, "all"))
     if not misfits:
