@@ -4,7 +4,7 @@
     python hack/images.py base                         # mmdebstrap a minimal Debian bookworm once, import it
     python hack/images.py build operator trainer ...   # buildah build each Containerfile on that base (CPU flavour)
     python hack/images.py build --flavour cuda trainer generator   # the CUDA flavours (PyPI's CUDA wheels)
-    python hack/images.py sizes operator trainer ...   # the built images' sizes
+    python hack/images.py sizes operator trainer ...   # the built images' sizes (--layers: gzip-compressed, per layer)
     python hack/images.py rootfs operator              # build-or-reuse an unpacked rootfs, cached by its inputs
     python hack/images.py prune                        # drop dangling images and leftover working containers
 
@@ -167,6 +167,8 @@ def prune(replaced: str | None = None) -> None:
             log("prune: another build is using the store; left its containers and images alone")
             return
         containers = json.loads(buildah("containers", "--json").stdout or "null") or []
+        # mounted_rootfs's containers stay: they are the images' files that tests run from, not build leftovers
+        containers = [c for c in containers if not c.get("containername", "").startswith(MOUNT_PREFIX)]
         if containers:
             log(f"prune: removing {len(containers)} leftover working container(s)")
             buildah("rm", *[c["id"] for c in containers], check=False)
@@ -402,13 +404,22 @@ def rootfs(name: str, flavour: str = "cpu") -> Path:
     return out
 
 
+MOUNT_PREFIX = "rlt-rootfs-"
+
+
 def mounted_rootfs(name: str, flavour: str, out: Path) -> Path:
-    """rootfs() without the copy (the CUDA images are 10-20 GB unpacked): a working container of the image, named by
-    its inputs and mounted by buildah (on overlay the mount shares the image's layers; what a run writes goes to the
-    container's own layer), as out/rootfs -> the mount point, beside out/config.json. `prune` removes it."""
+    """rootfs() without the copy (the CUDA images are about 9 GB unpacked): a working container of the image, named
+    by its inputs and mounted by buildah (on overlay the mount shares the image's layers; what a run writes goes to
+    the container's own layer), as out/rootfs -> the mount point, beside out/config.json. One per image and flavour:
+    the container of older inputs goes (`prune` leaves these alone)."""
     ref = ensure_built(name, flavour)
-    container = f"rlt-{out.name}"
+    container = f"{MOUNT_PREFIX}{out.name}"
+    stem = out.name.rsplit("-", 1)[0]
     with store_lock():
+        for c in json.loads(buildah("containers", "--json").stdout or "null") or []:
+            other = c.get("containername", "")
+            if other.startswith(f"{MOUNT_PREFIX}{stem}-") and other != container:
+                buildah("rm", other, check=False)
         if buildah("inspect", "--type", "container", container, check=False).returncode != 0:
             buildah("from", "--pull=never", "--name", container, ref)
         mnt = buildah("mount", container).stdout.strip()

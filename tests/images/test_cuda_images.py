@@ -54,6 +54,9 @@ def python_in(image: Path, code: str, **kw) -> subprocess.CompletedProcess:
     return run_in(image, ["python3", "-W", "ignore", "-c", code], **kw)
 
 
+NO_GPU = {"VLLM_TARGET_DEVICE": "cpu"}
+
+
 def test_trainer_imports_grpo_deepspeed_and_vllm(trainer_image):
     out = python_in(trainer_image, "from trl import GRPOTrainer; import deepspeed, vllm, transformers; print('ok')")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-4000:]
@@ -64,7 +67,9 @@ def test_generator_entrypoint_answers_help(generator_image, tiny_run, tmp_path):
     assert tuple(config["Entrypoint"]) == b.GENERATOR_ENTRYPOINT
     pod, c = rendered(tiny_run, "generator", "rl")
     log = tmp_path / "help.log"
-    rc = run_rendered(generator_image, pod, c, [*config["Entrypoint"], "--help"], {}, log, timeout=900)
+    # VLLM_TARGET_DEVICE=cpu: with no GPU, vLLM's CUDA platform is not detected and its argument parser cannot
+    # infer a device; on a GPU node NVML finds the GPU and the variable is not needed
+    rc = run_rendered(generator_image, pod, c, [*config["Entrypoint"], "--help"], {}, log, timeout=900, env=NO_GPU)
     assert rc == 0 and "--weight-transfer-config" in log.read_text(), log.read_text()[-4000:]
 
 
@@ -118,15 +123,18 @@ def test_every_shared_library_resolves_but_the_drivers(image, packages, request)
     assert set(missing) <= DRIVER_LIBRARIES, {lib: sorted(sos)[:5] for lib, sos in missing.items()}
 
 
+# vLLM's compiled extensions (vllm/*.so): the CUDA runtime each links, resolved where `import torch` loads it from.
 CUDA_OF = r"""
-import importlib.metadata as m, subprocess, sysconfig, os, re, torch, vllm
+import glob, importlib.metadata as m, subprocess, sysconfig, os, re, torch, vllm
 sp = sysconfig.get_paths()["purelib"]
-so = next(os.path.join(sp, "vllm", f) for f in os.listdir(os.path.join(sp, "vllm")) if f.startswith("_C."))
-ldd = subprocess.run(["ldd", so], capture_output=True, text=True, env={"LD_LIBRARY_PATH": sp + "/torch/lib"}).stdout
+libs = sp + "/torch/lib:" + ":".join(glob.glob(sp + "/nvidia/cu*/lib"))
+cudart = set()
+for so in sorted(glob.glob(sp + "/vllm/*.so")):
+    ldd = subprocess.run(["ldd", so], capture_output=True, text=True, env={"LD_LIBRARY_PATH": libs}).stdout
+    cudart |= {(m, os.path.realpath(p)) for m, p in re.findall(r"libcudart\.so\.(\d+) => (\S+)", ldd)}
 print(json.dumps({
     "torch": torch.__version__, "torch_cuda": torch.version.cuda, "vllm": vllm.__version__,
-    "vllm_cudart": sorted(set(re.findall(r"libcudart\.so\.(\d+) => (\S+)", ldd))),
-    "cuda_runtime_wheel": m.version("nvidia-cuda-runtime"),
+    "vllm_cudart": sorted(cudart), "cuda_runtime_wheel": m.version("nvidia-cuda-runtime"),
 }))
 """
 
@@ -269,7 +277,7 @@ def test_an_old_driver_stops_the_preflight_and_the_generator_with_one_line(
             assert line.startswith("driver:") and "580.65.06" in line and version in line, text[-3000:]
             # the generator, as rendered (its model need not exist: vLLM runs its plugins first)
             log = tmp_path / "generator.log"
-            rc = run_rendered(generator_image, gen_pod, gen, gen["command"], binds, log, 600, env=path)
+            rc = run_rendered(generator_image, gen_pod, gen, gen["command"], binds, log, 600, env={**path, **NO_GPU})
             text = log.read_text()
             assert rc == ExitCode.CONFIG_ERROR, text[-4000:]
             assert any(ln.startswith("driver:") and "580.65.06" in ln for ln in text.splitlines()), text[-3000:]
