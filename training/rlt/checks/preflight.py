@@ -6,6 +6,9 @@ volume retained from an earlier RLTRun of the same name may hold a finished stag
 would refuse it inside the launcher and burn every gang restart. Here it exits CONFIG_ERROR, which the Job's
 podFailurePolicy fails at once, with a message that says what to do on a cluster.
 
+Between the spec and the volume, the node's NVIDIA driver against the image's CUDA (rlt.checks.driver): one too
+old for it exits CONFIG_ERROR with one line naming the driver the image needs (also the termination message).
+
 Last, the capacity plan (`rlt plan`, rlt.checks.capacity) of this pod's stage and of the run's volume: it needs
 transformers and DeepSpeed, which the trainer image has and the operator's has not, and takes seconds of CPU, too
 slow for a reconcile loop. A misfit exits CONFIG_ERROR with one line that starts with CAPACITY_PREFIX, from which the
@@ -24,7 +27,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlt.checks import validation
+from rlt.checks import driver, validation
 from rlt.contract.env import CAPACITY_CHECK
 from rlt.contract.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
 from rlt.contract.layout import RunLayout
@@ -66,7 +69,7 @@ def capacity_check(path: str, stage: str) -> tuple[bool, str]:
 
     run = validation.load_valid_run(path)
     gpu_memory, source = spec_gpu_memory(run.spec)
-    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (measured peak: 0.5 GiB)
+    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (peak: 544 MiB, CUDA image)
     plan = plan_for_run(run.spec, gpu_memory, build=False)
     misfits = plan.errors((stage, "all"))
     if not misfits:
@@ -109,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
     status = validation.main([args.file])
     if status != ExitCode.OK or not args.stage:
         return status
+    # The node's driver first: with one too old for the image's CUDA no stage can start (rlt.checks.driver).
+    if too_old := driver.check():
+        write_message(args.message_file, too_old)
+        print(too_old, file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     try:
         problem = stale_stage_problem(args.file, args.stage, args.root or ".")
         fits, line = (False, "") if problem else capacity_check(args.file, args.stage)
