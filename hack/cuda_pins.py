@@ -78,7 +78,7 @@ def uv() -> str | None:
 
 def compile_cmd(name: str, out: Path) -> list[str]:
     """uv's resolution of one image's .in for the images' platform (the command is also the lock's header)."""
-    cmd = [
+    return [
         "uv",
         "pip",
         "compile",
@@ -98,7 +98,6 @@ def compile_cmd(name: str, out: Path) -> list[str]:
         "-o",
         str(out),
     ]
-    return cmd
 
 
 def uv_env() -> dict[str, str]:
@@ -129,9 +128,12 @@ def parse_lock(text: str) -> dict[str, tuple[str, set[str]]]:
         if m := re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line):
             current = normalise(m.group(1))
             pkgs[current] = (m.group(2), set())
-        elif current and (m := re.match(r"^\s+#\s+(?:via\s+)?(?:-r |--override )?(\S+)\s*$", line)):
-            if m.group(1) != "via":
-                pkgs[current][1].add(normalise(m.group(1)))
+        elif (
+            current
+            and (m := re.match(r"^\s+#\s+(?:via\s+)?(?:-r |--override )?(\S+)\s*$", line))
+            and m.group(1) != "via"
+        ):
+            pkgs[current][1].add(normalise(m.group(1)))
     return pkgs
 
 
@@ -144,9 +146,7 @@ def cuda_majors(pkgs: dict[str, tuple[str, set[str]]]) -> tuple[dict[str, int], 
     majors: dict[str, int] = {}
     problems: list[str] = []
     for name, (ver, _) in pkgs.items():
-        if m := re.search(r"-cu(\d+)$", name):
-            majors[name] = int(m.group(1))
-        elif m := re.search(r"\+cu(\d+?)\d$", ver):  # torch 2.13.0+cu128 -> 12
+        if (m := re.search(r"-cu(\d+)$", name)) or (m := re.search(r"\+cu(\d+?)\d$", ver)):
             majors[name] = int(m.group(1))
         elif CUDA_VERSIONED.match(name):
             majors[name] = int(ver.split(".")[0])

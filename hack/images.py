@@ -429,7 +429,7 @@ def mounted_rootfs(name: str, flavour: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(image_info(ref)["OCIv1"]["config"], indent=1))
     link = out / "rootfs"
-    if link.is_symlink() and os.readlink(link) != mnt:
+    if link.is_symlink() and str(link.readlink()) != mnt:
         link.unlink()
     if not link.is_symlink():
         link.symlink_to(mnt)

@@ -55,8 +55,8 @@ def test_lock_holds_every_pin_of_its_in_file(name):
     ]
     assert wanted
     overrides = pins.overrides_file(name)
-    for req in [*wanted, *(overrides.read_text().splitlines() if overrides else [])]:
-        req = req.split("#")[0].strip()
+    for line in [*wanted, *(overrides.read_text().splitlines() if overrides else [])]:
+        req = line.split("#")[0].strip()
         if not req:
             continue
         pkg, version = req.split("==")

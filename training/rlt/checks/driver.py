@@ -60,6 +60,7 @@ def node_driver() -> str | None:
             capture_output=True,
             text=True,
             timeout=30,
+            check=False,  # a failing nvidia-smi is read as "unknown", below
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
