@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -149,6 +151,31 @@ class InProcessOperator:
             raise RuntimeError("the operator failed") from self.error
 
 
+def show_operator_log(path: Path) -> Path:
+    """The in-process operator's log (Kopf's and rlt's lines, a run's prefixed [namespace/run]) into `path`, as
+    `rlt operator` would print it; handler-success lines are debug, as there."""
+    from rlt_operator.cli import quiet_success
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(_PrefixingFormatter("[%(asctime)s] %(name)-20.20s [%(levelname)-8s] %(message)s"))
+    handler.addFilter(lambda record: record.name.startswith(("kopf", "rlt")))  # not the emulated API's access log
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    quiet_success(debug=False)
+    return path
+
+
+class _PrefixingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ref = getattr(record, "k8s_ref", None)  # Kopf's per-object loggers set it
+        if isinstance(ref, dict) and ref.get("name"):
+            where = f"{ref['namespace']}/{ref['name']}" if ref.get("namespace") else ref["name"]
+            return super().format(record).replace(record.getMessage(), f"[{where}] {record.getMessage()}", 1)
+        return super().format(record)
+
+
 async def _main(
     port: int,
     kubeconfig_path: Path,
@@ -166,7 +193,8 @@ async def _main(
         if run_pods is not None:  # pods run as local processes (rlt_sandbox.sandbox_pods)
             from rlt_sandbox import sandbox_pods
 
-            kubelet = await sandbox_pods.start(url, run_pods, namespaces, images or [])
+            kubelet = await sandbox_pods.start(url, run_pods, images or [])
+        operator_log = show_operator_log(kubeconfig_path.parent / "operator.log")
         # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
         logging.getLogger("kopf._core.reactor.running").addFilter(
             lambda record: "OS signals are ignored" not in record.getMessage()
@@ -218,6 +246,7 @@ async def _main(
         print(
             f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"
             + what
+            + f"The operator's log: tail -f {operator_log}\n"
             + "Ctrl-C stops it.",
             flush=True,
         )
@@ -232,8 +261,45 @@ async def _main(
             await kubelet.stop()
 
 
+DEFAULT_PORT = 18443
+
+
+class PortTaken(OSError):
+    """The port asked for with --port is in use; the message is one line."""
+
+
+def _in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is not "in use"
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            return True
+    return False
+
+
+def choose_port(port: int | None, host: str = "127.0.0.1") -> int:
+    """The emulated API's port: --port when given (taken: PortTaken, one line); else DEFAULT_PORT, or any free port
+    (0, the server picks) when that one is taken, which is said on stdout (as `rlt run`'s metrics port does)."""
+    if port is not None:
+        if _in_use(port, host):
+            raise PortTaken(
+                f"rlt sandbox: --port {port}: {host}:{port} is already in use (another sandbox?); pick another "
+                "port, or leave --port out to get a free one"
+            )
+        return port
+    if not _in_use(DEFAULT_PORT, host):
+        return DEFAULT_PORT
+    print(
+        f"rlt sandbox: port {DEFAULT_PORT} is in use; the API takes a free port instead (its URL follows)", flush=True
+    )
+    return 0
+
+
 def run(
-    port: int = 18443,
+    port: int | None = None,
     kubeconfig_path: str | None = None,
     namespaces: list[str] | None = None,
     run_pods: str | None = None,
@@ -242,7 +308,10 @@ def run(
     path = Path(kubeconfig_path) if kubeconfig_path else Path(tempfile.gettempdir()) / "rlt-sandbox" / "kubeconfig"
     pods_dir = Path(run_pods) if run_pods else None
     try:
-        asyncio.run(_main(port, path, namespaces or ["default"], pods_dir, images))
+        asyncio.run(_main(choose_port(port), path, namespaces or ["default"], pods_dir, images))
+    except PortTaken as err:
+        print(err, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         pass
     print("rlt sandbox stopped.", file=sys.stderr)

@@ -237,6 +237,12 @@ def test_the_operator_reconciles_a_run_under_the_charts_service_account(cluster,
             "PodsSchedulable NotScheduled",
         )
         assert condition(st, "PodsSchedulable")["status"] == "Unknown"
+        # What on-call reads first: the default columns as a real server prints them (the Trainer column is a
+        # filtered JSONPath, which kmock's printer never evaluated).
+        table = cluster.kubectl("get", "rlt", "-A").stdout.splitlines()
+        assert table[0].split()[:5] == ["NAMESPACE", "NAME", "PHASE", "STAGE", "TRAINER"], table[0]
+        row = next(line.split() for line in table[1:] if line.split()[:2] == [ns, "tiny"])
+        assert row[2:5] == ["Running", "sft", "WaitingForPods"], table
 
     # Deletion: the finalizer runs, the children go (the pods by garbage collection), the retained claim stays.
     cluster.kubectl("delete", "rltrun", "tiny", "-n", ns, "--wait=false")
