@@ -290,10 +290,10 @@ def worker(args, sz: dict, out: Path, seed: int, deadline: float) -> None:
 def report(sz: dict, out: Path, started: float) -> dict:
     start = json.loads((out / "start.json").read_text())
     arms: dict[str, dict[int, dict]] = {"rl": {}, "sft": {}}
-    for arm in arms:
+    for arm, by_seed in arms.items():
         for f in sorted(out.glob(f"seed*/{arm}.json")):
             r = json.loads(f.read_text())
-            arms[arm][r["seed"]] = r
+            by_seed[r["seed"]] = r
     res: dict = {
         "sizes": sz,
         "seconds": round(time.time() - started, 1),

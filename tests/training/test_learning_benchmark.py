@@ -109,7 +109,7 @@ def test_rl_temperature_flag_reaches_the_generator_and_search_row(tmp_path, monk
 def test_heldout_evaluation_uses_the_picked_device(monkeypatch):
     """learning.py's held-out evaluation loads its models on the machine's device (a GPU when there is one), not on a
     hard-wired CPU: the loader must get no device, or the one pick_device chose."""
-    import rlt.data.models as models
+    from rlt.data import models
 
     mod = runpy.run_path(str(BENCH), run_name="not_main")
     monkeypatch.setattr(models, "pick_device", lambda: "cuda:7")
