@@ -338,7 +338,7 @@ class TrainerRun:
         from rlt.stages.preemption import stop_callback
 
         return trainer_cls(
-            model=load_model(self.start, self.device, trainable=True),
+            model=load_model(self.start, self.device, trainable=True, master_fp32=master_fp32(args, self.start)),
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=self.tokenizer,
@@ -376,6 +376,14 @@ class TrainerRun:
             prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
         self.recorder.done()
         return out
+
+
+def master_fp32(args, ref) -> bool:
+    """Whether the trainable model is loaded in fp32: whenever DeepSpeed (which keeps fp32 master weights of a bf16
+    model) is off and the whole model trains. A bf16 weight cannot take an update below 2^-8 of itself, so at the
+    paper's lr 1e-6 pure bf16 training changes almost nothing; with LoRA PEFT keeps the adapters fp32 and the frozen
+    base stays in its dtype."""
+    return not args.deepspeed and ref.lora is None
 
 
 class EndReached(Exception):

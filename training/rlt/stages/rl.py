@@ -16,7 +16,7 @@ from rlt.data.dataset import DataError, load_data
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
 from rlt.method.reward import reward_from_spec
-from rlt.run.models import is_cuda, load_model, load_tokenizer
+from rlt.run.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.spec.inputs import ModelRef
 from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, trace_line, trainer_options
 from rlt.stages.context import StageContext
@@ -167,6 +167,8 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
         sync_ref_model=st.ref_sync.enabled and st.beta > 0 and spec.teacher.lora is None,
         ref_model_mixup_alpha=st.ref_sync.alpha,
         ref_model_sync_steps=st.ref_sync.steps,
+        # the reference model in the teacher's dtype, not the fp32 of a policy holding master weights (master_fp32)
+        model_init_kwargs={"dtype": str(torch_dtype(spec.teacher, device)).removeprefix("torch.")},
         **vllm,
         vllm_server_base_url=gen.server_url,
         vllm_server_timeout=gen.server_timeout_seconds,
