@@ -270,6 +270,8 @@ def train_grpo(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     from trl import GRPOTrainer
 
+    from rlt.stages.padding import padding_trimmed
+
     args = grpo_config(ctx, device)
     timer = PhaseTimer()
     counters = {"generated_tokens": 0}
@@ -296,7 +298,12 @@ def train_grpo(
 
     run = TrainerRun(ctx, "rl", start, tokenizer, device, ctx.spec.stages.rl.steps)
     trainer = run.trainer(
-        GRPOTrainer, args, rows, step_values, reward_funcs=[reward], rollout_func=make_rollout_fn(timer, counters)
+        padding_trimmed(GRPOTrainer),  # each micro-batch's model calls on its own tokens (rlt.stages.padding)
+        args,
+        rows,
+        step_values,
+        reward_funcs=[reward],
+        rollout_func=make_rollout_fn(timer, counters),
     )
     for scorer in frozen:
         partition_frozen(scorer, trainer.accelerator)
