@@ -164,7 +164,7 @@ clean:
 
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
-	$(BIN)/python -c "from rlt.spec.docs import regenerate; regenerate()"
+	$(BIN)/python -c "from rlt.checks.docs import regenerate; regenerate()"
 
 crd: $(STAMP)
 	$(BIN)/python -c "from rlt_operator.crd import write; write()"

@@ -41,7 +41,7 @@ def run_arm(name: str, trimmed: bool, args, rows: list[dict], lengths: list[int]
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
     from rlt.spec.inputs import ModelRef
     from rlt.stages.padding import padding_trimmed
 

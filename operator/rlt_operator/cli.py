@@ -80,7 +80,7 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
 
     import kopf
 
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     log = logging.getLogger("rlt.operator")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from rlt.run.layout import format_time, parse_time
+from rlt.contract.layout import format_time, parse_time
 from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).

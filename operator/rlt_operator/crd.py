@@ -12,7 +12,7 @@ The Kubernetes types (rlt.spec.k8s) bring their patterns and bounds, and the mod
 `x-kubernetes-validations` CEL (limit ≥ request, tensor × data parallel ≤ GPUs, colocate needs trainer GPUs, the
 run name's length), so `kubectl apply` refuses those before the operator sees them. The rest of the cross-field
 rules (batch sizes that must divide, the prompt format against the method, ...) stay in pydantic and
-rlt.spec.validation: the operator holds such a run with SpecValid=False naming the field.
+rlt.checks.validation: the operator holds such a run with SpecValid=False naming the field.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from rlt.spec.base import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME
+from rlt.contract.api import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME
 from rlt.spec.k8s import cel_string
 from rlt.spec.run import Metadata, RLTRunSpec
 

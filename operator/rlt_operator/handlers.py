@@ -18,9 +18,9 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
-from rlt.run.metrics import OPERATOR_METRICS, build
-from rlt.spec.base import Phase
-from rlt.spec.stage_registry import STAGE_ORDER
+from rlt.contract.api import Phase
+from rlt.contract.metrics import OPERATOR_METRICS, build
+from rlt.contract.stage_registry import STAGE_ORDER
 from rlt_operator.observed import Observed, summarize
 
 from . import builders, progress, status
@@ -34,7 +34,7 @@ FINALIZER = f"{builders.PREFIX}/finalizer"
 
 
 class OperatorMetrics:
-    """The operator's Prometheus series (names from rlt.run.metrics.OPERATOR_METRICS)."""
+    """The operator's Prometheus series (names from rlt.contract.metrics.OPERATOR_METRICS)."""
 
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry

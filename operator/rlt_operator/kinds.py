@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlt.spec.base import API_GROUP, API_VERSION, KIND, PLURAL
+from rlt.contract.api import API_GROUP, API_VERSION, KIND, PLURAL
 
 
 @dataclass(frozen=True)

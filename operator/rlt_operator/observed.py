@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlt.run.exitcodes import CAPACITY_PREFIX, DISRUPTION
+from rlt.contract.exitcodes import CAPACITY_PREFIX, DISRUPTION
 from rlt_operator import builders
 
 
@@ -74,7 +74,7 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
                 None,
             )
         )
-        # The preflight's capacity line (rlt.run.preflight writes it to its termination message whatever its exit
+        # The preflight's capacity line (rlt.checks.preflight writes it to its termination message whatever its exit
         # code): the plan fits, was not checked, or does not fit (gang.capacity_condition).
         out["capacity"] = capacity_line(status.get("initContainerStatuses") or [])
         # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from rlt.run.metrics import TRAINER_METRICS_PORT
+from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt_operator import crd as crd_mod
 from rlt_operator import peering
 from rlt_operator.builders import L_RUN

@@ -31,7 +31,7 @@ def baked_caches() -> dict[str, str]:
     """What an image would bake in, from this machine's caches: DeepSpeed's compiled CPU ops (minutes to compile)
     and the built-in models. The pods' own HOME is their /tmp emptyDir, as rendered."""
     home = Path(os.environ.get("HOME", str(Path.home())))
-    from rlt.run.models import cache_root
+    from rlt.data.models import cache_root
 
     # torch's default build folder for this interpreter (with the variable set, torch adds no py3XX_cpu level)
     default = home / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"

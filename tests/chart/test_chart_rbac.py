@@ -79,8 +79,8 @@ def test_standalone_grants_no_peering():
 
 def test_templates_take_the_api_group_and_run_labels_from_the_code():
     """Only the generated files spell the API group (also the prefix of a run's labels): the other templates include
-    its names from `_rbac_rules.tpl` (rlt_operator.rbac.CHART_NAMES), so the chart follows rlt.spec.base."""
-    from rlt.spec.base import API_GROUP
+    its names from `_rbac_rules.tpl` (rlt_operator.rbac.CHART_NAMES), so the chart follows rlt.contract.api."""
+    from rlt.contract.api import API_GROUP
     from rlt_operator import rbac
     from rlt_operator.builders.common import L_ROLE, L_RUN
 

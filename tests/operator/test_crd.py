@@ -247,8 +247,8 @@ def test_a_status_field_missing_from_the_model_is_an_error():
 def test_phases_and_condition_types_come_from_their_enums():
     """Adding a phase or a condition type is one edit of its StrEnum: the CRD, the status check and the phase metric
     follow, and a condition the enum does not list is refused before it is written."""
-    from rlt.run.metrics import METRIC_DEFS
-    from rlt.spec.base import Phase
+    from rlt.contract.api import Phase
+    from rlt.contract.metrics import METRIC_DEFS
     from rlt_operator import status_model
     from rlt_operator.status_model import ConditionType
 

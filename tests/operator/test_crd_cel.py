@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 from suite_helpers import openapi_to_jsonschema, tiny_doc
 
+from rlt.checks.validation import run_name_problem
 from rlt.spec.k8s import quantity_value
 from rlt.spec.loading import SpecError, parse_run
-from rlt.spec.validation import run_name_problem
 from rlt_operator import crd
 
 celpy = pytest.importorskip("celpy")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from op_harness import NS, PATHS
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 from rlt_operator.builders import pod_failure_policy
 from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from suite_helpers import TINY
 
-from rlt.run.layout import RunLayout
-from rlt.spec.validation import load_valid_run
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import RunLayout
 from rlt.stages.context import StageContext
 
 pytestmark = pytest.mark.slow
@@ -19,7 +19,7 @@ def test_one_process_bf16_model_trains_fp32_weights_that_a_tiny_lr_moves(tmp_pat
     from trl import SFTTrainer
 
     from rlt.data.dataset import load_data
-    from rlt.run.models import load_tokenizer
+    from rlt.data.models import load_tokenizer
     from rlt.stages.common import TrainerRun
     from rlt.stages.sft import sft_config, sft_rows
 

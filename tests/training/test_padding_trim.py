@@ -19,7 +19,7 @@ def trainers(tmp_path_factory, tiny_ref):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
     from rlt.stages.padding import padding_trimmed
 
     tok = load_tokenizer(tiny_ref)

@@ -8,7 +8,7 @@ import logging
 
 from transformers import Trainer, TrainingArguments
 
-from rlt.run.models import tiny_qwen2
+from rlt.data.models import tiny_qwen2
 from rlt.stages.common import quiet_trainer
 
 

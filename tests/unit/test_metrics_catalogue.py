@@ -3,7 +3,7 @@
 from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import ROOT
 
-from rlt.run.metrics import ALL_METRICS, TrainerMetrics, markdown_table
+from rlt.contract.metrics import ALL_METRICS, TrainerMetrics, markdown_table
 
 
 def test_names_follow_prometheus_conventions():
@@ -19,7 +19,7 @@ def test_names_follow_prometheus_conventions():
 def test_docs_table_matches_catalogue():
     doc = (ROOT / "docs" / "metrics.md").read_text()
     assert markdown_table() in doc, (
-        "docs/metrics.md is stale: paste rlt.run.metrics.markdown_table() between the markers"
+        "docs/metrics.md is stale: paste rlt.contract.metrics.markdown_table() between the markers"
     )
 
 
@@ -37,6 +37,6 @@ def test_exporter_uses_catalogue_names_and_labels():
 
 
 def test_spec_reference_matches_model():
-    from rlt.spec.docs import spec_table
+    from rlt.checks.docs import spec_table
 
     assert spec_table() in (ROOT / "docs" / "spec.md").read_text(), "docs/spec.md is stale: run make docs"

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from suite_helpers import ROOT
 
-from rlt.run.layout import RunLayout
+from rlt.contract.layout import RunLayout
 from rlt.spec.loading import SpecError, parse_run
 
 EXAMPLES = ROOT / "manifests" / "examples"
@@ -31,7 +31,7 @@ def problems(d: dict) -> list[str]:
 
 
 def test_trainer_args_may_not_set_what_the_spec_owns():
-    from rlt.spec.validation import load_valid_runs
+    from rlt.checks.validation import load_valid_runs
 
     def refused(d, tmp):
         path = tmp / "r.yaml"

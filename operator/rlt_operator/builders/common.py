@@ -9,13 +9,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlt.run.layout import PVC_MOUNT, RunLayout
-from rlt.run.metrics import TRAINER_METRICS_PORT
-from rlt.run.outputs import pushed_uri, stage_outputs
-from rlt.spec.base import API_GROUP
+from rlt.contract.api import API_GROUP
+from rlt.contract.layout import PVC_MOUNT, RunLayout
+from rlt.contract.metrics import TRAINER_METRICS_PORT
+from rlt.contract.outputs import pushed_uri, stage_outputs
+from rlt.contract.stage_registry import newest_teacher_stage
 from rlt.spec.k8s import quantity_value
 from rlt.spec.run import RLTRunSpec
-from rlt.spec.stage_registry import newest_teacher_stage
 from rlt_operator.kinds import BY_PLURAL, RUN
 
 # Labels and annotations (one prefix for everything the operator owns).
@@ -118,7 +118,7 @@ def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     return str(layout(run).model_dir(prior)) if prior else spec.teacher.model
 
 
-# status.outputs key of each spec.outputs copy (rlt.run.outputs.stage_outputs names them)
+# status.outputs key of each spec.outputs copy (rlt.contract.outputs.stage_outputs names them)
 OUTPUT_URI_KEYS = {"teacher": "teacherUri", "distillDataset": "distilledDatasetUri", "student": "studentUri"}
 # accelerate's --mixed_precision for spec precision in a GPU pod (what the Trainer picks there; auto = bf16 on a GPU)
 ACCELERATE_PRECISION = {"auto": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "no"}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlt.run.exitcodes import DISRUPTION, FAIL_FAST, TERMINATION_LOG
-from rlt.run.layout import CONFIG_ENV, PVC_MOUNT
+from rlt.contract.exitcodes import DISRUPTION, FAIL_FAST, TERMINATION_LOG
+from rlt.contract.layout import CONFIG_ENV, PVC_MOUNT
+from rlt.contract.stage_registry import stage_info
 from rlt.spec.loading import ENV_SOURCE
 from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings, zero_stage
-from rlt.spec.stage_registry import stage_info
 from rlt_operator.builders.common import (
     ACCELERATE_PRECISION,
     JOB_INDEX_ANNOTATION,
@@ -173,7 +173,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     [
                         "python",
                         "-m",
-                        "rlt.run.preflight",
+                        "rlt.checks.preflight",
                         f"{ENV_SOURCE}{CONFIG_ENV}",
                         "--stage",
                         stage,

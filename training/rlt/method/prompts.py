@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from rlt.spec.base import Strict
+from rlt.contract.api import Strict
 from rlt.spec.inputs import FORMATS_DIR, FormatSpec
 
 

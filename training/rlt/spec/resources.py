@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     Strict,
 )
 from rlt.spec.k8s import (

@@ -6,11 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     GROUP_VERSION,
     KIND,
     Strict,
 )
+from rlt.contract.stage_registry import STAGE_ORDER, method_stages, stage_info
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
 from rlt.spec.k8s import DNS1123Label, RunName, cel_rules
 from rlt.spec.resources import (
@@ -22,7 +23,6 @@ from rlt.spec.resources import (
     SecretKeyRef,
     Storage,
 )
-from rlt.spec.stage_registry import STAGE_ORDER, method_stages, stage_info
 from rlt.spec.stages import (
     Stages,
 )
@@ -185,7 +185,7 @@ class RLTRun(BaseModel):
     api_version: str = Field(alias="apiVersion")
     kind: str
 
-    # Checked by value (not a Literal type) so that the group, version and kind are written once, in rlt.spec.base.
+    # Checked by value (not a Literal type) so that the group, version and kind are written once, in rlt.contract.api.
     @field_validator("api_version")
     @classmethod
     def _api_version(cls, v: str) -> str:

@@ -6,12 +6,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     Strict,
 )
+from rlt.contract.stage_registry import STAGE_ORDER
 from rlt.spec.inputs import DatasetSpec, ModelRef
 from rlt.spec.k8s import cel_rules
-from rlt.spec.stage_registry import STAGE_ORDER
 
 # --------------------------------------------------------------------------- stages
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlt.data.jsonl import append_jsonl
-from rlt.run.layout import (
+from rlt.contract.layout import (
     CHECKPOINT_COMPLETE,
     SET_ASIDE,
     atomic_write_json,
@@ -23,12 +22,13 @@ from rlt.run.layout import (
     format_time,
     is_complete,
 )
-from rlt.run.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, tracking_name
-from rlt.run.tracking import Tracker, point_tensorboard
+from rlt.contract.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, tracking_name
+from rlt.contract.stage_registry import teacher_stages_before
+from rlt.data.jsonl import append_jsonl
 from rlt.spec.budgets import collective_timeout_seconds
 from rlt.spec.run import stage_settings, zero_stage
-from rlt.spec.stage_registry import teacher_stages_before
 from rlt.stages.context import StageContext, world_size
+from rlt.stages.tracking import Tracker, point_tensorboard
 
 if TYPE_CHECKING:
     pass
@@ -120,7 +120,7 @@ class Recorder:
         if self.ctx.metrics:
             self.ctx.metrics.set("rlt_stage_completed", 1)
         if self.ctx.is_main:
-            from rlt.run import fingerprint  # the spec this stage finished under, read by re-runs
+            from rlt.spec import fingerprint  # the spec this stage finished under, read by re-runs
 
             fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
             atomic_write_text(self.ctx.layout.stage_done(self.stage), format_time() + "\n")
@@ -145,7 +145,7 @@ class PhaseTimer:
         return out
 
 
-# The figures of TRL's step logs each step record keeps (metrics.jsonl; rlt.run.metrics.STEP_KEYS says which become
+# The figures of TRL's step logs each step record keeps (metrics.jsonl; rlt.contract.metrics.STEP_KEYS says which become
 # Prometheus series). frac_reward_zero_std: the share of groups whose G rewards were equal (advantage 0: no update).
 TRL_LOG_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "learning_rate", "entropy")
 
@@ -261,7 +261,7 @@ def trainer_precision(device: str, precision: str = "auto", processes: int = 1) 
     Several CPU processes (the gloo stand-in for GPUs and nodes): accelerate 1.15 picks no backend for DeepSpeed
     without CUDA and every rank would think it is alone, so the Trainer is told to use the process group that
     `join_process_group` made; `use_cpu` would switch accelerate to MULTI_CPU and away from DeepSpeed."""
-    from rlt.run.models import is_cuda
+    from rlt.data.models import is_cuda
 
     on_gpu = is_cuda(device)
     if precision == "auto":
@@ -280,8 +280,8 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
     TrainerOptions, the DeepSpeed config of its ZeRO stage (the value the operator's accelerate launch gets too),
     the layout, the seed, tracking. The stage's trainerArgs are added by the config builder (the spec keeps them off
     the keys set here: spec.stages.TRAINER_OWNED_ARGS)."""
-    from rlt.run.models import is_cuda
-    from rlt.run.tracking import report_to_args
+    from rlt.data.models import is_cuda
+    from rlt.stages.tracking import report_to_args
 
     st = stage_settings(ctx.spec, stage)
     processes = world_size()
@@ -334,7 +334,7 @@ class TrainerRun:
         `step_values(step_seconds)` adds the stage's own numbers to each step's record."""
         from datasets import Dataset
 
-        from rlt.run.models import load_model
+        from rlt.data.models import load_model
         from rlt.stages.preemption import stop_callback
 
         return trainer_cls(
@@ -439,7 +439,7 @@ def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, d
         if ctx.is_main:
             from peft import PeftModel
 
-            from rlt.run.models import load_model
+            from rlt.data.models import load_model
 
             with outside_zero3(trainer):
                 merged = PeftModel.from_pretrained(load_model(start, device), str(adapter)).merge_and_unload()
@@ -477,7 +477,7 @@ def join_process_group(device: str, timeout_s: float | None = None) -> tuple[int
 
     import torch.distributed as dist
 
-    from rlt.run.models import is_cuda
+    from rlt.data.models import is_cuda
 
     cuda = is_cuda(device)
     if not dist.is_initialized():
@@ -587,7 +587,7 @@ def deepspeed_config(stage: int | None) -> dict[str, Any] | None:
 
 def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True):
     """The teacher stage `for_stage` works from: the newest model of the run's earlier teacher stages
-    (rlt.spec.stage_registry), as (ModelRef, stage); spec.teacher, labelled "initial", when none has produced one.
+    (rlt.contract.stage_registry), as (ModelRef, stage); spec.teacher, labelled "initial", when none has produced one.
 
     `strict`: an enabled earlier teacher stage that has not finished is an error (it must run first); otherwise it
     is passed over."""

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from rlt.run.layout import RunLayout
-from rlt.run.metrics import TrainerMetrics
+from rlt.contract.layout import RunLayout
+from rlt.contract.metrics import TrainerMetrics
 from rlt.spec.run import RLTRun
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class StageContext:
     def compute_device(self) -> str:
         """Where this process computes: `device` (default: cuda when available), under a launcher the rank's own GPU.
         Resolved once, on first use, before any model of the stage is loaded."""
-        from rlt.run.models import pick_device
+        from rlt.data.models import pick_device
 
         return rank_device(self.device or pick_device())
 
@@ -59,7 +59,7 @@ def world_size() -> int:
 def rank_device(device: str) -> str:
     """This process's device. Under a launcher each rank owns GPU LOCAL_RANK, made current before any model is
     loaded (a bare "cuda" would put every rank's models on GPU 0)."""
-    from rlt.run.models import is_cuda
+    from rlt.data.models import is_cuda
 
     if is_cuda(device) and "LOCAL_RANK" in os.environ:
         import torch

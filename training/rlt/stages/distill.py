@@ -12,14 +12,14 @@ import time
 
 from rlt.data.dataset import load_data
 from rlt.data.jsonl import write_jsonl
+from rlt.data.models import load_model, load_tokenizer
 from rlt.method.generation import sample_with_logprobs, server_generate
-from rlt.method.reward import reward_from_spec
-from rlt.run.fingerprint import stage_fingerprint
-from rlt.run.models import load_model, load_tokenizer
+from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.stages.common import Recorder, announce_world, newest_teacher, say_line
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
+from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.sft import teacher_prompt_ids
 
 

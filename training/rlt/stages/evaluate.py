@@ -19,12 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.data import answers, tasks
-from rlt.data.benchmarks import find_benchmark, load_benchmark
-from rlt.data.dataset import DataError, load_data
-from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
-from rlt.method.prompts import Formatter
-from rlt.run.layout import (
+from rlt.contract.layout import (
     ACCURACY_PLOT,
     PER_QUESTION_FILE,
     REPORT_JSON,
@@ -32,6 +27,11 @@ from rlt.run.layout import (
     atomic_write_json,
     atomic_write_text,
 )
+from rlt.data import answers, tasks
+from rlt.data.benchmarks import find_benchmark, load_benchmark
+from rlt.data.dataset import DataError, load_data
+from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
+from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
 from rlt.stages.common import Recorder, gather_shares, shard_rows
 from rlt.stages.context import StageContext
@@ -357,7 +357,7 @@ class EvalProgress:
 def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]], st, on_batch) -> None:
     """Generation: `st.samples` answers to every row in the student format, by `ref` in-process or by the vLLM
     server of stages.evaluate.generation; `on_batch(start, answers, tokens)` after each batch."""
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
 
     server = st.generation.server_url if st.generation.mode == "server" else None
     if st.generation.mode == "server" and not server:

@@ -116,7 +116,7 @@ def save_abandoned(trainer) -> str | None:
     completed optimizer step (the model and optimizer are untouched until the step's optimizer.step()), unless a
     complete checkpoint of that step exists (a periodic save, or the one this run resumed from: never rewritten) or
     no step completed. Returns that checkpoint. A collective under DeepSpeed, like the Trainer's own saves."""
-    from rlt.run.layout import checkpoint_path, is_complete
+    from rlt.contract.layout import checkpoint_path, is_complete
 
     trainer.model.zero_grad(set_to_none=True)
     step = trainer.state.global_step

@@ -13,13 +13,13 @@ import os
 from typing import Any
 
 from rlt.data.dataset import DataError, load_data
+from rlt.data.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
-from rlt.method.reward import reward_from_spec
-from rlt.run.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.spec.inputs import ModelRef
 from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, trace_line, trainer_options
 from rlt.stages.context import StageContext
+from rlt.stages.rl_reward import reward_from_spec
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import typing
 import warnings
 from typing import Any
 
+from rlt.contract.stage_registry import STAGE_ORDER, TRAINER_STAGES, stage_info
 from rlt.spec.run import stage_settings
-from rlt.spec.stage_registry import STAGE_ORDER, TRAINER_STAGES, stage_info
 from rlt.spec.trainer_args import OPTIONS_FILE, Kind
 
 
@@ -76,9 +76,9 @@ def write() -> None:
 
 
 def check_trainer_args(run) -> list[str]:
-    """Problems of every enabled trained stage's trainerArgs: first the table's (rlt.spec.validation reports those
+    """Problems of every enabled trained stage's trainerArgs: first the table's (rlt.checks.validation reports those
     too), then, when those pass, what building the real config refuses."""
-    from rlt.spec.validation import trainer_args_problems
+    from rlt.checks.validation import trainer_args_problems
 
     problems = trainer_args_problems(run.spec)
     if problems:
@@ -95,7 +95,7 @@ def check_trainer_args(run) -> list[str]:
 
 def _build_error(run, stage: str) -> str | None:
     """Build the stage's config as the stage would (CPU, one process, a scratch folder); the error, if any."""
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.stages.context import StageContext
 
     spec = run.spec.model_copy(deep=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.spec.stage_registry import stage_info
+from rlt.contract.stage_registry import stage_info
 
 PVC_MOUNT = "/data"
 CONFIG_FILE = "run.yaml"  # the key of the run's ConfigMap (the current spec, for people and tools)
@@ -113,7 +113,7 @@ class RunLayout:
         return self.stage_dir(stage) / "DONE"
 
     def stage_fingerprint(self, stage: str) -> Path:
-        """The spec fields a finished stage's output depends on (rlt.run.fingerprint)."""
+        """The spec fields a finished stage's output depends on (rlt.spec.fingerprint)."""
         return self.stage_dir(stage) / "spec-fingerprint.json"
 
     def model_dir(self, stage: str) -> Path:

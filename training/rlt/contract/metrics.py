@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from rlt.spec.base import Phase
+from rlt.contract.api import Phase
 
 RUN_LABELS = ("namespace", "run", "stage", "method")
 

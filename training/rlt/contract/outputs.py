@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlt.run.layout import DISTILL_DATASET_FILE
-from rlt.spec.stage_registry import newest_teacher_stage
+from rlt.contract.layout import DISTILL_DATASET_FILE
+from rlt.contract.stage_registry import newest_teacher_stage
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def push_stage_outputs(ctx, stage: str, hub_api: Any = None) -> dict[str, str]:
     todo = stage_outputs(ctx.spec, stage)
     if not todo or not ctx.is_main:
         return {}
-    from rlt.run.layout import atomic_write_json
+    from rlt.contract.layout import atomic_write_json
 
     layout = ctx.layout
     record = layout.outputs_record

@@ -65,7 +65,7 @@ def regenerate(docs_dir: str = "docs") -> None:
     """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md and docs/gpu-cluster.md."""
     from pathlib import Path
 
-    from rlt.run.metrics import markdown_table
+    from rlt.contract.metrics import markdown_table
 
     for name, marker, body in (
         ("spec.md", "SPEC", spec_table()),
@@ -88,11 +88,11 @@ SIZED_EXAMPLES = ("rltrun-paper-7b.yaml", "rltrun-multinode.yaml", "rltrun-small
 
 def sizing_table(examples_dir) -> str:
     """docs/gpu-cluster.md's sizing section: `rlt plan` of each GPU example on 80Gi GPUs, one row per stage and
-    resource (the numbers come from rlt.spec.capacity, never from hand)."""
+    resource (the numbers come from rlt.checks.capacity, never from hand)."""
     from pathlib import Path
 
-    from rlt.spec.capacity import gib, plan_for_run
-    from rlt.spec.validation import load_valid_run
+    from rlt.checks.capacity import gib, plan_for_run
+    from rlt.checks.validation import load_valid_run
 
     rows = ["| example | stage | resource | planned | has |", "|---|---|---|---|---|"]
     for name in SIZED_EXAMPLES:

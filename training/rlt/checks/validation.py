@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from rlt.contract.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.k8s import RunName
 from rlt.spec.loading import SpecError, parse_spec, read_runs, resolve_local_paths
 from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
-from rlt.spec.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
 
 
@@ -170,14 +170,14 @@ def check_datasets(run) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rlt.spec.validation FILE...`: the trainer pods' preflight (an init container, before any launcher).
+    """`python -m rlt.checks.validation FILE...`: the trainer pods' preflight (an init container, before any launcher).
 
     Exits ExitCode.CONFIG_ERROR for an invalid spec and ExitCode.DATA_ERROR for unusable data (the data check
     of `rlt validate`, where the pod can read the data); the Job's podFailurePolicy then fails the run at once.
     It runs before `accelerate launch`, whose launcher would turn a rank's exit code into 1."""
     import sys
 
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     paths = sys.argv[1:] if argv is None else argv
     status = ExitCode.OK
