@@ -159,7 +159,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         {
             "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
             "subdomain": name,
-            # SIGTERM → the gang finishes its step and saves (rlt.stages.preemption); SIGKILL only after this
+            # SIGTERM → the gang stops at a micro-batch and saves (rlt.stages.preemption); SIGKILL only after this
             "terminationGracePeriodSeconds": res.termination_grace_period_seconds,
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
             # (format files, a stage of an earlier run on a retained volume). Exits CONFIG_ERROR, which the

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from rlt.checks.shapes import ModelShape
+from rlt.checks.step_time import StepTime, preemption_notes, step_time
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
 from rlt.spec.run import RLTRunSpec, stage_settings
@@ -84,6 +85,8 @@ class Plan:
     values: dict[str, int] = field(default_factory=dict)  # derived settings (e.g. the scoring token cap)
     shapes: Shapes | None = None
     disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
+    stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
+    warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
 
     @property
     def failures(self) -> list[Check]:
@@ -290,6 +293,7 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     teacher, student = shapes.teacher, shapes.student
     rows = dataset_rows(spec)
     host_need = 0
+    times: list[StepTime] = []  # what a preemption costs (rlt.checks.step_time)
     stage_disk: dict[str, tuple[int, int]] = {}  # stage -> (peak extra while running, kept after)
     for stage in spec.stages.enabled():
         st = stage_settings(spec, stage)
@@ -353,6 +357,8 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             )
             host_need = max(host_need, host)
             stage_disk[stage] = _trainer_disk(spec, stage, shape, trainable, b, rows, plan)
+            one = checkpoint_bytes(shape, trainable, st.deepspeed_zero_stage, world, b)
+            times.append(step_time(spec, stage, shape, trainable, one, student if stage == "rl" else None))
         elif stage in ("distill", "evaluate"):
             _generation_stage(spec, stage, shapes, gpu_memory, plan, gpu)
             stage_disk[stage] = (0, _generated_bytes(spec, stage, rows))
@@ -398,6 +404,8 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             "storage.size" + (f" or stages.{when}.saveTotalLimit" if when in ("sft", "rl", "student") else ""),
         )
     )
+    if gpu:
+        plan.stopping, plan.warnings = preemption_notes(spec, times)
     return plan
 
 
@@ -631,6 +639,8 @@ def render(plan: Plan, name: str) -> str:
         if c.note:
             lines.append(f"  {'':<9}  note: {c.note}")
     lines += [f"  note: {n}" for n in plan.notes]
+    lines += [f"  stopping: {n}" for n in plan.stopping]
+    lines += [f"  WARNING: {n}" for n in plan.warnings]
     return "\n".join(lines)
 
 
