@@ -67,7 +67,7 @@ def worker(model_name: str, out: Path, skip_prepare: bool) -> None:
     from rlt.stages.rl import partition_frozen
 
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    # What the HF Trainer leaves in the plugin once it has filled rlt's "auto" values (stages.common.deepspeed_config)
+    # What the HF Trainer leaves in the plugin once it has filled rlt's "auto" values (stages.trainer.deepspeed_config)
     ds = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,

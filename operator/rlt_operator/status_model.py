@@ -22,6 +22,7 @@ class ConditionType(StrEnum):
 
     SPEC_VALID = "SpecValid"
     SPEC_APPLIED = "SpecApplied"
+    CHILDREN_WRITTEN = "ChildrenWritten"
     CAPACITY_OK = "CapacityOK"
     VOLUME_READY = "VolumeReady"
     PODS_SCHEDULABLE = "PodsSchedulable"

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from rlt.contract.env import CACHE
 from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
 
 
@@ -37,7 +38,7 @@ def baked_caches() -> dict[str, str]:
     default = home / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
     return {
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(default)),
-        "RLT_CACHE": str(cache_root()),
+        CACHE.name: str(cache_root()),
     }
 
 

@@ -249,8 +249,8 @@ def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(st
     from accelerate.commands.launch import launch_command_parser
 
     from rlt.contract.layout import RunLayout
-    from rlt.stages.common import trainer_options
     from rlt.stages.context import StageContext
+    from rlt.stages.trainer import trainer_options
 
     doc = yaml.safe_load((EXAMPLES / "rltrun-multinode.yaml").read_text())
     doc["spec"]["stages"].setdefault(stage, {}).update(enabled=True, deepspeedZeroStage=2, precision="fp16")

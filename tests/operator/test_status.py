@@ -333,7 +333,9 @@ def test_each_gang_reads_the_spec_it_was_created_with_whenever_its_pods_start(mo
     """An edit mid-gang updates the ConfigMap (for people) but never what the gang's pods read: the snapshot is in
     the Job's immutable pod template, so a pod that starts late (slow image pull) reads the gang's spec."""
     from rlt.checks.validation import load_valid_run
-    from rlt.contract.layout import CONFIG_ENV
+    from rlt.contract.env import RUN_YAML
+
+    CONFIG_ENV = RUN_YAML.name
 
     old = spec(sft=False)
     new = spec(sft=False)

@@ -20,8 +20,8 @@ def test_one_process_bf16_model_trains_fp32_weights_that_a_tiny_lr_moves(tmp_pat
 
     from rlt.data.dataset import load_data
     from rlt.data.models import load_tokenizer
-    from rlt.stages.common import TrainerRun
     from rlt.stages.sft import sft_config, sft_rows
+    from rlt.stages.trainer import TrainerRun
 
     run = load_valid_run(TINY)
     raw = run.model_dump(by_alias=True)

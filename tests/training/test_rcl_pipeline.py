@@ -10,9 +10,9 @@ from rlt.checks.validation import load_valid_run
 from rlt.contract.layout import RunLayout
 from rlt.contract.metrics import TrainerMetrics
 from rlt.run.plots import read_metrics
-from rlt.stages.common import Recorder
 from rlt.stages.context import StageContext
 from rlt.stages.rcl import run_teaching_eval
+from rlt.stages.record import Recorder
 
 TINY = ROOT / "manifests" / "examples" / "rltrun-rcl-tiny.yaml"
 pytestmark = pytest.mark.slow

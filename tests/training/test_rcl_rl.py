@@ -11,8 +11,8 @@ from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, student_sampler
 from rlt.spec.inputs import ModelRef
 from rlt.spec.stages import RlStage
-from rlt.stages.common import PhaseTimer
 from rlt.stages.rcl import make_rcl_rollout, probe_sampler
+from rlt.stages.record import PhaseTimer
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

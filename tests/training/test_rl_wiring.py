@@ -10,8 +10,8 @@ from suite_helpers import TINY
 
 from rlt.checks.validation import load_valid_run
 from rlt.contract.layout import RunLayout
-from rlt.stages.common import PhaseTimer
 from rlt.stages.context import StageContext
+from rlt.stages.record import PhaseTimer
 
 pytestmark = pytest.mark.slow
 

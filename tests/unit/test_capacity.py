@@ -111,8 +111,8 @@ def test_trainer_options_carry_the_spec_timeout_and_retention(tmp_path, monkeypa
     from suite_helpers import tiny_doc
 
     from rlt.contract.layout import RunLayout
-    from rlt.stages.common import trainer_options
     from rlt.stages.context import StageContext
+    from rlt.stages.trainer import trainer_options
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     run = parse_run(tiny_doc())
@@ -143,7 +143,7 @@ def test_process_group_gets_the_spec_timeout(monkeypatch):
     import torch.distributed as dist
     from suite_helpers import free_port
 
-    from rlt.stages.common import join_process_group
+    from rlt.stages.ranks import join_process_group
 
     seen = {}
     real = dist.init_process_group
@@ -169,9 +169,9 @@ def test_process_group_gets_the_spec_timeout(monkeypatch):
 
 
 def test_gpu_cluster_doc_sizing_is_the_plan_of_each_example():
-    from suite_helpers import ROOT
+    from suite_helpers import ROOT, hack_module
 
-    from rlt.checks.docs import sizing_table
+    sizing_table = hack_module("gen_docs").sizing_table
 
     table = sizing_table(EXAMPLES)
     assert "rltrun-paper-7b.yaml` | rl | GPU memory per trainer process" in table

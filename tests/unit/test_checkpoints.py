@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from rlt.contract.layout import CHECKPOINT_COMPLETE, SET_ASIDE, checkpoint_path
-from rlt.stages.common import last_checkpoint, mark_checkpoint_complete
+from rlt.stages.checkpoints import last_checkpoint, mark_checkpoint_complete
 
 
 def _checkpoint(root, step, complete):
@@ -48,7 +48,7 @@ def test_the_marker_is_what_counts(tmp_path):
 def test_rank_shares_cover_every_row_once_and_the_merge_refuses_gaps():
     import pytest
 
-    from rlt.stages.common import gather_shares, my_share
+    from rlt.stages.ranks import gather_shares, my_share
 
     rows = list("abcdefg")
     shares = [my_share(rows, r, 3) for r in range(3)]
@@ -103,7 +103,7 @@ def test_the_runner_does_not_continue_a_stage_whose_only_checkpoint_is_partial(t
 
 
 def test_a_finished_stage_keeps_its_last_checkpoint_without_optimizer_states(tmp_path):
-    from rlt.stages.common import prune_finished_checkpoints
+    from rlt.stages.checkpoints import prune_finished_checkpoints
 
     old = _checkpoint(tmp_path, 2, complete=True)
     last = _checkpoint(tmp_path, 4, complete=True)

@@ -7,8 +7,8 @@ from suite_helpers import tiny_doc
 from rlt.contract.layout import RunLayout
 from rlt.method.prompts import resolve_format
 from rlt.spec.loading import parse_run
-from rlt.stages.common import trainer_precision
 from rlt.stages.context import StageContext
+from rlt.stages.trainer import trainer_precision
 
 
 def _run():

@@ -131,7 +131,7 @@ def test_lora_only_where_a_stage_trains():
         "spec.student: student.lora is for trained models only (teacher, stages.student.model)"
     ]
     run = parse_run(doc(teacher={"model": "builtin:tiny-qwen2", "lora": {"r": 4, "targetModules": ["q_proj"]}}))
-    from rlt.stages.common import peft_config
+    from rlt.stages.start_models import peft_config
 
     cfg = peft_config(run.spec.teacher)
     assert (cfg.r, cfg.lora_alpha, set(cfg.target_modules)) == (4, 32, {"q_proj"})

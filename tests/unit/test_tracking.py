@@ -8,8 +8,8 @@ from suite_helpers import tiny_doc
 from rlt.contract.layout import RunLayout
 from rlt.contract.metrics import TrainerMetrics
 from rlt.spec.loading import parse_run
-from rlt.stages.common import Recorder
 from rlt.stages.context import StageContext
+from rlt.stages.record import Recorder
 
 STEP = {
     "reward": -1.25,

@@ -83,7 +83,7 @@ def test_the_option_table_is_generated_from_the_installed_trl():
     from rlt.spec.trainer_args import OPTIONS_FILE
     from rlt.stages.trainer_check import render
 
-    assert OPTIONS_FILE.read_text() == render(), "run `make generate` (python -m rlt.stages.trainer_check)"
+    assert OPTIONS_FILE.read_text() == render(), "run `make generate` (python hack/generate.py trl-options)"
 
 
 # (stage, key, value, what the message says; None: accepted)

@@ -25,6 +25,7 @@ import os
 import sys
 
 from rlt.checks import validation
+from rlt.contract.env import CAPACITY_CHECK
 from rlt.contract.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
 from rlt.contract.layout import RunLayout
 from rlt.spec import fingerprint
@@ -53,7 +54,7 @@ def stale_stage_problem(path: str, stage: str, root: str) -> str | None:
     return None
 
 
-CAPACITY_CHECK_ENV = "RLT_CAPACITY_CHECK"  # "false" (in spec.env) skips the capacity check
+CAPACITY_CHECK_ENV = CAPACITY_CHECK.name  # "false" (in spec.env) skips the capacity check
 
 
 def capacity_check(path: str, stage: str) -> tuple[bool, str]:

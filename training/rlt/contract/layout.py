@@ -18,9 +18,6 @@ from rlt.contract.stage_registry import stage_info
 
 PVC_MOUNT = "/data"
 CONFIG_FILE = "run.yaml"  # the key of the run's ConfigMap (the current spec, for people and tools)
-# The trainer pods' run.yaml, as the value of this variable of the Job's pod template: every pod of a gang reads the
-# spec the gang was created with, whenever it starts (`rlt stage --config env:RLT_RUN_YAML`).
-CONFIG_ENV = "RLT_RUN_YAML"
 
 # The Trainer names its saves checkpoint-<global step> (transformers' PREFIX_CHECKPOINT_DIR); rank 0 writes
 # CHECKPOINT_COMPLETE into one once every rank has finished saving it: a checkpoint without it is partial.

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import HF_TOKEN
 from rlt.contract.layout import DISTILL_DATASET_FILE
 from rlt.contract.stage_registry import newest_teacher_stage
 
@@ -68,7 +69,7 @@ def push_hub(local: Path, uri: str, kind: str, api: Any = None) -> str:
     if api is None:
         from huggingface_hub import HfApi
 
-        api = HfApi(token=os.environ.get("HF_TOKEN"))
+        api = HfApi(token=os.environ.get(HF_TOKEN.name))
     parts = uri.removeprefix("hf://").strip("/").split("/")
     repo_type = "dataset" if parts[0] == "datasets" else "model"
     repo_id = "/".join(parts[1:] if repo_type == "dataset" else parts)

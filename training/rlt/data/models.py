@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import CACHE
 from rlt.spec.inputs import ModelRef
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ CHATML_TEMPLATE = (
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("RLT_CACHE", Path.home() / ".cache" / "rlt"))
+    return Path(os.environ.get(CACHE.name, Path.home() / ".cache" / "rlt"))
 
 
 def _build_atomically(target: Path, build) -> Path:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import NAMESPACE
 from rlt.contract.layout import RunLayout, atomic_write_json, atomic_write_text
 from rlt.contract.metrics import TRAINER_METRICS_PORT, TrainerMetrics
 from rlt.contract.outputs import push_stage_outputs
@@ -20,9 +21,9 @@ from rlt.run.plots import make_plots, read_metrics
 from rlt.spec import fingerprint
 from rlt.spec.loading import dump_run
 from rlt.spec.run import RLTRun, reads_run_dataset
-from rlt.stages.common import leave_process_group
 from rlt.stages.context import StageContext
 from rlt.stages.preemption import Stopped, report_stop
+from rlt.stages.ranks import leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +247,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     if ctx.is_main:
         ctx.metrics = TrainerMetrics(
             run.name,
-            namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
+            namespace=os.environ.get(NAMESPACE.name, run.metadata.namespace or "default"),
             method=run.spec.method,
         )
         if metrics_port is not None:

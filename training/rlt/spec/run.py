@@ -37,6 +37,7 @@ _COLOCATE_RULE = (
     "self.stages.rl.generation.mode == 'colocate') || !has(self.resources) || !has(self.resources.trainer) || "
     "self.resources.trainer.gpus > 0",
     "stages.rl.generation.mode colocate runs vLLM on the trainer's GPUs: resources.trainer.gpus must be at least 1",
+    ".resources.trainer.gpus",
 )
 
 

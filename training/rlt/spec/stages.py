@@ -93,11 +93,17 @@ RL_OWNED_ARGS: dict[str, str] = {
 
 
 # The same rules as CEL for the CRD (tests/operator/test_crd_cel.py holds the two equal).
+# Guarded against a zero divisor (the schema's minimum refuses it; the rule must not add a "modulus by zero" error).
 _MICRO_BATCH_RULE = (
-    "self.batchSize % self.perDeviceBatchSize == 0",
+    "self.perDeviceBatchSize <= 0 || self.batchSize % self.perDeviceBatchSize == 0",
     "batchSize must be a multiple of perDeviceBatchSize",
+    ".batchSize",
 )
-_GROUP_RULE = ("self.batchSize % self.numGenerations == 0", "batchSize must be divisible by numGenerations")
+_GROUP_RULE = (
+    "self.numGenerations <= 0 || self.batchSize % self.numGenerations == 0",
+    "batchSize must be divisible by numGenerations",
+    ".batchSize",
+)
 
 
 def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from rlt.contract.env import LOCAL_RANK, RANK, WORLD_SIZE
 from rlt.contract.layout import RunLayout
 from rlt.contract.metrics import TrainerMetrics
 from rlt.spec.run import RLTRun
@@ -30,7 +31,7 @@ class StageContext:
 
     @property
     def is_main(self) -> bool:
-        return int(os.environ.get("RANK", "0")) == 0
+        return int(os.environ.get(RANK.name, "0")) == 0
 
     def world_size(self) -> int:
         return world_size()
@@ -53,7 +54,7 @@ class StageContext:
 
 def world_size() -> int:
     """Processes in the job (the launcher's WORLD_SIZE; 1 without a launcher): the one place it is read."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get(WORLD_SIZE.name, "1"))
 
 
 def rank_device(device: str) -> str:
@@ -61,10 +62,10 @@ def rank_device(device: str) -> str:
     loaded (a bare "cuda" would put every rank's models on GPU 0)."""
     from rlt.data.models import is_cuda
 
-    if is_cuda(device) and "LOCAL_RANK" in os.environ:
+    if is_cuda(device) and LOCAL_RANK.name in os.environ:
         import torch
 
-        local = int(os.environ["LOCAL_RANK"])
+        local = int(os.environ[LOCAL_RANK.name])
         torch.cuda.set_device(local)
         return f"cuda:{local}"
     return device

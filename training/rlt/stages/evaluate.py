@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlt.contract import metrics as catalogue
 from rlt.contract.layout import (
     ACCURACY_PLOT,
     PER_QUESTION_FILE,
@@ -33,8 +34,9 @@ from rlt.data.dataset import DataError, load_data
 from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import Recorder, gather_shares, shard_rows
 from rlt.stages.context import StageContext
+from rlt.stages.ranks import gather_shares, shard_rows
+from rlt.stages.record import Recorder
 
 
 @dataclass
@@ -342,9 +344,9 @@ class EvalProgress:
             },
         )
         if self.ctx.metrics:
-            self.ctx.metrics.set("rlt_eval_accuracy", acc, model=self.label)
-            self.ctx.metrics.inc("rlt_eval_questions_total", len(batch), model=self.label)
-            self.ctx.metrics.inc("rlt_eval_answers_total", sum(len(q.answers) for q in batch), model=self.label)
+            self.ctx.metrics.set(catalogue.EVAL_ACCURACY, acc, model=self.label)
+            self.ctx.metrics.inc(catalogue.EVAL_QUESTIONS, len(batch), model=self.label)
+            self.ctx.metrics.inc(catalogue.EVAL_ANSWERS, sum(len(q.answers) for q in batch), model=self.label)
         self.bar.update(len(batch))
         self.bar.set_postfix({"acc": f"{acc:.3f}"}, refresh=True)
 
@@ -402,7 +404,7 @@ def evaluate_model(
     report = build_report(label, ref.model, evalset, st, merged, seconds, progress.tokens)
     write_report(out_dir, report, merged)
     if ctx.metrics:
-        ctx.metrics.set("rlt_eval_accuracy", report.accuracy, model=label)
+        ctx.metrics.set(catalogue.EVAL_ACCURACY, report.accuracy, model=label)
     return report
 
 

@@ -22,10 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import RANK, STOP_MARKER, TRACE
+
 log = logging.getLogger(__name__)
 
 # The file `rlt launch` asks the ranks to write once the gang has saved and stopped (it then exits STOPPED).
-STOP_MARKER_ENV = "RLT_STOP_MARKER"
+STOP_MARKER_ENV = STOP_MARKER.name
 
 
 class Stopped(Exception):
@@ -68,7 +70,7 @@ class StopRequest:
             # one write, no logging machinery: this runs between two bytecodes of whatever the rank was doing
             os.write(
                 2,
-                f"rlt: SIGTERM on rank {os.environ.get('RANK', '0')}: stopping at the next micro-batch, then saving\n".encode(),
+                f"rlt: SIGTERM on rank {os.environ.get(RANK.name, '0')}: stopping at the next micro-batch, then saving\n".encode(),
             )
 
     def gang_agrees(self) -> bool:
@@ -97,8 +99,8 @@ def stop_callback(stop: StopRequest):
                 raise Abandoned(f"before step {state.global_step + 1}")
 
         def on_substep_end(self, args, state, control, **kw):
-            if os.environ.get("RLT_TRACE") == "1":  # the preemption tests stop the gang mid-accumulation by it
-                os.write(1, f"rlt-micro rank={os.environ.get('RANK', '0')} step={state.global_step + 1}\n".encode())
+            if os.environ.get(TRACE.name) == "1":  # the preemption tests stop the gang mid-accumulation by it
+                os.write(1, f"rlt-micro rank={os.environ.get(RANK.name, '0')} step={state.global_step + 1}\n".encode())
             if stop.gang_agrees():
                 raise Abandoned(f"inside step {state.global_step + 1}")
 

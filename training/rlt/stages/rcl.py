@@ -24,10 +24,11 @@ from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.rcl.summary import step_values
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRun
-from rlt.stages.common import PhaseTimer, Recorder, newest_teacher
 from rlt.stages.context import StageContext
+from rlt.stages.record import PhaseTimer, Recorder
 from rlt.stages.rl import sample_policy, teacher_start, train_grpo
 from rlt.stages.sft import train_sft
+from rlt.stages.start_models import newest_teacher
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from rlt.data.models import load_tokenizer
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import stage_settings
-from rlt.stages.common import TrainerRun, trainer_options
 from rlt.stages.context import StageContext
+from rlt.stages.trainer import TrainerRun, trainer_options
 
 log = logging.getLogger(__name__)
 
