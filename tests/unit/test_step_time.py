@@ -13,7 +13,13 @@ from rlt.checks.step_time import checkpoint_interval
 from rlt.cli import main
 from rlt.spec.loading import parse_run
 
-SIZED = ["rltrun-paper-7b.yaml", "rltrun-multinode.yaml", "rltrun-small-2gpu.yaml", "rltrun-lora-tracked.yaml"]
+SIZED = [
+    "rltrun-paper-7b.yaml",
+    "rltrun-multinode.yaml",
+    "rltrun-2x8.yaml",
+    "rltrun-small-2gpu.yaml",
+    "rltrun-lora-tracked.yaml",
+]
 
 
 def _doc(name="rltrun-paper-7b.yaml"):
@@ -50,3 +56,26 @@ def test_rlt_plan_prints_the_stop_costs_and_warns_on_stderr(tmp_path, capsys):
     out = capsys.readouterr()
     assert "stopping: rl: one step ≈ " in out.out
     assert "warning: rl: saveSteps 25 × step" in out.err
+
+
+def test_the_2x8_example_places_and_a_read_write_once_run_over_one_node_is_refused(tmp_path, capsys):
+    """2 × 8 GPUs: the trainer on one node, the generator on the other, so the volume must be ReadWriteMany. The
+    same run on a ReadWriteOnce volume cannot be placed (every pod on one 8-GPU node): the plan and `rlt validate`
+    refuse it, naming storage.accessMode, instead of the gang re-placing forever."""
+    from rlt.checks.capacity import capacity_problems
+
+    doc = _doc("rltrun-2x8.yaml")
+    res = doc["spec"]["resources"]
+    assert res["trainer"]["nodes"] * res["trainer"]["gpus"] == 8 and res["generator"]["gpus"] == 8
+    plan = plan_for_run(parse_run(doc).spec)
+    assert plan.failures == [] and plan.unplaceable == [] and plan.warnings == [], plan.errors() + plan.warnings
+    doc["spec"]["storage"]["accessMode"] = "ReadWriteOnce"
+    refused = plan_for_run(parse_run(doc).spec).errors()
+    assert any("asks for 16 GPUs" in e and "storage.accessMode: ReadWriteMany" in e for e in refused), refused
+    assert capacity_problems(parse_run(doc).spec)  # what `rlt validate` and the pods' preflight report
+    path = tmp_path / "rwo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["plan", str(path)]) == 1
+    assert "a ReadWriteOnce volume holds every pod of the run to one node" in capsys.readouterr().err
+    doc["spec"]["scheduling"] = {"nodeSelector": {"nvidia.com/gpu.count": "16"}}  # one 16-GPU node: it fits
+    assert plan_for_run(parse_run(doc).spec).unplaceable == []
