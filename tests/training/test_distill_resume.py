@@ -200,3 +200,39 @@ def test_distill_waits_as_long_as_the_rollout_budget(tmp_path):
 
     spec = parse_run(yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())).spec
     assert server_read_timeout(spec) == rollout_seconds(spec, "distill") > 600  # 16k tokens: over the old 600 s
+
+
+def test_rank_0_reads_each_written_row_once_while_it_waits(tmp_path, monkeypatch):
+    """Rank 0 waits for slower ranks by polling their part files: each poll must parse only what was added, not
+    every row again (at paper scale GBs every 2 s for hours)."""
+    import json as json_module
+
+    from rlt.stages import distill_parts
+    from rlt.stages.distill_parts import append_rows, rank_file, wait_for_all
+
+    parsed = {"n": 0}
+    loads = json_module.loads
+
+    def counting_loads(text, *a, **kw):
+        parsed["n"] += 1
+        return loads(text, *a, **kw)
+
+    monkeypatch.setattr(distill_parts.json, "loads", counting_loads)
+    folder = tmp_path / "parts"
+    total, batches = 40, 5  # rank 1: 20 rows in 5 batches of 4
+    append_rows(rank_file(folder, 0), [(i, {"q": i}) for i in range(0, total, 2)])
+
+    def slow_rank_1():
+        for b in range(batches):
+            time.sleep(0.05)
+            per = total // 2 // batches
+            append_rows(
+                rank_file(folder, 1), [(2 * (b * per + k) + 1, {"q": 2 * (b * per + k) + 1}) for k in range(per)]
+            )
+
+    writer = threading.Thread(target=slow_rank_1)
+    writer.start()
+    rows = wait_for_all(folder, total, poll=0.01)
+    writer.join()
+    assert rows == [{"q": i} for i in range(total)]
+    assert parsed["n"] == total, f"{parsed['n']} lines parsed for {total} rows"
