@@ -99,7 +99,9 @@ def store_args() -> list[str]:
 
 def buildah(*args: str, capture: bool = True, check: bool = True) -> subprocess.CompletedProcess:
     cmd = ["buildah", *store_args(), *args]
-    proc = subprocess.run(cmd, capture_output=capture, text=True, env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
+    proc = subprocess.run(
+        cmd, capture_output=capture, text=True, env={**os.environ, "BUILDAH_ISOLATION": "chroot"}, check=False
+    )
     if check and proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr if capture else ''}")
     return proc
@@ -196,7 +198,7 @@ def ensure_base() -> str:
         log(f"mmdebstrap bookworm (minbase + python3) -> {tar}")
         t0 = time.monotonic()
         subprocess.run(["nice", "-n", "10", *MMDEBSTRAP, f"{tar}.part", *MIRRORS], check=True)
-        os.replace(f"{tar}.part", tar)
+        Path(f"{tar}.part").replace(tar)
         log(f"mmdebstrap took {time.monotonic() - t0:.0f}s")
     log(f"importing {tar} as {BASE_IMAGE}")
     with store_lock():
@@ -307,6 +309,7 @@ def build(name: str) -> float:
     with store_lock():
         proc = subprocess.run(
             ["nice", "-n", "10", "buildah", *store_args(), *cmd, str(ROOT)],
+            check=False,
             env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
         )
     if proc.returncode != 0:
@@ -367,7 +370,7 @@ def rootfs(name: str) -> Path:
         if old.is_dir() and ".part" not in old.name and old != out:
             shutil.rmtree(old, ignore_errors=True)
     try:
-        os.replace(tmp, out)
+        Path(tmp).replace(out)
     except OSError:  # another process finished the same key first: theirs is as good
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -464,10 +467,8 @@ def descendants(pid: int) -> list[int]:
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     """SIGTERM the container process (unshare's child, as a kubelet would) and return its exit status."""
     for pid in descendants(proc.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -33,15 +33,17 @@ def run_init(job, volume=None):
     import subprocess
     import sys
     import tempfile
+    from pathlib import Path
 
     init = job["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e["value"] for e in init["env"] if "value" in e and e["name"] not in ("HOME", "TMPDIR")}
     with tempfile.TemporaryDirectory() as tmp:
-        message_file = os.path.join(tmp, "termination-log")
-        swap = {"python": sys.executable, "/data": str(volume or "/data"), init["terminationMessagePath"]: message_file}
+        message_file = str(Path(tmp) / "termination-log")
+        rlt = str(Path(sys.executable).with_name("rlt"))  # the venv's entry point, as the trainer image has it on PATH
+        swap = {"rlt": rlt, "/data": str(volume or "/data"), init["terminationMessagePath"]: message_file}
         cmd = [swap.get(c, c) for c in init["command"]]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
-        written = open(message_file).read() if os.path.exists(message_file) else ""
+        written = Path(message_file).read_text() if Path(message_file).exists() else ""
     fallback = out.returncode and init["terminationMessagePolicy"] == "FallbackToLogsOnError"
     out.message = written or (out.stdout + out.stderr if fallback else "")
     return out
@@ -548,7 +550,7 @@ def test_the_preflights_termination_message_sets_capacity_ok(tmp_path):
         r"\(GPUs of the default 80\.0 GiB\)",
         message,
     )
-    assert figures and all(0 < float(f) for f in figures.groups()), message
+    assert figures and all(float(f) > 0 for f in figures.groups()), message
     small = spec_from()
     small.storage.size = "200Gi"
     status, reason, message = condition(small)

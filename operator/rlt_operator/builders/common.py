@@ -178,7 +178,9 @@ def owner_reference(ref: RunRef) -> dict[str, Any]:
     }
 
 
-def _meta(ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def object_meta(
+    ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": ref.namespace,
@@ -190,7 +192,7 @@ def _meta(ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, s
     return meta
 
 
-def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
+def with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
     # Only the spec decides the Kueue queue: labels of the RLTRun itself are never copied.
     if spec.scheduling.queue_name:
         return {**lbls, KUEUE_QUEUE: spec.scheduling.queue_name}
@@ -220,7 +222,7 @@ def pod_resources(res: Any) -> dict[str, Any]:
     return {"requests": requests, "limits": limits} if limits else {"requests": requests}
 
 
-def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
+def pod_spec_base(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
     sch = spec.scheduling
     pod: dict[str, Any] = {
         "securityContext": {
@@ -288,7 +290,7 @@ _CONTAINER_SECURITY = {
 }
 
 
-def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True) -> list[dict[str, Any]]:
+def common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": pod_env.NAMESPACE.name, "value": ref.namespace},
         {"name": pod_env.STAGE.name, "value": stage},
@@ -320,7 +322,7 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True)
     return env
 
 
-def _container(
+def pod_container(
     spec: RLTRunSpec,
     name: str,
     image: str,

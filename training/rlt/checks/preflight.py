@@ -1,5 +1,4 @@
-"""`python -m rlt.checks.preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init
-container `validate`.
+"""`rlt preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init container `validate`.
 
 Before any launcher (whose exit code would be 1 whatever a rank's was) and before any GPU work it checks what only
 the pod can see: the spec and the data as `rlt validate` does (rlt.checks.validation), then the run's volume. A
@@ -23,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from rlt.checks import validation
 from rlt.contract.env import CAPACITY_CHECK
@@ -86,19 +86,26 @@ def write_message(path: str | None, line: str) -> None:
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with Path(path).open("w", encoding="utf-8") as f:
             f.write(line + "\n")
     except OSError as err:  # the condition is a report: an unwritable file must not fail the pod
         print(f"preflight: cannot write the termination message {path}: {err.strerror}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlt.checks.preflight", description=__doc__)
-    p.add_argument("file")
+def register(sub: argparse._SubParsersAction) -> None:
+    """`rlt preflight`."""
+    p = sub.add_parser(
+        "preflight",
+        help="the trainer pod's init check: `rlt validate`, then the run's volume and the stage's capacity plan",
+    )
+    p.add_argument("file", help="the run file, or env:VAR (the pod's RLT_RUN_YAML)")
     p.add_argument("--stage", help="the stage this pod runs: check the volume for it")
     p.add_argument("--root", help="the run volume's mount (with --stage)")
     p.add_argument("--message-file", help="write the capacity check's line here (the termination message)")
-    args = p.parse_args(argv)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
     status = validation.main([args.file])
     if status != ExitCode.OK or not args.stage:
         return status
@@ -114,7 +121,3 @@ def main(argv: list[str] | None = None) -> int:
     write_message(args.message_file, line)
     print(line, file=sys.stdout if fits else sys.stderr)
     return ExitCode.OK if fits else ExitCode.CONFIG_ERROR
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
