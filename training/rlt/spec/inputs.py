@@ -60,6 +60,12 @@ class ColumnMapping(Strict):
     conversations: str = Field(
         "conversations", description="layout=conversations: column holding the chat turns (e.g. messages)."
     )
+    system: str | None = Field(
+        "system",
+        description="Column holding the system prompt the student was trained with (Bespoke-Stratos-17k has one): "
+        "when the rows carry it, it is the student's system prompt unless format.studentSystemPrompt is set; every "
+        "row must hold the same text (null: not read).",
+    )
 
 
 class DatasetSpec(Strict):

@@ -119,10 +119,11 @@ class TrainerResources(PodResources):
     termination_grace_period_seconds: int = Field(
         600,
         ge=30,
-        description="Seconds a trainer pod has after SIGTERM (preemption, drain, eviction, suspend) to finish its "
-        "step and save a checkpoint before SIGKILL: set it above one step plus one checkpoint save (a ZeRO-3 "
-        "save of a 7B model with its optimizer is ~100 GiB). Some stops cap it (cluster-autoscaler scale-down: "
-        "10 min by default; spot reclaim: minutes).",
+        description="Seconds a trainer pod has after SIGTERM (preemption, drain, eviction, suspend) to reach the "
+        "next micro-batch boundary (the step in progress is abandoned) and save the last completed step before "
+        "SIGKILL: set it above the rest of one rollout or micro-batch plus one checkpoint save (a ZeRO-3 save of a "
+        "7B model with its optimizer is ~100 GiB); `rlt plan` estimates both and warns when it is short. Some "
+        "stops cap it (cluster-autoscaler scale-down: 10 min by default; spot reclaim: minutes).",
     )
 
 

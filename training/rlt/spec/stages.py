@@ -73,6 +73,7 @@ RL_OWNED_ARGS: dict[str, str] = {
     "min_p": "fixed off (clean sampling: the reward's teacher log-probs follow only temperature and topP)",
     "repetition_penalty": "fixed at 1 (clean sampling: the reward's teacher log-probs follow only temperature and topP)",
     "beta": _INSTEAD + "beta",
+    "model_init_kwargs": "set by rlt: the reference model loads in spec.teacher.dtype",
     "loss_type": _INSTEAD + "lossType",
     "scale_rewards": "fixed at 'group' (the paper's per-question normalisation of the RLT reward)",
     "mask_truncated_completions": "fixed off: unclosed explanations pay spec.stages.rl.reward.formatPenalty instead",
