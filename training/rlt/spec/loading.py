@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rlt.spec import reader
 from rlt.spec.run import RLTRun, RLTRunSpec
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*): ")
@@ -157,7 +158,9 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     (what `rlt validate`, `rlt run`, `rlt stage` and the tests use)."""
     path = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(_read_source(path)) if d is not None]
+        docs = reader.load_yaml(_read_source(path))
+    except reader.InputError as err:
+        raise SpecError(str(path), [str(err)]) from None
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
     except UnicodeDecodeError as err:
@@ -171,7 +174,7 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     except (IsADirectoryError, PermissionError) as err:
         raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
     except yaml.YAMLError as err:
-        raise SpecError(str(path), ["<yaml>: " + " ".join(str(err).split())]) from None
+        raise SpecError(str(path), ["<yaml>: " + reader.yaml_error_line(err)]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
     runs, problems = [], []
