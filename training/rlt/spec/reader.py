@@ -60,7 +60,7 @@ def _ambiguity(value: str) -> str | None:
 
 def int_problem(value: int) -> str | None:
     if not INT64_MIN <= value <= INT64_MAX:
-        return f"{_short(str(value))} is outside the 64-bit integer range the API server takes"
+        return f"{_short(str(value))} is outside the 64-bit integer range"
     return None
 
 
@@ -72,7 +72,7 @@ def _int_text(text: str) -> int:
     """A decimal, 0o or 0x integer, its size checked before Python converts it (5,000 digits would take a while and
     raise past 4,300)."""
     if len(text.lstrip("+-")) > 24:
-        raise ValueError(f"{_short(text)} is outside the 64-bit integer range the API server takes")
+        raise ValueError(f"{_short(text)} is outside the 64-bit integer range")
     value = int(text, 0) if text.lstrip("+-").startswith(("0o", "0x")) else int(text, 10)
     problem = int_problem(value)
     if problem:

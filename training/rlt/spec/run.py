@@ -15,6 +15,7 @@ from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
 from rlt.spec.k8s import DNS1123Label, RunName, cel_rules
 from rlt.spec.resources import (
     EnvVar,
+    TrainerResources,
     Images,
     Resources,
     Scheduling,
@@ -24,11 +25,16 @@ from rlt.spec.resources import (
 )
 from rlt.spec.stage_registry import STAGE_ORDER, method_stages, stage_info
 from rlt.spec.stages import (
+    RlStage,
+    SftStage,
     Stages,
+    StudentStage,
 )
 from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
 # --------------------------------------------------------------------------- the run
+
+MAX_SEED = 2**32 - 1  # numpy.random.seed (transformers.set_seed seeds it) takes 0 .. 2**32 - 1
 
 # colocate runs vLLM inside each trainer process on its GPU: a trainer without GPUs cannot (the CRD says it too;
 # the apiserver fills in the defaults before it evaluates the rule, so only the objects can be absent).
@@ -38,6 +44,52 @@ _COLOCATE_RULE = (
     "self.resources.trainer.gpus > 0",
     "stages.rl.generation.mode colocate runs vLLM on the trainer's GPUs: resources.trainer.gpus must be at least 1",
 )
+
+
+def _stage_value(stage: str, field: str, default: Any) -> str:
+    """A stage setting in CEL, or its default when the stage is absent (the apiserver defaults present objects only)."""
+    return f"(has(self.stages) && has(self.stages.{stage}) ? self.stages.{stage}.{field} : {default!r})".replace(
+        "True", "true"
+    ).replace("False", "false")
+
+
+# The trainer processes of a Trainer stage's gang: nodes × GPUs (one process on a CPU pod), as in CEL.
+_WORLD_CEL = (
+    "(has(self.resources) && has(self.resources.trainer) ? self.resources.trainer.nodes * "
+    "(self.resources.trainer.gpus > 0 ? self.resources.trainer.gpus : 1) : {nodes} * {gpus})"
+)
+
+
+def _world_rule(stage: str, model: type[BaseModel]) -> tuple[str, str]:
+    fields = model.model_fields
+    batch = _stage_value(stage, "batchSize", fields["batch_size"].default)
+    micro = _stage_value(stage, "perDeviceBatchSize", fields["per_device_batch_size"].default)
+    enabled = _stage_value(stage, "enabled", fields["enabled"].default)
+    world = _WORLD_CEL.format(
+        nodes=TrainerResources.model_fields["nodes"].default, gpus=TrainerResources.model_fields["gpus"].default
+    )
+    return (
+        f"!{enabled} || {micro} <= 0 || {batch} % ({micro} * {world}) == 0",
+        f"stages.{stage}.batchSize must be a multiple of perDeviceBatchSize × trainer processes "
+        "(resources.trainer.nodes × gpus)",
+    )
+
+
+_EVALUATE_RULE = (
+    "!has(self.stages) || !has(self.stages.evaluate) || !self.stages.evaluate.enabled || "
+    "has(self.stages.evaluate.dataset) || self.dataset.evalFraction > 0.0 || "
+    "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
+    "stages.evaluate needs held-out rows: set spec.dataset.evalFraction above 0 or stages.evaluate.dataset",
+)
+_SERVER_GPU_RULE = (
+    "!(has(self.stages) && has(self.stages.rl) && has(self.stages.rl.generation) && self.stages.rl.enabled && "
+    "self.stages.rl.generation.mode == 'server') || !has(self.resources) || !has(self.resources.generator) || "
+    "self.resources.generator.gpus > 0 || (has(self.resources.generator.extra) && "
+    "size(self.resources.generator.extra) > 0)",
+    "stages.rl.generation.mode server runs vLLM generator pods: resources.generator.gpus must be at least 1 "
+    "(or name a device in resources.generator.extra)",
+)
+
 
 
 class RclSpec(Strict):
@@ -79,7 +131,16 @@ class RclSpec(Strict):
 
 
 class RLTRunSpec(Strict):
-    model_config = ConfigDict(json_schema_extra=cel_rules(_COLOCATE_RULE))
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            _COLOCATE_RULE,
+            _EVALUATE_RULE,
+            _SERVER_GPU_RULE,
+            _world_rule("sft", SftStage),
+            _world_rule("rl", RlStage),
+            _world_rule("student", StudentStage),
+        )
+    )
 
     method: Literal["rlt", "rcl"] = Field(
         "rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching)."
@@ -90,7 +151,9 @@ class RLTRunSpec(Strict):
     dataset: DatasetSpec = Field(description="Questions and reference solutions: source, split, columns.")
     format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and overrides.")
     stages: Stages = Field(default_factory=Stages, description="The stages of the run and their settings.")
-    seed: int = Field(42, ge=0, description="Seed of training and sampling.")
+    seed: int = Field(
+        42, ge=0, le=MAX_SEED, description="Seed of training and sampling (numpy's seed: below 2**32)."
+    )
     # cluster-only fields (ignored by `rlt run`)
     resources: Resources = Field(default_factory=Resources)
     storage: Storage = Field(default_factory=Storage)
@@ -121,6 +184,37 @@ class RLTRunSpec(Strict):
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
             )
+        if rl.enabled and rl.generation.mode == "server" and not self.resources.generator.gpus:
+            if not self.resources.generator.extra:
+                raise ValueError(
+                    "resources.generator.gpus: 0 with stages.rl.generation.mode server, whose vLLM generator pods "
+                    "need a GPU (or a device named in resources.generator.extra, e.g. a MIG profile)"
+                )
+        tr = self.resources.trainer
+        world = tr.nodes * max(tr.gpus, 1)
+        for name in ("sft", "rl", "student"):
+            st = getattr(self.stages, name)
+            if st.enabled and st.batch_size % (st.per_device_batch_size * world):
+                raise ValueError(
+                    f"stages.{name}.batchSize: {st.batch_size} is not a multiple of perDeviceBatchSize × trainer "
+                    f"processes = {st.per_device_batch_size} × {world} (resources.trainer.nodes × gpus, one "
+                    "process on a CPU pod); the trainer would run another batch size"
+                )
+        ev = self.stages.evaluate
+        # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
+        fresh = self.method == "rlt" and self.dataset.source.startswith("builtin:")
+        if ev.enabled and ev.dataset is None and self.dataset.eval_fraction <= 0 and not fresh:
+            raise ValueError(
+                "dataset.evalFraction: 0 leaves no held-out rows for stages.evaluate; set it above 0 (e.g. 0.1) "
+                "or give stages.evaluate.dataset"
+            )
+        if self.stages.distill.enabled and needs_generators(self, "distill") and rl.generation.max_model_len:
+            need = rl.max_prompt_length + self.stages.distill.max_new_tokens
+            if need > rl.generation.max_model_len:
+                raise ValueError(
+                    f"stages.rl.generation.maxModelLen: {rl.generation.max_model_len} is below stages.rl."
+                    f"maxPromptLength + stages.distill.maxNewTokens = {need} (the generators serve distill too)"
+                )
         if (
             self.stages.rl.enabled
             and self.stages.rl.generation.mode == "server"

@@ -97,6 +97,12 @@ _MICRO_BATCH_RULE = (
     "batchSize must be a multiple of perDeviceBatchSize",
 )
 _GROUP_RULE = ("self.batchSize % self.numGenerations == 0", "batchSize must be divisible by numGenerations")
+# vLLM refuses a request whose prompt + max_tokens exceed --max-model-len (the rows would fail mid-run).
+_MODEL_LEN_RULE = (
+    "!has(self.generation) || self.generation.mode == 'inprocess' || !has(self.generation.maxModelLen) || "
+    "self.maxPromptLength + self.maxCompletionLength <= self.generation.maxModelLen",
+    "maxPromptLength + maxCompletionLength must not exceed generation.maxModelLen",
+)
 
 
 def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
@@ -241,7 +247,7 @@ class RefSyncSpec(Strict):
 class RlStage(TrainerOptions):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(_GROUP_RULE, _MICRO_BATCH_RULE))
+    model_config = ConfigDict(json_schema_extra=cel_rules(_GROUP_RULE, _MICRO_BATCH_RULE, _MODEL_LEN_RULE))
     owned_trainer_args: ClassVar[dict[str, str]] = RL_OWNED_ARGS
 
     enabled: bool = Field(True, description="Run this stage.")
@@ -285,6 +291,13 @@ class RlStage(TrainerOptions):
                 f"batchSize: {self.batch_size} must be divisible by numGenerations ({self.num_generations})"
             )
         _check_micro_batches(self.batch_size, self.per_device_batch_size)
+        gen = self.generation
+        need = self.max_prompt_length + self.max_completion_length
+        if gen.mode != "inprocess" and gen.max_model_len is not None and need > gen.max_model_len:
+            raise ValueError(
+                f"generation.maxModelLen: {gen.max_model_len} is below maxPromptLength + maxCompletionLength = "
+                f"{need}; vLLM would refuse the longest requests"
+            )
         return self
 
 
