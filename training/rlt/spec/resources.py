@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 from rlt.spec.base import (
     Strict,
 )
+from rlt.spec.k8s_api import Affinity, ObjectFieldSelector, ResourceFieldSelector, Toleration
 from rlt.spec.k8s import (
     ConfigKey,
     DNS1123Subdomain,
@@ -211,8 +212,8 @@ class EnvVarSource(Strict):
 
     secret_key_ref: KeyRef | None = Field(None, description="A key of a Secret.")
     config_map_key_ref: KeyRef | None = Field(None, description="A key of a ConfigMap.")
-    field_ref: dict[str, Any] | None = Field(None, description="A field of the pod (downward API).")
-    resource_field_ref: dict[str, Any] | None = Field(None, description="A resource of the container.")
+    field_ref: ObjectFieldSelector | None = Field(None, description="A field of the pod (downward API).")
+    resource_field_ref: ResourceFieldSelector | None = Field(None, description="A resource of the container.")
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVarSource:
@@ -247,8 +248,12 @@ class Scheduling(Strict):
     node_selector: dict[QualifiedName, LabelValue] = Field(
         default_factory=dict, description="Pod nodeSelector (labels a node must carry)."
     )
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (passed through).")
-    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (passed through).")
+    tolerations: list[Toleration] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="Pod tolerations (Kubernetes' Toleration, checked as the API server does)."
+    )
+    affinity: Affinity | None = Field(  # type: ignore[valid-type]
+        None, description="Pod affinity (Kubernetes' Affinity, checked as the API server does)."
+    )
     priority_class_name: DNS1123Subdomain | None = Field(None, description="PriorityClass of every pod.")
     queue_name: LabelValue | None = Field(
         None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod (a label value)."

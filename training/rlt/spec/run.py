@@ -12,7 +12,8 @@ from rlt.spec.base import (
     Strict,
 )
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
-from rlt.spec.k8s import DNS1123Label, RunName, cel_rules
+from rlt.spec.k8s import DNS1123Label, LabelValue, QualifiedName, RunName, cel_rules
+from rlt.spec.k8s_api import ObjectMeta
 from rlt.spec.resources import (
     EnvVar,
     TrainerResources,
@@ -264,14 +265,25 @@ class RLTRunSpec(Strict):
         return out
 
 
-class Metadata(BaseModel):
-    """The part of ObjectMeta we read; the API server owns the rest."""
+MAX_ANNOTATIONS = 256 * 1024  # the API server's bound on the total size of an object's annotations
 
-    model_config = ConfigDict(extra="allow")
+
+class Metadata(ObjectMeta):  # type: ignore[misc, valid-type]
+    """Kubernetes' ObjectMeta (rlt.spec.k8s_api: the fields the API server fills in, as in a manifest exported from a
+    cluster, are accepted; unknown fields are not), with the name, label and annotation rules the API server
+    applies."""
+
     name: RunName
     namespace: DNS1123Label | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
+    annotations: dict[QualifiedName, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _annotations_fit(self) -> Metadata:
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in self.annotations.items())
+        if size > MAX_ANNOTATIONS:
+            raise ValueError(f"annotations: {size} bytes in all, over the API server's {MAX_ANNOTATIONS}")
+        return self
 
 
 class RLTRun(BaseModel):
