@@ -82,7 +82,10 @@ def _cel_failures(value, schema, path="") -> list[str]:
     """Messages of the CEL rules the value breaks, evaluating each rule where its schema node has a value."""
     out = []
     for rule in schema.get("x-kubernetes-validations", []):
-        result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+        try:
+            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+        except celpy.CELEvalError as err:  # cel-python raises some evaluation errors instead of returning them
+            result = err
         if isinstance(result, celpy.CELEvalError) or not result:
             out.append(f"{path or '<root>'}: {rule['message']}")
     if isinstance(value, dict):

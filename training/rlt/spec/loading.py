@@ -65,18 +65,24 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
         if parts[-2:-1] and parts[-1] == "[key]":  # a map's key: name the map, then the key
             msg = f"key {msg}" if msg.startswith(repr(parts[-2])) else f"key {parts[-2]!r}: {msg}"
             parts = parts[:-2]
-        loc = ".".join(parts)
-        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        # Cross-field validators say "field: problem"; fold the field into the path.
-        named = _NAMED_MSG.match(msg)
-        if e["type"] == "value_error" and named:
-            loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
-            msg = msg[named.end() :]
-        if e["type"] == "string_type" and isinstance(e.get("input"), (int, float)) and not isinstance(e["input"], bool):
-            msg += f" (a number here is text: quote it, '{e['input']}')"
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
-        lines.append(f"{loc or '<root>'}: {msg}")
+        base = ".".join(parts)
+        base = f"{prefix}.{base}" if prefix and base else (prefix or base)
+        # A cross-field validator says "field: problem", one line per broken rule; fold each field into the path.
+        for one in msg.split("\n") if e["type"] == "value_error" else [msg]:
+            loc = base
+            named = _NAMED_MSG.match(one)
+            if e["type"] == "value_error" and named:
+                loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
+                one = one[named.end() :]
+            if (
+                e["type"] == "string_type"
+                and isinstance(e.get("input"), (int, float))
+                and not isinstance(e["input"], bool)
+            ):
+                one += f" (a number here is text: quote it, '{e['input']}')"
+            if e["type"] == "extra_forbidden":
+                one = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
+            lines.append(f"{loc or '<root>'}: {one}")
     return lines
 
 

@@ -80,7 +80,8 @@ _EVALUATE_RULE = (
     "!has(self.stages) || !has(self.stages.evaluate) || !self.stages.evaluate.enabled || "
     "has(self.stages.evaluate.dataset) || self.dataset.evalFraction > 0.0 || "
     "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
-    "stages.evaluate needs held-out rows: set spec.dataset.evalFraction above 0 or stages.evaluate.dataset",
+    "dataset.evalFraction must be above 0 (held-out rows) when stages.evaluate is enabled without stages.evaluate."
+    "dataset",
 )
 _SERVER_GPU_RULE = (
     "!(has(self.stages) && has(self.stages.rl) && has(self.stages.rl.generation) && self.stages.rl.enabled && "
@@ -177,17 +178,19 @@ class RLTRunSpec(Strict):
 
     @model_validator(mode="after")
     def _some_stage(self) -> RLTRunSpec:
+        # Every broken rule, one line each (rlt.spec.loading splits them): the CRD's CEL rules report each too.
+        problems: list[str] = []
         if not self.stages.enabled():
-            raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
+            problems.append("stages: enable at least one of " + ", ".join(STAGE_ORDER))
         rl = self.stages.rl
         if rl.enabled and rl.generation.mode == "colocate" and self.resources.trainer.gpus == 0:
-            raise ValueError(
+            problems.append(
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
             )
         if rl.enabled and rl.generation.mode == "server" and not self.resources.generator.gpus:
             if not self.resources.generator.extra:
-                raise ValueError(
+                problems.append(
                     "resources.generator.gpus: 0 with stages.rl.generation.mode server, whose vLLM generator pods "
                     "need a GPU (or a device named in resources.generator.extra, e.g. a MIG profile)"
                 )
@@ -196,7 +199,7 @@ class RLTRunSpec(Strict):
         for name in ("sft", "rl", "student"):
             st = getattr(self.stages, name)
             if st.enabled and st.batch_size % (st.per_device_batch_size * world):
-                raise ValueError(
+                problems.append(
                     f"stages.{name}.batchSize: {st.batch_size} is not a multiple of perDeviceBatchSize × trainer "
                     f"processes = {st.per_device_batch_size} × {world} (resources.trainer.nodes × gpus, one "
                     "process on a CPU pod); the trainer would run another batch size"
@@ -205,14 +208,14 @@ class RLTRunSpec(Strict):
         # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
         fresh = self.method == "rlt" and self.dataset.source.startswith("builtin:")
         if ev.enabled and ev.dataset is None and self.dataset.eval_fraction <= 0 and not fresh:
-            raise ValueError(
+            problems.append(
                 "dataset.evalFraction: 0 leaves no held-out rows for stages.evaluate; set it above 0 (e.g. 0.1) "
                 "or give stages.evaluate.dataset"
             )
         if self.stages.distill.enabled and needs_generators(self, "distill") and rl.generation.max_model_len:
             need = rl.max_prompt_length + self.stages.distill.max_new_tokens
             if need > rl.generation.max_model_len:
-                raise ValueError(
+                problems.append(
                     f"stages.rl.generation.maxModelLen: {rl.generation.max_model_len} is below stages.rl."
                     f"maxPromptLength + stages.distill.maxNewTokens = {need} (the generators serve distill too)"
                 )
@@ -223,7 +226,7 @@ class RLTRunSpec(Strict):
         ):
             # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other
             # replicas would generate from stale weights and weight updates would land on the wrong one.
-            raise ValueError(
+            problems.append(
                 f"resources.generator.replicas: {self.resources.generator.replicas} with stages.rl."
                 "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
                 "and spread its GPUs with dataParallelSize / tensorParallelSize"
@@ -232,27 +235,29 @@ class RLTRunSpec(Strict):
         own = method_stages(self.method)
         for name in STAGE_ORDER:
             if name not in own and getattr(self.stages, name).enabled:
-                raise ValueError(
+                problems.append(
                     f"stages: method {self.method} has no {name} stage; set stages.{name}.enabled: false "
                     f"({self.method} runs {', '.join(own)})"
                 )
         # LoRA trains an adapter: only where a stage trains the model
         for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
             if ref is not None and ref.lora is not None:
-                raise ValueError(
+                problems.append(
                     f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, stages.student.model)"
                 )
         if self.outputs.student and not self.stages.student.enabled:
-            raise ValueError("outputs: outputs.student needs stages.student.enabled")
+            problems.append("outputs: outputs.student needs stages.student.enabled")
         if self.outputs.distill_dataset and not self.stages.distill.enabled:
-            raise ValueError("outputs: outputs.distillDataset needs stages.distill.enabled")
+            problems.append("outputs: outputs.distillDataset needs stages.distill.enabled")
         hub = [
             u
             for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
             if u and u.startswith("hf://")
         ]
         if hub and self.hf_token_secret is None:
-            raise ValueError("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
+            problems.append("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     def secret_env(self) -> list[SecretEnvVar]:
