@@ -86,16 +86,20 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
     return lines
 
 
-def _without_unknown_fields(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
+def _without(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
+    """The document without the values at `locs` (pydantic error locations; list items removed last first)."""
     import copy
 
     doc = copy.deepcopy(doc)
-    for loc in locs:
+    for loc in sorted(locs, key=lambda loc: [str(p) for p in loc], reverse=True):
         node = doc
         for part in loc[:-1]:
-            node = node[part] if isinstance(node, (dict, list)) else None
+            node = node[part] if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(
+                part, int) and part < len(node) else None
         if isinstance(node, dict):
             node.pop(loc[-1], None)
+        elif isinstance(node, list) and isinstance(loc[-1], int) and loc[-1] < len(node):
+            node.pop(loc[-1])
     return doc
 
 
@@ -104,23 +108,27 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Model | None, list[str]]:
     """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
-    fields is unknown, so unknown fields are reported, dropped, and the rest validated again."""
+    fields is invalid or unknown, so those are reported, dropped, and the rest validated again. A problem found
+    then at (or inside) a dropped field is left out: it would be about the default that took its place."""
     try:
         return model.model_validate(doc), []
     except ValidationError as err:
         problems = format_validation_error(err, prefix, model)
-        unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
-    for _ in range(3):  # each round can only reveal checks hidden by the previous round's unknown fields
-        if not unknown:
+        dropped = [tuple(e["loc"]) for e in err.errors() if e["loc"]]
+    for _ in range(3):  # each round can only reveal checks hidden by the previous round's fields
+        if not dropped:
             break
-        doc = _without_unknown_fields(doc, unknown)
+        doc = _without(doc, dropped)
         try:
             model.model_validate(doc)
             break
         except ValidationError as err:
-            more = [p for p in format_validation_error(err, prefix, model) if p not in problems]
-            problems += more
-            unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+            gone = {".".join(filter(None, [prefix, *map(str, loc)])) for loc in dropped}
+            for line in format_validation_error(err, prefix, model):
+                where = line.split(": ", 1)[0]
+                if line not in problems and not any(where == g or where.startswith(g + ".") for g in gone):
+                    problems.append(line)
+            dropped = [tuple(e["loc"]) for e in err.errors() if e["loc"] and e["type"] != "missing"]
     return None, problems
 
 
