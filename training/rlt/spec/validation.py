@@ -69,6 +69,89 @@ def trainer_args_problems(spec: RLTRunSpec) -> list[str]:
     return out
 
 
+def _model_refs(spec: RLTRunSpec) -> list[tuple[str, Any]]:
+    return [
+        (where, ref)
+        for where, ref in (
+            ("spec.teacher.model", spec.teacher),
+            ("spec.student.model", spec.student),
+            ("spec.stages.student.model.model", spec.stages.student.model),
+            ("spec.stages.evaluate.model.model", spec.stages.evaluate.model),
+        )
+        if ref is not None
+    ]
+
+
+def source_problems(spec: RLTRunSpec) -> list[str]:
+    """Models and datasets named in a form something can load: a hub id, a local path or a known built-in; a web
+    address or another URL scheme is refused here, not by the loader hours later."""
+    from rlt.data.tasks import TASKS
+    from rlt.run.models import BUILTIN_MODELS
+
+    out = []
+    for where, ref in _model_refs(spec):
+        name = ref.model
+        if "://" in name:
+            hub = name.split("huggingface.co/", 1)[1].strip("/") if "huggingface.co/" in name else None
+            fix = f"give the hub id {hub!r}" if hub else "give a hub id (org/name) or a local directory"
+            out.append(f"{where}: {name!r} is a URL; models load from a hub id or a local directory: {fix}")
+        elif name.startswith("builtin:") and name.removeprefix("builtin:") not in BUILTIN_MODELS:
+            known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
+            out.append(f"{where}: unknown built-in model {name!r} (choose from {known})")
+    datasets = [("spec.dataset.source", spec.dataset)]
+    if spec.stages.evaluate.dataset is not None:
+        datasets.append(("spec.stages.evaluate.dataset.source", spec.stages.evaluate.dataset))
+    for where, ds in datasets:
+        if "://" in ds.source:
+            out.append(
+                f"{where}: {ds.source!r} is a URL, which no dataset reader of rlt takes; give a hub dataset id "
+                "(org/name), a local file or folder (copy it to the run's volume), or builtin:<task>"
+            )
+        elif ds.source.startswith("builtin:") and ds.source.removeprefix("builtin:") not in TASKS:
+            out.append(f"{where}: unknown built-in task {ds.source!r} (choose from {', '.join(TASKS)})")
+    return out
+
+
+def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
+    """What the models' own configs say, where this machine can read them (rlt.spec.shapes: never downloads):
+    vLLM's tensor parallelism must divide the teacher's attention heads, LoRA targets must be modules of the model.
+    (problems, notes: what could not be checked and why)."""
+    from rlt.spec.run import needs_generators
+    from rlt.spec.shapes import read_shape
+
+    problems: list[str] = []
+    notes: list[str] = []
+    tp = spec.resources.generator.tensor_parallel_size
+    served = [s for s in spec.stages.enabled() if needs_generators(spec, s)]
+    checks: list[tuple[str, Any]] = []
+    if served and tp > 1:
+        checks.append(("tp", spec.teacher))
+    for where, ref in (("spec.teacher", spec.teacher), ("spec.stages.student.model", spec.stages.student.model)):
+        if ref is not None and ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
+            checks.append((where, ref))
+    for what, ref in checks:
+        shape, why = read_shape(ref, build=False)
+        if shape is None:
+            notes.append(f"{ref.model}: not checked against its config ({why})")
+            continue
+        if what == "tp" and shape.heads % tp:
+            problems.append(
+                f"spec.resources.generator.tensorParallelSize: {tp} does not divide the {shape.heads} attention "
+                f"heads of {ref.model} (vLLM needs it to); use one of "
+                + ", ".join(str(d) for d in range(1, shape.heads + 1) if shape.heads % d == 0 and d <= 16)
+            )
+        elif what != "tp":
+            modules = shape.modules
+            missing = [t for t in ref.lora.target_modules if t.rsplit(".", 1)[-1] not in modules]
+            if missing:
+                linear = sorted({name for name, _, _ in shape.linears})
+                problems.append(
+                    f"{what}.lora.targetModules: {', '.join(missing)} not in {ref.model} (its linear modules: "
+                    f"{', '.join(linear)}; or all-linear)"
+                )
+    return problems, notes
+
+
 def cluster_problems(spec: RLTRunSpec) -> list[str]:
     """Combinations a cluster cannot run, refused before anything is created."""
     out: list[str] = []
@@ -99,7 +182,13 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         problem = run_name_problem(name)
         if problem:
             out.append(problem)
-    return out + format_problems(spec, local_files) + trainer_args_problems(spec) + cluster_problems(spec)
+    return (
+        out
+        + format_problems(spec, local_files)
+        + trainer_args_problems(spec)
+        + cluster_problems(spec)
+        + source_problems(spec)
+    )
 
 
 def validate_spec(raw: Any, name: str | None = None, local_files: bool = False, source: str = "<spec>") -> RLTRunSpec:
@@ -159,6 +248,16 @@ def check_datasets(run) -> tuple[list[str], list[str]]:
             except DataError:
                 pass
             continue
+        if where == "spec.dataset" and run.spec.stages.sft.enabled:
+            # stage sft learns the explanations from the traces (rlt.stages.sft, rlt.rcl.stages): at the door
+            bare = [r for r in data.train if not (r.get("reasoning_trace") or "").strip()]
+            if bare and (run.spec.dataset.bad_rows == "reject" or len(bare) == len(data.train)):
+                problems.append(
+                    f"{where}: {ds.source} {data.where(bare[0]['row'])}: reasoning_trace is missing "
+                    f"({len(bare)} of {len(data.train)} rows); stage sft learns explanations from it (map "
+                    "spec.dataset.columns.reasoningTrace, disable stages.sft, or set badRows: skip)"
+                )
+                continue
         used = data.read - len(data.skipped)
         note = f"{where}: {used} usable rows"
         if data.skipped:
