@@ -170,7 +170,8 @@ def _type_of(schema: dict[str, Any]) -> Any:
         name = ref.split("/")[-1].removeprefix(_PREFIX)
         if name == "apimachinery.pkg.api.resource.Quantity":
             return Quantity
-        return model(name)
+        target = definitions()[_PREFIX + name]
+        return model(name) if "properties" in target else _type_of(target)  # Time is a string, FieldsV1 any object
     kinds = schema.get("type")
     kinds = [k for k in (kinds if isinstance(kinds, list) else [kinds]) if k != "null"]
     kind = kinds[0] if kinds else None
