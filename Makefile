@@ -6,7 +6,7 @@ TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help venv vllm-venv tools test test-fast demo docs crd chart-crd chart-rbac install-manifests generate images bench clean \
+.PHONY: help venv vllm-venv tools test test-fast test-real-cluster demo docs crd chart-crd chart-rbac install-manifests generate images bench clean \
 	image-tools operator-image images-local images-test images-push lint
 
 help:
@@ -105,8 +105,7 @@ chart-crd:
 # The chart's RBAC rules, from rlt_operator.rbac, and Kopf's peering CRDs, from rlt_operator.peering (tests keep them
 # equal).
 chart-rbac: $(STAMP)
-	$(BIN)/python -c "from rlt_operator.rbac import write_chart_rules; write_chart_rules()"
-	$(BIN)/python -c "from rlt_operator.peering import write_chart_crds; write_chart_crds()"
+	$(BIN)/python hack/generate.py chart-rbac
 
 # Plain manifests for users without Helm (a test keeps them equal to `helm template`).
 install-manifests: $(TOOLS)/helm chart-crd chart-rbac
@@ -162,12 +161,17 @@ images-push:
 clean:
 	rm -rf results .pytest_cache
 
+# The suite against a real control plane, envtest-style: KUBEBUILDER_ASSETS names a folder with kube-apiserver and
+# etcd (optionally kube-controller-manager; etcd may also be on PATH). Without it the suite skips with one line.
+test-real-cluster: $(STAMP) tools
+	$(BIN)/python -m pytest -q -rs --durations=10 tests/real_cluster
+
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)
-	$(BIN)/python -c "from rlt.spec.docs import regenerate; regenerate()"
+	$(BIN)/python hack/generate.py docs
 
 crd: $(STAMP)
-	$(BIN)/python -c "from rlt_operator.crd import write; write()"
+	$(BIN)/python hack/generate.py crd
 
 # Every generated file from its one source: CRD (+ chart copy), install manifests, doc tables, dashboards, and the
 # TRL option table trainerArgs are typed against (rlt/spec/trl_options.json, from the installed TRL), and the
@@ -175,5 +179,5 @@ crd: $(STAMP)
 # `make test` checks each is current (tests/chart, tests/operator/test_crd.py, tests/observability).
 generate: crd chart-crd chart-rbac install-manifests docs
 	$(BIN)/python hack/gen_dashboards.py
-	$(BIN)/python -m rlt.stages.trainer_check
-	$(BIN)/python -c "from rlt.spec.k8s_api import write_definitions; write_definitions()"
+	$(BIN)/python hack/generate.py trl-options
+	$(BIN)/python hack/generate.py k8s-api

@@ -1,5 +1,5 @@
 """The capacity plan against real runs: each case runs one real stage on CPU and compares what it measured with what
-`rlt.spec.capacity` planned for the same spec. Each stage runs as its pod would: the trainer container's command
+`rlt.checks.capacity` planned for the same spec. Each stage runs as its pod would: the trainer container's command
 from the operator's builders (`rlt stage`, or `rlt launch -- accelerate launch ... --use_deepspeed --zero_stage N`
 over gloo), with only its entry point `-m rlt.cli` swapped for a wrapper that runs rlt's CLI and reports its peak
 memory (pod_command).
@@ -65,8 +65,8 @@ def full_length(doc: dict, model: str) -> int:
     """The shortest training row of the case in tokens: with maxLength set to it every row is exactly that long (the
     longer ones truncated, none losing its whole completion), so the run meets the plan's worst case."""
     from rlt.data.dataset import load_data
+    from rlt.data.models import load_tokenizer
     from rlt.method.prompts import Formatter, resolve_format
-    from rlt.run.models import load_tokenizer
     from rlt.spec.loading import parse_run
     from rlt.stages.sft import sft_rows
 
@@ -82,8 +82,8 @@ def longest_prompt(doc: dict, model: str) -> int:
     """The longest teacher prompt of the case in tokens: as stages.rl.maxPromptLength the batch holding it meets the
     plan's prompt length (rl refuses longer prompts)."""
     from rlt.data.dataset import load_data
+    from rlt.data.models import load_tokenizer
     from rlt.method.prompts import Formatter, resolve_format
-    from rlt.run.models import load_tokenizer
     from rlt.spec.loading import parse_run
     from rlt.stages.sft import teacher_prompt_ids
 
@@ -114,9 +114,9 @@ def case_doc(model: str, stage: str, lora: bool, zero: int, world: int) -> dict:
 
 
 def planned(doc: dict, stage: str):
-    from rlt.spec.capacity import Shapes, plan_run
+    from rlt.checks.capacity import Shapes, plan_run
+    from rlt.checks.shapes import read_shape
     from rlt.spec.loading import parse_run
-    from rlt.spec.shapes import read_shape
 
     spec = parse_run(copy.deepcopy(doc)).spec
     shapes = Shapes(read_shape(spec.teacher)[0], read_shape(spec.student)[0])
@@ -143,8 +143,8 @@ def pod_command(doc: dict, stage: str, root: Path, script: Path) -> tuple[list[s
     which runs rlt's CLI with the same arguments and then reports its peak memory."""
     import socket
 
-    from rlt.run.layout import PVC_MOUNT
-    from rlt.spec.validation import validate_spec
+    from rlt.checks.validation import validate_spec
+    from rlt.contract.layout import PVC_MOUNT
     from rlt_operator import builders
     from rlt_sandbox.kubelet_emulator import expand
 
@@ -206,7 +206,7 @@ def null_model(tmp: Path) -> str:
     which a GPU holds in host memory, not on the GPU, and which the plan therefore leaves out."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from rlt.run.models import resolve_model_path
+    from rlt.data.models import resolve_model_path
 
     tiny = resolve_model_path("builtin:tiny-qwen2")
     out = tmp / "null-model"

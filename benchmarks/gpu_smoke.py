@@ -39,7 +39,7 @@ def build(name: str, out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from rlt.run.models import resolve_model_path
+    from rlt.data.models import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-qwen2"))
     cfg = Qwen2Config(
@@ -138,7 +138,7 @@ def reward_bench(path: Path, n: int, batch_size: int) -> dict:
 def grpo_step(path: Path, workdir: Path) -> dict:
     import yaml
 
-    from rlt.spec.base import GROUP_VERSION, KIND
+    from rlt.contract.api import GROUP_VERSION, KIND
 
     run = {
         "apiVersion": GROUP_VERSION,

@@ -159,7 +159,7 @@ def curve_figures(rows: list[dict], k: int) -> dict:
 
 def rl_steps(out: Path, run_name: str) -> list[dict]:
     """The rl stage's step records of a run under `out`, one per step (a resumed run may log a step twice)."""
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.run.plots import latest_per_step, read_metrics
 
     return latest_per_step(read_metrics(RunLayout.for_run(out, run_name).metrics_file), "rl")
@@ -209,9 +209,9 @@ def search_table(paths: list[str]) -> str:
 def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> dict:
     """Per teacher and held-out question: the pre-registered measures (teaching_protocol.measure) of K sampled
     explanations; and the student alone and with the dataset's trace, for scale."""
+    from rlt.data.models import load_model, load_tokenizer
     from rlt.method.prompts import Formatter, resolve_format
     from rlt.method.reward import RLTReward
-    from rlt.run.models import load_model, load_tokenizer
     from rlt.spec.inputs import FormatSpec, ModelRef
 
     formatter = Formatter(resolve_format(FormatSpec()))
@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.questions, args.generations = 4, 8
 
     from rlt.data.jsonl import append_jsonl
-    from rlt.run.runner import quiet_libraries, run_local
+    from rlt.data.models import quiet_libraries
+    from rlt.run.runner import run_local
     from rlt.spec.loading import parse_run
 
     quiet_libraries()

@@ -88,10 +88,10 @@ def reward_same_weights(completion: int) -> dict:
     from peft import LoraConfig, get_peft_model
 
     from rlt.data import tasks
+    from rlt.data.models import load_model, load_tokenizer
     from rlt.method.generation import sample_with_logprobs
     from rlt.method.prompts import Formatter, resolve_format
     from rlt.method.reward import RLTReward
-    from rlt.run.models import load_model, load_tokenizer
     from rlt.spec.inputs import FormatSpec, ModelRef
 
     ref = ModelRef(model=SMOL)

@@ -85,7 +85,7 @@ def build_tiny49k(path: Path) -> None:
     """Tiny Qwen2 with a realistic 49,152-token vocabulary: the SmolLM2 tokenizer, 2 small layers."""
     from transformers import AutoTokenizer
 
-    from rlt.run.models import resolve_model_path, tiny_qwen2
+    from rlt.data.models import resolve_model_path, tiny_qwen2
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("builtin:smollm2-135m-instruct"))
     tiny_qwen2(len(tok), 2048).save_pretrained(path)
@@ -93,7 +93,7 @@ def build_tiny49k(path: Path) -> None:
 
 
 def model_path(name: str) -> str:
-    from rlt.run.models import cache_root, resolve_model_path
+    from rlt.data.models import cache_root, resolve_model_path
 
     if name == "smollm2":
         return resolve_model_path("builtin:smollm2-135m-instruct")

@@ -1,7 +1,7 @@
 """Per-rank memory of the frozen reward student under ZeRO-3, world of N against a world of 1.
 
 Each world is a real gloo process group on CPU (torch.distributed.run), with accelerate's DeepSpeed plugin at ZeRO
-stage 3. Every rank loads the student the way stage rl does (rlt.run.models.load_model), scores a batch whole, then
+stage 3. Every rank loads the student the way stage rl does (rlt.data.models.load_model), scores a batch whole, then
 prepares it with rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed) and scores the same batch again through the
 gather. Rank r scores 2r + 1 requests one at a time, so ranks run different numbers of micro-batches, as in GRPO.
 
@@ -61,13 +61,13 @@ def worker(model_name: str, out: Path, skip_prepare: bool) -> None:
     from accelerate import Accelerator
     from accelerate.utils import DeepSpeedPlugin
 
+    from rlt.data.models import load_model, load_tokenizer
     from rlt.method.scoring import SpanScorer
-    from rlt.run.models import load_model, load_tokenizer
     from rlt.spec.inputs import ModelRef
     from rlt.stages.rl import partition_frozen
 
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    # What the HF Trainer leaves in the plugin once it has filled rlt's "auto" values (stages.common.deepspeed_config)
+    # What the HF Trainer leaves in the plugin once it has filled rlt's "auto" values (stages.trainer.deepspeed_config)
     ds = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,

@@ -97,7 +97,7 @@ def main() -> None:
     p.add_argument("--free-tokens", type=int, default=48, help="token limit of the free answers (0: skip them)")
     args = p.parse_args()
 
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
 
     ref = ModelRef(model=args.model)
     tokenizer = load_tokenizer(ref, padding_side="left")
@@ -153,8 +153,8 @@ def _mean(xs: list[float]) -> float:
 
 def reward_contrast(model, model_name: str, formatter: Formatter, rows: list[dict]) -> dict:
     """The RLT reward's breakdown for the worked trace and for a bare "The answer is X." on each row."""
+    from rlt.data.models import load_tokenizer
     from rlt.method.reward import RLTReward
-    from rlt.run.models import load_tokenizer
 
     tok = load_tokenizer(ModelRef(model=model_name), padding_side="right")
     reward = RLTReward(model, tok, formatter, teacher=model, teacher_tokenizer=tok, temperature=0.7)

@@ -5,7 +5,7 @@ panel → query table (docs/dashboards.md) from the compact definitions below.
     python hack/gen_dashboards.py           # write both
     python hack/gen_dashboards.py --check   # exit 1 if the committed files differ (the tests do this)
 
-Every `rlt_*` name used here must be in training/rlt/run/metrics.py (a test checks it); `vllm:*` are vLLM's
+Every `rlt_*` name used here must be in training/rlt/contract/metrics.py (a test checks it); `vllm:*` are vLLM's
 own metrics from the generator pods. Queries use the template variables $namespace, $run and Grafana's
 $__rate_interval; the datasource is the variable ${datasource}, never a fixed UID.
 """

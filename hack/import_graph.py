@@ -1,7 +1,9 @@
 """The import graph of the shipped packages, read from their source with ast, and the circles in it.
 
-`python hack/import_graph.py` prints every circle (a module that, through its imports, imports itself) and exits 1
-if there is one. Every import counts: top-level, inside functions, and under `if TYPE_CHECKING:` (a type-only
+`python hack/import_graph.py` prints every circle (a module that, through its imports, imports itself), then the
+subpackages of `rlt` as floors (FLOORS, bottom up) with the count of module imports from each to each, and exits 1 if
+there is a circle, a pair of subpackages that import each other (either way, at any depth), or an import that runs up
+from a lower floor to a higher one. Every import counts: top-level, inside functions, and under `if TYPE_CHECKING:` (a type-only
 circle still means the two modules cannot be read or moved apart). Importing `a.b.c` also runs `a/__init__` and
 `a/b/__init__`, so a module depends on its parent packages too.
 """
@@ -15,6 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # source folder -> the packages shipped from it
 SOURCES = {"training": ("rlt",), "operator": ("rlt_operator", "rlt_sandbox")}
+# The subpackages of rlt, bottom floor first: a module may import its own floor and the ones below, never above.
+FLOORS = ("contract", "spec", "method", "data", "rcl", "checks", "stages", "run", "cli")
 
 
 def modules() -> dict[str, Path]:
@@ -99,13 +103,70 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "rlt" and len(parts) > 1 else None
+
+
+def subpackage_imports(edges: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(importing subpackage, imported subpackage) of rlt -> the `module -> module` imports between them. A
+    subpackage's __init__ counts only where nothing else of it is imported (importing rlt.spec.run runs it too)."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for module, targets in sorted(edges.items()):
+        a = _subpackage(module)
+        for target in sorted(targets):
+            b = _subpackage(target)
+            root = target.count(".") == 1
+            if a and b and a != b and not (root and any(t.startswith(target + ".") for t in targets)):
+                found.setdefault((a, b), []).append(f"{module} -> {target}")
+    return found
+
+
+def two_way(pairs: dict[tuple[str, str], list[str]]) -> list[tuple[str, str]]:
+    """Subpackage pairs that import each other, each once (sorted)."""
+    return sorted((a, b) for a, b in pairs if a < b and (b, a) in pairs)
+
+
+def upward(pairs: dict[tuple[str, str], list[str]], floors: tuple[str, ...] = FLOORS) -> list[str]:
+    """Imports from a floor to a higher one, and subpackages FLOORS does not place."""
+    problems = [
+        f"rlt.{s} is on no floor (add it to FLOORS)" for s in sorted({s for p in pairs for s in p} - set(floors))
+    ]
+    for (a, b), imports in sorted(pairs.items()):
+        if a in floors and b in floors and floors.index(a) < floors.index(b):
+            problems += [f"up a floor, {a} -> {b}: {i}" for i in imports]
+    return problems
+
+
+def floor_table(pairs: dict[tuple[str, str], list[str]], floors: tuple[str, ...] = FLOORS) -> str:
+    """Rows import columns: the count of module imports, top floor first (so every count sits below the diagonal)."""
+    order = list(reversed(floors))
+    width = max(map(len, order))
+    lines = [" " * width + " " + " ".join(f"{f:>{width}}" for f in order)]
+    for a in order:
+        cells = [f"{len(pairs.get((a, b), [])) or ('.' if a != b else '-'):>{width}}" for b in order]
+        lines.append(f"{a:>{width}} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> int:
     edges = graph()
     circles = cycles(edges)
     for circle in circles:
         print("circle: " + " <-> ".join(circle))
-    print(f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, {len(circles)} circles")
-    return 1 if circles else 0
+    pairs = subpackage_imports(edges)
+    both = two_way(pairs)
+    for a, b in both:
+        print(f"two-way: {a} <-> {b}: " + "; ".join(pairs[(a, b)] + pairs[(b, a)]))
+    up = upward(pairs)
+    for line in up:
+        print(line)
+    print(floor_table(pairs))
+    print(
+        f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, {len(circles)} circles, "
+        f"{len(both)} two-way subpackage pairs, {len(up)} imports up a floor"
+    )
+    return 1 if circles or both or up else 0
 
 
 if __name__ == "__main__":

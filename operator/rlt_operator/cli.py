@@ -21,10 +21,7 @@ DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 def cmd_crd(args: argparse.Namespace) -> int:
     from rlt_operator import crd
 
-    if args.write:
-        print(f"wrote {crd.write()}")
-    else:
-        sys.stdout.write(crd.render())
+    sys.stdout.write(crd.render())
     return 0
 
 
@@ -80,7 +77,7 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
 
     import kopf
 
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     log = logging.getLogger("rlt.operator")
 
@@ -155,7 +152,6 @@ def _positive_seconds(raw: str) -> float:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crd", help="print the RLTRun CustomResourceDefinition generated from the spec model")
-    p.add_argument("--write", action="store_true", help="write it under manifests/crd/ instead")
     p.set_defaults(func=cmd_crd)
 
     p = sub.add_parser("operator", help="run the RLTRun operator (Kopf) against the current kubeconfig/cluster")

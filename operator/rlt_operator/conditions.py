@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from rlt.run.layout import format_time, parse_time
+from rlt.contract.layout import format_time, parse_time
+from rlt_operator import status_model
 from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
@@ -78,6 +79,15 @@ def pod_conditions(
             more = f" (and {len(mine) - 1} more pod(s))" if len(mine) > 1 else ""
             set_condition(conds, cond, False, pr["reason"], f"pod {name}: {pr['message']}{more}", now)
             hold(run_status, pr["reason"], f"pod {name}: {pr['message']}{more}")
+        elif cond == ConditionType.PODS_SCHEDULABLE and (unplaced := [p for p in gang if not p.get("scheduled")]):
+            # No node yet and no scheduler's answer: not known to be schedulable (a scheduler that is not running
+            # never says Unschedulable).
+            by = unplaced[0].get("schedulerName")
+            message = f"pod {unplaced[0]['name']} has no node yet" + (
+                f" (schedulerName {by}: is that scheduler running?)" if by else ""
+            )
+            more = f" (and {len(unplaced) - 1} more pod(s))" if len(unplaced) > 1 else ""
+            set_condition(conds, cond, None, "NotScheduled", message + more, now)
         elif gang or has_condition(run_status, cond):
             set_condition(conds, cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
     waiting = [(p, since) for p in gang if (since := parse_time(p.get("sandboxWaitingSince"))) is not None]
@@ -117,3 +127,52 @@ def volume_condition(run_status: RLTRunStatus, claim: dict[str, Any], now: dt.da
     }.get(phase, phase)
     message = f"claim {claim['name']} is {phase}: {why}"
     set_condition(conds, ConditionType.VOLUME_READY, False, f"Claim{phase}", message, now)
+
+
+def child_writes(run_status: RLTRunStatus, problems: list[Any], now: dt.datetime) -> None:
+    """ChildrenWritten from the child writes the API server refused or that met someone else's object
+    (writes.WriteProblem): False with the first problem's reason and the server's message, which becomes the run's
+    reason; True again once every write went through."""
+    conds = run_status.conditions = run_status.conditions or []
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        set_condition(conds, ConditionType.CHILDREN_WRITTEN, False, first.reason, first.message + more, now)
+        hold(run_status, first.reason, first.message + more)
+    elif has_condition(run_status, ConditionType.CHILDREN_WRITTEN):
+        set_condition(conds, ConditionType.CHILDREN_WRITTEN, True, "Written", "every child was written", now)
+
+
+def pods_not_created(run_status: RLTRunStatus, problems: list[dict[str, Any]], now: dt.datetime) -> None:
+    """PodsSchedulable=False with the Job's or StatefulSet's FailedCreate message (observed.failed_create) when its
+    controller cannot create the pods; the run's reason while it lasts."""
+    if problems:
+        first = problems[0]
+        conds = run_status.conditions = run_status.conditions or []
+        set_condition(conds, ConditionType.PODS_SCHEDULABLE, False, first["reason"], first["message"], now)
+        hold(run_status, first["reason"], first["message"])
+
+
+def with_write_problems(
+    run_status: dict[str, Any],
+    problems: list[Any],
+    now: dt.datetime,
+    not_created: list[dict[str, Any]] | None = None,
+    prev_conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The decided status (as status.decide returns it) plus ChildrenWritten from the refused child writes and
+    PodsSchedulable from the controllers' FailedCreate Events."""
+    typed = RLTRunStatus.model_validate(run_status)
+    if not problems and not not_created and not has_condition(typed, ConditionType.CHILDREN_WRITTEN):
+        return run_status
+    child_writes(typed, problems, now)
+    pods_not_created(typed, not_created or [], now)
+    # decide() set these conditions from the pods before: keep the transition time of one whose status is unchanged
+    before = {c["type"]: c for c in prev_conditions or []}
+    for c in typed.conditions or []:
+        old = before.get(c.type)
+        if old and old.get("status") == c.status and old.get("lastTransitionTime"):
+            c.last_transition_time = old["lastTransitionTime"]
+    out = typed.model_dump(mode="json", by_alias=True, exclude_none=True)
+    status_model.check(out)
+    return out

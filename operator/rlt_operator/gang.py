@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rlt.run.exitcodes import (
+from rlt.contract.exitcodes import (
     CAPACITY_FITS,
     CAPACITY_NOT_CHECKED,
     CAPACITY_PREFIX,
@@ -13,7 +13,7 @@ from rlt.run.exitcodes import (
     FAIL_FAST,
     ExitCode,
 )
-from rlt.run.layout import parse_time
+from rlt.contract.layout import parse_time
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
 from rlt_operator.conditions import RWO_PLACEMENT_SECONDS, has_condition, set_condition
@@ -59,7 +59,7 @@ def current_gang(pods: list[dict[str, Any]], stage: str, restarts: int) -> list[
 def capacity_condition(
     run_status: RLTRunStatus, pods: list[dict[str, Any]], stage: str, restarts: int, now: dt.datetime
 ) -> None:
-    """CapacityOK from the capacity line of the current gang's trainer pods (rlt.run.preflight, the init container's
+    """CapacityOK from the capacity line of the current gang's trainer pods (rlt.checks.preflight, the init container's
     termination message): False (CapacityExceeded) when one exited CONFIG_ERROR with it (the plan of its stage or of
     the volume does not fit); else True (Fits, the plan's headline) when one passed the check; else Unknown
     (NotChecked) when the check was skipped (RLT_CAPACITY_CHECK=false). Left as it was while no preflight of the

@@ -18,15 +18,17 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
-from rlt.run.metrics import OPERATOR_METRICS, build
-from rlt.spec.base import Phase
-from rlt.spec.stage_registry import STAGE_ORDER
-from rlt_operator.observed import Observed, summarize
+from rlt.contract import metrics as catalogue
+from rlt.contract.api import Phase
+from rlt.contract.metrics import OPERATOR_METRICS, build
+from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
 from . import builders, progress, status
+from .conditions import with_write_problems
 from .kinds import CHILDREN, RUN
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
+from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_summary, rejected
 
 log = logging.getLogger("rlt.operator")
 
@@ -34,7 +36,7 @@ FINALIZER = f"{builders.PREFIX}/finalizer"
 
 
 class OperatorMetrics:
-    """The operator's Prometheus series (names from rlt.run.metrics.OPERATOR_METRICS)."""
+    """The operator's Prometheus series (names from rlt.contract.metrics.OPERATOR_METRICS)."""
 
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry
@@ -42,29 +44,29 @@ class OperatorMetrics:
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
 
     def reconciled(self, result: str, seconds: float) -> None:
-        self.m["rlt_operator_reconcile_total"].labels(result=result).inc()
-        self.m["rlt_operator_reconcile_duration_seconds"].observe(seconds)
+        self.m[catalogue.RECONCILES].labels(result=result).inc()
+        self.m[catalogue.RECONCILE_SECONDS].observe(seconds)
 
     def run(self, namespace: str, name: str, run_status: dict[str, Any], method: str) -> None:
         for phase in Phase:
-            self.m["rlt_run_phase"].labels(namespace, name, phase).set(1 if run_status.get("phase") == phase else 0)
+            self.m[catalogue.RUN_PHASE].labels(namespace, name, phase).set(1 if run_status.get("phase") == phase else 0)
         info = (method, run_status.get("stage") or "none")
         old = self._info.get((namespace, name))
         if old and old != info:
-            self.m["rlt_run_info"].remove(namespace, name, *old)
+            self.m[catalogue.RUN_INFO].remove(namespace, name, *old)
         self._info[(namespace, name)] = info
-        self.m["rlt_run_info"].labels(namespace, name, *info).set(1)
-        self.m["rlt_run_restarts"].labels(namespace, name).set(run_status.get("restarts", 0))
-        self.m["rlt_run_step"].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
+        self.m[catalogue.RUN_INFO].labels(namespace, name, *info).set(1)
+        self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
+        self.m[catalogue.RUN_STEP].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
 
     def forget(self, namespace: str, name: str) -> None:
         for phase in Phase:
-            _remove(self.m["rlt_run_phase"], namespace, name, phase)
+            _remove(self.m[catalogue.RUN_PHASE], namespace, name, phase)
         old = self._info.pop((namespace, name), None)
         if old:
-            _remove(self.m["rlt_run_info"], namespace, name, *old)
-        _remove(self.m["rlt_run_restarts"], namespace, name)
-        _remove(self.m["rlt_run_step"], namespace, name)
+            _remove(self.m[catalogue.RUN_INFO], namespace, name, *old)
+        _remove(self.m[catalogue.RUN_RESTARTS], namespace, name)
+        _remove(self.m[catalogue.RUN_STEP], namespace, name)
 
 
 def _remove(metric: Any, *labels: str) -> None:
@@ -192,20 +194,102 @@ def observe(namespace: str, name: str, indices: dict[str, Any]) -> Observed:
 # --------------------------------------------------------------------------- the reconcile loop
 
 
-async def apply(state: OperatorState, namespace: str, actions: list[status.Action], logger: Any) -> None:
+async def apply(
+    state: OperatorState,
+    ref: builders.RunRef,
+    observed: Observed,
+    actions: list[status.Action],
+    writes: ChildWrites,
+    logger: Any,
+) -> tuple[list[status.Action], list[WriteProblem]]:
+    """Send the decision's writes, each only to an object of the run's (rlt_operator.writes). A write the server
+    refuses (4xx other than 404/409) or that meets someone else's object is not retried at once but becomes a
+    problem with back-off, and the others go on. Returns the actions sent and the problems new or changed."""
+    sent: list[status.Action] = []
+    news: list[WriteProblem] = []
+    now = time.monotonic()
+
+    def problem(p: WriteProblem) -> None:
+        if writes.failed(p, now):
+            news.append(p)
+
     for a in actions:
-        if a.verb == "create":
-            created = await asyncio.to_thread(state.kube.create, a.plural, namespace, a.body)
-            if created:
-                logger.info(f"created {a.plural}/{a.name}")
-        elif a.verb == "patch":
-            await asyncio.to_thread(state.kube.patch, a.plural, namespace, a.name, a.body)
-            logger.info(f"updated {a.plural}/{a.name}")
-        elif a.verb == "delete":
-            if await asyncio.to_thread(state.kube.delete, a.plural, namespace, a.name, a.propagation):
-                logger.info(f"deleted {a.plural}/{a.name}")
-        else:  # pragma: no cover - status.py only emits these three
-            raise ValueError(f"unknown action {a.verb}")
+        key = (a.plural, a.name)
+        if not writes.due(key, now) or (a.verb == "create" and writes.blocked(a.plural)):
+            continue
+        child = getattr(observed, a.plural, {}).get(a.name) if a.verb != "create" else None
+        if child is not None and not owns_summary(ref, a.plural, child):
+            problem(conflict(a.plural, a.name, None))
+            continue
+        try:
+            if a.verb == "create":
+                existing = await asyncio.to_thread(state.kube.create, a.plural, ref.namespace, a.body)
+                if existing is None:
+                    logger.info(f"created {a.plural}/{a.name}")
+                elif existing and not owns_object(ref, a.plural, existing):
+                    problem(conflict(a.plural, a.name, existing))
+                    continue
+            elif a.verb == "patch":
+                await asyncio.to_thread(state.kube.patch, a.plural, ref.namespace, a.name, a.body)
+                logger.info(f"updated {a.plural}/{a.name}")
+            elif a.verb == "delete":
+                if await asyncio.to_thread(state.kube.delete, a.plural, ref.namespace, a.name, a.propagation):
+                    logger.info(f"deleted {a.plural}/{a.name}")
+            else:  # pragma: no cover - status.py only emits these three
+                raise ValueError(f"unknown action {a.verb}")
+        except KubeError as err:
+            if not err.refused:
+                raise
+            problem(rejected(a.verb, a.plural, a.name, err.status, err.server_message))
+            continue
+        writes.succeeded(key)
+        sent.append(a)
+    return sent, news
+
+
+def observed_conflicts(ref: builders.RunRef, observed: Observed) -> list[WriteProblem]:
+    """Run-wide children with the run's label but not the run's (an earlier run's leftovers, a copy): never used.
+    The trainer Jobs and generators of an earlier run of the same name are status.decide's (it waits for them)."""
+    out = []
+    for plural in ("configmaps", "persistentvolumeclaims", "services", "networkpolicies"):
+        for name, child in getattr(observed, plural).items():
+            if not child.get("deleting") and not owns_summary(ref, plural, child):
+                out.append(conflict(plural, name, None))
+    return out
+
+
+# How often a run whose Job or StatefulSet lacks pods reads that controller's FailedCreate Events.
+FAILED_CREATE_INTERVAL = 10.0
+
+
+async def read_failed_creates(
+    state: OperatorState, namespace: str, observed: Observed, mem: RunMemory, logger: Any
+) -> list[tuple[str, str, str]]:
+    """Why a Job or StatefulSet of the run has no pods, from its controller's FailedCreate Events (a list by
+    involvedObject.uid, only while pods are missing and at most every FAILED_CREATE_INTERVAL): into mem.not_created;
+    returns the Warning Events to post for new messages."""
+    needy = pods_not_created(observed)
+    if not needy:
+        mem.not_created, mem.reported = [], set()
+        return []
+    if time.monotonic() - mem.not_created_at < FAILED_CREATE_INTERVAL:
+        return []
+    mem.not_created_at = time.monotonic()
+    found = []
+    for kind, child, uid in needy:
+        selector = f"involvedObject.uid={uid},reason=FailedCreate"
+        try:
+            events = await asyncio.to_thread(state.kube.list, "events", namespace, None, selector)
+        except KubeError as err:  # informative only: never hold the reconcile up
+            logger.debug(f"events of {kind} {child} not readable: {err}")
+            continue
+        problem = failed_create(kind, child, events)
+        if problem:
+            found.append(problem)
+    mem.not_created = found
+    news = [("Warning", p["reason"], p["message"]) for p in found if p["message"] not in mem.reported]
+    mem.reported |= {p["message"] for p in found}
+    return news
 
 
 @dataclass
@@ -218,6 +302,11 @@ class RunMemory:
     # Expectations (as Kubernetes controllers keep them): children we created that the watch-fed
     # index has not shown yet. Not re-posting them saves a 409 per child per reconcile.
     created: dict[tuple[str, str], float] = field(default_factory=dict)
+    writes: ChildWrites = field(default_factory=ChildWrites)  # refused writes and their back-off
+    not_created: list[dict[str, Any]] = field(default_factory=list)  # FailedCreate of the run's Jobs/StatefulSets
+    not_created_at: float = -math.inf
+    reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
+    generation: int = 0  # a new spec retries refused writes at once
 
     def expected(
         self, observed: Observed, actions: list[status.Action], now: float, ttl: float = 10.0
@@ -258,24 +347,43 @@ async def reconcile_once(
         ref, int(meta.get("generation") or 1), spec, prev, observed, now, fresh, state.settings.scrapers
     )
     actions = mem.expected(observed, decision.actions, time.monotonic())
-    await apply(state, namespace, actions, logger)
-    for a in actions:
+    generation = int(meta.get("generation") or 1)
+    if generation != mem.generation:
+        mem.generation, mem.writes.next_try = generation, {}
+    standing = observed_conflicts(ref, observed)
+    mem.writes.forget_gone({(a.plural, a.name) for a in decision.actions} | {p.key for p in standing})
+    news = [p for p in standing if mem.writes.failed(p, time.monotonic())]
+    sent, refused = await apply(state, ref, observed, actions, mem.writes, logger)
+    news += refused
+    for a in sent:
         if a.verb == "create":
             mem.created[(a.plural, a.name)] = time.monotonic()
         elif a.verb == "delete":
             mem.created.pop((a.plural, a.name), None)
-    patch = status.merge_patch(server_status, decision.status)
+    news_created = await read_failed_creates(state, namespace, observed, mem, logger)
+    run_status = with_write_problems(
+        decision.status, list(mem.writes.problems.values()), now, mem.not_created, prev.get("conditions")
+    )
+    # The status is written whatever happened to the children: a refused child is on the run, not only in a log.
+    patch = status.merge_patch(server_status, run_status)
     if patch:
         await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
-    mem.status = decision.status
-    for type_, reason, message in status.events_for(decision, actions):
+    mem.status = run_status
+    events = status.events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + news_created
+    for type_, reason, message in events:
         kopf.event(body, type=type_, reason=reason, message=message)
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
-    state.metrics.run(namespace, name, decision.status, method)
+    state.metrics.run(namespace, name, run_status, method)
+    requeue = _min_or_none(decision.requeue_after, mem.writes.requeue(time.monotonic()))
     if job and job.get("active", 0) > 0:  # come back for the next progress read, not only at the next resync
-        return min(decision.requeue_after or math.inf, state.settings.progress_interval)
-    return decision.requeue_after
+        return min(requeue or math.inf, state.settings.progress_interval)
+    return requeue
+
+
+def _min_or_none(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
 
 
 @kopf.daemon(RUN.group, RUN.version, RUN.plural, id="reconcile", cancellation_timeout=5.0)
@@ -323,13 +431,27 @@ async def reconcile_loop(
 
 
 @kopf.on.delete(RUN.group, RUN.version, RUN.plural, id="cleanup")
-async def cleanup(name: str, namespace: str, spec: kopf.Spec, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+async def cleanup(
+    name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any
+) -> None:
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
     state: OperatorState = memo.rlt
     storage = spec.get("storage") or {}  # raw spec: it may be invalid
     retention = "Delete" if storage.get("retentionPolicy") == "Delete" else "Retain"  # unknown → keep the data
-    for plural, child in builders.all_children(name, STAGE_ORDER, storage.get("existingClaim"), retention):
-        await asyncio.to_thread(state.kube.delete, plural, namespace, child, "Background")
+    ref = builders.RunRef(name=name, namespace=namespace, uid=meta["uid"])
+    # Only the run's own objects, found by its label and checked by owner UID: never someone else's object that
+    # happens to have a child's name, nor an object the user deleting the run has no rights to.
+    for child in CHILDREN:
+        if child.plural == "pods":
+            continue  # their Job or StatefulSet owns them
+        found = await asyncio.to_thread(state.kube.list, child.plural, namespace, f"{builders.L_RUN}={name}")
+        for obj in found:
+            m = obj["metadata"]
+            if not owns_object(ref, child.plural, obj):
+                continue
+            if child.plural == "persistentvolumeclaims" and (retention == "Retain" or storage.get("existingClaim")):
+                continue
+            await asyncio.to_thread(state.kube.delete, child.plural, namespace, m["name"], "Background", m.get("uid"))
     state.metrics.forget(namespace, name)
     logger.info(
         "children deleted"

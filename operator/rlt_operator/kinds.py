@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlt.spec.base import API_GROUP, API_VERSION, KIND, PLURAL
+from rlt.contract.api import API_GROUP, API_VERSION, KIND, PLURAL
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ CHILDREN: tuple[Kind, ...] = (
 
 # The RLTRun itself: Kopf's watch (list, watch) and its finalizer and progress annotations (patch).
 RUN = Kind(API_GROUP, API_VERSION, PLURAL, KIND, ("list", "watch", "patch"))
-# The run's Events (Kopf posts them).
-EVENTS = Kind("", "v1", "events", "Event", ("create",))
+# The run's Events (Kopf posts them); listed by involvedObject.uid: a Job's or StatefulSet's FailedCreate.
+EVENTS = Kind("", "v1", "events", "Event", ("create", "list"))
 
 # Kopf's peering objects (rlt_operator.peering): the replicas' keep-alives, watched (list, watch) and merge-patched
 # (patch) by Kopf. A cluster-wide operator peers in a ClusterKopfPeering, a namespaced one in a KopfPeering per

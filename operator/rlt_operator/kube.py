@@ -11,13 +11,28 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from rlt import __version__
 from rlt_operator.kinds import collection_path
+
+# Who the API server's audit log, `managedFields` and `kubectl get --show-managed-fields` say wrote an object.
+USER_AGENT = f"rlt-operator/{__version__}"
+FIELD_MANAGER = "rlt-operator"
 
 
 class KubeError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, body: str):
         self.status = status
+        try:  # a Status object: its message is what the server says (kubectl prints the same)
+            self.server_message = str(json.loads(body).get("message") or body)[:1000]
+        except (ValueError, AttributeError):
+            self.server_message = body[:1000]
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
+
+    @property
+    def refused(self) -> bool:
+        """The server refused the request itself (invalid, forbidden, too large): retrying the same write fails the
+        same way. Not 404/409, which the callers read as gone / already there."""
+        return 400 <= self.status < 500 and self.status not in (404, 409)
 
 
 @dataclass
@@ -32,9 +47,11 @@ class Kube:
 
         try:
             kubernetes.config.load_incluster_config()
-            return cls(kubernetes.client.ApiClient())
+            api = kubernetes.client.ApiClient()
         except kubernetes.config.ConfigException:
-            return cls(kubernetes.config.new_client_from_config())
+            api = kubernetes.config.new_client_from_config()
+        api.user_agent = USER_AGENT  # not the client library's OpenAPI-Generator/<version>/python
+        return cls(api)
 
     def _call(
         self,
@@ -44,6 +61,8 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> tuple[int, Any]:
+        if method in ("POST", "PATCH", "PUT"):
+            query = [*(query or []), ("fieldManager", FIELD_MANAGER)]
         m, url, headers, body, _ = self.api.param_serialize(
             method,
             path,
@@ -57,15 +76,28 @@ class Kube:
         data = json.loads(raw) if raw else None
         return resp.status, data
 
-    def create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> bool:
-        """True if created, False if it already existed (adopt: fixed names make the object ours)."""
+    def create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """None if created; the object that already has the name if not (the caller decides whether it is ours:
+        rlt_operator.writes), or {} if that one was deleted meanwhile."""
         path = collection_path(plural, namespace)
         status, data = self._call("POST", path, manifest)
         if status == 409:
-            return False
+            found = self.list(plural, namespace, field_selector=f"metadata.name={manifest['metadata']['name']}")
+            return found[0] if found else {}
         if status >= 300:
             raise KubeError("POST", path, status, json.dumps(data))
-        return True
+        return None
+
+    def list(
+        self, plural: str, namespace: str, label_selector: str | None = None, field_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Objects of a kind in a namespace (only the list verb: the operator has no get)."""
+        path = collection_path(plural, namespace)
+        query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
+        status, data = self._call("GET", path, query=query)
+        if status >= 300:
+            raise KubeError("GET", path, status, json.dumps(data))
+        return list((data or {}).get("items") or [])
 
     def patch(self, plural: str, namespace: str, name: str, body: dict[str, Any], subresource: str = "") -> dict:
         path = f"{collection_path(plural, namespace)}/{name}" + (f"/{subresource}" if subresource else "")
@@ -74,11 +106,17 @@ class Kube:
             raise KubeError("PATCH", path, status, json.dumps(data))
         return data
 
-    def delete(self, plural: str, namespace: str, name: str, propagation: str = "Background") -> bool:
-        """True if deleted now, False if it was already gone (404 is success for a delete)."""
+    def delete(
+        self, plural: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+    ) -> bool:
+        """True if deleted now, False if it was already gone (404 is success for a delete). With `uid`, only that
+        object: one re-created under the same name meanwhile is left alone (the server answers 409)."""
         path = f"{collection_path(plural, namespace)}/{name}"
-        status, data = self._call("DELETE", path, {"propagationPolicy": propagation})
-        if status == 404:
+        options: dict[str, Any] = {"propagationPolicy": propagation}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        status, data = self._call("DELETE", path, options)
+        if status in (404, 409):
             return False
         if status >= 300:
             raise KubeError("DELETE", path, status, json.dumps(data))
@@ -87,8 +125,6 @@ class Kube:
     def names(self, plural: str, namespace: str, name: str) -> list[str]:
         """The names of the objects called `name` (zero or one): a list with a field selector, which needs only
         the list verb (used once at start-up, for the peering objects)."""
-        path = collection_path(plural, namespace)
-        status, data = self._call("GET", path, query=[("fieldSelector", f"metadata.name={name}")])
-        if status >= 300:
-            raise KubeError("GET", path, status, json.dumps(data))
-        return [item["metadata"]["name"] for item in (data or {}).get("items", [])]
+        return [
+            item["metadata"]["name"] for item in self.list(plural, namespace, field_selector=f"metadata.name={name}")
+        ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlt.run.exitcodes import CAPACITY_PREFIX, DISRUPTION
+from rlt.contract.exitcodes import CAPACITY_PREFIX, DISRUPTION
 from rlt_operator import builders
 
 
@@ -26,6 +26,7 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     elif plural == "configmaps":
         out["configHash"] = (meta.get("annotations") or {}).get(builders.A_CONFIG_HASH)
     elif plural == "jobs":
+        out["uid"] = meta.get("uid")  # to find its controller's FailedCreate Events (pods_not_created)
         out["completions"] = spec.get("completions", 1)
         out["active"] = int(status.get("active") or 0)
         out["succeeded"] = int(status.get("succeeded") or 0)
@@ -40,11 +41,24 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or []
         )
     elif plural == "statefulsets":
+        out["uid"] = meta.get("uid")
         out["replicas"] = spec.get("replicas", 1)
         out["readyReplicas"] = int(status.get("readyReplicas") or 0)
+        out["createdReplicas"] = int(status.get("replicas") or 0)  # pods the controller has created
     elif plural == "pods":
         out["phase"] = status.get("phase")
         out["node"] = spec.get("nodeName")
+        # Scheduled: a node is assigned (PodScheduled=True, nodeName, or the kubelet already ran it). A pod no
+        # scheduler has touched (its schedulerName's scheduler is not running) has neither condition nor node.
+        out["scheduled"] = (
+            bool(spec.get("nodeName"))
+            or out["phase"] in ("Running", "Succeeded", "Failed")
+            or any(
+                c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or []
+            )
+        )
+        if spec.get("schedulerName") not in (None, "default-scheduler"):
+            out["schedulerName"] = spec["schedulerName"]
         # Set at deletion to now + the grace period: a pod still there well after it is stuck (a NotReady node).
         out["deletionTimestamp"] = meta.get("deletionTimestamp")
         containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
@@ -74,7 +88,7 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
                 None,
             )
         )
-        # The preflight's capacity line (rlt.run.preflight writes it to its termination message whatever its exit
+        # The preflight's capacity line (rlt.checks.preflight writes it to its termination message whatever its exit
         # code): the plan fits, was not checked, or does not fit (gang.capacity_condition).
         out["capacity"] = capacity_line(status.get("initContainerStatuses") or [])
         # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
@@ -161,6 +175,36 @@ class Observed:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)
     networkpolicies: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def pods_not_created(observed: Observed) -> list[tuple[str, str, str]]:
+    """(kind, name, uid) of the run's Jobs and StatefulSets whose controller has not created all their pods: where
+    a FailedCreate Event (a missing PriorityClass or ServiceAccount, a ResourceQuota, a LimitRange, an admission
+    webhook) says why no pod exists."""
+    out = []
+    for name, job in observed.jobs.items():
+        if job.get("deleting") or job.get("suspended") or job_complete(job) or job_failure(job) or not job.get("uid"):
+            continue
+        if job.get("active", 0) + job.get("succeeded", 0) < job.get("completions", 1):
+            out.append(("Job", name, job["uid"]))
+    for name, sts in observed.statefulsets.items():
+        if not sts.get("deleting") and sts.get("uid") and sts.get("createdReplicas", 0) < sts.get("replicas", 1):
+            out.append(("StatefulSet", name, sts["uid"]))
+    return out
+
+
+def failed_create(kind: str, name: str, events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest FailedCreate Event of a controller (core v1 Events) as a problem {reason, message}, or None."""
+    failed = [e for e in events if e.get("reason") == "FailedCreate"]
+    if not failed:
+        return None
+
+    def when(e: dict[str, Any]) -> str:
+        series = e.get("series") or {}
+        return str(series.get("lastObservedTime") or e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    newest = max(failed, key=when)
+    return {"reason": "FailedCreate", "message": f"{kind} {name}: {newest.get('message') or 'cannot create pods'}"}
 
 
 def condition_true(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:

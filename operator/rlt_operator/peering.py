@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -25,7 +24,6 @@ from rlt_operator.kinds import CLUSTER_PEERING, PEERING, Kind
 if TYPE_CHECKING:
     from rlt_operator.kube import Kube
 
-CHART_CRDS = Path(__file__).resolve().parents[2] / "charts" / "rlt-operator" / "crds" / "kopf-peerings.yaml"
 
 # A record is valid this long after its keep-alive (Kopf renews it 5-10 s before it expires): the longest a
 # standby waits after the active replica died without a goodbye. Kopf's default is 60 s.
@@ -99,9 +97,3 @@ def render_chart_crds() -> str:
         "# upgrades nor deletes them, and other Kopf operators may share them.\n"
     )
     return head + "---\n".join(yaml.safe_dump(c, sort_keys=False) for c in crds())
-
-
-def write_chart_crds(path: Path = CHART_CRDS) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_chart_crds())
-    return path

@@ -12,8 +12,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlt.run.layout import format_time
-from rlt.run.metrics import PROGRESS_FIELDS
+from rlt.contract.layout import format_time
+from rlt.contract.metrics import PROGRESS_FIELDS
 
 from . import builders
 

@@ -9,7 +9,8 @@ lifecycle is covered. Where each verb comes from:
   ownerReferences with blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement admission
   plugin allows only to who may update the owner's finalizers.
 - events create: Kopf posts the run's Events (core v1 API).
-- children list/watch: Kopf indices (the operator never GETs single objects); create: fixed-name
+- children list/watch: Kopf indices, and a list by name after a 409 (whose object is it?) and by label at deletion
+  (the operator never GETs single objects); create: fixed-name
   children; delete: gang restarts, suspend, terminal cleanup, TTL and run deletion; configmaps patch:
   the pods' run.yaml follows spec edits. Pods are only watched (generator restarts, failed ranks);
   deleting a Job or StatefulSet with Foreground propagation lets the garbage collector remove them.
@@ -25,13 +26,10 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from rlt_operator.builders.common import L_ROLE, L_RUN
 from rlt_operator.kinds import CHILDREN, CLUSTER_PEERING, EVENTS, PEERING, RUN, Kind
-
-CHART_RULES = Path(__file__).resolve().parents[2] / "charts" / "rlt-operator" / "templates" / "_rbac_rules.tpl"
 
 
 def _rule(group: str, resources: list[str], verbs: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -135,8 +133,3 @@ def render_chart_rules() -> str:
         "{{/* Names the other templates spell: the RLTRun CRD, the labels of a run's pods (and Prometheus' names). */}}\n"
         f"{names}"
     )
-
-
-def write_chart_rules(path: Path = CHART_RULES) -> Path:
-    path.write_text(render_chart_rules())
-    return path

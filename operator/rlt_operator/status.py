@@ -12,12 +12,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rlt.run.fingerprint import describe_changes, fingerprint_of, stage_fields
-from rlt.run.layout import format_time, parse_time
-from rlt.spec.base import TERMINAL_PHASES, Phase
+from rlt.checks.validation import validate_spec
+from rlt.contract.api import TERMINAL_PHASES, Phase
+from rlt.contract.layout import format_time, parse_time
+from rlt.spec.fingerprint import describe_changes, fingerprint_of, stage_fields
 from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRunSpec, needs_generators
-from rlt.spec.validation import validate_spec
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import (
     no_pods,

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-from rlt.spec.base import Phase, StrEnum
+from rlt.contract.api import Phase, StrEnum
 
 DATE_TIME: dict[str, Any] = {"format": "date-time"}  # a pydantic JsonDict
 
@@ -22,6 +22,7 @@ class ConditionType(StrEnum):
 
     SPEC_VALID = "SpecValid"
     SPEC_APPLIED = "SpecApplied"
+    CHILDREN_WRITTEN = "ChildrenWritten"
     CAPACITY_OK = "CapacityOK"
     VOLUME_READY = "VolumeReady"
     PODS_SCHEDULABLE = "PodsSchedulable"
@@ -88,7 +89,7 @@ class TrainerShape(_Status):
 class StageSpec(_Status):
     """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
 
-    fingerprint: str = Field(description="rlt.run.fingerprint.stage_fingerprint of the fields below.")
+    fingerprint: str = Field(description="rlt.spec.fingerprint.stage_fingerprint of the fields below.")
     fields: dict[str, str] = Field(
         description="The fields the stage's output depends on (dotted spec path -> "
         "value as JSON), so that an edit can be named."

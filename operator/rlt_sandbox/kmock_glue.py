@@ -49,7 +49,7 @@ import jsonpatch
 import kmock
 from kmock._internal import dsl, enums, k8s, parsing, references, rendering
 
-from rlt.run.layout import format_time
+from rlt.contract.layout import format_time
 
 _original_parse_path = parsing.parse_path
 _NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")

@@ -11,7 +11,7 @@ import base64
 import datetime as dt
 from typing import Any
 
-from rlt.run.layout import format_time
+from rlt.contract.layout import format_time
 
 MAGIC = b"k8s\x00"
 

@@ -57,6 +57,23 @@ from aiohttp import web
 from rlt_operator.builders import L_RUN
 from rlt_operator.kinds import CHILDREN, Kind
 
+_KIND_API_VERSION = {k.kind: k.api_version for k in CHILDREN}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def job_terminal_conditions(interim: str, final: str, why: dict[str, str]) -> list[dict[str, Any]]:
+    """A finished Job's conditions as the Job controller writes them (Kubernetes 1.31+): the interim condition
+    (SuccessCriteriaMet / FailureTarget) with the final one (Complete / Failed); a real API server refuses
+    Complete without SuccessCriteriaMet, and Complete without completionTime."""
+    now = _now()
+    return [
+        {"type": t, "status": "True", "lastProbeTime": now, "lastTransitionTime": now, **why} for t in (interim, final)
+    ]
+
+
 log = logging.getLogger("rlt.kubelet_emulator")
 
 LOOPBACK = "127.0.0.1"
@@ -365,6 +382,8 @@ class LocalKubelet:
         conds = list(status.get("conditions") or [])
         fail_job = next((p for p in pods if p.failure_action == "FailJob"), None)
         failure: dict[str, Any] | None = None
+        if not spec.get("suspend") and not status.get("startTime"):
+            new["startTime"] = _now()  # set once: a real API server refuses to change it
         if not finished:
             if fail_job is not None:
                 failure = {
@@ -379,9 +398,11 @@ class LocalKubelet:
                 for pod in pods:
                     if pod.phase in ("Pending", "Running"):
                         self._terminate(pod, self._grace(pod))
-                conds.append({"type": "Failed", "status": "True", **failure})
+                conds += job_terminal_conditions("FailureTarget", "Failed", failure)
             elif succeeded >= completions:
-                conds.append({"type": "Complete", "status": "True", "reason": "Completed", "message": ""})
+                done = {"reason": "CompletionsReached", "message": "Reached expected number of succeeded pods"}
+                conds += job_terminal_conditions("SuccessCriteriaMet", "Complete", done)
+                new["completionTime"] = _now()
             elif not spec.get("suspend"):
                 await self._start_missing_indexes(ns, job, pods, completions, failed)
         new["conditions"] = conds
@@ -447,7 +468,8 @@ class LocalKubelet:
                 "annotations": annotations,
                 "ownerReferences": [
                     {
-                        "apiVersion": owner["apiVersion"],
+                        # a LIST's items carry no apiVersion/kind on a real API server
+                        "apiVersion": owner.get("apiVersion") or _KIND_API_VERSION[kind],
                         "kind": kind,
                         "name": owner["metadata"]["name"],
                         "uid": owner["metadata"]["uid"],

@@ -26,11 +26,18 @@ from typing import Any
 
 import yaml
 
-from rlt.run.metrics import TRAINER_METRICS_PORT
+from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt_operator import crd as crd_mod
 from rlt_operator import peering
 from rlt_operator.builders import L_RUN
 from rlt_operator.kinds import CHILDREN
+
+# "Finish" a Job by hand as the Job controller would (a real API server refuses a Complete condition without
+# SuccessCriteriaMet, startTime and completionTime); docs/operator.md and the sandbox's banner show it.
+COMPLETE_JOB_PATCH = (
+    '{"status":{"startTime":"2026-01-01T00:00:00Z","completionTime":"2026-01-01T00:01:00Z","succeeded":1,'
+    '"conditions":[{"type":"SuccessCriteriaMet","status":"True"},{"type":"Complete","status":"True"}]}}'
+)
 
 
 @contextlib.asynccontextmanager
@@ -206,8 +213,7 @@ async def _main(
                 "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
                 "  kubectl get rlt\n"
                 f"  kubectl get {','.join(c.plural for c in CHILDREN if c.plural != 'pods')} -l {L_RUN}=tiny\n"
-                "  kubectl patch job tiny-sft --subresource=status --type=merge \\\n"
-                '    -p \'{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}\'\n\n'
+                f"  kubectl patch job tiny-sft --subresource=status --type=merge \\\n    -p '{COMPLETE_JOB_PATCH}'\n\n"
             )
         print(
             f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"

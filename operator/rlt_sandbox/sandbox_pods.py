@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from rlt.contract.env import CACHE
 from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
 
 
@@ -31,13 +32,13 @@ def baked_caches() -> dict[str, str]:
     """What an image would bake in, from this machine's caches: DeepSpeed's compiled CPU ops (minutes to compile)
     and the built-in models. The pods' own HOME is their /tmp emptyDir, as rendered."""
     home = Path(os.environ.get("HOME", str(Path.home())))
-    from rlt.run.models import cache_root
+    from rlt.data.models import cache_root
 
     # torch's default build folder for this interpreter (with the variable set, torch adds no py3XX_cpu level)
     default = home / ".cache" / "torch_extensions" / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
     return {
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(default)),
-        "RLT_CACHE": str(cache_root()),
+        CACHE.name: str(cache_root()),
     }
 
 

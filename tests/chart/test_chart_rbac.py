@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from chart_helpers import by_kind, one, render_set, template
+from suite_helpers import hack_module
 
 from rlt_operator.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, PEERING_RULES, RBAC_RULES
+
+CHART_RULES = hack_module("generate").CHART_RULES
 
 
 def normalized(rules) -> list[dict]:
@@ -63,7 +66,7 @@ def test_the_charts_rules_are_generated_from_the_kind_table():
     from rlt_operator.kinds import CHILDREN, Kind
     from rlt_operator.observed import Observed
 
-    assert rbac.CHART_RULES.read_text() == rbac.render_chart_rules(), "run `make generate` and commit the result"
+    assert CHART_RULES.read_text() == rbac.render_chart_rules(), "run `make generate` and commit the result"
     granted = {(r["apiGroups"][0], res, tuple(r["verbs"])) for r in RBAC_RULES for res in r["resources"]}
     assert {(c.group, c.plural, c.verbs) for c in CHILDREN} <= granted
     assert [f.name for f in fields(Observed)] == [c.plural for c in CHILDREN]
@@ -79,16 +82,16 @@ def test_standalone_grants_no_peering():
 
 def test_templates_take_the_api_group_and_run_labels_from_the_code():
     """Only the generated files spell the API group (also the prefix of a run's labels): the other templates include
-    its names from `_rbac_rules.tpl` (rlt_operator.rbac.CHART_NAMES), so the chart follows rlt.spec.base."""
-    from rlt.spec.base import API_GROUP
+    its names from `_rbac_rules.tpl` (rlt_operator.rbac.CHART_NAMES), so the chart follows rlt.contract.api."""
+    from rlt.contract.api import API_GROUP
     from rlt_operator import rbac
     from rlt_operator.builders.common import L_ROLE, L_RUN
 
-    templates = rbac.CHART_RULES.parent
+    templates = CHART_RULES.parent
     spelled = sorted(
         p.name
         for p in templates.iterdir()
-        if p != rbac.CHART_RULES and any(s in p.read_text() for s in (API_GROUP, API_GROUP.replace(".", "_")))
+        if p != CHART_RULES and any(s in p.read_text() for s in (API_GROUP, API_GROUP.replace(".", "_")))
     )
     assert not spelled, f"{spelled} spell {API_GROUP!r}: include the names of _rbac_rules.tpl instead"
 

@@ -115,3 +115,21 @@ def test_install_manifests_equal_helm_template():
     assert kinds[0] == "Namespace" and "CustomResourceDefinition" in kinds and "Deployment" in kinds
     assert len(docs) == len(render_set("defaults")) + 1 + len(peering.crds())  # + the Namespace, the chart's crds/
     assert all(d["metadata"].get("namespace", "rlt-system") == "rlt-system" for d in docs)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_say_which_cluster_objects_they_expect(path):
+    """A PriorityClass, StorageClass or Kueue queue an example names must be in its header comment: on a cluster
+    without it the pods are never created (a real Job controller's FailedCreate), so the reader must know first."""
+    text = path.read_text()
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    for doc in yaml.safe_load_all(text):
+        spec = (doc or {}).get("spec") or {}
+        named = {
+            "PriorityClass": (spec.get("scheduling") or {}).get("priorityClassName"),
+            "StorageClass": (spec.get("storage") or {}).get("storageClassName"),
+            "LocalQueue": (spec.get("scheduling") or {}).get("queueName"),
+        }
+        for kind, name in named.items():
+            if name:
+                assert f"{kind} {name}" in header, f"{path.name}: names {kind} {name!r} but its header does not say so"

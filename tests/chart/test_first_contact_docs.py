@@ -9,8 +9,8 @@ import re
 import yaml
 from suite_helpers import ROOT
 
+from rlt.checks.validation import load_valid_run
 from rlt.spec.stages import RewardSpec
-from rlt.spec.validation import load_valid_run
 
 
 def read(rel: str) -> str:

@@ -13,7 +13,7 @@ import yaml
 from chart_helpers import CHART, IMAGE, ROOT, helm
 from suite_helpers import tiny_doc
 
-from rlt.run.layout import PVC_MOUNT
+from rlt.contract.layout import PVC_MOUNT
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders as b

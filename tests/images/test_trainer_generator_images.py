@@ -14,7 +14,7 @@ import pytest
 from image_helpers import images
 from suite_helpers import free_port
 
-from rlt.run.layout import PVC_MOUNT, RunLayout
+from rlt.contract.layout import PVC_MOUNT, RunLayout
 from rlt_operator import builders as b
 
 # a first build on 2 shared cores takes tens of minutes
@@ -123,7 +123,7 @@ def test_trainer_image_imports_trls_vllm_client(trainer_image):
 
 
 def test_generator_image_serves_health_from_the_rendered_command(generator_image, tiny_run, tmp_path):
-    from rlt.run.models import resolve_model_path
+    from rlt.data.models import resolve_model_path
 
     pod, c = rendered(tiny_run, "generator", "rl")
     data, binds = mounts(tiny_run, tmp_path)

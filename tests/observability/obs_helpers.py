@@ -61,7 +61,7 @@ def panel_queries(dash: dict) -> list[tuple[str, str, str]]:
 
 def catalogue_names() -> set[str]:
     """Every series name the catalogue's collectors expose (histograms as _bucket/_sum/_count)."""
-    from rlt.run.metrics import ALL_METRICS
+    from rlt.contract.metrics import ALL_METRICS
 
     names: set[str] = set()
     for d in ALL_METRICS:

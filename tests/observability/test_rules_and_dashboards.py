@@ -81,7 +81,7 @@ def test_alerts_and_dashboards_use_only_known_metrics():
             used |= _names_in(expr)
     assert used, "no metric names found"
     unknown = sorted(used - known)
-    assert not unknown, f"not in training/rlt/run/metrics.py ALL_METRICS (or vLLM's list): {unknown}"
+    assert not unknown, f"not in training/rlt/contract/metrics.py ALL_METRICS (or vLLM's list): {unknown}"
 
 
 def test_dashboards_are_generated_and_current():

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
+from rlt.checks.validation import load_valid_run
 from rlt.spec import k8s_api
 from rlt.spec.loading import parse_run
-from rlt.spec.validation import load_valid_run
 from rlt_operator import builders as b
 from rlt_operator.observed import Observed
 from rlt_sandbox.kubelet_emulator import expand
@@ -264,9 +264,9 @@ def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(st
     sources would launch one ZeRO stage and train under another (the student's ZeRO stage once stopped at the Trainer)."""
     from accelerate.commands.launch import launch_command_parser
 
-    from rlt.run.layout import RunLayout
-    from rlt.stages.common import trainer_options
+    from rlt.contract.layout import RunLayout
     from rlt.stages.context import StageContext
+    from rlt.stages.trainer import trainer_options
 
     doc = yaml.safe_load((EXAMPLES / "rltrun-multinode.yaml").read_text())
     doc["spec"]["stages"].setdefault(stage, {}).update(enabled=True, deepspeedZeroStage=2, precision="fp16")
@@ -446,7 +446,7 @@ def test_trainer_preflight_exit_code_is_the_one_the_pod_failure_policy_fails_fas
     """Run the init container's command as rendered: a format file missing in the pod (the operator cannot
     see it) exits with a code the Job's FailJob rule matches; a good config exits 0."""
 
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     def preflight(spec):
         job = b.trainer_job(REF, spec, "sft", 0)
@@ -469,9 +469,9 @@ def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_prefligh
     learning rate, is refused by the init container as rendered (exit 78, before any launcher), in one line that
     says what to do; the same spec passes (the stage is skipped), and so does an RL extension (more steps)."""
 
-    from rlt.run import fingerprint
-    from rlt.run.exitcodes import ExitCode
-    from rlt.run.layout import CHECKPOINT_COMPLETE, RunLayout
+    from rlt.contract.exitcodes import ExitCode
+    from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
+    from rlt.spec import fingerprint
 
     old = spec_from("rltrun-tiny.yaml")
     layout = RunLayout.for_run(tmp_path / "pvc", REF.name)
@@ -511,10 +511,10 @@ def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_prefligh
 
 
 def test_a_run_that_cannot_fit_fails_the_preflight_with_the_capacity_line(tmp_path):
-    """The init container as rendered runs the capacity plan of its stage (rlt.run.preflight): the paper run on a
+    """The init container as rendered runs the capacity plan of its stage (rlt.checks.preflight): the paper run on a
     200Gi volume exits 78 before any launcher with one `capacity:` line naming the field; the example as it is
     passes, and RLT_CAPACITY_CHECK=false in spec.env skips the check."""
-    from rlt.run.exitcodes import CAPACITY_PREFIX, ExitCode
+    from rlt.contract.exitcodes import CAPACITY_PREFIX, ExitCode
     from rlt.spec.resources import EnvVar
 
     def preflight(spec):
@@ -693,7 +693,7 @@ def test_a_malformed_quantity_is_refused_naming_the_field():
 def test_trainer_preflight_fails_fast_on_unusable_data(tmp_path):
     """A data file missing in the pod: the rendered preflight exits DATA_ERROR, which the FailJob rule matches."""
 
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     spec = spec_from("rltrun-tiny.yaml", dataset={"source": str(tmp_path / "missing.jsonl")})
     job = b.trainer_job(REF, spec, "sft", 0)

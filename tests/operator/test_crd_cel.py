@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 from suite_helpers import openapi_to_jsonschema, tiny_doc
 
+from rlt.checks.validation import run_name_problem
 from rlt.spec.k8s import quantity_value
 from rlt.spec.loading import SpecError, parse_run
-from rlt.spec.validation import run_name_problem
 from rlt_operator import crd
 
 celpy = pytest.importorskip("celpy")
@@ -41,7 +41,29 @@ def _compare_to(a, b) -> celtypes.IntType:
     return celtypes.IntType((x > y) - (x < y))
 
 
-FUNCTIONS = {"quantity": _quantity, "compareTo": _compare_to}
+def _is_quantity(s) -> celtypes.BoolType:
+    try:
+        quantity_value(str(s))
+    except ValueError:
+        return celtypes.BoolType(False)
+    return celtypes.BoolType(True)
+
+
+def _as_approximate_float(q) -> celtypes.DoubleType:
+    return celtypes.DoubleType(float(quantity_value(str(q))))
+
+
+def _is_greater_than(a, b) -> celtypes.BoolType:
+    return celtypes.BoolType(quantity_value(str(a)) > quantity_value(str(b)))
+
+
+FUNCTIONS = {
+    "quantity": _quantity,
+    "compareTo": _compare_to,
+    "isQuantity": _is_quantity,
+    "asApproximateFloat": _as_approximate_float,
+    "isGreaterThan": _is_greater_than,
+}
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, object] = {}
 
@@ -328,3 +350,47 @@ def test_every_cel_rule_is_exercised_both_ways():
     assert rules <= broken, f"CEL rules no case breaks: {rules - broken}"
     valid = [_patched(c[1], c[2]) for c in CASES if c[3] is None]
     assert all(crd_refusals(d) == [] for d in valid)
+
+
+def _cel_errors(value, schema) -> list[str]:
+    """Evaluation errors (not refusals) of every CEL rule where its node has a value: the API server evaluates the
+    rules even when the schema has refused a field, and adds such errors to its refusal."""
+    out = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        program = _ENV.program(_ENV.compile(rule["rule"]), functions=FUNCTIONS)
+        result = program.evaluate({"self": celpy.json_to_cel(value)})
+        if isinstance(result, celpy.CELEvalError):
+            out.append(f"{rule['message']}: {result}")
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if isinstance(value.get(name), (dict, list)):
+                out += _cel_errors(value[name], sub)
+    return out
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"stages": {"rl": {"batchSize": 8, "numGenerations": 0}}},
+        {"stages": {"sft": {"batchSize": 8, "perDeviceBatchSize": 0}}},
+        {"storage": {"size": "1 TB"}},
+        _trainer(cpu="lots", cpuLimit="4"),
+        _trainer(memoryLimit="8 Gi"),
+        _trainer(gpus=2**62, memoryLimit="1Gi"),
+        {"resources": {"generator": {"gpus": 1, "tensorParallelSize": 2**62, "dataParallelSize": 2**62}}},
+    ],
+    ids=[
+        "numGenerations 0",
+        "perDeviceBatchSize 0",
+        "size 1 TB",
+        "cpu not a quantity",
+        "limit not a quantity",
+        "gpus near int64",
+        "tp x dp past int64",
+    ],
+)
+def test_no_cel_rule_fails_at_evaluation(patch):
+    """A value the schema refuses gets the schema's message only: no 'modulus by zero', no quantity parse error,
+    no int overflow from a CEL rule beside it."""
+    doc = _defaulted(_patched(patch), ROOT)
+    assert _cel_errors(doc, ROOT) == []

@@ -25,7 +25,7 @@ import yaml
 from op_harness import example, poll_until
 from suite_helpers import free_port
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 from rlt_operator.kinds import CLUSTER_PEERING
 from rlt_operator.kinds import PEERING as PEERING_KIND
 from rlt_operator.peering import auto_priority

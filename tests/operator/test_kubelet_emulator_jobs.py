@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from op_harness import NS, PATHS
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 from rlt_operator.builders import pod_failure_policy
 from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
 
@@ -68,8 +68,28 @@ async def _finished(harness, name: str, timeout: float = 60) -> dict[str, Any]:
 
 
 def _condition(job: dict[str, Any]) -> dict[str, Any]:
-    (cond,) = [c for c in job["status"]["conditions"] if c["status"] == "True"]
+    (cond,) = [c for c in job["status"]["conditions"] if c["status"] == "True" and c["type"] in ("Complete", "Failed")]
     return cond
+
+
+def _real_job_status_problems(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What a real API server (1.31+) refuses in a Job status update (its Job status validation)."""
+    out = []
+    conds = {c["type"]: c["status"] for c in after.get("conditions") or []}
+    if conds.get("Complete") == "True":
+        if conds.get("SuccessCriteriaMet") != "True":
+            out.append("cannot set Complete=True condition without the SuccessCriteriaMet=true condition")
+        if not after.get("completionTime"):
+            out.append("completionTime is required for Complete jobs")
+    if conds.get("Failed") == "True" and conds.get("FailureTarget") != "True":
+        out.append("cannot set Failed=True condition without the FailureTarget=true condition")
+    if conds.get("Failed") == "True" and after.get("completionTime"):
+        out.append("completionTime cannot be set for failed jobs")
+    if before.get("startTime") and after.get("startTime") != before.get("startTime"):
+        out.append("startTime: field is immutable")
+    if not after.get("startTime"):
+        out.append("startTime is required for a started Job")
+    return out
 
 
 @pytest.fixture
@@ -111,9 +131,37 @@ async def test_other_exit_codes_are_retried_up_to_the_backoff_limit(harness, kub
 
 async def test_a_retry_that_succeeds_completes_the_job(harness, kubelet):
     await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("retry", 1, fails=BACKOFF_LIMIT))
+    started = await harness.wait(lambda: _started(harness, "retry"), "the Job's startTime", timeout=30)
     job = await _finished(harness, "retry")
     assert _condition(job)["type"] == "Complete", job["status"]
     assert (job["status"]["failed"], job["status"]["succeeded"]) == (BACKOFF_LIMIT, 1)
+    assert _real_job_status_problems(started, job["status"]) == []
+
+
+async def _started(harness, name):
+    job = await harness.get("jobs", name)
+    return (job.get("status") or {}).get("startTime") and job["status"]
+
+
+async def test_job_status_is_written_as_the_real_job_controller_does(harness, kubelet):
+    """Complete with SuccessCriteriaMet and completionTime, Failed with FailureTarget, startTime set once: a real
+    API server refuses any other Job status (the emulator must not teach a status a cluster would reject)."""
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("ok", 0, fails=0))
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("bad", int(ExitCode.CONFIG_ERROR), fails=99))
+    for name in ("ok", "bad"):
+        started = await harness.wait(lambda n=name: _started(harness, n), f"{name} startTime", timeout=30)
+        done = await _finished(harness, name)
+        assert _real_job_status_problems(started, done["status"]) == [], done["status"]
+
+
+async def test_list_items_without_apiversion_and_kind_make_pods(harness, kubelet):
+    """A real API server's LIST items carry no apiVersion/kind: the pod's owner reference comes from the kind table."""
+    job = _job("bare", 0, fails=0)
+    created = await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    bare = {k: v for k, v in created.items() if k not in ("apiVersion", "kind")}
+    await kubelet._create_pod(NS, "bare-0-abcde", "Job", bare, 0, hostname="bare-0")
+    pod = await harness.get("pods", "bare-0-abcde")
+    assert pod["metadata"]["ownerReferences"][0]["apiVersion"] == "batch/v1"
 
 
 async def test_a_pod_binds_a_unix_socket_in_its_tmp_emptydir_under_a_deep_workdir(harness, tmp_path):

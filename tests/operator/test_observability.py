@@ -10,7 +10,7 @@ import pytest
 from op_harness import example
 from suite_helpers import free_port
 
-from rlt.run.metrics import TrainerMetrics
+from rlt.contract.metrics import TrainerMetrics
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ import pytest
 from op_harness import example
 from pods_harness import pod_logs, running_pods, wait_for
 
-from rlt.run.layout import RunLayout, checkpoints, is_complete
+from rlt.contract.layout import RunLayout, checkpoints, is_complete
 from rlt_operator.builders import own_claim_name
 from rlt_sandbox.kubelet_emulator import kill_all
 

@@ -13,7 +13,7 @@ import pytest
 from op_harness import example
 from pods_harness import metrics_rows, pod_logs, running_pods, wait_for, world_lines
 
-from rlt.run.layout import CHECKPOINT_COMPLETE, RunLayout
+from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
 from rlt_operator.builders import own_claim_name
 from rlt_sandbox.kubelet_emulator import rank_processes
 

@@ -14,7 +14,7 @@ import pytest
 from op_harness import example
 from pods_harness import REPO, pod_logs, running_pods
 
-from rlt.run.layout import RunLayout
+from rlt.contract.layout import RunLayout
 from rlt_operator.builders import own_claim_name
 from rlt_sandbox.kubelet_emulator import ImageEnv
 
@@ -33,7 +33,7 @@ RUN = "vl"
 async def test_distill_generates_through_the_rendered_vllm_generator_pod(harness, tmp_path):
     import shutil
 
-    from rlt.run.models import resolve_model_path
+    from rlt.data.models import resolve_model_path
 
     doc = example("rltrun-tiny.yaml")
     doc["metadata"]["name"] = RUN

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from suite_helpers import ROOT
 
-from rlt.run.metrics import TrainerMetrics
+from rlt.contract.metrics import TrainerMetrics
 from rlt_operator import progress as prog
 from rlt_operator.settings import OperatorSettings
 

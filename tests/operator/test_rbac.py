@@ -9,6 +9,7 @@ import re
 import pytest
 from op_harness import example, server_mode
 
+from rlt_operator.kube import USER_AGENT
 from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES, allows
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,6 +38,11 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     doc = server_mode(example(**{"spec.backoffLimit": 1}))
     doc["spec"]["storage"]["retentionPolicy"] = "Delete"  # so that deletion deletes the PVC too
     await harness.create_run(doc)
+    await harness.wait_object("jobs", "tiny-sft")
+    await harness.wait(  # a Job without pods yet: its controller's FailedCreate Events are listed
+        lambda: any(r.method == "GET" and r.url.path.endswith("/events") for r in harness.cluster._requests),
+        "the Job's Events read",
+    )
     await harness.trainer_succeeded("tiny", "sft")
     await harness.generators_ready("tiny")
     await harness.trainer_running("tiny", "rl")
@@ -53,7 +59,7 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     used: set[tuple[str, str, str]] = set()
     for r in harness.cluster._requests:
         agent = r.headers.get("User-Agent", "")
-        if not (agent.startswith("kopf") or agent.startswith("OpenAPI-Generator")):
+        if not (agent.startswith("kopf") or agent == USER_AGENT):
             continue  # the test's own requests (it plays the controllers)
         perm = permission(str(r.method.value), r.url.path, r.params.get("watch") == "true")
         if perm is None:

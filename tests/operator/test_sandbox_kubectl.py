@@ -10,6 +10,8 @@ import time
 import pytest
 from suite_helpers import ROOT, TINY, find_tool, wait_for
 
+from rlt_sandbox.sandbox import COMPLETE_JOB_PATCH
+
 KUBECTL = find_tool("kubectl")
 HELM = find_tool("helm")
 
@@ -77,8 +79,7 @@ def test_watch_keeps_its_columns_and_does_not_repeat_rows(start_sandbox):
     try:
         header = watch.stdout.readline().split()
         first = watch.stdout.readline().split()
-        complete = '{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}'
-        sandbox.kubectl("patch", "job", "tiny-sft", "--subresource=status", "--type=merge", "-p", complete)
+        sandbox.kubectl("patch", "job", "tiny-sft", "--subresource=status", "--type=merge", "-p", COMPLETE_JOB_PATCH)
         later = []
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not any("rl" in line for line in later):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from op_harness import EXAMPLES
 
-from rlt.run.layout import format_time
+from rlt.contract.layout import format_time
 from rlt.spec.loading import parse_spec
 from rlt_operator import builders as b
 from rlt_operator import status as S
@@ -332,8 +332,10 @@ def test_config_follows_spec_edits():
 def test_each_gang_reads_the_spec_it_was_created_with_whenever_its_pods_start(monkeypatch):
     """An edit mid-gang updates the ConfigMap (for people) but never what the gang's pods read: the snapshot is in
     the Job's immutable pod template, so a pod that starts late (slow image pull) reads the gang's spec."""
-    from rlt.run.layout import CONFIG_ENV
-    from rlt.spec.validation import load_valid_run
+    from rlt.checks.validation import load_valid_run
+    from rlt.contract.env import RUN_YAML
+
+    CONFIG_ENV = RUN_YAML.name
 
     old = spec(sft=False)
     new = spec(sft=False)
@@ -578,7 +580,7 @@ def test_a_config_error_exit_fails_the_run_at_once_without_a_gang_restart():
 
 
 def test_a_capacity_misfit_in_the_preflight_sets_capacity_ok_false_and_fails_at_once():
-    """The trainer pod's init container (rlt.run.preflight) exited 78 with the plan's `capacity:` line: CapacityOK
+    """The trainer pod's init container (rlt.checks.preflight) exited 78 with the plan's `capacity:` line: CapacityOK
     False with that line, the run Failed/ConfigError with no gang restart; another config error sets no CapacityOK."""
     sp = spec(server=True, sft=False)
     line = (

@@ -14,7 +14,7 @@ def tiny(tiny_ref):
     """(model, tokenizer) of the tiny random Qwen2, built locally."""
     import torch
 
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return load_model(tiny_ref, "cpu"), load_tokenizer(tiny_ref)
@@ -34,7 +34,7 @@ def smol_tok():
 
     from transformers import AutoTokenizer
 
-    from rlt.run.models import cache_root
+    from rlt.data.models import cache_root
 
     saved = cache_root() / "tokenizers" / "smollm2-135m-instruct"
     if not (saved / "tokenizer.json").exists():

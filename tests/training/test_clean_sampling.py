@@ -122,7 +122,7 @@ def test_vllm_requests_set_every_distribution_changing_parameter():
 
 
 def test_grpo_config_samples_clean_and_importance_sampling_follows_the_spec(tmp_path):
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.spec.run import RLTRun
     from rlt.stages.context import StageContext
     from rlt.stages.rl import grpo_config

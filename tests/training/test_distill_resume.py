@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from suite_helpers import ROOT, kill_gang, tiny_doc
 
+from rlt.checks.validation import validate_spec
+from rlt.contract.layout import RunLayout
 from rlt.method import generation
-from rlt.run.fingerprint import stage_fingerprint
-from rlt.run.layout import RunLayout
-from rlt.spec.validation import validate_spec
+from rlt.spec.fingerprint import stage_fingerprint
 from rlt.stages.distill_parts import parts_dir
 from rlt_operator import builders
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from suite_helpers import ROOT, kill_gang, tiny_doc
 
-from rlt.run.layout import RunLayout
-from rlt.spec.validation import validate_spec
+from rlt.checks.validation import validate_spec
+from rlt.contract.layout import RunLayout
 from rlt_operator import builders
 from rlt_sandbox.kubelet_emulator import expand
 

@@ -9,10 +9,10 @@ import urllib.request
 import pytest
 from suite_helpers import TINY, free_port
 
-from rlt.run.layout import RunLayout, checkpoints
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import RunLayout, checkpoints
 from rlt.run.plots import read_metrics
 from rlt.run.runner import run_local
-from rlt.spec.validation import load_valid_run
 
 pytestmark = pytest.mark.slow
 
@@ -164,7 +164,7 @@ def test_stage_command_as_a_pod_runs_it_once(tmp_path):
         text=True,
         timeout=120,
     )
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     assert missing.returncode == ExitCode.CONFIG_ERROR and "file not found" in missing.stderr  # fail fast, no restart
 

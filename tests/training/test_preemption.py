@@ -22,9 +22,9 @@ import pytest
 import yaml
 from suite_helpers import ROOT, kill_gang, tiny_doc
 
-from rlt.run.exitcodes import ExitCode
-from rlt.run.layout import RunLayout
-from rlt.spec.validation import validate_spec
+from rlt.checks.validation import validate_spec
+from rlt.contract.exitcodes import ExitCode
+from rlt.contract.layout import RunLayout
 from rlt_operator import builders
 from rlt_sandbox.kubelet_emulator import expand
 

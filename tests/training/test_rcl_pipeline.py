@@ -6,13 +6,13 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import ROOT
 
-from rlt.rcl.stages import run_teaching_eval
-from rlt.run.layout import RunLayout
-from rlt.run.metrics import TrainerMetrics
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import RunLayout
+from rlt.contract.metrics import TrainerMetrics
 from rlt.run.plots import read_metrics
-from rlt.spec.validation import load_valid_run
-from rlt.stages.common import Recorder
 from rlt.stages.context import StageContext
+from rlt.stages.rcl import run_teaching_eval
+from rlt.stages.record import Recorder
 
 TINY = ROOT / "manifests" / "examples" / "rltrun-rcl-tiny.yaml"
 pytestmark = pytest.mark.slow

@@ -9,10 +9,10 @@ import pytest
 
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, student_sampler
-from rlt.rcl.stages import make_rcl_rollout, probe_sampler
 from rlt.spec.inputs import ModelRef
 from rlt.spec.stages import RlStage
-from rlt.stages.common import PhaseTimer
+from rlt.stages.rcl import make_rcl_rollout, probe_sampler
+from rlt.stages.record import PhaseTimer
 
 pytestmark = pytest.mark.slow
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -24,7 +24,7 @@ def make_trainer(tiny, tmp_path, counts, server=False):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlt.run.models import load_model
+    from rlt.data.models import load_model
 
     student, tok = tiny  # frozen student (and probe writer); the policy is a fresh copy
     protocol = Protocol(load_rcl_format("rcl-default"))

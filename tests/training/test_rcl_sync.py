@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from suite_helpers import EXAMPLES
 
-from rlt.run.layout import RunLayout
-from rlt.spec.validation import load_valid_run
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import RunLayout
 from rlt.stages.context import StageContext
 
 RCL_TINY = EXAMPLES / "rltrun-rcl-tiny.yaml"
@@ -38,7 +38,7 @@ class RecordingGenerator:
 def test_real_rcl_stage_syncs_every_global_step_and_samples_the_loss_prompt(tmp_path, monkeypatch):
     import trl
 
-    import rlt.rcl.stages as stages
+    import rlt.stages.rcl as stages
 
     run = load_valid_run(RCL_TINY)
     spec = run.spec.model_dump(by_alias=True)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from suite_helpers import TINY, tiny_doc
 
-from rlt.run.exitcodes import ExitCode
-from rlt.run.layout import RunLayout
+from rlt.contract.exitcodes import ExitCode
+from rlt.contract.layout import RunLayout
 from rlt.run.plots import read_metrics
 
 
@@ -142,7 +142,7 @@ def test_a_taken_metrics_port_falls_back_by_default_and_is_one_line_when_chosen(
     res = rlt("stage", "sft", "--config", str(TINY), "--root", str(tmp_path), RLT_METRICS_PORT="nine")
     assert_one_line_error(res, "rlt stage: RLT_METRICS_PORT='nine' is not a port number")
     # the default port (9400) taken, as by a second local run: a free port is used and printed
-    from rlt.run.metrics import TrainerMetrics
+    from rlt.contract.metrics import TrainerMetrics
     from rlt.run.runner import serve_metrics
 
     with socket.socket() as busy:

@@ -8,8 +8,8 @@ import logging
 
 from transformers import Trainer, TrainingArguments
 
-from rlt.run.models import tiny_qwen2
-from rlt.stages.common import quiet_trainer
+from rlt.data.models import tiny_qwen2
+from rlt.stages.record import quiet_trainer
 
 
 def _resume_warnings(tmp_path, caplog, drop: str, tie: bool = True) -> list[str]:

@@ -42,7 +42,7 @@ EXPLANATIONS = {
 
 @pytest.fixture(scope="module")
 def smol_reward(formatter):
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     ref = ModelRef(model="builtin:smollm2-135m-instruct")

@@ -9,8 +9,8 @@ import statistics
 import pytest
 from suite_helpers import TINY
 
-from rlt.run.layout import RunLayout
-from rlt.spec.validation import load_valid_run
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import RunLayout
 from rlt.stages.context import StageContext
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ import pytest
 import torch
 from suite_helpers import TINY
 
-from rlt.run.layout import RunLayout
-from rlt.spec.validation import load_valid_run
-from rlt.stages.common import PhaseTimer
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import RunLayout
 from rlt.stages.context import StageContext
+from rlt.stages.record import PhaseTimer
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +25,9 @@ def trainer(tmp_path_factory, formatter):
     from trl import GRPOTrainer
 
     from rlt.data.dataset import load_data
-    from rlt.method.reward import reward_from_spec
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
     from rlt.stages.rl import grpo_config, make_rollout, rl_rows
+    from rlt.stages.rl_reward import reward_from_spec
 
     run = load_valid_run(TINY)
     spec = run.spec.model_dump(by_alias=True)

@@ -6,8 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import tiny_doc
 
-from rlt.run.layout import RunLayout
-from rlt.run.metrics import TrainerMetrics
+from rlt.contract.layout import RunLayout
+from rlt.contract.metrics import TrainerMetrics
 from rlt.run.plots import read_metrics
 from rlt.spec.loading import parse_run
 from rlt.stages.context import StageContext

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from suite_helpers import ROOT
 
-from rlt.run.layout import checkpoints
-from rlt.run.metrics import REWARD_COMPONENTS, STEP_PHASES
+from rlt.contract.layout import checkpoints
+from rlt.contract.metrics import REWARD_COMPONENTS, STEP_PHASES
 from rlt.run.plots import read_metrics
 from rlt.spec.loading import parse_run
 
@@ -187,7 +187,7 @@ def test_outputs_pushed_through_fsspec_with_kept_columns(finished):
 
 
 def test_hub_push_against_a_local_stand_in(finished, tmp_path):
-    from rlt.run.outputs import push_stage_outputs
+    from rlt.contract.outputs import push_stage_outputs
     from rlt.stages.context import StageContext
 
     run, layout, _, _ = finished

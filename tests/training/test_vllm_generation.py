@@ -40,7 +40,7 @@ def test_server_logprobs_are_the_teachers_tempered_logprobs(vllm_server, tiny, f
 
 def test_distill_stage_generates_through_the_server(vllm_server, tmp_path):
 
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.run.runner import run_local
     from rlt.spec.run import RLTRun
 

@@ -25,7 +25,7 @@ def test_a_binary_or_non_utf8_file_is_named_in_one_clear_error(tmp_path, command
     res = subprocess.run(
         [sys.executable, "-m", "rlt.cli", command, str(path)], capture_output=True, text=True, timeout=120
     )
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     # validate: 1 = some file invalid; run: the spec is unusable, a configuration error (fails fast in a pod)
     assert res.returncode == (1 if command == "validate" else ExitCode.CONFIG_ERROR)

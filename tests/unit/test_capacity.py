@@ -7,9 +7,9 @@ import pytest
 import yaml
 from suite_helpers import EXAMPLES
 
+from rlt.checks.capacity import plan_for_run
 from rlt.cli import main
 from rlt.spec.budgets import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout_seconds, rollout_seconds
-from rlt.spec.capacity import plan_for_run
 from rlt.spec.loading import parse_run
 
 SIZED = ["rltrun-paper-7b.yaml", "rltrun-multinode.yaml", "rltrun-small-2gpu.yaml", "rltrun-lora-tracked.yaml"]
@@ -58,7 +58,7 @@ def test_cli_exit_code_and_validate_run_the_plan(tmp_path, capsys):
 def test_gpu_memory_comes_from_the_nodeselector_label_when_the_run_selects_by_it(tmp_path, capsys):
     """nvidia.com/gpu.memory (MiB, NVIDIA GPU feature discovery) in spec.scheduling.nodeSelector is the GPU the plan
     assumes: the paper run on 40 GB A100s does not fit; with no label the plan assumes 80Gi; --gpu-memory wins."""
-    from rlt.spec.capacity import DEFAULT_GPU_MEMORY, GPU_MEMORY_LABEL, spec_gpu_memory
+    from rlt.checks.capacity import DEFAULT_GPU_MEMORY, GPU_MEMORY_LABEL, spec_gpu_memory
 
     doc = _doc()
     assert spec_gpu_memory(parse_run(doc).spec) == (DEFAULT_GPU_MEMORY, "the default 80.0 GiB")
@@ -78,9 +78,9 @@ def test_parameter_counts_are_the_real_models(tmp_path):
     count equals PEFT's trainable parameters on it."""
     from peft import LoraConfig, get_peft_model
 
-    from rlt.run.models import load_model
+    from rlt.checks.shapes import read_shape
+    from rlt.data.models import load_model
     from rlt.spec.inputs import ModelRef
-    from rlt.spec.shapes import read_shape
 
     ref = ModelRef(model="builtin:tiny-qwen2")
     shape, why = read_shape(ref)
@@ -110,9 +110,9 @@ def test_collective_timeouts_cover_the_rollout():
 def test_trainer_options_carry_the_spec_timeout_and_retention(tmp_path, monkeypatch):
     from suite_helpers import tiny_doc
 
-    from rlt.run.layout import RunLayout
-    from rlt.stages.common import trainer_options
+    from rlt.contract.layout import RunLayout
     from rlt.stages.context import StageContext
+    from rlt.stages.trainer import trainer_options
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     run = parse_run(tiny_doc())
@@ -127,7 +127,7 @@ def test_trainer_options_carry_the_spec_timeout_and_retention(tmp_path, monkeypa
 def test_one_helper_decides_cuda_and_auto_dtype_follows_it(device, cuda):
     import torch
 
-    from rlt.run.models import is_cuda, torch_dtype
+    from rlt.data.models import is_cuda, torch_dtype
     from rlt.spec.inputs import ModelRef
 
     assert is_cuda(device) is cuda
@@ -143,7 +143,7 @@ def test_process_group_gets_the_spec_timeout(monkeypatch):
     import torch.distributed as dist
     from suite_helpers import free_port
 
-    from rlt.stages.common import join_process_group
+    from rlt.stages.ranks import join_process_group
 
     seen = {}
     real = dist.init_process_group
@@ -169,9 +169,9 @@ def test_process_group_gets_the_spec_timeout(monkeypatch):
 
 
 def test_gpu_cluster_doc_sizing_is_the_plan_of_each_example():
-    from suite_helpers import ROOT
+    from suite_helpers import ROOT, hack_module
 
-    from rlt.spec.docs import sizing_table
+    sizing_table = hack_module("gen_docs").sizing_table
 
     table = sizing_table(EXAMPLES)
     assert "rltrun-paper-7b.yaml` | rl | GPU memory per trainer process" in table
@@ -188,8 +188,8 @@ def test_the_loss_term_is_what_trls_chunked_lm_head_allocates(head_trains):
     from trl.kernels.chunked_logprob import TOKEN_CHUNK_SIZE
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
 
-    from rlt.spec.capacity import lm_head_loss_bytes, trl_constant
-    from rlt.spec.shapes import ModelShape
+    from rlt.checks.capacity import lm_head_loss_bytes, trl_constant
+    from rlt.checks.shapes import ModelShape
 
     # the plan reads TRL's tile sizes from its source (no import of all of TRL in the preflight): the same values
     assert trl_constant("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE") == _CHUNKED_LOGPROB_CHUNK_SIZE
@@ -244,7 +244,7 @@ def test_capacity_benchmark_runs_the_command_the_operator_renders(tmp_path, monk
 def test_the_volume_counts_the_hub_models_the_pods_download():
     """HF_HOME is on the run's volume: the paper run's teacher and student (two 7.6 B hub models saved in bf16) are
     part of its fullest moment; built-in models are not downloaded."""
-    from rlt.spec.capacity import hub_downloads
+    from rlt.checks.capacity import hub_downloads
 
     plan = plan_for_run(parse_run(_doc()).spec)
     (volume,) = [c for c in plan.checks if c.resource.startswith("run volume")]
@@ -258,7 +258,7 @@ def test_the_volume_counts_the_hub_models_the_pods_download():
 
 def test_the_scoring_micro_batch_is_no_larger_than_its_rows():
     """A scoring micro-batch holds at most reward.batchSize rows of full length, whatever the token cap allows."""
-    from rlt.spec.capacity import scoring_tokens
+    from rlt.checks.capacity import scoring_tokens
 
     spec = parse_run(yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())).spec
     rl = spec.stages.rl

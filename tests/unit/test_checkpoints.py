@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from rlt.run.layout import CHECKPOINT_COMPLETE, SET_ASIDE, checkpoint_path
-from rlt.stages.common import last_checkpoint, mark_checkpoint_complete
+from rlt.contract.layout import CHECKPOINT_COMPLETE, SET_ASIDE, checkpoint_path
+from rlt.stages.checkpoints import last_checkpoint, mark_checkpoint_complete
 
 
 def _checkpoint(root, step, complete):
@@ -48,7 +48,7 @@ def test_the_marker_is_what_counts(tmp_path):
 def test_rank_shares_cover_every_row_once_and_the_merge_refuses_gaps():
     import pytest
 
-    from rlt.stages.common import gather_shares, my_share
+    from rlt.stages.ranks import gather_shares, my_share
 
     rows = list("abcdefg")
     shares = [my_share(rows, r, 3) for r in range(3)]
@@ -61,7 +61,7 @@ def test_rank_shares_cover_every_row_once_and_the_merge_refuses_gaps():
 
 def test_every_reader_agrees_on_what_a_complete_checkpoint_is(tmp_path):
     """Continuing a finished stage (the plan) and resuming it (the Trainer) read the same checkpoints."""
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
 
     layout = RunLayout(tmp_path / "run")
     partial = _checkpoint(layout.checkpoints_dir("rl"), 4, complete=False)
@@ -80,8 +80,9 @@ def test_the_runner_does_not_continue_a_stage_whose_only_checkpoint_is_partial(t
     import pytest
     from suite_helpers import tiny_doc
 
-    from rlt.run import fingerprint, runner
-    from rlt.run.layout import RunLayout, atomic_write_text
+    from rlt.contract.layout import RunLayout, atomic_write_text
+    from rlt.run import runner
+    from rlt.spec import fingerprint
     from rlt.spec.run import RLTRun
 
     doc = tiny_doc()
@@ -102,7 +103,7 @@ def test_the_runner_does_not_continue_a_stage_whose_only_checkpoint_is_partial(t
 
 
 def test_a_finished_stage_keeps_its_last_checkpoint_without_optimizer_states(tmp_path):
-    from rlt.stages.common import prune_finished_checkpoints
+    from rlt.stages.checkpoints import prune_finished_checkpoints
 
     old = _checkpoint(tmp_path, 2, complete=True)
     last = _checkpoint(tmp_path, 4, complete=True)

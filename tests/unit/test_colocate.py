@@ -15,7 +15,7 @@ def _run(mode: str, **gen):
 
 
 def test_colocate_configures_trl_and_needs_no_generator_pods(tmp_path):
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.stages.context import StageContext
     from rlt.stages.rl import grpo_config
     from rlt_operator import builders as b

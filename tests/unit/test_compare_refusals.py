@@ -10,7 +10,7 @@ import sys
 import yaml
 from suite_helpers import tiny_doc
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 
 
 def test_compare_without_held_out_data_stops_before_training(tmp_path):

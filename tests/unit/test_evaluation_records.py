@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlt.contract.layout import RunLayout
 from rlt.data.answers import between
 from rlt.run.compare import ArmResult, build_report, correlations, teaching_points
-from rlt.run.layout import RunLayout
 from rlt.spec.loading import parse_run
 from rlt.stages.evaluate import (
     EvalReport,

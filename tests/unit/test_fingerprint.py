@@ -3,8 +3,8 @@
 import pytest
 from suite_helpers import tiny_doc
 
-from rlt.run import fingerprint as fp
-from rlt.run.layout import CHECKPOINT_COMPLETE, RunLayout, atomic_write_text
+from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout, atomic_write_text
+from rlt.spec import fingerprint as fp
 from rlt.spec.run import RLTRun
 
 

@@ -1,4 +1,4 @@
-"""A run's paths, file names and timestamp format are written once, in rlt.run.layout: no other module of the shipped
+"""A run's paths, file names and timestamp format are written once, in rlt.contract.layout: no other module of the shipped
 packages spells them (so adding or renaming a run file is one edit there)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import rlt
 import rlt_operator
-from rlt.run import layout as L
+from rlt.contract import layout as L
 
 SOURCES = [
     Path(rlt.__file__).parent,

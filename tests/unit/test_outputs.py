@@ -8,8 +8,8 @@ import json
 import fsspec
 from suite_helpers import tiny_doc
 
-from rlt.run.layout import RunLayout
-from rlt.run.outputs import push_stage_outputs
+from rlt.contract.layout import RunLayout
+from rlt.contract.outputs import push_stage_outputs
 from rlt.spec.loading import parse_run
 from rlt.stages.context import StageContext
 

@@ -1,9 +1,12 @@
 """Which package may import which: the core `rlt` nothing of the operator's, the shipped operator nothing of the
-sandbox's (commands of both come through an entry point), and no import circle anywhere in the shipped packages."""
+sandbox's (commands of both come through an entry point), no import circle anywhere in the shipped packages, and
+the subpackages of rlt as floors: no pair importing each other, no import up a floor."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +87,36 @@ def test_no_import_circle_in_the_shipped_packages():
     assert run.returncode == 0, run.stdout
     assert " 0 circles" in run.stdout
     assert int(run.stdout.split(" modules")[0].split()[-1]) > 60, "every module was read"
+    assert " 0 two-way subpackage pairs, 0 imports up a floor" in run.stdout
+
+
+def _import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "hack/import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_back_import_between_two_subpackages_fails_the_graph(tmp_path, monkeypatch, capsys):
+    """The same tree with one import added from the contract floor up to stages: a two-way pair and an import up a
+    floor, each named with the module that makes it."""
+    shutil.copytree(CORE, tmp_path / "training/rlt", ignore=shutil.ignore_patterns("__pycache__"))
+    layout = tmp_path / "training/rlt/contract/layout.py"
+    layout.write_text(layout.read_text() + "\nfrom rlt.stages.context import StageContext  # noqa\n")
+    graph = _import_graph()
+    monkeypatch.setattr(graph, "ROOT", tmp_path)
+    assert graph.main() == 1
+    out = capsys.readouterr().out
+    assert "two-way: contract <-> stages: rlt.contract.layout -> rlt.stages.context" in out
+    assert "up a floor, contract -> stages: rlt.contract.layout -> rlt.stages.context" in out
+    assert " 1 two-way subpackage pairs" in out
+
+
+def test_a_subpackage_on_no_floor_fails_the_graph(tmp_path, monkeypatch, capsys):
+    shutil.copytree(CORE, tmp_path / "training/rlt", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "training/rlt/extra").mkdir()
+    (tmp_path / "training/rlt/extra/__init__.py").write_text("from rlt.contract import layout  # noqa\n")
+    graph = _import_graph()
+    monkeypatch.setattr(graph, "ROOT", tmp_path)
+    assert graph.main() == 1
+    assert "rlt.extra is on no floor (add it to FLOORS)" in capsys.readouterr().out

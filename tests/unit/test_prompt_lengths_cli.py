@@ -10,7 +10,7 @@ import sys
 import yaml
 from suite_helpers import tiny_doc
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 
 LONG = "Count the apples in this long story. " + "There was one more apple on the table. " * 40
 

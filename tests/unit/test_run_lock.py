@@ -11,7 +11,7 @@ import time
 
 from suite_helpers import TINY
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 from rlt.run.lock import LOCK_FILE
 
 

@@ -8,9 +8,9 @@ import yaml
 from suite_helpers import EXAMPLES as EXAMPLE_DIR
 from suite_helpers import ROOT, TINY, tiny_doc
 
+from rlt.checks.validation import load_valid_run, load_valid_runs
 from rlt.spec.loading import SpecError, dump_run, parse_spec
 from rlt.spec.run import RLTRun
-from rlt.spec.validation import load_valid_run, load_valid_runs
 
 EXAMPLES = sorted(EXAMPLE_DIR.glob("*.yaml"))
 

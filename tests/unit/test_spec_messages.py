@@ -4,8 +4,8 @@ import pytest
 import yaml
 from suite_helpers import tiny_doc
 
+from rlt.checks.validation import load_valid_run
 from rlt.spec.loading import SpecError, parse_spec
-from rlt.spec.validation import load_valid_run
 
 
 def test_unknown_fields_get_a_did_you_mean_and_cross_field_checks_still_run(tmp_path):
@@ -47,7 +47,7 @@ def test_the_operator_path_reports_the_same():
 
 
 def test_a_run_file_is_loaded_one_way_with_every_rule(tmp_path):
-    """One loader of RLTRun files (rlt.spec.validation.load_valid_run/s, which `rlt validate`, `rlt run`, `rlt stage`
+    """One loader of RLTRun files (rlt.checks.validation.load_valid_run/s, which `rlt validate`, `rlt run`, `rlt stage`
     and the tests use): the run name's length rule holds for it, and the spec package
     offers no other file loader that would skip it."""
     import rlt.spec.loading as loading

@@ -4,11 +4,11 @@ precision as a pure function (the process group is made by join_process_group al
 import pytest
 from suite_helpers import tiny_doc
 
+from rlt.contract.layout import RunLayout
 from rlt.method.prompts import resolve_format
-from rlt.run.layout import RunLayout
 from rlt.spec.loading import parse_run
-from rlt.stages.common import trainer_precision
 from rlt.stages.context import StageContext
+from rlt.stages.trainer import trainer_precision
 
 
 def _run():

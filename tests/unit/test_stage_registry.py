@@ -1,11 +1,11 @@
-"""The stage table (rlt.spec.stage_registry) against what reads it: the spec model, the layout, the dispatch."""
+"""The stage table (rlt.contract.stage_registry) against what reads it: the spec model, the layout, the dispatch."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlt.run.layout import RunLayout
-from rlt.spec import stage_registry as reg
+from rlt.contract import stage_registry as reg
+from rlt.contract.layout import RunLayout
 from rlt.spec.stages import Stages, TrainerOptions
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from suite_helpers import ROOT
 
-from rlt.run.layout import RunLayout
+from rlt.contract.layout import RunLayout
 from rlt.spec.loading import SpecError, parse_run
 
 EXAMPLES = ROOT / "manifests" / "examples"
@@ -31,7 +31,7 @@ def problems(d: dict) -> list[str]:
 
 
 def test_trainer_args_may_not_set_what_the_spec_owns():
-    from rlt.spec.validation import load_valid_runs
+    from rlt.checks.validation import load_valid_runs
 
     def refused(d, tmp):
         path = tmp / "r.yaml"
@@ -131,7 +131,7 @@ def test_lora_only_where_a_stage_trains():
         "spec.student: student.lora is for trained models only (teacher, stages.student.model)"
     ]
     run = parse_run(doc(teacher={"model": "builtin:tiny-qwen2", "lora": {"r": 4, "targetModules": ["q_proj"]}}))
-    from rlt.stages.common import peft_config
+    from rlt.stages.start_models import peft_config
 
     cfg = peft_config(run.spec.teacher)
     assert (cfg.r, cfg.lora_alpha, set(cfg.target_modules)) == (4, 32, {"q_proj"})

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from suite_helpers import tiny_doc
 
-from rlt.run.layout import RunLayout
-from rlt.run.metrics import TrainerMetrics
+from rlt.contract.layout import RunLayout
+from rlt.contract.metrics import TrainerMetrics
 from rlt.spec.loading import parse_run
-from rlt.stages.common import Recorder
 from rlt.stages.context import StageContext
+from rlt.stages.record import Recorder
 
 STEP = {
     "reward": -1.25,

@@ -1,6 +1,6 @@
 """trainerArgs: the keys rlt sets itself are exactly what the config builders set; every other key is typed against
 TRL's own config dataclass (the option table generated from the installed TRL); every problem is reported at once
-with its full spec path, by `rlt validate`, the operator and the pods alike (rlt.spec.validation)."""
+with its full spec path, by `rlt validate`, the operator and the pods alike (rlt.checks.validation)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 import yaml
 from suite_helpers import tiny_doc
 
-from rlt.run.layout import RunLayout
+from rlt.checks.validation import spec_problems
+from rlt.contract.layout import RunLayout
 from rlt.spec.loading import parse_run
 from rlt.spec.stages import RL_OWNED_ARGS, SFT_OWNED_ARGS, TEACHER_SFT_OWNED_ARGS
-from rlt.spec.validation import spec_problems
 
 # Owned keys no builder sets, each because it would set the same thing another way.
 ALIASES = {
@@ -83,7 +83,7 @@ def test_the_option_table_is_generated_from_the_installed_trl():
     from rlt.spec.trainer_args import OPTIONS_FILE
     from rlt.stages.trainer_check import render
 
-    assert OPTIONS_FILE.read_text() == render(), "run `make generate` (python -m rlt.stages.trainer_check)"
+    assert OPTIONS_FILE.read_text() == render(), "run `make generate` (python hack/generate.py trl-options)"
 
 
 # (stage, key, value, what the message says; None: accepted)
@@ -147,7 +147,7 @@ def test_every_problem_at_once_through_the_cli_the_pods_and_the_operator(tmp_pat
     assert cli.returncode == 1 and "Traceback" not in cli.stderr
     for w in want:
         assert w in cli.stderr, cli.stderr
-    pod = subprocess.run([sys.executable, "-m", "rlt.spec.validation", str(path)], capture_output=True, text=True)
+    pod = subprocess.run([sys.executable, "-m", "rlt.checks.validation", str(path)], capture_output=True, text=True)
     assert pod.returncode == 78 and all(w in pod.stderr for w in want), pod.stderr
     ref = b.RunRef(name=d["metadata"]["name"], namespace="ns", uid="u")
     op = S.decide(ref, 1, d["spec"], None, Observed(), dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))

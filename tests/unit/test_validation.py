@@ -1,4 +1,4 @@
-"""One validation entry point (rlt.spec.validation): `rlt validate`, the pods' `rlt stage` and the operator agree."""
+"""One validation entry point (rlt.checks.validation): `rlt validate`, the pods' `rlt stage` and the operator agree."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 from suite_helpers import tiny_doc
 
+from rlt.checks.validation import validate_spec
 from rlt.spec.loading import SpecError
-from rlt.spec.validation import validate_spec
 from rlt_operator.observed import Observed
 
 # (what is wrong, spec patch, the field the message names)

@@ -8,14 +8,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlt.run.layout import PVC_MOUNT, RunLayout
-from rlt.run.metrics import TRAINER_METRICS_PORT
-from rlt.run.outputs import pushed_uri, stage_outputs
-from rlt.spec.base import API_GROUP
+from rlt.contract import env as pod_env
+from rlt.contract.api import API_GROUP
+from rlt.contract.layout import PVC_MOUNT, RunLayout
+from rlt.contract.metrics import TRAINER_METRICS_PORT
+from rlt.contract.outputs import pushed_uri, stage_outputs
+from rlt.contract.stage_registry import newest_teacher_stage
 from rlt.spec import k8s_api
 from rlt.spec.k8s import quantity_value
 from rlt.spec.run import RLTRunSpec
-from rlt.spec.stage_registry import newest_teacher_stage
 from rlt_operator.kinds import BY_PLURAL, RUN
 
 # Labels and annotations (one prefix for everything the operator owns).
@@ -118,7 +119,7 @@ def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     return str(layout(run).model_dir(prior)) if prior else spec.teacher.model
 
 
-# status.outputs key of each spec.outputs copy (rlt.run.outputs.stage_outputs names them)
+# status.outputs key of each spec.outputs copy (rlt.contract.outputs.stage_outputs names them)
 OUTPUT_URI_KEYS = {"teacher": "teacherUri", "distillDataset": "distilledDatasetUri", "student": "studentUri"}
 # accelerate's --mixed_precision for spec precision in a GPU pod (what the Trainer picks there; auto = bf16 on a GPU)
 ACCELERATE_PRECISION = {"auto": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "no"}
@@ -286,22 +287,20 @@ _CONTAINER_SECURITY = {
 }
 
 
-def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int, trainer: bool = True) -> list[dict[str, Any]]:
+def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": "RLT_RUN", "value": ref.name},
-        {"name": "RLT_NAMESPACE", "value": ref.namespace},
-        {"name": "RLT_STAGE", "value": stage},
-        {"name": "RLT_RESTART", "value": str(restart)},
-        {"name": "HF_HOME", "value": str(layout(ref.name).cache_dir / "hf")},
+        {"name": pod_env.NAMESPACE.name, "value": ref.namespace},
+        {"name": pod_env.STAGE.name, "value": stage},
+        {"name": pod_env.HF_HOME.name, "value": str(layout(ref.name).cache_dir / "hf")},
         # Everything that writes under $HOME (vLLM, Triton, torch extensions, matplotlib) goes to the emptyDir.
-        {"name": "HOME", "value": TMP_MOUNT},
-        {"name": "XDG_CACHE_HOME", "value": f"{TMP_MOUNT}/.cache"},
-        {"name": "TMPDIR", "value": TMP_MOUNT},
+        {"name": pod_env.HOME.name, "value": TMP_MOUNT},
+        {"name": pod_env.XDG_CACHE_HOME.name, "value": f"{TMP_MOUNT}/.cache"},
+        {"name": pod_env.TMPDIR.name, "value": TMP_MOUNT},
     ]
     if spec.hf_token_secret is not None:
         env.append(
             {
-                "name": "HF_TOKEN",
+                "name": pod_env.HF_TOKEN.name,
                 "valueFrom": {"secretKeyRef": {"name": spec.hf_token_secret.name, "key": spec.hf_token_secret.key}},
             }
         )

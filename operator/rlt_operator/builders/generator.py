@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlt.contract.env import VLLM_DEV_MODE
 from rlt.spec.run import RLTRunSpec
 from rlt_operator.builders.common import (
     GENERATOR_ENTRYPOINT,
@@ -90,7 +91,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     # A server decoding hundreds of long sequences answers /health late: Kubernetes' default 1 s timeout would mark
     # it unready mid-rollout and drop it from the Service while rl waits on it.
     probe_wait = {"timeoutSeconds": GENERATOR_PROBE_TIMEOUT_S}
-    env = [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}] + _common_env(ref, spec, stage, restart, trainer=False)
+    env = [{"name": VLLM_DEV_MODE.name, "value": "1"}] + _common_env(ref, spec, stage, trainer=False)
     pod.update(
         {
             "containers": [

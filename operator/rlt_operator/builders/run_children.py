@@ -6,7 +6,7 @@ import functools
 import hashlib
 from typing import Any
 
-from rlt.run.layout import CONFIG_FILE
+from rlt.contract.layout import CONFIG_FILE
 from rlt.spec.loading import dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec
 from rlt_operator.builders.common import (

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlt.run.exitcodes import DISRUPTION, FAIL_FAST, TERMINATION_LOG
-from rlt.run.layout import CONFIG_ENV, PVC_MOUNT
+from rlt.contract import env as pod_env
+from rlt.contract.exitcodes import DISRUPTION, FAIL_FAST, TERMINATION_LOG
+from rlt.contract.layout import PVC_MOUNT
+from rlt.contract.stage_registry import stage_info
 from rlt.spec.loading import ENV_SOURCE
-from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings, zero_stage
-from rlt.spec.stage_registry import stage_info
+from rlt.spec.run import RLTRunSpec, stage_settings, zero_stage
 from rlt_operator.builders.common import (
     ACCELERATE_PRECISION,
     JOB_INDEX_ANNOTATION,
@@ -20,14 +21,12 @@ from rlt_operator.builders.common import (
     METRICS_PORT,
     PREFLIGHT_RESOURCES,
     ROLE_TRAINER,
-    VLLM_PORT,
     RunRef,
     _common_env,
     _container,
     _meta,
     _pod_spec_common,
     _with_queue,
-    generator_url,
     labels,
     pod_resources,
     trainer_name,
@@ -70,7 +69,7 @@ LAUNCH = ("rlt", "launch", "--")
 
 def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
     """`rlt stage` directly for one process; accelerate + DeepSpeed for several (Kubernetes expands $(VAR))."""
-    stage_args = ["stage", stage, "--config", f"{ENV_SOURCE}{CONFIG_ENV}", "--root", PVC_MOUNT]
+    stage_args = ["stage", stage, "--config", f"{ENV_SOURCE}{pod_env.RUN_YAML.name}", "--root", PVC_MOUNT]
     nodes = trainer_nodes(spec, stage)
     gpus = spec.resources.trainer.gpus
     if nodes == 1 and gpus <= 1:
@@ -90,11 +89,11 @@ def trainer_command(spec: RLTRunSpec, stage: str) -> list[str]:
         "--num_processes",
         str(nodes * max(gpus, 1)),
         "--machine_rank",
-        "$(NODE_RANK)",
+        f"$({pod_env.NODE_RANK.name})",
         "--main_process_ip",
-        "$(MASTER_ADDR)",
+        f"$({pod_env.MASTER_ADDR.name})",
         "--main_process_port",
-        "$(MASTER_PORT)",
+        f"$({pod_env.MASTER_PORT.name})",
         "--use_deepspeed",
         "--zero_stage",
         str(zero),
@@ -133,27 +132,22 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     res = spec.resources.trainer
     lbls = _with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
     env: list[dict[str, Any]] = [
-        {"name": "MASTER_ADDR", "value": f"{name}-0.{name}.{ref.namespace}.svc"},
-        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
-        {"name": "NNODES", "value": str(nodes)},
-        {"name": "NPROC_PER_NODE", "value": str(max(res.gpus, 1))},
-        {"name": "WORLD_SIZE", "value": str(nodes * max(res.gpus, 1))},
+        {"name": pod_env.MASTER_ADDR.name, "value": f"{name}-0.{name}.{ref.namespace}.svc"},
+        {"name": pod_env.MASTER_PORT.name, "value": str(MASTER_PORT)},
+        {"name": pod_env.NNODES.name, "value": str(nodes)},
+        {"name": pod_env.NPROC_PER_NODE.name, "value": str(max(res.gpus, 1))},
+        {"name": pod_env.WORLD_SIZE.name, "value": str(nodes * max(res.gpus, 1))},
         {
-            "name": "NODE_RANK",
+            "name": pod_env.NODE_RANK.name,
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_INDEX_ANNOTATION}']"}},
         },
-        {"name": "RLT_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": pod_env.METRICS_PORT.name, "value": str(METRICS_PORT)},
         # torchrun waits this long for its ranks after forwarding SIGTERM (default 30 s): they save meanwhile
-        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(res.termination_grace_period_seconds)},
+        {"name": pod_env.SHUTDOWN_TIMEOUT.name, "value": str(res.termination_grace_period_seconds)},
     ]
-    if needs_generators(spec, stage):
-        env += [
-            {"name": "RLT_GENERATOR_URL", "value": generator_url(ref.name, ref.namespace)},
-            {"name": "RLT_GENERATOR_PORT", "value": str(VLLM_PORT)},
-        ]
     # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
     # pull) reads the same spec as its running peers, not a later edit (a mounted ConfigMap changes under pods).
-    snapshot = {"name": CONFIG_ENV, "value": pod_config(ref, spec)}
+    snapshot = {"name": pod_env.RUN_YAML.name, "value": pod_config(ref, spec)}
     pod = _pod_spec_common(ref.name, spec, res.shared_memory)
     pod.update(
         {
@@ -173,8 +167,8 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     [
                         "python",
                         "-m",
-                        "rlt.run.preflight",
-                        f"{ENV_SOURCE}{CONFIG_ENV}",
+                        "rlt.checks.preflight",
+                        f"{ENV_SOURCE}{pod_env.RUN_YAML.name}",
                         "--stage",
                         stage,
                         "--root",
@@ -182,7 +176,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                         "--message-file",
                         TERMINATION_LOG,
                     ],
-                    [snapshot, *_common_env(ref, spec, stage, restart)],
+                    [snapshot, *_common_env(ref, spec, stage)],
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
                     # The capacity line (fits, not checked, or the misfit) is written here even on success: the
@@ -197,7 +191,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     "trainer",
                     spec.images.trainer,
                     trainer_command(spec, stage),
-                    [snapshot, *env, *_common_env(ref, spec, stage, restart)],
+                    [snapshot, *env, *_common_env(ref, spec, stage)],
                     pod_resources(res),
                     ports=[
                         {"name": "rendezvous", "containerPort": MASTER_PORT},

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rlt.checks.validation import check_datasets, load_valid_runs
+from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.loading import SpecError
 from rlt.spec.run import stage_settings
-from rlt.spec.stage_registry import TRAINER_STAGES
-from rlt.spec.validation import check_datasets, load_valid_runs
 
 
 def trainer_args_problems(run) -> list[str]:
@@ -64,8 +64,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     problems += length_problems
                     notes += [note] if note else []
             if not args.no_plan:
-                from rlt.spec.capacity import capacity_problems
-                from rlt.spec.validation import model_problems
+                from rlt.checks.capacity import capacity_problems
+                from rlt.checks.validation import model_problems
 
                 problems += [p for run in runs for p in capacity_problems(run.spec)]
                 for run in runs:  # tensor parallelism and LoRA targets against the models' configs

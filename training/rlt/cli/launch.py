@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlt.run.exitcodes import ExitCode
+from rlt.contract.exitcodes import ExitCode
 from rlt.stages.preemption import STOP_MARKER_ENV
 
 

@@ -1,4 +1,4 @@
-"""`rlt plan FILE.yaml`: the capacity plan of each run in the file (rlt.spec.capacity), exit 1 when something
+"""`rlt plan FILE.yaml`: the capacity plan of each run in the file (rlt.checks.capacity), exit 1 when something
 cannot fit, naming the field to change."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import sys
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from rlt.spec.capacity import plan_for_run, render, spec_gpu_memory
+    from rlt.checks.capacity import plan_for_run, render, spec_gpu_memory
+    from rlt.checks.validation import load_valid_runs
     from rlt.spec.k8s import quantity_bytes
     from rlt.spec.loading import SpecError
-    from rlt.spec.validation import load_valid_runs
 
     given = quantity_bytes(args.gpu_memory) if args.gpu_memory else None
     bad = 0

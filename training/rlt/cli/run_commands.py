@@ -6,11 +6,11 @@ import argparse
 import logging
 import sys
 
-from rlt.run.exitcodes import ExitCode
-from rlt.run.metrics import TRAINER_METRICS_PORT
+from rlt.checks.validation import load_valid_run
+from rlt.contract.exitcodes import ExitCode
+from rlt.contract.metrics import TRAINER_METRICS_PORT
+from rlt.contract.stage_registry import STAGE_ORDER
 from rlt.spec.loading import SpecError
-from rlt.spec.stage_registry import STAGE_ORDER
-from rlt.spec.validation import load_valid_run
 
 DEFAULT_METRICS_PORT = TRAINER_METRICS_PORT
 
@@ -31,9 +31,9 @@ def input_errors() -> tuple[type[Exception], ...]:
     """Problems a person must fix (spec, data, a stage finished under another spec, a taken port): said in one line
     without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
     from rlt.data.dataset import DataError
-    from rlt.run.fingerprint import StaleStageError
     from rlt.run.lock import RunLockedError
     from rlt.run.runner import MetricsPortError
+    from rlt.spec.fingerprint import StaleStageError
 
     return SpecError, DataError, StaleStageError, MetricsPortError, RunLockedError
 
@@ -56,7 +56,7 @@ def _one_line_on_input_error(command: str, fn) -> int:
 
 def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:
     """The --metrics-port flag, else $RLT_METRICS_PORT; None when neither says. A bad value is one line."""
-    from rlt.run.metrics import metrics_port_from_env
+    from rlt.contract.metrics import metrics_port_from_env
 
     if flag is not None:
         return flag
@@ -104,7 +104,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlt.rcl.stages import run_teaching_eval
+    from rlt.stages.rcl import run_teaching_eval
 
     run = _load(args.file)
     if run.spec.method != "rcl":

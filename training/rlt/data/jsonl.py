@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 from pydantic.alias_generators import to_camel
 
+from rlt.contract.layout import atomic_write_text
 from rlt.data.errors import DataError
-from rlt.run.layout import atomic_write_text
 
 R = TypeVar("R")
 

@@ -18,7 +18,7 @@ import yaml
 from rlt.spec import reader
 from pydantic import Field, ValidationError
 
-from rlt.spec.base import Strict
+from rlt.contract.api import Strict
 from rlt.spec.inputs import FORMATS_DIR, FormatSpec
 
 

@@ -18,15 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlt.contract.metrics import REWARD_COMPONENTS
 from rlt.method.pairing import SideTokens, pair_explanation
 from rlt.method.prompts import Formatter, Span
 from rlt.method.scoring import ScoreRequest, SpanScorer, completion_token_offsets
-from rlt.run.metrics import REWARD_COMPONENTS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from rlt.spec.run import RLTRunSpec
 
 EMPTY_KL = 1.0  # Δ-reduction of an empty explanation: a penalty, never a free pass
 
@@ -45,7 +44,7 @@ class RewardBreakdown:
     explanation_tokens: list[int] = field(default_factory=list)
     pairing_coverage: list[float] = field(default_factory=list)  # share of E's tokens (both sides) that got a Δ
 
-    COMPONENTS = REWARD_COMPONENTS  # the fields above that are reward components (one list: rlt.run.metrics)
+    COMPONENTS = REWARD_COMPONENTS  # the fields above that are reward components (one list: rlt.contract.metrics)
 
     def row(self, i: int) -> dict[str, float]:
         return {k: v[i] for k, v in asdict(self).items()}
@@ -275,46 +274,3 @@ class RLTReward(RewardFunction):
 def _same_vocab(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
     """Whether two tokenizers map the same strings to the same ids (then identical ids mean identical tokens)."""
     return a is b or a.get_vocab() == b.get_vocab()
-
-
-def reward_from_spec(
-    spec: RLTRunSpec,
-    student: PreTrainedModel,
-    student_tokenizer: PreTrainedTokenizerBase,
-    formatter: Formatter,
-    teacher: PreTrainedModel | None = None,
-    teacher_tokenizer: PreTrainedTokenizerBase | None = None,
-) -> RLTReward:
-    r = spec.stages.rl.reward
-    return RLTReward(
-        student,
-        student_tokenizer,
-        formatter,
-        alpha=r.alpha,
-        kl_weight=r.kl_weight,
-        format_penalty=r.format_penalty,
-        temperature=r.student_temperature or spec.stages.rl.temperature,
-        teacher=teacher,
-        teacher_tokenizer=teacher_tokenizer,
-        batch_size=r.batch_size,
-        share_prefix=r.share_prefix,
-        max_batch_tokens=scoring_batch_tokens(spec, student),
-    )
-
-
-def scoring_batch_tokens(spec: RLTRunSpec, student: PreTrainedModel) -> int:
-    """The scoring micro-batch's token cap: stages.rl.reward.maxBatchTokens, else the capacity plan's for this
-    student on its device (the GPU's memory; on CPU the plan's assumed GPU, rlt.spec.capacity.DEFAULT_GPU_MEMORY)."""
-    r = spec.stages.rl.reward
-    if r.max_batch_tokens is not None:
-        return r.max_batch_tokens
-    import torch
-
-    from rlt.run.models import is_cuda
-    from rlt.spec.capacity import DEFAULT_GPU_MEMORY, scoring_token_cap
-    from rlt.spec.shapes import ModelShape
-
-    device = student.device
-    memory = torch.cuda.get_device_properties(device).total_memory if is_cuda(str(device)) else DEFAULT_GPU_MEMORY
-    shape = ModelShape.from_config(student.config, source="the loaded student")
-    return scoring_token_cap(spec, shape, memory, dtype_bytes=student.dtype.itemsize)

@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from rlt.contract.layout import PROBLEMS_FILE, REPORT_MD, TEACHER_METRICS_FILE, TEACHER_PLOT, format_time
 from rlt.rcl.summary import summarize_problems
-from rlt.run.layout import PROBLEMS_FILE, REPORT_MD, TEACHER_METRICS_FILE, TEACHER_PLOT, format_time
 
 
 def evaluate_teacher(
@@ -115,8 +115,8 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from rlt.contract.layout import atomic_write_json, atomic_write_text
     from rlt.data.jsonl import write_jsonl
-    from rlt.run.layout import atomic_write_json, atomic_write_text
 
     here = out_dir / label
     here.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,9 @@ import yaml
 from rlt.spec import reader
 from pydantic import Field, ValidationError, model_validator
 
+from rlt.contract.api import Strict
 from rlt.data.answers import between, is_correct
 from rlt.method.prompts import FORMATS_DIR
-from rlt.spec.base import Strict
 
 
 class RclFormat(Strict):

@@ -48,8 +48,8 @@ def summarize_problems(problems: Sequence[tuple[float, float, float]]) -> dict[s
 
 
 def step_values(summary: dict) -> dict[str, float]:
-    """The summary's numbers under their metrics.jsonl keys (`rcl_<name>`, the keys of rlt.run.metrics.RCL_GAUGES)."""
-    from rlt.run.metrics import RCL_GAUGES
+    """The summary's numbers under their metrics.jsonl keys (`rcl_<name>`, the keys of rlt.contract.metrics.RCL_GAUGES)."""
+    from rlt.contract.metrics import RCL_GAUGES
 
     return {
         f"rcl_{k}": float(v)

@@ -1,2 +1,2 @@
-"""A run on disk and its bookkeeping: the runner, the run layout, fingerprints, outputs, tracking, metrics, plots,
-models, comparison reports, exit codes."""
+"""The laptop's top floor: `rlt run` (runner; it also holds the pod's stage entry), comparison reports, plots and
+the run-folder lock."""

@@ -8,7 +8,7 @@ taught (definitions in docs/evaluation.md). Every number of the report is read f
 
 Layout under OUTPUT/<run>/compare/ (RunLayout.compare_dir, .compare_arm): rl_teacher/ (sft, rl, distill,
 student, eval, eval-taught), sft_teacher/ (sft → ../rl_teacher/sft, distill, ...), dataset_traces/, untrained/,
-and report.{json,md}, accuracy.png, correlation.png. A re-run follows `rlt run`'s rules (run/fingerprint.py): a
+and report.{json,md}, accuracy.png, correlation.png. A re-run follows `rlt run`'s rules (spec/fingerprint.py): a
 stage done under the same spec is skipped, one whose input was redone is done again, one finished under other
 run-wide or own settings (e.g. another spec.dataset.evalFraction) is refused in one line before anything trains; an
 evaluation is reused only for the same model output, questions and settings (compare-key.json beside its report).
@@ -28,10 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.data.dataset import DataError, load_data
-from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
-from rlt.run import fingerprint
-from rlt.run.layout import (
+from rlt.contract.layout import (
     ACCURACY_PLOT,
     COMPARE_KEY_FILE,
     CORRELATION_PLOT,
@@ -44,11 +41,14 @@ from rlt.run.layout import (
     atomic_write_text,
     format_time,
 )
+from rlt.contract.stage_registry import STAGE_ORDER, stage_function
+from rlt.data.dataset import DataError, load_data
+from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
 from rlt.run.lock import lock_run_folder
+from rlt.spec import fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
-from rlt.spec.stage_registry import STAGE_ORDER, stage_function
 from rlt.stages.context import StageContext
 from rlt.stages.evaluate import (
     EvalReport,
@@ -457,7 +457,7 @@ class Compare:
         return [a - b for b, a in zip(*means, strict=True)]
 
     def run_all(self) -> dict[str, Any]:
-        from rlt.run.models import load_model, load_tokenizer
+        from rlt.data.models import load_model, load_tokenizer
 
         started = time.perf_counter()
         # Refusals first: held-out questions must exist and no finished stage may come from another spec.
@@ -599,8 +599,8 @@ def run_compare(
     show_progress: bool = True,
     metrics_port: int | None = None,
 ) -> dict[str, Any]:
-    from rlt.run.metrics import TrainerMetrics
-    from rlt.run.runner import quiet_libraries
+    from rlt.contract.metrics import TrainerMetrics
+    from rlt.data.models import quiet_libraries
 
     quiet_libraries()
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)

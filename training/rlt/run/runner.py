@@ -10,18 +10,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlt.run import fingerprint
-from rlt.run.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.contract.env import NAMESPACE
+from rlt.contract.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.contract.metrics import TRAINER_METRICS_PORT, TrainerMetrics
+from rlt.contract.outputs import push_stage_outputs
+from rlt.contract.stage_registry import STAGE_ORDER, stage_function
+from rlt.data.models import name_the_accelerator, quiet_libraries
 from rlt.run.lock import lock_run_folder
-from rlt.run.metrics import TRAINER_METRICS_PORT, TrainerMetrics
-from rlt.run.outputs import push_stage_outputs
 from rlt.run.plots import make_plots, read_metrics
+from rlt.spec import fingerprint
 from rlt.spec.loading import dump_run
 from rlt.spec.run import RLTRun, reads_run_dataset
-from rlt.spec.stage_registry import STAGE_ORDER, stage_function
-from rlt.stages.common import leave_process_group
 from rlt.stages.context import StageContext
 from rlt.stages.preemption import Stopped, report_stop
+from rlt.stages.ranks import leave_process_group
 
 log = logging.getLogger(__name__)
 
@@ -119,30 +121,6 @@ def check_lengths(run: RLTRun, stages: list[str]) -> None:
         raise DataError("; ".join(mine) + " (or set spec.dataset.badRows: skip to leave those rows out)")
     for p in mine:
         print(f"data: badRows: skip leaves out rows where {p}", flush=True)
-
-
-def name_the_accelerator() -> None:
-    """Before anything imports DeepSpeed: on a machine without CUDA, say `cpu` rather than let DeepSpeed detect it
-    and warn "Setting accelerator to CPU" (into the progress bars)."""
-    import torch
-
-    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
-        os.environ["DS_ACCELERATOR"] = "cpu"
-
-
-def quiet_libraries() -> None:
-    """Our progress bars tell the story; silence per-file loading bars and known deprecation noise."""
-    import warnings
-
-    name_the_accelerator()
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-    warnings.filterwarnings("ignore", message=".*rollout_func.*")
 
 
 def run_local(
@@ -269,7 +247,7 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
     if ctx.is_main:
         ctx.metrics = TrainerMetrics(
             run.name,
-            namespace=os.environ.get("RLT_NAMESPACE", run.metadata.namespace or "default"),
+            namespace=os.environ.get(NAMESPACE.name, run.metadata.namespace or "default"),
             method=run.spec.method,
         )
         if metrics_port is not None:

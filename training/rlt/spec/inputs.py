@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     DISTILL_ROW_KEYS,
     Strict,
 )
@@ -65,6 +65,7 @@ class ColumnMapping(Strict):
 class DatasetSpec(Strict):
     source: str = Field(
         min_length=1,
+        max_length=4096,  # bounded: a CEL rule of the run reads it
         description="builtin:arithmetic | builtin:countdown | builtin:mixed | builtin:basic (the task calibrated "
         "to a ~135M student, levels 1-4 in turn; builtin:basic-N for one level), a local JSONL/Parquet file or "
         "HF dataset directory, or a hub dataset id.",

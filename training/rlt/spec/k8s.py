@@ -202,11 +202,20 @@ ConfigKey = Annotated[
 # -------------------------------------------------------------------------------------------------- CEL rules
 
 
-def cel_rules(*rules: tuple[str, str]) -> dict[str, Any]:
-    """A model's cross-field rules as the CRD's `x-kubernetes-validations` ((CEL rule, message) pairs), for the
-    model's `json_schema_extra`: the API server applies them at `kubectl apply`, the model's validator applies the
-    same rule in Python (tests/unit/test_crd_cel.py evaluates both on the same inputs)."""
-    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+def cel_rules(*rules: tuple[str, ...]) -> dict[str, Any]:
+    """A model's cross-field rules as the CRD's `x-kubernetes-validations` ((CEL rule, message[, field path])
+    tuples), for the model's `json_schema_extra`: the API server applies them at `kubectl apply`, the model's
+    validator applies the same rule in Python (tests/operator/test_crd_cel.py evaluates both on the same inputs).
+    A field path (e.g. ".cpuLimit", relative to the object the rule is on) makes the API server name that field
+    in its refusal, with reason FieldValueInvalid; tests/operator/test_crd_cel_cost.py keeps every rule within
+    what the API server's cost estimator accepts."""
+    out = []
+    for rule, message, *path in rules:
+        entry = {"rule": rule, "message": message}
+        if path:
+            entry.update(fieldPath=path[0], reason="FieldValueInvalid")
+        out.append(entry)
+    return {"x-kubernetes-validations": out}
 
 
 def cel_string(pattern: str) -> str:

@@ -2,7 +2,7 @@
 and for its metadata, built from the OpenAPI schema of the chart's oldest Kubernetes, not re-typed by hand.
 
 `k8s_api.json` holds those definitions as kubernetes-validate ships them for K8S_VERSION (the chart's kubeVersion
-floor; `make generate` runs write_definitions, a test keeps the file equal to the package's), so the operator, whose
+floor; `hack/generate.py k8s-api` writes it, a test keeps the file equal to the package's), so the operator, whose
 image has no kubernetes-validate, checks the same. From them pydantic models are made (unknown fields refused, types
 strict, a field newer than the floor unknown); they give the CRD its schema too. What the schema leaves to the API
 server's Go validation (pkg/apis/core/validation: ValidateTolerations, ValidateNodeSelectorRequirement,
@@ -60,9 +60,9 @@ def schema_definitions(version: str = K8S_VERSION) -> dict[str, Any]:
     return {"kubernetesVersion": version, "definitions": dict(sorted(out.items()))}
 
 
-def write_definitions(path: Path = DEFS_FILE) -> Path:
-    path.write_text(json.dumps(schema_definitions(), indent=1, sort_keys=True) + "\n")
-    return path
+def render() -> str:
+    """k8s_api.json's text (hack/generate.py k8s-api writes it)."""
+    return json.dumps(schema_definitions(), indent=1, sort_keys=True) + "\n"
 
 
 @cache

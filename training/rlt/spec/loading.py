@@ -168,7 +168,7 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     """Every RLTRun document in a YAML file (multi-document files allowed), or in `env:NAME`, checked against the
     model only.
 
-    Not a loader to call: rlt.spec.validation.load_valid_run(s) reads through this and adds every other rule
+    Not a loader to call: rlt.checks.validation.load_valid_run(s) reads through this and adds every other rule
     (what `rlt validate`, `rlt run`, `rlt stage` and the tests use)."""
     path = Path(path)
     try:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     Strict,
 )
 from rlt.spec.k8s_api import Affinity, ObjectFieldSelector, ResourceFieldSelector, Toleration
@@ -29,22 +29,41 @@ CPU_PER_GPU, MIN_CPU = 4, 1
 MEMORY_GI_PER_GPU, MIN_MEMORY_GI = 32, 8
 
 
-def _default_request_cel(field: str, per_gpu: int, floor: int, unit: str) -> str:
-    n = f"self.gpus * {per_gpu}"
-    return f"(has(self.{field}) ? quantity(self.{field}) : quantity(string({n} > {floor} ? {n} : {floor}) + '{unit}'))"
+def _request_cel(field: str, per_gpu: int, floor: int, unit_bytes: int) -> str:
+    """The request as a CEL double in base units (the field's quantity, or the default from the GPUs).
+
+    Numbers, not strings: `quantity(string(<int>) + 'Gi')` has no length bound the API server's cost estimator can
+    see, so it refuses the whole CRD ("estimated rule cost exceeds budget"); the arithmetic is in doubles so that
+    no gpus value can overflow an int."""
+    n = f"double(self.gpus) * {float(per_gpu * unit_bytes)}"
+    lo = float(floor * unit_bytes)
+    return f"(has(self.{field}) ? quantity(self.{field}).asApproximateFloat() : ({n} > {lo} ? {n} : {lo}))"
+
+
+def _limit_rule(limit: str, request: str, per_gpu: int, floor: int, unit_bytes: int, message: str) -> tuple:
+    # isQuantity first: a value the field's pattern refuses must not also raise a CEL evaluation error.
+    guard = f"!has(self.{limit}) || !isQuantity(self.{limit}) || (has(self.{request}) && !isQuantity(self.{request}))"
+    rule = f"{guard} || quantity(self.{limit}).asApproximateFloat() >= " + _request_cel(
+        request, per_gpu, floor, unit_bytes
+    )
+    return (rule, message, f".{limit}")
 
 
 _LIMIT_RULES = cel_rules(
-    (
-        "!has(self.cpuLimit) || quantity(self.cpuLimit).compareTo("
-        + _default_request_cel("cpu", CPU_PER_GPU, MIN_CPU, "")
-        + ") >= 0",
+    _limit_rule(
+        "cpuLimit",
+        "cpu",
+        CPU_PER_GPU,
+        MIN_CPU,
+        1,
         "cpuLimit must be at least the CPU request (cpu, or its default of 4 per GPU)",
     ),
-    (
-        "!has(self.memoryLimit) || quantity(self.memoryLimit).compareTo("
-        + _default_request_cel("memory", MEMORY_GI_PER_GPU, MIN_MEMORY_GI, "Gi")
-        + ") >= 0",
+    _limit_rule(
+        "memoryLimit",
+        "memory",
+        MEMORY_GI_PER_GPU,
+        MIN_MEMORY_GI,
+        2**30,
         "memoryLimit must be at least the memory request (memory, or its default of 32Gi per GPU)",
     ),
 )
@@ -71,6 +90,7 @@ class PodResources(Strict):
     )
     extra: dict[ResourceName, WholeQuantity] = Field(
         default_factory=dict,
+        max_length=32,  # bounded: a CEL rule of the run reads it (the API server prices rules by the worst case)
         description="More extended resources, request = limit, e.g. "
         "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.",
     )
@@ -124,8 +144,11 @@ class GeneratorResources(PodResources):
             "x-kubernetes-validations": _LIMIT_RULES["x-kubernetes-validations"]
             + cel_rules(
                 (
-                    "self.gpus == 0 || self.tensorParallelSize * self.dataParallelSize <= self.gpus",
+                    # in doubles: a product of two unbounded ints could overflow (a CEL evaluation error)
+                    "self.gpus == 0 || double(self.tensorParallelSize) * double(self.dataParallelSize) <= "
+                    "double(self.gpus)",
                     "tensorParallelSize × dataParallelSize must not exceed gpus",
+                    ".dataParallelSize",
                 )
             )["x-kubernetes-validations"]
         }
@@ -158,7 +181,13 @@ class Storage(Strict):
     """The run's volume (a PVC mounted at /data in every pod)."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel_rules(("quantity(self.size).compareTo(quantity('0')) > 0", "size must be above 0"))
+        json_schema_extra=cel_rules(
+            (
+                "!isQuantity(self.size) || quantity(self.size).isGreaterThan(quantity('0'))",
+                "size must be above 0",
+                ".size",
+            )
+        )
     )
 
     size: Quantity = Field("200Gi", description="PVC size for checkpoints, datasets and outputs.")

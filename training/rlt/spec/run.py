@@ -6,11 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     GROUP_VERSION,
     KIND,
     Strict,
 )
+from rlt.contract.stage_registry import STAGE_ORDER, method_stages, stage_info
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
 from rlt.spec.k8s import DNS1123Label, LabelValue, QualifiedName, RunName, cel_rules
 from rlt.spec.k8s_api import ObjectMeta
@@ -24,7 +25,6 @@ from rlt.spec.resources import (
     SecretKeyRef,
     Storage,
 )
-from rlt.spec.stage_registry import STAGE_ORDER, method_stages, stage_info
 from rlt.spec.stages import (
     RlStage,
     SftStage,
@@ -44,6 +44,7 @@ _COLOCATE_RULE = (
     "self.stages.rl.generation.mode == 'colocate') || !has(self.resources) || !has(self.resources.trainer) || "
     "self.resources.trainer.gpus > 0",
     "stages.rl.generation.mode colocate runs vLLM on the trainer's GPUs: resources.trainer.gpus must be at least 1",
+    ".resources.trainer.gpus",
 )
 
 
@@ -54,25 +55,29 @@ def _stage_value(stage: str, field: str, default: Any) -> str:
     ).replace("False", "false")
 
 
-# The trainer processes of a Trainer stage's gang: nodes × GPUs (one process on a CPU pod), as in CEL.
-_WORLD_CEL = (
-    "(has(self.resources) && has(self.resources.trainer) ? self.resources.trainer.nodes * "
-    "(self.resources.trainer.gpus > 0 ? self.resources.trainer.gpus : 1) : {nodes} * {gpus})"
-)
+# The trainer processes of a Trainer stage's gang: nodes × GPUs (one process on a CPU pod), as in CEL. Beyond
+# _WORLD_BOUND nodes or GPUs the rule stands aside (no int64 overflow in the API server; the model still checks).
+_WORLD_BOUND = 1_000_000
 
 
-def _world_rule(stage: str, model: type[BaseModel]) -> tuple[str, str]:
+def _trainer_value(field: str) -> str:
+    default = TrainerResources.model_fields[field].default
+    return f"(has(self.resources) && has(self.resources.trainer) ? self.resources.trainer.{field} : {default})"
+
+
+def _world_rule(stage: str, model: type[BaseModel]) -> tuple[str, str, str]:
     fields = model.model_fields
     batch = _stage_value(stage, "batchSize", fields["batch_size"].default)
     micro = _stage_value(stage, "perDeviceBatchSize", fields["per_device_batch_size"].default)
     enabled = _stage_value(stage, "enabled", fields["enabled"].default)
-    world = _WORLD_CEL.format(
-        nodes=TrainerResources.model_fields["nodes"].default, gpus=TrainerResources.model_fields["gpus"].default
-    )
+    nodes, gpus = _trainer_value("nodes"), _trainer_value("gpus")
+    world = f"({nodes} * ({gpus} > 0 ? {gpus} : 1))"
     return (
-        f"!{enabled} || {micro} <= 0 || {batch} % ({micro} * {world}) == 0",
+        f"!{enabled} || {micro} <= 0 || {nodes} > {_WORLD_BOUND} || {gpus} > {_WORLD_BOUND} || "
+        f"({batch} % {micro} == 0 && ({batch} / {micro}) % {world} == 0)",
         f"stages.{stage}.batchSize must be a multiple of perDeviceBatchSize × trainer processes "
         "(resources.trainer.nodes × gpus)",
+        f".stages.{stage}.batchSize",
     )
 
 
@@ -82,6 +87,7 @@ _EVALUATE_RULE = (
     "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
     "dataset.evalFraction must be above 0 (held-out rows) when stages.evaluate is enabled without stages.evaluate."
     "dataset",
+    ".dataset.evalFraction",
 )
 _SERVER_GPU_RULE = (
     "!(has(self.stages) && has(self.stages.rl) && has(self.stages.rl.generation) && self.stages.rl.enabled && "
@@ -90,6 +96,7 @@ _SERVER_GPU_RULE = (
     "size(self.resources.generator.extra) > 0)",
     "stages.rl.generation.mode server runs vLLM generator pods: resources.generator.gpus must be at least 1 "
     "(or name a device in resources.generator.extra)",
+    ".resources.generator.gpus",
 )
 
 
@@ -296,7 +303,7 @@ class RLTRun(BaseModel):
     api_version: str = Field(alias="apiVersion")
     kind: str
 
-    # Checked by value (not a Literal type) so that the group, version and kind are written once, in rlt.spec.base.
+    # Checked by value (not a Literal type) so that the group, version and kind are written once, in rlt.contract.api.
     @field_validator("api_version")
     @classmethod
     def _api_version(cls, v: str) -> str:

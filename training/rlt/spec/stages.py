@@ -6,12 +6,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     Strict,
 )
+from rlt.contract.stage_registry import STAGE_ORDER
 from rlt.spec.inputs import DatasetSpec, ModelRef
 from rlt.spec.k8s import cel_rules
-from rlt.spec.stage_registry import STAGE_ORDER
 
 # --------------------------------------------------------------------------- stages
 
@@ -92,16 +92,23 @@ RL_OWNED_ARGS: dict[str, str] = {
 
 
 # The same rules as CEL for the CRD (tests/operator/test_crd_cel.py holds the two equal).
+# Guarded against a zero divisor (the schema's minimum refuses it; the rule must not add a "modulus by zero" error).
 _MICRO_BATCH_RULE = (
-    "self.batchSize % self.perDeviceBatchSize == 0",
+    "self.perDeviceBatchSize <= 0 || self.batchSize % self.perDeviceBatchSize == 0",
     "batchSize must be a multiple of perDeviceBatchSize",
+    ".batchSize",
 )
-_GROUP_RULE = ("self.batchSize % self.numGenerations == 0", "batchSize must be divisible by numGenerations")
+_GROUP_RULE = (
+    "self.numGenerations <= 0 || self.batchSize % self.numGenerations == 0",
+    "batchSize must be divisible by numGenerations",
+    ".batchSize",
+)
 # vLLM refuses a request whose prompt + max_tokens exceed --max-model-len (the rows would fail mid-run).
 _MODEL_LEN_RULE = (
     "!has(self.generation) || self.generation.mode == 'inprocess' || !has(self.generation.maxModelLen) || "
     "self.maxPromptLength + self.maxCompletionLength <= self.generation.maxModelLen",
     "maxPromptLength + maxCompletionLength must not exceed generation.maxModelLen",
+    ".generation.maxModelLen",
 )
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from rlt.spec.base import (
+from rlt.contract.api import (
     Strict,
 )
 from rlt.spec.resources import (

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from rlt.run.layout import RunLayout
-from rlt.run.metrics import TrainerMetrics
+from rlt.contract.env import LOCAL_RANK, RANK, WORLD_SIZE
+from rlt.contract.layout import RunLayout
+from rlt.contract.metrics import TrainerMetrics
 from rlt.spec.run import RLTRun
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class StageContext:
 
     @property
     def is_main(self) -> bool:
-        return int(os.environ.get("RANK", "0")) == 0
+        return int(os.environ.get(RANK.name, "0")) == 0
 
     def world_size(self) -> int:
         return world_size()
@@ -39,7 +40,7 @@ class StageContext:
     def compute_device(self) -> str:
         """Where this process computes: `device` (default: cuda when available), under a launcher the rank's own GPU.
         Resolved once, on first use, before any model of the stage is loaded."""
-        from rlt.run.models import pick_device
+        from rlt.data.models import pick_device
 
         return rank_device(self.device or pick_device())
 
@@ -53,18 +54,18 @@ class StageContext:
 
 def world_size() -> int:
     """Processes in the job (the launcher's WORLD_SIZE; 1 without a launcher): the one place it is read."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get(WORLD_SIZE.name, "1"))
 
 
 def rank_device(device: str) -> str:
     """This process's device. Under a launcher each rank owns GPU LOCAL_RANK, made current before any model is
     loaded (a bare "cuda" would put every rank's models on GPU 0)."""
-    from rlt.run.models import is_cuda
+    from rlt.data.models import is_cuda
 
-    if is_cuda(device) and "LOCAL_RANK" in os.environ:
+    if is_cuda(device) and LOCAL_RANK.name in os.environ:
         import torch
 
-        local = int(os.environ["LOCAL_RANK"])
+        local = int(os.environ[LOCAL_RANK.name])
         torch.cuda.set_device(local)
         return f"cuda:{local}"
     return device

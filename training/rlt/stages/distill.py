@@ -10,17 +10,20 @@ from __future__ import annotations
 import os
 import time
 
+from rlt.contract import metrics as catalogue
+from rlt.contract.env import RANK
 from rlt.data.dataset import load_data
 from rlt.data.jsonl import write_jsonl
+from rlt.data.models import load_model, load_tokenizer
 from rlt.method.generation import sample_with_logprobs, server_generate
-from rlt.method.reward import reward_from_spec
-from rlt.run.fingerprint import stage_fingerprint
-from rlt.run.models import load_model, load_tokenizer
+from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import Recorder, announce_world, newest_teacher, say_line
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
+from rlt.stages.record import Recorder, announce_world, say_line
+from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.sft import teacher_prompt_ids
+from rlt.stages.start_models import newest_teacher
 
 
 def trained_teacher(ctx: StageContext) -> ModelRef:
@@ -37,7 +40,7 @@ def run_distill(ctx: StageContext) -> str:
     all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
     # Each rank explains its own share of the rows no rank has written yet (a restart resumes by row index) and
     # appends them to its file; rank 0 merges the files in dataset order. No process group: nothing to time out.
-    rank, world = int(os.environ.get("RANK", "0")), world_size()
+    rank, world = int(os.environ.get(RANK.name, "0")), world_size()
     announce_world("distill")
     folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(spec, "distill"))
     mine = rank_file(folder, rank)
@@ -130,7 +133,7 @@ def run_distill(ctx: StageContext) -> str:
             },
         )
         if ctx.metrics:
-            ctx.metrics.inc("rlt_distill_rows_total", len(chunk))
+            ctx.metrics.inc(catalogue.DISTILL_ROWS, len(chunk))
         bar.update(len(chunk))
     bar.close()
     path = ctx.layout.distill_dataset

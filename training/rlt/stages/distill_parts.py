@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt.data.jsonl import dumps_line
-from rlt.stages.common import say_line
+from rlt.stages.record import say_line
 
 
 def parts_dir(stage_dir: Path, fingerprint: str) -> Path:

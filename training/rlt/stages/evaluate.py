@@ -19,12 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.data import answers, tasks
-from rlt.data.benchmarks import find_benchmark, load_benchmark
-from rlt.data.dataset import DataError, load_data
-from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
-from rlt.method.prompts import Formatter
-from rlt.run.layout import (
+from rlt.contract import metrics as catalogue
+from rlt.contract.layout import (
     ACCURACY_PLOT,
     PER_QUESTION_FILE,
     REPORT_JSON,
@@ -32,9 +28,15 @@ from rlt.run.layout import (
     atomic_write_json,
     atomic_write_text,
 )
+from rlt.data import answers, tasks
+from rlt.data.benchmarks import find_benchmark, load_benchmark
+from rlt.data.dataset import DataError, load_data
+from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
+from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import Recorder, gather_shares, shard_rows
 from rlt.stages.context import StageContext
+from rlt.stages.ranks import gather_shares, shard_rows
+from rlt.stages.record import Recorder
 
 
 @dataclass
@@ -350,9 +352,9 @@ class EvalProgress:
             },
         )
         if self.ctx.metrics:
-            self.ctx.metrics.set("rlt_eval_accuracy", acc, model=self.label)
-            self.ctx.metrics.inc("rlt_eval_questions_total", len(batch), model=self.label)
-            self.ctx.metrics.inc("rlt_eval_answers_total", sum(len(q.answers) for q in batch), model=self.label)
+            self.ctx.metrics.set(catalogue.EVAL_ACCURACY, acc, model=self.label)
+            self.ctx.metrics.inc(catalogue.EVAL_QUESTIONS, len(batch), model=self.label)
+            self.ctx.metrics.inc(catalogue.EVAL_ANSWERS, sum(len(q.answers) for q in batch), model=self.label)
         self.bar.update(len(batch))
         self.bar.set_postfix({"acc": f"{acc:.3f}"}, refresh=True)
 
@@ -365,7 +367,7 @@ class EvalProgress:
 def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]], st, on_batch) -> None:
     """Generation: `st.samples` answers to every row in the student format, by `ref` in-process or by the vLLM
     server of stages.evaluate.generation; `on_batch(start, answers, tokens)` after each batch."""
-    from rlt.run.models import load_model, load_tokenizer
+    from rlt.data.models import load_model, load_tokenizer
 
     server = st.generation.server_url if st.generation.mode == "server" else None
     if st.generation.mode == "server" and not server:
@@ -410,7 +412,7 @@ def evaluate_model(
     report = build_report(label, ref.model, evalset, st, merged, seconds, progress.tokens)
     write_report(out_dir, report, merged)
     if ctx.metrics:
-        ctx.metrics.set("rlt_eval_accuracy", report.accuracy, model=label)
+        ctx.metrics.set(catalogue.EVAL_ACCURACY, report.accuracy, model=label)
     return report
 
 

@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import RANK, STOP_MARKER
+
 log = logging.getLogger(__name__)
 
 # The file `rlt launch` asks the ranks to write once the gang has saved and stopped (it then exits STOPPED).
-STOP_MARKER_ENV = "RLT_STOP_MARKER"
+STOP_MARKER_ENV = STOP_MARKER.name
 
 
 class Stopped(Exception):
@@ -56,7 +58,7 @@ class StopRequest:
             self.asked_at = time.monotonic()
             # one write, no logging machinery: this runs between two bytecodes of whatever the rank was doing
             os.write(
-                2, f"rlt: SIGTERM on rank {os.environ.get('RANK', '0')}: finishing the step, then saving\n".encode()
+                2, f"rlt: SIGTERM on rank {os.environ.get(RANK.name, '0')}: finishing the step, then saving\n".encode()
             )
 
     def gang_agrees(self) -> bool:

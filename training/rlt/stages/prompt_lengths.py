@@ -21,7 +21,7 @@ def load_local_tokenizer(spec: RLTRunSpec) -> tuple[Any | None, str]:
     """The teacher's tokenizer if this machine has it (no download); else None and why not."""
     from transformers import AutoTokenizer
 
-    from rlt.run.models import resolve_model_path
+    from rlt.data.models import resolve_model_path
 
     try:
         path = resolve_model_path(spec.teacher)

@@ -12,14 +12,17 @@ import logging
 import os
 from typing import Any
 
+from rlt.contract.env import RANK
 from rlt.data.dataset import DataError, load_data
+from rlt.data.models import is_cuda, load_model, load_tokenizer
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
-from rlt.method.reward import reward_from_spec
-from rlt.run.models import is_cuda, load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
-from rlt.stages.common import PhaseTimer, TrainerRun, newest_teacher, trace_line, trainer_options
 from rlt.stages.context import StageContext
+from rlt.stages.record import PhaseTimer, trace_line
+from rlt.stages.rl_reward import reward_from_spec
+from rlt.stages.start_models import newest_teacher
+from rlt.stages.trainer import TrainerRun, trainer_options
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
         # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
         drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
         trace_line(
-            f"rlt-shard stage=rl rank={os.environ.get('RANK', '0')} step={trainer.state.global_step} "
+            f"rlt-shard stage=rl rank={os.environ.get(RANK.name, '0')} step={trainer.state.global_step} "
             f"prompts={','.join(drawn)}"
         )
         prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]  # = sft.teacher_prompt_ids

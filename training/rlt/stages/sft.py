@@ -6,12 +6,12 @@ import logging
 from typing import Any
 
 from rlt.data.dataset import DataError, load_data
+from rlt.data.models import load_tokenizer
 from rlt.method.prompts import Formatter
-from rlt.run.models import load_tokenizer
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import stage_settings
-from rlt.stages.common import TrainerRun, trainer_options
 from rlt.stages.context import StageContext
+from rlt.stages.trainer import TrainerRun, trainer_options
 
 log = logging.getLogger(__name__)
 

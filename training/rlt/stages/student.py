@@ -13,11 +13,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from rlt.contract.layout import atomic_write_json
 from rlt.data.dataset import DataError
 from rlt.data.jsonl import read_jsonl
+from rlt.data.models import load_tokenizer
 from rlt.method.prompts import Formatter
-from rlt.run.layout import atomic_write_json
-from rlt.run.models import load_tokenizer
 from rlt.spec.inputs import ModelRef
 from rlt.stages.context import StageContext
 from rlt.stages.sft import train_sft

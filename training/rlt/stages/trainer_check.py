@@ -1,5 +1,5 @@
 """trainerArgs against the installed TRL: the option table the spec checks them with (rlt/spec/trl_options.json,
-generated here from TRL's own SFTConfig/GRPOConfig dataclass fields and their types), and `rlt validate`'s last
+rendered here, written by `python hack/generate.py trl-options`, from TRL's own SFTConfig/GRPOConfig dataclass fields and their types), and `rlt validate`'s last
 check, building the stage's real config (the same function the stage calls) so TRL's and transformers' own
 validation runs on the values before any pod starts."""
 
@@ -14,9 +14,9 @@ import typing
 import warnings
 from typing import Any
 
+from rlt.contract.stage_registry import STAGE_ORDER, TRAINER_STAGES, stage_info
 from rlt.spec.run import stage_settings
-from rlt.spec.stage_registry import STAGE_ORDER, TRAINER_STAGES, stage_info
-from rlt.spec.trainer_args import OPTIONS_FILE, Kind
+from rlt.spec.trainer_args import Kind
 
 
 def config_class(stage: str):
@@ -71,14 +71,10 @@ def render() -> str:
     return json.dumps(option_table(), indent=1, sort_keys=True) + "\n"
 
 
-def write() -> None:
-    OPTIONS_FILE.write_text(render())
-
-
 def check_trainer_args(run) -> list[str]:
-    """Problems of every enabled trained stage's trainerArgs: first the table's (rlt.spec.validation reports those
+    """Problems of every enabled trained stage's trainerArgs: first the table's (rlt.checks.validation reports those
     too), then, when those pass, what building the real config refuses."""
-    from rlt.spec.validation import trainer_args_problems
+    from rlt.checks.validation import trainer_args_problems
 
     problems = trainer_args_problems(run.spec)
     if problems:
@@ -95,7 +91,7 @@ def check_trainer_args(run) -> list[str]:
 
 def _build_error(run, stage: str) -> str | None:
     """Build the stage's config as the stage would (CPU, one process, a scratch folder); the error, if any."""
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.stages.context import StageContext
 
     spec = run.spec.model_copy(deep=True)
@@ -120,7 +116,3 @@ def _build_error(run, stage: str) -> str | None:
         except (ValueError, TypeError) as exc:
             return str(exc).splitlines()[0]
     return None
-
-
-if __name__ == "__main__":
-    write()

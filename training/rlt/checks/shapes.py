@@ -147,7 +147,7 @@ def _read(model: str, revision: str | None, build: bool) -> tuple[ModelShape | N
 
     from transformers import AutoConfig
 
-    from rlt.run.models import builtin_model_dir, resolve_model_path
+    from rlt.data.models import builtin_model_dir, resolve_model_path
 
     if model.startswith("builtin:") and not build and not builtin_model_dir(model).is_dir():
         return None, f"{model}: not built yet (`rlt plan` builds it; the first run does too)"
@@ -168,7 +168,7 @@ def _read(model: str, revision: str | None, build: bool) -> tuple[ModelShape | N
     if model in KNOWN_CONFIGS:
         fields = dict(KNOWN_CONFIGS[model])
         config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-        return _shape_of(config, f"{model} (rlt.spec.shapes.KNOWN_CONFIGS, from its published config.json)"), ""
+        return _shape_of(config, f"{model} (rlt.checks.shapes.KNOWN_CONFIGS, from its published config.json)"), ""
     return None, (
         f"{model}: its config is not in the Hugging Face cache and not a known shape; fetch it once "
         f"(huggingface-cli download {model} config.json) to plan its memory"

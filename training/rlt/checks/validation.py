@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from rlt.contract.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.k8s import RunName
 from rlt.spec.loading import SpecError, parse_spec, read_runs, resolve_local_paths
 from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
-from rlt.spec.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
 
 
@@ -86,7 +86,7 @@ def source_problems(spec: RLTRunSpec) -> list[str]:
     """Models and datasets named in a form something can load: a hub id, a local path or a known built-in; a web
     address or another URL scheme is refused here, not by the loader hours later."""
     from rlt.data.tasks import TASKS
-    from rlt.run.models import BUILTIN_MODELS
+    from rlt.data.models import BUILTIN_MODELS
 
     out = []
     for where, ref in _model_refs(spec):
@@ -113,11 +113,11 @@ def source_problems(spec: RLTRunSpec) -> list[str]:
 
 
 def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
-    """What the models' own configs say, where this machine can read them (rlt.spec.shapes: never downloads):
+    """What the models' own configs say, where this machine can read them (rlt.checks.shapes: never downloads):
     vLLM's tensor parallelism must divide the teacher's attention heads, LoRA targets must be modules of the model.
     (problems, notes: what could not be checked and why)."""
     from rlt.spec.run import needs_generators
-    from rlt.spec.shapes import read_shape
+    from rlt.checks.shapes import read_shape
 
     problems: list[str] = []
     notes: list[str] = []
@@ -269,14 +269,14 @@ def check_datasets(run) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rlt.spec.validation FILE...`: the trainer pods' preflight (an init container, before any launcher).
+    """`python -m rlt.checks.validation FILE...`: the trainer pods' preflight (an init container, before any launcher).
 
     Exits ExitCode.CONFIG_ERROR for an invalid spec and ExitCode.DATA_ERROR for unusable data (the data check
     of `rlt validate`, where the pod can read the data); the Job's podFailurePolicy then fails the run at once.
     It runs before `accelerate launch`, whose launcher would turn a rank's exit code into 1."""
     import sys
 
-    from rlt.run.exitcodes import ExitCode
+    from rlt.contract.exitcodes import ExitCode
 
     paths = sys.argv[1:] if argv is None else argv
     status = ExitCode.OK

@@ -1,20 +1,20 @@
-"""`python -m rlt.run.preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init
+"""`python -m rlt.checks.preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init
 container `validate`.
 
 Before any launcher (whose exit code would be 1 whatever a rank's was) and before any GPU work it checks what only
-the pod can see: the spec and the data as `rlt validate` does (rlt.spec.validation), then the run's volume. A
+the pod can see: the spec and the data as `rlt validate` does (rlt.checks.validation), then the run's volume. A
 volume retained from an earlier RLTRun of the same name may hold a finished stage under another spec; `rlt stage`
 would refuse it inside the launcher and burn every gang restart. Here it exits CONFIG_ERROR, which the Job's
 podFailurePolicy fails at once, with a message that says what to do on a cluster.
 
-Last, the capacity plan (`rlt plan`, rlt.spec.capacity) of this pod's stage and of the run's volume: it needs
+Last, the capacity plan (`rlt plan`, rlt.checks.capacity) of this pod's stage and of the run's volume: it needs
 transformers and DeepSpeed, which the trainer image has and the operator's has not, and takes seconds of CPU, too
 slow for a reconcile loop. A misfit exits CONFIG_ERROR with one line that starts with CAPACITY_PREFIX, from which the
 operator sets the run's condition CapacityOK=False (reason CapacityExceeded); a plan that fits exits OK with the plan's
 headline (CAPACITY_FITS) and a skipped check says so (CAPACITY_NOT_CHECKED). The line is also written to
 `--message-file` (the init container's terminationMessagePath), so the operator reads it from the pod's status in
 every case (CapacityOK True, Unknown or False), not only from a failed container's log. The GPU's memory is the spec's
-(rlt.spec.capacity.spec_gpu_memory); `RLT_CAPACITY_CHECK=false` in spec.env skips the check where the plan is wrong
+(rlt.checks.capacity.spec_gpu_memory); `RLT_CAPACITY_CHECK=false` in spec.env skips the check where the plan is wrong
 for the hardware (it is an estimate: a GPU the label does not describe, a model it cannot read).
 """
 
@@ -24,10 +24,11 @@ import argparse
 import os
 import sys
 
-from rlt.run import fingerprint
-from rlt.run.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
-from rlt.run.layout import RunLayout
-from rlt.spec import validation
+from rlt.checks import validation
+from rlt.contract.env import CAPACITY_CHECK
+from rlt.contract.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
+from rlt.contract.layout import RunLayout
+from rlt.spec import fingerprint
 from rlt.spec.loading import SpecError
 
 
@@ -53,7 +54,7 @@ def stale_stage_problem(path: str, stage: str, root: str) -> str | None:
     return None
 
 
-CAPACITY_CHECK_ENV = "RLT_CAPACITY_CHECK"  # "false" (in spec.env) skips the capacity check
+CAPACITY_CHECK_ENV = CAPACITY_CHECK.name  # "false" (in spec.env) skips the capacity check
 
 
 def capacity_check(path: str, stage: str) -> tuple[bool, str]:
@@ -61,7 +62,7 @@ def capacity_check(path: str, stage: str) -> tuple[bool, str]:
     to change, else the plan's headline, or why it was not checked. The line starts with CAPACITY_PREFIX."""
     if os.environ.get(CAPACITY_CHECK_ENV, "").strip().lower() in ("false", "0", "no", "off"):
         return True, f"{CAPACITY_PREFIX}{CAPACITY_NOT_CHECKED}{CAPACITY_CHECK_ENV}=false in spec.env"
-    from rlt.spec.capacity import plan_for_run, spec_gpu_memory
+    from rlt.checks.capacity import plan_for_run, spec_gpu_memory
 
     run = validation.load_valid_run(path)
     gpu_memory, source = spec_gpu_memory(run.spec)
@@ -92,7 +93,7 @@ def write_message(path: str | None, line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlt.run.preflight", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m rlt.checks.preflight", description=__doc__)
     p.add_argument("file")
     p.add_argument("--stage", help="the stage this pod runs: check the volume for it")
     p.add_argument("--root", help="the run volume's mount (with --stage)")

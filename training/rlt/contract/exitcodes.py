@@ -27,7 +27,7 @@ class ExitCode(IntEnum):
 FAIL_FAST = (ExitCode.DATA_ERROR, ExitCode.CONFIG_ERROR)
 # Exit codes that mean "stopped on purpose, nothing lost": a disruption (podFailurePolicy Ignore, not counted).
 DISRUPTION = (ExitCode.STOPPED,)
-# The start of the preflight's CONFIG_ERROR line for a capacity plan that does not fit (rlt.run.preflight); the
+# The start of the preflight's CONFIG_ERROR line for a capacity plan that does not fit (rlt.checks.preflight); the
 # operator sets condition CapacityOK=False from it, distinct from other config errors.
 CAPACITY_PREFIX = "capacity: "
 # What follows CAPACITY_PREFIX when the preflight exits OK: the plan fits (its headline follows), or the check was

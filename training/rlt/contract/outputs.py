@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlt.run.layout import DISTILL_DATASET_FILE
-from rlt.spec.stage_registry import newest_teacher_stage
+from rlt.contract.env import HF_TOKEN
+from rlt.contract.layout import DISTILL_DATASET_FILE
+from rlt.contract.stage_registry import newest_teacher_stage
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def push_hub(local: Path, uri: str, kind: str, api: Any = None) -> str:
     if api is None:
         from huggingface_hub import HfApi
 
-        api = HfApi(token=os.environ.get("HF_TOKEN"))
+        api = HfApi(token=os.environ.get(HF_TOKEN.name))
     parts = uri.removeprefix("hf://").strip("/").split("/")
     repo_type = "dataset" if parts[0] == "datasets" else "model"
     repo_id = "/".join(parts[1:] if repo_type == "dataset" else parts)
@@ -101,7 +102,7 @@ def push_stage_outputs(ctx, stage: str, hub_api: Any = None) -> dict[str, str]:
     todo = stage_outputs(ctx.spec, stage)
     if not todo or not ctx.is_main:
         return {}
-    from rlt.run.layout import atomic_write_json
+    from rlt.contract.layout import atomic_write_json
 
     layout = ctx.layout
     record = layout.outputs_record

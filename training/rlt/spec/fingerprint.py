@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.run.layout import STAMP_FORMAT, RunLayout, atomic_write_json, format_time
+from rlt.contract.layout import STAMP_FORMAT, RunLayout, atomic_write_json, format_time
+from rlt.contract.stage_registry import STAGE_ORDER, STAGES, stages_before
 from rlt.spec.run import RLTRunSpec
-from rlt.spec.stage_registry import STAGE_ORDER, STAGES, stages_before
 
 RUN_WIDE = ("method", "teacher", "student", "dataset", "format", "seed")
 # Settings of a stage that change speed, memory or placement but not what the stage produces.
@@ -36,7 +36,7 @@ NOT_AFFECTING = {
 }
 # Without a Trainer, batchSize is how many rows are generated together: speed, not output.
 NOT_AFFECTING_BY_STAGE = {s.name: {"batchSize"} for s in STAGES if not s.trainer}
-# Changes a finished stage can absorb by training on (rlt.spec.stage_registry says which and why).
+# Changes a finished stage can absorb by training on (rlt.contract.stage_registry says which and why).
 EXTENDABLE = {s.name: f"stages.{s.name}.{s.extendable}" for s in STAGES if s.extendable}
 # Fields added after stages recorded their fingerprints, at the value that reproduces what those stages did: left out
 # of the fields at that value, so a stage finished before the field existed is still current.

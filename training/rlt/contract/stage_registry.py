@@ -1,7 +1,7 @@
 """The stages of a run in one table: their order, what each produces and how it runs.
 
 The spec (stage order, which stages a method has), the run layout (each stage's folder), the stage dispatch
-(`rlt.stages.stage_function`), the re-run plan (`rlt.run.fingerprint`), the validators and the operator's builders all
+(`rlt.stages.stage_function`), the re-run plan (`rlt.spec.fingerprint`), the validators and the operator's builders all
 read this table instead of naming stages themselves. It imports nothing from the rest of rlt (the spec imports it);
 the accessors that read a stage's settings from a spec live beside the spec, in rlt.spec.run.
 """
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-# The function running a stage, per teaching method: rlt's live in rlt.stages.<stage>, rcl's in rlt.rcl.stages.
-STAGE_FUNCTIONS = {"rlt": "rlt.stages.{stage}:run_{stage}", "rcl": "rlt.rcl.stages:run_rcl_{stage}"}
+# The function running a stage, per teaching method: rlt's live in rlt.stages.<stage>, rcl's in rlt.stages.rcl.
+STAGE_FUNCTIONS = {"rlt": "rlt.stages.{stage}:run_{stage}", "rcl": "rlt.stages.rcl:run_rcl_{stage}"}
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.spec.stage_registry import stage_info
+from rlt.contract.stage_registry import stage_info
 
 PVC_MOUNT = "/data"
 CONFIG_FILE = "run.yaml"  # the key of the run's ConfigMap (the current spec, for people and tools)
-# The trainer pods' run.yaml, as the value of this variable of the Job's pod template: every pod of a gang reads the
-# spec the gang was created with, whenever it starts (`rlt stage --config env:RLT_RUN_YAML`).
-CONFIG_ENV = "RLT_RUN_YAML"
 
 # The Trainer names its saves checkpoint-<global step> (transformers' PREFIX_CHECKPOINT_DIR); rank 0 writes
 # CHECKPOINT_COMPLETE into one once every rank has finished saving it: a checkpoint without it is partial.
@@ -113,7 +110,7 @@ class RunLayout:
         return self.stage_dir(stage) / "DONE"
 
     def stage_fingerprint(self, stage: str) -> Path:
-        """The spec fields a finished stage's output depends on (rlt.run.fingerprint)."""
+        """The spec fields a finished stage's output depends on (rlt.spec.fingerprint)."""
         return self.stage_dir(stage) / "spec-fingerprint.json"
 
     def model_dir(self, stage: str) -> Path:

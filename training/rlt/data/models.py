@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import CACHE
 from rlt.spec.inputs import ModelRef
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ CHATML_TEMPLATE = (
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("RLT_CACHE", Path.home() / ".cache" / "rlt"))
+    return Path(os.environ.get(CACHE.name, Path.home() / ".cache" / "rlt"))
 
 
 def _build_atomically(target: Path, build) -> Path:
@@ -197,3 +198,27 @@ def load_model(ref: ModelRef, device: str | None = None, trainable: bool = False
     if not trainable:
         model.eval().requires_grad_(False)
     return model
+
+
+def name_the_accelerator() -> None:
+    """Before anything imports DeepSpeed: on a machine without CUDA, say `cpu` rather than let DeepSpeed detect it
+    and warn "Setting accelerator to CPU" (into the progress bars)."""
+    import torch
+
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def quiet_libraries() -> None:
+    """Our progress bars tell the story; silence per-file loading bars and known deprecation noise."""
+    import warnings
+
+    name_the_accelerator()
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+    warnings.filterwarnings("ignore", message=".*rollout_func.*")

@@ -2,7 +2,7 @@
 
 The TRL trainers log their own figures (loss, learning rate, grad norm, ...) through transformers' `report_to`
 integrations. The rlt_* figures of every stage (reward parts, phase times, distill and eval numbers) are logged by
-`Tracker`, through the same libraries, under their Prometheus metric names (`rlt.run.metrics.STEP_KEYS`): in a Trainer
+`Tracker`, through the same libraries, under their Prometheus metric names (`rlt.contract.metrics.STEP_KEYS`): in a Trainer
 stage they land in the run the integration opened, elsewhere the Tracker opens one per stage.
 
 Only non-secret settings are set here (project, mode, file-store paths); API keys and tokens reach the pods as
@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlt.run.layout import RunLayout
+    from rlt.contract.layout import RunLayout
     from rlt.spec.run import RLTRun
     from rlt.stages.context import StageContext
 

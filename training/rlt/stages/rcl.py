@@ -15,19 +15,20 @@ import re
 import time
 from pathlib import Path
 
+from rlt.contract.layout import REPORT_MD, RunLayout
 from rlt.data.dataset import DataError, load_data
+from rlt.data.models import load_model, load_tokenizer
 from rlt.method.prompts import resolve_format
 from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.rcl.summary import step_values
-from rlt.run.layout import REPORT_MD, RunLayout
-from rlt.run.models import load_model, load_tokenizer
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRun
-from rlt.stages.common import PhaseTimer, Recorder, newest_teacher
 from rlt.stages.context import StageContext
+from rlt.stages.record import PhaseTimer, Recorder
 from rlt.stages.rl import sample_policy, teacher_start, train_grpo
 from rlt.stages.sft import train_sft
+from rlt.stages.start_models import newest_teacher
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ def run_teaching_eval(
     device: str | None = None,
 ) -> Path:
     """`rlt eval`: the teaching evaluation of one teacher into <output>/<run>/eval/<label>/; returns report.md."""
-    from rlt.run.runner import quiet_libraries
+    from rlt.data.models import quiet_libraries
 
     quiet_libraries()
     ctx = StageContext(run, RunLayout.for_run(output, run.name), None, device, show_progress=False)

@@ -1,8 +1,11 @@
-"""docs/spec.md's field table, generated from the spec model (so the reference cannot drift from the code)."""
+"""The generated tables of docs/: spec.md's field table from the spec model, metrics.md's from the metric catalogue,
+operator.md's pod environment from its table, gpu-cluster.md's sizing from the capacity plan (so the reference cannot
+drift from the code). `python hack/generate.py docs` writes them; tests compare them."""
 
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -61,15 +64,20 @@ def replace_between(text: str, begin: str, end: str, body: str) -> str:
     return text[: text.index(begin) + len(begin)] + "\n" + body + "\n" + text[text.index(end) :]
 
 
-def regenerate(docs_dir: str = "docs") -> None:
-    """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md and docs/gpu-cluster.md."""
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def regenerate(docs_dir: str | Path = DOCS) -> None:
+    """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md, docs/operator.md and
+    docs/gpu-cluster.md."""
     from pathlib import Path
 
-    from rlt.run.metrics import markdown_table
+    from rlt.contract import env, metrics
 
     for name, marker, body in (
         ("spec.md", "SPEC", spec_table()),
-        ("metrics.md", "METRICS", markdown_table()),
+        ("metrics.md", "METRICS", metrics.markdown_table()),
+        ("operator.md", "POD ENV", env.markdown_table()),
         ("gpu-cluster.md", "SIZING", sizing_table(Path(docs_dir).resolve().parent / "manifests" / "examples")),
     ):
         path = Path(docs_dir) / name
@@ -88,11 +96,11 @@ SIZED_EXAMPLES = ("rltrun-paper-7b.yaml", "rltrun-multinode.yaml", "rltrun-small
 
 def sizing_table(examples_dir) -> str:
     """docs/gpu-cluster.md's sizing section: `rlt plan` of each GPU example on 80Gi GPUs, one row per stage and
-    resource (the numbers come from rlt.spec.capacity, never from hand)."""
+    resource (the numbers come from rlt.checks.capacity, never from hand)."""
     from pathlib import Path
 
-    from rlt.spec.capacity import gib, plan_for_run
-    from rlt.spec.validation import load_valid_run
+    from rlt.checks.capacity import gib, plan_for_run
+    from rlt.checks.validation import load_valid_run
 
     rows = ["| example | stage | resource | planned | has |", "|---|---|---|---|---|"]
     for name in SIZED_EXAMPLES:

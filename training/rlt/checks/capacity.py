@@ -3,7 +3,7 @@ needs on its GPU, what a trainer pod needs in host memory, what a generator's KV
 volume holds at its fullest, each compared with what the spec gives it. Pure: spec + model shapes in, a Plan out.
 
 Where a library estimates a term, its estimator is used: DeepSpeed's ZeRO-2/ZeRO-3 model-state estimators (GPU and
-host memory), the model's own config for parameter counts (rlt.spec.shapes) and KV sizes. The rest is arithmetic
+host memory), the model's own config for parameter counts (rlt.checks.shapes) and KV sizes. The rest is arithmetic
 written out below with its assumptions; the CPU benchmark (benchmarks/capacity.py) measures it against real runs."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from rlt.checks.shapes import ModelShape
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
 from rlt.spec.run import RLTRunSpec, stage_settings
-from rlt.spec.shapes import ModelShape
 
 GiB = 2**30
 DEFAULT_GPU_MEMORY = 80 * GiB  # an 80 GB A100/H100 (`rlt plan --gpu-memory`)
@@ -111,7 +111,7 @@ def gib(n: int | float) -> str:
 
 
 def dtype_bytes(ref: ModelRef, gpu: bool = True) -> int:
-    """Bytes per weight: the ref's dtype; auto = bf16 on a GPU, fp32 on CPU (rlt.run.models.torch_dtype)."""
+    """Bytes per weight: the ref's dtype; auto = bf16 on a GPU, fp32 on CPU (rlt.data.models.torch_dtype)."""
     if ref.dtype == "auto":
         return 2 if gpu else 4
     return {"bfloat16": 2, "float16": 2, "float32": 4}.get(ref.dtype, 2)
@@ -176,7 +176,7 @@ def trl_constant(module: str, name: str) -> int:
     for node in ast.parse(Path(found.origin).read_text()).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return int(ast.literal_eval(node.value))
-    raise LookupError(f"{module}.{name} is gone from the installed TRL: rlt.spec.capacity needs its loss tile size")
+    raise LookupError(f"{module}.{name} is gone from the installed TRL: rlt.checks.capacity needs its loss tile size")
 
 
 def lm_head_loss_bytes(shape: ModelShape, tokens: int, b: int, gpu: bool, head_trainable: bool) -> int:
@@ -598,8 +598,8 @@ def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory
 
 
 def plan_for_run(spec: RLTRunSpec, gpu_memory: int = DEFAULT_GPU_MEMORY, build: bool = True) -> Plan:
-    """Read the models' shapes (rlt.spec.shapes: never downloads) and plan; what could not be read is a note."""
-    from rlt.spec.shapes import read_shape
+    """Read the models' shapes (rlt.checks.shapes: never downloads) and plan; what could not be read is a note."""
+    from rlt.checks.shapes import read_shape
 
     teacher, why_t = read_shape(spec.teacher, build)
     student, why_s = read_shape(spec.student, build)

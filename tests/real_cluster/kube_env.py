@@ -1,0 +1,279 @@
+"""A real Kubernetes control plane for tests, envtest-style: etcd, kube-apiserver and (when present)
+kube-controller-manager from the folder $KUBEBUILDER_ASSETS (controller-runtime's convention), on free local ports,
+with certificates made here. No kubelet and no scheduler: pods are created by the real Job and StatefulSet
+controllers and stay Pending, unscheduled.
+
+The API server runs with RBAC, the default admission plugins (ServiceAccount, ResourceQuota, Priority, LimitRanger,
+OwnerReferencesPermissionEnforcement...) and service-account tokens, so a client with a `kubectl create token`
+token is held to its ServiceAccount's Roles exactly as in a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+
+ASSETS_VAR = "KUBEBUILDER_ASSETS"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _cert(
+    subject: x509.Name,
+    key: rsa.RSAPrivateKey,
+    issuer: x509.Name,
+    issuer_key: rsa.RSAPrivateKey,
+    *,
+    ca: bool = False,
+    server: bool = False,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if server:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    x509.DNSName("kubernetes.default.svc"),
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+                ]
+            ),
+            critical=False,
+        )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _name(cn: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver (+ kube-controller-manager) in `workdir`; `kubeconfig` is cluster-admin's."""
+
+    assets: Path
+    workdir: Path
+    port: int = 0
+    kubeconfig: Path = field(init=False)
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca(self) -> Path:
+        return self.workdir / "ca.crt"
+
+    def _write(self, name: str, data: bytes) -> Path:
+        path = self.workdir / name
+        path.write_bytes(data)
+        return path
+
+    def _certificates(self) -> None:
+        ca_key = _key()
+        ca_name = _name("rlt-test-ca")
+        ca = _cert(ca_name, ca_key, ca_name, ca_key, ca=True)
+        self._write("ca.crt", ca.public_bytes(serialization.Encoding.PEM))
+        for stem, subject, server in (
+            ("apiserver", _name("kube-apiserver"), True),
+            ("admin", _name("admin", "system:masters"), False),
+            ("controller-manager", _name("system:kube-controller-manager"), False),
+        ):
+            key = _key()
+            self._write(f"{stem}.key", _pem_key(key))
+            cert = _cert(subject, key, ca_name, ca_key, server=server)
+            self._write(f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM))
+        sa = _key()
+        self._write("sa.key", _pem_key(sa))
+        self._write(
+            "sa.pub",
+            sa.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
+        )
+
+    def write_kubeconfig(self, path: Path, user: dict) -> Path:
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "real", "cluster": {"server": self.url, "certificate-authority": str(self.ca)}}
+                    ],
+                    "users": [{"name": "user", "user": user}],
+                    "contexts": [{"name": "real", "context": {"cluster": "real", "user": "user"}}],
+                    "current-context": "real",
+                }
+            )
+        )
+        return path
+
+    def _start(self, name: str, argv: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - kept open for the process's lifetime
+        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)))
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def start(self, timeout: float = 120.0) -> ControlPlane:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._certificates()
+        etcd_port, peer_port, self.port = free_port(), free_port(), free_port()
+        etcd = shutil.which("etcd", path=str(self.assets)) or shutil.which("etcd")
+        if etcd is None:
+            raise RuntimeError(f"no etcd in {self.assets} nor on PATH")
+        self._start(
+            "etcd",
+            [
+                etcd,
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+            ],
+        )
+        w = self.workdir
+        self._start(
+            "kube-apiserver",
+            [
+                str(self.assets / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.port}",
+                f"--cert-dir={w / 'certs'}",
+                f"--tls-cert-file={w / 'apiserver.crt'}",
+                f"--tls-private-key-file={w / 'apiserver.key'}",
+                f"--client-ca-file={self.ca}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={w / 'sa.pub'}",
+                f"--service-account-signing-key-file={w / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+            ],
+        )
+        self.kubeconfig = self.write_kubeconfig(
+            w / "admin.kubeconfig",
+            {"client-certificate": str(w / "admin.crt"), "client-key": str(w / "admin.key")},
+        )
+        self._wait_ready(timeout)
+        kcm = self.assets / "kube-controller-manager"
+        if kcm.exists():
+            kcm_config = self.write_kubeconfig(
+                w / "controller-manager.kubeconfig",
+                {
+                    "client-certificate": str(w / "controller-manager.crt"),
+                    "client-key": str(w / "controller-manager.key"),
+                },
+            )
+            self._start(
+                "kube-controller-manager",
+                [
+                    str(kcm),
+                    f"--kubeconfig={kcm_config}",
+                    f"--authentication-kubeconfig={kcm_config}",
+                    f"--authorization-kubeconfig={kcm_config}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={free_port()}",
+                    f"--cert-dir={w / 'kcm-certs'}",
+                    f"--root-ca-file={self.ca}",
+                    f"--service-account-private-key-file={w / 'sa.key'}",
+                    "--use-service-account-credentials=true",
+                    "--controllers=*",
+                ],
+            )
+        return self
+
+    @property
+    def has_controllers(self) -> bool:
+        return any(name == "kube-controller-manager" for name, _ in self.procs)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for name, proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+            r = self.kubectl("get", "--raw", "/readyz", check=False)
+            if r.returncode == 0 and r.stdout.strip() == "ok":
+                # the default namespace and the built-in RBAC roles exist once the bootstrap hooks ran
+                if self.kubectl("get", "namespace", "default", check=False).returncode == 0:
+                    return
+            last = r.stderr or r.stdout
+            time.sleep(0.5)
+        raise RuntimeError(f"kube-apiserver not ready in {timeout:.0f}s: {last}\n{self.log_tail('kube-apiserver')}")
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None, kubeconfig: Path | None = None):
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig)}
+        r = subprocess.run(["kubectl", *args], capture_output=True, text=True, input=stdin, env=env, timeout=120)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: rc {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def stop(self) -> None:
+        for _name, proc in reversed(self.procs):
+            proc.terminate()
+        for _name, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=5)  # nothing to keep: no graceful drain
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()

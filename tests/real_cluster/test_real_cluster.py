@@ -1,0 +1,353 @@
+"""The CRD, the chart, the examples and the operator against a real kube-apiserver (+ etcd, + kube-controller-manager
+when $KUBEBUILDER_ASSETS has one): what kmock cannot show (CEL cost limits, structural pruning, RBAC, admission,
+the Job controller's FailedCreate, garbage collection). `make test-real-cluster`; skipped without the variable.
+
+The tests share one control plane and run in file order: the dry-run install on a fresh cluster comes first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import skip_without_assets
+from suite_helpers import EXAMPLES
+
+from rlt_operator.status_model import RLTRunStatus
+
+skip_without_assets()
+
+pytestmark = [pytest.mark.real_cluster, pytest.mark.xdist_group("real_cluster"), pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rlt-operator"
+RELEASE, SYSTEM_NS = "rlt-operator", "rlt-system"
+IMAGE = "registry.example.com/rlt/rlt-operator"  # never pulled: no kubelet here
+RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())"]
+
+
+def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    r = subprocess.run(["helm", *args], capture_output=True, text=True, env=env, timeout=300)
+    if check and r.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)}: rc {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def get(cluster, *args: str, kubeconfig: Path | None = None) -> dict | None:
+    r = cluster.kubectl("get", *args, "-o", "json", check=False, kubeconfig=kubeconfig)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def wait_for(probe, what: str, timeout: float = 60.0, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def tiny(name: str, namespace: str, **spec_overrides) -> dict:
+    doc = yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    for dotted, value in spec_overrides.items():
+        node = doc["spec"]
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return doc
+
+
+def apply(cluster, doc: dict, *flags: str, check: bool = True) -> subprocess.CompletedProcess:
+    return cluster.kubectl("apply", "--server-side", *flags, "-f", "-", stdin=yaml.safe_dump(doc), check=check)
+
+
+def condition(status: dict, type_: str) -> dict:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
+
+
+# ------------------------------------------------------------------------------------------------ install
+
+
+def test_helm_install_dry_run_server_on_a_fresh_cluster(cluster):
+    """docs/install.md suggests it first: Kopf's peering object must not make it fail before its CRD exists."""
+    version = cluster.kubectl("version", "-o", "json").stdout
+    print("server:", json.loads(version)["serverVersion"]["gitVersion"])
+    assert get(cluster, "crd", "rltruns.rlt.dev") is None, "not a fresh cluster"
+    r = helm(
+        cluster, "install", RELEASE, str(CHART), "-n", SYSTEM_NS, "--create-namespace", "--dry-run=server",
+        "--set", f"image.repository={IMAGE}", check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_chart_installs_with_its_crd(cluster):
+    helm(
+        cluster,
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NS,
+        "--create-namespace",
+        "--set",
+        f"image.repository={IMAGE}",
+    )
+    crd = get(cluster, "crd", "rltruns.rlt.dev")
+    assert crd is not None, "helm installed no RLTRun CRD (the API server refused it?)"
+    assert condition(crd["status"], "Established").get("status") == "True", crd["status"]
+    assert get(cluster, "clusterkopfpeering", RELEASE) is not None, "the peering object after a real install"
+    # The plain manifests for users without Helm are accepted server-side too (dry run: the release owns them).
+    r = cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f",
+        str(ROOT / "manifests" / "install" / "rlt-operator.yaml"), check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    # docs/install.md: client-side apply works too (the CRD fits the last-applied annotation).
+    r = cluster.kubectl("apply", "--dry-run=server", "-f", str(ROOT / "manifests" / "crd"), check=False)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_accepted_by_the_server(cluster, path):
+    for doc in yaml.safe_load_all(path.read_text()):
+        ns = (doc.get("metadata") or {}).get("namespace")
+        if ns:
+            cluster.kubectl("create", "namespace", ns, check=False)
+    r = cluster.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-f", str(path), check=False)
+    assert r.returncode == 0, r.stderr
+    assert "unknown field" not in r.stderr and "Warning" not in r.stderr, r.stderr
+
+
+INVALID = [
+    # (case, spec overrides or a name, what the server's refusal must say, what it must not)
+    ("limit below request", {"resources.trainer.memory": "64Gi", "resources.trainer.memoryLimit": "32Gi"},
+     "spec.resources.trainer.memoryLimit: Invalid value", "memoryLimit must be at least the memory request"),
+    ("limit below the default request", {"resources.generator.gpus": 1, "resources.generator.cpuLimit": "3"},
+     "spec.resources.generator.cpuLimit", "cpuLimit must be at least the CPU request"),
+    ("numGenerations 0", {"stages.rl.numGenerations": 0}, "spec.stages.rl.numGenerations", "should be greater than"),
+    ("batch not a multiple", {"stages.rl.batchSize": 10, "stages.rl.numGenerations": 4},
+     "spec.stages.rl.batchSize", "batchSize must be divisible by numGenerations"),
+    ("size with a space", {"storage.size": "1 TB"}, "spec.storage.size", "should match"),
+    ("storage of zero", {"storage.size": "0"}, "spec.storage.size", "size must be above 0"),
+    ("tp x dp over gpus", {"resources.generator.gpus": 2, "resources.generator.tensorParallelSize": 2,
+                           "resources.generator.dataParallelSize": 2},
+     "spec.resources.generator.dataParallelSize", "must not exceed gpus"),
+    ("colocate without gpus", {"resources.trainer.gpus": 0, "stages.rl.generation": {"mode": "colocate"}},
+     "spec.resources.trainer.gpus", "colocate"),
+    ("unknown field", {"bogus": 1}, ".spec.bogus", "field not declared in schema"),
+    ("run name with a digit first", "1run", "metadata.name", "DNS-1035"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, change, where, says", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_runs_are_refused_by_the_server_naming_the_field(cluster, case, change, where, says):
+    doc = tiny(change, "default") if isinstance(change, str) else tiny("bad", "default", **change)
+    r = apply(cluster, doc, "--dry-run=server", "--validate=strict", check=False)
+    assert r.returncode != 0, f"the server accepted {case}"
+    assert where in r.stderr and says in r.stderr, r.stderr
+    # CEL rules never add evaluation errors (modulus by zero, a quantity that does not parse) to a refusal.
+    assert "evaluating rule" not in r.stderr and "<nil>" not in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ the operator
+
+
+@pytest.fixture(scope="module")
+def operator(cluster, tmp_path_factory):
+    """`rlt operator` with the chart Deployment's own arguments, as the chart's ServiceAccount (a token from
+    `kubectl create token`): every request is held to the chart's RBAC."""
+    deploy = get(cluster, "deployment", RELEASE, "-n", SYSTEM_NS)
+    assert deploy is not None, "the chart's Deployment (test_the_chart_installs_with_its_crd runs first)"
+    pod = deploy["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    token = cluster.kubectl("create", "token", pod["serviceAccountName"], "-n", SYSTEM_NS, "--duration=2h").stdout
+    work = tmp_path_factory.mktemp("operator")
+    kubeconfig = cluster.write_kubeconfig(work / "sa.kubeconfig", {"token": token.strip()})
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "POD_ID": "real-cluster-test",
+        "RLT_OPERATOR_METRICS_PORT": "-1",
+        "RLT_OPERATOR_HEALTH_PORT": "-1",
+        "RLT_RESYNC_SECONDS": "5",
+    }
+    log_path = work / "operator.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([*RLT, "operator", *args, "--verbose"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield {"proc": proc, "log": log_path, "kubeconfig": kubeconfig}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        print(f"operator log (last 40 lines):\n{chr(10).join(log_path.read_text().splitlines()[-40:])}")
+
+
+def run_status(cluster, name: str, ns: str) -> dict:
+    return (get(cluster, "rltrun", name, "-n", ns) or {}).get("status") or {}
+
+
+def test_the_operator_reconciles_a_run_under_the_charts_service_account(cluster, operator):
+    ns = "team-a"
+    cluster.kubectl("create", "namespace", ns)
+    apply(cluster, tiny("tiny", ns))
+    run = get(cluster, "rltrun", "tiny", "-n", ns)
+    st = wait_for(lambda: run_status(cluster, "tiny", ns).get("phase") == "Running" and run_status(cluster, "tiny", ns),
+                  "phase Running", timeout=90)  # fmt: skip
+    # Every child accepted by the server, each the run's (owner UID and label).
+    for kind, name in (
+        ("configmap", "tiny-config"),
+        ("pvc", "tiny-data"),
+        ("job", "tiny-sft"),
+        ("service", "tiny-sft"),
+    ):
+        child = wait_for(lambda k=kind, n=name: get(cluster, k, n, "-n", ns), f"{kind}/{name}")
+        assert child["metadata"]["labels"]["rlt.dev/run"] == "tiny"
+        if kind != "pvc":  # the retained claim has no owner reference (the GC would delete it with the run)
+            assert child["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
+        shown = get(cluster, kind, name, "-n", ns, "--show-managed-fields")
+        managers = {m["manager"] for m in shown["metadata"].get("managedFields") or []}
+        assert "rlt-operator" in managers, managers
+    # Status not pruned: what the operator wrote is what the server kept (every field is in the CRD's schema).
+    RLTRunStatus.model_validate(st)
+    assert st["observedGeneration"] == 1 and st["stage"] == "sft" and condition(st, "SpecValid")["status"] == "True"
+    fields = get(cluster, "rltrun", "tiny", "-n", ns, "--show-managed-fields")["metadata"]["managedFields"]
+    assert "rlt-operator" in {m["manager"] for m in fields if m.get("subresource") == "status"}, fields
+    if cluster.has_controllers:
+        # The real Job controller makes the pods; no scheduler runs here, so none has a node: not "Scheduled".
+        wait_for(lambda: (get(cluster, "pods", "-n", ns, "-l", "rlt.dev/run=tiny") or {}).get("items"), "pods")
+        st = wait_for(
+            lambda: (
+                condition(run_status(cluster, "tiny", ns), "PodsSchedulable").get("reason") == "NotScheduled"
+                and run_status(cluster, "tiny", ns)
+            ),
+            "PodsSchedulable NotScheduled",
+        )
+        assert condition(st, "PodsSchedulable")["status"] == "Unknown"
+
+    # Deletion: the finalizer runs, the children go (the pods by garbage collection), the retained claim stays.
+    cluster.kubectl("delete", "rltrun", "tiny", "-n", ns, "--wait=false")
+    wait_for(lambda: get(cluster, "rltrun", "tiny", "-n", ns) is None, "the run deleted", timeout=60)
+    for kind, name in (("configmap", "tiny-config"), ("job", "tiny-sft"), ("service", "tiny-sft")):
+        wait_for(lambda k=kind, n=name: get(cluster, k, n, "-n", ns) is None, f"{kind}/{name} deleted")
+    assert get(cluster, "pvc", "tiny-data", "-n", ns) is not None, "retentionPolicy Retain keeps the claim"
+    if cluster.has_controllers:
+        wait_for(
+            lambda: not (get(cluster, "pods", "-n", ns, "-l", "rlt.dev/run=tiny") or {}).get("items"),
+            "pods garbage-collected",
+            timeout=90,
+        )
+
+
+def test_a_missing_priority_class_is_failed_create_on_the_run(cluster, operator):
+    if not cluster.has_controllers:
+        pytest.skip("needs kube-controller-manager (the Job controller) in $KUBEBUILDER_ASSETS")
+    ns = "team-b"
+    cluster.kubectl("create", "namespace", ns)
+    apply(cluster, tiny("prio", ns, **{"scheduling.priorityClassName": "training-high"}))
+    st = wait_for(
+        lambda: (
+            condition(run_status(cluster, "prio", ns), "PodsSchedulable").get("reason") == "FailedCreate"
+            and run_status(cluster, "prio", ns)
+        ),
+        "PodsSchedulable FailedCreate",
+        timeout=90,
+    )
+    assert "no PriorityClass with name training-high was found" in condition(st, "PodsSchedulable")["message"]
+    assert st["reason"] == "FailedCreate"
+
+
+def test_someone_elses_object_is_a_name_conflict_and_survives_the_runs_deletion(cluster, operator):
+    ns = "team-c"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "configmap", "mine-config", "-n", ns, "--from-literal=theirs=yes")
+    before = get(cluster, "configmap", "mine-config", "-n", ns)
+    apply(cluster, tiny("mine", ns, **{"storage.retentionPolicy": "Delete"}))
+    st = wait_for(
+        lambda: (
+            condition(run_status(cluster, "mine", ns), "ChildrenWritten").get("reason") == "NameConflict"
+            and run_status(cluster, "mine", ns)
+        ),
+        "NameConflict",
+        timeout=60,
+    )
+    assert "configmaps/mine-config" in condition(st, "ChildrenWritten")["message"]
+    assert get(cluster, "job", "mine-sft", "-n", ns) is None, "no pods beside a name conflict"
+    cluster.kubectl("delete", "rltrun", "mine", "-n", ns)
+    after = get(cluster, "configmap", "mine-config", "-n", ns)
+    assert after is not None and after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def test_a_child_the_server_refuses_is_on_the_run_with_the_servers_message(cluster, operator):
+    """A ResourceQuota that allows no Job: the server answers the Job's POST with 403; the run says so (status
+    written, condition, Event) instead of retrying in silence."""
+    ns = "team-d"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "quota", "no-jobs", "-n", ns, "--hard=count/jobs.batch=0")
+    apply(cluster, tiny("quota", ns))
+    st = wait_for(
+        lambda: (
+            condition(run_status(cluster, "quota", ns), "ChildrenWritten").get("reason") == "ChildRejected"
+            and run_status(cluster, "quota", ns)
+        ),
+        "ChildRejected",
+        timeout=60,
+    )
+    message = condition(st, "ChildrenWritten")["message"]
+    assert "jobs/quota-sft" in message and "HTTP 403" in message and "exceeded quota: no-jobs" in message
+    assert st.get("phase"), "the status is written although a child cannot be"
+    events = get(cluster, "events", "-n", ns, "--field-selector", "involvedObject.name=quota,reason=ChildRejected")
+    assert events and events["items"], "a Warning Event on the run"
+    cluster.kubectl("delete", "rltrun", "quota", "-n", ns)
+
+
+def test_the_operator_was_never_forbidden(cluster, operator):
+    """Under the chart's own ServiceAccount: no request of the operator was refused by RBAC."""
+    log = operator["log"].read_text()
+    refused = ("HTTP 403", "Forbidden", "forbidden")
+    expected = ("exceeded quota", "FailedCreate")  # the quota test's refusal, the Job controller's own
+    forbidden = [
+        line for line in log.splitlines() if any(r in line for r in refused) and not any(e in line for e in expected)
+    ]
+    assert forbidden == [], "\n".join(forbidden[:10])
+    assert operator["proc"].poll() is None, "the operator exited"
+
+
+def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(cluster):
+    """docs/operator.md and the sandbox's banner "finish" a Job with COMPLETE_JOB_PATCH; a real server's Job status
+    rules refuse the bare Complete condition the docs used to show."""
+    from rlt_sandbox.sandbox import COMPLETE_JOB_PATCH
+
+    ns = "team-e"
+    cluster.kubectl("create", "namespace", ns)
+    job = {  # managed by no controller here, as in the sandbox: its status is whatever is patched in
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "idiom", "namespace": ns},
+        "spec": {
+            "managedBy": "example.com/nobody",
+            "template": {
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "registry.example.com/x:1"}]}
+            },
+        },
+    }
+    apply(cluster, job)
+    patch = ["patch", "job", "idiom", "-n", ns, "--subresource=status", "--type=merge", "--dry-run=server", "-p"]
+    old = '{"status":{"succeeded":1,"conditions":[{"type":"Complete","status":"True"}]}}'
+    refused = cluster.kubectl(*patch, old, check=False)
+    assert refused.returncode != 0 and "SuccessCriteriaMet" in refused.stderr, refused.stderr
+    r = cluster.kubectl(*patch, COMPLETE_JOB_PATCH, check=False)
+    assert r.returncode == 0, r.stderr

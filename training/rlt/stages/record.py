@@ -1,0 +1,275 @@
+"""What a stage keeps of itself: the step record (metrics.jsonl, progress.json, Prometheus, experiment tracking),
+the Trainer callback that feeds it with a progress bar, and the lines a pod's log shows (which world, which rows)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any
+
+from rlt.contract import metrics as catalogue
+from rlt.contract.env import GROUP_RANK, LOCAL_RANK, NODE_RANK, RANK, STAGE, TRACE
+from rlt.contract.layout import (
+    atomic_write_json,
+    atomic_write_text,
+    checkpoint_path,
+    format_time,
+)
+from rlt.contract.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, tracking_name
+from rlt.data.jsonl import append_jsonl
+from rlt.stages.checkpoints import mark_checkpoint_complete
+from rlt.stages.context import StageContext, world_size
+from rlt.stages.tracking import Tracker
+
+
+class Recorder:
+    """Appends step records to metrics.jsonl, updates progress.json and the Prometheus gauges (rank 0 only)."""
+
+    def __init__(self, ctx: StageContext, stage: str, total_steps: int):
+        self.ctx, self.stage, self.total = ctx, stage, total_steps
+        self.started = time.time()
+        if ctx.metrics:
+            ctx.metrics.stage = stage
+            ctx.metrics.set(catalogue.TOTAL_STEPS, total_steps)
+            ctx.metrics.set(catalogue.STAGE_COMPLETED, 0)
+        self.last_checkpoint: str | None = None
+        self.progress: dict[str, Any] = {}
+        self.totals: dict[str, float] = {}  # counters, as running totals for experiment tracking
+        self.eval_model: str | None = None  # label of rlt_eval_accuracy (set by evaluate stages)
+        self.tracker = Tracker(ctx, stage) if ctx.spec.tracking.report_to() and ctx.is_main else None
+        self.reward_key = "rewardMean"  # progress.json's name for values["reward"] (distill: candidateRewardMean)
+
+    def set_total(self, total: int) -> None:
+        self.total = total
+        if self.ctx.metrics:
+            self.ctx.metrics.set(catalogue.TOTAL_STEPS, total)
+
+    def record(self, step: int, values: dict[str, float]) -> None:
+        if not self.ctx.is_main:
+            return
+        row = {"stage": self.stage, "step": step, "time": round(time.time(), 3), **values}
+        append_jsonl(self.ctx.layout.metrics_file, row)
+        m = self.ctx.metrics
+        if m:
+            m.set(catalogue.STEP, step)
+        tracked: dict[str, float] = {}
+        for key, (metric, label) in STEP_KEYS.items():
+            value = values.get(key)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            d = METRIC_DEFS[metric]
+            extra = d.labels[len(RUN_LABELS) :]
+            if d.kind == "counter":
+                self.totals[metric] = self.totals.get(metric, 0.0) + value
+            if key == "accuracy":  # labelled by the evaluated model: the evaluate stage exports it itself
+                label = self.eval_model
+            elif m and d.kind == "gauge":
+                m.set(metric, value, **({extra[0]: label} if extra else {}))
+            elif m and d.kind == "histogram":
+                m.observe(metric, value, **({extra[0]: label} if extra else {}))
+            elif m and value:
+                m.inc(metric, value)
+            tracked[tracking_name(metric, label)] = self.totals.get(metric, value)
+        if self.tracker is not None and tracked:
+            self.tracker.log(step, tracked)
+        self.write_progress(step, values)
+
+    def checkpoint(self, step: int, path: str) -> None:
+        self.last_checkpoint = path
+        if self.ctx.metrics:
+            self.ctx.metrics.set(catalogue.CHECKPOINT_STEP, step)
+            self.ctx.metrics.set(catalogue.CHECKPOINT_TIME, time.time())
+        self.write_progress(step, {})
+
+    def write_progress(self, step: int, values: dict[str, float]) -> None:
+        if not self.ctx.is_main:
+            return
+        self.progress.update(
+            {
+                "stage": self.stage,
+                "step": step,
+                "totalSteps": self.total,
+                "updatedAt": format_time(),
+            }
+        )
+        if "reward" in values:
+            self.progress[self.reward_key] = values["reward"]
+        if "kept_reward" in values:
+            self.progress["keptRewardMean"] = values["kept_reward"]
+        if "tokens_per_second" in values:
+            self.progress["tokensPerSecond"] = values["tokens_per_second"]
+        if self.last_checkpoint:
+            self.progress["lastCheckpoint"] = self.last_checkpoint
+        atomic_write_json(self.ctx.layout.progress_file, self.progress)
+
+    def done(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+        if self.ctx.metrics:
+            self.ctx.metrics.set(catalogue.STAGE_COMPLETED, 1)
+        if self.ctx.is_main:
+            from rlt.spec import fingerprint  # the spec this stage finished under, read by re-runs
+
+            fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
+            atomic_write_text(self.ctx.layout.stage_done(self.stage), format_time() + "\n")
+
+
+class PhaseTimer:
+    """Seconds per phase of the current optimizer step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
+# The figures of TRL's step logs each step record keeps (metrics.jsonl; rlt.contract.metrics.STEP_KEYS says which become
+# Prometheus series). frac_reward_zero_std: the share of groups whose G rewards were equal (advantage 0: no update).
+TRL_LOG_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "learning_rate", "entropy")
+
+
+def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = True):
+    """A transformers TrainerCallback: progress bar (step/total, ETA, reward or loss) and the stage record."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    class RecordCallback(TrainerCallback):
+        def __init__(self):
+            self.bar = None
+            self.step_started = time.perf_counter()
+            self.pending: dict[str, float] = {}
+
+        def on_train_begin(self, args, state, control, **kw):
+            announce_world(recorder.stage)
+            recorder.set_total(state.max_steps)
+            if recorder.ctx.is_main and show_progress:
+                self.bar = tqdm(
+                    total=state.max_steps,
+                    initial=state.global_step,
+                    desc=recorder.stage,
+                    unit="step",
+                    dynamic_ncols=True,
+                )
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.step_started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            values = {"step_seconds": time.perf_counter() - self.step_started}
+            if extra_values is not None:
+                values.update(extra_values(values["step_seconds"]))
+            self.pending = values
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            values = dict(self.pending)
+            for key in TRL_LOG_KEYS:
+                if key in logs and isinstance(logs[key], (int, float)):
+                    values.setdefault(key, float(logs[key]))
+            if "train_loss" in logs:
+                return
+            recorder.record(state.global_step, values)
+            if self.bar is not None:
+                self.bar.n = state.global_step
+                shown = {k: f"{values[k]:.3f}" for k in ("reward", "loss") if k in values}
+                self.bar.set_postfix(shown, refresh=True)
+
+        def on_save(self, args, state, control, **kw):
+            path = checkpoint_path(args.output_dir, state.global_step)
+            mark_checkpoint_complete(path, recorder.ctx.is_main)
+            recorder.checkpoint(state.global_step, str(path))
+
+        def on_train_end(self, args, state, control, **kw):
+            if self.bar is not None:
+                self.bar.n = state.global_step
+                self.bar.close()
+
+    return RecordCallback()
+
+
+def quiet_trainer(trainer) -> None:
+    """Our callback prints progress; drop the Trainer's own log printer, and its false alarm on resuming a model
+    with tied embeddings (TiedKeysFilter)."""
+    import logging
+
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer_log = logging.getLogger("transformers.trainer")
+    for old in [f for f in trainer_log.filters if isinstance(f, TiedKeysFilter)]:
+        trainer_log.removeFilter(old)  # one per process: the filter of the model trained now
+    trainer_log.addFilter(TiedKeysFilter(trainer.model))
+
+
+class TiedKeysFilter:
+    """Drops the Trainer's "missing keys in the checkpoint" warning when every missing key is a tied weight.
+
+    A checkpoint stores a tied tensor once (lm_head.weight shares the input embeddings' storage; safetensors keeps
+    one name), so resuming loads it with lm_head.weight "missing", and transformers warns unless the model lists it
+    in `_keys_to_ignore_on_save` (Qwen2 and most do not). The weight is there through the tie, so the warning is
+    noise; a key that is truly missing (not an alias of another parameter) still warns."""
+
+    PREFIX = "There were missing keys in the checkpoint model loaded: "
+
+    def __init__(self, model) -> None:
+        names: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)
+        # every name of a parameter that has more than one (one of them is the one the checkpoint kept)
+        self.tied = {n for group in names.values() if len(group) > 1 for n in group}
+
+    def filter(self, record) -> bool:
+        import ast
+
+        message = record.getMessage()
+        if not message.startswith(self.PREFIX):
+            return True
+        try:
+            keys = ast.literal_eval(message[len(self.PREFIX) :].rstrip("."))
+        except (ValueError, SyntaxError):
+            return True
+        return not (keys and set(keys) <= self.tied)
+
+
+def announce_world(stage: str) -> None:
+    """One line per process saying which process group it is in (read by people and by the multi-process tests)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
+    else:  # a stage whose ranks share no process group (distill): the launcher's numbers
+        rank, world, backend = int(os.environ.get(RANK.name, "0")), world_size(), "none"
+    trace_line(
+        f"rlt-world stage={stage} rank={rank} world_size={world} backend={backend} "
+        f"node_rank={os.environ.get(NODE_RANK.name, os.environ.get(GROUP_RANK.name, '0'))} "
+        f"local_rank={os.environ.get(LOCAL_RANK.name, '0')} pid={os.getpid()}"
+    )
+
+
+def trace_line(text: str) -> None:
+    """A line for the logs of a pod or a multi-process run (which world, which rows), read by people debugging and by
+    the multi-process tests; a single local `rlt run` keeps its terminal for the progress bars (RLT_TRACE=1 shows
+    them there too)."""
+    if os.environ.get(STAGE.name) or world_size() > 1 or os.environ.get(TRACE.name) == "1":
+        say_line(text)
+
+
+def say_line(text: str) -> None:
+    """One line to stdout in ONE write: the ranks of a pod share its log, and with unbuffered stdout `print` writes
+    the text and its newline apart, so two ranks' lines could run together."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()

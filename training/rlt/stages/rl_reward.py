@@ -1,0 +1,57 @@
+"""The RLT reward built from a run's spec (rlt.method.reward holds the reward itself): its parameters from
+stages.rl.reward and the scoring micro-batch's token cap from the capacity plan."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlt.method.reward import RLTReward
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlt.method.prompts import Formatter
+    from rlt.spec.run import RLTRunSpec
+
+
+def reward_from_spec(
+    spec: RLTRunSpec,
+    student: PreTrainedModel,
+    student_tokenizer: PreTrainedTokenizerBase,
+    formatter: Formatter,
+    teacher: PreTrainedModel | None = None,
+    teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> RLTReward:
+    r = spec.stages.rl.reward
+    return RLTReward(
+        student,
+        student_tokenizer,
+        formatter,
+        alpha=r.alpha,
+        kl_weight=r.kl_weight,
+        format_penalty=r.format_penalty,
+        temperature=r.student_temperature or spec.stages.rl.temperature,
+        teacher=teacher,
+        teacher_tokenizer=teacher_tokenizer,
+        batch_size=r.batch_size,
+        share_prefix=r.share_prefix,
+        max_batch_tokens=scoring_batch_tokens(spec, student),
+    )
+
+
+def scoring_batch_tokens(spec: RLTRunSpec, student: PreTrainedModel) -> int:
+    """The scoring micro-batch's token cap: stages.rl.reward.maxBatchTokens, else the capacity plan's for this
+    student on its device (the GPU's memory; on CPU the plan's assumed GPU, rlt.checks.capacity.DEFAULT_GPU_MEMORY)."""
+    r = spec.stages.rl.reward
+    if r.max_batch_tokens is not None:
+        return r.max_batch_tokens
+    import torch
+
+    from rlt.checks.capacity import DEFAULT_GPU_MEMORY, scoring_token_cap
+    from rlt.checks.shapes import ModelShape
+    from rlt.data.models import is_cuda
+
+    device = student.device
+    memory = torch.cuda.get_device_properties(device).total_memory if is_cuda(str(device)) else DEFAULT_GPU_MEMORY
+    shape = ModelShape.from_config(student.config, source="the loaded student")
+    return scoring_token_cap(spec, shape, memory, dtype_bytes=student.dtype.itemsize)

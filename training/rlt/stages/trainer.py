@@ -1,0 +1,182 @@
+"""The TRL trainer every trained stage (sft, rl, student; both methods) builds: its TrainingArguments from the spec
+(precision, DeepSpeed, schedule) and TrainerRun, which trains, resumes and ends the stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlt.spec.budgets import collective_timeout_seconds
+from rlt.spec.run import stage_settings, zero_stage
+from rlt.stages.checkpoints import last_checkpoint, prune_finished_checkpoints, save_final_model
+from rlt.stages.context import StageContext, world_size
+from rlt.stages.ranks import join_process_group
+from rlt.stages.record import Recorder, make_callback, quiet_trainer, say_line
+from rlt.stages.start_models import peft_config
+from rlt.stages.tracking import point_tensorboard
+
+
+def trainer_precision(device: str, precision: str = "auto", processes: int = 1) -> dict[str, Any]:
+    """TrainingArguments for the device (pure): auto = fp32 on CPU (TRL defaults to bf16, which the CPU path
+    rejects), bf16 on a GPU.
+
+    Several CPU processes (the gloo stand-in for GPUs and nodes): accelerate 1.15 picks no backend for DeepSpeed
+    without CUDA and every rank would think it is alone, so the Trainer is told to use the process group that
+    `join_process_group` made; `use_cpu` would switch accelerate to MULTI_CPU and away from DeepSpeed."""
+    from rlt.data.models import is_cuda
+
+    on_gpu = is_cuda(device)
+    if precision == "auto":
+        precision = "bf16" if on_gpu else "fp32"
+    out: dict[str, Any] = {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+    if not on_gpu:
+        if processes > 1:
+            out.update(use_cpu=False, accelerator_config={"use_configured_state": True})
+        else:
+            out["use_cpu"] = True
+    return out
+
+
+def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any]:
+    """TrainingArguments every TRL-trained stage (sft, rl, student) shares, from spec.stages.<stage>: the schedule and
+    TrainerOptions, the DeepSpeed config of its ZeRO stage (the value the operator's accelerate launch gets too),
+    the layout, the seed, tracking. The stage's trainerArgs are added by the config builder (the spec keeps them off
+    the keys set here: spec.stages.TRAINER_OWNED_ARGS)."""
+    from rlt.data.models import is_cuda
+    from rlt.stages.tracking import report_to_args
+
+    st = stage_settings(ctx.spec, stage)
+    processes = world_size()
+    timeout = collective_timeout_seconds(ctx.spec, stage)
+    if not is_cuda(device) and processes > 1:
+        join_process_group(device, timeout)  # the configured state the Trainer is told to use (trainer_precision)
+    return {
+        "output_dir": str(ctx.layout.checkpoints_dir(stage)),
+        "per_device_train_batch_size": st.per_device_batch_size,
+        "learning_rate": st.learning_rate,
+        "lr_scheduler_type": st.lr_scheduler,
+        "warmup_steps": st.warmup_ratio,  # below 1: a share of the steps
+        "weight_decay": st.weight_decay,
+        "save_strategy": "steps",
+        "save_steps": st.save_steps,
+        "seed": ctx.spec.seed,
+        "gradient_checkpointing": st.gradient_checkpointing,
+        "disable_tqdm": True,
+        "deepspeed": deepspeed_config(zero_stage(ctx.spec, stage)),
+        "max_grad_norm": st.max_grad_norm,
+        "logging_steps": st.logging_steps,
+        "save_total_limit": st.save_total_limit,
+        "ddp_timeout": timeout,  # a rank waits this long in a collective while rank 0 waits on the rollout
+        **trainer_precision(device, st.precision, processes),
+        **report_to_args(ctx),
+    }
+
+
+def deepspeed_config(stage: int | None) -> dict[str, Any] | None:
+    """ZeRO config for distributed runs (WORLD_SIZE > 1); None for a single process, ZeRO 0 or no ZeRO stage."""
+    if world_size() <= 1 or not stage:
+        return None
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {
+            "stage": stage,
+            "overlap_comm": True,
+            **({"stage3_gather_16bit_weights_on_model_save": True} if stage == 3 else {}),
+        },
+    }
+
+
+@dataclass
+class TrainerRun:
+    """What every TRL-trained stage (sft, rl, student; both methods) shares around its own config and rows: the
+    trainer built on the start model with the stage's record, and the epilogue (train, resuming from the last
+    complete checkpoint; the final model; the stage marked done)."""
+
+    ctx: StageContext
+    stage: str
+    start: Any  # the ModelRef the stage trains
+    tokenizer: Any
+    device: str
+    total_steps: int = 0  # 0: the Trainer says once it has planned the steps
+
+    def __post_init__(self) -> None:
+        from rlt.stages.preemption import StopRequest
+
+        self.recorder = Recorder(self.ctx, self.stage, self.total_steps)
+        self.stop = StopRequest()  # SIGTERM during training: finish the step, save, stop (rlt.stages.preemption)
+
+    def trainer(self, trainer_cls, args, rows: list[dict], step_values=None, **more):
+        """`trainer_cls` (a TRL trainer) on the start model (LoRA through PEFT when set) with our record callback;
+        `step_values(step_seconds)` adds the stage's own numbers to each step's record."""
+        from datasets import Dataset
+
+        from rlt.data.models import load_model
+        from rlt.stages.preemption import stop_callback
+
+        return trainer_cls(
+            model=load_model(self.start, self.device, trainable=True),
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=self.tokenizer,
+            callbacks=[
+                end_reached_callback(),  # first: before the record callback opens a progress bar
+                make_callback(self.recorder, step_values, self.ctx.show_progress),
+                stop_callback(self.stop),
+            ],
+            peft_config=peft_config(self.start),
+            **more,
+        )
+
+    def train(self, trainer) -> str:
+        """Train to the end and return the final model's folder; the stage is then done. Raises `Stopped` when
+        the gang stopped on SIGTERM (after saving a complete checkpoint of the last finished step)."""
+        from rlt.stages.preemption import Stopped
+
+        quiet_trainer(trainer)
+        point_tensorboard(trainer, self.ctx, self.stage)
+        self.stop.install()
+        resume = last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage))
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except EndReached as end:  # the checkpoint's weights are loaded: they are the final model
+            say_line(f"{self.stage}: {Path(str(resume)).name} already reached step {end.step}: it is the final model")
+        finally:
+            if not self.stop.agreed:  # once stopping, a second SIGTERM (the launcher's) must not kill the exit
+                self.stop.uninstall()
+        if self.stop.agreed:
+            raise Stopped(self.stage, trainer.state.global_step, self.recorder.last_checkpoint)
+        out = save_final_model(trainer, self.ctx, self.stage, self.start, self.tokenizer, self.device)
+        # Every rank has written its part of the final model (save_model gathers). rl keeps its checkpoints (at most
+        # saveTotalLimit): `rlt run` with more stages.rl.steps continues from the last one, optimizer included.
+        if self.ctx.is_main and self.stage != "rl":
+            prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
+        self.recorder.done()
+        return out
+
+
+class EndReached(Exception):
+    """Resumed from a checkpoint of the stage's last step (stopped or crashed before its final model was written)."""
+
+    def __init__(self, step: int):
+        self.step = step
+        super().__init__(f"resumed at step {step}, the stage's last")
+
+
+def end_reached_callback():
+    """A transformers TrainerCallback that ends `train()` before the first step when the checkpoint it resumed from
+    already reached max_steps: the Trainer checks max_steps only after a step, so it would train one step past the
+    end whenever the steps do not end on an epoch boundary. Every rank resumes the same checkpoint, so every rank
+    raises here, before any collective of the loop."""
+    from transformers import TrainerCallback
+
+    class StopAtTheEnd(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if 0 < state.max_steps <= state.global_step:
+                raise EndReached(state.global_step)
+
+    return StopAtTheEnd()
