@@ -285,6 +285,8 @@ def test_the_door_agrees_with_the_crd_on_generated_run_files(folder):
     @given(run_documents())
     def examples(doc):
         count[0] += 1
+        if EXAMPLES_ASKED and count[0] % 1000 == 0:  # a long run says how far it is
+            print(f"door property: {count[0]} examples, {time.monotonic() - start:.0f}s", flush=True)
         check_door(doc, folder)
 
     examples()
