@@ -40,8 +40,14 @@ DEEP = "[" * 3000 + "]" * 3000
 # name: (run file text, what the one line says)
 RUN_FILES = {
     # the strict reader
-    "huge-int": (_with(f"  seed: {BIG}\n"), "spec.seed: line {n}: 999999999999…(5000 characters) is outside the 64-bit"),
-    "beyond-int64": (_with("  backoffLimit: 9223372036854775808\n"), "spec.backoffLimit: line {n}: 9223372036854775808"),
+    "huge-int": (
+        _with(f"  seed: {BIG}\n"),
+        "spec.seed: line {n}: 999999999999…(5000 characters) is outside the 64-bit",
+    ),
+    "beyond-int64": (
+        _with("  backoffLimit: 9223372036854775808\n"),
+        "spec.backoffLimit: line {n}: 9223372036854775808",
+    ),
     "deep": (_with(f"  env: {DEEP}\n"), "nested deeper than 64 levels"),
     "alias-loop": (_with("  env: &a [*a]\n"), "spec.env.0: line {n}: alias *a is inside the node &a it names"),
     "laughs": (

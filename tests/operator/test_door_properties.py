@@ -145,8 +145,28 @@ def _schema_paths(node: dict[str, Any], path: tuple[Any, ...] = ()) -> list[tupl
 
 
 FIELDS = _schema_paths(SPEC_SCHEMA)
-TEXT = st.sampled_from(["", "x", "a b", "Exist", "yes", "1", "1e5", "-1", "https://huggingface.co/org/m", "s3://b/x",
-                        "ghcr.io/x/y:1:2", "UPPER", "a" * 70, "builtin:nope", "café", "\u2028", "a/b/c", "0777"])
+TEXT = st.sampled_from(
+    [
+        "",
+        "x",
+        "a b",
+        "Exist",
+        "yes",
+        "1",
+        "1e5",
+        "-1",
+        "https://huggingface.co/org/m",
+        "s3://b/x",
+        "ghcr.io/x/y:1:2",
+        "UPPER",
+        "a" * 70,
+        "builtin:nope",
+        "café",
+        "\u2028",
+        "a/b/c",
+        "0777",
+    ]
+)
 NUMBERS = st.one_of(
     st.sampled_from([0, 1, -1, 2, 3, 7, 8, 64, 100, 2**31, 2**32 - 1, 2**32, 2**53, 2**63 - 1, 2**63]),
     st.integers(-5, 10**6),
@@ -177,7 +197,10 @@ def value_for(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         options += [st.booleans(), st.sampled_from(["true", "yes", 1])]
     elif kind == "string":
         if "enum" in schema:
-            options += [st.sampled_from(schema["enum"]), st.sampled_from([e + "x" for e in schema["enum"] if e] or ["x"])]
+            options += [
+                st.sampled_from(schema["enum"]),
+                st.sampled_from([e + "x" for e in schema["enum"] if e] or ["x"]),
+            ]
         if "pattern" in schema:
             options.append(st.from_regex(schema["pattern"].replace(r"\s", " "), fullmatch=True).map(lambda s: s[:80]))
         options += [TEXT, st.text(max_size=12)]
@@ -202,7 +225,9 @@ def set_at(doc: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
                 node[0] = empty
             node = node[0]
         elif isinstance(node, dict):
-            if not isinstance(node.get(part), (dict, list)) or isinstance(node.get(part), list) != isinstance(empty, list):
+            if not isinstance(node.get(part), (dict, list)) or isinstance(node.get(part), list) != isinstance(
+                empty, list
+            ):
                 node[part] = empty
             node = node[part]
     last = path[-1]

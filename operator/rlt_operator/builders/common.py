@@ -266,7 +266,7 @@ def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
     A ReadWriteOnce claim attaches to one node; a second node's pod would wait on a Multi-Attach error
     forever. Validation refuses several trainer nodes with it; this keeps generators beside the trainer.
     """
-    affinity = k8s_api.dump(spec.scheduling.affinity) if spec.scheduling.affinity is not None else {}
+    affinity: dict[str, Any] = k8s_api.dump(spec.scheduling.affinity) if spec.scheduling.affinity is not None else {}
     if spec.storage.access_mode == "ReadWriteOnce":
         term = {"labelSelector": {"matchLabels": {L_RUN: run}}, "topologyKey": HOSTNAME_TOPOLOGY}
         pod_affinity = affinity.setdefault("podAffinity", {})

@@ -85,8 +85,8 @@ def _model_refs(spec: RLTRunSpec) -> list[tuple[str, Any]]:
 def source_problems(spec: RLTRunSpec) -> list[str]:
     """Models and datasets named in a form something can load: a hub id, a local path or a known built-in; a web
     address or another URL scheme is refused here, not by the loader hours later."""
-    from rlt.data.tasks import TASKS
     from rlt.data.models import BUILTIN_MODELS
+    from rlt.data.tasks import TASKS
 
     out = []
     for where, ref in _model_refs(spec):
@@ -116,8 +116,8 @@ def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
     """What the models' own configs say, where this machine can read them (rlt.checks.shapes: never downloads):
     vLLM's tensor parallelism must divide the teacher's attention heads, LoRA targets must be modules of the model.
     (problems, notes: what could not be checked and why)."""
-    from rlt.spec.run import needs_generators
     from rlt.checks.shapes import read_shape
+    from rlt.spec.run import needs_generators
 
     problems: list[str] = []
     notes: list[str] = []

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from rlt.spec import reader
 from pydantic import Field, ValidationError
 
 from rlt.contract.api import Strict
+from rlt.spec import reader
 from rlt.spec.inputs import FORMATS_DIR, FormatSpec
 
 

@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-
-from rlt.spec import reader
 from pydantic import Field, ValidationError, model_validator
 
 from rlt.contract.api import Strict
 from rlt.data.answers import between, is_correct
 from rlt.method.prompts import FORMATS_DIR
+from rlt.spec import reader
 
 
 class RclFormat(Strict):

@@ -399,7 +399,11 @@ class Compare:
             spec = spec.model_copy(
                 update={
                     "stages": spec.stages.model_copy(
-                        update={"evaluate": spec.stages.evaluate.model_copy(update={"limit": spec.stages.evaluate.limit or 64})}
+                        update={
+                            "evaluate": spec.stages.evaluate.model_copy(
+                                update={"limit": spec.stages.evaluate.limit or 64}
+                            )
+                        }
                     )
                 }
             )

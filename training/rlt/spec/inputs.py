@@ -124,7 +124,9 @@ class FormatSpec(Strict):
     student_system_prompt: str | None = Field(
         None, min_length=1, description="Exact system prompt the student was trained with (overrides the preset)."
     )
-    teacher_system_prompt: str | None = Field(None, min_length=1, description="Teacher system prompt (overrides the preset).")
+    teacher_system_prompt: str | None = Field(
+        None, min_length=1, description="Teacher system prompt (overrides the preset)."
+    )
     tags: TagSet = Field(default_factory=TagSet, description="Tag overrides.")
 
     @model_validator(mode="after")

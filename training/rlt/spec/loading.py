@@ -94,8 +94,15 @@ def _without(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
     for loc in sorted(locs, key=lambda loc: [str(p) for p in loc], reverse=True):
         node = doc
         for part in loc[:-1]:
-            node = node[part] if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(
-                part, int) and part < len(node) else None
+            node = (
+                node[part]
+                if isinstance(node, dict)
+                and part in node
+                or isinstance(node, list)
+                and isinstance(part, int)
+                and part < len(node)
+                else None
+            )
         if isinstance(node, dict):
             node.pop(loc[-1], None)
         elif isinstance(node, list) and isinstance(loc[-1], int) and loc[-1] < len(node):

@@ -42,10 +42,14 @@ class InputError(ValueError):
 _NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
 _BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
-_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
 # Plain scalars YAML 1.1 readers (kubectl's go-yaml v2) resolve otherwise than YAML 1.2.
 _YAML11_BOOL = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OFF)$")
-_YAML11_INT = re.compile(r"^(?:[-+]?0[0-9_]+|[-+]?0b[01_]+|[-+]?[0-9][0-9_]*_[0-9_]*|[-+]?0x[0-9a-fA-F_]*_[0-9a-fA-F_]*)$")
+_YAML11_INT = re.compile(
+    r"^(?:[-+]?0[0-9_]+|[-+]?0b[01_]+|[-+]?[0-9][0-9_]*_[0-9_]*|[-+]?0x[0-9a-fA-F_]*_[0-9a-fA-F_]*)$"
+)
 
 
 def _ambiguity(value: str) -> str | None:
@@ -81,8 +85,14 @@ def _int_text(text: str) -> int:
 
 
 def _float_text(text: str) -> float:
-    value = float(text.replace(".inf", "inf").replace(".Inf", "inf").replace(".INF", "inf").replace(".nan", "nan")
-                  .replace(".NaN", "nan").replace(".NAN", "nan"))
+    value = float(
+        text.replace(".inf", "inf")
+        .replace(".Inf", "inf")
+        .replace(".INF", "inf")
+        .replace(".nan", "nan")
+        .replace(".NaN", "nan")
+        .replace(".NAN", "nan")
+    )
     if not math.isfinite(value):
         raise ValueError(f"{text} is not a finite number (JSON, and so the API server, has no infinity or NaN)")
     return value

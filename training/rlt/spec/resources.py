@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from rlt.contract.api import (
     Strict,
 )
-from rlt.spec.k8s_api import Affinity, ObjectFieldSelector, ResourceFieldSelector, Toleration
 from rlt.spec.k8s import (
     ConfigKey,
     DNS1123Subdomain,
@@ -23,6 +22,7 @@ from rlt.spec.k8s import (
     cel_rules,
     quantity_value,
 )
+from rlt.spec.k8s_api import Affinity, ObjectFieldSelector, ResourceFieldSelector, Toleration
 
 # The requests a pod gets when the spec names none (per GPU, with a floor), in Python and in the CRD's CEL rules.
 CPU_PER_GPU, MIN_CPU = 4, 1
@@ -241,8 +241,12 @@ class EnvVarSource(Strict):
 
     secret_key_ref: KeyRef | None = Field(None, description="A key of a Secret.")
     config_map_key_ref: KeyRef | None = Field(None, description="A key of a ConfigMap.")
-    field_ref: ObjectFieldSelector | None = Field(None, description="A field of the pod (downward API).")
-    resource_field_ref: ResourceFieldSelector | None = Field(None, description="A resource of the container.")
+    field_ref: ObjectFieldSelector | None = Field(  # type: ignore[valid-type]
+        None, description="A field of the pod (downward API)."
+    )
+    resource_field_ref: ResourceFieldSelector | None = Field(  # type: ignore[valid-type]
+        None, description="A resource of the container."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVarSource:

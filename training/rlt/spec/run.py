@@ -17,13 +17,13 @@ from rlt.spec.k8s import DNS1123Label, LabelValue, QualifiedName, RunName, cel_r
 from rlt.spec.k8s_api import ObjectMeta
 from rlt.spec.resources import (
     EnvVar,
-    TrainerResources,
     Images,
     Resources,
     Scheduling,
     SecretEnvVar,
     SecretKeyRef,
     Storage,
+    TrainerResources,
 )
 from rlt.spec.stages import (
     RlStage,
@@ -100,7 +100,6 @@ _SERVER_GPU_RULE = (
 )
 
 
-
 class RclSpec(Strict):
     """RCL adaptive teaching (method: rcl): probe → guidance → reward from the student's gain, losses cost double."""
 
@@ -160,9 +159,7 @@ class RLTRunSpec(Strict):
     dataset: DatasetSpec = Field(description="Questions and reference solutions: source, split, columns.")
     format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and overrides.")
     stages: Stages = Field(default_factory=Stages, description="The stages of the run and their settings.")
-    seed: int = Field(
-        42, ge=0, le=MAX_SEED, description="Seed of training and sampling (numpy's seed: below 2**32)."
-    )
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of training and sampling (numpy's seed: below 2**32).")
     # cluster-only fields (ignored by `rlt run`)
     resources: Resources = Field(default_factory=Resources)
     storage: Storage = Field(default_factory=Storage)
