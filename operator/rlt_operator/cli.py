@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import threading
 from typing import Any
@@ -35,7 +36,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     # The operator owns its log format: drop handlers another command's registration may have installed.
     logging.getLogger().handlers.clear()
-    kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet)
+    # Every line about one run names it: `[namespace/run]` in text, an `object` {namespace, name, ...} in JSON.
+    json_logs = args.log_format == "json"
+    fmt = kopf.LogFormat.JSON if json_logs else kopf.LogFormat.FULL
+    kopf.configure(debug=args.debug, verbose=args.verbose, quiet=args.quiet, log_format=fmt, log_prefix=not json_logs)
+    quiet_success(debug=bool(args.debug or args.verbose))
     log = logging.getLogger("rlt.operator")
     settings = kopf.OperatorSettings()
     priority = None
@@ -47,6 +52,18 @@ def cmd_operator(args: argparse.Namespace) -> int:
         settings.peering.stealth = True  # keep-alives are not logged; pauses and resumes are
         log.info(f"peering in {args.peering!r} with priority {priority}, keep-alive lifetime {args.peering_lifetime}s")
         _warn_missing_peering(log, args)
+    info = None
+    if args.peering:
+        assert priority is not None
+        info = handlers.PeeringInfo(
+            name=args.peering,
+            # Kopf's record key for this replica: the pod's name (POD_ID, as the chart sets it), as Kopf would take.
+            identity=os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{priority}",
+            priority=priority,
+            namespaces=None if args.all_namespaces else tuple(args.namespace or []),
+            lifetime=args.peering_lifetime,
+            interval=max(1.0, args.peering_lifetime / 4),
+        )
     log.info("starting")
     health = config.health_port
     return serve(
@@ -58,8 +75,30 @@ def cmd_operator(args: argparse.Namespace) -> int:
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or [],
         liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health > 0 else None,
-        memo=kopf.Memo(settings=config),
+        memo=kopf.Memo(settings=config, peering=info),
+        identity=info.identity if info else None,
     )
+
+
+class _SuccessAtDebug(logging.Filter):
+    """Kopf's "Handler/Activity/Daemon 'x' succeeded." lines (most of a working operator's log: every
+    wake-up of every run) are debug lines: shown with --verbose/--debug, else dropped."""
+
+    def __init__(self, debug: bool):
+        super().__init__()
+        self.debug = debug
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and str(record.msg).endswith(" succeeded."):
+            if str(record.msg).startswith(("Handler '", "Activity '", "Daemon '")):
+                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+                return self.debug
+        return True
+
+
+def quiet_success(debug: bool) -> None:
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_SuccessAtDebug(debug))
 
 
 def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
@@ -186,6 +225,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="after SIGTERM, exit with code 75 if Kopf has not stopped within this many seconds (e.g. the API "
         "server does not answer the peering goodbye); keep it below the pod's terminationGracePeriodSeconds "
         f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines prefixed [namespace/run], or one JSON object per line with the run under 'object' "
+        "(default: text)",
     )
     level = p.add_mutually_exclusive_group()
     level.add_argument("--verbose", action="store_true")

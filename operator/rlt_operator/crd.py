@@ -33,6 +33,13 @@ CRD_NAME = f"{PLURAL}.{API_GROUP}"
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Run phase."},
     {"name": "Stage", "type": "string", "jsonPath": ".status.stage", "description": "Stage now running."},
+    # A Running run trains (Running) or waits: WaitingForPods, WaitingForGenerators, RestartBackOff, ...
+    {
+        "name": "Trainer",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="TrainerRunning")].reason',
+        "description": "Whether the trainer runs, or what it waits for (condition TrainerRunning's reason).",
+    },
     {
         "name": "Step",
         "type": "string",
@@ -46,15 +53,15 @@ PRINTER_COLUMNS = [
         "description": "Mean reward of the last step.",
     },
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Gang restarts."},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    # -o wide: why the run is where it is (InvalidSpec, Unschedulable, BackoffLimitExceeded, ...).
+    # Why the run needs attention (InvalidSpec, Unschedulable, ImagePullBackOff, BackoffLimitExceeded, ...): in the
+    # default columns, so that `kubectl get rlt -A` shows it for every run.
     {
         "name": "Reason",
         "type": "string",
         "jsonPath": ".status.reason",
-        "priority": 1,
         "description": "Why the run is in its phase or held.",
     },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Message",
         "type": "string",

@@ -83,6 +83,14 @@ def capacity_condition(
         set_condition(conds, ConditionType.CAPACITY_OK, status, reason, f"stage {stage}: {message}", now)
 
 
+def pod_said(pod: dict[str, Any], named: bool = True) -> str:
+    """A failed pod's exit code and last line ('' when it has neither), for messages and Events."""
+    said = ": ".join(
+        filter(None, [f"exit code {pod['exitCode']}" if pod.get("exitCode") else "", pod.get("lastError")])
+    )
+    return f"pod {pod['name']} {said}" if said and named else said
+
+
 def gang_failure(
     job: dict[str, Any] | None,
     job_name: str,
@@ -108,6 +116,8 @@ def gang_failure(
     if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
         return None, f"trainer Job {job_name}: {job_failure(job)}", False
     failure = job_failure(job)
+    if failure:  # the Job says only that a pod failed: name the pod, its exit code and its last line
+        failure += next((f" ({said})" for p in gang if (said := pod_said(p)) and p.get("phase") == "Failed"), "")
     suspended = bool(job and job.get("suspended"))
     why_suspended = "suspended (a Kueue eviction or preemption): its pods were stopped, not failed"
     if failure:
@@ -129,9 +139,7 @@ def gang_failure(
                     True,
                 )
         if pod.get("phase") == "Failed":
-            why = (pod.get("problem") or {}).get("reason") or (
-                f"exit code {pod['exitCode']}" if pod.get("exitCode") else ""
-            )
+            why = ": ".join(filter(None, [(pod.get("problem") or {}).get("reason"), pod_said(pod, named=False)]))
             if suspended and role == builders.ROLE_TRAINER:
                 return f"trainer Job {job_name} was {why_suspended} (pod {pod['name']})", None, True
             if pod.get("disrupted"):
@@ -144,7 +152,7 @@ def gang_failure(
                 return f"{role} pod {pod['name']} {what}", None, True
             return f"{role} pod {pod['name']} failed" + (f" ({why})" if why else ""), None, False
         if role == builders.ROLE_GENERATOR and pod.get("restarts", 0) > 0:
-            why = (pod.get("problem") or {}).get("reason")
+            why = (pod.get("problem") or {}).get("reason") or ""
             return (
                 f"{role} pod {pod['name']} restarted {pod['restarts']} time(s)" + (f" ({why})" if why else ""),
                 None,

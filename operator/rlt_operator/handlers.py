@@ -23,9 +23,9 @@ from rlt.contract.api import Phase
 from rlt.contract.metrics import OPERATOR_METRICS, build
 from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
-from . import builders, progress, status
+from . import builders, peering, progress, status
 from .conditions import with_write_problems
-from .kinds import CHILDREN, RUN
+from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
 from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_summary, rejected
@@ -42,6 +42,8 @@ class OperatorMetrics:
         self.registry = registry
         self.m = build(OPERATOR_METRICS, registry)
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
+        self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+        self._reconciled: set[tuple[str, str]] = set()
 
     def reconciled(self, result: str, seconds: float) -> None:
         self.m[catalogue.RECONCILES].labels(result=result).inc()
@@ -58,6 +60,28 @@ class OperatorMetrics:
         self.m[catalogue.RUN_INFO].labels(namespace, name, *info).set(1)
         self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
         self.m[catalogue.RUN_STEP].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
+        # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
+        had = self._conditions.setdefault((namespace, name), {})
+        for c in run_status.get("conditions") or []:
+            now = (c.get("status") or "Unknown", c.get("reason") or "")
+            old = had.get(c["type"])
+            if old and old != now:
+                _remove(self.m[catalogue.RUN_CONDITION], namespace, name, c["type"], *old)
+            had[c["type"]] = now
+            self.m[catalogue.RUN_CONDITION].labels(namespace, name, c["type"], *now).set(1)
+
+    def reconciled_run(self, namespace: str, name: str, ok: bool, at: float) -> None:
+        """The run's last successful reconcile; a run that never had one reads 0 (no status: alert)."""
+        gauge = self.m[catalogue.RUN_LAST_RECONCILE].labels(namespace, name)
+        if ok:
+            gauge.set(at)
+        elif (namespace, name) not in self._reconciled:
+            gauge.set(0)
+        if ok:
+            self._reconciled.add((namespace, name))
+
+    def active(self, working: bool) -> None:
+        self.m[catalogue.OPERATOR_ACTIVE].set(1 if working else 0)
 
     def forget(self, namespace: str, name: str) -> None:
         for phase in Phase:
@@ -67,6 +91,10 @@ class OperatorMetrics:
             _remove(self.m[catalogue.RUN_INFO], namespace, name, *old)
         _remove(self.m[catalogue.RUN_RESTARTS], namespace, name)
         _remove(self.m[catalogue.RUN_STEP], namespace, name)
+        for type_, labels in self._conditions.pop((namespace, name), {}).items():
+            _remove(self.m[catalogue.RUN_CONDITION], namespace, name, type_, *labels)
+        _remove(self.m[catalogue.RUN_LAST_RECONCILE], namespace, name)
+        self._reconciled.discard((namespace, name))
 
 
 def _remove(metric: Any, *labels: str) -> None:
@@ -74,6 +102,18 @@ def _remove(metric: Any, *labels: str) -> None:
         metric.remove(*labels)
     except KeyError:
         pass  # never set for this run
+
+
+@dataclass(frozen=True)
+class PeeringInfo:
+    """What `rlt operator --peering` passes in the root memo: the object and this replica's record in it."""
+
+    name: str
+    identity: str
+    priority: int
+    namespaces: tuple[str, ...] | None  # None: cluster-wide (a ClusterKopfPeering)
+    lifetime: int  # seconds a keep-alive record is valid
+    interval: float  # seconds between two checks
 
 
 @dataclass
@@ -85,6 +125,7 @@ class OperatorState:
     settings: OperatorSettings
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
+    peering_task: asyncio.Task | None = None
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -130,6 +171,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         metrics=OperatorMetrics(registry),
         settings=config,
     )
+    info: PeeringInfo | None = getattr(memo, "peering", None)
+    if info is None:  # standalone: this replica is the one that works
+        state.metrics.active(True)
+    else:
+        state.metrics.active(False)  # until the peering object says so
+        state.peering_task = asyncio.create_task(watch_peering(state, info, logger), name="rlt peering watch")
     if config.metrics_port >= 0:
         server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=registry)
         state.metrics_server = server
@@ -140,9 +187,86 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
 @kopf.on.cleanup()
 async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState | None = getattr(memo, "rlt", None)
+    if state is not None and state.peering_task is not None:
+        state.peering_task.cancel()
+    state: OperatorState | None = getattr(memo, "rlt", None)
     if state is not None and state.metrics_server is not None:
         state.metrics_server.shutdown()
         state.metrics_server.server_close()
+
+
+def _iso_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) -> None:
+    """Whether this replica works (rlt_operator_active, and one log line at each change: a standby says it is one),
+    and whether the peering object is still there. Kopf says neither: with the object deleted the working replica
+    goes on silently, and when it dies no standby takes over. A missing object is said loudly and recreated."""
+    kind = CLUSTER_PEERING if info.namespaces is None else PEERING
+    where = [""] if info.namespaces is None else list(info.namespaces)
+    was: bool | None = None
+    missing: set[str] = set()
+    seen: dict[str, Any] = {}  # object -> its records; only one seen is recreated (a mistyped --peering makes none)
+    labels: dict[str, Any] = {}  # object -> its labels (kept when it is recreated)
+    told: set[str] = set()  # overlapping installs already reported
+    while True:
+        works = True
+        for ns in where:
+            what = f"{kind.kind}/{info.name}" + (f" in namespace {ns}" if ns else "")
+            try:
+                found = await asyncio.to_thread(state.kube.list, kind.plural, ns, None, f"metadata.name={info.name}")
+                if not found:
+                    works = was is True  # Kopf keeps this replica as it was until the object is back
+                    if what not in missing:
+                        logger.error(
+                            f"peering object {what} is missing: a standby cannot take over when the working replica "
+                            "dies, and a restarted replica stays paused"
+                            + ("; recreating it" if what in seen else " (never seen: is --peering right?)")
+                        )
+                    missing.add(what)
+                    if what in seen:  # deleted (an accident, an uninstall racing an install): put it back as it was,
+                        # with the records last seen: empty, it would let a standby resume beside the working replica.
+                        body = {"apiVersion": f"{kind.group}/{kind.version}", "kind": kind.kind}
+                        mine = {"priority": info.priority, "lifetime": info.lifetime, "lastseen": _iso_now()}
+                        restored = {"name": info.name, "labels": labels.get(what, {})}
+                        meta = {"metadata": restored, "status": {**seen[what], info.identity: mine}}
+                        made = await asyncio.to_thread(state.kube.create, kind.plural, ns, {**body, **meta})
+                        logger.warning(f"peering object {what} recreated" + ("" if made is None else " (by another replica)"))
+                    continue
+                missing.discard(what)
+                seen[what] = found[0].get("status") or {}
+                labels[what] = found[0]["metadata"].get("labels") or {}
+                mine, others = peering.working(found[0].get("status") or {}, info.identity, info.priority)
+                works = works and mine
+                await _say_overlaps(state, kind, ns, info, told, logger)
+            except KubeError as err:
+                logger.error(
+                    f"peering object {what}: cannot read or recreate it ({err}); recreate it with helm upgrade"
+                )
+                works = works and bool(was)
+        if works != was:
+            state.metrics.active(works)
+            logger.info(
+                "this replica works (active)" if works else "this replica is the standby (paused while another works)"
+            )
+            was = works
+        await asyncio.sleep(info.interval)
+
+
+async def _say_overlaps(state: OperatorState, kind: Any, ns: str, info: PeeringInfo, told: set, logger: Any) -> None:
+    """Another rlt install working in the same scope (its own peering object, live): both reconcile the same runs.
+    Said once per install, loudly; the cure is disjoint operator.watchNamespaces (docs/operator.md)."""
+    objects = await asyncio.to_thread(state.kube.list, kind.plural, ns, "=".join(peering.PART_OF))
+    for other in peering.overlapping(objects, info.name):
+        where = f"{kind.kind}/{other}" + (f" in namespace {ns}" if ns else "")
+        if where not in told:
+            told.add(where)
+            logger.error(
+                f"another rlt install works in this install's scope (its peering object {where} has a live replica): "
+                "both reconcile the same runs (every Event twice, status writes racing); give each install its own "
+                "namespaces (operator.watchNamespaces) and at most one cluster-wide install"
+            )
 
 
 @kopf.on.probe(id="runs")
@@ -401,16 +525,19 @@ async def reconcile_loop(
             try:
                 requeue = await reconcile_once(state, body, mem, indices, logger)
                 state.metrics.reconciled("success", time.perf_counter() - t0)
+                state.metrics.reconciled_run(namespace, name, True, time.time())
             except KubeError as err:
                 # The loop must survive API hiccups; the next pass retries from observed state.
                 logger.error(f"reconcile failed, retrying in {status.SOON * 2:.0f}s: {err}")
                 state.metrics.reconciled("error", time.perf_counter() - t0)
+                state.metrics.reconciled_run(namespace, name, False, time.time())
                 mem.status = None  # re-read what the server has
                 requeue = status.SOON * 2
             except Exception:
                 # A bug must not stall this run forever nor touch the others: loud, counted, retried.
                 logger.exception(f"reconcile crashed, retrying in {status.SOON * 2:.0f}s")
                 state.metrics.reconciled("error", time.perf_counter() - t0)
+                state.metrics.reconciled_run(namespace, name, False, time.time())
                 mem.status = None  # re-read what the server has
                 requeue = status.SOON * 2
             resync = state.settings.resync_seconds

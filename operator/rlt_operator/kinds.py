@@ -55,7 +55,7 @@ EVENTS = Kind("", "v1", "events", "Event", ("create", "list"))
 # Kopf's peering objects (rlt_operator.peering): the replicas' keep-alives, watched (list, watch) and merge-patched
 # (patch) by Kopf. A cluster-wide operator peers in a ClusterKopfPeering, a namespaced one in a KopfPeering per
 # watched namespace. The chart creates the objects; the operator never creates nor deletes them.
-_PEER = ("list", "watch", "patch")
+_PEER = ("list", "watch", "patch", "create")  # create: a deleted peering object is recreated (peering.py)
 CLUSTER_PEERING = Kind("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", _PEER, namespaced=False)
 PEERING = Kind("kopf.dev", "v1", "kopfpeerings", "KopfPeering", _PEER)
 

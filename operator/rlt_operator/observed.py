@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlt.contract.exitcodes import CAPACITY_PREFIX, DISRUPTION
+from rlt.contract import env as pod_env
 from rlt_operator import builders
 
 
@@ -35,6 +36,10 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
             for c in status.get("conditions") or []
         ]
+        # The spec the gang was created with (its pods' RLT_RUN_YAML): what it runs, whatever the spec says now.
+        containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        env = (containers[0].get("env") or []) if containers else []
+        out["snapshot"] = next((e.get("value") for e in env if e.get("name") == pod_env.RUN_YAML.name), None)
         # Kueue evicts (preemption, lost admission) by suspending the Job: its pods are deleted without a
         # DisruptionTarget condition, so the Job's own state is what says their end was a disruption.
         out["suspended"] = bool(spec.get("suspend")) or any(

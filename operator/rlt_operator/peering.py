@@ -13,6 +13,7 @@ crds/ directory (`make generate`) and the emulated API.
 
 from __future__ import annotations
 
+import datetime
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,38 @@ def missing(kube: Kube, name: str, namespaces: list[str] | None) -> list[str]:
     if namespaces is None:
         return [] if kube.names(CLUSTER_PEERING.plural, "", name) else [f"{CLUSTER_PEERING.kind}/{name}"]
     return [f"{PEERING.kind}/{name} in {ns}" for ns in namespaces if not kube.names(PEERING.plural, ns, name)]
+
+
+def working(records: dict[str, Any], identity: str, priority: int, now: float | None = None) -> tuple[bool, str]:
+    """Kopf's rule, read from a peering object's status (identity -> {priority, lifetime, lastseen}): a replica
+    works while no other live record has a priority as high as its own. Returns (works, who works else)."""
+    at = time.time() if now is None else now
+    others = []
+    for who, rec in records.items():
+        if who == identity or not isinstance(rec, dict):
+            continue
+        try:
+            seen = datetime.datetime.fromisoformat(str(rec.get("lastseen"))).timestamp()
+        except ValueError:
+            continue  # not a record Kopf wrote
+        if seen + float(rec.get("lifetime", 60)) > at and int(rec.get("priority", 0)) >= priority:
+            others.append(who)
+    return (not others, ", ".join(sorted(others)))
+
+
+# Every peering object the chart creates carries it (app.kubernetes.io/part-of: rlt): other installs' are found by it.
+PART_OF = ("app.kubernetes.io/part-of", "rlt")
+
+
+def overlapping(objects: list[dict[str, Any]], own: str, now: float | None = None) -> list[str]:
+    """Names of other rlt installs' peering objects in the same scope with a live record: an install that works
+    on the same runs as this one (every Event twice, status writes racing)."""
+    out = []
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if name != own and not working(obj.get("status") or {}, "", -(2**63), now)[0]:
+            out.append(name)
+    return out
 
 
 def _crd(kind: Kind) -> dict[str, Any]:

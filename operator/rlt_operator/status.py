@@ -8,25 +8,30 @@ times, stages already finished whose Jobs were cleaned up, and terminal phases (
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from rlt.checks.validation import validate_spec
 from rlt.contract.api import TERMINAL_PHASES, Phase
 from rlt.contract.layout import format_time, parse_time
-from rlt.spec.fingerprint import describe_changes, fingerprint_of, stage_fields
-from rlt.spec.loading import SpecError
+from rlt.contract.stage_registry import STAGE_ORDER
+from rlt.spec.fingerprint import describe_changes, fingerprint_of, flat_spec, stage_fields
+from rlt.spec.loading import SpecError, parse_run
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import (
+    has_condition,
     no_pods,
     pod_conditions,
     set_condition,
     stuck_terminating,
     volume_condition,
 )
-from rlt_operator.gang import capacity_condition, gang_failure, trainer_shape
+from rlt_operator.gang import capacity_condition, current_gang, gang_failure, trainer_shape
 from rlt_operator.observed import (
     Observed,
     job_complete,
@@ -52,6 +57,16 @@ WARN_WHEN_FALSE = (
 
 # Seconds to re-check while something is expected to change soon (deletions finishing, restarts).
 SOON = 2.0
+# After the n-th counted gang failure the next gang waits BACKOFF_BASE * 2**(n-1) s, at most BACKOFF_CAP (the Job
+# controller's pod back-off, shorter: a gang restart already costs a model load); a disruption restarts at once.
+BACKOFF_BASE, BACKOFF_CAP = 10.0, 300.0
+
+
+def restart_delay(counted_failures: int) -> float:
+    """Seconds the next gang waits after the `counted_failures`-th failure (0: none yet)."""
+    if counted_failures <= 0:
+        return 0.0
+    return min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** min(counted_failures - 1, 30))
 
 
 # --------------------------------------------------------------------------- decisions
@@ -122,8 +137,45 @@ def decide(
     progress: dict[str, Any] | None = None,
     scrapers: tuple[str, ...] = (),
 ) -> Decision:
-    """`scrapers`: namespaces whose Prometheus may reach the generators' port 8000 (OperatorSettings.scrapers)."""
+    """One reconcile, as a sequence of named steps (each below, each table-tested in tests/operator/test_status.py).
+
+    `scrapers`: namespaces whose Prometheus may reach the generators' port 8000 (OperatorSettings.scrapers)."""
     prev = dict(prev or {})
+    run_status = carried_status(prev, generation)
+    plan = _Plan(observed)
+    spec = valid_spec(ref, raw_spec, run_status, now)
+    if spec is None:
+        while_held(ref, observed, run_status, progress, now)
+        return _finish(prev, run_status, plan, None)
+    run_wide_children(ref, spec, observed, run_status, plan, now)
+    done = finished_stages(ref, spec, observed, run_status, now)
+    if run_ended(spec, run_status, done, now):
+        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+    stage = current_stage(spec, run_status, done)
+    other_active = stop_other_stages(ref, stage, observed, plan)
+    if spec.suspend:
+        suspend(ref, stage, run_status, plan, now)
+        return _finish(prev, run_status, plan, None)
+    requeue = activate(spec, run_status, now)
+    gang = gang_children(ref, spec, stage, run_status, observed, plan, other_active, now)
+    outcome = gang_outcome(spec, gang, run_status, observed, plan, now)
+    if outcome == RESTART:
+        return _finish(prev, run_status, plan, SOON)
+    if outcome == FAILED:
+        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+    spec_applied(ref, gang, run_status, now)
+    backoff = restart_backoff(gang, run_status, now)
+    ready = launch(ref, spec, gang, run_status, plan, scrapers, now)
+    trainer_condition(gang, ready, run_status, observed, now)
+    read_progress(progress, stage, run_status)
+    return _finish(prev, run_status, plan, _min(_min(requeue, backoff), SOON if gang.waiting else None))
+
+
+# --------------------------------------------------------------------------- the steps of decide, in order
+
+
+def carried_status(prev: dict[str, Any], generation: int) -> RLTRunStatus:
+    """The previous status with every field decide() relies on filled in; the rest is recomputed from children."""
     run_status = previous_status(prev)
     run_status.phase = run_status.phase or PENDING
     run_status.stage = run_status.stage or ""
@@ -134,14 +186,20 @@ def decide(
     run_status.stage_specs = dict(run_status.stage_specs or {})
     run_status.progress = run_status.progress or Progress()
     run_status.outputs = run_status.outputs or Outputs()  # recomputed below; kept as is while the spec is invalid
-    conds = run_status.conditions = run_status.conditions or []
+    run_status.conditions = run_status.conditions or []
     if not run_status.reason:
         run_status.reason = run_status.message = None
     else:
         run_status.message = run_status.message or ""
-    plan = _Plan(observed)
-    gen_name = builders.generator_name(ref.name)
+    return run_status
 
+
+def valid_spec(
+    ref: builders.RunRef, raw_spec: dict[str, Any], run_status: RLTRunStatus, now: dt.datetime
+) -> RLTRunSpec | None:
+    """The validated spec, or None with SpecValid False: the run is held (nothing started or stopped: the pods keep
+    the last valid spec in their ConfigMap), the condition says why, and fixing the spec resumes from here."""
+    conds = run_status.conditions = run_status.conditions or []
     # A run failed as InvalidSpec by an older operator recovers too: invalid specs are not terminal now.
     if run_status.phase == FAILED and run_status.reason == "InvalidSpec":
         run_status.phase = PENDING
@@ -149,19 +207,25 @@ def decide(
         conds = run_status.conditions = [c for c in conds if c.type != ConditionType.FAILED]
     try:
         spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")
-    except SpecError as err:
-        # The same check as `rlt validate`. Hold: nothing is started or stopped (the pods keep the last valid
-        # spec in their ConfigMap); the condition says why, and fixing the spec resumes from here.
+    except SpecError as err:  # the same check as `rlt validate`
         message = "; ".join(err.problems)
         if run_status.phase not in TERMINAL:
             run_status.reason, run_status.message = "InvalidSpec", message
         set_condition(conds, ConditionType.SPEC_VALID, False, "InvalidSpec", message, now)
-        return _finish(prev, run_status, plan, None)
+        return None
     set_condition(conds, ConditionType.SPEC_VALID, True, "Valid", "the spec passes rlt validate", now)
+    return spec
 
-    enabled = spec.stages.enabled()
 
-    # Run-wide children: the pods' config (kept equal to the spec) and the data claim.
+def run_wide_children(
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    observed: Observed,
+    run_status: RLTRunStatus,
+    plan: _Plan,
+    now: dt.datetime,
+) -> None:
+    """The pods' config (kept equal to the spec) and the data claim (its state: VolumeReady)."""
     cm = builders.configmap(ref, spec)
     if plan.ensure("configmaps", cm):
         have = observed.configmaps[cm["metadata"]["name"]].get("configHash")
@@ -178,46 +242,61 @@ def decide(
     if plan.ensure("persistentvolumeclaims", builders.pvc(ref, spec)) and claim is not None:
         volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)
 
-    # Stages whose Job completed (or completed before and was cleaned up) are done.
+
+def finished_stages(
+    ref: builders.RunRef, spec: RLTRunSpec, observed: Observed, run_status: RLTRunStatus, now: dt.datetime
+) -> list[str]:
+    """Stages whose Job completed (or completed before and was cleaned up), their outputs and recorded specs."""
     done = [
         s
-        for s in enabled
-        if s in run_status.completed_stages or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))
+        for s in spec.stages.enabled()
+        if s in (run_status.completed_stages or [])
+        or job_complete(observed.jobs.get(builders.trainer_name(ref.name, s)))
     ]
     run_status.completed_stages = done
     run_status.outputs = Outputs.model_validate(builders.outputs(ref.name, spec, done))
-    finished_stage_edits(run_status, spec, done, now)
+    ran = {s: gang_spec(observed.jobs.get(builders.trainer_name(ref.name, s))) for s in done}
+    finished_stage_edits(run_status, spec, done, now, ran)
+    return done
 
-    if run_status.phase not in TERMINAL:
-        start = parse_time(run_status.start_time)
-        deadline = spec.active_deadline_seconds
-        # Completion first: a run whose last Job completed in time but is observed after the deadline
-        # (operator down, slow watch) is done, not DeadlineExceeded.
-        if len(done) == len(enabled):
-            message = "all stages finished: " + ", ".join(enabled)
-            run_status.phase, run_status.stage = SUCCEEDED, ""
-            run_status.reason, run_status.message = "Succeeded", message
-            set_condition(conds, ConditionType.COMPLETE, True, "Succeeded", message, now)
-        elif start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
-            _fail(
-                run_status,
-                "DeadlineExceeded",
-                f"the run was active longer than activeDeadlineSeconds ({deadline}s)",
-                now,
-            )
+
+def run_ended(spec: RLTRunSpec, run_status: RLTRunStatus, done: list[str], now: dt.datetime) -> bool:
+    """True when the run is (now) terminal: every stage finished, or the deadline passed, or terminal before."""
     if run_status.phase in TERMINAL:
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return True
+    enabled = spec.stages.enabled()
+    start = parse_time(run_status.start_time)
+    deadline = spec.active_deadline_seconds
+    # Completion first: a run whose last Job completed in time but is observed after the deadline
+    # (operator down, slow watch) is done, not DeadlineExceeded.
+    if len(done) == len(enabled):
+        message = "all stages finished: " + ", ".join(enabled)
+        run_status.phase, run_status.stage = SUCCEEDED, ""
+        run_status.reason, run_status.message = "Succeeded", message
+        set_condition(run_status.conditions or [], ConditionType.COMPLETE, True, "Succeeded", message, now)
+        return True
+    if start and deadline and (now - start).total_seconds() >= deadline and not spec.suspend:
+        _fail(
+            run_status, "DeadlineExceeded", f"the run was active longer than activeDeadlineSeconds ({deadline}s)", now
+        )
+        return True
+    return False
 
-    stage = next(s for s in enabled if s not in done)
+
+def current_stage(spec: RLTRunSpec, run_status: RLTRunStatus, done: list[str]) -> str:
+    """The first enabled, unfinished stage (one stage at a time); a new stage starts with fresh progress."""
+    stage = next(s for s in spec.stages.enabled() if s not in done)
     if stage != run_status.stage:
         run_status.progress = Progress()
         run_status.trainer_shape = None
     run_status.stage = stage
-    job_name = builders.trainer_name(ref.name, stage)
-    restarts = run_status.restarts
+    return stage
 
-    # The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still
-    # active stops first (the run always runs the first enabled, unfinished stage; one stage at a time).
+
+def stop_other_stages(ref: builders.RunRef, stage: str, observed: Observed, plan: _Plan) -> list[str]:
+    """The running stage was disabled, or an earlier one enabled: a trainer of another stage that is still active
+    stops first. Returns the Jobs stopped (the current stage waits for them)."""
+    job_name = builders.trainer_name(ref.name, stage)
     other_active = [
         n
         for n, j in observed.jobs.items()
@@ -229,29 +308,65 @@ def decide(
     ]
     for other in other_active:
         plan.delete("jobs", other, "Foreground")
+    return other_active
 
-    # Suspend: every GPU pod goes, the data and config stay; resuming restarts from the last checkpoint.
-    if spec.suspend:
-        plan.delete("jobs", job_name, "Foreground")
-        plan.delete("statefulsets", gen_name, "Foreground")
-        run_status.phase, run_status.start_time = SUSPENDED, None
-        run_status.reason, run_status.message = "Suspended", "spec.suspend is true"
-        set_condition(conds, ConditionType.SUSPENDED, True, "Suspended", "all GPU pods deleted; data kept", now)
-        no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
-        return _finish(prev, run_status, plan, None)
+
+def suspend(ref: builders.RunRef, stage: str, run_status: RLTRunStatus, plan: _Plan, now: dt.datetime) -> None:
+    """spec.suspend: every GPU pod goes, the data and config stay; resuming restarts from the last checkpoint."""
+    plan.delete("jobs", builders.trainer_name(ref.name, stage), "Foreground")
+    plan.delete("statefulsets", builders.generator_name(ref.name), "Foreground")
+    run_status.phase, run_status.start_time = SUSPENDED, None
+    run_status.reason, run_status.message = "Suspended", "spec.suspend is true"
+    conds = run_status.conditions or []
+    set_condition(conds, ConditionType.SUSPENDED, True, "Suspended", "all GPU pods deleted; data kept", now)
+    no_pods(run_status, "Suspended", f"stage {stage}: suspended (spec.suspend)", now)
+
+
+def activate(spec: RLTRunSpec, run_status: RLTRunStatus, now: dt.datetime) -> float | None:
+    """Resume from Suspended, start the clock; the seconds left until activeDeadlineSeconds (None: no deadline)."""
     if run_status.phase == SUSPENDED:
+        conds = run_status.conditions or []
         set_condition(conds, ConditionType.SUSPENDED, False, "Resumed", "resuming from the last checkpoint", now)
         run_status.phase = PENDING
     run_status.reason = run_status.message = None
     if not run_status.start_time:
         run_status.start_time = format_time(now)
-    requeue: float | None = None
-    if spec.active_deadline_seconds:
-        started = parse_time(run_status.start_time)
-        assert started is not None
-        requeue = max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
+    if not spec.active_deadline_seconds:
+        return None
+    started = parse_time(run_status.start_time)
+    assert started is not None
+    return max(0.0, spec.active_deadline_seconds - (now - started).total_seconds())
 
-    # Children of another stage or of an older gang are stale: delete them and wait until gone.
+
+@dataclass
+class Gang:
+    """The current stage's gang as gang_children leaves it: its surviving children and what it runs with."""
+
+    stage: str
+    restarts: int
+    job_name: str
+    gen_name: str
+    run_spec: RLTRunSpec  # the spec with the trainer shape the gang runs
+    gens_needed: bool
+    sts: dict[str, Any] | None  # None: absent or being replaced
+    job: dict[str, Any] | None
+    waiting: bool  # stale children are still going: create nothing new yet
+    backoff: float = 0.0  # seconds left before a new gang may be created (restart_backoff)
+
+
+def gang_children(
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    stage: str,
+    run_status: RLTRunStatus,
+    observed: Observed,
+    plan: _Plan,
+    other_active: list[str],
+    now: dt.datetime,
+) -> Gang:
+    """Children of another stage or of an older gang are stale: delete them and wait until gone."""
+    restarts = run_status.restarts or 0
+    job_name, gen_name = builders.trainer_name(ref.name, stage), builders.generator_name(ref.name)
     gens_needed = needs_generators(spec, stage)
     waiting = bool(other_active) or any(
         j.get("deleting") and j.get("active", 0) > 0 and n != job_name for n, j in observed.jobs.items()
@@ -280,15 +395,24 @@ def decide(
     ):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
-
     # Running once a trainer of the run has existed; Pending before (e.g. while vLLM loads the model).
-    if job is not None or done or run_status.phase == RUNNING:
+    if job is not None or run_status.completed_stages or run_status.phase == RUNNING:
         run_status.phase = RUNNING
+    return Gang(stage, restarts, job_name, gen_name, run_spec, gens_needed, sts, job, waiting)
 
-    # A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
-    # config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
-    one_node = spec.storage.access_mode == "ReadWriteOnce" and gens_needed
-    failure, fatal, disrupted = gang_failure(job, job_name, observed.pods, stage, restarts, now, one_node)
+
+RESTART = "Restart"  # gang_outcome: the gang is being restarted
+
+
+def gang_outcome(
+    spec: RLTRunSpec, gang: Gang, run_status: RLTRunStatus, observed: Observed, plan: _Plan, now: dt.datetime
+) -> str | None:
+    """A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
+    config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
+    Returns RESTART, FAILED, or None (the gang goes on)."""
+    one_node = spec.storage.access_mode == "ReadWriteOnce" and gang.gens_needed
+    stage, restarts = gang.stage, gang.restarts
+    failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, now, one_node)
     capacity_condition(run_status, observed.pods, stage, restarts, now)
     if fatal:
         _fail(
@@ -297,62 +421,134 @@ def decide(
             f"{fatal}; not retried (fix the spec or the data, then create the run again)",
             now,
         )
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
-    if failure:
-        counted = restarts - (run_status.disruptions or 0)
-        if disrupted or counted < spec.backoff_limit:
-            run_status.restarts = restarts + 1
-            if disrupted:
-                run_status.disruptions = (run_status.disruptions or 0) + 1
-            plan.delete("jobs", job_name, "Foreground")
-            plan.delete("statefulsets", gen_name, "Foreground")
-            set_condition(conds, ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
-            run_status.last_failure = failure
-            return _finish(prev, run_status, plan, SOON)
-        _fail(
-            run_status,
-            "BackoffLimitExceeded",
-            f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})",
-            now,
-        )
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return FAILED
+    if not failure:
+        return None
+    counted = restarts - (run_status.disruptions or 0)
+    if not (disrupted or counted < spec.backoff_limit):
+        message = f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})"
+        _fail(run_status, "BackoffLimitExceeded", message, now)
+        return FAILED
+    run_status.restarts = restarts + 1
+    if disrupted:
+        run_status.disruptions = (run_status.disruptions or 0) + 1
+    delay = 0.0 if disrupted else restart_delay(counted + 1)
+    run_status.backoff_until = format_time(now + dt.timedelta(seconds=delay)) if delay else None
+    plan.delete("jobs", gang.job_name, "Foreground")
+    plan.delete("statefulsets", gang.gen_name, "Foreground")
+    set_condition(run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
+    run_status.last_failure = failure
+    return RESTART
 
-    # Generators first; the trainer joins them only once every server answers /health.
+
+def restart_backoff(gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> float | None:
+    """Seconds the next gang still waits after a failed one (status.backoffUntil), or None once it may start.
+    Children of the gang that exist already (an operator restarted mid-wait found them) are left alone."""
+    until = parse_time(run_status.backoff_until)
+    left = (until - now).total_seconds() if until else 0.0
+    if left <= 0:
+        run_status.backoff_until = None
+        return None
+    gang.backoff = left
+    return left
+
+
+# Spec fields the operator applies at once (or reads only at creation/deletion): never pending for a gang.
+APPLIED_AT_ONCE = ("suspend", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished")
+
+
+def pending_edits(ref: builders.RunRef, gang: Gang) -> str | None:
+    """The edits the running gang does not run yet (its snapshot against what a gang created now would get), named
+    (`stages.rl.learningRate 1e-05 -> 5e-05`); None when it runs the current spec."""
+    ran = gang.job.get("snapshot") if gang.job else None
+    if not ran:
+        return None
+    now_text = builders.pod_config(ref, gang.run_spec)
+    if now_text == ran:
+        return None
+    old, new = _spec_of(ran), _spec_of(now_text)
+    if old is None or new is None:
+        return "the spec"
+
+    def gang_fields(spec: RLTRunSpec) -> dict[str, Any]:
+        return {
+            k: v
+            for k, v in flat_spec(spec).items()
+            if k not in APPLIED_AT_ONCE and not k.startswith("storage.") and not k.endswith(".enabled")
+        }
+
+    before, after = gang_fields(old), gang_fields(new)
+    return describe_changes(before, after) if before != after else None
+
+
+def spec_applied(ref: builders.RunRef, gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> None:
+    """SpecApplied: False (PendingGangRestart) while the running gang runs an older spec than the run's (an accepted
+    edit reaches the pods at the next gang restart or stage); ShapeFrozen (trainer_shape) wins."""
+    conds = run_status.conditions = run_status.conditions or []
+    if any(c.type == ConditionType.SPEC_APPLIED and c.reason == "ShapeFrozen" for c in conds):
+        return
+    pending = pending_edits(ref, gang)
+    if pending:
+        message = (
+            f"stage {gang.stage}: the running gang ({gang.restarts}) keeps the spec it was created with; "
+            f"{pending} apply from the next gang restart or stage (suspend and resume to apply now)"
+        )
+        set_condition(conds, ConditionType.SPEC_APPLIED, False, "PendingGangRestart", message, now)
+    elif has_condition(run_status, ConditionType.SPEC_APPLIED):
+        set_condition(conds, ConditionType.SPEC_APPLIED, True, "Applied", "the running gang runs the current spec", now)
+
+
+def launch(
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    gang: Gang,
+    run_status: RLTRunStatus,
+    plan: _Plan,
+    scrapers: tuple[str, ...],
+    now: dt.datetime,
+) -> bool:
+    """Generators first; the trainer joins them only once every server answers /health. True when they are ready
+    (or not needed)."""
+    stage, restarts = gang.stage, gang.restarts
     ready = True
-    if gens_needed:
+    if gang.gens_needed:
         plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec, scrapers))
         plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
-        if sts is None and not waiting:
+        if gang.sts is None and not gang.waiting and not gang.backoff:
             plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))
         want = spec.resources.generator.replicas
-        have = sts["readyReplicas"] if sts else 0
-        ready = sts is not None and have >= want
+        have = gang.sts["readyReplicas"] if gang.sts else 0
+        ready = gang.sts is not None and have >= want
         set_condition(
-            conds,
+            run_status.conditions or [],
             ConditionType.GENERATORS_READY,
             ready,
             "Ready" if ready else "Starting",
             f"{have}/{want} vLLM servers ready",
             now,
         )
-    if ready and not waiting:
-        plan.ensure("services", builders.trainer_service(ref, run_spec, stage, restarts))
-        if job is None:
-            plan.ensure("jobs", builders.trainer_job(ref, run_spec, stage, restarts))
-    # Job.status.active counts Pending pods too: the trainer runs once every one of its pods does.
-    gang = [
-        p
-        for p in observed.pods
-        if p["labels"].get(builders.L_STAGE) == stage and p["labels"].get(builders.L_RESTART) == str(restarts)
-    ]
+    if ready and not gang.waiting and not gang.backoff:
+        plan.ensure("services", builders.trainer_service(ref, gang.run_spec, stage, restarts))
+        if gang.job is None:
+            plan.ensure("jobs", builders.trainer_job(ref, gang.run_spec, stage, restarts))
+    return ready
+
+
+def trainer_condition(gang: Gang, ready: bool, run_status: RLTRunStatus, observed: Observed, now: dt.datetime) -> None:
+    """TrainerRunning, and the pod conditions of the current gang. Job.status.active counts Pending pods too: the
+    trainer runs once every one of its pods does."""
+    job = gang.job
+    pods = current_gang(observed.pods, gang.stage, gang.restarts)
     want_pods = int(job.get("completions", 1)) if job else 0
     running_pods = sum(
-        1 for p in gang if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Running"
+        1 for p in pods if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Running"
     )
     active = bool(job and job.get("active", 0) > 0) and running_pods >= want_pods
     why = (
         "trainer running"
         if active
+        else f"gang {gang.restarts} waits {gang.backoff:.0f}s before it starts (back-off after a failed gang)"
+        if gang.backoff and job is None
         else "trainer Job suspended (Kueue: waiting to be admitted again)"
         if job and job.get("suspended")
         else "waiting for generators"
@@ -362,25 +558,78 @@ def decide(
         else "trainer starting"
     )
     set_condition(
-        conds,
+        run_status.conditions or [],
         ConditionType.TRAINER_RUNNING,
         active,
-        "Running" if active else "Waiting",
-        f"stage {stage}: {why}",
+        "Running" if active else waiting_reason(why),
+        f"stage {gang.stage}: {why}",
         now,
     )
     # A restart waiting on an old gang's pod that never goes (its node is NotReady) says so (docs/operator.md).
-    pod_conditions(run_status, gang, now, stuck_terminating(observed.pods, now) if waiting else None)
-    if progress is not None and progress.get("stage", stage) == stage:
-        read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
-        if read.step is not None:
-            read.step_of_total = f"{read.step}/{read.total_steps}" if read.total_steps else str(read.step)
-        run_status.progress = read
-    return _finish(prev, run_status, plan, _min(requeue, SOON if waiting else None))
+    pod_conditions(run_status, pods, now, stuck_terminating(observed.pods, now) if gang.waiting else None)
 
 
-def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[str], now: dt.datetime) -> None:
-    """Record the spec each stage finished under (status.stageSpecs) and report a later edit of it.
+def waiting_reason(why: str) -> str:
+    """TrainerRunning's reason while the trainer does not run: what the run waits for (the Trainer column of
+    `kubectl get rlt`: a Running run is either training or waiting for something)."""
+    if "back-off" in why:
+        return "RestartBackOff"
+    if "Kueue" in why:
+        return "WaitingForAdmission"
+    if "generators" in why:
+        return "WaitingForGenerators"
+    return "WaitingForPods"
+
+
+def while_held(
+    ref: builders.RunRef,
+    observed: Observed,
+    run_status: RLTRunStatus,
+    progress: dict[str, Any] | None,
+    now: dt.datetime,
+) -> None:
+    """An invalid spec holds the run (nothing started or stopped), but what its gang does is still read: a stage
+    whose Job completes is recorded (with the spec its gang ran), the running stage's progress goes on."""
+    if run_status.phase in TERMINAL:
+        return
+    done = list(run_status.completed_stages or [])
+    records = dict(run_status.stage_specs or {})
+    for stage in STAGE_ORDER:
+        job = observed.jobs.get(builders.trainer_name(ref.name, stage))
+        if stage not in done and job is not None and job["labels"].get(builders.L_STAGE) == stage and job_complete(job):
+            done.append(stage)
+            ran = gang_spec(job)
+            if ran is not None:
+                records[stage] = stage_record(stage_fields(ran, stage))
+                run_status.outputs = Outputs.model_validate(builders.outputs(ref.name, ran, done))
+    run_status.completed_stages = [s for s in STAGE_ORDER if s in done]
+    run_status.stage_specs = records
+    if run_status.stage and run_status.stage in done:
+        message = f"stage {run_status.stage} finished; the next stage waits for a valid spec (SpecValid)"
+        set_condition(run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, "Held", message, now)
+    else:
+        read_progress(progress, run_status.stage or "", run_status)
+
+
+def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRunStatus) -> None:
+    """The trainer's progress as last read (progress.py), when it belongs to the current stage."""
+    if progress is None or progress.get("stage", stage) != stage:
+        return
+    read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
+    if read.step is not None:
+        read.step_of_total = f"{read.step}/{read.total_steps}" if read.total_steps else str(read.step)
+    run_status.progress = read
+
+
+def finished_stage_edits(
+    run_status: RLTRunStatus,
+    spec: RLTRunSpec,
+    done: list[str],
+    now: dt.datetime,
+    ran: dict[str, RLTRunSpec | None] | None = None,
+) -> None:
+    """Record the spec each stage finished under (status.stageSpecs: the snapshot its last gang ran, `ran`, else the
+    current spec) and report a later edit of it.
 
     A finished stage is never re-run by the operator: an edit of the fields its output depends on is not
     applied, so the condition StagesCurrent says so, naming the changed fields (docs/operator.md)."""
@@ -389,12 +638,11 @@ def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[
     for stage in done:
         fields = stage_fields(spec, stage)
         record = records.get(stage)
-        if record is None:  # finished now (or before the operator recorded stage specs): this spec is its spec
-            records[stage] = StageSpec(
-                fingerprint=fingerprint_of(fields), fields={k: json.dumps(v) for k, v in fields.items()}
-            )
-        elif record.fingerprint != fingerprint_of(fields):
-            old = {k: json.loads(v) for k, v in record.fields.items()}
+        if record is None:  # finished now (or before the operator recorded stage specs)
+            snapshot = (ran or {}).get(stage)
+            record = records[stage] = stage_record(stage_fields(snapshot, stage) if snapshot else fields)
+        if record.fingerprint != fingerprint_of(fields):
+            old = record.values()
             edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
     run_status.stage_specs = records
     conds = run_status.conditions = run_status.conditions or []
@@ -417,6 +665,24 @@ def finished_stage_edits(run_status: RLTRunStatus, spec: RLTRunSpec, done: list[
             "finished stages ran under the current spec: " + ", ".join(records),
             now,
         )
+
+
+def stage_record(fields: dict[str, Any]) -> StageSpec:
+    return StageSpec(fingerprint=fingerprint_of(fields), fields=json.dumps(fields, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _spec_of(snapshot: str) -> RLTRunSpec | None:
+    try:
+        return parse_run(yaml.safe_load(snapshot)).spec
+    except (SpecError, yaml.YAMLError):
+        return None  # written by another version of rlt: not readable here
+
+
+def gang_spec(job: dict[str, Any] | None) -> RLTRunSpec | None:
+    """The spec a trainer Job's gang was created with (its pods' RLT_RUN_YAML), when readable."""
+    snapshot = (job or {}).get("snapshot")
+    return _spec_of(snapshot) if snapshot else None
 
 
 def _foreign(child: dict[str, Any], ref: builders.RunRef) -> bool:
@@ -442,7 +708,7 @@ def _terminal(
     if not run_status.completion_time:
         run_status.completion_time = format_time(now)
     run_status.stage = ""
-    run_status.trainer_shape = None
+    run_status.trainer_shape = run_status.backoff_until = None
     plan.delete("statefulsets", builders.generator_name(ref.name))
     for stage in spec.stages.enabled():
         job = observed.jobs.get(builders.trainer_name(ref.name, stage))
@@ -476,7 +742,8 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, 
                 "GangRestart",
                 f"restart {new.restarts}: {new.last_failure or 'a pod failed'}; "
                 "trainer and generators restart from the last checkpoint"
-                + (" (a disruption: not counted against backoffLimit)" if uncounted else ""),
+                + (" (a disruption: not counted against backoffLimit)" if uncounted else "")
+                + (f", not before {new.backoff_until} (back-off)" if new.backoff_until else ""),
             )
         )
     if new.reason == "InvalidSpec" and (prev.reason, prev.message) != ("InvalidSpec", new.message):
@@ -518,6 +785,8 @@ def _finish(prev: dict[str, Any], run_status: RLTRunStatus, plan: _Plan, requeue
     # Empty records are left out of the written status (a merge patch then removes them).
     if not run_status.last_failure:
         run_status.last_failure = None
+    if not run_status.backoff_until:
+        run_status.backoff_until = None
     if not run_status.stage_specs:
         run_status.stage_specs = None
     status = run_status.model_dump(mode="json", by_alias=True, exclude_none=True)

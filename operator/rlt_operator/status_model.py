@@ -7,9 +7,10 @@ an error), keeps the two from drifting apart.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
 
 from rlt.contract.api import Phase, StrEnum
@@ -90,10 +91,22 @@ class StageSpec(_Status):
     """The spec a finished stage ran under (recorded when its Job completed), to report later edits."""
 
     fingerprint: str = Field(description="rlt.spec.fingerprint.stage_fingerprint of the fields below.")
-    fields: dict[str, str] = Field(
-        description="The fields the stage's output depends on (dotted spec path -> "
-        "value as JSON), so that an edit can be named."
+    # One JSON string, not a map: `kubectl describe rlt` prints a map one line per entry (~60 per stage).
+    fields: str = Field(
+        description="The fields the stage's output depends on, as one JSON object (dotted spec path -> value), so "
+        "that an edit can be named."
     )
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _from_map(cls, value: Any) -> Any:
+        """An older operator wrote a map of path -> value as JSON: read it as the one JSON object."""
+        if isinstance(value, dict):
+            return json.dumps({k: json.loads(v) for k, v in value.items()}, sort_keys=True)
+        return value
+
+    def values(self) -> dict[str, Any]:
+        return dict(json.loads(self.fields))
 
 
 class RLTRunStatus(_Status):
@@ -111,6 +124,12 @@ class RLTRunStatus(_Status):
     )
     message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
     last_failure: str | None = Field(None, description="The last failure that caused a gang restart.")
+    backoff_until: str | None = Field(
+        None,
+        description="After a failed gang, the next one is not created before this time (back-off: 10 s, doubling "
+        "with each counted failure, at most 5 min; none after a disruption).",
+        json_schema_extra=DATE_TIME,
+    )
     observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
     restarts: int | None = Field(
         None, description="Gang restarts so far (those not caused by disruptions are bounded by spec.backoffLimit)."

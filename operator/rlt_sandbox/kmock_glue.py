@@ -209,12 +209,21 @@ def _resource_version(obj: Any) -> int | None:
         return None
 
 
+_FILTER = re.compile(r'^(\w+)\[\?\(@\.(\w+)==["\'](.*?)["\']\)\]$')
+
+
 def _jsonpath(obj: Any, path: str) -> Any:
-    """The `.a.b.c` subset of JSONPath used by printer columns."""
-    for part in filter(None, path.split(".")):
+    """The subset of JSONPath printer columns use: `.a.b.c`, and a list filtered by one field
+    (`.status.conditions[?(@.type=="Ready")].reason`, the first match)."""
+    for part in re.findall(r'[^.\[]+(?:\[\?\(@\.\w+==["\'][^"\']*["\']\)\])?', path):
         if not isinstance(obj, dict):
             return None
-        obj = obj.get(part)
+        m = _FILTER.match(part)
+        if m is None:
+            obj = obj.get(part)
+            continue
+        key, field, value = m.groups()
+        obj = next((i for i in obj.get(key) or [] if isinstance(i, dict) and str(i.get(field)) == value), None)
     return obj
 
 
@@ -302,7 +311,18 @@ class Cluster(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: Any) -> Any:
         log = _POD_LOG.match(raw_request.path) if raw_request.method == "GET" else None
         if log:  # `kubectl logs POD`: the pod's log as text (kmock would answer with the pod object)
-            return self._serve_pod_log(*log.groups())
+            return self._serve_pod_log(*log.groups(), tail=raw_request.query.get("tailLines"))
+        if raw_request.method == "PATCH" and "strategic-merge-patch" in raw_request.headers.get("Content-Type", ""):
+            # Applied as a merge patch it would replace lists that Kubernetes merges by key (a Deployment's
+            # containers, env, volumes): `helm upgrade` would "succeed" with a corrupted object. Refuse loudly.
+            from aiohttp import web
+
+            why = (
+                "the rlt sandbox does not implement strategic-merge patches (helm upgrade and kubectl apply of "
+                "built-in kinds send them): delete and re-create the object, or use helm uninstall + helm install"
+            )
+            body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 415}
+            return web.json_response({**body, "reason": "UnsupportedMediaType", "message": why}, status=415)
         # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
         if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
             import json
@@ -336,7 +356,7 @@ class Cluster(kmock.KubernetesEmulator):
             return web.json_response(not_found_status(raw_request.path), status=404)
         return response
 
-    def _serve_pod_log(self, namespace: str, name: str) -> Any:
+    def _serve_pod_log(self, namespace: str, name: str, tail: str | None = None) -> Any:
         from aiohttp import web
 
         path = self.pod_log(namespace, name) if self.pod_log is not None else None
@@ -351,7 +371,11 @@ class Cluster(kmock.KubernetesEmulator):
             return web.json_response(
                 {**status, "reason": "BadRequest" if code == 400 else "NotFound", "code": code}, status=code
             )
-        return web.Response(text=Path(path).read_text(errors="replace"), content_type="text/plain")
+        text = Path(path).read_text(errors="replace")
+        if tail is not None and tail.lstrip("-").isdigit() and int(tail) >= 0:  # `kubectl logs --tail=N`
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[len(lines) - int(tail) :]) if int(tail) else ""
+        return web.Response(text=text, content_type="text/plain")
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.method == enums.method.PUT and request.name:

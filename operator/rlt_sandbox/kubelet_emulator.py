@@ -107,6 +107,19 @@ def log_tail(path: Path, lines: int = 80, limit: int = 2048) -> str:
     return tail.decode(errors="replace")
 
 
+class PodWaiting(Exception):
+    """What a scheduler or kubelet reports while the pod stays Pending (a node selector no node matches, a missing
+    Secret): the pod is not failed, and each pass tries again, so fixing the cause lets it start."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+# The one emulated node: a pod whose nodeSelector asks for anything else is Unschedulable, as on a cluster.
+NODE_LABELS = {"kubernetes.io/hostname": "localhost", "kubernetes.io/os": "linux"}
+
+
 class PodConfigError(Exception):
     """The pod cannot start as rendered (the kubelet's CreateContainerConfigError)."""
 
@@ -156,6 +169,7 @@ class PodRun:
     failure_rule: int | None = None  # the index of the rule that gave it (None: no rule matched)
     run: str = ""  # its run (label rlt.dev/run, else its owner): the unit that gets its own ports here
     ports: dict[int, int] = field(default_factory=dict)  # its run's {rendered port: port here}
+    waiting: PodWaiting | None = None  # why it stays Pending (retried every pass)
 
     @property
     def pid(self) -> int | None:
@@ -175,11 +189,14 @@ class LocalKubelet:
         poll_seconds: float = 0.3,
         grace_seconds: float | None = None,
         job_backoff_seconds: float = 10.0,
+        follow_namespaces: bool = False,
     ):
         self.api = api_url.rstrip("/")
         self.workdir = Path(workdir).absolute()
         self.images = dict(images or {})
         self.default_image = default_image
+        # every namespace of the API, read each pass (one created later gets its pods too), else `namespaces`
+        self.follow_namespaces = follow_namespaces
         self.namespaces = namespaces or ["default"]
         self.poll = poll_seconds
         self.grace_cap = grace_seconds  # None: each pod's own grace period, uncapped (as a kubelet)
@@ -235,9 +252,19 @@ class LocalKubelet:
             shutil.rmtree(self._links_dir, ignore_errors=True)  # the links only; their folders stay
             self._links_dir, self._links = None, {}
 
+    async def _refresh_namespaces(self) -> None:
+        listed = (await self._get("/api/v1/namespaces") or {}).get("items", [])
+        names = sorted(n["metadata"]["name"] for n in listed if not n["metadata"].get("deletionTimestamp"))
+        if names and names != self.namespaces:
+            self.namespaces = names
+            self.dns = cluster_dns_pattern(self.namespaces)
+            self.dns_port = re.compile(rf"{self.dns.pattern}(?::(\d+)\b)?")
+
     async def _loop(self) -> None:
         while True:
             try:
+                if self.follow_namespaces:
+                    await self._refresh_namespaces()
                 for ns in self.namespaces:
                     await self._sync(ns)
             except asyncio.CancelledError:
@@ -500,6 +527,9 @@ class LocalKubelet:
         log.info("pod %s/%s: log %s", ns, name, pod.log_path)
         try:
             await self._start(ns, pod)
+        except PodWaiting as err:
+            pod.waiting = err
+            log.warning("pod %s/%s stays Pending: %s: %s", ns, name, err.reason, err.message)
         except PodConfigError as err:
             pod.phase, pod.message = "Failed", f"CreateContainerConfigError: {err}"
             pod.finished_at = time.monotonic()
@@ -513,6 +543,15 @@ class LocalKubelet:
     async def _advance(self, ns: str, pod: PodRun) -> None:
         """Fold the process's state into the pod's phase, restart it when its policy says so, report changes."""
         self._reap(pod)
+        if pod.waiting is not None and pod.proc is None and not pod.terminating:
+            try:  # as a kubelet (or the scheduler) retries: the Secret may exist now
+                await self._start(ns, pod)
+                pod.waiting = None
+            except PodWaiting as err:
+                pod.waiting = err
+            except PodConfigError as err:
+                pod.waiting, pod.phase, pod.message = None, "Failed", f"CreateContainerConfigError: {err}"
+                pod.finished_at = time.monotonic()
         if pod.proc is not None and pod.phase in ("Pending", "Running"):
             code = pod.proc.poll()
             if code is None:
@@ -531,12 +570,14 @@ class LocalKubelet:
                 else:
                     pod.phase = "Succeeded" if code == 0 else "Failed"
                     pod.finished_at = time.monotonic()
-        report = (pod.phase, pod.ready, pod.restarts, pod.exit_code)
+        report = (pod.phase, pod.ready, pod.restarts, pod.exit_code, str(pod.waiting))
         if report != pod.reported:
             pod.reported = report
             await self._status("pods", ns, pod.name, self._pod_status(pod))
 
     def _pod_status(self, pod: PodRun) -> dict[str, Any]:
+        if pod.waiting is not None:
+            return self._waiting_status(pod, pod.waiting)
         state: dict[str, Any]
         if pod.phase in ("Succeeded", "Failed") and pod.exit_code is not None:
             state = {
@@ -566,6 +607,21 @@ class LocalKubelet:
             ],
         }
 
+    @staticmethod
+    def _waiting_status(pod: PodRun, why: PodWaiting) -> dict[str, Any]:
+        if why.reason == "Unschedulable":  # the scheduler's answer: not on a node, no container status
+            cond = {"type": "PodScheduled", "status": "False", "reason": why.reason, "message": why.message}
+            return {"phase": "Pending", "conditions": [cond]}
+        waiting = {"waiting": {"reason": why.reason, "message": why.message}}
+        return {
+            "phase": "Pending",
+            "hostIP": LOOPBACK,
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {"name": pod.container["name"], "ready": False, "restartCount": 0, "state": waiting, "lastState": {}}
+            ],
+        }
+
     def _probe(self, pod: PodRun) -> bool:
         probe = pod.container.get("readinessProbe")
         if not probe:
@@ -584,6 +640,13 @@ class LocalKubelet:
 
     async def _start(self, ns: str, pod: PodRun) -> None:
         c = pod.container
+        wanted = pod.body["spec"].get("nodeSelector") or {}
+        if any(NODE_LABELS.get(k) != v for k, v in wanted.items()):
+            raise PodWaiting(
+                "Unschedulable",
+                "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector "
+                f"(the sandbox's one node has {NODE_LABELS})",
+            )
         image = self.images.get(c.get("image", ""), self.default_image)
         if image is None:
             raise PodConfigError(f"no local stand-in for image {c.get('image')!r}")
@@ -671,8 +734,13 @@ class LocalKubelet:
                 if ref["key"] not in data:
                     if ref.get("optional"):
                         return ""
-                    raise PodConfigError(
-                        f"env {entry['name']}: {plural[:-1]} {ref['name']!r} has no key {ref['key']!r}"
+                    # A kubelet keeps the pod Pending (CreateContainerConfigError) until the object or key exists.
+                    what = "Secret" if plural == "secrets" else "ConfigMap"
+                    raise PodWaiting(
+                        "CreateContainerConfigError",
+                        f'{plural[:-1]} "{ref["name"]}" not found'
+                        if obj is None
+                        else f"couldn't find key {ref['key']} in {what} {ns}/{ref['name']}",
                     )
                 value = data[ref["key"]]
                 if plural == "secrets":

@@ -149,6 +149,31 @@ class InProcessOperator:
             raise RuntimeError("the operator failed") from self.error
 
 
+def show_operator_log(path: Path) -> Path:
+    """The in-process operator's log (Kopf's and rlt's lines, a run's prefixed [namespace/run]) into `path`, as
+    `rlt operator` would print it; handler-success lines are debug, as there."""
+    from rlt_operator.cli import quiet_success
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(_PrefixingFormatter("[%(asctime)s] %(name)-20.20s [%(levelname)-8s] %(message)s"))
+    handler.addFilter(lambda record: record.name.startswith(("kopf", "rlt")))  # not the emulated API's access log
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    quiet_success(debug=False)
+    return path
+
+
+class _PrefixingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ref = getattr(record, "k8s_ref", None)  # Kopf's per-object loggers set it
+        if isinstance(ref, dict) and ref.get("name"):
+            where = f"{ref['namespace']}/{ref['name']}" if ref.get("namespace") else ref["name"]
+            return super().format(record).replace(record.getMessage(), f"[{where}] {record.getMessage()}", 1)
+        return super().format(record)
+
+
 async def _main(
     port: int,
     kubeconfig_path: Path,
@@ -166,7 +191,8 @@ async def _main(
         if run_pods is not None:  # pods run as local processes (rlt_sandbox.sandbox_pods)
             from rlt_sandbox import sandbox_pods
 
-            kubelet = await sandbox_pods.start(url, run_pods, namespaces, images or [])
+            kubelet = await sandbox_pods.start(url, run_pods, images or [])
+        operator_log = show_operator_log(kubeconfig_path.parent / "operator.log")
         # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
         logging.getLogger("kopf._core.reactor.running").addFilter(
             lambda record: "OS signals are ignored" not in record.getMessage()
@@ -218,6 +244,7 @@ async def _main(
         print(
             f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"
             + what
+            + f"The operator's log: tail -f {operator_log}\n"
             + "Ctrl-C stops it.",
             flush=True,
         )

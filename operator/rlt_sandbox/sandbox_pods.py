@@ -57,9 +57,10 @@ def local_progress_url(kubelet: LocalKubelet) -> str:
     return f"{kubelet.proxy_url()}/metrics"
 
 
-async def start(url: str, workdir: Path, namespaces: list[str], images: list[str]) -> LocalKubelet:
+async def start(url: str, workdir: Path, images: list[str]) -> LocalKubelet:
+    """Pods of every namespace run, also of one created after the start (`kubectl create namespace`)."""
     kubelet = LocalKubelet(
-        url, workdir, images=parse_images(images), default_image=default_image(), namespaces=namespaces
+        url, workdir, images=parse_images(images), default_image=default_image(), follow_namespaces=True
     )
     await kubelet.start()
     asyncio.get_running_loop().create_task(_announce(kubelet))

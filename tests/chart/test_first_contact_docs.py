@@ -83,3 +83,22 @@ def test_readme_and_install_guide_name_one_release_and_its_deployment():
     [deployment] = by_kind(template(release=release), "Deployment")
     waited = set(re.findall(r"deployment/([\w.-]+)", install))
     assert waited == {deployment["metadata"]["name"]}, (waited, deployment["metadata"]["name"])
+
+
+def test_the_chart_readmes_first_command_renders():
+    """The first command a chart user copies must work: the chart refuses its placeholder image, so it names one."""
+    from chart_helpers import helm
+
+    block = read("charts/rlt-operator/README.md").split("```sh", 1)[1].split("```", 1)[0]
+    words = block.replace("\\\n", " ").split()
+    assert words[:2] == ["helm", "install"], words
+    release, chart, *flags = words[2:]
+    flags = [f for f in flags if f != "--create-namespace"]
+    helm("template", release, str(ROOT / chart), *flags)
+
+
+def test_install_guide_says_pvcs_are_kept_and_refused_specs_are_held():
+    install = read("docs/install.md")
+    assert "PVCs stay" in install and "PVCs)" not in install
+    assert "as Failed" not in install and "it is held" in install
+    assert "## Rolling back" in install and "## Which replica works, several installs" in install

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -63,12 +65,26 @@ def test_schema_is_structural_with_descriptions_and_printer_columns():
     )
     assert scheduling["tolerations"]["items"]["properties"]["operator"]["enum"] == ["", "Equal", "Exists"]
     cols = version["additionalPrinterColumns"]
-    assert [c["name"] for c in cols] == ["Phase", "Stage", "Step", "Reward", "Restarts", "Age", "Reason", "Message"]
-    assert [c["name"] for c in cols if c.get("priority") == 1] == ["Reason", "Message"], "-o wide adds them"
+    assert [c["name"] for c in cols] == [
+        "Phase",
+        "Stage",
+        "Trainer",
+        "Step",
+        "Reward",
+        "Restarts",
+        "Reason",
+        "Age",
+        "Message",
+    ]
+    # on-call: why a run needs attention is in the default columns of `kubectl get rlt -A`; -o wide adds the detail
+    assert [c["name"] for c in cols if c.get("priority") == 1] == ["Message"], "-o wide adds it"
     status = root["properties"]["status"]
     for c in [c for c in cols if c["jsonPath"].startswith(".status.")]:  # a field the status schema keeps
         node = root
-        for part in c["jsonPath"].strip(".").split("."):
+        for part in re.findall(r"[^.\[]+(?:\[[^\]]*\])?", c["jsonPath"]):
+            if "[?(" in part:  # a list filtered by a field (a condition by type): its items' schema
+                node = (node.get("properties", {}).get(part.split("[", 1)[0]) or {}).get("items")
+                continue
             node = node.get("properties", {}).get(part)
             assert node is not None, f"{c['name']}: {c['jsonPath']} is not in the schema"
     assert status["properties"]["progress"]["properties"]["stepOfTotal"]["type"] == "string"
@@ -271,3 +287,20 @@ def test_phases_and_condition_types_come_from_their_enums():
     status_model.check({"conditions": [cond]})
     with pytest.raises(Exception, match="type"):
         status_model.check({"conditions": [{**cond, "type": "SpecVaild"}]})
+
+
+# Every example as it was at an earlier commit (copied from git history when it changed): a stored RLTRun of that
+# shape must stay valid under the CRD as the schema evolves (docs/operator.md, "CRD versions"). When an example
+# changes, add its old version here: `git show <commit>:manifests/examples/<name>.yaml`.
+HISTORY = sorted((Path(__file__).parent / "crd_history").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", HISTORY, ids=lambda p: p.name)
+def test_the_crd_keeps_accepting_every_earlier_example(validator, path):
+    doc = yaml.safe_load(path.read_text())
+    assert [e.message for e in validator.iter_errors(doc)] == [], f"{path.name}: a stored run of this shape breaks"
+
+
+def test_the_crd_history_holds_earlier_examples():
+    assert len(HISTORY) >= 10
+    assert {p.name.split("@")[0] for p in HISTORY} <= {p.stem for p in EXAMPLES}

@@ -92,3 +92,22 @@ def test_kmock_internals_are_patched_only_by_an_explicit_call():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:3] == ["False", "kmock bug", "True namespaces"]
+
+
+async def test_a_strategic_merge_patch_is_refused_not_applied_as_a_merge_patch(harness):
+    """helm upgrade sends strategic-merge patches for built-in kinds: applied as merge patches they would replace a
+    Deployment's containers wholesale while helm reports success. The sandbox answers 415, and changes nothing."""
+    await harness.call("POST", CMS, {"metadata": {"name": "s"}, "data": {"a": "1"}})
+    with pytest.raises(AssertionError, match="415.*strategic-merge"):
+        await harness.call("PATCH", f"{CMS}/s", {"data": {"a": "2"}}, "application/strategic-merge-patch+json")
+    assert (await harness.call("GET", f"{CMS}/s"))["data"] == {"a": "1"}
+
+
+async def test_kubectl_logs_tail_returns_the_last_lines(harness, tmp_path):
+    log = tmp_path / "p.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10)))
+    harness.cluster.pod_log = lambda ns, name: log if (ns, name) == ("default", "p") else None
+    path = "/api/v1/namespaces/default/pods/p/log"
+    for query, want in (("?tailLines=3", "line 7\nline 8\nline 9\n"), ("?tailLines=0", ""), ("", log.read_text())):
+        async with harness.session.get(harness.url + path + query) as resp:
+            assert (resp.status, await resp.text()) == (200, want), query

@@ -8,6 +8,7 @@ API's log names its sender. Child status is simulated by the test (kmock runs no
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -46,6 +47,7 @@ async def start_operator(
     health: int = -1,
     peering: str = PEERING,
     extra: tuple[str, ...] = (),
+    metrics: int = -1,
 ) -> tuple[asyncio.subprocess.Process, Any]:
     config = kubeconfig(harness.url)
     config["users"][0]["user"] = {"token": name}  # the Authorization header tells the two apart
@@ -55,7 +57,7 @@ async def start_operator(
         **os.environ,
         "KUBECONFIG": str(path),
         "POD_ID": name,  # Kopf's peering identity, as the chart sets it from the pod name
-        "RLT_OPERATOR_METRICS_PORT": "-1",
+        "RLT_OPERATOR_METRICS_PORT": str(metrics),
         "RLT_OPERATOR_HEALTH_PORT": str(health),
     }
     log = (tmp_path / f"{name}.log").open("wb")
@@ -222,8 +224,9 @@ async def test_standby_takes_over_after_sigkill(harness, tmp_path):
     status = [(i, who) for i, who, method, path in ops if path.endswith("/rltruns/tiny/status")]
     assert status and all(who == "op-a" for i, who in status if i < kill_at)
     assert all(who == "op-b" for i, who in status if i >= kill_at)
-    # Peering needs exactly the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES), nothing more.
-    assert peering_verbs(requests) == set(CLUSTER_PEERING.verbs)
+    # Peering needs no more than the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES); its create
+    # is used only to put back a deleted peering object (test_a_deleted_peering_object_is_recreated_...).
+    assert peering_verbs(requests) <= set(CLUSTER_PEERING.verbs)
 
 
 async def test_clean_exit_hands_over_at_once(harness, tmp_path):
@@ -330,6 +333,100 @@ async def test_namespaced_replicas_peer_in_the_namespace(harness, tmp_path):
     assert paths and all(p.startswith(PEERING_KIND.collection_path(ns)) for p in paths), (
         paths
     )  # never the cluster-scoped kind in namespaced mode
+
+
+async def test_a_deleted_peering_object_is_recreated_and_the_standby_says_so(harness, tmp_path):
+    """Deleting the ClusterKopfPeering (an accident, an uninstall racing an install) must not turn the next crash
+    into a silent outage: the replicas say so, put it back, and the standby still takes over. Each replica says
+    whether it works, in its log and in rlt_operator_active."""
+    await create_peering(harness)
+    ports = {"op-a": free_port(), "op-b": free_port()}
+
+    def log(name: str) -> str:
+        return (tmp_path / f"{name}.log").read_text()
+
+    def active(name: str) -> str | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[name]}/metrics", timeout=3) as r:
+            found = re.search(r"^rlt_operator_active (\S+)$", r.read().decode(), re.M)
+        return found.group(1) if found else None
+
+    async with replicas(harness, tmp_path) as (start, procs):
+        await start("op-a", ("--all-namespaces",), -1, PEERING, (), ports["op-a"])
+        await poll_until(lambda: "this replica works (active)" in log("op-a"), "op-a works", 40)
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        await start("op-b", ("--all-namespaces",), -1, PEERING, (), ports["op-b"])
+        await poll_until(lambda: "this replica is the standby" in log("op-b"), "op-b announces itself", 40)
+        assert (await asyncio.to_thread(active, "op-a"), await asyncio.to_thread(active, "op-b")) == ("1.0", "0.0")
+
+        await harness.call("DELETE", f"{PEERINGS}/{PEERING}")
+        await poll_until(lambda: f"ClusterKopfPeering/{PEERING} recreated" in log("op-a") + log("op-b"), "put back", 30)
+        assert f"peering object ClusterKopfPeering/{PEERING} is missing" in log("op-a")
+        assert "op-a" in await peers(harness), "put back with the records it had"
+        await harness.trainer_running("tiny", "sft")
+        await asyncio.sleep(3)  # a standby resumed beside the working replica (an empty object) would write now
+        b_before = [w for w in writes(list(harness.cluster._requests)) if w[1] == "op-b"]
+        assert not b_before, f"the standby wrote while the working replica lived: {b_before}"
+
+        procs["op-a"].send_signal(signal.SIGKILL)
+        await procs["op-a"].wait()
+        await poll_until(lambda: "this replica works (active)" in log("op-b"), "op-b takes over", LIFETIME + 20)
+        assert await asyncio.to_thread(active, "op-b") == "1.0"
+        await harness.trainer_succeeded("tiny", "sft")
+        await harness.wait_object("jobs", "tiny-rl", timeout=20)
+    # Text logs: every line about the run names it; Kopf's handler-success lines are debug, not shown.
+    assert "[default/tiny] created jobs/tiny-rl" in log("op-b")
+    assert "succeeded." not in log("op-a") + log("op-b")
+    # Peering needs exactly the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES), nothing more.
+    assert peering_verbs(list(harness.cluster._requests)) == set(CLUSTER_PEERING.verbs)
+
+
+async def test_json_logs_name_the_namespace_and_run_of_every_run_line(harness, tmp_path):
+    """`--log-format json` (the chart's operator.logFormat): one JSON object per line, a run's lines carry it."""
+    await create_peering(harness)
+    async with replicas(harness, tmp_path) as (start, _procs):
+        await start("op-a", ("--all-namespaces",), -1, PEERING, ("--log-format", "json"))
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running", timeout=20)
+    lines = [json.loads(line) for line in (tmp_path / "op-a.log").read_text().splitlines() if line.strip()]
+    about_run = [li for li in lines if "tiny" in li["message"]]
+    assert any(li["message"] == "created jobs/tiny-sft" for li in about_run), about_run
+    for li in about_run:
+        assert (li["object"]["namespace"], li["object"]["name"]) == ("default", "tiny"), li
+    assert not [li for li in lines if li["message"].endswith(" succeeded.")], "handler-success lines are debug"
+    assert any(li["message"] == "this replica works (active)" for li in lines)
+
+
+async def test_two_installs_in_one_scope_each_say_so(harness, tmp_path):
+    """Two cluster-wide installs (each its own peering object, as the chart labels it) both work on every run: each
+    says so once, naming the other's peering object."""
+    labels = {"app.kubernetes.io/part-of": "rlt"}
+    for name in ("one", "two"):
+        meta = {"name": name, "labels": labels}
+        await harness.call(
+            "POST",
+            PEERINGS,
+            {"apiVersion": CLUSTER_PEERING.api_version, "kind": CLUSTER_PEERING.kind, "metadata": meta},
+        )
+
+    def log(name: str) -> str:
+        return (tmp_path / f"{name}.log").read_text()
+
+    async with replicas(harness, tmp_path) as (start, _procs):
+        await start("op-a", ("--all-namespaces",), -1, "one")
+        await start("op-b", ("--all-namespaces",), -1, "two")
+        for me, other in (("op-a", "two"), ("op-b", "one")):
+            await poll_until(
+                lambda me=me, other=other: (
+                    f"its peering object ClusterKopfPeering/{other} has a live replica" in log(me)
+                ),
+                f"{me} names install {other}",
+                40,
+            )
+        await asyncio.sleep(2 * LIFETIME / 4)  # said once, not every pass
+        assert log("op-a").count("another rlt install works") == 1
 
 
 async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):

@@ -322,3 +322,72 @@ async def test_two_runs_binding_the_same_rendered_port_each_get_their_own(harnes
             assert body == run
     finally:
         await kubelet.stop()
+
+
+async def test_a_namespace_created_later_gets_its_pods(harness, tmp_path):
+    """`rlt sandbox --run-pods` follows the API's namespaces: a run applied in a namespace created after the start
+    runs (it used to be only the namespaces named at start, and `--namespace` dropped `default`)."""
+    kubelet = LocalKubelet(
+        harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, follow_namespaces=True
+    )
+    await kubelet.start()
+    try:
+        await harness.call(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "late"}}
+        )
+        late = PATHS["configmaps"].format(ns="late")
+        await harness.call(
+            "POST", late, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}}
+        )
+        await harness.call("POST", PATHS["jobs"].format(ns="late"), _job("t-late", "import sys; sys.exit(0)", 1))
+
+        async def done():
+            job = await harness.call("GET", f"{PATHS['jobs'].format(ns='late')}/t-late")
+            return job if (job.get("status") or {}).get("succeeded") == 1 else None
+
+        await harness.wait(done, "the Job in namespace late to succeed", timeout=30)
+        assert "late" in kubelet.namespaces and "default" in kubelet.namespaces
+    finally:
+        await kubelet.stop()
+
+
+async def test_a_missing_secret_or_an_unmatched_node_selector_keeps_the_pod_pending_with_a_reason(harness, tmp_path):
+    """As a kubelet and a scheduler report them (not a failed pod): the operator reads the same reasons as on a
+    cluster; creating the Secret lets the pod start."""
+    from rlt_operator.observed import summarize
+
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    secret_env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-secret", "import sys; sys.exit(0)", 1, secret_env))
+    pinned = _job("t-pinned", "import sys; sys.exit(0)", 1)
+    pinned["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "H100"}
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), pinned)
+    kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
+    await kubelet.start()
+    try:
+
+        async def problem(app: str, reason: str):
+            pods = await harness.list("pods", f"app={app}")
+            found = [summarize("pods", p)["problem"] for p in pods]
+            return pods[0] if found and found[0] and found[0]["reason"] == reason else None
+
+        pod = await harness.wait(lambda: problem("t-secret", "CreateContainerConfigError"), "config error", timeout=20)
+        assert pod["status"]["phase"] == "Pending" and 'secret "hf" not found' in str(pod["status"])
+        pod = await harness.wait(lambda: problem("t-pinned", "Unschedulable"), "unschedulable", timeout=20)
+        assert pod["status"]["phase"] == "Pending" and "didn't match Pod's node affinity/selector" in str(pod["status"])
+
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf"}, "data": {"token": "eA=="}}
+        await harness.call("POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+
+        async def succeeded():
+            job = await harness.get("jobs", "t-secret")
+            return job if (job.get("status") or {}).get("succeeded") == 1 else None
+
+        await harness.wait(succeeded, "the Job to run once its Secret exists", timeout=30)
+        assert (await harness.get("jobs", "t-pinned")).get("status", {}).get("failed", 0) == 0
+    finally:
+        await kubelet.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from op_harness import example, server_mode
 
@@ -291,7 +293,7 @@ async def test_an_edit_of_a_finished_stage_is_recorded_reported_and_not_applied(
     await harness.trainer_running("tiny", "sft")
     await harness.trainer_succeeded("tiny", "sft")
     st = await harness.wait_status("tiny", lambda s: "sft" in (s.get("stageSpecs") or {}), "sft recorded")
-    sft_lr = st["stageSpecs"]["sft"]["fields"]["stages.sft.learningRate"]
+    sft_lr = json.loads(st["stageSpecs"]["sft"]["fields"])["stages.sft.learningRate"]
     await harness.trainer_running("tiny", "rl")
 
     await harness.patch_run("tiny", {"spec": {"stages": {"sft": {"learningRate": 0.5}}}})
@@ -303,7 +305,7 @@ async def test_an_edit_of_a_finished_stage_is_recorded_reported_and_not_applied(
     cond = next(c for c in edited["conditions"] if c["type"] == "StagesCurrent")
     assert cond["reason"] == "FinishedStageEdited"
     assert f"stage sft finished under a different spec (stages.sft.learningRate {sft_lr} -> 0.5)" in cond["message"]
-    assert edited["stageSpecs"]["sft"]["fields"]["stages.sft.learningRate"] == sft_lr, "the record is kept"
+    assert json.loads(edited["stageSpecs"]["sft"]["fields"])["stages.sft.learningRate"] == sft_lr, "the record is kept"
     assert edited["phase"] == "Running" and edited["stage"] == "rl"
     messages = await wait_for_events(harness, "tiny", {"FinishedStageEdited"})
     assert messages.count("FinishedStageEdited") == 1

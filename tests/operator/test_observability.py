@@ -4,13 +4,16 @@ Child status is simulated by the test (kmock has no controllers)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.request
 
 import pytest
 from op_harness import example
+from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import free_port
 
 from rlt.contract.metrics import TrainerMetrics
+from rlt_operator.handlers import OperatorMetrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,6 +69,10 @@ async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
     assert 'rlt_operator_reconcile_total{result="success"}' in text
     assert "rlt_operator_reconcile_duration_seconds_bucket" in text
     assert 'rlt_run_restarts{namespace="default",run="tiny"} 0.0' in text
+    # on-call: the run's conditions as series, its last reconcile, and this (standalone) replica working
+    assert 'rlt_run_condition{namespace="default",reason="Valid",run="tiny",status="True",type="SpecValid"} 1.0' in text
+    assert re.search(r'rlt_run_last_reconcile_timestamp_seconds\{namespace="default",run="tiny"\} 1\.\d+e\+09', text)
+    assert "rlt_operator_active 1.0" in text
 
     health = await asyncio.to_thread(get, f"http://127.0.0.1:{lport}/healthz")
     assert '"runs": 1' in health
@@ -73,3 +80,34 @@ async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
     events = await harness.wait(lambda: harness.events("tiny"), "events")
     assert {"StageStarted", "Running"} <= {e["reason"] for e in events}
     assert all(e["involvedObject"]["kind"] == "RLTRun" for e in events)
+
+
+def test_condition_series_are_one_per_condition_type_and_go_with_the_run():
+    """Bounded cardinality: a condition whose status or reason changes replaces its series; a deleted run leaves
+    none; a run that never reconciled reads 0 (no status: RLTRunNotReconciled)."""
+    metrics = OperatorMetrics(CollectorRegistry())
+
+    def series() -> list[str]:
+        text = generate_latest(metrics.registry).decode()
+        return [line for line in text.splitlines() if line.startswith(("rlt_run_condition{", "rlt_run_last_reconcile"))]
+
+    def st(reason: str) -> dict:
+        return {"phase": "Running", "conditions": [{"type": "TrainerRunning", "status": "False", "reason": reason}]}
+
+    metrics.reconciled_run("ns", "a", False, 1e9)
+    assert series() == ['rlt_run_last_reconcile_timestamp_seconds{namespace="ns",run="a"} 0.0']
+    metrics.run("ns", "a", st("WaitingForPods"), "rlt")
+    metrics.run(
+        "ns",
+        "a",
+        st("Running") | {"conditions": [{"type": "TrainerRunning", "status": "True", "reason": "Running"}]},
+        "rlt",
+    )
+    metrics.reconciled_run("ns", "a", True, 1.7e9)
+    metrics.reconciled_run("ns", "a", False, 1.8e9)  # an error after a success keeps the success's time
+    assert series() == [
+        'rlt_run_condition{namespace="ns",reason="Running",run="a",status="True",type="TrainerRunning"} 1.0',
+        'rlt_run_last_reconcile_timestamp_seconds{namespace="ns",run="a"} 1.7e+09',
+    ]
+    metrics.forget("ns", "a")
+    assert series() == []

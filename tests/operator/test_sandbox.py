@@ -3,9 +3,11 @@ The sandbox is a preview of what the operator would create, not a cluster (no po
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
-from suite_helpers import TINY, find_tool, tiny_doc
+from suite_helpers import TINY, find_tool, tiny_doc, wait_for
 
 KUBECTL = find_tool("kubectl")
 
@@ -21,16 +23,17 @@ def test_kubectl_against_the_sandbox(start_sandbox, tmp_path):
     assert "rltrun.rlt.dev/tiny created" in kubectl("apply", "--validate=false", "-f", str(TINY))
     table = sandbox.kubectl_until("Running", "get", "rlt")
     header = table.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "STAGE", "STEP", "REWARD", "RESTARTS", "AGE"]
+    assert header == ["NAME", "PHASE", "STAGE", "TRAINER", "STEP", "REWARD", "RESTARTS", "REASON", "AGE"]
     assert table.splitlines()[1].split()[:3] == ["tiny", "Running", "sft"]
-    # -o wide adds Reason and Message: an invalid run says why it is held
+    # the default columns say why a run needs attention; -o wide adds the Message: an invalid run says why it is held
     bad = tiny_doc()
     bad["metadata"]["name"] = "bad"
     bad["spec"]["format"] = {"preset": "rcl-default"}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     kubectl("apply", "--validate=false", "-f", str(tmp_path / "bad.yaml"))
     wide = sandbox.kubectl_until("InvalidSpec", "get", "rlt", "bad", "-o", "wide")
-    assert wide.splitlines()[0].split()[-2:] == ["REASON", "MESSAGE"]
+    assert wide.splitlines()[0].split()[-3:] == ["REASON", "AGE", "MESSAGE"]
+    assert "InvalidSpec" in sandbox.kubectl("get", "rlt", "bad").splitlines()[1].split()
     assert wide.splitlines()[1].split()[:2] == ["bad", "Pending"] and "InvalidSpec" in wide
     assert "spec.format.preset" in wide
     children = kubectl("get", "configmaps,persistentvolumeclaims,services,jobs", "-l", "rlt.dev/run=tiny", "-o", "name")
@@ -40,3 +43,14 @@ def test_kubectl_against_the_sandbox(start_sandbox, tmp_path):
         "service/tiny-sft",
         "job.batch/tiny-sft",
     }
+
+
+def test_the_in_process_operators_log_is_shown(start_sandbox):
+    """The banner names the operator's log file; a run's lines in it are prefixed [namespace/run]."""
+    sandbox = start_sandbox()
+    path = Path(sandbox.banner.split("The operator's log: tail -f ", 1)[1].split()[0])
+    sandbox.kubectl("apply", "--validate=false", "-f", str(TINY))
+    sandbox.kubectl_until("Running", "get", "rlt")
+    text = wait_for(lambda: "[default/tiny] created jobs/tiny-sft" in path.read_text() and path.read_text(), "log")
+    assert "succeeded." not in text, "Kopf's handler-success lines are debug"
+    assert "aiohttp.access" not in text, "the operator's lines, not the emulated API's access log"

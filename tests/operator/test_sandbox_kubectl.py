@@ -87,7 +87,7 @@ def test_watch_keeps_its_columns_and_does_not_repeat_rows(start_sandbox):
     finally:
         watch.kill()
         watch.wait()
-    assert header == ["NAME", "PHASE", "STAGE", "STEP", "REWARD", "RESTARTS", "AGE"]
+    assert header == ["NAME", "PHASE", "STAGE", "TRAINER", "STEP", "REWARD", "RESTARTS", "REASON", "AGE"]
     assert first[:3] == ["tiny", "Running", "sft"]
     # after the first row every update is still a row of the same columns (it used to be the bare name)
     assert later and all(len(row) >= 5 and row[0] == "tiny" for row in later), later

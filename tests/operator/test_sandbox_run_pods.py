@@ -67,10 +67,10 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(start_sandbox, tmp_path):
     print(f"\nrlt sandbox --run-pods: tiny example {phase} in {seconds:.0f} s (machine shared, under load)")
     assert phase == "Succeeded", "".join(output[-60:]) + "\n".join(tables[-3:])
     header = tables[0].splitlines()[0].split()
-    assert header[:6] == ["NAME", "PHASE", "STAGE", "STEP", "REWARD", "RESTARTS"]
+    assert header[:7] == ["NAME", "PHASE", "STAGE", "TRAINER", "STEP", "REWARD", "RESTARTS"]
     rl_rows = [t.splitlines()[1].split() for t in tables if " rl " in t]
     # STEP is "step" or "step/total"
-    assert any(len(r) >= 5 and r[3].split("/")[0].isdigit() and _is_number(r[4]) for r in rl_rows), "".join(tables)
+    assert any(len(r) >= 6 and r[4].split("/")[0].isdigit() and _is_number(r[5]) for r in rl_rows), "".join(tables)
     assert scraped, "the trainer's /metrics never answered"
     logs = [line for line in output if line.startswith("pod default/tiny-")]
     for stage in ("sft", "rl", "distill"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 import yaml
@@ -929,7 +930,7 @@ def test_a_finished_stage_records_its_spec_and_a_later_edit_is_reported_not_appl
     sp = spec(sft=False)
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, jobs=[job("rl", complete=True)]), NOW)
     record = d.status["stageSpecs"]["rl"]
-    assert record["fields"]["stages.rl.steps"] == str(sp["stages"]["rl"]["steps"])
+    assert json.loads(record["fields"])["stages.rl.steps"] == sp["stages"]["rl"]["steps"]
     assert state(d) == ("True", "Current")
 
     # A field rl's output does not depend on (checkpoint cadence): nothing to report.
@@ -975,3 +976,319 @@ def test_a_previous_status_with_what_this_operator_no_longer_writes_is_read_not_
     assert conds(d)["TrainerRunning"]["status"] == "False" and d.status["phase"] == "Running"
     patch = S.merge_patch(prev, d.status)
     assert [c["type"] for c in patch["conditions"]] == [c["type"] for c in d.status["conditions"]]
+
+
+# --------------------------------------------------------------------------- the steps of decide, one table each
+
+
+def carried(prev=None, generation=1):
+    return S.carried_status(prev or {}, generation)
+
+
+@pytest.mark.parametrize(
+    "prev, phase, reason, held",
+    [
+        ({}, "Pending", None, False),  # a valid spec: SpecValid True, nothing held
+        ({"phase": "Failed", "reason": "InvalidSpec", "message": "x"}, "Pending", None, False),  # older operator's
+        ({"phase": "Succeeded", "reason": "Succeeded", "message": "m"}, "Succeeded", "Succeeded", False),
+    ],
+)
+def test_step_valid_spec(prev, phase, reason, held):
+    st = carried(prev)
+    assert S.valid_spec(REF, spec(), st, NOW) is not None
+    assert (st.phase, st.reason) == (phase, reason)
+    assert [c.status for c in st.conditions if c.type == "SpecValid"] == ["True"]
+    bad = carried(prev)
+    assert S.valid_spec(REF, spec(backoffLimit=-1), bad, NOW) is None
+    assert [c.status for c in bad.conditions if c.type == "SpecValid"] == ["False"]
+    assert bad.reason == (reason if phase == "Succeeded" else "InvalidSpec"), "a terminal run keeps its reason"
+
+
+@pytest.mark.parametrize(
+    "sp, prev, done, ended, phase, reason",
+    [
+        (spec(sft=False, distill=False), running("rl"), ["rl"], True, "Succeeded", "Succeeded"),
+        (spec(sft=False, distill=False, activeDeadlineSeconds=60), running("rl"), ["rl"], True, "Succeeded", None),
+        (spec(sft=False, activeDeadlineSeconds=60), running("rl"), [], True, "Failed", "DeadlineExceeded"),
+        (spec(sft=False, activeDeadlineSeconds=60, suspend=True), running("rl"), [], False, "Running", None),
+        (spec(sft=False, activeDeadlineSeconds=6000), running("rl"), [], False, "Running", None),
+        (spec(sft=False), {"phase": "Failed", "reason": "ConfigError"}, [], True, "Failed", "ConfigError"),
+    ],
+)
+def test_step_run_ended(sp, prev, done, ended, phase, reason):
+    st = carried(prev)
+    assert S.run_ended(parse_spec(sp), st, done, NOW) is ended
+    assert st.phase == phase
+    assert reason is None or st.reason == reason
+
+
+@pytest.mark.parametrize(
+    "prev, done, stage, progress_kept",
+    [
+        (running("rl", progress={"step": 3}), [], "rl", True),
+        (running("sft", progress={"step": 3}), [], "rl", False),  # sft disabled meanwhile: rl starts afresh
+        (running("rl", progress={"step": 3}), ["rl"], "distill", False),
+    ],
+)
+def test_step_current_stage(prev, done, stage, progress_kept):
+    st = carried(prev)
+    assert S.current_stage(parse_spec(spec(sft=False)), st, done) == stage
+    assert st.stage == stage and (st.progress.step == 3) is progress_kept
+
+
+@pytest.mark.parametrize(
+    "jobs, stopped",
+    [
+        ([job("rl", active=1)], []),
+        ([job("sft", active=1)], ["t-sft"]),
+        ([job("sft", complete=True)], []),
+        ([{**job("sft", active=1), "deleting": True}], []),
+    ],
+)
+def test_step_stop_other_stages(jobs, stopped):
+    sp = spec()
+    plan = S._Plan(observed(sp, jobs))
+    assert S.stop_other_stages(REF, "rl", plan.obs, plan) == stopped
+    assert [(a.verb, a.name) for a in plan.actions] == [("delete", n) for n in stopped]
+
+
+@pytest.mark.parametrize(
+    "sp, prev, requeue, phase",
+    [
+        (spec(), running("rl"), None, "Running"),
+        (spec(activeDeadlineSeconds=900), running("rl"), 300.0, "Running"),  # started 10 min ago
+        (spec(activeDeadlineSeconds=900), {"phase": "Suspended"}, 900.0, "Pending"),  # the clock starts again
+    ],
+)
+def test_step_activate(sp, prev, requeue, phase):
+    st = carried(prev)
+    assert S.activate(parse_spec(sp), st, NOW) == requeue
+    assert st.phase == phase and st.start_time is not None and st.reason is None
+
+
+@pytest.mark.parametrize(
+    "prev, jobs, stss, waiting, has_job, has_sts",
+    [
+        (running("rl"), [job("rl", active=1)], [sts("rl")], False, True, True),
+        (running("rl", 1), [job("rl", active=1)], [sts("rl")], True, False, False),  # an older gang
+        (running("rl"), [job("rl", active=1)], [sts("sft")], True, True, False),  # generators of another stage
+        (running("rl"), [{**job("rl", active=1), "deleting": True}], [], True, False, False),
+    ],
+)
+def test_step_gang_children(prev, jobs, stss, waiting, has_job, has_sts):
+    sp = spec(server=True, sft=False)
+    st = carried(prev)
+    plan = S._Plan(observed(sp, jobs, stss))
+    g = S.gang_children(REF, parse_spec(sp), "rl", st, plan.obs, plan, [], NOW)
+    assert (g.waiting, g.job is not None, g.sts is not None) == (waiting, has_job, has_sts)
+    assert g.gens_needed and g.job_name == "t-rl" and st.phase == "Running"
+
+
+@pytest.mark.parametrize(
+    "restarts, failed, limit, outcome, phase",
+    [
+        (0, False, 1, None, "Running"),
+        (0, True, 1, S.RESTART, "Running"),
+        (1, True, 1, "Failed", "Failed"),
+    ],
+)
+def test_step_gang_outcome(restarts, failed, limit, outcome, phase):
+    sp = parse_spec(spec(server=True, sft=False, backoffLimit=limit))
+    st = carried(running("rl", restarts))
+    plan = S._Plan(observed(spec(), [job("rl", restart=restarts, active=1, failed=failed)]))
+    g = S.gang_children(REF, sp, "rl", st, plan.obs, plan, [], NOW)
+    assert S.gang_outcome(sp, g, st, plan.obs, plan, NOW) == outcome
+    assert st.phase == phase
+    assert st.restarts == restarts + (outcome == S.RESTART)
+
+
+@pytest.mark.parametrize(
+    "progress, stage, step, of",
+    [
+        ({"stage": "rl", "step": 3, "totalSteps": 40}, "rl", 3, "3/40"),
+        ({"stage": "sft", "step": 3, "totalSteps": 40}, "rl", None, None),  # another stage's read is not ours
+        ({"stage": "rl", "step": 5}, "rl", 5, "5"),
+        (None, "rl", None, None),
+    ],
+)
+def test_step_read_progress(progress, stage, step, of):
+    st = carried(running(stage))
+    S.read_progress(progress, stage, st)
+    assert (st.progress.step, st.progress.step_of_total) == (step, of)
+
+
+# --------------------------------------------------------------------------- restarts: back-off and the failing pod
+
+
+def crashed_trainer(restart, line="RuntimeError: CUDA error: an illegal memory access was encountered"):
+    return observed_pod(
+        "t-rl-0-x",
+        b.ROLE_TRAINER,
+        "rl",
+        restart=restart,
+        phase="Failed",
+        containers=[
+            {"name": "trainer", "state": {"terminated": {"reason": "Error", "exitCode": 1, "message": f"...\n{line}"}}}
+        ],
+    )
+
+
+@pytest.mark.parametrize("failures, delay", [(1, 10.0), (2, 20.0), (3, 40.0), (6, 300.0), (40, 300.0)])
+def test_restart_back_off_doubles_per_counted_failure_and_is_capped(failures, delay):
+    assert S.restart_delay(failures) == delay
+    assert S.restart_delay(0) == 0.0
+
+
+def test_a_failed_gang_is_followed_by_the_next_only_after_the_back_off():
+    sp = spec(sft=False, backoffLimit=3)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [], [crashed_trainer(0)]), NOW)
+    assert d.status["restarts"] == 1 and d.status["backoffUntil"] == format_time(NOW + dt.timedelta(seconds=10))
+    assert "not before " + d.status["backoffUntil"] in next(e[2] for e in d.events if e[1] == "GangRestart")
+    # The old gang is gone 4 s later: nothing is created before the back-off ends, and the run says why.
+    later = NOW + dt.timedelta(seconds=4)
+    w = S.decide(REF, 1, sp, d.status, observed(sp), later)
+    assert not any(a.plural == "jobs" for a in w.actions) and w.requeue_after == pytest.approx(6.0)
+    trainer = next(c for c in w.status["conditions"] if c["type"] == "TrainerRunning")
+    assert "waits 6s" in trainer["message"] and "back-off" in trainer["message"]
+    go = S.decide(REF, 1, sp, w.status, observed(sp), NOW + dt.timedelta(seconds=10))
+    assert ("create", "jobs", "t-rl") in acts(go) and "backoffUntil" not in go.status
+    # A second counted failure waits twice as long.
+    d2 = S.decide(REF, 1, sp, go.status, observed(sp, [job("rl", 1, active=1)], [], [crashed_trainer(1)]), later)
+    assert d2.status["backoffUntil"] == format_time(later + dt.timedelta(seconds=20))
+
+
+def test_a_disruption_restarts_without_back_off():
+    sp = spec(sft=False)
+    evicted = observed_pod(
+        "t-rl-0-x",
+        b.ROLE_TRAINER,
+        "rl",
+        phase="Failed",
+        conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+    )
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [], [evicted]), NOW)
+    assert d.status["restarts"] == 1 and "backoffUntil" not in d.status
+    assert ("create", "jobs", "t-rl") in acts(S.decide(REF, 1, sp, d.status, observed(sp), NOW))
+
+
+def test_the_failed_message_and_event_carry_the_pods_exit_code_and_last_line():
+    sp = spec(sft=False, backoffLimit=0)
+    obs = observed(sp, [job("rl", active=0, failed=True)], [], [crashed_trainer(0)])
+    d = S.decide(REF, 1, sp, running("rl"), obs, NOW)
+    assert d.status["reason"] == "BackoffLimitExceeded"
+    said = "pod t-rl-0-x exit code 1: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert said in d.status["message"]
+    assert any(e[1] == "BackoffLimitExceeded" and said in e[2] for e in d.events)
+
+
+# --------------------------------------------------------------------------- honest status
+
+
+def with_snapshot(j, sp):
+    """A Job as observed, with the spec its gang was created with (its pods' RLT_RUN_YAML)."""
+    return {**j, "snapshot": b.pod_config(REF, parse_spec(sp))}
+
+
+def edited_lr(lr=5e-5, **kw):
+    sp = spec(sft=False, **kw)
+    sp["stages"]["rl"]["learningRate"] = lr
+    return sp
+
+
+def test_the_observed_job_carries_its_gangs_snapshot():
+    sp = spec(sft=False)
+    manifest = b.trainer_job(REF, parse_spec(sp), "rl", 0)
+    assert summarize("jobs", manifest)["snapshot"] == b.pod_config(REF, parse_spec(sp))
+    assert S.gang_spec(summarize("jobs", manifest)).stages.rl.learning_rate == parse_spec(sp).stages.rl.learning_rate
+
+
+def test_a_finished_stage_records_the_spec_its_gang_ran_not_the_current_one():
+    """An accepted mid-stage edit never reached the gang: the stage finished under the gang's snapshot. The edit is
+    reported, and restoring the truth is not."""
+    ran, now = spec(sft=False), edited_lr()
+    done = [with_snapshot(job("rl", complete=True), ran)]
+    d = S.decide(REF, 2, now, running("rl"), observed(now, done), NOW)
+    assert (
+        json.loads(d.status["stageSpecs"]["rl"]["fields"])["stages.rl.learningRate"]
+        == ran["stages"]["rl"]["learningRate"]
+    )
+    assert (
+        state(d) == ("False", "FinishedStageEdited")
+        and "stages.rl.learningRate" in conds(d)["StagesCurrent"]["message"]
+    )
+    restored = S.decide(REF, 3, ran, d.status, observed(ran, done), NOW)
+    assert state(restored) == ("True", "Current")
+
+
+def test_an_accepted_edit_the_running_gang_does_not_run_yet_is_spec_applied_false():
+    ran = spec(sft=False)
+    running_job = [with_snapshot(job("rl", active=1), ran)]
+    same = S.decide(REF, 1, ran, running("rl"), observed(ran, running_job), NOW)
+    assert "SpecApplied" not in conds(same)
+    edit = edited_lr()
+    d = S.decide(REF, 2, edit, same.status, observed(edit, running_job), NOW)
+    assert state(d, "SpecApplied") == ("False", "PendingGangRestart")
+    message = conds(d)["SpecApplied"]["message"]
+    assert "stages.rl.learningRate" in message and "5e-05" in message and "next gang restart" in message
+    assert d.status["observedGeneration"] == 2, "accepted: observedGeneration says so; SpecApplied says not yet"
+    # What the operator applies at once is never pending.
+    at_once = spec(sft=False, backoffLimit=7, activeDeadlineSeconds=99999)
+    assert "SpecApplied" not in conds(S.decide(REF, 3, at_once, running("rl"), observed(at_once, running_job), NOW))
+    # The next gang runs the edit: applied.
+    next_gang = [with_snapshot(job("rl", active=1), edit)]
+    applied = S.decide(REF, 3, edit, d.status, observed(edit, next_gang), NOW)
+    assert state(applied, "SpecApplied") == ("True", "Applied")
+
+
+def test_an_invalid_spec_still_reads_progress_and_a_finished_stage():
+    ran = spec(sft=False)
+    bad = spec(sft=False, format={"preset": "rcl-default"})
+    live = [with_snapshot(job("rl", active=1), ran)]
+    d = S.decide(REF, 2, bad, running("rl"), observed(ran, live), NOW, {"stage": "rl", "step": 30, "totalSteps": 40})
+    assert d.status["reason"] == "InvalidSpec" and d.status["progress"]["stepOfTotal"] == "30/40"
+    finished = [with_snapshot(job("rl", complete=True), ran)]
+    f = S.decide(REF, 2, bad, d.status, observed(ran, finished), NOW)
+    assert f.status["completedStages"] == ["rl"] and f.actions == []
+    assert (
+        state(f, "TrainerRunning") == ("False", "Held")
+        and "waits for a valid spec" in conds(f)["TrainerRunning"]["message"]
+    )
+    assert (
+        json.loads(f.status["stageSpecs"]["rl"]["fields"])["stages.rl.learningRate"]
+        == ran["stages"]["rl"]["learningRate"]
+    )
+    assert ("Normal", "StageCompleted", "stage rl completed") in f.events
+    fixed = S.decide(REF, 3, ran, f.status, observed(ran, finished), NOW)
+    assert fixed.status["stage"] == "distill"
+
+
+@pytest.mark.parametrize(
+    "sp, jobs, stss, pods, reason",
+    [
+        (spec(sft=False), [job("rl", active=1)], [], [], "WaitingForPods"),
+        (spec(sft=False), [job("rl", active=1)], [], [observed_pod("t-rl-0-x", b.ROLE_TRAINER, "rl")], "Running"),
+        (spec(sft=False), [], [], [], "WaitingForPods"),  # the trainer Job is being created
+        (spec(server=True, sft=False), [], [sts("rl", ready=0)], [], "WaitingForGenerators"),
+        (spec(sft=False), [{**job("rl", active=0), "suspended": True}], [], [], "WaitingForAdmission"),
+    ],
+)
+def test_the_trainer_column_tells_training_from_waiting(sp, jobs, stss, pods, reason):
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, jobs, stss, pods), NOW)
+    assert d.status["phase"] == "Running" and state(d, "TrainerRunning")[1] == reason
+    back_off = S.decide(
+        REF, 1, sp, running("rl", 1, backoffUntil=format_time(NOW + dt.timedelta(seconds=5))), observed(sp), NOW
+    )
+    assert state(back_off, "TrainerRunning") == ("False", "RestartBackOff")
+
+
+def test_stage_specs_stay_compact_for_kubectl_describe_and_an_older_map_is_read():
+    sp = spec(sft=False)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, jobs=[job("rl", complete=True)]), NOW)
+    shown = yaml.safe_dump(d.status["stageSpecs"], width=10**6)
+    assert len(shown.splitlines()) == 3, shown  # rl:, fields: {...} on one line, fingerprint
+    older = dict(d.status["stageSpecs"]["rl"])
+    older["fields"] = {k: json.dumps(v) for k, v in json.loads(older["fields"]).items()}  # an older operator's map
+    again = S.decide(
+        REF, 1, sp, {**d.status, "stageSpecs": {"rl": older}}, observed(sp, jobs=[job("rl", complete=True)]), NOW
+    )
+    assert again.status["stageSpecs"] == d.status["stageSpecs"] and state(again) == ("True", "Current")

@@ -237,6 +237,12 @@ def test_the_operator_reconciles_a_run_under_the_charts_service_account(cluster,
             "PodsSchedulable NotScheduled",
         )
         assert condition(st, "PodsSchedulable")["status"] == "Unknown"
+        # What on-call reads first: the default columns as a real server prints them (the Trainer column is a
+        # filtered JSONPath, which kmock's printer never evaluated).
+        table = cluster.kubectl("get", "rlt", "-A").stdout.splitlines()
+        assert table[0].split()[:5] == ["NAMESPACE", "NAME", "PHASE", "STAGE", "TRAINER"], table[0]
+        row = next(line.split() for line in table[1:] if line.split()[:2] == [ns, "tiny"])
+        assert row[2:5] == ["Running", "sft", "WaitingForPods"], table
 
     # Deletion: the finalizer runs, the children go (the pods by garbage collection), the retained claim stays.
     cluster.kubectl("delete", "rltrun", "tiny", "-n", ns, "--wait=false")
@@ -314,18 +320,6 @@ def test_a_child_the_server_refuses_is_on_the_run_with_the_servers_message(clust
     cluster.kubectl("delete", "rltrun", "quota", "-n", ns)
 
 
-def test_the_operator_was_never_forbidden(cluster, operator):
-    """Under the chart's own ServiceAccount: no request of the operator was refused by RBAC."""
-    log = operator["log"].read_text()
-    refused = ("HTTP 403", "Forbidden", "forbidden")
-    expected = ("exceeded quota", "FailedCreate")  # the quota test's refusal, the Job controller's own
-    forbidden = [
-        line for line in log.splitlines() if any(r in line for r in refused) and not any(e in line for e in expected)
-    ]
-    assert forbidden == [], "\n".join(forbidden[:10])
-    assert operator["proc"].poll() is None, "the operator exited"
-
-
 def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(cluster):
     """docs/operator.md and the sandbox's banner "finish" a Job with COMPLETE_JOB_PATCH; a real server's Job status
     rules refuse the bare Complete condition the docs used to show."""
@@ -351,3 +345,54 @@ def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(clu
     assert refused.returncode != 0 and "SuccessCriteriaMet" in refused.stderr, refused.stderr
     r = cluster.kubectl(*patch, COMPLETE_JOB_PATCH, check=False)
     assert r.returncode == 0, r.stderr
+    # The kubelet emulator's own Job statuses (rlt_sandbox.kubelet_emulator) pass the same rules.
+    from rlt_sandbox.kubelet_emulator import job_terminal_conditions
+
+    start = {"startTime": "2026-01-01T00:00:00Z", "active": 0}
+    done = {"reason": "CompletionsReached", "message": "Reached expected number of succeeded pods"}
+    failed = {"reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}
+    for status in (
+        {**start, "succeeded": 1, "completionTime": "2026-01-01T00:01:00Z",
+         "conditions": job_terminal_conditions("SuccessCriteriaMet", "Complete", done)},
+        {**start, "failed": 1, "conditions": job_terminal_conditions("FailureTarget", "Failed", failed)},
+    ):  # fmt: skip
+        r = cluster.kubectl(*patch, json.dumps({"status": status}), check=False)
+        assert r.returncode == 0, f"{r.stderr}\n{status}"
+
+
+def test_generators_and_suspend_on_the_real_server(cluster, operator):
+    """rl with vLLM generators first: the StatefulSet, its Service and NetworkPolicy are accepted (the StatefulSet
+    controller makes the pods), then suspend releases them and keeps the data."""
+    ns = "team-f"
+    cluster.kubectl("create", "namespace", ns)
+    doc = tiny("gen", ns, **{"stages.sft.enabled": False, "stages.rl.generation": {"mode": "server"}})
+    doc["spec"]["resources"] = {"generator": {"gpus": 1}, "trainer": {"gpus": 1}}
+    apply(cluster, doc)
+    for kind, name in (
+        ("statefulset", "gen-generator"),
+        ("service", "gen-generator"),
+        ("networkpolicy", "gen-generator"),
+    ):
+        wait_for(lambda k=kind, n=name: get(cluster, k, n, "-n", ns), f"{kind}/{name}")
+    st = wait_for(lambda: condition(run_status(cluster, "gen", ns), "GeneratorsReady") and run_status(cluster, "gen", ns),
+                  "GeneratorsReady")  # fmt: skip
+    assert condition(st, "GeneratorsReady")["status"] == "False" and st["stage"] == "rl"
+    if cluster.has_controllers:
+        wait_for(lambda: get(cluster, "pod", "gen-generator-0", "-n", ns), "the StatefulSet controller's pod")
+    cluster.kubectl("patch", "rltrun", "gen", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for(lambda: run_status(cluster, "gen", ns).get("phase") == "Suspended", "phase Suspended")
+    wait_for(lambda: get(cluster, "statefulset", "gen-generator", "-n", ns) is None, "generators released")
+    assert get(cluster, "pvc", "gen-data", "-n", ns) is not None and get(cluster, "configmap", "gen-config", "-n", ns)
+    cluster.kubectl("delete", "rltrun", "gen", "-n", ns)
+
+
+def test_the_operator_was_never_forbidden(cluster, operator):
+    """Under the chart's own ServiceAccount: no request of the operator was refused by RBAC."""
+    log = operator["log"].read_text()
+    refused = ("HTTP 403", "Forbidden", "forbidden")
+    expected = ("exceeded quota", "FailedCreate")  # the quota test's refusal, the Job controller's own
+    forbidden = [
+        line for line in log.splitlines() if any(r in line for r in refused) and not any(e in line for e in expected)
+    ]
+    assert forbidden == [], "\n".join(forbidden[:10])
+    assert operator["proc"].poll() is None, "the operator exited"

@@ -82,6 +82,9 @@ app.kubernetes.io/component: operator
 {{- else if eq .Values.operator.logLevel "quiet" }}
 - --quiet
 {{- end }}
+{{- if eq .Values.operator.logFormat "json" }}
+- --log-format=json
+{{- end }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
 {{- end }}

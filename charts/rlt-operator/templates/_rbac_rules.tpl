@@ -49,14 +49,14 @@ each verb comes from.
 {{- define "rlt-operator.namespacedPeeringRules" -}}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch", "patch", "create"]
 {{- end }}
 
 {{/* Kopf's peering between replicas, cluster mode: one ClusterKopfPeering. */}}
 {{- define "rlt-operator.clusterPeeringRules" -}}
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch", "patch", "create"]
 {{- end }}
 
 {{/* Users' RLTRun rules, aggregated into the built-in edit/admin and view roles. */}}

@@ -49,6 +49,9 @@ RUN_PHASE = "rlt_run_phase"
 RUN_INFO = "rlt_run_info"
 RUN_RESTARTS = "rlt_run_restarts"
 RUN_STEP = "rlt_run_step"
+RUN_CONDITION = "rlt_run_condition"
+RUN_LAST_RECONCILE = "rlt_run_last_reconcile_timestamp_seconds"
+OPERATOR_ACTIVE = "rlt_operator_active"
 # metrics.jsonl key -> rlt_rcl_* gauge (written by the rcl stages, exported by the Recorder)
 RCL_GAUGES = {
     "rcl_apg": "rlt_rcl_apg",
@@ -204,6 +207,27 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef(RUN_RESTARTS, "gauge", "Gang restarts of the run (status.restarts).", OPERATOR_LABELS, "operator"),
     MetricDef(RUN_STEP, "gauge", "status.progress.step as seen by the operator.", OPERATOR_LABELS, "operator"),
+    MetricDef(
+        RUN_CONDITION,
+        "gauge",
+        "1 per condition of the run's status, labelled with its status and reason (one series per condition type).",
+        OPERATOR_LABELS + ("type", "status", "reason"),
+        "operator",
+    ),
+    MetricDef(
+        RUN_LAST_RECONCILE,
+        "gauge",
+        "Unix time of the run's last successful reconcile (0: seen but never reconciled, so it has no status).",
+        OPERATOR_LABELS,
+        "operator",
+    ),
+    MetricDef(
+        OPERATOR_ACTIVE,
+        "gauge",
+        "1 on the replica that works, 0 on a paused standby (or any replica whose peering object is missing).",
+        (),
+        "operator",
+    ),
 )
 
 ALL_METRICS = TRAINER_METRICS + OPERATOR_METRICS

@@ -60,6 +60,13 @@ def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
         out[prefix] = value
 
 
+def flat_spec(spec: RLTRunSpec) -> dict[str, Any]:
+    """Every field of the spec, flattened to camelCase paths (to name what an edit changed)."""
+    out: dict[str, Any] = {}
+    _flatten(spec.model_dump(mode="json", by_alias=True), "", out)
+    return out
+
+
 def _stage_settings(doc: dict[str, Any], stage: str, own: bool) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     _flatten(doc["stages"][stage], "", flat)

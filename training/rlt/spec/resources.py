@@ -40,7 +40,9 @@ def _request_cel(field: str, per_gpu: int, floor: int, unit_bytes: int) -> str:
     return f"(has(self.{field}) ? quantity(self.{field}).asApproximateFloat() : ({n} > {lo} ? {n} : {lo}))"
 
 
-def _limit_rule(limit: str, request: str, per_gpu: int, floor: int, unit_bytes: int, message: str) -> tuple:
+def _limit_rule(
+    limit: str, request: str, per_gpu: int, floor: int, unit_bytes: int, message: str
+) -> tuple[str, str, str]:
     # isQuantity first: a value the field's pattern refuses must not also raise a CEL evaluation error.
     guard = f"!has(self.{limit}) || !isQuantity(self.{limit}) || (has(self.{request}) && !isQuantity(self.{request}))"
     rule = f"{guard} || quantity(self.{limit}).asApproximateFloat() >= " + _request_cel(
