@@ -327,3 +327,17 @@ def test_counterexamples_of_the_property_test(patch, tmp_path):
     check_door(doc, tmp_path)
     del doc["metadata"]  # a document with no metadata: the CRD harness said nothing, rlt refuses it
     check_door(doc, tmp_path)
+
+
+def test_the_run_the_operator_hands_its_pods_reads_back_the_same():
+    """dump_run (the pods' spec) quotes what the strict reader would read otherwise: a label value `y`, a column
+    `1e5`, a tag `0o7` come back as the same text, not as a refusal or a number."""
+    from rlt.spec.loading import dump_run, parse_run
+    from rlt.spec.reader import load_yaml
+
+    doc = tiny_doc()
+    doc["spec"]["scheduling"] = {"nodeSelector": {"pool": "y"}}
+    doc["spec"]["dataset"]["columns"] = {"question": "1e5", "solution": "0o7", "reasoningTrace": "on"}
+    run = parse_run(doc)
+    (again,) = load_yaml(dump_run(run))
+    assert parse_run(again) == run

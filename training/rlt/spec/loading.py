@@ -212,7 +212,7 @@ def read_runs(path: str | Path) -> list[RLTRun]:
 
 def dump_run(run: RLTRun) -> str:
     """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
-    text: str = yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    text: str = reader.dump_yaml(run.model_dump(mode="json", by_alias=True, exclude_none=True))
     return text
 
 

@@ -200,6 +200,25 @@ def load_yaml(text: str) -> list[Any]:
         loader.dispose()
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting every string this reader would read as something else (PyYAML quotes by YAML
+    1.1's rules: `y`, `1e5` or `0o7` would come back as a refusal, a float or an int)."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    plain_elsewhere = any(r.match(value) for r in (_NULL, _BOOL, _INT, _FLOAT)) or _ambiguity(value) is not None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'" if plain_elsewhere else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML that load_yaml reads back as `data` (the run the operator hands its pods)."""
+    text: str = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return text
+
+
 def yaml_error_line(err: yaml.YAMLError) -> str:
     """A PyYAML syntax error in one line: 'line 3: mapping values are not allowed here'."""
     mark = getattr(err, "problem_mark", None)
