@@ -341,3 +341,13 @@ def test_the_run_the_operator_hands_its_pods_reads_back_the_same():
     run = parse_run(doc)
     (again,) = load_yaml(dump_run(run))
     assert parse_run(again) == run
+
+
+def test_the_kubernetes_definitions_are_kubernetes_validates_for_the_charts_floor():
+    """spec/k8s_api.json is the package's schema of the chart's oldest Kubernetes (`hack/generate.py k8s-api`)."""
+    pytest.importorskip("kubernetes_validate")
+    from rlt.spec import k8s_api
+
+    chart = yaml.safe_load((ROOT / "charts" / "rlt-operator" / "Chart.yaml").read_text())
+    assert chart["kubeVersion"].startswith(f">={k8s_api.K8S_VERSION}")
+    assert k8s_api.DEFS_FILE.read_text() == k8s_api.render(), "run `python hack/generate.py k8s-api`"
