@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help venv vllm-venv tools test test-fast test-real-cluster demo docs crd chart-crd chart-rbac install-manifests generate images bench clean \
-	image-tools operator-image images-local images-test images-push lint
+	image-tools operator-image images-local images-test images-cuda images-test-cuda images-push lint
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -149,6 +149,23 @@ images-local: image-tools
 images-test: $(STAMP) image-tools
 	RLT_IMAGES_TEST=1 $(BIN)/python -m pytest -q -rs tests/images tests/operator/test_operator_image.py
 	$(PY) hack/images.py sizes
+
+# The CUDA flavours of the trainer and generator, as a GPU node runs them, built HERE on the same local base: every
+# CUDA library comes from PyPI's wheels (images/*/requirements-cuda.txt, hack/cuda_pins.py), the driver from the
+# node. Tagged <registry>/rlt-<name>:<version>. About 10 GB each unpacked, so they build in their own buildah store
+# with the overlay driver, whose layers are differences (vfs copies every layer whole): a code change rebuilds only
+# the last layer. CUDA_BUILDAH_STORAGE=vfs where overlay does not work.
+CUDA_BUILDAH_STORAGE ?= overlay
+CUDA_BUILDAH_ROOT    ?= $(HOME)/.cache/rlt/buildah-cuda
+CUDA_ENV := BUILDAH_STORAGE=$(CUDA_BUILDAH_STORAGE) RLT_BUILDAH_ROOT=$(CUDA_BUILDAH_ROOT)
+images-cuda: image-tools
+	$(CUDA_ENV) $(PY) hack/images.py build --flavour cuda trainer generator
+
+# The checks of tests/images/test_cuda_images.py in those images, without a GPU (imports, ldd, one CUDA, the tiny
+# example's sft and rl on CPU, the preflight's peak memory, a simulated old driver).
+images-test-cuda: $(STAMP) image-tools
+	$(CUDA_ENV) RLT_IMAGES_TEST_CUDA=1 $(BIN)/python -m pytest -q -rs -s tests/images/test_cuda_images.py
+	$(CUDA_ENV) $(PY) hack/images.py sizes --flavour cuda
 
 # Push what images-local (or images) tagged to IMAGE_REGISTRY, e.g. make images-push IMAGE_REGISTRY=registry.example.com/rlt
 images-push:

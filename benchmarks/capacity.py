@@ -23,6 +23,7 @@ activations meet the plan's worst case (rl's completions are sampled: up to maxC
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import shutil
@@ -129,10 +130,8 @@ def du(path: Path) -> int:
     total = 0
     for dirpath, _, files in os.walk(path):
         for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except FileNotFoundError:
-                pass
+            with contextlib.suppress(FileNotFoundError):
+                total += (Path(dirpath) / f).lstat().st_size
     return total
 
 
@@ -188,7 +187,7 @@ def run_measured(cmd: list[str], world: int, env: dict, watch: Path | None = Non
 
     t = threading.Thread(target=poll, daemon=True)
     t.start()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, check=False)
     done.set()
     t.join()
     if out.returncode:

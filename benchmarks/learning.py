@@ -116,7 +116,7 @@ def train(args, out: Path) -> tuple[str, dict[int, dict]]:
         argv = [a for a in sys.argv[1:] if a != "--parallel"]
         # The SFT warm-up in a child too: a parent that trained keeps ~3 GB, next to ~4.5 GB per RL child
         # (on a 24 GB machine shared with other work that got one seed OOM-killed).
-        if subprocess.run([sys.executable, "-u", __file__, *argv, "--sft-only"]).returncode:
+        if subprocess.run([sys.executable, "-u", __file__, *argv, "--sft-only"], check=False).returncode:
             raise SystemExit("the SFT warm-up failed (see its output above)")
         # One process per seed: on a shared machine each process gets its own share of the CPU.
         procs = [subprocess.Popen([sys.executable, "-u", __file__, *argv, "--rl-seed", str(s)]) for s in args.seeds]

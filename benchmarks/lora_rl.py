@@ -153,6 +153,7 @@ def main() -> None:
         for arm in ("full", "lora"):
             proc = subprocess.run(
                 [sys.executable, __file__, "--arm", arm, "--steps", str(a.steps), "--completion", str(a.completion)],
+                check=False,
                 capture_output=True,
                 text=True,
             )

@@ -81,7 +81,7 @@ async def main(runs: int, timeout: float) -> dict:
             "RLT_OPERATOR_HEALTH_PORT": "0",
             "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "training")]),
         }
-        log = open(workdir / "operator.log", "w")
+        log = (workdir / "operator.log").open("w")  # noqa: SIM115 - the operator process writes it until it stops
         proc = subprocess.Popen(
             [
                 sys.executable,

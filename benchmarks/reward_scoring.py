@@ -34,10 +34,38 @@ import time
 from pathlib import Path
 
 TAU = 0.7
-WORDS = (
-    "first consider the numbers then combine them carefully check the intermediate value and keep the sum "
-    "multiply subtract compare because therefore so we get which means next step result target"
-).split()
+WORDS = [
+    "first",
+    "consider",
+    "the",
+    "numbers",
+    "then",
+    "combine",
+    "them",
+    "carefully",
+    "check",
+    "the",
+    "intermediate",
+    "value",
+    "and",
+    "keep",
+    "the",
+    "sum",
+    "multiply",
+    "subtract",
+    "compare",
+    "because",
+    "therefore",
+    "so",
+    "we",
+    "get",
+    "which",
+    "means",
+    "next",
+    "step",
+    "result",
+    "target",
+]
 # Text real reasoning data is full of, and that byte-level BPE splits over several tokens (see docs/reward.md).
 UNICODE_WORDS = (
     "x ≤ y",
@@ -60,7 +88,7 @@ UNICODE_WORDS = (
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as f:
+    with Path("/proc/self/status").open() as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
@@ -69,12 +97,12 @@ def rss_mb() -> float:
 
 def reset_peak() -> None:
     """Reset the kernel's peak-RSS mark (VmHWM) so the next reading covers only the timed section."""
-    with open("/proc/self/clear_refs", "w") as f:
+    with Path("/proc/self/clear_refs").open("w") as f:
         f.write("5")
 
 
 def peak_mb() -> float:
-    with open("/proc/self/status") as f:
+    with Path("/proc/self/status").open() as f:
         for line in f:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
@@ -148,7 +176,7 @@ def reference_scores(model, tok, fmt, qs, ss, cs):
             lp = torch.log_softmax(model(ids).logits[0].float() / TAU, dim=-1)
         out = []
         for start, end in spans:
-            pos = [t for t, (s, e) in enumerate(enc["offset_mapping"]) if t > 0 and e > s and s >= start and e <= end]
+            pos = [t for t, (s, e) in enumerate(enc["offset_mapping"]) if t > 0 and e > s >= start and e <= end]
             out.append(
                 SideTokens(
                     [(enc["offset_mapping"][t][0] - start, enc["offset_mapping"][t][1] - start) for t in pos],

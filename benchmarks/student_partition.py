@@ -31,7 +31,7 @@ TEXTS = [
 
 
 def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
+    with Path("/proc/self/statm").open() as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -108,7 +108,7 @@ def worker(model_name: str, out: Path, skip_prepare: bool) -> None:
         "held_after_score": held_bytes(student),
         "max_score_diff": diff,
     }
-    with open(out, "a") as f:
+    with Path(out).open("a") as f:
         f.write(json.dumps(row) + "\n")
 
 
@@ -139,7 +139,7 @@ def run_world(model: str, world: int, out_dir: Path, skip_prepare: bool = False,
     path = os.pathsep.join(p for p in (training, os.environ.get("PYTHONPATH")) if p)
     # ACCELERATE_USE_DEEPSPEED: as `accelerate launch --use_deepspeed` sets it
     env = dict(os.environ, OMP_NUM_THREADS="1", ACCELERATE_USE_DEEPSPEED="true", PYTHONPATH=path)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"world {world} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in out.read_text().splitlines()]

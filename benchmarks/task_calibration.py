@@ -34,12 +34,12 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def _greedy_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    from rlt.stages.evaluate import _greedy
+    from rlt.stages.evaluate import greedy
 
     out = []
     for i in range(0, len(prompts), batch_size):
         ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts[i : i + batch_size]]
-        out += [tokenizer.decode(c, skip_special_tokens=True) for c in _greedy(model, tokenizer, ids, max_new_tokens)]
+        out += [tokenizer.decode(c, skip_special_tokens=True) for c in greedy(model, tokenizer, ids, max_new_tokens)]
     return out
 
 

@@ -3,14 +3,17 @@
 
     python hack/images.py base                         # mmdebstrap a minimal Debian bookworm once, import it
     python hack/images.py build operator trainer ...   # buildah build each Containerfile on that base (CPU flavour)
-    python hack/images.py sizes operator trainer ...   # the built images' sizes
+    python hack/images.py build --flavour cuda trainer generator   # the CUDA flavours (PyPI's CUDA wheels)
+    python hack/images.py sizes operator trainer ...   # the built images' sizes (--layers: gzip-compressed, per layer)
     python hack/images.py rootfs operator              # build-or-reuse an unpacked rootfs, cached by its inputs
     python hack/images.py prune                        # drop dangling images and leftover working containers
 
 The upstream bases (python:slim, CUDA, vLLM) cannot be pulled on our machines; Debian's archive and PyPI can be
 reached. So the base is bootstrapped with mmdebstrap and imported as `localhost/rlt-base:bookworm`, and every
 Containerfile is built with `--build-arg BASE_IMAGE=` that image and `--build-arg FLAVOUR=cpu` (the CPU flavour of
-GPU-only steps). buildah runs with the vfs storage driver and chroot isolation (no overlay, no cgroups needed).
+GPU-only steps). `--flavour cuda` builds the trainer and generator as a GPU node runs them, on the same base:
+every CUDA user-space library comes from PyPI wheels (images/*/requirements-cuda.txt), the driver from the node.
+buildah runs with the vfs storage driver and chroot isolation (no overlay, no cgroups needed).
 The host's CA bundle is mounted read-only into every RUN (pip verifies TLS against it), and so is a local wheel
 folder when the host has one (the CPU torch wheel).
 
@@ -33,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,6 +70,9 @@ CPU_ARGS = {
 
 
 LAYERED = {"operator"}
+FLAVOURS = ("cpu", "cuda")
+# The images that have a CUDA flavour; the Containerfiles' default FLAVOUR is cuda.
+CUDA_ARGS = {"trainer": {"FLAVOUR": "cuda"}, "generator": {"FLAVOUR": "cuda"}}
 
 
 def log(msg: str) -> None:
@@ -84,7 +91,7 @@ def registry() -> str:
 
 
 def image_ref(name: str, flavour: str = "cpu") -> str:
-    """`make images` tags <registry>/rlt-<name>:<version>; local CPU builds of GPU images get a -cpu suffix."""
+    """`make images` and CUDA builds tag <registry>/rlt-<name>:<version>; CPU builds of GPU images get -cpu."""
     suffix = "-cpu" if flavour == "cpu" and CPU_ARGS[name] else ""
     return f"{registry()}/rlt-{name}:{os.environ.get('IMAGE_TAG') or version()}{suffix}"
 
@@ -99,7 +106,9 @@ def store_args() -> list[str]:
 
 def buildah(*args: str, capture: bool = True, check: bool = True) -> subprocess.CompletedProcess:
     cmd = ["buildah", *store_args(), *args]
-    proc = subprocess.run(cmd, capture_output=capture, text=True, env={**os.environ, "BUILDAH_ISOLATION": "chroot"})
+    proc = subprocess.run(
+        cmd, capture_output=capture, text=True, env={**os.environ, "BUILDAH_ISOLATION": "chroot"}, check=False
+    )
     if check and proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr if capture else ''}")
     return proc
@@ -160,6 +169,8 @@ def prune(replaced: str | None = None) -> None:
             log("prune: another build is using the store; left its containers and images alone")
             return
         containers = json.loads(buildah("containers", "--json").stdout or "null") or []
+        # mounted_rootfs's containers stay: they are the images' files that tests run from, not build leftovers
+        containers = [c for c in containers if not c.get("containername", "").startswith(MOUNT_PREFIX)]
         if containers:
             log(f"prune: removing {len(containers)} leftover working container(s)")
             buildah("rm", *[c["id"] for c in containers], check=False)
@@ -196,7 +207,7 @@ def ensure_base() -> str:
         log(f"mmdebstrap bookworm (minbase + python3) -> {tar}")
         t0 = time.monotonic()
         subprocess.run(["nice", "-n", "10", *MMDEBSTRAP, f"{tar}.part", *MIRRORS], check=True)
-        os.replace(f"{tar}.part", tar)
+        Path(f"{tar}.part").replace(tar)
         log(f"mmdebstrap took {time.monotonic() - t0:.0f}s")
     log(f"importing {tar} as {BASE_IMAGE}")
     with store_lock():
@@ -246,12 +257,13 @@ def build_inputs(name: str) -> list[Path]:
     return files
 
 
-def build_args(name: str) -> dict[str, str]:
-    return {"BASE_IMAGE": BASE_IMAGE, "VERSION": version(), **CPU_ARGS[name]}
+def build_args(name: str, flavour: str = "cpu") -> dict[str, str]:
+    args = CUDA_ARGS[name] if flavour == "cuda" else CPU_ARGS[name]
+    return {"BASE_IMAGE": BASE_IMAGE, "VERSION": version(), **args}
 
 
-def input_key(name: str, base_id: str) -> str:
-    parts = [json.dumps(build_args(name), sort_keys=True).encode(), base_id.encode()]
+def input_key(name: str, base_id: str, flavour: str = "cpu") -> str:
+    parts = [json.dumps(build_args(name, flavour), sort_keys=True).encode(), base_id.encode()]
     parts += [str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() for f in build_inputs(name)]
     return sha(*parts)
 
@@ -267,17 +279,18 @@ def pip_conf() -> Path:
     return conf
 
 
-def build(name: str) -> float:
-    """buildah build one image (CPU flavour on the local base); returns the seconds it took."""
+def build(name: str, flavour: str = "cpu") -> float:
+    """buildah build one image (of `flavour`, on the local base); returns the seconds it took."""
     base_id = ensure_base()
-    ref = image_ref(name)
-    key = input_key(name, base_id)
+    ref = image_ref(name, flavour)
+    key = input_key(name, base_id, flavour)
     volumes = [f"{HOST_CA}:{HOST_CA}:ro", f"{pip_conf()}:/etc/pip.conf:ro"]
     if LOCAL_WHEELS.is_dir():
         volumes.append(f"{LOCAL_WHEELS}:{LOCAL_WHEELS}:ro")
     # Layer cache for the small operator image (its pinned dependencies survive code changes); the multi-GB
-    # images build without one, since vfs stores every layer as a full copy of the filesystem.
-    layers = "true" if name in LAYERED else "false"
+    # images build without one on vfs, which stores every layer as a full copy of the filesystem (overlay stores
+    # the differences: there they keep their dependency layer across code changes too).
+    layers = "true" if name in LAYERED or STORAGE == "overlay" else "false"
     # docker format: OCI image configs have no SHELL, and buildah would then run every RUN with /bin/sh.
     cmd = [
         "build",
@@ -297,7 +310,7 @@ def build(name: str) -> float:
         "--label",
         f"rlt.inputs.key={key}",
     ]
-    for k, v in build_args(name).items():
+    for k, v in build_args(name, flavour).items():
         cmd += ["--build-arg", f"{k}={v}"]
     for v in volumes:
         cmd += ["--volume", v]
@@ -307,6 +320,7 @@ def build(name: str) -> float:
     with store_lock():
         proc = subprocess.run(
             ["nice", "-n", "10", "buildah", *store_args(), *cmd, str(ROOT)],
+            check=False,
             env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
         )
     if proc.returncode != 0:
@@ -323,10 +337,10 @@ def built_key(ref: str) -> str | None:
     return image_info(ref)["OCIv1"]["config"].get("Labels", {}).get("rlt.inputs.key")
 
 
-def ensure_built(name: str) -> str:
-    ref = image_ref(name)
-    if built_key(ref) != input_key(name, ensure_base()):
-        build(name)
+def ensure_built(name: str, flavour: str = "cpu") -> str:
+    ref = image_ref(name, flavour)
+    if built_key(ref) != input_key(name, ensure_base(), flavour):
+        build(name, flavour)
     return ref
 
 
@@ -335,19 +349,39 @@ def size(ref: str) -> str:
     return json.loads(buildah("images", "--json", ref).stdout)[0]["size"]
 
 
+def layers(ref: str) -> list[tuple[int, str]]:
+    """(gzip-compressed bytes, the Containerfile step) of each layer, as a registry would store them: the image pushed
+    to a temporary OCI layout with gzip, its manifest's layer sizes beside the history's non-empty steps."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE, prefix="push-") as d:
+        buildah("push", "--quiet", "--compression-format", "gzip", ref, f"oci:{d}:image")
+        blob = Path(d) / "blobs" / "sha256"
+        index = json.loads((Path(d) / "index.json").read_text())
+        manifest = json.loads((blob / index["manifests"][0]["digest"].split(":")[1]).read_text())
+        config = json.loads((blob / manifest["config"]["digest"].split(":")[1]).read_text())
+    steps = [h.get("created_by", "") for h in config.get("history", []) if not h.get("empty_layer")]
+    sizes = [layer["size"] for layer in manifest["layers"]]
+    steps = [""] * (len(sizes) - len(steps)) + steps  # an imported base may have no history entry
+    return list(zip(sizes, steps, strict=True))
+
+
 # --------------------------------------------------------------------------- rootfs cache + run
 
 
-def rootfs(name: str) -> Path:
+def rootfs(name: str, flavour: str = "cpu") -> Path:
     """An unpacked rootfs of the image (dir/rootfs) and its OCI config (dir/config.json), keyed by the inputs:
-    reused while Containerfile, build context and base are unchanged, rebuilt otherwise."""
+    reused while Containerfile, build context and base are unchanged, rebuilt otherwise. On overlay storage the
+    image is mounted instead of copied (mounted_rootfs)."""
     base_id = ensure_base()
-    key = input_key(name, base_id)
-    out = CACHE / f"{name}-{key}"
+    key = input_key(name, base_id, flavour)
+    stem = name if flavour == "cpu" else f"{name}-{flavour}"
+    out = CACHE / f"{stem}-{key}"
+    if STORAGE == "overlay":
+        return mounted_rootfs(name, flavour, out)
     if (out / "config.json").exists():
         return out
-    ref = ensure_built(name)
-    tmp = CACHE / f"{name}-{key}.part{os.getpid()}"  # several test processes may build at once
+    ref = ensure_built(name, flavour)
+    tmp = CACHE / f"{stem}-{key}.part{os.getpid()}"  # several test processes may build at once
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "rootfs").mkdir(parents=True)
     with store_lock():
@@ -363,13 +397,42 @@ def rootfs(name: str) -> Path:
             buildah("umount", c, check=False)
             buildah("rm", c, check=False)
     (tmp / "config.json").write_text(json.dumps(image_info(ref)["OCIv1"]["config"], indent=1))
-    for old in CACHE.glob(f"{name}-*"):  # one cached rootfs per image is enough
-        if old.is_dir() and ".part" not in old.name and old != out:
+    for old in CACHE.glob(f"{stem}-*"):  # one cached rootfs per image and flavour is enough
+        if old.is_dir() and re.fullmatch(rf"{stem}-[0-9a-f]{{16}}", old.name) and old != out:
             shutil.rmtree(old, ignore_errors=True)
     try:
-        os.replace(tmp, out)
+        Path(tmp).replace(out)
     except OSError:  # another process finished the same key first: theirs is as good
         shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+MOUNT_PREFIX = "rlt-rootfs-"
+
+
+def mounted_rootfs(name: str, flavour: str, out: Path) -> Path:
+    """rootfs() without the copy (the CUDA images are about 9 GB unpacked): a working container of the image, named
+    by its inputs and mounted by buildah (on overlay the mount shares the image's layers; what a run writes goes to
+    the container's own layer), as out/rootfs -> the mount point, beside out/config.json. One per image and flavour:
+    the container of older inputs goes (`prune` leaves these alone)."""
+    ref = ensure_built(name, flavour)
+    container = f"{MOUNT_PREFIX}{out.name}"
+    stem = out.name.rsplit("-", 1)[0]
+    with store_lock():
+        for c in json.loads(buildah("containers", "--json").stdout or "null") or []:
+            other = c.get("containername", "")
+            if other.startswith(f"{MOUNT_PREFIX}{stem}-") and other != container:
+                buildah("rm", other, check=False)
+        if buildah("inspect", "--type", "container", container, check=False).returncode != 0:
+            buildah("from", "--pull=never", "--name", container, ref)
+        mnt = buildah("mount", container).stdout.strip()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(image_info(ref)["OCIv1"]["config"], indent=1))
+    link = out / "rootfs"
+    if link.is_symlink() and str(link.readlink()) != mnt:
+        link.unlink()
+    if not link.is_symlink():
+        link.symlink_to(mnt)
     return out
 
 
@@ -464,10 +527,8 @@ def descendants(pid: int) -> list[int]:
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
     """SIGTERM the container process (unshare's child, as a kubelet would) and return its exit status."""
     for pid in descendants(proc.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -489,8 +550,18 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("prune")
     for cmd in ("build", "sizes", "rootfs"):
         s = sub.add_parser(cmd)
-        s.add_argument("names", nargs="*", default=list(IMAGES), help=f"any of {', '.join(IMAGES)}")
+        if cmd == "sizes":
+            s.add_argument(
+                "--layers", action="store_true", help="also each layer gzip-compressed (pushes to a temp dir)"
+            )
+        s.add_argument("names", nargs="*", default=None, help=f"any of {', '.join(IMAGES)}")
+        s.add_argument("--flavour", choices=FLAVOURS, default="cpu", help="cuda: the trainer's and generator's")
     args = p.parse_args(argv)
+    flavour = getattr(args, "flavour", "cpu")
+    if getattr(args, "names", None) is None:
+        args.names = list(CUDA_ARGS) if flavour == "cuda" else list(IMAGES)
+    if flavour == "cuda" and (no_cuda := set(args.names) - set(CUDA_ARGS)):
+        p.error(f"{', '.join(sorted(no_cuda))} has no CUDA flavour; choose from {', '.join(CUDA_ARGS)}")
     if unknown := set(getattr(args, "names", [])) - set(IMAGES):
         p.error(f"unknown image(s) {', '.join(sorted(unknown))}; choose from {', '.join(IMAGES)}")
     if missing := tools_missing():
@@ -500,16 +571,21 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "prune":
         prune()
     elif args.cmd == "build":
-        times = {n: build(n) for n in args.names}
+        times = {n: build(n, flavour) for n in args.names}
         for n in args.names:
-            print(f"{image_ref(n):55s} {size(image_ref(n)):>9s}  built in {times[n]:.0f}s")
+            print(f"{image_ref(n, flavour):55s} {size(image_ref(n, flavour)):>9s}  built in {times[n]:.0f}s")
     elif args.cmd == "sizes":
         for n in args.names:
-            ref = image_ref(n)
-            print(f"{ref:55s} {size(ref) if image_exists(ref) else 'not built':>9s}")
+            ref = image_ref(n, flavour)
+            print(f"{ref:55s} {size(ref) if image_exists(ref) else 'not built':>9s} unpacked")
+            if args.layers and image_exists(ref):
+                parts = layers(ref)
+                print(f"  {sum(s for s, _ in parts) / 1e9:.2f} GB compressed (gzip) in {len(parts)} layers:")
+                for s, step in parts:
+                    print(f"  {s / 1e6:9.1f} MB  {' '.join(step.split())[:100]}")
     elif args.cmd == "rootfs":
         for n in args.names:
-            print(rootfs(n))
+            print(rootfs(n, flavour))
     return 0
 
 

@@ -3,6 +3,7 @@ test module: pytest puts tests/ on sys.path for the top conftest."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -59,14 +60,10 @@ def kill_gang(proc, log) -> None:
     import signal
 
     for pid in re.findall(r"rlt-world stage=\w+ rank=\d+ .* pid=(\d+)", Path(log).read_text()):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def openapi_to_jsonschema(node, closed: bool = False):

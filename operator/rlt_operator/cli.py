@@ -58,7 +58,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         info = handlers.PeeringInfo(
             name=args.peering,
             # Kopf's record key for this replica: the pod's name (POD_ID, as the chart sets it), as Kopf would take.
-            identity=os.environ.get("POD_ID") or f"{socket.gethostname()}/{os.getpid()}/{priority}",
+            identity=config.pod_id or f"{socket.gethostname()}/{os.getpid()}/{priority}",
             priority=priority,
             namespaces=None if args.all_namespaces else tuple(args.namespace or []),
             lifetime=args.peering_lifetime,
@@ -89,10 +89,14 @@ class _SuccessAtDebug(logging.Filter):
         self.debug = debug
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.INFO and str(record.msg).endswith(" succeeded."):
-            if str(record.msg).startswith(("Handler '", "Activity '", "Daemon '")):
-                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-                return self.debug
+        message = str(record.msg)
+        if (
+            record.levelno == logging.INFO
+            and message.endswith(" succeeded.")
+            and message.startswith(("Handler '", "Activity '", "Daemon '"))
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.debug
         return True
 
 

@@ -8,6 +8,7 @@ children and at least every RLT_RESYNC_SECONDS; a delete handler removes the chi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -98,10 +99,8 @@ class OperatorMetrics:
 
 
 def _remove(metric: Any, *labels: str) -> None:
-    try:
+    with contextlib.suppress(KeyError):  # never set for this run
         metric.remove(*labels)
-    except KeyError:
-        pass  # never set for this run
 
 
 @dataclass(frozen=True)
@@ -232,7 +231,9 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                         restored = {"name": info.name, "labels": labels.get(what, {})}
                         meta = {"metadata": restored, "status": {**seen[what], info.identity: mine}}
                         made = await asyncio.to_thread(state.kube.create, kind.plural, ns, {**body, **meta})
-                        logger.warning(f"peering object {what} recreated" + ("" if made is None else " (by another replica)"))
+                        logger.warning(
+                            f"peering object {what} recreated" + ("" if made is None else " (by another replica)")
+                        )
                     continue
                 missing.discard(what)
                 seen[what] = found[0].get("status") or {}

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlt.contract.exitcodes import CAPACITY_PREFIX, DISRUPTION
 from rlt.contract import env as pod_env
+from rlt.contract.exitcodes import CAPACITY_PREFIX, DISRUPTION
 from rlt_operator import builders
 
 

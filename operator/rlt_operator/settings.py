@@ -28,6 +28,7 @@ class OperatorSettings:
     # RLT_PROMETHEUS_NAMESPACES: comma-separated namespaces whose Prometheus pods may reach the generators' port 8000
     # (the chart's metrics.podMonitor.prometheusNamespaces); empty: none
     prometheus_namespaces: str = ""
+    pod_id: str = ""  # POD_ID: this replica's pod name (the chart sets it), Kopf's peering record key
 
     ENV: ClassVar[Mapping[str, str]] = {  # field -> environment variable
         "resync_seconds": "RLT_RESYNC_SECONDS",
@@ -39,6 +40,7 @@ class OperatorSettings:
         "health_port": "RLT_OPERATOR_HEALTH_PORT",
         "progress_url": "RLT_PROGRESS_URL",
         "prometheus_namespaces": "RLT_PROMETHEUS_NAMESPACES",
+        "pod_id": "POD_ID",
     }
 
     @property

@@ -113,9 +113,9 @@ class _Plan:
 
     def delete(self, plural: str, name: str, propagation: str = "Background") -> None:
         child = getattr(self.obs, plural).get(name)
-        if child is not None and not child.get("deleting"):
-            if not any(a.verb == "delete" and a.name == name and a.plural == plural for a in self.actions):
-                self.actions.append(Action("delete", plural, name, propagation=propagation))
+        queued = any(a.verb == "delete" and a.name == name and a.plural == plural for a in self.actions)
+        if child is not None and not child.get("deleting") and not queued:
+            self.actions.append(Action("delete", plural, name, propagation=propagation))
 
 
 def previous_status(prev: dict[str, Any]) -> RLTRunStatus:

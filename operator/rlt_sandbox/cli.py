@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="emulated Kubernetes API + the operator, for kubectl: a preview of what the operator would "
         "create, not a cluster",
     )
-    p.add_argument("--port", type=int, default=18443, help="port of the emulated API (default 18443)")
+    p.add_argument(
+        "--port", type=int, help="port of the emulated API (default 18443, or a free one when 18443 is taken)"
+    )
     p.add_argument("--kubeconfig", help="where to write the kubeconfig (default: $TMPDIR/rlt-sandbox/kubeconfig)")
     p.add_argument("--namespace", action="append", metavar="NS", help="extra namespaces to create")
     p.add_argument(

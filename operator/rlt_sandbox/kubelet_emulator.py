@@ -54,6 +54,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from rlt.contract.layout import format_time
 from rlt_operator.builders import L_RUN
 from rlt_operator.kinds import CHILDREN, Kind
 
@@ -61,7 +62,7 @@ _KIND_API_VERSION = {k.kind: k.api_version for k in CHILDREN}
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return format_time()
 
 
 def job_terminal_conditions(interim: str, final: str, why: dict[str, str]) -> list[dict[str, Any]]:

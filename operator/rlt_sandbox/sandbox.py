@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -259,8 +261,45 @@ async def _main(
             await kubelet.stop()
 
 
+DEFAULT_PORT = 18443
+
+
+class PortTaken(OSError):
+    """The port asked for with --port is in use; the message is one line."""
+
+
+def _in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is not "in use"
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            return True
+    return False
+
+
+def choose_port(port: int | None, host: str = "127.0.0.1") -> int:
+    """The emulated API's port: --port when given (taken: PortTaken, one line); else DEFAULT_PORT, or any free port
+    (0, the server picks) when that one is taken, which is said on stdout (as `rlt run`'s metrics port does)."""
+    if port is not None:
+        if _in_use(port, host):
+            raise PortTaken(
+                f"rlt sandbox: --port {port}: {host}:{port} is already in use (another sandbox?); pick another "
+                "port, or leave --port out to get a free one"
+            )
+        return port
+    if not _in_use(DEFAULT_PORT, host):
+        return DEFAULT_PORT
+    print(
+        f"rlt sandbox: port {DEFAULT_PORT} is in use; the API takes a free port instead (its URL follows)", flush=True
+    )
+    return 0
+
+
 def run(
-    port: int = 18443,
+    port: int | None = None,
     kubeconfig_path: str | None = None,
     namespaces: list[str] | None = None,
     run_pods: str | None = None,
@@ -269,7 +308,10 @@ def run(
     path = Path(kubeconfig_path) if kubeconfig_path else Path(tempfile.gettempdir()) / "rlt-sandbox" / "kubeconfig"
     pods_dir = Path(run_pods) if run_pods else None
     try:
-        asyncio.run(_main(port, path, namespaces or ["default"], pods_dir, images))
+        asyncio.run(_main(choose_port(port), path, namespaces or ["default"], pods_dir, images))
+    except PortTaken as err:
+        print(err, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         pass
     print("rlt sandbox stopped.", file=sys.stderr)

@@ -25,7 +25,7 @@ def test_readme_quick_start_commands_exist_in_their_order():
     assert order == sorted(order)
     targets = set(re.findall(r"^([a-z][a-z0-9-]*):", read("Makefile"), re.M))
     named = set(re.findall(r"\bmake ([a-z][a-z0-9-]*)", quick))
-    assert {"venv", "demo"} <= named and named <= targets, named - targets
+    assert {"venv", "demo"} <= named <= targets, named - targets
     for path in re.findall(r"manifests/examples/[\w.-]+\.yaml", quick):
         assert (ROOT / path).is_file(), path
 

@@ -60,7 +60,8 @@ def test_makefile_builds_every_image():
 
 def test_containerignore_lets_only_the_sources_in(tmp_path):
     """A real buildah build of a context holding a venv, results, a secret and caches, filtered by .containerignore
-    (the allow-list every image build uses): only pyproject.toml, README.md and the two packages get in."""
+    (the allow-list every image build uses): only pyproject.toml, README.md, the two packages and the CUDA images'
+    locks get in."""
     buildah = shutil.which("buildah")
     if buildah is None:
         pytest.skip("buildah not installed (make test installs it)")
@@ -78,6 +79,10 @@ def test_containerignore_lets_only_the_sources_in(tmp_path):
         "tests/t.py",
         ".git/config",
         "charts/c.yaml",
+        "images/trainer/requirements-cuda.txt",
+        "images/trainer/requirements-cuda.in",
+        "images/generator/requirements-cuda.txt",
+        "images/generator/Containerfile",
     ):
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
         (ctx / rel).write_text("x")
@@ -111,5 +116,12 @@ def test_containerignore_lets_only_the_sources_in(tmp_path):
         subprocess.run([buildah, *store, "umount", c], capture_output=True)
         subprocess.run([buildah, *store, "rm", c], capture_output=True)
         subprocess.run([buildah, *store, "rmi", "-a", "-f"], capture_output=True)
-    assert got == ["README.md", "operator/rlt_operator/y.py", "pyproject.toml", "training/rlt/x.py"]
+    assert got == [
+        "README.md",
+        "images/generator/requirements-cuda.txt",
+        "images/trainer/requirements-cuda.txt",
+        "operator/rlt_operator/y.py",
+        "pyproject.toml",
+        "training/rlt/x.py",
+    ]
     assert (ROOT / ".dockerignore").resolve() == (ROOT / ".containerignore").resolve(), "docker reads the same list"

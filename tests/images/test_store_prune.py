@@ -27,8 +27,7 @@ def commit(tmp_path, name: str | None, content: str, parent: str = "scratch") ->
     f.write_text(content)
     c = images.buildah("from", "--pull=never", parent).stdout.strip()
     images.buildah("copy", c, str(f), f"/{content}.txt")
-    iid = images.buildah("commit", "--rm", "-q", c, *([name] if name else [])).stdout.strip()
-    return iid
+    return images.buildah("commit", "--rm", "-q", c, *([name] if name else [])).stdout.strip()
 
 
 def ids() -> set[str]:

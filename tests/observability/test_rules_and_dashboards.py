@@ -102,7 +102,7 @@ def test_dashboard_structure(name):
     for p in dash["panels"]:
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24
         assert p["targets"], p["title"]
         for t in p["targets"]:
             assert t["datasource"]["uid"] == "${datasource}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -34,15 +35,17 @@ def run_init(job, volume=None):
     import subprocess
     import sys
     import tempfile
+    from pathlib import Path
 
     init = job["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e["value"] for e in init["env"] if "value" in e and e["name"] not in ("HOME", "TMPDIR")}
     with tempfile.TemporaryDirectory() as tmp:
-        message_file = os.path.join(tmp, "termination-log")
-        swap = {"python": sys.executable, "/data": str(volume or "/data"), init["terminationMessagePath"]: message_file}
+        message_file = str(Path(tmp) / "termination-log")
+        rlt = str(Path(sys.executable).with_name("rlt"))  # the venv's entry point, as the trainer image has it on PATH
+        swap = {"rlt": rlt, "/data": str(volume or "/data"), init["terminationMessagePath"]: message_file}
         cmd = [swap.get(c, c) for c in init["command"]]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
-        written = open(message_file).read() if os.path.exists(message_file) else ""
+        written = Path(message_file).read_text() if Path(message_file).exists() else ""
     fallback = out.returncode and init["terminationMessagePolicy"] == "FallbackToLogsOnError"
     out.message = written or (out.stdout + out.stderr if fallback else "")
     return out
@@ -510,6 +513,41 @@ def test_a_stage_left_on_a_retained_volume_under_another_spec_fails_the_prefligh
     assert preflight(more_rl, "rl").returncode == 0  # continuing rl from its checkpoint is allowed
 
 
+def test_a_driver_too_old_for_the_images_cuda_fails_the_preflight_with_one_line(tmp_path, monkeypatch):
+    """The init container as rendered, on a simulated node: no GPU here, so a stand-in `nvidia-smi` reports the
+    driver and a stand-in nvidia-cuda-runtime distribution (metadata only) is the CUDA image's runtime wheel. R570
+    under CUDA 13 exits 78 before the plan, with one `driver:` line (also the termination message, the run's
+    ConfigError message); R580 passes."""
+    from rlt.contract.exitcodes import ExitCode
+
+    bin_dir, site = tmp_path / "bin", tmp_path / "site"
+    bin_dir.mkdir()
+    (site / "nvidia_cuda_runtime-13.0.96.dist-info").mkdir(parents=True)
+    (site / "nvidia_cuda_runtime-13.0.96.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: nvidia-cuda-runtime\nVersion: 13.0.96\n"
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    job = b.trainer_job(REF, spec_from("rltrun-tiny.yaml"), "sft", 0)
+    for version, code in (("570.86.15", ExitCode.CONFIG_ERROR), ("580.95.05", ExitCode.OK)):
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\necho {version}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        out = run_init(job, tmp_path / "pvc")
+        assert out.returncode == code, out.stderr
+    out = run_init(job, tmp_path / "pvc")  # R580 again: the plan's line, not the driver's
+    assert not out.message.startswith("driver:")
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 570.86.15\n")
+    out = run_init(job, tmp_path / "pvc")
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("driver:"), out.stderr
+    assert "580.65.06" in lines[0] and "570.86.15" in lines[0]
+    assert out.message.strip() == lines[0]
+    # what the operator puts in the run's status from the failed init container's message
+    from rlt_operator.observed import last_error_line
+
+    assert last_error_line(out.message) == lines[0]
+
+
 def test_a_run_that_cannot_fit_fails_the_preflight_with_the_capacity_line(tmp_path):
     """The init container as rendered runs the capacity plan of its stage (rlt.checks.preflight): the paper run on a
     200Gi volume exits 78 before any launcher with one `capacity:` line naming the field; the example as it is
@@ -565,7 +603,7 @@ def test_the_preflights_termination_message_sets_capacity_ok(tmp_path):
         r"\(GPUs of the default 80\.0 GiB\)",
         message,
     )
-    assert figures and all(0 < float(f) for f in figures.groups()), message
+    assert figures and all(float(f) > 0 for f in figures.groups()), message
     small = spec_from()
     small.storage.size = "200Gi"
     status, reason, message = condition(small)

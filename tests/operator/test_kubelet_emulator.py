@@ -170,7 +170,7 @@ async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
     await kubelet.start()
     try:
         out = kubelet.claim_dir("claim") / "out"
-        await harness.wait(lambda: (out / "up").exists(), "the pod to start", timeout=20)
+        await harness.wait((out / "up").exists, "the pod to start", timeout=20)
         pod = kubelet.pod("t-grace-0-")
         await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-grace")
         deleted = time.monotonic()

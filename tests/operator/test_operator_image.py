@@ -108,8 +108,8 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
     kube_dir = tmp_path / "kube"
     kube_dir.mkdir()
     (kube_dir / "kubeconfig").write_text((Path(os.environ["KUBECONFIG"])).read_text())
-    os.chmod(kube_dir, 0o755)
-    os.chmod(kube_dir / "kubeconfig", 0o644)
+    kube_dir.chmod(0o755)
+    (kube_dir / "kubeconfig").chmod(0o644)
 
     # The chart's peering object (its replicas peer there; without it `--peering` keeps the operator paused).
     for peering in [d for d in docs if d["apiVersion"] == CLUSTER_PEERING.api_version]:

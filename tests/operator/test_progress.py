@@ -68,9 +68,11 @@ def test_settings_parse_every_variable_and_name_a_bad_one():
         "RLT_OPERATOR_HEALTH_PORT": "0",
         "RLT_PROGRESS_URL": "http://x/{job}",
         "RLT_PROMETHEUS_NAMESPACES": " monitoring, ,mon-b",
+        "POD_ID": "rlt-operator-7d9f-x2",
     }
     got = OperatorSettings.from_env(env)
     assert got.scrapers == ("monitoring", "mon-b")
+    assert got.pod_id == "rlt-operator-7d9f-x2"
     assert (got.resync_seconds, got.progress_interval, got.debounce_seconds, got.watch_server_timeout) == (
         2.0,
         0.5,

@@ -153,7 +153,7 @@ class ControlPlane:
         return path
 
     def _start(self, name: str, argv: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - kept open for the process's lifetime
+        log = (self.workdir / f"{name}.log").open("wb")  # noqa: SIM115 - kept open for the process's lifetime
         self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)))
 
     def log_tail(self, name: str, lines: int = 30) -> str:
@@ -252,10 +252,13 @@ class ControlPlane:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
             r = self.kubectl("get", "--raw", "/readyz", check=False)
-            if r.returncode == 0 and r.stdout.strip() == "ok":
-                # the default namespace and the built-in RBAC roles exist once the bootstrap hooks ran
-                if self.kubectl("get", "namespace", "default", check=False).returncode == 0:
-                    return
+            # ready, and the default namespace and the built-in RBAC roles exist once the bootstrap hooks ran
+            if (
+                r.returncode == 0
+                and r.stdout.strip() == "ok"
+                and self.kubectl("get", "namespace", "default", check=False).returncode == 0
+            ):
+                return
             last = r.stderr or r.stdout
             time.sleep(0.5)
         raise RuntimeError(f"kube-apiserver not ready in {timeout:.0f}s: {last}\n{self.log_tail('kube-apiserver')}")

@@ -65,7 +65,7 @@ def plain_logprobs(model, ids, tau: float) -> list[float | None]:
 
 
 def inside(ranges, lo: int, hi: int, first: int = 1) -> list[int]:
-    return [k for k, (s, e) in enumerate(ranges) if k >= first and e > s and s >= lo and e <= hi]
+    return [k for k, (s, e) in enumerate(ranges) if k >= first and e > s >= lo and e <= hi]
 
 
 def pair_by_cuts(t_tokens, s_tokens, same_vocab: bool) -> tuple[list[float], int, int]:

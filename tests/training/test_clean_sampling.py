@@ -56,17 +56,17 @@ def test_sampled_logprobs_equal_a_forward_at_tau(penalised, formatter):
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([p + ids])).logits[0].float() / TAU, -1)
         forward = [lp[len(p) - 1 + i, t].item() for i, t in enumerate(ids)]
-        worst = max(worst, max(abs(a - b) for a, b in zip(forward, lps, strict=False)))
+        worst = max([worst, *(abs(a - b) for a, b in zip(forward, lps, strict=False))])
     assert worst <= 1e-4
     assert model.generation_config.repetition_penalty == 1.05  # the model's own config is left as it was
 
 
 def test_greedy_evaluation_ignores_the_checkpoint_penalty(penalised):
-    from rlt.stages.evaluate import _greedy
+    from rlt.stages.evaluate import greedy
 
     model, tok = penalised
     prompt = tok("1 + 1 = 2. 1 + 1 = 2. 1 + 1 =", add_special_tokens=False).input_ids
-    got = _greedy(model, tok, [prompt], max_new_tokens=16)[0]
+    got = greedy(model, tok, [prompt], max_new_tokens=16)[0]
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(len(got)):

@@ -32,7 +32,7 @@ def full_logprobs(model, tok, text):
 
 
 def tokens_in(offsets, start, end):
-    return [t for t, (s, e) in enumerate(offsets) if e > s and s >= start and e <= end]
+    return [t for t, (s, e) in enumerate(offsets) if e > s >= start and e <= end]
 
 
 def hand_reward(model, tok, fmt, q, s, c):
@@ -161,7 +161,7 @@ def test_trl_interface_returns_one_float_per_completion(tiny, formatter):
         completions=COMPLETIONS,
         question=QUESTIONS,
         solution=SOLUTIONS,
-        log_metric=lambda k, v: logged.__setitem__(k, v),
+        log_metric=logged.__setitem__,
     )
     assert len(rewards) == 4 and all(math.isfinite(r) for r in rewards)
     assert rewards[2] < rewards[0] - 0.5  # the unclosed explanation pays the format penalty

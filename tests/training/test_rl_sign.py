@@ -20,7 +20,7 @@ STEPS, WINDOW = 20, 8
 def rl_run(tmp_path, sign: float, learning_rate: float) -> list[float]:
     """Mean RLT reward per step of the rl stage, with the reward GRPO sees multiplied by `sign`."""
 
-    import rlt.stages.rl as rl
+    from rlt.stages import rl
 
     run = load_valid_run(TINY)
     spec = run.spec.model_dump(by_alias=True)

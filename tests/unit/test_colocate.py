@@ -16,15 +16,15 @@ def _run(mode: str, **gen):
 
 def test_colocate_configures_trl_and_needs_no_generator_pods(tmp_path):
     from rlt.contract.layout import RunLayout
+    from rlt.spec.run import needs_generators  # what the operator asks before it renders generators
     from rlt.stages.context import StageContext
     from rlt.stages.rl import grpo_config
-    from rlt_operator import builders as b
 
     run = _run("colocate")
     ctx = StageContext(run, RunLayout.for_run(tmp_path, "tiny"))
     with pytest.raises(ValueError, match="colocate runs vLLM inside the trainer .* on CPU use inprocess"):
         grpo_config(ctx, "cpu")
-    assert not b.needs_generators(run.spec, "rl")
+    assert not needs_generators(run.spec, "rl")
     # On a GPU the same spec becomes TRL's colocate mode with a training-friendly vLLM memory share.
     import trl
 

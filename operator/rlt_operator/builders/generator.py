@@ -19,17 +19,17 @@ from rlt_operator.builders.common import (
     ROLE_TRAINER,
     VLLM_PORT,
     RunRef,
-    _common_env,
-    _container,
-    _meta,
-    _pod_spec_common,
-    _with_queue,
+    common_env,
     generator_model,
     generator_name,
     generator_policy_name,
     labels,
+    object_meta,
+    pod_container,
     pod_resources,
+    pod_spec_base,
     type_meta,
+    with_queue,
 )
 
 # --------------------------------------------------------------------------- generator (vLLM)
@@ -73,7 +73,7 @@ def generator_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -
     name = generator_name(ref.name)
     return {
         **type_meta("services"),
-        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "metadata": object_meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
         "spec": {
             "clusterIP": "None",  # governs the StatefulSet's pod DNS; the URL resolves to ready pods
             "selector": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR},
@@ -85,17 +85,17 @@ def generator_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -
 def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict[str, Any]:
     name = generator_name(ref.name)
     res = spec.resources.generator
-    lbls = _with_queue(labels(ref.name, ROLE_GENERATOR, stage, restart), spec)
-    pod = _pod_spec_common(ref.name, spec, res.shared_memory)
+    lbls = with_queue(labels(ref.name, ROLE_GENERATOR, stage, restart), spec)
+    pod = pod_spec_base(ref.name, spec, res.shared_memory)
     health = {"httpGet": {"path": "/health", "port": VLLM_PORT}}
     # A server decoding hundreds of long sequences answers /health late: Kubernetes' default 1 s timeout would mark
     # it unready mid-rollout and drop it from the Service while rl waits on it.
     probe_wait = {"timeoutSeconds": GENERATOR_PROBE_TIMEOUT_S}
-    env = [{"name": VLLM_DEV_MODE.name, "value": "1"}] + _common_env(ref, spec, stage, trainer=False)
+    env = [{"name": VLLM_DEV_MODE.name, "value": "1"}] + common_env(ref, spec, stage, trainer=False)
     pod.update(
         {
             "containers": [
-                _container(
+                pod_container(
                     spec,
                     "vllm",
                     spec.images.generator,
@@ -113,7 +113,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     )
     return {
         **type_meta("statefulsets"),
-        "metadata": _meta(ref, name, lbls),
+        "metadata": object_meta(ref, name, lbls),
         "spec": {
             "serviceName": name,
             "replicas": res.replicas,
@@ -154,7 +154,7 @@ def generator_network_policy(ref: RunRef, spec: RLTRunSpec, scrapers: tuple[str,
         )
     return {
         **type_meta("networkpolicies"),
-        "metadata": _meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "metadata": object_meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
         "spec": {
             "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "policyTypes": ["Ingress"],

@@ -14,11 +14,11 @@ from rlt_operator.builders.common import (
     ROLE_CONFIG,
     ROLE_DATA,
     RunRef,
-    _meta,
     config_name,
     data_claim_name,
     generator_url,
     labels,
+    object_meta,
     type_meta,
 )
 from rlt_operator.kinds import RUN
@@ -54,7 +54,7 @@ def configmap(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:
     text = pod_config(ref, spec)
     return {
         **type_meta("configmaps"),
-        "metadata": _meta(
+        "metadata": object_meta(
             ref, config_name(ref.name), labels(ref.name, ROLE_CONFIG), {A_CONFIG_HASH: config_hash(text)}
         ),
         "data": {CONFIG_FILE: text},
@@ -72,7 +72,7 @@ def pvc(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any] | None:
     }
     if storage.storage_class_name:
         claim["storageClassName"] = storage.storage_class_name
-    meta = _meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA))
+    meta = object_meta(ref, data_claim_name(ref.name, spec), labels(ref.name, ROLE_DATA))
     if storage.retention_policy == "Retain":
         # An owner reference would let the garbage collector delete the checkpoints with the run.
         del meta["ownerReferences"]

@@ -22,15 +22,15 @@ from rlt_operator.builders.common import (
     PREFLIGHT_RESOURCES,
     ROLE_TRAINER,
     RunRef,
-    _common_env,
-    _container,
-    _meta,
-    _pod_spec_common,
-    _with_queue,
+    common_env,
     labels,
+    object_meta,
+    pod_container,
     pod_resources,
+    pod_spec_base,
     trainer_name,
     type_meta,
+    with_queue,
 )
 from rlt_operator.builders.run_children import (
     pod_config,
@@ -113,7 +113,7 @@ def trainer_service(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> 
     name = trainer_name(ref.name, stage)
     return {
         **type_meta("services"),
-        "metadata": _meta(ref, name, labels(ref.name, ROLE_TRAINER, stage)),
+        "metadata": object_meta(ref, name, labels(ref.name, ROLE_TRAINER, stage)),
         "spec": {
             "clusterIP": "None",  # headless: DNS names for each pod (rendezvous on pod 0)
             "publishNotReadyAddresses": True,  # ranks must find pod 0 before any readiness
@@ -130,7 +130,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     name = trainer_name(ref.name, stage)
     nodes = trainer_nodes(spec, stage)
     res = spec.resources.trainer
-    lbls = _with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
+    lbls = with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
     env: list[dict[str, Any]] = [
         {"name": pod_env.MASTER_ADDR.name, "value": f"{name}-0.{name}.{ref.namespace}.svc"},
         {"name": pod_env.MASTER_PORT.name, "value": str(MASTER_PORT)},
@@ -148,7 +148,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
     # pull) reads the same spec as its running peers, not a later edit (a mounted ConfigMap changes under pods).
     snapshot = {"name": pod_env.RUN_YAML.name, "value": pod_config(ref, spec)}
-    pod = _pod_spec_common(ref.name, spec, res.shared_memory)
+    pod = pod_spec_base(ref.name, spec, res.shared_memory)
     pod.update(
         {
             "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
@@ -160,14 +160,13 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             # podFailurePolicy turns into a failed Job; its last log lines become the termination message the
             # operator puts in the run's status.
             "initContainers": [
-                _container(
+                pod_container(
                     spec,
                     "validate",
                     spec.images.trainer,
                     [
-                        "python",
-                        "-m",
-                        "rlt.checks.preflight",
+                        "rlt",
+                        "preflight",
                         f"{ENV_SOURCE}{pod_env.RUN_YAML.name}",
                         "--stage",
                         stage,
@@ -176,7 +175,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                         "--message-file",
                         TERMINATION_LOG,
                     ],
-                    [snapshot, *_common_env(ref, spec, stage)],
+                    [snapshot, *common_env(ref, spec, stage)],
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
                     # The capacity line (fits, not checked, or the misfit) is written here even on success: the
@@ -186,12 +185,12 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                 )
             ],
             "containers": [
-                _container(
+                pod_container(
                     spec,
                     "trainer",
                     spec.images.trainer,
                     trainer_command(spec, stage),
-                    [snapshot, *env, *_common_env(ref, spec, stage)],
+                    [snapshot, *env, *common_env(ref, spec, stage)],
                     pod_resources(res),
                     ports=[
                         {"name": "rendezvous", "containerPort": MASTER_PORT},
@@ -203,7 +202,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     )
     return {
         **type_meta("jobs"),
-        "metadata": _meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
+        "metadata": object_meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
         "spec": {
             "completionMode": "Indexed",
             "completions": nodes,

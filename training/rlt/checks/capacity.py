@@ -292,7 +292,6 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     host_need = 0
     stage_disk: dict[str, tuple[int, int]] = {}  # stage -> (peak extra while running, kept after)
     for stage in spec.stages.enabled():
-        st = stage_settings(spec, stage)
         if stage in ("sft", "rl", "student"):
             ref = spec.teacher if stage != "student" else (spec.stages.student.model or spec.student)
             shape = teacher if stage != "student" else student
@@ -302,45 +301,7 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             b = dtype_bytes(ref, gpu)
             host, terms, phases, trainable = _trainer_terms(spec, stage, shape, ref, gpu)
             if stage == "rl":
-                rl = spec.stages.rl
-                if student is not None:
-                    sb = dtype_bytes(spec.student, gpu)
-                    whole = student.params * sb
-                    cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, student, gpu_memory, sb)
-                    plan.values["rl.reward.maxBatchTokens"] = cap
-                    tokens = scoring_tokens(spec, cap)
-                    scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
-                    # method rcl samples from its student too (probes, answers) and keeps it whole on every rank
-                    if world > 1 and st.deepspeed_zero_stage == 3 and spec.method == "rlt":
-                        # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
-                        # whole for each score call (benchmarks/student_partition.py measures the 1/world)
-                        terms.append(("reward student, frozen (ZeRO-3 partitioned)", whole // world))
-                        scoring = (f"{scoring[0]} + student gathered whole", scoring[1] + whole - whole // world)
-                    else:
-                        terms.append((f"{spec.method} student, frozen, whole on every rank", whole))
-                    phases.append(scoring)
-                    host += world // res.trainer.nodes * student.params * sb
-                if rl.beta > 0 and ref.lora is None and rl.ref_sync.enabled and st.deepspeed_zero_stage == 3:
-                    # rlt.stages.rl.pairwise_ref_sync gathers one pair at a time (TRL's callback: both models)
-                    phases.append(("reference soft-sync, one parameter pair gathered", 2 * shape.largest_param * b))
-                if rl.beta > 0 and ref.lora is None:
-                    split = world if st.deepspeed_zero_stage == 3 and world > 1 else 1
-                    terms.append(
-                        (
-                            "GRPO reference model" + (" (ZeRO-3 partitioned)" if split > 1 else ""),
-                            shape.params * b // split,
-                        )
-                    )
-                if rl.generation.mode == "inprocess":
-                    seqs = rl.batch_size // world
-                    phases.append(
-                        (
-                            f"in-process sampling KV cache ({seqs} sequences)",
-                            seqs * (rl.max_prompt_length + rl.max_completion_length) * shape.kv_bytes_per_token * b,
-                        )
-                    )
-                elif rl.generation.mode == "colocate":
-                    terms.append(("colocated vLLM share", int(rl.generation.gpu_memory_utilization * gpu_memory)))
+                host += _rl_terms(spec, shape, ref, b, student, world, gpu_memory, gpu, plan, terms, phases)
             plan.checks.append(
                 Check(
                     stage,
@@ -356,9 +317,13 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         elif stage in ("distill", "evaluate"):
             _generation_stage(spec, stage, shapes, gpu_memory, plan, gpu)
             stage_disk[stage] = (0, _generated_bytes(spec, stage, rows))
-        if stage in ("rl", "distill") and spec.stages.rl.generation.mode == "server" and teacher is not None:
-            if not any(c.resource.startswith("vLLM generator") for c in plan.checks):  # one StatefulSet serves both
-                plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
+        if (
+            stage in ("rl", "distill")
+            and spec.stages.rl.generation.mode == "server"
+            and teacher is not None
+            and not any(c.resource.startswith("vLLM generator") for c in plan.checks)  # one StatefulSet serves both
+        ):
+            plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
     # Host memory of a trainer pod: DeepSpeed's start-up estimate (or every rank's loaded copy) and /dev/shm.
     limit = quantity_bytes(res.trainer.memory_limit or res.trainer.memory or f"{max(8, 32 * res.trainer.gpus)}Gi")
     plan.checks.append(
@@ -372,6 +337,71 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         )
     )
     plan.disk = stage_disk
+    plan.checks.append(_volume_check(spec, shapes, stage_disk))
+    return plan
+
+
+def _rl_terms(
+    spec: RLTRunSpec,
+    shape: ModelShape,
+    ref,
+    b: int,
+    student: ModelShape | None,
+    world: int,
+    gpu_memory: int,
+    gpu: bool,
+    plan: Plan,
+    terms: list,
+    phases: list,
+) -> int:
+    """The rl stage's own GPU terms and phases beyond a trainer's (added to `terms` and `phases`): the reward's
+    student, the GRPO reference, sampling. Returns the host bytes its student adds."""
+    st = stage_settings(spec, "rl")
+    host = 0
+    rl = spec.stages.rl
+    if student is not None:
+        sb = dtype_bytes(spec.student, gpu)
+        whole = student.params * sb
+        cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, student, gpu_memory, sb)
+        plan.values["rl.reward.maxBatchTokens"] = cap
+        tokens = scoring_tokens(spec, cap)
+        scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
+        # method rcl samples from its student too (probes, answers) and keeps it whole on every rank
+        if world > 1 and st.deepspeed_zero_stage == 3 and spec.method == "rlt":
+            # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
+            # whole for each score call (benchmarks/student_partition.py measures the 1/world)
+            terms.append(("reward student, frozen (ZeRO-3 partitioned)", whole // world))
+            scoring = (f"{scoring[0]} + student gathered whole", scoring[1] + whole - whole // world)
+        else:
+            terms.append((f"{spec.method} student, frozen, whole on every rank", whole))
+        phases.append(scoring)
+        host += world // spec.resources.trainer.nodes * student.params * sb
+    if rl.beta > 0 and ref.lora is None and rl.ref_sync.enabled and st.deepspeed_zero_stage == 3:
+        # rlt.stages.rl.pairwise_ref_sync gathers one pair at a time (TRL's callback: both models)
+        phases.append(("reference soft-sync, one parameter pair gathered", 2 * shape.largest_param * b))
+    if rl.beta > 0 and ref.lora is None:
+        split = world if st.deepspeed_zero_stage == 3 and world > 1 else 1
+        terms.append(
+            (
+                "GRPO reference model" + (" (ZeRO-3 partitioned)" if split > 1 else ""),
+                shape.params * b // split,
+            )
+        )
+    if rl.generation.mode == "inprocess":
+        seqs = rl.batch_size // world
+        phases.append(
+            (
+                f"in-process sampling KV cache ({seqs} sequences)",
+                seqs * (rl.max_prompt_length + rl.max_completion_length) * shape.kv_bytes_per_token * b,
+            )
+        )
+    elif rl.generation.mode == "colocate":
+        terms.append(("colocated vLLM share", int(rl.generation.gpu_memory_utilization * gpu_memory)))
+    return host
+
+
+def _volume_check(spec: RLTRunSpec, shapes: Shapes, stage_disk: dict[str, tuple[int, int]]) -> Check:
+    """The run's volume at its fullest: every finished stage's kept bytes plus the running stage's peak."""
     # The volume at its fullest: every finished stage's kept bytes plus the running stage's peak.
     kept, best = 0, (-1, "", 0, 0)
     for stage, (extra, after) in stage_disk.items():
@@ -389,16 +419,13 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         terms.insert(0, ("hub models downloaded to the run's cache (HF_HOME on the volume)", downloads))
     if running:
         terms.append((f"{when} while it runs (checkpoints × retention, its model)", running))
-    plan.checks.append(
-        Check(
-            "all",
-            f"run volume at its fullest ({moment})",
-            terms,
-            quantity_bytes(spec.storage.size),
-            "storage.size" + (f" or stages.{when}.saveTotalLimit" if when in ("sft", "rl", "student") else ""),
-        )
+    return Check(
+        "all",
+        f"run volume at its fullest ({moment})",
+        terms,
+        quantity_bytes(spec.storage.size),
+        "storage.size" + (f" or stages.{when}.saveTotalLimit" if when in ("sft", "rl", "student") else ""),
     )
-    return plan
 
 
 def hub_downloads(spec: RLTRunSpec, shapes: Shapes) -> int:
@@ -437,7 +464,7 @@ def dataset_rows(spec: RLTRunSpec) -> int | None:
     if d.source.startswith("builtin:"):
         rows = d.size
     elif Path(d.source).is_file() and d.source.endswith(".jsonl"):
-        with open(d.source, "rb") as f:
+        with Path(d.source).open("rb") as f:
             rows = sum(1 for line in f if line.strip())
     else:
         rows = KNOWN_DATASET_ROWS.get(d.source)

@@ -1,11 +1,13 @@
-"""`python -m rlt.checks.preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init
-container `validate`.
+"""`rlt preflight FILE --stage STAGE --root ROOT [--message-file PATH]`: the trainer pods' init container `validate`.
 
 Before any launcher (whose exit code would be 1 whatever a rank's was) and before any GPU work it checks what only
 the pod can see: the spec and the data as `rlt validate` does (rlt.checks.validation), then the run's volume. A
 volume retained from an earlier RLTRun of the same name may hold a finished stage under another spec; `rlt stage`
 would refuse it inside the launcher and burn every gang restart. Here it exits CONFIG_ERROR, which the Job's
 podFailurePolicy fails at once, with a message that says what to do on a cluster.
+
+Between the spec and the volume, the node's NVIDIA driver against the image's CUDA (rlt.checks.driver): one too
+old for it exits CONFIG_ERROR with one line naming the driver the image needs (also the termination message).
 
 Last, the capacity plan (`rlt plan`, rlt.checks.capacity) of this pod's stage and of the run's volume: it needs
 transformers and DeepSpeed, which the trainer image has and the operator's has not, and takes seconds of CPU, too
@@ -23,8 +25,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from rlt.checks import validation
+from rlt.checks import driver, validation
 from rlt.contract.env import CAPACITY_CHECK
 from rlt.contract.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
 from rlt.contract.layout import RunLayout
@@ -66,7 +69,7 @@ def capacity_check(path: str, stage: str) -> tuple[bool, str]:
 
     run = validation.load_valid_run(path)
     gpu_memory, source = spec_gpu_memory(run.spec)
-    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (measured peak: 0.5 GiB)
+    # build=False as `rlt validate`: no built-in model is built inside the preflight's 1Gi (peak: 544 MiB, CUDA image)
     plan = plan_for_run(run.spec, gpu_memory, build=False)
     misfits = plan.errors((stage, "all"))
     if not misfits:
@@ -86,22 +89,34 @@ def write_message(path: str | None, line: str) -> None:
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with Path(path).open("w", encoding="utf-8") as f:
             f.write(line + "\n")
     except OSError as err:  # the condition is a report: an unwritable file must not fail the pod
         print(f"preflight: cannot write the termination message {path}: {err.strerror}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlt.checks.preflight", description=__doc__)
-    p.add_argument("file")
+def register(sub: argparse._SubParsersAction) -> None:
+    """`rlt preflight`."""
+    p = sub.add_parser(
+        "preflight",
+        help="the trainer pod's init check: `rlt validate`, then the run's volume and the stage's capacity plan",
+    )
+    p.add_argument("file", help="the run file, or env:VAR (the pod's RLT_RUN_YAML)")
     p.add_argument("--stage", help="the stage this pod runs: check the volume for it")
     p.add_argument("--root", help="the run volume's mount (with --stage)")
     p.add_argument("--message-file", help="write the capacity check's line here (the termination message)")
-    args = p.parse_args(argv)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
     status = validation.main([args.file])
     if status != ExitCode.OK or not args.stage:
         return status
+    # The node's driver first: with one too old for the image's CUDA no stage can start (rlt.checks.driver).
+    if too_old := driver.check():
+        write_message(args.message_file, too_old)
+        print(too_old, file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
     try:
         problem = stale_stage_problem(args.file, args.stage, args.root or ".")
         fits, line = (False, "") if problem else capacity_check(args.file, args.stage)
@@ -114,7 +129,3 @@ def main(argv: list[str] | None = None) -> int:
     write_message(args.message_file, line)
     print(line, file=sys.stdout if fits else sys.stderr)
     return ExitCode.OK if fits else ExitCode.CONFIG_ERROR
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlt.cli import plan_command
 
     plan_command.register(sub)
+    from rlt.checks import preflight
+
+    preflight.register(sub)
 
     register_command_groups(sub)
     return parser

@@ -66,8 +66,7 @@ def _unlatex(s: str) -> str:
     s = re.sub(r"\\(?:d|t)?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"(\1)/(\2)", s)
     s = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", s)
     s = re.sub(r"\\(?:left|right|,|;|!|\s)", "", s)
-    s = s.replace("\\%", "%").replace("$", "")
-    return s
+    return s.replace("\\%", "%").replace("$", "")
 
 
 def normalize(answer: str | None) -> str | None:

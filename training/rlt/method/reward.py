@@ -22,10 +22,16 @@ from rlt.contract.metrics import REWARD_COMPONENTS
 from rlt.method.pairing import SideTokens, pair_explanation
 from rlt.method.prompts import Formatter, Span
 from rlt.method.scoring import ScoreRequest, SpanScorer, completion_token_offsets
+from rlt.spec.stages import RewardSpec, RlStage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+
+# The reward's defaults have one home, the spec (stages.rl.reward and rl.temperature): a caller of RLTReward without a
+# spec gets what a run without those fields gets.
+DEFAULTS = RewardSpec()
+RL_TEMPERATURE: float = RlStage.model_fields["temperature"].default
 
 EMPTY_KL = 1.0  # Δ-reduction of an empty explanation: a penalty, never a free pass
 
@@ -101,14 +107,14 @@ class RLTReward(RewardFunction):
         student_tokenizer: PreTrainedTokenizerBase,
         formatter: Formatter,
         *,
-        alpha: float = 0.01,
-        kl_weight: float = 3.0,
-        format_penalty: float = 1.0,
-        temperature: float = 0.7,
+        alpha: float = DEFAULTS.alpha,
+        kl_weight: float = DEFAULTS.kl_weight,
+        format_penalty: float = DEFAULTS.format_penalty,
+        temperature: float = RL_TEMPERATURE,
         teacher: PreTrainedModel | None = None,
         teacher_tokenizer: PreTrainedTokenizerBase | None = None,
-        batch_size: int = 8,
-        share_prefix: bool = True,
+        batch_size: int = DEFAULTS.batch_size,
+        share_prefix: bool = DEFAULTS.share_prefix,
         max_batch_tokens: int | None = None,
     ) -> None:
         self.fmt = formatter

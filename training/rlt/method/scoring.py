@@ -120,7 +120,7 @@ class SpanScorer:
             ids, offs = enc["input_ids"][i], enc["offset_mapping"][i]
             seq = _Seq(i, ids, [])
             for span in req.spans:
-                pos = [t for t, (s, e) in enumerate(offs) if t > 0 and e > s and s >= span.start and e <= span.end]
+                pos = [t for t, (s, e) in enumerate(offs) if t > 0 and e > s >= span.start and e <= span.end]
                 seq.targets.append(pos)
                 seq.offsets.append([(offs[t][0] - span.start, offs[t][1] - span.start) for t in pos])
             seqs.append(seq)

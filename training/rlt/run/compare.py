@@ -341,7 +341,7 @@ class Compare:
         sft_link = self.layout("sft_teacher").stage_dir("sft")
         if not sft_link.exists():  # the SFT-only teacher is the RL teacher's starting point, not a second SFT run
             sft_link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.path.relpath(self.layout("rl_teacher").stage_dir("sft"), sft_link.parent), sft_link)
+            sft_link.symlink_to(os.path.relpath(self.layout("rl_teacher").stage_dir("sft"), sft_link.parent))
         self.stage("sft_teacher", "distill")
 
     def dataset_traces(self) -> None:

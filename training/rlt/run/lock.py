@@ -41,7 +41,7 @@ def lock_run_folder(root: str | Path, command: str) -> RunLock:
     path = root / LOCK_FILE
     if path.resolve() in _held:
         return RunLock(path, owned=False)  # this process already holds it: the outer holder releases it
-    f = open(path, "a+")  # noqa: SIM115 - kept open: the lock lives as long as the file stays open
+    f = Path(path).open("a+")  # noqa: SIM115 - kept open: the lock lives as long as the file stays open
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -45,6 +45,28 @@ def _tidy(ax, ys: list[float]) -> None:
         ax.set_ylim(*limits)
 
 
+RLT_PANELS = [
+    ("reward R = r_SS − λ·r_KL − penalty", [("reward", "R (mean)")]),
+    (
+        "r_SS: student log-prob of the solution",
+        [("r_ss", "r_SS"), ("solution_logprob_mean", "mean ℓ"), ("solution_logprob_min", "min ℓ")],
+    ),
+    (
+        "r_KL: teacher − student log-prob on the explanation",
+        [("r_kl", "r_KL"), ("kl_mean", "mean Δ"), ("kl_max", "max Δ")],
+    ),
+    # GRPO's KL is orders of magnitude below the penalty: its own axis (right), or it draws as a flat zero
+    ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL (right axis)", "right")]),
+]
+# method rcl: its reward has other parts (docs/rcl.md)
+RCL_PANELS = [
+    ("reward (RCL: gain, losses ×degradationPenalty)", [("reward", "R (mean)")]),
+    ("APG and NDR over the step's questions", [("rcl_apg", "APG"), ("rcl_ndr", "NDR")]),
+    ("student accuracy", [("rcl_acc_with", "with guidance"), ("rcl_acc_without", "without")]),
+    ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL (right axis)", "right")]),
+]
+
+
 def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -57,105 +79,100 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
 
     rl = latest_per_step(rows, "rl")
     if rl:
-        steps = [r["step"] for r in rl]
-        fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
-        panels = [
-            ("reward R = r_SS − λ·r_KL − penalty", [("reward", "R (mean)")]),
-            (
-                "r_SS: student log-prob of the solution",
-                [("r_ss", "r_SS"), ("solution_logprob_mean", "mean ℓ"), ("solution_logprob_min", "min ℓ")],
-            ),
-            (
-                "r_KL: teacher − student log-prob on the explanation",
-                [("r_kl", "r_KL"), ("kl_mean", "mean Δ"), ("kl_max", "max Δ")],
-            ),
-            # GRPO's KL is orders of magnitude below the penalty: its own axis (right), or it draws as a flat zero
-            ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL (right axis)", "right")]),
-        ]
-        rcl = any("rcl_apg" in r for r in rl)
-        if rcl:  # method rcl: its reward has other parts (docs/rcl.md)
-            panels = [
-                ("reward (RCL: gain, losses ×degradationPenalty)", [("reward", "R (mean)")]),
-                ("APG and NDR over the step's questions", [("rcl_apg", "APG"), ("rcl_ndr", "NDR")]),
-                ("student accuracy", [("rcl_acc_with", "with guidance"), ("rcl_acc_without", "without")]),
-                ("guidance", [("rcl_format_ok", "well-formed share"), ("kl", "GRPO KL (right axis)", "right")]),
-            ]
-        for ax, (title, series) in zip(axes.flat, panels, strict=False):
-            drawn: list[float] = []
-            right, right_drawn = None, []
-            for key, label, *side in series:
-                ys = [r.get(key) for r in rl]
-                if not any(y is not None for y in ys):
-                    continue
-                if side:  # a series on a scale of its own
-                    right = right or ax.twinx()
-                    right.plot(steps, ys, marker="s", color="tab:red", label=label)
-                    right.set_ylabel(label.split(" (")[0], fontsize=8, color="tab:red")
-                    right_drawn += [y for y in ys if y is not None]
-                else:
-                    ax.plot(steps, ys, marker="o", label=label)
-                    drawn += [y for y in ys if y is not None]
-            if right is not None:
-                _tidy(right, right_drawn)
-            if title.startswith("reward") and all("reward_std" in r for r in rl):
-                mean = [r["reward"] for r in rl]
-                std = [r["reward_std"] for r in rl]
-                ax.fill_between(
-                    steps,
-                    [m - s for m, s in zip(mean, std, strict=True)],
-                    [m + s for m, s in zip(mean, std, strict=True)],
-                    alpha=0.2,
-                    label="± std",
-                )
-                drawn += [m - s for m, s in zip(mean, std, strict=True)] + [
-                    m + s for m, s in zip(mean, std, strict=True)
-                ]
-            _tidy(ax, drawn)
-            ax.set_title(title, fontsize=10)
-            ax.grid(alpha=0.3)
-            handles, labels = ax.get_legend_handles_labels()
-            if right is not None:
-                more = right.get_legend_handles_labels()
-                handles, labels = handles + more[0], labels + more[1]
-            if handles:
-                ax.legend(handles, labels, fontsize=8)
-        for ax in axes[1]:
-            ax.set_xlabel("RL step")
-        fig.suptitle("RCL reward per step" if rcl else "RLT reward per step")
-        fig.tight_layout()
-        written.append(out_dir / "rl_reward.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
-
-        fig, ax = plt.subplots(figsize=(8, 4))
-        bottom = [0.0] * len(rl)
-        for phase in ("generate", "score", "update", "weight_sync"):
-            ys = [r.get(f"seconds_{phase}", 0.0) for r in rl]
-            if any(ys):
-                ax.bar(steps, ys, bottom=bottom, label=phase)
-                bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
-        _tidy(ax, bottom)
-        ax.set_xlabel("RL step")
-        ax.set_ylabel("seconds")
-        ax.set_title("RL step time by phase")
-        ax.legend()
-        fig.tight_layout()
-        written.append(out_dir / "rl_step_time.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        written.append(_reward_figure(plt, rl, out_dir / "rl_reward.png"))
+        written.append(_step_time_figure(plt, rl, out_dir / "rl_step_time.png"))
 
     sft = latest_per_step(rows, "sft")
     if sft and any("loss" in r for r in sft):
-        fig, ax = plt.subplots(figsize=(7, 4))
-        losses = [r["loss"] for r in sft if "loss" in r]
-        ax.plot([r["step"] for r in sft if "loss" in r], losses, marker="o")
-        _tidy(ax, losses)
-        ax.set_xlabel("SFT step")
-        ax.set_ylabel("loss (explanation tokens)")
-        ax.set_title("SFT warm-up loss")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        written.append(out_dir / "sft_loss.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
+        written.append(_sft_figure(plt, sft, out_dir / "sft_loss.png"))
     return written
+
+
+def _reward_figure(plt, rl: list[dict], path: Path) -> Path:
+    steps = [r["step"] for r in rl]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    rcl = any("rcl_apg" in r for r in rl)
+    panels = RCL_PANELS if rcl else RLT_PANELS
+    for ax, (title, series) in zip(axes.flat, panels, strict=False):
+        _reward_panel(ax, title, series, rl, steps)
+    for ax in axes[1]:
+        ax.set_xlabel("RL step")
+    fig.suptitle("RCL reward per step" if rcl else "RLT reward per step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _reward_panel(ax, title: str, series: list, rl: list[dict], steps: list) -> None:
+    drawn: list[float] = []
+    right, right_drawn = None, []
+    for key, label, *side in series:
+        ys = [r.get(key) for r in rl]
+        if not any(y is not None for y in ys):
+            continue
+        if side:  # a series on a scale of its own
+            right = right or ax.twinx()
+            right.plot(steps, ys, marker="s", color="tab:red", label=label)
+            right.set_ylabel(label.split(" (")[0], fontsize=8, color="tab:red")
+            right_drawn += [y for y in ys if y is not None]
+        else:
+            ax.plot(steps, ys, marker="o", label=label)
+            drawn += [y for y in ys if y is not None]
+    if right is not None:
+        _tidy(right, right_drawn)
+    if title.startswith("reward") and all("reward_std" in r for r in rl):
+        mean = [r["reward"] for r in rl]
+        std = [r["reward_std"] for r in rl]
+        ax.fill_between(
+            steps,
+            [m - s for m, s in zip(mean, std, strict=True)],
+            [m + s for m, s in zip(mean, std, strict=True)],
+            alpha=0.2,
+            label="± std",
+        )
+        drawn += [m - s for m, s in zip(mean, std, strict=True)] + [m + s for m, s in zip(mean, std, strict=True)]
+    _tidy(ax, drawn)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if right is not None:
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    if handles:
+        ax.legend(handles, labels, fontsize=8)
+
+
+def _step_time_figure(plt, rl: list[dict], path: Path) -> Path:
+    steps = [r["step"] for r in rl]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bottom = [0.0] * len(rl)
+    for phase in ("generate", "score", "update", "weight_sync"):
+        ys = [r.get(f"seconds_{phase}", 0.0) for r in rl]
+        if any(ys):
+            ax.bar(steps, ys, bottom=bottom, label=phase)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    _tidy(ax, bottom)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("seconds")
+    ax.set_title("RL step time by phase")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _sft_figure(plt, sft: list[dict], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    losses = [r["loss"] for r in sft if "loss" in r]
+    ax.plot([r["step"] for r in sft if "loss" in r], losses, marker="o")
+    _tidy(ax, losses)
+    ax.set_xlabel("SFT step")
+    ax.set_ylabel("loss (explanation tokens)")
+    ax.set_title("SFT warm-up loss")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

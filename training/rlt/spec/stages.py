@@ -187,7 +187,13 @@ class RewardSpec(Strict):
     """R = r_SS − λ·r_KL − formatPenalty·[explanation not closed]."""
 
     alpha: float = Field(0.01, ge=0, description="Weight of the min (r_SS) / max (r_KL) term.")
-    kl_weight: float = Field(3.0, ge=0, alias="lambda", description="λ: weight of r_KL.")
+    kl_weight: float = Field(
+        3.0,
+        ge=0,
+        alias="lambda",
+        description="λ: weight of r_KL, the reward's KL term between teacher and student over the explanation "
+        "(R = r_SS − λ·r_KL). Not stages.rl.beta, the GRPO loss's KL of the policy to its reference.",
+    )
     format_penalty: float = Field(1.0, ge=0, description="Subtracted when the explanation is not closed.")
     student_temperature: float | None = Field(
         None, gt=0, description="Temperature of the student's log-probs (default: rl.temperature)."
@@ -268,7 +274,12 @@ class RlStage(TrainerOptions):
     lr_scheduler: Literal["cosine", "constant", "linear"] = Field("constant", description="Learning-rate schedule.")
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Fraction of steps spent warming the learning rate up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    beta: float = Field(0.04, ge=0, description="KL-to-reference coefficient in the GRPO loss.")
+    beta: float = Field(
+        0.04,
+        ge=0,
+        description="β: the GRPO loss's KL coefficient, of the policy to its reference model (TRL's beta; the "
+        "rlt_policy_kl metric). Not stages.rl.reward.lambda, the reward's teacher-student KL weight.",
+    )
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
         "grpo",
         description="How TRL aggregates the token losses (its GRPOConfig.loss_type): grpo (per-sequence mean, as in "

@@ -3,6 +3,7 @@ the checkpoints given back once the final model is written."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from contextlib import contextmanager
@@ -82,10 +83,8 @@ def last_checkpoint(directory: Path) -> str | None:
             "checkpoint %s is incomplete (no %s): set aside as %s, not resumed", path, CHECKPOINT_COMPLETE, target
         )
         target.parent.mkdir(parents=True, exist_ok=True)
-        try:
+        with contextlib.suppress(FileNotFoundError):  # another rank set it aside first
             path.rename(target)
-        except FileNotFoundError:
-            pass  # another rank set it aside first
     return None
 
 

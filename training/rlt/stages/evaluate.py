@@ -286,7 +286,7 @@ def generate_answers(
                 batch_size=len(chunk) * samples,
             ).completion_ids
         else:
-            ids = _greedy(model, tokenizer, chunk, max_new_tokens)
+            ids = greedy(model, tokenizer, chunk, max_new_tokens)
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in ids]
         batch = [texts[i * samples : (i + 1) * samples] for i in range(len(chunk))]
         out += batch
@@ -295,7 +295,7 @@ def generate_answers(
     return out
 
 
-def _greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]]:
+def greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]]:
     import torch
 
     device = next(model.parameters()).device

@@ -56,7 +56,7 @@ class Recorder:
         if m:
             m.set(catalogue.STEP, step)
         tracked: dict[str, float] = {}
-        for key, (metric, label) in STEP_KEYS.items():
+        for key, (metric, step_label) in STEP_KEYS.items():
             value = values.get(key)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 continue
@@ -64,6 +64,7 @@ class Recorder:
             extra = d.labels[len(RUN_LABELS) :]
             if d.kind == "counter":
                 self.totals[metric] = self.totals.get(metric, 0.0) + value
+            label = step_label
             if key == "accuracy":  # labelled by the evaluated model: the evaluate stage exports it itself
                 label = self.eval_model
             elif m and d.kind == "gauge":

@@ -1,0 +1,103 @@
+"""The CUDA images' locks (images/*/requirements-cuda.txt, hack/cuda_pins.py) hold one CUDA major across torch,
+vLLM, DeepSpeed and every nvidia-* wheel, the same vLLM and torch in the trainer and the generator, and every pin of
+their .in files. Offline in seconds; one test re-resolves the committed locks against PyPI's metadata (no wheel is
+downloaded; about 10 s) and is skipped, saying so, where PyPI or uv is not reachable."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import socket
+import subprocess
+
+import pytest
+from suite_helpers import ROOT
+
+_spec = importlib.util.spec_from_file_location("rlt_cuda_pins", ROOT / "hack" / "cuda_pins.py")
+pins = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pins)
+
+
+def test_committed_locks_hold_one_cuda_major_and_one_vllm():
+    assert pins.check(pins.committed_locks()) == []
+    locks = {name: pins.parse_lock(text) for name, text in pins.committed_locks().items()}
+    majors = {name: pins.image_majors({name: text}) for name, text in pins.committed_locks().items()}
+    assert majors == {"trainer": {13}, "generator": {13}}, majors
+    # the weight-sync client (TRL's, in the trainer) speaks to the generator's server: one vLLM
+    assert locks["trainer"]["vllm"][0] == locks["generator"]["vllm"][0]
+    for left_out in pins.LEFT_OUT:
+        assert all(left_out not in pkgs for pkgs in locks.values())
+
+
+def test_another_cuda_major_in_a_lock_is_named():
+    trainer = pins.committed_locks()["trainer"]
+    assert "nvidia-nccl-cu13==" in trainer
+    broken = {**pins.committed_locks(), "trainer": trainer.replace("nvidia-nccl-cu13==", "nvidia-nccl-cu12==")}
+    problems = pins.check(broken)
+    assert any("more than one CUDA major" in p and "nvidia-nccl-cu12" in p for p in problems), problems
+    # a torch from PyTorch's CUDA 12.8 index in the generator only: two majors, and torch differs between images
+    gen = pins.committed_locks()["generator"]
+    broken = {**pins.committed_locks(), "generator": re.sub(r"^torch==\S+", "torch==2.13.0+cu128", gen, flags=re.M)}
+    problems = pins.check(broken)
+    assert any("CUDA 12: generator:torch==2.13.0+cu128" in p for p in problems), problems
+    assert any(p.startswith("torch differs") for p in problems), problems
+    # an nvidia wheel nothing tells the CUDA of
+    broken = {**pins.committed_locks(), "generator": gen + "nvidia-mystery==1.0\n    # via vllm\n"}
+    assert any(p.startswith("generator: nvidia-mystery") for p in pins.check(broken))
+
+
+@pytest.mark.parametrize("name", pins.CUDA_IMAGES)
+def test_lock_holds_every_pin_of_its_in_file(name):
+    """A pin changed in the .in and not re-locked (`python hack/cuda_pins.py lock`) fails here."""
+    lock = pins.parse_lock(pins.lock_file(name).read_text())
+    wanted = [
+        line.split("#")[0].strip() for line in pins.in_file(name).read_text().splitlines() if line.split("#")[0].strip()
+    ]
+    assert wanted
+    overrides = pins.overrides_file(name)
+    for line in [*wanted, *(overrides.read_text().splitlines() if overrides else [])]:
+        req = line.split("#")[0].strip()
+        if not req:
+            continue
+        pkg, version = req.split("==")
+        assert lock.get(pins.normalise(pkg), ("absent",))[0] == version, f"{name}: {req} is not in its lock"
+
+
+def pypi_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", pins.CUDA_IMAGES)
+def test_lock_resolves_against_pypis_metadata(name, tmp_path):
+    """Every pin of the lock together is what PyPI's metadata allows on the images' platform, and nothing is
+    missing: re-resolving the lock itself gives the lock."""
+    if pins.uv() is None:
+        pytest.skip("needs uv (pip install uv==0.13.9): it resolves without downloading wheels")
+    if not pypi_reachable():
+        pytest.skip("pypi.org is not reachable: the offline checks above still ran")
+    src = tmp_path / "lock.in"
+    src.write_text(re.sub(r"^\s+#.*\n", "", pins.lock_file(name).read_text(), flags=re.M))
+    out = tmp_path / "out.txt"
+    cmd = [pins.uv(), *pins.compile_cmd(name, out)[1:]]
+    cmd[cmd.index(str(pins.in_file(name).relative_to(ROOT)))] = str(src)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=pins.uv_env())
+    if proc.returncode != 0 and "Failed to fetch" in proc.stderr:
+        pytest.skip(f"PyPI did not answer: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr
+    fresh = {k: v for k, (v, _) in pins.parse_lock(out.read_text()).items()}
+    committed = {k: v for k, (v, _) in pins.parse_lock(pins.lock_file(name).read_text()).items()}
+    assert fresh == committed
+    assert pins.check({name: out.read_text()}) == []
+
+
+def test_uv_is_what_the_images_install_with():
+    """The Containerfiles install the lock with the uv the tests resolve with (one pin)."""
+    for name in pins.CUDA_IMAGES:
+        text = (ROOT / "images" / name / "Containerfile").read_text()
+        assert f"uv=={pins.UV_VERSION}" in text, name
+    assert f'"uv=={pins.UV_VERSION}"' in (ROOT / "pyproject.toml").read_text()

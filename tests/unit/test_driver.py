@@ -1,0 +1,79 @@
+"""rlt.checks.driver: the node's NVIDIA driver against the image's CUDA. No GPU here: the driver is simulated by a
+stand-in `nvidia-smi` on PATH (NVML finds no libnvidia-ml.so.1 on this machine and falls back to it), the image's
+CUDA by a stand-in nvidia-cuda-runtime distribution (its metadata only) on sys.path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlt.checks import driver
+from rlt.contract.exitcodes import ExitCode
+
+
+def test_a_driver_older_than_the_cudas_floor_is_one_line_naming_both():
+    line = driver.driver_problem("570.86.15", "13.0.96")
+    assert line and line.startswith(driver.DRIVER_PREFIX) and "\n" not in line
+    assert "580.65.06" in line and "570.86.15" in line and "CUDA 13.0.96" in line
+    assert driver.driver_problem("580.65.06", "13.0.96") is None
+    assert driver.driver_problem("580.95.05", "13.0.96") is None
+    assert driver.driver_problem("590.44.01", "13.0.96") is None
+    # CUDA 12 runs on R525
+    assert driver.driver_problem("535.183.01", "12.8.90") is None
+    assert "525.60.13" in driver.driver_problem("470.256.02", "12.8.90")
+    # a CUDA newer than the table: at least the newest floor known
+    assert "580.65.06" in driver.driver_problem("575.57.08", "14.0.1")
+    # nothing to check: no driver visible (a CPU pod) or no CUDA runtime in the image (the CPU flavour)
+    assert driver.driver_problem(None, "13.0.96") is None
+    assert driver.driver_problem("570.86.15", None) is None
+
+
+def stand_ins(tmp_path: Path, driver_version: str, cuda: str | None = "13.0.96") -> tuple[str, Path]:
+    """(PATH with a stand-in nvidia-smi first, a folder holding a stand-in nvidia-cuda-runtime's metadata)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\n[ "$1" = --query-gpu=driver_version ] && echo {driver_version}\n')
+    smi.chmod(0o755)
+    site = tmp_path / "site"
+    if cuda:
+        info = site / f"nvidia_cuda_runtime-{cuda}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-cuda-runtime\nVersion: {cuda}\n")
+    return f"{bin_dir}:/usr/bin:/bin", site
+
+
+def test_the_check_reads_the_image_cuda_and_the_nodes_driver(tmp_path, monkeypatch):
+    path, site = stand_ins(tmp_path, "570.86.15")
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.syspath_prepend(str(site))
+    assert driver.image_cuda() == "13.0.96"
+    assert driver.node_driver() == "570.86.15"
+    with pytest.raises(SystemExit) as stop:
+        driver.vllm_plugin()  # the generator's start (vLLM's general plugin)
+    assert stop.value.code == ExitCode.CONFIG_ERROR
+    path, _ = stand_ins(tmp_path, "580.95.05")
+    monkeypatch.setenv("PATH", path)
+    assert driver.check() is None
+    driver.vllm_plugin()  # goes on
+
+
+def test_no_cuda_runtime_in_the_image_checks_nothing(tmp_path, monkeypatch):
+    path, site = stand_ins(tmp_path, "470.256.02", cuda=None)
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.syspath_prepend(str(site))
+    if driver.image_cuda() is not None:
+        pytest.skip(f"this environment has a CUDA runtime wheel ({driver.image_cuda()})")
+    assert driver.check() is None
+
+
+def test_vllm_finds_the_plugin_through_its_entry_point():
+    """The generator image installs rlt (no dependencies), and vLLM loads the `vllm.general_plugins` group."""
+    import tomllib
+
+    root = Path(driver.__file__).resolve().parents[3]
+    eps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]["vllm.general_plugins"]
+    module, _, func = next(iter(eps.values())).partition(":")
+    assert sys.modules[module] is driver and getattr(driver, func) is driver.vllm_plugin
