@@ -85,8 +85,8 @@ def _model_refs(spec: RLTRunSpec) -> list[tuple[str, Any]]:
 def source_problems(spec: RLTRunSpec) -> list[str]:
     """Models and datasets named in a form something can load: a hub id, a local path or a known built-in; a web
     address or another URL scheme is refused here, not by the loader hours later."""
-    from rlt.data.models import BUILTIN_MODELS
     from rlt.data.tasks import TASKS
+    from rlt.spec.inputs import BUILTIN_MODELS
 
     out = []
     for where, ref in _model_refs(spec):
@@ -110,46 +110,6 @@ def source_problems(spec: RLTRunSpec) -> list[str]:
         elif ds.source.startswith("builtin:") and ds.source.removeprefix("builtin:") not in TASKS:
             out.append(f"{where}: unknown built-in task {ds.source!r} (choose from {', '.join(TASKS)})")
     return out
-
-
-def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
-    """What the models' own configs say, where this machine can read them (rlt.checks.shapes: never downloads):
-    vLLM's tensor parallelism must divide the teacher's attention heads, LoRA targets must be modules of the model.
-    (problems, notes: what could not be checked and why)."""
-    from rlt.checks.shapes import read_shape
-    from rlt.spec.run import needs_generators
-
-    problems: list[str] = []
-    notes: list[str] = []
-    tp = spec.resources.generator.tensor_parallel_size
-    served = [s for s in spec.stages.enabled() if needs_generators(spec, s)]
-    checks: list[tuple[str, Any]] = []
-    if served and tp > 1:
-        checks.append(("tp", spec.teacher))
-    for where, ref in (("spec.teacher", spec.teacher), ("spec.stages.student.model", spec.stages.student.model)):
-        if ref is not None and ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
-            checks.append((where, ref))
-    for what, ref in checks:
-        shape, why = read_shape(ref, build=False)
-        if shape is None:
-            notes.append(f"{ref.model}: not checked against its config ({why})")
-            continue
-        if what == "tp" and shape.heads % tp:
-            problems.append(
-                f"spec.resources.generator.tensorParallelSize: {tp} does not divide the {shape.heads} attention "
-                f"heads of {ref.model} (vLLM needs it to); use one of "
-                + ", ".join(str(d) for d in range(1, shape.heads + 1) if shape.heads % d == 0 and d <= 16)
-            )
-        elif what != "tp":
-            modules = shape.modules
-            missing = [t for t in ref.lora.target_modules if t.rsplit(".", 1)[-1] not in modules]
-            if missing:
-                linear = sorted({name for name, _, _ in shape.linears})
-                problems.append(
-                    f"{what}.lora.targetModules: {', '.join(missing)} not in {ref.model} (its linear modules: "
-                    f"{', '.join(linear)}; or all-linear)"
-                )
-    return problems, notes
 
 
 def cluster_problems(spec: RLTRunSpec) -> list[str]:

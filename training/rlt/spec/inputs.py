@@ -16,6 +16,10 @@ from rlt.contract.api import (
 FORMATS_DIR = Path(__file__).resolve().parents[1] / "method" / "formats"
 
 
+# The built-in models (rlt.data.models makes them; the spec checks the names without importing it).
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-qwen2")
+
+
 class LoraSpec(Strict):
     """LoRA through PEFT, handed to TRL's trainers as peft_config (SFT and GRPO)."""
 
