@@ -125,6 +125,11 @@ RUN_FILES = {
         "directory: give the hub id 'org/m'",
     ),
     "dataset-url": (_patched({"dataset": {"source": "ftp://x/y.jsonl"}}), "spec.dataset.source: 'ftp://x/y.jsonl' is"),
+    # found by the long property run: a Literal of ints took True as 1
+    "zero-stage-bool": (
+        _patched({"stages": {"rl": {"deepspeedZeroStage": True}}}),
+        "spec.stages.rl.deepspeedZeroStage: Input should be 0, 1, 2 or 3, not the boolean true",
+    ),
     # the wrong words
     "empty-tag": (
         _patched({"format": {"tags": {"solutionStart": ""}}}),

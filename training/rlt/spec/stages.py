@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlt.contract.api import (
     Strict,
@@ -142,6 +142,14 @@ class TrainerOptions(Strict):
         "refused, naming the spec field to use (or why the value is fixed).",
     )
     owned_trainer_args: ClassVar[dict[str, str]] = TRAINER_OWNED_ARGS
+
+    @field_validator("deepspeed_zero_stage", mode="before")
+    @classmethod
+    def _zero_not_a_bool(cls, value: Any) -> Any:
+        # a Literal of ints takes True as 1; the CRD's integer enum does not (found by the door's property test)
+        if isinstance(value, bool):
+            raise ValueError(f"Input should be 0, 1, 2 or 3, not the boolean {str(value).lower()}")
+        return value
 
 
 class SupervisedStage(TrainerOptions):
