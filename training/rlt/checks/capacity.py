@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from rlt.checks.shapes import ModelShape
 from rlt.checks.step_time import StepTime, preemption_notes, step_time
@@ -717,3 +718,43 @@ def spec_gpu_memory(spec: RLTRunSpec) -> tuple[int, str]:
 def capacity_problems(spec: RLTRunSpec) -> list[str]:
     """What `rlt validate` reports of the plan (spec_gpu_memory, built-in models not built): one line per misfit."""
     return [f"capacity: {line} (rlt plan)" for line in plan_for_run(spec, spec_gpu_memory(spec)[0], False).errors()]
+
+
+def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
+    """What the models' own configs say, where this machine can read them (rlt.checks.shapes: never downloads):
+    vLLM's tensor parallelism must divide the teacher's attention heads, LoRA targets must be modules of the model.
+    (problems, notes: what could not be checked and why)."""
+    from rlt.checks.shapes import read_shape
+    from rlt.spec.run import needs_generators
+
+    problems: list[str] = []
+    notes: list[str] = []
+    tp = spec.resources.generator.tensor_parallel_size
+    served = [s for s in spec.stages.enabled() if needs_generators(spec, s)]
+    checks: list[tuple[str, Any]] = []
+    if served and tp > 1:
+        checks.append(("tp", spec.teacher))
+    for where, ref in (("spec.teacher", spec.teacher), ("spec.stages.student.model", spec.stages.student.model)):
+        if ref is not None and ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
+            checks.append((where, ref))
+    for what, ref in checks:
+        shape, why = read_shape(ref, build=False)
+        if shape is None:
+            notes.append(f"{ref.model}: not checked against its config ({why})")
+            continue
+        if what == "tp" and shape.heads % tp:
+            problems.append(
+                f"spec.resources.generator.tensorParallelSize: {tp} does not divide the {shape.heads} attention "
+                f"heads of {ref.model} (vLLM needs it to); use one of "
+                + ", ".join(str(d) for d in range(1, shape.heads + 1) if shape.heads % d == 0 and d <= 16)
+            )
+        elif what != "tp":
+            modules = shape.modules
+            missing = [t for t in ref.lora.target_modules if t.rsplit(".", 1)[-1] not in modules]
+            if missing:
+                linear = sorted({name for name, _, _ in shape.linears})
+                problems.append(
+                    f"{what}.lora.targetModules: {', '.join(missing)} not in {ref.model} (its linear modules: "
+                    f"{', '.join(linear)}; or all-linear)"
+                )
+    return problems, notes

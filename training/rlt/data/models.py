@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from rlt.contract.env import CACHE
-from rlt.spec.inputs import ModelRef
+from rlt.spec.inputs import BUILTIN_MODELS, ModelRef
 
 log = logging.getLogger(__name__)
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-qwen2")
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
