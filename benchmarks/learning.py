@@ -9,7 +9,7 @@ the student's mean solution log-prob, with a two-way bootstrap interval over see
 pre-registered verdict. Writes learning.png and learning.json into --out.
 
   OMP_NUM_THREADS=2 python benchmarks/learning.py            # the default run (3 seeds, sized for 2 shared cores)
-  python benchmarks/learning.py --full     # 5 seeds, 125 steps of 4 x G=8 at lr 1e-5, 128 held out x K=2 (GPU)
+  python benchmarks/learning.py --full     # 8 seeds, 125 steps of 4 x G=8 at lr 1e-5, 128 held out x K=4 (GPU)
   python benchmarks/learning.py --quick --model builtin:tiny-qwen2  # seconds: checks that it runs
 """
 
@@ -216,7 +216,7 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
 
     formatter = Formatter(resolve_format(FormatSpec()))
     sref = ModelRef(model=args.model)  # teachers and student share the tokenizer (one vocabulary)
-    student, s_tok_left = load_model(sref, "cpu"), load_tokenizer(sref, padding_side="left")
+    student, s_tok_left = load_model(sref), load_tokenizer(sref, padding_side="left")  # the GPU when there is one
     s_tok = load_tokenizer(sref, padding_side="right")
     qs = [r["question"] for r in rows]
     # the student alone = empty thought, answer tag opened (calibration's "direct"; a free answer costs 6x more)
@@ -231,7 +231,7 @@ def teaching_figures(args, teacher_paths: dict[str, str], rows: list[dict]) -> d
     for name, path in teacher_paths.items():
         t0 = time.perf_counter()
         tref = ModelRef(model=path)
-        teacher = load_model(tref, "cpu")
+        teacher = load_model(tref)
         t_tok = load_tokenizer(tref, padding_side="left")
         sampled = protocol.sample_explanations(
             teacher, t_tok, formatter, rows, args.samples, args.completion_length, seed=1000
@@ -327,12 +327,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--train-size", type=int, default=512)
     p.add_argument("--heldout", type=int, default=64)
-    p.add_argument("--samples", type=int, default=1, help="K: sampled explanations per held-out question")
+    p.add_argument("--samples", type=int, default=4, help="K (≥ 4): sampled explanations per held-out question")
     p.add_argument("--k", type=int, default=3, help="steps averaged for the start/end reward")
     p.add_argument("--out", default="results/learning-sums")
     p.add_argument("--tag", default="", help="suffix of the RL run names (settings search)")
     p.add_argument("--quick", action="store_true", help="tiny settings that only check the script runs")
-    p.add_argument("--full", action="store_true", help="5 seeds, 125 RL steps of 4 questions x G=8, 128 held out x K=2")
+    p.add_argument("--full", action="store_true", help="8 seeds, 125 RL steps of 4 questions x G=8, 128 held out x K=4")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--parallel", action="store_true", help="train the seeds in parallel processes (~4.5 GB each)")
     p.add_argument("--rl-seed", type=int, help="train this seed's RL only and print its reward curve (search)")
@@ -345,8 +345,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.steps, args.sft_steps, args.heldout, args.questions, args.generations = 3, 2, 4, 2, 2
         args.completion_length, args.train_size, args.k, args.samples = 16, 16, 1, 1
+    if args.samples < 4 and not args.quick:  # issue 36: K ≥ 4 samples per question in every arm
+        raise SystemExit(f"--samples {args.samples}: at least 4 explanations per held-out question (K ≥ 4)")
     if args.full:
-        args.seeds, args.steps, args.heldout, args.samples = [1, 2, 3, 4, 5], 125, 128, 2
+        args.seeds, args.steps, args.heldout, args.samples = list(range(1, 9)), 125, 128, 4
         args.questions, args.generations = 4, 8
 
     from rlt.data.jsonl import append_jsonl
@@ -430,6 +432,10 @@ def print_report(args, report: dict) -> None:
         per = "; ".join(f"{s}: {m:+.3f} ± {h:.3f}" for s, (m, h) in c["per_seed"].items())
         label = f"**{key} (primary)**" if key == PRIMARY else key
         print(f"| {label} | {c['mean']:+.4f} | [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {per} |")
+    for key, c in comparison.items():
+        if c.get("seed_t"):
+            d, lo, hi = c["seed_t"]
+            print(f"{key}: seed-level t interval {d:+.4f} [{lo:+.4f}, {hi:+.4f}]; " + "; ".join(c["power"]))
     print(f"\nverdict (pre-registered rule, δ = {protocol.DELTA}): {report['verdict']}")
     for name, t in teaching.items():
         for e in t.get("examples", [])[:2]:

@@ -101,7 +101,7 @@ def main() -> None:
 
     ref = ModelRef(model=args.model)
     tokenizer = load_tokenizer(ref, padding_side="left")
-    model = load_model(ref, "cpu")
+    model = load_model(ref)
     formatter = Formatter(resolve_format(FormatSpec()))
     print(f"student {args.model}, {args.per_level} questions per level, greedy, seed {args.seed}")
     print(

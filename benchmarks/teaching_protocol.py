@@ -94,8 +94,10 @@ def bare_leak(question: str, explanation: str, solution: str) -> float:
     return float(mentions(explanation, solution) and not any(mentions(explanation, p) for p in parts))
 
 
-def sample_explanations(model, tokenizer, formatter, rows: list[dict], k: int, max_new_tokens: int, seed: int):
-    """K teacher completions per row, sampled at τ = 0.7 (the trained policy), with their token ids and sampling
+def sample_explanations(
+    model, tokenizer, formatter, rows: list[dict], k: int, max_new_tokens: int, seed: int, temperature: float = 0.7
+):
+    """K teacher completions per row, sampled at τ (0.7: the protocol's; the rl stage's τ: the objective), with their token ids and sampling
     log-probs (so the reward needs no second teacher forward): (texts, ids, logprobs), each [row][k]. The same
     sampling seed for every teacher gives common random numbers, which narrows the paired differences."""
     import torch
@@ -106,7 +108,7 @@ def sample_explanations(model, tokenizer, formatter, rows: list[dict], k: int, m
     prompts = [formatter.teacher_prompt(tokenizer, r["question"], r["solution"]) for r in rows for _ in range(k)]
     ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     out = sample_with_logprobs(
-        model, tokenizer, ids, temperature=0.7, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=16
+        model, tokenizer, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=16
     )
     texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
 
@@ -153,11 +155,94 @@ def compare(sft: dict, rl: dict[int, dict], keys: tuple[str, ...]) -> dict:
         if any(math.isnan(x) for row in d for x in row):
             continue
         mean, lo, hi = two_way_bootstrap(d)
+        seed_means = [statistics.fmean(row) for row in d]
         out[key] = {
             "mean": mean,
             "ci95": [lo, hi],
+            # the seed as the unit (issue 36): t interval over the per-seed means, and the seeds 80 % power needs
+            "seed_t": list(one_sample_interval(seed_means)) if len(seed_means) >= 2 else None,
+            "power": power_lines(statistics.stdev(seed_means), [0.1, 0.25, 0.5]) if len(seed_means) >= 2 else [],
             "per_seed": {s: t_interval(row) for s, row in zip(sorted(rl), d, strict=True)},
             "sft": statistics.fmean(sft[key]),
             "rl": {s: statistics.fmean(rl[s][key]) for s in sorted(rl)},
         }
     return out
+
+
+# ---- seed-level statistics (issue 36: the seed is the unit of every later run)
+
+
+def t_ppf(p: float, df: float) -> float:
+    """Student-t quantile at probability p: the table for the two-sided 95 % point at integer df, else the
+    Cornish–Fisher expansion around the normal quantile (good to ~1 % from 3 degrees of freedom)."""
+    z = statistics.NormalDist().inv_cdf(p)
+    if df <= 0:
+        return math.copysign(float("inf"), z)
+    if abs(p - 0.975) < 1e-12 and float(df).is_integer():
+        return t_quantile(int(df))
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Mean(a) − mean(b) and its 95 % Welch t interval, one value per seed on each side (seeds are the unit).
+    The Welch–Satterthwaite degrees of freedom are rounded down (conservative)."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"a seed-level interval needs ≥ 2 seeds per side (got {len(a)} and {len(b)})")
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    d = statistics.fmean(a) - statistics.fmean(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return d, d, d
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = t_quantile(max(1, math.floor(df))) * se
+    return d, d - half, d + half
+
+
+def one_sample_interval(xs: list[float], ref: float = 0.0) -> tuple[float, float, float]:
+    """Mean(xs) − ref and its 95 % t interval over the seeds."""
+    m, half = t_interval(xs)
+    return m - ref, m - ref - half, m - ref + half
+
+
+def detectable_effect(sd: float, n: int, power: float = 0.8, two_arms: bool = True) -> float:
+    """Smallest true difference a two-sided 5 % t test detects with `power`, for n units per arm of spread sd
+    (two_arms: a difference of two independent arm means, df 2n − 2; else a one-sample mean, df n − 1)."""
+    df = 2 * n - 2 if two_arms else n - 1
+    se = sd * math.sqrt(2 / n if two_arms else 1 / n)
+    return (t_ppf(0.975, df) + t_ppf(power, df)) * se
+
+
+def seeds_needed(sd: float, effect: float, power: float = 0.8, two_arms: bool = True, cap: int = 10_000) -> int:
+    """Seeds per arm for `power` at `effect` given the seed-level spread sd (the t-test power approximation above);
+    at least 2 (an interval needs them); `cap` when even that many would not do."""
+    if effect <= 0 or not math.isfinite(sd):
+        return cap
+    for n in range(2, cap):
+        if detectable_effect(sd, n, power, two_arms) <= effect:
+            return n
+    return cap
+
+
+def power_lines(sd: float, effects: list[float], power: float = 0.8) -> list[str]:
+    """The printed power calculation: seeds per arm needed for each effect at the measured seed spread."""
+    return [
+        f"seed-level sd {sd:.3f}: {seeds_needed(sd, e, power)} seeds per arm for {power:.0%} power at a difference "
+        f"of {e:g} (two-sided 5 %, Welch)"
+        for e in effects
+    ]
+
+
+def sanity_verdict(vs_start: tuple[float, float, float], vs_shuffled: tuple[float, float, float]) -> str:
+    """The sanity experiment's pre-registered rule (docs/evaluation.md, "Sanity experiment"). Each argument is
+    (difference, low, high) of the real-reward arm against the start model / the shuffled-reward arm.
+    PASS: real beats both with the interval above 0; FAIL: real ≤ shuffled; else inconclusive."""
+    if vs_shuffled[0] <= 0:
+        return "FAIL"
+    if vs_start[1] > 0 and vs_shuffled[1] > 0:
+        return "PASS"
+    return "inconclusive"

@@ -104,3 +104,37 @@ def test_rl_temperature_flag_reaches_the_generator_and_search_row(tmp_path, monk
         "| learning-seed5-cold",
         "| learning-seed5-hot",
     ]
+
+
+def test_heldout_evaluation_uses_the_picked_device(monkeypatch):
+    """learning.py's held-out evaluation loads its models on the machine's device (a GPU when there is one), not on a
+    hard-wired CPU: the loader must get no device, or the one pick_device chose."""
+    from rlt.data import models
+
+    mod = runpy.run_path(str(BENCH), run_name="not_main")
+    monkeypatch.setattr(models, "pick_device", lambda: "cuda:7")
+
+    class Loaded(Exception):
+        pass
+
+    def load_model(ref, device=None, trainable=False):
+        raise Loaded(device or models.pick_device())
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    args = type("A", (), {"model": "builtin:tiny-qwen2"})()
+    with pytest.raises(Loaded) as got:
+        mod["teaching_figures"](args, {}, [{"question": "q", "solution": "1", "reasoning_trace": "t"}])
+    assert str(got.value) == "cuda:7"
+
+
+def test_compare_gives_the_seed_level_interval_and_power_and_k_is_at_least_4(capsys):
+    proto = runpy.run_path(str(ROOT / "benchmarks" / "teaching_protocol.py"), run_name="not_main")
+    sft = {"m": [0.0, 0.0, 0.0]}
+    rl = {1: {"m": [1.0, 1.2, 0.8]}, 2: {"m": [0.0, 0.2, -0.2]}, 3: {"m": [0.5, 0.5, 0.5]}}
+    c = proto["compare"](sft, rl, ("m",))["m"]
+    d, lo, hi = c["seed_t"]  # seed means 1.0, 0.0, 0.5: mean 0.5, sd 0.5, t(2) 4.303
+    assert d == pytest.approx(0.5) and hi - d == pytest.approx(4.303 * 0.5 / 3**0.5, rel=1e-3) and lo < 0
+    assert len(c["power"]) == 3 and "seeds per arm" in c["power"][0]
+    mod = runpy.run_path(str(BENCH), run_name="not_main")
+    with pytest.raises(SystemExit, match="K ≥ 4"):
+        mod["main"](["--samples", "2", "--out", "/nonexistent"])

@@ -79,6 +79,8 @@ def hand_reward(model, tok, fmt, q, s, c):
         sol_min=min(sol),
         kl_mean=sum(deltas) / len(deltas),
         kl_max=max(deltas),
+        kl_teacher=sum(teach_e[k] for k in stud_e if k in teach_e) / len(deltas),
+        kl_student_ce=-sum(v for k, v in stud_e.items() if k in teach_e) / len(deltas),
     )
 
 
@@ -108,6 +110,10 @@ def test_every_component_matches_hand_computation(tiny, formatter, share_prefix,
         assert got.solution_logprob_min[i] == pytest.approx(want["sol_min"], abs=1e-4)
         assert got.kl_mean[i] == pytest.approx(want["kl_mean"], abs=1e-4)
         assert got.kl_max[i] == pytest.approx(want["kl_max"], abs=1e-4)
+        # r_KL's two parts: the teacher's own log-prob of E and the student's cross-entropy on it
+        assert got.kl_teacher_logprob[i] == pytest.approx(want["kl_teacher"], abs=1e-4)
+        assert got.kl_student_ce[i] == pytest.approx(want["kl_student_ce"], abs=1e-4)
+        assert got.kl_teacher_logprob[i] + got.kl_student_ce[i] == pytest.approx(got.kl_mean[i], abs=1e-6)
         assert got.total[i] == pytest.approx(want["total"], abs=1e-4)
     assert got.format_penalty == [0.0, 0.0, PEN, 0.0]
     if share_prefix:

@@ -26,6 +26,8 @@ REWARD_COMPONENTS = (
     "solution_logprob_min",
     "kl_mean",
     "kl_max",
+    "kl_teacher_logprob",  # kl_mean = kl_teacher_logprob + kl_student_ce: the teacher's own mean log-prob of E
+    "kl_student_ce",  # the student's mean cross-entropy on E (the style-mismatch share of r_KL)
 )
 STEP_PHASES = ("generate", "score", "update", "weight_sync")
 # What an evaluation measured: the run's student, an explicit model, the untrained student, or a `rlt compare` arm.

@@ -16,7 +16,7 @@ text the student re-tokenises; and the teacher and student tokenizers may differ
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,10 @@ class Pairing:
     deltas: list[float]  # teacher − student log-prob, per token or per segment
     paired_tokens: int  # tokens of both sides that fell in a matched segment
     total_tokens: int  # tokens of both sides inside E
+    teacher: list[float] = field(
+        default_factory=list
+    )  # the teacher's log-prob of each Δ's piece (Δ = teacher − student)
+    student: list[float] = field(default_factory=list)  # the student's log-prob of the same piece
 
     @property
     def coverage(self) -> float:
@@ -60,6 +64,8 @@ def pair_explanation(teacher: SideTokens, student: SideTokens, same_vocab: bool)
     tu, su = _units(teacher.offsets), _units(student.offsets)
     t_lp, s_lp = list(teacher.logprobs), list(student.logprobs)
     deltas: list[float] = []
+    t_parts: list[float] = []
+    s_parts: list[float] = []
     paired = 0
     i = j = 0
     while i < len(tu) and j < len(su):
@@ -72,7 +78,8 @@ def pair_explanation(teacher: SideTokens, student: SideTokens, same_vocab: bool)
                 j += 1
             continue
         if te == se and tb - ta == 1 and sb - sa == 1:  # the common case: one token each side, same characters
-            deltas.append(float(t_lp[ta]) - float(s_lp[sa]))
+            t_parts.append(float(t_lp[ta]))
+            s_parts.append(float(s_lp[sa]))
             paired += 2
             i, j = i + 1, j + 1
             continue
@@ -89,9 +96,12 @@ def pair_explanation(teacher: SideTokens, student: SideTokens, same_vocab: bool)
         if te == se:
             a, b, c, d = ta, tu[ti - 1][3], sa, su[sj - 1][3]
             if same_vocab and list(teacher.ids[a:b]) == list(student.ids[c:d]):
-                deltas += [float(t) - float(s) for t, s in zip(t_lp[a:b], s_lp[c:d], strict=True)]
+                t_parts += [float(t) for t in t_lp[a:b]]
+                s_parts += [float(x) for x in s_lp[c:d]]
             else:
-                deltas.append(float(sum(t_lp[a:b])) - float(sum(s_lp[c:d])))
+                t_parts.append(float(sum(t_lp[a:b])))
+                s_parts.append(float(sum(s_lp[c:d])))
             paired += (b - a) + (d - c)
         i, j = ti, sj
-    return Pairing(deltas, paired, len(teacher) + len(student))
+    deltas = [t - x for t, x in zip(t_parts, s_parts, strict=True)]
+    return Pairing(deltas, paired, len(teacher) + len(student), t_parts, s_parts)

@@ -46,6 +46,10 @@ class RewardBreakdown:
     solution_logprob_min: list[float] = field(default_factory=list)
     kl_mean: list[float] = field(default_factory=list)
     kl_max: list[float] = field(default_factory=list)
+    # kl_mean's two parts, kl_mean = kl_teacher_logprob + kl_student_ce: the teacher's own mean log-prob of E (≤ 0,
+    # near 0 for a confident teacher) and the student's mean cross-entropy on E (its surprise at the wording)
+    kl_teacher_logprob: list[float] = field(default_factory=list)
+    kl_student_ce: list[float] = field(default_factory=list)
     solution_tokens: list[int] = field(default_factory=list)
     explanation_tokens: list[int] = field(default_factory=list)
     pairing_coverage: list[float] = field(default_factory=list)  # share of E's tokens (both sides) that got a Δ
@@ -237,6 +241,9 @@ class RLTReward(RewardFunction):
             deltas = pairing.deltas
             kl_mean = sum(deltas) / len(deltas) if deltas else EMPTY_KL
             kl_max = max(deltas) if deltas else EMPTY_KL
+            # an empty E: the whole EMPTY_KL is counted as the student's part (the teacher said nothing)
+            t_part = sum(pairing.teacher) / len(deltas) if deltas else 0.0
+            s_part = -sum(pairing.student) / len(deltas) if deltas else EMPTY_KL
             r_ss = sol_mean + self.alpha * sol_min
             r_kl = kl_mean + self.alpha * kl_max
             pen = 0.0 if closed else self.penalty
@@ -253,6 +260,8 @@ class RLTReward(RewardFunction):
             out.solution_logprob_min.append(sol_min)
             out.kl_mean.append(kl_mean)
             out.kl_max.append(kl_max)
+            out.kl_teacher_logprob.append(t_part)
+            out.kl_student_ce.append(s_part)
             out.solution_tokens.append(len(sol))
             out.explanation_tokens.append(len(e_sc))
             out.pairing_coverage.append(pairing.coverage)

@@ -53,7 +53,13 @@ RLT_PANELS = [
     ),
     (
         "r_KL: teacher − student log-prob on the explanation",
-        [("r_kl", "r_KL"), ("kl_mean", "mean Δ"), ("kl_max", "max Δ")],
+        [
+            ("r_kl", "r_KL"),
+            ("kl_mean", "mean Δ"),
+            ("kl_max", "max Δ"),
+            ("kl_teacher_logprob", "teacher log-prob of E"),
+            ("kl_student_ce", "student CE on E"),
+        ],
     ),
     # GRPO's KL is orders of magnitude below the penalty: its own axis (right), or it draws as a flat zero
     ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL (right axis)", "right")]),
