@@ -291,7 +291,7 @@ def run_documents(draw: st.DrawFn) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    here = os.getcwd()
+    here = Path.cwd()
     os.chdir(ROOT)  # the examples name their files from the repository root
     yield tmp_path_factory.mktemp("door")
     os.chdir(here)

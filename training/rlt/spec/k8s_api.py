@@ -115,9 +115,8 @@ def _values_for(operator: str, values: list[str] | None, numeric: bool) -> None:
         raise ValueError(f"values: must be specified when operator is {operator}")
     if operator in ("Exists", "DoesNotExist") and values:
         raise ValueError(f"values: may not be specified when operator is {operator}")
-    if numeric and operator in ("Gt", "Lt"):
-        if len(values) != 1 or not values[0].lstrip("-").isdigit():
-            raise ValueError(f"values: operator {operator} takes exactly one integer value")
+    if numeric and operator in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
+        raise ValueError(f"values: operator {operator} takes exactly one integer value")
 
 
 def _qualified(value: str, field: str) -> None:

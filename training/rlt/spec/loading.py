@@ -68,12 +68,12 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
         base = ".".join(parts)
         base = f"{prefix}.{base}" if prefix and base else (prefix or base)
         # A cross-field validator says "field: problem", one line per broken rule; fold each field into the path.
-        for one in msg.split("\n") if e["type"] == "value_error" else [msg]:
-            loc = base
-            named = _NAMED_MSG.match(one)
+        for raw in msg.split("\n") if e["type"] == "value_error" else [msg]:
+            loc, one = base, raw
+            named = _NAMED_MSG.match(raw)
             if e["type"] == "value_error" and named:
                 loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
-                one = one[named.end() :]
+                one = raw[named.end() :]
             if (
                 e["type"] == "string_type"
                 and isinstance(e.get("input"), (int, float))

@@ -192,12 +192,12 @@ class RLTRunSpec(Strict):
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
             )
-        if rl.enabled and rl.generation.mode == "server" and not self.resources.generator.gpus:
-            if not self.resources.generator.extra:
-                problems.append(
-                    "resources.generator.gpus: 0 with stages.rl.generation.mode server, whose vLLM generator pods "
-                    "need a GPU (or a device named in resources.generator.extra, e.g. a MIG profile)"
-                )
+        generator = self.resources.generator
+        if rl.enabled and rl.generation.mode == "server" and not generator.gpus and not generator.extra:
+            problems.append(
+                "resources.generator.gpus: 0 with stages.rl.generation.mode server, whose vLLM generator pods "
+                "need a GPU (or a device named in resources.generator.extra, e.g. a MIG profile)"
+            )
         tr = self.resources.trainer
         world = tr.nodes * max(tr.gpus, 1)
         for name in ("sft", "rl", "student"):
