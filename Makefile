@@ -191,8 +191,10 @@ crd: $(STAMP)
 	$(BIN)/python hack/generate.py crd
 
 # Every generated file from its one source: CRD (+ chart copy), install manifests, doc tables, dashboards, and the
-# TRL option table trainerArgs are typed against (rlt/spec/trl_options.json, from the installed TRL).
+# TRL option table trainerArgs are typed against (rlt/spec/trl_options.json, from the installed TRL), and the
+# Kubernetes definitions of the pass-through fields (rlt/spec/k8s_api.json, from kubernetes-validate).
 # `make test` checks each is current (tests/chart, tests/operator/test_crd.py, tests/observability).
 generate: crd chart-crd chart-rbac install-manifests docs
 	$(BIN)/python hack/gen_dashboards.py
 	$(BIN)/python hack/generate.py trl-options
+	$(BIN)/python hack/generate.py k8s-api

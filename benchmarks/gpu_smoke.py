@@ -148,6 +148,7 @@ def grpo_step(path: Path, workdir: Path) -> dict:
             "teacher": {"model": str(path), "dtype": "bfloat16"},
             "student": {"model": str(path), "dtype": "bfloat16"},
             "dataset": {"source": "builtin:arithmetic", "size": 64},
+            "resources": {"trainer": {"gpus": 1}},  # one process
             "stages": {
                 "sft": {"enabled": False},
                 "distill": {"enabled": False},

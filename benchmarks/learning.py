@@ -65,6 +65,8 @@ def run_spec(args, seed: int, teacher: str, sft: bool, rl: bool) -> dict:
             "teacher": {"model": teacher},
             "student": {"model": args.model},
             "dataset": {"source": f"builtin:{args.task}", "size": args.train_size, "seed": 0},
+            # one trainer process: the batch sizes below are per run, and `rlt validate` checks them against the world
+            "resources": {"trainer": {"gpus": 1}},
             "stages": {
                 "sft": {
                     "enabled": sft,

@@ -33,6 +33,7 @@ def run_doc(name: str, steps: int, completion: int, lora: bool) -> dict:
             "teacher": teacher,
             "student": {"model": SMOL},
             "dataset": {"source": "builtin:arithmetic", "size": 16},
+            "resources": {"trainer": {"gpus": 1}},  # one process
             "stages": {
                 "sft": {"enabled": False},
                 "distill": {"enabled": False},

@@ -131,6 +131,7 @@ def spec(args, arm: str, seed: int, start: str, data: str) -> dict:
             "teacher": {"model": start},
             "student": {"model": args.model},
             "dataset": {"source": data},
+            "resources": {"trainer": {"gpus": 1}},  # one process: the batch sizes above are the run's
             "stages": stages,
         },
     }

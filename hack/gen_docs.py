@@ -91,7 +91,13 @@ def spec_table() -> str:
 
 
 # The examples meant for a GPU cluster, sized in docs/gpu-cluster.md from their capacity plan.
-SIZED_EXAMPLES = ("rltrun-paper-7b.yaml", "rltrun-multinode.yaml", "rltrun-small-2gpu.yaml", "rltrun-lora-tracked.yaml")
+SIZED_EXAMPLES = (
+    "rltrun-paper-7b.yaml",
+    "rltrun-multinode.yaml",
+    "rltrun-2x8.yaml",
+    "rltrun-small-2gpu.yaml",
+    "rltrun-lora-tracked.yaml",
+)
 
 
 def sizing_table(examples_dir) -> str:

@@ -5,6 +5,8 @@
     python hack/generate.py docs        the generated tables of docs/*.md (hack/gen_docs.py)
     python hack/generate.py trl-options training/rlt/spec/trl_options.json from the installed TRL
                                         (rlt.stages.trainer_check.render)
+    python hack/generate.py k8s-api     training/rlt/spec/k8s_api.json from kubernetes-validate's schemas
+                                        (rlt.spec.k8s_api.schema_definitions)
 
 Tests compare each file with its source (tests/operator/test_crd.py, tests/chart, tests/unit).
 """
@@ -57,11 +59,18 @@ def trl_options() -> None:
     _write(OPTIONS_FILE, render())
 
 
+def k8s_api() -> None:
+    from rlt.spec.k8s_api import DEFS_FILE, render
+
+    _write(DEFS_FILE, render())
+
+
 TARGETS: dict[str, Callable[[], None]] = {
     "crd": crd,
     "chart-rbac": chart_rbac,
     "docs": docs,
     "trl-options": trl_options,
+    "k8s-api": k8s_api,
 }
 
 

@@ -48,6 +48,9 @@ def server_mode(doc: dict[str, Any], replicas: int = 1) -> dict[str, Any]:
         "trainer": {"nodes": 2, "gpus": 4},
     }
     doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # two trainer nodes need a shared volume
+    # batches a multiple of perDeviceBatchSize × the 8 trainer processes (rlt.spec.run refuses others)
+    doc["spec"]["stages"]["rl"]["perDeviceBatchSize"] = 1
+    doc["spec"]["stages"]["sft"].update(batchSize=8, perDeviceBatchSize=1)
     return doc
 
 

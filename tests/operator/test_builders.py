@@ -11,6 +11,7 @@ import yaml
 from op_harness import EXAMPLES
 
 from rlt.checks.validation import load_valid_run
+from rlt.spec import k8s_api
 from rlt.spec.loading import parse_run
 from rlt_operator import builders as b
 from rlt_operator.observed import Observed
@@ -94,8 +95,15 @@ def test_owner_and_labels_on_every_child():
     assert job["spec"]["template"]["metadata"]["labels"][b.L_STAGE] == "rl"
 
 
+def _paper_stages(**sft):
+    """The paper example's stages, sft's batch changed: 32 trainer processes need a batch of a multiple of 32."""
+    stages = yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())["spec"]["stages"]
+    stages["sft"].update(sft)
+    return stages
+
+
 def test_trainer_job_rendezvous_and_command():
-    spec = spec_from(resources={"trainer": {"nodes": 4, "gpus": 8}})
+    spec = spec_from(resources={"trainer": {"nodes": 4, "gpus": 8}}, stages=_paper_stages(batchSize=32))
     job = b.trainer_job(REF, spec, "rl", 0)
     js = job["spec"]
     assert (js["completionMode"], js["completions"], js["parallelism"], js["backoffLimit"]) == ("Indexed", 4, 4, 0)
@@ -124,7 +132,7 @@ def test_trainer_job_rendezvous_and_command():
 def test_single_process_stage_runs_rlt_directly():
     spec = spec_from("rltrun-tiny.yaml", resources={"trainer": {"nodes": 1, "gpus": 1}})
     assert b.trainer_command(spec, "sft") == ["rlt", "stage", "sft", "--config", "env:RLT_RUN_YAML", "--root", "/data"]
-    assert b.trainer_nodes(spec_from(resources={"trainer": {"nodes": 3}}), "distill") == 1
+    assert b.trainer_nodes(spec_from(resources={"trainer": {"nodes": 2}}), "distill") == 1
 
 
 def test_generator_statefulset_runs_vllm_for_trl():
@@ -153,12 +161,19 @@ def test_generator_statefulset_runs_vllm_for_trl():
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+NODE_AFFINITY = {
+    "requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]
+    }
+}
+
+
 def test_scheduling_passthrough_and_queue_label_only_from_spec():
     spec = spec_from(
         scheduling={
             "nodeSelector": {"gpu": "h100"},
             "tolerations": [{"key": "gpu", "operator": "Exists"}],
-            "affinity": {"nodeAffinity": {"x": 1}},
+            "affinity": {"nodeAffinity": NODE_AFFINITY},
             "priorityClassName": "high",
             "queueName": "team-q",
             "serviceAccountName": "trainer",
@@ -171,7 +186,7 @@ def test_scheduling_passthrough_and_queue_label_only_from_spec():
         pod = tmpl["spec"]
         assert pod["nodeSelector"] == {"gpu": "h100"} and pod["priorityClassName"] == "high"
         assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-        assert pod["affinity"]["nodeAffinity"] == {"x": 1} and pod["serviceAccountName"] == "trainer"
+        assert pod["affinity"]["nodeAffinity"] == NODE_AFFINITY and pod["serviceAccountName"] == "trainer"
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert tmpl["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
         assert obj["metadata"]["labels"][b.KUEUE_QUEUE] == "team-q"
@@ -209,7 +224,8 @@ def test_outputs_and_generator_model_follow_enabled_stages():
 
 def test_optional_student_and_evaluate_stages():
     spec = spec_from(
-        resources={"trainer": {"nodes": 2}}, stages={"student": {"enabled": True}, "evaluate": {"enabled": True}}
+        resources={"trainer": {"nodes": 2}},
+        stages={"student": {"enabled": True}, "evaluate": {"enabled": True, "dataset": {"source": "math500"}}},
     )
     assert spec.stages.enabled()[-2:] == ["student", "evaluate"]
     assert b.trainer_nodes(spec, "student") == 2 and b.trainer_nodes(spec, "evaluate") == 1
@@ -257,6 +273,7 @@ def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(st
 
     doc = yaml.safe_load((EXAMPLES / "rltrun-multinode.yaml").read_text())
     doc["spec"]["stages"].setdefault(stage, {}).update(enabled=True, deepspeedZeroStage=2, precision="fp16")
+    doc["spec"]["stages"][stage].setdefault("batchSize", 64)  # a multiple of the 32 processes
     run = parse_run(doc)
     container = b.trainer_job(REF, run.spec, stage, 0)["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value", "1") for e in container["env"]}  # NODE_RANK (a fieldRef) on pod 1
@@ -276,7 +293,7 @@ def test_accelerate_launch_gets_the_zero_stage_and_precision_the_trainer_gets(st
 
 def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
     user = {
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+        "nodeAffinity": NODE_AFFINITY,
         "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "zone"}]},
     }
     spec = spec_from(scheduling={"affinity": user})
@@ -292,7 +309,7 @@ def test_read_write_once_volume_keeps_every_pod_of_the_run_on_one_node():
         ]
         # the term selects the pods of this run, and this pod is one of them (the first pod may go anywhere)
         assert tmpl["metadata"]["labels"][b.L_RUN] == "r1"
-    assert spec.scheduling.affinity == user, "the spec is not mutated"
+    assert k8s_api.dump(spec.scheduling.affinity) == user, "the spec is not mutated"
     shared = spec_from(storage={"accessMode": "ReadWriteMany"}, scheduling={"affinity": user})
     assert b.trainer_job(REF, shared, "rl", 0)["spec"]["template"]["spec"]["affinity"] == user
 
@@ -652,7 +669,9 @@ def test_no_example_child_is_best_effort_and_shared_memory_is_accounted():
     spec = spec_from()  # paper: trainer 4 GPUs, cpu 48, memory 600Gi, sharedMemory 64Gi
     req = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert req["cpu"] == "48" and req["memory"] == f"{(600 + 64) * 1024}Mi"
-    tiny = spec_from("rltrun-tiny.yaml", resources={"generator": {"gpus": 2, "sharedMemory": "1Gi"}})
+    tiny = spec_from(
+        "rltrun-tiny.yaml", resources={"trainer": {"gpus": 1}, "generator": {"gpus": 2, "sharedMemory": "1Gi"}}
+    )
     req = b.generator_statefulset(REF, tiny, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert (
         req["requests"]["cpu"] == "8" and req["requests"]["memory"] == f"{65 * 1024}Mi"
@@ -748,3 +767,18 @@ def test_every_example_renders_valid_children_and_none_is_refused():
         ]
         for child in creates:
             kubernetes_validate.validate(child, "1.31.0", strict=True)
+
+
+def test_gpu_hours_settings_of_the_pods():
+    """Trainer: expandable CUDA segments (micro-batches of very different lengths would fragment the allocator).
+    Generator: vLLM's compile cache on the run's volume (a gang restart reuses it), and a readiness probe that
+    keeps a generator in its Service for minutes of a busy API process, not 30 s."""
+    spec = spec_from()
+    trainer = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["spec"]
+    assert env_of(trainer)["PYTORCH_CUDA_ALLOC_CONF"]["value"] == "expandable_segments:True"
+    pod = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["spec"]
+    cache = env_of(pod)["VLLM_CACHE_ROOT"]["value"]
+    assert cache.startswith(b.PVC_MOUNT + "/"), cache
+    assert any(m["mountPath"] == b.PVC_MOUNT for m in pod["containers"][0]["volumeMounts"])
+    ready = pod["containers"][0]["readinessProbe"]
+    assert ready["periodSeconds"] * ready["failureThreshold"] >= 120, ready

@@ -56,7 +56,14 @@ def test_schema_is_structural_with_descriptions_and_printer_columns():
     assert rl["numGenerations"]["minimum"] == 1 and rl["numGenerations"]["exclusiveMinimum"] is True
     assert rl["deepspeedZeroStage"]["enum"] == [0, 1, 2, 3]
     assert "description" in spec["properties"]["suspend"]
-    assert spec["properties"]["scheduling"]["properties"]["affinity"]["x-kubernetes-preserve-unknown-fields"]
+    # Kubernetes' own Affinity and Toleration (rlt.spec.k8s_api), not free-form objects the API server would pass on
+    scheduling = spec["properties"]["scheduling"]["properties"]
+    assert "x-kubernetes-preserve-unknown-fields" not in scheduling["affinity"]
+    assert (
+        "requiredDuringSchedulingIgnoredDuringExecution"
+        in scheduling["affinity"]["properties"]["nodeAffinity"]["properties"]
+    )
+    assert scheduling["tolerations"]["items"]["properties"]["operator"]["enum"] == ["", "Equal", "Exists"]
     cols = version["additionalPrinterColumns"]
     assert [c["name"] for c in cols] == [
         "Phase",

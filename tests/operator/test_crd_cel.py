@@ -65,6 +65,14 @@ FUNCTIONS = {
     "isGreaterThan": _is_greater_than,
 }
 _ENV = celpy.Environment()
+_PROGRAMS: dict[str, object] = {}
+
+
+def _program(rule: str):
+    """A rule compiled once (the property test evaluates every rule thousands of times)."""
+    if rule not in _PROGRAMS:
+        _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule), functions=FUNCTIONS)
+    return _PROGRAMS[rule]
 
 
 def _rules(node, path=""):
@@ -96,8 +104,10 @@ def _cel_failures(value, schema, path="") -> list[str]:
     """Messages of the CEL rules the value breaks, evaluating each rule where its schema node has a value."""
     out = []
     for rule in schema.get("x-kubernetes-validations", []):
-        program = _ENV.program(_ENV.compile(rule["rule"]), functions=FUNCTIONS)
-        result = program.evaluate({"self": celpy.json_to_cel(value)})
+        try:
+            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+        except celpy.CELEvalError as err:  # cel-python raises some evaluation errors instead of returning them
+            result = err
         if isinstance(result, celpy.CELEvalError) or not result:
             out.append(f"{path or '<root>'}: {rule['message']}")
     if isinstance(value, dict):
@@ -252,6 +262,65 @@ CASES = [
         {"stages": {"student": {"batchSize": 6, "perDeviceBatchSize": 4}}},
         None,
         "batchSize",
+    ),
+    (
+        "student batch not a multiple of the trainer processes",
+        {"resources": {"trainer": {"gpus": 3}}, "stages": {"student": {"enabled": True, "batchSize": 4}}},
+        None,
+        "batchSize",
+    ),
+    (
+        "batches a multiple of the trainer processes",
+        {
+            "resources": {"trainer": {"gpus": 2}},
+            "stages": {
+                "sft": {"perDeviceBatchSize": 2},
+                "student": {"enabled": True, "batchSize": 8, "perDeviceBatchSize": 2},
+            },
+        },
+        None,
+        None,
+    ),
+    ("rl batch over 8 default processes", {"resources": {"trainer": {"gpus": 8}}}, None, "batchSize"),
+    (
+        "evaluate with no held-out rows",
+        {"dataset": {"source": "org/data"}, "stages": {"evaluate": {"enabled": True}}},
+        None,
+        "evalFraction",
+    ),
+    (
+        "evaluate on held-out rows",
+        {"dataset": {"source": "org/data", "evalFraction": 0.1}, "stages": {"evaluate": {"enabled": True}}},
+        None,
+        None,
+    ),
+    ("evaluate a built-in task on fresh problems", {"stages": {"evaluate": {"enabled": True}}}, None, None),
+    (
+        "server generators without a device",
+        {"stages": {"rl": {"generation": {"mode": "server"}}}, "resources": {"generator": {"gpus": 0}}},
+        None,
+        "gpus",
+    ),
+    (
+        "server generators on a MIG device",
+        {
+            "stages": {"rl": {"generation": {"mode": "server"}}},
+            "resources": {"generator": {"gpus": 0, "extra": {"nvidia.com/mig-3g.40gb": "1"}}},
+        },
+        None,
+        None,
+    ),
+    (
+        "prompt and completion over maxModelLen",
+        {"stages": {"rl": {"generation": {"mode": "colocate", "maxModelLen": 200}}}},
+        None,
+        "maxModelLen",
+    ),
+    (
+        "prompt and completion within maxModelLen",
+        {"stages": {"rl": {"generation": {"mode": "colocate", "maxModelLen": 280}}}},
+        None,
+        None,
     ),
     ("run name of 40", {}, "a" * 40, None),
     ("run name of 41", {}, "a" * 41, "metadata.name"),

@@ -29,6 +29,7 @@ def multinode_run() -> dict:
     doc["metadata"]["name"] = RUN
     st = doc["spec"]["stages"]
     st["rl"].update(batchSize=16, perDeviceBatchSize=4, numGenerations=4, steps=RL_STEPS, saveSteps=SAVE_STEPS)
+    st["sft"].update(perDeviceBatchSize=1)  # sft's batch of 4 over the 4 processes
     st["distill"].update(limit=5)  # odd on purpose: the two ranks' shares differ
     doc["spec"]["resources"] = {"trainer": {"nodes": 2, "gpus": 2}}
     doc["spec"]["storage"] = {"accessMode": "ReadWriteMany"}  # pods on several nodes share the claim

@@ -57,6 +57,8 @@ async def test_distill_generates_through_the_rendered_vllm_generator_pod(harness
         "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"),
     }
     images = {generator: ImageEnv(str(VLLM_BIN), vllm_env)}
+    # the pods put vLLM's cache on the run's volume (cold here); spec.env, rendered last, points it at the warm one
+    doc["spec"]["env"] = [{"name": "VLLM_CACHE_ROOT", "value": vllm_env["VLLM_CACHE_ROOT"]}]
     await harness.start_operator()
     async with running_pods(harness, tmp_path, images=images) as kubelet:
         await harness.create_run(doc)

@@ -138,9 +138,10 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     # The sandbox reads a --run-pods run's progress often enough (no RLT_PROGRESS_INTERVAL given here) for the
     # rl stage's STEP and REWARD (3 decimals) to show while it runs.
     rl_rows = [t.splitlines()[1].split() for t in tables if " rl " in t]
-    shown = [r for r in rl_rows if len(r) >= 5 and r[3].split("/")[0].isdigit() and _is_number(r[4])]
+    # NAME PHASE STAGE TRAINER STEP REWARD ...: STEP and REWARD are the fifth and sixth columns
+    shown = [r for r in rl_rows if len(r) >= 6 and r[4].split("/")[0].isdigit() and _is_number(r[5])]
     assert shown, "\n".join(tables)
-    assert all(len(r[4].split(".")[-1]) <= 3 for r in shown), shown
+    assert all(len(r[5].split(".")[-1]) <= 3 for r in shown), shown
 
 
 def wait_for_phase(sandbox, name: str, seconds: float) -> tuple[str, list[str]]:

@@ -26,7 +26,8 @@ def spec(server=False, sft=True, distill=True, **extra):
     s["stages"]["distill"]["enabled"] = distill
     if server:
         s["stages"]["rl"]["generation"] = {"mode": "server"}
-        s["resources"] = {"generator": {"replicas": 1, "gpus": 2, "dataParallelSize": 2}}
+        # the example's one trainer process kept: its batches fit it
+        s["resources"] = {"generator": {"replicas": 1, "gpus": 2, "dataParallelSize": 2}, "trainer": {"gpus": 1}}
     s.update(extra)
     return s
 
@@ -820,6 +821,7 @@ def test_disabling_the_running_stage_stops_its_job_before_the_next_stage_starts(
 
 def test_a_new_trainer_shape_replaces_the_gang_before_any_checkpoint_uncounted():
     sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
+    sp["stages"]["rl"]["perDeviceBatchSize"] = 1  # rl's 8 completions over 4 (or the kept 8) processes
     prev = running("rl", trainerShape={"stage": "rl", "nodes": 1, "gpus": 8})
     d = S.decide(REF, 2, sp, prev, observed(sp, [shaped("rl", 8, active=1)]), NOW)
     assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 0
@@ -831,6 +833,7 @@ def test_a_new_trainer_shape_replaces_the_gang_before_any_checkpoint_uncounted()
 
 def test_the_trainer_shape_is_frozen_once_the_stage_has_a_checkpoint():
     sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
+    sp["stages"]["rl"]["perDeviceBatchSize"] = 1  # rl's 8 completions over 4 (or the kept 8) processes
     prev = running(
         "rl",
         trainerShape={"stage": "rl", "nodes": 1, "gpus": 8},

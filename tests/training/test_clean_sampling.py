@@ -137,6 +137,7 @@ def test_grpo_config_samples_clean_and_importance_sampling_follows_the_spec(tmp_
                     "teacher": {"model": "builtin:tiny-qwen2"},
                     "student": {"model": "builtin:tiny-qwen2"},
                     "dataset": {"source": "builtin:arithmetic"},
+                    "resources": {"trainer": {"gpus": 1}},
                     "stages": {"rl": {"batchSize": 4, "numGenerations": 4, "generation": generation}},
                 },
             }

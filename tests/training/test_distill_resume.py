@@ -18,12 +18,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from suite_helpers import ROOT, kill_gang, tiny_doc
+import yaml
+from suite_helpers import EXAMPLES, ROOT, kill_gang, tiny_doc
 
 from rlt.checks.validation import validate_spec
 from rlt.contract.layout import RunLayout
 from rlt.method import generation
 from rlt.spec.fingerprint import stage_fingerprint
+from rlt.spec.loading import parse_run
 from rlt.stages.distill_parts import parts_dir
 from rlt_operator import builders
 
@@ -125,6 +127,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
 
     fail = 1
     posts = 0
+    delay = 0.0  # seconds each completion request takes (a long generation)
 
     def log_message(self, *args):
         pass
@@ -143,6 +146,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).posts += 1
+        time.sleep(type(self).delay)
         if type(self).posts <= type(self).fail:
             self._send(500, {"error": "injected"})
             return
@@ -158,7 +162,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
 def stub():
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyVllmStub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    FlakyVllmStub.posts = 0
+    FlakyVllmStub.posts, FlakyVllmStub.delay = 0, 0.0
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
@@ -175,3 +179,60 @@ def test_an_http_500_is_retried_and_a_lasting_one_is_a_clear_error(stub, monkeyp
     with pytest.raises(RuntimeError, match=r"answered 500 \(after up to 6 attempts\)"):
         generation.server_generate(url, [[1]], n=1, temperature=1.0, top_p=1.0, max_new_tokens=2)
     assert FlakyVllmStub.posts == 6
+
+
+def test_a_read_timeout_is_not_regenerated_from_scratch(stub, monkeypatch):
+    """The request was sent and the server is generating: vLLM cancels a request whose client went away, so a
+    retry after a read timeout starts the whole batch again (up to 6 times). A read timeout is one clear error
+    after ONE request; the timeout itself comes from the rollout budget (rlt.spec.budgets.rollout_seconds)."""
+    monkeypatch.setattr(generation, "HTTP_BACKOFF", 0.01)
+    server, url = stub
+    FlakyVllmStub.fail, FlakyVllmStub.delay = 0, 1.0
+    with pytest.raises(RuntimeError, match="Read timed out"):
+        generation.server_generate(url, [[1]], n=1, temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=0.3)
+    time.sleep(1.2)  # the stub's handler threads finish
+    assert FlakyVllmStub.posts == 1, f"{FlakyVllmStub.posts} generation requests after a read timeout"
+
+
+def test_distill_waits_as_long_as_the_rollout_budget(tmp_path):
+    from rlt.spec.budgets import rollout_seconds
+    from rlt.stages.distill import server_read_timeout
+
+    spec = parse_run(yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())).spec
+    assert server_read_timeout(spec) == rollout_seconds(spec, "distill") > 600  # 16k tokens: over the old 600 s
+
+
+def test_rank_0_reads_each_written_row_once_while_it_waits(tmp_path, monkeypatch):
+    """Rank 0 waits for slower ranks by polling their part files: each poll must parse only what was added, not
+    every row again (at paper scale GBs every 2 s for hours)."""
+    import json as json_module
+
+    from rlt.stages import distill_parts
+    from rlt.stages.distill_parts import append_rows, rank_file, wait_for_all
+
+    parsed = {"n": 0}
+    loads = json_module.loads
+
+    def counting_loads(text, *a, **kw):
+        parsed["n"] += 1
+        return loads(text, *a, **kw)
+
+    monkeypatch.setattr(distill_parts.json, "loads", counting_loads)
+    folder = tmp_path / "parts"
+    total, batches = 40, 5  # rank 1: 20 rows in 5 batches of 4
+    append_rows(rank_file(folder, 0), [(i, {"q": i}) for i in range(0, total, 2)])
+
+    def slow_rank_1():
+        for b in range(batches):
+            time.sleep(0.05)
+            per = total // 2 // batches
+            append_rows(
+                rank_file(folder, 1), [(2 * (b * per + k) + 1, {"q": 2 * (b * per + k) + 1}) for k in range(per)]
+            )
+
+    writer = threading.Thread(target=slow_rank_1)
+    writer.start()
+    rows = wait_for_all(folder, total, poll=0.01)
+    writer.join()
+    assert rows == [{"q": i} for i in range(total)]
+    assert parsed["n"] == total, f"{parsed['n']} lines parsed for {total} rows"

@@ -28,7 +28,7 @@ def lora_zero3_spec():
     doc["metadata"]["name"] = "lz3"
     doc["spec"]["teacher"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0, "targetModules": ["all-linear"]}
     st = doc["spec"]["stages"]
-    st["sft"].update(maxSteps=1, deepspeedZeroStage=3)
+    st["sft"].update(maxSteps=1, deepspeedZeroStage=3, perDeviceBatchSize=2)  # the batch of 4 over 2 processes
     st["rl"].update(
         steps=1,
         saveSteps=100,

@@ -1,5 +1,5 @@
-"""SIGTERM mid-RL (preemption, drain, suspend) loses no completed step: the gang finishes its step, saves a
-complete checkpoint of it, exits STOPPED (75), and a restart resumes from that checkpoint.
+"""SIGTERM mid-RL (preemption, drain, suspend) loses no completed step: the gang stops at the next micro-batch
+boundary, saves a complete checkpoint of its last completed step, exits STOPPED (75), and a restart resumes from it.
 
 Real processes: `rlt stage rl` alone, and the operator's rendered 2-rank trainer command (`rlt launch` →
 accelerate launch → torchrun → 2 DeepSpeed ranks over gloo) with SIGTERM sent to ONE rank only, as when one pod of
@@ -34,7 +34,7 @@ STEPS = 12  # far more than the test lets run: the stop comes mid-stage
 SAVE_STEPS = 100  # no periodic checkpoint: the only one is the one the stop writes
 
 
-def rl_run(tmp_path: Path, name: str) -> Path:
+def rl_run(tmp_path: Path, name: str, **rl) -> Path:
     doc = tiny_doc()
     doc["metadata"]["name"] = name
     doc["spec"]["stages"]["sft"] = {"enabled": False}
@@ -42,6 +42,7 @@ def rl_run(tmp_path: Path, name: str) -> Path:
     doc["spec"]["stages"]["rl"].update(
         steps=STEPS, saveSteps=SAVE_STEPS, batchSize=4, perDeviceBatchSize=2, numGenerations=2, maxCompletionLength=8
     )
+    doc["spec"]["stages"]["rl"].update(rl)
     doc["spec"]["dataset"]["size"] = 16
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -130,7 +131,7 @@ def test_sigterm_mid_rl_saves_the_step_exits_75_and_resumes_with_nothing_lost(tm
     saved = checkpoint_steps(layout)
     stopped_at = max(rl_steps(layout))
     assert saved == [stopped_at], (saved, stopped_at)
-    assert stopped_at >= done_before  # the step in progress was finished, not dropped
+    assert stopped_at >= done_before  # no completed step dropped (the one in progress is abandoned)
     assert stopped_at < STEPS
     assert re.search(rf"rlt stage: stage rl stopped on SIGTERM after step {stopped_at}; checkpoint \S+ saved", text)
     assert "Traceback" not in text
@@ -144,6 +145,86 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def gang_command(run: Path, tmp_path: Path, name: str) -> tuple[list[str], dict[str, str]]:
+    """The operator's rendered command of a 2-GPU trainer pod for `run` (its env the gang needs), on this machine."""
+    doc = yaml.safe_load(run.read_text())
+    doc["spec"]["resources"] = {"trainer": {"gpus": 2, "terminationGracePeriodSeconds": 120}}
+    run.write_text(yaml.safe_dump(doc))
+    spec = validate_spec(doc["spec"], name=name)
+    job = builders.trainer_job(builders.RunRef(name, "default", "uid"), spec, "rl", 0)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cmd = [expand(a, vars_) for a in container["command"]]
+    cmd = [a.replace(builders.PVC_MOUNT, str(tmp_path / "pvc")) for a in cmd]
+    cmd[0] = str(Path(sys.executable).parent / "rlt")
+    return cmd, {k: pod_env[k] for k in ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "RLT_RUN_YAML")}
+
+
+def shard_prompts(text: str, step: int) -> dict[str, str]:
+    """rank -> the prompts (short hashes) it drew for the step after `step` (the rollout's rlt-shard line)."""
+    return dict(re.findall(rf"rlt-shard stage=rl rank=(\d+) step={step} prompts=(\S+)", text))
+
+
+def test_sigterm_mid_accumulation_abandons_the_step_and_the_restart_redoes_it(tmp_path):
+    """A long gradient accumulation (16 micro-batches per rank per step), SIGTERM to rank 1 in the middle of one:
+    the gang stops at the next micro-batch, far sooner than the step would end, keeps the last completed step and
+    the restart redoes the abandoned step with the same prompts; no completed step is lost."""
+    steps = 3
+    run = rl_run(tmp_path, "stop3", steps=steps, batchSize=32, perDeviceBatchSize=1, numGenerations=2)
+    doc = yaml.safe_load(run.read_text())
+    doc["spec"]["dataset"]["size"] = 64  # the steps stay in the first epoch: a resume skips exactly the done batches
+    run.write_text(yaml.safe_dump(doc))
+    cmd, extra = gang_command(run, tmp_path, "stop3")
+    layout = RunLayout.for_run(tmp_path / "pvc", "stop3")
+    log = tmp_path / "gang.log"
+    proc = start(cmd, log, tmp_path, **extra)
+
+    def mid_step() -> dict[str, str] | None:
+        text = log.read_text()
+        done = rl_steps(layout)
+        if not done or len(re.findall(rf"rlt-micro rank=1 step={max(done) + 1}\b", text)) < 4:
+            return None
+        return dict(re.findall(r"rlt-world stage=rl rank=(\d+) .* pid=(\d+)", text))
+
+    pids = wait(mid_step, "4 micro-batches into step 2 of the 2-rank gang", proc, log, 600)
+    done = max(rl_steps(layout))
+    record = json.loads(layout.metrics_file.read_text().splitlines()[-1])
+    micro_at_signal = len(re.findall(rf"rlt-micro rank=1 step={done + 1}\b", log.read_text()))
+    sent = time.monotonic()
+    os.kill(int(pids["1"]), signal.SIGTERM)
+    wait(lambda: "SIGTERM: step abandoned" in log.read_text(), "the gang to abandon the step", proc, log, 120)
+    to_abandon = time.monotonic() - sent
+    code = finish(proc, log)
+    to_exit = time.monotonic() - sent
+    text = log.read_text()
+    assert code == ExitCode.STOPPED, text[-4000:]
+    assert rl_steps(layout) == list(range(1, done + 1))  # the abandoned step left no record
+    assert checkpoint_steps(layout) == [done], (checkpoint_steps(layout), done, text[-3000:])
+    assert f"SIGTERM: step abandoned inside step {done + 1}; saving step {done}" in text
+    assert re.search(rf"stage rl stopped on SIGTERM after step {done}; checkpoint \S+checkpoint-{done} saved", text)
+    micro_after = len(re.findall(rf"rlt-micro rank=1 step={done + 1}\b", text))
+    # stopped at the next micro-batch boundary (one more may have been under way), not after the step's 16
+    assert micro_after <= micro_at_signal + 2, (micro_at_signal, micro_after)
+    assert to_abandon < record["step_seconds"] / 2, (to_abandon, record["step_seconds"])
+    abandoned = shard_prompts(text, done)
+    assert set(abandoned) == {"0", "1"}, text[-3000:]
+    print(
+        f"\nSIGTERM to rank 1 after {micro_at_signal} of 16 micro-batches of step {done + 1} (a step took "
+        f"{record['step_seconds']:.1f} s): step abandoned after {to_abandon:.1f} s ({micro_after} micro-batches), "
+        f"exit 75 after {to_exit:.1f} s with checkpoint-{done}; completed steps lost: 0"
+    )
+    log = tmp_path / "resume.log"
+    proc = start(cmd, log, tmp_path, **extra)
+    assert finish(proc, log, 900) == 0, log.read_text()[-4000:]
+    redone = log.read_text()
+    first = min(int(s) for s in re.findall(r"rlt-shard stage=rl rank=0 step=(\d+) ", redone))
+    assert first == done, f"resumed at step {first + 1}, not the abandoned step {done + 1}"
+    assert shard_prompts(redone, done) == abandoned  # the abandoned step redone with the same data
+    assert sorted(set(rl_steps(layout))) == list(range(1, steps + 1))
+    assert layout.stage_done("rl").exists()
 
 
 def test_sigterm_to_one_rank_stops_the_whole_gang_at_one_saved_step(tmp_path):

@@ -126,6 +126,10 @@ def test_evaluate_without_held_out_rows_names_the_fields(tmp_path):
     from rlt.data.dataset import DataError
 
     run = tiny_run(distill={"enabled": False}, evaluate=EVALUATE)
+    # a file of one's own (a built-in task has fresh problems to hold out), with no held-out split
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"{i} + 1?", "solution": str(i + 1)}) + "\n" for i in range(8)))
+    run.spec.dataset.source = str(rows)
     run.spec.dataset.eval_fraction = 0.0
     ctx = StageContext(run, RunLayout.for_run(tmp_path, run.name), None, "cpu", show_progress=False)
     with pytest.raises(DataError, match="stages.evaluate.dataset.*evalFraction"):

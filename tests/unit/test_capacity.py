@@ -226,6 +226,7 @@ def test_capacity_benchmark_runs_the_command_the_operator_renders(tmp_path, monk
     for world, zero in ((1, 0), (2, 3)):
         doc = yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())
         doc["spec"]["resources"]["trainer"]["gpus"] = world
+        doc["spec"]["stages"]["sft"]["batchSize"] = doc["spec"]["stages"]["sft"]["perDeviceBatchSize"] * world
         doc["spec"]["stages"]["sft"]["deepspeedZeroStage"] = zero
         cmd, env = bench["pod_command"](doc, "sft", tmp_path, script)
         assert cmd[-1] == "--added-by-operator" and "rlt.cli" not in cmd, cmd

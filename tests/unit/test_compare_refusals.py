@@ -32,8 +32,9 @@ def test_compare_without_held_out_data_stops_before_training(tmp_path):
         text=True,
         timeout=300,
     )
-    assert res.returncode == ExitCode.DATA_ERROR, res.stderr[-2000:]
+    # refused at the door now (the spec's evaluate has no held-out rows), as a configuration error
+    assert res.returncode == ExitCode.CONFIG_ERROR, res.stderr[-2000:]
     assert "Traceback" not in res.stderr
-    assert "spec.dataset.evalFraction > 0" in res.stderr
+    assert "spec.dataset.evalFraction: 0 leaves no held-out rows for stages.evaluate" in res.stderr
     assert "starting" not in res.stdout, res.stdout  # no stage ran
     assert not (out / "tiny" / "compare" / "rl_teacher").exists()

@@ -187,6 +187,8 @@ def test_every_kubernetes_value_is_checked_by_its_type(patch, field):
     spec = tiny_doc()["spec"]
     for k, v in patch.items():
         spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    if "trainer" in patch.get("resources", {}):  # the example's one trainer process, which its batches fit
+        spec["resources"]["trainer"].setdefault("gpus", 1)
     if field is None:
         parse_spec(spec)
         return

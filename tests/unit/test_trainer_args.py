@@ -93,7 +93,7 @@ VALUES = [
     ("rl", "adam_epsilon", 1e-8, None),
     ("rl", "adam_epsilon", None, "null is not float (GRPOConfig.adam_epsilon)"),
     ("rl", "optim_target_modules", "q_proj", None),  # str or list[str]
-    ("rl", "adam_beta1", 1, None),  # an int is a float
+    ("rl", "adam_beta1", 0, None),  # an int is a float
     ("rl", "dataloader_num_workers", 2.5, "is a float, not int"),
     ("rl", "dataloader_num_workers", True, "is a bool, not int"),
     ("rl", "dataloader_drop_last", "yes", "is a str, not bool"),

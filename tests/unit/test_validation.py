@@ -20,7 +20,12 @@ BAD = [
     ("rcl format for method rlt", {"format": {"preset": "rcl-default"}}, "spec.format.preset"),
     (
         "ReadWriteOnce volume for trainer pods on several nodes",
-        {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteOnce"}},
+        {
+            "resources": {"trainer": {"nodes": 2}},
+            "storage": {"accessMode": "ReadWriteOnce"},
+            # batches that the 2 trainer processes divide, so only the volume is wrong
+            "stages": {"sft": {"perDeviceBatchSize": 2}, "rl": {"perDeviceBatchSize": 2}},
+        },
         "spec.storage.accessMode",
     ),
     (
@@ -134,8 +139,16 @@ def test_a_run_name_its_children_cannot_carry_is_refused_by_all_three(tmp_path):
 
 def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stages():
     doc = tiny_doc()
+    two_processes = {"sft": {"perDeviceBatchSize": 2}, "rl": {"perDeviceBatchSize": 2}}  # batches they divide
     validate_spec(
-        _merge(doc["spec"], {"resources": {"trainer": {"nodes": 2}}, "storage": {"accessMode": "ReadWriteMany"}})
+        _merge(
+            doc["spec"],
+            {
+                "resources": {"trainer": {"nodes": 2}},
+                "storage": {"accessMode": "ReadWriteMany"},
+                "stages": two_processes,
+            },
+        )
     )
     only_distill = _merge(
         tiny_doc()["spec"],

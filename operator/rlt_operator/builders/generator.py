@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlt.contract.env import VLLM_DEV_MODE
+from rlt.contract.env import VLLM_CACHE_ROOT, VLLM_DEV_MODE
 from rlt.spec.run import RLTRunSpec
 from rlt_operator.builders.common import (
+    GENERATOR_BUSY_S,
     GENERATOR_ENTRYPOINT,
     GENERATOR_PROBE_TIMEOUT_S,
     L_ROLE,
@@ -24,6 +25,7 @@ from rlt_operator.builders.common import (
     generator_name,
     generator_policy_name,
     labels,
+    layout,
     object_meta,
     pod_container,
     pod_resources,
@@ -91,7 +93,10 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     # A server decoding hundreds of long sequences answers /health late: Kubernetes' default 1 s timeout would mark
     # it unready mid-rollout and drop it from the Service while rl waits on it.
     probe_wait = {"timeoutSeconds": GENERATOR_PROBE_TIMEOUT_S}
-    env = [{"name": VLLM_DEV_MODE.name, "value": "1"}] + common_env(ref, spec, stage, trainer=False)
+    env = [
+        {"name": VLLM_DEV_MODE.name, "value": "1"},
+        {"name": VLLM_CACHE_ROOT.name, "value": str(layout(ref.name).cache_dir / "vllm")},
+    ] + common_env(ref, spec, stage, trainer=False)
     pod.update(
         {
             "containers": [
@@ -106,7 +111,15 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
                     ports=[{"name": "http", "containerPort": VLLM_PORT}],
                     # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
                     startupProbe={**health, "periodSeconds": 10, "failureThreshold": 180, **probe_wait},
-                    readinessProbe={**health, "periodSeconds": 10, "failureThreshold": 3, **probe_wait},
+                    # Unready only after GENERATOR_BUSY_S without an answer: the API process answers /health late
+                    # while it serialises a large rollout (a 1.5 GB JSON response), and dropping the pod from the
+                    # Service then fails the rollout it is serving.
+                    readinessProbe={
+                        **health,
+                        "periodSeconds": 10,
+                        "failureThreshold": GENERATOR_BUSY_S // 10,
+                        **probe_wait,
+                    },
                 )
             ],
         }

@@ -144,6 +144,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         {"name": pod_env.METRICS_PORT.name, "value": str(METRICS_PORT)},
         # torchrun waits this long for its ranks after forwarding SIGTERM (default 30 s): they save meanwhile
         {"name": pod_env.SHUTDOWN_TIMEOUT.name, "value": str(res.termination_grace_period_seconds)},
+        {"name": pod_env.ALLOC_CONF.name, "value": "expandable_segments:True"},
     ]
     # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
     # pull) reads the same spec as its running peers, not a later edit (a mounted ConfigMap changes under pods).
@@ -153,7 +154,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         {
             "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
             "subdomain": name,
-            # SIGTERM → the gang finishes its step and saves (rlt.stages.preemption); SIGKILL only after this
+            # SIGTERM → the gang stops at a micro-batch and saves (rlt.stages.preemption); SIGKILL only after this
             "terminationGracePeriodSeconds": res.termination_grace_period_seconds,
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
             # (format files, a stage of an earlier run on a retained volume). Exits CONFIG_ERROR, which the

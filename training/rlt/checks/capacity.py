@@ -11,17 +11,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from rlt.checks.shapes import ModelShape
+from rlt.checks.step_time import StepTime, preemption_notes, step_time
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
-from rlt.spec.run import RLTRunSpec, stage_settings
+from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings
 
 GiB = 2**30
 DEFAULT_GPU_MEMORY = 80 * GiB  # an 80 GB A100/H100 (`rlt plan --gpu-memory`)
 # NVIDIA's GPU feature discovery labels each GPU node with its GPU's memory in MiB (nvidia.com/gpu.memory=81559 on an
 # H100 80GB): a run that selects nodes by it says what its GPUs hold (spec_gpu_memory).
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery's label: GPUs of one node
+DEFAULT_NODE_GPUS = 8  # an HGX/DGX node, when the run selects no node size
 # Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
 # communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
 # Not measurable on CPU: a documented constant.
@@ -84,18 +88,22 @@ class Plan:
     values: dict[str, int] = field(default_factory=dict)  # derived settings (e.g. the scoring token cap)
     shapes: Shapes | None = None
     disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
+    stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
+    unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
+    warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
 
     @property
     def failures(self) -> list[Check]:
         return [c for c in self.checks if not c.fits]
 
     def errors(self, stages: tuple[str, ...] | None = None) -> list[str]:
-        """One line per resource that cannot fit (of `stages` only, when given), naming the field to change."""
+        """One line per resource that cannot fit (of `stages` only, when given), naming the field to change; the
+        run's placement problems concern every stage."""
         return [
             f"{c.stage}: {c.resource} needs {gib(c.total)} but has {gib(c.limit or 0)}; change {c.fix}"
             for c in self.failures
             if stages is None or c.stage in stages
-        ]
+        ] + [f"all: {line}" for line in self.unplaceable]
 
     def headline(self, stages: tuple[str, ...]) -> str:
         """Need of has of every bounded resource of `stages`, one clause each (the plan of a pod that fits)."""
@@ -290,6 +298,7 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     teacher, student = shapes.teacher, shapes.student
     rows = dataset_rows(spec)
     host_need = 0
+    times: list[StepTime] = []  # what a preemption costs (rlt.checks.step_time)
     stage_disk: dict[str, tuple[int, int]] = {}  # stage -> (peak extra while running, kept after)
     for stage in spec.stages.enabled():
         if stage in ("sft", "rl", "student"):
@@ -314,6 +323,8 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             )
             host_need = max(host_need, host)
             stage_disk[stage] = _trainer_disk(spec, stage, shape, trainable, b, rows, plan)
+            one = checkpoint_bytes(shape, trainable, stage_settings(spec, stage).deepspeed_zero_stage, world, b)
+            times.append(step_time(spec, stage, shape, trainable, one, student if stage == "rl" else None))
         elif stage in ("distill", "evaluate"):
             _generation_stage(spec, stage, shapes, gpu_memory, plan, gpu)
             stage_disk[stage] = (0, _generated_bytes(spec, stage, rows))
@@ -338,6 +349,9 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     )
     plan.disk = stage_disk
     plan.checks.append(_volume_check(spec, shapes, stage_disk))
+    if gpu:
+        plan.stopping, plan.warnings = preemption_notes(spec, times)
+        plan.unplaceable = one_node_problems(spec)
     return plan
 
 
@@ -426,6 +440,33 @@ def _volume_check(spec: RLTRunSpec, shapes: Shapes, stage_disk: dict[str, tuple[
         quantity_bytes(spec.storage.size),
         "storage.size" + (f" or stages.{when}.saveTotalLimit" if when in ("sft", "rl", "student") else ""),
     )
+
+
+def node_gpus(spec: RLTRunSpec) -> int:
+    """GPUs of one node: spec.scheduling.nodeSelector's nvidia.com/gpu.count when it selects by it, else 8."""
+    count = spec.scheduling.node_selector.get(GPU_COUNT_LABEL)
+    return int(count) if count is not None and count.isdigit() else DEFAULT_NODE_GPUS
+
+
+def one_node_problems(spec: RLTRunSpec) -> list[str]:
+    """A ReadWriteOnce volume mounts on one node only, so every pod of the run (the trainer gang and the vLLM
+    generators beside it) must fit one node's GPUs; more never schedules, and the gang re-places forever."""
+    if spec.storage.access_mode != "ReadWriteOnce" or spec.storage.existing_claim is not None:
+        return []
+    res = spec.resources
+    trainer = res.trainer.nodes * res.trainer.gpus
+    generators = res.generator.replicas * res.generator.gpus
+    serves = any(needs_generators(spec, stage) for stage in spec.stages.enabled())
+    need = trainer + (generators if serves else 0)
+    have = node_gpus(spec)
+    if need <= have:
+        return []
+    parts = f"trainer {res.trainer.nodes} × {res.trainer.gpus}" + (f" + generators {generators}" if serves else "")
+    return [
+        f"a ReadWriteOnce volume holds every pod of the run to one node, but the run asks for {need} GPUs ({parts}) "
+        f"and a node has {have} ({GPU_COUNT_LABEL} in spec.scheduling.nodeSelector, else {DEFAULT_NODE_GPUS}); "
+        f"change storage.accessMode: ReadWriteMany (a storage class that provides it) or fewer GPUs"
+    ]
 
 
 def hub_downloads(spec: RLTRunSpec, shapes: Shapes) -> int:
@@ -658,6 +699,8 @@ def render(plan: Plan, name: str) -> str:
         if c.note:
             lines.append(f"  {'':<9}  note: {c.note}")
     lines += [f"  note: {n}" for n in plan.notes]
+    lines += [f"  stopping: {n}" for n in plan.stopping]
+    lines += [f"  WARNING: {n}" for n in plan.warnings]
     return "\n".join(lines)
 
 
@@ -675,3 +718,43 @@ def spec_gpu_memory(spec: RLTRunSpec) -> tuple[int, str]:
 def capacity_problems(spec: RLTRunSpec) -> list[str]:
     """What `rlt validate` reports of the plan (spec_gpu_memory, built-in models not built): one line per misfit."""
     return [f"capacity: {line} (rlt plan)" for line in plan_for_run(spec, spec_gpu_memory(spec)[0], False).errors()]
+
+
+def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
+    """What the models' own configs say, where this machine can read them (rlt.checks.shapes: never downloads):
+    vLLM's tensor parallelism must divide the teacher's attention heads, LoRA targets must be modules of the model.
+    (problems, notes: what could not be checked and why)."""
+    from rlt.checks.shapes import read_shape
+    from rlt.spec.run import needs_generators
+
+    problems: list[str] = []
+    notes: list[str] = []
+    tp = spec.resources.generator.tensor_parallel_size
+    served = [s for s in spec.stages.enabled() if needs_generators(spec, s)]
+    checks: list[tuple[str, Any]] = []
+    if served and tp > 1:
+        checks.append(("tp", spec.teacher))
+    for where, ref in (("spec.teacher", spec.teacher), ("spec.stages.student.model", spec.stages.student.model)):
+        if ref is not None and ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
+            checks.append((where, ref))
+    for what, ref in checks:
+        shape, why = read_shape(ref, build=False)
+        if shape is None:
+            notes.append(f"{ref.model}: not checked against its config ({why})")
+            continue
+        if what == "tp" and shape.heads % tp:
+            problems.append(
+                f"spec.resources.generator.tensorParallelSize: {tp} does not divide the {shape.heads} attention "
+                f"heads of {ref.model} (vLLM needs it to); use one of "
+                + ", ".join(str(d) for d in range(1, shape.heads + 1) if shape.heads % d == 0 and d <= 16)
+            )
+        elif what != "tp":
+            modules = shape.modules
+            missing = [t for t in ref.lora.target_modules if t.rsplit(".", 1)[-1] not in modules]
+            if missing:
+                linear = sorted({name for name, _, _ in shape.linears})
+                problems.append(
+                    f"{what}.lora.targetModules: {', '.join(missing)} not in {ref.model} (its linear modules: "
+                    f"{', '.join(linear)}; or all-linear)"
+                )
+    return problems, notes

@@ -71,6 +71,7 @@ class ModelShape:
     max_positions: int | None
     # (module name suffix, in_features, out_features) -> how many such nn.Linear: what a LoRA adapter attaches to
     linears: dict[tuple[str, int, int], int] = field(default_factory=dict, compare=False)
+    modules: frozenset[str] = field(default=frozenset(), compare=False)  # last name part of every module (LoRA)
     tied: int = 0  # parameters under a second name (tied embeddings): saved twice where a save does not dedupe them
     saved_bytes: int = 2  # bytes per parameter of its checkpoint (the config's dtype; 16 bit when it names none)
     source: str = ""
@@ -133,6 +134,7 @@ def _shape_of(config: Any, source: str) -> ModelShape:
         vocab=text.vocab_size,
         max_positions=getattr(text, "max_position_embeddings", None),
         linears=dict(linears),
+        modules=frozenset(name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name),
         tied=every_name - sum(tensors.values()),
         saved_bytes=4 if str(getattr(config, "dtype", None)) == "torch.float32" else 2,
         source=source,

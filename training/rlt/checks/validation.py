@@ -69,6 +69,49 @@ def trainer_args_problems(spec: RLTRunSpec) -> list[str]:
     return out
 
 
+def _model_refs(spec: RLTRunSpec) -> list[tuple[str, Any]]:
+    return [
+        (where, ref)
+        for where, ref in (
+            ("spec.teacher.model", spec.teacher),
+            ("spec.student.model", spec.student),
+            ("spec.stages.student.model.model", spec.stages.student.model),
+            ("spec.stages.evaluate.model.model", spec.stages.evaluate.model),
+        )
+        if ref is not None
+    ]
+
+
+def source_problems(spec: RLTRunSpec) -> list[str]:
+    """Models and datasets named in a form something can load: a hub id, a local path or a known built-in; a web
+    address or another URL scheme is refused here, not by the loader hours later."""
+    from rlt.data.tasks import TASKS
+    from rlt.spec.inputs import BUILTIN_MODELS
+
+    out = []
+    for where, ref in _model_refs(spec):
+        name = ref.model
+        if "://" in name:
+            hub = name.split("huggingface.co/", 1)[1].strip("/") if "huggingface.co/" in name else None
+            fix = f"give the hub id {hub!r}" if hub else "give a hub id (org/name) or a local directory"
+            out.append(f"{where}: {name!r} is a URL; models load from a hub id or a local directory: {fix}")
+        elif name.startswith("builtin:") and name.removeprefix("builtin:") not in BUILTIN_MODELS:
+            known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
+            out.append(f"{where}: unknown built-in model {name!r} (choose from {known})")
+    datasets = [("spec.dataset.source", spec.dataset)]
+    if spec.stages.evaluate.dataset is not None:
+        datasets.append(("spec.stages.evaluate.dataset.source", spec.stages.evaluate.dataset))
+    for where, ds in datasets:
+        if "://" in ds.source:
+            out.append(
+                f"{where}: {ds.source!r} is a URL, which no dataset reader of rlt takes; give a hub dataset id "
+                "(org/name), a local file or folder (copy it to the run's volume), or builtin:<task>"
+            )
+        elif ds.source.startswith("builtin:") and ds.source.removeprefix("builtin:") not in TASKS:
+            out.append(f"{where}: unknown built-in task {ds.source!r} (choose from {', '.join(TASKS)})")
+    return out
+
+
 def cluster_problems(spec: RLTRunSpec) -> list[str]:
     """Combinations a cluster cannot run, refused before anything is created."""
     out: list[str] = []
@@ -99,7 +142,13 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         problem = run_name_problem(name)
         if problem:
             out.append(problem)
-    return out + format_problems(spec, local_files) + trainer_args_problems(spec) + cluster_problems(spec)
+    return (
+        out
+        + format_problems(spec, local_files)
+        + trainer_args_problems(spec)
+        + cluster_problems(spec)
+        + source_problems(spec)
+    )
 
 
 def validate_spec(raw: Any, name: str | None = None, local_files: bool = False, source: str = "<spec>") -> RLTRunSpec:
@@ -159,6 +208,16 @@ def check_datasets(run) -> tuple[list[str], list[str]]:
             except DataError:
                 pass
             continue
+        if where == "spec.dataset" and run.spec.stages.sft.enabled:
+            # stage sft learns the explanations from the traces (rlt.stages.sft, rlt.rcl.stages): at the door
+            bare = [r for r in data.train if not (r.get("reasoning_trace") or "").strip()]
+            if bare and (run.spec.dataset.bad_rows == "reject" or len(bare) == len(data.train)):
+                problems.append(
+                    f"{where}: {ds.source} {data.where(bare[0]['row'])}: reasoning_trace is missing "
+                    f"({len(bare)} of {len(data.train)} rows); stage sft learns explanations from it (map "
+                    "spec.dataset.columns.reasoningTrace, disable stages.sft, or set badRows: skip)"
+                )
+                continue
         used = data.read - len(data.skipped)
         note = f"{where}: {used} usable rows"
         if data.skipped:

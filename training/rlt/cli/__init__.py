@@ -64,9 +64,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     problems += length_problems
                     notes += [note] if note else []
             if not args.no_plan:
-                from rlt.checks.capacity import capacity_problems
+                from rlt.checks.capacity import capacity_problems, model_problems
 
                 problems += [p for run in runs for p in capacity_problems(run.spec)]
+                for run in runs:  # tensor parallelism and LoRA targets against the models' configs
+                    more, model_notes = model_problems(run.spec)
+                    problems += more
+                    notes += model_notes
             if problems:
                 raise SpecError(path, problems)
         except SpecError as err:

@@ -27,7 +27,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(render(plan, f"{path} ({run.name})"))
             for line in plan.errors():
                 print(f"rlt plan: {path}: {line}", file=sys.stderr)
-            bad += bool(plan.failures)
+            for line in plan.warnings:  # a run that fits but wastes GPU-hours: said, not refused
+                print(f"rlt plan: {path}: warning: {line}", file=sys.stderr)
+            bad += bool(plan.failures or plan.unplaceable)
     return 1 if bad else 0
 
 

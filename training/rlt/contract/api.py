@@ -54,13 +54,16 @@ DISTILL_ROW_KEYS = frozenset(
 
 
 class Strict(BaseModel):
-    """Base: camelCase aliases, unknown fields rejected, assignments validated."""
+    """Base: camelCase aliases, unknown fields rejected, assignments validated, and types as strict as the API
+    server's for the CRD's integer, number and boolean fields: no quoted numbers or booleans, no infinity or NaN."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         validate_assignment=True,
+        strict=True,
+        allow_inf_nan=False,
     )
 
 

@@ -114,6 +114,19 @@ SHUTDOWN_TIMEOUT = EnvVar(
 VLLM_DEV_MODE = EnvVar(
     "VLLM_SERVER_DEV_MODE", "operator: generator pods", "vLLM", "the weight-update endpoints the trainer calls"
 )
+ALLOC_CONF = EnvVar(
+    "PYTORCH_CUDA_ALLOC_CONF",
+    OPERATOR_TRAINER + " (`expandable_segments:True`)",
+    "torch's CUDA caching allocator",
+    "segments that grow in place: micro-batches of very different lengths do not fragment the GPU's memory into "
+    "blocks none of the next fits (out-of-memory with gigabytes free)",
+)
+VLLM_CACHE_ROOT = EnvVar(
+    "VLLM_CACHE_ROOT",
+    "operator: generator pods",
+    "vLLM (its torch.compile and CUDA-graph caches)",
+    "on the run's volume: a restarted generator reuses the compiled graphs instead of compiling for minutes again",
+)
 
 POD_ENV: tuple[EnvVar, ...] = (
     RUN_YAML,
@@ -140,6 +153,8 @@ POD_ENV: tuple[EnvVar, ...] = (
     GROUP_RANK,
     SHUTDOWN_TIMEOUT,
     VLLM_DEV_MODE,
+    ALLOC_CONF,
+    VLLM_CACHE_ROOT,
 )
 
 

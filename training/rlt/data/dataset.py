@@ -23,6 +23,7 @@ from rlt.data.answers import between
 from rlt.data.errors import DataError
 from rlt.data.jsonl import decoded_lines
 from rlt.method.prompts import PromptFormat, bundled_formats, resolve_format
+from rlt.spec import reader
 from rlt.spec.inputs import DatasetSpec, FormatSpec
 
 log = logging.getLogger(__name__)
@@ -52,20 +53,35 @@ class _Unparsable:
 def _read_json_lines(path: Path) -> tuple[list[Any], list[int]]:
     """Rows of a JSONL file (or a JSON array) with the 1-based line of each row.
 
-    Read here rather than by `datasets`: it gives line numbers, reports a broken line (not JSON, not UTF-8, anywhere
-    in the file) as that row's problem instead of failing the file (so badRows: skip applies to it), and keeps a
-    column whose values mix numbers and text (Arrow refuses to type such a column)."""
+    Read here rather than by `datasets`: it gives line numbers, reports a broken line (not JSON, not UTF-8, beyond
+    the strict reader's bounds: rlt.spec.reader) as that row's problem instead of failing the file (so badRows: skip
+    applies to it), and keeps a column whose values mix numbers and text (Arrow refuses to type such a column)."""
     data = path.read_bytes()
-    if data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+    head = data.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head.startswith((b"[", b"{")):
         try:
-            rows = json.loads(data.decode("utf-8-sig"))
+            whole = reader.load_json(data.decode("utf-8-sig"))
         except UnicodeDecodeError as err:
-            raise DataError(
-                f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at byte offset {err.start})"
-            ) from None
+            if head.startswith(b"["):
+                raise DataError(
+                    f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at byte offset {err.start})"
+                ) from None
         except json.JSONDecodeError as err:
-            raise DataError(f"{path}: not valid JSON ({err})") from None
-        return rows, []
+            if head.startswith(b"["):
+                raise DataError(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+        except ValueError as err:  # valid JSON beyond the bounds
+            if head.startswith(b"["):
+                raise DataError(f"{path}: {err}") from None
+        else:
+            if isinstance(whole, list):
+                return whole, []
+            if isinstance(whole, dict) and b"\n" in data.strip():  # one object over several lines: not JSON Lines
+                lists = [k for k, v in whole.items() if isinstance(v, list)]
+                hint = f"; are the rows its list {lists[0]!r}? write them one object per line" if lists else ""
+                raise DataError(
+                    f"{path}: one JSON object over several lines (keys: {', '.join(list(whole)[:5])}), not one "
+                    f"row per line (JSON Lines) or a JSON list of rows{hint}"
+                )
     rows, lines = [], []
     for n, line, problem in decoded_lines(data):
         if problem is not None:
@@ -75,9 +91,11 @@ def _read_json_lines(path: Path) -> tuple[list[Any], list[int]]:
         if line is None or not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = reader.load_json(line)
         except json.JSONDecodeError as err:
             value = _Unparsable(f"not valid JSON ({err.msg} at column {err.colno})")
+        except ValueError as err:
+            value = _Unparsable(str(err))
         if not isinstance(value, (dict, _Unparsable)):
             value = _Unparsable(f"expected a JSON object, got {type(value).__name__}")
         rows.append(value)
@@ -89,9 +107,12 @@ def _read_error(path: Path, kind: str, err: BaseException) -> str:
     """Why `datasets` could not read a CSV or Parquet file, naming the line (CSV) or row group (Parquet): its
     own message only says "An error occurred while generating the dataset"."""
     if kind == "csv":
-        bad = next(((n, p) for n, _, p in decoded_lines(path.read_bytes()) if p), None)
+        lines = list(decoded_lines(path.read_bytes()))
+        bad = next(((n, p) for n, _, p in lines if p), None)
         if bad:
             return f"line {bad[0]}: {bad[1]}"
+        if sum(1 for _, text, _ in lines if text and text.strip()) <= 1:
+            return "a header line and no rows" if any(text and text.strip() for _, text, _ in lines) else "empty"
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -130,6 +151,11 @@ def _read_source(spec: DatasetSpec) -> tuple[Iterable[Any], Callable[[int], str]
     import datasets  # heavy: only when a real dataset is read
 
     if path.is_dir():
+        if not any(p.is_file() and not p.name.startswith(".") for p in path.rglob("*")):
+            raise DataError(
+                f"spec.dataset.source: folder {src} holds no data files (.jsonl, .json, .parquet, .csv or a saved "
+                "dataset)"
+            )
         if (path / "dataset_info.json").exists() or (path / "state.json").exists():
             ds = datasets.load_from_disk(str(path))
             return (ds[spec.split] if isinstance(ds, datasets.DatasetDict) else ds), by_index
@@ -321,6 +347,29 @@ def group_problems(bad: list[str], limit: int = 10) -> list[str]:
     return out
 
 
+def data_system_prompt(spec: DatasetSpec) -> str | None:
+    """The student's system prompt from the data's `columns.system` column (the rows the student was trained on
+    carry it), None when no row has it. Rows that disagree are an error naming the first that differs: one student
+    has one system prompt."""
+    column = spec.columns.system
+    if column is None:
+        return None
+    source, where = _read_source(spec)
+    found: tuple[int, str] | None = None
+    for index, raw in enumerate(source):
+        value = raw.get(column) if isinstance(raw, dict) else None
+        if not isinstance(value, str) or not value.strip():
+            continue
+        if found is None:
+            found = (index, value)
+        elif value != found[1]:
+            raise DataError(
+                f"{where(index)}: {column}: a different system prompt than {where(found[0])}'s; the student has one: "
+                f"set spec.format.studentSystemPrompt, or spec.dataset.columns.system: null"
+            )
+    return None if found is None else found[1]
+
+
 def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]], list[str], int, list[str]]:
     """(usable rows, 'line N: problem' per bad row, rows read, where numbers were used as text); raises only when
     the source itself cannot be read."""
@@ -338,6 +387,9 @@ def _scan(spec: DatasetSpec, fmt: PromptFormat):
                 raise DataError(raw.problem)
             if not isinstance(raw, dict):
                 raise DataError(f"expected an object with named fields, got {type(raw).__name__}")
+            problem = reader.value_problem(raw)  # the bounds of the strict reader, whatever the source
+            if problem:
+                raise DataError(problem)
             row = (
                 _from_conversations(raw, fmt, spec.columns.conversations)
                 if spec.layout == "conversations"

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from rlt.contract.env import CACHE
-from rlt.spec.inputs import ModelRef
+from rlt.spec.inputs import BUILTIN_MODELS, ModelRef
 
 log = logging.getLogger(__name__)
 
-BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-qwen2")
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -188,13 +187,15 @@ def load_tokenizer(ref: ModelRef | str, padding_side: str = "left"):
     return tok
 
 
-def load_model(ref: ModelRef, device: str | None = None, trainable: bool = False):
+def load_model(ref: ModelRef, device: str | None = None, trainable: bool = False, master_fp32: bool = False):
+    """`ref` on `device` in its dtype; `master_fp32`: in float32 whatever its dtype (the trainable model when no
+    DeepSpeed keeps fp32 master weights: the Trainer's bf16 autocast computes in bf16, the optimizer updates fp32)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     device = device or pick_device()
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(ref), revision=ref.revision, dtype=torch_dtype(ref, device)
-    ).to(device)
+    dtype = torch.float32 if master_fp32 else torch_dtype(ref, device)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(ref), revision=ref.revision, dtype=dtype).to(device)
     if not trainable:
         model.eval().requires_grad_(False)
     return model

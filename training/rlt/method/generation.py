@@ -147,6 +147,9 @@ def retrying_session(retries: int | None = None, backoff: float | None = None):
 
     retry = Retry(
         total=HTTP_RETRIES if retries is None else retries,
+        # A read error (a read timeout) comes after the request was sent: the server was generating, and vLLM
+        # cancels a request whose client went away, so a retry would start the whole batch again.
+        read=0,
         backoff_factor=HTTP_BACKOFF if backoff is None else backoff,
         status_forcelist=(429, 500, 502, 503, 504),
         allowed_methods=None,  # every method

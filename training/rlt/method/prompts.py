@@ -17,6 +17,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from rlt.contract.api import Strict
+from rlt.spec import reader
 from rlt.spec.inputs import FORMATS_DIR, FormatSpec
 
 
@@ -43,7 +44,12 @@ def bundled_formats() -> list[str]:
 
 @cache
 def _load_file(path: str) -> dict[str, Any]:
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        docs = reader.load_yaml(Path(path).read_text())
+    except (reader.InputError, yaml.YAMLError) as err:
+        line = str(err) if isinstance(err, reader.InputError) else reader.yaml_error_line(err)
+        raise ValueError(f"spec.format.file: {path}: {line}") from None
+    data = docs[0] if len(docs) == 1 else None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a format file must be a mapping")
     return data
@@ -73,7 +79,8 @@ def resolve_format(spec: FormatSpec) -> PromptFormat:
     except ValidationError as err:
         field = "spec.format.file" if spec.file else "spec.format.preset"
         missing = ", ".join(".".join(str(p) for p in e["loc"]) for e in err.errors()[:4])
-        raise ValueError(f"{field}: {source} is not an rlt prompt format (problems at: {missing})") from None
+        named = source if spec.file else repr(spec.preset)  # a preset by its name, not its install path
+        raise ValueError(f"{field}: {named} is not an rlt prompt format (problems at: {missing})") from None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, model_validator
 from rlt.contract.api import Strict
 from rlt.data.answers import between, is_correct
 from rlt.method.prompts import FORMATS_DIR
+from rlt.spec import reader
 
 
 class RclFormat(Strict):
@@ -68,7 +69,12 @@ def load_rcl_format(name_or_path: str) -> RclFormat:
             f"({', '.join(bundled_rcl_formats())})"
         )
     try:
-        return RclFormat.model_validate(yaml.safe_load(path.read_text()))
+        docs = reader.load_yaml(path.read_text())
+    except (reader.InputError, yaml.YAMLError) as err:
+        line = str(err) if isinstance(err, reader.InputError) else reader.yaml_error_line(err)
+        raise ValueError(f"spec.rcl.format: {path}: {line}") from None
+    try:
+        return RclFormat.model_validate(docs[0] if len(docs) == 1 else docs)
     except ValidationError as err:
         raise ValueError(f"spec.rcl.format: {path} is not a valid rcl format:\n{err}") from None
 

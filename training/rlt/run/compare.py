@@ -389,25 +389,25 @@ class Compare:
     # ---- evaluation
     def eval_set(self) -> EvalSet:
         spec, fmt = self.run.spec, self.base.formatter.fmt
-        if spec.stages.evaluate.dataset is not None or spec.dataset.eval_fraction > 0:
-            return load_eval_set(spec, fmt)
-        if not spec.dataset.source.startswith("builtin:"):
-            raise DataError(
-                "rlt compare: set stages.evaluate.dataset or spec.dataset.evalFraction > 0 "
-                "(held-out questions are needed)"
+        if spec.stages.evaluate.dataset is None and spec.dataset.eval_fraction <= 0:
+            if not spec.dataset.source.startswith("builtin:"):
+                raise DataError(
+                    "rlt compare: set stages.evaluate.dataset or spec.dataset.evalFraction > 0 "
+                    "(held-out questions are needed)"
+                )
+            # compare evaluates 64 questions by default, also where stages.evaluate sets no limit
+            spec = spec.model_copy(
+                update={
+                    "stages": spec.stages.model_copy(
+                        update={
+                            "evaluate": spec.stages.evaluate.model_copy(
+                                update={"limit": spec.stages.evaluate.limit or 64}
+                            )
+                        }
+                    )
+                }
             )
-        # A built-in task with no held-out split: fresh problems from the next seed, minus any seen in training.
-        seen = {r["question"] for r in load_data(spec.dataset, fmt).train}
-        limit = spec.stages.evaluate.limit or 64
-        fresh = spec.dataset.model_copy(
-            update={"seed": spec.dataset.seed + 1, "limit": None, "size": max(spec.dataset.size, 4 * limit)}
-        )
-        rows = [r for r in load_data(fresh, fmt).train if r["question"] not in seen][:limit]
-        return EvalSet(
-            rows,
-            resolve_answer_type(spec.stages.evaluate.answer_type, spec.dataset.source),
-            f"{spec.dataset.source} seed {fresh.seed} (unseen in training)",
-        )
+        return load_eval_set(spec, fmt)
 
     def eval_key(self, arm: str, ref: ModelRef, evalset: EvalSet) -> dict[str, Any]:
         """What an evaluation's numbers depend on: the model (and the student stage that wrote it), the questions,

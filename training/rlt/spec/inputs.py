@@ -16,6 +16,10 @@ from rlt.contract.api import (
 FORMATS_DIR = Path(__file__).resolve().parents[1] / "method" / "formats"
 
 
+# The built-in models (rlt.data.models makes them; the spec checks the names without importing it).
+BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-qwen2")
+
+
 class LoraSpec(Strict):
     """LoRA through PEFT, handed to TRL's trainers as peft_config (SFT and GRPO)."""
 
@@ -60,11 +64,18 @@ class ColumnMapping(Strict):
     conversations: str = Field(
         "conversations", description="layout=conversations: column holding the chat turns (e.g. messages)."
     )
+    system: str | None = Field(
+        "system",
+        description="Column holding the system prompt the student was trained with (Bespoke-Stratos-17k has one): "
+        "when the rows carry it, it is the student's system prompt unless format.studentSystemPrompt is set; every "
+        "row must hold the same text (null: not read).",
+    )
 
 
 class DatasetSpec(Strict):
     source: str = Field(
         min_length=1,
+        max_length=4096,  # bounded: a CEL rule of the run reads it
         description="builtin:arithmetic | builtin:countdown | builtin:mixed | builtin:basic (the task calibrated "
         "to a ~135M student, levels 1-4 in turn; builtin:basic-N for one level), a local JSONL/Parquet file or "
         "HF dataset directory, or a hub dataset id.",
@@ -107,12 +118,12 @@ class DatasetSpec(Strict):
 class TagSet(Strict):
     """Plain-text markers around each part of a completion. All optional: unset = the preset's."""
 
-    thought_start: str | None = Field(None, description="Opens the reasoning (thought) part.")
-    thought_end: str | None = Field(None, description="Closes the reasoning (thought) part.")
-    solution_start: str | None = Field(None, description="Opens the solution given to the teacher.")
-    solution_end: str | None = Field(None, description="Closes the solution given to the teacher.")
-    explanation_start: str | None = Field(None, description="Opens the teacher's explanation.")
-    explanation_end: str | None = Field(None, description="Closes the teacher's explanation.")
+    thought_start: str | None = Field(None, min_length=1, description="Opens the reasoning (thought) part.")
+    thought_end: str | None = Field(None, min_length=1, description="Closes the reasoning (thought) part.")
+    solution_start: str | None = Field(None, min_length=1, description="Opens the solution given to the teacher.")
+    solution_end: str | None = Field(None, min_length=1, description="Closes the solution given to the teacher.")
+    explanation_start: str | None = Field(None, min_length=1, description="Opens the teacher's explanation.")
+    explanation_end: str | None = Field(None, min_length=1, description="Closes the teacher's explanation.")
 
 
 class FormatSpec(Strict):
@@ -121,9 +132,11 @@ class FormatSpec(Strict):
     preset: str = Field("default", description="Name of a bundled format (rlt/method/formats/<name>.yaml).")
     file: str | None = Field(None, description="Path to a format YAML (same keys as a preset); wins over preset.")
     student_system_prompt: str | None = Field(
-        None, description="Exact system prompt the student was trained with (overrides the preset)."
+        None, min_length=1, description="Exact system prompt the student was trained with (overrides the preset)."
     )
-    teacher_system_prompt: str | None = Field(None, description="Teacher system prompt (overrides the preset).")
+    teacher_system_prompt: str | None = Field(
+        None, min_length=1, description="Teacher system prompt (overrides the preset)."
+    )
     tags: TagSet = Field(default_factory=TagSet, description="Tag overrides.")
 
     @model_validator(mode="after")

@@ -33,7 +33,17 @@ QUALIFIED_NAME = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_NAME_PART}$"
 EXTENDED_RESOURCE = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*/{_NAME_PART}$"
 C_IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]*$"
 CONFIG_KEY = r"^[-._a-zA-Z0-9]+$"
-IMAGE = r"^[^\s]+$"  # the apiserver checks only that; the registry says the rest at pull time
+# An image reference as the kubelet parses it (the distribution/reference grammar: [domain[:port]/]path[:tag][@digest],
+# path components lowercase): the API server checks only for whitespace, a pull of anything else fails with
+# InvalidImageName after the pods are made.
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE = rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?$"
+MAX_IMAGE = 4096
 # resource.Quantity without a sign (requests and limits must not be negative): a number, then a binary suffix
 # (Ki..Ei), a decimal one (n u m k M G T P E) or an integer exponent (e3, E-2); no spaces.
 _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -173,7 +183,14 @@ EnvVarName = Annotated[
     _schema(C_IDENTIFIER),
 ]
 Image = Annotated[
-    str, _check(IMAGE, None, "a container image reference (no spaces, e.g. ghcr.io/org/image:tag)"), _schema(IMAGE)
+    str,
+    _check(
+        IMAGE,
+        MAX_IMAGE,
+        "a container image reference ([registry/]path[:tag][@sha256:digest], lowercase path, one tag; e.g. "
+        "ghcr.io/org/image:tag)",
+    ),
+    _schema(IMAGE, MAX_IMAGE),
 ]
 ConfigKey = Annotated[
     str,

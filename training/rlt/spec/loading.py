@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rlt.spec import reader
 from rlt.spec.run import RLTRun, RLTRunSpec
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*): ")
@@ -64,31 +65,48 @@ def format_validation_error(err: ValidationError, prefix: str = "", root: type[B
         if parts[-2:-1] and parts[-1] == "[key]":  # a map's key: name the map, then the key
             msg = f"key {msg}" if msg.startswith(repr(parts[-2])) else f"key {parts[-2]!r}: {msg}"
             parts = parts[:-2]
-        loc = ".".join(parts)
-        loc = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        # Cross-field validators say "field: problem"; fold the field into the path.
-        named = _NAMED_MSG.match(msg)
-        if e["type"] == "value_error" and named:
-            loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
-            msg = msg[named.end() :]
-        if e["type"] == "string_type" and isinstance(e.get("input"), (int, float)) and not isinstance(e["input"], bool):
-            msg += f" (a number here is text: quote it, '{e['input']}')"
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
-        lines.append(f"{loc or '<root>'}: {msg}")
+        base = ".".join(parts)
+        base = f"{prefix}.{base}" if prefix and base else (prefix or base)
+        # A cross-field validator says "field: problem", one line per broken rule; fold each field into the path.
+        for raw in msg.split("\n") if e["type"] == "value_error" else [msg]:
+            loc, one = base, raw
+            named = _NAMED_MSG.match(raw)
+            if e["type"] == "value_error" and named:
+                loc = f"{loc}.{named.group(1)}" if loc else named.group(1)
+                one = raw[named.end() :]
+            if (
+                e["type"] == "string_type"
+                and isinstance(e.get("input"), (int, float))
+                and not isinstance(e["input"], bool)
+            ):
+                one += f" (a number here is text: quote it, '{e['input']}')"
+            if e["type"] == "extra_forbidden":
+                one = "unknown field" + (_did_you_mean(root, tuple(e["loc"])) if root is not None else "")
+            lines.append(f"{loc or '<root>'}: {one}")
     return lines
 
 
-def _without_unknown_fields(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
+def _without(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
+    """The document without the values at `locs` (pydantic error locations; list items removed last first)."""
     import copy
 
     doc = copy.deepcopy(doc)
-    for loc in locs:
+    for loc in sorted(locs, key=lambda loc: [str(p) for p in loc], reverse=True):
         node = doc
         for part in loc[:-1]:
-            node = node[part] if isinstance(node, (dict, list)) else None
+            node = (
+                node[part]
+                if isinstance(node, dict)
+                and part in node
+                or isinstance(node, list)
+                and isinstance(part, int)
+                and part < len(node)
+                else None
+            )
         if isinstance(node, dict):
             node.pop(loc[-1], None)
+        elif isinstance(node, list) and isinstance(loc[-1], int) and loc[-1] < len(node):
+            node.pop(loc[-1])
     return doc
 
 
@@ -97,23 +115,27 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Model | None, list[str]]:
     """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
-    fields is unknown, so unknown fields are reported, dropped, and the rest validated again."""
+    fields is invalid or unknown, so those are reported, dropped, and the rest validated again. A problem found
+    then at (or inside) a dropped field is left out: it would be about the default that took its place."""
     try:
         return model.model_validate(doc), []
     except ValidationError as err:
         problems = format_validation_error(err, prefix, model)
-        unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
-    for _ in range(3):  # each round can only reveal checks hidden by the previous round's unknown fields
-        if not unknown:
+        dropped = [tuple(e["loc"]) for e in err.errors() if e["loc"]]
+    for _ in range(3):  # each round can only reveal checks hidden by the previous round's fields
+        if not dropped:
             break
-        doc = _without_unknown_fields(doc, unknown)
+        doc = _without(doc, dropped)
         try:
             model.model_validate(doc)
             break
         except ValidationError as err:
-            more = [p for p in format_validation_error(err, prefix, model) if p not in problems]
-            problems += more
-            unknown = [tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"]
+            gone = {".".join(filter(None, [prefix, *map(str, loc)])) for loc in dropped}
+            for line in format_validation_error(err, prefix, model):
+                where = line.split(": ", 1)[0]
+                if line not in problems and not any(where == g or where.startswith(g + ".") for g in gone):
+                    problems.append(line)
+            dropped = [tuple(e["loc"]) for e in err.errors() if e["loc"] and e["type"] != "missing"]
     return None, problems
 
 
@@ -157,7 +179,9 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     (what `rlt validate`, `rlt run`, `rlt stage` and the tests use)."""
     path = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(_read_source(path)) if d is not None]
+        docs = reader.load_yaml(_read_source(path))
+    except reader.InputError as err:
+        raise SpecError(str(path), [str(err)]) from None
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
     except UnicodeDecodeError as err:
@@ -171,7 +195,7 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     except (IsADirectoryError, PermissionError) as err:
         raise SpecError(str(path), [f"cannot read the file: {err.strerror}"]) from None
     except yaml.YAMLError as err:
-        raise SpecError(str(path), ["<yaml>: " + " ".join(str(err).split())]) from None
+        raise SpecError(str(path), ["<yaml>: " + reader.yaml_error_line(err)]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
     runs, problems = [], []
@@ -188,7 +212,7 @@ def read_runs(path: str | Path) -> list[RLTRun]:
 
 def dump_run(run: RLTRun) -> str:
     """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
-    text: str = yaml.safe_dump(run.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+    text: str = reader.dump_yaml(run.model_dump(mode="json", by_alias=True, exclude_none=True))
     return text
 
 

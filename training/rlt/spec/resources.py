@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -22,6 +22,7 @@ from rlt.spec.k8s import (
     cel_rules,
     quantity_value,
 )
+from rlt.spec.k8s_api import Affinity, ObjectFieldSelector, ResourceFieldSelector, Toleration
 
 # The requests a pod gets when the spec names none (per GPU, with a floor), in Python and in the CRD's CEL rules.
 CPU_PER_GPU, MIN_CPU = 4, 1
@@ -91,6 +92,7 @@ class PodResources(Strict):
     )
     extra: dict[ResourceName, WholeQuantity] = Field(
         default_factory=dict,
+        max_length=32,  # bounded: a CEL rule of the run reads it (the API server prices rules by the worst case)
         description="More extended resources, request = limit, e.g. "
         "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.",
     )
@@ -119,10 +121,11 @@ class TrainerResources(PodResources):
     termination_grace_period_seconds: int = Field(
         600,
         ge=30,
-        description="Seconds a trainer pod has after SIGTERM (preemption, drain, eviction, suspend) to finish its "
-        "step and save a checkpoint before SIGKILL: set it above one step plus one checkpoint save (a ZeRO-3 "
-        "save of a 7B model with its optimizer is ~100 GiB). Some stops cap it (cluster-autoscaler scale-down: "
-        "10 min by default; spot reclaim: minutes).",
+        description="Seconds a trainer pod has after SIGTERM (preemption, drain, eviction, suspend) to reach the "
+        "next micro-batch boundary (the step in progress is abandoned) and save the last completed step before "
+        "SIGKILL: set it above the rest of one rollout or micro-batch plus one checkpoint save (a ZeRO-3 save of a "
+        "7B model with its optimizer is ~100 GiB); `rlt plan` estimates both and warns when it is short. Some "
+        "stops cap it (cluster-autoscaler scale-down: 10 min by default; spot reclaim: minutes).",
     )
 
 
@@ -241,8 +244,12 @@ class EnvVarSource(Strict):
 
     secret_key_ref: KeyRef | None = Field(None, description="A key of a Secret.")
     config_map_key_ref: KeyRef | None = Field(None, description="A key of a ConfigMap.")
-    field_ref: dict[str, Any] | None = Field(None, description="A field of the pod (downward API).")
-    resource_field_ref: dict[str, Any] | None = Field(None, description="A resource of the container.")
+    field_ref: ObjectFieldSelector | None = Field(  # type: ignore[valid-type]
+        None, description="A field of the pod (downward API)."
+    )
+    resource_field_ref: ResourceFieldSelector | None = Field(  # type: ignore[valid-type]
+        None, description="A resource of the container."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVarSource:
@@ -277,8 +284,12 @@ class Scheduling(Strict):
     node_selector: dict[QualifiedName, LabelValue] = Field(
         default_factory=dict, description="Pod nodeSelector (labels a node must carry)."
     )
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations (passed through).")
-    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (passed through).")
+    tolerations: list[Toleration] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="Pod tolerations (Kubernetes' Toleration, checked as the API server does)."
+    )
+    affinity: Affinity | None = Field(  # type: ignore[valid-type]
+        None, description="Pod affinity (Kubernetes' Affinity, checked as the API server does)."
+    )
     priority_class_name: DNS1123Subdomain | None = Field(None, description="PriorityClass of every pod.")
     queue_name: LabelValue | None = Field(
         None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod (a label value)."

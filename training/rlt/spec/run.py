@@ -13,7 +13,8 @@ from rlt.contract.api import (
 )
 from rlt.contract.stage_registry import STAGE_ORDER, method_stages, stage_info
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
-from rlt.spec.k8s import DNS1123Label, RunName, cel_rules
+from rlt.spec.k8s import DNS1123Label, LabelValue, QualifiedName, RunName, cel_rules
+from rlt.spec.k8s_api import ObjectMeta
 from rlt.spec.resources import (
     EnvVar,
     Images,
@@ -22,13 +23,19 @@ from rlt.spec.resources import (
     SecretEnvVar,
     SecretKeyRef,
     Storage,
+    TrainerResources,
 )
 from rlt.spec.stages import (
+    RlStage,
+    SftStage,
     Stages,
+    StudentStage,
 )
 from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
 # --------------------------------------------------------------------------- the run
+
+MAX_SEED = 2**32 - 1  # numpy.random.seed (transformers.set_seed seeds it) takes 0 .. 2**32 - 1
 
 # colocate runs vLLM inside each trainer process on its GPU: a trainer without GPUs cannot (the CRD says it too;
 # the apiserver fills in the defaults before it evaluates the rule, so only the objects can be absent).
@@ -38,6 +45,58 @@ _COLOCATE_RULE = (
     "self.resources.trainer.gpus > 0",
     "stages.rl.generation.mode colocate runs vLLM on the trainer's GPUs: resources.trainer.gpus must be at least 1",
     ".resources.trainer.gpus",
+)
+
+
+def _stage_value(stage: str, field: str, default: Any) -> str:
+    """A stage setting in CEL, or its default when the stage is absent (the apiserver defaults present objects only)."""
+    return f"(has(self.stages) && has(self.stages.{stage}) ? self.stages.{stage}.{field} : {default!r})".replace(
+        "True", "true"
+    ).replace("False", "false")
+
+
+# The trainer processes of a Trainer stage's gang: nodes × GPUs (one process on a CPU pod), as in CEL. Beyond
+# _WORLD_BOUND nodes or GPUs the rule stands aside (no int64 overflow in the API server; the model still checks).
+_WORLD_BOUND = 1_000_000
+
+
+def _trainer_value(field: str) -> str:
+    default = TrainerResources.model_fields[field].default
+    return f"(has(self.resources) && has(self.resources.trainer) ? self.resources.trainer.{field} : {default})"
+
+
+def _world_rule(stage: str, model: type[BaseModel]) -> tuple[str, str, str]:
+    fields = model.model_fields
+    batch = _stage_value(stage, "batchSize", fields["batch_size"].default)
+    micro = _stage_value(stage, "perDeviceBatchSize", fields["per_device_batch_size"].default)
+    enabled = _stage_value(stage, "enabled", fields["enabled"].default)
+    nodes, gpus = _trainer_value("nodes"), _trainer_value("gpus")
+    world = f"({nodes} * ({gpus} > 0 ? {gpus} : 1))"
+    return (
+        f"!{enabled} || {micro} <= 0 || {nodes} > {_WORLD_BOUND} || {gpus} > {_WORLD_BOUND} || "
+        f"({batch} % {micro} == 0 && ({batch} / {micro}) % {world} == 0)",
+        f"stages.{stage}.batchSize must be a multiple of perDeviceBatchSize × trainer processes "
+        "(resources.trainer.nodes × gpus)",
+        f".stages.{stage}.batchSize",
+    )
+
+
+_EVALUATE_RULE = (
+    "!has(self.stages) || !has(self.stages.evaluate) || !self.stages.evaluate.enabled || "
+    "has(self.stages.evaluate.dataset) || self.dataset.evalFraction > 0.0 || "
+    "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
+    "dataset.evalFraction must be above 0 (held-out rows) when stages.evaluate is enabled without stages.evaluate."
+    "dataset",
+    ".dataset.evalFraction",
+)
+_SERVER_GPU_RULE = (
+    "!(has(self.stages) && has(self.stages.rl) && has(self.stages.rl.generation) && self.stages.rl.enabled && "
+    "self.stages.rl.generation.mode == 'server') || !has(self.resources) || !has(self.resources.generator) || "
+    "self.resources.generator.gpus > 0 || (has(self.resources.generator.extra) && "
+    "size(self.resources.generator.extra) > 0)",
+    "stages.rl.generation.mode server runs vLLM generator pods: resources.generator.gpus must be at least 1 "
+    "(or name a device in resources.generator.extra)",
+    ".resources.generator.gpus",
 )
 
 
@@ -80,7 +139,16 @@ class RclSpec(Strict):
 
 
 class RLTRunSpec(Strict):
-    model_config = ConfigDict(json_schema_extra=cel_rules(_COLOCATE_RULE))
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            _COLOCATE_RULE,
+            _EVALUATE_RULE,
+            _SERVER_GPU_RULE,
+            _world_rule("sft", SftStage),
+            _world_rule("rl", RlStage),
+            _world_rule("student", StudentStage),
+        )
+    )
 
     method: Literal["rlt", "rcl"] = Field(
         "rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching)."
@@ -91,7 +159,7 @@ class RLTRunSpec(Strict):
     dataset: DatasetSpec = Field(description="Questions and reference solutions: source, split, columns.")
     format: FormatSpec = Field(default_factory=FormatSpec, description="Prompt format (preset or file) and overrides.")
     stages: Stages = Field(default_factory=Stages, description="The stages of the run and their settings.")
-    seed: int = Field(42, ge=0, description="Seed of training and sampling.")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed of training and sampling (numpy's seed: below 2**32).")
     # cluster-only fields (ignored by `rlt run`)
     resources: Resources = Field(default_factory=Resources)
     storage: Storage = Field(default_factory=Storage)
@@ -114,14 +182,47 @@ class RLTRunSpec(Strict):
 
     @model_validator(mode="after")
     def _some_stage(self) -> RLTRunSpec:
+        # Every broken rule, one line each (rlt.spec.loading splits them): the CRD's CEL rules report each too.
+        problems: list[str] = []
         if not self.stages.enabled():
-            raise ValueError("stages: enable at least one of " + ", ".join(STAGE_ORDER))
+            problems.append("stages: enable at least one of " + ", ".join(STAGE_ORDER))
         rl = self.stages.rl
         if rl.enabled and rl.generation.mode == "colocate" and self.resources.trainer.gpus == 0:
-            raise ValueError(
+            problems.append(
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
             )
+        generator = self.resources.generator
+        if rl.enabled and rl.generation.mode == "server" and not generator.gpus and not generator.extra:
+            problems.append(
+                "resources.generator.gpus: 0 with stages.rl.generation.mode server, whose vLLM generator pods "
+                "need a GPU (or a device named in resources.generator.extra, e.g. a MIG profile)"
+            )
+        tr = self.resources.trainer
+        world = tr.nodes * max(tr.gpus, 1)
+        for name in ("sft", "rl", "student"):
+            st = getattr(self.stages, name)
+            if st.enabled and st.batch_size % (st.per_device_batch_size * world):
+                problems.append(
+                    f"stages.{name}.batchSize: {st.batch_size} is not a multiple of perDeviceBatchSize × trainer "
+                    f"processes = {st.per_device_batch_size} × {world} (resources.trainer.nodes × gpus, one "
+                    "process on a CPU pod); the trainer would run another batch size"
+                )
+        ev = self.stages.evaluate
+        # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
+        fresh = self.method == "rlt" and self.dataset.source.startswith("builtin:")
+        if ev.enabled and ev.dataset is None and self.dataset.eval_fraction <= 0 and not fresh:
+            problems.append(
+                "dataset.evalFraction: 0 leaves no held-out rows for stages.evaluate; set it above 0 (e.g. 0.1) "
+                "or give stages.evaluate.dataset"
+            )
+        if self.stages.distill.enabled and needs_generators(self, "distill") and rl.generation.max_model_len:
+            need = rl.max_prompt_length + self.stages.distill.max_new_tokens
+            if need > rl.generation.max_model_len:
+                problems.append(
+                    f"stages.rl.generation.maxModelLen: {rl.generation.max_model_len} is below stages.rl."
+                    f"maxPromptLength + stages.distill.maxNewTokens = {need} (the generators serve distill too)"
+                )
         if (
             self.stages.rl.enabled
             and self.stages.rl.generation.mode == "server"
@@ -129,7 +230,7 @@ class RLTRunSpec(Strict):
         ):
             # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other
             # replicas would generate from stale weights and weight updates would land on the wrong one.
-            raise ValueError(
+            problems.append(
                 f"resources.generator.replicas: {self.resources.generator.replicas} with stages.rl."
                 "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
                 "and spread its GPUs with dataParallelSize / tensorParallelSize"
@@ -138,27 +239,29 @@ class RLTRunSpec(Strict):
         own = method_stages(self.method)
         for name in STAGE_ORDER:
             if name not in own and getattr(self.stages, name).enabled:
-                raise ValueError(
+                problems.append(
                     f"stages: method {self.method} has no {name} stage; set stages.{name}.enabled: false "
                     f"({self.method} runs {', '.join(own)})"
                 )
         # LoRA trains an adapter: only where a stage trains the model
         for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
             if ref is not None and ref.lora is not None:
-                raise ValueError(
+                problems.append(
                     f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, stages.student.model)"
                 )
         if self.outputs.student and not self.stages.student.enabled:
-            raise ValueError("outputs: outputs.student needs stages.student.enabled")
+            problems.append("outputs: outputs.student needs stages.student.enabled")
         if self.outputs.distill_dataset and not self.stages.distill.enabled:
-            raise ValueError("outputs: outputs.distillDataset needs stages.distill.enabled")
+            problems.append("outputs: outputs.distillDataset needs stages.distill.enabled")
         hub = [
             u
             for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
             if u and u.startswith("hf://")
         ]
         if hub and self.hf_token_secret is None:
-            raise ValueError("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
+            problems.append("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     def secret_env(self) -> list[SecretEnvVar]:
@@ -171,14 +274,25 @@ class RLTRunSpec(Strict):
         return out
 
 
-class Metadata(BaseModel):
-    """The part of ObjectMeta we read; the API server owns the rest."""
+MAX_ANNOTATIONS = 256 * 1024  # the API server's bound on the total size of an object's annotations
 
-    model_config = ConfigDict(extra="allow")
+
+class Metadata(ObjectMeta):  # type: ignore[misc, valid-type]
+    """Kubernetes' ObjectMeta (rlt.spec.k8s_api: the fields the API server fills in, as in a manifest exported from a
+    cluster, are accepted; unknown fields are not), with the name, label and annotation rules the API server
+    applies."""
+
     name: RunName
     namespace: DNS1123Label | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
+    annotations: dict[QualifiedName, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _annotations_fit(self) -> Metadata:
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in self.annotations.items())
+        if size > MAX_ANNOTATIONS:
+            raise ValueError(f"annotations: {size} bytes in all, over the API server's {MAX_ANNOTATIONS}")
+        return self
 
 
 class RLTRun(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlt.contract.api import (
     Strict,
@@ -73,6 +73,7 @@ RL_OWNED_ARGS: dict[str, str] = {
     "min_p": "fixed off (clean sampling: the reward's teacher log-probs follow only temperature and topP)",
     "repetition_penalty": "fixed at 1 (clean sampling: the reward's teacher log-probs follow only temperature and topP)",
     "beta": _INSTEAD + "beta",
+    "model_init_kwargs": "set by rlt: the reference model loads in spec.teacher.dtype",
     "loss_type": _INSTEAD + "lossType",
     "scale_rewards": "fixed at 'group' (the paper's per-question normalisation of the RLT reward)",
     "mask_truncated_completions": "fixed off: unclosed explanations pay spec.stages.rl.reward.formatPenalty instead",
@@ -102,6 +103,13 @@ _GROUP_RULE = (
     "self.numGenerations <= 0 || self.batchSize % self.numGenerations == 0",
     "batchSize must be divisible by numGenerations",
     ".batchSize",
+)
+# vLLM refuses a request whose prompt + max_tokens exceed --max-model-len (the rows would fail mid-run).
+_MODEL_LEN_RULE = (
+    "!has(self.generation) || self.generation.mode == 'inprocess' || !has(self.generation.maxModelLen) || "
+    "self.maxPromptLength + self.maxCompletionLength <= self.generation.maxModelLen",
+    "maxPromptLength + maxCompletionLength must not exceed generation.maxModelLen",
+    ".generation.maxModelLen",
 )
 
 
@@ -135,6 +143,14 @@ class TrainerOptions(Strict):
         "refused, naming the spec field to use (or why the value is fixed).",
     )
     owned_trainer_args: ClassVar[dict[str, str]] = TRAINER_OWNED_ARGS
+
+    @field_validator("deepspeed_zero_stage", mode="before")
+    @classmethod
+    def _zero_not_a_bool(cls, value: Any) -> Any:
+        # a Literal of ints takes True as 1; the CRD's integer enum does not (found by the door's property test)
+        if isinstance(value, bool):
+            raise ValueError(f"Input should be 0, 1, 2 or 3, not the boolean {str(value).lower()}")
+        return value
 
 
 class SupervisedStage(TrainerOptions):
@@ -253,7 +269,7 @@ class RefSyncSpec(Strict):
 class RlStage(TrainerOptions):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 
-    model_config = ConfigDict(json_schema_extra=cel_rules(_GROUP_RULE, _MICRO_BATCH_RULE))
+    model_config = ConfigDict(json_schema_extra=cel_rules(_GROUP_RULE, _MICRO_BATCH_RULE, _MODEL_LEN_RULE))
     owned_trainer_args: ClassVar[dict[str, str]] = RL_OWNED_ARGS
 
     enabled: bool = Field(True, description="Run this stage.")
@@ -302,6 +318,13 @@ class RlStage(TrainerOptions):
                 f"batchSize: {self.batch_size} must be divisible by numGenerations ({self.num_generations})"
             )
         _check_micro_batches(self.batch_size, self.per_device_batch_size)
+        gen = self.generation
+        need = self.max_prompt_length + self.max_completion_length
+        if gen.mode != "inprocess" and gen.max_model_len is not None and need > gen.max_model_len:
+            raise ValueError(
+                f"generation.maxModelLen: {gen.max_model_len} is below maxPromptLength + maxCompletionLength = "
+                f"{need}; vLLM would refuse the longest requests"
+            )
         return self
 
 

@@ -67,6 +67,24 @@ def value_problem(value: Any, kinds: list[Kind]) -> str | None:
     return f"{shown[:40]} is a {type(value).__name__}, not {_kinds(kinds)}{hint}"
 
 
+# Options whose valid range a library checks only once the optimizer is built, hours into a run: torch.optim.AdamW's
+# own checks (0 <= betas < 1, eps >= 0; tests/unit/test_door_cases.py holds this table equal to torch's).
+RANGES: dict[str, tuple[float, float | None, str]] = {
+    "adam_beta1": (0.0, 1.0, "in [0, 1) (torch.optim.AdamW)"),
+    "adam_beta2": (0.0, 1.0, "in [0, 1) (torch.optim.AdamW)"),
+    "adam_epsilon": (0.0, None, "at least 0 (torch.optim.AdamW)"),
+}
+
+
+def range_problem(key: str, value: Any) -> str | None:
+    if key not in RANGES or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, high, words = RANGES[key]
+    if not (value >= low and (high is None or value < high)):
+        return f"{value} is out of range: must be {words}"
+    return None
+
+
 def trainer_args_problems(stage: str, config: str, owned: dict[str, str], args: dict[str, Any]) -> list[str]:
     """'spec.stages.<stage>.trainerArgs.<key>: ...' for every key that is owned by rlt, unknown, or of the wrong
     type; `owned` maps the keys rlt sets to what to set instead ('{stage}' is the stage's name)."""
@@ -80,7 +98,7 @@ def trainer_args_problems(stage: str, config: str, owned: dict[str, str], args: 
             close = difflib.get_close_matches(key, sorted(options), n=1)
             out.append(f"{where}.{key}: not a {config} option" + (f" (did you mean {close[0]}?)" if close else ""))
         else:
-            problem = value_problem(value, options[key])
+            problem = value_problem(value, options[key]) or range_problem(key, value)
             if problem:
                 out.append(f"{where}.{key}: {problem} ({config}.{key})")
     return out

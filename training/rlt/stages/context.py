@@ -46,10 +46,18 @@ class StageContext:
 
     @cached_property
     def formatter(self) -> Formatter:
-        """The run's prompt format (spec.format resolved once)."""
+        """The run's prompt format (spec.format resolved once); the student's system prompt is the data's `system`
+        column when its rows carry one and spec.format names none (rlt.data.dataset.data_system_prompt)."""
         from rlt.method.prompts import Formatter, resolve_format
 
-        return Formatter(resolve_format(self.spec.format))
+        fmt = resolve_format(self.spec.format)
+        if self.spec.format.student_system_prompt is None:  # the data's own, when its rows carry it
+            from rlt.data.dataset import data_system_prompt
+
+            system = data_system_prompt(self.spec.dataset)
+            if system is not None:
+                fmt = fmt.model_copy(update={"student_system_prompt": system})
+        return Formatter(fmt)
 
 
 def world_size() -> int:

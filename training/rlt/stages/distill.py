@@ -16,14 +16,22 @@ from rlt.data.dataset import load_data
 from rlt.data.jsonl import write_jsonl
 from rlt.data.models import load_model, load_tokenizer
 from rlt.method.generation import sample_with_logprobs, server_generate
+from rlt.spec.budgets import rollout_seconds
 from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
+from rlt.spec.run import RLTRunSpec
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
 from rlt.stages.record import Recorder, announce_world, say_line
 from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.sft import teacher_prompt_ids
 from rlt.stages.start_models import newest_teacher
+
+
+def server_read_timeout(spec: RLTRunSpec) -> int:
+    """How long one batch's request may take to answer: the rollout budget of a distill batch (waiting for the
+    server, then its decode at the slowest assumed rate), not a fixed 600 s that 16k-token batches outlast."""
+    return rollout_seconds(spec, "distill")
 
 
 def trained_teacher(ctx: StageContext) -> ModelRef:
@@ -77,7 +85,7 @@ def run_distill(ctx: StageContext) -> str:
                 temperature=st.temperature,
                 top_p=1.0,
                 max_new_tokens=st.max_new_tokens,
-                timeout=gen.server_timeout_seconds,
+                timeout=server_read_timeout(spec),
             )
         else:
             samples = sample_with_logprobs(

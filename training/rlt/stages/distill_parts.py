@@ -66,12 +66,41 @@ def read_done(folder: Path) -> dict[int, dict[str, Any]]:
     return done
 
 
+class PartsTail:
+    """The rows the ranks have written so far, read incrementally: each poll parses only the complete lines added
+    since the last (per-file byte offsets), so rank 0 waiting hours on a slow rank never re-parses the GBs already
+    written. Files only grow while the ranks run (a torn last line is left for the next poll)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.offsets: dict[Path, int] = {}
+        self.done: dict[int, dict[str, Any]] = {}
+
+    def poll(self) -> dict[int, dict[str, Any]]:
+        for path in sorted(self.folder.glob("rank-*.jsonl")) if self.folder.is_dir() else []:
+            start = self.offsets.get(path, 0)
+            with path.open("rb") as f:
+                f.seek(start)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # complete lines only
+            for line in data[:end].decode().splitlines():
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # as read_done: a torn line of an earlier run, cut before its rank appended again
+                self.done.setdefault(int(item["index"]), item["row"])
+            self.offsets[path] = start + end
+        return self.done
+
+
 def wait_for_all(folder: Path, total: int, poll: float = 2.0, say_every: float = 300.0) -> list[dict[str, Any]]:
-    """Rank 0: every row 0..total-1, in order, once the other ranks have written theirs (read from their files).
-    A rank that dies ends the pod (its launcher stops the others), so this never waits on a dead rank."""
+    """Rank 0: every row 0..total-1, in order, once the other ranks have written theirs (read from their files as
+    they grow: PartsTail). A rank that dies ends the pod (its launcher stops the others), so this never waits on a
+    dead rank."""
     started = last_said = time.monotonic()
+    tail = PartsTail(folder)
     while True:
-        done = read_done(folder)
+        done = tail.poll()
         if len(done) >= total and all(i in done for i in range(total)):
             return [done[i] for i in range(total)]
         if time.monotonic() - last_said >= say_every:

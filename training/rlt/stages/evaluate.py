@@ -82,14 +82,22 @@ def load_eval_set(spec, fmt) -> EvalSet:
         else:
             rows = load_data(st.dataset, fmt).train
         source = st.dataset.source
-    else:
-        if spec.dataset.eval_fraction <= 0:
-            raise DataError(
-                "stages.evaluate.dataset: not set, and spec.dataset.evalFraction is 0 (no held-out rows); "
-                "set one of them"
-            )
+    elif spec.dataset.eval_fraction > 0:
         rows = load_data(spec.dataset, fmt).eval
         source = f"{spec.dataset.source} (held out)"
+    elif spec.dataset.source.startswith("builtin:"):
+        # A built-in task with no held-out split: fresh problems from the next seed, minus any seen in training.
+        seen = {r["question"] for r in load_data(spec.dataset, fmt).train}
+        limit = st.limit or 64
+        fresh = spec.dataset.model_copy(
+            update={"seed": spec.dataset.seed + 1, "limit": None, "size": max(spec.dataset.size, 4 * limit)}
+        )
+        rows = [r for r in load_data(fresh, fmt).train if r["question"] not in seen][:limit]
+        source = f"{spec.dataset.source} seed {fresh.seed} (unseen in training)"
+    else:  # refused at the door (rlt.spec.run): kept for specs built in code
+        raise DataError(
+            "stages.evaluate.dataset: not set, and spec.dataset.evalFraction is 0 (no held-out rows); set one of them"
+        )
     rows = rows[: st.limit]
     if not rows:
         raise DataError(f"stage evaluate: {source} gave no questions")

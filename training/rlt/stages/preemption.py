@@ -1,9 +1,14 @@
 """Stop on SIGTERM without losing a step: preemption, a node drain, a Kueue eviction or a suspend all end a pod
 with SIGTERM and, after terminationGracePeriodSeconds, SIGKILL.
 
-The signal only raises a flag. At the end of the optimizer step in progress every rank all-reduces the flag (one
-small collective per step), so when ANY rank of the gang was told to stop (a preempted pod stops only its own
-ranks) all ranks save the same checkpoint, leave the loop together and exit `ExitCode.STOPPED`. Under a launcher
+The signal only raises a flag. Every rank all-reduces the flag at each micro-batch boundary (before a step's
+rollout, after each accumulated micro-batch, after the optimizer step: one 4-byte collective each), so when ANY rank
+of the gang was told to stop (a preempted pod stops only its own ranks) all ranks decide at the same point. After the
+optimizer step they save that step; inside a step they abandon it: its partial gradients are dropped and the state
+saved is the one before its optimizer step, which is the state after the last completed step (`Abandoned`). So a
+stop costs at most one micro-batch (or one rollout) of waiting, not a whole step — a paper-scale GRPO step holds
+256 micro-batches and 20-45 minutes — and a restart redoes the abandoned step from the same data (the Trainer skips
+the completed steps' batches only). Under a launcher
 (torchrun, accelerate) the launcher's own exit code is lost (it exits 1 after a signal), so `rlt launch` runs it
 and turns a stop that the ranks reported into STOPPED too.
 """
@@ -17,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlt.contract.env import RANK, STOP_MARKER
+from rlt.contract.env import RANK, STOP_MARKER, TRACE
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +41,14 @@ class Stopped(Exception):
         )
 
 
+class Abandoned(Exception):
+    """The gang agreed to stop inside a step: raised out of `train()` at the same micro-batch boundary on every rank;
+    `save_abandoned` then saves the last completed step."""
+
+
 class StopRequest:
-    """A SIGTERM handler that only raises a flag (the step in progress finishes); installed for the training loop."""
+    """A SIGTERM handler that only raises a flag (read at the next micro-batch boundary); installed for the training
+    loop."""
 
     def __init__(self) -> None:
         self.asked_at: float | None = None  # this process got the signal
@@ -58,7 +69,8 @@ class StopRequest:
             self.asked_at = time.monotonic()
             # one write, no logging machinery: this runs between two bytecodes of whatever the rank was doing
             os.write(
-                2, f"rlt: SIGTERM on rank {os.environ.get(RANK.name, '0')}: finishing the step, then saving\n".encode()
+                2,
+                f"rlt: SIGTERM on rank {os.environ.get(RANK.name, '0')}: stopping at the next micro-batch, then saving\n".encode(),
             )
 
     def gang_agrees(self) -> bool:
@@ -77,10 +89,21 @@ class StopRequest:
 
 
 def stop_callback(stop: StopRequest):
-    """A transformers TrainerCallback: at the end of a step the gang agrees on a stop, then saves and leaves."""
+    """A transformers TrainerCallback: the gang agrees on a stop at every micro-batch boundary. After an optimizer
+    step it saves that step and leaves; before a step's rollout or between its micro-batches it abandons the step."""
     from transformers import TrainerCallback
 
     class StopOnSignal(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):  # before the rollout (GRPO generates in the 1st micro)
+            if stop.gang_agrees():
+                raise Abandoned(f"before step {state.global_step + 1}")
+
+        def on_substep_end(self, args, state, control, **kw):
+            if os.environ.get(TRACE.name) == "1":  # the preemption tests stop the gang mid-accumulation by it
+                os.write(1, f"rlt-micro rank={os.environ.get(RANK.name, '0')} step={state.global_step + 1}\n".encode())
+            if stop.gang_agrees():
+                raise Abandoned(f"inside step {state.global_step + 1}")
+
         def on_step_end(self, args, state, control, **kw):
             if stop.gang_agrees():
                 control.should_save = True
@@ -88,6 +111,24 @@ def stop_callback(stop: StopRequest):
             return control
 
     return StopOnSignal()
+
+
+def save_abandoned(trainer) -> str | None:
+    """After `Abandoned`, on every rank: drop the step's partial gradients and save the state after the last
+    completed optimizer step (the model and optimizer are untouched until the step's optimizer.step()), unless a
+    complete checkpoint of that step exists (a periodic save, or the one this run resumed from: never rewritten) or
+    no step completed. Returns that checkpoint. A collective under DeepSpeed, like the Trainer's own saves."""
+    from rlt.contract.layout import checkpoint_path, is_complete
+
+    trainer.model.zero_grad(set_to_none=True)
+    step = trainer.state.global_step
+    path = checkpoint_path(trainer.args.output_dir, step)
+    if step == 0:
+        return None
+    if not is_complete(path):
+        trainer._save_checkpoint(trainer.model_wrapped, trial=None)
+        trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+    return str(path)
 
 
 def report_stop(stopped: Stopped) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rlt.contract.env import RANK
 from rlt.data.dataset import DataError, load_data
-from rlt.data.models import is_cuda, load_model, load_tokenizer
+from rlt.data.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
@@ -170,6 +170,8 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
         sync_ref_model=st.ref_sync.enabled and st.beta > 0 and spec.teacher.lora is None,
         ref_model_mixup_alpha=st.ref_sync.alpha,
         ref_model_sync_steps=st.ref_sync.steps,
+        # the reference model in the teacher's dtype, not the fp32 of a policy holding master weights (master_fp32)
+        model_init_kwargs={"dtype": str(torch_dtype(spec.teacher, device)).removeprefix("torch.")},
         **vllm,
         vllm_server_base_url=gen.server_url,
         vllm_server_timeout=gen.server_timeout_seconds,
@@ -271,6 +273,8 @@ def train_grpo(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     from trl import GRPOTrainer
 
+    from rlt.stages.padding import padding_trimmed
+
     args = grpo_config(ctx, device)
     timer = PhaseTimer()
     counters = {"generated_tokens": 0}
@@ -297,7 +301,12 @@ def train_grpo(
 
     run = TrainerRun(ctx, "rl", start, tokenizer, device, ctx.spec.stages.rl.steps)
     trainer = run.trainer(
-        GRPOTrainer, args, rows, step_values, reward_funcs=[reward], rollout_func=make_rollout_fn(timer, counters)
+        padding_trimmed(GRPOTrainer),  # each micro-batch's model calls on its own tokens (rlt.stages.padding)
+        args,
+        rows,
+        step_values,
+        reward_funcs=[reward],
+        rollout_func=make_rollout_fn(timer, counters),
     )
     for scorer in frozen:
         partition_frozen(scorer, trainer.accelerator)

@@ -108,7 +108,7 @@ class TrainerRun:
         from rlt.stages.preemption import StopRequest
 
         self.recorder = Recorder(self.ctx, self.stage, self.total_steps)
-        self.stop = StopRequest()  # SIGTERM during training: finish the step, save, stop (rlt.stages.preemption)
+        self.stop = StopRequest()  # SIGTERM: stop at the next micro-batch, save the last step (rlt.stages.preemption)
 
     def trainer(self, trainer_cls, args, rows: list[dict], step_values=None, **more):
         """`trainer_cls` (a TRL trainer) on the start model (LoRA through PEFT when set) with our record callback;
@@ -119,7 +119,7 @@ class TrainerRun:
         from rlt.stages.preemption import stop_callback
 
         return trainer_cls(
-            model=load_model(self.start, self.device, trainable=True),
+            model=load_model(self.start, self.device, trainable=True, master_fp32=master_fp32(args, self.start)),
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=self.tokenizer,
@@ -135,7 +135,7 @@ class TrainerRun:
     def train(self, trainer) -> str:
         """Train to the end and return the final model's folder; the stage is then done. Raises `Stopped` when
         the gang stopped on SIGTERM (after saving a complete checkpoint of the last finished step)."""
-        from rlt.stages.preemption import Stopped
+        from rlt.stages.preemption import Abandoned, Stopped, save_abandoned
 
         quiet_trainer(trainer)
         point_tensorboard(trainer, self.ctx, self.stage)
@@ -145,6 +145,9 @@ class TrainerRun:
             trainer.train(resume_from_checkpoint=resume)
         except EndReached as end:  # the checkpoint's weights are loaded: they are the final model
             say_line(f"{self.stage}: {Path(str(resume)).name} already reached step {end.step}: it is the final model")
+        except Abandoned as where:  # every rank, at the same micro-batch: save the last completed step
+            say_line(f"{self.stage}: SIGTERM: step abandoned {where}; saving step {trainer.state.global_step}")
+            self.recorder.last_checkpoint = save_abandoned(trainer) or self.recorder.last_checkpoint
         finally:
             if not self.stop.agreed:  # once stopping, a second SIGTERM (the launcher's) must not kill the exit
                 self.stop.uninstall()
@@ -157,6 +160,14 @@ class TrainerRun:
             prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
         self.recorder.done()
         return out
+
+
+def master_fp32(args, ref) -> bool:
+    """Whether the trainable model is loaded in fp32: whenever DeepSpeed (which keeps fp32 master weights of a bf16
+    model) is off and the whole model trains. A bf16 weight cannot take an update below 2^-8 of itself, so at the
+    paper's lr 1e-6 pure bf16 training changes almost nothing; with LoRA PEFT keeps the adapters fp32 and the frozen
+    base stays in its dtype."""
+    return not args.deepspeed and ref.lora is None
 
 
 class EndReached(Exception):

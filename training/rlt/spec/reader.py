@@ -1,0 +1,284 @@
+"""The one strict reader of what users hand rlt: run and format files (YAML) and data rows (JSON).
+
+What it reads is what the API server would decode, or refused in one line naming the field and the line — never a
+traceback, never a silent choice:
+- YAML 1.2 (core schema): `1e-5` is a number, `yes`/`on` are text. A plain scalar that kubectl's YAML 1.1 reader
+  reads otherwise (yes/no/on/off/y/n, 0777, 0b101, 1_000, the merge key `<<`) is refused: quote it or write it
+  unambiguously, so the file means one thing to `rlt validate` and to `kubectl apply`.
+- A mapping key given twice is refused (the API server's strict decoding refuses it; PyYAML keeps the last).
+- Integers within int64, numbers finite (JSON, and so the API server, has no infinity or NaN), text without lone
+  UTF-16 surrogates (they cannot be encoded, and break tokenizers), nesting at most MAX_DEPTH deep, at most
+  MAX_VALUES values once aliases are expanded, and no alias inside the node it names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import yaml
+from yaml.composer import ComposerError
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+MAX_DEPTH = 64  # the deepest legitimate spec structure (affinity terms) is about 10
+MAX_VALUES = 100_000  # values of one document with aliases expanded (a run file has a few hundred)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class InputError(ValueError):
+    """One problem of a file: `where` (a field path, a row) and `line` (1-based, None when unknown)."""
+
+    def __init__(self, where: str, line: int | None, problem: str):
+        self.where, self.line, self.problem = where, line, problem
+        super().__init__(f"{where}: " + (f"line {line}: " if line else "") + problem)
+
+
+# ------------------------------------------------------------------------------------------------- scalars
+
+# YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution).
+_NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
+_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+# Plain scalars YAML 1.1 readers (kubectl's go-yaml v2) resolve otherwise than YAML 1.2.
+_YAML11_BOOL = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OFF)$")
+_YAML11_INT = re.compile(
+    r"^(?:[-+]?0[0-9_]+|[-+]?0b[01_]+|[-+]?[0-9][0-9_]*_[0-9_]*|[-+]?0x[0-9a-fA-F_]*_[0-9a-fA-F_]*)$"
+)
+
+
+def _ambiguity(value: str) -> str | None:
+    if _YAML11_BOOL.match(value):
+        return f"{value!r} is a boolean to YAML 1.1 readers (kubectl) and text to YAML 1.2: write true or false, or quote it"
+    if _YAML11_INT.match(value):
+        return f"{value!r} is read as a different number by YAML 1.1 readers (kubectl, octal or binary or with '_'): write it in decimal, or quote it"
+    if value == "<<":
+        return "'<<' (a YAML 1.1 merge key) is not YAML 1.2: write the keys out, or quote it"
+    return None
+
+
+def int_problem(value: int) -> str | None:
+    if not INT64_MIN <= value <= INT64_MAX:
+        return f"{_short(str(value))} is outside the 64-bit integer range"
+    return None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 24 else f"{text[:12]}…({len(text)} characters)"
+
+
+def _int_text(text: str) -> int:
+    """A decimal, 0o or 0x integer, its size checked before Python converts it (5,000 digits would take a while and
+    raise past 4,300)."""
+    if len(text.lstrip("+-")) > 24:
+        raise ValueError(f"{_short(text)} is outside the 64-bit integer range")
+    value = int(text, 0) if text.lstrip("+-").startswith(("0o", "0x")) else int(text, 10)
+    problem = int_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _float_text(text: str) -> float:
+    value = float(
+        text.replace(".inf", "inf")
+        .replace(".Inf", "inf")
+        .replace(".INF", "inf")
+        .replace(".nan", "nan")
+        .replace(".NaN", "nan")
+        .replace(".NAN", "nan")
+    )
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number (JSON, and so the API server, has no infinity or NaN)")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------- YAML
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 core tag resolution and the bounds above checked as nodes are composed
+    (where the field path and the line are known)."""
+
+    yaml_implicit_resolvers: dict[Any, Any] = {}
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._path: list[str] = []
+        self._open: set[str] = set()  # anchors whose node is being composed
+        self._sizes: dict[int, int] = {}
+
+    def _where(self) -> str:
+        parts = self._path if len(self._path) <= 12 else [*self._path[:6], f"…({len(self._path)} levels)"]
+        return ".".join(parts) or "<root>"
+
+    def _fail(self, mark: Any, problem: str) -> None:
+        raise InputError(self._where(), mark.line + 1 if mark is not None else None, problem)
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
+        pushed = parent is not None and index is not None  # a mapping key (index None) has its mapping's path
+        if pushed:
+            self._path.append(str(index.value) if isinstance(index, ScalarNode) else str(index))
+        event = self.peek_event()
+        if len(self._path) > MAX_DEPTH:
+            self._fail(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, yaml.AliasEvent):
+            if anchor in self._open:
+                self._fail(event.start_mark, f"alias *{anchor} is inside the node &{anchor} it names (a loop)")
+        elif anchor is not None:
+            self._open.add(anchor)
+        node = super().compose_node(parent, index)
+        if not isinstance(event, yaml.AliasEvent):
+            self._open.discard(anchor)
+            self._check(node)
+        size = self._sizes[id(node)]
+        if size > MAX_VALUES:
+            self._fail(event.start_mark, f"expands to over {MAX_VALUES} values (through aliases)")
+        if pushed:
+            self._path.pop()
+        return node
+
+    def _check(self, node: Node) -> None:
+        if isinstance(node, ScalarNode):
+            self._sizes[id(node)] = 1
+            if _SURROGATE.search(node.value):
+                self._fail(node.start_mark, "holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text")
+            if node.style is None:
+                problem = _ambiguity(node.value)
+                if problem:
+                    self._fail(node.start_mark, problem)
+            try:
+                if node.tag == "tag:yaml.org,2002:int":
+                    _int_text(node.value)
+                elif node.tag == "tag:yaml.org,2002:float":
+                    _float_text(node.value)
+            except ValueError as err:
+                self._fail(node.start_mark, str(err))
+        elif isinstance(node, SequenceNode):
+            self._sizes[id(node)] = 1 + sum(self._sizes[id(v)] for v in node.value)
+        elif isinstance(node, MappingNode):
+            self._sizes[id(node)] = 1 + sum(self._sizes[id(k)] + self._sizes[id(v)] for k, v in node.value)
+            seen: dict[str, int] = {}
+            for key, _ in node.value:
+                if not isinstance(key, ScalarNode):
+                    self._fail(key.start_mark, "a mapping key must be a plain value, not a list or a mapping")
+                if key.value in seen:
+                    self._fail(
+                        key.start_mark,
+                        f"key {key.value!r} is given twice (lines {seen[key.value]} and {key.start_mark.line + 1})",
+                    )
+                seen[key.value] = key.start_mark.line + 1
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""])
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+_Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: _int_text(node.value))
+_Loader.add_constructor("tag:yaml.org,2002:float", lambda loader, node: _float_text(node.value))
+_Loader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: node.value.lower() == "true")
+
+
+def load_yaml(text: str) -> list[Any]:
+    """Every document of a YAML text (empty ones dropped). Raises InputError (one line, with the field path and
+    the line) or yaml.YAMLError (a syntax error, with its line)."""
+    loader = _Loader(text)
+    try:
+        docs = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None:
+                docs.append(loader.construct_document(node))
+        return [d for d in docs if d is not None]
+    finally:
+        loader.dispose()
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting every string this reader would read as something else (PyYAML quotes by YAML
+    1.1's rules: `y`, `1e5` or `0o7` would come back as a refusal, a float or an int)."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    plain_elsewhere = any(r.match(value) for r in (_NULL, _BOOL, _INT, _FLOAT)) or _ambiguity(value) is not None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'" if plain_elsewhere else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML that load_yaml reads back as `data` (the run the operator hands its pods)."""
+    text: str = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+    return text
+
+
+def yaml_error_line(err: yaml.YAMLError) -> str:
+    """A PyYAML syntax error in one line: 'line 3: mapping values are not allowed here'."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    if isinstance(err, ComposerError) and getattr(err, "context", None):
+        problem = f"{err.context}; {problem}"
+    return (f"line {mark.line + 1}: " if mark is not None else "") + str(problem)
+
+
+# ------------------------------------------------------------------------------------------------- JSON rows
+
+
+def _json_int(text: str) -> int:
+    return _int_text(text)
+
+
+def _json_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows (no NaN or infinity)")
+
+
+def value_problem(value: Any) -> str | None:
+    """Why a decoded JSON value breaks the bounds (depth, int64, finite, no lone surrogates), as 'path: problem';
+    iterative, so no depth can overflow the stack."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    count = 0
+    while stack:
+        v, where, depth = stack.pop()
+        count += 1
+        at = f"{where}: " if where else ""
+        if depth > MAX_DEPTH:
+            return f"{at}nested deeper than {MAX_DEPTH} levels"
+        if count > MAX_VALUES:
+            return f"more than {MAX_VALUES} values"
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, int):
+            problem = int_problem(v)
+            if problem:
+                return at + problem
+        elif isinstance(v, float) and not math.isfinite(v):
+            return f"{at}{v} is not a finite number"
+        elif isinstance(v, str) and _SURROGATE.search(v):
+            return f"{at}holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"
+        elif isinstance(v, dict):
+            for k, sub in v.items():
+                if isinstance(k, str) and _SURROGATE.search(k):
+                    return f"{at}a key holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+                stack.append((sub, f"{where}.{k}" if where else str(k), depth + 1))
+        elif isinstance(v, list):
+            stack += [(sub, f"{where}[{i}]", depth + 1) for i, sub in enumerate(v)]
+    return None
+
+
+def load_json(text: str) -> Any:
+    """One JSON value within the bounds, or ValueError saying what breaks them (a JSONDecodeError for bad syntax)."""
+    try:
+        value = json.loads(text, parse_int=_json_int, parse_constant=_json_constant)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
+    problem = value_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
