@@ -45,6 +45,16 @@ def wait_for(fn, what: str, seconds: float = 20.0, every: float = 0.3):
         time.sleep(every)
 
 
+def deep_merge(dst: dict, src: dict) -> dict:
+    """`src` merged into `dst` in place (nested mappings merged, everything else replaced); returns `dst`."""
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            deep_merge(dst[k], v)
+        else:
+            dst[k] = v
+    return dst
+
+
 def tiny_doc() -> dict:
     """A fresh copy of the tiny example RLTRun (manifests/examples/rltrun-tiny.yaml) as a dict, to edit."""
     import yaml

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 from suite_helpers import EXAMPLES as EXAMPLE_DIR
-from suite_helpers import hack_module, openapi_to_jsonschema
+from suite_helpers import deep_merge, hack_module, openapi_to_jsonschema
 
 from rlt_operator import crd
 from rlt_operator.observed import Observed
@@ -135,14 +135,7 @@ def test_examples_pass_the_schema(validator, path):
 def test_schema_rejects_what_the_model_rejects(validator, patch, word):
     doc = yaml.safe_load(EXAMPLES[-1].read_text())
 
-    def merge(dst, src):
-        for k, v in src.items():
-            if isinstance(v, dict) and isinstance(dst.get(k), dict):
-                merge(dst[k], v)
-            else:
-                dst[k] = v
-
-    merge(doc["spec"], patch)
+    deep_merge(doc["spec"], patch)
     messages = " | ".join(e.message for e in validator.iter_errors(doc))
     assert word in messages
 

@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import jsonschema
 import pytest
-from suite_helpers import openapi_to_jsonschema, tiny_doc
+from suite_helpers import deep_merge, openapi_to_jsonschema, tiny_doc
 
 from rlt.checks.validation import run_name_problem
 from rlt.spec.k8s import quantity_value
@@ -145,14 +145,7 @@ def model_refusals(doc) -> list[str]:
 def _patched(patch: dict, name: str | None = None) -> dict:
     doc = tiny_doc()
 
-    def merge(dst, src):
-        for k, v in src.items():
-            if isinstance(v, dict) and isinstance(dst.get(k), dict):
-                merge(dst[k], v)
-            else:
-                dst[k] = v
-
-    merge(doc["spec"], patch)
+    deep_merge(doc["spec"], patch)
     if name is not None:
         doc["metadata"]["name"] = name
     return doc

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from suite_helpers import EXAMPLES, ROOT, tiny_doc
+from suite_helpers import EXAMPLES, ROOT, deep_merge, tiny_doc
 from test_door_properties import check_door
 
 TINY = (EXAMPLES / "rltrun-tiny.yaml").read_text()
@@ -24,14 +24,7 @@ def _with(spec_yaml: str) -> str:
 def _patched(patch: dict) -> str:
     doc = tiny_doc()
 
-    def merge(dst, src):
-        for k, v in src.items():
-            if isinstance(v, dict) and isinstance(dst.get(k), dict):
-                merge(dst[k], v)
-            else:
-                dst[k] = v
-
-    merge(doc["spec"], patch)
+    deep_merge(doc["spec"], patch)
     return yaml.safe_dump(doc, sort_keys=False)
 
 

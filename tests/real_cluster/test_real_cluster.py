@@ -11,13 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import skip_without_assets
 from suite_helpers import EXAMPLES
+from suite_helpers import wait_for as suite_wait_for
 
 from rlt_operator.status_model import RLTRunStatus
 
@@ -45,15 +45,9 @@ def get(cluster, *args: str, kubeconfig: Path | None = None) -> dict | None:
     return json.loads(r.stdout) if r.returncode == 0 else None
 
 
-def wait_for(probe, what: str, timeout: float = 60.0, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
+def wait_for(probe, what: str, timeout: float = 60.0):
+    """suite_helpers.wait_for with this suite's longer default (a real control plane is slower than kmock)."""
+    return suite_wait_for(probe, what, seconds=timeout, every=0.5)
 
 
 def tiny(name: str, namespace: str, **spec_overrides) -> dict:
