@@ -176,6 +176,16 @@ class _Loader(yaml.SafeLoader):
                 seen[key.value] = key.start_mark.line + 1
 
 
+def _text_keys(loader: _Loader, node: MappingNode) -> dict[Any, Any]:
+    # A mapping key is text, as the API server's YAML-to-JSON conversion makes it: `1e5:` or `true:` is the key
+    # "1e5" or "true" (an unknown field named like any other), not a number or a bool that no field can match.
+    for key, _ in node.value:
+        if isinstance(key, ScalarNode):
+            key.tag = "tag:yaml.org,2002:str"
+    return loader.construct_mapping(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _text_keys)
 _Loader.add_implicit_resolver("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""])
 _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
