@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import tiny_doc
+from suite_helpers import deep_merge, tiny_doc
 
 from rlt.checks.validation import validate_spec
 from rlt.spec.loading import SpecError
@@ -78,18 +78,9 @@ BAD = [
 ]
 
 
-def _merge(dst, src):
-    for k, v in src.items():
-        if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _merge(dst[k], v)
-        else:
-            dst[k] = v
-    return dst
-
-
 def _bad_file(tmp_path: Path, patch: dict) -> tuple[Path, dict]:
     doc = tiny_doc()
-    _merge(doc["spec"], patch)
+    deep_merge(doc["spec"], patch)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path, doc
@@ -141,7 +132,7 @@ def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stage
     doc = tiny_doc()
     two_processes = {"sft": {"perDeviceBatchSize": 2}, "rl": {"perDeviceBatchSize": 2}}  # batches they divide
     validate_spec(
-        _merge(
+        deep_merge(
             doc["spec"],
             {
                 "resources": {"trainer": {"nodes": 2}},
@@ -150,7 +141,7 @@ def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stage
             },
         )
     )
-    only_distill = _merge(
+    only_distill = deep_merge(
         tiny_doc()["spec"],
         {"resources": {"trainer": {"nodes": 2}}, "stages": {"sft": {"enabled": False}, "rl": {"enabled": False}}},
     )
@@ -160,7 +151,7 @@ def test_several_trainer_nodes_are_fine_with_a_shared_volume_or_single_pod_stage
 def test_evaluate_server_mode_with_a_server_url_is_accepted():
     doc = tiny_doc()
     validate_spec(
-        _merge(
+        deep_merge(
             doc["spec"],
             {
                 "stages": {
