@@ -403,6 +403,8 @@ class Cluster(kmock.KubernetesEmulator):
         from aiohttp import web
 
         path = self.pod_log(namespace, name, container) if self.pod_log is not None else None
+        if path is not None and not Path(path).exists():  # the pod is there, its container has not started
+            return self._not_started(namespace, name, container)
         if path is None or not Path(path).exists():
             why = (
                 f'pod "{name}" has no log here: pods run only under `rlt sandbox --run-pods`'
@@ -419,6 +421,24 @@ class Cluster(kmock.KubernetesEmulator):
             lines = text.splitlines(keepends=True)
             text = "".join(lines[len(lines) - int(tail) :]) if int(tail) else ""
         return web.Response(text=text, content_type="text/plain")
+
+    def _not_started(self, namespace: str, name: str, container: str | None) -> Any:
+        """The API server's 400 for the log of a container that has not started (`kubectl logs` of a pod whose
+        init container failed: `... is waiting to start: PodInitializing`)."""
+        from aiohttp import web
+
+        pod = next(
+            (o.raw for (r, ns, n), o in self.objects.items() if r.plural == "pods" and (ns, n) == (namespace, name)),
+            {},
+        )
+        names = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+        container = container or (names[0] if names else "")
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        state = next((c.get("state") or {} for c in statuses if c.get("name") == container), {})
+        reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
+        why = f'container "{container}" in pod "{name}" is waiting to start: {reason}'
+        status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": why}
+        return web.json_response({**status, "reason": "BadRequest", "code": 400}, status=400)
 
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.method == enums.method.PUT and request.name:
