@@ -714,6 +714,8 @@ class LocalKubelet:
                     log.warning("pod %s/%s exited with %s: restarting (%d)", ns, pod.name, code, pod.restarts)
                     try:
                         await self._start(ns, pod)
+                    except PodWaiting as err:  # e.g. its Secret was deleted meanwhile: retried every pass
+                        pod.waiting, pod.proc = err, None
                     except PodConfigError as err:
                         pod.phase, pod.message = "Failed", str(err)
                 else:
@@ -757,6 +759,8 @@ class LocalKubelet:
             log.warning("pod %s/%s: init container %s exited with %s: restarting", ns, pod.name, c["name"], code)
             try:
                 await self._start(ns, pod)
+            except PodWaiting as err:
+                pod.waiting = err
             except PodConfigError as err:
                 self._fail(pod, str(err))
         else:

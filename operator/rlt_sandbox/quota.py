@@ -2,10 +2,11 @@
 
 A pod whose requests or limits would take a namespace's usage over a ResourceQuota's `spec.hard` is refused (403
 Forbidden, `exceeded quota: NAME, requested: ..., used: ..., limited: ...`), and a pod that leaves out a request or
-limit of cpu or memory that a quota constrains is refused (`failed quota: NAME: must specify ...`). Usage is that of the namespace's pods
-that are not finished (phase Succeeded or Failed) nor being deleted. Covered: `pods`, `cpu`/`memory`/
-`ephemeral-storage` (= their `requests.`), `requests.<resource>` and `limits.<resource>` for any resource (e.g.
-`requests.nvidia.com/gpu`). Not covered: scopes, scope selectors, object counts (`count/...`), priority classes.
+limit of cpu or memory that a quota constrains is refused (`failed quota: NAME: must specify ...`). Usage is that of
+the namespace's pods that are neither finished (phase Succeeded or Failed) nor being deleted. Covered: `pods`,
+`cpu`/`memory`/`ephemeral-storage` (= their `requests.`), `requests.<resource>` and `limits.<resource>` for any
+resource (e.g. `requests.nvidia.com/gpu`). Not covered: scopes, scope selectors, object counts (`count/...`),
+priority classes, and `status.used` (nothing writes it).
 """
 
 from __future__ import annotations
