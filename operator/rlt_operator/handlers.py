@@ -29,7 +29,7 @@ from .conditions import with_write_problems
 from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
-from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_summary, rejected
+from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_pod, owns_summary, rejected
 
 log = logging.getLogger("rlt.operator")
 
@@ -342,8 +342,8 @@ async def apply(
         key = (a.plural, a.name)
         if not writes.due(key, now) or (a.verb == "create" and writes.blocked(a.plural)):
             continue
-        child = getattr(observed, a.plural, {}).get(a.name) if a.verb != "create" else None
-        if child is not None and not owns_summary(ref, a.plural, child):
+        child = observed.child(a.plural, a.name) if a.verb != "create" else None
+        if child is not None and not _owned(ref, a.plural, child, observed):
             problem(conflict(a.plural, a.name, None))
             continue
         try:
@@ -370,6 +370,12 @@ async def apply(
         writes.succeeded(key)
         sent.append(a)
     return sent, news
+
+
+def _owned(ref: builders.RunRef, plural: str, child: dict[str, Any], observed: Observed) -> bool:
+    if plural == "pods":  # its Job's or StatefulSet's, or kept for its logs
+        return owns_pod(ref, child, [*observed.jobs.values(), *observed.statefulsets.values()])
+    return owns_summary(ref, plural, child)
 
 
 def observed_conflicts(ref: builders.RunRef, observed: Observed) -> list[WriteProblem]:
@@ -569,9 +575,7 @@ async def cleanup(
     ref = builders.RunRef(name=name, namespace=namespace, uid=meta["uid"])
     # Only the run's own objects, found by its label and checked by owner UID: never someone else's object that
     # happens to have a child's name, nor an object the user deleting the run has no rights to.
-    for child in CHILDREN:
-        if child.plural == "pods":
-            continue  # their Job or StatefulSet owns them
+    for child in CHILDREN:  # pods: only a failed pod kept for its logs is the run's (the others are their Job's)
         found = await asyncio.to_thread(state.kube.list, child.plural, namespace, f"{builders.L_RUN}={name}")
         for obj in found:
             m = obj["metadata"]
