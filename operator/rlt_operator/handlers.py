@@ -45,6 +45,7 @@ class OperatorMetrics:
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
         self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._reconciled: set[tuple[str, str]] = set()
+        self._progress: dict[tuple[str, str], tuple[str, int]] = {}  # (stage, step) last seen per run
 
     def reconciled(self, result: str, seconds: float) -> None:
         self.m[catalogue.RECONCILES].labels(result=result).inc()
@@ -60,7 +61,12 @@ class OperatorMetrics:
         self._info[(namespace, name)] = info
         self.m[catalogue.RUN_INFO].labels(namespace, name, *info).set(1)
         self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
-        self.m[catalogue.RUN_STEP].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
+        step = (run_status.get("progress") or {}).get("step", 0)
+        self.m[catalogue.RUN_STEP].labels(namespace, name).set(step)
+        now = (run_status.get("stage") or "", int(step or 0))
+        if self._progress.get((namespace, name)) != now:  # progress (or first seen): the stall clock restarts
+            self._progress[(namespace, name)] = now
+            self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(time.time())
         # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
         had = self._conditions.setdefault((namespace, name), {})
         for c in run_status.get("conditions") or []:
@@ -92,6 +98,8 @@ class OperatorMetrics:
             _remove(self.m[catalogue.RUN_INFO], namespace, name, *old)
         _remove(self.m[catalogue.RUN_RESTARTS], namespace, name)
         _remove(self.m[catalogue.RUN_STEP], namespace, name)
+        _remove(self.m[catalogue.RUN_STEP_TIME], namespace, name)
+        self._progress.pop((namespace, name), None)
         for type_, labels in self._conditions.pop((namespace, name), {}).items():
             _remove(self.m[catalogue.RUN_CONDITION], namespace, name, type_, *labels)
         _remove(self.m[catalogue.RUN_LAST_RECONCILE], namespace, name)
