@@ -406,7 +406,13 @@ async def apply(
                     problem(conflict(a.plural, a.name, existing))
                     continue
             elif a.verb == "patch":
-                await asyncio.to_thread(state.kube.patch, a.plural, ref.namespace, a.name, a.body)
+                try:
+                    await asyncio.to_thread(state.kube.patch, a.plural, ref.namespace, a.name, a.body)
+                except KubeError as err:
+                    if err.status != 404:
+                        raise
+                    logger.info(f"{a.plural}/{a.name} is gone; not updated")  # the next reconcile decides again
+                    continue
                 logger.info(f"updated {a.plural}/{a.name}")
             elif a.verb == "delete":
                 if await asyncio.to_thread(state.kube.delete, a.plural, ref.namespace, a.name, a.propagation):

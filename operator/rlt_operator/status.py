@@ -427,7 +427,10 @@ def keep_failed_pod(
 
 
 def prune_kept_pods(ref: builders.RunRef, run_status: RLTRunStatus, plan: _Plan) -> None:
-    """Pods the run itself owns are failed pods kept for their logs: all but status.lastFailedPod go."""
+    """Pods the run itself owns are failed pods kept for their logs: all but status.lastFailedPod go; a kept pod
+    someone deleted is no longer named."""
+    if run_status.last_failed_pod and plan.obs.child("pods", run_status.last_failed_pod) is None:
+        run_status.last_failed_pod = None
     for pod in plan.obs.pods:
         if pod.get("owner") == ref.uid and pod["name"] != run_status.last_failed_pod:
             plan.delete("pods", pod["name"])

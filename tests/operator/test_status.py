@@ -1211,6 +1211,9 @@ def test_the_failed_gangs_failed_pod_is_handed_to_the_run_before_its_job_is_dele
     assert f.status["phase"] == "Failed" and f.status["lastFailedPod"] == "t-rl-0-y"
     assert ("patch", "pods", "t-rl-0-y") in acts(f) and ("delete", "pods", "t-rl-0-x") in acts(f)
     assert any(e[1] == "BackoffLimitExceeded" and "kubectl logs t-rl-0-y" in e[2] for e in f.events)
+    # A kept pod someone deleted is no longer named.
+    gone = S.decide(REF, 1, sp, f.status, observed(sp, [job("rl", 1, active=0, failed=True)]), NOW)
+    assert "lastFailedPod" not in gone.status
     # A pod of someone else's (another run's) is never deleted as a kept one.
     other = S.decide(REF, 1, sp, f.status, observed(sp, [], [], [kept(crashed_trainer(0), uid="u2")]), NOW)
     assert not [a for a in other.actions if a.plural == "pods"]
