@@ -444,9 +444,25 @@ class LocalKubelet:
         owners = {("Job", n): o for n, o in jobs.items() if not o["metadata"].get("deletionTimestamp")}
         owners |= {("StatefulSet", n): o for n, o in stss.items() if not o["metadata"].get("deletionTimestamp")}
 
+        in_api = {
+            p["metadata"]["name"]: p for p in (await self._get(PATHS["pods"].format(ns=ns)) or {}).get("items", [])
+        }
         # Pods whose owner is gone (or was replaced by a new object of the same name) are terminated and deleted.
         for key, pod in list(self.pods.items()):
             if key[0] != ns:
+                continue
+            current = in_api.get(pod.name)
+            if current is None or current["metadata"].get("uid") != pod.body["metadata"].get("uid"):
+                # deleted through the API (a kept failed pod cleaned up with its run): only the process is left
+                self._terminate(pod, self._grace(pod))
+                if self._gone(pod):
+                    del self.pods[key]
+                continue
+            refs = current["metadata"].get("ownerReferences") or []
+            if not any(r.get("kind") in ("Job", "StatefulSet") for r in refs):
+                # handed to another owner (the operator keeps a failed gang's pod for its logs): not this Job's to
+                # garbage-collect any more, as the real garbage collector reads the pod's current owners
+                pod.body["metadata"]["ownerReferences"] = refs
                 continue
             owner = owners.get((pod.owner_kind, pod.owner))
             if owner is None or owner["metadata"]["uid"] != pod.body["metadata"]["ownerReferences"][0]["uid"]:
@@ -468,7 +484,7 @@ class LocalKubelet:
             if n == ns
             and p.owner_kind == kind
             and p.owner == name
-            and p.body["metadata"]["ownerReferences"][0]["uid"] == uid
+            and any(r.get("uid") == uid for r in p.body["metadata"].get("ownerReferences") or [])
         ]
 
     async def _sync_job(self, ns: str, job: dict[str, Any]) -> None:

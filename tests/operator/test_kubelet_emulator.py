@@ -148,6 +148,44 @@ async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness
         await kubelet.stop()
 
 
+async def test_a_failed_pod_handed_to_the_run_outlives_its_job_until_deleted_through_the_api(harness, tmp_path):
+    """The operator keeps a failed gang's pod for its logs by making the run its owner before it deletes the Job
+    (gang.kept_pod_patch). The garbage collector reads a pod's current owners: the emulator must not delete it with
+    the Job, and must let it go once it is deleted through the API (the run's cleanup)."""
+    from rlt_operator.builders import RunRef
+    from rlt_operator.gang import kept_pod_patch
+
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-rl", "raise SystemExit(3)", completions=1))
+    kubelet = LocalKubelet(
+        harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, grace_seconds=1.0
+    )
+    await kubelet.start()
+    try:
+        await harness.wait(
+            lambda: any(p.exit_code == 3 for p in kubelet.pods.values()), "the pod to fail with 3", timeout=20
+        )
+        (failed,) = kubelet.pods.values()
+        patch = kept_pod_patch(RunRef(name="t", namespace=NS, uid="run-uid"))
+        await harness.call(
+            "PATCH", f"{PATHS['pods'].format(ns=NS)}/{failed.name}", patch, "application/merge-patch+json"
+        )
+        await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-rl")
+        await asyncio.sleep(2)  # twenty passes of the emulator
+        (kept,) = await harness.list("pods", "app=t-rl")
+        assert kept["metadata"]["name"] == failed.name
+        assert [r["uid"] for r in kept["metadata"]["ownerReferences"]] == ["run-uid"]
+        assert list(kubelet.pods.values()) == [failed]
+        await harness.call("DELETE", f"{PATHS['pods'].format(ns=NS)}/{failed.name}")
+        await harness.wait(lambda: not kubelet.pods, "the deleted pod to be forgotten", timeout=20)
+    finally:
+        await kubelet.stop()
+
+
 async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
     """SIGTERM first, SIGKILL `terminationGracePeriodSeconds` later (the pod's own, as a kubelet does): a pod that
     ignores SIGTERM lives on for its 2 s, no more, no less."""
