@@ -175,8 +175,18 @@ def failed_trainer_pod(pods: list[dict[str, Any]], stage: str, restarts: int) ->
     return failed[0]["name"] if failed else None
 
 
-def kept_pod_patch(ref: builders.RunRef) -> dict[str, Any]:
-    """The merge patch that keeps a failed pod when its Job is deleted: the run becomes its only owner (and
-    controller, so that the Job controller never adopts it again), so the garbage collector deletes it with the
-    run, not with the Job."""
-    return {"metadata": {"ownerReferences": [builders.owner_reference(ref)]}}
+# The Job controller's finalizer on its pods: it lifts it once it has counted the pod, and only from pods that a Job
+# controls or no one does.
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+
+
+def kept_pod_patch(ref: builders.RunRef, finalizers: list[str]) -> dict[str, Any]:
+    """The merge patch that keeps a failed pod when its Job is deleted: the run becomes its only owner and its
+    controller (a pod no one controls would be adopted back by its still-present Job, and deleted with it), so the
+    garbage collector deletes it with the run, not with the Job. Its job-tracking finalizer goes in the same patch:
+    the Job controller never lifts it from a pod another kind controls, and the pod could then never be deleted
+    (both seen on a real 1.36 control plane, tests/real_cluster)."""
+    meta: dict[str, Any] = {"ownerReferences": [builders.owner_reference(ref)]}
+    if JOB_TRACKING_FINALIZER in finalizers:
+        meta["finalizers"] = [f for f in finalizers if f != JOB_TRACKING_FINALIZER]
+    return {"metadata": meta}

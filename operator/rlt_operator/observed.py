@@ -52,6 +52,7 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         out["createdReplicas"] = int(status.get("replicas") or 0)  # pods the controller has created
     elif plural == "pods":
         out["phase"] = status.get("phase")
+        out["finalizers"] = list(meta.get("finalizers") or [])  # a kept pod sheds its Job's (gang.kept_pod_patch)
         out["node"] = spec.get("nodeName")
         # Scheduled: a node is assigned (PodScheduled=True, nodeName, or the kubelet already ran it). A pod no
         # scheduler has touched (its schedulerName's scheduler is not running) has neither condition nor node.

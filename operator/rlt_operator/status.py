@@ -422,7 +422,7 @@ def keep_failed_pod(
     if name is None or pod is None or pod.get("deleting"):
         return
     if pod.get("owner") != ref.uid:
-        plan.actions.append(Action("patch", "pods", name, kept_pod_patch(ref)))
+        plan.actions.append(Action("patch", "pods", name, kept_pod_patch(ref, pod.get("finalizers") or [])))
     run_status.last_failed_pod = name
 
 

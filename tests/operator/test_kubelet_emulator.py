@@ -170,7 +170,7 @@ async def test_a_failed_pod_handed_to_the_run_outlives_its_job_until_deleted_thr
             lambda: any(p.exit_code == 3 for p in kubelet.pods.values()), "the pod to fail with 3", timeout=20
         )
         (failed,) = kubelet.pods.values()
-        patch = kept_pod_patch(RunRef(name="t", namespace=NS, uid="run-uid"))
+        patch = kept_pod_patch(RunRef(name="t", namespace=NS, uid="run-uid"), [])
         await harness.call(
             "PATCH", f"{PATHS['pods'].format(ns=NS)}/{failed.name}", patch, "application/merge-patch+json"
         )

@@ -1191,13 +1191,17 @@ def kept(pod, uid="u1"):
 
 def test_the_failed_gangs_failed_pod_is_handed_to_the_run_before_its_job_is_deleted_and_only_the_last_is_kept():
     sp = spec(sft=False, backoffLimit=1)
-    job_owned = {**crashed_trainer(0), "owner": "job-uid-0"}
+    # the Job controller's tracking finalizer beside someone else's: only the Job's goes (a real 1.36 control plane
+    # never lifts it from a pod another kind controls, tests/real_cluster)
+    finalizers = ["batch.kubernetes.io/job-tracking", "example.com/audit"]
+    job_owned = {**crashed_trainer(0), "owner": "job-uid-0", "finalizers": finalizers}
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [], [job_owned]), NOW)
     assert d.status["restarts"] == 1 and d.status["lastFailedPod"] == "t-rl-0-x"
     patch = next(a for a in d.actions if (a.verb, a.plural) == ("patch", "pods"))
     assert patch.name == "t-rl-0-x"
     owners = patch.body["metadata"]["ownerReferences"]
     assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [("RLTRun", "u1", True)]  # not its Job's
+    assert patch.body["metadata"]["finalizers"] == ["example.com/audit"]
     order = [(a.verb, a.plural) for a in d.actions]
     assert order.index(("patch", "pods")) < order.index(("delete", "jobs"))  # kept before the Job goes
     assert any(e[1] == "GangRestart" and "kubectl logs t-rl-0-x" in e[2] for e in d.events)

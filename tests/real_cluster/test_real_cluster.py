@@ -354,6 +354,52 @@ def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(clu
         assert r.returncode == 0, f"{r.stderr}\n{status}"
 
 
+def test_a_failed_gangs_pod_outlives_its_job_under_the_real_garbage_collector(cluster, operator):
+    """The operator keeps a failed gang's trainer pod for its logs by handing it to the run before it deletes the
+    Job (gang.kept_pod_patch): the real Job controller and garbage collector must then leave it, and take it with
+    the run."""
+    if not cluster.has_controllers:
+        pytest.skip("needs kube-controller-manager (the Job controller, the garbage collector) in $KUBEBUILDER_ASSETS")
+    ns = "team-g"
+    cluster.kubectl("create", "namespace", ns)
+    apply(cluster, tiny("keep", ns))
+    run_uid = get(cluster, "rltrun", "keep", "-n", ns)["metadata"]["uid"]
+    pods = wait_for(lambda: (get(cluster, "pods", "-n", ns, "-l", "job-name=keep-sft") or {}).get("items"), "pods")
+    pod, job_uid = pods[0]["metadata"]["name"], pods[0]["metadata"]["ownerReferences"][0]["uid"]
+    # What a kubelet would report (none runs here): the trainer container exited 1 with its last line.
+    terminated = {"exitCode": 1, "reason": "Error", "message": "RuntimeError: the last line"}
+    status = {
+        "phase": "Failed",
+        "containerStatuses": [
+            {"name": "trainer", "image": IMAGE, "imageID": "", "ready": False, "restartCount": 0,
+             "state": {"terminated": terminated}}
+        ],
+    }  # fmt: skip
+    cluster.kubectl("patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": status}))  # fmt: skip
+    st = wait_for(
+        lambda: run_status(cluster, "keep", ns).get("lastFailedPod") == pod and run_status(cluster, "keep", ns),
+        "status.lastFailedPod",
+        timeout=90,
+    )
+    # the failed gang's Job is gone (replaced after the back-off), its pod is not
+    wait_for(
+        lambda: (
+            (get(cluster, "job", "keep-sft", "-n", ns) or {"metadata": {"uid": job_uid}})["metadata"]["uid"] != job_uid
+        ),
+        "the failed Job deleted",
+        timeout=90,
+    )
+    kept = wait_for(lambda: get(cluster, "pod", pod, "-n", ns), "the kept pod")
+    assert [r["uid"] for r in kept["metadata"]["ownerReferences"]] == [run_uid], kept["metadata"]
+    assert not kept["metadata"].get("deletionTimestamp"), "the garbage collector took it with the Job"
+    # the Job controller's tracking finalizer went with the Job: left on, it keeps the pod Terminating for ever
+    assert "batch.kubernetes.io/job-tracking" not in (kept["metadata"].get("finalizers") or []), kept["metadata"]
+    assert st["restarts"] >= 1, st
+    cluster.kubectl("delete", "rltrun", "keep", "-n", ns, "--wait=false")
+    wait_for(lambda: get(cluster, "pod", pod, "-n", ns) is None, "the kept pod gone with the run", timeout=90)
+
+
 def test_generators_and_suspend_on_the_real_server(cluster, operator):
     """rl with vLLM generators first: the StatefulSet, its Service and NetworkPolicy are accepted (the StatefulSet
     controller makes the pods), then suspend releases them and keeps the data."""
