@@ -104,3 +104,24 @@ def hack_module(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.pop(0)
+
+
+def send_vllm_stream(handler, events) -> None:
+    """A hand-written stand-in's answer in the shape of vLLM's streamed /v1/completions: server-sent events, one per
+    dict of `events` and then [DONE], each in a chunk of its own (HTTP/1.1 chunked encoding, as uvicorn sends a
+    stream; the handler class sets protocol_version = "HTTP/1.1"). `events` may raise to end the connection
+    mid-stream (a cut), or sleep (a stall)."""
+    import json
+
+    def chunk(data: bytes) -> None:
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        handler.wfile.flush()
+
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for event in events:
+        chunk(f"data: {json.dumps(event)}\n\n".encode())
+    chunk(b"data: [DONE]\n\n")
+    handler.wfile.write(b"0\r\n\r\n")

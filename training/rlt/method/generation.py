@@ -250,7 +250,8 @@ def server_generate(
             cut = cut or "the stream ended before every sequence finished"
             if cuts > HTTP_RETRIES:
                 raise RuntimeError(
-                    f"vLLM server {base_url}: {len(left)} of {len(prompt_ids) * n} sequences unfinished after "
+                    f"vLLM server {base_url}: {len(prompt_ids) * n - len(done)} of {len(prompt_ids) * n} sequences "
+                    f"unfinished after "
                     f"{cuts} cut streams: {cut}"
                 )
             time.sleep(HTTP_BACKOFF * 2 ** (cuts - 1))
@@ -295,7 +296,7 @@ def _stream(session, base_url: str, body: dict, timeout: float, cancel: threadin
     finished: dict[int, tuple[list[int], list[float]]] = {}
     resp = _call(session, "POST", base_url, "/v1/completions", timeout, json=body, stream=True)
     try:
-        for line in resp.iter_lines():
+        for line in resp.iter_lines(chunk_size=None):  # each chunk as it arrives: a stall keeps what came
             if cancel is not None and cancel.is_set():
                 raise Cancelled(base_url)
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
