@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlt_operator.builders.generator import CPU_GENERATOR_FLAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "manifests" / "examples"
 TINY = EXAMPLES / "rltrun-tiny.yaml"
@@ -161,5 +163,6 @@ def vllm_command(model_dir: str, name: str, port: int) -> list[str]:
         "0",
         # no torch.compile: on CPU it only costs start-up time (vLLM's own CPU CI skips inductor too)
         "--enforce-eager",
+        *CPU_GENERATOR_FLAGS,
         *generator_flags(),
     ]
