@@ -159,3 +159,24 @@ def gang_failure(
                 False,
             )
     return None, None, False
+
+
+def failed_trainer_pod(pods: list[dict[str, Any]], stage: str, restarts: int) -> str | None:
+    """The current gang's failed trainer pod whose log says why (the one gang_failure names first: an exit code or
+    a last line, not a disruption), else any failed trainer pod of the gang; None when none has ended. Only
+    trainer pods are kept: they have generated names and hold nothing once Failed, while a generator pod's fixed
+    name would block its StatefulSet's replacement."""
+    failed = [
+        p
+        for p in current_gang(pods, stage, restarts)
+        if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Failed"
+    ]
+    failed.sort(key=lambda p: (p.get("disrupted", False), not pod_said(p), p["name"]))
+    return failed[0]["name"] if failed else None
+
+
+def kept_pod_patch(ref: builders.RunRef) -> dict[str, Any]:
+    """The merge patch that keeps a failed pod when its Job is deleted: the run becomes its only owner (and
+    controller, so that the Job controller never adopts it again), so the garbage collector deletes it with the
+    run, not with the Job."""
+    return {"metadata": {"ownerReferences": [builders.owner_reference(ref)]}}

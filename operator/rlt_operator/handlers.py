@@ -29,7 +29,7 @@ from .conditions import with_write_problems
 from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
-from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_summary, rejected
+from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_pod, owns_summary, rejected
 
 log = logging.getLogger("rlt.operator")
 
@@ -45,6 +45,7 @@ class OperatorMetrics:
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
         self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._reconciled: set[tuple[str, str]] = set()
+        self._progress: dict[tuple[str, str], tuple[str, int]] = {}  # (stage, step) last seen per run
 
     def reconciled(self, result: str, seconds: float) -> None:
         self.m[catalogue.RECONCILES].labels(result=result).inc()
@@ -60,7 +61,12 @@ class OperatorMetrics:
         self._info[(namespace, name)] = info
         self.m[catalogue.RUN_INFO].labels(namespace, name, *info).set(1)
         self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
-        self.m[catalogue.RUN_STEP].labels(namespace, name).set((run_status.get("progress") or {}).get("step", 0))
+        step = (run_status.get("progress") or {}).get("step", 0)
+        self.m[catalogue.RUN_STEP].labels(namespace, name).set(step)
+        now = (run_status.get("stage") or "", int(step or 0))
+        if self._progress.get((namespace, name)) != now:  # progress (or first seen): the stall clock restarts
+            self._progress[(namespace, name)] = now
+            self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(time.time())
         # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
         had = self._conditions.setdefault((namespace, name), {})
         for c in run_status.get("conditions") or []:
@@ -92,6 +98,8 @@ class OperatorMetrics:
             _remove(self.m[catalogue.RUN_INFO], namespace, name, *old)
         _remove(self.m[catalogue.RUN_RESTARTS], namespace, name)
         _remove(self.m[catalogue.RUN_STEP], namespace, name)
+        _remove(self.m[catalogue.RUN_STEP_TIME], namespace, name)
+        self._progress.pop((namespace, name), None)
         for type_, labels in self._conditions.pop((namespace, name), {}).items():
             _remove(self.m[catalogue.RUN_CONDITION], namespace, name, type_, *labels)
         _remove(self.m[catalogue.RUN_LAST_RECONCILE], namespace, name)
@@ -125,6 +133,13 @@ class OperatorState:
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
     peering_task: asyncio.Task | None = None
+    # Scopes ("" = every namespace) where this install gives way to an older rlt install (watch_peering): its
+    # replicas reconcile no run there. Until the first check, every scope (the check takes one list call).
+    yielded: dict[str, str] = field(default_factory=dict)
+
+    def gives_way(self, namespace: str) -> str | None:
+        """Why this install does not reconcile runs in `namespace` (another install works there), or None."""
+        return self.yielded.get("") or self.yielded.get(namespace)
 
     def waker(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakers.setdefault((namespace, name), asyncio.Event())
@@ -175,6 +190,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         state.metrics.active(True)
     else:
         state.metrics.active(False)  # until the peering object says so
+        state.yielded[""] = "this replica has not yet checked for other rlt installs in its scope"
         state.peering_task = asyncio.create_task(watch_peering(state, info, logger), name="rlt peering watch")
     if config.metrics_port >= 0:
         server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=registry)
@@ -211,6 +227,7 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
     told: set[str] = set()  # overlapping installs already reported
     while True:
         works = True
+        yielded = {k: v for k, v in state.yielded.items() if k in where}  # a namespaced scope drops the start guard
         for ns in where:
             what = f"{kind.kind}/{info.name}" + (f" in namespace {ns}" if ns else "")
             try:
@@ -240,34 +257,68 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                 labels[what] = found[0]["metadata"].get("labels") or {}
                 mine, others = peering.working(found[0].get("status") or {}, info.identity, info.priority)
                 works = works and mine
-                await _say_overlaps(state, kind, ns, info, told, logger)
+                older = await _say_overlaps(state, kind, ns, found[0], info, told, logger)
+                _give_way(yielded, kind, ns, older, logger)
             except KubeError as err:
                 logger.error(
                     f"peering object {what}: cannot read or recreate it ({err}); recreate it with helm upgrade"
                 )
                 works = works and bool(was)
+        state.yielded = yielded
+        everywhere = all(yielded.get(ns) for ns in where)  # gives way in its whole scope: does no work
+        works = works and not everywhere
         if works != was:
             state.metrics.active(works)
             logger.info(
-                "this replica works (active)" if works else "this replica is the standby (paused while another works)"
+                "this replica works (active)"
+                if works
+                else "this replica is the standby (its install gives way to an older one)"
+                if everywhere
+                else "this replica is the standby (paused while another works)"
             )
             was = works
         await asyncio.sleep(info.interval)
 
 
-async def _say_overlaps(state: OperatorState, kind: Any, ns: str, info: PeeringInfo, told: set, logger: Any) -> None:
-    """Another rlt install working in the same scope (its own peering object, live): both reconcile the same runs.
-    Said once per install, loudly; the cure is disjoint operator.watchNamespaces (docs/operator.md)."""
+async def _say_overlaps(
+    state: OperatorState, kind: Any, ns: str, own: dict[str, Any], info: PeeringInfo, told: set, logger: Any
+) -> list[str]:
+    """Another rlt install working in the same scope (its own peering object, live). Said once per install, loudly;
+    the cure is disjoint operator.watchNamespaces (docs/operator.md). Returns the older ones, which this install
+    gives way to (peering.yields_to): of two installs, one reconciles the runs."""
     objects = await asyncio.to_thread(state.kube.list, kind.plural, ns, "=".join(peering.PART_OF))
+    older = peering.yields_to(objects, own)
     for other in peering.overlapping(objects, info.name):
         where = f"{kind.kind}/{other}" + (f" in namespace {ns}" if ns else "")
         if where not in told:
             told.add(where)
             logger.error(
-                f"another rlt install works in this install's scope (its peering object {where} has a live replica): "
-                "both reconcile the same runs (every Event twice, status writes racing); give each install its own "
-                "namespaces (operator.watchNamespaces) and at most one cluster-wide install"
+                f"another rlt install works in this install's scope (its peering object {where} has a live replica); "
+                + (
+                    "it was installed first, so this install gives way there and reconciles none of those runs"
+                    if other in older
+                    else "this install was installed first and keeps working; the other gives way"
+                )
+                + ": give each install its own namespaces (operator.watchNamespaces) and at most one cluster-wide "
+                "install"
             )
+    return older
+
+
+def _give_way(yielded: dict[str, str], kind: Any, ns: str, older: list[str], logger: Any) -> None:
+    """Record (and say, at each change) whether this install gives way in scope `ns` ("" = every namespace)."""
+    where = f"namespace {ns}" if ns else "the cluster"
+    had = yielded.pop(ns, None)
+    if older:
+        names = ", ".join(f"{kind.kind}/{o}" for o in older)
+        yielded[ns] = f"an older rlt install works in {where} (peering object {names})"
+        if had != yielded[ns]:
+            logger.error(
+                f"this install gives way in {where}: {yielded[ns]}; no run there is reconciled by this install "
+                "while that one has a live replica (rlt_operator_active 0 where it gives way everywhere)"
+            )
+    elif had is not None and not had.startswith("this replica has not yet checked"):
+        logger.warning(f"this install works again in {where}: no older rlt install has a live replica there")
 
 
 @kopf.on.probe(id="runs")
@@ -342,8 +393,8 @@ async def apply(
         key = (a.plural, a.name)
         if not writes.due(key, now) or (a.verb == "create" and writes.blocked(a.plural)):
             continue
-        child = getattr(observed, a.plural, {}).get(a.name) if a.verb != "create" else None
-        if child is not None and not owns_summary(ref, a.plural, child):
+        child = observed.child(a.plural, a.name) if a.verb != "create" else None
+        if child is not None and not _owned(ref, a.plural, child, observed):
             problem(conflict(a.plural, a.name, None))
             continue
         try:
@@ -355,7 +406,13 @@ async def apply(
                     problem(conflict(a.plural, a.name, existing))
                     continue
             elif a.verb == "patch":
-                await asyncio.to_thread(state.kube.patch, a.plural, ref.namespace, a.name, a.body)
+                try:
+                    await asyncio.to_thread(state.kube.patch, a.plural, ref.namespace, a.name, a.body)
+                except KubeError as err:
+                    if err.status != 404:
+                        raise
+                    logger.info(f"{a.plural}/{a.name} is gone; not updated")  # the next reconcile decides again
+                    continue
                 logger.info(f"updated {a.plural}/{a.name}")
             elif a.verb == "delete":
                 if await asyncio.to_thread(state.kube.delete, a.plural, ref.namespace, a.name, a.propagation):
@@ -370,6 +427,12 @@ async def apply(
         writes.succeeded(key)
         sent.append(a)
     return sent, news
+
+
+def _owned(ref: builders.RunRef, plural: str, child: dict[str, Any], observed: Observed) -> bool:
+    if plural == "pods":  # its Job's or StatefulSet's, or kept for its logs
+        return owns_pod(ref, child, [*observed.jobs.values(), *observed.statefulsets.values()])
+    return owns_summary(ref, plural, child)
 
 
 def observed_conflicts(ref: builders.RunRef, observed: Observed) -> list[WriteProblem]:
@@ -521,6 +584,9 @@ async def reconcile_loop(
     mem = RunMemory()
     try:
         while not stopped:
+            if state.gives_way(namespace):  # another install reconciles this run (watch_peering): no write from here
+                await asyncio.sleep(1.0)
+                continue
             wake.clear()
             t0 = time.perf_counter()
             try:
@@ -564,14 +630,18 @@ async def cleanup(
 ) -> None:
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
     state: OperatorState = memo.rlt
+    while state.gives_way(namespace):  # the other install deletes the children (and the run then goes): wait, write
+        # nothing (a retry would write Kopf's progress annotation, which both installs read)
+        found = await asyncio.to_thread(state.kube.list, RUN.plural, namespace, None, f"metadata.name={name}")
+        if not found or found[0]["metadata"].get("uid") != meta["uid"]:
+            return
+        await asyncio.sleep(1.0)
     storage = spec.get("storage") or {}  # raw spec: it may be invalid
     retention = "Delete" if storage.get("retentionPolicy") == "Delete" else "Retain"  # unknown → keep the data
     ref = builders.RunRef(name=name, namespace=namespace, uid=meta["uid"])
     # Only the run's own objects, found by its label and checked by owner UID: never someone else's object that
     # happens to have a child's name, nor an object the user deleting the run has no rights to.
-    for child in CHILDREN:
-        if child.plural == "pods":
-            continue  # their Job or StatefulSet owns them
+    for child in CHILDREN:  # pods: only a failed pod kept for its logs is the run's (the others are their Job's)
         found = await asyncio.to_thread(state.kube.list, child.plural, namespace, f"{builders.L_RUN}={name}")
         for obj in found:
             m = obj["metadata"]

@@ -181,6 +181,13 @@ class Observed:
     pods: list[dict[str, Any]] = field(default_factory=list)
     networkpolicies: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def child(self, plural: str, name: str) -> dict[str, Any] | None:
+        """The summary of the child `plural/name`, or None."""
+        if plural == "pods":
+            return next((p for p in self.pods if p["name"] == name), None)
+        children: dict[str, dict[str, Any]] = getattr(self, plural)
+        return children.get(name)
+
 
 def pods_not_created(observed: Observed) -> list[tuple[str, str, str]]:
     """(kind, name, uid) of the run's Jobs and StatefulSets whose controller has not created all their pods: where

@@ -87,6 +87,24 @@ def overlapping(objects: list[dict[str, Any]], own: str, now: float | None = Non
     return out
 
 
+def _seniority(obj: dict[str, Any]) -> tuple[str, str]:
+    """Which install came first: its peering object's creationTimestamp (RFC 3339 in UTC, as the API server writes
+    it: ordered as text), then its name (a tie within the same second)."""
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("creationTimestamp") or "9999"), str(meta.get("name") or ""))
+
+
+def yields_to(objects: list[dict[str, Any]], own: dict[str, Any], now: float | None = None) -> list[str]:
+    """The other rlt installs in this scope that this install gives way to: those with a live replica whose peering
+    object is older than its own (the install there first keeps working). Two installs reconciling the same runs
+    would post every Event twice and race their status writes; with this rule one works and the other waits."""
+    name = (own.get("metadata") or {}).get("name")
+    live = set(overlapping(objects, str(name), now))
+    return sorted(
+        o["metadata"]["name"] for o in objects if o["metadata"]["name"] in live and _seniority(o) < _seniority(own)
+    )
+
+
 def _crd(kind: Kind) -> dict[str, Any]:
     scope = "Namespaced" if kind.namespaced else "Cluster"
     return {

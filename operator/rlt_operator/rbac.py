@@ -12,8 +12,10 @@ lifecycle is covered. Where each verb comes from:
 - children list/watch: Kopf indices, and a list by name after a 409 (whose object is it?) and by label at deletion
   (the operator never GETs single objects); create: fixed-name
   children; delete: gang restarts, suspend, terminal cleanup, TTL and run deletion; configmaps patch:
-  the pods' run.yaml follows spec edits. Pods are only watched (generator restarts, failed ranks);
-  deleting a Job or StatefulSet with Foreground propagation lets the garbage collector remove them.
+  the pods' run.yaml follows spec edits. Pods are watched (generator restarts, failed ranks); deleting a Job or
+  StatefulSet with Foreground propagation lets the garbage collector remove them. Pods patch: a failed gang's
+  failed trainer pod is handed to the run before its Job is deleted (kept for its logs); delete: the one kept
+  before, when a newer one is kept, and the kept one at the run's deletion.
 - networkpolicies list/watch/create/delete: the policy that lets only a run's trainers reach its generators.
 - customresourcedefinitions list/watch (cluster scope): Kopf's resource discovery.
 - clusterkopfpeerings (cluster mode) or kopfpeerings (namespaced mode, in each watched namespace) list/watch/patch:

@@ -31,7 +31,14 @@ from rlt_operator.conditions import (
     stuck_terminating,
     volume_condition,
 )
-from rlt_operator.gang import capacity_condition, current_gang, gang_failure, trainer_shape
+from rlt_operator.gang import (
+    capacity_condition,
+    current_gang,
+    failed_trainer_pod,
+    gang_failure,
+    kept_pod_patch,
+    trainer_shape,
+)
 from rlt_operator.observed import (
     Observed,
     job_complete,
@@ -112,7 +119,7 @@ class _Plan:
         return False
 
     def delete(self, plural: str, name: str, propagation: str = "Background") -> None:
-        child = getattr(self.obs, plural).get(name)
+        child = self.obs.child(plural, name)
         queued = any(a.verb == "delete" and a.name == name and a.plural == plural for a in self.actions)
         if child is not None and not child.get("deleting") and not queued:
             self.actions.append(Action("delete", plural, name, propagation=propagation))
@@ -146,29 +153,29 @@ def decide(
     spec = valid_spec(ref, raw_spec, run_status, now)
     if spec is None:
         while_held(ref, observed, run_status, progress, now)
-        return _finish(prev, run_status, plan, None)
+        return _finish(ref, prev, run_status, plan, None)
     run_wide_children(ref, spec, observed, run_status, plan, now)
     done = finished_stages(ref, spec, observed, run_status, now)
     if run_ended(spec, run_status, done, now):
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return _finish(ref, prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
     stage = current_stage(spec, run_status, done)
     other_active = stop_other_stages(ref, stage, observed, plan)
     if spec.suspend:
         suspend(ref, stage, run_status, plan, now)
-        return _finish(prev, run_status, plan, None)
+        return _finish(ref, prev, run_status, plan, None)
     requeue = activate(spec, run_status, now)
     gang = gang_children(ref, spec, stage, run_status, observed, plan, other_active, now)
-    outcome = gang_outcome(spec, gang, run_status, observed, plan, now)
+    outcome = gang_outcome(ref, spec, gang, run_status, observed, plan, now)
     if outcome == RESTART:
-        return _finish(prev, run_status, plan, SOON)
+        return _finish(ref, prev, run_status, plan, SOON)
     if outcome == FAILED:
-        return _finish(prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return _finish(ref, prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
     spec_applied(ref, gang, run_status, now)
     backoff = restart_backoff(gang, run_status, now)
     ready = launch(ref, spec, gang, run_status, plan, scrapers, now)
     trainer_condition(gang, ready, run_status, observed, now)
     read_progress(progress, stage, run_status)
-    return _finish(prev, run_status, plan, _min(_min(requeue, backoff), SOON if gang.waiting else None))
+    return _finish(ref, prev, run_status, plan, _min(_min(requeue, backoff), SOON if gang.waiting else None))
 
 
 # --------------------------------------------------------------------------- the steps of decide, in order
@@ -404,8 +411,39 @@ def gang_children(
 RESTART = "Restart"  # gang_outcome: the gang is being restarted
 
 
+def keep_failed_pod(
+    ref: builders.RunRef, gang: Gang, run_status: RLTRunStatus, observed: Observed, plan: _Plan
+) -> None:
+    """The failed gang's failed trainer pod outlives its Job (deleted now for a restart, or later by a TTL), so its
+    log stays readable: it is handed to the run (gang.kept_pod_patch) before anything is deleted, and named in
+    status.lastFailedPod. One per run: the one kept before is deleted (prune_kept_pods)."""
+    name = failed_trainer_pod(observed.pods, gang.stage, gang.restarts)
+    pod = observed.child("pods", name) if name else None
+    if name is None or pod is None or pod.get("deleting"):
+        return
+    if pod.get("owner") != ref.uid:
+        plan.actions.append(Action("patch", "pods", name, kept_pod_patch(ref)))
+    run_status.last_failed_pod = name
+
+
+def prune_kept_pods(ref: builders.RunRef, run_status: RLTRunStatus, plan: _Plan) -> None:
+    """Pods the run itself owns are failed pods kept for their logs: all but status.lastFailedPod go; a kept pod
+    someone deleted is no longer named."""
+    if run_status.last_failed_pod and plan.obs.child("pods", run_status.last_failed_pod) is None:
+        run_status.last_failed_pod = None
+    for pod in plan.obs.pods:
+        if pod.get("owner") == ref.uid and pod["name"] != run_status.last_failed_pod:
+            plan.delete("pods", pod["name"])
+
+
 def gang_outcome(
-    spec: RLTRunSpec, gang: Gang, run_status: RLTRunStatus, observed: Observed, plan: _Plan, now: dt.datetime
+    ref: builders.RunRef,
+    spec: RLTRunSpec,
+    gang: Gang,
+    run_status: RLTRunStatus,
+    observed: Observed,
+    plan: _Plan,
+    now: dt.datetime,
 ) -> str | None:
     """A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
     config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
@@ -414,6 +452,8 @@ def gang_outcome(
     stage, restarts = gang.stage, gang.restarts
     failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, now, one_node)
     capacity_condition(run_status, observed.pods, stage, restarts, now)
+    if fatal or failure:
+        keep_failed_pod(ref, gang, run_status, observed, plan)
     if fatal:
         _fail(
             run_status,
@@ -734,18 +774,22 @@ def _terminal(
 def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, str, str]]:
     """Kubernetes Events for what changed between two statuses."""
     ev: list[tuple[str, str, str]] = []
+    # A failed pod kept now (keep_failed_pod): where its log is, in the GangRestart or Failed Event.
+    kept = new.last_failed_pod if new.last_failed_pod != prev.last_failed_pod else None
+    logs = f"; its log: kubectl logs {kept}" if kept else ""
     if (new.restarts or 0) > (prev.restarts or 0):
         uncounted = (new.disruptions or 0) > (prev.disruptions or 0)
         ev.append(
             (
                 "Warning",
                 "GangRestart",
-                f"restart {new.restarts}: {new.last_failure or 'a pod failed'}; "
+                f"restart {new.restarts}: {new.last_failure or 'a pod failed'}{logs}; "
                 "trainer and generators restart from the last checkpoint"
                 + (" (a disruption: not counted against backoffLimit)" if uncounted else "")
                 + (f", not before {new.backoff_until} (back-off)" if new.backoff_until else ""),
             )
         )
+        logs = ""
     if new.reason == "InvalidSpec" and (prev.reason, prev.message) != ("InvalidSpec", new.message):
         ev.append(("Warning", "InvalidSpec", f"{new.message}; nothing is started or stopped until the spec is fixed"))
     elif prev.reason == "InvalidSpec" and new.reason != "InvalidSpec":
@@ -763,7 +807,7 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, 
         ev.append(("Normal", "StageStarted", f"stage {new.stage} started"))
     if new.phase != prev.phase:
         if new.phase == FAILED:
-            ev.append(("Warning", new.reason or "Failed", new.message or "run failed"))
+            ev.append(("Warning", new.reason or "Failed", (new.message or "run failed") + logs))
         elif new.phase == SUCCEEDED:
             ev.append(("Normal", "Succeeded", new.message or "run succeeded"))
         elif new.phase == SUSPENDED:
@@ -781,12 +825,17 @@ def events_for(decision: Decision, applied: list[Action]) -> list[tuple[str, str
     return [e for e in decision.events if e[1] != "TrainerCreated" or any(f"Job {n} created" in e[2] for n in sent)]
 
 
-def _finish(prev: dict[str, Any], run_status: RLTRunStatus, plan: _Plan, requeue: float | None) -> Decision:
+def _finish(
+    ref: builders.RunRef, prev: dict[str, Any], run_status: RLTRunStatus, plan: _Plan, requeue: float | None
+) -> Decision:
+    prune_kept_pods(ref, run_status, plan)
     # Empty records are left out of the written status (a merge patch then removes them).
     if not run_status.last_failure:
         run_status.last_failure = None
     if not run_status.backoff_until:
         run_status.backoff_until = None
+    if not run_status.last_failed_pod:
+        run_status.last_failed_pod = None
     if not run_status.stage_specs:
         run_status.stage_specs = None
     status = run_status.model_dump(mode="json", by_alias=True, exclude_none=True)

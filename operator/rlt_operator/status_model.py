@@ -124,6 +124,11 @@ class RLTRunStatus(_Status):
     )
     message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
     last_failure: str | None = Field(None, description="The last failure that caused a gang restart.")
+    last_failed_pod: str | None = Field(
+        None,
+        description="The last failed gang's failed trainer pod, kept for its logs (`kubectl logs <pod>`): owned by "
+        "the run, deleted with it or when a newer failed pod is kept (one per run).",
+    )
     backoff_until: str | None = Field(
         None,
         description="After a failed gang, the next one is not created before this time (back-off: 10 s, doubling "

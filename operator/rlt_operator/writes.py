@@ -58,6 +58,13 @@ def owns_summary(ref: RunRef, plural: str, summary: dict[str, Any]) -> bool:
     return owns(ref, plural, [summary["owner"]] if summary.get("owner") else [], summary.get("labels") or {})
 
 
+def owns_pod(ref: RunRef, pod: dict[str, Any], controllers: list[dict[str, Any]]) -> bool:
+    """A pod (an observed summary) is the run's when its controller is the run (a failed pod kept for its logs) or
+    one of the run's Jobs and StatefulSets (observed summaries, which carry their UID)."""
+    ours = {c.get("uid") for c in controllers if owns_summary(ref, "jobs", c)} | {ref.uid}
+    return bool(pod.get("owner")) and pod.get("owner") in ours
+
+
 def conflict(plural: str, name: str, obj: dict[str, Any] | None) -> WriteProblem:
     meta = (obj or {}).get("metadata") or {}
     owners = [f"{r.get('kind')}/{r.get('name')}" for r in meta.get("ownerReferences") or []]

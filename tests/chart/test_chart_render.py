@@ -294,21 +294,26 @@ def test_alert_thresholds_and_for_are_chart_values(tmp_path):
     values = tmp_path / "alerting.yaml"
     values.write_text(
         "prometheusRule:\n"
-        "  thresholds: {stalledMinutes: 45, restartsPerHour: 5, rewardFlatMinutes: 20, kvCacheUsage: 0.9}\n"
+        "  thresholds: {stalledMinutes: 45, stalledStepTimes: 3, stalledFloorMinutes: 10, restartsPerHour: 5,\n"
+        "    rewardFlatMinutes: 20, kvCacheUsage: 0.9}\n"
         "  for: {RLTRunFailed: 3m}\n"
     )
     files, extra = VALUE_SETS["monitoring"]
     docs = template(*[a for f in files for a in ("-f", str(f))], *extra, "-f", str(values))
     alerts = _alerts(docs)
     stalled = alerts["RLTRunStalled"]
-    assert "changes(rlt_run_step[45m])" in stalled["expr"] and "45 minutes" in stalled["annotations"]["summary"]
-    assert "30" not in stalled["expr"] + stalled["annotations"]["summary"] + stalled["annotations"]["description"]
+    said = stalled["expr"] + stalled["annotations"]["summary"] + stalled["annotations"]["description"]
+    assert "+ 45 * 60" in stalled["expr"] and "45 minutes while" in stalled["annotations"]["description"]
+    assert "3 * max" in stalled["expr"] and "3 step times" in stalled["annotations"]["description"]
+    assert "10 * 60" in stalled["expr"] and "at least 10 minutes" in stalled["annotations"]["description"]
+    for default in ("30", "2 * max", "2 step", " 5 * 60", "least 5 minutes"):  # every default replaced
+        assert default not in said, default
     assert ">= 5" in alerts["RLTRunRestartLoop"]["expr"]
     assert "at least 5 times" in alerts["RLTRunRestartLoop"]["annotations"]["description"]
     assert 'rlt_reward_std{stage="rl"}[20m]' in alerts["RLTRewardCollapsed"]["expr"]
     assert "> 0.9\n" in alerts["RLTGeneratorsSaturated"]["expr"]
     assert "over 90 % full" in alerts["RLTGeneratorsSaturated"]["annotations"]["description"]
-    assert alerts["RLTRunFailed"]["for"] == "3m" and alerts["RLTRunStalled"]["for"] == "15m"
+    assert alerts["RLTRunFailed"]["for"] == "3m" and alerts["RLTRunStalled"]["for"] == "2m"
     # what the chart renders is still a rule file Prometheus loads
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": one(docs, "PrometheusRule")["spec"]["groups"]}))

@@ -212,6 +212,22 @@ class Harness:
             },
         )
 
+    async def failed_trainer_pod(self, run: str, stage: str, suffix: str, line: str) -> dict[str, Any]:
+        """A pod the Job controller created (owned by the Job, with its template's labels) whose trainer exited 1,
+        its log's last line in the termination message (as the kubelet reports it)."""
+        job = await self.wait_object("jobs", f"{run}-{stage}")
+        meta = job["metadata"]
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"], "controller": True}
+        name = f"{meta['name']}-0-{suffix}"
+        labels = job["spec"]["template"]["metadata"]["labels"]
+        body = {"metadata": {"name": name, "labels": labels, "ownerReferences": [owner]}, "spec": {"containers": []}}
+        await self.call("POST", PATHS["pods"].format(ns=NS), {"apiVersion": "v1", "kind": "Pod", **body})
+        end = {"terminated": {"reason": "Error", "exitCode": 1, "message": f"...\n{line}"}}
+        await self.set_status(
+            "pods", name, {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": end}]}
+        )
+        return await self.get("pods", name)
+
     async def generator_pod(self, run: str, index: int, restarts: int = 0) -> None:
         """A pod the StatefulSet controller would create, with the template's labels."""
         sts = await self.wait_object("statefulsets", f"{run}-generator")

@@ -9,6 +9,8 @@ validates)."""
 from __future__ import annotations
 
 import copy
+import math
+import sys
 from fractions import Fraction
 
 import jsonschema
@@ -50,7 +52,9 @@ def _is_quantity(s) -> celtypes.BoolType:
 
 
 def _as_approximate_float(q) -> celtypes.DoubleType:
-    return celtypes.DoubleType(float(quantity_value(str(q))))
+    value = quantity_value(str(q))
+    # Go's AsApproximateFloat gives +Inf past the largest double, where Python's float() raises
+    return celtypes.DoubleType(float(value) if value < sys.float_info.max else math.inf)
 
 
 def _is_greater_than(a, b) -> celtypes.BoolType:

@@ -429,6 +429,72 @@ async def test_two_installs_in_one_scope_each_say_so(harness, tmp_path):
         assert log("op-a").count("another rlt install works") == 1
 
 
+RUNS_PATH = "/apis/rlt.dev/v1alpha1/namespaces/default/rltruns/"
+
+
+def kopf_bookkeeping(patch: Any) -> bool:
+    """A patch that touches only Kopf's finalizer, annotations and the resourceVersion it tests."""
+    if isinstance(patch, list):  # a JSON patch
+        return all(op["path"] in ("/metadata/finalizers", "/metadata/resourceVersion") for op in patch)
+    meta = patch.get("metadata") or {}
+    return set(patch) == {"metadata"} and set(meta) <= {"annotations", "resourceVersion", "finalizers"}
+
+
+async def test_of_two_installs_in_one_scope_the_older_works_and_the_newer_gives_way(harness, tmp_path):
+    """Two cluster-wide installs (each its own peering object): the one installed first reconciles every run; the
+    other writes nothing (not even at a run's deletion), says so at ERROR and reads rlt_operator_active 0 — and
+    takes over once the older install has no live replica."""
+    labels = {"app.kubernetes.io/part-of": "rlt"}
+    for name, created in (("one", "2026-01-01T00:00:00Z"), ("two", "2026-01-02T00:00:00Z")):
+        meta = {"name": name, "labels": labels, "creationTimestamp": created}  # "one" installed a day earlier
+        body = {"apiVersion": CLUSTER_PEERING.api_version, "kind": CLUSTER_PEERING.kind, "metadata": meta}
+        await harness.call("POST", PEERINGS, body)
+    ports = {"op-a": free_port(), "op-b": free_port()}
+
+    def log(name: str) -> str:
+        return (tmp_path / f"{name}.log").read_text()
+
+    def active(name: str) -> str | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[name]}/metrics", timeout=3) as r:
+            found = re.search(r"^rlt_operator_active (\S+)$", r.read().decode(), re.M)
+        return found.group(1) if found else None
+
+    async with replicas(harness, tmp_path) as (start, procs):
+        # The newer install starts first: it must not reconcile in the moment before it has looked.
+        await start("op-b", ("--all-namespaces",), -1, "two", (), ports["op-b"])
+        await start("op-a", ("--all-namespaces",), -1, "one", (), ports["op-a"])
+        await poll_until(lambda: "this install gives way in the cluster" in log("op-b"), "op-b gives way", 40)
+        assert "ClusterKopfPeering/one" in log("op-b")
+        await harness.create_run(example())
+        other = example()
+        other["metadata"]["name"] = "other"
+        await harness.create_run(other)
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        await harness.wait_object("jobs", "other-sft", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running", timeout=20)
+        await harness.delete_run("other")
+        await harness.wait_gone("rltruns", "other", timeout=20)
+        await asyncio.sleep(2)
+        by_b = [w for w in writes(list(harness.cluster._requests)) if w[1] == "op-b"]
+        # Only Kopf's own bookkeeping on the run object, identical from either install: its shared finalizer (added
+        # and removed under a resourceVersion precondition) and its diff-base annotation. No child, status or Event.
+        requests = list(harness.cluster._requests)
+        for i, _by, method, path in by_b:
+            assert method == "PATCH" and path.startswith(RUNS_PATH) and not path.endswith("/status"), (method, path)
+            assert kopf_bookkeeping(requests[i].data), requests[i].data
+        assert (await asyncio.to_thread(active, "op-a"), await asyncio.to_thread(active, "op-b")) == ("1.0", "0.0")
+        await poll_until(lambda: "this install was installed first and keeps working" in log("op-a"), "op-a says", 20)
+
+        # The older install goes (its replica dies): once its record expires, the newer one works.
+        procs["op-a"].send_signal(signal.SIGKILL)
+        await procs["op-a"].wait()
+        await poll_until(lambda: "this install works again in the cluster" in log("op-b"), "op-b works", LIFETIME + 20)
+        await harness.trainer_succeeded("tiny", "sft")
+        await harness.wait_object("jobs", "tiny-rl", timeout=20)
+        assert await asyncio.to_thread(active, "op-b") == "1.0"
+
+
 async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):
     """Kopf waits silently (a debug line) for an absent peering object: the operator says it, naming the object."""
     await create_peering(harness)  # another name than the one asked for
@@ -445,6 +511,30 @@ async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):
         log.close()
     line = next(li for li in path.read_text().splitlines() if "not found" in li)
     assert "--peering nope: ClusterKopfPeering/nope not found; this replica stays paused until it exists" in line
+
+
+def test_an_install_gives_way_only_to_an_older_live_one():
+    from rlt_operator.peering import yields_to
+
+    now = time.time()
+    live = {"r": {"priority": 1, "lifetime": 20, "lastseen": datetime_iso(now - 5)}}
+    dead = {"r": {"priority": 1, "lifetime": 20, "lastseen": datetime_iso(now - 60)}}
+
+    def obj(name, created, status):
+        return {"metadata": {"name": name, "creationTimestamp": created}, "status": status}
+
+    own = obj("b", "2026-01-02T00:00:00Z", live)
+    older, newer = obj("a", "2026-01-01T00:00:00Z", live), obj("c", "2026-01-03T00:00:00Z", live)
+    assert yields_to([own, older, newer], own, now) == ["a"]
+    assert yields_to([own, obj("a", "2026-01-01T00:00:00Z", dead), newer], own, now) == []  # its replicas are gone
+    same_second = obj("a", "2026-01-02T00:00:00Z", live)
+    assert yields_to([own, same_second], own, now) == ["a"] and yields_to([own, same_second], same_second, now) == []
+
+
+def datetime_iso(t: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat()
 
 
 def test_auto_priority_prefers_the_replica_started_first():

@@ -118,6 +118,52 @@ async def test_pod_failure_gang_restart_then_backoff_limit(harness):
     await wait_for_events(harness, "tiny", {"GangRestart", "BackoffLimitExceeded"})
 
 
+async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_with_the_run(harness, monkeypatch):
+    from rlt_operator import status
+
+    monkeypatch.setattr(status, "BACKOFF_BASE", 0.5)  # the next gang after half a second, not 10 s
+    doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
+    await harness.start_operator()
+    run = await harness.create_run(doc)
+    await harness.trainer_running("tiny", "rl")
+    first = await harness.failed_trainer_pod("tiny", "rl", "aaaaa", "RuntimeError: CUDA error: out of memory")
+    await harness.trainer_failed("tiny", "rl")
+
+    def owned_by_run(pod):
+        refs = (pod or {}).get("metadata", {}).get("ownerReferences") or []
+        return [(r["kind"], r["uid"], r.get("controller")) for r in refs] == [("RLTRun", run["metadata"]["uid"], True)]
+
+    # Handed to the run before its Job is deleted: a cluster's garbage collector deletes it with the run, not the Job.
+    st = await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart 1")
+    assert st["lastFailedPod"] == first["metadata"]["name"]
+    assert owned_by_run(await harness.get("pods", first["metadata"]["name"]))
+    events = await wait_for_events(harness, "tiny", {"GangRestart"})
+    restart = next(e for e in await harness.events("tiny") if e["reason"] == "GangRestart")
+    assert f"kubectl logs {first['metadata']['name']}" in restart["message"], events
+
+    # The next gang fails for good: its pod is kept, the one kept before is deleted (one per run).
+    async def next_gang():
+        job = await harness.get("jobs", "tiny-rl")
+        return job if job and job["metadata"]["labels"]["rlt.dev/restart"] == "1" else None
+
+    await harness.wait(next_gang, "the next gang's Job")
+    await harness.trainer_running("tiny", "rl")
+    second = await harness.failed_trainer_pod("tiny", "rl", "bbbbb", "ValueError: loss is nan")
+    await harness.trainer_failed("tiny", "rl")
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Failed", "Failed")
+    assert st["lastFailedPod"] == second["metadata"]["name"]
+    await harness.wait_gone("pods", first["metadata"]["name"])
+    assert owned_by_run(await harness.get("pods", second["metadata"]["name"]))
+    await wait_for_events(harness, "tiny", {"BackoffLimitExceeded"})
+    failed = next(e for e in await harness.events("tiny") if e["reason"] == "BackoffLimitExceeded")
+    assert f"kubectl logs {second['metadata']['name']}" in failed["message"]
+
+    # Deleting the run deletes the kept pod (the operator's cleanup; a cluster's garbage collector too).
+    await harness.delete_run("tiny")
+    await harness.wait_gone("rltruns", "tiny")
+    assert await harness.get("pods", second["metadata"]["name"]) is None
+
+
 async def test_suspend_and_resume(harness):
     doc = server_mode(example(**{"spec.stages.sft.enabled": False}))
     await harness.start_operator()

@@ -111,3 +111,32 @@ def test_condition_series_are_one_per_condition_type_and_go_with_the_run():
     ]
     metrics.forget("ns", "a")
     assert series() == []
+
+
+def test_the_step_timestamp_moves_only_with_the_stage_or_step_and_goes_with_the_run(monkeypatch):
+    """rlt_run_step_timestamp_seconds (RLTRunStalled's clock): set when the run is first seen and whenever its stage
+    or step changes; a reconcile without progress leaves it as it was."""
+    from rlt_operator import handlers
+
+    metrics = OperatorMetrics(CollectorRegistry())
+    clock = iter([100.0, 200.0, 300.0, 400.0, 500.0])
+    monkeypatch.setattr(handlers.time, "time", lambda: next(clock))
+
+    def at() -> float | None:
+        text = generate_latest(metrics.registry).decode()
+        found = re.search(r'^rlt_run_step_timestamp_seconds\{namespace="ns",run="a"\} (\S+)$', text, re.M)
+        return float(found.group(1)) if found else None
+
+    def st(stage: str, step: int) -> dict:
+        return {"phase": "Running", "stage": stage, "progress": {"step": step}}
+
+    metrics.run("ns", "a", st("sft", 3), "rlt")
+    assert at() == 100.0
+    metrics.run("ns", "a", st("sft", 3), "rlt")  # no progress: the clock runs on
+    assert at() == 100.0
+    metrics.run("ns", "a", st("sft", 4), "rlt")
+    assert at() == 200.0
+    metrics.run("ns", "a", st("rl", 4), "rlt")  # a new stage is progress, whatever its step
+    assert at() == 300.0
+    metrics.forget("ns", "a")
+    assert at() is None

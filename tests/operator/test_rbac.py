@@ -46,7 +46,9 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.trainer_succeeded("tiny", "sft")
     await harness.generators_ready("tiny")
     await harness.trainer_running("tiny", "rl")
-    await harness.generator_pod("tiny", 0, restarts=1)  # gang restart: deletes
+    # A trainer pod fails, its gang restarts: deletes, and the failed pod is kept (pods patch; pods delete with the run)
+    await harness.failed_trainer_pod("tiny", "rl", "aaaaa", "RuntimeError: boom")
+    await harness.trainer_failed("tiny", "rl")
     await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart")
     await harness.patch_run("tiny", {"spec": {"seed": 7}})  # config follows the spec: configmap patch
     await harness.wait(

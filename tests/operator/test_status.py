@@ -1100,7 +1100,7 @@ def test_step_gang_outcome(restarts, failed, limit, outcome, phase):
     st = carried(running("rl", restarts))
     plan = S._Plan(observed(spec(), [job("rl", restart=restarts, active=1, failed=failed)]))
     g = S.gang_children(REF, sp, "rl", st, plan.obs, plan, [], NOW)
-    assert S.gang_outcome(sp, g, st, plan.obs, plan, NOW) == outcome
+    assert S.gang_outcome(REF, sp, g, st, plan.obs, plan, NOW) == outcome
     assert st.phase == phase
     assert st.restarts == restarts + (outcome == S.RESTART)
 
@@ -1182,6 +1182,49 @@ def test_the_failed_message_and_event_carry_the_pods_exit_code_and_last_line():
     said = "pod t-rl-0-x exit code 1: RuntimeError: CUDA error: an illegal memory access was encountered"
     assert said in d.status["message"]
     assert any(e[1] == "BackoffLimitExceeded" and said in e[2] for e in d.events)
+
+
+def kept(pod, uid="u1"):
+    """A pod as observed once the run owns it (kept for its logs)."""
+    return {**pod, "owner": uid}
+
+
+def test_the_failed_gangs_failed_pod_is_handed_to_the_run_before_its_job_is_deleted_and_only_the_last_is_kept():
+    sp = spec(sft=False, backoffLimit=1)
+    job_owned = {**crashed_trainer(0), "owner": "job-uid-0"}
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [], [job_owned]), NOW)
+    assert d.status["restarts"] == 1 and d.status["lastFailedPod"] == "t-rl-0-x"
+    patch = next(a for a in d.actions if (a.verb, a.plural) == ("patch", "pods"))
+    assert patch.name == "t-rl-0-x"
+    owners = patch.body["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [("RLTRun", "u1", True)]  # not its Job's
+    order = [(a.verb, a.plural) for a in d.actions]
+    assert order.index(("patch", "pods")) < order.index(("delete", "jobs"))  # kept before the Job goes
+    assert any(e[1] == "GangRestart" and "kubectl logs t-rl-0-x" in e[2] for e in d.events)
+    # Later reconciles keep it, and do not patch it again.
+    again = S.decide(REF, 1, sp, d.status, observed(sp, [], [], [kept(crashed_trainer(0))]), NOW)
+    assert not [a for a in again.actions if a.plural == "pods"] and again.status["lastFailedPod"] == "t-rl-0-x"
+    # The next gang fails too (the run fails): its pod is kept, the one kept before is deleted.
+    second = {**crashed_trainer(1), "name": "t-rl-0-y", "owner": "job-uid-1"}
+    obs = observed(sp, [job("rl", 1, active=0, failed=True)], [], [kept(crashed_trainer(0)), second])
+    f = S.decide(REF, 1, sp, {k: v for k, v in d.status.items() if k != "backoffUntil"}, obs, NOW)
+    assert f.status["phase"] == "Failed" and f.status["lastFailedPod"] == "t-rl-0-y"
+    assert ("patch", "pods", "t-rl-0-y") in acts(f) and ("delete", "pods", "t-rl-0-x") in acts(f)
+    assert any(e[1] == "BackoffLimitExceeded" and "kubectl logs t-rl-0-y" in e[2] for e in f.events)
+    # A kept pod someone deleted is no longer named.
+    gone = S.decide(REF, 1, sp, f.status, observed(sp, [job("rl", 1, active=0, failed=True)]), NOW)
+    assert "lastFailedPod" not in gone.status
+    # A pod of someone else's (another run's) is never deleted as a kept one.
+    other = S.decide(REF, 1, sp, f.status, observed(sp, [], [], [kept(crashed_trainer(0), uid="u2")]), NOW)
+    assert not [a for a in other.actions if a.plural == "pods"]
+
+
+def test_a_generator_pod_is_not_kept_its_fixed_name_would_block_the_statefulset():
+    sp = spec(server=True, sft=False)
+    gen = observed_pod("t-generator-0", b.ROLE_GENERATOR, "rl", phase="Failed")
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [sts("rl")], [gen]), NOW)
+    assert d.status["restarts"] == 1 and "lastFailedPod" not in d.status
+    assert not [a for a in d.actions if a.plural == "pods"]
 
 
 # --------------------------------------------------------------------------- honest status

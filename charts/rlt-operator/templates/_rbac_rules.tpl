@@ -32,7 +32,7 @@ each verb comes from.
   verbs: ["list", "watch", "create", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "watch", "create", "delete"]

@@ -53,6 +53,7 @@ RUN_RESTARTS = "rlt_run_restarts"
 RUN_STEP = "rlt_run_step"
 RUN_CONDITION = "rlt_run_condition"
 RUN_LAST_RECONCILE = "rlt_run_last_reconcile_timestamp_seconds"
+RUN_STEP_TIME = "rlt_run_step_timestamp_seconds"
 OPERATOR_ACTIVE = "rlt_operator_active"
 # metrics.jsonl key -> rlt_rcl_* gauge (written by the rcl stages, exported by the Recorder)
 RCL_GAUGES = {
@@ -209,6 +210,14 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef(RUN_RESTARTS, "gauge", "Gang restarts of the run (status.restarts).", OPERATOR_LABELS, "operator"),
     MetricDef(RUN_STEP, "gauge", "status.progress.step as seen by the operator.", OPERATOR_LABELS, "operator"),
+    MetricDef(
+        RUN_STEP_TIME,
+        "gauge",
+        "Unix time the operator last saw the run's stage or step change (or first saw the run, after its own start): "
+        "how long the run has made no progress (alert RLTRunStalled).",
+        OPERATOR_LABELS,
+        "operator",
+    ),
     MetricDef(
         RUN_CONDITION,
         "gauge",

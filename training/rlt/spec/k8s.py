@@ -12,6 +12,7 @@ IsQualifiedName, IsValidLabelValue, IsConfigMapKey, IsCIdentifier).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from fractions import Fraction
@@ -66,10 +67,16 @@ def quantity_value(q: str) -> Fraction:
         raise ValueError(f"{q!r} is not a Kubernetes quantity")
     num, suffix = Fraction(m.group("num")), m.group("suffix") or ""
     if suffix in _BINARY:
-        return num * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return num * _DECIMAL[suffix]
-    return num * Fraction(10) ** int(suffix[1:])
+        value = num * _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        value = num * _DECIMAL[suffix]
+    else:
+        # An exponent is bounded before Python raises 10 to it (1e999999999 would take minutes): past 10^400 the
+        # CRD's CEL rules see +Inf (asApproximateFloat) and below 10^-200 the server rounds up to 1n anyway.
+        exponent = max(-200, min(400, int(suffix[1:])))
+        value = num * Fraction(10) ** exponent
+    # The API server rounds a non-zero quantity up to the nearest nano (0.1n is 1n).
+    return Fraction(math.ceil(value * 10**9), 10**9) if value else value
 
 
 # -------------------------------------------------------------------------------------------------- the types
@@ -111,16 +118,31 @@ def _qualified_name_parts(value: str) -> str | None:
     return None
 
 
+# Kubernetes documents that no quantity may hold more than 2^63-1 (its parser caps or wraps beyond): a request of
+# 1e999999999 bytes would only leave a pod that nothing schedules (and the pod builders' arithmetic on it).
+MAX_QUANTITY_VALUE = 2**63 - 1
+
+
+def _bounded(value: str) -> str | None:
+    exponent = re.search(r"[eE]([-+]?[0-9]+)$", value)
+    if exponent and not -(2**31) <= int(exponent.group(1)) < 2**31:  # the API server keeps an int32 of it
+        return "its exponent is outside what the API server reads (a 32-bit integer)"
+    if quantity_value(value) > MAX_QUANTITY_VALUE:
+        return "above 2^63-1, the most a Kubernetes quantity holds"
+    return None
+
+
 def _whole(value: str) -> str | None:
-    v = quantity_value(value)
-    return None if v.denominator == 1 else "an extended resource must be a whole number (request = limit)"
+    if problem := _bounded(value):
+        return problem
+    return None if quantity_value(value).denominator == 1 else "an extended resource must be a whole number (request = limit)"
 
 
 # Bounded so that the CRD's CEL rules on quantities stay cheap in the apiserver's cost estimate.
 MAX_QUANTITY = 64
 Quantity = Annotated[
     str,
-    _check(QUANTITY, MAX_QUANTITY, "a Kubernetes quantity (e.g. 200Gi, 500m, 1.5T, 4; no spaces)"),
+    _check(QUANTITY, MAX_QUANTITY, "a Kubernetes quantity (e.g. 200Gi, 500m, 1.5T, 4; no spaces)", extra=_bounded),
     _schema(QUANTITY, MAX_QUANTITY),
 ]
 # Extended resources (nvidia.com/gpu, rdma/...): the API server takes whole numbers only.
