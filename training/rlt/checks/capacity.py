@@ -90,6 +90,7 @@ class Plan:
     shapes: Shapes | None = None
     disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
     stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
+    generation: list[str] = field(default_factory=list)  # distill's requests in flight per rank, and why
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
 
@@ -337,7 +338,10 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
         ):
             plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
         if stage == "distill" and spec.stages.rl.generation.mode == "server":
-            plan.notes.append(f"distill: {distill_requests_in_flight(spec, teacher, gpu_memory)[1]}")
+            plan.generation.append(
+                f"distill, at prompts of maxPromptLength {spec.stages.rl.max_prompt_length} (each rank counts its "
+                f"rows' mean prompt): {distill_requests_in_flight(spec, teacher, gpu_memory)[1]}"
+            )
     # Host memory of a trainer pod: DeepSpeed's start-up estimate (or every rank's loaded copy) and /dev/shm.
     limit = quantity_bytes(res.trainer.memory_limit or res.trainer.memory or f"{max(8, 32 * res.trainer.gpus)}Gi")
     plan.checks.append(
@@ -746,6 +750,7 @@ def render(plan: Plan, name: str) -> str:
             lines.append(f"  {'':<9}  note: {c.note}")
     lines += [f"  note: {n}" for n in plan.notes]
     lines += [f"  stopping: {n}" for n in plan.stopping]
+    lines += [f"  generation: {n}" for n in plan.generation]
     lines += [f"  WARNING: {n}" for n in plan.warnings]
     return "\n".join(lines)
 
