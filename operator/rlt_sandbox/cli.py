@@ -20,7 +20,19 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         namespaces=args.namespace or ["default"],
         run_pods=run_pods,
         images=args.image,
+        node_labels=parse_labels(args.node_label),
+        missing_images=args.missing_image,
     )
+
+
+def parse_labels(specs: list[str]) -> dict[str, str]:
+    out = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--node-label {spec!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,5 +61,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="IMAGE=BINDIR",
         help="with --run-pods: the local bin folder standing for IMAGE (default for every image: this "
         "Python environment); e.g. the generator image = .vllm-venv/bin",
+    )
+    p.add_argument(
+        "--node-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --run-pods: a label of the sandbox's one node, for nodeSelectors (e.g. "
+        "nvidia.com/gpu.memory=81559, which the trainer's preflight reads as the GPUs' memory)",
+    )
+    p.add_argument(
+        "--missing-image",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --run-pods: images matching this pattern (fnmatch, e.g. '*:nope') cannot be pulled: their pods "
+        "stay Pending with ErrImagePull / ImagePullBackOff, as a kubelet reports it",
     )
     p.set_defaults(func=cmd_sandbox)

@@ -103,9 +103,51 @@ def kmock_patched() -> bool:
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
 # The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
-# `kubectl get pods`: the pod's phase as STATUS (a real kubelet refines it with container reasons) and AGE.
+
+
+def pod_status_text(pod: dict[str, Any]) -> str:
+    """`kubectl get pods`' STATUS: the phase, refined by the init containers' progress (`Init:0/1`, `Init:Error`,
+    `Init:ErrImagePull`) and then by the containers' waiting or terminated reason (`ImagePullBackOff`, `Error`)."""
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "Terminating"
+    text = status.get("reason") or status.get("phase") or "Pending"
+    inits = status.get("initContainerStatuses") or []
+    for i, c in enumerate(inits):
+        state = c.get("state") or {}
+        done = state.get("terminated")
+        if done and done.get("exitCode") == 0:
+            continue
+        if done:
+            return "Init:" + (done.get("reason") or f"ExitCode:{done.get('exitCode')}")
+        waiting = (state.get("waiting") or {}).get("reason")
+        if waiting and waiting != "PodInitializing":
+            return f"Init:{waiting}"
+        return f"Init:{i}/{len(inits)}"
+    for c in reversed(status.get("containerStatuses") or []):
+        state = c.get("state") or {}
+        reason = (state.get("waiting") or {}).get("reason") or (state.get("terminated") or {}).get("reason")
+        if reason:
+            text = reason
+    return str(text)
+
+
+def _pod_ready(pod: dict[str, Any]) -> str:
+    cs = (pod.get("status") or {}).get("containerStatuses") or []
+    total = len((pod.get("spec") or {}).get("containers") or []) or len(cs)
+    return f"{sum(bool(c.get('ready')) for c in cs)}/{total}"
+
+
+def _pod_restarts(pod: dict[str, Any]) -> int:
+    status = pod.get("status") or {}
+    return sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+
+
+# `kubectl get pods`: READY, STATUS as kubectl words it from the container states, RESTARTS and AGE.
 POD_COLUMNS = [
-    {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Ready", "type": "string", "value": _pod_ready},
+    {"name": "Status", "type": "string", "value": pod_status_text},
+    {"name": "Restarts", "type": "integer", "value": _pod_restarts},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 _POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
@@ -311,7 +353,8 @@ class Cluster(kmock.KubernetesEmulator):
     async def __call__(self, raw_request: Any) -> Any:
         log = _POD_LOG.match(raw_request.path) if raw_request.method == "GET" else None
         if log:  # `kubectl logs POD`: the pod's log as text (kmock would answer with the pod object)
-            return self._serve_pod_log(*log.groups(), tail=raw_request.query.get("tailLines"))
+            query = raw_request.query
+            return self._serve_pod_log(*log.groups(), tail=query.get("tailLines"), container=query.get("container"))
         if raw_request.method == "PATCH" and "strategic-merge-patch" in raw_request.headers.get("Content-Type", ""):
             # Applied as a merge patch it would replace lists that Kubernetes merges by key (a Deployment's
             # containers, env, volumes): `helm upgrade` would "succeed" with a corrupted object. Refuse loudly.
@@ -356,10 +399,12 @@ class Cluster(kmock.KubernetesEmulator):
             return web.json_response(not_found_status(raw_request.path), status=404)
         return response
 
-    def _serve_pod_log(self, namespace: str, name: str, tail: str | None = None) -> Any:
+    def _serve_pod_log(self, namespace: str, name: str, tail: str | None = None, container: str | None = None) -> Any:
         from aiohttp import web
 
-        path = self.pod_log(namespace, name) if self.pod_log is not None else None
+        path = self.pod_log(namespace, name, container) if self.pod_log is not None else None
+        if path is not None and not Path(path).exists():  # the pod is there, its container has not started
+            return self._not_started(namespace, name, container)
         if path is None or not Path(path).exists():
             why = (
                 f'pod "{name}" has no log here: pods run only under `rlt sandbox --run-pods`'
@@ -377,6 +422,24 @@ class Cluster(kmock.KubernetesEmulator):
             text = "".join(lines[len(lines) - int(tail) :]) if int(tail) else ""
         return web.Response(text=text, content_type="text/plain")
 
+    def _not_started(self, namespace: str, name: str, container: str | None) -> Any:
+        """The API server's 400 for the log of a container that has not started (`kubectl logs` of a pod whose
+        init container failed: `... is waiting to start: PodInitializing`)."""
+        from aiohttp import web
+
+        pod = next(
+            (o.raw for (r, ns, n), o in self.objects.items() if r.plural == "pods" and (ns, n) == (namespace, name)),
+            {},
+        )
+        names = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+        container = container or (names[0] if names else "")
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        state = next((c.get("state") or {} for c in statuses if c.get("name") == container), {})
+        reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
+        why = f'container "{container}" in pod "{name}" is waiting to start: {reason}'
+        status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": why}
+        return web.json_response({**status, "reason": "BadRequest", "code": 400}, status=400)
+
     async def _handle(self, request: rendering.Request) -> Any:
         if request.resource is not None and request.method == enums.method.PUT and request.name:
             # kmock maps no action to PUT: replace the whole document through a JSON-patch.
@@ -384,10 +447,40 @@ class Cluster(kmock.KubernetesEmulator):
             _mutate(request, action=enums.action.UPDATE, data=[{"op": "replace", "path": "", "value": body}])
         if request.resource is not None:
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
+                refused = self._quota_refusal(request)
+                if refused is not None:
+                    return refused
                 self._stamp_create(request)
             elif request.action == enums.action.UPDATE and request.name is not None:
                 self._stamp_update(request)
         return await super()._handle(request)
+
+    def _quota_refusal(self, request: rendering.Request) -> Any:
+        """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit (rlt_sandbox.quota),
+        else None."""
+        if request.resource.plural != "pods" or request.resource.group:
+            return None
+        ns = request.namespace or (request.data.get("metadata") or {}).get("namespace")
+        quotas, pods = [], []
+        for (resource, namespace, _name), obj in self.objects.items():
+            if namespace != ns or obj.deleted or resource.group:
+                continue
+            if resource.plural == "resourcequotas":
+                quotas.append(obj.raw)
+            elif resource.plural == "pods":
+                pods.append(obj.raw)
+        if not quotas:
+            return None
+        from aiohttp import web
+
+        from rlt_sandbox.quota import refusal
+
+        why = refusal(request.data, quotas, pods)
+        if why is None:
+            return None
+        status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "message": why}
+        details = {"name": (request.data.get("metadata") or {}).get("name"), "kind": "pods"}
+        return web.json_response({**status, "reason": "Forbidden", "details": details, "code": 403}, status=403)
 
     def _stamp_create(self, request: rendering.Request) -> None:
         meta = request.data.setdefault("metadata", {})
@@ -506,7 +599,7 @@ class Cluster(kmock.KubernetesEmulator):
         for obj in items:
             cells: list[Any] = [obj.get("metadata", {}).get("name")]
             for c in cols:
-                value = _jsonpath(obj, c["jsonPath"])
+                value = c["value"](obj) if "value" in c else _jsonpath(obj, c["jsonPath"])
                 if c.get("ref") and isinstance(value, dict):
                     value = f"{str(value.get('kind', '')).lower()}/{value.get('name', '')}"
                 if c.get("type") == "date":

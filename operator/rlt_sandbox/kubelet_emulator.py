@@ -30,12 +30,28 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
   Service) on the same numbers, as on a cluster; per-address loopback (127.0.0.N) was not possible, since the
   programs bind 0.0.0.0 (prometheus_client, torch's TCPStore, vLLM) and rendered commands carry no bind address.
 - GPU requests: ignored; the processes run on CPU (`CUDA_VISIBLE_DEVICES` empty).
+- Init containers run first, one at a time in order, each to its end, as a kubelet runs them; the main container
+  starts only after the last one succeeded. An init container that fails ends a restartPolicy Never pod (phase
+  Failed, its exit code in `initContainerStatuses`, the main container still waiting `PodInitializing`: what
+  kubectl shows as `Init:Error`); under restartPolicy Always it is restarted (restartCount). A container's
+  terminationMessagePath is a file of its own here (the path in args and env is mapped onto it); its content is the
+  terminated state's message, else, with FallbackToLogsOnError and a failure, its log's tail.
+- Image pulls: an image reference that does not parse stays Pending `InvalidImageName`; one matching a pattern of
+  `missing_images` (fnmatch) cannot be pulled: `ErrImagePull`, then `ImagePullBackOff` while the back-off lasts
+  (`image_backoff_seconds`, doubling up to 5 min), then it is tried again. Every other image is "pulled" at once.
+- The node: one, labelled NODE_LABELS plus `node_labels`; a pod whose nodeSelector asks for anything else stays
+  Pending, Unschedulable, as the scheduler reports it.
+- Pods refused by the API server (a ResourceQuota; rlt_sandbox.kmock_glue checks it) are not made: the Job or
+  StatefulSet gets a `FailedCreate` Warning Event with the server's message, as its controller posts it, and the
+  creation is tried again on later passes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
+import json
 import logging
 import os
 import re
@@ -125,6 +141,37 @@ class PodConfigError(Exception):
     """The pod cannot start as rendered (the kubelet's CreateContainerConfigError)."""
 
 
+class ApiRefused(RuntimeError):
+    """The API server refused a write (status >= 300, not 404): its code and the message of its Status."""
+
+    def __init__(self, what: str, code: int, message: str):
+        super().__init__(f"{what}: {code} {message}")
+        self.code, self.message = code, message
+
+
+# A container image reference as the runtime parses it: [host[:port]/]path[:tag][@digest], lowercase path
+# components (the reference grammar of the OCI distribution spec, written out here).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])"
+IMAGE_REFERENCE = re.compile(
+    rf"(?:{_HOST}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[0-9a-fA-F]{{32,}})?"
+)
+IMAGE_BACKOFF_CAP = 300.0  # the kubelet's image pull back-off: 10 s doubling, at most 5 min
+
+
+def image_problem(image: str, missing: list[str]) -> tuple[str, str] | None:
+    """(reason, pattern or message) when the image cannot be pulled here: a reference that does not parse
+    (InvalidImageName), or one matching a pattern of `missing` (ErrImagePull); None when it can."""
+    if not image or not IMAGE_REFERENCE.fullmatch(image) or len(image) > 4096:
+        return (
+            "InvalidImageName",
+            f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": invalid reference '
+            "format",
+        )
+    hit = next((p for p in missing if fnmatch.fnmatchcase(image, p)), None)
+    return ("ErrImagePull", hit) if hit is not None else None
+
+
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: defined variables are replaced, `$$` is a literal `$`, the rest stays."""
 
@@ -171,10 +218,35 @@ class PodRun:
     run: str = ""  # its run (label rlt.dev/run, else its owner): the unit that gets its own ports here
     ports: dict[int, int] = field(default_factory=dict)  # its run's {rendered port: port here}
     waiting: PodWaiting | None = None  # why it stays Pending (retried every pass)
+    init_containers: list[dict[str, Any]] = field(default_factory=list)
+    step: int = 0  # the init container now due (len(init_containers): the main container's turn)
+    init_states: dict[int, dict[str, Any]] = field(default_factory=dict)  # init index -> its last state
+    init_restarts: dict[int, int] = field(default_factory=dict)
+    failed_container: str = ""  # the container whose exit failed the pod
+    pull_failures: int = 0  # failed pulls of the image now due, and when the back-off ends
+    pull_retry_at: float = 0.0
+    pull_failed_at: float = 0.0
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    @property
+    def initializing(self) -> bool:
+        return self.step < len(self.init_containers)
+
+    @property
+    def current(self) -> dict[str, Any]:
+        """The container whose turn it is: the next init container, else the main one."""
+        return self.init_containers[self.step] if self.initializing else self.container
+
+    def log_of(self, name: str) -> Path:
+        """A container's log file (the main one's is `log_path`)."""
+        return self.log_path if name == self.container["name"] else self.dir / f"init-{name}.log"
+
+    def message_file(self, name: str) -> Path:
+        """A container's terminationMessagePath, here."""
+        return self.dir / f"{name}.termination-log"
 
 
 class LocalKubelet:
@@ -191,8 +263,16 @@ class LocalKubelet:
         grace_seconds: float | None = None,
         job_backoff_seconds: float = 10.0,
         follow_namespaces: bool = False,
+        node_labels: dict[str, str] | None = None,
+        missing_images: list[str] | None = None,
+        image_backoff_seconds: float = 10.0,
     ):
         self.api = api_url.rstrip("/")
+        self.node_labels = {**NODE_LABELS, **(node_labels or {})}  # the one node's labels (nodeSelector)
+        self.missing_images = list(missing_images or [])  # fnmatch patterns of images that cannot be pulled
+        self.image_backoff = image_backoff_seconds  # the kubelet's first pull back-off (Kubernetes: 10 s)
+        # (namespace, owner uid) -> (message, Event name, count, last posted): one FailedCreate Event per cause
+        self.failed_creates: dict[tuple[str, str], tuple[str, str, int, float]] = {}
         self.workdir = Path(workdir).absolute()
         self.images = dict(images or {})
         self.default_image = default_image
@@ -340,7 +420,12 @@ class LocalKubelet:
             method, self.api + path, json=body, headers={"Content-Type": content_type}
         ) as resp:
             if resp.status >= 300 and resp.status != 404:
-                raise RuntimeError(f"{method} {path}: {resp.status} {await resp.text()}")
+                text = await resp.text()
+                try:
+                    message = json.loads(text).get("message") or text
+                except (ValueError, AttributeError):
+                    message = text
+                raise ApiRefused(f"{method} {path}", resp.status, message)
             return await resp.json(content_type=None) if resp.status != 404 else None
 
     async def _status(self, plural: str, ns: str, name: str, status: dict[str, Any]) -> None:
@@ -359,9 +444,25 @@ class LocalKubelet:
         owners = {("Job", n): o for n, o in jobs.items() if not o["metadata"].get("deletionTimestamp")}
         owners |= {("StatefulSet", n): o for n, o in stss.items() if not o["metadata"].get("deletionTimestamp")}
 
+        in_api = {
+            p["metadata"]["name"]: p for p in (await self._get(PATHS["pods"].format(ns=ns)) or {}).get("items", [])
+        }
         # Pods whose owner is gone (or was replaced by a new object of the same name) are terminated and deleted.
         for key, pod in list(self.pods.items()):
             if key[0] != ns:
+                continue
+            current = in_api.get(pod.name)
+            if current is None or current["metadata"].get("uid") != pod.body["metadata"].get("uid"):
+                # deleted through the API (a kept failed pod cleaned up with its run): only the process is left
+                self._terminate(pod, self._grace(pod))
+                if self._gone(pod):
+                    del self.pods[key]
+                continue
+            refs = current["metadata"].get("ownerReferences") or []
+            if not any(r.get("kind") in ("Job", "StatefulSet") for r in refs):
+                # handed to another owner (the operator keeps a failed gang's pod for its logs): not this Job's to
+                # garbage-collect any more, as the real garbage collector reads the pod's current owners
+                pod.body["metadata"]["ownerReferences"] = refs
                 continue
             owner = owners.get((pod.owner_kind, pod.owner))
             if owner is None or owner["metadata"]["uid"] != pod.body["metadata"]["ownerReferences"][0]["uid"]:
@@ -383,7 +484,7 @@ class LocalKubelet:
             if n == ns
             and p.owner_kind == kind
             and p.owner == name
-            and p.body["metadata"]["ownerReferences"][0]["uid"] == uid
+            and any(r.get("uid") == uid for r in p.body["metadata"].get("ownerReferences") or [])
         ]
 
     async def _sync_job(self, ns: str, job: dict[str, Any]) -> None:
@@ -416,7 +517,7 @@ class LocalKubelet:
             if fail_job is not None:
                 failure = {
                     "reason": "PodFailurePolicy",
-                    "message": f"Container {fail_job.container['name']} for pod {ns}/{fail_job.name} failed with "
+                    "message": f"Container {fail_job.failed_container or fail_job.container['name']} for pod {ns}/{fail_job.name} failed with "
                     f"exit code {fail_job.exit_code} matching FailJob rule at index {fail_job.failure_rule}",
                 }
             elif failed > int(spec.get("backoffLimit", 6)):
@@ -508,7 +609,20 @@ class LocalKubelet:
             "spec": pod_spec,
             "status": {"phase": "Pending"},
         }
-        created = await self._send("POST", PATHS["pods"].format(ns=ns), body)
+        try:
+            created = await self._send("POST", PATHS["pods"].format(ns=ns), body)
+        except ApiRefused as err:
+            if err.code not in (403, 422):
+                raise
+            # The controller's answer to a refused pod (a ResourceQuota): a FailedCreate Event, tried again later.
+            what = (
+                f"Error creating: {err.message}"
+                if kind == "Job"
+                else f"create Pod {name} in StatefulSet {owner['metadata']['name']} failed error: {err.message}"
+            )
+            await self._failed_create(ns, kind, owner, what, cause=err.message.replace(name, ""))
+            return
+        self.failed_creates.pop((ns, owner["metadata"]["uid"]), None)
         pod_dir = self.workdir / "pods" / ns / name
         pod_dir.mkdir(parents=True, exist_ok=True)
         pod = PodRun(
@@ -521,6 +635,7 @@ class LocalKubelet:
             dir=pod_dir,
             log_path=pod_dir / "container.log",
             container=pod_spec["containers"][0],
+            init_containers=list(pod_spec.get("initContainers") or []),
         )
         run = labels.get(L_RUN) or owner["metadata"]["name"]
         pod.run, pod.ports = run, self._port_map(ns, run, self._rendered_ports(pod.container))
@@ -536,29 +651,78 @@ class LocalKubelet:
             pod.finished_at = time.monotonic()
             log.error("pod %s/%s cannot start: %s", ns, name, err)
 
-    def log_of(self, namespace: str, name: str) -> Path | None:
-        """The log file of a pod that ran here (what `kubectl logs` shows); None for a pod that never ran."""
+    async def _failed_create(self, ns: str, kind: str, owner: dict[str, Any], message: str, cause: str) -> None:
+        """The Job or StatefulSet controller's Warning Event for a pod it could not create: one per cause (the
+        message without the pod's name), its count and lastTimestamp raised at most every 10 s while it lasts."""
+        meta = owner["metadata"]
+        key = (ns, meta["uid"])
+        now, seen = time.monotonic(), self.failed_creates.get(key)
+        events = f"/api/v1/namespaces/{ns}/events"
+        if seen is not None and seen[0] == cause:
+            if now - seen[3] >= 10.0:
+                patch = {"count": seen[2] + 1, "lastTimestamp": _now()}
+                await self._send("PATCH", f"{events}/{seen[1]}", patch, "application/merge-patch+json")
+                self.failed_creates[key] = (cause, seen[1], seen[2] + 1, now)
+            return
+        name = f"{meta['name']}.{secrets.token_hex(8)}"
+        component = "job-controller" if kind == "Job" else "statefulset-controller"
+        stamp = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": ns},
+            "involvedObject": {
+                "apiVersion": owner.get("apiVersion") or _KIND_API_VERSION[kind],
+                "kind": kind,
+                "name": meta["name"],
+                "namespace": ns,
+                "uid": meta["uid"],
+            },
+            "reason": "FailedCreate",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": component},
+            "reportingComponent": component,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._send("POST", events, event)
+        self.failed_creates[key] = (cause, name, 1, now)
+        log.warning("%s %s/%s cannot create a pod: %s", kind, ns, meta["name"], message)
+
+    def log_of(self, namespace: str, name: str, container: str | None = None) -> Path | None:
+        """The log file of a pod's container (the main one by default) that ran here (what `kubectl logs` shows);
+        None for a pod that never ran or a container it does not have."""
         pod = self.pods.get((namespace, name))
-        return pod.log_path if pod is not None else None
+        if pod is None:
+            return None
+        names = {c["name"] for c in [pod.container, *pod.init_containers]}
+        if container is not None and container not in names:
+            return None
+        return pod.log_of(container or pod.container["name"])
 
     async def _advance(self, ns: str, pod: PodRun) -> None:
         """Fold the process's state into the pod's phase, restart it when its policy says so, report changes."""
         self._reap(pod)
         if pod.waiting is not None and pod.proc is None and not pod.terminating:
-            try:  # as a kubelet (or the scheduler) retries: the Secret may exist now
+            try:  # as a kubelet (or the scheduler) retries: the Secret may exist now, the image may pull
                 await self._start(ns, pod)
                 pod.waiting = None
             except PodWaiting as err:
                 pod.waiting = err
             except PodConfigError as err:
-                pod.waiting, pod.phase, pod.message = None, "Failed", f"CreateContainerConfigError: {err}"
-                pod.finished_at = time.monotonic()
+                pod.waiting = None
+                self._fail(pod, f"CreateContainerConfigError: {err}")
         if pod.proc is not None and pod.phase in ("Pending", "Running"):
             code = pod.proc.poll()
             if code is None:
-                pod.phase = "Running"
-                if not pod.ready:
-                    pod.ready = await asyncio.to_thread(self._probe, pod)
+                if not pod.initializing:
+                    pod.phase = "Running"
+                    if not pod.ready:
+                        pod.ready = await asyncio.to_thread(self._probe, pod)
+            elif pod.initializing:
+                await self._init_ended(ns, pod, code)
             else:
                 pod.exit_code, pod.ready = code, False
                 if pod.restart_policy == "Always" and not pod.terminating:
@@ -566,61 +730,142 @@ class LocalKubelet:
                     log.warning("pod %s/%s exited with %s: restarting (%d)", ns, pod.name, code, pod.restarts)
                     try:
                         await self._start(ns, pod)
+                    except PodWaiting as err:  # e.g. its Secret was deleted meanwhile: retried every pass
+                        pod.waiting, pod.proc = err, None
                     except PodConfigError as err:
                         pod.phase, pod.message = "Failed", str(err)
                 else:
                     pod.phase = "Succeeded" if code == 0 else "Failed"
+                    pod.failed_container = pod.container["name"] if code else ""
                     pod.finished_at = time.monotonic()
-        report = (pod.phase, pod.ready, pod.restarts, pod.exit_code, str(pod.waiting))
+        report = (
+            pod.phase,
+            pod.ready,
+            pod.restarts,
+            pod.exit_code,
+            str(pod.waiting),
+            pod.step,
+            tuple(sorted(pod.init_restarts.items())),
+        )
         if report != pod.reported:
             pod.reported = report
             await self._status("pods", ns, pod.name, self._pod_status(pod))
 
+    def _fail(self, pod: PodRun, message: str) -> None:
+        pod.phase, pod.message, pod.finished_at = "Failed", message, time.monotonic()
+
+    async def _init_ended(self, ns: str, pod: PodRun, code: int) -> None:
+        """An init container ended: on success the next container's turn (init or main); on failure the pod fails
+        (restartPolicy Never: the main container never starts) or the init container runs again (Always)."""
+        c = pod.current
+        kill_all(pod.tag)  # nothing it started outlives it
+        pod.init_states[pod.step] = {"terminated": self._terminated(pod, c, code)}
+        pod.proc = None
+        if code == 0:
+            pod.step += 1
+            log.info("pod %s/%s: init container %s done", ns, pod.name, c["name"])
+            try:
+                await self._start(ns, pod)
+            except PodWaiting as err:
+                pod.waiting = err
+            except PodConfigError as err:
+                self._fail(pod, f"CreateContainerConfigError: {err}")
+        elif pod.restart_policy == "Always" and not pod.terminating:
+            pod.init_restarts[pod.step] = pod.init_restarts.get(pod.step, 0) + 1
+            log.warning("pod %s/%s: init container %s exited with %s: restarting", ns, pod.name, c["name"], code)
+            try:
+                await self._start(ns, pod)
+            except PodWaiting as err:
+                pod.waiting = err
+            except PodConfigError as err:
+                self._fail(pod, str(err))
+        else:
+            log.warning("pod %s/%s: init container %s exited with %s: the pod fails", ns, pod.name, c["name"], code)
+            pod.exit_code, pod.failed_container = code, c["name"]
+            self._fail(pod, "")
+
+    def _terminated(self, pod: PodRun, c: dict[str, Any], code: int) -> dict[str, Any]:
+        """A container's terminated state as a kubelet reports it: the termination message is its
+        terminationMessagePath file (at most 4096 bytes), else, with FallbackToLogsOnError after a failure, the
+        tail of its log."""
+        out: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+        try:
+            message = pod.message_file(c["name"]).read_bytes()[:4096].decode(errors="replace")
+        except OSError:
+            message = ""
+        if not message.strip() and code != 0 and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            message = log_tail(pod.log_of(c["name"]))
+        if message.strip():
+            out["message"] = message
+        return out
+
     def _pod_status(self, pod: PodRun) -> dict[str, Any]:
-        if pod.waiting is not None:
-            return self._waiting_status(pod, pod.waiting)
+        why = pod.waiting
+        if why is not None and why.reason == "Unschedulable":  # the scheduler's answer: no node, no containers
+            cond = {"type": "PodScheduled", "status": "False", "reason": why.reason, "message": why.message}
+            return {"phase": "Pending", "conditions": [cond]}
         state: dict[str, Any]
-        if pod.phase in ("Succeeded", "Failed") and pod.exit_code is not None:
-            state = {
-                "terminated": {"exitCode": pod.exit_code, "reason": "Completed" if pod.exit_code == 0 else "Error"}
-            }
-            if pod.exit_code != 0 and pod.container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-                state["terminated"]["message"] = log_tail(pod.log_path)
+        if pod.initializing:  # the main container waits for the init containers
+            state = {"waiting": {"reason": "PodInitializing"}}
+        elif why is not None:
+            state = {"waiting": {"reason": why.reason, "message": why.message}}
+        elif pod.phase in ("Succeeded", "Failed") and pod.exit_code is not None:
+            state = {"terminated": self._terminated(pod, pod.container, pod.exit_code)}
         elif pod.phase == "Running":
             state = {"running": {}}
         else:
             state = {"waiting": {"reason": pod.message.split(":")[0] or "ContainerCreating"}}
+        main_ran = not pod.initializing and why is None
         last = {"terminated": {"exitCode": pod.exit_code}} if pod.restarts and pod.exit_code is not None else {}
-        return {
+        out: dict[str, Any] = {
             "phase": pod.phase,
             "podIP": LOOPBACK,
             "hostIP": LOOPBACK,
             "message": pod.message or None,
-            "conditions": [{"type": "Ready", "status": "True" if pod.ready else "False"}],
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Initialized", "status": "False" if pod.initializing else "True"},
+                {"type": "Ready", "status": "True" if pod.ready else "False"},
+            ],
             "containerStatuses": [
                 {
                     "name": pod.container["name"],
                     "ready": pod.ready,
-                    "restartCount": pod.restarts,
+                    "restartCount": pod.restarts if main_ran else 0,
                     "state": state,
-                    "lastState": last,
+                    "lastState": last if main_ran else {},
                 }
             ],
         }
+        if pod.initializing:
+            pending = [c["name"] for c in pod.init_containers[pod.step :]]
+            out["conditions"][1] |= {
+                "reason": "ContainersNotInitialized",
+                "message": f"containers with incomplete status: [{' '.join(pending)}]",
+            }
+        if pod.init_containers:
+            out["initContainerStatuses"] = [self._init_status(pod, i) for i in range(len(pod.init_containers))]
+        return out
 
-    @staticmethod
-    def _waiting_status(pod: PodRun, why: PodWaiting) -> dict[str, Any]:
-        if why.reason == "Unschedulable":  # the scheduler's answer: not on a node, no container status
-            cond = {"type": "PodScheduled", "status": "False", "reason": why.reason, "message": why.message}
-            return {"phase": "Pending", "conditions": [cond]}
-        waiting = {"waiting": {"reason": why.reason, "message": why.message}}
+    def _init_status(self, pod: PodRun, i: int) -> dict[str, Any]:
+        state: dict[str, Any]
+        restarts = pod.init_restarts.get(i, 0)
+        if i == pod.step and pod.waiting is not None:
+            state = {"waiting": {"reason": pod.waiting.reason, "message": pod.waiting.message}}
+        elif i == pod.step and pod.proc is not None and pod.proc.poll() is None:
+            state = {"running": {}}
+        elif i < pod.step or i in pod.init_states:
+            state = pod.init_states.get(i) or {"waiting": {"reason": "PodInitializing"}}
+        else:
+            state = {"waiting": {"reason": "PodInitializing"}}
+        done = "terminated" in state and state["terminated"]["exitCode"] == 0
+        last = pod.init_states.get(i, {}) if restarts and "terminated" not in state else {}
         return {
-            "phase": "Pending",
-            "hostIP": LOOPBACK,
-            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
-            "containerStatuses": [
-                {"name": pod.container["name"], "ready": False, "restartCount": 0, "state": waiting, "lastState": {}}
-            ],
+            "name": pod.init_containers[i]["name"],
+            "ready": done,
+            "restartCount": restarts,
+            "state": state,
+            "lastState": last,
         }
 
     def _probe(self, pod: PodRun) -> bool:
@@ -639,19 +884,48 @@ class LocalKubelet:
 
     # ------------------------------------------------------------------ containers as processes
 
+    def _pull(self, pod: PodRun, image: str) -> None:
+        """The image of the container now due, "pulled" (image_problem says which cannot be); a failed pull is
+        ErrImagePull for the first half of its back-off and ImagePullBackOff for the second, then tried again."""
+        problem = image_problem(image, self.missing_images)
+        if problem is None:
+            pod.pull_failures = 0
+            return
+        reason, said = problem
+        if reason != "ErrImagePull":
+            raise PodWaiting(reason, said)
+        now = time.monotonic()
+        if now >= pod.pull_retry_at:
+            pod.pull_failures += 1
+            pod.pull_failed_at = now
+            pod.pull_retry_at = now + min(self.image_backoff * 2 ** (pod.pull_failures - 1), IMAGE_BACKOFF_CAP)
+        if now < (pod.pull_failed_at + pod.pull_retry_at) / 2:
+            raise PodWaiting(
+                "ErrImagePull",
+                f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
+                f'reference "{image}": {image}: not found (rlt sandbox: the image matches --missing-image {said!r})',
+            )
+        raise PodWaiting("ImagePullBackOff", f'Back-off pulling image "{image}"')
+
     async def _start(self, ns: str, pod: PodRun) -> None:
-        c = pod.container
+        """Start the container whose turn it is (the next init container, else the main one)."""
+        c = pod.current
         wanted = pod.body["spec"].get("nodeSelector") or {}
-        if any(NODE_LABELS.get(k) != v for k, v in wanted.items()):
+        if any(self.node_labels.get(k) != v for k, v in wanted.items()):
             raise PodWaiting(
                 "Unschedulable",
                 "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector "
-                f"(the sandbox's one node has {NODE_LABELS})",
+                f"(the sandbox's one node has {self.node_labels})",
             )
+        self._pull(pod, c.get("image", ""))
         image = self.images.get(c.get("image", ""), self.default_image)
         if image is None:
             raise PodConfigError(f"no local stand-in for image {c.get('image')!r}")
-        mounts = await self._mounts(ns, pod)
+        # The termination message file, fresh for each start, where the container's terminationMessagePath says.
+        message_file = pod.message_file(c["name"])
+        message_file.write_bytes(b"")
+        termination = (c.get("terminationMessagePath") or "/dev/termination-log").rstrip("/")
+        mounts = sorted([*await self._mounts(ns, pod, c), (termination, message_file)], key=lambda t: -len(t[0]))
         env = {
             "PATH": f"{image.bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
             # This machine's home stands for the image's: its caches hold what an image bakes in (the tiny
@@ -687,7 +961,7 @@ class LocalKubelet:
             raise PodConfigError(f"executable {argv[0]!r} not found in the image stand-in ({image.bin_dir})")
         Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
         cwd = self._localize(c["workingDir"], mounts) if c.get("workingDir") else str(pod.dir)
-        logf = pod.log_path.open("ab")
+        logf = pod.log_of(c["name"]).open("ab")
         logf.write(f"--- {time.strftime('%H:%M:%S')} start {' '.join(argv)}\n".encode())
         logf.flush()
         try:
@@ -704,6 +978,9 @@ class LocalKubelet:
             raise PodConfigError(f"cannot start {argv[0]!r}: {err}") from None
         finally:
             logf.close()
+        if pod.initializing:  # an init container runs: the pod is still Pending
+            pod.started_at = time.monotonic()
+            return
         pod.phase, pod.exit_code, pod.ready, pod.started_at = "Running", None, False, time.monotonic()
 
     async def _env_value(self, ns: str, pod: PodRun, entry: dict[str, Any], env: dict[str, str]) -> str:
@@ -751,12 +1028,12 @@ class LocalKubelet:
                 return value
         raise PodConfigError(f"env {entry['name']}: unsupported valueFrom {sorted(src)}")
 
-    async def _mounts(self, ns: str, pod: PodRun) -> list[tuple[str, Path]]:
-        """(mountPath, host folder) per volumeMount, longest mount path first."""
+    async def _mounts(self, ns: str, pod: PodRun, container: dict[str, Any]) -> list[tuple[str, Path]]:
+        """(mountPath, host folder) per volumeMount of `container`, longest mount path first."""
         volumes = {v["name"]: v for v in pod.body["spec"].get("volumes") or []}
         out = []
         files: list[tuple[Path, dict[str, str]]] = []
-        for m in pod.container.get("volumeMounts") or []:
+        for m in container.get("volumeMounts") or []:
             vol = volumes.get(m["name"])
             if vol is None:
                 raise PodConfigError(f"volumeMount {m['name']!r} names no volume of the pod")
@@ -865,14 +1142,15 @@ class LocalKubelet:
 
 def failure_action(policy: dict[str, Any] | None, status: dict[str, Any]) -> tuple[str, int | None]:
     """The Job controller's podFailurePolicy for one failed pod: the first rule that matches its containers' exit
-    codes (onExitCodes) or its conditions (onPodConditions) decides (FailJob, Ignore, Count); no match counts."""
+    codes (onExitCodes; init containers' too, as Kubernetes checks them) or its conditions (onPodConditions) decides
+    (FailJob, Ignore, Count); no match counts."""
     for i, rule in enumerate((policy or {}).get("rules") or []):
         on_codes = rule.get("onExitCodes")
         if on_codes:
             values = {int(v) for v in on_codes.get("values") or []}
             codes = [
                 cs["state"]["terminated"]["exitCode"]
-                for cs in status.get("containerStatuses") or []
+                for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
                 if "terminated" in (cs.get("state") or {})
                 and on_codes.get("containerName") in (None, cs["name"])
                 and cs["state"]["terminated"]["exitCode"] != 0  # NotIn never matches a success

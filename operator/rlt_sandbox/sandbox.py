@@ -182,6 +182,8 @@ async def _main(
     namespaces: list[str],
     run_pods: Path | None = None,
     images: list[str] | None = None,
+    node_labels: dict[str, str] | None = None,
+    missing_images: list[str] | None = None,
 ) -> None:
     async with serve(port) as (cluster, url):
         for ns in namespaces:
@@ -193,7 +195,7 @@ async def _main(
         if run_pods is not None:  # pods run as local processes (rlt_sandbox.sandbox_pods)
             from rlt_sandbox import sandbox_pods
 
-            kubelet = await sandbox_pods.start(url, run_pods, images or [])
+            kubelet = await sandbox_pods.start(url, run_pods, images or [], node_labels or {}, missing_images or [])
         operator_log = show_operator_log(kubeconfig_path.parent / "operator.log")
         # Kopf runs in a thread here, where it cannot own OS signals; the sandbox handles Ctrl-C itself.
         logging.getLogger("kopf._core.reactor.running").addFilter(
@@ -215,6 +217,7 @@ async def _main(
                     overrides[field] = 2.0
         op = InProcessOperator(overrides=overrides or None)
         await op.start()
+        restart = asyncio.Event()  # SIGHUP: the operator stops and starts again (a day-two trial's restart)
         if kubelet is not None:
             print(
                 f"rlt sandbox --run-pods: pods run as local processes (kubelet emulator), files under {run_pods}; "
@@ -247,6 +250,7 @@ async def _main(
             f"rlt sandbox: emulated Kubernetes API at {url} with the RLTRun operator attached.\n"
             + what
             + f"The operator's log: tail -f {operator_log}\n"
+            + f"Restart the operator (its memory lost, as a pod restart): kill -HUP {os.getpid()}\n"
             + "Ctrl-C stops it.",
             flush=True,
         )
@@ -254,11 +258,32 @@ async def _main(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, restart.set)
         while not stop.is_set() and op.alive:
-            await asyncio.sleep(0.5)
+            if restart.is_set():
+                restart.clear()
+                op = await restart_operator(op)
+            await asyncio.sleep(0.2)
         await op.stop()
         if kubelet is not None:
             await kubelet.stop()
+
+
+async def restart_operator(op: InProcessOperator) -> InProcessOperator:
+    """Stop the operator (as Kopf stops on SIGTERM) and start a new one with the same settings: what a day-two
+    trial does to the operator's pod. What it kept in memory is lost; what it wrote to the API stays."""
+    log = logging.getLogger("rlt.sandbox")
+    log.warning("SIGHUP: restarting the operator")
+    print("rlt sandbox: SIGHUP: restarting the operator", flush=True)
+    try:
+        await op.stop()
+    except RuntimeError as err:  # it failed or hung: said, and a new one starts anyway
+        log.error("the operator did not stop cleanly: %s", err)
+    new = InProcessOperator(op.namespaces, op.liveness, op.overrides)
+    await new.start()
+    log.warning("the operator was restarted")
+    print("rlt sandbox: the operator was restarted", flush=True)
+    return new
 
 
 DEFAULT_PORT = 18443
@@ -304,11 +329,15 @@ def run(
     namespaces: list[str] | None = None,
     run_pods: str | None = None,
     images: list[str] | None = None,
+    node_labels: dict[str, str] | None = None,
+    missing_images: list[str] | None = None,
 ) -> int:
     path = Path(kubeconfig_path) if kubeconfig_path else Path(tempfile.gettempdir()) / "rlt-sandbox" / "kubeconfig"
     pods_dir = Path(run_pods) if run_pods else None
     try:
-        asyncio.run(_main(choose_port(port), path, namespaces or ["default"], pods_dir, images))
+        asyncio.run(
+            _main(choose_port(port), path, namespaces or ["default"], pods_dir, images, node_labels, missing_images)
+        )
     except PortTaken as err:
         print(err, file=sys.stderr)
         return 1

@@ -57,10 +57,22 @@ def local_progress_url(kubelet: LocalKubelet) -> str:
     return f"{kubelet.proxy_url()}/metrics"
 
 
-async def start(url: str, workdir: Path, images: list[str]) -> LocalKubelet:
+async def start(
+    url: str,
+    workdir: Path,
+    images: list[str],
+    node_labels: dict[str, str] | None = None,
+    missing_images: list[str] | None = None,
+) -> LocalKubelet:
     """Pods of every namespace run, also of one created after the start (`kubectl create namespace`)."""
     kubelet = LocalKubelet(
-        url, workdir, images=parse_images(images), default_image=default_image(), follow_namespaces=True
+        url,
+        workdir,
+        images=parse_images(images),
+        default_image=default_image(),
+        follow_namespaces=True,
+        node_labels=node_labels,
+        missing_images=missing_images,
     )
     await kubelet.start()
     asyncio.get_running_loop().create_task(_announce(kubelet))

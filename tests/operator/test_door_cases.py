@@ -321,6 +321,9 @@ def test_the_seed_bound_is_numpys():
         # a key that reads as a number (`1e5:`) is text to the API server: an unknown field, and the spec's other
         # rules still run (the long run's 2,000th example: rlt said only "Keys should be strings")
         {"resources": {"1e5": None, "trainer": {"gpus": 8}}},
+        # a NUL in a path: the OS's "embedded null byte" traceback (the final long run's 2,590th example)
+        {"format": {"file": "\x00"}},
+        {"dataset": {"source": "data\x00.jsonl"}, "teacher": {"model": "a\x00b"}},
     ],
 )
 def test_counterexamples_of_the_property_test(patch, tmp_path):

@@ -106,7 +106,8 @@ async def test_a_strategic_merge_patch_is_refused_not_applied_as_a_merge_patch(h
 async def test_kubectl_logs_tail_returns_the_last_lines(harness, tmp_path):
     log = tmp_path / "p.log"
     log.write_text("".join(f"line {i}\n" for i in range(10)))
-    harness.cluster.pod_log = lambda ns, name: log if (ns, name) == ("default", "p") else None
+    # (namespace, pod, container or None for the default one) -> the log file, as LocalKubelet.log_of
+    harness.cluster.pod_log = lambda ns, name, container=None: log if (ns, name) == ("default", "p") else None
     path = "/api/v1/namespaces/default/pods/p/log"
     for query, want in (("?tailLines=3", "line 7\nline 8\nline 9\n"), ("?tailLines=0", ""), ("", log.read_text())):
         async with harness.session.get(harness.url + path + query) as resp:

