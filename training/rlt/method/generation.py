@@ -12,6 +12,9 @@ special-token ids from the model's, and vLLM requests set every distribution-cha
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -136,19 +139,21 @@ def sample_texts(
 
 HTTP_RETRIES = 5  # retries after the first attempt
 HTTP_BACKOFF = 1.0  # seconds before the first retry, doubled each time: 1, 2, 4, 8, 16 (about 30 s in all)
+# Tokens per streamed chunk of a sequence (vLLM's per-request `stream_interval`): the client learns which sequences
+# have finished at a 16th of the events (and of the API process's JSON work) that one event per token would cost.
+STREAM_INTERVAL = 16
 
 
 def retrying_session(retries: int | None = None, backoff: float | None = None):
-    """A requests Session that retries connection errors, timeouts, 429 and 5xx answers, POST included (a
-    generation request has no side effect to repeat)."""
+    """A requests Session that retries connection errors, 429 and 5xx answers before an answer starts, POST
+    included (a generation request has no side effect to repeat). A read error (a read timeout, a connection cut
+    mid-stream) is not retried here: server_generate asks again for the unfinished sequences only."""
     import requests
     from requests.adapters import HTTPAdapter
     from urllib3.util.retry import Retry
 
     retry = Retry(
         total=HTTP_RETRIES if retries is None else retries,
-        # A read error (a read timeout) comes after the request was sent: the server was generating, and vLLM
-        # cancels a request whose client went away, so a retry would start the whole batch again.
         read=0,
         backoff_factor=HTTP_BACKOFF if backoff is None else backoff,
         status_forcelist=(429, 500, 502, 503, 504),
@@ -161,36 +166,22 @@ def retrying_session(retries: int | None = None, backoff: float | None = None):
     return session
 
 
-def server_generate(
-    base_url: str,
+def completion_body(
+    model: str,
     prompt_ids: Sequence[Sequence[int]],
     *,
     n: int,
     temperature: float,
     top_p: float,
     max_new_tokens: int,
-    timeout: float = 600.0,
-) -> Samples:
-    """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out).
-
-    A lost connection, a timeout, 429 or a 5xx is retried with exponential backoff (urllib3's Retry: 1, 2, 4, 8,
-    16 s) before it is an error naming the server, the attempts and the last answer: a restarting server or one
-    bad answer costs a few seconds, not the stage."""
-    import requests
-
-    session = retrying_session()
-
-    def call(method: str, path: str, **kw):
-        try:
-            return session.request(method, f"{base_url}{path}", timeout=timeout, **kw)
-        except requests.RequestException as err:  # retries used up on connection errors or timeouts
-            raise RuntimeError(
-                f"vLLM server {base_url}: no answer to {path} after {HTTP_RETRIES + 1} attempts with backoff: {err}"
-            ) from None
-
-    models = call("GET", "/v1/models").json()
-    body = {
-        "model": models["data"][0]["id"],
+    seed: int | None = None,
+    stream: bool = True,
+) -> dict:
+    """vLLM's /v1/completions request: token ids in, token ids and the sampled tokens' log-probs out. With `seed`,
+    vLLM seeds sample j of every prompt with seed + j (vllm.v1.engine.parallel_sampling), so a sequence asked for
+    again alone (n=1, seed + j) is the same sequence."""
+    return {
+        "model": model,
         "prompt": [list(p) for p in prompt_ids],
         "n": n,
         "temperature": temperature,
@@ -200,18 +191,129 @@ def server_generate(
         "logprobs": 0,
         "return_token_ids": True,
         "return_tokens_as_token_ids": True,
+        **({"seed": seed} if seed is not None else {}),
+        **({"stream": True, "stream_interval": STREAM_INTERVAL} if stream else {}),
         **NEUTRAL_VLLM_SAMPLING,
     }
-    resp = call("POST", "/v1/completions", json=body)
+
+
+class Cancelled(Exception):
+    """The caller gave up on the request (rlt.method.pipeline: a failure elsewhere); the stream was closed."""
+
+
+def server_generate(
+    base_url: str,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    timeout: float = 600.0,
+    seed: int | None = None,
+    cancel: threading.Event | None = None,
+) -> Samples:
+    """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out).
+
+    The answer is streamed: each sequence is complete once vLLM gives its finish_reason. A read timeout (`timeout`
+    seconds without a byte) or a connection cut mid-stream keeps the finished sequences and asks again for the
+    unfinished ones only, one request per sample index j (n=1, seed + j: the same sequences when `seed` is set), up
+    to HTTP_RETRIES times with backoff. Before an answer starts, a lost connection, 429 or a 5xx is retried by the
+    session (urllib3's Retry: 1, 2, 4, 8, 16 s). Either way, what is left is an error naming the server, the
+    attempts and the last answer: a restarting server or one bad answer costs a few seconds, not the stage."""
+    session = retrying_session()
+    try:
+        models = _call(session, "GET", base_url, "/v1/models", timeout).json()
+        model = models["data"][0]["id"]
+        done: dict[tuple[int, int], tuple[list[int], list[float]]] = {}  # (prompt, sample) -> ids, logprobs
+        # (prompts, samples per prompt, first sample index): first every prompt's n samples in one request
+        todo = [(list(range(len(prompt_ids))), n, 0)]
+        cuts = 0
+        while todo:
+            prompts, k, j0 = todo.pop(0)
+            body = completion_body(
+                model,
+                [prompt_ids[p] for p in prompts],
+                n=k,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                seed=None if seed is None else seed + j0,
+            )
+            finished, cut = _stream(session, base_url, body, timeout, cancel)
+            for i, seq in finished.items():
+                done[(prompts[i // k], j0 + i % k)] = seq
+            left = [(p, j0 + s) for p in prompts for s in range(k) if (p, j0 + s) not in done]
+            if not left:
+                continue
+            cuts += 1
+            cut = cut or "the stream ended before every sequence finished"
+            if cuts > HTTP_RETRIES:
+                raise RuntimeError(
+                    f"vLLM server {base_url}: {len(prompt_ids) * n - len(done)} of {len(prompt_ids) * n} sequences "
+                    f"unfinished after "
+                    f"{cuts} cut streams: {cut}"
+                )
+            time.sleep(HTTP_BACKOFF * 2 ** (cuts - 1))
+            for j in sorted({j for _, j in left}):
+                todo.append(([p for p, s in left if s == j], 1, j))
+    finally:
+        session.close()
+    out = Samples([], [], [])
+    for p in range(len(prompt_ids)):  # prompt-major: n samples per prompt
+        for j in range(n):
+            ids, lps = done[(p, j)]
+            out.prompt_ids.append(list(prompt_ids[p]))
+            out.completion_ids.append(ids)
+            out.logprobs.append(lps)
+    return out
+
+
+def _call(session, method: str, base_url: str, path: str, timeout: float, **kw):
+    import requests
+
+    try:
+        resp = session.request(method, f"{base_url}{path}", timeout=timeout, **kw)
+    except requests.RequestException as err:  # retries used up on connection errors or timeouts
+        raise RuntimeError(
+            f"vLLM server {base_url}: no answer to {path} after {HTTP_RETRIES + 1} attempts with backoff: {err}"
+        ) from None
     if resp.status_code != 200:
         raise RuntimeError(
-            f"vLLM server {base_url} answered {resp.status_code} (after up to {HTTP_RETRIES + 1} attempts): "
-            f"{resp.text[:300]}"
+            f"vLLM server {base_url} answered {resp.status_code} (after up to {HTTP_RETRIES + 1} attempts) to "
+            f"{path}: {resp.text[:300]}"
         )
-    choices = resp.json()["choices"]  # prompt-major: n choices per prompt
-    out = Samples([], [], [])
-    for k, choice in enumerate(choices):
-        out.prompt_ids.append(list(prompt_ids[k // n]))
-        out.completion_ids.append(choice["token_ids"])
-        out.logprobs.append([float("nan") if x is None else x for x in choice["logprobs"]["token_logprobs"]])
-    return out
+    return resp
+
+
+def _stream(session, base_url: str, body: dict, timeout: float, cancel: threading.Event | None):
+    """One streamed /v1/completions request: ({choice index: (token ids, logprobs)} of the finished choices, None),
+    or with the reason in place of None when the stream was cut (read timeout, connection lost, an error event)."""
+    import requests
+
+    ids: dict[int, list[int]] = {}
+    lps: dict[int, list[float]] = {}
+    finished: dict[int, tuple[list[int], list[float]]] = {}
+    resp = _call(session, "POST", base_url, "/v1/completions", timeout, json=body, stream=True)
+    try:
+        for line in resp.iter_lines(chunk_size=None):  # each chunk as it arrives: a stall keeps what came
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(base_url)
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:  # vLLM reports a failure inside a started stream as an event
+                return finished, f"error event: {str(event['error'])[:300]}"
+            for c in event["choices"]:
+                i = c["index"]
+                ids.setdefault(i, []).extend(c.get("token_ids") or [])
+                lps.setdefault(i, []).extend(
+                    float("nan") if x is None else x for x in (c.get("logprobs") or {}).get("token_logprobs", [])
+                )
+                if c.get("finish_reason") is not None:
+                    finished[i] = (ids[i], lps[i])
+    except requests.RequestException as err:  # a read timeout or a cut connection, mid-stream
+        return finished, str(err)
+    finally:
+        resp.close()  # vLLM aborts a request whose client went away: an unfinished one frees its KV cache
+    return finished, None

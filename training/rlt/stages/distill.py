@@ -16,6 +16,7 @@ from rlt.data.dataset import load_data
 from rlt.data.jsonl import write_jsonl
 from rlt.data.models import load_model, load_tokenizer
 from rlt.method.generation import sample_with_logprobs, server_generate
+from rlt.method.pipeline import in_order
 from rlt.spec.budgets import rollout_seconds
 from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
@@ -32,6 +33,25 @@ def server_read_timeout(spec: RLTRunSpec) -> int:
     """How long one batch's request may take to answer: the rollout budget of a distill batch (waiting for the
     server, then its decode at the slowest assumed rate), not a fixed 600 s that 16k-token batches outlast."""
     return rollout_seconds(spec, "distill")
+
+
+def batch_seed(run_seed: int, first_row: int, n: int) -> int:
+    """vLLM's seed of the request of the batch that starts at stage row `first_row`: sample j of its prompts gets
+    seed + j, so every (batch, sample) of a run has a seed of its own, a sequence asked for again after a cut stream
+    is the same sequence, and the rows do not depend on what else is in flight. Below 2**63 (vLLM's bound) for any
+    spec.seed < 2**32 and fewer than 2**31 sequences."""
+    return run_seed * 2**31 + first_row * n
+
+
+def requests_in_flight(spec: RLTRunSpec, prompt_tokens: int) -> tuple[int, str]:
+    """Requests one rank keeps in flight (rlt.checks.capacity.distill_requests_in_flight: the generators' KV
+    capacity shared by the ranks, for the rank's mean prompt), from the teacher's config read where it is (never
+    downloaded)."""
+    from rlt.checks.capacity import distill_requests_in_flight, spec_gpu_memory
+    from rlt.checks.shapes import read_shape
+
+    shape, _ = read_shape(spec.teacher, build=False)
+    return distill_requests_in_flight(spec, shape, spec_gpu_memory(spec)[0], prompt_tokens)
 
 
 def trained_teacher(ctx: StageContext) -> ModelRef:
@@ -59,7 +79,6 @@ def run_distill(ctx: StageContext) -> str:
     say_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
     if done and ctx.is_main:
         say_line(f"distill: resuming: {len(done)} of {len(all_rows)} rows were written before, {len(remaining)} left")
-    rows = [r for _, r in share]
     tokenizer = load_tokenizer(teacher_ref, padding_side="left")
     gen = spec.stages.rl.generation
     teacher = None if gen.mode == "server" else load_model(teacher_ref, device)
@@ -68,17 +87,19 @@ def run_distill(ctx: StageContext) -> str:
         spec, student, load_tokenizer(spec.student, padding_side="right"), formatter, teacher_tokenizer=tokenizer
     )
     n = st.samples_per_question
-    recorder = Recorder(ctx, "distill", len(rows))
+    recorder = Recorder(ctx, "distill", len(share))
     recorder.reward_key = "candidateRewardMean"  # the step's reward averages every candidate, kept or not
     out_rows: list[dict] = []
     per_batch = max(1, st.batch_size)
-    bar = tqdm(total=len(rows), desc="distill", unit="q", disable=not (ctx.show_progress and ctx.is_main))
-    for start in range(0, len(rows), per_batch):
-        t0 = time.perf_counter()
-        chunk = rows[start : start + per_batch]
-        prompt_ids = [teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"]) for r in chunk]
+    bar = tqdm(total=len(share), desc="distill", unit="q", disable=not (ctx.show_progress and ctx.is_main))
+    batches = [share[s : s + per_batch] for s in range(0, len(share), per_batch)]
+
+    prompts = {i: teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"]) for i, r in share}
+
+    def generate(batch: list[tuple[int, dict]], cancel=None):
+        prompt_ids = [prompts[i] for i, _ in batch]
         if teacher is None:
-            samples = server_generate(
+            return server_generate(
                 gen.server_url,
                 prompt_ids,
                 n=n,
@@ -86,17 +107,30 @@ def run_distill(ctx: StageContext) -> str:
                 top_p=1.0,
                 max_new_tokens=st.max_new_tokens,
                 timeout=server_read_timeout(spec),
+                seed=batch_seed(spec.seed, batch[0][0], n),
+                cancel=cancel,
             )
-        else:
-            samples = sample_with_logprobs(
-                teacher,
-                tokenizer,
-                [p for p in prompt_ids for _ in range(n)],
-                temperature=st.temperature,
-                top_p=1.0,
-                max_new_tokens=st.max_new_tokens,
-                batch_size=per_batch * n,
-            )
+        return sample_with_logprobs(
+            teacher,
+            tokenizer,
+            [p for p in prompt_ids for _ in range(n)],
+            temperature=st.temperature,
+            top_p=1.0,
+            max_new_tokens=st.max_new_tokens,
+            batch_size=per_batch * n,
+        )
+
+    in_flight = 0
+    if teacher is None:
+        mean_prompt = sum(map(len, prompts.values())) // max(1, len(prompts))
+        in_flight, why = requests_in_flight(spec, mean_prompt)
+        say_line(f"distill: rank {rank}: {why}")
+    # Server mode: requests in flight while this rank scores the answers that came back, in order (in_order);
+    # in process, or in_flight 0: one batch at a time, generated then scored.
+    done_batches = in_order(generate, batches, in_flight) if in_flight > 0 else ((b, generate(b)) for b in batches)
+    t0 = time.perf_counter()
+    for batch, samples in done_batches:
+        chunk = [r for _, r in batch]
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in samples.completion_ids]
         questions = [r["question"] for r in chunk for _ in range(n)]
         solutions = [r["solution"] for r in chunk for _ in range(n)]
@@ -124,10 +158,10 @@ def run_distill(ctx: StageContext) -> str:
                     ],
                 }
             )
-        batch = [i for i, _ in share[start : start + per_batch]]
-        append_rows(mine, zip(batch, out_rows[-len(chunk) :], strict=True))  # on disk before the next batch
-        say_line(f"rlt-distill-written rank={rank} rows={','.join(map(str, batch))}")
-        elapsed = time.perf_counter() - t0
+        indices = [i for i, _ in batch]
+        append_rows(mine, zip(indices, out_rows[-len(chunk) :], strict=True))  # on disk before the next batch
+        say_line(f"rlt-distill-written rank={rank} rows={','.join(map(str, indices))}")
+        elapsed, t0 = time.perf_counter() - t0, time.perf_counter()  # since the previous batch was written
         gen_tokens = sum(len(c) for c in samples.completion_ids)
         recorder.record(
             len(out_rows),
