@@ -15,6 +15,8 @@ from rlt.spec.run import RLTRunSpec
 
 def _type_name(annotation) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a str with validators (a quantity, a path): named by what it holds
+        return _type_name(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a).replace("'", "") for a in typing.get_args(annotation))
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):

@@ -135,7 +135,11 @@ def _bounded(value: str) -> str | None:
 def _whole(value: str) -> str | None:
     if problem := _bounded(value):
         return problem
-    return None if quantity_value(value).denominator == 1 else "an extended resource must be a whole number (request = limit)"
+    return (
+        None
+        if quantity_value(value).denominator == 1
+        else "an extended resource must be a whole number (request = limit)"
+    )
 
 
 # Bounded so that the CRD's CEL rules on quantities stay cheap in the apiserver's cost estimate.
