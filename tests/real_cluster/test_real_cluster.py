@@ -436,3 +436,29 @@ def test_the_operator_was_never_forbidden(cluster, operator):
     ]
     assert forbidden == [], "\n".join(forbidden[:10])
     assert operator["proc"].poll() is None, "the operator exited"
+
+
+def test_day_two_upgrade_rollback_and_uninstall_on_the_real_server(cluster):
+    """The day-two script's Helm steps against the real server (last: it uninstalls the release the operator
+    fixture runs under): `helm upgrade` changes the Deployment in place (a strategic-merge patch the sandbox
+    refuses), `helm rollback` puts it back, and `helm uninstall` keeps the CRD (helm.sh/resource-policy: keep) and
+    so every run, as docs/operator.md says."""
+    ns = "team-z"
+    cluster.kubectl("create", "namespace", ns)
+    apply(cluster, tiny("survivor", ns))
+
+    def args() -> str:
+        pod = get(cluster, "deployment", RELEASE, "-n", SYSTEM_NS)["spec"]["template"]["spec"]
+        return " ".join(pod["containers"][0]["args"])
+
+    assert "--log-format=json" not in args()
+    helm(cluster, "upgrade", RELEASE, str(CHART), "-n", SYSTEM_NS, "--reuse-values", "--set", "operator.logFormat=json")
+    assert "--log-format=json" in args(), args()
+    helm(cluster, "rollback", RELEASE, "1", "-n", SYSTEM_NS)
+    assert "--log-format=json" not in args(), args()
+    history = json.loads(helm(cluster, "history", RELEASE, "-n", SYSTEM_NS, "-o", "json").stdout)
+    assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["description"] == "Rollback to 1", history
+    helm(cluster, "uninstall", RELEASE, "-n", SYSTEM_NS)
+    assert get(cluster, "deployment", RELEASE, "-n", SYSTEM_NS) is None
+    assert get(cluster, "crd", "rltruns.rlt.dev") is not None, "the CRD went with the release (and every run)"
+    assert get(cluster, "rltrun", "survivor", "-n", ns) is not None
