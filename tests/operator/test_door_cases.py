@@ -323,6 +323,9 @@ def test_the_seed_bound_is_numpys():
         {"resources": {"1e5": None, "trainer": {"gpus": 8}}},
         # a NUL in a path: the OS's "embedded null byte" traceback (the final long run's 2,590th example)
         {"format": {"file": "\x00"}},
+        # a float where the CRD's integer enum is: the Literal took 0.0 as 0 (the final long run, 6,000th example)
+        {"stages": {"student": {"deepspeedZeroStage": 0.0}}},
+        {"method": None, "stages": {"student": {"deepspeedZeroStage": 0.0}}},
         {"dataset": {"source": "data\x00.jsonl"}, "teacher": {"model": "a\x00b"}},
     ],
 )

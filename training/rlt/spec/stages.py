@@ -146,10 +146,13 @@ class TrainerOptions(Strict):
 
     @field_validator("deepspeed_zero_stage", mode="before")
     @classmethod
-    def _zero_not_a_bool(cls, value: Any) -> Any:
-        # a Literal of ints takes True as 1; the CRD's integer enum does not (found by the door's property test)
+    def _zero_an_integer(cls, value: Any) -> Any:
+        # a Literal of ints compares by equality, so it takes True as 1 and 0.0 as 0; the CRD's integer enum takes
+        # neither (both found by the door's property test)
         if isinstance(value, bool):
             raise ValueError(f"Input should be 0, 1, 2 or 3, not the boolean {str(value).lower()}")
+        if isinstance(value, float):
+            raise ValueError(f"Input should be 0, 1, 2 or 3 (an integer), not the number {value!r}")
         return value
 
 
