@@ -104,12 +104,22 @@ def _defaulted(value, schema):
     return value
 
 
+def _without_nulls(value):
+    """The value as the apiserver's CEL sees it: a null in a nullable field is absent (has() is false), as
+    kube-apiserver 1.36 shows (tests/real_cluster: `maxModelLen: null` is accepted)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
 def _cel_failures(value, schema, path="") -> list[str]:
     """Messages of the CEL rules the value breaks, evaluating each rule where its schema node has a value."""
     out = []
     for rule in schema.get("x-kubernetes-validations", []):
         try:
-            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
+            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(_without_nulls(value))})
         except celpy.CELEvalError as err:  # cel-python raises some evaluation errors instead of returning them
             result = err
         if isinstance(result, celpy.CELEvalError) or not result:

@@ -325,6 +325,8 @@ def test_the_seed_bound_is_numpys():
         {"format": {"file": "\x00"}},
         # a float where the CRD's integer enum is: the Literal took 0.0 as 0 (the final long run, 6,000th example)
         {"stages": {"student": {"deepspeedZeroStage": 0.0}}},
+        # a null in a nullable field is absent to the server's CEL (kube-apiserver 1.36 accepts it, the harness did not)
+        {"stages": {"rl": {"generation": {"mode": "server", "maxModelLen": None}}}},
         {"method": None, "stages": {"student": {"deepspeedZeroStage": 0.0}}},
         {"dataset": {"source": "data\x00.jsonl"}, "teacher": {"model": "a\x00b"}},
     ],
