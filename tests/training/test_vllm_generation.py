@@ -95,7 +95,10 @@ def test_distill_pipeline_gives_the_rows_of_one_request_at_a_time(vllm_server, t
         run_local(run, tmp_path / str(in_flight), metrics_port=None, show_progress=False, device="cpu")
         path = RunLayout.for_run(tmp_path / str(in_flight), "tiny").distill_dataset
         rows[in_flight] = [json.loads(line) for line in path.read_text().splitlines()]
-        assert seen["most"] == max(1, in_flight), f"{seen['most']} requests at once with {in_flight} in flight"
+        # overlap, never past the bound (how many overlap depends on the machine: a fast answer can end before the
+        # last request of the window is sent; CI once saw 3 of 4)
+        most, bound = seen["most"], max(1, in_flight)
+        assert (most == 1) if bound == 1 else (1 < most <= bound), f"{most} requests at once with {in_flight} in flight"
     one, many = rows[0], rows[4]
     assert len(one) == len(many) == 8
     for a, b in zip(one, many, strict=True):
