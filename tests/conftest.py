@@ -24,13 +24,12 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-import urllib.request  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
-from suite_helpers import ROOT, VLLM_PYTHON, find_tool, free_port, vllm_command, wait_for  # noqa: E402
+from suite_helpers import ROOT, VLLM_PYTHON, find_tool, free_port, serving_vllm, wait_for  # noqa: E402
 
 
 @dataclass
@@ -205,28 +204,9 @@ def vllm_server(tmp_path_factory):
     from rlt.data.models import resolve_model_path
 
     model_dir = resolve_model_path("builtin:tiny-qwen2")
-    port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    cmd = vllm_command(model_dir, "tiny", port)
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = VllmServer(f"http://127.0.0.1:{port}", model_dir, "tiny", port, log)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"{server.base}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("vLLM server did not start:\n" + log.read_text()[-3000:])
-                time.sleep(0.5)
-        yield server
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        with serving_vllm(model_dir, "tiny", log) as base:
+            yield VllmServer(base, model_dir, "tiny", int(base.rsplit(":", 1)[1]), log)
+    except RuntimeError as err:  # it did not start (a test's own errors never reach a fixture)
+        pytest.fail(str(err))

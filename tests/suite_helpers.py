@@ -140,6 +140,43 @@ def generator_flags() -> list[str]:
     return [f for f in flags if f not in ("--host", "0.0.0.0", "--port", "8000")]
 
 
+@contextlib.contextmanager
+def serving_vllm(model_dir: str, name: str, log: Path, start_seconds: float = 300):
+    """A real vLLM server (vllm_command) on a free port for the `with` block: yields its base URL once /health
+    answers; RuntimeError with the log's tail when it exits or does not answer in `start_seconds`. Stopped (its
+    process group: vLLM's engine runs in a child) on leaving."""
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    port = free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("w") as out:
+        cmd = vllm_command(model_dir, name, port)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_seconds
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("vLLM server did not start:\n" + log.read_text()[-3000:]) from None
+                time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def vllm_command(model_dir: str, name: str, port: int) -> list[str]:
     """A real vLLM server (the vllm-cpu venv) on 127.0.0.1:`port`, as the suite and the benchmarks start it: the
     generator image's CMD plus what the CPU build and the tests need (start with VLLM_CPU_KVCACHE_SPACE set)."""
