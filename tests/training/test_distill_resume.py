@@ -199,6 +199,12 @@ def stub():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+    # a handler can outlive its test (a stall the client gave up on, a cut the client already retried): let it end,
+    # or its late `running -= 1` lands in the next test's count
+    deadline = time.monotonic() + 10
+    while FlakyVllmStub.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert FlakyVllmStub.running == 0, f"{FlakyVllmStub.running} stand-in requests still being answered after 10 s"
 
 
 def test_an_http_500_is_retried_and_a_lasting_one_is_a_clear_error(stub, monkeypatch):
