@@ -115,7 +115,8 @@ def case_doc(model: str, stage: str, lora: bool, zero: int, world: int) -> dict:
 
 
 def planned(doc: dict, stage: str):
-    from rlt.checks.capacity import Shapes, plan_run
+    from rlt.checks.capacity import plan_run
+    from rlt.checks.model_shape import Shapes
     from rlt.checks.shapes import read_shape
     from rlt.spec.loading import parse_run
 

@@ -120,13 +120,63 @@ def test_trainer_job_rendezvous_and_command():
     assert "value" not in env["HF_TOKEN"], "the token never appears in a manifest"
     cmd = pod["containers"][0]["command"]
     assert cmd[:5] == ["rlt", "launch", "--", "accelerate", "launch"]  # rlt launch keeps a stop's exit code
-    assert pod["terminationGracePeriodSeconds"] == 600  # the documented default: one step + one save
+    assert pod["terminationGracePeriodSeconds"] > 600  # unset: sized by the plan (the next test)
     assert cmd[cmd.index("--num_machines") + 1] == "4" and cmd[cmd.index("--machine_rank") + 1] == "$(NODE_RANK)"
     assert cmd[-8:] == ["-m", "rlt.cli", "stage", "rl", "--config", "env:RLT_RUN_YAML", "--root", "/data"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert pod["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "8"
     svc = b.trainer_service(REF, spec, "rl", 0)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_an_unset_grace_period_is_what_the_plan_says_a_stop_needs_and_the_operator_needs_no_torch_for_it():
+    """A paper-scale stop waits for a rollout boundary and saves ~100 GiB: more than 600 s. Unset, the trainer
+    pods' terminationGracePeriodSeconds (and torchrun's wait for its ranks) is the plan's need for a stop, sized in
+    the operator's image, which has no torch: the models are published ones it knows. A value in the spec wins; a
+    model it cannot size gets 600 s, and `rlt plan` prints which and why."""
+    import subprocess
+    import sys
+
+    from rlt.checks.capacity import plan_for_run
+    from rlt.checks.step_time import trainer_step_times
+
+    def grace(doc):
+        pod = b.trainer_job(REF, parse_run(doc).spec, "rl", 0)["spec"]["template"]["spec"]
+        assert env_of(pod)["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]["value"] == str(pod["terminationGracePeriodSeconds"])
+        return pod["terminationGracePeriodSeconds"]
+
+    doc = yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())
+    doc["spec"]["resources"]["trainer"].pop("terminationGracePeriodSeconds", None)
+    plan = plan_for_run(parse_run(doc).spec)  # the plan's shapes, read as `rlt plan` reads them
+    need = max(t.grace for t in trainer_step_times(parse_run(doc).spec, plan.shapes))
+    assert need > 600 and grace(doc) == need
+    assert plan.warnings == [] and any(f"grace period: {need} s (sized by the plan" in x for x in plan.stopping)
+
+    # the same Job without torch, transformers, accelerate or deepspeed importable: the operator image's case
+    code = (
+        "import sys, yaml\n"
+        "for m in ('torch', 'transformers', 'accelerate', 'deepspeed', 'peft', 'trl'): sys.modules[m] = None\n"
+        "from rlt.spec.loading import parse_run\n"
+        "from rlt_operator import builders as b\n"
+        "spec = parse_run(yaml.safe_load(sys.stdin.read())).spec\n"
+        "print(b.trainer_job(b.RunRef('r1', 'team', 'u'), spec, 'rl', 0)['spec']['template']['spec']"
+        "['terminationGracePeriodSeconds'])\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], input=yaml.safe_dump(doc), capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.strip() == str(need), ran.stderr[-2000:]
+
+    doc["spec"]["resources"]["trainer"]["terminationGracePeriodSeconds"] = 900
+    assert grace(doc) == 900
+    doc["spec"]["resources"]["trainer"]["terminationGracePeriodSeconds"] = 600
+    short = plan_for_run(parse_run(doc).spec).warnings
+    assert any(
+        f"grace period, 600 s (resources.trainer.terminationGracePeriodSeconds), is below the {need} s" in w
+        and f"terminationGracePeriodSeconds: {need}" in w
+        for w in short
+    ), short
+    del doc["spec"]["resources"]["trainer"]["terminationGracePeriodSeconds"]
+    doc["spec"]["teacher"]["model"] = "someone/unpublished-7b"  # a shape the operator cannot know
+    assert grace(doc) == 600
 
 
 def test_single_process_stage_runs_rlt_directly():

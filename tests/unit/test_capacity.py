@@ -3,11 +3,14 @@ real models; and the defects it exposed (retention, cuda-ness, timeouts, probes)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from suite_helpers import EXAMPLES
 
 from rlt.checks.capacity import plan_for_run
+from rlt.checks.model_shape import KNOWN_CONFIGS
 from rlt.cli import main
 from rlt.spec.budgets import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout_seconds, rollout_seconds
 from rlt.spec.loading import parse_run
@@ -189,7 +192,7 @@ def test_the_loss_term_is_what_trls_chunked_lm_head_allocates(head_trains):
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
 
     from rlt.checks.capacity import lm_head_loss_bytes, trl_constant
-    from rlt.checks.shapes import ModelShape
+    from rlt.checks.model_shape import ModelShape
 
     # the plan reads TRL's tile sizes from its source (no import of all of TRL in the preflight): the same values
     assert trl_constant("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE") == _CHUNKED_LOGPROB_CHUNK_SIZE
@@ -322,3 +325,32 @@ def test_distill_requests_in_flight_without_the_teachers_shape_are_bounded_by_ma
     spec = parse_run(_doc()).spec
     k, why = distill_requests_in_flight(spec, None, 80 * 2**30, 1000)
     assert k == 4 * 256 // (4 * 32) and "shape is unknown" in why
+
+
+def _builtin_config(name: str) -> dict:
+    import json
+
+    from rlt.data.models import resolve_model_path
+
+    return json.loads((Path(resolve_model_path(name)) / "config.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "model", [*KNOWN_CONFIGS, "builtin:tiny-qwen2", "builtin:smollm2-135m-instruct"], ids=lambda m: m.split("/")[-1]
+)
+def test_shapes_written_out_without_torch_are_the_empty_models(model):
+    """The operator sizes a run's grace period from shapes it writes out layer by layer (its image has no torch):
+    each is the count on an empty model that transformers builds from the same config, field by field — the
+    parameters, the largest tensor, every linear layer LoRA can adapt, the module names, the tied embedding. The
+    built-ins add a Llama with tied embeddings to the Qwen2 of the published ones."""
+    from transformers import AutoConfig
+
+    from rlt.checks.model_shape import decoder_shape
+    from rlt.checks.shapes import shape_of_config
+
+    fields = dict(KNOWN_CONFIGS[model]) if model in KNOWN_CONFIGS else _builtin_config(model)
+    config = AutoConfig.for_model(**fields)
+    written, counted = decoder_shape(fields, model), shape_of_config(config, model)
+    assert written == counted  # every field that compares: params, largest_param, sizes, tied, saved_bytes
+    assert written.linears == counted.linears
+    assert written.modules == counted.modules

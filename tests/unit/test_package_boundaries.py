@@ -155,3 +155,4 @@ def test_the_operator_pod_imports_no_training_floor():
     training_only = ("rlt.stages", "rlt.run", "rlt.cli", "rlt.data.models", "rlt.checks.capacity", "rlt.checks.shapes")
     assert sorted(m for m in seen if m.startswith(training_only)) == []
     assert "rlt.checks.validation" in seen and "rlt.contract.env" in seen, "the walk reached rlt"
+    assert "rlt.checks.step_time" in seen, "the trainer's grace period is sized in the operator, torch-free"

@@ -44,7 +44,28 @@ def test_the_paper_step_is_tens_of_minutes_and_25_save_steps_are_flagged_with_th
     suggested = int(save.rsplit("stages.rl.saveSteps: ", 1)[1])
     assert 2 <= suggested <= 10  # Young's interval for a ~8 min save and one loss a day: ~2.5 h of steps
     assert suggested * minutes * 60 <= 2 * checkpoint_interval(8 * 60 + 60)
-    assert any("terminationGracePeriodSeconds 600 is below" in w for w in plan.warnings), plan.warnings
+    assert any(
+        "grace period, 600 s (resources.trainer.terminationGracePeriodSeconds), is below" in w for w in plan.warnings
+    ), plan.warnings
+
+
+def test_a_model_the_operator_cannot_size_gets_600_s_and_the_plan_says_what_to_set(tmp_path):
+    """The plan reads any model's config (here a local folder: Qwen2.5-7B's config.json, no weights); the operator
+    only the published shapes it carries. Where they part, the pods get 600 s and the plan warns with the value."""
+    import json
+
+    from rlt.checks.model_shape import KNOWN_CONFIGS
+
+    folder = tmp_path / "my-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(KNOWN_CONFIGS["Qwen/Qwen2.5-7B-Instruct"]))
+    doc = _doc()
+    doc["spec"]["resources"]["trainer"].pop("terminationGracePeriodSeconds", None)
+    doc["spec"]["teacher"]["model"] = str(folder)
+    plan = plan_for_run(parse_run(doc).spec)
+    assert any(f"grace period: 600 s (the default: {folder} not among the shapes" in x for x in plan.stopping)
+    short = [w for w in plan.warnings if "grace period, 600 s (the default" in w]
+    assert short and "set resources.trainer.terminationGracePeriodSeconds: 7" in short[0], plan.warnings
 
 
 def test_rlt_plan_prints_the_stop_costs_and_warns_on_stderr(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlt.checks.step_time import trainer_grace_period
 from rlt.contract import env as pod_env
 from rlt.contract.exitcodes import DISRUPTION, FAIL_FAST, TERMINATION_LOG
 from rlt.contract.layout import PVC_MOUNT
@@ -131,6 +132,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     nodes = trainer_nodes(spec, stage)
     res = spec.resources.trainer
     lbls = with_queue(labels(ref.name, ROLE_TRAINER, stage, restart), spec)
+    grace, _ = trainer_grace_period(spec)  # the spec's, or sized from the plan's estimate of a stop
     env: list[dict[str, Any]] = [
         {"name": pod_env.MASTER_ADDR.name, "value": f"{name}-0.{name}.{ref.namespace}.svc"},
         {"name": pod_env.MASTER_PORT.name, "value": str(MASTER_PORT)},
@@ -143,7 +145,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
         },
         {"name": pod_env.METRICS_PORT.name, "value": str(METRICS_PORT)},
         # torchrun waits this long for its ranks after forwarding SIGTERM (default 30 s): they save meanwhile
-        {"name": pod_env.SHUTDOWN_TIMEOUT.name, "value": str(res.termination_grace_period_seconds)},
+        {"name": pod_env.SHUTDOWN_TIMEOUT.name, "value": str(grace)},
         {"name": pod_env.ALLOC_CONF.name, "value": "expandable_segments:True"},
     ]
     # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
@@ -155,7 +157,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "restartPolicy": "Never",  # a failed rank fails the Job; the operator restarts the gang
             "subdomain": name,
             # SIGTERM → the gang stops at a micro-batch and saves (rlt.stages.preemption); SIGKILL only after this
-            "terminationGracePeriodSeconds": res.termination_grace_period_seconds,
+            "terminationGracePeriodSeconds": grace,
             # Preflight: the same validation as `rlt validate` and the operator, plus what only the pod can see
             # (format files, a stage of an earlier run on a retained volume). Exits CONFIG_ERROR, which the
             # podFailurePolicy turns into a failed Job; its last log lines become the termination message the

@@ -13,8 +13,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from rlt.checks.shapes import ModelShape
-from rlt.checks.step_time import MEAN_COMPLETION_SHARE, StepTime, preemption_notes, step_time
+from rlt.checks.model_shape import (
+    ModelShape,
+    Shapes,
+    checkpoint_bytes,
+    dtype_bytes,
+    saved_model_bytes,
+    trainable_params,
+)
+from rlt.checks.step_time import MEAN_COMPLETION_SHARE, preemption_notes, trainer_grace_period, trainer_step_times
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
@@ -76,12 +83,6 @@ class Check:
 
 
 @dataclass
-class Shapes:
-    teacher: ModelShape | None
-    student: ModelShape | None
-
-
-@dataclass
 class Plan:
     gpu_memory: int
     checks: list[Check] = field(default_factory=list)
@@ -118,13 +119,6 @@ class Plan:
 
 def gib(n: int | float) -> str:
     return f"{n / GiB:.1f} GiB"
-
-
-def dtype_bytes(ref: ModelRef, gpu: bool = True) -> int:
-    """Bytes per weight: the ref's dtype; auto = bf16 on a GPU, fp32 on CPU (rlt.data.models.torch_dtype)."""
-    if ref.dtype == "auto":
-        return 2 if gpu else 4
-    return {"bfloat16": 2, "float16": 2, "float32": 4}.get(ref.dtype, 2)
 
 
 # --------------------------------------------------------------------------- GPU terms
@@ -244,7 +238,7 @@ def _trainer_terms(
     st = stage_settings(spec, stage)
     res = spec.resources.trainer
     b = dtype_bytes(ref, gpu)
-    trainable = shape.lora_params(ref.lora.r, ref.lora.target_modules) if ref.lora else shape.params
+    trainable = trainable_params(shape, ref)
     states, host, how = model_states(shape, trainable, st.deepspeed_zero_stage, res.nodes, max(1, res.gpus), b)
     terms = [(f"model states ({how})", states)]
     world = res.nodes * max(1, res.gpus)
@@ -300,7 +294,6 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     teacher, student = shapes.teacher, shapes.student
     rows = dataset_rows(spec)
     host_need = 0
-    times: list[StepTime] = []  # what a preemption costs (rlt.checks.step_time)
     stage_disk: dict[str, tuple[int, int]] = {}  # stage -> (peak extra while running, kept after)
     for stage in spec.stages.enabled():
         if stage in ("sft", "rl", "student"):
@@ -325,8 +318,6 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             )
             host_need = max(host_need, host)
             stage_disk[stage] = _trainer_disk(spec, stage, shape, trainable, b, rows, plan)
-            one = checkpoint_bytes(shape, trainable, stage_settings(spec, stage).deepspeed_zero_stage, world, b)
-            times.append(step_time(spec, stage, shape, trainable, one, student if stage == "rl" else None))
         elif stage in ("distill", "evaluate"):
             _generation_stage(spec, stage, shapes, gpu_memory, plan, gpu)
             stage_disk[stage] = (0, _generated_bytes(spec, stage, rows))
@@ -357,7 +348,9 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     plan.disk = stage_disk
     plan.checks.append(_volume_check(spec, shapes, stage_disk))
     if gpu:
-        plan.stopping, plan.warnings = preemption_notes(spec, times)
+        plan.stopping, plan.warnings = preemption_notes(
+            spec, trainer_step_times(spec, shapes), trainer_grace_period(spec)
+        )
         plan.unplaceable = one_node_problems(spec)
     return plan
 
@@ -534,26 +527,6 @@ def stage_steps(spec: RLTRunSpec, stage: str, rows: int | None) -> int | None:
     if rows is None or stage == "student":
         return None
     return math.ceil(math.ceil(rows / st.batch_size) * st.epochs)
-
-
-def saved_model_bytes(shape: ModelShape, zero: int, world: int, b: int) -> int:
-    """The model as the Trainer saves it: under ZeRO 1/2 from DeepSpeed's module state dict, where tied embeddings
-    are written under both names (measured: benchmarks/capacity.py), else each tensor once."""
-    ds12 = world > 1 and zero in (1, 2)
-    return (shape.params + (shape.tied if ds12 else 0)) * b
-
-
-def checkpoint_bytes(shape: ModelShape, trainable: int, zero: int, world: int, b: int) -> int:
-    """One checkpoint on disk: the weights (16-bit gathered model under ZeRO-3, the model otherwise; a LoRA adapter
-    alone) plus the optimizer: DeepSpeed's fp32 master weights and two Adam moments (12 bytes per trainable
-    parameter, all ranks' shards together; ZeRO 1/2 also write the whole module again in their model states), or
-    the Trainer's AdamW states in the parameters' dtype."""
-    lora = trainable < shape.params
-    weights = trainable * 4 if lora else saved_model_bytes(shape, zero, world, b)
-    ds = world > 1 and zero > 0
-    optimizer = trainable * 12 if ds or lora else trainable * 2 * b
-    module_states = saved_model_bytes(shape, zero, world, b) if ds and zero in (1, 2) and not lora else 0
-    return weights + optimizer + module_states
 
 
 def _trainer_disk(

@@ -18,7 +18,7 @@ The figures are estimates for planning, stated here so a reader can redo them:
 - rollout (rl): the step's completions at MEAN_COMPLETION_SHARE of maxCompletionLength, decoded DECODE_TOKENS_PER_S
   per sequence with up to VLLM_MAX_NUM_SEQS sequences per server at once;
 - tokens per row: the prompt (maxPromptLength) plus the mean completion; sft/student rows at half their maxLength;
-- a save: the checkpoint's bytes (rlt.checks.capacity.checkpoint_bytes) at WRITE_BYTES_PER_S to the volume, times
+- a save: the checkpoint's bytes (rlt.checks.model_shape.checkpoint_bytes) at WRITE_BYTES_PER_S to the volume, times
   SAVE_MARGIN, plus EXIT_SECONDS for the launcher and ranks to leave."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlt.checks.shapes import ModelShape
+from rlt.checks.model_shape import ModelShape, Shapes, checkpoint_bytes, dtype_bytes, known_shape, trainable_params
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.run import RLTRunSpec, stage_settings
 
@@ -99,12 +99,14 @@ def checkpoint_interval(save: float) -> float:
     return math.sqrt(2 * save * MTBF_SECONDS)
 
 
-def preemption_notes(spec: RLTRunSpec, times: list[StepTime]) -> tuple[list[str], list[str]]:
+def preemption_notes(
+    spec: RLTRunSpec, times: list[StepTime], grace_period: tuple[int, str]
+) -> tuple[list[str], list[str]]:
     """The plan's lines on stopping: per stage the step time, the save and what a stop loses; a warning (with the
-    value to set) when saveSteps × step is over twice Young's interval or the grace period is below what a stop
-    needs. (lines, warnings)."""
-    grace = spec.resources.trainer.termination_grace_period_seconds
-    out: list[str] = []
+    value to set) when saveSteps × step is over twice Young's interval or the trainer pods' grace period
+    (`grace_period`: seconds, where they come from) is below what a stop needs. (lines, warnings)."""
+    grace, source = grace_period
+    out: list[str] = [f"the trainer pods' grace period: {grace} s ({source})"] if times else []
     warn: list[str] = []
     for t in times:
         save_steps = stage_settings(spec, t.stage).save_steps
@@ -125,12 +127,69 @@ def preemption_notes(spec: RLTRunSpec, times: list[StepTime]) -> tuple[list[str]
             )
         if grace < t.grace:
             warn.append(
-                f"{t.stage}: resources.trainer.terminationGracePeriodSeconds {grace} is below the "
-                f"{t.grace} s a stop needs (the longest wait for a micro-batch or rollout boundary plus a save); "
-                f"set it to {t.grace}"
+                f"{t.stage}: the trainer pods' grace period, {grace} s ({source}), is below the {t.grace} s a stop "
+                "needs (the longest wait for a micro-batch or rollout boundary plus a save); set "
+                f"resources.trainer.terminationGracePeriodSeconds: {t.grace}"
             )
     return out, warn
 
 
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+TRAINER_STAGES = ("sft", "rl", "student")
+
+
+def trainer_step_times(spec: RLTRunSpec, shapes: Shapes, gpu: bool = True) -> list[StepTime]:
+    """One optimizer step and one checkpoint save of each enabled Trainer stage whose model shape is known (the
+    student stage is sized with `shapes.student`, as the plan reads it)."""
+    world = spec.resources.trainer.nodes * max(1, spec.resources.trainer.gpus)
+    times = []
+    for stage in (s for s in spec.stages.enabled() if s in TRAINER_STAGES):
+        ref = spec.teacher if stage != "student" else (spec.stages.student.model or spec.student)
+        shape = shapes.teacher if stage != "student" else shapes.student
+        if shape is None:
+            continue
+        trainable = trainable_params(shape, ref)
+        zero = stage_settings(spec, stage).deepspeed_zero_stage
+        one = checkpoint_bytes(shape, trainable, zero, world, dtype_bytes(ref, gpu))
+        times.append(step_time(spec, stage, shape, trainable, one, shapes.student if stage == "rl" else None))
+    return times
+
+
+# What a trainer pod gets after SIGTERM when the spec sets no terminationGracePeriodSeconds and the plan asks for
+# less (or cannot size the run): 10 minutes, what cluster-autoscaler gives a scale-down by default.
+GRACE_FLOOR_SECONDS = 600
+
+
+def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
+    """(the trainer pods' terminationGracePeriodSeconds, where it comes from). The spec's value when set; else the
+    larger of GRACE_FLOOR_SECONDS and what a stop needs by the plan (StepTime.grace: the longest wait for a boundary
+    plus one save), sized from the shapes known without torch or a file (rlt.checks.model_shape.known_shape), as the
+    operator's image has neither; GRACE_FLOOR_SECONDS when a model is not among them."""
+    set_value = spec.resources.trainer.termination_grace_period_seconds
+    if set_value is not None:
+        return set_value, "resources.trainer.terminationGracePeriodSeconds"
+    stages = [s for s in spec.stages.enabled() if s in TRAINER_STAGES]
+    if not stages:
+        return GRACE_FLOOR_SECONDS, "the default (no Trainer stage)"
+    # the shapes trainer_step_times reads, as the plan reads them: the teacher's, and the student's (the reward's
+    # forward in rl, the trained model of the student stage)
+    models = {spec.teacher.model} if {"sft", "rl"} & set(stages) else set()
+    models |= {spec.student.model} if {"rl", "student"} & set(stages) else set()
+    unknown = sorted(m for m in models if known_shape(m) is None)
+    if unknown:
+        return GRACE_FLOOR_SECONDS, (
+            f"the default: {', '.join(unknown)} not among the shapes known without reading the model "
+            "(rlt.checks.model_shape.KNOWN_CONFIGS)"
+        )
+    shapes = Shapes(known_shape(spec.teacher.model), known_shape(spec.student.model))
+    longest = max(trainer_step_times(spec, shapes), key=lambda t: t.grace)
+    if longest.grace <= GRACE_FLOOR_SECONDS:
+        return GRACE_FLOOR_SECONDS, f"the default (a stop needs {longest.grace} s by the plan)"
+    wait = longest.grace - longest.save
+    return longest.grace, (
+        f"sized by the plan: a stop of {longest.stage} waits up to {minutes(wait)} for a boundary, then saves in "
+        f"{minutes(longest.save)}"
+    )

@@ -118,14 +118,16 @@ class PodResources(Strict):
 class TrainerResources(PodResources):
     nodes: int = Field(1, gt=0, description="Trainer pods (one per node) in the Indexed Job.")
     gpus: int = Field(8, ge=0, description="GPUs per trainer pod (= processes per node).")
-    termination_grace_period_seconds: int = Field(
-        600,
+    termination_grace_period_seconds: int | None = Field(
+        None,
         ge=30,
         description="Seconds a trainer pod has after SIGTERM (preemption, drain, eviction, suspend) to reach the "
         "next micro-batch boundary (the step in progress is abandoned) and save the last completed step before "
-        "SIGKILL: set it above the rest of one rollout or micro-batch plus one checkpoint save (a ZeRO-3 save of a "
-        "7B model with its optimizer is ~100 GiB); `rlt plan` estimates both and warns when it is short. Some "
-        "stops cap it (cluster-autoscaler scale-down: 10 min by default; spot reclaim: minutes).",
+        "SIGKILL: the rest of one rollout or micro-batch plus one checkpoint save (a ZeRO-3 save of a 7B model with "
+        "its optimizer is ~100 GiB). Unset: the larger of 600 and the plan's estimate of that need when the "
+        "operator knows the models' shapes (the published models of rlt.checks.model_shape.KNOWN_CONFIGS), else 600; "
+        "`rlt plan` prints the value and warns when it is short. Some stops cap it (cluster-autoscaler scale-down: "
+        "10 min by default; spot reclaim: minutes).",
     )
 
 

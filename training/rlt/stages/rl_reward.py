@@ -48,10 +48,10 @@ def scoring_batch_tokens(spec: RLTRunSpec, student: PreTrainedModel) -> int:
     import torch
 
     from rlt.checks.capacity import DEFAULT_GPU_MEMORY, scoring_token_cap
-    from rlt.checks.shapes import ModelShape
+    from rlt.checks.shapes import shape_of_config
     from rlt.data.models import is_cuda
 
     device = student.device
     memory = torch.cuda.get_device_properties(device).total_memory if is_cuda(str(device)) else DEFAULT_GPU_MEMORY
-    shape = ModelShape.from_config(student.config, source="the loaded student")
+    shape = shape_of_config(student.config, "the loaded student")
     return scoring_token_cap(spec, shape, memory, dtype_bytes=student.dtype.itemsize)
