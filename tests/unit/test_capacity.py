@@ -354,3 +354,20 @@ def test_shapes_written_out_without_torch_are_the_empty_models(model):
     assert written == counted  # every field that compares: params, largest_param, sizes, tied, saved_bytes
     assert written.linears == counted.linears
     assert written.modules == counted.modules
+
+
+def test_a_full_disk_is_one_line_and_exit_1_not_a_traceback(monkeypatch, capsys):
+    """No space left (a full volume or quota) is the machine's state: `rlt` says so in one line with exit 1. The
+    error here is the kernel's own: stdout is /dev/full, which answers every write with ENOSPC."""
+    import contextlib
+    import sys
+
+    full = Path("/dev/full").open("w", buffering=1)  # noqa: SIM115 - line-buffered: each line reaches the device
+    monkeypatch.setattr(sys, "stdout", full)
+    assert main(["plan", str(EXAMPLES / "rltrun-tiny.yaml")]) == 1
+    # (libraries that log to stdout meet the same device: logging reports its own failures above this line)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "rlt plan: no space left (No space left on device); free some space and run it again"
+    monkeypatch.undo()
+    with contextlib.suppress(OSError):  # the text left in the buffer meets the full device again; the file closes
+        full.close()

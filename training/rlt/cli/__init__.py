@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from rlt.checks.validation import check_datasets, load_valid_runs
@@ -141,7 +142,18 @@ def register_command_groups(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk or quota is the machine's state, not a defect: one line saying where, the same exit code.
+        where = f" writing {err.filename}" if err.filename else ""
+        print(
+            f"rlt {args.command}: no space left{where} ({err.strerror}); free some space and run it again",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":
