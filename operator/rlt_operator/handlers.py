@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rlt.contract import metrics as catalogue
 from rlt.contract.api import Phase
+from rlt.contract.layout import parse_time
 from rlt.contract.metrics import OPERATOR_METRICS, build
 from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
@@ -64,9 +65,11 @@ class OperatorMetrics:
         step = (run_status.get("progress") or {}).get("step", 0)
         self.m[catalogue.RUN_STEP].labels(namespace, name).set(step)
         now = (run_status.get("stage") or "", int(step or 0))
-        if self._progress.get((namespace, name)) != now:  # progress (or first seen): the stall clock restarts
+        if self._progress.get((namespace, name)) != now:  # progress (or first seen): the stall clock moves
             self._progress[(namespace, name)] = now
-            self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(time.time())
+            # from the status's stepTime when it has one, so a restarted operator does not restart the clock
+            stepped = parse_time((run_status.get("progress") or {}).get("stepTime"))
+            self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(stepped.timestamp() if stepped else time.time())
         # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
         had = self._conditions.setdefault((namespace, name), {})
         for c in run_status.get("conditions") or []:

@@ -174,7 +174,7 @@ def decide(
     backoff = restart_backoff(gang, run_status, now)
     ready = launch(ref, spec, gang, run_status, plan, scrapers, now)
     trainer_condition(gang, ready, run_status, observed, now)
-    read_progress(progress, stage, run_status)
+    read_progress(progress, stage, run_status, now)
     return _finish(ref, prev, run_status, plan, _min(_min(requeue, backoff), SOON if gang.waiting else None))
 
 
@@ -648,16 +648,20 @@ def while_held(
         message = f"stage {run_status.stage} finished; the next stage waits for a valid spec (SpecValid)"
         set_condition(run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, "Held", message, now)
     else:
-        read_progress(progress, run_status.stage or "", run_status)
+        read_progress(progress, run_status.stage or "", run_status, now)
 
 
-def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRunStatus) -> None:
-    """The trainer's progress as last read (progress.py), when it belongs to the current stage."""
+def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRunStatus, now: dt.datetime) -> None:
+    """The trainer's progress as last read (progress.py), when it belongs to the current stage; stepTime moves
+    only when the step does (a new stage starts with fresh progress: current_stage)."""
     if progress is None or progress.get("stage", stage) != stage:
         return
     read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
     if read.step is not None:
         read.step_of_total = f"{read.step}/{read.total_steps}" if read.total_steps else str(read.step)
+    before = run_status.progress or Progress()
+    same = read.step == before.step and before.step_time
+    read.step_time = before.step_time if same else format_time(now)
     run_status.progress = read
 
 

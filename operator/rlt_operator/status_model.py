@@ -64,6 +64,11 @@ class Progress(_Status):
     tokens_per_second: float | None = Field(None, description="Generated tokens per second between two reads.")
     last_checkpoint: str | None = Field(None, description="Path of the newest checkpoint on the run's volume.")
     update_time: str | None = Field(None, description="When progress was read.", json_schema_extra=DATE_TIME)
+    step_time: str | None = Field(
+        None,
+        description="When the step last changed (the RLTRunStalled alert's clock; kept across operator restarts).",
+        json_schema_extra=DATE_TIME,
+    )
 
 
 class Outputs(_Status):

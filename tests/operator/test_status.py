@@ -1116,8 +1116,35 @@ def test_step_gang_outcome(restarts, failed, limit, outcome, phase):
 )
 def test_step_read_progress(progress, stage, step, of):
     st = carried(running(stage))
-    S.read_progress(progress, stage, st)
+    S.read_progress(progress, stage, st, NOW)
     assert (st.progress.step, st.progress.step_of_total) == (step, of)
+
+
+def test_step_time_moves_with_the_step_only_and_a_restarted_operator_keeps_the_stall_clock():
+    """RLTRunStalled measures from the last step change. The status keeps its time (progress.stepTime), so an
+    operator that restarts (a new Metrics) starts the clock from there, not from its own start: a run stalled for
+    20 minutes is not given a fresh window."""
+    from prometheus_client import CollectorRegistry
+
+    from rlt.contract import metrics as catalogue
+    from rlt.contract.layout import parse_time
+    from rlt_operator.handlers import OperatorMetrics
+
+    st = carried(running("rl"))
+    S.read_progress({"stage": "rl", "step": 3}, "rl", st, NOW)
+    assert parse_time(st.progress.step_time) == NOW
+    later = NOW + dt.timedelta(minutes=20)
+    S.read_progress({"stage": "rl", "step": 3}, "rl", st, later)  # read again, no step: the clock stays
+    assert parse_time(st.progress.step_time) == NOW
+    S.read_progress({"stage": "rl", "step": 4}, "rl", st, later)
+    assert parse_time(st.progress.step_time) == later
+
+    status = st.model_dump(by_alias=True, exclude_none=True, mode="json")
+    status["progress"]["stepTime"] = format_time(NOW)  # stalled since NOW
+    registry = CollectorRegistry()
+    OperatorMetrics(registry).run("team", "r1", status, "rlt")  # the first sight of the run by a new operator process
+    clock = registry.get_sample_value(catalogue.RUN_STEP_TIME, {"namespace": "team", "run": "r1"})
+    assert clock == NOW.timestamp()
 
 
 # --------------------------------------------------------------------------- restarts: back-off and the failing pod

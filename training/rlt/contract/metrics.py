@@ -213,8 +213,9 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         RUN_STEP_TIME,
         "gauge",
-        "Unix time the operator last saw the run's stage or step change (or first saw the run, after its own start): "
-        "how long the run has made no progress (alert RLTRunStalled).",
+        "Unix time the run's step last changed (status.progress.stepTime, kept across operator restarts; else when "
+        "the operator saw its stage or step change, or first saw it): how long the run has made no progress (alert "
+        "RLTRunStalled).",
         OPERATOR_LABELS,
         "operator",
     ),
