@@ -315,7 +315,7 @@ def test_progress_belongs_to_its_stage():
     sp = spec(sft=False, distill=False)
     obs = observed(sp, [job("rl", active=1)])
     d = S.decide(REF, 1, sp, running("rl"), obs, NOW, {"stage": "rl", "step": 3, "rewardMean": -1.5})
-    assert d.status["progress"] == {"step": 3, "rewardMean": -1.5, "stepOfTotal": "3"}
+    assert d.status["progress"] == {"step": 3, "rewardMean": -1.5, "stepOfTotal": "3", "stepTime": format_time(NOW)}
     d = S.decide(REF, 1, sp, running("rl"), obs, NOW, {"stage": "rl", "step": 3, "totalSteps": 125})
     assert d.status["progress"]["stepOfTotal"] == "3/125"
     other = S.decide(REF, 1, sp, running("rl"), obs, NOW, {"stage": "sft", "step": 9})

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from suite_helpers import EXAMPLES
 
-from rlt.checks.capacity import plan_for_run
+from rlt.checks.capacity import plan_for_run, render
 from rlt.checks.model_shape import KNOWN_CONFIGS
 from rlt.cli import main
 from rlt.spec.budgets import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout_seconds, rollout_seconds
@@ -371,3 +371,30 @@ def test_a_full_disk_is_one_line_and_exit_1_not_a_traceback(monkeypatch, capsys)
     monkeypatch.undo()
     with contextlib.suppress(OSError):  # the text left in the buffer meets the full device again; the file closes
         full.close()
+
+
+def test_a_student_stage_with_its_own_model_is_planned_with_that_models_shape():
+    """The paper distils into students larger than the reward's. With stages.student.model a 72B and the reward's
+    student a 0.5B, the student stage is planned as the 72B: its memory, the download of its weights, its step time
+    and so the grace period, not as the 0.5B."""
+    from rlt.checks.step_time import trainer_grace_period
+
+    doc = _doc("rltrun-small-2gpu.yaml")
+    spec = doc["spec"]
+    spec["stages"]["student"] = {**spec["stages"].get("student", {}), "enabled": True}
+    small = plan_for_run(parse_run(doc).spec)
+    spec["stages"]["student"]["model"] = {"model": "Qwen/Qwen2.5-72B-Instruct", "dtype": "bfloat16"}
+    big = plan_for_run(parse_run(doc).spec)
+
+    def need(plan, stage, resource):
+        return next(c.total for c in plan.checks if c.stage == stage and c.resource == resource)
+
+    gpu = "GPU memory per trainer process"
+    assert need(big, "student", gpu) > 10 * need(small, "student", gpu)
+    assert "stages.student.model: 72.7" in render(big, "r") and "72.7" not in render(small, "r")
+    volume = next(c for c in big.checks if c.resource.startswith("run volume"))
+    downloads = dict(volume.terms)["hub models downloaded to the run's cache (HF_HOME on the volume)"]
+    assert downloads > 72e9 * 2  # the 72B's bf16 weights are among them
+    # a 72B checkpoint with its optimizer (~1 TB) takes far longer to save than the 0.5B's: the operator's default
+    grace, why = trainer_grace_period(parse_run(doc).spec)
+    assert grace > 600 and "a stop of student" in why, why

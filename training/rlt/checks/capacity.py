@@ -298,7 +298,7 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     for stage in spec.stages.enabled():
         if stage in ("sft", "rl", "student"):
             ref = spec.teacher if stage != "student" else (spec.stages.student.model or spec.student)
-            shape = teacher if stage != "student" else student
+            shape = teacher if stage != "student" else shapes.student_stage(spec)
             if shape is None:
                 plan.notes.append(f"{stage}: model shape unknown, its memory and disk are not planned")
                 continue
@@ -475,7 +475,7 @@ def hub_downloads(spec: RLTRunSpec, shapes: Shapes) -> int:
     dtype its config was saved in. Built-in models and local folders are not downloaded."""
     refs = {spec.teacher.model: shapes.teacher, spec.student.model: shapes.student}
     if spec.stages.student.enabled and spec.stages.student.model is not None:
-        refs.setdefault(spec.stages.student.model.model, shapes.student)
+        refs.setdefault(spec.stages.student.model.model, shapes.trained_student)
     return sum(
         shape.params * shape.saved_bytes
         for model, shape in refs.items()
@@ -586,9 +586,13 @@ def _generation_stage(spec: RLTRunSpec, stage: str, shapes: Shapes, gpu_memory: 
             ),
         ]
     mode = spec.stages.rl.generation.mode if stage == "distill" else spec.stages.evaluate.generation.mode
-    shape = shapes.teacher if stage == "distill" else shapes.student
+    # evaluate tests the student stage's model, or the one it names (whose shape the plan does not read)
+    if stage == "evaluate" and spec.stages.evaluate.model is not None:
+        plan.notes.append(f"evaluate: {spec.stages.evaluate.model.model} (stages.evaluate.model) is not planned")
+        return
+    shape = shapes.teacher if stage == "distill" else shapes.student_stage(spec)
     if mode != "server" and shape is not None:
-        b = dtype_bytes(spec.teacher if stage == "distill" else spec.student, gpu)
+        b = dtype_bytes(spec.teacher if stage == "distill" else (spec.stages.student.model or spec.student), gpu)
         if stage == "distill":
             d = spec.stages.distill
             seqs, length = d.batch_size * d.samples_per_question, spec.stages.rl.max_prompt_length + d.max_new_tokens
@@ -694,9 +698,11 @@ def plan_for_run(spec: RLTRunSpec, gpu_memory: int = DEFAULT_GPU_MEMORY, build: 
 
     teacher, why_t = read_shape(spec.teacher, build)
     student, why_s = read_shape(spec.student, build)
-    plan = plan_run(spec, Shapes(teacher, student), gpu_memory)
-    plan.notes[:0] = [why for why in (why_t, why_s) if why]
-    plan.shapes = Shapes(teacher, student)
+    trained, why_d = read_shape(spec.stages.student.model, build) if spec.stages.student.model else (None, "")
+    shapes = Shapes(teacher, student, trained)
+    plan = plan_run(spec, shapes, gpu_memory)
+    plan.notes[:0] = [why for why in (why_t, why_s, why_d) if why]
+    plan.shapes = shapes
     return plan
 
 
@@ -704,7 +710,9 @@ def render(plan: Plan, name: str) -> str:
     """The plan as a table a platform engineer reads: one block per stage and resource, its terms, need / has."""
     lines = [f"{name}: capacity plan for {gib(plan.gpu_memory)} GPUs"]
     if plan.shapes is not None:
-        for role, shape in (("teacher", plan.shapes.teacher), ("student", plan.shapes.student)):
+        roles = [("teacher", plan.shapes.teacher), ("student", plan.shapes.student)]
+        roles += [("stages.student.model", plan.shapes.trained_student)] if plan.shapes.trained_student else []
+        for role, shape in roles:
             if shape is not None:
                 lines.append(f"  {role}: {shape.params / 1e9:.2f} B parameters ({shape.source})")
     for key, value in plan.values.items():

@@ -6,9 +6,12 @@ config, on an empty model that transformers builds, is rlt.checks.shapes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlt.spec.inputs import ModelRef
+
+if TYPE_CHECKING:
+    from rlt.spec.run import RLTRunSpec
 
 # The config.json fields that set the size of the models the examples use, as published on the Hugging Face Hub
 # (huggingface.co/<id>/blob/main/config.json). Bespoke-Stratos-7B is a fine-tune of Qwen2.5-7B-Instruct: same shape.
@@ -180,7 +183,13 @@ def decoder_shape(fields: dict[str, Any], source: str) -> ModelShape:
 @dataclass
 class Shapes:
     teacher: ModelShape | None
-    student: ModelShape | None
+    student: ModelShape | None  # spec.student: the reward's student (rl, distill's scoring)
+    trained_student: ModelShape | None = None  # stages.student.model's, when the student stage names its own
+
+    def student_stage(self, spec: RLTRunSpec) -> ModelShape | None:
+        """The shape of the model the student stage trains and evaluate tests by default: stages.student.model's
+        when set (the paper distils into students larger than the reward's), else spec.student's."""
+        return self.trained_student if spec.stages.student.model is not None else self.student
 
 
 def dtype_bytes(ref: ModelRef, gpu: bool = True) -> int:

@@ -142,13 +142,12 @@ TRAINER_STAGES = ("sft", "rl", "student")
 
 
 def trainer_step_times(spec: RLTRunSpec, shapes: Shapes, gpu: bool = True) -> list[StepTime]:
-    """One optimizer step and one checkpoint save of each enabled Trainer stage whose model shape is known (the
-    student stage is sized with `shapes.student`, as the plan reads it)."""
+    """One optimizer step and one checkpoint save of each enabled Trainer stage whose model shape is known."""
     world = spec.resources.trainer.nodes * max(1, spec.resources.trainer.gpus)
     times = []
     for stage in (s for s in spec.stages.enabled() if s in TRAINER_STAGES):
         ref = spec.teacher if stage != "student" else (spec.stages.student.model or spec.student)
-        shape = shapes.teacher if stage != "student" else shapes.student
+        shape = shapes.teacher if stage != "student" else shapes.student_stage(spec)
         if shape is None:
             continue
         trainable = trainable_params(shape, ref)
@@ -174,17 +173,18 @@ def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
     stages = [s for s in spec.stages.enabled() if s in TRAINER_STAGES]
     if not stages:
         return GRACE_FLOOR_SECONDS, "the default (no Trainer stage)"
-    # the shapes trainer_step_times reads, as the plan reads them: the teacher's, and the student's (the reward's
-    # forward in rl, the trained model of the student stage)
+    # the shapes trainer_step_times reads: the teacher's, the reward's student (rl), the student stage's model
+    trained = (spec.stages.student.model or spec.student).model
     models = {spec.teacher.model} if {"sft", "rl"} & set(stages) else set()
-    models |= {spec.student.model} if {"rl", "student"} & set(stages) else set()
+    models |= {spec.student.model} if "rl" in stages else set()
+    models |= {trained} if "student" in stages else set()
     unknown = sorted(m for m in models if known_shape(m) is None)
     if unknown:
         return GRACE_FLOOR_SECONDS, (
             f"the default: {', '.join(unknown)} not among the shapes known without reading the model "
             "(rlt.checks.model_shape.KNOWN_CONFIGS)"
         )
-    shapes = Shapes(known_shape(spec.teacher.model), known_shape(spec.student.model))
+    shapes = Shapes(known_shape(spec.teacher.model), known_shape(spec.student.model), known_shape(trained))
     longest = max(trainer_step_times(spec, shapes), key=lambda t: t.grace)
     if longest.grace <= GRACE_FLOOR_SECONDS:
         return GRACE_FLOOR_SECONDS, f"the default (a stop needs {longest.grace} s by the plan)"
