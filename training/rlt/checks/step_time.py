@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from rlt.checks.model_shape import ModelShape, Shapes, checkpoint_bytes, dtype_bytes, known_shape, trainable_params
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
+from rlt.spec.resources import GRACE_FLOOR_SECONDS
 from rlt.spec.run import RLTRunSpec, stage_settings
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (A100: 312e12: the estimate is then ~3× short)
@@ -155,11 +156,6 @@ def trainer_step_times(spec: RLTRunSpec, shapes: Shapes, gpu: bool = True) -> li
         one = checkpoint_bytes(shape, trainable, zero, world, dtype_bytes(ref, gpu))
         times.append(step_time(spec, stage, shape, trainable, one, shapes.student if stage == "rl" else None))
     return times
-
-
-# What a trainer pod gets after SIGTERM when the spec sets no terminationGracePeriodSeconds and the plan asks for
-# less (or cannot size the run): 10 minutes, what cluster-autoscaler gives a scale-down by default.
-GRACE_FLOOR_SECONDS = 600
 
 
 def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:

@@ -115,6 +115,11 @@ class PodResources(Strict):
         return self
 
 
+# A trainer pod's grace period when the spec sets none and the plan asks for less (or cannot size the run):
+# 10 minutes, what cluster-autoscaler gives a scale-down by default (rlt.checks.step_time.trainer_grace_period).
+GRACE_FLOOR_SECONDS = 600
+
+
 class TrainerResources(PodResources):
     nodes: int = Field(1, gt=0, description="Trainer pods (one per node) in the Indexed Job.")
     gpus: int = Field(8, ge=0, description="GPUs per trainer pod (= processes per node).")
@@ -124,8 +129,9 @@ class TrainerResources(PodResources):
         description="Seconds a trainer pod has after SIGTERM (preemption, drain, eviction, suspend) to reach the "
         "next micro-batch boundary (the step in progress is abandoned) and save the last completed step before "
         "SIGKILL: the rest of one rollout or micro-batch plus one checkpoint save (a ZeRO-3 save of a 7B model with "
-        "its optimizer is ~100 GiB). Unset: the larger of 600 and the plan's estimate of that need when the "
-        "operator knows the models' shapes (the published models of rlt.checks.model_shape.KNOWN_CONFIGS), else 600; "
+        f"its optimizer is ~100 GiB). Unset: the larger of {GRACE_FLOOR_SECONDS} and the plan's estimate of that "
+        "need when the operator knows the models' shapes (the published models of "
+        f"rlt.checks.model_shape.KNOWN_CONFIGS), else {GRACE_FLOOR_SECONDS}; "
         "`rlt plan` prints the value and warns when it is short. Some stops cap it (cluster-autoscaler scale-down: "
         "10 min by default; spot reclaim: minutes).",
     )
