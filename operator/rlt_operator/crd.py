@@ -29,6 +29,7 @@ from rlt.spec.run import Metadata, RLTRunSpec
 from .status_model import RLTRunStatus
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
+_INT64_RANGE = (-(2**63), 2**63 - 1)
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Run phase."},
@@ -114,6 +115,12 @@ def _structural(node: Any) -> Any:
             node[bound] = True
     if node.get("default", 0) is None:
         node.pop("default")
+    # The API server keeps numeric bounds as float64: the int64 extremes are not representable (1.36 refuses the
+    # CRD's field as "Minimum boundary value must be of type integer", 1.29 compares them wrongly). Kubernetes' own
+    # schemas say `format: int64` and carry no bounds, as here.
+    if node.get("type") == "integer" and (node.get("minimum"), node.get("maximum")) == _INT64_RANGE:
+        del node["minimum"], node["maximum"]
+        node["format"] = "int64"
     # Map keys (label/annotation keys, resource names): a structural schema has no key patterns, and a CEL rule
     # iterating a map's keys is priced by the apiserver's cost estimator at the worst case of an unbounded map of
     # unbounded strings, which can make the whole CRD uninstallable ("estimated rule cost exceeds budget"). The

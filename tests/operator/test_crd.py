@@ -103,6 +103,29 @@ def _undescribed(node, path):
             yield from _undescribed(node[key], f"{path}[]")
 
 
+def _bounds(node, path="openAPIV3Schema"):
+    for key in ("minimum", "maximum"):
+        if isinstance(node.get(key), (int, float)):
+            yield f"{path}.{key}", node[key]
+    for name, sub in (node.get("properties") or {}).items():
+        yield from _bounds(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from _bounds(node[key], f"{path}[]")
+
+
+def test_numeric_bounds_survive_the_api_servers_float64():
+    """kube-apiserver keeps minimum/maximum as float64: a bound that float64 cannot hold exactly (the int64 extremes
+    of tolerationSeconds) makes 1.36 refuse every run that sets the field. Such fields say `format: int64` instead,
+    as Kubernetes' own schemas do."""
+    root = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    inexact = [(path, v) for path, v in _bounds(root) if isinstance(v, int) and int(float(v)) != v]
+    assert not inexact, inexact
+    toleration = root["properties"]["spec"]["properties"]["scheduling"]["properties"]["tolerations"]["items"]
+    seconds = toleration["properties"]["tolerationSeconds"]
+    assert seconds["format"] == "int64" and "minimum" not in seconds and "maximum" not in seconds
+
+
 def test_every_spec_and_status_field_has_a_description_for_kubectl_explain():
     """Walks the schema generated from the pydantic models: a field's own description or its model's docstring."""
     root = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
