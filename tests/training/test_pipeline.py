@@ -190,3 +190,11 @@ def test_distill_reward_of_kept_rows_and_of_all_candidates_are_named_apart(finis
         "skipped": [],
         "numbersUsedAsText": 0,
     }
+
+
+def test_a_random_models_summary_says_it_means_nothing(finished):
+    """builtin:tiny-qwen2 is random: summary.json and the printed summary carry a caveat, so its plots and texts are
+    not read as results."""
+    _run, layout, summary = finished
+    assert "random model" in summary["note"]
+    assert json.loads(layout.summary_file.read_text())["note"] == summary["note"]

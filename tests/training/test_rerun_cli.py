@@ -175,3 +175,39 @@ def test_stage_row_filters_warn_once_per_stage(tiny, formatter, caplog):
         "stage sft: skipping 3 of 6 rows (badRows: skip)",
         "stage rl: skipping 3 of 6 rows (badRows: skip)",
     ]
+
+
+def test_ctrl_c_is_one_line_naming_where_it_stopped(tmp_path):
+    """Ctrl-C during `rlt run`: exit 130 and one line (the stage, its last step, what a re-run does), no traceback;
+    before it, the first step's estimate of the rest and the plots of each stage as soon as it ends."""
+    import signal
+
+    path = rl_only(tmp_path, steps=6, saveSteps=2)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["stages"]["sft"] = {"enabled": True, "maxSteps": 1, "batchSize": 4, "perDeviceBatchSize": 4}
+    path.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "RLT_METRICS_PORT": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlt.cli", "run", str(path), "--output", str(tmp_path / "out"), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("[rl] step "):  # the estimate after rl's first step
+                proc.send_signal(signal.SIGINT)
+                break
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    seen.append(out)
+    assert proc.returncode == 130, (seen, err)
+    assert "Traceback" not in err, err
+    assert any(line.startswith("[sft] plot: ") for line in seen), seen
+    assert any(line.startswith("[rl] step 1/6 took ") and "for the 5 steps left" in line for line in seen), seen
+    [last] = [line for line in err.splitlines() if line.startswith("rlt run:")]
+    assert "stopped (Ctrl-C) at rl step" in last and "a re-run of the same command" in last, last

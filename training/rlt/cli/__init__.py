@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt as stop:
+        # Ctrl-C is the user's choice, not a defect: one line (where, and what a re-run does), the shell's code 130.
+        print(f"\nrlt {args.command}: {stop or 'stopped (Ctrl-C)'}", file=sys.stderr)
+        return 130
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

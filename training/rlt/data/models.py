@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,13 @@ def _convert_smollm2(out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src, gguf = Path(list(found.submodule_search_locations)[0]), "SmolLM2-135M-Instruct.Q4_1.gguf"
-    log.info("converting %s to safetensors in %s (once)", gguf, out)
+    # Said on the terminal, not logged: a first run otherwise sits silent through it and a newcomer wonders why.
+    print(
+        f"builtin:smollm2-135m-instruct: converting the packaged {gguf} to safetensors, once for this machine "
+        f"(about a minute; later runs reuse {out.parent})",
+        file=sys.stderr,
+        flush=True,
+    )
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
     # The dequantised weights are plain tensors; drop the GGUF quantisation marker so save_pretrained accepts them.

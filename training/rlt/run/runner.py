@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt.contract.env import NAMESPACE
-from rlt.contract.layout import RunLayout, atomic_write_json, atomic_write_text
+from rlt.contract.layout import RunLayout, atomic_write_json, atomic_write_text, newest_complete_checkpoint
 from rlt.contract.metrics import TRAINER_METRICS_PORT, TrainerMetrics
 from rlt.contract.outputs import push_stage_outputs
 from rlt.contract.stage_registry import STAGE_ORDER, stage_function
@@ -184,14 +184,23 @@ def run_local(
                 print(f"[{name}] {plan.note}", flush=True)
             print(f"[{name}] starting", flush=True)
             t0 = time.perf_counter()
-            output_path = stage_function(name, run.spec.method)(ctx)
+            try:
+                output_path = stage_function(name, run.spec.method)(ctx)
+            except KeyboardInterrupt:
+                raise Interrupted(name, layout) from None
             push_stage_outputs(ctx, name)
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
+            # Each stage's plots as soon as it ends: a long run has something to look at before the last stage.
+            for plot in make_plots(layout.metrics_file, layout.plots_dir):
+                print(f"[{name}] plot: {plot}", flush=True)
         plots = make_plots(layout.metrics_file, layout.plots_dir)
         summary = summarize(layout, info, time.perf_counter() - started, plots)
         if data_summary is not None:
             summary["data"] = data_summary
+        caveat = random_model_caveat(run)
+        if caveat:
+            summary["note"] = caveat
         atomic_write_json(layout.summary_file, summary)
         print_summary(layout, summary)
         if linger > 0:
@@ -201,6 +210,30 @@ def run_local(
     finally:
         metrics.shutdown()
         lock.release()
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C inside a stage of `rlt run`: where it stopped, and what a re-run of the same command does."""
+
+    def __init__(self, stage: str, layout: RunLayout):
+        steps = [r["step"] for r in read_metrics(layout.metrics_file) if r.get("stage") == stage and "step" in r]
+        saved = newest_complete_checkpoint(layout.checkpoints_dir(stage))
+        where = f"{stage} step {max(steps)}" if steps else f"the start of {stage}"
+        resume = f"resumes {stage} from {saved.name}" if saved else f"starts {stage} again"
+        super().__init__(
+            f"stopped (Ctrl-C) at {where}; completed stages are kept and a re-run of the same command {resume}"
+        )
+
+
+def random_model_caveat(run: RLTRun) -> str | None:
+    """builtin:tiny-qwen2 is randomly initialised: its rewards, plots and texts show the pipeline, not teaching."""
+    refs = {run.spec.teacher.model, run.spec.student.model}
+    if "builtin:tiny-qwen2" in refs:
+        return (
+            "note: builtin:tiny-qwen2 is a random model: its rewards, plots and generated texts show that the "
+            "pipeline runs, not that anything is learnt"
+        )
+    return None
 
 
 def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
@@ -220,6 +253,8 @@ def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
         print(f"  data: {summary['data']['skippedRows']} of {summary['data']['rowsRead']} rows skipped (badRows: skip)")
     for p in summary["plots"]:
         print(f"  plot: {p}")
+    if summary.get("note"):
+        print(f"  {summary['note']}")
 
 
 def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: int | None, restart: bool = False) -> str:

@@ -152,6 +152,7 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
             self.bar = None
             self.step_started = time.perf_counter()
             self.pending: dict[str, float] = {}
+            self.estimated = False
 
         def on_train_begin(self, args, state, control, **kw):
             announce_world(recorder.stage)
@@ -183,10 +184,23 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
             if "train_loss" in logs:
                 return
             recorder.record(state.global_step, values)
+            self.estimate_once(state, values.get("step_seconds"))
             if self.bar is not None:
                 self.bar.n = state.global_step
                 shown = {k: f"{values[k]:.3f}" for k in ("reward", "loss") if k in values}
                 self.bar.set_postfix(shown, refresh=True)
+
+        def estimate_once(self, state, seconds: float | None) -> None:
+            """After the stage's first step, one plain line with the time the rest should take: the bar's ETA is
+            gone from a log or a pipe, and a newcomer wants to know whether to wait or come back later."""
+            if self.estimated or seconds is None or not recorder.ctx.is_main:
+                return
+            self.estimated = True
+            left = max(state.max_steps - state.global_step, 0)
+            say_line(
+                f"[{recorder.stage}] step {state.global_step}/{state.max_steps} took {seconds:.0f} s: "
+                f"about {_duration(seconds * left)} for the {left} steps left"
+            )
 
         def on_save(self, args, state, control, **kw):
             path = checkpoint_path(args.output_dir, state.global_step)
@@ -199,6 +213,16 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
                 self.bar.close()
 
     return RecordCallback()
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 90
+        else f"{seconds / 60:.0f} min"
+        if seconds < 5400
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 def quiet_trainer(trainer) -> None:
