@@ -291,6 +291,9 @@ def _mutate(request: rendering.Request, **fields: Any) -> None:
         object.__setattr__(request, key, value)
 
 
+_WATCH_OVER = object()  # a watch stream has nothing more to send
+
+
 @attrs.define(kw_only=True)
 class Cluster(kmock.KubernetesEmulator):
     """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
@@ -303,6 +306,8 @@ class Cluster(kmock.KubernetesEmulator):
     _schemas: dict[references.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
     # (namespace, pod) → its log file, when pods run (`rlt sandbox --run-pods`); None: no pod ever runs
     pod_log: Any = attrs.field(default=None, init=False)
+    # Set when the server stops: open watches (`kubectl get -w`) end, or the HTTP server waits for them (60 s).
+    watches_end: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -623,6 +628,22 @@ class Cluster(kmock.KubernetesEmulator):
             "rows": rows,
         }
 
+    async def _next_unless_ending(self, it: AsyncIterator[Any], timeout: float | None) -> Any:
+        """The stream's next event, or _WATCH_OVER when it ends, its timeout passes or the server stops."""
+        nxt = asyncio.ensure_future(anext(it))
+        ending = asyncio.ensure_future(self.watches_end.wait())
+        try:
+            done, _ = await asyncio.wait({nxt, ending}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+        if nxt not in done:
+            nxt.cancel()
+            return _WATCH_OVER
+        try:
+            return nxt.result()
+        except StopAsyncIteration:
+            return _WATCH_OVER
+
     async def _serve_watch(self, request: rendering.Request) -> Any:
         # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
@@ -644,9 +665,8 @@ class Cluster(kmock.KubernetesEmulator):
                     remaining = None if deadline is None else deadline - loop.time()
                     if remaining is not None and remaining <= 0:
                         return
-                    try:
-                        event = await asyncio.wait_for(anext(it), remaining)
-                    except (asyncio.TimeoutError, StopAsyncIteration):
+                    event = await self._next_unless_ending(it, remaining)
+                    if event is _WATCH_OVER:
                         return
                     if not isinstance(event, dict):
                         yield event

@@ -62,7 +62,10 @@ async def serve(port: int | None = None, host: str = "127.0.0.1") -> AsyncIterat
     if port:
         kwargs["port"] = port
     async with cluster, kmock.Server(cluster, **kwargs) as server:
-        yield cluster, str(server.url).rstrip("/")
+        try:
+            yield cluster, str(server.url).rstrip("/")
+        finally:
+            cluster.watches_end.set()  # an open `kubectl get -w` would hold the server's shutdown for a minute
 
 
 def kubeconfig(url: str) -> dict[str, Any]:

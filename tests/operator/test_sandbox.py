@@ -54,3 +54,32 @@ def test_the_in_process_operators_log_is_shown(start_sandbox):
     text = wait_for(lambda: "[default/tiny] created jobs/tiny-sft" in path.read_text() and path.read_text(), "log")
     assert "succeeded." not in text, "Kopf's handler-success lines are debug"
     assert "aiohttp.access" not in text, "the operator's lines, not the emulated API's access log"
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_the_sandbox_stops_with_a_watch_open(start_sandbox, sig):
+    """The banner tells the user to run `kubectl get rlt -w`; Ctrl-C (or SIGTERM) must still stop the sandbox at
+    once, not after the HTTP server's minute of waiting for that watch to end (the watch ends instead)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    sandbox = start_sandbox()
+    watch = subprocess.Popen(
+        [KUBECTL, "get", "rlt", "-w"],
+        env={**os.environ, "KUBECONFIG": str(sandbox.kubeconfig)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(2)  # the watch is open
+        assert watch.poll() is None
+        t0 = time.monotonic()
+        sandbox.proc.send_signal(getattr(signal, sig))
+        sandbox.proc.wait(timeout=30)
+        stopped = time.monotonic() - t0
+        assert stopped < 10, f"rlt sandbox took {stopped:.1f} s to stop with a watch open"
+        assert watch.wait(timeout=10) is not None  # the watch ended with the server
+    finally:
+        watch.kill()
