@@ -91,7 +91,8 @@ def _check(
     def check(value: str) -> str:
         if max_length is not None and len(value) > max_length:
             raise ValueError(f"{value[:40]!r}… is {len(value)} characters, over {max_length} ({what})")
-        if not compiled.match(value):
+        # fullmatch: Python's `$` also matches before a final newline, the API server's (Go RE2) does not
+        if not compiled.fullmatch(value):
             raise ValueError(f"{value!r} is not {what}")
         problem = extra(value) if extra else None
         if problem:

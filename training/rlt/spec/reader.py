@@ -47,15 +47,20 @@ _FLOAT = re.compile(
 )
 # Plain scalars YAML 1.1 readers (kubectl's go-yaml v2) resolve otherwise than YAML 1.2.
 _YAML11_BOOL = re.compile(r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|on|On|ON|off|Off|OFF)$")
-_YAML11_INT = re.compile(
-    r"^(?:[-+]?0[0-9_]+|[-+]?0b[01_]+|[-+]?[0-9][0-9_]*_[0-9_]*|[-+]?0x[0-9a-fA-F_]*_[0-9a-fA-F_]*)$"
-)
+# Octal and binary, and decimal or hex with '_' (checked apart: `[0-9_]*_[0-9_]*` backtracks quadratically on a long
+# run of digits and underscores that does not match, and a run file's scalar may be megabytes long).
+_YAML11_INT = re.compile(r"(?:[-+]?0[0-9_]+|[-+]?0b[01_]+)")
+_YAML11_UNDERSCORED = re.compile(r"(?:[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]*)")
+
+
+def _yaml11_int(value: str) -> bool:
+    return bool(_YAML11_INT.fullmatch(value) or ("_" in value and _YAML11_UNDERSCORED.fullmatch(value)))
 
 
 def _ambiguity(value: str) -> str | None:
     if _YAML11_BOOL.match(value):
         return f"{value!r} is a boolean to YAML 1.1 readers (kubectl) and text to YAML 1.2: write true or false, or quote it"
-    if _YAML11_INT.match(value):
+    if _yaml11_int(value):
         return f"{value!r} is read as a different number by YAML 1.1 readers (kubectl, octal or binary or with '_'): write it in decimal, or quote it"
     if value == "<<":
         return "'<<' (a YAML 1.1 merge key) is not YAML 1.2: write the keys out, or quote it"

@@ -101,7 +101,7 @@ class OutputsSpec(Strict):
             uri = getattr(self, field)
             if uri is None:
                 continue
-            if not _OUTPUT_URI.match(uri):
+            if not _OUTPUT_URI.fullmatch(uri):  # `$` alone lets a final newline through
                 raise ValueError(
                     f"{alias}: {uri!r} is not s3://, gs://, file://, memory:// or hf:// followed by a path"
                 )
