@@ -62,8 +62,6 @@ def _ambiguity(value: str) -> str | None:
         return f"{value!r} is a boolean to YAML 1.1 readers (kubectl) and text to YAML 1.2: write true or false, or quote it"
     if _yaml11_int(value):
         return f"{value!r} is read as a different number by YAML 1.1 readers (kubectl, octal or binary or with '_'): write it in decimal, or quote it"
-    if value == "<<":
-        return "'<<' (a YAML 1.1 merge key) is not YAML 1.2: write the keys out, or quote it"
     return None
 
 
@@ -86,6 +84,19 @@ def _int_text(text: str) -> int:
     problem = int_problem(value)
     if problem:
         raise ValueError(problem)
+    return value
+
+
+# kubectl turns YAML into JSON through Go's float64: a whole number below 1e21 is written as an integer (8.0 and 1e3
+# reach the API server as 8 and 1000, accepted by integer fields), larger ones in exponent form (a float).
+_GO_INTEGER_BOUND = 1e21
+
+
+def _number_text(text: str) -> float | int:
+    """A YAML float as kubectl sends it: an int when whole and below 1e21, else the float."""
+    value = _float_text(text)
+    if value.is_integer() and abs(value) < _GO_INTEGER_BOUND:
+        return int(value)
     return value
 
 
@@ -185,9 +196,12 @@ def _text_keys(loader: _Loader, node: MappingNode) -> dict[Any, Any]:
     # A mapping key is text, as the API server's YAML-to-JSON conversion makes it: `1e5:` or `true:` is the key
     # "1e5" or "true" (an unknown field named like any other), not a number or a bool that no field can match.
     for key, _ in node.value:
-        if isinstance(key, ScalarNode):
+        if isinstance(key, ScalarNode) and key.tag != _MERGE:
             key.tag = "tag:yaml.org,2002:str"
-    return loader.construct_mapping(node)
+    return loader.construct_mapping(node)  # flattens merge keys (`<<: *defaults`); the mapping's own keys win
+
+
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 _Loader.add_constructor("tag:yaml.org,2002:map", _text_keys)
@@ -196,7 +210,9 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 _Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: _int_text(node.value))
-_Loader.add_constructor("tag:yaml.org,2002:float", lambda loader, node: _float_text(node.value))
+_Loader.add_constructor("tag:yaml.org,2002:float", lambda loader, node: _number_text(node.value))
+# Merge keys are YAML 1.1, not 1.2, but kubectl (go-yaml) applies them, so a run file that uses them is valid.
+_Loader.add_implicit_resolver(_MERGE, re.compile(r"^<<$"), ["<"])
 _Loader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: node.value.lower() == "true")
 
 
