@@ -281,6 +281,35 @@ def release(locks: dict[str, str]) -> list[str]:
     )
 
 
+# `pip check`'s two kinds of line (pip 23: src/pip/_internal/commands/check.py).
+PIP_MISSING = re.compile(r"^(\S+) (\S+) requires (\S+), which is not installed\.$")
+PIP_CONFLICT = re.compile(r"^(\S+) (\S+) has requirement (.+), but you have (\S+) (\S+)\.$")
+
+
+def pip_check_exceptions(name: str) -> dict[str, str]:
+    """{package: why} that `pip check` may name in `name`'s image: what the lock leaves out, what it overrides."""
+    known = {p: "left out of the lock (LEFT_OUT: video/audio inputs only)" for p in LEFT_OUT}
+    overrides = overrides_file(name)
+    for line in overrides.read_text().splitlines() if overrides else []:
+        if req := line.split("#")[0].strip():
+            known[normalise(req.split("==")[0])] = f"overridden ({req}, {overrides.relative_to(ROOT)})"
+    return known
+
+
+def pip_check_unexpected(name: str, output: str) -> list[str]:
+    """The lines of `pip check`'s output in `name`'s image that pip_check_exceptions does not explain."""
+    known = pip_check_exceptions(name)
+    unexpected = []
+    for line in filter(None, (ln.strip() for ln in output.splitlines())):
+        missing, conflict = PIP_MISSING.match(line), PIP_CONFLICT.match(line)
+        if missing and normalise(missing.group(3)) in known:
+            continue
+        if conflict and normalise(conflict.group(4)) in known:
+            continue
+        unexpected.append(line)
+    return unexpected
+
+
 def committed_locks() -> dict[str, str]:
     return {name: lock_file(name).read_text() for name in CUDA_IMAGES}
 

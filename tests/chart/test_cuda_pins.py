@@ -84,6 +84,38 @@ def test_another_cuda_minor_in_a_lock_is_named():
     assert "cuda-toolkit==13.2.1 (CUDA 13.2)" in line and "nvidia-cublas==13.1.1.3 (CUDA 13.2)" in line, line
 
 
+# `python -m pip check` (pip 23.2.1) in venvs holding each committed lock, installed as the Containerfiles install it
+# (uv pip install --no-deps -r images/<image>/requirements-cuda.txt, CPython 3.11, 2026-11-27); the images' own run
+# is tests/images/test_cuda_images.py::test_pip_check_names_only_the_known_exceptions.
+PIP_CHECK = {
+    "trainer": """vllm 0.31.0 requires pynvvideocodec, which is not installed.
+vllm 0.31.0 requires torchaudio, which is not installed.
+vllm 0.31.0 requires torchcodec, which is not installed.
+vllm 0.31.0 requires torchvision, which is not installed.
+vllm 0.31.0 has requirement transformers<5.18.0,>=5.10.4, but you have transformers 5.23.0.
+""",
+    "generator": """vllm 0.31.0 requires pynvvideocodec, which is not installed.
+vllm 0.31.0 requires torchaudio, which is not installed.
+vllm 0.31.0 requires torchcodec, which is not installed.
+vllm 0.31.0 requires torchvision, which is not installed.
+""",
+}
+
+
+def test_pip_check_names_only_what_the_lock_leaves_out_or_overrides():
+    for name, output in PIP_CHECK.items():
+        assert pins.pip_check_unexpected(name, output) == [], name
+    # the trainer's transformers override is not the generator's
+    conflict = PIP_CHECK["trainer"].splitlines()[-1]
+    assert pins.pip_check_unexpected("generator", conflict) == [conflict]
+    # a requirement the 13.0 pins would break, and a package missing that the lock should hold, are named
+    newer = (
+        "flashinfer-python 0.7.0.post1 has requirement nvidia-cuda-nvcc>=13.5, but you have nvidia-cuda-nvcc 13.0.88."
+    )
+    missing = "vllm 0.31.0 requires xgrammar, which is not installed."
+    assert pins.pip_check_unexpected("trainer", f"{newer}\n{missing}\n") == [newer, missing]
+
+
 @pytest.mark.parametrize("name", pins.CUDA_IMAGES)
 def test_lock_holds_every_pin_of_its_in_file(name):
     """A pin changed in the .in and not re-locked (`python hack/cuda_pins.py lock`) fails here."""
