@@ -103,6 +103,25 @@ def test_the_check_reads_the_drivers_cuda_and_the_images_jit_wheels(tmp_path, mo
     assert stop.value.code == ExitCode.CONFIG_ERROR
 
 
+def test_nvmls_cuda_version_is_read_as_major_minor(monkeypatch):
+    """A stand-in pynvml answering what NVML answered on an H200 with driver 580.159.04 (2026-11-27):
+    nvmlSystemGetDriverVersion '580.159.04', nvmlSystemGetCudaDriverVersion 13000 (nvidia-smi: CUDA Version 13.0)."""
+    import types
+
+    calls = []
+    stand_in = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlSystemGetDriverVersion=lambda: "580.159.04",
+        nvmlSystemGetCudaDriverVersion=lambda: 13000,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", stand_in)
+    assert driver.node_driver() == "580.159.04" and driver.node_cuda() == "13.0"
+    assert calls == ["init", "shutdown"] * 2
+    stand_in.nvmlSystemGetCudaDriverVersion = lambda: 12090
+    assert driver.node_cuda() == "12.9"
+
+
 def test_no_cuda_runtime_in_the_image_checks_nothing(tmp_path, monkeypatch):
     path, site = stand_ins(tmp_path, "470.256.02", cuda=None)
     monkeypatch.setenv("PATH", path)
