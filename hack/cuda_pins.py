@@ -50,6 +50,20 @@ CUDA_AGNOSTIC = {
     "nvidia-cutlass-dsl-libs-base": "the DSL's CUDA-independent part",
     "nvidia-cutlass-dsl-libs-core": "the DSL's CUDA-independent part",
 }
+# Wheels whose version is the CUDA release they belong to down to the minor (cuBLAS's is its own: 13.1.1.3 is CUDA
+# 13.0 Update 3's); the other CUDA libraries take the minor of the cuda-toolkit that pins them, and -cuNN wheels
+# (NCCL, cuDNN, NVSHMEM) are built for a whole major.
+RELEASE_VERSIONED = re.compile(
+    r"^(cuda-toolkit|cuda-bindings|cuda-python|nvidia-cuda-[a-z-]+|nvidia-nvjitlink|nvidia-nvvm|nvidia-nvtx)$"
+)
+# A wheel of another CUDA minor than the runtime's, with the reason it may stay (nothing it writes is loaded by
+# the driver or linked into a CUDA extension).
+OTHER_MINOR_ALLOWED = {
+    "nvidia-cuda-nvdisasm": (
+        "the cutlass DSL requires it unpinned and PyPI has no 13.0 wheel (the first is 13.2.51); a disassembler "
+        "(cubin to SASS text) the DSL runs when asked to dump SASS: it produces no code the driver loads"
+    ),
+}
 # A wheel of another CUDA major that a package of ours requires unconditionally, with the reason it may stay.
 OTHER_MAJOR_ALLOWED = {
     "nvidia-cutlass-dsl-libs-cu12": (
@@ -65,6 +79,11 @@ def in_file(name: str) -> Path:
 
 def lock_file(name: str) -> Path:
     return ROOT / "images" / name / "requirements-cuda.txt"
+
+
+def release_file() -> Path:
+    """The CUDA release's component pins, a constraint of every image's lock."""
+    return ROOT / "images" / "cuda-release.txt"
 
 
 def overrides_file(name: str) -> Path | None:
@@ -93,6 +112,8 @@ def compile_cmd(name: str, out: Path) -> list[str]:
         "--custom-compile-command",
         "python hack/cuda_pins.py lock",
         *(a for p in LEFT_OUT for a in ("--no-emit-package", p)),
+        "--constraint",
+        str(release_file().relative_to(ROOT)),
         *(["--override", str(overrides_file(name).relative_to(ROOT))] if overrides_file(name) else []),
         str(in_file(name).relative_to(ROOT)),
         "-o",
@@ -130,7 +151,7 @@ def parse_lock(text: str) -> dict[str, tuple[str, set[str]]]:
             pkgs[current] = (m.group(2), set())
         elif (
             current
-            and (m := re.match(r"^\s+#\s+(?:via\s+)?(?:-r |--override )?(\S+)\s*$", line))
+            and (m := re.match(r"^\s+#\s+(?:via\s+)?(?:-r |-c |--override )?(\S+)\s*$", line))
             and m.group(1) != "via"
         ):
             pkgs[current][1].add(normalise(m.group(1)))
@@ -176,9 +197,45 @@ def image_majors(locks: dict[str, str]) -> set[int]:
     }
 
 
+def cuda_minors(pkgs: dict[str, tuple[str, set[str]]]) -> dict[str, str]:
+    """{package: CUDA major.minor} for every package whose CUDA minor the lock tells: its own version (the release's
+    wheels), a +cuNNN local version, or the cuda-toolkit that pins it."""
+    minors: dict[str, str] = {}
+    for name, (ver, _) in pkgs.items():
+        if m := re.search(r"\+cu(\d+?)(\d)$", ver):
+            minors[name] = f"{m.group(1)}.{m.group(2)}"
+        elif RELEASE_VERSIONED.match(name):
+            minors[name] = ".".join(ver.split(".")[:2])
+    toolkit = minors.get("cuda-toolkit")
+    for name, (_, via) in pkgs.items():
+        if name not in minors and toolkit is not None and "cuda-toolkit" in via:
+            minors[name] = toolkit  # cuBLAS, cuFFT, cuSPARSE...: the release that pins them
+    return minors
+
+
+def minor_problems(image: str, pkgs: dict[str, tuple[str, set[str]]]) -> list[str]:
+    """One line when a CUDA wheel of the lock (bar OTHER_MINOR_ALLOWED) is of another minor than the runtime's."""
+    runtime = pkgs.get("nvidia-cuda-runtime")
+    if runtime is None:
+        return [f"{image}: the lock has no nvidia-cuda-runtime (the CUDA runtime every extension links)"]
+    want = ".".join(runtime[0].split(".")[:2])
+    other = sorted(
+        f"{name}=={pkgs[name][0]} (CUDA {minor})"
+        for name, minor in cuda_minors(pkgs).items()
+        if minor != want and name not in OTHER_MINOR_ALLOWED
+    )
+    if not other:
+        return []
+    return [
+        f"{image}: more than one CUDA minor: the runtime is {want} (nvidia-cuda-runtime=={runtime[0]}), "
+        f"but {', '.join(other)}; pin them in {release_file().relative_to(ROOT)} and re-lock"
+    ]
+
+
 def check(locks: dict[str, str]) -> list[str]:
     """Problems of the images' locks ({image: lock text}): more than one CUDA major (bar OTHER_MAJOR_ALLOWED),
-    a package of unknown CUDA major, or a vLLM/torch/CUDA that differs between the images."""
+    a CUDA wheel of another minor than the runtime's (bar OTHER_MINOR_ALLOWED), a package of unknown CUDA major,
+    or a vLLM/torch/CUDA that differs between the images."""
     problems: list[str] = []
     per_image: dict[str, dict[str, tuple[str, set[str]]]] = {}
     seen: dict[int, list[str]] = {}
@@ -192,6 +249,8 @@ def check(locks: dict[str, str]) -> list[str]:
         for name, major in majors.items():
             if name not in OTHER_MAJOR_ALLOWED:
                 seen.setdefault(major, []).append(f"{image}:{name}=={pkgs[name][0]}")
+        if majors:
+            problems += minor_problems(image, pkgs)
         if not majors and "torch" in pkgs:
             problems.append(f"{image}: no CUDA wheel in the lock (torch {pkgs['torch'][0]}: a CPU torch?)")
     if len(seen) > 1:
@@ -208,6 +267,47 @@ def check(locks: dict[str, str]) -> list[str]:
             if len(set(versions.values())) > 1:
                 problems.append(f"{p} differs between the images: {versions}")
     return problems
+
+
+def release(locks: dict[str, str]) -> list[str]:
+    """The CUDA runtime minors of the locks (one, when check() is clean)."""
+    return sorted(
+        {
+            minor
+            for text in locks.values()
+            for n, minor in cuda_minors(parse_lock(text)).items()
+            if n == "nvidia-cuda-runtime"
+        }
+    )
+
+
+# `pip check`'s two kinds of line (pip 23: src/pip/_internal/commands/check.py).
+PIP_MISSING = re.compile(r"^(\S+) (\S+) requires (\S+), which is not installed\.$")
+PIP_CONFLICT = re.compile(r"^(\S+) (\S+) has requirement (.+), but you have (\S+) (\S+)\.$")
+
+
+def pip_check_exceptions(name: str) -> dict[str, str]:
+    """{package: why} that `pip check` may name in `name`'s image: what the lock leaves out, what it overrides."""
+    known = {p: "left out of the lock (LEFT_OUT: video/audio inputs only)" for p in LEFT_OUT}
+    overrides = overrides_file(name)
+    for line in overrides.read_text().splitlines() if overrides else []:
+        if req := line.split("#")[0].strip():
+            known[normalise(req.split("==")[0])] = f"overridden ({req}, {overrides.relative_to(ROOT)})"
+    return known
+
+
+def pip_check_unexpected(name: str, output: str) -> list[str]:
+    """The lines of `pip check`'s output in `name`'s image that pip_check_exceptions does not explain."""
+    known = pip_check_exceptions(name)
+    unexpected = []
+    for line in filter(None, (ln.strip() for ln in output.splitlines())):
+        missing, conflict = PIP_MISSING.match(line), PIP_CONFLICT.match(line)
+        if missing and normalise(missing.group(3)) in known:
+            continue
+        if conflict and normalise(conflict.group(4)) in known:
+            continue
+        unexpected.append(line)
+    return unexpected
 
 
 def committed_locks() -> dict[str, str]:
@@ -229,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(line, file=sys.stderr)
     if not problems:
-        print(f"one CUDA major across {', '.join(CUDA_IMAGES)}: {sorted(image_majors(committed_locks()))}")
+        print(f"one CUDA release across {', '.join(CUDA_IMAGES)}: {release(committed_locks())}")
     return 1 if problems else 0
 
 

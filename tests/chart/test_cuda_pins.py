@@ -1,5 +1,5 @@
 """The CUDA images' locks (images/*/requirements-cuda.txt, hack/cuda_pins.py) hold one CUDA major across torch,
-vLLM, DeepSpeed and every nvidia-* wheel, the same vLLM and torch in the trainer and the generator, and every pin of
+vLLM, DeepSpeed and every nvidia-* wheel, one CUDA minor (the runtime's) across the wheels that tell theirs, the same vLLM and torch in the trainer and the generator, and every pin of
 their .in files. Offline in seconds; one test re-resolves the committed locks against PyPI's metadata (no wheel is
 downloaded; about 10 s) and is skipped, saying so, where PyPI or uv is not reachable."""
 
@@ -46,6 +46,76 @@ def test_another_cuda_major_in_a_lock_is_named():
     assert any(p.startswith("generator: nvidia-mystery") for p in pins.check(broken))
 
 
+def test_every_cuda_wheel_is_of_the_runtimes_minor():
+    """One CUDA release, not only one major: nvcc, nvvm, nvJitLink... at the runtime's 13.0, bar the listed ones."""
+    for name, text in pins.committed_locks().items():
+        pkgs = pins.parse_lock(text)
+        minors = pins.cuda_minors(pkgs)
+        # the compiler and JIT wheels, and the libraries torch's cuda-toolkit pins (cuBLAS's own version is 13.1)
+        for wheel in ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-nvjitlink", "nvidia-cublas"):
+            assert minors[wheel] == "13.0", (name, wheel, pkgs[wheel][0])
+        other = {n: m for n, m in minors.items() if m != "13.0"}
+        assert set(other) <= set(pins.OTHER_MINOR_ALLOWED), (name, other)
+    assert pins.release(pins.committed_locks()) == ["13.0"]
+
+
+def test_another_cuda_minor_in_a_lock_is_named():
+    """The issue's case: a 13.5 nvJitLink (pulled unpinned) beside the 13.0 runtime."""
+    trainer = pins.committed_locks()["trainer"]
+    assert "nvidia-nvjitlink==13.0.88" in trainer
+    broken = {
+        **pins.committed_locks(),
+        "trainer": trainer.replace("nvidia-nvjitlink==13.0.88", "nvidia-nvjitlink==13.5.37"),
+    }
+    problems = pins.check(broken)
+    assert [p for p in problems if "minor" in p] == [
+        "trainer: more than one CUDA minor: the runtime is 13.0 (nvidia-cuda-runtime==13.0.96), but "
+        "nvidia-nvjitlink==13.5.37 (CUDA 13.5); pin them in images/cuda-release.txt and re-lock"
+    ], problems
+    # a torch from PyTorch's cu132 index, and a cuda-toolkit of another release (its cuBLAS follows it)
+    gen = pins.committed_locks()["generator"]
+    broken = {**pins.committed_locks(), "generator": re.sub(r"^torch==\S+", "torch==2.13.0+cu132", gen, flags=re.M)}
+    assert any(
+        "generator: more than one CUDA minor" in p and "torch==2.13.0+cu132 (CUDA 13.2)" in p
+        for p in pins.check(broken)
+    )
+    broken = {**pins.committed_locks(), "generator": gen.replace("cuda-toolkit==13.0.3.0", "cuda-toolkit==13.2.1")}
+    line = next(p for p in pins.check(broken) if "generator: more than one CUDA minor" in p)
+    assert "cuda-toolkit==13.2.1 (CUDA 13.2)" in line and "nvidia-cublas==13.1.1.3 (CUDA 13.2)" in line, line
+
+
+# `python -m pip check` (pip 23.2.1) in venvs holding each committed lock, installed as the Containerfiles install it
+# (uv pip install --no-deps -r images/<image>/requirements-cuda.txt, CPython 3.11, 2026-11-27); the images' own run
+# is tests/images/test_cuda_images.py::test_pip_check_names_only_the_known_exceptions.
+PIP_CHECK = {
+    "trainer": """vllm 0.31.0 requires pynvvideocodec, which is not installed.
+vllm 0.31.0 requires torchaudio, which is not installed.
+vllm 0.31.0 requires torchcodec, which is not installed.
+vllm 0.31.0 requires torchvision, which is not installed.
+vllm 0.31.0 has requirement transformers<5.18.0,>=5.10.4, but you have transformers 5.23.0.
+""",
+    "generator": """vllm 0.31.0 requires pynvvideocodec, which is not installed.
+vllm 0.31.0 requires torchaudio, which is not installed.
+vllm 0.31.0 requires torchcodec, which is not installed.
+vllm 0.31.0 requires torchvision, which is not installed.
+""",
+}
+
+
+def test_pip_check_names_only_what_the_lock_leaves_out_or_overrides():
+    for name, output in PIP_CHECK.items():
+        assert pins.pip_check_unexpected(name, output) == [], name
+    # the trainer's transformers override is not the generator's
+    conflict = PIP_CHECK["trainer"].splitlines()[-1]
+    assert pins.pip_check_unexpected("generator", conflict) == [conflict]
+    # a requirement the 13.0 pins would break, and a package missing that the lock should hold, are named
+    newer = (
+        "flashinfer-python 0.7.0.post1 has requirement nvidia-cuda-nvcc>=13.5, but you have nvidia-cuda-nvcc 13.0.88."
+    )
+    missing = "vllm 0.31.0 requires xgrammar, which is not installed."
+    assert pins.pip_check_unexpected("trainer", f"{newer}\n{missing}\n") == [newer, missing]
+
+
 @pytest.mark.parametrize("name", pins.CUDA_IMAGES)
 def test_lock_holds_every_pin_of_its_in_file(name):
     """A pin changed in the .in and not re-locked (`python hack/cuda_pins.py lock`) fails here."""
@@ -55,7 +125,8 @@ def test_lock_holds_every_pin_of_its_in_file(name):
     ]
     assert wanted
     overrides = pins.overrides_file(name)
-    for line in [*wanted, *(overrides.read_text().splitlines() if overrides else [])]:
+    release = pins.release_file().read_text().splitlines()
+    for line in [*wanted, *release, *(overrides.read_text().splitlines() if overrides else [])]:
         req = line.split("#")[0].strip()
         if not req:
             continue

@@ -1,7 +1,7 @@
 """The CUDA flavour of the trainer and generator images, checked without a GPU (`make images-test-cuda`, several GB
 each, run by hand): what imports, what links, which CUDA, the tiny example's sft and rl stages on CPU (a CUDA torch
-runs on CPU) as the operator renders them, the preflight's peak memory against its limit, and the driver check
-against a simulated old driver. Built by `hack/images.py build --flavour cuda` (cached by its inputs)."""
+runs on CPU) as the operator renders them, the preflight's peak memory against its limit, the driver check
+against a simulated old driver, `pip check`, and DeepSpeed's op builder compiling a CUDA op with the image's nvcc. Built by `hack/images.py build --flavour cuda` (cached by its inputs)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from image_helpers import ROOT, images
+from image_helpers import ROOT, images, pins
 from test_trainer_generator_images import chown_for, mounts, pod_env, pod_mounts, rendered
 
 from rlt.contract.exitcodes import ExitCode
@@ -158,6 +158,57 @@ def test_torch_cuda_is_the_cuda_vllm_links_and_one_vllm_in_both_images(trainer_i
     # the trainer's weight-sync client (TRL's VLLMClient, vLLM's NCCL helpers) speaks to this generator's server
     assert trainer["vllm"] == generator["vllm"]
     assert trainer["torch"] == generator["torch"]
+
+
+@pytest.mark.parametrize("image", ["trainer", "generator"])
+def test_pip_check_names_only_the_known_exceptions(image, request):
+    """Every installed distribution's requirements hold but for hack/cuda_pins.py's pip_check_exceptions: what the
+    lock leaves out (LEFT_OUT) and what the image overrides (images/<image>/overrides-cuda.txt)."""
+    out = run_in(request.getfixturevalue(f"{image}_image"), ["python3", "-m", "pip", "check"], timeout=600)
+    print(f"{image}: pip check: exit {out.returncode}\n{out.stdout}")
+    assert pins.pip_check_unexpected(image, out.stdout) == [], out.stdout[-4000:]
+
+
+# nvcc on the image's PATH and under CUDA_HOME is the release torch was built with (DeepSpeed's op builder refuses
+# another minor: CUDAMismatchException), and the linker finds the runtime by its unversioned name.
+NVCC = r"""
+import os, re, shutil, subprocess, torch
+from torch.utils import cpp_extension
+nvcc = shutil.which("nvcc")
+release = re.search(r"release (\d+\.\d+)", subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout)
+print(json.dumps({"nvcc": nvcc, "release": release and release.group(1), "torch_cuda": torch.version.cuda,
+                  "cuda_home": cpp_extension.CUDA_HOME, "env": os.environ.get("CUDA_HOME"),
+                  "libcudart": os.path.exists(os.path.join(cpp_extension.CUDA_HOME, "lib64", "libcudart.so"))}))
+"""
+
+
+@pytest.mark.parametrize("image", ["trainer", "generator"])
+def test_nvcc_on_path_is_torchs_cuda_under_cuda_home(image, request):
+    out = python_in(request.getfixturevalue(f"{image}_image"), "import json\n" + NVCC)
+    assert out.returncode == 0, out.stdout[-4000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{image}: {found}")
+    assert found["env"] == found["cuda_home"] == "/opt/cuda" and found["nvcc"] == "/opt/cuda/bin/nvcc", found
+    assert found["release"] == found["torch_cuda"], found
+    assert found["libcudart"], found
+
+
+# DeepSpeed's op builder as a trainer pod would run it (uid 1000, read-only root, /tmp a tmpfs): FusedAdam's CUDA
+# kernel compiled by the image's nvcc for Hopper and loaded. No GPU here: DS_ACCELERATOR names CUDA's builders
+# and TORCH_CUDA_ARCH_LIST the target (a GPU node detects both).
+DS_OP = r"""
+from deepspeed.ops.op_builder import FusedAdamBuilder
+mod = FusedAdamBuilder().load(verbose=False)
+print("BUILT", mod.__file__, hasattr(mod, "multi_tensor_adam"))
+"""
+
+
+def test_deepspeed_builds_a_cuda_op_with_the_images_nvcc(trainer_image):
+    env = {"DS_ACCELERATOR": "cuda", "TORCH_CUDA_ARCH_LIST": "9.0", "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions"}
+    out = run_in(trainer_image, ["python3", "-W", "ignore", "-c", DS_OP], uid=1000, gid=1000, env=env, timeout=1800)
+    assert out.returncode == 0 and "BUILT /tmp/torch_extensions/fused_adam/fused_adam.so True" in out.stdout, (
+        out.stdout[-4000:]
+    )
 
 
 @pytest.fixture(scope="module")

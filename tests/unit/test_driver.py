@@ -30,18 +30,49 @@ def test_a_driver_older_than_the_cudas_floor_is_one_line_naming_both():
     assert driver.driver_problem("570.86.15", None) is None
 
 
-def stand_ins(tmp_path: Path, driver_version: str, cuda: str | None = "13.0.96") -> tuple[str, Path]:
-    """(PATH with a stand-in nvidia-smi first, a folder holding a stand-in nvidia-cuda-runtime's metadata)."""
+def test_an_older_driver_branch_is_refused_saying_no_forward_compatibility_is_shipped():
+    """R535 and R570 (managed pools that lag): the images carry no cuda-compat libraries, so the line says so."""
+    for old in ("535.247.01", "570.172.08"):
+        line = driver.driver_problem(old, "13.0.96", "13.0", {"nvidia-cuda-nvcc": "13.0.88"})
+        assert line and "forward-compatibility" in line and "R580" in line and old in line, line
+
+
+def test_jit_wheels_of_a_newer_minor_than_the_drivers_cuda_are_refused():
+    """The issue's image: a 13.0 runtime with 13.5 nvcc/nvJitLink on R580 (CUDA 13.0), whose PTX cannot load."""
+    mixed = {"nvidia-cuda-nvcc": "13.5.37", "nvidia-cuda-nvrtc": "13.0.88", "nvidia-nvjitlink": "13.5.37"}
+    line = driver.driver_problem("580.95.05", "13.0.96", "13.0", mixed)
+    assert line == (
+        "driver: this image's nvidia-cuda-nvcc 13.5.37, nvidia-nvjitlink 13.5.37 write PTX for CUDA 13.5, which "
+        "the node's driver 580.95.05 (CUDA 13.0) cannot load: upgrade the node's driver to one for CUDA 13.5, or "
+        "use an image whose CUDA wheels are all of its runtime's minor (hack/cuda_pins.py check)"
+    )
+    # the images' own wheels (all 13.0) on R580; the mixed ones on a driver for CUDA 13.5
+    one = {"nvidia-cuda-nvcc": "13.0.88", "nvidia-cuda-nvrtc": "13.0.88", "nvidia-nvjitlink": "13.0.88"}
+    assert driver.driver_problem("580.95.05", "13.0.96", "13.0", one) is None
+    assert driver.driver_problem("600.10.01", "13.0.96", "13.5", mixed) is None
+    # the driver's CUDA unknown (neither NVML nor nvidia-smi told it): only the branch floor is checked
+    assert driver.driver_problem("580.95.05", "13.0.96", None, mixed) is None
+
+
+def stand_ins(
+    tmp_path: Path, driver_version: str, cuda: str | None = "13.0.96", driver_cuda: str | None = None, jit=()
+) -> tuple[str, Path]:
+    """(PATH with a stand-in nvidia-smi first, a folder holding stand-in CUDA wheels' metadata: nvidia-cuda-runtime
+    and `jit`'s (name, version))."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     smi = bin_dir / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\n[ "$1" = --query-gpu=driver_version ] && echo {driver_version}\n')
+    header = f"| NVIDIA-SMI {driver_version}   Driver Version: {driver_version}   CUDA Version: {driver_cuda}  |"
+    smi.write_text(
+        f'#!/bin/sh\n[ "$1" = --query-gpu=driver_version ] && echo {driver_version} && exit 0\n'
+        + (f"echo '{header}'\n" if driver_cuda else "")
+    )
     smi.chmod(0o755)
     site = tmp_path / "site"
-    if cuda:
-        info = site / f"nvidia_cuda_runtime-{cuda}.dist-info"
+    for name, version in [*([("nvidia-cuda-runtime", cuda)] if cuda else []), *jit]:
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
         info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-cuda-runtime\nVersion: {cuda}\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     return f"{bin_dir}:/usr/bin:/bin", site
 
 
@@ -58,6 +89,37 @@ def test_the_check_reads_the_image_cuda_and_the_nodes_driver(tmp_path, monkeypat
     monkeypatch.setenv("PATH", path)
     assert driver.check() is None
     driver.vllm_plugin()  # goes on
+
+
+def test_the_check_reads_the_drivers_cuda_and_the_images_jit_wheels(tmp_path, monkeypatch):
+    path, site = stand_ins(tmp_path, "580.95.05", driver_cuda="13.0", jit=[("nvidia-nvjitlink", "13.5.37")])
+    monkeypatch.setenv("PATH", path)
+    monkeypatch.syspath_prepend(str(site))
+    if driver.image_jit() != {"nvidia-nvjitlink": "13.5.37"}:
+        pytest.skip(f"this environment has CUDA JIT wheels of its own ({driver.image_jit()})")
+    assert driver.node_cuda() == "13.0"
+    with pytest.raises(SystemExit) as stop:
+        driver.vllm_plugin()
+    assert stop.value.code == ExitCode.CONFIG_ERROR
+
+
+def test_nvmls_cuda_version_is_read_as_major_minor(monkeypatch):
+    """A stand-in pynvml answering what NVML answered on an H200 with driver 580.159.04 (2026-11-27):
+    nvmlSystemGetDriverVersion '580.159.04', nvmlSystemGetCudaDriverVersion 13000 (nvidia-smi: CUDA Version 13.0)."""
+    import types
+
+    calls = []
+    stand_in = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlSystemGetDriverVersion=lambda: "580.159.04",
+        nvmlSystemGetCudaDriverVersion=lambda: 13000,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", stand_in)
+    assert driver.node_driver() == "580.159.04" and driver.node_cuda() == "13.0"
+    assert calls == ["init", "shutdown"] * 2
+    stand_in.nvmlSystemGetCudaDriverVersion = lambda: 12090
+    assert driver.node_cuda() == "12.9"
 
 
 def test_no_cuda_runtime_in_the_image_checks_nothing(tmp_path, monkeypatch):
