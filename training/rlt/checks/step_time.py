@@ -37,7 +37,7 @@ The figures are estimates for planning, stated here so a reader can redo them:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlt.checks.gpu_memory import kv_sequences, spec_gpu_memory
 from rlt.checks.model_shape import ModelShape, Shapes, checkpoint_bytes, dtype_bytes, known_shape, trainable_params
@@ -76,7 +76,7 @@ class PromptTokens:
 
 def default_prompts(spec: RLTRunSpec) -> PromptTokens:
     n = min(DEFAULT_PROMPT_TOKENS, spec.stages.rl.max_prompt_length)
-    return PromptTokens(n, n, "rlt.checks.step_time.DEFAULT_PROMPT_TOKENS: the rows were not measured")
+    return PromptTokens(n, n, "not measured: rlt.checks.step_time.DEFAULT_PROMPT_TOKENS")
 
 
 def write_rate(spec: RLTRunSpec) -> tuple[float, str]:
@@ -203,8 +203,6 @@ def _rl_phases(
 ) -> StepTime:
     """The rl step's phases before the update: the rollout, the scoring and the reference/old-policy passes over a
     rank's `rows` of `mean` tokens."""
-    from dataclasses import replace
-
     rl, gen = spec.stages.rl, spec.resources.generator
     mode = rl.generation.mode
     completion = rl.max_completion_length * MEAN_COMPLETION_SHARE

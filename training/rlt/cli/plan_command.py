@@ -58,14 +58,14 @@ def measure_prompt_tokens(spec: RLTRunSpec, tokenizer=None) -> tuple[PromptToken
     of the 16k maxPromptLength. Measured as `rlt validate` checks them (rlt.stages.prompt_lengths: the teacher's
     tokenizer when this machine has it, the rows when they are reachable, never a download)."""
     if spec.method != "rlt" or not spec.stages.rl.enabled:
-        return None, "rl prompts not measured: only method rlt's rl stage has teacher prompts of its rows"
+        return None, "only method rlt's rl stage has teacher prompts of its rows"
     from rlt.checks.step_time import PromptTokens
     from rlt.data.dataset import is_reachable, load_data
     from rlt.method.prompts import Formatter, resolve_format
     from rlt.stages.prompt_lengths import load_local_tokenizer
 
     if not is_reachable(spec.dataset):
-        return None, f"rl prompts not measured: {spec.dataset.source} is not on this machine"
+        return None, f"{spec.dataset.source} is not on this machine"
     if tokenizer is None:
         tokenizer, why = load_local_tokenizer(spec)
         if tokenizer is None:
@@ -74,7 +74,7 @@ def measure_prompt_tokens(spec: RLTRunSpec, tokenizer=None) -> tuple[PromptToken
     try:
         rows = load_data(spec.dataset, formatter.fmt, warn=False).train
     except (ValueError, OSError) as err:  # said in the plan's line; `rlt validate` reports the rows themselves
-        return None, f"rl prompts not measured: the rows of {spec.dataset.source} did not load ({err})"
+        return None, f"the rows of {spec.dataset.source} did not load ({err})"
     lengths = [
         len(
             tokenizer(
@@ -84,7 +84,7 @@ def measure_prompt_tokens(spec: RLTRunSpec, tokenizer=None) -> tuple[PromptToken
         for r in rows
     ]
     if not lengths:
-        return None, f"rl prompts not measured: {spec.dataset.source} has no training rows"
+        return None, f"{spec.dataset.source} has no training rows"
     mean = round(sum(lengths) / len(lengths))
     return PromptTokens(mean, max(lengths), f"measured on {len(lengths)} rows of {spec.dataset.source}"), ""
 
