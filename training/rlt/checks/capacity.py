@@ -687,6 +687,8 @@ def generator_parallelism(
     when one GPU cannot hold the model and a KV cache of MIN_KV_SEQUENCES rows of the expected length), and a warning
     naming the values to set when the spec's differs. (line, warning or None)"""
     res, rl = spec.resources.generator, spec.stages.rl
+    if res.gpus == 0:  # MIG slices named in extra: the plan does not know their memory
+        return "generators: gpus 0 (MIG): their parallelism is not planned", None
     length = (prompts or default_prompts(spec)).mean + math.ceil(rl.max_completion_length * MEAN_COMPLETION_SHARE)
     b = dtype_bytes(spec.teacher)
     chosen = tensor_parallel_choice(spec, shape, gpu_memory, length, b)
