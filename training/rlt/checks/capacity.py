@@ -46,7 +46,8 @@ from rlt.spec.k8s import quantity_bytes
 from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings
 
 # DEFAULT_GPU_MEMORY, GPU_MEMORY_LABEL, VLLM_NON_KV and spec_gpu_memory live in rlt.checks.gpu_memory (torch-free: the
-# operator sizes the grace period from the rollout they bound); imported here for the plan and its callers.
+# operator sizes the grace period from the rollout they bound); re-exported for the plan's callers (__all__ names the
+# re-exports only: nothing star-imports this module, and its own names are public as before).
 __all__ = ["DEFAULT_GPU_MEMORY", "GPU_MEMORY_LABEL", "VLLM_NON_KV", "spec_gpu_memory"]
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery's label: GPUs of one node
 DEFAULT_NODE_GPUS = 8  # an HGX/DGX node, when the run selects no node size
