@@ -81,6 +81,7 @@ def regenerate(docs_dir: str | Path = DOCS) -> None:
         ("metrics.md", "METRICS", metrics.markdown_table()),
         ("operator.md", "POD ENV", env.markdown_table()),
         ("gpu-cluster.md", "SIZING", sizing_table(Path(docs_dir).resolve().parent / "manifests" / "examples")),
+        ("gpu-cluster.md", "STOP COST", stop_cost_table(Path(docs_dir).resolve().parent / "manifests" / "examples")),
     ):
         path = Path(docs_dir) / name
         path.write_text(
@@ -117,4 +118,54 @@ def sizing_table(examples_dir) -> str:
         for c in plan.checks:
             has = gib(c.limit) if c.limit is not None else "-"
             rows.append(f"| `{name}` | {c.stage} | {c.resource} | {gib(c.total)} | {has} |")
+    return "\n".join(rows)
+
+
+# The paper-scale examples whose stop costs docs/gpu-cluster.md tabulates.
+STOP_COST_EXAMPLES = ("rltrun-paper-7b.yaml", "rltrun-2x8.yaml")
+
+
+def stop_cost_table(examples_dir) -> str:
+    """docs/gpu-cluster.md's "what a stop costs": per paper-scale example, each phase of an rl step a stop may wait
+    for (with its bound), the save at the write rate the plan assumed, the grace period `rlt plan` prints, and the
+    goodput (rlt.checks.step_time; the numbers come from the plan, never from hand)."""
+    from pathlib import Path
+
+    from rlt.checks.capacity import plan_for_run
+    from rlt.checks.step_time import goodput, minutes, trainer_grace_period, trainer_step_times, write_rate
+    from rlt.checks.validation import load_valid_run
+
+    rows = ["| phase (rl step) | bound | " + " | ".join(f"`{n}`" for n in STOP_COST_EXAMPLES) + " |"]
+    rows.append("|---|---|" + "---|" * len(STOP_COST_EXAMPLES))
+    cells: dict[str, list[str]] = {}
+    bounds = {
+        "rollout": "max(throughput, longest allowed completion at 30 tokens/s) + weight transfer",
+        "scoring": "the reward student's forward over the rank's rows",
+        "reference/old-policy passes": "one forward each, × rank imbalance",
+        "one micro-batch": "rows of the longest allowed length (forward, backward, recompute)",
+        "save": "checkpoint bytes / write rate + 60 s",
+        "write rate assumed": "storage.writeBytesPerSecond, else the default",
+        "grace period `rlt plan` prints": "the sum of the above (a stop may arrive at any phase)",
+        "one step": "rollout + scoring + passes + update",
+        "goodput": "useful share of held GPU-seconds; largest loss",
+    }
+    for name in STOP_COST_EXAMPLES:
+        spec = load_valid_run(Path(examples_dir) / name).spec
+        plan = plan_for_run(spec, build=False)
+        t = next(x for x in trainer_step_times(spec, plan.shapes) if x.stage == "rl")
+        share, losses = goodput(t)
+        values = {
+            "rollout": minutes(t.rollout),
+            "scoring": minutes(t.scoring),
+            "reference/old-policy passes": f"{minutes(t.passes)} ({t.passes_name})" if t.passes else "-",
+            "one micro-batch": minutes(t.longest_micro),
+            "save": minutes(t.save),
+            "write rate assumed": f"{write_rate(spec)[0] / 1e6:.0f} MB/s",
+            "grace period `rlt plan` prints": f"{trainer_grace_period(spec)[0]} s",
+            "one step": minutes(t.step),
+            "goodput": f"{share:.0%} ({losses[0][0]} {losses[0][1]:.0%})",
+        }
+        for key, value in values.items():
+            cells.setdefault(key, []).append(value)
+    rows += [f"| {key} | {bounds[key]} | " + " | ".join(cells[key]) + " |" for key in bounds]
     return "\n".join(rows)

@@ -191,6 +191,8 @@ CASES = [
     ("quantity negative", _trainer(memory="-1Gi"), None, "memory"),
     ("storage of zero", {"storage": {"size": "0Gi"}}, None, "storage.size"),
     ("storage of a millibyte", {"storage": {"size": "1m"}}, None, None),
+    ("write rate of zero", {"storage": {"writeBytesPerSecond": "0"}}, None, "writeBytesPerSecond"),
+    ("write rate of 250 MB/s", {"storage": {"writeBytesPerSecond": "250M"}}, None, None),
     ("image with a space", {"images": {"trainer": "ghcr.io/x/y: 1"}}, None, "images.trainer"),
     ("quantity .5", _trainer(cpu=".5"), None, None),
     ("quantity too long", _trainer(cpu="1" * 65), None, "cpu"),

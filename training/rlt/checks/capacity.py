@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from rlt.checks.gpu_memory import (
+    DEFAULT_GPU_MEMORY,
+    GPU_MEMORY_LABEL,
+    MIN_KV_SEQUENCES,
+    VLLM_NON_KV,
+    GiB,
+    kv_sequences,
+    spec_gpu_memory,
+    tensor_parallel_choice,
+)
 from rlt.checks.model_shape import (
     ModelShape,
     Shapes,
@@ -21,26 +31,30 @@ from rlt.checks.model_shape import (
     saved_model_bytes,
     trainable_params,
 )
-from rlt.checks.step_time import MEAN_COMPLETION_SHARE, preemption_notes, trainer_grace_period, trainer_step_times
+from rlt.checks.step_time import (
+    MEAN_COMPLETION_SHARE,
+    PromptTokens,
+    default_prompts,
+    goodput_line,
+    preemption_notes,
+    trainer_grace_period,
+    trainer_step_times,
+)
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
 from rlt.spec.run import RLTRunSpec, needs_generators, stage_settings
 
-GiB = 2**30
-DEFAULT_GPU_MEMORY = 80 * GiB  # an 80 GB A100/H100 (`rlt plan --gpu-memory`)
-# NVIDIA's GPU feature discovery labels each GPU node with its GPU's memory in MiB (nvidia.com/gpu.memory=81559 on an
-# H100 80GB): a run that selects nodes by it says what its GPUs hold (spec_gpu_memory).
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+# DEFAULT_GPU_MEMORY, GPU_MEMORY_LABEL, VLLM_NON_KV and spec_gpu_memory live in rlt.checks.gpu_memory (torch-free: the
+# operator sizes the grace period from the rollout they bound); re-exported for the plan's callers (__all__ names the
+# re-exports only: nothing star-imports this module, and its own names are public as before).
+__all__ = ["DEFAULT_GPU_MEMORY", "GPU_MEMORY_LABEL", "VLLM_NON_KV", "spec_gpu_memory"]
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # GPU feature discovery's label: GPUs of one node
 DEFAULT_NODE_GPUS = 8  # an HGX/DGX node, when the run selects no node size
 # Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
 # communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
 # Not measurable on CPU: a documented constant.
 CUDA_OVERHEAD = 3 * GiB
-# vLLM keeps this much of its share for activations and CUDA graphs before sizing the KV cache (its profiling run
-# measures it; ~1-2 GiB for a 7B model). Documented constant, not measured here.
-VLLM_NON_KV = 2 * GiB
 # DeepSpeed's default reduce_bucket_size (elements; rlt's ZeRO config leaves it unset): ZeRO 1/2 allocate two
 # gradient buckets of it with overlap_comm (stage_1_and_2.setup_buckets), ZeRO-3 one (stage3, "IPG").
 DS_REDUCE_BUCKET = 500_000_000
@@ -92,6 +106,7 @@ class Plan:
     disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
     stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
     generation: list[str] = field(default_factory=list)  # distill's requests in flight per rank, and why
+    goodput: list[str] = field(default_factory=list)  # per Trainer stage: useful share of held GPU-seconds, losses
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
 
@@ -285,9 +300,16 @@ def _trainer_terms(
     return host, terms, phases, trainable
 
 
-def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEMORY, gpu: bool = True) -> Plan:
+def plan_run(
+    spec: RLTRunSpec,
+    shapes: Shapes,
+    gpu_memory: int = DEFAULT_GPU_MEMORY,
+    gpu: bool = True,
+    prompts: PromptTokens | None = None,
+) -> Plan:
     """The plan of every enabled stage. `gpu`: plan for GPUs (bf16 auto dtype, CUDA terms); False plans a CPU run
-    (fp32 auto dtype), what the benchmark measures."""
+    (fp32 auto dtype), what the benchmark measures. `prompts`: the teacher prompts' measured lengths (the step
+    time's default, rlt.checks.step_time.default_prompts, when None)."""
     plan = Plan(gpu_memory)
     res = spec.resources
     world = res.trainer.nodes * max(1, res.trainer.gpus)
@@ -328,6 +350,9 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
             and not any(c.resource.startswith("vLLM generator") for c in plan.checks)  # one StatefulSet serves both
         ):
             plan.checks.append(_generator_check(spec, stage, teacher, gpu_memory))
+            line, warning = generator_parallelism(spec, teacher, gpu_memory, prompts)
+            plan.generation.append(line)
+            plan.warnings += [warning] if warning else []
         if stage == "distill" and spec.stages.rl.generation.mode == "server":
             plan.generation.append(
                 f"distill, at prompts of maxPromptLength {spec.stages.rl.max_prompt_length} (each rank counts its "
@@ -348,9 +373,10 @@ def plan_run(spec: RLTRunSpec, shapes: Shapes, gpu_memory: int = DEFAULT_GPU_MEM
     plan.disk = stage_disk
     plan.checks.append(_volume_check(spec, shapes, stage_disk))
     if gpu:
-        plan.stopping, plan.warnings = preemption_notes(
-            spec, trainer_step_times(spec, shapes), trainer_grace_period(spec)
-        )
+        times = trainer_step_times(spec, shapes, prompts=prompts, gpu_memory=gpu_memory)
+        plan.stopping, stop_warnings = preemption_notes(spec, times, trainer_grace_period(spec), prompts)
+        plan.warnings += stop_warnings
+        plan.goodput = [goodput_line(t) for t in times]
         plan.unplaceable = one_node_problems(spec)
     return plan
 
@@ -651,12 +677,48 @@ def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory
 def generator_kv_sequences(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, length: int) -> int:
     """Sequences of `length` tokens whose KV cache one vLLM engine holds at once: its gpuMemoryUtilization share of
     each of its tensorParallelSize GPUs, less the weights' shard and VLLM_NON_KV (the generator check's terms)."""
-    gen, res = spec.stages.rl.generation, spec.resources.generator
+    tp = spec.resources.generator.tensor_parallel_size
+    return kv_sequences(spec, shape, gpu_memory, length, tp, dtype_bytes(spec.teacher))
+
+
+def generator_parallelism(
+    spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, prompts: PromptTokens | None
+) -> tuple[str, str | None]:
+    """The generators' tensor parallelism the plan chooses (rlt.checks.gpu_memory.tensor_parallel_choice: TP only
+    when one GPU cannot hold the model and a KV cache of MIN_KV_SEQUENCES rows of the expected length), and a warning
+    naming the values to set when the spec's differs. (line, warning or None)"""
+    res, rl = spec.resources.generator, spec.stages.rl
+    if res.gpus == 0:  # MIG slices named in extra: the plan does not know their memory
+        return "generators: gpus 0 (MIG): their parallelism is not planned", None
+    length = (prompts or default_prompts(spec)).mean + math.ceil(rl.max_completion_length * MEAN_COMPLETION_SHARE)
     b = dtype_bytes(spec.teacher)
+    chosen = tensor_parallel_choice(spec, shape, gpu_memory, length, b)
     tp = res.tensor_parallel_size
-    kv_budget = int(gen.gpu_memory_utilization * gpu_memory) - shape.params * b // tp - VLLM_NON_KV
-    per_seq = length * shape.kv_bytes_per_token * b // tp
-    return max(0, kv_budget // per_seq) if per_seq else 0
+    held = kv_sequences(spec, shape, gpu_memory, length, chosen or tp, b)
+    engines = res.replicas * (res.gpus // chosen if chosen else res.data_parallel_size)
+    if chosen is None:
+        line = (
+            f"generators: no tensor parallelism within {res.gpus} GPUs holds {spec.teacher.model} with a KV cache of "
+            f"{MIN_KV_SEQUENCES} sequences of {length} tokens ({gib(gpu_memory)} GPUs)"
+        )
+        return line, None
+    line = (
+        f"generators: TP{chosen} x DP{res.gpus // chosen} chosen by the plan ({engines} engine(s)): {chosen} GPU(s) of "
+        f"{gib(gpu_memory)} hold {spec.teacher.model} and a KV cache of {held} sequences of {length} tokens (prompt "
+        f"+ mean completion; at least {MIN_KV_SEQUENCES} wanted); the spec has TP{tp} x DP{res.data_parallel_size}"
+    )
+    if tp == chosen:
+        return line, None
+    why = (
+        "TP splits it for nothing: two all-reduces per layer per token, and half the engines' schedulers"
+        if tp > chosen
+        else "a smaller TP leaves too little KV cache for a full decode batch"
+    )
+    return line, (
+        f"resources.generator.tensorParallelSize {tp}: {chosen} GPU(s) hold {spec.teacher.model} with a KV cache of "
+        f"{held} sequences of {length} tokens; {why}. Set resources.generator.tensorParallelSize: {chosen}, "
+        f"dataParallelSize: {res.gpus // chosen}"
+    )
 
 
 def distill_requests_in_flight(
@@ -692,15 +754,18 @@ def distill_requests_in_flight(
     )
 
 
-def plan_for_run(spec: RLTRunSpec, gpu_memory: int = DEFAULT_GPU_MEMORY, build: bool = True) -> Plan:
-    """Read the models' shapes (rlt.checks.shapes: never downloads) and plan; what could not be read is a note."""
+def plan_for_run(
+    spec: RLTRunSpec, gpu_memory: int = DEFAULT_GPU_MEMORY, build: bool = True, prompts: PromptTokens | None = None
+) -> Plan:
+    """Read the models' shapes (rlt.checks.shapes: never downloads) and plan; what could not be read is a note.
+    `prompts`: the teacher prompts' lengths where measured (rlt.cli.plan_command.measure_prompt_tokens)."""
     from rlt.checks.shapes import read_shape
 
     teacher, why_t = read_shape(spec.teacher, build)
     student, why_s = read_shape(spec.student, build)
     trained, why_d = read_shape(spec.stages.student.model, build) if spec.stages.student.model else (None, "")
     shapes = Shapes(teacher, student, trained)
-    plan = plan_run(spec, shapes, gpu_memory)
+    plan = plan_run(spec, shapes, gpu_memory, prompts=prompts)
     plan.notes[:0] = [why for why in (why_t, why_s, why_d) if why]
     plan.shapes = shapes
     return plan
@@ -732,19 +797,9 @@ def render(plan: Plan, name: str) -> str:
     lines += [f"  note: {n}" for n in plan.notes]
     lines += [f"  stopping: {n}" for n in plan.stopping]
     lines += [f"  generation: {n}" for n in plan.generation]
+    lines += [f"  goodput: {n}" for n in plan.goodput]
     lines += [f"  WARNING: {n}" for n in plan.warnings]
     return "\n".join(lines)
-
-
-def spec_gpu_memory(spec: RLTRunSpec) -> tuple[int, str]:
-    """The memory of one GPU of the run's nodes and where the figure comes from: the value of the
-    nvidia.com/gpu.memory label (MiB) in spec.scheduling.nodeSelector when the run selects nodes by it, else
-    DEFAULT_GPU_MEMORY (the spec names no GPU type otherwise: nvidia.com/gpu is a count)."""
-    mib = spec.scheduling.node_selector.get(GPU_MEMORY_LABEL)
-    if mib is not None and mib.isdigit():
-        return int(mib) * 2**20, f"spec.scheduling.nodeSelector {GPU_MEMORY_LABEL}={mib} (MiB)"
-    unread = f" ({GPU_MEMORY_LABEL}={mib} is not a number of MiB)" if mib is not None else ""
-    return DEFAULT_GPU_MEMORY, f"the default {gib(DEFAULT_GPU_MEMORY)}{unread}"
 
 
 def capacity_problems(spec: RLTRunSpec) -> list[str]:

@@ -1,63 +1,152 @@
-"""What a preemption costs, from the plan (pure): the time of one optimizer step of each Trainer stage, the time of
-one checkpoint save, the grace period a stop needs, and the work a stop can lose.
+"""What a step costs and what a stop costs, from the plan (pure, torch-free: the operator sizes the trainer's grace
+period with it): the phases of one optimizer step of each Trainer stage, one checkpoint save, the grace period a stop
+needs, the work a stop can lose, and the share of the held GPU-seconds that does useful work (goodput).
 
-A stop (SIGTERM: preemption, drain, eviction, suspend) ends at the next micro-batch boundary (rlt.stages.preemption):
-the gang abandons the step in progress and saves the last completed one. Within the grace period, it loses the
-abandoned step's work so far (at most one step). Past the grace period (SIGKILL before the save ends), or on a node
-loss, it loses everything since the last periodic checkpoint: up to `saveSteps` steps. So the plan checks that the
-grace period covers the wait for a boundary (one micro-batch, or the rest of a rollout) plus one save, and that
-the checkpoint interval (saveSteps × step) is near the one that costs least: Young's interval sqrt(2 × save ×
-MTBF), which balances the time spent saving against the expected time lost to a SIGKILL. It warns past twice that
-interval (where the expected cost is 25 % above the least) and suggests the saveSteps / terminationGracePeriodSeconds
-to set.
+A stop (SIGTERM: preemption, drain, eviction, suspend) ends at the next boundary the ranks agree on
+(rlt.stages.preemption): the gang abandons the step in progress and saves the last completed one. Within the grace
+period, it loses the abandoned step's work so far (at most one step). Past the grace period (SIGKILL before the save
+ends), or on a node loss, it loses everything since the last periodic checkpoint: up to `saveSteps` steps. A stop
+may arrive at any phase of a step, and before the first micro-batch of a GRPO step come the rollout, the scoring
+and the reference/old-policy passes: the grace period a stop needs is all of them plus one micro-batch of the
+longest allowed row plus one save. It is a sum, not the longest phase, so that it holds whichever phase ends the
+ranks check the stop at; a grace period longer than needed costs nothing (the pod exits when its save ends). The
+plan also checks that the checkpoint interval (saveSteps x step) is near the one that costs least: Young's interval
+sqrt(2 x save x MTBF), which balances the time spent saving against the expected time lost to a SIGKILL, warning past
+twice it (where the expected cost is 25 % above the least) with the saveSteps / terminationGracePeriodSeconds to set.
 
 The figures are estimates for planning, stated here so a reader can redo them:
-- update: 6 FLOPs per trainable parameter per token (forward and backward), 2 per frozen parameter per token for
-  each frozen forward (GRPO's reference at beta > 0, the reward's student), at UTILISATION of the GPU's dense bf16
-  peak (PEAK_FLOPS);
-- rollout (rl): the step's completions at MEAN_COMPLETION_SHARE of maxCompletionLength, decoded DECODE_TOKENS_PER_S
-  per sequence with up to VLLM_MAX_NUM_SEQS sequences per server at once;
-- tokens per row: the prompt (maxPromptLength) plus the mean completion; sft/student rows at half their maxLength;
-- a save: the checkpoint's bytes (rlt.checks.model_shape.checkpoint_bytes) at WRITE_BYTES_PER_S to the volume, times
-  SAVE_MARGIN, plus EXIT_SECONDS for the launcher and ranks to leave."""
+- tokens per row: the teacher's prompt, measured on the run's rows where `rlt plan` can read them and the teacher's
+  tokenizer (PromptTokens), else DEFAULT_PROMPT_TOKENS, plus the completion: MEAN_COMPLETION_SHARE of
+  maxCompletionLength on average, maxCompletionLength at the longest; sft/student rows at half their maxLength;
+- compute: 6 FLOPs per trainable parameter per token (forward and backward), 4 per frozen parameter of the trained
+  model (LoRA's base: forward, and backward to its input), 2 more per parameter when gradient checkpointing
+  recomputes the forward; 2 per parameter per token for each forward pass without gradient: GRPO's reference
+  (beta > 0), the old policy (importance sampling on, server/colocate), the reward's student (scoring); at
+  UTILISATION of the GPU's dense bf16 peak (PEAK_FLOPS) on every trainer rank;
+- rank imbalance: ZeRO synchronises the ranks at every layer (ZeRO-3) or every micro-step's gradient reduction, so
+  each micro-step lasts as long as the longest row any rank holds: the update and the passes take rank_imbalance(world)
+  times their balanced time (not the scoring: a rank scores its rows alone);
+- rollout (rl): the longer of the throughput bound (the step's completion tokens over the sequences decoded at once,
+  DECODE_TOKENS_PER_S each; at most VLLM_MAX_NUM_SEQS per engine and what its KV cache holds) and the longest-sequence
+  bound (maxCompletionLength at DECODE_TOKENS_PER_S: one sequence decodes no faster), plus the weight transfer (the
+  teacher's weights at WEIGHT_SYNC_BYTES_PER_S) before it;
+- a save: the checkpoint's bytes (rlt.checks.model_shape.checkpoint_bytes) at the volume's write rate
+  (storage.writeBytesPerSecond, else rlt.spec.resources.DEFAULT_WRITE_RATE: a baseline, so no further margin), plus
+  EXIT_SECONDS for the launcher and ranks to leave."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from rlt.checks.gpu_memory import kv_sequences, spec_gpu_memory
 from rlt.checks.model_shape import ModelShape, Shapes, checkpoint_bytes, dtype_bytes, known_shape, trainable_params
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
-from rlt.spec.resources import GRACE_FLOOR_SECONDS
+from rlt.spec.k8s import quantity_value
+from rlt.spec.resources import DEFAULT_WRITE_RATE, GRACE_FLOOR_SECONDS
 from rlt.spec.run import RLTRunSpec, stage_settings
 
-PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (A100: 312e12: the estimate is then ~3× short)
+PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (A100: 312e12: the estimate is then ~3x short)
 UTILISATION = 0.35  # model FLOPs utilisation of a long-sequence 7B update with ZeRO-3 and checkpointing
 DECODE_TOKENS_PER_S = 30.0  # per sequence, vLLM at full batch, 7B on one H100 (budgets assumes 10 as a floor)
 MEAN_COMPLETION_SHARE = 0.5  # completions average half of maxCompletionLength
-WRITE_BYTES_PER_S = 500e6  # a network volume's sustained write (ReadWriteMany NFS/CephFS class)
-SAVE_MARGIN = 2.0
+# A teacher prompt (question + solution, the chat template) when the rows cannot be measured: Bespoke-Stratos-17k's
+# are 1-2k tokens (issue 43's read of the data); the upper end, so the step time errs long, never maxPromptLength
+# (16k by default: 2x the update's tokens).
+DEFAULT_PROMPT_TOKENS = 2048
+# Each doubling of the ranks adds this much to the time a micro-step waits for its slowest rank (one row per
+# micro-step, rows dealt at random): 1.54 at 4 ranks, 1.81 at 8, 2.08 at 16, close to issue 43's simulation of
+# realistic length spreads (1.5, 1.8, 2.1). Balancing the ranks' rows by tokens brings it to ~1.05-1.1.
+IMBALANCE_PER_DOUBLING = 0.27
+# The weight transfer before each rollout (TRL's server mode: the ZeRO-3 gather of each parameter, one HTTP request
+# and an NCCL broadcast to the engines per parameter): ~15 s for a 7B model in bf16; an estimate, to be measured.
+WEIGHT_SYNC_BYTES_PER_S = 1e9
 EXIT_SECONDS = 60  # ranks and launcher leaving, the marker written
 MTBF_SECONDS = 24 * 3600  # a gang's mean time between losses (SIGKILL past the grace period, a node lost, an OOM)
 
 
 @dataclass(frozen=True)
+class PromptTokens:
+    """The teacher's prompt in tokens: the mean and the longest, and where the figures come from."""
+
+    mean: int
+    longest: int
+    source: str
+
+
+def default_prompts(spec: RLTRunSpec) -> PromptTokens:
+    n = min(DEFAULT_PROMPT_TOKENS, spec.stages.rl.max_prompt_length)
+    return PromptTokens(n, n, "not measured: rlt.checks.step_time.DEFAULT_PROMPT_TOKENS")
+
+
+def write_rate(spec: RLTRunSpec) -> tuple[float, str]:
+    """(bytes per second the run's volume writes, where the figure comes from)."""
+    given = spec.storage.write_bytes_per_second
+    if given is not None:
+        return float(quantity_value(given)), f"storage.writeBytesPerSecond {given}"
+    return float(quantity_value(DEFAULT_WRITE_RATE)), (
+        f"the default {DEFAULT_WRITE_RATE}: common default storage classes' baseline; set storage.writeBytesPerSecond"
+    )
+
+
+def rank_imbalance(world: int) -> float:
+    """How much longer a synchronised micro-step lasts than a balanced one on `world` ranks (IMBALANCE_PER_DOUBLING)."""
+    return 1.0 + IMBALANCE_PER_DOUBLING * math.log2(max(1, world))
+
+
+@dataclass(frozen=True)
 class StepTime:
+    """One optimizer step of a Trainer stage, phase by phase (seconds), and one save."""
+
     stage: str
-    rollout: float  # seconds of generation per step
-    update: float  # seconds of forward/backward (and frozen forwards) per step
     micro_batches: int  # per rank per step
+    update_work: float  # forward and backward at balanced ranks, without recompute
+    recompute: float  # gradient checkpointing's second forward, at balanced ranks
+    imbalance: float  # rank_imbalance of the trainer's world
+    longest_micro: float  # one micro-batch of rows of the longest allowed length
     save: float  # seconds to write one checkpoint and exit
+    save_steps: int
+    trainer_gpus: int
+    generator_gpus: int = 0  # GPUs of the vLLM generators held beside the trainer (server mode)
+    throughput_bound: float = 0.0  # the completion tokens over the sequences decoded at once
+    longest_bound: float = 0.0  # the longest allowed completion, one sequence's decode
+    busy_generation: float = 0.0  # the rollout's token work were every decode slot full (goodput's useful part)
+    transfer: float = 0.0  # the policy's weights to the generators
+    scoring: float = 0.0  # the reward's student forward
+    passes_work: float = 0.0  # reference and old-policy forwards, at balanced ranks
+    passes_name: str = "reference/old-policy passes"  # the ones this step runs
+
+    @property
+    def rollout(self) -> float:
+        return max(self.throughput_bound, self.longest_bound) + self.transfer if self.longest_bound else 0.0
+
+    @property
+    def passes(self) -> float:
+        return self.passes_work * self.imbalance
+
+    @property
+    def update(self) -> float:
+        return (self.update_work + self.recompute) * self.imbalance
+
+    @property
+    def before_update(self) -> float:
+        """The phases before a step's first micro-batch: rollout, scoring, reference/old-policy passes."""
+        return self.rollout + self.scoring + self.passes
 
     @property
     def step(self) -> float:
-        return self.rollout + self.update
+        return self.before_update + self.update
 
     @property
     def grace(self) -> int:
-        """The grace period a stop needs: the longest wait for a boundary (one micro-batch, or a rollout: GRPO
-        generates at its first micro-batch) plus a save."""
-        return math.ceil(max(self.update / max(1, self.micro_batches), self.rollout) + self.save)
+        """The grace period a stop needs: every phase before the first micro-batch, one micro-batch of the longest
+        allowed rows, and a save (the module's docstring says why a sum)."""
+        return math.ceil(self.before_update + self.longest_micro + self.save)
+
+
+def seconds_of(flops: float) -> float:
+    """Seconds one GPU takes for `flops` at UTILISATION of PEAK_FLOPS."""
+    return flops / (PEAK_FLOPS * UTILISATION)
 
 
 def step_time(
@@ -67,32 +156,81 @@ def step_time(
     trainable: int,
     checkpoint: int,
     student: ModelShape | None = None,
+    prompts: PromptTokens | None = None,
+    gpu_memory: int | None = None,
 ) -> StepTime:
     """One optimizer step of Trainer stage `stage` (sft, rl, student) of a model of `shape` with `trainable`
-    parameters, and the save of a `checkpoint`-byte checkpoint."""
+    parameters, and the save of a `checkpoint`-byte checkpoint; rl rows of `prompts` (default_prompts when None) and
+    generators of `gpu_memory` GPUs (the spec's, spec_gpu_memory, when None)."""
     st = stage_settings(spec, stage)
     res = spec.resources.trainer
     world = res.nodes * max(1, res.gpus)
-    rollout = 0.0
-    frozen = 0
+    per_token = 6 * trainable + 4 * (shape.params - trainable)
+    recompute_per_token = 2 * shape.params if st.gradient_checkpointing else 0
+    rows = st.batch_size / world  # rows per rank per step
     if stage == "rl":
-        rl = spec.stages.rl
-        completion = rl.max_completion_length * MEAN_COMPLETION_SHARE
-        tokens = rl.batch_size * (rl.max_prompt_length + completion)
-        gen = spec.resources.generator
-        servers = gen.replicas * gen.data_parallel_size if rl.generation.mode == "server" else world
-        waves = math.ceil(rl.batch_size / (VLLM_MAX_NUM_SEQS * max(1, servers)))
-        rollout = waves * completion / DECODE_TOKENS_PER_S
-        frozen = (shape.params if rl.beta > 0 and spec.teacher.lora is None else 0) + (
-            student.params if student is not None else 0
-        )
+        prompts = prompts or default_prompts(spec)
+        mean, longest = prompts.mean + st.max_completion_length * MEAN_COMPLETION_SHARE, prompts.longest
+        longest += st.max_completion_length
     else:
-        tokens = st.batch_size * (st.max_length or 1024) / 2
-    flops = tokens * (6 * trainable + 2 * (shape.params - trainable) + 2 * frozen)
-    update = flops / (world * PEAK_FLOPS * UTILISATION)
+        mean, longest = st.max_length / 2, st.max_length
     micro = max(1, st.batch_size // (st.per_device_batch_size * world))
-    save = checkpoint / WRITE_BYTES_PER_S * SAVE_MARGIN + EXIT_SECONDS
-    return StepTime(stage, rollout, update, micro, save)
+    rate, _ = write_rate(spec)
+    t = StepTime(
+        stage,
+        micro_batches=micro,
+        update_work=seconds_of(rows * mean * per_token),
+        recompute=seconds_of(rows * mean * recompute_per_token),
+        imbalance=rank_imbalance(world),
+        longest_micro=seconds_of(st.per_device_batch_size * longest * (per_token + recompute_per_token)),
+        save=checkpoint / rate + EXIT_SECONDS,
+        save_steps=st.save_steps,
+        trainer_gpus=world,
+    )
+    if stage != "rl":
+        return t
+    return _rl_phases(spec, t, shape, student, rows, mean, gpu_memory)
+
+
+def _rl_phases(
+    spec: RLTRunSpec,
+    t: StepTime,
+    shape: ModelShape,
+    student: ModelShape | None,
+    rows: float,
+    mean: float,
+    gpu_memory: int | None,
+) -> StepTime:
+    """The rl step's phases before the update: the rollout, the scoring and the reference/old-policy passes over a
+    rank's `rows` of `mean` tokens."""
+    rl, gen = spec.stages.rl, spec.resources.generator
+    mode = rl.generation.mode
+    completion = rl.max_completion_length * MEAN_COMPLETION_SHARE
+    server = mode == "server"
+    engines = max(1, gen.replicas * gen.data_parallel_size) if server else t.trainer_gpus
+    slots = VLLM_MAX_NUM_SEQS
+    if server:
+        memory = gpu_memory if gpu_memory is not None else spec_gpu_memory(spec)[0]
+        # vLLM allocates KV pages as tokens are made: the mean row, not the longest, sets how many share the cache
+        kv = kv_sequences(spec, shape, memory, math.ceil(mean), gen.tensor_parallel_size, dtype_bytes(spec.teacher))
+        slots = min(slots, max(1, kv))
+    at_once = min(rl.batch_size, engines * slots)
+    # GRPO's reference at beta > 0 (LoRA: the base with its adapter off, still a whole forward); TRL's old-policy
+    # forward only for its vLLM importance sampling correction (rlt aligns generation with the optimizer step)
+    names = ["reference pass"] if rl.beta > 0 else []
+    names += ["old-policy pass"] if mode != "inprocess" and rl.generation.importance_sampling != "off" else []
+    tokens = rows * mean
+    return replace(
+        t,
+        generator_gpus=gen.replicas * gen.gpus if server else 0,
+        throughput_bound=rl.batch_size * completion / (at_once * DECODE_TOKENS_PER_S),
+        longest_bound=rl.max_completion_length / DECODE_TOKENS_PER_S,
+        busy_generation=rl.batch_size * completion / (engines * slots * DECODE_TOKENS_PER_S),
+        transfer=shape.params * dtype_bytes(spec.teacher) / WEIGHT_SYNC_BYTES_PER_S if mode != "inprocess" else 0.0,
+        scoring=seconds_of(tokens * 2 * student.params) if student is not None else 0.0,
+        passes_work=seconds_of(tokens * 2 * shape.params * len(names)),
+        passes_name=" + ".join(names),
+    )
 
 
 def checkpoint_interval(save: float) -> float:
@@ -101,38 +239,124 @@ def checkpoint_interval(save: float) -> float:
 
 
 def preemption_notes(
-    spec: RLTRunSpec, times: list[StepTime], grace_period: tuple[int, str]
+    spec: RLTRunSpec, times: list[StepTime], grace_period: tuple[int, str], prompts: PromptTokens | None = None
 ) -> tuple[list[str], list[str]]:
-    """The plan's lines on stopping: per stage the step time, the save and what a stop loses; a warning (with the
-    value to set) when saveSteps × step is over twice Young's interval or the trainer pods' grace period
-    (`grace_period`: seconds, where they come from) is below what a stop needs. (lines, warnings)."""
+    """The plan's lines on stopping: the inputs it assumed (prompt length, write rate), per stage the phases of a
+    step, the save, the grace period a stop needs and what a stop loses; a warning (with the value to set) when
+    saveSteps x step is over twice Young's interval or the trainer pods' grace period (`grace_period`: seconds,
+    where they come from) is below what a stop needs. (lines, warnings)."""
     grace, source = grace_period
-    out: list[str] = [f"the trainer pods' grace period: {grace} s ({source})"] if times else []
+    if not times:
+        return [], []
+    rate, rate_source = write_rate(spec)
+    out = [
+        f"the trainer pods' grace period: {grace} s ({source})",
+        f"write rate: {rate / 1e6:.0f} MB/s ({rate_source})",
+    ]
+    if any(t.stage == "rl" for t in times):
+        p = prompts or default_prompts(spec)
+        out.append(f"rl prompts: mean {p.mean}, longest {p.longest} tokens ({p.source})")
     warn: list[str] = []
     for t in times:
-        save_steps = stage_settings(spec, t.stage).save_steps
-        loss = save_steps * t.step
-        rollout = f"rollout {minutes(t.rollout)}, " if t.rollout else ""
+        loss = t.save_steps * t.step
+        out += phase_lines(spec, t)
         out.append(
-            f"{t.stage}: one step ≈ {minutes(t.step)} ({rollout}update {minutes(t.update)} over {t.micro_batches} "
-            f"micro-batches per rank); a checkpoint save ≈ {minutes(t.save)}; a stop within the grace period "
-            f"({grace} s) loses the step in progress only, a SIGKILL or node loss up to saveSteps × step = "
-            f"{minutes(loss)} (rlt.checks.step_time)"
+            f"{t.stage}: a stop needs {t.grace} s = {stop_wait(t)} + a save {minutes(t.save)}; within the grace period "
+            f"({grace} s) it loses the step in progress only, a SIGKILL or node loss up to saveSteps × step = "
+            f"{minutes(loss)}"
         )
         best = checkpoint_interval(t.save)
         if loss > 2 * best:
             warn.append(
-                f"{t.stage}: saveSteps {save_steps} × step ≈ {minutes(loss)} is over twice the checkpoint "
+                f"{t.stage}: saveSteps {t.save_steps} × step ≈ {minutes(loss)} is over twice the checkpoint "
                 f"interval that costs least ({minutes(best)} for a {minutes(t.save)} save, one loss a day); set "
                 f"stages.{t.stage}.saveSteps: {max(1, round(best / t.step))}"
             )
         if grace < t.grace:
             warn.append(
                 f"{t.stage}: the trainer pods' grace period, {grace} s ({source}), is below the {t.grace} s a stop "
-                "needs (the longest wait for a micro-batch or rollout boundary plus a save); set "
-                f"resources.trainer.terminationGracePeriodSeconds: {t.grace}"
+                f"needs ({stop_wait(t)}, plus a save); set resources.trainer.terminationGracePeriodSeconds: {t.grace}"
             )
     return out, warn
+
+
+def stop_wait(t: StepTime) -> str:
+    """The phases a stop may wait for before its save, named with their bounds."""
+    parts = [f"rollout {minutes(t.rollout)}"] if t.rollout else []
+    parts += [f"scoring {minutes(t.scoring)}"] if t.scoring else []
+    parts += [f"{t.passes_name} {minutes(t.passes)}"] if t.passes else []
+    return " + ".join([*parts, f"the longest micro-batch {minutes(t.longest_micro)}"])
+
+
+def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
+    """A step of `t.stage` phase by phase, each with how it was bounded."""
+    world = t.trainer_gpus
+    lines = [
+        f"{t.stage}: one step ≈ {minutes(t.step)} = "
+        + " + ".join(
+            f"{name} {minutes(v)}"
+            for name, v in (
+                ("rollout", t.rollout),
+                ("scoring", t.scoring),
+                (t.passes_name, t.passes),
+                ("update", t.update),
+            )
+            if v
+        )
+        + f"; a save ≈ {minutes(t.save)} every {t.save_steps} steps (rlt.checks.step_time)"
+    ]
+    if t.rollout:
+        rl = spec.stages.rl
+        bound = "the longest completion" if t.longest_bound >= t.throughput_bound else "throughput"
+        lines.append(
+            f"{t.stage}: rollout {minutes(t.rollout)}, bound by {bound}: the longer of the throughput bound "
+            f"({minutes(t.throughput_bound)}: {rl.batch_size} completions of {rl.max_completion_length * MEAN_COMPLETION_SHARE:.0f} "
+            f"tokens on average at {DECODE_TOKENS_PER_S:.0f} tokens/s per sequence) and the longest allowed completion "
+            f"({minutes(t.longest_bound)}: {rl.max_completion_length} tokens), plus the weight transfer "
+            f"({minutes(t.transfer)})"
+        )
+    recompute = ", gradient-checkpoint recompute" if t.recompute else ""
+    lines.append(
+        f"{t.stage}: update {minutes(t.update)} over {t.micro_batches} micro-batches per rank (forward and backward"
+        f"{recompute}, ×{t.imbalance:.2f} rank imbalance at {world} ranks: rlt.checks.step_time.IMBALANCE_PER_DOUBLING)"
+    )
+    return lines
+
+
+def goodput(t: StepTime) -> tuple[float, list[tuple[str, float]]]:
+    """(the share of the GPU-seconds the stage holds that does useful work, the rest by cause as shares, largest
+    first). Useful: the update's forward and backward at balanced ranks, and generation at full decode slots. The
+    held GPUs: the trainer's, and the generators' in server mode; a step's period includes its share of a save."""
+    period = t.step + t.save / max(1, t.save_steps)
+    gen, trainers = t.generator_gpus, t.trainer_gpus
+    held = (trainers + gen) * period
+    generating = gen or (trainers if t.rollout else 0)  # colocate/inprocess generate on the trainer GPUs
+    useful = trainers * t.update_work + generating * t.busy_generation
+    losses = [
+        ("trainers idle during the rollout", trainers * t.rollout if gen else 0.0),
+        ("generators idle during scoring, passes and update", gen * (t.step - t.rollout)),
+        (
+            "decode slots empty (the longest completions' tail, the weight transfer)",
+            generating * t.rollout - generating * t.busy_generation,
+        ),
+        ("rank imbalance", trainers * (t.imbalance - 1) * (t.update_work + t.recompute + t.passes_work)),
+        ("scoring", trainers * t.scoring),
+        (t.passes_name, trainers * t.passes_work),
+        ("gradient-checkpoint recompute", trainers * t.recompute),
+        ("saves", (trainers + gen) * t.save / max(1, t.save_steps)),
+    ]
+    ranked = sorted(((name, v / held) for name, v in losses if v > 0), key=lambda x: -x[1])
+    return useful / held, ranked
+
+
+def goodput_line(t: StepTime) -> str:
+    share, losses = goodput(t)
+    gpus = t.trainer_gpus + t.generator_gpus
+    lost = ", ".join(f"{name} {v:.0%}" for name, v in losses if v >= 0.005)
+    return (
+        f"{t.stage}: {share:.0%} of the {gpus} GPUs' held GPU-seconds do useful work (update and busy generation); "
+        f"lost: {lost}"
+    )
 
 
 def minutes(seconds: float) -> str:
@@ -142,8 +366,15 @@ def minutes(seconds: float) -> str:
 TRAINER_STAGES = ("sft", "rl", "student")
 
 
-def trainer_step_times(spec: RLTRunSpec, shapes: Shapes, gpu: bool = True) -> list[StepTime]:
-    """One optimizer step and one checkpoint save of each enabled Trainer stage whose model shape is known."""
+def trainer_step_times(
+    spec: RLTRunSpec,
+    shapes: Shapes,
+    gpu: bool = True,
+    prompts: PromptTokens | None = None,
+    gpu_memory: int | None = None,
+) -> list[StepTime]:
+    """One optimizer step and one checkpoint save of each enabled Trainer stage whose model shape is known (rl rows
+    of `prompts`, default_prompts when None; generators of `gpu_memory` GPUs, the spec's when None)."""
     world = spec.resources.trainer.nodes * max(1, spec.resources.trainer.gpus)
     times = []
     for stage in (s for s in spec.stages.enabled() if s in TRAINER_STAGES):
@@ -154,7 +385,8 @@ def trainer_step_times(spec: RLTRunSpec, shapes: Shapes, gpu: bool = True) -> li
         trainable = trainable_params(shape, ref)
         zero = stage_settings(spec, stage).deepspeed_zero_stage
         one = checkpoint_bytes(shape, trainable, zero, world, dtype_bytes(ref, gpu))
-        times.append(step_time(spec, stage, shape, trainable, one, shapes.student if stage == "rl" else None))
+        student = shapes.student if stage == "rl" else None
+        times.append(step_time(spec, stage, shape, trainable, one, student, prompts, gpu_memory))
     return times
 
 
@@ -187,5 +419,5 @@ def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
     wait = longest.grace - longest.save
     return longest.grace, (
         f"sized by the plan: a stop of {longest.stage} waits up to {minutes(wait)} for a boundary, then saves in "
-        f"{minutes(longest.save)}"
+        f"{minutes(longest.save)} at {write_rate(spec)[0] / 1e6:.0f} MB/s"
     )

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlt.checks.step_time import PromptTokens
+    from rlt.spec.run import RLTRunSpec
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -23,7 +28,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             bad += 1
             continue
         for run in runs:
-            plan = plan_for_run(run.spec, given or spec_gpu_memory(run.spec)[0])
+            plan = plan_for_run(run.spec, given or spec_gpu_memory(run.spec)[0], prompts=run_prompts(run.spec))
             print(render(plan, f"{path} ({run.name})"))
             for line in plan.errors():
                 print(f"rlt plan: {path}: {line}", file=sys.stderr)
@@ -31,6 +36,57 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 print(f"rlt plan: {path}: warning: {line}", file=sys.stderr)
             bad += bool(plan.failures or plan.unplaceable)
     return 1 if bad else 0
+
+
+def run_prompts(spec: RLTRunSpec) -> PromptTokens:
+    """The rl prompts' lengths the step time uses: measured on the run's rows where this machine can
+    (rlt.checks.prompt_tokens), else the default, with why it was not measured."""
+    from dataclasses import replace
+
+    from rlt.checks.step_time import default_prompts
+
+    measured, why = measure_prompt_tokens(spec)
+    if measured is not None:
+        return measured
+    default = default_prompts(spec)
+    return replace(default, source=f"{default.source}; {why}")
+
+
+def measure_prompt_tokens(spec: RLTRunSpec, tokenizer=None) -> tuple[PromptTokens | None, str]:
+    """(the mean and longest teacher prompt of the training rows, or None; why not when None). The rl update, the
+    passes and the scoring run over prompt + completion, and a real teacher prompt (question + solution) is a tenth
+    of the 16k maxPromptLength. Measured as `rlt validate` checks them (rlt.stages.prompt_lengths: the teacher's
+    tokenizer when this machine has it, the rows when they are reachable, never a download)."""
+    if spec.method != "rlt" or not spec.stages.rl.enabled:
+        return None, "only method rlt's rl stage has teacher prompts of its rows"
+    from rlt.checks.step_time import PromptTokens
+    from rlt.data.dataset import is_reachable, load_data
+    from rlt.method.prompts import Formatter, resolve_format
+    from rlt.stages.prompt_lengths import load_local_tokenizer
+
+    if not is_reachable(spec.dataset):
+        return None, f"{spec.dataset.source} is not on this machine"
+    if tokenizer is None:
+        tokenizer, why = load_local_tokenizer(spec)
+        if tokenizer is None:
+            return None, why
+    formatter = Formatter(resolve_format(spec.format))
+    try:
+        rows = load_data(spec.dataset, formatter.fmt, warn=False).train
+    except (ValueError, OSError) as err:  # said in the plan's line; `rlt validate` reports the rows themselves
+        return None, f"the rows of {spec.dataset.source} did not load ({err})"
+    lengths = [
+        len(
+            tokenizer(
+                formatter.teacher_prompt(tokenizer, r["question"], r["solution"]), add_special_tokens=False
+            ).input_ids
+        )
+        for r in rows
+    ]
+    if not lengths:
+        return None, f"{spec.dataset.source} has no training rows"
+    mean = round(sum(lengths) / len(lengths))
+    return PromptTokens(mean, max(lengths), f"measured on {len(lengths)} rows of {spec.dataset.source}"), ""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -188,6 +188,12 @@ class Resources(Strict):
     )
 
 
+# The volume's write rate the plan assumes when storage.writeBytesPerSecond is unset (rlt.checks.step_time): the
+# baseline of common default storage classes, not their burst: AWS EBS gp3 (the EKS default) 125 MiB/s, GCP
+# Filestore basic HDD 100 MB/s, pd-standard ~120 MB/s per TiB; an Azure Standard SSD up to 1 TiB 60-100 MB/s.
+DEFAULT_WRITE_RATE = "100M"
+
+
 class Storage(Strict):
     """The run's volume (a PVC mounted at /data in every pod)."""
 
@@ -197,7 +203,13 @@ class Storage(Strict):
                 "!isQuantity(self.size) || quantity(self.size).isGreaterThan(quantity('0'))",
                 "size must be above 0",
                 ".size",
-            )
+            ),
+            (
+                "!has(self.writeBytesPerSecond) || !isQuantity(self.writeBytesPerSecond) || "
+                "quantity(self.writeBytesPerSecond).isGreaterThan(quantity('0'))",
+                "writeBytesPerSecond must be above 0",
+                ".writeBytesPerSecond",
+            ),
         )
     )
 
@@ -211,6 +223,13 @@ class Storage(Strict):
     existing_claim: DNS1123Subdomain | None = Field(
         None, description="Use this PVC instead of creating one (kept on delete)."
     )
+    write_bytes_per_second: Quantity | None = Field(
+        None,
+        description="Sustained write rate of the volume in bytes per second, a quantity (e.g. 250M): what the plan "
+        "sizes a checkpoint save with, hence the trainer's grace period and saveSteps (`rlt plan` prints it). "
+        f"Unset: {DEFAULT_WRITE_RATE}, the baseline of common default storage classes (AWS gp3 125 MiB/s, GCP "
+        "Filestore basic 100 MB/s); set what your class guarantees.",
+    )
     retention_policy: Literal["Retain", "Delete"] = Field(
         "Retain",
         description="What happens to the run's own PVC (checkpoints, datasets) when the RLTRun is deleted: "
@@ -221,6 +240,8 @@ class Storage(Strict):
     def _some_size(self) -> Storage:
         if quantity_value(self.size) <= 0:  # the apiserver refuses a claim of no storage
             raise ValueError(f"size: {self.size} must be above 0")
+        if self.write_bytes_per_second is not None and quantity_value(self.write_bytes_per_second) <= 0:
+            raise ValueError(f"writeBytesPerSecond: {self.write_bytes_per_second} must be above 0 (bytes per second)")
         return self
 
 
