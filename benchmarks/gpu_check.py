@@ -396,8 +396,11 @@ def constants(parts: dict) -> dict:
     """The step-time constants of rlt.checks.step_time beside what this run measured (None where a part failed)."""
     try:
         from rlt.checks import step_time as st
+        from rlt.spec.k8s import quantity_value
+        from rlt.spec.resources import DEFAULT_WRITE_RATE
 
-        plan = {k: getattr(st, k) for k in ("PEAK_FLOPS", "UTILISATION", "DECODE_TOKENS_PER_S", "WRITE_BYTES_PER_S")}
+        plan = {k: getattr(st, k) for k in ("PEAK_FLOPS", "UTILISATION", "DECODE_TOKENS_PER_S")}
+        plan["WRITE_BYTES_PER_S"] = float(quantity_value(DEFAULT_WRITE_RATE))  # storage.writeBytesPerSecond's default
     except Exception as e:  # noqa: BLE001 - reported, the figures stand alone
         plan = {"error": repr(e)}
     peak = parts.get("peak", {}).get("bf16_matmul_flops")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -439,6 +440,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     sz = PILOT | (REHEARSAL if args.rehearsal else {})
+    # sizes overridden for a shorter device slot (inherited by the seed processes): RLT_PILOT_SIZES='{"heldout": 32}'
+    sz.update(json.loads(os.environ.get("RLT_PILOT_SIZES") or "{}"))
     if args.rehearsal and args.model == p.get_default("model"):
         args.model = "builtin:tiny-qwen2"
     if args.minutes:

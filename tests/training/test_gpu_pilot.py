@@ -82,3 +82,13 @@ def test_what_comes_back_fits_the_device_limits(pilot, tmp_path):
     with tarfile.open(out / "results.tar.gz") as tar:
         names = tar.getnames()
     assert "seed1/real.json" in names and not any(n.endswith(".safetensors") for n in names)
+
+
+def test_the_gpu_checks_constants_read_the_plans_current_names():
+    """gpu_check.json sets each measured figure beside the plan's constant; on the first GPU run the plan had renamed
+    its write rate and the whole block came back as an AttributeError. It must read every constant it names."""
+    check = runpy.run_path(str(ROOT / "benchmarks" / "gpu_check.py"), run_name="gpu_check")
+    out = check["constants"]({"peak": {"bf16_matmul_flops": 8e14}, "throughput": {"train_flops_per_s": 2e14}})
+    assert "error" not in out["plan"], out["plan"]
+    assert set(out["plan"]) == {"PEAK_FLOPS", "UTILISATION", "DECODE_TOKENS_PER_S", "WRITE_BYTES_PER_S"}
+    assert out["measured"]["UTILISATION against the measured peak"] == 0.25
