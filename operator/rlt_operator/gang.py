@@ -100,18 +100,21 @@ def gang_failure(
     now: dt.datetime | None = None,
     one_node: bool = False,
 ) -> tuple[str | None, str | None, bool]:
-    """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
-    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only.
+    """(failure, fatal, disrupted) of the current gang: `fatal` when a pod of it (trainer or generator) exited
+    with a config/data error code (the trainer Job's podFailurePolicy failed it; a generator's container ended so
+    in its current or last run); `disrupted` when the failure is a disruption only.
 
     `one_node` (a ReadWriteOnce volume with generators: every pod of the run on the generators' node): a trainer
     pod unschedulable for RWO_PLACEMENT_SECONDS releases the gang (uncounted), so the generators never hold
     their GPUs for good while the trainer cannot join them."""
     gang = current_gang(pods, stage, restarts)
     for pod in gang:
-        if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
-            code = ExitCode(pod["exitCode"])
-            said = f": {pod['lastError']}" if pod.get("lastError") else ""  # the pod's own error line
-            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)}){said}", False)
+        # Any pod of the gang: a generator's driver check exits 78 as the trainer's preflight does.
+        ended = pod.get("failFast") or (pod if pod.get("exitCode") in FAIL_FAST else None)
+        if ended:
+            code, role = ExitCode(ended["exitCode"]), pod["labels"].get(builders.L_ROLE)
+            said = f": {ended['lastError']}" if ended.get("lastError") else ""  # the pod's own error line
+            return (None, f"{role} pod {pod['name']} exited with {code.name} ({int(code)}){said}", False)
     reason = (condition_true(job, "Failed") or {}).get("reason") if job else None
     if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
         return None, f"trainer Job {job_name}: {job_failure(job)}", False

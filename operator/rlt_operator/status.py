@@ -446,7 +446,7 @@ def gang_outcome(
     now: dt.datetime,
 ) -> str | None:
     """A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
-    config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
+    config/data error of any of its pods (retrying cannot help: fail now) and a disruption (restart, uncounted).
     Returns RESTART, FAILED, or None (the gang goes on)."""
     one_node = spec.storage.access_mode == "ReadWriteOnce" and gang.gens_needed
     stage, restarts = gang.stage, gang.restarts
@@ -458,7 +458,7 @@ def gang_outcome(
         _fail(
             run_status,
             "ConfigError",
-            f"{fatal}; not retried (fix the spec or the data, then create the run again)",
+            f"{fatal}; not retried (fix what it names: the spec, the data or the node; then create the run again)",
             now,
         )
         return FAILED
