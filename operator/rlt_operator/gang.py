@@ -91,22 +91,36 @@ def pod_said(pod: dict[str, Any], named: bool = True) -> str:
     return f"pod {pod['name']} {said}" if said and named else said
 
 
+def placement_timeout(pods: list[dict[str, Any]], stage: str, restarts: int, now: dt.datetime) -> str | None:
+    """Why the current gang must be placed again (None while it need not): with a ReadWriteOnce volume and
+    generators every pod of the run goes to the generators' node, and a trainer pod unschedulable there for
+    RWO_PLACEMENT_SECONDS releases the gang (a re-placement, bounded by spec.replacementLimit), so the generators
+    never hold their GPUs for good while the trainer cannot join them."""
+    for pod in current_gang(pods, stage, restarts):
+        problem = pod.get("problem") or {}
+        since = parse_time(problem.get("since")) if problem.get("kind") == "Unschedulable" else None
+        if since is None or pod["labels"].get(builders.L_ROLE) != builders.ROLE_TRAINER:
+            continue
+        waited = (now - since).total_seconds()
+        if waited >= RWO_PLACEMENT_SECONDS:
+            return (
+                f"trainer pod {pod['name']} unschedulable for {int(waited // 60)} min beside the generators "
+                f"(ReadWriteOnce volume: one node for the whole run; {problem.get('message')}): generators "
+                "and trainer released to be placed again together"
+            )
+    return None
+
+
 def gang_failure(
     job: dict[str, Any] | None,
     job_name: str,
     pods: list[dict[str, Any]],
     stage: str,
     restarts: int,
-    now: dt.datetime | None = None,
-    one_node: bool = False,
 ) -> tuple[str | None, str | None, bool]:
     """(failure, fatal, disrupted) of the current gang: `fatal` when a pod of it (trainer or generator) exited
     with a config/data error code (the trainer Job's podFailurePolicy failed it; a generator's container ended so
-    in its current or last run); `disrupted` when the failure is a disruption only.
-
-    `one_node` (a ReadWriteOnce volume with generators: every pod of the run on the generators' node): a trainer
-    pod unschedulable for RWO_PLACEMENT_SECONDS releases the gang (uncounted), so the generators never hold
-    their GPUs for good while the trainer cannot join them."""
+    in its current or last run); `disrupted` when the failure is a disruption only."""
     gang = current_gang(pods, stage, restarts)
     for pod in gang:
         # Any pod of the gang: a generator's driver check exits 78 as the trainer's preflight does.
@@ -129,18 +143,6 @@ def gang_failure(
         return f"trainer Job {job_name}: {failure}", None, False
     for pod in gang:
         role = pod["labels"].get(builders.L_ROLE)
-        problem = pod.get("problem") or {}
-        since = parse_time(problem.get("since")) if problem.get("kind") == "Unschedulable" else None
-        if one_node and now and since and role == builders.ROLE_TRAINER:
-            waited = (now - since).total_seconds()
-            if waited >= RWO_PLACEMENT_SECONDS:
-                return (
-                    f"trainer pod {pod['name']} unschedulable for {int(waited // 60)} min beside the generators "
-                    f"(ReadWriteOnce volume: one node for the whole run; {problem.get('message')}): generators "
-                    "and trainer released to be placed again together",
-                    None,
-                    True,
-                )
         if pod.get("phase") == "Failed":
             why = ": ".join(filter(None, [(pod.get("problem") or {}).get("reason"), pod_said(pod, named=False)]))
             if suspended and role == builders.ROLE_TRAINER:
