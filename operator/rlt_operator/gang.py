@@ -117,10 +117,12 @@ def gang_failure(
     pods: list[dict[str, Any]],
     stage: str,
     restarts: int,
+    generators_live: bool = True,
 ) -> tuple[str | None, str | None, bool]:
     """(failure, fatal, disrupted) of the current gang: `fatal` when a pod of it (trainer or generator) exited
     with a config/data error code (the trainer Job's podFailurePolicy failed it; a generator's container ended so
-    in its current or last run); `disrupted` when the failure is a disruption only."""
+    in its current or last run); `disrupted` when the failure is a disruption only. `generators_live`: the gang's
+    StatefulSet stands (not being deleted by the operator), so a generator pod that stops was stopped by another."""
     gang = current_gang(pods, stage, restarts)
     for pod in gang:
         # Any pod of the gang: a generator's driver check exits 78 as the trainer's preflight does.
@@ -143,6 +145,15 @@ def gang_failure(
         return f"trainer Job {job_name}: {failure}", None, False
     for pod in gang:
         role = pod["labels"].get(builders.L_ROLE)
+        if role == builders.ROLE_GENERATOR and pod.get("deleting") and generators_live:
+            # Someone else stops it (the operator deletes only whole gangs): a disruption. The gang restart sends
+            # the trainer SIGTERM now, so it saves at its next boundary while the generator's preStop keeps serving.
+            return (
+                f"generator pod {pod['name']} is stopping (drained, evicted, preempted or deleted): the trainer "
+                "saves at its next boundary while the generators serve its rollout",
+                None,
+                True,
+            )
         if pod.get("phase") == "Failed":
             why = ": ".join(filter(None, [(pod.get("problem") or {}).get("reason"), pod_said(pod, named=False)]))
             if suspended and role == builders.ROLE_TRAINER:

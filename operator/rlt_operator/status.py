@@ -452,7 +452,8 @@ def gang_outcome(
     a ReadWriteOnce re-placement counts against spec.replacementLimit instead of spec.backoffLimit.
     Returns RESTART, FAILED, or None (the gang goes on)."""
     stage, restarts = gang.stage, gang.restarts
-    failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts)
+    live = gang.sts is not None
+    failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, live)
     capacity_condition(run_status, observed.pods, stage, restarts, now)
     if fatal or failure:
         keep_failed_pod(ref, gang, run_status, observed, plan)

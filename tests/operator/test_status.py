@@ -710,6 +710,27 @@ def test_capacity_ok_is_true_with_the_plan_unknown_when_skipped_and_false_wins()
     assert conds(either_order)["CapacityOK"]["status"] == "False"
 
 
+def test_a_generator_that_is_stopping_stops_the_trainer_at_once_uncounted():
+    """A generator pod of the running gang being deleted by someone else (a drain's eviction, preemption): the gang
+    restarts now as a disruption, so the trainer gets SIGTERM and saves at its next boundary while the stopping
+    generator's preStop keeps serving it; waiting for the pod to end would leave the trainer to crash on its next
+    request. A generator deleted with its StatefulSet (the operator's own restart) is no news."""
+    sp = spec(server=True, sft=False, backoffLimit=0)
+    body = pod_body("t-generator-0", b.ROLE_GENERATOR, "rl")
+    body["metadata"]["deletionTimestamp"] = format_time(NOW)
+    body["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+    stopping = summarize("pods", body)
+    obs = observed(sp, [job("rl", active=1)], [sts("rl")], [stopping])
+    d = S.decide(REF, 1, sp, running("rl"), obs, NOW)
+    assert d.status["phase"] == "Running" and (d.status["restarts"], d.status["disruptions"]) == (1, 1)
+    assert {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator")} <= acts(d)
+    assert "generator pod t-generator-0 is stopping" in d.status["lastFailure"]
+    assert "backoffUntil" not in d.status
+    going = dict(sts("rl"), deleting=True)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [going], [stopping]), NOW)
+    assert d.status["restarts"] == 0
+
+
 def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_limit():
     sp = spec(server=True, sft=False, backoffLimit=1)
 
