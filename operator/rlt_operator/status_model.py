@@ -124,7 +124,7 @@ class RLTRunStatus(_Status):
     reason: str | None = Field(
         None,
         description="Why the run is in its phase or held (e.g. InvalidSpec, "
-        "Unschedulable, ConfigError, BackoffLimitExceeded, "
+        "Unschedulable, ConfigError, BackoffLimitExceeded, ReplacementLimitExceeded, "
         "DeadlineExceeded).",
     )
     message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
