@@ -2,10 +2,10 @@
 --shutdown-timeout from the operator's builder, sent SIGTERM (what the kubelet sends the container's first process
 on a drain, an eviction or a gang restart, once the preStop has ended) while the trainer's rollout is in flight.
 
-The rollout is TRL's own client (trl.generation.vllm_client.VLLMClient.generate, what GRPO's server mode calls),
-every sequence decoding to max_tokens. With the builder's timeout every sequence completes and the server then exits
-0; with vLLM's default 0 (what the generator ran before) the requests in flight are aborted: the client gets cut
-sequences or an error.
+The rollouts are TRL's own client (trl.generation.vllm_client.VLLMClient.generate, what GRPO's server mode calls)
+and rlt's streamed request (distill, evaluate), every sequence decoding to max_tokens. With the builder's timeout
+every sequence completes and the server then exits 0; with vLLM's default 0 (what the generator ran before) the
+requests in flight are aborted: TRL's client takes the cut sequences as finished, rlt's sees them aborted.
 """
 
 from __future__ import annotations
@@ -45,17 +45,21 @@ def running_requests(base: str) -> float:
     return sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M))
 
 
-def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> dict:
-    """TRL's client asks for the rollout; once the server decodes it, its main process gets SIGTERM. The client's
-    answer, or the exception it raised, under "error"."""
+def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dict]:
+    """Two clients ask for a rollout at once: TRL's (rl) and the stream of rlt's own (distill, evaluate:
+    rlt.method.generation._stream, one request). Once the server decodes both, its main process gets SIGTERM.
+    TRL's answer (or the exception it raised, under "error") and the stream's {"finished": ..., "cut": ...}."""
     import trl.generation.vllm_client as trl_client
+
+    from rlt.method import generation
 
     # TRL refuses to build its client where vllm is not importable; it only speaks HTTP to the server here.
     monkeypatch.setattr(trl_client, "is_vllm_available", lambda: True)
     client = trl_client.VLLMClient(base_url=base)
     got: dict = {}
+    streamed: dict = {}
 
-    def ask() -> None:
+    def ask_trl() -> None:
         try:
             got.update(
                 client.generate(
@@ -65,15 +69,29 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> dict:
         except Exception as err:  # what the trainer would see
             got["error"] = f"{type(err).__name__}: {err}"[:300]
 
-    asking = threading.Thread(target=ask)
-    asking.start()
+    def ask_stream() -> None:
+        body = generation.completion_body(
+            client.model, [[5, 6, 7, 8]] * PROMPTS, n=N, temperature=1.0, top_p=1.0, max_new_tokens=MAX_TOKENS
+        )
+        body["ignore_eos"] = True
+        session = generation.retrying_session(retries=0)
+        try:
+            streamed["finished"], streamed["cut"] = generation._stream(session, base, body, 120, None)
+        except RuntimeError as err:
+            streamed["finished"], streamed["cut"] = {}, str(err)
+
+    asking = [threading.Thread(target=ask_trl), threading.Thread(target=ask_stream)]
+    for t in asking:
+        t.start()
     deadline = time.monotonic() + 60
-    while running_requests(base) < 1:
-        assert asking.is_alive() and time.monotonic() < deadline, "the rollout ended before the signal: make it longer"
+    while running_requests(base) < 2:
+        assert all(t.is_alive() for t in asking), "a rollout ended before the signal: make it longer"
+        assert time.monotonic() < deadline, "the server never ran both requests"
         time.sleep(0.02)
     os.kill(pid, signal.SIGTERM)  # mid-rollout
-    asking.join(timeout=300)
-    return got
+    for t in asking:
+        t.join(timeout=300)
+    return got, streamed
 
 
 @pytest.mark.parametrize("flags", ["builder", "vllm-default"])
@@ -88,15 +106,24 @@ def test_a_generator_sent_sigterm_mid_rollout_finishes_it(flags, tmp_path, monke
     proc, base = start_vllm(resolve_model_path("builtin:tiny-qwen2"), "tiny", log, extra=extra)
     try:
         t0 = time.monotonic()
-        got = rollout_through_sigterm(base, proc.pid, monkeypatch)
+        got, streamed = rollout_through_sigterm(base, proc.pid, monkeypatch)
         rc = proc.wait(timeout=120)  # it exits once drained (or at once, aborting)
         took = time.monotonic() - t0
     finally:
         stop_vllm(proc)
     lengths = sorted(len(c) for c in got.get("completion_ids", []))
-    print(f"\n{flags} {extra}: completions {lengths}, error {got.get('error')}, exit {rc} {took:.1f} s after SIGTERM")
+    kept = sorted(len(ids) for ids, _ in streamed["finished"].values())
+    print(
+        f"\n{flags} {extra}: TRL's completions {lengths}, error {got.get('error')}; stream kept {kept}, cut "
+        f"{streamed['cut']}; exit {rc} {took:.1f} s after SIGTERM"
+    )
+    whole = [MAX_TOKENS] * PROMPTS * N
     if flags == "builder":
-        assert "error" not in got and lengths == [MAX_TOKENS] * PROMPTS * N, got.get("error") or lengths
+        assert "error" not in got and lengths == whole, got.get("error") or lengths
+        assert kept == whole and streamed["cut"] is None, (kept, streamed["cut"])
         assert rc == 0 and "draining in-flight requests" in log.read_text()
     else:  # the red case: the requests in flight are aborted
-        assert "error" in got or lengths != [MAX_TOKENS] * PROMPTS * N, lengths
+        assert "error" in got or lengths != whole, lengths
+        # rlt's client keeps no aborted sequence as finished: it asks for them again (server_generate)
+        assert all(k == MAX_TOKENS for k in kept) and len(kept) < len(whole), kept
+        assert "finish_reason 'abort'" in (streamed["cut"] or ""), streamed["cut"]
