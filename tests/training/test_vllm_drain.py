@@ -5,7 +5,9 @@ on a drain, an eviction or a gang restart, once the preStop has ended) while the
 The rollouts are TRL's own client (trl.generation.vllm_client.VLLMClient.generate, what GRPO's server mode calls)
 and rlt's streamed request (distill, evaluate), every sequence decoding to max_tokens. With the builder's timeout
 every sequence completes and the server then exits 0; with vLLM's default 0 (what the generator ran before) the
-requests in flight are aborted: TRL's client takes the cut sequences as finished, rlt's sees them aborted.
+requests in flight are aborted: TRL's client takes the cut sequences as finished, rlt's sees them aborted; or,
+when vLLM kills its engine before it has sent the aborts (a race seen here), no answer comes: TRL's client, which has
+no timeout, waits for good and the server waits for its connection to close.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 import urllib.request
@@ -76,11 +79,12 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dic
         body["ignore_eos"] = True
         session = generation.retrying_session(retries=0)
         try:
-            streamed["finished"], streamed["cut"] = generation._stream(session, base, body, 120, None)
+            streamed["finished"], streamed["cut"] = generation._stream(session, base, body, 30, None)
         except RuntimeError as err:
             streamed["finished"], streamed["cut"] = {}, str(err)
 
-    asking = [threading.Thread(target=ask_trl), threading.Thread(target=ask_stream)]
+    # daemons: TRL's request has no timeout, and a server that aborts may leave it waiting for good
+    asking = [threading.Thread(target=ask_trl, daemon=True), threading.Thread(target=ask_stream, daemon=True)]
     for t in asking:
         t.start()
     deadline = time.monotonic() + 60
@@ -90,7 +94,9 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dic
         time.sleep(0.02)
     os.kill(pid, signal.SIGTERM)  # mid-rollout
     for t in asking:
-        t.join(timeout=300)
+        t.join(timeout=90)
+    if asking[0].is_alive():
+        got["hung"] = True  # the engine went before it answered: TRL's client waits for ever
     return got, streamed
 
 
@@ -107,14 +113,18 @@ def test_a_generator_sent_sigterm_mid_rollout_finishes_it(flags, tmp_path, monke
     try:
         t0 = time.monotonic()
         got, streamed = rollout_through_sigterm(base, proc.pid, monkeypatch)
-        rc = proc.wait(timeout=120)  # it exits once drained (or at once, aborting)
+        try:
+            rc: int | str = proc.wait(timeout=60)  # it exits once drained (or at once, aborting)
+        except subprocess.TimeoutExpired:  # an aborting server may wait for a client that waits for it
+            rc = "still running"
         took = time.monotonic() - t0
     finally:
         stop_vllm(proc)
     lengths = sorted(len(c) for c in got.get("completion_ids", []))
     kept = sorted(len(ids) for ids, _ in streamed["finished"].values())
     print(
-        f"\n{flags} {extra}: TRL's completions {lengths}, error {got.get('error')}; stream kept {kept}, cut "
+        f"\n{flags} {extra}: TRL's completions {lengths}, error {got.get('error')}, hung {got.get('hung', False)}; "
+        f"stream kept {kept}, cut "
         f"{streamed['cut']}; exit {rc} {took:.1f} s after SIGTERM"
     )
     whole = [MAX_TOKENS] * PROMPTS * N
@@ -122,8 +132,8 @@ def test_a_generator_sent_sigterm_mid_rollout_finishes_it(flags, tmp_path, monke
         assert "error" not in got and lengths == whole, got.get("error") or lengths
         assert kept == whole and streamed["cut"] is None, (kept, streamed["cut"])
         assert rc == 0 and "draining in-flight requests" in log.read_text()
-    else:  # the red case: the requests in flight are aborted
-        assert "error" in got or lengths != whole, lengths
-        # rlt's client keeps no aborted sequence as finished: it asks for them again (server_generate)
+    else:  # the red case: the requests in flight are aborted, or left without an answer when the engine goes first
+        assert "error" in got or got.get("hung") or lengths != whole, lengths
+        # rlt's client keeps no cut sequence as finished: it asks for them again (server_generate)
         assert all(k == MAX_TOKENS for k in kept) and len(kept) < len(whole), kept
-        assert "finish_reason 'abort'" in (streamed["cut"] or ""), streamed["cut"]
+        assert streamed["cut"], "the stream of an aborting server ended whole"
