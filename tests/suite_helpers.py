@@ -9,6 +9,7 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlt_operator.builders.generator import CPU_GENERATOR_FLAGS
@@ -141,40 +142,51 @@ def generator_flags() -> list[str]:
 
 
 @contextlib.contextmanager
-def serving_vllm(model_dir: str, name: str, log: Path, start_seconds: float = 300):
-    """A real vLLM server (vllm_command) on a free port for the `with` block: yields its base URL once /health
-    answers; RuntimeError with the log's tail when it exits or does not answer in `start_seconds`. Stopped (its
-    process group: vLLM's engine runs in a child) on leaving."""
-    import os
-    import signal
+def serving_vllm(model_dir: str, name: str, log: Path, start_seconds: float = 300, extra: Sequence[str] = ()):
+    """A real vLLM server (vllm_command plus `extra` flags) on a free port for the `with` block: yields its base URL
+    once /health answers; RuntimeError with the log's tail when it exits or does not answer in `start_seconds`.
+    Stopped (its process group: vLLM's engine runs in a child) on leaving."""
+    proc, base = start_vllm(model_dir, name, log, start_seconds, extra)
+    try:
+        yield base
+    finally:
+        stop_vllm(proc)
+
+
+def start_vllm(model_dir: str, name: str, log: Path, start_seconds: float = 300, extra: Sequence[str] = ()):
+    """(the server's process, its base URL) once /health answers (serving_vllm); stop it with stop_vllm."""
     import subprocess
-    import time
     import urllib.request
 
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("w") as out:
-        cmd = vllm_command(model_dir, name, port)
+        cmd = [*vllm_command(model_dir, name, port), *extra]
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_seconds
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("vLLM server did not start:\n" + log.read_text()[-3000:]) from None
-                time.sleep(0.5)
-        yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + start_seconds
+    while True:
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            urllib.request.urlopen(f"{base}/health", timeout=2)
+            return proc, base
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_vllm(proc)
+                raise RuntimeError("vLLM server did not start:\n" + log.read_text()[-3000:]) from None
+            time.sleep(0.5)
+
+
+def stop_vllm(proc, timeout: float = 30) -> None:
+    """Stop a server of start_vllm and every process of its group (vLLM's engine runs in a child)."""
+    import signal
+    import subprocess
+
+    with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # an engine child left behind, or a server that would not stop
+    proc.wait()
 
 
 def vllm_command(model_dir: str, name: str, port: int) -> list[str]:

@@ -91,27 +91,46 @@ def pod_said(pod: dict[str, Any], named: bool = True) -> str:
     return f"pod {pod['name']} {said}" if said and named else said
 
 
+def placement_timeout(pods: list[dict[str, Any]], stage: str, restarts: int, now: dt.datetime) -> str | None:
+    """Why the current gang must be placed again (None while it need not): with a ReadWriteOnce volume and
+    generators every pod of the run goes to the generators' node, and a trainer pod unschedulable there for
+    RWO_PLACEMENT_SECONDS releases the gang (a re-placement, bounded by spec.replacementLimit), so the generators
+    never hold their GPUs for good while the trainer cannot join them."""
+    for pod in current_gang(pods, stage, restarts):
+        problem = pod.get("problem") or {}
+        since = parse_time(problem.get("since")) if problem.get("kind") == "Unschedulable" else None
+        if since is None or pod["labels"].get(builders.L_ROLE) != builders.ROLE_TRAINER:
+            continue
+        waited = (now - since).total_seconds()
+        if waited >= RWO_PLACEMENT_SECONDS:
+            return (
+                f"trainer pod {pod['name']} unschedulable for {int(waited // 60)} min beside the generators "
+                f"(ReadWriteOnce volume: one node for the whole run; {problem.get('message')}): generators "
+                "and trainer released to be placed again together"
+            )
+    return None
+
+
 def gang_failure(
     job: dict[str, Any] | None,
     job_name: str,
     pods: list[dict[str, Any]],
     stage: str,
     restarts: int,
-    now: dt.datetime | None = None,
-    one_node: bool = False,
+    generators_live: bool = True,
 ) -> tuple[str | None, str | None, bool]:
-    """(failure, fatal, disrupted) of the current gang: `fatal` when a trainer exited with a config/data error
-    code (the Job's podFailurePolicy failed it); `disrupted` when the failure is a disruption only.
-
-    `one_node` (a ReadWriteOnce volume with generators: every pod of the run on the generators' node): a trainer
-    pod unschedulable for RWO_PLACEMENT_SECONDS releases the gang (uncounted), so the generators never hold
-    their GPUs for good while the trainer cannot join them."""
+    """(failure, fatal, disrupted) of the current gang: `fatal` when a pod of it (trainer or generator) exited
+    with a config/data error code (the trainer Job's podFailurePolicy failed it; a generator's container ended so
+    in its current or last run); `disrupted` when the failure is a disruption only. `generators_live`: the gang's
+    StatefulSet stands (not being deleted by the operator), so a generator pod that stops was stopped by another."""
     gang = current_gang(pods, stage, restarts)
     for pod in gang:
-        if pod["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and pod.get("exitCode") in FAIL_FAST:
-            code = ExitCode(pod["exitCode"])
-            said = f": {pod['lastError']}" if pod.get("lastError") else ""  # the pod's own error line
-            return (None, f"trainer pod {pod['name']} exited with {code.name} ({int(code)}){said}", False)
+        # Any pod of the gang: a generator's driver check exits 78 as the trainer's preflight does.
+        ended = pod.get("failFast") or (pod if pod.get("exitCode") in FAIL_FAST else None)
+        if ended:
+            code, role = ExitCode(ended["exitCode"]), pod["labels"].get(builders.L_ROLE)
+            said = f": {ended['lastError']}" if ended.get("lastError") else ""  # the pod's own error line
+            return (None, f"{role} pod {pod['name']} exited with {code.name} ({int(code)}){said}", False)
     reason = (condition_true(job, "Failed") or {}).get("reason") if job else None
     if reason == "PodFailurePolicy":  # the FailJob rule matched (the pod itself may be gone)
         return None, f"trainer Job {job_name}: {job_failure(job)}", False
@@ -126,18 +145,15 @@ def gang_failure(
         return f"trainer Job {job_name}: {failure}", None, False
     for pod in gang:
         role = pod["labels"].get(builders.L_ROLE)
-        problem = pod.get("problem") or {}
-        since = parse_time(problem.get("since")) if problem.get("kind") == "Unschedulable" else None
-        if one_node and now and since and role == builders.ROLE_TRAINER:
-            waited = (now - since).total_seconds()
-            if waited >= RWO_PLACEMENT_SECONDS:
-                return (
-                    f"trainer pod {pod['name']} unschedulable for {int(waited // 60)} min beside the generators "
-                    f"(ReadWriteOnce volume: one node for the whole run; {problem.get('message')}): generators "
-                    "and trainer released to be placed again together",
-                    None,
-                    True,
-                )
+        if role == builders.ROLE_GENERATOR and pod.get("deleting") and generators_live:
+            # Someone else stops it (the operator deletes only whole gangs): a disruption. The gang restart sends
+            # the trainer SIGTERM now, so it saves at its next boundary while the generator's preStop keeps serving.
+            return (
+                f"generator pod {pod['name']} is stopping (drained, evicted, preempted or deleted): the trainer "
+                "saves at its next boundary while the generators serve its rollout",
+                None,
+                True,
+            )
         if pod.get("phase") == "Failed":
             why = ": ".join(filter(None, [(pod.get("problem") or {}).get("reason"), pod_said(pod, named=False)]))
             if suspended and role == builders.ROLE_TRAINER:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlt.checks.driver import DRIVER_PREFIX
 from rlt.contract import env as pod_env
-from rlt.contract.exitcodes import CAPACITY_PREFIX, DISRUPTION
+from rlt.contract.exitcodes import CAPACITY_PREFIX, DISRUPTION, FAIL_FAST
 from rlt_operator import builders
 
 
@@ -83,6 +84,9 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
             if t and t.get("exitCode")
         ]
         out["exitCode"] = int(codes[0]) if codes else None
+        # A container the kubelet restarted in place (a generator's vLLM: restartPolicy Always) keeps its last end in
+        # lastState: a config error there (the driver check's 78) fails the run as the trainer's own does.
+        out["failFast"] = fail_fast_exit(containers)
         # What the failed container said (terminationMessagePolicy FallbackToLogsOnError: its log's tail)
         out["lastError"] = last_error_line(
             next(
@@ -112,9 +116,19 @@ def last_error_line(message: str | None) -> str | None:
     lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
     if not lines:
         return None
-    ours = [line for line in lines if line.startswith(("rlt ", "/etc/rlt/", CAPACITY_PREFIX))]
+    ours = [line for line in lines if line.startswith(("rlt ", "/etc/rlt/", CAPACITY_PREFIX, DRIVER_PREFIX))]
     line = (ours or lines)[-1]
     return line if len(line) <= 400 else line[:397] + "..."
+
+
+def fail_fast_exit(containers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """{exitCode, lastError} of a container whose current or last run ended with a config/data error code
+    (FAIL_FAST: retrying cannot help), else None."""
+    for c in containers:
+        for state in ((c.get("state") or {}).get("terminated"), (c.get("lastState") or {}).get("terminated")):
+            if state and state.get("exitCode") in FAIL_FAST:
+                return {"exitCode": int(state["exitCode"]), "lastError": last_error_line(state.get("message"))}
+    return None
 
 
 def capacity_line(init_containers: list[dict[str, Any]]) -> str | None:

@@ -37,6 +37,7 @@ from rlt_operator.gang import (
     failed_trainer_pod,
     gang_failure,
     kept_pod_patch,
+    placement_timeout,
     trainer_shape,
 )
 from rlt_operator.observed import (
@@ -189,6 +190,7 @@ def carried_status(prev: dict[str, Any], generation: int) -> RLTRunStatus:
     run_status.observed_generation = generation
     run_status.restarts = run_status.restarts or 0
     run_status.disruptions = run_status.disruptions or 0
+    run_status.replacements = run_status.replacements or 0
     run_status.completed_stages = list(run_status.completed_stages or [])
     run_status.stage_specs = dict(run_status.stage_specs or {})
     run_status.progress = run_status.progress or Progress()
@@ -446,11 +448,12 @@ def gang_outcome(
     now: dt.datetime,
 ) -> str | None:
     """A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
-    config/data error of the trainer (retrying cannot help: fail now) and a disruption (restart, uncounted).
+    config/data error of any of its pods (retrying cannot help: fail now); a disruption restarts it uncounted, and
+    a ReadWriteOnce re-placement counts against spec.replacementLimit instead of spec.backoffLimit.
     Returns RESTART, FAILED, or None (the gang goes on)."""
-    one_node = spec.storage.access_mode == "ReadWriteOnce" and gang.gens_needed
     stage, restarts = gang.stage, gang.restarts
-    failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, now, one_node)
+    live = gang.sts is not None
+    failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, live)
     capacity_condition(run_status, observed.pods, stage, restarts, now)
     if fatal or failure:
         keep_failed_pod(ref, gang, run_status, observed, plan)
@@ -458,19 +461,33 @@ def gang_outcome(
         _fail(
             run_status,
             "ConfigError",
-            f"{fatal}; not retried (fix the spec or the data, then create the run again)",
+            f"{fatal}; not retried (fix what it names: the spec, the data or the node; then create the run again)",
             now,
         )
         return FAILED
+    replaced = False
+    if not failure and spec.storage.access_mode == "ReadWriteOnce" and gang.gens_needed:
+        failure = placement_timeout(observed.pods, stage, restarts, now)
+        replaced = disrupted = failure is not None
     if not failure:
         return None
-    counted = restarts - (run_status.disruptions or 0)
+    replacements = run_status.replacements or 0
+    if replaced and replacements >= spec.replacement_limit:
+        message = (
+            f"{failure}; re-placements exhausted (replacementLimit {spec.replacement_limit}): give the run a node "
+            "with room for its trainer and generators together, or a ReadWriteMany volume"
+        )
+        _fail(run_status, "ReplacementLimitExceeded", message, now)
+        return FAILED
+    counted = restarts - (run_status.disruptions or 0) - replacements
     if not (disrupted or counted < spec.backoff_limit):
         message = f"{failure}; gang restarts exhausted (backoffLimit {spec.backoff_limit})"
         _fail(run_status, "BackoffLimitExceeded", message, now)
         return FAILED
     run_status.restarts = restarts + 1
-    if disrupted:
+    if replaced:
+        run_status.replacements = replacements + 1
+    elif disrupted:
         run_status.disruptions = (run_status.disruptions or 0) + 1
     delay = 0.0 if disrupted else restart_delay(counted + 1)
     run_status.backoff_until = format_time(now + dt.timedelta(seconds=delay)) if delay else None
@@ -494,7 +511,13 @@ def restart_backoff(gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> f
 
 
 # Spec fields the operator applies at once (or reads only at creation/deletion): never pending for a gang.
-APPLIED_AT_ONCE = ("suspend", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished")
+APPLIED_AT_ONCE = (
+    "suspend",
+    "backoffLimit",
+    "replacementLimit",
+    "activeDeadlineSeconds",
+    "ttlSecondsAfterFinished",
+)
 
 
 def pending_edits(ref: builders.RunRef, gang: Gang) -> str | None:
@@ -783,6 +806,7 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, 
     logs = f"; its log: kubectl logs {kept}" if kept else ""
     if (new.restarts or 0) > (prev.restarts or 0):
         uncounted = (new.disruptions or 0) > (prev.disruptions or 0)
+        replaced = (new.replacements or 0) > (prev.replacements or 0)
         ev.append(
             (
                 "Warning",
@@ -790,6 +814,7 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, 
                 f"restart {new.restarts}: {new.last_failure or 'a pod failed'}{logs}; "
                 "trainer and generators restart from the last checkpoint"
                 + (" (a disruption: not counted against backoffLimit)" if uncounted else "")
+                + (f" (re-placement {new.replacements}: counted against replacementLimit)" if replaced else "")
                 + (f", not before {new.backoff_until} (back-off)" if new.backoff_until else ""),
             )
         )

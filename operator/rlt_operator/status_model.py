@@ -124,7 +124,7 @@ class RLTRunStatus(_Status):
     reason: str | None = Field(
         None,
         description="Why the run is in its phase or held (e.g. InvalidSpec, "
-        "Unschedulable, ConfigError, BackoffLimitExceeded, "
+        "Unschedulable, ConfigError, BackoffLimitExceeded, ReplacementLimitExceeded, "
         "DeadlineExceeded).",
     )
     message: str | None = Field(None, description="Detail for reason; names the field for an invalid spec.")
@@ -142,12 +142,20 @@ class RLTRunStatus(_Status):
     )
     observed_generation: int | None = Field(None, description="metadata.generation last reconciled.")
     restarts: int | None = Field(
-        None, description="Gang restarts so far (those not caused by disruptions are bounded by spec.backoffLimit)."
+        None,
+        description="Gang restarts so far (those caused by neither disruptions nor re-placements are bounded by "
+        "spec.backoffLimit).",
     )
     disruptions: int | None = Field(
         None,
         description="Gang restarts caused by disruptions (preemption, node "
         "drain, eviction); not counted against spec.backoffLimit.",
+    )
+    replacements: int | None = Field(
+        None,
+        description="Gang restarts that released a ReadWriteOnce gang to be placed again together (a trainer that "
+        "could not join the generators' node); bounded by spec.replacementLimit, not counted against "
+        "spec.backoffLimit.",
     )
     start_time: str | None = Field(None, description="When the run last started.", json_schema_extra=DATE_TIME)
     completion_time: str | None = Field(None, description="When it became terminal.", json_schema_extra=DATE_TIME)

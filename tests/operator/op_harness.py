@@ -228,8 +228,11 @@ class Harness:
         )
         return await self.get("pods", name)
 
-    async def generator_pod(self, run: str, index: int, restarts: int = 0) -> None:
-        """A pod the StatefulSet controller would create, with the template's labels."""
+    async def generator_pod(
+        self, run: str, index: int, restarts: int = 0, last_exit: tuple[int, str] | None = None
+    ) -> None:
+        """A pod the StatefulSet controller would create, with the template's labels; `last_exit` (code, log tail):
+        its vllm container ended so and the kubelet restarts it after a back-off (CrashLoopBackOff)."""
         sts = await self.wait_object("statefulsets", f"{run}-generator")
         labels = sts["spec"]["template"]["metadata"]["labels"]
         name = f"{run}-generator-{index}"
@@ -244,11 +247,15 @@ class Harness:
                     "spec": sts["spec"]["template"]["spec"],
                 },
             )
+        crashed: dict[str, Any] = {}
+        if last_exit is not None:
+            end = {"reason": "Error", "exitCode": last_exit[0], "message": last_exit[1]}
+            crashed = {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": end}}
         await self.set_status(
             "pods",
             name,
             {
                 "phase": "Running",
-                "containerStatuses": [{"name": "vllm", "ready": restarts == 0, "restartCount": restarts}],
+                "containerStatuses": [{"name": "vllm", "ready": restarts == 0, "restartCount": restarts, **crashed}],
             },
         )

@@ -211,6 +211,66 @@ def test_generator_statefulset_runs_vllm_for_trl():
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+def test_a_stopping_generator_serves_the_trainer_until_it_has_saved():
+    """Drain, eviction, a gang restart: the generator's preStop waits while the stage's trainer (rank 0's metrics
+    port) answers, at most the trainer's grace period; then vLLM finishes the requests in flight
+    (--shutdown-timeout, the same bound; its default 0 aborts them); the pod's grace covers both."""
+    from rlt.checks.step_time import trainer_grace_period
+
+    spec = spec_from()
+    grace, _ = trainer_grace_period(spec)
+    pod = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    cmd = c["command"]
+    assert cmd[cmd.index("--shutdown-timeout") + 1] == str(grace)
+    assert pod["terminationGracePeriodSeconds"] == grace + b.generator.GENERATOR_TEARDOWN_S
+    wait = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert wait[:2] == ["python3", "-c"] and wait[3:] == ["r1-rl-0.r1-rl.team.svc", str(b.METRICS_PORT), str(grace)]
+    doc = yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())
+    doc["spec"]["resources"]["trainer"]["terminationGracePeriodSeconds"] = 1800
+    set_grace = parse_run(doc).spec
+    pod = b.generator_statefulset(REF, set_grace, "distill", 0)["spec"]["template"]["spec"]
+    cmd = pod["containers"][0]["command"]
+    assert cmd[cmd.index("--shutdown-timeout") + 1] == "1800" and pod["terminationGracePeriodSeconds"] == 1860
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][3] == "r1-distill-0.r1-distill.team.svc"
+
+
+def run_prestop(spec, port, limit):
+    """The generator's preStop command as rendered, run here against 127.0.0.1:`port` with its bound `limit`:
+    the seconds it took."""
+    import subprocess
+    import sys
+    import time
+
+    wait = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["spec"]["containers"][0]["lifecycle"]
+    cmd = wait["preStop"]["exec"]["command"]
+    cmd = [sys.executable, *cmd[1:3], "127.0.0.1", str(port), str(limit)]  # the image's python3 is on its PATH
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, timeout=60)
+    return time.monotonic() - t0
+
+
+def test_the_generators_prestop_waits_while_the_trainer_answers_and_no_longer():
+    """The real preStop script: it returns at once when no trainer answers, waits while one does and returns soon
+    after it is gone, and never waits past its bound."""
+    import socket
+    import threading
+
+    spec = spec_from()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert run_prestop(spec, port, 30) < 2  # nothing listens: no trainer, no wait
+    trainer = socket.create_server(("127.0.0.1", 0))
+    port = trainer.getsockname()[1]
+    threading.Timer(4.0, trainer.close).start()  # the trainer saves and exits after 4 s
+    took = run_prestop(spec, port, 30)
+    assert 4 <= took < 9, took
+    with socket.create_server(("127.0.0.1", 0)) as stays:  # a trainer that never goes: the bound ends the wait
+        took = run_prestop(spec, stays.getsockname()[1], 3)
+    assert 3 <= took < 6, took
+
+
 @pytest.mark.parametrize(
     "generator, prefill_whole",
     [

@@ -7,6 +7,8 @@ import json
 import pytest
 from op_harness import example, server_mode
 
+from rlt.checks.driver import driver_problem
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -116,6 +118,28 @@ async def test_pod_failure_gang_restart_then_backoff_limit(harness):
     await harness.wait_gone("statefulsets", "tiny-generator")
     assert await harness.get("jobs", "tiny-rl") is not None  # kept for logs
     await wait_for_events(harness, "tiny", {"GangRestart", "BackoffLimitExceeded"})
+
+
+DRIVER_LINE = driver_problem("535.104.05", "13.0")  # the generator's own line, from the real check
+
+
+async def test_a_generator_that_exits_with_a_config_error_fails_the_run_at_once(harness):
+    """The generator's driver check (rlt.checks.driver, a vLLM plugin) exits 78: retrying cannot help, so the run
+    fails at the first gang with the pod's own line, as for the trainer's preflight; no gang restart is burnt."""
+    doc = server_mode(
+        example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 3})
+    )
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.generator_pod("tiny", 0)
+    # the log's tail (FallbackToLogsOnError) with vLLM's lines around the driver check's own
+    log = f"INFO 11-27 plugins.py:41 Loading plugin rlt_driver\n{DRIVER_LINE}\nERROR 11-27 API server exited\n"
+    await harness.generator_pod("tiny", 0, restarts=1, last_exit=(78, log))
+    st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Failed", "Failed")
+    assert st["reason"] == "ConfigError" and st["restarts"] == 0, st
+    assert st["message"].startswith(f"generator pod tiny-generator-0 exited with CONFIG_ERROR (78): {DRIVER_LINE}")
+    await harness.wait_gone("statefulsets", "tiny-generator")
+    await wait_for_events(harness, "tiny", {"ConfigError"})
 
 
 async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_with_the_run(harness, monkeypatch):

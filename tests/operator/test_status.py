@@ -516,11 +516,53 @@ def test_a_readwriteonce_trainer_that_cannot_join_its_generators_releases_them_a
     assert waiting.status["restarts"] == 0 and not any(a.verb == "delete" for a in waiting.actions)
     released = decide(rwo, 11)
     assert released.status["phase"] == "Running"
-    assert (released.status["restarts"], released.status["disruptions"]) == (1, 1)
+    assert (released.status["restarts"], released.status["disruptions"], released.status["replacements"]) == (1, 0, 1)
     assert {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator")} <= acts(released)
     assert "unschedulable for 11 min beside the generators (ReadWriteOnce" in released.status["lastFailure"]
-    assert any(e[1] == "GangRestart" and "not counted" in e[2] for e in released.events)
+    assert any(
+        e[1] == "GangRestart" and "re-placement 1: counted against replacementLimit" in e[2] for e in released.events
+    )
+    assert "backoffUntil" not in released.status  # the pods did nothing wrong: placed again at once
     assert decide(rwx, 60).status["restarts"] == 0  # pods of an RWX run may go to any node: nothing to release
+
+
+def test_readwriteonce_re_placements_are_counted_and_bounded_by_the_replacement_limit():
+    """A fragmented cluster where the trainer never fits beside the generators does not cycle for ever: each
+    re-placement is a restart (status.restarts, hence rlt_run_restarts and RLTRunRestartLoop) counted in
+    status.replacements, and the one past spec.replacementLimit fails the run naming the bound. backoffLimit 0
+    shows they are not counted against it."""
+    sp = spec(server=True, sft=False, backoffLimit=0, replacementLimit=2)
+    stuck = pod_body(
+        "t-rl-0-x",
+        b.ROLE_TRAINER,
+        "rl",
+        phase="Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/4 nodes are available: 3 node(s) didn't match pod affinity rules.",
+                "lastTransitionTime": format_time(NOW - dt.timedelta(minutes=12)),
+            }
+        ],
+    )
+    prev = running("rl")
+    for gang in range(3):
+        stuck["metadata"]["labels"] = b.labels("t", b.ROLE_TRAINER, "rl", gang)
+        obs = observed(sp, [job("rl", restart=gang, active=1)], [sts("rl", restart=gang)], [summarize("pods", stuck)])
+        d = S.decide(REF, 1, sp, {**prev, "restarts": gang}, obs, NOW)
+        prev = d.status
+        if gang < 2:
+            assert (d.status["phase"], d.status["restarts"], d.status["replacements"]) == (
+                "Running",
+                gang + 1,
+                gang + 1,
+            )
+    assert (d.status["phase"], d.status["reason"]) == ("Failed", "ReplacementLimitExceeded")
+    assert "re-placements exhausted (replacementLimit 2)" in d.status["message"]
+    assert "unschedulable for 12 min beside the generators" in d.status["message"]
+    assert d.status["restarts"] == 2 and d.status["replacements"] == 2
 
 
 def test_image_pull_back_off_of_a_generator_is_a_condition_and_an_event():
@@ -666,6 +708,27 @@ def test_capacity_ok_is_true_with_the_plan_unknown_when_skipped_and_false_wins()
     assert worse.status["reason"] == "ConfigError"
     either_order = decide([preflight_pod("t-rl-0-b", 78, misfit, phase="Failed"), preflight_pod("t-rl-0-a", 0, fits)])
     assert conds(either_order)["CapacityOK"]["status"] == "False"
+
+
+def test_a_generator_that_is_stopping_stops_the_trainer_at_once_uncounted():
+    """A generator pod of the running gang being deleted by someone else (a drain's eviction, preemption): the gang
+    restarts now as a disruption, so the trainer gets SIGTERM and saves at its next boundary while the stopping
+    generator's preStop keeps serving it; waiting for the pod to end would leave the trainer to crash on its next
+    request. A generator deleted with its StatefulSet (the operator's own restart) is no news."""
+    sp = spec(server=True, sft=False, backoffLimit=0)
+    body = pod_body("t-generator-0", b.ROLE_GENERATOR, "rl")
+    body["metadata"]["deletionTimestamp"] = format_time(NOW)
+    body["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+    stopping = summarize("pods", body)
+    obs = observed(sp, [job("rl", active=1)], [sts("rl")], [stopping])
+    d = S.decide(REF, 1, sp, running("rl"), obs, NOW)
+    assert d.status["phase"] == "Running" and (d.status["restarts"], d.status["disruptions"]) == (1, 1)
+    assert {("delete", "jobs", "t-rl"), ("delete", "statefulsets", "t-generator")} <= acts(d)
+    assert "generator pod t-generator-0 is stopping" in d.status["lastFailure"]
+    assert "backoffUntil" not in d.status
+    going = dict(sts("rl"), deleting=True)
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], [going], [stopping]), NOW)
+    assert d.status["restarts"] == 0
 
 
 def test_a_disruption_restarts_the_gang_without_counting_against_the_backoff_limit():

@@ -138,6 +138,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
     stall = 0.0
     cut = False
     cut_all = False  # every request stops at stall_after, not only the first
+    abort = False  # at stall_after the rest end as vLLM ends requests it aborts: finish_reason "abort", cut short
     asked: list[tuple[int, int | None]] = []  # (sequences, seed) of every completion request
     running = 0  # completion requests being answered now
     most_running = 0
@@ -180,6 +181,18 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
     def events(self, body: dict, stop: int | None):
         n, seed = body["n"], body.get("seed") or 0
         for i, prompt in enumerate(p for p in body["prompt"] for _ in range(n)):
+            if stop is not None and i >= stop and type(self).abort:  # a server stopping with --shutdown-timeout 0
+                yield {
+                    "choices": [
+                        {
+                            "index": i,
+                            "token_ids": [seed],
+                            "logprobs": {"token_logprobs": [-0.5]},
+                            "finish_reason": "abort",
+                        }
+                    ]
+                }
+                continue
             if stop is not None and i == stop:
                 if not type(self).cut:
                     time.sleep(type(self).stall)  # the client's read timeout fires first
@@ -192,7 +205,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
 def stub():
     FlakyVllmStub.posts, FlakyVllmStub.delay, FlakyVllmStub.asked = 0, 0.0, []
     FlakyVllmStub.stall_after, FlakyVllmStub.stall, FlakyVllmStub.cut = None, 0.0, False
-    FlakyVllmStub.cut_all, FlakyVllmStub.slower = False, {}
+    FlakyVllmStub.cut_all, FlakyVllmStub.slower, FlakyVllmStub.abort = False, {}, False
     FlakyVllmStub.running = FlakyVllmStub.most_running = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyVllmStub)
     server.handle_error = lambda *a: None  # the injected cuts are not failures of the test
@@ -240,6 +253,22 @@ def test_a_cut_stream_asks_again_for_the_unfinished_sequences_only(stub, monkeyp
     assert sorted(FlakyVllmStub.asked) == sorted([(9, 100), (1, 100), (2, 101), (2, 102)]), FlakyVllmStub.asked
     assert sum(k for k, _ in FlakyVllmStub.asked) == 9 + 5, "a finished sequence was generated again"
     assert again == whole
+
+
+def test_sequences_the_server_aborted_are_asked_for_again_not_kept_cut(stub, monkeypatch):
+    """vLLM ends the requests it aborts (a server stopping with --shutdown-timeout 0, a cancelled request) with
+    finish_reason "abort" and the tokens so far (tests/training/test_vllm_drain.py: 2-3 of 480 on the real server).
+    Such a sequence is not finished: it is asked for again like a cut one, and the batch equals an uncut one."""
+    monkeypatch.setattr(generation, "HTTP_BACKOFF", 0.01)
+    server, url = stub
+    FlakyVllmStub.fail = 0
+    args = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=7)
+    whole = generation.server_generate(url, [[1, 2], [3]], **args)
+    FlakyVllmStub.posts, FlakyVllmStub.asked = 0, []
+    FlakyVllmStub.stall_after, FlakyVllmStub.abort = 1, True
+    again = generation.server_generate(url, [[1, 2], [3]], **args)
+    assert again == whole, "an aborted sequence was kept cut short"
+    assert sorted(FlakyVllmStub.asked) == [(1, 7), (2, 8), (4, 7)], FlakyVllmStub.asked  # the 3 aborted, by seed
 
 
 def test_a_stream_cut_every_time_is_a_clear_error(stub, monkeypatch):

