@@ -46,7 +46,8 @@ class OperatorMetrics:
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
         self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._reconciled: set[tuple[str, str]] = set()
-        self._progress: dict[tuple[str, str], tuple[str, int]] = {}  # (stage, step) last seen per run
+        # (stage, step, since when the trainer runs) last seen per run
+        self._progress: dict[tuple[str, str], tuple[str, int, str | None]] = {}
 
     def reconciled(self, result: str, seconds: float) -> None:
         self.m[catalogue.RECONCILES].labels(result=result).inc()
@@ -64,12 +65,7 @@ class OperatorMetrics:
         self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
         step = (run_status.get("progress") or {}).get("step", 0)
         self.m[catalogue.RUN_STEP].labels(namespace, name).set(step)
-        now = (run_status.get("stage") or "", int(step or 0))
-        if self._progress.get((namespace, name)) != now:  # progress (or first seen): the stall clock moves
-            self._progress[(namespace, name)] = now
-            # from the status's stepTime when it has one, so a restarted operator does not restart the clock
-            stepped = parse_time((run_status.get("progress") or {}).get("stepTime"))
-            self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(stepped.timestamp() if stepped else time.time())
+        self._stall_clock(namespace, name, run_status, int(step or 0))
         # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
         had = self._conditions.setdefault((namespace, name), {})
         for c in run_status.get("conditions") or []:
@@ -79,6 +75,30 @@ class OperatorMetrics:
                 _remove(self.m[catalogue.RUN_CONDITION], namespace, name, c["type"], *old)
             had[c["type"]] = now
             self.m[catalogue.RUN_CONDITION].labels(namespace, name, c["type"], *now).set(1)
+
+    def _stall_clock(self, namespace: str, name: str, run_status: dict[str, Any], step: int) -> None:
+        """RLTRunStalled's clock: when the stage or step last changed, never before the trainer last started running
+        (a trainer that waited an hour for its pods has not stalled); from the status's times, so a restarted
+        operator does not restart it."""
+        trainer = next(
+            (
+                c
+                for c in run_status.get("conditions") or []
+                if c.get("type") == "TrainerRunning" and c.get("status") == "True"
+            ),
+            None,
+        )
+        since = (trainer or {}).get("lastTransitionTime")
+        now = (run_status.get("stage") or "", step, since)
+        if self._progress.get((namespace, name)) == now:
+            return
+        self._progress[(namespace, name)] = now  # progress, a trainer started (or first seen): the clock moves
+        times = [
+            t.timestamp()
+            for t in (parse_time((run_status.get("progress") or {}).get("stepTime")), parse_time(since))
+            if t
+        ]
+        self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(max(times) if times else time.time())
 
     def reconciled_run(self, namespace: str, name: str, ok: bool, at: float) -> None:
         """The run's last successful reconcile; a run that never had one reads 0 (no status: alert)."""

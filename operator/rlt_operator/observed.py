@@ -29,7 +29,8 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     elif plural == "jobs":
         out["uid"] = meta.get("uid")  # to find its controller's FailedCreate Events (pods_not_created)
         out["completions"] = spec.get("completions", 1)
-        out["active"] = int(status.get("active") or 0)
+        out["active"] = int(status.get("active") or 0)  # Pending pods too
+        out["ready"] = int(status.get("ready") or 0)  # pods whose containers run (and pass their readiness probe)
         out["succeeded"] = int(status.get("succeeded") or 0)
         out["failed"] = int(status.get("failed") or 0)
         out["conditions"] = [
