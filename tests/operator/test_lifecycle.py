@@ -213,6 +213,26 @@ async def test_deletion_removes_children_and_finalizer_and_the_volume_only_when_
     assert (kept is not None) == (policy == "Retain")
 
 
+async def test_a_run_created_again_under_the_same_name_mounts_its_retained_volume(harness):
+    """docs/alerts.md (RLTRunFailed): a retained claim (retentionPolicy Retain, the default) is the new run's, not a
+    NameConflict, so its trainer mounts the old checkpoints and resumes from them."""
+    await harness.start_operator()
+    await harness.create_run(example())
+    await harness.wait_object("jobs", "tiny-sft")
+    old = await harness.wait_object("persistentvolumeclaims", "tiny-data")
+    await harness.delete_run("tiny")
+    await harness.wait_gone("rltruns", "tiny")
+    await harness.wait_gone("jobs", "tiny-sft")
+    await harness.create_run(example())
+    job = await harness.wait_object("jobs", "tiny-sft")
+    vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "tiny-data"
+    kept = await harness.get("persistentvolumeclaims", "tiny-data")
+    assert kept is not None and kept["metadata"]["uid"] == old["metadata"]["uid"], "the same claim, not a new one"
+    st = await harness.run_status("tiny")
+    assert "NameConflict" not in str(st.get("conditions")), st
+
+
 async def test_existing_claim_is_used_and_kept(harness):
     await harness.start_operator()
     await harness.create_run(example(**{"spec.storage": {"existingClaim": "shared-data"}}))
