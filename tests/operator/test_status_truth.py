@@ -180,3 +180,24 @@ def test_a_gang_restart_and_a_resume_name_the_checkpoint_they_resume_from():
     susp = S.decide(REF, 2, spec(sft=False, distill=False, suspend=True), prev, observed(sp), NOW)
     resumed = S.decide(REF, 3, sp, susp.status, observed(sp), NOW)
     assert ("Normal", "Resumed", "resuming from checkpoint /data/t/rl/checkpoint-5") in resumed.events
+
+
+def test_the_status_is_written_when_something_visible_changed_and_progress_time_on_a_slower_cadence():
+    """A progress read that moves only the read time or the token rate is no status write (no `kubectl get rlt -w`
+    line) until the written progress is PROGRESS_WRITE_SECONDS old; a step, a reward or a condition is at once."""
+    written = running("rl", progress={"step": 3, "rewardMean": 0.1, "tokensPerSecond": 10.0, "updateTime": T(0)})
+
+    def read(seconds, **changed):
+        progress = {**written["progress"], "updateTime": T(seconds), "tokensPerSecond": 11.0, **changed}
+        return {**written, "progress": progress}
+
+    assert S.status_patch(written, read(30), NOW + dt.timedelta(seconds=30)) == {}
+    assert S.status_patch(written, read(30, step=4), NOW + dt.timedelta(seconds=30))["progress"]["step"] == 4
+    assert S.status_patch(written, read(30, rewardMean=0.2), NOW + dt.timedelta(seconds=30))
+    late = S.status_patch(written, read(130), NOW + dt.timedelta(seconds=130))
+    assert late["progress"]["updateTime"] == T(130), "the read time is still written, every 2 minutes"
+    assert S.status_patch(written, {**read(30), "reason": "Unschedulable"}, NOW + dt.timedelta(seconds=30))
+
+
+def T(seconds):
+    return (NOW + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
