@@ -23,7 +23,7 @@ from test_status import (
 from rlt_operator import builders as b
 from rlt_operator import status as S
 from rlt_operator.conditions import with_write_problems
-from rlt_operator.observed import summarize
+from rlt_operator.observed import last_error_line, summarize
 from rlt_operator.writes import conflict
 
 
@@ -201,3 +201,25 @@ def test_the_status_is_written_when_something_visible_changed_and_progress_time_
 
 def T(seconds):
     return (NOW + dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_the_failure_line_is_the_diagnosis_not_a_trace_line():
+    """A gang restart's message names the pod's exit code and the line that says why (issue 45: it was a trace line)."""
+    assert last_error_line(
+        "loading\nRuntimeError: CUDA error: out of memory\nrlt-world stage=rl rank=0 world_size=2"
+    ) == ("RuntimeError: CUDA error: out of memory")
+    tail = (
+        "Traceback (most recent call last):\n  ...\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        + "=" * 60
+        + "\nrank      : 0 (local_rank: 0)\n"
+        + "=" * 60
+    )
+    assert last_error_line(tail) == "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+    assert last_error_line("rlt-world stage=rl rank=1 world_size=2 backend=nccl") is None, "no diagnosis: none"
+    assert last_error_line("step 3\nrlt stage: the dataset has no rows\nKeyboardInterrupt") == (
+        "rlt stage: the dataset has no rows"
+    )
+    assert last_error_line("starting\nSegmentation fault (core dumped)") == "Segmentation fault (core dumped)"
+    end = {"terminated": {"reason": "Error", "exitCode": 137, "message": "rlt-world stage=rl rank=0 world_size=1"}}
+    killed = observed_pod("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[{"name": "t", "state": end}])
+    assert killed["lastError"] is None and killed["exitCode"] == 137
