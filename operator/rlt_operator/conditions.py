@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
+from rlt.contract.api import Phase
 from rlt.contract.layout import format_time, parse_time
 from rlt_operator import status_model
 from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
@@ -37,13 +38,60 @@ def has_condition(run_status: RLTRunStatus, type_: ConditionType) -> bool:
     return any(c.type == type_ for c in run_status.conditions or [])
 
 
+# The reason of a run one of whose finished stages was edited (StagesCurrent=False): a note, which a problem replaces.
+STAGE_EDITED = "FinishedStageEdited"
+# TrainerRunning's reasons while a failed gang is replaced: the run does not progress then (Ready=False).
+RESTARTING = ("GangRestart", "RestartBackOff")
+
+
 def hold(run_status: RLTRunStatus, reason: str, message: str) -> None:
     """Make `reason` the run's reason unless an earlier problem already is."""
-    if run_status.reason is None:
+    if run_status.reason is None or (run_status.reason == STAGE_EDITED and reason != STAGE_EDITED):
         run_status.reason, run_status.message = reason, message
 
 
-def stuck_terminating(pods: list[dict[str, Any]], now: dt.datetime) -> dict[str, Any] | None:
+def _find(run_status: RLTRunStatus, type_: ConditionType) -> Condition | None:
+    return next((c for c in run_status.conditions or [] if c.type == type_), None)
+
+
+def stage_edit_reason(run_status: RLTRunStatus) -> None:
+    """An edit of a finished stage (StagesCurrent=False) shows in the REASON column of `kubectl get rlt`: the reason of
+    a run nothing else holds, and of a Succeeded run (which says Succeeded again once the edit is undone)."""
+    edited = _find(run_status, ConditionType.STAGES_CURRENT)
+    edited = edited if edited is not None and edited.status == "False" else None
+    if run_status.phase == Phase.SUCCEEDED:
+        if edited is not None:
+            run_status.reason, run_status.message = edited.reason, edited.message
+        elif run_status.reason == STAGE_EDITED:
+            complete = _find(run_status, ConditionType.COMPLETE)
+            run_status.reason, run_status.message = "Succeeded", complete.message if complete else "run succeeded"
+    elif edited is not None and run_status.phase != Phase.FAILED:
+        hold(run_status, edited.reason or STAGE_EDITED, edited.message or "")
+
+
+def ready_condition(run_status: RLTRunStatus, now: dt.datetime) -> None:
+    """Ready, the standard condition (`kubectl wait --for=condition=Ready`, Argo CD and Flux health): True while the
+    run progresses (Running, nothing holds it, no gang being replaced) or has succeeded; False otherwise, with the
+    reason (Pending's wait, the problem that holds it, Suspended, the failure)."""
+    conds = run_status.conditions = run_status.conditions or []
+    trainer = _find(run_status, ConditionType.TRAINER_RUNNING)
+    waiting = trainer if trainer is not None and trainer.status == "False" else None
+    phase, held = run_status.phase, run_status.reason not in (None, STAGE_EDITED)
+    if phase == Phase.SUCCEEDED:
+        complete = _find(run_status, ConditionType.COMPLETE)
+        set_condition(conds, ConditionType.READY, True, "Succeeded", (complete and complete.message) or "", now)
+    elif phase == Phase.RUNNING and not held and not (waiting and waiting.reason in RESTARTING):
+        message = (trainer and trainer.message) or "the run's pods run"
+        set_condition(conds, ConditionType.READY, True, "Training" if waiting is None else "Progressing", message, now)
+    elif held:
+        set_condition(conds, ConditionType.READY, False, run_status.reason or "", run_status.message or "", now)
+    elif waiting is not None:
+        set_condition(conds, ConditionType.READY, False, waiting.reason or str(phase), waiting.message or "", now)
+    else:
+        set_condition(conds, ConditionType.READY, False, str(phase or Phase.PENDING), f"phase {phase}", now)
+
+
+def stuck_terminating(pods: list[dict[str, Any]], now: dt.datetime, namespace: str = "") -> dict[str, Any] | None:
     """A problem (as pod_problem gives) for the first pod stuck Terminating: on a NotReady node (after a GPU Xid
     error, a kernel hang) the kubelet never confirms the deletion, and a gang restart waits for the old pods."""
     for p in pods:
@@ -54,14 +102,23 @@ def stuck_terminating(pods: list[dict[str, Any]], now: dt.datetime) -> dict[str,
                 "reason": "PodStuckTerminating",
                 "message": f"stuck Terminating since {format_time(at)} on node {p.get('node') or '?'} (probably "
                 "NotReady): the gang restart waits until it is gone. If the node is lost and its processes are "
-                f"surely stopped, remove it: kubectl delete pod {p['name']} --grace-period=0 --force",
+                f"surely stopped, remove it: {kubectl(namespace)} delete pod {p['name']} --grace-period=0 --force",
                 "pod": p["name"],
             }
     return None
 
 
+def kubectl(namespace: str) -> str:
+    """The kubectl prefix of a hint: on-call's context is seldom the run's namespace."""
+    return f"kubectl -n {namespace}" if namespace else "kubectl"
+
+
 def pod_conditions(
-    run_status: RLTRunStatus, gang: list[dict[str, Any]], now: dt.datetime, blocked: dict[str, Any] | None = None
+    run_status: RLTRunStatus,
+    gang: list[dict[str, Any]],
+    now: dt.datetime,
+    blocked: dict[str, Any] | None = None,
+    namespace: str = "",
 ) -> None:
     """PodsSchedulable and PodsHealthy from the current gang's pods; the first problem becomes the run's reason.
     `blocked`: a pod of an older gang that the restart waits for (stuck_terminating), reported first."""
@@ -97,7 +154,7 @@ def pod_conditions(
         minutes = int((now - stuck[0][1]).total_seconds() // 60)
         message = (
             f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
-            f"(Multi-Attach, FailedAttachVolume or FailedMount: kubectl describe pod {name})"
+            f"(Multi-Attach, FailedAttachVolume or FailedMount: {kubectl(namespace)} describe pod {name})"
         )
         set_condition(conds, ConditionType.VOLUME_READY, False, "VolumeNotAttached", message, now)
         hold(run_status, "VolumeNotAttached", message)
@@ -167,6 +224,7 @@ def with_write_problems(
         return run_status
     child_writes(typed, problems, now)
     pods_not_created(typed, not_created or [], now)
+    ready_condition(typed, now)
     # decide() set these conditions from the pods before: keep the transition time of one whose status is unchanged
     before = {c["type"]: c for c in prev_conditions or []}
     for c in typed.conditions or []:

@@ -27,6 +27,7 @@ from rlt_operator.observed import Observed, failed_create, pods_not_created, sum
 
 from . import builders, peering, progress, status
 from .conditions import with_write_problems
+from .events import COMPONENT, Recorder
 from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
 from .kube import Kube, KubeError
 from .settings import OperatorSettings
@@ -46,7 +47,8 @@ class OperatorMetrics:
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
         self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._reconciled: set[tuple[str, str]] = set()
-        self._progress: dict[tuple[str, str], tuple[str, int]] = {}  # (stage, step) last seen per run
+        # (stage, step, since when the trainer runs) last seen per run
+        self._progress: dict[tuple[str, str], tuple[str, int, str | None]] = {}
 
     def reconciled(self, result: str, seconds: float) -> None:
         self.m[catalogue.RECONCILES].labels(result=result).inc()
@@ -64,12 +66,7 @@ class OperatorMetrics:
         self.m[catalogue.RUN_RESTARTS].labels(namespace, name).set(run_status.get("restarts", 0))
         step = (run_status.get("progress") or {}).get("step", 0)
         self.m[catalogue.RUN_STEP].labels(namespace, name).set(step)
-        now = (run_status.get("stage") or "", int(step or 0))
-        if self._progress.get((namespace, name)) != now:  # progress (or first seen): the stall clock moves
-            self._progress[(namespace, name)] = now
-            # from the status's stepTime when it has one, so a restarted operator does not restart the clock
-            stepped = parse_time((run_status.get("progress") or {}).get("stepTime"))
-            self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(stepped.timestamp() if stepped else time.time())
+        self._stall_clock(namespace, name, run_status, int(step or 0))
         # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
         had = self._conditions.setdefault((namespace, name), {})
         for c in run_status.get("conditions") or []:
@@ -79,6 +76,30 @@ class OperatorMetrics:
                 _remove(self.m[catalogue.RUN_CONDITION], namespace, name, c["type"], *old)
             had[c["type"]] = now
             self.m[catalogue.RUN_CONDITION].labels(namespace, name, c["type"], *now).set(1)
+
+    def _stall_clock(self, namespace: str, name: str, run_status: dict[str, Any], step: int) -> None:
+        """RLTRunStalled's clock: when the stage or step last changed, never before the trainer last started running
+        (a trainer that waited an hour for its pods has not stalled); from the status's times, so a restarted
+        operator does not restart it."""
+        trainer = next(
+            (
+                c
+                for c in run_status.get("conditions") or []
+                if c.get("type") == "TrainerRunning" and c.get("status") == "True"
+            ),
+            None,
+        )
+        since = (trainer or {}).get("lastTransitionTime")
+        now = (run_status.get("stage") or "", step, since)
+        if self._progress.get((namespace, name)) == now:
+            return
+        self._progress[(namespace, name)] = now  # progress, a trainer started (or first seen): the clock moves
+        times = [
+            t.timestamp()
+            for t in (parse_time((run_status.get("progress") or {}).get("stepTime")), parse_time(since))
+            if t
+        ]
+        self.m[catalogue.RUN_STEP_TIME].labels(namespace, name).set(max(times) if times else time.time())
 
     def reconciled_run(self, namespace: str, name: str, ok: bool, at: float) -> None:
         """The run's last successful reconcile; a run that never had one reads 0 (no status: alert)."""
@@ -136,6 +157,7 @@ class OperatorState:
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
     peering_task: asyncio.Task | None = None
+    recorder: Recorder | None = None  # the runs' Events (rlt_operator.events)
     # Scopes ("" = every namespace) where this install gives way to an older rlt install (watch_peering): its
     # replicas reconcile no run there. Until the first check, every scope (the check takes one list call).
     yielded: dict[str, str] = field(default_factory=dict)
@@ -180,13 +202,15 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     for child in CHILDREN:
         settings.watching.label_selectors[_is(child.group, child.plural)] = builders.L_RUN
     settings.posting.level = logging.WARNING  # our own Events are explicit; Kopf posts only its errors
+    settings.posting.reporting_component = COMPONENT  # those, too, say From rlt-operator
+    instance = config.pod_id or COMPONENT  # this replica (POD_ID, the chart sets it)
+    settings.posting.reporting_instance = instance
     # Peering (standalone, or several replicas with one working) is chosen by the caller: `rlt operator --peering`.
 
     registry = CollectorRegistry()
+    kube = Kube.from_environment()
     state = OperatorState(
-        kube=Kube.from_environment(),
-        metrics=OperatorMetrics(registry),
-        settings=config,
+        kube=kube, metrics=OperatorMetrics(registry), settings=config, recorder=Recorder(kube, instance)
     )
     info: PeeringInfo | None = getattr(memo, "peering", None)
     if info is None:  # standalone: this replica is the one that works
@@ -556,20 +580,33 @@ async def reconcile_once(
         decision.status, list(mem.writes.problems.values()), now, mem.not_created, prev.get("conditions")
     )
     # The status is written whatever happened to the children: a refused child is on the run, not only in a log.
-    patch = status.merge_patch(server_status, run_status)
+    patch = status.status_patch(server_status, run_status, now)
     if patch:
         await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
     mem.status = run_status
     events = status.events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + news_created
     for type_, reason, message in events:
-        kopf.event(body, type=type_, reason=reason, message=message)
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
+        await post_event(state, ref, type_, reason, message, now, logger)
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
     state.metrics.run(namespace, name, run_status, method)
     requeue = _min_or_none(decision.requeue_after, mem.writes.requeue(time.monotonic()))
     if job and job.get("active", 0) > 0:  # come back for the next progress read, not only at the next resync
         return min(requeue or math.inf, state.settings.progress_interval)
     return requeue
+
+
+async def post_event(
+    state: OperatorState, ref: builders.RunRef, type_: str, reason: str, message: str, now: dt.datetime, logger: Any
+) -> None:
+    """One Event of the run (rlt_operator.events: from rlt-operator, counted, not re-posted after a restart). Events
+    are auxiliary: one the API server refuses is logged, and the reconcile goes on."""
+    assert state.recorder is not None, "configure() makes the recorder"
+    try:
+        if not await asyncio.to_thread(state.recorder.record, ref, type_, reason, message, now):
+            logger.debug(f"Event {reason} was posted before this operator started; not posted again")
+    except Exception as err:  # noqa: BLE001 - any failure to post: said, never fatal to the reconcile
+        logger.warning(f"could not post Event {reason}: {err}")
 
 
 def _min_or_none(*values: float | None) -> float | None:
@@ -654,6 +691,8 @@ async def cleanup(
                 continue
             await asyncio.to_thread(state.kube.delete, child.plural, namespace, m["name"], "Background", m.get("uid"))
     state.metrics.forget(namespace, name)
+    if state.recorder is not None:
+        state.recorder.forget(ref)
     logger.info(
         "children deleted"
         + (

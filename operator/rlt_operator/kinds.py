@@ -50,8 +50,9 @@ CHILDREN: tuple[Kind, ...] = (
 
 # The RLTRun itself: Kopf's watch (list, watch) and its finalizer and progress annotations (patch).
 RUN = Kind(API_GROUP, API_VERSION, PLURAL, KIND, ("list", "watch", "patch"))
-# The run's Events (Kopf posts them); listed by involvedObject.uid: a Job's or StatefulSet's FailedCreate.
-EVENTS = Kind("", "v1", "events", "Event", ("create", "list"))
+# The run's Events (rlt_operator.events posts them, and patches the count of one that recurs); listed by
+# involvedObject.uid: a Job's or StatefulSet's FailedCreate; list also after a 409 (the Event posted before).
+EVENTS = Kind("", "v1", "events", "Event", ("create", "list", "patch"))
 
 # Kopf's peering objects (rlt_operator.peering): the replicas' keep-alives, watched (list, watch) and merge-patched
 # (patch) by Kopf. A cluster-wide operator peers in a ClusterKopfPeering, a namespaced one in a KopfPeering per

@@ -3,6 +3,7 @@ Job completion and failure."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,8 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     elif plural == "jobs":
         out["uid"] = meta.get("uid")  # to find its controller's FailedCreate Events (pods_not_created)
         out["completions"] = spec.get("completions", 1)
-        out["active"] = int(status.get("active") or 0)
+        out["active"] = int(status.get("active") or 0)  # Pending pods too
+        out["ready"] = int(status.get("ready") or 0)  # pods whose containers run (and pass their readiness probe)
         out["succeeded"] = int(status.get("succeeded") or 0)
         out["failed"] = int(status.get("failed") or 0)
         out["conditions"] = [
@@ -109,15 +111,26 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# A line of a Python exception (`RuntimeError: CUDA error: ...`, `torch.OutOfMemoryError: ...`, a bare `KeyboardInterrupt`).
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Timeout)\b(:|$)")
+# Lines that say where the process was, not why it ended: rlt's trace lines (rlt.stages.record.trace_line), torch
+# elastic's report frame, rank-prefixed log lines of the launcher.
+_NOT_A_CAUSE = re.compile(r"^(rlt-world |[=-]{8,}|\[rank\d+\]:\[[WI]|[WI]\d{4} \d|\[[\d/]+\] )")
+
+
 def last_error_line(message: str | None) -> str | None:
     """Why a container failed, from its terminated message (the log's tail, terminationMessagePolicy
     FallbackToLogsOnError): rlt's own one-line error ('rlt stage: ...', the preflight's 'capacity: ...') when there
-    is one, else the last line."""
+    is one, else the last exception line, else the last line that is not a trace line (None when the tail has only
+    those: the exit code then says what is known)."""
     lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
-    if not lines:
-        return None
     ours = [line for line in lines if line.startswith(("rlt ", "/etc/rlt/", CAPACITY_PREFIX, DRIVER_PREFIX))]
-    line = (ours or lines)[-1]
+    raised = [line for line in lines if _EXCEPTION.match(line)]
+    plain = [line for line in lines if not _NOT_A_CAUSE.match(line)]
+    found = ours or raised or plain
+    if not found:
+        return None
+    line = found[-1]
     return line if len(line) <= 400 else line[:397] + "..."
 
 

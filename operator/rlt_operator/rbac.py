@@ -8,7 +8,8 @@ lifecycle is covered. Where each verb comes from:
 - rltruns/status patch: the reconcile loop writes status. rltruns/finalizers update: children carry
   ownerReferences with blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement admission
   plugin allows only to who may update the owner's finalizers.
-- events create: Kopf posts the run's Events (core v1 API).
+- events create, patch: the run's Events (core v1 API, rlt_operator.events): posted, and a recurring one's count
+  patched; list: a Job's FailedCreate Events, and the Event an earlier operator process posted (a 409).
 - children list/watch: Kopf indices, and a list by name after a 409 (whose object is it?) and by label at deletion
   (the operator never GETs single objects); create: fixed-name
   children; delete: gang restarts, suspend, terminal cleanup, TTL and run deletion; configmaps patch:

@@ -25,9 +25,12 @@ from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import (
     has_condition,
+    kubectl,
     no_pods,
     pod_conditions,
+    ready_condition,
     set_condition,
+    stage_edit_reason,
     stuck_terminating,
     volume_condition,
 )
@@ -154,29 +157,29 @@ def decide(
     spec = valid_spec(ref, raw_spec, run_status, now)
     if spec is None:
         while_held(ref, observed, run_status, progress, now)
-        return _finish(ref, prev, run_status, plan, None)
+        return _finish(ref, prev, run_status, plan, None, now)
     run_wide_children(ref, spec, observed, run_status, plan, now)
     done = finished_stages(ref, spec, observed, run_status, now)
     if run_ended(spec, run_status, done, now):
-        return _finish(ref, prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return _finish(ref, prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now), now)
     stage = current_stage(spec, run_status, done)
     other_active = stop_other_stages(ref, stage, observed, plan)
     if spec.suspend:
         suspend(ref, stage, run_status, plan, now)
-        return _finish(ref, prev, run_status, plan, None)
+        return _finish(ref, prev, run_status, plan, None, now)
     requeue = activate(spec, run_status, now)
     gang = gang_children(ref, spec, stage, run_status, observed, plan, other_active, now)
     outcome = gang_outcome(ref, spec, gang, run_status, observed, plan, now)
     if outcome == RESTART:
-        return _finish(ref, prev, run_status, plan, SOON)
+        return _finish(ref, prev, run_status, plan, SOON, now)
     if outcome == FAILED:
-        return _finish(ref, prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now))
+        return _finish(ref, prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now), now)
     spec_applied(ref, gang, run_status, now)
     backoff = restart_backoff(gang, run_status, now)
     ready = launch(ref, spec, gang, run_status, plan, scrapers, now)
-    trainer_condition(gang, ready, run_status, observed, now)
+    trainer_condition(gang, ready, run_status, observed, now, ref.namespace)
     read_progress(progress, stage, run_status, now)
-    return _finish(ref, prev, run_status, plan, _min(_min(requeue, backoff), SOON if gang.waiting else None))
+    return _finish(ref, prev, run_status, plan, _min(_min(requeue, backoff), SOON if gang.waiting else None), now)
 
 
 # --------------------------------------------------------------------------- the steps of decide, in order
@@ -404,10 +407,22 @@ def gang_children(
     ):
         plan.delete("jobs", job_name, "Foreground")
         job, waiting = None, True
-    # Running once a trainer of the run has existed; Pending before (e.g. while vLLM loads the model).
-    if job is not None or run_status.completed_stages or run_status.phase == RUNNING:
+    # Running once a pod of the run has run; Pending before, with what it waits for (a quota, an image, a scheduler:
+    # the reason), however long its Job or StatefulSet has existed.
+    if run_status.completed_stages or run_status.phase == RUNNING or gang_ran(observed, stage, restarts, job, sts):
         run_status.phase = RUNNING
     return Gang(stage, restarts, job_name, gen_name, run_spec, gens_needed, sts, job, waiting)
+
+
+def gang_ran(
+    observed: Observed, stage: str, restarts: int, job: dict[str, Any] | None, sts: dict[str, Any] | None
+) -> bool:
+    """Whether a pod of the current gang has run: a container started (the pod Running or Succeeded, or ended with an
+    exit code), or its controller counts a ready or finished pod (Job status.ready/succeeded, readyReplicas)."""
+    pods = current_gang(observed.pods, stage, restarts)
+    if any(p.get("phase") in ("Running", "Succeeded") or p.get("exitCode") is not None for p in pods):
+        return True
+    return bool((job or {}).get("ready") or (job or {}).get("succeeded") or (sts or {}).get("readyReplicas"))
 
 
 RESTART = "Restart"  # gang_outcome: the gang is being restarted
@@ -597,7 +612,9 @@ def launch(
     return ready
 
 
-def trainer_condition(gang: Gang, ready: bool, run_status: RLTRunStatus, observed: Observed, now: dt.datetime) -> None:
+def trainer_condition(
+    gang: Gang, ready: bool, run_status: RLTRunStatus, observed: Observed, now: dt.datetime, namespace: str = ""
+) -> None:
     """TrainerRunning, and the pod conditions of the current gang. Job.status.active counts Pending pods too: the
     trainer runs once every one of its pods does."""
     job = gang.job
@@ -629,7 +646,8 @@ def trainer_condition(gang: Gang, ready: bool, run_status: RLTRunStatus, observe
         now,
     )
     # A restart waiting on an old gang's pod that never goes (its node is NotReady) says so (docs/operator.md).
-    pod_conditions(run_status, pods, now, stuck_terminating(observed.pods, now) if gang.waiting else None)
+    blocked = stuck_terminating(observed.pods, now, namespace) if gang.waiting else None
+    pod_conditions(run_status, pods, now, blocked, namespace)
 
 
 def waiting_reason(why: str) -> str:
@@ -680,9 +698,14 @@ def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRu
     if progress is None or progress.get("stage", stage) != stage:
         return
     read = Progress.model_validate({k: v for k, v in progress.items() if k != "stage"})
+    before = run_status.progress or Progress()
+    # A new gang's trainer reports nothing until it has loaded and resumed: the last known values stay till then
+    # (STEP and REWARD of `kubectl get rlt` do not go blank at every restart).
+    for kept in ("step", "total_steps", "reward_mean", "last_checkpoint"):
+        if getattr(read, kept) is None:
+            setattr(read, kept, getattr(before, kept))
     if read.step is not None:
         read.step_of_total = f"{read.step}/{read.total_steps}" if read.total_steps else str(read.step)
-    before = run_status.progress or Progress()
     same = read.step == before.step and before.step_time
     read.step_time = before.step_time if same else format_time(now)
     run_status.progress = read
@@ -774,7 +797,10 @@ def _terminal(
     """Free the GPUs now; keep finished trainer Jobs (their logs) until ttlSecondsAfterFinished."""
     if not run_status.completion_time:
         run_status.completion_time = format_time(now)
-    run_status.stage = ""
+    if run_status.phase != FAILED:  # a Failed run names the stage that failed (the STAGE column)
+        run_status.stage = ""
+    # Advice for a gang that no longer runs does not apply: an edit applies to nothing now.
+    run_status.conditions = [c for c in run_status.conditions or [] if c.type != ConditionType.SPEC_APPLIED]
     run_status.trainer_shape = run_status.backoff_until = None
     plan.delete("statefulsets", builders.generator_name(ref.name))
     for stage in spec.stages.enabled():
@@ -798,12 +824,13 @@ def _terminal(
     return None
 
 
-def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, str, str]]:
-    """Kubernetes Events for what changed between two statuses."""
+def transition_events(prev: RLTRunStatus, new: RLTRunStatus, namespace: str = "") -> list[tuple[str, str, str]]:
+    """Kubernetes Events for what changed between two statuses (kubectl hints in `namespace`)."""
     ev: list[tuple[str, str, str]] = []
     # A failed pod kept now (keep_failed_pod): where its log is, in the GangRestart or Failed Event.
     kept = new.last_failed_pod if new.last_failed_pod != prev.last_failed_pod else None
-    logs = f"; its log: kubectl logs {kept}" if kept else ""
+    logs = f"; its log: {kubectl(namespace)} logs {kept}" if kept else ""
+    resume = resume_point(new)
     if (new.restarts or 0) > (prev.restarts or 0):
         uncounted = (new.disruptions or 0) > (prev.disruptions or 0)
         replaced = (new.replacements or 0) > (prev.replacements or 0)
@@ -812,7 +839,7 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, 
                 "Warning",
                 "GangRestart",
                 f"restart {new.restarts}: {new.last_failure or 'a pod failed'}{logs}; "
-                "trainer and generators restart from the last checkpoint"
+                f"trainer and generators restart from {resume}"
                 + (" (a disruption: not counted against backoffLimit)" if uncounted else "")
                 + (f" (re-placement {new.replacements}: counted against replacementLimit)" if replaced else "")
                 + (f", not before {new.backoff_until} (back-off)" if new.backoff_until else ""),
@@ -842,10 +869,33 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, 
         elif new.phase == SUSPENDED:
             ev.append(("Normal", "Suspended", "GPU pods deleted; data kept"))
         elif prev.phase == SUSPENDED:
-            ev.append(("Normal", "Resumed", "resuming from the last checkpoint"))
+            ev.append(("Normal", "Resumed", f"resuming from {resume}"))
         elif new.phase == RUNNING:
-            ev.append(("Normal", "Running", f"the run is running (stage {new.stage})"))
+            ev.append(("Normal", "Running", f"stage {new.stage}: the run's pods run"))
+    ev += waiting_events(prev, new)
     return ev
+
+
+def resume_point(run_status: RLTRunStatus) -> str:
+    """Where a new gang of the stage resumes: the newest checkpoint the trainer reported (status.progress)."""
+    checkpoint = (run_status.progress or Progress()).last_checkpoint
+    return f"checkpoint {checkpoint}" if checkpoint else "the stage's last checkpoint, if it has one"
+
+
+def waiting_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, str, str]]:
+    """A Pending run (no pod of it has run yet) says what it waits for (TrainerRunning's reason), once per reason; a
+    problem that holds it (the run's reason: an image, a quota, a name conflict) has its own Warning."""
+
+    def waits_for(st: RLTRunStatus) -> tuple[str, str] | None:
+        trainer = next((c for c in st.conditions or [] if c.type == ConditionType.TRAINER_RUNNING), None)
+        if st.phase != PENDING or trainer is None or trainer.status != "False":
+            return None
+        return trainer.reason or "Waiting", trainer.message or ""
+
+    now, before = waits_for(new), waits_for(prev)
+    if now is None or prev.phase == SUSPENDED or (before is not None and before[0] == now[0]):
+        return []  # (a resumed run's Event is Resumed)
+    return [("Normal", "Pending", f"no pod of the run runs yet: {now[1]} ({now[0]})")]
 
 
 def events_for(decision: Decision, applied: list[Action]) -> list[tuple[str, str, str]]:
@@ -855,9 +905,16 @@ def events_for(decision: Decision, applied: list[Action]) -> list[tuple[str, str
 
 
 def _finish(
-    ref: builders.RunRef, prev: dict[str, Any], run_status: RLTRunStatus, plan: _Plan, requeue: float | None
+    ref: builders.RunRef,
+    prev: dict[str, Any],
+    run_status: RLTRunStatus,
+    plan: _Plan,
+    requeue: float | None,
+    now: dt.datetime,
 ) -> Decision:
     prune_kept_pods(ref, run_status, plan)
+    stage_edit_reason(run_status)
+    ready_condition(run_status, now)
     # Empty records are left out of the written status (a merge patch then removes them).
     if not run_status.last_failure:
         run_status.last_failure = None
@@ -869,7 +926,7 @@ def _finish(
         run_status.stage_specs = None
     status = run_status.model_dump(mode="json", by_alias=True, exclude_none=True)
     status_model.check(status)  # a field the CRD does not list would be pruned by the API server
-    events = transition_events(previous_status(prev), run_status)
+    events = transition_events(previous_status(prev), run_status, ref.namespace)
     for a in plan.actions:
         if a.verb == "create" and a.plural == "jobs":
             assert a.body is not None, "a create action carries the object it creates"
@@ -887,6 +944,29 @@ def _finish(
 
 # The status fields the operator owns (a merge patch removes one of these when a status drops it): the typed model's.
 OWN_STATUS_FIELDS = tuple(f.alias or name for name, f in status_model.RLTRunStatus.model_fields.items())
+
+
+# Progress fields that change at every read (its time, the token rate): alone, written at most every
+# PROGRESS_WRITE_SECONDS, so that a watch (`kubectl get rlt -w`) gets a line when something visible changed.
+QUIET_PROGRESS = ("updateTime", "tokensPerSecond")
+PROGRESS_WRITE_SECONDS = 120.0
+
+
+def status_patch(prev: dict[str, Any], new: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """The status write from `prev` (the server's) to `new`: merge_patch, or nothing while only the progress's read
+    time or token rate changed and the server's progress is younger than PROGRESS_WRITE_SECONDS."""
+    patch = merge_patch(prev, new)
+    if set(patch) != {"progress"}:
+        return patch
+    before, after = prev.get("progress") or {}, new.get("progress") or {}
+    written = parse_time(before.get("updateTime"))
+
+    def loud(p: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in p.items() if k not in QUIET_PROGRESS}
+
+    if loud(before) == loud(after) and written and (now - written).total_seconds() < PROGRESS_WRITE_SECONDS:
+        return {}
+    return patch
 
 
 def merge_patch(prev: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

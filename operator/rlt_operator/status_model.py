@@ -21,6 +21,7 @@ DATE_TIME: dict[str, Any] = {"format": "date-time"}  # a pydantic JsonDict
 class ConditionType(StrEnum):
     """The run's condition types, one entry each in status.conditions (docs/operator.md says what each means)."""
 
+    READY = "Ready"
     SPEC_VALID = "SpecValid"
     SPEC_APPLIED = "SpecApplied"
     CHILDREN_WRITTEN = "ChildrenWritten"
@@ -119,7 +120,9 @@ class RLTRunStatus(_Status):
 
     phase: Phase | None = Field(None, description=", ".join(Phase) + ".")
     stage: str | None = Field(
-        None, description="Stage now running (sft, rl, distill, student, evaluate); empty when the run is not running."
+        None,
+        description="Stage now running (sft, rl, distill, student, evaluate); for a Failed run, the stage that "
+        "failed; empty when the run succeeded.",
     )
     reason: str | None = Field(
         None,

@@ -180,9 +180,10 @@ class Harness:
         await self.set_status("statefulsets", f"{run}-generator", {"replicas": n, "readyReplicas": n})
 
     async def trainer_running(self, run: str, stage: str) -> dict[str, Any]:
-        """The Job controller started every indexed pod."""
+        """The Job controller started every indexed pod, and the kubelet runs them (status.ready)."""
         job = await self.wait_object("jobs", f"{run}-{stage}")
-        await self.set_status("jobs", job["metadata"]["name"], {"active": job["spec"]["parallelism"]})
+        n = job["spec"]["parallelism"]
+        await self.set_status("jobs", job["metadata"]["name"], {"active": n, "ready": n})
         return job
 
     async def trainer_succeeded(self, run: str, stage: str) -> None:

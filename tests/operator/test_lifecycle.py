@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from op_harness import example, server_mode
+from op_harness import NS, example, server_mode
 
 from rlt.checks.driver import driver_problem
 
@@ -36,7 +36,13 @@ async def test_create_makes_first_stage_children(harness):
         assert ref["uid"] == run["metadata"]["uid"] and ref["controller"] is True
         assert child["metadata"]["labels"]["rlt.dev/run"] == "tiny"
     assert job["metadata"]["labels"]["rlt.dev/stage"] == "sft"
+    # The Job exists but none of its pods runs yet: Pending, not Ready, whatever the Job's age.
+    st = await harness.wait_status("tiny", lambda s: s.get("stage") == "sft", "stage sft")
+    assert st["phase"] == "Pending"
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "False"
+    await harness.trainer_running("tiny", "sft")
     st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running")
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"
     assert st["stage"] == "sft" and st["restarts"] == 0 and st["observedGeneration"] == 1
 
 
@@ -163,7 +169,7 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     assert owned_by_run(await harness.get("pods", first["metadata"]["name"]))
     events = await wait_for_events(harness, "tiny", {"GangRestart"})
     restart = next(e for e in await harness.events("tiny") if e["reason"] == "GangRestart")
-    assert f"kubectl logs {first['metadata']['name']}" in restart["message"], events
+    assert f"kubectl -n {NS} logs {first['metadata']['name']}" in restart["message"], events
 
     # The next gang fails for good: its pod is kept, the one kept before is deleted (one per run).
     async def next_gang():
@@ -180,7 +186,7 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     assert owned_by_run(await harness.get("pods", second["metadata"]["name"]))
     await wait_for_events(harness, "tiny", {"BackoffLimitExceeded"})
     failed = next(e for e in await harness.events("tiny") if e["reason"] == "BackoffLimitExceeded")
-    assert f"kubectl logs {second['metadata']['name']}" in failed["message"]
+    assert f"kubectl -n {NS} logs {second['metadata']['name']}" in failed["message"]
 
     # Deleting the run deletes the kept pod (the operator's cleanup; a cluster's garbage collector too).
     await harness.delete_run("tiny")
@@ -231,6 +237,26 @@ async def test_deletion_removes_children_and_finalizer_and_the_volume_only_when_
     assert (kept is not None) == (policy == "Retain")
 
 
+async def test_a_run_created_again_under_the_same_name_mounts_its_retained_volume(harness):
+    """docs/alerts.md (RLTRunFailed): a retained claim (retentionPolicy Retain, the default) is the new run's, not a
+    NameConflict, so its trainer mounts the old checkpoints and resumes from them."""
+    await harness.start_operator()
+    await harness.create_run(example())
+    await harness.wait_object("jobs", "tiny-sft")
+    old = await harness.wait_object("persistentvolumeclaims", "tiny-data")
+    await harness.delete_run("tiny")
+    await harness.wait_gone("rltruns", "tiny")
+    await harness.wait_gone("jobs", "tiny-sft")
+    await harness.create_run(example())
+    job = await harness.wait_object("jobs", "tiny-sft")
+    vols = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "tiny-data"
+    kept = await harness.get("persistentvolumeclaims", "tiny-data")
+    assert kept is not None and kept["metadata"]["uid"] == old["metadata"]["uid"], "the same claim, not a new one"
+    st = await harness.run_status("tiny")
+    assert "NameConflict" not in str(st.get("conditions")), st
+
+
 async def test_existing_claim_is_used_and_kept(harness):
     await harness.start_operator()
     await harness.create_run(example(**{"spec.storage": {"existingClaim": "shared-data"}}))
@@ -276,6 +302,7 @@ async def test_invalid_spec_holds_alone_and_recovers_when_fixed(harness):
     await harness.wait_object("jobs", "tiny-sft")
     assert await harness.get("jobs", "bad-sft") is None
     assert await harness.get("configmaps", "bad-config") is None, "nothing is created for an invalid spec"
+    await harness.trainer_running("tiny", "sft")
     await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "good run Running")
     await harness.patch_run("bad", {"spec": {"stages": {"rl": {"numGenerations": 2}}}})
     await harness.wait_object("jobs", "bad-sft")

@@ -4,6 +4,7 @@ Child status is simulated by the test (kmock has no controllers)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import re
 import urllib.request
 
@@ -58,13 +59,26 @@ async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
     monkeypatch.setenv("RLT_OPERATOR_METRICS_PORT", str(mport))
     await harness.start_operator(liveness=f"http://127.0.0.1:{lport}/healthz")
     await harness.create_run(example())
+
+    def job_seen(st: dict) -> bool:
+        trainer = {c["type"]: c for c in st.get("conditions") or []}.get("TrainerRunning") or {}
+        return "trainer pods running" in (trainer.get("message") or "")
+
+    await harness.wait_status("tiny", job_seen, "the operator sees the trainer Job")
+
+    def scraped(phase: str):
+        async def probe():
+            text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
+            return text if f'rlt_run_phase{{namespace="default",phase="{phase}",run="tiny"}} 1.0' in text else None
+
+        return probe
+
+    # Its Job exists, none of its pods runs: the dashboard (count by phase) counts it Pending, not Running.
+    text = await harness.wait(scraped("Pending"), "phase gauge Pending")
+    assert 'rlt_run_phase{namespace="default",phase="Running",run="tiny"} 0.0' in text
+    await harness.trainer_running("tiny", "sft")
     await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running")
-
-    async def scraped():
-        text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
-        return text if 'rlt_run_phase{namespace="default",phase="Running",run="tiny"} 1.0' in text else None
-
-    text = await harness.wait(scraped, "phase gauge")
+    text = await harness.wait(scraped("Running"), "phase gauge")
     assert 'rlt_run_info{method="rlt",namespace="default",run="tiny",stage="sft"} 1.0' in text
     assert 'rlt_operator_reconcile_total{result="success"}' in text
     assert "rlt_operator_reconcile_duration_seconds_bucket" in text
@@ -140,3 +154,31 @@ def test_the_step_timestamp_moves_only_with_the_stage_or_step_and_goes_with_the_
     assert at() == 300.0
     metrics.forget("ns", "a")
     assert at() is None
+
+
+def test_the_stall_clock_starts_no_earlier_than_the_trainer_runs():
+    """A trainer that waited for its pods (an image, a quota) longer than the stall threshold has not stalled: once it
+    runs, the clock starts at TrainerRunning's transition (kept in the status: an operator restart keeps it)."""
+    metrics = OperatorMetrics(CollectorRegistry())
+
+    def at() -> float:
+        text = generate_latest(metrics.registry).decode()
+        found = re.search(r'^rlt_run_step_timestamp_seconds\{namespace="ns",run="a"\} (\S+)$', text, re.M)
+        assert found
+        return float(found.group(1))
+
+    def st(trainer: str, since: str) -> dict:
+        cond = {"type": "TrainerRunning", "status": trainer, "reason": "x", "lastTransitionTime": since}
+        return {"phase": "Running", "stage": "rl", "conditions": [cond], "progress": {"stepTime": T_STEP}}
+
+    metrics.run("ns", "a", st("False", "2026-01-01T12:00:00Z"), "rlt")
+    assert at() == dt.datetime(2026, 1, 1, 11, 0, tzinfo=dt.timezone.utc).timestamp()
+    metrics.run("ns", "a", st("True", "2026-01-01T12:40:00Z"), "rlt")  # runs after 40 min of waiting
+    assert at() == dt.datetime(2026, 1, 1, 12, 40, tzinfo=dt.timezone.utc).timestamp()
+    fresh = OperatorMetrics(CollectorRegistry())  # a restarted operator reads the same from the status
+    metrics = fresh
+    metrics.run("ns", "a", st("True", "2026-01-01T12:40:00Z"), "rlt")
+    assert at() == dt.datetime(2026, 1, 1, 12, 40, tzinfo=dt.timezone.utc).timestamp()
+
+
+T_STEP = "2026-01-01T11:00:00Z"

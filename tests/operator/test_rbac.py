@@ -8,6 +8,7 @@ import re
 
 import pytest
 from op_harness import example, server_mode
+from test_events import PULL, trainer_pod
 
 from rlt_operator.kube import USER_AGENT
 from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES, allows
@@ -42,6 +43,14 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.wait(  # a Job without pods yet: its controller's FailedCreate Events are listed
         lambda: any(r.method == "GET" and r.url.path.endswith("/events") for r in harness.cluster._requests),
         "the Job's Events read",
+    )
+    # A pod problem that comes back is counted on the Event posted for it the first time (events patch).
+    for state, reason in ((PULL, "ImagePullBackOff"), ({"running": {}}, None), (PULL, "ImagePullBackOff")):
+        await trainer_pod(harness, state)
+        await harness.wait_status("tiny", lambda s, r=reason: s.get("reason") == r, f"reason {reason}")
+    await harness.wait(
+        lambda: any(r.method == "PATCH" and "/events/" in r.url.path for r in harness.cluster._requests),
+        "an Event's count patched",
     )
     await harness.trainer_succeeded("tiny", "sft")
     await harness.generators_ready("tiny")

@@ -21,10 +21,11 @@ def test_kubectl_against_the_sandbox(start_sandbox, tmp_path):
     kubectl = sandbox.kubectl
 
     assert "rltrun.rlt.dev/tiny created" in kubectl("apply", "--validate=false", "-f", str(TINY))
-    table = sandbox.kubectl_until("Running", "get", "rlt")
+    # No pod runs in the sandbox without --run-pods: the run is Pending, its Trainer column says what it waits for.
+    table = sandbox.kubectl_until("WaitingForPods", "get", "rlt")
     header = table.splitlines()[0].split()
     assert header == ["NAME", "PHASE", "STAGE", "TRAINER", "STEP", "REWARD", "RESTARTS", "REASON", "AGE"]
-    assert table.splitlines()[1].split()[:3] == ["tiny", "Running", "sft"]
+    assert table.splitlines()[1].split()[:4] == ["tiny", "Pending", "sft", "WaitingForPods"]
     # the default columns say why a run needs attention; -o wide adds the Message: an invalid run says why it is held
     bad = tiny_doc()
     bad["metadata"]["name"] = "bad"
@@ -50,7 +51,7 @@ def test_the_in_process_operators_log_is_shown(start_sandbox):
     sandbox = start_sandbox()
     path = Path(sandbox.banner.split("The operator's log: tail -f ", 1)[1].split()[0])
     sandbox.kubectl("apply", "--validate=false", "-f", str(TINY))
-    sandbox.kubectl_until("Running", "get", "rlt")
+    sandbox.kubectl_until("WaitingForPods", "get", "rlt")
     text = wait_for(lambda: "[default/tiny] created jobs/tiny-sft" in path.read_text() and path.read_text(), "log")
     assert "succeeded." not in text, "Kopf's handler-success lines are debug"
     assert "aiohttp.access" not in text, "the operator's lines, not the emulated API's access log"

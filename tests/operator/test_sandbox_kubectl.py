@@ -68,7 +68,7 @@ def test_events_explain_validation_and_helm_dry_run(start_sandbox):
 def test_watch_keeps_its_columns_and_does_not_repeat_rows(start_sandbox):
     sandbox = start_sandbox()
     sandbox.kubectl("apply", "-f", str(TINY))
-    sandbox.kubectl_until("Running", "get", "rlt")
+    sandbox.kubectl_until("WaitingForPods", "get", "rlt")  # the Job exists; no pod runs without --run-pods
     watch = subprocess.Popen(
         [KUBECTL, "get", "rlt", "-w", "--request-timeout=0"],
         stdout=subprocess.PIPE,
@@ -88,7 +88,7 @@ def test_watch_keeps_its_columns_and_does_not_repeat_rows(start_sandbox):
         watch.kill()
         watch.wait()
     assert header == ["NAME", "PHASE", "STAGE", "TRAINER", "STEP", "REWARD", "RESTARTS", "REASON", "AGE"]
-    assert first[:3] == ["tiny", "Running", "sft"]
+    assert first[:3] == ["tiny", "Pending", "sft"]
     # after the first row every update is still a row of the same columns (it used to be the bare name)
     assert later and all(len(row) >= 5 and row[0] == "tiny" for row in later), later
     assert ["tiny", "Running", "rl"] in [row[:3] for row in later]

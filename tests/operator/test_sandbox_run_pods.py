@@ -66,6 +66,8 @@ def test_sandbox_runs_the_tiny_example_to_succeeded(start_sandbox, tmp_path):
     seconds = time.monotonic() - started
     print(f"\nrlt sandbox --run-pods: tiny example {phase} in {seconds:.0f} s (machine shared, under load)")
     assert phase == "Succeeded", "".join(output[-60:]) + "\n".join(tables[-3:])
+    # The standard condition a GitOps tool or a script waits on (issue 45): Ready once the run has succeeded.
+    assert "condition met" in kubectl("wait", "--for=condition=Ready", "rlt/tiny", "--timeout=10s")
     header = tables[0].splitlines()[0].split()
     assert header[:7] == ["NAME", "PHASE", "STAGE", "TRAINER", "STEP", "REWARD", "RESTARTS"]
     rl_rows = [t.splitlines()[1].split() for t in tables if " rl " in t]
@@ -100,6 +102,9 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "run.yaml"))
     phase = sandbox.kubectl_until("Failed", "get", "rlt", "own-data", "-o", "jsonpath={.status.phase}", seconds=240)
     assert phase == "Failed"
+    # kubectl get rlt names the stage that failed (it was empty) and the reason.
+    row = sandbox.kubectl("get", "rlt", "own-data").splitlines()[1].split()
+    assert row[1:3] == ["Failed", "sft"] and "ConfigError" in row, row
     status = yaml.safe_load(sandbox.kubectl("get", "rlt", "own-data", "-o", "yaml"))["status"]
     messages = [c.get("message") or "" for c in status["conditions"]]
     failed = next(m for m in messages if "exited with DATA_ERROR (65)" in m)

@@ -131,6 +131,11 @@ def test_an_image_that_cannot_be_pulled_keeps_the_pod_pending_and_shows_on_the_r
 
     st = wait_for(on_run, "the pull error as the run's reason", 30, every=0.5)
     assert image in st["message"] and st["phase"] != "Failed", st
+    # Its pod never ran: Pending, not Ready, whatever the age of its Job (issue 45: it said Running).
+    assert st["phase"] == "Pending" and condition(st, "Ready")["status"] == "False", st
+    assert condition(st, "Ready")["reason"] in ("ErrImagePull", "ImagePullBackOff"), st
+    events = box.kubectl("get", "events", "--field-selector", "involvedObject.name=pull")
+    assert "no pod of the run runs yet" in events and "the run is running" not in events, events
 
 
 def test_a_resource_quota_refuses_the_pods_and_the_run_says_failed_create(start_sandbox, tmp_path):
@@ -156,6 +161,8 @@ def test_a_resource_quota_refuses_the_pods_and_the_run_says_failed_create(start_
     events = box.kubectl("get", "events", "-n", "team-q")
     assert "FailedCreate" in events and "job/tiny-sft" in events and "exceeded quota" in events
     assert pods_of(box, "tiny", "team-q") == []
+    st = run_status(box, "tiny", "team-q")
+    assert st["phase"] == "Pending" and condition(st, "Ready")["reason"] == "FailedCreate", st
 
     box.kubectl(
         "patch",

@@ -857,7 +857,7 @@ def test_a_restart_blocked_by_a_pod_stuck_terminating_says_so_once():
     d = S.decide(REF, 1, sp, prev, observed(sp, [old_job], [], [old_pod(600)]), NOW)
     cond = next(c for c in d.status["conditions"] if c["type"] == "PodsHealthy")
     assert (cond["status"], cond["reason"]) == ("False", "PodStuckTerminating")
-    for fragment in ("pod t-rl-0-abc", "gpu-node-7", "kubectl delete pod t-rl-0-abc --grace-period=0 --force"):
+    for fragment in ("pod t-rl-0-abc", "gpu-node-7", "kubectl -n ns delete pod t-rl-0-abc --grace-period=0 --force"):
         assert fragment in cond["message"], cond["message"]
     assert [e for e in d.events if e[1] == "PodStuckTerminating"][0][0] == "Warning"
     assert not any(a.verb == "create" and a.plural == "jobs" for a in d.actions)
@@ -1294,7 +1294,7 @@ def test_the_failed_gangs_failed_pod_is_handed_to_the_run_before_its_job_is_dele
     assert patch.body["metadata"]["finalizers"] == ["example.com/audit"]
     order = [(a.verb, a.plural) for a in d.actions]
     assert order.index(("patch", "pods")) < order.index(("delete", "jobs"))  # kept before the Job goes
-    assert any(e[1] == "GangRestart" and "kubectl logs t-rl-0-x" in e[2] for e in d.events)
+    assert any(e[1] == "GangRestart" and "kubectl -n ns logs t-rl-0-x" in e[2] for e in d.events)
     # Later reconciles keep it, and do not patch it again.
     again = S.decide(REF, 1, sp, d.status, observed(sp, [], [], [kept(crashed_trainer(0))]), NOW)
     assert not [a for a in again.actions if a.plural == "pods"] and again.status["lastFailedPod"] == "t-rl-0-x"
@@ -1304,7 +1304,7 @@ def test_the_failed_gangs_failed_pod_is_handed_to_the_run_before_its_job_is_dele
     f = S.decide(REF, 1, sp, {k: v for k, v in d.status.items() if k != "backoffUntil"}, obs, NOW)
     assert f.status["phase"] == "Failed" and f.status["lastFailedPod"] == "t-rl-0-y"
     assert ("patch", "pods", "t-rl-0-y") in acts(f) and ("delete", "pods", "t-rl-0-x") in acts(f)
-    assert any(e[1] == "BackoffLimitExceeded" and "kubectl logs t-rl-0-y" in e[2] for e in f.events)
+    assert any(e[1] == "BackoffLimitExceeded" and "kubectl -n ns logs t-rl-0-y" in e[2] for e in f.events)
     # A kept pod someone deleted is no longer named.
     gone = S.decide(REF, 1, sp, f.status, observed(sp, [job("rl", 1, active=0, failed=True)]), NOW)
     assert "lastFailedPod" not in gone.status

@@ -17,7 +17,7 @@ each verb comes from.
   verbs: ["update"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "list"]
+  verbs: ["create", "list", "patch"]
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["list", "watch", "create", "patch", "delete"]
