@@ -115,7 +115,7 @@ RUN_FILES = {
     "seed": (_patched({"seed": 2**32}), "spec.seed: Input should be less than or equal to 4294967295"),
     "adam-beta": (
         _patched({"stages": {"rl": {"trainerArgs": {"adam_beta1": 1.0}}}}),
-        "spec.stages.rl.trainerArgs.adam_beta1: 1.0 is out of range: must be in [0, 1) (torch.optim.AdamW)",
+        "spec.stages.rl.trainerArgs.adam_beta1: 1 is out of range: must be in [0, 1) (torch.optim.AdamW)",  # 1.0 is sent as 1, as kubectl sends it
     ),
     "evaluate-no-held-out": (
         _patched({"dataset": {"source": "org/data"}, "stages": {"evaluate": {"enabled": True}}}),
