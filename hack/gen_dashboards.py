@@ -276,6 +276,17 @@ TRAINING = Dashboard(
             unit="s",
         ),
         Panel(
+            "Rank imbalance",
+            "How much longer the last step's micro-steps lasted than with equal work on every rank (1 = balanced): "
+            "tokens each rank computed, and each rank's own micro-step seconds (near 1 under ZeRO-3, which puts "
+            "the wait inside every rank's time). Rows are dealt across ranks by tokens (rlt.stages.balance).",
+            [
+                Target(
+                    f"max by (namespace, run, stage, measure) (rlt_rank_imbalance_ratio{{{S}}})", "{{run}} {{measure}}"
+                )
+            ],
+        ),
+        Panel(
             "Scored tokens/s",
             "Tokens (explanation + solution) the student scores per second for the reward.",
             [Target(f"sum by (namespace, run, stage) ({rate('rlt_scored_tokens_total')})", "{{run}} {{stage}}")],

@@ -5,6 +5,7 @@ live ZeRO-3 config that load waits in `zero.Init` for ranks that are already in 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -90,3 +91,6 @@ def test_lora_with_zero3_on_two_ranks_runs_sft_and_rl_to_the_merged_model(tmp_pa
         assert (layout.model_dir(stage) / "config.json").exists(), "the merged model"
         assert not (layout.model_dir(stage) / "adapter_config.json").exists(), "a plain model, not an adapter"
         assert layout.stage_done(stage).exists()
+    # the rl step's rows were dealt across the two ranks and the step's imbalance recorded (rlt.stages.balance)
+    rl = [json.loads(line) for line in layout.metrics_file.read_text().splitlines() if '"stage": "rl"' in line]
+    assert rl and all(r["rank_imbalance_tokens"] >= 1.0 and r["rank_imbalance_seconds"] >= 1.0 for r in rl), rl

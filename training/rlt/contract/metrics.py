@@ -30,6 +30,8 @@ REWARD_COMPONENTS = (
     "kl_student_ce",  # the student's mean cross-entropy on E (the style-mismatch share of r_KL)
 )
 STEP_PHASES = ("generate", "score", "update", "weight_sync")
+# What rlt_rank_imbalance_ratio compares across the ranks' micro-steps (rlt.stages.balance).
+IMBALANCE_MEASURES = ("tokens", "seconds")
 # What an evaluation measured: the run's student, an explicit model, the untrained student, or a `rlt compare` arm.
 EVAL_MODELS = ("student", "custom", "baseline", "untrained", "rl_teacher", "sft_teacher", "dataset_traces")
 # The names other modules use (the stage record, evaluate, distill, the operator's handlers and progress reads): they
@@ -55,6 +57,7 @@ RUN_CONDITION = "rlt_run_condition"
 RUN_LAST_RECONCILE = "rlt_run_last_reconcile_timestamp_seconds"
 RUN_STEP_TIME = "rlt_run_step_timestamp_seconds"
 OPERATOR_ACTIVE = "rlt_operator_active"
+RANK_IMBALANCE = "rlt_rank_imbalance_ratio"
 # metrics.jsonl key -> rlt_rcl_* gauge (written by the rcl stages, exported by the Recorder)
 RCL_GAUGES = {
     "rcl_apg": "rlt_rcl_apg",
@@ -85,6 +88,7 @@ STEP_KEYS: dict[str, tuple[str, str | None]] = {
     "generated_tokens": (GENERATED_TOKENS, None),
     "scored_tokens": ("rlt_scored_tokens_total", None),
     **{k: (v, None) for k, v in (RCL_GAUGES | RL_GAUGES).items()},
+    **{f"rank_imbalance_{m}": (RANK_IMBALANCE, m) for m in IMBALANCE_MEASURES},
     "accuracy": (EVAL_ACCURACY, "model"),  # label value: the evaluated model (set per stage)
 }
 # What the operator reads back from rank 0's /metrics for status.progress: metric -> status.progress field
@@ -145,6 +149,16 @@ TRAINER_METRICS: tuple[MetricDef, ...] = (
         "rlt_step_phase_seconds", "histogram", "Seconds spent per optimizer step in each phase", "phase", STEP_PHASES
     ),
     MetricDef("rlt_step_seconds", "histogram", "Wall seconds per optimizer step."),
+    per_value(
+        RANK_IMBALANCE,
+        "gauge",
+        "How much longer the last step's micro-steps lasted than if every rank had the same work: the sum over "
+        "micro-steps of the largest rank's figure over the sum of the ranks' mean (1 = balanced; rl stage, several "
+        "ranks). tokens: the tokens each rank's model computed; seconds: each rank's own micro-step time, near 1 "
+        "under ZeRO-3, whose per-layer gathers put the wait for the slowest rank inside every rank's time",
+        "measure",
+        IMBALANCE_MEASURES,
+    ),
     MetricDef(CHECKPOINT_STEP, "gauge", "Step of the last checkpoint written."),
     MetricDef(CHECKPOINT_TIME, "gauge", "Unix time of the last checkpoint written."),
     MetricDef(DISTILL_ROWS, "counter", "Rows written to the distillation dataset."),

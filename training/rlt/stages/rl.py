@@ -273,6 +273,7 @@ def train_grpo(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     from trl import GRPOTrainer
 
+    from rlt.stages.balance import rank_balanced
     from rlt.stages.padding import padding_trimmed
 
     args = grpo_config(ctx, device)
@@ -297,11 +298,13 @@ def train_grpo(
             clipped.update(hit=0.0, all=0.0)
         values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
         values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
+        values.update(trainer.balance_figures())  # rlt.stages.balance: the step's rank imbalance
         return values
 
     run = TrainerRun(ctx, "rl", start, tokenizer, device, ctx.spec.stages.rl.steps)
     trainer = run.trainer(
-        padding_trimmed(GRPOTrainer),  # each micro-batch's model calls on its own tokens (rlt.stages.padding)
+        # each micro-batch's model calls on its own tokens (rlt.stages.padding), rows dealt across ranks by tokens
+        rank_balanced(padding_trimmed(GRPOTrainer)),
         args,
         rows,
         step_values,

@@ -1,0 +1,241 @@
+"""Ranks balanced by tokens: ZeRO-3 gathers every layer's parameters across the ranks, so each micro-step lasts as
+long as its slowest rank, and TRL's GRPOTrainer shuffles each rank's own rows at random (`shuffle_sequence_dict`).
+Here, once a generation batch is scored (its group-wise advantages computed by TRL in the original group order),
+the rows of all ranks are dealt again: sorted by tokens, cut into the step's micro-steps (the longest rows together),
+and within a micro-step given to the rank with the fewest tokens so far (each rank gets its per-device batch).
+
+The step's gradient is the same sum: with one generation round per optimizer step (rlt's steps_per_generation =
+gradient_accumulation_steps), every row still contributes once, and the loss types allowed here weight a row the
+same in whichever micro-batch it lands (grpo: 1/rows per micro-batch, dr_grpo: 1/(rows × max length), dapo: the
+step's token count). bnpo divides by the micro-batch's own tokens, so a row's weight depends on its neighbours:
+there the rows stay where TRL puts them, and the imbalance is still measured.
+
+Per step it reports the imbalance, tokens and seconds: the sum over micro-steps of the largest rank's figure over
+the sum of the ranks' mean, i.e. how much longer synchronised micro-steps last than balanced ones would. Tokens are
+those the model computes (rows × attended width, rlt.stages.padding); seconds are each rank's own micro-step time,
+which under ZeRO-3 already holds the waits for the slowest rank (every layer's gather), so there it reads near 1 and
+the tokens figure is the one that shows the loss; where ranks meet only at the step's end it shows it directly."""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import cache
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Losses whose gradient is one sum over the step's rows whichever micro-batch holds a row (see the module's doc).
+DEALABLE_LOSSES = ("grpo", "dr_grpo", "dapo")
+# TRL's per-row keys of a scored generation batch, by how they are padded: prompt columns on the left, completion
+# columns on the right, one value per row. Any other key is refused (a row would arrive without it).
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+COMPLETION_KEYS = (
+    "completion_ids",
+    "completion_mask",
+    "old_per_token_logps",
+    "sampling_per_token_logps",
+    "ref_per_token_logps",
+    "tool_mask",
+)
+ROW_KEYS = ("advantages",)
+RATIO_KEY = "importance_sampling_ratio"  # per completion token (TRL's token modes) or one per row (sequence modes)
+SHARED_KEYS = ("num_items_in_batch",)  # the same on every rank
+
+
+def deal(lengths: list[int], world: int, steps: int, per_step: int) -> list[list[int]]:
+    """Rows (their global index) for each rank, micro-step after micro-step: `steps` micro-steps of `per_step` rows
+    on each of `world` ranks. The rows sorted by tokens (longest first) are cut into micro-steps, so a micro-step's
+    slowest rank holds the shortest possible longest row; within one, each row (longest first) goes to the rank
+    with the fewest tokens that still has room (ties: the lower rank). Deterministic: every rank computes the
+    same plan from the same lengths."""
+    if len(lengths) != world * steps * per_step:
+        raise ValueError(
+            f"{len(lengths)} rows cannot be dealt as {steps} micro-steps × {per_step} rows × {world} ranks"
+        )
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plan: list[list[int]] = [[] for _ in range(world)]
+    chunk = world * per_step
+    for s in range(steps):
+        load, room = [0] * world, [per_step] * world
+        step_rows: list[list[int]] = [[] for _ in range(world)]
+        for i in order[s * chunk : (s + 1) * chunk]:
+            r = min((r for r in range(world) if room[r]), key=lambda r: (load[r], r))
+            step_rows[r].append(i)
+            load[r] += lengths[i]
+            room[r] -= 1
+        for r in range(world):
+            plan[r].extend(step_rows[r])
+    return plan
+
+
+def imbalance(per_step: list[list[float]]) -> float:
+    """Sum over micro-steps of the largest rank's figure over the sum of the ranks' mean (`per_step[s][rank]`): the
+    time synchronised micro-steps take against balanced ones. 1.0 when there is nothing to compare."""
+    slowest = sum(max(ranks) for ranks in per_step if ranks)
+    mean = sum(sum(ranks) / len(ranks) for ranks in per_step if ranks)
+    return slowest / mean if mean > 0 else 1.0
+
+
+def micro_step_tokens(lengths: list[int], plan: list[list[int]], per_step: int) -> list[list[float]]:
+    """Tokens of each micro-step on each rank under `plan` ([micro-step][rank])."""
+    steps = len(plan[0]) // per_step
+    return [
+        [float(sum(lengths[i] for i in rows[s * per_step : (s + 1) * per_step])) for rows in plan] for s in range(steps)
+    ]
+
+
+def row_tokens(batch: dict[str, Any]) -> Any:
+    """Attended tokens of each row (prompt + completion)."""
+    return batch["prompt_mask"].sum(dim=1) + batch["completion_mask"].sum(dim=1)
+
+
+def processed_tokens(batch: dict[str, Any]) -> int:
+    """Tokens the model computes for a micro-batch: its rows × the columns some row attends (prompt from its first
+    attended column, completion up to its last), the width rlt.stages.padding runs the model calls at."""
+    prompt = batch["prompt_mask"].any(dim=0).nonzero()
+    completion = batch["completion_mask"].any(dim=0).nonzero()
+    width = (batch["prompt_mask"].size(1) - int(prompt[0]) if prompt.numel() else 0) + (
+        int(completion[-1]) + 1 if completion.numel() else 0
+    )
+    return batch["prompt_mask"].size(0) * width
+
+
+def refuse_unknown_keys(batch: dict[str, Any]) -> None:
+    known = set(PROMPT_KEYS + COMPLETION_KEYS + ROW_KEYS + SHARED_KEYS + (RATIO_KEY,))
+    unknown = sorted(k for k, v in batch.items() if v is not None and k not in known)
+    if unknown:
+        raise ValueError(
+            f"rank balancing: the scored batch has per-row fields it does not know how to move between ranks: "
+            f"{unknown} (multimodal or tool inputs are not supported by rlt's rl stage)"
+        )
+
+
+def exchanged(
+    batch: dict[str, Any], accelerator, steps: int, per_step: int, token_ratio: bool = False
+) -> dict[str, Any]:
+    """This rank's rows of the balanced deal (`deal`), taken from every rank's scored batch: each per-row tensor is
+    padded to the ranks' widest and gathered (accelerate), then this rank keeps its rows, micro-step by micro-step,
+    cut back to the columns they attend. `token_ratio`: the importance-sampling ratio is per completion token."""
+    refuse_unknown_keys(batch)
+    columns = COMPLETION_KEYS + ((RATIO_KEY,) if token_ratio else ())
+    lengths = [int(n) for n in accelerator.gather(row_tokens(batch)).tolist()]
+    plan = deal(lengths, accelerator.num_processes, steps, per_step)
+    mine = plan[accelerator.process_index]
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if value is None or key in SHARED_KEYS:
+            out[key] = value
+            continue
+        if key in PROMPT_KEYS + columns:  # to the widest rank's width: prompts on the left, completions right
+            padded = accelerator.pad_across_processes(value, dim=1, pad_index=0, pad_first=key in PROMPT_KEYS)
+        else:
+            padded = value
+        out[key] = accelerator.gather(padded)[mine]
+    return trimmed_to_attended(out, columns)
+
+
+def trimmed_to_attended(batch: dict[str, Any], columns: tuple[str, ...] = COMPLETION_KEYS) -> dict[str, Any]:
+    """`batch` without the prompt columns (left) and completion columns (right) none of its rows attends."""
+    used = batch["prompt_mask"].any(dim=0).nonzero()
+    first = int(used[0]) if used.numel() else 0
+    used = batch["completion_mask"].any(dim=0).nonzero()
+    end = int(used[-1]) + 1 if used.numel() else 1
+    out = {}
+    for key, value in batch.items():
+        if value is not None and key in PROMPT_KEYS:
+            out[key] = value[:, first:]
+        elif value is not None and key in columns:
+            out[key] = value[:, :end]
+        else:
+            out[key] = value
+    return out
+
+
+def deal_refusal(args, world: int) -> str | None:
+    """Why the rows of this run cannot be dealt across micro-steps without changing the step's gradient; None when
+    they can."""
+    if world <= 1:
+        return "one process"
+    if args.loss_type not in DEALABLE_LOSSES:
+        return f"loss_type {args.loss_type} weighs a row by its micro-batch's tokens"
+    if args.steps_per_generation != args.gradient_accumulation_steps or args.num_iterations != 1:
+        return "a generation round spans more than one optimizer step"
+    if args.top_entropy_quantile < 1.0 or args.entropy_coef != 0.0 or args.use_adaptive_entropy:
+        return "an entropy mask or bonus is computed per micro-batch"
+    return None
+
+
+@cache
+def rank_balanced(trainer_cls: type) -> type:
+    """`trainer_cls` (TRL's GRPOTrainer, or a subclass) with each scored generation batch dealt across the ranks
+    by tokens (`exchanged`) in place of TRL's per-rank shuffle, and the step's imbalance measured
+    (`balance_figures`). `deal_rows = False` on an instance keeps TRL's shuffle and measures only (the benchmark's
+    baseline); it is set False at construction when `deal_refusal` names a reason."""
+    from trl.trainer.utils import split_tensor_dict
+
+    class RankBalanced(trainer_cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            why = deal_refusal(self.args, self.accelerator.num_processes)
+            self.deal_rows = why is None
+            if why and self.accelerator.num_processes > 1:
+                log.warning("rows are not balanced across ranks (%s); the imbalance is still measured", why)
+            self._balance_seen: list[tuple[float, float]] = []  # (tokens, seconds) of this window's micro-steps
+            self._balance_prepare = (0.0, 0.0)  # (tokens, seconds of generation) of the micro-step being prepared
+            self._balance_figures: dict[str, float] = {}
+
+        def _prepare_inputs(self, generation_batch):
+            start = time.perf_counter()
+            if self.model.training and self.deal_rows:
+                inputs = self._dealt_inputs(generation_batch)
+            else:
+                inputs = super()._prepare_inputs(generation_batch)
+            self._balance_prepare = (float(processed_tokens(inputs)), time.perf_counter() - start)
+            return inputs
+
+        def _dealt_inputs(self, generation_batch):
+            """TRL's training branch of `_prepare_inputs`, with `exchanged` where TRL shuffles."""
+            steps = self.args.steps_per_generation
+            if self._step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:
+                batch = self._generate_and_score_completions(generation_batch)
+                mode = self.vllm_importance_sampling_mode if self.use_vllm else ""
+                batch = exchanged(
+                    batch,
+                    self.accelerator,
+                    steps,
+                    self.args.per_device_train_batch_size,
+                    token_ratio=mode.startswith("token"),
+                )
+                self._buffered_inputs = split_tensor_dict(batch, steps)
+            return self._buffered_inputs[self._step % steps]
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            start = time.perf_counter()
+            out = super().training_step(model, inputs, num_items_in_batch)
+            tokens, preparing = self._balance_prepare
+            self._balance_seen.append((tokens, time.perf_counter() - start - preparing))
+            if self._step % self.current_gradient_accumulation_steps == 0:
+                self._balance_figures = self._measured()
+                self._balance_seen = []
+            return out
+
+        def _measured(self) -> dict[str, float]:
+            """The window's imbalance; a collective (every rank ends the window together)."""
+            import torch
+
+            mine = torch.tensor(self._balance_seen, dtype=torch.float64, device=self.accelerator.device)
+            every = self.accelerator.gather(mine).view(self.accelerator.num_processes, len(self._balance_seen), 2)
+            per_step = every.permute(1, 0, 2).tolist()  # [micro-step][rank][tokens, seconds]
+            return {
+                "rank_imbalance_tokens": imbalance([[r[0] for r in ranks] for ranks in per_step]),
+                "rank_imbalance_seconds": imbalance([[r[1] for r in ranks] for ranks in per_step]),
+            }
+
+        def balance_figures(self) -> dict[str, float]:
+            """The last optimizer step's imbalance (metrics.jsonl keys), once."""
+            out, self._balance_figures = self._balance_figures, {}
+            return out
+
+    RankBalanced.__name__ = RankBalanced.__qualname__ = f"RankBalanced{trainer_cls.__name__}"
+    return RankBalanced
