@@ -230,10 +230,10 @@ def table(args, results: list, sequences: int) -> None:
         f"of {min(lengths)}–{max(lengths)} characters\n"
     )
     print(
-        "| arm | in flight | mean active sequences (loop) | steady state | of planned slots | s | sequences / s "
-        "| same rows and rewards |"
+        "| arm | in flight | vLLM running, loop mean | vLLM running, steady state | of planned slots | client in "
+        "flight, steady state | s | sequences / s | same rows and rewards |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     reference = results[1][3]["rows"]  # one row per request: the after arm's seeds
     bad = ""
     for name, batch, k, res in results:
@@ -246,8 +246,8 @@ def table(args, results: list, sequences: int) -> None:
         else:
             verdict = "other seeds (one per request)"
         print(
-            f"| {name} | {unit} | {loop:.1f} | {steady:.1f} | {steady / args.slots:.2f} | {res['seconds']:.1f} | "
-            f"{sequences / res['seconds']:.2f} | {verdict} |"
+            f"| {name} | {unit} | {loop:.1f} | {steady:.1f} | {steady / args.slots:.2f} | {client:.1f} | "
+            f"{res['seconds']:.1f} | {sequences / res['seconds']:.2f} | {verdict} |"
         )
     if bad:
         raise SystemExit(f"the after arm gave other rows or rewards than the before arm: {bad}")
