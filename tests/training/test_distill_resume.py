@@ -134,6 +134,9 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
     posts = 0
     delay = 0.0  # seconds each completion request takes (a long generation)
     slower: dict[int, float] = {}  # first prompt token -> seconds more (requests that finish out of order)
+    seed_delay: dict[int, float] = {}  # request seed -> seconds more (one slow sequence)
+    fail_after: int | None = None  # every completion request after this many answers 500 (a server gone bad)
+    fold: int | None = None  # token ids folded into [10, 10 + fold): a real tokenizer decodes them
     stall_after: int | None = None
     stall = 0.0
     cut = False
@@ -168,8 +171,8 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
             cls.running += 1
             cls.most_running = max(cls.most_running, cls.running)
         try:
-            time.sleep(cls.delay + cls.slower.get(body["prompt"][0][0], 0.0))
-            if cls.posts <= cls.fail:
+            time.sleep(cls.delay + cls.slower.get(body["prompt"][0][0], 0.0) + cls.seed_delay.get(body.get("seed"), 0))
+            if cls.posts <= cls.fail or (cls.fail_after is not None and cls.posts > cls.fail_after):
                 self._send(500, {"error": "injected"})
                 return
             stop = cls.stall_after if first or cls.cut_all else None
@@ -197,7 +200,8 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
                 if not type(self).cut:
                     time.sleep(type(self).stall)  # the client's read timeout fires first
                 raise ConnectionAbortedError  # the handler ends: the connection closes mid-stream
-            choice = {"index": i, "token_ids": [seed + i % n, prompt[0]], "finish_reason": "length"}
+            first = seed + i % n if type(self).fold is None else 10 + (seed + i % n) % type(self).fold
+            choice = {"index": i, "token_ids": [first, prompt[0]], "finish_reason": "length"}
             yield {"choices": [{**choice, "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
 
 
@@ -206,6 +210,7 @@ def stub():
     FlakyVllmStub.posts, FlakyVllmStub.delay, FlakyVllmStub.asked = 0, 0.0, []
     FlakyVllmStub.stall_after, FlakyVllmStub.stall, FlakyVllmStub.cut = None, 0.0, False
     FlakyVllmStub.cut_all, FlakyVllmStub.slower, FlakyVllmStub.abort = False, {}, False
+    FlakyVllmStub.seed_delay, FlakyVllmStub.fail_after, FlakyVllmStub.fold = {}, None, None
     FlakyVllmStub.running = FlakyVllmStub.most_running = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyVllmStub)
     server.handle_error = lambda *a: None  # the injected cuts are not failures of the test
@@ -279,32 +284,105 @@ def test_a_stream_cut_every_time_is_a_clear_error(stub, monkeypatch):
         generation.server_generate(url, [[1]], n=2, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=0)
 
 
-def test_requests_overlap_and_come_back_in_order(stub):
-    """Distillation's pipeline (rlt.method.pipeline.in_order): up to `in_flight` requests at the server at once,
-    more sent while the caller works on an answer (scoring, in the stage), the answers in the order of the batches
-    even when a later one finishes first."""
-    from rlt.method.pipeline import in_order
+def stage_against(url: str, out: Path, rows: int = 12) -> Path:
+    """The real distill stage (run_local, one rank, the tiny models scoring) against the server at `url`, with
+    1 row per written batch and 2 samples per row; the dataset it wrote."""
+    from rlt.run.runner import run_local
+    from rlt.spec.run import RLTRun
+
+    doc = tiny_doc()
+    doc["metadata"]["name"] = "order"
+    st = doc["spec"]["stages"]
+    st["sft"]["enabled"] = st["rl"]["enabled"] = False
+    st["rl"]["generation"] = {"mode": "server", "serverUrl": url}
+    st["distill"].update(limit=rows, batchSize=1, samplesPerQuestion=2, maxNewTokens=8)
+    run_local(RLTRun.model_validate(doc), out, metrics_port=None, show_progress=False, device="cpu")
+    return RunLayout.for_run(out, "order").distill_dataset
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def same_rows(a: list[dict], b: list[dict]) -> bool:
+    keys = ("source_row", "reasoning_trace", "reward", "candidate_rewards", "candidates")
+    return [{k: r[k] for k in keys} for r in a] == [{k: r[k] for k in keys} for r in b]
+
+
+def test_distill_keeps_every_slot_busy_and_merges_rows_completed_out_of_order_by_index(stub, tmp_path, monkeypatch):
+    """One request per sequence, 4 in flight: row 0's first sample is 30× slower than the others, yet the other
+    slots never wait for it (4 sequences in flight at nearly every instant while any is left to send, never 5); the
+    rows are written in the order they complete (row 0 late), and the dataset is merged by index: the rows of a
+    run where nothing was slow."""
+    from rlt.stages import distill
+    from rlt.stages.distill import sequence_seed
 
     server, url = stub
-    FlakyVllmStub.fail, FlakyVllmStub.delay = 0, 0.1
-    FlakyVllmStub.slower = {b: 0.3 for b in range(1, 13, 4)}  # the first of every 4 finishes after the next 3
-    batches = [[[b]] for b in range(1, 13)]
-    busy_while_working: list[int] = []
+    FlakyVllmStub.fail, FlakyVllmStub.delay, FlakyVllmStub.fold = 0, 0.02, 400
+    monkeypatch.setattr(distill, "sequences_in_flight", lambda spec, prompt: (4, "the test's"))
+    reference = read_rows(stage_against(url, tmp_path / "even"))
 
-    def generate(prompts, cancel):
-        return generation.server_generate(
-            url, prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=0, cancel=cancel
-        )
+    seed = parse_run(tiny_doc()).spec.seed
+    FlakyVllmStub.seed_delay = {sequence_seed(seed, 0, 2, 0): 0.6}
+    real, lock = distill.server_generate, threading.Lock()
+    live = {"now": 0, "sent": 0}
+    samples: list[int] = []
 
-    got = []
-    for prompts, samples in in_order(generate, batches, 4):
-        time.sleep(0.05)  # the caller's work on this answer (scoring)
-        busy_while_working.append(FlakyVllmStub.running)
-        got.append((prompts, samples.completion_ids))
-    assert got == [([[b]], [[0, b]]) for b in range(1, 13)], "answers out of the batches' order"
-    assert FlakyVllmStub.most_running == 4, f"{FlakyVllmStub.most_running} requests at once, 4 in flight asked"
-    # one at a time, the server would be idle (0) whenever the caller works; here it is never while batches remain
-    assert min(busy_while_working[:8]) >= 1, f"requests at the server while the caller worked: {busy_while_working}"
+    def counted(url, prompt_ids, **kw):
+        with lock:
+            live["now"] += len(prompt_ids) * kw["n"]
+            live["sent"] += len(prompt_ids) * kw["n"]
+        try:
+            return real(url, prompt_ids, **kw)
+        finally:
+            with lock:
+                live["now"] -= len(prompt_ids) * kw["n"]
+
+    def sample() -> None:
+        while live["sent"] < 12 * 2:
+            if live["sent"] >= 4:  # the first 4 are sent
+                samples.append(live["now"])
+            time.sleep(0.002)
+
+    monkeypatch.setattr(distill, "server_generate", counted)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    path = stage_against(url, tmp_path / "skewed")
+    sampler.join(timeout=10)
+    written = indices(next((tmp_path / "skewed").rglob("rank-0.jsonl")))
+    assert sorted(written) == list(range(12)) and written.index(0) > 0, f"written in request order: {written}"
+    assert same_rows(read_rows(path), reference), "the rows merged by index are not the rows of an even run"
+    assert max(samples) == 4, f"{max(samples)} sequences in flight, 4 allowed"
+    mean = sum(samples) / len(samples)
+    assert mean >= 0.9 * 4, f"mean sequences in flight {mean:.2f} of 4 while sequences were left to send"
+
+
+def test_distill_stopped_by_a_failing_server_resumes_with_only_the_missing_rows(stub, tmp_path, monkeypatch):
+    """Rows written in completion order still resume by index: the server fails for good after 10 requests, the
+    stage stops with a clear error, and the rerun asks only for the sequences of the rows not written, giving the
+    rows of an uninterrupted run."""
+    from rlt.stages import distill
+    from rlt.stages.distill import sequence_seed
+
+    monkeypatch.setattr(generation, "HTTP_BACKOFF", 0.001)
+    monkeypatch.setattr(distill, "sequences_in_flight", lambda spec, prompt: (4, "the test's"))
+    server, url = stub
+    FlakyVllmStub.fail, FlakyVllmStub.fold = 0, 400
+    reference = read_rows(stage_against(url, tmp_path / "whole"))
+
+    FlakyVllmStub.posts, FlakyVllmStub.fail_after = 0, 10
+    with pytest.raises(RuntimeError, match="answered 500"):
+        stage_against(url, tmp_path / "cut")
+    kept = set(indices(next((tmp_path / "cut").rglob("rank-0.jsonl"))))
+    assert 0 < len(kept) < 12, kept
+
+    FlakyVllmStub.posts, FlakyVllmStub.fail_after, FlakyVllmStub.asked = 0, None, []
+    path = stage_against(url, tmp_path / "cut")
+    seed = parse_run(tiny_doc()).spec.seed
+    missing = sorted(set(range(12)) - kept)
+    asked = sorted(s for _, s in FlakyVllmStub.asked)
+    assert asked == sorted(sequence_seed(seed, i, 2, j) for i in missing for j in range(2)), "a written row again"
+    assert same_rows(read_rows(path), reference)
 
 
 def test_distill_waits_as_long_as_the_rollout_budget(tmp_path):

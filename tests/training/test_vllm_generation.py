@@ -57,9 +57,10 @@ def test_distill_stage_generates_through_the_server(vllm_server, tmp_path):
     assert all(r["reward"] == max(r["candidate_rewards"]) for r in rows)
 
 
-def test_distill_pipeline_gives_the_rows_of_one_request_at_a_time(vllm_server, tmp_path, monkeypatch):
-    """The real server: 4 requests in flight, scored while the next are generated, give the rows and rewards of one
-    request at a time, scored in between (each batch's request is seeded: rlt.stages.distill.batch_seed)."""
+def test_distill_gives_the_same_rows_one_sequence_at_a_time_and_many_in_flight(vllm_server, tmp_path, monkeypatch):
+    """The real server: 6 sequences in flight (one request each, refilled as they finish, scored as their questions
+    complete) give the rows and rewards of one sequence at a time (each sequence's request is seeded:
+    rlt.stages.distill.sequence_seed), and never more than 6 are at the server at once."""
     from rlt.contract.layout import RunLayout
     from rlt.method import generation
     from rlt.run.runner import run_local
@@ -71,7 +72,7 @@ def test_distill_pipeline_gives_the_rows_of_one_request_at_a_time(vllm_server, t
     doc["spec"]["stages"]["sft"]["enabled"] = False
     doc["spec"]["stages"]["rl"]["enabled"] = False
     doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server", "serverUrl": vllm_server.base}
-    doc["spec"]["stages"]["distill"].update(limit=8, batchSize=1, samplesPerQuestion=3)
+    doc["spec"]["stages"]["distill"].update(limit=8, batchSize=2, samplesPerQuestion=3)
     run = RLTRun.model_validate(doc)
     real = generation.server_generate
     seen = {"now": 0, "most": 0}
@@ -89,17 +90,17 @@ def test_distill_pipeline_gives_the_rows_of_one_request_at_a_time(vllm_server, t
 
     monkeypatch.setattr(distill, "server_generate", counted)
     rows = {}
-    for in_flight in (0, 4):  # 0: one request at a time, scored before the next is sent (the loop before)
-        monkeypatch.setattr(distill, "requests_in_flight", lambda spec, prompt, k=in_flight: (k, "the test's"))
+    for in_flight in (1, 6):
+        monkeypatch.setattr(distill, "sequences_in_flight", lambda spec, prompt, k=in_flight: (k, "the test's"))
         seen["most"] = 0
         run_local(run, tmp_path / str(in_flight), metrics_port=None, show_progress=False, device="cpu")
         path = RunLayout.for_run(tmp_path / str(in_flight), "tiny").distill_dataset
         rows[in_flight] = [json.loads(line) for line in path.read_text().splitlines()]
         # overlap, never past the bound (how many overlap depends on the machine: a fast answer can end before the
-        # last request of the window is sent; CI once saw 3 of 4)
-        most, bound = seen["most"], max(1, in_flight)
-        assert (most == 1) if bound == 1 else (1 < most <= bound), f"{most} requests at once with {in_flight} in flight"
-    one, many = rows[0], rows[4]
+        # last request of the window is sent)
+        most = seen["most"]
+        assert (most == 1) if in_flight == 1 else (1 < most <= in_flight), f"{most} at once with {in_flight} allowed"
+    one, many = rows[1], rows[6]
     assert len(one) == len(many) == 8
     for a, b in zip(one, many, strict=True):
         assert a["source_row"] == b["source_row"]

@@ -293,12 +293,12 @@ def test_the_rcl_student_is_planned_whole_on_every_rank():
 
 
 @pytest.mark.parametrize("prompt", [1000, 4000, None])
-def test_distill_keeps_as_many_requests_in_flight_as_the_generators_kv_caches_hold(prompt):
-    """Requests per rank × ranks × sequences per request fills the generators' KV capacity for sequences of the
-    prompt plus half of maxNewTokens (vLLM's max-num-seqs at most), and one more request per rank would not fit."""
+def test_distill_keeps_as_many_sequences_in_flight_as_the_generators_kv_caches_hold(prompt):
+    """Sequences per rank × ranks fills the generators' KV capacity for sequences of the prompt plus half of
+    maxNewTokens (vLLM's max-num-seqs at most), and one more sequence per rank would not fit."""
     import math
 
-    from rlt.checks.capacity import distill_requests_in_flight, generator_kv_sequences
+    from rlt.checks.capacity import distill_sequences_in_flight, generator_kv_sequences
     from rlt.checks.shapes import read_shape
     from rlt.checks.step_time import MEAN_COMPLETION_SHARE
     from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
@@ -306,25 +306,25 @@ def test_distill_keeps_as_many_requests_in_flight_as_the_generators_kv_caches_ho
     spec = parse_run(_doc()).spec
     shape, _ = read_shape(spec.teacher, build=False)
     d, res = spec.stages.distill, spec.resources
-    k, why = distill_requests_in_flight(spec, shape, 80 * 2**30, prompt)
+    k, why = distill_sequences_in_flight(spec, shape, 80 * 2**30, prompt)
     length = (prompt or spec.stages.rl.max_prompt_length) + math.ceil(d.max_new_tokens * MEAN_COMPLETION_SHARE)
     engines = res.generator.replicas * res.generator.data_parallel_size
     capacity = engines * min(VLLM_MAX_NUM_SEQS, generator_kv_sequences(spec, shape, 80 * 2**30, length))
-    per_rank = d.batch_size * d.samples_per_question
     ranks = res.trainer.nodes * res.trainer.gpus
-    assert k * ranks * per_rank <= capacity or k == 1, why
-    assert (k + 1) * ranks * per_rank > capacity, why
-    assert f"{k} request(s) of {per_rank} sequences" in why
+    assert k * ranks <= capacity or k == 1, why
+    assert (k + 1) * ranks > capacity, why
+    assert f"{k} sequence(s) in flight per rank" in why
     if prompt == 1000:
-        assert k == 3  # docs/gpu-cluster.md (Distillation as a pipeline): 384 sequences in flight, not 128
+        # docs/gpu-cluster.md (Distillation fills every slot): 113 per rank, 452 in all; requests of 32 planned 384
+        assert k == 113
 
 
-def test_distill_requests_in_flight_without_the_teachers_shape_are_bounded_by_max_num_seqs():
-    from rlt.checks.capacity import distill_requests_in_flight
+def test_distill_sequences_in_flight_without_the_teachers_shape_are_bounded_by_max_num_seqs():
+    from rlt.checks.capacity import distill_sequences_in_flight
 
     spec = parse_run(_doc()).spec
-    k, why = distill_requests_in_flight(spec, None, 80 * 2**30, 1000)
-    assert k == 4 * 256 // (4 * 32) and "shape is unknown" in why
+    k, why = distill_sequences_in_flight(spec, None, 80 * 2**30, 1000)
+    assert k == 4 * 256 // 4 and "shape is unknown" in why
 
 
 def _builtin_config(name: str) -> dict:

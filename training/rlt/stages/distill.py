@@ -2,21 +2,30 @@
 RLT reward becomes a student-format row: question, reasoning_trace, solution, reward (JSONL, written atomically).
 Each row also keeps every candidate (text, reward, closed), best first.
 
-Resumable (rlt.stages.distill_parts): each rank appends its finished batches to its own file on the volume, a
-restart does only the rows no rank has written, and rank 0 merges the files; the ranks share no process group."""
+Server mode fills every generator slot it planned for: one request per sequence, as many in flight as the
+generators' KV caches hold (rlt.checks.capacity.distill_sequences_in_flight), the next sent the moment one finishes
+(rlt.method.pipeline.as_completed), and a question is scored once its samples are all back, in the order the
+questions complete. Requests of many sequences consumed in order left the slots of every short sequence empty until
+the request's longest one and every earlier request had finished.
+
+Resumable (rlt.stages.distill_parts): each rank appends its finished questions to its own file on the volume, each
+row with its index, a restart does only the rows no rank has written, and rank 0 merges the files by index; the
+ranks share no process group."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from rlt.contract import metrics as catalogue
 from rlt.contract.env import RANK
 from rlt.data.dataset import load_data
 from rlt.data.jsonl import write_jsonl
 from rlt.data.models import load_model, load_tokenizer
-from rlt.method.generation import sample_with_logprobs, server_generate
-from rlt.method.pipeline import in_order
+from rlt.method.generation import Samples, sample_with_logprobs, served_model, server_generate
+from rlt.method.pipeline import as_completed
 from rlt.spec.budgets import rollout_seconds
 from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
@@ -30,28 +39,29 @@ from rlt.stages.start_models import newest_teacher
 
 
 def server_read_timeout(spec: RLTRunSpec) -> int:
-    """How long one batch's request may take to answer: the rollout budget of a distill batch (waiting for the
-    server, then its decode at the slowest assumed rate), not a fixed 600 s that 16k-token batches outlast."""
+    """How long a sequence's request may go without a byte: the rollout budget of a distill batch (waiting for the
+    server, then its decode at the slowest assumed rate), not a fixed 600 s that 16k-token sequences outlast."""
     return rollout_seconds(spec, "distill")
 
 
-def batch_seed(run_seed: int, first_row: int, n: int) -> int:
-    """vLLM's seed of the request of the batch that starts at stage row `first_row`: sample j of its prompts gets
-    seed + j, so every (batch, sample) of a run has a seed of its own, a sequence asked for again after a cut stream
-    is the same sequence, and the rows do not depend on what else is in flight. Below 2**63 (vLLM's bound) for any
+def sequence_seed(run_seed: int, row: int, n: int, sample: int) -> int:
+    """vLLM's seed of sample `sample` of stage row `row` (its request asks for that one sequence): every (row, sample)
+    of a run has a seed of its own, a sequence asked for again (a cut stream, a restart) is the same sequence, and the
+    rows depend neither on what else is in flight nor on the order requests finish in. The seed a request of one row
+    and `n` samples gave sample j before (vLLM seeds sample j with seed + j). Below 2**63 (vLLM's bound) for any
     spec.seed < 2**32 and fewer than 2**31 sequences."""
-    return run_seed * 2**31 + first_row * n
+    return run_seed * 2**31 + row * n + sample
 
 
-def requests_in_flight(spec: RLTRunSpec, prompt_tokens: int) -> tuple[int, str]:
-    """Requests one rank keeps in flight (rlt.checks.capacity.distill_requests_in_flight: the generators' KV
+def sequences_in_flight(spec: RLTRunSpec, prompt_tokens: int) -> tuple[int, str]:
+    """Sequences one rank keeps in flight (rlt.checks.capacity.distill_sequences_in_flight: the generators' KV
     capacity shared by the ranks, for the rank's mean prompt), from the teacher's config read where it is (never
     downloaded)."""
-    from rlt.checks.capacity import distill_requests_in_flight, spec_gpu_memory
+    from rlt.checks.capacity import distill_sequences_in_flight, spec_gpu_memory
     from rlt.checks.shapes import read_shape
 
     shape, _ = read_shape(spec.teacher, build=False)
-    return distill_requests_in_flight(spec, shape, spec_gpu_memory(spec)[0], prompt_tokens)
+    return distill_sequences_in_flight(spec, shape, spec_gpu_memory(spec)[0], prompt_tokens)
 
 
 def trained_teacher(ctx: StageContext) -> ModelRef:
@@ -59,116 +69,180 @@ def trained_teacher(ctx: StageContext) -> ModelRef:
     return newest_teacher(ctx, "distill")[0]
 
 
-def run_distill(ctx: StageContext) -> str:
-    from tqdm.auto import tqdm
+Question = tuple[int, dict]  # (stage row index, the row)
 
-    spec, st = ctx.spec, ctx.spec.stages.distill
-    device, formatter = ctx.compute_device, ctx.formatter
-    teacher_ref = trained_teacher(ctx)
-    all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
-    # Each rank explains its own share of the rows no rank has written yet (a restart resumes by row index) and
-    # appends them to its file; rank 0 merges the files in dataset order. No process group: nothing to time out.
-    rank, world = int(os.environ.get(RANK.name, "0")), world_size()
-    announce_world("distill")
-    folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(spec, "distill"))
+
+def server_questions(
+    spec: RLTRunSpec, prompts: dict[int, list[int]], share: list[Question], in_flight: int
+) -> Iterator[tuple[list[Question], Samples]]:
+    """Server mode: the questions of `share` with their samples (prompt-major), in groups of up to batchSize, in the
+    order the questions complete. One request per sequence, `in_flight` at the generators at all times while any
+    are left: the slot of a finished sequence is refilled at once, while the caller scores."""
+    st, url = spec.stages.distill, spec.stages.rl.generation.server_url
+    n, per_batch = st.samples_per_question, max(1, st.batch_size)
+    timeout = server_read_timeout(spec)
+    model = served_model(url, timeout)
+
+    def one(seq: tuple[int, int], cancel) -> Samples:
+        i, j = seq
+        return server_generate(
+            url,
+            [prompts[i]],
+            n=1,
+            temperature=st.temperature,
+            top_p=1.0,
+            max_new_tokens=st.max_new_tokens,
+            timeout=timeout,
+            seed=sequence_seed(spec.seed, i, n, j),
+            cancel=cancel,
+            model=model,
+        )
+
+    rows = dict(share)
+    got: dict[int, dict[int, Samples]] = {}
+    ready: list[int] = []
+    # question-major: a question's samples are sent together, so questions complete about as they were sent
+    for (i, j), samples in as_completed(one, [(i, j) for i, _ in share for j in range(n)], in_flight):
+        got.setdefault(i, {})[j] = samples
+        if len(got[i]) == n:
+            ready.append(i)
+        if len(ready) == per_batch:
+            yield _gathered(ready, got, rows, n)
+            ready = []
+    if ready:
+        yield _gathered(ready, got, rows, n)
+
+
+def _gathered(ready: list[int], got: dict[int, dict[int, Samples]], rows: dict[int, dict], n: int):
+    out = Samples([], [], [])
+    for i in ready:
+        for j in range(n):
+            s = got[i][j]
+            out.prompt_ids += s.prompt_ids
+            out.completion_ids += s.completion_ids
+            out.logprobs += s.logprobs
+        del got[i]
+    return [(i, rows[i]) for i in ready], out
+
+
+def local_batches(
+    spec: RLTRunSpec, teacher, tokenizer, prompts: dict[int, list[int]], share: list[Question]
+) -> Iterator[tuple[list[Question], Samples]]:
+    """In process: batches of batchSize questions in order, each generated whole, then scored."""
+    st = spec.stages.distill
+    n, per_batch = st.samples_per_question, max(1, st.batch_size)
+    for s in range(0, len(share), per_batch):
+        batch = share[s : s + per_batch]
+        ids = [prompts[i] for i, _ in batch for _ in range(n)]
+        yield (
+            batch,
+            sample_with_logprobs(
+                teacher,
+                tokenizer,
+                ids,
+                temperature=st.temperature,
+                top_p=1.0,
+                max_new_tokens=st.max_new_tokens,
+                batch_size=per_batch * n,
+            ),
+        )
+
+
+def distill_rows(formatter, chunk: list[dict], texts: list[str], totals: list[float], n: int) -> list[dict]:
+    """The student-format row of each question: its best candidate by reward, and every candidate, best first."""
+    out = []
+    for q, r in enumerate(chunk):
+        cands = range(q * n, (q + 1) * n)
+        best = max(cands, key=lambda k: totals[k])
+        explanation, closed = formatter.split_explanation(texts[best])
+        out.append(
+            {
+                **r.get("keep", {}),  # spec.dataset.keepColumns (names cannot clash: the spec refuses ours)
+                "question": r["question"],
+                "reasoning_trace": explanation,
+                "solution": r["solution"],
+                "reward": totals[best],
+                "closed": closed,
+                "candidate_rewards": [totals[k] for k in cands],
+                "source_row": r["row"],
+                "messages": formatter.student_messages(r["question"], explanation, r["solution"]),
+                # every candidate, best first: the student stage's best_fit policy falls back to a shorter one
+                "candidates": [
+                    {"reasoning_trace": e, "reward": totals[k], "closed": c}
+                    for k in sorted(cands, key=lambda k: -totals[k])
+                    for e, c in [formatter.split_explanation(texts[k])]
+                ],
+            }
+        )
+    return out
+
+
+def my_share(ctx: StageContext, total: int, rank: int, world: int) -> tuple[Path, Path, list[int]]:
+    """(the parts folder, this rank's file, the row indices this rank explains): its share of the rows no rank has
+    written yet (a restart resumes by row index)."""
+    folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(ctx.spec, "distill"))
     mine = rank_file(folder, rank)
     repair_tail(mine)
     done = read_done(folder)
-    remaining = [i for i in range(len(all_rows)) if i not in done]
-    share = [(i, all_rows[i]) for i in remaining[rank::world]]
-    say_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
+    remaining = [i for i in range(total) if i not in done]
     if done and ctx.is_main:
-        say_line(f"distill: resuming: {len(done)} of {len(all_rows)} rows were written before, {len(remaining)} left")
+        say_line(f"distill: resuming: {len(done)} of {total} rows were written before, {len(remaining)} left")
+    return folder, mine, remaining[rank::world]
+
+
+def run_distill(ctx: StageContext) -> str:
+    from tqdm.auto import tqdm
+
+    spec, st, formatter = ctx.spec, ctx.spec.stages.distill, ctx.formatter
+    teacher_ref = trained_teacher(ctx)
+    all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
+    # Each rank explains its own share and appends its rows to its file; rank 0 merges the files in dataset order.
+    # No process group: nothing to time out.
+    rank, world = int(os.environ.get(RANK.name, "0")), world_size()
+    announce_world("distill")
+    folder, mine, indices = my_share(ctx, len(all_rows), rank, world)
+    share = [(i, all_rows[i]) for i in indices]
+    say_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
     tokenizer = load_tokenizer(teacher_ref, padding_side="left")
-    gen = spec.stages.rl.generation
-    teacher = None if gen.mode == "server" else load_model(teacher_ref, device)
-    student = load_model(spec.student, device)
+    server = spec.stages.rl.generation.mode == "server"
+    teacher = None if server else load_model(teacher_ref, ctx.compute_device)
+    student = load_model(spec.student, ctx.compute_device)
     reward = reward_from_spec(
         spec, student, load_tokenizer(spec.student, padding_side="right"), formatter, teacher_tokenizer=tokenizer
     )
     n = st.samples_per_question
     recorder = Recorder(ctx, "distill", len(share))
     recorder.reward_key = "candidateRewardMean"  # the step's reward averages every candidate, kept or not
-    out_rows: list[dict] = []
-    per_batch = max(1, st.batch_size)
     bar = tqdm(total=len(share), desc="distill", unit="q", disable=not (ctx.show_progress and ctx.is_main))
-    batches = [share[s : s + per_batch] for s in range(0, len(share), per_batch)]
-
     prompts = {i: teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"]) for i, r in share}
-
-    def generate(batch: list[tuple[int, dict]], cancel=None):
-        prompt_ids = [prompts[i] for i, _ in batch]
-        if teacher is None:
-            return server_generate(
-                gen.server_url,
-                prompt_ids,
-                n=n,
-                temperature=st.temperature,
-                top_p=1.0,
-                max_new_tokens=st.max_new_tokens,
-                timeout=server_read_timeout(spec),
-                seed=batch_seed(spec.seed, batch[0][0], n),
-                cancel=cancel,
-            )
-        return sample_with_logprobs(
-            teacher,
-            tokenizer,
-            [p for p in prompt_ids for _ in range(n)],
-            temperature=st.temperature,
-            top_p=1.0,
-            max_new_tokens=st.max_new_tokens,
-            batch_size=per_batch * n,
-        )
-
-    in_flight = 0
-    if teacher is None:
+    if server:
         mean_prompt = sum(map(len, prompts.values())) // max(1, len(prompts))
-        in_flight, why = requests_in_flight(spec, mean_prompt)
+        in_flight, why = sequences_in_flight(spec, mean_prompt)
         say_line(f"distill: rank {rank}: {why}")
-    # Server mode: requests in flight while this rank scores the answers that came back, in order (in_order);
-    # in process, or in_flight 0: one batch at a time, generated then scored.
-    done_batches = in_order(generate, batches, in_flight) if in_flight > 0 else ((b, generate(b)) for b in batches)
+        done_questions = server_questions(spec, prompts, share, in_flight)
+    else:
+        done_questions = local_batches(spec, teacher, tokenizer, prompts, share)
+    kept: list[float] = []
     t0 = time.perf_counter()
-    for batch, samples in done_batches:
+    for batch, samples in done_questions:
         chunk = [r for _, r in batch]
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in samples.completion_ids]
         questions = [r["question"] for r in chunk for _ in range(n)]
         solutions = [r["solution"] for r in chunk for _ in range(n)]
         scores = reward.score(questions, solutions, texts, samples.logprobs, samples.completion_ids)
-        for i, r in enumerate(chunk):
-            cands = range(i * n, (i + 1) * n)
-            best = max(cands, key=lambda k: scores.total[k])
-            explanation, closed = formatter.split_explanation(texts[best])
-            out_rows.append(
-                {
-                    **r.get("keep", {}),  # spec.dataset.keepColumns (names cannot clash: the spec refuses ours)
-                    "question": r["question"],
-                    "reasoning_trace": explanation,
-                    "solution": r["solution"],
-                    "reward": scores.total[best],
-                    "closed": closed,
-                    "candidate_rewards": [scores.total[k] for k in cands],
-                    "source_row": r["row"],
-                    "messages": formatter.student_messages(r["question"], explanation, r["solution"]),
-                    # every candidate, best first: the student stage's best_fit policy falls back to a shorter one
-                    "candidates": [
-                        {"reasoning_trace": e, "reward": scores.total[k], "closed": c}
-                        for k in sorted(cands, key=lambda k: -scores.total[k])
-                        for e, c in [formatter.split_explanation(texts[k])]
-                    ],
-                }
-            )
+        rows = distill_rows(formatter, chunk, texts, scores.total, n)
         indices = [i for i, _ in batch]
-        append_rows(mine, zip(indices, out_rows[-len(chunk) :], strict=True))  # on disk before the next batch
+        append_rows(mine, zip(indices, rows, strict=True))  # on disk before the next questions are scored
         say_line(f"rlt-distill-written rank={rank} rows={','.join(map(str, indices))}")
-        elapsed, t0 = time.perf_counter() - t0, time.perf_counter()  # since the previous batch was written
+        kept += [r["reward"] for r in rows]
+        elapsed, t0 = time.perf_counter() - t0, time.perf_counter()  # since the previous questions were written
         gen_tokens = sum(len(c) for c in samples.completion_ids)
         recorder.record(
-            len(out_rows),
+            len(kept),
             {
                 "reward": sum(scores.total) / len(scores.total),
                 "step_seconds": elapsed,
-                "kept_reward": sum(r["reward"] for r in out_rows) / len(out_rows),
+                "kept_reward": sum(kept) / len(kept),
                 "generated_tokens": gen_tokens,
                 "tokens_per_second": gen_tokens / elapsed,
                 **{k: v for k, v in scores.means().items() if k != "total"},
