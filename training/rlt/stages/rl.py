@@ -20,6 +20,7 @@ from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
 from rlt.stages.context import StageContext
 from rlt.stages.record import PhaseTimer, trace_line
+from rlt.stages.reference import keep_reference_in_checkpoints
 from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.start_models import newest_teacher
 from rlt.stages.trainer import TrainerRun, trainer_options
@@ -312,6 +313,7 @@ def train_grpo(
         partition_frozen(scorer, trainer.accelerator)
     ds = args.deepspeed if isinstance(args.deepspeed, dict) else {}
     use_pairwise_ref_sync(trainer, zero3=ds.get("zero_optimization", {}).get("stage") == 3)
+    keep_reference_in_checkpoints(trainer)  # a resume continues with the synced reference, not the start model
     if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
         sync = trainer.vllm_generation.sync_weights
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from rlt.spec.budgets import collective_timeout_seconds
 from rlt.spec.run import stage_settings, zero_stage
-from rlt.stages.checkpoints import last_checkpoint, prune_finished_checkpoints, save_final_model
+from rlt.stages.checkpoints import prune_finished_checkpoints, resume_checkpoint, save_final_model
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.ranks import join_process_group
 from rlt.stages.record import Recorder, make_callback, quiet_trainer, say_line
+from rlt.stages.reference import load_reference
 from rlt.stages.start_models import peft_config
 from rlt.stages.tracking import point_tensorboard
 
@@ -140,7 +141,9 @@ class TrainerRun:
         quiet_trainer(trainer)
         point_tensorboard(trainer, self.ctx, self.stage)
         self.stop.install()
-        resume = last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage))
+        resume = resume_checkpoint(self.ctx.layout.checkpoints_dir(self.stage))
+        if resume is not None:
+            load_reference(trainer, resume)  # GRPO's synced reference (rlt.stages.reference); others have none
         try:
             trainer.train(resume_from_checkpoint=resume)
         except EndReached as end:  # the checkpoint's weights are loaded: they are the final model
