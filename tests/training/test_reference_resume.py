@@ -174,3 +174,140 @@ def test_a_checkpoint_that_cannot_be_loaded_is_set_aside_for_the_previous_one(sh
     assert len(aside) == 1 and aside[0].name.startswith(f"checkpoint-{STEPS}.")
     assert (aside[0] / shard).stat().st_size == size // 2  # set aside, not deleted
     assert f"checkpoint-{STEPS} cannot be loaded" in caplog.text and shard in caplog.text
+
+
+# --------------------------------------------------------------------------- a stop at any phase of a step
+
+STOPPED_STEP = 2  # the step during which (or after whose sync) SIGTERM arrives
+
+
+def signal_at(phase: str, monkeypatch, error: bool = False) -> dict:
+    """SIGTERM to this process at `phase` of step STOPPED_STEP, through the real code's own calls (a wrapper on
+    the function the phase runs); with `error` the rollout then fails (a drained generator). Counts the backward
+    passes of that step (the loss computations)."""
+    import signal
+
+    import trl
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    from rlt.method.reward import RLTReward
+    from rlt.stages import rl
+
+    seen = {"trainer": None, "losses": 0}
+
+    def during(trainer) -> bool:
+        return trainer is not None and trainer.state.global_step == STOPPED_STEP - 1
+
+    def kill():
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def wrap(owner, name, before=None, after=None):
+        real = getattr(owner, name)
+
+        def wrapped(*a, **kw):
+            if before:
+                before(*a, **kw)
+            out = real(*a, **kw)
+            if after:
+                after(*a, **kw)
+            return out
+
+        monkeypatch.setattr(owner, name, wrapped)
+
+    def rollout_hook(trainer, *_a, **_k):
+        seen["trainer"] = trainer
+        if phase == "rollout" and during(trainer):
+            kill()
+            if error:
+                raise ConnectionError("the generator aborted the requests in flight")
+
+    wrap(rl, "sample_policy", before=rollout_hook)
+    wrap(
+        trl.GRPOTrainer,
+        "_get_per_token_logps_and_entropies",
+        before=lambda self, model, *a, **k: (
+            phase == "reference" and model is self.ref_model and during(self) and kill()
+        ),
+    )
+    wrap(RLTReward, "score", before=lambda *a, **k: phase == "scoring" and during(seen["trainer"]) and kill())
+    micro = {"n": 0}
+
+    def after_micro(self, *a, **k):
+        if during(self):
+            micro["n"] += 1
+            if phase == "accumulation" and micro["n"] == 1:
+                kill()
+
+    wrap(trl.GRPOTrainer, "training_step", after=after_micro)
+    wrap(
+        trl.GRPOTrainer,
+        "_compute_loss",
+        before=lambda self, *a, **k: during(self) and seen.__setitem__("losses", seen["losses"] + 1),
+    )
+    wrap(
+        SyncRefModelCallback,
+        "on_step_end",
+        after=lambda self, args, state, *a, **k: phase == "sync" and state.global_step == STOPPED_STEP and kill(),
+    )
+    return seen
+
+
+PHASES = {  # phase -> (where the gang abandons, the step saved, backward passes of the stopped step)
+    "rollout": (f"after the rollout of step {STOPPED_STEP}", STOPPED_STEP - 1, 0),
+    "reference": (f"after the reference and old-policy passes of step {STOPPED_STEP}", STOPPED_STEP - 1, 0),
+    "scoring": (f"after the scoring of step {STOPPED_STEP}", STOPPED_STEP - 1, 0),
+    "accumulation": (f"inside step {STOPPED_STEP}", STOPPED_STEP - 1, 1),
+    "sync": (f"before step {STOPPED_STEP + 1}", STOPPED_STEP, 2),
+}
+
+
+@pytest.fixture
+def sigterm_restored():
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_a_stop_at_any_phase_abandons_the_step_and_the_restart_changes_nothing(
+    phase, uninterrupted, tmp_path, monkeypatch, capsys, sigterm_restored
+):
+    """Single process: SIGTERM in each phase of step 2; the stop comes at that phase's boundary (no backward
+    before it), the saved step is the last completed one with the random state its successor started from, and
+    the restart ends where the uninterrupted run ended (policy and reference)."""
+    from rlt.stages.preemption import Stopped
+
+    whole = uninterrupted("rlt", False)
+    where, saved_step, losses = PHASES[phase]
+    with monkeypatch.context() as m:
+        seen = signal_at(phase, m)
+        with pytest.raises(Stopped) as stopped:
+            train_rl(rl_spec("rlt", False), tmp_path, m)
+    out = capsys.readouterr().out
+    assert f"SIGTERM: step abandoned {where}; saving step {saved_step}" in out, out[-2000:]
+    assert stopped.value.step == saved_step
+    assert seen["losses"] == losses  # the abandoned step ran no backward before the stop (a sync stop: both)
+    assert RunLayout(tmp_path).checkpoint_dir("rl", saved_step).joinpath(CHECKPOINT_COMPLETE).exists()
+    resumed = train_rl(rl_spec("rlt", False), tmp_path, monkeypatch)
+    for name, want in whole["ref"].items():
+        assert torch.equal(resumed["ref"][name], want), f"reference {name} differs from the uninterrupted run"
+    for name, want in whole["policy"].items():
+        torch.testing.assert_close(resumed["policy"][name], want, rtol=0, atol=1e-6, msg=f"policy {name}")
+
+
+def test_an_error_after_a_stop_was_asked_is_a_stop_that_saves(tmp_path, monkeypatch, capsys, sigterm_restored):
+    """SIGTERM, then the rollout fails (a drained generator aborting its requests): not a crash but a stop (exit
+    STOPPED), with the last completed step saved."""
+    from rlt.stages.preemption import Stopped
+
+    with monkeypatch.context() as m:
+        signal_at("rollout", m, error=True)
+        with pytest.raises(Stopped) as stopped:
+            train_rl(rl_spec("rlt", False), tmp_path, m)
+    assert isinstance(stopped.value.__cause__, ConnectionError)
+    assert stopped.value.step == STOPPED_STEP - 1 and stopped.value.checkpoint is not None
+    assert stopped.value.checkpoint.endswith(f"checkpoint-{STOPPED_STEP - 1}")
+    assert (Path(stopped.value.checkpoint) / CHECKPOINT_COMPLETE).exists()
+    assert "SIGTERM, then ConnectionError: the generator aborted" in capsys.readouterr().out
