@@ -134,9 +134,11 @@ def stop_callback(stop: StopRequest):
 
     class StopOnSignal(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):  # before the rollout (GRPO generates in the 1st micro)
+            # the state after the last completed step: a step abandoned from here on is saved with it, so the
+            # restart redoes it alike (taken before the check: a stop here saves that same completed step)
+            stop.step_rng = rng_state()
             if stop.gang_agrees():
                 raise Abandoned(f"before step {state.global_step + 1}")
-            stop.step_rng = rng_state()  # a step abandoned later is saved with it: the restart redoes it alike
 
         def on_pre_optimizer_step(self, args, state, control, **kw):
             stop.updating = True
