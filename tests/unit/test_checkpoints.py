@@ -7,11 +7,22 @@ import logging
 from rlt.contract.layout import CHECKPOINT_COMPLETE, SET_ASIDE, checkpoint_path
 from rlt.stages.checkpoints import last_checkpoint, mark_checkpoint_complete
 
+# The smallest loadable safetensors file: its header's length, then an empty header (no tensors).
+EMPTY_SAFETENSORS = (2).to_bytes(8, "little") + b"{}"
+
+
+def _zip(path, member: str) -> None:
+    """A torch.save-like file (a zip): the checkpoint reader checks its central directory."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(member, b"state")
+
 
 def _checkpoint(root, step, complete):
     path = checkpoint_path(root, step)
     path.mkdir(parents=True)
-    (path / "model.safetensors").write_bytes(b"x")
+    (path / "model.safetensors").write_bytes(EMPTY_SAFETENSORS)
     if complete:
         mark_checkpoint_complete(path, is_main=True)
     return path
@@ -108,9 +119,9 @@ def test_a_finished_stage_keeps_its_last_checkpoint_without_optimizer_states(tmp
     old = _checkpoint(tmp_path, 2, complete=True)
     last = _checkpoint(tmp_path, 4, complete=True)
     for ckpt in (old, last):
-        (ckpt / "optimizer.pt").write_bytes(b"adam")
+        _zip(ckpt / "optimizer.pt", "adam")
         (ckpt / "global_step4").mkdir()
-        (ckpt / "global_step4" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"zero")
+        _zip(ckpt / "global_step4" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero")
         (ckpt / "trainer_state.json").write_text("{}")
     prune_finished_checkpoints(tmp_path)
     assert not old.exists()

@@ -291,7 +291,8 @@ def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: in
         output_path = stage_function(stage, run.spec.method)(ctx)
     except Stopped as stopped:  # every rank agreed and saved: they all get here, so the barrier cannot hang
         report_stop(stopped)
-        leave_process_group()
+        if stopped.gang_agreed:  # a rank that left on an error after the signal: its peers may never reach a barrier
+            leave_process_group()
         raise
     push_stage_outputs(ctx, stage)
     leave_process_group()  # on success only: a barrier after a failed rank would wait forever

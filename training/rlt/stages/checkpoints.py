@@ -61,31 +61,113 @@ def outside_zero3(trainer):
 
 
 def mark_checkpoint_complete(path: str | Path, is_main: bool) -> None:
-    """After every rank's save of `path` (ZeRO shards are written by all ranks), rank 0 writes the marker last."""
+    """After every rank's save of `path` (ZeRO shards are written by all ranks), rank 0 writes the marker last.
+
+    torch.save and safetensors do not fsync: a node crash soon after a save could leave a "complete" checkpoint
+    whose shards never reached the disk. So every rank fsyncs the checkpoint's files and folders (its own among
+    them) before the barrier, and rank 0 the folder holding the marker after writing it."""
     import torch.distributed as dist
 
+    fsync_tree(Path(path))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     if is_main:
         atomic_write_text(Path(path) / CHECKPOINT_COMPLETE, format_time() + "\n")
+        fsync_path(Path(path))  # the marker's directory entry
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file and folder under `path`, then `path`'s own entry in its parent. Files another rank is still
+    writing are fsynced by that rank too (it calls this once its own save ended)."""
+    for folder, _dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # a temporary file renamed meanwhile
+                fsync_path(Path(folder) / name)
+        fsync_path(Path(folder))
+    fsync_path(path.parent)
+
+
+def unloadable(path: Path) -> str | None:
+    """Why checkpoint `path` cannot be loaded (a truncated or unreadable file: the first found), or None. Reads the
+    structure of each file, not its data: a safetensors header and the length it promises, a torch zip's central
+    directory (written last, so truncation loses it), a JSON document."""
+    import json
+    import zipfile
+
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        where = file.relative_to(path)
+        try:
+            if file.suffix == ".safetensors":
+                _check_safetensors(file)
+            elif file.suffix in (".pt", ".pth", ".bin"):
+                with zipfile.ZipFile(file) as z:
+                    z.infolist()
+            elif file.suffix == ".json":
+                json.loads(file.read_text())
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            return f"{where}: {e}"
+    return None
+
+
+def _check_safetensors(file: Path) -> None:
+    import json
+
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{size} bytes, shorter than a safetensors header")
+        n = int.from_bytes(head, "little")
+        header = json.loads(f.read(n))
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if size != 8 + n + end:
+        raise ValueError(f"{size} bytes, its header describes {8 + n + end} (truncated?)")
 
 
 def last_checkpoint(directory: Path) -> str | None:
-    """The newest complete checkpoint under `directory`; newer partial ones (a pod killed mid-save) are moved to
-    `directory/set-aside/` with a warning, so neither a resume nor the Trainer's rotation ever reads them."""
+    """The newest complete checkpoint under `directory` that can be loaded; newer partial ones (a pod killed
+    mid-save) and unloadable ones (a truncated shard) are moved to `directory/set-aside/` with a warning, so neither
+    a resume nor the Trainer's rotation ever reads them, and the run falls back to the one before."""
+    for _step, path in checkpoints(directory):
+        if not is_complete(path):
+            set_aside(path, f"is incomplete (no {CHECKPOINT_COMPLETE})")
+            continue
+        reason = unloadable(path)
+        if reason is None:
+            return str(path)
+        set_aside(path, f"cannot be loaded ({reason})")
+    return None
+
+
+def set_aside(path: Path, why: str) -> None:
+    """Move checkpoint `path` to its folder's set-aside/ (kept for a person to look at, never deleted)."""
     import logging
 
-    for _step, path in checkpoints(directory):
-        if is_complete(path):
-            return str(path)
-        target = directory / SET_ASIDE / f"{path.name}.{int(time.time())}.{os.getpid()}"
-        logging.getLogger(__name__).warning(
-            "checkpoint %s is incomplete (no %s): set aside as %s, not resumed", path, CHECKPOINT_COMPLETE, target
-        )
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):  # another rank set it aside first
-            path.rename(target)
-    return None
+    target = path.parent / SET_ASIDE / f"{path.name}.{int(time.time())}.{os.getpid()}"
+    logging.getLogger(__name__).warning("checkpoint %s %s: set aside as %s, not resumed", path, why, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):  # another rank set it aside first
+        path.rename(target)
+
+
+def resume_checkpoint(directory: Path) -> str | None:
+    """`last_checkpoint` decided once for the gang: rank 0 checks (and sets aside), the others take its answer, so
+    no rank reads a folder another is moving and every rank resumes the same checkpoint."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return last_checkpoint(directory)
+    chosen = [last_checkpoint(directory) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(chosen, src=0)
+    return chosen[0]
 
 
 # What a checkpoint holds only to resume training: the Trainer's optimizer, DeepSpeed's ZeRO shards (optimizer and

@@ -1,14 +1,16 @@
 """Stop on SIGTERM without losing a step: preemption, a node drain, a Kueue eviction or a suspend all end a pod
 with SIGTERM and, after terminationGracePeriodSeconds, SIGKILL.
 
-The signal only raises a flag. Every rank all-reduces the flag at each micro-batch boundary (before a step's
-rollout, after each accumulated micro-batch, after the optimizer step: one 4-byte collective each), so when ANY rank
-of the gang was told to stop (a preempted pod stops only its own ranks) all ranks decide at the same point. After the
-optimizer step they save that step; inside a step they abandon it: its partial gradients are dropped and the state
-saved is the one before its optimizer step, which is the state after the last completed step (`Abandoned`). So a
-stop costs at most one micro-batch (or one rollout) of waiting, not a whole step — a paper-scale GRPO step holds
-256 micro-batches and 20-45 minutes — and a restart redoes the abandoned step from the same data (the Trainer skips
-the completed steps' batches only). Under a launcher
+The signal only raises a flag. Every rank all-reduces the flag at each boundary of a step (before its rollout,
+after the rollout returns, after the reference and old-policy passes, after scoring, after each accumulated
+micro-batch, after the optimizer step: one 4-byte collective each), so when ANY rank of the gang was told to stop
+(a preempted pod stops only its own ranks) all ranks decide at the same point. After the optimizer step they save
+that step; inside a step they abandon it: no gradient exists before its first backward, its partial gradients are
+dropped after, and the state saved is the one before its optimizer step, which is the state after the last
+completed step (`Abandoned`), with the random state the step started from. So a stop costs at most one phase of a
+step (the rollout, the scoring, one micro-batch) of waiting, not a whole step — a paper-scale GRPO step holds 256
+micro-batches and 20-45 minutes — and a restart redoes the abandoned step from the same data and the same random
+state (the Trainer skips the completed steps' batches only). Under a launcher
 (torchrun, accelerate) the launcher's own exit code is lost (it exits 1 after a signal), so `rlt launch` runs it
 and turns a stop that the ranks reported into STOPPED too.
 """
@@ -33,8 +35,9 @@ STOP_MARKER_ENV = STOP_MARKER.name
 class Stopped(Exception):
     """The gang stopped on a signal after saving `checkpoint` at `step` (what `rlt stage` turns into STOPPED)."""
 
-    def __init__(self, stage: str, step: int, checkpoint: str | None):
-        self.stage, self.step, self.checkpoint = stage, step, checkpoint
+    def __init__(self, stage: str, step: int, checkpoint: str | None, gang_agreed: bool = True):
+        # gang_agreed False: this rank left on an error after the signal; the others may still be in a collective
+        self.stage, self.step, self.checkpoint, self.gang_agreed = stage, step, checkpoint, gang_agreed
         super().__init__(
             f"stage {stage} stopped on SIGTERM after step {step}"
             + (f"; checkpoint {checkpoint} saved, a restart resumes from it" if checkpoint else "")
@@ -53,6 +56,8 @@ class StopRequest:
     def __init__(self) -> None:
         self.asked_at: float | None = None  # this process got the signal
         self.agreed = False  # the gang decided to stop (this rank or another was asked)
+        self.updating = False  # between a step's optimizer step and its end: the weights may be half-updated
+        self.step_rng: dict[str, Any] | None = None  # the random state the current step started from
         self._previous: Any = None
 
     def install(self) -> StopRequest:
@@ -88,6 +93,40 @@ class StopRequest:
         return self.agreed
 
 
+def stop_point(stop: StopRequest, state, where: str) -> None:
+    """A boundary inside a step before its first backward (after the rollout, the reference and old-policy passes,
+    the scoring): the gang abandons the step here when any rank was asked to stop. Every rank calls it at the same
+    points of every step."""
+    if stop.gang_agrees():
+        raise Abandoned(f"{where} of step {state.global_step + 1}")
+
+
+def rng_state() -> dict[str, Any]:
+    """What the Trainer's checkpoint keeps of the random state (transformers' _save_rng_state)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    out = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.random.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.random.set_rng_state_all(state["cuda"])
+
+
 def stop_callback(stop: StopRequest):
     """A transformers TrainerCallback: the gang agrees on a stop at every micro-batch boundary. After an optimizer
     step it saves that step and leaves; before a step's rollout or between its micro-batches it abandons the step."""
@@ -95,8 +134,14 @@ def stop_callback(stop: StopRequest):
 
     class StopOnSignal(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):  # before the rollout (GRPO generates in the 1st micro)
+            # the state after the last completed step: a step abandoned from here on is saved with it, so the
+            # restart redoes it alike (taken before the check: a stop here saves that same completed step)
+            stop.step_rng = rng_state()
             if stop.gang_agrees():
                 raise Abandoned(f"before step {state.global_step + 1}")
+
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            stop.updating = True
 
         def on_substep_end(self, args, state, control, **kw):
             if os.environ.get(TRACE.name) == "1":  # the preemption tests stop the gang mid-accumulation by it
@@ -105,6 +150,7 @@ def stop_callback(stop: StopRequest):
                 raise Abandoned(f"inside step {state.global_step + 1}")
 
         def on_step_end(self, args, state, control, **kw):
+            stop.updating = False
             if stop.gang_agrees():
                 control.should_save = True
                 control.should_training_stop = True
@@ -113,11 +159,13 @@ def stop_callback(stop: StopRequest):
     return StopOnSignal()
 
 
-def save_abandoned(trainer) -> str | None:
+def save_abandoned(trainer, step_rng: dict[str, Any] | None = None) -> str | None:
     """After `Abandoned`, on every rank: drop the step's partial gradients and save the state after the last
     completed optimizer step (the model and optimizer are untouched until the step's optimizer.step()), unless a
     complete checkpoint of that step exists (a periodic save, or the one this run resumed from: never rewritten) or
-    no step completed. Returns that checkpoint. A collective under DeepSpeed, like the Trainer's own saves."""
+    no step completed. `step_rng`, the random state the abandoned step started from, is what the checkpoint keeps
+    (the state after the last completed step), not the one the abandoned rollout left. Returns that checkpoint. A
+    collective under DeepSpeed, like the Trainer's own saves."""
     from rlt.contract.layout import checkpoint_path, is_complete
 
     trainer.model.zero_grad(set_to_none=True)
@@ -126,6 +174,8 @@ def save_abandoned(trainer) -> str | None:
     if step == 0:
         return None
     if not is_complete(path):
+        if step_rng is not None:
+            set_rng_state(step_rng)
         trainer._save_checkpoint(trainer.model_wrapped, trial=None)
         trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
     return str(path)

@@ -20,6 +20,7 @@ from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
 from rlt.stages.context import StageContext
 from rlt.stages.record import PhaseTimer, trace_line
+from rlt.stages.reference import keep_reference_in_checkpoints
 from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.start_models import newest_teacher
 from rlt.stages.trainer import TrainerRun, trainer_options
@@ -222,6 +223,35 @@ def use_pairwise_ref_sync(trainer, zero3: bool) -> bool:
     return False
 
 
+def stoppable_rollout(rollout, stop):
+    """The rollout, then the gang's agreement on a stop (rlt.stages.preemption.stop_point): the rollout is the
+    longest phase of a step (the longest completion plus the transfer), and no gradient exists yet."""
+    from rlt.stages.preemption import stop_point
+
+    def rollout_then_agree(prompts, trainer):
+        out = rollout(prompts, trainer)
+        stop_point(stop, trainer.state, "after the rollout")
+        return out
+
+    return rollout_then_agree
+
+
+def stoppable_scoring(trainer, stop) -> None:
+    """The gang agrees on a stop after the reference and old-policy passes (TRL runs them right before the rewards)
+    and after the scoring, still before the step's first backward."""
+    from rlt.stages.preemption import stop_point
+
+    calculate = trainer._calculate_rewards
+
+    def agreed_around(*a, **kw):
+        stop_point(stop, trainer.state, "after the reference and old-policy passes")
+        out = calculate(*a, **kw)
+        stop_point(stop, trainer.state, "after the scoring")
+        return out
+
+    trainer._calculate_rewards = agreed_around
+
+
 def partition_frozen(scorer, accelerator) -> bool:
     """A frozen scoring model prepared the way TRL prepares its reference and reward models under DeepSpeed
     (trl.models.prepare_deepspeed): under ZeRO-3 its parameters are partitioned across the ranks, so each rank
@@ -309,12 +339,14 @@ def train_grpo(
         rows,
         step_values,
         reward_funcs=[reward],
-        rollout_func=make_rollout_fn(timer, counters),
+        rollout_func=stoppable_rollout(make_rollout_fn(timer, counters), run.stop),
     )
+    stoppable_scoring(trainer, run.stop)
     for scorer in frozen:
         partition_frozen(scorer, trainer.accelerator)
     ds = args.deepspeed if isinstance(args.deepspeed, dict) else {}
     use_pairwise_ref_sync(trainer, zero3=ds.get("zero_optimization", {}).get("stage") == 3)
+    keep_reference_in_checkpoints(trainer)  # a resume continues with the synced reference, not the start model
     if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
         sync = trainer.vllm_generation.sync_weights
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from rlt.spec.budgets import collective_timeout_seconds
 from rlt.spec.run import stage_settings, zero_stage
-from rlt.stages.checkpoints import last_checkpoint, prune_finished_checkpoints, save_final_model
+from rlt.stages.checkpoints import prune_finished_checkpoints, resume_checkpoint, save_final_model
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.ranks import join_process_group
 from rlt.stages.record import Recorder, make_callback, quiet_trainer, say_line
+from rlt.stages.reference import load_reference
 from rlt.stages.start_models import peft_config
 from rlt.stages.tracking import point_tensorboard
 
@@ -140,14 +141,21 @@ class TrainerRun:
         quiet_trainer(trainer)
         point_tensorboard(trainer, self.ctx, self.stage)
         self.stop.install()
-        resume = last_checkpoint(self.ctx.layout.checkpoints_dir(self.stage))
+        resume = resume_checkpoint(self.ctx.layout.checkpoints_dir(self.stage))
+        if resume is not None:
+            load_reference(trainer, resume)  # GRPO's synced reference (rlt.stages.reference); others have none
         try:
             trainer.train(resume_from_checkpoint=resume)
         except EndReached as end:  # the checkpoint's weights are loaded: they are the final model
             say_line(f"{self.stage}: {Path(str(resume)).name} already reached step {end.step}: it is the final model")
-        except Abandoned as where:  # every rank, at the same micro-batch: save the last completed step
+        except Abandoned as where:  # every rank, at the same boundary: save the last completed step
             say_line(f"{self.stage}: SIGTERM: step abandoned {where}; saving step {trainer.state.global_step}")
-            self.recorder.last_checkpoint = save_abandoned(trainer) or self.recorder.last_checkpoint
+            saved = save_abandoned(trainer, self.stop.step_rng)
+            self.recorder.last_checkpoint = saved or self.recorder.last_checkpoint
+        except Exception as error:
+            if self.stop.asked_at is None and not self.stop.agreed:
+                raise  # no stop was asked: a failure
+            raise self.stopped_by_error(trainer, error, resume) from error
         finally:
             if not self.stop.agreed:  # once stopping, a second SIGTERM (the launcher's) must not kill the exit
                 self.stop.uninstall()
@@ -160,6 +168,27 @@ class TrainerRun:
             prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
         self.recorder.done()
         return out
+
+    def stopped_by_error(self, trainer, error: Exception, resume: str | None):
+        """An exception escaped training after SIGTERM (a drained generator aborting the rollout, a peer gone): a
+        disruption, not a failure. A single process saves the last completed step unless the optimizer step was
+        under way (the weights may be half-updated); a rank of a gang cannot (its peers may wait in a collective it
+        left) and names the last complete checkpoint."""
+        from rlt.stages.preemption import Stopped, save_abandoned
+
+        self.stop.agreed = True
+        step, saved = trainer.state.global_step, None
+        if world_size() <= 1 and not self.stop.updating:
+            say_line(f"{self.stage}: SIGTERM, then {type(error).__name__}: {error}; saving step {step}")
+            try:
+                saved = save_abandoned(trainer, self.stop.step_rng)
+            except Exception as failed:  # noqa: BLE001 - the stop is still a stop; the older checkpoint stands
+                say_line(f"{self.stage}: could not save step {step}: {type(failed).__name__}: {failed}")
+        else:
+            say_line(f"{self.stage}: SIGTERM, then {type(error).__name__}: {error}; not saving (gang or mid-update)")
+        last = saved or self.recorder.last_checkpoint or resume  # each complete (saved, marked, resumed from)
+        done = int(last.rsplit("-", 1)[1]) if last else 0
+        return Stopped(self.stage, done, last, gang_agreed=world_size() <= 1)
 
 
 def master_fp32(args, ref) -> bool:
