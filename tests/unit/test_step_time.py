@@ -132,7 +132,11 @@ def test_the_update_counts_recompute_imbalance_and_the_old_policy_pass():
 
     doc = _doc()
     base = _rl(doc)
-    assert base.imbalance == rank_imbalance(4) > 1.4  # 4 ranks wait for their slowest row at every micro-step
+    # rl deals its rows across the 4 ranks by tokens (loss grpo): they still wait a little at every micro-step
+    assert base.imbalance == rank_imbalance(4, dealt=True) == pytest.approx(1.07)
+    doc["spec"]["stages"]["rl"]["lossType"] = "bnpo"  # a row's weight depends on its micro-batch: no deal
+    assert _rl(doc).imbalance == rank_imbalance(4) > 1.4
+    del doc["spec"]["stages"]["rl"]["lossType"]
     assert base.update == pytest.approx((base.update_work + base.recompute) * base.imbalance)
     assert base.recompute == pytest.approx(base.update_work * 2 / 6)  # 2 FLOPs of 6 per trainable parameter
     doc["spec"]["stages"]["rl"]["gradientCheckpointing"] = False
@@ -202,7 +206,11 @@ def test_rlt_plan_prints_the_phases_the_grace_and_the_goodput_of_paper_7b_and_2x
         )
         share, losses = goodput(_rl(_doc(name)))
         assert 0.1 < share < 0.6 and share + sum(v for _, v in losses) == pytest.approx(1.0)
-        assert losses[0][0] == "generators idle during scoring, passes and update", losses
+        # the largest losses are the two sides of the pipeline waiting for each other, not the ranks (dealt by tokens)
+        assert {losses[0][0], losses[1][0]} == {
+            "generators idle during scoring, passes and update",
+            "trainers idle during the rollout",
+        }, losses
 
 
 def test_rlt_plan_measures_the_prompts_where_it_can_read_the_rows(capsys):

@@ -58,6 +58,11 @@ DEFAULT_PROMPT_TOKENS = 2048
 # micro-step, rows dealt at random): 1.54 at 4 ranks, 1.81 at 8, 2.08 at 16, close to issue 43's simulation of
 # realistic length spreads (1.5, 1.8, 2.1). Balancing the ranks' rows by tokens brings it to ~1.05-1.1.
 IMBALANCE_PER_DOUBLING = 0.27
+# rl deals each step's rows across the ranks by tokens (rlt.stages.balance) for the loss types where a row weighs the
+# same in any micro-batch: measured 1.068 at 4 ranks (benchmarks/rank_balance.py), simulated 1.02 at 8 and 1.04 at
+# 16 with a paper-scale step; 0.035 a doubling covers the measurement.
+BALANCED_IMBALANCE_PER_DOUBLING = 0.035
+DEALT_LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # rlt.stages.balance.DEALABLE_LOSSES (that module needs torch)
 # The weight transfer before each rollout (TRL's server mode: the ZeRO-3 gather of each parameter, one HTTP request
 # and an NCCL broadcast to the engines per parameter): ~15 s for a 7B model in bf16; an estimate, to be measured.
 WEIGHT_SYNC_BYTES_PER_S = 1e9
@@ -89,9 +94,11 @@ def write_rate(spec: RLTRunSpec) -> tuple[float, str]:
     )
 
 
-def rank_imbalance(world: int) -> float:
-    """How much longer a synchronised micro-step lasts than a balanced one on `world` ranks (IMBALANCE_PER_DOUBLING)."""
-    return 1.0 + IMBALANCE_PER_DOUBLING * math.log2(max(1, world))
+def rank_imbalance(world: int, dealt: bool = False) -> float:
+    """How much longer a synchronised micro-step lasts than a balanced one on `world` ranks: rows dealt at random
+    (IMBALANCE_PER_DOUBLING) or by tokens (BALANCED_IMBALANCE_PER_DOUBLING)."""
+    per_doubling = BALANCED_IMBALANCE_PER_DOUBLING if dealt else IMBALANCE_PER_DOUBLING
+    return 1.0 + per_doubling * math.log2(max(1, world))
 
 
 @dataclass(frozen=True)
@@ -181,7 +188,7 @@ def step_time(
         micro_batches=micro,
         update_work=seconds_of(rows * mean * per_token),
         recompute=seconds_of(rows * mean * recompute_per_token),
-        imbalance=rank_imbalance(world),
+        imbalance=rank_imbalance(world, dealt=stage == "rl" and getattr(st, "loss_type", None) in DEALT_LOSS_TYPES),
         longest_micro=seconds_of(st.per_device_batch_size * longest * (per_token + recompute_per_token)),
         save=checkpoint / rate + EXIT_SECONDS,
         save_steps=st.save_steps,
@@ -316,9 +323,11 @@ def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
             f"({minutes(t.transfer)})"
         )
     recompute = ", gradient-checkpoint recompute" if t.recompute else ""
+    dealt = t.imbalance < rank_imbalance(world)  # rows dealt by tokens (rl, rlt.stages.balance)
+    constant = "BALANCED_IMBALANCE_PER_DOUBLING, rows dealt by tokens" if dealt else "IMBALANCE_PER_DOUBLING"
     lines.append(
         f"{t.stage}: update {minutes(t.update)} over {t.micro_batches} micro-batches per rank (forward and backward"
-        f"{recompute}, ×{t.imbalance:.2f} rank imbalance at {world} ranks: rlt.checks.step_time.IMBALANCE_PER_DOUBLING)"
+        f"{recompute}, ×{t.imbalance:.2f} rank imbalance at {world} ranks: rlt.checks.step_time.{constant})"
     )
     return lines
 
