@@ -45,6 +45,7 @@ from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.k8s import quantity_value
 from rlt.spec.resources import DEFAULT_WRITE_RATE, GRACE_FLOOR_SECONDS
 from rlt.spec.run import RLTRunSpec, stage_settings
+from rlt.spec.stages import DEALABLE_LOSSES
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (A100: 312e12: the estimate is then ~3x short)
 UTILISATION = 0.35  # model FLOPs utilisation of a long-sequence 7B update with ZeRO-3 and checkpointing
@@ -62,7 +63,6 @@ IMBALANCE_PER_DOUBLING = 0.27
 # same in any micro-batch: measured 1.068 at 4 ranks (benchmarks/rank_balance.py), simulated 1.02 at 8 and 1.04 at
 # 16 with a paper-scale step; 0.035 a doubling covers the measurement.
 BALANCED_IMBALANCE_PER_DOUBLING = 0.035
-DEALT_LOSS_TYPES = ("grpo", "dr_grpo", "dapo")  # rlt.stages.balance.DEALABLE_LOSSES (that module needs torch)
 # The weight transfer before each rollout (TRL's server mode: the ZeRO-3 gather of each parameter, one HTTP request
 # and an NCCL broadcast to the engines per parameter): ~15 s for a 7B model in bf16; an estimate, to be measured.
 WEIGHT_SYNC_BYTES_PER_S = 1e9
@@ -188,7 +188,7 @@ def step_time(
         micro_batches=micro,
         update_work=seconds_of(rows * mean * per_token),
         recompute=seconds_of(rows * mean * recompute_per_token),
-        imbalance=rank_imbalance(world, dealt=stage == "rl" and getattr(st, "loss_type", None) in DEALT_LOSS_TYPES),
+        imbalance=rank_imbalance(world, dealt=stage == "rl" and getattr(st, "loss_type", None) in DEALABLE_LOSSES),
         longest_micro=seconds_of(st.per_device_batch_size * longest * (per_token + recompute_per_token)),
         save=checkpoint / rate + EXIT_SECONDS,
         save_steps=st.save_steps,

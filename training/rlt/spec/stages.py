@@ -269,6 +269,11 @@ class RefSyncSpec(Strict):
     steps: int = Field(32, gt=0, description="Update every N steps.")
 
 
+# The loss types whose gradient is one sum over a step's rows, whichever micro-batch holds a row: rl deals those rows
+# across the ranks by tokens (rlt.stages.balance), and the plan charges the dealt rank imbalance (rlt.checks.step_time).
+DEALABLE_LOSSES = ("grpo", "dr_grpo", "dapo")
+
+
 class RlStage(TrainerOptions):
     """GRPO of the teacher with the RLT reward (TRL GRPOTrainer)."""
 

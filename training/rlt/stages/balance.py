@@ -23,10 +23,10 @@ import time
 from functools import cache
 from typing import Any
 
+from rlt.spec.stages import DEALABLE_LOSSES
+
 log = logging.getLogger(__name__)
 
-# Losses whose gradient is one sum over the step's rows whichever micro-batch holds a row (see the module's doc).
-DEALABLE_LOSSES = ("grpo", "dr_grpo", "dapo")
 # TRL's per-row keys of a scored generation batch, by how they are padded: prompt columns on the left, completion
 # columns on the right, one value per row. Any other key is refused (a row would arrive without it).
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
