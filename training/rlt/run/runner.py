@@ -163,6 +163,7 @@ def run_local(
         raise
     ctx = StageContext(run, layout, metrics, device, show_progress)
     info: dict[str, Any] = {}
+    plots: list[Path] | None = None  # the last stage's plots are the run's (they read the whole metrics.jsonl)
     started = time.perf_counter()
     try:
         for plan in plans:
@@ -192,9 +193,11 @@ def run_local(
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
             # Each stage's plots as soon as it ends: a long run has something to look at before the last stage.
-            for plot in make_plots(layout.metrics_file, layout.plots_dir):
+            plots = make_plots(layout.metrics_file, layout.plots_dir)
+            for plot in plots:
                 print(f"[{name}] plot: {plot}", flush=True)
-        plots = make_plots(layout.metrics_file, layout.plots_dir)
+        if plots is None:  # every stage was done before: the plots of what the folder holds
+            plots = make_plots(layout.metrics_file, layout.plots_dir)
         summary = summarize(layout, info, time.perf_counter() - started, plots)
         if data_summary is not None:
             summary["data"] = data_summary
