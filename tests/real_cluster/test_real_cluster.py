@@ -209,13 +209,29 @@ def run_status(cluster, name: str, ns: str) -> dict:
     return (get(cluster, "rltrun", name, "-n", ns) or {}).get("status") or {}
 
 
+def test_a_toleration_with_seconds_is_accepted_by_the_server_as_by_rlt(cluster, tmp_path):
+    """tolerationSeconds rides out a spot node's taint. The CRD once carried the int64 extremes as bounds, which the
+    server keeps as float64 and refused ("Minimum boundary value must be of type integer"), while rlt validate
+    accepted the run; now both accept it."""
+    toleration = {"key": "cloud.google.com/gke-spot", "operator": "Exists", "effect": "NoExecute"}
+    doc = tiny("spot", "default", **{"scheduling.tolerations": [{**toleration, "tolerationSeconds": 3600}]})
+    server = apply(cluster, doc, "--dry-run=server", check=False)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    local = subprocess.run([*RLT, "validate", "--no-data", "--no-plan", str(path)], capture_output=True, text=True)
+    assert server.returncode == 0 and local.returncode == 0, (server.stderr, local.stderr)
+
+
 def test_the_operator_reconciles_a_run_under_the_charts_service_account(cluster, operator):
     ns = "team-a"
     cluster.kubectl("create", "namespace", ns)
     apply(cluster, tiny("tiny", ns))
     run = get(cluster, "rltrun", "tiny", "-n", ns)
-    st = wait_for(lambda: run_status(cluster, "tiny", ns).get("phase") == "Running" and run_status(cluster, "tiny", ns),
-                  "phase Running", timeout=90)  # fmt: skip
+    # No scheduler or kubelet runs here, so no pod ever runs: the run is Pending in its first stage (issue 45: never
+    # Running while nothing runs), with Ready False saying what it waits for.
+    st = wait_for(lambda: run_status(cluster, "tiny", ns).get("stage") == "sft" and run_status(cluster, "tiny", ns),
+                  "stage sft", timeout=90)  # fmt: skip
+    assert st["phase"] == "Pending" and condition(st, "Ready")["status"] == "False", st
     # Every child accepted by the server, each the run's (owner UID and label).
     for kind, name in (
         ("configmap", "tiny-config"),
@@ -251,7 +267,7 @@ def test_the_operator_reconciles_a_run_under_the_charts_service_account(cluster,
         table = cluster.kubectl("get", "rlt", "-A").stdout.splitlines()
         assert table[0].split()[:5] == ["NAMESPACE", "NAME", "PHASE", "STAGE", "TRAINER"], table[0]
         row = next(line.split() for line in table[1:] if line.split()[:2] == [ns, "tiny"])
-        assert row[2:5] == ["Running", "sft", "WaitingForPods"], table
+        assert row[2:5] == ["Pending", "sft", "WaitingForPods"], table
 
     # Deletion: the finalizer runs, the children go (the pods by garbage collection), the retained claim stays.
     cluster.kubectl("delete", "rltrun", "tiny", "-n", ns, "--wait=false")
