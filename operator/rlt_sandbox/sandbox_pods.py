@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from rlt.contract.env import CACHE
-from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
+from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet, PodRun
 
 
 def parse_images(specs: list[str]) -> dict[str, ImageEnv]:
@@ -82,8 +82,12 @@ async def start(
 async def _announce(kubelet: LocalKubelet) -> None:
     """One line per pod as it starts (where its log is) and as it ends (its phase and exit code)."""
     said: dict[str, str] = {}
+    # Pods are kept here after the emulator forgets them: a Job deleted right after its pod ended (a run's cleanup)
+    # takes the pod from `kubelet.pods` within one pass, and its end must still be said.
+    known: dict[tuple[str, str], PodRun] = {}
     while True:
-        for (ns, name), pod in list(kubelet.pods.items()):
+        known.update(kubelet.pods)
+        for (ns, name), pod in list(known.items()):
             state = pod.phase if pod.phase in ("Succeeded", "Failed") else "started"
             if said.get(name) != state:
                 said[name] = state
@@ -92,6 +96,8 @@ async def _announce(kubelet: LocalKubelet) -> None:
                 if moved and state == "started":
                     extra += " ports " + ", ".join(f"{r}->127.0.0.1:{p}" for r, p in sorted(moved.items()))
                 print(f"pod {ns}/{name}: {state}{extra}  log: {pod.log_path}", flush=True)
+        for key in [k for k in known if k not in kubelet.pods]:
+            del known[key]  # said once more after it left the emulator, now forgotten
         await asyncio.sleep(0.5)
 
 

@@ -196,6 +196,10 @@ def test_two_runs_applied_at_once_both_succeed(start_sandbox, tmp_path):
         time.sleep(0.5)
     detail = "".join(sandbox.output[-80:]) + sandbox.kubectl("get", "rlt", "-o", "yaml")
     assert phases == {n: "Succeeded" for n in names}, detail
+    # the pods' end lines follow the phase by up to one announcer pass (0.5 s; longer on a loaded machine)
+    ended = time.monotonic() + 15
+    while time.monotonic() < ended and sum(": Succeeded" in line for line in sandbox.output) < 2:
+        time.sleep(0.2)
     lines = [line for line in sandbox.output if line.startswith("pod default/pair-")]
     started = [line for line in lines if "-sft-0-" in line and ": started" in line]
     assert len(started) == 2, lines
