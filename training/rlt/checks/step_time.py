@@ -37,15 +37,15 @@ The figures are estimates for planning, stated here so a reader can redo them:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
-from rlt.checks.gpu_memory import kv_sequences, spec_gpu_memory
-from rlt.checks.model_shape import ModelShape, Shapes, checkpoint_bytes, dtype_bytes, known_shape, trainable_params
-from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
+from rlt.checks.model_shape import ModelShape, Shapes, known_shape
+from rlt.checks.plan_terms import PromptTokens, StepTime, stage_terms
 from rlt.spec.k8s import quantity_value
 from rlt.spec.resources import DEFAULT_WRITE_RATE, GRACE_FLOOR_SECONDS
 from rlt.spec.run import RLTRunSpec, stage_settings
-from rlt.spec.stages import DEALABLE_LOSSES
+
+# PromptTokens and StepTime live in rlt.checks.plan_terms (a stage's terms build them); re-exported for callers.
+__all__ = ["PromptTokens", "StepTime"]
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (A100: 312e12: the estimate is then ~3x short)
 UTILISATION = 0.35  # model FLOPs utilisation of a long-sequence 7B update with ZeRO-3 and checkpointing
@@ -70,15 +70,6 @@ EXIT_SECONDS = 60  # ranks and launcher leaving, the marker written
 MTBF_SECONDS = 24 * 3600  # a gang's mean time between losses (SIGKILL past the grace period, a node lost, an OOM)
 
 
-@dataclass(frozen=True)
-class PromptTokens:
-    """The teacher's prompt in tokens: the mean and the longest, and where the figures come from."""
-
-    mean: int
-    longest: int
-    source: str
-
-
 def default_prompts(spec: RLTRunSpec) -> PromptTokens:
     n = min(DEFAULT_PROMPT_TOKENS, spec.stages.rl.max_prompt_length)
     return PromptTokens(n, n, "not measured: rlt.checks.step_time.DEFAULT_PROMPT_TOKENS")
@@ -101,56 +92,6 @@ def rank_imbalance(world: int, dealt: bool = False) -> float:
     return 1.0 + per_doubling * math.log2(max(1, world))
 
 
-@dataclass(frozen=True)
-class StepTime:
-    """One optimizer step of a Trainer stage, phase by phase (seconds), and one save."""
-
-    stage: str
-    micro_batches: int  # per rank per step
-    update_work: float  # forward and backward at balanced ranks, without recompute
-    recompute: float  # gradient checkpointing's second forward, at balanced ranks
-    imbalance: float  # rank_imbalance of the trainer's world
-    longest_micro: float  # one micro-batch of rows of the longest allowed length
-    save: float  # seconds to write one checkpoint and exit
-    save_steps: int
-    trainer_gpus: int
-    generator_gpus: int = 0  # GPUs of the vLLM generators held beside the trainer (server mode)
-    throughput_bound: float = 0.0  # the completion tokens over the sequences decoded at once
-    longest_bound: float = 0.0  # the longest allowed completion, one sequence's decode
-    busy_generation: float = 0.0  # the rollout's token work were every decode slot full (goodput's useful part)
-    transfer: float = 0.0  # the policy's weights to the generators
-    scoring: float = 0.0  # the reward's student forward
-    passes_work: float = 0.0  # reference and old-policy forwards, at balanced ranks
-    passes_name: str = "reference/old-policy passes"  # the ones this step runs
-
-    @property
-    def rollout(self) -> float:
-        return max(self.throughput_bound, self.longest_bound) + self.transfer if self.longest_bound else 0.0
-
-    @property
-    def passes(self) -> float:
-        return self.passes_work * self.imbalance
-
-    @property
-    def update(self) -> float:
-        return (self.update_work + self.recompute) * self.imbalance
-
-    @property
-    def before_update(self) -> float:
-        """The phases before a step's first micro-batch: rollout, scoring, reference/old-policy passes."""
-        return self.rollout + self.scoring + self.passes
-
-    @property
-    def step(self) -> float:
-        return self.before_update + self.update
-
-    @property
-    def grace(self) -> int:
-        """The grace period a stop needs: every phase before the first micro-batch, one micro-batch of the longest
-        allowed rows, and a save (the module's docstring says why a sum)."""
-        return math.ceil(self.before_update + self.longest_micro + self.save)
-
-
 def seconds_of(flops: float) -> float:
     """Seconds one GPU takes for `flops` at UTILISATION of PEAK_FLOPS."""
     return flops / (PEAK_FLOPS * UTILISATION)
@@ -162,81 +103,31 @@ def step_time(
     shape: ModelShape,
     trainable: int,
     checkpoint: int,
-    student: ModelShape | None = None,
-    prompts: PromptTokens | None = None,
-    gpu_memory: int | None = None,
+    mean: float,
+    longest: float,
+    dealt: bool = False,
 ) -> StepTime:
-    """One optimizer step of Trainer stage `stage` (sft, rl, student) of a model of `shape` with `trainable`
-    parameters, and the save of a `checkpoint`-byte checkpoint; rl rows of `prompts` (default_prompts when None) and
-    generators of `gpu_memory` GPUs (the spec's, spec_gpu_memory, when None)."""
+    """The update of one optimizer step of Trainer stage `stage` of a model of `shape` with `trainable` parameters,
+    over rows of `mean` tokens (`longest` at most; `dealt`: dealt across the ranks by tokens), and the save of a
+    `checkpoint`-byte checkpoint. The phases before the update are the stage's (rlt.checks.stage_terms)."""
     st = stage_settings(spec, stage)
     res = spec.resources.trainer
     world = res.nodes * max(1, res.gpus)
     per_token = 6 * trainable + 4 * (shape.params - trainable)
     recompute_per_token = 2 * shape.params if st.gradient_checkpointing else 0
     rows = st.batch_size / world  # rows per rank per step
-    if stage == "rl":
-        prompts = prompts or default_prompts(spec)
-        mean, longest = prompts.mean + st.max_completion_length * MEAN_COMPLETION_SHARE, prompts.longest
-        longest += st.max_completion_length
-    else:
-        mean, longest = st.max_length / 2, st.max_length
     micro = max(1, st.batch_size // (st.per_device_batch_size * world))
     rate, _ = write_rate(spec)
-    t = StepTime(
+    return StepTime(
         stage,
         micro_batches=micro,
         update_work=seconds_of(rows * mean * per_token),
         recompute=seconds_of(rows * mean * recompute_per_token),
-        imbalance=rank_imbalance(world, dealt=stage == "rl" and getattr(st, "loss_type", None) in DEALABLE_LOSSES),
+        imbalance=rank_imbalance(world, dealt=dealt),
         longest_micro=seconds_of(st.per_device_batch_size * longest * (per_token + recompute_per_token)),
         save=checkpoint / rate + EXIT_SECONDS,
         save_steps=st.save_steps,
         trainer_gpus=world,
-    )
-    if stage != "rl":
-        return t
-    return _rl_phases(spec, t, shape, student, rows, mean, gpu_memory)
-
-
-def _rl_phases(
-    spec: RLTRunSpec,
-    t: StepTime,
-    shape: ModelShape,
-    student: ModelShape | None,
-    rows: float,
-    mean: float,
-    gpu_memory: int | None,
-) -> StepTime:
-    """The rl step's phases before the update: the rollout, the scoring and the reference/old-policy passes over a
-    rank's `rows` of `mean` tokens."""
-    rl, gen = spec.stages.rl, spec.resources.generator
-    mode = rl.generation.mode
-    completion = rl.max_completion_length * MEAN_COMPLETION_SHARE
-    server = mode == "server"
-    engines = max(1, gen.replicas * gen.data_parallel_size) if server else t.trainer_gpus
-    slots = VLLM_MAX_NUM_SEQS
-    if server:
-        memory = gpu_memory if gpu_memory is not None else spec_gpu_memory(spec)[0]
-        # vLLM allocates KV pages as tokens are made: the mean row, not the longest, sets how many share the cache
-        kv = kv_sequences(spec, shape, memory, math.ceil(mean), gen.tensor_parallel_size, dtype_bytes(spec.teacher))
-        slots = min(slots, max(1, kv))
-    at_once = min(rl.batch_size, engines * slots)
-    # GRPO's reference at beta > 0 (LoRA: the base with its adapter off, still a whole forward); TRL's old-policy
-    # forward only for its vLLM importance sampling correction (rlt aligns generation with the optimizer step)
-    names = ["reference pass"] if rl.beta > 0 else []
-    names += ["old-policy pass"] if mode != "inprocess" and rl.generation.importance_sampling != "off" else []
-    tokens = rows * mean
-    return replace(
-        t,
-        generator_gpus=gen.replicas * gen.gpus if server else 0,
-        throughput_bound=rl.batch_size * completion / (at_once * DECODE_TOKENS_PER_S),
-        longest_bound=rl.max_completion_length / DECODE_TOKENS_PER_S,
-        busy_generation=rl.batch_size * completion / (engines * slots * DECODE_TOKENS_PER_S),
-        transfer=shape.params * dtype_bytes(spec.teacher) / WEIGHT_SYNC_BYTES_PER_S if mode != "inprocess" else 0.0,
-        scoring=seconds_of(tokens * 2 * student.params) if student is not None else 0.0,
-        passes_work=seconds_of(tokens * 2 * shape.params * len(names)),
-        passes_name=" + ".join(names),
     )
 
 
@@ -260,9 +151,9 @@ def preemption_notes(
         f"the trainer pods' grace period: {grace} s ({source})",
         f"write rate: {rate / 1e6:.0f} MB/s ({rate_source})",
     ]
-    if any(t.stage == "rl" for t in times):
+    for t in [t for t in times if t.reads_prompts][:1]:
         p = prompts or default_prompts(spec)
-        out.append(f"rl prompts: mean {p.mean}, longest {p.longest} tokens ({p.source})")
+        out.append(f"{t.stage} prompts: mean {p.mean}, longest {p.longest} tokens ({p.source})")
     warn: list[str] = []
     for t in times:
         loss = t.save_steps * t.step
@@ -372,9 +263,6 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-TRAINER_STAGES = ("sft", "rl", "student")
-
-
 def trainer_step_times(
     spec: RLTRunSpec,
     shapes: Shapes,
@@ -383,20 +271,10 @@ def trainer_step_times(
     gpu_memory: int | None = None,
 ) -> list[StepTime]:
     """One optimizer step and one checkpoint save of each enabled Trainer stage whose model shape is known (rl rows
-    of `prompts`, default_prompts when None; generators of `gpu_memory` GPUs, the spec's when None)."""
-    world = spec.resources.trainer.nodes * max(1, spec.resources.trainer.gpus)
-    times = []
-    for stage in (s for s in spec.stages.enabled() if s in TRAINER_STAGES):
-        ref = spec.teacher if stage != "student" else (spec.stages.student.model or spec.student)
-        shape = shapes.teacher if stage != "student" else shapes.student_stage(spec)
-        if shape is None:
-            continue
-        trainable = trainable_params(shape, ref)
-        zero = stage_settings(spec, stage).deepspeed_zero_stage
-        one = checkpoint_bytes(shape, trainable, zero, world, dtype_bytes(ref, gpu))
-        student = shapes.student if stage == "rl" else None
-        times.append(step_time(spec, stage, shape, trainable, one, student, prompts, gpu_memory))
-    return times
+    of `prompts`, default_prompts when None; generators of `gpu_memory` GPUs, the spec's when None): each stage's
+    terms (rlt.checks.plan_terms.stage_terms) say it."""
+    times = [stage_terms(s).step_time(spec, shapes, gpu, prompts, gpu_memory) for s in spec.stages.enabled()]
+    return [t for t in times if t is not None]
 
 
 def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
@@ -407,14 +285,11 @@ def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
     set_value = spec.resources.trainer.termination_grace_period_seconds
     if set_value is not None:
         return set_value, "resources.trainer.terminationGracePeriodSeconds"
-    stages = [s for s in spec.stages.enabled() if s in TRAINER_STAGES]
-    if not stages:
+    # the shapes trainer_step_times reads: each enabled stage names those its step reads
+    models = set().union(*(stage_terms(s).step_models(spec) for s in spec.stages.enabled()))
+    if not models:
         return GRACE_FLOOR_SECONDS, "the default (no Trainer stage)"
-    # the shapes trainer_step_times reads: the teacher's, the reward's student (rl), the student stage's model
     trained = (spec.stages.student.model or spec.student).model
-    models = {spec.teacher.model} if {"sft", "rl"} & set(stages) else set()
-    models |= {spec.student.model} if "rl" in stages else set()
-    models |= {trained} if "student" in stages else set()
     unknown = sorted(m for m in models if known_shape(m) is None)
     if unknown:
         return GRACE_FLOOR_SECONDS, (

@@ -15,6 +15,8 @@ from typing import Literal
 
 # The function running a stage, per teaching method: rlt's live in rlt.stages.<stage>, rcl's in rlt.stages.rcl.
 STAGE_FUNCTIONS = {"rlt": "rlt.stages.{stage}:run_{stage}", "rcl": "rlt.stages.rcl:run_rcl_{stage}"}
+# The module holding a stage's plan terms (memory, disk, step time: rlt.checks.plan_terms.StageTerms) as TERMS.
+STAGE_TERMS = "rlt.checks.stage_terms.{stage}"
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,16 @@ class StageInfo:
     # a setting that, raised on a finished stage, continues it from its last checkpoint (RL's schedule is constant:
     # steps 1..n then n+1..m from the checkpoint equal one run of m steps)
     extendable: str | None = None
+    # the module of its plan terms, when not STAGE_TERMS's (a stage kept outside rlt)
+    terms: str | None = None
 
     @property
     def trainer(self) -> bool:
         return self.trl_config is not None
+
+    @property
+    def terms_module(self) -> str:
+        return self.terms or STAGE_TERMS.format(stage=self.name)
 
 
 BOTH = ("rlt", "rcl")

@@ -1,0 +1,354 @@
+"""The parts a stage's plan terms are built from (rlt.checks.stage_terms.<stage>), and the one protocol each stage's
+terms follow: the plan's checks and their totals, the memory of a model's states, activations, TRL's loss tiles and
+the reward's scoring, a step's phases. The capacity plan (rlt.checks.capacity) and the step time
+(rlt.checks.step_time) loop over the stage table and ask each enabled stage for its terms (`stage_terms`); nothing
+here or there branches on a stage's name.
+
+Where a library estimates a term, its estimator is used: DeepSpeed's ZeRO-2/ZeRO-3 model-state estimators (GPU and
+host memory), the model's own config for parameter counts (rlt.checks.shapes) and KV sizes."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Protocol
+
+from rlt.checks.gpu_memory import GiB, kv_sequences
+from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
+from rlt.contract.stage_registry import stage_info
+from rlt.spec.run import RLTRunSpec
+
+# Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
+# communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
+# Not measurable on CPU: a documented constant.
+CUDA_OVERHEAD = 3 * GiB
+# DeepSpeed's default reduce_bucket_size (elements; rlt's ZeRO config leaves it unset): ZeRO 1/2 allocate two
+# gradient buckets of it with overlap_comm (stage_1_and_2.setup_buckets), ZeRO-3 one (stage3, "IPG").
+DS_REDUCE_BUCKET = 500_000_000
+# DeepSpeed's default stage3_max_live_parameters (parameters resident per GPU before it releases gathered ones).
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+SCORING_SHARE = 0.1  # share of the GPU a scoring micro-batch may take (reward.maxBatchTokens default)
+# The training loss (TRL 1.16's SFT and GRPO trainers both add a fused LM head, trl.trainer.utils.add_fused_lm_head):
+# log-probabilities from tiles of at most TOKEN_CHUNK_SIZE tokens × _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries
+# (trl.kernels.chunked_logprob), never the whole logits. With Triton (a GPU) each tile is folded in place; without it
+# (CPU) TRL's torch fallback `_backward_tile` keeps this many fp32 copies of a tile live at once (y, z, log_p, p,
+# grad, the target mask as float, their difference and its product with the incoming gradient; torch.profiler
+# shows 8 live at the benchmark's peak).
+LOSS_TILE_FALLBACK_COPIES = 8
+# Characters per token of a stored explanation, for the size of generated datasets (JSONL text).
+CHARS_PER_TOKEN = 4
+# Rows of hub datasets the examples use (dataset card): needed for step counts when the data is not local.
+
+
+@dataclass
+class Check:
+    """One resource of one stage: its terms, their total, what the spec gives it, and the field that changes it."""
+
+    stage: str
+    resource: str
+    terms: list[tuple[str, int]]
+    limit: int | None
+    fix: str
+    note: str = ""
+    # Terms of which only the largest is live at once (a GRPO step samples, then scores, then trains).
+    phases: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.terms) + max((b for _, b in self.phases), default=0)
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.total <= self.limit
+
+
+@dataclass
+class Plan:
+    gpu_memory: int
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    values: dict[str, int] = field(default_factory=dict)  # derived settings (e.g. the scoring token cap)
+    shapes: Shapes | None = None
+    disk: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (bytes at its fullest, bytes it keeps)
+    stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
+    generation: list[str] = field(default_factory=list)  # distill's sequences in flight per rank, and why
+    goodput: list[str] = field(default_factory=list)  # per Trainer stage: useful share of held GPU-seconds, losses
+    unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
+    warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.fits]
+
+    def errors(self, stages: tuple[str, ...] | None = None) -> list[str]:
+        """One line per resource that cannot fit (of `stages` only, when given), naming the field to change; the
+        run's placement problems concern every stage."""
+        return [
+            f"{c.stage}: {c.resource} needs {gib(c.total)} but has {gib(c.limit or 0)}; change {c.fix}"
+            for c in self.failures
+            if stages is None or c.stage in stages
+        ] + [f"all: {line}" for line in self.unplaceable]
+
+    def headline(self, stages: tuple[str, ...]) -> str:
+        """Need of has of every bounded resource of `stages`, one clause each (the plan of a pod that fits)."""
+        return "; ".join(
+            f"{c.resource} {c.total / GiB:.1f} of {gib(c.limit)}"
+            for c in self.checks
+            if c.stage in stages and c.limit is not None
+        )
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+# --------------------------------------------------------------------------- GPU terms
+
+
+def model_states(shape: ModelShape, trainable: int, zero: int, nodes: int, gpus: int, b: int) -> tuple[int, int, str]:
+    """(GPU bytes, host bytes at start-up, how) of one process's weights, gradients and Adam states.
+
+    One process or ZeRO 0: no DeepSpeed; the Trainer's AdamW keeps its states in the parameters' dtype (weights b,
+    gradient b, two moments 2b per trainable parameter; a LoRA adapter is kept in fp32 by PEFT: 16 bytes).
+    ZeRO 1/2/3: DeepSpeed's estimators for the trainable parameters (mixed precision: 18 bytes per parameter split
+    over the ranks, plus the 16-bit copy for ZeRO 1/2 or the largest layer gathered for ZeRO 3); frozen parameters
+    (LoRA's base) in 16 bit, partitioned by ZeRO 3. Host: the estimators' start-up memory (each rank loads the
+    model before DeepSpeed partitions it)."""
+    frozen = shape.params - trainable
+    world = nodes * gpus
+    lora = trainable < shape.params
+    if world <= 1 or zero == 0:
+        # weights b per parameter; per trainable one: gradient + two moments (3b), or 16 bytes for fp32 LoRA
+        per_trainable = 16 if lora else 3 * b
+        return shape.params * b + trainable * per_trainable, shape.params * b, "no DeepSpeed (one process or ZeRO 0)"
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    if zero == 3:
+        host, gpu, _ = estimate_zero3_model_states_mem_needs(
+            trainable,
+            min(trainable, shape.largest_param),
+            gpus,
+            nodes,
+            cpu_offload=False,
+            cpu_offload_params=False,
+            zero_init=False,
+        )
+        return gpu + frozen * b // world, host, "DeepSpeed estimate_zero3_model_states_mem_needs"
+    host, gpu = estimate_zero2_model_states_mem_needs(trainable, gpus, nodes, cpu_offload=False)
+    return gpu + frozen * b, host, f"DeepSpeed estimate_zero2_model_states_mem_needs (ZeRO {zero})"
+
+
+def layer_bytes_per_token(shape: ModelShape, b: int) -> int:
+    """Activations one decoder layer keeps for the backward pass, per token: the two norms' inputs and outputs,
+    q/k/v, the attention output, the MLP's gate, up, activation and down input (flash/SDPA attention: no
+    length² term)."""
+    kv = shape.kv_heads * shape.head_dim
+    return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate)
+
+
+@lru_cache(maxsize=8)
+def trl_constant(module: str, name: str) -> int:
+    """An integer constant of the installed TRL, read from the module's source: importing trl.trainer.utils imports
+    all of TRL, 3 s more in every trainer pod's preflight."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    found = importlib.util.find_spec(module)
+    if found is None or found.origin is None:
+        raise LookupError(f"{module} is not installed: the capacity plan reads the loss tile sizes from TRL")
+    for node in ast.parse(Path(found.origin).read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return int(ast.literal_eval(node.value))
+    raise LookupError(f"{module}.{name} is gone from the installed TRL: rlt.checks.capacity needs its loss tile size")
+
+
+def lm_head_loss_bytes(shape: ModelShape, tokens: int, b: int, gpu: bool, head_trainable: bool) -> int:
+    """Memory of TRL's fused LM-head loss over `tokens` positions (LOSS_TILE_FALLBACK_COPIES): the tile buffer
+    (min(tokens, TOKEN_CHUNK_SIZE) × the chunk width in the compute dtype; a GPU allocates the whole width, a CPU
+    touches only the vocabulary's part), the fp32 gradient of the hidden states it accumulates, the fp32 gradient of
+    the head's weight when the head trains, and on CPU the torch fallback's fp32 copies of a tile."""
+    rows = min(tokens, trl_constant("trl.kernels.chunked_logprob", "TOKEN_CHUNK_SIZE"))
+    CHUNK = trl_constant("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE")
+    width = CHUNK if gpu else min(shape.vocab, CHUNK)
+    total = rows * width * b + tokens * shape.hidden * 4 + (shape.vocab * shape.hidden * 4 if head_trainable else 0)
+    if not gpu:
+        total += LOSS_TILE_FALLBACK_COPIES * rows * min(shape.vocab, CHUNK) * 4
+    return total
+
+
+def activations(shape: ModelShape, rows: int, length: int, checkpointing: bool, b: int) -> int:
+    """Training activations of one micro-batch: with gradient checkpointing every layer's input plus one layer
+    recomputed, else every layer's (the loss is lm_head_loss_bytes)."""
+    per_layer = rows * length * layer_bytes_per_token(shape, b)
+    return rows * length * shape.hidden * b * shape.layers + per_layer if checkpointing else per_layer * shape.layers
+
+
+def scoring_bytes_per_token(shape: ModelShape, b: int) -> int:
+    """A scored position under no_grad: one layer's transients (norm, q/k/v, MLP) and the shared prompt's KV cache
+    copied per row (rlt.method.scoring); the head runs on 128-row chunks, a constant."""
+    kv = shape.kv_heads * shape.head_dim
+    return b * (shape.kv_bytes_per_token + 2 * shape.hidden + 2 * kv + 3 * shape.intermediate)
+
+
+def scoring_token_cap(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, dtype_bytes: int) -> int:
+    """Default scoring micro-batch cap (reward.maxBatchTokens): SCORING_SHARE of the GPU over the student's bytes
+    per scored token, at least one full row (prompt + completion)."""
+    rl = spec.stages.rl
+    return max(
+        rl.max_prompt_length + rl.max_completion_length,
+        int(SCORING_SHARE * gpu_memory) // (scoring_bytes_per_token(shape, dtype_bytes)),
+    )
+
+
+def scoring_tokens(spec: RLTRunSpec, cap: int) -> int:
+    """Positions of the largest scoring micro-batch: at most reward.batchSize rows of full length and at most the
+    token cap (rlt.method.scoring.Scorer batches by both)."""
+    rl = spec.stages.rl
+    return min(cap, rl.reward.batch_size * (rl.max_prompt_length + rl.max_completion_length))
+
+
+def generator_kv_sequences(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, length: int) -> int:
+    """Sequences of `length` tokens whose KV cache one vLLM engine holds at once: its gpuMemoryUtilization share of
+    each of its tensorParallelSize GPUs, less the weights' shard and VLLM_NON_KV (the generator check's terms)."""
+    tp = spec.resources.generator.tensor_parallel_size
+    return kv_sequences(spec, shape, gpu_memory, length, tp, dtype_bytes(spec.teacher))
+
+
+# --------------------------------------------------------------------------- a step (rlt.checks.step_time)
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    """The teacher's prompt in tokens: the mean and the longest, and where the figures come from."""
+
+    mean: int
+    longest: int
+    source: str
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One optimizer step of a Trainer stage, phase by phase (seconds), and one save."""
+
+    stage: str
+    micro_batches: int  # per rank per step
+    update_work: float  # forward and backward at balanced ranks, without recompute
+    recompute: float  # gradient checkpointing's second forward, at balanced ranks
+    imbalance: float  # rank_imbalance of the trainer's world
+    longest_micro: float  # one micro-batch of rows of the longest allowed length
+    save: float  # seconds to write one checkpoint and exit
+    save_steps: int
+    trainer_gpus: int
+    generator_gpus: int = 0  # GPUs of the vLLM generators held beside the trainer (server mode)
+    throughput_bound: float = 0.0  # the completion tokens over the sequences decoded at once
+    longest_bound: float = 0.0  # the longest allowed completion, one sequence's decode
+    busy_generation: float = 0.0  # the rollout's token work were every decode slot full (goodput's useful part)
+    transfer: float = 0.0  # the policy's weights to the generators
+    scoring: float = 0.0  # the reward's student forward
+    passes_work: float = 0.0  # reference and old-policy forwards, at balanced ranks
+    passes_name: str = "reference/old-policy passes"  # the ones this step runs
+    reads_prompts: bool = False  # its rows are the teacher's prompts (PromptTokens) plus completions
+
+    @property
+    def rollout(self) -> float:
+        return max(self.throughput_bound, self.longest_bound) + self.transfer if self.longest_bound else 0.0
+
+    @property
+    def passes(self) -> float:
+        return self.passes_work * self.imbalance
+
+    @property
+    def update(self) -> float:
+        return (self.update_work + self.recompute) * self.imbalance
+
+    @property
+    def before_update(self) -> float:
+        """The phases before a step's first micro-batch: rollout, scoring, reference/old-policy passes."""
+        return self.rollout + self.scoring + self.passes
+
+    @property
+    def step(self) -> float:
+        return self.before_update + self.update
+
+    @property
+    def grace(self) -> int:
+        """The grace period a stop needs: every phase before the first micro-batch, one micro-batch of the longest
+        allowed rows, and a save (the module's docstring says why a sum)."""
+        return math.ceil(self.before_update + self.longest_micro + self.save)
+
+
+# --------------------------------------------------------------------------- a stage's terms
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the plan gives every stage: the GPU's memory, a GPU or a CPU run (dtype, CUDA terms), the teacher
+    prompts' measured lengths (None: not measured) and the training rows (None: unknown)."""
+
+    gpu_memory: int
+    gpu: bool
+    prompts: PromptTokens | None
+    rows: int | None
+
+
+@dataclass
+class StagePlan:
+    """What a stage's plan gives back beside the checks it adds to the Plan."""
+
+    host: int  # host bytes of a trainer pod while the stage loads its models
+    disk: tuple[int, int]  # (bytes at its fullest while it runs, bytes it keeps after)
+    generation: list[str] = field(default_factory=list)  # lines for Plan.generation, after the generators' line
+
+
+class StageTerms(Protocol):
+    """A stage's plan terms: what its pods need (memory, disk) and what its step costs (the grace period a stop
+    needs, the collective timeouts rlt.spec.budgets sizes from the stage's settings model)."""
+
+    def plan(self, spec: RLTRunSpec, shapes: Shapes, at: PlanInputs, plan: Plan) -> StagePlan | None:
+        """Add the stage's checks (and notes) to `plan`; None when the stage plans nothing (a note says why)."""
+        ...
+
+    def step_time(
+        self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, prompts: PromptTokens | None, gpu_memory: int | None
+    ) -> StepTime | None:
+        """One optimizer step and one save of the stage; None for a stage without a Trainer or an unknown shape."""
+        ...
+
+    def step_models(self, spec: RLTRunSpec) -> set[str]:
+        """The models whose shapes step_time reads (empty: no step time)."""
+        ...
+
+
+def stage_terms(name: str) -> StageTerms:
+    """The plan terms of stage `name`: the TERMS of the module its table row names (StageInfo.terms_module), imported
+    on first use."""
+    module = stage_info(name).terms_module
+    terms: StageTerms | None = getattr(importlib.import_module(module), "TERMS", None)
+    if terms is None:
+        raise LookupError(f"{module} has no TERMS: the plan terms of stage {name!r} (rlt.checks.plan_terms)")
+    return terms
+
+
+def generation_check(stage: str, terms: list[tuple[str, int]], at: PlanInputs) -> Check:
+    """The GPU of a process that generates or scores without a Trainer (distill, evaluate): `terms` plus CUDA's."""
+    if at.gpu:
+        terms = [*terms, ("CUDA context + NCCL (constant)", CUDA_OVERHEAD)]
+    return Check(
+        stage,
+        "GPU memory per process",
+        terms,
+        at.gpu_memory if at.gpu else None,
+        f"stages.{stage}.batchSize or resources.trainer.gpus",
+    )
+
+
+def sampling_terms(shape: ModelShape, b: int, seqs: int, length: int) -> list[tuple[str, int]]:
+    """A model generating in process: its weights and the KV cache of `seqs` sequences of `length` tokens."""
+    return [
+        ("generating model", shape.params * b),
+        (f"sampling KV cache ({seqs} × {length} tokens)", seqs * length * shape.kv_bytes_per_token * b),
+    ]

@@ -1,0 +1,161 @@
+"""The rl stage's plan terms: a Trainer stage (GRPO) on spec.teacher whose rows are prompt + completion, with the
+reward's student, GRPO's reference and the sampling beside the update in memory, and a rollout, the scoring and the
+reference/old-policy passes before each update in its step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from rlt.checks.gpu_memory import kv_sequences, spec_gpu_memory
+from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
+from rlt.checks.plan_terms import (
+    Plan,
+    PlanInputs,
+    PromptTokens,
+    StepTime,
+    scoring_bytes_per_token,
+    scoring_token_cap,
+    scoring_tokens,
+)
+from rlt.checks.stage_terms.trainer import Terms, TrainerTerms, world_of
+from rlt.checks.step_time import (
+    DECODE_TOKENS_PER_S,
+    MEAN_COMPLETION_SHARE,
+    WEIGHT_SYNC_BYTES_PER_S,
+    default_prompts,
+    seconds_of,
+    step_time,
+)
+from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
+from rlt.spec.inputs import ModelRef
+from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import DEALABLE_LOSSES
+
+
+@dataclass(frozen=True)
+class RlTerms(TrainerTerms):
+    def lengths(self, spec: RLTRunSpec) -> tuple[int, int]:
+        rl = spec.stages.rl
+        return rl.max_prompt_length + rl.max_completion_length, rl.max_completion_length
+
+    def gpu_fix(self, spec: RLTRunSpec) -> str:
+        return (
+            "resources.trainer.gpus/nodes (more ranks split ZeRO-3 states), stages.rl.maxCompletionLength, "
+            "stages.rl.reward.maxBatchTokens or a GPU with more memory (--gpu-memory)"
+        )
+
+    def steps(self, spec: RLTRunSpec, rows: int | None) -> int | None:
+        return spec.stages.rl.steps
+
+    def kept_checkpoint(self, spec: RLTRunSpec, held: int, one: int, last_weights: int) -> int:
+        # rl keeps its checkpoints whole (optimizer states: stages.rl.steps extends a finished run from them)
+        return min(held, spec.stages.rl.save_total_limit or held) * one
+
+    def step_models(self, spec: RLTRunSpec) -> set[str]:
+        return {spec.teacher.model, spec.student.model}
+
+    def extra_memory(
+        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, shapes: Shapes, at: PlanInputs, plan: Plan,
+        terms: Terms, phases: Terms,
+    ) -> int:  # fmt: skip
+        """The reward's student, the GRPO reference, sampling. Returns the host bytes its student adds."""
+        rl = spec.stages.rl
+        world, gpu, student = world_of(spec), at.gpu, shapes.student
+        b = dtype_bytes(ref, gpu)
+        host = 0
+        if student is not None:
+            sb = dtype_bytes(spec.student, gpu)
+            whole = student.params * sb
+            cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, student, at.gpu_memory, sb)
+            plan.values["rl.reward.maxBatchTokens"] = cap
+            tokens = scoring_tokens(spec, cap)
+            scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
+            # method rcl samples from its student too (probes, answers) and keeps it whole on every rank
+            if world > 1 and rl.deepspeed_zero_stage == 3 and spec.method == "rlt":
+                # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
+                # whole for each score call (benchmarks/student_partition.py measures the 1/world)
+                terms.append(("reward student, frozen (ZeRO-3 partitioned)", whole // world))
+                scoring = (f"{scoring[0]} + student gathered whole", scoring[1] + whole - whole // world)
+            else:
+                terms.append((f"{spec.method} student, frozen, whole on every rank", whole))
+            phases.append(scoring)
+            host += world // spec.resources.trainer.nodes * student.params * sb
+        if rl.beta > 0 and ref.lora is None and rl.ref_sync.enabled and rl.deepspeed_zero_stage == 3:
+            # rlt.stages.rl.pairwise_ref_sync gathers one pair at a time (TRL's callback: both models)
+            phases.append(("reference soft-sync, one parameter pair gathered", 2 * shape.largest_param * b))
+        if rl.beta > 0 and ref.lora is None:
+            split = world if rl.deepspeed_zero_stage == 3 and world > 1 else 1
+            partitioned = " (ZeRO-3 partitioned)" if split > 1 else ""
+            terms.append(("GRPO reference model" + partitioned, shape.params * b // split))
+        if rl.generation.mode == "inprocess":
+            seqs = rl.batch_size // world
+            phases.append(
+                (
+                    f"in-process sampling KV cache ({seqs} sequences)",
+                    seqs * (rl.max_prompt_length + rl.max_completion_length) * shape.kv_bytes_per_token * b,
+                )
+            )
+        elif rl.generation.mode == "colocate":
+            terms.append(("colocated vLLM share", int(rl.generation.gpu_memory_utilization * at.gpu_memory)))
+        return host
+
+    def step_phases(
+        self, spec: RLTRunSpec, shape: ModelShape, shapes: Shapes, trainable: int, checkpoint: int,
+        prompts: PromptTokens | None, gpu_memory: int | None,
+    ) -> StepTime:  # fmt: skip
+        """Rows of the teacher's prompts plus completions, dealt across the ranks by tokens for the loss types where
+        a row weighs the same in any micro-batch; the rollout, scoring and passes before the update."""
+        rl = spec.stages.rl
+        prompts = prompts or default_prompts(spec)
+        mean = prompts.mean + rl.max_completion_length * MEAN_COMPLETION_SHARE
+        longest = prompts.longest + rl.max_completion_length
+        dealt = rl.loss_type in DEALABLE_LOSSES
+        t = step_time(spec, self.name, shape, trainable, checkpoint, mean, longest, dealt)
+        rows = rl.batch_size / world_of(spec)
+        return _rl_phases(spec, t, shape, shapes.student, rows, mean, gpu_memory)
+
+
+def _rl_phases(
+    spec: RLTRunSpec,
+    t: StepTime,
+    shape: ModelShape,
+    student: ModelShape | None,
+    rows: float,
+    mean: float,
+    gpu_memory: int | None,
+) -> StepTime:
+    """The rl step's phases before the update: the rollout, the scoring and the reference/old-policy passes over a
+    rank's `rows` of `mean` tokens."""
+    rl, gen = spec.stages.rl, spec.resources.generator
+    mode = rl.generation.mode
+    completion = rl.max_completion_length * MEAN_COMPLETION_SHARE
+    server = mode == "server"
+    engines = max(1, gen.replicas * gen.data_parallel_size) if server else t.trainer_gpus
+    slots = VLLM_MAX_NUM_SEQS
+    if server:
+        memory = gpu_memory if gpu_memory is not None else spec_gpu_memory(spec)[0]
+        # vLLM allocates KV pages as tokens are made: the mean row, not the longest, sets how many share the cache
+        kv = kv_sequences(spec, shape, memory, math.ceil(mean), gen.tensor_parallel_size, dtype_bytes(spec.teacher))
+        slots = min(slots, max(1, kv))
+    at_once = min(rl.batch_size, engines * slots)
+    # GRPO's reference at beta > 0 (LoRA: the base with its adapter off, still a whole forward); TRL's old-policy
+    # forward only for its vLLM importance sampling correction (rlt aligns generation with the optimizer step)
+    names = ["reference pass"] if rl.beta > 0 else []
+    names += ["old-policy pass"] if mode != "inprocess" and rl.generation.importance_sampling != "off" else []
+    tokens = rows * mean
+    return replace(
+        t,
+        reads_prompts=True,
+        generator_gpus=gen.replicas * gen.gpus if server else 0,
+        throughput_bound=rl.batch_size * completion / (at_once * DECODE_TOKENS_PER_S),
+        longest_bound=rl.max_completion_length / DECODE_TOKENS_PER_S,
+        busy_generation=rl.batch_size * completion / (engines * slots * DECODE_TOKENS_PER_S),
+        transfer=shape.params * dtype_bytes(spec.teacher) / WEIGHT_SYNC_BYTES_PER_S if mode != "inprocess" else 0.0,
+        scoring=seconds_of(tokens * 2 * student.params) if student is not None else 0.0,
+        passes_work=seconds_of(tokens * 2 * shape.params * len(names)),
+        passes_name=" + ".join(names),
+    )
+
+
+TERMS = RlTerms("rl")

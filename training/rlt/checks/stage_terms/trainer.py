@@ -1,0 +1,206 @@
+"""The plan terms every Trainer stage shares (sft, rl, student subclass or use TrainerTerms): the GPU memory of one
+trainer process (model states, DeepSpeed's buckets, activations and TRL's loss tiles), the checkpoints on the
+volume, one optimizer step and one save."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rlt.checks.model_shape import (
+    ModelShape,
+    Shapes,
+    checkpoint_bytes,
+    dtype_bytes,
+    saved_model_bytes,
+    trainable_params,
+)
+from rlt.checks.plan_terms import (
+    CUDA_OVERHEAD,
+    DS_MAX_LIVE_PARAMETERS,
+    DS_REDUCE_BUCKET,
+    Check,
+    Plan,
+    PlanInputs,
+    PromptTokens,
+    StagePlan,
+    StepTime,
+    activations,
+    lm_head_loss_bytes,
+    model_states,
+)
+from rlt.checks.step_time import step_time
+from rlt.spec.inputs import ModelRef
+from rlt.spec.run import RLTRunSpec, stage_settings
+
+Terms = list[tuple[str, int]]
+
+
+def world_of(spec: RLTRunSpec) -> int:
+    """Trainer processes: nodes × GPUs (one process on a CPU pod)."""
+    return spec.resources.trainer.nodes * max(1, spec.resources.trainer.gpus)
+
+
+@dataclass(frozen=True)
+class TrainerTerms:
+    """A Trainer stage training spec.teacher on rows of maxLength tokens; subclasses change what differs."""
+
+    name: str
+
+    def settings(self, spec: RLTRunSpec) -> Any:
+        return stage_settings(spec, self.name)
+
+    def model(self, spec: RLTRunSpec, shapes: Shapes) -> tuple[ModelRef, ModelShape | None]:
+        """The model the stage trains, and its shape."""
+        return spec.teacher, shapes.teacher
+
+    def lengths(self, spec: RLTRunSpec) -> tuple[int, int]:
+        """(tokens of a row, tokens the loss scores on a GPU)."""
+        length: int = self.settings(spec).max_length
+        return length, length
+
+    def gpu_fix(self, spec: RLTRunSpec) -> str:
+        return (
+            f"resources.trainer.gpus/nodes, stages.{self.name}.maxLength, stages.{self.name}.deepspeedZeroStage "
+            "or a GPU with more memory (--gpu-memory)"
+        )
+
+    def extra_memory(
+        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, shapes: Shapes, at: PlanInputs, plan: Plan,
+        terms: Terms, phases: Terms,
+    ) -> int:  # fmt: skip
+        """The stage's own GPU terms and phases beyond a trainer's (added to `terms`, `phases`); its host bytes."""
+        return 0
+
+    def steps(self, spec: RLTRunSpec, rows: int | None) -> int | None:
+        st = self.settings(spec)
+        if st.max_steps:
+            return int(st.max_steps)
+        if rows is None:
+            return None
+        steps: int = math.ceil(math.ceil(rows / st.batch_size) * st.epochs)
+        return steps
+
+    def kept_checkpoint(self, spec: RLTRunSpec, held: int, one: int, last_weights: int) -> int:
+        """Bytes of the checkpoints left after the stage: the last one without its optimizer states."""
+        return last_weights if held else 0
+
+    # ----------------------------------------------------------------------- StageTerms
+
+    def plan(self, spec: RLTRunSpec, shapes: Shapes, at: PlanInputs, plan: Plan) -> StagePlan | None:
+        ref, shape = self.model(spec, shapes)
+        if shape is None:
+            plan.notes.append(f"{self.name}: model shape unknown, its memory and disk are not planned")
+            return None
+        host, terms, phases, trainable = self.memory(spec, shape, ref, at.gpu)
+        host += self.extra_memory(spec, shape, ref, shapes, at, plan, terms, phases)
+        limit = at.gpu_memory if at.gpu else None
+        plan.checks.append(
+            Check(self.name, "GPU memory per trainer process", terms, limit, self.gpu_fix(spec), phases=phases)
+        )
+        b = dtype_bytes(ref, at.gpu)
+        return StagePlan(host, self.disk(spec, shape, trainable, b, at.rows, plan))
+
+    def step_time(
+        self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, prompts: PromptTokens | None, gpu_memory: int | None
+    ) -> StepTime | None:
+        ref, shape = self.model(spec, shapes)
+        if shape is None:
+            return None
+        trainable = trainable_params(shape, ref)
+        zero = self.settings(spec).deepspeed_zero_stage
+        one = checkpoint_bytes(shape, trainable, zero, world_of(spec), dtype_bytes(ref, gpu))
+        return self.step_phases(spec, shape, shapes, trainable, one, prompts, gpu_memory)
+
+    def step_phases(
+        self, spec: RLTRunSpec, shape: ModelShape, shapes: Shapes, trainable: int, checkpoint: int,
+        prompts: PromptTokens | None, gpu_memory: int | None,
+    ) -> StepTime:  # fmt: skip
+        """The step of rows of half maxLength on average, maxLength at the longest."""
+        length: int = self.settings(spec).max_length
+        return step_time(spec, self.name, shape, trainable, checkpoint, length / 2, length)
+
+    def step_models(self, spec: RLTRunSpec) -> set[str]:
+        return {spec.teacher.model}
+
+    # ----------------------------------------------------------------------- shared parts
+
+    def memory(self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool) -> tuple[int, Terms, Terms, int]:
+        """(host bytes at start-up, GPU terms, phase terms, trainable parameters) of one trainer process."""
+        st = self.settings(spec)
+        res = spec.resources.trainer
+        b = dtype_bytes(ref, gpu)
+        trainable = trainable_params(shape, ref)
+        states, host, how = model_states(shape, trainable, st.deepspeed_zero_stage, res.nodes, max(1, res.gpus), b)
+        terms = [(f"model states ({how})", states)]
+        world = world_of(spec)
+        zero = st.deepspeed_zero_stage
+        if world > 1 and zero > 0:
+            buckets = 1 if zero == 3 else 2  # rlt's config turns overlap_comm on: ZeRO 1/2 double-buffer
+            if not gpu:
+                # torch.empty on a GPU reserves each whole bucket; on CPU only the pages gradients are copied into
+                # count, and the second buffer is first used by the second flush
+                buckets = min(buckets, math.ceil(trainable / DS_REDUCE_BUCKET))
+            per_bucket = DS_REDUCE_BUCKET if gpu else min(DS_REDUCE_BUCKET, trainable)
+            terms.append((f"DeepSpeed gradient buckets ({buckets} × reduce_bucket_size)", buckets * per_bucket * b))
+            if zero == 3:
+                # DeepSpeed keeps gathered parameters until stage3_max_live_parameters are resident (reused within
+                # stage3_max_reuse_distance, both 1e9 by default, rlt sets neither): a model under 1e9 parameters
+                # stays whole on every rank through forward and backward
+                live = min(shape.params, DS_MAX_LIVE_PARAMETERS)
+                terms.append(("ZeRO-3 gathered parameters (stage3_max_live_parameters)", live * b))
+        length, scored = self.lengths(spec)
+        rows = st.per_device_batch_size
+        # TRL scores only the labelled positions on a Triton device; its torch fallback scores every position
+        loss_tokens = rows * scored if gpu else rows * length
+        head_trainable = ref.lora is None  # PEFT's all-linear leaves the output head out
+        checkpointing = "on" if st.gradient_checkpointing else "off"
+        phases = [
+            (
+                f"activations ({rows} × {length} tokens, checkpointing {checkpointing}) + TRL loss tiles",
+                activations(shape, rows, length, st.gradient_checkpointing, b)
+                + lm_head_loss_bytes(shape, loss_tokens, b, gpu, head_trainable),
+            )
+        ]
+        if ref.lora is not None and ref.lora.dropout > 0:
+            # PEFT applies the LoRA dropout to each adapted layer's input: a new tensor and its mask (1 byte) kept
+            # for the backward pass, per adapted layer (one layer's worth under gradient checkpointing)
+            width = shape.lora_input_width(ref.lora.target_modules)
+            width = width // shape.layers if st.gradient_checkpointing else width
+            name, size = phases[0]
+            phases[0] = (f"{name} + LoRA dropout copies", size + rows * length * width * (b + 1))
+        if gpu:
+            terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
+        return host, terms, phases, trainable
+
+    def disk(
+        self, spec: RLTRunSpec, shape: ModelShape, trainable: int, b: int, rows: int | None, plan: Plan
+    ) -> tuple[int, int]:
+        """(peak extra bytes while the stage runs, bytes it leaves)."""
+        st = self.settings(spec)
+        world = world_of(spec)
+        one = checkpoint_bytes(shape, trainable, st.deepspeed_zero_stage, world, b)
+        steps = self.steps(spec, rows)
+        saves = None if steps is None else max(1, steps // st.save_steps + (steps % st.save_steps > 0))
+        if st.save_total_limit is not None:
+            held = st.save_total_limit + 1  # the Trainer writes the new checkpoint before it deletes the oldest
+            held = held if saves is None else min(held, saves)
+        elif saves is not None:
+            held = saves
+        else:
+            plan.checks.append(
+                Check(
+                    self.name,
+                    "checkpoints on the volume",
+                    [("unbounded (saveTotalLimit unset, steps unknown)", 1)],
+                    0,
+                    f"stages.{self.name}.saveTotalLimit",
+                )
+            )
+            held = 0
+        lora = trainable < shape.params
+        model = saved_model_bytes(shape, st.deepspeed_zero_stage, world, b) + (trainable * 4 if lora else 0)
+        # finished: the model, and the last checkpoint; a LoRA checkpoint holds the adapter only
+        last_weights = trainable * 4 if lora else saved_model_bytes(shape, st.deepspeed_zero_stage, world, b)
+        return held * one + model, model + self.kept_checkpoint(spec, held, one, last_weights)
