@@ -16,7 +16,7 @@ from typing import Any
 
 from rlt.contract.env import HF_TOKEN
 from rlt.contract.layout import DISTILL_DATASET_FILE
-from rlt.contract.stage_registry import newest_teacher_stage
+from rlt.contract.stage_registry import newest_teacher_stage, stage_info
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 def pushed_uri(uri: str, kind: str) -> str:
     """Where the result lands: the distillation dataset is one file under an object-storage prefix; a model is
     the folder's files under the prefix; a Hub destination is the repository."""
-    if kind == "distill" and not uri.startswith("hf://"):
+    if kind == "dataset" and not uri.startswith("hf://"):
         return uri.rstrip("/") + "/" + DISTILL_DATASET_FILE
     return uri
 
@@ -35,13 +35,15 @@ def teacher_stage(spec) -> str | None:
 
 
 def stage_outputs(spec, stage: str) -> list[tuple[str, str, str]]:
-    """(name, destination, kind) to push once `stage` has finished."""
+    """(name, destination, kind) to push once `stage` has finished: what it produces (the stage table's
+    `produces`), where spec.outputs names a destination for it; kind: a model folder or the dataset file."""
     out = []
+    produces = stage_info(stage).produces
     if spec.outputs.teacher and stage == teacher_stage(spec):
         out.append(("teacher", spec.outputs.teacher, "model"))
-    if spec.outputs.distill_dataset and stage == "distill":
-        out.append(("distillDataset", spec.outputs.distill_dataset, "distill"))
-    if spec.outputs.student and stage == "student":
+    if spec.outputs.distill_dataset and produces == "dataset":
+        out.append(("distillDataset", spec.outputs.distill_dataset, "dataset"))
+    if spec.outputs.student and produces == "student":
         out.append(("student", spec.outputs.student, "model"))
     return out
 
@@ -57,7 +59,7 @@ def push_fsspec(local: Path, uri: str, kind: str) -> str:
     root = root.rstrip("/")
     base = local if local.is_dir() else local.parent
     for f in _files(local):
-        rel = DISTILL_DATASET_FILE if kind == "distill" else f.relative_to(base).as_posix()
+        rel = DISTILL_DATASET_FILE if kind == "dataset" else f.relative_to(base).as_posix()
         target = f"{root}/{rel}"
         fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
         fs.put_file(str(f), target)  # one object per file: readers see whole files or none
@@ -111,7 +113,7 @@ def push_stage_outputs(ctx, stage: str, hub_api: Any = None) -> dict[str, str]:
         previous = json.loads(record.read_text()) if record.exists() else {}
         if previous.get(name) == pushed_uri(uri, kind):
             continue  # pushed by an earlier attempt of this stage
-        local = layout.distill_dataset if kind == "distill" else layout.model_dir(stage)
+        local = layout.distill_dataset if kind == "dataset" else layout.model_dir(stage)
         pushed[name] = push(local, uri, kind, hub_api)
         atomic_write_json(record, {**previous, name: pushed[name]})  # after each push: a retry redoes only the rest
         log.info("outputs: %s -> %s", local, pushed[name])

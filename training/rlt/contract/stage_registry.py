@@ -17,6 +17,8 @@ from typing import Literal
 STAGE_FUNCTIONS = {"rlt": "rlt.stages.{stage}:run_{stage}", "rcl": "rlt.stages.rcl:run_rcl_{stage}"}
 # The module holding a stage's plan terms (memory, disk, step time: rlt.checks.plan_terms.StageTerms) as TERMS.
 STAGE_TERMS = "rlt.checks.stage_terms.{stage}"
+# The module holding a stage's part of `rlt run`'s summary (rlt.run.summaries.StageSummary), where it has one.
+STAGE_SUMMARIES = "rlt.run.summaries.{stage}"
 
 
 @dataclass(frozen=True)

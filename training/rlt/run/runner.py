@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from rlt.contract.stage_registry import STAGE_ORDER, stage_function
 from rlt.data.models import name_the_accelerator, quiet_libraries
 from rlt.run.lock import lock_run_folder
 from rlt.run.plots import make_plots, read_metrics
+from rlt.run.summaries import stage_summary
 from rlt.spec import fingerprint
 from rlt.spec.loading import dump_run
 from rlt.spec.run import RLTRun, reads_run_dataset
@@ -30,31 +30,12 @@ log = logging.getLogger(__name__)
 
 def summarize(layout: RunLayout, stage_info: dict[str, Any], wall: float, plots: list[Path]) -> dict[str, Any]:
     rows = read_metrics(layout.metrics_file)
-    rl = {r["step"]: r for r in rows if r["stage"] == "rl"}
-    rl_rows = [rl[k] for k in sorted(rl)]
     summary: dict[str, Any] = {"wallSeconds": round(wall, 1), "stages": stage_info, "plots": [str(p) for p in plots]}
-    if rl_rows:
-        summary["rl"] = {
-            "steps": len(rl_rows),
-            "rewardPerStep": [round(r.get("reward", float("nan")), 4) for r in rl_rows],
-            "rewardFirst": rl_rows[0].get("reward"),
-            "rewardLast": rl_rows[-1].get("reward"),
-            "meanStepSeconds": statistics.mean(r.get("step_seconds", 0.0) for r in rl_rows),
-        }
-    if layout.distill_dataset.exists():
-        from rlt.data.jsonl import read_jsonl
-
-        data = read_jsonl(layout.distill_dataset)
-        candidates = [c for d in data for c in d.get("candidate_rewards", [d["reward"]])]
-        summary["distill"] = {
-            "rows": len(data),
-            "path": str(layout.distill_dataset),
-            # kept = the best candidate of each question (the dataset); candidates = every sample scored, which is
-            # what progress.json's candidateRewardMean and the distill rows of metrics.jsonl average
-            "keptRewardMean": statistics.mean(d["reward"] for d in data) if data else None,
-            "candidateRewardMean": statistics.mean(candidates) if candidates else None,
-            "closedFraction": sum(d["closed"] for d in data) / len(data) if data else None,
-        }
+    for name in STAGE_ORDER:  # each stage says its part (rlt.run.summaries)
+        found = stage_summary(name)
+        part = found.summarize(layout, rows) if found is not None else None
+        if part is not None:
+            summary[name] = part
     return summary
 
 
@@ -243,15 +224,10 @@ def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
     print(f"\nrun finished in {summary['wallSeconds']} s -> {layout.root}")
     for name, st in summary["stages"].items():
         print(f"  {name:8s} {'skipped (done before)' if st.get('skipped') else str(st['seconds']) + ' s'}")
-    if "rl" in summary:
-        rewards = ", ".join(f"{r:.3f}" for r in summary["rl"]["rewardPerStep"])
-        print(f"  reward per RL step: {rewards}")
-    if "distill" in summary:
-        d = summary["distill"]
-        print(
-            f"  distillation dataset: {d['rows']} rows, mean reward of the kept rows {d['keptRewardMean']:.3f} "
-            f"(all candidates {d['candidateRewardMean']:.3f}) -> {d['path']}"
-        )
+    for name in STAGE_ORDER:
+        found = stage_summary(name)
+        for line in found.lines(summary[name]) if found is not None and name in summary else []:
+            print(line)
     if summary.get("data", {}).get("skippedRows"):
         print(f"  data: {summary['data']['skippedRows']} of {summary['data']['rowsRead']} rows skipped (badRows: skip)")
     for p in summary["plots"]:

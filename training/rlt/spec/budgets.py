@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from rlt.spec.run import RLTRunSpec
+from rlt.spec.run import RLTRunSpec, stage_settings
 
 # torch.distributed's and transformers' default collective timeout (TrainingArguments.ddp_timeout = 1800).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
@@ -27,25 +27,15 @@ def _rounds(sequences: int, servers: int) -> int:
 
 def rollout_seconds(spec: RLTRunSpec, stage: str) -> int:
     """The longest one generation round of `stage` may take: waiting for the server, then the decode waves of the
-    round at the slowest assumed rate. 0 for stages that generate nothing."""
+    round at the slowest assumed rate. 0 for stages that generate nothing. The stage's settings model says what its
+    round is (rlt.spec.stages.StageSettings.rollout)."""
     gen = spec.resources.generator
     servers = gen.replicas * gen.data_parallel_size
-    if stage == "rl":
-        st = spec.stages.rl
-        tokens = _rounds(st.batch_size, servers) * st.max_completion_length
-        wait = st.generation.server_timeout_seconds if st.generation.mode == "server" else 0
-    elif stage == "distill":
-        d = spec.stages.distill
-        # the ranks finish their shares at different times: the gather waits at most one batch of the slowest rank
-        tokens = _rounds(d.batch_size * d.samples_per_question, servers) * d.max_new_tokens
-        wait = spec.stages.rl.generation.server_timeout_seconds if spec.stages.rl.generation.mode == "server" else 0
-    elif stage == "evaluate":
-        e = spec.stages.evaluate
-        tokens = _rounds(e.batch_size * e.samples, servers) * e.max_new_tokens
-        wait = e.generation.server_timeout_seconds if e.generation.mode == "server" else 0
-    else:
+    rollout = stage_settings(spec, stage).rollout(spec)
+    if rollout is None:
         return 0
-    return int(wait + math.ceil(tokens / MIN_DECODE_TOKENS_PER_S))
+    tokens = _rounds(rollout.sequences, servers) * rollout.tokens
+    return int(rollout.server_wait + math.ceil(tokens / MIN_DECODE_TOKENS_PER_S))
 
 
 def collective_timeout_seconds(spec: RLTRunSpec, stage: str) -> int:

@@ -193,55 +193,9 @@ class RLTRunSpec(Strict):
         problems: list[str] = []
         if not self.stages.enabled():
             problems.append("stages: enable at least one of " + ", ".join(STAGE_ORDER))
-        rl = self.stages.rl
-        if rl.enabled and rl.generation.mode == "colocate" and self.resources.trainer.gpus == 0:
-            problems.append(
-                "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
-                "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
-            )
-        generator = self.resources.generator
-        if rl.enabled and rl.generation.mode == "server" and not generator.gpus and not generator.extra:
-            problems.append(
-                "resources.generator.gpus: 0 with stages.rl.generation.mode server, whose vLLM generator pods "
-                "need a GPU (or a device named in resources.generator.extra, e.g. a MIG profile)"
-            )
-        tr = self.resources.trainer
-        world = tr.nodes * max(tr.gpus, 1)
-        for name in ("sft", "rl", "student"):
-            st = getattr(self.stages, name)
-            if st.enabled and st.batch_size % (st.per_device_batch_size * world):
-                problems.append(
-                    f"stages.{name}.batchSize: {st.batch_size} is not a multiple of perDeviceBatchSize × trainer "
-                    f"processes = {st.per_device_batch_size} × {world} (resources.trainer.nodes × gpus, one "
-                    "process on a CPU pod); the trainer would run another batch size"
-                )
-        ev = self.stages.evaluate
-        # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
-        fresh = self.method == "rlt" and self.dataset.source.startswith("builtin:")
-        if ev.enabled and ev.dataset is None and self.dataset.eval_fraction <= 0 and not fresh:
-            problems.append(
-                "dataset.evalFraction: 0 leaves no held-out rows for stages.evaluate; set it above 0 (e.g. 0.1) "
-                "or give stages.evaluate.dataset"
-            )
-        if self.stages.distill.enabled and needs_generators(self, "distill") and rl.generation.max_model_len:
-            need = rl.max_prompt_length + self.stages.distill.max_new_tokens
-            if need > rl.generation.max_model_len:
-                problems.append(
-                    f"stages.rl.generation.maxModelLen: {rl.generation.max_model_len} is below stages.rl."
-                    f"maxPromptLength + stages.distill.maxNewTokens = {need} (the generators serve distill too)"
-                )
-        if (
-            self.stages.rl.enabled
-            and self.stages.rl.generation.mode == "server"
-            and self.resources.generator.replicas > 1
-        ):
-            # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other
-            # replicas would generate from stale weights and weight updates would land on the wrong one.
-            problems.append(
-                f"resources.generator.replicas: {self.resources.generator.replicas} with stages.rl."
-                "generation.mode server; TRL keeps exactly one vLLM server in sync, so use replicas: 1 "
-                "and spread its GPUs with dataParallelSize / tensorParallelSize"
-            )
+        # each stage's settings model holds its own rules across the run's fields (rlt.spec.stages.StageSettings)
+        for name in STAGE_ORDER:
+            problems += getattr(self.stages, name).run_problems(name, self)
         # A method runs its own stages only (rcl teaches at answer time: no distillation dataset, no student stage).
         own = method_stages(self.method)
         for name in STAGE_ORDER:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlt.contract.api import (
     Strict,
 )
-from rlt.contract.stage_registry import STAGE_ORDER
+from rlt.contract.stage_registry import STAGE_ORDER, stage_info
 from rlt.spec.inputs import DatasetSpec, ModelRef
 from rlt.spec.k8s import cel_rules
 
@@ -113,12 +113,35 @@ _MODEL_LEN_RULE = (
 )
 
 
+class Rollout(NamedTuple):
+    """One generation round of a stage: sequences it decodes, tokens each decodes at most, and how long it first
+    waits for a generator server (0: it generates in process)."""
+
+    sequences: int
+    tokens: int
+    server_wait: int
+
+
+class StageSettings(Strict):
+    """What every stage's settings model answers about itself, so that the code reading a spec asks the stage
+    instead of naming it: its generation round (the collective timeouts, rlt.spec.budgets) and its rules across
+    the run's other fields (RLTRunSpec's validation). `spec` is the RLTRunSpec (rlt.spec.run, a floor above)."""
+
+    def rollout(self, spec: Any) -> Rollout | None:
+        """The stage's generation round; None when it generates nothing."""
+        return None
+
+    def run_problems(self, name: str, spec: Any) -> list[str]:
+        """What is wrong with stage `name`'s settings given the rest of `spec`, one line each naming the field."""
+        return []
+
+
 def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
     if batch_size % per_device_batch_size:
         raise ValueError(f"batchSize: {batch_size} must be a multiple of perDeviceBatchSize ({per_device_batch_size})")
 
 
-class TrainerOptions(Strict):
+class TrainerOptions(StageSettings):
     """Options every TRL-trained stage (sft, rl, student) shares, plus the trainerArgs escape hatch."""
 
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
@@ -143,6 +166,19 @@ class TrainerOptions(Strict):
         "refused, naming the spec field to use (or why the value is fixed).",
     )
     owned_trainer_args: ClassVar[dict[str, str]] = TRAINER_OWNED_ARGS
+
+    def run_problems(self, name: str, spec: Any) -> list[str]:
+        # every Trainer stage has enabled, batchSize and perDeviceBatchSize (SupervisedStage, RlStage)
+        enabled, batch, micro = (getattr(self, f) for f in ("enabled", "batch_size", "per_device_batch_size"))
+        tr = spec.resources.trainer
+        world = tr.nodes * max(tr.gpus, 1)
+        if not enabled or batch % (micro * world) == 0:
+            return []
+        return [
+            f"stages.{name}.batchSize: {batch} is not a multiple of perDeviceBatchSize × trainer processes = {micro} "
+            f"× {world} (resources.trainer.nodes × gpus, one process on a CPU pod); the trainer would run another "
+            "batch size"
+        ]
 
     @field_validator("deepspeed_zero_stage", mode="before")
     @classmethod
@@ -335,8 +371,37 @@ class RlStage(TrainerOptions):
             )
         return self
 
+    def rollout(self, spec: Any) -> Rollout | None:
+        wait = self.generation.server_timeout_seconds if self.generation.mode == "server" else 0
+        return Rollout(self.batch_size, self.max_completion_length, wait)
 
-class DistillStage(Strict):
+    def run_problems(self, name: str, spec: Any) -> list[str]:
+        problems = super().run_problems(name, spec)
+        if not self.enabled:
+            return problems
+        mode, generator = self.generation.mode, spec.resources.generator
+        if mode == "colocate" and spec.resources.trainer.gpus == 0:
+            problems.append(
+                "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
+                "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
+            )
+        if mode == "server" and not generator.gpus and not generator.extra:
+            problems.append(
+                "resources.generator.gpus: 0 with stages.rl.generation.mode server, whose vLLM generator pods "
+                "need a GPU (or a device named in resources.generator.extra, e.g. a MIG profile)"
+            )
+        if mode == "server" and generator.replicas > 1:
+            # TRL's client drives ONE server (one base URL, one NCCL weight-sync group): behind a Service, the other
+            # replicas would generate from stale weights and weight updates would land on the wrong one.
+            problems.append(
+                f"resources.generator.replicas: {generator.replicas} with stages.rl.generation.mode server; TRL "
+                "keeps exactly one vLLM server in sync, so use replicas: 1 and spread its GPUs with "
+                "dataParallelSize / tensorParallelSize"
+            )
+        return problems
+
+
+class DistillStage(StageSettings):
     """The trained teacher explains every question; the best of N candidates (by RLT reward) is kept."""
 
     enabled: bool = Field(True, description="Run this stage.")
@@ -345,6 +410,25 @@ class DistillStage(Strict):
     max_new_tokens: int = Field(16384, gt=0, description="Longest explanation in tokens.")
     limit: int | None = Field(None, gt=0, description="Explain at most this many questions.")
     batch_size: int = Field(8, gt=0, description="Questions generated together.")
+
+    def rollout(self, spec: Any) -> Rollout | None:
+        # the ranks finish their shares at different times: the gather waits at most one batch of the slowest rank
+        gen = spec.stages.rl.generation  # distill samples where rl does
+        wait = gen.server_timeout_seconds if gen.mode == "server" else 0
+        return Rollout(self.batch_size * self.samples_per_question, self.max_new_tokens, wait)
+
+    def run_problems(self, name: str, spec: Any) -> list[str]:
+        rl = spec.stages.rl
+        served = stage_info(name).uses_generators and rl.generation.mode == "server"  # rlt.spec.run.needs_generators
+        if not (self.enabled and served and rl.generation.max_model_len):
+            return []
+        need = rl.max_prompt_length + self.max_new_tokens
+        if need <= rl.generation.max_model_len:
+            return []
+        return [
+            f"stages.rl.generation.maxModelLen: {rl.generation.max_model_len} is below stages.rl.maxPromptLength + "
+            f"stages.{name}.maxNewTokens = {need} (the generators serve {name} too)"
+        ]
 
 
 class StudentStage(SupervisedStage):
@@ -362,7 +446,7 @@ class StudentStage(SupervisedStage):
     )
 
 
-class EvaluateStage(Strict):
+class EvaluateStage(StageSettings):
     """Accuracy of a model on a held-out split, pass@1 averaged over `samples` answers per question."""
 
     enabled: bool = Field(False, description="Run this stage.")
@@ -395,6 +479,20 @@ class EvaluateStage(Strict):
         if self.temperature == 0 and self.samples > 1:
             raise ValueError(f"samples: greedy decoding (temperature 0) gives one answer; got samples={self.samples}")
         return self
+
+    def rollout(self, spec: Any) -> Rollout | None:
+        wait = self.generation.server_timeout_seconds if self.generation.mode == "server" else 0
+        return Rollout(self.batch_size * self.samples, self.max_new_tokens, wait)
+
+    def run_problems(self, name: str, spec: Any) -> list[str]:
+        # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
+        fresh = spec.method == "rlt" and spec.dataset.source.startswith("builtin:")
+        if self.enabled and self.dataset is None and spec.dataset.eval_fraction <= 0 and not fresh:
+            return [
+                f"dataset.evalFraction: 0 leaves no held-out rows for stages.{name}; set it above 0 (e.g. 0.1) "
+                f"or give stages.{name}.dataset"
+            ]
+        return []
 
 
 class Stages(Strict):

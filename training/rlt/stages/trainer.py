@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.stage_registry import stage_info
 from rlt.spec.budgets import collective_timeout_seconds
 from rlt.spec.run import stage_settings, zero_stage
 from rlt.stages.checkpoints import prune_finished_checkpoints, resume_checkpoint, save_final_model
@@ -162,9 +163,10 @@ class TrainerRun:
         if self.stop.agreed:
             raise Stopped(self.stage, trainer.state.global_step, self.recorder.last_checkpoint)
         out = save_final_model(trainer, self.ctx, self.stage, self.start, self.tokenizer, self.device)
-        # Every rank has written its part of the final model (save_model gathers). rl keeps its checkpoints (at most
-        # saveTotalLimit): `rlt run` with more stages.rl.steps continues from the last one, optimizer included.
-        if self.ctx.is_main and self.stage != "rl":
+        # Every rank has written its part of the final model (save_model gathers). An extendable stage (rl) keeps
+        # its checkpoints (at most saveTotalLimit): `rlt run` with more stages.rl.steps continues from the last one,
+        # optimizer included.
+        if self.ctx.is_main and stage_info(self.stage).extendable is None:
             prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
         self.recorder.done()
         return out

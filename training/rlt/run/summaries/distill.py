@@ -1,0 +1,32 @@
+"""The distill stage's part of `rlt run`'s summary: the distillation dataset's rows and rewards."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from rlt.contract.layout import RunLayout
+from rlt.data.jsonl import read_jsonl
+
+
+def summarize(layout: RunLayout, metrics: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not layout.distill_dataset.exists():
+        return None
+    data = read_jsonl(layout.distill_dataset)
+    candidates = [c for d in data for c in d.get("candidate_rewards", [d["reward"]])]
+    return {
+        "rows": len(data),
+        "path": str(layout.distill_dataset),
+        # kept = the best candidate of each question (the dataset); candidates = every sample scored, which is
+        # what progress.json's candidateRewardMean and the distill rows of metrics.jsonl average
+        "keptRewardMean": statistics.mean(d["reward"] for d in data) if data else None,
+        "candidateRewardMean": statistics.mean(candidates) if candidates else None,
+        "closedFraction": sum(d["closed"] for d in data) / len(data) if data else None,
+    }
+
+
+def lines(part: dict[str, Any]) -> list[str]:
+    return [
+        f"  distillation dataset: {part['rows']} rows, mean reward of the kept rows {part['keptRewardMean']:.3f} "
+        f"(all candidates {part['candidateRewardMean']:.3f}) -> {part['path']}"
+    ]
