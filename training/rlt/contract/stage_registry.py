@@ -41,7 +41,10 @@ class StageInfo:
     # a setting that, raised on a finished stage, continues it from its last checkpoint (RL's schedule is constant:
     # steps 1..n then n+1..m from the checkpoint equal one run of m steps)
     extendable: str | None = None
-    # the module of its plan terms, when not STAGE_TERMS's (a stage kept outside rlt)
+    # A stage kept outside rlt names its own modules: its settings model ("module:Class", a
+    # rlt.spec.stages.StageSettings that joins spec.stages under the stage's name) and its plan terms' module (else
+    # STAGE_TERMS's).
+    settings: str | None = None
     terms: str | None = None
 
     @property

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
 from rlt.contract.api import (
     Strict,
 )
-from rlt.contract.stage_registry import STAGE_ORDER, stage_info
+from rlt.contract.stage_registry import STAGE_ORDER, STAGES, stage_info
 from rlt.spec.inputs import DatasetSpec, ModelRef
 from rlt.spec.k8s import cel_rules
 
@@ -506,6 +507,22 @@ class Stages(Strict):
 
     def enabled(self) -> list[str]:
         return [name for name in STAGE_ORDER if getattr(self, name).enabled]
+
+
+def _with_outside_stages(stages: type[Stages]) -> type[Stages]:
+    """Stages, with a field for each stage of the table kept outside rlt (StageInfo.settings: its settings model)."""
+    extra: dict[str, Any] = {}
+    for info in STAGES:
+        if info.settings is not None:
+            module, name = info.settings.split(":")
+            model = getattr(importlib.import_module(module), name)
+            extra[info.name] = (model, Field(default_factory=model, description=model.__doc__))
+    if not extra:
+        return stages
+    return create_model("Stages", __base__=stages, __doc__=stages.__doc__, **extra)
+
+
+Stages = _with_outside_stages(Stages)  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- cluster (operator only)
