@@ -1,6 +1,6 @@
 """A stage as a unit (issue 41): code outside the stage table and a stage's own modules does not branch on a stage's
 name, and a stage added as one table row plus its own modules gets a plan, a collective timeout, a CRD property and
-validation rules with no other file changed."""
+validation rules (the model's and the CRD's CEL) with no other file changed."""
 
 from __future__ import annotations
 
@@ -70,6 +70,17 @@ class ProbeStage(StageSettings):
     def rollout(self, spec: Any) -> Rollout | None:
         return Rollout(self.probes, self.max_new_tokens, 0)
 
+    @classmethod
+    def run_cel_rules(cls, name: str) -> list[tuple[str, ...]]:
+        return [
+            (
+                f"!has(self.stages) || !has(self.stages.{name}) || !self.stages.{name}.enabled || "
+                f"!has(self.stages.rl) || self.stages.{name}.probes <= self.stages.rl.batchSize",
+                f"stages.{name}.probes must be at most stages.rl.batchSize",
+                f".stages.{name}.probes",
+            )
+        ]
+
     def run_problems(self, name: str, spec: Any) -> list[str]:
         if self.enabled and self.probes > spec.stages.rl.batch_size:
             return [f"stages.{name}.probes: {self.probes} is over stages.rl.batchSize {spec.stages.rl.batch_size}"]
@@ -129,8 +140,9 @@ try:
     out["refused"] = None
 except Exception as e:
     out["refused"] = str(e)
-schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["stages"]
-out["crd"] = sorted(schema["properties"]["probe"]["properties"])
+schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+out["crd"] = sorted(schema["properties"]["stages"]["properties"]["probe"]["properties"])
+out["cel"] = [r["fieldPath"] for r in schema["x-kubernetes-validations"] if "probe" in r["rule"]]
 print("RESULT " + json.dumps(out))
 """
 
@@ -160,5 +172,6 @@ def test_a_stage_added_as_one_row_and_its_modules_gets_a_plan_a_timeout_and_its_
     assert out["timeout"] == 1800 + 5
     # its rule across the run's fields, from its settings model, one line naming the field
     assert out["refused"] is not None and "stages.probe.probes: 99 is over stages.rl.batchSize 8" in out["refused"]
-    # the CRD has its settings
+    # the CRD has its settings, and its CEL rule on the run's spec
     assert out["crd"] == ["enabled", "maxNewTokens", "probes"]
+    assert out["cel"] == [".stages.probe.probes"]

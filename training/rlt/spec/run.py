@@ -23,13 +23,10 @@ from rlt.spec.resources import (
     SecretEnvVar,
     SecretKeyRef,
     Storage,
-    TrainerResources,
 )
 from rlt.spec.stages import (
-    RlStage,
-    SftStage,
     Stages,
-    StudentStage,
+    StageSettings,
 )
 from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
@@ -37,67 +34,16 @@ from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
 MAX_SEED = 2**32 - 1  # numpy.random.seed (transformers.set_seed seeds it) takes 0 .. 2**32 - 1
 
-# colocate runs vLLM inside each trainer process on its GPU: a trainer without GPUs cannot (the CRD says it too;
-# the apiserver fills in the defaults before it evaluates the rule, so only the objects can be absent).
-_COLOCATE_RULE = (
-    "!(has(self.stages) && has(self.stages.rl) && has(self.stages.rl.generation) && self.stages.rl.enabled && "
-    "self.stages.rl.generation.mode == 'colocate') || !has(self.resources) || !has(self.resources.trainer) || "
-    "self.resources.trainer.gpus > 0",
-    "stages.rl.generation.mode colocate runs vLLM on the trainer's GPUs: resources.trainer.gpus must be at least 1",
-    ".resources.trainer.gpus",
-)
 
-
-def _stage_value(stage: str, field: str, default: Any) -> str:
-    """A stage setting in CEL, or its default when the stage is absent (the apiserver defaults present objects only)."""
-    return f"(has(self.stages) && has(self.stages.{stage}) ? self.stages.{stage}.{field} : {default!r})".replace(
-        "True", "true"
-    ).replace("False", "false")
-
-
-# The trainer processes of a Trainer stage's gang: nodes × GPUs (one process on a CPU pod), as in CEL. Beyond
-# _WORLD_BOUND nodes or GPUs the rule stands aside (no int64 overflow in the API server; the model still checks).
-_WORLD_BOUND = 1_000_000
-
-
-def _trainer_value(field: str) -> str:
-    default = TrainerResources.model_fields[field].default
-    return f"(has(self.resources) && has(self.resources.trainer) ? self.resources.trainer.{field} : {default})"
-
-
-def _world_rule(stage: str, model: type[BaseModel]) -> tuple[str, str, str]:
-    fields = model.model_fields
-    batch = _stage_value(stage, "batchSize", fields["batch_size"].default)
-    micro = _stage_value(stage, "perDeviceBatchSize", fields["per_device_batch_size"].default)
-    enabled = _stage_value(stage, "enabled", fields["enabled"].default)
-    nodes, gpus = _trainer_value("nodes"), _trainer_value("gpus")
-    world = f"({nodes} * ({gpus} > 0 ? {gpus} : 1))"
-    return (
-        f"!{enabled} || {micro} <= 0 || {nodes} > {_WORLD_BOUND} || {gpus} > {_WORLD_BOUND} || "
-        f"({batch} % {micro} == 0 && ({batch} / {micro}) % {world} == 0)",
-        f"stages.{stage}.batchSize must be a multiple of perDeviceBatchSize × trainer processes "
-        "(resources.trainer.nodes × gpus)",
-        f".stages.{stage}.batchSize",
-    )
-
-
-_EVALUATE_RULE = (
-    "!has(self.stages) || !has(self.stages.evaluate) || !self.stages.evaluate.enabled || "
-    "has(self.stages.evaluate.dataset) || self.dataset.evalFraction > 0.0 || "
-    "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
-    "dataset.evalFraction must be above 0 (held-out rows) when stages.evaluate is enabled without stages.evaluate."
-    "dataset",
-    ".dataset.evalFraction",
-)
-_SERVER_GPU_RULE = (
-    "!(has(self.stages) && has(self.stages.rl) && has(self.stages.rl.generation) && self.stages.rl.enabled && "
-    "self.stages.rl.generation.mode == 'server') || !has(self.resources) || !has(self.resources.generator) || "
-    "self.resources.generator.gpus > 0 || (has(self.resources.generator.extra) && "
-    "size(self.resources.generator.extra) > 0)",
-    "stages.rl.generation.mode server runs vLLM generator pods: resources.generator.gpus must be at least 1 "
-    "(or name a device in resources.generator.extra)",
-    ".resources.generator.gpus",
-)
+def _stage_cel_rules() -> list[tuple[str, ...]]:
+    """Every stage's CEL rules across the run's fields, from its settings model (StageSettings.run_cel_rules)."""
+    rules: list[tuple[str, ...]] = []
+    for name in STAGE_ORDER:
+        model = Stages.model_fields[name].annotation
+        if not (isinstance(model, type) and issubclass(model, StageSettings)):
+            raise TypeError(f"spec.stages.{name}: {model} is not a StageSettings (rlt.spec.stages)")
+        rules += model.run_cel_rules(name)
+    return rules
 
 
 class RclSpec(Strict):
@@ -139,16 +85,7 @@ class RclSpec(Strict):
 
 
 class RLTRunSpec(Strict):
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            _COLOCATE_RULE,
-            _EVALUATE_RULE,
-            _SERVER_GPU_RULE,
-            _world_rule("sft", SftStage),
-            _world_rule("rl", RlStage),
-            _world_rule("student", StudentStage),
-        )
-    )
+    model_config = ConfigDict(json_schema_extra=cel_rules(*_stage_cel_rules()))
 
     method: Literal["rlt", "rcl"] = Field(
         "rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching)."

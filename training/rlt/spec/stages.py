@@ -13,6 +13,7 @@ from rlt.contract.api import (
 from rlt.contract.stage_registry import STAGE_ORDER, STAGES, stage_info
 from rlt.spec.inputs import DatasetSpec, ModelRef
 from rlt.spec.k8s import cel_rules
+from rlt.spec.resources import TrainerResources
 
 # --------------------------------------------------------------------------- stages
 
@@ -123,6 +124,26 @@ class Rollout(NamedTuple):
     server_wait: int
 
 
+def _stage_value(stage: str, field: str, default: Any) -> str:
+    """A stage setting in CEL, or its default when the stage is absent (the apiserver defaults present objects only)."""
+    return f"(has(self.stages) && has(self.stages.{stage}) ? self.stages.{stage}.{field} : {default!r})".replace(
+        "True", "true"
+    ).replace("False", "false")
+
+
+# The trainer processes of a Trainer stage's gang: nodes × GPUs (one process on a CPU pod), as in CEL. Beyond
+# _WORLD_BOUND nodes or GPUs the rule stands aside (no int64 overflow in the API server; the model still checks).
+_WORLD_BOUND = 1_000_000
+
+
+def _trainer_value(field: str) -> str:
+    default = TrainerResources.model_fields[field].default
+    return f"(has(self.resources) && has(self.resources.trainer) ? self.resources.trainer.{field} : {default})"
+
+
+CelRule = tuple[str, ...]  # (CEL rule, message[, field path]): rlt.spec.k8s.cel_rules
+
+
 class StageSettings(Strict):
     """What every stage's settings model answers about itself, so that the code reading a spec asks the stage
     instead of naming it: its generation round (the collective timeouts, rlt.spec.budgets) and its rules across
@@ -134,6 +155,11 @@ class StageSettings(Strict):
 
     def run_problems(self, name: str, spec: Any) -> list[str]:
         """What is wrong with stage `name`'s settings given the rest of `spec`, one line each naming the field."""
+        return []
+
+    @classmethod
+    def run_cel_rules(cls, name: str) -> list[CelRule]:
+        """The same rules as CEL on the run's spec (`self` is the spec), for the CRD (rlt.spec.k8s.cel_rules)."""
         return []
 
 
@@ -167,6 +193,24 @@ class TrainerOptions(StageSettings):
         "refused, naming the spec field to use (or why the value is fixed).",
     )
     owned_trainer_args: ClassVar[dict[str, str]] = TRAINER_OWNED_ARGS
+
+    @classmethod
+    def run_cel_rules(cls, name: str) -> list[CelRule]:
+        fields = cls.model_fields
+        batch = _stage_value(name, "batchSize", fields["batch_size"].default)
+        micro = _stage_value(name, "perDeviceBatchSize", fields["per_device_batch_size"].default)
+        enabled = _stage_value(name, "enabled", fields["enabled"].default)
+        nodes, gpus = _trainer_value("nodes"), _trainer_value("gpus")
+        world = f"({nodes} * ({gpus} > 0 ? {gpus} : 1))"
+        return [
+            (
+                f"!{enabled} || {micro} <= 0 || {nodes} > {_WORLD_BOUND} || {gpus} > {_WORLD_BOUND} || "
+                f"({batch} % {micro} == 0 && ({batch} / {micro}) % {world} == 0)",
+                f"stages.{name}.batchSize must be a multiple of perDeviceBatchSize × trainer processes "
+                "(resources.trainer.nodes × gpus)",
+                f".stages.{name}.batchSize",
+            )
+        ]
 
     def run_problems(self, name: str, spec: Any) -> list[str]:
         # every Trainer stage has enabled, batchSize and perDeviceBatchSize (SupervisedStage, RlStage)
@@ -376,6 +420,30 @@ class RlStage(TrainerOptions):
         wait = self.generation.server_timeout_seconds if self.generation.mode == "server" else 0
         return Rollout(self.batch_size, self.max_completion_length, wait)
 
+    @classmethod
+    def run_cel_rules(cls, name: str) -> list[CelRule]:
+        mode = (
+            f"has(self.stages) && has(self.stages.{name}) && has(self.stages.{name}.generation) && "
+            f"self.stages.{name}.enabled && self.stages.{name}.generation.mode == "
+        )
+        # the apiserver fills in the defaults before it evaluates the rules, so only the objects can be absent
+        colocate = (
+            f"!({mode}'colocate') || !has(self.resources) || !has(self.resources.trainer) || "
+            "self.resources.trainer.gpus > 0",
+            f"stages.{name}.generation.mode colocate runs vLLM on the trainer's GPUs: resources.trainer.gpus must "
+            "be at least 1",
+            ".resources.trainer.gpus",
+        )
+        server = (
+            f"!({mode}'server') || !has(self.resources) || !has(self.resources.generator) || "
+            "self.resources.generator.gpus > 0 || (has(self.resources.generator.extra) && "
+            "size(self.resources.generator.extra) > 0)",
+            f"stages.{name}.generation.mode server runs vLLM generator pods: resources.generator.gpus must be at "
+            "least 1 (or name a device in resources.generator.extra)",
+            ".resources.generator.gpus",
+        )
+        return [*super().run_cel_rules(name), colocate, server]
+
     def run_problems(self, name: str, spec: Any) -> list[str]:
         problems = super().run_problems(name, spec)
         if not self.enabled:
@@ -484,6 +552,19 @@ class EvaluateStage(StageSettings):
     def rollout(self, spec: Any) -> Rollout | None:
         wait = self.generation.server_timeout_seconds if self.generation.mode == "server" else 0
         return Rollout(self.batch_size * self.samples, self.max_new_tokens, wait)
+
+    @classmethod
+    def run_cel_rules(cls, name: str) -> list[CelRule]:
+        return [
+            (
+                f"!has(self.stages) || !has(self.stages.{name}) || !self.stages.{name}.enabled || "
+                f"has(self.stages.{name}.dataset) || self.dataset.evalFraction > 0.0 || "
+                "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
+                f"dataset.evalFraction must be above 0 (held-out rows) when stages.{name} is enabled without "
+                f"stages.{name}.dataset",
+                ".dataset.evalFraction",
+            )
+        ]
 
     def run_problems(self, name: str, spec: Any) -> list[str]:
         # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
