@@ -57,7 +57,7 @@ from typing import Any
 
 from pydantic import Field
 
-from rlt.spec.stages import Rollout, StageSettings
+from rlt.spec.stage_settings import Rollout, StageSettings
 
 
 class ProbeStage(StageSettings):

@@ -24,10 +24,8 @@ from rlt.spec.resources import (
     SecretKeyRef,
     Storage,
 )
-from rlt.spec.stages import (
-    Stages,
-    StageSettings,
-)
+from rlt.spec.stage_settings import StageSettings
+from rlt.spec.stages import Stages
 from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
 # --------------------------------------------------------------------------- the run

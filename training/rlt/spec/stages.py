@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -13,7 +13,7 @@ from rlt.contract.api import (
 from rlt.contract.stage_registry import STAGE_ORDER, STAGES, stage_info
 from rlt.spec.inputs import DatasetSpec, ModelRef
 from rlt.spec.k8s import cel_rules
-from rlt.spec.resources import TrainerResources
+from rlt.spec.stage_settings import WORLD_BOUND, CelRule, Rollout, StageSettings, stage_value, trainer_value
 
 # --------------------------------------------------------------------------- stages
 
@@ -115,54 +115,6 @@ _MODEL_LEN_RULE = (
 )
 
 
-class Rollout(NamedTuple):
-    """One generation round of a stage: sequences it decodes, tokens each decodes at most, and how long it first
-    waits for a generator server (0: it generates in process)."""
-
-    sequences: int
-    tokens: int
-    server_wait: int
-
-
-def _stage_value(stage: str, field: str, default: Any) -> str:
-    """A stage setting in CEL, or its default when the stage is absent (the apiserver defaults present objects only)."""
-    return f"(has(self.stages) && has(self.stages.{stage}) ? self.stages.{stage}.{field} : {default!r})".replace(
-        "True", "true"
-    ).replace("False", "false")
-
-
-# The trainer processes of a Trainer stage's gang: nodes × GPUs (one process on a CPU pod), as in CEL. Beyond
-# _WORLD_BOUND nodes or GPUs the rule stands aside (no int64 overflow in the API server; the model still checks).
-_WORLD_BOUND = 1_000_000
-
-
-def _trainer_value(field: str) -> str:
-    default = TrainerResources.model_fields[field].default
-    return f"(has(self.resources) && has(self.resources.trainer) ? self.resources.trainer.{field} : {default})"
-
-
-CelRule = tuple[str, ...]  # (CEL rule, message[, field path]): rlt.spec.k8s.cel_rules
-
-
-class StageSettings(Strict):
-    """What every stage's settings model answers about itself, so that the code reading a spec asks the stage
-    instead of naming it: its generation round (the collective timeouts, rlt.spec.budgets) and its rules across
-    the run's other fields (RLTRunSpec's validation). `spec` is the RLTRunSpec (rlt.spec.run, a floor above)."""
-
-    def rollout(self, spec: Any) -> Rollout | None:
-        """The stage's generation round; None when it generates nothing."""
-        return None
-
-    def run_problems(self, name: str, spec: Any) -> list[str]:
-        """What is wrong with stage `name`'s settings given the rest of `spec`, one line each naming the field."""
-        return []
-
-    @classmethod
-    def run_cel_rules(cls, name: str) -> list[CelRule]:
-        """The same rules as CEL on the run's spec (`self` is the spec), for the CRD (rlt.spec.k8s.cel_rules)."""
-        return []
-
-
 def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
     if batch_size % per_device_batch_size:
         raise ValueError(f"batchSize: {batch_size} must be a multiple of perDeviceBatchSize ({per_device_batch_size})")
@@ -197,14 +149,14 @@ class TrainerOptions(StageSettings):
     @classmethod
     def run_cel_rules(cls, name: str) -> list[CelRule]:
         fields = cls.model_fields
-        batch = _stage_value(name, "batchSize", fields["batch_size"].default)
-        micro = _stage_value(name, "perDeviceBatchSize", fields["per_device_batch_size"].default)
-        enabled = _stage_value(name, "enabled", fields["enabled"].default)
-        nodes, gpus = _trainer_value("nodes"), _trainer_value("gpus")
+        batch = stage_value(name, "batchSize", fields["batch_size"].default)
+        micro = stage_value(name, "perDeviceBatchSize", fields["per_device_batch_size"].default)
+        enabled = stage_value(name, "enabled", fields["enabled"].default)
+        nodes, gpus = trainer_value("nodes"), trainer_value("gpus")
         world = f"({nodes} * ({gpus} > 0 ? {gpus} : 1))"
         return [
             (
-                f"!{enabled} || {micro} <= 0 || {nodes} > {_WORLD_BOUND} || {gpus} > {_WORLD_BOUND} || "
+                f"!{enabled} || {micro} <= 0 || {nodes} > {WORLD_BOUND} || {gpus} > {WORLD_BOUND} || "
                 f"({batch} % {micro} == 0 && ({batch} / {micro}) % {world} == 0)",
                 f"stages.{name}.batchSize must be a multiple of perDeviceBatchSize × trainer processes "
                 "(resources.trainer.nodes × gpus)",
