@@ -1,6 +1,6 @@
 """A stage as a unit (issue 41): code outside the stage table and a stage's own modules does not branch on a stage's
-name, and a stage added as one table row plus its own modules gets a plan, a collective timeout, a CRD property and
-validation rules (the model's and the CRD's CEL) with no other file changed."""
+name, and a stage added as one table row plus its own modules gets a plan, a collective timeout, a CRD property, a
+docs/spec.md row, validation rules (the model's and the CRD's CEL) and a local run with no other file changed."""
 
 from __future__ import annotations
 
@@ -107,6 +107,19 @@ class ProbeTerms:
 
 TERMS = ProbeTerms()
 """
+RUN = """
+from rlt.contract.layout import atomic_write_text
+
+
+def run_probe(ctx):
+    st = ctx.spec.stages.probe
+    folder = ctx.layout.stage_dir("probe")
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "probes.txt"
+    out.write_text(f"{st.probes} probes of {st.max_new_tokens} tokens\\n")
+    atomic_write_text(ctx.layout.stage_done("probe"), "done\\n")
+    return str(out)
+"""
 # One row added to the table before anything reads it: what editing contract/stage_registry.STAGES does.
 SCRIPT = """
 import json, sys
@@ -114,7 +127,7 @@ sys.path.insert(0, sys.argv[1])
 import rlt.contract.stage_registry as table
 
 row = table.StageInfo("probe", "report", ("rlt",), None, False, True, "probe", settings="probe_settings:ProbeStage",
-                      terms="probe_terms")
+                      terms="probe_terms", function="probe_run:run_probe")
 table.STAGES += (row,)
 table.STAGE_ORDER = tuple(s.name for s in table.STAGES)
 table._BY_NAME[row.name] = row
@@ -143,6 +156,15 @@ except Exception as e:
 schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 out["crd"] = sorted(schema["properties"]["stages"]["properties"]["probe"]["properties"])
 out["cel"] = [r["fieldPath"] for r in schema["x-kubernetes-validations"] if "probe" in r["rule"]]
+sys.path.insert(0, sys.argv[3])
+import gen_docs
+
+out["docs"] = [row.split(" | ")[0] for row in gen_docs.spec_table().splitlines() if "stages.probe" in row]
+from rlt.run.runner import run_local
+
+summary = run_local(parse_run(json.loads(sys.argv[2])), sys.argv[1] + "/results", metrics_port=None, only=["probe"],
+                    show_progress=False)
+out["ran"] = open(summary["stages"]["probe"]["output"]).read()
 print("RESULT " + json.dumps(out))
 """
 
@@ -150,11 +172,12 @@ print("RESULT " + json.dumps(out))
 def test_a_stage_added_as_one_row_and_its_modules_gets_a_plan_a_timeout_and_its_rules(tmp_path: Path) -> None:
     (tmp_path / "probe_settings.py").write_text(SETTINGS)
     (tmp_path / "probe_terms.py").write_text(TERMS)
+    (tmp_path / "probe_run.py").write_text(RUN)
     doc = tiny_doc()
     doc["spec"]["stages"]["probe"] = {"enabled": True, "probes": 6, "maxNewTokens": 50}
     env_path = f"{ROOT / 'training'}:{ROOT / 'operator'}"
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path), json.dumps(doc)],
+        [sys.executable, "-c", SCRIPT, str(tmp_path), json.dumps(doc), str(ROOT / "hack")],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
@@ -175,3 +198,12 @@ def test_a_stage_added_as_one_row_and_its_modules_gets_a_plan_a_timeout_and_its_
     # the CRD has its settings, and its CEL rule on the run's spec
     assert out["crd"] == ["enabled", "maxNewTokens", "probes"]
     assert out["cel"] == [".stages.probe.probes"]
+    # and docs/spec.md's field table its rows
+    assert out["docs"] == [
+        "| `spec.stages.probe`",
+        "| `spec.stages.probe.enabled`",
+        "| `spec.stages.probe.probes`",
+        "| `spec.stages.probe.maxNewTokens`",
+    ]
+    # and `rlt run` runs it, by its function
+    assert out["ran"] == "6 probes of 50 tokens\n"

@@ -42,10 +42,11 @@ class StageInfo:
     # steps 1..n then n+1..m from the checkpoint equal one run of m steps)
     extendable: str | None = None
     # A stage kept outside rlt names its own modules: its settings model ("module:Class", a
-    # rlt.spec.stages.StageSettings that joins spec.stages under the stage's name) and its plan terms' module (else
-    # STAGE_TERMS's).
+    # rlt.spec.stage_settings.StageSettings that joins spec.stages under the stage's name), its plan terms' module
+    # (else STAGE_TERMS's) and its function ("module:function", for every method it has; else STAGE_FUNCTIONS').
     settings: str | None = None
     terms: str | None = None
+    function: str | None = None
 
     @property
     def trainer(self) -> bool:
@@ -87,7 +88,7 @@ def stage_function(name: str, method: str = "rlt") -> Callable[..., str]:
     """The function running stage `name` for teaching method `method` (imported on first use: heavy modules)."""
     if method not in stage_info(name).methods:
         raise ValueError(f"method {method} has no stage {name!r} (stages: {', '.join(method_stages(method))})")
-    module, function = STAGE_FUNCTIONS[method].format(stage=name).split(":")
+    module, function = (stage_info(name).function or STAGE_FUNCTIONS[method].format(stage=name)).split(":")
     fn: Callable[..., str] = getattr(importlib.import_module(module), function)
     return fn
 
