@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,13 @@ def test_rlt_validate_and_run_say_a_data_source_problem_in_one_line(tmp_path, ma
         lines = [line for line in res.stderr.splitlines() if line.strip() and "WARNING" not in line]
         assert len(lines) == (2 if command == "validate" else 1), res.stderr
         assert says in lines[-1], lines[-1]
+
+
+def test_a_built_in_task_of_astronomical_size_is_refused_before_generating(tmp_path):
+    """The rows of a built-in task are generated and held in memory: a size no machine holds is refused at once."""
+    from rlt.data.sources import MAX_BUILTIN_SIZE
+
+    t0 = time.perf_counter()
+    said = _refused(source="builtin:mixed", size=10**15)
+    assert time.perf_counter() - t0 < 10, "generated rows before refusing"
+    assert "spec.dataset.size" in said and f"{MAX_BUILTIN_SIZE}" in said, said
