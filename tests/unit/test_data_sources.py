@@ -223,3 +223,13 @@ def test_a_built_in_task_of_astronomical_size_is_refused_before_generating(tmp_p
     said = _refused(source="builtin:mixed", size=10**15)
     assert time.perf_counter() - t0 < 10, "generated rows before refusing"
     assert "spec.dataset.size" in said and f"{MAX_BUILTIN_SIZE}" in said, said
+
+
+def test_a_benchmark_that_cannot_be_read_is_one_line(tmp_path):
+    """A benchmark's hub data set read in a pod: whatever `datasets` raises (here: no such data set) is one line."""
+    from rlt.data.benchmarks import Benchmark, load_benchmark
+
+    bench = Benchmark(name="gone", hub_id=str(tmp_path / "gone"), split="test", answer="math", columns={})
+    with pytest.raises(DataError) as err:
+        load_benchmark(bench)
+    assert "\n" not in str(err.value) and "gone" in str(err.value) and "cannot be read" in str(err.value)
