@@ -233,3 +233,19 @@ def test_a_benchmark_that_cannot_be_read_is_one_line(tmp_path):
     with pytest.raises(DataError) as err:
         load_benchmark(bench)
     assert "\n" not in str(err.value) and "gone" in str(err.value) and "cannot be read" in str(err.value)
+
+
+def test_the_files_of_a_folder_are_held_to_the_same_rules(tmp_path):
+    """A folder's files are read by `datasets`, which keeps the last of two keys and the first of two columns: they
+    are checked as single files are, each problem naming the file and its line."""
+    _jsonl(tmp_path / "d" / "train.jsonl", GOOD)
+    (tmp_path / "d" / "more.jsonl").write_text(
+        json.dumps(GOOD) + '\n{"question": "a", "question": "b", "solution": "2"}\n'
+    )
+    said = _refused(source=str(tmp_path / "d"))
+    assert "more.jsonl line 2" in said and "'question' is given twice" in said, said
+    (tmp_path / "d" / "more.jsonl").unlink()
+    (tmp_path / "d" / "more.csv").write_text("question,solution,solution\n1+1?,2,3\n")
+    (tmp_path / "d" / "train.jsonl").unlink()
+    said = _refused(source=str(tmp_path / "d"))
+    assert "more.csv line 1" in said and "column 'solution' is given twice" in said, said

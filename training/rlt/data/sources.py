@@ -162,6 +162,8 @@ def _read_folder(folder: Path, spec: DatasetSpec) -> Any:
             f"spec.dataset.source: folder {src} holds no data files (.jsonl, .json, .parquet, .csv or a saved dataset)"
         )
     _same_columns(folder, files)
+    for path in files:
+        _check_file(path)
     try:
         with _quiet():
             return _split(datasets.load_dataset(str(folder)), spec)
@@ -169,6 +171,20 @@ def _read_folder(folder: Path, spec: DatasetSpec) -> Any:
         raise
     except Exception as err:  # noqa: BLE001
         raise DataError(f"{src}: cannot be read as a dataset folder ({_cause(err)})") from None
+
+
+def _check_file(path: Path) -> None:
+    """A file of a folder held to a single file's rules (`datasets` reads it): its first bad line, named."""
+    kind = FILE_KINDS.get(path.suffix.lower())
+    if kind == "json":
+        rows, lines = read_json_lines(path)
+        bad = next(((n, r) for n, r in zip(lines, rows, strict=True) if isinstance(r, Unparsable)), None)
+        if bad:
+            raise DataError(f"{path} line {bad[0]}: {bad[1].problem}")
+    elif kind == "csv":
+        _csv_record_lines(path)
+    elif kind == "parquet":
+        _check_parquet(path, rows_needed=False)  # one empty file of several is not an empty data set
 
 
 def _split(ds: Any, spec: DatasetSpec) -> Any:
@@ -269,7 +285,7 @@ def _record_starts(path: Path, records: Any) -> list[int]:
     return starts
 
 
-def _check_parquet(path: Path) -> None:
+def _check_parquet(path: Path, rows_needed: bool = True) -> None:
     import pyarrow.parquet as pq
 
     if path.stat().st_size == 0:
@@ -279,7 +295,7 @@ def _check_parquet(path: Path) -> None:
     except Exception as err:  # noqa: BLE001
         raise DataError(f"{path}: cannot be read as .parquet (not a Parquet file: {first_line(err)})") from None
     names = meta.schema.to_arrow_schema().names
-    if meta.num_rows == 0:
+    if meta.num_rows == 0 and rows_needed:
         raise DataError(f"{path}: no rows (a Parquet file with the columns {', '.join(names)} and no rows)")
     seen = set()
     for name in names:
