@@ -249,3 +249,10 @@ def test_the_files_of_a_folder_are_held_to_the_same_rules(tmp_path):
     (tmp_path / "d" / "train.jsonl").unlink()
     said = _refused(source=str(tmp_path / "d"))
     assert "more.csv line 1" in said and "column 'solution' is given twice" in said, said
+
+
+def test_a_device_inside_a_dataset_folder_is_named_not_read(tmp_path):
+    _jsonl(tmp_path / "d" / "train.jsonl", GOOD)
+    (tmp_path / "d" / "more.jsonl").symlink_to("/dev/zero")
+    said = _refused(source=str(tmp_path / "d"))
+    assert "more.jsonl: a device file" in said, said

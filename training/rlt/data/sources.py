@@ -139,11 +139,12 @@ def _quiet() -> Iterator[None]:
 
 
 def _data_files(folder: Path) -> list[Path]:
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.suffix.lower() in _DATA_SUFFIXES and not p.name.startswith(".") and p.is_file()
-    )
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in _DATA_SUFFIXES and not p.name.startswith("."))
+    for path in files:  # `datasets` would open a device or a pipe named like a data file, and never return
+        problem = reader.path_problem(path, folder_ok=True)
+        if problem is not None and not path.is_dir():
+            raise DataError(f"{path}: {problem}")
+    return [p for p in files if p.is_file()]
 
 
 def _read_folder(folder: Path, spec: DatasetSpec) -> Any:
