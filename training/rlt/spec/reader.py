@@ -378,7 +378,9 @@ def load_json(text: str, object_pairs_hook: Any = None) -> Any:
     """One JSON value within the bounds, or ValueError saying what breaks them (a JSONDecodeError for bad syntax);
     `object_pairs_hook` as json.loads takes it (the data readers refuse a key given twice with it)."""
     try:
-        value = json.loads(text, parse_int=_json_int, parse_constant=_json_constant, object_pairs_hook=object_pairs_hook)
+        value = json.loads(
+            text, parse_int=_json_int, parse_constant=_json_constant, object_pairs_hook=object_pairs_hook
+        )
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
     problem = value_problem(value)
