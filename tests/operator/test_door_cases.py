@@ -46,7 +46,7 @@ RUN_FILES = {
     "laughs": (
         "a: &a [1,1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
         "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\n",
-        "e: line 5: expands to over 100000 values (through aliases)",
+        "line 5: the text holds more than 100000 values (MAX_VALUES, aliases expanded)",
     ),
     "duplicate-key": (_with("  seed: 1\n  seed: 2\n"), "spec: line {m}: key 'seed' is given twice (lines {n} and {m})"),
     "yaml11-bool": (_with("  suspend: yes\n"), "spec.suspend: line {n}: 'yes' is a boolean to YAML 1.1 readers"),

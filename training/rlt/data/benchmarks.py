@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from rlt.data.dataset import DataError
+from rlt.data.sources import first_line
 
 BENCHMARKS_FILE = Path(__file__).parent / "benchmarks.yaml"
 LETTERS = "ABCDEFGHIJ"
@@ -85,7 +86,12 @@ def benchmark_row(raw: dict[str, Any], bench: Benchmark, index: int) -> dict[str
 def load_benchmark(bench: Benchmark, revision: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
     import datasets  # the hub: clusters only
 
-    ds = datasets.load_dataset(bench.hub_id, bench.config, split=bench.split, revision=revision)
+    try:
+        ds = datasets.load_dataset(bench.hub_id, bench.config, split=bench.split, revision=revision)
+    except Exception as err:  # noqa: BLE001 - the boundary: the hub's or the reader's failure in one line
+        raise DataError(
+            f"{bench.hub_id} (benchmark {bench.name}): cannot be read ({type(err).__name__}: {first_line(err)})"
+        ) from None
     rows = []
     for i, raw in enumerate(ds):
         rows.append(benchmark_row(raw, bench, i))

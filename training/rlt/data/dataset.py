@@ -13,15 +13,14 @@ import json
 import logging
 import math
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlt.data import tasks
 from rlt.data.answers import between
 from rlt.data.errors import DataError
-from rlt.data.jsonl import decoded_lines
+from rlt.data.sources import FILE_KINDS, Unparsable, read_source
 from rlt.method.prompts import PromptFormat, bundled_formats, resolve_format
 from rlt.spec import reader
 from rlt.spec.inputs import DatasetSpec, FormatSpec
@@ -38,149 +37,6 @@ class LoadedData:
     numbers: list[str] = field(default_factory=list)  # where a question/solution was a number, used as its text
     # How a message names a row by its "row" index: 'line N' for JSONL/CSV (what an editor shows), else 'row i'.
     where: Callable[[int], str] = field(default=lambda i: f"row {i}")
-
-
-_FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-class _Unparsable:
-    """A JSON-lines line that is not a JSON object (reported as that line's problem)."""
-
-    def __init__(self, problem: str):
-        self.problem = problem
-
-
-def _read_json_lines(path: Path) -> tuple[list[Any], list[int]]:
-    """Rows of a JSONL file (or a JSON array) with the 1-based line of each row.
-
-    Read here rather than by `datasets`: it gives line numbers, reports a broken line (not JSON, not UTF-8, beyond
-    the strict reader's bounds: rlt.spec.reader) as that row's problem instead of failing the file (so badRows: skip
-    applies to it), and keeps a column whose values mix numbers and text (Arrow refuses to type such a column)."""
-    data = path.read_bytes()
-    head = data.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if head.startswith((b"[", b"{")):
-        try:
-            whole = reader.load_json(data.decode("utf-8-sig"))
-        except UnicodeDecodeError as err:
-            if head.startswith(b"["):
-                raise DataError(
-                    f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at byte offset {err.start})"
-                ) from None
-        except json.JSONDecodeError as err:
-            if head.startswith(b"["):
-                raise DataError(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-        except ValueError as err:  # valid JSON beyond the bounds
-            if head.startswith(b"["):
-                raise DataError(f"{path}: {err}") from None
-        else:
-            if isinstance(whole, list):
-                return whole, []
-            if isinstance(whole, dict) and b"\n" in data.strip():  # one object over several lines: not JSON Lines
-                lists = [k for k, v in whole.items() if isinstance(v, list)]
-                hint = f"; are the rows its list {lists[0]!r}? write them one object per line" if lists else ""
-                raise DataError(
-                    f"{path}: one JSON object over several lines (keys: {', '.join(list(whole)[:5])}), not one "
-                    f"row per line (JSON Lines) or a JSON list of rows{hint}"
-                )
-    rows, lines = [], []
-    for n, line, problem in decoded_lines(data):
-        if problem is not None:
-            rows.append(_Unparsable(problem))
-            lines.append(n)
-            continue
-        if line is None or not line.strip():
-            continue
-        try:
-            value = reader.load_json(line)
-        except json.JSONDecodeError as err:
-            value = _Unparsable(f"not valid JSON ({err.msg} at column {err.colno})")
-        except ValueError as err:
-            value = _Unparsable(str(err))
-        if not isinstance(value, (dict, _Unparsable)):
-            value = _Unparsable(f"expected a JSON object, got {type(value).__name__}")
-        rows.append(value)
-        lines.append(n)
-    return rows, lines
-
-
-def _read_error(path: Path, kind: str, err: BaseException) -> str:
-    """Why `datasets` could not read a CSV or Parquet file, naming the line (CSV) or row group (Parquet): its
-    own message only says "An error occurred while generating the dataset"."""
-    if kind == "csv":
-        lines = list(decoded_lines(path.read_bytes()))
-        bad = next(((n, p) for n, _, p in lines if p), None)
-        if bad:
-            return f"line {bad[0]}: {bad[1]}"
-        if sum(1 for _, text, _ in lines if text and text.strip()) <= 1:
-            return "a header line and no rows" if any(text and text.strip() for _, text, _ in lines) else "empty"
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            pf = pq.ParquetFile(path)
-        except Exception as exc:  # noqa: BLE001 - the reader's own words, in one line
-            return f"not a Parquet file: {_first_line(exc)}"
-        for group in range(pf.num_row_groups):
-            try:
-                pf.read_row_group(group)
-            except Exception as exc:  # noqa: BLE001
-                return f"row group {group} of {pf.num_row_groups}: {_first_line(exc)}"
-    cause: BaseException | None = err
-    while cause is not None and type(cause).__name__ == "DatasetGenerationError":
-        cause = cause.__cause__ or cause.__context__  # the reader's error, which says the line
-    return _first_line(cause or err)
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
-
-
-def _read_source(spec: DatasetSpec) -> tuple[Iterable[Any], Callable[[int], str]]:
-    """The rows, and how to name row i in a message: 'line N' (1-based) for JSONL/CSV, 'row i' otherwise."""
-    src = spec.source
-    by_index = lambda i: f"row {i}"  # noqa: E731
-    if src.startswith("builtin:"):
-        return tasks.generate(src.removeprefix("builtin:"), spec.size, spec.seed), by_index
-    path = Path(src)
-    if not path.exists():
-        if src.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_KINDS:
-            raise DataError(f"spec.dataset.source: file {src} does not exist")
-        import datasets  # a hub dataset id
-
-        return datasets.load_dataset(src, split=spec.split, revision=spec.revision), by_index
-    import datasets  # heavy: only when a real dataset is read
-
-    if path.is_dir():
-        if not any(p.is_file() and not p.name.startswith(".") for p in path.rglob("*")):
-            raise DataError(
-                f"spec.dataset.source: folder {src} holds no data files (.jsonl, .json, .parquet, .csv or a saved "
-                "dataset)"
-            )
-        if (path / "dataset_info.json").exists() or (path / "state.json").exists():
-            ds = datasets.load_from_disk(str(path))
-            return (ds[spec.split] if isinstance(ds, datasets.DatasetDict) else ds), by_index
-        return datasets.load_dataset(str(path), split=spec.split), by_index
-    suffix = path.suffix.lower()
-    kind = _FILE_KINDS.get(suffix)
-    if kind is None:
-        raise DataError(f"spec.dataset.source: unsupported file type {suffix!r} (use .jsonl, .json, .parquet or .csv)")
-    if kind == "json":
-        rows, lines = _read_json_lines(path)
-        return rows, ((lambda i: f"line {lines[i]}") if lines else by_index)
-    quiet = datasets.utils.logging.get_verbosity()
-    bars = datasets.utils.are_progress_bars_disabled()
-    try:
-        # a local file: no progress bar, and the reader's failure is said once, below, not logged as well
-        datasets.utils.logging.set_verbosity(logging.CRITICAL)
-        datasets.disable_progress_bars()
-        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
-    except Exception as err:  # noqa: BLE001 - any reader failure is a problem of this file, said in one line
-        raise DataError(f"{src}: cannot be read as {suffix} ({_read_error(path, kind, err)})") from None
-    finally:
-        datasets.utils.logging.set_verbosity(quiet)
-        if not bars:
-            datasets.enable_progress_bars()
-    return ds, ((lambda i: f"line {i + 2}") if kind == "csv" else by_index)  # CSV line 1 is the header
 
 
 # Role names of a turn (`from` in ShareGPT, `role` in OpenAI chat): the common spellings of each side.
@@ -226,7 +82,8 @@ def _from_conversations(raw: dict[str, Any], fmt: PromptFormat, column: str = "c
         raise DataError(
             f"{where}[1]: expected the assistant turn (from/role: {' or '.join(ASSISTANT_ROLES)}), got {role!r}"
         )
-    text = assistant.get("value", assistant.get("content")) or ""
+    question = _turn_text(user, f"{where}[0]")
+    text = _turn_text(assistant, f"{where}[1]") or ""
     t = fmt.tags
     thought = between(text, t.thought_start, t.thought_end)
     solution = between(text, t.solution_start, t.solution_end)
@@ -238,7 +95,17 @@ def _from_conversations(raw: dict[str, Any], fmt: PromptFormat, column: str = "c
         raise DataError(f"{where}[1]: no closed {t.solution_start}…{t.solution_end} block{hint}")
     if thought is None and t.thought_start in text:
         raise DataError(f"{where}[1]: {t.thought_start} is never closed by {t.thought_end}")
-    return {"question": user.get("value", user.get("content")), "solution": solution, "reasoning_trace": thought}
+    return {"question": question, "solution": solution, "reasoning_trace": thought}
+
+
+def _turn_text(turn: dict[str, Any], where: str) -> str | None:
+    """A turn's text (`value` in ShareGPT, `content` in OpenAI chat); a list, an object or a number is refused: a
+    multi-part message would otherwise be read as its Python spelling."""
+    key = "value" if "value" in turn else "content"
+    text = turn.get(key)
+    if text is not None and not isinstance(text, str):
+        raise DataError(f"{where}.{key}: expected text, got {_describe(text).removeprefix('expected text, got ')}")
+    return text
 
 
 def _from_columns(raw: dict[str, Any], spec: DatasetSpec) -> dict[str, Any]:
@@ -354,10 +221,13 @@ def data_system_prompt(spec: DatasetSpec) -> str | None:
     column = spec.columns.system
     if column is None:
         return None
-    source, where = _read_source(spec)
+    source, where = read_source(spec)
+    source_name = spec.source
     found: tuple[int, str] | None = None
     for index, raw in enumerate(source):
         value = raw.get(column) if isinstance(raw, dict) else None
+        if value is not None and not isinstance(value, str) and not (isinstance(value, float) and math.isnan(value)):
+            raise DataError(f"{source_name} {where(index)}: {column}: {_describe(value)} (a system prompt)")
         if not isinstance(value, str) or not value.strip():
             continue
         if found is None:
@@ -378,12 +248,12 @@ def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]
 
 def _scan(spec: DatasetSpec, fmt: PromptFormat):
     rows, bad, numbers = [], [], []
-    source, where = _read_source(spec)
+    source, where = read_source(spec)
     read = 0
     for index, raw in enumerate(source):
         read += 1
         try:
-            if isinstance(raw, _Unparsable):
+            if isinstance(raw, Unparsable):
                 raise DataError(raw.problem)
             if not isinstance(raw, dict):
                 raise DataError(f"expected an object with named fields, got {type(raw).__name__}")
@@ -445,7 +315,7 @@ def is_reachable(spec: DatasetSpec) -> bool:
         spec.source.startswith("builtin:")
         or Path(spec.source).exists()
         or spec.source.startswith((".", "/", "~"))
-        or Path(spec.source).suffix.lower() in _FILE_KINDS
+        or Path(spec.source).suffix.lower() in FILE_KINDS
     )
 
 

@@ -45,7 +45,7 @@ def bundled_formats() -> list[str]:
 @cache
 def _load_file(path: str) -> dict[str, Any]:
     try:
-        docs = reader.load_yaml(Path(path).read_text())
+        docs = reader.load_yaml(reader.read_file(path))
     except (reader.InputError, yaml.YAMLError) as err:
         line = str(err) if isinstance(err, reader.InputError) else reader.yaml_error_line(err)
         raise ValueError(f"spec.format.file: {path}: {line}") from None

@@ -69,7 +69,7 @@ def load_rcl_format(name_or_path: str) -> RclFormat:
             f"({', '.join(bundled_rcl_formats())})"
         )
     try:
-        docs = reader.load_yaml(path.read_text())
+        docs = reader.load_yaml(reader.read_file(path))
     except (reader.InputError, yaml.YAMLError) as err:
         line = str(err) if isinstance(err, reader.InputError) else reader.yaml_error_line(err)
         raise ValueError(f"spec.rcl.format: {path}: {line}") from None

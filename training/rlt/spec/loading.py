@@ -168,7 +168,7 @@ def _read_source(path: Path) -> str:
         if value is None:
             raise SpecError(text, ["environment variable not set"])
         return value
-    return path.read_text()
+    return reader.read_file(path)  # at most reader.MAX_BYTES; a device, a pipe or a folder named as such
 
 
 def read_runs(path: str | Path) -> list[RLTRun]:
@@ -181,7 +181,7 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     try:
         docs = reader.load_yaml(_read_source(path))
     except reader.InputError as err:
-        raise SpecError(str(path), [str(err)]) from None
+        raise SpecError(str(path), [err.problem if err.where == "<file>" and not err.line else str(err)]) from None
     except FileNotFoundError:
         raise SpecError(str(path), ["file not found"]) from None
     except UnicodeDecodeError as err:

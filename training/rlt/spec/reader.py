@@ -6,9 +6,10 @@ traceback, never a silent choice:
   reads otherwise (yes/no/on/off/y/n, 0777, 0b101, 1_000, the merge key `<<`) is refused: quote it or write it
   unambiguously, so the file means one thing to `rlt validate` and to `kubectl apply`.
 - A mapping key given twice is refused (the API server's strict decoding refuses it; PyYAML keeps the last).
+- At most MAX_BYTES of text, MAX_DOCUMENTS documents and MAX_VALUES values (aliases expanded), each bound applied
+  while reading, so reading stops at the bound; time linear in the text (PyYAML's scanner and parser are).
 - Integers within int64, numbers finite (JSON, and so the API server, has no infinity or NaN), text without lone
-  UTF-16 surrogates (they cannot be encoded, and break tokenizers), nesting at most MAX_DEPTH deep, at most
-  MAX_VALUES values once aliases are expanded, and no alias inside the node it names.
+  UTF-16 surrogates (they cannot be encoded, and break tokenizers), nesting at most MAX_DEPTH deep, and no alias inside the node it names.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import stat
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -23,7 +26,11 @@ from yaml.composer import ComposerError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 MAX_DEPTH = 64  # the deepest legitimate spec structure (affinity terms) is about 10
-MAX_VALUES = 100_000  # values of one document with aliases expanded (a run file has a few hundred)
+# Bounds applied while reading, each tripping the moment it is passed (a run file is a few KiB, a few hundred values,
+# one document; the operator hands a run to its pods in a ConfigMap, which holds at most 1 MiB):
+MAX_BYTES = 4 * 1024 * 1024  # of text, checked before parsing
+MAX_DOCUMENTS = 1_000  # of one text, counted as each document starts
+MAX_VALUES = 100_000  # of one text, aliases expanded, counted as each value is composed
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -127,7 +134,13 @@ class _Loader(yaml.SafeLoader):
         super().__init__(stream)
         self._path: list[str] = []
         self._open: set[str] = set()  # anchors whose node is being composed
-        self._sizes: dict[int, int] = {}
+        self._sizes: dict[int, int] = {}  # values of each composed node, aliases expanded
+        self._values = 0  # values composed so far in the whole text, aliases expanded
+
+    def _count(self, mark: Any, values: int) -> None:
+        self._values += values
+        if self._values > MAX_VALUES:
+            self._fail(mark, f"the text holds more than {MAX_VALUES} values (MAX_VALUES, aliases expanded)")
 
     def _where(self) -> str:
         parts = self._path if len(self._path) <= 12 else [*self._path[:6], f"…({len(self._path)} levels)"]
@@ -147,15 +160,16 @@ class _Loader(yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent):
             if anchor in self._open:
                 self._fail(event.start_mark, f"alias *{anchor} is inside the node &{anchor} it names (a loop)")
-        elif anchor is not None:
-            self._open.add(anchor)
+            if anchor in self.anchors:  # an unknown alias is PyYAML's error, said below
+                self._count(event.start_mark, self._sizes[id(self.anchors[anchor])])
+        else:
+            self._count(event.start_mark, 1)  # before its children: a list never closed trips at the bound
+            if anchor is not None:
+                self._open.add(anchor)
         node = super().compose_node(parent, index)
         if not isinstance(event, yaml.AliasEvent):
             self._open.discard(anchor)
             self._check(node)
-        size = self._sizes[id(node)]
-        if size > MAX_VALUES:
-            self._fail(event.start_mark, f"expands to over {MAX_VALUES} values (through aliases)")
         if pushed:
             self._path.pop()
         return node
@@ -219,16 +233,73 @@ _Loader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: node.valu
 def load_yaml(text: str) -> list[Any]:
     """Every document of a YAML text (empty ones dropped). Raises InputError (one line, with the field path and
     the line) or yaml.YAMLError (a syntax error, with its line)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_BYTES:
+        raise InputError("<file>", None, f"{size} bytes, over {MAX_BYTES} bytes (MAX_BYTES); a run file is a few KiB")
     loader = _Loader(text)
     try:
         docs = []
         while loader.check_node():
+            if len(docs) == MAX_DOCUMENTS:
+                mark = loader.peek_event().start_mark
+                raise InputError(
+                    "<file>", mark.line + 1, f"the text holds more than {MAX_DOCUMENTS} YAML documents (MAX_DOCUMENTS)"
+                )
             node = loader.get_node()
-            if node is not None:
-                docs.append(loader.construct_document(node))
+            docs.append(None if node is None else loader.construct_document(node))
         return [d for d in docs if d is not None]
     finally:
         loader.dispose()
+
+
+# ------------------------------------------------------------------------------------------------- files
+
+_NOT_FILES = (
+    (stat.S_ISDIR, "a folder, not a file"),
+    (stat.S_ISCHR, "a device file, not a file with contents"),
+    (stat.S_ISBLK, "a device file, not a file with contents"),
+    (stat.S_ISFIFO, "a named pipe, not a file (reading it would wait for a writer)"),
+    (stat.S_ISSOCK, "a socket, not a file"),
+)
+
+
+def path_problem(path: str | Path, folder_ok: bool = False) -> str | None:
+    """Why `path` cannot be read as a file, in words (missing, a folder, a device file, a pipe, a name too long for
+    the filesystem, not allowed), or None. Asked before opening: a device such as /dev/zero never ends and opening a
+    pipe blocks."""
+    try:
+        mode = Path(path).stat().st_mode
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as err:
+        if err.errno == 36:  # ENAMETOOLONG
+            longest = max(len(part.encode()) for part in Path(path).parts)
+            return f"the path is too long for the filesystem ({err.strerror}; its longest name is {longest} bytes)"
+        return f"cannot read the file: {err.strerror}"
+    for test, words in _NOT_FILES:
+        if test(mode) and not (folder_ok and stat.S_ISDIR(mode)):
+            return words
+    return None
+
+
+def _read_bounded(path: str | Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file; InputError('<file>', ...) for anything else or for more."""
+    problem = path_problem(path)
+    if problem:
+        raise InputError("<file>", None, problem)
+    try:
+        with Path(path).open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise InputError("<file>", None, f"cannot read the file: {err.strerror}") from None
+    if len(data) > limit:
+        raise InputError("<file>", None, f"over {limit} bytes (MAX_BYTES); a run file is a few KiB")
+    return data
+
+
+def read_file(path: str | Path) -> str:
+    """The UTF-8 text of a run or format file, at most MAX_BYTES of it read (UnicodeDecodeError when not UTF-8)."""
+    return _read_bounded(path, MAX_BYTES).decode("utf-8")
 
 
 class _Dumper(yaml.SafeDumper):
@@ -303,10 +374,13 @@ def value_problem(value: Any) -> str | None:
     return None
 
 
-def load_json(text: str) -> Any:
-    """One JSON value within the bounds, or ValueError saying what breaks them (a JSONDecodeError for bad syntax)."""
+def load_json(text: str, object_pairs_hook: Any = None) -> Any:
+    """One JSON value within the bounds, or ValueError saying what breaks them (a JSONDecodeError for bad syntax);
+    `object_pairs_hook` as json.loads takes it (the data readers refuse a key given twice with it)."""
     try:
-        value = json.loads(text, parse_int=_json_int, parse_constant=_json_constant)
+        value = json.loads(
+            text, parse_int=_json_int, parse_constant=_json_constant, object_pairs_hook=object_pairs_hook
+        )
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
     problem = value_problem(value)
