@@ -53,6 +53,8 @@ def _env(**source) -> dict:
         ({"fieldPath": "status.phase['x']"}, "fieldPath"),  # a subscript on a field that takes none
         ({"fieldPath": "metadata.labels['bad key']"}, "fieldPath"),  # the key is no label key
         ({"fieldPath": "metadata.name", "apiVersion": "v2"}, "apiVersion"),
+        # found by tests/real_cluster/test_server_pod_rules.py: a field label the server converts, yet not for env
+        ({"fieldPath": "metadata.host"}, "fieldPath"),
     ],
 )
 def test_a_field_ref_the_pod_validator_refuses_is_refused(ref, field):

@@ -18,13 +18,12 @@ from pydantic import TypeAdapter, ValidationError
 from rlt.spec.k8s import MAX_QUANTITY_VALUE, DNS1123Subdomain, QualifiedName, quantity_value
 
 # validEnvDownwardAPIFieldPathExpressions: what an env var may read of its pod (metadata.labels and
-# metadata.annotations only with a key; "metadata.host" is converted to spec.nodeName by the API server).
+# metadata.annotations only with a key); tests/real_cluster/test_server_pod_rules.py holds it to the real server.
 ENV_FIELD_PATHS = frozenset(
     {
         "metadata.name",
         "metadata.namespace",
         "metadata.uid",
-        "metadata.host",
         "spec.nodeName",
         "spec.serviceAccountName",
         "status.hostIP",
@@ -117,12 +116,16 @@ _REQUESTS_PREFIX = "requests."
 
 
 def extended_resource_problem(name: str) -> str | None:
-    """Why the pod validator refuses `name` as an extended resource (validateContainerResourceName): names in
-    Kubernetes' own domain are native (none with a domain is a container resource), and "requests." + name must
-    still be a qualified name."""
+    """Why `name` cannot be an extended resource of a pod. The pod validator (validateContainerResourceName) refuses
+    a name starting with "requests." or whose "requests." + name is no qualified name. A name in Kubernetes' own
+    domain it lets through, but the scheduler counts it as a native node resource that no device plugin can
+    advertise, so the pod stays Pending: refused here too (the one place rlt is stricter than the server)."""
     domain = name.split("/", 1)[0]
     if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
-        return f"{name!r} is in Kubernetes' own domain (kubernetes.io), where no extended resource is; use your device's domain"
+        return (
+            f"{name!r} is in Kubernetes' own domain (kubernetes.io): the scheduler reads it as a native resource no "
+            "device plugin advertises, so the pod would stay Pending; use your device's domain"
+        )
     if name.startswith(_REQUESTS_PREFIX):
         return f"{name!r} starts with 'requests.', which Kubernetes keeps for quota names"
     if len(_REQUESTS_PREFIX + domain) > 253:
@@ -172,6 +175,12 @@ def object_meta(meta: Any) -> None:
         _grammar(DNS1123Subdomain, masked, "generateName")
     finalizers = meta.finalizers or []
     for i, name in enumerate(finalizers):
-        _grammar(QualifiedName, name, f"finalizers.{i}")
+        try:
+            TypeAdapter(QualifiedName).validate_python(name)
+        except ValidationError:
+            raise ValueError(
+                f"finalizers.{i}: {name!r} is not a finalizer name (a qualified name: [DNS-subdomain prefix/]name of "
+                "letters, digits, '-', '_', '.'; e.g. example.com/cleanup)"
+            ) from None
     if "orphan" in finalizers and "foregroundDeletion" in finalizers:
         raise ValueError("finalizers: orphan and foregroundDeletion cannot both be set")

@@ -294,7 +294,7 @@ class EnvVarSource(Strict):
             )
             != 1
         ):
-            raise ValueError("valueFrom: give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
+            raise ValueError("give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
         return self
 
 
