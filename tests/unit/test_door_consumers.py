@@ -247,6 +247,12 @@ def test_hf_outputs_follow_the_hub_library(field, uri):
     _refused(patch, f"spec.outputs.{field}")
 
 
+@pytest.mark.parametrize("source", ["org/data@v2", "a/b/c", "org/x--y"])
+def test_hub_dataset_ids_follow_the_hub_library(source):
+    pytest.importorskip("huggingface_hub")
+    _refused({"dataset": {"source": source}}, "spec.dataset.source")
+
+
 def test_hub_ids_and_local_paths_the_loader_takes_are_taken():
     _accepted({"teacher": {"model": "Qwen/Qwen2.5-7B-Instruct"}, "student": {"model": "/models/student"}})
 

@@ -15,6 +15,7 @@ from rlt.spec.run import Metadata, RLTRun, RLTRunSpec
 # --------------------------------------------------------------------------------------------------- hub ids
 
 _LOCAL_STARTS = ("/", "./", "../", "~")
+_DATA_FILES = (".jsonl", ".json", ".parquet", ".csv")
 
 
 def _hub_id_problem(repo_id: str) -> str | None:
@@ -40,7 +41,7 @@ def _is_local(name: str, local_files: bool) -> bool:
 
 
 def hub_id_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
-    """Every model field that names a hub model, and every hf:// output, by the hub's repo-id rules."""
+    """Every model or dataset field that names a hub repo, and every hf:// output, by the hub's repo-id rules."""
     out = []
     refs = [
         ("spec.teacher.model", spec.teacher),
@@ -55,6 +56,18 @@ def hub_id_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
             problem = _hub_id_problem(ref.model)
             if problem:
                 out.append(f"{where}: {problem} (or a local folder: /abs/path or ./relative)")
+    datasets = [("spec.dataset.source", spec.dataset)]
+    if spec.stages.evaluate.dataset is not None:
+        datasets.append(("spec.stages.evaluate.dataset.source", spec.stages.evaluate.dataset))
+    for where, ds in datasets:
+        source = ds.source
+        # a data file's name (train.jsonl) is a path wherever it is read; the rest loads from the hub by id
+        if source.startswith("builtin:") or "://" in source or source.endswith(_DATA_FILES):
+            continue
+        if not _is_local(source, local_files):
+            problem = _hub_id_problem(source)
+            if problem:
+                out.append(f"{where}: {problem} (or a local file or folder: /abs/path or ./relative)")
     for field in ("distillDataset", "teacher", "student"):
         uri = getattr(spec.outputs, {"distillDataset": "distill_dataset"}.get(field, field))
         if uri and uri.startswith("hf://"):
