@@ -137,6 +137,8 @@ def cluster_problems(spec: RLTRunSpec) -> list[str]:
 
 def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool = True) -> list[str]:
     """Every problem beyond the schema, as 'field: message' lines (empty when the spec is usable)."""
+    from rlt.checks.consumers import consumer_problems
+
     out: list[str] = []
     if name is not None:
         problem = run_name_problem(name)
@@ -148,6 +150,7 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         + trainer_args_problems(spec)
         + cluster_problems(spec)
         + source_problems(spec)
+        + consumer_problems(spec, None if out else name, local_files=local_files)
     )
 
 

@@ -26,6 +26,10 @@ def _no_nul(value: str) -> str:
 PathOrId = Annotated[str, AfterValidator(_no_nul)]
 
 
+# A built-in task is a test and calibration set that `rlt validate` and each stage generate row by row (countdown:
+# ~20 µs of CPU a row): 100,000 rows take seconds, an astronomical size would never end.
+MAX_BUILTIN_ROWS = 100_000
+
 # The built-in models (rlt.data.models makes them; the spec checks the names without importing it).
 BUILTIN_MODELS = ("smollm2-135m-instruct", "tiny-qwen2")
 
@@ -106,7 +110,12 @@ class DatasetSpec(Strict):
         "reject", description="reject: fail on the first bad row, naming it; skip: drop bad rows and report each."
     )
     max_chars: int = Field(100_000, gt=0, description="Rows whose question+solution+trace exceed this are bad.")
-    size: int = Field(256, gt=0, description="Built-in tasks: number of problems to generate.")
+    size: int = Field(
+        256,
+        gt=0,
+        le=MAX_BUILTIN_ROWS,  # validation generates every row: bounded before it starts
+        description=f"Built-in tasks: number of problems to generate (at most {MAX_BUILTIN_ROWS:,}).",
+    )
     seed: int = Field(0, ge=0, description="Built-in tasks: generator seed (same seed, same problems).")
     eval_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="Fraction of rows held out (deterministically) for evaluation."

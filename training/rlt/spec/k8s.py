@@ -42,9 +42,27 @@ _PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
-_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+# A digest as go-digest validates it after the grammar: an algorithm it knows, lower-case hex of that algorithm's length.
+DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+_DIGEST = "(?:" + "|".join(f"{alg}:[a-f0-9]{{{n}}}" for alg, n in DIGEST_HEX.items()) + ")"
 IMAGE = rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::{_TAG})?(?:@{_DIGEST})?$"
 MAX_IMAGE = 4096
+MAX_IMAGE_NAME = 255  # distribution/reference NameTotalLengthMax: the name (registry and path), no tag or digest
+
+
+def _image_name(value: str) -> str | None:
+    name = value.split("@", 1)[0]
+    last = name.rfind("/")
+    colon = name.rfind(":")
+    if colon > last:  # a tag (a colon before the last '/' is a registry's port)
+        name = name[:colon]
+    if len(name) > MAX_IMAGE_NAME:
+        return f"the repository name is {len(name)} characters, over {MAX_IMAGE_NAME}"
+    if re.fullmatch(r"[a-f0-9]{64}", name):  # ParseNormalizedNamed: that is an image ID, not a name
+        return "a 64-character hex string is an image ID, not a repository name"
+    return None
+
+
 # resource.Quantity without a sign (requests and limits must not be negative): a number, then a binary suffix
 # (Ki..Ei), a decimal one (n u m k M G T P E) or an integer exponent (e3, E-2); no spaces.
 _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -214,8 +232,9 @@ Image = Annotated[
     _check(
         IMAGE,
         MAX_IMAGE,
-        "a container image reference ([registry/]path[:tag][@sha256:digest], lowercase path, one tag; e.g. "
-        "ghcr.io/org/image:tag)",
+        "a container image reference ([registry/]path[:tag][@sha256:<64 lower-case hex>], lowercase path, one tag; "
+        "e.g. ghcr.io/org/image:tag)",
+        extra=_image_name,
     ),
     _schema(IMAGE, MAX_IMAGE),
 ]

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from rlt.spec import pod_rules
 from rlt.spec.k8s import LabelValue, QualifiedName, Quantity
 
 K8S_VERSION = "1.29.0"  # the chart's kubeVersion floor (tests/unit/test_k8s_api.py holds them equal)
@@ -147,6 +148,11 @@ RULES: dict[str, Any] = {
     _NODE_REQ: lambda r: _values_for(r.operator, r.values, numeric=True),
     _LABEL_REQ: lambda r: _values_for(r.operator, r.values, numeric=False),
     "api.core.v1.NodeSelector": _node_selector,
+    # the pod validator's rules for what an env var reads and what a node field selector names
+    "api.core.v1.NodeSelectorTerm": pod_rules.node_selector_term,
+    "api.core.v1.ObjectFieldSelector": pod_rules.object_field_selector,
+    "api.core.v1.ResourceFieldSelector": pod_rules.resource_field_selector,
+    "apimachinery.pkg.apis.meta.v1.ObjectMeta": pod_rules.object_meta,
 }
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from rlt.spec import reader
 from rlt.spec.run import RLTRun, RLTRunSpec
 
-_NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*): ")
+_NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.(?:[A-Za-z][A-Za-z0-9]*|[0-9]+))*): ")  # list items: finalizers.1
 
 
 class SpecError(ValueError):

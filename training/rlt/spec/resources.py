@@ -23,6 +23,7 @@ from rlt.spec.k8s import (
     quantity_value,
 )
 from rlt.spec.k8s_api import Affinity, ObjectFieldSelector, ResourceFieldSelector, Toleration
+from rlt.spec.pod_rules import resource_problems
 
 # The requests a pod gets when the spec names none (per GPU, with a floor), in Python and in the CRD's CEL rules.
 CPU_PER_GPU, MIN_CPU = 4, 1
@@ -112,6 +113,10 @@ class PodResources(Strict):
         ):
             if limit is not None and quantity_value(limit) < quantity_value(request):
                 raise ValueError(f"{field}: {limit} is below the request {request}; a limit must be at least it")
+        # what the pod validator refuses in the container's resources the operator renders from these
+        problems = resource_problems(self)
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 
@@ -289,7 +294,7 @@ class EnvVarSource(Strict):
             )
             != 1
         ):
-            raise ValueError("valueFrom: give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
+            raise ValueError("give exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef")
         return self
 
 

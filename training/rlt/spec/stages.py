@@ -120,6 +120,10 @@ def _check_micro_batches(batch_size: int, per_device_batch_size: int) -> None:
         raise ValueError(f"batchSize: {batch_size} must be a multiple of perDeviceBatchSize ({per_device_batch_size})")
 
 
+# Passes over the rows a supervised stage may make: the RLT reference warmed the teacher up for 10.
+MAX_EPOCHS = 10_000
+
+
 class TrainerOptions(StageSettings):
     """Options every TRL-trained stage (sft, rl, student) shares, plus the trainerArgs escape hatch."""
 
@@ -196,7 +200,10 @@ class SupervisedStage(TrainerOptions):
 
     enabled: bool = Field(True, description="Run this stage.")
     epochs: float = Field(
-        1.0, gt=0, description="Passes over the training rows (the RLT reference code warmed the teacher up for 10)."
+        1.0,
+        gt=0,
+        le=MAX_EPOCHS,  # the plan derives a step count from it: a huge float overflows on the way to an int
+        description="Passes over the training rows (the RLT reference code warmed the teacher up for 10).",
     )
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps (overrides epochs).")
     learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")

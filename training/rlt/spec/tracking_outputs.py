@@ -19,12 +19,24 @@ from rlt.spec.resources import (
 class WandbSpec(Strict):
     """Weights & Biases through transformers' WandbCallback (plus the rlt_* figures)."""
 
-    project: str = Field(min_length=1, description="W&B project (WANDB_PROJECT).")
-    entity: str | None = Field(None, description="W&B entity (team or user).")
+    project: str = Field(min_length=1, max_length=128, description="W&B project (WANDB_PROJECT; none of / \\ # ? % :).")
+    entity: str | None = Field(None, min_length=1, description="W&B entity (team or user).")
     mode: Literal["online", "offline"] = Field(
         "online", description="offline: write runs under the run's folder (tracking/wandb) for `wandb sync` later."
     )
-    api_key_secret: SecretKeyRef | None = Field(None, description="Secret key holding WANDB_API_KEY (online mode).")
+    api_key_secret: SecretKeyRef | None = Field(
+        None,
+        description="Secret key holding WANDB_API_KEY: required in online mode unless spec.env sets WANDB_API_KEY "
+        "from a Secret.",
+    )
+
+    @model_validator(mode="after")
+    def _project_name(self) -> WandbSpec:
+        # wandb's own Settings.validate_project (tests/unit/test_door_round4.py holds the two equal)
+        bad = sorted({c for c in self.project if c in _WANDB_PROJECT_FORBIDDEN})
+        if bad:
+            raise ValueError(f"project: {self.project!r} holds {' '.join(bad)}, which W&B refuses in a project name")
+        return self
 
 
 class MlflowSpec(Strict):
@@ -43,12 +55,41 @@ class MlflowSpec(Strict):
 
     @model_validator(mode="after")
     def _no_inline_credentials(self) -> MlflowSpec:
-        if self.tracking_uri and re.match(r"^[a-z+]+://[^/@]+@", self.tracking_uri):
-            raise ValueError(
-                "trackingUri: credentials in the URL would land in the ConfigMap; use credentials "
-                "(Secret references) instead"
-            )
+        if self.tracking_uri:
+            problem = tracking_uri_problem(self.tracking_uri)
+            if problem:
+                raise ValueError(f"trackingUri: {problem}")
         return self
+
+
+_WANDB_PROJECT_FORBIDDEN = frozenset("/\\#?%:")
+# The tracking stores mlflow-skinny (the trainer image's MLflow) registers: a path or file:, a tracking server over
+# HTTP(S), Databricks. Database stores (sqlite:, postgresql:, ...) need the full mlflow and SQLAlchemy.
+MLFLOW_SCHEMES = ("", "file", "http", "https", "databricks", "databricks-uc", "uc")
+_SECRET_WORDS = re.compile(r"token|passw|pwd|secret|key|auth|credential|signature|session", re.IGNORECASE)
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why MLflow cannot use `uri` from a pod, or why it must not be written into the run's ConfigMap."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError as err:
+        return f"{uri[:60]!r} is not a URL ({err})"
+    if parts.scheme.lower() not in MLFLOW_SCHEMES:
+        return (
+            f"scheme {parts.scheme!r} is not a tracking store MLflow (mlflow-skinny) serves; use one of "
+            + ", ".join(f"{s}:" for s in MLFLOW_SCHEMES if s)
+            + " or a path"
+        )
+    fix = "it would land in the run's ConfigMap; use a Secret (credentials: MLFLOW_TRACKING_TOKEN, ...)"
+    if "@" in parts.netloc:
+        return f"the URL carries a user or password; {fix}"
+    secret = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True) if _SECRET_WORDS.search(k)]
+    if secret:
+        return f"the URL's query holds a credential ({', '.join(secret)}); {fix}"
+    return None
 
 
 class TrackingSpec(Strict):

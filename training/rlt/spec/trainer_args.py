@@ -68,20 +68,46 @@ def value_problem(value: Any, kinds: list[Kind]) -> str | None:
 
 
 # Options whose valid range a library checks only once the optimizer is built, hours into a run: torch.optim.AdamW's
-# own checks (0 <= betas < 1, eps >= 0; tests/unit/test_door_cases.py holds this table equal to torch's).
+# own checks (0 <= betas < 1, eps >= 0; tests/operator/test_door_cases.py holds this table equal to torch's).
+# (low, high, words): low <= value < high (high None: no upper bound).
 RANGES: dict[str, tuple[float, float | None, str]] = {
     "adam_beta1": (0.0, 1.0, "in [0, 1) (torch.optim.AdamW)"),
     "adam_beta2": (0.0, 1.0, "in [0, 1) (torch.optim.AdamW)"),
     "adam_epsilon": (0.0, None, "at least 0 (torch.optim.AdamW)"),
 }
+# Stated bounds of the options rlt passes through that neither TRL nor transformers checks when the config is built
+# (a zero evaluation interval, a clipping range of 0, a smoothing factor above 1 reach the training loop); the options
+# rlt sets itself have their bounds on the spec's own fields.
+_BIG = 2.0**31  # a step interval, worker count or step count past this is a typo, not a plan
+STATED: dict[str, tuple[float, float | None, bool, str]] = {
+    # key: (low, high, low_open, words) with low (<, or <= when not low_open) value < high
+    "label_smoothing_factor": (0.0, 1.0, False, "in [0, 1)"),
+    "dataloader_num_workers": (0.0, 1025.0, False, "in [0, 1024]"),
+    "dataloader_prefetch_factor": (0.0, 1025.0, True, "in [1, 1024]"),
+    "data_seed": (0.0, 2.0**32, False, "in [0, 2^32) (numpy's seed)"),
+    "eval_steps": (0.0, _BIG, True, "above 0 (a fraction below 1, else a step count)"),
+    "torch_empty_cache_steps": (0.0, _BIG, True, "above 0"),
+    "neftune_noise_alpha": (0.0, None, False, "at least 0"),
+    "epsilon": (0.0, 1.0, True, "in (0, 1) (GRPO's clipping range)"),
+    "epsilon_high": (0.0, 1.0, True, "in (0, 1) (GRPO's upper clipping range)"),
+    "delta": (0.0, None, True, "above 0 (GRPO's two-sided clipping)"),
+    "num_completions_to_print": (0.0, _BIG, False, "at least 0"),
+}
 
 
 def range_problem(key: str, value: Any) -> str | None:
-    if key not in RANGES or isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    low, high, words = RANGES[key]
-    if not (value >= low and (high is None or value < high)):
-        return f"{value} is out of range: must be {words}"
+    if key in RANGES:
+        low, high, words = RANGES[key]
+        if not (value >= low and (high is None or value < high)):
+            return f"{value} is out of range: must be {words}"
+    if key in STATED:
+        low, top, low_open, words = STATED[key]
+        above = value > low if low_open else value >= low
+        below = top is None or value < top
+        if not (above and below):
+            return f"{value} is out of range: must be {words}"
     return None
 
 
