@@ -220,7 +220,11 @@ def test_a_built_in_task_of_astronomical_size_is_refused_before_generating(tmp_p
     from rlt.data.sources import MAX_BUILTIN_SIZE
 
     t0 = time.perf_counter()
-    said = _refused(source="builtin:mixed", size=10**15)
+    with pytest.raises(ValueError, match="size"):  # the spec's own bound, before anything reads the source
+        DatasetSpec.model_validate({"source": "builtin:mixed", "size": 10**15})
+    with pytest.raises(DataError) as err:  # a spec built without validation meets the same bound in the reader
+        check_data(DatasetSpec.model_construct(source="builtin:mixed", size=10**15, seed=0), FMT)
+    said = str(err.value)
     assert time.perf_counter() - t0 < 10, "generated rows before refusing"
     assert "spec.dataset.size" in said and f"{MAX_BUILTIN_SIZE}" in said, said
 

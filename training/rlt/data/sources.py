@@ -19,15 +19,15 @@ from rlt.data import tasks
 from rlt.data.errors import DataError
 from rlt.data.jsonl import decoded_lines
 from rlt.spec import reader
-from rlt.spec.inputs import DatasetSpec
+from rlt.spec.inputs import MAX_BUILTIN_ROWS, DatasetSpec
 
 FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 _DATA_SUFFIXES = (*FILE_KINDS, ".arrow")
 
-# Rows of a built-in task are generated and held in memory (100,000 mixed rows take about 3 s): a bound before
-# generating, so `rlt validate` never tries 10^15 of them (the paper's data set has about 17,000 rows).
-MAX_BUILTIN_SIZE = 1_000_000
+# The spec's bound on a built-in task's rows, checked again here for a spec built without validation
+# (`model_construct`): the rows are generated and held in memory, 10^15 of them would never end.
+MAX_BUILTIN_SIZE = MAX_BUILTIN_ROWS
 
 Where = Callable[[int], str]
 
