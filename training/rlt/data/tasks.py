@@ -121,7 +121,7 @@ def _basic_value(question: str) -> tuple[int, int] | None:
 
 # ---- `sums`: two-digit + two-digit. The answer is not among the question's numbers and the untrained 135M student
 # does not guess it (it copies the first number), but it follows a tens/ones decomposition: a task on which an
-# explanation can teach, and on which stating the bare answer is visible to r_KL (see docs/evaluation.md).
+# explanation can teach, and on which stating the bare answer is visible to r_KL (see docs/experiments.md).
 _SUMS_Q = re.compile(r"^What is (\d+) \+ (\d+)\?$")
 
 
