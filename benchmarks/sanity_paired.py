@@ -46,6 +46,7 @@ SEED_SD = 0.90  # seed-to-seed sd of one arm's objective (measurement noise incl
 MEAS_SE = 0.23  # measurement s.e. of one teacher's objective (per-sample sd 1.58 / sqrt(48))
 OBSERVED = {"real_vs_start": 1.12, "real_vs_shuffled": 1.60}
 
+COURTESY = 20.0  # seconds between units without the lock
 PAIRS_FILE = Path(__file__).parent / "sanity-paired.jsonl"
 CODES = ("PASS", "FAIL", "inconclusive")
 
@@ -183,7 +184,8 @@ def run_pairs(
 ) -> list[dict]:
     """Run the missing pairs in seed order. run_unit(arm, seed, seconds left) returns {"objective", "seconds"}, or
     None when it was stopped at the deadline. No unit starts that the estimate says cannot end by the deadline; the
-    pair's row is appended when both its units have ended; the interim PASS stops the experiment."""
+    pair's row is appended when both its units have ended; the interim PASS stops the experiment. run_unit gets
+    the unit's estimate, to check again once it holds the machine's lock."""
     rows = read_rows(pairs_path)
     done = {r["seed"] for r in rows}
     durations = [r[f"{a}_seconds"] for r in rows for a in ("real", "shuffled")]
@@ -202,9 +204,9 @@ def run_pairs(
             if need > left:
                 log(f"[deadline] seed {seed} {arm} not started: needs ~{need:.0f} s, {left:.0f} s left")
                 return new
-            res = run_unit(arm, seed, left)
+            res = run_unit(arm, seed, need)
             if res is None:
-                log(f"[deadline] seed {seed} {arm} stopped at the deadline")
+                log(f"[deadline] seed {seed} {arm} not finished by the deadline")
                 return new
             durations.append(res["seconds"])
             units[arm] = res
@@ -260,11 +262,11 @@ def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, 
                 return {"objective": r["summary"]["objective_reward"], "seconds": r["seconds"]}
         return None
 
-    def run(arm: str, seed: int, left: float) -> dict | None:
+    def run(arm: str, seed: int, need: float) -> dict | None:
         if (got := measured(arm, seed)) is not None:
             return got
         with heavy_lock(lock, deadline) as held:
-            if not held:
+            if not held or time.time() + need > deadline:  # the wait for the lock may have eaten the time
                 return None
             cmd = [sys.executable, "-u", str(sanity), "--out", str(out), "--unit", arm, "--seed", str(seed)]
             proc = subprocess.Popen(cmd, start_new_session=True)
@@ -274,6 +276,7 @@ def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, 
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 return None
+        time.sleep(COURTESY)  # lets a job blocked on the lock take it before this runner's next unit
         if proc.returncode:
             raise SystemExit(f"unit {arm} seed {seed} failed (exit {proc.returncode})")
         return measured(arm, seed)

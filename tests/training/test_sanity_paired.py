@@ -66,10 +66,10 @@ class FakeUnits:
     def clock(self):
         return self.now
 
-    def __call__(self, arm, seed, left):
+    def __call__(self, arm, seed, need):
         self.calls.append((arm, seed))
         if self.stop_at == (arm, seed):
-            self.now += left
+            self.now += 10 * self.seconds
             return None
         self.now += self.seconds
         return {"objective": -5.0 if arm == "real" else -6.0, "seconds": self.seconds}
@@ -136,3 +136,13 @@ def test_unit_runner_reuses_a_measured_unit_and_lock_waits_no_longer_than_the_de
         run = sp["unit_runner"](tmp_path, str(lock), deadline=0.0)
         assert run("real", 4, 10.0) == {"objective": -5.5, "seconds": 123.0}  # measured before: not rerun
         assert run("shuffled", 4, 10.0) is None  # lock busy past the deadline: nothing started
+
+
+def test_unit_runner_rechecks_the_deadline_once_it_holds_the_lock(sp, tmp_path):
+    """Waiting for the lock may eat the time the guard counted on: with the lock free but less time left than the
+    unit's estimate, nothing starts (sanity.py would fail here on the empty folder if it were started)."""
+    import time
+
+    run = sp["unit_runner"](tmp_path, str(tmp_path / "heavy.lock"), deadline=time.time() + 30)
+    assert run("real", 5, 600.0) is None
+    assert not (tmp_path / "sanity-real-seed5").exists()
