@@ -12,7 +12,7 @@ import random
 import re
 
 BASIC_LEVELS = (1, 2, 3, 4)
-TASKS = ("arithmetic", "countdown", "mixed", "basic", "sums") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
+TASKS = ("arithmetic", "countdown", "mixed", "basic", "sums", "sums-detour") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -176,6 +176,10 @@ def generate(task: str, size: int, seed: int = 0) -> list[dict[str, str]]:
     rng = random.Random(f"rlt-{task}-{seed}")
     if task == "sums":
         return [sums_problem(rng) for _ in range(size)]
+    if task == "sums-detour":  # correct traces unfriendly to the student: room to teach (rlt.data.headroom)
+        from rlt.data.headroom import detour_problem
+
+        return [detour_problem(rng) for _ in range(size)]
     if task.startswith("basic"):
         levels = BASIC_LEVELS if task == "basic" else (int(task.removeprefix("basic-")),)
         return [basic_problem(rng, levels[i % len(levels)]) for i in range(size)]
