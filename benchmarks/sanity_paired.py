@@ -265,7 +265,7 @@ def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, 
     def run(arm: str, seed: int, need: float) -> dict | None:
         if (got := measured(arm, seed)) is not None:
             return got
-        with heavy_lock(lock, deadline) as held:
+        with heavy_lock(lock, deadline - need) as held:  # no waiting past the last moment it could start
             if not held or time.time() + need > deadline:  # the wait for the lock may have eaten the time
                 return None
             cmd = [sys.executable, "-u", str(sanity), "--out", str(out), "--unit", arm, "--seed", str(seed)]
