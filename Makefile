@@ -105,7 +105,7 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/rlt run manifests/examples/rltrun-local.yaml
 	@echo "This demo shows the pipeline end to end; its 6 RL steps are too few for the reward to trend."
-	@echo "Whether the teacher learns: benchmarks/learning.py (figures in docs/evaluation.md)."
+	@echo "Whether the teacher learns: benchmarks/learning.py (figures in docs/experiments.md)."
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reward_scoring.py

@@ -1,4 +1,4 @@
-"""Does RL teach better than SFT? The pre-registered protocol of docs/evaluation.md, on `builtin:sums`.
+"""Does RL teach better than SFT? The pre-registered protocol of docs/experiments.md, on `builtin:sums`.
 
 One SFT warm-up of the teacher on the task's worked reasoning (the "SFT teacher"), then, per seed, an RL run from it
 with rlt's own stages (the same code `rlt run` uses). Prints per seed the reward, r_SS and r_KL at the start and end
@@ -47,7 +47,7 @@ def slope_ci(ys: list[float]) -> tuple[float, float]:
     return b, t_quantile(n - 2) * se
 
 
-# RL settings fixed before the seeds ran (docs/evaluation.md, "Protocol").
+# RL settings fixed before the seeds ran (docs/experiments.md, "Protocol").
 # Second run (docs/learning-search.md chose these on search seed 0 before seeds 1-3 ran): warm-up 8 steps, 16 RL
 # steps of 1 question x G = 8 at lr 1e-5 and tau 1.0. The first run was 24 / 4 x 1 x G 4 at 5e-5, tau 0.7.
 SFT_STEPS, STEPS, LR, QUESTIONS, GENERATIONS, TEMPERATURE = 8, 16, 1e-5, 1, 8, 1.0

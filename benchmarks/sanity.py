@@ -1,5 +1,5 @@
 """Does GRPO with the RLT reward raise its own objective at all? The pre-registered CPU sanity experiment of
-docs/evaluation.md ("Sanity experiment"), on `builtin:sums`.
+docs/experiments.md ("Sanity experiment"), on `builtin:sums`.
 
 From the short SFT teacher (benchmarks/learning.py --sft-only), pick training questions the start model gets wrong
 30–70 % of the time; then per seed three arms with equal optimizer steps, each from the start model, each with rlt's
@@ -32,7 +32,7 @@ import teaching_protocol as protocol
 ARMS = ("real", "shuffled", "sft")
 ARM_NAMES = {"real": "GRPO, real reward", "shuffled": "GRPO, rewards permuted in group", "sft": "SFT continued"}
 
-# Fixed before any result (docs/evaluation.md, "Sanity experiment"); --quick shrinks them.
+# Fixed before any result (docs/experiments.md, "Sanity experiment"); --quick shrinks them.
 SIZES = dict(
     candidates=16,  # training questions screened with the start model
     screen_k=6,  # samples per screened question (τ = train τ)

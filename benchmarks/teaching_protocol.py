@@ -1,4 +1,4 @@
-"""The pre-registered comparison of docs/evaluation.md ("Does RL teach better than SFT?"): held-out measures per
+"""The pre-registered comparison of docs/experiments.md ("Does RL teach better than SFT?"): held-out measures per
 teacher and question, the two-way paired bootstrap over seeds and questions, and the verdict rule.
 
 Used by benchmarks/learning.py; the statistics are pure functions (tested in tests/training/test_learning_benchmark.py).
@@ -246,7 +246,7 @@ def power_lines(sd: float, effects: list[float], power: float = 0.8) -> list[str
 
 
 def sanity_verdict(vs_start: tuple[float, float, float], vs_shuffled: tuple[float, float, float]) -> str:
-    """The sanity experiment's pre-registered rule (docs/evaluation.md, "Sanity experiment"). Each argument is
+    """The sanity experiment's pre-registered rule (docs/experiments.md, "Sanity experiment"). Each argument is
     (difference, low, high) of the real-reward arm against the start model / the shuffled-reward arm.
     PASS: real beats both with the interval above 0; FAIL: real ≤ shuffled; else inconclusive."""
     if vs_shuffled[0] <= 0:

@@ -6,7 +6,7 @@ What each side sees when r_KL scores an explanation token (rlt/method/reward.py,
   student: system prompt, question, `<think>`, the explanation so far (its own thought); never the solution, which
            comes after the thought;
   teacher: teacher system prompt, question, the solution block, `<explain>`, the explanation so far.
-That is the reference's context (SakanaAI/RLT teacher_rewards.py; see docs/evaluation.md "Mechanism").
+That is the reference's context (SakanaAI/RLT teacher_rewards.py; see docs/experiments.md "Mechanism").
 
 The ordering the paper's design intends: a worked explanation scores above a bare "The answer is X." (same r_SS,
 the leak is paid for in r_KL) and above a wrong-reasoning one (paid for in r_SS)."""

@@ -12,7 +12,7 @@ import random
 import re
 
 BASIC_LEVELS = (1, 2, 3, 4)
-TASKS = ("arithmetic", "countdown", "mixed", "basic", "sums") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
+TASKS = ("arithmetic", "countdown", "mixed", "basic", "sums", "sums-detour") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -121,7 +121,7 @@ def _basic_value(question: str) -> tuple[int, int] | None:
 
 # ---- `sums`: two-digit + two-digit. The answer is not among the question's numbers and the untrained 135M student
 # does not guess it (it copies the first number), but it follows a tens/ones decomposition: a task on which an
-# explanation can teach, and on which stating the bare answer is visible to r_KL (see docs/evaluation.md).
+# explanation can teach, and on which stating the bare answer is visible to r_KL (see docs/experiments.md).
 _SUMS_Q = re.compile(r"^What is (\d+) \+ (\d+)\?$")
 
 
@@ -176,6 +176,10 @@ def generate(task: str, size: int, seed: int = 0) -> list[dict[str, str]]:
     rng = random.Random(f"rlt-{task}-{seed}")
     if task == "sums":
         return [sums_problem(rng) for _ in range(size)]
+    if task == "sums-detour":  # correct traces unfriendly to the student: room to teach (rlt.data.headroom)
+        from rlt.data.headroom import detour_problem
+
+        return [detour_problem(rng) for _ in range(size)]
     if task.startswith("basic"):
         levels = BASIC_LEVELS if task == "basic" else (int(task.removeprefix("basic-")),)
         return [basic_problem(rng, levels[i % len(levels)]) for i in range(size)]

@@ -1,0 +1,358 @@
+"""The paired sanity experiment (issue 46; protocol in docs/experiments.md, "The sanity question settled with
+paired seeds"): does GRPO with the RLT reward raise its own objective, settled with new seeds, each a pair of real-
+and shuffled-reward units run back to back with the same seed (common random numbers), from the start model and
+questions of the first sanity experiment (benchmarks/sanity.py --select).
+
+  python benchmarks/sanity_paired.py --simulate                       # the rule's error rates (seconds)
+  flock -n /tmp/rlt-heavy.lock true && \\
+  python benchmarks/sanity_paired.py --out results/sanity-paired --deadline 23:18   # pairs, one unit at a time
+  python benchmarks/sanity_paired.py --analyse                        # intervals and verdict of the pairs done
+
+Each finished pair is appended to benchmarks/sanity-paired.jsonl (committed, small); a re-run skips the seeds in it.
+The runner takes the heavy lock per unit, runs at nice 19, and never starts a unit that the longest of the recent
+units says cannot finish before the deadline; a unit still running at the deadline is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import teaching_protocol as protocol
+
+# ---- pre-registered (docs/experiments.md, "settled with paired seeds"); never edited after the first pair ran
+SEEDS = list(range(4, 28))  # 24 new seeds; 1–3 ran in the first experiment and are only pooled as secondary
+FULL = 24  # pairs for the final look
+INTERIM = 12  # one interim look, PASS only, at 99 %
+MARGIN = 0.8  # nats of objective: about half the observed real − shuffled (+1.60); below it GRPO is useless here
+LEVEL, INTERIM_LEVEL = 0.95, 0.99
+# the first experiment (docs/experiments.md): per seed real, shuffled; the start model's objective
+FIRST = {"start": -6.483, "pairs": [(1, -5.110, -7.948), (2, -6.093, -7.221), (3, -4.874, -5.700)]}
+# simulation inputs, measured in the first experiment
+SEED_SD = 0.90  # seed-to-seed sd of one arm's objective (measurement noise included)
+MEAS_SE = 0.23  # measurement s.e. of one teacher's objective (per-sample sd 1.58 / sqrt(48))
+OBSERVED = {"real_vs_start": 1.12, "real_vs_shuffled": 1.60}
+
+COURTESY = 20.0  # seconds between units without the lock
+PAIRS_FILE = Path(__file__).parent / "sanity-paired.jsonl"
+CODES = ("PASS", "FAIL", "inconclusive")
+
+
+# ---- the decision rule, vectorised so that the simulation runs the very code the analysis runs
+
+
+def bounds(x: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and the two-sided `level` t interval over the last axis (pairs = seeds are the unit)."""
+    n = x.shape[-1]
+    if n < 2:
+        raise ValueError(f"a paired interval needs ≥ 2 pairs (got {n})")
+    m = x.mean(axis=-1)
+    half = protocol.t_ppf((1 + level) / 2, n - 1) * x.std(axis=-1, ddof=1) / np.sqrt(n)
+    return m, m - half, m + half
+
+
+def decide_arrays(d: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rule on complete experiments: d = real − shuffled and r = real − start per pair, shape (..., FULL) in
+    seed order. Returns (code, pairs used): code 0 PASS, 1 FAIL, 2 inconclusive."""
+    if d.shape[-1] < FULL or r.shape != d.shape:
+        raise ValueError(f"the final look needs {FULL} pairs in both arrays (got {d.shape}, {r.shape})")
+    d, r = d[..., :FULL], r[..., :FULL]
+    early = (bounds(d[..., :INTERIM], INTERIM_LEVEL)[1] > 0) & (bounds(r[..., :INTERIM], INTERIM_LEVEL)[1] > 0)
+    _, d_lo, d_hi = bounds(d, LEVEL)
+    r_lo = bounds(r, LEVEL)[1]
+    code = np.where((d_lo > 0) & (r_lo > 0), 0, np.where(d_hi < MARGIN, 1, 2))
+    code = np.where(early, 0, code)
+    return code, np.where(early, INTERIM, FULL)
+
+
+def decide(d: list[float], r: list[float]) -> dict:
+    """The verdict of the pairs done so far (seed order). Before FULL pairs only the interim PASS can end it;
+    otherwise the verdict is "not in" and the intervals are descriptive."""
+    n = len(d)
+    out: dict = {"pairs": n}
+    if n >= 2:
+        out["d"] = [float(v) for v in bounds(np.asarray(d), LEVEL)]
+        out["real_vs_start"] = [float(v) for v in bounds(np.asarray(r), LEVEL)]
+    if n >= INTERIM:
+        d12, r12 = np.asarray(d[:INTERIM]), np.asarray(r[:INTERIM])
+        out["interim_lower_99"] = [float(bounds(d12, INTERIM_LEVEL)[1]), float(bounds(r12, INTERIM_LEVEL)[1])]
+        if min(out["interim_lower_99"]) > 0:
+            out["verdict"] = f"PASS at the interim look ({INTERIM} pairs)"
+            return out
+    if n >= FULL:
+        code, _ = decide_arrays(np.asarray(d[:FULL]), np.asarray(r[:FULL]))
+        out["verdict"] = CODES[int(code)]
+    else:
+        out["verdict"] = f"not in ({n} of {FULL} pairs)"
+    return out
+
+
+# ---- simulation of the rule before any pair runs
+
+
+def simulate(
+    mu_real: float, mu_shuffled: float, rho: float, reps: int = 20_000, seed: int = 0, sd: float = SEED_SD
+) -> dict:
+    """Rates of PASS/FAIL/inconclusive and the mean pairs spent. Per pair, each arm's objective = its mean + a seed
+    effect (sd² − MEAS_SE² of variance, correlated rho between the arms of a pair: common random numbers) + its own
+    measurement noise (MEAS_SE); the start model is measured once per experiment, with the same noise."""
+    rng = np.random.default_rng(seed)
+    seed_sd = np.sqrt(sd**2 - MEAS_SE**2)
+    a = rng.standard_normal((reps, FULL))
+    b = rho * a + np.sqrt(1 - rho**2) * rng.standard_normal((reps, FULL))
+    real = mu_real + seed_sd * a + MEAS_SE * rng.standard_normal((reps, FULL))
+    shuffled = mu_shuffled + seed_sd * b + MEAS_SE * rng.standard_normal((reps, FULL))
+    start_err = MEAS_SE * rng.standard_normal((reps, 1))
+    code, used = decide_arrays(real - shuffled, real - start_err)
+    rates = {name: float(np.mean(code == i)) for i, name in enumerate(CODES)}
+    return rates | {"interim_stop": float(np.mean(used == INTERIM)), "mean_pairs": float(used.mean())}
+
+
+SCENARIOS = (
+    ("null: neither arm moves", 0.0, 0.0),
+    ("null with drift: real = shuffled = start − 0.48", -0.48, -0.48),
+    ("at the margin: real − shuffled 0.8, real − start 0.56", 0.56, -0.24),
+    ("observed: real − shuffled 1.60, real − start 1.12", 1.12, -0.48),
+)
+
+
+def simulation_table(reps: int = 20_000) -> list[str]:
+    lines = [
+        f"| scenario (seed sd {SEED_SD}, measurement s.e. {MEAS_SE}, margin {MARGIN}) | ρ | PASS | FAIL | "
+        "inconclusive | stopped at 12 | mean pairs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, mu_r, mu_s in SCENARIOS:
+        for rho in (0.0, 0.5):
+            s = simulate(mu_r, mu_s, rho, reps)
+            lines.append(
+                f"| {name} | {rho:g} | {s['PASS']:.3f} | {s['FAIL']:.3f} | {s['inconclusive']:.3f} | "
+                f"{s['interim_stop']:.3f} | {s['mean_pairs']:.1f} |"
+            )
+    return lines
+
+
+# ---- the runner: one unit at a time, a deadline guard, pairs appended as they end, resumable
+
+
+def read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {i}: not JSON ({e.msg})") from None
+    return rows
+
+
+def append_row(path: Path, row: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def unit_estimate(durations: list[float], first: float) -> float:
+    """What the next unit may take: the longest of the last 3 units (the cores are shared; the load changes),
+    `first` before any unit has run."""
+    return max(durations[-3:]) if durations else first
+
+
+def run_pairs(
+    seeds: list[int],
+    pairs_path: Path,
+    run_unit: Callable[[str, int, float], dict | None],
+    start: float,
+    deadline: float,
+    first_estimate: float,
+    clock: Callable[[], float] = time.time,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Run the missing pairs in seed order. run_unit(arm, seed, seconds left) returns {"objective", "seconds"}, or
+    None when it was stopped at the deadline. No unit starts that the estimate says cannot end by the deadline; the
+    pair's row is appended when both its units have ended; the interim PASS stops the experiment. run_unit gets
+    the unit's estimate, to check again once it holds the machine's lock."""
+    rows = read_rows(pairs_path)
+    done = {r["seed"] for r in rows}
+    durations = [r[f"{a}_seconds"] for r in rows for a in ("real", "shuffled")]
+    new: list[dict] = []
+    for seed in seeds:
+        if seed in done:
+            continue
+        ordered = [r for r in rows if r["seed"] in seeds]
+        if decide([r["d"] for r in ordered], [r["real_vs_start"] for r in ordered])["verdict"].startswith("PASS"):
+            log(f"[stop] PASS at the interim look after {len(ordered)} pairs")
+            break
+        units: dict[str, dict] = {}
+        for arm in ("real", "shuffled"):
+            need = unit_estimate(durations, first_estimate) * (2 if arm == "real" else 1)
+            left = deadline - clock()
+            if need > left:
+                log(f"[deadline] seed {seed} {arm} not started: needs ~{need:.0f} s, {left:.0f} s left")
+                return new
+            res = run_unit(arm, seed, need)
+            if res is None:
+                log(f"[deadline] seed {seed} {arm} not finished by the deadline")
+                return new
+            durations.append(res["seconds"])
+            units[arm] = res
+        real, shuffled = units["real"]["objective"], units["shuffled"]["objective"]
+        row = {
+            "seed": seed,
+            "real": real,
+            "shuffled": shuffled,
+            "start": start,
+            "d": real - shuffled,
+            "real_vs_start": real - start,
+            "real_seconds": units["real"]["seconds"],
+            "shuffled_seconds": units["shuffled"]["seconds"],
+            "ended": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        append_row(pairs_path, row)
+        rows.append(row)
+        new.append(row)
+        log(f"[pair] seed {seed}: real {real:+.3f} shuffled {shuffled:+.3f} d {row['d']:+.3f}")
+    return new
+
+
+@contextlib.contextmanager
+def heavy_lock(path: str | None, deadline: float) -> Iterator[bool]:
+    """The machine's heavy-run lock, polled until the deadline (so that waiting never runs past it)."""
+    if not path:
+        yield True
+        return
+    with Path(path).open("a") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline:
+                    yield False
+                    return
+                time.sleep(5)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, int, float], dict | None]:
+    """Each unit is benchmarks/sanity.py --unit in its own process group (killed whole at the deadline); a unit
+    already in out/units.jsonl (an earlier, interrupted session) is reused, not rerun."""
+    sanity = Path(__file__).parent / "sanity.py"
+
+    def measured(arm: str, seed: int) -> dict | None:
+        for r in read_rows(out / "units.jsonl"):
+            if r["arm"] == arm and r["seed"] == seed:
+                return {"objective": r["summary"]["objective_reward"], "seconds": r["seconds"]}
+        return None
+
+    def run(arm: str, seed: int, need: float) -> dict | None:
+        if (got := measured(arm, seed)) is not None:
+            return got
+        with heavy_lock(lock, deadline - need) as held:  # no waiting past the last moment it could start
+            if not held or time.time() + need > deadline:  # the wait for the lock may have eaten the time
+                return None
+            cmd = [sys.executable, "-u", str(sanity), "--out", str(out), "--unit", arm, "--seed", str(seed)]
+            proc = subprocess.Popen(cmd, start_new_session=True)
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None
+        time.sleep(COURTESY)  # lets a job blocked on the lock take it before this runner's next unit
+        if proc.returncode:
+            raise SystemExit(f"unit {arm} seed {seed} failed (exit {proc.returncode})")
+        return measured(arm, seed)
+
+    return run
+
+
+def deadline_ts(hhmm: str | None, minutes: float | None, now: dt.datetime) -> float:
+    if hhmm:
+        try:
+            hh, mm = (int(x) for x in hhmm.split(":"))
+            end = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+        except ValueError:
+            raise SystemExit(f"--deadline {hhmm!r}: expected HH:MM (UTC)") from None
+        if end <= now:
+            raise SystemExit(f"--deadline {hhmm}: already past ({now:%H:%M} UTC now)")
+        return end.timestamp()
+    if minutes is not None:
+        if minutes <= 0:
+            raise SystemExit(f"--minutes {minutes}: must be positive")
+        return now.timestamp() + 60 * minutes
+    raise SystemExit("give --deadline HH:MM or --minutes N")
+
+
+def analyse(path: Path) -> dict:
+    rows = [r for r in read_rows(path) if r["seed"] in SEEDS]
+    rows.sort(key=lambda r: SEEDS.index(r["seed"]))
+    res = decide([r["d"] for r in rows], [r["real_vs_start"] for r in rows])
+    print("| seed | real | shuffled | d = real − shuffled | real − start | seconds (real, shuffled) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['seed']} | {r['real']:+.3f} | {r['shuffled']:+.3f} | {r['d']:+.3f} | {r['real_vs_start']:+.3f} | "
+            f"{r['real_seconds']:.0f}, {r['shuffled_seconds']:.0f} |"
+        )
+    for key in ("d", "real_vs_start"):
+        if key in res:
+            m, lo, hi = res[key]
+            print(f"{key}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}] (95 % paired t, {len(rows)} pairs)")
+    pooled = [(r - s, r - FIRST["start"]) for _, r, s in FIRST["pairs"]] + [(r["d"], r["real_vs_start"]) for r in rows]
+    for i, key in enumerate(("d", "real_vs_start")):
+        m, lo, hi = bounds(np.asarray([p[i] for p in pooled]), LEVEL)
+        print(f"secondary, pooled with seeds 1–3 ({len(pooled)} pairs): {key} {m:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+    print(f"verdict (pre-registered rule): {res['verdict']}")
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--simulate", action="store_true", help="print the rule's simulated PASS/FAIL/inconclusive rates")
+    p.add_argument("--reps", type=int, default=20_000)
+    p.add_argument("--analyse", action="store_true", help="print the pairs, intervals and verdict")
+    p.add_argument("--out", default="results/sanity-paired", help="start.json, chosen.jsonl and the start model")
+    p.add_argument("--pairs", type=Path, default=PAIRS_FILE)
+    p.add_argument("--deadline", help="HH:MM UTC: no unit runs past it")
+    p.add_argument("--minutes", type=float, help="or: no unit runs past this many minutes from now")
+    p.add_argument("--first-estimate", type=float, default=900.0, help="seconds a unit may take before one ran")
+    p.add_argument("--nice", type=int, default=19)
+    p.add_argument("--lock", default="/tmp/rlt-heavy.lock", help="taken per unit; '' for none")
+    args = p.parse_args(argv)
+    if args.simulate:
+        print("\n".join(simulation_table(args.reps)))
+        return
+    if args.analyse:
+        analyse(args.pairs)
+        return
+    end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
+    out = Path(args.out)
+    start_file = out / "start.json"
+    if not start_file.exists():
+        raise SystemExit(f"{start_file}: missing; run benchmarks/sanity.py --out {out} --select first")
+    start = json.loads(start_file.read_text())["summary"]["objective_reward"]
+    os.nice(max(0, args.nice - os.nice(0)))
+    run_pairs(SEEDS, args.pairs, unit_runner(out, args.lock or None, end), start, end, args.first_estimate)
+    analyse(args.pairs)
+
+
+if __name__ == "__main__":
+    main()

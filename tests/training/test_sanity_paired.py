@@ -1,0 +1,148 @@
+"""benchmarks/sanity_paired.py (issue 46): the pre-registered decision rule on synthetic pairs, its simulated error
+rates, and the runner's deadline guard, append-as-each-pair-ends and resume, without training a model (the unit is
+a stand-in that advances a fake clock)."""
+
+import fcntl
+import json
+import runpy
+
+import numpy as np
+import pytest
+from suite_helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return runpy.run_path(str(ROOT / "benchmarks" / "sanity_paired.py"), run_name="not_main")
+
+
+def wobble(center, n, amp):
+    return list(center + amp * np.tile([1.0, -1.0], n // 2 + 1)[:n])
+
+
+def test_rule_pass_fail_inconclusive(sp):
+    decide = sp["decide"]
+    # a clear effect: both 99 % lower bounds above 0 at 12 pairs -> PASS at the interim look
+    res = decide(wobble(1.6, 12, 0.9), wobble(1.1, 12, 0.9))
+    assert res["verdict"].startswith("PASS at the interim") and min(res["interim_lower_99"]) > 0
+    # 12 pairs without the interim PASS: the experiment is not in yet
+    assert decide(wobble(0.5, 12, 0.9), wobble(0.5, 12, 0.9))["verdict"] == "not in (12 of 24 pairs)"
+    # 24 pairs, small sure effect: 95 % lower bounds > 0 but not 99 % at 12 -> PASS at the final look
+    d = wobble(0.5, 24, 0.8)
+    res = decide(d, d)
+    assert res["verdict"] == "PASS" and min(res["interim_lower_99"]) < 0 < res["d"][1]
+    # nothing there: d's upper 95 % bound below the margin 0.8 -> FAIL
+    res = decide(wobble(0.0, 24, 0.9), wobble(0.3, 24, 0.9))
+    assert res["verdict"] == "FAIL" and res["d"][2] < sp["MARGIN"]
+    # too noisy to tell: d's interval straddles both 0 and the margin -> inconclusive
+    res = decide(wobble(0.3, 24, 2.5), wobble(0.3, 24, 2.5))
+    assert res["verdict"] == "inconclusive" and res["d"][1] < 0 and res["d"][2] > sp["MARGIN"]
+    # real beats shuffled but not the start: not PASS
+    assert decide(wobble(1.0, 24, 0.5), wobble(0.0, 24, 0.5))["verdict"] != "PASS"
+    # the interim PASS stands even when later pairs would have undone it (the experiment stopped at 12)
+    late = np.asarray(wobble(1.6, 12, 0.9) + wobble(-3.0, 12, 0.9))
+    code, used = sp["decide_arrays"](late, late)
+    assert int(code) == 0 and int(used) == 12
+    with pytest.raises(ValueError, match="24 pairs"):
+        sp["decide_arrays"](np.zeros(12), np.zeros(12))
+
+
+def test_simulated_error_rates(sp):
+    sim = sp["simulate"]
+    null = sim(0.0, 0.0, 0.0, reps=4000)
+    assert null["PASS"] < 0.03 and null["FAIL"] > 0.75  # no effect: PASS rare, FAIL usual
+    observed = sim(1.12, -0.48, 0.0, reps=4000)
+    assert observed["PASS"] > 0.95 and observed["FAIL"] < 0.01 and observed["interim_stop"] > 0.5
+    margin = sim(0.56, -0.24, 0.0, reps=4000)
+    assert margin["FAIL"] < 0.05  # FAIL at an effect of the margin's size: ~2.5 %, one-sided
+
+
+class FakeUnits:
+    """A stand-in for a trained-and-measured unit: takes `seconds` of a fake clock and returns an objective."""
+
+    def __init__(self, seconds=300.0, stop_at=None):
+        self.now, self.seconds, self.calls, self.stop_at = 0.0, seconds, [], stop_at
+
+    def clock(self):
+        return self.now
+
+    def __call__(self, arm, seed, need):
+        self.calls.append((arm, seed))
+        if self.stop_at == (arm, seed):
+            self.now += 10 * self.seconds
+            return None
+        self.now += self.seconds
+        return {"objective": -5.0 if arm == "real" else -6.0, "seconds": self.seconds}
+
+
+def test_deadline_guard_append_and_resume(sp, tmp_path):
+    run, path, logs = sp["run_pairs"], tmp_path / "pairs.jsonl", []
+    units = FakeUnits(seconds=300)
+    # the first estimate (900 s a unit) says a pair needs 1800 s: with 1000 s nothing starts
+    assert run([4, 5], path, units, -6.5, 1000, 900, units.clock, logs.append) == []
+    assert units.calls == [] and not path.exists() and "not started" in logs[-1]
+    # 2000 s: the first pair (600 s) runs; then the estimate is 300 s a unit and two more pairs fit (1800 s used),
+    # a fourth would need 600 s with 200 left
+    rows = run([4, 5, 6, 7, 8], path, units, -6.5, 2000, 900, units.clock, logs.append)
+    assert [r["seed"] for r in rows] == [4, 5, 6] and units.now <= 2000
+    assert "seed 7 real not started" in logs[-1]
+    on_disk = [json.loads(x) for x in path.read_text().splitlines()]
+    assert on_disk == rows and rows[0]["d"] == pytest.approx(1.0) and rows[0]["real_vs_start"] == pytest.approx(1.5)
+    # resumed: the done seeds are skipped, the next runs
+    units.calls.clear()
+    rows = run([4, 5, 6, 7], path, units, -6.5, units.now + 700, 900, units.clock, logs.append)
+    assert [r["seed"] for r in rows] == [7] and units.calls == [("real", 7), ("shuffled", 7)]
+    assert len(path.read_text().splitlines()) == 4
+
+
+def test_unit_stopped_at_deadline_appends_nothing(sp, tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    units = FakeUnits(seconds=100, stop_at=("shuffled", 4))
+    rows = sp["run_pairs"]([4, 5], path, units, -6.5, 5000, 100, units.clock, lambda _: None)
+    assert rows == [] and not path.exists() and units.calls == [("real", 4), ("shuffled", 4)]
+
+
+def test_interim_pass_stops_the_runner(sp, tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    for i, (d, r) in enumerate(zip(wobble(1.6, 12, 0.9), wobble(1.1, 12, 0.9), strict=True)):
+        row = {"seed": 4 + i, "d": d, "real_vs_start": r, "real_seconds": 1.0, "shuffled_seconds": 1.0}
+        path.write_text(path.read_text() + json.dumps(row) + "\n" if path.exists() else json.dumps(row) + "\n")
+    units, logs = FakeUnits(), []
+    assert sp["run_pairs"](sp["SEEDS"], path, units, -6.5, 1e9, 1, units.clock, logs.append) == []
+    assert units.calls == [] and "PASS at the interim" in logs[-1]
+
+
+def test_bad_rows_and_deadlines_are_named(sp, tmp_path):
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"seed": 4}\nnot json\n')
+    with pytest.raises(ValueError, match="line 2"):
+        sp["read_rows"](bad)
+    import datetime as dt
+
+    now = dt.datetime(2026, 11, 27, 22, 0, tzinfo=dt.UTC)
+    assert sp["deadline_ts"]("23:18", None, now) - now.timestamp() == 78 * 60
+    assert sp["deadline_ts"](None, 5, now) - now.timestamp() == 300
+    for hhmm, minutes, msg in (("21:00", None, "already past"), ("2318", None, "HH:MM"), (None, 0, "positive")):
+        with pytest.raises(SystemExit, match=msg):
+            sp["deadline_ts"](hhmm, minutes, now)
+
+
+def test_unit_runner_reuses_a_measured_unit_and_lock_waits_no_longer_than_the_deadline(sp, tmp_path):
+    row = {"arm": "real", "seed": 4, "seconds": 123.0, "summary": {"objective_reward": -5.5}}
+    (tmp_path / "units.jsonl").write_text(json.dumps(row) + "\n")
+    lock = tmp_path / "heavy.lock"
+    with lock.open("w") as held:  # someone else's heavy run holds the lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        run = sp["unit_runner"](tmp_path, str(lock), deadline=0.0)
+        assert run("real", 4, 10.0) == {"objective": -5.5, "seconds": 123.0}  # measured before: not rerun
+        assert run("shuffled", 4, 10.0) is None  # lock busy past the deadline: nothing started
+
+
+def test_unit_runner_rechecks_the_deadline_once_it_holds_the_lock(sp, tmp_path):
+    """Waiting for the lock may eat the time the guard counted on: with the lock free but less time left than the
+    unit's estimate, nothing starts (sanity.py would fail here on the empty folder if it were started)."""
+    import time
+
+    run = sp["unit_runner"](tmp_path, str(tmp_path / "heavy.lock"), deadline=time.time() + 30)
+    assert run("real", 5, 600.0) is None
+    assert not (tmp_path / "sanity-real-seed5").exists()
