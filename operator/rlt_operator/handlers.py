@@ -25,7 +25,7 @@ from rlt.contract.layout import parse_time
 from rlt.contract.metrics import OPERATOR_METRICS, build
 from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
-from . import builders, peering, progress, status
+from . import builders, evidence, peering, progress, status
 from .conditions import with_write_problems
 from .events import COMPONENT, Recorder
 from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
@@ -522,6 +522,7 @@ class RunMemory:
     not_created_at: float = -math.inf
     reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
     generation: int = 0  # a new spec retries refused writes at once
+    evidence: str | None = None  # the failed pod whose end is copied (rlt_operator.evidence)
 
     def expected(
         self, observed: Observed, actions: list[status.Action], now: float, ttl: float = 10.0
@@ -568,6 +569,9 @@ async def reconcile_once(
     standing = observed_conflicts(ref, observed)
     mem.writes.forget_gone({(a.plural, a.name) for a in decision.actions} | {p.key for p in standing})
     news = [p for p in standing if mem.writes.failed(p, time.monotonic())]
+    # The failed pod's end is copied to a ConfigMap that outlives the run before any of its gang is deleted.
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    mem.evidence = await evidence.keep(state.kube, ref, decision.status, observed.pods, mem.evidence, stamp, logger)
     sent, refused = await apply(state, ref, observed, actions, mem.writes, logger)
     news += refused
     for a in sent:
