@@ -215,6 +215,22 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     assert kept["outcome"] == "run Failed (BackoffLimitExceeded)" and kept["gangRestart"] == "1"
 
 
+async def test_a_users_configmap_of_the_evidence_name_is_not_overwritten(harness, monkeypatch):
+    from rlt_operator import status
+
+    monkeypatch.setattr(status, "BACKOFF_BASE", 0.5)
+    doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
+    mine = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tiny-last-failure"}, "data": {"a": "1"}}
+    await harness.call("POST", "/api/v1/namespaces/default/configmaps", mine)
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.trainer_running("tiny", "rl")
+    await harness.failed_trainer_pod("tiny", "rl", "aaaaa", "RuntimeError: CUDA error: out of memory")
+    await harness.trainer_failed("tiny", "rl")
+    await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart 1")  # the restart goes on
+    assert (await harness.get("configmaps", "tiny-last-failure"))["data"] == {"a": "1"}
+
+
 async def test_suspend_and_resume(harness):
     doc = server_mode(example(**{"spec.stages.sft.enabled": False}))
     await harness.start_operator()
