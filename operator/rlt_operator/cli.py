@@ -17,6 +17,8 @@ from rlt_operator.peering import DEFAULT_LIFETIME
 
 # Below Kubernetes' default terminationGracePeriodSeconds (30 s), which the chart keeps.
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
+# How long a stopped operator waits for API calls still running in worker threads before it exits without them.
+EXECUTOR_DRAIN_SECONDS = 0.5
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -116,6 +118,7 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
     would hold the pod until the kubelet kills it. A standby resumes when the record expires anyway, so the
     wait buys nothing past a short bound, kept below the pod's terminationGracePeriodSeconds."""
     import asyncio
+    import concurrent.futures
     import signal
 
     import kopf
@@ -134,6 +137,8 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
 
     async def operate() -> None:
         loop = asyncio.get_running_loop()
+        executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rlt-api")  # drained below, not awaited
+        loop.set_default_executor(executor)
         existing = asyncio.all_tasks()  # ours: Kopf must not cancel them as hung tasks at its exit
         stop = asyncio.Event()
         tasks = await kopf.spawn_tasks(stop_flag=stop, **kopf_args)
@@ -151,6 +156,15 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopping, sig)
         await kopf.run_tasks(tasks, ignored=existing)
+        # Kopf has stopped (loops cancelled, goodbye sent). A reconcile's API call may still be running in a worker
+        # thread, which asyncio.run and the interpreter would wait for (up to the client timeout, 15 s): its result
+        # is no longer wanted, so it is abandoned after a short drain, as a kill would.
+        drained = threading.Event()
+        threading.Thread(target=lambda: (executor.shutdown(wait=True), drained.set()), daemon=True).start()
+        if not drained.wait(EXECUTOR_DRAIN_SECONDS):
+            log.info(f"stopped; abandoning API calls still in flight after {EXECUTOR_DRAIN_SECONDS:g}s")
+            logging.shutdown()  # flush the handlers: os._exit skips them
+            os._exit(ExitCode.OK)
 
     asyncio.run(operate())
     return int(ExitCode.OK)

@@ -25,7 +25,7 @@ from rlt.contract.layout import parse_time
 from rlt.contract.metrics import OPERATOR_METRICS, build
 from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
-from . import builders, peering, progress, status
+from . import builders, evidence, peering, progress, status
 from .conditions import with_write_problems
 from .events import COMPONENT, Recorder
 from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
@@ -197,6 +197,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    # At shutdown Kopf gives each watch's workers this long before cancelling them (2 s by default). A standby's
+    # peering worker sleeps until the working replica's record would expire, so it always took the full 2 s;
+    # unprocessed events are re-listed by the next process anyway.
+    settings.queueing.exit_timeout = 0.5
     # Children are watched server-side filtered: the API server sends only objects with the run label, so
     # memory and watch traffic grow with the runs, not with everything else in the namespaces.
     for child in CHILDREN:
@@ -237,6 +241,10 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
         state.metrics_server.server_close()
 
 
+# Seconds between two peering checks while a replica starts (watch_peering).
+PEERING_FAST_CHECK = 0.25
+
+
 def _iso_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
 
@@ -252,6 +260,7 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
     seen: dict[str, Any] = {}  # object -> its records; only one seen is recreated (a mistyped --peering makes none)
     labels: dict[str, Any] = {}  # object -> its labels (kept when it is recreated)
     told: set[str] = set()  # overlapping installs already reported
+    since: float | None = None  # when this replica's own keep-alive was first seen
     while True:
         works = True
         yielded = {k: v for k, v in state.yielded.items() if k in where}  # a namespaced scope drops the start guard
@@ -282,8 +291,12 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                 missing.discard(what)
                 seen[what] = found[0].get("status") or {}
                 labels[what] = found[0]["metadata"].get("labels") or {}
-                mine, others = peering.working(found[0].get("status") or {}, info.identity, info.priority)
-                works = works and mine
+                records = found[0].get("status") or {}
+                mine, others = peering.working(records, info.identity, info.priority)
+                # Kopf works only after its own keep-alive is in the object (it starts paused until then).
+                works = works and mine and info.identity in records
+                if info.identity in records and since is None:
+                    since = time.monotonic()
                 older = await _say_overlaps(state, kind, ns, found[0], info, told, logger)
                 _give_way(yielded, kind, ns, older, logger)
             except KubeError as err:
@@ -294,6 +307,9 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
         state.yielded = yielded
         everywhere = all(yielded.get(ns) for ns in where)  # gives way in its whole scope: does no work
         works = works and not everywhere
+        if since is None and not missing:  # starting: Kopf is paused until its first keep-alive; nothing to say yet
+            await asyncio.sleep(PEERING_FAST_CHECK)
+            continue
         if works != was:
             state.metrics.active(works)
             logger.info(
@@ -304,7 +320,10 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                 else "this replica is the standby (paused while another works)"
             )
             was = works
-        await asyncio.sleep(info.interval)
+        # Replicas started together learn of each other only once both have written a keep-alive: check often
+        # until this one's has been there for a whole interval, so the standby says so within PEERING_FAST_CHECK.
+        settled = since is not None and time.monotonic() - since >= info.interval
+        await asyncio.sleep(info.interval if settled else min(info.interval, PEERING_FAST_CHECK))
 
 
 async def _say_overlaps(
@@ -522,6 +541,7 @@ class RunMemory:
     not_created_at: float = -math.inf
     reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
     generation: int = 0  # a new spec retries refused writes at once
+    evidence: str | None = None  # the failed pod whose end is copied (rlt_operator.evidence)
 
     def expected(
         self, observed: Observed, actions: list[status.Action], now: float, ttl: float = 10.0
@@ -568,6 +588,9 @@ async def reconcile_once(
     standing = observed_conflicts(ref, observed)
     mem.writes.forget_gone({(a.plural, a.name) for a in decision.actions} | {p.key for p in standing})
     news = [p for p in standing if mem.writes.failed(p, time.monotonic())]
+    # The failed pod's end is copied to a ConfigMap that outlives the run before any of its gang is deleted.
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    mem.evidence = await evidence.keep(state.kube, ref, decision.status, observed.pods, mem.evidence, stamp, logger)
     sent, refused = await apply(state, ref, observed, actions, mem.writes, logger)
     news += refused
     for a in sent:

@@ -100,6 +100,15 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
                 None,
             )
         )
+        # The failed container's end in full (its log's tail): copied to a retained ConfigMap (rlt_operator.evidence).
+        out["ended"] = next(
+            (
+                {"container": c.get("name"), **{k: t.get(k) for k in ("exitCode", "reason", "message", "finishedAt")}}
+                for c in containers
+                if (t := (c.get("state") or {}).get("terminated")) and t.get("exitCode")
+            ),
+            None,
+        )
         # The preflight's capacity line (rlt.checks.preflight writes it to its termination message whatever its exit
         # code): the plan fits, was not checked, or does not fit (gang.capacity_condition).
         out["capacity"] = capacity_line(status.get("initContainerStatuses") or [])

@@ -13,7 +13,8 @@ lifecycle is covered. Where each verb comes from:
 - children list/watch: Kopf indices, and a list by name after a 409 (whose object is it?) and by label at deletion
   (the operator never GETs single objects); create: fixed-name
   children; delete: gang restarts, suspend, terminal cleanup, TTL and run deletion; configmaps patch:
-  the pods' run.yaml follows spec edits. Pods are watched (generator restarts, failed ranks); deleting a Job or
+  the pods' run.yaml follows spec edits, and the copy of a failed pod's end that outlives the run (create, then
+  patch: RUN-last-failure, rlt_operator.evidence). Pods are watched (generator restarts, failed ranks); deleting a Job or
   StatefulSet with Foreground propagation lets the garbage collector remove them. Pods patch: a failed gang's
   failed trainer pod is handed to the run before its Job is deleted (kept for its logs); delete: the one kept
   before, when a newer one is kept, and the kept one at the run's deletion.

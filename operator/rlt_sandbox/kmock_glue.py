@@ -27,6 +27,8 @@ installed only by an explicit `patch_kmock()` call:
 - lists and watches honour equality field selectors (`kubectl describe` asks for one object's Events);
 - a watch that asks for a Table (`kubectl get -w`) streams Tables, and a watch from a resourceVersion does not
   replay objects unchanged since (kmock replays everything: kubectl printed each row twice);
+- strategic-merge patches of built-in kinds merge lists by their patch-merge keys (rlt_sandbox.strategic_merge:
+  `helm upgrade`/`rollback`, `kubectl apply` a second time); custom resources refuse them with 415 as the API does;
 - a Secret or ConfigMap sent as protobuf (Helm's release records) is decoded to JSON (rlt_sandbox.kube_protobuf);
 - OpenAPI v3 (discovery and one document per group version) and v2 as JSON, generated from the served
   resources and the CRDs' schemas (rlt_sandbox.openapi), so `kubectl explain`, `kubectl apply` without
@@ -36,6 +38,7 @@ installed only by an explicit `patch_kmock()` call:
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime
 import itertools
 import re
@@ -360,17 +363,6 @@ class Cluster(kmock.KubernetesEmulator):
         if log:  # `kubectl logs POD`: the pod's log as text (kmock would answer with the pod object)
             query = raw_request.query
             return self._serve_pod_log(*log.groups(), tail=query.get("tailLines"), container=query.get("container"))
-        if raw_request.method == "PATCH" and "strategic-merge-patch" in raw_request.headers.get("Content-Type", ""):
-            # Applied as a merge patch it would replace lists that Kubernetes merges by key (a Deployment's
-            # containers, env, volumes): `helm upgrade` would "succeed" with a corrupted object. Refuse loudly.
-            from aiohttp import web
-
-            why = (
-                "the rlt sandbox does not implement strategic-merge patches (helm upgrade and kubectl apply of "
-                "built-in kinds send them): delete and re-create the object, or use helm uninstall + helm install"
-            )
-            body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 415}
-            return web.json_response({**body, "reason": "UnsupportedMediaType", "message": why}, status=415)
         # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
         if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
             import json
@@ -457,8 +449,43 @@ class Cluster(kmock.KubernetesEmulator):
                     return refused
                 self._stamp_create(request)
             elif request.action == enums.action.UPDATE and request.name is not None:
+                refused = self._strategic_merge(request)
+                if refused is not None:
+                    return refused
                 self._stamp_update(request)
         return await super()._handle(request)
+
+    def _strategic_merge(self, request: rendering.Request) -> Any:
+        """Turn a strategic-merge patch (helm upgrade/rollback, kubectl apply/set) into the JSON patch from the
+        stored object to its merge (rlt_sandbox.strategic_merge); None when done or not one. Custom resources
+        refuse them with the API server's 415 (clients send merge patches for those)."""
+        ctype = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
+        if "strategic-merge-patch" not in ctype:
+            return None
+        from aiohttp import web
+
+        from rlt_sandbox import strategic_merge
+
+        def refuse(code: int, reason: str, message: str) -> Any:
+            body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason}
+            return web.json_response({**body, "message": message}, status=code)
+
+        if not strategic_merge.is_builtin(request.resource.group):
+            why = "the body of the request was in an unknown format - accepted media types include: "
+            why += "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+            return refuse(415, "UnsupportedMediaType", why)
+        key = (request.resource, request.namespace, request.name)
+        current = self.objects[key] if key in self.objects else None
+        if current is None or current.deleted:
+            return None  # kmock answers 404 itself
+        old = copy.deepcopy(dict(current.raw))
+        kind = self.resources[request.resource].kind if request.resource in self.resources else None
+        try:
+            merged = strategic_merge.apply(old, request.data, request.resource.group, kind or old.get("kind", ""))
+        except strategic_merge.PatchError as err:
+            return refuse(422, "Invalid", str(err))
+        _mutate(request, data=jsonpatch.make_patch(old, merged).patch)
+        return None
 
     def _quota_refusal(self, request: rendering.Request) -> Any:
         """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit (rlt_sandbox.quota),

@@ -101,6 +101,8 @@ def test_runbooks_keep_the_evidence_and_say_where_it_is():
     failed = doc.split("## RLTRunFailed", 1)[1].split("\n## ", 1)[0]
     for needle in (
         "lastFailedPod",
+        "RUN-last-failure",
+        "{.data.log-tail}",
         "terminated.message",
         "get events",
         "kubectl -n NS logs",

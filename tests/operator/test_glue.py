@@ -94,13 +94,23 @@ def test_kmock_internals_are_patched_only_by_an_explicit_call():
     assert out.split("\n")[:3] == ["False", "kmock bug", "True namespaces"]
 
 
-async def test_a_strategic_merge_patch_is_refused_not_applied_as_a_merge_patch(harness):
-    """helm upgrade sends strategic-merge patches for built-in kinds: applied as merge patches they would replace a
-    Deployment's containers wholesale while helm reports success. The sandbox answers 415, and changes nothing."""
-    await harness.call("POST", CMS, {"metadata": {"name": "s"}, "data": {"a": "1"}})
-    with pytest.raises(AssertionError, match="415.*strategic-merge"):
-        await harness.call("PATCH", f"{CMS}/s", {"data": {"a": "2"}}, "application/strategic-merge-patch+json")
-    assert (await harness.call("GET", f"{CMS}/s"))["data"] == {"a": "1"}
+async def test_a_strategic_merge_patch_merges_built_in_kinds_and_is_refused_for_custom_ones(harness):
+    """helm upgrade sends strategic-merge patches for built-in kinds: a Pod's containers merge by name (a merge patch
+    would replace the list). Custom resources refuse them with the API server's 415, changing nothing."""
+    smp = "application/strategic-merge-patch+json"
+    pods = "/api/v1/namespaces/default/pods"
+    spec = {"containers": [{"name": "a", "image": "i:1"}, {"name": "b", "image": "j:1"}]}
+    await harness.call("POST", pods, {"metadata": {"name": "p"}, "spec": spec})
+    patched = await harness.call("PATCH", f"{pods}/p", {"spec": {"containers": [{"name": "b", "image": "j:2"}]}}, smp)
+    assert patched["spec"]["containers"] == [{"name": "a", "image": "i:1"}, {"name": "b", "image": "j:2"}]
+    assert patched["metadata"]["generation"] == 2
+    with pytest.raises(AssertionError, match="422.*merged by 'name'"):
+        await harness.call("PATCH", f"{pods}/p", {"spec": {"containers": [{"image": "x"}]}}, smp)
+    run = {"apiVersion": "rlt.dev/v1alpha1", "kind": "RLTRun", "metadata": {"name": "s"}, "spec": {"seed": 1}}
+    await harness.call("POST", RUNS, run)
+    with pytest.raises(AssertionError, match="415.*UnsupportedMediaType"):
+        await harness.call("PATCH", f"{RUNS}/s", {"spec": {"seed": 9}}, smp)
+    assert (await harness.call("GET", f"{RUNS}/s"))["spec"] == {"seed": 1}
 
 
 async def test_kubectl_logs_tail_returns_the_last_lines(harness, tmp_path):

@@ -390,6 +390,8 @@ async def test_json_logs_name_the_namespace_and_run_of_every_run_line(harness, t
         await harness.wait_object("jobs", "tiny-sft", timeout=40)
         await harness.trainer_running("tiny", "sft")
         await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running", timeout=20)
+        # said once its keep-alive is in the peering object (checked every 0.25 s at start-up)
+        await poll_until(lambda: "this replica works (active)" in (tmp_path / "op-a.log").read_text(), "active", 20)
     lines = [json.loads(line) for line in (tmp_path / "op-a.log").read_text().splitlines() if line.strip()]
     about_run = [li for li in lines if "tiny" in li["message"]]
     assert any(li["message"] == "created jobs/tiny-sft" for li in about_run), about_run
@@ -557,3 +559,90 @@ def test_bad_durations_are_one_line():
         proc = subprocess.run([*RLT, "operator", "-A", "--peering", "x", flag, value], capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def _active(port: int) -> int | None:
+    """rlt_operator_active of the replica whose metrics listen on `port` (None while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^rlt_operator_active\S* (\S+)$", text, re.M)
+    return int(float(found.group(1))) if found else None
+
+
+async def test_replicas_starting_together_say_active_one_at_a_time_and_sigterm_exits_in_a_second(harness, tmp_path):
+    """helm install starts both replicas at once, and the one whose keep-alive lands first may see no other: it
+    says rlt_operator_active 1 until it sees the other's. Here op-b (the higher priority, as the replica started
+    first) joins just after op-a said active: op-a must say standby within a second (it said active for 5 s more,
+    until its next peering check, while op-b said active too). Then the working replica, with a run's loop
+    running, gets SIGTERM and exits 0 in about a second as docs/operator.md says, and so does the other."""
+    await create_peering(harness)
+    ports = {name: free_port() for name in ("op-a", "op-b")}
+    async with replicas(harness, tmp_path) as (start, procs):
+        health = {n: free_port() for n in ports}  # as the chart runs them: liveness and metrics endpoints on
+
+        def launch(name: str, priority: int) -> Any:
+            return start(name, ("--all-namespaces",), health[name], PEERING, ("--priority", str(priority)), ports[name])
+
+        await launch("op-a", 1)
+        await poll_until(lambda: _active(ports["op-a"]) == 1, "op-a active", 40, detail=lambda: logs_tail(tmp_path))
+        await launch("op-b", 2)
+        both: list[float] = []  # when both said active
+        began = time.monotonic()
+        while time.monotonic() - began < 12:
+            states = await asyncio.gather(*(asyncio.to_thread(_active, p) for p in ports.values()))
+            if states == [1, 1]:
+                both.append(time.monotonic() - began)
+            if states == [0, 1] and time.monotonic() - began > 8:
+                break
+            await asyncio.sleep(0.1)
+        overlap = both[-1] - both[0] if both else 0.0
+        print(f"both active for {overlap:.2f} s ({len(both)} samples 0.1 s apart)")
+        assert states == [0, 1] and overlap < 0.6, (states, both)
+
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        await harness.trainer_running("tiny", "sft")
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running", timeout=20)
+        for name, what in (("op-a", "the standby"), ("op-b", "working, with a run's loop running")):
+            procs[name].send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            rc = await asyncio.wait_for(procs[name].wait(), 30)
+            exited = time.monotonic() - signalled
+            print(f"{name}: exit {rc} {exited:.2f} s after SIGTERM, {what}")
+            assert rc == 0 and exited < 2.0, (name, rc, exited)
+
+
+async def test_sigterm_exits_at_once_while_a_reconcile_write_hangs(harness, tmp_path):
+    """A reconcile's API call in flight (the API slow or unanswering for that one request) when SIGTERM comes: Kopf
+    stops its loops at once and says goodbye, and the process exits 0 about a second later, abandoning the call.
+    It used to wait for the call's thread (up to the client timeout, 15 s), so --shutdown-timeout fired: exit 75
+    after 10 s."""
+    await create_peering(harness)
+    held = asyncio.get_running_loop().create_future()  # never resolved: the API holds the request unanswered
+    async with replicas(harness, tmp_path) as (start, procs):
+        await start("op-a")
+        await harness.create_run(example())
+        await harness.wait_object("jobs", "tiny-sft", timeout=40)
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Pending", "Pending", timeout=20)
+        harness.cluster["post", re.compile(r".*/persistentvolumeclaims$")] << held
+        await harness.call("DELETE", "/api/v1/namespaces/default/persistentvolumeclaims/tiny-data")
+        sent = len(harness.cluster._requests)
+
+        def hanging() -> bool:
+            return any(
+                sender(r) == "op-a" and str(r.method.value) == "POST" and "persistentvolumeclaims" in r.url.path
+                for r in list(harness.cluster._requests)[sent:]
+            )
+
+        await poll_until(hanging, "the operator's re-create of the claim", 30, detail=lambda: logs_tail(tmp_path))
+        procs["op-a"].send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        rc = await asyncio.wait_for(procs["op-a"].wait(), 30)
+        exited = time.monotonic() - signalled
+        held.cancel()
+        print(f"exit: rc {rc} {exited:.2f} s after SIGTERM, a reconcile's POST unanswered")
+        assert "op-a" not in await peers(harness), "the goodbye was sent"
+        assert rc == 0 and exited < 2.5, (rc, exited, logs_tail(tmp_path))

@@ -167,6 +167,23 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     st = await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart 1")
     assert st["lastFailedPod"] == first["metadata"]["name"]
     assert owned_by_run(await harness.get("pods", first["metadata"]["name"]))
+    # Its end is copied, before the gang is deleted, into a ConfigMap that no one owns (it outlives the run).
+    kept = await harness.wait_object("configmaps", "tiny-last-failure")
+    assert (
+        kept["metadata"].get("ownerReferences") is None and kept["metadata"]["labels"]["rlt.dev/evidence-of"] == "tiny"
+    )
+    assert kept["data"]["pod"] == first["metadata"]["name"] and kept["data"]["outcome"] == "gang restarted"
+    assert kept["data"]["log-tail"] == "...\nRuntimeError: CUDA error: out of memory"
+    assert (kept["data"]["exitCode"], kept["data"]["reason"], kept["data"]["stage"]) == ("1", "Error", "rl")
+    assert "CUDA error: out of memory" in kept["data"]["failure"]
+    writes = [
+        (r.action.name, r.resource.plural, r.name or ((r.data or {}).get("metadata") or {}).get("name"))
+        for r in list(harness.cluster._requests)
+        if r.resource is not None and r.method.value in ("POST", "DELETE")
+    ]
+    copied = writes.index(("CREATE", "configmaps", "tiny-last-failure"))
+    deleted = writes.index(("DELETE", "jobs", "tiny-rl"))
+    assert copied < deleted, writes
     events = await wait_for_events(harness, "tiny", {"GangRestart"})
     restart = next(e for e in await harness.events("tiny") if e["reason"] == "GangRestart")
     assert f"kubectl -n {NS} logs {first['metadata']['name']}" in restart["message"], events
@@ -192,6 +209,26 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")
     assert await harness.get("pods", second["metadata"]["name"]) is None
+    # ... but not the copy of its end, now of the second (final) failure
+    kept = (await harness.get("configmaps", "tiny-last-failure"))["data"]
+    assert kept["pod"] == second["metadata"]["name"] and kept["log-tail"].endswith("ValueError: loss is nan")
+    assert kept["outcome"] == "run Failed (BackoffLimitExceeded)" and kept["gangRestart"] == "1"
+
+
+async def test_a_users_configmap_of_the_evidence_name_is_not_overwritten(harness, monkeypatch):
+    from rlt_operator import status
+
+    monkeypatch.setattr(status, "BACKOFF_BASE", 0.5)
+    doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
+    mine = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tiny-last-failure"}, "data": {"a": "1"}}
+    await harness.call("POST", "/api/v1/namespaces/default/configmaps", mine)
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.trainer_running("tiny", "rl")
+    await harness.failed_trainer_pod("tiny", "rl", "aaaaa", "RuntimeError: CUDA error: out of memory")
+    await harness.trainer_failed("tiny", "rl")
+    await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart 1")  # the restart goes on
+    assert (await harness.get("configmaps", "tiny-last-failure"))["data"] == {"a": "1"}
 
 
 async def test_suspend_and_resume(harness):

@@ -69,7 +69,7 @@ TRACE = EnvVar(
     "RLT_TRACE",
     "the user",
     "rlt.stages.record.trace_line",
-    "`1`: the rlt-world and rlt-shard lines in a single local run too",
+    "`1`: the rlt-world, rlt-shard and rlt-distill-written lines in a single local run too",
 )
 
 # --------------------------------------------------------------------------- libraries'

@@ -32,7 +32,7 @@ from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
-from rlt.stages.record import Recorder, announce_world, say_line
+from rlt.stages.record import Recorder, announce_world, say_line, trace_line
 from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.sft import teacher_prompt_ids
 from rlt.stages.start_models import newest_teacher
@@ -202,7 +202,7 @@ def run_distill(ctx: StageContext) -> str:
     announce_world("distill")
     folder, mine, indices = my_share(ctx, len(all_rows), rank, world)
     share = [(i, all_rows[i]) for i in indices]
-    say_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
+    trace_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
     tokenizer = load_tokenizer(teacher_ref, padding_side="left")
     server = spec.stages.rl.generation.mode == "server"
     teacher = None if server else load_model(teacher_ref, ctx.compute_device)
@@ -233,7 +233,7 @@ def run_distill(ctx: StageContext) -> str:
         rows = distill_rows(formatter, chunk, texts, scores.total, n)
         indices = [i for i, _ in batch]
         append_rows(mine, zip(indices, rows, strict=True))  # on disk before the next questions are scored
-        say_line(f"rlt-distill-written rank={rank} rows={','.join(map(str, indices))}")
+        trace_line(f"rlt-distill-written rank={rank} rows={','.join(map(str, indices))}")
         kept += [r["reward"] for r in rows]
         elapsed, t0 = time.perf_counter() - t0, time.perf_counter()  # since the previous questions were written
         gen_tokens = sum(len(c) for c in samples.completion_ids)
