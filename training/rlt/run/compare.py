@@ -43,6 +43,7 @@ from rlt.contract.layout import (
 )
 from rlt.contract.stage_registry import STAGE_ORDER, stage_function
 from rlt.data.dataset import DataError, load_data
+from rlt.data.eval_set import EvalSet, evaluation_set, resolve_answer_type
 from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
 from rlt.run.lock import lock_run_folder
 from rlt.spec import fingerprint
@@ -50,16 +51,7 @@ from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
 from rlt.stages.context import StageContext
-from rlt.stages.evaluate import (
-    EvalReport,
-    EvalSet,
-    evaluate_model,
-    load_eval_set,
-    plot_accuracy,
-    read_report,
-    read_results,
-    resolve_answer_type,
-)
+from rlt.stages.evaluate import EvalReport, evaluate_model, plot_accuracy, read_report, read_results
 
 ARMS = {
     "rl_teacher": "explanations of the RL teacher (sft → rl → distill)",
@@ -388,26 +380,8 @@ class Compare:
 
     # ---- evaluation
     def eval_set(self) -> EvalSet:
-        spec, fmt = self.run.spec, self.base.formatter.fmt
-        if spec.stages.evaluate.dataset is None and spec.dataset.eval_fraction <= 0:
-            if not spec.dataset.source.startswith("builtin:"):
-                raise DataError(
-                    "rlt compare: set stages.evaluate.dataset or spec.dataset.evalFraction > 0 "
-                    "(held-out questions are needed)"
-                )
-            # compare evaluates 64 questions by default, also where stages.evaluate sets no limit
-            spec = spec.model_copy(
-                update={
-                    "stages": spec.stages.model_copy(
-                        update={
-                            "evaluate": spec.stages.evaluate.model_copy(
-                                update={"limit": spec.stages.evaluate.limit or 64}
-                            )
-                        }
-                    )
-                }
-            )
-        return load_eval_set(spec, fmt)
+        # the evaluate stage's rows (rlt.data.eval_set): the door has refused a spec without any
+        return evaluation_set(self.run.spec, self.base.formatter.fmt)
 
     def eval_key(self, arm: str, ref: ModelRef, evalset: EvalSet) -> dict[str, Any]:
         """What an evaluation's numbers depend on: the model (and the student stage that wrote it), the questions,

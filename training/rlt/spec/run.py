@@ -84,7 +84,7 @@ def _world_rule(stage: str, model: type[BaseModel]) -> tuple[str, str, str]:
 _EVALUATE_RULE = (
     "!has(self.stages) || !has(self.stages.evaluate) || !self.stages.evaluate.enabled || "
     "has(self.stages.evaluate.dataset) || self.dataset.evalFraction > 0.0 || "
-    "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
+    "self.dataset.source.startsWith('builtin:')",
     "dataset.evalFraction must be above 0 (held-out rows) when stages.evaluate is enabled without stages.evaluate."
     "dataset",
     ".dataset.evalFraction",
@@ -216,8 +216,8 @@ class RLTRunSpec(Strict):
                     "process on a CPU pod); the trainer would run another batch size"
                 )
         ev = self.stages.evaluate
-        # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
-        fresh = self.method == "rlt" and self.dataset.source.startswith("builtin:")
+        # a built-in task is evaluated on fresh problems (rlt.data.eval_set), whatever the method
+        fresh = self.dataset.source.startswith("builtin:")
         if ev.enabled and ev.dataset is None and self.dataset.eval_fraction <= 0 and not fresh:
             problems.append(
                 "dataset.evalFraction: 0 leaves no held-out rows for stages.evaluate; set it above 0 (e.g. 0.1) "
