@@ -40,6 +40,7 @@ from rlt.checks.step_time import (
     trainer_grace_period,
     trainer_step_times,
 )
+from rlt.contract.method_registry import method_info
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.inputs import ModelRef
 from rlt.spec.k8s import quantity_bytes
@@ -407,7 +408,7 @@ def _rl_terms(
         tokens = scoring_tokens(spec, cap)
         scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
         # method rcl samples from its student too (probes, answers) and keeps it whole on every rank
-        if world > 1 and st.deepspeed_zero_stage == 3 and spec.method == "rlt":
+        if world > 1 and st.deepspeed_zero_stage == 3 and not method_info(spec.method).samples_student:
             # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
             # whole for each score call (benchmarks/student_partition.py measures the 1/world)
             terms.append(("reward student, frozen (ZeRO-3 partitioned)", whole // world))

@@ -41,6 +41,7 @@ from rlt.contract.layout import (
     atomic_write_text,
     format_time,
 )
+from rlt.contract.method_registry import method_info
 from rlt.contract.stage_registry import STAGE_ORDER, stage_function
 from rlt.data.dataset import DataError, load_data
 from rlt.data.eval_set import EvalSet, evaluation_set, resolve_answer_type
@@ -131,7 +132,7 @@ def derive(run: RLTRun, stages: dict[str, Any]) -> RLTRun:
 def compare_stages(run: RLTRun) -> dict[str, Any]:
     """The file's stages, with the compare defaults for a disabled student or evaluate stage."""
     st = run.spec.stages
-    if run.spec.method != "rlt":
+    if not method_info(run.spec.method).comparable:
         raise ValueError(f"rlt compare: method {run.spec.method!r} is not supported (compare distils RLT teachers)")
     if not (st.sft.enabled and st.rl.enabled):
         raise ValueError("rlt compare: the file must enable stages.sft and stages.rl (the two teachers come from them)")
