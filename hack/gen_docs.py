@@ -58,7 +58,10 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
             if getattr(m, k, None) is not None
         ]
         desc = (field.description or "") + (f" ({', '.join(limits)})" if limits else "")
-        rows.append(f"| `{key}` | {_type_name(ann)} | {default} | {desc.replace('|', '/')} |")
+        # a name checked against a table (spec.method: the method table) lists the table's names as a Literal would
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        kind = " \\| ".join(extra["enum"]) if isinstance(extra.get("enum"), list) else _type_name(ann)
+        rows.append(f"| `{key}` | {kind} | {default} | {desc.replace('|', '/')} |")
     return rows
 
 

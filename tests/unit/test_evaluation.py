@@ -4,12 +4,13 @@ import pytest
 
 from rlt.data.benchmarks import benchmark_row, find_benchmark
 from rlt.data.dataset import DataError
+from rlt.data.eval_set import resolve_answer_type
 from rlt.data.tasks import check_countdown, generate
 from rlt.method.prompts import Formatter, resolve_format
 from rlt.run.compare import compare_stages, pearson
 from rlt.spec.inputs import FormatSpec
 from rlt.spec.loading import parse_run
-from rlt.stages.evaluate import grade, pass_at_1, resolve_answer_type
+from rlt.stages.evaluate import grade, pass_at_1
 from rlt.stages.student import choose_rows
 
 TAGS = ("<answer>", "</answer>")

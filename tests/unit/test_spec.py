@@ -67,7 +67,7 @@ def test_round_trip_is_camel_case_and_lossless():
         (lambda d: d["spec"].update(bogus=1), "spec.bogus", "unknown field"),
         (lambda d: d["spec"].pop("teacher"), "spec.teacher", "Field required"),
         (lambda d: d["spec"]["student"].update(model=""), "spec.student.model", "at least 1 character"),
-        (lambda d: d["spec"].update(method="ppo"), "spec.method", "'rlt'"),
+        (lambda d: d["spec"].update(method="ppo"), "spec.method", "unknown teaching method 'ppo' (methods: rlt, rcl)"),
         (
             lambda d: (
                 d["spec"]["format"].update(preset="nope")

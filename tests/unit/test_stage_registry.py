@@ -6,6 +6,7 @@ import pytest
 
 from rlt.contract import stage_registry as reg
 from rlt.contract.layout import RunLayout
+from rlt.contract.method_registry import METHODS
 from rlt.spec.stages import Stages, TrainerOptions
 
 
@@ -18,10 +19,10 @@ def test_the_table_and_the_spec_name_the_same_stages_in_the_same_order():
 
 
 def test_every_stage_of_every_method_dispatches_to_a_function_that_is_there():
-    for info in reg.STAGES:
-        for method in info.methods:
-            fn = reg.stage_function(info.name, method)
-            assert callable(fn) and fn.__name__ == reg.STAGE_FUNCTIONS[method].format(stage=info.name).split(":")[1]
+    for method, row in METHODS.items():
+        for stage in reg.method_stages(method):
+            fn = reg.stage_function(stage, method)
+            assert callable(fn) and fn.__name__ == row.stage_functions.format(stage=stage).split(":")[1]
     assert reg.method_stages("rcl") == ("sft", "rl", "evaluate")
     with pytest.raises(ValueError, match=r"method rcl has no stage 'distill' \(stages: sft, rl, evaluate\)"):
         reg.stage_function("distill", "rcl")

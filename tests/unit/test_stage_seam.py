@@ -126,7 +126,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import rlt.contract.stage_registry as table
 
-row = table.StageInfo("probe", "report", ("rlt",), None, False, True, "probe", settings="probe_settings:ProbeStage",
+row = table.StageInfo("probe", "report", None, False, True, "probe", settings="probe_settings:ProbeStage",
                       terms="probe_terms", function="probe_run:run_probe")
 table.STAGES += (row,)
 table.STAGE_ORDER = tuple(s.name for s in table.STAGES)

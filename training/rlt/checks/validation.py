@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from rlt.contract.method_registry import load_function, method_info
 from rlt.contract.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.k8s import RunName
 from rlt.spec.loading import SpecError, parse_spec, read_runs, resolve_local_paths
@@ -37,23 +38,16 @@ def run_name_problem(name: str) -> str | None:
 
 def format_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
     """The prompt format the run names must load and fit its method."""
+    method = method_info(spec.method)
     try:
-        if spec.method == "rcl":
-            from rlt.rcl.protocol import load_rcl_format
-
-            if not local_files and Path(spec.rcl.format).suffix:
-                return []  # a path inside the pods: checked there
-            load_rcl_format(spec.rcl.format)
-        else:
-            from rlt.method.prompts import resolve_format
-
-            if not local_files and spec.format.file:
-                return []
-            resolve_format(spec.format)
+        load_function(method.format_check)(spec, local_files)
     except (ValueError, ValidationError) as err:
-        where = "spec.rcl.format" if spec.method == "rcl" else "spec.format"
         first = str(err).splitlines()[0]
-        return [first if first.startswith("spec.") else f"{where}: not a usable {spec.method} format ({first})"]
+        return [
+            first
+            if first.startswith("spec.")
+            else f"{method.format_field}: not a usable {method.name} format ({first})"
+        ]
     return []
 
 

@@ -57,8 +57,10 @@ def measure_prompt_tokens(spec: RLTRunSpec, tokenizer=None) -> tuple[PromptToken
     passes and the scoring run over prompt + completion, and a real teacher prompt (question + solution) is a tenth
     of the 16k maxPromptLength. Measured as `rlt validate` checks them (rlt.stages.prompt_lengths: the teacher's
     tokenizer when this machine has it, the rows when they are reachable, never a download)."""
-    if spec.method != "rlt" or not spec.stages.rl.enabled:
-        return None, "only method rlt's rl stage has teacher prompts of its rows"
+    from rlt.contract.method_registry import method_info
+
+    if not method_info(spec.method).row_prompts or not spec.stages.rl.enabled:
+        return None, f"method {spec.method} has no rl stage with teacher prompts of its rows"
     from rlt.checks.step_time import PromptTokens
     from rlt.data.dataset import is_reachable, load_data
     from rlt.method.prompts import Formatter, resolve_format

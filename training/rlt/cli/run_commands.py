@@ -104,16 +104,18 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlt.stages.rcl import run_teaching_eval
+    from rlt.contract.method_registry import load_function, method_info
 
     run = _load(args.file)
-    if run.spec.method != "rcl":
+    teaching_eval = method_info(run.spec.method).teaching_eval
+    if teaching_eval is None:
         print(
             f"{args.file}: rlt eval runs the rcl teaching evaluation; this run has method {run.spec.method} "
             "(use its evaluate stage)",
             file=sys.stderr,
         )
         return ExitCode.CONFIG_ERROR
+    run_teaching_eval = load_function(teaching_eval)
 
     def evaluate() -> None:
         report = run_teaching_eval(run, args.output, args.teacher, args.label, args.device)

@@ -2,19 +2,19 @@
 
 The spec (stage order, which stages a method has), the run layout (each stage's folder), the stage dispatch
 (`rlt.stages.stage_function`), the re-run plan (`rlt.spec.fingerprint`), the validators and the operator's builders all
-read this table instead of naming stages themselves. It imports nothing from the rest of rlt (the spec imports it);
+read this table instead of naming stages themselves. It imports nothing from the rest of rlt but the method table
+beside it (rlt.contract.method_registry: which stages a method has and their functions; the spec imports both);
 the accessors that read a stage's settings from a spec live beside the spec, in rlt.spec.run.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-# The function running a stage, per teaching method: rlt's live in rlt.stages.<stage>, rcl's in rlt.stages.rcl.
-STAGE_FUNCTIONS = {"rlt": "rlt.stages.{stage}:run_{stage}", "rcl": "rlt.stages.rcl:run_rcl_{stage}"}
+from rlt.contract.method_registry import load_function, method_info
+
 # The module holding a stage's plan terms (memory, disk, step time: rlt.checks.plan_terms.StageTerms) as TERMS.
 STAGE_TERMS = "rlt.checks.stage_terms.{stage}"
 # The module holding a stage's part of `rlt run`'s summary (rlt.run.summaries.StageSummary), where it has one.
@@ -26,8 +26,6 @@ class StageInfo:
     name: str
     # teacher/student: a model in <folder>/model; dataset: the distillation dataset; report: the evaluation report
     produces: Literal["teacher", "student", "dataset", "report"]
-    # the teaching methods that have the stage (see STAGE_FUNCTIONS)
-    methods: tuple[str, ...]
     # The TRL config class of a Trainer stage (its trainerArgs are checked against it), None for the others. Trainer
     # stages run accelerate + DeepSpeed over resources.trainer.nodes pods, checkpoint, and resume; the others run one
     # pod with a process per GPU, each taking its share of the rows.
@@ -43,7 +41,7 @@ class StageInfo:
     extendable: str | None = None
     # A stage kept outside rlt names its own modules: its settings model ("module:Class", a
     # rlt.spec.stage_settings.StageSettings that joins spec.stages under the stage's name), its plan terms' module
-    # (else STAGE_TERMS's) and its function ("module:function", for every method it has; else STAGE_FUNCTIONS').
+    # (else STAGE_TERMS's) and its function ("module:function", for every method it has; else its method's row's, rlt.contract.method_registry).
     settings: str | None = None
     terms: str | None = None
     function: str | None = None
@@ -57,14 +55,13 @@ class StageInfo:
         return self.terms or STAGE_TERMS.format(stage=self.name)
 
 
-BOTH = ("rlt", "rcl")
 STAGES: tuple[StageInfo, ...] = (
-    # name, produces, methods, TRL config (None: no Trainer), uses generators, reads spec.dataset, folder
-    StageInfo("sft", "teacher", BOTH, "SFTConfig", False, True, "sft"),
-    StageInfo("rl", "teacher", BOTH, "GRPOConfig", True, True, "rl", extendable="steps"),
-    StageInfo("distill", "dataset", ("rlt",), None, True, True, "distill"),
-    StageInfo("student", "student", ("rlt",), "SFTConfig", False, False, "student"),
-    StageInfo("evaluate", "report", BOTH, None, False, True, "eval"),
+    # name, produces, TRL config (None: no Trainer), uses generators, reads spec.dataset, folder
+    StageInfo("sft", "teacher", "SFTConfig", False, True, "sft"),
+    StageInfo("rl", "teacher", "GRPOConfig", True, True, "rl", extendable="steps"),
+    StageInfo("distill", "dataset", None, True, True, "distill"),
+    StageInfo("student", "student", "SFTConfig", False, False, "student"),
+    StageInfo("evaluate", "report", None, False, True, "eval"),
 )
 STAGE_ORDER: tuple[str, ...] = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}
@@ -80,16 +77,16 @@ def stage_info(name: str) -> StageInfo:
 
 
 def method_stages(method: str) -> tuple[str, ...]:
-    """The stages teaching method `method` has, in run order."""
-    return tuple(s.name for s in STAGES if method in s.methods)
+    """The stages teaching method `method` has (its row in rlt.contract.method_registry), in run order."""
+    own = method_info(method).stages
+    return tuple(s.name for s in STAGES if own is None or s.name in own)
 
 
 def stage_function(name: str, method: str = "rlt") -> Callable[..., str]:
     """The function running stage `name` for teaching method `method` (imported on first use: heavy modules)."""
-    if method not in stage_info(name).methods:
+    if stage_info(name).name not in method_stages(method):
         raise ValueError(f"method {method} has no stage {name!r} (stages: {', '.join(method_stages(method))})")
-    module, function = (stage_info(name).function or STAGE_FUNCTIONS[method].format(stage=name)).split(":")
-    fn: Callable[..., str] = getattr(importlib.import_module(module), function)
+    fn: Callable[..., str] = load_function(stage_info(name).function or method_info(method).stage_functions.format(stage=name))
     return fn
 
 

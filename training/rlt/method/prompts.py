@@ -55,6 +55,14 @@ def _load_file(path: str) -> dict[str, Any]:
     return data
 
 
+def check_spec_format(spec: Any, local_files: bool = True) -> None:
+    """Method rlt's format check (rlt.contract.method_registry): spec.format resolves; a file is only checked
+    where the files are (`local_files`), a preset everywhere."""
+    if not local_files and spec.format.file:
+        return  # a path inside the pods: checked there
+    resolve_format(spec.format)
+
+
 def resolve_format(spec: FormatSpec) -> PromptFormat:
     """Preset (or file), then the spec's overrides. Errors name the file or preset."""
     if spec.file:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -51,10 +51,22 @@ class RclFormat(Strict):
         return self
 
 
+# the `kind` an rcl format file carries (rlt's formats have none)
+FORMAT_KIND = "rcl"
+
+
 def bundled_rcl_formats() -> list[str]:
     return sorted(
-        p.stem for p in FORMATS_DIR.glob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("kind") == "rcl"
+        p.stem for p in FORMATS_DIR.glob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("kind") == FORMAT_KIND
     )
+
+
+def check_spec_format(spec: Any, local_files: bool = True) -> None:
+    """Method rcl's format check (rlt.contract.method_registry): spec.rcl.format loads; a path is only checked
+    where the files are (`local_files`), a bundled name everywhere."""
+    if not local_files and Path(spec.rcl.format).suffix:
+        return  # a path inside the pods: checked there
+    load_rcl_format(spec.rcl.format)
 
 
 @cache

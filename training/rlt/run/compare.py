@@ -41,8 +41,10 @@ from rlt.contract.layout import (
     atomic_write_text,
     format_time,
 )
+from rlt.contract.method_registry import method_info
 from rlt.contract.stage_registry import STAGE_ORDER, stage_function
 from rlt.data.dataset import DataError, load_data
+from rlt.data.eval_set import EvalSet, evaluation_set, resolve_answer_type
 from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
 from rlt.run.lock import lock_run_folder
 from rlt.spec import fingerprint
@@ -50,16 +52,7 @@ from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
 from rlt.stages.context import StageContext
-from rlt.stages.evaluate import (
-    EvalReport,
-    EvalSet,
-    evaluate_model,
-    load_eval_set,
-    plot_accuracy,
-    read_report,
-    read_results,
-    resolve_answer_type,
-)
+from rlt.stages.evaluate import EvalReport, evaluate_model, plot_accuracy, read_report, read_results
 
 ARMS = {
     "rl_teacher": "explanations of the RL teacher (sft → rl → distill)",
@@ -139,7 +132,7 @@ def derive(run: RLTRun, stages: dict[str, Any]) -> RLTRun:
 def compare_stages(run: RLTRun) -> dict[str, Any]:
     """The file's stages, with the compare defaults for a disabled student or evaluate stage."""
     st = run.spec.stages
-    if run.spec.method != "rlt":
+    if not method_info(run.spec.method).comparable:
         raise ValueError(f"rlt compare: method {run.spec.method!r} is not supported (compare distils RLT teachers)")
     if not (st.sft.enabled and st.rl.enabled):
         raise ValueError("rlt compare: the file must enable stages.sft and stages.rl (the two teachers come from them)")
@@ -388,26 +381,8 @@ class Compare:
 
     # ---- evaluation
     def eval_set(self) -> EvalSet:
-        spec, fmt = self.run.spec, self.base.formatter.fmt
-        if spec.stages.evaluate.dataset is None and spec.dataset.eval_fraction <= 0:
-            if not spec.dataset.source.startswith("builtin:"):
-                raise DataError(
-                    "rlt compare: set stages.evaluate.dataset or spec.dataset.evalFraction > 0 "
-                    "(held-out questions are needed)"
-                )
-            # compare evaluates 64 questions by default, also where stages.evaluate sets no limit
-            spec = spec.model_copy(
-                update={
-                    "stages": spec.stages.model_copy(
-                        update={
-                            "evaluate": spec.stages.evaluate.model_copy(
-                                update={"limit": spec.stages.evaluate.limit or 64}
-                            )
-                        }
-                    )
-                }
-            )
-        return load_eval_set(spec, fmt)
+        # the evaluate stage's rows (rlt.data.eval_set): the door has refused a spec without any
+        return evaluation_set(self.run.spec, self.base.formatter.fmt)
 
     def eval_key(self, arm: str, ref: ModelRef, evalset: EvalSet) -> dict[str, Any]:
         """What an evaluation's numbers depend on: the model (and the student stage that wrote it), the questions,

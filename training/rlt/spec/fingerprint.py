@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt.contract.layout import STAMP_FORMAT, RunLayout, atomic_write_json, format_time
+from rlt.contract.method_registry import method_info
 from rlt.contract.stage_registry import STAGE_ORDER, STAGES, stages_before
 from rlt.spec.run import RLTRunSpec
 
@@ -83,7 +84,8 @@ def stage_fields(spec: RLTRunSpec, stage: str) -> dict[str, Any]:
     """The fields stage `stage`'s output depends on, flattened to camelCase paths ('stages.rl.steps': 3)."""
     doc = spec.model_dump(mode="json", by_alias=True)
     out: dict[str, Any] = {}
-    for key in RUN_WIDE + (("rcl",) if spec.method == "rcl" else ()):
+    settings = method_info(spec.method).settings  # the method's own settings (spec.rcl) shape every stage
+    for key in RUN_WIDE + ((settings,) if settings else ()):
         _flatten(doc[key], key, out)
     for earlier in stages_before(stage):
         out.update(_stage_settings(doc, earlier, own=False))

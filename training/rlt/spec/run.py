@@ -11,6 +11,7 @@ from rlt.contract.api import (
     KIND,
     Strict,
 )
+from rlt.contract.method_registry import METHOD_NAMES, method_info
 from rlt.contract.stage_registry import STAGE_ORDER, method_stages, stage_info
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
 from rlt.spec.k8s import DNS1123Label, LabelValue, QualifiedName, RunName, cel_rules
@@ -85,8 +86,11 @@ class RclSpec(Strict):
 class RLTRunSpec(Strict):
     model_config = ConfigDict(json_schema_extra=cel_rules(*_stage_cel_rules()))
 
-    method: Literal["rlt", "rcl"] = Field(
-        "rlt", description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching)."
+    # a name of the method table (rlt.contract.method_registry), checked against it when read; the CRD lists them
+    method: str = Field(
+        "rlt",
+        description="Teaching method: rlt (Sakana RLT) or rcl (adaptive teaching).",
+        json_schema_extra={"enum": list(METHOD_NAMES)},
     )
     rcl: RclSpec = Field(default_factory=RclSpec, description="Settings of method rcl (ignored by rlt).")
     teacher: ModelRef = Field(description="Teacher model trained by SFT and RL.")
@@ -121,6 +125,12 @@ class RLTRunSpec(Strict):
     ttl_seconds_after_finished: int | None = Field(
         None, ge=0, description="Delete the run's pods this long after it ends."
     )
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        method_info(v)  # a ValueError naming the methods of the table
+        return v
 
     @model_validator(mode="after")
     def _some_stage(self) -> RLTRunSpec:

@@ -518,7 +518,7 @@ class EvaluateStage(StageSettings):
             (
                 f"!has(self.stages) || !has(self.stages.{name}) || !self.stages.{name}.enabled || "
                 f"has(self.stages.{name}.dataset) || self.dataset.evalFraction > 0.0 || "
-                "(self.method == 'rlt' && self.dataset.source.startsWith('builtin:'))",
+                "self.dataset.source.startsWith('builtin:')",
                 f"dataset.evalFraction must be above 0 (held-out rows) when stages.{name} is enabled without "
                 f"stages.{name}.dataset",
                 ".dataset.evalFraction",
@@ -526,8 +526,8 @@ class EvaluateStage(StageSettings):
         ]
 
     def run_problems(self, name: str, spec: Any) -> list[str]:
-        # method rlt evaluates a built-in task on fresh problems (rlt.stages.evaluate.load_eval_set)
-        fresh = spec.method == "rlt" and spec.dataset.source.startswith("builtin:")
+        # a built-in task is evaluated on fresh problems (rlt.data.eval_set), whatever the method
+        fresh = spec.dataset.source.startswith("builtin:")
         if self.enabled and self.dataset is None and spec.dataset.eval_fraction <= 0 and not fresh:
             return [
                 f"dataset.evalFraction: 0 leaves no held-out rows for stages.{name}; set it above 0 (e.g. 0.1) "

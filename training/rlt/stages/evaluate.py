@@ -29,8 +29,7 @@ from rlt.contract.layout import (
     atomic_write_text,
 )
 from rlt.data import answers, tasks
-from rlt.data.benchmarks import find_benchmark, load_benchmark
-from rlt.data.dataset import DataError, load_data
+from rlt.data.eval_set import EvalSet, evaluation_set
 from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
@@ -38,15 +37,12 @@ from rlt.stages.context import StageContext
 from rlt.stages.ranks import gather_shares, shard_rows
 from rlt.stages.record import Recorder
 
-
-@dataclass
-class EvalSet:
-    rows: list[dict[str, Any]]
-    answer_type: str  # math | choice | builtin
-    source: str
-
-
 # --------------------------------------------------------------------------- what is evaluated, on what
+
+
+def eval_set(ctx: StageContext) -> EvalSet:
+    """The questions (rlt.data.eval_set: the same rows for both methods' evaluate stages and `rlt compare`)."""
+    return evaluation_set(ctx.spec, ctx.formatter.fmt)
 
 
 def eval_target(ctx: StageContext) -> tuple[str, ModelRef]:
@@ -60,50 +56,6 @@ def eval_target(ctx: StageContext) -> tuple[str, ModelRef]:
         ref = spec.stages.student.model or spec.student
         return "student", ref.model_copy(update={"model": str(ctx.layout.model_dir("student")), "revision": None})
     return "baseline", spec.stages.student.model or spec.student
-
-
-def resolve_answer_type(requested: str, source: str) -> str:
-    if requested != "auto":
-        return requested
-    bench = find_benchmark(source)
-    if bench is not None:
-        return bench.answer
-    return "builtin" if source.startswith("builtin:") else "math"
-
-
-def load_eval_set(spec, fmt) -> EvalSet:
-    """The evaluation questions: stages.evaluate.dataset (a benchmark, a dataset, a built-in task), else the
-    held-out part of spec.dataset."""
-    st = spec.stages.evaluate
-    if st.dataset is not None:
-        bench = find_benchmark(st.dataset.source)
-        if bench is not None:
-            rows = load_benchmark(bench, st.dataset.revision, st.limit)
-        else:
-            rows = load_data(st.dataset, fmt).train
-        source = st.dataset.source
-    elif spec.dataset.eval_fraction > 0:
-        rows = load_data(spec.dataset, fmt).eval
-        source = f"{spec.dataset.source} (held out)"
-    elif spec.dataset.source.startswith("builtin:"):
-        # A built-in task with no held-out split: fresh problems from the next seed, minus any seen in training.
-        seen = {r["question"] for r in load_data(spec.dataset, fmt).train}
-        limit = st.limit or 64
-        fresh = spec.dataset.model_copy(
-            update={"seed": spec.dataset.seed + 1, "limit": None, "size": max(spec.dataset.size, 4 * limit)}
-        )
-        rows = [r for r in load_data(fresh, fmt).train if r["question"] not in seen][:limit]
-        source = f"{spec.dataset.source} seed {fresh.seed} (unseen in training)"
-    else:  # refused at the door (rlt.spec.run): kept for specs built in code
-        raise DataError(
-            "stages.evaluate.dataset: not set, and spec.dataset.evalFraction is 0 (no held-out rows); set one of them"
-        )
-    rows = rows[: st.limit]
-    if not rows:
-        raise DataError(f"stage evaluate: {source} gave no questions")
-    return EvalSet(
-        rows, resolve_answer_type(st.answer_type, st.dataset.source if st.dataset else spec.dataset.source), source
-    )
 
 
 # --------------------------------------------------------------------------- grading (pure)
@@ -484,7 +436,7 @@ def read_report(out_dir: Path) -> EvalReport:
 
 def run_evaluate(ctx: StageContext) -> str:
     label, ref = eval_target(ctx)
-    evalset = load_eval_set(ctx.spec, ctx.formatter.fmt)
+    evalset = eval_set(ctx)
     out = ctx.layout.eval_dir
     report = evaluate_model(ctx, ref, label, evalset, out)
     if report is not None:  # rank 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rlt.contract.method_registry import method_info
 from rlt.data.dataset import LoadedData
 from rlt.method.prompts import Formatter
 from rlt.spec.run import RLTRunSpec
@@ -51,7 +52,7 @@ def over_limit(field: str, limit: int, what: str, over: list[tuple[int, int]], t
 def length_problems(spec: RLTRunSpec, data: LoadedData, formatter: Formatter, tokenizer) -> list[str]:
     """Every stage limit the training rows exceed, one line each (method rlt; rcl's prompts carry probes and are
     checked by its stages)."""
-    if spec.method != "rlt":
+    if not method_info(spec.method).row_prompts:
         return []
     rows = data.train
     st = spec.stages
@@ -109,7 +110,7 @@ def check_prompt_lengths(spec: RLTRunSpec, tokenizer=None) -> tuple[list[str], s
     from rlt.data.dataset import is_reachable, load_data
     from rlt.method.prompts import resolve_format
 
-    if spec.method != "rlt" or not (spec.stages.sft.enabled or spec.stages.rl.enabled):
+    if not method_info(spec.method).row_prompts or not (spec.stages.sft.enabled or spec.stages.rl.enabled):
         return [], ""
     if not is_reachable(spec.dataset):
         return [], ""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rlt.contract.layout import REPORT_MD, RunLayout
 from rlt.data.dataset import DataError, load_data
+from rlt.data.eval_set import evaluation_set
 from rlt.data.models import load_model, load_tokenizer
 from rlt.method.prompts import resolve_format
 from rlt.rcl.protocol import Protocol, load_rcl_format
@@ -37,9 +38,8 @@ def protocol_for(spec) -> Protocol:
     return Protocol(load_rcl_format(spec.rcl.format))
 
 
-def _rows(spec, split: str = "train") -> list[dict]:
-    data = load_data(spec.dataset, resolve_format(spec.format))
-    return data.train if split == "train" else data.eval
+def _rows(spec) -> list[dict]:
+    return load_data(spec.dataset, resolve_format(spec.format)).train
 
 
 # --------------------------------------------------------------------------- sft
@@ -206,18 +206,8 @@ def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:
 
 
 def eval_rows(spec) -> list[dict]:
-    ev = spec.stages.evaluate
-    if ev.dataset is not None:
-        data = load_data(ev.dataset, resolve_format(spec.format))
-        rows = data.eval or data.train
-    else:
-        if spec.dataset.eval_fraction <= 0:
-            raise ValueError(
-                "spec.dataset.evalFraction: set it > 0 (a held-out split) or set stages.evaluate.dataset "
-                "for the rcl evaluation"
-            )
-        rows = _rows(spec, "eval")
-    return rows[: ev.limit] if ev.limit else rows
+    """The evaluate stage's rows (rlt.data.eval_set, as method rlt's stage and `rlt compare` read them)."""
+    return evaluation_set(spec, resolve_format(spec.format)).rows
 
 
 def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict:

@@ -27,6 +27,7 @@ from rlt.checks.step_time import (
     seconds_of,
     step_time,
 )
+from rlt.contract.method_registry import method_info
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
@@ -72,7 +73,7 @@ class RlTerms(TrainerTerms):
             tokens = scoring_tokens(spec, cap)
             scoring = (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(student, sb))
             # method rcl samples from its student too (probes, answers) and keeps it whole on every rank
-            if world > 1 and rl.deepspeed_zero_stage == 3 and spec.method == "rlt":
+            if world > 1 and rl.deepspeed_zero_stage == 3 and not method_info(spec.method).samples_student:
                 # rlt.stages.rl.partition_frozen (TRL's prepare_deepspeed): 1/world between steps, gathered
                 # whole for each score call (benchmarks/student_partition.py measures the 1/world)
                 terms.append(("reward student, frozen (ZeRO-3 partitioned)", whole // world))
