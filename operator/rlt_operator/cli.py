@@ -29,7 +29,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from rlt_operator import handlers, peering  # noqa: F401 - registers the handlers
+    from rlt_operator import handlers, peering, peering_watch  # noqa: F401 - registers the handlers
     from rlt_operator.settings import OperatorSettings
 
     config = OperatorSettings.from_env()  # every RLT_* variable, read once here
@@ -55,7 +55,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     info = None
     if args.peering:
         assert priority is not None
-        info = handlers.PeeringInfo(
+        info = peering_watch.PeeringInfo(
             name=args.peering,
             # Kopf's record key for this replica: the pod's name (POD_ID, as the chart sets it), as Kopf would take.
             identity=config.pod_id or f"{socket.gethostname()}/{os.getpid()}/{priority}",

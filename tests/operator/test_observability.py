@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import free_port
 
 from rlt.contract.metrics import TrainerMetrics
-from rlt_operator.handlers import OperatorMetrics
+from rlt_operator.operator_metrics import OperatorMetrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,11 +130,11 @@ def test_condition_series_are_one_per_condition_type_and_go_with_the_run():
 def test_the_step_timestamp_moves_only_with_the_stage_or_step_and_goes_with_the_run(monkeypatch):
     """rlt_run_step_timestamp_seconds (RLTRunStalled's clock): set when the run is first seen and whenever its stage
     or step changes; a reconcile without progress leaves it as it was."""
-    from rlt_operator import handlers
+    from rlt_operator import operator_metrics
 
     metrics = OperatorMetrics(CollectorRegistry())
     clock = iter([100.0, 200.0, 300.0, 400.0, 500.0])
-    monkeypatch.setattr(handlers.time, "time", lambda: next(clock))
+    monkeypatch.setattr(operator_metrics.time, "time", lambda: next(clock))
 
     def at() -> float | None:
         text = generate_latest(metrics.registry).decode()
