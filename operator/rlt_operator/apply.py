@@ -67,6 +67,7 @@ async def apply(
         except KubeError as err:
             if not err.refused:
                 raise
+            state.metrics.refused(a.plural, a.verb, err.server_reason)
             problem(rejected(a.verb, a.plural, a.name, err.status, err.server_message))
             continue
         writes.succeeded(key)

@@ -15,20 +15,20 @@ import time
 from typing import Any
 
 import kopf
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import start_http_server
 
 from rlt_operator.observed import summarize
 
 from . import builders
+from .api_session import counted_login
 from .decision import SOON
 from .events import COMPONENT, Recorder
 from .kinds import CHILDREN, RUN
 from .kube import Kube, KubeError
-from .operator_metrics import OperatorMetrics
 from .peering_watch import PeeringInfo, watch_peering
 from .reconcile import RunMemory, reconcile_once
 from .settings import OperatorSettings
-from .state import OperatorState
+from .state import OperatorState, operator_metrics
 from .writes import owns_object
 
 log = logging.getLogger("rlt.operator")
@@ -68,11 +68,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.posting.reporting_instance = instance
     # Peering (standalone, or several replicas with one working) is chosen by the caller: `rlt operator --peering`.
 
-    registry = CollectorRegistry()
+    metrics = operator_metrics(memo)
     kube = Kube.from_environment()
-    state = OperatorState(
-        kube=kube, metrics=OperatorMetrics(registry), settings=config, recorder=Recorder(kube, instance)
-    )
+    kube.on_request = metrics.api_request
+    state = OperatorState(kube=kube, metrics=metrics, settings=config, recorder=Recorder(kube, instance))
     info: PeeringInfo | None = getattr(memo, "peering", None)
     if info is None:  # standalone: this replica is the one that works
         state.metrics.active(True)
@@ -81,10 +80,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         state.yielded[""] = "this replica has not yet checked for other rlt installs in its scope"
         state.peering_task = asyncio.create_task(watch_peering(state, info, logger), name="rlt peering watch")
     if config.metrics_port >= 0:
-        server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=registry)
+        server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=metrics.registry)
         state.metrics_server = server
         logger.info(f"operator metrics on :{server.server_port}/metrics")
     memo.rlt = state
+
+
+@kopf.on.login(id="login")
+async def login(logger: Any, settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.AiohttpSession | None:
+    """Kopf's own login, on a session whose requests are counted (api_session)."""
+    return await counted_login(logger, settings, operator_metrics(memo).api_trace())
 
 
 @kopf.on.cleanup()
@@ -149,7 +154,7 @@ async def reconcile_loop(
             t0 = time.perf_counter()
             try:
                 requeue = await reconcile_once(state, body, mem, indices, logger)
-                state.metrics.reconciled("success", time.perf_counter() - t0)
+                state.metrics.reconciled("success" if requeue is None else "requeue_after", time.perf_counter() - t0)
                 state.metrics.reconciled_run(namespace, name, True, time.time())
             except KubeError as err:
                 # The loop must survive API hiccups; the next pass retries from observed state.

@@ -1,4 +1,5 @@
-"""The operator's own Prometheus series: the runs' phase, conditions and progress clock, and the reconciles.
+"""The operator's own Prometheus series: the runs' phase, conditions and progress clock; the reconciles, the API
+requests and the refused child writes (named as controller-runtime's); and the process's own series.
 
 Names from rlt.contract.metrics.OPERATOR_METRICS (the one catalogue); the handlers call these methods only.
 """
@@ -7,14 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import time
+import urllib.parse
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+import aiohttp
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from rlt.contract import metrics as catalogue
 from rlt.contract.api import Phase
 from rlt.contract.layout import parse_time
-from rlt.contract.metrics import OPERATOR_METRICS, build
+from rlt.contract.metrics import CONTROLLER, OPERATOR_METRICS, RECONCILE_RESULTS, build
+
+from .kinds import BY_PLURAL
+from .kube import NO_ANSWER
 
 
 class OperatorMetrics:
@@ -23,6 +29,14 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry
         self.m = build(OPERATOR_METRICS, registry)
+        # process_* (CPU, memory, open files) and python_* series, as prometheus_client's default registry has them:
+        # the operator serves its own registry, which has none until added.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        for result in RECONCILE_RESULTS:  # as controller-runtime does: every result reads 0 before it first happens
+            self.m[catalogue.RECONCILES].labels(controller=CONTROLLER, result=result)
+        self.m[catalogue.RECONCILE_ERRORS].labels(controller=CONTROLLER)
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
         self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._reconciled: set[tuple[str, str]] = set()
@@ -30,8 +44,36 @@ class OperatorMetrics:
         self._progress: dict[tuple[str, str], tuple[str, int, str | None]] = {}
 
     def reconciled(self, result: str, seconds: float) -> None:
-        self.m[catalogue.RECONCILES].labels(result=result).inc()
-        self.m[catalogue.RECONCILE_SECONDS].observe(seconds)
+        """One reconcile of a run (result: one of RECONCILE_RESULTS), counted as controller-runtime counts it."""
+        if result not in RECONCILE_RESULTS:
+            raise ValueError(f"reconcile result {result!r} is not one of {RECONCILE_RESULTS}")
+        self.m[catalogue.RECONCILES].labels(controller=CONTROLLER, result=result).inc()
+        if result == "error":
+            self.m[catalogue.RECONCILE_ERRORS].labels(controller=CONTROLLER).inc()
+        self.m[catalogue.RECONCILE_SECONDS].labels(controller=CONTROLLER).observe(seconds)
+
+    def api_request(self, url: str, method: str, code: str) -> None:
+        """One request to the API server (code: its HTTP status, or NO_ANSWER), as client-go counts it."""
+        host = urllib.parse.urlsplit(url).netloc.rpartition("@")[2]
+        self.m[catalogue.REST_CLIENT_REQUESTS].labels(code=code, method=method.upper(), host=host).inc()
+
+    def api_trace(self) -> aiohttp.TraceConfig:
+        """Counts the requests of an aiohttp session (Kopf's: see the login handler) in api_request."""
+
+        async def answered(_session: Any, _ctx: Any, params: aiohttp.TraceRequestEndParams) -> None:
+            self.api_request(str(params.url), params.method, str(params.response.status))
+
+        async def failed(_session: Any, _ctx: Any, params: aiohttp.TraceRequestExceptionParams) -> None:
+            self.api_request(str(params.url), params.method, NO_ANSWER)
+
+        trace = aiohttp.TraceConfig()
+        trace.on_request_end.append(answered)
+        trace.on_request_exception.append(failed)
+        return trace
+
+    def refused(self, plural: str, verb: str, reason: str) -> None:
+        """A write of a run's child the API server refused (rlt_operator.writes.rejected), by kind, verb, reason."""
+        self.m[catalogue.CHILD_REFUSALS].labels(kind=BY_PLURAL[plural].kind, verb=verb, reason=reason).inc()
 
     def run(self, namespace: str, name: str, run_status: dict[str, Any], method: str) -> None:
         for phase in Phase:

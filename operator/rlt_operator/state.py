@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from .events import Recorder
 from .kube import Kube
 from .operator_metrics import OperatorMetrics
@@ -38,3 +40,12 @@ class OperatorState:
         ev = self.wakers.get((namespace or "", name or ""))
         if ev is not None:
             ev.set()
+
+
+def operator_metrics(memo: Any) -> OperatorMetrics:
+    """The process's metrics, made by whichever needs them first: the login (before Kopf's first request, which it
+    counts) or the start-up; kept in Kopf's root memo."""
+    metrics: OperatorMetrics | None = getattr(memo, "rlt_metrics", None)
+    if metrics is None:
+        metrics = memo.rlt_metrics = OperatorMetrics(CollectorRegistry())
+    return metrics
