@@ -44,6 +44,7 @@ async def apply(
             continue
         try:
             if a.verb == "create":
+                assert a.body is not None, "a create carries the object it creates"
                 existing = await asyncio.to_thread(state.kube.create, a.plural, ref.namespace, a.body)
                 if existing is None:
                     logger.info(f"created {a.plural}/{a.name}")
@@ -51,6 +52,7 @@ async def apply(
                     problem(conflict(a.plural, a.name, existing))
                     continue
             elif a.verb == "patch":
+                assert a.body is not None, "a patch carries its body"
                 try:
                     await asyncio.to_thread(state.kube.patch, a.plural, ref.namespace, a.name, a.body)
                 except KubeError as err:

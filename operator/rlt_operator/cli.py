@@ -193,7 +193,7 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("crd", help="print the RLTRun CustomResourceDefinition generated from the spec model")
     p.set_defaults(func=cmd_crd)
 

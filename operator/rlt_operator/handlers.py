@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -97,7 +98,6 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState | None = getattr(memo, "rlt", None)
     if state is not None and state.peering_task is not None:
         state.peering_task.cancel()
-    state: OperatorState | None = getattr(memo, "rlt", None)
     if state is not None and state.metrics_server is not None:
         state.metrics_server.shutdown()
         state.metrics_server.server_close()
@@ -115,10 +115,12 @@ def probe_runs(memo: kopf.Memo, **_: Any) -> int:
 
 def _register_child(group: str, version: str, plural: str) -> None:
     # async: Kopf would run a sync function in its thread pool, a hop per watch event for a dict copy.
-    async def index(namespace: str, labels: dict[str, str], body: Any, **_: Any) -> dict:
-        return {(namespace, labels[builders.L_RUN]): summarize(plural, dict(body))}
+    async def index(
+        namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(namespace or "", labels[builders.L_RUN]): summarize(plural, dict(body))}
 
-    async def wake(namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
+    async def wake(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
         state: OperatorState | None = getattr(memo, "rlt", None)
         if state is not None:
             state.wake(namespace, labels.get(builders.L_RUN))
@@ -133,14 +135,21 @@ for _child in CHILDREN:
 
 
 @kopf.on.event(RUN.group, RUN.version, RUN.plural, id="wake_run")
-async def wake_run(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+async def wake_run(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     memo.rlt.wake(namespace, name)
 
 
 @kopf.daemon(RUN.group, RUN.version, RUN.plural, id="reconcile", cancellation_timeout=5.0)
 async def reconcile_loop(
-    name: str, namespace: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    memo: Any,
+    stopped: kopf.DaemonStopped,
+    logger: Any,
+    **kwargs: Any,
 ) -> None:
+    assert namespace is not None, "an RLTRun is namespaced"
     state: OperatorState = memo.rlt
     indices = {f"rlt_{c.plural}": kwargs[f"rlt_{c.plural}"] for c in CHILDREN}
     wake = state.waker(namespace, name)
@@ -189,9 +198,10 @@ async def reconcile_loop(
 
 @kopf.on.delete(RUN.group, RUN.version, RUN.plural, id="cleanup")
 async def cleanup(
-    name: str, namespace: str, spec: kopf.Spec, meta: kopf.Meta, memo: kopf.Memo, logger: Any, **_: Any
+    name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta, memo: Any, logger: Any, **_: Any
 ) -> None:
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
+    assert namespace is not None, "an RLTRun is namespaced"
     state: OperatorState = memo.rlt
     while state.gives_way(namespace):  # the other install deletes the children (and the run then goes): wait, write
         # nothing (a retry would write Kopf's progress annotation, which both installs read)

@@ -7,6 +7,7 @@ the handlers run them in a worker thread.
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,10 +55,10 @@ class Kube:
         import kubernetes
 
         try:
-            kubernetes.config.load_incluster_config()
+            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
             api = kubernetes.client.ApiClient()
         except kubernetes.config.ConfigException:
-            api = kubernetes.config.new_client_from_config()
+            api = kubernetes.config.new_client_from_config()  # type: ignore[no-untyped-call]
         api.user_agent = USER_AGENT  # not the client library's OpenAPI-Generator/<version>/python
         return cls(api)
 
@@ -116,12 +117,14 @@ class Kube:
             raise KubeError("GET", path, status, json.dumps(data))
         return list((data or {}).get("items") or [])
 
-    def patch(self, plural: str, namespace: str, name: str, body: dict[str, Any], subresource: str = "") -> dict:
+    def patch(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any], subresource: str = ""
+    ) -> dict[str, Any]:
         path = f"{collection_path(plural, namespace)}/{name}" + (f"/{subresource}" if subresource else "")
         status, data = self._call("PATCH", path, body, content_type="application/merge-patch+json")
         if status >= 300:
             raise KubeError("PATCH", path, status, json.dumps(data))
-        return data
+        return dict(data or {})
 
     def delete(
         self, plural: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
@@ -139,7 +142,7 @@ class Kube:
             raise KubeError("DELETE", path, status, json.dumps(data))
         return True
 
-    def names(self, plural: str, namespace: str, name: str) -> list[str]:
+    def names(self, plural: str, namespace: str, name: str) -> builtins.list[str]:  # `list` here: the method
         """The names of the objects called `name` (zero or one): a list with a field selector, which needs only
         the list verb (used once at start-up, for the peering objects)."""
         return [

@@ -60,9 +60,9 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                     if what in seen:  # deleted (an accident, an uninstall racing an install): put it back as it was,
                         # with the records last seen: empty, it would let a standby resume beside the working replica.
                         body = {"apiVersion": f"{kind.group}/{kind.version}", "kind": kind.kind}
-                        mine = {"priority": info.priority, "lifetime": info.lifetime, "lastseen": _iso_now()}
+                        record = {"priority": info.priority, "lifetime": info.lifetime, "lastseen": _iso_now()}
                         restored = {"name": info.name, "labels": labels.get(what, {})}
-                        meta = {"metadata": restored, "status": {**seen[what], info.identity: mine}}
+                        meta = {"metadata": restored, "status": {**seen[what], info.identity: record}}
                         made = await asyncio.to_thread(state.kube.create, kind.plural, ns, {**body, **meta})
                         logger.warning(
                             f"peering object {what} recreated" + ("" if made is None else " (by another replica)")
@@ -97,7 +97,7 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
 
 
 async def _say_overlaps(
-    state: OperatorState, kind: Any, ns: str, own: dict[str, Any], info: PeeringInfo, told: set, logger: Any
+    state: OperatorState, kind: Any, ns: str, own: dict[str, Any], info: PeeringInfo, told: set[str], logger: Any
 ) -> list[str]:
     """Another rlt install working in the same scope (its own peering object, live). Said once per install, loudly;
     the cure is disjoint operator.watchNamespaces (docs/operator.md). Returns the older ones, which this install

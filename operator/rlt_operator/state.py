@@ -23,7 +23,7 @@ class OperatorState:
     settings: OperatorSettings
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
-    peering_task: asyncio.Task | None = None
+    peering_task: asyncio.Task[None] | None = None
     recorder: Recorder | None = None  # the runs' Events (rlt_operator.events)
     # Scopes ("" = every namespace) where this install gives way to an older rlt install (watch_peering): its
     # replicas reconcile no run there. Until the first check, every scope (the check takes one list call).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -299,9 +300,9 @@ if _unknown:  # a renamed metric must not leave the operator reading a name nobo
     raise RuntimeError(f"PROGRESS_FIELDS names metrics that are not defined: {_unknown}")
 
 
-def build(defs: tuple[MetricDef, ...], registry: CollectorRegistry) -> dict[str, object]:
+def build(defs: tuple[MetricDef, ...], registry: CollectorRegistry) -> dict[str, Any]:
     """Instantiate prometheus_client collectors for `defs` in `registry`, keyed by metric name."""
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}  # Gauge, Counter or Histogram by name: their methods differ
     for d in defs:
         if d.kind == "gauge":
             out[d.name] = Gauge(d.name, d.help, d.labels, registry=registry)
