@@ -24,6 +24,7 @@ DOC = ROOT / "docs" / "dashboards.md"
 
 S = 'namespace=~"$namespace", run=~"$run"'
 RI = "$__rate_interval"
+CR = 'controller="rltrun"'  # the operator's controller in controller-runtime's series (rlt.contract.metrics.CONTROLLER)
 OPJOB = 'job=~".*rlt-operator.*"'
 
 
@@ -347,8 +348,8 @@ OPERATOR = Dashboard(
         ),
         Panel(
             "Reconciles/s by result",
-            "RLTRun reconciles per second, successful and failed.",
-            [Target(f"sum by (result) ({rate('rlt_operator_reconcile_total', '')})", "{{result}}")],
+            "RLTRun reconciles per second by result (controller-runtime's: success, requeue_after, error).",
+            [Target(f"sum by (result) ({rate('controller_runtime_reconcile_total', CR)})", "{{result}}")],
             unit="ops",
         ),
         Panel(
@@ -356,8 +357,8 @@ OPERATOR = Dashboard(
             "Share of reconciles that raised (0 when there were none).",
             [
                 Target(
-                    "(sum(" + rate("rlt_operator_reconcile_total", 'result="error"') + ") or vector(0))\n"
-                    f"/\nsum({rate('rlt_operator_reconcile_total', '')})",
+                    "(sum(" + rate("controller_runtime_reconcile_errors_total", CR) + ") or vector(0))\n"
+                    f"/\nsum({rate('controller_runtime_reconcile_total', CR)})",
                     "errors",
                 )
             ],
@@ -368,11 +369,11 @@ OPERATOR = Dashboard(
             "Seconds per reconcile.",
             [
                 Target(
-                    f"histogram_quantile(0.5, sum by (le) ({rate('rlt_operator_reconcile_duration_seconds_bucket', '')}))",
+                    f"histogram_quantile(0.5, sum by (le) ({rate('controller_runtime_reconcile_time_seconds_bucket', CR)}))",
                     "p50",
                 ),
                 Target(
-                    f"histogram_quantile(0.95, sum by (le) ({rate('rlt_operator_reconcile_duration_seconds_bucket', '')}))",
+                    f"histogram_quantile(0.95, sum by (le) ({rate('controller_runtime_reconcile_time_seconds_bucket', CR)}))",
                     "p95",
                 ),
             ],

@@ -31,7 +31,7 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from rlt_operator import handlers, peering  # noqa: F401 - registers the handlers
+    from rlt_operator import handlers, peering, peering_watch  # noqa: F401 - registers the handlers
     from rlt_operator.settings import OperatorSettings
 
     config = OperatorSettings.from_env()  # every RLT_* variable, read once here
@@ -57,7 +57,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     info = None
     if args.peering:
         assert priority is not None
-        info = handlers.PeeringInfo(
+        info = peering_watch.PeeringInfo(
             name=args.peering,
             # Kopf's record key for this replica: the pod's name (POD_ID, as the chart sets it), as Kopf would take.
             identity=config.pod_id or f"{socket.gethostname()}/{os.getpid()}/{priority}",
@@ -207,7 +207,7 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("crd", help="print the RLTRun CustomResourceDefinition generated from the spec model")
     p.set_defaults(func=cmd_crd)
 

@@ -167,7 +167,7 @@ def run_name_rule() -> dict[str, str]:
 def spec_schema() -> dict[str, Any]:
     raw = RLTRunSpec.model_json_schema(by_alias=True)
     defs = raw.pop("$defs", {})
-    schema = _structural(_resolve(raw, defs))
+    schema: dict[str, Any] = _structural(_resolve(raw, defs))
     schema["description"] = "What to train and how: models, data, stages, and the cluster resources of the run."
     return schema
 
@@ -176,7 +176,7 @@ def status_schema() -> dict[str, Any]:
     """From the typed status model: every field the operator writes is listed, so none is pruned."""
     raw = RLTRunStatus.model_json_schema(by_alias=True)
     defs = raw.pop("$defs", {})
-    schema = _structural(_resolve(raw, defs))
+    schema: dict[str, Any] = _structural(_resolve(raw, defs))
     conditions = schema["properties"]["conditions"]
     conditions.update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     return schema

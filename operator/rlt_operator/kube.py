@@ -7,7 +7,9 @@ the handlers run them in a worker thread.
 
 from __future__ import annotations
 
+import builtins
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,15 +19,20 @@ from rlt_operator.kinds import collection_path
 # Who the API server's audit log, `managedFields` and `kubectl get --show-managed-fields` say wrote an object.
 USER_AGENT = f"rlt-operator/{__version__}"
 FIELD_MANAGER = "rlt-operator"
+# client-go's `code` for a request that got no HTTP answer (refused connection, timeout): rest_client_requests_total
+NO_ANSWER = "<error>"
 
 
 class KubeError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, body: str):
         self.status = status
         try:  # a Status object: its message is what the server says (kubectl prints the same)
-            self.server_message = str(json.loads(body).get("message") or body)[:1000]
+            answer = json.loads(body)
+            self.server_message = str(answer.get("message") or body)[:1000]
+            self.server_reason = str(answer.get("reason") or status)  # Forbidden, Invalid, ... (metav1.StatusReason)
         except (ValueError, AttributeError):
             self.server_message = body[:1000]
+            self.server_reason = str(status)
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
 
     @property
@@ -39,6 +46,8 @@ class KubeError(RuntimeError):
 class Kube:
     api: Any  # kubernetes.client.ApiClient
     timeout: float = 15.0
+    # Told of every request: (server URL, method, HTTP status or NO_ANSWER); the operator's rest_client_requests_total.
+    on_request: Callable[[str, str, str], None] | None = None
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -46,10 +55,10 @@ class Kube:
         import kubernetes
 
         try:
-            kubernetes.config.load_incluster_config()
+            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
             api = kubernetes.client.ApiClient()
         except kubernetes.config.ConfigException:
-            api = kubernetes.config.new_client_from_config()
+            api = kubernetes.config.new_client_from_config()  # type: ignore[no-untyped-call]
         api.user_agent = USER_AGENT  # not the client library's OpenAPI-Generator/<version>/python
         return cls(api)
 
@@ -71,10 +80,19 @@ class Kube:
             header_params={"Content-Type": content_type, "Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(m, url, header_params=headers, body=body, _request_timeout=self.timeout)
+        try:
+            resp = self.api.call_api(m, url, header_params=headers, body=body, _request_timeout=self.timeout)
+        except Exception:
+            self._told(method, NO_ANSWER)
+            raise
+        self._told(method, str(resp.status))
         raw = resp.read()
         data = json.loads(raw) if raw else None
         return resp.status, data
+
+    def _told(self, method: str, code: str) -> None:
+        if self.on_request is not None:
+            self.on_request(self.api.configuration.host, method, code)
 
     def create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """None if created; the object that already has the name if not (the caller decides whether it is ours:
@@ -99,12 +117,14 @@ class Kube:
             raise KubeError("GET", path, status, json.dumps(data))
         return list((data or {}).get("items") or [])
 
-    def patch(self, plural: str, namespace: str, name: str, body: dict[str, Any], subresource: str = "") -> dict:
+    def patch(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any], subresource: str = ""
+    ) -> dict[str, Any]:
         path = f"{collection_path(plural, namespace)}/{name}" + (f"/{subresource}" if subresource else "")
         status, data = self._call("PATCH", path, body, content_type="application/merge-patch+json")
         if status >= 300:
             raise KubeError("PATCH", path, status, json.dumps(data))
-        return data
+        return dict(data or {})
 
     def delete(
         self, plural: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
@@ -122,7 +142,7 @@ class Kube:
             raise KubeError("DELETE", path, status, json.dumps(data))
         return True
 
-    def names(self, plural: str, namespace: str, name: str) -> list[str]:
+    def names(self, plural: str, namespace: str, name: str) -> builtins.list[str]:  # `list` here: the method
         """The names of the objects called `name` (zero or one): a list with a field selector, which needs only
         the list verb (used once at start-up, for the peering objects)."""
         return [

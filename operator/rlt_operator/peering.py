@@ -44,7 +44,7 @@ def auto_priority(now: float | None = None, rng: random.Random | None = None) ->
     ticks = int(((time.time() if now is None else now) - _EPOCH) * _TICKS_PER_SECOND)
     ticks = min(max(ticks, 0), 2**_TIME_BITS - 1)
     tie = (rng or random.SystemRandom()).getrandbits(_TIE_BITS)
-    return (2**_TIME_BITS - 1 - ticks) * 2**_TIE_BITS + tie
+    return int((2**_TIME_BITS - 1 - ticks) * 2**_TIE_BITS + tie)
 
 
 def missing(kube: Kube, name: str, namespaces: list[str] | None) -> list[str]:

@@ -26,7 +26,7 @@ def url_for(template: str, run: str, namespace: str, stage: str) -> str:
 
 def fetch(url: str, timeout: float = 3.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - cluster-internal URL
-        return resp.read().decode()
+        return str(resp.read().decode())
 
 
 def parse(text: str, stage: str) -> dict[str, float]:

@@ -110,7 +110,7 @@ class ChildWrites:
 
     def succeeded(self, key: tuple[str, str]) -> None:
         for d in (self.problems, self.attempts, self.next_try):
-            d.pop(key, None)  # type: ignore[attr-defined]
+            d.pop(key, None)
 
     def forget_gone(self, wanted: set[tuple[str, str]]) -> None:
         """Drop problems of writes the run no longer asks for (a later stage, a fixed spec)."""

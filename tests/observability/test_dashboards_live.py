@@ -116,7 +116,7 @@ def test_every_panel_query_returns_data(tmp_path, procs, start_sandbox):
 
     wait_until(lambda: http_get(f"{base}/-/ready"), 30, "Prometheus ready", [prom])
     wait_until(
-        lambda: b"rlt_operator_reconcile" in http_get(f"http://127.0.0.1:{op_port}/metrics"),
+        lambda: b"controller_runtime_reconcile_total" in http_get(f"http://127.0.0.1:{op_port}/metrics"),
         60,
         "operator metrics endpoint",
         [sandbox.proc],

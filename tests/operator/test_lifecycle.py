@@ -149,9 +149,9 @@ async def test_a_generator_that_exits_with_a_config_error_fails_the_run_at_once(
 
 
 async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_with_the_run(harness, monkeypatch):
-    from rlt_operator import status
+    from rlt_operator import status_gang
 
-    monkeypatch.setattr(status, "BACKOFF_BASE", 0.5)  # the next gang after half a second, not 10 s
+    monkeypatch.setattr(status_gang, "BACKOFF_BASE", 0.5)  # the next gang after half a second, not 10 s
     doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
     await harness.start_operator()
     run = await harness.create_run(doc)

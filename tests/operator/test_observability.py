@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import free_port
 
 from rlt.contract.metrics import TrainerMetrics
-from rlt_operator.handlers import OperatorMetrics
+from rlt_operator.kinds import CHILDREN
+from rlt_operator.operator_metrics import OperatorMetrics
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,8 +81,10 @@ async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
     await harness.wait_status("tiny", lambda s: s.get("phase") == "Running", "Running")
     text = await harness.wait(scraped("Running"), "phase gauge")
     assert 'rlt_run_info{method="rlt",namespace="default",run="tiny",stage="sft"} 1.0' in text
-    assert 'rlt_operator_reconcile_total{result="success"}' in text
-    assert "rlt_operator_reconcile_duration_seconds_bucket" in text
+    assert re.search(
+        r'controller_runtime_reconcile_total\{controller="rltrun",result="(success|requeue_after)"\} [1-9]', text
+    )
+    assert 'controller_runtime_reconcile_time_seconds_bucket{controller="rltrun",le="+Inf"}' in text
     assert 'rlt_run_restarts{namespace="default",run="tiny"} 0.0' in text
     # on-call: the run's conditions as series, its last reconcile, and this (standalone) replica working
     assert 'rlt_run_condition{namespace="default",reason="Valid",run="tiny",status="True",type="SpecValid"} 1.0' in text
@@ -94,6 +97,55 @@ async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
     events = await harness.wait(lambda: harness.events("tiny"), "events")
     assert {"StageStarted", "Running"} <= {e["reason"] for e in events}
     assert all(e["involvedObject"]["kind"] == "RLTRun" for e in events)
+
+
+def series_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels` (0 when there is none)."""
+    total = 0.0
+    for found in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(found.group(2))
+    return total
+
+
+async def test_operator_metrics_named_as_controller_runtimes(harness, monkeypatch):
+    """The series a controller-runtime operator exports, from the operator's real /metrics: Kopf's API requests and
+    our client's by code and method (rest_client_requests_total), reconciles by result, a create the API server
+    refused (by kind and reason), and the process's own series."""
+    mport = free_port()
+    monkeypatch.setenv("RLT_OPERATOR_METRICS_PORT", str(mport))
+    quota = 'jobs.batch "tiny-sft" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1'
+    refusal = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
+    harness.cluster["post", re.compile(r".*/namespaces/default/jobs$")][:1] << 403 << {**refusal, "message": quota}
+    await harness.start_operator()
+
+    # Before any run: only Kopf has talked to the API server (a list and a watch per watched kind), on its session.
+    text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
+    assert series_sum(text, "rest_client_requests_total", code="200", method="GET") >= len(CHILDREN) + 1, text
+    assert "process_resident_memory_bytes" in text and "python_info{" in text
+    assert series_sum(text, "controller_runtime_reconcile_errors_total", controller="rltrun") == 0
+    assert 'controller_runtime_reconcile_total{controller="rltrun",result="error"} 0.0' in text
+
+    await harness.create_run(example())
+
+    async def refused():
+        text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
+        kinds = dict(kind="Job", verb="create", reason="Forbidden")
+        return text if series_sum(text, "rlt_operator_child_refusals_total", **kinds) == 1 else None
+
+    text = await harness.wait(refused, "the refused Job create counted")
+    assert series_sum(text, "rest_client_requests_total", code="403", method="POST") == 1  # the refused create
+    assert series_sum(text, "rest_client_requests_total", code="201", method="POST") >= 2  # ConfigMap, claim, ...
+    assert series_sum(text, "rest_client_requests_total", method="PATCH") >= 1  # the status, Kopf's finalizer
+
+    async def reconciled():  # the refused create was in the run's first reconcile, which is counted when it ends
+        text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
+        return text if series_sum(text, "controller_runtime_reconcile_total", controller="rltrun") >= 1 else None
+
+    text = await harness.wait(reconciled, "a reconcile counted")
+    assert series_sum(text, "controller_runtime_reconcile_time_seconds_count", controller="rltrun") >= 1
+    assert series_sum(text, "controller_runtime_reconcile_errors_total") == 0  # a refused child is no failed reconcile
 
 
 def test_condition_series_are_one_per_condition_type_and_go_with_the_run():
@@ -130,11 +182,11 @@ def test_condition_series_are_one_per_condition_type_and_go_with_the_run():
 def test_the_step_timestamp_moves_only_with_the_stage_or_step_and_goes_with_the_run(monkeypatch):
     """rlt_run_step_timestamp_seconds (RLTRunStalled's clock): set when the run is first seen and whenever its stage
     or step changes; a reconcile without progress leaves it as it was."""
-    from rlt_operator import handlers
+    from rlt_operator import operator_metrics
 
     metrics = OperatorMetrics(CollectorRegistry())
     clock = iter([100.0, 200.0, 300.0, 400.0, 500.0])
-    monkeypatch.setattr(handlers.time, "time", lambda: next(clock))
+    monkeypatch.setattr(operator_metrics.time, "time", lambda: next(clock))
 
     def at() -> float | None:
         text = generate_latest(metrics.registry).decode()

@@ -168,7 +168,7 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
                 return r.read().decode()
 
         body = get(f"http://127.0.0.1:{metrics}/metrics")
-        assert "rlt_operator_reconcile_total" in body
+        assert "controller_runtime_reconcile_total" in body
         assert json.loads(get(f"http://127.0.0.1:{health}/healthz")).get("runs") == 1
     finally:
         # SIGTERM, as the kubelet sends. Awaited in a thread: the emulated API is served by this test's event loop,

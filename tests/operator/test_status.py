@@ -12,7 +12,12 @@ from op_harness import EXAMPLES
 from rlt.contract.layout import format_time
 from rlt.spec.loading import parse_spec
 from rlt_operator import builders as b
+from rlt_operator import decision as D
 from rlt_operator import status as S
+from rlt_operator import status_events as E
+from rlt_operator import status_gang as G
+from rlt_operator import status_records as R
+from rlt_operator import status_write as W
 from rlt_operator.observed import Observed, summarize
 
 REF = b.RunRef(name="t", namespace="ns", uid="u1")
@@ -200,7 +205,7 @@ def test_trainer_failure_restarts_the_gang_until_the_backoff_limit(restarts, lim
     assert d.status["phase"] == phase
     if phase == "Running":
         assert d.status["restarts"] == restarts + 1
-        assert d.events[0][:2] == ("Warning", "GangRestart") and d.requeue_after == S.SOON
+        assert d.events[0][:2] == ("Warning", "GangRestart") and d.requeue_after == D.SOON
         assert not any(a.verb == "create" for a in d.actions)
     else:
         assert d.status["reason"] == "BackoffLimitExceeded" and d.status["restarts"] == restarts
@@ -366,15 +371,15 @@ def test_each_gang_reads_the_spec_it_was_created_with_whenever_its_pods_start(mo
 
 
 def test_merge_patch_only_touches_changes_and_own_fields():
-    assert S.merge_patch({"phase": "Pending", "x": 1, "reason": "r"}, {"phase": "Running"}) == {
+    assert W.merge_patch({"phase": "Pending", "x": 1, "reason": "r"}, {"phase": "Running"}) == {
         "phase": "Running",
         "reason": None,
     }
     # the fields the operator owns are the status model's, as the CRD lists them: a field added there is owned
     from rlt_operator import crd
 
-    assert set(S.OWN_STATUS_FIELDS) == set(crd.status_schema()["properties"]) and "disruptions" in S.OWN_STATUS_FIELDS
-    assert S.merge_patch({"disruptions": 1, "trainerShape": {}}, {}) == {"disruptions": None, "trainerShape": None}
+    assert set(W.OWN_STATUS_FIELDS) == set(crd.status_schema()["properties"]) and "disruptions" in W.OWN_STATUS_FIELDS
+    assert W.merge_patch({"disruptions": 1, "trainerShape": {}}, {}) == {"disruptions": None, "trainerShape": None}
 
 
 def test_gpu_children_of_an_earlier_run_with_the_same_name_are_replaced():
@@ -950,7 +955,7 @@ def test_last_failure_stays_after_the_restart():
     assert d.status["restarts"] == 1 and d.status["lastFailure"]
     after = S.decide(REF, 1, sp, d.status, observed(sp), NOW)
     assert after.status["lastFailure"] == d.status["lastFailure"]
-    assert "lastFailure" not in S.merge_patch(d.status, after.status)
+    assert "lastFailure" not in W.merge_patch(d.status, after.status)
 
 
 def test_each_stage_start_finish_and_trainer_creation_has_an_event():
@@ -959,7 +964,7 @@ def test_each_stage_start_finish_and_trainer_creation_has_an_event():
     reasons = [(e[1], e[2]) for e in d.events]
     assert ("StageCompleted", "stage sft completed") in reasons and ("StageStarted", "stage rl started") in reasons
     assert ("TrainerCreated", "stage rl: trainer Job t-rl created (gang 0)") in reasons
-    assert S.events_for(d, []) == [e for e in d.events if e[1] != "TrainerCreated"], "no Event for a create not sent"
+    assert E.events_for(d, []) == [e for e in d.events if e[1] != "TrainerCreated"], "no Event for a create not sent"
 
 
 def test_a_volume_that_cannot_attach_is_a_condition():
@@ -1026,7 +1031,7 @@ def test_a_finished_stage_records_its_spec_and_a_later_edit_is_reported_not_appl
 
 
 def test_merge_patch_removes_keys_gone_from_a_map():
-    assert S.merge_patch({"stageSpecs": {"sft": 1, "rl": 2}}, {"stageSpecs": {"rl": 2}}) == {
+    assert W.merge_patch({"stageSpecs": {"sft": 1, "rl": 2}}, {"stageSpecs": {"rl": 2}}) == {
         "stageSpecs": {"sft": None, "rl": 2}
     }
 
@@ -1040,7 +1045,7 @@ def test_a_previous_status_with_what_this_operator_no_longer_writes_is_read_not_
     d = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", active=1)]), NOW)
     assert "TrainerHealthy" not in conds(d) and "someOldField" not in d.status
     assert conds(d)["TrainerRunning"]["status"] == "False" and d.status["phase"] == "Running"
-    patch = S.merge_patch(prev, d.status)
+    patch = W.merge_patch(prev, d.status)
     assert [c["type"] for c in patch["conditions"]] == [c["type"] for c in d.status["conditions"]]
 
 
@@ -1113,7 +1118,7 @@ def test_step_current_stage(prev, done, stage, progress_kept):
 )
 def test_step_stop_other_stages(jobs, stopped):
     sp = spec()
-    plan = S._Plan(observed(sp, jobs))
+    plan = D.Plan(observed(sp, jobs))
     assert S.stop_other_stages(REF, "rl", plan.obs, plan) == stopped
     assert [(a.verb, a.name) for a in plan.actions] == [("delete", n) for n in stopped]
 
@@ -1144,8 +1149,8 @@ def test_step_activate(sp, prev, requeue, phase):
 def test_step_gang_children(prev, jobs, stss, waiting, has_job, has_sts):
     sp = spec(server=True, sft=False)
     st = carried(prev)
-    plan = S._Plan(observed(sp, jobs, stss))
-    g = S.gang_children(REF, parse_spec(sp), "rl", st, plan.obs, plan, [], NOW)
+    plan = D.Plan(observed(sp, jobs, stss))
+    g = G.gang_children(REF, parse_spec(sp), "rl", st, plan.obs, plan, [], NOW)
     assert (g.waiting, g.job is not None, g.sts is not None) == (waiting, has_job, has_sts)
     assert g.gens_needed and g.job_name == "t-rl" and st.phase == "Running"
 
@@ -1154,18 +1159,18 @@ def test_step_gang_children(prev, jobs, stss, waiting, has_job, has_sts):
     "restarts, failed, limit, outcome, phase",
     [
         (0, False, 1, None, "Running"),
-        (0, True, 1, S.RESTART, "Running"),
+        (0, True, 1, G.RESTART, "Running"),
         (1, True, 1, "Failed", "Failed"),
     ],
 )
 def test_step_gang_outcome(restarts, failed, limit, outcome, phase):
     sp = parse_spec(spec(server=True, sft=False, backoffLimit=limit))
     st = carried(running("rl", restarts))
-    plan = S._Plan(observed(spec(), [job("rl", restart=restarts, active=1, failed=failed)]))
-    g = S.gang_children(REF, sp, "rl", st, plan.obs, plan, [], NOW)
-    assert S.gang_outcome(REF, sp, g, st, plan.obs, plan, NOW) == outcome
+    plan = D.Plan(observed(spec(), [job("rl", restart=restarts, active=1, failed=failed)]))
+    g = G.gang_children(REF, sp, "rl", st, plan.obs, plan, [], NOW)
+    assert G.gang_outcome(REF, sp, g, st, plan.obs, plan, NOW) == outcome
     assert st.phase == phase
-    assert st.restarts == restarts + (outcome == S.RESTART)
+    assert st.restarts == restarts + (outcome == G.RESTART)
 
 
 @pytest.mark.parametrize(
@@ -1179,7 +1184,7 @@ def test_step_gang_outcome(restarts, failed, limit, outcome, phase):
 )
 def test_step_read_progress(progress, stage, step, of):
     st = carried(running(stage))
-    S.read_progress(progress, stage, st, NOW)
+    R.read_progress(progress, stage, st, NOW)
     assert (st.progress.step, st.progress.step_of_total) == (step, of)
 
 
@@ -1191,15 +1196,15 @@ def test_step_time_moves_with_the_step_only_and_a_restarted_operator_keeps_the_s
 
     from rlt.contract import metrics as catalogue
     from rlt.contract.layout import parse_time
-    from rlt_operator.handlers import OperatorMetrics
+    from rlt_operator.operator_metrics import OperatorMetrics
 
     st = carried(running("rl"))
-    S.read_progress({"stage": "rl", "step": 3}, "rl", st, NOW)
+    R.read_progress({"stage": "rl", "step": 3}, "rl", st, NOW)
     assert parse_time(st.progress.step_time) == NOW
     later = NOW + dt.timedelta(minutes=20)
-    S.read_progress({"stage": "rl", "step": 3}, "rl", st, later)  # read again, no step: the clock stays
+    R.read_progress({"stage": "rl", "step": 3}, "rl", st, later)  # read again, no step: the clock stays
     assert parse_time(st.progress.step_time) == NOW
-    S.read_progress({"stage": "rl", "step": 4}, "rl", st, later)
+    R.read_progress({"stage": "rl", "step": 4}, "rl", st, later)
     assert parse_time(st.progress.step_time) == later
 
     status = st.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -1228,8 +1233,8 @@ def crashed_trainer(restart, line="RuntimeError: CUDA error: an illegal memory a
 
 @pytest.mark.parametrize("failures, delay", [(1, 10.0), (2, 20.0), (3, 40.0), (6, 300.0), (40, 300.0)])
 def test_restart_back_off_doubles_per_counted_failure_and_is_capped(failures, delay):
-    assert S.restart_delay(failures) == delay
-    assert S.restart_delay(0) == 0.0
+    assert G.restart_delay(failures) == delay
+    assert G.restart_delay(0) == 0.0
 
 
 def test_a_failed_gang_is_followed_by_the_next_only_after_the_back_off():
@@ -1339,7 +1344,7 @@ def test_the_observed_job_carries_its_gangs_snapshot():
     sp = spec(sft=False)
     manifest = b.trainer_job(REF, parse_spec(sp), "rl", 0)
     assert summarize("jobs", manifest)["snapshot"] == b.pod_config(REF, parse_spec(sp))
-    assert S.gang_spec(summarize("jobs", manifest)).stages.rl.learning_rate == parse_spec(sp).stages.rl.learning_rate
+    assert R.gang_spec(summarize("jobs", manifest)).stages.rl.learning_rate == parse_spec(sp).stages.rl.learning_rate
 
 
 def test_a_finished_stage_records_the_spec_its_gang_ran_not_the_current_one():

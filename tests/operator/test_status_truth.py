@@ -22,6 +22,7 @@ from test_status import (
 
 from rlt_operator import builders as b
 from rlt_operator import status as S
+from rlt_operator import status_write as W
 from rlt_operator.conditions import with_write_problems
 from rlt_operator.observed import last_error_line, summarize
 from rlt_operator.writes import conflict
@@ -191,12 +192,12 @@ def test_the_status_is_written_when_something_visible_changed_and_progress_time_
         progress = {**written["progress"], "updateTime": T(seconds), "tokensPerSecond": 11.0, **changed}
         return {**written, "progress": progress}
 
-    assert S.status_patch(written, read(30), NOW + dt.timedelta(seconds=30)) == {}
-    assert S.status_patch(written, read(30, step=4), NOW + dt.timedelta(seconds=30))["progress"]["step"] == 4
-    assert S.status_patch(written, read(30, rewardMean=0.2), NOW + dt.timedelta(seconds=30))
-    late = S.status_patch(written, read(130), NOW + dt.timedelta(seconds=130))
+    assert W.status_patch(written, read(30), NOW + dt.timedelta(seconds=30)) == {}
+    assert W.status_patch(written, read(30, step=4), NOW + dt.timedelta(seconds=30))["progress"]["step"] == 4
+    assert W.status_patch(written, read(30, rewardMean=0.2), NOW + dt.timedelta(seconds=30))
+    late = W.status_patch(written, read(130), NOW + dt.timedelta(seconds=130))
     assert late["progress"]["updateTime"] == T(130), "the read time is still written, every 2 minutes"
-    assert S.status_patch(written, {**read(30), "reason": "Unschedulable"}, NOW + dt.timedelta(seconds=30))
+    assert W.status_patch(written, {**read(30), "reason": "Unschedulable"}, NOW + dt.timedelta(seconds=30))
 
 
 def T(seconds):

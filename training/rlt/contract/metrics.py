@@ -1,4 +1,7 @@
-"""The catalogue of every `rlt_*` metric: one source for the exporters, the docs and the dashboards.
+"""The catalogue of every metric rlt exports: one source for the exporters, the docs and the dashboards.
+
+All are `rlt_*`, except the operator's reconcile and API-client series, which carry controller-runtime's and
+client-go's names (CONTROLLER_RUNTIME_NAMES) so dashboards and alerts made for Go operators read them as they are.
 
 Base units, `_total` counters, bounded labels only (namespace, run, stage, method, plus the small
 fixed `component` / `phase` sets below). `docs/metrics.md` is generated from this table and a test
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -47,8 +51,17 @@ STAGE_COMPLETED = "rlt_stage_completed"
 EVAL_ACCURACY = "rlt_eval_accuracy"
 EVAL_QUESTIONS = "rlt_eval_questions_total"
 EVAL_ANSWERS = "rlt_eval_answers_total"
-RECONCILES = "rlt_operator_reconcile_total"
-RECONCILE_SECONDS = "rlt_operator_reconcile_duration_seconds"
+# controller-runtime's reconcile series (sigs.k8s.io/controller-runtime/pkg/internal/controller/metrics) and
+# client-go's request counter (k8s.io/client-go/tools/metrics, as controller-runtime registers it), same labels.
+RECONCILES = "controller_runtime_reconcile_total"
+RECONCILE_ERRORS = "controller_runtime_reconcile_errors_total"
+RECONCILE_SECONDS = "controller_runtime_reconcile_time_seconds"
+REST_CLIENT_REQUESTS = "rest_client_requests_total"
+CONTROLLER_RUNTIME_NAMES = (RECONCILES, RECONCILE_ERRORS, RECONCILE_SECONDS, REST_CLIENT_REQUESTS)
+CONTROLLER = "rltrun"  # the `controller` label's value: the one controller of this operator
+# controller-runtime's `result` values: an error, done, or done and due again after a delay (RequeueAfter).
+RECONCILE_RESULTS = ("success", "error", "requeue_after")
+CHILD_REFUSALS = "rlt_operator_child_refusals_total"
 RUN_PHASE = "rlt_run_phase"
 RUN_INFO = "rlt_run_info"
 RUN_RESTARTS = "rlt_run_restarts"
@@ -203,11 +216,35 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
     MetricDef(
         RECONCILES,
         "counter",
-        "Reconciles of RLTRuns by result (result: success, error).",
-        ("result",),
+        f"Reconciles of RLTRuns by result (controller: {CONTROLLER}; result: {', '.join(RECONCILE_RESULTS)}), "
+        "as controller-runtime counts them.",
+        ("controller", "result"),
         "operator",
     ),
-    MetricDef(RECONCILE_SECONDS, "histogram", "Seconds per reconcile.", (), "operator"),
+    MetricDef(
+        RECONCILE_ERRORS,
+        "counter",
+        "Reconciles that failed (an API error or a bug; the loop retries), as controller-runtime counts them.",
+        ("controller",),
+        "operator",
+    ),
+    MetricDef(RECONCILE_SECONDS, "histogram", "Seconds per reconcile.", ("controller",), "operator"),
+    MetricDef(
+        REST_CLIENT_REQUESTS,
+        "counter",
+        "Requests to the API server by HTTP status (code; <error>: no answer), method and host: Kopf's (watches, "
+        "finalizers, Events of its own) and the operator's client's, as client-go counts them.",
+        ("code", "method", "host"),
+        "operator",
+    ),
+    MetricDef(
+        CHILD_REFUSALS,
+        "counter",
+        "Writes of a run's child the API server refused (kind: Job, ConfigMap, ...; verb: create, patch, delete; "
+        "reason: the Status reason, e.g. Forbidden, Invalid): a quota, an admission webhook, RBAC.",
+        ("kind", "verb", "reason"),
+        "operator",
+    ),
     MetricDef(
         RUN_PHASE,
         "gauge",
@@ -263,9 +300,9 @@ if _unknown:  # a renamed metric must not leave the operator reading a name nobo
     raise RuntimeError(f"PROGRESS_FIELDS names metrics that are not defined: {_unknown}")
 
 
-def build(defs: tuple[MetricDef, ...], registry: CollectorRegistry) -> dict[str, object]:
+def build(defs: tuple[MetricDef, ...], registry: CollectorRegistry) -> dict[str, Any]:
     """Instantiate prometheus_client collectors for `defs` in `registry`, keyed by metric name."""
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}  # Gauge, Counter or Histogram by name: their methods differ
     for d in defs:
         if d.kind == "gauge":
             out[d.name] = Gauge(d.name, d.help, d.labels, registry=registry)
