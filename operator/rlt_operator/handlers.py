@@ -25,7 +25,7 @@ from rlt.contract.layout import parse_time
 from rlt.contract.metrics import OPERATOR_METRICS, build
 from rlt_operator.observed import Observed, failed_create, pods_not_created, summarize
 
-from . import builders, peering, progress, status
+from . import builders, dry_run, peering, progress, status
 from .conditions import with_write_problems
 from .events import COMPONENT, Recorder
 from .kinds import CHILDREN, CLUSTER_PEERING, PEERING, RUN
@@ -522,6 +522,7 @@ class RunMemory:
     not_created_at: float = -math.inf
     reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
     generation: int = 0  # a new spec retries refused writes at once
+    children: dry_run.ChildrenCheck = field(default_factory=dry_run.ChildrenCheck)  # the server's dry-run verdict
 
     def expected(
         self, observed: Observed, actions: list[status.Action], now: float, ttl: float = 10.0
@@ -568,6 +569,11 @@ async def reconcile_once(
     standing = observed_conflicts(ref, observed)
     mem.writes.forget_gone({(a.plural, a.name) for a in decision.actions} | {p.key for p in standing})
     news = [p for p in standing if mem.writes.failed(p, time.monotonic())]
+    # The stage's children dry-run on the server before the first create: a refused one holds every create.
+    actions, invalid = await dry_run.gate(
+        state.kube, ref, spec, decision.status, generation, actions, mem.children, time.monotonic(),
+        state.settings.scrapers,
+    )  # fmt: skip
     sent, refused = await apply(state, ref, observed, actions, mem.writes, logger)
     news += refused
     for a in sent:
@@ -579,12 +585,14 @@ async def reconcile_once(
     run_status = with_write_problems(
         decision.status, list(mem.writes.problems.values()), now, mem.not_created, prev.get("conditions")
     )
+    run_status = dry_run.with_condition(run_status, mem.children, now)
     # The status is written whatever happened to the children: a refused child is on the run, not only in a log.
     patch = status.status_patch(server_status, run_status, now)
     if patch:
         await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
     mem.status = run_status
     events = status.events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + news_created
+    events += invalid
     for type_, reason, message in events:
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
         await post_event(state, ref, type_, reason, message, now, logger)

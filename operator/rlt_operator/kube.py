@@ -88,6 +88,15 @@ class Kube:
             raise KubeError("POST", path, status, json.dumps(data))
         return None
 
+    def dry_run_create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """POST with dryRun=All: the server validates and admits the object as a create and stores nothing
+        (rlt_operator.dry_run). (HTTP status, the server's answer); a 5xx raises as a create's does."""
+        path = collection_path(plural, namespace)
+        status, data = self._call("POST", path, manifest, query=[("dryRun", "All")])
+        if status >= 500:
+            raise KubeError("POST", path, status, json.dumps(data))
+        return status, data if isinstance(data, dict) else {}
+
     def list(
         self, plural: str, namespace: str, label_selector: str | None = None, field_selector: str | None = None
     ) -> list[dict[str, Any]]:

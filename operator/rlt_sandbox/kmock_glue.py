@@ -185,6 +185,14 @@ EVENT_COLUMNS = [
 ]
 
 
+def _status(code: int, reason: str, message: str) -> Any:
+    """A Status answer as the API server sends one."""
+    from aiohttp import web
+
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason, "code": code}
+    return web.json_response({**body, "message": message}, status=code)
+
+
 def _now() -> str:
     return format_time()
 
@@ -451,14 +459,30 @@ class Cluster(kmock.KubernetesEmulator):
             body = dict(request.data or {})
             _mutate(request, action=enums.action.UPDATE, data=[{"op": "replace", "path": "", "value": body}])
         if request.resource is not None:
+            if request.params.get("dryRun") and request.action != enums.action.CREATE:
+                return _status(
+                    400, "BadRequest", "the rlt sandbox honours dryRun on create only (it would persist this)"
+                )
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
                 refused = self._quota_refusal(request)
                 if refused is not None:
                     return refused
                 self._stamp_create(request)
+                if request.params.get("dryRun") == "All":
+                    return await self._dry_run_create(request)
             elif request.action == enums.action.UPDATE and request.name is not None:
                 self._stamp_update(request)
         return await super()._handle(request)
+
+    async def _dry_run_create(self, request: rendering.Request) -> Any:
+        """A dry-run create as a server answers it: 409 for a taken name, else the object as it would be stored,
+        stored nowhere. kmock's own _handle stores every create (even one a test's reaction answers), so this goes
+        to the reactions and fallbacks past it."""
+        name = request.data["metadata"].get("name")
+        key = (request.resource, request.namespace or request.data["metadata"].get("namespace"), name)
+        if name and key in self.objects and not self.objects[key].deleted:
+            raise k8s.KubernetesObjectConflictError()
+        return await super(kmock.KubernetesEmulator, self)._handle(request)
 
     def _quota_refusal(self, request: rendering.Request) -> Any:
         """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit (rlt_sandbox.quota),
@@ -501,7 +525,7 @@ class Cluster(kmock.KubernetesEmulator):
         request.data.setdefault("apiVersion", f"{request.resource.group}/{request.resource.version}".lstrip("/"))
         if not request.data.get("kind") and request.resource in self.resources:
             request.data["kind"] = self.resources[request.resource].kind  # Kopf's Events come without one
-        if request.resource.plural == "customresourcedefinitions":
+        if request.resource.plural == "customresourcedefinitions" and not request.params.get("dryRun"):
             self.register_crd(request.data)
             # Established at once, as the apiserver reports it: Helm waits for this after installing crds/.
             now = _now()
@@ -544,6 +568,8 @@ class Cluster(kmock.KubernetesEmulator):
         _mutate(request, data=data)
 
     async def _serve_create(self, request: rendering.Request) -> Any:
+        if request.params.get("dryRun") == "All":  # _dry_run_create: nothing stored
+            return rendering.Response(status=201, payload=request.data)
         # kubernetes-client 37 maps only 201 to the created object.
         return rendering.Response(status=201, payload=await super()._serve_create(request))
 
