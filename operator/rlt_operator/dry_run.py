@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -259,16 +260,68 @@ def refusal(plural: str, child: dict[str, Any], status: int, answer: dict[str, A
 
 
 def check(
-    runner: DryRunner, namespace: str, spec: RLTRunSpec, children: list[tuple[str, dict[str, Any]]]
+    runner: DryRunner,
+    namespace: str,
+    spec: RLTRunSpec,
+    children: list[tuple[str, dict[str, Any]]],
+    codes: tuple[int, ...] = INVALID_CODES,
 ) -> list[Refusal]:
-    """Dry-run every child (the thin call); the refusals that say a child is invalid. Other answers (403, 404, 409)
-    are left to the real create; a 5xx raises from the runner as a create's does."""
+    """Dry-run every child (the thin call); the refusals with one of `codes` (the operator's: those that say a child
+    is invalid; 403, 404 and 409 are left to its real create). A 5xx raises from the runner as a create's does."""
     out = []
     for plural, body in children:
         code, answer = runner.dry_run_create(plural, namespace, body)
-        if code in INVALID_CODES:
+        if code in codes:
             out.append(refusal(plural, body, code, answer, spec))
     return out
+
+
+# --------------------------------------------------------------------------- rlt validate --server
+
+# What `rlt validate --server` reports: every refusal but 409 (the run's children exist: it runs already).
+CLI_CODES = (400, 403, 404, 413, 422)
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def _without_owner(body: dict[str, Any]) -> dict[str, Any]:
+    """The child as the user's dry-run sends it: no owner reference (the run may not exist yet, and the owner's
+    permissions are the operator's, not the user's)."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "ownerReferences"}
+    return {**body, "metadata": meta}
+
+
+def current_namespace() -> str:
+    """The current kubeconfig context's namespace, else default (as kubectl reads it)."""
+    import kubernetes
+
+    try:
+        where = os.environ.get("KUBECONFIG")
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=where)  # type: ignore[no-untyped-call]
+    except (kubernetes.config.ConfigException, OSError):
+        return "default"
+    return str(((active or {}).get("context") or {}).get("namespace") or "default")
+
+
+def server_problems(runs: list[Any], runner: DryRunner | None = None) -> list[str]:
+    """Each run's children (every enabled stage) dry-run on the current kubeconfig's API server: one line per
+    refused field, the run's field first; a server that cannot be reached is one line too."""
+    from rlt_operator.kube import Kube
+
+    try:
+        kube: DryRunner = runner or Kube.from_environment()
+    except Exception as err:  # noqa: BLE001 - no kubeconfig, a broken one: said, never a traceback
+        return [f"--server: no cluster to ask ({type(err).__name__}: {err})"]
+    problems: list[str] = []
+    for run in runs:
+        namespace = run.metadata.namespace or current_namespace()
+        ref = builders.RunRef(name=run.name, namespace=namespace, uid=PLACEHOLDER_UID)
+        children = [(plural, _without_owner(body)) for plural, body in run_children(ref, run.spec)]
+        try:
+            refused = check(kube, namespace, run.spec, children, CLI_CODES)
+        except Exception as err:  # noqa: BLE001 - unreachable server, 5xx: said, never a traceback
+            return problems + [f"--server: the API server did not answer ({type(err).__name__}: {err})"[:600]]
+        problems += [line for r in refused for line in r.lines()]
+    return problems
 
 
 # --------------------------------------------------------------------------- the operator's gate

@@ -8,6 +8,7 @@ the handlers run them in a worker thread.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,8 @@ class Kube:
             kubernetes.config.load_incluster_config()
             api = kubernetes.client.ApiClient()
         except kubernetes.config.ConfigException:
-            api = kubernetes.config.new_client_from_config()
+            # $KUBECONFIG read now (the client library reads it once, at import)
+            api = kubernetes.config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
         api.user_agent = USER_AGENT  # not the client library's OpenAPI-Generator/<version>/python
         return cls(api)
 

@@ -245,3 +245,32 @@ async def test_a_valid_run_passes_the_dry_run_and_its_children_are_created(harne
 
 async def _events_with(harness, reason: str) -> list[dict]:
     return [e for e in await harness.events("tiny") if e.get("reason") == reason]
+
+
+async def test_rlt_validate_server_names_the_spec_field_and_exits_1(harness, tmp_path, monkeypatch, capsys):
+    import asyncio
+    import re
+
+    import yaml
+    from conftest import _KUBECONFIG
+
+    from rlt.cli import main as rlt_main
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(example()))
+    argv = ["validate", "--no-data", "--no-plan", "--server", str(path)]
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    assert await asyncio.to_thread(rlt_main, argv) == 1
+    assert "--server: no cluster to ask" in capsys.readouterr().err
+    monkeypatch.setenv("KUBECONFIG", str(_KUBECONFIG))
+    assert await asyncio.to_thread(rlt_main, argv) == 0, capsys.readouterr().err
+    assert await harness.list("jobs") == [], "validate --server creates nothing"
+    cause = {"field": "spec.template.spec.nodeSelector", "message": 'Invalid value: "bad key!"'}
+    status = {"kind": "Status", "status": "Failure", "reason": "Invalid", "code": 422, "message": "invalid"}
+    jobs = harness.cluster["post", re.compile(r".*/namespaces/default/jobs$"), {"dryRun": "All"}]
+    refusing = jobs << 422 << {**status, "details": {"causes": [cause]}}
+    capsys.readouterr()
+    assert await asyncio.to_thread(rlt_main, argv) == 1
+    err = capsys.readouterr().err
+    assert "INVALID" in err and 'spec.scheduling.nodeSelector: Invalid value: "bad key!"' in err, err
+    assert "jobs/tiny-sft" in err and len(list(refusing)) >= 1

@@ -41,6 +41,16 @@ def prompt_length_problems(run) -> tuple[list[str], str]:
     return check_prompt_lengths(run.spec)
 
 
+def server_problems(path: str) -> list[str]:
+    """`--server`: every child the operator would create for each run of the file, dry-run on the current
+    kubeconfig's API server (rlt_operator.dry_run); each refusal names the run's field."""
+    try:
+        from rlt_operator import dry_run
+    except ImportError as err:  # the trainer image ships no operator
+        return [f"--server: needs the operator package (rlt_operator), not installed here ({err})"]
+    return dry_run.server_problems(load_valid_runs(path))  # as the operator reads it: no local path resolution
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     import warnings
 
@@ -72,6 +82,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     more, model_notes = model_problems(run.spec)
                     problems += more
                     notes += model_notes
+            if args.server and not problems:  # the children as the operator renders them, on the real server
+                problems += server_problems(path)
             if problems:
                 raise SpecError(path, problems)
         except SpecError as err:
@@ -100,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-plan",
         action="store_true",
         help="skip the capacity plan (`rlt plan`; GPUs of the nodeSelector's nvidia.com/gpu.memory, else 80Gi)",
+    )
+    p.add_argument(
+        "--server",
+        action="store_true",
+        help="also dry-run every child the operator would create on the current kubeconfig's API server "
+        "(kubectl's --dry-run=server); each refusal names the run's field",
     )
     p.set_defaults(func=cmd_validate)
 
