@@ -50,6 +50,7 @@ import kmock
 from kmock._internal import dsl, enums, k8s, parsing, references, rendering
 
 from rlt.contract.layout import format_time
+from rlt_sandbox.kmock_admission import Admission
 
 _original_parse_path = parsing.parse_path
 _NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")
@@ -185,14 +186,6 @@ EVENT_COLUMNS = [
 ]
 
 
-def _status(code: int, reason: str, message: str) -> Any:
-    """A Status answer as the API server sends one."""
-    from aiohttp import web
-
-    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason, "code": code}
-    return web.json_response({**body, "message": message}, status=code)
-
-
 def _now() -> str:
     return format_time()
 
@@ -303,7 +296,7 @@ _WATCH_OVER = object()  # a watch stream has nothing more to send
 
 
 @attrs.define(kw_only=True)
-class Cluster(kmock.KubernetesEmulator):
+class Cluster(Admission, kmock.KubernetesEmulator):
     """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
 
     _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -459,57 +452,16 @@ class Cluster(kmock.KubernetesEmulator):
             body = dict(request.data or {})
             _mutate(request, action=enums.action.UPDATE, data=[{"op": "replace", "path": "", "value": body}])
         if request.resource is not None:
-            if request.params.get("dryRun") and request.action != enums.action.CREATE:
-                return _status(
-                    400, "BadRequest", "the rlt sandbox honours dryRun on create only (it would persist this)"
-                )
+            refused = self._refusal(request)  # kmock_admission: dryRun beyond create, quotas
+            if refused is not None:
+                return refused
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
-                refused = self._quota_refusal(request)
-                if refused is not None:
-                    return refused
                 self._stamp_create(request)
                 if request.params.get("dryRun") == "All":
                     return await self._dry_run_create(request)
             elif request.action == enums.action.UPDATE and request.name is not None:
                 self._stamp_update(request)
         return await super()._handle(request)
-
-    async def _dry_run_create(self, request: rendering.Request) -> Any:
-        """A dry-run create as a server answers it: 409 for a taken name, else the object as it would be stored,
-        stored nowhere. kmock's own _handle stores every create (even one a test's reaction answers), so this goes
-        to the reactions and fallbacks past it."""
-        name = request.data["metadata"].get("name")
-        key = (request.resource, request.namespace or request.data["metadata"].get("namespace"), name)
-        if name and key in self.objects and not self.objects[key].deleted:
-            raise k8s.KubernetesObjectConflictError()
-        return await super(kmock.KubernetesEmulator, self)._handle(request)
-
-    def _quota_refusal(self, request: rendering.Request) -> Any:
-        """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit (rlt_sandbox.quota),
-        else None."""
-        if request.resource.plural != "pods" or request.resource.group:
-            return None
-        ns = request.namespace or (request.data.get("metadata") or {}).get("namespace")
-        quotas, pods = [], []
-        for (resource, namespace, _name), obj in self.objects.items():
-            if namespace != ns or obj.deleted or resource.group:
-                continue
-            if resource.plural == "resourcequotas":
-                quotas.append(obj.raw)
-            elif resource.plural == "pods":
-                pods.append(obj.raw)
-        if not quotas:
-            return None
-        from aiohttp import web
-
-        from rlt_sandbox.quota import refusal
-
-        why = refusal(request.data, quotas, pods)
-        if why is None:
-            return None
-        status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "message": why}
-        details = {"name": (request.data.get("metadata") or {}).get("name"), "kind": "pods"}
-        return web.json_response({**status, "reason": "Forbidden", "details": details, "code": 403}, status=403)
 
     def _stamp_create(self, request: rendering.Request) -> None:
         meta = request.data.setdefault("metadata", {})
