@@ -191,9 +191,11 @@ def spec_field(plural: str, child: dict[str, Any], path: str, spec: RLTRunSpec, 
     role = ROLES.get(plural, "trainer")
     if path.startswith(POD) and plural in ROLES:
         return _pod_field(spec, role, child, path[len(POD) :])
-    if path.startswith("spec.template.metadata.annotations"):
-        return "spec.scheduling.podAnnotations" + path[len("spec.template.metadata.annotations") :]
-    if re.match(r"(spec\.template\.)?metadata\.labels", path):
+    # a pod template's metadata: the API server names it without ".metadata" (spec.template.labels)
+    annotations = re.match(r"spec\.template\.(?:metadata\.)?annotations", path)
+    if annotations:
+        return "spec.scheduling.podAnnotations" + path[annotations.end() :]
+    if re.match(r"(spec\.template\.)?(metadata\.)?labels", path):
         queue = spec.scheduling.queue_name
         return "spec.scheduling.queueName" if queue and queue in message else "metadata.name"
     if path.startswith(("metadata.name", "metadata.generateName", "spec.serviceName")):

@@ -92,6 +92,7 @@ TABLE = [
     ("jobs", "spec.template.spec.volumes[1].emptyDir.sizeLimit", "spec.resources.trainer.sharedMemory"),
     ("statefulsets", "spec.template.spec.volumes[0].persistentVolumeClaim.claimName", "metadata.name"),
     ("jobs", "spec.template.metadata.annotations", "spec.scheduling.podAnnotations"),
+    ("jobs", "spec.template.annotations", "spec.scheduling.podAnnotations"),  # as kube-apiserver 1.36 names it
     ("jobs", "spec.template.spec.subdomain", "metadata.name"),
     ("jobs", "spec.completions", "spec.resources.trainer.nodes"),
     ("statefulsets", "spec.replicas", "spec.resources.generator.replicas"),
@@ -113,6 +114,7 @@ def test_a_label_refusal_names_the_queue_when_its_value_is_the_queues():
     says = 'Invalid value: "q1": a valid label must be...'
     assert dry_run.spec_field("jobs", JOB, "metadata.labels", SPEC, says) == "spec.scheduling.queueName"
     assert dry_run.spec_field("jobs", JOB, "metadata.labels", SPEC, 'Invalid value: "tiny-"') == "metadata.name"
+    assert dry_run.spec_field("jobs", JOB, "spec.template.labels", SPEC, says) == "spec.scheduling.queueName"
 
 
 def test_the_stage_renders_what_decide_creates():
