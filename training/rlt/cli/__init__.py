@@ -41,16 +41,6 @@ def prompt_length_problems(run) -> tuple[list[str], str]:
     return check_prompt_lengths(run.spec)
 
 
-def server_problems(path: str) -> list[str]:
-    """`--server`: every child the operator would create for each run of the file, dry-run on the current
-    kubeconfig's API server (rlt_operator.dry_run); each refusal names the run's field."""
-    try:
-        from rlt_operator import dry_run
-    except ImportError as err:  # the trainer image ships no operator
-        return [f"--server: needs the operator package (rlt_operator), not installed here ({err})"]
-    return dry_run.server_problems(load_valid_runs(path))  # as the operator reads it: no local path resolution
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     import warnings
 
@@ -82,8 +72,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     more, model_notes = model_problems(run.spec)
                     problems += more
                     notes += model_notes
-            if args.server and not problems:  # the children as the operator renders them, on the real server
-                problems += server_problems(path)
+            for more in getattr(args, "more_checks", None) or []:  # a package built on rlt adds these (--server)
+                problems += more(path, args) if not problems else []
             if problems:
                 raise SpecError(path, problems)
         except SpecError as err:
@@ -113,13 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the capacity plan (`rlt plan`; GPUs of the nodeSelector's nvidia.com/gpu.memory, else 80Gi)",
     )
-    p.add_argument(
-        "--server",
-        action="store_true",
-        help="also dry-run every child the operator would create on the current kubeconfig's API server "
-        "(kubectl's --dry-run=server); each refusal names the run's field",
-    )
-    p.set_defaults(func=cmd_validate)
+    p.set_defaults(func=cmd_validate, more_checks=[])  # the operator's entry point adds --server
 
     from rlt.cli import run_commands as runner_cli  # training commands (heavy imports happen inside their handlers)
 
