@@ -160,7 +160,12 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
         # thread, which asyncio.run and the interpreter would wait for (up to the client timeout, 15 s): its result
         # is no longer wanted, so it is abandoned after a short drain, as a kill would.
         drained = threading.Event()
-        threading.Thread(target=lambda: (executor.shutdown(wait=True), drained.set()), daemon=True).start()
+
+        def drain() -> None:
+            executor.shutdown(wait=True)
+            drained.set()
+
+        threading.Thread(target=drain, daemon=True).start()
         if not drained.wait(EXECUTOR_DRAIN_SECONDS):
             log.info(f"stopped; abandoning API calls still in flight after {EXECUTOR_DRAIN_SECONDS:g}s")
             logging.shutdown()  # flush the handlers: os._exit skips them
@@ -207,7 +212,27 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
+def validate_on_server(path: str, args: argparse.Namespace) -> list[str]:
+    """`rlt validate --server`: every child the operator would create for each run of the file, dry-run on the
+    current kubeconfig's API server (rlt_operator.dry_run); each refusal names the run's field."""
+    if not args.server:
+        return []
+    from rlt.checks.validation import load_valid_runs
+    from rlt_operator import dry_run
+
+    return dry_run.server_problems(load_valid_runs(path))  # as the operator reads it: no local path resolution
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    validate = sub.choices.get("validate")
+    if validate is not None:  # the core's validate, with the check only the operator's package can make
+        validate.add_argument(
+            "--server",
+            action="store_true",
+            help="also dry-run every child the operator would create on the current kubeconfig's API server "
+            "(kubectl's --dry-run=server); each refusal names the run's field",
+        )
+        validate.set_defaults(more_checks=[*validate.get_default("more_checks"), validate_on_server])
     p = sub.add_parser("crd", help="print the RLTRun CustomResourceDefinition generated from the spec model")
     p.set_defaults(func=cmd_crd)
 

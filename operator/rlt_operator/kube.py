@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,7 +59,10 @@ class Kube:
             kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
             api = kubernetes.client.ApiClient()
         except kubernetes.config.ConfigException:
-            api = kubernetes.config.new_client_from_config()  # type: ignore[no-untyped-call]
+            # $KUBECONFIG read now (the client library reads it once, at import)
+            api = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=os.environ.get("KUBECONFIG")
+            )
         api.user_agent = USER_AGENT  # not the client library's OpenAPI-Generator/<version>/python
         return cls(api)
 
@@ -105,6 +109,15 @@ class Kube:
         if status >= 300:
             raise KubeError("POST", path, status, json.dumps(data))
         return None
+
+    def dry_run_create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """POST with dryRun=All: the server validates and admits the object as a create and stores nothing
+        (rlt_operator.dry_run). (HTTP status, the server's answer); a 5xx raises as a create's does."""
+        path = collection_path(plural, namespace)
+        status, data = self._call("POST", path, manifest, query=[("dryRun", "All")])
+        if status >= 500:
+            raise KubeError("POST", path, status, json.dumps(data))
+        return status, data if isinstance(data, dict) else {}
 
     def list(
         self, plural: str, namespace: str, label_selector: str | None = None, field_selector: str | None = None

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import builders, evidence, progress, status
+from . import builders, dry_run, evidence, progress, status
 from .apply import apply, observed_conflicts
 from .conditions import with_write_problems
 from .decision import Action
@@ -85,6 +85,7 @@ class RunMemory:
     reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
     generation: int = 0  # a new spec retries refused writes at once
     evidence: str | None = None  # the failed pod whose end is copied (rlt_operator.evidence)
+    children: dry_run.ChildrenCheck = field(default_factory=dry_run.ChildrenCheck)  # the server's dry-run verdict
 
     def expected(self, observed: Observed, actions: list[Action], now: float, ttl: float = 10.0) -> list[Action]:
         for key in [k for k, t in self.created.items() if now - t > ttl or k[1] in getattr(observed, k[0], {})]:
@@ -132,6 +133,11 @@ async def reconcile_once(
     # The failed pod's end is copied to a ConfigMap that outlives the run before any of its gang is deleted.
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     mem.evidence = await evidence.keep(state.kube, ref, decision.status, observed.pods, mem.evidence, stamp, logger)
+    # The stage's children dry-run on the server before the first create: a refused one holds every create.
+    actions, invalid = await dry_run.gate(
+        state.kube, ref, spec, decision.status, generation, actions, mem.children, time.monotonic(),
+        state.settings.scrapers,
+    )  # fmt: skip
     sent, refused = await apply(state, ref, observed, actions, mem.writes, logger)
     news += refused
     for a in sent:
@@ -143,12 +149,14 @@ async def reconcile_once(
     run_status = with_write_problems(
         decision.status, list(mem.writes.problems.values()), now, mem.not_created, prev.get("conditions")
     )
+    run_status = dry_run.with_condition(run_status, mem.children, now)
     # The status is written whatever happened to the children: a refused child is on the run, not only in a log.
     patch = status_patch(server_status, run_status, now)
     if patch:
         await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
     mem.status = run_status
     events = events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + news_created
+    events += invalid
     for type_, reason, message in events:
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
         await post_event(state, ref, type_, reason, message, now, logger)

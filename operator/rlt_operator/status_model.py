@@ -24,6 +24,7 @@ class ConditionType(StrEnum):
     READY = "Ready"
     SPEC_VALID = "SpecValid"
     SPEC_APPLIED = "SpecApplied"
+    CHILDREN_VALID = "ChildrenValid"
     CHILDREN_WRITTEN = "ChildrenWritten"
     CAPACITY_OK = "CapacityOK"
     VOLUME_READY = "VolumeReady"

@@ -53,6 +53,7 @@ import kmock
 from kmock._internal import dsl, enums, k8s, parsing, references, rendering
 
 from rlt.contract.layout import format_time
+from rlt_sandbox.kmock_admission import Admission
 
 _original_parse_path = parsing.parse_path
 _NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")
@@ -298,7 +299,7 @@ _WATCH_OVER = object()  # a watch stream has nothing more to send
 
 
 @attrs.define(kw_only=True)
-class Cluster(kmock.KubernetesEmulator):
+class Cluster(Admission, kmock.KubernetesEmulator):
     """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
 
     _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -443,11 +444,13 @@ class Cluster(kmock.KubernetesEmulator):
             body = dict(request.data or {})
             _mutate(request, action=enums.action.UPDATE, data=[{"op": "replace", "path": "", "value": body}])
         if request.resource is not None:
+            refused = self._refusal(request)  # kmock_admission: dryRun beyond create, quotas
+            if refused is not None:
+                return refused
             if request.action == enums.action.CREATE and isinstance(request.data, dict):
-                refused = self._quota_refusal(request)
-                if refused is not None:
-                    return refused
                 self._stamp_create(request)
+                if request.params.get("dryRun") == "All":
+                    return await self._dry_run_create(request)
             elif request.action == enums.action.UPDATE and request.name is not None:
                 refused = self._strategic_merge(request)
                 if refused is not None:
@@ -487,33 +490,6 @@ class Cluster(kmock.KubernetesEmulator):
         _mutate(request, data=jsonpatch.make_patch(old, merged).patch)
         return None
 
-    def _quota_refusal(self, request: rendering.Request) -> Any:
-        """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit (rlt_sandbox.quota),
-        else None."""
-        if request.resource.plural != "pods" or request.resource.group:
-            return None
-        ns = request.namespace or (request.data.get("metadata") or {}).get("namespace")
-        quotas, pods = [], []
-        for (resource, namespace, _name), obj in self.objects.items():
-            if namespace != ns or obj.deleted or resource.group:
-                continue
-            if resource.plural == "resourcequotas":
-                quotas.append(obj.raw)
-            elif resource.plural == "pods":
-                pods.append(obj.raw)
-        if not quotas:
-            return None
-        from aiohttp import web
-
-        from rlt_sandbox.quota import refusal
-
-        why = refusal(request.data, quotas, pods)
-        if why is None:
-            return None
-        status = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "message": why}
-        details = {"name": (request.data.get("metadata") or {}).get("name"), "kind": "pods"}
-        return web.json_response({**status, "reason": "Forbidden", "details": details, "code": 403}, status=403)
-
     def _stamp_create(self, request: rendering.Request) -> None:
         meta = request.data.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
@@ -528,7 +504,7 @@ class Cluster(kmock.KubernetesEmulator):
         request.data.setdefault("apiVersion", f"{request.resource.group}/{request.resource.version}".lstrip("/"))
         if not request.data.get("kind") and request.resource in self.resources:
             request.data["kind"] = self.resources[request.resource].kind  # Kopf's Events come without one
-        if request.resource.plural == "customresourcedefinitions":
+        if request.resource.plural == "customresourcedefinitions" and not request.params.get("dryRun"):
             self.register_crd(request.data)
             # Established at once, as the apiserver reports it: Helm waits for this after installing crds/.
             now = _now()
@@ -571,6 +547,8 @@ class Cluster(kmock.KubernetesEmulator):
         _mutate(request, data=data)
 
     async def _serve_create(self, request: rendering.Request) -> Any:
+        if request.params.get("dryRun") == "All":  # _dry_run_create: nothing stored
+            return rendering.Response(status=201, payload=request.data)
         # kubernetes-client 37 maps only 201 to the created object.
         return rendering.Response(status=201, payload=await super()._serve_create(request))
 

@@ -84,7 +84,7 @@ def _operations(res: Served, body_ref: str) -> dict[str, dict[str, Any]]:
         {"name": name, "in": "query", "schema": {"type": "string"}, "description": desc}
         for name, desc in (
             ("fieldValidation", "Strict/Warn/Ignore: how unknown or duplicate fields are handled."),
-            ("dryRun", "All: do not persist (NOT honoured by the emulator: it persists)."),
+            ("dryRun", "All: do not persist (the emulator honours it on create only)."),
             ("fieldManager", "Name of the actor making the change."),
         )
     ]

@@ -72,6 +72,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     more, model_notes = model_problems(run.spec)
                     problems += more
                     notes += model_notes
+            for more in getattr(args, "more_checks", None) or []:  # a package built on rlt adds these (--server)
+                problems += more(path, args) if not problems else []
             if problems:
                 raise SpecError(path, problems)
         except SpecError as err:
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the capacity plan (`rlt plan`; GPUs of the nodeSelector's nvidia.com/gpu.memory, else 80Gi)",
     )
-    p.set_defaults(func=cmd_validate)
+    p.set_defaults(func=cmd_validate, more_checks=[])  # the operator's entry point adds --server
 
     from rlt.cli import run_commands as runner_cli  # training commands (heavy imports happen inside their handlers)
 

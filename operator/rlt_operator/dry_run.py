@@ -1,0 +1,393 @@
+"""The run's children checked by the API server itself before any is created: a server-side dry-run.
+
+The offline door (`rlt validate`) restates Kubernetes' rules in Python; the API server that will store the children
+is the reference. Before the first create of a new run, and when each stage begins, every child the stage needs is
+rendered and POSTed with `dryRun=All` (validated and admitted as a create, stored nowhere). A child the server finds
+invalid (400, 413, 422) holds the run: nothing is created, so no pod starts; the run gets `ChildrenValid=False` naming
+the run's own field that produced the refused child field (`spec_field`, a table from child paths back to spec
+paths), and an Event. A 403 (a quota, a webhook's policy), 404 or 409 is left to the real create, which already
+reports it (`ChildrenWritten`): those are about the cluster's state, not the run's fields.
+
+Pure parts (rendering, the path table, the condition) and one thin call (`check`); `rlt validate --server` uses the
+same rendering, call and table against the current kubeconfig.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlt.checks.validation import validate_spec
+from rlt.contract import env as pod_env
+from rlt.spec.run import RLTRunSpec, needs_generators
+from rlt_operator import builders, status_model
+from rlt_operator.conditions import hold, ready_condition, set_condition
+from rlt_operator.status_model import ConditionType, RLTRunStatus
+
+# The server's answers that say the object itself is wrong: bad request, too large, invalid.
+INVALID_CODES = (400, 413, 422)
+# A refused check is repeated this often while the spec stays the same (an admission policy may change meanwhile).
+RECHECK_SECONDS = 60.0
+REASON = "ChildInvalid"
+OPERATOR = "(set by the operator, not by the spec)"
+POD = "spec.template.spec."
+ROLES = {"jobs": "trainer", "statefulsets": "generator"}
+
+
+class DryRunner(Protocol):
+    def dry_run_create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> tuple[int, dict[str, Any]]: ...
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def stage_children(
+    ref: builders.RunRef, spec: RLTRunSpec, stage: str, restarts: int = 0, scrapers: tuple[str, ...] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """(plural, manifest) of every child the stage needs, run-wide ones first, as status.decide creates them."""
+    out: list[tuple[str, dict[str, Any]]] = [("configmaps", builders.configmap(ref, spec))]
+    claim = builders.pvc(ref, spec)
+    if claim is not None:
+        out.append(("persistentvolumeclaims", claim))
+    if needs_generators(spec, stage):
+        out += [
+            ("networkpolicies", builders.generator_network_policy(ref, spec, scrapers)),
+            ("services", builders.generator_service(ref, spec, stage, restarts)),
+            ("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts)),
+        ]
+    out += [
+        ("services", builders.trainer_service(ref, spec, stage, restarts)),
+        ("jobs", builders.trainer_job(ref, spec, stage, restarts)),
+    ]
+    return out
+
+
+def run_children(ref: builders.RunRef, spec: RLTRunSpec) -> list[tuple[str, dict[str, Any]]]:
+    """Every child of every enabled stage (each distinct manifest once): what `rlt validate --server` sends."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for stage in spec.stages.enabled():
+        for plural, body in stage_children(ref, spec, stage):
+            if (plural, body) not in out:
+                out.append((plural, body))
+    return out
+
+
+# --------------------------------------------------------------------------- child paths back to spec paths
+
+
+def _at(obj: Any, path: str) -> Any:
+    """The value at a Kubernetes field path (`a.b[0].c`) of a manifest, or None."""
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        if part.startswith("["):
+            i = int(part[1:-1])
+            obj = obj[i] if isinstance(obj, list) and i < len(obj) else None
+        else:
+            obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+_RESOURCE_FIELDS = (
+    (r"\.requests\[cpu\]", ".cpu"),
+    (r"\.limits\[cpu\]", ".cpuLimit"),
+    (r"\.requests\[memory\]", ".memory"),
+    (r"\.limits\[memory\]", ".memoryLimit"),
+    (r"\.(?:requests|limits)\[nvidia\.com/gpu\]", ".gpus"),
+)
+
+
+def _resource_field(rest: str) -> str:
+    for pattern, name in _RESOURCE_FIELDS:
+        if re.match(pattern, rest):
+            return name
+    extended = re.match(r"\.(?:requests|limits)\[([^\]]+)\]", rest)
+    return f".extra[{extended.group(1)}]" if extended else ""
+
+
+def _env_field(spec: RLTRunSpec, var: str, rest: str) -> str:
+    """The spec field an environment variable of a pod comes from (the user's env last: it overrides ours)."""
+    user = [i for i, e in enumerate(spec.env) if e.name == var]
+    if user:
+        return f"spec.env[{user[-1]}]{rest}"
+    if var == pod_env.HF_TOKEN.name:
+        return f"spec.hfTokenSecret{rest.split('.secretKeyRef', 1)[-1] if '.secretKeyRef' in rest else ''}"
+    for i, e in enumerate(spec.outputs.credentials):
+        if e.name == var:
+            return f"spec.outputs.credentials[{i}]"
+    mlflow = spec.tracking.mlflow
+    for i, e in enumerate(mlflow.credentials if mlflow else []):
+        if e.name == var:
+            return f"spec.tracking.mlflow.credentials[{i}]"
+    if var == "WANDB_API_KEY":
+        return "spec.tracking.wandb.apiKeySecret"
+    if var == pod_env.RUN_YAML.name:
+        return "spec (the whole spec, copied into the pod template)"
+    if var in (pod_env.MASTER_ADDR.name,):
+        return "metadata.name"
+    return OPERATOR
+
+
+def _volume_field(spec: RLTRunSpec, role: str, name: Any, rest: str) -> str:
+    if name == "data":
+        return "spec.storage.existingClaim" if spec.storage.existing_claim else "metadata.name"
+    if name == "dshm":
+        return f"spec.resources.{role}.sharedMemory"
+    return OPERATOR
+
+
+# Pod template fields copied from spec.scheduling: the rest of the path is the same below them.
+_SCHEDULING = {
+    "nodeSelector": "nodeSelector",
+    "tolerations": "tolerations",
+    "affinity": "affinity",
+    "imagePullSecrets": "imagePullSecrets",
+    "priorityClassName": "priorityClassName",
+    "serviceAccountName": "serviceAccountName",
+    "serviceAccount": "serviceAccountName",
+}
+
+
+def _pod_field(spec: RLTRunSpec, role: str, child: dict[str, Any], path: str) -> str:
+    """The spec field of a field of a pod template (`path` below spec.template.spec.)."""
+    head = re.match(r"[A-Za-z]+", path)
+    word, rest = (head.group(0), path[head.end() :]) if head else ("", path)
+    if word in _SCHEDULING:
+        return f"spec.scheduling.{_SCHEDULING[word]}{rest}"
+    if word == "terminationGracePeriodSeconds":
+        return "spec.resources.trainer.terminationGracePeriodSeconds"
+    if word in ("subdomain", "hostname"):
+        return "metadata.name"
+    volume = re.match(r"volumes\[(\d+)\](.*)", path)
+    if volume:
+        return _volume_field(spec, role, _at(child, f"{POD}volumes[{volume.group(1)}].name"), volume.group(2))
+    box = re.match(r"(initContainers|containers)\[(\d+)\]\.?([A-Za-z]*)(.*)", path)
+    if not box:
+        return OPERATOR
+    kind, index, what, rest = box.groups()
+    init = kind == "initContainers"
+    if what == "env":
+        entry = re.match(r"\[(\d+)\](.*)", rest)
+        if not entry:
+            return "spec.env"
+        var = _at(child, f"{POD}{kind}[{index}].env[{entry.group(1)}].name")
+        return _env_field(spec, str(var), entry.group(2))
+    if what == "image":
+        return f"spec.images.{'trainer' if init else role}"
+    if what == "imagePullPolicy":
+        return "spec.images.pullPolicy"
+    if what == "resources":
+        return OPERATOR if init else f"spec.resources.{role}{_resource_field(rest)}"
+    if what in ("command", "args"):
+        return "spec.teacher.model" if role == "generator" else "spec.stages"
+    return OPERATOR
+
+
+def spec_field(plural: str, child: dict[str, Any], path: str, spec: RLTRunSpec, message: str = "") -> str:
+    """The run's field that produced `path` of the child `plural` (a field path as the API server names it)."""
+    path = path.strip()
+    role = ROLES.get(plural, "trainer")
+    if path.startswith(POD) and plural in ROLES:
+        return _pod_field(spec, role, child, path[len(POD) :])
+    # a pod template's metadata: the API server names it without ".metadata" (spec.template.labels)
+    annotations = re.match(r"spec\.template\.(?:metadata\.)?annotations", path)
+    if annotations:
+        return "spec.scheduling.podAnnotations" + path[annotations.end() :]
+    if re.match(r"(spec\.template\.)?(metadata\.)?labels", path):
+        queue = spec.scheduling.queue_name
+        return "spec.scheduling.queueName" if queue and queue in message else "metadata.name"
+    if path.startswith(("metadata.name", "metadata.generateName", "spec.serviceName")):
+        return "metadata.name"
+    if path.startswith("metadata.namespace"):
+        return "metadata.namespace"
+    table: dict[str, dict[str, str]] = {
+        "jobs": {
+            "spec.completions": "spec.resources.trainer.nodes",
+            "spec.parallelism": "spec.resources.trainer.nodes",
+        },
+        "statefulsets": {"spec.replicas": "spec.resources.generator.replicas"},
+        "persistentvolumeclaims": {
+            "spec.resources": "spec.storage.size",
+            "spec.storageClassName": "spec.storage.storageClassName",
+            "spec.accessModes": "spec.storage.accessMode",
+        },
+        "configmaps": {"data": "spec (the whole spec: the pods' config)"},
+        "services": {"spec.selector": "metadata.name"},
+        "networkpolicies": {"spec.podSelector": "metadata.name", "spec.ingress": "metadata.name"},
+    }
+    for prefix, where in table.get(plural, {}).items():
+        if path.startswith(prefix):
+            return where
+    return OPERATOR
+
+
+# --------------------------------------------------------------------------- a refusal
+
+
+@dataclass(frozen=True)
+class Refusal:
+    plural: str
+    name: str
+    status: int
+    causes: tuple[tuple[str, str, str], ...]  # (spec field, child field, what the server says)
+
+    def lines(self) -> list[str]:
+        """One line per refused field, the run's field first (as `rlt validate` names fields)."""
+        return [
+            f"{where}: {says} (the API server refused {self.plural}/{self.name}"
+            + (f" at {child_path})" if child_path else ")")
+            for where, child_path, says in self.causes
+        ]
+
+    @property
+    def message(self) -> str:
+        return "; ".join(self.lines())
+
+
+def refusal(plural: str, child: dict[str, Any], status: int, answer: dict[str, Any], spec: RLTRunSpec) -> Refusal:
+    """The server's Status for a refused dry-run, each cause mapped to the spec field behind it."""
+    name = str((child.get("metadata") or {}).get("name") or "")
+    message = str(answer.get("message") or answer or f"HTTP {status}")
+    causes = [c for c in (answer.get("details") or {}).get("causes") or [] if isinstance(c, dict)]
+    if not causes:  # no field named (413, a webhook's text): the whole child
+        where = "spec (the whole spec: the pods' config)" if plural == "configmaps" else OPERATOR
+        return Refusal(plural, name, status, ((where, "", message),))
+    out = []
+    for c in causes:
+        path, says = str(c.get("field") or ""), str(c.get("message") or c.get("reason") or message)
+        out.append((spec_field(plural, child, path, spec, says) if path else OPERATOR, path, says))
+    return Refusal(plural, name, status, tuple(out))
+
+
+def check(
+    runner: DryRunner,
+    namespace: str,
+    spec: RLTRunSpec,
+    children: list[tuple[str, dict[str, Any]]],
+    codes: tuple[int, ...] = INVALID_CODES,
+) -> list[Refusal]:
+    """Dry-run every child (the thin call); the refusals with one of `codes` (the operator's: those that say a child
+    is invalid; 403, 404 and 409 are left to its real create). A 5xx raises from the runner as a create's does."""
+    out = []
+    for plural, body in children:
+        code, answer = runner.dry_run_create(plural, namespace, body)
+        if code in codes:
+            out.append(refusal(plural, body, code, answer, spec))
+    return out
+
+
+# --------------------------------------------------------------------------- rlt validate --server
+
+# What `rlt validate --server` reports: every refusal but 409 (the run's children exist: it runs already).
+CLI_CODES = (400, 403, 404, 413, 422)
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def _without_owner(body: dict[str, Any]) -> dict[str, Any]:
+    """The child as the user's dry-run sends it: no owner reference (the run may not exist yet, and the owner's
+    permissions are the operator's, not the user's)."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "ownerReferences"}
+    return {**body, "metadata": meta}
+
+
+def current_namespace() -> str:
+    """The current kubeconfig context's namespace, else default (as kubectl reads it)."""
+    import kubernetes
+
+    try:
+        where = os.environ.get("KUBECONFIG")
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=where)  # type: ignore[no-untyped-call]
+    except (kubernetes.config.ConfigException, OSError):
+        return "default"
+    return str(((active or {}).get("context") or {}).get("namespace") or "default")
+
+
+def server_problems(runs: list[Any], runner: DryRunner | None = None) -> list[str]:
+    """Each run's children (every enabled stage) dry-run on the current kubeconfig's API server: one line per
+    refused field, the run's field first; a server that cannot be reached is one line too."""
+    from rlt_operator.kube import Kube
+
+    try:
+        kube: DryRunner = runner or Kube.from_environment()
+    except Exception as err:  # noqa: BLE001 - no kubeconfig, a broken one: said, never a traceback
+        return [f"--server: no cluster to ask ({type(err).__name__}: {err})"]
+    problems: list[str] = []
+    for run in runs:
+        namespace = run.metadata.namespace or current_namespace()
+        ref = builders.RunRef(name=run.name, namespace=namespace, uid=PLACEHOLDER_UID)
+        children = [(plural, _without_owner(body)) for plural, body in run_children(ref, run.spec)]
+        try:
+            refused = check(kube, namespace, run.spec, children, CLI_CODES)
+        except Exception as err:  # noqa: BLE001 - unreachable server, 5xx: said, never a traceback
+            return problems + [f"--server: the API server did not answer ({type(err).__name__}: {err})"[:600]]
+        problems += [line for r in refused for line in r.lines()]
+    return problems
+
+
+# --------------------------------------------------------------------------- the operator's gate
+
+
+@dataclass
+class ChildrenCheck:
+    """One run's last check (kept between reconciles, lost on restart: the next create checks again)."""
+
+    key: tuple[int, str] | None = None  # (generation, stage) checked
+    refusals: list[Refusal] = field(default_factory=list)
+    checked_at: float = 0.0
+    reported: set[str] = field(default_factory=set)
+
+    def due(self, key: tuple[int, str], now: float) -> bool:
+        return key != self.key or (bool(self.refusals) and now - self.checked_at >= RECHECK_SECONDS)
+
+
+async def gate(
+    runner: DryRunner,
+    ref: builders.RunRef,
+    raw_spec: dict[str, Any],
+    decided: dict[str, Any],
+    generation: int,
+    actions: list[Any],
+    memory: ChildrenCheck,
+    now: float,
+    scrapers: tuple[str, ...] = (),
+) -> tuple[list[Any], list[tuple[str, str, str]]]:
+    """The decision's actions, less every create while a child of the stage is refused; the Warning Events to post
+    (each refusal once). Checks when a create is due for a new generation or stage (or RECHECK_SECONDS after a
+    refusal)."""
+    if not any(a.verb == "create" for a in actions):
+        return actions, []
+    stage, restarts = str(decided.get("stage") or ""), int(decided.get("restarts") or 0)
+    key = (generation, stage)
+    if stage and memory.due(key, now):
+        spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")  # creates only follow a valid one
+        children = stage_children(ref, spec, stage, restarts, scrapers)
+        refused = await asyncio.to_thread(check, runner, ref.namespace, spec, children)
+        memory.key, memory.refusals, memory.checked_at = key, refused, now
+    if not memory.refusals:
+        return actions, []
+    news = [("Warning", REASON, r.message) for r in memory.refusals if r.message not in memory.reported]
+    memory.reported |= {r.message for r in memory.refusals}
+    return [a for a in actions if a.verb != "create"], news
+
+
+def with_condition(run_status: dict[str, Any], memory: ChildrenCheck, now: dt.datetime) -> dict[str, Any]:
+    """ChildrenValid from the last check: False with the first refusal (the run's reason and Ready's while it lasts),
+    True once the stage's children passed. Unchanged before any check."""
+    if memory.key is None:
+        return run_status
+    typed = RLTRunStatus.model_validate(run_status)
+    conds = typed.conditions = typed.conditions or []
+    if memory.refusals:
+        more = len(memory.refusals) - 1
+        message = memory.refusals[0].message + (f" (and {more} more child(ren) refused)" if more else "")
+        set_condition(conds, ConditionType.CHILDREN_VALID, False, REASON, message, now)
+        hold(typed, REASON, message)
+    else:
+        message = f"the API server accepted every child of stage {memory.key[1]} (dry-run)"
+        set_condition(conds, ConditionType.CHILDREN_VALID, True, "Valid", message, now)
+    ready_condition(typed, now)
+    out = typed.model_dump(mode="json", by_alias=True, exclude_none=True)
+    status_model.check(out)
+    return out

@@ -1,0 +1,69 @@
+"""What the sandbox's API server refuses or does not store before kmock sees a request: admission by API feature.
+
+- dryRun: a dry-run create is validated and answered as the object that would be stored, and stored nowhere (the
+  operator dry-runs every child before creating it: rlt_operator.dry_run); dryRun on any other verb is refused
+  (400) rather than persisted, as kmock would.
+- ResourceQuota: a pod that a quota of its namespace does not admit gets the quota plugin's 403 (rlt_sandbox.quota).
+A mixin of kmock_glue.Cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kmock
+from kmock._internal import enums, k8s, rendering
+
+
+def status_response(code: int, reason: str, message: str, **more: Any) -> Any:
+    """A Status answer as the API server sends one."""
+    from aiohttp import web
+
+    body = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "reason": reason, "code": code}
+    return web.json_response({**body, "message": message, **more}, status=code)
+
+
+class Admission:
+    objects: Any  # kmock's object store (the emulator's)
+
+    def _refusal(self, request: rendering.Request) -> Any:
+        """The answer of a request refused before kmock stores anything, else None."""
+        if request.params.get("dryRun") and request.action != enums.action.CREATE:
+            why = "the rlt sandbox honours dryRun on create only (it would persist this)"
+            return status_response(400, "BadRequest", why)
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            return self._quota_refusal(request)
+        return None
+
+    async def _dry_run_create(self, request: rendering.Request) -> Any:
+        """A dry-run create as a server answers it: 409 for a taken name, else the object as it would be stored,
+        stored nowhere. kmock's own _handle stores every create (even one a test's reaction answers), so this goes
+        to the reactions and fallbacks past it (the glue's _serve_create answers with the object)."""
+        name = request.data["metadata"].get("name")
+        key = (request.resource, request.namespace or request.data["metadata"].get("namespace"), name)
+        if name and key in self.objects and not self.objects[key].deleted:
+            raise k8s.KubernetesObjectConflictError()
+        return await super(kmock.KubernetesEmulator, self)._handle(request)  # type: ignore[misc]
+
+    def _quota_refusal(self, request: rendering.Request) -> Any:
+        """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit, else None."""
+        if request.resource is None or request.resource.plural != "pods" or request.resource.group:
+            return None
+        ns = request.namespace or (request.data.get("metadata") or {}).get("namespace")
+        quotas, pods = [], []
+        for (resource, namespace, _name), obj in self.objects.items():
+            if namespace != ns or obj.deleted or resource.group:
+                continue
+            if resource.plural == "resourcequotas":
+                quotas.append(obj.raw)
+            elif resource.plural == "pods":
+                pods.append(obj.raw)
+        if not quotas:
+            return None
+        from rlt_sandbox.quota import refusal
+
+        why = refusal(request.data, quotas, pods)
+        if why is None:
+            return None
+        details = {"name": (request.data.get("metadata") or {}).get("name"), "kind": "pods"}
+        return status_response(403, "Forbidden", why, details=details)
