@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ from rlt.contract import env as pod_env
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt_operator import builders, status_model
 from rlt_operator.conditions import hold, ready_condition, set_condition
+from rlt_operator.settings import kubeconfig_path
 from rlt_operator.status_model import ConditionType, RLTRunStatus
 
 # The server's answers that say the object itself is wrong: bad request, too large, invalid.
@@ -297,7 +297,7 @@ def current_namespace() -> str:
     import kubernetes
 
     try:
-        where = os.environ.get("KUBECONFIG")
+        where = kubeconfig_path()
         _, active = kubernetes.config.list_kube_config_contexts(config_file=where)  # type: ignore[no-untyped-call]
     except (kubernetes.config.ConfigException, OSError):
         return "default"

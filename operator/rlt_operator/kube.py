@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import builtins
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rlt import __version__
 from rlt_operator.kinds import collection_path
+from rlt_operator.settings import kubeconfig_path
 
 # Who the API server's audit log, `managedFields` and `kubectl get --show-managed-fields` say wrote an object.
 USER_AGENT = f"rlt-operator/{__version__}"
@@ -61,7 +61,7 @@ class Kube:
         except kubernetes.config.ConfigException:
             # $KUBECONFIG read now (the client library reads it once, at import)
             api = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=os.environ.get("KUBECONFIG")
+                config_file=kubeconfig_path()
             )
         api.user_agent = USER_AGENT  # not the client library's OpenAPI-Generator/<version>/python
         return cls(api)

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlt.contract.layout import format_time
+
 from . import builders, dry_run, evidence, progress, status
 from .apply import apply, observed_conflicts
 from .conditions import with_write_problems
@@ -131,7 +133,7 @@ async def reconcile_once(
     mem.writes.forget_gone({(a.plural, a.name) for a in decision.actions} | {p.key for p in standing})
     news = [p for p in standing if mem.writes.failed(p, time.monotonic())]
     # The failed pod's end is copied to a ConfigMap that outlives the run before any of its gang is deleted.
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(now)
     mem.evidence = await evidence.keep(state.kube, ref, decision.status, observed.pods, mem.evidence, stamp, logger)
     # The stage's children dry-run on the server before the first create: a refused one holds every create.
     actions, invalid = await dry_run.gate(

@@ -64,3 +64,9 @@ class OperatorSettings:
                     f"{cls.ENV[f.name]}={raw!r}: expected {'a number of seconds' if kind is float else 'an integer'}"
                 ) from None
         return cls(**values)
+
+
+def kubeconfig_path() -> str | None:
+    """$KUBECONFIG as it is now (the Kubernetes client library reads it once, at its import): `rlt validate --server`
+    and the sandbox's clients may set it after that. The one environment read outside OperatorSettings."""
+    return os.environ.get("KUBECONFIG")

@@ -253,10 +253,16 @@ async def test_rlt_validate_server_names_the_spec_field_and_exits_1(harness, tmp
     import asyncio
     import re
 
+    import os
+
     import yaml
-    from conftest import _KUBECONFIG
 
     from rlt.cli import main as rlt_main
+
+    kubeconfig = os.environ["KUBECONFIG"]  # the harness's, set by tests/operator/conftest.py at import
+    # The client library fixes its default kubeconfig path when first imported: not while this test points
+    # KUBECONFIG elsewhere, or the operators of later tests in this process could not log in.
+    import kubernetes.config  # noqa: F401
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(example()))
@@ -264,7 +270,7 @@ async def test_rlt_validate_server_names_the_spec_field_and_exits_1(harness, tmp
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
     assert await asyncio.to_thread(rlt_main, argv) == 1
     assert "--server: no cluster to ask" in capsys.readouterr().err
-    monkeypatch.setenv("KUBECONFIG", str(_KUBECONFIG))
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
     assert await asyncio.to_thread(rlt_main, argv) == 0, capsys.readouterr().err
     assert await harness.list("jobs") == [], "validate --server creates nothing"
     cause = {"field": "spec.template.spec.nodeSelector", "message": 'Invalid value: "bad key!"'}

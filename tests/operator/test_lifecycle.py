@@ -216,9 +216,9 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
 
 
 async def test_a_users_configmap_of_the_evidence_name_is_not_overwritten(harness, monkeypatch):
-    from rlt_operator import status
+    from rlt_operator import status_gang
 
-    monkeypatch.setattr(status, "BACKOFF_BASE", 0.5)
+    monkeypatch.setattr(status_gang, "BACKOFF_BASE", 0.5)
     doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
     mine = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tiny-last-failure"}, "data": {"a": "1"}}
     await harness.call("POST", "/api/v1/namespaces/default/configmaps", mine)

@@ -257,15 +257,61 @@ def _condition(cluster, run: str, type_: str) -> dict:
     return next((c for c in st.get("conditions") or [] if c["type"] == type_), {})
 
 
-# A value the offline door accepts today and the API server refuses in the pod template: a downward-API path that
-# does not exist. (Should the door learn to refuse it, pick another from the differential test's findings.)
-SERVER_ONLY = [{"name": "WHERE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.bogus"}}}]
+# A value both doors accept that this cluster refuses: the offline door now applies the pod validator's rules that the
+# differential run found (a bogus downward-API path is refused offline), so the server-only refusal is the cluster's
+# own policy, as an admission policy of a real cluster would be: a ValidatingAdmissionPolicy (GA since 1.30) that
+# answers 422 Invalid naming the env entry, which is what the operator maps back to spec.env.
+SERVER_ONLY = [{"name": "REFUSED_BY_POLICY", "value": "1"}]
+
+
+def _refuse_env_by_policy(cluster, doc: dict) -> None:
+    env = children_of(doc)[("jobs", f"{doc['metadata']['name']}-sft")]["spec"]["template"]["spec"]["containers"][0]
+    index = [e["name"] for e in env["env"]].index("REFUSED_BY_POLICY")
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "no-refused-env"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["jobs"]}
+                ]
+            },
+            "validations": [
+                {
+                    "expression": "!object.spec.template.spec.containers.exists(c, has(c.env) && "
+                    "c.env.exists(e, e.name == 'REFUSED_BY_POLICY'))",
+                    "message": "REFUSED_BY_POLICY is not allowed on this cluster",
+                    "reason": "Invalid",
+                    "fieldPath": f"spec.template.spec.containers[0].env[{index}].name",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "no-refused-env"},
+        "spec": {"policyName": "no-refused-env", "validationActions": ["Deny"]},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([policy, binding]))
+    probe = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "policy-probe", "namespace": NS}}
+    probe["spec"] = {"template": {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "c", "image": "busybox", "env": [{"name": "REFUSED_BY_POLICY", "value": "1"}]}]}}}  # fmt: skip
+
+    def refused() -> bool:  # the policy takes effect a moment after it is created
+        r = cluster.kubectl("create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(probe), check=False)
+        return r.returncode != 0 and "REFUSED_BY_POLICY" in r.stderr
+
+    wait_for(refused, "the admission policy in force", timeout=60)
 
 
 def test_a_run_whose_child_the_server_refuses_is_held_naming_the_spec_field(cluster, server, operator, tmp_path):
     doc = tiny("refused", env=SERVER_ONLY)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc))
+    _refuse_env_by_policy(cluster, doc)
     offline = subprocess.run([*RLT, "validate", "--no-data", "--no-plan", str(path)], capture_output=True, text=True)
     assert offline.returncode == 0, f"the offline door refuses it now: pick another value\n{offline.stderr}"
     cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(doc))
@@ -274,7 +320,7 @@ def test_a_run_whose_child_the_server_refuses_is_held_naming_the_spec_field(clus
         "ChildrenValid False",
         timeout=90,
     )
-    assert cond["reason"] == "ChildInvalid" and cond["message"].startswith("spec.env[0].valueFrom.fieldRef.fieldPath")
+    assert cond["reason"] == "ChildInvalid" and cond["message"].startswith("spec.env[0]"), cond
     assert "jobs/refused-sft" in cond["message"], cond
     time.sleep(6)  # a resync later: still nothing
     status = _get(cluster, "rltrun", "refused")["status"]
@@ -289,8 +335,9 @@ def test_a_run_whose_child_the_server_refuses_is_held_naming_the_spec_field(clus
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     cmd = [*RLT, "validate", "--no-data", "--no-plan", "--server", str(path)]
     online = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert online.returncode == 1 and "spec.env[0].valueFrom.fieldRef.fieldPath" in online.stderr, online.stderr
+    assert online.returncode == 1 and "spec.env[0]" in online.stderr, online.stderr
     cluster.kubectl("delete", "rltrun", "refused", "-n", NS)
+    cluster.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "no-refused-env")
 
 
 def test_a_valid_runs_children_pass_and_are_created(cluster, server, operator, tmp_path):
@@ -392,7 +439,12 @@ def test_differential_the_door_and_the_real_server_agree_on_generated_run_files(
 # spec changes on the tiny example: the door and the server agree on it now (fixed), or it is a known one (xfail,
 # strict: it fails loudly once the door refuses it, and then moves to the fixed ones).
 COUNTEREXAMPLES: list[tuple[str, dict, str]] = [
-    ("downward-api-field-path", {"env": SERVER_ONLY}, "the door checks no fieldRef path (issue 44)"),
+    # fixed: rlt.spec.pod_rules refuses the downward-API paths the pod validator refuses
+    (
+        "downward-api-field-path",
+        {"env": [{"name": "W", "valueFrom": {"fieldRef": {"fieldPath": "metadata.bogus"}}}]},
+        "",
+    ),
 ]
 
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import RUN_YAML
 from rlt.spec.loading import dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec
 
@@ -134,7 +135,7 @@ def size_problems(spec: RLTRunSpec, name: str, namespace: str | None) -> list[st
     size = len(text.encode()) + RESERVED
     doc = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     for what, bound, used in (
-        ("RLT_RUN_YAML (one env var of the trainer pods)", MAX_ENV_STRING, size + len("RLT_RUN_YAML=") + 1),
+        (f"{RUN_YAML.name} (one env var of the trainer pods)", MAX_ENV_STRING, size + len(RUN_YAML.name) + 2),
         ("the run's ConfigMap", MAX_CONFIGMAP, size + len(CONFIG_KEY)),
     ):
         if used > bound:
