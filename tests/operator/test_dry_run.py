@@ -251,9 +251,8 @@ async def _events_with(harness, reason: str) -> list[dict]:
 
 async def test_rlt_validate_server_names_the_spec_field_and_exits_1(harness, tmp_path, monkeypatch, capsys):
     import asyncio
-    import re
-
     import os
+    import re
 
     import yaml
 

@@ -118,7 +118,9 @@ async def test_operator_metrics_named_as_controller_runtimes(harness, monkeypatc
     quota = 'jobs.batch "tiny-sft" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1'
     refusal = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
     # the real create only: a 403 to the dry-run before it is left to the create (rlt_operator.dry_run)
-    real_create = harness.cluster["post", re.compile(r".*/namespaces/default/jobs$"), lambda r: "dryRun" not in r.params]
+    real_create = harness.cluster[
+        "post", re.compile(r".*/namespaces/default/jobs$"), lambda r: "dryRun" not in r.params
+    ]
     real_create[:1] << 403 << {**refusal, "message": quota}
     await harness.start_operator()
 
