@@ -10,12 +10,14 @@ token is held to its ServiceAccount's Roles exactly as in a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,3 +282,33 @@ class ControlPlane:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+
+
+# `rlt` as a subprocess from this interpreter (the venv's code, whatever is on PATH).
+RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())"]
+
+
+@contextlib.contextmanager
+def running_operator(kubeconfig: Path, args: list[str], work: Path, pod_id: str, tail: int = 40):
+    """`rlt operator ARGS` against the real server as `kubeconfig`'s user, its metrics and health ports off and a 5 s
+    resync; yields the process and its log, stops it after, and prints the log's last lines (what failed shows)."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "POD_ID": pod_id,
+        "RLT_OPERATOR_METRICS_PORT": "-1",
+        "RLT_OPERATOR_HEALTH_PORT": "-1",
+        "RLT_RESYNC_SECONDS": "5",
+    }
+    log_path = work / "operator.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([*RLT, "operator", *args, "--verbose"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        print(f"operator log (last {tail} lines):\n{chr(10).join(log_path.read_text().splitlines()[-tail:])}")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import skip_without_assets
+from kube_env import RLT, running_operator
 from suite_helpers import EXAMPLES
 from suite_helpers import wait_for as suite_wait_for
 
@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rlt-operator"
 RELEASE, SYSTEM_NS = "rlt-operator", "rlt-system"
 IMAGE = "registry.example.com/rlt/rlt-operator"  # never pulled: no kubelet here
-RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())"]
 
 
 def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -183,26 +182,8 @@ def operator(cluster, tmp_path_factory):
     token = cluster.kubectl("create", "token", pod["serviceAccountName"], "-n", SYSTEM_NS, "--duration=2h").stdout
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = cluster.write_kubeconfig(work / "sa.kubeconfig", {"token": token.strip()})
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig),
-        "POD_ID": "real-cluster-test",
-        "RLT_OPERATOR_METRICS_PORT": "-1",
-        "RLT_OPERATOR_HEALTH_PORT": "-1",
-        "RLT_RESYNC_SECONDS": "5",
-    }
-    log_path = work / "operator.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([*RLT, "operator", *args, "--verbose"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with running_operator(kubeconfig, args, work, "real-cluster-test") as (proc, log_path):
         yield {"proc": proc, "log": log_path, "kubeconfig": kubeconfig}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        print(f"operator log (last 40 lines):\n{chr(10).join(log_path.read_text().splitlines()[-40:])}")
 
 
 def run_status(cluster, name: str, ns: str) -> dict:

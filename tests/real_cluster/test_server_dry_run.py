@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import skip_without_assets
+from kube_env import RLT, running_operator
 from suite_helpers import EXAMPLES
 from suite_helpers import wait_for as suite_wait_for
 
@@ -40,7 +41,6 @@ pytestmark = [pytest.mark.real_cluster, pytest.mark.xdist_group("real_cluster"),
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "manifests" / "crd" / "rltruns.rlt.dev.yaml"
-RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())"]
 NS = "dry-run"
 
 
@@ -223,26 +223,8 @@ def test_every_child_of_every_stage_of_the_examples_passes_the_servers_dry_run(s
 @pytest.fixture(scope="module")
 def operator(cluster, server, tmp_path_factory):
     work = tmp_path_factory.mktemp("dry-run-operator")
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig),
-        "POD_ID": "dry-run-test",
-        "RLT_OPERATOR_METRICS_PORT": "-1",
-        "RLT_OPERATOR_HEALTH_PORT": "-1",
-        "RLT_RESYNC_SECONDS": "5",
-    }
-    log_path = work / "operator.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([*RLT, "operator", "--namespace", NS, "--verbose"], env=env, stdout=log, stderr=log)
-    try:
+    with running_operator(cluster.kubeconfig, ["--namespace", NS], work, "dry-run-test", tail=30) as (proc, _):
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        print(f"operator log (last 30 lines):\n{chr(10).join(log_path.read_text().splitlines()[-30:])}")
 
 
 def _get(cluster, *args: str) -> dict | None:
