@@ -217,7 +217,7 @@ def test_rlt_validate_and_run_say_a_data_source_problem_in_one_line(tmp_path, ma
 
 def test_a_built_in_task_of_astronomical_size_is_refused_before_generating(tmp_path):
     """The rows of a built-in task are generated and held in memory: a size no machine holds is refused at once."""
-    from rlt.data.sources import MAX_BUILTIN_SIZE
+    from rlt.spec.inputs import MAX_BUILTIN_ROWS
 
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match="size"):  # the spec's own bound, before anything reads the source
@@ -226,7 +226,7 @@ def test_a_built_in_task_of_astronomical_size_is_refused_before_generating(tmp_p
         check_data(DatasetSpec.model_construct(source="builtin:mixed", size=10**15, seed=0), FMT)
     said = str(err.value)
     assert time.perf_counter() - t0 < 10, "generated rows before refusing"
-    assert "spec.dataset.size" in said and f"{MAX_BUILTIN_SIZE}" in said, said
+    assert "spec.dataset.size" in said and f"{MAX_BUILTIN_ROWS}" in said, said
 
 
 def test_a_benchmark_that_cannot_be_read_is_one_line(tmp_path):

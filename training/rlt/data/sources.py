@@ -25,9 +25,6 @@ FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": 
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 _DATA_SUFFIXES = (*FILE_KINDS, ".arrow")
 
-# The spec's bound on a built-in task's rows, checked again here for a spec built without validation
-# (`model_construct`): the rows are generated and held in memory, 10^15 of them would never end.
-MAX_BUILTIN_SIZE = MAX_BUILTIN_ROWS
 
 Where = Callable[[int], str]
 
@@ -79,9 +76,10 @@ def _check_columns(spec: DatasetSpec) -> None:
 def _read(spec: DatasetSpec) -> tuple[Iterable[Any], Where]:
     src = spec.source
     if src.startswith("builtin:"):
-        if spec.size > MAX_BUILTIN_SIZE:
+        # the spec's bound again, for a spec built without validation (model_construct): rows are held in memory
+        if spec.size > MAX_BUILTIN_ROWS:
             raise DataError(
-                f"spec.dataset.size: {spec.size} rows of {src} is over the {MAX_BUILTIN_SIZE} a built-in task "
+                f"spec.dataset.size: {spec.size} rows of {src} is over the {MAX_BUILTIN_ROWS} a built-in task "
                 "generates (its rows are held in memory)"
             )
         return tasks.generate(src.removeprefix("builtin:"), spec.size, spec.seed), by_index
