@@ -4,6 +4,7 @@ Job completion and failure."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,96 +29,109 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
         out["phase"] = status.get("phase")
     elif plural == "configmaps":
         out["configHash"] = (meta.get("annotations") or {}).get(builders.A_CONFIG_HASH)
-    elif plural == "jobs":
-        out["uid"] = meta.get("uid")  # to find its controller's FailedCreate Events (pods_not_created)
-        out["completions"] = spec.get("completions", 1)
-        out["active"] = int(status.get("active") or 0)  # Pending pods too
-        out["ready"] = int(status.get("ready") or 0)  # pods whose containers run (and pass their readiness probe)
-        out["succeeded"] = int(status.get("succeeded") or 0)
-        out["failed"] = int(status.get("failed") or 0)
-        out["conditions"] = [
-            {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
-            for c in status.get("conditions") or []
-        ]
-        # The spec the gang was created with (its pods' RLT_RUN_YAML): what it runs, whatever the spec says now.
-        containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
-        env = (containers[0].get("env") or []) if containers else []
-        out["snapshot"] = next((e.get("value") for e in env if e.get("name") == pod_env.RUN_YAML.name), None)
-        # Kueue evicts (preemption, lost admission) by suspending the Job: its pods are deleted without a
-        # DisruptionTarget condition, so the Job's own state is what says their end was a disruption.
-        out["suspended"] = bool(spec.get("suspend")) or any(
-            c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
-    elif plural == "statefulsets":
-        out["uid"] = meta.get("uid")
-        out["replicas"] = spec.get("replicas", 1)
-        out["readyReplicas"] = int(status.get("readyReplicas") or 0)
-        out["createdReplicas"] = int(status.get("replicas") or 0)  # pods the controller has created
-    elif plural == "pods":
-        out["phase"] = status.get("phase")
-        out["finalizers"] = list(meta.get("finalizers") or [])  # a kept pod sheds its Job's (gang.kept_pod_patch)
-        out["node"] = spec.get("nodeName")
-        # Scheduled: a node is assigned (PodScheduled=True, nodeName, or the kubelet already ran it). A pod no
-        # scheduler has touched (its schedulerName's scheduler is not running) has neither condition nor node.
-        out["scheduled"] = (
-            bool(spec.get("nodeName"))
-            or out["phase"] in ("Running", "Succeeded", "Failed")
-            or any(
-                c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or []
-            )
-        )
-        if spec.get("schedulerName") not in (None, "default-scheduler"):
-            out["schedulerName"] = spec["schedulerName"]
-        # Set at deletion to now + the grace period: a pod still there well after it is stuck (a NotReady node).
-        out["deletionTimestamp"] = meta.get("deletionTimestamp")
-        containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
-        out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
-        out["problem"] = pod_problem(status, containers)
-        # Scheduled but no sandbox yet: the kubelet waits for the pod's volumes to attach and mount before it
-        # creates the sandbox (image pulls come after), so a long wait here is a volume that cannot attach.
-        conds = {c.get("type"): c for c in status.get("conditions") or []}
-        waiting = conds.get("PodReadyToStartContainers") or {}
-        if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
-            out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
-        codes = [
-            t.get("exitCode")
-            for c in containers
-            for t in ((c.get("state") or {}).get("terminated"),)
-            if t and t.get("exitCode")
-        ]
-        out["exitCode"] = int(codes[0]) if codes else None
-        # A container the kubelet restarted in place (a generator's vLLM: restartPolicy Always) keeps its last end in
-        # lastState: a config error there (the driver check's 78) fails the run as the trainer's own does.
-        out["failFast"] = fail_fast_exit(containers)
-        # What the failed container said (terminationMessagePolicy FallbackToLogsOnError: its log's tail)
-        out["lastError"] = last_error_line(
-            next(
-                (
-                    t.get("message")
-                    for c in containers
-                    if (t := (c.get("state") or {}).get("terminated")) and t.get("exitCode") and t.get("message")
-                ),
-                None,
-            )
-        )
-        # The failed container's end in full (its log's tail): copied to a retained ConfigMap (rlt_operator.evidence).
-        out["ended"] = next(
+    elif plural in _BY_KIND:
+        _BY_KIND[plural](out, meta, spec, status)
+    return out
+
+
+def _job(out: dict[str, Any], meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]) -> None:
+    out["uid"] = meta.get("uid")  # to find its controller's FailedCreate Events (pods_not_created)
+    out["completions"] = spec.get("completions", 1)
+    out["active"] = int(status.get("active") or 0)  # Pending pods too
+    out["ready"] = int(status.get("ready") or 0)  # pods whose containers run (and pass their readiness probe)
+    out["succeeded"] = int(status.get("succeeded") or 0)
+    out["failed"] = int(status.get("failed") or 0)
+    out["conditions"] = [
+        {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
+        for c in status.get("conditions") or []
+    ]
+    # The spec the gang was created with (its pods' RLT_RUN_YAML): what it runs, whatever the spec says now.
+    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+    env = (containers[0].get("env") or []) if containers else []
+    out["snapshot"] = next((e.get("value") for e in env if e.get("name") == pod_env.RUN_YAML.name), None)
+    # Kueue evicts (preemption, lost admission) by suspending the Job: its pods are deleted without a
+    # DisruptionTarget condition, so the Job's own state is what says their end was a disruption.
+    out["suspended"] = bool(spec.get("suspend")) or any(
+        c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
+def _statefulset(out: dict[str, Any], meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]) -> None:
+    out["uid"] = meta.get("uid")
+    out["replicas"] = spec.get("replicas", 1)
+    out["readyReplicas"] = int(status.get("readyReplicas") or 0)
+    out["createdReplicas"] = int(status.get("replicas") or 0)  # pods the controller has created
+
+
+def _pod(out: dict[str, Any], meta: dict[str, Any], spec: dict[str, Any], status: dict[str, Any]) -> None:
+    out["phase"] = status.get("phase")
+    out["finalizers"] = list(meta.get("finalizers") or [])  # a kept pod sheds its Job's (gang.kept_pod_patch)
+    out["node"] = spec.get("nodeName")
+    # Scheduled: a node is assigned (PodScheduled=True, nodeName, or the kubelet already ran it). A pod no
+    # scheduler has touched (its schedulerName's scheduler is not running) has neither condition nor node.
+    out["scheduled"] = (
+        bool(spec.get("nodeName"))
+        or out["phase"] in ("Running", "Succeeded", "Failed")
+        or any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or [])
+    )
+    if spec.get("schedulerName") not in (None, "default-scheduler"):
+        out["schedulerName"] = spec["schedulerName"]
+    # Set at deletion to now + the grace period: a pod still there well after it is stuck (a NotReady node).
+    out["deletionTimestamp"] = meta.get("deletionTimestamp")
+    containers = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+    out["restarts"] = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+    out["problem"] = pod_problem(status, containers)
+    # Scheduled but no sandbox yet: the kubelet waits for the pod's volumes to attach and mount before it
+    # creates the sandbox (image pulls come after), so a long wait here is a volume that cannot attach.
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    waiting = conds.get("PodReadyToStartContainers") or {}
+    if (conds.get("PodScheduled") or {}).get("status") == "True" and waiting.get("status") == "False":
+        out["sandboxWaitingSince"] = waiting.get("lastTransitionTime")
+    codes = [
+        t.get("exitCode")
+        for c in containers
+        for t in ((c.get("state") or {}).get("terminated"),)
+        if t and t.get("exitCode")
+    ]
+    out["exitCode"] = int(codes[0]) if codes else None
+    # A container the kubelet restarted in place (a generator's vLLM: restartPolicy Always) keeps its last end in
+    # lastState: a config error there (the driver check's 78) fails the run as the trainer's own does.
+    out["failFast"] = fail_fast_exit(containers)
+    # What the failed container said (terminationMessagePolicy FallbackToLogsOnError: its log's tail)
+    out["lastError"] = last_error_line(
+        next(
             (
-                {"container": c.get("name"), **{k: t.get(k) for k in ("exitCode", "reason", "message", "finishedAt")}}
+                t.get("message")
                 for c in containers
-                if (t := (c.get("state") or {}).get("terminated")) and t.get("exitCode")
+                if (t := (c.get("state") or {}).get("terminated")) and t.get("exitCode") and t.get("message")
             ),
             None,
         )
-        # The preflight's capacity line (rlt.checks.preflight writes it to its termination message whatever its exit
-        # code): the plan fits, was not checked, or does not fit (gang.capacity_condition).
-        out["capacity"] = capacity_line(status.get("initContainerStatuses") or [])
-        # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
-        # wrong (podFailurePolicy Ignore, not counted).
-        out["disrupted"] = out["exitCode"] in DISRUPTION or any(
-            c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
-    return out
+    )
+    # The failed container's end in full (its log's tail): copied to a retained ConfigMap (rlt_operator.evidence).
+    out["ended"] = next(
+        (
+            {"container": c.get("name"), **{k: t.get(k) for k in ("exitCode", "reason", "message", "finishedAt")}}
+            for c in containers
+            if (t := (c.get("state") or {}).get("terminated")) and t.get("exitCode")
+        ),
+        None,
+    )
+    # The preflight's capacity line (rlt.checks.preflight writes it to its termination message whatever its exit
+    # code): the plan fits, was not checked, or does not fit (gang.capacity_condition).
+    out["capacity"] = capacity_line(status.get("initContainerStatuses") or [])
+    # Preemption, node drain, eviction, or a trainer that saved and stopped on SIGTERM: the pod did nothing
+    # wrong (podFailurePolicy Ignore, not counted).
+    out["disrupted"] = out["exitCode"] in DISRUPTION or any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
+_BY_KIND: dict[str, Callable[[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]], None]] = {
+    "jobs": _job,
+    "statefulsets": _statefulset,
+    "pods": _pod,
+}
 
 
 # A line of a Python exception (`RuntimeError: CUDA error: ...`, `torch.OutOfMemoryError: ...`, a bare `KeyboardInterrupt`).
