@@ -145,6 +145,7 @@ def run_local(
     ctx = StageContext(run, layout, metrics, device, show_progress)
     info: dict[str, Any] = {}
     plots: list[Path] | None = None  # the last stage's plots are the run's (they read the whole metrics.jsonl)
+    shown: set[Path] = set()  # plots already announced: a later stage redraws them, it does not make them new
     started = time.perf_counter()
     try:
         for plan in plans:
@@ -176,7 +177,9 @@ def run_local(
             # Each stage's plots as soon as it ends: a long run has something to look at before the last stage.
             plots = make_plots(layout.metrics_file, layout.plots_dir)
             for plot in plots:
-                print(f"[{name}] plot: {plot}", flush=True)
+                if plot not in shown:
+                    print(f"[{name}] plot: {plot}", flush=True)
+            shown.update(plots)
         if plots is None:  # every stage was done before: the plots of what the folder holds
             plots = make_plots(layout.metrics_file, layout.plots_dir)
         summary = summarize(layout, info, time.perf_counter() - started, plots)
