@@ -345,11 +345,14 @@ def answer_questions(
     server = st.generation.server_url if st.generation.mode == "server" else None
     if st.generation.mode == "server" and not server:
         raise ValueError("stages.evaluate.generation.serverUrl: required when mode is server")
-    tokenizer = load_tokenizer(ref, padding_side="left")
-    model = None if server else load_model(ref, ctx.compute_device)
-    prompts = [
-        tokenizer.apply_chat_template(
-            ctx.formatter.student_messages(r["question"], "", "")[:2], tokenize=False, add_generation_prompt=True
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(ref, padding_side="left")
+    model: PreTrainedModel | None = None if server else load_model(ref, ctx.compute_device)
+    prompts = [  # tokenize=False: the chat as text
+        cast(
+            str,
+            tokenizer.apply_chat_template(
+                ctx.formatter.student_messages(r["question"], "", "")[:2], tokenize=False, add_generation_prompt=True
+            ),
         )
         for r in rows
     ]

@@ -80,7 +80,7 @@ def sft_rows(
 def sft_config(ctx: StageContext, device: str, stage: str = "sft") -> SFTConfig:
     """TRL SFTConfig from spec.stages.<stage> (sft or student) and its trainerArgs (which may not repeat a key rlt
     sets)."""
-    from trl.trainer.sft_config import SFTConfig
+    from trl import SFTConfig
 
     return SFTConfig(**sft_options(ctx, device, stage), **stage_settings(ctx.spec, stage).trainer_args)
 
@@ -113,7 +113,7 @@ def train_sft(
 
     Shared by every SFT-like stage: the teacher warm-ups of both methods (`sft`) and the student's distillation
     (`student`); the stage's own settings come from spec.stages.<stage>."""
-    from trl.trainer.sft_trainer import SFTTrainer
+    from trl import SFTTrainer
 
     run = TrainerRun(ctx, stage, model or ctx.spec.teacher, tokenizer, device)
     return run.train(run.trainer(SFTTrainer, sft_config(ctx, device, stage), rows))
@@ -123,7 +123,7 @@ def run_sft(ctx: StageContext) -> str:
     spec = ctx.spec
     device = ctx.compute_device
     formatter = ctx.formatter
-    tokenizer = load_tokenizer(spec.teacher, padding_side="right")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(spec.teacher, padding_side="right")
     data = load_data(spec.dataset, formatter.fmt)
     rows = sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows, spec.stages.sft.max_length, data.where)
     return train_sft(ctx, device, rows, tokenizer)

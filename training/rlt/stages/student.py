@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.layout import atomic_write_json
 from rlt.data.errors import DataError
@@ -23,6 +23,8 @@ from rlt.stages.context import StageContext
 from rlt.stages.sft import train_sft
 
 if TYPE_CHECKING:
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
+
     from rlt.spec.run import RLTRunSpec
 
 log = logging.getLogger(__name__)
@@ -87,10 +89,11 @@ def run_student(ctx: StageContext) -> str:
     if not source.exists():
         raise RuntimeError(f"stage student needs the distillation dataset at {source}; run stage distill first")
     ref = student_ref(spec)
-    tokenizer = load_tokenizer(ref, padding_side="right")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(ref, padding_side="right")
 
     def length(messages: list[dict[str, str]]) -> int:
-        return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+        chat = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)
+        return len(cast("BatchEncoding", chat)["input_ids"])  # return_dict: a BatchEncoding
 
     chats, records = choose_rows(read_jsonl(source), length, st.max_length, st.over_long, formatter)
     counts = Counter(r["action"] for r in records)

@@ -64,7 +64,7 @@ def report_to_args(ctx: StageContext) -> dict[str, Any]:
 
 def point_tensorboard(trainer: Trainer, ctx: StageContext, stage: str) -> None:
     """Send the Trainer's TensorBoard callback to the stage's folder (it would default to output_dir/runs)."""
-    from transformers.integrations.integration_utils import TensorBoardCallback
+    from transformers.integrations import TensorBoardCallback
 
     for cb in trainer.callback_handler.callbacks:
         if isinstance(cb, TensorBoardCallback):
