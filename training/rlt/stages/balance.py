@@ -21,9 +21,14 @@ from __future__ import annotations
 import logging
 import time
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlt.spec.stages import DEALABLE_LOSSES
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from trl.trainer.grpo_config import GRPOConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,12 @@ COMPLETION_KEYS = (
 ROW_KEYS = ("advantages",)
 RATIO_KEY = "importance_sampling_ratio"  # per completion token (TRL's token modes) or one per row (sequence modes)
 SHARED_KEYS = ("num_items_in_batch",)  # the same on every rank
+
+
+class BalanceFigures(Protocol):
+    """What `rank_balanced` adds to a trainer: the last optimizer step's imbalance."""
+
+    def balance_figures(self) -> dict[str, float]: ...
 
 
 def deal(lengths: list[int], world: int, steps: int, per_step: int) -> list[list[int]]:
@@ -85,9 +96,11 @@ def micro_step_tokens(lengths: list[int], plan: list[list[int]], per_step: int) 
     ]
 
 
-def row_tokens(batch: dict[str, Any]) -> Any:
+def row_tokens(batch: dict[str, Any]) -> torch.Tensor:
     """Attended tokens of each row (prompt + completion)."""
-    return batch["prompt_mask"].sum(dim=1) + batch["completion_mask"].sum(dim=1)
+    prompt: torch.Tensor = batch["prompt_mask"]
+    completion: torch.Tensor = batch["completion_mask"]
+    return prompt.sum(dim=1) + completion.sum(dim=1)
 
 
 def processed_tokens(batch: dict[str, Any]) -> int:
@@ -98,7 +111,8 @@ def processed_tokens(batch: dict[str, Any]) -> int:
     width = (batch["prompt_mask"].size(1) - int(prompt[0]) if prompt.numel() else 0) + (
         int(completion[-1]) + 1 if completion.numel() else 0
     )
-    return batch["prompt_mask"].size(0) * width
+    rows: int = batch["prompt_mask"].size(0)
+    return rows * width
 
 
 def refuse_unknown_keys(batch: dict[str, Any]) -> None:
@@ -112,7 +126,7 @@ def refuse_unknown_keys(batch: dict[str, Any]) -> None:
 
 
 def exchanged(
-    batch: dict[str, Any], accelerator, steps: int, per_step: int, token_ratio: bool = False
+    batch: dict[str, Any], accelerator: Accelerator, steps: int, per_step: int, token_ratio: bool = False
 ) -> dict[str, Any]:
     """This rank's rows of the balanced deal (`deal`), taken from every rank's scored batch: each per-row tensor is
     padded to the ranks' widest and gathered (accelerate), then this rank keeps its rows, micro-step by micro-step,
@@ -141,7 +155,7 @@ def trimmed_to_attended(batch: dict[str, Any], columns: tuple[str, ...] = COMPLE
     first = int(used[0]) if used.numel() else 0
     used = batch["completion_mask"].any(dim=0).nonzero()
     end = int(used[-1]) + 1 if used.numel() else 1
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in batch.items():
         if value is not None and key in PROMPT_KEYS:
             out[key] = value[:, first:]
@@ -152,7 +166,7 @@ def trimmed_to_attended(batch: dict[str, Any], columns: tuple[str, ...] = COMPLE
     return out
 
 
-def deal_refusal(args, world: int) -> str | None:
+def deal_refusal(args: GRPOConfig, world: int) -> str | None:
     """Why the rows of this run cannot be dealt across micro-steps without changing the step's gradient; None when
     they can."""
     if world <= 1:
@@ -174,8 +188,10 @@ def rank_balanced(trainer_cls: type) -> type:
     baseline); it is set False at construction when `deal_refusal` names a reason."""
     from trl.trainer.utils import split_tensor_dict
 
-    class RankBalanced(trainer_cls):  # type: ignore[misc, valid-type]
-        def __init__(self, *a, **kw):
+    class RankBalanced(trainer_cls):  # type: ignore[misc]  # a base known only at run time
+        _buffered_inputs: list[dict[str, Any]] | None  # TRL's: the generation round's micro-batches
+
+        def __init__(self, *a: Any, **kw: Any) -> None:
             super().__init__(*a, **kw)
             why = deal_refusal(self.args, self.accelerator.num_processes)
             self.deal_rows = why is None
@@ -185,7 +201,7 @@ def rank_balanced(trainer_cls: type) -> type:
             self._balance_prepare = (0.0, 0.0)  # (tokens, seconds of generation) of the micro-step being prepared
             self._balance_figures: dict[str, float] = {}
 
-        def _prepare_inputs(self, generation_batch):
+        def _prepare_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
             start = time.perf_counter()
             if self.model.training and self.deal_rows:
                 inputs = self._dealt_inputs(generation_batch)
@@ -194,10 +210,11 @@ def rank_balanced(trainer_cls: type) -> type:
             self._balance_prepare = (float(processed_tokens(inputs)), time.perf_counter() - start)
             return inputs
 
-        def _dealt_inputs(self, generation_batch):
+        def _dealt_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
             """TRL's training branch of `_prepare_inputs`, with `exchanged` where TRL shuffles."""
-            steps = self.args.steps_per_generation
-            if self._step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:
+            steps: int = self.args.steps_per_generation
+            step: int = self._step  # TRL's count of micro-steps
+            if step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:
                 batch = self._generate_and_score_completions(generation_batch)
                 mode = self.vllm_importance_sampling_mode if self.use_vllm else ""
                 batch = exchanged(
@@ -208,11 +225,13 @@ def rank_balanced(trainer_cls: type) -> type:
                     token_ratio=mode.startswith("token"),
                 )
                 self._buffered_inputs = split_tensor_dict(batch, steps)
-            return self._buffered_inputs[self._step % steps]
+            return self._buffered_inputs[step % steps]
 
-        def training_step(self, model, inputs, num_items_in_batch):
+        def training_step(
+            self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None
+        ) -> torch.Tensor:
             start = time.perf_counter()
-            out = super().training_step(model, inputs, num_items_in_batch)
+            out: torch.Tensor = super().training_step(model, inputs, num_items_in_batch)
             tokens, preparing = self._balance_prepare
             self._balance_seen.append((tokens, time.perf_counter() - start - preparing))
             if self._step % self.current_gradient_accumulation_steps == 0:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlt.contract.layout import (
     CHECKPOINT_COMPLETE,
@@ -19,8 +21,15 @@ from rlt.contract.layout import (
 )
 from rlt.stages.context import StageContext
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Trainer
 
-def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, device: str) -> str:
+    from rlt.spec.inputs import ModelRef
+
+
+def save_final_model(
+    trainer: Trainer, ctx: StageContext, stage: str, start: ModelRef, tokenizer: PreTrainedTokenizerBase, device: str
+) -> str:
     """The stage's final model in model_dir(stage). With LoRA the adapter is saved beside it (stage/adapter) and
     the model is the base with the adapter merged in: what distill, the vLLM generators and the next stage load
     as a plain model. Merging from the saved adapter works the same under ZeRO-3, where the live weights are
@@ -45,19 +54,19 @@ def save_final_model(trainer, ctx: StageContext, stage: str, start, tokenizer, d
 
 
 @contextmanager
-def outside_zero3(trainer):
+def outside_zero3(trainer: Trainer) -> Iterator[None]:
     """While rank 0 alone loads the base model to merge the adapter: transformers must not see the Trainer's
     ZeRO-3 config, or `from_pretrained` builds the model inside `deepspeed.zero.Init`, whose collectives wait
     for the other ranks (already in their exit barrier) forever. The config is set again afterwards."""
     from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
 
     live = getattr(trainer.args, "hf_deepspeed_config", None)
-    unset_hf_deepspeed_config()
+    unset_hf_deepspeed_config()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
     try:
         yield
     finally:
         if live is not None:
-            set_hf_deepspeed_config(live)
+            set_hf_deepspeed_config(live)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
 
 
 def mark_checkpoint_complete(path: str | Path, is_main: bool) -> None:

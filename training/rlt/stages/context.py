@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rlt.contract.env import LOCAL_RANK, RANK, WORLD_SIZE
 from rlt.contract.layout import RunLayout
 from rlt.contract.metrics import TrainerMetrics
-from rlt.spec.run import RLTRun
+from rlt.spec.run import RLTRun, RLTRunSpec
 
 if TYPE_CHECKING:
     from rlt.method.prompts import Formatter
@@ -26,7 +26,7 @@ class StageContext:
     show_progress: bool = True
 
     @property
-    def spec(self):
+    def spec(self) -> RLTRunSpec:
         return self.run.spec
 
     @property

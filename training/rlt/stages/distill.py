@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract import metrics as catalogue
 from rlt.contract.env import RANK
@@ -36,6 +37,13 @@ from rlt.stages.record import Recorder, announce_world, say_line, trace_line
 from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.sft import teacher_prompt_ids
 from rlt.stages.start_models import newest_teacher
+
+if TYPE_CHECKING:
+    import threading
+
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlt.method.prompts import Formatter
 
 
 def server_read_timeout(spec: RLTRunSpec) -> int:
@@ -69,7 +77,7 @@ def trained_teacher(ctx: StageContext) -> ModelRef:
     return newest_teacher(ctx, "distill")[0]
 
 
-Question = tuple[int, dict]  # (stage row index, the row)
+Question = tuple[int, dict[str, Any]]  # (stage row index, the row)
 
 
 def server_questions(
@@ -78,12 +86,13 @@ def server_questions(
     """Server mode: the questions of `share` with their samples (prompt-major), in groups of up to batchSize, in the
     order the questions complete. One request per sequence, `in_flight` at the generators at all times while any
     are left: the slot of a finished sequence is refilled at once, while the caller scores."""
-    st, url = spec.stages.distill, spec.stages.rl.generation.server_url
+    # server mode runs with generation.serverUrl set (the operator fills it in)
+    st, url = spec.stages.distill, cast(str, spec.stages.rl.generation.server_url)
     n, per_batch = st.samples_per_question, max(1, st.batch_size)
     timeout = server_read_timeout(spec)
     model = served_model(url, timeout)
 
-    def one(seq: tuple[int, int], cancel) -> Samples:
+    def one(seq: tuple[int, int], cancel: threading.Event) -> Samples:
         i, j = seq
         return server_generate(
             url,
@@ -113,7 +122,9 @@ def server_questions(
         yield _gathered(ready, got, rows, n)
 
 
-def _gathered(ready: list[int], got: dict[int, dict[int, Samples]], rows: dict[int, dict], n: int):
+def _gathered(
+    ready: list[int], got: dict[int, dict[int, Samples]], rows: dict[int, dict[str, Any]], n: int
+) -> tuple[list[Question], Samples]:
     out = Samples([], [], [])
     for i in ready:
         for j in range(n):
@@ -126,7 +137,11 @@ def _gathered(ready: list[int], got: dict[int, dict[int, Samples]], rows: dict[i
 
 
 def local_batches(
-    spec: RLTRunSpec, teacher, tokenizer, prompts: dict[int, list[int]], share: list[Question]
+    spec: RLTRunSpec,
+    teacher: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: dict[int, list[int]],
+    share: list[Question],
 ) -> Iterator[tuple[list[Question], Samples]]:
     """In process: batches of batchSize questions in order, each generated whole, then scored."""
     st = spec.stages.distill
@@ -148,7 +163,9 @@ def local_batches(
         )
 
 
-def distill_rows(formatter, chunk: list[dict], texts: list[str], totals: list[float], n: int) -> list[dict]:
+def distill_rows(
+    formatter: Formatter, chunk: list[dict[str, Any]], texts: list[str], totals: list[float], n: int
+) -> list[dict[str, Any]]:
     """The student-format row of each question: its best candidate by reward, and every candidate, best first."""
     out = []
     for q, r in enumerate(chunk):
@@ -191,7 +208,7 @@ def my_share(ctx: StageContext, total: int, rank: int, world: int) -> tuple[Path
 
 
 def run_distill(ctx: StageContext) -> str:
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
     spec, st, formatter = ctx.spec, ctx.spec.stages.distill, ctx.formatter
     teacher_ref = trained_teacher(ctx)
@@ -203,10 +220,10 @@ def run_distill(ctx: StageContext) -> str:
     folder, mine, indices = my_share(ctx, len(all_rows), rank, world)
     share = [(i, all_rows[i]) for i in indices]
     trace_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
-    tokenizer = load_tokenizer(teacher_ref, padding_side="left")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(teacher_ref, padding_side="left")
     server = spec.stages.rl.generation.mode == "server"
-    teacher = None if server else load_model(teacher_ref, ctx.compute_device)
-    student = load_model(spec.student, ctx.compute_device)
+    teacher: PreTrainedModel | None = None if server else load_model(teacher_ref, ctx.compute_device)
+    student: PreTrainedModel = load_model(spec.student, ctx.compute_device)
     reward = reward_from_spec(
         spec, student, load_tokenizer(spec.student, padding_side="right"), formatter, teacher_tokenizer=tokenizer
     )
@@ -226,7 +243,8 @@ def run_distill(ctx: StageContext) -> str:
     t0 = time.perf_counter()
     for batch, samples in done_questions:
         chunk = [r for _, r in batch]
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in samples.completion_ids]
+        # one sequence of ids decodes to one str
+        texts = [cast(str, tokenizer.decode(c, skip_special_tokens=True)) for c in samples.completion_ids]
         questions = [r["question"] for r in chunk for _ in range(n)]
         solutions = [r["solution"] for r in chunk for _ in range(n)]
         scores = reward.score(questions, solutions, texts, samples.logprobs, samples.completion_ids)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract import metrics as catalogue
 from rlt.contract.layout import (
@@ -36,6 +36,15 @@ from rlt.spec.inputs import ModelRef
 from rlt.stages.context import StageContext
 from rlt.stages.ranks import gather_shares, shard_rows
 from rlt.stages.record import Recorder
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlt.spec.stages import EvaluateStage
+
+    # after each generated batch: its first row, each row's answers, the tokens generated
+    OnBatch = Callable[[int, list[list[str]], int], None]
 
 # --------------------------------------------------------------------------- what is evaluated, on what
 
@@ -173,7 +182,7 @@ def build_report(
     label: str,
     model_path: str,
     evalset: EvalSet,
-    st,
+    st: EvaluateStage,
     results: Sequence[QuestionResult],
     seconds: float,
     generated_tokens: int,
@@ -205,7 +214,12 @@ def build_report(
 
 
 def generate_answers(
-    model, tokenizer, prompts: list[str], st, server_url: str | None = None, on_batch=None
+    model: PreTrainedModel | None,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    st: EvaluateStage,
+    server_url: str | None = None,
+    on_batch: OnBatch | None = None,
 ) -> list[list[str]]:
     """`st.samples` decoded answers per prompt (settings: stages.evaluate), in-process (the shared sampler; greedy at
     temperature 0) or from the vLLM server at `server_url`."""
@@ -238,8 +252,9 @@ def generate_answers(
                 batch_size=len(chunk) * samples,
             ).completion_ids
         else:
-            ids = greedy(model, tokenizer, chunk, max_new_tokens)
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in ids]
+            ids = greedy(cast("PreTrainedModel", model), tokenizer, chunk, max_new_tokens)  # None only with a server
+        # one sequence of ids decodes to one str
+        texts = [cast(str, tokenizer.decode(c, skip_special_tokens=True)) for c in ids]
         batch = [texts[i * samples : (i + 1) * samples] for i in range(len(chunk))]
         out += batch
         if on_batch is not None:
@@ -247,7 +262,9 @@ def generate_answers(
     return out
 
 
-def greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]]:
+def greedy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
     import torch
 
     device = next(model.parameters()).device
@@ -260,11 +277,13 @@ def greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[list[int]]
     from rlt.method.generation import clean_generation_config, only_generation_config
 
     # greedy on the model's own logits: no repetition penalty or other processor from the checkpoint's config
-    config = clean_generation_config(
-        model, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
-    )
+    clean = cast("Callable[..., GenerationConfig]", clean_generation_config)  # unannotated in rlt.method.generation
+    config = clean(model, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
     with torch.no_grad(), only_generation_config(model, config):
-        seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        # PreTrainedModel does not declare generate (its causal-LM subclasses mix in GenerationMixin); without
+        # return_dict_in_generate it returns the sequences' ids
+        generate = cast("Callable[..., torch.Tensor]", model.generate)
+        seqs = generate(input_ids=ids, attention_mask=mask, generation_config=config)
     eos = tokenizer.eos_token_id
     out = []
     for row in seqs[:, width:].tolist():
@@ -279,7 +298,7 @@ class EvalProgress:
     """What an evaluation shows while it runs: metrics.jsonl / progress.json, the rlt_eval_* metrics, a bar."""
 
     def __init__(self, ctx: StageContext, label: str, questions: int):
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
         self.ctx, self.label = ctx, label
         self.recorder = Recorder(ctx, "evaluate", questions)
@@ -316,7 +335,9 @@ class EvalProgress:
         return time.perf_counter() - self.started
 
 
-def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]], st, on_batch) -> None:
+def answer_questions(
+    ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]], st: EvaluateStage, on_batch: OnBatch
+) -> None:
     """Generation: `st.samples` answers to every row in the student format, by `ref` in-process or by the vLLM
     server of stages.evaluate.generation; `on_batch(start, answers, tokens)` after each batch."""
     from rlt.data.models import load_model, load_tokenizer
@@ -324,11 +345,14 @@ def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]
     server = st.generation.server_url if st.generation.mode == "server" else None
     if st.generation.mode == "server" and not server:
         raise ValueError("stages.evaluate.generation.serverUrl: required when mode is server")
-    tokenizer = load_tokenizer(ref, padding_side="left")
-    model = None if server else load_model(ref, ctx.compute_device)
-    prompts = [
-        tokenizer.apply_chat_template(
-            ctx.formatter.student_messages(r["question"], "", "")[:2], tokenize=False, add_generation_prompt=True
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(ref, padding_side="left")
+    model: PreTrainedModel | None = None if server else load_model(ref, ctx.compute_device)
+    prompts = [  # tokenize=False: the chat as text
+        cast(
+            str,
+            tokenizer.apply_chat_template(
+                ctx.formatter.student_messages(r["question"], "", "")[:2], tokenize=False, add_generation_prompt=True
+            ),
         )
         for r in rows
     ]
@@ -336,7 +360,12 @@ def answer_questions(ctx: StageContext, ref: ModelRef, rows: list[dict[str, Any]
 
 
 def evaluate_model(
-    ctx: StageContext, ref: ModelRef, label: str, evalset: EvalSet, out_dir: Path, settings=None
+    ctx: StageContext,
+    ref: ModelRef,
+    label: str,
+    evalset: EvalSet,
+    out_dir: Path,
+    settings: EvaluateStage | None = None,
 ) -> EvalReport | None:
     """Generate, grade, report, write: `ref` on every question of `evalset`, the files under out_dir. Each rank
     answers and grades its own share; rank 0 merges the graded questions in order, writes and returns the report

@@ -10,11 +10,18 @@ position changes nothing but rounding."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    # TRL's per-token log-probs, entropies and auxiliary loss of a batch
+    LogpsOut = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
-def attended_columns(attention_mask, logits_to_keep: int) -> tuple[int, int]:
+def attended_columns(attention_mask: torch.Tensor, logits_to_keep: int) -> tuple[int, int]:
     """[first, end) of the columns some row of `attention_mask` attends, never cutting into the last
     `logits_to_keep` columns (the completion) from the left and keeping at least one completion column."""
     width = attention_mask.size(1)
@@ -33,19 +40,19 @@ def padding_trimmed(trainer_cls: type) -> type:
     chunk's attended columns only. Multimodal inputs (per-image tensors TRL slices by row) keep TRL's own path."""
     import torch.nn.functional as F
 
-    class PaddingTrimmed(trainer_cls):  # type: ignore[misc, valid-type]
+    class PaddingTrimmed(trainer_cls):  # type: ignore[misc]  # a base known only at run time
         def _get_per_token_logps_and_entropies(
             self,
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size=None,
-            compute_entropy=False,
-            compute_aux_loss=False,
+            model: torch.nn.Module,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            logits_to_keep: int,
+            batch_size: int | None = None,
+            compute_entropy: bool = False,
+            compute_aux_loss: bool = False,
             **extra: Any,
-        ):
-            whole = super()._get_per_token_logps_and_entropies
+        ) -> LogpsOut:
+            whole: Callable[..., LogpsOut] = super()._get_per_token_logps_and_entropies  # TRL's is untyped
             if any(v is not None for v in extra.values()):
                 return whole(
                     model,

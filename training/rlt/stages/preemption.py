@@ -22,9 +22,13 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.env import RANK, STOP_MARKER, TRACE
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +97,7 @@ class StopRequest:
         return self.agreed
 
 
-def stop_point(stop: StopRequest, state, where: str) -> None:
+def stop_point(stop: StopRequest, state: TrainerState, where: str) -> None:
     """A boundary inside a step before its first backward (after the rollout, the reference and old-policy passes,
     the scoring): the gang abandons the step here when any rank was asked to stop. Every rank calls it at the same
     points of every step."""
@@ -127,29 +131,37 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.random.set_rng_state_all(state["cuda"])
 
 
-def stop_callback(stop: StopRequest):
+def stop_callback(stop: StopRequest) -> TrainerCallback:
     """A transformers TrainerCallback: the gang agrees on a stop at every micro-batch boundary. After an optimizer
     step it saves that step and leaves; before a step's rollout or between its micro-batches it abandons the step."""
     from transformers import TrainerCallback
 
     class StopOnSignal(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):  # before the rollout (GRPO generates in the 1st micro)
+        def on_step_begin(  # before the rollout (GRPO generates in the 1st micro)
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             # the state after the last completed step: a step abandoned from here on is saved with it, so the
             # restart redoes it alike (taken before the check: a stop here saves that same completed step)
             stop.step_rng = rng_state()
             if stop.gang_agrees():
                 raise Abandoned(f"before step {state.global_step + 1}")
 
-        def on_pre_optimizer_step(self, args, state, control, **kw):
+        def on_pre_optimizer_step(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             stop.updating = True
 
-        def on_substep_end(self, args, state, control, **kw):
+        def on_substep_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             if os.environ.get(TRACE.name) == "1":  # the preemption tests stop the gang mid-accumulation by it
                 os.write(1, f"rlt-micro rank={os.environ.get(RANK.name, '0')} step={state.global_step + 1}\n".encode())
             if stop.gang_agrees():
                 raise Abandoned(f"inside step {state.global_step + 1}")
 
-        def on_step_end(self, args, state, control, **kw):
+        def on_step_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> TrainerControl:
             stop.updating = False
             if stop.gang_agrees():
                 control.should_save = True
@@ -159,7 +171,7 @@ def stop_callback(stop: StopRequest):
     return StopOnSignal()
 
 
-def save_abandoned(trainer, step_rng: dict[str, Any] | None = None) -> str | None:
+def save_abandoned(trainer: Trainer, step_rng: dict[str, Any] | None = None) -> str | None:
     """After `Abandoned`, on every rank: drop the step's partial gradients and save the state after the last
     completed optimizer step (the model and optimizer are untouched until the step's optimizer.step()), unless a
     complete checkpoint of that step exists (a periodic save, or the one this run resumed from: never rewritten) or
@@ -168,9 +180,11 @@ def save_abandoned(trainer, step_rng: dict[str, Any] | None = None) -> str | Non
     collective under DeepSpeed, like the Trainer's own saves."""
     from rlt.contract.layout import checkpoint_path, is_complete
 
-    trainer.model.zero_grad(set_to_none=True)
+    # a Trainer that trained has both: its model, and output_dir (TrainingArguments fills in a default)
+    model = cast("torch.nn.Module", trainer.model)
+    model.zero_grad(set_to_none=True)
     step = trainer.state.global_step
-    path = checkpoint_path(trainer.args.output_dir, step)
+    path = checkpoint_path(cast(str, trainer.args.output_dir), step)
     if step == 0:
         return None
     if not is_complete(path):

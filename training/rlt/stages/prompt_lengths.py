@@ -10,15 +10,18 @@ the file lines, the field and the value that fits them all. The stages keep thei
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlt.contract.method_registry import method_info
 from rlt.data.dataset import LoadedData
 from rlt.method.prompts import Formatter
 from rlt.spec.run import RLTRunSpec
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def load_local_tokenizer(spec: RLTRunSpec) -> tuple[Any | None, str]:
+
+def load_local_tokenizer(spec: RLTRunSpec) -> tuple[PreTrainedTokenizerBase | None, str]:
     """The teacher's tokenizer if this machine has it (no download); else None and why not."""
     from transformers import AutoTokenizer
 
@@ -39,7 +42,9 @@ def lines_of(indexes: list[int], where: Callable[[int], str], shown: int = 5) ->
     return names + (f" (+{len(indexes) - shown} more)" if len(indexes) > shown else "")
 
 
-def over_limit(field: str, limit: int, what: str, over: list[tuple[int, int]], total: int, where, fits: int) -> str:
+def over_limit(
+    field: str, limit: int, what: str, over: list[tuple[int, int]], total: int, where: Callable[[int], str], fits: int
+) -> str:
     """One problem line for every row over one limit."""
     lengths = [n for _, n in over]
     span = f"{min(lengths)}" if min(lengths) == max(lengths) else f"{min(lengths)}–{max(lengths)}"
@@ -49,7 +54,9 @@ def over_limit(field: str, limit: int, what: str, over: list[tuple[int, int]], t
     )
 
 
-def length_problems(spec: RLTRunSpec, data: LoadedData, formatter: Formatter, tokenizer) -> list[str]:
+def length_problems(
+    spec: RLTRunSpec, data: LoadedData, formatter: Formatter, tokenizer: PreTrainedTokenizerBase
+) -> list[str]:
     """Every stage limit the training rows exceed, one line each (method rlt; rcl's prompts carry probes and are
     checked by its stages)."""
     if not method_info(spec.method).row_prompts:
@@ -105,7 +112,7 @@ def length_problems(spec: RLTRunSpec, data: LoadedData, formatter: Formatter, to
     return problems
 
 
-def check_prompt_lengths(spec: RLTRunSpec, tokenizer=None) -> tuple[list[str], str]:
+def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[list[str], str]:
     """(problems, note) for the run's training rows; the note says when the lengths could not be checked."""
     from rlt.data.dataset import is_reachable, load_data
     from rlt.method.prompts import resolve_format

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from rlt.spec.budgets import collective_timeout_seconds
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.record import announce_world, trace_line
+
+Row = TypeVar("Row")
 
 
 def join_process_group(device: str, timeout_s: float | None = None) -> tuple[int, int]:
@@ -36,12 +38,12 @@ def join_process_group(device: str, timeout_s: float | None = None) -> tuple[int
     return dist.get_rank(), dist.get_world_size()
 
 
-def my_share(items: list, rank: int, world: int) -> list[tuple[int, Any]]:
+def my_share(items: list[Row], rank: int, world: int) -> list[tuple[int, Row]]:
     """This rank's rows with their global index: every `world`-th one from `rank` (shares differ by one at most)."""
     return [(i, item) for i, item in enumerate(items) if i % world == rank]
 
 
-def shard_rows(ctx: StageContext, stage: str, rows: list) -> tuple[int, int, list[tuple[int, Any]]]:
+def shard_rows(ctx: StageContext, stage: str, rows: list[Row]) -> tuple[int, int, list[tuple[int, Row]]]:
     """(rank, world size, this rank's rows with their index) for a stage whose ranks split the rows (distill,
     evaluate): joins the process group, says which world and which rows (the rlt-world and rlt-shard lines)."""
     rank, world = join_process_group(ctx.compute_device, collective_timeout_seconds(ctx.spec, stage))
@@ -51,18 +53,20 @@ def shard_rows(ctx: StageContext, stage: str, rows: list) -> tuple[int, int, lis
     return rank, world, share
 
 
-def gather_shares(share: list[tuple[int, Any]], rank: int, world: int, total: int) -> list[Any] | None:
+def gather_shares(share: list[tuple[int, Row]], rank: int, world: int, total: int) -> list[Row] | None:
     """Every rank's (index, result) pairs, on rank 0 only, in global index order; None on the other ranks.
     Refuses a duplicate or missing index: the merged output must have each row exactly once."""
+    parts: list[list[tuple[int, Row]]]
     if world == 1:
         parts = [share]
     else:
         import torch.distributed as dist
 
-        parts = [None] * world if rank == 0 else None
-        dist.gather_object(share, parts, dst=0)
-        if rank != 0:
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(share, gathered, dst=0)
+        if rank != 0 or gathered is None:  # gathered is None exactly when rank != 0
             return None
+        parts = gathered
     merged = sorted((pair for part in parts for pair in part), key=lambda p: p[0])
     indices = [i for i, _ in merged]
     if indices != list(range(total)):

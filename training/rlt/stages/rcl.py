@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.layout import REPORT_MD, RunLayout
-from rlt.data.dataset import DataError, load_data
+from rlt.data.dataset import load_data
+from rlt.data.errors import DataError
 from rlt.data.eval_set import evaluation_set
 from rlt.data.models import load_model, load_tokenizer
 from rlt.method.prompts import resolve_format
@@ -24,28 +27,36 @@ from rlt.rcl.protocol import Protocol, load_rcl_format
 from rlt.rcl.reward import RCLReward, RewardParams, student_sampler
 from rlt.rcl.summary import step_values
 from rlt.spec.inputs import ModelRef
-from rlt.spec.run import RLTRun
+from rlt.spec.run import RLTRun, RLTRunSpec
 from rlt.stages.context import StageContext
 from rlt.stages.record import PhaseTimer, Recorder
 from rlt.stages.rl import sample_policy, teacher_start, train_grpo
 from rlt.stages.sft import train_sft
 from rlt.stages.start_models import newest_teacher
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from trl.trainer.grpo_trainer import GRPOTrainer, RolloutFunc
+
+    from rlt.spec.stages import RlStage
+
 log = logging.getLogger(__name__)
 
 
-def protocol_for(spec) -> Protocol:
+def protocol_for(spec: RLTRunSpec) -> Protocol:
     return Protocol(load_rcl_format(spec.rcl.format))
 
 
-def _rows(spec) -> list[dict]:
+def _rows(spec: RLTRunSpec) -> list[dict[str, Any]]:
     return load_data(spec.dataset, resolve_format(spec.format)).train
 
 
 # --------------------------------------------------------------------------- sft
 
 
-def rcl_sft_rows(rows, protocol: Protocol, tokenizer, bad_rows: str) -> list[dict[str, str]]:
+def rcl_sft_rows(
+    rows: list[dict[str, Any]], protocol: Protocol, tokenizer: PreTrainedTokenizerBase, bad_rows: str
+) -> list[dict[str, str]]:
     """Teacher-format rows from worked reasoning: fixed probe and diagnosis (format file), guidance = its first line."""
     f, out = protocol.fmt, []
     for r in rows:
@@ -69,7 +80,7 @@ def rcl_sft_rows(rows, protocol: Protocol, tokenizer, bad_rows: str) -> list[dic
 
 def run_rcl_sft(ctx: StageContext) -> str:
     spec = ctx.spec
-    tokenizer = load_tokenizer(spec.teacher, padding_side="right")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(spec.teacher, padding_side="right")
     rows = rcl_sft_rows(_rows(spec), protocol_for(spec), tokenizer, spec.dataset.bad_rows)
     return train_sft(ctx, ctx.compute_device, rows, tokenizer)
 
@@ -78,7 +89,12 @@ def run_rcl_sft(ctx: StageContext) -> str:
 
 
 def rcl_rl_rows(
-    rows, protocol: Protocol, tokenizer, max_prompt_tokens: int, max_probe_tokens: int, bad_rows: str
+    rows: list[dict[str, Any]],
+    protocol: Protocol,
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_tokens: int,
+    max_probe_tokens: int,
+    bad_rows: str,
 ) -> list[dict[str, str]]:
     """Dataset rows for GRPO: `prompt` is the bare question (the rollout builds the real teacher prompt)."""
     out = []
@@ -99,7 +115,14 @@ def rcl_rl_rows(
     return out
 
 
-def probe_sampler(protocol: Protocol, student, student_tok, *, temperature: float, max_tokens: int):
+def probe_sampler(
+    protocol: Protocol,
+    student: PreTrainedModel,
+    student_tok: PreTrainedTokenizerBase,
+    *,
+    temperature: float,
+    max_tokens: int,
+) -> Callable[[list[str]], list[str]]:
     """Pass 1: one short approach outline per question, from the frozen student."""
     from rlt.method.generation import sample_with_logprobs
 
@@ -115,14 +138,21 @@ def probe_sampler(protocol: Protocol, student, student_tok, *, temperature: floa
     return probe
 
 
-def make_rcl_rollout(protocol: Protocol, teacher_tok, probe_fn, st, timer: PhaseTimer, counters: dict):
+def make_rcl_rollout(
+    protocol: Protocol,
+    teacher_tok: PreTrainedTokenizerBase,
+    probe_fn: Callable[[list[str]], list[str]],
+    st: RlStage,
+    timer: PhaseTimer,
+    counters: dict[str, int],
+) -> RolloutFunc:
     """TRL rollout_func: probe once per question, then G guidance samples from the teacher prompt (question + probe).
 
     `prompt_ids` returned = the tokens of that teacher prompt, so the GRPO loss conditions on exactly the
     prompt each guidance was sampled from."""
 
-    def rollout(prompts, trainer):
-        g = trainer.num_generations
+    def rollout(prompts: list[str], trainer: GRPOTrainer) -> dict[str, Any]:
+        g = cast(int, trainer.num_generations)  # grpo_options always sets num_generations
         groups = [prompts[k : k + g] for k in range(0, len(prompts), g)]
         for grp in groups:
             if len(grp) != g or any(p != grp[0] for p in grp):
@@ -149,7 +179,13 @@ def make_rcl_rollout(protocol: Protocol, teacher_tok, probe_fn, st, timer: Phase
     return rollout
 
 
-def build_rcl_reward(spec, protocol: Protocol, student, student_tok, teacher_tok) -> RCLReward:
+def build_rcl_reward(
+    spec: RLTRunSpec,
+    protocol: Protocol,
+    student: PreTrainedModel,
+    student_tok: PreTrainedTokenizerBase,
+    teacher_tok: PreTrainedTokenizerBase,
+) -> RCLReward:
     rcl, rl = spec.rcl, spec.stages.rl
     scorer = None
     if rcl.performance == "dense":
@@ -180,12 +216,12 @@ def run_rcl_rl(ctx: StageContext) -> str:
     device = ctx.compute_device
     protocol = protocol_for(spec)
     start = teacher_start(ctx)
-    tokenizer = load_tokenizer(start, padding_side="left")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(start, padding_side="left")
     rows = rcl_rl_rows(
         _rows(spec), protocol, tokenizer, st.max_prompt_length, spec.rcl.max_probe_tokens, spec.dataset.bad_rows
     )
-    student = load_model(spec.student, device)
-    student_tok = load_tokenizer(spec.student, padding_side="left")
+    student: PreTrainedModel = load_model(spec.student, device)
+    student_tok: PreTrainedTokenizerBase = load_tokenizer(spec.student, padding_side="left")
     reward = build_rcl_reward(spec, protocol, student, student_tok, tokenizer)
     probe_fn = probe_sampler(
         protocol, student, student_tok, temperature=st.temperature, max_tokens=spec.rcl.max_probe_tokens
@@ -194,7 +230,7 @@ def run_rcl_rl(ctx: StageContext) -> str:
     def reward_values() -> dict[str, float]:
         return {k: v for k, v in reward.last.means().items() if k != "reward"} if reward.last is not None else {}
 
-    def rollout(timer: PhaseTimer, counters: dict):
+    def rollout(timer: PhaseTimer, counters: dict[str, int]) -> RolloutFunc:
         return make_rcl_rollout(protocol, tokenizer, probe_fn, st, timer, counters)
 
     return train_grpo(ctx, device, start, tokenizer, rows, reward, rollout, reward_values)
@@ -205,12 +241,12 @@ def final_teacher(ctx: StageContext) -> tuple[ModelRef, str]:
     return newest_teacher(ctx, "evaluate", strict=False)
 
 
-def eval_rows(spec) -> list[dict]:
+def eval_rows(spec: RLTRunSpec) -> list[dict[str, Any]]:
     """The evaluate stage's rows (rlt.data.eval_set, as method rlt's stage and `rlt compare` read them)."""
     return evaluation_set(spec, resolve_format(spec.format)).rows
 
 
-def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict:
+def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict[str, Any]:
     """Two-pass evaluation of `teacher` (None = no teacher) -> out_dir/<label>/ and out_dir/report.md."""
     from rlt.rcl.evaluation import evaluate_teacher, write_report
 
@@ -218,8 +254,8 @@ def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, o
     device = ctx.compute_device
     rows = eval_rows(spec)
     t0 = time.perf_counter()
-    student = load_model(spec.student, device)
-    student_tok = load_tokenizer(spec.student, padding_side="left")
+    student: PreTrainedModel = load_model(spec.student, device)
+    student_tok: PreTrainedTokenizerBase = load_tokenizer(spec.student, padding_side="left")
     t_model = t_tok = None
     if teacher is not None:
         t_model, t_tok = load_model(teacher, device), load_tokenizer(teacher, padding_side="left")

@@ -7,8 +7,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract import metrics as catalogue
 from rlt.contract.env import GROUP_RANK, LOCAL_RANK, NODE_RANK, RANK, STAGE, TRACE
@@ -23,6 +24,12 @@ from rlt.data.jsonl import append_jsonl
 from rlt.stages.checkpoints import mark_checkpoint_complete
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.tracking import Tracker
+
+if TYPE_CHECKING:
+    from logging import LogRecord
+
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 
 class Recorder:
@@ -67,10 +74,11 @@ class Recorder:
             label = step_label
             if key == "accuracy":  # labelled by the evaluated model: the evaluate stage exports it itself
                 label = self.eval_model
+            # a metric with a label has a label value in STEP_KEYS
             elif m and d.kind == "gauge":
-                m.set(metric, value, **({extra[0]: label} if extra else {}))
+                m.set(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
             elif m and d.kind == "histogram":
-                m.observe(metric, value, **({extra[0]: label} if extra else {}))
+                m.observe(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
             elif m and value:
                 m.inc(metric, value)
             tracked[tracking_name(metric, label)] = self.totals.get(metric, value)
@@ -121,11 +129,11 @@ class Recorder:
 class PhaseTimer:
     """Seconds per phase of the current optimizer step."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
             yield
@@ -142,19 +150,25 @@ class PhaseTimer:
 TRL_LOG_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "learning_rate", "entropy")
 
 
-def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = True):
+def make_callback(
+    recorder: Recorder,
+    extra_values: Callable[[float], dict[str, float]] | None = None,
+    show_progress: bool = True,
+) -> TrainerCallback:
     """A transformers TrainerCallback: progress bar (step/total, ETA, reward or loss) and the stage record."""
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
     from transformers import TrainerCallback
 
     class RecordCallback(TrainerCallback):
-        def __init__(self):
-            self.bar = None
+        def __init__(self) -> None:
+            self.bar: tqdm | None = None
             self.step_started = time.perf_counter()
             self.pending: dict[str, float] = {}
             self.estimated = False
 
-        def on_train_begin(self, args, state, control, **kw):
+        def on_train_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             announce_world(recorder.stage)
             recorder.set_total(state.max_steps)
             if recorder.ctx.is_main and show_progress:
@@ -166,16 +180,25 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
                     dynamic_ncols=True,
                 )
 
-        def on_step_begin(self, args, state, control, **kw):
+        def on_step_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             self.step_started = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
             values = {"step_seconds": time.perf_counter() - self.step_started}
             if extra_values is not None:
                 values.update(extra_values(values["step_seconds"]))
             self.pending = values
 
-        def on_log(self, args, state, control, logs=None, **kw):
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, Any] | None = None,
+            **kw: Any,
+        ) -> None:
             logs = logs or {}
             values = dict(self.pending)
             for key in TRL_LOG_KEYS:
@@ -190,7 +213,7 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
                 shown = {k: f"{values[k]:.3f}" for k in ("reward", "loss") if k in values}
                 self.bar.set_postfix(shown, refresh=True)
 
-        def estimate_once(self, state, seconds: float | None) -> None:
+        def estimate_once(self, state: TrainerState, seconds: float | None) -> None:
             """After the stage's first step, one plain line with the time the rest should take: the bar's ETA is
             gone from a log or a pipe, and a newcomer wants to know whether to wait or come back later."""
             if self.estimated or seconds is None or not recorder.ctx.is_main:
@@ -202,12 +225,14 @@ def make_callback(recorder: Recorder, extra_values=None, show_progress: bool = T
                 f"about {_duration(seconds * left)} for the {left} steps left"
             )
 
-        def on_save(self, args, state, control, **kw):
-            path = checkpoint_path(args.output_dir, state.global_step)
+        def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+            path = checkpoint_path(cast(str, args.output_dir), state.global_step)  # TrainingArguments sets a default
             mark_checkpoint_complete(path, recorder.ctx.is_main)
             recorder.checkpoint(state.global_step, str(path))
 
-        def on_train_end(self, args, state, control, **kw):
+        def on_train_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             if self.bar is not None:
                 self.bar.n = state.global_step
                 self.bar.close()
@@ -225,7 +250,7 @@ def _duration(seconds: float) -> str:
     )
 
 
-def quiet_trainer(trainer) -> None:
+def quiet_trainer(trainer: Trainer) -> None:
     """Our callback prints progress; drop the Trainer's own log printer, and its false alarm on resuming a model
     with tied embeddings (TiedKeysFilter)."""
     import logging
@@ -237,7 +262,7 @@ def quiet_trainer(trainer) -> None:
     trainer_log = logging.getLogger("transformers.trainer")
     for old in [f for f in trainer_log.filters if isinstance(f, TiedKeysFilter)]:
         trainer_log.removeFilter(old)  # one per process: the filter of the model trained now
-    trainer_log.addFilter(TiedKeysFilter(trainer.model))
+    trainer_log.addFilter(TiedKeysFilter(cast("torch.nn.Module", trainer.model)))  # a Trainer made with its model
 
 
 class TiedKeysFilter:
@@ -250,14 +275,14 @@ class TiedKeysFilter:
 
     PREFIX = "There were missing keys in the checkpoint model loaded: "
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         names: dict[int, list[str]] = {}
         for name, param in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(param), []).append(name)
         # every name of a parameter that has more than one (one of them is the one the checkpoint kept)
         self.tied = {n for group in names.values() if len(group) > 1 for n in group}
 
-    def filter(self, record) -> bool:
+    def filter(self, record: LogRecord) -> bool:
         import ast
 
         message = record.getMessage()
@@ -274,6 +299,7 @@ def announce_world(stage: str) -> None:
     """One line per process saying which process group it is in (read by people and by the multi-process tests)."""
     import torch.distributed as dist
 
+    backend: str
     if dist.is_available() and dist.is_initialized():
         rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     else:  # a stage whose ranks share no process group (distill): the launcher's numbers

@@ -15,41 +15,57 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import Trainer
+    from trl.trainer.grpo_config import GRPOConfig
 
 log = logging.getLogger(__name__)
 
 REFERENCE_FILE = "rlt-reference.safetensors"
 
 
-def synced_reference(trainer):
+def synced_reference(trainer: Trainer) -> torch.nn.Module | None:
     """The trainer's reference model when refSync updates it (None: no reference, LoRA, or refSync off), unwrapped
     from a DeepSpeed engine or accelerate wrapper."""
     ref = getattr(trainer, "ref_model", None)
     if ref is None or not getattr(trainer.args, "sync_ref_model", False):
         return None
-    return getattr(ref, "module", ref)
+    model: torch.nn.Module = getattr(ref, "module", ref)
+    return model
 
 
-def _gathered(param, modifier_rank=None):
+def _sync_steps(trainer: Trainer) -> int:
+    """refSync's period: only a GRPOTrainer has a synced reference, and its args are its GRPOConfig."""
+    return cast("GRPOConfig", trainer.args).ref_model_sync_steps
+
+
+def _gathered(param: torch.nn.Parameter, modifier_rank: int | None = None) -> contextlib.AbstractContextManager[Any]:
     """The whole parameter for the block (ZeRO-3 partitions it across the ranks; elsewhere it is whole)."""
     if not hasattr(param, "ds_id"):
         return contextlib.nullcontext()
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters([param], modifier_rank=modifier_rank)
+    gathered: contextlib.AbstractContextManager[Any] = deepspeed.zero.GatheredParameters(
+        [param], modifier_rank=modifier_rank
+    )  # deepspeed ships no type information
+    return gathered
 
 
-def save_reference(trainer, checkpoint: str | Path) -> Path | None:
+def save_reference(trainer: Trainer, checkpoint: str | Path) -> Path | None:
     """Write the synced reference into `checkpoint` (rank 0 writes; every rank takes part in the gathers). Before
     the first sync the reference is still the start model, which a resume loads anyway: nothing is written."""
     ref = synced_reference(trainer)
-    if ref is None or trainer.state.global_step < trainer.args.ref_model_sync_steps:
+    if ref is None or trainer.state.global_step < _sync_steps(trainer):
         return None
     from safetensors.torch import save_file
 
     main = trainer.accelerator.is_main_process
-    tensors = {}
+    tensors: dict[str, torch.Tensor] = {}
     for name, param in ref.named_parameters():  # tied weights once, as the sync updates them
         with _gathered(param):
             if main:
@@ -60,7 +76,7 @@ def save_reference(trainer, checkpoint: str | Path) -> Path | None:
     return path
 
 
-def load_reference(trainer, checkpoint: str | Path) -> bool:
+def load_reference(trainer: Trainer, checkpoint: str | Path) -> bool:
     """Before training resumes from `checkpoint`: the reference as it was saved. A checkpoint saved after a sync
     without it (written before rlt kept the reference) resumes with the start model, with a warning. True when
     loaded."""
@@ -70,7 +86,7 @@ def load_reference(trainer, checkpoint: str | Path) -> bool:
     path = Path(checkpoint) / REFERENCE_FILE
     if not path.exists():
         step = _checkpoint_step(checkpoint)
-        if step >= trainer.args.ref_model_sync_steps:
+        if step >= _sync_steps(trainer):
             log.warning(
                 "checkpoint %s (step %d) holds no %s: the GRPO reference restarts from the start model until the "
                 "next refSync",
@@ -105,18 +121,19 @@ def _checkpoint_step(checkpoint: str | Path) -> int:
     return int(name.rsplit("-", 1)[1]) if name.rsplit("-", 1)[-1].isdigit() else 0
 
 
-def keep_reference_in_checkpoints(trainer) -> bool:
+def keep_reference_in_checkpoints(trainer: Trainer) -> bool:
     """Every checkpoint the trainer writes (periodic, final, a stop's) holds the synced reference, written before
     the completion marker (the record callback's on_save, after `_save_checkpoint`). True when wrapped."""
     if synced_reference(trainer) is None:
         return False
     from rlt.contract.layout import checkpoint_path
 
-    save_checkpoint = trainer._save_checkpoint
+    save_checkpoint: Callable[[torch.nn.Module, Any], None] = trainer._save_checkpoint  # TRL's is unannotated
 
-    def with_reference(model, trial):
+    def with_reference(model: torch.nn.Module, trial: Any) -> None:  # trial: passed on (optuna's, or None)
         save_checkpoint(model, trial)
-        save_reference(trainer, checkpoint_path(trainer.args.output_dir, trainer.state.global_step))
+        # output_dir: TrainingArguments fills in a default
+        save_reference(trainer, checkpoint_path(cast(str, trainer.args.output_dir), trainer.state.global_step))
 
-    trainer._save_checkpoint = with_reference
+    trainer._save_checkpoint = with_reference  # type: ignore[method-assign]  # the save wrapped on this trainer only
     return True

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.env import RANK
-from rlt.data.dataset import DataError, load_data
+from rlt.data.dataset import load_data
+from rlt.data.errors import DataError
 from rlt.data.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
@@ -25,6 +27,24 @@ from rlt.stages.rl_reward import reward_from_spec
 from rlt.stages.start_models import newest_teacher
 from rlt.stages.trainer import TrainerRun, trainer_options
 
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
+    from trl.trainer.callbacks import SyncRefModelCallback
+    from trl.trainer.grpo_config import GRPOConfig
+    from trl.trainer.grpo_trainer import GRPOTrainer, RolloutFunc
+
+    from rlt.method.reward import RewardBreakdown, RLTReward
+    from rlt.method.scoring import SpanScorer
+    from rlt.rcl.reward import RclBatch, RCLReward
+    from rlt.spec.stages import RlStage
+    from rlt.stages.balance import BalanceFigures
+    from rlt.stages.preemption import StopRequest
+
+    # TRL's soft update of a reference from a policy: (policy, reference, alpha)
+    ParamSync = Callable[[torch.nn.Module, torch.nn.Module, float], None]
+
 log = logging.getLogger(__name__)
 
 
@@ -34,7 +54,12 @@ def teacher_start(ctx: StageContext) -> ModelRef:
 
 
 def rl_rows(
-    rows, formatter: Formatter, tokenizer, max_prompt_tokens: int, bad_rows: str, where=lambda i: f"row {i}"
+    rows: list[dict[str, Any]],
+    formatter: Formatter,
+    tokenizer: PreTrainedTokenizerBase,
+    max_prompt_tokens: int,
+    bad_rows: str,
+    where: Callable[[int], str] = lambda i: f"row {i}",
 ) -> list[dict[str, str]]:
     """`where(row)` names a row as the user's file does ('line N', LoadedData.where)."""
     out, skipped = [], []
@@ -60,7 +85,13 @@ def rl_rows(
     return out
 
 
-def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generations: int, st):
+def sample_policy(
+    trainer: GRPOTrainer,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[list[int]],
+    num_generations: int,
+    st: RlStage,
+) -> tuple[list[list[int]], list[list[float]]]:
     """Completions of the current policy with the tempered log-prob of every sampled token.
 
     `prompt_ids` holds each prompt `num_generations` times (TRL's layout). Server mode: TRL's vLLM client, whose
@@ -72,8 +103,9 @@ def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generatio
         return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]  # sampled token's (processed) logprob
     from trl.models import unwrap_model_for_generation
 
+    args = cast("GRPOConfig", trainer.args)  # a GRPOTrainer's args are its GRPOConfig
     with unwrap_model_for_generation(
-        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
+        trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation
     ) as m:
         was_training = m.training
         m.eval()
@@ -89,8 +121,10 @@ def sample_policy(trainer, tokenizer, prompt_ids: list[list[int]], num_generatio
     return s.completion_ids, s.logprobs
 
 
-def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
-    def rollout(prompts, trainer):
+def make_rollout(
+    tokenizer: PreTrainedTokenizerBase, timer: PhaseTimer, st: RlStage, counters: dict[str, int]
+) -> RolloutFunc:
+    def rollout(prompts: list[str], trainer: GRPOTrainer) -> dict[str, Any]:
         # Which rows this rank drew (short hashes): the multi-process tests check that ranks train their own shard.
         drawn = sorted({hashlib.sha1(p.encode()).hexdigest()[:8] for p in prompts})
         trace_line(
@@ -99,7 +133,8 @@ def make_rollout(tokenizer, timer: PhaseTimer, st, counters: dict):
         )
         prompt_ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]  # = sft.teacher_prompt_ids
         with timer.phase("generate"):
-            completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, trainer.num_generations, st)
+            group = cast(int, trainer.num_generations)  # grpo_options always sets num_generations
+            completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, group, st)
         counters["generated_tokens"] += sum(len(c) for c in completion_ids)
         return {
             "prompt_ids": prompt_ids,
@@ -121,7 +156,7 @@ IS_MODES = {
 }
 
 
-def grpo_config(ctx: StageContext, device: str):
+def grpo_config(ctx: StageContext, device: str) -> GRPOConfig:
     """TRL GRPOConfig from spec.stages.rl and its trainerArgs (which may not repeat a key rlt sets)."""
     from trl import GRPOConfig
 
@@ -149,7 +184,7 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
             "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)"
         )
     correct_is = (server or colocate) and gen.importance_sampling != "off"
-    vllm = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
+    vllm: dict[str, Any] = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
     if colocate:  # vLLM shares each rank's GPU with training: unless set, TRL's 30 % (not a generator pod's 90 %)
         share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
         vllm.update(vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len)
@@ -186,7 +221,7 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
     )
 
 
-def pairwise_ref_sync(trl_callback, zero3: bool):
+def pairwise_ref_sync(trl_callback: SyncRefModelCallback, zero3: bool) -> SyncRefModelCallback:
     """TRL's reference soft-sync (ref ← α·policy + (1−α)·ref every refSync.steps), done one parameter pair at a time.
 
     TRL's SyncRefModelCallback gathers EVERY policy and reference parameter at once under ZeRO-3: a full 16-bit copy
@@ -197,9 +232,12 @@ def pairwise_ref_sync(trl_callback, zero3: bool):
     from trl.trainer.callbacks import SyncRefModelCallback
 
     class PairwiseSyncRefModelCallback(SyncRefModelCallback):
-        def sync_target_model(self, model, target_model, alpha):  # type: ignore[override]
+        def sync_target_model(  # type: ignore[override]
+            self, model: torch.nn.Module, target_model: torch.nn.Module, alpha: float
+        ) -> None:
             if not zero3:
-                return SyncRefModelCallback._sync_target_model(model, target_model, alpha)
+                whole: ParamSync = SyncRefModelCallback._sync_target_model  # TRL's is unannotated
+                return whole(model, target_model, alpha)
             import deepspeed
 
             for target, source in zip(target_model.parameters(), model.parameters(), strict=True):
@@ -211,7 +249,7 @@ def pairwise_ref_sync(trl_callback, zero3: bool):
     return PairwiseSyncRefModelCallback(ref_model=trl_callback.ref_model, accelerator=trl_callback.accelerator)
 
 
-def use_pairwise_ref_sync(trainer, zero3: bool) -> bool:
+def use_pairwise_ref_sync(trainer: Trainer, zero3: bool) -> bool:
     """Swap TRL's reference-sync callback (when the trainer has one) for `pairwise_ref_sync`'s."""
     from trl.trainer.callbacks import SyncRefModelCallback
 
@@ -223,12 +261,12 @@ def use_pairwise_ref_sync(trainer, zero3: bool) -> bool:
     return False
 
 
-def stoppable_rollout(rollout, stop):
+def stoppable_rollout(rollout: RolloutFunc, stop: StopRequest) -> RolloutFunc:
     """The rollout, then the gang's agreement on a stop (rlt.stages.preemption.stop_point): the rollout is the
     longest phase of a step (the longest completion plus the transfer), and no gradient exists yet."""
     from rlt.stages.preemption import stop_point
 
-    def rollout_then_agree(prompts, trainer):
+    def rollout_then_agree(prompts: list[str], trainer: GRPOTrainer) -> dict[str, Any]:
         out = rollout(prompts, trainer)
         stop_point(stop, trainer.state, "after the rollout")
         return out
@@ -236,23 +274,23 @@ def stoppable_rollout(rollout, stop):
     return rollout_then_agree
 
 
-def stoppable_scoring(trainer, stop) -> None:
+def stoppable_scoring(trainer: GRPOTrainer, stop: StopRequest) -> None:
     """The gang agrees on a stop after the reference and old-policy passes (TRL runs them right before the rewards)
     and after the scoring, still before the step's first backward."""
     from rlt.stages.preemption import stop_point
 
-    calculate = trainer._calculate_rewards
+    calculate: Callable[..., torch.Tensor] = trainer._calculate_rewards  # TRL's is unannotated
 
-    def agreed_around(*a, **kw):
+    def agreed_around(*a: Any, **kw: Any) -> torch.Tensor:
         stop_point(stop, trainer.state, "after the reference and old-policy passes")
         out = calculate(*a, **kw)
         stop_point(stop, trainer.state, "after the scoring")
         return out
 
-    trainer._calculate_rewards = agreed_around
+    trainer._calculate_rewards = agreed_around  # type: ignore[method-assign]  # wrapped on this trainer only
 
 
-def partition_frozen(scorer, accelerator) -> bool:
+def partition_frozen(scorer: SpanScorer, accelerator: Accelerator) -> bool:
     """A frozen scoring model prepared the way TRL prepares its reference and reward models under DeepSpeed
     (trl.models.prepare_deepspeed): under ZeRO-3 its parameters are partitioned across the ranks, so each rank
     holds 1/world of it between steps; each score() call gathers it whole (TRL's unwrap_model_for_generation) and
@@ -269,7 +307,9 @@ def partition_frozen(scorer, accelerator) -> bool:
     return True
 
 
-def clipped_share(ratio, completion_mask, mode: str, cap: float, floor: float | None) -> tuple[float, float]:
+def clipped_share(
+    ratio: torch.Tensor, completion_mask: torch.Tensor, mode: str, cap: float, floor: float | None
+) -> tuple[float, float]:
     """(masked or clipped entries, all entries) of TRL's importance-sampling ratio: per sequence in sequence
     modes (ratio shape [B, 1]), per completion token in token modes. Masking writes 0, truncation clamps."""
     import torch
@@ -288,12 +328,12 @@ def train_grpo(
     ctx: StageContext,
     device: str,
     start: ModelRef,
-    tokenizer,
-    rows: list[dict],
-    reward,
-    make_rollout_fn,
-    reward_values,
-    frozen=(),
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, Any]],
+    reward: RLTReward | RCLReward,
+    make_rollout_fn: Callable[[PhaseTimer, dict[str, int]], RolloutFunc],
+    reward_values: Callable[[], dict[str, float]],
+    frozen: Sequence[SpanScorer] = (),
 ) -> str:
     """What every GRPO stage shares: config, step timing split by phase, the record, checkpoints, the final model.
 
@@ -311,11 +351,11 @@ def train_grpo(
     counters = {"generated_tokens": 0}
     score = reward.score
 
-    def timed_score(*a, **kw):
+    def timed_score(*a: Any, **kw: Any) -> RewardBreakdown | RclBatch:
         with timer.phase("score"):
             return score(*a, **kw)
 
-    reward.score = timed_score  # the score phase of the step timer
+    reward.score = timed_score  # type: ignore[method-assign, assignment]  # the score phase of the step timer
     clipped = {"hit": 0.0, "all": 0.0}
 
     def step_values(step_seconds: float) -> dict[str, float]:
@@ -328,13 +368,15 @@ def train_grpo(
             clipped.update(hit=0.0, all=0.0)
         values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
         values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
-        values.update(trainer.balance_figures())  # rlt.stages.balance: the step's rank imbalance
+        # rlt.stages.balance: the step's rank imbalance (the trainer is rank_balanced's class)
+        values.update(cast("BalanceFigures", trainer).balance_figures())
         return values
 
     run = TrainerRun(ctx, "rl", start, tokenizer, device, ctx.spec.stages.rl.steps)
+    # each micro-batch's model calls on its own tokens (rlt.stages.padding), rows dealt across ranks by tokens
+    trainer_cls: type[GRPOTrainer] = rank_balanced(padding_trimmed(GRPOTrainer))
     trainer = run.trainer(
-        # each micro-batch's model calls on its own tokens (rlt.stages.padding), rows dealt across ranks by tokens
-        rank_balanced(padding_trimmed(GRPOTrainer)),
+        trainer_cls,
         args,
         rows,
         step_values,
@@ -348,31 +390,31 @@ def train_grpo(
     use_pairwise_ref_sync(trainer, zero3=ds.get("zero_optimization", {}).get("stage") == 3)
     keep_reference_in_checkpoints(trainer)  # a resume continues with the synced reference, not the start model
     if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
-        sync = trainer.vllm_generation.sync_weights
+        sync: Callable[..., None] = trainer.vllm_generation.sync_weights  # TRL's is unannotated
 
-        def timed_sync(*a, **kw):
+        def timed_sync(*a: Any, **kw: Any) -> None:
             with timer.phase("weight_sync"):
                 return sync(*a, **kw)
 
-        trainer.vllm_generation.sync_weights = timed_sync
+        trainer.vllm_generation.sync_weights = timed_sync  # type: ignore[method-assign]  # wrapped on this trainer only
     if args.use_vllm and args.vllm_importance_sampling_correction:
         # TRL logs the ratio's min/mean/max; the share it masked or clipped is what says how much loss was dropped
         generate_and_score = trainer._generate_and_score_completions
 
-        def counted(*a, **kw):
+        def counted(*a: Any, **kw: Any) -> dict[str, Any]:
             out = generate_and_score(*a, **kw)
             hit, total = clipped_share(
                 out["importance_sampling_ratio"],
                 out["completion_mask"],
                 args.vllm_importance_sampling_mode,
-                args.vllm_importance_sampling_clip_max,
+                cast(float, args.vllm_importance_sampling_clip_max),  # grpo_options sets it (importanceSamplingCap)
                 args.vllm_importance_sampling_clip_min,
             )
             clipped["hit"] += hit
             clipped["all"] += total
             return out
 
-        trainer._generate_and_score_completions = counted
+        trainer._generate_and_score_completions = counted  # type: ignore[method-assign]  # on this trainer only
     return run.train(trainer)
 
 
@@ -381,12 +423,12 @@ def run_rl(ctx: StageContext) -> str:
     device = ctx.compute_device  # before the student is loaded onto it
     formatter = ctx.formatter
     start = teacher_start(ctx)
-    tokenizer = load_tokenizer(start, padding_side="left")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(start, padding_side="left")
     data = load_data(spec.dataset, formatter.fmt)
     rows = rl_rows(data.train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows, data.where)
 
-    student = load_model(spec.student, device)
-    student_tok = load_tokenizer(spec.student, padding_side="right")
+    student: PreTrainedModel = load_model(spec.student, device)
+    student_tok: PreTrainedTokenizerBase = load_tokenizer(spec.student, padding_side="right")
     reward = reward_from_spec(spec, student, student_tok, formatter, teacher_tokenizer=tokenizer)
     scored = {"last": 0}
 
@@ -403,7 +445,7 @@ def run_rl(ctx: StageContext) -> str:
         )
         return values
 
-    def rollout(timer: PhaseTimer, counters: dict):
+    def rollout(timer: PhaseTimer, counters: dict[str, int]) -> RolloutFunc:
         return make_rollout(tokenizer, timer, st, counters)
 
     return train_grpo(ctx, device, start, tokenizer, rows, reward, rollout, reward_values, frozen=[reward.student])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from rlt.data.dataset import DataError, load_data
+from rlt.data.dataset import load_data
+from rlt.data.errors import DataError
 from rlt.data.models import load_tokenizer
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
@@ -13,16 +15,30 @@ from rlt.spec.run import stage_settings
 from rlt.stages.context import StageContext
 from rlt.stages.trainer import TrainerRun, trainer_options
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from trl.trainer.sft_config import SFTConfig
+
 log = logging.getLogger(__name__)
 
 
-def teacher_prompt_ids(formatter: Formatter, tokenizer, question: str, solution: str) -> list[int]:
+def teacher_prompt_ids(
+    formatter: Formatter, tokenizer: PreTrainedTokenizerBase, question: str, solution: str
+) -> list[int]:
     """The teacher prompt's token ids, one definition for the sft, rl and distill stages."""
-    return tokenizer(formatter.teacher_prompt(tokenizer, question, solution), add_special_tokens=False).input_ids
+    ids: list[int] = tokenizer(
+        formatter.teacher_prompt(tokenizer, question, solution), add_special_tokens=False
+    ).input_ids
+    return ids
 
 
 def sft_rows(
-    rows, formatter: Formatter, tokenizer, bad_rows: str, max_length: int | None = None, where=lambda i: f"row {i}"
+    rows: list[dict[str, Any]],
+    formatter: Formatter,
+    tokenizer: PreTrainedTokenizerBase,
+    bad_rows: str,
+    max_length: int | None = None,
+    where: Callable[[int], str] = lambda i: f"row {i}",
 ) -> list[dict[str, list[int]]]:
     """prompt = teacher chat up to the opening explanation tag; completion = the worked reasoning, closed.
 
@@ -61,7 +77,7 @@ def sft_rows(
     return out
 
 
-def sft_config(ctx: StageContext, device: str, stage: str = "sft"):
+def sft_config(ctx: StageContext, device: str, stage: str = "sft") -> SFTConfig:
     """TRL SFTConfig from spec.stages.<stage> (sft or student) and its trainerArgs (which may not repeat a key rlt
     sets)."""
     from trl import SFTConfig
@@ -86,7 +102,12 @@ def sft_options(ctx: StageContext, device: str, stage: str = "sft") -> dict[str,
 
 
 def train_sft(
-    ctx: StageContext, device: str, rows: list[dict], tokenizer, stage: str = "sft", model: ModelRef | None = None
+    ctx: StageContext,
+    device: str,
+    rows: list[dict[str, Any]],
+    tokenizer: PreTrainedTokenizerBase,
+    stage: str = "sft",
+    model: ModelRef | None = None,
 ) -> str:
     """Supervised training on prompt/completion rows, loss on the completion only: config, record, final model.
 
@@ -102,7 +123,7 @@ def run_sft(ctx: StageContext) -> str:
     spec = ctx.spec
     device = ctx.compute_device
     formatter = ctx.formatter
-    tokenizer = load_tokenizer(spec.teacher, padding_side="right")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(spec.teacher, padding_side="right")
     data = load_data(spec.dataset, formatter.fmt)
     rows = sft_rows(data.train, formatter, tokenizer, spec.dataset.bad_rows, spec.stages.sft.max_length, data.where)
     return train_sft(ctx, device, rows, tokenizer)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlt.contract.stage_registry import teacher_stages_before
 from rlt.spec.run import stage_settings
 from rlt.stages.context import StageContext
 
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
-def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True):
+    from rlt.spec.inputs import ModelRef
+
+
+def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True) -> tuple[ModelRef, str]:
     """The teacher stage `for_stage` works from: the newest model of the run's earlier teacher stages
     (rlt.contract.stage_registry), as (ModelRef, stage); spec.teacher, labelled "initial", when none has produced one.
 
@@ -28,7 +35,7 @@ def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True):
     return spec.teacher, "initial"
 
 
-def peft_config(ref):
+def peft_config(ref: ModelRef) -> LoraConfig | None:
     """PEFT LoraConfig for a model with `lora` set (handed to TRL's trainers as peft_config), else None."""
     if ref.lora is None:
         return None

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.layout import atomic_write_json
-from rlt.data.dataset import DataError
+from rlt.data.errors import DataError
 from rlt.data.jsonl import read_jsonl
 from rlt.data.models import load_tokenizer
 from rlt.method.prompts import Formatter
@@ -22,10 +22,15 @@ from rlt.spec.inputs import ModelRef
 from rlt.stages.context import StageContext
 from rlt.stages.sft import train_sft
 
+if TYPE_CHECKING:
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
+
+    from rlt.spec.run import RLTRunSpec
+
 log = logging.getLogger(__name__)
 
 
-def student_ref(spec) -> ModelRef:
+def student_ref(spec: RLTRunSpec) -> ModelRef:
     return spec.stages.student.model or spec.student
 
 
@@ -84,10 +89,11 @@ def run_student(ctx: StageContext) -> str:
     if not source.exists():
         raise RuntimeError(f"stage student needs the distillation dataset at {source}; run stage distill first")
     ref = student_ref(spec)
-    tokenizer = load_tokenizer(ref, padding_side="right")
+    tokenizer: PreTrainedTokenizerBase = load_tokenizer(ref, padding_side="right")
 
-    def length(messages):
-        return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    def length(messages: list[dict[str, str]]) -> int:
+        chat = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)
+        return len(cast("BatchEncoding", chat)["input_ids"])  # return_dict: a BatchEncoding
 
     chats, records = choose_rows(read_jsonl(source), length, st.max_length, st.over_long, formatter)
     counts = Counter(r["action"] for r in records)

@@ -16,6 +16,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers import Trainer
+
     from rlt.contract.layout import RunLayout
     from rlt.spec.run import RLTRun
     from rlt.stages.context import StageContext
@@ -59,7 +62,7 @@ def report_to_args(ctx: StageContext) -> dict[str, Any]:
     return {"report_to": backends or "none", "run_name": ctx.run.name}
 
 
-def point_tensorboard(trainer, ctx: StageContext, stage: str) -> None:
+def point_tensorboard(trainer: Trainer, ctx: StageContext, stage: str) -> None:
     """Send the Trainer's TensorBoard callback to the stage's folder (it would default to output_dir/runs)."""
     from transformers.integrations import TensorBoardCallback
 
@@ -74,7 +77,7 @@ class Tracker:
     def __init__(self, ctx: StageContext, stage: str):
         self.ctx, self.stage = ctx, stage
         self.backends = ctx.spec.tracking.report_to()
-        self._tb = None
+        self._tb: SummaryWriter | None = None
         self._own_mlflow = False
         apply_tracking_env(ctx.run, ctx.layout)
 

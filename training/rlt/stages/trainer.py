@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.budgets import collective_timeout_seconds
@@ -17,6 +18,21 @@ from rlt.stages.record import Recorder, make_callback, quiet_trainer, say_line
 from rlt.stages.reference import load_reference
 from rlt.stages.start_models import peft_config
 from rlt.stages.tracking import point_tensorboard
+
+if TYPE_CHECKING:
+    from transformers import (
+        PreTrainedTokenizerBase,
+        Trainer,
+        TrainerCallback,
+        TrainerControl,
+        TrainerState,
+        TrainingArguments,
+    )
+
+    from rlt.spec.inputs import ModelRef
+    from rlt.stages.preemption import Stopped
+
+TrainerT = TypeVar("TrainerT", bound="Trainer")
 
 
 def trainer_precision(device: str, precision: str = "auto", processes: int = 1) -> dict[str, Any]:
@@ -101,8 +117,8 @@ class TrainerRun:
 
     ctx: StageContext
     stage: str
-    start: Any  # the ModelRef the stage trains
-    tokenizer: Any
+    start: ModelRef  # the model the stage trains
+    tokenizer: PreTrainedTokenizerBase
     device: str
     total_steps: int = 0  # 0: the Trainer says once it has planned the steps
 
@@ -112,7 +128,14 @@ class TrainerRun:
         self.recorder = Recorder(self.ctx, self.stage, self.total_steps)
         self.stop = StopRequest()  # SIGTERM: stop at the next micro-batch, save the last step (rlt.stages.preemption)
 
-    def trainer(self, trainer_cls, args, rows: list[dict], step_values=None, **more):
+    def trainer(
+        self,
+        trainer_cls: Callable[..., TrainerT],
+        args: TrainingArguments,
+        rows: list[dict[str, Any]],
+        step_values: Callable[[float], dict[str, float]] | None = None,
+        **more: Any,
+    ) -> TrainerT:
         """`trainer_cls` (a TRL trainer) on the start model (LoRA through PEFT when set) with our record callback;
         `step_values(step_seconds)` adds the stage's own numbers to each step's record."""
         from datasets import Dataset
@@ -134,7 +157,7 @@ class TrainerRun:
             **more,
         )
 
-    def train(self, trainer) -> str:
+    def train(self, trainer: Trainer) -> str:
         """Train to the end and return the final model's folder; the stage is then done. Raises `Stopped` when
         the gang stopped on SIGTERM (after saving a complete checkpoint of the last finished step)."""
         from rlt.stages.preemption import Abandoned, Stopped, save_abandoned
@@ -171,7 +194,7 @@ class TrainerRun:
         self.recorder.done()
         return out
 
-    def stopped_by_error(self, trainer, error: Exception, resume: str | None):
+    def stopped_by_error(self, trainer: Trainer, error: Exception, resume: str | None) -> Stopped:
         """An exception escaped training after SIGTERM (a drained generator aborting the rollout, a peer gone): a
         disruption, not a failure. A single process saves the last completed step unless the optimizer step was
         under way (the weights may be half-updated); a rank of a gang cannot (its peers may wait in a collective it
@@ -193,7 +216,7 @@ class TrainerRun:
         return Stopped(self.stage, done, last, gang_agreed=world_size() <= 1)
 
 
-def master_fp32(args, ref) -> bool:
+def master_fp32(args: TrainingArguments, ref: ModelRef) -> bool:
     """Whether the trainable model is loaded in fp32: whenever DeepSpeed (which keeps fp32 master weights of a bf16
     model) is off and the whole model trains. A bf16 weight cannot take an update below 2^-8 of itself, so at the
     paper's lr 1e-6 pure bf16 training changes almost nothing; with LoRA PEFT keeps the adapters fp32 and the frozen
@@ -204,12 +227,12 @@ def master_fp32(args, ref) -> bool:
 class EndReached(Exception):
     """Resumed from a checkpoint of the stage's last step (stopped or crashed before its final model was written)."""
 
-    def __init__(self, step: int):
+    def __init__(self, step: int) -> None:
         self.step = step
         super().__init__(f"resumed at step {step}, the stage's last")
 
 
-def end_reached_callback():
+def end_reached_callback() -> TrainerCallback:
     """A transformers TrainerCallback that ends `train()` before the first step when the checkpoint it resumed from
     already reached max_steps: the Trainer checks max_steps only after a step, so it would train one step past the
     end whenever the steps do not end on an epoch boundary. Every rank resumes the same checkpoint, so every rank
@@ -217,7 +240,9 @@ def end_reached_callback():
     from transformers import TrainerCallback
 
     class StopAtTheEnd(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
+        def on_train_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
             if 0 < state.max_steps <= state.global_step:
                 raise EndReached(state.global_step)
 

@@ -12,20 +12,26 @@ import tempfile
 import types
 import typing
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlt.contract.stage_registry import STAGE_ORDER, TRAINER_STAGES, stage_info
 from rlt.spec.run import stage_settings
 from rlt.spec.trainer_args import Kind
 
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
-def config_class(stage: str):
+    from rlt.spec.run import RLTRun
+
+
+def config_class(stage: str) -> type[TrainingArguments]:
     import trl
 
     name = stage_info(stage).trl_config
     if name is None:
         raise ValueError(f"stage {stage} has no Trainer, so no TRL config")
-    return getattr(trl, name)
+    cls: type[TrainingArguments] = getattr(trl, name)  # SFTConfig or GRPOConfig
+    return cls
 
 
 def _kinds(hint: Any) -> list[Kind]:
@@ -71,7 +77,7 @@ def render() -> str:
     return json.dumps(option_table(), indent=1, sort_keys=True) + "\n"
 
 
-def check_trainer_args(run) -> list[str]:
+def check_trainer_args(run: RLTRun) -> list[str]:
     """Problems of every enabled trained stage's trainerArgs: first the table's (rlt.checks.validation reports those
     too), then, when those pass, what building the real config refuses."""
     from rlt.checks.validation import trainer_args_problems
@@ -89,7 +95,7 @@ def check_trainer_args(run) -> list[str]:
     return problems
 
 
-def _build_error(run, stage: str) -> str | None:
+def _build_error(run: RLTRun, stage: str) -> str | None:
     """Build the stage's config as the stage would (CPU, one process, a scratch folder); the error, if any."""
     from rlt.contract.layout import RunLayout
     from rlt.stages.context import StageContext
