@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from rlt.contract.env import CACHE
-from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet, PodRun
+from rlt_sandbox.kubelet_emulator import LocalKubelet
+from rlt_sandbox.kubelet_model import ImageEnv, PodRun
 
 
 def parse_images(specs: list[str]) -> dict[str, ImageEnv]:
