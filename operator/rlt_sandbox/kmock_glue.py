@@ -47,8 +47,8 @@ import copy
 import itertools
 import re
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import jsonpatch
@@ -57,7 +57,7 @@ from kmock._internal import enums, k8s, references, rendering
 
 from rlt.contract.layout import format_time
 from rlt_sandbox.kmock_admission import Admission
-from rlt_sandbox.kmock_pod_logs import POD_LOG, PodLogs
+from rlt_sandbox.kmock_pod_logs import POD_LOG, PodLogFile, PodLogs
 from rlt_sandbox.kmock_selectors import (
     fields_match,
     labels_match,
@@ -66,6 +66,11 @@ from rlt_sandbox.kmock_selectors import (
     resource_version,
 )
 from rlt_sandbox.kmock_tables import EVENT_COLUMNS, POD_COLUMNS, Tables
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from rlt_sandbox.openapi import Served
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
 
@@ -110,14 +115,14 @@ _WATCH_OVER = object()  # a watch stream has nothing more to send
 class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
     """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
 
-    _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _rv: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     # plural resource → additionalPrinterColumns of its CRD (for server-side Tables)
     _printer_columns: dict[references.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
     # plural resource → openAPIV3Schema of its CRD (for the OpenAPI documents)
     _schemas: dict[references.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
     # (namespace, pod) → its log file, when pods run (`rlt sandbox --run-pods`); None: no pod ever runs
-    pod_log: Any = attrs.field(default=None, init=False)
+    pod_log: PodLogFile | None = attrs.field(default=None, init=False)
     # Set when the server stops: open watches (`kubectl get -w`) end, or the HTTP server waits for them (60 s).
     watches_end: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
@@ -167,11 +172,12 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------------ request handling
 
-    async def __call__(self, raw_request: Any) -> Any:
+    async def __call__(self, raw_request: web.BaseRequest) -> web.StreamResponse:
         log = POD_LOG.match(raw_request.path) if raw_request.method == "GET" else None
         if log:  # `kubectl logs POD`: the pod's log as text (kmock would answer with the pod object)
             query = raw_request.query
-            return self._serve_pod_log(*log.groups(), tail=query.get("tailLines"), container=query.get("container"))
+            namespace, name = log.groups()
+            return self._serve_pod_log(namespace, name, tail=query.get("tailLines"), container=query.get("container"))
         # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
         if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
             import json
@@ -205,7 +211,7 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
             return web.json_response(not_found_status(raw_request.path), status=404)
         return response
 
-    async def _handle(self, request: rendering.Request) -> Any:
+    async def _handle(self, request: rendering.Request) -> web.StreamResponse:
         if request.resource is not None and request.method == enums.method.PUT and request.name:
             # kmock maps no action to PUT: replace the whole document through a JSON-patch.
             body = dict(request.data or {})
@@ -225,7 +231,7 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
                 self._stamp_update(request)
         return await super()._handle(request)
 
-    def _strategic_merge(self, request: rendering.Request) -> Any:
+    def _strategic_merge(self, request: rendering.Request) -> web.Response | None:
         """Turn a strategic-merge patch (helm upgrade/rollback, kubectl apply/set) into the JSON patch from the
         stored object to its merge (rlt_sandbox.strategic_merge); None when done or not one. Custom resources
         refuse them with the API server's 415 (clients send merge patches for those)."""
@@ -236,14 +242,16 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
 
         from rlt_sandbox import strategic_merge
 
-        def refuse(code: int, reason: str, message: str) -> Any:
+        def refuse(code: int, reason: str, message: str) -> web.Response:
             body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason}
             return web.json_response({**body, "message": message}, status=code)
 
+        assert request.resource is not None and request.resource.group is not None  # an update names its resource
         if not strategic_merge.is_builtin(request.resource.group):
             why = "the body of the request was in an unknown format - accepted media types include: "
             why += "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
             return refuse(415, "UnsupportedMediaType", why)
+        assert request.name is not None  # _handle merges only updates of a named object
         key = (request.resource, request.namespace, request.name)
         current = self.objects[key] if key in self.objects else None
         if current is None or current.deleted:
@@ -258,6 +266,7 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
         return None
 
     def _stamp_create(self, request: rendering.Request) -> None:
+        assert request.resource is not None  # only resource requests are stamped
         meta = request.data.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -285,6 +294,7 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
             }
 
     def _stamp_update(self, request: rendering.Request) -> None:
+        assert request.resource is not None and request.name is not None  # _handle stamps updates of named objects
         key = (request.resource, request.namespace, request.name)
         current = self.objects[key] if key in self.objects else None
         if current is None or current.deleted:
@@ -320,8 +330,10 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
         return rendering.Response(status=201, payload=await super()._serve_create(request))
 
     async def _serve_list(self, request: rendering.Request) -> Any:
-        result = await super()._serve_list(request)
-        items = result["items"]
+        # kmock's list answer is a dict (its declared Payload is any answer)
+        result = cast("dict[str, Any]", await super()._serve_list(request))
+        assert request.resource is not None  # kmock has listed it (else it answered 404)
+        items: list[dict[str, Any]] = result["items"]
         selector = request.params.get("labelSelector")
         if selector:
             terms = parse_label_selector(selector)
@@ -346,8 +358,9 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
         }
 
     async def _serve_fetch(self, request: rendering.Request) -> Any:
-        obj = await super()._serve_fetch(request)
+        obj = cast("dict[str, Any]", await super()._serve_fetch(request))  # kmock answers a fetch with the object
         if self._wants_table(request):
+            assert request.resource is not None  # _wants_table holds only for a resource with printer columns
             return self._table(request.resource, [obj])
         return obj
 
@@ -367,8 +380,11 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
         except StopAsyncIteration:
             return _WATCH_OVER
 
-    async def _serve_watch(self, request: rendering.Request) -> Any:
+    # kmock's watch is an async generator; this one answers with a Response wrapping it (a Payload kmock unfolds).
+    async def _serve_watch(self, request: rendering.Request) -> Any:  # type: ignore[override]
         # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
+        resource = request.resource
+        assert resource is not None  # kmock routes only resource requests to its watch
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
         selector = request.params.get("labelSelector")
         terms = parse_label_selector(selector) if selector else None
@@ -376,7 +392,8 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
         fterms = parse_field_selector(field_selector) if field_selector else None
         since = resource_version({"metadata": {"resourceVersion": request.params.get("resourceVersion")}})
         as_table = self._wants_table(request)
-        stream = super()._serve_watch(request)
+        # kmock's _serve_watch is an async generator function; it declares only an AsyncIterator
+        stream = cast("AsyncGenerator[rendering.Payload, None]", super()._serve_watch(request))
 
         async def limited() -> AsyncIterator[Any]:
             loop = asyncio.get_running_loop()
@@ -403,22 +420,23 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
                     if since is not None and rv is not None and rv <= since and event.get("type") == "ADDED":
                         continue  # kmock replays the current state; a watch from a version starts after it
                     if as_table and event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        event = {"type": event["type"], "object": self._table(request.resource, [obj], first_table)}
+                        event = {"type": event["type"], "object": self._table(resource, [obj], first_table)}
                         first_table = False
                     yield event
             finally:
-                await it.aclose()
+                await stream.aclose()  # `it` is the generator itself
 
         return rendering.Response(headers={"Content-Type": "application/json"}, payload=limited())
 
     # ------------------------------------------------------------------ OpenAPI
 
-    def _served(self) -> list[Any]:
+    def _served(self) -> list[Served]:
         from rlt_sandbox.openapi import Served
 
         out = []
         for res in self._get_resources():
             info = self.resources[res] if res in self.resources else None
+            assert res.group is not None and res.version is not None and res.plural is not None  # served: all named
             if info is None or not info.kind or "/" in res.plural:
                 continue
             out.append(
@@ -473,14 +491,14 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
         }
 
     async def _serve_version(self, request: rendering.Request) -> Any:
-        result = await super()._serve_version(request)
+        result = cast("dict[str, Any]", await super()._serve_version(request))  # kmock's APIResourceList, a dict
         result["groupVersion"] = result["groupVersion"].lstrip("/")  # core says "/v1" in kmock 0.8
         for res in result.get("resources", []):
             if "/" in res["name"]:  # kmock repeats short names on subresources: kubectl then finds two matches
                 res["shortNames"], res["categories"] = [], []
         return result
 
-    async def _render_error(self, exc: Exception) -> Any:
+    async def _render_error(self, exc: Exception) -> web.StreamResponse:
         if isinstance(exc, jsonpatch.JsonPatchTestFailed):
             # A failed `test` (Kopf's resourceVersion precondition) is a 422 on a real apiserver; Kopf then
             # re-reads and retries, whereas kmock's 500 makes it resend the same stale patch.

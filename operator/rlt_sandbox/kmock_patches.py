@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from kmock._internal import dsl, parsing, rendering
+from kmock._internal import dsl, filtering, parsing, rendering
 
 _original_parse_path = parsing.parse_path
 _NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")
@@ -25,7 +24,7 @@ def _parse_path(path: str) -> parsing.ParsedPath:
 _original_contains = dsl.View.__contains__
 
 
-def _contains(view: Any, item: Any) -> bool:
+def _contains(view: dsl.View, item: filtering.Criterion) -> bool:
     """Is a request seen by a view? kmock re-filters the whole request log for that (quadratic over a
     long sandbox session); for the plain filter/priority chains behind the emulator's fallbacks, test the
     request against the chain's criteria instead."""
@@ -51,7 +50,7 @@ def patch_kmock() -> None:
     Explicit, not done at import: importing this module changes nothing of kmock's. `serve` (the sandbox, the
     tests, the benchmark) calls it before starting an emulator; calling it again does nothing."""
     parsing.parse_path = _parse_path
-    dsl.View.__contains__ = _contains
+    dsl.View.__contains__ = _contains  # type: ignore[method-assign]  # the patch replaces kmock's method on purpose
 
 
 def kmock_patched() -> bool:

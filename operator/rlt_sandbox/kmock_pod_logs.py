@@ -4,19 +4,30 @@ server's answers for a pod that has none yet. A mixin of kmock_glue.Cluster."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from kmock._internal import k8s_views
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+
+# (namespace, pod, container or None for the main one) -> its log file, or None: LocalKubelet.log_of
+PodLogFile = Callable[[str, str, str | None], Path | None]
 
 
 class PodLogs:
     """The pod log answers of kmock_glue.Cluster."""
 
-    objects: Any  # kmock's object store (the emulator's)
-    pod_log: Any  # (namespace, pod, container) -> its log file, or None (the Cluster's field)
+    objects: k8s_views.ObjectsArray  # kmock's object store (the emulator's)
+    pod_log: PodLogFile | None  # the Cluster's field
 
-    def _serve_pod_log(self, namespace: str, name: str, tail: str | None = None, container: str | None = None) -> Any:
+    def _serve_pod_log(
+        self, namespace: str, name: str, tail: str | None = None, container: str | None = None
+    ) -> web.Response:
         from aiohttp import web
 
         path = self.pod_log(namespace, name, container) if self.pod_log is not None else None
@@ -39,12 +50,12 @@ class PodLogs:
             text = "".join(lines[len(lines) - int(tail) :]) if int(tail) else ""
         return web.Response(text=text, content_type="text/plain")
 
-    def _not_started(self, namespace: str, name: str, container: str | None) -> Any:
+    def _not_started(self, namespace: str, name: str, container: str | None) -> web.Response:
         """The API server's 400 for the log of a container that has not started (`kubectl logs` of a pod whose
         init container failed: `... is waiting to start: PodInitializing`)."""
         from aiohttp import web
 
-        pod = next(
+        pod: dict[str, Any] = next(
             (o.raw for (r, ns, n), o in self.objects.items() if r.plural == "pods" and (ns, n) == (namespace, name)),
             {},
         )

@@ -12,7 +12,7 @@ from kmock._internal import references, rendering
 from rlt_sandbox.kmock_selectors import jsonpath
 
 # The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
-EVENT_COLUMNS = [
+EVENT_COLUMNS: list[dict[str, Any]] = [
     {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
     {"name": "Type", "type": "string", "jsonPath": ".type"},
     {"name": "Reason", "type": "string", "jsonPath": ".reason"},
@@ -60,7 +60,7 @@ def _pod_restarts(pod: dict[str, Any]) -> int:
 
 
 # `kubectl get pods`: READY, STATUS as kubectl words it from the container states, RESTARTS and AGE.
-POD_COLUMNS = [
+POD_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "value": _pod_ready},
     {"name": "Status", "type": "string", "value": pod_status_text},
     {"name": "Restarts", "type": "integer", "value": _pod_restarts},

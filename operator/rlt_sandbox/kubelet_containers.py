@@ -141,7 +141,7 @@ class ContainerRuntime(KubeletCore):
             m = _FIELD_KEY.match(path)
             if m:
                 return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
-            simple = {
+            simple: dict[str, str] = {
                 "metadata.name": meta["name"],
                 "metadata.namespace": ns,
                 "status.podIP": LOOPBACK,
@@ -168,7 +168,7 @@ class ContainerRuntime(KubeletCore):
                         if obj is None
                         else f"couldn't find key {ref['key']} in {what} {ns}/{ref['name']}",
                     )
-                value = data[ref["key"]]
+                value: str = data[ref["key"]]
                 if plural == "secrets":
                     import base64
 
@@ -230,7 +230,7 @@ class ContainerRuntime(KubeletCore):
         folder (no mount namespace here)."""
         ports = ports or {}
 
-        def host(m: re.Match) -> str:
+        def host(m: re.Match[str]) -> str:
             port = m.group(1)
             return LOOPBACK if port is None else f"{LOOPBACK}:{ports.get(int(port), int(port))}"
 

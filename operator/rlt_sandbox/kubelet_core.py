@@ -67,7 +67,7 @@ class KubeletCore:
         self.dns = cluster_dns_pattern(self.namespaces)
         self.dns_port = re.compile(rf"{self.dns.pattern}(?::(\d+)\b)?")
         self._session: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.errors: list[str] = []
         self._links_dir: Path | None = None
         self._links: dict[Path, Path] = {}

@@ -86,7 +86,7 @@ class LocalKubelet(WorkloadControllers):
         await self._proxy.setup()
         site = web.TCPSite(self._proxy, LOOPBACK, 0)
         await site.start()
-        self.proxy_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.proxy_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # started: it has a server
         self._task = asyncio.create_task(self._loop(), name="kubelet-emulator")
 
     async def stop(self) -> None:

@@ -110,17 +110,22 @@ def image_problem(image: str, missing: list[str]) -> tuple[str, str] | None:
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: defined variables are replaced, `$$` is a literal `$`, the rest stays."""
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
             return "$"
-        return env.get(m.group(1), m.group(0))
+        value: str = env.get(m.group(1), m.group(0))
+        return value
 
     return _VAR_REF.sub(sub, text)
 
 
-def cluster_dns_pattern(namespaces: list[str]) -> re.Pattern:
+def cluster_dns_pattern(namespaces: list[str]) -> re.Pattern[str]:
     ns = "|".join(re.escape(n) for n in namespaces)
     return re.compile(rf"\b(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?\.)+(?:{ns})\.svc(?:\.cluster\.local)?\b")
+
+
+# A pod's reported state: phase, ready, restarts, exit code, why it waits, init step, init restarts.
+Report = tuple[str, bool, int, int | None, str, int, tuple[tuple[int, int], ...]]
 
 
 @dataclass
@@ -136,13 +141,13 @@ class PodRun:
     dir: Path
     log_path: Path
     container: dict[str, Any]
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     phase: str = "Pending"
     exit_code: int | None = None
     restarts: int = 0
     ready: bool = False
     message: str = ""
-    reported: tuple | None = None
+    reported: Report | None = None  # what was last written to the pod's status
     started_at: float = 0.0
     terminating: bool = False
     kill_at: float = 0.0

@@ -207,6 +207,7 @@ class PodLifecycle(ContainerRuntime):
         url = f"http://{LOOPBACK}:{pod.ports.get(int(get['port']), get['port'])}{get.get('path', '/')}"
         try:
             with urllib.request.urlopen(url, timeout=1.0) as resp:  # noqa: S310 - loopback
-                return 200 <= resp.status < 400
+                status: int = resp.status
+                return 200 <= status < 400
         except OSError:
             return False

@@ -99,7 +99,7 @@ class InProcessOperator:
     """
 
     def __init__(
-        self, namespaces: list[str] | None = None, liveness: str | None = None, overrides: dict[str, str] | None = None
+        self, namespaces: list[str] | None = None, liveness: str | None = None, overrides: dict[str, Any] | None = None
     ):
         self.namespaces = namespaces
         self.liveness = liveness
