@@ -146,7 +146,7 @@ def pod_command(doc: dict, stage: str, root: Path, script: Path) -> tuple[list[s
     from rlt.checks.validation import validate_spec
     from rlt.contract.layout import PVC_MOUNT
     from rlt_operator import builders
-    from rlt_sandbox.kubelet_emulator import expand
+    from rlt_sandbox.kubelet_model import expand
 
     spec = validate_spec(copy.deepcopy(doc["spec"]), name=doc["metadata"]["name"])
     job = builders.trainer_job(builders.RunRef(doc["metadata"]["name"], "default", "bench"), spec, stage, 0)

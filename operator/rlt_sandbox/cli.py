@@ -35,7 +35,7 @@ def parse_labels(specs: list[str]) -> dict[str, str]:
     return out
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "sandbox",
         help="emulated Kubernetes API + the operator, for kubectl: a preview of what the operator would "

@@ -9,13 +9,16 @@ A mixin of kmock_glue.Cluster.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kmock
-from kmock._internal import enums, k8s, rendering
+from kmock._internal import enums, k8s, k8s_views, rendering
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 
-def status_response(code: int, reason: str, message: str, **more: Any) -> Any:
+def status_response(code: int, reason: str, message: str, **more: Any) -> web.Response:
     """A Status answer as the API server sends one."""
     from aiohttp import web
 
@@ -24,9 +27,9 @@ def status_response(code: int, reason: str, message: str, **more: Any) -> Any:
 
 
 class Admission:
-    objects: Any  # kmock's object store (the emulator's)
+    objects: k8s_views.ObjectsArray  # kmock's object store (the emulator's)
 
-    def _refusal(self, request: rendering.Request) -> Any:
+    def _refusal(self, request: rendering.Request) -> web.Response | None:
         """The answer of a request refused before kmock stores anything, else None."""
         if request.params.get("dryRun") and request.action != enums.action.CREATE:
             why = "the rlt sandbox honours dryRun on create only (it would persist this)"
@@ -35,17 +38,20 @@ class Admission:
             return self._quota_refusal(request)
         return None
 
-    async def _dry_run_create(self, request: rendering.Request) -> Any:
+    async def _dry_run_create(self, request: rendering.Request) -> web.StreamResponse:
         """A dry-run create as a server answers it: 409 for a taken name, else the object as it would be stored,
         stored nowhere. kmock's own _handle stores every create (even one a test's reaction answers), so this goes
         to the reactions and fallbacks past it (the glue's _serve_create answers with the object)."""
         name = request.data["metadata"].get("name")
+        assert request.resource is not None  # _handle dry-runs only resource requests
         key = (request.resource, request.namespace or request.data["metadata"].get("namespace"), name)
         if name and key in self.objects and not self.objects[key].deleted:
             raise k8s.KubernetesObjectConflictError()
-        return await super(kmock.KubernetesEmulator, self)._handle(request)  # type: ignore[misc]
+        # a mixin: mypy does not see the emulator past it in the MRO, as super(KubernetesEmulator, self) reaches it
+        answer: web.StreamResponse = await super(kmock.KubernetesEmulator, self)._handle(request)  # type: ignore[misc]
+        return answer
 
-    def _quota_refusal(self, request: rendering.Request) -> Any:
+    def _quota_refusal(self, request: rendering.Request) -> web.Response | None:
         """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit, else None."""
         if request.resource is None or request.resource.plural != "pods" or request.resource.group:
             return None

@@ -8,7 +8,7 @@ tests and `rlt sandbox` use it; anything proven against it still has to be prove
 
 What the glue adds to `kmock.KubernetesEmulator` (each gap was seen failing, see
 docs/operator.md and the tooling notes); the two items marked (patch) replace kmock internals and are
-installed only by an explicit `patch_kmock()` call:
+installed only by an explicit `patch_kmock()` call (rlt_sandbox.kmock_patches):
 - metadata on create (uid, resourceVersion, creationTimestamp, generation, namespace from the URL),
   a new resourceVersion on every write and generation+1 when `spec` changes (Kopf's patches `test`
   the resourceVersion);
@@ -33,128 +33,46 @@ installed only by an explicit `patch_kmock()` call:
 - OpenAPI v3 (discovery and one document per group version) and v2 as JSON, generated from the served
   resources and the CRDs' schemas (rlt_sandbox.openapi), so `kubectl explain`, `kubectl apply` without
   `--validate=false` and helm's validation work.
+
+By API feature: `Cluster` here (writes, lists, watches, discovery, OpenAPI, errors) with its mixins
+rlt_sandbox.kmock_admission (dryRun, quotas), rlt_sandbox.kmock_tables (server-side Tables, pod STATUS words) and
+rlt_sandbox.kmock_pod_logs (`kubectl logs`); rlt_sandbox.kmock_selectors (label and field selectors) and
+rlt_sandbox.kmock_patches (the two kmock internals replaced).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import datetime
 import itertools
 import re
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 import jsonpatch
 import kmock
-from kmock._internal import dsl, enums, k8s, parsing, references, rendering
+from kmock._internal import enums, k8s, references, rendering
 
 from rlt.contract.layout import format_time
 from rlt_sandbox.kmock_admission import Admission
+from rlt_sandbox.kmock_pod_logs import POD_LOG, PodLogFile, PodLogs
+from rlt_sandbox.kmock_selectors import (
+    fields_match,
+    labels_match,
+    parse_field_selector,
+    parse_label_selector,
+    resource_version,
+)
+from rlt_sandbox.kmock_tables import EVENT_COLUMNS, POD_COLUMNS, Tables
 
-_original_parse_path = parsing.parse_path
-_NAMESPACES_PATH = re.compile(r"^/?(api/v1|apis/[^/]+/[^/]+)/namespaces/?$")
+if TYPE_CHECKING:
+    from aiohttp import web
 
-
-def _parse_path(path: str) -> parsing.ParsedPath:
-    # kmock 0.8 unpacks the segment after `namespaces` unconditionally; a bare list of namespaces has none.
-    m = _NAMESPACES_PATH.match(path)
-    if m:
-        gv = m.group(1).split("/")
-        group, version = ("", "v1") if gv[0] == "api" else (gv[1], gv[2])
-        return parsing.ParsedPath(group, version, "namespaces", None, None, None)
-    return _original_parse_path(path)
-
-
-_original_contains = dsl.View.__contains__
-
-
-def _contains(view: Any, item: Any) -> bool:
-    """Is a request seen by a view? kmock re-filters the whole request log for that (quadratic over a
-    long sandbox session); for the plain filter/priority chains behind the emulator's fallbacks, test the
-    request against the chain's criteria instead."""
-    if isinstance(item, rendering.Request):
-        node = view
-        while True:
-            if type(node) is dsl.Filter:
-                if not node.criteria(item):
-                    return False
-                node = node._source
-            elif type(node) is dsl.Priority:
-                node = node._source
-            elif type(node) is dsl.Root or isinstance(node, dsl.Root):
-                return any(r is item for r in reversed(node._requests))
-            else:
-                break
-    return _original_contains(view, item)
-
-
-def patch_kmock() -> None:
-    """Install the two fixes that replace kmock 0.8 internals (`parse_path`, `View.__contains__`).
-
-    Explicit, not done at import: importing this module changes nothing of kmock's. `serve` (the sandbox, the
-    tests, the benchmark) calls it before starting an emulator; calling it again does nothing."""
-    parsing.parse_path = _parse_path
-    dsl.View.__contains__ = _contains
-
-
-def kmock_patched() -> bool:
-    return parsing.parse_path is _parse_path and dsl.View.__contains__ is _contains
-
+    from rlt_sandbox.openapi import Served
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
-# The columns the API server prints for core Events (`kubectl get events`); "ref" joins kind/name.
-
-
-def pod_status_text(pod: dict[str, Any]) -> str:
-    """`kubectl get pods`' STATUS: the phase, refined by the init containers' progress (`Init:0/1`, `Init:Error`,
-    `Init:ErrImagePull`) and then by the containers' waiting or terminated reason (`ImagePullBackOff`, `Error`)."""
-    status = pod.get("status") or {}
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return "Terminating"
-    text = status.get("reason") or status.get("phase") or "Pending"
-    inits = status.get("initContainerStatuses") or []
-    for i, c in enumerate(inits):
-        state = c.get("state") or {}
-        done = state.get("terminated")
-        if done and done.get("exitCode") == 0:
-            continue
-        if done:
-            return "Init:" + (done.get("reason") or f"ExitCode:{done.get('exitCode')}")
-        waiting = (state.get("waiting") or {}).get("reason")
-        if waiting and waiting != "PodInitializing":
-            return f"Init:{waiting}"
-        return f"Init:{i}/{len(inits)}"
-    for c in reversed(status.get("containerStatuses") or []):
-        state = c.get("state") or {}
-        reason = (state.get("waiting") or {}).get("reason") or (state.get("terminated") or {}).get("reason")
-        if reason:
-            text = reason
-    return str(text)
-
-
-def _pod_ready(pod: dict[str, Any]) -> str:
-    cs = (pod.get("status") or {}).get("containerStatuses") or []
-    total = len((pod.get("spec") or {}).get("containers") or []) or len(cs)
-    return f"{sum(bool(c.get('ready')) for c in cs)}/{total}"
-
-
-def _pod_restarts(pod: dict[str, Any]) -> int:
-    status = pod.get("status") or {}
-    return sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
-
-
-# `kubectl get pods`: READY, STATUS as kubectl words it from the container states, RESTARTS and AGE.
-POD_COLUMNS = [
-    {"name": "Ready", "type": "string", "value": _pod_ready},
-    {"name": "Status", "type": "string", "value": pod_status_text},
-    {"name": "Restarts", "type": "integer", "value": _pod_restarts},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]
-_POD_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 
 
 def not_found_status(path: str) -> dict[str, Any]:
@@ -180,113 +98,8 @@ def not_found_status(path: str) -> dict[str, Any]:
     }
 
 
-EVENT_COLUMNS = [
-    {"name": "Last Seen", "type": "date", "jsonPath": ".lastTimestamp"},
-    {"name": "Type", "type": "string", "jsonPath": ".type"},
-    {"name": "Reason", "type": "string", "jsonPath": ".reason"},
-    {"name": "Object", "type": "string", "jsonPath": ".involvedObject", "ref": True},
-    {"name": "Message", "type": "string", "jsonPath": ".message"},
-]
-
-
 def _now() -> str:
     return format_time()
-
-
-def parse_label_selector(selector: str) -> list[tuple[str, str, str | None]]:
-    """'a=b,c!=d,e,!f' → [(key, op, value)]; set-based `in`/`notin` are not supported (said loudly)."""
-    out: list[tuple[str, str, str | None]] = []
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if " in " in term or " notin " in term:
-            raise ValueError(f"set-based label selectors are not emulated: {term!r}")
-        if "!=" in term:
-            k, v = term.split("!=", 1)
-            out.append((k.strip(), "!=", v.strip()))
-        elif "==" in term or "=" in term:
-            k, v = re.split("==?", term, maxsplit=1)
-            out.append((k.strip(), "=", v.strip()))
-        elif term.startswith("!"):
-            out.append((term[1:].strip(), "!", None))
-        else:
-            out.append((term, "exists", None))
-    return out
-
-
-def labels_match(labels: dict[str, str], terms: list[tuple[str, str, str | None]]) -> bool:
-    for key, op, value in terms:
-        have = labels.get(key)
-        if op == "=" and have != value:
-            return False
-        if op == "!=" and have == value:
-            return False
-        if op == "exists" and key not in labels:
-            return False
-        if op == "!" and key in labels:
-            return False
-    return True
-
-
-def parse_field_selector(selector: str) -> list[tuple[str, str, str]]:
-    """'involvedObject.name=x,metadata.namespace!=y' → [(path, op, value)] (equality only, as the API offers)."""
-    out = []
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if "!=" in term:
-            k, v = term.split("!=", 1)
-            out.append((k.strip(), "!=", v.strip()))
-        else:
-            k, v = re.split("==?", term, maxsplit=1)
-            out.append((k.strip(), "=", v.strip()))
-    return out
-
-
-def fields_match(obj: dict[str, Any], terms: list[tuple[str, str, str]]) -> bool:
-    for path, op, value in terms:
-        have = _jsonpath(obj, path)
-        have = "" if have is None else str(have)
-        if (op == "=") != (have == value):
-            return False
-    return True
-
-
-def _resource_version(obj: Any) -> int | None:
-    try:
-        return int(obj.get("metadata", {}).get("resourceVersion"))
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
-_FILTER = re.compile(r'^(\w+)\[\?\(@\.(\w+)==["\'](.*?)["\']\)\]$')
-
-
-def _jsonpath(obj: Any, path: str) -> Any:
-    """The subset of JSONPath printer columns use: `.a.b.c`, and a list filtered by one field
-    (`.status.conditions[?(@.type=="Ready")].reason`, the first match)."""
-    for part in re.findall(r'[^.\[]+(?:\[\?\(@\.\w+==["\'][^"\']*["\']\)\])?', path):
-        if not isinstance(obj, dict):
-            return None
-        m = _FILTER.match(part)
-        if m is None:
-            obj = obj.get(part)
-            continue
-        key, field, value = m.groups()
-        obj = next((i for i in obj.get(key) or [] if isinstance(i, dict) and str(i.get(field)) == value), None)
-    return obj
-
-
-def _age(ts: str | None) -> str:
-    if not ts:
-        return "<unknown>"
-    try:  # the API's form, and Kopf's Event timestamps (microseconds, +00:00)
-        t = datetime.datetime.fromisoformat(str(ts).replace("Z", "+00:00"))
-    except ValueError:
-        return "<unknown>"
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=datetime.timezone.utc)
-    s = int((datetime.datetime.now(tz=datetime.timezone.utc) - t).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s // size}{unit}"
-    return f"{max(s, 0)}s"
 
 
 def _mutate(request: rendering.Request, **fields: Any) -> None:
@@ -299,17 +112,17 @@ _WATCH_OVER = object()  # a watch stream has nothing more to send
 
 
 @attrs.define(kw_only=True)
-class Cluster(Admission, kmock.KubernetesEmulator):
+class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
     """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
 
-    _rv: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _rv: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     # plural resource → additionalPrinterColumns of its CRD (for server-side Tables)
     _printer_columns: dict[references.resource, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
     # plural resource → openAPIV3Schema of its CRD (for the OpenAPI documents)
     _schemas: dict[references.resource, dict[str, Any]] = attrs.field(factory=dict, init=False)
     # (namespace, pod) → its log file, when pods run (`rlt sandbox --run-pods`); None: no pod ever runs
-    pod_log: Any = attrs.field(default=None, init=False)
+    pod_log: PodLogFile | None = attrs.field(default=None, init=False)
     # Set when the server stops: open watches (`kubectl get -w`) end, or the HTTP server waits for them (60 s).
     watches_end: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
@@ -359,11 +172,12 @@ class Cluster(Admission, kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------------ request handling
 
-    async def __call__(self, raw_request: Any) -> Any:
-        log = _POD_LOG.match(raw_request.path) if raw_request.method == "GET" else None
+    async def __call__(self, raw_request: web.BaseRequest) -> web.StreamResponse:
+        log = POD_LOG.match(raw_request.path) if raw_request.method == "GET" else None
         if log:  # `kubectl logs POD`: the pod's log as text (kmock would answer with the pod object)
             query = raw_request.query
-            return self._serve_pod_log(*log.groups(), tail=query.get("tailLines"), container=query.get("container"))
+            namespace, name = log.groups()
+            return self._serve_pod_log(namespace, name, tail=query.get("tailLines"), container=query.get("container"))
         # Helm stores its releases as Secrets sent in protobuf: decode those (and ConfigMaps) to JSON first.
         if "protobuf" in raw_request.headers.get("Content-Type", "") and raw_request.method in ("POST", "PUT"):
             import json
@@ -397,48 +211,7 @@ class Cluster(Admission, kmock.KubernetesEmulator):
             return web.json_response(not_found_status(raw_request.path), status=404)
         return response
 
-    def _serve_pod_log(self, namespace: str, name: str, tail: str | None = None, container: str | None = None) -> Any:
-        from aiohttp import web
-
-        path = self.pod_log(namespace, name, container) if self.pod_log is not None else None
-        if path is not None and not Path(path).exists():  # the pod is there, its container has not started
-            return self._not_started(namespace, name, container)
-        if path is None or not Path(path).exists():
-            why = (
-                f'pod "{name}" has no log here: pods run only under `rlt sandbox --run-pods`'
-                if self.pod_log is None
-                else f'pods "{name}" not found (no pod of that name has run in namespace {namespace})'
-            )
-            status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": why}
-            code = 400 if self.pod_log is None else 404
-            return web.json_response(
-                {**status, "reason": "BadRequest" if code == 400 else "NotFound", "code": code}, status=code
-            )
-        text = Path(path).read_text(errors="replace")
-        if tail is not None and tail.lstrip("-").isdigit() and int(tail) >= 0:  # `kubectl logs --tail=N`
-            lines = text.splitlines(keepends=True)
-            text = "".join(lines[len(lines) - int(tail) :]) if int(tail) else ""
-        return web.Response(text=text, content_type="text/plain")
-
-    def _not_started(self, namespace: str, name: str, container: str | None) -> Any:
-        """The API server's 400 for the log of a container that has not started (`kubectl logs` of a pod whose
-        init container failed: `... is waiting to start: PodInitializing`)."""
-        from aiohttp import web
-
-        pod = next(
-            (o.raw for (r, ns, n), o in self.objects.items() if r.plural == "pods" and (ns, n) == (namespace, name)),
-            {},
-        )
-        names = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
-        container = container or (names[0] if names else "")
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        state = next((c.get("state") or {} for c in statuses if c.get("name") == container), {})
-        reason = (state.get("waiting") or {}).get("reason") or "ContainerCreating"
-        why = f'container "{container}" in pod "{name}" is waiting to start: {reason}'
-        status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": why}
-        return web.json_response({**status, "reason": "BadRequest", "code": 400}, status=400)
-
-    async def _handle(self, request: rendering.Request) -> Any:
+    async def _handle(self, request: rendering.Request) -> web.StreamResponse:
         if request.resource is not None and request.method == enums.method.PUT and request.name:
             # kmock maps no action to PUT: replace the whole document through a JSON-patch.
             body = dict(request.data or {})
@@ -458,7 +231,7 @@ class Cluster(Admission, kmock.KubernetesEmulator):
                 self._stamp_update(request)
         return await super()._handle(request)
 
-    def _strategic_merge(self, request: rendering.Request) -> Any:
+    def _strategic_merge(self, request: rendering.Request) -> web.Response | None:
         """Turn a strategic-merge patch (helm upgrade/rollback, kubectl apply/set) into the JSON patch from the
         stored object to its merge (rlt_sandbox.strategic_merge); None when done or not one. Custom resources
         refuse them with the API server's 415 (clients send merge patches for those)."""
@@ -469,14 +242,16 @@ class Cluster(Admission, kmock.KubernetesEmulator):
 
         from rlt_sandbox import strategic_merge
 
-        def refuse(code: int, reason: str, message: str) -> Any:
+        def refuse(code: int, reason: str, message: str) -> web.Response:
             body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason}
             return web.json_response({**body, "message": message}, status=code)
 
+        assert request.resource is not None and request.resource.group is not None  # an update names its resource
         if not strategic_merge.is_builtin(request.resource.group):
             why = "the body of the request was in an unknown format - accepted media types include: "
             why += "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
             return refuse(415, "UnsupportedMediaType", why)
+        assert request.name is not None  # _handle merges only updates of a named object
         key = (request.resource, request.namespace, request.name)
         current = self.objects[key] if key in self.objects else None
         if current is None or current.deleted:
@@ -491,6 +266,7 @@ class Cluster(Admission, kmock.KubernetesEmulator):
         return None
 
     def _stamp_create(self, request: rendering.Request) -> None:
+        assert request.resource is not None  # only resource requests are stamped
         meta = request.data.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -518,6 +294,7 @@ class Cluster(Admission, kmock.KubernetesEmulator):
             }
 
     def _stamp_update(self, request: rendering.Request) -> None:
+        assert request.resource is not None and request.name is not None  # _handle stamps updates of named objects
         key = (request.resource, request.namespace, request.name)
         current = self.objects[key] if key in self.objects else None
         if current is None or current.deleted:
@@ -553,8 +330,10 @@ class Cluster(Admission, kmock.KubernetesEmulator):
         return rendering.Response(status=201, payload=await super()._serve_create(request))
 
     async def _serve_list(self, request: rendering.Request) -> Any:
-        result = await super()._serve_list(request)
-        items = result["items"]
+        # kmock's list answer is a dict (its declared Payload is any answer)
+        result = cast("dict[str, Any]", await super()._serve_list(request))
+        assert request.resource is not None  # kmock has listed it (else it answered 404)
+        items: list[dict[str, Any]] = result["items"]
         selector = request.params.get("labelSelector")
         if selector:
             terms = parse_label_selector(selector)
@@ -579,59 +358,11 @@ class Cluster(Admission, kmock.KubernetesEmulator):
         }
 
     async def _serve_fetch(self, request: rendering.Request) -> Any:
-        obj = await super()._serve_fetch(request)
+        obj = cast("dict[str, Any]", await super()._serve_fetch(request))  # kmock answers a fetch with the object
         if self._wants_table(request):
+            assert request.resource is not None  # _wants_table holds only for a resource with printer columns
             return self._table(request.resource, [obj])
         return obj
-
-    def _wants_table(self, request: rendering.Request) -> bool:
-        accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
-        return "as=Table" in accept and request.resource in self._printer_columns
-
-    def _table(
-        self, resource: references.resource, items: list[dict[str, Any]], definitions: bool = True
-    ) -> dict[str, Any]:
-        """The meta.k8s.io/v1 Table that kubectl prints for a custom resource (in a watch, only the first event
-        carries the column definitions, as from the API server)."""
-        cols = self._printer_columns[resource]
-        defs = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
-        defs += [
-            {
-                "name": c["name"],
-                "type": "string" if c.get("type") == "date" else c.get("type", "string"),
-                "format": "",
-                "description": c.get("description", ""),
-                "priority": c.get("priority", 0),
-            }
-            for c in cols
-        ]
-        rows = []
-        for obj in items:
-            cells: list[Any] = [obj.get("metadata", {}).get("name")]
-            for c in cols:
-                value = c["value"](obj) if "value" in c else _jsonpath(obj, c["jsonPath"])
-                if c.get("ref") and isinstance(value, dict):
-                    value = f"{str(value.get('kind', '')).lower()}/{value.get('name', '')}"
-                if c.get("type") == "date":
-                    value = _age(value)
-                cells.append("" if value is None else value)
-            rows.append(
-                {
-                    "cells": cells,
-                    "object": {
-                        "kind": "PartialObjectMetadata",
-                        "apiVersion": "meta.k8s.io/v1",
-                        "metadata": obj.get("metadata", {}),
-                    },
-                }
-            )
-        return {
-            "kind": "Table",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": {"resourceVersion": str(next(self._rv))},
-            "columnDefinitions": defs if definitions else [],
-            "rows": rows,
-        }
 
     async def _next_unless_ending(self, it: AsyncIterator[Any], timeout: float | None) -> Any:
         """The stream's next event, or _WATCH_OVER when it ends, its timeout passes or the server stops."""
@@ -649,16 +380,20 @@ class Cluster(Admission, kmock.KubernetesEmulator):
         except StopAsyncIteration:
             return _WATCH_OVER
 
-    async def _serve_watch(self, request: rendering.Request) -> Any:
+    # kmock's watch is an async generator; this one answers with a Response wrapping it (a Payload kmock unfolds).
+    async def _serve_watch(self, request: rendering.Request) -> Any:  # type: ignore[override]
         # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
+        resource = request.resource
+        assert resource is not None  # kmock routes only resource requests to its watch
         timeout = float(request.params.get("timeoutSeconds") or 0) or None
         selector = request.params.get("labelSelector")
         terms = parse_label_selector(selector) if selector else None
         field_selector = request.params.get("fieldSelector")
         fterms = parse_field_selector(field_selector) if field_selector else None
-        since = _resource_version({"metadata": {"resourceVersion": request.params.get("resourceVersion")}})
+        since = resource_version({"metadata": {"resourceVersion": request.params.get("resourceVersion")}})
         as_table = self._wants_table(request)
-        stream = super()._serve_watch(request)
+        # kmock's _serve_watch is an async generator function; it declares only an AsyncIterator
+        stream = cast("AsyncGenerator[rendering.Payload, None]", super()._serve_watch(request))
 
         async def limited() -> AsyncIterator[Any]:
             loop = asyncio.get_running_loop()
@@ -681,26 +416,27 @@ class Cluster(Admission, kmock.KubernetesEmulator):
                         continue
                     if fterms is not None and not fields_match(obj, fterms):
                         continue
-                    rv = _resource_version(obj)
+                    rv = resource_version(obj)
                     if since is not None and rv is not None and rv <= since and event.get("type") == "ADDED":
                         continue  # kmock replays the current state; a watch from a version starts after it
                     if as_table and event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        event = {"type": event["type"], "object": self._table(request.resource, [obj], first_table)}
+                        event = {"type": event["type"], "object": self._table(resource, [obj], first_table)}
                         first_table = False
                     yield event
             finally:
-                await it.aclose()
+                await stream.aclose()  # `it` is the generator itself
 
         return rendering.Response(headers={"Content-Type": "application/json"}, payload=limited())
 
     # ------------------------------------------------------------------ OpenAPI
 
-    def _served(self) -> list[Any]:
+    def _served(self) -> list[Served]:
         from rlt_sandbox.openapi import Served
 
         out = []
         for res in self._get_resources():
             info = self.resources[res] if res in self.resources else None
+            assert res.group is not None and res.version is not None and res.plural is not None  # served: all named
             if info is None or not info.kind or "/" in res.plural:
                 continue
             out.append(
@@ -755,14 +491,14 @@ class Cluster(Admission, kmock.KubernetesEmulator):
         }
 
     async def _serve_version(self, request: rendering.Request) -> Any:
-        result = await super()._serve_version(request)
+        result = cast("dict[str, Any]", await super()._serve_version(request))  # kmock's APIResourceList, a dict
         result["groupVersion"] = result["groupVersion"].lstrip("/")  # core says "/v1" in kmock 0.8
         for res in result.get("resources", []):
             if "/" in res["name"]:  # kmock repeats short names on subresources: kubectl then finds two matches
                 res["shortNames"], res["categories"] = [], []
         return result
 
-    async def _render_error(self, exc: Exception) -> Any:
+    async def _render_error(self, exc: Exception) -> web.StreamResponse:
         if isinstance(exc, jsonpatch.JsonPatchTestFailed):
             # A failed `test` (Kopf's resourceVersion precondition) is a 422 on a real apiserver; Kopf then
             # re-reads and retries, whereas kmock's 500 makes it resend the same stale patch.

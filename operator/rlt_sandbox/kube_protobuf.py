@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from rlt.contract.layout import format_time
@@ -22,7 +23,8 @@ class UnsupportedProtobuf(ValueError):
 
 def _fields(buf: bytes) -> list[tuple[int, Any]]:
     """(field number, value) pairs of one message: ints for varints, bytes for length-delimited fields."""
-    out, i = [], 0
+    out: list[tuple[int, Any]] = []
+    i = 0
 
     def varint() -> int:
         nonlocal i
@@ -57,7 +59,7 @@ def _fields(buf: bytes) -> list[tuple[int, Any]]:
     return out
 
 
-def _map(entries: list[bytes], value=lambda b: b.decode()) -> dict[str, Any]:
+def _map(entries: list[bytes], value: Callable[[bytes], str] = lambda b: b.decode()) -> dict[str, str]:
     out = {}
     for entry in entries:
         f = dict(_fields(entry))

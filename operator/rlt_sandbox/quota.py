@@ -23,6 +23,12 @@ _MUST_SPECIFY = ("requests.cpu", "requests.memory", "limits.cpu", "limits.memory
 _BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 
 
+def _quantity(q: str | int | float) -> Decimal:
+    """A quantity's value (`500m`, `32Gi`), by the client's parser."""
+    value: Decimal = parse_quantity(q)  # type: ignore[no-untyped-call]  # kubernetes ships no type information
+    return value
+
+
 def _key(name: str) -> str:
     return f"requests.{name}" if name in _BARE else name
 
@@ -36,10 +42,10 @@ def pod_usage(pod: dict[str, Any]) -> dict[str, Decimal]:
         total: dict[str, Decimal] = {}
         for c in spec.get("containers") or []:
             for res, q in ((c.get("resources") or {}).get(kind) or {}).items():
-                total[res] = total.get(res, Decimal(0)) + parse_quantity(q)
+                total[res] = total.get(res, Decimal(0)) + _quantity(q)
         for c in spec.get("initContainers") or []:
             for res, q in ((c.get("resources") or {}).get(kind) or {}).items():
-                total[res] = max(total.get(res, Decimal(0)), parse_quantity(q))
+                total[res] = max(total.get(res, Decimal(0)), _quantity(q))
         out |= {f"{kind}.{res}": q for res, q in total.items()}
     return out
 
@@ -72,7 +78,7 @@ def refusal(pod: dict[str, Any], quotas: list[dict[str, Any]], pods: list[dict[s
             for res, q in pod_usage(other).items():
                 used[res] = used.get(res, Decimal(0)) + q
     for quota in sorted(quotas, key=lambda q: q["metadata"]["name"]):
-        hard = {_key(res): parse_quantity(q) for res, q in ((quota.get("spec") or {}).get("hard") or {}).items()}
+        hard = {_key(res): _quantity(q) for res, q in ((quota.get("spec") or {}).get("hard") or {}).items()}
         qname = quota["metadata"]["name"]
         containers = (pod.get("spec") or {}).get("containers") or []
         unset = [

@@ -49,7 +49,8 @@ async def serve(port: int | None = None, host: str = "127.0.0.1") -> AsyncIterat
     try:
         import kmock
 
-        from rlt_sandbox.kmock_glue import Cluster, patch_kmock
+        from rlt_sandbox.kmock_glue import Cluster
+        from rlt_sandbox.kmock_patches import patch_kmock
     except ImportError as err:  # the operator image installs the operator extra only
         raise SystemExit(f"the emulated API needs the sandbox extra (pip install 'rlt[sandbox]'): {err}") from None
 
@@ -98,7 +99,7 @@ class InProcessOperator:
     """
 
     def __init__(
-        self, namespaces: list[str] | None = None, liveness: str | None = None, overrides: dict[str, str] | None = None
+        self, namespaces: list[str] | None = None, liveness: str | None = None, overrides: dict[str, Any] | None = None
     ):
         self.namespaces = namespaces
         self.liveness = liveness

@@ -13,9 +13,11 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rlt.contract.env import CACHE
-from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet, PodRun
+from rlt_sandbox.kubelet_emulator import LocalKubelet
+from rlt_sandbox.kubelet_model import ImageEnv, PodRun
 
 
 def parse_images(specs: list[str]) -> dict[str, ImageEnv]:
@@ -101,5 +103,5 @@ async def _announce(kubelet: LocalKubelet) -> None:
         await asyncio.sleep(0.5)
 
 
-def _declared(container: dict) -> set[int]:
+def _declared(container: dict[str, Any]) -> set[int]:
     return {int(p["containerPort"]) for p in container.get("ports") or []}

@@ -16,7 +16,8 @@ from typing import Any
 from op_harness import poll_until
 from suite_helpers import ROOT as REPO
 
-from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
+from rlt_sandbox.kubelet_emulator import LocalKubelet
+from rlt_sandbox.kubelet_model import ImageEnv
 
 WORLD_LINE = re.compile(r"^rlt-world stage=(\w+) rank=(\d+) world_size=(\d+) backend=(\w+) node_rank=(\d+)", re.M)
 

@@ -15,7 +15,7 @@ from rlt.spec import k8s_api
 from rlt.spec.loading import parse_run
 from rlt_operator import builders as b
 from rlt_operator.observed import Observed
-from rlt_sandbox.kubelet_emulator import expand
+from rlt_sandbox.kubelet_model import expand
 
 REF = b.RunRef(name="r1", namespace="team", uid="uid-1")
 

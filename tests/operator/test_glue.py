@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlt_operator.kinds import RUN
-from rlt_sandbox.kmock_glue import labels_match, parse_label_selector
+from rlt_sandbox.kmock_selectors import labels_match, parse_label_selector
 
 CMS = "/api/v1/namespaces/default/configmaps"
 RUNS = RUN.collection_path("default")
@@ -84,11 +84,11 @@ def test_kmock_internals_are_patched_only_by_an_explicit_call():
 
     code = (
         "from kmock._internal import parsing\n"
-        "from rlt_sandbox import kmock_glue\n"
-        "print(kmock_glue.kmock_patched())\n"
+        "from rlt_sandbox import kmock_glue, kmock_patches\n"
+        "print(kmock_patches.kmock_patched())\n"
         "try:\n    parsing.parse_path('/api/v1/namespaces')\nexcept ValueError:\n    print('kmock bug')\n"
-        "kmock_glue.patch_kmock(); kmock_glue.patch_kmock()\n"
-        "print(kmock_glue.kmock_patched(), parsing.parse_path('/api/v1/namespaces').plural)\n"
+        "kmock_patches.patch_kmock(); kmock_patches.patch_kmock()\n"
+        "print(kmock_patches.kmock_patched(), parsing.parse_path('/api/v1/namespaces').plural)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:3] == ["False", "kmock bug", "True namespaces"]

@@ -12,7 +12,8 @@ import pytest
 from op_harness import NS, PATHS
 from suite_helpers import free_port
 
-from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet, expand
+from rlt_sandbox.kubelet_emulator import LocalKubelet
+from rlt_sandbox.kubelet_model import ImageEnv, expand
 
 PY = Path(sys.executable)
 
@@ -437,7 +438,7 @@ async def test_init_containers_run_in_order_before_the_main_one_and_a_failed_one
     """Each init container runs to its end, in order, before the main container; its termination message is the file
     at its terminationMessagePath. Under restartPolicy Never a failing one fails the pod (Init:Error, the main
     container never starts); under Always it runs again (restartCount) until it succeeds."""
-    from rlt_sandbox.kmock_glue import pod_status_text
+    from rlt_sandbox.kmock_tables import pod_status_text
 
     await harness.call(
         "POST",

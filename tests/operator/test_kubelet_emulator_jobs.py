@@ -14,7 +14,8 @@ from op_harness import NS, PATHS
 
 from rlt.contract.exitcodes import ExitCode
 from rlt_operator.builders import pod_failure_policy
-from rlt_sandbox.kubelet_emulator import ImageEnv, LocalKubelet
+from rlt_sandbox.kubelet_emulator import LocalKubelet
+from rlt_sandbox.kubelet_model import ImageEnv
 
 PY = Path(sys.executable)
 BACKOFF_LIMIT = 2

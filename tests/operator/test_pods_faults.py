@@ -13,7 +13,7 @@ from pods_harness import pod_logs, running_pods, wait_for
 
 from rlt.contract.layout import RunLayout, checkpoints, is_complete
 from rlt_operator.builders import own_claim_name
-from rlt_sandbox.kubelet_emulator import kill_all
+from rlt_sandbox.kubelet_processes import kill_all
 
 pytestmark = pytest.mark.slow
 

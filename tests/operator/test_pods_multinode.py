@@ -15,7 +15,7 @@ from pods_harness import metrics_rows, pod_logs, running_pods, wait_for, world_l
 
 from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
 from rlt_operator.builders import own_claim_name
-from rlt_sandbox.kubelet_emulator import rank_processes
+from rlt_sandbox.kubelet_processes import rank_processes
 
 pytestmark = pytest.mark.slow
 

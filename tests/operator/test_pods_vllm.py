@@ -16,7 +16,7 @@ from pods_harness import REPO, pod_logs, running_pods
 
 from rlt.contract.layout import RunLayout
 from rlt_operator.builders import own_claim_name
-from rlt_sandbox.kubelet_emulator import ImageEnv
+from rlt_sandbox.kubelet_model import ImageEnv
 
 VLLM_BIN = Path(os.environ.get("RLT_VLLM_PYTHON") or REPO / ".vllm-venv" / "bin" / "python").parent
 pytestmark = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlt_sandbox.kmock_glue import pod_status_text
-from rlt_sandbox.kubelet_emulator import image_problem
+from rlt_sandbox.kmock_tables import pod_status_text
+from rlt_sandbox.kubelet_model import image_problem
 from rlt_sandbox.quota import refusal
 
 

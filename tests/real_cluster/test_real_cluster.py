@@ -352,7 +352,7 @@ def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(clu
     r = cluster.kubectl(*patch, COMPLETE_JOB_PATCH, check=False)
     assert r.returncode == 0, r.stderr
     # The kubelet emulator's own Job statuses (rlt_sandbox.kubelet_emulator) pass the same rules.
-    from rlt_sandbox.kubelet_emulator import job_terminal_conditions
+    from rlt_sandbox.kubelet_model import job_terminal_conditions
 
     start = {"startTime": "2026-01-01T00:00:00Z", "active": 0}
     done = {"reason": "CompletionsReached", "message": "Reached expected number of succeeded pods"}

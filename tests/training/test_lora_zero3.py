@@ -19,7 +19,7 @@ from suite_helpers import ROOT, kill_gang, tiny_doc
 from rlt.checks.validation import validate_spec
 from rlt.contract.layout import RunLayout
 from rlt_operator import builders
-from rlt_sandbox.kubelet_emulator import expand
+from rlt_sandbox.kubelet_model import expand
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from rlt.checks.validation import validate_spec
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.layout import RunLayout
 from rlt_operator import builders
-from rlt_sandbox.kubelet_emulator import expand
+from rlt_sandbox.kubelet_model import expand
 
 pytestmark = pytest.mark.slow
 
