@@ -62,7 +62,8 @@ def nvml(query: str) -> object | None:
 
         pynvml.nvmlInit()
         try:
-            return getattr(pynvml, query)()
+            answer: object = getattr(pynvml, query)()
+            return answer
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no wheel, no library, or a driver without the call: the caller tries nvidia-smi

@@ -95,7 +95,7 @@ def write_message(path: str | None, line: str) -> None:
         print(f"preflight: cannot write the termination message {path}: {err.strerror}", file=sys.stderr)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`rlt preflight`."""
     p = sub.add_parser(
         "preflight",

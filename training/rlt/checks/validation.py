@@ -180,9 +180,10 @@ def load_valid_run(path: str | Path, paths_from_file: bool = False) -> RLTRun:
     return runs[0]
 
 
-def check_datasets(run) -> tuple[list[str], list[str]]:
+def check_datasets(run: RLTRun) -> tuple[list[str], list[str]]:
     """The run's data where this machine can read it: (problems, notes). Every bad row is listed (up to 20)."""
-    from rlt.data.dataset import DataError, check_data, group_problems, is_reachable, scan_rows
+    from rlt.data.dataset import check_data, group_problems, is_reachable, scan_rows
+    from rlt.data.errors import DataError
     from rlt.method.prompts import resolve_format
 
     problems: list[str] = []

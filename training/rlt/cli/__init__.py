@@ -9,10 +9,10 @@ import sys
 from rlt.checks.validation import check_datasets, load_valid_runs
 from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.loading import SpecError
-from rlt.spec.run import stage_settings
+from rlt.spec.run import RLTRun, stage_settings
 
 
-def trainer_args_problems(run) -> list[str]:
+def trainer_args_problems(run: RLTRun) -> list[str]:
     """trainerArgs built into the installed TRL's config (the option table's checks ran in load_valid_runs); without
     TRL that last check cannot run, which is said, not hidden."""
     try:
@@ -30,7 +30,7 @@ def trainer_args_problems(run) -> list[str]:
     return check_trainer_args(run)
 
 
-def prompt_length_problems(run) -> tuple[list[str], str]:
+def prompt_length_problems(run: RLTRun) -> tuple[list[str], str]:
     """Token lengths of the training rows against the stages' limits, when the teacher's tokenizer is here."""
     try:
         import transformers  # noqa: F401
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMAND_GROUPS = "rlt.commands"  # entry-point group: `register(subparsers)` functions of other packages
 
 
-def register_command_groups(sub: argparse._SubParsersAction) -> None:
+def register_command_groups(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Commands of packages built on rlt (the operator's `crd`, `operator`; the sandbox's `sandbox`), found through
     their entry points, so that the core imports nothing from them. A package the wheel names but this install
     leaves out (the operator image ships no rlt_sandbox) adds no command; any other import error is raised."""

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import FrameType
 
 from rlt.contract.exitcodes import ExitCode
 from rlt.stages.preemption import STOP_MARKER_ENV
@@ -29,7 +30,7 @@ def launch(command: list[str]) -> int:
             print(f"rlt launch: cannot run {command[0]}: {err.strerror}", file=sys.stderr)
             return 127  # the shell's "command not found"
 
-        def forward(signum: int, _frame) -> None:
+        def forward(signum: int, _frame: FrameType | None) -> None:
             if proc.poll() is None:
                 proc.send_signal(signum)
 
@@ -50,7 +51,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return launch(command)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "launch",
         help="run a trainer launcher (after --), forwarding SIGTERM; exit 75 when its ranks stopped after a save",

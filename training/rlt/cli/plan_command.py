@@ -8,6 +8,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from rlt.checks.step_time import PromptTokens
     from rlt.spec.run import RLTRunSpec
 
@@ -52,7 +54,9 @@ def run_prompts(spec: RLTRunSpec) -> PromptTokens:
     return replace(default, source=f"{default.source}; {why}")
 
 
-def measure_prompt_tokens(spec: RLTRunSpec, tokenizer=None) -> tuple[PromptTokens | None, str]:
+def measure_prompt_tokens(
+    spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | None = None
+) -> tuple[PromptTokens | None, str]:
     """(the mean and longest teacher prompt of the training rows, or None; why not when None). The rl update, the
     passes and the scoring run over prompt + completion, and a real teacher prompt (question + solution) is a tenth
     of the 16k maxPromptLength. Measured as `rlt validate` checks them (rlt.stages.prompt_lengths: the teacher's
@@ -91,7 +95,7 @@ def measure_prompt_tokens(spec: RLTRunSpec, tokenizer=None) -> tuple[PromptToken
     return PromptTokens(mean, max(lengths), f"measured on {len(lengths)} rows of {spec.dataset.source}"), ""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan",
         help="per stage and pod: GPU memory per process, generator KV cache, host memory, disk on the volume; "

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 
 from rlt.checks.validation import load_valid_run
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt.contract.stage_registry import STAGE_ORDER
 from rlt.spec.loading import SpecError
+from rlt.spec.run import RLTRun
 
 DEFAULT_METRICS_PORT = TRAINER_METRICS_PORT
 
 
-def _load(path: str, paths_from_file: bool = True):
+def _load(path: str, paths_from_file: bool = True) -> RLTRun:
     """The run of a file, fully checked. On this machine (run, eval, compare) relative local paths are taken from
     the file's folder; in a pod (`rlt stage`, paths_from_file=False) they are the container's."""
     # Logging is set up by the command that runs, not at registration: the operator has its own format.
@@ -30,7 +32,7 @@ def _load(path: str, paths_from_file: bool = True):
 def input_errors() -> tuple[type[Exception], ...]:
     """Problems a person must fix (spec, data, a stage finished under another spec, a taken port): said in one line
     without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
-    from rlt.data.dataset import DataError
+    from rlt.data.errors import DataError
     from rlt.run.lock import RunLockedError
     from rlt.run.runner import MetricsPortError
     from rlt.spec.fingerprint import StaleStageError
@@ -38,7 +40,7 @@ def input_errors() -> tuple[type[Exception], ...]:
     return SpecError, DataError, StaleStageError, MetricsPortError, RunLockedError
 
 
-def _one_line_on_input_error(command: str, fn) -> int:
+def _one_line_on_input_error(command: str, fn: Callable[[], object]) -> int:
     from rlt.stages.preemption import Stopped
 
     try:
@@ -47,7 +49,7 @@ def _one_line_on_input_error(command: str, fn) -> int:
         print(f"rlt {command}: {stopped}", file=sys.stderr)
         return ExitCode.STOPPED
     except input_errors() as err:
-        from rlt.data.dataset import DataError
+        from rlt.data.errors import DataError
 
         print(f"rlt {command}: {err}", file=sys.stderr)
         return ExitCode.DATA_ERROR if isinstance(err, DataError) else ExitCode.CONFIG_ERROR
@@ -135,7 +137,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
     p.add_argument("file", help="RLTRun YAML")
     p.add_argument("--output", default="results", help="results folder (default: results)")

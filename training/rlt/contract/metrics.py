@@ -340,7 +340,7 @@ class TrainerMetrics:
             server.shutdown()
             server.server_close()
 
-    def _labels(self, name: str, **extra: str):
+    def _labels(self, name: str, **extra: str) -> Any:  # a Gauge, Counter or Histogram child, as `build` keys them
         return self._m[name].labels(**self._base, stage=self.stage, **extra)
 
     def set(self, name: str, value: float, **extra: str) -> None:

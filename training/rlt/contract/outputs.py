@@ -12,13 +12,48 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rlt.contract.env import HF_TOKEN
-from rlt.contract.layout import DISTILL_DATASET_FILE
+from rlt.contract.layout import DISTILL_DATASET_FILE, RunLayout
 from rlt.contract.stage_registry import newest_teacher_stage, stage_info
 
 log = logging.getLogger(__name__)
+
+
+# What this module reads of a run's spec and of a stage's context. The contract sits below rlt.spec and
+# rlt.stages (hack/import_graph.py), so it names the few members it uses rather than RLTRunSpec and StageContext.
+class _Destinations(Protocol):
+    @property
+    def teacher(self) -> str | None: ...
+    @property
+    def distill_dataset(self) -> str | None: ...
+    @property
+    def student(self) -> str | None: ...
+
+
+class _Stages(Protocol):
+    def enabled(self) -> list[str]: ...
+
+
+class RunSpecView(Protocol):
+    """The parts of RLTRunSpec that say what to push: the enabled stages and spec.outputs."""
+
+    @property
+    def stages(self) -> _Stages: ...
+    @property
+    def outputs(self) -> _Destinations: ...
+
+
+class PushContext(Protocol):
+    """The parts of a StageContext a push needs: the spec, whether this is rank 0, and the run's folders."""
+
+    @property
+    def spec(self) -> RunSpecView: ...
+    @property
+    def is_main(self) -> bool: ...
+    @property
+    def layout(self) -> RunLayout: ...
 
 
 def pushed_uri(uri: str, kind: str) -> str:
@@ -29,12 +64,12 @@ def pushed_uri(uri: str, kind: str) -> str:
     return uri
 
 
-def teacher_stage(spec) -> str | None:
+def teacher_stage(spec: RunSpecView) -> str | None:
     """The stage whose model is the run's final teacher: the last enabled teacher stage."""
     return newest_teacher_stage(spec.stages.enabled())
 
 
-def stage_outputs(spec, stage: str) -> list[tuple[str, str, str]]:
+def stage_outputs(spec: RunSpecView, stage: str) -> list[tuple[str, str, str]]:
     """(name, destination, kind) to push once `stage` has finished: what it produces (the stage table's
     `produces`), where spec.outputs names a destination for it; kind: a model folder or the dataset file."""
     out = []
@@ -99,7 +134,7 @@ def push(local: Path, uri: str, kind: str, hub_api: Any = None) -> str:
     return push_fsspec(local, uri, kind)
 
 
-def push_stage_outputs(ctx, stage: str, hub_api: Any = None) -> dict[str, str]:
+def push_stage_outputs(ctx: PushContext, stage: str, hub_api: Any = None) -> dict[str, str]:
     """Push what `stage` produced to its spec.outputs destinations (rank 0); returns {name: uri}."""
     todo = stage_outputs(ctx.spec, stage)
     if not todo or not ctx.is_main:

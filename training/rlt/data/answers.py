@@ -55,10 +55,10 @@ def extract_answer(text: str, answer_tags: tuple[str, str] | None = None, last_n
     boxes = boxed_contents(text)
     if boxes:
         return boxes[-1].strip()
-    said = _ANSWER_IS.findall(text)
+    said: list[str] = _ANSWER_IS.findall(text)  # one group: findall gives its text per match
     if said:
         return said[-1].strip()
-    numbers = _LAST_NUMBER.findall(text) if last_number else []
+    numbers: list[str] = _LAST_NUMBER.findall(text) if last_number else []
     return numbers[-1] if numbers else None
 
 

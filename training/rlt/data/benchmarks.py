@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from rlt.data.dataset import DataError
+from rlt.data.errors import DataError
 from rlt.data.sources import first_line
 
 BENCHMARKS_FILE = Path(__file__).parent / "benchmarks.yaml"

@@ -20,7 +20,7 @@ from typing import Any
 
 from rlt.data.answers import between
 from rlt.data.errors import DataError
-from rlt.data.sources import FILE_KINDS, Unparsable, read_source
+from rlt.data.sources import FILE_KINDS, Unparsable, Where, read_source
 from rlt.method.prompts import PromptFormat, bundled_formats, resolve_format
 from rlt.spec import reader
 from rlt.spec.inputs import DatasetSpec, FormatSpec
@@ -246,8 +246,10 @@ def scan_rows(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]
     return _scan(spec, fmt)[:4]
 
 
-def _scan(spec: DatasetSpec, fmt: PromptFormat):
-    rows, bad, numbers = [], [], []
+def _scan(spec: DatasetSpec, fmt: PromptFormat) -> tuple[list[dict[str, Any]], list[str], int, list[str], Where]:
+    rows: list[dict[str, Any]] = []
+    bad: list[str] = []
+    numbers: list[str] = []
     source, where = read_source(spec)
     read = 0
     for index, raw in enumerate(source):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import random
 import re
 
+from rlt.data.task_rows import TaskRow
+
 SHAPES = ("check-last", "digits", "detour")
 _Q = re.compile(r"^What is (\d+) \+ (\d+)\?$")
 
@@ -57,7 +59,7 @@ def raw_trace(a: int, b: int, shape: str) -> str:
     raise ValueError(f"shape {shape!r}: choose from {', '.join(SHAPES)}")
 
 
-def detour_problem(rng: random.Random) -> dict[str, str]:
+def detour_problem(rng: random.Random) -> TaskRow:
     a, b = rng.randint(10, 99), rng.randint(10, 89)  # b ≤ 89: the detour rounds b up to at most 90
     shape = SHAPES[rng.randrange(len(SHAPES))]
     return {"question": f"What is {a} + {b}?", "reasoning_trace": raw_trace(a, b, shape), "solution": str(a + b)}

@@ -9,17 +9,20 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic.alias_generators import to_camel
 
 from rlt.contract.layout import atomic_write_text
 from rlt.data.errors import DataError
 
-R = TypeVar("R")
+if TYPE_CHECKING:  # typeshed's name for "an instance of any dataclass"; it exists only for the checker
+    from _typeshed import DataclassInstance
+
+R = TypeVar("R", bound="DataclassInstance")
 
 
-def camel_json(record: Any) -> dict[str, Any]:
+def camel_json(record: DataclassInstance) -> dict[str, Any]:
     """A dataclass record as a JSON object: its fields in order, names in camelCase (the report files' style)."""
     return {to_camel(k): v for k, v in asdict(record).items()}
 

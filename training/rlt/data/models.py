@@ -13,11 +13,16 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlt.contract.env import CACHE
-from rlt.spec.inputs import BUILTIN_MODELS, ModelRef
+from rlt.spec.inputs import BUILTIN_MODELS, FORMATS_DIR, ModelRef
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,7 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE.name, Path.home() / ".cache" / "rlt"))
 
 
-def _build_atomically(target: Path, build) -> Path:
+def _build_atomically(target: Path, build: Callable[[Path], None]) -> Path:
     """Build into a temp folder next to `target`, then rename: a killed build leaves nothing half-written."""
     if (target / "config.json").exists():
         return target
@@ -72,7 +77,7 @@ def _convert_smollm2(out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf, dtype=torch.float32)
     # The dequantised weights are plain tensors; drop the GGUF quantisation marker so save_pretrained accepts them.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # set at load time, not declared on PreTrainedModel
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)
@@ -81,7 +86,6 @@ def _convert_smollm2(out: Path) -> None:
 
 def _tiny_corpus() -> list[str]:
     from rlt.data import tasks
-    from rlt.method.prompts import FORMATS_DIR
 
     lines = []
     for row in tasks.generate("mixed", 400, seed=123):
@@ -90,7 +94,7 @@ def _tiny_corpus() -> list[str]:
     return lines
 
 
-def tiny_qwen2(vocab_size: int, max_positions: int, **config: Any):
+def tiny_qwen2(vocab_size: int, max_positions: int, **config: Any) -> Qwen2ForCausalLM:
     """A seeded, randomly initialised Qwen2 of 2 layers and width 128: the shape of every tiny model (builtin:tiny-qwen2
     and the benchmarks' larger-vocabulary one), so a model built twice is the same model."""
     import torch
@@ -127,7 +131,7 @@ def _build_tiny_qwen2(out: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(_tiny_corpus(), trainer)
-    hf_tok = PreTrainedTokenizerFast(
+    hf_tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # transformers leaves __init__ unannotated
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token=None, unk_token=None
     )
     hf_tok.chat_template = CHATML_TEMPLATE
@@ -174,15 +178,16 @@ def is_cuda(device: str) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def torch_dtype(ref: ModelRef, device: str):
+def torch_dtype(ref: ModelRef, device: str) -> torch.dtype:
     import torch
 
     if ref.dtype == "auto":
         return torch.bfloat16 if is_cuda(device) else torch.float32
-    return getattr(torch, ref.dtype)
+    dtype: torch.dtype = getattr(torch, ref.dtype)  # the spec allows dtype names only
+    return dtype
 
 
-def load_tokenizer(ref: ModelRef | str, padding_side: str = "left"):
+def load_tokenizer(ref: ModelRef | str, padding_side: str = "left") -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     revision = ref.revision if isinstance(ref, ModelRef) else None
@@ -194,7 +199,9 @@ def load_tokenizer(ref: ModelRef | str, padding_side: str = "left"):
     return tok
 
 
-def load_model(ref: ModelRef, device: str | None = None, trainable: bool = False, master_fp32: bool = False):
+def load_model(
+    ref: ModelRef, device: str | None = None, trainable: bool = False, master_fp32: bool = False
+) -> PreTrainedModel:
     """`ref` on `device` in its dtype; `master_fp32`: in float32 whatever its dtype (the trainable model when no
     DeepSpeed keeps fp32 master weights: the Trainer's bf16 autocast computes in bf16, the optimizer updates fp32)."""
     import torch
@@ -202,9 +209,11 @@ def load_model(ref: ModelRef, device: str | None = None, trainable: bool = False
 
     device = device or pick_device()
     dtype = torch.float32 if master_fp32 else torch_dtype(ref, device)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(ref), revision=ref.revision, dtype=dtype).to(device)
+    loaded = AutoModelForCausalLM.from_pretrained(resolve_model_path(ref), revision=ref.revision, dtype=dtype)
+    # PreTrainedModel.to carries nn.Module.to's signature through functools.wraps, self included: mypy wants it again
+    model: PreTrainedModel = loaded.to(device)  # type: ignore[arg-type]
     if not trainable:
-        model.eval().requires_grad_(False)
+        model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]  # eval is unannotated in transformers
     return model
 
 
@@ -226,7 +235,8 @@ def quiet_libraries() -> None:
     import transformers
 
     datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
+    # both unannotated in transformers
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     warnings.filterwarnings("ignore", message=".*rollout_func.*")

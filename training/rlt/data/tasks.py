@@ -10,13 +10,16 @@ import ast
 import itertools
 import random
 import re
+from collections.abc import Callable
+
+from rlt.data.task_rows import BasicRow, TaskRow
 
 BASIC_LEVELS = (1, 2, 3, 4)
 TASKS = ("arithmetic", "countdown", "mixed", "basic", "sums", "sums-detour") + tuple(f"basic-{n}" for n in BASIC_LEVELS)
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_OPS: dict[str, Callable[[int, int], int]] = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-def arithmetic_problem(rng: random.Random) -> dict[str, str]:
+def arithmetic_problem(rng: random.Random) -> TaskRow:
     """(a op1 b) op2 c with small integers, solved in two written steps."""
     a, b, c = rng.randint(2, 30), rng.randint(2, 30), rng.randint(2, 12)
     op1, op2 = rng.choice("+-*"), rng.choice("+-*")
@@ -40,7 +43,7 @@ def _countdown_solutions(nums: list[int]) -> list[tuple[str, int, str, int]]:
     return out
 
 
-def countdown_problem(rng: random.Random) -> dict[str, str]:
+def countdown_problem(rng: random.Random) -> TaskRow:
     """Reach a target with three numbers, each used once, and + - *."""
     nums = [rng.randint(1, 15) for _ in range(3)]
     candidates = [c for c in _countdown_solutions(nums) if c[3] > 0]
@@ -66,7 +69,7 @@ _BASIC_LARGER = re.compile(r"^Which is larger, (\d+) or (\d+)\?$")
 _BASIC_SMALLEST = re.compile(r"^Which is the smallest of (\d+), (\d+) and (\d+)\?$")
 
 
-def _comparison_problem(rng: random.Random, level: int) -> dict[str, str]:
+def _comparison_problem(rng: random.Random, level: int) -> BasicRow:
     # the first line of a trace says how to compare, without the answer (the rcl warm-up uses it as guidance)
     if level == 2:
         a, b = rng.sample(range(10, 100), 2)
@@ -85,7 +88,7 @@ def _comparison_problem(rng: random.Random, level: int) -> dict[str, str]:
     return {"question": question, "reasoning_trace": trace, "solution": str(result), "level": level}
 
 
-def basic_problem(rng: random.Random, level: int) -> dict[str, str]:
+def basic_problem(rng: random.Random, level: int) -> BasicRow:
     if level in (2, 3):
         return _comparison_problem(rng, level)
     if level == 1:
@@ -125,7 +128,7 @@ def _basic_value(question: str) -> tuple[int, int] | None:
 _SUMS_Q = re.compile(r"^What is (\d+) \+ (\d+)\?$")
 
 
-def sums_problem(rng: random.Random) -> dict[str, str]:
+def sums_problem(rng: random.Random) -> TaskRow:
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     tens, ones = (a // 10 + b // 10) * 10, a % 10 + b % 10
     trace = f"Add the tens: {a // 10 * 10} + {b // 10 * 10} = {tens}.\nAdd the ones: {a % 10} + {b % 10} = {ones}.\n"
@@ -170,7 +173,7 @@ def check_builtin(question: str, answer: str | None) -> bool | None:
     return None
 
 
-def generate(task: str, size: int, seed: int = 0) -> list[dict[str, str]]:
+def generate(task: str, size: int, seed: int = 0) -> list[TaskRow]:
     if task not in TASKS:
         raise ValueError(f"spec.dataset.source: unknown built-in task {task!r} (choose from {', '.join(TASKS)})")
     rng = random.Random(f"rlt-{task}-{seed}")
@@ -192,7 +195,7 @@ def generate(task: str, size: int, seed: int = 0) -> list[dict[str, str]]:
 _COUNTDOWN_Q = re.compile(r"Using each of the numbers (\d+), (\d+) and (\d+) exactly once with \+ - \*, make (-?\d+)\.")
 
 
-def _eval_int_expr(node) -> tuple[int, list[int]]:
+def _eval_int_expr(node: ast.AST) -> tuple[int, list[int]]:
     """Value of an integer + - * expression and the literals it uses; anything else raises ValueError."""
     if isinstance(node, ast.Expression):
         return _eval_int_expr(node.body)

@@ -15,11 +15,20 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    import requests
+    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+# the finished and the cut-short sequences of one stream: {choice index: (token ids, logprobs)}, and why it was cut
+Streamed = tuple[dict[int, tuple[list[int], list[float]]], str | None]
 
 
 @dataclass
@@ -39,17 +48,18 @@ NEUTRAL_VLLM_SAMPLING = {
 }
 
 
-def clean_generation_config(model, **settings):
+def clean_generation_config(model: PreTrainedModel, **settings: Any) -> GenerationConfig:
     """A GenerationConfig with the model's special-token ids and `settings`, nothing else from the checkpoint."""
     from transformers import GenerationConfig
 
     own = model.generation_config
     ids = {k: getattr(own, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")}
-    return GenerationConfig(**{**{k: v for k, v in ids.items() if v is not None}, **settings})
+    merged = {**{k: v for k, v in ids.items() if v is not None}, **settings}
+    return GenerationConfig(**merged)  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
 
 
 @contextmanager
-def only_generation_config(model, config):
+def only_generation_config(model: PreTrainedModel, config: GenerationConfig) -> Iterator[GenerationConfig]:
     """`generate` fills every unset field from `model.generation_config`: swap in `config` while sampling."""
     saved = model.generation_config
     model.generation_config = config
@@ -61,8 +71,8 @@ def only_generation_config(model, config):
 
 @torch.no_grad()
 def sample_with_logprobs(
-    model,
-    tokenizer,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
     prompt_ids: Sequence[Sequence[int]],
     *,
     temperature: float,
@@ -103,7 +113,13 @@ def sample_with_logprobs(
             return_dict_in_generate=True,
         )
         with only_generation_config(model, config):
-            gen = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            # return_dict_in_generate: a decoder-only output, not bare ids
+            gen = cast(
+                "GenerateDecoderOnlyOutput",
+                # PreTrainedModel does not declare generate; GenerationMixin (in every causal LM) types its self as
+                # a protocol that transformers' own models do not meet under mypy
+                model.generate(input_ids=ids, attention_mask=mask, generation_config=config),  # type: ignore[operator]
+            )
         new = gen.sequences[:, width:]
         # scores are the processed logits (after temperature/top-p): their log-softmax is the sampling log-prob
         lps = (
@@ -126,7 +142,13 @@ def sample_with_logprobs(
 
 
 def sample_texts(
-    model, tokenizer, prompts: Sequence[str], *, temperature: float, max_new_tokens: int, batch_size: int
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
 ) -> list[str]:
     """One decoded completion per rendered prompt (repeat a prompt for several), sampled with the shared sampler
     at top-p 1: what the rcl protocol asks of its student and teacher."""
@@ -147,7 +169,7 @@ HTTP_BACKOFF = 1.0  # seconds before the first retry, doubled each time: 1, 2, 4
 STREAM_INTERVAL = 16
 
 
-def retrying_session(retries: int | None = None, backoff: float | None = None):
+def retrying_session(retries: int | None = None, backoff: float | None = None) -> requests.Session:
     """A requests Session that retries connection errors, 429 and 5xx answers before an answer starts, POST
     included (a generation request has no side effect to repeat). A read error (a read timeout, a connection cut
     mid-stream) is not retried here: server_generate asks again for the unfinished sequences only."""
@@ -179,7 +201,7 @@ def completion_body(
     max_new_tokens: int,
     seed: int | None = None,
     stream: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """vLLM's /v1/completions request: token ids in, token ids and the sampled tokens' log-probs out. With `seed`,
     vLLM seeds sample j of every prompt with seed + j (vllm.v1.engine.parallel_sampling), so a sequence asked for
     again alone (n=1, seed + j) is the same sequence."""
@@ -273,19 +295,22 @@ def server_generate(
     return out
 
 
-def served_model(base_url: str, timeout: float, session=None) -> str:
+def served_model(base_url: str, timeout: float, session: requests.Session | None = None) -> str:
     """The name the server serves its model under (its /v1/models): asked once by a caller that sends many
     requests (distill: one per sequence)."""
     own = session is None
     session = session or retrying_session()
     try:
-        return _call(session, "GET", base_url, "/v1/models", timeout).json()["data"][0]["id"]
+        name: str = _call(session, "GET", base_url, "/v1/models", timeout).json()["data"][0]["id"]
+        return name
     finally:
         if own:
             session.close()
 
 
-def _call(session, method: str, base_url: str, path: str, timeout: float, **kw):
+def _call(
+    session: requests.Session, method: str, base_url: str, path: str, timeout: float, **kw: Any
+) -> requests.Response:
     import requests
 
     try:
@@ -302,7 +327,9 @@ def _call(session, method: str, base_url: str, path: str, timeout: float, **kw):
     return resp
 
 
-def _stream(session, base_url: str, body: dict, timeout: float, cancel: threading.Event | None):
+def _stream(
+    session: requests.Session, base_url: str, body: dict[str, Any], timeout: float, cancel: threading.Event | None
+) -> Streamed:
     """One streamed /v1/completions request: ({choice index: (token ids, logprobs)} of the finished choices, None),
     or with the reason in place of None when the stream was cut (read timeout, connection lost, an error event, a
     sequence the server aborted)."""
@@ -314,7 +341,8 @@ def _stream(session, base_url: str, body: dict, timeout: float, cancel: threadin
     aborted: str | None = None
     resp = _call(session, "POST", base_url, "/v1/completions", timeout, json=body, stream=True)
     try:
-        for line in resp.iter_lines(chunk_size=None):  # each chunk as it arrives: a stall keeps what came
+        # each chunk as it arrives: a stall keeps what came (requests' hints say int, its iter_content takes None)
+        for line in resp.iter_lines(chunk_size=None):  # type: ignore[call-overload]
             if cancel is not None and cancel.is_set():
                 raise Cancelled(base_url)
             if not line.startswith(b"data: ") or line == b"data: [DONE]":

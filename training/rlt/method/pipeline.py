@@ -10,6 +10,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,7 +37,7 @@ def as_completed(fn: Callable[[T, threading.Event], R], items: Iterable[T], in_f
         for item in pending:
             future = pool.submit(fn, item, cancel)
             count["submitted"] += 1
-            future.add_done_callback(lambda f, item=item: ended(item, f))
+            future.add_done_callback(partial(ended, item))
             return
 
     def ended(item: T, future: Future[R]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import yaml
 from pydantic import Field, ValidationError
@@ -19,6 +19,10 @@ from pydantic import Field, ValidationError
 from rlt.contract.api import Strict
 from rlt.spec import reader
 from rlt.spec.inputs import FORMATS_DIR, FormatSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from typing_extensions import Unpack
 
 
 class Tags(Strict):
@@ -36,6 +40,21 @@ class PromptFormat(Strict):
     separator: str = "\n"
     student_system_prompt: str = Field(min_length=1)
     teacher_system_prompt: str = Field(min_length=1)
+
+
+class ChatOptions(TypedDict, total=False):
+    """The chat-template switches the prompts use; only those given are passed (stand-in tokenizers take fewer)."""
+
+    add_generation_prompt: bool
+    continue_final_message: bool
+
+
+def chat_text(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], **options: Unpack[ChatOptions]
+) -> str:
+    """`messages` rendered by the tokenizer's chat template, as text (not token ids)."""
+    # transformers types the result as the union of every mode's; with tokenize=False it is the text
+    return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, **options))
 
 
 def bundled_formats() -> list[str]:
@@ -125,14 +144,14 @@ class Formatter:
         return completion[:end], True
 
     # ---- chats
-    def teacher_prompt(self, tokenizer, question: str, solution: str) -> str:
+    def teacher_prompt(self, tokenizer: PreTrainedTokenizerBase, question: str, solution: str) -> str:
         """Rendered teacher prompt, ending right after the opening explanation tag (the teacher continues)."""
         messages = [
             {"role": "system", "content": self.fmt.teacher_system_prompt},
             {"role": "user", "content": question},
             {"role": "assistant", "content": self.teacher_prefix(solution)},
         ]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+        text = chat_text(tokenizer, messages, continue_final_message=True)
         if not text.endswith(self.t.explanation_start):
             raise ValueError(
                 "the teacher chat template altered the assistant prefix; use a template that keeps it verbatim"
@@ -143,7 +162,9 @@ class Formatter:
         """SFT target after the teacher prompt: the explanation, its closing tag and the end of turn."""
         return f"{explanation}{self.t.explanation_end}{eos}"
 
-    def student_chat(self, tokenizer, question: str, explanation: str, solution: str) -> tuple[str, Span, Span]:
+    def student_chat(
+        self, tokenizer: PreTrainedTokenizerBase, question: str, explanation: str, solution: str
+    ) -> tuple[str, Span, Span]:
         """Rendered student chat and the character spans of the explanation and of the solution inside it."""
         answer = self.student_answer(explanation, solution)
         messages = [
@@ -151,7 +172,7 @@ class Formatter:
             {"role": "user", "content": question},
             {"role": "assistant", "content": answer},
         ]
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        text = chat_text(tokenizer, messages)
         at = text.rfind(answer)
         if at < 0:
             raise ValueError(

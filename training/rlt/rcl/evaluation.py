@@ -4,19 +4,42 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rlt.contract.layout import PROBLEMS_FILE, REPORT_MD, TEACHER_METRICS_FILE, TEACHER_PLOT, format_time
 from rlt.rcl.summary import summarize_problems
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlt.rcl.protocol import Protocol
+
+
+class ProblemRecord(TypedDict, total=False):
+    """One line of problems.jsonl: a problem, the student's accuracy without and with guidance, and the teaching."""
+
+    row: int | None
+    question: str
+    solution: str
+    acc_without: float
+    acc_with: float
+    teaching_tokens: float
+    probe: str | None
+    guidance: list[str | None]
+    teacher_outputs: list[str]
+    format_ok: float | None  # share of well-formed guidance; None without a teacher
+    leaked: float | None  # share of guidance that states the answer; None without a teacher
+
 
 def evaluate_teacher(
-    protocol,
-    rows: list[dict],
-    student,
-    student_tok,
-    teacher,
-    teacher_tok,
+    protocol: Protocol,
+    rows: list[dict[str, Any]],
+    student: PreTrainedModel,
+    student_tok: PreTrainedTokenizerBase,
+    teacher: PreTrainedModel | None,
+    teacher_tok: PreTrainedTokenizerBase | None,
     *,
     student_samples: int,
     guidance_samples: int,
@@ -25,7 +48,7 @@ def evaluate_teacher(
     max_student_tokens: int,
     max_guidance_tokens: int,
     batch_size: int,
-) -> list[dict]:
+) -> list[ProblemRecord]:
     """Per-problem records of the two-pass protocol. teacher None = no teacher (acc_with is acc_without)."""
     from rlt.method.generation import sample_texts
     from rlt.rcl.reward import states_answer, student_sampler
@@ -34,7 +57,7 @@ def evaluate_teacher(
         student, student_tok, temperature=temperature, max_new_tokens=max_student_tokens, batch_size=batch_size
     )
 
-    def accuracy(prompts, sols):
+    def accuracy(prompts: list[str], sols: list[str]) -> list[float]:
         return [
             sum(protocol.correct(a, s) for a in ans) / len(ans)
             for ans, s in zip(answer(prompts, student_samples), sols, strict=True)
@@ -42,16 +65,25 @@ def evaluate_teacher(
 
     qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
     base = accuracy([protocol.student_prompt(student_tok, q) for q in qs], sols)
-    records = [
+    records: list[ProblemRecord] = [
         {"row": r.get("row"), "question": q, "solution": s, "acc_without": b}
         for r, q, s, b in zip(rows, qs, sols, base, strict=True)
     ]
     if teacher is None:
         for rec in records:
             rec.update(
-                acc_with=rec["acc_without"], teaching_tokens=0, guidance=[], probe=None, format_ok=None, leaked=None
+                {
+                    "acc_with": rec["acc_without"],
+                    "teaching_tokens": 0,
+                    "guidance": [],
+                    "probe": None,
+                    "format_ok": None,
+                    "leaked": None,
+                }
             )
         return records
+    if teacher_tok is None:
+        raise ValueError("evaluate_teacher: a teacher needs its tokenizer (teacher_tok is None)")
     probes = sample_texts(
         student,
         student_tok,
@@ -89,26 +121,29 @@ def evaluate_teacher(
         ks = range(i * guidance_samples, (i + 1) * guidance_samples)
         # a missing or zero-length guidance passes nothing on: the student answers alone (acc_without)
         withs = [acc.get(k, rec["acc_without"]) for k in ks]
-        toks = [len(teacher_tok(guidance[k], add_special_tokens=False).input_ids) if guidance[k] else 0 for k in ks]
+        given = [guidance[k] for k in ks]
+        toks = [len(teacher_tok(g, add_special_tokens=False).input_ids) if g else 0 for g in given]
         rec.update(
-            probe=probes[i],
-            acc_with=sum(withs) / len(withs),
-            teaching_tokens=sum(toks) / len(toks),
-            guidance=[guidance[k] for k in ks],
-            teacher_outputs=[outputs[k] for k in ks],
-            format_ok=sum(guidance[k] is not None for k in ks) / len(ks),
-            leaked=sum(bool(guidance[k]) and states_answer(guidance[k], rec["solution"]) for k in ks) / len(ks),
+            {
+                "probe": probes[i],
+                "acc_with": sum(withs) / len(withs),
+                "teaching_tokens": sum(toks) / len(toks),
+                "guidance": given,
+                "teacher_outputs": [outputs[k] for k in ks],
+                "format_ok": sum(g is not None for g in given) / len(ks),
+                "leaked": sum(states_answer(g, rec["solution"]) for g in given if g) / len(ks),
+            }
         )
     return records
 
 
-def _fmt(x: float, pct: bool = False) -> str:
+def _fmt(x: float | None, pct: bool = False) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     return f"{100 * x:.1f} %" if pct else f"{x:.3f}"
 
 
-def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> dict:
+def write_report(out_dir: Path, label: str, records: list[ProblemRecord], info: Mapping[str, object]) -> dict[str, Any]:
     """eval/<label>/{problems.jsonl,metrics.json,plot.png} and eval/report.md (one row per evaluated teacher)."""
     import matplotlib
 
@@ -121,8 +156,9 @@ def write_report(out_dir: Path, label: str, records: list[dict], info: dict) -> 
     here = out_dir / label
     here.mkdir(parents=True, exist_ok=True)
     write_jsonl(here / PROBLEMS_FILE, records)
-    summary = summarize_problems([(r["acc_without"], r["acc_with"], r["teaching_tokens"]) for r in records])
-    oks = [r["format_ok"] for r in records if r.get("format_ok") is not None]
+    summary: dict[str, Any] = {}  # the metrics.json document: numbers, the label, the info, the time
+    summary |= summarize_problems([(r["acc_without"], r["acc_with"], r["teaching_tokens"]) for r in records])
+    oks = [ok for r in records if (ok := r.get("format_ok")) is not None]
     summary["format_ok"] = sum(oks) / len(oks) if oks else None
     summary.update(label=label, **info, finished=format_time())
     atomic_write_json(here / TEACHER_METRICS_FILE, summary)

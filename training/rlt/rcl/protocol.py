@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from rlt.contract.api import Strict
 from rlt.data.answers import between, is_correct
-from rlt.method.prompts import FORMATS_DIR
+from rlt.method.prompts import chat_text
 from rlt.spec import reader
+from rlt.spec.inputs import FORMATS_DIR
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class RclFormat(Strict):
@@ -109,12 +113,12 @@ class Protocol:
         return self.fmt.answer_start, self.fmt.answer_end
 
     # pass 1
-    def probe_prompt(self, tokenizer, question: str) -> str:
+    def probe_prompt(self, tokenizer: PreTrainedTokenizerBase, question: str) -> str:
         messages = [
             {"role": "system", "content": self.fmt.probe_system_prompt},
             {"role": "user", "content": f"{question}\n\n{self.fmt.probe_instruction}"},
         ]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return chat_text(tokenizer, messages, add_generation_prompt=True)
 
     # pass 2
     def teacher_messages(self, question: str, probe: str) -> list[dict[str, str]]:
@@ -123,10 +127,8 @@ class Protocol:
             {"role": "user", "content": _fill(self.fmt.teacher_user_template, question=question, probe=probe.strip())},
         ]
 
-    def teacher_prompt(self, tokenizer, question: str, probe: str) -> str:
-        return tokenizer.apply_chat_template(
-            self.teacher_messages(question, probe), tokenize=False, add_generation_prompt=True
-        )
+    def teacher_prompt(self, tokenizer: PreTrainedTokenizerBase, question: str, probe: str) -> str:
+        return chat_text(tokenizer, self.teacher_messages(question, probe), add_generation_prompt=True)
 
     def teacher_target(self, diagnosis: str, guidance: str) -> str:
         """What a well-formed teacher turn looks like (the sft warm-up target)."""
@@ -141,14 +143,14 @@ class Protocol:
         return None if inside is None else inside.strip()
 
     # student answers
-    def student_prompt(self, tokenizer, question: str, guidance: str | None = None) -> str:
+    def student_prompt(self, tokenizer: PreTrainedTokenizerBase, question: str, guidance: str | None = None) -> str:
         user = (
             question
             if guidance is None
             else _fill(self.fmt.student_guidance_template, question=question, guidance=guidance)
         )
         messages = [{"role": "system", "content": self.fmt.student_system_prompt}, {"role": "user", "content": user}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return chat_text(tokenizer, messages, add_generation_prompt=True)
 
     def student_answer_text(self, solution: str) -> str:
         """The reference solution as the student would write it (the dense variant scores this)."""

@@ -10,10 +10,17 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlt.data.answers import boxed_contents, extract_answer, normalize
 from rlt.method.reward import RewardCall, RewardFunction
 from rlt.rcl.protocol import Protocol
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlt.method.scoring import SpanScorer
+    from rlt.spec.run import RclSpec
 
 ZERO = 1e-9  # |Δ| at or below this counts as no change (accuracies are k/n, exact in float for small n)
 
@@ -31,7 +38,7 @@ class RewardParams:
     format_penalty: float = 1.0
 
     @classmethod
-    def from_spec(cls, rcl) -> RewardParams:
+    def from_spec(cls, rcl: RclSpec) -> RewardParams:
         return cls(
             rcl.degradation_penalty,
             rcl.efficiency_weight,
@@ -91,7 +98,14 @@ def states_answer(guidance: str, solution: str) -> bool:
 AnswerFn = Callable[[list[str], int], list[list[str]]]  # prompts, n -> n answers per prompt
 
 
-def student_sampler(model, tokenizer, *, temperature: float, max_new_tokens: int, batch_size: int = 32) -> AnswerFn:
+def student_sampler(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int = 32,
+) -> AnswerFn:
     """n sampled answers per prompt from a frozen student, all prompts batched (the shared sampling helper)."""
     from rlt.method.generation import sample_texts
 
@@ -128,7 +142,7 @@ class RclBatch:
         out = []
         for q in sorted(set(self.question_index)):
             idx = [i for i, k in enumerate(self.question_index) if k == q]
-            withs = [self.perf_base[i] if self.perf_with[i] is None else self.perf_with[i] for i in idx]
+            withs = [self.perf_base[i] if (w := self.perf_with[i]) is None else w for i in idx]
             out.append(
                 (self.perf_base[idx[0]], sum(withs) / len(withs), sum(self.teaching_tokens[i] for i in idx) / len(idx))
             )
@@ -165,15 +179,15 @@ class RCLReward(RewardFunction):
     def __init__(
         self,
         protocol: Protocol,
-        student_tokenizer,
+        student_tokenizer: PreTrainedTokenizerBase,
         answer_fn: AnswerFn,
         *,
         samples: int,
         params: RewardParams = RewardParams(),
-        teacher_tokenizer=None,
+        teacher_tokenizer: PreTrainedTokenizerBase | None = None,
         performance: str = "accuracy",
-        scorer=None,
-    ):
+        scorer: SpanScorer | None = None,
+    ) -> None:
         if performance == "dense" and scorer is None:
             raise ValueError("spec.rcl.performance: dense needs a SpanScorer over the student")
         self.protocol, self.tok, self.answer_fn = protocol, student_tokenizer, answer_fn
@@ -203,6 +217,8 @@ class RCLReward(RewardFunction):
             answer = self.protocol.student_answer_text(s)
             start = len(p) + len(self.protocol.fmt.answer_start)
             reqs.append(ScoreRequest(p + answer, [Span(start, start + len(s))], group=k))
+        if self.scorer is None:  # __init__ refuses dense without one
+            raise ValueError("spec.rcl.performance: dense needs a SpanScorer over the student")
         out = []
         for (span,) in self.scorer.score(reqs):
             out.append(math.exp(float(span.logprobs.mean())) if len(span) else 0.0)
@@ -229,7 +245,7 @@ class RCLReward(RewardFunction):
         for i, (q, s) in enumerate(zip(questions, solutions, strict=True)):
             g = guidance[i]
             tokens = len(self.teacher_tok(g, add_special_tokens=False).input_ids) if g else 0
-            leaked = bool(g) and states_answer(g, s)
+            leaked = states_answer(g, s) if g else False
             out.reward.append(rcl_reward(base[q], perf_with[i], tokens, leaked=leaked, p=self.params))
             out.perf_base.append(base[q])
             out.perf_with.append(perf_with[i])

@@ -11,7 +11,7 @@ teacher's guidance (mean over guidance samples), tokens = teaching tokens (guida
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 RIGHT = 0.5  # a problem counts as "right" when at least half of the student's answers are correct
 
@@ -47,7 +47,7 @@ def summarize_problems(problems: Sequence[tuple[float, float, float]]) -> dict[s
     }
 
 
-def step_values(summary: dict) -> dict[str, float]:
+def step_values(summary: Mapping[str, object]) -> dict[str, float]:
     """The summary's numbers under their metrics.jsonl keys (`rcl_<name>`, the keys of rlt.contract.metrics.RCL_GAUGES)."""
     from rlt.contract.metrics import RCL_GAUGES
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlt.contract.layout import (
     ACCURACY_PLOT,
@@ -43,9 +43,11 @@ from rlt.contract.layout import (
 )
 from rlt.contract.method_registry import method_info
 from rlt.contract.stage_registry import STAGE_ORDER, stage_function
-from rlt.data.dataset import DataError, load_data
+from rlt.data.dataset import load_data
+from rlt.data.errors import DataError
 from rlt.data.eval_set import EvalSet, evaluation_set, resolve_answer_type
 from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
+from rlt.run.compare_render import TEACHER_ARMS, UNTRAINED, plot_correlation, render_markdown
 from rlt.run.lock import lock_run_folder
 from rlt.spec import fingerprint
 from rlt.spec.inputs import ModelRef
@@ -54,13 +56,16 @@ from rlt.spec.run import RLTRun
 from rlt.stages.context import StageContext
 from rlt.stages.evaluate import EvalReport, evaluate_model, plot_accuracy, read_report, read_results
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlt.contract.metrics import TrainerMetrics
+
 ARMS = {
     "rl_teacher": "explanations of the RL teacher (sft → rl → distill)",
     "sft_teacher": "explanations of the SFT-only teacher (sft → distill)",
     "dataset_traces": "the dataset's own reasoning traces",
 }
-TEACHER_ARMS = ("rl_teacher", "sft_teacher")
-UNTRAINED = "untrained"
 # The stages behind each arm's student, all enabled in the arm's spec: a stage's fingerprint covers every earlier
 # enabled stage, so a student distilled from a teacher that was trained again is never reused.
 ARM_STAGES = {
@@ -279,7 +284,14 @@ def write_compare(root: Path, report: dict[str, Any]) -> None:
 
 
 class Compare:
-    def __init__(self, run: RLTRun, output: str | Path, device: str | None, show_progress: bool, metrics=None):
+    def __init__(
+        self,
+        run: RLTRun,
+        output: str | Path,
+        device: str | None,
+        show_progress: bool,
+        metrics: TrainerMetrics | None = None,
+    ) -> None:
         self.stages = compare_stages(run)
         self.run = derive(run, with_enabled(self.stages, STAGE_ORDER))
         self.run_layout = RunLayout.for_run(output, run.name)
@@ -417,7 +429,13 @@ class Compare:
         base = self.run.spec.stages.student.model or self.run.spec.student
         return base.model_copy(update={"model": str(self.layout(arm).model_dir("student")), "revision": None})
 
-    def logprob_gains(self, rows: list[dict[str, Any]], before, after, tokenizer) -> list[float]:
+    def logprob_gains(
+        self,
+        rows: list[dict[str, Any]],
+        before: PreTrainedModel,
+        after: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+    ) -> list[float]:
         """Per row: mean tempered log-prob of the solution given question + explanation, after minus before."""
         from rlt.method.scoring import ScoreRequest, SpanScorer
 
@@ -495,80 +513,6 @@ class Compare:
 
 def per_question_accuracy(eval_dir: Path) -> dict[int, float]:
     return {q.row: q.accuracy for q in read_results(eval_dir)}
-
-
-def _fmt(x: float | None, digits: int = 3) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _ci(ci: list[float] | None) -> str:
-    return "—" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
-
-
-def _r(c: dict[str, Any]) -> str:
-    return f"{_fmt(c['pearson'])} (n={c['n']}{', ' + c['reason'] if c.get('reason') else ''})"
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    u = report["untrained"]
-    lines = [
-        f"# Teaching efficacy: {report['run']}",
-        "",
-        f"Held-out: {report['evalQuestions']} questions from {report['evalSource']} ({report['answerType']} answers), "
-        f"{report['evaluation']['samples']} samples each; taught: {report['taughtQuestions']} questions; "
-        f"wall time {report['wallSeconds']:.0f} s.",
-        "",
-        "| student | distilled on | rows | mean RLT reward | held-out pass@1 | ± s.e. | 95 % CI (Wilson) | Δ vs untrained "
-        "| taught-question pass@1 |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {UNTRAINED} | — | — | — | {_fmt(u['accuracy'])} | {_fmt(u['stderr'])} | {_ci(u.get('ci95'))} | — | "
-        f"{_fmt(u['taughtAccuracy'])} |",
-    ]
-    for arm, a in report["arms"].items():
-        rows = sum(v for k, v in a["studentRows"].items() if k != "dropped")
-        lines.append(
-            f"| {arm} | {a['description']} | {rows} | {_fmt(a['meanReward'])} | {_fmt(a['accuracy'])} | "
-            f"{_fmt(a['stderr'])} | {_ci(a.get('ci95'))} | {a['gainOverUntrained']:+.3f} | "
-            f"{_fmt(a['taughtAccuracy'])} |"
-        )
-    c = report["correlation"]
-    lines += [
-        "",
-        "Pearson correlation between an explanation's RLT reward and the student's improvement on the question "
-        "it taught (the paper reports 0.89 at its scale):",
-        "",
-        "| improvement measure | pooled | rl_teacher | sft_teacher |",
-        "|---|---|---|---|",
-        f"| taught-question pass@1 gain | {_r(c['accuracyGain']['pooled'])} | {_r(c['accuracyGain']['rl_teacher'])} | "
-        f"{_r(c['accuracyGain']['sft_teacher'])} |",
-        f"| solution log-prob gain | {_r(c['logprobGain']['pooled'])} | {_r(c['logprobGain']['rl_teacher'])} | "
-        f"{_r(c['logprobGain']['sft_teacher'])} |",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def plot_correlation(points: list[dict[str, Any]], correlation: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, measure, label in zip(
-        axes, ("accuracyGain", "logprobGain"), ("taught-question pass@1 gain", "solution log-prob gain"), strict=False
-    ):
-        for arm, colour in zip(TEACHER_ARMS, ("tab:red", "tab:blue"), strict=True):
-            mine = [p for p in points if p["arm"] == arm]
-            ax.scatter([p["reward"] for p in mine], [p[measure] for p in mine], label=arm, color=colour, alpha=0.7)
-        ax.set_xlabel("RLT reward of the explanation")
-        ax.set_ylabel(label)
-        ax.set_title(f"{label}: r = {_r(correlation[measure]['pooled'])}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def run_compare(

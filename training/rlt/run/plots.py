@@ -3,24 +3,35 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from rlt.data.jsonl import read_jsonl
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
-def read_metrics(path: Path) -> list[dict]:
+Row = dict[str, Any]  # one metrics.jsonl record: stage, step and the step's figures
+# (metrics.jsonl key, legend label) or (key, label, "right"): a series drawn on an axis of its own
+Series = tuple[str, ...]
+Panel = tuple[str, list[Series]]  # a panel's title and its series
+
+
+def read_metrics(path: Path) -> list[Row]:
     if not path.exists():
         return []
     return read_jsonl(path)
 
 
-def latest_per_step(rows: list[dict], stage: str) -> list[dict]:
+def latest_per_step(rows: list[Row], stage: str) -> list[Row]:
     """One row per step (a resumed run may log a step twice: keep the last)."""
     by_step = {r["step"]: r for r in rows if r["stage"] == stage}
     return [by_step[k] for k in sorted(by_step)]
 
 
-def y_limits(values: list[float], min_span: float = 0.1) -> tuple[float, float] | None:
+def y_limits(values: Sequence[float | None], min_span: float = 0.1) -> tuple[float, float] | None:
     """Limits for an almost flat series: at least `min_span` (or 10 % of its size) around it, so that a change in
     the fifth decimal is not drawn as a climb over the whole axis. None: matplotlib's own limits are fine."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
@@ -34,7 +45,7 @@ def y_limits(values: list[float], min_span: float = 0.1) -> tuple[float, float] 
     return mid - span / 2, mid + span / 2
 
 
-def _tidy(ax, ys: list[float]) -> None:
+def _tidy(ax: Axes, ys: list[float]) -> None:
     """Steps are whole numbers; plain tick labels (no '+1e-5' offset); flat series keep a sensible height."""
     from matplotlib.ticker import MaxNLocator
 
@@ -45,7 +56,7 @@ def _tidy(ax, ys: list[float]) -> None:
         ax.set_ylim(*limits)
 
 
-RLT_PANELS = [
+RLT_PANELS: list[Panel] = [
     ("reward R = r_SS − λ·r_KL − penalty", [("reward", "R (mean)")]),
     (
         "r_SS: student log-prob of the solution",
@@ -65,7 +76,7 @@ RLT_PANELS = [
     ("format penalty and policy KL", [("format_penalty", "penalty"), ("kl", "GRPO KL (right axis)", "right")]),
 ]
 # method rcl: its reward has other parts (docs/rcl.md)
-RCL_PANELS = [
+RCL_PANELS: list[Panel] = [
     ("reward (RCL: gain, losses ×degradationPenalty)", [("reward", "R (mean)")]),
     ("APG and NDR over the step's questions", [("rcl_apg", "APG"), ("rcl_ndr", "NDR")]),
     ("student accuracy", [("rcl_acc_with", "with guidance"), ("rcl_acc_without", "without")]),
@@ -81,7 +92,7 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
 
     rows = read_metrics(metrics_file)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[Path] = []
 
     rl = latest_per_step(rows, "rl")
     if rl:
@@ -94,7 +105,7 @@ def make_plots(metrics_file: Path, out_dir: Path) -> list[Path]:
     return written
 
 
-def _reward_figure(plt, rl: list[dict], path: Path) -> Path:
+def _reward_figure(plt: ModuleType, rl: list[Row], path: Path) -> Path:
     steps = [r["step"] for r in rl]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     rcl = any("rcl_apg" in r for r in rl)
@@ -110,11 +121,12 @@ def _reward_figure(plt, rl: list[dict], path: Path) -> Path:
     return path
 
 
-def _reward_panel(ax, title: str, series: list, rl: list[dict], steps: list) -> None:
+def _reward_panel(ax: Axes, title: str, series: list[Series], rl: list[Row], steps: list[int]) -> None:
     drawn: list[float] = []
-    right, right_drawn = None, []
+    right: Axes | None = None
+    right_drawn: list[float] = []
     for key, label, *side in series:
-        ys = [r.get(key) for r in rl]
+        ys: list[Any] = [r.get(key) for r in rl]  # a float, or None where a step lacks it (a gap in the line)
         if not any(y is not None for y in ys):
             continue
         if side:  # a series on a scale of its own
@@ -149,7 +161,7 @@ def _reward_panel(ax, title: str, series: list, rl: list[dict], steps: list) -> 
         ax.legend(handles, labels, fontsize=8)
 
 
-def _step_time_figure(plt, rl: list[dict], path: Path) -> Path:
+def _step_time_figure(plt: ModuleType, rl: list[Row], path: Path) -> Path:
     steps = [r["step"] for r in rl]
     fig, ax = plt.subplots(figsize=(8, 4))
     bottom = [0.0] * len(rl)
@@ -169,7 +181,7 @@ def _step_time_figure(plt, rl: list[dict], path: Path) -> Path:
     return path
 
 
-def _sft_figure(plt, sft: list[dict], path: Path) -> Path:
+def _sft_figure(plt: ModuleType, sft: list[Row], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     losses = [r["loss"] for r in sft if "loss" in r]
     ax.plot([r["step"] for r in sft if "loss" in r], losses, marker="o")

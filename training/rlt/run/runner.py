@@ -90,7 +90,7 @@ def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
 def check_lengths(run: RLTRun, stages: list[str]) -> None:
     """Before any stage trains: every teacher prompt fits the limits of the sft and rl stages about to run, or one
     DataError lists each limit, the file lines over it and the value to raise it to."""
-    from rlt.data.dataset import DataError
+    from rlt.data.errors import DataError
 
     if not {"sft", "rl"} & set(stages):
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def stage_fields(spec: RLTRunSpec, stage: str) -> dict[str, Any]:
     return {k: v for k, v in out.items() if k not in ADDED_AT_DEFAULT or ADDED_AT_DEFAULT[k] != v}
 
 
-def fingerprint_of(fields: dict[str, Any]) -> str:
+def fingerprint_of(fields: object) -> str:  # any JSON value: a stage's fields, a list of questions
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -166,7 +167,7 @@ def plan_stages(
     stages: list[str],
     restart: set[str] | None = None,
     restart_flag: str = "--from-stage {stage}",
-    has_checkpoint=None,
+    has_checkpoint: Callable[[str], bool] | None = None,
     restart_hint: str | None = None,
 ) -> list[StagePlan]:
     """What to do with each of `stages` (in run order); raises StaleStageError for the first that must refuse.
@@ -212,7 +213,7 @@ def _stale(
     new: dict[str, Any],
     fresh: set[str],
     restart_flag: str,
-    has_checkpoint,
+    has_checkpoint: Callable[[str], bool] | None,
     restart_hint: str | None = None,
 ) -> StagePlan:
     names = changed_fields(old, new)
@@ -222,7 +223,8 @@ def _stale(
         return StagePlan(stage, "start_over", f"its input changed ({', '.join(names)}): done again from the start")
     extend = EXTENDABLE.get(stage)
     if (
-        names == [extend]
+        extend is not None  # implied by the next line (names are text); said for the checker
+        and names == [extend]
         and isinstance(old.get(extend), int)
         and new[extend] > old[extend]
         and (has_checkpoint is None or has_checkpoint(stage))

@@ -69,7 +69,7 @@ _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 QUANTITY = rf"^\+?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE][-+]?[0-9]+))?$"
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1}
+_DECIMAL: dict[str, Fraction | int] = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1}
 _DECIMAL.update({s: 10 ** (3 * (i + 1)) for i, s in enumerate("kMGTPE")})
 
 

@@ -217,8 +217,13 @@ def model(name: str) -> type[BaseModel]:
 
         validators["_api_server_rules"] = model_validator(mode="after")(check)
     short = name.rsplit(".", 1)[-1]
-    made: type[BaseModel] = create_model(  # type: ignore[call-overload]
-        short, __config__=_CONFIG, __doc__=_short_description(schema), __validators__=validators, **fields
+    # pydantic types __validators__ as plain callables, yet create_model reads the proxy model_validator returns
+    made: type[BaseModel] = create_model(
+        short,
+        __config__=_CONFIG,
+        __doc__=_short_description(schema),
+        __validators__=validators,  # type: ignore[arg-type]
+        **fields,
     )
     return made
 

@@ -19,7 +19,7 @@ import math
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from yaml.composer import ComposerError
@@ -149,11 +149,16 @@ class _Loader(yaml.SafeLoader):
     def _fail(self, mark: Any, problem: str) -> None:
         raise InputError(self._where(), mark.line + 1 if mark is not None else None, problem)
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
+    def _peek(self) -> yaml.Event:
+        # types-PyYAML leaves Parser.peek_event unannotated; an event is there whenever a node is being composed
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        return event
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
         pushed = parent is not None and index is not None  # a mapping key (index None) has its mapping's path
         if pushed:
             self._path.append(str(index.value) if isinstance(index, ScalarNode) else str(index))
-        event = self.peek_event()
+        event = self._peek()
         if len(self._path) > MAX_DEPTH:
             self._fail(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
         anchor = getattr(event, "anchor", None)
@@ -166,7 +171,8 @@ class _Loader(yaml.SafeLoader):
             self._count(event.start_mark, 1)  # before its children: a list never closed trips at the bound
             if anchor is not None:
                 self._open.add(anchor)
-        node = super().compose_node(parent, index)
+        # the stub says Node | None, but PyYAML composes a node for every event (None is get_node's stream end)
+        node = cast(Node, super().compose_node(parent, index))
         if not isinstance(event, yaml.AliasEvent):
             self._open.discard(anchor)
             self._check(node)
@@ -218,15 +224,19 @@ def _text_keys(loader: _Loader, node: MappingNode) -> dict[Any, Any]:
 _MERGE = "tag:yaml.org,2002:merge"
 
 
+def _resolve(tag: str, regexp: re.Pattern[str], first: list[str]) -> None:
+    _Loader.add_implicit_resolver(tag, regexp, first)  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
+
+
 _Loader.add_constructor("tag:yaml.org,2002:map", _text_keys)
-_Loader.add_implicit_resolver("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""])
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+_resolve("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""])
+_resolve("tag:yaml.org,2002:bool", _BOOL, list("tTfF"))
+_resolve("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_resolve("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 _Loader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: _int_text(node.value))
 _Loader.add_constructor("tag:yaml.org,2002:float", lambda loader, node: _number_text(node.value))
 # Merge keys are YAML 1.1, not 1.2, but kubectl (go-yaml) applies them, so a run file that uses them is valid.
-_Loader.add_implicit_resolver(_MERGE, re.compile(r"^<<$"), ["<"])
+_resolve(_MERGE, re.compile(r"^<<$"), ["<"])
 _Loader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: node.value.lower() == "true")
 
 
@@ -238,18 +248,19 @@ def load_yaml(text: str) -> list[Any]:
         raise InputError("<file>", None, f"{size} bytes, over {MAX_BYTES} bytes (MAX_BYTES); a run file is a few KiB")
     loader = _Loader(text)
     try:
-        docs = []
+        docs: list[Any] = []
         while loader.check_node():
             if len(docs) == MAX_DOCUMENTS:
-                mark = loader.peek_event().start_mark
+                mark = loader._peek().start_mark
                 raise InputError(
                     "<file>", mark.line + 1, f"the text holds more than {MAX_DOCUMENTS} YAML documents (MAX_DOCUMENTS)"
                 )
             node = loader.get_node()
-            docs.append(None if node is None else loader.construct_document(node))
+            # construct_document and dispose are unannotated in types-PyYAML
+            docs.append(None if node is None else loader.construct_document(node))  # type: ignore[no-untyped-call]
         return [d for d in docs if d is not None]
     finally:
-        loader.dispose()
+        loader.dispose()  # type: ignore[no-untyped-call]
 
 
 # ------------------------------------------------------------------------------------------------- files
