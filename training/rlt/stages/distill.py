@@ -144,6 +144,8 @@ def local_batches(
     share: list[Question],
 ) -> Iterator[tuple[list[Question], Samples]]:
     """In process: batches of batchSize questions in order, each generated whole, then scored."""
+    if teacher is None:  # the caller loads the teacher whenever no server generates
+        raise ValueError("in-process generation needs the teacher model: none was loaded")
     st = spec.stages.distill
     n, per_batch = st.samples_per_question, max(1, st.batch_size)
     for s in range(0, len(share), per_batch):

@@ -242,6 +242,8 @@ def generate_answers(
                 timeout=timeout,
             ).completion_ids
         elif temperature > 0:
+            if model is None:  # the caller loads the model whenever no server generates
+                raise ValueError("in-process sampling needs the model: none was loaded and no server URL was given")
             ids = sample_with_logprobs(
                 model,
                 tokenizer,
