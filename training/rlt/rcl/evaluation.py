@@ -70,18 +70,7 @@ def evaluate_teacher(
         for r, q, s, b in zip(rows, qs, sols, base, strict=True)
     ]
     if teacher is None:
-        for rec in records:
-            rec.update(
-                {
-                    "acc_with": rec["acc_without"],
-                    "teaching_tokens": 0,
-                    "guidance": [],
-                    "probe": None,
-                    "format_ok": None,
-                    "leaked": None,
-                }
-            )
-        return records
+        return _untaught(records)
     if teacher_tok is None:
         raise ValueError("evaluate_teacher: a teacher needs its tokenizer (teacher_tok is None)")
     probes = sample_texts(
@@ -132,6 +121,22 @@ def evaluate_teacher(
                 "teacher_outputs": [outputs[k] for k in ks],
                 "format_ok": sum(g is not None for g in given) / len(ks),
                 "leaked": sum(states_answer(g, rec["solution"]) for g in given if g) / len(ks),
+            }
+        )
+    return records
+
+
+def _untaught(records: list[ProblemRecord]) -> list[ProblemRecord]:
+    """The records of a run without a teacher: the student alone, so accuracy with teaching is accuracy without."""
+    for rec in records:
+        rec.update(
+            {
+                "acc_with": rec["acc_without"],
+                "teaching_tokens": 0,
+                "guidance": [],
+                "probe": None,
+                "format_ok": None,
+                "leaked": None,
             }
         )
     return records
