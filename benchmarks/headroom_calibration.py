@@ -6,7 +6,9 @@ The student (default SmolLM2-135M-Instruct, untrained) reads the trace as its th
 answers greedily; the task's own checker grades it (as benchmarks/task_calibration.py's "explained" column). The
 reward is rlt's RLTReward with the untrained model as both teacher and student (the start of RL), τ 0.7.
 
-  flock /tmp/rlt-heavy.lock nice -n 10 python benchmarks/headroom_calibration.py [--n 96]
+  nice -n 10 python benchmarks/headroom_calibration.py [--n 96] [--shapes check-last,detour]
+--shapes calibrates candidate shapes on the seed's questions instead of the dataset's mix. The last column is the
+mean difference, friendly minus raw, of the reward's two terms (R = r_SS − λ·r_KL): why the reward ranks as it does.
 """
 
 from __future__ import annotations

@@ -3,12 +3,18 @@ unfriendly to a small student, so a teacher has room to teach better than the da
 
 RLT's advantage in the paper comes from rewriting traces that are right but hard for the student to follow; on
 `sums` the worked trace is already near the reward's optimum (the 135M student answers 0.95 with it), so RL can at
-best tie SFT there. Here every statement of a trace is true, but the trace takes one of three unfriendly shapes
-(chosen per question by the generator's seed):
+best tie SFT there. Here every statement of a trace is true, but the trace takes an unfriendly shape, chosen per
+question by the generator's seed with the weights of `MIX` (shapes the untrained 135M student follows about half the
+time, and on which the RLT reward prefers the friendly rewrite; docs/experiments.md):
 
-  check-last  the total is stated, then a subtraction check ends the trace on the first addend;
-  digits      ones first with a carry, the total never written as one number (the student must join the digits);
-  detour      an overshoot by rounding up, then taking the excess back, with the round number stated last but one.
+  check-repeat  ones then tens, the total, a subtraction check, the total again (weight 2);
+  check-first   the subtraction check first, then the sum as one statement, no working (weight 1);
+  total-first   the total said first, then the tens, ones and their join (weight 1).
+
+Other shapes, calibrated and not in the mix (the student follows them never or seldom, or the reward does not prefer the
+rewrite): check-last (ends on the check's first addend), digits (the total never written as one number), detour
+(round the second addend up, take the excess back), reversed ('total = tens + ones, because ...'), ones-last
+(ends on the ones sum).
 
 `friendly_trace` is the rewrite that exists for every question: the `sums` worked trace (tens, ones, together).
 benchmarks/headroom_calibration.py measures the student with both; tests check that every statement is true.
