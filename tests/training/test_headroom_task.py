@@ -81,7 +81,7 @@ def test_rlt_reward_ranks_the_friendly_rewrite_above_the_raw_trace(formatter):
     """Headroom proven before RL is spent: over the dataset's whole mix of shapes (which the student follows about
     half the time, docs/experiments.md), the reward RL optimises prefers the friendly rewrite to the raw trace on
     ≥ 90 % of questions (the untrained model as teacher and student, as at the start of RL). The calibration used
-    seed 0; this is another seed. The old mix (check-last, digits, detour) gave 77 % here."""
+    seed 0; this is another seed. The old mix (check-last, digits, detour) fails here: 35/40."""
     from rlt.data.models import load_model, load_tokenizer
     from rlt.method.reward import RLTReward
 
