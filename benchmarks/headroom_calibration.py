@@ -6,7 +6,9 @@ The student (default SmolLM2-135M-Instruct, untrained) reads the trace as its th
 answers greedily; the task's own checker grades it (as benchmarks/task_calibration.py's "explained" column). The
 reward is rlt's RLTReward with the untrained model as both teacher and student (the start of RL), τ 0.7.
 
-  flock /tmp/rlt-heavy.lock nice -n 10 python benchmarks/headroom_calibration.py [--n 96]
+  nice -n 10 python benchmarks/headroom_calibration.py [--n 96] [--shapes check-last,detour]
+--shapes calibrates candidate shapes on the seed's questions instead of the dataset's mix. The last column is the
+mean difference, friendly minus raw, of the reward's two terms (R = r_SS − λ·r_KL): why the reward ranks as it does.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def ranking(model, model_name: str, formatter, rows: list[dict], friendly: list[str]) -> tuple[list, list]:
-    """Per question, the RLT reward of the raw trace and of the friendly rewrite."""
+def ranking(model, model_name: str, formatter, rows: list[dict], friendly: list[str]) -> tuple:
+    """Per question, the RLT reward (its breakdown) of the raw trace and of the friendly rewrite."""
     from rlt.data.models import load_tokenizer
     from rlt.method.reward import RLTReward
     from rlt.spec.inputs import ModelRef
@@ -30,7 +32,18 @@ def ranking(model, model_name: str, formatter, rows: list[dict], friendly: list[
     qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
     raw = reward.score(qs, sols, [formatter.teacher_completion(r["reasoning_trace"], "") for r in rows])
     nice = reward.score(qs, sols, [formatter.teacher_completion(f, "") for f in friendly])
-    return raw.total, nice.total
+    return raw, nice
+
+
+def reshaped(rows: list[dict], shapes: list[str]) -> list[dict]:
+    """The seed's questions with raw traces of the given shapes in turn (to calibrate candidate shapes)."""
+    from rlt.data import headroom
+
+    out = []
+    for i, r in enumerate(rows):
+        a, b = headroom.operands(r["question"])
+        out.append({**r, "reasoning_trace": headroom.raw_trace(a, b, shapes[i % len(shapes)])})
+    return out
 
 
 def main() -> None:
@@ -46,6 +59,11 @@ def main() -> None:
     p.add_argument("--n", type=int, default=96, help="questions (generator seed --seed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-reward", action="store_true")
+    p.add_argument(
+        "--shapes",
+        help="comma-separated shapes to calibrate instead of the dataset's mix: question i of the seed gets the i-th "
+        f"shape in turn (choose from {', '.join(headroom.SHAPES)})",
+    )
     args = p.parse_args()
 
     t0 = time.perf_counter()
@@ -53,19 +71,25 @@ def main() -> None:
     tok, model = load_tokenizer(ref, padding_side="left"), load_model(ref)
     formatter = Formatter(resolve_format(FormatSpec()))
     rows = tasks.generate("sums-detour", args.n, args.seed)
+    if args.shapes:
+        rows = reshaped(rows, args.shapes.split(","))
     qs = [r["question"] for r in rows]
     friendly = [headroom.friendly_trace(*headroom.operands(q)) for q in qs]
     ok_raw = graded(qs, answer_explained(model, tok, formatter, qs, [r["reasoning_trace"] for r in rows]), formatter)
     ok_nice = graded(qs, answer_explained(model, tok, formatter, qs, friendly), formatter)
-    shapes = [headroom.shape_of(r["reasoning_trace"]) for r in rows]
-    wins = None
+    shapes = [headroom.shape_of(r["question"], r["reasoning_trace"]) for r in rows]
+    wins, gaps = None, {}
     if not args.no_reward:
-        r_raw, r_nice = ranking(model, args.model, formatter, rows, friendly)
-        wins = [n > r for r, n in zip(r_raw, r_nice, strict=True)]
+        raw, nice = ranking(model, args.model, formatter, rows, friendly)
+        wins = [n > r for r, n in zip(raw.total, nice.total, strict=True)]
+        gaps = {k: [n - r for r, n in zip(getattr(raw, k), getattr(nice, k), strict=True)] for k in ("r_ss", "r_kl")}
     print(f"student {args.model}, builtin:sums-detour seed {args.seed}, {args.n} questions, greedy")
-    print("| shape | questions | raw trace | 95 % CI | friendly rewrite | 95 % CI | reward ranks friendly above raw |")
-    print("|---|---|---|---|---|---|---|")
-    for shape in (*headroom.SHAPES, "all"):
+    print(
+        "| shape | questions | raw trace | 95 % CI | friendly rewrite | 95 % CI | reward ranks friendly above raw "
+        "| mean gap friendly − raw: r_SS, r_KL |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for shape in (*[s for s in headroom.SHAPES if s in shapes], "all"):
         idx = [i for i, s in enumerate(shapes) if shape in ("all", s)]
         cells = []
         for ok in (ok_raw, ok_nice):
@@ -73,7 +97,8 @@ def main() -> None:
             lo, hi = wilson(k, len(idx))
             cells.append(f"{k / len(idx):.2f} | [{lo:.2f}, {hi:.2f}]")
         rank = "—" if wins is None else f"{sum(wins[i] for i in idx)}/{len(idx)}"
-        print(f"| {shape} | {len(idx)} | {' | '.join(cells)} | {rank} |")
+        gap = ", ".join(f"{sum(g[i] for i in idx) / len(idx):+.2f}" for g in gaps.values()) or "—"
+        print(f"| {shape} | {len(idx)} | {' | '.join(cells)} | {rank} | {gap} |")
     print(f"{time.perf_counter() - t0:.0f} s")
 
 
