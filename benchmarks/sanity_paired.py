@@ -16,22 +16,19 @@ units says cannot finish before the deadline; a unit still running at the deadli
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import teaching_protocol as protocol
+from unit_runner import append_row, deadline_ts, heavy_lock, read_rows, run_until, unit_estimate
 
 # ---- pre-registered (docs/experiments.md, "settled with paired seeds"); never edited after the first pair ran
 SEEDS = list(range(4, 28))  # 24 new seeds; 1–3 ran in the first experiment and are only pooled as secondary
@@ -148,30 +145,6 @@ def simulation_table(reps: int = 20_000) -> list[str]:
 # ---- the runner: one unit at a time, a deadline guard, pairs appended as they end, resumable
 
 
-def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {i}: not JSON ({e.msg})") from None
-    return rows
-
-
-def append_row(path: Path, row: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def unit_estimate(durations: list[float], first: float) -> float:
-    """What the next unit may take: the longest of the last 3 units (the cores are shared; the load changes),
-    `first` before any unit has run."""
-    return max(durations[-3:]) if durations else first
-
-
 def run_pairs(
     seeds: list[int],
     pairs_path: Path,
@@ -229,28 +202,6 @@ def run_pairs(
     return new
 
 
-@contextlib.contextmanager
-def heavy_lock(path: str | None, deadline: float) -> Iterator[bool]:
-    """The machine's heavy-run lock, polled until the deadline (so that waiting never runs past it)."""
-    if not path:
-        yield True
-        return
-    with Path(path).open("a") as f:
-        while True:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.time() > deadline:
-                    yield False
-                    return
-                time.sleep(5)
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, int, float], dict | None]:
     """Each unit is benchmarks/sanity.py --unit in its own process group (killed whole at the deadline); a unit
     already in out/units.jsonl (an earlier, interrupted session) is reused, not rerun."""
@@ -269,36 +220,15 @@ def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, 
             if not held or time.time() + need > deadline:  # the wait for the lock may have eaten the time
                 return None
             cmd = [sys.executable, "-u", str(sanity), "--out", str(out), "--unit", arm, "--seed", str(seed)]
-            proc = subprocess.Popen(cmd, start_new_session=True)
-            try:
-                proc.wait(timeout=max(1.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            status = run_until(cmd, deadline)
+            if status is None:
                 return None
         time.sleep(COURTESY)  # lets a job blocked on the lock take it before this runner's next unit
-        if proc.returncode:
-            raise SystemExit(f"unit {arm} seed {seed} failed (exit {proc.returncode})")
+        if status:
+            raise SystemExit(f"unit {arm} seed {seed} failed (exit {status})")
         return measured(arm, seed)
 
     return run
-
-
-def deadline_ts(hhmm: str | None, minutes: float | None, now: dt.datetime) -> float:
-    if hhmm:
-        try:
-            hh, mm = (int(x) for x in hhmm.split(":"))
-            end = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
-        except ValueError:
-            raise SystemExit(f"--deadline {hhmm!r}: expected HH:MM (UTC)") from None
-        if end <= now:
-            raise SystemExit(f"--deadline {hhmm}: already past ({now:%H:%M} UTC now)")
-        return end.timestamp()
-    if minutes is not None:
-        if minutes <= 0:
-            raise SystemExit(f"--minutes {minutes}: must be positive")
-        return now.timestamp() + 60 * minutes
-    raise SystemExit("give --deadline HH:MM or --minutes N")
 
 
 def analyse(path: Path) -> dict:

@@ -13,19 +13,23 @@ def summarize(layout: RunLayout, metrics: list[dict[str, Any]]) -> dict[str, Any
     if not layout.distill_dataset.exists():
         return None
     data = read_jsonl(layout.distill_dataset)
-    candidates = [c for d in data for c in d.get("candidate_rewards", [d["reward"]])]
+    # rows the distill stage did not score (a dataset put there for the student stage alone) have no reward
+    scored = [d for d in data if "reward" in d]
+    candidates = [c for d in scored for c in d.get("candidate_rewards", [d["reward"]])]
     return {
         "rows": len(data),
         "path": str(layout.distill_dataset),
         # kept = the best candidate of each question (the dataset); candidates = every sample scored, which is
         # what progress.json's candidateRewardMean and the distill rows of metrics.jsonl average
-        "keptRewardMean": statistics.mean(d["reward"] for d in data) if data else None,
+        "keptRewardMean": statistics.mean(d["reward"] for d in scored) if scored else None,
         "candidateRewardMean": statistics.mean(candidates) if candidates else None,
-        "closedFraction": sum(d["closed"] for d in data) / len(data) if data else None,
+        "closedFraction": sum(d["closed"] for d in scored) / len(scored) if scored else None,
     }
 
 
 def lines(part: dict[str, Any]) -> list[str]:
+    if part["keptRewardMean"] is None:
+        return [f"  distillation dataset: {part['rows']} rows, not scored by the distill stage -> {part['path']}"]
     return [
         f"  distillation dataset: {part['rows']} rows, mean reward of the kept rows {part['keptRewardMean']:.3f} "
         f"(all candidates {part['candidateRewardMean']:.3f}) -> {part['path']}"

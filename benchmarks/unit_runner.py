@@ -1,0 +1,95 @@
+"""What the long CPU experiments share to run unit by unit on shared cores (benchmarks/sanity_paired.py,
+benchmarks/teaching_comparison.py): rows appended as each unit ends (a re-run resumes), a deadline no unit runs
+past, the machine's heavy-run lock, and each unit in a process group of its own that is killed whole at the
+deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The JSON lines of `path` (none when it does not exist); a bad line is named by its number."""
+    if not path.exists():
+        return []
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {i}: not JSON ({e.msg})") from None
+    return rows
+
+
+def append_row(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def unit_estimate(durations: list[float], first: float) -> float:
+    """What the next unit may take: the longest of the last 3 units (the cores are shared; the load changes),
+    `first` before any unit has run."""
+    return max(durations[-3:]) if durations else first
+
+
+@contextlib.contextmanager
+def heavy_lock(path: str | None, deadline: float) -> Iterator[bool]:
+    """The machine's heavy-run lock, polled until the deadline (so that waiting never runs past it)."""
+    if not path:
+        yield True
+        return
+    with Path(path).open("a") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline:
+                    yield False
+                    return
+                time.sleep(5)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def run_until(cmd: list[str], deadline: float) -> int | None:
+    """Run `cmd` in a process group of its own; its exit status, or None when the deadline came first (the whole
+    group is then killed: a unit's own children, such as data-loader workers, go with it)."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+
+
+def deadline_ts(hhmm: str | None, minutes: float | None, now: dt.datetime) -> float:
+    """--deadline HH:MM (UTC, today) or --minutes N from now, as a timestamp; a bad or past value is refused."""
+    if hhmm:
+        try:
+            hh, mm = (int(x) for x in hhmm.split(":"))
+            end = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+        except ValueError:
+            raise SystemExit(f"--deadline {hhmm!r}: expected HH:MM (UTC)") from None
+        if end <= now:
+            raise SystemExit(f"--deadline {hhmm}: already past ({now:%H:%M} UTC now)")
+        return end.timestamp()
+    if minutes is not None:
+        if minutes <= 0:
+            raise SystemExit(f"--minutes {minutes}: must be positive")
+        return now.timestamp() + 60 * minutes
+    raise SystemExit("give --deadline HH:MM or --minutes N")
