@@ -6,7 +6,7 @@ questions of the first sanity experiment (benchmarks/sanity.py --select).
   python benchmarks/sanity_paired.py --simulate                       # the rule's error rates (seconds)
   flock -n /tmp/rlt-heavy.lock true && \\
   python benchmarks/sanity_paired.py --out results/sanity-paired --deadline 23:18   # pairs, one unit at a time
-  python benchmarks/sanity_paired.py --analyse                        # intervals and verdict of the pairs done
+  python benchmarks/sanity_paired.py --analyse --plot docs/images/sanity-paired.png   # intervals, verdict, plot
 
 Each finished pair is appended to benchmarks/sanity-paired.jsonl (committed, small); a re-run skips the seeds in it.
 The runner takes the heavy lock per unit, runs at nice 19, and never starts a unit that the longest of the recent
@@ -231,7 +231,7 @@ def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, 
     return run
 
 
-def analyse(path: Path) -> dict:
+def analyse(path: Path, plot: Path | None = None) -> dict:
     rows = [r for r in read_rows(path) if r["seed"] in SEEDS]
     rows.sort(key=lambda r: SEEDS.index(r["seed"]))
     res = decide([r["d"] for r in rows], [r["real_vs_start"] for r in rows])
@@ -251,7 +251,47 @@ def analyse(path: Path) -> dict:
         m, lo, hi = bounds(np.asarray([p[i] for p in pooled]), LEVEL)
         print(f"secondary, pooled with seeds 1–3 ({len(pooled)} pairs): {key} {m:+.3f} [{lo:+.3f}, {hi:+.3f}]")
     print(f"verdict (pre-registered rule): {res['verdict']}")
+    if plot is not None and len(rows) >= 2:
+        draw(rows, res, plot)
+        print(f"plot: {plot}")
     return res
+
+
+def draw(rows: list[dict], res: dict, path: Path) -> None:
+    """Left: each pair's two arms joined, beside the start model. Right: d and real − start per pair, with the
+    95 % intervals over the pairs (and the interim look's 99 % lower bounds once there are 12)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for r in rows:
+        left.plot([0, 1], [r["real"], r["shuffled"]], "o-", color="tab:blue", alpha=0.5)
+    left.axhline(rows[0]["start"], color="k", ls="--", lw=0.8, label=f"start model {rows[0]['start']:+.2f}")
+    left.set_xticks([0, 1], ["real reward", "shuffled reward"])
+    left.set_ylabel("objective (mean reward, 48 samples at τ 1.0)")
+    left.set_title(f"each pair, same seed (seeds {rows[0]['seed']}–{rows[-1]['seed']})", fontsize=10)
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    for i, key in enumerate(("d", "real_vs_start")):
+        ys = [r[key] for r in rows]
+        right.plot([i - 0.15] * len(ys), ys, "o", alpha=0.5, color="tab:blue")
+        m, lo, hi = res[key]
+        right.errorbar([i + 0.15], [m], yerr=[[m - lo], [hi - m]], fmt="s", capsize=5, color="k")
+        if "interim_lower_99" in res:
+            right.plot([i + 0.15], [res["interim_lower_99"][i]], "v", color="tab:red", label="99 % lower, 12 pairs")
+    right.axhline(0, color="k", lw=0.8)
+    right.axhline(MARGIN, color="grey", ls="--", lw=0.8, label=f"FAIL margin {MARGIN} (d)")
+    right.set_xticks([0, 1], ["d = real − shuffled", "real − start"])
+    right.set_title(f"per pair (dots), mean and 95 % paired t interval\n{res['verdict']}", fontsize=10)
+    handles, labels = right.get_legend_handles_labels()
+    right.legend(dict(zip(labels, handles, strict=True)).values(), dict(zip(labels, handles, strict=True)), fontsize=8)
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--simulate", action="store_true", help="print the rule's simulated PASS/FAIL/inconclusive rates")
     p.add_argument("--reps", type=int, default=20_000)
     p.add_argument("--analyse", action="store_true", help="print the pairs, intervals and verdict")
+    p.add_argument("--plot", type=Path, help="with --analyse: draw the pairs and intervals here")
     p.add_argument("--out", default="results/sanity-paired", help="start.json, chosen.jsonl and the start model")
     p.add_argument("--pairs", type=Path, default=PAIRS_FILE)
     p.add_argument("--deadline", help="HH:MM UTC: no unit runs past it")
@@ -271,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(simulation_table(args.reps)))
         return
     if args.analyse:
-        analyse(args.pairs)
+        analyse(args.pairs, args.plot)
         return
     end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
     out = Path(args.out)

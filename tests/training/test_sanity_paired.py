@@ -146,3 +146,14 @@ def test_unit_runner_rechecks_the_deadline_once_it_holds_the_lock(sp, tmp_path):
     run = sp["unit_runner"](tmp_path, str(tmp_path / "heavy.lock"), deadline=time.time() + 30)
     assert run("real", 5, 600.0) is None
     assert not (tmp_path / "sanity-real-seed5").exists()
+
+
+def test_analyse_prints_the_table_and_draws_the_plot(sp, tmp_path, capsys):
+    path, plot = tmp_path / "pairs.jsonl", tmp_path / "sanity-paired.png"
+    for i, (d, r) in enumerate(zip(wobble(1.6, 12, 0.9), wobble(1.1, 12, 0.9), strict=True)):
+        row = {"seed": 4 + i, "real": -5.0, "shuffled": -5.0 - d, "start": -5.0 - r, "d": d, "real_vs_start": r}
+        sp["append_row"](path, row | {"real_seconds": 300.0, "shuffled_seconds": 200.0})
+    res = sp["analyse"](path, plot)
+    out = capsys.readouterr().out
+    assert res["verdict"].startswith("PASS at the interim") and "| 15 |" in out and f"plot: {plot}" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
