@@ -232,3 +232,26 @@ def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc,
     pieces = [json.loads(x) for x in tc["pieces_file"](tmp_path, "rl", 1).read_text().splitlines()]
     assert len(pieces) == 1 and 3.0 <= pieces[0]["seconds"] < 30
     assert not (tmp_path / "unit-rl-seed1.json").exists()
+
+
+def test_sft_convergence_in_the_real_stage_stops_and_saves_the_best_epoch(tc, tmp_path):
+    """The arm's unit on the tiny model at a learning rate that overshoots: the sft stage stops two epochs after
+    its best one (before its 12 epochs), and the stage's saved model is the best epoch's, not the last."""
+    import dataclasses
+
+    from rlt.data.models import load_model, load_tokenizer
+    from rlt.method.prompts import Formatter, resolve_format
+    from rlt.spec.inputs import FormatSpec, ModelRef
+    from rlt.stages import trainer as stage_trainer
+    from rlt.stages.sft import sft_rows
+
+    original = stage_trainer.TrainerRun.trainer
+    s = dataclasses.replace(tc["QUICK"], sft_lr=0.3, max_epochs=12)
+    conv = tc["unit"](s, tmp_path, "sft-convergence", 1)["convergence"]
+    assert stage_trainer.TrainerRun.trainer is original  # the callback is added within the unit only
+    losses, best = conv["losses"], conv["best_epoch"]
+    assert conv["stopped"] and len(losses) == best + 2 < 12 and losses[best - 1] == min(losses)
+    ref = ModelRef(model=str(tmp_path / "teach-sft-convergence-seed1" / "sft" / "model"))
+    rows = sft_rows(tc["loss_rows"](s), Formatter(resolve_format(FormatSpec())), load_tokenizer(ref), "reject", 384)
+    saved = tc["heldout_loss"](load_model(ref, "cpu"), rows)
+    assert saved == pytest.approx(losses[best - 1], rel=1e-5) and saved < losses[-1]
