@@ -38,13 +38,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import teaching_protocol as protocol
-from unit_runner import append_row, deadline_ts, heavy_lock, read_rows, run_until, unit_estimate
+from unit_runner import append_row, deadline_ts, heavy_lock, read_rows, run_until, stop_on_sigterm, unit_estimate
 
 # ---- pre-registered (docs/experiments.md, "The teaching comparison ... protocol"); never edited after a unit ran
 ARMS = ("rl", "sft-continued", "sft-convergence", "raw", "friendly")  # run order: the rule's two arms first
 TEACHER_ARMS = ("rl", "sft-continued", "sft-convergence")
 PRIMARY = ("rl", "sft-continued")  # d = pass@1(rl) − pass@1(sft-continued), per seed
-SECONDARY = (("rl", "sft-convergence"), ("rl", "raw"), ("raw", "friendly"), ("rl", "friendly"))
+SECONDARY = (("rl", "sft-convergence"), ("rl", "raw"), *((a, "friendly") for a in ARMS if a != "friendly"))
 MARGIN = 0.05  # pass@1: 10 of 200 held-out questions
 EFFECT = 0.10  # the effect the seed count is sized for (80 % power, paired)
 PILOT = (1, 2, 3, 4)  # variance-only internal pilot: only the sd of d is read from them
@@ -54,9 +54,11 @@ FIRST_ESTIMATE = {"rl": 7200.0, "sft-continued": 1800.0, "sft-convergence": 3600
 FIRST_ESTIMATE["friendly"] = FIRST_ESTIMATE["raw"]
 # rl's unit is longer than what a session has left after its other work; its stage checkpoints every RL_SAVE steps
 # and a re-run continues from the last one (rlt's restarts change nothing: tests/training/test_restart_changes_nothing),
-# so it may start with PIECE seconds left and is stopped at the deadline, to go on next time.
-RESUMABLE, PIECE, RL_SAVE = ("rl",), 1200.0, 10
+# so it may start with PIECE seconds left and is stopped at the deadline, to go on next time. GRACE seconds before
+# the deadline a unit gets SIGTERM, on which the stage saves its last finished step.
+RESUMABLE, PIECE, RL_SAVE, GRACE = ("rl",), 1200.0, 5, 120.0
 UNITS_FILE = Path(__file__).parent / "teaching-comparison.jsonl"
+DEFAULT_OUT = "results/teaching"
 COURTESY = 20.0  # seconds between units without the lock
 
 
@@ -357,8 +359,7 @@ def unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     earlier = read_rows(pieces_file(out, arm, seed))
     heldout_file = out / "heldout.jsonl"
-    if not heldout_file.exists():
-        write_jsonl(heldout_file, heldout_rows(s))
+    write_jsonl(heldout_file, heldout_rows(s))  # every unit: deterministic, and never another settings' rows
     run = parse_run(run_spec(s, arm, seed, str(heldout_file.resolve())))
     layout = RunLayout.for_run(out, run.name)
     only = None
@@ -371,6 +372,8 @@ def unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
         summary = run_local(run, out, metrics_port=None, show_progress=False, only=only)
     report = json.loads((layout.eval_dir / REPORT_JSON).read_text())
     graded = list(read_jsonl(layout.eval_dir / PER_QUESTION_FILE))
+    if report["questions"] != s.heldout or len(graded) != s.heldout:
+        raise SystemExit(f"{layout.eval_dir}: {report['questions']} questions evaluated, {s.heldout} held out")
     row: dict[str, Any] = {
         "arm": arm,
         "seed": seed,
@@ -380,7 +383,8 @@ def unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
         "stage_seconds": {k: v.get("seconds") for k, v in summary.get("stages", {}).items()},
         "seconds": round(time.perf_counter() - t0 + sum(p["seconds"] for p in earlier), 1),
         "pieces": len(earlier) + 1,
-        "settings": "quick" if s == QUICK else "protocol",
+        "settings": "protocol" if s == Settings() else "quick" if s == QUICK else "other",
+        "device": device_name(),
         "ended": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if arm in TEACHER_ARMS:
@@ -395,6 +399,13 @@ def unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
     if convergence.exists():
         row["convergence"] = json.loads(convergence.read_text())
     return row
+
+
+def device_name() -> str:
+    """Where the unit ran (a pairing across machines would mix fp32 on CPU with bf16 on a GPU)."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 # ---- the runner: units in order, a deadline guard, rows appended as units end, resumable
@@ -426,7 +437,7 @@ def run_units(
             if need > left and not piece:
                 log(f"[deadline] seed {seed} {arm} not started: needs ~{need:.0f} s, {left:.0f} s left")
                 return new
-            row = run_unit(arm, seed, min(need, left))
+            row = run_unit(arm, seed, PIECE if piece and need > left else need)
             if row is None:
                 again = " (it continues from its last checkpoint next time)" if arm in RESUMABLE else ""
                 log(f"[deadline] seed {seed} {arm} not finished by the deadline{again}")
@@ -434,31 +445,38 @@ def run_units(
             append_row(units_path, row)
             rows.append(row)
             new.append(row)
-            log(f"[unit] seed {seed} {arm}: pass@1 {row['pass1']:.3f} ({row['seconds']:.0f} s)")
+            log(f"[unit] seed {seed} {arm}: done in {row['seconds']:.0f} s")  # no pass@1: the pilot is blind
     return new
 
 
 def unit_runner(out: Path, quick: bool, lock: str | None, deadline: float) -> Callable[[str, int, float], dict | None]:
-    """Each unit is this script's --unit in a process group of its own (killed whole at the deadline); it leaves its
-    row in out/unit-<arm>-seed<seed>.json, which the runner appends."""
+    """Each unit is this script's --unit in a process group of its own (SIGTERM GRACE seconds before the deadline,
+    killed whole at it), its output in out/unit-<arm>-seed<seed>.log; it leaves its row in
+    out/unit-<arm>-seed<seed>.json, which the runner appends."""
+    wanted = "quick" if quick else "protocol"
 
     def run(arm: str, seed: int, need: float) -> dict | None:
         result = out / f"unit-{arm}-seed{seed}.json"
         if result.exists():  # measured by an earlier, interrupted runner: not rerun
-            return dict(json.loads(result.read_text()))
+            row = dict(json.loads(result.read_text()))
+            if row["settings"] != wanted:
+                raise SystemExit(f"{result}: a {row['settings']} unit, this run is {wanted}: use another --out")
+            return row
         with heavy_lock(lock, deadline - need) as held:
             if not held or time.time() + need > deadline:
                 return None
             cmd = [sys.executable, "-u", __file__, "--out", str(out), "--unit", arm, "--seed", str(seed)]
             started = time.time()
-            status = run_until(cmd + (["--quick"] if quick else []), deadline)
+            logfile = out / f"unit-{arm}-seed{seed}.log"
+            print(f"[unit] seed {seed} {arm}: started, output in {logfile}", flush=True)
+            status = run_until(cmd + (["--quick"] if quick else []), deadline, GRACE, logfile)
             if status is None:  # stopped: its seconds so far count when a later piece finishes it
                 append_row(pieces_file(out, arm, seed), {"seconds": round(time.time() - started, 1)})
                 return None
         if lock:
             time.sleep(COURTESY)
         if status:
-            raise SystemExit(f"unit {arm} seed {seed} failed (exit {status}); its run folder is under {out}")
+            raise SystemExit(f"unit {arm} seed {seed} failed (exit {status}); see {out}/unit-{arm}-seed{seed}.log")
         return dict(json.loads(result.read_text()))
 
     return run
@@ -472,11 +490,11 @@ def pieces_file(out: Path, arm: str, seed: int) -> Path:
 # ---- analysis
 
 
-def pass_table(rows: list[dict]) -> dict[int, dict[str, float]]:
-    """seed -> arm -> pass@1 of the protocol's units (the --quick check's rows are left out)."""
+def pass_table(rows: list[dict], settings: str = "protocol") -> dict[int, dict[str, float]]:
+    """seed -> arm -> pass@1 of the units run with `settings` (protocol: the --quick check's rows are left out)."""
     table: dict[int, dict[str, float]] = {}
     for r in rows:
-        if r.get("settings", "protocol") == "protocol":
+        if r.get("settings", "protocol") == settings:
             table.setdefault(r["seed"], {})[r["arm"]] = r["pass1"]
     return table
 
@@ -505,9 +523,11 @@ def rule(lo: float, hi: float) -> str:
 
 
 def decide(d: list[float], fixed: int | None = SEEDS_FIXED) -> dict[str, Any]:
-    """The verdict once the sized number of seeds is in; before that the interval is a description."""
-    m, lo, hi = interval(d)
-    out: dict[str, Any] = {"seeds": len(d), "d": [m, lo, hi]}
+    """The verdict once the sized number of seeds is in (read on the first `fixed` seeds only); before that the
+    interval is a description."""
+    used = d[:fixed] if fixed is not None and len(d) >= fixed else d
+    m, lo, hi = interval(used)
+    out: dict[str, Any] = {"seeds": len(used), "d": [m, lo, hi]}
     if fixed is None:
         out["verdict"] = f"not in ({len(d)} seeds; the seed count is fixed after the {len(PILOT)}-seed pilot)"
     elif len(d) < fixed:
@@ -526,8 +546,15 @@ def sizing(d: list[float]) -> dict[str, Any]:
     return {"sd": sd, "seeds_needed": raw, "seeds": min(MAX_SEEDS, max(MIN_SEEDS, raw))}
 
 
-def analyse(path: Path, plot: Path | None = None) -> dict[str, Any]:
-    table = pass_table(read_rows(path))
+def analyse(path: Path, plot: Path | None = None, settings: str = "protocol") -> dict[str, Any]:
+    table = pass_table(read_rows(path), settings)
+    if settings == "protocol" and SEEDS_FIXED is None:  # the pilot is blind: no arm's figure before the sizing
+        print("| seed | " + " | ".join(ARMS) + " |")
+        print("|---|" + "---|" * len(ARMS))
+        for seed, t in sorted(table.items()):
+            print(f"| {seed} | " + " | ".join("done" if a in t else "—" for a in ARMS) + " |")
+        print("blind until the seed count is fixed: after the pilot seeds, --size prints it from d's spread alone")
+        return {"seeds": len(differences(table, *PRIMARY)), "verdict": "not in (blind pilot)"}
     print("| seed | " + " | ".join(ARMS) + " | d = rl − sft-continued |")
     print("|---|" + "---|" * (len(ARMS) + 1))
     for seed, t in sorted(table.items()):
@@ -580,7 +607,7 @@ def draw(table: dict[int, dict[str, float]], res: dict[str, Any], path: Path) ->
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--out", default="results/teaching", help="the units' run folders")
+    p.add_argument("--out", default=DEFAULT_OUT, help="the units' run folders (--quick: OUT-quick unless given)")
     p.add_argument(
         "--units", type=Path, help=f"the finished units (default {UNITS_FILE.name}; --quick: OUT/units.jsonl)"
     )
@@ -596,10 +623,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--unit", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.units is None:
-        args.units = Path(args.out) / "units.jsonl" if args.quick else UNITS_FILE
+    if args.units is None:  # --quick's rows never go to the committed file
+        quick_out = args.out + ("-quick" if args.out == DEFAULT_OUT else "")
+        args.units = Path(quick_out) / "units.jsonl" if args.quick else UNITS_FILE
     if args.analyse:
-        analyse(args.units, args.plot)
+        analyse(args.units, args.plot, "quick" if args.quick else "protocol")
         return
     if args.size:
         table = pass_table(read_rows(args.units))
@@ -612,16 +640,20 @@ def main(argv: list[str] | None = None) -> None:
         return
     s = QUICK if args.quick else Settings()
     out = Path(args.out)
+    if args.quick and out == Path(DEFAULT_OUT):
+        out = Path(DEFAULT_OUT + "-quick")  # never the protocol's folder: its units would be taken as measured
     if args.unit:
         row = unit(s, out, args.unit, args.seed)
         (out / f"unit-{args.unit}-seed{args.seed}.json").write_text(json.dumps(row))
         return
     end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
     os.nice(max(0, args.nice - os.nice(0)))
+    stop_on_sigterm()
+    out.mkdir(parents=True, exist_ok=True)
     print(f"settings: {json.dumps(asdict(s))}", flush=True)
     first = {a: v / (60 if args.quick else 1) for a, v in FIRST_ESTIMATE.items()}
     run_units(args.seeds, args.units, unit_runner(out, args.quick, args.lock or None, end), end, first)
-    analyse(args.units)
+    analyse(args.units, None, "quick" if args.quick else "protocol")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,16 +66,36 @@ def heavy_lock(path: str | None, deadline: float) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def run_until(cmd: list[str], deadline: float) -> int | None:
-    """Run `cmd` in a process group of its own; its exit status, or None when the deadline came first (the whole
-    group is then killed: a unit's own children, such as data-loader workers, go with it)."""
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        return proc.wait(timeout=max(1.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return None
+def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | None = None) -> int | None:
+    """Run `cmd` in a process group of its own (its output to `log` when given); its exit status, or None when the
+    deadline came first. `grace` seconds before the deadline the group gets SIGTERM (rlt's stages then save their
+    last step), at the deadline SIGKILL; the whole group goes, a unit's own children with it. The runner stopped
+    (Ctrl-C, SIGTERM) takes its unit down too: nothing runs on past the deadline unaccounted."""
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(log.open("a")) if log is not None else None
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None)
+        try:
+            try:
+                return proc.wait(timeout=max(1.0, deadline - grace - time.time()))
+            except subprocess.TimeoutExpired:
+                if grace > 0:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=max(1.0, deadline - time.time()))
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a session ending, `kill`) raises SystemExit in the runner, so that run_until takes its unit down."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def deadline_ts(hhmm: str | None, minutes: float | None, now: dt.datetime) -> float:

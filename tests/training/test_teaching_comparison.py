@@ -78,6 +78,10 @@ def test_sizing_reads_the_spread_only(tc):
     sizing = tc["sizing"]
     d = [0.02, 0.10, -0.04, 0.06]
     shifted = sizing([x + 0.5 for x in d])
+    # the figures docs/experiments.md states for the protocol (paired, effect 0.10, 80 % power), the floor and cap
+    for sd, seeds in ((0.06, 6), (0.08, 8), (0.12, 14), (0.15, 20), (0.2, 24)):
+        a = sd / (4 / 3) ** 0.5  # [a, −a, a, −a] has sd `sd`
+        assert sizing([a, -a, a, -a])["seeds"] == seeds, sd
     # blind to the mean: a variance-only pilot
     assert sizing(d)["seeds"] == shifted["seeds"] and sizing(d)["sd"] == pytest.approx(shifted["sd"])
     assert sizing(d)["seeds"] == max(6, sizing(d)["seeds_needed"])
@@ -88,15 +92,18 @@ def test_sizing_reads_the_spread_only(tc):
 
 
 class FakeUnits:
-    """A stand-in for a trained-and-evaluated unit: each arm takes its own seconds of a fake clock."""
+    """A stand-in for a trained-and-evaluated unit: each arm takes its own seconds of a fake clock. Like the real
+    unit runner it starts nothing when the estimate it is given does not fit before the deadline."""
 
     def __init__(self, seconds, stop_at=None):
-        self.now, self.seconds, self.calls, self.stop_at = 0.0, seconds, [], stop_at
+        self.now, self.seconds, self.calls, self.stop_at, self.deadline = 0.0, seconds, [], stop_at, None
 
     def clock(self):
         return self.now
 
     def __call__(self, arm, seed, need):
+        if self.deadline is not None and self.now + need >= self.deadline:
+            return None  # unit_runner.run: "time.time() + need > deadline", a moment after run_units looked
         self.calls.append((arm, seed))
         if self.stop_at == (arm, seed):
             self.now += 10 * self.seconds[arm]
@@ -212,8 +219,10 @@ def test_the_rl_unit_starts_as_a_piece_and_other_arms_do_not(tc, tmp_path):
     time); an arm that does not resume waits for a session with room for its whole estimate."""
     piece, first, logs = tc["PIECE"], dict(tc["FIRST_ESTIMATE"]), []
     units = FakeUnits(dict.fromkeys(tc["ARMS"], 10.0), stop_at=("rl", 1))
+    units.deadline = piece - 1
     assert tc["run_units"]([1], tmp_path / "u.jsonl", units, piece - 1, first, units.clock, logs.append) == []
     assert units.calls == [] and "seed 1 rl not started" in logs[-1]
+    units.deadline = piece + 1
     assert tc["run_units"]([1], tmp_path / "u.jsonl", units, piece + 1, first, units.clock, logs.append) == []
     assert units.calls == [("rl", 1)] and "continues from its last checkpoint" in logs[-1]
     units = FakeUnits(dict.fromkeys(tc["ARMS"], 10.0))
@@ -227,11 +236,25 @@ def test_the_rl_unit_starts_as_a_piece_and_other_arms_do_not(tc, tmp_path):
 def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc, tmp_path):
     import time
 
-    run = tc["unit_runner"](tmp_path, True, None, time.time() + 4)
-    assert run("rl", 1, 1.0) is None  # the tiny rl unit takes longer than 4 s: stopped, its group killed
+    grace = tc["GRACE"]
+    run = tc["unit_runner"](tmp_path, True, None, time.time() + grace + 4)
+    assert run("rl", 1, 1.0) is None  # the tiny rl unit takes longer than 4 s: SIGTERM, then its group killed
     pieces = [json.loads(x) for x in tc["pieces_file"](tmp_path, "rl", 1).read_text().splitlines()]
-    assert len(pieces) == 1 and 3.0 <= pieces[0]["seconds"] < 30
-    assert not (tmp_path / "unit-rl-seed1.json").exists()
+    assert len(pieces) == 1 and 3.0 <= pieces[0]["seconds"] < grace + 30
+    assert not (tmp_path / "unit-rl-seed1.json").exists() and (tmp_path / "unit-rl-seed1.log").exists()
+
+
+def test_unit_runner_starts_a_piece_and_refuses_another_settings_unit(tc, tmp_path, monkeypatch):
+    import time
+
+    calls = []
+    monkeypatch.setitem(tc["unit_runner"].__globals__, "run_until", lambda cmd, *a: calls.append(cmd) or None)
+    piece = tc["PIECE"]
+    run = tc["unit_runner"](tmp_path, False, None, time.time() + piece + 30)
+    assert run("rl", 2, piece) is None and len(calls) == 1 and "--unit" in calls[0]  # what run_units passes
+    (tmp_path / "unit-raw-seed2.json").write_text(json.dumps({"arm": "raw", "seed": 2, "settings": "quick"}))
+    with pytest.raises(SystemExit, match="a quick unit, this run is protocol"):
+        run("raw", 2, 1.0)
 
 
 def test_sft_convergence_in_the_real_stage_stops_and_saves_the_best_epoch(tc, tmp_path):
@@ -255,3 +278,20 @@ def test_sft_convergence_in_the_real_stage_stops_and_saves_the_best_epoch(tc, tm
     rows = sft_rows(tc["loss_rows"](s), Formatter(resolve_format(FormatSpec())), load_tokenizer(ref), "reject", 384)
     saved = tc["heldout_loss"](load_model(ref, "cpu"), rows)
     assert saved == pytest.approx(losses[best - 1], rel=1e-5) and saved < losses[-1]
+
+
+def test_the_pilot_is_blind_until_the_seed_count_is_fixed(tc, tmp_path, capsys):
+    path = tmp_path / "units.jsonl"
+    for seed in (1, 2):
+        for arm, p in zip(tc["ARMS"], (0.61, 0.52, 0.55, 0.43, 0.87), strict=True):
+            row = {"arm": arm, "seed": seed, "pass1": p, "seconds": 1.0, "settings": "protocol"}
+            path.write_text((path.read_text() if path.exists() else "") + json.dumps(row) + "\n")
+    assert tc["SEEDS_FIXED"] is None  # the committed value until the pilot's sizing
+    res = tc["analyse"](path)
+    out = capsys.readouterr().out
+    assert res["verdict"] == "not in (blind pilot)" and "| 2 | done | done" in out
+    assert not any(x in out for x in ("0.61", "0.52", "+0.09", "0.090"))  # no arm's figure, no difference
+    rows = [json.loads(x) | {"settings": "quick"} for x in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tc["analyse"](path, None, "quick")  # the quick check is not blind
+    assert "0.610" in capsys.readouterr().out

@@ -143,7 +143,12 @@ def local_batches(
     prompts: dict[int, list[int]],
     share: list[Question],
 ) -> Iterator[tuple[list[Question], Samples]]:
-    """In process: batches of batchSize questions in order, each generated whole, then scored."""
+    """In process: batches of batchSize questions in order, each generated whole, then scored. Each batch samples
+    from a seed of its own (the server path's seed of its first sequence), so a batch's rows depend on the run's seed
+    and its questions only: not on what the process did before (training, other batches), and a restart that resumes
+    at a batch boundary writes the rows the uninterrupted run would have."""
+    import torch
+
     if teacher is None:  # the caller loads the teacher whenever no server generates
         raise ValueError("in-process generation needs the teacher model: none was loaded")
     st = spec.stages.distill
@@ -151,6 +156,7 @@ def local_batches(
     for s in range(0, len(share), per_batch):
         batch = share[s : s + per_batch]
         ids = [prompts[i] for i, _ in batch for _ in range(n)]
+        torch.manual_seed(sequence_seed(spec.seed, batch[0][0], n, 0))
         yield (
             batch,
             sample_with_logprobs(
