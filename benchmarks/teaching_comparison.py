@@ -504,15 +504,6 @@ def differences(table: dict[int, dict[str, float]], a: str, b: str) -> list[floa
     return [t[a] - t[b] for _, t in sorted(table.items()) if a in t and b in t]
 
 
-def interval(d: list[float]) -> tuple[float, float, float]:
-    """Mean and the paired two-sided 95 % t interval (the seed is the unit)."""
-    if len(d) < 2:
-        return (d[0] if d else float("nan")), float("nan"), float("nan")
-    m = statistics.fmean(d)
-    half = protocol.t_quantile(len(d) - 1) * statistics.stdev(d) / math.sqrt(len(d))
-    return m, m - half, m + half
-
-
 def rule(lo: float, hi: float) -> str:
     """The pre-registered reading of d's interval."""
     if lo > 0:
@@ -526,14 +517,14 @@ def decide(d: list[float], fixed: int | None = SEEDS_FIXED) -> dict[str, Any]:
     """The verdict once the sized number of seeds is in (read on the first `fixed` seeds only); before that the
     interval is a description."""
     used = d[:fixed] if fixed is not None and len(d) >= fixed else d
-    m, lo, hi = interval(used)
+    m, lo, hi = protocol.one_sample_interval(used)  # paired: d per seed against 0
     out: dict[str, Any] = {"seeds": len(used), "d": [m, lo, hi]}
     if fixed is None:
         out["verdict"] = f"not in ({len(d)} seeds; the seed count is fixed after the {len(PILOT)}-seed pilot)"
     elif len(d) < fixed:
         out["verdict"] = f"not in ({len(d)} of {fixed} seeds)"
     else:
-        out["verdict"] = rule(*interval(d[:fixed])[1:])
+        out["verdict"] = rule(lo, hi)  # `used` is the first `fixed` seeds here
     return out
 
 
@@ -565,7 +556,7 @@ def analyse(path: Path, plot: Path | None = None, settings: str = "protocol") ->
     m, lo, hi = res["d"]
     print(f"primary d = rl − sft-continued: {m:+.3f} [{lo:+.3f}, {hi:+.3f}] (95 % paired t, {res['seeds']} seeds)")
     for a, b in SECONDARY:
-        sm, slo, shi = interval(differences(table, a, b))
+        sm, slo, shi = protocol.one_sample_interval(differences(table, a, b))
         print(f"secondary {a} − {b}: {sm:+.3f} [{slo:+.3f}, {shi:+.3f}]")
     print(f"verdict (pre-registered rule, margin {MARGIN}): {res['verdict']}")
     if plot is not None and table:
