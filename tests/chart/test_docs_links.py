@@ -84,3 +84,10 @@ def test_the_demo_time_has_one_home():
     ]
     assert not any(re.search(r"\d+\s*min", line) for line in header), header
     assert re.search(r"make demo.*about \d+ min", (ROOT / "README.md").read_text())
+
+
+def test_the_spec_reference_opens_with_its_field_table():
+    """A reader looking a field up finds the table first (it used to come after 200 lines of prose)."""
+    page = (DOCS / "spec.md").read_text()
+    assert re.findall(r"^## (.+)$", page, re.M)[0] == "Fields"
+    assert page.index("<!-- BEGIN SPEC TABLE -->") < 40 * 80  # within the first screenfuls
