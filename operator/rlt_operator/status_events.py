@@ -70,9 +70,12 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus, namespace: str = ""
 
 
 def resume_point(run_status: RLTRunStatus) -> str:
-    """Where a new gang of the stage resumes: the newest checkpoint the trainer reported (status.progress)."""
+    """Where a new gang of the stage resumes: the newest complete checkpoint on the run's volume, which the operator
+    does not read. The trainer's last report (status.progress) can be a save older: a pod stopped by SIGTERM (suspend,
+    eviction) saves once more after the last scrape, so the report is named as what it is, not as the resume point."""
     checkpoint = (run_status.progress or Progress()).last_checkpoint
-    return f"checkpoint {checkpoint}" if checkpoint else "the stage's last checkpoint, if it has one"
+    newest = "the newest complete checkpoint on the run's volume"
+    return f"{newest} (the trainer last reported {checkpoint})" if checkpoint else f"{newest}, if the stage has one"
 
 
 def waiting_events(prev: RLTRunStatus, new: RLTRunStatus) -> list[tuple[str, str, str]]:

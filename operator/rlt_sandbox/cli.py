@@ -25,6 +25,20 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_monitor(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from rlt_sandbox.monitoring import run_monitor
+
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rlt-monitor-"))
+    run_file = Path(args.file) if args.file else None
+    if run_file is not None and not run_file.is_file():
+        raise SystemExit(f"rlt monitor: {run_file}: no such run file")
+    out = Path(args.out) if args.out else None
+    return run_monitor(run_file, args.trainer, args.operator, args.port, out, args.every, work)
+
+
 def parse_labels(specs: list[str]) -> dict[str, str]:
     out = {}
     for spec in specs:
@@ -79,3 +93,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "stay Pending with ErrImagePull / ImagePullBackOff, as a kubelet reports it",
     )
     p.set_defaults(func=cmd_sandbox)
+
+    m = sub.add_parser(
+        "monitor",
+        help="the chart's monitoring on this machine: a real Prometheus (make tools) with the chart's scrape config "
+        "and alert rules, and its dashboards drawn as PNGs, for a local run (started here from FILE) or the sandbox",
+    )
+    m.add_argument("file", nargs="?", help="a run file to run here with its metrics served (rlt run FILE)")
+    m.add_argument("--trainer", metavar="HOST:PORT", help="a run's exporter already serving (rlt run --metrics-port)")
+    m.add_argument(
+        "--operator", metavar="HOST:PORT", help="the operator's metrics (rlt sandbox with RLT_OPERATOR_METRICS_PORT)"
+    )
+    m.add_argument("--port", type=int, default=9090, help="Prometheus' port on 127.0.0.1 (default 9090)")
+    m.add_argument("--out", help="where the dashboards' PNGs go (default results/<run>/dashboards)")
+    m.add_argument("--every", type=float, default=30.0, help="seconds between two drawings of the dashboards")
+    m.add_argument("--work", help="Prometheus' data and config folder (default a new temp folder)")
+    m.set_defaults(func=cmd_monitor)

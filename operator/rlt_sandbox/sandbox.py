@@ -234,7 +234,7 @@ async def _main(
             what = (
                 "The operator's Jobs and StatefulSets run: each pod is a local process (kubelet emulator), on CPU.\n\n"
                 f"  export KUBECONFIG={kubeconfig_path}\n"
-                "  kubectl apply --validate=false -f manifests/examples/rltrun-tiny.yaml\n"
+                "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
                 "  kubectl get rlt -w                     # Pending -> Running sft/rl/distill -> Succeeded\n"
                 "  kubectl get pods -l rlt.dev/run=tiny\n"
                 "  kubectl logs tiny-sft-0-<suffix>       # a pod's log (also printed above as each pod starts)\n\n"

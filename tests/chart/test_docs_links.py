@@ -1,5 +1,5 @@
-"""Every relative link between the docs pages lands on a page and, with an anchor, on a heading of it (issue 45:
-the research record moved out of docs/evaluation.md into docs/experiments.md, and its anchors with it)."""
+"""Every relative link between the docs pages lands on a page and, with an anchor, on a heading of it (the research
+record moved out of docs/evaluation.md into docs/experiments.md, and its anchors with it)."""
 
 import re
 
@@ -39,3 +39,55 @@ def test_evaluation_is_the_user_guide_and_experiments_the_record():
     assert "pre-registered" not in guide.split("## Experiments", 1)[0]  # no research log in the guide
     assert "(experiments.md)" in guide and "(evaluation.md)" in record
     assert "### Protocol (fixed before any result)" in record
+
+
+# What a reader of the repository cannot follow: the team's issue tracker (not linked from the repository), the
+# project's seed documents and the reference folder beside the repository.
+OUTSIDE = re.compile(r"\bissues? #?\d+|\bseed 0\d\d\b|\.\./shared/|\bshared/reference/", re.IGNORECASE)
+
+
+def test_the_docs_point_only_at_what_the_repository_holds():
+    pages = [
+        ROOT / "README.md",
+        ROOT / "charts" / "rlt-operator" / "README.md",
+        *sorted(DOCS.rglob("*.md")),
+        *sorted((ROOT / "manifests" / "examples").glob("*.yaml")),
+    ]
+    found = [
+        f"{page.relative_to(ROOT)}:{n}: {m.group(0)}"
+        for page in pages
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        for m in OUTSIDE.finditer(line)
+    ]
+    assert found == []
+
+
+def test_a_figure_quoted_beside_a_spec_field_is_the_fields_own():
+    """The data guide quotes the built-in task's row limit next to `spec.dataset.size`: the model's bound is the
+    one source (it said 1,000,000 where the spec allows 100,000)."""
+    from rlt.spec.inputs import DatasetSpec
+
+    [limit] = [m.le for m in DatasetSpec.model_fields["size"].metadata if hasattr(m, "le")]
+    quoted = re.search(
+        r"at\s+most\s+([\d,]+)\s+rows\s+\(`spec\.dataset\.size`\)", (DOCS / "data-formats.md").read_text()
+    )
+    assert quoted is not None and int(quoted.group(1).replace(",", "")) == limit
+
+
+def test_the_demo_time_has_one_home():
+    """README.md's quick start gives the demo's measured time; the example it runs points there instead of
+    quoting a second figure that drifts (it said 15 min where the README said 5)."""
+    header = [
+        line
+        for line in (ROOT / "manifests" / "examples" / "rltrun-local.yaml").read_text().splitlines()
+        if line.startswith("#")
+    ]
+    assert not any(re.search(r"\d+\s*min", line) for line in header), header
+    assert re.search(r"make demo.*about \d+ min", (ROOT / "README.md").read_text())
+
+
+def test_the_spec_reference_opens_with_its_field_table():
+    """A reader looking a field up finds the table first (it used to come after 200 lines of prose)."""
+    page = (DOCS / "spec.md").read_text()
+    assert re.findall(r"^## (.+)$", page, re.M)[0] == "Fields"
+    assert page.index("<!-- BEGIN SPEC TABLE -->") < 40 * 80  # within the first screenfuls

@@ -27,6 +27,8 @@ import pytest
 import yaml
 from monitor_scrape import only, render_chart, service_targets, servicemonitor_scrape_configs
 from obs_helpers import (
+    DASHBOARD_DIR,
+    RATE_WINDOW,
     concrete,
     dashboards,
     http_get,
@@ -175,6 +177,15 @@ def test_every_panel_query_returns_data(tmp_path, procs, start_sandbox):
         selector = picker.removeprefix("label_values(").rsplit(",", 1)[0].replace("$namespace", ".*")
         listed = {s["run"] for s in prom_get_series(base, selector) if s.get("namespace") == "default"}
         assert {"tiny", "tiny-queued"} <= listed, (dash["title"], picker, listed)
+    # `rlt monitor`'s drawing of the dashboards from this Prometheus: every panel drawn, and the only empty ones are
+    # the vLLM panels, each saying whose metrics it waits for.
+    from rlt_sandbox.dashboard_render import draw_all
+
+    drawn = draw_all(base, DASHBOARD_DIR, tmp_path / "drawn", window_s=600, rate_window=RATE_WINDOW)
+    assert len(drawn.paths) == len(dashboards()) and drawn.panels == sum(
+        len(d["panels"]) for d in dashboards().values()
+    )
+    assert all(e.endswith("(vllm)") for e in drawn.empty), drawn.empty
     print(
         f"\n{len(need_data)} panel queries returned data; {len(vllm_only)} vllm:*-only queries were checked "
         f"for valid PromQL (they need a vLLM generator): " + ", ".join(f"{d}/{t}" for d, t, _ in vllm_only)

@@ -173,14 +173,23 @@ def test_step_and_reward_keep_their_last_values_until_the_new_trainer_reports():
 
 
 def test_a_gang_restart_and_a_resume_name_the_checkpoint_they_resume_from():
+    """The operator knows the trainer's last report, not the volume: a pod stopped by SIGTERM saves once more after
+    the last scrape (checkpoint-9 on the volume, checkpoint-8 reported), so the Event names the report as a report."""
     sp = spec(sft=False, distill=False)
     prev = running("rl", progress={"step": 7, "lastCheckpoint": "/data/t/rl/checkpoint-5"})
     restart = S.decide(REF, 1, sp, prev, observed(sp, [job("rl", active=1)], pods=[crashed_trainer(0)]), NOW)
     message = next(e[2] for e in restart.events if e[1] == "GangRestart")
-    assert "restart from checkpoint /data/t/rl/checkpoint-5" in message
+    assert (
+        "restart from the newest complete checkpoint on the run's volume (the trainer last reported "
+        "/data/t/rl/checkpoint-5)" in message
+    )
     susp = S.decide(REF, 2, spec(sft=False, distill=False, suspend=True), prev, observed(sp), NOW)
     resumed = S.decide(REF, 3, sp, susp.status, observed(sp), NOW)
-    assert ("Normal", "Resumed", "resuming from checkpoint /data/t/rl/checkpoint-5") in resumed.events
+    [(kind, reason, said)] = [e for e in resumed.events if e[1] == "Resumed"]
+    assert said == (
+        "resuming from the newest complete checkpoint on the run's volume (the trainer last reported "
+        "/data/t/rl/checkpoint-5)"
+    )
 
 
 def test_the_status_is_written_when_something_visible_changed_and_progress_time_on_a_slower_cadence():

@@ -27,3 +27,27 @@ def test_scored_and_unscored_datasets(tmp_path):
     part = distill.summarize(layout, [])
     assert part["rows"] == 1 and part["keptRewardMean"] is None
     assert "1 rows, not scored by the distill stage" in distill.lines(part)[0]
+
+
+def test_the_summary_says_how_many_explanations_reach_the_solution_and_are_closed(tmp_path):
+    """A reader of the demo's rows sees at once that a small teacher's arithmetic is often wrong."""
+    layout = RunLayout.for_run(tmp_path, "r")
+    layout.distill_dataset.parent.mkdir(parents=True)
+    rows = [
+        # the solution forms of the built-in tasks: a bare number, a sentence, an expression with its value
+        {"solution": "264", "reasoning_trace": "98 + 166 = 264", "reward": -1.0, "closed": True},
+        {"solution": "264", "reasoning_trace": "98 + 166 = 239", "reward": -2.0, "closed": True},
+        {
+            "solution": "The answer is 12.",
+            "reasoning_trace": "3 * 4 = 12, so the answer is 12",
+            "reward": -1.0,
+            "closed": False,
+        },
+        {"solution": "3 + 5 * 2 = 13", "reasoning_trace": "5 * 2 = 10; 10 + 3 = 13", "reward": -1.0, "closed": True},
+        {"solution": "7", "reasoning_trace": "We start with", "reward": -3.0, "closed": False},
+    ]
+    write_jsonl(layout.distill_dataset, rows)
+    part = distill.summarize(layout, [])
+    assert (part["reachesSolutionRows"], part["closedRows"], part["scoredRows"]) == (3, 3, 5)
+    said = distill.lines(part)[1]
+    assert "solution's answer in 3 of 5 rows" in said and "3 of 5 explanations are closed" in said
