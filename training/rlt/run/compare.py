@@ -42,7 +42,14 @@ from rlt.contract.layout import (
     format_time,
 )
 from rlt.contract.method_registry import method_info
-from rlt.contract.stage_registry import STAGE_ORDER, stage_function
+from rlt.contract.stage_registry import (
+    STAGE_ORDER,
+    method_stages,
+    producer_of,
+    stage_function,
+    stage_info,
+    stages_before,
+)
 from rlt.data.dataset import load_data
 from rlt.data.errors import DataError
 from rlt.data.eval_set import EvalSet, evaluation_set, resolve_answer_type
@@ -66,13 +73,29 @@ ARMS = {
     "sft_teacher": "explanations of the SFT-only teacher (sft → distill)",
     "dataset_traces": "the dataset's own reasoning traces",
 }
-# The stages behind each arm's student, all enabled in the arm's spec: a stage's fingerprint covers every earlier
-# enabled stage, so a student distilled from a teacher that was trained again is never reused.
-ARM_STAGES = {
-    "rl_teacher": ("sft", "rl", "distill", "student"),
-    "sft_teacher": ("sft", "distill", "student"),
-    "dataset_traces": ("distill", "student"),
-}
+
+
+def arm_stages(method: str) -> dict[str, tuple[str, ...]]:
+    """The stages behind each arm's student, all enabled in the arm's spec (a stage's fingerprint covers every earlier
+    enabled stage, so a student distilled from a teacher that was trained again is never reused), from the stage
+    table's roles: the RL teacher's arm runs every stage of the method before its student (sft → rl → distill, and
+    any stage added between them); the SFT-only teacher's drops the teacher stages after the first; the dataset's
+    traces stand in for the first dataset stage's product, read by the student directly."""
+    own = method_stages(method)
+    student = producer_of("student", own)
+    if student is None:
+        raise ValueError(f"rlt compare: method {method} has no stage producing a student")
+    chain = (*(s for s in stages_before(student) if s in own), student)
+    teachers = [s for s in chain if stage_info(s).produces == "teacher"]
+    datasets = [s for s in chain if stage_info(s).produces == "dataset"]
+    if not teachers or not datasets:
+        raise ValueError(f"rlt compare: method {method} has no teacher or dataset stage before {student}")
+    return {
+        "rl_teacher": chain,
+        "sft_teacher": tuple(s for s in chain if s not in teachers[1:]),
+        "dataset_traces": (datasets[0], student),
+    }
+
 
 # Used when the file leaves the student / evaluate stage disabled (documented in docs/evaluation.md):
 # a small budget that a 135M student on a 2-core CPU finishes in minutes.
@@ -184,6 +207,7 @@ class ArmResult:
     held_out: EvalReport
     taught: EvalReport
     layout: RunLayout
+    student_model: Path
 
 
 MEASURES = {"accuracyGain": "accuracy_gain", "logprobGain": "logprob_gain"}
@@ -228,7 +252,7 @@ def arm_summary(arm: ArmResult, untrained: EvalReport) -> dict[str, Any]:
         "taughtAccuracy": arm.taught.accuracy,
         "evalReport": str(arm.layout.eval_dir / REPORT_JSON),
         "taughtReport": str(arm.layout.taught_eval_dir / REPORT_JSON),
-        "studentModel": str(arm.layout.model_dir("student")),
+        "studentModel": str(arm.student_model),
     }
 
 
@@ -293,6 +317,11 @@ class Compare:
         metrics: TrainerMetrics | None = None,
     ) -> None:
         self.stages = compare_stages(run)
+        self.arm_stages = arm_stages(run.spec.method)
+        # the student stage, the teacher stage both teacher arms share, the stage the dataset's traces stand in for
+        self.student_stage = self.arm_stages["rl_teacher"][-1]
+        self.shared_teacher = self.arm_stages["sft_teacher"][0]
+        self.traces_stage = self.arm_stages["dataset_traces"][0]
         self.run = derive(run, with_enabled(self.stages, STAGE_ORDER))
         self.run_layout = RunLayout.for_run(output, run.name)
         self.root = self.run_layout.compare_dir
@@ -309,7 +338,7 @@ class Compare:
 
     def plan(self, arm: str, names: Sequence[str]) -> list[fingerprint.StagePlan]:
         """`rlt run`'s decisions for stages of an arm; StaleStageError when one finished under another spec."""
-        ctx = self.ctx(arm, ARM_STAGES[arm])
+        ctx = self.ctx(arm, self.arm_stages[arm])
         return fingerprint.plan_stages(
             ctx.layout,
             ctx.spec,
@@ -320,12 +349,13 @@ class Compare:
 
     def check_finished_stages(self) -> None:
         """Before anything trains: every finished stage of every arm must be reusable under this spec."""
-        for arm, names in ARM_STAGES.items():
-            self.plan(arm, [n for n in names if not (arm == "sft_teacher" and n == "sft")])  # sft: the RL teacher's
+        for arm, names in self.arm_stages.items():
+            # the shared teacher stage is the RL teacher's
+            self.plan(arm, [n for n in names if not (arm == "sft_teacher" and n == self.shared_teacher)])
 
     def stage(self, arm: str, name: str) -> None:
         [plan] = self.plan(arm, [name])
-        ctx = self.ctx(arm, ARM_STAGES[arm])
+        ctx = self.ctx(arm, self.arm_stages[arm])
         if plan.action == "skip":
             print(f"[compare] {arm}/{name}: done before, skipped", flush=True)
             return
@@ -336,26 +366,33 @@ class Compare:
             print(f"[compare] {arm}/{name}: {plan.note}", flush=True)
         print(f"[compare] {arm}/{name}: starting", flush=True)
         t0 = time.perf_counter()
-        stage_function(name, "rlt")(ctx)
+        stage_function(name, self.run.spec.method)(ctx)
         print(f"[compare] {arm}/{name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
 
     # ---- the three distillation sets
+    def distilled(self, arm: str) -> Path:
+        """The dataset the arm's student trains on (the stage table's one lookup, as the student stage does)."""
+        return self.layout(arm).input_of(self.student_stage, "dataset", self.arm_stages[arm])
+
     def teachers(self) -> None:
-        for name in ("sft", "rl", "distill"):
+        for name in self.arm_stages["rl_teacher"][:-1]:
             self.stage("rl_teacher", name)
-        sft_link = self.layout("sft_teacher").stage_dir("sft")
-        if not sft_link.exists():  # the SFT-only teacher is the RL teacher's starting point, not a second SFT run
-            sft_link.parent.mkdir(parents=True, exist_ok=True)
-            sft_link.symlink_to(os.path.relpath(self.layout("rl_teacher").stage_dir("sft"), sft_link.parent))
-        self.stage("sft_teacher", "distill")
+        shared = self.shared_teacher
+        link = self.layout("sft_teacher").stage_dir(shared)
+        if not link.exists():  # the SFT-only teacher is the RL teacher's starting point, not a second SFT run
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(self.layout("rl_teacher").stage_dir(shared), link.parent))
+        for name in self.arm_stages["sft_teacher"][1:-1]:
+            self.stage("sft_teacher", name)
 
     def dataset_traces(self) -> None:
         """The dataset's own traces for exactly the questions the teachers explained."""
         layout = self.layout("dataset_traces")
-        if self.plan("dataset_traces", ["distill"])[0].action == "skip":
+        stage = self.traces_stage
+        if self.plan("dataset_traces", [stage])[0].action == "skip":
             return
         formatter = self.base.formatter
-        taught = read_jsonl(self.layout("rl_teacher").distill_dataset)
+        taught = read_jsonl(self.distilled("rl_teacher"))
         by_row = {r["row"]: r for r in load_data(self.run.spec.dataset, formatter.fmt).train}
         rows = []
         for t in taught:
@@ -378,12 +415,12 @@ class Compare:
                     "messages": formatter.student_messages(src["question"], src["reasoning_trace"], src["solution"]),
                 }
             )
-        write_jsonl(layout.distill_dataset, rows)
-        fingerprint.record(layout, self.ctx("dataset_traces", ARM_STAGES["dataset_traces"]).spec, "distill")
-        atomic_write_text(layout.stage_done("distill"), "dataset traces\n")
+        write_jsonl(layout.product(stage), rows)
+        fingerprint.record(layout, self.ctx("dataset_traces", self.arm_stages["dataset_traces"]).spec, stage)
+        atomic_write_text(layout.stage_done(stage), "dataset traces\n")
 
     def check_same_questions(self) -> list[dict[str, Any]]:
-        sets = {arm: read_jsonl(self.layout(arm).distill_dataset) for arm in ARMS}
+        sets = {arm: read_jsonl(self.distilled(arm)) for arm in ARMS}
         keys = {arm: [(r["source_row"], r["question"]) for r in rows] for arm, rows in sets.items()}
         first = keys["rl_teacher"]
         for arm, k in keys.items():
@@ -399,7 +436,7 @@ class Compare:
     def eval_key(self, arm: str, ref: ModelRef, evalset: EvalSet) -> dict[str, Any]:
         """What an evaluation's numbers depend on: the model (and the student stage that wrote it), the questions,
         the evaluate settings."""
-        student = None if arm == UNTRAINED else fingerprint.recorded_fields(self.layout(arm), "student")
+        student = None if arm == UNTRAINED else fingerprint.recorded_fields(self.layout(arm), self.student_stage)
         return {
             "model": ref.model_dump(mode="json", by_alias=True, exclude_none=True),
             "studentStage": fingerprint.fingerprint_of(student) if student is not None else None,
@@ -427,7 +464,7 @@ class Compare:
 
     def student_model(self, arm: str) -> ModelRef:
         base = self.run.spec.stages.student.model or self.run.spec.student
-        return base.model_copy(update={"model": str(self.layout(arm).model_dir("student")), "revision": None})
+        return base.model_copy(update={"model": str(self.layout(arm).product(self.student_stage)), "revision": None})
 
     def logprob_gains(
         self,
@@ -464,7 +501,7 @@ class Compare:
         self.dataset_traces()
         taught = self.check_same_questions()
         for arm in ARMS:
-            self.stage(arm, "student")
+            self.stage(arm, self.student_stage)
 
         base_ref = self.run.spec.stages.student.model or self.run.spec.student
         taught_set = EvalSet(
@@ -484,11 +521,12 @@ class Compare:
             arms.append(
                 ArmResult(
                     arm,
-                    read_jsonl(layout.distill_dataset),
+                    read_jsonl(self.distilled(arm)),
                     json.loads(layout.student_dataset_report.read_text())["counts"],
                     self.evaluate(arm, self.student_model(arm), evalset, layout.eval_dir),
                     self.evaluate(arm, self.student_model(arm), taught_set, layout.taught_eval_dir),
                     layout,
+                    Path(self.student_model(arm).model),
                 )
             )
 

@@ -12,7 +12,8 @@ from rlt.contract.api import (
     Strict,
 )
 from rlt.contract.method_registry import METHOD_NAMES, method_info
-from rlt.contract.stage_registry import STAGE_ORDER, method_stages, stage_info
+from rlt.contract.outputs import RUN_PRODUCTS
+from rlt.contract.stage_registry import STAGE_ORDER, STAGES, method_stages, producer_of, stage_info
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
 from rlt.spec.k8s import DNS1123Label, LabelValue, QualifiedName, RunName, cel_rules
 from rlt.spec.k8s_api import ObjectMeta
@@ -155,15 +156,16 @@ class RLTRunSpec(Strict):
                 problems.append(
                     f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, stages.student.model)"
                 )
-        if self.outputs.student and not self.stages.student.enabled:
-            problems.append("outputs: outputs.student needs stages.student.enabled")
-        if self.outputs.distill_dataset and not self.stages.distill.enabled:
-            problems.append("outputs: outputs.distillDataset needs stages.distill.enabled")
-        hub = [
-            u
-            for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
-            if u and u.startswith("hf://")
-        ]
+        # a destination needs a stage producing what it names (the stage table's roles)
+        for product in RUN_PRODUCTS:
+            if getattr(self.outputs, product.attr) and producer_of(product.role, self.stages.enabled()) is None:
+                makers = [s.name for s in STAGES if s.produces == product.role and s.name in own]
+                problems.append(
+                    f"outputs: outputs.{product.output} needs "
+                    + " or ".join(f"stages.{s}.enabled" for s in makers)
+                    + f" (a stage producing the {product.role})"
+                )
+        hub = [u for p in RUN_PRODUCTS if (u := getattr(self.outputs, p.attr)) and u.startswith("hf://")]
         if hub and self.hf_token_secret is None:
             problems.append("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
         if problems:
