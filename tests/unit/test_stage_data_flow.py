@@ -184,3 +184,45 @@ def test_a_dataset_stage_before_student_is_what_the_student_outputs_status_and_c
     # the dataset's own traces, for the questions the RL teacher's rows kept, stand in for distill's product
     assert compare["stages"]["dataset_traces"] == ["distill", "student"]
     assert compare["rows"].endswith("/compare/rl_teacher/filter/dataset.jsonl")
+
+
+def _typed_fields(model: type, cls: type, path: str) -> list[str]:
+    """Every field path under pydantic `model` whose type is `cls` (or cls | None), by the model's own annotations."""
+    import typing
+
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in model.model_fields.items():
+        here = f"{path}.{field.alias or name}"
+        kinds = [a for a in typing.get_args(field.annotation) if a is not type(None)] or [field.annotation]
+        for kind in kinds:
+            if kind is cls:
+                out.append(here)
+            elif isinstance(kind, type) and issubclass(kind, BaseModel):
+                out += _typed_fields(kind, cls, here)
+    return out
+
+
+def test_the_models_and_datasets_a_run_names_are_one_list() -> None:
+    """named_models / named_datasets hold every ModelRef and DatasetSpec field of the spec model: a new one that
+    is left out of the list fails here (and would escape the door's source, hub-id and data checks)."""
+    from rlt.spec.inputs import DatasetSpec, ModelRef
+    from rlt.spec.loading import parse_run
+    from rlt.spec.run import RLTRunSpec
+
+    models = _typed_fields(RLTRunSpec, ModelRef, "spec")
+    datasets = _typed_fields(RLTRunSpec, DatasetSpec, "spec")
+    assert "spec.stages.student.model" in models and "spec.stages.evaluate.dataset" in datasets
+    doc = tiny_doc()
+    for path, value in [(p, {"model": "builtin:tiny-qwen2"}) for p in models] + [
+        (p, {"source": "builtin:arithmetic"}) for p in datasets
+    ]:
+        *parents, last = path.split(".")[1:]
+        node = doc["spec"]
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(last, value)
+    spec = parse_run(doc).spec
+    assert sorted(w for w, _, _ in spec.named_models()) == sorted(models)
+    assert sorted(w for w, _, _ in spec.named_datasets()) == sorted(datasets)

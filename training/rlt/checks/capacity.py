@@ -355,8 +355,8 @@ def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
     checks: list[tuple[str, Any]] = []
     if served and tp > 1:
         checks.append(("tp", spec.teacher))
-    for where, ref in (("spec.teacher", spec.teacher), ("spec.stages.student.model", spec.stages.student.model)):
-        if ref is not None and ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
+    for where, ref, _ in spec.named_models():  # LoRA is refused where no stage trains the model
+        if ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
             checks.append((where, ref))
     for what, ref in checks:
         shape, why = read_shape(ref, build=False)

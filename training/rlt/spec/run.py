@@ -172,6 +172,21 @@ class RLTRunSpec(Strict):
             raise ValueError("\n".join(problems))
         return self
 
+    def named_models(self) -> list[tuple[str, ModelRef, str | None]]:
+        """The one list of the models the run names: (spec field, ref, the stage whose settings name it or None)."""
+        out: list[tuple[str, ModelRef, str | None]] = [("spec.teacher", self.teacher, None)]
+        out.append(("spec.student", self.student, None))
+        for name in STAGE_ORDER:
+            out += [(where, ref, name) for where, ref in stage_settings(self, name).named_models(name)]
+        return out
+
+    def named_datasets(self) -> list[tuple[str, DatasetSpec, str | None]]:
+        """The one list of the datasets the run names, as named_models."""
+        out: list[tuple[str, DatasetSpec, str | None]] = [("spec.dataset", self.dataset, None)]
+        for name in STAGE_ORDER:
+            out += [(where, ds, name) for where, ds in stage_settings(self, name).named_datasets(name)]
+        return out
+
     def secret_env(self) -> list[SecretEnvVar]:
         """Every Secret-backed variable the run's pods need for tracking and outputs (HF_TOKEN is separate)."""
         out = list(self.outputs.credentials)

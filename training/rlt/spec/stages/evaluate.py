@@ -71,3 +71,9 @@ class EvaluateStage(StageSettings):
                 f"or give stages.{name}.dataset"
             ]
         return []
+
+    def named_models(self, name: str) -> list[tuple[str, Any]]:
+        return [(f"spec.stages.{name}.model", self.model)] if self.model is not None else []
+
+    def named_datasets(self, name: str) -> list[tuple[str, Any]]:
+        return [(f"spec.stages.{name}.dataset", self.dataset)] if self.dataset is not None else []

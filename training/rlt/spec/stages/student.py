@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,3 +23,6 @@ class StudentStage(SupervisedStage):
         description="Rows over maxLength (the whole student chat): drop them, truncate them (large students are "
         "hurt by cropped traces), or use the best-rewarded distill candidate that fits (dropped when none fits).",
     )
+
+    def named_models(self, name: str) -> list[tuple[str, Any]]:
+        return [(f"spec.stages.{name}.model", self.model)] if self.model is not None else []
