@@ -93,9 +93,7 @@ def stage_function(name: str, method: str = "rlt") -> Callable[..., str]:
     """The function running stage `name` for teaching method `method` (imported on first use: heavy modules)."""
     if stage_info(name).name not in method_stages(method):
         raise ValueError(f"method {method} has no stage {name!r} (stages: {', '.join(method_stages(method))})")
-    fn: Callable[..., str] = load_function(
-        stage_info(name).function or method_info(method).stage_functions.format(stage=name)
-    )
+    fn: Callable[..., str] = load_function(stage_info(name).function or method_info(method).function(name))
     return fn
 
 

@@ -14,24 +14,20 @@ run-wide or own settings (e.g. another spec.dataset.evalFraction) is refused in 
 evaluation is reused only for the same model output, questions and settings (compare-key.json beside its report).
 
 The steps: run the arms' stages and evaluations (`Compare`), then, from typed records, the pure report
-(`teaching_points`, `correlations`, `build_report`), then the files (`write_compare`).
+(rlt.run.compare_report: `teaching_points`, `correlations`, `build_report`), then the files (`write_compare`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlt.contract.layout import (
-    ACCURACY_PLOT,
     COMPARE_KEY_FILE,
-    CORRELATION_PLOT,
     REPLACED_DIR,
     REPORT_JSON,
     REPORT_MD,
@@ -53,26 +49,48 @@ from rlt.contract.stage_registry import (
 from rlt.data.dataset import load_data
 from rlt.data.errors import DataError
 from rlt.data.eval_set import EvalSet, evaluation_set, resolve_answer_type
-from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
-from rlt.run.compare_render import TEACHER_ARMS, UNTRAINED, plot_correlation, render_markdown
+from rlt.data.jsonl import read_jsonl, write_jsonl
+from rlt.run.compare_render import TEACHER_ARMS, UNTRAINED, render_markdown
+from rlt.run.compare_report import (
+    ARMS,
+    ArmResult,
+    Point,
+    build_report,
+    correlations,
+    pearson,
+    teaching_points,
+    wilson_interval,
+    write_compare,
+)
 from rlt.run.lock import lock_run_folder
 from rlt.spec import fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
+from rlt.spec.stages import reward_settings, student_temperature, trained_student
 from rlt.stages.context import StageContext
-from rlt.stages.evaluate import EvalReport, evaluate_model, plot_accuracy, read_report, read_results
+from rlt.stages.evaluate import EvalReport, evaluate_model, read_report, read_results
+
+# the report's parts, named here as well for the callers of `rlt compare`
+__all__ = [
+    "ARMS",
+    "ArmResult",
+    "Compare",
+    "Point",
+    "arm_stages",
+    "build_report",
+    "compare_stages",
+    "correlations",
+    "pearson",
+    "run_compare",
+    "teaching_points",
+    "wilson_interval",
+]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rlt.contract.metrics import TrainerMetrics
-
-ARMS = {
-    "rl_teacher": "explanations of the RL teacher (sft → rl → distill)",
-    "sft_teacher": "explanations of the SFT-only teacher (sft → distill)",
-    "dataset_traces": "the dataset's own reasoning traces",
-}
 
 
 def arm_stages(method: str) -> dict[str, tuple[str, ...]]:
@@ -121,34 +139,6 @@ DEFAULT_EVALUATE = {
 }
 
 
-# --------------------------------------------------------------------------- pure helpers
-
-
-def wilson_interval(correct: int, n: int, z: float = 1.96) -> list[float] | None:
-    """95 % Wilson score interval of a binomial proportion (all answers pooled); None without answers."""
-    if n <= 0:
-        return None
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
-
-
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
-    """Pearson's r with n; r is None (and `reason` says why) when it is undefined."""
-    import numpy as np
-
-    n = len(xs)
-    if n != len(ys):
-        raise ValueError("pearson: xs and ys differ in length")
-    if n < 3:
-        return {"n": n, "pearson": None, "reason": "fewer than 3 points"}
-    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    if x.std() == 0 or y.std() == 0:
-        return {"n": n, "pearson": None, "reason": "one variable is constant"}
-    return {"n": n, "pearson": float(np.corrcoef(x, y)[0, 1])}
-
-
 def derive(run: RLTRun, stages: dict[str, Any]) -> RLTRun:
     """A copy of the run whose stages are replaced by `stages` (camelCase, validated like the file)."""
     doc = run.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -178,130 +168,6 @@ def compare_stages(run: RLTRun) -> dict[str, Any]:
 
 def with_enabled(stages: dict[str, Any], enabled: Sequence[str]) -> dict[str, Any]:
     return {k: {**v, "enabled": k in enabled} for k, v in stages.items()}
-
-
-# --------------------------------------------------------------------------- records and the report (pure)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One explanation a teacher wrote: its reward against the student's improvement on the question it taught."""
-
-    arm: str
-    source_row: int
-    reward: float
-    accuracy_gain: float  # taught-question pass@1 of the arm's student minus the untrained student's
-    logprob_gain: float  # mean tempered log-prob of the solution given question + explanation, after − before
-
-    def to_json(self) -> dict[str, Any]:
-        return camel_json(self)
-
-
-@dataclass(frozen=True)
-class ArmResult:
-    """What one arm produced: its distillation rows, what the student stage did with them, its two evaluations."""
-
-    name: str
-    distill_rows: list[dict[str, Any]]
-    student_rows: dict[str, int]  # counts per action (kept, truncated, replaced, dropped)
-    held_out: EvalReport
-    taught: EvalReport
-    layout: RunLayout
-    student_model: Path
-
-
-MEASURES = {"accuracyGain": "accuracy_gain", "logprobGain": "logprob_gain"}
-
-
-def teaching_points(
-    arm: str,
-    rows: Sequence[dict[str, Any]],
-    taught_after: dict[int, float],
-    taught_before: dict[int, float],
-    logprob_gains: Sequence[float],
-) -> list[Point]:
-    """A Point per distillation row, from per-question taught accuracies (after, before) and log-prob gains."""
-    return [
-        Point(arm, r["source_row"], r["reward"], taught_after[r["source_row"]] - taught_before[r["source_row"]], g)
-        for r, g in zip(rows, logprob_gains, strict=True)
-    ]
-
-
-def correlations(points: Sequence[Point]) -> dict[str, dict[str, Any]]:
-    """Per improvement measure: Pearson's r of reward against it, pooled and per teacher arm."""
-    out: dict[str, dict[str, Any]] = {}
-    for measure, field in MEASURES.items():
-        out[measure] = {"pooled": pearson([p.reward for p in points], [getattr(p, field) for p in points])}
-        for arm in TEACHER_ARMS:
-            mine = [p for p in points if p.arm == arm]
-            out[measure][arm] = pearson([p.reward for p in mine], [getattr(p, field) for p in mine])
-    return out
-
-
-def arm_summary(arm: ArmResult, untrained: EvalReport) -> dict[str, Any]:
-    rewards = [r["reward"] for r in arm.distill_rows if r.get("reward") is not None]
-    return {
-        "description": ARMS[arm.name],
-        "distillRows": len(arm.distill_rows),
-        "studentRows": arm.student_rows,
-        "meanReward": sum(rewards) / len(rewards) if rewards else None,
-        "accuracy": arm.held_out.accuracy,
-        "stderr": arm.held_out.stderr,
-        "ci95": wilson_interval(arm.held_out.correct, arm.held_out.answers),
-        "gainOverUntrained": arm.held_out.accuracy - untrained.accuracy,
-        "taughtAccuracy": arm.taught.accuracy,
-        "evalReport": str(arm.layout.eval_dir / REPORT_JSON),
-        "taughtReport": str(arm.layout.taught_eval_dir / REPORT_JSON),
-        "studentModel": str(arm.student_model),
-    }
-
-
-def build_report(
-    run: RLTRun,
-    taught: Sequence[dict[str, Any]],
-    evalset: EvalSet,
-    untrained: tuple[EvalReport, EvalReport, RunLayout],
-    arms: Sequence[ArmResult],
-    points: Sequence[Point],
-    seconds: float,
-) -> dict[str, Any]:
-    """report.json: every number read from the records given (`untrained` = held-out report, taught report, its
-    layout)."""
-    held_out, taught_report, untrained_layout = untrained
-    return {
-        "run": run.name,
-        "wallSeconds": round(seconds, 1),
-        "taughtQuestions": len(taught),
-        "taughtRows": [r["source_row"] for r in taught],
-        "evalQuestions": len(evalset.rows),
-        "evalSource": evalset.source,
-        "answerType": evalset.answer_type,
-        "studentBudget": run.spec.stages.student.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "evaluation": run.spec.stages.evaluate.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "untrained": {
-            "accuracy": held_out.accuracy,
-            "stderr": held_out.stderr,
-            "ci95": wilson_interval(held_out.correct, held_out.answers),
-            "taughtAccuracy": taught_report.accuracy,
-            "evalReport": str(untrained_layout.eval_dir / REPORT_JSON),
-        },
-        "arms": {a.name: arm_summary(a, held_out) for a in arms},
-        "correlation": correlations(points),
-        "points": [p.to_json() for p in points],
-    }
-
-
-def write_compare(root: Path, report: dict[str, Any]) -> None:
-    """report.json, report.md, accuracy.png and correlation.png under the compare folder."""
-    atomic_write_json(root / REPORT_JSON, report)
-    atomic_write_text(root / REPORT_MD, render_markdown(report))
-    reports = [{"model": UNTRAINED, **report["untrained"]}] + [{"model": a, **v} for a, v in report["arms"].items()]
-    plot_accuracy(
-        reports,
-        root / ACCURACY_PLOT,
-        f"held-out pass@1: {report['evalQuestions']} questions × {report['evaluation']['samples']} samples",
-    )
-    plot_correlation(report["points"], report["correlation"], root / CORRELATION_PLOT)
 
 
 # --------------------------------------------------------------------------- running the arms
@@ -463,7 +329,7 @@ class Compare:
         return report
 
     def student_model(self, arm: str) -> ModelRef:
-        base = self.run.spec.stages.student.model or self.run.spec.student
+        base = trained_student(self.run.spec)
         return base.model_copy(update={"model": str(self.layout(arm).product(self.student_stage)), "revision": None})
 
     def logprob_gains(
@@ -477,7 +343,7 @@ class Compare:
         from rlt.method.scoring import ScoreRequest, SpanScorer
 
         spec = self.run.spec
-        temperature = spec.stages.rl.reward.student_temperature or spec.stages.rl.temperature
+        temperature = student_temperature(spec)
         requests = []
         for r in rows:
             text, _, s_span = self.base.formatter.student_chat(
@@ -486,7 +352,7 @@ class Compare:
             requests.append(ScoreRequest(text, [s_span], group=r["question"]))
         means = []
         for model in (before, after):
-            scorer = SpanScorer(model, tokenizer, temperature, spec.stages.rl.reward.batch_size, True)
+            scorer = SpanScorer(model, tokenizer, temperature, reward_settings(spec).batch_size, True)
             means.append([float(sc[0].logprobs.mean()) for sc in scorer.score(requests)])
         return [a - b for b, a in zip(*means, strict=True)]
 
@@ -503,7 +369,7 @@ class Compare:
         for arm in ARMS:
             self.stage(arm, self.student_stage)
 
-        base_ref = self.run.spec.stages.student.model or self.run.spec.student
+        base_ref = trained_student(self.run.spec)
         taught_set = EvalSet(
             [{"question": r["question"], "solution": r["solution"], "row": r["source_row"]} for r in taught],
             resolve_answer_type("auto", self.run.spec.dataset.source),

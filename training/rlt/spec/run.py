@@ -27,7 +27,7 @@ from rlt.spec.resources import (
     Storage,
 )
 from rlt.spec.stage_settings import StageSettings
-from rlt.spec.stages import Stages
+from rlt.spec.stages import Stages, generation
 from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
 # --------------------------------------------------------------------------- the run
@@ -266,7 +266,7 @@ def zero_stage(spec: RLTRunSpec, name: str) -> int | None:
 
 def needs_generators(spec: RLTRunSpec, name: str) -> bool:
     """vLLM generators run beside the stage's trainer: it samples from the teacher and rl generates in server mode."""
-    return stage_info(name).uses_generators and spec.stages.rl.generation.mode == "server"
+    return stage_info(name).uses_generators and generation(spec).mode == "server"
 
 
 def reads_run_dataset(spec: RLTRunSpec, name: str) -> bool:

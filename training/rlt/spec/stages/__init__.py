@@ -12,7 +12,19 @@ from rlt.contract.api import Strict
 from rlt.contract.stage_registry import STAGE_ORDER, STAGES
 from rlt.spec.stages.distill import DistillStage
 from rlt.spec.stages.evaluate import EvaluateStage
-from rlt.spec.stages.rl import DEALABLE_LOSSES, RL_OWNED_ARGS, GenerationSpec, RefSyncSpec, RewardSpec, RlStage
+from rlt.spec.stages.rl import (
+    DEALABLE_LOSSES,
+    RL_OWNED_ARGS,
+    GenerationSpec,
+    RefSyncSpec,
+    RewardSpec,
+    RlStage,
+    generation,
+    reward_settings,
+    student_temperature,
+    teacher_completion_tokens,
+    teacher_prompt_tokens,
+)
 from rlt.spec.stages.sft import TEACHER_SFT_OWNED_ARGS, SftStage
 from rlt.spec.stages.shared import (
     MAX_EPOCHS,
@@ -22,7 +34,7 @@ from rlt.spec.stages.shared import (
     SupervisedStage,
     TrainerOptions,
 )
-from rlt.spec.stages.student import StudentStage
+from rlt.spec.stages.student import StudentStage, own_student, trained_student
 
 __all__ = [
     "DEALABLE_LOSSES",
@@ -43,6 +55,13 @@ __all__ = [
     "StudentStage",
     "SupervisedStage",
     "TrainerOptions",
+    "generation",
+    "own_student",
+    "reward_settings",
+    "student_temperature",
+    "teacher_completion_tokens",
+    "teacher_prompt_tokens",
+    "trained_student",
 ]
 
 

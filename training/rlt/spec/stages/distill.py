@@ -8,6 +8,7 @@ from pydantic import Field
 
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.stage_settings import Rollout, StageSettings
+from rlt.spec.stages.rl import generation, teacher_prompt_tokens
 
 
 class DistillStage(StageSettings):
@@ -22,19 +23,19 @@ class DistillStage(StageSettings):
 
     def rollout(self, spec: Any) -> Rollout | None:
         # the ranks finish their shares at different times: the gather waits at most one batch of the slowest rank
-        gen = spec.stages.rl.generation  # distill samples where rl does
+        gen = generation(spec)  # distill samples where rl does
         wait = gen.server_timeout_seconds if gen.mode == "server" else 0
         return Rollout(self.batch_size * self.samples_per_question, self.max_new_tokens, wait)
 
     def run_problems(self, name: str, spec: Any) -> list[str]:
-        rl = spec.stages.rl
-        served = stage_info(name).uses_generators and rl.generation.mode == "server"  # rlt.spec.run.needs_generators
-        if not (self.enabled and served and rl.generation.max_model_len):
+        gen = generation(spec)
+        served = stage_info(name).uses_generators and gen.mode == "server"  # rlt.spec.run.needs_generators
+        if not (self.enabled and served and gen.max_model_len):
             return []
-        need = rl.max_prompt_length + self.max_new_tokens
-        if need <= rl.generation.max_model_len:
+        need = teacher_prompt_tokens(spec) + self.max_new_tokens
+        if need <= gen.max_model_len:
             return []
         return [
-            f"stages.rl.generation.maxModelLen: {rl.generation.max_model_len} is below stages.rl.maxPromptLength + "
+            f"stages.rl.generation.maxModelLen: {gen.max_model_len} is below stages.rl.maxPromptLength + "
             f"stages.{name}.maxNewTokens = {need} (the generators serve {name} too)"
         ]

@@ -244,3 +244,36 @@ class RlStage(TrainerOptions):
                 "dataParallelSize / tensorParallelSize"
             )
         return problems
+
+
+def generation(spec: Any) -> GenerationSpec:
+    """Where the run's teacher samples come from: rl's generation settings, which distill shares (the run's vLLM
+    generators serve both; the operator fills serverUrl in)."""
+    gen: GenerationSpec = spec.stages.rl.generation
+    return gen
+
+
+def teacher_prompt_tokens(spec: Any) -> int:
+    """The longest teacher prompt the run takes: rl's maxPromptLength (distill, evaluate and the plan size theirs
+    from it)."""
+    tokens: int = spec.stages.rl.max_prompt_length
+    return tokens
+
+
+def teacher_completion_tokens(spec: Any) -> int:
+    """The longest completion the generators decode for rl (its maxCompletionLength)."""
+    tokens: int = spec.stages.rl.max_completion_length
+    return tokens
+
+
+def reward_settings(spec: Any) -> RewardSpec:
+    """The RLT reward's settings (stages.rl.reward): rl trains with it, distill ranks candidates by it, the plan
+    sizes the scoring micro-batch from it."""
+    reward: RewardSpec = spec.stages.rl.reward
+    return reward
+
+
+def student_temperature(spec: Any) -> float:
+    """The temperature of the student's log-probs in the reward: reward.studentTemperature, else rl's temperature."""
+    rl: RlStage = spec.stages.rl
+    return rl.reward.student_temperature or rl.temperature

@@ -26,3 +26,16 @@ class StudentStage(SupervisedStage):
 
     def named_models(self, name: str) -> list[tuple[str, Any]]:
         return [(f"spec.stages.{name}.model", self.model)] if self.model is not None else []
+
+
+def own_student(spec: Any, enabled: bool = False) -> ModelRef | None:
+    """The model the student stage names itself (stages.student.model), None when it trains spec.student (and,
+    with `enabled`, when the stage is off)."""
+    st: StudentStage = spec.stages.student
+    return st.model if st.enabled or not enabled else None
+
+
+def trained_student(spec: Any) -> ModelRef:
+    """The student the student stage trains and evaluate tests by default: stages.student.model, else spec.student."""
+    ref: ModelRef = own_student(spec) or spec.student
+    return ref
