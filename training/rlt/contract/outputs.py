@@ -96,7 +96,7 @@ def stage_outputs(spec: RunSpecView, stage: str) -> list[tuple[str, str, str]]:
     """(name, destination, kind) to push once `stage` has finished: each run product whose final producer (the last
     enabled stage producing its role) is `stage`, where spec.outputs names a destination for it."""
     enabled = spec.stages.enabled()
-    out = []
+    out: list[tuple[str, str, str]] = []
     for p in RUN_PRODUCTS:
         uri = getattr(spec.outputs, p.attr)
         if uri and producer_of(p.role, enabled) == stage:
