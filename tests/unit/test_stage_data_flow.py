@@ -124,7 +124,9 @@ def compare():
     both = json.loads(sys.argv[2])  # compare's two teachers come from sft and rl
     both["spec"]["stages"]["sft"]["enabled"] = both["spec"]["stages"]["rl"]["enabled"] = True
     cmp = Compare(parse_run(both), sys.argv[1] + "/cmp", "cpu", False)
-    return {"stages": cmp.arm_stages, "rows": str(cmp.distilled("rl_teacher"))}
+    both["spec"]["stages"]["filter"]["enabled"] = False  # a file that disables it: compare runs without it
+    off = Compare(parse_run(both), sys.argv[1] + "/cmp-off", "cpu", False)
+    return {"stages": cmp.arm_stages, "rows": str(cmp.distilled("rl_teacher")), "off": off.arm_stages["rl_teacher"]}
 
 
 part("student_rows", train)
@@ -184,6 +186,7 @@ def test_a_dataset_stage_before_student_is_what_the_student_outputs_status_and_c
     # the dataset's own traces, for the questions the RL teacher's rows kept, stand in for distill's product
     assert compare["stages"]["dataset_traces"] == ["distill", "student"]
     assert compare["rows"].endswith("/compare/rl_teacher/filter/dataset.jsonl")
+    assert compare["off"] == ["sft", "rl", "distill", "student"]
 
 
 def _typed_fields(model: type, cls: type, path: str) -> list[str]:

@@ -39,7 +39,6 @@ from rlt.contract.layout import (
 )
 from rlt.contract.method_registry import method_info
 from rlt.contract.stage_registry import (
-    STAGE_ORDER,
     method_stages,
     producer_of,
     stage_function,
@@ -93,13 +92,14 @@ if TYPE_CHECKING:
     from rlt.contract.metrics import TrainerMetrics
 
 
-def arm_stages(method: str) -> dict[str, tuple[str, ...]]:
+def arm_stages(method: str, enabled: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """The stages behind each arm's student, all enabled in the arm's spec (a stage's fingerprint covers every earlier
     enabled stage, so a student distilled from a teacher that was trained again is never reused), from the stage
     table's roles: the RL teacher's arm runs every stage of the method before its student (sft → rl → distill, and
     any stage added between them); the SFT-only teacher's drops the teacher stages after the first; the dataset's
-    traces stand in for the first dataset stage's product, read by the student directly."""
-    own = method_stages(method)
+    traces stand in for the first dataset stage's product, read by the student directly. `enabled`: the stages the
+    file enables once compare's defaults are filled in (compare_stages)."""
+    own = [s for s in method_stages(method) if s in enabled]
     student = producer_of("student", own)
     if student is None:
         raise ValueError(f"rlt compare: method {method} has no stage producing a student")
@@ -183,12 +183,13 @@ class Compare:
         metrics: TrainerMetrics | None = None,
     ) -> None:
         self.stages = compare_stages(run)
-        self.arm_stages = arm_stages(run.spec.method)
+        enabled = [name for name, settings in self.stages.items() if settings.get("enabled")]
+        self.arm_stages = arm_stages(run.spec.method, enabled)
         # the student stage, the teacher stage both teacher arms share, the stage the dataset's traces stand in for
         self.student_stage = self.arm_stages["rl_teacher"][-1]
         self.shared_teacher = self.arm_stages["sft_teacher"][0]
         self.traces_stage = self.arm_stages["dataset_traces"][0]
-        self.run = derive(run, with_enabled(self.stages, STAGE_ORDER))
+        self.run = derive(run, with_enabled(self.stages, enabled))
         self.run_layout = RunLayout.for_run(output, run.name)
         self.root = self.run_layout.compare_dir
         self.device, self.show_progress, self.metrics = device, show_progress, metrics
