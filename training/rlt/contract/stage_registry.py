@@ -1,4 +1,8 @@
-"""The stages of a run in one table: their order, what each produces and how it runs.
+"""The stages of a run in one table: their order, what each produces and consumes (by role) and how it runs.
+
+The table carries the data flow: `producer_of(role, stages, before)` is the one lookup of where a stage's input
+comes from, which the stages (through rlt.contract.layout.RunLayout.input_of), spec.outputs, the operator's status
+and `rlt compare` all ask.
 
 The spec (stage order, which stages a method has), the run layout (each stage's folder), the stage dispatch
 (`rlt.stages.stage_function`), the re-run plan (`rlt.spec.fingerprint`), the validators and the operator's builders all
