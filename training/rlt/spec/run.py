@@ -160,10 +160,12 @@ class RLTRunSpec(Strict):
         for product in RUN_PRODUCTS:
             if getattr(self.outputs, product.attr) and producer_of(product.role, self.stages.enabled()) is None:
                 makers = [s.name for s in STAGES if s.produces == product.role and s.name in own]
+                needs = (
+                    " or ".join(f"stages.{s}.enabled" for s in makers)
+                    or f"a method with such a stage (not {self.method})"
+                )
                 problems.append(
-                    f"outputs: outputs.{product.output} needs "
-                    + " or ".join(f"stages.{s}.enabled" for s in makers)
-                    + f" (a stage producing the {product.role})"
+                    f"outputs: outputs.{product.output} needs {needs} (a stage producing the {product.role})"
                 )
         hub = [u for p in RUN_PRODUCTS if (u := getattr(self.outputs, p.attr)) and u.startswith("hf://")]
         if hub and self.hf_token_secret is None:
