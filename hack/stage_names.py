@@ -5,8 +5,13 @@ comparison (`==`, `!=`, `in`, `not in`, also inside a tuple/list/set operand), a
 literal's key or a subscript's key. The stage table itself and the stages' own modules (a module named after the
 stage: rlt/stages/<stage>.py, rlt/checks/stage_terms/<stage>.py, ...) are where a stage may name itself.
 
+It also counts the typed reads of one stage's settings by name (`spec.stages.<stage>`, any `<x>.stages.<stage>`)
+outside that stage's own modules (issue 55): a module reading another stage's settings instead of asking the table
+or the stage.
+
     python hack/stage_names.py            # the count per module, and the total
     python hack/stage_names.py --list     # every place, file:line
+    python hack/stage_names.py --reads    # the reads of a stage's settings outside its modules (--list: places)
 """
 
 from __future__ import annotations
@@ -71,7 +76,46 @@ def count(roots: tuple[Path, ...] = PACKAGES, names: tuple[str, ...] | None = No
     return out
 
 
+def own_module_of(path: Path, stage: str) -> bool:
+    """A module of `stage` itself: named after it (stages/rl.py, spec/stages/rl.py, checks/stage_terms/rl.py) or
+    its parts (stages/rl_reward.py)."""
+    return path.stem == stage or path.stem.startswith(f"{stage}_")
+
+
+def settings_reads(tree: ast.AST, names: frozenset[str], path: Path) -> list[tuple[int, str]]:
+    """(line, stage) of every `<x>.stages.<stage>` in `tree` outside that stage's own modules, once a line."""
+    found = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in names
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "stages"
+            and not own_module_of(path, node.attr)
+        ):
+            found.add((node.lineno, node.attr))
+    return sorted(found)
+
+
+def count_reads(roots: tuple[Path, ...] = PACKAGES, names: tuple[str, ...] | None = None) -> dict[str, list[str]]:
+    """file (relative to the repo) -> 'line:stage' of each read of a stage's settings outside its own modules."""
+    known = frozenset(names if names is not None else stage_names())
+    out: dict[str, list[str]] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            reads = settings_reads(ast.parse(path.read_text(), str(path)), known, path)
+            if reads:
+                out[str(path.relative_to(ROOT))] = [f"{line}:{stage}" for line, stage in reads]
+    return out
+
+
 def main() -> int:
+    if "--reads" in sys.argv:
+        reads = count_reads()
+        for f, places in sorted(reads.items(), key=lambda kv: -len(kv[1])):
+            print(f"{len(places):4}  {f}" + (f"  ({', '.join(places)})" if "--list" in sys.argv else ""))
+        print(f"{sum(len(p) for p in reads.values()):4}  reads of a stage's settings outside its own modules")
+        return 0
     found = count()
     per_file = Counter({f: len(lines) for f, lines in found.items()})
     for f, n in per_file.most_common():

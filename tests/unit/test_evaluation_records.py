@@ -122,6 +122,7 @@ def test_compare_report_from_records(tmp_path):
             _report(arm, acc, correct, 8),
             _report(arm, 0.75, 6, 8),
             layout.compare_arm(arm),
+            layout.compare_arm(arm).model_dir("student"),
         )
         for arm, acc, correct in (("rl_teacher", 0.5, 4), ("sft_teacher", 0.25, 2), ("dataset_traces", 0.125, 1))
     ]

@@ -22,7 +22,7 @@ def test_every_stage_of_every_method_dispatches_to_a_function_that_is_there():
     for method, row in METHODS.items():
         for stage in reg.method_stages(method):
             fn = reg.stage_function(stage, method)
-            assert callable(fn) and fn.__name__ == row.stage_functions.format(stage=stage).split(":")[1]
+            assert callable(fn) and fn.__name__ == row.function(stage).split(":")[1]
     assert reg.method_stages("rcl") == ("sft", "rl", "evaluate")
     with pytest.raises(ValueError, match=r"method rcl has no stage 'distill' \(stages: sft, rl, evaluate\)"):
         reg.stage_function("distill", "rcl")

@@ -14,10 +14,10 @@ from suite_helpers import ROOT, hack_module, tiny_doc
 
 # Stage-name comparisons (==, in, match, dict and subscript keys) outside the stage table and the stages' own
 # modules, counted by hack/stage_names.py: 67 before issue 41 moved the plan terms, the cross-field rules, the
-# outputs and the local summary into the stages' modules. What is left: run/compare.py (8, the method table's
-# part of issue 41), operator/rlt_operator/builders/common.py (3), stages/trainer_check.py (3), spec/loading.py (2),
-# and contract/outputs.py's `produces == "student"` (a product, spelled like the stage).
-STAGE_NAME_BRANCHES = 17
+# outputs and the local summary into the stages' modules, 16 before issue 55 gave the table the data flow (roles).
+# What is left: run/compare.py (6: the stages compare's defaults fill in), stages/trainer_check.py (3),
+# spec/loading.py (2), and contract/layout.py's product paths by role (teacher, student: spelled like the stages).
+STAGE_NAME_BRANCHES = 12
 
 
 def test_stage_names_are_compared_only_in_the_stages_own_modules() -> None:
@@ -28,6 +28,33 @@ def test_stage_names_are_compared_only_in_the_stages_own_modules() -> None:
         f"{STAGE_NAME_BRANCHES}): ask the stage (its table row, its settings model, rlt.checks.plan_terms."
         "stage_terms) instead\n" + "\n".join(places)
     )
+
+
+# Reads of one stage's settings by name (`spec.stages.<stage>`) outside that stage's own modules, counted by
+# `hack/stage_names.py --reads`: 63 before issue 55's accessors in spec/stages/<stage>.py (generation,
+# teacher_prompt_tokens, trained_student, ...) and the data-flow lookup. What is left reads a stage's own settings
+# where it runs for a method (stages/rcl.py), evaluate's in the evaluation set and compare's report, and sft's and
+# rl's switches in the prompt-length checks.
+STAGE_SETTINGS_READS = 14
+
+
+def test_a_stages_settings_are_read_in_its_own_modules() -> None:
+    found = hack_module("stage_names").count_reads()
+    places = [f"{f}:{p}" for f, ps in sorted(found.items()) for p in ps]
+    assert len(places) <= STAGE_SETTINGS_READS, (
+        f"{len(places)} reads of a stage's settings outside its own modules (at most {STAGE_SETTINGS_READS}): "
+        "read them through the stage's accessors (rlt.spec.stages) or the stage table\n" + "\n".join(places)
+    )
+
+
+def test_the_read_counter_sees_a_read_outside_the_stages_modules() -> None:
+    import ast
+
+    counter = hack_module("stage_names")
+    tree = ast.parse("a = spec.stages.rl.generation\nb = ctx.spec.stages.student.model\nc = spec.stages.enabled()\n")
+    names = frozenset(("rl", "student"))
+    assert counter.settings_reads(tree, names, Path("checks/capacity.py")) == [(1, "rl"), (2, "student")]
+    assert counter.settings_reads(tree, names, Path("spec/stages/rl.py")) == [(2, "student")]
 
 
 def test_the_counter_sees_each_kind_of_branch() -> None:

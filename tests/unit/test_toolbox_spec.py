@@ -113,7 +113,7 @@ def test_outputs_destinations_are_checked():
         "spec.outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret"
     ]
     assert problems(doc(outputs={"student": "s3://b/student"})) == [
-        "spec.outputs: outputs.student needs stages.student.enabled"
+        "spec.outputs: outputs.student needs stages.student.enabled (a stage producing the student)"
     ]
 
 

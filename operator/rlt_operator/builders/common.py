@@ -12,8 +12,8 @@ from rlt.contract import env as pod_env
 from rlt.contract.api import API_GROUP
 from rlt.contract.layout import PVC_MOUNT, RunLayout
 from rlt.contract.metrics import TRAINER_METRICS_PORT
-from rlt.contract.outputs import pushed_uri, stage_outputs
-from rlt.contract.stage_registry import newest_teacher_stage
+from rlt.contract.outputs import PRODUCT_BY_OUTPUT, RUN_PRODUCTS, pushed_uri, stage_outputs
+from rlt.contract.stage_registry import newest_teacher_stage, producer_of
 from rlt.spec import k8s_api
 from rlt.spec.k8s import quantity_value
 from rlt.spec.run import RLTRunSpec
@@ -122,8 +122,6 @@ def generator_model(run: str, spec: RLTRunSpec, stage: str) -> str:
     return str(layout(run).model_dir(prior)) if prior else spec.teacher.model
 
 
-# status.outputs key of each spec.outputs copy (rlt.contract.outputs.stage_outputs names them)
-OUTPUT_URI_KEYS = {"teacher": "teacherUri", "distillDataset": "distilledDatasetUri", "student": "studentUri"}
 # accelerate's --mixed_precision for spec precision in a GPU pod (what the Trainer picks there; auto = bf16 on a GPU)
 ACCELERATE_PRECISION = {"auto": "bf16", "bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
@@ -132,17 +130,14 @@ def outputs(run: str, spec: RLTRunSpec, done: list[str] | tuple[str, ...]) -> di
     """Paths on the volume of what the finished stages (`done`) wrote; nothing is listed before it exists."""
     out: dict[str, str] = {}
     finished = [s for s in spec.stages.enabled() if s in done]
-    teacher = newest_teacher_stage(finished)
-    if teacher:
-        out["teacherCheckpoint"] = str(layout(run).model_dir(teacher))
-    if "distill" in finished:
-        out["distilledDataset"] = str(layout(run).distill_dataset)
-    if "student" in finished:
-        out["studentCheckpoint"] = str(layout(run).model_dir("student"))
+    for product in RUN_PRODUCTS:  # the newest finished producer of each (the stage table's roles)
+        stage = producer_of(product.role, finished)
+        if stage:
+            out[product.status_path] = str(layout(run).product(stage))
     # copies off the volume, which the producing stage's pod pushes before it exits
     for stage in finished:
         for name, uri, kind in stage_outputs(spec, stage):
-            out[OUTPUT_URI_KEYS[name]] = pushed_uri(uri, kind)
+            out[PRODUCT_BY_OUTPUT[name].status_uri] = pushed_uri(uri, kind)
     return out
 
 

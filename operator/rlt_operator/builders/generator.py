@@ -9,6 +9,7 @@ from typing import Any
 from rlt.checks.step_time import trainer_grace_period
 from rlt.contract.env import VLLM_CACHE_ROOT, VLLM_DEV_MODE
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import generation
 from rlt_operator.builders.common import (
     GENERATOR_BUSY_S,
     GENERATOR_ENTRYPOINT,
@@ -80,7 +81,7 @@ def generator_prestop(ref: RunRef, spec: RLTRunSpec, stage: str) -> list[str]:
 
 
 def generator_command(run: str, spec: RLTRunSpec, stage: str) -> list[str]:
-    gen = spec.stages.rl.generation
+    gen = generation(spec)
     res = spec.resources.generator
     cmd = [
         *GENERATOR_ENTRYPOINT,

@@ -9,6 +9,7 @@ from typing import Any
 from rlt.contract.layout import CONFIG_FILE
 from rlt.spec.loading import dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec
+from rlt.spec.stages import generation
 from rlt_operator.builders.common import (
     A_CONFIG_HASH,
     ROLE_CONFIG,
@@ -36,8 +37,9 @@ def pod_config(ref: RunRef, spec: RLTRunSpec) -> str:
 def _pod_config(name: str, namespace: str, spec_json: str) -> str:
     ref = RunRef(name=name, namespace=namespace, uid="")
     spec = RLTRunSpec.model_validate_json(spec_json)
-    if spec.stages.rl.generation.mode == "server":
-        spec.stages.rl.generation.server_url = generator_url(ref.name, ref.namespace)
+    gen = generation(spec)  # the generators serve the stages that sample from the teacher
+    if gen.mode == "server":
+        gen.server_url = generator_url(ref.name, ref.namespace)
     run = RLTRun(
         **type_meta(RUN.plural),
         metadata=Metadata(name=ref.name, namespace=ref.namespace),

@@ -46,6 +46,7 @@ from rlt.checks.step_time import (
 from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.k8s import quantity_bytes
 from rlt.spec.run import RLTRunSpec, needs_generators
+from rlt.spec.stages import generation, own_student, teacher_completion_tokens, teacher_prompt_tokens
 
 # The plan's parts live where they are built (rlt.checks.gpu_memory: torch-free, the operator sizes the grace period
 # from the rollout they bound; rlt.checks.plan_terms: the terms every stage's are made of; a stage's own terms in
@@ -130,7 +131,7 @@ def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory
     """A vLLM generator GPU: the weights of its tensor-parallel shard, vLLM's own working memory and the KV cache of
     at least one sequence of maxModelLen must fit in the share gpuMemoryUtilization gives vLLM; the rest of the
     share is KV cache, shown as concurrent sequences of maxModelLen."""
-    gen, res = spec.stages.rl.generation, spec.resources.generator
+    gen, res = generation(spec), spec.resources.generator
     b = dtype_bytes(spec.teacher)
     tp = res.tensor_parallel_size
     share = int(gen.gpu_memory_utilization * gpu_memory)
@@ -150,7 +151,7 @@ def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory
         "resources.generator.tensorParallelSize, stages.rl.generation.gpuMemoryUtilization or "
         "stages.rl.generation.maxModelLen",
     )
-    need = spec.stages.rl.max_prompt_length + spec.stages.rl.max_completion_length
+    need = teacher_prompt_tokens(spec) + teacher_completion_tokens(spec)
     if max_len < min(need, shape.max_positions or need):
         check.note = f"maxModelLen {max_len} < maxPromptLength + maxCompletionLength {need}: long rows are cut"
     return check
@@ -216,8 +217,9 @@ def hub_downloads(spec: RLTRunSpec, shapes: Shapes) -> int:
     (rlt_operator.builders: HF_HOME under the volume's cache folder): each distinct hub id once, its parameters in the
     dtype its config was saved in. Built-in models and local folders are not downloaded."""
     refs = {spec.teacher.model: shapes.teacher, spec.student.model: shapes.student}
-    if spec.stages.student.enabled and spec.stages.student.model is not None:
-        refs.setdefault(spec.stages.student.model.model, shapes.trained_student)
+    own = own_student(spec, enabled=True)
+    if own is not None:
+        refs.setdefault(own.model, shapes.trained_student)
     return sum(
         shape.params * shape.saved_bytes
         for model, shape in refs.items()
@@ -254,10 +256,12 @@ def generator_parallelism(
     """The generators' tensor parallelism the plan chooses (rlt.checks.gpu_memory.tensor_parallel_choice: TP only
     when one GPU cannot hold the model and a KV cache of MIN_KV_SEQUENCES rows of the expected length), and a warning
     naming the values to set when the spec's differs. (line, warning or None)"""
-    res, rl = spec.resources.generator, spec.stages.rl
+    res = spec.resources.generator
     if res.gpus == 0:  # MIG slices named in extra: the plan does not know their memory
         return "generators: gpus 0 (MIG): their parallelism is not planned", None
-    length = (prompts or default_prompts(spec)).mean + math.ceil(rl.max_completion_length * MEAN_COMPLETION_SHARE)
+    length = (prompts or default_prompts(spec)).mean + math.ceil(
+        teacher_completion_tokens(spec) * MEAN_COMPLETION_SHARE
+    )
     b = dtype_bytes(spec.teacher)
     chosen = tensor_parallel_choice(spec, shape, gpu_memory, length, b)
     tp = res.tensor_parallel_size
@@ -297,7 +301,8 @@ def plan_for_run(
 
     teacher, why_t = read_shape(spec.teacher, build)
     student, why_s = read_shape(spec.student, build)
-    trained, why_d = read_shape(spec.stages.student.model, build) if spec.stages.student.model else (None, "")
+    own = own_student(spec)
+    trained, why_d = read_shape(own, build) if own is not None else (None, "")
     shapes = Shapes(teacher, student, trained)
     plan = plan_run(spec, shapes, gpu_memory, prompts=prompts)
     plan.notes[:0] = [why for why in (why_t, why_s, why_d) if why]
@@ -355,8 +360,8 @@ def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
     checks: list[tuple[str, Any]] = []
     if served and tp > 1:
         checks.append(("tp", spec.teacher))
-    for where, ref in (("spec.teacher", spec.teacher), ("spec.stages.student.model", spec.stages.student.model)):
-        if ref is not None and ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
+    for where, ref, _ in spec.named_models():  # LoRA is refused where no stage trains the model
+        if ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
             checks.append((where, ref))
     for what, ref in checks:
         shape, why = read_shape(ref, build=False)

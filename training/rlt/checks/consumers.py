@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt.contract.env import RUN_YAML
+from rlt.contract.outputs import RUN_PRODUCTS
 from rlt.spec.loading import dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec
 
@@ -44,23 +45,14 @@ def _is_local(name: str, local_files: bool) -> bool:
 def hub_id_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
     """Every model or dataset field that names a hub repo, and every hf:// output, by the hub's repo-id rules."""
     out = []
-    refs = [
-        ("spec.teacher.model", spec.teacher),
-        ("spec.student.model", spec.student),
-        ("spec.stages.student.model.model", spec.stages.student.model),
-        ("spec.stages.evaluate.model.model", spec.stages.evaluate.model),
-    ]
-    for where, ref in refs:
-        if ref is None or ref.model.startswith("builtin:") or "://" in ref.model:
+    for where, ref in ((f"{w}.model", ref) for w, ref, _ in spec.named_models()):
+        if ref.model.startswith("builtin:") or "://" in ref.model:
             continue  # built-ins and URLs: rlt.checks.validation.source_problems
         if not _is_local(ref.model, local_files):
             problem = _hub_id_problem(ref.model)
             if problem:
                 out.append(f"{where}: {problem} (or a local folder: /abs/path or ./relative)")
-    datasets = [("spec.dataset.source", spec.dataset)]
-    if spec.stages.evaluate.dataset is not None:
-        datasets.append(("spec.stages.evaluate.dataset.source", spec.stages.evaluate.dataset))
-    for where, ds in datasets:
+    for where, ds in ((f"{w}.source", ds) for w, ds, _ in spec.named_datasets()):
         source = ds.source
         # a data file's name (train.jsonl) is a path wherever it is read; the rest loads from the hub by id
         if source.startswith("builtin:") or "://" in source or source.endswith(_DATA_FILES):
@@ -69,13 +61,13 @@ def hub_id_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
             problem = _hub_id_problem(source)
             if problem:
                 out.append(f"{where}: {problem} (or a local file or folder: /abs/path or ./relative)")
-    for field in ("distillDataset", "teacher", "student"):
-        uri = getattr(spec.outputs, {"distillDataset": "distill_dataset"}.get(field, field))
+    for product in RUN_PRODUCTS:
+        uri = getattr(spec.outputs, product.attr)
         if uri and uri.startswith("hf://"):
             repo = uri.removeprefix("hf://").strip("/").removeprefix("datasets/")
             problem = _hub_id_problem(repo)
             if problem:
-                out.append(f"spec.outputs.{field}: {problem}")
+                out.append(f"spec.outputs.{product.output}: {problem}")
     return out
 
 

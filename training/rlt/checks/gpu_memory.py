@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlt.checks.model_shape import ModelShape
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import generation
 
 GiB = 2**30
 DEFAULT_GPU_MEMORY = 80 * GiB  # an 80 GB A100/H100 (`rlt plan --gpu-memory`)
@@ -37,7 +38,7 @@ def spec_gpu_memory(spec: RLTRunSpec) -> tuple[int, str]:
 def kv_sequences(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, length: int, tp: int, b: int) -> int:
     """Sequences of `length` tokens whose KV cache one vLLM engine of `tp` GPUs holds at once: its
     gpuMemoryUtilization share of each GPU, less the weights' shard (`b` bytes per parameter) and VLLM_NON_KV."""
-    share = int(spec.stages.rl.generation.gpu_memory_utilization * gpu_memory)
+    share = int(generation(spec).gpu_memory_utilization * gpu_memory)
     kv_budget = share - shape.params * b // tp - VLLM_NON_KV
     per_seq = length * shape.kv_bytes_per_token * b // tp
     return max(0, kv_budget // per_seq) if per_seq else 0

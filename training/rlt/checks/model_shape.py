@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlt.spec.inputs import ModelRef
+from rlt.spec.stages import own_student
 
 if TYPE_CHECKING:
     from rlt.spec.run import RLTRunSpec
@@ -189,7 +190,7 @@ class Shapes:
     def student_stage(self, spec: RLTRunSpec) -> ModelShape | None:
         """The shape of the model the student stage trains and evaluate tests by default: stages.student.model's
         when set (the paper distils into students larger than the reward's), else spec.student's."""
-        return self.trained_student if spec.stages.student.model is not None else self.student
+        return self.trained_student if own_student(spec) is not None else self.student
 
 
 def dtype_bytes(ref: ModelRef, gpu: bool = True) -> int:

@@ -19,6 +19,7 @@ from rlt.checks.gpu_memory import GiB, kv_sequences
 from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import reward_settings, teacher_completion_tokens, teacher_prompt_tokens
 
 # Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
 # communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
@@ -197,9 +198,8 @@ def scoring_bytes_per_token(shape: ModelShape, b: int) -> int:
 def scoring_token_cap(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, dtype_bytes: int) -> int:
     """Default scoring micro-batch cap (reward.maxBatchTokens): SCORING_SHARE of the GPU over the student's bytes
     per scored token, at least one full row (prompt + completion)."""
-    rl = spec.stages.rl
     return max(
-        rl.max_prompt_length + rl.max_completion_length,
+        teacher_prompt_tokens(spec) + teacher_completion_tokens(spec),
         int(SCORING_SHARE * gpu_memory) // (scoring_bytes_per_token(shape, dtype_bytes)),
     )
 
@@ -207,8 +207,8 @@ def scoring_token_cap(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, dtyp
 def scoring_tokens(spec: RLTRunSpec, cap: int) -> int:
     """Positions of the largest scoring micro-batch: at most reward.batchSize rows of full length and at most the
     token cap (rlt.method.scoring.Scorer batches by both)."""
-    rl = spec.stages.rl
-    return min(cap, rl.reward.batch_size * (rl.max_prompt_length + rl.max_completion_length))
+    row = teacher_prompt_tokens(spec) + teacher_completion_tokens(spec)
+    return min(cap, reward_settings(spec).batch_size * row)
 
 
 def generator_kv_sequences(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, length: int) -> int:

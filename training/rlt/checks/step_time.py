@@ -43,6 +43,7 @@ from rlt.checks.plan_terms import PromptTokens, StepTime, stage_terms
 from rlt.spec.k8s import quantity_value
 from rlt.spec.resources import DEFAULT_WRITE_RATE, GRACE_FLOOR_SECONDS
 from rlt.spec.run import RLTRunSpec, stage_settings
+from rlt.spec.stages import teacher_prompt_tokens, trained_student
 
 # PromptTokens and StepTime live in rlt.checks.plan_terms (a stage's terms build them); re-exported for callers.
 __all__ = ["PromptTokens", "StepTime"]
@@ -71,7 +72,7 @@ MTBF_SECONDS = 24 * 3600  # a gang's mean time between losses (SIGKILL past the 
 
 
 def default_prompts(spec: RLTRunSpec) -> PromptTokens:
-    n = min(DEFAULT_PROMPT_TOKENS, spec.stages.rl.max_prompt_length)
+    n = min(DEFAULT_PROMPT_TOKENS, teacher_prompt_tokens(spec))
     return PromptTokens(n, n, "not measured: rlt.checks.step_time.DEFAULT_PROMPT_TOKENS")
 
 
@@ -204,7 +205,7 @@ def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
         + f"; a save ≈ {minutes(t.save)} every {t.save_steps} steps (rlt.checks.step_time)"
     ]
     if t.rollout:
-        rl = spec.stages.rl
+        rl = stage_settings(spec, t.stage)  # the stage whose step this is
         bound = "the longest completion" if t.longest_bound >= t.throughput_bound else "throughput"
         lines.append(
             f"{t.stage}: rollout {minutes(t.rollout)}, bound by {bound}: the longer of the throughput bound "
@@ -289,7 +290,7 @@ def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
     models = set().union(*(stage_terms(s).step_models(spec) for s in spec.stages.enabled()))
     if not models:
         return GRACE_FLOOR_SECONDS, "the default (no Trainer stage)"
-    trained = (spec.stages.student.model or spec.student).model
+    trained = trained_student(spec).model
     unknown = sorted(m for m in models if known_shape(m) is None)
     if unknown:
         return GRACE_FLOOR_SECONDS, (

@@ -64,16 +64,7 @@ def trainer_args_problems(spec: RLTRunSpec) -> list[str]:
 
 
 def _model_refs(spec: RLTRunSpec) -> list[tuple[str, Any]]:
-    return [
-        (where, ref)
-        for where, ref in (
-            ("spec.teacher.model", spec.teacher),
-            ("spec.student.model", spec.student),
-            ("spec.stages.student.model.model", spec.stages.student.model),
-            ("spec.stages.evaluate.model.model", spec.stages.evaluate.model),
-        )
-        if ref is not None
-    ]
+    return [(f"{where}.model", ref) for where, ref, _ in spec.named_models()]
 
 
 def source_problems(spec: RLTRunSpec) -> list[str]:
@@ -92,10 +83,7 @@ def source_problems(spec: RLTRunSpec) -> list[str]:
         elif name.startswith("builtin:") and name.removeprefix("builtin:") not in BUILTIN_MODELS:
             known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
             out.append(f"{where}: unknown built-in model {name!r} (choose from {known})")
-    datasets = [("spec.dataset.source", spec.dataset)]
-    if spec.stages.evaluate.dataset is not None:
-        datasets.append(("spec.stages.evaluate.dataset.source", spec.stages.evaluate.dataset))
-    for where, ds in datasets:
+    for where, ds in ((f"{w}.source", ds) for w, ds, _ in spec.named_datasets()):
         if "://" in ds.source:
             out.append(
                 f"{where}: {ds.source!r} is a URL, which no dataset reader of rlt takes; give a hub dataset id "
@@ -188,9 +176,11 @@ def check_datasets(run: RLTRun) -> tuple[list[str], list[str]]:
 
     problems: list[str] = []
     notes: list[str] = []
-    datasets = [("spec.dataset", run.spec.dataset)]
-    if run.spec.stages.evaluate.enabled and run.spec.stages.evaluate.dataset is not None:
-        datasets.append(("spec.stages.evaluate.dataset", run.spec.stages.evaluate.dataset))
+    datasets = [
+        (where, ds)
+        for where, ds, stage in run.spec.named_datasets()
+        if stage is None or stage_settings(run.spec, stage).enabled
+    ]
     for where, ds in datasets:
         if not is_reachable(ds):
             notes.append(f"{where}: {ds.source} not checked (a hub dataset is read at run time)")

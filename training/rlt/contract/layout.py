@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.contract.stage_registry import stage_info
+from rlt.contract.stage_registry import STAGE_ORDER, Role, producer_of, stage_info
 
 PVC_MOUNT = "/data"
 CONFIG_FILE = "run.yaml"  # the key of the run's ConfigMap (the current spec, for people and tools)
@@ -32,8 +32,15 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # The same instant in a file name (outputs moved aside to <run>/replaced/<stage>-<stamp>).
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
-# The distillation dataset: distill/<this> on the volume, <prefix>/<this> when pushed to object storage.
+# The distillation dataset: <stage>/<this> on the volume, <prefix>/<this> when pushed to object storage.
 DISTILL_DATASET_FILE = "dataset.jsonl"
+# Where a stage's product lies in its folder, by role (rlt.contract.stage_registry.Role; a report is the folder).
+PRODUCT_PATHS: dict[str, tuple[str, ...]] = {
+    "teacher": ("model",),
+    "student": ("model",),
+    "dataset": (DISTILL_DATASET_FILE,),
+    "report": (),
+}
 
 # The files of a report folder (an evaluation's eval/ or eval-taught/, `rlt compare`'s compare/, rcl's eval/)
 REPORT_JSON = "report.json"
@@ -131,7 +138,22 @@ class RunLayout:
         """Whether the stage has a checkpoint to continue from (partial ones do not count)."""
         return newest_complete_checkpoint(self.checkpoints_dir(stage)) is not None
 
+    # the distill stage's own dataset (its product); a stage reading the run's distillation dataset asks input_of
     distill_dataset = _Path(DISTILL_DATASET_FILE, stage="distill")
+
+    def product(self, stage: str) -> Path:
+        """What `stage` produces (its row's role): its model folder, its dataset file or its report folder."""
+        return self.stage_dir(stage).joinpath(*PRODUCT_PATHS[stage_info(stage).produces])
+
+    def input_of(self, stage: str, role: Role, enabled: list[str] | tuple[str, ...]) -> Path:
+        """Where `stage` reads its `role` input: the product of the last enabled stage before it producing it
+        (rlt.contract.stage_registry.producer_of); with none enabled, the table's last one before it, so that the
+        error of a missing file names the stage to run."""
+        source = producer_of(role, enabled, before=stage) or producer_of(role, STAGE_ORDER, before=stage)
+        if source is None:
+            raise ValueError(f"stage {stage}: no stage before it produces a {role}")
+        return self.product(source)
+
     # what the student stage did with each distillation row (kept, truncated, replaced, dropped)
     student_dataset_report = _Path("rows.json", stage="student")
     # evaluation report: report.json, report.md, per_question.jsonl, accuracy.png

@@ -13,8 +13,8 @@ runs the validation and dispatch path for it.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -43,6 +43,13 @@ class MethodInfo:
     comparable: bool = False
     # `rlt eval`'s function, "module:function" (None: the method evaluates in its evaluate stage only)
     teaching_eval: str | None = None
+    # the function of a stage by name, where it is not the pattern's ("module:function"): a method reuses another's
+    # stage functions (rlt's run_sft, run_distill, ...) under their own names and writes only the ones it changes
+    functions: Mapping[str, str] = field(default_factory=dict)
+
+    def function(self, stage: str) -> str:
+        """The "module:function" running `stage` for this method."""
+        return self.functions.get(stage) or self.stage_functions.format(stage=stage)
 
 
 # The table. A dict so that a test can register a row (monkeypatch.setitem) and every lookup sees it.

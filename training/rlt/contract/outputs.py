@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from rlt.contract.env import HF_TOKEN
 from rlt.contract.layout import DISTILL_DATASET_FILE, RunLayout
-from rlt.contract.stage_registry import newest_teacher_stage, stage_info
+from rlt.contract.stage_registry import Role, producer_of
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +65,42 @@ def pushed_uri(uri: str, kind: str) -> str:
     return uri
 
 
+@dataclass(frozen=True)
+class RunProduct:
+    """One result of a run, named by role: the product of the last enabled stage producing the role
+    (rlt.contract.stage_registry.producer_of). spec.outputs pushes it, the operator's status names it."""
+
+    role: Role
+    output: str  # its spec.outputs field (camelCase)
+    attr: str  # ... as the model's attribute
+    kind: Literal["model", "dataset"]  # a model folder or the dataset file
+    status_path: str  # status.outputs' key of its path on the volume
+    status_uri: str  # status.outputs' key of its pushed copy
+
+
+# The models and datasets a run produces, in one list.
+RUN_PRODUCTS: tuple[RunProduct, ...] = (
+    RunProduct("teacher", "teacher", "teacher", "model", "teacherCheckpoint", "teacherUri"),
+    RunProduct("dataset", "distillDataset", "distill_dataset", "dataset", "distilledDataset", "distilledDatasetUri"),
+    RunProduct("student", "student", "student", "model", "studentCheckpoint", "studentUri"),
+)
+PRODUCT_BY_OUTPUT = {p.output: p for p in RUN_PRODUCTS}
+
+
 def teacher_stage(spec: RunSpecView) -> str | None:
     """The stage whose model is the run's final teacher: the last enabled teacher stage."""
-    return newest_teacher_stage(spec.stages.enabled())
+    return producer_of("teacher", spec.stages.enabled())
 
 
 def stage_outputs(spec: RunSpecView, stage: str) -> list[tuple[str, str, str]]:
-    """(name, destination, kind) to push once `stage` has finished: what it produces (the stage table's
-    `produces`), where spec.outputs names a destination for it; kind: a model folder or the dataset file."""
-    out = []
-    produces = stage_info(stage).produces
-    if spec.outputs.teacher and stage == teacher_stage(spec):
-        out.append(("teacher", spec.outputs.teacher, "model"))
-    if spec.outputs.distill_dataset and produces == "dataset":
-        out.append(("distillDataset", spec.outputs.distill_dataset, "dataset"))
-    if spec.outputs.student and produces == "student":
-        out.append(("student", spec.outputs.student, "model"))
+    """(name, destination, kind) to push once `stage` has finished: each run product whose final producer (the last
+    enabled stage producing its role) is `stage`, where spec.outputs names a destination for it."""
+    enabled = spec.stages.enabled()
+    out: list[tuple[str, str, str]] = []
+    for p in RUN_PRODUCTS:
+        uri = getattr(spec.outputs, p.attr)
+        if uri and producer_of(p.role, enabled) == stage:
+            out.append((p.output, uri, p.kind))
     return out
 
 
@@ -148,7 +169,7 @@ def push_stage_outputs(ctx: PushContext, stage: str, hub_api: Any = None) -> dic
         previous = json.loads(record.read_text()) if record.exists() else {}
         if previous.get(name) == pushed_uri(uri, kind):
             continue  # pushed by an earlier attempt of this stage
-        local = layout.distill_dataset if kind == "dataset" else layout.model_dir(stage)
+        local = layout.product(stage)
         pushed[name] = push(local, uri, kind, hub_api)
         atomic_write_json(record, {**previous, name: pushed[name]})  # after each push: a retry redoes only the rest
         log.info("outputs: %s -> %s", local, pushed[name])

@@ -1,4 +1,8 @@
-"""The stages of a run in one table: their order, what each produces and how it runs.
+"""The stages of a run in one table: their order, what each produces and consumes (by role) and how it runs.
+
+The table carries the data flow: `producer_of(role, stages, before)` is the one lookup of where a stage's input
+comes from, which the stages (through rlt.contract.layout.RunLayout.input_of), spec.outputs, the operator's status
+and `rlt compare` all ask.
 
 The spec (stage order, which stages a method has), the run layout (each stage's folder), the stage dispatch
 (`rlt.stages.stage_function`), the re-run plan (`rlt.spec.fingerprint`), the validators and the operator's builders all
@@ -21,11 +25,15 @@ STAGE_TERMS = "rlt.checks.stage_terms.{stage}"
 STAGE_SUMMARIES = "rlt.run.summaries.{stage}"
 
 
+# What a stage produces and consumes, by role: teacher/student a model (<folder>/model), dataset the distillation
+# dataset (<folder>/dataset.jsonl), report an evaluation report (<folder>/). Where each lies: RunLayout.product.
+Role = Literal["teacher", "student", "dataset", "report"]
+
+
 @dataclass(frozen=True)
 class StageInfo:
     name: str
-    # teacher/student: a model in <folder>/model; dataset: the distillation dataset; report: the evaluation report
-    produces: Literal["teacher", "student", "dataset", "report"]
+    produces: Role
     # The TRL config class of a Trainer stage (its trainerArgs are checked against it), None for the others. Trainer
     # stages run accelerate + DeepSpeed over resources.trainer.nodes pods, checkpoint, and resume; the others run one
     # pod with a process per GPU, each taking its share of the rows.
@@ -39,6 +47,9 @@ class StageInfo:
     # a setting that, raised on a finished stage, continues it from its last checkpoint (RL's schedule is constant:
     # steps 1..n then n+1..m from the checkpoint equal one run of m steps)
     extendable: str | None = None
+    # the roles it reads, each the product of the last enabled stage before it that produces the role
+    # (producer_of; a stage's function finds the file with RunLayout.input_of)
+    consumes: tuple[Role, ...] = ()
     # A stage kept outside rlt names its own modules: its settings model ("module:Class", a
     # rlt.spec.stage_settings.StageSettings that joins spec.stages under the stage's name), its plan terms' module
     # (else STAGE_TERMS's) and its function ("module:function", for every method it has; else its method's row's, rlt.contract.method_registry).
@@ -58,10 +69,10 @@ class StageInfo:
 STAGES: tuple[StageInfo, ...] = (
     # name, produces, TRL config (None: no Trainer), uses generators, reads spec.dataset, folder
     StageInfo("sft", "teacher", "SFTConfig", False, True, "sft"),
-    StageInfo("rl", "teacher", "GRPOConfig", True, True, "rl", extendable="steps"),
-    StageInfo("distill", "dataset", None, True, True, "distill"),
-    StageInfo("student", "student", "SFTConfig", False, False, "student"),
-    StageInfo("evaluate", "report", None, False, True, "eval"),
+    StageInfo("rl", "teacher", "GRPOConfig", True, True, "rl", extendable="steps", consumes=("teacher",)),
+    StageInfo("distill", "dataset", None, True, True, "distill", consumes=("teacher",)),
+    StageInfo("student", "student", "SFTConfig", False, False, "student", consumes=("dataset",)),
+    StageInfo("evaluate", "report", None, False, True, "eval", consumes=("student",)),
 )
 STAGE_ORDER: tuple[str, ...] = tuple(s.name for s in STAGES)
 _BY_NAME = {s.name: s for s in STAGES}
@@ -86,9 +97,7 @@ def stage_function(name: str, method: str = "rlt") -> Callable[..., str]:
     """The function running stage `name` for teaching method `method` (imported on first use: heavy modules)."""
     if stage_info(name).name not in method_stages(method):
         raise ValueError(f"method {method} has no stage {name!r} (stages: {', '.join(method_stages(method))})")
-    fn: Callable[..., str] = load_function(
-        stage_info(name).function or method_info(method).stage_functions.format(stage=name)
-    )
+    fn: Callable[..., str] = load_function(stage_info(name).function or method_info(method).function(name))
     return fn
 
 
@@ -101,9 +110,16 @@ def teacher_stages_before(name: str) -> tuple[str, ...]:
     return tuple(s for s in reversed(stages_before(name)) if s in TEACHER_STAGES)
 
 
-def newest_teacher_stage(stages: Iterable[str], before: str | None = None) -> str | None:
-    """The last stage of `stages` (by run order) that produces a teacher, among those before `before` when given;
-    None when there is none (the run's teacher is then spec.teacher)."""
-    allowed = set(teacher_stages_before(before)) if before is not None else set(TEACHER_STAGES)
-    found = [s for s in STAGE_ORDER if s in allowed and s in set(stages)]
+def producer_of(role: Role, stages: Iterable[str], before: str | None = None) -> str | None:
+    """The one lookup of the data flow: the last of `stages` (by run order) that produces `role`, among those before
+    `before` when given; None when there is none. With the run's enabled stages it answers where a stage's input
+    comes from (before=the stage), which file spec.outputs pushes, what the operator's status names and what
+    `rlt compare` distils from."""
+    allowed = set(stages_before(before)) if before is not None else set(STAGE_ORDER)
+    found = [s.name for s in STAGES if s.produces == role and s.name in allowed and s.name in set(stages)]
     return found[-1] if found else None
+
+
+def newest_teacher_stage(stages: Iterable[str], before: str | None = None) -> str | None:
+    """The stage whose model is the teacher (producer_of "teacher"); None: the run's teacher is spec.teacher."""
+    return producer_of("teacher", stages, before)

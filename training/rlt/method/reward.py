@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlt.contract.metrics import REWARD_COMPONENTS
 from rlt.method.pairing import SideTokens, pair_explanation
@@ -77,6 +77,20 @@ class RewardCall:
     texts: list[str]
     log_metric: Callable[[str, float], None] | None
     extra: dict[str, Any]
+
+
+class GrpoReward(Protocol):
+    """The reward protocol: what rlt.stages.rl.train_grpo takes. TRL's GRPOTrainer calls it with the prompts, the
+    completions (text or chat messages), the dataset columns `question` and `solution` as keyword lists and its
+    extras (`log_metric`, `completion_ids`, ...), and names it by `__name__` in its logs. RLTReward and RCLReward
+    are two; a method brings its own (it need not subclass RewardFunction)."""
+
+    @property
+    def __name__(self) -> str: ...
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str], **extra: Any
+    ) -> list[float]: ...
 
 
 class RewardFunction:

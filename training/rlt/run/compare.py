@@ -14,24 +14,20 @@ run-wide or own settings (e.g. another spec.dataset.evalFraction) is refused in 
 evaluation is reused only for the same model output, questions and settings (compare-key.json beside its report).
 
 The steps: run the arms' stages and evaluations (`Compare`), then, from typed records, the pure report
-(`teaching_points`, `correlations`, `build_report`), then the files (`write_compare`).
+(rlt.run.compare_report: `teaching_points`, `correlations`, `build_report`), then the files (`write_compare`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlt.contract.layout import (
-    ACCURACY_PLOT,
     COMPARE_KEY_FILE,
-    CORRELATION_PLOT,
     REPLACED_DIR,
     REPORT_JSON,
     REPORT_MD,
@@ -42,37 +38,82 @@ from rlt.contract.layout import (
     format_time,
 )
 from rlt.contract.method_registry import method_info
-from rlt.contract.stage_registry import STAGE_ORDER, stage_function
+from rlt.contract.stage_registry import (
+    method_stages,
+    producer_of,
+    stage_function,
+    stage_info,
+    stages_before,
+)
 from rlt.data.dataset import load_data
 from rlt.data.errors import DataError
 from rlt.data.eval_set import EvalSet, evaluation_set, resolve_answer_type
-from rlt.data.jsonl import camel_json, read_jsonl, write_jsonl
-from rlt.run.compare_render import TEACHER_ARMS, UNTRAINED, plot_correlation, render_markdown
+from rlt.data.jsonl import read_jsonl, write_jsonl
+from rlt.run.compare_render import TEACHER_ARMS, UNTRAINED, render_markdown
+from rlt.run.compare_report import (
+    ARMS,
+    ArmResult,
+    Point,
+    build_report,
+    correlations,
+    pearson,
+    teaching_points,
+    wilson_interval,
+    write_compare,
+)
 from rlt.run.lock import lock_run_folder
 from rlt.spec import fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRun
+from rlt.spec.stages import reward_settings, student_temperature, trained_student
 from rlt.stages.context import StageContext
-from rlt.stages.evaluate import EvalReport, evaluate_model, plot_accuracy, read_report, read_results
+from rlt.stages.evaluate import EvalReport, evaluate_model, read_report, read_results
+
+# the report's parts, named here as well for the callers of `rlt compare`
+__all__ = [
+    "ARMS",
+    "ArmResult",
+    "Compare",
+    "Point",
+    "arm_stages",
+    "build_report",
+    "compare_stages",
+    "correlations",
+    "pearson",
+    "run_compare",
+    "teaching_points",
+    "wilson_interval",
+]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rlt.contract.metrics import TrainerMetrics
 
-ARMS = {
-    "rl_teacher": "explanations of the RL teacher (sft → rl → distill)",
-    "sft_teacher": "explanations of the SFT-only teacher (sft → distill)",
-    "dataset_traces": "the dataset's own reasoning traces",
-}
-# The stages behind each arm's student, all enabled in the arm's spec: a stage's fingerprint covers every earlier
-# enabled stage, so a student distilled from a teacher that was trained again is never reused.
-ARM_STAGES = {
-    "rl_teacher": ("sft", "rl", "distill", "student"),
-    "sft_teacher": ("sft", "distill", "student"),
-    "dataset_traces": ("distill", "student"),
-}
+
+def arm_stages(method: str, enabled: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The stages behind each arm's student, all enabled in the arm's spec (a stage's fingerprint covers every earlier
+    enabled stage, so a student distilled from a teacher that was trained again is never reused), from the stage
+    table's roles: the RL teacher's arm runs every stage of the method before its student (sft → rl → distill, and
+    any stage added between them); the SFT-only teacher's drops the teacher stages after the first; the dataset's
+    traces stand in for the first dataset stage's product, read by the student directly. `enabled`: the stages the
+    file enables once compare's defaults are filled in (compare_stages)."""
+    own = [s for s in method_stages(method) if s in enabled]
+    student = producer_of("student", own)
+    if student is None:
+        raise ValueError(f"rlt compare: method {method} has no stage producing a student")
+    chain = (*(s for s in stages_before(student) if s in own), student)
+    teachers = [s for s in chain if stage_info(s).produces == "teacher"]
+    datasets = [s for s in chain if stage_info(s).produces == "dataset"]
+    if not teachers or not datasets:
+        raise ValueError(f"rlt compare: method {method} has no teacher or dataset stage before {student}")
+    return {
+        "rl_teacher": chain,
+        "sft_teacher": tuple(s for s in chain if s not in teachers[1:]),
+        "dataset_traces": (datasets[0], student),
+    }
+
 
 # Used when the file leaves the student / evaluate stage disabled (documented in docs/evaluation.md):
 # a small budget that a 135M student on a 2-core CPU finishes in minutes.
@@ -96,34 +137,6 @@ DEFAULT_EVALUATE = {
     "limit": 16,
     "batchSize": 16,
 }
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-def wilson_interval(correct: int, n: int, z: float = 1.96) -> list[float] | None:
-    """95 % Wilson score interval of a binomial proportion (all answers pooled); None without answers."""
-    if n <= 0:
-        return None
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
-
-
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
-    """Pearson's r with n; r is None (and `reason` says why) when it is undefined."""
-    import numpy as np
-
-    n = len(xs)
-    if n != len(ys):
-        raise ValueError("pearson: xs and ys differ in length")
-    if n < 3:
-        return {"n": n, "pearson": None, "reason": "fewer than 3 points"}
-    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    if x.std() == 0 or y.std() == 0:
-        return {"n": n, "pearson": None, "reason": "one variable is constant"}
-    return {"n": n, "pearson": float(np.corrcoef(x, y)[0, 1])}
 
 
 def derive(run: RLTRun, stages: dict[str, Any]) -> RLTRun:
@@ -157,129 +170,6 @@ def with_enabled(stages: dict[str, Any], enabled: Sequence[str]) -> dict[str, An
     return {k: {**v, "enabled": k in enabled} for k, v in stages.items()}
 
 
-# --------------------------------------------------------------------------- records and the report (pure)
-
-
-@dataclass(frozen=True)
-class Point:
-    """One explanation a teacher wrote: its reward against the student's improvement on the question it taught."""
-
-    arm: str
-    source_row: int
-    reward: float
-    accuracy_gain: float  # taught-question pass@1 of the arm's student minus the untrained student's
-    logprob_gain: float  # mean tempered log-prob of the solution given question + explanation, after − before
-
-    def to_json(self) -> dict[str, Any]:
-        return camel_json(self)
-
-
-@dataclass(frozen=True)
-class ArmResult:
-    """What one arm produced: its distillation rows, what the student stage did with them, its two evaluations."""
-
-    name: str
-    distill_rows: list[dict[str, Any]]
-    student_rows: dict[str, int]  # counts per action (kept, truncated, replaced, dropped)
-    held_out: EvalReport
-    taught: EvalReport
-    layout: RunLayout
-
-
-MEASURES = {"accuracyGain": "accuracy_gain", "logprobGain": "logprob_gain"}
-
-
-def teaching_points(
-    arm: str,
-    rows: Sequence[dict[str, Any]],
-    taught_after: dict[int, float],
-    taught_before: dict[int, float],
-    logprob_gains: Sequence[float],
-) -> list[Point]:
-    """A Point per distillation row, from per-question taught accuracies (after, before) and log-prob gains."""
-    return [
-        Point(arm, r["source_row"], r["reward"], taught_after[r["source_row"]] - taught_before[r["source_row"]], g)
-        for r, g in zip(rows, logprob_gains, strict=True)
-    ]
-
-
-def correlations(points: Sequence[Point]) -> dict[str, dict[str, Any]]:
-    """Per improvement measure: Pearson's r of reward against it, pooled and per teacher arm."""
-    out: dict[str, dict[str, Any]] = {}
-    for measure, field in MEASURES.items():
-        out[measure] = {"pooled": pearson([p.reward for p in points], [getattr(p, field) for p in points])}
-        for arm in TEACHER_ARMS:
-            mine = [p for p in points if p.arm == arm]
-            out[measure][arm] = pearson([p.reward for p in mine], [getattr(p, field) for p in mine])
-    return out
-
-
-def arm_summary(arm: ArmResult, untrained: EvalReport) -> dict[str, Any]:
-    rewards = [r["reward"] for r in arm.distill_rows if r.get("reward") is not None]
-    return {
-        "description": ARMS[arm.name],
-        "distillRows": len(arm.distill_rows),
-        "studentRows": arm.student_rows,
-        "meanReward": sum(rewards) / len(rewards) if rewards else None,
-        "accuracy": arm.held_out.accuracy,
-        "stderr": arm.held_out.stderr,
-        "ci95": wilson_interval(arm.held_out.correct, arm.held_out.answers),
-        "gainOverUntrained": arm.held_out.accuracy - untrained.accuracy,
-        "taughtAccuracy": arm.taught.accuracy,
-        "evalReport": str(arm.layout.eval_dir / REPORT_JSON),
-        "taughtReport": str(arm.layout.taught_eval_dir / REPORT_JSON),
-        "studentModel": str(arm.layout.model_dir("student")),
-    }
-
-
-def build_report(
-    run: RLTRun,
-    taught: Sequence[dict[str, Any]],
-    evalset: EvalSet,
-    untrained: tuple[EvalReport, EvalReport, RunLayout],
-    arms: Sequence[ArmResult],
-    points: Sequence[Point],
-    seconds: float,
-) -> dict[str, Any]:
-    """report.json: every number read from the records given (`untrained` = held-out report, taught report, its
-    layout)."""
-    held_out, taught_report, untrained_layout = untrained
-    return {
-        "run": run.name,
-        "wallSeconds": round(seconds, 1),
-        "taughtQuestions": len(taught),
-        "taughtRows": [r["source_row"] for r in taught],
-        "evalQuestions": len(evalset.rows),
-        "evalSource": evalset.source,
-        "answerType": evalset.answer_type,
-        "studentBudget": run.spec.stages.student.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "evaluation": run.spec.stages.evaluate.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "untrained": {
-            "accuracy": held_out.accuracy,
-            "stderr": held_out.stderr,
-            "ci95": wilson_interval(held_out.correct, held_out.answers),
-            "taughtAccuracy": taught_report.accuracy,
-            "evalReport": str(untrained_layout.eval_dir / REPORT_JSON),
-        },
-        "arms": {a.name: arm_summary(a, held_out) for a in arms},
-        "correlation": correlations(points),
-        "points": [p.to_json() for p in points],
-    }
-
-
-def write_compare(root: Path, report: dict[str, Any]) -> None:
-    """report.json, report.md, accuracy.png and correlation.png under the compare folder."""
-    atomic_write_json(root / REPORT_JSON, report)
-    atomic_write_text(root / REPORT_MD, render_markdown(report))
-    reports = [{"model": UNTRAINED, **report["untrained"]}] + [{"model": a, **v} for a, v in report["arms"].items()]
-    plot_accuracy(
-        reports,
-        root / ACCURACY_PLOT,
-        f"held-out pass@1: {report['evalQuestions']} questions × {report['evaluation']['samples']} samples",
-    )
-    plot_correlation(report["points"], report["correlation"], root / CORRELATION_PLOT)
-
-
 # --------------------------------------------------------------------------- running the arms
 
 
@@ -293,7 +183,13 @@ class Compare:
         metrics: TrainerMetrics | None = None,
     ) -> None:
         self.stages = compare_stages(run)
-        self.run = derive(run, with_enabled(self.stages, STAGE_ORDER))
+        enabled = [name for name, settings in self.stages.items() if settings.get("enabled")]
+        self.arm_stages = arm_stages(run.spec.method, enabled)
+        # the student stage, the teacher stage both teacher arms share, the stage the dataset's traces stand in for
+        self.student_stage = self.arm_stages["rl_teacher"][-1]
+        self.shared_teacher = self.arm_stages["sft_teacher"][0]
+        self.traces_stage = self.arm_stages["dataset_traces"][0]
+        self.run = derive(run, with_enabled(self.stages, enabled))
         self.run_layout = RunLayout.for_run(output, run.name)
         self.root = self.run_layout.compare_dir
         self.device, self.show_progress, self.metrics = device, show_progress, metrics
@@ -309,7 +205,7 @@ class Compare:
 
     def plan(self, arm: str, names: Sequence[str]) -> list[fingerprint.StagePlan]:
         """`rlt run`'s decisions for stages of an arm; StaleStageError when one finished under another spec."""
-        ctx = self.ctx(arm, ARM_STAGES[arm])
+        ctx = self.ctx(arm, self.arm_stages[arm])
         return fingerprint.plan_stages(
             ctx.layout,
             ctx.spec,
@@ -320,12 +216,13 @@ class Compare:
 
     def check_finished_stages(self) -> None:
         """Before anything trains: every finished stage of every arm must be reusable under this spec."""
-        for arm, names in ARM_STAGES.items():
-            self.plan(arm, [n for n in names if not (arm == "sft_teacher" and n == "sft")])  # sft: the RL teacher's
+        for arm, names in self.arm_stages.items():
+            # the shared teacher stage is the RL teacher's
+            self.plan(arm, [n for n in names if not (arm == "sft_teacher" and n == self.shared_teacher)])
 
     def stage(self, arm: str, name: str) -> None:
         [plan] = self.plan(arm, [name])
-        ctx = self.ctx(arm, ARM_STAGES[arm])
+        ctx = self.ctx(arm, self.arm_stages[arm])
         if plan.action == "skip":
             print(f"[compare] {arm}/{name}: done before, skipped", flush=True)
             return
@@ -336,26 +233,33 @@ class Compare:
             print(f"[compare] {arm}/{name}: {plan.note}", flush=True)
         print(f"[compare] {arm}/{name}: starting", flush=True)
         t0 = time.perf_counter()
-        stage_function(name, "rlt")(ctx)
+        stage_function(name, self.run.spec.method)(ctx)
         print(f"[compare] {arm}/{name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
 
     # ---- the three distillation sets
+    def distilled(self, arm: str) -> Path:
+        """The dataset the arm's student trains on (the stage table's one lookup, as the student stage does)."""
+        return self.layout(arm).input_of(self.student_stage, "dataset", self.arm_stages[arm])
+
     def teachers(self) -> None:
-        for name in ("sft", "rl", "distill"):
+        for name in self.arm_stages["rl_teacher"][:-1]:
             self.stage("rl_teacher", name)
-        sft_link = self.layout("sft_teacher").stage_dir("sft")
-        if not sft_link.exists():  # the SFT-only teacher is the RL teacher's starting point, not a second SFT run
-            sft_link.parent.mkdir(parents=True, exist_ok=True)
-            sft_link.symlink_to(os.path.relpath(self.layout("rl_teacher").stage_dir("sft"), sft_link.parent))
-        self.stage("sft_teacher", "distill")
+        shared = self.shared_teacher
+        link = self.layout("sft_teacher").stage_dir(shared)
+        if not link.exists():  # the SFT-only teacher is the RL teacher's starting point, not a second SFT run
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(self.layout("rl_teacher").stage_dir(shared), link.parent))
+        for name in self.arm_stages["sft_teacher"][1:-1]:
+            self.stage("sft_teacher", name)
 
     def dataset_traces(self) -> None:
         """The dataset's own traces for exactly the questions the teachers explained."""
         layout = self.layout("dataset_traces")
-        if self.plan("dataset_traces", ["distill"])[0].action == "skip":
+        stage = self.traces_stage
+        if self.plan("dataset_traces", [stage])[0].action == "skip":
             return
         formatter = self.base.formatter
-        taught = read_jsonl(self.layout("rl_teacher").distill_dataset)
+        taught = read_jsonl(self.distilled("rl_teacher"))
         by_row = {r["row"]: r for r in load_data(self.run.spec.dataset, formatter.fmt).train}
         rows = []
         for t in taught:
@@ -378,12 +282,12 @@ class Compare:
                     "messages": formatter.student_messages(src["question"], src["reasoning_trace"], src["solution"]),
                 }
             )
-        write_jsonl(layout.distill_dataset, rows)
-        fingerprint.record(layout, self.ctx("dataset_traces", ARM_STAGES["dataset_traces"]).spec, "distill")
-        atomic_write_text(layout.stage_done("distill"), "dataset traces\n")
+        write_jsonl(layout.product(stage), rows)
+        fingerprint.record(layout, self.ctx("dataset_traces", self.arm_stages["dataset_traces"]).spec, stage)
+        atomic_write_text(layout.stage_done(stage), "dataset traces\n")
 
     def check_same_questions(self) -> list[dict[str, Any]]:
-        sets = {arm: read_jsonl(self.layout(arm).distill_dataset) for arm in ARMS}
+        sets = {arm: read_jsonl(self.distilled(arm)) for arm in ARMS}
         keys = {arm: [(r["source_row"], r["question"]) for r in rows] for arm, rows in sets.items()}
         first = keys["rl_teacher"]
         for arm, k in keys.items():
@@ -399,7 +303,7 @@ class Compare:
     def eval_key(self, arm: str, ref: ModelRef, evalset: EvalSet) -> dict[str, Any]:
         """What an evaluation's numbers depend on: the model (and the student stage that wrote it), the questions,
         the evaluate settings."""
-        student = None if arm == UNTRAINED else fingerprint.recorded_fields(self.layout(arm), "student")
+        student = None if arm == UNTRAINED else fingerprint.recorded_fields(self.layout(arm), self.student_stage)
         return {
             "model": ref.model_dump(mode="json", by_alias=True, exclude_none=True),
             "studentStage": fingerprint.fingerprint_of(student) if student is not None else None,
@@ -426,8 +330,8 @@ class Compare:
         return report
 
     def student_model(self, arm: str) -> ModelRef:
-        base = self.run.spec.stages.student.model or self.run.spec.student
-        return base.model_copy(update={"model": str(self.layout(arm).model_dir("student")), "revision": None})
+        base = trained_student(self.run.spec)
+        return base.model_copy(update={"model": str(self.layout(arm).product(self.student_stage)), "revision": None})
 
     def logprob_gains(
         self,
@@ -440,7 +344,7 @@ class Compare:
         from rlt.method.scoring import ScoreRequest, SpanScorer
 
         spec = self.run.spec
-        temperature = spec.stages.rl.reward.student_temperature or spec.stages.rl.temperature
+        temperature = student_temperature(spec)
         requests = []
         for r in rows:
             text, _, s_span = self.base.formatter.student_chat(
@@ -449,7 +353,7 @@ class Compare:
             requests.append(ScoreRequest(text, [s_span], group=r["question"]))
         means = []
         for model in (before, after):
-            scorer = SpanScorer(model, tokenizer, temperature, spec.stages.rl.reward.batch_size, True)
+            scorer = SpanScorer(model, tokenizer, temperature, reward_settings(spec).batch_size, True)
             means.append([float(sc[0].logprobs.mean()) for sc in scorer.score(requests)])
         return [a - b for b, a in zip(*means, strict=True)]
 
@@ -464,9 +368,9 @@ class Compare:
         self.dataset_traces()
         taught = self.check_same_questions()
         for arm in ARMS:
-            self.stage(arm, "student")
+            self.stage(arm, self.student_stage)
 
-        base_ref = self.run.spec.stages.student.model or self.run.spec.student
+        base_ref = trained_student(self.run.spec)
         taught_set = EvalSet(
             [{"question": r["question"], "solution": r["solution"], "row": r["source_row"]} for r in taught],
             resolve_answer_type("auto", self.run.spec.dataset.source),
@@ -484,11 +388,12 @@ class Compare:
             arms.append(
                 ArmResult(
                     arm,
-                    read_jsonl(layout.distill_dataset),
+                    read_jsonl(self.distilled(arm)),
                     json.loads(layout.student_dataset_report.read_text())["counts"],
                     self.evaluate(arm, self.student_model(arm), evalset, layout.eval_dir),
                     self.evaluate(arm, self.student_model(arm), taught_set, layout.taught_eval_dir),
                     layout,
+                    Path(self.student_model(arm).model),
                 )
             )
 

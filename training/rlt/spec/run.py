@@ -12,7 +12,8 @@ from rlt.contract.api import (
     Strict,
 )
 from rlt.contract.method_registry import METHOD_NAMES, method_info
-from rlt.contract.stage_registry import STAGE_ORDER, method_stages, stage_info
+from rlt.contract.outputs import RUN_PRODUCTS
+from rlt.contract.stage_registry import STAGE_ORDER, STAGES, method_stages, producer_of, stage_info
 from rlt.spec.inputs import DatasetSpec, FormatSpec, ModelRef
 from rlt.spec.k8s import DNS1123Label, LabelValue, QualifiedName, RunName, cel_rules
 from rlt.spec.k8s_api import ObjectMeta
@@ -26,7 +27,7 @@ from rlt.spec.resources import (
     Storage,
 )
 from rlt.spec.stage_settings import StageSettings
-from rlt.spec.stages import Stages
+from rlt.spec.stages import Stages, generation
 from rlt.spec.tracking_outputs import OutputsSpec, TrackingSpec
 
 # --------------------------------------------------------------------------- the run
@@ -155,20 +156,38 @@ class RLTRunSpec(Strict):
                 problems.append(
                     f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, stages.student.model)"
                 )
-        if self.outputs.student and not self.stages.student.enabled:
-            problems.append("outputs: outputs.student needs stages.student.enabled")
-        if self.outputs.distill_dataset and not self.stages.distill.enabled:
-            problems.append("outputs: outputs.distillDataset needs stages.distill.enabled")
-        hub = [
-            u
-            for u in (self.outputs.distill_dataset, self.outputs.teacher, self.outputs.student)
-            if u and u.startswith("hf://")
-        ]
+        # a destination needs a stage producing what it names (the stage table's roles)
+        for product in RUN_PRODUCTS:
+            if getattr(self.outputs, product.attr) and producer_of(product.role, self.stages.enabled()) is None:
+                makers = [s.name for s in STAGES if s.produces == product.role and s.name in own]
+                needs = (
+                    " or ".join(f"stages.{s}.enabled" for s in makers)
+                    or f"a method with such a stage (not {self.method})"
+                )
+                problems.append(
+                    f"outputs: outputs.{product.output} needs {needs} (a stage producing the {product.role})"
+                )
+        hub = [u for p in RUN_PRODUCTS if (u := getattr(self.outputs, p.attr)) and u.startswith("hf://")]
         if hub and self.hf_token_secret is None:
             problems.append("outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret")
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def named_models(self) -> list[tuple[str, ModelRef, str | None]]:
+        """The one list of the models the run names: (spec field, ref, the stage whose settings name it or None)."""
+        out: list[tuple[str, ModelRef, str | None]] = [("spec.teacher", self.teacher, None)]
+        out.append(("spec.student", self.student, None))
+        for name in STAGE_ORDER:
+            out += [(where, ref, name) for where, ref in stage_settings(self, name).named_models(name)]
+        return out
+
+    def named_datasets(self) -> list[tuple[str, DatasetSpec, str | None]]:
+        """The one list of the datasets the run names, as named_models."""
+        out: list[tuple[str, DatasetSpec, str | None]] = [("spec.dataset", self.dataset, None)]
+        for name in STAGE_ORDER:
+            out += [(where, ds, name) for where, ds in stage_settings(self, name).named_datasets(name)]
+        return out
 
     def secret_env(self) -> list[SecretEnvVar]:
         """Every Secret-backed variable the run's pods need for tracking and outputs (HF_TOKEN is separate)."""
@@ -249,7 +268,7 @@ def zero_stage(spec: RLTRunSpec, name: str) -> int | None:
 
 def needs_generators(spec: RLTRunSpec, name: str) -> bool:
     """vLLM generators run beside the stage's trainer: it samples from the teacher and rl generates in server mode."""
-    return stage_info(name).uses_generators and spec.stages.rl.generation.mode == "server"
+    return stage_info(name).uses_generators and generation(spec).mode == "server"
 
 
 def reads_run_dataset(spec: RLTRunSpec, name: str) -> bool:

@@ -55,3 +55,12 @@ class StageSettings(Strict):
     def run_cel_rules(cls, name: str) -> list[CelRule]:
         """The same rules as CEL on the run's spec (`self` is the spec), for the CRD (rlt.spec.k8s.cel_rules)."""
         return []
+
+    def named_models(self, name: str) -> list[tuple[str, Any]]:
+        """The models stage `name`'s own settings name, as (spec field, rlt.spec.inputs.ModelRef); the run's list
+        is RLTRunSpec.named_models."""
+        return []
+
+    def named_datasets(self, name: str) -> list[tuple[str, Any]]:
+        """The datasets its own settings name, as (spec field, rlt.spec.inputs.DatasetSpec)."""
+        return []

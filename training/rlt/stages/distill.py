@@ -31,6 +31,7 @@ from rlt.spec.budgets import rollout_seconds
 from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import generation
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
 from rlt.stages.record import Recorder, announce_world, say_line, trace_line
@@ -87,7 +88,7 @@ def server_questions(
     order the questions complete. One request per sequence, `in_flight` at the generators at all times while any
     are left: the slot of a finished sequence is refilled at once, while the caller scores."""
     # server mode runs with generation.serverUrl set (the operator fills it in)
-    st, url = spec.stages.distill, cast(str, spec.stages.rl.generation.server_url)
+    st, url = spec.stages.distill, cast(str, generation(spec).server_url)
     n, per_batch = st.samples_per_question, max(1, st.batch_size)
     timeout = server_read_timeout(spec)
     model = served_model(url, timeout)
@@ -229,7 +230,7 @@ def run_distill(ctx: StageContext) -> str:
     share = [(i, all_rows[i]) for i in indices]
     trace_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
     tokenizer: PreTrainedTokenizerBase = load_tokenizer(teacher_ref, padding_side="left")
-    server = spec.stages.rl.generation.mode == "server"
+    server = generation(spec).mode == "server"
     teacher: PreTrainedModel | None = None if server else load_model(teacher_ref, ctx.compute_device)
     student: PreTrainedModel = load_model(spec.student, ctx.compute_device)
     reward = reward_from_spec(

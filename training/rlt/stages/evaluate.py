@@ -28,11 +28,13 @@ from rlt.contract.layout import (
     atomic_write_json,
     atomic_write_text,
 )
+from rlt.contract.stage_registry import producer_of
 from rlt.data import answers, tasks
 from rlt.data.eval_set import EvalSet, evaluation_set
 from rlt.data.jsonl import camel_json, from_camel_json, read_jsonl, write_jsonl
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
+from rlt.spec.stages import trained_student
 from rlt.stages.context import StageContext
 from rlt.stages.ranks import gather_shares, shard_rows
 from rlt.stages.record import Recorder
@@ -59,12 +61,14 @@ def eval_target(ctx: StageContext) -> tuple[str, ModelRef]:
     spec, st = ctx.spec, ctx.spec.stages.evaluate
     if st.model is not None:
         return "custom", st.model
-    if spec.stages.student.enabled:
-        if not ctx.layout.stage_done("student").exists():
-            raise RuntimeError("stage evaluate needs the student stage's model; run stage student first")
-        ref = spec.stages.student.model or spec.student
-        return "student", ref.model_copy(update={"model": str(ctx.layout.model_dir("student")), "revision": None})
-    return "baseline", spec.stages.student.model or spec.student
+    # the student is the product of the last enabled stage before evaluate producing one (the stage table)
+    source = producer_of("student", spec.stages.enabled(), before="evaluate")
+    if source is not None:
+        if not ctx.layout.stage_done(source).exists():
+            raise RuntimeError(f"stage evaluate needs the {source} stage's model; run stage {source} first")
+        path = str(ctx.layout.product(source))
+        return "student", trained_student(spec).model_copy(update={"model": path, "revision": None})
+    return "baseline", trained_student(spec)
 
 
 # --------------------------------------------------------------------------- grading (pure)

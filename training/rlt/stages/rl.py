@@ -35,9 +35,8 @@ if TYPE_CHECKING:
     from trl.trainer.grpo_config import GRPOConfig
     from trl.trainer.grpo_trainer import GRPOTrainer, RolloutFunc
 
-    from rlt.method.reward import RewardBreakdown, RLTReward
+    from rlt.method.reward import GrpoReward
     from rlt.method.scoring import SpanScorer
-    from rlt.rcl.reward import RclBatch, RCLReward
     from rlt.spec.stages import RlStage
     from rlt.stages.balance import BalanceFigures
     from rlt.stages.preemption import StopRequest
@@ -324,21 +323,36 @@ def clipped_share(
     return float((hit & valid).sum()), float(valid.sum())
 
 
+class TimedReward:
+    """A reward as TRL calls it, each call timed as the step's "score" phase; TRL names it by the reward's name."""
+
+    def __init__(self, reward: GrpoReward, timer: PhaseTimer) -> None:
+        self.reward, self.timer = reward, timer
+        self.__name__ = reward.__name__
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str], **extra: Any
+    ) -> list[float]:
+        with self.timer.phase("score"):
+            return self.reward(prompts, completions, question, solution, **extra)
+
+
 def train_grpo(
     ctx: StageContext,
     device: str,
     start: ModelRef,
     tokenizer: PreTrainedTokenizerBase,
     rows: list[dict[str, Any]],
-    reward: RLTReward | RCLReward,
+    reward: GrpoReward,
     make_rollout_fn: Callable[[PhaseTimer, dict[str, int]], RolloutFunc],
     reward_values: Callable[[], dict[str, float]],
     frozen: Sequence[SpanScorer] = (),
 ) -> str:
     """What every GRPO stage shares: config, step timing split by phase, the record, checkpoints, the final model.
 
+    `reward` is any reward of the protocol (rlt.method.reward.GrpoReward: RLTReward, RCLReward or a method's own);
     `make_rollout_fn(timer, counters)` builds the method's rollout (it times "generate" and counts generated
-    tokens); `reward.score` is timed as "score"; `reward_values()` adds the method's per-step numbers; `frozen`
+    tokens); TRL's call of the reward is timed as "score"; `reward_values()` adds the method's per-step numbers; `frozen`
     lists the SpanScorers of frozen models, partitioned under ZeRO-3 once the trainer's accelerator exists."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     from trl import GRPOTrainer
@@ -349,13 +363,6 @@ def train_grpo(
     args = grpo_config(ctx, device)
     timer = PhaseTimer()
     counters = {"generated_tokens": 0}
-    score = reward.score
-
-    def timed_score(*a: Any, **kw: Any) -> RewardBreakdown | RclBatch:
-        with timer.phase("score"):
-            return score(*a, **kw)
-
-    reward.score = timed_score  # type: ignore[method-assign, assignment]  # the score phase of the step timer
     clipped = {"hit": 0.0, "all": 0.0}
 
     def step_values(step_seconds: float) -> dict[str, float]:
@@ -380,7 +387,7 @@ def train_grpo(
         args,
         rows,
         step_values,
-        reward_funcs=[reward],
+        reward_funcs=[TimedReward(reward, timer)],
         rollout_func=stoppable_rollout(make_rollout_fn(timer, counters), run.stop),
     )
     stoppable_scoring(trainer, run.stop)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlt.method.reward import RLTReward
+from rlt.spec.stages import student_temperature
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -30,7 +31,7 @@ def reward_from_spec(
         alpha=r.alpha,
         kl_weight=r.kl_weight,
         format_penalty=r.format_penalty,
-        temperature=r.student_temperature or spec.stages.rl.temperature,
+        temperature=student_temperature(spec),
         teacher=teacher,
         teacher_tokenizer=teacher_tokenizer,
         batch_size=r.batch_size,

@@ -1,4 +1,4 @@
-"""Stage `student`: supervised distillation of a student on the distill stage's dataset (TRL SFTTrainer).
+"""Stage `student`: supervised distillation of a student on the run's distillation dataset (TRL SFTTrainer).
 
 Each row's `messages` (student system prompt, question, thought + solution) becomes a conversational
 prompt/completion pair, so the loss covers the assistant turn only, whatever the chat template.
@@ -85,9 +85,12 @@ def run_student(ctx: StageContext) -> str:
     spec, st = ctx.spec, ctx.spec.stages.student
     device = ctx.compute_device
     formatter = ctx.formatter
-    source = ctx.layout.distill_dataset
+    # the product of the last enabled dataset stage before this one (distill, or a stage inserted after it)
+    source = ctx.layout.input_of("student", "dataset", spec.stages.enabled())
     if not source.exists():
-        raise RuntimeError(f"stage student needs the distillation dataset at {source}; run stage distill first")
+        raise RuntimeError(
+            f"stage student needs the distillation dataset at {source}; run stage {source.parent.name} first"
+        )
     ref = student_ref(spec)
     tokenizer: PreTrainedTokenizerBase = load_tokenizer(ref, padding_side="right")
 

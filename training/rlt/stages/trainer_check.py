@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlt.contract.stage_registry import STAGE_ORDER, TRAINER_STAGES, stage_info
 from rlt.spec.run import stage_settings
+from rlt.spec.stages import generation
 from rlt.spec.trainer_args import Kind
 
 if TYPE_CHECKING:
@@ -101,10 +102,11 @@ def _build_error(run: RLTRun, stage: str) -> str | None:
     from rlt.stages.context import StageContext
 
     spec = run.spec.model_copy(deep=True)
-    if stage == "rl" and spec.stages.rl.generation.mode == "server" and not spec.stages.rl.generation.server_url:
-        spec.stages.rl.generation.server_url = "http://generator.invalid:8000"  # the operator fills it in
-    if stage == "rl" and spec.stages.rl.generation.mode == "colocate":
-        spec.stages.rl.generation.mode = "inprocess"  # colocate needs a GPU; the options are checked on CPU
+    gen = generation(spec)
+    if stage == "rl" and gen.mode == "server" and not gen.server_url:
+        gen.server_url = "http://generator.invalid:8000"  # the operator fills it in
+    if stage == "rl" and gen.mode == "colocate":
+        gen.mode = "inprocess"  # colocate needs a GPU; the options are checked on CPU
     probe = run.model_copy(update={"spec": spec})
     with tempfile.TemporaryDirectory(prefix="rlt-validate-") as tmp, warnings.catch_warnings():
         # transformers' deprecation notes are about its own option names, not the user's spec

@@ -26,6 +26,7 @@ from rlt.checks.plan_terms import (
 from rlt.checks.step_time import MEAN_COMPLETION_SHARE
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import generation, reward_settings, teacher_prompt_tokens
 
 
 @dataclass(frozen=True)
@@ -33,28 +34,28 @@ class DistillTerms:
     name: str = "distill"
 
     def plan(self, spec: RLTRunSpec, shapes: Shapes, at: PlanInputs, plan: Plan) -> StagePlan | None:
-        d, rl = spec.stages.distill, spec.stages.rl
+        d, gen = spec.stages.distill, generation(spec)
         terms: list[tuple[str, int]] = []
         if shapes.student is not None:
             sb = dtype_bytes(spec.student, at.gpu)
-            cap = rl.reward.max_batch_tokens or scoring_token_cap(spec, shapes.student, at.gpu_memory, sb)
+            cap = reward_settings(spec).max_batch_tokens or scoring_token_cap(spec, shapes.student, at.gpu_memory, sb)
             tokens = scoring_tokens(spec, cap)
             terms += [
                 ("reward student (scoring)", shapes.student.params * sb),
                 (f"scoring micro-batch ({tokens} tokens)", tokens * scoring_bytes_per_token(shapes.student, sb)),
             ]
-        if rl.generation.mode != "server" and shapes.teacher is not None:
+        if gen.mode != "server" and shapes.teacher is not None:
             b = dtype_bytes(spec.teacher, at.gpu)
             terms += sampling_terms(
-                shapes.teacher, b, d.batch_size * d.samples_per_question, rl.max_prompt_length + d.max_new_tokens
+                shapes.teacher, b, d.batch_size * d.samples_per_question, teacher_prompt_tokens(spec) + d.max_new_tokens
             )
         if terms:
             plan.checks.append(generation_check(self.name, terms, at))
         lines = []
-        if rl.generation.mode == "server":
+        if gen.mode == "server":
             in_flight = distill_sequences_in_flight(spec, shapes.teacher, at.gpu_memory)[1]
             lines.append(
-                f"distill, at prompts of maxPromptLength {rl.max_prompt_length} (each rank counts its rows' mean "
+                f"distill, at prompts of maxPromptLength {teacher_prompt_tokens(spec)} (each rank counts its rows' mean "
                 f"prompt): {in_flight}"
             )
         generated = 0
@@ -87,7 +88,7 @@ def distill_sequences_in_flight(
     d, res = spec.stages.distill, spec.resources
     servers = max(1, res.generator.replicas * res.generator.data_parallel_size)
     ranks = res.trainer.nodes * max(1, res.trainer.gpus)
-    prompt = spec.stages.rl.max_prompt_length if prompt_tokens is None else prompt_tokens
+    prompt = teacher_prompt_tokens(spec) if prompt_tokens is None else prompt_tokens
     length = prompt + math.ceil(d.max_new_tokens * MEAN_COMPLETION_SHARE)
     per_server = VLLM_MAX_NUM_SEQS
     why = f"vLLM's max-num-seqs {VLLM_MAX_NUM_SEQS}"

@@ -16,6 +16,7 @@ from rlt.checks.plan_terms import (
     sampling_terms,
 )
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import teacher_prompt_tokens, trained_student
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class EvaluateTerms:
             return StagePlan(0, (0, 0))
         shape = shapes.student_stage(spec)
         if e.generation.mode != "server" and shape is not None:
-            b = dtype_bytes(spec.stages.student.model or spec.student, at.gpu)
-            length = spec.stages.rl.max_prompt_length + e.max_new_tokens
+            b = dtype_bytes(trained_student(spec), at.gpu)
+            length = teacher_prompt_tokens(spec) + e.max_new_tokens
             terms = sampling_terms(shape, b, e.batch_size * e.samples, length)
             plan.checks.append(generation_check(self.name, terms, at))
         return StagePlan(0, (0, 0))
