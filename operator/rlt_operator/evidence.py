@@ -74,7 +74,7 @@ def manifest(ref: builders.RunRef, status: dict[str, Any], pod: dict[str, Any], 
     }
 
 
-def copied_before(existing: dict[str, Any], ref: builders.RunRef, pod: str) -> bool:
+def copied_before(existing: dict[str, Any], ref: builders.RunRef, pod: str | None) -> bool:
     """Whether the evidence ConfigMap already holds this run's copy of this pod's end."""
     data = existing.get("data") or {}
     return data.get("runUID") == ref.uid and data.get("pod") == pod
