@@ -112,9 +112,9 @@ async def test_the_evidence_is_written_once_per_failure_not_at_each_operator_sta
 
 async def test_sigterm_exits_in_two_seconds_with_many_runs(harness, tmp_path):
     """`rlt operator` as the chart runs it (peering, the Lease, /metrics and /healthz on) with 20 runs reconciling:
-    SIGTERM → exit 0 within 2 s (1.1 s measured). It took 2.9-3.2 s at load 15-19 on 2 cores: the metrics server's shutdown blocked the
-    stop path (it polls every 0.5 s) and the interpreter's teardown of every module cost 2-3 s after Kopf had
-    stopped; both are out of the stop path now."""
+    SIGTERM → exit 0 within 2 s (1.1 s measured). It took 2.9-3.2 s at load 15-19 on 2 cores: the metrics
+    server's shutdown blocked the stop path (it polls every 0.5 s) and the interpreter's teardown of every module
+    cost 2 s more after Kopf had stopped; both are out of the stop path now."""
     await create_peering(harness)
     proc, log = await start_operator(harness, tmp_path, "op-a", health=free_port(), metrics=free_port())
     try:
