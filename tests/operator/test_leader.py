@@ -8,6 +8,8 @@ at its renew deadline, before another replica may take the lease.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -130,3 +132,14 @@ def test_timings_that_cannot_fence_are_refused():
     assert timing_problem(15, 10, 2) is None
     assert "must be below --lease-duration" in (timing_problem(10, 10, 2) or "")
     assert "below --renew-deadline" in (timing_problem(15, 10, 10) or "")
+
+
+def test_rlt_operator_refuses_timings_that_cannot_fence_in_one_line():
+    cmd = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())", "operator", "-A", "--peering"]
+    proc = subprocess.run([*cmd, "x", "--renew-deadline", "15"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "--renew-deadline (15s) must be below --lease-duration (15s)" in proc.stderr and "Traceback" not in proc.stderr
+    )
+    proc = subprocess.run([*cmd, "x", "--retry-period", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--retry-period '0': expected seconds" in proc.stderr, proc.stderr
