@@ -6,6 +6,7 @@ holds the Lease again. Every write in the emulated API's log is checked against 
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import time
 from typing import Any
@@ -105,3 +106,53 @@ async def test_a_frozen_leader_stops_acting_and_the_standby_takes_over_never_bot
         if sender(r) and LEASE.plural in r.url.path
     }
     assert verbs == set(LEASE.verbs), verbs
+
+
+async def test_both_replicas_starved_still_act_one_at_a_time(harness, tmp_path):
+    """Both replicas are frozen again and again for up to 1.5 s (a starved CPU: SIGSTOP/SIGCONT on a fixed random
+    schedule) while the run goes through its stages. Kopf's keep-alives (lifetime 2 s, renewed every second) come
+    late, so Kopf's peering lets both replicas work at times, as in issue 53; whoever acts holds the Lease at that
+    moment, for every write. The pauses stay below the margin the Lease leaves a late write (lease 8 s - renew
+    deadline 4 s)."""
+    timing = ("--peering-lifetime", "2", "--lease-duration", "8", "--renew-deadline", "4", "--retry-period", "1")
+    await create_peering(harness)
+    rng = random.Random(53)
+    async with replicas(harness, tmp_path) as (start, procs):
+        await start("op-a", ("--all-namespaces",), -1, "rlt-operator", timing)
+        await start("op-b", ("--all-namespaces",), -1, "rlt-operator", timing)
+        await harness.create_run(example())
+        starving = True
+
+        async def starve() -> None:
+            while starving:
+                who = procs[rng.choice(("op-a", "op-b"))]
+                who.send_signal(signal.SIGSTOP)
+                await asyncio.sleep(rng.uniform(0.2, 1.5))
+                who.send_signal(signal.SIGCONT)
+                await asyncio.sleep(rng.uniform(0.0, 1.0))
+
+        chaos = asyncio.create_task(starve())
+        try:
+            for stage in ("sft", "rl", "distill"):
+                await harness.wait_object("jobs", f"tiny-{stage}", timeout=90)
+                await harness.trainer_running("tiny", stage)
+                await harness.trainer_succeeded("tiny", stage)
+        finally:
+            starving = False
+            await chaos
+            for p in procs.values():
+                p.send_signal(signal.SIGCONT)
+        await harness.wait_status("tiny", lambda s: s.get("phase") == "Succeeded", "Succeeded", timeout=60)
+
+    requests = list(harness.cluster._requests)
+    assert not unfenced_writes(requests), unfenced_writes(requests)
+    print(f"Lease writes: {len(lease_claims(requests))}, holders in turn: {_turns(lease_claims(requests))}")
+
+
+def _turns(claims: list[tuple[int, str]]) -> list[str]:
+    """The holders of the Lease in turn (consecutive renewals by one replica counted once)."""
+    out: list[str] = []
+    for _, h in claims:
+        if h and (not out or out[-1] != h):
+            out.append(h)
+    return out
