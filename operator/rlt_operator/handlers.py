@@ -204,6 +204,9 @@ async def reconcile_loop(
     try:
         while not stopped:
             if state.gives_way(namespace) or not state.leads():  # another install or replica reconciles this run
+                # What this loop remembers is stale once another acts: a fresh start, as a new process, reading the
+                # run's status from the server when this replica leads again.
+                mem = RunMemory()
                 await asyncio.sleep(FOLLOWER_POLL)
                 continue
             wake.clear()
@@ -216,6 +219,7 @@ async def reconcile_loop(
                 # The fence closed mid-pass (the Lease not renewed in time): the rest of the pass was not written;
                 # the next leader reconciles from what it observes.
                 logger.info("stopped mid-pass: this replica no longer holds the leader Lease")
+                mem = RunMemory()
                 requeue = SOON
             except KubeError as err:
                 # The loop must survive API hiccups; the next pass retries from observed state.
@@ -256,7 +260,8 @@ async def cleanup(
     assert namespace is not None, "an RLTRun is namespaced"
     state: OperatorState = memo.rlt
     while state.gives_way(namespace) or not state.leads():  # the other install or the leader deletes the children
-        # (and the run then goes): wait, write nothing (a retry would write Kopf's progress annotation, which both installs read)
+        # (and the run then goes): wait, write nothing (a retry would write Kopf's progress annotation, which both
+        # installs read)
         found = await asyncio.to_thread(state.kube.list, RUN.plural, namespace, None, f"metadata.name={name}")
         if not found or found[0]["metadata"].get("uid") != meta["uid"]:
             return
