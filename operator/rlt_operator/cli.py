@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any
 
+from rlt_operator.leader import DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD
 from rlt_operator.peering import DEFAULT_LIFETIME
 
 # Below Kubernetes' default terminationGracePeriodSeconds (30 s), which the chart keeps.
@@ -32,9 +33,14 @@ def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from rlt_operator import handlers, peering, peering_watch  # noqa: F401 - registers the handlers
+    from rlt_operator.leader import LeaseConfig, timing_problem
     from rlt_operator.settings import OperatorSettings
 
     config = OperatorSettings.from_env()  # every RLT_* variable, read once here
+    problem = timing_problem(args.lease_duration, args.renew_deadline, args.retry_period)
+    if problem:
+        sys.stderr.write(f"rlt operator: {problem}\n")
+        return 2
 
     # The operator owns its log format: drop handlers another command's registration may have installed.
     logging.getLogger().handlers.clear()
@@ -66,6 +72,22 @@ def cmd_operator(args: argparse.Namespace) -> int:
             lifetime=args.peering_lifetime,
             interval=max(1.0, args.peering_lifetime / 4),
         )
+    lease = None
+    if info is not None:
+        # Several replicas: the one holding the Lease acts, fenced by its own renew deadline (rlt_operator.leader);
+        # the Lease lives in the operator's namespace, named as the peering object.
+        lease = LeaseConfig(
+            name=args.peering,
+            namespace=config.pod_namespace or (args.namespace or ["default"])[0],
+            identity=info.identity,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+        log.info(
+            f"leader election in Lease {lease.namespace}/{lease.name}: duration {lease.lease_duration:g}s, renew "
+            f"deadline {lease.renew_deadline:g}s, retry {lease.retry_period:g}s"
+        )
     log.info("starting")
     health = config.health_port
     return serve(
@@ -77,7 +99,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or [],
         liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health > 0 else None,
-        memo=kopf.Memo(settings=config, peering=info),
+        memo=kopf.Memo(settings=config, peering=info, lease=lease),
         identity=info.identity if info else None,
     )
 
@@ -168,8 +190,12 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
         threading.Thread(target=drain, daemon=True).start()
         if not drained.wait(EXECUTOR_DRAIN_SECONDS):
             log.info(f"stopped; abandoning API calls still in flight after {EXECUTOR_DRAIN_SECONDS:g}s")
-            logging.shutdown()  # flush the handlers: os._exit skips them
-            os._exit(ExitCode.OK)
+        # Everything that matters is done (Kopf stopped, goodbye and Lease release sent, logs flushed below). The
+        # interpreter's own teardown (freeing every module and object) took 2-3 s on a loaded machine: skipped.
+        logging.shutdown()  # flush the handlers: os._exit skips them
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ExitCode.OK)
 
     asyncio.run(operate())
     return int(ExitCode.OK)
@@ -202,14 +228,17 @@ def _seconds(raw: str) -> int:
     return value
 
 
-def _positive_seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 3600:
-        raise argparse.ArgumentTypeError(f"--shutdown-timeout {raw!r}: expected seconds, above 0 and below 3600")
-    return value
+def _positive_seconds(flag: str) -> Any:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = 0.0
+        if not 0 < value < 3600:
+            raise argparse.ArgumentTypeError(f"{flag} {raw!r}: expected seconds, above 0 and below 3600")
+        return value
+
+    return parse
 
 
 def validate_on_server(path: str, args: argparse.Namespace) -> list[str]:
@@ -260,9 +289,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="how long a replica's keep-alive stays valid: a standby takes over at most this long after the "
         f"working replica died (default: {DEFAULT_LIFETIME})",
     )
+    for flag, default, what in (
+        (
+            "--lease-duration",
+            DEFAULT_LEASE_DURATION,
+            "how long a standby waits, after the Lease last changed, before "
+            "it takes the Lease of a leader that stopped renewing (whole seconds)",
+        ),
+        (
+            "--renew-deadline",
+            DEFAULT_RENEW_DEADLINE,
+            "the leader stops acting when it has not renewed the Lease for "
+            "this long; below --lease-duration, so that it stops before another replica may take over",
+        ),
+        ("--retry-period", DEFAULT_RETRY_PERIOD, "how often each replica tries to take or renew the Lease"),
+    ):
+        p.add_argument(
+            flag,
+            type=_positive_seconds(flag),
+            default=default,
+            metavar="SECONDS",
+            help=f"with --peering, leader election by a coordination.k8s.io Lease: {what} (default: {default:g})",
+        )
     p.add_argument(
         "--shutdown-timeout",
-        type=_positive_seconds,
+        type=_positive_seconds("--shutdown-timeout"),
         default=DEFAULT_SHUTDOWN_TIMEOUT,
         metavar="SECONDS",
         help="after SIGTERM, exit with code 75 if Kopf has not stopped within this many seconds (e.g. the API "

@@ -124,6 +124,7 @@ def pod_conditions(
     `blocked`: a pod of an older gang that the restart waits for (stuck_terminating), reported first."""
     conds = run_status.conditions = run_status.conditions or []
     problems = [(p["name"], p["problem"]) for p in gang if p.get("problem")]
+    unscheduled = None  # a pod with no node and no scheduler's answer: the REASON unless a pod has a real problem
     if blocked:
         problems.insert(0, (blocked["pod"], blocked))
     for cond, kind, ok_reason in (
@@ -145,8 +146,11 @@ def pod_conditions(
             )
             more = f" (and {len(unplaced) - 1} more pod(s))" if len(unplaced) > 1 else ""
             set_condition(conds, cond, None, "NotScheduled", message + more, now)
+            unscheduled = message + more
         elif gang or has_condition(run_status, cond):
             set_condition(conds, cond, True, ok_reason, f"{len(gang)} pod(s) of the current gang", now)
+    if unscheduled:
+        hold(run_status, "NotScheduled", unscheduled)  # the REASON column is not empty while pods wait for a node
     waiting = [(p, since) for p in gang if (since := parse_time(p.get("sandboxWaitingSince"))) is not None]
     stuck = [(p, since) for p, since in waiting if (now - since).total_seconds() >= VOLUME_ATTACH_WAIT]
     if stuck:

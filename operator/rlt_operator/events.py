@@ -4,6 +4,9 @@
 - One Event per run, type, reason and message: a recurrence adds to its `count` and moves its `lastTimestamp` (a
   pod whose image pull flips between ErrImagePull and ImagePullBackOff makes two Events with counts, not one per
   flip).
+- A problem whose message names a new object at each recurrence (a Job's FailedCreate names the pod it could not
+  create, a new one at each retry) is keyed by what it is about instead (`key`: the Job): one Event per Job, its
+  count the number of failures seen, its message the latest.
 - Its name is derived from that key, so a restarted operator that would report a problem again (its memory of what
   was reported is gone) meets the Event the process before it posted (409) and leaves it as it is: not re-posted.
   The API server expires Events (an hour by default); one reported after that is posted again.
@@ -38,14 +41,16 @@ def event_name(ref: RunRef, type_: str, reason: str, message: str) -> str:
     return f"{ref.name[:200]}.{digest}"
 
 
-def event_body(ref: RunRef, type_: str, reason: str, message: str, now: dt.datetime, instance: str) -> dict[str, Any]:
+def event_body(
+    ref: RunRef, type_: str, reason: str, message: str, now: dt.datetime, instance: str, key: str | None = None
+) -> dict[str, Any]:
     """A core v1 Event about the run (the legacy series fields count/firstTimestamp/lastTimestamp, as client-go's
-    recorder writes them)."""
+    recorder writes them), named by its message or, when given, by `key`."""
     stamp = format_time(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": event_name(ref, type_, reason, message), "namespace": ref.namespace},
+        "metadata": {"name": event_name(ref, type_, reason, key or message), "namespace": ref.namespace},
         "involvedObject": {
             "apiVersion": f"{RUN.group}/{RUN.version}",
             "kind": RUN.kind,
@@ -73,19 +78,23 @@ class Recorder:
         self.kube, self.instance = kube, instance
         self.counts: dict[tuple[str, str], int] = {}  # (namespace, Event name) -> count last written
 
-    def record(self, ref: RunRef, type_: str, reason: str, message: str, now: dt.datetime) -> bool:
+    def record(
+        self, ref: RunRef, type_: str, reason: str, message: str, now: dt.datetime, key: str | None = None
+    ) -> bool:
         """Post the Event, or count one more of it. False when an earlier operator process posted it already (left
-        as it is: a restart does not report a problem again)."""
+        as it is: a restart does not report a problem again). With `key`, one Event per key: a recurrence with
+        another message counts on it and shows the new message."""
         message = short(message)
-        body = event_body(ref, type_, reason, message, now, self.instance)
-        key = (ref.namespace, body["metadata"]["name"])
-        count = self.counts.get(key)
+        body = event_body(ref, type_, reason, message, now, self.instance, key)
+        name = body["metadata"]["name"]
+        count = self.counts.get((ref.namespace, name))
         if count is not None:
+            recur: dict[str, Any] = {"count": count + 1, "lastTimestamp": format_time(now)}
+            if key is not None:
+                recur["message"] = message
             try:
-                self.kube.patch(
-                    "events", ref.namespace, key[1], {"count": count + 1, "lastTimestamp": format_time(now)}
-                )
-                self.counts[key] = count + 1
+                self.kube.patch("events", ref.namespace, name, recur)
+                self.counts[(ref.namespace, name)] = count + 1
                 return True
             except KubeError as err:
                 if err.status != 404:
@@ -93,9 +102,9 @@ class Recorder:
                 # expired (the API server's Event TTL): posted anew below
         existing = self.kube.create("events", ref.namespace, body)
         if existing:  # the process before this one posted it
-            self.counts[key] = int(existing.get("count") or 1)
+            self.counts[(ref.namespace, name)] = int(existing.get("count") or 1)
             return False
-        self.counts[key] = 1
+        self.counts[(ref.namespace, name)] = 1
         return True
 
     def forget(self, ref: RunRef) -> None:

@@ -74,6 +74,12 @@ def manifest(ref: builders.RunRef, status: dict[str, Any], pod: dict[str, Any], 
     }
 
 
+def copied_before(existing: dict[str, Any], ref: builders.RunRef, pod: str | None) -> bool:
+    """Whether the evidence ConfigMap already holds this run's copy of this pod's end."""
+    data = existing.get("data") or {}
+    return data.get("runUID") == ref.uid and data.get("pod") == pod
+
+
 async def keep(
     kube: _Kube,
     ref: builders.RunRef,
@@ -84,7 +90,8 @@ async def keep(
     logger: _Logger,
 ) -> str | None:
     """Copy the end of status.lastFailedPod into the run's evidence ConfigMap unless `copied` (the pod copied last
-    by this operator) is that pod already. Returns the pod now copied (or `copied` when nothing was): the caller
+    by this operator) is that pod already, or the ConfigMap holds this run's copy of it (an operator restarted: the
+    same failure is not written again). Returns the pod now copied (or `copied` when nothing was): the caller
     remembers it. A refused write is logged and tried again at the next reconcile; a ConfigMap of that name that
     is not rlt's evidence of this run is never overwritten."""
     name = status.get("lastFailedPod")
@@ -100,6 +107,8 @@ async def keep(
             if theirs != ref.name:
                 logger.warning(f"configmap {cm} exists and is not rlt's evidence of {ref.name}: not overwritten")
                 return name
+            if copied_before(existing, ref, name):
+                return name  # an earlier operator process copied this failure: once per failure, not per start
             await asyncio.to_thread(kube.patch, "configmaps", ref.namespace, cm, {"data": body["data"]})
     except Exception as err:  # noqa: BLE001 - evidence is auxiliary: said, retried, never fatal to the reconcile
         logger.warning(f"could not copy failed pod {name}'s end into configmap {cm}: {err}")

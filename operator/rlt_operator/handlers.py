@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +26,8 @@ from .api_session import counted_login
 from .decision import SOON
 from .events import COMPONENT, Recorder
 from .kinds import CHILDREN, RUN
-from .kube import Kube, KubeError
+from .kube import Kube, KubeError, NotLeader
+from .leader import Elector, LeaseConfig, elect
 from .peering_watch import PeeringInfo, watch_peering
 from .reconcile import RunMemory, reconcile_once
 from .settings import OperatorSettings
@@ -35,6 +37,10 @@ from .writes import owns_object
 log = logging.getLogger("rlt.operator")
 
 FINALIZER = f"{builders.PREFIX}/finalizer"
+# How often a run's loop looks again whether this replica may act (it acts within this of taking the Lease).
+FOLLOWER_POLL = 0.5
+# The longest the stop path waits for the leader Lease's release.
+RELEASE_TIMEOUT = 0.5
 
 
 # --------------------------------------------------------------------------- startup / health
@@ -78,12 +84,24 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     kube.on_request = metrics.api_request
     state = OperatorState(kube=kube, metrics=metrics, settings=config, recorder=Recorder(kube, instance))
     info: PeeringInfo | None = getattr(memo, "peering", None)
+    lease: LeaseConfig | None = getattr(memo, "lease", None)
     if info is None:  # standalone: this replica is the one that works
         state.metrics.active(True)
     else:
         state.metrics.active(False)  # until the peering object says so
         state.yielded[""] = "this replica has not yet checked for other rlt installs in its scope"
+        # The peering watch and the election read and write with their own client: never fenced.
+        state.peer_kube = Kube.from_environment()
+        state.peer_kube.on_request = metrics.api_request
         state.peering_task = asyncio.create_task(watch_peering(state, info, logger), name="rlt peering watch")
+    if lease is not None:
+        own = Kube.from_environment()
+        own.on_request, own.timeout = metrics.api_request, lease.renew_deadline
+        state.elector = Elector(lease, own)
+        kube.may_write = state.elector.leads  # every write of the handlers: fenced at the moment it is sent
+        state.election_task = asyncio.create_task(
+            elect(state.elector, lambda: state.kopf_works, state.metrics.active, logger), name="rlt leader election"
+        )
     if config.metrics_port >= 0:
         server, _thread = start_http_server(config.metrics_port, addr=config.metrics_addr, registry=metrics.registry)
         state.metrics_server = server
@@ -102,9 +120,34 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState | None = getattr(memo, "rlt", None)
     if state is not None and state.peering_task is not None:
         state.peering_task.cancel()
+    if state is not None and state.election_task is not None:
+        state.election_task.cancel()
+    if state is not None and state.elector is not None:
+        await _release(state.elector)
     if state is not None and state.metrics_server is not None:
-        state.metrics_server.shutdown()
-        state.metrics_server.server_close()
+        # shutdown() blocks until the server's loop notices (it polls every 0.5 s, longer on a loaded machine): in
+        # a thread of its own, not in the stop path.
+        server = state.metrics_server
+
+        def close() -> None:
+            server.shutdown()
+            server.server_close()
+
+        threading.Thread(target=close, name="rlt metrics shutdown", daemon=True).start()
+
+
+async def _release(elector: Elector) -> None:
+    """Hand the Lease over on the way out (a standby takes it at its next try), bounded: an API that does not answer
+    costs at most RELEASE_TIMEOUT (the standby then waits out the lease)."""
+    elector.step_down()  # first: nothing acts from here on, whatever the release does
+    if elector.holder != elector.config.identity:
+        elector.closed = True
+        return  # a standby: nothing to hand over, no request in the stop path
+    elector.kube.timeout = RELEASE_TIMEOUT
+    try:
+        await asyncio.wait_for(asyncio.to_thread(elector.release), RELEASE_TIMEOUT)
+    except Exception as err:  # noqa: BLE001 - best effort: the lease expires anyway
+        log.info(f"leader Lease not released ({err or type(err).__name__}): a standby takes it when it expires")
 
 
 @kopf.on.probe(id="runs")
@@ -160,8 +203,11 @@ async def reconcile_loop(
     mem = RunMemory()
     try:
         while not stopped:
-            if state.gives_way(namespace):  # another install reconciles this run (watch_peering): no write from here
-                await asyncio.sleep(1.0)
+            if state.gives_way(namespace) or not state.leads():  # another install or replica reconciles this run
+                # What this loop remembers is stale once another acts: a fresh start, as a new process, reading the
+                # run's status from the server when this replica leads again.
+                mem = RunMemory()
+                await asyncio.sleep(FOLLOWER_POLL)
                 continue
             wake.clear()
             t0 = time.perf_counter()
@@ -169,6 +215,12 @@ async def reconcile_loop(
                 requeue = await reconcile_once(state, body, mem, indices, logger)
                 state.metrics.reconciled("success" if requeue is None else "requeue_after", time.perf_counter() - t0)
                 state.metrics.reconciled_run(namespace, name, True, time.time())
+            except NotLeader:
+                # The fence closed mid-pass (the Lease not renewed in time): the rest of the pass was not written;
+                # the next leader reconciles from what it observes.
+                logger.info("stopped mid-pass: this replica no longer holds the leader Lease")
+                mem = RunMemory()
+                requeue = SOON
             except KubeError as err:
                 # The loop must survive API hiccups; the next pass retries from observed state.
                 logger.error(f"reconcile failed, retrying in {SOON * 2:.0f}s: {err}")
@@ -207,8 +259,9 @@ async def cleanup(
     """Delete every child now (owner references would let a cluster's GC do it later; kmock has none)."""
     assert namespace is not None, "an RLTRun is namespaced"
     state: OperatorState = memo.rlt
-    while state.gives_way(namespace):  # the other install deletes the children (and the run then goes): wait, write
-        # nothing (a retry would write Kopf's progress annotation, which both installs read)
+    while state.gives_way(namespace) or not state.leads():  # the other install or the leader deletes the children
+        # (and the run then goes): wait, write nothing (a retry would write Kopf's progress annotation, which both
+        # installs read)
         found = await asyncio.to_thread(state.kube.list, RUN.plural, namespace, None, f"metadata.name={name}")
         if not found or found[0]["metadata"].get("uid") != meta["uid"]:
             return

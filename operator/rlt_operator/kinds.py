@@ -61,7 +61,11 @@ _PEER = ("list", "watch", "patch", "create")  # create: a deleted peering object
 CLUSTER_PEERING = Kind("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", _PEER, namespaced=False)
 PEERING = Kind("kopf.dev", "v1", "kopfpeerings", "KopfPeering", _PEER)
 
-BY_PLURAL: dict[str, Kind] = {k.plural: k for k in (*CHILDREN, RUN, EVENTS, CLUSTER_PEERING, PEERING)}
+# The leader Lease of the replicas (rlt_operator.leader), in the operator's own namespace: read, created once,
+# renewed and released by a conditional replace (update).
+LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease", ("get", "create", "update"))
+
+BY_PLURAL: dict[str, Kind] = {k.plural: k for k in (*CHILDREN, RUN, EVENTS, CLUSTER_PEERING, PEERING, LEASE)}
 CHILD_PLURALS: tuple[str, ...] = tuple(k.plural for k in CHILDREN)
 
 

@@ -43,12 +43,23 @@ class KubeError(RuntimeError):
         return 400 <= self.status < 500 and self.status not in (404, 409)
 
 
+class NotLeader(KubeError):
+    """A write refused before it was sent: this replica does not hold the leader Lease (rlt_operator.leader)."""
+
+    def __init__(self, method: str, path: str):
+        body = json.dumps({"reason": "NotLeader", "message": "this replica does not hold the leader lease"})
+        super().__init__(method, path, 0, body)
+
+
 @dataclass
 class Kube:
     api: Any  # kubernetes.client.ApiClient
     timeout: float = 15.0
     # Told of every request: (server URL, method, HTTP status or NO_ANSWER); the operator's rest_client_requests_total.
     on_request: Callable[[str, str, str], None] | None = None
+    # Asked right before every write is sent: False refuses it with NotLeader (the leader Lease's fence; None: no
+    # election, every write goes).
+    may_write: Callable[[], bool] | None = None
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -74,6 +85,8 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> tuple[int, Any]:
+        if method != "GET" and self.may_write is not None and not self.may_write():
+            raise NotLeader(method, path)
         if method in ("POST", "PATCH", "PUT"):
             query = [*(query or []), ("fieldManager", FIELD_MANAGER)]
         m, url, headers, body, _ = self.api.param_serialize(
@@ -109,6 +122,27 @@ class Kube:
         if status >= 300:
             raise KubeError("POST", path, status, json.dumps(data))
         return None
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object by name, or None (the leader Lease: rlt_operator.leader; children are read from Kopf's indices)."""
+        path = f"{collection_path(plural, namespace)}/{name}"
+        status, data = self._call("GET", path)
+        if status == 404:
+            return None
+        if status >= 300:
+            raise KubeError("GET", path, status, json.dumps(data))
+        return dict(data or {})
+
+    def replace(self, plural: str, namespace: str, name: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """PUT the whole object; its metadata.resourceVersion makes it conditional: None when another writer changed
+        it since it was read (409 Conflict), else the object written."""
+        path = f"{collection_path(plural, namespace)}/{name}"
+        status, data = self._call("PUT", path, manifest)
+        if status == 409:
+            return None
+        if status >= 300:
+            raise KubeError("PUT", path, status, json.dumps(data))
+        return dict(data or {})
 
     def dry_run_create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """POST with dryRun=All: the server validates and admits the object as a create and stores nothing

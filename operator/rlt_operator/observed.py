@@ -257,7 +257,8 @@ def pods_not_created(observed: Observed) -> list[tuple[str, str, str]]:
 
 
 def failed_create(kind: str, name: str, events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest FailedCreate Event of a controller (core v1 Events) as a problem {reason, message}, or None."""
+    """The newest FailedCreate Event of a controller (core v1 Events) as a problem {reason, message, about}, or None
+    (`about`: the controller, which the run's Event is keyed by: each retry's message names a new pod)."""
     failed = [e for e in events if e.get("reason") == "FailedCreate"]
     if not failed:
         return None
@@ -267,7 +268,8 @@ def failed_create(kind: str, name: str, events: list[dict[str, Any]]) -> dict[st
         return str(series.get("lastObservedTime") or e.get("lastTimestamp") or e.get("eventTime") or "")
 
     newest = max(failed, key=when)
-    return {"reason": "FailedCreate", "message": f"{kind} {name}: {newest.get('message') or 'cannot create pods'}"}
+    message = f"{kind} {name}: {newest.get('message') or 'cannot create pods'}"
+    return {"reason": "FailedCreate", "message": message, "about": f"{kind} {name}"}
 
 
 def condition_true(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:

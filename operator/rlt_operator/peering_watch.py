@@ -47,13 +47,14 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
     labels: dict[str, Any] = {}  # object -> its labels (kept when it is recreated)
     told: set[str] = set()  # overlapping installs already reported
     since: float | None = None  # when this replica's own keep-alive was first seen
+    kube = state.peer_kube or state.kube  # not fenced by the leader Lease: Kopf's peering is every replica's
     while True:
         works = True
         yielded = {k: v for k, v in state.yielded.items() if k in where}  # a namespaced scope drops the start guard
         for ns in where:
             what = f"{kind.kind}/{info.name}" + (f" in namespace {ns}" if ns else "")
             try:
-                found = await asyncio.to_thread(state.kube.list, kind.plural, ns, None, f"metadata.name={info.name}")
+                found = await asyncio.to_thread(kube.list, kind.plural, ns, None, f"metadata.name={info.name}")
                 if not found:
                     works = was is True  # Kopf keeps this replica as it was until the object is back
                     if what not in missing:
@@ -69,7 +70,7 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
                         record = {"priority": info.priority, "lifetime": info.lifetime, "lastseen": _iso_now()}
                         restored = {"name": info.name, "labels": labels.get(what, {})}
                         meta = {"metadata": restored, "status": {**seen[what], info.identity: record}}
-                        made = await asyncio.to_thread(state.kube.create, kind.plural, ns, {**body, **meta})
+                        made = await asyncio.to_thread(kube.create, kind.plural, ns, {**body, **meta})
                         logger.warning(
                             f"peering object {what} recreated" + ("" if made is None else " (by another replica)")
                         )
@@ -96,10 +97,16 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
         if since is None and not missing:  # starting: Kopf is paused until its first keep-alive; nothing to say yet
             await asyncio.sleep(PEERING_FAST_CHECK)
             continue
+        state.kopf_works = works  # a candidate for the leader Lease only while Kopf's peering lets it work
         if works != was:
-            state.metrics.active(works)
+            if state.elector is None:  # else the Lease says (rlt_operator.leader.elect)
+                state.metrics.active(works)
             logger.info(
-                "this replica works (active)"
+                (
+                    "this replica works (active)"
+                    if state.elector is None
+                    else "Kopf's peering lets this replica work: it is a candidate for the leader Lease"
+                )
                 if works
                 else "this replica is the standby (its install gives way to an older one)"
                 if everywhere
@@ -118,7 +125,7 @@ async def _say_overlaps(
     """Another rlt install working in the same scope (its own peering object, live). Said once per install, loudly;
     the cure is disjoint operator.watchNamespaces (docs/operator.md). Returns the older ones, which this install
     gives way to (peering.yields_to): of two installs, one reconciles the runs."""
-    objects = await asyncio.to_thread(state.kube.list, kind.plural, ns, "=".join(peering.PART_OF))
+    objects = await asyncio.to_thread((state.peer_kube or state.kube).list, kind.plural, ns, "=".join(peering.PART_OF))
     older = peering.yields_to(objects, own)
     for other in peering.overlapping(objects, info.name):
         where = f"{kind.kind}/{other}" + (f" in namespace {ns}" if ns else "")

@@ -23,6 +23,8 @@ lifecycle is covered. Where each verb comes from:
 - clusterkopfpeerings (cluster mode) or kopfpeerings (namespaced mode, in each watched namespace) list/watch/patch:
   Kopf's peering between replicas (rlt_operator.peering): it watches the peering object and merge-patches its own
   keep-alive into it. Only with peering on (the chart's default); the chart creates the objects.
+- leases get/create/update (coordination.k8s.io, in the operator's own namespace): the replicas' leader Lease
+  (rlt_operator.leader): read, created once, renewed and released by a conditional replace. Only with peering on.
   Namespaces are not needed unless `--namespace` is given a glob pattern (Kopf then watches them).
 """
 
@@ -33,7 +35,7 @@ import re
 from typing import Any
 
 from rlt_operator.builders.common import L_ROLE, L_RUN
-from rlt_operator.kinds import CHILDREN, CLUSTER_PEERING, EVENTS, PEERING, RUN, Kind
+from rlt_operator.kinds import CHILDREN, CLUSTER_PEERING, EVENTS, LEASE, PEERING, RUN, Kind
 
 
 def _rule(group: str, resources: list[str], verbs: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -68,6 +70,9 @@ PEERING_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((PEERING,)))
 
 CLUSTER_PEERING_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((CLUSTER_PEERING,)))
 """Peering in cluster mode: in the cluster-scoped ClusterRole, next to CLUSTER_RBAC_RULES."""
+
+LEASE_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((LEASE,)))
+"""The leader Lease, in both modes: a Role in the operator's own namespace (with peering on)."""
 
 
 EDITOR_RULES: tuple[dict[str, Any], ...] = (
@@ -126,6 +131,10 @@ def render_chart_rules() -> str:
         "{{/* Kopf's peering between replicas, cluster mode: one ClusterKopfPeering. */}}\n"
         '{{- define "rlt-operator.clusterPeeringRules" -}}\n'
         f"{_yaml_rules(CLUSTER_PEERING_RULES)}\n"
+        "{{- end }}\n\n"
+        "{{/* The replicas' leader Lease: a Role in the operator's own namespace. */}}\n"
+        '{{- define "rlt-operator.leaseRules" -}}\n'
+        f"{_yaml_rules(LEASE_RULES)}\n"
         "{{- end }}\n\n"
         "{{/* Users' RLTRun rules, aggregated into the built-in edit/admin and view roles. */}}\n"
         '{{- define "rlt-operator.editorRules" -}}\n'

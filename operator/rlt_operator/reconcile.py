@@ -43,10 +43,11 @@ FAILED_CREATE_INTERVAL = 10.0
 
 async def read_failed_creates(
     state: OperatorState, namespace: str, observed: Observed, mem: RunMemory, logger: Any
-) -> list[tuple[str, str, str]]:
+) -> list[tuple[str, str, str, str | None]]:
     """Why a Job or StatefulSet of the run has no pods, from its controller's FailedCreate Events (a list by
     involvedObject.uid, only while pods are missing and at most every FAILED_CREATE_INTERVAL): into mem.not_created;
-    returns the Warning Events to post for new messages."""
+    returns the Warning Events to post for new messages, keyed by the Job or StatefulSet (one Event each, counted:
+    every retry of the controller names a new pod)."""
     needy = pods_not_created(observed)
     if not needy:
         mem.not_created, mem.reported = [], set()
@@ -66,7 +67,9 @@ async def read_failed_creates(
         if problem:
             found.append(problem)
     mem.not_created = found
-    news = [("Warning", p["reason"], p["message"]) for p in found if p["message"] not in mem.reported]
+    news: list[tuple[str, str, str, str | None]] = [
+        ("Warning", p["reason"], p["message"], p["about"]) for p in found if p["message"] not in mem.reported
+    ]
     mem.reported |= {p["message"] for p in found}
     return news
 
@@ -157,11 +160,11 @@ async def reconcile_once(
     if patch:
         await asyncio.to_thread(state.kube.patch, RUN.plural, namespace, name, {"status": patch}, "status")
     mem.status = run_status
-    events = events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + news_created
-    events += invalid
-    for type_, reason, message in events:
+    plain = events_for(decision, sent) + [("Warning", p.reason, p.message) for p in news] + invalid
+    events = [(type_, reason, message, None) for type_, reason, message in plain] + news_created
+    for type_, reason, message, key in events:
         (logger.warning if type_ == "Warning" else logger.info)(f"{reason}: {message}")
-        await post_event(state, ref, type_, reason, message, now, logger)
+        await post_event(state, ref, type_, reason, message, now, logger, key)
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
     state.metrics.run(namespace, name, run_status, method)
     requeue = _min_or_none(decision.requeue_after, mem.writes.requeue(time.monotonic()))
@@ -171,13 +174,20 @@ async def reconcile_once(
 
 
 async def post_event(
-    state: OperatorState, ref: builders.RunRef, type_: str, reason: str, message: str, now: dt.datetime, logger: Any
+    state: OperatorState,
+    ref: builders.RunRef,
+    type_: str,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+    logger: Any,
+    key: str | None = None,
 ) -> None:
     """One Event of the run (rlt_operator.events: from rlt-operator, counted, not re-posted after a restart). Events
     are auxiliary: one the API server refuses is logged, and the reconcile goes on."""
     assert state.recorder is not None, "configure() makes the recorder"
     try:
-        if not await asyncio.to_thread(state.recorder.record, ref, type_, reason, message, now):
+        if not await asyncio.to_thread(state.recorder.record, ref, type_, reason, message, now, key):
             logger.debug(f"Event {reason} was posted before this operator started; not posted again")
     except Exception as err:  # noqa: BLE001 - any failure to post: said, never fatal to the reconcile
         logger.warning(f"could not post Event {reason}: {err}")

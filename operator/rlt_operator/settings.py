@@ -29,6 +29,7 @@ class OperatorSettings:
     # (the chart's metrics.podMonitor.prometheusNamespaces); empty: none
     prometheus_namespaces: str = ""
     pod_id: str = ""  # POD_ID: this replica's pod name (the chart sets it), Kopf's peering record key
+    pod_namespace: str = ""  # POD_NAMESPACE: the operator's own namespace (the chart sets it), its leader Lease's
 
     ENV: ClassVar[Mapping[str, str]] = {  # field -> environment variable
         "resync_seconds": "RLT_RESYNC_SECONDS",
@@ -41,6 +42,7 @@ class OperatorSettings:
         "progress_url": "RLT_PROGRESS_URL",
         "prometheus_namespaces": "RLT_PROMETHEUS_NAMESPACES",
         "pod_id": "POD_ID",
+        "pod_namespace": "POD_NAMESPACE",
     }
 
     @property

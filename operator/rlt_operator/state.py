@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from .events import Recorder
 from .kube import Kube
+from .leader import Elector
 from .operator_metrics import OperatorMetrics
 from .settings import OperatorSettings
 
@@ -24,10 +25,21 @@ class OperatorState:
     wakers: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
     metrics_server: Any = None
     peering_task: asyncio.Task[None] | None = None
+    peer_kube: Kube | None = None  # the peering watch's client (unfenced); None: `kube`
     recorder: Recorder | None = None  # the runs' Events (rlt_operator.events)
     # Scopes ("" = every namespace) where this install gives way to an older rlt install (watch_peering): its
     # replicas reconcile no run there. Until the first check, every scope (the check takes one list call).
     yielded: dict[str, str] = field(default_factory=dict)
+    # With several replicas: the leader Lease (rlt_operator.leader). A replica acts only while it holds it.
+    elector: Elector | None = None
+    election_task: asyncio.Task[None] | None = None
+    # Whether Kopf's peering lets this replica work (watch_peering): only then is it a candidate for the Lease.
+    kopf_works: bool = False
+
+    def leads(self) -> bool:
+        """Whether this replica may act now: it holds the leader Lease within its renew deadline (always, without
+        an election: one replica)."""
+        return self.elector is None or self.elector.leads()
 
     def gives_way(self, namespace: str) -> str | None:
         """Why this install does not reconcile runs in `namespace` (another install works there), or None."""

@@ -3,6 +3,8 @@
 - dryRun: a dry-run create is validated and answered as the object that would be stored, and stored nowhere (the
   operator dry-runs every child before creating it: rlt_operator.dry_run); dryRun on any other verb is refused
   (400) rather than persisted, as kmock would.
+- Optimistic concurrency: a PUT (replace) whose metadata.resourceVersion is not the stored one gets 409 Conflict,
+  as from the API server (the operator's leader Lease is taken and renewed so: rlt_operator.leader).
 - ResourceQuota: a pod that a quota of its namespace does not admit gets the quota plugin's 403 (rlt_sandbox.quota).
 A mixin of kmock_glue.Cluster.
 """
@@ -36,7 +38,29 @@ class Admission:
             return status_response(400, "BadRequest", why)
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
             return self._quota_refusal(request)
+        if request.method == enums.method.PUT and isinstance(request.data, list):
+            return self._conflict(request)
         return None
+
+    def _conflict(self, request: rendering.Request) -> web.Response | None:
+        """409 for a replace that names a resourceVersion other than the stored one (the glue turned the PUT into one
+        JSON-patch `replace` of the whole document), else None."""
+        body = request.data[0].get("value") if request.data and isinstance(request.data[0], dict) else None
+        wanted = ((body or {}).get("metadata") or {}).get("resourceVersion")
+        if request.resource is None or request.name is None:
+            return None
+        key = (request.resource, request.namespace, request.name)
+        current = self.objects[key] if key in self.objects else None  # noqa: SIM401 - kmock's store has no get()
+        if not wanted or current is None or current.deleted:
+            return None  # an unconditional replace, or kmock answers 404 itself
+        stored = (current.raw.get("metadata") or {}).get("resourceVersion")
+        if str(wanted) == str(stored):
+            return None
+        what = (
+            f"{request.resource.plural}.{request.resource.group}" if request.resource.group else request.resource.plural
+        )
+        why = f'Operation cannot be fulfilled on {what} "{request.name}": the object has been modified; please apply '
+        return status_response(409, "Conflict", why + "your changes to the latest version and try again")
 
     async def _dry_run_create(self, request: rendering.Request) -> web.StreamResponse:
         """A dry-run create as a server answers it: 409 for a taken name, else the object as it would be stored,

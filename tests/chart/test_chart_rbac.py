@@ -5,7 +5,7 @@ from __future__ import annotations
 from chart_helpers import by_kind, one, render_set, template
 from suite_helpers import hack_module
 
-from rlt_operator.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, PEERING_RULES, RBAC_RULES
+from rlt_operator.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, LEASE_RULES, PEERING_RULES, RBAC_RULES
 
 CHART_RULES = hack_module("generate").CHART_RULES
 
@@ -32,6 +32,8 @@ def test_cluster_mode_rules_equal_the_operators():
 def test_namespaced_mode_rules_equal_the_operators():
     docs = render_set("namespaced")
     for role in by_kind(docs, "Role"):
+        if role["metadata"]["name"].endswith("-leader-election"):
+            continue  # the Lease's Role: test_the_leader_lease_is_granted_in_the_release_namespace_only
         assert normalized(role["rules"]) == normalized(RBAC_RULES + PEERING_RULES), role["metadata"]["namespace"]
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert normalized(cluster_role["rules"]) == normalized(CLUSTER_RBAC_RULES)
@@ -57,6 +59,21 @@ def test_every_verb_the_operator_needs_is_granted_and_nothing_more():
     assert not {res for _, res, _ in granted} & {"secrets", "roles", "rolebindings", "nodes", "clusterroles"}
 
 
+def test_the_leader_lease_is_granted_in_the_release_namespace_only():
+    """get/create/update on leases (rlt_operator.leader), in a Role of the release namespace, in both modes; none
+    without peering (one replica, no election)."""
+    for values in ("defaults", "namespaced"):
+        docs = render_set(values)
+        role = one(docs, "Role", "-leader-election")
+        assert normalized(role["rules"]) == normalized(LEASE_RULES)
+        assert role["metadata"]["namespace"] == one(docs, "Deployment", "rlt-operator")["metadata"]["namespace"]
+        binding = one(docs, "RoleBinding", "-leader-election")
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert LEASE_RULES == (
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    )
+
+
 def test_the_charts_rules_are_generated_from_the_kind_table():
     """Adding a child kind is one entry in rlt_operator.kinds.CHILDREN: its rule reaches the chart's template (made
     by `make generate`), and the observed children, the watches and the API paths follow."""
@@ -78,6 +95,7 @@ def test_standalone_grants_no_peering():
     docs = template("--set", "operator.peering.enabled=false", "--set", "operator.replicas=1")
     assert normalized(one(docs, "ClusterRole", "rlt-operator")["rules"]) == normalized(RBAC_RULES)
     assert not [d for d in docs if d["apiVersion"].startswith("kopf.dev/")]
+    assert not by_kind(docs, "Role"), "one replica: no leader Lease"
 
 
 def test_templates_take_the_api_group_and_run_labels_from_the_code():

@@ -117,7 +117,11 @@ def test_cluster_mode_watches_all_namespaces():
     docs = render_set("defaults")
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args and not [a for a in args if a.startswith("--namespace")]
-    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    # the one Role: the leader Lease's, in the release namespace (test_chart_rbac)
+    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(docs, "Role")] == [
+        ("rel-rlt-operator-leader-election", "rlt-system")
+    ]
+    assert [r["metadata"]["name"] for r in by_kind(docs, "RoleBinding")] == ["rel-rlt-operator-leader-election"]
     names = {r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")}
     assert {"rel-rlt-operator", "rel-rlt-operator-cluster"} <= names
 
@@ -127,9 +131,10 @@ def test_namespaced_mode_grants_roles_only_in_watched_namespaces():
     args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in args
-    roles = by_kind(docs, "Role")
+    lease = "rel-rlt-operator-leader-election"  # the leader Lease's Role, in the release namespace (test_chart_rbac)
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] != lease]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    bindings = by_kind(docs, "RoleBinding")
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] != lease]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "rel-rlt-operator", "namespace": "rlt-system"}]

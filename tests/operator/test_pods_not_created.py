@@ -67,7 +67,7 @@ def test_the_newest_failed_create_wins():
         {"reason": "SuccessfulCreate", "message": "made", "lastTimestamp": "2026-01-01T00:00:09Z"},
         {"reason": "FailedCreate", "message": "new", "lastTimestamp": "2026-01-01T00:00:05Z"},
     ]
-    assert failed_create("Job", "j", events) == {"reason": "FailedCreate", "message": "Job j: new"}
+    assert failed_create("Job", "j", events) == {"reason": "FailedCreate", "message": "Job j: new", "about": "Job j"}
     assert failed_create("Job", "j", events[1:2]) is None
 
 

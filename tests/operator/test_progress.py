@@ -69,10 +69,11 @@ def test_settings_parse_every_variable_and_name_a_bad_one():
         "RLT_PROGRESS_URL": "http://x/{job}",
         "RLT_PROMETHEUS_NAMESPACES": " monitoring, ,mon-b",
         "POD_ID": "rlt-operator-7d9f-x2",
+        "POD_NAMESPACE": "rlt-system",
     }
     got = OperatorSettings.from_env(env)
     assert got.scrapers == ("monitoring", "mon-b")
-    assert got.pod_id == "rlt-operator-7d9f-x2"
+    assert (got.pod_id, got.pod_namespace) == ("rlt-operator-7d9f-x2", "rlt-system")
     assert (got.resync_seconds, got.progress_interval, got.debounce_seconds, got.watch_server_timeout) == (
         2.0,
         0.5,

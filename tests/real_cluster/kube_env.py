@@ -289,13 +289,17 @@ RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())
 
 
 @contextlib.contextmanager
-def running_operator(kubeconfig: Path, args: list[str], work: Path, pod_id: str, tail: int = 40):
+def running_operator(
+    kubeconfig: Path, args: list[str], work: Path, pod_id: str, tail: int = 40, pod_namespace: str = ""
+):
     """`rlt operator ARGS` against the real server as `kubeconfig`'s user, its metrics and health ports off and a 5 s
-    resync; yields the process and its log, stops it after, and prints the log's last lines (what failed shows)."""
+    resync; yields the process and its log, stops it after, and prints the log's last lines (what failed shows).
+    `pod_namespace`: the operator's own namespace (POD_NAMESPACE, as the chart sets it), where its leader Lease is."""
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "POD_ID": pod_id,
+        "POD_NAMESPACE": pod_namespace,
         "RLT_OPERATOR_METRICS_PORT": "-1",
         "RLT_OPERATOR_HEALTH_PORT": "-1",
         "RLT_RESYNC_SECONDS": "5",

@@ -182,7 +182,8 @@ def operator(cluster, tmp_path_factory):
     token = cluster.kubectl("create", "token", pod["serviceAccountName"], "-n", SYSTEM_NS, "--duration=2h").stdout
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = cluster.write_kubeconfig(work / "sa.kubeconfig", {"token": token.strip()})
-    with running_operator(kubeconfig, args, work, "real-cluster-test") as (proc, log_path):
+    # In the release namespace, as the chart's pod: its leader Lease is where the chart's Role grants it.
+    with running_operator(kubeconfig, args, work, "real-cluster-test", pod_namespace=SYSTEM_NS) as (proc, log_path):
         yield {"proc": proc, "log": log_path, "kubeconfig": kubeconfig}
 
 

@@ -74,6 +74,9 @@ app.kubernetes.io/component: operator
 {{- if .Values.operator.peering.enabled }}
 - --peering={{ include "rlt-operator.peeringName" . }}
 - --peering-lifetime={{ .Values.operator.peering.lifetime }}
+- --lease-duration={{ .Values.operator.leaderElection.leaseDuration }}
+- --renew-deadline={{ .Values.operator.leaderElection.renewDeadline }}
+- --retry-period={{ .Values.operator.leaderElection.retryPeriod }}
 {{- end }}
 {{- if eq .Values.operator.logLevel "verbose" }}
 - --verbose

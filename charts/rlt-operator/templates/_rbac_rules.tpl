@@ -59,6 +59,13 @@ each verb comes from.
   verbs: ["list", "watch", "patch", "create"]
 {{- end }}
 
+{{/* The replicas' leader Lease: a Role in the operator's own namespace. */}}
+{{- define "rlt-operator.leaseRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+{{- end }}
+
 {{/* Users' RLTRun rules, aggregated into the built-in edit/admin and view roles. */}}
 {{- define "rlt-operator.editorRules" -}}
 - apiGroups: ["rlt.dev"]

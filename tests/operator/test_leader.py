@@ -1,0 +1,145 @@
+"""The leader Lease (rlt_operator.leader) against the emulated API, on a controlled clock: who may act at each moment.
+
+Two electors share one fake monotonic clock (the truth about time); their Lease reads and writes are real HTTP
+requests to kmock. The property: at no clock reading do both `leads()`, and a holder that cannot renew stops acting
+at its renew deadline, before another replica may take the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from rlt_operator.kinds import LEASE
+from rlt_operator.kube import Kube, NotLeader
+from rlt_operator.leader import Elector, LeaseConfig, timing_problem
+
+NS = "default"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def electors(clock: Clock) -> tuple[Elector, Elector]:
+    def one(identity: str) -> Elector:
+        config = LeaseConfig(name="rlt-operator", namespace=NS, identity=identity)  # client-go's 15 / 10 / 2 s
+        return Elector(config, Kube.from_environment(), clock=clock)
+
+    return one("op-a"), one("op-b")
+
+
+async def lease(harness) -> dict:
+    return await harness.call("GET", f"{LEASE.collection_path(NS)}/rlt-operator")
+
+
+async def test_a_leader_that_cannot_renew_stops_acting_before_another_may_take_over(harness):
+    clock = Clock()
+    a, b = electors(clock)
+    assert await asyncio.to_thread(a.attempt, True)  # no Lease yet: op-a creates it and holds it
+    assert not await asyncio.to_thread(b.attempt, True)  # held, just renewed
+    start = clock.now
+    # op-a renews twice, a retry period apart; op-b keeps trying and observes each renewal.
+    for _ in range(2):
+        clock.now += 2
+        assert await asyncio.to_thread(a.attempt, True)
+        assert not await asyncio.to_thread(b.attempt, True)
+    renewed = clock.now
+    # Now op-a cannot reach the API (a partition): each of its renewals fails; op-b still reaches it.
+    a.kube.api.configuration.host = "http://127.0.0.1:9"
+    timeline: list[tuple[float, bool, bool]] = []
+    while clock.now < renewed + 20:
+        clock.now += 0.5
+        with pytest.raises(Exception, match="Connection refused|Max retries"):
+            await asyncio.to_thread(a.attempt, True)
+        await asyncio.to_thread(b.attempt, True)
+        timeline.append((clock.now - renewed, a.leads(), b.leads()))
+    assert not [t for t in timeline if t[1] and t[2]], "both acted at once"
+    a_stopped = min(t for t, a_, _ in timeline if not a_)
+    b_started = min((t for t, _, b_ in timeline if b_), default=None)
+    assert a_stopped == 10.0, timeline  # its own renew deadline, counted from when its last renewal was sent
+    assert a.leads() is False and start < renewed
+    assert b_started == 15.0, (
+        timeline
+    )  # the lease, seen unchanged for its whole duration  # the lease, seen unchanged for its whole duration
+
+
+async def test_the_standby_takes_over_once_the_record_has_not_changed_for_the_lease_duration(harness):
+    clock = Clock()
+    a, b = electors(clock)
+    assert await asyncio.to_thread(a.attempt, True)
+    assert not await asyncio.to_thread(b.attempt, True)
+    took = None
+    for step in range(1, 41):  # op-a frozen (SIGSTOP): it sends nothing; op-b tries every half second
+        clock.now += 0.5
+        if await asyncio.to_thread(b.attempt, True):
+            took = step * 0.5
+            break
+        assert a.leads() == (step * 0.5 < 10), step  # op-a, frozen, would find its fence closed at 10 s
+    assert took == 15.0
+    spec = (await lease(harness))["spec"]
+    assert spec["holderIdentity"] == "op-b" and spec["leaseTransitions"] == 1
+    # op-a wakes up (SIGCONT): it neither acts nor takes the lease back while op-b renews.
+    assert not a.leads()
+    assert not await asyncio.to_thread(a.attempt, True)
+    assert not a.leads() and a.holder == "op-b"
+
+
+async def test_release_hands_over_at_the_standbys_next_try_and_a_fenced_write_is_never_sent(harness):
+    clock = Clock()
+    a, b = electors(clock)
+    assert await asyncio.to_thread(a.attempt, True)
+    gated = Kube.from_environment()
+    gated.may_write = a.leads
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "written-by-a"}}
+    assert await asyncio.to_thread(gated.create, "configmaps", NS, body) is None
+    assert await asyncio.to_thread(a.release)
+    sent = len(harness.cluster._requests)
+    body["metadata"]["name"] = "after-release"
+    with pytest.raises(NotLeader):
+        await asyncio.to_thread(gated.create, "configmaps", NS, body)
+    assert all("configmaps" not in r.url.path for r in list(harness.cluster._requests)[sent:]), "the write went out"
+    assert not await asyncio.to_thread(a.attempt, True), "a replica that left does not take the lease back"
+    clock.now += 2  # the next retry: no waiting out the 15 s
+    assert await asyncio.to_thread(b.attempt, True)
+
+
+async def test_of_two_candidates_that_read_the_same_record_one_wins(harness):
+    """Both read the free Lease, both write: the write carries the resourceVersion read, so the second gets 409 (the
+    emulated API checks it as the API server does) and that candidate does not lead."""
+    clock = Clock()
+    a, b = electors(clock)
+    assert await asyncio.to_thread(a.attempt, True)
+    assert await asyncio.to_thread(a.release)  # op-a leaves; it comes back as a new process
+    a = Elector(a.config, Kube.from_environment(), clock=clock)
+    clock.now += 2
+    read = b.kube.get
+    stale = await asyncio.to_thread(read, LEASE.plural, NS, "rlt-operator")
+    b.kube.get = lambda *args: stale  # type: ignore[method-assign]  # b read before a wrote
+    assert await asyncio.to_thread(a.attempt, True)
+    assert not await asyncio.to_thread(b.attempt, True) and not b.leads()
+    assert (await lease(harness))["spec"]["holderIdentity"] == "op-a"
+
+
+def test_timings_that_cannot_fence_are_refused():
+    assert timing_problem(15, 10, 2) is None
+    assert "must be below --lease-duration" in (timing_problem(10, 10, 2) or "")
+    assert "below --renew-deadline" in (timing_problem(15, 10, 10) or "")
+
+
+def test_rlt_operator_refuses_timings_that_cannot_fence_in_one_line():
+    cmd = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())", "operator", "-A", "--peering"]
+    proc = subprocess.run([*cmd, "x", "--renew-deadline", "15"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "--renew-deadline (15s) must be below --lease-duration (15s)" in proc.stderr and "Traceback" not in proc.stderr
+    )
+    proc = subprocess.run([*cmd, "x", "--retry-period", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--retry-period '0': expected seconds" in proc.stderr, proc.stderr
