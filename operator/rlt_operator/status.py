@@ -328,7 +328,9 @@ def _finish(
         run_status.stage_specs = None
     status = run_status.model_dump(mode="json", by_alias=True, exclude_none=True)
     status_model.check(status)  # a field the CRD does not list would be pruned by the API server
-    events = transition_events(previous_status(prev), run_status, ref.namespace)
+    kept = plan.obs.child("pods", run_status.last_failed_pod) if run_status.last_failed_pod else None
+    failed_container = ((kept or {}).get("ended") or {}).get("container")
+    events = transition_events(previous_status(prev), run_status, ref.namespace, failed_container)
     for a in plan.actions:
         if a.verb == "create" and a.plural == "jobs":
             assert a.body is not None, "a create action carries the object it creates"

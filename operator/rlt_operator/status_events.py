@@ -17,12 +17,16 @@ WARN_WHEN_FALSE = (
 )
 
 
-def transition_events(prev: RLTRunStatus, new: RLTRunStatus, namespace: str = "") -> list[tuple[str, str, str]]:
-    """Kubernetes Events for what changed between two statuses (kubectl hints in `namespace`)."""
+def transition_events(
+    prev: RLTRunStatus, new: RLTRunStatus, namespace: str = "", failed_container: str | None = None
+) -> list[tuple[str, str, str]]:
+    """Kubernetes Events for what changed between two statuses (kubectl hints in `namespace`; `failed_container`:
+    the container of status.lastFailedPod that failed, which the log hint names)."""
     ev: list[tuple[str, str, str]] = []
-    # A failed pod kept now (keep_failed_pod): where its log is, in the GangRestart or Failed Event.
+    # A failed pod kept now (keep_failed_pod): where its log is, in the GangRestart or Failed Event. The container is
+    # named: without -c kubectl reads the main container, which never started when the init container failed.
     kept = new.last_failed_pod if new.last_failed_pod != prev.last_failed_pod else None
-    logs = f"; its log: {kubectl(namespace)} logs {kept}" if kept else ""
+    logs = f"; its log: {log_command(namespace, kept, failed_container)}" if kept else ""
     resume = resume_point(new)
     if (new.restarts or 0) > (prev.restarts or 0):
         uncounted = (new.disruptions or 0) > (prev.disruptions or 0)
@@ -67,6 +71,11 @@ def transition_events(prev: RLTRunStatus, new: RLTRunStatus, namespace: str = ""
             ev.append(("Normal", "Running", f"stage {new.stage}: the run's pods run"))
     ev += waiting_events(prev, new)
     return ev
+
+
+def log_command(namespace: str, pod: str, container: str | None) -> str:
+    """The kubectl command that prints a pod's failed container's log."""
+    return f"{kubectl(namespace)} logs {pod}" + (f" -c {container}" if container else "")
 
 
 def resume_point(run_status: RLTRunStatus) -> str:

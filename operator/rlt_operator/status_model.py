@@ -135,7 +135,8 @@ class RLTRunStatus(_Status):
     last_failure: str | None = Field(None, description="The last failure that caused a gang restart.")
     last_failed_pod: str | None = Field(
         None,
-        description="The last failed gang's failed trainer pod, kept for its logs (`kubectl logs <pod>`): owned by "
+        description="The last failed gang's failed trainer pod, kept for its logs (`kubectl logs <pod> -c <container>`, the container named in the Events and in "
+        "<run>-last-failure): owned by "
         "the run, deleted with it or when a newer failed pod is kept (one per run).",
     )
     backoff_until: str | None = Field(

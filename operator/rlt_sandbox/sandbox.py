@@ -237,7 +237,7 @@ async def _main(
                 "  kubectl apply -f manifests/examples/rltrun-tiny.yaml\n"
                 "  kubectl get rlt -w                     # Pending -> Running sft/rl/distill -> Succeeded\n"
                 "  kubectl get pods -l rlt.dev/run=tiny\n"
-                "  kubectl logs tiny-sft-0-<suffix>       # a pod's log (also printed above as each pod starts)\n\n"
+                "  kubectl logs tiny-sft-0-<suffix> -c trainer  # a pod's log (-c validate: the checks before it)\n\n"
             )
         else:
             what = (

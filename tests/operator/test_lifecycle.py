@@ -187,7 +187,10 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     assert copied < deleted, writes
     events = await wait_for_events(harness, "tiny", {"GangRestart"})
     restart = next(e for e in await harness.events("tiny") if e["reason"] == "GangRestart")
-    assert f"kubectl -n {NS} logs {first['metadata']['name']}" in restart["message"], events
+    # the hint names the container that failed (the main one here; an init container's in test_sandbox_run_pods)
+    container = kept["data"]["container"]
+    assert container == first["status"]["containerStatuses"][0]["name"] == "trainer", kept["data"]
+    assert f"kubectl -n {NS} logs {first['metadata']['name']} -c {container}" in restart["message"], events
 
     # The next gang fails for good: its pod is kept, the one kept before is deleted (one per run).
     async def next_gang():
@@ -204,7 +207,7 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     assert owned_by_run(await harness.get("pods", second["metadata"]["name"]))
     await wait_for_events(harness, "tiny", {"BackoffLimitExceeded"})
     failed = next(e for e in await harness.events("tiny") if e["reason"] == "BackoffLimitExceeded")
-    assert f"kubectl -n {NS} logs {second['metadata']['name']}" in failed["message"]
+    assert f"kubectl -n {NS} logs {second['metadata']['name']} -c {container}" in failed["message"]
 
     # Deleting the run deletes the kept pod (the operator's cleanup; a cluster's garbage collector too).
     await harness.delete_run("tiny")

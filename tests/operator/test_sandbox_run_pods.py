@@ -4,6 +4,7 @@ running as local processes; `kubectl get rlt` shows step and reward; the trainer
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 import urllib.request
@@ -121,6 +122,13 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     assert "spec.dataset.source: file word.jsonl does not exist" in log and '"kind"' not in log, log
     not_started = sandbox.run("kubectl", "logs", pod, ok=False)
     assert f'container "trainer" in pod "{pod}" is waiting to start: PodInitializing' in not_started.stderr
+    # The run's Failed Event says where the log is: that command, typed as given, prints the init container's error.
+    events = json.loads(sandbox.kubectl("get", "events", "-o", "json"))["items"]
+    said = [e["message"] for e in events if e["involvedObject"]["name"] == "own-data" and "its log: " in e["message"]]
+    assert said, [e["message"] for e in events]
+    hint = shlex.split(said[-1].split("its log: ", 1)[1].split(";", 1)[0])
+    assert hint[:4] == ["kubectl", "-n", "default", "logs"] and hint[-2:] == ["-c", "validate"], hint
+    assert "spec.dataset.source: file word.jsonl does not exist" in sandbox.run(*hint).stdout
 
     # The recipe of docs/gpu-cluster.md ("Your own dataset or model on the run's volume"): the file staged onto a
     # claim of one's own (under the sandbox, the claim's folder), named by its path under /data.
