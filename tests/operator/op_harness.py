@@ -11,7 +11,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import yaml
@@ -113,6 +113,22 @@ class Harness:
             if resp.status >= 300:
                 raise AssertionError(f"{method} {path}: {resp.status} {data}")
             return data
+
+    async def create_workload(self, plural: str, body: dict[str, Any], ns: str = NS) -> dict[str, Any]:
+        """POST a Job or StatefulSet made by hand, with the claims its pods name (the kubelet emulator, as a
+        scheduler, keeps a pod whose claim does not exist Pending)."""
+        for vol in body["spec"]["template"]["spec"].get("volumes") or []:
+            claim = (vol.get("persistentVolumeClaim") or {}).get("claimName")
+            path = PATHS["persistentvolumeclaims"].format(ns=ns)
+            if claim is not None and await self.get_path(f"{path}/{claim}") is None:
+                pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim}}
+                await self.call("POST", path, pvc | {"spec": {"resources": {"requests": {"storage": "1Gi"}}}})
+        return cast("dict[str, Any]", await self.call("POST", PATHS[plural].format(ns=ns), body))
+
+    async def get_path(self, path: str) -> Any:
+        assert self.session is not None
+        async with self.session.get(self.url + path) as resp:
+            return None if resp.status == 404 else await resp.json(content_type=None)
 
     async def create_run(self, doc: dict[str, Any]) -> dict[str, Any]:
         return await self.call("POST", RUNS.format(ns=NS), doc)

@@ -87,7 +87,7 @@ async def test_job_pods_run_as_rendered_and_report_back(harness, tmp_path):
             },
         },
     ]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-sft", script, env=env))
+    await harness.create_workload("jobs", _job("t-sft", script, env=env))
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
@@ -119,7 +119,7 @@ async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness
         PATHS["configmaps"].format(ns=NS),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-rl", "import time; time.sleep(600)"))
+    await harness.create_workload("jobs", _job("t-rl", "import time; time.sleep(600)"))
     kubelet = LocalKubelet(
         harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, grace_seconds=1.0
     )
@@ -161,7 +161,7 @@ async def test_a_failed_pod_handed_to_the_run_outlives_its_job_until_deleted_thr
         PATHS["configmaps"].format(ns=NS),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-rl", "raise SystemExit(3)", completions=1))
+    await harness.create_workload("jobs", _job("t-rl", "raise SystemExit(3)", completions=1))
     kubelet = LocalKubelet(
         harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, grace_seconds=1.0
     )
@@ -204,7 +204,7 @@ async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
     )
     job = _job("t-grace", script, completions=1)
     job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    await harness.create_workload("jobs", job)
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
@@ -283,7 +283,7 @@ async def test_an_image_without_stand_in_fails_the_pod_with_a_reason(harness, tm
         PATHS["configmaps"].format(ns=NS),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    await harness.create_workload("jobs", job)
     kubelet = LocalKubelet(harness.url, tmp_path, images={}, poll_seconds=0.1)
     await kubelet.start()
     try:
@@ -378,7 +378,7 @@ async def test_a_namespace_created_later_gets_its_pods(harness, tmp_path):
         await harness.call(
             "POST", late, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}}
         )
-        await harness.call("POST", PATHS["jobs"].format(ns="late"), _job("t-late", "import sys; sys.exit(0)", 1))
+        await harness.create_workload("jobs", ns="late", body=_job("t-late", "import sys; sys.exit(0)", 1))
 
         async def done():
             job = await harness.call("GET", f"{PATHS['jobs'].format(ns='late')}/t-late")
@@ -401,10 +401,10 @@ async def test_a_missing_secret_or_an_unmatched_node_selector_keeps_the_pod_pend
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
     secret_env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-secret", "import sys; sys.exit(0)", 1, secret_env))
+    await harness.create_workload("jobs", _job("t-secret", "import sys; sys.exit(0)", 1, secret_env))
     pinned = _job("t-pinned", "import sys; sys.exit(0)", 1)
     pinned["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "H100"}
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), pinned)
+    await harness.create_workload("jobs", pinned)
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
@@ -459,12 +459,12 @@ async def test_init_containers_run_in_order_before_the_main_one_and_a_failed_one
         }
         for name, script in (("first", first), ("second", second))
     ]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), ok)
+    await harness.create_workload("jobs", ok)
     bad = _job("t-badinit", "pass", completions=1)
     bad["spec"]["template"]["spec"]["initContainers"] = [
         {"name": "check", "image": "trainer:1", "command": ["python", "-c", "import sys; print('no'); sys.exit(78)"]}
     ]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), bad)
+    await harness.create_workload("jobs", bad)
     flaky = "import pathlib, sys; m = pathlib.Path(sys.argv[1]) / 'tried'; done = m.exists(); m.touch(); "
     flaky += "sys.exit(0 if done else 3)"
     await harness.call(
@@ -546,7 +546,7 @@ async def test_image_pulls_invalid_names_and_missing_images_keep_the_pod_pending
     for name, image in (("t-invalid", "ghcr.io/Example/Trainer:1"), ("t-missing", "ghcr.io/example/trainer:nope")):
         job = _job(name, "pass", completions=1)
         job["spec"]["template"]["spec"]["containers"][0]["image"] = image
-        await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+        await harness.create_workload("jobs", job)
     kubelet = LocalKubelet(
         harness.url,
         tmp_path,
