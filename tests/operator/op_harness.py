@@ -21,6 +21,8 @@ from rlt_operator.kinds import BY_PLURAL, CHILDREN, RUN
 from rlt_sandbox.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
 NS = "default"
+# How long a wait gives the operator by default: ample on a busy 2-core machine (a passing wait returns at once)
+WAIT_S = 30.0
 # every kind the operator touches, from its kind table: plural -> collection path with an {ns} placeholder
 PATHS = {plural: kind.collection_path("{ns}") for plural, kind in BY_PLURAL.items()}
 RUNS = PATHS[RUN.plural]
@@ -166,11 +168,11 @@ class Harness:
 
     # ------------------------------------------------------------------ waiting
 
-    async def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    async def wait(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
         return await poll_until(predicate, what, timeout)
 
     async def wait_status(
-        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10.0
+        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = WAIT_S
     ) -> dict[str, Any]:
         async def probe():
             st = await self.run_status(name)
@@ -178,10 +180,10 @@ class Harness:
 
         return await self.wait(probe, what, timeout)
 
-    async def wait_object(self, plural: str, name: str, timeout: float = 10.0) -> dict[str, Any]:
+    async def wait_object(self, plural: str, name: str, timeout: float = WAIT_S) -> dict[str, Any]:
         return await self.wait(lambda: self.get(plural, name), f"{plural}/{name}", timeout)
 
-    async def wait_gone(self, plural: str, name: str, timeout: float = 10.0) -> None:
+    async def wait_gone(self, plural: str, name: str, timeout: float = WAIT_S) -> None:
         async def gone():
             return await self.get(plural, name) is None
 

@@ -211,13 +211,14 @@ async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
         out = kubelet.claim_dir("claim") / "out"
         await harness.wait((out / "up").exists, "the pod to start", timeout=20)
         pod = kubelet.pod("t-grace-0-")
+        deleted = time.monotonic()  # before the request: the kubelet cannot see the deletion earlier
         await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-grace")
-        deleted = time.monotonic()
-        await harness.wait(lambda: pod.proc.poll() is not None, "the pod's process to end", timeout=20)
+        await harness.wait(lambda: pod.proc.poll() is not None, "the pod's process to end", timeout=30)
         lived = time.monotonic() - deleted
         assert (out / "term").exists(), "SIGTERM came first"
         assert pod.proc.returncode == -9
-        assert 1.8 <= lived < 3.5, f"killed {lived:.1f} s after the deletion; its grace period is 2 s"
+        # Not before its 2 s; and its own period, not the 30 s default (the margin is for a loaded machine)
+        assert 2.0 <= lived < 20, f"killed {lived:.1f} s after the deletion; its grace period is 2 s"
         await harness.wait(lambda: not kubelet.pods, "the pod to go", timeout=10)
     finally:
         await kubelet.stop()
