@@ -88,11 +88,14 @@ class PodLifecycle(ContainerRuntime):
         """The scheduler's Warning Event for a pod it cannot place (once per message here; `kubectl describe pod`
         and the operator read it)."""
         meta, stamp = pod.body["metadata"], format_time()
-        event = {
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": ns}
+        if meta.get("uid"):
+            involved["uid"] = meta["uid"]
+        event: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{pod.name}.{secrets.token_hex(8)}", "namespace": ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": ns},
+            "involvedObject": involved,
             "reason": "FailedScheduling",
             "message": message,
             "type": "Warning",
@@ -102,8 +105,6 @@ class PodLifecycle(ContainerRuntime):
             "lastTimestamp": stamp,
             "count": 1,
         }
-        if meta.get("uid"):
-            event["involvedObject"]["uid"] = meta["uid"]
         await self._send("POST", f"/api/v1/namespaces/{ns}/events", event)
         log.warning("pod %s/%s cannot be scheduled: %s", ns, pod.name, message)
 
