@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: help venv vllm-venv tools test test-fast test-real-cluster demo docs crd chart-crd chart-rbac install-manifests generate images bench clean \
-	image-tools operator-image images-local images-test images-cuda images-test-cuda images-push lint
+	image-tools operator-image images-local images-test images-cuda images-test-cuda images-push lint sandbox-soak
 
 help:
 	@echo "make demo   - run manifests/examples/rltrun-local.yaml (SmolLM2-135M on CPU) into results/"
@@ -195,6 +195,11 @@ clean:
 # etcd (optionally kube-controller-manager; etcd may also be on PATH). Without it the suite skips with one line.
 test-real-cluster: $(STAMP) tools
 	$(BIN)/python -m pytest -q -rs --durations=10 tests/real_cluster
+
+# The sandbox stays up (opt-in, about 20 min): rlt sandbox --run-pods with a watch open for 15 min, past its
+# operator's watch time limit (300 s) three times; the tiny run applied at minute 12 must succeed.
+sandbox-soak: $(STAMP) tools
+	$(BIN)/python hack/sandbox_soak.py
 
 # Regenerate the generated tables of docs/spec.md and docs/metrics.md from the code.
 docs: $(STAMP)

@@ -291,11 +291,19 @@ def heldout_loss(model: Any, rows: list[dict[str, list[int]]]) -> float:
     return total / tokens
 
 
-def convergence_callback(rows: list[dict[str, list[int]]], patience: int, record: Path) -> Any:
+def convergence_callback(
+    rows: list[dict[str, list[int]]],
+    patience: int,
+    record: Path,
+    evaluate: Callable[[Any], float] | None = None,
+) -> Any:
     """A transformers TrainerCallback: the held-out loss at each epoch's end; training stops once it has not
     improved for `patience` evaluations, and the best epoch's weights are put back before the stage saves its final
-    model (early stopping with the best model restored, as the protocol says). The losses go to `record`."""
+    model (early stopping with the best model restored, as the protocol says). The losses go to `record`.
+    `evaluate(model)` replaces the held-out loss on `rows` (the tests script the losses with it)."""
     from transformers import TrainerCallback
+
+    score = evaluate or (lambda model: heldout_loss(model, rows))
 
     class ConvergenceStop(TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
@@ -304,7 +312,7 @@ def convergence_callback(rows: list[dict[str, list[int]]], patience: int, record
 
         def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
             model = kw["model"]
-            self.losses.append(heldout_loss(model, rows))
+            self.losses.append(score(model))
             best, stop = stop_epoch(self.losses, patience)
             if best == len(self.losses):
                 self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

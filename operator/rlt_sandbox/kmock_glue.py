@@ -369,11 +369,15 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
         nxt = asyncio.ensure_future(anext(it))
         ending = asyncio.ensure_future(self.watches_end.wait())
         try:
-            done, _ = await asyncio.wait({nxt, ending}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({nxt, ending}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             ending.cancel()
-        if nxt not in done:
-            nxt.cancel()
+            if not nxt.done():
+                # The cancelled read must finish before the stream is closed: aclose() on a generator still inside
+                # its __anext__ raises "already running", which ended every watch at its time limit with a 500.
+                nxt.cancel()
+                await asyncio.wait({nxt})
+        if nxt.cancelled():
             return _WATCH_OVER
         try:
             return nxt.result()

@@ -55,9 +55,9 @@ class ContainerRuntime(KubeletCore):
             )
         raise PodWaiting("ImagePullBackOff", f'Back-off pulling image "{image}"')
 
-    async def _start(self, ns: str, pod: PodRun) -> None:
-        """Start the container whose turn it is (the next init container, else the main one)."""
-        c = pod.current
+    async def _schedule(self, ns: str, pod: PodRun) -> None:
+        """The scheduler's checks, once per pod (a bound pod stays on its node): the node selector against the one
+        node, and every claim the pod names must exist, else the pod stays Pending (Unschedulable) as on a cluster."""
         wanted = pod.body["spec"].get("nodeSelector") or {}
         if any(self.node_labels.get(k) != v for k, v in wanted.items()):
             raise PodWaiting(
@@ -65,6 +65,25 @@ class ContainerRuntime(KubeletCore):
                 "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector "
                 f"(the sandbox's one node has {self.node_labels})",
             )
+        for vol in pod.body["spec"].get("volumes") or []:
+            claim = (vol.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim is None:
+                continue
+            pvc = await self._get(f"{PATHS['persistentvolumeclaims'].format(ns=ns)}/{claim}")
+            if pvc is None or pvc["metadata"].get("deletionTimestamp"):
+                why = "not found" if pvc is None else "is being deleted"
+                raise PodWaiting(
+                    "Unschedulable",
+                    f'0/1 nodes are available: persistentvolumeclaim "{claim}" {why}. '
+                    "preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling.",
+                )
+        pod.scheduled = True
+
+    async def _start(self, ns: str, pod: PodRun) -> None:
+        """Start the container whose turn it is (the next init container, else the main one)."""
+        c = pod.current
+        if not pod.scheduled:
+            await self._schedule(ns, pod)
         self._pull(pod, c.get("image", ""))
         image = self.images.get(c.get("image", ""), self.default_image)
         if image is None:

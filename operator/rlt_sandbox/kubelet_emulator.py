@@ -39,8 +39,9 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
 - Image pulls: an image reference that does not parse stays Pending `InvalidImageName`; one matching a pattern of
   `missing_images` (fnmatch) cannot be pulled: `ErrImagePull`, then `ImagePullBackOff` while the back-off lasts
   (`image_backoff_seconds`, doubling up to 5 min), then it is tried again. Every other image is "pulled" at once.
-- The node: one, labelled NODE_LABELS plus `node_labels`; a pod whose nodeSelector asks for anything else stays
-  Pending, Unschedulable, as the scheduler reports it.
+- The node: one, labelled NODE_LABELS plus `node_labels`; a pod whose nodeSelector asks for anything else, or that
+  names a PersistentVolumeClaim the API does not hold (a run's `existingClaim` never created), stays Pending,
+  Unschedulable, with the scheduler's FailedScheduling Warning Event; the checks are made until they pass, once.
 - Pods refused by the API server (a ResourceQuota; rlt_sandbox.kmock_admission checks it) are not made: the Job or
   StatefulSet gets a `FailedCreate` Warning Event with the server's message, as its controller posts it, and the
   creation is tried again on later passes.

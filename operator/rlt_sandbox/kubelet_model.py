@@ -158,6 +158,7 @@ class PodRun:
     run: str = ""  # its run (label rlt.dev/run, else its owner): the unit that gets its own ports here
     ports: dict[int, int] = field(default_factory=dict)  # its run's {rendered port: port here}
     waiting: PodWaiting | None = None  # why it stays Pending (retried every pass)
+    scheduled: bool = False  # the scheduler's checks passed (node selector, claims): not asked again
     init_containers: list[dict[str, Any]] = field(default_factory=list)
     step: int = 0  # the init container now due (len(init_containers): the main container's turn)
     init_states: dict[int, dict[str, Any]] = field(default_factory=dict)  # init index -> its last state

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.layout import format_time
 from rlt_sandbox.kubelet_containers import ContainerRuntime
 from rlt_sandbox.kubelet_model import LOOPBACK, PodConfigError, PodRun, PodWaiting, log_tail
 from rlt_sandbox.kubelet_processes import kill_all
@@ -79,6 +81,32 @@ class PodLifecycle(ContainerRuntime):
         if report != pod.reported:
             pod.reported = report
             await self._status("pods", ns, pod.name, self._pod_status(pod))
+            if pod.waiting is not None and pod.waiting.reason == "Unschedulable":
+                await self._failed_scheduling(ns, pod, pod.waiting.message)
+
+    async def _failed_scheduling(self, ns: str, pod: PodRun, message: str) -> None:
+        """The scheduler's Warning Event for a pod it cannot place (once per message here; `kubectl describe pod`
+        and the operator read it)."""
+        meta, stamp = pod.body["metadata"], format_time()
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": ns}
+        if meta.get("uid"):
+            involved["uid"] = meta["uid"]
+        event: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod.name}.{secrets.token_hex(8)}", "namespace": ns},
+            "involvedObject": involved,
+            "reason": "FailedScheduling",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "default-scheduler"},
+            "reportingComponent": "default-scheduler",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._send("POST", f"/api/v1/namespaces/{ns}/events", event)
+        log.warning("pod %s/%s cannot be scheduled: %s", ns, pod.name, message)
 
     def _fail(self, pod: PodRun, message: str) -> None:
         pod.phase, pod.message, pod.finished_at = "Failed", message, time.monotonic()

@@ -82,7 +82,8 @@ async def start(
 
 
 async def _announce(kubelet: LocalKubelet) -> None:
-    """One line per pod as it starts (where its log is) and as it ends (its phase and exit code)."""
+    """One line per pod as it starts (where its log is), as it ends (its phase and exit code), and why it has not
+    started when it cannot (an ImagePullBackOff pod is never announced as started)."""
     said: dict[str, str] = {}
     # Pods are kept here after the emulator forgets them: a Job deleted right after its pod ended (a run's cleanup)
     # takes the pod from `kubelet.pods` within one pass, and its end must still be said.
@@ -90,17 +91,31 @@ async def _announce(kubelet: LocalKubelet) -> None:
     while True:
         known.update(kubelet.pods)
         for (ns, name), pod in list(known.items()):
-            state = pod.phase if pod.phase in ("Succeeded", "Failed") else "started"
-            if said.get(name) != state:
+            state = pod_state(pod)
+            if state is not None and said.get(name) != state:
                 said[name] = state
                 extra = f" (exit {pod.exit_code})" if pod.exit_code is not None else ""
                 moved = {r: p for r, p in pod.ports.items() if r != p and r in _declared(pod.container)}
                 if moved and state == "started":
                     extra += " ports " + ", ".join(f"{r}->127.0.0.1:{p}" for r, p in sorted(moved.items()))
-                print(f"pod {ns}/{name}: {state}{extra}  log: {pod.log_path}", flush=True)
+                where = "" if state.startswith("not started") else f"  log: {pod.log_path}"
+                print(f"pod {ns}/{name}: {state}{extra}{where}", flush=True)
         for key in [k for k in known if k not in kubelet.pods]:
             del known[key]  # said once more after it left the emulator, now forgotten
         await asyncio.sleep(0.5)
+
+
+def pod_state(pod: PodRun) -> str | None:
+    """What the sandbox says of a pod: its end, "started" once a container of it runs, or why it has not started
+    (a pull that fails, a claim that does not exist); None while it is being created."""
+    if pod.phase in ("Succeeded", "Failed"):
+        return pod.phase
+    why = pod.waiting
+    if why is not None and why.reason in ("ErrImagePull", "ImagePullBackOff"):  # alternating with each retry: one line
+        return f"not started, ErrImagePull/ImagePullBackOff: image {pod.current.get('image')!r} cannot be pulled"
+    if why is not None:
+        return f"not started, {why.reason}: {why.message}"
+    return "started" if pod.proc is not None else None
 
 
 def _declared(container: dict[str, Any]) -> set[int]:

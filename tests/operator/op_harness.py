@@ -11,7 +11,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import yaml
@@ -21,6 +21,8 @@ from rlt_operator.kinds import BY_PLURAL, CHILDREN, RUN
 from rlt_sandbox.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
 NS = "default"
+# How long a wait gives the operator by default: ample on a busy 2-core machine (a passing wait returns at once)
+WAIT_S = 30.0
 # every kind the operator touches, from its kind table: plural -> collection path with an {ns} placeholder
 PATHS = {plural: kind.collection_path("{ns}") for plural, kind in BY_PLURAL.items()}
 RUNS = PATHS[RUN.plural]
@@ -114,6 +116,22 @@ class Harness:
                 raise AssertionError(f"{method} {path}: {resp.status} {data}")
             return data
 
+    async def create_workload(self, plural: str, body: dict[str, Any], ns: str = NS) -> dict[str, Any]:
+        """POST a Job or StatefulSet made by hand, with the claims its pods name (the kubelet emulator, as a
+        scheduler, keeps a pod whose claim does not exist Pending)."""
+        for vol in body["spec"]["template"]["spec"].get("volumes") or []:
+            claim = (vol.get("persistentVolumeClaim") or {}).get("claimName")
+            path = PATHS["persistentvolumeclaims"].format(ns=ns)
+            if claim is not None and await self.get_path(f"{path}/{claim}") is None:
+                pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim}}
+                await self.call("POST", path, pvc | {"spec": {"resources": {"requests": {"storage": "1Gi"}}}})
+        return cast("dict[str, Any]", await self.call("POST", PATHS[plural].format(ns=ns), body))
+
+    async def get_path(self, path: str) -> Any:
+        assert self.session is not None
+        async with self.session.get(self.url + path) as resp:
+            return None if resp.status == 404 else await resp.json(content_type=None)
+
     async def create_run(self, doc: dict[str, Any]) -> dict[str, Any]:
         return await self.call("POST", RUNS.format(ns=NS), doc)
 
@@ -150,11 +168,11 @@ class Harness:
 
     # ------------------------------------------------------------------ waiting
 
-    async def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    async def wait(self, predicate: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
         return await poll_until(predicate, what, timeout)
 
     async def wait_status(
-        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 10.0
+        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = WAIT_S
     ) -> dict[str, Any]:
         async def probe():
             st = await self.run_status(name)
@@ -162,10 +180,10 @@ class Harness:
 
         return await self.wait(probe, what, timeout)
 
-    async def wait_object(self, plural: str, name: str, timeout: float = 10.0) -> dict[str, Any]:
+    async def wait_object(self, plural: str, name: str, timeout: float = WAIT_S) -> dict[str, Any]:
         return await self.wait(lambda: self.get(plural, name), f"{plural}/{name}", timeout)
 
-    async def wait_gone(self, plural: str, name: str, timeout: float = 10.0) -> None:
+    async def wait_gone(self, plural: str, name: str, timeout: float = WAIT_S) -> None:
         async def gone():
             return await self.get(plural, name) is None
 

@@ -87,7 +87,7 @@ async def test_job_pods_run_as_rendered_and_report_back(harness, tmp_path):
             },
         },
     ]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-sft", script, env=env))
+    await harness.create_workload("jobs", _job("t-sft", script, env=env))
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
@@ -119,7 +119,7 @@ async def test_killed_pod_fails_its_job_and_a_deleted_job_takes_its_pods(harness
         PATHS["configmaps"].format(ns=NS),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-rl", "import time; time.sleep(600)"))
+    await harness.create_workload("jobs", _job("t-rl", "import time; time.sleep(600)"))
     kubelet = LocalKubelet(
         harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, grace_seconds=1.0
     )
@@ -161,7 +161,7 @@ async def test_a_failed_pod_handed_to_the_run_outlives_its_job_until_deleted_thr
         PATHS["configmaps"].format(ns=NS),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-rl", "raise SystemExit(3)", completions=1))
+    await harness.create_workload("jobs", _job("t-rl", "raise SystemExit(3)", completions=1))
     kubelet = LocalKubelet(
         harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1, grace_seconds=1.0
     )
@@ -204,20 +204,21 @@ async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
     )
     job = _job("t-grace", script, completions=1)
     job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    await harness.create_workload("jobs", job)
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
         out = kubelet.claim_dir("claim") / "out"
         await harness.wait((out / "up").exists, "the pod to start", timeout=20)
         pod = kubelet.pod("t-grace-0-")
+        deleted = time.monotonic()  # before the request: the kubelet cannot see the deletion earlier
         await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-grace")
-        deleted = time.monotonic()
-        await harness.wait(lambda: pod.proc.poll() is not None, "the pod's process to end", timeout=20)
+        await harness.wait(lambda: pod.proc.poll() is not None, "the pod's process to end", timeout=30)
         lived = time.monotonic() - deleted
         assert (out / "term").exists(), "SIGTERM came first"
         assert pod.proc.returncode == -9
-        assert 1.8 <= lived < 3.5, f"killed {lived:.1f} s after the deletion; its grace period is 2 s"
+        # Not before its 2 s; and its own period, not the 30 s default (the margin is for a loaded machine)
+        assert 2.0 <= lived < 20, f"killed {lived:.1f} s after the deletion; its grace period is 2 s"
         await harness.wait(lambda: not kubelet.pods, "the pod to go", timeout=10)
     finally:
         await kubelet.stop()
@@ -283,7 +284,7 @@ async def test_an_image_without_stand_in_fails_the_pod_with_a_reason(harness, tm
         PATHS["configmaps"].format(ns=NS),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    await harness.create_workload("jobs", job)
     kubelet = LocalKubelet(harness.url, tmp_path, images={}, poll_seconds=0.1)
     await kubelet.start()
     try:
@@ -378,7 +379,7 @@ async def test_a_namespace_created_later_gets_its_pods(harness, tmp_path):
         await harness.call(
             "POST", late, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}}
         )
-        await harness.call("POST", PATHS["jobs"].format(ns="late"), _job("t-late", "import sys; sys.exit(0)", 1))
+        await harness.create_workload("jobs", ns="late", body=_job("t-late", "import sys; sys.exit(0)", 1))
 
         async def done():
             job = await harness.call("GET", f"{PATHS['jobs'].format(ns='late')}/t-late")
@@ -401,10 +402,10 @@ async def test_a_missing_secret_or_an_unmatched_node_selector_keeps_the_pod_pend
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
     )
     secret_env = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("t-secret", "import sys; sys.exit(0)", 1, secret_env))
+    await harness.create_workload("jobs", _job("t-secret", "import sys; sys.exit(0)", 1, secret_env))
     pinned = _job("t-pinned", "import sys; sys.exit(0)", 1)
     pinned["spec"]["template"]["spec"]["nodeSelector"] = {"nvidia.com/gpu.product": "H100"}
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), pinned)
+    await harness.create_workload("jobs", pinned)
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
@@ -459,12 +460,12 @@ async def test_init_containers_run_in_order_before_the_main_one_and_a_failed_one
         }
         for name, script in (("first", first), ("second", second))
     ]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), ok)
+    await harness.create_workload("jobs", ok)
     bad = _job("t-badinit", "pass", completions=1)
     bad["spec"]["template"]["spec"]["initContainers"] = [
         {"name": "check", "image": "trainer:1", "command": ["python", "-c", "import sys; print('no'); sys.exit(78)"]}
     ]
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), bad)
+    await harness.create_workload("jobs", bad)
     flaky = "import pathlib, sys; m = pathlib.Path(sys.argv[1]) / 'tried'; done = m.exists(); m.touch(); "
     flaky += "sys.exit(0 if done else 3)"
     await harness.call(
@@ -546,7 +547,7 @@ async def test_image_pulls_invalid_names_and_missing_images_keep_the_pod_pending
     for name, image in (("t-invalid", "ghcr.io/Example/Trainer:1"), ("t-missing", "ghcr.io/example/trainer:nope")):
         job = _job(name, "pass", completions=1)
         job["spec"]["template"]["spec"]["containers"][0]["image"] = image
-        await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+        await harness.create_workload("jobs", job)
     kubelet = LocalKubelet(
         harness.url,
         tmp_path,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from op_harness import NS, PATHS
+from op_harness import NS
 
 from rlt.contract.exitcodes import ExitCode
 from rlt_operator.builders import pod_failure_policy
@@ -107,7 +107,7 @@ async def kubelet(harness, tmp_path):
 
 @pytest.mark.parametrize("code", [ExitCode.CONFIG_ERROR, ExitCode.DATA_ERROR])
 async def test_fail_fast_exit_code_fails_the_job_at_once(harness, kubelet, code):
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("ff", int(code), fails=99))
+    await harness.create_workload("jobs", _job("ff", int(code), fails=99))
     job = await _finished(harness, "ff")
     cond = _condition(job)
     assert (cond["type"], cond["reason"]) == ("Failed", "PodFailurePolicy"), cond
@@ -119,7 +119,7 @@ async def test_fail_fast_exit_code_fails_the_job_at_once(harness, kubelet, code)
 
 
 async def test_other_exit_codes_are_retried_up_to_the_backoff_limit(harness, kubelet):
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("flaky", 1, fails=99))
+    await harness.create_workload("jobs", _job("flaky", 1, fails=99))
     job = await _finished(harness, "flaky")
     cond = _condition(job)
     assert (cond["type"], cond["reason"]) == ("Failed", "BackoffLimitExceeded"), cond
@@ -131,7 +131,7 @@ async def test_other_exit_codes_are_retried_up_to_the_backoff_limit(harness, kub
 
 
 async def test_a_retry_that_succeeds_completes_the_job(harness, kubelet):
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("retry", 1, fails=BACKOFF_LIMIT))
+    await harness.create_workload("jobs", _job("retry", 1, fails=BACKOFF_LIMIT))
     started = await harness.wait(lambda: _started(harness, "retry"), "the Job's startTime", timeout=30)
     job = await _finished(harness, "retry")
     assert _condition(job)["type"] == "Complete", job["status"]
@@ -147,8 +147,8 @@ async def _started(harness, name):
 async def test_job_status_is_written_as_the_real_job_controller_does(harness, kubelet):
     """Complete with SuccessCriteriaMet and completionTime, Failed with FailureTarget, startTime set once: a real
     API server refuses any other Job status (the emulator must not teach a status a cluster would reject)."""
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("ok", 0, fails=0))
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), _job("bad", int(ExitCode.CONFIG_ERROR), fails=99))
+    await harness.create_workload("jobs", _job("ok", 0, fails=0))
+    await harness.create_workload("jobs", _job("bad", int(ExitCode.CONFIG_ERROR), fails=99))
     for name in ("ok", "bad"):
         started = await harness.wait(lambda n=name: _started(harness, n), f"{name} startTime", timeout=30)
         done = await _finished(harness, name)
@@ -158,7 +158,7 @@ async def test_job_status_is_written_as_the_real_job_controller_does(harness, ku
 async def test_list_items_without_apiversion_and_kind_make_pods(harness, kubelet):
     """A real API server's LIST items carry no apiVersion/kind: the pod's owner reference comes from the kind table."""
     job = _job("bare", 0, fails=0)
-    created = await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    created = await harness.create_workload("jobs", job)
     bare = {k: v for k, v in created.items() if k not in ("apiVersion", "kind")}
     await kubelet._create_pod(NS, "bare-0-abcde", "Job", bare, 0, hostname="bare-0")
     pod = await harness.get("pods", "bare-0-abcde")
@@ -179,7 +179,7 @@ async def test_a_pod_binds_a_unix_socket_in_its_tmp_emptydir_under_a_deep_workdi
     container["command"] = ["python", "-c", script]
     container["env"] = [{"name": "TMPDIR", "value": "/tmp"}]
     container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    await harness.create_workload("jobs", job)
     deep = tmp_path / ("d" * 60)  # with a pod folder's path, no room is left for a socket's name
     k = LocalKubelet(harness.url, deep, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await k.start()

@@ -78,9 +78,10 @@ def test_the_sandbox_stops_with_a_watch_open(start_sandbox, sig):
         assert watch.poll() is None
         t0 = time.monotonic()
         sandbox.proc.send_signal(getattr(signal, sig))
-        sandbox.proc.wait(timeout=30)
+        sandbox.proc.wait(timeout=55)
         stopped = time.monotonic() - t0
-        assert stopped < 10, f"rlt sandbox took {stopped:.1f} s to stop with a watch open"
+        # The HTTP server's wait for open handlers is 60 s: well under it is "at once" (a loaded machine takes 10+)
+        assert stopped < 45, f"rlt sandbox took {stopped:.1f} s to stop with a watch open"
         assert watch.wait(timeout=10) is not None  # the watch ended with the server
     finally:
         watch.kill()

@@ -19,7 +19,7 @@ KUBECTL = find_tool("kubectl")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(600),
+    pytest.mark.timeout(1200),  # a tiny run takes 2 min on an idle machine, 8+ under load 12 on 2 cores
     pytest.mark.skipif(KUBECTL is None, reason="kubectl not installed"),
 ]
 
@@ -144,12 +144,20 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     run["metadata"]["name"] = "own-data-staged"
     run["spec"]["dataset"] = {"source": "/data/datasets/word.jsonl"}
     run["spec"]["storage"] = {"existingClaim": "word-problems"}
+    claim = {  # the user's own claim, created first (without it the pods stay Pending, as on a cluster)
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "word-problems"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    (tmp_path / "claim.yaml").write_text(yaml.safe_dump(claim))
+    sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "claim.yaml"))
     # rl long enough (several seconds) for the 2 s progress reads below to see it: the example's 3 steps can
     # finish between two reads on an idle machine
     run["spec"]["stages"]["rl"]["steps"] = 16
     (tmp_path / "staged.yaml").write_text(yaml.safe_dump(run))
     sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "staged.yaml"))
-    done, tables = wait_for_phase(sandbox, "own-data-staged", 420)
+    done, tables = wait_for_phase(sandbox, "own-data-staged", 900)
     assert done == "Succeeded", sandbox.kubectl("get", "rlt", "own-data-staged", "-o", "yaml")
     assert (staged.parent.parent / "own-data-staged" / "distill" / "dataset.jsonl").exists()
     # The sandbox reads a --run-pods run's progress often enough (no RLT_PROGRESS_INTERVAL given here) for the

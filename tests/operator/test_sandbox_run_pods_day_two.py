@@ -136,6 +136,10 @@ def test_an_image_that_cannot_be_pulled_keeps_the_pod_pending_and_shows_on_the_r
     assert condition(st, "Ready")["reason"] in ("ErrImagePull", "ImagePullBackOff"), st
     events = box.kubectl("get", "events", "--field-selector", "involvedObject.name=pull")
     assert "no pod of the run runs yet" in events and "the run is running" not in events, events
+    # What the sandbox prints of the pod: why it has not started, never "started" (issue 53)
+    said = wait_for(lambda: [x for x in box.output if x.startswith("pod default/pull-")], "the pod's line", 30)
+    assert not any(": started" in x for x in said), said
+    assert "not started, ErrImagePull/ImagePullBackOff" in said[0] and image in said[0], said
 
 
 def test_a_resource_quota_refuses_the_pods_and_the_run_says_failed_create(start_sandbox, tmp_path):

@@ -247,12 +247,13 @@ def test_a_cut_stream_asks_again_for_the_unfinished_sequences_only(stub, monkeyp
     monkeypatch.setattr(generation, "HTTP_BACKOFF", 0.01)
     server, url = stub
     FlakyVllmStub.fail = 0
-    args = dict(n=3, temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=0.5, seed=100)
+    # a 2 s read timeout: the uncut call must never meet it on a loaded machine; the stall (5 s) always does
+    args = dict(n=3, temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=2.0, seed=100)
     whole = generation.server_generate(url, [[1, 2], [3], [4]], **args)
     assert FlakyVllmStub.asked == [(9, 100)]
 
     FlakyVllmStub.posts, FlakyVllmStub.asked = 0, []
-    FlakyVllmStub.stall_after, FlakyVllmStub.stall, FlakyVllmStub.cut = 4, 1.5, cut
+    FlakyVllmStub.stall_after, FlakyVllmStub.stall, FlakyVllmStub.cut = 4, 5.0, cut
     again = generation.server_generate(url, [[1, 2], [3], [4]], **args)
     # 4 of 9 finished before the cut: the other 5 are prompt [3] sample 1, 2 and prompt [4] samples 0, 1, 2
     assert sorted(FlakyVllmStub.asked) == sorted([(9, 100), (1, 100), (2, 101), (2, 102)]), FlakyVllmStub.asked

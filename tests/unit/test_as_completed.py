@@ -64,7 +64,8 @@ def test_a_caller_that_stops_early_cancels_the_calls_in_flight_and_starts_no_mor
     with pytest.raises(RuntimeError, match="scoring failed"):
         for _item, _result in as_completed(long_request, range(100), 4):
             raise RuntimeError("scoring failed")
-    assert time.monotonic() - t0 < 5, "the caller's error waited for the requests in flight"
+    # the requests in flight would hold it 60 s; the margin is for a loaded machine
+    assert time.monotonic() - t0 < 30, "the caller's error waited for the requests in flight"
     # 4 in flight, then the refill after the first answer (it may be cancelled before it starts), then none
     assert {0, 1, 2, 3} <= set(started) <= {0, 1, 2, 3, 4}, sorted(started)
 

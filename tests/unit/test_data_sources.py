@@ -225,7 +225,7 @@ def test_a_built_in_task_of_astronomical_size_is_refused_before_generating(tmp_p
     with pytest.raises(DataError) as err:  # a spec built without validation meets the same bound in the reader
         check_data(DatasetSpec.model_construct(source="builtin:mixed", size=10**15, seed=0), FMT)
     said = str(err.value)
-    assert time.perf_counter() - t0 < 10, "generated rows before refusing"
+    assert time.perf_counter() - t0 < 60, "generated rows before refusing"  # 10**15 rows: never, on any machine
     assert "spec.dataset.size" in said and f"{MAX_BUILTIN_ROWS}" in said, said
 
 

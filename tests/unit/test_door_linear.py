@@ -59,5 +59,5 @@ def test_reading_long_plain_scalars_takes_linear_time(unit):
     _seconds_to_read(unit * n + "x")  # warm up
     small = min(_seconds_to_read(unit * n + "x") for _ in range(3))
     large = min(_seconds_to_read(unit * (4 * n) + "x") for _ in range(3))
-    assert large < 3.0, f"{large:.2f} s to read one scalar of {len(unit) * 4 * n} characters"
+    assert large < 30.0, f"{large:.2f} s to read one scalar of {len(unit) * 4 * n} characters"  # quadratic: minutes
     assert large / max(small, 0.02) < 10, f"4x the input took {large / small:.1f}x the time (quadratic: 16x)"
