@@ -4,6 +4,9 @@
   operator dry-runs every child before creating it: rlt_operator.dry_run); dryRun on any other verb is refused
   (400) rather than persisted, as kmock would.
 - ResourceQuota: a pod that a quota of its namespace does not admit gets the quota plugin's 403 (rlt_sandbox.quota).
+- RBAC, minimally: the sandbox has no users nor roles, so every request is allowed and a SelfSubjectAccessReview
+  answers allowed (kmock would store it and answer without a verdict); a test may name in `forbidden` the
+  (group, plural) that nobody may create: a create of those gets the RBAC authorizer's 403 and a review says no.
 A mixin of kmock_glue.Cluster.
 """
 
@@ -26,17 +29,49 @@ def status_response(code: int, reason: str, message: str, **more: Any) -> web.Re
     return web.json_response({**body, "message": message, **more}, status=code)
 
 
+USER = "system:anonymous"  # who the sandbox's RBAC answers about (it has no users)
+REVIEWS = ("authorization.k8s.io", "selfsubjectaccessreviews")
+
+
 class Admission:
     objects: k8s_views.ObjectsArray  # kmock's object store (the emulator's)
+    forbidden: frozenset[tuple[str, str]] = frozenset()  # (group, plural) nobody may create (tests set it)
 
     def _refusal(self, request: rendering.Request) -> web.Response | None:
-        """The answer of a request refused before kmock stores anything, else None."""
+        """The answer of a request refused (or, for a SelfSubjectAccessReview, answered) before kmock stores
+        anything, else None."""
         if request.params.get("dryRun") and request.action != enums.action.CREATE:
             why = "the rlt sandbox honours dryRun on create only (it would persist this)"
             return status_response(400, "BadRequest", why)
         if request.action == enums.action.CREATE and isinstance(request.data, dict):
-            return self._quota_refusal(request)
+            return self._rbac_refusal(request) or self._access_review(request) or self._quota_refusal(request)
         return None
+
+    def _rbac_refusal(self, request: rendering.Request) -> web.Response | None:
+        """The RBAC authorizer's 403 for a create of a forbidden kind, as kube-apiserver words it."""
+        assert request.resource is not None  # _handle asks only for resource requests
+        group, plural = request.resource.group or "", request.resource.plural
+        if (group, plural) not in self.forbidden:
+            return None
+        where = f' in the namespace "{request.namespace}"' if request.namespace else " at the cluster scope"
+        why = (
+            f'{plural}{"." + group if group else ""} is forbidden: User "{USER}" cannot create resource "{plural}" '
+            f'in API group "{group}"{where}'
+        )
+        return status_response(403, "Forbidden", why, details={"kind": plural, **({"group": group} if group else {})})
+
+    def _access_review(self, request: rendering.Request) -> web.Response | None:
+        """A SelfSubjectAccessReview's verdict: allowed unless its resource is in `forbidden` (create only)."""
+        from aiohttp import web
+
+        assert request.resource is not None  # _handle asks only for resource requests
+        if (request.resource.group, request.resource.plural) != REVIEWS:
+            return None
+        attrs = (request.data.get("spec") or {}).get("resourceAttributes") or {}
+        key = (str(attrs.get("group") or ""), str(attrs.get("resource") or ""))
+        denied = attrs.get("verb") == "create" and key in self.forbidden
+        verdict = {"allowed": not denied, **({"reason": "forbidden in the rlt sandbox"} if denied else {})}
+        return web.json_response({**request.data, "status": verdict}, status=201)
 
     async def _dry_run_create(self, request: rendering.Request) -> web.StreamResponse:
         """A dry-run create as a server answers it: 409 for a taken name, else the object as it would be stored,
