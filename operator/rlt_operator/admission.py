@@ -77,6 +77,7 @@ _PSA = re.compile(r'violates PodSecurity "([^"]+)"')
 _RBAC = re.compile(r'User "([^"]+)" cannot (\w+) resource "([^"]+)"(?: in API group "([^"]*)")?')
 _ACCOUNT = re.compile(r"error looking up service account ([^/\s]+)/([^:\s]+)")
 _NAMESPACE_GONE = re.compile(r'namespaces? "([^"]+)" not found')
+_PRIORITY = re.compile(r"no PriorityClass with name (\S+) was found")
 
 
 def _resource_field(role: str, resource: str, plural: str) -> str:
@@ -141,6 +142,9 @@ def refused_by(message: str, plural: str, namespace: str, spec: RLTRunSpec | Non
     if account:
         asked = spec is not None and spec.scheduling.service_account_name == account.group(2)
         return f"ServiceAccount {account.group(2)}" + _against(["spec.scheduling.serviceAccountName" if asked else ""])
+    priority = _PRIORITY.search(message)
+    if priority:
+        return f"PriorityClass {priority.group(1)} (not found), against spec.scheduling.priorityClassName"
     if "being terminated" in message:
         return f"namespace {namespace} (being deleted)"
     gone = _NAMESPACE_GONE.search(message)

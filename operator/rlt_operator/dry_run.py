@@ -8,10 +8,11 @@ quota on pods or GPUs, Pod Security, pod webhooks) is asked too. Any refusal hol
 no pod starts and nothing holds quota:
 - invalid (400, 413, 422): `ChildrenValid=False`, reason `ChildInvalid`, naming the run's own field that produced the
   refused child field (`spec_field`, a table from child paths back to spec paths);
-- refused by the cluster (403: a quota, a LimitRange, a policy or webhook, Pod Security, RBAC; 404: no namespace;
-  409: the name is someone else's object): reason `ChildRefused`, naming the cluster object the server's message
-  names and the run's field it weighs (admission.refused_by). A 409 for the run's own child (it exists: a later
-  stage, a new generation) is no refusal.
+- refused by the cluster (403: a quota, a LimitRange, a policy or webhook, Pod Security, RBAC; 404: no namespace):
+  reason `ChildRefused`, naming the cluster object the server's message names and the run's field it weighs
+  (admission.refused_by);
+- a name that is someone else's object (409): reason `NameConflict`, naming it. A 409 for the run's own child (it
+  exists: a later stage, a new generation) is no refusal.
 The check is repeated with back-off while refused (a quota or policy may change meanwhile) and at once after a spec
 edit. Each refusal is also a Warning Event.
 
@@ -34,7 +35,7 @@ from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt_operator import admission, builders, status_model
 from rlt_operator.conditions import hold, ready_condition, set_condition
 from rlt_operator.status_model import ConditionType, RLTRunStatus
-from rlt_operator.writes import BACKOFF_CAP, BACKOFF_FIRST
+from rlt_operator.writes import BACKOFF_CAP, BACKOFF_FIRST, NAME_CONFLICT
 
 # The server's answers that say the object itself is wrong: bad request, too large, invalid.
 INVALID_CODES = (400, 413, 422)
@@ -256,7 +257,10 @@ class Refusal:
 
     @property
     def reason(self) -> str:
-        """ChildInvalid when the child is invalid (a field to fix), ChildRefused when the cluster refuses it."""
+        """ChildInvalid when the child is invalid (a field to fix), NameConflict when its name is someone else's
+        object, ChildRefused when the cluster refuses it otherwise."""
+        if self.status == 409:
+            return NAME_CONFLICT
         return REASON if self.status in INVALID_CODES else REFUSED
 
     def lines(self) -> list[str]:
@@ -285,7 +289,7 @@ def refusal(
     owner_plural = owner.split("/")[0]
     causes = [c for c in (answer.get("details") or {}).get("causes") or [] if isinstance(c, dict)]
     if status == 409:  # someone else's object has the name (the run's own child is no refusal: check's `ours`)
-        where = f"metadata.name ({plural}/{name} exists and is not the run's: rename or remove it, or rename the run)"
+        where = f"metadata.name ({plural}/{name} is someone else's object: rename or remove it, or rename the run)"
         return Refusal(plural, name, status, ((where, "", message),), owner)
     if status not in INVALID_CODES or not causes:  # no field named (a quota, a policy, a webhook, 413): who refused
         by = admission.refused_by(message, plural, namespace, spec, owner_plural)

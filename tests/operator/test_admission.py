@@ -108,6 +108,11 @@ MESSAGES = [
         "ServiceAccount trainer",
     ),
     (
+        'pods "x" is forbidden: no PriorityClass with name training-high was found',
+        "pods",
+        "PriorityClass training-high (not found), against spec.scheduling.priorityClassName",
+    ),
+    (
         'configmaps "tiny-config" is forbidden: unable to create new content in namespace team because it is '
         "being terminated",
         "configmaps",
@@ -166,7 +171,10 @@ async def test_the_gate_holds_on_a_forbidden_pod_and_on_someone_elses_name_not_o
     memory = dry_run.ChildrenCheck()
     kept, _ = await dry_run.gate(taken, REF, example()["spec"], decided, 1, actions, memory, 0.0,
                                  ours=lambda plural, name: False)  # fmt: skip
-    assert kept == [] and memory.refusals[0].lines()[0].startswith("metadata.name (configmaps/tiny-config exists")
+    assert kept == [] and memory.refusals[0].lines()[0].startswith(
+        "metadata.name (configmaps/tiny-config is someone else's object"
+    )
+    assert memory.refusals[0].reason == "NameConflict"
     memory = dry_run.ChildrenCheck()
     kept, _ = await dry_run.gate(taken, REF, example()["spec"], decided, 1, actions, memory, 0.0,
                                  ours=lambda plural, name: plural == "configmaps")  # fmt: skip
