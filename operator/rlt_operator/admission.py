@@ -66,7 +66,7 @@ def pod_owner(pod: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- who refused
 
-_QUOTA = re.compile(r"(?:exceeded|failed) quota: ([^,:\s]+)")
+_QUOTA = re.compile(r"(?:exceeded|failed|status unknown for) quota: ([^,:\s]+)")
 _QUOTA_REQUESTED = re.compile(r"requested: (\S+?), used:")
 _QUOTA_UNSET = re.compile(r"must specify ([\w./-]+)")
 _LIMIT = re.compile(r"(maximum|minimum) ([\w./-]+) usage per (Container|Pod|PersistentVolumeClaim)")

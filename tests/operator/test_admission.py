@@ -63,6 +63,11 @@ MESSAGES = [
         "ResourceQuota no-claims, against spec.storage, spec.storage.size",
     ),
     (
+        'pods "x" is forbidden: status unknown for quota: no-gpus, resources: requests.nvidia.com/gpu',
+        "pods",
+        "ResourceQuota no-gpus",
+    ),
+    (
         'pods "x" is forbidden: failed quota: compute: must specify limits.cpu for: trainer',
         "pods",
         "ResourceQuota compute, against spec.resources.trainer.cpuLimit",
@@ -73,6 +78,11 @@ MESSAGES = [
         "pods",
         "a LimitRange in namespace team (kubectl -n team get limitrange), against "
         "spec.resources.trainer.memoryLimit, spec.resources.trainer.cpu",
+    ),
+    (
+        'pods "x" is forbidden: maximum cpu usage per Pod is 2.  No limit is specified',
+        "pods",
+        "a LimitRange in namespace team (kubectl -n team get limitrange), against spec.resources.trainer.cpuLimit",
     ),
     (
         'persistentvolumeclaims "tiny-data" is forbidden: maximum storage usage per PersistentVolumeClaim is 1Gi, '
