@@ -3,7 +3,8 @@
 - dryRun: a dry-run create is validated and answered as the object that would be stored, and stored nowhere (the
   operator dry-runs every child before creating it: rlt_operator.dry_run); dryRun on any other verb is refused
   (400) rather than persisted, as kmock would.
-- ResourceQuota: a pod that a quota of its namespace does not admit gets the quota plugin's 403 (rlt_sandbox.quota).
+- ResourceQuota: a pod (compute resources) or another object (its count, a claim's storage) that a quota of its
+  namespace does not admit gets the quota plugin's 403 (rlt_sandbox.quota).
 - RBAC, minimally: the sandbox has no users nor roles, so every request is allowed and a SelfSubjectAccessReview
   answers allowed (kmock would store it and answer without a verdict); a test may name in `forbidden` the
   (group, plural) that nobody may create: a create of those gets the RBAC authorizer's 403 and a review says no.
@@ -87,24 +88,29 @@ class Admission:
         return answer
 
     def _quota_refusal(self, request: rendering.Request) -> web.Response | None:
-        """The quota plugin's 403 for a pod that a ResourceQuota of its namespace does not admit, else None."""
-        if request.resource is None or request.resource.plural != "pods" or request.resource.group:
-            return None
+        """The quota plugin's 403 for an object that a ResourceQuota of its namespace does not admit (a pod's
+        compute resources, any other kind's count and a claim's storage: rlt_sandbox.quota), else None."""
         ns = request.namespace or (request.data.get("metadata") or {}).get("namespace")
-        quotas, pods = [], []
+        if request.resource is None or not ns:
+            return None
+        group, plural = request.resource.group or "", request.resource.plural
+        quotas, same_kind = [], []
         for (resource, namespace, _name), obj in self.objects.items():
-            if namespace != ns or obj.deleted or resource.group:
+            if namespace != ns or obj.deleted:
                 continue
-            if resource.plural == "resourcequotas":
+            if resource.plural == "resourcequotas" and not resource.group:
                 quotas.append(obj.raw)
-            elif resource.plural == "pods":
-                pods.append(obj.raw)
+            elif resource.plural == plural and (resource.group or "") == group:
+                same_kind.append(obj.raw)
         if not quotas:
             return None
-        from rlt_sandbox.quota import refusal
+        from rlt_sandbox.quota import object_refusal, refusal
 
-        why = refusal(request.data, quotas, pods)
+        if plural == "pods" and not group:
+            why = refusal(request.data, quotas, same_kind)
+        else:
+            why = object_refusal(plural, group, request.data, quotas, same_kind)
         if why is None:
             return None
-        details = {"name": (request.data.get("metadata") or {}).get("name"), "kind": "pods"}
+        details = {"name": (request.data.get("metadata") or {}).get("name"), "kind": plural}
         return status_response(403, "Forbidden", why, details=details)

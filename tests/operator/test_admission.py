@@ -212,24 +212,59 @@ def _children_valid(st: dict) -> dict:
     return next((c for c in st.get("conditions") or [] if c["type"] == "ChildrenValid"), {})
 
 
-async def test_a_gpu_quota_on_pods_holds_the_run_with_nothing_created_until_it_goes(harness):
-    await harness.call("POST", QUOTAS, GPU_QUOTA)
+CLAIM_QUOTA = {
+    "apiVersion": "v1",
+    "kind": "ResourceQuota",
+    "metadata": {"name": "no-claims"},
+    "spec": {"hard": {"persistentvolumeclaims": "0"}},
+}
+# (quota, what the run's reason must start with, where it says the refusal was)
+HOLDS = [
+    (GPU_QUOTA, "ResourceQuota no-gpus, against spec.resources.trainer.gpus: ", "the pod of jobs/tiny-sft"),
+    (CLAIM_QUOTA, "ResourceQuota no-claims, against spec.storage: ", "persistentvolumeclaims/tiny-data"),
+]
+
+
+@pytest.mark.parametrize("quota, named, refused", HOLDS, ids=["gpus-on-pods", "no-claims"])
+async def test_a_quota_holds_the_run_with_nothing_created_until_it_goes(harness, quota, named, refused):
+    await harness.call("POST", QUOTAS, quota)
     await harness.start_operator()
     await harness.create_run(example())
     st = await harness.wait_status("tiny", lambda s: _children_valid(s).get("status") == "False", "held", timeout=20)
     cond = _children_valid(st)
     assert cond["reason"] == "ChildRefused" and st["reason"] == "ChildRefused" and st["phase"] == "Pending"
-    assert cond["message"].startswith("ResourceQuota no-gpus, against spec.resources.trainer.gpus: "), cond
-    assert "the pod of jobs/tiny-sft" in cond["message"]
+    assert cond["message"].startswith(named) and f"(the API server refused {refused})" in cond["message"], cond
     await asyncio.sleep(3)  # a back-off's recheck later: still nothing
     for plural in ("configmaps", "persistentvolumeclaims", "services", "jobs", "statefulsets", "pods"):
-        assert await harness.list(plural, "rlt.dev/run=tiny") == [], f"{plural} created beside a refused pod"
+        assert await harness.list(plural, "rlt.dev/run=tiny") == [], f"{plural} created beside a refusal"
     events = [e for e in await harness.events("tiny") if e.get("reason") == "ChildRefused"]
-    assert events and "ResourceQuota no-gpus" in events[0]["message"]
-    await harness.call("DELETE", QUOTAS + "/no-gpus")
+    assert events and events[0]["message"].startswith(named)
+    await harness.call("DELETE", QUOTAS + "/" + quota["metadata"]["name"])
     await harness.wait_object("jobs", "tiny-sft", timeout=40)  # the back-off's next check passes
     st = await harness.wait_status("tiny", lambda s: _children_valid(s).get("status") == "True", "recovered")
     assert "and their pods" in _children_valid(st)["message"]
+
+
+async def test_a_policy_refusing_services_holds_the_run_naming_it(harness):
+    """A ValidatingAdmissionPolicy's refusal (kmock runs none: the test answers the Services' dry-runs with the real
+    server's words, twice, as a policy that is then removed)."""
+    import re
+
+    says = (
+        "services \"tiny-sft\" is forbidden: ValidatingAdmissionPolicy 'no-services' with binding 'no-services' "
+        "denied request: no Services in this namespace"
+    )
+    status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
+    services = harness.cluster["post", re.compile(r".*/namespaces/default/services$"), {"dryRun": "All"}]
+    refusing = services[:2] << 403 << {**status, "message": says}
+    await harness.start_operator()
+    await harness.create_run(example())
+    st = await harness.wait_status("tiny", lambda s: _children_valid(s).get("status") == "False", "held", timeout=20)
+    message = _children_valid(st)["message"]
+    assert message.startswith("ValidatingAdmissionPolicy no-services (binding no-services): " + says), message
+    assert await harness.list("configmaps", "rlt.dev/run=tiny") == [], "created beside a refused Service"
+    await harness.wait_object("jobs", "tiny-sft", timeout=40)  # the third check passes
+    assert len(list(refusing)) == 2
 
 
 def _validate(harness_kubeconfig, tmp_path, monkeypatch, doc: dict) -> list[str]:
