@@ -315,11 +315,16 @@ def check(
     ours: Callable[[str, str], bool] | None = None,
 ) -> list[Refusal]:
     """Dry-run every child (the thin call); the refusals with one of `codes`, less a 409 for a child `ours` says is
-    the run's own (it exists already). A 5xx raises from the runner as a create's does."""
-    out = []
+    the run's own (it exists already; nor is the pod of such a Job or StatefulSet asked: its own pods count against
+    a quota already). A 5xx raises from the runner as a create's does."""
+    out: list[Refusal] = []
+    existing: set[str] = set()  # the run's own Jobs and StatefulSets that exist
     for plural, body in children:
+        if plural == "pods" and admission.pod_owner(body) in existing:
+            continue
         code, answer = runner.dry_run_create(plural, namespace, body)
         if code == 409 and ours is not None and ours(plural, str(body["metadata"]["name"])):
+            existing.add(f"{plural}/{body['metadata']['name']}")
             continue
         if code in codes:
             out.append(refusal(plural, body, code, answer, spec, namespace))

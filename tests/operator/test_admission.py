@@ -189,6 +189,13 @@ async def test_the_gate_holds_on_a_forbidden_pod_and_on_someone_elses_name_not_o
     kept, _ = await dry_run.gate(taken, REF, example()["spec"], decided, 1, actions, memory, 0.0,
                                  ours=lambda plural, name: plural == "configmaps")  # fmt: skip
     assert kept == actions and memory.refusals == [], "the run's own ConfigMap (a later stage) is no refusal"
+    # the run's own Job exists (an operator restarted mid-stage): its pods count against a quota already, so the
+    # pod it would make is not asked (it would be counted twice)
+    running = _Server({"jobs": (409, {"message": "exists"}), "pods": (403, {"message": quota})})
+    memory = dry_run.ChildrenCheck()
+    kept, _ = await dry_run.gate(running, REF, example()["spec"], decided, 1, actions, memory, 0.0,
+                                 ours=lambda plural, name: plural == "jobs")  # fmt: skip
+    assert kept == actions and ("pods", "tiny-sft" + admission.POD_SUFFIX) not in running.sent
 
 
 def dt_now():
