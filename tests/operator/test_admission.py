@@ -252,25 +252,45 @@ async def test_a_quota_holds_the_run_with_nothing_created_until_it_goes(harness,
     assert "and their pods" in _children_valid(st)["message"]
 
 
-async def test_a_policy_refusing_services_holds_the_run_naming_it(harness):
-    """A ValidatingAdmissionPolicy's refusal (kmock runs none: the test answers the Services' dry-runs with the real
-    server's words, twice, as a policy that is then removed)."""
+# Refusals kmock does not run itself (no admission policies, LimitRanger or Pod Security): the test answers the
+# dry-runs of that kind with the real server's words, twice, as a refusing object that is then removed.
+# (the kind's collection, the Status message, what the run's reason must start with)
+ANSWERED = [
+    (
+        "services",
+        "services \"tiny-sft\" is forbidden: ValidatingAdmissionPolicy 'no-services' with binding 'no-services' "
+        "denied request: no Services in this namespace",
+        "ValidatingAdmissionPolicy no-services (binding no-services): ",
+    ),
+    (
+        "pods",
+        'pods "tiny-sft-admission-check" is forbidden: maximum cpu usage per Pod is 2.  No limit is specified',
+        "a LimitRange in namespace default (kubectl -n default get limitrange), against "
+        "spec.resources.trainer.cpuLimit: ",
+    ),
+    (
+        "pods",
+        'pods "tiny-sft-admission-check" is forbidden: violates PodSecurity "restricted:latest": '
+        "allowPrivilegeEscalation != false",
+        'Pod Security "restricted:latest" of namespace default (label pod-security.kubernetes.io/enforce): ',
+    ),
+]
+
+
+@pytest.mark.parametrize("plural, says, named", ANSWERED, ids=["policy", "limitrange", "pod-security"])
+async def test_a_refusal_by_policy_limitrange_or_pod_security_holds_the_run_naming_it(harness, plural, says, named):
     import re
 
-    says = (
-        "services \"tiny-sft\" is forbidden: ValidatingAdmissionPolicy 'no-services' with binding 'no-services' "
-        "denied request: no Services in this namespace"
-    )
     status = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
-    services = harness.cluster["post", re.compile(r".*/namespaces/default/services$"), {"dryRun": "All"}]
-    refusing = services[:2] << 403 << {**status, "message": says}
+    answered = harness.cluster["post", re.compile(rf".*/namespaces/default/{plural}$"), {"dryRun": "All"}]
+    refusing = answered[:2] << 403 << {**status, "message": says}
     await harness.start_operator()
     await harness.create_run(example())
     st = await harness.wait_status("tiny", lambda s: _children_valid(s).get("status") == "False", "held", timeout=20)
     message = _children_valid(st)["message"]
-    assert message.startswith("ValidatingAdmissionPolicy no-services (binding no-services): " + says), message
-    assert await harness.list("configmaps", "rlt.dev/run=tiny") == [], "created beside a refused Service"
-    await harness.wait_object("jobs", "tiny-sft", timeout=40)  # the third check passes
+    assert message.startswith(named + says), message
+    assert await harness.list("configmaps", "rlt.dev/run=tiny") == [], "created beside a refusal"
+    await harness.wait_object("jobs", "tiny-sft", timeout=40)  # the third check passes: the refusal is gone
     assert len(list(refusing)) == 2
 
 
