@@ -83,6 +83,8 @@ _PRIORITY = re.compile(r"no PriorityClass with name (\S+) was found")
 def _resource_field(role: str, resource: str, plural: str) -> str:
     """The run's field behind a quota's or LimitRange's resource name (`requests.nvidia.com/gpu`, `limits.cpu`,
     `pods`, `persistentvolumeclaims`), or ''."""
+    if resource.startswith("count/"):  # one more object of a kind: no field of the run sets it
+        return ""
     if plural == "persistentvolumeclaims" or resource in ("persistentvolumeclaims", "requests.storage", "storage"):
         return "spec.storage.size" if "storage" in resource else "spec.storage"
     if resource == "pods":

@@ -63,6 +63,12 @@ MESSAGES = [
         "ResourceQuota no-claims, against spec.storage, spec.storage.size",
     ),
     (
+        'jobs.batch "tiny-sft" is forbidden: exceeded quota: no-jobs, requested: count/jobs.batch=1, used: '
+        "count/jobs.batch=0, limited: count/jobs.batch=0",
+        "jobs",
+        "ResourceQuota no-jobs",
+    ),
+    (
         'pods "x" is forbidden: status unknown for quota: no-gpus, resources: requests.nvidia.com/gpu',
         "pods",
         "ResourceQuota no-gpus",
