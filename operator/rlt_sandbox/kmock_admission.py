@@ -93,7 +93,7 @@ class Admission:
         ns = request.namespace or (request.data.get("metadata") or {}).get("namespace")
         if request.resource is None or not ns:
             return None
-        group, plural = request.resource.group or "", request.resource.plural
+        group, plural = request.resource.group or "", str(request.resource.plural)
         quotas, same_kind = [], []
         for (resource, namespace, _name), obj in self.objects.items():
             if namespace != ns or obj.deleted:
