@@ -242,14 +242,15 @@ def _positive_seconds(flag: str) -> Any:
 
 
 def validate_on_server(path: str, args: argparse.Namespace) -> list[str]:
-    """`rlt validate --server`: every child the operator would create for each run of the file, dry-run on the
-    current kubeconfig's API server (rlt_operator.dry_run); each refusal names the run's field."""
+    """`rlt validate --server`: every child the operator would create for each run of the file, and the pods they
+    would make, dry-run on the current kubeconfig's API server (rlt_operator.server_check); each refusal names the
+    run's field or the cluster object that refused; a user without the rights is told so (NotPermitted)."""
     if not args.server:
         return []
     from rlt.checks.validation import load_valid_runs
-    from rlt_operator import dry_run
+    from rlt_operator import server_check
 
-    return dry_run.server_problems(load_valid_runs(path))  # as the operator reads it: no local path resolution
+    return server_check.server_problems(load_valid_runs(path))  # as the operator reads it: no local path resolution
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -2,14 +2,22 @@
 
 The offline door (`rlt validate`) restates Kubernetes' rules in Python; the API server that will store the children
 is the reference. Before the first create of a new run, and when each stage begins, every child the stage needs is
-rendered and POSTed with `dryRun=All` (validated and admitted as a create, stored nowhere). A child the server finds
-invalid (400, 413, 422) holds the run: nothing is created, so no pod starts; the run gets `ChildrenValid=False` naming
-the run's own field that produced the refused child field (`spec_field`, a table from child paths back to spec
-paths), and an Event. A 403 (a quota, a webhook's policy), 404 or 409 is left to the real create, which already
-reports it (`ChildrenWritten`): those are about the cluster's state, not the run's fields.
+rendered and POSTed with `dryRun=All` (validated and admitted as a create, stored nowhere), and so is a bare Pod built
+from each Job's and StatefulSet's pod template (rlt_operator.admission), so that pod-level admission (a LimitRange, a
+quota on pods or GPUs, Pod Security, pod webhooks) is asked too. Any refusal holds the run with nothing created, so
+no pod starts and nothing holds quota:
+- invalid (400, 413, 422): `ChildrenValid=False`, reason `ChildInvalid`, naming the run's own field that produced the
+  refused child field (`spec_field`, a table from child paths back to spec paths);
+- refused by the cluster (403: a quota, a LimitRange, a policy or webhook, Pod Security, RBAC; 404: no namespace):
+  reason `ChildRefused`, naming the cluster object the server's message names and the run's field it weighs
+  (admission.refused_by);
+- a name that is someone else's object (409): reason `NameConflict`, naming it. A 409 for the run's own child (it
+  exists: a later stage, a new generation) is no refusal.
+The check is repeated with back-off while refused (a quota or policy may change meanwhile) and at once after a spec
+edit. Each refusal is also a Warning Event.
 
-Pure parts (rendering, the path table, the condition) and one thin call (`check`); `rlt validate --server` uses the
-same rendering, call and table against the current kubeconfig.
+Pure parts (rendering, the path table, the condition) and one thin call (`check`); `rlt validate --server`
+(rlt_operator.server_check) uses the same rendering, call and table against the current kubeconfig.
 """
 
 from __future__ import annotations
@@ -17,22 +25,27 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rlt.checks.validation import validate_spec
 from rlt.contract import env as pod_env
 from rlt.spec.run import RLTRunSpec, needs_generators
-from rlt_operator import builders, status_model
+from rlt_operator import admission, builders, status_model
 from rlt_operator.conditions import hold, ready_condition, set_condition
-from rlt_operator.settings import kubeconfig_path
 from rlt_operator.status_model import ConditionType, RLTRunStatus
+from rlt_operator.writes import BACKOFF_CAP, BACKOFF_FIRST, NAME_CONFLICT
 
 # The server's answers that say the object itself is wrong: bad request, too large, invalid.
 INVALID_CODES = (400, 413, 422)
-# A refused check is repeated this often while the spec stays the same (an admission policy may change meanwhile).
-RECHECK_SECONDS = 60.0
-REASON = "ChildInvalid"
+# Every answer that holds the run: invalid, forbidden (quota, LimitRange, policy, RBAC), not found, name taken.
+REFUSAL_CODES = (400, 403, 404, 409, 413, 422)
+# What `rlt validate --server` reports (rlt_operator.server_check): every refusal but 409 (the run's children exist:
+# it runs already).
+CLI_CODES = (400, 403, 404, 413, 422)
+REASON = "ChildInvalid"  # the child is invalid: the run's field is to fix
+REFUSED = "ChildRefused"  # the cluster refuses it: a quota, a LimitRange, a policy, a permission, a taken name
 OPERATOR = "(set by the operator, not by the spec)"
 POD = "spec.template.spec."
 ROLES = {"jobs": "trainer", "statefulsets": "generator"}
@@ -66,11 +79,19 @@ def stage_children(
     return out
 
 
+def checked_children(
+    ref: builders.RunRef, spec: RLTRunSpec, stage: str, restarts: int = 0, scrapers: tuple[str, ...] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """What the stage's dry-run sends: its children, each Job and StatefulSet followed by the pod it would make."""
+    return admission.with_pods(stage_children(ref, spec, stage, restarts, scrapers))
+
+
 def run_children(ref: builders.RunRef, spec: RLTRunSpec) -> list[tuple[str, dict[str, Any]]]:
-    """Every child of every enabled stage (each distinct manifest once): what `rlt validate --server` sends."""
+    """Every child of every enabled stage and their pods (each distinct manifest once): what `rlt validate --server`
+    sends."""
     out: list[tuple[str, dict[str, Any]]] = []
     for stage in spec.stages.enabled():
-        for plural, body in stage_children(ref, spec, stage):
+        for plural, body in checked_children(ref, spec, stage):
             if (plural, body) not in out:
                 out.append((plural, body))
     return out
@@ -231,13 +252,23 @@ class Refusal:
     plural: str
     name: str
     status: int
-    causes: tuple[tuple[str, str, str], ...]  # (spec field, child field, what the server says)
+    causes: tuple[tuple[str, str, str], ...]  # (spec field or cluster object, child field, what the server says)
+    owner: str = ""  # for a pod of admission.template_pod: its Job or StatefulSet (`jobs/NAME`)
+
+    @property
+    def reason(self) -> str:
+        """ChildInvalid when the child is invalid (a field to fix), NameConflict when its name is someone else's
+        object, ChildRefused when the cluster refuses it otherwise."""
+        if self.status == 409:
+            return NAME_CONFLICT
+        return REASON if self.status in INVALID_CODES else REFUSED
 
     def lines(self) -> list[str]:
-        """One line per refused field, the run's field first (as `rlt validate` names fields)."""
+        """One line per refused field, the run's field (or the cluster object) first (as `rlt validate` names
+        fields)."""
+        what = f"the pod of {self.owner}" if self.owner else f"{self.plural}/{self.name}"
         return [
-            f"{where}: {says} (the API server refused {self.plural}/{self.name}"
-            + (f" at {child_path})" if child_path else ")")
+            f"{where}: {says} (the API server refused {what}" + (f" at {child_path})" if child_path else ")")
             for where, child_path, says in self.causes
         ]
 
@@ -246,19 +277,33 @@ class Refusal:
         return "; ".join(self.lines())
 
 
-def refusal(plural: str, child: dict[str, Any], status: int, answer: dict[str, Any], spec: RLTRunSpec) -> Refusal:
-    """The server's Status for a refused dry-run, each cause mapped to the spec field behind it."""
-    name = str((child.get("metadata") or {}).get("name") or "")
+def refusal(
+    plural: str, child: dict[str, Any], status: int, answer: dict[str, Any], spec: RLTRunSpec, namespace: str = ""
+) -> Refusal:
+    """The server's Status for a refused dry-run: each cause mapped to the spec field behind it, or, for a refusal
+    that names no field, the cluster object that refused (admission.refused_by)."""
+    meta = child.get("metadata") or {}
+    name, namespace = str(meta.get("name") or ""), namespace or str(meta.get("namespace") or "")
     message = str(answer.get("message") or answer or f"HTTP {status}")
+    owner = admission.pod_owner(child) if plural == "pods" else ""
+    owner_plural = owner.split("/")[0]
     causes = [c for c in (answer.get("details") or {}).get("causes") or [] if isinstance(c, dict)]
-    if not causes:  # no field named (413, a webhook's text): the whole child
-        where = "spec (the whole spec: the pods' config)" if plural == "configmaps" else OPERATOR
-        return Refusal(plural, name, status, ((where, "", message),))
+    if status == 409:  # someone else's object has the name (the run's own child is no refusal: check's `ours`)
+        where = f"metadata.name ({plural}/{name} is someone else's object: rename or remove it, or rename the run)"
+        return Refusal(plural, name, status, ((where, "", message),), owner)
+    if status not in INVALID_CODES or not causes:  # no field named (a quota, a policy, a webhook, 413): who refused
+        by = admission.refused_by(message, plural, namespace, spec, owner_plural)
+        where = by or ("spec (the whole spec: the pods' config)" if plural == "configmaps" else OPERATOR)
+        return Refusal(plural, name, status, ((where, "", message),), owner)
     out = []
     for c in causes:
         path, says = str(c.get("field") or ""), str(c.get("message") or c.get("reason") or message)
-        out.append((spec_field(plural, child, path, spec, says) if path else OPERATOR, path, says))
-    return Refusal(plural, name, status, tuple(out))
+        if owner and path.startswith("spec."):  # a pod's field: the same field of its Job's or StatefulSet's template
+            where = spec_field(owner_plural, {"spec": {"template": child}}, "spec.template." + path, spec, says)
+        else:
+            where = spec_field(plural, child, path, spec, says) if path else OPERATOR
+        out.append((where, path, says))
+    return Refusal(plural, name, status, tuple(out), owner)
 
 
 def check(
@@ -266,64 +311,24 @@ def check(
     namespace: str,
     spec: RLTRunSpec,
     children: list[tuple[str, dict[str, Any]]],
-    codes: tuple[int, ...] = INVALID_CODES,
+    codes: tuple[int, ...] = REFUSAL_CODES,
+    ours: Callable[[str, str], bool] | None = None,
 ) -> list[Refusal]:
-    """Dry-run every child (the thin call); the refusals with one of `codes` (the operator's: those that say a child
-    is invalid; 403, 404 and 409 are left to its real create). A 5xx raises from the runner as a create's does."""
-    out = []
+    """Dry-run every child (the thin call); the refusals with one of `codes`, less a 409 for a child `ours` says is
+    the run's own (it exists already; nor is the pod of such a Job or StatefulSet asked: its own pods count against
+    a quota already). A 5xx raises from the runner as a create's does."""
+    out: list[Refusal] = []
+    existing: set[str] = set()  # the run's own Jobs and StatefulSets that exist
     for plural, body in children:
+        if plural == "pods" and admission.pod_owner(body) in existing:
+            continue
         code, answer = runner.dry_run_create(plural, namespace, body)
+        if code == 409 and ours is not None and ours(plural, str(body["metadata"]["name"])):
+            existing.add(f"{plural}/{body['metadata']['name']}")
+            continue
         if code in codes:
-            out.append(refusal(plural, body, code, answer, spec))
+            out.append(refusal(plural, body, code, answer, spec, namespace))
     return out
-
-
-# --------------------------------------------------------------------------- rlt validate --server
-
-# What `rlt validate --server` reports: every refusal but 409 (the run's children exist: it runs already).
-CLI_CODES = (400, 403, 404, 413, 422)
-PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
-
-
-def _without_owner(body: dict[str, Any]) -> dict[str, Any]:
-    """The child as the user's dry-run sends it: no owner reference (the run may not exist yet, and the owner's
-    permissions are the operator's, not the user's)."""
-    meta = {k: v for k, v in body["metadata"].items() if k != "ownerReferences"}
-    return {**body, "metadata": meta}
-
-
-def current_namespace() -> str:
-    """The current kubeconfig context's namespace, else default (as kubectl reads it)."""
-    import kubernetes
-
-    try:
-        where = kubeconfig_path()
-        _, active = kubernetes.config.list_kube_config_contexts(config_file=where)  # type: ignore[no-untyped-call]
-    except (kubernetes.config.ConfigException, OSError):
-        return "default"
-    return str(((active or {}).get("context") or {}).get("namespace") or "default")
-
-
-def server_problems(runs: list[Any], runner: DryRunner | None = None) -> list[str]:
-    """Each run's children (every enabled stage) dry-run on the current kubeconfig's API server: one line per
-    refused field, the run's field first; a server that cannot be reached is one line too."""
-    from rlt_operator.kube import Kube
-
-    try:
-        kube: DryRunner = runner or Kube.from_environment()
-    except Exception as err:  # noqa: BLE001 - no kubeconfig, a broken one: said, never a traceback
-        return [f"--server: no cluster to ask ({type(err).__name__}: {err})"]
-    problems: list[str] = []
-    for run in runs:
-        namespace = run.metadata.namespace or current_namespace()
-        ref = builders.RunRef(name=run.name, namespace=namespace, uid=PLACEHOLDER_UID)
-        children = [(plural, _without_owner(body)) for plural, body in run_children(ref, run.spec)]
-        try:
-            refused = check(kube, namespace, run.spec, children, CLI_CODES)
-        except Exception as err:  # noqa: BLE001 - unreachable server, 5xx: said, never a traceback
-            return problems + [f"--server: the API server did not answer ({type(err).__name__}: {err})"[:600]]
-        problems += [line for r in refused for line in r.lines()]
-    return problems
 
 
 # --------------------------------------------------------------------------- the operator's gate
@@ -336,10 +341,25 @@ class ChildrenCheck:
     key: tuple[int, str] | None = None  # (generation, stage) checked
     refusals: list[Refusal] = field(default_factory=list)
     checked_at: float = 0.0
+    failures: int = 0  # checks refused in a row for this key: the back-off's exponent
+    next_check: float = 0.0
     reported: set[str] = field(default_factory=set)
 
     def due(self, key: tuple[int, str], now: float) -> bool:
-        return key != self.key or (bool(self.refusals) and now - self.checked_at >= RECHECK_SECONDS)
+        """A new generation or stage at once; a refused one again after its back-off (a quota, a LimitRange or a
+        policy may be changed meanwhile, which no watch of ours sees)."""
+        return key != self.key or (bool(self.refusals) and now >= self.next_check)
+
+    def checked(self, key: tuple[int, str], refusals: list[Refusal], now: float) -> None:
+        self.failures = (self.failures + 1 if key == self.key else 1) if refusals else 0
+        self.key, self.refusals, self.checked_at = key, refusals, now
+        self.next_check = now + min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** max(0, self.failures - 1))
+        if not refusals:
+            self.reported = set()
+
+    def requeue(self, now: float) -> float | None:
+        """Seconds until a refused check is due again (the reconcile comes back then), None when none is held."""
+        return max(0.0, self.next_check - now) if self.refusals else None
 
 
 async def gate(
@@ -352,22 +372,24 @@ async def gate(
     memory: ChildrenCheck,
     now: float,
     scrapers: tuple[str, ...] = (),
+    ours: Callable[[str, str], bool] | None = None,
 ) -> tuple[list[Any], list[tuple[str, str, str]]]:
-    """The decision's actions, less every create while a child of the stage is refused; the Warning Events to post
-    (each refusal once). Checks when a create is due for a new generation or stage (or RECHECK_SECONDS after a
-    refusal)."""
+    """The decision's actions, less every create while a child of the stage (or a pod it would make) is refused;
+    the Warning Events to post (each refusal once). Checks when a create is due for a new generation or stage, and
+    again with back-off after a refusal. `ours(plural, name)`: whether an existing object is the run's own child
+    (its 409 is no refusal)."""
     if not any(a.verb == "create" for a in actions):
         return actions, []
     stage, restarts = str(decided.get("stage") or ""), int(decided.get("restarts") or 0)
     key = (generation, stage)
     if stage and memory.due(key, now):
         spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")  # creates only follow a valid one
-        children = stage_children(ref, spec, stage, restarts, scrapers)
-        refused = await asyncio.to_thread(check, runner, ref.namespace, spec, children)
-        memory.key, memory.refusals, memory.checked_at = key, refused, now
+        children = checked_children(ref, spec, stage, restarts, scrapers)
+        refused = await asyncio.to_thread(check, runner, ref.namespace, spec, children, REFUSAL_CODES, ours)
+        memory.checked(key, refused, now)
     if not memory.refusals:
         return actions, []
-    news = [("Warning", REASON, r.message) for r in memory.refusals if r.message not in memory.reported]
+    news = [("Warning", r.reason, r.message) for r in memory.refusals if r.message not in memory.reported]
     memory.reported |= {r.message for r in memory.refusals}
     return [a for a in actions if a.verb != "create"], news
 
@@ -382,10 +404,11 @@ def with_condition(run_status: dict[str, Any], memory: ChildrenCheck, now: dt.da
     if memory.refusals:
         more = len(memory.refusals) - 1
         message = memory.refusals[0].message + (f" (and {more} more child(ren) refused)" if more else "")
-        set_condition(conds, ConditionType.CHILDREN_VALID, False, REASON, message, now)
-        hold(typed, REASON, message)
+        reason = memory.refusals[0].reason
+        set_condition(conds, ConditionType.CHILDREN_VALID, False, reason, message, now)
+        hold(typed, reason, message)
     else:
-        message = f"the API server accepted every child of stage {memory.key[1]} (dry-run)"
+        message = f"the API server accepted every child of stage {memory.key[1]} and their pods (dry-run)"
         set_condition(conds, ConditionType.CHILDREN_VALID, True, "Valid", message, now)
     ready_condition(typed, now)
     out = typed.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -36,15 +36,16 @@ _WRITE = ("list", "watch", "create", "delete")
 
 # The run's children: watched (server-side filtered on the run label), indexed, created and deleted by fixed name.
 # Pods are their Job's or StatefulSet's; a failed gang's failed trainer pod is patched to be the run's (kept for its
-# logs when its Job goes) and deleted when a newer one is kept or the run goes. ConfigMaps are patched too: the
-# pods' run.yaml follows spec edits.
+# logs when its Job goes) and deleted when a newer one is kept or the run goes; a pod is created only with
+# dryRun=All (nothing stored: pod-level admission is asked before any child exists, rlt_operator.admission).
+# ConfigMaps are patched too: the pods' run.yaml follows spec edits.
 CHILDREN: tuple[Kind, ...] = (
     Kind("", "v1", "configmaps", "ConfigMap", ("list", "watch", "create", "patch", "delete")),
     Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", _WRITE),
     Kind("", "v1", "services", "Service", _WRITE),
     Kind("apps", "v1", "statefulsets", "StatefulSet", _WRITE),
     Kind("batch", "v1", "jobs", "Job", _WRITE),
-    Kind("", "v1", "pods", "Pod", ("list", "watch", "patch", "delete")),
+    Kind("", "v1", "pods", "Pod", ("list", "watch", "create", "patch", "delete")),
     Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", _WRITE),
 )
 

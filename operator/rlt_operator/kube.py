@@ -153,6 +153,22 @@ class Kube:
             raise KubeError("POST", path, status, json.dumps(data))
         return status, data if isinstance(data, dict) else {}
 
+    def access_review(self, namespace: str, verb: str, group: str, resource: str) -> tuple[bool, str]:
+        """Whether this client's user may `verb` `resource` of `group` in `namespace` (a SelfSubjectAccessReview,
+        which every authenticated user may create): (allowed, the authorizer's reason). A refusal raises."""
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        attrs = {"namespace": namespace, "verb": verb, "group": group, "resource": resource}
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        }
+        status, data = self._call("POST", path, body)
+        if status >= 300 or not isinstance(data, dict):
+            raise KubeError("POST", path, status, json.dumps(data))
+        answer = data.get("status") or {}
+        return bool(answer.get("allowed")), str(answer.get("reason") or "")
+
     def list(
         self, plural: str, namespace: str, label_selector: str | None = None, field_selector: str | None = None
     ) -> list[dict[str, Any]]:

@@ -17,7 +17,9 @@ lifecycle is covered. Where each verb comes from:
   patch: RUN-last-failure, rlt_operator.evidence). Pods are watched (generator restarts, failed ranks); deleting a Job or
   StatefulSet with Foreground propagation lets the garbage collector remove them. Pods patch: a failed gang's
   failed trainer pod is handed to the run before its Job is deleted (kept for its logs); delete: the one kept
-  before, when a newer one is kept, and the kept one at the run's deletion.
+  before, when a newer one is kept, and the kept one at the run's deletion; create: only with dryRun=All, the pod
+  each Job and StatefulSet would make, so that pod-level admission is asked before any child is created (a
+  dry-run needs the create verb; nothing is stored).
 - networkpolicies list/watch/create/delete: the policy that lets only a run's trainers reach its generators.
 - customresourcedefinitions list/watch (cluster scope): Kopf's resource discovery.
 - clusterkopfpeerings (cluster mode) or kopfpeerings (namespaced mode, in each watched namespace) list/watch/patch:

@@ -22,7 +22,7 @@ from .observed import Observed, failed_create, pods_not_created
 from .state import OperatorState
 from .status_events import events_for
 from .status_write import status_patch
-from .writes import ChildWrites
+from .writes import ChildWrites, owns_summary
 
 
 def observe(namespace: str, name: str, indices: dict[str, Any]) -> Observed:
@@ -138,10 +138,16 @@ async def reconcile_once(
     # The failed pod's end is copied to a ConfigMap that outlives the run before any of its gang is deleted.
     stamp = format_time(now)
     mem.evidence = await evidence.keep(state.kube, ref, decision.status, observed.pods, mem.evidence, stamp, logger)
-    # The stage's children dry-run on the server before the first create: a refused one holds every create.
+
+    # The stage's children and their pods dry-run on the server before the first create: a refused one holds every
+    # create (nothing half-made); a 409 for a child the run already has is no refusal.
+    def ours(plural: str, child_name: str) -> bool:
+        child = observed.child(plural, child_name)
+        return (plural, child_name) in mem.created or (child is not None and owns_summary(ref, plural, child))
+
     actions, invalid = await dry_run.gate(
         state.kube, ref, spec, decision.status, generation, actions, mem.children, time.monotonic(),
-        state.settings.scrapers,
+        state.settings.scrapers, ours,
     )  # fmt: skip
     sent, refused = await apply(state, ref, observed, actions, mem.writes, logger)
     news += refused
@@ -167,7 +173,8 @@ async def reconcile_once(
         await post_event(state, ref, type_, reason, message, now, logger, key)
     method = spec.get("method", "rlt") if isinstance(spec.get("method"), str) else "rlt"
     state.metrics.run(namespace, name, run_status, method)
-    requeue = _min_or_none(decision.requeue_after, mem.writes.requeue(time.monotonic()))
+    held = mem.children.requeue(time.monotonic())  # a refused dry-run is checked again after its back-off
+    requeue = _min_or_none(decision.requeue_after, mem.writes.requeue(time.monotonic()), held)
     if job and job.get("active", 0) > 0:  # come back for the next progress read, not only at the next resync
         return min(requeue or math.inf, state.settings.progress_interval)
     return requeue

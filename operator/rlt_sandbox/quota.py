@@ -5,8 +5,10 @@ Forbidden, `exceeded quota: NAME, requested: ..., used: ..., limited: ...`), and
 limit of cpu or memory that a quota constrains is refused (`failed quota: NAME: must specify ...`). Usage is that of
 the namespace's pods that are neither finished (phase Succeeded or Failed) nor being deleted. Covered: `pods`,
 `cpu`/`memory`/`ephemeral-storage` (= their `requests.`), `requests.<resource>` and `limits.<resource>` for any
-resource (e.g. `requests.nvidia.com/gpu`). Not covered: scopes, scope selectors, object counts (`count/...`),
-priority classes, and `status.used` (nothing writes it).
+resource (e.g. `requests.nvidia.com/gpu`); object counts of any other kind (`count/jobs.batch`, and the
+standard names `persistentvolumeclaims`, `services`, `configmaps`) and a claim's `requests.storage`, used by the
+namespace's objects of that kind that are not being deleted (`object_refusal`). Not covered: scopes, scope
+selectors, per-StorageClass storage, priority classes, and `status.used` (nothing writes it).
 """
 
 from __future__ import annotations
@@ -104,3 +106,48 @@ def refusal(pod: dict[str, Any], quotas: list[dict[str, Any]], pods: list[dict[s
 def _missing(container: dict[str, Any], res: str) -> bool:
     kind, _, resource = res.partition(".")
     return resource not in ((container.get("resources") or {}).get(kind) or {})
+
+
+# Kinds whose object count a quota names without `count/` (the quota plugin's standard names)
+_STANDARD_COUNTS = ("persistentvolumeclaims", "services", "configmaps", "secrets", "replicationcontrollers")
+
+
+def object_usage(plural: str, group: str, obj: dict[str, Any]) -> dict[str, Decimal]:
+    """What one object of a kind other than pods counts against quotas: its count (`count/<plural>[.<group>]`, and
+    the standard name for the core kinds that have one) and, for a claim, the storage it requests."""
+    out = {f"count/{plural}{'.' + group if group else ''}": Decimal(1)}
+    if not group and plural in _STANDARD_COUNTS:
+        out[plural] = Decimal(1)
+    if not group and plural == "persistentvolumeclaims":
+        storage = (((obj.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+        if storage is not None:
+            out["requests.storage"] = _quantity(storage)
+    return out
+
+
+def object_refusal(
+    plural: str, group: str, obj: dict[str, Any], quotas: list[dict[str, Any]], others: list[dict[str, Any]]
+) -> str | None:
+    """Why the API server refuses to create `obj` (not a pod) in a namespace with `quotas` and `others` (its objects
+    of the same kind), or None: `persistentvolumeclaims "NAME" is forbidden: exceeded quota: ...`."""
+    wanted = object_usage(plural, group, obj)
+    used: dict[str, Decimal] = {}
+    for other in others:
+        if not (other.get("metadata") or {}).get("deletionTimestamp"):
+            for res, q in object_usage(plural, group, other).items():
+                used[res] = used.get(res, Decimal(0)) + q
+    for quota in sorted(quotas, key=lambda q: q["metadata"]["name"]):
+        hard = {res: _quantity(q) for res, q in ((quota.get("spec") or {}).get("hard") or {}).items()}
+        over = sorted(res for res, limit in hard.items() if res in wanted and used.get(res, 0) + wanted[res] > limit)
+        if over:
+
+            def listed(values: dict[str, Decimal], over: list[str] = over) -> str:
+                return ",".join(f"{res}={show(res, values.get(res, Decimal(0)))}" for res in over)
+
+            name = (obj.get("metadata") or {}).get("name", "")
+            kind = f"{plural}.{group}" if group else plural
+            return (
+                f'{kind} "{name}" is forbidden: exceeded quota: {quota["metadata"]["name"]}, requested: '
+                f"{listed(wanted)}, used: {listed(used)}, limited: {listed(hard)}"
+            )
+    return None

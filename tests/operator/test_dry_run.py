@@ -2,7 +2,8 @@
 
 Table tests of the map from a child's field (as the API server names it) back to the run's field, and the operator
 with the emulated API (kmock): a refused dry-run holds every create, names the spec field, posts an Event; the
-sandbox honours dryRun=All (stores nothing). The real server's refusals: tests/real_cluster/test_dry_run_server.py.
+sandbox honours dryRun=All (stores nothing). The pods and the cluster's refusals (quota, LimitRange, policy, RBAC): test_admission.py. The real server's
+refusals: tests/real_cluster/test_server_dry_run.py and test_server_admission.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from op_harness import NS, PATHS, example, server_mode
 
 from rlt.checks.validation import validate_spec
-from rlt_operator import builders, dry_run
+from rlt_operator import admission, builders, dry_run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,13 +171,20 @@ async def test_the_gate_holds_every_create_while_a_child_is_refused_and_checks_o
     assert events == [("Warning", dry_run.REASON, memory.refusals[0].message)]
     assert "spec.scheduling.nodeSelector: no" in events[0][2]
     sent = len(server.sent)
+    assert ("pods", "tiny-sft" + admission.POD_SUFFIX) in server.sent, "the Job's pod is asked too"
     kept, events = await dry_run.gate(server, REF, BUSY["spec"], decided, 1, actions, memory, 1.0)
     assert len(server.sent) == sent and events == [] and [a.verb for a in kept] == ["delete"], "once, then quiet"
-    await dry_run.gate(server, REF, BUSY["spec"], decided, 1, actions, memory, dry_run.RECHECK_SECONDS + 1)
-    assert len(server.sent) == 2 * sent, "a refusal is checked again after RECHECK_SECONDS"
+    assert memory.requeue(1.0) == pytest.approx(1.0), "the reconcile comes back when the check is due"
+    # back-off: again 2 s after the first refusal, then 4 s after the second (doubling, capped)
+    await dry_run.gate(server, REF, BUSY["spec"], decided, 1, actions, memory, 2.0)
+    assert len(server.sent) == 2 * sent, "a refusal is checked again after its back-off"
+    await dry_run.gate(server, REF, BUSY["spec"], decided, 1, actions, memory, 5.9)
+    assert len(server.sent) == 2 * sent and memory.requeue(5.9) == pytest.approx(0.1)
+    await dry_run.gate(server, REF, BUSY["spec"], decided, 1, actions, memory, 6.0)
+    assert len(server.sent) == 3 * sent
     ok = _Server({})
-    kept, _ = await dry_run.gate(ok, REF, BUSY["spec"], decided, 2, actions, memory, 2.0)  # a new generation
-    assert kept == actions and memory.refusals == []
+    kept, _ = await dry_run.gate(ok, REF, BUSY["spec"], decided, 2, actions, memory, 6.5)  # a new generation
+    assert kept == actions and memory.refusals == [] and memory.requeue(6.5) is None
     status = dry_run.with_condition({"phase": "Pending", "stage": "sft"}, memory, NOW)
     assert [(c["type"], c["status"]) for c in status["conditions"] if c["type"] == "ChildrenValid"] == [
         ("ChildrenValid", "True")

@@ -71,9 +71,10 @@ async def test_a_foreign_object_with_a_childs_name_is_a_conflict_never_written_n
     await harness.start_operator()
     await harness.create_run(doc)
 
-    st = await harness.wait_status("tiny", _written("ChildrenWritten", "NameConflict"), "NameConflict on the run")
-    cond = next(c for c in st["conditions"] if c["type"] == "ChildrenWritten")
-    assert f"{plural}/{name}" in cond["message"] and st["reason"] == "NameConflict", st
+    # found by the dry-run before any child is created (rlt_operator.dry_run): the run holds with nothing made
+    st = await harness.wait_status("tiny", _written("ChildrenValid", "NameConflict"), "NameConflict on the run")
+    cond = next(c for c in st["conditions"] if c["type"] == "ChildrenValid")
+    assert f"{plural}/{name} is someone else's object" in cond["message"] and st["reason"] == "NameConflict", st
     events = await harness.wait(
         lambda: _events_with(harness, "NameConflict"), "a NameConflict Warning Event", timeout=10
     )
@@ -84,9 +85,12 @@ async def test_a_foreign_object_with_a_childs_name_is_a_conflict_never_written_n
     assert now["metadata"]["labels"] == {"team": "someone-else"}
     assert now["metadata"]["resourceVersion"] == theirs["metadata"]["resourceVersion"], "written into"
     # Nothing that would run pods against someone else's object (or be someone else's) is created.
-    ours_jobs = [j for j in await harness.list("jobs") if j["metadata"].get("ownerReferences")]
-    ours_sts = [s for s in await harness.list("statefulsets") if s["metadata"].get("ownerReferences")]
-    assert ours_jobs == [] and ours_sts == [], "a pod-making child was created beside a name conflict"
+    ours = [
+        f"{p}/{o['metadata']['name']}"
+        for p in ("configmaps", "services", "jobs", "statefulsets", "networkpolicies", "persistentvolumeclaims")
+        for o in await harness.list(p, "rlt.dev/run=tiny")
+    ]
+    assert ours == [], f"a child was created beside a name conflict: {ours}"
 
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")

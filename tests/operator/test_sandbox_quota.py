@@ -80,3 +80,27 @@ def _status(init=(), main=None, phase="Pending") -> dict:
 )
 def test_pod_status_words_as_kubectl_prints_them(pod_, text):
     assert pod_status_text(pod_) == text
+
+
+def test_object_counts_and_a_claims_storage():
+    from rlt_sandbox.quota import object_refusal
+
+    claim = {"metadata": {"name": "tiny-data"}, "spec": {"resources": {"requests": {"storage": "20Gi"}}}}
+    assert object_refusal(
+        "persistentvolumeclaims", "", claim, [quota("no-claims", persistentvolumeclaims="0")], []
+    ) == (
+        'persistentvolumeclaims "tiny-data" is forbidden: exceeded quota: no-claims, requested: '
+        "persistentvolumeclaims=1, used: persistentvolumeclaims=0, limited: persistentvolumeclaims=0"
+    )
+    assert "requested: requests.storage=20Gi, used: requests.storage=5Gi" in object_refusal(
+        "persistentvolumeclaims",
+        "",
+        claim,
+        [quota("disk", requests_storage="24Gi")],
+        [{"metadata": {"name": "old"}, "spec": {"resources": {"requests": {"storage": "5Gi"}}}}],
+    )
+    job = {"metadata": {"name": "tiny-sft"}}
+    assert 'jobs.batch "tiny-sft" is forbidden: exceeded quota: no-jobs, requested: count/jobs.batch=1' in (
+        object_refusal("jobs", "batch", job, [quota("no-jobs", **{"count/jobs.batch": "0"})], []) or ""
+    )
+    assert object_refusal("jobs", "batch", job, [quota("claims", persistentvolumeclaims="0")], []) is None

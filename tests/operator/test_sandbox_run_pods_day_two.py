@@ -142,31 +142,32 @@ def test_an_image_that_cannot_be_pulled_keeps_the_pod_pending_and_shows_on_the_r
     assert "not started, ErrImagePull/ImagePullBackOff" in said[0] and image in said[0], said
 
 
-def test_a_resource_quota_refuses_the_pods_and_the_run_says_failed_create(start_sandbox, tmp_path):
-    """The API server refuses pods over a namespace's ResourceQuota; the Job controller's FailedCreate Event carries
-    its message, which the operator puts on the run. Raising the quota lets the pod be created."""
+def test_a_resource_quota_that_refuses_the_pods_holds_the_run_with_nothing_created(start_sandbox, tmp_path):
+    """The API server refuses pods over a namespace's ResourceQuota: the operator's dry-run of the pod its Job would
+    make (rlt_operator.admission) finds it before any child exists, so the run holds naming the quota and the run's
+    field, and no ConfigMap, claim, Job or pod is made around it. Raising the quota lets the pod be created. (A quota
+    that runs out after the check: the Job controller's FailedCreate on the run, test_pods_not_created.)"""
     box = start_sandbox("--run-pods", str(tmp_path / "pods"))
     box.kubectl("create", "namespace", "team-q")
     box.kubectl("create", "quota", "gpus", "-n", "team-q", "--hard=requests.nvidia.com/gpu=0")
     apply(box, tmp_path, sft_only("tiny"), namespace="team-q")
 
-    def failed_create():
+    def held():
         st = run_status(box, "tiny", "team-q")
-        return st if condition(st, "PodsSchedulable").get("reason") == "FailedCreate" else None
+        return st if condition(st, "ChildrenValid").get("reason") == "ChildRefused" else None
 
-    st = wait_for(failed_create, "PodsSchedulable=False, FailedCreate", 60, every=0.5)
-    cond = condition(st, "PodsSchedulable")
+    st = wait_for(held, "ChildrenValid=False, ChildRefused", 60, every=0.5)
+    cond = condition(st, "ChildrenValid")
     assert cond["status"] == "False"
-    assert cond["message"].startswith('Job tiny-sft: Error creating: pods "tiny-sft-0-'), cond
-    assert cond["message"].endswith(
-        "is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, "
-        "used: requests.nvidia.com/gpu=0, limited: requests.nvidia.com/gpu=0"
-    ), cond
+    assert cond["message"].startswith("ResourceQuota gpus, against spec.resources.trainer.gpus: "), cond
+    assert "exceeded quota: gpus, requested: requests.nvidia.com/gpu=1" in cond["message"], cond
+    assert "the pod of jobs/tiny-sft" in cond["message"], cond
     events = box.kubectl("get", "events", "-n", "team-q")
-    assert "FailedCreate" in events and "job/tiny-sft" in events and "exceeded quota" in events
-    assert pods_of(box, "tiny", "team-q") == []
-    st = run_status(box, "tiny", "team-q")
-    assert st["phase"] == "Pending" and condition(st, "Ready")["reason"] == "FailedCreate", st
+    assert "ChildRefused" in events and "exceeded quota" in events, events
+    for kind in ("configmaps", "pvc", "jobs", "pods"):
+        made = box.kubectl("get", kind, "-n", "team-q", "-l", "rlt.dev/run=tiny", "-o", "name")
+        assert made.strip() == "", f"{kind} created beside a refused pod: {made}"
+    assert st["phase"] == "Pending" and condition(st, "Ready")["reason"] == "ChildRefused", st
 
     box.kubectl(
         "patch",
@@ -178,7 +179,8 @@ def test_a_resource_quota_refuses_the_pods_and_the_run_says_failed_create(start_
         "-p",
         '{"spec":{"hard":{"requests.nvidia.com/gpu":"1"}}}',
     )
-    wait_for(lambda: pods_of(box, "tiny", "team-q"), "the pod, once the quota allows it", 30, every=0.5)
+    # the held check is repeated with back-off (2 s doubling, at most a minute)
+    wait_for(lambda: pods_of(box, "tiny", "team-q"), "the pod, once the quota allows it", 90, every=0.5)
     box.kubectl("delete", "rlt", "tiny", "-n", "team-q", "--wait=false")
 
 

@@ -272,6 +272,14 @@ class ControlPlane:
             raise AssertionError(f"kubectl {' '.join(args)}: rc {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
 
+    def create_namespace(self, name: str) -> None:
+        """A namespace whose pods can be admitted: its `default` ServiceAccount made here when no
+        kube-controller-manager runs (its ServiceAccount controller makes it in a cluster; the ServiceAccount
+        admission plugin refuses a pod, and so the operator's pod dry-run, until it exists)."""
+        self.kubectl("create", "namespace", name, check=False)
+        if not self.has_controllers:
+            self.kubectl("create", "serviceaccount", "default", "-n", name, check=False)
+
     def stop(self) -> None:
         for _name, proc in reversed(self.procs):
             proc.terminate()

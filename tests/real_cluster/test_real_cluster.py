@@ -206,7 +206,7 @@ def test_a_toleration_with_seconds_is_accepted_by_the_server_as_by_rlt(cluster, 
 
 def test_the_operator_reconciles_a_run_under_the_charts_service_account(cluster, operator):
     ns = "team-a"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     apply(cluster, tiny("tiny", ns))
     run = get(cluster, "rltrun", "tiny", "-n", ns)
     # No scheduler or kubelet runs here, so no pod ever runs: the run is Pending in its first stage (issue 45: never
@@ -265,64 +265,72 @@ def test_the_operator_reconciles_a_run_under_the_charts_service_account(cluster,
         )
 
 
-def test_a_missing_priority_class_is_failed_create_on_the_run(cluster, operator):
-    if not cluster.has_controllers:
-        pytest.skip("needs kube-controller-manager (the Job controller) in $KUBEBUILDER_ASSETS")
+def test_a_missing_priority_class_holds_the_run_before_any_child(cluster, operator):
+    """The Priority admission plugin refuses a pod whose PriorityClass does not exist: the operator's dry-run of the
+    pod its Job would make finds it first (once it was the Job controller's FailedCreate, after every child was
+    made), so the run holds naming the PriorityClass and the run's field, with nothing created."""
     ns = "team-b"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     apply(cluster, tiny("prio", ns, **{"scheduling.priorityClassName": "training-high"}))
     st = wait_for(
         lambda: (
-            condition(run_status(cluster, "prio", ns), "PodsSchedulable").get("reason") == "FailedCreate"
+            condition(run_status(cluster, "prio", ns), "ChildrenValid").get("reason") == "ChildRefused"
             and run_status(cluster, "prio", ns)
         ),
-        "PodsSchedulable FailedCreate",
+        "ChildrenValid ChildRefused",
         timeout=90,
     )
-    assert "no PriorityClass with name training-high was found" in condition(st, "PodsSchedulable")["message"]
-    assert st["reason"] == "FailedCreate"
+    message = condition(st, "ChildrenValid")["message"]
+    assert message.startswith("PriorityClass training-high (not found), against spec.scheduling.priorityClassName")
+    assert "no PriorityClass with name training-high was found" in message and st["reason"] == "ChildRefused"
+    for kind in ("configmaps", "pvc", "jobs"):
+        assert not (get(cluster, kind, "-n", ns, "-l", "rlt.dev/run=prio") or {}).get("items"), kind
+    cluster.kubectl("delete", "rltrun", "prio", "-n", ns)
 
 
 def test_someone_elses_object_is_a_name_conflict_and_survives_the_runs_deletion(cluster, operator):
     ns = "team-c"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     cluster.kubectl("create", "configmap", "mine-config", "-n", ns, "--from-literal=theirs=yes")
     before = get(cluster, "configmap", "mine-config", "-n", ns)
     apply(cluster, tiny("mine", ns, **{"storage.retentionPolicy": "Delete"}))
-    st = wait_for(
+    st = wait_for(  # the dry-run's 409 for a name that is not the run's: nothing is created
         lambda: (
-            condition(run_status(cluster, "mine", ns), "ChildrenWritten").get("reason") == "NameConflict"
+            condition(run_status(cluster, "mine", ns), "ChildrenValid").get("reason") == "NameConflict"
             and run_status(cluster, "mine", ns)
         ),
         "NameConflict",
         timeout=60,
     )
-    assert "configmaps/mine-config" in condition(st, "ChildrenWritten")["message"]
+    assert "configmaps/mine-config is someone else's object" in condition(st, "ChildrenValid")["message"]
     assert get(cluster, "job", "mine-sft", "-n", ns) is None, "no pods beside a name conflict"
+    assert get(cluster, "pvc", "mine-data", "-n", ns) is None, "nothing beside a name conflict"
     cluster.kubectl("delete", "rltrun", "mine", "-n", ns)
     after = get(cluster, "configmap", "mine-config", "-n", ns)
     assert after is not None and after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
 
 
 def test_a_child_the_server_refuses_is_on_the_run_with_the_servers_message(cluster, operator):
-    """A ResourceQuota that allows no Job: the server answers the Job's POST with 403; the run says so (status
-    written, condition, Event) instead of retrying in silence."""
+    """A ResourceQuota that allows no Job: the server answers the Job's dry-run with 403; the run holds with
+    nothing created and says so (status written, condition naming the quota, Event) instead of retrying in
+    silence. (Pod-level refusals: test_server_admission.py.)"""
     ns = "team-d"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     cluster.kubectl("create", "quota", "no-jobs", "-n", ns, "--hard=count/jobs.batch=0")
     apply(cluster, tiny("quota", ns))
     st = wait_for(
         lambda: (
-            condition(run_status(cluster, "quota", ns), "ChildrenWritten").get("reason") == "ChildRejected"
+            condition(run_status(cluster, "quota", ns), "ChildrenValid").get("reason") == "ChildRefused"
             and run_status(cluster, "quota", ns)
         ),
-        "ChildRejected",
+        "ChildRefused",
         timeout=60,
     )
-    message = condition(st, "ChildrenWritten")["message"]
-    assert "jobs/quota-sft" in message and "HTTP 403" in message and "exceeded quota: no-jobs" in message
-    assert st.get("phase"), "the status is written although a child cannot be"
-    events = get(cluster, "events", "-n", ns, "--field-selector", "involvedObject.name=quota,reason=ChildRejected")
+    message = condition(st, "ChildrenValid")["message"]
+    assert message.startswith("ResourceQuota no-jobs: ") and "exceeded quota: no-jobs" in message, message
+    assert "jobs/quota-sft" in message and st.get("phase"), st
+    assert get(cluster, "configmap", "quota-config", "-n", ns) is None, "nothing created beside the refused Job"
+    events = get(cluster, "events", "-n", ns, "--field-selector", "involvedObject.name=quota,reason=ChildRefused")
     assert events and events["items"], "a Warning Event on the run"
     cluster.kubectl("delete", "rltrun", "quota", "-n", ns)
 
@@ -333,7 +341,7 @@ def test_the_documented_job_status_patch_is_accepted_and_the_old_one_refused(clu
     from rlt_sandbox.sandbox import COMPLETE_JOB_PATCH
 
     ns = "team-e"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     job = {  # managed by no controller here, as in the sandbox: its status is whatever is patched in
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -374,7 +382,7 @@ def test_a_failed_gangs_pod_outlives_its_job_under_the_real_garbage_collector(cl
     if not cluster.has_controllers:
         pytest.skip("needs kube-controller-manager (the Job controller, the garbage collector) in $KUBEBUILDER_ASSETS")
     ns = "team-g"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     apply(cluster, tiny("keep", ns))
     run_uid = get(cluster, "rltrun", "keep", "-n", ns)["metadata"]["uid"]
     pods = wait_for(lambda: (get(cluster, "pods", "-n", ns, "-l", "job-name=keep-sft") or {}).get("items"), "pods")
@@ -417,7 +425,7 @@ def test_generators_and_suspend_on_the_real_server(cluster, operator):
     """rl with vLLM generators first: the StatefulSet, its Service and NetworkPolicy are accepted (the StatefulSet
     controller makes the pods), then suspend releases them and keeps the data."""
     ns = "team-f"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     doc = tiny("gen", ns, **{"stages.sft.enabled": False, "stages.rl.generation": {"mode": "server"}})
     doc["spec"]["resources"] = {"generator": {"gpus": 1}, "trainer": {"gpus": 1}}
     apply(cluster, doc)
@@ -443,7 +451,9 @@ def test_the_operator_was_never_forbidden(cluster, operator):
     """Under the chart's own ServiceAccount: no request of the operator was refused by RBAC."""
     log = operator["log"].read_text()
     refused = ("HTTP 403", "Forbidden", "forbidden")
-    expected = ("exceeded quota", "FailedCreate")  # the quota test's refusal, the Job controller's own
+    # the quota and PriorityClass tests' refusals (the pod dry-run's), a namespace's default ServiceAccount not made
+    # yet (the pod dry-run is retried), the Job controller's own
+    expected = ("exceeded quota", "FailedCreate", "no PriorityClass with name", "error looking up service account")
     forbidden = [
         line for line in log.splitlines() if any(r in line for r in refused) and not any(e in line for e in expected)
     ]
@@ -457,7 +467,7 @@ def test_day_two_upgrade_rollback_and_uninstall_on_the_real_server(cluster):
     refuses), `helm rollback` puts it back, and `helm uninstall` keeps the CRD (helm.sh/resource-policy: keep) and
     so every run, as docs/operator.md says."""
     ns = "team-z"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     apply(cluster, tiny("survivor", ns))
 
     def args() -> str:

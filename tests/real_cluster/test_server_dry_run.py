@@ -68,7 +68,7 @@ def server(cluster):
             ),
             "the CRD established",
         )
-    cluster.kubectl("create", "namespace", NS, check=False)
+    cluster.create_namespace(NS)  # with its default ServiceAccount: the pods are dry-run too
     import kubernetes
 
     kube = Kube(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)))

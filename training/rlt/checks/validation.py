@@ -26,6 +26,11 @@ from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
 from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
 
 
+class NotPermitted(Exception):  # noqa: N818 - a verdict on the user's rights, not on the run
+    """A check the user may not make (`rlt validate --server` without the rights to dry-run the children): one line
+    naming the verbs and kinds, exit code NO_PERMISSION, never INVALID."""
+
+
 def run_name_problem(name: str) -> str | None:
     """The run name's rule (rlt.spec.k8s.RunName, the type of metadata.name) for the operator, which receives the
     name apart from the spec."""

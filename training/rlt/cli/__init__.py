@@ -6,7 +6,8 @@ import argparse
 import errno
 import sys
 
-from rlt.checks.validation import check_datasets, load_valid_runs
+from rlt.checks.validation import NotPermitted, check_datasets, load_valid_runs
+from rlt.contract.exitcodes import ExitCode
 from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRun, stage_settings
@@ -47,7 +48,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # Building TRL's configs to check trainerArgs trips transformers' deprecation notices of its own fields
     # (gradient_checkpointing), which are not the user's to fix.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-    bad = 0
+    bad = denied = 0
     for path in args.files:
         notes: list[str] = []
         try:
@@ -82,11 +83,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
             for p in err.problems:
                 print(f"  {p}", file=sys.stderr)
             continue
+        except NotPermitted as err:  # the check could not be made: the user's rights, not the run, in one line
+            denied += 1
+            print(f"{path}: NOT PERMITTED: {err}", file=sys.stderr)
+            continue
         names = ", ".join(r.name for r in runs)
         print(f"{path}: ok ({names})")
         for note in notes:
             print(f"  {note}")
-    return 1 if bad else 0
+    if bad:
+        return int(ExitCode.FAILED)
+    return int(ExitCode.NO_PERMISSION) if denied else int(ExitCode.OK)
 
 
 def build_parser() -> argparse.ArgumentParser:

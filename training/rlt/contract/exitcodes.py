@@ -20,6 +20,9 @@ class ExitCode(IntEnum):
     # EX_TEMPFAIL: asked to stop (SIGTERM: preemption, drain, suspend), the gang saved a complete checkpoint and
     # exited; a disruption, not a failure (podFailurePolicy Ignore; the operator restarts the gang uncounted)
     STOPPED = 75
+    # EX_NOPERM: `rlt validate --server` may not make its check (the user may create RLTRuns but not the children
+    # it dry-runs): one line naming the verbs and kinds; a verdict on the user's rights, not on the run
+    NO_PERMISSION = 77
     CONFIG_ERROR = 78  # EX_CONFIG: the spec is invalid, or a stage finished under another spec, or a port is taken
 
 
