@@ -88,6 +88,7 @@ RL_OWNED_ARGS: dict[str, str] = {
     "vllm_server_timeout": _INSTEAD + "generation.serverTimeoutSeconds",
     "vllm_gpu_memory_utilization": _INSTEAD + "generation.gpuMemoryUtilization",
     "vllm_max_model_length": _INSTEAD + "generation.maxModelLen",
+    "vllm_enable_sleep_mode": "set by rlt: on in colocate mode (the engine sleeps while the trainer updates)",
     "vllm_importance_sampling_correction": _INSTEAD + "generation.importanceSampling",
     "vllm_importance_sampling_mode": _INSTEAD + "generation.importanceSampling",
     "vllm_importance_sampling_clip_max": _INSTEAD + "generation.importanceSamplingCap",
