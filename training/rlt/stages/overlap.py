@@ -227,7 +227,7 @@ def peeking(trainer_cls: type) -> type:
     gradient sync itself (transformers 5: it prefetches a step's batches too), so reading one step early changes
     nothing else."""
 
-    class Peeking(trainer_cls):  # type: ignore[misc, valid-type]  # a class built at run time
+    class Peeking(trainer_cls):  # type: ignore[misc]  # a base known only at run time
         rollout_ahead: RolloutAhead | None = None
         _peeked: tuple[Iterator[Any], list[Any]] | None = None
 

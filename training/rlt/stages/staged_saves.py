@@ -121,6 +121,7 @@ class StagedSaves:
                 t0 = time.perf_counter()
                 copy_fsynced(local, durable) if local.exists() else durable.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(durable / COPIED.format(self.rank), format_time() + "\n")
+                fsync_path(durable / COPIED.format(self.rank))
                 fsync_path(durable)
                 shutil.rmtree(local, ignore_errors=True)  # durable now: the local space is given back
                 if self.rank == 0:
