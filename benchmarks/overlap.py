@@ -60,7 +60,7 @@ def colocate_probe(model_dir: str, python: str, timeout: float = 600) -> dict:
         return {"ok": False, "error": f"no answer in {timeout:.0f} s"}
     if "COLOCATE-OK" in proc.stdout:
         return {"ok": True, "error": None}
-    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip() and "further information" not in ln]
     errors = [ln for ln in lines if "Error" in ln or "error" in ln or "not supported" in ln.lower()]
     return {"ok": False, "error": (errors or lines or ["exit " + str(proc.returncode)])[-1].strip()}
 
