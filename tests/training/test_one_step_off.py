@@ -57,10 +57,10 @@ def tempered_logps(model, prompt: list[int], completion: list[int]) -> torch.Ten
 def test_ratio_is_the_step_policy_over_the_behaviour_policy(tmp_path, one_step_off, monkeypatch):
     from transformers import TrainerCallback
 
-    from rlt.stages import rl
+    from rlt.stages import overlap, rl
     from rlt.stages import trainer as trainer_mod
 
-    run = tiny_rl_run(steps=3, learningRate=3e-3, temperature=TAU, topP=1.0)
+    run = tiny_rl_run(steps=4, learningRate=1e-2, warmupRatio=0.0, temperature=TAU, topP=1.0)
     weights: dict[int, dict[str, torch.Tensor]] = {}  # θ_k: the policy at the start of step k
     batches: dict[int, dict] = {}
     kept: list = []
@@ -86,18 +86,30 @@ def test_ratio_is_the_step_policy_over_the_behaviour_policy(tmp_path, one_step_o
         return t
 
     monkeypatch.setattr(trainer_mod.TrainerRun, "trainer", with_recorders)
+    behaviour_at: dict[int, dict[str, torch.Tensor]] = {}  # the behaviour copy's weights, by the step it was set
+    refresh = overlap.LocalBehaviour.refresh
+
+    def kept_refresh(self, trainer):
+        refresh(self, trainer)
+        behaviour_at[trainer.state.global_step] = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    monkeypatch.setattr(overlap.LocalBehaviour, "refresh", kept_refresh)
     rl.run_rl(StageContext(run, RunLayout(tmp_path / "run"), device="cpu", show_progress=False))
     ahead = one_step_off[0]
-    assert ahead.counts == {"ahead": 2, "on_policy": 1, "dropped": 0}  # step 0 on-policy, steps 1-2 sampled ahead
+    assert ahead.counts == {"ahead": 3, "on_policy": 1, "dropped": 0}  # step 0 on-policy, steps 1-3 sampled ahead
     trainer = kept[0]
     # the loss reads old_per_token_logps from the batch rl's wrapper hands on: re-apply it to the recorded batches
     model = type(trainer.model)(trainer.model.config).eval()
-    for step in (1, 2):
+    for step in (1, 2, 3):
+        # step k's rows were sampled by a copy set to θ_{k-1}, weight for weight
+        copy = behaviour_at.get(step - 1)
+        assert copy is not None, f"the behaviour copy was not set to the policy of step {step - 1}"
+        assert all(torch.equal(copy[k], weights[step - 1][k]) for k in copy), f"behaviour of step {step} is not θ_k-1"
         out = batches[step]
         # TRL leaves old_per_token_logps unset in-process; rl's wrapper gives the loss the behaviour's
         assert out["old_per_token_logps"] is out["sampling_per_token_logps"]
         behaviour_lp = out["old_per_token_logps"]
-        worst_behaviour = worst_now = moved = 0.0
+        worst_behaviour = worst_now = moved = stale = 0.0
         for i in range(len(out["completion_ids"])):
             prompt = out["prompt_ids"][i][out["prompt_mask"][i].bool()].tolist()
             comp = out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()
@@ -106,6 +118,9 @@ def test_ratio_is_the_step_policy_over_the_behaviour_policy(tmp_path, one_step_o
             model.load_state_dict(weights[step])
             now = tempered_logps(model, prompt, comp)
             recorded = behaviour_lp[i, : len(comp)]
+            if step >= 2:  # what a row sampled two steps before would carry
+                model.load_state_dict(weights[step - 2])
+                stale = max(stale, (recorded - tempered_logps(model, prompt, comp)).abs().max().item())
             worst_behaviour = max(worst_behaviour, (recorded - then).abs().max().item())
             moved = max(moved, (now - then).abs().max().item())
             # TRL's loss: coef = exp(per_token_logps - old_per_token_logps), old = the behaviour's (the wrapper)
@@ -121,6 +136,7 @@ def test_ratio_is_the_step_policy_over_the_behaviour_policy(tmp_path, one_step_o
         assert worst_behaviour <= 1e-4  # the rows carry θ_{k-1}'s tempered log-probs: they were sampled by it
         assert moved > 1e-3  # and θ_k really differs: the rows are off-policy
         assert worst_now <= 1e-4  # the importance ratio = π_θk / π_θ(k-1), token by token
+        assert step < 2 or stale > 1e-3  # and not θ_{k-2}'s: the behaviour follows the policy step by step
 
 
 def test_rows_more_than_one_step_old_are_dropped(one_step_off):
