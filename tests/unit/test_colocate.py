@@ -43,6 +43,8 @@ def test_colocate_configures_trl_and_needs_no_generator_pods(tmp_path):
         trl.GRPOConfig = real
     assert seen["use_vllm"] is True and seen["vllm_mode"] == "colocate"
     assert seen["vllm_gpu_memory_utilization"] == 0.3
+    # the engine sleeps while the trainer updates (TRL wakes it and pushes the weights before each rollout)
+    assert seen["vllm_enable_sleep_mode"] is True
 
 
 @pytest.mark.parametrize(

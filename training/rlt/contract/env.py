@@ -71,6 +71,12 @@ TRACE = EnvVar(
     "rlt.stages.record.trace_line",
     "`1`: the rlt-world, rlt-shard and rlt-distill-written lines in a single local run too",
 )
+LOCAL_CHECKPOINTS = EnvVar(
+    "RLT_LOCAL_CHECKPOINTS",
+    "the user (a node-local disk or a memory-backed emptyDir)",
+    "rlt.stages.trainer (rlt.stages.staged_saves)",
+    "set: checkpoints are written there first and copied to the run's volume in the background (marker last)",
+)
 
 # --------------------------------------------------------------------------- libraries'
 HF_HOME = EnvVar(
@@ -137,6 +143,7 @@ POD_ENV: tuple[EnvVar, ...] = (
     STOP_MARKER,
     CACHE,
     TRACE,
+    LOCAL_CHECKPOINTS,
     HF_HOME,
     HOME,
     XDG_CACHE_HOME,

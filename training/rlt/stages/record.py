@@ -43,6 +43,7 @@ class Recorder:
             ctx.metrics.set(catalogue.TOTAL_STEPS, total_steps)
             ctx.metrics.set(catalogue.STAGE_COMPLETED, 0)
         self.last_checkpoint: str | None = None
+        self.marked_elsewhere = False  # set by rlt.stages.staged_saves: on_save leaves the marker to it
         self.progress: dict[str, Any] = {}
         self.totals: dict[str, float] = {}  # counters, as running totals for experiment tracking
         self.eval_model: str | None = None  # label of rlt_eval_accuracy (set by evaluate stages)
@@ -226,6 +227,8 @@ def make_callback(
             )
 
         def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+            if recorder.marked_elsewhere:  # rlt.stages.staged_saves marks it once durable
+                return
             path = checkpoint_path(cast(str, args.output_dir), state.global_step)  # TrainingArguments sets a default
             mark_checkpoint_complete(path, recorder.ctx.is_main)
             recorder.checkpoint(state.global_step, str(path))

@@ -132,8 +132,8 @@ def keep_reference_in_checkpoints(trainer: Trainer) -> bool:
 
     def with_reference(model: torch.nn.Module, trial: Any) -> None:  # trial: passed on (optuna's, or None)
         save_checkpoint(model, trial)
-        # output_dir: TrainingArguments fills in a default
-        save_reference(trainer, checkpoint_path(cast(str, trainer.args.output_dir), trainer.state.global_step))
+        # the folder the Trainer saved into (rlt.stages.staged_saves points it at local storage)
+        save_reference(trainer, checkpoint_path(trainer._get_output_dir(trial), trainer.state.global_step))
 
     trainer._save_checkpoint = with_reference  # type: ignore[method-assign]  # the save wrapped on this trainer only
     return True

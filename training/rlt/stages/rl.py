@@ -20,6 +20,7 @@ from rlt.data.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
 from rlt.spec.inputs import ModelRef
+from rlt.stages import overlap
 from rlt.stages.context import StageContext
 from rlt.stages.record import PhaseTimer, trace_line
 from rlt.stages.reference import keep_reference_in_checkpoints
@@ -94,7 +95,11 @@ def sample_policy(
     """Completions of the current policy with the tempered log-prob of every sampled token.
 
     `prompt_ids` holds each prompt `num_generations` times (TRL's layout). Server mode: TRL's vLLM client, whose
-    weights TRL has synced for this step; in-process: the unwrapped policy samples itself."""
+    weights TRL has synced for this step; in-process: the unwrapped policy samples itself; inside a one-step-off
+    rollout (rlt.stages.overlap): its behaviour policy."""
+    ahead = overlap.behaviour_sampler()
+    if ahead is not None:
+        return ahead(prompt_ids)
     if trainer.use_vllm:
         _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
             prompts=prompt_ids, images=None, num_generations=num_generations
@@ -174,6 +179,7 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
             f"({st.per_device_batch_size} × {world})"
         )
     gen = st.generation
+    ahead = overlap.steps_off_policy(st) > 0  # overlap oneStepOff: rows sampled one step ahead (rlt.stages.overlap)
     server, colocate = gen.mode == "server", gen.mode == "colocate"
     if server and not gen.server_url:
         raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
@@ -182,11 +188,19 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
             "stages.rl.generation.mode: colocate runs vLLM inside the trainer on its GPU; on CPU use "
             "inprocess (vLLM's CPU build cannot take TRL's in-place weight updates)"
         )
+    if ahead and server and gen.importance_sampling == "off":
+        raise ValueError(
+            "stages.rl.generation.importanceSampling: overlap oneStepOff needs TRL's importance sampling (a row is sampled "
+            "one update before it is trained on); choose a mode, e.g. tokenTruncate"
+        )
     correct_is = (server or colocate) and gen.importance_sampling != "off"
     vllm: dict[str, Any] = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
     if colocate:  # vLLM shares each rank's GPU with training: unless set, TRL's 30 % (not a generator pod's 90 %)
         share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set else 0.3
-        vllm.update(vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len)
+        # sleep mode: the engine frees its weights and KV cache while the trainer updates, TRL wakes it to generate
+        vllm.update(
+            vllm_gpu_memory_utilization=share, vllm_max_model_length=gen.max_model_len, vllm_enable_sleep_mode=True
+        )
     return dict(
         max_steps=st.steps,
         gradient_accumulation_steps=ga,
@@ -337,6 +351,28 @@ class TimedReward:
             return self.reward(prompts, completions, question, solution, **extra)
 
 
+def rollout_ahead(
+    ctx: StageContext,
+    args: GRPOConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    rollout: RolloutFunc,
+    rollout_in_background: RolloutFunc,
+    timer: PhaseTimer,
+) -> overlap.RolloutAhead | None:
+    """The one-step-off rollout (rlt.stages.overlap) when generation.overlap asks for it: on the generators in
+    server mode (TRL pushes the weights), in-process with a copy of the policy."""
+    st = ctx.spec.stages.rl
+    if not overlap.steps_off_policy(st):
+        return None
+    if args.use_vllm:
+        url = cast(str, st.generation.server_url)  # grpo_options: server mode has a serverUrl
+        behaviour: overlap.Behaviour = overlap.ServedBehaviour(url, st, st.generation.server_timeout_seconds)
+    else:
+        behaviour = overlap.LocalBehaviour(tokenizer, st)
+    log.info("stage rl: one step off-policy rollouts (%s)", type(behaviour).__name__)
+    return overlap.RolloutAhead(rollout, rollout_in_background, behaviour, timer)
+
+
 def train_grpo(
     ctx: StageContext,
     device: str,
@@ -361,7 +397,7 @@ def train_grpo(
     from rlt.stages.padding import padding_trimmed
 
     args = grpo_config(ctx, device)
-    timer = PhaseTimer()
+    timer, ahead_timer = PhaseTimer(), PhaseTimer()  # the step's phases; a one-step-off rollout's, overlapping them
     counters = {"generated_tokens": 0}
     clipped = {"hit": 0.0, "all": 0.0}
 
@@ -369,6 +405,7 @@ def train_grpo(
         phases = timer.take()
         values = {f"seconds_{k}": v for k, v in phases.items()}
         values["seconds_update"] = max(0.0, step_seconds - sum(phases.values()))
+        values.update({f"seconds_{k}_ahead": v for k, v in ahead_timer.take().items()})
         values.update(reward_values())
         if clipped["all"]:
             values["importance_sampling_clipped"] = clipped["hit"] / clipped["all"]
@@ -382,14 +419,21 @@ def train_grpo(
     run = TrainerRun(ctx, "rl", start, tokenizer, device, ctx.spec.stages.rl.steps)
     # each micro-batch's model calls on its own tokens (rlt.stages.padding), rows dealt across ranks by tokens
     trainer_cls: type[GRPOTrainer] = rank_balanced(padding_trimmed(GRPOTrainer))
+    rollout = make_rollout_fn(timer, counters)
+    ahead = rollout_ahead(ctx, args, tokenizer, rollout, make_rollout_fn(ahead_timer, counters), timer)
+    if ahead is not None:  # the trainer peeks the next step's prompts for it
+        trainer_cls = overlap.peeking(trainer_cls)
     trainer = run.trainer(
         trainer_cls,
         args,
         rows,
         step_values,
         reward_funcs=[TimedReward(reward, timer)],
-        rollout_func=stoppable_rollout(make_rollout_fn(timer, counters), run.stop),
+        rollout_func=stoppable_rollout(ahead or rollout, run.stop),  # the stop agreement stays on the step's thread
     )
+    if ahead is not None:
+        trainer.rollout_ahead = ahead  # type: ignore[attr-defined]  # overlap.peeking's attribute
+        overlap.behaviour_is_old_policy(trainer)
     stoppable_scoring(trainer, run.stop)
     for scorer in frozen:
         partition_frozen(scorer, trainer.accelerator)
@@ -404,6 +448,8 @@ def train_grpo(
                 return sync(*a, **kw)
 
         trainer.vllm_generation.sync_weights = timed_sync  # type: ignore[method-assign]  # wrapped on this trainer only
+        if ahead is not None:
+            overlap.wait_before_weight_push(trainer, ahead)
     if args.use_vllm and args.vllm_importance_sampling_correction:
         # TRL logs the ratio's min/mean/max; the share it masked or clipped is what says how much loss was dropped
         generate_and_score = trainer._generate_and_score_completions

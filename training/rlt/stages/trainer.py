@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rlt.contract.env import LOCAL_CHECKPOINTS, RANK
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.budgets import collective_timeout_seconds
 from rlt.spec.run import stage_settings, zero_stage
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 
     from rlt.spec.inputs import ModelRef
     from rlt.stages.preemption import Stopped
+    from rlt.stages.staged_saves import StagedSaves
 
 TrainerT = TypeVar("TrainerT", bound="Trainer")
 
@@ -164,22 +167,25 @@ class TrainerRun:
 
         quiet_trainer(trainer)
         point_tensorboard(trainer, self.ctx, self.stage)
+        staged = self.staged_saves(trainer)  # after every other wrapper of the save: it must see the whole save
         self.stop.install()
         resume = resume_checkpoint(self.ctx.layout.checkpoints_dir(self.stage))
         if resume is not None:
             load_reference(trainer, resume)  # GRPO's synced reference (rlt.stages.reference); others have none
         try:
             trainer.train(resume_from_checkpoint=resume)
+            staged.wait()
         except EndReached as end:  # the checkpoint's weights are loaded: they are the final model
             say_line(f"{self.stage}: {Path(str(resume)).name} already reached step {end.step}: it is the final model")
         except Abandoned as where:  # every rank, at the same boundary: save the last completed step
             say_line(f"{self.stage}: SIGTERM: step abandoned {where}; saving step {trainer.state.global_step}")
             saved = save_abandoned(trainer, self.stop.step_rng)
+            staged.wait()
             self.recorder.last_checkpoint = saved or self.recorder.last_checkpoint
         except Exception as error:
             if self.stop.asked_at is None and not self.stop.agreed:
                 raise  # no stop was asked: a failure
-            raise self.stopped_by_error(trainer, error, resume) from error
+            raise self.stopped_by_error(trainer, error, resume, staged) from error
         finally:
             if not self.stop.agreed:  # once stopping, a second SIGTERM (the launcher's) must not kill the exit
                 self.stop.uninstall()
@@ -194,7 +200,22 @@ class TrainerRun:
         self.recorder.done()
         return out
 
-    def stopped_by_error(self, trainer: Trainer, error: Exception, resume: str | None) -> Stopped:
+    def staged_saves(self, trainer: Trainer) -> StagedSaves:
+        """Saves to RLT_LOCAL_CHECKPOINTS first, made durable in the background (rlt.stages.staged_saves), when it is
+        set; else a StagedSaves that was never installed (its wait() returns at once)."""
+        from rlt.stages.staged_saves import StagedSaves
+
+        def durable(step: int, path: str) -> None:
+            self.recorder.checkpoint(step, path)
+
+        local = os.environ.get(LOCAL_CHECKPOINTS.name)
+        staged = StagedSaves(trainer, Path(local or "."), int(os.environ.get(RANK.name, "0")), world_size(), durable)
+        if local:
+            staged.install()
+            self.recorder.marked_elsewhere = True
+        return staged
+
+    def stopped_by_error(self, trainer: Trainer, error: Exception, resume: str | None, staged: StagedSaves) -> Stopped:
         """An exception escaped training after SIGTERM (a drained generator aborting the rollout, a peer gone): a
         disruption, not a failure. A single process saves the last completed step unless the optimizer step was
         under way (the weights may be half-updated); a rank of a gang cannot (its peers may wait in a collective it
@@ -207,6 +228,7 @@ class TrainerRun:
             say_line(f"{self.stage}: SIGTERM, then {type(error).__name__}: {error}; saving step {step}")
             try:
                 saved = save_abandoned(trainer, self.stop.step_rng)
+                staged.wait()
             except Exception as failed:  # noqa: BLE001 - the stop is still a stop; the older checkpoint stands
                 say_line(f"{self.stage}: could not save step {step}: {type(failed).__name__}: {failed}")
         else:

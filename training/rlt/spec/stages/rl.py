@@ -44,6 +44,7 @@ RL_OWNED_ARGS: dict[str, str] = {
     "vllm_server_timeout": INSTEAD + "generation.serverTimeoutSeconds",
     "vllm_gpu_memory_utilization": INSTEAD + "generation.gpuMemoryUtilization",
     "vllm_max_model_length": INSTEAD + "generation.maxModelLen",
+    "vllm_enable_sleep_mode": "set by rlt: on in colocate mode (the engine sleeps while the trainer updates)",
     "vllm_importance_sampling_correction": INSTEAD + "generation.importanceSampling",
     "vllm_importance_sampling_mode": INSTEAD + "generation.importanceSampling",
     "vllm_importance_sampling_clip_max": INSTEAD + "generation.importanceSamplingCap",

@@ -1,0 +1,208 @@
+"""One step off-policy rl (rlt.stages.overlap): step k's rows are sampled by θ_{k-1} while step k-1 trains, carry that
+policy's log-probs, and the ratio GRPO's loss uses is exactly π_θk/π_θ(k-1), recomputed here by hand on the tiny
+model; a row is never more than one step off; and a one-step-off run still raises the RLT reward (real reward vs the
+same rewards permuted within each group, the sanity experiment's arms)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+from suite_helpers import TINY
+
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import RunLayout
+from rlt.stages.context import StageContext
+
+pytestmark = pytest.mark.slow
+TAU = 0.7
+
+
+def tiny_rl_run(questions: int | None = None, **rl):
+    run = load_valid_run(TINY)
+    spec = run.spec.model_dump(by_alias=True)
+    if questions:
+        spec["dataset"]["size"] = questions  # a fixed prompt set, seen again and again
+    spec["stages"]["sft"]["enabled"] = False
+    spec["stages"]["rl"].update(
+        batchSize=8, numGenerations=4, perDeviceBatchSize=8, beta=0.0, maxCompletionLength=8, saveSteps=10_000, **rl
+    )
+    return run.model_validate({**run.model_dump(by_alias=True), "spec": spec})
+
+
+@pytest.fixture
+def one_step_off(monkeypatch):
+    """The mode on (the spec's value comes with the plan's change), and the RolloutAhead the stage builds."""
+    from rlt.stages import overlap, rl
+
+    monkeypatch.setattr(overlap, "steps_off_policy", lambda st: overlap.MAX_STEPS_OFF_POLICY)
+    built: list = []
+    make = rl.rollout_ahead
+
+    def kept(*a, **kw):
+        built.append(make(*a, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(rl, "rollout_ahead", kept)
+    return built
+
+
+def tempered_logps(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0].float() / TAU, -1)
+    return torch.stack([lp[len(prompt) - 1 + i, t] for i, t in enumerate(completion)])
+
+
+def test_ratio_is_the_step_policy_over_the_behaviour_policy(tmp_path, one_step_off, monkeypatch):
+    from transformers import TrainerCallback
+
+    from rlt.stages import overlap, rl
+    from rlt.stages import trainer as trainer_mod
+
+    run = tiny_rl_run(steps=4, learningRate=1e-2, warmupRatio=0.0, temperature=TAU, topP=1.0)
+    weights: dict[int, dict[str, torch.Tensor]] = {}  # θ_k: the policy at the start of step k
+    batches: dict[int, dict] = {}
+    kept: list = []
+
+    class Weights(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kw):
+            weights[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    build = trainer_mod.TrainerRun.trainer
+
+    def with_recorders(self, *a, **kw):
+        t = build(self, *a, **kw)
+        t.add_callback(Weights())
+        scored = t._generate_and_score_completions  # rl wraps it after this returns: record what the loss sees
+
+        def recorded(*x, **y):
+            out = scored(*x, **y)
+            batches[t.state.global_step] = out
+            return out
+
+        t._generate_and_score_completions = recorded
+        kept.append(t)
+        return t
+
+    monkeypatch.setattr(trainer_mod.TrainerRun, "trainer", with_recorders)
+    behaviour_at: dict[int, dict[str, torch.Tensor]] = {}  # the behaviour copy's weights, by the step it was set
+    refresh = overlap.LocalBehaviour.refresh
+
+    def kept_refresh(self, trainer):
+        refresh(self, trainer)
+        behaviour_at[trainer.state.global_step] = {k: v.clone() for k, v in self.model.state_dict().items()}
+
+    monkeypatch.setattr(overlap.LocalBehaviour, "refresh", kept_refresh)
+    rl.run_rl(StageContext(run, RunLayout(tmp_path / "run"), device="cpu", show_progress=False))
+    ahead = one_step_off[0]
+    assert ahead.counts == {"ahead": 3, "on_policy": 1, "dropped": 0}  # step 0 on-policy, steps 1-3 sampled ahead
+    trainer = kept[0]
+    # the loss reads old_per_token_logps from the batch rl's wrapper hands on: re-apply it to the recorded batches
+    model = type(trainer.model)(trainer.model.config).eval()
+    for step in (1, 2, 3):
+        # step k's rows were sampled by a copy set to θ_{k-1}, weight for weight
+        copy = behaviour_at.get(step - 1)
+        assert copy is not None, f"the behaviour copy was not set to the policy of step {step - 1}"
+        assert all(torch.equal(copy[k], weights[step - 1][k]) for k in copy), f"behaviour of step {step} is not θ_k-1"
+        out = batches[step]
+        # TRL leaves old_per_token_logps unset in-process; rl's wrapper gives the loss the behaviour's
+        assert out["old_per_token_logps"] is out["sampling_per_token_logps"]
+        behaviour_lp = out["old_per_token_logps"]
+        worst_behaviour = worst_now = moved = stale = 0.0
+        for i in range(len(out["completion_ids"])):
+            prompt = out["prompt_ids"][i][out["prompt_mask"][i].bool()].tolist()
+            comp = out["completion_ids"][i][out["completion_mask"][i].bool()].tolist()
+            model.load_state_dict(weights[step - 1])
+            then = tempered_logps(model, prompt, comp)
+            model.load_state_dict(weights[step])
+            now = tempered_logps(model, prompt, comp)
+            recorded = behaviour_lp[i, : len(comp)]
+            if step >= 2:  # what a row sampled two steps before would carry
+                model.load_state_dict(weights[step - 2])
+                stale = max(stale, (recorded - tempered_logps(model, prompt, comp)).abs().max().item())
+            worst_behaviour = max(worst_behaviour, (recorded - then).abs().max().item())
+            moved = max(moved, (now - then).abs().max().item())
+            # TRL's loss: coef = exp(per_token_logps - old_per_token_logps), old = the behaviour's (the wrapper)
+            trainer.model.load_state_dict(weights[step])  # TRL's call needs its own model (it reads log-probs off it)
+            trl_now, _, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model,
+                torch.tensor([prompt + comp]),
+                torch.ones(1, len(prompt) + len(comp), dtype=torch.long),
+                len(comp),
+            )
+            ratio = torch.exp(trl_now[0] - recorded)
+            worst_now = max(worst_now, (ratio - torch.exp(now - then)).abs().max().item())
+        assert worst_behaviour <= 1e-4  # the rows carry θ_{k-1}'s tempered log-probs: they were sampled by it
+        assert moved > 1e-3  # and θ_k really differs: the rows are off-policy
+        assert worst_now <= 1e-4  # the importance ratio = π_θk / π_θ(k-1), token by token
+        assert step < 2 or stale > 1e-3  # and not θ_{k-2}'s: the behaviour follows the policy step by step
+
+
+def test_rows_more_than_one_step_old_are_dropped(one_step_off):
+    """RolloutAhead.take: rows sampled two steps before, or for other prompts, are not trained on."""
+    from concurrent.futures import Future
+
+    from rlt.stages.overlap import InFlight, RolloutAhead
+    from rlt.stages.record import PhaseTimer
+
+    ahead = RolloutAhead(lambda p, t: {}, lambda p, t: {}, behaviour=None, timer=PhaseTimer())  # type: ignore[arg-type]
+    rows: Future = Future()
+    rows.set_result({"completion_ids": [[1]]})
+    ahead.in_flight = InFlight(["a"], version=3, rows=rows)
+    assert ahead.take(["a"], step=4) == {"completion_ids": [[1]]}
+    ahead.in_flight = InFlight(["a"], version=3, rows=rows)
+    assert ahead.take(["a"], step=5) is None  # two steps off
+    ahead.in_flight = InFlight(["a"], version=3, rows=rows)
+    assert ahead.take(["b"], step=4) is None  # another step's prompts
+    assert ahead.counts["dropped"] == 2
+
+
+def rewards_per_step(tmp_path, name: str, learning_rate: float, permute: bool) -> list[float]:
+    """Mean RLT reward per step of a one-step-off rl stage; `permute`: GRPO sees each group's rewards reordered."""
+    import numpy as np
+
+    from rlt.stages import rl
+
+    run = tiny_rl_run(questions=8, steps=STEPS, learningRate=learning_rate)
+    per_step: list[float] = []
+    build = rl.reward_from_spec
+    rng = np.random.default_rng(0)
+
+    def watched(*a, **kw):
+        reward = build(*a, **kw)
+
+        class Watched(type(reward)):
+            def __call__(self, *args, **kwargs):
+                values = super().__call__(*args, **kwargs)
+                per_step.append(statistics.fmean(values))
+                if not permute:
+                    return values
+                return [float(v) for g in range(0, len(values), 4) for v in rng.permutation(values[g : g + 4])]
+
+        reward.__class__ = Watched
+        return reward
+
+    rl.reward_from_spec = watched
+    try:
+        rl.run_rl(StageContext(run, RunLayout(tmp_path / name), device="cpu", show_progress=False))
+    finally:
+        rl.reward_from_spec = build
+    return per_step
+
+
+STEPS, WINDOW = 20, 8
+
+
+def test_one_step_off_still_raises_the_reward(tmp_path, one_step_off):
+    control = rewards_per_step(tmp_path, "control", 1e-12, permute=False)
+    real = rewards_per_step(tmp_path, "real", 3e-3, permute=False)
+    shuffled = rewards_per_step(tmp_path, "shuffled", 3e-3, permute=True)
+    noise = statistics.stdev(control) / WINDOW**0.5
+    late = {k: statistics.fmean(v[-WINDOW:]) for k, v in (("control", control), ("real", real), ("shuffled", shuffled))}
+    print({"late": late, "noise": noise, "real": [round(x, 3) for x in real], "shuffled": shuffled})
+    # 8 questions, 2 a step: an epoch is 4 steps, and each epoch's first step samples on-policy (nothing to peek)
+    epochs = STEPS // 4
+    assert [a.counts for a in one_step_off] == [{"ahead": STEPS - epochs, "on_policy": epochs, "dropped": 0}] * 3
+    assert late["real"] - late["control"] > 4 * noise, (late, noise)
+    assert late["real"] - late["shuffled"] > 4 * noise, (late, noise)
