@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from rlt.checks.goodput import goodput_line
+from rlt.checks.gpu_figures import figures
 from rlt.checks.gpu_memory import (
     DEFAULT_GPU_MEMORY,
     GPU_MEMORY_LABEL,
@@ -132,6 +133,7 @@ def plan_run(
             plan.goodput += lines
             plan.warnings += warnings
         plan.unplaceable = one_node_problems(spec)
+        plan.figures = figures(spec).sources
     return plan
 
 
@@ -334,6 +336,7 @@ def plan_for_run(
 def render(plan: Plan, name: str) -> str:
     """The plan as a table a platform engineer reads: one block per stage and resource, its terms, need / has."""
     lines = [f"{name}: capacity plan for {gib(plan.gpu_memory)} GPUs"]
+    lines += [f"  figures: {key}: {value}" for key, value in plan.figures.items()]
     if plan.shapes is not None:
         roles = [("teacher", plan.shapes.teacher), ("student", plan.shapes.student)]
         roles += [("stages.student.model", plan.shapes.trained_student)] if plan.shapes.trained_student else []

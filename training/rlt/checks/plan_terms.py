@@ -77,6 +77,7 @@ class Plan:
     goodput: list[str] = field(default_factory=list)  # per Trainer stage: useful share of held GPU-seconds, losses
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
+    figures: dict[str, str] = field(default_factory=dict)  # the GPU figures the times use, with their sources
 
     @property
     def failures(self) -> list[Check]:

@@ -51,9 +51,11 @@ class RlTerms(TrainerTerms):
         return rl.max_prompt_length + rl.max_completion_length, rl.max_completion_length
 
     def gpu_fix(self, spec: RLTRunSpec) -> str:
+        colocated = spec.stages.rl.generation.mode == "colocate"
         return (
             "resources.trainer.gpus/nodes (more ranks split ZeRO-3 states), stages.rl.maxCompletionLength, "
-            "stages.rl.reward.maxBatchTokens or a GPU with more memory (--gpu-memory)"
+            + ("stages.rl.generation.gpuMemoryUtilization (the colocated engine's share), " if colocated else "")
+            + "stages.rl.reward.maxBatchTokens or a GPU with more memory (--gpu-memory)"
         )
 
     def steps(self, spec: RLTRunSpec, rows: int | None) -> int | None:
