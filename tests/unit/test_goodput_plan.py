@@ -202,3 +202,17 @@ def test_a_file_that_is_not_a_gpu_check_is_refused(tmp_path, capsys):
     bad.write_text(json.dumps({"rehearsal": True}))
     assert main(["plan", "--calibration", str(bad), str(EXAMPLES / "rltrun-paper-7b.yaml")]) == 2
     assert "not a GPU check's JSON" in capsys.readouterr().err
+
+
+def test_distill_shows_its_layouts_and_chooses_the_fewest_gpu_hours():
+    """Served, the trainer GPUs only score (a small share of distill's work); the plan puts beside it moving the
+    spare scorers to the decoding and colocating an engine on every GPU, and chooses the shortest."""
+    import re
+
+    lines = [x for x in plan_for_run(parse_run(_doc()).spec).goodput if x.startswith("distill")]
+    walls = {m[1]: float(m[2]) for x in lines if (m := re.match(r"distill layout (\w+): .*: ([\d.]+) min", x))}
+    assert set(walls) == {"served", "moved", "colocated"}, lines
+    served = next(x for x in lines if x.startswith("distill layout served"))
+    assert int(served.rsplit("goodput ", 1)[1].rstrip("%")) < 70  # the trainer GPUs wait on the decoding
+    best = min(walls, key=walls.__getitem__)
+    assert any(x.startswith(f"distill: the plan chooses {best} (the fewest GPU-hours") for x in lines), lines

@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from rlt.checks.distill_modes import distill_lines
 from rlt.checks.goodput import goodput_line
 from rlt.checks.gpu_figures import figures
 from rlt.checks.gpu_memory import (
@@ -132,6 +133,8 @@ def plan_run(
             lines, warnings = mode_lines(spec, shapes, gpu_memory, prompts, node_gpus(spec))
             plan.goodput += lines
             plan.warnings += warnings
+        if spec.stages.distill.enabled:
+            plan.goodput += distill_lines(spec, shapes, gpu_memory, prompts, at.rows)
         plan.unplaceable = one_node_problems(spec)
         plan.figures = figures(spec).sources
     return plan

@@ -42,6 +42,9 @@ GPU_MODELS = {
     "H200": GpuModel("H200 SXM", 989e12, 143771, 4.8e12),
 }
 DEFAULT_GPU_MODEL = "H100"  # the step-time constants' GPU; the spec names no GPU type otherwise
+# Per sequence, vLLM at a full batch, a 7B teacher on one H100 (rlt.spec.budgets assumes 10 as a floor); other GPUs:
+# scaled by memory bandwidth (figures).
+DECODE_TOKENS_PER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,6 @@ def model_named(product: str) -> GpuModel | None:
 
 def figures(spec: RLTRunSpec) -> Figures:
     """The figures of the spec's GPU, with the calibration in force (`calibrated`) replacing what it measured."""
-    from rlt.checks.step_time import DECODE_TOKENS_PER_S
-
     model, why = gpu_model_of(spec)
     cal = _CALIBRATION.get()
     if cal is not None and cal.gpu is not None:
@@ -128,6 +129,11 @@ def spec_gpu_model_memory(spec: RLTRunSpec) -> tuple[int, str] | None:
         return None
     model, why = gpu_model_of(spec)
     return model.memory_mib * 2**20, f"{model.name} ({why})"
+
+
+def calibration() -> Calibration | None:
+    """The calibration in force (`calibrated`), or None."""
+    return _CALIBRATION.get()
 
 
 @contextmanager

@@ -38,19 +38,19 @@ from __future__ import annotations
 
 import math
 
+from rlt.checks.gpu_figures import DECODE_TOKENS_PER_S, calibration, figures
 from rlt.checks.model_shape import ModelShape, Shapes, known_shape
 from rlt.checks.plan_terms import PromptTokens, StepTime, stage_terms
 from rlt.spec.k8s import quantity_value
 from rlt.spec.resources import DEFAULT_WRITE_RATE, GRACE_FLOOR_SECONDS
 from rlt.spec.run import RLTRunSpec, stage_settings
 
-# PromptTokens and StepTime live in rlt.checks.plan_terms (a stage's terms build them); re-exported for callers.
-__all__ = ["PromptTokens", "StepTime"]
+# PromptTokens and StepTime live in rlt.checks.plan_terms (a stage's terms build them), DECODE_TOKENS_PER_S in
+# rlt.checks.gpu_figures (the GPU figures); re-exported for callers.
+__all__ = ["DECODE_TOKENS_PER_S", "PromptTokens", "StepTime"]
 
 PEAK_FLOPS = 989e12  # H100 SXM dense bf16; the plan uses the spec's GPU's (rlt.checks.gpu_figures)
 UTILISATION = 0.35  # model FLOPs utilisation of a long-sequence 7B update with ZeRO-3 and checkpointing
-DECODE_TOKENS_PER_S = 30.0  # per sequence, vLLM at full batch, 7B on one H100 (budgets assumes 10 as a floor);
-# other GPUs: scaled by memory bandwidth (rlt.checks.gpu_figures.figures)
 MEAN_COMPLETION_SHARE = 0.5  # completions average half of maxCompletionLength
 # A teacher prompt (question + solution, the chat template) when the rows cannot be measured: Bespoke-Stratos-17k's
 # are 1-2k tokens (issue 43's read of the data); the upper end, so the step time errs long, never maxPromptLength
@@ -99,16 +99,12 @@ def rank_imbalance(world: int, dealt: bool = False) -> float:
 
 def seconds_of(flops: float, spec: RLTRunSpec) -> float:
     """Seconds one GPU of the spec's model takes for `flops` at UTILISATION of its peak (rlt.checks.gpu_figures)."""
-    from rlt.checks.gpu_figures import figures
-
     return flops / (figures(spec).peak_flops * UTILISATION)
 
 
 def local_write_rate(spec: RLTRunSpec) -> tuple[float, str]:
     """(bytes per second a periodic save writes to the pod's local disk, where the figure comes from)."""
-    from rlt.checks.gpu_figures import _CALIBRATION
-
-    cal = _CALIBRATION.get()
+    cal = calibration()
     if cal is not None and cal.local_write_rate is not None:
         return cal.local_write_rate, f"measured: {cal.path}"
     return DEFAULT_LOCAL_WRITE_RATE, "rlt.checks.step_time.DEFAULT_LOCAL_WRITE_RATE (the H200 check's local disk)"
