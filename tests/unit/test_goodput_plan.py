@@ -112,6 +112,15 @@ def test_overlap_with_colocate_is_refused_naming_the_field():
         parse_run(doc)
 
 
+def test_one_step_off_without_the_importance_ratio_is_refused_naming_the_field():
+    from rlt.spec.loading import SpecError
+
+    doc = _doc()
+    doc["spec"]["stages"]["rl"]["generation"]["importanceSampling"] = "off"
+    with pytest.raises((SpecError, ValueError), match="stages.rl.generation.importanceSampling: off with overlap"):
+        parse_run(doc)
+
+
 def _save_warning(save_steps):
     from rlt.checks.step_time import checkpoint_interval, save_interval_warning
 

@@ -421,6 +421,15 @@ class RlStage(TrainerOptions):
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
             )
+        if (
+            mode == "server"
+            and self.generation.overlap == "oneStepOff"
+            and self.generation.importance_sampling == "off"
+        ):
+            problems.append(
+                "stages.rl.generation.importanceSampling: off with overlap oneStepOff; a row sampled by the previous "
+                "step's weights needs the importance ratio: use tokenTruncate (TRL's default) or another mode"
+            )
         if mode == "colocate" and self.generation.overlap != "none":
             problems.append(
                 f"stages.rl.generation.overlap: {self.generation.overlap} with mode colocate, whose trainer GPUs "
