@@ -135,7 +135,8 @@ def stop_cost_table(examples_dir) -> str:
     from pathlib import Path
 
     from rlt.checks.capacity import plan_for_run
-    from rlt.checks.step_time import goodput, minutes, trainer_grace_period, trainer_step_times, write_rate
+    from rlt.checks.goodput import goodput
+    from rlt.checks.step_time import minutes, trainer_grace_period, trainer_step_times, write_rate
     from rlt.checks.validation import load_valid_run
 
     rows = ["| phase (rl step) | bound | " + " | ".join(f"`{n}`" for n in STOP_COST_EXAMPLES) + " |"]
@@ -146,17 +147,17 @@ def stop_cost_table(examples_dir) -> str:
         "scoring": "the reward student's forward over the rank's rows",
         "reference/old-policy passes": "one forward each, × rank imbalance",
         "one micro-batch": "rows of the longest allowed length (forward, backward, recompute)",
-        "save": "checkpoint bytes / write rate + 60 s",
+        "save": "checkpoint bytes / write rate + 60 s (a stop's; a periodic save blocks for the local write)",
         "write rate assumed": "storage.writeBytesPerSecond, else the default",
         "grace period `rlt plan` prints": "the sum of the above (a stop may arrive at any phase)",
-        "one step": "rollout + scoring + passes + update",
-        "goodput": "useful share of held GPU-seconds; largest loss",
+        "one step": "rollout + scoring + passes + update (one step off: the longer of decoding and the rest, + sync)",
+        "goodput": "the algorithm's work over held GPU-seconds (docs/goodput.md); largest loss",
     }
     for name in STOP_COST_EXAMPLES:
         spec = load_valid_run(Path(examples_dir) / name).spec
         plan = plan_for_run(spec, build=False)
         t = next(x for x in trainer_step_times(spec, plan.shapes) if x.stage == "rl")
-        share, losses = goodput(t)
+        g = goodput(t)
         values = {
             "rollout": minutes(t.rollout),
             "scoring": minutes(t.scoring),
@@ -166,7 +167,7 @@ def stop_cost_table(examples_dir) -> str:
             "write rate assumed": f"{write_rate(spec)[0] / 1e6:.0f} MB/s",
             "grace period `rlt plan` prints": f"{trainer_grace_period(spec)[0]} s",
             "one step": minutes(t.step),
-            "goodput": f"{share:.0%} ({losses[0][0]} {losses[0][1]:.0%})",
+            "goodput": f"{g.share:.0%} ({g.losses[0][0]} {g.losses[0][1]:.0%})",
         }
         for key, value in values.items():
             cells.setdefault(key, []).append(value)

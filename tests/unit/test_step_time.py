@@ -39,11 +39,13 @@ def test_the_paper_step_is_tens_of_minutes_and_25_save_steps_are_flagged_with_th
     plan = plan_for_run(parse_run(doc).spec)
     rl = next(line for line in plan.stopping if line.startswith("rl: one step ≈ "))
     minutes = float(rl.removeprefix("rl: one step ≈ ").split(" min")[0])
-    assert 15 < minutes < 60, rl  # the review's estimate from FLOPs and decode rates: 20-45 min on 2 × 8 H100
+    # the review's estimate from FLOPs and decode rates: 20-45 min on 2 × 8 H100 in turn; one step off (this
+    # example's mode), the longer of the rollout (~11 min) and the trainers' phases (~14 min)
+    assert 10 < minutes < 60, rl
     save = next(w for w in plan.warnings if "saveSteps 25" in w)
     suggested = int(save.rsplit("stages.rl.saveSteps: ", 1)[1])
-    assert 2 <= suggested <= 10  # Young's interval for a ~8 min save and one loss a day: ~2.5 h of steps
-    assert suggested * minutes * 60 <= 2 * checkpoint_interval(8 * 60 + 60)
+    assert 2 <= suggested <= 10  # Young's interval for a ~2 min blocked save and one loss a day: ~75 min of steps
+    assert suggested * minutes * 60 <= 2 * checkpoint_interval(2 * 60, 24 * 3600)  # a 2-min local write
     assert any(
         "grace period, 600 s (resources.trainer.terminationGracePeriodSeconds), is below" in w for w in plan.warnings
     ), plan.warnings
@@ -131,6 +133,7 @@ def test_the_update_counts_recompute_imbalance_and_the_old_policy_pass():
     from rlt.checks.step_time import rank_imbalance
 
     doc = _doc()
+    doc["spec"]["stages"]["rl"]["generation"].update(overlap="none", importanceSampling="off")
     base = _rl(doc)
     # rl deals its rows across the 4 ranks by tokens (loss grpo): they still wait a little at every micro-step
     assert base.imbalance == rank_imbalance(4, dealt=True) == pytest.approx(1.07)
@@ -143,7 +146,7 @@ def test_the_update_counts_recompute_imbalance_and_the_old_policy_pass():
     assert _rl(doc).recompute == 0
     assert base.passes_name == "reference pass"  # paper-7b: beta 0.04, importance sampling off
     doc = _doc()
-    doc["spec"]["stages"]["rl"]["generation"]["importanceSampling"] = "tokenTruncate"
+    doc["spec"]["stages"]["rl"]["generation"].update(overlap="none", importanceSampling="tokenTruncate")
     both = _rl(doc)
     assert both.passes_name == "reference pass + old-policy pass" and both.passes == pytest.approx(2 * base.passes)
 
@@ -191,26 +194,20 @@ def test_a_write_rate_of_nothing_is_refused_naming_the_field():
 
 
 def test_rlt_plan_prints_the_phases_the_grace_and_the_goodput_of_paper_7b_and_2x8(capsys):
-    from rlt.checks.step_time import goodput
+    from rlt.checks.goodput import goodput
 
     for name, gpus in (("rltrun-paper-7b.yaml", 8), ("rltrun-2x8.yaml", 16)):
         assert main(["plan", str(EXAMPLES / name)]) == 0
         out = capsys.readouterr().out
-        assert "stopping: rl: one step ≈ " in out and "= rollout " in out and " + reference pass " in out, out
+        assert "stopping: rl: one step ≈ " in out and "the longer of the next step's decoding " in out, out
         assert "stopping: write rate: 100 MB/s (the default 100M" in out
         assert "stopping: rl: a stop needs " in out and "+ a save " in out
         line = next(x for x in out.splitlines() if x.startswith("  goodput: rl: "))
-        assert (
-            f"of the {gpus} GPUs' held GPU-seconds do useful work" in line
-            and "trainers idle during the rollout" in line
-        )
-        share, losses = goodput(_rl(_doc(name)))
-        assert 0.1 < share < 0.6 and share + sum(v for _, v in losses) == pytest.approx(1.0)
-        # the largest losses are the two sides of the pipeline waiting for each other, not the ranks (dealt by tokens)
-        assert {losses[0][0], losses[1][0]} == {
-            "generators idle during scoring, passes and update",
-            "trainers idle during the rollout",
-        }, losses
+        assert f"of the {gpus} GPUs' held GPU-seconds do the algorithm's work" in line, line
+        g = goodput(_rl(_doc(name)))
+        assert 0.5 < g.share < 0.95 and g.share + sum(v for _, v in g.losses) == pytest.approx(1.0)
+        before = goodput(_rl(_doc(name)), asynchronous=False)
+        assert before.share < g.share  # the save blocks for its local write only
 
 
 def test_rlt_plan_measures_the_prompts_where_it_can_read_the_rows(capsys):

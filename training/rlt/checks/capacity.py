@@ -9,8 +9,12 @@ written out below with its assumptions; the CPU benchmark (benchmarks/capacity.p
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
+from rlt.checks.distill_modes import distill_lines
+from rlt.checks.goodput import goodput_line
+from rlt.checks.gpu_figures import figures
 from rlt.checks.gpu_memory import (
     DEFAULT_GPU_MEMORY,
     GPU_MEMORY_LABEL,
@@ -21,6 +25,7 @@ from rlt.checks.gpu_memory import (
     tensor_parallel_choice,
 )
 from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
+from rlt.checks.modes import mode_lines, variant
 from rlt.checks.plan_terms import (
     Check,
     Plan,
@@ -37,9 +42,10 @@ from rlt.checks.stage_terms.distill import distill_sequences_in_flight
 from rlt.checks.step_time import (
     MEAN_COMPLETION_SHARE,
     PromptTokens,
+    StepTime,
     default_prompts,
-    goodput_line,
     preemption_notes,
+    rank_imbalance,
     trainer_grace_period,
     trainer_step_times,
 )
@@ -122,9 +128,34 @@ def plan_run(
         times = trainer_step_times(spec, shapes, prompts=prompts, gpu_memory=gpu_memory)
         plan.stopping, stop_warnings = preemption_notes(spec, times, trainer_grace_period(spec), prompts)
         plan.warnings += stop_warnings
-        plan.goodput = [goodput_line(t) for t in times]
+        plan.goodput = [goodput_line(t) for t in times] + old_goodput_lines(spec, shapes, times, prompts, gpu_memory)
+        gen = spec.stages.rl.generation
+        if any(t.stage == "rl" for t in times) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
+            lines, warnings = mode_lines(spec, shapes, gpu_memory, prompts, node_gpus(spec))
+            plan.goodput += lines
+            plan.warnings += warnings
+        if spec.stages.distill.enabled:
+            plan.goodput += distill_lines(spec, shapes, gpu_memory, prompts, at.rows)
         plan.unplaceable = one_node_problems(spec)
+        plan.figures = figures(spec).sources
     return plan
+
+
+def old_goodput_lines(
+    spec: RLTRunSpec, shapes: Shapes, times: list[StepTime], prompts: PromptTokens | None, gpu_memory: int
+) -> list[str]:
+    """Each stage's goodput in the terms of the plan before issue 51, for comparison: saves on the critical path,
+    sft's rows dealt at random, rl's generators separate (mode server, overlap none) where the spec has them."""
+    out = []
+    for t in times:
+        old, how = t, "saves on the critical path"
+        if t.stage == "sft":
+            old, how = replace(t, imbalance=rank_imbalance(t.trainer_gpus)), how + ", rows dealt at random"
+        if t.stage == "rl" and spec.stages.rl.generation.mode == "server" and spec.resources.generator.gpus:
+            separate = stage_terms("rl").step_time(variant(spec, "server", "none"), shapes, True, prompts, gpu_memory)
+            old, how = separate or t, how + ", generators separate"
+        out.append(goodput_line(old, f" before ({how})", asynchronous=False))
+    return out
 
 
 def _generator_check(spec: RLTRunSpec, stage: str, shape: ModelShape, gpu_memory: int) -> Check:
@@ -313,6 +344,7 @@ def plan_for_run(
 def render(plan: Plan, name: str) -> str:
     """The plan as a table a platform engineer reads: one block per stage and resource, its terms, need / has."""
     lines = [f"{name}: capacity plan for {gib(plan.gpu_memory)} GPUs"]
+    lines += [f"  figures: {key}: {value}" for key, value in plan.figures.items()]
     if plan.shapes is not None:
         roles = [("teacher", plan.shapes.teacher), ("student", plan.shapes.student)]
         roles += [("stages.student.model", plan.shapes.trained_student)] if plan.shapes.trained_student else []

@@ -26,11 +26,16 @@ MIN_KV_SEQUENCES = 64
 
 def spec_gpu_memory(spec: RLTRunSpec) -> tuple[int, str]:
     """The memory of one GPU of the run's nodes and where the figure comes from: the value of the
-    nvidia.com/gpu.memory label (MiB) in spec.scheduling.nodeSelector when the run selects nodes by it, else
-    DEFAULT_GPU_MEMORY (the spec names no GPU type otherwise: nvidia.com/gpu is a count)."""
+    nvidia.com/gpu.memory label (MiB) in spec.scheduling.nodeSelector when the run selects nodes by it, else the
+    calibrated GPU's or the named GPU product's (rlt.checks.gpu_figures), else DEFAULT_GPU_MEMORY (the spec names no GPU type otherwise: nvidia.com/gpu is a count)."""
+    from rlt.checks.gpu_figures import spec_gpu_model_memory
+
     mib = spec.scheduling.node_selector.get(GPU_MEMORY_LABEL)
     if mib is not None and mib.isdigit():
         return int(mib) * 2**20, f"spec.scheduling.nodeSelector {GPU_MEMORY_LABEL}={mib} (MiB)"
+    model = spec_gpu_model_memory(spec)  # a calibration's GPU, or the GPU product the spec selects
+    if model is not None:
+        return model
     unread = f" ({GPU_MEMORY_LABEL}={mib} is not a number of MiB)" if mib is not None else ""
     return DEFAULT_GPU_MEMORY, f"the default {DEFAULT_GPU_MEMORY / GiB:.1f} GiB{unread}"
 

@@ -78,6 +78,7 @@ class Plan:
     goodput: list[str] = field(default_factory=list)  # per Trainer stage: useful share of held GPU-seconds, losses
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
+    figures: dict[str, str] = field(default_factory=dict)  # the GPU figures the times use, with their sources
 
     @property
     def failures(self) -> list[Check]:
@@ -252,10 +253,24 @@ class StepTime:
     passes_work: float = 0.0  # reference and old-policy forwards, at balanced ranks
     passes_name: str = "reference/old-policy passes"  # the ones this step runs
     reads_prompts: bool = False  # its rows are the teacher's prompts (PromptTokens) plus completions
+    save_local: float = 0.0  # a periodic save's write to the pod's local disk: what it blocks
+    durable_copy: float = 0.0  # the background copy of a save to the run's volume
+    one_step_off: bool = False  # the next step's rollout runs while this step scores, passes and updates
+    engine_switch: float = 0.0  # colocated: waking the vLLM engine before the rollout, putting it to sleep after
+
+    @property
+    def generating(self) -> float:
+        """The rollout's decoding: the longer of the throughput and the longest-completion bounds."""
+        return max(self.throughput_bound, self.longest_bound) if self.longest_bound else 0.0
 
     @property
     def rollout(self) -> float:
-        return max(self.throughput_bound, self.longest_bound) + self.transfer if self.longest_bound else 0.0
+        return self.generating + self.transfer + self.engine_switch if self.longest_bound else 0.0
+
+    @property
+    def trainer_phases(self) -> float:
+        """What the trainer GPUs do after the rollout: scoring, passes, update."""
+        return self.scoring + self.passes + self.update
 
     @property
     def passes(self) -> float:
@@ -272,7 +287,18 @@ class StepTime:
 
     @property
     def step(self) -> float:
+        """One optimizer step: the phases in turn; one step off, the longer of the decoding and the trainer's
+        phases, then the weight transfer (neither side can start the next step before it)."""
+        if self.one_step_off and self.rollout:
+            return max(self.generating, self.trainer_phases) + self.transfer
         return self.before_update + self.update
+
+    def save_blocked(self, asynchronous: bool) -> float:
+        """Seconds one periodic save holds the training loop: the local write, plus the wait for the previous
+        durable copy when it outlasts saveSteps steps (`asynchronous`); else the whole save to the volume."""
+        if not asynchronous:
+            return self.save
+        return self.save_local + max(0.0, self.durable_copy - self.save_steps * self.step)
 
     @property
     def grace(self) -> int:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 
+from rlt.checks.gpu_figures import DECODE_TOKENS_PER_S, calibration, figures
 from rlt.checks.model_shape import ModelShape, Shapes, known_shape
 from rlt.checks.plan_terms import PromptTokens, StepTime, stage_terms
 from rlt.spec.k8s import quantity_value
@@ -45,12 +46,12 @@ from rlt.spec.resources import DEFAULT_WRITE_RATE, GRACE_FLOOR_SECONDS
 from rlt.spec.run import RLTRunSpec, stage_settings
 from rlt.spec.stages import teacher_prompt_tokens, trained_student
 
-# PromptTokens and StepTime live in rlt.checks.plan_terms (a stage's terms build them); re-exported for callers.
-__all__ = ["PromptTokens", "StepTime"]
+# PromptTokens and StepTime live in rlt.checks.plan_terms (a stage's terms build them), DECODE_TOKENS_PER_S in
+# rlt.checks.gpu_figures (the GPU figures); re-exported for callers.
+__all__ = ["DECODE_TOKENS_PER_S", "PromptTokens", "StepTime"]
 
-PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (A100: 312e12: the estimate is then ~3x short)
+PEAK_FLOPS = 989e12  # H100 SXM dense bf16; the plan uses the spec's GPU's (rlt.checks.gpu_figures)
 UTILISATION = 0.35  # model FLOPs utilisation of a long-sequence 7B update with ZeRO-3 and checkpointing
-DECODE_TOKENS_PER_S = 30.0  # per sequence, vLLM at full batch, 7B on one H100 (budgets assumes 10 as a floor)
 MEAN_COMPLETION_SHARE = 0.5  # completions average half of maxCompletionLength
 # A teacher prompt (question + solution, the chat template) when the rows cannot be measured: Bespoke-Stratos-17k's
 # are 1-2k tokens (issue 43's read of the data); the upper end, so the step time errs long, never maxPromptLength
@@ -68,7 +69,11 @@ BALANCED_IMBALANCE_PER_DOUBLING = 0.035
 # and an NCCL broadcast to the engines per parameter): ~15 s for a 7B model in bf16; an estimate, to be measured.
 WEIGHT_SYNC_BYTES_PER_S = 1e9
 EXIT_SECONDS = 60  # ranks and launcher leaving, the marker written
-MTBF_SECONDS = 24 * 3600  # a gang's mean time between losses (SIGKILL past the grace period, a node lost, an OOM)
+# A periodic save blocks the training loop for the write to the pod's local disk only; a background copy makes it
+# durable on the run's volume (rlt.stages: the marker written after its fsync). The H200 GPU check wrote a Trainer
+# checkpoint with its optimizer to local disk at 0.91 GB/s (benchmarks/gpu-runs/2026-11-27-h200); a datacenter
+# NVMe writes 2-7 GB/s. `rlt plan --calibration` replaces it with the measured rate.
+DEFAULT_LOCAL_WRITE_RATE = 900e6
 
 
 def default_prompts(spec: RLTRunSpec) -> PromptTokens:
@@ -93,9 +98,21 @@ def rank_imbalance(world: int, dealt: bool = False) -> float:
     return 1.0 + per_doubling * math.log2(max(1, world))
 
 
-def seconds_of(flops: float) -> float:
-    """Seconds one GPU takes for `flops` at UTILISATION of PEAK_FLOPS."""
-    return flops / (PEAK_FLOPS * UTILISATION)
+def seconds_of(flops: float, spec: RLTRunSpec) -> float:
+    """Seconds one GPU of the spec's model takes for `flops` at UTILISATION of its peak (rlt.checks.gpu_figures)."""
+    return flops / (figures(spec).peak_flops * UTILISATION)
+
+
+def local_write_rate(spec: RLTRunSpec) -> tuple[float, str]:
+    """(bytes per second a periodic save writes to the pod's local disk, where the figure comes from)."""
+    cal = calibration()
+    if cal is not None and cal.local_write_rate is not None:
+        return cal.local_write_rate, f"measured: {cal.path}"
+    return DEFAULT_LOCAL_WRITE_RATE, "rlt.checks.step_time.DEFAULT_LOCAL_WRITE_RATE (the H200 check's local disk)"
+
+
+def mtbf_seconds(spec: RLTRunSpec) -> float:
+    return spec.resources.trainer.mtbf_hours * 3600
 
 
 def step_time(
@@ -119,22 +136,52 @@ def step_time(
     rows = st.batch_size / world  # rows per rank per step
     micro = max(1, st.batch_size // (st.per_device_batch_size * world))
     rate, _ = write_rate(spec)
+    local, _ = local_write_rate(spec)
     return StepTime(
         stage,
         micro_batches=micro,
-        update_work=seconds_of(rows * mean * per_token),
-        recompute=seconds_of(rows * mean * recompute_per_token),
+        update_work=seconds_of(rows * mean * per_token, spec),
+        recompute=seconds_of(rows * mean * recompute_per_token, spec),
         imbalance=rank_imbalance(world, dealt=dealt),
-        longest_micro=seconds_of(st.per_device_batch_size * longest * (per_token + recompute_per_token)),
+        longest_micro=seconds_of(st.per_device_batch_size * longest * (per_token + recompute_per_token), spec),
         save=checkpoint / rate + EXIT_SECONDS,
+        save_local=checkpoint / local,
+        durable_copy=checkpoint / rate,
         save_steps=st.save_steps,
         trainer_gpus=world,
     )
 
 
-def checkpoint_interval(save: float) -> float:
-    """Young's checkpoint interval (seconds of training between saves) for a save of `save` seconds."""
-    return math.sqrt(2 * save * MTBF_SECONDS)
+def checkpoint_interval(save: float, mtbf: float) -> float:
+    """Young's checkpoint interval (seconds of training between saves) for saves that block `save` seconds and a
+    gang lost once every `mtbf` seconds: sqrt(2 × save × MTBF)."""
+    return math.sqrt(2 * save * mtbf)
+
+
+def interval_cost(interval: float, save: float, mtbf: float) -> float:
+    """The share of the training time lost to saves and to the work redone after a loss, at `interval` seconds
+    between saves (first order, Young): save / interval + interval / (2 × MTBF)."""
+    return save / interval + interval / (2 * mtbf)
+
+
+def save_interval_warning(spec: RLTRunSpec, t: StepTime, asynchronous: bool = True) -> str | None:
+    """A warning when saveSteps × step is over twice or under half Young's interval (the lost share is then 25 %
+    above the least or more), with the saveSteps to set and what the current one costs."""
+    mtbf = mtbf_seconds(spec)
+    blocked = t.save_blocked(asynchronous)
+    best = checkpoint_interval(blocked, mtbf)
+    interval = t.save_steps * t.step
+    if 0.5 * best <= interval <= 2 * best:
+        return None
+    extra = interval_cost(interval, blocked, mtbf) - interval_cost(best, blocked, mtbf)
+    how = "over twice" if interval > best else "under half"
+    what = "saves blocking" if interval < best else "work redone after a loss"
+    return (
+        f"{t.stage}: saveSteps {t.save_steps} × step ≈ {minutes(interval)} is {how} the checkpoint interval that "
+        f"costs least ({minutes(best)}: Young/Daly sqrt(2 × {minutes(blocked)} blocked per save × MTBF "
+        f"{spec.resources.trainer.mtbf_hours:g} h, resources.trainer.mtbfHours)); it costs {extra:.1%} more of the "
+        f"stage's GPU-time in {what}; set stages.{t.stage}.saveSteps: {max(1, round(best / t.step))}"
+    )
 
 
 def preemption_notes(
@@ -142,15 +189,18 @@ def preemption_notes(
 ) -> tuple[list[str], list[str]]:
     """The plan's lines on stopping: the inputs it assumed (prompt length, write rate), per stage the phases of a
     step, the save, the grace period a stop needs and what a stop loses; a warning (with the value to set) when
-    saveSteps x step is over twice Young's interval or the trainer pods' grace period (`grace_period`: seconds,
+    saveSteps x step is far from Young's interval or the trainer pods' grace period (`grace_period`: seconds,
     where they come from) is below what a stop needs. (lines, warnings)."""
     grace, source = grace_period
     if not times:
         return [], []
     rate, rate_source = write_rate(spec)
+    local, local_source = local_write_rate(spec)
     out = [
         f"the trainer pods' grace period: {grace} s ({source})",
         f"write rate: {rate / 1e6:.0f} MB/s ({rate_source})",
+        f"local write rate: {local / 1e6:.0f} MB/s ({local_source}): a periodic save blocks for the local write, "
+        "the durable copy to the volume overlaps the next steps",
     ]
     for t in [t for t in times if t.reads_prompts][:1]:
         p = prompts or default_prompts(spec)
@@ -162,15 +212,10 @@ def preemption_notes(
         out.append(
             f"{t.stage}: a stop needs {t.grace} s = {stop_wait(t)} + a save {minutes(t.save)}; within the grace period "
             f"({grace} s) it loses the step in progress only, a SIGKILL or node loss up to saveSteps × step = "
-            f"{minutes(loss)}"
+            f"{minutes(loss)} plus the durable copy in flight ({minutes(t.durable_copy)})"
         )
-        best = checkpoint_interval(t.save)
-        if loss > 2 * best:
-            warn.append(
-                f"{t.stage}: saveSteps {t.save_steps} × step ≈ {minutes(loss)} is over twice the checkpoint "
-                f"interval that costs least ({minutes(best)} for a {minutes(t.save)} save, one loss a day); set "
-                f"stages.{t.stage}.saveSteps: {max(1, round(best / t.step))}"
-            )
+        flagged = save_interval_warning(spec, t)
+        warn += [flagged] if flagged else []
         if grace < t.grace:
             warn.append(
                 f"{t.stage}: the trainer pods' grace period, {grace} s ({source}), is below the {t.grace} s a stop "
@@ -190,19 +235,23 @@ def stop_wait(t: StepTime) -> str:
 def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
     """A step of `t.stage` phase by phase, each with how it was bounded."""
     world = t.trainer_gpus
-    lines = [
-        f"{t.stage}: one step ≈ {minutes(t.step)} = "
-        + " + ".join(
-            f"{name} {minutes(v)}"
-            for name, v in (
-                ("rollout", t.rollout),
-                ("scoring", t.scoring),
-                (t.passes_name, t.passes),
-                ("update", t.update),
-            )
-            if v
+    trainer = " + ".join(
+        f"{name} {minutes(v)}"
+        for name, v in (("scoring", t.scoring), (t.passes_name, t.passes), ("update", t.update))
+        if v
+    )
+    if t.one_step_off and t.rollout:
+        how = (
+            f"the longer of the next step's decoding {minutes(t.generating)} and this step's {trainer}, then the "
+            f"weight sync {minutes(t.transfer)} (overlap oneStepOff)"
         )
-        + f"; a save ≈ {minutes(t.save)} every {t.save_steps} steps (rlt.checks.step_time)"
+    else:
+        how = (
+            " + ".join([f"rollout {minutes(t.rollout)}"] if t.rollout else []) + (" + " if t.rollout else "") + trainer
+        )
+    lines = [
+        f"{t.stage}: one step ≈ {minutes(t.step)} = {how}; a save ≈ {minutes(t.save)} every {t.save_steps} steps, "
+        f"blocking {minutes(t.save_blocked(True))} (the local write; rlt.checks.step_time)"
     ]
     if t.rollout:
         rl = stage_settings(spec, t.stage)  # the stage whose step this is
@@ -222,42 +271,6 @@ def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
         f"{recompute}, ×{t.imbalance:.2f} rank imbalance at {world} ranks: rlt.checks.step_time.{constant})"
     )
     return lines
-
-
-def goodput(t: StepTime) -> tuple[float, list[tuple[str, float]]]:
-    """(the share of the GPU-seconds the stage holds that does useful work, the rest by cause as shares, largest
-    first). Useful: the update's forward and backward at balanced ranks, and generation at full decode slots. The
-    held GPUs: the trainer's, and the generators' in server mode; a step's period includes its share of a save."""
-    period = t.step + t.save / max(1, t.save_steps)
-    gen, trainers = t.generator_gpus, t.trainer_gpus
-    held = (trainers + gen) * period
-    generating = gen or (trainers if t.rollout else 0)  # colocate/inprocess generate on the trainer GPUs
-    useful = trainers * t.update_work + generating * t.busy_generation
-    losses = [
-        ("trainers idle during the rollout", trainers * t.rollout if gen else 0.0),
-        ("generators idle during scoring, passes and update", gen * (t.step - t.rollout)),
-        (
-            "decode slots empty (the longest completions' tail, the weight transfer)",
-            generating * t.rollout - generating * t.busy_generation,
-        ),
-        ("rank imbalance", trainers * (t.imbalance - 1) * (t.update_work + t.recompute + t.passes_work)),
-        ("scoring", trainers * t.scoring),
-        (t.passes_name, trainers * t.passes_work),
-        ("gradient-checkpoint recompute", trainers * t.recompute),
-        ("saves", (trainers + gen) * t.save / max(1, t.save_steps)),
-    ]
-    ranked = sorted(((name, v / held) for name, v in losses if v > 0), key=lambda x: -x[1])
-    return useful / held, ranked
-
-
-def goodput_line(t: StepTime) -> str:
-    share, losses = goodput(t)
-    gpus = t.trainer_gpus + t.generator_gpus
-    lost = ", ".join(f"{name} {v:.0%}" for name, v in losses if v >= 0.005)
-    return (
-        f"{t.stage}: {share:.0%} of the {gpus} GPUs' held GPU-seconds do useful work (update and busy generation); "
-        f"lost: {lost}"
-    )
 
 
 def minutes(seconds: float) -> str:

@@ -15,6 +15,21 @@ if TYPE_CHECKING:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from rlt.checks.gpu_figures import calibrated, calibration_lines, read_calibration
+
+    calibration = None
+    if args.calibration:
+        try:
+            calibration = read_calibration(args.calibration)
+        except ValueError as err:
+            print(f"rlt plan: {err}", file=sys.stderr)
+            return 2
+        print("\n".join(calibration_lines(calibration)))
+    with calibrated(calibration):
+        return _plan_files(args)
+
+
+def _plan_files(args: argparse.Namespace) -> int:
     from rlt.checks.capacity import plan_for_run, render, spec_gpu_memory
     from rlt.checks.validation import load_valid_runs
     from rlt.spec.k8s import quantity_bytes
@@ -106,5 +121,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--gpu-memory",
         help="memory of one GPU, a Kubernetes quantity (default: the spec's nodeSelector nvidia.com/gpu.memory in "
         "MiB when it selects nodes by it, else 80Gi: A100/H100 80GB)",
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="a GPU check's JSON (benchmarks/gpu_check.py): plan with the figures it measured (dense bf16 matmul "
+        "rate, GPU model and memory, local-disk write rate) instead of the spec-sheet ones; prints which it replaced "
+        "and which it measured but kept, and why",
     )
     p.set_defaults(func=cmd_plan)

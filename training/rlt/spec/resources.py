@@ -140,6 +140,14 @@ class TrainerResources(PodResources):
         "`rlt plan` prints the value and warns when it is short. Some stops cap it (cluster-autoscaler scale-down: "
         "10 min by default; spot reclaim: minutes).",
     )
+    mtbf_hours: float = Field(
+        24.0,
+        gt=0,
+        description="Mean hours between losses of the trainer gang that its grace period does not save (a node or "
+        "GPU lost, an OOM, a SIGKILL, a reclaim without notice): what `rlt plan` sizes the checkpoint interval "
+        "with (Young/Daly: sqrt(2 × blocked save time × MTBF)) and flags a saveSteps far from it. The default, one a "
+        "day, is a shared cluster's; GPU hardware alone fails far less often (docs/goodput.md).",
+    )
 
 
 class GeneratorResources(PodResources):

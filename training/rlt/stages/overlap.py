@@ -44,9 +44,8 @@ MAX_STEPS_OFF_POLICY = 1  # optimizer steps between the weights that sample a ro
 
 
 def steps_off_policy(st: RlStage) -> int:
-    """How many optimizer steps a row may be off-policy: the one place the runtime reads generation.overlap (read
-    by name until the plan's change adds the field: then `st.generation.overlap`)."""
-    return MAX_STEPS_OFF_POLICY if getattr(st.generation, "overlap", "none") == ONE_STEP_OFF else 0
+    """How many optimizer steps a row may be off-policy: the one place the runtime reads generation.overlap."""
+    return MAX_STEPS_OFF_POLICY if st.generation.overlap == ONE_STEP_OFF else 0
 
 
 class Sampler(Protocol):

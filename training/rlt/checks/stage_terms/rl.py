@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from rlt.checks.gpu_memory import kv_sequences, spec_gpu_memory
+from rlt.checks.gpu_figures import figures
+from rlt.checks.gpu_memory import GiB, kv_sequences, spec_gpu_memory
 from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
 from rlt.checks.plan_terms import (
     Plan,
@@ -20,7 +21,6 @@ from rlt.checks.plan_terms import (
 )
 from rlt.checks.stage_terms.trainer import Terms, TrainerTerms, world_of
 from rlt.checks.step_time import (
-    DECODE_TOKENS_PER_S,
     MEAN_COMPLETION_SHARE,
     WEIGHT_SYNC_BYTES_PER_S,
     default_prompts,
@@ -33,6 +33,16 @@ from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import DEALABLE_LOSSES
 
+# A sleeping vLLM engine (sleep mode level 1) keeps its CUDA graphs and allocator pools on the GPU: ~0.5-1 GiB for a
+# 7B model (vLLM's sleep-mode notes); a documented estimate, not measured here.
+VLLM_ASLEEP = 1 * GiB
+# Colocated weight sync in place: TRL gathers each ZeRO-3 parameter over NVLink and loads it into the local engine
+# (load_weights), no network broadcast; per-parameter overheads dominate, ~1.5 s for a 7B model. An estimate.
+INPLACE_SYNC_BYTES_PER_S = 10e9
+# Waking and putting to sleep (level 1) moves the engine's weights host <-> GPU over PCIe (gen5 x16: ~25 GB/s
+# sustained from pinned memory).
+HOST_LINK_BYTES_PER_S = 25e9
+
 
 @dataclass(frozen=True)
 class RlTerms(TrainerTerms):
@@ -41,9 +51,11 @@ class RlTerms(TrainerTerms):
         return rl.max_prompt_length + rl.max_completion_length, rl.max_completion_length
 
     def gpu_fix(self, spec: RLTRunSpec) -> str:
+        colocated = spec.stages.rl.generation.mode == "colocate"
         return (
             "resources.trainer.gpus/nodes (more ranks split ZeRO-3 states), stages.rl.maxCompletionLength, "
-            "stages.rl.reward.maxBatchTokens or a GPU with more memory (--gpu-memory)"
+            + ("stages.rl.generation.gpuMemoryUtilization (the colocated engine's share), " if colocated else "")
+            + "stages.rl.reward.maxBatchTokens or a GPU with more memory (--gpu-memory)"
         )
 
     def steps(self, spec: RLTRunSpec, rows: int | None) -> int | None:
@@ -98,7 +110,14 @@ class RlTerms(TrainerTerms):
                 )
             )
         elif rl.generation.mode == "colocate":
-            terms.append(("colocated vLLM share", int(rl.generation.gpu_memory_utilization * at.gpu_memory)))
+            # vLLM's sleep mode (level 1) between rollouts: weights to host memory, KV cache freed; awake, the
+            # engine takes its gpuMemoryUtilization share of the GPU (weights, working memory, KV cache)
+            util = rl.generation.gpu_memory_utilization
+            terms.append(("vLLM engine asleep (CUDA graphs, allocator pools; constant)", VLLM_ASLEEP))
+            phases.append(
+                (f"vLLM engine awake (gpuMemoryUtilization {util:.2f}: weights, KV cache)", int(util * at.gpu_memory))
+            )
+            host += world // spec.resources.trainer.nodes * shape.params * dtype_bytes(spec.teacher, gpu)
         return host
 
     def step_phases(
@@ -134,27 +153,34 @@ def _rl_phases(
     server = mode == "server"
     engines = max(1, gen.replicas * gen.data_parallel_size) if server else t.trainer_gpus
     slots = VLLM_MAX_NUM_SEQS
-    if server:
+    b = dtype_bytes(spec.teacher)
+    if mode != "inprocess":
         memory = gpu_memory if gpu_memory is not None else spec_gpu_memory(spec)[0]
-        # vLLM allocates KV pages as tokens are made: the mean row, not the longest, sets how many share the cache
-        kv = kv_sequences(spec, shape, memory, math.ceil(mean), gen.tensor_parallel_size, dtype_bytes(spec.teacher))
-        slots = min(slots, max(1, kv))
+        # vLLM allocates KV pages as tokens are made: the mean row, not the longest, sets how many share the cache;
+        # a colocated engine is one GPU's, its share gpuMemoryUtilization as a generator's
+        tp = gen.tensor_parallel_size if server else 1
+        slots = min(slots, max(1, kv_sequences(spec, shape, memory, math.ceil(mean), tp, b)))
     at_once = min(rl.batch_size, engines * slots)
     # GRPO's reference at beta > 0 (LoRA: the base with its adapter off, still a whole forward); TRL's old-policy
     # forward only for its vLLM importance sampling correction (rlt aligns generation with the optimizer step)
     names = ["reference pass"] if rl.beta > 0 else []
     names += ["old-policy pass"] if mode != "inprocess" and rl.generation.importance_sampling != "off" else []
     tokens = rows * mean
+    decode = figures(spec).decode_tokens_per_s
     return replace(
         t,
         reads_prompts=True,
         generator_gpus=gen.replicas * gen.gpus if server else 0,
-        throughput_bound=rl.batch_size * completion / (at_once * DECODE_TOKENS_PER_S),
-        longest_bound=rl.max_completion_length / DECODE_TOKENS_PER_S,
-        busy_generation=rl.batch_size * completion / (engines * slots * DECODE_TOKENS_PER_S),
-        transfer=shape.params * dtype_bytes(spec.teacher) / WEIGHT_SYNC_BYTES_PER_S if mode != "inprocess" else 0.0,
-        scoring=seconds_of(tokens * 2 * student.params) if student is not None else 0.0,
-        passes_work=seconds_of(tokens * 2 * shape.params * len(names)),
+        throughput_bound=rl.batch_size * completion / (at_once * decode),
+        longest_bound=rl.max_completion_length / decode,
+        busy_generation=rl.batch_size * completion / (engines * slots * decode),
+        transfer=shape.params * b / (INPLACE_SYNC_BYTES_PER_S if mode == "colocate" else WEIGHT_SYNC_BYTES_PER_S)
+        if mode != "inprocess"
+        else 0.0,
+        engine_switch=2 * shape.params * b / HOST_LINK_BYTES_PER_S if mode == "colocate" else 0.0,
+        one_step_off=rl.generation.overlap == "oneStepOff" and mode != "colocate",
+        scoring=seconds_of(tokens * 2 * student.params, spec) if student is not None else 0.0,
+        passes_work=seconds_of(tokens * 2 * shape.params * len(names), spec),
         passes_name=" + ".join(names),
     )
 

@@ -117,6 +117,14 @@ class GenerationSpec(ServerSpec):
         "paper; when on, the masked or clipped share per step is a metric).",
     )
     importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
+    overlap: Literal["none", "oneStepOff"] = Field(
+        "none",
+        description="none: each step generates, then trains. oneStepOff: the generators produce step k+1's rollouts "
+        "while the trainers update on step k (a row is trained at most one optimizer step after the weights that "
+        "sampled it; the GRPO clip and the importance ratio correct for it). For mode server; mode colocate has "
+        "nothing to overlap (the same GPUs generate and train). `rlt plan` prints each mode's goodput and the one "
+        "it would choose (docs/goodput.md).",
+    )
 
 
 class RefSyncSpec(Strict):
@@ -230,6 +238,21 @@ class RlStage(TrainerOptions):
             problems.append(
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
+            )
+        if (
+            mode == "server"
+            and self.generation.overlap == "oneStepOff"
+            and self.generation.importance_sampling == "off"
+        ):
+            problems.append(
+                "stages.rl.generation.importanceSampling: off with overlap oneStepOff; a row sampled by the previous "
+                "step's weights needs the importance ratio: use tokenTruncate (TRL's default) or another mode"
+            )
+        if mode == "colocate" and self.generation.overlap != "none":
+            problems.append(
+                f"stages.rl.generation.overlap: {self.generation.overlap} with mode colocate, whose trainer GPUs "
+                "generate and train in turn (nothing to overlap); use mode server with overlap oneStepOff, or overlap "
+                "none"
             )
         if mode == "server" and not generator.gpus and not generator.extra:
             problems.append(
