@@ -62,7 +62,10 @@ async def apply(
                     continue
                 logger.info(f"updated {a.plural}/{a.name}")
             elif a.verb == "delete":
-                if await asyncio.to_thread(state.kube.delete, a.plural, ref.namespace, a.name, a.propagation):
+                deleted = await asyncio.to_thread(
+                    state.kube.delete, a.plural, ref.namespace, a.name, a.propagation, grace_seconds=a.grace_seconds
+                )
+                if deleted:
                     logger.info(f"deleted {a.plural}/{a.name}")
             else:  # pragma: no cover - status.py only emits these three
                 raise ValueError(f"unknown action {a.verb}")

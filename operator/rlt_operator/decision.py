@@ -36,6 +36,7 @@ class Action:
     name: str
     body: dict[str, Any] | None = None
     propagation: str = "Background"
+    grace_seconds: int | None = None  # a delete's gracePeriodSeconds (None: the object's own)
 
 
 @dataclass
@@ -68,11 +69,13 @@ class Plan:
         self.actions.append(Action("create", plural, name, manifest))
         return False
 
-    def delete(self, plural: str, name: str, propagation: str = "Background") -> None:
+    def delete(self, plural: str, name: str, propagation: str = "Background", grace_seconds: int | None = None) -> None:
         child = self.obs.child(plural, name)
         queued = any(a.verb == "delete" and a.name == name and a.plural == plural for a in self.actions)
-        if child is not None and not child.get("deleting") and not queued:
-            self.actions.append(Action("delete", plural, name, propagation=propagation))
+        # A pod being deleted already may be deleted again with a shorter grace period (the API server shortens it).
+        again = grace_seconds is not None and plural == "pods"
+        if child is not None and (again or not child.get("deleting")) and not queued:
+            self.actions.append(Action("delete", plural, name, propagation=propagation, grace_seconds=grace_seconds))
 
 
 def fail(run_status: RLTRunStatus, reason: str, message: str, now: dt.datetime) -> None:

@@ -190,12 +190,21 @@ class Kube:
         return dict(data or {})
 
     def delete(
-        self, plural: str, namespace: str, name: str, propagation: str = "Background", uid: str | None = None
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        propagation: str = "Background",
+        uid: str | None = None,
+        grace_seconds: int | None = None,
     ) -> bool:
         """True if deleted now, False if it was already gone (404 is success for a delete). With `uid`, only that
-        object: one re-created under the same name meanwhile is left alone (the server answers 409)."""
+        object: one re-created under the same name meanwhile is left alone (the server answers 409).
+        `grace_seconds`: the deletion's gracePeriodSeconds (a pod's own terminationGracePeriodSeconds when None)."""
         path = f"{collection_path(plural, namespace)}/{name}"
         options: dict[str, Any] = {"propagationPolicy": propagation}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
         if uid:
             options["preconditions"] = {"uid": uid}
         status, data = self._call("DELETE", path, options)

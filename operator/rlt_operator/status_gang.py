@@ -38,6 +38,13 @@ from rlt_operator.status_records import spec_of
 # controller's pod back-off, shorter: a gang restart already costs a model load); a disruption restarts at once.
 BACKOFF_BASE, BACKOFF_CAP = 10.0, 300.0
 
+# The grace period of a gang's live trainer pods once a trainer pod of it has failed: they cannot save (a ZeRO
+# checkpoint is a collective of every rank, and a rank is gone), and under NCCL they do not notice the lost peer
+# before the process group's timeout, so the pods' own grace period (sized for a save: up to 35 min) would only
+# hold the GPUs and the restart. A preemption, eviction, drain or suspend keeps the full grace: every rank lives
+# and saves.
+LOST_PEER_GRACE_SECONDS = 10
+
 
 def restart_delay(counted_failures: int) -> float:
     """Seconds the next gang waits after the `counted_failures`-th failure (0: none yet)."""
@@ -201,10 +208,24 @@ def gang_outcome(
     delay = 0.0 if disrupted else restart_delay(counted + 1)
     run_status.backoff_until = format_time(now + dt.timedelta(seconds=delay)) if delay else None
     plan.delete("jobs", gang.job_name, "Foreground")
+    if not disrupted:
+        for name in lost_peer_survivors(observed.pods, stage, restarts):
+            plan.delete("pods", name, grace_seconds=LOST_PEER_GRACE_SECONDS)
     plan.delete("statefulsets", gang.gen_name, "Foreground")
     set_condition(run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, "GangRestart", failure, now)
     run_status.last_failure = failure
     return RESTART
+
+
+def lost_peer_survivors(pods: list[dict[str, Any]], stage: str, restarts: int) -> list[str]:
+    """The current gang's live trainer pods when another trainer pod of it failed (not a stop after a save or a
+    disruption): they are deleted with LOST_PEER_GRACE_SECONDS instead of their own grace period."""
+    trainers = [
+        p for p in current_gang(pods, stage, restarts) if p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER
+    ]
+    # `disrupted`: a stop after a save (exit STOPPED) or a DisruptionTarget condition (observed._pod)
+    lost = any(p.get("phase") == "Failed" and not p.get("disrupted") for p in trainers)
+    return [p["name"] for p in trainers if lost and p.get("phase") in ("Pending", "Running")]
 
 
 def restart_backoff(gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> float | None:

@@ -57,6 +57,7 @@ from kmock._internal import enums, k8s, references, rendering
 
 from rlt.contract.layout import format_time
 from rlt_sandbox.kmock_admission import Admission
+from rlt_sandbox.kmock_graceful import graceful_pod_deletion
 from rlt_sandbox.kmock_pod_logs import POD_LOG, PodLogFile, PodLogs
 from rlt_sandbox.kmock_selectors import (
     fields_match,
@@ -224,6 +225,11 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
                 self._stamp_create(request)
                 if request.params.get("dryRun") == "All":
                     return await self._dry_run_create(request)
+            elif request.action == enums.action.DELETE and request.name is not None:
+                marked = graceful_pod_deletion(self.objects, request)
+                if marked is not None:  # the pod stays, marked, until its kubelet deletes it (kmock_graceful)
+                    _mutate(request, action=enums.action.UPDATE, data=marked)
+                    self._stamp_update(request)
             elif request.action == enums.action.UPDATE and request.name is not None:
                 refused = self._strategic_merge(request)
                 if refused is not None:

@@ -11,6 +11,7 @@ from typing import Any
 from rlt.contract.layout import format_time
 from rlt_operator.builders import L_RUN
 from rlt_operator.kinds import CHILDREN
+from rlt_sandbox.kmock_graceful import KUBELET_FINALIZER
 from rlt_sandbox.kubelet_model import (
     JOB_INDEX_ANNOTATION,
     PATHS,
@@ -52,6 +53,21 @@ class WorkloadControllers(PodLifecycle):
                 # deleted through the API (a kept failed pod cleaned up with its run): only the process is left
                 self._terminate(pod, self._grace(pod))
                 if self._gone(pod):
+                    del self.pods[key]
+                continue
+            marked = current["metadata"].get("deletionGracePeriodSeconds")
+            if current["metadata"].get("deletionTimestamp") and marked is not None:
+                # deleted with a grace period (kmock_graceful): SIGTERM, SIGKILL after that period, and once its
+                # processes are gone the pod goes for good (a kubelet's final deletion)
+                self._terminate(pod, self._grace(pod, float(marked)))
+                if self._gone(pod):
+                    left = [f for f in current["metadata"].get("finalizers") or [] if f != KUBELET_FINALIZER]
+                    await self._send(
+                        "PATCH",
+                        f"{PATHS['pods'].format(ns=ns)}/{pod.name}",
+                        {"metadata": {"finalizers": left}},
+                        "application/merge-patch+json",
+                    )
                     del self.pods[key]
                 continue
             refs = current["metadata"].get("ownerReferences") or []

@@ -153,9 +153,11 @@ class KubeletCore:
             "PATCH", f"{PATHS[plural].format(ns=ns)}/{name}/status", {"status": status}, "application/merge-patch+json"
         )
 
-    def _grace(self, pod: PodRun) -> float:
-        """The pod's terminationGracePeriodSeconds (Kubernetes' default when unset), at most `grace_seconds`."""
-        own = float(pod.body.get("spec", {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+    def _grace(self, pod: PodRun, deletion: float | None = None) -> float:
+        """The pod's terminationGracePeriodSeconds (Kubernetes' default when unset), or the period its deletion
+        named (`deletion`: deletionGracePeriodSeconds), at most `grace_seconds`."""
+        spec = pod.body.get("spec", {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+        own = float(spec if deletion is None else deletion)
         return own if self.grace_cap is None else min(own, self.grace_cap)
 
     def _terminate(self, pod: PodRun, grace: float) -> None:
@@ -167,6 +169,8 @@ class KubeletCore:
             if pod.proc is not None and pod.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pod.proc.pid, signal.SIGTERM)
+        else:  # a later deletion with a shorter period shortens it (a kubelet's rule); SIGTERM is not sent again
+            pod.kill_at = min(pod.kill_at, time.monotonic() + grace)
         self._reap(pod)
 
     def _reap(self, pod: PodRun) -> None:

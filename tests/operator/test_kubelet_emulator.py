@@ -224,6 +224,52 @@ async def test_a_deleted_jobs_pod_gets_its_own_grace_period(harness, tmp_path):
         await kubelet.stop()
 
 
+async def test_a_pod_deleted_with_a_grace_period_gets_that_period_and_stays_until_its_processes_end(harness, tmp_path):
+    """A DELETE with gracePeriodSeconds (the operator's, for the live pods of a gang that lost a peer) replaces the
+    pod's own 600 s, also after its Job's deletion gave it those 600 s: SIGKILL 1 s later. Meanwhile the pod stays
+    in the API, marked (deletionTimestamp), as on a real API server; the kubelet deletes it once its processes end."""
+    await harness.call(
+        "POST",
+        PATHS["configmaps"].format(ns=NS),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}, "data": {}},
+    )
+    script = (
+        "import pathlib, signal, sys, time\n"
+        "out = pathlib.Path(sys.argv[2]); out.mkdir(parents=True, exist_ok=True)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (out / 'term').write_text('1'))  # heard, and carried on\n"
+        "(out / 'up').write_text('1')\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    job = _job("t-short", script, completions=1)
+    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 600
+    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
+    await kubelet.start()
+    try:
+        out = kubelet.claim_dir("claim") / "out"
+        await harness.wait((out / "up").exists, "the pod to start", timeout=20)
+        pod = kubelet.pod("t-short-0-")
+        pods = PATHS["pods"].format(ns=NS)
+
+        async def running():
+            return ((await harness.get("pods", pod.name)) or {}).get("status", {}).get("phase") == "Running"
+
+        await harness.wait(running, "the pod to be Running in the API", timeout=20)
+        await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-short", {"propagationPolicy": "Foreground"})
+        await harness.wait((out / "term").exists, "SIGTERM of the Job's deletion", timeout=20)
+        marked = await harness.call("DELETE", f"{pods}/{pod.name}", {"gracePeriodSeconds": 1})
+        deleted = time.monotonic()
+        assert marked["metadata"]["deletionGracePeriodSeconds"] == 1 and marked["metadata"]["deletionTimestamp"]
+        assert ((await harness.get("pods", pod.name)) or {}).get("metadata", {}).get("deletionTimestamp"), "it stays"
+        await harness.wait(lambda: pod.proc.poll() is not None, "the pod's process to end", timeout=60)
+        lived = time.monotonic() - deleted
+        assert pod.proc.returncode == -9
+        assert lived < 30, f"killed {lived:.1f} s after a deletion with a 1 s grace period (its own: 600 s)"
+        await harness.wait_gone("pods", pod.name, timeout=20)
+    finally:
+        await kubelet.stop()
+
+
 async def test_statefulset_pod_restarts_and_becomes_ready(harness, tmp_path):
     port = free_port()
     server = f"import http.server as h; h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"

@@ -1,6 +1,7 @@
 """A rendered `nodes: 2`, 2 GPUs per node run, executed: the operator's Indexed Job pods start as real processes
 (accelerate launch → torchrun → 2 DeepSpeed ranks each, gloo standing for NCCL) and must form ONE world of 4 for sft
-and rl; a rank killed mid-step restarts the gang from the last complete checkpoint; distill splits rows by rank."""
+and rl; a rank killed mid-step stops its gang in seconds (not after the pods' grace period: the survivors cannot
+save without it) and restarts it from the last complete checkpoint; distill splits rows by rank."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import re
 import signal
+import time
 
 import pytest
 from op_harness import example
@@ -15,7 +17,7 @@ from pods_harness import metrics_rows, pod_logs, running_pods, wait_for, world_l
 
 from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
 from rlt_operator.builders import own_claim_name
-from rlt_sandbox.kubelet_processes import rank_processes
+from rlt_sandbox.kubelet_processes import rank_processes, tagged_processes
 
 pytestmark = pytest.mark.slow
 
@@ -40,11 +42,13 @@ def multinode_run() -> dict:
 async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_killed_rank(harness, tmp_path, monkeypatch):
     monkeypatch.setenv("RLT_PROGRESS_URL", "http://127.0.0.1:{port}/metrics")
     await harness.start_operator()
-    async with running_pods(harness, tmp_path) as kubelet:
+    # The pods' own grace period (600 s: the tiny run's plan asks for less, so GRACE_FLOOR_SECONDS), uncapped.
+    async with running_pods(harness, tmp_path, grace_seconds=None) as kubelet:
         claim = kubelet.claim_dir(own_claim_name(RUN))
         await harness.create_run(multinode_run())
 
-        # rl is running and has a complete checkpoint: kill rank 3 (on the second pod) mid-step.
+        # rl is running and has a complete checkpoint: kill rank 3 (on the second pod) mid-step; the gang stops
+        # within seconds, not after its grace period.
         ckpt = RunLayout.for_run(claim, RUN).checkpoint_dir("rl", SAVE_STEPS) / CHECKPOINT_COMPLETE
 
         async def checkpointed():
@@ -57,7 +61,27 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
         ranks = rank_processes(pod)
         assert sorted(ranks) == [2, 3], f"pod index 1 should run ranks 2 and 3, found {ranks}"
         last_before = max(r["step"] for r in metrics_rows(claim, RUN) if r["stage"] == "rl")
+        # The ranks of pod 0 are frozen first: they stand for survivors that do not notice the lost peer, as NCCL
+        # ranks blocked in a collective until the process group's timeout (gloo over TCP notices the closed socket
+        # at once, and these ranks would leave by themselves). SIGTERM cannot move them: only the operator's short
+        # grace period for a gang that lost a trainer pod ends them before their own grace period does.
+        survivor = kubelet.pod(f"{RUN}-rl-0-")
+        for pid in rank_processes(survivor).values():
+            os.kill(pid, signal.SIGSTOP)
+        grace = float(pod.body["spec"]["terminationGracePeriodSeconds"])
+        assert grace >= 600, "the pods' own grace period, uncapped: the old behaviour would wait all of it"
+        killed = time.monotonic()
         os.kill(ranks[3], signal.SIGKILL)
+
+        async def gang_stopped():
+            return all(not tagged_processes(p.tag) for p in (survivor, pod))
+
+        # Well within the grace period (a fifth of it), however loaded the machine: torchrun on the killed rank's
+        # pod stops its other rank (<= 30 s), then the operator deletes the survivors with LOST_PEER_GRACE_SECONDS.
+        await wait_for(
+            gang_stopped, f"the gang that lost rank 3 to stop (grace period {grace:.0f} s)", grace / 5, kubelet
+        )
+        print(f"\nthe gang stopped {time.monotonic() - killed:.1f} s after rank 3 was killed (grace {grace:.0f} s)")
 
         st = await harness.wait_status(RUN, lambda s: s.get("restarts") == 1, "a gang restart", timeout=120)
         assert "rl" in st.get("lastFailure", "")
