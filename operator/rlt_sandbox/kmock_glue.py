@@ -58,6 +58,7 @@ from kmock._internal import enums, k8s, references, rendering
 from rlt.contract.layout import format_time
 from rlt_sandbox.kmock_admission import Admission
 from rlt_sandbox.kmock_graceful import graceful_pod_deletion
+from rlt_sandbox.kmock_openapi import OpenApi
 from rlt_sandbox.kmock_pod_logs import POD_LOG, PodLogFile, PodLogs
 from rlt_sandbox.kmock_selectors import (
     fields_match,
@@ -71,7 +72,6 @@ from rlt_sandbox.kmock_tables import EVENT_COLUMNS, POD_COLUMNS, Tables
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from rlt_sandbox.openapi import Served
 
 _REASONS = {404: "NotFound", 409: "AlreadyExists", 422: "Invalid"}
 
@@ -113,7 +113,7 @@ _WATCH_OVER = object()  # a watch stream has nothing more to send
 
 
 @attrs.define(kw_only=True)
-class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
+class Cluster(Admission, Tables, PodLogs, OpenApi, kmock.KubernetesEmulator):
     """kmock's emulator with the glue above. Use as `kmock_cls` in tests, or serve it for the sandbox."""
 
     _rv: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
@@ -437,68 +437,6 @@ class Cluster(Admission, Tables, PodLogs, kmock.KubernetesEmulator):
                 await stream.aclose()  # `it` is the generator itself
 
         return rendering.Response(headers={"Content-Type": "application/json"}, payload=limited())
-
-    # ------------------------------------------------------------------ OpenAPI
-
-    def _served(self) -> list[Served]:
-        from rlt_sandbox.openapi import Served
-
-        out = []
-        for res in self._get_resources():
-            info = self.resources[res] if res in self.resources else None
-            assert res.group is not None and res.version is not None and res.plural is not None  # served: all named
-            if info is None or not info.kind or "/" in res.plural:
-                continue
-            out.append(
-                Served(res.group, res.version, res.plural, info.kind, bool(info.namespaced), self._schemas.get(res))
-            )
-        return sorted(out, key=lambda r: (r.group, r.version, r.plural))
-
-    async def _serve_openapi_v3_discovery(self, request: rendering.Request) -> Any:
-        from rlt_sandbox.openapi import v3_discovery
-
-        return v3_discovery(self._served())
-
-    async def _serve_openapi_v3(self, request: rendering.Request) -> Any:
-        from rlt_sandbox.openapi import v3_group_version
-
-        prefix = request.url.path.removeprefix("/openapi/v3/").strip("/")
-        members = [r for r in self._served() if r.prefix == prefix]
-        if not members:
-            raise k8s.KubernetesError(status=404, reason="NotFound", message=f"no OpenAPI v3 document for {prefix}")
-        return v3_group_version(members)
-
-    async def _serve_openapi_v2(self, request: rendering.Request) -> Any:
-        from rlt_sandbox.openapi import v2_document
-
-        accept = request.headers.get("Accept", "") or request.headers.get("accept", "")
-        if "protobuf" in accept and "json" not in accept:
-            # client-go decodes v2 only as protobuf (gnostic), which the emulator does not produce
-            return rendering.Response(
-                status=406,
-                payload={
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "status": "Failure",
-                    "code": 406,
-                    "reason": "NotAcceptable",
-                    "message": "the rlt sandbox serves OpenAPI v2 as JSON only; use OpenAPI v3 (/openapi/v3)",
-                },
-            )
-        return v2_document(self._served())
-
-    async def _serve_server_version(self, request: rendering.Request) -> Any:
-        return {
-            "major": "1",
-            "minor": "31",
-            "gitVersion": "v1.31.0-kmock",
-            "platform": "linux/amd64",
-            "gitCommit": "",
-            "gitTreeState": "clean",
-            "buildDate": "",
-            "goVersion": "",
-            "compiler": "gc",
-        }
 
     async def _serve_version(self, request: rendering.Request) -> Any:
         result = cast("dict[str, Any]", await super()._serve_version(request))  # kmock's APIResourceList, a dict

@@ -24,7 +24,7 @@ from rlt.stages import overlap
 from rlt.stages.context import StageContext
 from rlt.stages.record import PhaseTimer, trace_line
 from rlt.stages.reference import keep_reference_in_checkpoints
-from rlt.stages.rl_reward import reward_from_spec
+from rlt.stages.rl_reward import TimedReward, reward_from_spec
 from rlt.stages.start_models import newest_teacher
 from rlt.stages.trainer import TrainerRun, trainer_options
 
@@ -335,20 +335,6 @@ def clipped_share(
         if floor is not None:
             hit |= ratio <= floor * (1 + 1e-6)
     return float((hit & valid).sum()), float(valid.sum())
-
-
-class TimedReward:
-    """A reward as TRL calls it, each call timed as the step's "score" phase; TRL names it by the reward's name."""
-
-    def __init__(self, reward: GrpoReward, timer: PhaseTimer) -> None:
-        self.reward, self.timer = reward, timer
-        self.__name__ = reward.__name__
-
-    def __call__(
-        self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str], **extra: Any
-    ) -> list[float]:
-        with self.timer.phase("score"):
-            return self.reward(prompts, completions, question, solution, **extra)
 
 
 def rollout_ahead(

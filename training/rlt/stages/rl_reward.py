@@ -3,7 +3,7 @@ stages.rl.reward and the scoring micro-batch's token cap from the capacity plan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlt.method.reward import RLTReward
 from rlt.spec.stages import student_temperature
@@ -12,7 +12,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rlt.method.prompts import Formatter
+    from rlt.method.reward import GrpoReward
     from rlt.spec.run import RLTRunSpec
+    from rlt.stages.record import PhaseTimer
 
 
 def reward_from_spec(
@@ -56,3 +58,17 @@ def scoring_batch_tokens(spec: RLTRunSpec, student: PreTrainedModel) -> int:
     memory = torch.cuda.get_device_properties(device).total_memory if is_cuda(str(device)) else DEFAULT_GPU_MEMORY
     shape = shape_of_config(student.config, "the loaded student")
     return scoring_token_cap(spec, shape, memory, dtype_bytes=student.dtype.itemsize)
+
+
+class TimedReward:
+    """A reward as TRL calls it, each call timed as the step's "score" phase; TRL names it by the reward's name."""
+
+    def __init__(self, reward: GrpoReward, timer: PhaseTimer) -> None:
+        self.reward, self.timer = reward, timer
+        self.__name__ = reward.__name__
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], question: list[str], solution: list[str], **extra: Any
+    ) -> list[float]:
+        with self.timer.phase("score"):
+            return self.reward(prompts, completions, question, solution, **extra)
