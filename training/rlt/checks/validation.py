@@ -106,6 +106,15 @@ def source_problems(spec: RLTRunSpec) -> list[str]:
     return out
 
 
+def local_model_problems(spec: RLTRunSpec) -> list[str]:
+    """The config.json of every model this machine holds (a local folder, a built built-in, the Hugging Face cache),
+    read by the guarded reader: a GGUF file, a device file, a loop, a truncated or non-causal-LM config is one line
+    naming the field (rlt.checks.shapes.config_refusals; no torch)."""
+    from rlt.checks.shapes import config_refusals
+
+    return [line for where, ref in _model_refs(spec) for line in config_refusals(ref, where)]
+
+
 def cluster_problems(spec: RLTRunSpec) -> list[str]:
     """Combinations a cluster cannot run, refused before anything is created."""
     out: list[str] = []
@@ -144,6 +153,7 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         + trainer_args_problems(spec)
         + cluster_problems(spec)
         + source_problems(spec)
+        + (local_model_problems(spec) if local_files else [])
         + consumer_problems(spec, None if out else name, local_files=local_files)
     )
 

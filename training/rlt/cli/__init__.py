@@ -12,19 +12,28 @@ from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRun, stage_settings
 
 
+def installed(module: str) -> bool:
+    """Whether `module` can be imported here, without importing it (TRL and transformers take seconds)."""
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None
+
+
 def trainer_args_problems(run: RLTRun) -> list[str]:
     """trainerArgs built into the installed TRL's config (the option table's checks ran in load_valid_runs); without
-    TRL that last check cannot run, which is said, not hidden."""
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        if any(stage_settings(run.spec, s).trainer_args for s in TRAINER_STAGES):
-            print(
-                f"{run.name}: note: trainerArgs checked against TRL's option table only (TRL is not installed here; "
-                "the stage builds its config)",
-                file=sys.stderr,
-            )
+    TRL that last check cannot run, which is said, not hidden. A run without trainerArgs imports nothing."""
+    if not any(stage_settings(run.spec, s).trainer_args for s in TRAINER_STAGES):
         return []
+    if not installed("trl"):
+        print(
+            f"{run.name}: note: trainerArgs checked against TRL's option table only (TRL is not installed here; "
+            "the stage builds its config)",
+            file=sys.stderr,
+        )
+        return []
+    from rlt.data.models import name_the_accelerator
+
+    name_the_accelerator()  # before TRL imports DeepSpeed: no "Setting accelerator to CPU" above rlt's lines
     from rlt.stages.trainer_check import check_trainer_args
 
     return check_trainer_args(run)
@@ -32,10 +41,8 @@ def trainer_args_problems(run: RLTRun) -> list[str]:
 
 def prompt_length_problems(run: RLTRun) -> tuple[list[str], str]:
     """Token lengths of the training rows against the stages' limits, when the teacher's tokenizer is here."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return [], "token lengths not checked (transformers is not installed here; the stages check them)"
+    if not installed("tokenizers"):
+        return [], "token lengths not checked (tokenizers is not installed here; the stages check them)"
     from rlt.stages.prompt_lengths import check_prompt_lengths
 
     return check_prompt_lengths(run.spec)

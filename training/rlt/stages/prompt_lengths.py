@@ -10,7 +10,8 @@ the file lines, the field and the value that fits them all. The stages keep thei
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from rlt.contract.method_registry import method_info
 from rlt.data.dataset import LoadedData
@@ -22,19 +23,47 @@ if TYPE_CHECKING:
 
 
 def load_local_tokenizer(spec: RLTRunSpec) -> tuple[PreTrainedTokenizerBase | None, str]:
-    """The teacher's tokenizer if this machine has it (no download); else None and why not."""
-    from transformers import AutoTokenizer
+    """The teacher's tokenizer if this machine has it (no download, no build of a built-in); else None and why not.
+    A folder with tokenizer.json is read without transformers' model code (rlt.data.local_tokenizer: the door
+    answers in a second); LocalFileError for a local tokenizer that cannot render prompts (no chat template)."""
+    from rlt.checks.shapes import looks_local
+    from rlt.data.local_tokenizer import FileTokenizer, has_tokenizer
+    from rlt.data.models import builtin_model_dir
 
-    from rlt.data.models import resolve_model_path
+    model = spec.teacher.model
+    not_here = (
+        f"token lengths not checked: the tokenizer of {model} is not on this machine "
+        "(the stages check each row when they run)"
+    )
+    folder: Path | None = None
+    if model.startswith("builtin:"):
+        folder = builtin_model_dir(model) if builtin_model_dir(model).is_dir() else None
+        if folder is None:
+            return None, f"token lengths not checked: {model} is not built yet (`rlt plan` or the first run builds it)"
+    elif looks_local(model):
+        folder = Path(model).expanduser()
+    else:
+        from huggingface_hub import try_to_load_from_cache
 
-    try:
+        try:
+            found = try_to_load_from_cache(model, "tokenizer.json", revision=spec.teacher.revision)
+        except ValueError:
+            found = None
+        folder = Path(found).parent if isinstance(found, str) else None
+    if folder is not None and folder.is_dir() and has_tokenizer(folder):
+        try:
+            return cast("PreTrainedTokenizerBase", FileTokenizer(folder, "spec.teacher.model")), ""
+        except LookupError:
+            pass  # a tokenizer without a `tokenizers` backend: AutoTokenizer below
+    try:  # a slow tokenizer, or a hub tokenizer cached without tokenizer.json
+        from transformers import AutoTokenizer
+
+        from rlt.data.models import resolve_model_path
+
         path = resolve_model_path(spec.teacher)
         return AutoTokenizer.from_pretrained(path, revision=spec.teacher.revision, local_files_only=True), ""
     except Exception:  # noqa: BLE001 - any failure means "not here"; said as a note, never hidden
-        return None, (
-            f"token lengths not checked: the tokenizer of {spec.teacher.model} is not on this machine "
-            "(the stages check each row when they run)"
-        )
+        return None, not_here
 
 
 def lines_of(indexes: list[int], where: Callable[[int], str], shown: int = 5) -> str:
@@ -122,7 +151,12 @@ def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | 
     if not is_reachable(spec.dataset):
         return [], ""
     if tokenizer is None:
-        tokenizer, note = load_local_tokenizer(spec)
+        from rlt.spec.local_files import LocalFileError
+
+        try:
+            tokenizer, note = load_local_tokenizer(spec)
+        except LocalFileError as err:
+            return [str(err)], ""
         if tokenizer is None:
             return [], note
     formatter = Formatter(resolve_format(spec.format))
