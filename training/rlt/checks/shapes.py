@@ -91,6 +91,8 @@ def local_config(model: str, revision: str | None, field: str, build: bool) -> t
     elif looks_local(model):
         folder = Path(model).expanduser()
         problem = path_words(folder)
+        if problem == "file not found":
+            return None, "", ""  # a path inside the pods, or on another machine: read where it is
         if problem is not None:
             raise LocalFileError(f"{field}: {model}: {problem}")
         if not folder.is_dir():

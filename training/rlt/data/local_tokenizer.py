@@ -116,6 +116,8 @@ class FileTokenizer:
                 "model's tokenizer or add a template"
             )
         self.chat_template = template
+        added = json.loads(record["backend"]).get("added_tokens") or []
+        self.special_texts = [t["content"] for t in added if t.get("special") and t.get("content")]
 
     @property
     def eos_token(self) -> str | None:
@@ -135,6 +137,15 @@ class FileTokenizer:
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> Encoded:
         return Encoded(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+
+def special_texts(tokenizer: Any) -> list[str]:
+    """The special tokens of a tokenizer (FileTokenizer or a transformers one) as text: what a row must not hold."""
+    own = getattr(tokenizer, "special_texts", None)
+    if own is not None:
+        return list(own)
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return [t.content for t in decoder.values() if getattr(t, "special", False) and t.content]
 
 
 def has_tokenizer(folder: Path) -> bool:

@@ -160,6 +160,15 @@ def _read_folder(folder: Path, spec: DatasetSpec) -> Any:
         raise DataError(
             f"spec.dataset.source: folder {src} holds no data files (.jsonl, .json, .parquet, .csv or a saved dataset)"
         )
+    kinds = sorted({FILE_KINDS.get(p.suffix.lower(), p.suffix.lower()) for p in files})
+    if len(kinds) > 1:  # `datasets` reads a folder as one format: the files of the others would be dropped
+        counts = ", ".join(
+            f"{sum(FILE_KINDS.get(p.suffix.lower(), p.suffix.lower()) == k for p in files)} {k}" for k in kinds
+        )
+        raise DataError(
+            f"spec.dataset.source: folder {src} mixes data formats ({counts} files); a folder is read as one "
+            "format, so the others' rows would be lost: keep one format per folder"
+        )
     _same_columns(folder, files)
     for path in files:
         _check_file(path)

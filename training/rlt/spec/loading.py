@@ -224,10 +224,13 @@ def _relative_local(value: str | None, base: Path, looks_local: bool) -> str | N
     directory; None when it is kept as written."""
     if not value or value.startswith(("builtin:", "/", "~")) or "://" in value:
         return None
-    if not (looks_local or value.startswith(("./", "../")) or (base / value).exists()):
+    from rlt.spec.local_files import entry_exists
+
+    if not (looks_local or value.startswith(("./", "../")) or entry_exists(base / value)):
         return None  # a hub id (org/name) or a name: not a path
-    resolved = (base / value).resolve()
-    return None if resolved == Path(value).resolve() else str(resolved)
+    # the entry itself, not where its links lead: a link's suffix says what it is, and a loop has no end
+    joined = os.path.abspath(base / value)  # noqa: PTH100 - resolve() follows links and fails on loops
+    return None if joined == os.path.abspath(value) else joined  # noqa: PTH100
 
 
 def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
@@ -243,6 +246,8 @@ def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
         targets.append((stages["evaluate"]["dataset"], "source", True))
     if "file" in (spec.get("format") or {}):
         targets.append((spec["format"], "file", True))
+    if Path(str((spec.get("rcl") or {}).get("format", ""))).suffix:  # a file path, not a bundled format's name
+        targets.append((spec["rcl"], "format", True))
     for holder in (spec.get("teacher"), spec.get("student"), (stages.get("student") or {}).get("model")):
         if isinstance(holder, dict):
             targets.append((holder, "model", False))
@@ -251,7 +256,9 @@ def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
     changed = False
     for holder, key, is_file in targets:
         value = holder.get(key)
-        new = _relative_local(value, base, is_file and (key == "file" or str(value).endswith(_DATA_SUFFIXES)))
+        new = _relative_local(
+            value, base, is_file and (key in ("file", "format") or str(value).endswith(_DATA_SUFFIXES))
+        )
         if new is not None:
             holder[key] = new
             changed = True

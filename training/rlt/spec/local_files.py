@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,22 @@ def read_json_object(path: str | Path, field: str, limit: int = CONFIG_BYTES) ->
     if not isinstance(value, dict):
         raise LocalFileError(f"{field}: {path}: holds a JSON {type(value).__name__}, not an object")
     return value
+
+
+def entry_exists(path: str | Path) -> bool:
+    """Whether anything is at `path` (a dangling link, a loop, a name too long to look up count as something: they
+    are refused by name, not taken for a hub id)."""
+    try:
+        os.lstat(path)
+    except OSError as err:
+        return err.errno not in (errno.ENOENT, errno.ENOTDIR)
+    return True
+
+
+def entry_problem(path: str | Path, field: str, shown: str | None = None) -> str | None:
+    """'field: path: why' for a local entry no reader can open (a loop, a device file, a pipe, a socket, a name too
+    long for the filesystem); None for a readable file or folder and for a missing one (said by its reader)."""
+    problem = path_words(path)
+    if problem is None or problem == "file not found":
+        return None
+    return f"{field}: {shown if shown is not None else path}: {problem}"

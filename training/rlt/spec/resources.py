@@ -17,6 +17,7 @@ from rlt.spec.k8s import (
     LabelValue,
     QualifiedName,
     Quantity,
+    QueueName,
     ResourceName,
     WholeQuantity,
     cel_rules,
@@ -325,8 +326,8 @@ class Scheduling(Strict):
         None, description="Pod affinity (Kubernetes' Affinity, checked as the API server does)."
     )
     priority_class_name: DNS1123Subdomain | None = Field(None, description="PriorityClass of every pod.")
-    queue_name: LabelValue | None = Field(
-        None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod (a label value)."
+    queue_name: QueueName | None = Field(
+        None, description="Kueue LocalQueue (its object name); set as kueue.x-k8s.io/queue-name on every pod."
     )
     service_account_name: DNS1123Subdomain | None = Field(
         None, description="ServiceAccount of the pods (its token is not mounted)."

@@ -160,4 +160,29 @@ def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | 
         if tokenizer is None:
             return [], note
     formatter = Formatter(resolve_format(spec.format))
-    return length_problems(spec, load_data(spec.dataset, formatter.fmt, warn=False), formatter, tokenizer), ""
+    data = load_data(spec.dataset, formatter.fmt, warn=False)
+    special = special_token_problems(spec, data, tokenizer)
+    return special or length_problems(spec, data, formatter, tokenizer), ""
+
+
+def special_token_problems(spec: RLTRunSpec, data: LoadedData, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Rows whose text holds a special token of the teacher's tokenizer (<|im_end|>, <|im_start|>...): in the
+    prompt it would end or open a chat turn (a prompt injection, or a row that teaches the wrong turn)."""
+    from rlt.data.local_tokenizer import special_texts
+
+    tokens = [t for t in special_texts(tokenizer) if t.strip()]
+    hits = [
+        (r["row"], name, token)
+        for r in data.train + data.eval
+        for name in ("question", "solution", "reasoning_trace")
+        for token in tokens[:1000]
+        if token in (r.get(name) or "")
+    ]
+    if not hits:
+        return []
+    row, name, token = hits[0]
+    more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
+    return [
+        f"spec.dataset: {spec.dataset.source} {data.where(row)}: {name} holds {token!r}, a special token of "
+        f"{spec.teacher.model}'s tokenizer{more}; in the prompt it would end or open a chat turn: remove it"
+    ]
