@@ -8,7 +8,7 @@ import sys
 
 from rlt.checks.validation import check_datasets, load_valid_runs
 from rlt.contract.stage_registry import TRAINER_STAGES
-from rlt.spec.loading import SpecError
+from rlt.spec.loading import SpecError, other_documents
 from rlt.spec.run import RLTRun, stage_settings
 
 
@@ -91,6 +91,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         names = ", ".join(r.name for r in runs)
         print(f"{path}: ok ({names})")
+        others = other_documents(path)
+        if others:  # applied with the run by kubectl; rlt has no rules for them
+            print(f"  note: checked the RLTRun documents only; not checked: {', '.join(others)}")
         for note in notes:
             print(f"  {note}")
     return 1 if bad else 0

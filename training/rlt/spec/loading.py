@@ -198,8 +198,14 @@ def read_runs(path: str | Path) -> list[RLTRun]:
         raise SpecError(str(path), ["<yaml>: " + reader.yaml_error_line(err)]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
+    others = [d for d in docs if other_kind(d)]
+    if others and len(others) == len(docs):
+        kinds = ", ".join(str(other_kind(d)) for d in others)
+        raise SpecError(str(path), [f"<root>: no RLTRun document (the file holds {kinds})"])
     runs, problems = [], []
     for i, doc in enumerate(docs):
+        if other_kind(doc):
+            continue  # a Namespace or ServiceAccount applied with the run: kubectl takes it, rlt checks the runs
         src = f"{path}" if len(docs) == 1 else f"{path}[document {i}]"
         try:
             runs.append(parse_run(doc, src))
@@ -208,6 +214,27 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     if problems:
         raise SpecError(str(path), problems)
     return runs
+
+
+def other_kind(doc: Any) -> str | None:
+    """'Namespace (document 0)'-style name of a document that is another Kubernetes object than an RLTRun (its
+    apiVersion is not rlt.dev's and it names a kind), None for an RLTRun or anything that should be one."""
+    if not isinstance(doc, dict):
+        return None
+    kind, api = doc.get("kind"), doc.get("apiVersion")
+    if not isinstance(kind, str) or kind == "RLTRun" or not isinstance(api, str) or api.startswith("rlt.dev/"):
+        return None
+    name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+    return f"{kind}/{name}" if isinstance(name, str) else kind
+
+
+def other_documents(path: str | Path) -> list[str]:
+    """The objects of a run file that are not RLTRuns (`rlt validate` says it checked the runs only)."""
+    try:
+        docs = reader.load_yaml(_read_source(Path(path)))
+    except (reader.InputError, yaml.YAMLError, OSError, UnicodeDecodeError, SpecError):
+        return []
+    return [k for k in (other_kind(d) for d in docs) if k]
 
 
 def dump_run(run: RLTRun) -> str:
