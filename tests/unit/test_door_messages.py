@@ -6,6 +6,7 @@ RLTRuns, and the message says which documents were not checked."""
 from __future__ import annotations
 
 import re
+import types
 import typing
 
 import pytest
@@ -26,20 +27,21 @@ def field_exists(path: str) -> bool:
         return parts[0] in ("metadata", "apiVersion", "kind", "<root>", "capacity")
     model: typing.Any = RLTRunSpec
     for part in parts[1:]:
+        consumed = False
         while True:  # unwrap Optional, list[...] and dict[..., ...] to the model within
             origin = typing.get_origin(model)
-            if origin in (typing.Union, __import__("types").UnionType):
+            if origin in (typing.Union, types.UnionType):
                 model = next(a for a in typing.get_args(model) if a is not type(None))
             elif origin is typing.Annotated:
                 model = typing.get_args(model)[0]
             elif origin in (list, dict):
                 if part.isdigit() or origin is dict:
                     model = typing.get_args(model)[-1]
-                    part = None  # consumed
+                    consumed = True  # an index or a key: the next part names a field of the item
                 break
             else:
                 break
-        if part is None:
+        if consumed:
             continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return True  # a free-form value (trainerArgs, a map's key): its own keys are the user's
