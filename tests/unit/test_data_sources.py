@@ -211,10 +211,7 @@ def test_rlt_validate_and_run_say_a_data_source_problem_in_one_line(tmp_path, ma
         )
         assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
         lines = [line for line in res.stderr.splitlines() if line.strip() and "WARNING" not in line]
-        # a device file is refused with the spec (as under --no-data: nothing is read), so `run` says "invalid RLTRun"
-        # and the line; a row's problem is the data's one line
-        spec_level = says.startswith("/dev/zero")
-        assert len(lines) == (2 if command == "validate" or spec_level else 1), res.stderr
+        assert len(lines) == (2 if command == "validate" else 1), res.stderr
         assert says in lines[-1], lines[-1]
 
 

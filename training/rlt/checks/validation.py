@@ -107,13 +107,11 @@ def source_problems(spec: RLTRunSpec) -> list[str]:
 
 
 def local_entry_problems(spec: RLTRunSpec) -> list[str]:
-    """Local paths of the run (data, format files) that no reader can open: a symlink loop, a device file, a pipe,
-    a name too long for the filesystem, one line each naming the field (also under --no-data: nothing is read)."""
+    """Local format files of the run that no reader can open: a symlink loop, a device file, a pipe, a name too
+    long for the filesystem, one line each naming the field (nothing is read)."""
     from rlt.spec.local_files import entry_exists, entry_problem
 
-    entries = [("spec.dataset.source", spec.dataset.source)]
-    if spec.stages.evaluate.dataset is not None:
-        entries.append(("spec.stages.evaluate.dataset.source", spec.stages.evaluate.dataset.source))
+    entries = []  # the data sources' are the data check's (exit DATA_ERROR in the pods), not the spec's
     if spec.format.file:
         entries.append(("spec.format.file", spec.format.file))
     if spec.method == "rcl" and Path(spec.rcl.format).suffix:
