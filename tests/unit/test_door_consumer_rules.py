@@ -139,3 +139,72 @@ def test_the_positions_rule_reaches_the_user_through_validate(tmp_path, capsys):
     run_file.write_text(yaml.safe_dump(doc))
     assert main(["validate", "--no-data", str(run_file)]) == 1
     assert "spec.stages.rl.generation.maxModelLen: 4096 is above the 128 positions" in capsys.readouterr().err
+
+
+def s3_bucket_ok(name: str) -> bool:
+    """AWS S3 general purpose bucket naming rules, from the S3 user guide."""
+    return (
+        3 <= len(name) <= 63
+        and re.fullmatch(r"[a-z0-9.-]+", name) is not None
+        and name[0].isalnum()
+        and name[-1].isalnum()
+        and ".." not in name
+        and re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name) is None
+        and not name.startswith(("xn--", "sthree-", "amzn-s3-demo-"))
+        and not name.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"))
+    )
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    bucket=st.one_of(
+        st.text(st.sampled_from("ab9.-_A"), min_size=1, max_size=66),
+        st.sampled_from(["192.168.0.1", "xn--abc", "my-s3alias", "ab", "a" * 63, "a" * 64, "a..b", "ok.bucket-1"]),
+    )
+)
+def test_an_s3_output_is_accepted_exactly_when_its_bucket_is_an_s3_bucket_name(bucket):
+    problems = _problems({"outputs": {"teacher": f"s3://{bucket}/teacher"}})
+    named = [p for p in problems if p.startswith("spec.outputs.teacher:") or p.startswith("spec.outputs:")]
+    assert bool(named) != s3_bucket_ok(bucket), (bucket, problems)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    a=st.sampled_from(["s3://bkt/x", "s3://bkt/x/", "s3://bkt/x/y", "s3://bkt/xy", "gs://other/x"]),
+    b=st.sampled_from(["s3://bkt/x", "s3://bkt/x/y/z", "s3://bkt/z", "s3://bkt/xy/"]),
+)
+def test_two_outputs_are_refused_exactly_when_one_would_land_in_the_other(a, b):
+    problems = _problems({"outputs": {"teacher": a, "student": b}})
+    x, y = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    overlap = x.startswith(y) or y.startswith(x)
+    assert any(p.startswith("spec.outputs") and "place too" in p for p in problems) == overlap, (a, b, problems)
+
+
+@pytest.mark.parametrize(
+    ("rate", "ok"),
+    [("1n", False), ("1m", False), ("1", False), ("999k", False), ("1M", True), ("250M", True), ("2Gi", True)],
+)
+def test_a_write_rate_below_any_volumes_is_refused_naming_the_field(rate, ok):
+    problems = _problems({"storage": {"writeBytesPerSecond": rate}})
+    assert (not any(p.startswith("spec.storage") and "writeBytesPerSecond" in p for p in problems)) == ok, problems
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(mantissa=st.integers(1, 9), exponent=st.integers(15, 20))
+def test_an_integer_written_as_a_float_is_refused_beyond_64_bits(tmp_path_factory, mantissa, exponent):
+    """kubectl sends a whole float below 1e21 as an integer: beyond 2^63 neither the API server nor rlt holds it."""
+    text = (EXAMPLES / "rltrun-tiny.yaml").read_text().rstrip("\n") + f"\n  seed: {mantissa}.0e{exponent}\n"
+    path = tmp_path_factory.mktemp("f") / "run.yaml"
+    path.write_text(text)
+    from rlt.spec.loading import read_runs
+
+    value = mantissa * 10**exponent
+    try:
+        read_runs(path)
+        refused = ""
+    except SpecError as err:
+        refused = " ".join(err.problems)
+    if value > 2**63 - 1:
+        assert "spec.seed" in refused and "64-bit" in refused, refused
+    else:
+        assert "64-bit" not in refused, refused

@@ -132,7 +132,8 @@ def _positive_int(fields: dict[str, Any], key: str, field: str, source: str, top
 def config_problems(fields: dict[str, Any], field: str, source: str) -> list[str]:
     """What makes a config.json unusable for a model a stage loads as a causal LM, one line each: its architecture
     (a masked LM or a seq2seq model cannot generate explanations), zero or absurd sizes."""
-    text = fields.get("text_config") if isinstance(fields.get("text_config"), dict) else fields
+    inner = fields.get("text_config")
+    text: dict[str, Any] = inner if isinstance(inner, dict) else fields
     out: list[str] = []
     arch = fields.get("architectures")
     if isinstance(arch, list) and arch and not any(str(a).endswith(CAUSAL_LM_SUFFIXES) for a in arch):

@@ -130,10 +130,9 @@ class FileTokenizer:
         except Exception:  # noqa: BLE001 - anything this renderer cannot take: transformers' own renderer decides
             from transformers.utils.chat_template_utils import render_jinja_template
 
-            rendered, _ = render_jinja_template(
-                conversations=[messages], chat_template=self.chat_template, **options, **self.special
-            )
-            return str(rendered[0])
+            kwargs: dict[str, Any] = {**options, **self.special}
+            out: Any = render_jinja_template(conversations=[messages], chat_template=self.chat_template, **kwargs)
+            return str(out[0][0])  # (rendered chats, generation indices)
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> Encoded:
         return Encoded(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
