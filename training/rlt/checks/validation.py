@@ -131,7 +131,7 @@ def local_model_problems(spec: RLTRunSpec) -> list[str]:
     """The config.json of every model this machine holds (a local folder, a built built-in, the Hugging Face cache),
     read by the guarded reader: a GGUF file, a device file, a loop, a truncated or non-causal-LM config is one line
     naming the field (rlt.checks.shapes.config_refusals; no torch)."""
-    from rlt.checks.shapes import config_refusals
+    from rlt.checks.model_config import config_refusals
 
     return [line for where, ref in _model_refs(spec) for line in config_refusals(ref, where)]
 

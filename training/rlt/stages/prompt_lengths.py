@@ -26,7 +26,7 @@ def load_local_tokenizer(spec: RLTRunSpec) -> tuple[PreTrainedTokenizerBase | No
     """The teacher's tokenizer if this machine has it (no download, no build of a built-in); else None and why not.
     A folder with tokenizer.json is read without transformers' model code (rlt.data.local_tokenizer: the door
     answers in a second); LocalFileError for a local tokenizer that cannot render prompts (no chat template)."""
-    from rlt.checks.shapes import looks_local
+    from rlt.checks.model_config import looks_local
     from rlt.data.local_tokenizer import FileTokenizer, has_tokenizer
     from rlt.data.models import builtin_model_dir
 
