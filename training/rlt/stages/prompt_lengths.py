@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def load_local_tokenizer(spec: RLTRunSpec) -> tuple[PreTrainedTokenizerBase | None, str]:
-    """The teacher's tokenizer if this machine has it (no download, no build of a built-in); else None and why not.
+def load_local_tokenizer(spec: RLTRunSpec, build: bool = False) -> tuple[PreTrainedTokenizerBase | None, str]:
+    """The teacher's tokenizer if this machine has it (no download; a built-in is built only when `build`); else None
+    and why not.
     A folder with tokenizer.json is read without transformers' model code (rlt.data.local_tokenizer: the door
     answers in a second); LocalFileError for a local tokenizer that cannot render prompts (no chat template)."""
     from rlt.checks.model_config import looks_local
@@ -37,6 +38,10 @@ def load_local_tokenizer(spec: RLTRunSpec) -> tuple[PreTrainedTokenizerBase | No
     )
     folder: Path | None = None
     if model.startswith("builtin:"):
+        if build:  # `rlt plan` makes a missing built-in (seconds); `rlt validate` does not
+            from rlt.data.models import resolve_model_path
+
+            resolve_model_path(model)
         folder = builtin_model_dir(model) if builtin_model_dir(model).is_dir() else None
         if folder is None:
             return None, f"token lengths not checked: {model} is not built yet (`rlt plan` or the first run builds it)"
