@@ -51,9 +51,9 @@ BAD = [
         "spec.scheduling.podAnnotations: key 'not a key!' is not a label or annotation key",
     ),
     (
-        "queue name that is no label value",
+        "queue name that is no object name",
         {"scheduling": {"queueName": "bad queue!"}},
-        "spec.scheduling.queueName: 'bad queue!' is not a label value",
+        "spec.scheduling.queueName: 'bad queue!' is not a Kueue LocalQueue name",
     ),
     (
         "trainerArgs value of the wrong type",

@@ -392,6 +392,8 @@ def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
     checks: list[tuple[str, Any]] = []
     if served and tp > 1:
         checks.append(("tp", spec.teacher))
+    if served:
+        checks.append(("positions", spec.teacher))
     for where, ref, _ in spec.named_models():  # LoRA is refused where no stage trains the model
         if ref.lora is not None and ref.lora.target_modules != ["all-linear"]:
             checks.append((where, ref))
@@ -406,6 +408,14 @@ def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
                 f"heads of {ref.model} (vLLM needs it to); use one of "
                 + ", ".join(str(d) for d in range(1, shape.heads + 1) if shape.heads % d == 0 and d <= 16)
             )
+        elif what == "tp" and not _kv_heads_split(shape.kv_heads, tp):
+            problems.append(
+                f"spec.resources.generator.tensorParallelSize: {tp} and the {shape.kv_heads} key/value heads of "
+                f"{ref.model} do not divide one another (vLLM shards or replicates KV heads only so); use one of "
+                + ", ".join(str(d) for d in range(1, 17) if shape.heads % d == 0 and _kv_heads_split(shape.kv_heads, d))
+            )
+        elif what == "positions":
+            problems += position_problems(spec, shape)
         elif what != "tp":
             modules = shape.modules
             missing = [t for t in ref.lora.target_modules if t.rsplit(".", 1)[-1] not in modules]
@@ -416,3 +426,32 @@ def model_problems(spec: RLTRunSpec) -> tuple[list[str], list[str]]:
                     f"{', '.join(linear)}; or all-linear)"
                 )
     return problems, notes
+
+
+def _kv_heads_split(kv_heads: int, tp: int) -> bool:
+    """vLLM's rule for a tensor-parallel size: it divides the KV heads (each rank holds some) or they divide it (each
+    head replicated on tp / kv ranks)."""
+    return kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0
+
+
+def position_problems(spec: RLTRunSpec, shape: ModelShape) -> list[str]:
+    """vLLM refuses a --max-model-len beyond the model's max_position_embeddings, and without one serves at most
+    that many tokens: the rl stage's longest request (prompt + completion) must fit."""
+    top = shape.max_positions
+    rl = spec.stages.rl
+    if not top:
+        return []
+    gen = rl.generation
+    if gen.max_model_len is not None and gen.max_model_len > top:
+        return [
+            f"spec.stages.rl.generation.maxModelLen: {gen.max_model_len} is above the {top} positions of "
+            f"{spec.teacher.model} (max_position_embeddings; vLLM refuses it); at most {top}"
+        ]
+    need = rl.max_prompt_length + rl.max_completion_length
+    if gen.max_model_len is None and rl.enabled and need > top:
+        return [
+            f"spec.stages.rl.maxPromptLength: {rl.max_prompt_length} + maxCompletionLength "
+            f"{rl.max_completion_length} = {need} is above the {top} positions of {spec.teacher.model} "
+            "(max_position_embeddings), the most its vLLM server takes"
+        ]
+    return []

@@ -20,7 +20,7 @@ _LOCAL_STARTS = ("/", "./", "../", "~")
 _DATA_FILES = (".jsonl", ".json", ".parquet", ".csv")
 
 
-def _hub_id_problem(repo_id: str) -> str | None:
+def _hub_id_problem(repo_id: str, revision_field: str | None = "revision") -> str | None:
     """huggingface_hub's own refusal of `repo_id` (None when it takes it, or when the hub library is not installed:
     the operator's image has none, the pods' loaders apply the same validator)."""
     try:
@@ -29,7 +29,12 @@ def _hub_id_problem(repo_id: str) -> str | None:
     except ImportError:
         return None
     if "@" in repo_id:
-        return f"{repo_id!r} writes a revision into the id; give the id and set revision: {repo_id.split('@', 1)[1]!r}"
+        if revision_field is None:  # an output: pushed to the repo's main branch, no field names a revision
+            return f"{repo_id!r} writes a revision into the id; an output is pushed to the repo's main branch: drop it"
+        return (
+            f"{repo_id!r} writes a revision into the id; give the id and set {revision_field}: "
+            f"{repo_id.split('@', 1)[1]!r}"
+        )
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
@@ -49,7 +54,7 @@ def hub_id_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
         if ref.model.startswith("builtin:") or "://" in ref.model:
             continue  # built-ins and URLs: rlt.checks.validation.source_problems
         if not _is_local(ref.model, local_files):
-            problem = _hub_id_problem(ref.model)
+            problem = _hub_id_problem(ref.model, where.rsplit(".", 1)[0] + ".revision")
             if problem:
                 out.append(f"{where}: {problem} (or a local folder: /abs/path or ./relative)")
     for where, ds in ((f"{w}.source", ds) for w, ds, _ in spec.named_datasets()):
@@ -58,14 +63,14 @@ def hub_id_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
         if source.startswith("builtin:") or "://" in source or source.endswith(_DATA_FILES):
             continue
         if not _is_local(source, local_files):
-            problem = _hub_id_problem(source)
+            problem = _hub_id_problem(source, where.rsplit(".", 1)[0] + ".revision")
             if problem:
                 out.append(f"{where}: {problem} (or a local file or folder: /abs/path or ./relative)")
     for product in RUN_PRODUCTS:
         uri = getattr(spec.outputs, product.attr)
         if uri and uri.startswith("hf://"):
             repo = uri.removeprefix("hf://").strip("/").removeprefix("datasets/")
-            problem = _hub_id_problem(repo)
+            problem = _hub_id_problem(repo, None)
             if problem:
                 out.append(f"spec.outputs.{product.output}: {problem}")
     return out

@@ -118,7 +118,7 @@ class ModelShape:
 
 # The decoder-only families whose layout decoder_shape writes out: a gated MLP (gate, up, down), RMS norms before
 # attention and MLP and at the end, rotary positions; Qwen2 has biases on q, k and v, Llama and Mistral by config.
-_DECODER_TYPES = ("qwen2", "llama", "mistral")
+DECODER_TYPES = ("qwen2", "llama", "mistral")
 
 
 def known_shape(model: str) -> ModelShape | None:
@@ -126,13 +126,13 @@ def known_shape(model: str) -> ModelShape | None:
     what the operator sizes a run's defaults from (the trainer's grace period). None for any other model. A test
     holds it equal to the count on an empty model (rlt.checks.shapes.shape_of_config) for every entry."""
     fields = KNOWN_CONFIGS.get(model)
-    if fields is None or fields["model_type"] not in _DECODER_TYPES:
+    if fields is None or fields["model_type"] not in DECODER_TYPES:
         return None
     return decoder_shape(fields, f"{model} (rlt.checks.model_shape.KNOWN_CONFIGS, from its published config.json)")
 
 
 def decoder_shape(fields: dict[str, Any], source: str) -> ModelShape:
-    """The shape of a Qwen2/Llama/Mistral config.json written out layer by layer (see _DECODER_TYPES)."""
+    """The shape of a Qwen2/Llama/Mistral config.json written out layer by layer (see DECODER_TYPES)."""
     hidden, inter, layers = fields["hidden_size"], fields["intermediate_size"], fields["num_hidden_layers"]
     heads = fields["num_attention_heads"]
     kv_heads = fields.get("num_key_value_heads") or heads

@@ -5,7 +5,7 @@ the reward's scoring, a step's phases. The capacity plan (rlt.checks.capacity) a
 here or there branches on a stage's name.
 
 Where a library estimates a term, its estimator is used: DeepSpeed's ZeRO-2/ZeRO-3 model-state estimators (GPU and
-host memory), the model's own config for parameter counts (rlt.checks.shapes) and KV sizes."""
+host memory; written out torch-free in rlt.checks.zero_estimates, held equal to DeepSpeed's by a test), the model's own config for parameter counts (rlt.checks.shapes) and KV sizes."""
 
 from __future__ import annotations
 
@@ -125,21 +125,12 @@ def model_states(shape: ModelShape, trainable: int, zero: int, nodes: int, gpus:
         # weights b per parameter; per trainable one: gradient + two moments (3b), or 16 bytes for fp32 LoRA
         per_trainable = 16 if lora else 3 * b
         return shape.params * b + trainable * per_trainable, shape.params * b, "no DeepSpeed (one process or ZeRO 0)"
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    from rlt.checks.zero_estimates import zero2_states, zero3_states
 
     if zero == 3:
-        host, gpu, _ = estimate_zero3_model_states_mem_needs(
-            trainable,
-            min(trainable, shape.largest_param),
-            gpus,
-            nodes,
-            cpu_offload=False,
-            cpu_offload_params=False,
-            zero_init=False,
-        )
+        host, gpu = zero3_states(trainable, min(trainable, shape.largest_param), gpus, nodes)
         return gpu + frozen * b // world, host, "DeepSpeed estimate_zero3_model_states_mem_needs"
-    host, gpu = estimate_zero2_model_states_mem_needs(trainable, gpus, nodes, cpu_offload=False)
+    host, gpu = zero2_states(trainable, gpus, nodes)
     return gpu + frozen * b, host, f"DeepSpeed estimate_zero2_model_states_mem_needs (ZeRO {zero})"
 
 
@@ -159,10 +150,13 @@ def trl_constant(module: str, name: str) -> int:
     import importlib.util
     from pathlib import Path
 
-    found = importlib.util.find_spec(module)
+    # find_spec of a submodule imports its package (all of TRL's __init__): locate the package only, then the file
+    top, *rest = module.split(".")
+    found = importlib.util.find_spec(top)
     if found is None or found.origin is None:
         raise LookupError(f"{module} is not installed: the capacity plan reads the loss tile sizes from TRL")
-    for node in ast.parse(Path(found.origin).read_text()).body:
+    source = Path(found.origin).parent.joinpath(*rest[:-1], rest[-1] + ".py") if rest else Path(found.origin)
+    for node in ast.parse(source.read_text()).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return int(ast.literal_eval(node.value))
     raise LookupError(f"{module}.{name} is gone from the installed TRL: rlt.checks.capacity needs its loss tile size")

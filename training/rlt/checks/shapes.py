@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from rlt.checks.model_shape import ModelShape, known_shape
+from rlt.checks.model_config import config_problems, folder_config
+from rlt.checks.model_shape import DECODER_TYPES, ModelShape, decoder_shape, known_shape
 from rlt.spec.inputs import ModelRef
+from rlt.spec.local_files import LocalFileError, read_json_object
 
 
 def shape_of_config(config: Any, source: str) -> ModelShape:
@@ -50,30 +53,40 @@ def shape_of_config(config: Any, source: str) -> ModelShape:
     )
 
 
-@lru_cache(maxsize=32)
-def _read(model: str, revision: str | None, build: bool) -> tuple[ModelShape | None, str]:
-    from pathlib import Path
-
-    from transformers import AutoConfig
-
+def local_config(model: str, revision: str | None, field: str, build: bool) -> tuple[dict[str, Any] | None, str, str]:
+    """(config.json's fields, where they were read, "") of a built-in, a local folder or a hub id in the Hugging
+    Face cache; (None, "", why not) when this machine does not have them. Never downloads; LocalFileError (naming
+    `field`) for a local entry that is not a usable model folder."""
     from rlt.data.models import builtin_model_dir, resolve_model_path
 
-    if model.startswith("builtin:") and not build and not builtin_model_dir(model).is_dir():
-        return None, f"{model}: not built yet (`rlt plan` builds it; the first run does too)"
+    if not model.startswith("builtin:"):
+        fields, source = folder_config(model, revision, field)
+        return fields, source, ""
+    if not build and not builtin_model_dir(model).is_dir():
+        return None, "", f"{model}: not built yet (`rlt plan` builds it; the first run does too)"
     try:
-        path = resolve_model_path(model)  # a built-in is made once in the cache (tiny; no download)
+        folder = Path(resolve_model_path(model))  # a built-in is made once in the cache (tiny; no download)
     except ValueError as err:
-        return None, str(err)
-    if Path(path).is_dir():
-        try:
-            return shape_of_config(AutoConfig.from_pretrained(path), f"{path}/config.json"), ""
-        except (OSError, ValueError) as err:
-            return None, f"{model}: cannot read {path}/config.json ({err})"
+        return None, "", str(err)
+    return read_json_object(folder / "config.json", field), f"{folder}/config.json", ""
+
+
+@lru_cache(maxsize=32)
+def _read(model: str, revision: str | None, build: bool, field: str = "") -> tuple[ModelShape | None, str]:
+    where = field or model
     try:
-        config = AutoConfig.from_pretrained(path, revision=revision, local_files_only=True)
-        return shape_of_config(config, f"{model} config.json (Hugging Face cache)"), ""
-    except (OSError, ValueError):
-        pass
+        fields, source, why = local_config(model, revision, where, build)
+    except LocalFileError as err:
+        return None, str(err)
+    if fields is None and why:
+        return None, why
+    if fields is not None:
+        problems = config_problems(fields, where, source)
+        if problems:
+            return None, problems[0]
+        if fields.get("model_type") in DECODER_TYPES and "hidden_size" in fields:
+            return decoder_shape(fields, source), ""  # written out: no torch (rlt validate answers in a second)
+        return _counted(model, revision, source)
     known = known_shape(model)
     if known is not None:
         return known, ""
@@ -81,6 +94,22 @@ def _read(model: str, revision: str | None, build: bool) -> tuple[ModelShape | N
         f"{model}: its config is not in the Hugging Face cache and not a known shape; fetch it once "
         f"(huggingface-cli download {model} config.json) to plan its memory"
     )
+
+
+def _counted(model: str, revision: str | None, source: str) -> tuple[ModelShape | None, str]:
+    """Any other architecture: counted on an empty model that transformers builds (torch; seconds)."""
+    from transformers import AutoConfig
+
+    from rlt.data.models import name_the_accelerator, resolve_model_path
+
+    name_the_accelerator()  # before transformers may import DeepSpeed: no "Setting accelerator" line
+    path = resolve_model_path(model)
+    try:
+        local = Path(path).is_dir()
+        config = AutoConfig.from_pretrained(path, revision=None if local else revision, local_files_only=True)
+        return shape_of_config(config, source), ""
+    except (OSError, ValueError) as err:
+        return None, f"{model}: cannot read {source} ({str(err).splitlines()[0]})"
 
 
 def read_shape(ref: ModelRef | str, build: bool = True) -> tuple[ModelShape | None, str]:

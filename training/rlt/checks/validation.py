@@ -99,6 +99,36 @@ def source_problems(spec: RLTRunSpec) -> list[str]:
     return out
 
 
+def local_entry_problems(spec: RLTRunSpec) -> list[str]:
+    """Local format files of the run that no reader can open: a symlink loop, a device file, a pipe, a name too
+    long for the filesystem, one line each naming the field (nothing is read)."""
+    from rlt.spec.local_files import entry_exists, entry_problem
+
+    entries = []  # the data sources' are the data check's (exit DATA_ERROR in the pods), not the spec's
+    if spec.format.file:
+        entries.append(("spec.format.file", spec.format.file))
+    if spec.method == "rcl" and Path(spec.rcl.format).suffix:
+        entries.append(("spec.rcl.format", spec.rcl.format))
+    out = []
+    for where, value in entries:
+        if not value.startswith("builtin:") and "://" not in value and entry_exists(value):
+            out += [p for p in [entry_problem(value, where, _short(value))] if p]
+    return out
+
+
+def _short(value: str) -> str:
+    return value if len(value) <= 80 else f"{value[:40]}...{value[-20:]} ({len(value)} characters)"
+
+
+def local_model_problems(spec: RLTRunSpec) -> list[str]:
+    """The config.json of every model this machine holds (a local folder, a built built-in, the Hugging Face cache),
+    read by the guarded reader: a GGUF file, a device file, a loop, a truncated or non-causal-LM config is one line
+    naming the field (rlt.checks.shapes.config_refusals; no torch)."""
+    from rlt.checks.model_config import config_refusals
+
+    return [line for where, ref in _model_refs(spec) for line in config_refusals(ref, where)]
+
+
 def cluster_problems(spec: RLTRunSpec) -> list[str]:
     """Combinations a cluster cannot run, refused before anything is created."""
     out: list[str] = []
@@ -137,6 +167,7 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         + trainer_args_problems(spec)
         + cluster_problems(spec)
         + source_problems(spec)
+        + (local_entry_problems(spec) + local_model_problems(spec) if local_files else [])
         + consumer_problems(spec, None if out else name, local_files=local_files)
     )
 
@@ -175,7 +206,7 @@ def load_valid_run(path: str | Path, paths_from_file: bool = False) -> RLTRun:
 
 def check_datasets(run: RLTRun) -> tuple[list[str], list[str]]:
     """The run's data where this machine can read it: (problems, notes). Every bad row is listed (up to 20)."""
-    from rlt.data.dataset import check_data, group_problems, is_reachable, scan_rows
+    from rlt.data.dataset import check_data, data_system_prompt, group_problems, is_reachable, scan_rows
     from rlt.data.errors import DataError
     from rlt.method.prompts import resolve_format
 
@@ -201,6 +232,12 @@ def check_datasets(run: RLTRun) -> tuple[list[str], list[str]]:
             except DataError:
                 pass
             continue
+        if where == "spec.dataset" and ds.columns.system is not None:
+            try:  # the documented cross-row rule the stages apply (one student, one system prompt), here too
+                data_system_prompt(ds)
+            except DataError as err:
+                problems.append(f"spec.dataset.columns.system: {ds.source} {str(err).removeprefix(ds.source + ' ')}")
+                continue
         if where == "spec.dataset" and run.spec.stages.sft.enabled:
             # stage sft learns the explanations from the traces (rlt.stages.sft, rlt.rcl.stages): at the door
             bare = [r for r in data.train if not (r.get("reasoning_trace") or "").strip()]

@@ -9,23 +9,32 @@ import sys
 from rlt.checks.validation import NotPermitted, check_datasets, load_valid_runs
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.stage_registry import TRAINER_STAGES
-from rlt.spec.loading import SpecError
+from rlt.spec.loading import SpecError, other_documents
 from rlt.spec.run import RLTRun, stage_settings
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be imported here, without importing it (TRL and transformers take seconds)."""
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None
 
 
 def trainer_args_problems(run: RLTRun) -> list[str]:
     """trainerArgs built into the installed TRL's config (the option table's checks ran in load_valid_runs); without
-    TRL that last check cannot run, which is said, not hidden."""
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        if any(stage_settings(run.spec, s).trainer_args for s in TRAINER_STAGES):
-            print(
-                f"{run.name}: note: trainerArgs checked against TRL's option table only (TRL is not installed here; "
-                "the stage builds its config)",
-                file=sys.stderr,
-            )
+    TRL that last check cannot run, which is said, not hidden. A run without trainerArgs imports nothing."""
+    if not any(stage_settings(run.spec, s).trainer_args for s in TRAINER_STAGES):
         return []
+    if not installed("trl"):
+        print(
+            f"{run.name}: note: trainerArgs checked against TRL's option table only (TRL is not installed here; "
+            "the stage builds its config)",
+            file=sys.stderr,
+        )
+        return []
+    from rlt.data.models import name_the_accelerator
+
+    name_the_accelerator()  # before TRL imports DeepSpeed: no "Setting accelerator to CPU" above rlt's lines
     from rlt.stages.trainer_check import check_trainer_args
 
     return check_trainer_args(run)
@@ -33,10 +42,8 @@ def trainer_args_problems(run: RLTRun) -> list[str]:
 
 def prompt_length_problems(run: RLTRun) -> tuple[list[str], str]:
     """Token lengths of the training rows against the stages' limits, when the teacher's tokenizer is here."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return [], "token lengths not checked (transformers is not installed here; the stages check them)"
+    if not installed("tokenizers"):
+        return [], "token lengths not checked (tokenizers is not installed here; the stages check them)"
     from rlt.stages.prompt_lengths import check_prompt_lengths
 
     return check_prompt_lengths(run.spec)
@@ -89,6 +96,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         names = ", ".join(r.name for r in runs)
         print(f"{path}: ok ({names})")
+        others = other_documents(path)
+        if others:  # applied with the run by kubectl; rlt has no rules for them
+            print(f"  note: checked the RLTRun documents only; not checked: {', '.join(others)}")
         for note in notes:
             print(f"  {note}")
     if bad:

@@ -88,7 +88,7 @@ def measure_prompt_tokens(
     if not is_reachable(spec.dataset):
         return None, f"{spec.dataset.source} is not on this machine"
     if tokenizer is None:
-        tokenizer, why = load_local_tokenizer(spec)
+        tokenizer, why = load_local_tokenizer(spec, build=True)
         if tokenizer is None:
             return None, why
     formatter = Formatter(resolve_format(spec.format))

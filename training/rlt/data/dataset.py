@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import random
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from rlt.data.sources import FILE_KINDS, Unparsable, Where, read_source
 from rlt.method.prompts import PromptFormat, bundled_formats, resolve_format
 from rlt.spec import reader
 from rlt.spec.inputs import DatasetSpec, FormatSpec
+from rlt.spec.local_files import entry_exists
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +68,23 @@ def _from_conversations(raw: dict[str, Any], fmt: PromptFormat, column: str = "c
     conv = raw[column]
     if not isinstance(conv, list) or len(conv) < 2:
         raise DataError(f"{where}: expected a list with a user turn and an assistant turn")
+    for i, turn in enumerate(conv):
+        if isinstance(turn, dict):
+            for pair in (("from", "role"), ("value", "content")):
+                if all(k in turn for k in pair):  # two spellings of one thing: which one is meant is a guess
+                    raise DataError(
+                        f"{column}[{i}]: has both {pair[0]!r} (ShareGPT) and {pair[1]!r} (OpenAI chat); give one"
+                    )
     if all(isinstance(turn, dict) for turn in conv) and conv[0].get("from", conv[0].get("role")) == "system":
         conv = conv[1:]  # a leading system turn is not part of the question
         where = f"{column} (after its system turn)"
     if len(conv) < 2:
         raise DataError(f"{where}: expected a user turn and an assistant turn")
+    if len(conv) > 2:  # the later turns would be dropped without a word
+        raise DataError(
+            f"{where}: {len(conv)} turns; a row is one question and one answer (a user turn, then an assistant "
+            "turn): split the conversation into rows"
+        )
     user, assistant = conv[0], conv[1]
     if not isinstance(user, dict) or not isinstance(assistant, dict):
         raise DataError(f"{where}: each turn must be an object with from/value (or role/content)")
@@ -158,12 +172,30 @@ def _describe(value: Any) -> str:
     return f"expected text, got {type(value).__name__} {json.dumps(value, default=str)[:40]}"
 
 
+# Characters that draw nothing though unicodedata files them as letters or symbols (fillers, the blank Braille cell).
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def visible(c: str) -> bool:
+    """Whether a character draws something: not a space, a control or format character (zero-width space, joiners,
+    the byte-order mark, bidirectional marks), a lone combining mark or a blank filler."""
+    return unicodedata.category(c) not in ("Zs", "Zl", "Zp", "Cc", "Cf", "Cn", "Co", "Cs", "Mn", "Me") and (
+        c not in _BLANK_LETTERS
+    )
+
+
 def check_row(row: dict[str, Any], fmt: PromptFormat, max_chars: int) -> None:
     """Raise DataError naming the field if the row cannot be used as-is."""
     for name in ("question", "solution"):
         value = row.get(name)
         if not isinstance(value, str) or not value.strip():
             raise DataError(f"{name}: {_describe(value)}")
+        if not any(visible(c) for c in value):
+            first = next(c for c in value if not c.isspace())
+            raise DataError(
+                f"{name}: only invisible characters (such as U+{ord(first):04X}, {unicodedata.name(first, 'unnamed')}); "
+                "the model would see an empty text"
+            )
     trace = row.get("reasoning_trace")
     if isinstance(trace, float) and math.isnan(trace):
         row["reasoning_trace"] = trace = None  # an empty CSV/Parquet cell: no trace
@@ -315,7 +347,7 @@ def is_reachable(spec: DatasetSpec) -> bool:
     """Whether the data can be checked here without a network: a built-in task or a local path."""
     return (
         spec.source.startswith("builtin:")
-        or Path(spec.source).exists()
+        or entry_exists(spec.source)
         or spec.source.startswith((".", "/", "~"))
         or Path(spec.source).suffix.lower() in FILE_KINDS
     )

@@ -20,6 +20,7 @@ from rlt.data.errors import DataError
 from rlt.data.jsonl import decoded_lines
 from rlt.spec import reader
 from rlt.spec.inputs import MAX_BUILTIN_ROWS, DatasetSpec
+from rlt.spec.local_files import path_words
 
 FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
@@ -84,7 +85,7 @@ def _read(spec: DatasetSpec) -> tuple[Iterable[Any], Where]:
             )
         return tasks.generate(src.removeprefix("builtin:"), spec.size, spec.seed), by_index
     path = Path(src)
-    problem = reader.path_problem(path, folder_ok=True)
+    problem = path_words(path)  # reader.path_problem's words, a symlink loop named as one
     if problem == "file not found":
         if src.startswith((".", "/", "~")) or path.suffix.lower() in FILE_KINDS:
             raise DataError(f"spec.dataset.source: file {src} does not exist")
@@ -159,6 +160,15 @@ def _read_folder(folder: Path, spec: DatasetSpec) -> Any:
     if not files:
         raise DataError(
             f"spec.dataset.source: folder {src} holds no data files (.jsonl, .json, .parquet, .csv or a saved dataset)"
+        )
+    kinds = sorted({FILE_KINDS.get(p.suffix.lower(), p.suffix.lower()) for p in files})
+    if len(kinds) > 1:  # `datasets` reads a folder as one format: the files of the others would be dropped
+        counts = ", ".join(
+            f"{sum(FILE_KINDS.get(p.suffix.lower(), p.suffix.lower()) == k for p in files)} {k}" for k in kinds
+        )
+        raise DataError(
+            f"spec.dataset.source: folder {src} mixes data formats ({counts} files); a folder is read as one "
+            "format, so the others' rows would be lost: keep one format per folder"
         )
     _same_columns(folder, files)
     for path in files:

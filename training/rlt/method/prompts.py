@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError
 from rlt.contract.api import Strict
 from rlt.spec import reader
 from rlt.spec.inputs import FORMATS_DIR, FormatSpec
+from rlt.spec.local_files import entry_problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -70,7 +71,7 @@ def _load_file(path: str) -> dict[str, Any]:
         raise ValueError(f"spec.format.file: {path}: {line}") from None
     data = docs[0] if len(docs) == 1 else None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a format file must be a mapping")
+        raise ValueError(f"spec.format.file: {path}: a format file must be a mapping")
     return data
 
 
@@ -86,6 +87,9 @@ def resolve_format(spec: FormatSpec) -> PromptFormat:
     """Preset (or file), then the spec's overrides. Errors name the file or preset."""
     if spec.file:
         source = spec.file
+        problem = entry_problem(spec.file, "spec.format.file")  # a loop, a device, a pipe, a name too long
+        if problem:
+            raise ValueError(problem)
         if not Path(spec.file).is_file():
             raise ValueError(f"spec.format.file: {spec.file} does not exist")
     else:
@@ -96,7 +100,11 @@ def resolve_format(spec: FormatSpec) -> PromptFormat:
             )
         source = str(path)
     data = dict(_load_file(source))
-    data["tags"] = {**data.get("tags", {}), **spec.tags.model_dump(by_alias=True, exclude_none=True)}
+    field = "spec.format.file" if spec.file else "spec.format.preset"
+    tags = data.get("tags", {})
+    if not isinstance(tags, dict):  # the overrides merge into it: a mapping or nothing
+        raise ValueError(f"{field}: {source}: tags is a {type(tags).__name__}; a format's tags are a mapping")
+    data["tags"] = {**tags, **spec.tags.model_dump(by_alias=True, exclude_none=True)}
     if spec.student_system_prompt:
         data["studentSystemPrompt"] = spec.student_system_prompt
     if spec.teacher_system_prompt:
@@ -104,7 +112,6 @@ def resolve_format(spec: FormatSpec) -> PromptFormat:
     try:
         return PromptFormat.model_validate(data)
     except ValidationError as err:
-        field = "spec.format.file" if spec.file else "spec.format.preset"
         missing = ", ".join(".".join(str(p) for p in e["loc"]) for e in err.errors()[:4])
         named = source if spec.file else repr(spec.preset)  # a preset by its name, not its install path
         raise ValueError(f"{field}: {named} is not an rlt prompt format (problems at: {missing})") from None

@@ -15,6 +15,7 @@ from rlt.data.answers import between, is_correct
 from rlt.method.prompts import chat_text
 from rlt.spec import reader
 from rlt.spec.inputs import FORMATS_DIR
+from rlt.spec.local_files import entry_problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -79,6 +80,9 @@ def load_rcl_format(name_or_path: str) -> RclFormat:
     path = Path(name_or_path)
     if not path.suffix:
         path = FORMATS_DIR / f"{name_or_path}.yaml"
+    problem = entry_problem(path, "spec.rcl.format", name_or_path)
+    if problem:
+        raise ValueError(problem)
     if not path.is_file():
         raise ValueError(
             f"spec.rcl.format: {name_or_path!r} is neither a file nor a bundled rcl format "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from rlt.contract.api import (
     DISTILL_ROW_KEYS,
@@ -24,6 +24,23 @@ def _no_nul(value: str) -> str:
 
 # A model id, dataset source or file: a path on some machine, so no NUL (the OS refuses it with a traceback).
 PathOrId = Annotated[str, AfterValidator(_no_nul)]
+
+
+# A hub revision (a branch, a tag or a commit): git refs hold no white space, and an empty one is no revision.
+def _revision(value: str) -> str:
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{value!r} is not a revision (a branch, tag or commit: not empty, no white space)")
+    return value
+
+
+def _split(value: str) -> str:
+    if not value.strip() or value != value.strip():
+        raise ValueError(f"{value!r} is not a split name (not empty, no white space around it; e.g. train)")
+    return value
+
+
+HubRevision = Annotated[str, AfterValidator(_revision), WithJsonSchema({"type": "string", "pattern": r"^\S+$"})]
+SplitName = Annotated[str, AfterValidator(_split), WithJsonSchema({"type": "string", "pattern": r"^\S(.*\S)?$"})]
 
 
 # A built-in task is a test and calibration set that `rlt validate` and each stage generate row by row (countdown:
@@ -56,7 +73,7 @@ class ModelRef(Strict):
     random Qwen2 built locally, for tests)."""
 
     model: PathOrId = Field(min_length=1, description="Hub id (org/name), local path, or builtin:<name>.")
-    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); hub ids only.")
+    revision: HubRevision | None = Field(None, description="Hub revision (branch, tag or commit); hub ids only.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; auto = float32 on CPU, bfloat16 on GPU."
     )
@@ -94,8 +111,10 @@ class DatasetSpec(Strict):
         "to a ~135M student, levels 1-4 in turn; builtin:basic-N for one level), a local JSONL/Parquet file or "
         "HF dataset directory, or a hub dataset id.",
     )
-    split: str = Field("train", description="Split to read.")
-    revision: str | None = Field(None, description="Hub revision for hub datasets.")
+    split: SplitName = Field(  # datasets reads '' as no split and ' train' as another split
+        "train", description="Split to read (a name, or datasets' slice syntax such as train[:1000])."
+    )
+    revision: HubRevision | None = Field(None, description="Hub revision for hub datasets.")
     layout: Literal["columns", "conversations"] = Field(
         "columns",
         description="columns: one column per field (see columns). conversations: a Bespoke-Stratos style "

@@ -197,6 +197,17 @@ RunName = Annotated[
     ),
     _schema(DNS1035_LABEL, MAX_RUN_NAME),
 ]
+# Kueue's LocalQueue is an object (its name a DNS-1123 subdomain) named in a pod label (a value of at most 63).
+QueueName = Annotated[
+    str,
+    _check(
+        DNS1123_SUBDOMAIN,
+        63,
+        "a Kueue LocalQueue name (an object name: lowercase letters, digits, '-', '.'; at most 63 characters, as "
+        "it is also the value of the kueue.x-k8s.io/queue-name label)",
+    ),
+    _schema(DNS1123_SUBDOMAIN, 63),
+]
 LabelValue = Annotated[
     str,
     _check(LABEL_VALUE, 63, "a label value (letters, digits, '-', '_', '.', alphanumeric at both ends)"),
@@ -238,9 +249,19 @@ Image = Annotated[
     ),
     _schema(IMAGE, MAX_IMAGE),
 ]
+
+
+def _config_key_dots(value: str) -> str | None:
+    """The rest of Kubernetes' IsConfigMapKey: '.', '..' and a '..' prefix are the names of a mounted volume's
+    own entries (its ..data link), never a key."""
+    if value in (".", "..") or value.startswith(".."):
+        return "'.', '..' and names starting with '..' are not Secret or ConfigMap keys (Kubernetes refuses them)"
+    return None
+
+
 ConfigKey = Annotated[
     str,
-    _check(CONFIG_KEY, 253, "a Secret or ConfigMap key (letters, digits, '-', '_', '.')"),
+    _check(CONFIG_KEY, 253, "a Secret or ConfigMap key (letters, digits, '-', '_', '.')", extra=_config_key_dots),
     _schema(CONFIG_KEY, 253),
 ]
 

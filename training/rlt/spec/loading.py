@@ -198,8 +198,14 @@ def read_runs(path: str | Path) -> list[RLTRun]:
         raise SpecError(str(path), ["<yaml>: " + reader.yaml_error_line(err)]) from None
     if not docs:
         raise SpecError(str(path), ["<root>: file holds no YAML document"])
+    others = [d for d in docs if other_kind(d)]
+    if others and len(others) == len(docs):
+        kinds = ", ".join(str(other_kind(d)) for d in others)
+        raise SpecError(str(path), [f"<root>: no RLTRun document (the file holds {kinds})"])
     runs, problems = [], []
     for i, doc in enumerate(docs):
+        if other_kind(doc):
+            continue  # a Namespace or ServiceAccount applied with the run: kubectl takes it, rlt checks the runs
         src = f"{path}" if len(docs) == 1 else f"{path}[document {i}]"
         try:
             runs.append(parse_run(doc, src))
@@ -208,6 +214,27 @@ def read_runs(path: str | Path) -> list[RLTRun]:
     if problems:
         raise SpecError(str(path), problems)
     return runs
+
+
+def other_kind(doc: Any) -> str | None:
+    """'Namespace (document 0)'-style name of a document that is another Kubernetes object than an RLTRun (its
+    apiVersion is not rlt.dev's and it names a kind), None for an RLTRun or anything that should be one."""
+    if not isinstance(doc, dict):
+        return None
+    kind, api = doc.get("kind"), doc.get("apiVersion")
+    if not isinstance(kind, str) or kind == "RLTRun" or not isinstance(api, str) or api.startswith("rlt.dev/"):
+        return None
+    name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+    return f"{kind}/{name}" if isinstance(name, str) else kind
+
+
+def other_documents(path: str | Path) -> list[str]:
+    """The objects of a run file that are not RLTRuns (`rlt validate` says it checked the runs only)."""
+    try:
+        docs = reader.load_yaml(_read_source(Path(path)))
+    except (reader.InputError, yaml.YAMLError, OSError, UnicodeDecodeError, SpecError):
+        return []
+    return [k for k in (other_kind(d) for d in docs) if k]
 
 
 def dump_run(run: RLTRun) -> str:
@@ -224,10 +251,13 @@ def _relative_local(value: str | None, base: Path, looks_local: bool) -> str | N
     directory; None when it is kept as written."""
     if not value or value.startswith(("builtin:", "/", "~")) or "://" in value:
         return None
-    if not (looks_local or value.startswith(("./", "../")) or (base / value).exists()):
+    from rlt.spec.local_files import entry_exists
+
+    if not (looks_local or value.startswith(("./", "../")) or entry_exists(base / value)):
         return None  # a hub id (org/name) or a name: not a path
-    resolved = (base / value).resolve()
-    return None if resolved == Path(value).resolve() else str(resolved)
+    # the entry itself, not where its links lead: a link's suffix says what it is, and a loop has no end
+    joined = os.path.abspath(base / value)  # noqa: PTH100 - resolve() follows links and fails on loops
+    return None if joined == os.path.abspath(value) else joined  # noqa: PTH100
 
 
 def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
@@ -243,6 +273,8 @@ def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
         targets.append((stages["evaluate"]["dataset"], "source", True))
     if "file" in (spec.get("format") or {}):
         targets.append((spec["format"], "file", True))
+    if Path(str((spec.get("rcl") or {}).get("format", ""))).suffix:  # a file path, not a bundled format's name
+        targets.append((spec["rcl"], "format", True))
     for holder in (spec.get("teacher"), spec.get("student"), (stages.get("student") or {}).get("model")):
         if isinstance(holder, dict):
             targets.append((holder, "model", False))
@@ -251,7 +283,9 @@ def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
     changed = False
     for holder, key, is_file in targets:
         value = holder.get(key)
-        new = _relative_local(value, base, is_file and (key == "file" or str(value).endswith(_DATA_SUFFIXES)))
+        new = _relative_local(
+            value, base, is_file and (key in ("file", "format") or str(value).endswith(_DATA_SUFFIXES))
+        )
         if new is not None:
             holder[key] = new
             changed = True

@@ -103,7 +103,10 @@ def _number_text(text: str) -> float | int:
     """A YAML float as kubectl sends it: an int when whole and below 1e21, else the float."""
     value = _float_text(text)
     if value.is_integer() and abs(value) < _GO_INTEGER_BOUND:
-        return int(value)
+        whole = int(value)
+        if int_problem(whole):  # the API server reads it as an int64, the stages as an int: neither holds it
+            raise ValueError(f"{text} is {whole}, outside the 64-bit integer range")
+        return whole
     return value
 
 
@@ -193,7 +196,7 @@ class _Loader(yaml.SafeLoader):
                 if node.tag == "tag:yaml.org,2002:int":
                     _int_text(node.value)
                 elif node.tag == "tag:yaml.org,2002:float":
-                    _float_text(node.value)
+                    _number_text(node.value)  # a whole float is an integer to kubectl: its range too
             except ValueError as err:
                 self._fail(node.start_mark, str(err))
         elif isinstance(node, SequenceNode):

@@ -17,6 +17,7 @@ from rlt.spec.k8s import (
     LabelValue,
     QualifiedName,
     Quantity,
+    QueueName,
     ResourceName,
     WholeQuantity,
     cel_rules,
@@ -205,6 +206,7 @@ class Resources(Strict):
 # baseline of common default storage classes, not their burst: AWS EBS gp3 (the EKS default) 125 MiB/s, GCP
 # Filestore basic HDD 100 MB/s, pd-standard ~120 MB/s per TiB; an Azure Standard SSD up to 1 TiB 60-100 MB/s.
 DEFAULT_WRITE_RATE = "100M"
+MIN_WRITE_RATE = 10**6  # bytes per second: below this a "rate" is a unit slip (1n, 1m), not a volume
 
 
 class Storage(Strict):
@@ -253,8 +255,13 @@ class Storage(Strict):
     def _some_size(self) -> Storage:
         if quantity_value(self.size) <= 0:  # the apiserver refuses a claim of no storage
             raise ValueError(f"size: {self.size} must be above 0")
-        if self.write_bytes_per_second is not None and quantity_value(self.write_bytes_per_second) <= 0:
-            raise ValueError(f"writeBytesPerSecond: {self.write_bytes_per_second} must be above 0 (bytes per second)")
+        rate = self.write_bytes_per_second
+        if rate is not None and quantity_value(rate) < MIN_WRITE_RATE:
+            # the plan divides a checkpoint by it: 1n (a billionth of a byte a second) made a grace period of 1e20 s
+            raise ValueError(
+                f"writeBytesPerSecond: {rate} is below 1M (1 MB/s), slower than any volume a checkpoint is saved "
+                "to; give the class's sustained rate in bytes per second (e.g. 250M)"
+            )
         return self
 
 
@@ -333,8 +340,8 @@ class Scheduling(Strict):
         None, description="Pod affinity (Kubernetes' Affinity, checked as the API server does)."
     )
     priority_class_name: DNS1123Subdomain | None = Field(None, description="PriorityClass of every pod.")
-    queue_name: LabelValue | None = Field(
-        None, description="Kueue LocalQueue; set as kueue.x-k8s.io/queue-name on every pod (a label value)."
+    queue_name: QueueName | None = Field(
+        None, description="Kueue LocalQueue (its object name); set as kueue.x-k8s.io/queue-name on every pod."
     )
     service_account_name: DNS1123Subdomain | None = Field(
         None, description="ServiceAccount of the pods (its token is not mounted)."

@@ -146,10 +146,60 @@ class OutputsSpec(Strict):
                 raise ValueError(
                     f"{alias}: {uri!r} is not s3://, gs://, file://, memory:// or hf:// followed by a path"
                 )
+            bucket_problem = _bucket_problem(uri)
+            if bucket_problem:
+                raise ValueError(f"{alias}: {uri!r}: {bucket_problem}")
             if uri.startswith("hf://"):
                 parts = uri.removeprefix("hf://").strip("/").split("/")
                 dataset = parts[0] == "datasets"
                 if (field == "distill_dataset") != dataset or len(parts) != (3 if dataset else 2):
                     want = "hf://datasets/<org>/<name>" if field == "distill_dataset" else "hf://<org>/<name>"
                     raise ValueError(f"{alias}: {uri!r} must look like {want}")
+        given = [
+            (alias, getattr(self, f))
+            for f, alias in (("distill_dataset", "distillDataset"), ("teacher", "teacher"), ("student", "student"))
+            if getattr(self, f)
+        ]
+        for i, (a, first) in enumerate(given):
+            for b, second in given[i + 1 :]:
+                x, y = first.rstrip("/") + "/", second.rstrip("/") + "/"
+                if x.startswith(y) or y.startswith(x):  # one push would overwrite or nest in the other
+                    raise ValueError(f"{b}: {second!r} is {a}'s place too ({first!r}); give each output its own")
         return self
+
+
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_GCS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+_IP_ADDRESS = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+
+
+def _bucket_problem(uri: str) -> str | None:
+    """The bucket of an s3:// or gs:// URI by the store's naming rules (AWS S3 "General purpose bucket naming
+    rules"; Google Cloud Storage "Bucket names"), None when it follows them or the URI names no bucket."""
+    scheme, _, rest = uri.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if scheme == "s3":
+        if not _S3_BUCKET.fullmatch(bucket) or ".." in bucket or _IP_ADDRESS.fullmatch(bucket):
+            return (
+                f"{bucket!r} is not an S3 bucket name (3-63 lowercase letters, digits, '.' and '-', a letter or digit "
+                "at both ends, no '..', not an IP address)"
+            )
+        if bucket.startswith(("xn--", "sthree-", "amzn-s3-demo-")) or bucket.endswith(
+            ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+        ):
+            return f"{bucket!r} uses a prefix or suffix S3 reserves"
+    if scheme in ("gs", "gcs"):
+        parts = bucket.split(".")
+        if (
+            not _GCS_BUCKET.fullmatch(bucket)
+            or any(not 0 < len(p) <= 63 for p in parts)
+            or ("." not in bucket and len(bucket) > 63)
+            or _IP_ADDRESS.fullmatch(bucket)
+            or bucket.startswith("goog")
+            or "google" in bucket
+        ):
+            return (
+                f"{bucket!r} is not a Cloud Storage bucket name (3-63 lowercase letters, digits, '-', '_' and '.', "
+                "up to 222 with dots, a letter or digit at both ends, not an IP address, no 'goog' prefix or 'google')"
+            )
+    return None

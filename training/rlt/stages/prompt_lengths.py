@@ -10,7 +10,8 @@ the file lines, the field and the value that fits them all. The stages keep thei
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from rlt.contract.method_registry import method_info
 from rlt.data.dataset import LoadedData
@@ -21,20 +22,53 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def load_local_tokenizer(spec: RLTRunSpec) -> tuple[PreTrainedTokenizerBase | None, str]:
-    """The teacher's tokenizer if this machine has it (no download); else None and why not."""
-    from transformers import AutoTokenizer
+def load_local_tokenizer(spec: RLTRunSpec, build: bool = False) -> tuple[PreTrainedTokenizerBase | None, str]:
+    """The teacher's tokenizer if this machine has it (no download; a built-in is built only when `build`); else None
+    and why not.
+    A folder with tokenizer.json is read without transformers' model code (rlt.data.local_tokenizer: the door
+    answers in a second); LocalFileError for a local tokenizer that cannot render prompts (no chat template)."""
+    from rlt.checks.model_config import looks_local
+    from rlt.data.local_tokenizer import FileTokenizer, has_tokenizer
+    from rlt.data.models import builtin_model_dir
 
-    from rlt.data.models import resolve_model_path
+    model = spec.teacher.model
+    not_here = (
+        f"token lengths not checked: the tokenizer of {model} is not on this machine "
+        "(the stages check each row when they run)"
+    )
+    folder: Path | None = None
+    if model.startswith("builtin:"):
+        if build:  # `rlt plan` makes a missing built-in (seconds); `rlt validate` does not
+            from rlt.data.models import resolve_model_path
 
-    try:
+            resolve_model_path(model)
+        folder = builtin_model_dir(model) if builtin_model_dir(model).is_dir() else None
+        if folder is None:
+            return None, f"token lengths not checked: {model} is not built yet (`rlt plan` or the first run builds it)"
+    elif looks_local(model):
+        folder = Path(model).expanduser()
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            found = try_to_load_from_cache(model, "tokenizer.json", revision=spec.teacher.revision)
+        except ValueError:
+            found = None
+        folder = Path(found).parent if isinstance(found, str) else None
+    if folder is not None and folder.is_dir() and has_tokenizer(folder):
+        try:
+            return cast("PreTrainedTokenizerBase", FileTokenizer(folder, "spec.teacher.model")), ""
+        except LookupError:
+            pass  # a tokenizer without a `tokenizers` backend: AutoTokenizer below
+    try:  # a slow tokenizer, or a hub tokenizer cached without tokenizer.json
+        from transformers import AutoTokenizer
+
+        from rlt.data.models import resolve_model_path
+
         path = resolve_model_path(spec.teacher)
         return AutoTokenizer.from_pretrained(path, revision=spec.teacher.revision, local_files_only=True), ""
     except Exception:  # noqa: BLE001 - any failure means "not here"; said as a note, never hidden
-        return None, (
-            f"token lengths not checked: the tokenizer of {spec.teacher.model} is not on this machine "
-            "(the stages check each row when they run)"
-        )
+        return None, not_here
 
 
 def lines_of(indexes: list[int], where: Callable[[int], str], shown: int = 5) -> str:
@@ -122,8 +156,38 @@ def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | 
     if not is_reachable(spec.dataset):
         return [], ""
     if tokenizer is None:
-        tokenizer, note = load_local_tokenizer(spec)
+        from rlt.spec.local_files import LocalFileError
+
+        try:
+            tokenizer, note = load_local_tokenizer(spec)
+        except LocalFileError as err:
+            return [str(err)], ""
         if tokenizer is None:
             return [], note
     formatter = Formatter(resolve_format(spec.format))
-    return length_problems(spec, load_data(spec.dataset, formatter.fmt, warn=False), formatter, tokenizer), ""
+    data = load_data(spec.dataset, formatter.fmt, warn=False)
+    special = special_token_problems(spec, data, tokenizer)
+    return special or length_problems(spec, data, formatter, tokenizer), ""
+
+
+def special_token_problems(spec: RLTRunSpec, data: LoadedData, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Rows whose text holds a special token of the teacher's tokenizer (<|im_end|>, <|im_start|>...): in the
+    prompt it would end or open a chat turn (a prompt injection, or a row that teaches the wrong turn)."""
+    from rlt.data.local_tokenizer import special_texts
+
+    tokens = [t for t in special_texts(tokenizer) if t.strip()]
+    hits = [
+        (r["row"], name, token)
+        for r in data.train + data.eval
+        for name in ("question", "solution", "reasoning_trace")
+        for token in tokens[:1000]
+        if token in (r.get(name) or "")
+    ]
+    if not hits:
+        return []
+    row, name, token = hits[0]
+    more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
+    return [
+        f"spec.dataset: {spec.dataset.source} {data.where(row)}: {name} holds {token!r}, a special token of "
+        f"{spec.teacher.model}'s tokenizer{more}; in the prompt it would end or open a chat turn: remove it"
+    ]

@@ -1,0 +1,98 @@
+"""How fast the door answers: `rlt validate` of the tiny example and of the 7B paper recipe, whole process, against
+two yardsticks timed in the same run, in turn (A B C A B C ...), so a machine whose speed drifts moves all alike:
+
+  startup:  `python -c "import rlt.cli"` (the interpreter and rlt's command line, nothing checked): the floor;
+  heavy:    the same validate after importing what the door imported before issue 54 (torch, transformers, TRL,
+            DeepSpeed; DS_ACCELERATOR=cpu) — the import cost the lazy door no longer pays.
+
+  old:      with --old REF, `rlt validate` of rlt as it was at commit REF (extracted with git archive), the same file.
+
+One warm-up run of each file first (it fills rlt's tokenizer cache for a built-in model and Python's bytecode).
+Prints the median wall seconds of each, and each file's median ratio (pair by pair) to the heavy run. Targets
+(issue 54): tiny <= 1.5 s, paper-7b <= 3 s on an idle core. Read the ratios on a busy machine.
+
+    nice -n 10 .venv/bin/python benchmarks/validate_speed.py [--runs 7] [--old dae8c77]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = {
+    "tiny": ROOT / "manifests" / "examples" / "rltrun-tiny.yaml",
+    "paper-7b": ROOT / "manifests" / "examples" / "rltrun-paper-7b.yaml",
+}
+HEAVY = "import torch, transformers, trl, deepspeed; "  # what `rlt validate` imported for every file before
+
+
+def _timed(argv: list[str], pythonpath: str | None = None) -> float:
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=ROOT)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return took
+
+
+def commands(path: Path, old: bool) -> dict[str, list[str]]:
+    validate = f"from rlt.cli import main; raise SystemExit(main(['validate', {str(path)!r}]))"
+    out = {
+        "validate": [sys.executable, "-m", "rlt.cli", "validate", str(path)],
+        "startup": [sys.executable, "-c", "import rlt.cli"],
+        "heavy": [sys.executable, "-c", HEAVY + validate],
+    }
+    if old:
+        out["old"] = out["validate"]
+    return out
+
+
+def extract(ref: str, into: Path) -> str:
+    """rlt's packages as they were at `ref`: a PYTHONPATH for them."""
+    archive = subprocess.run(["git", "archive", ref, "training", "operator"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return f"{into / 'training'}:{into / 'operator'}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--old", help="a git commit of this repository: also time its `rlt validate`")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rlt-old-") as tmp:
+        old_path = extract(args.old, Path(tmp)) if args.old else None
+        head = f"{'file':<10}{'validate':>10}{'startup':>10}{'heavy':>10}" + (f"{'old':>10}" if old_path else "")
+        print(head + f"{'validate/heavy':>16}" + (f"{'validate/old':>14}" if old_path else "") + "  (median wall s)")
+        for name, path in FILES.items():
+            cmds = commands(path, old_path is not None)
+            for key in ("validate", "old") if old_path else ("validate",):  # warm-up: bytecode, tokenizer cache
+                _timed(cmds[key], old_path if key == "old" else None)
+            times: dict[str, list[float]] = {k: [] for k in cmds}
+            for _ in range(args.runs):
+                for key, argv in cmds.items():
+                    times[key].append(_timed(argv, old_path if key == "old" else None))
+            med = {k: statistics.median(v) for k, v in times.items()}
+            line = f"{name:<10}{med['validate']:>10.2f}{med['startup']:>10.2f}{med['heavy']:>10.2f}"
+            line += f"{med['old']:>10.2f}" if old_path else ""
+            line += f"{_ratio(times['validate'], times['heavy']):>16.2f}"
+            line += f"{_ratio(times['validate'], times['old']):>14.2f}" if old_path else ""
+            print(line, flush=True)
+
+
+def _ratio(a: list[float], b: list[float]) -> float:
+    """The median of the pairwise ratios (runs taken in turn)."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+if __name__ == "__main__":
+    main()
