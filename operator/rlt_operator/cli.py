@@ -247,10 +247,11 @@ def validate_on_server(path: str, args: argparse.Namespace) -> list[str]:
     run's field or the cluster object that refused; a user without the rights is told so (NotPermitted)."""
     if not args.server:
         return []
-    from rlt.checks.validation import load_valid_runs
+    from rlt.checks.validation import load_valid_runs, pod_path_problems
     from rlt_operator import server_check
 
-    return server_check.server_problems(load_valid_runs(path))  # as the operator reads it: no local path resolution
+    runs = load_valid_runs(path)  # as the operator reads it: no local path resolution
+    return [p for run in runs for p in pod_path_problems(run.spec)] + server_check.server_problems(runs)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -92,15 +92,26 @@ def _is_number(text: str) -> bool:
 
 
 def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path):
-    """A run whose local dataset is not on the run's volume: the trainer pod exits DATA_ERROR, and the cause (the
+    """A run whose dataset is a path on the researcher's laptop is held at the door with the way to get the file
+    into the pod; one whose path is not on the run's volume: the trainer pod exits DATA_ERROR, and the cause (the
     pod's own one-line error) is in the RLTRun's condition, where `kubectl describe`/`get -o yaml` show it."""
     # as a user starts it: no RLT_PROGRESS_URL / RLT_PROGRESS_INTERVAL (the sandbox picks them for local pods)
     sandbox = start_sandbox("--run-pods", str(tmp_path / "pods"), env={"RLT_PROGRESS_URL": None})
     run = tiny_doc()
+    run["metadata"]["name"] = "laptop-data"
+    run["spec"]["dataset"] = {"source": "word.jsonl"}  # beside the run file on the researcher's laptop
+    (tmp_path / "laptop.yaml").write_text(yaml.safe_dump(run))
+    sandbox.kubectl("apply", "-f", str(tmp_path / "laptop.yaml"))
+    reason = sandbox.kubectl_until("InvalidSpec", "get", "rlt", "laptop-data", "-o", "jsonpath={.status.reason}")
+    assert reason == "InvalidSpec"
+    said = sandbox.kubectl("get", "rlt", "laptop-data", "-o", "jsonpath={.status.message}")
+    assert "spec.dataset.source: word.jsonl is a path on your machine" in said and "/data/" in said, said
+    assert not sandbox.kubectl("get", "jobs", "-l", "rlt.dev/run=laptop-data", "-o", "name").strip()
+
     run["metadata"]["name"] = "own-data"
-    run["spec"]["dataset"] = {"source": "word.jsonl"}  # on the researcher's laptop, not on own-data-data
+    run["spec"]["dataset"] = {"source": "/data/word.jsonl"}  # a path in the pod, but nothing put it on own-data-data
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
-    sandbox.kubectl("apply", "--validate=false", "-f", str(tmp_path / "run.yaml"))
+    sandbox.kubectl("apply", "-f", str(tmp_path / "run.yaml"))
     phase = sandbox.kubectl_until("Failed", "get", "rlt", "own-data", "-o", "jsonpath={.status.phase}", seconds=240)
     assert phase == "Failed"
     # kubectl get rlt names the stage that failed (it was empty) and the reason.
@@ -109,7 +120,7 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     status = yaml.safe_load(sandbox.kubectl("get", "rlt", "own-data", "-o", "yaml"))["status"]
     messages = [c.get("message") or "" for c in status["conditions"]]
     failed = next(m for m in messages if "exited with DATA_ERROR (65)" in m)
-    assert "spec.dataset.source: file word.jsonl does not exist" in failed, messages
+    assert "spec.dataset.source: file /data/word.jsonl does not exist" in failed, messages
     # What a user types next: the banner said pods run; `kubectl get pods` has a STATUS; `kubectl logs` is the log.
     # The data check is the trainer pod's init container `validate` (rlt preflight), as on a cluster: the pod is
     # Init:Error, the trainer never started, and the cause is in the init container's log.
@@ -119,7 +130,7 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     assert table[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], table
     assert any(row.split()[:4] == [pod, "0/1", "Init:Error", "0"] for row in table[1:]), table
     log = sandbox.kubectl("logs", pod, "-c", "validate")
-    assert "spec.dataset.source: file word.jsonl does not exist" in log and '"kind"' not in log, log
+    assert "spec.dataset.source: file /data/word.jsonl does not exist" in log and '"kind"' not in log, log
     not_started = sandbox.run("kubectl", "logs", pod, ok=False)
     assert f'container "trainer" in pod "{pod}" is waiting to start: PodInitializing' in not_started.stderr
     # The run's Failed Event says where the log is: that command, typed as given, prints the init container's error.
@@ -128,7 +139,7 @@ def test_a_failed_trainer_pods_error_line_is_on_the_run(start_sandbox, tmp_path)
     assert said, [e["message"] for e in events]
     hint = shlex.split(said[-1].split("its log: ", 1)[1].split(";", 1)[0])
     assert hint[:4] == ["kubectl", "-n", "default", "logs"] and hint[-2:] == ["-c", "validate"], hint
-    assert "spec.dataset.source: file word.jsonl does not exist" in sandbox.run(*hint).stdout
+    assert "spec.dataset.source: file /data/word.jsonl does not exist" in sandbox.run(*hint).stdout
 
     # The recipe of docs/gpu-cluster.md ("Your own dataset or model on the run's volume"): the file staged onto a
     # claim of one's own (under the sandbox, the claim's folder), named by its path under /data.

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 from rlt.contract.method_registry import load_function, method_info
 from rlt.contract.stage_registry import TRAINER_STAGES, stage_info
 from rlt.spec.k8s import RunName
-from rlt.spec.loading import SpecError, parse_spec, read_runs, resolve_local_paths
+from rlt.spec.loading import DATA_SUFFIXES, SpecError, parse_spec, read_runs, resolve_local_paths
 from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
 from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
 
@@ -167,9 +167,42 @@ def spec_problems(spec: RLTRunSpec, name: str | None = None, local_files: bool =
         + trainer_args_problems(spec)
         + cluster_problems(spec)
         + source_problems(spec)
-        + (local_entry_problems(spec) + local_model_problems(spec) if local_files else [])
+        + (local_entry_problems(spec) + local_model_problems(spec) if local_files else pod_path_problems(spec))
         + consumer_problems(spec, None if out else name, local_files=local_files)
     )
+
+
+# Where a cluster run's files are: the recipe of docs/gpu-cluster.md ("Your own dataset or model on the run's volume").
+POD_PATH_HELP = (
+    "put it on the run's volume and name it by its path there (/data/...; docs/gpu-cluster.md, \"Your own dataset "
+    "or model on the run's volume\"), or name a hub id or an object store URL"
+)
+
+
+def pod_path_problems(spec: RLTRunSpec) -> list[str]:
+    """A cluster run reads its files inside the trainer pod: a relative path (a file beside the run file on the
+    user's machine) names nothing there. One line per such field, saying where the path is read and how to get the
+    file there. Absolute paths are the pod's (a volume); hub ids, URLs and built-ins are not paths."""
+
+    def local(value: str | None, suffixes: tuple[str, ...]) -> bool:
+        """`suffixes`: the endings that make a bare name a file (a format file is always one)."""
+        if not value or value.startswith(("builtin:", "/")) or "://" in value:
+            return False
+        return value.startswith(("./", "../", "~")) or value.endswith(suffixes)
+
+    formats = (".yaml", ".yml")
+    fields = [(f"{where}.source", ds.source, DATA_SUFFIXES) for where, ds, _ in spec.named_datasets()]
+    fields += [(f"{where}.model", ref.model, ()) for where, ref, _ in spec.named_models()]
+    if spec.format.file:
+        fields.append(("spec.format.file", spec.format.file, formats))
+    if spec.rcl.format.endswith(formats):
+        fields.append(("spec.rcl.format", spec.rcl.format, formats))
+    return [
+        f"{field}: {value} is a path on your machine, but a cluster run reads it inside the trainer pod, where it is "
+        f"not; {POD_PATH_HELP}"
+        for field, value, suffixes in fields
+        if local(value, suffixes)
+    ]
 
 
 def validate_spec(raw: Any, name: str | None = None, local_files: bool = False, source: str = "<spec>") -> RLTRunSpec:

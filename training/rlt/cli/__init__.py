@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import re
 import sys
 
 from rlt.checks.validation import NotPermitted, check_datasets, load_valid_runs
@@ -49,6 +50,16 @@ def prompt_length_problems(run: RLTRun) -> tuple[list[str], str]:
     return check_prompt_lengths(run.spec)
 
 
+def pod_path_hint(problem: str) -> str:
+    """A missing absolute data path is often the pod's (the run's volume at /data): say how to check the rest."""
+    if re.search(r": file /\S* does not exist$", problem):
+        return (
+            problem + " here; if that path is inside the trainer pod (the run's volume), check the spec alone with "
+            "`rlt validate --no-data`"
+        )
+    return problem
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     import warnings
 
@@ -64,7 +75,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             if not args.no_data:
                 for run in runs:
                     run_problems, run_notes = check_datasets(run)
-                    problems += run_problems
+                    problems += [pod_path_hint(p) for p in run_problems]
                     notes += run_notes
             problems += [p for run in runs for p in trainer_args_problems(run)]
             if not args.no_data and not problems:  # lengths of rows that are otherwise usable

@@ -243,7 +243,7 @@ def dump_run(run: RLTRun) -> str:
     return text
 
 
-_DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")  # a dataset source that is a file
 
 
 def _relative_local(value: str | None, base: Path, looks_local: bool) -> str | None:
@@ -284,7 +284,7 @@ def resolve_local_paths(run: RLTRun, base: str | Path) -> RLTRun:
     for holder, key, is_file in targets:
         value = holder.get(key)
         new = _relative_local(
-            value, base, is_file and (key in ("file", "format") or str(value).endswith(_DATA_SUFFIXES))
+            value, base, is_file and (key in ("file", "format") or str(value).endswith(DATA_SUFFIXES))
         )
         if new is not None:
             holder[key] = new
