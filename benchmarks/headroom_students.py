@@ -35,7 +35,11 @@ SEEDS = (1, 2, 3)  # student seeds; each seed's pair before the next seed
 TRACE_SEED = 7  # generator seed of the trace questions (no earlier calibration, test or split uses it)
 GATE = 0.15  # mean over the seeds of pass@1(friendly) − pass@1(raw)
 FIRST_ESTIMATE = 2400.0  # seconds a unit may take before one ran
-GRACE = 60.0
+# Scheduling, not statistics: on the shared cores a unit took longer than a session (the student stage at ~160 s a
+# step), so every unit runs in pieces like the comparison's rl unit: it starts with PIECE seconds left, gets SIGTERM
+# GRACE seconds before the deadline (the student stage saves its last step), and the next run on the same machine
+# continues it; on a new machine it starts again. Only a finished unit's row is written, and committed at once.
+PIECE, GRACE = 1200.0, 180.0
 UNITS_FILE = Path(__file__).parent / "headroom-students.jsonl"
 # the code a unit runs: a row records whether it was committed when the unit started
 CODE_PATHS = ("training", "benchmarks/headroom_students.py", "benchmarks/teaching_comparison.py")
@@ -92,10 +96,12 @@ def run_missing(
     first: float = FIRST_ESTIMATE,
     clock: Callable[[], float] = time.time,
     log: Callable[[str], None] = print,
+    piece: float = PIECE,
 ) -> list[dict]:
     """Run the units not yet in `units_path`, in order. run_unit(arm, seed, estimate) returns the unit's row, or None
     when it was stopped at the deadline; each row is appended and `record`ed (committed) before the next unit starts.
-    No unit starts that the longest of the last three units (`first` before any) says cannot end by the deadline."""
+    A unit starts when the longest of the last three units (`first` before any) says it ends by the deadline, or
+    as a piece when at least `piece` seconds are left (a unit stopped at the deadline continues next time)."""
     rows = read_rows(units_path)
     done = {(r["arm"], r["seed"]) for r in rows}
     new: list[dict] = []
@@ -104,10 +110,10 @@ def run_missing(
             continue
         need = unit_estimate([r["seconds"] for r in rows], first)
         left = deadline - clock()
-        if need > left:
+        if need > left and left < piece:
             log(f"[deadline] seed {seed} {arm} not started: needs ~{need:.0f} s, {left:.0f} s left")
             break
-        row = run_unit(arm, seed, need)
+        row = run_unit(arm, seed, min(need, left))
         if row is None:
             log(f"[deadline] seed {seed} {arm} not finished by the deadline")
             break
@@ -130,8 +136,10 @@ def unit_runner(out: Path, repo: Path, deadline: float) -> Callable[[str, int, f
         cmd = [sys.executable, "-u", __file__, "--out", str(out), "--unit", arm, "--seed", str(seed)]
         logfile = out / f"unit-{arm}-seed{seed}.log"
         print(f"[unit] seed {seed} {arm}: started (estimate {need:.0f} s), output in {logfile}", flush=True)
+        started = time.time()
         status = run_until(cmd, deadline, GRACE, logfile)
-        if status is None:
+        if status is None:  # stopped: its seconds count when a later piece finishes it (tc.unit adds them)
+            append_row(tc.pieces_file(out, arm, seed), {"seconds": round(time.time() - started, 1)})
             return None
         if status:
             raise SystemExit(f"unit {arm} seed {seed} failed (exit {status}); see {logfile}")

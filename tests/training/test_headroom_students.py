@@ -123,3 +123,18 @@ def test_a_new_clone_resumes_from_the_committed_rows_only(hs, tmp_path, monkeypa
     # and a further run there has nothing left to do
     again = Machine(b)
     assert run(b, again) == [] and again.calls == []
+
+
+def test_a_unit_starts_as_a_piece_and_a_stopped_one_appends_nothing(hs, tmp_path):
+    """Units longer than a session: one starts with `piece` seconds left even when a whole unit would not fit, none
+    starts with less, and a unit stopped at the deadline writes no row (it continues, or restarts, next time)."""
+    path, calls, logs = tmp_path / "units.jsonl", [], []
+
+    def unit(arm, seed, need):  # every unit is stopped at the deadline: returns None
+        calls.append((arm, seed, need))
+
+    run = hs["run_missing"]
+    assert run(hs["plan"](), path, unit, 1500.0, first=5000.0, clock=lambda: 0.0, log=logs.append, piece=1200.0) == []
+    assert calls == [("raw", 1, 1500.0)] and not path.exists() and "not finished" in logs[-1]
+    assert run(hs["plan"](), path, unit, 1000.0, first=5000.0, clock=lambda: 0.0, log=logs.append, piece=1200.0) == []
+    assert len(calls) == 1 and "seed 1 raw not started: needs ~5000 s, 1000 s left" in logs[-1]
