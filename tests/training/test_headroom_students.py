@@ -138,3 +138,22 @@ def test_a_unit_starts_as_a_piece_and_a_stopped_one_appends_nothing(hs, tmp_path
     assert calls == [("raw", 1, 1500.0)] and not path.exists() and "not finished" in logs[-1]
     assert run(hs["plan"](), path, unit, 1000.0, first=5000.0, clock=lambda: 0.0, log=logs.append, piece=1200.0) == []
     assert len(calls) == 1 and "seed 1 raw not started: needs ~5000 s, 1000 s left" in logs[-1]
+
+
+@pytest.mark.slow
+def test_the_raw_arm_distils_the_questions_it_is_given(hs, tmp_path):
+    """teaching_comparison.unit with `traces` (step 0's questions) on the tiny model: the student's distillation data
+    are those rows' traces, not the comparison's training rows; a teacher arm refuses other traces."""
+    tc = hs["tc"]
+    s = tc.QUICK
+    traces = hs["trace_rows"](s)
+    row = tc.unit(s, tmp_path, "raw", 1, traces=traces)
+    written = [
+        json.loads(x) for x in (tmp_path / "teach-raw-seed1" / "distill" / "dataset.jsonl").read_text().split("\n") if x
+    ]
+    assert [w["question"] for w in written] == [r["question"] for r in traces]
+    assert [w["reasoning_trace"] for w in written] == [r["reasoning_trace"] for r in traces]
+    assert {w["question"] for w in written} != {r["question"] for r in tc.training_rows(s)}
+    assert len(row["correct"]) == s.heldout and row["pass1"] == sum(row["correct"]) / s.heldout
+    with pytest.raises(ValueError, match="teacher arm"):
+        tc.unit(s, tmp_path, "rl", 1, traces=traces)
