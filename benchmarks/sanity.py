@@ -137,8 +137,9 @@ def spec(args, arm: str, seed: int, start: str, data: str) -> dict:
     }
 
 
-def measure(args, teacher_path: str, chosen: list[dict], heldout: list[dict]) -> dict:
-    """The objective and the secondary measures of one teacher; per-sample rewards kept for the spread."""
+def measure(args, teacher_path: str, chosen: list[dict], heldout: list[dict], sampling: int = SEED_SAMPLING) -> dict:
+    """The objective and the secondary measures of one teacher (explanations sampled from seed `sampling`: the
+    common random numbers by default); per-sample rewards kept for the spread."""
     from rlt.data.models import load_model, load_tokenizer
     from rlt.method.prompts import Formatter, resolve_format
     from rlt.method.reward import RLTReward
@@ -157,7 +158,7 @@ def measure(args, teacher_path: str, chosen: list[dict], heldout: list[dict]) ->
         ("heldout", heldout, sz["heldout_k"], sz["temperature"]),
     ):
         texts, ids, lps = protocol.sample_explanations(
-            teacher, t_tok, formatter, rows, k, sz["cap"], seed=SEED_SAMPLING, temperature=tau
+            teacher, t_tok, formatter, rows, k, sz["cap"], seed=sampling, temperature=tau
         )
         reward = RLTReward(student, s_tok, formatter, temperature=tau, batch_size=8)
         flat_rows = [r for r in rows for _ in range(k)]
@@ -259,6 +260,22 @@ def select(args, out: Path) -> None:
         f"{report['detectable_effect_floor']:.3f}; {report['seconds']:.0f} s",
         flush=True,
     )
+
+
+def measure_start(args, out: Path, n: int) -> None:
+    """The start model measured with n sampling seeds (the first the common one, so it reproduces start.json):
+    its objective's mean and standard error over them, written to start-seeds.json (issue 52: a start measured once
+    puts an error shared by every pair into real − start that no number of pairs averages out)."""
+    from rlt.data.jsonl import read_jsonl
+
+    chosen, (_, heldout) = list(read_jsonl(out / "chosen.jsonl")), questions(args)
+    seeds = [SEED_SAMPLING + 1000 * j for j in range(n)]
+    runs = [summary(measure(args, args.start, chosen, heldout, s)) for s in seeds]
+    obj = [r["objective_reward"] for r in runs]
+    se = statistics.stdev(obj) / math.sqrt(n) if n > 1 else float("nan")
+    report = {"sampling_seeds": seeds, "objectives": obj, "mean": statistics.fmean(obj), "se": se, "summaries": runs}
+    (out / "start-seeds.json").write_text(json.dumps(report, indent=1))
+    print(f"[start] objective over {n} sampling seeds: {obj}; mean {report['mean']:+.3f}, s.e. {se:.3f}", flush=True)
 
 
 def unit(args, out: Path, arm: str, seed: int) -> None:
@@ -434,6 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--unit", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--analyse", action="store_true", help="print the table and verdict of what has finished")
+    p.add_argument("--start-seeds", type=int, help="after --select: measure the start with this many sampling seeds")
     args = p.parse_args(argv)
     args.passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
     args.sizes = SIZES | (QUICK if args.quick else {})
@@ -447,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
         return select(args, out)
     if args.unit:
         return unit(args, out, args.unit, args.seed)
+    if args.start_seeds:
+        return measure_start(args, out, args.start_seeds)
     if args.analyse:
         analyse(args, out)
         return None

@@ -42,6 +42,8 @@ FIRST = {"start": -6.483, "pairs": [(1, -5.110, -7.948), (2, -6.093, -7.221), (3
 SEED_SD = 0.90  # seed-to-seed sd of one arm's objective (measurement noise included)
 MEAS_SE = 0.23  # measurement s.e. of one teacher's objective (per-sample sd 1.58 / sqrt(48))
 OBSERVED = {"real_vs_start": 1.12, "real_vs_shuffled": 1.60}
+# the start's objective measured once: s.e. from its per-sample sd (1.58 over 48 samples), 47 degrees of freedom
+START_SE = (MEAS_SE, 47.0)
 
 COURTESY = 20.0  # seconds between units without the lock
 PAIRS_FILE = Path(__file__).parent / "sanity-paired.jsonl"
@@ -61,15 +63,54 @@ def bounds(x: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray, np.ndar
     return m, m - half, m + half
 
 
-def decide_arrays(d: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def t_ppf_array(p: float, df: np.ndarray) -> np.ndarray:
+    """Student-t quantile at p for an array of (possibly fractional) degrees of freedom: the Cornish–Fisher
+    expansion of teaching_protocol.t_ppf, elementwise (within ~1 % from 3 degrees of freedom)."""
+    import statistics
+
+    z = statistics.NormalDist().inv_cdf(p)
+    df = np.asarray(df, dtype=float)
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def bounds_with_start(
+    r: np.ndarray, start_se: np.ndarray | float, start_df: float, level: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean of r = real − start over the pairs and its `level` interval with the start's own measurement error
+    added: the start is one measurement shared by every pair, so its error (s.e. start_se, start_df degrees of
+    freedom) does not average out over the pairs; Welch–Satterthwaite degrees of freedom (issue 52)."""
+    n = r.shape[-1]
+    m = r.mean(axis=-1)
+    a = r.var(axis=-1, ddof=1) / n
+    b = np.broadcast_to(np.asarray(start_se, dtype=float) ** 2, np.shape(a))
+    df = (a + b) ** 2 / (a**2 / (n - 1) + b**2 / start_df + 1e-300)
+    half = t_ppf_array((1 + level) / 2, np.maximum(df, 1.0)) * np.sqrt(a + b)
+    return m, m - half, m + half
+
+
+def decide_arrays(
+    d: np.ndarray, r: np.ndarray, start_se: np.ndarray | None = None, start_df: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """The rule on complete experiments: d = real − shuffled and r = real − start per pair, shape (..., FULL) in
-    seed order. Returns (code, pairs used): code 0 PASS, 1 FAIL, 2 inconclusive."""
+    seed order. Returns (code, pairs used): code 0 PASS, 1 FAIL, 2 inconclusive. `start_se` (shape (...,)):
+    r's intervals carry the start's measurement error (the corrected rule of issue 52; None: the registered one)."""
     if d.shape[-1] < FULL or r.shape != d.shape:
         raise ValueError(f"the final look needs {FULL} pairs in both arrays (got {d.shape}, {r.shape})")
     d, r = d[..., :FULL], r[..., :FULL]
-    early = (bounds(d[..., :INTERIM], INTERIM_LEVEL)[1] > 0) & (bounds(r[..., :INTERIM], INTERIM_LEVEL)[1] > 0)
+
+    def r_lower(x: np.ndarray, level: float) -> np.ndarray:
+        if start_se is None:
+            return bounds(x, level)[1]
+        return bounds_with_start(x, start_se, start_df, level)[1]
+
+    early = (bounds(d[..., :INTERIM], INTERIM_LEVEL)[1] > 0) & (r_lower(r[..., :INTERIM], INTERIM_LEVEL) > 0)
     _, d_lo, d_hi = bounds(d, LEVEL)
-    r_lo = bounds(r, LEVEL)[1]
+    r_lo = r_lower(r, LEVEL)
     code = np.where((d_lo > 0) & (r_lo > 0), 0, np.where(d_hi < MARGIN, 1, 2))
     code = np.where(early, 0, code)
     return code, np.where(early, INTERIM, FULL)
@@ -101,19 +142,35 @@ def decide(d: list[float], r: list[float]) -> dict:
 
 
 def simulate(
-    mu_real: float, mu_shuffled: float, rho: float, reps: int = 20_000, seed: int = 0, sd: float = SEED_SD
+    mu_real: float,
+    mu_shuffled: float,
+    rho: float,
+    reps: int = 20_000,
+    seed: int = 0,
+    sd: float = SEED_SD,
+    sd_real: float | None = None,
+    start_seeds: int = 1,
 ) -> dict:
     """Rates of PASS/FAIL/inconclusive and the mean pairs spent. Per pair, each arm's objective = its mean + a seed
     effect (sd² − MEAS_SE² of variance, correlated rho between the arms of a pair: common random numbers) + its own
-    measurement noise (MEAS_SE); the start model is measured once per experiment, with the same noise."""
+    measurement noise (MEAS_SE); `sd_real`: the real arm's own sd (default sd). The start model's true objective is
+    0. start_seeds 1: it is measured once, with the same noise, and the registered rule reads r as if the start were
+    exact; start_seeds M > 1: it is measured with M sampling seeds, their mean is the start, and r's intervals carry
+    its standard error (sd of the M / √M, M − 1 degrees of freedom: the corrected rule of issue 52)."""
     rng = np.random.default_rng(seed)
     seed_sd = np.sqrt(sd**2 - MEAS_SE**2)
+    real_sd = seed_sd if sd_real is None else np.sqrt(max(sd_real**2 - MEAS_SE**2, 0.0))
     a = rng.standard_normal((reps, FULL))
     b = rho * a + np.sqrt(1 - rho**2) * rng.standard_normal((reps, FULL))
-    real = mu_real + seed_sd * a + MEAS_SE * rng.standard_normal((reps, FULL))
+    real = mu_real + real_sd * a + MEAS_SE * rng.standard_normal((reps, FULL))
     shuffled = mu_shuffled + seed_sd * b + MEAS_SE * rng.standard_normal((reps, FULL))
-    start_err = MEAS_SE * rng.standard_normal((reps, 1))
-    code, used = decide_arrays(real - shuffled, real - start_err)
+    starts = MEAS_SE * rng.standard_normal((reps, start_seeds))
+    start = starts.mean(axis=1, keepdims=True)
+    if start_seeds == 1:
+        code, used = decide_arrays(real - shuffled, real - start)
+    else:
+        se = starts.std(axis=1, ddof=1) / np.sqrt(start_seeds)
+        code, used = decide_arrays(real - shuffled, real - start, se, start_seeds - 1)
     rates = {name: float(np.mean(code == i)) for i, name in enumerate(CODES)}
     return rates | {"interim_stop": float(np.mean(used == INTERIM)), "mean_pairs": float(used.mean())}
 
@@ -124,6 +181,12 @@ SCENARIOS = (
     ("at the margin: real − shuffled 0.8, real − start 0.56", 0.56, -0.24),
     ("observed: real − shuffled 1.60, real − start 1.12", 1.12, -0.48),
 )
+# issue 52: the null the table above lacked. The real arm does not move (real = start) while the control drifts down
+# by what the paired run's shuffled arm did (−0.88 on average), so d passes on the drift alone and only r guards
+# PASS; r is real − a start measured once, whose error every pair shares. At the paired run's own real-arm spread
+# (sd 0.25 over the pairs) that error decides.
+DRIFT = -0.88
+START_SEEDS = 4  # the corrected rule: the start measured with this many sampling seeds, its error in r's interval
 
 
 def simulation_table(reps: int = 20_000) -> list[str]:
@@ -138,6 +201,20 @@ def simulation_table(reps: int = 20_000) -> list[str]:
             lines.append(
                 f"| {name} | {rho:g} | {s['PASS']:.3f} | {s['FAIL']:.3f} | {s['inconclusive']:.3f} | "
                 f"{s['interim_stop']:.3f} | {s['mean_pairs']:.1f} |"
+            )
+    lines += [
+        "",
+        f"null: real = start, the control drifts {DRIFT:+.2f} (issue 52; ρ 0)",
+        "",
+        "| real arm's sd | start measured with | rule | PASS | FAIL | inconclusive | stopped at 12 | mean pairs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sd_real in (SEED_SD, 0.25):
+        for seeds, rule in ((1, "registered: start taken as exact"), (START_SEEDS, "its s.e. in r's interval")):
+            s = simulate(0.0, DRIFT, 0.0, reps, sd_real=sd_real, start_seeds=seeds)
+            lines.append(
+                f"| {sd_real:g} | {seeds} sampling seed{'s' if seeds > 1 else ''} | {rule} | {s['PASS']:.3f} | "
+                f"{s['FAIL']:.3f} | {s['inconclusive']:.3f} | {s['interim_stop']:.3f} | {s['mean_pairs']:.1f} |"
             )
     return lines
 
@@ -193,6 +270,9 @@ def run_pairs(
             "real_vs_start": real - start,
             "real_seconds": units["real"]["seconds"],
             "shuffled_seconds": units["shuffled"]["seconds"],
+            # the secondary measures (held-out objective, τ 0.7, r_SS, r_KL, wrong): committed with the pair, not
+            # only in the machine's units.jsonl (issue 52: the first 12 pairs' are lost with their machine)
+            **{f"{a}_summary": units[a]["summary"] for a in ("real", "shuffled") if "summary" in units[a]},
             "ended": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         append_row(pairs_path, row)
@@ -210,7 +290,7 @@ def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, 
     def measured(arm: str, seed: int) -> dict | None:
         for r in read_rows(out / "units.jsonl"):
             if r["arm"] == arm and r["seed"] == seed:
-                return {"objective": r["summary"]["objective_reward"], "seconds": r["seconds"]}
+                return {"objective": r["summary"]["objective_reward"], "seconds": r["seconds"], "summary": r["summary"]}
         return None
 
     def run(arm: str, seed: int, need: float) -> dict | None:
@@ -231,7 +311,7 @@ def unit_runner(out: Path, lock: str | None, deadline: float) -> Callable[[str, 
     return run
 
 
-def analyse(path: Path, plot: Path | None = None) -> dict:
+def analyse(path: Path, plot: Path | None = None, start_seeds: Path | None = None) -> dict:
     rows = [r for r in read_rows(path) if r["seed"] in SEEDS]
     rows.sort(key=lambda r: SEEDS.index(r["seed"]))
     res = decide([r["d"] for r in rows], [r["real_vs_start"] for r in rows])
@@ -246,6 +326,19 @@ def analyse(path: Path, plot: Path | None = None) -> dict:
         if key in res:
             m, lo, hi = res[key]
             print(f"{key}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}] (95 % paired t, {len(rows)} pairs)")
+    if len(rows) >= 2:  # issue 52: the start is one measurement every pair shares; its error, not in the rule
+        start, se, df, how = rows[0]["start"], START_SE[0], START_SE[1], "measured once, s.e. from its samples"
+        if start_seeds is not None:  # sanity.py --start-seeds: the start's mean and s.e. over its sampling seeds
+            got = json.loads(start_seeds.read_text())
+            start, se, df = got["mean"], got["se"], len(got["objectives"]) - 1
+            how = f"{len(got['objectives'])} sampling seeds"
+        r = np.asarray([row["real"] - start for row in rows])
+        m, lo, hi = (float(v) for v in bounds_with_start(r, se, df, LEVEL))
+        print(
+            f"secondary: real − start with the start's error in the interval (start {start:+.3f}, {how}: s.e. "
+            f"{se:.3f}, {df:g} df): {m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        )
+        res["real_vs_start_with_start_error"] = [m, lo, hi]
     pooled = [(r - s, r - FIRST["start"]) for _, r, s in FIRST["pairs"]] + [(r["d"], r["real_vs_start"]) for r in rows]
     for i, key in enumerate(("d", "real_vs_start")):
         m, lo, hi = bounds(np.asarray([p[i] for p in pooled]), LEVEL)
@@ -300,6 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=20_000)
     p.add_argument("--analyse", action="store_true", help="print the pairs, intervals and verdict")
     p.add_argument("--plot", type=Path, help="with --analyse: draw the pairs and intervals here")
+    p.add_argument("--start-seeds", type=Path, help="with --analyse: start-seeds.json of sanity.py --start-seeds")
     p.add_argument("--out", default="results/sanity-paired", help="start.json, chosen.jsonl and the start model")
     p.add_argument("--pairs", type=Path, default=PAIRS_FILE)
     p.add_argument("--deadline", help="HH:MM UTC: no unit runs past it")
@@ -312,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(simulation_table(args.reps)))
         return
     if args.analyse:
-        analyse(args.pairs, args.plot)
+        analyse(args.pairs, args.plot, args.start_seeds)
         return
     end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
     out = Path(args.out)

@@ -356,13 +356,17 @@ def convergence_stop(s: Settings, record: Path) -> Iterator[None]:
 # ---- one unit: train (or not) the arm's teacher, distil, evaluate; append its row
 
 
-def unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
+def unit(s: Settings, out: Path, arm: str, seed: int, traces: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One unit's row. `traces`: the raw or friendly arm's questions when not the training rows (round five's
+    step 0, benchmarks/headroom_students.py); the teacher arms always train on the training rows."""
     from rlt.contract.layout import PER_QUESTION_FILE, REPORT_JSON, RunLayout
     from rlt.data.jsonl import read_jsonl, write_jsonl
     from rlt.data.models import quiet_libraries
     from rlt.run.runner import run_local
     from rlt.spec.loading import parse_run
 
+    if traces is not None and arm in TEACHER_ARMS:
+        raise ValueError(f"arm {arm!r}: a teacher arm trains on the training rows, no other traces")
     quiet_libraries()
     t0 = time.perf_counter()
     earlier = read_rows(pieces_file(out, arm, seed))
@@ -372,7 +376,7 @@ def unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
     layout = RunLayout.for_run(out, run.name)
     only = None
     if arm in ("raw", "friendly"):
-        rows = training_rows(s)
+        rows = training_rows(s) if traces is None else traces
         write_trace_dataset(layout.distill_dataset, rows if arm == "raw" else friendly_rows(rows))
         only = ["student", "evaluate"]
     convergence = layout.root / "convergence.json"

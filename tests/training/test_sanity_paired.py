@@ -134,7 +134,8 @@ def test_unit_runner_reuses_a_measured_unit_and_lock_waits_no_longer_than_the_de
     with lock.open("w") as held:  # someone else's heavy run holds the lock
         fcntl.flock(held, fcntl.LOCK_EX)
         run = sp["unit_runner"](tmp_path, str(lock), deadline=0.0)
-        assert run("real", 4, 10.0) == {"objective": -5.5, "seconds": 123.0}  # measured before: not rerun
+        got = run("real", 4, 10.0)  # measured before: not rerun
+        assert got == {"objective": -5.5, "seconds": 123.0, "summary": row["summary"]}
         assert run("shuffled", 4, 10.0) is None  # lock busy past the deadline: nothing started
 
 
@@ -157,3 +158,45 @@ def test_analyse_prints_the_table_and_draws_the_plot(sp, tmp_path, capsys):
     out = capsys.readouterr().out
     assert res["verdict"].startswith("PASS at the interim") and "| 15 |" in out and f"plot: {plot}" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_the_null_where_real_equals_start_and_the_control_drifts(sp):
+    """Issue 52: with real = start and the control drifting down, d passes on the drift alone and only r guards
+    PASS; a start measured once and taken as exact lets its shared error through (about a third of the time at the
+    paired run's real-arm sd 0.25), the start measured with 4 sampling seeds and its error in r's interval does not."""
+    sim = sp["simulate"]
+    registered = sim(0.0, sp["DRIFT"], 0.0, reps=4000, sd_real=0.25)
+    corrected = sim(0.0, sp["DRIFT"], 0.0, reps=4000, sd_real=0.25, start_seeds=sp["START_SEEDS"])
+    assert registered["PASS"] > 0.25 and corrected["PASS"] < 0.06
+    # with no start error the widened interval is the plain one (up to the t approximation)
+    r = np.asarray(wobble(1.0, 12, 0.3))
+    plain, widened = sp["bounds"](r, 0.95), sp["bounds_with_start"](r, 0.0, 3.0, 0.95)
+    assert widened[1] == pytest.approx(plain[1], abs=0.01) and widened[0] == pytest.approx(plain[0])
+    # a start error of the pairs' own size widens it
+    assert sp["bounds_with_start"](r, 0.3, 3.0, 0.95)[1] < plain[1] - 0.2
+
+
+def test_a_pair_commits_its_units_secondary_measures(sp, tmp_path):
+    path = tmp_path / "pairs.jsonl"
+
+    def unit(arm, seed, need):
+        summary = {"objective_reward": -5.0 if arm == "real" else -6.0, "heldout_reward": -6.5}
+        return {"objective": summary["objective_reward"], "seconds": 1.0, "summary": summary}
+
+    rows = sp["run_pairs"]([4], path, unit, -6.5, 1e12, 1.0, lambda: 0.0, lambda _: None)
+    on_disk = json.loads(path.read_text())
+    assert on_disk == rows[0] and on_disk["real_summary"]["heldout_reward"] == -6.5
+    assert on_disk["shuffled_summary"]["objective_reward"] == -6.0
+
+
+def test_analyse_puts_the_starts_error_into_real_minus_start(sp, tmp_path, capsys):
+    path, seeds = tmp_path / "pairs.jsonl", tmp_path / "start-seeds.json"
+    for i, real in enumerate(wobble(-5.0, 12, 0.2)):  # a start measured once at -6.5; its 4-seed mean is -6.0
+        row = {"seed": 4 + i, "real": real, "shuffled": -6.0, "start": -6.5, "d": real + 6.0}
+        sp["append_row"](path, row | {"real_vs_start": real + 6.5, "real_seconds": 1.0, "shuffled_seconds": 1.0})
+    seeds.write_text(json.dumps({"objectives": [-6.2, -5.8, -6.0, -6.0], "mean": -6.0, "se": 0.08}))
+    res = sp["analyse"](path, None, seeds)
+    out = capsys.readouterr().out
+    assert "4 sampling seeds: s.e. 0.080, 3 df" in out
+    m, lo, hi = res["real_vs_start_with_start_error"]
+    assert m == pytest.approx(1.0) and lo < 1.0 - 0.15 and hi > 1.0 + 0.15  # the mean start, its error in the width
