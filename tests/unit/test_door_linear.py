@@ -33,7 +33,7 @@ def test_a_trailing_newline_is_refused_as_the_api_server_refuses_it(where, field
     ok = {
         "metadata.name": "tiny",
         "spec.images.trainer": "reg.io/trainer:v1",
-        "spec.outputs.distillDataset": "s3://b/d",
+        "spec.outputs.distillDataset": "s3://bucket/d",
     }
     node = doc
     for key in where[:-1]:

@@ -112,7 +112,7 @@ def test_outputs_destinations_are_checked():
     assert problems(doc(outputs={"teacher": "hf://my-org/teacher"})) == [
         "spec.outputs: pushing to the Hugging Face Hub needs spec.hfTokenSecret"
     ]
-    assert problems(doc(outputs={"student": "s3://b/student"})) == [
+    assert problems(doc(outputs={"student": "s3://bucket/student"})) == [
         "spec.outputs: outputs.student needs stages.student.enabled (a stage producing the student)"
     ]
 
