@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlt.contract.layout import MICRO_TIME_FORMAT, format_time
 from rlt_operator.kinds import LEASE
 from rlt_operator.kube import Kube
 
@@ -57,7 +58,7 @@ def timing_problem(lease_duration: float, renew_deadline: float, retry_period: f
 
 def micro_time(at: dt.datetime) -> str:
     """A MicroTime as the API server writes it (RFC 3339, microseconds, UTC)."""
-    return at.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_time(at, MICRO_TIME_FORMAT)
 
 
 def _record(lease: dict[str, Any]) -> tuple[Any, ...]:

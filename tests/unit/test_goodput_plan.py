@@ -37,7 +37,7 @@ def _step(doc, stage="rl"):
 
 
 def _modes(doc, gpu_memory=80 * GiB):
-    from rlt.checks.modes import mode_steps
+    from rlt.checks.rl_modes import mode_steps
 
     spec = parse_run(doc).spec
     return {m.name: m for m in mode_steps(spec, _shapes(spec), gpu_memory, None, 8)}

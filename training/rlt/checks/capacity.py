@@ -25,7 +25,6 @@ from rlt.checks.gpu_memory import (
     tensor_parallel_choice,
 )
 from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
-from rlt.checks.modes import mode_lines, variant
 from rlt.checks.plan_terms import (
     Check,
     Plan,
@@ -38,6 +37,7 @@ from rlt.checks.plan_terms import (
     stage_terms,
     trl_constant,
 )
+from rlt.checks.rl_modes import mode_lines, variant
 from rlt.checks.stage_terms.distill import distill_sequences_in_flight
 from rlt.checks.step_time import (
     MEAN_COMPLETION_SHARE,

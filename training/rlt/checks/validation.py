@@ -107,7 +107,7 @@ def local_entry_problems(spec: RLTRunSpec) -> list[str]:
     entries = []  # the data sources' are the data check's (exit DATA_ERROR in the pods), not the spec's
     if spec.format.file:
         entries.append(("spec.format.file", spec.format.file))
-    if spec.method == "rcl" and Path(spec.rcl.format).suffix:
+    if Path(spec.rcl.format).suffix:  # a file named (a bundled format's name has none): checked whatever the method
         entries.append(("spec.rcl.format", spec.rcl.format))
     out = []
     for where, value in entries:

@@ -29,6 +29,7 @@ SET_ASIDE = "set-aside"
 
 # Every timestamp a run or the operator writes: RFC 3339 in UTC, seconds (Kubernetes' metav1.Time).
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+MICRO_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # the API server's MicroTime (a Lease's renewTime)
 # The same instant in a file name (outputs moved aside to <run>/replaced/<stage>-<stamp>).
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
