@@ -191,7 +191,9 @@ def pod_path_problems(spec: RLTRunSpec) -> list[str]:
         return value.startswith(("./", "../", "~")) or value.endswith(suffixes)
 
     formats = (".yaml", ".yml")
-    fields = [(f"{where}.source", ds.source, DATA_SUFFIXES) for where, ds, _ in spec.named_datasets()]
+    fields: list[tuple[str, str, tuple[str, ...]]] = [
+        (f"{where}.source", ds.source, DATA_SUFFIXES) for where, ds, _ in spec.named_datasets()
+    ]
     fields += [(f"{where}.model", ref.model, ()) for where, ref, _ in spec.named_models()]
     if spec.format.file:
         fields.append(("spec.format.file", spec.format.file, formats))
