@@ -10,12 +10,11 @@ for it: the targets carry the `__meta_kubernetes_*` labels discovery would give 
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
-import yaml
 from suite_helpers import ROOT, TOOLS_BIN
 
+from rlt_sandbox import monitoring
 from rlt_sandbox.prometheus_sd import (  # noqa: F401 - re-exported for the tests
     pod_targets,
     podmonitor_scrape_configs,
@@ -28,14 +27,9 @@ RELEASE_NAMESPACE = "rlt-system"
 
 
 def render_chart(*sets: str, namespace: str = RELEASE_NAMESPACE) -> list[dict[str, Any]]:
-    """The chart rendered by the real helm with the CI monitoring values (monitoring API on) and `--set`s."""
-    args = [str(TOOLS_BIN / "helm"), "template", "rel", str(CHART), "--namespace", namespace]
-    args += ["--set", "image.repository=registry.example.com/rlt/rlt-operator"]
-    args += ["-f", str(CHART / "ci" / "monitoring-values.yaml"), "--api-versions", "monitoring.coreos.com/v1"]
-    for s in sets:
-        args += ["--set", s]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    """The chart rendered by the real helm with the CI monitoring values (monitoring API on) and `--set`s: the
+    rendering `rlt monitor` uses."""
+    return monitoring.render_chart(str(TOOLS_BIN / "helm"), *sets, chart=CHART, namespace=namespace)
 
 
 def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
