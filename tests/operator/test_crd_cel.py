@@ -205,7 +205,7 @@ CASES = [
     ("node selector value with a space", {"scheduling": {"nodeSelector": {"pool": "a b"}}}, None, "nodeSelector"),
     ("queue name not a label value", {"scheduling": {"queueName": "bad queue!"}}, None, "queueName"),
     ("queue name too long", {"scheduling": {"queueName": "q" * 64}}, None, "queueName"),
-    ("queue name fine", {"scheduling": {"queueName": "team-a.gpu_queue"}}, None, None),
+    ("queue name fine", {"scheduling": {"queueName": "team-a.gpu-queue"}}, None, None),
     ("storage class uppercase", {"storage": {"storageClassName": "Fast"}}, None, "storageClassName"),
     ("env var name with a dash", {"env": [{"name": "MY-VAR", "value": "1"}]}, None, "env"),
     ("secret name with underscore", {"hfTokenSecret": {"name": "hf_token"}}, None, "hfTokenSecret"),

@@ -117,12 +117,14 @@ def sender(request: Any) -> str | None:
 
 
 def writes(requests: list[Any]) -> list[tuple[int, str, str, str]]:
-    """(index in the request log, sender, method, path) of every write an operator sent, peering keep-alives aside."""
+    """(index in the request log, sender, method, path) of every write an operator sent, peering keep-alives and the
+    election's own Lease aside (a standby may try to create or take it: that is how it stands by)."""
     out = []
     for i, r in enumerate(requests):
         by, method = sender(r), str(r.method.value)
-        if by is not None and method != "GET" and "kopfpeerings" not in r.url.path:
-            out.append((i, by, method, r.url.path))
+        path = r.url.path
+        if by is not None and method != "GET" and "kopfpeerings" not in path and "/leases" not in path:
+            out.append((i, by, method, path))
     return out
 
 
