@@ -247,16 +247,16 @@ async def test_a_pod_deleted_with_a_grace_period_gets_that_period_and_stays_unti
     await kubelet.start()
     try:
         out = kubelet.claim_dir("claim") / "out"
-        await harness.wait((out / "up").exists, "the pod to start", timeout=20)
+        await harness.wait((out / "up").exists, "the pod to start", timeout=120)  # a Python start on a loaded core
         pod = kubelet.pod("t-short-0-")
         pods = PATHS["pods"].format(ns=NS)
 
         async def running():
             return ((await harness.get("pods", pod.name)) or {}).get("status", {}).get("phase") == "Running"
 
-        await harness.wait(running, "the pod to be Running in the API", timeout=20)
+        await harness.wait(running, "the pod to be Running in the API", timeout=60)
         await harness.call("DELETE", f"{PATHS['jobs'].format(ns=NS)}/t-short", {"propagationPolicy": "Foreground"})
-        await harness.wait((out / "term").exists, "SIGTERM of the Job's deletion", timeout=20)
+        await harness.wait((out / "term").exists, "SIGTERM of the Job's deletion", timeout=60)
         marked = await harness.call("DELETE", f"{pods}/{pod.name}", {"gracePeriodSeconds": 1})
         deleted = time.monotonic()
         assert marked["metadata"]["deletionGracePeriodSeconds"] == 1 and marked["metadata"]["deletionTimestamp"]
@@ -265,7 +265,7 @@ async def test_a_pod_deleted_with_a_grace_period_gets_that_period_and_stays_unti
         lived = time.monotonic() - deleted
         assert pod.proc.returncode == -9
         assert lived < 30, f"killed {lived:.1f} s after a deletion with a 1 s grace period (its own: 600 s)"
-        await harness.wait_gone("pods", pod.name, timeout=20)
+        await harness.wait_gone("pods", pod.name, timeout=60)
     finally:
         await kubelet.stop()
 
