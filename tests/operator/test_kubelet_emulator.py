@@ -242,7 +242,7 @@ async def test_a_pod_deleted_with_a_grace_period_gets_that_period_and_stays_unti
     )
     job = _job("t-short", script, completions=1)
     job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 600
-    await harness.call("POST", PATHS["jobs"].format(ns=NS), job)
+    await harness.create_workload("jobs", job)  # with its claim: no pod starts whose claim is missing
     kubelet = LocalKubelet(harness.url, tmp_path, default_image=ImageEnv(str(PY.parent)), poll_seconds=0.1)
     await kubelet.start()
     try:
