@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -73,3 +74,25 @@ def test_validate_says_how_to_check_a_spec_whose_data_is_in_the_pod(tmp_path):
         [sys.executable, "-m", "rlt.cli", "validate", "--no-data", str(path)], capture_output=True, text=True
     )
     assert spec_only.returncode == 0, spec_only.stdout + spec_only.stderr
+
+
+LOCAL_EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "local" / "rltrun-own-data.yaml"
+
+
+def test_the_own_data_example_runs_locally_from_any_folder_and_is_refused_in_a_cluster(tmp_path):
+    """The example that reads a local file: `rlt validate` (what `rlt run` checks first) reads the file beside the
+    run file whatever the working directory; the operator's door refuses the same spec with the pod-path line."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", str(LOCAL_EXAMPLE)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # not the example's folder: the path is the run file's, not the shell's
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = sum(1 for line in (LOCAL_EXAMPLE.parent / "units.jsonl").read_text().splitlines() if line.strip())
+    assert f"{rows} usable rows" in out.stdout + out.stderr, out.stdout + out.stderr
+    with pytest.raises(SpecError) as refused:
+        validate_spec(yaml.safe_load(LOCAL_EXAMPLE.read_text())["spec"], "own-data-local")
+    assert any(
+        p.startswith("spec.dataset.source: units.jsonl is a path on your machine") for p in refused.value.problems
+    ), refused.value.problems
