@@ -115,7 +115,7 @@ bench: $(STAMP)
 chart-crd:
 	cp manifests/crd/rltruns.rlt.dev.yaml charts/rlt-operator/files/crds/rltruns.rlt.dev.yaml
 
-# The chart's RBAC rules, from rlt_operator.rbac, and Kopf's peering CRDs, from rlt_operator.peering (tests keep them
+# The chart's RBAC rules, from rlt_operator.cluster.rbac, and Kopf's peering CRDs, from rlt_operator.cluster.peering (tests keep them
 # equal).
 chart-rbac: $(STAMP)
 	$(BIN)/python hack/generate.py chart-rbac

@@ -27,7 +27,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import teaching_comparison as tc
 import teaching_protocol as protocol
-from unit_runner import append_row, deadline_ts, read_rows, run_until, stop_on_sigterm, unit_estimate
+from unit_runner import (
+    append_row,
+    deadline_ts,
+    read_rows,
+    run_missing_units,
+    run_until,
+    stop_on_sigterm,
+    unit_estimate,
+)
 
 # ---- pre-registered (docs/experiments.md, "Round five, step 0"); never edited after a unit ran
 ARMS = ("raw", "friendly")
@@ -102,27 +110,15 @@ def run_missing(
     when it was stopped at the deadline; each row is appended and `record`ed (committed) before the next unit starts.
     A unit starts when the longest of the last three units (`first` before any) says it ends by the deadline, or
     as a piece when at least `piece` seconds are left (a unit stopped at the deadline continues next time)."""
-    rows = read_rows(units_path)
-    done = {(r["arm"], r["seed"]) for r in rows}
-    new: list[dict] = []
-    for arm, seed in units:
-        if (arm, seed) in done:
-            continue
+
+    def budget(arm: str, rows: list[dict], left: float) -> tuple[float, float | None]:
         need = unit_estimate([r["seconds"] for r in rows], first)
-        left = deadline - clock()
-        if need > left and left < piece:
-            log(f"[deadline] seed {seed} {arm} not started: needs ~{need:.0f} s, {left:.0f} s left")
-            break
-        row = run_unit(arm, seed, min(need, left))
-        if row is None:
-            log(f"[deadline] seed {seed} {arm} not finished by the deadline")
-            break
-        append_row(units_path, row)
-        record(units_path, row)
-        rows.append(row)
-        new.append(row)
-        log(f"[unit] seed {seed} {arm}: pass@1 {row['pass1']:.3f} in {row['seconds']:.0f} s")
-    return new
+        return need, None if need > left and left < piece else min(need, left)
+
+    def done_note(row: dict) -> str:
+        return f"pass@1 {row['pass1']:.3f} in {row['seconds']:.0f} s"
+
+    return run_missing_units(units, units_path, run_unit, deadline, budget, clock, log, record, done_note=done_note)
 
 
 def unit_runner(out: Path, repo: Path, deadline: float) -> Callable[[str, int, float], dict | None]:

@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "training")]
 
-from rlt_operator.kinds import RUN  # noqa: E402
+from rlt_operator.config.kinds import RUN  # noqa: E402
 from rlt_sandbox.sandbox import serve, write_kubeconfig  # noqa: E402
 
 NS = "default"

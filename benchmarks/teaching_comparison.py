@@ -38,7 +38,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import teaching_protocol as protocol
-from unit_runner import append_row, deadline_ts, heavy_lock, read_rows, run_until, stop_on_sigterm, unit_estimate
+from unit_runner import (
+    append_row,
+    deadline_ts,
+    heavy_lock,
+    read_rows,
+    run_missing_units,
+    run_until,
+    stop_on_sigterm,
+    unit_estimate,
+)
 
 # ---- pre-registered (docs/experiments.md, "The teaching comparison ... protocol"); never edited after a unit ran
 ARMS = ("rl", "sft-continued", "sft-convergence", "raw", "friendly")  # run order: the rule's two arms first
@@ -436,29 +445,19 @@ def run_units(
     unit's row, or None when it was stopped at the deadline. No unit starts that the longest of its arm's last
     three units (`first[arm]` before any ran) says cannot end by the deadline, except that a RESUMABLE arm starts
     with PIECE seconds left (a piece of it: the next run continues it)."""
-    rows = read_rows(units_path)
-    done = {(r["arm"], r["seed"]) for r in rows}
-    new: list[dict] = []
-    for seed in seeds:
-        for arm in ARMS:
-            if (arm, seed) in done:
-                continue
-            need = unit_estimate([r["seconds"] for r in rows if r["arm"] == arm], first[arm])
-            left = deadline - clock()
-            piece = arm in RESUMABLE and left >= PIECE
-            if need > left and not piece:
-                log(f"[deadline] seed {seed} {arm} not started: needs ~{need:.0f} s, {left:.0f} s left")
-                return new
-            row = run_unit(arm, seed, PIECE if piece and need > left else need)
-            if row is None:
-                again = " (it continues from its last checkpoint next time)" if arm in RESUMABLE else ""
-                log(f"[deadline] seed {seed} {arm} not finished by the deadline{again}")
-                return new
-            append_row(units_path, row)
-            rows.append(row)
-            new.append(row)
-            log(f"[unit] seed {seed} {arm}: done in {row['seconds']:.0f} s")  # no pass@1: the pilot is blind
-    return new
+
+    def budget(arm: str, rows: list[dict], left: float) -> tuple[float, float | None]:
+        need = unit_estimate([r["seconds"] for r in rows if r["arm"] == arm], first[arm])
+        piece = arm in RESUMABLE and left >= PIECE
+        if need > left and not piece:
+            return need, None
+        return need, PIECE if piece and need > left else need
+
+    def stopped_note(arm: str) -> str:
+        return " (it continues from its last checkpoint next time)" if arm in RESUMABLE else ""
+
+    units = [(arm, seed) for seed in seeds for arm in ARMS]  # no pass@1 in the log: the pilot is blind
+    return run_missing_units(units, units_path, run_unit, deadline, budget, clock, log, stopped_note=stopped_note)
 
 
 def unit_runner(out: Path, quick: bool, lock: str | None, deadline: float) -> Callable[[str, int, float], dict | None]:

@@ -1,7 +1,7 @@
 """What the long CPU experiments share to run unit by unit on shared cores (benchmarks/sanity_paired.py,
-benchmarks/teaching_comparison.py): rows appended as each unit ends (a re-run resumes), a deadline no unit runs
-past, the machine's heavy-run lock, and each unit in a process group of its own that is killed whole at the
-deadline."""
+benchmarks/teaching_comparison.py, benchmarks/headroom_students.py): the loop over the missing units, rows appended
+as each unit ends (a re-run resumes), a deadline no unit runs past, the machine's heavy-run lock, and each unit in a
+process group of its own that is killed whole at the deadline."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 
@@ -36,6 +36,45 @@ def append_row(path: Path, row: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def run_missing_units(
+    units: Iterable[tuple[str, int]],
+    units_path: Path,
+    run_unit: Callable[[str, int, float], dict | None],
+    deadline: float,
+    budget: Callable[[str, list[dict], float], tuple[float, float | None]],
+    clock: Callable[[], float] = time.time,
+    log: Callable[[str], None] = print,
+    record: Callable[[Path, dict], None] = lambda path, row: None,
+    stopped_note: Callable[[str], str] = lambda arm: "",
+    done_note: Callable[[dict], str] = lambda row: f"done in {row['seconds']:.0f} s",
+) -> list[dict]:
+    """Run the (arm, seed) units not yet in `units_path`, in order, until one does not start or is stopped.
+    budget(arm, rows so far, seconds left) says (the unit's estimate, the seconds to give it, or None: it does not
+    start). run_unit(arm, seed, seconds) returns the unit's row, or None when it was stopped at the deadline; each row
+    is appended and `record`ed before the next unit starts. The new rows, in order."""
+    rows = read_rows(units_path)
+    done = {(r["arm"], r["seed"]) for r in rows}
+    new: list[dict] = []
+    for arm, seed in units:
+        if (arm, seed) in done:
+            continue
+        left = deadline - clock()
+        need, given = budget(arm, rows, left)
+        if given is None:
+            log(f"[deadline] seed {seed} {arm} not started: needs ~{need:.0f} s, {left:.0f} s left")
+            break
+        row = run_unit(arm, seed, given)
+        if row is None:
+            log(f"[deadline] seed {seed} {arm} not finished by the deadline{stopped_note(arm)}")
+            break
+        append_row(units_path, row)
+        record(units_path, row)
+        rows.append(row)
+        new.append(row)
+        log(f"[unit] seed {seed} {arm}: {done_note(row)}")
+    return new
 
 
 def unit_estimate(durations: list[float], first: float) -> float:

@@ -1,7 +1,7 @@
 """Writes the repository's generated files from their one source; the shipped packages only render them.
 
     python hack/generate.py crd         manifests/crd/rltruns.rlt.dev.yaml (rlt_operator.crd.render)
-    python hack/generate.py chart-rbac  the chart's RBAC rules and Kopf's peering CRDs (rlt_operator.rbac, .peering)
+    python hack/generate.py chart-rbac  the chart's RBAC rules and Kopf's peering CRDs (rlt_operator.cluster.rbac, .peering)
     python hack/generate.py docs        the generated tables of docs/*.md (hack/gen_docs.py)
     python hack/generate.py trl-options training/rlt/spec/trl_options.json from the installed TRL
                                         (rlt.stages.trainer_check.render)
@@ -39,7 +39,7 @@ def crd() -> None:
 
 
 def chart_rbac() -> None:
-    from rlt_operator import peering, rbac
+    from rlt_operator.cluster import peering, rbac
 
     _write(CHART_RULES, rbac.render_chart_rules())
     _write(CHART_PEERING_CRDS, peering.render_chart_crds())

@@ -1,9 +1,10 @@
 """The import graph of the shipped packages, read from their source with ast, and the circles in it.
 
 `python hack/import_graph.py` prints every circle (a module that, through its imports, imports itself), then the
-subpackages of `rlt` as floors (FLOORS, bottom up) with the count of module imports from each to each, and exits 1 if
-there is a circle, a pair of subpackages that import each other (either way, at any depth), or an import that runs up
-from a lower floor to a higher one. Every import counts: top-level, inside functions, and under `if TYPE_CHECKING:` (a type-only
+floors of `rlt` (FLOORS: its subpackages, bottom up) and of `rlt_operator` (OPERATOR_FLOORS: its subpackages and the
+modules at its root) with the count of module imports from each to each, and exits 1 if there is a circle, a pair of
+floors that import each other (either way, at any depth), an import that runs up from a lower floor to a higher one,
+or a subpackage on no floor. Every import counts: top-level, inside functions, and under `if TYPE_CHECKING:` (a type-only
 circle still means the two modules cannot be read or moved apart). Importing `a.b.c` also runs `a/__init__` and
 `a/b/__init__`, so a module depends on its parent packages too.
 """
@@ -19,6 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"training": ("rlt",), "operator": ("rlt_operator", "rlt_sandbox")}
 # The subpackages of rlt, bottom floor first: a module may import its own floor and the ones below, never above.
 FLOORS = ("contract", "spec", "method", "data", "rcl", "checks", "stages", "run", "cli")
+# The operator's, the same way: its kind table and settings, the pure builders (spec -> manifests) and status
+# (children -> status), the CRD, the process's link to the API server, the child writes, then the loop and its commands.
+OPERATOR_FLOORS = ("config", "builders", "status", "crd", "cluster", "apply", "reconcile", "handlers", "cli")
+# package -> (its floors, the name of the tuple that lists them)
+PACKAGE_FLOORS = {"rlt": (FLOORS, "FLOORS"), "rlt_operator": (OPERATOR_FLOORS, "OPERATOR_FLOORS")}
 
 
 def modules() -> dict[str, Path]:
@@ -103,19 +109,20 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def _subpackage(module: str) -> str | None:
+def _subpackage(module: str, package: str = "rlt") -> str | None:
+    """The subpackage (or root module) of `package` that `module` belongs to."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "rlt" and len(parts) > 1 else None
+    return parts[1] if parts[0] == package and len(parts) > 1 else None
 
 
-def subpackage_imports(edges: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
-    """(importing subpackage, imported subpackage) of rlt -> the `module -> module` imports between them. A
+def subpackage_imports(edges: dict[str, set[str]], package: str = "rlt") -> dict[tuple[str, str], list[str]]:
+    """(importing subpackage, imported subpackage) of `package` -> the `module -> module` imports between them. A
     subpackage's __init__ counts only where nothing else of it is imported (importing rlt.spec.run runs it too)."""
     found: dict[tuple[str, str], list[str]] = {}
     for module, targets in sorted(edges.items()):
-        a = _subpackage(module)
+        a = _subpackage(module, package)
         for target in sorted(targets):
-            b = _subpackage(target)
+            b = _subpackage(target, package)
             root = target.count(".") == 1
             if a and b and a != b and not (root and any(t.startswith(target + ".") for t in targets)):
                 found.setdefault((a, b), []).append(f"{module} -> {target}")
@@ -127,10 +134,12 @@ def two_way(pairs: dict[tuple[str, str], list[str]]) -> list[tuple[str, str]]:
     return sorted((a, b) for a, b in pairs if a < b and (b, a) in pairs)
 
 
-def upward(pairs: dict[tuple[str, str], list[str]], floors: tuple[str, ...] = FLOORS) -> list[str]:
-    """Imports from a floor to a higher one, and subpackages FLOORS does not place."""
+def upward(pairs: dict[tuple[str, str], list[str]], package: str = "rlt") -> list[str]:
+    """Imports from a floor to a higher one, and subpackages the package's floors do not place."""
+    floors, listed_in = PACKAGE_FLOORS[package]
     problems = [
-        f"rlt.{s} is on no floor (add it to FLOORS)" for s in sorted({s for p in pairs for s in p} - set(floors))
+        f"{package}.{s} is on no floor (add it to {listed_in})"
+        for s in sorted({s for p in pairs for s in p} - set(floors))
     ]
     for (a, b), imports in sorted(pairs.items()):
         if a in floors and b in floors and floors.index(a) < floors.index(b):
@@ -154,14 +163,19 @@ def main() -> int:
     circles = cycles(edges)
     for circle in circles:
         print("circle: " + " <-> ".join(circle))
-    pairs = subpackage_imports(edges)
-    both = two_way(pairs)
-    for a, b in both:
-        print(f"two-way: {a} <-> {b}: " + "; ".join(pairs[(a, b)] + pairs[(b, a)]))
-    up = upward(pairs)
-    for line in up:
-        print(line)
-    print(floor_table(pairs))
+    both: list[tuple[str, str]] = []
+    up: list[str] = []
+    for package, (floors, _) in PACKAGE_FLOORS.items():
+        pairs = subpackage_imports(edges, package)
+        package_both = two_way(pairs)
+        for a, b in package_both:
+            print(f"two-way: {a} <-> {b}: " + "; ".join(pairs[(a, b)] + pairs[(b, a)]))
+        package_up = upward(pairs, package)
+        for line in package_up:
+            print(line)
+        print(f"{package}:\n{floor_table(pairs, floors)}")
+        both += package_both
+        up += package_up
     print(
         f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, {len(circles)} circles, "
         f"{len(both)} two-way subpackage pairs, {len(up)} imports up a floor"

@@ -13,8 +13,8 @@ import sys
 import threading
 from typing import Any
 
-from rlt_operator.leader import DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD
-from rlt_operator.peering import DEFAULT_LIFETIME
+from rlt_operator.cluster.leader import DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD
+from rlt_operator.cluster.peering import DEFAULT_LIFETIME
 
 # Below Kubernetes' default terminationGracePeriodSeconds (30 s), which the chart keeps.
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
@@ -32,9 +32,10 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from rlt_operator import handlers, peering, peering_watch  # noqa: F401 - registers the handlers
-    from rlt_operator.leader import LeaseConfig, timing_problem
-    from rlt_operator.settings import OperatorSettings
+    from rlt_operator import handlers  # noqa: F401 - registers the handlers
+    from rlt_operator.cluster import peering, peering_watch  # noqa: F401 - registers the handlers
+    from rlt_operator.cluster.leader import LeaseConfig, timing_problem
+    from rlt_operator.config.settings import OperatorSettings
 
     config = OperatorSettings.from_env()  # every RLT_* variable, read once here
     problem = timing_problem(args.lease_duration, args.renew_deadline, args.retry_period)
@@ -54,7 +55,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     priority = None
     if args.peering:
         # Several replicas: Kopf's mandatory peering on this object (no object or CRD: every replica stays paused,
-        # never active unpeered); the live replica of highest priority works, the others wait (rlt_operator.peering).
+        # never active unpeered); the live replica of highest priority works, the others wait (rlt_operator.cluster.peering).
         priority = args.priority if args.priority is not None else peering.auto_priority()
         settings.peering.lifetime = args.peering_lifetime
         settings.peering.stealth = True  # keep-alives are not logged; pauses and resumes are
@@ -74,7 +75,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         )
     lease = None
     if info is not None:
-        # Several replicas: the one holding the Lease acts, fenced by its own renew deadline (rlt_operator.leader);
+        # Several replicas: the one holding the Lease acts, fenced by its own renew deadline (rlt_operator.cluster.leader);
         # the Lease lives in the operator's namespace, named as the peering object.
         lease = LeaseConfig(
             name=args.peering,
@@ -136,7 +137,7 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
     Kopf's shutdown waits for its last requests, with no deadline of its own but the request timeout and its
     retries (minutes; then its `ultimate_exiting_timeout` SIGKILLs it after 10 min): with `--peering` the
     working replica's goodbye, a merge-patch removing its record from the peering object (kopf/_core/engines/
-    peering.py, `keepalive`: a shielded `touch(lifetime=0)` in `finally`). An API server that does not answer it
+    cluster/peering.py, `keepalive`: a shielded `touch(lifetime=0)` in `finally`). An API server that does not answer it
     would hold the pod until the kubelet kills it. A standby resumes when the record expires anyway, so the
     wait buys nothing past a short bound, kept below the pod's terminationGracePeriodSeconds."""
     import asyncio
@@ -203,8 +204,8 @@ def serve(shutdown_timeout: float, **kopf_args: Any) -> int:
 
 def _warn_missing_peering(log: Any, args: argparse.Namespace) -> None:
     """One clear line when the peering object is absent: Kopf itself only logs it at debug level, and waits."""
-    from rlt_operator import peering
-    from rlt_operator.kube import Kube
+    from rlt_operator.cluster import peering
+    from rlt_operator.cluster.kube import Kube
 
     try:
         absent = peering.missing(Kube.from_environment(), args.peering, None if args.all_namespaces else args.namespace)
@@ -243,12 +244,12 @@ def _positive_seconds(flag: str) -> Any:
 
 def validate_on_server(path: str, args: argparse.Namespace) -> list[str]:
     """`rlt validate --server`: every child the operator would create for each run of the file, and the pods they
-    would make, dry-run on the current kubeconfig's API server (rlt_operator.server_check); each refusal names the
+    would make, dry-run on the current kubeconfig's API server (rlt_operator.apply.server_check); each refusal names the
     run's field or the cluster object that refused; a user without the rights is told so (NotPermitted)."""
     if not args.server:
         return []
     from rlt.checks.validation import load_valid_runs, pod_path_problems
-    from rlt_operator import server_check
+    from rlt_operator.apply import server_check
 
     runs = load_valid_runs(path)  # as the operator reads it: no local path resolution
     return [p for run in runs for p in pod_path_problems(run.spec)] + server_check.server_problems(runs)

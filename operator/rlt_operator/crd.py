@@ -25,8 +25,7 @@ import yaml
 from rlt.contract.api import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME
 from rlt.spec.k8s import cel_string
 from rlt.spec.run import Metadata, RLTRunSpec
-
-from .status_model import RLTRunStatus
+from rlt_operator.status.model import RLTRunStatus
 
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 _INT64_RANGE = (-(2**63), 2**63 - 1)

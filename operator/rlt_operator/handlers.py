@@ -1,6 +1,6 @@
 """Kopf handlers: thin. Each says when something happens; the work is elsewhere: builders/ (manifests),
-status.py (decisions), reconcile.py (one pass of a run's loop), apply.py (the child writes), peering_watch.py
-(which replica and install works), operator_metrics.py (the operator's series).
+status/decide.py (decisions), reconcile.py (one pass of a run's loop), apply/send.py (the child writes),
+cluster/peering_watch.py (which replica and install works), cluster/operator_metrics.py (the operator's series).
 
 Shape: watch-fed indices hold a summary of every child (so a reconcile makes no reads); one
 daemon per RLTRun runs a serial, level-based reconcile loop, woken by any event on the run or its
@@ -19,20 +19,20 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from rlt_operator.observed import summarize
+from rlt_operator.apply.writes import owns_object
+from rlt_operator.cluster.api_session import counted_login
+from rlt_operator.cluster.events import COMPONENT, Recorder
+from rlt_operator.cluster.kube import Kube, KubeError, NotLeader
+from rlt_operator.cluster.leader import Elector, LeaseConfig, elect
+from rlt_operator.cluster.peering_watch import PeeringInfo, watch_peering
+from rlt_operator.cluster.state import OperatorState, operator_metrics
+from rlt_operator.config.kinds import CHILDREN, RUN
+from rlt_operator.config.settings import OperatorSettings
+from rlt_operator.status.decision import SOON
+from rlt_operator.status.observed import summarize
 
 from . import builders
-from .api_session import counted_login
-from .decision import SOON
-from .events import COMPONENT, Recorder
-from .kinds import CHILDREN, RUN
-from .kube import Kube, KubeError, NotLeader
-from .leader import Elector, LeaseConfig, elect
-from .peering_watch import PeeringInfo, watch_peering
 from .reconcile import RunMemory, reconcile_once
-from .settings import OperatorSettings
-from .state import OperatorState, operator_metrics
-from .writes import owns_object
 
 log = logging.getLogger("rlt.operator")
 

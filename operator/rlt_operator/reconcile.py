@@ -1,5 +1,5 @@
-"""One pass of a run's reconcile loop: observe (from the watch-fed indices), read progress, decide (status.py),
-send the writes (apply.py), write the status, post the Events, export the run's series."""
+"""One pass of a run's reconcile loop: observe (from the watch-fed indices), read progress, decide (status/decide.py),
+send the writes (apply/send.py), write the status, post the Events, export the run's series."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlt.contract.layout import format_time
-
-from . import builders, dry_run, evidence, progress, status
-from .apply import apply, observed_conflicts
-from .conditions import with_write_problems
-from .decision import Action
-from .kinds import CHILDREN, RUN
-from .kube import KubeError
-from .observed import Observed, failed_create, pods_not_created
-from .state import OperatorState
-from .status_events import events_for
-from .status_write import status_patch
-from .writes import ChildWrites, owns_summary
+from rlt_operator import builders
+from rlt_operator.apply import dry_run, evidence
+from rlt_operator.apply.send import apply, observed_conflicts
+from rlt_operator.apply.writes import ChildWrites, owns_summary
+from rlt_operator.cluster.kube import KubeError
+from rlt_operator.cluster.state import OperatorState
+from rlt_operator.config.kinds import CHILDREN, RUN
+from rlt_operator.status import decide as status
+from rlt_operator.status import progress
+from rlt_operator.status.conditions import with_write_problems
+from rlt_operator.status.decision import Action
+from rlt_operator.status.events import events_for
+from rlt_operator.status.observed import Observed, failed_create, pods_not_created
+from rlt_operator.status.patch import status_patch
 
 
 def observe(namespace: str, name: str, indices: dict[str, Any]) -> Observed:
@@ -89,7 +91,7 @@ class RunMemory:
     not_created_at: float = -math.inf
     reported: set[str] = field(default_factory=set)  # FailedCreate messages already posted as Events
     generation: int = 0  # a new spec retries refused writes at once
-    evidence: str | None = None  # the failed pod whose end is copied (rlt_operator.evidence)
+    evidence: str | None = None  # the failed pod whose end is copied (rlt_operator.apply.evidence)
     children: dry_run.ChildrenCheck = field(default_factory=dry_run.ChildrenCheck)  # the server's dry-run verdict
 
     def expected(self, observed: Observed, actions: list[Action], now: float, ttl: float = 10.0) -> list[Action]:
@@ -190,7 +192,7 @@ async def post_event(
     logger: Any,
     key: str | None = None,
 ) -> None:
-    """One Event of the run (rlt_operator.events: from rlt-operator, counted, not re-posted after a restart). Events
+    """One Event of the run (rlt_operator.cluster.events: from rlt-operator, counted, not re-posted after a restart). Events
     are auxiliary: one the API server refuses is logged, and the reconcile goes on."""
     assert state.recorder is not None, "configure() makes the recorder"
     try:

@@ -1,10 +1,10 @@
 """What the sandbox's API server refuses or does not store before kmock sees a request: admission by API feature.
 
 - dryRun: a dry-run create is validated and answered as the object that would be stored, and stored nowhere (the
-  operator dry-runs every child before creating it: rlt_operator.dry_run); dryRun on any other verb is refused
+  operator dry-runs every child before creating it: rlt_operator.apply.dry_run); dryRun on any other verb is refused
   (400) rather than persisted, as kmock would.
 - Optimistic concurrency: a PUT (replace) whose metadata.resourceVersion is not the stored one gets 409 Conflict,
-  as from the API server (the operator's leader Lease is taken and renewed so: rlt_operator.leader).
+  as from the API server (the operator's leader Lease is taken and renewed so: rlt_operator.cluster.leader).
 - ResourceQuota: a pod (compute resources) or another object (its count, a claim's storage) that a quota of its
   namespace does not admit gets the quota plugin's 403 (rlt_sandbox.quota).
 - RBAC, minimally: the sandbox has no users nor roles, so every request is allowed and a SelfSubjectAccessReview

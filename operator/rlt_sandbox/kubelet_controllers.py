@@ -10,7 +10,7 @@ from typing import Any
 
 from rlt.contract.layout import format_time
 from rlt_operator.builders import L_RUN
-from rlt_operator.kinds import CHILDREN
+from rlt_operator.config.kinds import CHILDREN
 from rlt_sandbox.kmock_graceful import KUBELET_FINALIZER
 from rlt_sandbox.kubelet_model import (
     JOB_INDEX_ANNOTATION,

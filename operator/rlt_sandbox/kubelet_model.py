@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlt.contract.layout import format_time
-from rlt_operator.kinds import CHILDREN, Kind
+from rlt_operator.config.kinds import CHILDREN, Kind
 
 
 def _now() -> str:

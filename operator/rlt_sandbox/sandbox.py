@@ -30,9 +30,9 @@ import yaml
 
 from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt_operator import crd as crd_mod
-from rlt_operator import peering
 from rlt_operator.builders import L_RUN
-from rlt_operator.kinds import CHILDREN
+from rlt_operator.cluster import peering
+from rlt_operator.config.kinds import CHILDREN
 
 # "Finish" a Job by hand as the Job controller would (a real API server refuses a Complete condition without
 # SuccessCriteriaMet, startTime and completionTime); docs/operator.md and the sandbox's banner show it.
@@ -112,7 +112,7 @@ class InProcessOperator:
         import kopf
 
         from rlt_operator import handlers  # noqa: F401 - registers the handlers
-        from rlt_operator.settings import OperatorSettings
+        from rlt_operator.config.settings import OperatorSettings
 
         config = OperatorSettings.from_env()  # read once, when this operator starts
         if self.overrides:

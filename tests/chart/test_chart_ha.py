@@ -7,8 +7,8 @@ import yaml
 from chart_helpers import CHART, IMAGE, by_kind, helm, one, render_set, template
 
 from rlt.cli import build_parser
-from rlt_operator import peering
-from rlt_operator.kinds import CLUSTER_PEERING, PEERING
+from rlt_operator.cluster import peering
+from rlt_operator.config.kinds import CLUSTER_PEERING, PEERING
 
 
 def test_two_replicas_one_peering_by_default():
@@ -20,7 +20,7 @@ def test_two_replicas_one_peering_by_default():
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     args = build_parser().parse_args(["operator", *spec["template"]["spec"]["containers"][0]["args"]])
     assert args.all_namespaces and args.peering == "rel-rlt-operator" and args.peering_lifetime == 20
-    assert args.priority is None  # each replica derives its own (rlt_operator.peering.auto_priority)
+    assert args.priority is None  # each replica derives its own (rlt_operator.cluster.peering.auto_priority)
     # SIGTERM: the operator's own bound on its shutdown ends it before the kubelet's SIGKILL (Kubernetes' 30 s).
     assert args.shutdown_timeout < spec["template"]["spec"].get("terminationGracePeriodSeconds", 30)
     env = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}

@@ -1,11 +1,11 @@
-"""The chart grants exactly the operator's own RBAC needs (rlt_operator.rbac), in both modes, peering included."""
+"""The chart grants exactly the operator's own RBAC needs (rlt_operator.cluster.rbac), in both modes, peering included."""
 
 from __future__ import annotations
 
 from chart_helpers import by_kind, one, render_set, template
 from suite_helpers import hack_module
 
-from rlt_operator.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, LEASE_RULES, PEERING_RULES, RBAC_RULES
+from rlt_operator.cluster.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, LEASE_RULES, PEERING_RULES, RBAC_RULES
 
 CHART_RULES = hack_module("generate").CHART_RULES
 
@@ -60,7 +60,7 @@ def test_every_verb_the_operator_needs_is_granted_and_nothing_more():
 
 
 def test_the_leader_lease_is_granted_in_the_release_namespace_only():
-    """get/create/update on leases (rlt_operator.leader), in a Role of the release namespace, in both modes; none
+    """get/create/update on leases (rlt_operator.cluster.leader), in a Role of the release namespace, in both modes; none
     without peering (one replica, no election)."""
     for values in ("defaults", "namespaced"):
         docs = render_set(values)
@@ -75,13 +75,13 @@ def test_the_leader_lease_is_granted_in_the_release_namespace_only():
 
 
 def test_the_charts_rules_are_generated_from_the_kind_table():
-    """Adding a child kind is one entry in rlt_operator.kinds.CHILDREN: its rule reaches the chart's template (made
+    """Adding a child kind is one entry in rlt_operator.config.kinds.CHILDREN: its rule reaches the chart's template (made
     by `make generate`), and the observed children, the watches and the API paths follow."""
     from dataclasses import fields
 
-    from rlt_operator import rbac
-    from rlt_operator.kinds import CHILDREN, Kind
-    from rlt_operator.observed import Observed
+    from rlt_operator.cluster import rbac
+    from rlt_operator.config.kinds import CHILDREN, Kind
+    from rlt_operator.status.observed import Observed
 
     assert CHART_RULES.read_text() == rbac.render_chart_rules(), "run `make generate` and commit the result"
     granted = {(r["apiGroups"][0], res, tuple(r["verbs"])) for r in RBAC_RULES for res in r["resources"]}
@@ -100,10 +100,10 @@ def test_standalone_grants_no_peering():
 
 def test_templates_take_the_api_group_and_run_labels_from_the_code():
     """Only the generated files spell the API group (also the prefix of a run's labels): the other templates include
-    its names from `_rbac_rules.tpl` (rlt_operator.rbac.CHART_NAMES), so the chart follows rlt.contract.api."""
+    its names from `_rbac_rules.tpl` (rlt_operator.cluster.rbac.CHART_NAMES), so the chart follows rlt.contract.api."""
     from rlt.contract.api import API_GROUP
-    from rlt_operator import rbac
     from rlt_operator.builders.common import L_ROLE, L_RUN
+    from rlt_operator.cluster import rbac
 
     templates = CHART_RULES.parent
     spelled = sorted(

@@ -211,7 +211,7 @@ def test_only_the_named_prometheus_namespaces_reach_the_generators_port_8000():
 
     from rlt.spec.loading import parse_run
     from rlt_operator import builders as b
-    from rlt_operator.settings import OperatorSettings
+    from rlt_operator.config.settings import OperatorSettings
 
     def policy_from(*extra):
         deploy = one(template(*extra), "Deployment")

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from chart_helpers import CHART, IMAGE, ROOT, helm, render_set
 
-from rlt_operator import peering
+from rlt_operator.cluster import peering
 
 CRD_FILE = ROOT / "manifests" / "crd" / "rltruns.rlt.dev.yaml"
 CHART_CRD = CHART / "files" / "crds" / "rltruns.rlt.dev.yaml"

@@ -17,7 +17,7 @@ import aiohttp
 import yaml
 from suite_helpers import EXAMPLES
 
-from rlt_operator.kinds import BY_PLURAL, CHILDREN, RUN
+from rlt_operator.config.kinds import BY_PLURAL, CHILDREN, RUN
 from rlt_sandbox.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
 NS = "default"

@@ -1,5 +1,5 @@
-"""Pod-level admission and the cluster's refusals in the dry-run gate (rlt_operator.admission, .dry_run) and in
-`rlt validate --server` (rlt_operator.server_check).
+"""Pod-level admission and the cluster's refusals in the dry-run gate (rlt_operator.apply.admission, .dry_run) and in
+`rlt validate --server` (rlt_operator.apply.server_check).
 
 Tables of the API server's Status messages (as kube-apiserver words them: the quota plugin, the LimitRanger, a
 ValidatingAdmissionPolicy, a webhook, Pod Security, the RBAC authorizer) and who each names; the gate holding every
@@ -19,7 +19,8 @@ from op_harness import NS, example, server_mode
 
 from rlt.checks.validation import validate_spec
 from rlt.contract.exitcodes import ExitCode
-from rlt_operator import admission, builders, dry_run
+from rlt_operator import builders
+from rlt_operator.apply import admission, dry_run
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -170,7 +171,7 @@ class _Server:
 
 
 async def test_the_gate_holds_on_a_forbidden_pod_and_on_someone_elses_name_not_on_its_own_child():
-    from rlt_operator.status import Action
+    from rlt_operator.status.decide import Action
 
     actions = [Action("create", "jobs", "tiny-sft", {})]
     decided = {"stage": "sft", "restarts": 0}

@@ -14,7 +14,7 @@ from rlt.checks.validation import load_valid_run
 from rlt.spec import k8s_api
 from rlt.spec.loading import parse_run
 from rlt_operator import builders as b
-from rlt_operator.observed import Observed
+from rlt_operator.status.observed import Observed
 from rlt_sandbox.kubelet_model import expand
 
 REF = b.RunRef(name="r1", namespace="team", uid="uid-1")
@@ -670,7 +670,7 @@ def test_a_driver_too_old_for_the_images_cuda_fails_the_preflight_with_one_line(
     assert "580.65.06" in lines[0] and "570.86.15" in lines[0]
     assert out.message.strip() == lines[0]
     # what the operator puts in the run's status from the failed init container's message
-    from rlt_operator.observed import last_error_line
+    from rlt_operator.status.observed import last_error_line
 
     assert last_error_line(out.message) == lines[0]
 
@@ -706,9 +706,9 @@ def test_the_preflights_termination_message_sets_capacity_ok(tmp_path):
     import datetime as dt
 
     from rlt.spec.resources import EnvVar
-    from rlt_operator.gang import capacity_condition
-    from rlt_operator.observed import summarize
-    from rlt_operator.status_model import RLTRunStatus
+    from rlt_operator.status.gang import capacity_condition
+    from rlt_operator.status.model import RLTRunStatus
+    from rlt_operator.status.observed import summarize
 
     def condition(spec):
         job = b.trainer_job(REF, spec, "rl", 0)
@@ -758,8 +758,8 @@ def test_a_config_error_says_why_in_the_status_from_the_termination_message():
             ],
         },
     }
-    from rlt_operator.gang import gang_failure
-    from rlt_operator.observed import summarize
+    from rlt_operator.status.gang import gang_failure
+    from rlt_operator.status.observed import summarize
 
     _, fatal, _ = gang_failure(None, "t-sft", [summarize("pods", pod)], "sft", 0)
     assert fatal == (
@@ -876,7 +876,7 @@ def test_every_example_renders_valid_children_and_none_is_refused():
 
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-    from rlt_operator import status as S
+    from rlt_operator.status import decide as S
 
     for path in sorted(EXAMPLES.glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())

@@ -13,7 +13,7 @@ from suite_helpers import EXAMPLES as EXAMPLE_DIR
 from suite_helpers import deep_merge, hack_module, openapi_to_jsonschema
 
 from rlt_operator import crd
-from rlt_operator.observed import Observed
+from rlt_operator.status.observed import Observed
 
 CRD_PATH = hack_module("generate").CRD_PATH
 
@@ -191,7 +191,7 @@ def _statuses_the_operator_writes():
     from op_harness import EXAMPLES as EX
 
     from rlt_operator import builders as b
-    from rlt_operator import status as S
+    from rlt_operator.status import decide as S
 
     ref = b.RunRef(name="t", namespace="ns", uid="u")
     now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -279,7 +279,7 @@ def test_every_status_field_the_operator_writes_survives_pruning_with_the_crds_o
 
 
 def test_a_status_field_missing_from_the_model_is_an_error():
-    from rlt_operator import status_model
+    from rlt_operator.status import model as status_model
 
     with pytest.raises(Exception, match="extra"):
         status_model.check({"phase": "Running", "outputs": {"studentModel": "/x"}})
@@ -290,8 +290,8 @@ def test_phases_and_condition_types_come_from_their_enums():
     follow, and a condition the enum does not list is refused before it is written."""
     from rlt.contract.api import Phase
     from rlt.contract.metrics import METRIC_DEFS
-    from rlt_operator import status_model
-    from rlt_operator.status_model import ConditionType
+    from rlt_operator.status import model as status_model
+    from rlt_operator.status.model import ConditionType
 
     status = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["phase"]["enum"] == [p.value for p in Phase]

@@ -1,4 +1,4 @@
-"""The run's children dry-run on the API server before any is created (rlt_operator.dry_run).
+"""The run's children dry-run on the API server before any is created (rlt_operator.apply.dry_run).
 
 Table tests of the map from a child's field (as the API server names it) back to the run's field, and the operator
 with the emulated API (kmock): a refused dry-run holds every create, names the spec field, posts an Event; the
@@ -15,7 +15,8 @@ import pytest
 from op_harness import NS, PATHS, example, server_mode
 
 from rlt.checks.validation import validate_spec
-from rlt_operator import admission, builders, dry_run
+from rlt_operator import builders
+from rlt_operator.apply import admission, dry_run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -160,7 +161,7 @@ class _Server:
 
 
 async def test_the_gate_holds_every_create_while_a_child_is_refused_and_checks_once_per_stage():
-    from rlt_operator.status import Action
+    from rlt_operator.status.decide import Action
 
     bad = {"message": "bad", "details": {"causes": [{"field": "spec.template.spec.nodeSelector", "message": "no"}]}}
     server, memory = _Server({"jobs": (422, bad)}), dry_run.ChildrenCheck()

@@ -9,7 +9,7 @@ import pytest
 from op_harness import NS, PATHS, example
 
 from rlt_operator.builders import RunRef
-from rlt_operator.events import MAX_MESSAGE, event_body, event_name, short
+from rlt_operator.cluster.events import MAX_MESSAGE, event_body, event_name, short
 
 pytestmark = pytest.mark.timeout(90)
 

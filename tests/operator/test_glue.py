@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlt_operator.kinds import RUN
+from rlt_operator.config.kinds import RUN
 from rlt_sandbox.kmock_selectors import labels_match, parse_label_selector
 
 CMS = "/api/v1/namespaces/default/configmaps"

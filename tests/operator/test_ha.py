@@ -27,9 +27,9 @@ from op_harness import example, poll_until
 from suite_helpers import free_port
 
 from rlt.contract.exitcodes import ExitCode
-from rlt_operator.kinds import CLUSTER_PEERING
-from rlt_operator.kinds import PEERING as PEERING_KIND
-from rlt_operator.peering import auto_priority
+from rlt_operator.cluster.peering import auto_priority
+from rlt_operator.config.kinds import CLUSTER_PEERING
+from rlt_operator.config.kinds import PEERING as PEERING_KIND
 from rlt_sandbox.sandbox import kubeconfig
 
 pytestmark = pytest.mark.timeout(150)
@@ -223,14 +223,14 @@ async def test_standby_takes_over_after_sigkill(harness, tmp_path):
         r
         for r in requests
         if sender(r) and str(r.method.value) == "POST" and "/events" not in r.url.path and not r.params.get("dryRun")
-    ]  # a dry-run create (rlt_operator.dry_run) stores nothing
+    ]  # a dry-run create (rlt_operator.apply.dry_run) stores nothing
     names = [(r.url.path, (r.data or {}).get("metadata", {}).get("name")) for r in created]
     assert len(names) == len(set(names)), f"a child was created twice: {sorted(names)}"
     # Status writes: each stage transition written by one replica, the two replicas' writes never interleave.
     status = [(i, who) for i, who, method, path in ops if path.endswith("/rltruns/tiny/status")]
     assert status and all(who == "op-a" for i, who in status if i < kill_at)
     assert all(who == "op-b" for i, who in status if i >= kill_at)
-    # Peering needs no more than the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES); its create
+    # Peering needs no more than the rule of the kind table (rlt_operator.cluster.rbac.CLUSTER_PEERING_RULES); its create
     # is used only to put back a deleted peering object (test_a_deleted_peering_object_is_recreated_...).
     assert peering_verbs(requests) <= set(CLUSTER_PEERING.verbs)
 
@@ -384,7 +384,7 @@ async def test_a_deleted_peering_object_is_recreated_and_the_standby_says_so(har
     # Text logs: every line about the run names it; Kopf's handler-success lines are debug, not shown.
     assert "[default/tiny] created jobs/tiny-rl" in log("op-b")
     assert "succeeded." not in log("op-a") + log("op-b")
-    # Peering needs exactly the rule of the kind table (rlt_operator.rbac.CLUSTER_PEERING_RULES), nothing more.
+    # Peering needs exactly the rule of the kind table (rlt_operator.cluster.rbac.CLUSTER_PEERING_RULES), nothing more.
     assert peering_verbs(list(harness.cluster._requests)) == set(CLUSTER_PEERING.verbs)
 
 
@@ -523,7 +523,7 @@ async def test_a_missing_peering_object_is_one_clear_line(harness, tmp_path):
 
 
 def test_an_install_gives_way_only_to_an_older_live_one():
-    from rlt_operator.peering import yields_to
+    from rlt_operator.cluster.peering import yields_to
 
     now = time.time()
     live = {"r": {"priority": 1, "lifetime": 20, "lastseen": datetime_iso(now - 5)}}

@@ -1,4 +1,4 @@
-"""Two `rlt operator --peering` processes and the leader Lease (rlt_operator.leader): the working replica is frozen
+"""Two `rlt operator --peering` processes and the leader Lease (rlt_operator.cluster.leader): the working replica is frozen
 (SIGSTOP) for longer than the lease, the other takes over, and the frozen one, resumed, acts again only once it
 holds the Lease again. Every write in the emulated API's log is checked against the Lease's holder at that moment.
 """
@@ -15,7 +15,7 @@ import pytest
 from op_harness import example, poll_until
 from test_ha import create_peering, kopf_bookkeeping, logs_tail, replicas, sender
 
-from rlt_operator.kinds import LEASE
+from rlt_operator.config.kinds import LEASE
 
 pytestmark = pytest.mark.timeout(240)
 LEASE_PATH = f"{LEASE.collection_path('default')}/rlt-operator"
@@ -99,7 +99,7 @@ async def test_a_frozen_leader_stops_acting_and_the_standby_takes_over_never_bot
     assert "op-a" in holders and "op-b" in holders, holders  # both held it, one after the other
     writers = {sender(r) for r in requests if sender(r) and str(r.method.value) != "GET" and "status" in r.url.path}
     assert writers == {"op-a", "op-b"}, writers
-    # The election needs exactly the Lease's rule of the kind table (rlt_operator.rbac.LEASE_RULES).
+    # The election needs exactly the Lease's rule of the kind table (rlt_operator.cluster.rbac.LEASE_RULES).
     verbs = {
         {"GET": "get", "POST": "create", "PUT": "update"}.get(str(r.method.value), str(r.method.value))
         for r in requests

@@ -154,7 +154,7 @@ async def test_a_failed_pod_handed_to_the_run_outlives_its_job_until_deleted_thr
     (gang.kept_pod_patch). The garbage collector reads a pod's current owners: the emulator must not delete it with
     the Job, and must let it go once it is deleted through the API (the run's cleanup)."""
     from rlt_operator.builders import RunRef
-    from rlt_operator.gang import kept_pod_patch
+    from rlt_operator.status.gang import kept_pod_patch
 
     await harness.call(
         "POST",
@@ -440,7 +440,7 @@ async def test_a_namespace_created_later_gets_its_pods(harness, tmp_path):
 async def test_a_missing_secret_or_an_unmatched_node_selector_keeps_the_pod_pending_with_a_reason(harness, tmp_path):
     """As a kubelet and a scheduler report them (not a failed pod): the operator reads the same reasons as on a
     cluster; creating the Secret lets the pod start."""
-    from rlt_operator.observed import summarize
+    from rlt_operator.status.observed import summarize
 
     await harness.call(
         "POST",
@@ -583,7 +583,7 @@ async def test_init_containers_run_in_order_before_the_main_one_and_a_failed_one
 async def test_image_pulls_invalid_names_and_missing_images_keep_the_pod_pending(harness, tmp_path):
     """As a kubelet reports them: InvalidImageName for a reference that does not parse; ErrImagePull, then
     ImagePullBackOff, for an image the sandbox is told is missing (and again after the back-off)."""
-    from rlt_operator.observed import summarize
+    from rlt_operator.status.observed import summarize
 
     await harness.call(
         "POST",

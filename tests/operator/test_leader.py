@@ -1,4 +1,4 @@
-"""The leader Lease (rlt_operator.leader) against the emulated API, on a controlled clock: who may act at each moment.
+"""The leader Lease (rlt_operator.cluster.leader) against the emulated API, on a controlled clock: who may act at each moment.
 
 Two electors share one fake monotonic clock (the truth about time); their Lease reads and writes are real HTTP
 requests to kmock. The property: at no clock reading do both `leads()`, and a holder that cannot renew stops acting
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from rlt_operator.kinds import LEASE
-from rlt_operator.kube import Kube, NotLeader
-from rlt_operator.leader import Elector, LeaseConfig, timing_problem
+from rlt_operator.cluster.kube import Kube, NotLeader
+from rlt_operator.cluster.leader import Elector, LeaseConfig, timing_problem
+from rlt_operator.config.kinds import LEASE
 
 NS = "default"
 

@@ -149,7 +149,7 @@ async def test_a_generator_that_exits_with_a_config_error_fails_the_run_at_once(
 
 
 async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_with_the_run(harness, monkeypatch):
-    from rlt_operator import status_gang
+    from rlt_operator.status import gang_steps as status_gang
 
     monkeypatch.setattr(status_gang, "BACKOFF_BASE", 0.5)  # the next gang after half a second, not 10 s
     doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
@@ -220,7 +220,7 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
 
 
 async def test_a_users_configmap_of_the_evidence_name_is_not_overwritten(harness, monkeypatch):
-    from rlt_operator import status_gang
+    from rlt_operator.status import gang_steps as status_gang
 
     monkeypatch.setattr(status_gang, "BACKOFF_BASE", 0.5)
     doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
@@ -410,7 +410,7 @@ async def test_an_unschedulable_trainer_pod_shows_on_the_run_as_condition_and_ev
 
 async def test_children_are_watched_with_a_server_side_label_selector(harness):
     from rlt_operator.builders import L_RUN
-    from rlt_operator.kinds import CHILDREN, RUN
+    from rlt_operator.config.kinds import CHILDREN, RUN
 
     await harness.start_operator()
     watches = {}

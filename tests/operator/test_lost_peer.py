@@ -10,9 +10,9 @@ import yaml
 from op_harness import EXAMPLES
 
 from rlt_operator import builders as b
-from rlt_operator import status as S
-from rlt_operator.observed import Observed, summarize
-from rlt_operator.status_gang import LOST_PEER_GRACE_SECONDS
+from rlt_operator.status import decide as S
+from rlt_operator.status.gang_steps import LOST_PEER_GRACE_SECONDS
+from rlt_operator.status.observed import Observed, summarize
 
 REF = b.RunRef(name="t", namespace="ns", uid="u1")
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)

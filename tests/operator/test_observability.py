@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from suite_helpers import free_port
 
 from rlt.contract.metrics import TrainerMetrics
-from rlt_operator.kinds import CHILDREN
-from rlt_operator.operator_metrics import OperatorMetrics
+from rlt_operator.cluster.operator_metrics import OperatorMetrics
+from rlt_operator.config.kinds import CHILDREN
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,7 +117,7 @@ async def test_operator_metrics_named_as_controller_runtimes(harness, monkeypatc
     monkeypatch.setenv("RLT_OPERATOR_METRICS_PORT", str(mport))
     quota = 'jobs.batch "tiny-sft" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1'
     refusal = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403}
-    # the real create only: a 403 to the dry-run before it is left to the create (rlt_operator.dry_run)
+    # the real create only: a 403 to the dry-run before it is left to the create (rlt_operator.apply.dry_run)
     real_create = harness.cluster[
         "post", re.compile(r".*/namespaces/default/jobs$"), lambda r: "dryRun" not in r.params
     ]
@@ -186,7 +186,7 @@ def test_condition_series_are_one_per_condition_type_and_go_with_the_run():
 def test_the_step_timestamp_moves_only_with_the_stage_or_step_and_goes_with_the_run(monkeypatch):
     """rlt_run_step_timestamp_seconds (RLTRunStalled's clock): set when the run is first seen and whenever its stage
     or step changes; a reconcile without progress leaves it as it was."""
-    from rlt_operator import operator_metrics
+    from rlt_operator.cluster import operator_metrics
 
     metrics = OperatorMetrics(CollectorRegistry())
     clock = iter([100.0, 200.0, 300.0, 400.0, 500.0])

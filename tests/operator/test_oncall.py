@@ -16,10 +16,11 @@ from suite_helpers import free_port
 from test_ha import create_peering, start_operator
 from test_pods_not_created import _pod
 
-from rlt_operator import builders, evidence
-from rlt_operator.conditions import pod_conditions
-from rlt_operator.kube import Kube
-from rlt_operator.status_model import RLTRunStatus
+from rlt_operator import builders
+from rlt_operator.apply import evidence
+from rlt_operator.cluster.kube import Kube
+from rlt_operator.status.conditions import pod_conditions
+from rlt_operator.status.model import RLTRunStatus
 
 pytestmark = pytest.mark.timeout(90)
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)

@@ -23,7 +23,7 @@ import yaml
 from op_harness import example
 from suite_helpers import ROOT, find_tool, free_port
 
-from rlt_operator.kinds import CLUSTER_PEERING
+from rlt_operator.config.kinds import CLUSTER_PEERING
 
 _spec = importlib.util.spec_from_file_location("rlt_images", ROOT / "hack" / "images.py")
 images = importlib.util.module_from_spec(_spec)

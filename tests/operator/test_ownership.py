@@ -13,7 +13,7 @@ import pytest
 from op_harness import NS, PATHS, example, server_mode
 
 from rlt_operator import builders
-from rlt_operator.writes import BACKOFF_CAP, BACKOFF_FIRST, ChildWrites, rejected
+from rlt_operator.apply.writes import BACKOFF_CAP, BACKOFF_FIRST, ChildWrites, rejected
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,7 +71,7 @@ async def test_a_foreign_object_with_a_childs_name_is_a_conflict_never_written_n
     await harness.start_operator()
     await harness.create_run(doc)
 
-    # found by the dry-run before any child is created (rlt_operator.dry_run): the run holds with nothing made
+    # found by the dry-run before any child is created (rlt_operator.apply.dry_run): the run holds with nothing made
     st = await harness.wait_status("tiny", _written("ChildrenValid", "NameConflict"), "NameConflict on the run")
     cond = next(c for c in st["conditions"] if c["type"] == "ChildrenValid")
     assert f"{plural}/{name} is someone else's object" in cond["message"] and st["reason"] == "NameConflict", st

@@ -13,9 +13,9 @@ import pytest
 from op_harness import NS, PATHS, example
 
 from rlt_operator import builders as b
-from rlt_operator.conditions import pod_conditions
-from rlt_operator.observed import failed_create, summarize
-from rlt_operator.status_model import RLTRunStatus
+from rlt_operator.status.conditions import pod_conditions
+from rlt_operator.status.model import RLTRunStatus
+from rlt_operator.status.observed import failed_create, summarize
 
 pytestmark = pytest.mark.timeout(60)
 

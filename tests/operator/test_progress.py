@@ -10,8 +10,8 @@ from prometheus_client import generate_latest
 from suite_helpers import ROOT
 
 from rlt.contract.metrics import TrainerMetrics
-from rlt_operator import progress as prog
-from rlt_operator.settings import OperatorSettings
+from rlt_operator.config.settings import OperatorSettings
+from rlt_operator.status import progress as prog
 
 T = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -101,7 +101,7 @@ def test_operator_modules_read_no_environment_variables_but_the_settings():
     import rlt_operator
 
     readers = []
-    for path in Path(rlt_operator.__file__).parent.glob("*.py"):
+    for path in Path(rlt_operator.__file__).parent.rglob("*.py"):
         # sandbox.py sets KUBECONFIG for the clients it starts; the kubelet emulator stands for a node and reads that
         # node's environment (HOME, PYTHONPATH, caches) for the pods it starts, not the operator's settings.
         if path.name in ("settings.py", "sandbox.py", "sandbox_pods.py", "kubelet_emulator.py"):

@@ -10,8 +10,8 @@ import pytest
 from op_harness import example, server_mode
 from test_events import PULL, trainer_pod
 
-from rlt_operator.kube import USER_AGENT
-from rlt_operator.rbac import CLUSTER_RBAC_RULES, RBAC_RULES, allows
+from rlt_operator.cluster.kube import USER_AGENT
+from rlt_operator.cluster.rbac import CLUSTER_RBAC_RULES, RBAC_RULES, allows
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -144,7 +144,7 @@ def test_an_image_that_cannot_be_pulled_keeps_the_pod_pending_and_shows_on_the_r
 
 def test_a_resource_quota_that_refuses_the_pods_holds_the_run_with_nothing_created(start_sandbox, tmp_path):
     """The API server refuses pods over a namespace's ResourceQuota: the operator's dry-run of the pod its Job would
-    make (rlt_operator.admission) finds it before any child exists, so the run holds naming the quota and the run's
+    make (rlt_operator.apply.admission) finds it before any child exists, so the run holds naming the quota and the run's
     field, and no ConfigMap, claim, Job or pod is made around it. Raising the quota lets the pod be created. (A quota
     that runs out after the check: the Job controller's FailedCreate on the run, test_pods_not_created.)"""
     box = start_sandbox("--run-pods", str(tmp_path / "pods"))

@@ -8,7 +8,7 @@ import json
 import pytest
 from op_harness import example
 
-from rlt_operator.kinds import CHILDREN
+from rlt_operator.config.kinds import CHILDREN
 from rlt_sandbox.sandbox import InProcessOperator
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,13 +12,13 @@ from op_harness import EXAMPLES
 from rlt.contract.layout import format_time
 from rlt.spec.loading import parse_spec
 from rlt_operator import builders as b
-from rlt_operator import decision as D
-from rlt_operator import status as S
-from rlt_operator import status_events as E
-from rlt_operator import status_gang as G
-from rlt_operator import status_records as R
-from rlt_operator import status_write as W
-from rlt_operator.observed import Observed, summarize
+from rlt_operator.status import decide as S
+from rlt_operator.status import decision as D
+from rlt_operator.status import events as E
+from rlt_operator.status import gang_steps as G
+from rlt_operator.status import patch as W
+from rlt_operator.status import records as R
+from rlt_operator.status.observed import Observed, summarize
 
 REF = b.RunRef(name="t", namespace="ns", uid="u1")
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -1196,7 +1196,7 @@ def test_step_time_moves_with_the_step_only_and_a_restarted_operator_keeps_the_s
 
     from rlt.contract import metrics as catalogue
     from rlt.contract.layout import parse_time
-    from rlt_operator.operator_metrics import OperatorMetrics
+    from rlt_operator.cluster.operator_metrics import OperatorMetrics
 
     st = carried(running("rl"))
     R.read_progress({"stage": "rl", "step": 3}, "rl", st, NOW)

@@ -21,11 +21,11 @@ from test_status import (
 )
 
 from rlt_operator import builders as b
-from rlt_operator import status as S
-from rlt_operator import status_write as W
-from rlt_operator.conditions import with_write_problems
-from rlt_operator.observed import last_error_line, summarize
-from rlt_operator.writes import conflict
+from rlt_operator.apply.writes import conflict
+from rlt_operator.status import decide as S
+from rlt_operator.status import patch as W
+from rlt_operator.status.conditions import with_write_problems
+from rlt_operator.status.observed import last_error_line, summarize
 
 
 def ready(status):

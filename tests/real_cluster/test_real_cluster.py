@@ -19,7 +19,7 @@ from kube_env import RLT, running_operator
 from suite_helpers import EXAMPLES
 from suite_helpers import wait_for as suite_wait_for
 
-from rlt_operator.status_model import RLTRunStatus
+from rlt_operator.status.model import RLTRunStatus
 
 skip_without_assets()
 

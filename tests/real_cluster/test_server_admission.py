@@ -1,4 +1,4 @@
-"""The cluster's refusals of a run's children and pods on the real kube-apiserver (rlt_operator.dry_run, .admission,
+"""The cluster's refusals of a run's children and pods on the real kube-apiserver (rlt_operator.apply.dry_run, .admission,
 .server_check): no half-created run, whatever refuses, and `rlt validate --server` telling "you may not" from
 "invalid".
 
@@ -30,7 +30,7 @@ from suite_helpers import wait_for as suite_wait_for
 skip_without_assets()
 
 from rlt.contract.exitcodes import ExitCode  # noqa: E402
-from rlt_operator import rbac  # noqa: E402
+from rlt_operator.cluster import rbac  # noqa: E402
 
 pytestmark = [pytest.mark.real_cluster, pytest.mark.xdist_group("real_cluster"), pytest.mark.timeout(1200)]
 
@@ -209,7 +209,7 @@ def test_a_refusing_cluster_object_holds_the_run_with_nothing_created_until_it_g
 
 
 def test_validate_server_as_an_rltrun_editor_says_you_may_not_in_one_line(server, tmp_path):
-    """A ServiceAccount bound only to the chart's rltrun-editor rules (rlt_operator.rbac.EDITOR_RULES, which the
+    """A ServiceAccount bound only to the chart's rltrun-editor rules (rlt_operator.cluster.rbac.EDITOR_RULES, which the
     chart's ClusterRole renders): it may create the RLTRun, not the children the check dry-runs."""
     ns = "adm-editor"
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole"}

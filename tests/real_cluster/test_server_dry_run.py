@@ -1,4 +1,4 @@
-"""The run's children dry-run on the real kube-apiserver (rlt_operator.dry_run), and the offline door against it.
+"""The run's children dry-run on the real kube-apiserver (rlt_operator.apply.dry_run), and the offline door against it.
 
 - Each class of user-set field, rendered into a child and broken there (the door would refuse the spec itself): the
   real server refuses the child and the refusal names the run's field (the map from child paths back to spec paths).
@@ -34,8 +34,9 @@ from suite_helpers import wait_for as suite_wait_for
 skip_without_assets()
 
 from rlt.checks.validation import validate_spec  # noqa: E402
-from rlt_operator import builders, dry_run  # noqa: E402
-from rlt_operator.kube import Kube  # noqa: E402
+from rlt_operator import builders  # noqa: E402
+from rlt_operator.apply import dry_run  # noqa: E402
+from rlt_operator.cluster.kube import Kube  # noqa: E402
 
 pytestmark = [pytest.mark.real_cluster, pytest.mark.xdist_group("real_cluster"), pytest.mark.timeout(1500)]
 

@@ -27,7 +27,7 @@ for m in pkgutil.walk_packages(rlt_operator.__path__, "rlt_operator."):
     importlib.import_module(m.name)
 from rlt.checks.validation import validate_spec
 from rlt_operator.builders import RunRef
-from rlt_operator.dry_run import run_children
+from rlt_operator.apply.dry_run import run_children
 
 for path in sorted(glob.glob(sys.argv[1] + "/*.yaml")):
     for doc in yaml.safe_load_all(open(path)):
@@ -74,7 +74,8 @@ def _backticked(text: str) -> list[str]:
 
 
 def _module_has(dotted: str) -> bool:
-    """`rlt.a.b` is a module, or `rlt.a.b.Name` a name a module defines (read from its source, not imported)."""
+    """`rlt.a.b` (or `rlt_operator.a.b`) is a module, or `rlt.a.b.Name` a name a module defines (read from its
+    source, not imported)."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         try:
@@ -112,7 +113,7 @@ def test_every_command_script_file_and_module_the_page_names_exists() -> None:
             named += 1
             script = token.split()[1]
             missing += [] if (ROOT / script).is_file() else [script]
-        elif re.fullmatch(r"rlt(\.\w+)+(:\w+)?", token):
+        elif re.fullmatch(r"rlt(_operator)?(\.\w+)+(:\w+)?", token):
             named += 1
             missing += [] if _module_has(token.split(":")[0]) else [token]
         elif "/" in token and " " not in token:
@@ -141,3 +142,14 @@ def test_every_change_checklist_says_make_generate() -> None:
     items = re.findall(r"^\*\*(.+?)\*\*(.*?)(?=^\*\*|\Z)", section, re.M | re.S)
     assert len(items) >= 6, [title for title, _ in items]
     assert not [title for title, body in items if "make generate" not in body]
+
+
+def test_the_floors_the_page_draws_are_the_import_graphs() -> None:
+    """Each floor matrix on the page has the floors hack/import_graph.py checks, top floor first, in its order."""
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "hack" / "import_graph.py")
+    assert spec is not None and spec.loader is not None
+    graph = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph)
+    text = PAGE.read_text().split("## The floors", 1)[1].split("\n## ", 1)[0]
+    headers = [block.splitlines()[0].split() for block in re.findall(r"^```\n(.*?)^```", text, re.M | re.S)]
+    assert headers == [list(reversed(graph.FLOORS)), list(reversed(graph.OPERATOR_FLOORS))]

@@ -1,6 +1,6 @@
 """Which package may import which: the core `rlt` nothing of the operator's, the shipped operator nothing of the
 sandbox's (commands of both come through an entry point), no import circle anywhere in the shipped packages, and
-the subpackages of rlt as floors: no pair importing each other, no import up a floor."""
+the subpackages of rlt and of rlt_operator as floors: no pair importing each other, no import up a floor."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import rlt
 import rlt_operator
@@ -98,29 +100,59 @@ def _import_graph():
     return module
 
 
+def _graph_of_a_copy(tmp_path, monkeypatch, package: Path, edits: dict[str, str]):
+    """hack/import_graph.py over a copy of `package` (under tmp_path, at its place in the repository) with `edits`
+    (path inside the package -> text appended, the file made if new)."""
+    copy = tmp_path / package.relative_to(ROOT)
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for path, text in edits.items():
+        (copy / path).parent.mkdir(parents=True, exist_ok=True)
+        with (copy / path).open("a") as f:
+            f.write(text)
+    graph = _import_graph()
+    monkeypatch.setattr(graph, "ROOT", tmp_path)
+    return graph
+
+
 def test_a_back_import_between_two_subpackages_fails_the_graph(tmp_path, monkeypatch, capsys):
     """The same tree with one import added from the contract floor up to stages: a two-way pair and an import up a
     floor, each named with the module that makes it."""
-    shutil.copytree(CORE, tmp_path / "training/rlt", ignore=shutil.ignore_patterns("__pycache__"))
-    layout = tmp_path / "training/rlt/contract/layout.py"
-    layout.write_text(layout.read_text() + "\nfrom rlt.stages.context import StageContext  # noqa\n")
-    graph = _import_graph()
-    monkeypatch.setattr(graph, "ROOT", tmp_path)
-    assert graph.main() == 1
+    upward = {"contract/layout.py": "\nfrom rlt.stages.context import StageContext  # noqa\n"}
+    assert _graph_of_a_copy(tmp_path, monkeypatch, CORE, upward).main() == 1
     out = capsys.readouterr().out
     assert "two-way: contract <-> stages: rlt.contract.layout -> rlt.stages.context" in out
     assert "up a floor, contract -> stages: rlt.contract.layout -> rlt.stages.context" in out
     assert " 1 two-way subpackage pairs" in out
 
 
-def test_a_subpackage_on_no_floor_fails_the_graph(tmp_path, monkeypatch, capsys):
-    shutil.copytree(CORE, tmp_path / "training/rlt", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "training/rlt/extra").mkdir()
-    (tmp_path / "training/rlt/extra/__init__.py").write_text("from rlt.contract import layout  # noqa\n")
-    graph = _import_graph()
-    monkeypatch.setattr(graph, "ROOT", tmp_path)
-    assert graph.main() == 1
-    assert "rlt.extra is on no floor (add it to FLOORS)" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    "package, extra, says",
+    [
+        (
+            CORE,
+            {"extra/__init__.py": "from rlt.contract import layout  # noqa\n"},
+            "rlt.extra is on no floor (add it to FLOORS)",
+        ),
+        (
+            OPERATOR,
+            {"extra.py": "from rlt_operator.config import kinds  # noqa\n"},
+            "rlt_operator.extra is on no floor (add it to OPERATOR_FLOORS)",
+        ),
+    ],
+)
+def test_a_subpackage_on_no_floor_fails_the_graph(tmp_path, monkeypatch, capsys, package, extra, says):
+    assert _graph_of_a_copy(tmp_path, monkeypatch, package, extra).main() == 1
+    assert says in capsys.readouterr().out
+
+
+def test_an_upward_import_in_the_operator_fails_the_graph(tmp_path, monkeypatch, capsys):
+    """The operator has floors too (config, builders, status, crd, cluster, apply, then its root modules): the same
+    tree with the pure status floor importing the API client above it fails, naming the import."""
+    upward = {"status/observed.py": "\nfrom rlt_operator.cluster.kube import Kube  # noqa\n"}
+    assert _graph_of_a_copy(tmp_path, monkeypatch, OPERATOR, upward).main() == 1
+    out = capsys.readouterr().out
+    assert "up a floor, status -> cluster: rlt_operator.status.observed -> rlt_operator.cluster.kube" in out
+    assert " 0 two-way subpackage pairs, 1 imports up a floor" in out
 
 
 def test_no_module_imports_a_private_name_of_another():

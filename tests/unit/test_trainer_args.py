@@ -128,8 +128,8 @@ def test_each_trainer_arg_is_owned_known_and_typed(stage, key, value, says):
 
 def test_every_problem_at_once_through_the_cli_the_pods_and_the_operator(tmp_path):
     from rlt_operator import builders as b
-    from rlt_operator import status as S
-    from rlt_operator.observed import Observed
+    from rlt_operator.status import decide as S
+    from rlt_operator.status.observed import Observed
 
     d = tiny_doc()
     d["spec"]["stages"]["sft"]["trainerArgs"] = {"adam_beta2": 0.9, "adam_epsilom": 1e-7}

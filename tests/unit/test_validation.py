@@ -13,7 +13,7 @@ from suite_helpers import deep_merge, tiny_doc
 
 from rlt.checks.validation import validate_spec
 from rlt.spec.loading import SpecError
-from rlt_operator.observed import Observed
+from rlt_operator.status.observed import Observed
 
 # (what is wrong, spec patch, the field the message names)
 BAD = [
@@ -89,7 +89,7 @@ def _bad_file(tmp_path: Path, patch: dict) -> tuple[Path, dict]:
 @pytest.mark.parametrize("what, patch, field", BAD, ids=[b[0] for b in BAD])
 def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_path, what, patch, field):
     from rlt_operator import builders as b
-    from rlt_operator import status as S
+    from rlt_operator.status import decide as S
 
     path, doc = _bad_file(tmp_path, patch)
     with pytest.raises(SpecError) as err:
@@ -115,7 +115,7 @@ def test_cli_pods_and_operator_refuse_the_same_spec_with_the_same_message(tmp_pa
 
 def test_a_run_name_its_children_cannot_carry_is_refused_by_all_three(tmp_path):
     from rlt_operator import builders as b
-    from rlt_operator import status as S
+    from rlt_operator.status import decide as S
 
     doc = tiny_doc()
     doc["metadata"]["name"] = "r" * 41

@@ -17,7 +17,7 @@ from rlt.contract.stage_registry import newest_teacher_stage, producer_of
 from rlt.spec import k8s_api
 from rlt.spec.k8s import quantity_value
 from rlt.spec.run import RLTRunSpec
-from rlt_operator.kinds import BY_PLURAL, RUN
+from rlt_operator.config.kinds import BY_PLURAL, RUN
 
 # Labels and annotations (one prefix for everything the operator owns).
 PREFIX = API_GROUP

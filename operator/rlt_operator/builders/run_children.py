@@ -22,7 +22,7 @@ from rlt_operator.builders.common import (
     object_meta,
     type_meta,
 )
-from rlt_operator.kinds import RUN
+from rlt_operator.config.kinds import RUN
 
 # --------------------------------------------------------------------------- run-wide children
 

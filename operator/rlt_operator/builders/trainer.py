@@ -182,7 +182,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     # requests = limits: an init container without them would drop a Guaranteed pod to Burstable.
                     {"requests": dict(PREFLIGHT_RESOURCES), "limits": dict(PREFLIGHT_RESOURCES)},
                     # The capacity line (fits, not checked, or the misfit) is written here even on success: the
-                    # operator's CapacityOK condition reads it from the pod's status (rlt_operator.gang).
+                    # operator's CapacityOK condition reads it from the pod's status (rlt_operator.status.gang).
                     terminationMessagePath=TERMINATION_LOG,
                     terminationMessagePolicy="FallbackToLogsOnError",
                 )

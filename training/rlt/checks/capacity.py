@@ -39,6 +39,7 @@ from rlt.checks.plan_terms import (
 )
 from rlt.checks.rl_modes import mode_lines, variant
 from rlt.checks.stage_terms.distill import distill_sequences_in_flight
+from rlt.checks.stage_terms.rl import position_problems
 from rlt.checks.step_time import (
     MEAN_COMPLETION_SHARE,
     PromptTokens,
@@ -129,7 +130,7 @@ def plan_run(
         plan.stopping, stop_warnings = preemption_notes(spec, times, trainer_grace_period(spec), prompts)
         plan.warnings += stop_warnings
         plan.goodput = [goodput_line(t) for t in times] + old_goodput_lines(spec, shapes, times, prompts, gpu_memory)
-        gen = spec.stages.rl.generation
+        gen = generation(spec)
         if any(t.stage == "rl" for t in times) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
             lines, warnings = mode_lines(spec, shapes, gpu_memory, prompts, node_gpus(spec))
             plan.goodput += lines
@@ -151,7 +152,7 @@ def old_goodput_lines(
         old, how = t, "saves on the critical path"
         if t.stage == "sft":
             old, how = replace(t, imbalance=rank_imbalance(t.trainer_gpus)), how + ", rows dealt at random"
-        if t.stage == "rl" and spec.stages.rl.generation.mode == "server" and spec.resources.generator.gpus:
+        if t.stage == "rl" and generation(spec).mode == "server" and spec.resources.generator.gpus:
             separate = stage_terms("rl").step_time(variant(spec, "server", "none"), shapes, True, prompts, gpu_memory)
             old, how = separate or t, how + ", generators separate"
         out.append(goodput_line(old, f" before ({how})", asynchronous=False))
@@ -432,26 +433,3 @@ def _kv_heads_split(kv_heads: int, tp: int) -> bool:
     """vLLM's rule for a tensor-parallel size: it divides the KV heads (each rank holds some) or they divide it (each
     head replicated on tp / kv ranks)."""
     return kv_heads % tp == 0 if kv_heads >= tp else tp % kv_heads == 0
-
-
-def position_problems(spec: RLTRunSpec, shape: ModelShape) -> list[str]:
-    """vLLM refuses a --max-model-len beyond the model's max_position_embeddings, and without one serves at most
-    that many tokens: the rl stage's longest request (prompt + completion) must fit."""
-    top = shape.max_positions
-    rl = spec.stages.rl
-    if not top:
-        return []
-    gen = rl.generation
-    if gen.max_model_len is not None and gen.max_model_len > top:
-        return [
-            f"spec.stages.rl.generation.maxModelLen: {gen.max_model_len} is above the {top} positions of "
-            f"{spec.teacher.model} (max_position_embeddings; vLLM refuses it); at most {top}"
-        ]
-    need = rl.max_prompt_length + rl.max_completion_length
-    if gen.max_model_len is None and rl.enabled and need > top:
-        return [
-            f"spec.stages.rl.maxPromptLength: {rl.max_prompt_length} + maxCompletionLength "
-            f"{rl.max_completion_length} = {need} is above the {top} positions of {spec.teacher.model} "
-            "(max_position_embeddings), the most its vLLM server takes"
-        ]
-    return []

@@ -21,6 +21,7 @@ from rlt.checks.plan_terms import CUDA_OVERHEAD, PromptTokens, scoring_bytes_per
 from rlt.checks.step_time import MEAN_COMPLETION_SHARE, default_prompts, minutes, seconds_of
 from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import generation, reward_settings
 
 MAX_SHARE = 0.9  # vLLM's default gpuMemoryUtilization: the most an engine is given of a GPU
 
@@ -50,7 +51,7 @@ def distill_lines(
     length = math.ceil(p + new)
     score_gpu_s = seconds_of(seqs * (p + new) * 2 * shapes.student.params, spec)  # one GPU's seconds
     trainers = res.trainer.nodes * max(1, res.trainer.gpus)
-    served = res.generator.replicas * res.generator.gpus if spec.stages.rl.generation.mode == "server" else 0
+    served = res.generator.replicas * res.generator.gpus if generation(spec).mode == "server" else 0
     total = trainers + served
     gen = res.generator
     tp = gen.tensor_parallel_size
@@ -69,7 +70,7 @@ def distill_lines(
         return 1 if name == "colocated" else tp
 
     if served:
-        slots = _slots(spec, shapes, gpu_memory, spec.stages.rl.generation.gpu_memory_utilization, length, tp)
+        slots = _slots(spec, shapes, gpu_memory, generation(spec).gpu_memory_utilization, length, tp)
         engines = served // tp
         add("served", engines, slots, trainers, False, f"{served} generator GPUs decode, {trainers} trainer GPUs score")
         # the fewest scorers that keep up with the decoding; the rest of the trainer GPUs decode too
@@ -79,7 +80,7 @@ def distill_lines(
                 add("moved", moved, slots, scorers, False, f"{scorers} GPU(s) score, {moved * tp} decode")
                 break
     sb = dtype_bytes(spec.student)
-    cap = spec.stages.rl.reward.max_batch_tokens or scoring_token_cap(spec, shapes.student, gpu_memory, sb)
+    cap = reward_settings(spec).max_batch_tokens or scoring_token_cap(spec, shapes.student, gpu_memory, sb)
     beside = shapes.student.params * sb + cap * scoring_bytes_per_token(shapes.student, sb) + CUDA_OVERHEAD
     share = min(MAX_SHARE, math.floor(100 * (gpu_memory - beside) / gpu_memory) / 100)
     slots = _slots(spec, shapes, gpu_memory, share, length, 1) if share > 0 else 0

@@ -3,7 +3,7 @@ and every variable rlt reads, with who writes it, who reads it and what it means
 
 The operator's builders write these names and the trainer reads them through this table, never as a literal
 (tests/unit/test_pod_env.py checks both ways); docs/operator.md embeds the table (`markdown_table`). The operator
-pod's own settings (RLT_RESYNC_SECONDS, ...) are the chart's and rlt_operator.settings', not listed here.
+pod's own settings (RLT_RESYNC_SECONDS, ...) are the chart's and rlt_operator.config.settings', not listed here.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ STEP_KEYS: dict[str, tuple[str, str | None]] = {
     "accuracy": (EVAL_ACCURACY, "model"),  # label value: the evaluated model (set per stage)
 }
 # What the operator reads back from rank 0's /metrics for status.progress: metric -> status.progress field
-# (operator/rlt_operator/progress.py). Every name is a TRAINER_METRICS entry (checked where METRIC_DEFS is built).
+# (operator/rlt_operator/status/progress.py). Every name is a TRAINER_METRICS entry (checked where METRIC_DEFS is built).
 PROGRESS_FIELDS = {
     STEP: "step",
     TOTAL_STEPS: "totalSteps",

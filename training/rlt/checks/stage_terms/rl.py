@@ -185,4 +185,27 @@ def _rl_phases(
     )
 
 
+def position_problems(spec: RLTRunSpec, shape: ModelShape) -> list[str]:
+    """vLLM refuses a --max-model-len beyond the model's max_position_embeddings, and without one serves at most
+    that many tokens: the rl stage's longest request (prompt + completion) must fit."""
+    top = shape.max_positions
+    rl = spec.stages.rl
+    if not top:
+        return []
+    gen = rl.generation
+    if gen.max_model_len is not None and gen.max_model_len > top:
+        return [
+            f"spec.stages.rl.generation.maxModelLen: {gen.max_model_len} is above the {top} positions of "
+            f"{spec.teacher.model} (max_position_embeddings; vLLM refuses it); at most {top}"
+        ]
+    need = rl.max_prompt_length + rl.max_completion_length
+    if gen.max_model_len is None and rl.enabled and need > top:
+        return [
+            f"spec.stages.rl.maxPromptLength: {rl.max_prompt_length} + maxCompletionLength "
+            f"{rl.max_completion_length} = {need} is above the {top} positions of {spec.teacher.model} "
+            "(max_position_embeddings), the most its vLLM server takes"
+        ]
+    return []
+
+
 TERMS = RlTerms("rl")

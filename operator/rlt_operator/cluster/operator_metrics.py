@@ -18,9 +18,8 @@ from rlt.contract import metrics as catalogue
 from rlt.contract.api import Phase
 from rlt.contract.layout import parse_time
 from rlt.contract.metrics import CONTROLLER, OPERATOR_METRICS, RECONCILE_RESULTS, build
-
-from .kinds import BY_PLURAL
-from .kube import NO_ANSWER
+from rlt_operator.cluster.kube import NO_ANSWER
+from rlt_operator.config.kinds import BY_PLURAL
 
 
 class OperatorMetrics:
@@ -72,7 +71,7 @@ class OperatorMetrics:
         return trace
 
     def refused(self, plural: str, verb: str, reason: str) -> None:
-        """A write of a run's child the API server refused (rlt_operator.writes.rejected), by kind, verb, reason."""
+        """A write of a run's child the API server refused (rlt_operator.apply.writes.rejected), by kind, verb, reason."""
         self.m[catalogue.CHILD_REFUSALS].labels(kind=BY_PLURAL[plural].kind, verb=verb, reason=reason).inc()
 
     def run(self, namespace: str, name: str, run_status: dict[str, Any], method: str) -> None:

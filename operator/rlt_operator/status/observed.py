@@ -108,7 +108,7 @@ def _pod(out: dict[str, Any], meta: dict[str, Any], spec: dict[str, Any], status
             None,
         )
     )
-    # The failed container's end in full (its log's tail): copied to a retained ConfigMap (rlt_operator.evidence).
+    # The failed container's end in full (its log's tail): copied to a retained ConfigMap (rlt_operator.apply.evidence).
     out["ended"] = next(
         (
             {"container": c.get("name"), **{k: t.get(k) for k in ("exitCode", "reason", "message", "finishedAt")}}

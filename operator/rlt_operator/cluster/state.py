@@ -8,11 +8,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from .events import Recorder
-from .kube import Kube
-from .leader import Elector
-from .operator_metrics import OperatorMetrics
-from .settings import OperatorSettings
+from rlt_operator.cluster.events import Recorder
+from rlt_operator.cluster.kube import Kube
+from rlt_operator.cluster.leader import Elector
+from rlt_operator.cluster.operator_metrics import OperatorMetrics
+from rlt_operator.config.settings import OperatorSettings
 
 
 @dataclass
@@ -26,11 +26,11 @@ class OperatorState:
     metrics_server: Any = None
     peering_task: asyncio.Task[None] | None = None
     peer_kube: Kube | None = None  # the peering watch's client (unfenced); None: `kube`
-    recorder: Recorder | None = None  # the runs' Events (rlt_operator.events)
+    recorder: Recorder | None = None  # the runs' Events (rlt_operator.cluster.events)
     # Scopes ("" = every namespace) where this install gives way to an older rlt install (watch_peering): its
     # replicas reconcile no run there. Until the first check, every scope (the check takes one list call).
     yielded: dict[str, str] = field(default_factory=dict)
-    # With several replicas: the leader Lease (rlt_operator.leader). A replica acts only while it holds it.
+    # With several replicas: the leader Lease (rlt_operator.cluster.leader). A replica acts only while it holds it.
     elector: Elector | None = None
     election_task: asyncio.Task[None] | None = None
     # Whether Kopf's peering lets this replica work (watch_peering): only then is it a candidate for the Lease.

@@ -3,7 +3,7 @@
 The offline door (`rlt validate`) restates Kubernetes' rules in Python; the API server that will store the children
 is the reference. Before the first create of a new run, and when each stage begins, every child the stage needs is
 rendered and POSTed with `dryRun=All` (validated and admitted as a create, stored nowhere), and so is a bare Pod built
-from each Job's and StatefulSet's pod template (rlt_operator.admission), so that pod-level admission (a LimitRange, a
+from each Job's and StatefulSet's pod template (rlt_operator.apply.admission), so that pod-level admission (a LimitRange, a
 quota on pods or GPUs, Pod Security, pod webhooks) is asked too. Any refusal holds the run with nothing created, so
 no pod starts and nothing holds quota:
 - invalid (400, 413, 422): `ChildrenValid=False`, reason `ChildInvalid`, naming the run's own field that produced the
@@ -17,7 +17,7 @@ The check is repeated with back-off while refused (a quota or policy may change 
 edit. Each refusal is also a Warning Event.
 
 Pure parts (rendering, the path table, the condition) and one thin call (`check`); `rlt validate --server`
-(rlt_operator.server_check) uses the same rendering, call and table against the current kubeconfig.
+(rlt_operator.apply.server_check) uses the same rendering, call and table against the current kubeconfig.
 """
 
 from __future__ import annotations
@@ -32,16 +32,18 @@ from typing import Any, Protocol
 from rlt.checks.validation import validate_spec
 from rlt.contract import env as pod_env
 from rlt.spec.run import RLTRunSpec, needs_generators
-from rlt_operator import admission, builders, status_model
-from rlt_operator.conditions import hold, ready_condition, set_condition
-from rlt_operator.status_model import ConditionType, RLTRunStatus
-from rlt_operator.writes import BACKOFF_CAP, BACKOFF_FIRST, NAME_CONFLICT
+from rlt_operator import builders
+from rlt_operator.apply import admission
+from rlt_operator.apply.writes import BACKOFF_CAP, BACKOFF_FIRST, NAME_CONFLICT
+from rlt_operator.status import model as status_model
+from rlt_operator.status.conditions import hold, ready_condition, set_condition
+from rlt_operator.status.model import ConditionType, RLTRunStatus
 
 # The server's answers that say the object itself is wrong: bad request, too large, invalid.
 INVALID_CODES = (400, 413, 422)
 # Every answer that holds the run: invalid, forbidden (quota, LimitRange, policy, RBAC), not found, name taken.
 REFUSAL_CODES = (400, 403, 404, 409, 413, 422)
-# What `rlt validate --server` reports (rlt_operator.server_check): every refusal but 409 (the run's children exist:
+# What `rlt validate --server` reports (rlt_operator.apply.server_check): every refusal but 409 (the run's children exist:
 # it runs already).
 CLI_CODES = (400, 403, 404, 413, 422)
 REASON = "ChildInvalid"  # the child is invalid: the run's field is to fix

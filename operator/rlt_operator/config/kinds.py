@@ -37,7 +37,7 @@ _WRITE = ("list", "watch", "create", "delete")
 # The run's children: watched (server-side filtered on the run label), indexed, created and deleted by fixed name.
 # Pods are their Job's or StatefulSet's; a failed gang's failed trainer pod is patched to be the run's (kept for its
 # logs when its Job goes) and deleted when a newer one is kept or the run goes; a pod is created only with
-# dryRun=All (nothing stored: pod-level admission is asked before any child exists, rlt_operator.admission).
+# dryRun=All (nothing stored: pod-level admission is asked before any child exists, rlt_operator.apply.admission).
 # ConfigMaps are patched too: the pods' run.yaml follows spec edits.
 CHILDREN: tuple[Kind, ...] = (
     Kind("", "v1", "configmaps", "ConfigMap", ("list", "watch", "create", "patch", "delete")),
@@ -51,18 +51,18 @@ CHILDREN: tuple[Kind, ...] = (
 
 # The RLTRun itself: Kopf's watch (list, watch) and its finalizer and progress annotations (patch).
 RUN = Kind(API_GROUP, API_VERSION, PLURAL, KIND, ("list", "watch", "patch"))
-# The run's Events (rlt_operator.events posts them, and patches the count of one that recurs); listed by
+# The run's Events (rlt_operator.cluster.events posts them, and patches the count of one that recurs); listed by
 # involvedObject.uid: a Job's or StatefulSet's FailedCreate; list also after a 409 (the Event posted before).
 EVENTS = Kind("", "v1", "events", "Event", ("create", "list", "patch"))
 
-# Kopf's peering objects (rlt_operator.peering): the replicas' keep-alives, watched (list, watch) and merge-patched
+# Kopf's peering objects (rlt_operator.cluster.peering): the replicas' keep-alives, watched (list, watch) and merge-patched
 # (patch) by Kopf. A cluster-wide operator peers in a ClusterKopfPeering, a namespaced one in a KopfPeering per
 # watched namespace. The chart creates the objects; the operator never creates nor deletes them.
-_PEER = ("list", "watch", "patch", "create")  # create: a deleted peering object is recreated (peering.py)
+_PEER = ("list", "watch", "patch", "create")  # create: a deleted peering object is recreated (cluster/peering.py)
 CLUSTER_PEERING = Kind("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", _PEER, namespaced=False)
 PEERING = Kind("kopf.dev", "v1", "kopfpeerings", "KopfPeering", _PEER)
 
-# The leader Lease of the replicas (rlt_operator.leader), in the operator's own namespace: read, created once,
+# The leader Lease of the replicas (rlt_operator.cluster.leader), in the operator's own namespace: read, created once,
 # renewed and released by a conditional replace (update).
 LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease", ("get", "create", "update"))
 

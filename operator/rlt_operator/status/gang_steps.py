@@ -12,14 +12,9 @@ from rlt.contract.layout import format_time, parse_time
 from rlt.spec.fingerprint import describe_changes, flat_spec
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt_operator import builders
-from rlt_operator.conditions import (
-    has_condition,
-    pod_conditions,
-    set_condition,
-    stuck_terminating,
-)
-from rlt_operator.decision import FAILED, RUNNING, Action, Plan, fail
-from rlt_operator.gang import (
+from rlt_operator.status.conditions import has_condition, pod_conditions, set_condition, stuck_terminating
+from rlt_operator.status.decision import FAILED, RUNNING, Action, Plan, fail
+from rlt_operator.status.gang import (
     capacity_condition,
     current_gang,
     failed_trainer_pod,
@@ -28,11 +23,9 @@ from rlt_operator.gang import (
     placement_timeout,
     trainer_shape,
 )
-from rlt_operator.observed import (
-    Observed,
-)
-from rlt_operator.status_model import ConditionType, RLTRunStatus
-from rlt_operator.status_records import spec_of
+from rlt_operator.status.model import ConditionType, RLTRunStatus
+from rlt_operator.status.observed import Observed
+from rlt_operator.status.records import spec_of
 
 # After the n-th counted gang failure the next gang waits BACKOFF_BASE * 2**(n-1) s, at most BACKOFF_CAP (the Job
 # controller's pod back-off, shorter: a gang restart already costs a model load); a disruption restarts at once.

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.contract.layout import MICRO_TIME_FORMAT, format_time
-from rlt_operator.kinds import LEASE
-from rlt_operator.kube import Kube
+from rlt_operator.cluster.kube import Kube
+from rlt_operator.config.kinds import LEASE
 
 # client-go's defaults (leaderelection.LeaderElectionConfig, as controller-runtime sets them).
 DEFAULT_LEASE_DURATION = 15.0

@@ -16,12 +16,9 @@ from rlt.contract.exitcodes import (
 from rlt.contract.layout import parse_time
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
-from rlt_operator.conditions import RWO_PLACEMENT_SECONDS, has_condition, set_condition
-from rlt_operator.observed import (
-    condition_true,
-    job_failure,
-)
-from rlt_operator.status_model import ConditionType, RLTRunStatus, TrainerShape
+from rlt_operator.status.conditions import RWO_PLACEMENT_SECONDS, has_condition, set_condition
+from rlt_operator.status.model import ConditionType, RLTRunStatus, TrainerShape
+from rlt_operator.status.observed import condition_true, job_failure
 
 
 def trainer_shape(spec: RLTRunSpec, stage: str, run_status: RLTRunStatus, now: dt.datetime) -> TrainerShape:

@@ -4,8 +4,8 @@ Level-based: every call recomputes the status from the children that exist now. 
 status contributes only what children cannot show: the restart count, the start/completion
 times, stages already finished whose Jobs were cleaned up, and terminal phases (which stick).
 
-decide() and its run-wide steps are here; the gang's steps are in status_gang, the stage and progress records in
-status_records, the Events in status_events, the Decision and Plan in decision, the status write in status_write.
+decide() and its run-wide steps are here; the gang's steps are in gang_steps, the stage and progress records in
+records, the Events in events, the Decision and Plan in decision, the status write in patch (all in this package).
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ from rlt.checks.validation import validate_spec
 from rlt.contract.layout import format_time, parse_time
 from rlt.spec.loading import SpecError
 from rlt.spec.run import RLTRunSpec
-from rlt_operator import builders, status_model
-from rlt_operator.conditions import (
-    no_pods,
-    ready_condition,
-    set_condition,
-    stage_edit_reason,
-    volume_condition,
-)
-from rlt_operator.decision import (
+from rlt_operator import builders
+from rlt_operator.status import model as status_model
+from rlt_operator.status.conditions import no_pods, ready_condition, set_condition, stage_edit_reason, volume_condition
+from rlt_operator.status.decision import (
     FAILED,
     PENDING,
     SOON,
@@ -38,12 +33,8 @@ from rlt_operator.decision import (
     fail,
     min_of,
 )
-from rlt_operator.observed import (
-    Observed,
-    job_complete,
-)
-from rlt_operator.status_events import transition_events
-from rlt_operator.status_gang import (
+from rlt_operator.status.events import transition_events
+from rlt_operator.status.gang_steps import (
     RESTART,
     gang_children,
     gang_outcome,
@@ -53,9 +44,10 @@ from rlt_operator.status_gang import (
     spec_applied,
     trainer_condition,
 )
-from rlt_operator.status_model import ConditionType, Outputs, Progress, RLTRunStatus
-from rlt_operator.status_records import finished_stage_edits, gang_spec, read_progress, while_held
-from rlt_operator.status_write import previous_status
+from rlt_operator.status.model import ConditionType, Outputs, Progress, RLTRunStatus
+from rlt_operator.status.observed import Observed, job_complete
+from rlt_operator.status.patch import previous_status
+from rlt_operator.status.records import finished_stage_edits, gang_spec, read_progress, while_held
 
 
 def decide(

@@ -1,5 +1,5 @@
 """Sending a decision's child writes to the API server: create, patch, delete, each only to an object of the
-run's (rlt_operator.writes); a refused write becomes a problem on the run, with back-off."""
+run's (rlt_operator.apply.writes); a refused write becomes a problem on the run, with back-off."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import asyncio
 import time
 from typing import Any
 
-from . import builders
-from .decision import Action
-from .kube import KubeError
-from .observed import Observed
-from .state import OperatorState
-from .writes import ChildWrites, WriteProblem, conflict, owns_object, owns_pod, owns_summary, rejected
+from rlt_operator import builders
+from rlt_operator.apply.writes import ChildWrites, WriteProblem, conflict, owns_object, owns_pod, owns_summary, rejected
+from rlt_operator.cluster.kube import KubeError
+from rlt_operator.cluster.state import OperatorState
+from rlt_operator.status.decision import Action
+from rlt_operator.status.observed import Observed
 
 
 async def apply(
@@ -23,7 +23,7 @@ async def apply(
     writes: ChildWrites,
     logger: Any,
 ) -> tuple[list[Action], list[WriteProblem]]:
-    """Send the decision's writes, each only to an object of the run's (rlt_operator.writes). A write the server
+    """Send the decision's writes, each only to an object of the run's (rlt_operator.apply.writes). A write the server
     refuses (4xx other than 404/409) or that meets someone else's object is not retried at once but becomes a
     problem with back-off, and the others go on. Returns the actions sent and the problems new or changed."""
     sent: list[Action] = []
@@ -67,7 +67,7 @@ async def apply(
                 )
                 if deleted:
                     logger.info(f"deleted {a.plural}/{a.name}")
-            else:  # pragma: no cover - status.py only emits these three
+            else:  # pragma: no cover - status.decide only emits these three
                 raise ValueError(f"unknown action {a.verb}")
         except KubeError as err:
             if not err.refused:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from rlt_operator.conditions import (
-    kubectl,
-)
-from rlt_operator.decision import FAILED, PENDING, RUNNING, SUCCEEDED, SUSPENDED, Action, Decision
-from rlt_operator.status_model import ConditionType, Progress, RLTRunStatus
+from rlt_operator.status.conditions import kubectl
+from rlt_operator.status.decision import FAILED, PENDING, RUNNING, SUCCEEDED, SUSPENDED, Action, Decision
+from rlt_operator.status.model import ConditionType, Progress, RLTRunStatus
 
 # Conditions whose turning False (or changing while False) is a Warning Event.
 WARN_WHEN_FALSE = (

@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import peering
-from .kinds import CLUSTER_PEERING, PEERING
-from .kube import KubeError
-from .state import OperatorState
+from rlt_operator.cluster import peering
+from rlt_operator.cluster.kube import KubeError
+from rlt_operator.cluster.state import OperatorState
+from rlt_operator.config.kinds import CLUSTER_PEERING, PEERING
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ async def watch_peering(state: OperatorState, info: PeeringInfo, logger: Any) ->
             continue
         state.kopf_works = works  # a candidate for the leader Lease only while Kopf's peering lets it work
         if works != was:
-            if state.elector is None:  # else the Lease says (rlt_operator.leader.elect)
+            if state.elector is None:  # else the Lease says (rlt_operator.cluster.leader.elect)
                 state.metrics.active(works)
             logger.info(
                 (

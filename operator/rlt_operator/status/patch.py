@@ -7,8 +7,8 @@ import datetime as dt
 from typing import Any
 
 from rlt.contract.layout import parse_time
-from rlt_operator import status_model
-from rlt_operator.status_model import ConditionType, RLTRunStatus
+from rlt_operator.status import model as status_model
+from rlt_operator.status.model import ConditionType, RLTRunStatus
 
 
 def previous_status(prev: dict[str, Any]) -> RLTRunStatus:

@@ -1,5 +1,5 @@
 """`rlt validate --server`: each run's children and their pods dry-run on the current kubeconfig's API server, as the
-operator's gate sends them (rlt_operator.dry_run), by the user who runs it.
+operator's gate sends them (rlt_operator.apply.dry_run), by the user who runs it.
 
 A dry-run is authorized as a create: a user who may create RLTRuns but not Jobs (bound only to the chart's
 `rltrun-editor` role) would get a 403 for every child, which says nothing about the run. So the user's rights are
@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from rlt.checks.validation import NotPermitted
-from rlt_operator import admission, builders, dry_run
-from rlt_operator.kinds import BY_PLURAL, RUN
-from rlt_operator.settings import kubeconfig_path
+from rlt_operator import builders
+from rlt_operator.apply import admission, dry_run
+from rlt_operator.config.kinds import BY_PLURAL, RUN
+from rlt_operator.config.settings import kubeconfig_path
 
 # What `rlt validate --server` reports: every refusal but 409 (the run's children exist: it runs already).
 CLI_CODES = dry_run.CLI_CODES
@@ -84,7 +85,7 @@ def server_problems(runs: list[Any], runner: ServerRunner | None = None) -> list
     """Each run's children (every enabled stage) and their pods dry-run on the current kubeconfig's API server: one
     line per refused field, the run's field (or the cluster object that refused) first; a server that cannot be
     reached is one line too. Raises NotPermitted, naming the verbs and kinds, when the user may not create them."""
-    from rlt_operator.kube import Kube
+    from rlt_operator.cluster.kube import Kube
 
     try:
         kube: ServerRunner = runner or Kube.from_environment()

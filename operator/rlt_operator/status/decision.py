@@ -8,13 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.contract.api import TERMINAL_PHASES, Phase
-from rlt_operator.conditions import (
-    set_condition,
-)
-from rlt_operator.observed import (
-    Observed,
-)
-from rlt_operator.status_model import ConditionType, RLTRunStatus
+from rlt_operator.status.conditions import set_condition
+from rlt_operator.status.model import ConditionType, RLTRunStatus
+from rlt_operator.status.observed import Observed
 
 PENDING, RUNNING, SUSPENDED, SUCCEEDED, FAILED = (
     Phase.PENDING,

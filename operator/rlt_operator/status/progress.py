@@ -14,8 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlt.contract.layout import format_time
 from rlt.contract.metrics import PROGRESS_FIELDS
-
-from . import builders
+from rlt_operator import builders
 
 
 def url_for(template: str, run: str, namespace: str, stage: str) -> str:

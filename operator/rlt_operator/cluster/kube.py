@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt import __version__
-from rlt_operator.kinds import collection_path
-from rlt_operator.settings import kubeconfig_path
+from rlt_operator.config.kinds import collection_path
+from rlt_operator.config.settings import kubeconfig_path
 
 # Who the API server's audit log, `managedFields` and `kubectl get --show-managed-fields` say wrote an object.
 USER_AGENT = f"rlt-operator/{__version__}"
@@ -44,7 +44,7 @@ class KubeError(RuntimeError):
 
 
 class NotLeader(KubeError):
-    """A write refused before it was sent: this replica does not hold the leader Lease (rlt_operator.leader)."""
+    """A write refused before it was sent: this replica does not hold the leader Lease (rlt_operator.cluster.leader)."""
 
     def __init__(self, method: str, path: str):
         body = json.dumps({"reason": "NotLeader", "message": "this replica does not hold the leader lease"})
@@ -113,7 +113,7 @@ class Kube:
 
     def create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """None if created; the object that already has the name if not (the caller decides whether it is ours:
-        rlt_operator.writes), or {} if that one was deleted meanwhile."""
+        rlt_operator.apply.writes), or {} if that one was deleted meanwhile."""
         path = collection_path(plural, namespace)
         status, data = self._call("POST", path, manifest)
         if status == 409:
@@ -124,7 +124,7 @@ class Kube:
         return None
 
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """One object by name, or None (the leader Lease: rlt_operator.leader; children are read from Kopf's indices)."""
+        """One object by name, or None (the leader Lease: rlt_operator.cluster.leader; children are read from Kopf's indices)."""
         path = f"{collection_path(plural, namespace)}/{name}"
         status, data = self._call("GET", path)
         if status == 404:
@@ -146,7 +146,7 @@ class Kube:
 
     def dry_run_create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """POST with dryRun=All: the server validates and admits the object as a create and stores nothing
-        (rlt_operator.dry_run). (HTTP status, the server's answer); a 5xx raises as a create's does."""
+        (rlt_operator.apply.dry_run). (HTTP status, the server's answer); a 5xx raises as a create's does."""
         path = collection_path(plural, namespace)
         status, data = self._call("POST", path, manifest, query=[("dryRun", "All")])
         if status >= 500:

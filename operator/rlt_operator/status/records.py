@@ -16,15 +16,10 @@ from rlt.spec.fingerprint import describe_changes, fingerprint_of, stage_fields
 from rlt.spec.loading import SpecError, parse_run
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
-from rlt_operator.conditions import (
-    set_condition,
-)
-from rlt_operator.decision import TERMINAL
-from rlt_operator.observed import (
-    Observed,
-    job_complete,
-)
-from rlt_operator.status_model import ConditionType, Outputs, Progress, RLTRunStatus, StageSpec
+from rlt_operator.status.conditions import set_condition
+from rlt_operator.status.decision import TERMINAL
+from rlt_operator.status.model import ConditionType, Outputs, Progress, RLTRunStatus, StageSpec
+from rlt_operator.status.observed import Observed, job_complete
 
 
 def while_held(
@@ -58,7 +53,7 @@ def while_held(
 
 
 def read_progress(progress: dict[str, Any] | None, stage: str, run_status: RLTRunStatus, now: dt.datetime) -> None:
-    """The trainer's progress as last read (progress.py), when it belongs to the current stage; stepTime moves
+    """The trainer's progress as last read (status/progress.py), when it belongs to the current stage; stepTime moves
     only when the step does (a new stage starts with fresh progress: current_stage)."""
     if progress is None or progress.get("stage", stage) != stage:
         return

@@ -7,14 +7,14 @@ from typing import Any, Literal
 
 from rlt.contract.api import Phase
 from rlt.contract.layout import format_time, parse_time
-from rlt_operator import status_model
-from rlt_operator.status_model import Condition, ConditionType, RLTRunStatus
+from rlt_operator.status import model as status_model
+from rlt_operator.status.model import Condition, ConditionType, RLTRunStatus
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
 VOLUME_ATTACH_WAIT = 180.0
 # A deleted pod still there this long after its deletionTimestamp (= deletion + grace period) is stuck Terminating.
 STUCK_TERMINATING_AFTER = 120.0
-# ReadWriteOnce runs: a trainer pod unschedulable this long beside its generators releases the gang (gang.py).
+# ReadWriteOnce runs: a trainer pod unschedulable this long beside its generators releases the gang (status/gang.py).
 RWO_PLACEMENT_SECONDS = 600.0
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from rlt.contract.layout import format_time
 from rlt_operator.builders import RunRef
-from rlt_operator.kinds import RUN
-from rlt_operator.kube import Kube, KubeError
+from rlt_operator.cluster.kube import Kube, KubeError
+from rlt_operator.config.kinds import RUN
 
 COMPONENT = "rlt-operator"
 MAX_MESSAGE = 1024  # what the API server's Event validation allows
