@@ -238,8 +238,10 @@ def dealt_pass(
     # every rank's dealt rows, in plan order, gathered; this rank's own rows picked from them
     where = {row: k for k, row in enumerate(i for rank_rows in plan for i in rank_rows)}
     own = [where[accelerator.process_index * rows + j] for j in range(rows)]
-    back = tuple(_returned(accelerator, t, own, rows, logits_to_keep) for t in out)
-    return (back[0], back[1], back[2]), chunk_tokens(mask, keep, per_step)
+    logps = _returned(accelerator, out[0], own, rows, logits_to_keep)
+    assert logps is not None  # a pass always has log-probs
+    back = (logps, _returned(accelerator, out[1], own, rows, logits_to_keep), out[2])  # out[2]: an auxiliary loss
+    return back, chunk_tokens(mask, keep, per_step)
 
 
 def _cat(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
@@ -251,13 +253,13 @@ def _cat(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
 def _returned(
     accelerator: Accelerator, value: torch.Tensor | None, own: list[int], rows: int, width: int
 ) -> torch.Tensor | None:
-    """A per-token result of the dealt rows (`rows` × columns) back on the rows' own ranks, `width` columns; any
-    other value (None, an auxiliary loss) as it is."""
+    """A per-token result of the dealt rows (`rows` × columns) back on the rows' own ranks, `width` columns; None as
+    it is."""
     import torch.nn.functional as F
 
     if value is None or value.dim() != 2 or value.size(0) != rows:
         return value
-    every = accelerator.gather(accelerator.pad_across_processes(value, dim=1, pad_index=0))[own]
+    every: torch.Tensor = accelerator.gather(accelerator.pad_across_processes(value, dim=1, pad_index=0))[own]
     if every.size(1) >= width:
         return every[:, :width]
     return F.pad(every, (0, width - every.size(1)))  # columns none of the rows attends

@@ -40,7 +40,7 @@ def step_deal_class() -> type:
     import torch
     from transformers.trainer_pt_utils import BatchRebalanceSampler
 
-    class StepDeal(BatchRebalanceSampler):  # type: ignore[misc]  # transformers is untyped here
+    class StepDeal(BatchRebalanceSampler):
         """Each rank's micro-batches of per_device rows, the rows of a window of steps dealt by tokens."""
 
         def __init__(
@@ -72,7 +72,7 @@ def step_deal_class() -> type:
                 short = self.dp_size * self.grad_accum - len(tail)
                 if short > 0:
                     tail += (order * math.ceil(short / len(order)))[:short]
-                yield from self._yield_global_batch(tail)
+                yield from self._yield_global_batch(tail)  # type: ignore[no-untyped-call]  # transformers' is untyped
 
         def dealt(self, rows: list[int], g: torch.Generator) -> Iterator[list[int]]:
             """This rank's micro-batches of a window of whole steps."""
