@@ -438,6 +438,34 @@ def simulate(opts, rows: int = 1024, steps: int = 20) -> None:
             trl.append(imbalance(micro_step_tokens(lengths, shuffled, 1)))
             dealt.append(imbalance(micro_step_tokens(lengths, deal(lengths, world, local, 1), 1)))
         print(f"| {world} | {rows // world} | {sum(trl) / steps:.3f} | {sum(dealt) / steps:.3f} |")
+    simulate_sft(mix)
+
+
+def simulate_sft(mix: dict, epoch_rows: int = 4096) -> None:
+    """sft's samplers alone (no training) on an epoch of this run's length mix, one row per micro-batch, 4 rows a
+    step per rank (paper-7b's 16 rows at 4 ranks; 2x8's 64 at 8 after its 8 micro-steps): transformers' random
+    sampler (batch k to rank k mod world), its batch_rebalance (one step's rows), rlt's StepDeal (a window)."""
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    from rlt.stages.balance import imbalance
+    from rlt.stages.sft_balance import step_deal_class
+
+    lengths = [completion_length(f"sft {i}", 0, **mix) for i in range(epoch_rows)]
+    print(f"\nsft's samplers alone: {epoch_rows} rows, one per micro-batch, one epoch")
+    print("| ranks | micro-steps per step | random | batch_rebalance (one step) | StepDeal (window) |")
+    print("|---:|---:|---:|---:|---:|")
+    for world, micro in ((4, 4), (8, 8), (16, 4)):
+
+        def tokens(batches: list[list[list[int]]]) -> float:
+            steps = len(batches[0])
+            return imbalance([[float(max(lengths[i] for i in b[s])) for b in batches] for s in range(steps)])
+
+        order = random.Random(0).sample(range(epoch_rows), epoch_rows)
+        rnd = [[[i] for i in order[r::world]] for r in range(world)]
+        step = world * micro
+        rebalance = [list(BatchRebalanceSampler(lengths, step, world, micro, seed=0, rank=r)) for r in range(world)]
+        window = [list(step_deal_class()(lengths, 1, world, micro, r, 0)) for r in range(world)]
+        print(f"| {world} | {micro} | {tokens(rnd):.3f} | {tokens(rebalance):.3f} | {tokens(window):.3f} |")
 
 
 if __name__ == "__main__":

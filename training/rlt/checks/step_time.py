@@ -63,7 +63,9 @@ DEFAULT_PROMPT_TOKENS = 2048
 IMBALANCE_PER_DOUBLING = 0.27
 # rl deals each step's rows across the ranks by tokens (rlt.stages.balance) for the loss types where a row weighs the
 # same in any micro-batch: measured 1.068 at 4 ranks (benchmarks/rank_balance.py), simulated 1.02 at 8 and 1.04 at
-# 16 with a paper-scale step; 0.035 a doubling covers the measurement.
+# 16 with a paper-scale step; 0.035 a doubling covers the measurement. sft and student deal a window of steps
+# (rlt.stages.sft_balance): simulated 1.02 / 1.04 / 1.09 at 4 / 8 / 16 ranks with 4 rows a step per rank
+# (benchmarks/rank_balance.py --simulate), within the same allowance; the 4-rank run measures it.
 BALANCED_IMBALANCE_PER_DOUBLING = 0.035
 # The weight transfer before each rollout (TRL's server mode: the ZeRO-3 gather of each parameter, one HTTP request
 # and an NCCL broadcast to the engines per parameter): ~15 s for a 7B model in bf16; an estimate, to be measured.
