@@ -1,16 +1,27 @@
 """Ranks balanced by tokens (rlt.stages.balance) against TRL's per-rank shuffle, in one real gloo world of CPU ranks
-under DeepSpeed ZeRO-3 (accelerate's plugin, as the rl stage runs), both arms in the same processes on the same
-rollouts.
+under DeepSpeed ZeRO-3 (accelerate's plugin, as the rl and sft stages run), both arms in the same processes on the
+same rows: rl's update and its reference pass (beta > 0), and sft's update.
 
 TRL's GRPOTrainer with rlt's padding trim and the balance hook; the rollout is fixed (no generation): each prompt's
 completions are drawn from a skewed length mix (most short, a few long: the shape a batch of explanations has), the
 same for both arms, and the reward a function of the completion, so advantages (and the loss) are not zero. Arm
 "TRL": `deal_rows = False` (TRL's shuffle of each rank's own rows; the imbalance measured alike). Arm "dealt": the
-rows of all ranks dealt by tokens. Reported per arm: the imbalance (tokens the ranks' models computed, and each
-rank's own micro-step seconds), the training seconds, the mean loss; the arms' losses must agree.
+rows of all ranks dealt by tokens, for the update and for the reference pass. Reported per arm: the imbalance (tokens
+the ranks' models computed, and each rank's own micro-step seconds) of the update and of the reference pass, the
+training seconds, the mean loss; the arms' losses must agree.
+
+sft: TRL's SFTTrainer on rows of the same length mix (prompt + completion), one epoch, paper-7b's shape by default
+(one row per micro-batch, 4 micro-steps: 16 rows a step at 4 ranks). Arm "random": transformers' default sampler
+(the layout before issue 51); arm "dealt": rlt.stages.sft_balance's StepDeal, which the sft stage uses. The deal
+spans a window of steps, so which rows share a step differs between the arms and their losses are not compared,
+except with --sft-steps 1 (one step: the same rows, so the gradients must agree).
 
     PYTHONPATH=training python benchmarks/rank_balance.py --world 4
     PYTHONPATH=training python benchmarks/rank_balance.py --world 2 --micro 4 --steps 1   # quicker
+    # issue 51's figures (~5 min on a loaded 2-core machine): rl 2.20 -> 1.04, its reference pass 2.21 -> 1.04,
+    # sft 2.06 -> 1.02 at 4 ranks
+    PYTHONPATH=training python benchmarks/rank_balance.py --world 4 --repeats 1 --width 128 --layers 2 --steps 1 \
+        --sft-steps 16
 """
 
 from __future__ import annotations
@@ -85,7 +96,7 @@ def reward(completions, **kw):
     return [float(len(c) % 5) for c in completions]
 
 
-def grpo_args(out_dir: str, world: int, micro: int, steps: int, generations: int, loss_type: str):
+def grpo_args(out_dir: str, world: int, micro: int, steps: int, generations: int, loss_type: str, beta: float):
     from trl import GRPOConfig
 
     from rlt.stages.trainer import deepspeed_config, trainer_precision
@@ -98,7 +109,7 @@ def grpo_args(out_dir: str, world: int, micro: int, steps: int, generations: int
         steps_per_generation=micro,
         num_generations=generations,
         max_completion_length=4096,
-        beta=0.0,
+        beta=beta,  # > 0: TRL runs the reference pass, dealt like the update
         loss_type=loss_type,
         learning_rate=1e-5,
         report_to=[],
@@ -129,7 +140,7 @@ def run_arm(name: str, deal: bool, opts, prompts: list[dict], mix: dict) -> dict
     torch.manual_seed(0)  # the same random tiny model in both arms and on every rank
     world = int(os.environ.get("WORLD_SIZE", "1"))
     with tempfile.TemporaryDirectory() as tmp:
-        args = grpo_args(tmp, world, opts.micro, opts.steps, opts.generations, opts.loss_type)
+        args = grpo_args(tmp, world, opts.micro, opts.steps, opts.generations, opts.loss_type, opts.beta)
         trainer = rank_balanced(padding_trimmed(GRPOTrainer))(
             model=load_model(ref, "cpu", trainable=True),
             args=args,
@@ -138,7 +149,87 @@ def run_arm(name: str, deal: bool, opts, prompts: list[dict], mix: dict) -> dict
             reward_funcs=[reward],
             rollout_func=make_rollout(tok, mix),
         )
-        trainer.deal_rows = deal
+        trainer.deal_rows = trainer.deal_passes = deal
+        figures: list[dict] = []
+
+        class Figures(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                figures.append(trainer.balance_figures())
+
+        trainer.add_callback(Figures())
+        start = time.perf_counter()
+        out = trainer.train()
+        seconds = time.perf_counter() - start
+        grad_norms = [float(h["grad_norm"]) for h in trainer.state.log_history if "grad_norm" in h]
+        weights = fingerprint(trainer.model_wrapped)
+    mean = {k: sum(f[k] for f in figures) / len(figures) for k in figures[0]}
+    return {
+        "arm": name,
+        "seconds": seconds,
+        "loss": out.training_loss,
+        "grad_norms": grad_norms,
+        "weights": weights,
+        **mean,
+        "per_step": figures,
+    }
+
+
+def sft_rows(tok, opts, mix: dict, world: int) -> list[dict]:
+    """An epoch's rows (sft_steps steps of world × sft_micro), prompt and completion ids as rlt.stages.sft hands
+    them to TRL."""
+    import torch
+
+    rows = []
+    for i in range(world * opts.sft_micro * opts.sft_steps):
+        prompt = tok(f"Question {i}: what is {i} plus {2 * i}? Answer:", add_special_tokens=False).input_ids
+        n = completion_length(f"sft {i}", 0, **mix)
+        g = torch.Generator().manual_seed(n * 1000 + i)
+        completion = torch.randint(10, len(tok) - 8, (n,), generator=g).tolist()
+        rows.append({"input_ids": prompt + completion, "completion_mask": [0] * len(prompt) + [1] * n})
+    return rows
+
+
+def run_sft_arm(name: str, strategy: str, opts, rows: list[dict]) -> dict:
+    import torch
+    from accelerate.state import AcceleratorState
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    from rlt.data.models import load_model, load_tokenizer
+    from rlt.spec.inputs import ModelRef
+    from rlt.stages.sft_balance import sft_measured
+    from rlt.stages.trainer import deepspeed_config, trainer_precision
+
+    AcceleratorState._reset_state()
+    ref = ModelRef(model=opts.model)
+    torch.manual_seed(0)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    with tempfile.TemporaryDirectory() as tmp:
+        args = SFTConfig(
+            output_dir=tmp,
+            num_train_epochs=1,
+            per_device_train_batch_size=1,
+            gradient_accumulation_steps=opts.sft_micro,
+            max_length=2048,
+            completion_only_loss=True,
+            packing=False,
+            train_sampling_strategy=strategy,
+            learning_rate=1e-5,
+            report_to=[],
+            disable_tqdm=True,
+            save_strategy="no",
+            logging_steps=1,
+            seed=0,
+            deepspeed=deepspeed_config(3),
+            **trainer_precision("cpu", "auto", world),
+        )
+        trainer = sft_measured(SFTTrainer)(
+            model=load_model(ref, "cpu", trainable=True),
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=load_tokenizer(ref, padding_side="right"),
+        )
         figures: list[dict] = []
 
         class Figures(TrainerCallback):
@@ -187,12 +278,28 @@ def worker(opts) -> None:
     order = [("TRL", False), ("dealt", True)]
     order += order[::-1] * (opts.repeats > 1)  # A B B A: a drift in the machine's speed costs both arms alike
     runs = [run_arm(name, deal, opts, prompts, mix) for name, deal in order]
-    arms = []
-    for name, _ in order[:2]:
-        mine = [r for r in runs if r["arm"] == name]
-        arms.append({**mine[0], "seconds": sum(r["seconds"] for r in mine) / len(mine), "runs": len(mine)})
+    sft: list[dict] = []
+    sft_order = [("random", "random"), ("dealt", "batch_rebalance")]
+    if opts.sft:
+        from rlt.data.models import load_tokenizer
+        from rlt.spec.inputs import ModelRef
+
+        rows = sft_rows(load_tokenizer(ModelRef(model=opts.model)), opts, mix, world)
+        sft_order += sft_order[::-1] * (opts.repeats > 1)
+        sft = [run_sft_arm(name, strategy, opts, rows) for name, strategy in sft_order]
     if rank == 0:
-        Path(opts.out).write_text(json.dumps({"world": world, "arms": arms}))
+        out = {"world": world, "arms": averaged(runs, ["TRL", "dealt"]), "sft": averaged(sft, ["random", "dealt"])}
+        Path(opts.out).write_text(json.dumps(out))
+
+
+def averaged(runs: list[dict], names: list[str]) -> list[dict]:
+    """Each arm's first run, its seconds the mean over its runs (none when the arms did not run)."""
+    arms = []
+    for name in names:
+        mine = [r for r in runs if r["arm"] == name]
+        if mine:
+            arms.append({**mine[0], "seconds": sum(r["seconds"] for r in mine) / len(mine), "runs": len(mine)})
+    return arms
 
 
 def free_port() -> int:
@@ -230,6 +337,10 @@ def parse(argv: list[str] | None):
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--model", help=argparse.SUPPRESS)  # set by the parent: the model it built
     ap.add_argument("--loss-type", default="grpo", choices=("grpo", "dr_grpo", "dapo"))
+    ap.add_argument("--beta", type=float, default=0.04, help="GRPO's KL weight; > 0 runs the reference pass")
+    ap.add_argument("--no-sft", dest="sft", action="store_false", help="leave out the sft arms")
+    ap.add_argument("--sft-micro", type=int, default=4, help="sft micro-steps per step (one row each per rank)")
+    ap.add_argument("--sft-steps", type=int, default=32, help="sft steps in its one epoch")
     ap.add_argument("--short-min", type=int, default=16)
     ap.add_argument("--short-max", type=int, default=160)
     ap.add_argument("--long-min", type=int, default=384)
@@ -253,36 +364,64 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(Path(tmp) / "model", opts.width, opts.layers)
         res = run_world(opts, [*argv, "--model", model] + ([] if "--out" in argv else ["--out", opts.out]))
-    arms = {a["arm"]: a for a in res["arms"]}
     print(
         f"\n{res['world']} ranks (gloo, DeepSpeed ZeRO-3, {opts.threads} thread(s) each), random Qwen2 width "
         f"{opts.width} x {opts.layers} layers, {opts.micro} micro-steps of "
         f"one row per rank per step, {opts.steps} step(s); completions {opts.short_min}-{opts.short_max} tokens, "
-        f"{opts.share:.0%} of them {opts.long_min}-{opts.long_max}; loss {opts.loss_type}"
+        f"{opts.share:.0%} of them {opts.long_min}-{opts.long_max}; rl loss {opts.loss_type}, beta {opts.beta}"
     )
     print(
-        "| arm | imbalance (tokens) | imbalance (seconds) | training seconds | loss | grad norm per step | sum abs(w) |"
+        "| stage | arm | update imbalance (tokens) | (seconds) | reference pass imbalance (tokens) | (seconds) "
+        "| training seconds | loss | grad norm per step | sum abs(w) |"
     )
-    print("|---|---:|---:|---:|---:|---|---:|")
-    for a in arms.values():
-        norms = ", ".join(f"{g:.8f}" for g in a["grad_norms"])
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
+    ok = compare("rl", res["arms"], opts)
+    if res["sft"]:
+        ok = compare("sft", res["sft"], opts, same_rows=opts.sft_steps == 1) and ok
         print(
-            f"| {a['arm']} | {a['rank_imbalance_tokens']:.3f} | {a['rank_imbalance_seconds']:.3f} "
-            f"| {a['seconds']:.1f} | {a['loss']:.3e} | {norms} | {a['weights']:.6f} |"
+            f"sft: {opts.sft_steps} step(s) of {opts.sft_micro} micro-steps of one row per rank, one epoch; the deal "
+            "spans a window of steps (rlt.stages.sft_balance.WINDOW_ROWS)"
         )
-    before, after = arms["TRL"], arms["dealt"]
-    same = [abs(x - y) / max(abs(x), 1e-12) for x, y in zip(before["grad_norms"], after["grad_norms"], strict=True)]
-    weights = abs(before["weights"] - after["weights"]) / before["weights"]
-    loss = abs(before["loss"] - after["loss"])
-    ok = after["rank_imbalance_tokens"] <= opts.target and max(same) <= 1e-4 and weights <= 1e-6 and loss <= 1e-6
-    print(
-        f"training time {before['seconds'] / after['seconds']:.2f}x faster; loss difference {loss:.1e}, largest "
-        f"relative grad-norm difference {max(same):.1e}, weights {weights:.1e}; token imbalance after "
-        f"{after['rank_imbalance_tokens']:.3f} (target <= {opts.target}) -> {'PASS' if ok else 'FAIL'}"
-    )
     if opts.simulate:
         simulate(opts)
     return 0 if ok else 1
+
+
+def compare(stage: str, arms: list[dict], opts, same_rows: bool = True) -> bool:
+    """Print a stage's two arms (undealt first) and whether the dealt one reaches the target, with the same
+    training where its steps hold the same rows (`same_rows`): loss, grad norms and weights equal."""
+
+    def figure(a: dict, key: str) -> str:
+        return f"{a[key]:.3f}" if key in a else "-"
+
+    for a in arms:
+        norms = ", ".join(f"{g:.8f}" for g in a["grad_norms"])
+        print(
+            f"| {stage} | {a['arm']} | {figure(a, 'rank_imbalance_tokens')} | {figure(a, 'rank_imbalance_seconds')} "
+            f"| {figure(a, 'rank_imbalance_passes_tokens')} | {figure(a, 'rank_imbalance_passes_seconds')} "
+            f"| {a['seconds']:.1f} | {a['loss']:.3e} | {norms} | {a['weights']:.6f} |"
+        )
+    before, after = arms
+    same = [abs(x - y) / max(abs(x), 1e-12) for x, y in zip(before["grad_norms"], after["grad_norms"], strict=True)]
+    weights = abs(before["weights"] - after["weights"]) / before["weights"]
+    loss = abs(before["loss"] - after["loss"])
+    dealt = {k: v for k, v in after.items() if k in ("rank_imbalance_tokens", "rank_imbalance_passes_tokens")}
+    ok = max(dealt.values()) <= opts.target
+    if same_rows:
+        ok = ok and max(same) <= 1e-4 and weights <= 1e-6 and loss <= 1e-6
+        agree = (
+            f"loss difference {loss:.1e}, largest relative grad-norm difference {max(same):.1e}, weights {weights:.1e}"
+        )
+    else:
+        agree = f"mean loss {before['loss']:.4f} vs {after['loss']:.4f} (other rows share each step)"
+    print(
+        f"{stage}: training time {before['seconds'] / after['seconds']:.2f}x faster; {agree}; token imbalance "
+        + ", ".join(
+            f"{k.removeprefix('rank_imbalance_')} {before[k]:.3f} -> {v:.3f}" for k, v in dealt.items() if k in before
+        )
+        + f" (target <= {opts.target}) -> {'PASS' if ok else 'FAIL'}"
+    )
+    return ok
 
 
 def simulate(opts, rows: int = 1024, steps: int = 20) -> None:
@@ -303,6 +442,34 @@ def simulate(opts, rows: int = 1024, steps: int = 20) -> None:
             trl.append(imbalance(micro_step_tokens(lengths, shuffled, 1)))
             dealt.append(imbalance(micro_step_tokens(lengths, deal(lengths, world, local, 1), 1)))
         print(f"| {world} | {rows // world} | {sum(trl) / steps:.3f} | {sum(dealt) / steps:.3f} |")
+    simulate_sft(mix)
+
+
+def simulate_sft(mix: dict, epoch_rows: int = 4096) -> None:
+    """sft's samplers alone (no training) on an epoch of this run's length mix, one row per micro-batch, 4 rows a
+    step per rank (paper-7b's 16 rows at 4 ranks; 2x8's 64 at 8 after its 8 micro-steps): transformers' random
+    sampler (batch k to rank k mod world), its batch_rebalance (one step's rows), rlt's StepDeal (a window)."""
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    from rlt.stages.balance import imbalance
+    from rlt.stages.sft_balance import step_deal_class
+
+    lengths = [completion_length(f"sft {i}", 0, **mix) for i in range(epoch_rows)]
+    print(f"\nsft's samplers alone: {epoch_rows} rows, one per micro-batch, one epoch")
+    print("| ranks | micro-steps per step | random | batch_rebalance (one step) | StepDeal (window) |")
+    print("|---:|---:|---:|---:|---:|")
+    for world, micro in ((4, 4), (8, 8), (16, 4)):
+
+        def tokens(batches: list[list[list[int]]]) -> float:
+            steps = len(batches[0])
+            return imbalance([[float(max(lengths[i] for i in b[s])) for b in batches] for s in range(steps)])
+
+        order = random.Random(0).sample(range(epoch_rows), epoch_rows)
+        rnd = [[[i] for i in order[r::world]] for r in range(world)]
+        step = world * micro
+        rebalance = [list(BatchRebalanceSampler(lengths, step, world, micro, seed=0, rank=r)) for r in range(world)]
+        window = [list(step_deal_class()(lengths, 1, world, micro, r, 0)) for r in range(world)]
+        print(f"| {world} | {micro} | {tokens(rnd):.3f} | {tokens(rebalance):.3f} | {tokens(window):.3f} |")
 
 
 if __name__ == "__main__":

@@ -280,7 +280,8 @@ TRAINING = Dashboard(
             "Rank imbalance",
             "How much longer the last step's micro-steps lasted than with equal work on every rank (1 = balanced): "
             "tokens each rank computed, and each rank's own micro-step seconds (near 1 under ZeRO-3, which puts "
-            "the wait inside every rank's time). Rows are dealt across ranks by tokens (rlt.stages.balance).",
+            "the wait inside every rank's time); passes_*: rl's reference and old-policy forwards. Rows are dealt "
+            "across ranks by tokens in every trained stage (rlt.stages.balance).",
             [
                 Target(
                     f"max by (namespace, run, stage, measure) (rlt_rank_imbalance_ratio{{{S}}})", "{{run}} {{measure}}"

@@ -94,3 +94,6 @@ def test_lora_with_zero3_on_two_ranks_runs_sft_and_rl_to_the_merged_model(tmp_pa
     # the rl step's rows were dealt across the two ranks and the step's imbalance recorded (rlt.stages.balance)
     rl = [json.loads(line) for line in layout.metrics_file.read_text().splitlines() if '"stage": "rl"' in line]
     assert rl and all(r["rank_imbalance_tokens"] >= 1.0 and r["rank_imbalance_seconds"] >= 1.0 for r in rl), rl
+    # so were sft's (rlt.stages.sft_balance), and each rank's micro-step measured
+    sft = [json.loads(line) for line in layout.metrics_file.read_text().splitlines() if '"stage": "sft"' in line]
+    assert sft and all(r["rank_imbalance_tokens"] >= 1.0 and r["rank_imbalance_seconds"] >= 1.0 for r in sft), sft

@@ -132,22 +132,33 @@ def test_bnpo_would_change_the_gradient(make_trainer):
 
 def test_two_ranks_exchange_rows_and_train_the_same_step(tmp_path):
     """The real thing: TRL + rlt's hooks in a two-rank gloo world under DeepSpeed ZeRO-3, both arms in the same
-    processes: the dealt arm computes fewer tokens on its slowest rank and ends with the same gradients and
-    weights."""
+    processes: the dealt arm computes fewer tokens on its slowest rank, in the update and in the reference pass
+    (beta > 0), and ends with the same gradients and weights; so does sft with transformers' token-balancing
+    sampler against the random one."""
     import sys
 
     from suite_helpers import ROOT
+
+    from rlt.contract.metrics import IMBALANCE_MEASURES
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import rank_balance
 
     argv = ["--world", "2", "--micro", "8", "--steps", "2", "--generations", "4", "--width", "64", "--layers", "1"]
+    argv += ["--sft-micro", "8", "--sft-steps", "1"]  # one sft step: both arms train on the same rows
     opts = rank_balance.parse(argv + ["--repeats", "1", "--out", str(tmp_path / "out.json")])
     model = rank_balance.build_model(tmp_path / "model", opts.width, opts.layers)
     res = rank_balance.run_world(opts, [*argv, "--repeats", "1", "--out", opts.out, "--model", model], timeout=600)
     before, after = res["arms"]
     assert (before["arm"], after["arm"]) == ("TRL", "dealt")
     assert after["rank_imbalance_tokens"] < before["rank_imbalance_tokens"]
-    assert all(step.keys() == {"rank_imbalance_tokens", "rank_imbalance_seconds"} for step in after["per_step"])
+    keys = {f"rank_imbalance_{m}" for m in IMBALANCE_MEASURES}
+    assert all(step.keys() == keys for step in after["per_step"])
+    assert after["rank_imbalance_passes_tokens"] < before["rank_imbalance_passes_tokens"]
     assert after["grad_norms"] == pytest.approx(before["grad_norms"], rel=1e-5)
     assert after["weights"] == pytest.approx(before["weights"], rel=1e-9)
+    before, after = res["sft"]
+    assert (before["arm"], after["arm"]) == ("random", "dealt")
+    assert after["rank_imbalance_tokens"] < before["rank_imbalance_tokens"]
+    assert after["grad_norms"] == pytest.approx(before["grad_norms"], rel=1e-4)
+    assert after["weights"] == pytest.approx(before["weights"], rel=1e-7)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlt.checks.step_time import trainer_grace_period
+from rlt.checks.step_time import local_checkpoint_size, trainer_grace_period
 from rlt.contract import env as pod_env
 from rlt.contract.exitcodes import DISRUPTION, FAIL_FAST, TERMINATION_LOG
 from rlt.contract.layout import PVC_MOUNT
@@ -151,6 +151,9 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
     # The spec this gang was created with, in the (immutable) pod template: a pod that starts late (a slow image
     # pull) reads the same spec as its running peers, not a later edit (a mounted ConfigMap changes under pods).
     snapshot = {"name": pod_env.RUN_YAML.name, "value": pod_config(ref, spec)}
+    local = local_checkpoints_volume(spec)
+    if local is not None:  # saves staged there (rlt.stages.staged_saves), made durable on the volume behind
+        env.append({"name": pod_env.LOCAL_CHECKPOINTS.name, "value": LOCAL_CHECKPOINTS_MOUNT})
     pod = pod_spec_base(ref.name, spec, res.shared_memory)
     pod.update(
         {
@@ -203,6 +206,13 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             ],
         }
     )
+    if local is not None:
+        pod["volumes"].append(local)
+        trainer = pod["containers"][0]
+        trainer["volumeMounts"].append({"name": local["name"], "mountPath": LOCAL_CHECKPOINTS_MOUNT})
+        size = local.get("emptyDir", {}).get("sizeLimit")
+        if size:  # the scheduler places the pod where the node's ephemeral storage holds it
+            trainer["resources"]["requests"]["ephemeral-storage"] = size
     return {
         **type_meta("jobs"),
         "metadata": object_meta(ref, name, {**lbls, L_SHAPE: shape_label(spec, stage)}),
@@ -215,6 +225,26 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
             "template": {"metadata": _template_meta(lbls, spec), "spec": pod},
         },
     }
+
+
+LOCAL_CHECKPOINTS_MOUNT = "/local-checkpoints"
+
+
+def local_checkpoints_volume(spec: RLTRunSpec) -> dict[str, Any] | None:
+    """The trainer pod's volume for staged saves (resources.trainer.localCheckpoints): a generic ephemeral volume of
+    its StorageClass, else an emptyDir on the node's ephemeral storage; sized by the spec or the plan
+    (rlt.checks.step_time.local_checkpoint_size). None when turned off."""
+    lc = spec.resources.trainer.local_checkpoints
+    if not lc.enabled:
+        return None
+    size, _ = local_checkpoint_size(spec)
+    quantity = lc.size or (f"{size // 2**30}Gi" if size else None)
+    if lc.storage_class_name is not None:
+        claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "storageClassName": lc.storage_class_name}
+        # validation refuses a storage class without a size the plan or the spec gives
+        claim["resources"] = {"requests": {"storage": quantity or "0"}}
+        return {"name": "local-checkpoints", "ephemeral": {"volumeClaimTemplate": {"spec": claim}}}
+    return {"name": "local-checkpoints", "emptyDir": {"sizeLimit": quantity} if quantity else {}}
 
 
 def _template_meta(lbls: dict[str, str], spec: RLTRunSpec) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def old_goodput_lines(
     out = []
     for t in times:
         old, how = t, "saves on the critical path"
-        if t.stage == "sft":
+        if t.stage != "rl":  # sft, student: transformers' random sampler before rlt.stages.sft_balance
             old, how = replace(t, imbalance=rank_imbalance(t.trainer_gpus)), how + ", rows dealt at random"
         if t.stage == "rl" and generation(spec).mode == "server" and spec.resources.generator.gpus:
             separate = stage_terms("rl").step_time(variant(spec, "server", "none"), shapes, True, prompts, gpu_memory)

@@ -5,6 +5,7 @@ config, on an empty model that transformers builds, is rlt.checks.shapes."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -210,6 +211,17 @@ def saved_model_bytes(shape: ModelShape, zero: int, world: int, b: int) -> int:
     are written under both names (measured: benchmarks/capacity.py), else each tensor once."""
     ds12 = world > 1 and zero in (1, 2)
     return (shape.params + (shape.tied if ds12 else 0)) * b
+
+
+def pod_checkpoint_bytes(shape: ModelShape, trainable: int, zero: int, world: int, nodes: int, b: int) -> int:
+    """The part of one checkpoint the first trainer pod writes (its ranks' optimizer shards, and the whole model,
+    which rank 0 writes); the other pods write less. What its local checkpoint volume holds at most: a save waits
+    for the previous one's durable copy (rlt.stages.staged_saves), which then frees it."""
+    whole = checkpoint_bytes(shape, trainable, zero, world, b)
+    if world <= 1 or zero == 0 or nodes <= 1:
+        return whole
+    optimizer = trainable * 12
+    return whole - optimizer + math.ceil(optimizer / nodes)
 
 
 def checkpoint_bytes(shape: ModelShape, trainable: int, zero: int, world: int, b: int) -> int:

@@ -248,6 +248,8 @@ class StepTime:
     passes_name: str = "reference/old-policy passes"  # the ones this step runs
     reads_prompts: bool = False  # its rows are the teacher's prompts (PromptTokens) plus completions
     save_local: float = 0.0  # a periodic save's write to the pod's local disk: what it blocks
+    staged_saves: bool = True  # saves go to local storage first (resources.trainer.localCheckpoints.enabled)
+    local_bytes: int = 0  # the first trainer pod's share of one checkpoint: what its local volume holds
     durable_copy: float = 0.0  # the background copy of a save to the run's volume
     one_step_off: bool = False  # the next step's rollout runs while this step scores, passes and updates
     engine_switch: float = 0.0  # colocated: waking the vLLM engine before the rollout, putting it to sleep after
@@ -290,7 +292,7 @@ class StepTime:
     def save_blocked(self, asynchronous: bool) -> float:
         """Seconds one periodic save holds the training loop: the local write, plus the wait for the previous
         durable copy when it outlasts saveSteps steps (`asynchronous`); else the whole save to the volume."""
-        if not asynchronous:
+        if not asynchronous or not self.staged_saves:
             return self.save
         return self.save_local + max(0.0, self.durable_copy - self.save_steps * self.step)
 

@@ -63,12 +63,17 @@ DEFAULT_PROMPT_TOKENS = 2048
 IMBALANCE_PER_DOUBLING = 0.27
 # rl deals each step's rows across the ranks by tokens (rlt.stages.balance) for the loss types where a row weighs the
 # same in any micro-batch: measured 1.068 at 4 ranks (benchmarks/rank_balance.py), simulated 1.02 at 8 and 1.04 at
-# 16 with a paper-scale step; 0.035 a doubling covers the measurement.
+# 16 with a paper-scale step; 0.035 a doubling covers the measurement. sft and student deal a window of steps
+# (rlt.stages.sft_balance): simulated 1.02 / 1.04 / 1.09 at 4 / 8 / 16 ranks with 4 rows a step per rank
+# (benchmarks/rank_balance.py --simulate), within the same allowance; the 4-rank run measures it.
 BALANCED_IMBALANCE_PER_DOUBLING = 0.035
 # The weight transfer before each rollout (TRL's server mode: the ZeRO-3 gather of each parameter, one HTTP request
 # and an NCCL broadcast to the engines per parameter): ~15 s for a 7B model in bf16; an estimate, to be measured.
 WEIGHT_SYNC_BYTES_PER_S = 1e9
 EXIT_SECONDS = 60  # ranks and launcher leaving, the marker written
+# A pod's local checkpoint volume over its share of one checkpoint: the Trainer's small files (state, scheduler,
+# each rank's RNG) and the estimate's error; a full volume fails the save (an emptyDir past its size is evicted).
+LOCAL_MARGIN = 1.2
 # A periodic save blocks the training loop for the write to the pod's local disk only; a background copy makes it
 # durable on the run's volume (rlt.stages: the marker written after its fsync). The H200 GPU check wrote a Trainer
 # checkpoint with its optimizer to local disk at 0.91 GB/s (benchmarks/gpu-runs/2026-11-27-h200); a datacenter
@@ -146,6 +151,7 @@ def step_time(
         longest_micro=seconds_of(st.per_device_batch_size * longest * (per_token + recompute_per_token), spec),
         save=checkpoint / rate + EXIT_SECONDS,
         save_local=checkpoint / local,
+        staged_saves=res.local_checkpoints.enabled,
         durable_copy=checkpoint / rate,
         save_steps=st.save_steps,
         trainer_gpus=world,
@@ -199,9 +205,17 @@ def preemption_notes(
     out = [
         f"the trainer pods' grace period: {grace} s ({source})",
         f"write rate: {rate / 1e6:.0f} MB/s ({rate_source})",
-        f"local write rate: {local / 1e6:.0f} MB/s ({local_source}): a periodic save blocks for the local write, "
-        "the durable copy to the volume overlaps the next steps",
     ]
+    if spec.resources.trainer.local_checkpoints.enabled:
+        size, how = local_checkpoint_size(spec, times)
+        out += [
+            f"local write rate: {local / 1e6:.0f} MB/s ({local_source}): a periodic save blocks for the local "
+            "write, the durable copy to the volume overlaps the next steps",
+            f"local checkpoints: the operator mounts a volume of {f'{size / 2**30:.0f} GiB' if size else 'no limit'} "
+            f"per trainer pod at RLT_LOCAL_CHECKPOINTS ({how})",
+        ]
+    else:
+        out.append("local checkpoints off (resources.trainer.localCheckpoints.enabled): a save blocks for its write")
     for t in [t for t in times if t.reads_prompts][:1]:
         p = prompts or default_prompts(spec)
         out.append(f"{t.stage} prompts: mean {p.mean}, longest {p.longest} tokens ({p.source})")
@@ -251,7 +265,8 @@ def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
         )
     lines = [
         f"{t.stage}: one step ≈ {minutes(t.step)} = {how}; a save ≈ {minutes(t.save)} every {t.save_steps} steps, "
-        f"blocking {minutes(t.save_blocked(True))} (the local write; rlt.checks.step_time)"
+        f"blocking {minutes(t.save_blocked(True))} "
+        + ("(the local write; rlt.checks.step_time)" if t.staged_saves else "(the whole save: local checkpoints off)")
     ]
     if t.rollout:
         rl = stage_settings(spec, t.stage)  # the stage whose step this is
@@ -291,6 +306,45 @@ def trainer_step_times(
     return [t for t in times if t is not None]
 
 
+def known_step_times(spec: RLTRunSpec) -> tuple[list[StepTime], str]:
+    """The Trainer stages' steps sized from the shapes known without torch or a file (rlt.checks.model_shape.
+    known_shape), as the operator's image has neither: (steps, "") or ([], why not)."""
+    # the shapes trainer_step_times reads: each enabled stage names those its step reads
+    models = set().union(*(stage_terms(s).step_models(spec) for s in spec.stages.enabled()))
+    if not models:
+        return [], "no Trainer stage"
+    unknown = sorted(m for m in models if known_shape(m) is None)
+    if unknown:
+        return [], (
+            f"{', '.join(unknown)} not among the shapes known without reading the model "
+            "(rlt.checks.model_shape.KNOWN_CONFIGS)"
+        )
+    trained = trained_student(spec).model
+    shapes = Shapes(known_shape(spec.teacher.model), known_shape(spec.student.model), known_shape(trained))
+    return trainer_step_times(spec, shapes), ""
+
+
+def local_checkpoint_size(spec: RLTRunSpec, times: list[StepTime] | None = None) -> tuple[int | None, str]:
+    """(bytes of a trainer pod's local checkpoint volume, where the figure comes from): the spec's size, else the
+    largest share of one checkpoint a pod writes (StepTime.local_bytes; of `times`, else the known shapes') with
+    LOCAL_MARGIN, in whole GiB; None when neither says (the volume then has no size limit)."""
+    given = spec.resources.trainer.local_checkpoints.size
+    if given is not None:
+        return int(quantity_value(given)), "resources.trainer.localCheckpoints.size"
+    why = ""
+    if times is None:
+        times, why = known_step_times(spec)
+    sized = [t for t in times if t.local_bytes]
+    if not sized:
+        return None, f"no size limit: {why or 'no Trainer stage sized'}; set resources.trainer.localCheckpoints.size"
+    t = max(sized, key=lambda t: t.local_bytes)
+    size = math.ceil(t.local_bytes * LOCAL_MARGIN / 2**30) * 2**30
+    return size, (
+        f"sized by the plan: {t.stage}'s checkpoint, the first pod's share {t.local_bytes / 2**30:.0f} GiB, "
+        f"× {LOCAL_MARGIN} (rlt.checks.step_time.LOCAL_MARGIN)"
+    )
+
+
 def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
     """(the trainer pods' terminationGracePeriodSeconds, where it comes from). The spec's value when set; else the
     larger of GRACE_FLOOR_SECONDS and what a stop needs by the plan (StepTime.grace: the longest wait for a boundary
@@ -299,19 +353,10 @@ def trainer_grace_period(spec: RLTRunSpec) -> tuple[int, str]:
     set_value = spec.resources.trainer.termination_grace_period_seconds
     if set_value is not None:
         return set_value, "resources.trainer.terminationGracePeriodSeconds"
-    # the shapes trainer_step_times reads: each enabled stage names those its step reads
-    models = set().union(*(stage_terms(s).step_models(spec) for s in spec.stages.enabled()))
-    if not models:
-        return GRACE_FLOOR_SECONDS, "the default (no Trainer stage)"
-    trained = trained_student(spec).model
-    unknown = sorted(m for m in models if known_shape(m) is None)
-    if unknown:
-        return GRACE_FLOOR_SECONDS, (
-            f"the default: {', '.join(unknown)} not among the shapes known without reading the model "
-            "(rlt.checks.model_shape.KNOWN_CONFIGS)"
-        )
-    shapes = Shapes(known_shape(spec.teacher.model), known_shape(spec.student.model), known_shape(trained))
-    longest = max(trainer_step_times(spec, shapes), key=lambda t: t.grace)
+    times, why = known_step_times(spec)
+    if not times:
+        return GRACE_FLOOR_SECONDS, f"the default ({why})" if why == "no Trainer stage" else f"the default: {why}"
+    longest = max(times, key=lambda t: t.grace)
     if longest.grace <= GRACE_FLOOR_SECONDS:
         return GRACE_FLOOR_SECONDS, f"the default (a stop needs {longest.grace} s by the plan)"
     wait = longest.grace - longest.save

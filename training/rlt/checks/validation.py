@@ -149,6 +149,13 @@ def cluster_problems(spec: RLTRunSpec) -> list[str]:
             "spec.stages.evaluate.generation.serverUrl: required with mode server (no server is started for "
             "evaluate); give the URL of a vLLM server that serves the model, or use mode inprocess"
         )
+    lc = spec.resources.trainer.local_checkpoints
+    if lc.enabled and lc.storage_class_name is not None and lc.size is None and multi:
+        from rlt.checks.step_time import local_checkpoint_size
+
+        size, why = local_checkpoint_size(spec)
+        if size is None:  # a claim needs a size; an emptyDir without one is only unbounded
+            out.append(f"spec.resources.trainer.localCheckpoints.size: required with storageClassName here ({why})")
     return out
 
 

@@ -73,7 +73,7 @@ TRACE = EnvVar(
 )
 LOCAL_CHECKPOINTS = EnvVar(
     "RLT_LOCAL_CHECKPOINTS",
-    "the user (a node-local disk or a memory-backed emptyDir)",
+    "operator: trainer pods, a local volume (resources.trainer.localCheckpoints); the user elsewhere",
     "rlt.stages.trainer (rlt.stages.staged_saves)",
     "set: checkpoints are written there first and copied to the run's volume in the background (marker last)",
 )

@@ -34,8 +34,9 @@ REWARD_COMPONENTS = (
     "kl_student_ce",  # the student's mean cross-entropy on E (the style-mismatch share of r_KL)
 )
 STEP_PHASES = ("generate", "score", "update", "weight_sync")
-# What rlt_rank_imbalance_ratio compares across the ranks' micro-steps (rlt.stages.balance).
-IMBALANCE_MEASURES = ("tokens", "seconds")
+# What rlt_rank_imbalance_ratio compares across the ranks' micro-steps (rlt.stages.balance): the update's (rl, sft,
+# student) and, `passes_`, rl's reference and old-policy forwards.
+IMBALANCE_MEASURES = ("tokens", "seconds", "passes_tokens", "passes_seconds")
 # What an evaluation measured: the run's student, an explicit model, the untrained student, or a `rlt compare` arm.
 EVAL_MODELS = ("student", "custom", "baseline", "untrained", "rl_teacher", "sft_teacher", "dataset_traces")
 # The names other modules use (the stage record, evaluate, distill, the operator's handlers and progress reads): they
@@ -166,9 +167,10 @@ TRAINER_METRICS: tuple[MetricDef, ...] = (
         RANK_IMBALANCE,
         "gauge",
         "How much longer the last step's micro-steps lasted than if every rank had the same work: the sum over "
-        "micro-steps of the largest rank's figure over the sum of the ranks' mean (1 = balanced; rl stage, several "
-        "ranks). tokens: the tokens each rank's model computed; seconds: each rank's own micro-step time, near 1 "
-        "under ZeRO-3, whose per-layer gathers put the wait for the slowest rank inside every rank's time",
+        "micro-steps of the largest rank's figure over the sum of the ranks' mean (1 = balanced; rl, sft and student "
+        "stages, several ranks). tokens: the tokens each rank's model computed in the update; seconds: each rank's "
+        "own micro-step time, near 1 under ZeRO-3, whose per-layer gathers put the wait for the slowest rank inside "
+        "every rank's time; passes_tokens, passes_seconds: the same for rl's reference and old-policy forwards",
         "measure",
         IMBALANCE_MEASURES,
     ),

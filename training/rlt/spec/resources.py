@@ -126,6 +126,28 @@ class PodResources(Strict):
 GRACE_FLOOR_SECONDS = 600
 
 
+class LocalCheckpoints(Strict):
+    """Where a trainer pod writes its checkpoints first (RLT_LOCAL_CHECKPOINTS, rlt.stages.staged_saves): the
+    training loop waits for this write only; a background copy makes each checkpoint durable on the run's volume."""
+
+    enabled: bool = Field(
+        True,
+        description="Stage saves on pod-local storage (the loop blocks for the local write only); false: saves are "
+        "written to the run's volume directly, the loop waiting for the whole write.",
+    )
+    size: Quantity | None = Field(
+        None,
+        description="Size of the local checkpoint volume per trainer pod, e.g. '200Gi' (default: sized by the plan: "
+        "this pod's share of one checkpoint plus a margin, when the operator knows the models' shapes; `rlt plan` "
+        "prints it). An emptyDir's size is also the pod's ephemeral-storage request.",
+    )
+    storage_class_name: DNS1123Subdomain | None = Field(
+        None,
+        description="A StorageClass of node-local volumes (e.g. an NVMe class of local-path or TopoLVM): the pod "
+        "gets a generic ephemeral volume of it. Unset: an emptyDir on the node's ephemeral storage.",
+    )
+
+
 class TrainerResources(PodResources):
     nodes: int = Field(1, gt=0, description="Trainer pods (one per node) in the Indexed Job.")
     gpus: int = Field(8, ge=0, description="GPUs per trainer pod (= processes per node).")
@@ -148,6 +170,11 @@ class TrainerResources(PodResources):
         "GPU lost, an OOM, a SIGKILL, a reclaim without notice): what `rlt plan` sizes the checkpoint interval "
         "with (Young/Daly: sqrt(2 × blocked save time × MTBF)) and flags a saveSteps far from it. The default, one a "
         "day, is a shared cluster's; GPU hardware alone fails far less often (docs/goodput.md).",
+    )
+    local_checkpoints: LocalCheckpoints = Field(
+        default_factory=LocalCheckpoints,
+        description="Checkpoints written to pod-local storage first and copied to the run's volume in the "
+        "background (the completion marker last).",
     )
 
 

@@ -14,12 +14,21 @@ Per step it reports the imbalance, tokens and seconds: the sum over micro-steps 
 the sum of the ranks' mean, i.e. how much longer synchronised micro-steps last than balanced ones would. Tokens are
 those the model computes (rows × attended width, rlt.stages.padding); seconds are each rank's own micro-step time,
 which under ZeRO-3 already holds the waits for the slowest rank (every layer's gather), so there it reads near 1 and
-the tokens figure is the one that shows the loss; where ranks meet only at the step's end it shows it directly."""
+the tokens figure is the one that shows the loss; where ranks meet only at the step's end it shows it directly.
+
+The reference and old-policy forwards TRL runs while it scores a batch (before the deal above) are dealt the same way
+(`dealt_pass`): the rows go to the ranks of the deal, the forward runs on them, and the log-probs go back to the rows'
+own ranks, so TRL's scoring goes on as before. A forward's result does not depend on the row's neighbours, so this
+holds for every loss type. Their imbalance is reported as `passes_tokens` / `passes_seconds`.
+
+sft and student deal their rows before the step (rlt.stages.sft_balance), and report their imbalance the same way."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +38,8 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
     from trl.trainer.grpo_config import GRPOConfig
+
+    from rlt.stages.padding import LogpsOut
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +105,20 @@ def micro_step_tokens(lengths: list[int], plan: list[list[int]], per_step: int) 
     return [
         [float(sum(lengths[i] for i in rows[s * per_step : (s + 1) * per_step])) for rows in plan] for s in range(steps)
     ]
+
+
+def window_figures(accelerator: Accelerator, seen: list[tuple[float, float]], prefix: str = "") -> dict[str, float]:
+    """The imbalance of a window of micro-steps ((tokens, seconds) each, as many on every rank), as metrics.jsonl
+    keys `rank_imbalance_{prefix}tokens|seconds`; a collective."""
+    import torch
+
+    mine = torch.tensor(seen, dtype=torch.float64, device=accelerator.device).view(len(seen), 2)
+    every = accelerator.gather(mine).view(accelerator.num_processes, len(seen), 2)
+    per_step = every.permute(1, 0, 2).tolist()  # [micro-step][rank][tokens, seconds]
+    return {
+        f"rank_imbalance_{prefix}tokens": imbalance([[r[0] for r in ranks] for ranks in per_step]),
+        f"rank_imbalance_{prefix}seconds": imbalance([[r[1] for r in ranks] for ranks in per_step]),
+    }
 
 
 def row_tokens(batch: dict[str, Any]) -> torch.Tensor:
@@ -166,6 +191,80 @@ def trimmed_to_attended(batch: dict[str, Any], columns: tuple[str, ...] = COMPLE
     return out
 
 
+def chunk_tokens(attention_mask: torch.Tensor, logits_to_keep: int, per_step: int) -> list[float]:
+    """Tokens the model computes for each chunk of `per_step` rows of a pass (rlt.stages.padding cuts each chunk
+    to the columns its rows attend)."""
+    from rlt.stages.padding import attended_columns
+
+    out = []
+    for start in range(0, attention_mask.size(0), per_step):
+        chunk = attention_mask[start : start + per_step]
+        first, end = attended_columns(chunk, logits_to_keep)
+        out.append(float(chunk.size(0) * (end - first)))
+    return out
+
+
+def dealt_pass(
+    accelerator: Accelerator,
+    forward: Callable[[torch.Tensor, torch.Tensor, int], LogpsOut],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    per_step: int,
+) -> tuple[LogpsOut, list[float]]:
+    """`forward(ids, mask, logits_to_keep)`, a pass over this rank's rows in chunks of `per_step` (TRL's reference
+    or old-policy log-probs), run on this rank's rows of the deal (`deal`: the same plan the update's rows get) in
+    place of its own; its per-token results go back to the rows' own ranks at this rank's width. Also the tokens
+    of each chunk run here. A collective: every rank calls it with as many rows."""
+    rows = input_ids.size(0)
+    start = input_ids.size(1) - logits_to_keep
+    batch = {
+        "prompt_ids": input_ids[:, :start],
+        "prompt_mask": attention_mask[:, :start],
+        "completion_ids": input_ids[:, start:],
+        "completion_mask": attention_mask[:, start:],
+    }
+    lengths = [int(n) for n in accelerator.gather(attention_mask.sum(dim=1)).tolist()]
+    plan = deal(lengths, accelerator.num_processes, rows // per_step, per_step)
+    mine = plan[accelerator.process_index]
+    moved = {}
+    for key, value in batch.items():  # to the widest rank's width: prompts on the left, completions on the right
+        padded = accelerator.pad_across_processes(value, dim=1, pad_index=0, pad_first=key in PROMPT_KEYS)
+        moved[key] = accelerator.gather(padded)[mine]
+    moved = trimmed_to_attended(moved)
+    keep = moved["completion_ids"].size(1)
+    mask = _cat(moved["prompt_mask"], moved["completion_mask"])
+    out = forward(_cat(moved["prompt_ids"], moved["completion_ids"]), mask, keep)
+    # every rank's dealt rows, in plan order, gathered; this rank's own rows picked from them
+    where = {row: k for k, row in enumerate(i for rank_rows in plan for i in rank_rows)}
+    own = [where[accelerator.process_index * rows + j] for j in range(rows)]
+    logps = _returned(accelerator, out[0], own, rows, logits_to_keep)
+    assert logps is not None  # a pass always has log-probs
+    back = (logps, _returned(accelerator, out[1], own, rows, logits_to_keep), out[2])  # out[2]: an auxiliary loss
+    return back, chunk_tokens(mask, keep, per_step)
+
+
+def _cat(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.cat([left, right], dim=1)
+
+
+def _returned(
+    accelerator: Accelerator, value: torch.Tensor | None, own: list[int], rows: int, width: int
+) -> torch.Tensor | None:
+    """A per-token result of the dealt rows (`rows` × columns) back on the rows' own ranks, `width` columns; None as
+    it is."""
+    import torch.nn.functional as F
+
+    if value is None or value.dim() != 2 or value.size(0) != rows:
+        return value
+    every: torch.Tensor = accelerator.gather(accelerator.pad_across_processes(value, dim=1, pad_index=0))[own]
+    if every.size(1) >= width:
+        return every[:, :width]
+    return F.pad(every, (0, width - every.size(1)))  # columns none of the rows attends
+
+
 def deal_refusal(args: GRPOConfig, world: int) -> str | None:
     """Why the rows of this run cannot be dealt across micro-steps without changing the step's gradient; None when
     they can."""
@@ -185,7 +284,9 @@ def rank_balanced(trainer_cls: type) -> type:
     """`trainer_cls` (TRL's GRPOTrainer, or a subclass) with each scored generation batch dealt across the ranks
     by tokens (`exchanged`) in place of TRL's per-rank shuffle, and the step's imbalance measured
     (`balance_figures`). `deal_rows = False` on an instance keeps TRL's shuffle and measures only (the benchmark's
-    baseline); it is set False at construction when `deal_refusal` names a reason."""
+    baseline); it is set False at construction when `deal_refusal` names a reason. The reference and old-policy
+    forwards of the scoring run on the dealt rows (`dealt_pass`) whatever the loss type (`deal_passes = False`: on
+    each rank's own rows), their imbalance measured too."""
     from trl.trainer.utils import split_tensor_dict
 
     class RankBalanced(trainer_cls):  # type: ignore[misc]  # a base known only at run time
@@ -197,9 +298,12 @@ def rank_balanced(trainer_cls: type) -> type:
             self.deal_rows = why is None
             if why and self.accelerator.num_processes > 1:
                 log.warning("rows are not balanced across ranks (%s); the imbalance is still measured", why)
+            self.deal_passes = self.accelerator.num_processes > 1  # the reference/old-policy forwards' rows too
             self._balance_seen: list[tuple[float, float]] = []  # (tokens, seconds) of this window's micro-steps
+            self._passes_seen: list[tuple[float, float]] = []  # the same for the passes' chunks
             self._balance_prepare = (0.0, 0.0)  # (tokens, seconds of generation) of the micro-step being prepared
             self._balance_figures: dict[str, float] = {}
+            self._scoring_thread: int | None = None  # the thread inside TRL's scoring of a training batch
 
         def _prepare_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
             start = time.perf_counter()
@@ -209,6 +313,57 @@ def rank_balanced(trainer_cls: type) -> type:
                 inputs = super()._prepare_inputs(generation_batch)
             self._balance_prepare = (float(processed_tokens(inputs)), time.perf_counter() - start)
             return inputs
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            self._scoring_thread = threading.get_ident() if self.model.training else None
+            try:
+                out: dict[str, Any] = super()._generate_and_score_completions(inputs)
+            finally:
+                self._scoring_thread = None
+            return out
+
+        def _get_per_token_logps_and_entropies(
+            self,
+            model: torch.nn.Module,
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            logits_to_keep: int,
+            batch_size: int | None = None,
+            compute_entropy: bool = False,
+            compute_aux_loss: bool = False,
+            **extra: Any,
+        ) -> LogpsOut:
+            """TRL's, measured, and on the dealt rows (`dealt_pass`) for the passes of a training batch's scoring:
+            the reference and old-policy forwards, without gradient."""
+            import torch
+
+            whole: Callable[..., LogpsOut] = super()._get_per_token_logps_and_entropies  # TRL's is untyped
+
+            def forward(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> LogpsOut:
+                return whole(
+                    model,
+                    ids,
+                    mask,
+                    keep,
+                    batch_size=batch_size,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
+                    **extra,
+                )
+
+            per_step = batch_size or input_ids.size(0)
+            in_pass = self._scoring_thread == threading.get_ident() and not torch.is_grad_enabled()
+            if not in_pass or any(v is not None for v in extra.values()) or input_ids.size(0) % per_step:
+                return forward(input_ids, attention_mask, logits_to_keep)
+            start = time.perf_counter()
+            if self.deal_passes:
+                out, tokens = dealt_pass(self.accelerator, forward, input_ids, attention_mask, logits_to_keep, per_step)
+            else:
+                out = forward(input_ids, attention_mask, logits_to_keep)
+                tokens = chunk_tokens(attention_mask, logits_to_keep, per_step)
+            seconds = (time.perf_counter() - start) / max(1, len(tokens))  # each chunk's share of the pass
+            self._passes_seen += [(t, seconds) for t in tokens]
+            return out
 
         def _dealt_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
             """TRL's training branch of `_prepare_inputs`, with `exchanged` where TRL shuffles."""
@@ -240,16 +395,13 @@ def rank_balanced(trainer_cls: type) -> type:
             return out
 
         def _measured(self) -> dict[str, float]:
-            """The window's imbalance; a collective (every rank ends the window together)."""
-            import torch
-
-            mine = torch.tensor(self._balance_seen, dtype=torch.float64, device=self.accelerator.device)
-            every = self.accelerator.gather(mine).view(self.accelerator.num_processes, len(self._balance_seen), 2)
-            per_step = every.permute(1, 0, 2).tolist()  # [micro-step][rank][tokens, seconds]
-            return {
-                "rank_imbalance_tokens": imbalance([[r[0] for r in ranks] for ranks in per_step]),
-                "rank_imbalance_seconds": imbalance([[r[1] for r in ranks] for ranks in per_step]),
-            }
+            """The window's imbalance, the update's and the passes' (when it ran any: then on every rank); a
+            collective (every rank ends the window together)."""
+            out = window_figures(self.accelerator, self._balance_seen)
+            if self._passes_seen:
+                out.update(window_figures(self.accelerator, self._passes_seen, "passes_"))
+                self._passes_seen = []
+            return out
 
         def balance_figures(self) -> dict[str, float]:
             """The last optimizer step's imbalance (metrics.jsonl keys), once."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rlt.data.dataset import load_data
 from rlt.data.errors import DataError
@@ -97,6 +97,8 @@ def sft_options(ctx: StageContext, device: str, stage: str = "sft") -> dict[str,
         max_length=st.max_length,
         completion_only_loss=True,
         packing=False,
+        # rows dealt across ranks and micro-steps by tokens (rlt.stages.sft_balance replaces the sampler)
+        train_sampling_strategy="batch_rebalance",
         **trainer_options(ctx, stage, device),
     )
 
@@ -115,8 +117,17 @@ def train_sft(
     (`student`); the stage's own settings come from spec.stages.<stage>."""
     from trl import SFTTrainer
 
+    from rlt.stages.balance import BalanceFigures
+    from rlt.stages.sft_balance import sft_measured
+
     run = TrainerRun(ctx, stage, model or ctx.spec.teacher, tokenizer, device)
-    return run.train(run.trainer(SFTTrainer, sft_config(ctx, device, stage), rows))
+    trainer_cls: type[SFTTrainer] = sft_measured(SFTTrainer)
+
+    def step_values(step_seconds: float) -> dict[str, float]:
+        return cast("BalanceFigures", trainer).balance_figures()  # the step's rank imbalance
+
+    trainer = run.trainer(trainer_cls, sft_config(ctx, device, stage), rows, step_values)
+    return run.train(trainer)
 
 
 def run_sft(ctx: StageContext) -> str:

@@ -5,7 +5,7 @@ volume, one optimizer step and one save."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlt.checks.model_shape import (
@@ -13,6 +13,7 @@ from rlt.checks.model_shape import (
     Shapes,
     checkpoint_bytes,
     dtype_bytes,
+    pod_checkpoint_bytes,
     saved_model_bytes,
     trainable_params,
 )
@@ -30,7 +31,7 @@ from rlt.checks.plan_terms import (
     lm_head_loss_bytes,
     model_states,
 )
-from rlt.checks.step_time import step_time
+from rlt.checks.step_time import local_write_rate, step_time
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec, stage_settings
 
@@ -110,16 +111,21 @@ class TrainerTerms:
             return None
         trainable = trainable_params(shape, ref)
         zero = self.settings(spec).deepspeed_zero_stage
-        one = checkpoint_bytes(shape, trainable, zero, world_of(spec), dtype_bytes(ref, gpu))
-        return self.step_phases(spec, shape, shapes, trainable, one, prompts, gpu_memory)
+        b, nodes = dtype_bytes(ref, gpu), spec.resources.trainer.nodes
+        one = checkpoint_bytes(shape, trainable, zero, world_of(spec), b)
+        pod = pod_checkpoint_bytes(shape, trainable, zero, world_of(spec), nodes, b)
+        t = self.step_phases(spec, shape, shapes, trainable, one, prompts, gpu_memory)
+        # each pod writes its own share to its local volume at once: the first pod's is the longest
+        return replace(t, local_bytes=pod, save_local=pod / local_write_rate(spec)[0])
 
     def step_phases(
         self, spec: RLTRunSpec, shape: ModelShape, shapes: Shapes, trainable: int, checkpoint: int,
         prompts: PromptTokens | None, gpu_memory: int | None,
     ) -> StepTime:  # fmt: skip
-        """The step of rows of half maxLength on average, maxLength at the longest."""
+        """The step of rows of half maxLength on average, maxLength at the longest, dealt across the ranks by
+        tokens (the sft-like stages: rlt.stages.sft_balance)."""
         length: int = self.settings(spec).max_length
-        return step_time(spec, self.name, shape, trainable, checkpoint, length / 2, length)
+        return step_time(spec, self.name, shape, trainable, checkpoint, length / 2, length, dealt=True)
 
     def step_models(self, spec: RLTRunSpec) -> set[str]:
         return {spec.teacher.model}

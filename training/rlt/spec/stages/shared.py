@@ -49,6 +49,7 @@ SFT_OWNED_ARGS: dict[str, str] = {
     "max_length": INSTEAD + "maxLength",
     "completion_only_loss": "the loss is on the completion only (the stage's prompt/completion rows)",
     "packing": "rows are one prompt/completion each; packing would mix the completion-only loss masks",
+    "train_sampling_strategy": "rows are dealt across ranks by tokens (rlt.stages.sft_balance)",
 }
 # The teacher warm-up keeps the RLT reference code's AdamW beta2 (0.95); the student stage passes adam_beta2 through.
 
