@@ -279,6 +279,58 @@ def deal_refusal(args: GRPOConfig, world: int) -> str | None:
     return None
 
 
+def measured_pass(
+    trainer: Any,
+    forward: Callable[[torch.Tensor, torch.Tensor, int], LogpsOut],
+    in_scoring: bool,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None,
+    extra: dict[str, Any],
+) -> LogpsOut:
+    """One log-prob forward of a `rank_balanced` trainer: a pass of a training batch's scoring (no gradient, on the
+    scoring thread, whole micro-steps, no extra inputs) runs on the dealt rows when `trainer.deal_passes`, and each
+    chunk's tokens and share of the time go to `trainer._passes_seen`; any other forward is TRL's as it is."""
+    import torch
+
+    per_step = batch_size or input_ids.size(0)
+    in_pass = in_scoring and not torch.is_grad_enabled()
+    if not in_pass or any(v is not None for v in extra.values()) or input_ids.size(0) % per_step:
+        return forward(input_ids, attention_mask, logits_to_keep)
+    start = time.perf_counter()
+    if trainer.deal_passes:
+        out, tokens = dealt_pass(trainer.accelerator, forward, input_ids, attention_mask, logits_to_keep, per_step)
+    else:
+        out = forward(input_ids, attention_mask, logits_to_keep)
+        tokens = chunk_tokens(attention_mask, logits_to_keep, per_step)
+    seconds = (time.perf_counter() - start) / max(1, len(tokens))  # each chunk's share of the pass
+    trainer._passes_seen += [(t, seconds) for t in tokens]
+    return out
+
+
+def dealt_inputs(trainer: Any, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """TRL's training branch of `GRPOTrainer._prepare_inputs`, with `exchanged` where TRL shuffles: a new
+    generation round is scored, dealt across the ranks by tokens and split into the round's micro-steps."""
+    from trl.trainer.utils import split_tensor_dict
+
+    steps: int = trainer.args.steps_per_generation
+    step: int = trainer._step  # TRL's count of micro-steps
+    if step % (steps * trainer.num_iterations) == 0 or trainer._buffered_inputs is None:
+        batch = trainer._generate_and_score_completions(generation_batch)
+        mode = trainer.vllm_importance_sampling_mode if trainer.use_vllm else ""
+        batch = exchanged(
+            batch,
+            trainer.accelerator,
+            steps,
+            trainer.args.per_device_train_batch_size,
+            token_ratio=mode.startswith("token"),
+        )
+        trainer._buffered_inputs = split_tensor_dict(batch, steps)
+    buffered: list[dict[str, Any]] = trainer._buffered_inputs
+    return buffered[step % steps]
+
+
 @cache
 def rank_balanced(trainer_cls: type) -> type:
     """`trainer_cls` (TRL's GRPOTrainer, or a subclass) with each scored generation batch dealt across the ranks
@@ -287,7 +339,6 @@ def rank_balanced(trainer_cls: type) -> type:
     baseline); it is set False at construction when `deal_refusal` names a reason. The reference and old-policy
     forwards of the scoring run on the dealt rows (`dealt_pass`) whatever the loss type (`deal_passes = False`: on
     each rank's own rows), their imbalance measured too."""
-    from trl.trainer.utils import split_tensor_dict
 
     class RankBalanced(trainer_cls):  # type: ignore[misc]  # a base known only at run time
         _buffered_inputs: list[dict[str, Any]] | None  # TRL's: the generation round's micro-batches
@@ -335,52 +386,23 @@ def rank_balanced(trainer_cls: type) -> type:
         ) -> LogpsOut:
             """TRL's, measured, and on the dealt rows (`dealt_pass`) for the passes of a training batch's scoring:
             the reference and old-policy forwards, without gradient."""
-            import torch
-
             whole: Callable[..., LogpsOut] = super()._get_per_token_logps_and_entropies  # TRL's is untyped
 
             def forward(ids: torch.Tensor, mask: torch.Tensor, keep: int) -> LogpsOut:
-                return whole(
-                    model,
-                    ids,
-                    mask,
-                    keep,
-                    batch_size=batch_size,
-                    compute_entropy=compute_entropy,
-                    compute_aux_loss=compute_aux_loss,
-                    **extra,
-                )
+                kw = {
+                    "batch_size": batch_size,
+                    "compute_entropy": compute_entropy,
+                    "compute_aux_loss": compute_aux_loss,
+                }
+                return whole(model, ids, mask, keep, **kw, **extra)
 
-            per_step = batch_size or input_ids.size(0)
-            in_pass = self._scoring_thread == threading.get_ident() and not torch.is_grad_enabled()
-            if not in_pass or any(v is not None for v in extra.values()) or input_ids.size(0) % per_step:
-                return forward(input_ids, attention_mask, logits_to_keep)
-            start = time.perf_counter()
-            if self.deal_passes:
-                out, tokens = dealt_pass(self.accelerator, forward, input_ids, attention_mask, logits_to_keep, per_step)
-            else:
-                out = forward(input_ids, attention_mask, logits_to_keep)
-                tokens = chunk_tokens(attention_mask, logits_to_keep, per_step)
-            seconds = (time.perf_counter() - start) / max(1, len(tokens))  # each chunk's share of the pass
-            self._passes_seen += [(t, seconds) for t in tokens]
-            return out
+            in_scoring = self._scoring_thread == threading.get_ident()
+            return measured_pass(
+                self, forward, in_scoring, input_ids, attention_mask, logits_to_keep, batch_size, extra
+            )
 
         def _dealt_inputs(self, generation_batch: list[dict[str, Any]]) -> dict[str, Any]:
-            """TRL's training branch of `_prepare_inputs`, with `exchanged` where TRL shuffles."""
-            steps: int = self.args.steps_per_generation
-            step: int = self._step  # TRL's count of micro-steps
-            if step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:
-                batch = self._generate_and_score_completions(generation_batch)
-                mode = self.vllm_importance_sampling_mode if self.use_vllm else ""
-                batch = exchanged(
-                    batch,
-                    self.accelerator,
-                    steps,
-                    self.args.per_device_train_batch_size,
-                    token_ratio=mode.startswith("token"),
-                )
-                self._buffered_inputs = split_tensor_dict(batch, steps)
-            return self._buffered_inputs[step % steps]
+            return dealt_inputs(self, generation_batch)
 
         def training_step(
             self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None
