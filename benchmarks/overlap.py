@@ -24,6 +24,12 @@ of its own with sleep mode on, put to sleep (level 2) and woken (weights, then K
 each rollout; the exact error is printed when
 the CPU build refuses (vLLM 0.32 CPU: "Sleep mode is not supported on current platform.").
 
+Measured 2026-11-28 on the 2-core build machine (generator core 0, both ranks core 1, nice 0, load average ~15):
+32 tokens, rollout-bound (rollout 1.06 s, update 0.28 s): sequential 1.00 × the sum, one step off 1.02 × the max;
+8 tokens, balanced (0.25 s, 0.17 s): sequential 0.97 × the sum, one step off 1.39 × the max, its rollout 1.39 × and
+its update 1.22 × slower than apart: the rollout's client (HTTP streaming and JSON in a thread of the trainer
+process) shares the trainer's core and GIL with the update; on short steps that cost is not hidden.
+
     python benchmarks/overlap.py                                  # about 5 minutes on 2 loaded cores
     python benchmarks/overlap.py --steps 4 --tokens 24 --skip-colocate   # quicker
     python benchmarks/overlap.py --generator-cores 0-3 --trainer-cores 4-7

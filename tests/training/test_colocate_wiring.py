@@ -51,7 +51,7 @@ class FakeLLM:
     def load_weights(self, weights):
         for name, tensor in weights:
             self.loaded.setdefault(self.step(), {})[name] = tensor.detach().clone()
-        if self.events[-1][0] != "load":
+        if not self.events or self.events[-1][0] != "load":
             self.events.append(("load", self.step()))
 
     def reset_prefix_cache(self):

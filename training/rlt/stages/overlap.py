@@ -153,11 +153,11 @@ class ServedBehaviour:
         # vLLM seeds sample j of every prompt of a request with seed + j: a group's repeats go as one prompt with n
         # samples (the same prompt twice under one seed would be the same sequence twice)
         groups: dict[tuple[int, ...], list[int]] = {}
-        for i, p in enumerate(prompt_ids):
-            groups.setdefault(tuple(p), []).append(i)
+        for i, ids_in in enumerate(prompt_ids):
+            groups.setdefault(tuple(ids_in), []).append(i)
         by_size: dict[int, list[tuple[int, ...]]] = {}
-        for p, rows in groups.items():
-            by_size.setdefault(len(rows), []).append(p)
+        for prompt, rows in groups.items():
+            by_size.setdefault(len(rows), []).append(prompt)
         ids: list[list[int]] = [[] for _ in prompt_ids]
         logprobs: list[list[float]] = [[] for _ in prompt_ids]
         for n, prompts in sorted(by_size.items()):
