@@ -272,9 +272,10 @@ STEPS, WINDOW = 20, 8
 
 
 # Opt-in, as the learning experiments are. Its trajectory no longer depends on thread timing (every rollout is seeded
-# and sampled by the behaviour copy's own weights: the thread-timing test above), but it costs three 20-step trainings
-# (14 min on 2 loaded cores, far over a suite test's 2-3 min) and its margin is not wide: real − control measured 5.4
-# and 3.4 noise units (before the seeding) against the 4 asked. The importance ratio's exact check stays in the suite.
+# and sampled by the behaviour copy's own weights: the thread-timing test above), and it took 2.5 min (load ~5), but
+# its margin is not there: seeded, with the copy truly one step behind, real − control measured 2.7 noise units and
+# real − shuffled 4.4 against the 4 asked (2026-11-28; before, with the copy reading the live policy, 5.4 and 3.4).
+# It needs a larger effect or more steps before it can guard the suite. The importance ratio's exact check stays in it.
 @pytest.mark.skipif(os.environ.get("RLT_OBJECTIVE_TESTS") != "1", reason="opt-in (3 trainings): RLT_OBJECTIVE_TESTS=1")
 def test_one_step_off_still_raises_the_reward(tmp_path, one_step_off):
     control = rewards_per_step(tmp_path, "control", 1e-12, permute=False)
