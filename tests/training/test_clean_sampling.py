@@ -62,6 +62,39 @@ def test_sampled_logprobs_equal_a_forward_at_tau(penalised, formatter):
     assert model.generation_config.repetition_penalty == 1.05  # the model's own config is left as it was
 
 
+def test_seeded_sampling_draws_on_its_own_generator_at_tau_and_top_p(penalised, formatter):
+    """sample_with_logprobs(generator=...) (the one-step-off rollouts, rlt.stages.overlap): the draws come from the
+    generator alone (the same with torch's shared generator moved on, nothing taken from it), and the log-probs are
+    the tempered, top-p-renormalised distribution's, whatever the checkpoint asks for."""
+    from transformers import TopPLogitsWarper
+
+    model, tok = penalised
+    prompt = tok(formatter.teacher_prompt(tok, "What is 7 * 2?", "14"), add_special_tokens=False).input_ids
+
+    def sample(seed: int):
+        g = torch.Generator().manual_seed(seed)
+        return sample_with_logprobs(
+            model, tok, [prompt] * 4, temperature=TAU, top_p=0.9, max_new_tokens=16, generator=g
+        )
+
+    shared = torch.get_rng_state()
+    first = sample(7)
+    assert torch.equal(torch.get_rng_state(), shared)  # nothing drawn from torch's shared generator
+    torch.manual_seed(123)
+    again = sample(7)
+    assert again.completion_ids == first.completion_ids and again.logprobs == first.logprobs
+    assert sample(8).completion_ids != first.completion_ids
+    assert len({tuple(c) for c in first.completion_ids}) > 1  # the group's samples differ from each other
+    worst = 0.0
+    for ids, lps in zip(first.completion_ids, first.logprobs, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float() / TAU
+        lp = torch.log_softmax(TopPLogitsWarper(0.9)(None, logits), -1)
+        forward = [lp[i, t].item() for i, t in enumerate(ids)]
+        worst = max([worst, *(abs(a - b) for a, b in zip(forward, lps, strict=True))])
+    assert worst <= 1e-4
+
+
 def test_greedy_evaluation_ignores_the_checkpoint_penalty(penalised):
     from rlt.stages.evaluate import greedy
 

@@ -140,6 +140,82 @@ def test_ratio_is_the_step_policy_over_the_behaviour_policy(tmp_path, one_step_o
         assert step < 2 or stale > 1e-3  # and not θ_{k-2}'s: the behaviour follows the policy step by step
 
 
+def rows_and_losses(tmp_path, timing: str) -> tuple[list, list[float]]:
+    """A 4-step one-step-off rl stage's rows (each step's completion ids, as the rollout handed them to TRL) and
+    losses, with the background rollout forced to one side of the training step: "first", the step waits for its
+    rollout before it goes on (the rollout draws before TRL's batch shuffle); "last", the rollout waits until the step
+    has ended (it draws after the shuffle and the update)."""
+    import threading
+
+    from transformers import TrainerCallback
+
+    from rlt.stages import overlap, rl
+    from rlt.stages import trainer as trainer_mod
+
+    run = tiny_rl_run(questions=16, steps=4, learningRate=1e-2, warmupRatio=0.0)
+    rows: list = []
+    kept: list = []
+    step_ended = threading.Event()
+
+    class StepEnd(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            step_ended.set()
+
+    build = trainer_mod.TrainerRun.trainer
+
+    def with_callback(self, *a, **kw):
+        t = build(self, *a, **kw)
+        t.add_callback(StepEnd())
+        kept.append(t)
+        return t
+
+    call, start_next, sampled = (
+        overlap.RolloutAhead.__call__,
+        overlap.RolloutAhead.start_next,
+        overlap.RolloutAhead.sampled,
+    )
+
+    def recorded(self, prompts, trainer):
+        out = call(self, prompts, trainer)
+        rows.append([list(c) for c in out["completion_ids"]])
+        return out
+
+    def waited_for(self, trainer):  # "first": the step goes on once its rollout is done
+        start_next(self, trainer)
+        if self.in_flight is not None:
+            self.in_flight.rows.exception()
+
+    def held_back(self, rollout, prompts, trainer, step):  # "last": the rollout starts once the step has ended
+        if threading.current_thread() is not threading.main_thread():
+            assert step_ended.wait(timeout=300)
+            step_ended.clear()
+        return sampled(self, rollout, prompts, trainer, step)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer_mod.TrainerRun, "trainer", with_callback)
+        mp.setattr(overlap.RolloutAhead, "__call__", recorded)
+        if timing == "first":
+            mp.setattr(overlap.RolloutAhead, "start_next", waited_for)
+        else:
+            mp.setattr(overlap.RolloutAhead, "sampled", held_back)
+        rl.run_rl(StageContext(run, RunLayout(tmp_path / timing), device="cpu", show_progress=False))
+    losses = [h["loss"] for h in kept[0].state.log_history if "loss" in h]
+    return rows, losses
+
+
+def test_one_step_off_is_the_same_whatever_the_thread_timing(tmp_path, one_step_off):
+    """Each rollout draws from its own seed (overlap.rollout_seed), not torch's shared generator, which the step's
+    thread draws from meanwhile (TRL's batch shuffle), and samples with the behaviour copy's own weights, whatever
+    the update does to the policy meanwhile: the rows and the losses do not depend on which thread ran first. (Before
+    both, "last" sampled step 1's rows with θ_1: the copy ran TRL's patched forward of the policy.)"""
+    first_rows, first_losses = rows_and_losses(tmp_path, "first")
+    last_rows, last_losses = rows_and_losses(tmp_path, "last")
+    assert [a.counts["ahead"] for a in one_step_off] == [3, 3]  # steps 1-3 sampled in the background, in both runs
+    assert len(first_rows) == 4 and len(first_losses) == 4
+    assert first_rows == last_rows  # token for token
+    assert first_losses == last_losses
+
+
 def test_rows_more_than_one_step_old_are_dropped(one_step_off):
     """RolloutAhead.take: rows sampled two steps before, or for other prompts, are not trained on."""
     from concurrent.futures import Future
@@ -195,10 +271,11 @@ def rewards_per_step(tmp_path, name: str, learning_rate: float, permute: bool) -
 STEPS, WINDOW = 20, 8
 
 
-# Opt-in, as the learning experiments are: three 20-step trainings (14 min on 2 loaded cores), and the background
-# rollout draws from the process's shared random generator, so the trajectory depends on thread timing: measured
-# real − control 5.4 noise units alone and 3.4 in a loaded CI run. A suite that must be green on a busy machine
-# cannot hang on that; the importance ratio's exact check above stays in it.
+# Opt-in, as the learning experiments are. Its trajectory no longer depends on thread timing (every rollout is seeded
+# and sampled by the behaviour copy's own weights: the thread-timing test above), and it took 2.5 min (load ~5), but
+# its margin is not there: seeded, with the copy truly one step behind, real − control measured 2.7 noise units and
+# real − shuffled 4.4 against the 4 asked (2026-11-28; before, with the copy reading the live policy, 5.4 and 3.4).
+# It needs a larger effect or more steps before it can guard the suite. The importance ratio's exact check stays in it.
 @pytest.mark.skipif(os.environ.get("RLT_OBJECTIVE_TESTS") != "1", reason="opt-in (3 trainings): RLT_OBJECTIVE_TESTS=1")
 def test_one_step_off_still_raises_the_reward(tmp_path, one_step_off):
     control = rewards_per_step(tmp_path, "control", 1e-12, permute=False)

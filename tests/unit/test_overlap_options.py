@@ -62,3 +62,33 @@ def test_off_by_default(tmp_path):
     ctx = _ctx(tmp_path, mode="inprocess")
     assert steps_off_policy(ctx.spec.stages.rl) == 0
     assert rollout_ahead(ctx, SimpleNamespace(use_vllm=False), None, None, None, None) is None  # type: ignore[arg-type]
+
+
+def test_served_rollouts_are_seeded_per_group(monkeypatch):
+    """ServedBehaviour: a group's repeats go to vLLM as one prompt with n samples under the rollout's seed (vLLM seeds
+    sample j with seed + j; the same prompt twice under one seed would be one sequence twice), and the samples come
+    back in TRL's row order. server_generate is replaced by a stand-in that names what it was asked."""
+    from rlt.method import generation
+    from rlt.spec.stages import RlStage
+    from rlt.stages.overlap import ServedBehaviour, rollout_seed
+
+    asked: list = []
+
+    def stand_in(base_url, prompt_ids, *, n, seed, **kw):
+        asked.append((prompt_ids, n, seed))
+        ids = [[p[0], j, seed] for p in prompt_ids for j in range(n)]
+        return generation.Samples([], ids, [[-0.5] * 3 for _ in ids])
+
+    monkeypatch.setattr(generation, "server_generate", stand_in)
+    served = ServedBehaviour("http://g:8000", RlStage(), timeout=5)
+    a, b, c = [1, 1], [2], [3]
+    ids, logprobs = served([a, a, b, b, a, c], seed=40)
+    sizes = {n: (prompts, seed) for prompts, n, seed in asked}
+    assert sizes[3][0] == [a] and sizes[2][0] == [b] and sizes[1][0] == [c]
+    assert len({seed for _, seed in sizes.values()}) == 3  # requests of each size on a seed of their own
+    assert [i[:2] for i in ids] == [[1, 0], [1, 1], [2, 0], [2, 1], [1, 2], [3, 0]]  # every row its own sample
+    assert all(lp == [-0.5] * 3 for lp in logprobs)
+    # a rollout's seed: one per (spec.seed, step, rank), a valid int64 after server_generate adds the sample index
+    seeds = {rollout_seed(0, step, rank) for step in range(50) for rank in range(8)}
+    assert len(seeds) == 400 and max(seeds) + 10_000 * 64 < 2**63
+    assert rollout_seed(0, 3, 1) == rollout_seed(0, 3, 1) != rollout_seed(1, 3, 1)

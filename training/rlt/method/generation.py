@@ -24,7 +24,7 @@ import torch
 
 if TYPE_CHECKING:
     import requests
-    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 # the finished and the cut-short sequences of one stream: {choice index: (token ids, logprobs)}, and why it was cut
@@ -69,6 +69,64 @@ def only_generation_config(model: PreTrainedModel, config: GenerationConfig) -> 
         model.generation_config = saved
 
 
+def seeded_draw(generator: torch.Generator) -> Any:
+    """generate's last logits processor for sampling on a generator of one's own: it draws each next token from the
+    processed (tempered, top-p) distribution with `generator`, keeps that token's log-prob in `.logprobs`, and leaves
+    the token alone in the scores, so that generate, asked for greedy search, takes it and draws nothing from torch's
+    shared generator. A sample then depends on its seed only, not on what other threads drew meanwhile."""
+    from transformers import LogitsProcessor
+
+    class SeededDraw(LogitsProcessor):
+        def __init__(self) -> None:
+            self.logprobs: list[torch.Tensor] = []
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+            logp = torch.log_softmax(scores.float(), dim=-1)
+            token = torch.multinomial(logp.exp(), 1, generator=generator)
+            self.logprobs.append(logp.gather(1, token).squeeze(1))
+            only = torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+            return cast("torch.FloatTensor", only)
+
+    return SeededDraw()
+
+
+def sampling_setup(
+    model: PreTrainedModel,
+    pad: int | None,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    generator: torch.Generator | None,
+) -> tuple[GenerationConfig, LogitsProcessorList]:
+    """generate's config and extra logits processors for sampling at τ and top-p: HF's own sampling on torch's shared
+    generator, or with `generator` the same distribution (HF's warpers, in HF's order) drawn by seeded_draw, last."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    if generator is None:
+        config = clean_generation_config(
+            model,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        return config, LogitsProcessorList()
+    config = clean_generation_config(
+        model, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad, return_dict_in_generate=True
+    )
+    processors = LogitsProcessorList()
+    if temperature != 1.0:  # as HF: τ = 1 leaves the logits as they are
+        processors.append(TemperatureLogitsWarper(temperature))
+    if top_p < 1.0:
+        processors.append(TopPLogitsWarper(top_p))
+    processors.append(seeded_draw(generator))
+    return config, processors
+
+
 @torch.no_grad()
 def sample_with_logprobs(
     model: PreTrainedModel,
@@ -79,8 +137,11 @@ def sample_with_logprobs(
     top_p: float,
     max_new_tokens: int,
     batch_size: int | None = None,
+    generator: torch.Generator | None = None,
 ) -> Samples:
-    """One completion per prompt (repeat prompts for G samples), left-padded batches of `batch_size`."""
+    """One completion per prompt (repeat prompts for G samples), left-padded batches of `batch_size`. With
+    `generator`, the tokens are drawn from it (seeded_draw) instead of torch's shared generator: the same draws
+    whatever other threads do (a one-step-off rollout runs beside the training step, rlt.stages.overlap)."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     eos = set(tokenizer.all_special_ids) & {
@@ -101,38 +162,31 @@ def sample_with_logprobs(
         for j, p in enumerate(chunk):
             ids[j, width - len(p) :] = torch.tensor(p, device=device)
             mask[j, width - len(p) :] = 1
-        config = clean_generation_config(
-            model,
-            do_sample=True,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=0,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
+        config, processors = sampling_setup(model, pad, temperature, top_p, max_new_tokens, generator)
         with only_generation_config(model, config):
             # return_dict_in_generate: a decoder-only output, not bare ids
             gen = cast(
                 "GenerateDecoderOnlyOutput",
                 # PreTrainedModel does not declare generate; GenerationMixin (in every causal LM) types its self as
                 # a protocol that transformers' own models do not meet under mypy
-                model.generate(input_ids=ids, attention_mask=mask, generation_config=config),  # type: ignore[operator]
+                model.generate(  # type: ignore[operator]
+                    input_ids=ids,
+                    attention_mask=mask,
+                    generation_config=config,
+                    logits_processor=processors,
+                ),
             )
         new = gen.sequences[:, width:]
         # scores are the processed logits (after temperature/top-p): their log-softmax is the sampling log-prob
-        lps = (
-            torch.stack(
-                [
-                    torch.log_softmax(s.float(), dim=-1).gather(1, new[:, t : t + 1]).squeeze(1)
-                    for t, s in enumerate(gen.scores)
-                ],
-                dim=1,
-            )
-            if gen.scores
-            else torch.empty(len(chunk), 0)
+        steps = (
+            processors[-1].logprobs  # seeded_draw kept them
+            if generator is not None
+            else [
+                torch.log_softmax(s.float(), -1).gather(1, new[:, t : t + 1]).squeeze(1)
+                for t, s in enumerate(gen.scores or ())
+            ]
         )
+        lps = torch.stack(steps, dim=1) if steps else torch.empty(len(chunk), 0)
         for j in range(len(chunk)):
             toks = new[j].tolist()
             end = next((k + 1 for k, t in enumerate(toks) if t in eos), len(toks))

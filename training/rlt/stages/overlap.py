@@ -11,6 +11,11 @@ A row is trained by the step right after the weights that sampled it, never late
 from older weights, or for other prompts than the step's, are dropped and the step samples on-policy. The first step,
 the first of each epoch (nothing to peek past an epoch's end) and the first after a resume sample on-policy.
 
+Every rollout of the mode samples from a seed of its own, rollout_seed(spec.seed, the step that trains on it, rank):
+a torch.Generator in-process, vLLM's per-request seed served. The background rollout runs while the step draws from
+torch's shared generator (TRL shuffles the batch); on that shared generator the draws of the two threads would
+interleave by timing, and so would the whole run. Seeded, the run is the same however the threads are scheduled.
+
 The correction is TRL's: each row keeps the behaviour policy's log-prob of every sampled token (the rollout's
 "logprobs", TRL's sampling_per_token_logps). Served, TRL's vLLM importance sampling weighs each token by
 exp(log π_θk − log μ) (capped: importanceSamplingCap); in-process the behaviour log-probs are the rows'
@@ -21,6 +26,8 @@ the reward of an explanation is that of the policy that wrote it.
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -48,25 +55,38 @@ def steps_off_policy(st: RlStage) -> int:
     return MAX_STEPS_OFF_POLICY if st.generation.overlap == ONE_STEP_OFF else 0
 
 
+Sampled = tuple[list[list[int]], list[list[float]]]  # completion ids, the sampled tokens' log-probs
+
+
 class Sampler(Protocol):
     """Samples one completion per prompt id list (TRL's layout repeats each prompt G times) with the behaviour
-    policy's log-prob of every sampled token."""
+    policy's log-prob of every sampled token, its random draws from `seed` alone."""
 
-    def __call__(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]: ...
+    def __call__(self, prompt_ids: list[list[int]], seed: int) -> Sampled: ...
+
+
+def rollout_seed(seed: int, step: int, rank: int) -> int:
+    """The sampling seed of the rollout that `step` trains on, on `rank` (spec.seed): its own, so a rollout sampled in
+    the background draws the same tokens whenever it runs, and the ranks draw apart. 62 bits: vLLM's seed is an int64
+    and server_generate adds the sample index."""
+    digest = hashlib.sha256(f"rlt-rollout/{seed}/{step}/{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
 
 
 _thread = threading.local()
 
 
-def behaviour_sampler() -> Sampler | None:
-    """The sampler a one-step-off rollout runs with (rlt.stages.rl.sample_policy asks), None outside one."""
+def behaviour_sampler() -> Callable[[list[list[int]]], Sampled] | None:
+    """The sampler a one-step-off rollout runs with, its seed bound (rlt.stages.rl.sample_policy asks), None
+    outside one."""
     return getattr(_thread, "sampler", None)
 
 
 @contextmanager
-def sampling_with(sampler: Sampler) -> Iterator[None]:
-    """Rollouts on this thread sample through `sampler` (rlt.stages.rl.sample_policy) inside the block."""
-    _thread.sampler = sampler
+def sampling_with(sampler: Sampler, seed: int) -> Iterator[None]:
+    """Rollouts on this thread sample through `sampler` with `seed` (rlt.stages.rl.sample_policy) inside the
+    block."""
+    _thread.sampler = functools.partial(sampler, seed=seed)
     try:
         yield
     finally:
@@ -88,14 +108,22 @@ class LocalBehaviour:
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as policy:
             if self.model is None:
                 self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+                # TRL sets the policy's own `forward` (trl.trainer.utils, the fused LM head) to a closure over the
+                # policy's bound forward, which a deep copy keeps: the copy would sample with the policy's live
+                # weights, mid-update. Without it the copy runs its class's forward on its own weights.
+                vars(self.model).pop("forward", None)
             else:
                 self.model.load_state_dict(policy.state_dict())
 
-    def __call__(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+    def __call__(self, prompt_ids: list[list[int]], seed: int) -> Sampled:
+        import torch
+
         from rlt.method.generation import sample_with_logprobs
 
         assert self.model is not None, "refresh() before sampling"
         st = self.st
+        # a generator of its own: torch's shared one is drawn by the training step on the other thread meanwhile
+        generator = torch.Generator(device=next(self.model.parameters()).device).manual_seed(seed)
         s = sample_with_logprobs(
             self.model,
             self.tokenizer,
@@ -103,6 +131,7 @@ class LocalBehaviour:
             temperature=st.temperature,
             top_p=st.top_p,
             max_new_tokens=st.max_completion_length,
+            generator=generator,
         )
         return s.completion_ids, s.logprobs
 
@@ -117,20 +146,35 @@ class ServedBehaviour:
     def refresh(self, trainer: GRPOTrainer) -> None:
         return None
 
-    def __call__(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+    def __call__(self, prompt_ids: list[list[int]], seed: int) -> Sampled:
         from rlt.method.generation import server_generate
 
         st = self.st
-        s = server_generate(
-            self.base_url,
-            prompt_ids,
-            n=1,
-            temperature=st.temperature,
-            top_p=st.top_p,
-            max_new_tokens=st.max_completion_length,
-            timeout=self.timeout,
-        )
-        return s.completion_ids, s.logprobs
+        # vLLM seeds sample j of every prompt of a request with seed + j: a group's repeats go as one prompt with n
+        # samples (the same prompt twice under one seed would be the same sequence twice)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, ids_in in enumerate(prompt_ids):
+            groups.setdefault(tuple(ids_in), []).append(i)
+        by_size: dict[int, list[tuple[int, ...]]] = {}
+        for prompt, rows in groups.items():
+            by_size.setdefault(len(rows), []).append(prompt)
+        ids: list[list[int]] = [[] for _ in prompt_ids]
+        logprobs: list[list[float]] = [[] for _ in prompt_ids]
+        for n, prompts in sorted(by_size.items()):
+            s = server_generate(
+                self.base_url,
+                [list(p) for p in prompts],
+                n=n,
+                temperature=st.temperature,
+                top_p=st.top_p,
+                max_new_tokens=st.max_completion_length,
+                timeout=self.timeout,
+                seed=seed + n * 10_000,  # requests of other sizes draw apart too
+            )
+            rows = [i for p in prompts for i in groups[p]]  # server_generate's order: prompt-major, n per prompt
+            for i, c, lp in zip(rows, s.completion_ids, s.logprobs, strict=True):
+                ids[i], logprobs[i] = c, lp
+        return ids, logprobs
 
 
 class Behaviour(Sampler, Protocol):
@@ -162,7 +206,7 @@ class RolloutAhead:
         if rows is None:  # on-policy: the step's own weights
             self.counts["on_policy"] += 1
             self.refreshed(trainer)
-            rows = self.sampled(self.rollout, prompts, trainer)
+            rows = self.sampled(self.rollout, prompts, trainer, step)
         else:
             self.counts["ahead"] += 1
         self.start_next(trainer)
@@ -192,10 +236,11 @@ class RolloutAhead:
             return  # nothing peeked (an epoch's end), or no step left to use it
         self.refreshed(trainer)
         rows: Future[dict[str, Any]] = Future()
+        step = trainer.state.global_step + 1  # the step that trains on these rows
 
         def work() -> None:
             try:
-                rows.set_result(self.sampled(self.rollout_ahead, nxt, trainer))
+                rows.set_result(self.sampled(self.rollout_ahead, nxt, trainer, step))
             except BaseException as e:  # handed to the step that takes the rows
                 rows.set_exception(e)
 
@@ -209,8 +254,11 @@ class RolloutAhead:
             self.behaviour.refresh(trainer)
             self.behaviour_step = trainer.state.global_step
 
-    def sampled(self, rollout: RolloutFunc, prompts: list[str], trainer: GRPOTrainer) -> dict[str, Any]:
-        with sampling_with(self.behaviour):
+    def sampled(self, rollout: RolloutFunc, prompts: list[str], trainer: GRPOTrainer, step: int) -> dict[str, Any]:
+        """`rollout` on the behaviour policy, seeded for the step that trains on its rows (rollout_seed): sampled
+        ahead or on-policy, in the background or not, a step's rows are the same draws."""
+        seed = rollout_seed(trainer.args.seed, step, trainer.accelerator.process_index)
+        with sampling_with(self.behaviour, seed):
             return rollout(prompts, trainer)
 
     def join(self) -> None:
