@@ -2,7 +2,7 @@
 and colocated, each's step and goodput (rlt.checks.goodput), whether colocated fits in memory, the mode the plan
 chooses and why, and the spec values that select it. Pure: spec + shapes in, lines out.
 
-Colocated memory (TRL's colocate mode with vLLM's sleep mode, level 1): every GPU of the run is a trainer GPU; it
+Colocated memory (TRL's colocate mode with vLLM's sleep mode, level 2): every GPU of the run is a trainer GPU; it
 keeps the trainer's persistent terms (model states, reference, reward student, buckets, CUDA) and a sleeping engine
 (VLLM_ASLEEP) throughout; awake, the engine takes its gpuMemoryUtilization share (weights, working memory, KV
 cache), exclusive with the update's activations and the scoring micro-batch (the engine sleeps before the rewards).

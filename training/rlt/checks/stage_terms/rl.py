@@ -33,15 +33,16 @@ from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import DEALABLE_LOSSES
 
-# A sleeping vLLM engine (sleep mode level 1) keeps its CUDA graphs and allocator pools on the GPU: ~0.5-1 GiB for a
-# 7B model (vLLM's sleep-mode notes); a documented estimate, not measured here.
+# A sleeping vLLM engine keeps its CUDA graphs and allocator pools on the GPU: ~0.5-1 GiB for a 7B model (vLLM's
+# sleep-mode notes); a documented estimate, not measured here.
 VLLM_ASLEEP = 1 * GiB
 # Colocated weight sync in place: TRL gathers each ZeRO-3 parameter over NVLink and loads it into the local engine
 # (load_weights), no network broadcast; per-parameter overheads dominate, ~1.5 s for a 7B model. An estimate.
 INPLACE_SYNC_BYTES_PER_S = 10e9
-# Waking and putting to sleep (level 1) moves the engine's weights host <-> GPU over PCIe (gen5 x16: ~25 GB/s
-# sustained from pinned memory).
-HOST_LINK_BYTES_PER_S = 25e9
+# TRL 1.16 puts the engine to sleep at level 2 (trl/generation/vllm_generation.py): weights and KV cache are
+# discarded, nothing is kept in host memory, and the weights come back with the in-place sync (its own term). What
+# is left per rollout is waking the weights' and the KV cache's memory and the sleep call: an estimate, not measured.
+ENGINE_WAKE_SLEEP_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -110,14 +111,13 @@ class RlTerms(TrainerTerms):
                 )
             )
         elif rl.generation.mode == "colocate":
-            # vLLM's sleep mode (level 1) between rollouts: weights to host memory, KV cache freed; awake, the
-            # engine takes its gpuMemoryUtilization share of the GPU (weights, working memory, KV cache)
+            # vLLM's sleep mode (level 2, as TRL calls it) between rollouts: weights and KV cache discarded; awake,
+            # the engine takes its gpuMemoryUtilization share of the GPU (weights, working memory, KV cache)
             util = rl.generation.gpu_memory_utilization
             terms.append(("vLLM engine asleep (CUDA graphs, allocator pools; constant)", VLLM_ASLEEP))
             phases.append(
                 (f"vLLM engine awake (gpuMemoryUtilization {util:.2f}: weights, KV cache)", int(util * at.gpu_memory))
             )
-            host += world // spec.resources.trainer.nodes * shape.params * dtype_bytes(spec.teacher, gpu)
         return host
 
     def step_phases(
@@ -177,7 +177,7 @@ def _rl_phases(
         transfer=shape.params * b / (INPLACE_SYNC_BYTES_PER_S if mode == "colocate" else WEIGHT_SYNC_BYTES_PER_S)
         if mode != "inprocess"
         else 0.0,
-        engine_switch=2 * shape.params * b / HOST_LINK_BYTES_PER_S if mode == "colocate" else 0.0,
+        engine_switch=ENGINE_WAKE_SLEEP_SECONDS if mode == "colocate" else 0.0,
         one_step_off=rl.generation.overlap == "oneStepOff" and mode != "colocate",
         scoring=seconds_of(tokens * 2 * student.params, spec) if student is not None else 0.0,
         passes_work=seconds_of(tokens * 2 * shape.params * len(names), spec),
