@@ -1,11 +1,23 @@
-"""A long property run of the door (issue 54): `rlt validate` over generated run files, data rows and local model
-files, for a given number of minutes, with fixed seeds (seed, seed+1, ... one hypothesis run of --batch examples
-each). For every example: no exception (a traceback), an exit code of 0 or 1, an answer within --hang seconds, and
-no silent drop: a data file that validate accepts has every row it holds counted as usable (badRows: reject).
+"""A long property run of the door (issue 54): `rlt validate` over files made by mutating valid ones, for a given
+number of minutes, with a fixed seed. Five families, in turn:
 
-    nice -n 19 .venv/bin/python benchmarks/door_fuzz.py --minutes 20 --seed 54
+  run:    a run file of manifests/examples/ with 0-3 mutations: a leaf nudged (a number moved past a bound, a text
+          emptied, spaced, recased), a key dropped, a field set from a pool of near-valid values (outputs, node
+          selectors, env sources, revisions, rates), or the YAML text edited (a line doubled, a plain scalar that YAML
+          1.1 reads otherwise, a key respelled as kubectl would read it);
+  rows:   a data file or folder (jsonl, json, csv, parquet; chat rows too), most rows valid, some nudged;
+  model:  a model folder made from the built-in tiny Qwen2's config.json and tokenizer files, one or two of them
+          nudged, cut short or replaced by a link, a loop, a device or a folder;
+  format: a format file (format.file) made from the bundled default, a tag or prompt nudged;
+  yaml:   a run file's text with bytes cut, doubled or swapped.
 
-Prints per family the examples run, accepted, refused and every failure (with its seed); exit 1 when any failed.
+Each case runs in a forked child (the parent imported rlt once), so a case that hangs in C code is killed at --hang
+seconds and counted, and no case sees another's state. Per family it counts: tried, accepted, refused, tracebacks
+(an exception out of `rlt validate`, or an exit code other than 0 and 1), hangs, silent drops (data accepted with
+fewer usable rows than the file holds) and unnamed refusals (a refusal line that names no field, row or file).
+Each failing case's files are kept under --keep; `--replay FAMILY:INDEX` runs one case again.
+
+    nice -n 19 .venv/bin/python benchmarks/door_fuzz.py --minutes 20 --seed 54 --keep /tmp/door-fuzz
 """
 
 from __future__ import annotations
@@ -15,7 +27,11 @@ import contextlib
 import copy
 import io
 import json
+import os
+import random
 import re
+import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -25,237 +41,521 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import seed as fixed_seed
-from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
+EXAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "manifests" / "examples").glob("*.yaml"))}
+TINY = EXAMPLES["rltrun-tiny"]
+DEFAULT_FORMAT = yaml.safe_load((ROOT / "training" / "rlt" / "method" / "formats" / "default.yaml").read_text())
+TINY_MODEL = "tiny-qwen2-v1"  # rlt's built-in tiny Qwen2 (rlt.data.models), built once in the user's cache
 INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u200e\u202e\u3164\u2800\u00ad"
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "<|begin_of_thought|>"]
-TEXT = st.one_of(
-    st.text(max_size=40),
-    st.text(st.sampled_from(INVISIBLE + " \t\n"), max_size=6),
-    st.sampled_from(SPECIAL).map(lambda t: f"What is 1+1?{t}"),
-    st.sampled_from(["What is 2 + 3?", "5", "add them", "", " "]),
-)
-SCALAR = st.one_of(
-    TEXT,
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(),
-    st.none(),
-)
-VALUE = st.recursive(
-    SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "<|begin_of_thought|>", "<answer>"]
+FAMILIES = ("run", "rows", "model", "format", "yaml")
+COUNTS = ("tried", "accepted", "refused", "traceback", "hang", "silent_drop", "unnamed")
+# A refusal line names a field (spec.x, metadata.name), the file or its document, or a row of the data ("where: ...");
+# a problem of the whole file (its encoding, its size) is under the line naming the file.
+NAMED = re.compile(
+    r"(spec|metadata|apiVersion|kind)\b|<\w+>: |document \d+: |[^:\n]+: |(not a UTF-8|file not found|cannot read|\d+ bytes, over|the text holds)"
 )
 
-PATHS = [
-    "teacher.model",
-    "teacher.revision",
-    "student.model",
-    "dataset.source",
-    "dataset.split",
-    "dataset.size",
-    "dataset.layout",
-    "dataset.columns.system",
-    "format.file",
-    "format.preset",
-    "rcl.format",
-    "method",
-    "stages.rl.generation.mode",
-    "stages.rl.generation.maxModelLen",
-    "stages.rl.maxPromptLength",
-    "resources.generator.tensorParallelSize",
-    "resources.generator.gpus",
-    "storage.writeBytesPerSecond",
-    "scheduling.queueName",
-    "scheduling.nodeSelector",
-    "outputs.teacher",
-    "outputs.student",
-    "env",
-    "seed",
-]
+# ------------------------------------------------------------------------------------------------ values
+
+# Near-valid values of fields the door checks by a consumer's rule: most are valid, each pool has its edge cases.
+POOLS: dict[str, list[Any]] = {
+    "seed": [0, 1, 42, 2**31, 2**63 - 1, 2**63, -1, 1.0, 1.5, "7"],
+    "teacher.revision": ["main", "v1.0", "0123abcd", "", " ", "a b", "refs/pr/1", None],
+    "dataset.split": ["train", "test", "train[:10]", "", " ", "train[:50%]"],
+    "scheduling.queueName": ["team-a", "a", "Team_A", "", "x" * 64, "team-a.b", None],
+    "scheduling.nodeSelector": [
+        {"kubernetes.io/arch": "amd64"},
+        {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"},
+        {"a": "1", "b": "2"},
+        {"a ": "x"},
+        {"": "x"},
+        {"a/b/c": "x"},
+        {"example.com/": "x"},
+        {"1": "x", "true": "y"},
+    ],
+    "outputs": [
+        {"teacher": "s3://my-bucket/teacher"},
+        {"teacher": "s3://my-bucket/t", "student": "s3://my-bucket/s"},
+        {"teacher": "s3://my-bucket/t", "student": "s3://my-bucket/t/s"},
+        {"teacher": "gs://my-bucket/x", "student": "gcs://my-bucket/x"},
+        {"teacher": "file:///tmp/out/t", "student": "file:///tmp/out/./t"},
+        {"teacher": "file:///data/tiny/exported"},
+        {"student": "file:///data/out"},
+        {"teacher": "file:///tmp/out/t"},
+        {"distillDataset": "s3://my-bucket/d", "teacher": "s3://my-bucket/d/"},
+        {"teacher": "hf://org/model"},
+        {"teacher": "hf://Org/Model", "student": "hf://org/model"},
+        {"teacher": "s3://ab/x"},
+        {"teacher": "s3://My_Bucket/x"},
+    ],
+    "env": [
+        [{"name": "X", "value": "1"}],
+        [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.nope"}}}],
+        [{"name": "X", "valueFrom": {"resourceFieldRef": {"resource": "limits.nope"}}}],
+        [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "..data"}}}],
+        [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}}],
+        [{"name": "X", "valueFrom": {}}],
+        [{"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        [{"name": "1X", "value": "1"}],
+    ],
+    "storage.writeBytesPerSecond": ["250M", "1Gi", "1n", "1Ei", 100_000_000, "1e9", "0", "-1M"],
+    "stages.rl.generation": [{"mode": "server"}, {"mode": "inprocess"}, {"mode": "server", "maxModelLen": 4096}],
+    "resources.generator": [{"gpus": 1}, {"gpus": 2, "tensorParallelSize": 2}, {"gpus": 3, "tensorParallelSize": 3}],
+    "teacher.model": ["builtin:tiny-qwen2", "Qwen/Qwen2.5-7B-Instruct", "org/m@dev", "./missing-model", "builtin:x"],
+    "dataset.source": ["builtin:arithmetic", "builtin:sums", "org/data", "./missing.jsonl", "builtin:nope"],
+}
 
 
-class Hang(Exception):
-    pass
+def nudge(rng: random.Random, value: Any) -> Any:
+    """A value near `value`: most nudges keep its type, some move it past a bound or change it."""
+    if isinstance(value, bool):
+        return rng.choice([not value, None, "true", 1])
+    if isinstance(value, int):
+        return rng.choice(
+            [value + 1, value - 1, value * 2, 0, -1, -value, 2**63, value * 1000, float(value), str(value)]
+        )
+    if isinstance(value, float):
+        return rng.choice([value * 10, value / 10, 0.0, -value, 1e300, float("inf"), float("nan"), int(value)])
+    if isinstance(value, str):
+        return rng.choice(
+            [
+                "",
+                " ",
+                value + " ",
+                value.upper(),
+                value + "x",
+                value[: len(value) // 2],
+                value + rng.choice(INVISIBLE),
+                value + rng.choice(SPECIAL),
+                value * 3,
+            ]
+        )
+    if isinstance(value, list):
+        return rng.choice([[], value + value[:1], value[1:], None])
+    if isinstance(value, dict):
+        return rng.choice([{}, None, {**value, "unknownField": 1}])
+    return rng.choice([0, "", [], {}])
 
 
-def _alarm(_signum: int, _frame: Any) -> None:
-    raise Hang
+def leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path] if path else []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += leaves(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += leaves(v, (*path, i))
+    return out
 
 
-def door(argv: list[str], hang: int) -> tuple[int, str, str]:
-    """`rlt validate ARGV` in this process: (exit code, stdout, stderr); Hang past `hang` seconds."""
+def set_at(doc: Any, path: tuple[Any, ...], value: Any, delete: bool = False) -> None:
+    node = doc
+    for p in path[:-1]:
+        if isinstance(node, dict):
+            if not isinstance(node.get(p), (dict, list)):
+                node[p] = {}
+            node = node[p]
+        else:
+            node = node[p]
+    if delete:
+        node.pop(path[-1])
+    else:
+        node[path[-1]] = value
+
+
+def mutate_run(rng: random.Random, doc: dict[str, Any]) -> None:
+    for _ in range(rng.choice([0, 1, 1, 1, 2, 2, 3])):
+        kind = rng.random()
+        if kind < 0.45:
+            key = rng.choice(list(POOLS))
+            set_at(doc, ("spec", *key.split(".")), copy.deepcopy(rng.choice(POOLS[key])))
+        elif not leaves(doc["spec"]):
+            continue
+        elif kind < 0.85:
+            path = rng.choice(leaves(doc["spec"]))
+            node = doc["spec"]
+            for p in path:
+                node = node[p]
+            set_at(doc, ("spec", *path), nudge(rng, node))
+        else:
+            path = rng.choice(leaves(doc["spec"]))
+            set_at(doc, ("spec", *path), None, delete=True)
+
+
+# kubectl (YAML 1.1) reads these plain keys and values otherwise than YAML 1.2; the text edits put them in.
+YAML11 = ["0x1", "1.0", "1e2", "+1", "True", "TRUE", "0o17", "0b11", "yes", "on", "~", "010", "1_000", ".inf"]
+
+
+def edit_text(rng: random.Random, text: str) -> str:
+    lines = text.splitlines()
+    for _ in range(rng.choice([1, 1, 2])):
+        i = rng.randrange(len(lines))
+        choice = rng.random()
+        if choice < 0.25:
+            lines.insert(i, lines[i])  # a key given twice, or a list item doubled
+        elif choice < 0.5 and ":" in lines[i]:
+            key, _, rest = lines[i].partition(":")
+            lines[i] = f"{key}: {rng.choice(YAML11)}" if rest.strip() else lines[i]
+        elif choice < 0.75:
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            lines.insert(i + 1, " " * indent + f"{rng.choice(YAML11)}: {rng.choice(['a', '1', 'x y'])}")
+        else:
+            lines[i] = " " + lines[i] if rng.random() < 0.5 else lines[i].lstrip()
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ families
+
+
+def case_run(rng: random.Random, folder: Path) -> list[str]:
+    name = rng.choice(list(EXAMPLES))
+    doc = copy.deepcopy(EXAMPLES[name])
+    mutate_run(rng, doc)
+    text = yaml.safe_dump(doc, allow_unicode=True, sort_keys=False)
+    if rng.random() < 0.25:
+        text = edit_text(rng, text)
+    (folder / "run.yaml").write_text(text)
+    return ["--no-data", *(["--no-plan"] if rng.random() < 0.5 else []), str(folder / "run.yaml")]
+
+
+QUESTIONS = [("What is 2 + 3?", "5"), ("What is 7 * 6?", "42"), ("Sort 3, 1, 2.", "1, 2, 3"), ("Is 7 prime?", "yes")]
+
+
+def make_row(rng: random.Random, chat: bool) -> dict[str, Any]:
+    q, a = rng.choice(QUESTIONS)
+    trace = f"We compute it: the answer is {a}."
+    if chat:
+        turns = [
+            {"from": "human", "value": q},
+            {"from": "gpt", "value": f"<think>{trace}</think>\n<answer>{a}</answer>"},
+        ]
+        if rng.random() < 0.3:
+            turns = [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]} for t in turns]
+        row: dict[str, Any] = {"conversations": turns}
+    else:
+        row = {"question": q, "solution": a, "reasoning_trace": trace}
+    if rng.random() < 0.15:  # a nudged row: a field emptied, spaced, hidden, tagged, doubled, typed otherwise
+        path = rng.choice(leaves(row))
+        node: Any = row
+        for p in path:
+            node = node[p]
+        set_at(row, path, nudge(rng, node))
+    if rng.random() < 0.03:
+        row[rng.choice(["question", "solution", "conversations"])] = rng.choice(INVISIBLE) * 3
+    return row
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path, kind: str) -> None:
+    if kind == "jsonl":
+        path.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
+    elif kind == "json":
+        path.write_text(json.dumps(rows, allow_nan=True))
+    else:
+        import pandas as pd
+
+        frame = pd.DataFrame([{k: v if isinstance(v, str) else json.dumps(v) for k, v in r.items()} for r in rows])
+        if kind == "csv":
+            frame.to_csv(path, index=False)
+        else:
+            frame.to_parquet(path)
+
+
+def case_rows(rng: random.Random, folder: Path) -> list[str]:
+    chat = rng.random() < 0.3
+    rows = [make_row(rng, chat) for _ in range(rng.randint(1, 8))]
+    kind = rng.choice(["jsonl"] * 5 + ["json", "csv", "parquet"])
+    if rng.random() < 0.15:  # a folder of two files, sometimes of two formats
+        source = folder / "data"
+        source.mkdir()
+        other = kind if rng.random() < 0.6 else rng.choice(["jsonl", "parquet", "csv"])
+        cut = len(rows) // 2
+        write_rows(rows[:cut] or rows, source / f"a.{kind}", kind)
+        write_rows(rows[cut:] or rows, source / f"b.{other}", other)
+        rows_written = len(rows[:cut] or rows) + len(rows[cut:] or rows)
+    else:
+        source = folder / f"rows.{kind}"
+        write_rows(rows, source, kind)
+        rows_written = len(rows)
+    doc = copy.deepcopy(TINY)
+    doc["spec"]["dataset"] = {"source": source.name}
+    if chat:
+        doc["spec"]["dataset"]["layout"] = "conversations"
+        doc["spec"]["stages"]["sft"] = {"enabled": False}
+    (folder / "run.yaml").write_text(yaml.safe_dump(doc))
+    (folder / "rows.count").write_text(str(rows_written))
+    return ["--no-plan", str(folder / "run.yaml")]
+
+
+def _swap_entry(rng: random.Random, path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    how = rng.choice(["loop", "device", "folder", "dangling", "fifo", "empty"])
+    if how == "loop":
+        path.symlink_to(path.name)
+    elif how == "device":
+        path.symlink_to("/dev/zero")
+    elif how == "folder":
+        path.mkdir()
+    elif how == "dangling":
+        path.symlink_to("/nonexistent/x")
+    elif how == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text("")
+
+
+def case_model(rng: random.Random, folder: Path, cache: Path) -> list[str]:
+    model = folder / "model"
+    shutil.copytree(cache / "models" / TINY_MODEL, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    for _ in range(rng.choice([0, 1, 1, 2])):
+        name = rng.choice(["config.json"] * 3 + ["tokenizer_config.json", "tokenizer.json", "chat_template.jinja"])
+        path = model / name
+        roll = rng.random()
+        if roll < 0.08:
+            _swap_entry(rng, path)
+        elif roll < 0.2 and path.is_file():
+            text = path.read_text()
+            path.write_text(text[: rng.randrange(len(text) or 1)])
+        elif name.endswith(".json") and path.is_file():
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and data:
+                key = rng.choice(list(data)) if rng.random() < 0.7 else rng.choice(["chat_template", "head_dim"])
+                data[key] = nudge(rng, data.get(key, 64))
+                if rng.random() < 0.1:
+                    data.pop(key)
+            path.write_text(json.dumps(data, allow_nan=True))
+        elif path.is_file():
+            path.write_text(rng.choice(["{{ messages[0]['content'] }}", "{% for m in messages %}", "", "{{ 1/0 }}"]))
+    if rng.random() < 0.05:
+        _swap_entry(rng, model)
+    doc = copy.deepcopy(TINY)
+    doc["spec"]["teacher"]["model"] = "./model"
+    doc["spec"]["student"]["model"] = "./model" if rng.random() < 0.5 else "builtin:tiny-qwen2"
+    if rng.random() < 0.4:
+        doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server"}
+        doc["spec"]["resources"]["generator"] = rng.choice(POOLS["resources.generator"])
+    (folder / "run.yaml").write_text(yaml.safe_dump(doc))
+    return [str(folder / "run.yaml")]
+
+
+def case_format(rng: random.Random, folder: Path) -> list[str]:
+    fmt = copy.deepcopy(DEFAULT_FORMAT)
+    for _ in range(rng.choice([0, 1, 1, 2])):
+        if not leaves(fmt):
+            break
+        path = rng.choice(leaves(fmt))
+        node: Any = fmt
+        for p in path:
+            node = node[p]
+        if rng.random() < 0.15 and len(path) > 0:
+            set_at(fmt, path, None, delete=True)
+        else:
+            set_at(fmt, path, nudge(rng, node) if rng.random() < 0.7 else rng.choice(SPECIAL))
+    text = yaml.safe_dump(fmt, allow_unicode=True, sort_keys=False)
+    (folder / "fmt.yaml").write_text(edit_text(rng, text) if rng.random() < 0.1 else text)
+    doc = copy.deepcopy(TINY)
+    doc["spec"]["format"] = {"file": "fmt.yaml"}
+    (folder / "run.yaml").write_text(yaml.safe_dump(doc))
+    return ["--no-plan", str(folder / "run.yaml")]
+
+
+def case_yaml(rng: random.Random, folder: Path) -> list[str]:
+    data = bytearray(yaml.safe_dump(copy.deepcopy(EXAMPLES[rng.choice(list(EXAMPLES))]), sort_keys=False).encode())
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        i = rng.randrange(len(data))
+        roll = rng.random()
+        if roll < 0.3:
+            del data[i : i + rng.randint(1, 8)]
+        elif roll < 0.6:
+            data[i:i] = data[i : i + rng.randint(1, 16)]
+        elif roll < 0.8:
+            data[i] = rng.choice(b"\t :-[]{}#&*!|>'\"%@`,?\x00\xff\n")
+        else:
+            data[i:i] = rng.choice(["\u00a0", "\ufeff", "\u2028", "\t"]).encode()
+    (folder / "run.yaml").write_bytes(bytes(data))
+    return ["--no-data", "--no-plan", str(folder / "run.yaml")]
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def _too_long(_signum: int, _frame: Any) -> None:
+    raise TimeoutError("the warm-up took longer than --hang")
+
+
+def validate(argv: list[str]) -> dict[str, Any]:
+    """`rlt validate ARGV` in this process: exit code, stdout and stderr, or the traceback of what it raised."""
     from rlt.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    signal.alarm(hang)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(["validate", *argv])
-    finally:
-        signal.alarm(0)
-    return code, out.getvalue(), err.getvalue()
+    except BaseException:  # noqa: BLE001 - anything out of the door is the run's finding
+        return {"code": None, "out": out.getvalue(), "err": err.getvalue() + traceback.format_exc()}
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
 
 
-def _set(doc: dict[str, Any], path: str, value: Any) -> None:
-    node = doc["spec"]
-    *parents, last = path.split(".")
-    for p in parents:
-        if not isinstance(node.get(p), dict):
-            node[p] = {}
-        node = node[p]
-    node[last] = value
-
-
-def family_run_files(folder: Path, changes: list[tuple[str, Any]], hang: int) -> str:
-    doc = copy.deepcopy(TINY)
-    for path, value in changes:
-        _set(doc, path, value)
-    run = folder / "run.yaml"
-    run.write_text(yaml.safe_dump(doc, allow_unicode=True))
-    code, _, err = door(["--no-data", str(run)], hang)
-    assert code in (0, 1) and "Traceback" not in err, (code, err)
-    return "accepted" if code == 0 else "refused"
-
-
-def family_rows(folder: Path, rows: list[Any], hang: int) -> str:
-    data = folder / "rows.jsonl"
-    data.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
-    doc = copy.deepcopy(TINY)
-    doc["spec"]["dataset"] = {"source": str(data)}
-    run = folder / "run.yaml"
-    run.write_text(yaml.safe_dump(doc))
-    code, out, err = door(["--no-plan", str(run)], hang)
-    assert code in (0, 1) and "Traceback" not in err, (code, err)
-    if code == 0:  # no silent drop: every row written is a usable row
-        used = re.search(r"spec\.dataset: (\d+) usable rows", out)
-        assert used and int(used.group(1)) == len(rows), (len(rows), out)
-    return "accepted" if code == 0 else "refused"
-
-
-def family_model_files(folder: Path, config: Any, cut: int, hang: int) -> str:
-    model = folder / "model"
-    model.mkdir(exist_ok=True)
-    text = json.dumps(config, allow_nan=True)
-    (model / "config.json").write_text(text[: max(0, len(text) - cut)])
-    doc = copy.deepcopy(TINY)
-    doc["spec"]["teacher"]["model"] = str(model)
-    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server"}
-    doc["spec"]["resources"]["generator"] = {"gpus": 2, "tensorParallelSize": 2}
-    run = folder / "run.yaml"
-    run.write_text(yaml.safe_dump(doc))
-    code, _, err = door(["--no-data", str(run)], hang)
-    assert code in (0, 1) and "Traceback" not in err, (code, err)
-    return "accepted" if code == 0 else "refused"
-
-
-ROW = st.one_of(
-    st.fixed_dictionaries({"question": TEXT, "solution": TEXT}, optional={"reasoning_trace": TEXT, "system": TEXT}),
-    st.fixed_dictionaries(
-        {
-            "conversations": st.lists(
-                st.dictionaries(st.sampled_from(["from", "role", "value", "content"]), VALUE, max_size=4), max_size=4
-            )
-        }
-    ),
-    st.dictionaries(TEXT, VALUE, max_size=4),
-)
-CONFIG = st.fixed_dictionaries(
-    {
-        "model_type": st.sampled_from(["qwen2", "llama", "bert", "gpt2"]),
-        "architectures": st.lists(
-            st.sampled_from(["Qwen2ForCausalLM", "BertForMaskedLM", "T5ForConditionalGeneration", "GPT2LMHeadModel"]),
-            max_size=2,
-        ),
-    },
-    optional={
-        k: st.one_of(st.integers(-2, 10**12), st.sampled_from([0, 1, 2, 4, 64, 4096]), VALUE)
-        for k in (
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
-            "max_position_embeddings",
-            "head_dim",
-        )
-    },
-)
-
-
-def _property(family: str, strategy: Any, check: Any, seed: int, batch: int, hang: int, end: float, record: Any) -> Any:
-    """One seeded hypothesis run of `check` over `strategy` (examples past the end time are skipped)."""
-
-    @fixed_seed(seed)
-    @settings(
-        max_examples=batch,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
-    @given(value=strategy)
-    def one(value: Any) -> None:
-        if time.monotonic() > end:
-            return
+def in_child(argv: list[str], cwd: Path, hang: float) -> dict[str, Any] | None:
+    """validate(ARGV) in a forked child, from `cwd`; None when it took over `hang` seconds (the child is killed)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, never return into the parent's loop
+        os.close(read)
         try:
-            record(family, check(value))
-        except Hang:
-            raise AssertionError(f"hang over {hang} s") from None
+            os.chdir(cwd)
+            payload = json.dumps(validate(argv)).encode()
+        except BaseException:  # noqa: BLE001
+            payload = json.dumps({"code": None, "out": "", "err": traceback.format_exc()}).encode()
+        with os.fdopen(write, "wb") as f:
+            f.write(payload)
+        os._exit(0)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + hang
+    with os.fdopen(read, "rb") as f:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([f], [], [], max(left, 0))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            chunk = os.read(f.fileno(), 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if not chunks:  # the child died before answering (a signal, a crash in C)
+        return {"code": None, "out": "", "err": f"child ended with status {status} and no answer"}
+    answer: dict[str, Any] = json.loads(b"".join(chunks))
+    return answer
 
-    return one
+
+def verdicts(family: str, folder: Path, answer: dict[str, Any] | None) -> list[str]:
+    """The case's counts beyond `tried`: accepted or refused, and any failure."""
+    if answer is None:
+        return ["hang"]
+    code, out, err = answer["code"], answer["out"], answer["err"]
+    if code not in (0, 1) or "Traceback (most recent call last)" in err + out:
+        return ["traceback"]
+    found = ["accepted" if code == 0 else "refused"]
+    if code == 1:
+        lines = [x for x in err.splitlines() if x.strip() and not x.endswith(": INVALID") and x.startswith("  ")]
+        if not lines or any(not NAMED.match(x.strip()) for x in lines if not x.startswith("    ")):
+            found.append("unnamed")
+    if family == "rows" and code == 0:
+        written = int((folder / "rows.count").read_text())
+        used = re.search(r"spec\.dataset: (\d+) usable rows", out)
+        if not used or int(used.group(1)) != written:
+            found.append("silent_drop")
+    return found
+
+
+MAKERS = {
+    "run": lambda rng, folder, cache: case_run(rng, folder),
+    "rows": lambda rng, folder, cache: case_rows(rng, folder),
+    "model": case_model,
+    "format": lambda rng, folder, cache: case_format(rng, folder),
+    "yaml": lambda rng, folder, cache: case_yaml(rng, folder),
+}
+
+
+def keep(folder: Path, into: Path) -> None:
+    """A failing case's files, links as links; a pipe or device is named, not opened (reading one would wait)."""
+
+    def special(where: str, names: list[str]) -> list[str]:
+        out = [
+            n for n in names if not (Path(where, n).is_symlink() or Path(where, n).is_dir() or Path(where, n).is_file())
+        ]
+        for n in out:
+            Path(into, Path(where).relative_to(folder), f"{n}.special").parent.mkdir(parents=True, exist_ok=True)
+            Path(into, Path(where).relative_to(folder), f"{n}.special").write_text("a pipe or device here")
+        return out
+
+    shutil.copytree(folder, into, symlinks=True, dirs_exist_ok=True, ignore=special)
+
+
+def one_case(family: str, seed: int, index: int, folder: Path, cache: Path, hang: float) -> tuple[list[str], str]:
+    argv = MAKERS[family](random.Random(f"{seed}:{family}:{index}"), folder, cache)
+    answer = in_child(argv, folder, hang)
+    shown = "" if answer is None else (answer["err"] + answer["out"])[-3000:]
+    return verdicts(family, folder, answer), shown
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=20)
     parser.add_argument("--seed", type=int, default=54)
-    parser.add_argument("--batch", type=int, default=50, help="examples per seed and family")
-    parser.add_argument("--hang", type=int, default=300, help="seconds one validate may take")
+    parser.add_argument("--hang", type=float, default=120, help="seconds one validate may take")
+    parser.add_argument("--keep", type=Path, default=Path(tempfile.gettempdir()) / "rlt-door-fuzz")
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--replay", help="FAMILY:INDEX: run that one case, print its output, keep its files")
     args = parser.parse_args()
-    signal.signal(signal.SIGALRM, _alarm)
-    stats: dict[str, dict[str, int]] = {
-        f: {"examples": 0, "accepted": 0, "refused": 0} for f in ("run", "rows", "model")
-    }
+    families = args.families.split(",")
+    home = Path(os.environ.get("RLT_CACHE", Path.home() / ".cache" / "rlt"))
+    work = Path(tempfile.mkdtemp(prefix="rlt-door-fuzz-"))
+    cache = work / "cache"  # the run's own tokenizer cache; the built-in models are read from the user's
+    (cache / "models").mkdir(parents=True)
+    (cache / "models" / TINY_MODEL).symlink_to(home / "models" / TINY_MODEL)
+    os.environ["RLT_CACHE"] = str(cache)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the children are forked: no thread pool to inherit
+    import rlt.cli  # noqa: F401 - imported once, before the children are forked
+
+    if args.replay:
+        family, index = args.replay.split(":")
+        folder = args.keep / f"{family}-{index}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        found, shown = one_case(family, args.seed, int(index), folder, cache, args.hang)
+        print(shown, "\n", found, f"\nfiles: {folder}")
+        return
+    for family in families:  # once in this process: what the cases import is imported before they are forked
+        folder = work / f"warm-{family}"
+        folder.mkdir()
+        argv = MAKERS[family](random.Random(f"{args.seed}:{family}:warm"), folder, cache)
+        here = Path.cwd()
+        os.chdir(folder)
+        signal.signal(signal.SIGALRM, _too_long)
+        signal.alarm(int(args.hang))  # a warm-up that waits (a pipe opened) is stopped, not waited for
+        try:
+            validate(argv)
+        finally:
+            signal.alarm(0)
+            os.chdir(here)
+    stats = {f: dict.fromkeys(COUNTS, 0) for f in families}
     failures: list[str] = []
-    end = time.monotonic() + args.minutes * 60
-    current = args.seed
-    with tempfile.TemporaryDirectory(prefix="rlt-door-fuzz-") as tmp:
-        folder = Path(tmp)
-
-        def record(family: str, verdict: str) -> None:
-            stats[family]["examples"] += 1
-            stats[family][verdict] += 1
-
-        cases = {
-            "run": (
-                st.lists(st.tuples(st.sampled_from(PATHS), VALUE), min_size=1, max_size=3),
-                lambda v: family_run_files(folder, v, args.hang),
-            ),
-            "rows": (st.lists(ROW, min_size=1, max_size=6), lambda v: family_rows(folder, v, args.hang)),
-            "model": (
-                st.tuples(CONFIG, st.integers(0, 40)),
-                lambda v: family_model_files(folder, v[0], v[1], args.hang),
-            ),
-        }
-        while time.monotonic() < end:
-            for family, (strategy, check) in cases.items():
-                one = _property(family, strategy, check, current, args.batch, args.hang, end, record)
-                try:
-                    one()
-                except Exception as exc:  # noqa: BLE001 - a failure is the run's finding: kept, with its seed
-                    inner = getattr(exc, "exceptions", None)  # hypothesis' FlakyFailure: the first call's error
-                    shown = inner[0] if inner else exc
-                    line = "".join(traceback.format_exception_only(shown)).strip().replace("\n", " | ")[:800]
-                    failures.append(f"seed {current} family {family}: {line}")
-                    print(failures[-1], flush=True)
-            current += 1
-            print(f"seeds {args.seed}..{current - 1}: {json.dumps(stats)}", flush=True)
-    print(f"done: seeds {args.seed}..{current - 1}, {json.dumps(stats)}, {len(failures)} failure(s)")
+    start = time.monotonic()
+    end, index = start + args.minutes * 60, 0
+    while time.monotonic() < end:
+        for family in families:
+            folder = work / f"{family}-{index}"
+            folder.mkdir()
+            found, shown = one_case(family, args.seed, index, folder, cache, args.hang)
+            stats[family]["tried"] += 1
+            for v in found:
+                stats[family][v] += 1
+            bad = [v for v in found if v not in ("accepted", "refused")]
+            if bad:
+                failures.append(f"{family}:{index} {'+'.join(bad)}: {shown.strip()[-600:]!r}")
+                print(f"FAIL {failures[-1]}", flush=True)
+                keep(folder, args.keep / f"{family}-{index}")
+            shutil.rmtree(folder, ignore_errors=True)
+        index += 1
+        if index % 10 == 0:
+            print(f"{(time.monotonic() - start) / 60:.1f} min, {index} rounds: {json.dumps(stats)}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    totals = {c: sum(s[c] for s in stats.values()) for c in COUNTS}
+    print(f"done: seed {args.seed}, {args.minutes} min, cases 0..{index - 1} of each family")
+    for family, s in stats.items():
+        print(f"  {family:<7}" + "  ".join(f"{c} {s[c]}" for c in COUNTS))
+    print("  total  " + "  ".join(f"{c} {totals[c]}" for c in COUNTS))
+    print(f"{len(failures)} failing case(s), kept under {args.keep}:")
     for f in failures:
         print("  " + f)
     sys.exit(1 if failures else 0)

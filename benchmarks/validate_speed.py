@@ -8,8 +8,10 @@ two yardsticks timed in the same run, in turn (A B C A B C ...), so a machine wh
   old:      with --old REF, `rlt validate` of rlt as it was at commit REF (extracted with git archive), the same file.
 
 One warm-up run of each file first (it fills rlt's tokenizer cache for a built-in model and Python's bytecode).
-Prints the median wall seconds of each, and each file's median ratio (pair by pair) to the heavy run. Targets
-(issue 54): tiny <= 1.5 s, paper-7b <= 3 s on an idle core. Read the ratios on a busy machine.
+Prints the median wall seconds of each and the median CPU seconds (user + system of the process, from
+getrusage(RUSAGE_CHILDREN)), and each file's median ratio (pair by pair) to the heavy run and to the old commit. The
+CPU time is about the wall time on an idle core (on a busy machine the wall time also counts waiting for a core).
+Targets (issue 54): tiny <= 1.5 s, paper-7b <= 3 s on an idle core.
 
     nice -n 10 .venv/bin/python benchmarks/validate_speed.py [--runs 7] [--old dae8c77]
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,16 +36,24 @@ FILES = {
 HEAVY = "import torch, transformers, trl, deepspeed; "  # what `rlt validate` imported for every file before
 
 
-def _timed(argv: list[str], pythonpath: str | None = None) -> float:
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(argv: list[str], pythonpath: str | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of `argv`. On a busy machine the wall time includes waiting for a
+    core; the CPU time (user + system of the child) is about what the wall time is on an idle core."""
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    start = time.perf_counter()
+    cpu, start = _cpu(), time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, cwd=ROOT)
-    took = time.perf_counter() - start
+    took, used = time.perf_counter() - start, _cpu() - cpu
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return took
+    return took, used
 
 
 def commands(path: Path, old: bool) -> dict[str, list[str]]:
@@ -71,22 +82,25 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlt-old-") as tmp:
         old_path = extract(args.old, Path(tmp)) if args.old else None
-        head = f"{'file':<10}{'validate':>10}{'startup':>10}{'heavy':>10}" + (f"{'old':>10}" if old_path else "")
-        print(head + f"{'validate/heavy':>16}" + (f"{'validate/old':>14}" if old_path else "") + "  (median wall s)")
+        keys = ["validate", "startup", "heavy", *(["old"] if old_path else [])]
+        head = f"{'file':<10}{'':<6}" + "".join(f"{k:>10}" for k in keys)
+        print(head + f"{'validate/heavy':>16}" + (f"{'validate/old':>14}" if old_path else "") + "  (medians, s)")
         for name, path in FILES.items():
             cmds = commands(path, old_path is not None)
             for key in ("validate", "old") if old_path else ("validate",):  # warm-up: bytecode, tokenizer cache
                 _timed(cmds[key], old_path if key == "old" else None)
-            times: dict[str, list[float]] = {k: [] for k in cmds}
+            wall: dict[str, list[float]] = {k: [] for k in cmds}
+            cpu: dict[str, list[float]] = {k: [] for k in cmds}
             for _ in range(args.runs):
                 for key, argv in cmds.items():
-                    times[key].append(_timed(argv, old_path if key == "old" else None))
-            med = {k: statistics.median(v) for k, v in times.items()}
-            line = f"{name:<10}{med['validate']:>10.2f}{med['startup']:>10.2f}{med['heavy']:>10.2f}"
-            line += f"{med['old']:>10.2f}" if old_path else ""
-            line += f"{_ratio(times['validate'], times['heavy']):>16.2f}"
-            line += f"{_ratio(times['validate'], times['old']):>14.2f}" if old_path else ""
-            print(line, flush=True)
+                    took, used = _timed(argv, old_path if key == "old" else None)
+                    wall[key].append(took)
+                    cpu[key].append(used)
+            for label, times in (("wall", wall), ("cpu", cpu)):
+                line = f"{name:<10}{label:<6}" + "".join(f"{statistics.median(times[k]):>10.2f}" for k in keys)
+                line += f"{_ratio(times['validate'], times['heavy']):>16.2f}"
+                line += f"{_ratio(times['validate'], times['old']):>14.2f}" if old_path else ""
+                print(line, flush=True)
 
 
 def _ratio(a: list[float], b: list[float]) -> float:
