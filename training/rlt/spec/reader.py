@@ -5,7 +5,9 @@ traceback, never a silent choice:
 - YAML 1.2 (core schema): `1e-5` is a number, `yes`/`on` are text. A plain scalar that kubectl's YAML 1.1 reader
   reads otherwise (yes/no/on/off/y/n, 0777, 0b101, 1_000, the merge key `<<`) is refused: quote it or write it
   unambiguously, so the file means one thing to `rlt validate` and to `kubectl apply`.
-- A mapping key given twice is refused (the API server's strict decoding refuses it; PyYAML keeps the last).
+- A mapping key given twice is refused (the API server's strict decoding refuses it; PyYAML keeps the last), and so
+  are two plain keys kubectl sends as one (`0x1` and `1`, `true` and `TRUE`: rlt.spec.kubectl_keys), a plain key it
+  sends as another text, and a null key.
 - At most MAX_BYTES of text, MAX_DOCUMENTS documents and MAX_VALUES values (aliases expanded), each bound applied
   while reading, so reading stops at the bound; time linear in the text (PyYAML's scanner and parser are).
 - Integers within int64, numbers finite (JSON, and so the API server, has no infinity or NaN), text without lone
