@@ -5,7 +5,8 @@ two yardsticks timed in the same run, in turn (A B C A B C ...), so a machine wh
   heavy:    the same validate after importing what the door imported before issue 54 (torch, transformers, TRL,
             DeepSpeed; DS_ACCELERATOR=cpu) — the import cost the lazy door no longer pays.
 
-  old:      with --old REF, `rlt validate` of rlt as it was at commit REF (extracted with git archive), the same file.
+  old:      with --old REF, `rlt validate` of rlt as it was at commit REF (extracted with git archive), of the same
+            example as it was at REF (a field added since would be unknown to it).
 
 One warm-up run of each file first (it fills rlt's tokenizer cache for a built-in model and Python's bytecode).
 Prints the median wall seconds of each and the median CPU seconds (user + system of the process, from
@@ -56,21 +57,23 @@ def _timed(argv: list[str], pythonpath: str | None = None) -> tuple[float, float
     return took, used
 
 
-def commands(path: Path, old: bool) -> dict[str, list[str]]:
+def commands(path: Path, old_root: Path | None) -> dict[str, list[str]]:
     validate = f"from rlt.cli import main; raise SystemExit(main(['validate', {str(path)!r}]))"
     out = {
         "validate": [sys.executable, "-m", "rlt.cli", "validate", str(path)],
         "startup": [sys.executable, "-c", "import rlt.cli"],
         "heavy": [sys.executable, "-c", HEAVY + validate],
     }
-    if old:
-        out["old"] = out["validate"]
+    if old_root is not None:  # the example as it was then: a field added since is unknown to the old rlt
+        out["old"] = [sys.executable, "-m", "rlt.cli", "validate", str(old_root / path.relative_to(ROOT))]
     return out
 
 
 def extract(ref: str, into: Path) -> str:
-    """rlt's packages as they were at `ref`: a PYTHONPATH for them."""
-    archive = subprocess.run(["git", "archive", ref, "training", "operator"], cwd=ROOT, capture_output=True, check=True)
+    """rlt's packages and examples as they were at `ref`: a PYTHONPATH for the packages."""
+    archive = subprocess.run(
+        ["git", "archive", ref, "training", "operator", "manifests/examples"], cwd=ROOT, capture_output=True, check=True
+    )
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return f"{into / 'training'}:{into / 'operator'}"
 
@@ -79,14 +82,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--old", help="a git commit of this repository: also time its `rlt validate`")
+    parser.add_argument("--files", default=",".join(FILES), help=f"which of {', '.join(FILES)}")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlt-old-") as tmp:
         old_path = extract(args.old, Path(tmp)) if args.old else None
         keys = ["validate", "startup", "heavy", *(["old"] if old_path else [])]
         head = f"{'file':<10}{'':<6}" + "".join(f"{k:>10}" for k in keys)
         print(head + f"{'validate/heavy':>16}" + (f"{'validate/old':>14}" if old_path else "") + "  (medians, s)")
-        for name, path in FILES.items():
-            cmds = commands(path, old_path is not None)
+        for name, path in ((n, FILES[n]) for n in args.files.split(",")):
+            cmds = commands(path, Path(tmp) if old_path else None)
             for key in ("validate", "old") if old_path else ("validate",):  # warm-up: bytecode, tokenizer cache
                 _timed(cmds[key], old_path if key == "old" else None)
             wall: dict[str, list[float]] = {k: [] for k in cmds}
