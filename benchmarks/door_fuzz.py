@@ -1,21 +1,36 @@
-"""A long property run of the door (issue 54): `rlt validate` over generated run files, data rows and local model
-files, for a given number of minutes, with fixed seeds (seed, seed+1, ... one hypothesis run of --batch examples
-each). For every example: no exception (a traceback), an exit code of 0 or 1, an answer within --hang seconds, and
-no silent drop: a data file that validate accepts has every row it holds counted as usable (badRows: reject).
+"""A long property run of the door (issue 54): `rlt validate` over files made by mutating valid ones, for a given
+number of minutes, with a fixed seed. Five families, in turn:
 
-    nice -n 19 .venv/bin/python benchmarks/door_fuzz.py --minutes 20 --seed 54
+  run:    a run file of manifests/examples/ with 0-3 mutations: a leaf nudged (a number moved past a bound, a text
+          emptied, spaced, recased), a key dropped, a field set from a pool of near-valid values (outputs, node
+          selectors, env sources, revisions, rates), or the YAML text edited (a line doubled, a plain scalar that YAML
+          1.1 reads otherwise, a key respelled as kubectl would read it);
+  rows:   a data file or folder (jsonl, json, csv, parquet; chat rows too), most rows valid, some nudged;
+  model:  a model folder made from the built-in tiny Qwen2's config.json and tokenizer files, one or two of them
+          nudged, cut short or replaced by a link, a loop, a device or a folder;
+  format: a format file (format.file) made from the bundled default, a tag or prompt nudged;
+  yaml:   a run file's text with bytes cut, doubled or swapped.
 
-Prints per family the examples run, accepted, refused and every failure (with its seed); exit 1 when any failed.
+Each case runs in a forked child (the parent imported rlt once), so a case that hangs in C code is killed at --hang
+seconds and counted, and no case sees another's state. Per family it counts: tried, accepted, refused, tracebacks
+(an exception out of `rlt validate`, or an exit code other than 0 and 1), hangs, silent drops (data accepted with
+fewer usable rows than the file holds) and unnamed refusals (a refusal line that names no field, row or file).
+Each failing case's files are kept under --keep; `--replay FAMILY:INDEX` runs one case again.
+
+    nice -n 19 .venv/bin/python benchmarks/door_fuzz.py --minutes 20 --seed 54 --keep /tmp/door-fuzz
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import io
 import json
+import os
+import random
 import re
+import select
+import shutil
 import signal
 import sys
 import tempfile
@@ -24,238 +39,182 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import seed as fixed_seed
-from hypothesis import strategies as st
+from door_fuzz_cases import MAKERS, TINY_MODEL  # the script's folder is on sys.path
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = yaml.safe_load((ROOT / "manifests" / "examples" / "rltrun-tiny.yaml").read_text())
-INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u200e\u202e\u3164\u2800\u00ad"
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "<|begin_of_thought|>"]
-TEXT = st.one_of(
-    st.text(max_size=40),
-    st.text(st.sampled_from(INVISIBLE + " \t\n"), max_size=6),
-    st.sampled_from(SPECIAL).map(lambda t: f"What is 1+1?{t}"),
-    st.sampled_from(["What is 2 + 3?", "5", "add them", "", " "]),
-)
-SCALAR = st.one_of(
-    TEXT,
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(),
-    st.none(),
-)
-VALUE = st.recursive(
-    SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3), max_leaves=8
+FAMILIES = ("run", "rows", "model", "format", "yaml")
+COUNTS = ("tried", "accepted", "refused", "traceback", "hang", "silent_drop", "unnamed")
+# A refusal line names a field (spec.x, metadata.name), the file or its document, or a row of the data ("where: ...");
+# a problem of the whole file (its encoding, its size) is under the line naming the file.
+NAMED = re.compile(
+    r"(spec|metadata|apiVersion|kind)\b|<\w+>: |document \d+: |[^:\n]+: |(not a UTF-8|file not found|cannot read|\d+ bytes, over|the text holds)"
 )
 
-PATHS = [
-    "teacher.model",
-    "teacher.revision",
-    "student.model",
-    "dataset.source",
-    "dataset.split",
-    "dataset.size",
-    "dataset.layout",
-    "dataset.columns.system",
-    "format.file",
-    "format.preset",
-    "rcl.format",
-    "method",
-    "stages.rl.generation.mode",
-    "stages.rl.generation.maxModelLen",
-    "stages.rl.maxPromptLength",
-    "resources.generator.tensorParallelSize",
-    "resources.generator.gpus",
-    "storage.writeBytesPerSecond",
-    "scheduling.queueName",
-    "scheduling.nodeSelector",
-    "outputs.teacher",
-    "outputs.student",
-    "env",
-    "seed",
-]
+# ------------------------------------------------------------------------------------------------ running
 
 
-class Hang(Exception):
-    pass
+def _too_long(_signum: int, _frame: Any) -> None:
+    raise TimeoutError("the warm-up took longer than --hang")
 
 
-def _alarm(_signum: int, _frame: Any) -> None:
-    raise Hang
-
-
-def door(argv: list[str], hang: int) -> tuple[int, str, str]:
-    """`rlt validate ARGV` in this process: (exit code, stdout, stderr); Hang past `hang` seconds."""
+def validate(argv: list[str]) -> dict[str, Any]:
+    """`rlt validate ARGV` in this process: exit code, stdout and stderr, or the traceback of what it raised."""
     from rlt.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    signal.alarm(hang)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(["validate", *argv])
-    finally:
-        signal.alarm(0)
-    return code, out.getvalue(), err.getvalue()
+    except BaseException:  # noqa: BLE001 - anything out of the door is the run's finding
+        return {"code": None, "out": out.getvalue(), "err": err.getvalue() + traceback.format_exc()}
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
 
 
-def _set(doc: dict[str, Any], path: str, value: Any) -> None:
-    node = doc["spec"]
-    *parents, last = path.split(".")
-    for p in parents:
-        if not isinstance(node.get(p), dict):
-            node[p] = {}
-        node = node[p]
-    node[last] = value
-
-
-def family_run_files(folder: Path, changes: list[tuple[str, Any]], hang: int) -> str:
-    doc = copy.deepcopy(TINY)
-    for path, value in changes:
-        _set(doc, path, value)
-    run = folder / "run.yaml"
-    run.write_text(yaml.safe_dump(doc, allow_unicode=True))
-    code, _, err = door(["--no-data", str(run)], hang)
-    assert code in (0, 1) and "Traceback" not in err, (code, err)
-    return "accepted" if code == 0 else "refused"
-
-
-def family_rows(folder: Path, rows: list[Any], hang: int) -> str:
-    data = folder / "rows.jsonl"
-    data.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
-    doc = copy.deepcopy(TINY)
-    doc["spec"]["dataset"] = {"source": str(data)}
-    run = folder / "run.yaml"
-    run.write_text(yaml.safe_dump(doc))
-    code, out, err = door(["--no-plan", str(run)], hang)
-    assert code in (0, 1) and "Traceback" not in err, (code, err)
-    if code == 0:  # no silent drop: every row written is a usable row
-        used = re.search(r"spec\.dataset: (\d+) usable rows", out)
-        assert used and int(used.group(1)) == len(rows), (len(rows), out)
-    return "accepted" if code == 0 else "refused"
-
-
-def family_model_files(folder: Path, config: Any, cut: int, hang: int) -> str:
-    model = folder / "model"
-    model.mkdir(exist_ok=True)
-    text = json.dumps(config, allow_nan=True)
-    (model / "config.json").write_text(text[: max(0, len(text) - cut)])
-    doc = copy.deepcopy(TINY)
-    doc["spec"]["teacher"]["model"] = str(model)
-    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server"}
-    doc["spec"]["resources"]["generator"] = {"gpus": 2, "tensorParallelSize": 2}
-    run = folder / "run.yaml"
-    run.write_text(yaml.safe_dump(doc))
-    code, _, err = door(["--no-data", str(run)], hang)
-    assert code in (0, 1) and "Traceback" not in err, (code, err)
-    return "accepted" if code == 0 else "refused"
-
-
-ROW = st.one_of(
-    st.fixed_dictionaries({"question": TEXT, "solution": TEXT}, optional={"reasoning_trace": TEXT, "system": TEXT}),
-    st.fixed_dictionaries(
-        {
-            "conversations": st.lists(
-                st.dictionaries(st.sampled_from(["from", "role", "value", "content"]), VALUE, max_size=4), max_size=4
-            )
-        }
-    ),
-    st.dictionaries(TEXT, VALUE, max_size=4),
-)
-CONFIG = st.fixed_dictionaries(
-    {
-        "model_type": st.sampled_from(["qwen2", "llama", "bert", "gpt2"]),
-        "architectures": st.lists(
-            st.sampled_from(["Qwen2ForCausalLM", "BertForMaskedLM", "T5ForConditionalGeneration", "GPT2LMHeadModel"]),
-            max_size=2,
-        ),
-    },
-    optional={
-        k: st.one_of(st.integers(-2, 10**12), st.sampled_from([0, 1, 2, 4, 64, 4096]), VALUE)
-        for k in (
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
-            "max_position_embeddings",
-            "head_dim",
-        )
-    },
-)
-
-
-def _property(family: str, strategy: Any, check: Any, seed: int, batch: int, hang: int, end: float, record: Any) -> Any:
-    """One seeded hypothesis run of `check` over `strategy` (examples past the end time are skipped)."""
-
-    @fixed_seed(seed)
-    @settings(
-        max_examples=batch,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
-    @given(value=strategy)
-    def one(value: Any) -> None:
-        if time.monotonic() > end:
-            return
+def in_child(argv: list[str], cwd: Path, hang: float) -> dict[str, Any] | None:
+    """validate(ARGV) in a forked child, from `cwd`; None when it took over `hang` seconds (the child is killed)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe, never return into the parent's loop
+        os.close(read)
         try:
-            record(family, check(value))
-        except Hang:
-            raise AssertionError(f"hang over {hang} s") from None
+            os.chdir(cwd)
+            payload = json.dumps(validate(argv)).encode()
+        except BaseException:  # noqa: BLE001
+            payload = json.dumps({"code": None, "out": "", "err": traceback.format_exc()}).encode()
+        with os.fdopen(write, "wb") as f:
+            f.write(payload)
+        os._exit(0)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + hang
+    with os.fdopen(read, "rb") as f:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([f], [], [], max(left, 0))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            chunk = os.read(f.fileno(), 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if not chunks:  # the child died before answering (a signal, a crash in C)
+        return {"code": None, "out": "", "err": f"child ended with status {status} and no answer"}
+    answer: dict[str, Any] = json.loads(b"".join(chunks))
+    return answer
 
-    return one
+
+def verdicts(family: str, folder: Path, answer: dict[str, Any] | None) -> list[str]:
+    """The case's counts beyond `tried`: accepted or refused, and any failure."""
+    if answer is None:
+        return ["hang"]
+    code, out, err = answer["code"], answer["out"], answer["err"]
+    if code not in (0, 1) or "Traceback (most recent call last)" in err + out:
+        return ["traceback"]
+    found = ["accepted" if code == 0 else "refused"]
+    if code == 1:
+        lines = [x for x in err.splitlines() if x.strip() and not x.endswith(": INVALID") and x.startswith("  ")]
+        if not lines or any(not NAMED.match(x.strip()) for x in lines if not x.startswith("    ")):
+            found.append("unnamed")
+    if family == "rows" and code == 0:
+        written = int((folder / "rows.count").read_text())
+        used = re.search(r"spec\.dataset: (\d+) usable rows", out)
+        if not used or int(used.group(1)) != written:
+            found.append("silent_drop")
+    return found
+
+
+def keep(folder: Path, into: Path) -> None:
+    """A failing case's files, links as links; a pipe or device is named, not opened (reading one would wait)."""
+
+    def special(where: str, names: list[str]) -> list[str]:
+        out = [
+            n for n in names if not (Path(where, n).is_symlink() or Path(where, n).is_dir() or Path(where, n).is_file())
+        ]
+        for n in out:
+            Path(into, Path(where).relative_to(folder), f"{n}.special").parent.mkdir(parents=True, exist_ok=True)
+            Path(into, Path(where).relative_to(folder), f"{n}.special").write_text("a pipe or device here")
+        return out
+
+    shutil.copytree(folder, into, symlinks=True, dirs_exist_ok=True, ignore=special)
+
+
+def one_case(family: str, seed: int, index: int, folder: Path, cache: Path, hang: float) -> tuple[list[str], str]:
+    argv = MAKERS[family](random.Random(f"{seed}:{family}:{index}"), folder, cache)
+    answer = in_child(argv, folder, hang)
+    shown = "" if answer is None else (answer["err"] + answer["out"])[-3000:]
+    return verdicts(family, folder, answer), shown
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=20)
     parser.add_argument("--seed", type=int, default=54)
-    parser.add_argument("--batch", type=int, default=50, help="examples per seed and family")
-    parser.add_argument("--hang", type=int, default=300, help="seconds one validate may take")
+    parser.add_argument("--hang", type=float, default=120, help="seconds one validate may take")
+    parser.add_argument("--keep", type=Path, default=Path(tempfile.gettempdir()) / "rlt-door-fuzz")
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--replay", help="FAMILY:INDEX: run that one case, print its output, keep its files")
     args = parser.parse_args()
-    signal.signal(signal.SIGALRM, _alarm)
-    stats: dict[str, dict[str, int]] = {
-        f: {"examples": 0, "accepted": 0, "refused": 0} for f in ("run", "rows", "model")
-    }
+    families = args.families.split(",")
+    home = Path(os.environ.get("RLT_CACHE", Path.home() / ".cache" / "rlt"))
+    work = Path(tempfile.mkdtemp(prefix="rlt-door-fuzz-"))
+    cache = work / "cache"  # the run's own tokenizer cache; the built-in models are read from the user's
+    (cache / "models").mkdir(parents=True)
+    (cache / "models" / TINY_MODEL).symlink_to(home / "models" / TINY_MODEL)
+    os.environ["RLT_CACHE"] = str(cache)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the children are forked: no thread pool to inherit
+    import rlt.cli  # noqa: F401 - imported once, before the children are forked
+
+    if args.replay:
+        family, index = args.replay.split(":")
+        folder = args.keep / f"{family}-{index}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        found, shown = one_case(family, args.seed, int(index), folder, cache, args.hang)
+        print(shown, "\n", found, f"\nfiles: {folder}")
+        return
+    for family in families:  # once in this process: what the cases import is imported before they are forked
+        folder = work / f"warm-{family}"
+        folder.mkdir()
+        argv = MAKERS[family](random.Random(f"{args.seed}:{family}:warm"), folder, cache)
+        here = Path.cwd()
+        os.chdir(folder)
+        signal.signal(signal.SIGALRM, _too_long)
+        signal.alarm(int(args.hang))  # a warm-up that waits (a pipe opened) is stopped, not waited for
+        try:
+            validate(argv)
+        finally:
+            signal.alarm(0)
+            os.chdir(here)
+    stats = {f: dict.fromkeys(COUNTS, 0) for f in families}
     failures: list[str] = []
-    end = time.monotonic() + args.minutes * 60
-    current = args.seed
-    with tempfile.TemporaryDirectory(prefix="rlt-door-fuzz-") as tmp:
-        folder = Path(tmp)
-
-        def record(family: str, verdict: str) -> None:
-            stats[family]["examples"] += 1
-            stats[family][verdict] += 1
-
-        cases = {
-            "run": (
-                st.lists(st.tuples(st.sampled_from(PATHS), VALUE), min_size=1, max_size=3),
-                lambda v: family_run_files(folder, v, args.hang),
-            ),
-            "rows": (st.lists(ROW, min_size=1, max_size=6), lambda v: family_rows(folder, v, args.hang)),
-            "model": (
-                st.tuples(CONFIG, st.integers(0, 40)),
-                lambda v: family_model_files(folder, v[0], v[1], args.hang),
-            ),
-        }
-        while time.monotonic() < end:
-            for family, (strategy, check) in cases.items():
-                one = _property(family, strategy, check, current, args.batch, args.hang, end, record)
-                try:
-                    one()
-                except Exception as exc:  # noqa: BLE001 - a failure is the run's finding: kept, with its seed
-                    inner = getattr(exc, "exceptions", None)  # hypothesis' FlakyFailure: the first call's error
-                    shown = inner[0] if inner else exc
-                    line = "".join(traceback.format_exception_only(shown)).strip().replace("\n", " | ")[:800]
-                    failures.append(f"seed {current} family {family}: {line}")
-                    print(failures[-1], flush=True)
-            current += 1
-            print(f"seeds {args.seed}..{current - 1}: {json.dumps(stats)}", flush=True)
-    print(f"done: seeds {args.seed}..{current - 1}, {json.dumps(stats)}, {len(failures)} failure(s)")
+    start = time.monotonic()
+    end, index = start + args.minutes * 60, 0
+    while time.monotonic() < end:
+        for family in families:
+            folder = work / f"{family}-{index}"
+            folder.mkdir()
+            found, shown = one_case(family, args.seed, index, folder, cache, args.hang)
+            stats[family]["tried"] += 1
+            for v in found:
+                stats[family][v] += 1
+            bad = [v for v in found if v not in ("accepted", "refused")]
+            if bad:
+                failures.append(f"{family}:{index} {'+'.join(bad)}: {shown.strip()[-600:]!r}")
+                print(f"FAIL {failures[-1]}", flush=True)
+                keep(folder, args.keep / f"{family}-{index}")
+            shutil.rmtree(folder, ignore_errors=True)
+        index += 1
+        if index % 10 == 0:
+            print(f"{(time.monotonic() - start) / 60:.1f} min, {index} rounds: {json.dumps(stats)}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    totals = {c: sum(s[c] for s in stats.values()) for c in COUNTS}
+    print(f"done: seed {args.seed}, {args.minutes} min, cases 0..{index - 1} of each family")
+    for family, s in stats.items():
+        print(f"  {family:<7}" + "  ".join(f"{c} {s[c]}" for c in COUNTS))
+    print("  total  " + "  ".join(f"{c} {totals[c]}" for c in COUNTS))
+    print(f"{len(failures)} failing case(s), kept under {args.keep}:")
     for f in failures:
         print("  " + f)
     sys.exit(1 if failures else 0)

@@ -173,6 +173,38 @@ def test_a_local_tokenizer_without_a_chat_template_is_one_line(tmp_path, capsys)
     assert "spec.teacher.model:" in err and "chat template" in err, err
 
 
+BROKEN_TEMPLATES = {
+    "drops the final message": "{{ messages[0]['content'] }}",
+    "cut short": "{% for m in messages %}{{ m['content'] }",
+    "unclosed block": "{% for m in messages %}",
+    "raises": "{{ raise_exception('no system turns') }}",
+    "divides by zero": "{{ 1 / 0 }}",
+}
+
+
+@pytest.mark.parametrize("template", list(BROKEN_TEMPLATES.values()), ids=list(BROKEN_TEMPLATES))
+def test_a_local_chat_template_that_cannot_render_the_prompts_is_one_line(tmp_path, capsys, template):
+    """A local tokenizer's chat template that fails on the teacher's prompt (a syntax error, a template that drops
+    the message the prompt continues, one that raises) is the teacher field's problem in one line, not a traceback."""
+    from rlt.data.models import resolve_model_path
+
+    src = Path(resolve_model_path("builtin:tiny-qwen2"))
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in src.iterdir():
+        if f.name != "chat_template.jinja":
+            (model / f.name).symlink_to(f)
+    (model / "chat_template.jinja").write_text(template)
+    doc = yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())
+    doc["spec"]["teacher"]["model"] = str(model)
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "--no-plan", str(run_file)]) == 1
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("  ")]
+    assert lines and lines[0].startswith("  spec.teacher.model:") and "chat template" in lines[0], err
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_pods_check_exits_with_the_data_code_for_a_bad_data_entry(tmp_path, monkeypatch, capsys, kind):
     """The trainer pods' preflight (python -m rlt.checks.validation): a data path that is a loop, a device, a pipe, a
@@ -188,3 +220,23 @@ def test_the_pods_check_exits_with_the_data_code_for_a_bad_data_entry(tmp_path, 
     assert pods_check([str(tmp_path / "run.yaml")]) == ExitCode.DATA_ERROR
     err = capsys.readouterr().err
     assert err.splitlines()[1].strip().startswith(("spec.dataset.source:", "spec.dataset:")), err
+
+
+def test_a_format_file_is_read_for_each_run_file_not_once_per_name(tmp_path, monkeypatch, capsys):
+    """Two run files in two folders, each naming its own `format.file: fmt.yaml`, checked from their folders in one
+    process (the fuzz run's children, a long-lived caller): each is checked against its own format file, and a
+    format file changed between two checks is read again."""
+    good = yaml.safe_load((Path(__file__).parents[2] / "training/rlt/method/formats/default.yaml").read_text())
+    bad = {**good, "tags": {}}
+    doc = yaml.safe_load((EXAMPLES / "rltrun-tiny.yaml").read_text())
+    doc["spec"]["format"] = {"file": "fmt.yaml"}
+    codes = []
+    for name, fmt in (("a", good), ("b", bad), ("a", bad)):
+        folder = tmp_path / name
+        folder.mkdir(exist_ok=True)
+        (folder / "fmt.yaml").write_text(yaml.safe_dump(fmt))
+        os.utime(folder / "fmt.yaml", ns=(len(codes) * 10**9, len(codes) * 10**9))  # a change the clock cannot hide
+        (folder / "run.yaml").write_text(yaml.safe_dump(doc))
+        monkeypatch.chdir(folder)
+        codes.append(main(["validate", "--no-data", "--no-plan", "run.yaml"]))
+    assert codes == [0, 1, 1], capsys.readouterr().err

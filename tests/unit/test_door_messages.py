@@ -1,6 +1,6 @@
 """Messages tested for truth (issue 54, class 4/6), written from the class: every refusal line starts with a field
-the run file format has, every "set <field>:" it suggests is a field that exists, and a value it quotes is one the
-file holds; a file that also holds a Namespace and a ServiceAccount (as `kubectl apply` takes it) is checked for its
+the run file format has, every "set <field>:" it suggests is a field that exists, a value it quotes is one the
+file holds, and what it says the file gives or lacks ("give exactly one of", "Field required") is true of the file; a file that also holds a Namespace and a ServiceAccount (as `kubectl apply` takes it) is checked for its
 RLTRuns, and the message says which documents were not checked."""
 
 from __future__ import annotations
@@ -77,12 +77,61 @@ PATCHES = [
 ]
 
 
+# One env source given, and invalid inside: the refusal is about that source, never "give exactly one of" (which
+# is false of a file that gives exactly one).
+SOURCES = [
+    {"fieldRef": {"fieldPath": "spec.nope"}},
+    {"fieldRef": {"fieldPath": "metadata.labels['a b']"}},
+    {"fieldRef": {"apiVersion": "v2", "fieldPath": "metadata.name"}},
+    {"resourceFieldRef": {"resource": "limits.nope"}},
+    {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "-1"}},
+    {"secretKeyRef": {"name": "Not_A_Name", "key": "token"}},
+    {"configMapKeyRef": {"name": "c", "key": "..data"}},
+    {"configMapKeyRef": {"name": "c"}},
+]
+PATCHES += [{"env": [{"name": "X", "valueFrom": source}]} for source in SOURCES]
+PATCHES += [{"env": [{"name": "X", "value": "1", "valueFrom": SOURCES[0]}]}]
+
+
+MISSING = object()
+
+
+def _at(doc: typing.Any, where: str) -> typing.Any:
+    """The file's value at a refusal line's field path ('spec.env.0.valueFrom'), MISSING where it holds none."""
+    node = doc
+    for part in where.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
+
+
+def claims_hold(line: str, doc: dict) -> bool:
+    """The line's claims about which fields the file gives are true of `doc`: "give exactly one of A, B" where the
+    file gives other than one of them, "Field required" where it gives none."""
+    where, _, message = line.partition(": ")
+    node = _at(doc, where)
+    one_of = re.search(r"exactly one of ((?:[A-Za-z]+, )*[A-Za-z]+)", message)
+    if one_of:
+        given = [f for f in one_of.group(1).split(", ") if isinstance(node, dict) and f in node]
+        return len(given) != 1
+    if message.startswith("Field required"):
+        return node is MISSING
+    return True
+
+
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: next(iter(p)))
 def test_each_refusal_line_names_real_fields_and_values_of_the_file(patch):
     problems = _problems(patch)
     assert problems, patch
     written = yaml.safe_dump(patch)
+    doc = tiny_doc()
+    deep_merge(doc["spec"], patch)
     for line in problems:
+        assert claims_hold(line, doc), f"false of the file: {line} (all: {problems})"
         field = line.split(":", 1)[0]
         assert field_exists(field), f"{field!r} is no field: {line}"
         for suggested in re.findall(r"\bset (spec\.[A-Za-z0-9_.]+|[a-z][A-Za-z0-9_.]*):", line):
@@ -110,6 +159,13 @@ def test_a_file_with_a_namespace_and_a_service_account_checks_the_runs_and_says_
     path.write_text(extra + yaml.safe_dump(bad))  # the run's own problems are still found, named by document
     assert main(["validate", "--no-data", "--no-plan", str(path)]) == 1
     assert "document 2: spec.seed" in capsys.readouterr().err
+
+
+def test_claims_hold_knows_a_false_one_of():
+    doc = {"spec": {"env": [{"name": "X", "valueFrom": {"fieldRef": {}}}]}}
+    assert not claims_hold("spec.env.0.valueFrom: give exactly one of secretKeyRef, fieldRef", doc)
+    assert claims_hold("spec.env.0.valueFrom: give exactly one of secretKeyRef, fieldRef", {"spec": {"env": [{}]}})
+    assert not claims_hold("spec.env.0.name: Field required", doc)
 
 
 def test_field_exists_knows_the_schema():

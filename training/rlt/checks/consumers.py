@@ -1,18 +1,22 @@
 """Each value checked by the rules of what consumes it, where the spec model cannot see them: hub ids by the hub
-library's own validator, W&B's key where online mode needs it, and the sizes of what the operator creates from the
-run (the run's YAML in the ConfigMap and in the trainer pods' RLT_RUN_YAML, a pod's annotations, one env value)
-against the limits of the API server and of Linux' execve. Every line names the spec field to change."""
+library's own validator, W&B's key where online mode needs it, file:// outputs off the run's own volume, and the
+sizes of what the operator creates from the run (the run's YAML in the ConfigMap and in the trainer pods'
+RLT_RUN_YAML, a pod's annotations, one env value) against the limits of the API server and of Linux' execve.
+Every line names the spec field to change."""
 
 from __future__ import annotations
 
 import json
+import posixpath
 from pathlib import Path
 from typing import Any
 
 from rlt.contract.env import RUN_YAML
+from rlt.contract.layout import PVC_MOUNT
 from rlt.contract.outputs import RUN_PRODUCTS
 from rlt.spec.loading import dump_run
 from rlt.spec.run import Metadata, RLTRun, RLTRunSpec
+from rlt.spec.tracking_outputs import output_place
 
 # --------------------------------------------------------------------------------------------------- hub ids
 
@@ -73,6 +77,30 @@ def hub_id_problems(spec: RLTRunSpec, local_files: bool = True) -> list[str]:
             problem = _hub_id_problem(repo, None)
             if problem:
                 out.append(f"spec.outputs.{product.output}: {problem}")
+    return out
+
+
+def output_volume_problems(spec: RLTRunSpec, name: str | None) -> list[str]:
+    """An output is a copy off the run's volume: a file:// destination on the volume the pods mount at PVC_MOUNT
+    (inside the run's own folder PVC_MOUNT/<name>, or beside it) would copy the run's results into the volume they
+    are on, nested in or over the run's own files, and gone with the volume."""
+    out = []
+    run_folder = posixpath.join(PVC_MOUNT, name) if name else None
+    for product in RUN_PRODUCTS:
+        uri = getattr(spec.outputs, product.attr)
+        if not uri or not uri.startswith("file://"):
+            continue
+        path = output_place(uri).removeprefix("file://")
+        if not path.startswith(PVC_MOUNT.rstrip("/") + "/"):
+            continue
+        if run_folder and path.startswith(run_folder + "/"):
+            where = f"inside the run's own folder {run_folder} (metadata.name: {name})"
+        else:
+            where = f"on the run's own volume (mounted at {PVC_MOUNT} in its pods)"
+        out.append(
+            f"spec.outputs.{product.output}: {uri!r} is {where}; an output is a copy off the volume: give a path "
+            f"outside {PVC_MOUNT} (another volume) or an object store (s3://, gs://, hf://)"
+        )
     return out
 
 
@@ -167,7 +195,7 @@ def consumer_problems(
     spec: RLTRunSpec, name: str | None, namespace: str | None = None, local_files: bool = True
 ) -> list[str]:
     """Every problem above, one line each."""
-    out = hub_id_problems(spec, local_files) + wandb_key_problems(spec)
+    out = hub_id_problems(spec, local_files) + wandb_key_problems(spec) + output_volume_problems(spec, name)
     if name is not None:
         out += size_problems(spec, name, namespace)
     return out

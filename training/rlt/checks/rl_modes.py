@@ -50,8 +50,12 @@ def variant(spec: RLTRunSpec, mode: str, overlap: str) -> RLTRunSpec:
             max(1, res.trainer.nodes // 2),
             total // 2 // max(1, res.trainer.nodes // 2),
         )
-        res.generator.replicas, res.generator.gpus = 1, total - total // 2
-        res.generator.tensor_parallel_size, res.generator.data_parallel_size = 1, total - total // 2
+        half = total - total // 2
+        # one new generator, not field by field: each assignment is validated, and the file's unused generator
+        # (gpus 3, tensorParallelSize 3) made a half-changed one invalid (tensorParallelSize 3 > gpus 1)
+        res.generator = res.generator.model_copy(
+            update={"replicas": 1, "gpus": half, "tensor_parallel_size": 1, "data_parallel_size": half}
+        )
         gen.gpu_memory_utilization = GENERATOR_SHARE
     gen.mode = mode  # type: ignore[assignment]
     gen.overlap = overlap  # type: ignore[assignment]

@@ -98,7 +98,7 @@ class FileTokenizer:
     def __init__(self, folder: Path, field: str):
         from tokenizers import Tokenizer
 
-        self.folder = folder
+        self.folder, self.field = folder, field
         try:
             record = _record(folder, field)
         except (LocalFileError, LookupError):
@@ -131,7 +131,14 @@ class FileTokenizer:
             from transformers.utils.chat_template_utils import render_jinja_template
 
             kwargs: dict[str, Any] = {**options, **self.special}
-            out: Any = render_jinja_template(conversations=[messages], chat_template=self.chat_template, **kwargs)
+            try:
+                out: Any = render_jinja_template(conversations=[messages], chat_template=self.chat_template, **kwargs)
+            except Exception as err:  # noqa: BLE001 - a template error (syntax, a dropped message) of the user's folder
+                first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise LocalFileError(
+                    f"{self.field}: the chat template of the tokenizer in {self.folder} cannot render rlt's prompts "
+                    f"({type(err).__name__}: {first[:300]}); fix the template or use an instruct model's tokenizer"
+                ) from None
             return str(out[0][0])  # (rendered chats, generation indices)
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> Encoded:

@@ -8,6 +8,7 @@ The student never sees the solution before the thought: the reward asks how well
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -62,8 +63,15 @@ def bundled_formats() -> list[str]:
     return sorted(p.stem for p in FORMATS_DIR.glob("*.yaml"))
 
 
-@cache
 def _load_file(path: str) -> dict[str, Any]:
+    """The format file's mapping, read again when it is another file (a relative path from another working directory)
+    or the same file changed: a cache keyed by the name alone answered with the first file's format."""
+    st = Path(path).stat()
+    return _load_file_at(path, os.path.abspath(path), st.st_mtime_ns, st.st_size)  # noqa: PTH100
+
+
+@cache
+def _load_file_at(path: str, _where: str, _mtime: int, _size: int) -> dict[str, Any]:
     try:
         docs = reader.load_yaml(reader.read_file(path))
     except (reader.InputError, yaml.YAMLError) as err:

@@ -110,6 +110,27 @@ def _without(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
     return doc
 
 
+def _about_dropped(line: str, gone: set[str]) -> bool:
+    """Whether a problem found after dropping the fields `gone` is about them rather than the file: it is at (or
+    inside) a dropped field, or at an object holding one and names it (an invalid fieldRef, dropped, left its
+    valueFrom with no source: "give exactly one of ..., fieldRef, ..." would be false of the file), or anywhere and
+    names it by its path (a rule across sections, about the default that took the dropped value's place)."""
+    where, _, message = line.partition(": ")
+    for g in gone:
+        if where == g or where.startswith(g + "."):
+            return True
+        if "." in g.removeprefix("spec.") and re.search(rf"\b{re.escape(g.removeprefix('spec.'))}\b", message):
+            return True
+        parent, _, name = g.rpartition(".")
+        if (
+            not name.isdigit()
+            and (where == parent or parent.startswith(where + "."))
+            and re.search(rf"\b{re.escape(name)}\b", message)
+        ):
+            return True
+    return False
+
+
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -132,8 +153,7 @@ def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Mod
         except ValidationError as err:
             gone = {".".join(filter(None, [prefix, *map(str, loc)])) for loc in dropped}
             for line in format_validation_error(err, prefix, model):
-                where = line.split(": ", 1)[0]
-                if line not in problems and not any(where == g or where.startswith(g + ".") for g in gone):
+                if line not in problems and not _about_dropped(line, gone):
                     problems.append(line)
             dropped = [tuple(e["loc"]) for e in err.errors() if e["loc"] and e["type"] != "missing"]
     return None, problems

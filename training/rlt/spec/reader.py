@@ -5,7 +5,9 @@ traceback, never a silent choice:
 - YAML 1.2 (core schema): `1e-5` is a number, `yes`/`on` are text. A plain scalar that kubectl's YAML 1.1 reader
   reads otherwise (yes/no/on/off/y/n, 0777, 0b101, 1_000, the merge key `<<`) is refused: quote it or write it
   unambiguously, so the file means one thing to `rlt validate` and to `kubectl apply`.
-- A mapping key given twice is refused (the API server's strict decoding refuses it; PyYAML keeps the last).
+- A mapping key given twice is refused (the API server's strict decoding refuses it; PyYAML keeps the last), and so
+  are two plain keys kubectl sends as one (`0x1` and `1`, `true` and `TRUE`: rlt.spec.kubectl_keys), a plain key it
+  sends as another text, and a null key.
 - At most MAX_BYTES of text, MAX_DOCUMENTS documents and MAX_VALUES values (aliases expanded), each bound applied
   while reading, so reading stops at the bound; time linear in the text (PyYAML's scanner and parser are).
 - Integers within int64, numbers finite (JSON, and so the API server, has no infinity or NaN), text without lone
@@ -19,11 +21,13 @@ import math
 import re
 import stat
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import yaml
 from yaml.composer import ComposerError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from rlt.spec.kubectl_keys import NullKey, kubectl_key
 
 MAX_DEPTH = 64  # the deepest legitimate spec structure (affinity terms) is about 10
 # Bounds applied while reading, each tripping the moment it is passed (a run file is a few KiB, a few hundred values,
@@ -149,7 +153,7 @@ class _Loader(yaml.SafeLoader):
         parts = self._path if len(self._path) <= 12 else [*self._path[:6], f"…({len(self._path)} levels)"]
         return ".".join(parts) or "<root>"
 
-    def _fail(self, mark: Any, problem: str) -> None:
+    def _fail(self, mark: Any, problem: str) -> NoReturn:
         raise InputError(self._where(), mark.line + 1 if mark is not None else None, problem)
 
     def _peek(self) -> yaml.Event:
@@ -213,6 +217,37 @@ class _Loader(yaml.SafeLoader):
                         f"key {key.value!r} is given twice (lines {seen[key.value]} and {key.start_mark.line + 1})",
                     )
                 seen[key.value] = key.start_mark.line + 1
+            self._check_kubectl_keys(node)
+
+    def _check_kubectl_keys(self, node: MappingNode) -> None:
+        """Each plain key as kubectl sends it (rlt.spec.kubectl_keys): two keys that arrive as one are refused naming
+        both (kubectl would keep the last without a word), and so is a key that arrives as another text."""
+        sent: list[tuple[ScalarNode, str]] = []
+        for key, _ in node.value:
+            if not isinstance(key, ScalarNode) or key.tag == _MERGE:
+                continue
+            try:
+                sent.append((key, key.value if key.style is not None else kubectl_key(key.value)))
+            except NullKey:
+                self._fail(key.start_mark, f"key {key.value!r} is a null key, which kubectl refuses: quote it")
+        first: dict[str, ScalarNode] = {}
+        for key, text in sent:
+            if text in first:
+                a = first[text]
+                self._fail(
+                    key.start_mark,
+                    f"keys {a.value!r} (line {a.start_mark.line + 1}) and {key.value!r} (line {key.start_mark.line + 1})"
+                    f" are one key to kubectl, {text!r} (YAML 1.1 reads a plain number or boolean key as its value): "
+                    "it would keep only the last; give one of them",
+                )
+            first[text] = key
+        for key, text in sent:
+            if text != key.value:
+                self._fail(
+                    key.start_mark,
+                    f"key {key.value!r} reaches the API server as {text!r} (kubectl's YAML 1.1 reads the plain key as "
+                    f"a number or boolean): write {text!r}, or quote the key",
+                )
 
 
 def _text_keys(loader: _Loader, node: MappingNode) -> dict[Any, Any]:

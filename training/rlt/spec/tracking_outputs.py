@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Literal
 
@@ -162,10 +163,23 @@ class OutputsSpec(Strict):
         ]
         for i, (a, first) in enumerate(given):
             for b, second in given[i + 1 :]:
-                x, y = first.rstrip("/") + "/", second.rstrip("/") + "/"
+                x, y = output_place(first), output_place(second)
                 if x.startswith(y) or y.startswith(x):  # one push would overwrite or nest in the other
-                    raise ValueError(f"{b}: {second!r} is {a}'s place too ({first!r}); give each output its own")
+                    raise ValueError(f"{b}: {second!r} is {a}'s place too ({a}: {first!r}); give each output its own")
         return self
+
+
+def output_place(uri: str) -> str:
+    """Where an output URI writes, spelled one way (ending in '/'), so that two spellings of one place compare equal:
+    gcs:// is gs:// (gcsfs takes both), a file:// or memory:// path is normalised as the filesystem resolves it
+    ('//', '.', '..'), and a Hub repo id is compared without case (the Hub's repo ids are case-insensitive)."""
+    scheme, _, rest = uri.partition("://")
+    scheme = "gs" if scheme == "gcs" else scheme
+    if scheme in ("file", "memory"):
+        rest = posixpath.normpath(("/" + rest.lstrip("/")) if rest.startswith("/") else rest)
+    elif scheme == "hf":
+        rest = rest.casefold()
+    return f"{scheme}://{rest.rstrip('/')}/"
 
 
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

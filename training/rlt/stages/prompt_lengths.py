@@ -155,9 +155,9 @@ def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | 
         return [], ""
     if not is_reachable(spec.dataset):
         return [], ""
-    if tokenizer is None:
-        from rlt.spec.local_files import LocalFileError
+    from rlt.spec.local_files import LocalFileError
 
+    if tokenizer is None:
         try:
             tokenizer, note = load_local_tokenizer(spec)
         except LocalFileError as err:
@@ -167,7 +167,10 @@ def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | 
     formatter = Formatter(resolve_format(spec.format))
     data = load_data(spec.dataset, formatter.fmt, warn=False)
     special = special_token_problems(spec, data, tokenizer)
-    return special or length_problems(spec, data, formatter, tokenizer), ""
+    try:  # a local chat template that cannot render the prompts is the folder's problem, in one line
+        return special or length_problems(spec, data, formatter, tokenizer), ""
+    except LocalFileError as err:
+        return [str(err)], ""
 
 
 def special_token_problems(spec: RLTRunSpec, data: LoadedData, tokenizer: PreTrainedTokenizerBase) -> list[str]:
