@@ -55,14 +55,7 @@ def tiny(name: str, namespace: str) -> dict:
 @pytest.fixture(scope="module")
 def server(cluster):
     """The RLTRun CRD (applied here when the chart's is not installed, removed again after) and the namespaces."""
-    ours = cluster.kubectl("get", "crd", "rltruns.rlt.dev", check=False).returncode != 0
-    if ours:
-        cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-        jsonpath = "jsonpath={range .status.conditions[*]}{.type}={.status} {end}"
-        wait_for(  # (kubectl wait fails at once while the CRD has no conditions yet)
-            lambda: "Established=True" in cluster.kubectl("get", "crd", "rltruns.rlt.dev", "-o", jsonpath).stdout,
-            "the CRD established",
-        )
+    ours = cluster.ensure_crd(CRD, "rltruns.rlt.dev")
     for ns in NAMESPACES:
         cluster.create_namespace(ns)
     yield cluster

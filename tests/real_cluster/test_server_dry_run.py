@@ -51,23 +51,7 @@ def wait_for(probe, what: str, timeout: float = 60.0):
 @pytest.fixture(scope="module")
 def server(cluster):
     """The RLTRun CRD (applied here when the chart's is not installed, removed again after) and a namespace."""
-    ours = cluster.kubectl("get", "crd", "rltruns.rlt.dev", check=False).returncode != 0
-    if ours:
-        cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-        # (kubectl wait fails at once while the CRD has no conditions yet)
-        wait_for(
-            lambda: (
-                "Established=True"
-                in cluster.kubectl(
-                    "get",
-                    "crd",
-                    "rltruns.rlt.dev",
-                    "-o",
-                    "jsonpath={range .status.conditions[*]}{.type}={.status} {end}",
-                ).stdout
-            ),
-            "the CRD established",
-        )
+    ours = cluster.ensure_crd(CRD, "rltruns.rlt.dev")
     cluster.create_namespace(NS)  # with its default ServiceAccount: the pods are dry-run too
     import kubernetes
 
