@@ -350,19 +350,28 @@ class ControlPlane:
             raise AssertionError(f"kubectl {' '.join(args)}: rc {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
 
-    def create_namespace(self, name: str) -> None:
-        """A namespace whose pods can be admitted: its `default` ServiceAccount made here when no
-        kube-controller-manager runs (its ServiceAccount controller makes it in a cluster; the ServiceAccount
-        admission plugin refuses a pod, and so the operator's pod dry-run, until it exists)."""
+    def create_namespace(self, name: str, timeout: float = 60.0) -> None:
+        """A namespace whose pods can be admitted, with its `default` ServiceAccount: made here when no
+        kube-controller-manager runs, else waited for (its ServiceAccount controller makes it a moment later; the
+        ServiceAccount admission plugin refuses a pod, and so the operator's pod dry-run, until it exists)."""
         self.kubectl("create", "namespace", name, check=False)
         if not self.has_controllers:
             self.kubectl("create", "serviceaccount", "default", "-n", name, check=False)
+            return
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no ServiceAccount default in namespace {name} after {timeout:.0f}s")
+            time.sleep(0.5)
 
     def ensure_crd(self, path: Path, name: str, timeout: float = 90.0) -> bool:
         """Apply the CRD(s) in `path` unless the CRD `name` exists, then wait until it is Established. True when
-        applied here (the caller removes it again)."""
-        if self.kubectl("get", "crd", name, check=False).returncode == 0:
+        applied here (the caller removes it again). One an earlier module deletes is waited out first."""
+        found = self.kubectl("get", "crd", name, "-o", "json", check=False)
+        if found.returncode == 0 and not json.loads(found.stdout)["metadata"].get("deletionTimestamp"):
             return False
+        if found.returncode == 0:
+            self.kubectl("wait", "--for=delete", f"crd/{name}", f"--timeout={timeout:.0f}s", check=False)
         self.kubectl("apply", "--server-side", "-f", str(path))
         jsonpath = "jsonpath={range .status.conditions[*]}{.type}={.status} {end}"
         deadline = time.monotonic() + timeout

@@ -98,7 +98,8 @@ def _validate(cluster, doc: dict, folder: Path, kubeconfig: Path | None = None) 
 
 
 def _vap_refusing_services(cluster, ns: str) -> None:
-    """A ValidatingAdmissionPolicy (GA since 1.30) refusing every Service in `ns` (403 Forbidden: its default)."""
+    """A ValidatingAdmissionPolicy (GA since 1.30) refusing every Service in `ns`: 422 Invalid (a validation's
+    default reason), its one cause naming no field but the policy, which the run's condition names (ChildRefused)."""
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
