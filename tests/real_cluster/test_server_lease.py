@@ -212,6 +212,8 @@ def check_fence(cluster, ns: str, since: float) -> list[Write]:
     writes = replica_writes(cluster, since)
     lease = f"{SYSTEM}/{ns}"
     claims = lease_claims(writes, lease)
+    tries = [w for w in writes if w.resource == "leases" and w.name == lease]
+    print(f"Lease {lease}: {len(tries)} writes sent, {len(claims)} applied")
     spans = windows(claims, time.time())
     print(
         f"Lease {lease}: {len(claims)} writes, windows "
@@ -315,10 +317,11 @@ def test_a_leader_frozen_longer_than_the_lease_never_writes_beside_the_new_one(c
 
 
 def test_both_replicas_starved_act_one_at_a_time(cluster, ha, tmp_path, capsys):
-    """Both replicas frozen again and again for up to 1.5 s (SIGSTOP/SIGCONT on a fixed random schedule) while the
-    run goes through its three stages. Kopf's keep-alives (lifetime 2 s) come late, so its peering lets both work
-    at times (issue 53); the Lease lets one write at any moment. The pauses stay below the margin the Lease leaves
-    a late write (lease 8 s - renew deadline 4 s)."""
+    """Both replicas frozen again and again for 0.5-3.5 s (SIGSTOP/SIGCONT on a fixed random schedule) while the
+    run goes through its three stages. A pause past Kopf's keep-alive lifetime (2 s) lets the other replica's Kopf
+    resume while the frozen one still thinks it works, so Kopf's peering lets both work at times (issue 53); the
+    Lease lets one write at any moment. The pauses stay below the margin the Lease leaves a write already sent
+    (lease 8 s - renew deadline 4 s)."""
     ns = "ha-starve"
     runs_namespace(cluster, ns)
     flags = ("--peering-lifetime", "2", "--lease-duration", "8", "--renew-deadline", "4", "--retry-period", "1")
@@ -327,6 +330,12 @@ def test_both_replicas_starved_act_one_at_a_time(cluster, ha, tmp_path, capsys):
     with replicas(ha, ns, tmp_path, flags) as (start, procs):
         start("op-a")
         start("op-b")
+
+        def both_up() -> bool:  # one holds the Lease, the other has said what it is (a start takes long on a busy box)
+            said = [log_says(tmp_path, r, "this replica") for r in REPLICAS]
+            return all(said) and any(log_says(tmp_path, r, "it holds Lease") for r in REPLICAS)
+
+        wait_for(both_up, "both replicas up", timeout=240)
         cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(tiny(ns)))
         starving = threading.Event()
         starving.set()
@@ -335,7 +344,7 @@ def test_both_replicas_starved_act_one_at_a_time(cluster, ha, tmp_path, capsys):
             while starving.is_set():
                 who = procs[rng.choice(REPLICAS)]
                 who.send_signal(signal.SIGSTOP)
-                time.sleep(rng.uniform(0.2, 1.5))
+                time.sleep(rng.uniform(0.5, 3.5))
                 who.send_signal(signal.SIGCONT)
                 time.sleep(rng.uniform(0.0, 1.0))
 
@@ -344,6 +353,7 @@ def test_both_replicas_starved_act_one_at_a_time(cluster, ha, tmp_path, capsys):
         try:
             for stage in STAGES:
                 wait_for(lambda s=stage: _get(cluster, "job", f"tiny-{s}", "-n", ns), f"the {stage} Job", 240)
+                time.sleep(10)  # starved a while in each stage (resyncs, status writes), whoever works
                 finish_stage(cluster, ns, stage)
         finally:
             starving.clear()
@@ -355,3 +365,33 @@ def test_both_replicas_starved_act_one_at_a_time(cluster, ha, tmp_path, capsys):
         wait_for(lambda: _get(cluster, "rltrun", "tiny", "-n", ns) is None, "the run deleted")
     claims = check_fence(cluster, ns, since)
     say(capsys, f"starved: {len(claims)} Lease writes, holders in turn: {turns(claims)}")
+
+
+def test_kopf_resumes_the_standby_early_and_the_lease_holds_it_back(cluster, ha, tmp_path, capsys):
+    """The leader frozen past Kopf's keep-alive lifetime (2 s) but not past the lease (15 s): Kopf's peering lets
+    the standby work at once (its view of issue 53: the frozen one looks dead), and the stage finishes then, so the
+    standby has work; it may act only once it holds the Lease. Without the fence it creates the next Job while the
+    frozen leader still holds the Lease, and the audit check fails (seen with the fence removed)."""
+    ns = "ha-early"
+    runs_namespace(cluster, ns)
+    flags = ("--peering-lifetime", "2", "--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
+    since = time.time()
+    with replicas(ha, ns, tmp_path, flags) as (start, procs):
+        start("op-a")
+        wait_for(lambda: log_says(tmp_path, "op-a", "it holds Lease"), "op-a leads", timeout=240)
+        cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(tiny(ns)))
+        wait_for(lambda: _get(cluster, "job", "tiny-sft", "-n", ns), "the sft Job")
+        start("op-b")
+        wait_for(lambda: log_says(tmp_path, "op-b", "this replica is the standby"), "op-b stands by", timeout=240)
+        stopped = time.time()
+        procs["op-a"].send_signal(signal.SIGSTOP)
+        wait_for(lambda: log_says(tmp_path, "op-b", "Kopf's peering lets this replica work"), "Kopf resumes op-b")
+        finish_stage(cluster, ns, "sft")  # work for op-b while op-a still holds the Lease
+        wait_for(lambda: _get(cluster, "job", "tiny-rl", "-n", ns), "the rl Job", timeout=180)
+        procs["op-a"].send_signal(signal.SIGCONT)
+        cluster.kubectl("delete", "rltrun", "tiny", "-n", ns, "--wait=false")
+        wait_for(lambda: _get(cluster, "rltrun", "tiny", "-n", ns) is None, "the run deleted")
+    claims = check_fence(cluster, ns, since)
+    assert turns(claims)[:2] == ["op-a", "op-b"], turns(claims)
+    acted = first_act(cluster, "op-b", stopped).start - stopped
+    say(capsys, f"Kopf resumed op-b early ({' '.join(flags)}): its first write {acted:.1f} s after the stop")
