@@ -370,8 +370,9 @@ def test_both_replicas_starved_act_one_at_a_time(cluster, ha, tmp_path, capsys):
 def test_kopf_resumes_the_standby_early_and_the_lease_holds_it_back(cluster, ha, tmp_path, capsys):
     """The leader frozen past Kopf's keep-alive lifetime (2 s) but not past the lease (15 s): Kopf's peering lets
     the standby work at once (its view of issue 53: the frozen one looks dead), and the stage finishes then, so the
-    standby has work; it may act only once it holds the Lease. Without the fence it creates the next Job while the
-    frozen leader still holds the Lease, and the audit check fails (seen with the fence removed)."""
+    standby has work; it may act only once it holds the Lease. Seen red with the fence removed (Kube.may_write unset
+    and OperatorState.leads() always True): op-b patched the run's status and created the rl Job, its Service and
+    ConfigMap while op-a held the Lease. (Removing only may_write stays green: each run's loop waits on leads().)"""
     ns = "ha-early"
     runs_namespace(cluster, ns)
     flags = ("--peering-lifetime", "2", "--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
