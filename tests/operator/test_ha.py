@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from lease_fence import kopf_bookkeeping
 from op_harness import example, poll_until
 from suite_helpers import free_port
 
@@ -439,14 +440,6 @@ async def test_two_installs_in_one_scope_each_say_so(harness, tmp_path):
 
 
 RUNS_PATH = "/apis/rlt.dev/v1alpha1/namespaces/default/rltruns/"
-
-
-def kopf_bookkeeping(patch: Any) -> bool:
-    """A patch that touches only Kopf's finalizer, annotations and the resourceVersion it tests."""
-    if isinstance(patch, list):  # a JSON patch
-        return all(op["path"] in ("/metadata/finalizers", "/metadata/resourceVersion") for op in patch)
-    meta = patch.get("metadata") or {}
-    return set(patch) == {"metadata"} and set(meta) <= {"annotations", "resourceVersion", "finalizers"}
 
 
 async def test_of_two_installs_in_one_scope_the_older_works_and_the_newer_gives_way(harness, tmp_path):

@@ -5,7 +5,8 @@ controllers and stay Pending, unscheduled.
 
 The API server runs with RBAC, the default admission plugins (ServiceAccount, ResourceQuota, Priority, LimitRanger,
 OwnerReferencesPermissionEnforcement...) and service-account tokens, so a client with a `kubectl create token`
-token is held to its ServiceAccount's Roles exactly as in a cluster.
+token is held to its ServiceAccount's Roles exactly as in a cluster. It keeps an audit log of every write
+(`audit_writes`): who sent it, when the server received and answered it, and for Leases and RLTRuns the body.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -21,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from cryptography import x509
@@ -29,6 +32,63 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 ASSETS_VAR = "KUBEBUILDER_ASSETS"
+
+# Reads are not logged; writes with their metadata, and the body of the Lease and RLTRun writes (a Lease's holder, a
+# patch of a run's finalizers) so that a test can tell who held the Lease when each write came.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "verbs": ["get", "list", "watch"]},
+        {
+            "level": "Request",
+            "resources": [
+                {"group": "coordination.k8s.io", "resources": ["leases"]},
+                {"group": "rlt.dev", "resources": ["rltruns"]},
+            ],
+        },
+        {"level": "Metadata"},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class AuditedWrite:
+    """One write in the API server's audit log."""
+
+    received: float  # epoch seconds: when the server received it
+    answered: float  # when it answered
+    user: str
+    verb: str
+    resource: str  # plural, "/subresource" if any
+    namespace: str
+    name: str  # a create's name from its body where the log keeps the body
+    code: int
+    dry_run: bool
+    body: Any
+
+
+def _epoch(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def audited_write(event: dict[str, Any]) -> AuditedWrite:
+    ref = event.get("objectRef") or {}
+    body = event.get("requestObject")
+    name = ref.get("name") or (isinstance(body, dict) and (body.get("metadata") or {}).get("name")) or ""
+    return AuditedWrite(
+        received=_epoch(event["requestReceivedTimestamp"]),
+        answered=_epoch(event["stageTimestamp"]),
+        user=(event.get("user") or {}).get("username", ""),
+        verb=event["verb"],
+        resource=str(ref.get("resource", "")) + (f"/{ref['subresource']}" if ref.get("subresource") else ""),
+        namespace=str(ref.get("namespace", "")),
+        name=str(name),
+        code=int((event.get("responseStatus") or {}).get("code") or 0),
+        dry_run="dryRun=" in event.get("requestURI", ""),
+        body=body,
+    )
 
 
 def free_port() -> int:
@@ -106,6 +166,21 @@ class ControlPlane:
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def audit_writes(self, since: float = 0.0) -> list[AuditedWrite]:
+        """The writes the server answered since `since` (epoch seconds), in the log's order."""
+        out = []
+        for line in self.audit_log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("stage") == "ResponseComplete" and event["verb"] not in ("get", "list", "watch"):
+                w = audited_write(event)
+                if w.received >= since:
+                    out.append(w)
+        return out
 
     @property
     def ca(self) -> Path:
@@ -207,6 +282,9 @@ class ControlPlane:
                 f"--service-account-signing-key-file={w / 'sa.key'}",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
+                f"--audit-policy-file={self._write('audit-policy.yaml', yaml.safe_dump(AUDIT_POLICY).encode())}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-mode=blocking",  # each write is in the log before its answer goes out
             ],
         )
         self.kubeconfig = self.write_kubeconfig(
@@ -272,13 +350,37 @@ class ControlPlane:
             raise AssertionError(f"kubectl {' '.join(args)}: rc {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
 
-    def create_namespace(self, name: str) -> None:
-        """A namespace whose pods can be admitted: its `default` ServiceAccount made here when no
-        kube-controller-manager runs (its ServiceAccount controller makes it in a cluster; the ServiceAccount
-        admission plugin refuses a pod, and so the operator's pod dry-run, until it exists)."""
+    def create_namespace(self, name: str, timeout: float = 60.0) -> None:
+        """A namespace whose pods can be admitted, with its `default` ServiceAccount: made here when no
+        kube-controller-manager runs, else waited for (its ServiceAccount controller makes it a moment later; the
+        ServiceAccount admission plugin refuses a pod, and so the operator's pod dry-run, until it exists)."""
         self.kubectl("create", "namespace", name, check=False)
         if not self.has_controllers:
             self.kubectl("create", "serviceaccount", "default", "-n", name, check=False)
+            return
+        deadline = time.monotonic() + timeout
+        while self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no ServiceAccount default in namespace {name} after {timeout:.0f}s")
+            time.sleep(0.5)
+
+    def ensure_crd(self, path: Path, name: str, timeout: float = 90.0) -> bool:
+        """Apply the CRD(s) in `path` unless the CRD `name` exists, then wait until it is Established. True when
+        applied here (the caller removes it again). One an earlier module deletes is waited out first."""
+        found = self.kubectl("get", "crd", name, "-o", "json", check=False)
+        if found.returncode == 0 and not json.loads(found.stdout)["metadata"].get("deletionTimestamp"):
+            return False
+        if found.returncode == 0:
+            self.kubectl("wait", "--for=delete", f"crd/{name}", f"--timeout={timeout:.0f}s", check=False)
+        self.kubectl("apply", "--server-side", "-f", str(path))
+        jsonpath = "jsonpath={range .status.conditions[*]}{.type}={.status} {end}"
+        deadline = time.monotonic() + timeout
+        # (kubectl wait fails at once while the CRD has no conditions yet)
+        while "Established=True" not in self.kubectl("get", "crd", name, "-o", jsonpath).stdout:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"CRD {name} not Established in {timeout:.0f}s")
+            time.sleep(0.5)
+        return True
 
     def stop(self) -> None:
         for _name, proc in reversed(self.procs):
@@ -298,11 +400,18 @@ RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())
 
 @contextlib.contextmanager
 def running_operator(
-    kubeconfig: Path, args: list[str], work: Path, pod_id: str, tail: int = 40, pod_namespace: str = ""
+    kubeconfig: Path,
+    args: list[str],
+    work: Path,
+    pod_id: str,
+    tail: int = 40,
+    pod_namespace: str = "",
+    log_name: str = "operator",
 ):
     """`rlt operator ARGS` against the real server as `kubeconfig`'s user, its metrics and health ports off and a 5 s
-    resync; yields the process and its log, stops it after, and prints the log's last lines (what failed shows).
-    `pod_namespace`: the operator's own namespace (POD_NAMESPACE, as the chart sets it), where its leader Lease is."""
+    resync; yields the process and its log (`work`/LOG_NAME.log), stops it after, and prints the log's last lines
+    (what failed shows). `pod_namespace`: the operator's own namespace (POD_NAMESPACE, as the chart sets it), where
+    its leader Lease is; `pod_id` its replica name (POD_ID: Kopf's peering identity, the Lease's holder)."""
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
@@ -312,7 +421,7 @@ def running_operator(
         "RLT_OPERATOR_HEALTH_PORT": "-1",
         "RLT_RESYNC_SECONDS": "5",
     }
-    log_path = work / "operator.log"
+    log_path = work / f"{log_name}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen([*RLT, "operator", *args, "--verbose"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -55,14 +55,7 @@ def tiny(name: str, namespace: str) -> dict:
 @pytest.fixture(scope="module")
 def server(cluster):
     """The RLTRun CRD (applied here when the chart's is not installed, removed again after) and the namespaces."""
-    ours = cluster.kubectl("get", "crd", "rltruns.rlt.dev", check=False).returncode != 0
-    if ours:
-        cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-        jsonpath = "jsonpath={range .status.conditions[*]}{.type}={.status} {end}"
-        wait_for(  # (kubectl wait fails at once while the CRD has no conditions yet)
-            lambda: "Established=True" in cluster.kubectl("get", "crd", "rltruns.rlt.dev", "-o", jsonpath).stdout,
-            "the CRD established",
-        )
+    ours = cluster.ensure_crd(CRD, "rltruns.rlt.dev")
     for ns in NAMESPACES:
         cluster.create_namespace(ns)
     yield cluster
@@ -105,7 +98,8 @@ def _validate(cluster, doc: dict, folder: Path, kubeconfig: Path | None = None) 
 
 
 def _vap_refusing_services(cluster, ns: str) -> None:
-    """A ValidatingAdmissionPolicy (GA since 1.30) refusing every Service in `ns` (403 Forbidden: its default)."""
+    """A ValidatingAdmissionPolicy (GA since 1.30) refusing every Service in `ns`: 422 Invalid (a validation's
+    default reason), its one cause naming no field but the policy, which the run's condition names (ChildRefused)."""
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",

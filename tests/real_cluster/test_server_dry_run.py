@@ -51,29 +51,27 @@ def wait_for(probe, what: str, timeout: float = 60.0):
 
 @pytest.fixture(scope="module")
 def server(cluster):
-    """The RLTRun CRD (applied here when the chart's is not installed, removed again after) and a namespace."""
-    ours = cluster.kubectl("get", "crd", "rltruns.rlt.dev", check=False).returncode != 0
-    if ours:
-        cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-        # (kubectl wait fails at once while the CRD has no conditions yet)
-        wait_for(
-            lambda: (
-                "Established=True"
-                in cluster.kubectl(
-                    "get",
-                    "crd",
-                    "rltruns.rlt.dev",
-                    "-o",
-                    "jsonpath={range .status.conditions[*]}{.type}={.status} {end}",
-                ).stdout
-            ),
-            "the CRD established",
-        )
+    """The RLTRun CRD (applied here when the chart's is not installed, removed again after), a namespace, and the
+    PriorityClasses the examples name (a cluster's admin makes them; the pods' dry-run asks the Priority admission
+    plugin, which refuses a pod whose class does not exist), removed again after."""
+    ours = cluster.ensure_crd(CRD, "rltruns.rlt.dev")
     cluster.create_namespace(NS)  # with its default ServiceAccount: the pods are dry-run too
+    classes = sorted(
+        {
+            str(doc["spec"].get("scheduling", {}).get("priorityClassName"))
+            for path in EXAMPLES.glob("rltrun-*.yaml")
+            for doc in yaml.safe_load_all(path.read_text())
+            if doc and doc.get("spec", {}).get("scheduling", {}).get("priorityClassName")
+        }
+    )
+    for name in classes:
+        cluster.kubectl("create", "priorityclass", name, "--value=1000", check=False)
     import kubernetes
 
     kube = Kube(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)))
     yield kube
+    for name in classes:
+        cluster.kubectl("delete", "priorityclass", name, check=False)
     if ours:
         cluster.kubectl("delete", "crd", "rltruns.rlt.dev", "--wait=false", check=False)
 
@@ -301,15 +299,17 @@ def test_a_run_whose_child_the_server_refuses_is_held_and_says_why(cluster, serv
         "ChildrenValid False",
         timeout=90,
     )
-    assert cond["reason"] == "ChildInvalid" and "REFUSED_BY_POLICY is not allowed" in cond["message"], cond
+    # a policy's 422 names no field but the policy: the cluster refuses it (not a field of the run to fix)
+    assert cond["reason"] == "ChildRefused" and "REFUSED_BY_POLICY is not allowed" in cond["message"], cond
+    assert cond["message"].startswith("ValidatingAdmissionPolicy no-refused-env"), cond
     assert "jobs/refused-sft" in cond["message"], cond
     time.sleep(6)  # a resync later: still nothing
     status = _get(cluster, "rltrun", "refused")["status"]
-    assert status["phase"] != "Running" and status["reason"] == "ChildInvalid", status
+    assert status["phase"] != "Running" and status["reason"] == "ChildRefused", status
     for kind in ("jobs", "configmaps", "pvc", "pods"):
         items = (_get(cluster, kind, "-l", "rlt.dev/run=refused") or {}).get("items")
         assert items == [], f"{kind} created beside a refused child: {items}"
-    events = _get(cluster, "events", "--field-selector", "involvedObject.name=refused,reason=ChildInvalid")
+    events = _get(cluster, "events", "--field-selector", "involvedObject.name=refused,reason=ChildRefused")
     assert events and events["items"] and events["items"][0]["type"] == "Warning"
     assert "REFUSED_BY_POLICY is not allowed" in events["items"][0]["message"]
     # rlt validate --server says the same, and exits 1

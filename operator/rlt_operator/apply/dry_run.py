@@ -256,6 +256,9 @@ class Refusal:
     status: int
     causes: tuple[tuple[str, str, str], ...]  # (spec field or cluster object, child field, what the server says)
     owner: str = ""  # for a pod of admission.template_pod: its Job or StatefulSet (`jobs/NAME`)
+    # a cluster object refused it although the status says invalid: a ValidatingAdmissionPolicy answers 422 (its
+    # validations' default reason is Invalid) with a cause that names no field
+    by_cluster: bool = False
 
     @property
     def reason(self) -> str:
@@ -263,7 +266,7 @@ class Refusal:
         object, ChildRefused when the cluster refuses it otherwise."""
         if self.status == 409:
             return NAME_CONFLICT
-        return REASON if self.status in INVALID_CODES else REFUSED
+        return REASON if self.status in INVALID_CODES and not self.by_cluster else REFUSED
 
     def lines(self) -> list[str]:
         """One line per refused field, the run's field (or the cluster object) first (as `rlt validate` names
@@ -297,15 +300,18 @@ def refusal(
         by = admission.refused_by(message, plural, namespace, spec, owner_plural)
         where = by or ("spec (the whole spec: the pods' config)" if plural == "configmaps" else OPERATOR)
         return Refusal(plural, name, status, ((where, "", message),), owner)
-    out = []
+    out, by_cluster = [], False
     for c in causes:
         path, says = str(c.get("field") or ""), str(c.get("message") or c.get("reason") or message)
         if owner and path.startswith("spec."):  # a pod's field: the same field of its Job's or StatefulSet's template
             where = spec_field(owner_plural, {"spec": {"template": child}}, "spec.template." + path, spec, says)
-        else:
-            where = spec_field(plural, child, path, spec, says) if path else OPERATOR
+        elif path:
+            where = spec_field(plural, child, path, spec, says)
+        else:  # no field: a policy's refusal (422) names its policy
+            by = admission.refused_by(says, plural, namespace, spec, owner_plural)
+            where, by_cluster = by or OPERATOR, by_cluster or bool(by)
         out.append((where, path, says))
-    return Refusal(plural, name, status, tuple(out), owner)
+    return Refusal(plural, name, status, tuple(out), owner, by_cluster)
 
 
 def check(
