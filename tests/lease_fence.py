@@ -1,4 +1,4 @@
-"""Was every write of the operator replicas sent by the leader Lease's holder of that moment? (rlt_operator.leader)
+"""Was every write of the operator replicas sent by the leader Lease's holder of that moment? (rlt_operator.cluster.leader)
 
 Shared by the emulated API's test (tests/operator/test_ha_lease.py, which reads kmock's request log) and the real
 server's (tests/real_cluster/test_server_lease.py, which reads the kube-apiserver's audit log): each turns its log

@@ -1,7 +1,7 @@
-"""Two `rlt operator --peering` replicas and the leader Lease (rlt_operator.leader) on the real kube-apiserver, its
+"""Two `rlt operator --peering` replicas and the leader Lease (rlt_operator.cluster.leader) on the real kube-apiserver, its
 Job controller finishing each stage's Job once the test marks the trainer pod Succeeded (no kubelet runs here).
 
-Each replica runs as a ServiceAccount of its own, bound to the operator's rules (rlt_operator.rbac, which the
+Each replica runs as a ServiceAccount of its own, bound to the operator's rules (rlt_operator.cluster.rbac, which the
 chart renders), so the API server's audit log names the sender of every write; it also keeps each Lease write's
 body (its holder) and when the server received and answered every write. tests/lease_fence.py then checks that each
 write of a replica lies inside a window in which that replica held the Lease: at no moment do two replicas act.
@@ -36,7 +36,7 @@ from suite_helpers import wait_for as suite_wait_for
 
 skip_without_assets()
 
-from rlt_operator import rbac  # noqa: E402
+from rlt_operator.cluster import rbac  # noqa: E402
 
 pytestmark = [pytest.mark.real_cluster, pytest.mark.xdist_group("real_cluster"), pytest.mark.timeout(900)]
 
