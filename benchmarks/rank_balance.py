@@ -126,7 +126,6 @@ def run_arm(name: str, deal: bool, opts, prompts: list[dict], mix: dict) -> dict
     import torch
     from accelerate.state import AcceleratorState
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     from rlt.data.models import load_model, load_tokenizer
@@ -150,28 +149,7 @@ def run_arm(name: str, deal: bool, opts, prompts: list[dict], mix: dict) -> dict
             rollout_func=make_rollout(tok, mix),
         )
         trainer.deal_rows = trainer.deal_passes = deal
-        figures: list[dict] = []
-
-        class Figures(TrainerCallback):
-            def on_step_end(self, args, state, control, **kw):
-                figures.append(trainer.balance_figures())
-
-        trainer.add_callback(Figures())
-        start = time.perf_counter()
-        out = trainer.train()
-        seconds = time.perf_counter() - start
-        grad_norms = [float(h["grad_norm"]) for h in trainer.state.log_history if "grad_norm" in h]
-        weights = fingerprint(trainer.model_wrapped)
-    mean = {k: sum(f[k] for f in figures) / len(figures) for k in figures[0]}
-    return {
-        "arm": name,
-        "seconds": seconds,
-        "loss": out.training_loss,
-        "grad_norms": grad_norms,
-        "weights": weights,
-        **mean,
-        "per_step": figures,
-    }
+        return trained_arm(name, trainer)
 
 
 def sft_rows(tok, opts, mix: dict, world: int) -> list[dict]:
@@ -193,7 +171,6 @@ def run_sft_arm(name: str, strategy: str, opts, rows: list[dict]) -> dict:
     import torch
     from accelerate.state import AcceleratorState
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     from rlt.data.models import load_model, load_tokenizer
@@ -230,25 +207,32 @@ def run_sft_arm(name: str, strategy: str, opts, rows: list[dict]) -> dict:
             train_dataset=Dataset.from_list(rows),
             processing_class=load_tokenizer(ref, padding_side="right"),
         )
-        figures: list[dict] = []
+        return trained_arm(name, trainer)
 
-        class Figures(TrainerCallback):
-            def on_step_end(self, args, state, control, **kw):
-                figures.append(trainer.balance_figures())
 
-        trainer.add_callback(Figures())
-        start = time.perf_counter()
-        out = trainer.train()
-        seconds = time.perf_counter() - start
-        grad_norms = [float(h["grad_norm"]) for h in trainer.state.log_history if "grad_norm" in h]
-        weights = fingerprint(trainer.model_wrapped)
+def trained_arm(name: str, trainer) -> dict:
+    """Trains `trainer` (a rank_balanced one) and returns the arm's row: time, loss, grad norms, the weights'
+    fingerprint, each imbalance figure's mean over the steps and the steps' own figures."""
+    from transformers import TrainerCallback
+
+    figures: list[dict] = []
+
+    class Figures(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            figures.append(trainer.balance_figures())
+
+    trainer.add_callback(Figures())
+    start = time.perf_counter()
+    out = trainer.train()
+    seconds = time.perf_counter() - start
+    grad_norms = [float(h["grad_norm"]) for h in trainer.state.log_history if "grad_norm" in h]
     mean = {k: sum(f[k] for f in figures) / len(figures) for k in figures[0]}
     return {
         "arm": name,
         "seconds": seconds,
         "loss": out.training_loss,
         "grad_norms": grad_norms,
-        "weights": weights,
+        "weights": fingerprint(trainer.model_wrapped),
         **mean,
         "per_step": figures,
     }

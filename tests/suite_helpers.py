@@ -215,3 +215,17 @@ def vllm_command(model_dir: str, name: str, port: int) -> list[str]:
         *CPU_GENERATOR_FLAGS,
         *generator_flags(),
     ]
+
+
+def door_problems(patch: dict) -> list[str]:
+    """Every line the door (`run_problems`, with the model's own parse) says of the tiny example with `patch` merged
+    into its spec; [] when it is accepted."""
+    from rlt.checks.validation import run_problems
+    from rlt.spec.loading import SpecError, parse_run
+
+    doc = tiny_doc()
+    deep_merge(doc["spec"], patch)
+    try:
+        return run_problems(parse_run(doc, "run.yaml"))
+    except SpecError as err:
+        return err.problems

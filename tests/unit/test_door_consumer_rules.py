@@ -15,21 +15,10 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suite_helpers import EXAMPLES, deep_merge, tiny_doc
+from suite_helpers import EXAMPLES, door_problems
 
-from rlt.checks.validation import run_problems
 from rlt.cli import main
 from rlt.spec.loading import SpecError, parse_run
-
-
-def _problems(patch: dict) -> list[str]:
-    doc = tiny_doc()
-    deep_merge(doc["spec"], patch)
-    try:
-        return run_problems(parse_run(doc, "run.yaml"))
-    except SpecError as err:
-        return err.problems
-
 
 KEY_CHARS = string.ascii_letters + string.digits + "-._" + " /:@é"
 
@@ -53,7 +42,7 @@ def k8s_config_map_key_ok(key: str) -> bool:
 )
 def test_a_secret_key_is_accepted_exactly_when_kubernetes_takes_it(key):
     for ref in ("secretKeyRef", "configMapKeyRef"):
-        problems = _problems({"env": [{"name": "X", "valueFrom": {ref: {"name": "s", "key": key}}}]})
+        problems = door_problems({"env": [{"name": "X", "valueFrom": {ref: {"name": "s", "key": key}}}]})
         named = [p for p in problems if p.startswith(f"spec.env.0.valueFrom.{ref}.key:")]
         assert bool(named) != k8s_config_map_key_ok(key), (key, problems)
 
@@ -67,7 +56,7 @@ def kueue_queue_ok(name: str) -> bool:
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(name=st.text(st.sampled_from(string.ascii_letters[:6] + "AZ09-._ "), min_size=1, max_size=70))
 def test_a_queue_name_is_accepted_exactly_when_kueue_can_name_a_local_queue_so(name):
-    problems = _problems({"scheduling": {"queueName": name}})
+    problems = door_problems({"scheduling": {"queueName": name}})
     named = [p for p in problems if p.startswith("spec.scheduling.queueName:")]
     assert bool(named) != kueue_queue_ok(name), (name, problems)
 
@@ -163,7 +152,7 @@ def s3_bucket_ok(name: str) -> bool:
     )
 )
 def test_an_s3_output_is_accepted_exactly_when_its_bucket_is_an_s3_bucket_name(bucket):
-    problems = _problems({"outputs": {"teacher": f"s3://{bucket}/teacher"}})
+    problems = door_problems({"outputs": {"teacher": f"s3://{bucket}/teacher"}})
     named = [p for p in problems if p.startswith("spec.outputs.teacher:") or p.startswith("spec.outputs:")]
     assert bool(named) != s3_bucket_ok(bucket), (bucket, problems)
 
@@ -174,7 +163,7 @@ def test_an_s3_output_is_accepted_exactly_when_its_bucket_is_an_s3_bucket_name(b
     b=st.sampled_from(["s3://bkt/x", "s3://bkt/x/y/z", "s3://bkt/z", "s3://bkt/xy/"]),
 )
 def test_two_outputs_are_refused_exactly_when_one_would_land_in_the_other(a, b):
-    problems = _problems({"outputs": {"teacher": a, "student": b}})
+    problems = door_problems({"outputs": {"teacher": a, "student": b}})
     x, y = a.rstrip("/") + "/", b.rstrip("/") + "/"
     overlap = x.startswith(y) or y.startswith(x)
     assert any(p.startswith("spec.outputs") and "place too" in p for p in problems) == overlap, (a, b, problems)
@@ -185,7 +174,7 @@ def test_two_outputs_are_refused_exactly_when_one_would_land_in_the_other(a, b):
     [("1n", False), ("1m", False), ("1", False), ("999k", False), ("1M", True), ("250M", True), ("2Gi", True)],
 )
 def test_a_write_rate_below_any_volumes_is_refused_naming_the_field(rate, ok):
-    problems = _problems({"storage": {"writeBytesPerSecond": rate}})
+    problems = door_problems({"storage": {"writeBytesPerSecond": rate}})
     assert (not any(p.startswith("spec.storage") and "writeBytesPerSecond" in p for p in problems)) == ok, problems
 
 

@@ -12,11 +12,9 @@ import typing
 import pytest
 import yaml
 from pydantic import BaseModel
-from suite_helpers import EXAMPLES, deep_merge, tiny_doc
+from suite_helpers import EXAMPLES, deep_merge, door_problems, tiny_doc
 
-from rlt.checks.validation import run_problems
 from rlt.cli import main
-from rlt.spec.loading import SpecError, parse_run
 from rlt.spec.run import RLTRunSpec
 
 
@@ -50,15 +48,6 @@ def field_exists(path: str) -> bool:
             return False
         model = field.annotation
     return True
-
-
-def _problems(patch: dict) -> list[str]:
-    doc = tiny_doc()
-    deep_merge(doc["spec"], patch)
-    try:
-        return run_problems(parse_run(doc, "run.yaml"))
-    except SpecError as err:
-        return err.problems
 
 
 # A sample across the classes of the door: hub ids with a revision written in, bad keys, names, splits, sources.
@@ -125,7 +114,7 @@ def claims_hold(line: str, doc: dict) -> bool:
 
 @pytest.mark.parametrize("patch", PATCHES, ids=lambda p: next(iter(p)))
 def test_each_refusal_line_names_real_fields_and_values_of_the_file(patch):
-    problems = _problems(patch)
+    problems = door_problems(patch)
     assert problems, patch
     written = yaml.safe_dump(patch)
     doc = tiny_doc()

@@ -9,19 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from suite_helpers import deep_merge, tiny_doc
-
-from rlt.checks.validation import run_problems
-from rlt.spec.loading import SpecError, parse_run
-
-
-def _problems(patch: dict) -> list[str]:
-    doc = tiny_doc()
-    deep_merge(doc["spec"], patch)
-    try:
-        return run_problems(parse_run(doc, "run.yaml"))
-    except SpecError as err:
-        return err.problems
+from suite_helpers import door_problems
 
 
 def _respell(draw, scheme: str, path: str) -> str:
@@ -47,7 +35,7 @@ def test_two_outputs_spelled_apart_but_one_place_are_refused_naming_both(data):
     scheme, path = data.draw(st.sampled_from(PLACES))
     first = f"{scheme}://{path}"
     second = _respell(data.draw, scheme, path)
-    problems = _problems({"outputs": {"teacher": first, "student": second}, "hfTokenSecret": {"name": "hf"}})
+    problems = door_problems({"outputs": {"teacher": first, "student": second}, "hfTokenSecret": {"name": "hf"}})
     named = [p for p in problems if p.startswith("spec.outputs.student:")]
     assert named and "teacher" in named[0] and "place too" in named[0], (first, second, problems)
 
@@ -57,7 +45,7 @@ def test_two_outputs_spelled_apart_but_one_place_are_refused_naming_both(data):
     [("gs://my-bucket/a", "gs://my-bucket/b"), ("file:///mnt/a", "file:///mnt/ab"), ("s3://bkt/x", "s3://bkt2/x")],
 )
 def test_outputs_in_different_places_are_accepted(teacher, dataset):
-    assert _problems({"outputs": {"teacher": teacher, "distillDataset": dataset}}) == []
+    assert door_problems({"outputs": {"teacher": teacher, "distillDataset": dataset}}) == []
 
 
 @pytest.mark.parametrize(
@@ -71,10 +59,13 @@ def test_outputs_in_different_places_are_accepted(teacher, dataset):
     ],
 )
 def test_a_file_output_on_the_runs_own_volume_is_refused_naming_the_field(uri, inside):
-    problems = _problems({"outputs": {"teacher": uri}})
+    problems = door_problems({"outputs": {"teacher": uri}})
     (line,) = [p for p in problems if p.startswith("spec.outputs.teacher:")]
     assert uri in line and ("run's own folder /data/tiny" in line) == inside and "volume" in line, line
 
 
 def test_a_file_output_off_the_volume_is_accepted():
-    assert _problems({"outputs": {"teacher": "file:///mnt/exports/tiny", "distillDataset": "file:///datasets/x"}}) == []
+    assert (
+        door_problems({"outputs": {"teacher": "file:///mnt/exports/tiny", "distillDataset": "file:///datasets/x"}})
+        == []
+    )
