@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.layout import format_time
 from rlt_sandbox.kubelet_core import KubeletCore
 from rlt_sandbox.kubelet_model import (
     IMAGE_BACKOFF_CAP,
@@ -149,6 +150,7 @@ class ContainerRuntime(KubeletCore):
             pod.started_at = time.monotonic()
             return
         pod.phase, pod.exit_code, pod.ready, pod.started_at = "Running", None, False, time.monotonic()
+        pod.started_wall = format_time()
 
     async def _env_value(self, ns: str, pod: PodRun, entry: dict[str, Any], env: dict[str, str]) -> str:
         if "value" in entry:

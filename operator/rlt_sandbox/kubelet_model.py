@@ -149,6 +149,7 @@ class PodRun:
     message: str = ""
     reported: Report | None = None  # what was last written to the pod's status
     started_at: float = 0.0
+    started_wall: str = ""  # when the main container started (its running state's startedAt)
     terminating: bool = False
     kill_at: float = 0.0
     tag: str = ""  # marks every process of the container (its stand-in for a cgroup)

@@ -116,7 +116,7 @@ class PodLifecycle(ContainerRuntime):
         (restartPolicy Never: the main container never starts) or the init container runs again (Always)."""
         c = pod.current
         kill_all(pod.tag)  # nothing it started outlives it
-        pod.init_states[pod.step] = {"terminated": self._terminated(pod, c, code)}
+        pod.init_states[pod.step] = {"terminated": {**self._terminated(pod, c, code), "finishedAt": format_time()}}
         pod.proc = None
         if code == 0:
             pod.step += 1
@@ -169,7 +169,7 @@ class PodLifecycle(ContainerRuntime):
         elif pod.phase in ("Succeeded", "Failed") and pod.exit_code is not None:
             state = {"terminated": self._terminated(pod, pod.container, pod.exit_code)}
         elif pod.phase == "Running":
-            state = {"running": {}}
+            state = {"running": {"startedAt": pod.started_wall} if pod.started_wall else {}}
         else:
             state = {"waiting": {"reason": pod.message.split(":")[0] or "ContainerCreating"}}
         main_ran = not pod.initializing and why is None
