@@ -101,3 +101,7 @@ def test_the_plan_decodes_2x8s_rollout_step_by_step_and_charges_its_empty_slots(
     empty = dict(g.losses)["decode slots empty (the longest completions' tail)"]
     assert empty == pytest.approx(t.generator_gpus * t.decode.empty / (g.gpus * g.period))
     assert t.grace >= t.before_update - t.generating + t.longest_bound  # a stop's wait errs long
+    from rlt.checks.capacity import plan_for_run
+
+    line = next(x for x in plan_for_run(spec).goodput if x.startswith("rl decode tail: "))
+    assert "102 slots decode its 128 rows" in line and "a lone sequence at 88 tokens/s (×2.9" in line, line
