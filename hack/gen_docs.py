@@ -143,13 +143,15 @@ def stop_cost_table(examples_dir) -> str:
     rows.append("|---|---|" + "---|" * len(STOP_COST_EXAMPLES))
     cells: dict[str, list[str]] = {}
     bounds = {
-        "rollout": "max(throughput, longest allowed completion at 30 tokens/s) + weight transfer",
+        "rollout": "decoding step by step, the batch emptying in its tail (rlt.checks.decode_tail) + weight transfer",
         "scoring": "the reward student's forward over the rank's rows",
         "reference/old-policy passes": "one forward each, × rank imbalance",
         "one micro-batch": "rows of the longest allowed length (forward, backward, recompute)",
         "save": "checkpoint bytes / write rate + 60 s (a stop's; a periodic save blocks for the local write)",
         "write rate assumed": "storage.writeBytesPerSecond, else the default",
-        "grace period `rlt plan` prints": "the sum of the above (a stop may arrive at any phase)",
+        "grace period `rlt plan` prints": (
+            "the sum of the above, the decoding at least the earlier bound (a stop may arrive at any phase)"
+        ),
         "one step": "rollout + scoring + passes + update (one step off: the longer of decoding and the rest, + sync)",
         "goodput": "the algorithm's work over held GPU-seconds (docs/goodput.md); largest loss",
     }

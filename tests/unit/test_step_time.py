@@ -151,16 +151,21 @@ def test_the_update_counts_recompute_imbalance_and_the_old_policy_pass():
     assert both.passes_name == "reference pass + old-policy pass" and both.passes == pytest.approx(2 * base.passes)
 
 
-def test_the_rollout_is_the_longer_of_throughput_and_the_longest_completion_plus_the_transfer():
+def test_the_rollout_is_its_decoding_step_by_step_plus_the_transfer():
+    """rlt.checks.decode_tail decodes each engine's rows; the earlier bounds stay beside it. paper-7b's engines
+    queue 256 rows for ~100 slots: the rows that start last outlast the throughput bound. One question (64 rows, 16
+    an engine, no queue): the batch empties as rows finish, so the longest row ends before it would at the full
+    batch's rate, and after it would alone."""
     from rlt.checks.step_time import DECODE_TOKENS_PER_S
 
     doc = _doc()
     t = _rl(doc)
-    assert t.longest_bound == 16384 / DECODE_TOKENS_PER_S and t.transfer > 0
-    assert t.rollout == pytest.approx(max(t.throughput_bound, t.longest_bound) + t.transfer)
-    doc["spec"]["stages"]["rl"]["batchSize"] = 64  # one question: the longest completion bounds the rollout
+    assert t.longest_bound == 16384 / DECODE_TOKENS_PER_S and t.transfer > 0 and t.decode is not None
+    assert t.rollout == pytest.approx(t.decode.seconds + t.transfer) and t.generating > t.throughput_bound
+    doc["spec"]["stages"]["rl"]["batchSize"] = 64
     few = _rl(doc)
-    assert few.throughput_bound < few.longest_bound and few.rollout == pytest.approx(few.longest_bound + few.transfer)
+    assert few.decode is not None and few.decode.rows == 16 and few.decode.full == 0
+    assert 16384 / few.decode.lone_rate < few.generating < few.longest_bound
 
 
 def test_the_grace_covers_every_phase_before_the_update_and_a_save_and_grows_as_writes_slow():

@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from rlt.checks.decode_tail import tail_line
 from rlt.checks.distill_modes import distill_lines
 from rlt.checks.goodput import goodput_line
 from rlt.checks.gpu_figures import figures
@@ -130,6 +131,7 @@ def plan_run(
         plan.stopping, stop_warnings = preemption_notes(spec, times, trainer_grace_period(spec), prompts)
         plan.warnings += stop_warnings
         plan.goodput = [goodput_line(t) for t in times] + old_goodput_lines(spec, shapes, times, prompts, gpu_memory)
+        plan.goodput += [tail_line(t.stage, t.decode) for t in times if t.decode]
         gen = generation(spec)
         if any(t.stage == "rl" for t in times) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
             lines, warnings = mode_lines(spec, shapes, gpu_memory, prompts, node_gpus(spec))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
 
+from rlt.checks.decode_tail import Rollout
 from rlt.checks.gpu_memory import GiB, kv_sequences
 from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
 from rlt.contract.stage_registry import stage_info
@@ -253,11 +254,15 @@ class StepTime:
     durable_copy: float = 0.0  # the background copy of a save to the run's volume
     one_step_off: bool = False  # the next step's rollout runs while this step scores, passes and updates
     engine_switch: float = 0.0  # colocated: waking the vLLM engine before the rollout, putting it to sleep after
+    decode: Rollout | None = None  # the rollout's decoding step by step (rlt.checks.decode_tail), an engine's
 
     @property
     def generating(self) -> float:
-        """The rollout's decoding: the longer of the throughput and the longest-completion bounds."""
-        return max(self.throughput_bound, self.longest_bound) if self.longest_bound else 0.0
+        """The rollout's decoding: the step-by-step estimate where the stage has one, else the longer of the
+        throughput and the longest-completion bounds."""
+        if not self.longest_bound:
+            return 0.0
+        return self.decode.seconds if self.decode else max(self.throughput_bound, self.longest_bound)
 
     @property
     def rollout(self) -> float:
@@ -300,7 +305,13 @@ class StepTime:
     def grace(self) -> int:
         """The grace period a stop needs: every phase before the first micro-batch, one micro-batch of the longest
         allowed rows, and a save (the module's docstring says why a sum)."""
-        return math.ceil(self.before_update + self.longest_micro + self.save)
+        return math.ceil(self.before_update - self.rollout + self.grace_rollout + self.longest_micro + self.save)
+
+    @property
+    def grace_rollout(self) -> float:
+        """The rollout a stop may wait for: its decoding at least the earlier bounds (a grace period errs long)."""
+        bound = max(self.throughput_bound, self.longest_bound)
+        return self.rollout + max(0.0, bound - self.generating) if self.rollout else 0.0
 
 
 # --------------------------------------------------------------------------- a stage's terms

@@ -26,10 +26,13 @@ The figures are estimates for planning, stated here so a reader can redo them:
 - rank imbalance: ZeRO synchronises the ranks at every layer (ZeRO-3) or every micro-step's gradient reduction, so
   each micro-step lasts as long as the longest row any rank holds: the update and the passes take rank_imbalance(world)
   times their balanced time (not the scoring: a rank scores its rows alone);
-- rollout (rl): the longer of the throughput bound (the step's completion tokens over the sequences decoded at once,
-  DECODE_TOKENS_PER_S each; at most VLLM_MAX_NUM_SEQS per engine and what its KV cache holds) and the longest-sequence
-  bound (maxCompletionLength at DECODE_TOKENS_PER_S: one sequence decodes no faster), plus the weight transfer (the
-  teacher's weights at WEIGHT_SYNC_BYTES_PER_S) before it;
+- rollout (rl): each engine's rows decoded step by step (rlt.checks.decode_tail: at most VLLM_MAX_NUM_SEQS per
+  engine and what its KV cache holds, DECODE_TOKENS_PER_S each with the slots full, faster as the batch empties in
+  the last rows' tail), plus the weight transfer (the teacher's weights at WEIGHT_SYNC_BYTES_PER_S) before it. The
+  earlier bounds stay beside it: the throughput bound (the step's completion tokens over the sequences decoded at
+  once) and the longest-sequence bound (maxCompletionLength at DECODE_TOKENS_PER_S); in-process generation (HF
+  generate keeps finished rows in its batch) uses the longer of them, and the grace period takes the longer of
+  them and the estimate;
 - a save: the checkpoint's bytes (rlt.checks.model_shape.checkpoint_bytes) at the volume's write rate
   (storage.writeBytesPerSecond, else rlt.spec.resources.DEFAULT_WRITE_RATE: a baseline, so no further margin), plus
   EXIT_SECONDS for the launcher and ranks to leave."""
@@ -240,7 +243,8 @@ def preemption_notes(
 
 def stop_wait(t: StepTime) -> str:
     """The phases a stop may wait for before its save, named with their bounds."""
-    parts = [f"rollout {minutes(t.rollout)}"] if t.rollout else []
+    longer = " (its decoding at the earlier bound)" if t.grace_rollout > t.rollout else ""
+    parts = [f"rollout {minutes(t.grace_rollout)}{longer}"] if t.rollout else []
     parts += [f"scoring {minutes(t.scoring)}"] if t.scoring else []
     parts += [f"{t.passes_name} {minutes(t.passes)}"] if t.passes else []
     return " + ".join([*parts, f"the longest micro-batch {minutes(t.longest_micro)}"])
@@ -271,12 +275,20 @@ def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
     if t.rollout:
         rl = stage_settings(spec, t.stage)  # the stage whose step this is
         bound = "the longest completion" if t.longest_bound >= t.throughput_bound else "throughput"
+        bounds = (
+            f"the throughput bound ({minutes(t.throughput_bound)}: {rl.batch_size} completions of "
+            f"{rl.max_completion_length * MEAN_COMPLETION_SHARE:.0f} tokens on average at {DECODE_TOKENS_PER_S:.0f} "
+            f"tokens/s per sequence) and the longest allowed completion ({minutes(t.longest_bound)}: "
+            f"{rl.max_completion_length} tokens at the full batch's rate)"
+        )
+        how = f"bound by {bound}: the longer of {bounds}"
+        if t.decode:
+            how = (
+                f"decoding {minutes(t.generating)} step by step, the batch emptying in the last rows' tail "
+                f"(rlt.checks.decode_tail; the earlier bounds: {bounds}; the grace period takes the longer)"
+            )
         lines.append(
-            f"{t.stage}: rollout {minutes(t.rollout)}, bound by {bound}: the longer of the throughput bound "
-            f"({minutes(t.throughput_bound)}: {rl.batch_size} completions of {rl.max_completion_length * MEAN_COMPLETION_SHARE:.0f} "
-            f"tokens on average at {DECODE_TOKENS_PER_S:.0f} tokens/s per sequence) and the longest allowed completion "
-            f"({minutes(t.longest_bound)}: {rl.max_completion_length} tokens), plus the weight transfer "
-            f"({minutes(t.transfer)})"
+            f"{t.stage}: rollout {minutes(t.rollout)}, {how}, plus the weight transfer ({minutes(t.transfer)})"
         )
     recompute = ", gradient-checkpoint recompute" if t.recompute else ""
     dealt = t.imbalance < rank_imbalance(world)  # rows dealt by tokens (rl, rlt.stages.balance)

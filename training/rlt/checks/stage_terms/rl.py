@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from rlt.checks.decode_tail import Engine, rollout
 from rlt.checks.gpu_figures import figures
 from rlt.checks.gpu_memory import GiB, kv_sequences, spec_gpu_memory
 from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
@@ -166,14 +167,24 @@ def _rl_phases(
     names = ["reference pass"] if rl.beta > 0 else []
     names += ["old-policy pass"] if mode != "inprocess" and rl.generation.importance_sampling != "off" else []
     tokens = rows * mean
-    decode = figures(spec).decode_tokens_per_s
+    fig = figures(spec)
+    decode = fig.decode_tokens_per_s
+    busy = rl.batch_size * completion / (engines * slots * decode)
+    tail = None
+    if mode != "inprocess":  # HF generate pads finished rows: no slot is freed, today's bounds stand
+        tp = gen.tensor_parallel_size if server else 1
+        weights, kv = shape.params * b / tp, shape.kv_bytes_per_token * b / tp  # one GPU's shard
+        engine = Engine(weights, kv, round(mean - completion), slots, decode, fig.gpu.bandwidth)
+        tail = rollout(engine, math.ceil(rl.batch_size / engines), rl.max_completion_length, MEAN_COMPLETION_SHARE)
+        busy = tail.seconds - tail.empty
     return replace(
         t,
         reads_prompts=True,
         generator_gpus=gen.replicas * gen.gpus if server else 0,
         throughput_bound=rl.batch_size * completion / (at_once * decode),
         longest_bound=rl.max_completion_length / decode,
-        busy_generation=rl.batch_size * completion / (engines * slots * decode),
+        busy_generation=busy,
+        decode=tail,
         transfer=shape.params * b / (INPLACE_SYNC_BYTES_PER_S if mode == "colocate" else WEIGHT_SYNC_BYTES_PER_S)
         if mode != "inprocess"
         else 0.0,
