@@ -1,0 +1,116 @@
+"""Selective gradient checkpointing in the trainer (issue 51, rlt.stages.checkpoint_layers): the last N decoder
+layers keep their activations, so one backward recomputes only the others, and the gradients are those of full
+checkpointing and of none; the Trainer's own step runs it (the layer's flag set after Trainer.train turns
+checkpointing on); a value the model cannot take errors naming the field. A tiny real Qwen2 built here."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from suite_helpers import TINY
+
+from rlt.stages.checkpoint_layers import decoder_layers, keep_activations
+
+LAYERS = 4
+
+
+def _model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
+    return Qwen2ForCausalLM(config).train()
+
+
+def _counted(model):
+    """Calls of each decoder layer's MLP: a module inside the checkpointed forward, so its hooks fire again when
+    the backward pass recomputes the layer (the layer's own hooks stay outside the checkpoint). Pre-hooks: torch's
+    non-reentrant checkpoint stops the recompute once it has what the backward needs, before the MLP returns."""
+    calls = [0] * LAYERS
+    for i, layer in enumerate(decoder_layers(model)):
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+def _step(model):
+    """(MLP calls per layer in the forward, in the backward; the gradients) of one loss on a fixed batch."""
+    calls = _counted(model)
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=ids, labels=ids).loss
+    forward = list(calls)
+    loss.backward()
+    backward = [c - f for c, f in zip(calls, forward, strict=True)]
+    return forward, backward, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_kept_layers_are_not_recomputed_and_the_gradients_are_those_of_full_and_no_checkpointing():
+    base = _model()
+    full, none, part = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    for m in (full, part):
+        m.activation_checkpointing_enable()  # what Trainer.train calls with gradient_checkpointing on
+    kept = keep_activations(part, 2, "sft")
+    assert kept == decoder_layers(part)[2:]  # the last two
+
+    fwd, bwd, grads = _step(part)
+    assert fwd == [1] * LAYERS
+    assert bwd == [1, 1, 0, 0], "only the checkpointed layers (the first two) run again in the backward pass"
+    _, full_bwd, full_grads = _step(full)
+    _, none_bwd, none_grads = _step(none)
+    assert full_bwd == [1] * LAYERS and none_bwd == [0] * LAYERS  # the two references do what they say
+    for name, g in grads.items():
+        assert torch.allclose(g, full_grads[name], atol=1e-6), name
+        assert torch.allclose(g, none_grads[name], atol=1e-6), name
+
+
+def test_more_layers_than_the_model_has_is_refused_naming_the_field():
+    model = _model()
+    model.activation_checkpointing_enable()
+    with pytest.raises(ValueError, match=r"stages\.sft\.uncheckpointedLayers: 5 is more than the 4 decoder layers"):
+        keep_activations(model, 5, "sft")
+    assert all(layer.gradient_checkpointing for layer in decoder_layers(model))  # nothing half-applied
+
+
+@pytest.mark.slow
+def test_the_trainer_keeps_the_last_layers_activations_in_its_own_step(tmp_path, formatter, capsys):
+    """One SFT step of the tiny run through TrainerRun with uncheckpointedLayers 1: the Trainer turns checkpointing
+    on at train(), the callback after it keeps the last layer; in the step the first layer runs twice (forward and
+    recompute), the last once; the line says the choice."""
+    from trl import SFTTrainer
+
+    from rlt.checks.validation import load_valid_run
+    from rlt.contract.layout import RunLayout
+    from rlt.data.dataset import load_data
+    from rlt.data.models import load_tokenizer
+    from rlt.stages.context import StageContext
+    from rlt.stages.sft import sft_config, sft_rows
+    from rlt.stages.trainer import TrainerRun
+
+    run = load_valid_run(TINY)
+    raw = run.model_dump(by_alias=True)
+    raw["spec"]["stages"]["sft"].update(
+        maxSteps=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=True, uncheckpointedLayers=1
+    )
+    run = run.model_validate(raw)
+    ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
+    tok = load_tokenizer(run.spec.teacher, padding_side="right")
+    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:2], formatter, tok, "reject")
+    trainer = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu").trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    layers = decoder_layers(trainer.model)
+    calls = [0] * len(layers)
+    for i, layer in enumerate(layers):
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))  # as _counted
+    trainer.train()
+    assert len(layers) == 2 and calls == [2, 1], calls
+    assert [layer.gradient_checkpointing for layer in layers] == [True, False]
+    assert "sft: gradient checkpointing on 1 of 2 decoder layers, the last 1 keep" in capsys.readouterr().out
