@@ -44,17 +44,17 @@ def _sft(spec, gpu_memory):
 def test_the_layers_kept_follow_from_memory_and_the_recompute_charged_shrinks_with_them():
     spec = _spec()
     shape = known_shape(spec.teacher.model)
-    small, h100, larger, h200 = (_sft(spec, g * GiB) for g in (48, 80, 100, 141))
-    assert small[0].kept == 0 and 0 < h100[0].kept < larger[0].kept < h200[0].kept == shape.layers
-    assert small[2] > h100[2] > larger[2] > h200[2] == 0
+    small, h100, larger, h200, huge = (_sft(spec, g * GiB) for g in (48, 80, 100, 141, 200))
+    assert small[0].kept == 0 and 0 < h100[0].kept < larger[0].kept < h200[0].kept < huge[0].kept == shape.layers
+    assert small[2] > h100[2] > larger[2] > h200[2] > huge[2] == 0
     # the recompute is the checkpointed layers' forward: 2 FLOPs a decoder-layer parameter a token
     every = small[1].recompute  # every layer checkpointed
-    for choice, step, _ in (h100, larger, h200):
+    for choice, step, _ in (h100, larger, h200, huge):
         assert step.recompute == pytest.approx(every * choice.checkpointed / shape.layers)
     assert every == pytest.approx(small[1].update_work / 3 * shape.layer_params / shape.params)
 
     # the most layers that fit: the update with one more kept would pass the GPU less the margin
-    for gpu in (80, 100):
+    for gpu in (80, 100, 141):
         memory = gpu * GiB
         choice = SFT.layer_choice(spec, _shapes(spec), True, memory)
         plan = plan_run(spec, _shapes(spec), memory)

@@ -141,11 +141,14 @@ def model_states(shape: ModelShape, trainable: int, zero: int, nodes: int, gpus:
 
 
 def layer_bytes_per_token(shape: ModelShape, b: int) -> int:
-    """Activations one decoder layer keeps for the backward pass, per token: the two norms' inputs and outputs,
-    q/k/v, the attention output, the MLP's gate, up, activation and down input (flash/SDPA attention: no
-    length² term)."""
+    """Activations one decoder layer keeps for the backward pass, per token, in the compute dtype (b bytes): six
+    hidden-wide tensors (the norms' outputs, q, the attention's output and o_proj's input), k and v, the MLP's gate,
+    up, activation and down input; in fp32 whatever the dtype: the two RMS norms' inputs (transformers' RMSNorm
+    computes in fp32), their rsqrt, and the attention's log-sum-exp per head (flash/SDPA attention: no length²
+    term). tests/training/test_checkpoint_layers.py holds it equal to the bytes autograd saves for a Qwen2 decoder
+    layer, bf16 and fp32 (Qwen2.5-7B in bf16: 225,400 bytes, 31.4 × hidden × 2)."""
     kv = shape.kv_heads * shape.head_dim
-    return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate)
+    return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate) + 4 * (2 * shape.hidden + 2 + shape.heads)
 
 
 @lru_cache(maxsize=8)
