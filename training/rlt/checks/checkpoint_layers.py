@@ -5,14 +5,15 @@ it, both through `choose`.
 
 A checkpointed decoder layer keeps only its input (hidden × bytes per token) and runs its forward a second time in
 the backward pass: 2 FLOPs per parameter of the layer per token, a quarter of the update's work. A kept layer keeps
-what its backward reads (rlt.checks.plan_terms.layer_bytes_per_token: ~27 × hidden × bytes per token for Qwen2.5-7B,
-flash/SDPA attention, no length² term): 3.0 GiB for a 16k-token row of Qwen2.5-7B against 0.11 GiB. The loss is
-TRL's fused LM head (chunked log-probs, never the whole logits: rlt.checks.plan_terms.lm_head_loss_bytes), charged
-with every layer's activations. With `uncheckpointedLayers` unset the stage keeps as many layers as fit: the GPU
-less CHECKPOINT_MARGIN, less every term held through the step (model states, DeepSpeed's buffers, the CUDA
-context, the stage's frozen models), must hold the update's activations and loss tiles for the longest
-micro-batch the stage allows (perDeviceBatchSize rows of its longest row). The other phases (rl's scoring, the
-colocated engine awake) come and go outside the update and are checked as they were."""
+what its backward reads (rlt.checks.plan_terms.layer_bytes_per_token, as autograd saves it: 31 × hidden × 2 bytes
+per token for Qwen2.5-7B in bf16, flash/SDPA attention, no length² term): 3.4 GiB for a 16k-token row of
+Qwen2.5-7B against 0.11 GiB. The loss is TRL's fused LM head (chunked log-probs, never the whole logits:
+rlt.checks.plan_terms.lm_head_loss_bytes), charged with every layer's activations. With `uncheckpointedLayers`
+unset the stage keeps as many layers as fit: the GPU less CHECKPOINT_MARGIN, less every term held through the step
+(model states, DeepSpeed's buffers, the CUDA context, the stage's frozen models), must hold the update's
+activations and loss tiles for the longest micro-batch the stage allows (perDeviceBatchSize rows of its longest
+row). The other phases (rl's scoring, the colocated engine awake) come and go outside the update and are checked
+as they were."""
 
 from __future__ import annotations
 
@@ -21,10 +22,9 @@ from dataclasses import dataclass
 
 from rlt.checks.gpu_memory import GiB
 
-# The share of the GPU the automatic choice leaves free: PyTorch's caching allocator holds blocks it cannot reuse
-# for a differently sized tensor (5-10 % at a long-row update's peak is common), and the per-layer bytes are an
-# estimate (benchmarks/capacity.py holds the plan within ±35 % of measured CPU runs). A stated margin, not measured
-# on a GPU here.
+# The share of the GPU the automatic choice leaves free: what the plan's terms do not count, PyTorch's caching
+# allocator's blocks it cannot reuse for a differently sized tensor (5-10 % at a long-row update's peak is common)
+# and the backward's transients (a layer's activation gradients while it runs). A stated margin, not measured on a GPU.
 CHECKPOINT_MARGIN = 0.10
 
 
