@@ -149,3 +149,32 @@ def test_the_plans_bytes_per_token_are_what_autograd_saves_for_a_decoder_layer(d
     kept = sum(n for ptr, n in saved.items() if ptr not in not_activations)
     b = torch.finfo(dtype).bits // 8
     assert kept == tokens * layer_bytes_per_token(shape_of_config(config, "test"), b)
+
+
+def test_the_trainer_on_a_gpu_makes_the_plans_choice_for_the_smaller_of_the_specs_memory_and_its_own(monkeypatch):
+    """rlt.stages.checkpoint_layers.runtime_choice on `cuda:0` is TrainerTerms.layer_choice at the spec's GPU memory
+    (paper-7b: the default 80 GiB), or at the device's when that is smaller. The device's memory is a stand-in
+    (torch.cuda.get_device_properties replaced: this machine has no GPU); the choice is the plan's arithmetic."""
+    import types
+
+    import yaml
+    from suite_helpers import EXAMPLES
+
+    from rlt.checks.capacity import plan_for_run
+    from rlt.checks.stage_terms.sft import TERMS
+    from rlt.spec.loading import parse_run
+    from rlt.stages.checkpoint_layers import runtime_choice
+
+    spec = parse_run(yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())).spec
+    gib = 2**30
+    device = {"memory": 141 * gib}
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(total_memory=device["memory"])
+    )
+    shapes = plan_for_run(spec).shapes
+    on_80 = runtime_choice(spec, "sft", 28, "cuda:0")
+    assert on_80 == TERMS.layer_choice(spec, shapes, True, 80 * gib) and 0 < on_80.kept < 28
+    assert on_80.line() in plan_for_run(spec, 80 * gib).checkpointing  # what `rlt plan` printed
+    device["memory"] = 48 * gib
+    assert runtime_choice(spec, "sft", 28, "cuda:0").kept == 0
+    assert runtime_choice(spec, "sft", 28, "cpu").kept == 0  # CPU: every layer checkpointed
