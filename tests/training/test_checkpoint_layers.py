@@ -113,7 +113,10 @@ def test_the_trainer_keeps_the_last_layers_activations_in_its_own_step(tmp_path,
     trainer.train()
     assert len(layers) == 2 and calls == [2, 1], calls
     assert [layer.gradient_checkpointing for layer in layers] == [True, False]
-    assert "sft: gradient checkpointing on 1 of 2 decoder layers, the last 1 keep" in capsys.readouterr().out
+    assert (
+        "sft: gradient checkpointing on 1 of 2 decoder layers, the last keeps its activations"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

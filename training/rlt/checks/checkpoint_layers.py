@@ -45,7 +45,9 @@ class LayerChoice:
     def line(self) -> str:
         if self.kept >= self.layers:
             return f"{self.stage}: no gradient checkpointing: all {self.layers} decoder layers keep their activations ({self.how})"
-        kept = f"the last {self.kept} keep their activations" if self.kept else "none keeps its activations"
+        kept = {0: "none keeps its activations", 1: "the last keeps its activations"}.get(
+            self.kept, f"the last {self.kept} keep their activations"
+        )
         return (
             f"{self.stage}: gradient checkpointing on {self.checkpointed} of {self.layers} decoder layers, {kept} "
             f"({self.how})"
