@@ -181,3 +181,40 @@ def test_the_trainer_on_a_gpu_makes_the_plans_choice_for_the_smaller_of_the_spec
     device["memory"] = 48 * gib
     assert runtime_choice(spec, "sft", 28, "cuda:0").kept == 0
     assert runtime_choice(spec, "sft", 28, "cpu").kept == 0  # CPU: every layer checkpointed
+
+
+def test_the_ranks_of_a_gang_keep_the_fewest_layers_any_of_them_chose():
+    """Two gloo ranks whose own choices differ (GPUs of different memory) agree on the smaller: under ZeRO-3 a
+    recompute gathers the layer's parameters in a collective, so ranks recomputing different layers would hang."""
+    import os
+    import subprocess
+    import sys
+
+    from suite_helpers import free_port
+
+    code = (
+        "import os, torch.distributed as dist\n"
+        "from rlt.stages.checkpoint_layers import agreed\n"
+        "dist.init_process_group('gloo')\n"
+        "print(agreed(int(os.environ['OWN']), 'cpu'))\n"
+        "dist.destroy_process_group()\n"
+    )
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OWN": own,
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r, own in enumerate(("9", "4"))
+    ]
+    out = [p.communicate(timeout=120)[0].split() for p in ranks]
+    assert [o[-1] for o in out] == ["4", "4"], out

@@ -13,6 +13,7 @@ their activations before it recomputes the first checkpointed layer, so the peak
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlt.checks.checkpoint_layers import LayerChoice, choose, field_name
@@ -72,6 +73,20 @@ def runtime_choice(spec: RLTRunSpec, stage: str, layers: int, device: str) -> La
     return choice
 
 
+def agreed(kept: int, device: str) -> int:
+    """The fewest layers any rank of the process group keeps (itself when there is no group): every rank must
+    recompute the same layers, for ZeRO-3 gathers a layer's parameters in a collective at each forward, the
+    recompute's included; ranks whose GPUs differ would otherwise choose apart and wait on each other for ever."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() <= 1:
+        return kept
+    value = torch.tensor([kept], dtype=torch.int64, device=torch.device(device))
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
+
+
 def checkpoint_layers_callback(spec: RLTRunSpec, stage: str, device: str, main: bool) -> TrainerCallback:
     """A TrainerCallback whose on_train_begin, which `Trainer.train` calls after it turned checkpointing on,
     keeps the chosen layers' activations; the `main` rank says the choice in one line."""
@@ -93,6 +108,9 @@ def checkpoint_layers_callback(spec: RLTRunSpec, stage: str, device: str, main: 
             choice = runtime_choice(spec, stage, len(decoder_layers(model)), device)
             if choice.problem:
                 raise ValueError(choice.problem)
+            kept = agreed(choice.kept, device)
+            if kept != choice.kept:
+                choice = replace(choice, kept=kept, how=f"{choice.how}; {kept}: the fewest a rank of the gang chose")
             keep_activations(model, choice.kept, stage)
             if main:
                 say_line(choice.line())
