@@ -120,6 +120,8 @@ def test_the_paper_step_counts_real_prompt_lengths_not_max_prompt_length():
     from rlt.checks.step_time import DEFAULT_PROMPT_TOKENS, PromptTokens
 
     doc = _doc()
+    # the layers checkpointed are fixed here: the plan's own choice keeps fewer for a longer allowed row (memory)
+    doc["spec"]["stages"]["rl"]["uncheckpointedLayers"] = 2
     base = _rl(doc)
     doc["spec"]["stages"]["rl"]["maxPromptLength"] = 32768  # a limit, not the rows' length
     assert _rl(doc).update == pytest.approx(base.update)
@@ -141,7 +143,15 @@ def test_the_update_counts_recompute_imbalance_and_the_old_policy_pass():
     assert _rl(doc).imbalance == rank_imbalance(4) > 1.4
     del doc["spec"]["stages"]["rl"]["lossType"]
     assert base.update == pytest.approx((base.update_work + base.recompute) * base.imbalance)
-    assert base.recompute == pytest.approx(base.update_work * 2 / 6)  # 2 FLOPs of 6 per trainable parameter
+    # 2 FLOPs of 6 per parameter, of the checkpointed decoder layers' parameters only (rlt.checks.checkpoint_layers)
+    from rlt.checks.model_shape import known_shape
+
+    shape = known_shape(parse_run(doc).spec.teacher.model)
+    kept = 2
+    doc["spec"]["stages"]["rl"]["uncheckpointedLayers"] = kept
+    share = shape.layer_params / shape.params * (shape.layers - kept) / shape.layers
+    assert _rl(doc).recompute == pytest.approx(base.update_work * 2 / 6 * share)
+    del doc["spec"]["stages"]["rl"]["uncheckpointedLayers"]
     doc["spec"]["stages"]["rl"]["gradientCheckpointing"] = False
     assert _rl(doc).recompute == 0
     assert base.passes_name == "reference pass"  # paper-7b: beta 0.04, importance sampling off

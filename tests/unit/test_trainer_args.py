@@ -23,6 +23,9 @@ ALIASES = {
     "logging_dir": "TensorBoard's folder is set on its callback (tracking.point_tensorboard)",
     "accelerator_config": "set only on CPU with several processes (trainer_precision), not reachable in one process",
     "use_cpu": "set only on CPU in one process; the GPU variants below leave it out",
+    "activation_checkpointing": "gradient_checkpointing's new name: the builders set the old one, its alias",
+    "activation_checkpointing_kwargs": "left at transformers' default; uncheckpointedLayers chooses the layers",
+    "gradient_checkpointing_kwargs": "left at transformers' default; uncheckpointedLayers chooses the layers",
 }
 
 

@@ -46,6 +46,7 @@ from rlt.checks.step_time import (
     PromptTokens,
     StepTime,
     default_prompts,
+    every_layer_recomputed,
     preemption_notes,
     rank_imbalance,
     trainer_grace_period,
@@ -130,7 +131,9 @@ def plan_run(
         times = trainer_step_times(spec, shapes, prompts=prompts, gpu_memory=gpu_memory)
         plan.stopping, stop_warnings = preemption_notes(spec, times, trainer_grace_period(spec), prompts)
         plan.warnings += stop_warnings
-        plan.goodput = [goodput_line(t) for t in times] + old_goodput_lines(spec, shapes, times, prompts, gpu_memory)
+        before = every_layer_recomputed(spec)  # the earlier plan checkpointed every layer
+        olds = trainer_step_times(before, shapes, prompts=prompts, gpu_memory=gpu_memory)
+        plan.goodput = [goodput_line(t) for t in times] + old_goodput_lines(before, shapes, olds, prompts, gpu_memory)
         plan.goodput += [tail_line(t.stage, t.decode) for t in times if t.decode]
         gen = generation(spec)
         if any(t.stage == "rl" for t in times) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
@@ -331,15 +334,11 @@ def plan_for_run(
 ) -> Plan:
     """Read the models' shapes (rlt.checks.shapes: never downloads) and plan; what could not be read is a note.
     `prompts`: the teacher prompts' lengths where measured (rlt.cli.plan_command.measure_prompt_tokens)."""
-    from rlt.checks.shapes import read_shape
+    from rlt.checks.shapes import run_shapes
 
-    teacher, why_t = read_shape(spec.teacher, build)
-    student, why_s = read_shape(spec.student, build)
-    own = own_student(spec)
-    trained, why_d = read_shape(own, build) if own is not None else (None, "")
-    shapes = Shapes(teacher, student, trained)
+    shapes, unread = run_shapes(spec, build)
     plan = plan_run(spec, shapes, gpu_memory, prompts=prompts)
-    plan.notes[:0] = [why for why in (why_t, why_s, why_d) if why]
+    plan.notes[:0] = unread
     plan.shapes = shapes
     return plan
 
@@ -369,6 +368,7 @@ def render(plan: Plan, name: str) -> str:
         if c.note:
             lines.append(f"  {'':<9}  note: {c.note}")
     lines += [f"  note: {n}" for n in plan.notes]
+    lines += [f"  checkpointing: {n}" for n in plan.checkpointing]
     lines += [f"  stopping: {n}" for n in plan.stopping]
     lines += [f"  generation: {n}" for n in plan.generation]
     lines += [f"  goodput: {n}" for n in plan.goodput]

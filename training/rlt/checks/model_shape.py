@@ -97,6 +97,12 @@ class ModelShape:
         """KV-cache elements of one token over every layer (keys and values); times the cache dtype's bytes."""
         return 2 * self.layers * self.kv_heads * self.head_dim
 
+    @property
+    def layer_params(self) -> int:
+        """Parameters of the decoder layers: all but the embedding, the output head (one tensor when tied) and the
+        final norm. What gradient checkpointing recomputes; the head is outside the layers, the embedding a lookup."""
+        return max(0, self.params - self.vocab * self.hidden * (1 if self.tied else 2) - self.hidden)
+
     def lora_params(self, r: int, targets: list[str]) -> int:
         """Trainable parameters of a LoRA adapter of rank r on the named linear layers ("all-linear": every linear
         but the output head, as PEFT does): r × (in + out) per adapted layer."""

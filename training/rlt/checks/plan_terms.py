@@ -80,6 +80,8 @@ class Plan:
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
     figures: dict[str, str] = field(default_factory=dict)  # the GPU figures the times use, with their sources
+    checkpointing: list[str] = field(default_factory=list)  # per Trainer stage: the layers checkpointed, and why
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (stage, a setting its model contradicts)
 
     @property
     def failures(self) -> list[Check]:
@@ -88,11 +90,15 @@ class Plan:
     def errors(self, stages: tuple[str, ...] | None = None) -> list[str]:
         """One line per resource that cannot fit (of `stages` only, when given), naming the field to change; the
         run's placement problems concern every stage."""
-        return [
-            f"{c.stage}: {c.resource} needs {gib(c.total)} but has {gib(c.limit or 0)}; change {c.fix}"
-            for c in self.failures
-            if stages is None or c.stage in stages
-        ] + [f"all: {line}" for line in self.unplaceable]
+        return (
+            [
+                f"{c.stage}: {c.resource} needs {gib(c.total)} but has {gib(c.limit or 0)}; change {c.fix}"
+                for c in self.failures
+                if stages is None or c.stage in stages
+            ]
+            + [f"{stage}: {line}" for stage, line in self.problems if stages is None or stage in stages]
+            + [f"all: {line}" for line in self.unplaceable]
+        )
 
     def headline(self, stages: tuple[str, ...]) -> str:
         """Need of has of every bounded resource of `stages`, one clause each (the plan of a pod that fits)."""
@@ -136,11 +142,14 @@ def model_states(shape: ModelShape, trainable: int, zero: int, nodes: int, gpus:
 
 
 def layer_bytes_per_token(shape: ModelShape, b: int) -> int:
-    """Activations one decoder layer keeps for the backward pass, per token: the two norms' inputs and outputs,
-    q/k/v, the attention output, the MLP's gate, up, activation and down input (flash/SDPA attention: no
-    length² term)."""
+    """Activations one decoder layer keeps for the backward pass, per token, in the compute dtype (b bytes): six
+    hidden-wide tensors (the norms' outputs, q, the attention's output and o_proj's input), k and v, the MLP's gate,
+    up, activation and down input; in fp32 whatever the dtype: the two RMS norms' inputs (transformers' RMSNorm
+    computes in fp32), their rsqrt, and the attention's log-sum-exp per head (flash/SDPA attention: no length²
+    term). tests/training/test_checkpoint_layers.py holds it equal to the bytes autograd saves for a Qwen2 decoder
+    layer, bf16 and fp32 (Qwen2.5-7B in bf16: 225,400 bytes, 31.4 × hidden × 2)."""
     kv = shape.kv_heads * shape.head_dim
-    return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate)
+    return b * (6 * shape.hidden + 2 * kv + 4 * shape.intermediate) + 4 * (2 * shape.hidden + 2 + shape.heads)
 
 
 @lru_cache(maxsize=8)
@@ -177,11 +186,16 @@ def lm_head_loss_bytes(shape: ModelShape, tokens: int, b: int, gpu: bool, head_t
     return total
 
 
-def activations(shape: ModelShape, rows: int, length: int, checkpointing: bool, b: int) -> int:
-    """Training activations of one micro-batch: with gradient checkpointing every layer's input plus one layer
-    recomputed, else every layer's (the loss is lm_head_loss_bytes)."""
+def activations(shape: ModelShape, rows: int, length: int, kept: int, b: int) -> int:
+    """Training activations of one micro-batch whose last `kept` decoder layers keep their activations and the
+    others are checkpointed (kept = layers: no checkpointing; rlt.checks.checkpoint_layers): each checkpointed
+    layer's input, each kept layer's whole activations, and one layer recomputed in the backward pass. The kept
+    layers are the last ones, so the backward frees theirs before it recomputes the first checkpointed layer: the
+    peak holds max(kept, 1) layers' whole activations (the loss is lm_head_loss_bytes)."""
+    kept = min(max(kept, 0), shape.layers)
     per_layer = rows * length * layer_bytes_per_token(shape, b)
-    return rows * length * shape.hidden * b * shape.layers + per_layer if checkpointing else per_layer * shape.layers
+    inputs = rows * length * shape.hidden * b * (shape.layers - kept)
+    return inputs + per_layer * max(kept, 1 if shape.layers else 0)
 
 
 def scoring_bytes_per_token(shape: ModelShape, b: int) -> int:

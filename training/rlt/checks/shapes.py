@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from rlt.checks.model_config import config_problems, folder_config
-from rlt.checks.model_shape import DECODER_TYPES, ModelShape, decoder_shape, known_shape
+from rlt.checks.model_shape import DECODER_TYPES, ModelShape, Shapes, decoder_shape, known_shape
 from rlt.spec.inputs import ModelRef
 from rlt.spec.local_files import LocalFileError, read_json_object
+from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages import own_student
 
 
 def shape_of_config(config: Any, source: str) -> ModelShape:
@@ -118,3 +120,13 @@ def read_shape(ref: ModelRef | str, build: bool = True) -> tuple[ModelShape | No
     if isinstance(ref, ModelRef):
         return _read(ref.model, ref.revision, build)
     return _read(ref, None, build)
+
+
+def run_shapes(spec: RLTRunSpec, build: bool = True) -> tuple[Shapes, list[str]]:
+    """The shapes of the run's models (teacher, reward student, the student stage's own model) and, for each that
+    could not be read, why (read_shape)."""
+    teacher, why_t = read_shape(spec.teacher, build)
+    student, why_s = read_shape(spec.student, build)
+    own = own_student(spec)
+    trained, why_d = read_shape(own, build) if own is not None else (None, "")
+    return Shapes(teacher, student, trained), [why for why in (why_t, why_s, why_d) if why]

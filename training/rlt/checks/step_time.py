@@ -333,7 +333,19 @@ def known_step_times(spec: RLTRunSpec) -> tuple[list[StepTime], str]:
         )
     trained = trained_student(spec).model
     shapes = Shapes(known_shape(spec.teacher.model), known_shape(spec.student.model), known_shape(trained))
-    return trainer_step_times(spec, shapes), ""
+    return trainer_step_times(every_layer_recomputed(spec), shapes), ""
+
+
+def every_layer_recomputed(spec: RLTRunSpec) -> RLTRunSpec:
+    """The spec with uncheckpointedLayers 0 where it is unset: the operator's image has no TRL, whose loss tile
+    sizes the automatic choice reads (rlt.checks.checkpoint_layers), and what the operator sizes from these steps
+    (the grace period, the local checkpoint volume) charges every layer's recompute anyway (StepTime.longest_micro)."""
+    unset = {}
+    for name in spec.stages.enabled():
+        st = stage_settings(spec, name)
+        if getattr(st, "gradient_checkpointing", False) and st.uncheckpointed_layers is None:
+            unset[name] = st.model_copy(update={"uncheckpointed_layers": 0})
+    return spec.model_copy(update={"stages": spec.stages.model_copy(update=unset)}) if unset else spec
 
 
 def local_checkpoint_size(spec: RLTRunSpec, times: list[StepTime] | None = None) -> tuple[int | None, str]:

@@ -51,7 +51,7 @@ def _plan_files(args: argparse.Namespace) -> int:
                 print(f"rlt plan: {path}: {line}", file=sys.stderr)
             for line in plan.warnings:  # a run that fits but wastes GPU-hours: said, not refused
                 print(f"rlt plan: {path}: warning: {line}", file=sys.stderr)
-            bad += bool(plan.failures or plan.unplaceable)
+            bad += bool(plan.failures or plan.unplaceable or plan.problems)
     return 1 if bad else 0
 
 

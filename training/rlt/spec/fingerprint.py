@@ -27,6 +27,7 @@ RUN_WIDE = ("method", "teacher", "student", "dataset", "format", "seed")
 # Settings of a stage that change speed, memory or placement but not what the stage produces.
 NOT_AFFECTING = {
     "gradientCheckpointing",
+    "uncheckpointedLayers",
     "saveSteps",
     "saveTotalLimit",
     "deepspeedZeroStage",

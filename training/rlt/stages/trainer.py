@@ -144,6 +144,7 @@ class TrainerRun:
         from datasets import Dataset
 
         from rlt.data.models import load_model
+        from rlt.stages.checkpoint_layers import checkpoint_layers_callback
         from rlt.stages.preemption import stop_callback
 
         return trainer_cls(
@@ -155,6 +156,8 @@ class TrainerRun:
                 end_reached_callback(),  # first: before the record callback opens a progress bar
                 make_callback(self.recorder, step_values, self.ctx.show_progress),
                 stop_callback(self.stop),
+                # after Trainer.train turns gradient checkpointing on: the layers that keep their activations
+                checkpoint_layers_callback(self.ctx.spec, self.stage, self.device, self.ctx.is_main),
             ],
             peft_config=peft_config(self.start),
             **more,

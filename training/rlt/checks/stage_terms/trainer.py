@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rlt.checks.checkpoint_layers import LayerChoice, choose, recompute_share
 from rlt.checks.model_shape import (
     ModelShape,
     Shapes,
@@ -94,8 +95,13 @@ class TrainerTerms:
         if shape is None:
             plan.notes.append(f"{self.name}: model shape unknown, its memory and disk are not planned")
             return None
-        host, terms, phases, trainable = self.memory(spec, shape, ref, at.gpu)
+        choice = self.layer_choice(spec, shapes, at.gpu, at.gpu_memory)
+        kept = choice.kept if choice is not None else 0
+        host, terms, phases, trainable = self.memory(spec, shape, ref, at.gpu, kept)
         host += self.extra_memory(spec, shape, ref, shapes, at, plan, terms, phases)
+        if choice is not None:
+            plan.checkpointing.append(choice.line())
+            plan.problems += [(self.name, choice.problem)] if choice.problem else []
         limit = at.gpu_memory if at.gpu else None
         plan.checks.append(
             Check(self.name, "GPU memory per trainer process", terms, limit, self.gpu_fix(spec), phases=phases)
@@ -115,8 +121,36 @@ class TrainerTerms:
         one = checkpoint_bytes(shape, trainable, zero, world_of(spec), b)
         pod = pod_checkpoint_bytes(shape, trainable, zero, world_of(spec), nodes, b)
         t = self.step_phases(spec, shape, shapes, trainable, one, prompts, gpu_memory)
+        # step_time charges a whole forward's recompute; only the checkpointed layers recompute. The longest
+        # micro-batch keeps the whole recompute: the grace period errs long (the operator sizes it without TRL)
+        choice = self.layer_choice(spec, shapes, gpu, gpu_memory)
+        if choice is not None:
+            t = replace(t, recompute=t.recompute * recompute_share(shape.params, shape.layer_params, choice))
         # each pod writes its own share to its local volume at once: the first pod's is the longest
         return replace(t, local_bytes=pod, save_local=pod / local_write_rate(spec)[0])
+
+    def layer_choice(self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, gpu_memory: int | None) -> LayerChoice | None:
+        """How many decoder layers keep their activations (rlt.checks.checkpoint_layers.choose): with
+        uncheckpointedLayers unset, the most whose update fits a GPU of `gpu_memory` (the spec's when None) beside
+        the terms held through the step; None when the model's shape is unknown."""
+        from rlt.checks.gpu_memory import spec_gpu_memory
+        from rlt.checks.plan_terms import Plan
+
+        ref, shape = self.model(spec, shapes)
+        if shape is None:
+            return None
+        st = self.settings(spec)
+        asked = st.uncheckpointed_layers
+        if not st.gradient_checkpointing or asked is not None or not gpu:
+            return choose(self.name, shape.layers, st.gradient_checkpointing, asked, None, 0, lambda k: 0)
+        memory = gpu_memory if gpu_memory is not None else spec_gpu_memory(spec)[0]
+        _, terms, phases, _ = self.memory(spec, shape, ref, gpu, 0)
+        at = PlanInputs(memory, gpu, None, None)
+        self.extra_memory(spec, shape, ref, shapes, at, Plan(memory), terms, phases)  # the stage's frozen models
+        held = sum(size for _, size in terms)
+        return choose(
+            self.name, shape.layers, True, None, memory, held, lambda k: self.update_phase(spec, shape, ref, gpu, k)[1]
+        )
 
     def step_phases(
         self, spec: RLTRunSpec, shape: ModelShape, shapes: Shapes, trainable: int, checkpoint: int,
@@ -132,8 +166,11 @@ class TrainerTerms:
 
     # ----------------------------------------------------------------------- shared parts
 
-    def memory(self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool) -> tuple[int, Terms, Terms, int]:
-        """(host bytes at start-up, GPU terms, phase terms, trainable parameters) of one trainer process."""
+    def memory(
+        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int = 0
+    ) -> tuple[int, Terms, Terms, int]:
+        """(host bytes at start-up, GPU terms, phase terms, trainable parameters) of one trainer process whose last
+        `kept` decoder layers keep their activations (layer_choice)."""
         st = self.settings(spec)
         res = spec.resources.trainer
         b = dtype_bytes(ref, gpu)
@@ -156,29 +193,36 @@ class TrainerTerms:
                 # stays whole on every rank through forward and backward
                 live = min(shape.params, DS_MAX_LIVE_PARAMETERS)
                 terms.append(("ZeRO-3 gathered parameters (stage3_max_live_parameters)", live * b))
+        phases = [self.update_phase(spec, shape, ref, gpu, kept)]
+        if gpu:
+            terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
+        return host, terms, phases, trainable
+
+    def update_phase(self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int) -> tuple[str, int]:
+        """The update's activations for the longest micro-batch (perDeviceBatchSize rows of the stage's longest),
+        its last `kept` decoder layers keeping theirs, and TRL's loss tiles: (name, bytes)."""
+        st = self.settings(spec)
+        b = dtype_bytes(ref, gpu)
         length, scored = self.lengths(spec)
         rows = st.per_device_batch_size
         # TRL scores only the labelled positions on a Triton device; its torch fallback scores every position
         loss_tokens = rows * scored if gpu else rows * length
         head_trainable = ref.lora is None  # PEFT's all-linear leaves the output head out
-        checkpointing = "on" if st.gradient_checkpointing else "off"
-        phases = [
-            (
-                f"activations ({rows} × {length} tokens, checkpointing {checkpointing}) + TRL loss tiles",
-                activations(shape, rows, length, st.gradient_checkpointing, b)
-                + lm_head_loss_bytes(shape, loss_tokens, b, gpu, head_trainable),
-            )
-        ]
+        if not st.gradient_checkpointing:
+            kept, how = shape.layers, "checkpointing off"
+        else:
+            how = f"checkpointing {shape.layers - kept} of {shape.layers} layers"
+        name = f"activations ({rows} × {length} tokens, {how}) + TRL loss tiles"
+        size = activations(shape, rows, length, kept, b) + lm_head_loss_bytes(
+            shape, loss_tokens, b, gpu, head_trainable
+        )
         if ref.lora is not None and ref.lora.dropout > 0:
             # PEFT applies the LoRA dropout to each adapted layer's input: a new tensor and its mask (1 byte) kept
-            # for the backward pass, per adapted layer (one layer's worth under gradient checkpointing)
-            width = shape.lora_input_width(ref.lora.target_modules)
-            width = width // shape.layers if st.gradient_checkpointing else width
-            name, size = phases[0]
-            phases[0] = (f"{name} + LoRA dropout copies", size + rows * length * width * (b + 1))
-        if gpu:
-            terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
-        return host, terms, phases, trainable
+            # for the backward pass, per adapted layer: the kept layers' and one recomputed layer's
+            live = min(shape.layers, max(kept, 1))
+            width = shape.lora_input_width(ref.lora.target_modules) * live // max(1, shape.layers)
+            name, size = f"{name} + LoRA dropout copies", size + rows * length * width * (b + 1)
+        return name, size
 
     def disk(
         self, spec: RLTRunSpec, shape: ModelShape, trainable: int, b: int, rows: int | None, plan: Plan

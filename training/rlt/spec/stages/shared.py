@@ -34,6 +34,9 @@ TRAINER_OWNED_ARGS: dict[str, str] = {
     "per_device_train_batch_size": INSTEAD + "perDeviceBatchSize",
     "gradient_accumulation_steps": INSTEAD + "batchSize and perDeviceBatchSize",
     "gradient_checkpointing": INSTEAD + "gradientCheckpointing",
+    "activation_checkpointing": INSTEAD + "gradientCheckpointing",
+    "activation_checkpointing_kwargs": INSTEAD + "uncheckpointedLayers (every_n_layers would choose the layers too)",
+    "gradient_checkpointing_kwargs": INSTEAD + "uncheckpointedLayers (every_n_layers would choose the layers too)",
     "save_steps": INSTEAD + "saveSteps",
     "save_strategy": INSTEAD + "saveSteps",
     "save_total_limit": INSTEAD + "saveTotalLimit",
@@ -89,6 +92,14 @@ class TrainerOptions(StageSettings):
     deepspeed_zero_stage: Literal[0, 1, 2, 3] = Field(
         3, description="DeepSpeed ZeRO stage when running distributed (the accelerate launch and the Trainer's)."
     )
+    uncheckpointed_layers: int | None = Field(
+        None,
+        ge=0,
+        description="With gradientCheckpointing: how many decoder layers, the last ones, keep their activations "
+        "instead of recomputing them in the backward pass (0: every layer recomputes). Unset: as many as the GPU's "
+        "memory holds beside the stage's other terms, the number `rlt plan` prints (rlt.checks.checkpoint_layers; "
+        "every layer recomputes on CPU).",
+    )
     trainer_args: dict[str, Any] = Field(
         default_factory=dict,
         description="More TRL config options (SFTConfig / GRPOConfig field names, snake_case), "
@@ -96,6 +107,16 @@ class TrainerOptions(StageSettings):
         "refused, naming the spec field to use (or why the value is fixed).",
     )
     owned_trainer_args: ClassVar[dict[str, str]] = TRAINER_OWNED_ARGS
+
+    @model_validator(mode="after")
+    def _kept_layers_need_checkpointing(self) -> TrainerOptions:
+        # sft, rl and student each define gradient_checkpointing; without it every layer keeps its activations
+        if self.uncheckpointed_layers is not None and not getattr(self, "gradient_checkpointing", True):
+            raise ValueError(
+                f"uncheckpointedLayers: {self.uncheckpointed_layers} is set but gradientCheckpointing is false "
+                "(every layer keeps its activations); unset uncheckpointedLayers or turn gradientCheckpointing on"
+            )
+        return self
 
     @classmethod
     def run_cel_rules(cls, name: str) -> list[CelRule]:

@@ -1,0 +1,220 @@
+"""Selective gradient checkpointing in the trainer (issue 51, rlt.stages.checkpoint_layers): the last N decoder
+layers keep their activations, so one backward recomputes only the others, and the gradients are those of full
+checkpointing and of none; the Trainer's own step runs it (the layer's flag set after Trainer.train turns
+checkpointing on); a value the model cannot take errors naming the field. A tiny real Qwen2 built here."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from suite_helpers import TINY
+
+from rlt.stages.checkpoint_layers import decoder_layers, keep_activations
+
+LAYERS = 4
+
+
+def _model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
+    return Qwen2ForCausalLM(config).train()
+
+
+def _counted(model):
+    """Calls of each decoder layer's MLP: a module inside the checkpointed forward, so its hooks fire again when
+    the backward pass recomputes the layer (the layer's own hooks stay outside the checkpoint). Pre-hooks: torch's
+    non-reentrant checkpoint stops the recompute once it has what the backward needs, before the MLP returns."""
+    calls = [0] * LAYERS
+    for i, layer in enumerate(decoder_layers(model)):
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+def _step(model):
+    """(MLP calls per layer in the forward, in the backward; the gradients) of one loss on a fixed batch."""
+    calls = _counted(model)
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=ids, labels=ids).loss
+    forward = list(calls)
+    loss.backward()
+    backward = [c - f for c, f in zip(calls, forward, strict=True)]
+    return forward, backward, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_kept_layers_are_not_recomputed_and_the_gradients_are_those_of_full_and_no_checkpointing():
+    base = _model()
+    full, none, part = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
+    for m in (full, part):
+        m.activation_checkpointing_enable()  # what Trainer.train calls with gradient_checkpointing on
+    kept = keep_activations(part, 2, "sft")
+    assert kept == decoder_layers(part)[2:]  # the last two
+
+    fwd, bwd, grads = _step(part)
+    assert fwd == [1] * LAYERS
+    assert bwd == [1, 1, 0, 0], "only the checkpointed layers (the first two) run again in the backward pass"
+    _, full_bwd, full_grads = _step(full)
+    _, none_bwd, none_grads = _step(none)
+    assert full_bwd == [1] * LAYERS and none_bwd == [0] * LAYERS  # the two references do what they say
+    for name, g in grads.items():
+        assert torch.allclose(g, full_grads[name], atol=1e-6), name
+        assert torch.allclose(g, none_grads[name], atol=1e-6), name
+
+
+def test_more_layers_than_the_model_has_is_refused_naming_the_field():
+    model = _model()
+    model.activation_checkpointing_enable()
+    with pytest.raises(ValueError, match=r"stages\.sft\.uncheckpointedLayers: 5 is more than the 4 decoder layers"):
+        keep_activations(model, 5, "sft")
+    assert all(layer.gradient_checkpointing for layer in decoder_layers(model))  # nothing half-applied
+
+
+@pytest.mark.slow
+def test_the_trainer_keeps_the_last_layers_activations_in_its_own_step(tmp_path, formatter, capsys):
+    """One SFT step of the tiny run through TrainerRun with uncheckpointedLayers 1: the Trainer turns checkpointing
+    on at train(), the callback after it keeps the last layer; in the step the first layer runs twice (forward and
+    recompute), the last once; the line says the choice."""
+    from trl import SFTTrainer
+
+    from rlt.checks.validation import load_valid_run
+    from rlt.contract.layout import RunLayout
+    from rlt.data.dataset import load_data
+    from rlt.data.models import load_tokenizer
+    from rlt.stages.context import StageContext
+    from rlt.stages.sft import sft_config, sft_rows
+    from rlt.stages.trainer import TrainerRun
+
+    run = load_valid_run(TINY)
+    raw = run.model_dump(by_alias=True)
+    raw["spec"]["stages"]["sft"].update(
+        maxSteps=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=True, uncheckpointedLayers=1
+    )
+    run = run.model_validate(raw)
+    ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
+    tok = load_tokenizer(run.spec.teacher, padding_side="right")
+    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:2], formatter, tok, "reject")
+    trainer = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu").trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    layers = decoder_layers(trainer.model)
+    calls = [0] * len(layers)
+    for i, layer in enumerate(layers):
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))  # as _counted
+    trainer.train()
+    assert len(layers) == 2 and calls == [2, 1], calls
+    assert [layer.gradient_checkpointing for layer in layers] == [True, False]
+    assert (
+        "sft: gradient checkpointing on 1 of 2 decoder layers, the last keeps its activations"
+        in capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_plans_bytes_per_token_are_what_autograd_saves_for_a_decoder_layer(dtype):
+    """rlt.checks.plan_terms.layer_bytes_per_token against the tensors a Qwen2 decoder layer (SDPA attention) saves
+    for its backward pass, counted by storage: the layer's input counts where the layer saves it (fp32: the first
+    norm's upcast is the input itself), the weights and the rotary tables (one per model) do not."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    from rlt.checks.plan_terms import layer_bytes_per_token
+    from rlt.checks.shapes import shape_of_config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+        vocab_size=100, attn_implementation="sdpa",
+    )  # fmt: skip
+    layer = Qwen2DecoderLayer(config, 0).to(dtype).train()
+    tokens = 16
+    x = torch.randn(1, tokens, 64, dtype=dtype, requires_grad=True)
+    positions = torch.arange(tokens)[None]
+    rotary = Qwen2RotaryEmbedding(config)(x, positions)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+    not_activations = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *rotary)}
+    kept = sum(n for ptr, n in saved.items() if ptr not in not_activations)
+    b = torch.finfo(dtype).bits // 8
+    assert kept == tokens * layer_bytes_per_token(shape_of_config(config, "test"), b)
+
+
+def test_the_trainer_on_a_gpu_makes_the_plans_choice_for_the_smaller_of_the_specs_memory_and_its_own(monkeypatch):
+    """rlt.stages.checkpoint_layers.runtime_choice on `cuda:0` is TrainerTerms.layer_choice at the spec's GPU memory
+    (paper-7b: the default 80 GiB), or at the device's when that is smaller. The device's memory is a stand-in
+    (torch.cuda.get_device_properties replaced: this machine has no GPU); the choice is the plan's arithmetic."""
+    import types
+
+    import yaml
+    from suite_helpers import EXAMPLES
+
+    from rlt.checks.capacity import plan_for_run
+    from rlt.checks.stage_terms.sft import TERMS
+    from rlt.spec.loading import parse_run
+    from rlt.stages.checkpoint_layers import runtime_choice
+
+    spec = parse_run(yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())).spec
+    gib = 2**30
+    device = {"memory": 141 * gib}
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda _: types.SimpleNamespace(total_memory=device["memory"])
+    )
+    shapes = plan_for_run(spec).shapes
+    on_80 = runtime_choice(spec, "sft", 28, "cuda:0")
+    assert on_80 == TERMS.layer_choice(spec, shapes, True, 80 * gib) and 0 < on_80.kept < 28
+    assert on_80.line() in plan_for_run(spec, 80 * gib).checkpointing  # what `rlt plan` printed
+    device["memory"] = 48 * gib
+    assert runtime_choice(spec, "sft", 28, "cuda:0").kept == 0
+    assert runtime_choice(spec, "sft", 28, "cpu").kept == 0  # CPU: every layer checkpointed
+
+
+def test_the_ranks_of_a_gang_keep_the_fewest_layers_any_of_them_chose():
+    """Two gloo ranks whose own choices differ (GPUs of different memory) agree on the smaller: under ZeRO-3 a
+    recompute gathers the layer's parameters in a collective, so ranks recomputing different layers would hang."""
+    import os
+    import subprocess
+    import sys
+
+    from suite_helpers import free_port
+
+    code = (
+        "import os, torch.distributed as dist\n"
+        "from rlt.stages.checkpoint_layers import agreed\n"
+        "dist.init_process_group('gloo')\n"
+        "print(agreed(int(os.environ['OWN']), 'cpu'))\n"
+        "dist.destroy_process_group()\n"
+    )
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OWN": own,
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r, own in enumerate(("9", "4"))
+    ]
+    out = [p.communicate(timeout=120)[0].split() for p in ranks]
+    assert [o[-1] for o in out] == ["4", "4"], out

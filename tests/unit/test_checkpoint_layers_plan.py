@@ -1,0 +1,98 @@
+"""The plan's selective gradient checkpointing (issue 51, rlt.checks.checkpoint_layers): with uncheckpointedLayers
+unset it keeps as many decoder layers' activations as the GPU's memory holds beside the terms held through the
+step, so more memory keeps more layers and too little keeps none, and it charges the recompute of the checkpointed
+layers only; it prints the choice with its figures; a value the model cannot take is a plan error naming the
+field, and the spec refuses the others. Pure arithmetic over the published shapes (KNOWN_CONFIGS)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from suite_helpers import EXAMPLES
+
+from rlt.checks.capacity import plan_run
+from rlt.checks.checkpoint_layers import CHECKPOINT_MARGIN
+from rlt.checks.goodput import goodput
+from rlt.checks.model_shape import Shapes, known_shape
+from rlt.checks.stage_terms.sft import TERMS as SFT
+from rlt.checks.step_time import trainer_step_times
+from rlt.cli import main
+from rlt.spec.loading import SpecError, parse_run
+
+GiB = 2**30
+RECOMPUTE = "gradient-checkpoint recompute"
+
+
+def _spec(name="rltrun-paper-7b.yaml", **sft):
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    doc["spec"]["stages"]["sft"].update(sft)
+    return parse_run(doc).spec
+
+
+def _shapes(spec):
+    return Shapes(known_shape(spec.teacher.model), known_shape(spec.student.model), None)
+
+
+def _sft(spec, gpu_memory):
+    """(the choice, the sft step, its recompute loss share) on GPUs of `gpu_memory` bytes."""
+    shapes = _shapes(spec)
+    choice = SFT.layer_choice(spec, shapes, True, gpu_memory)
+    step = next(t for t in trainer_step_times(spec, shapes, gpu_memory=gpu_memory) if t.stage == "sft")
+    return choice, step, dict(goodput(step).losses).get(RECOMPUTE, 0.0)
+
+
+def test_the_layers_kept_follow_from_memory_and_the_recompute_charged_shrinks_with_them():
+    spec = _spec()
+    shape = known_shape(spec.teacher.model)
+    small, h100, larger, h200, huge = (_sft(spec, g * GiB) for g in (48, 80, 100, 141, 200))
+    assert small[0].kept == 0 and 0 < h100[0].kept < larger[0].kept < h200[0].kept < huge[0].kept == shape.layers
+    assert small[2] > h100[2] > larger[2] > h200[2] > huge[2] == 0
+    # the recompute is the checkpointed layers' forward: 2 FLOPs a decoder-layer parameter a token
+    every = small[1].recompute  # every layer checkpointed
+    for choice, step, _ in (h100, larger, h200, huge):
+        assert step.recompute == pytest.approx(every * choice.checkpointed / shape.layers)
+    assert every == pytest.approx(small[1].update_work / 3 * shape.layer_params / shape.params)
+
+    # the most layers that fit: the update with one more kept would pass the GPU less the margin
+    for gpu in (80, 100, 141):
+        memory = gpu * GiB
+        choice = SFT.layer_choice(spec, _shapes(spec), True, memory)
+        plan = plan_run(spec, _shapes(spec), memory)
+        check = next(c for c in plan.checks if c.stage == "sft" and c.resource == "GPU memory per trainer process")
+        held = sum(size for _, size in check.terms)
+        ref = spec.teacher
+        update = SFT.update_phase(spec, shape, ref, True, choice.kept)[1]
+        one_more = SFT.update_phase(spec, shape, ref, True, choice.kept + 1)[1]
+        assert held + update <= (1 - CHECKPOINT_MARGIN) * memory < held + one_more, gpu
+        assert check.fits and f"checkpointing {choice.checkpointed} of {shape.layers} layers" in check.phases[0][0]
+
+
+def test_a_set_value_or_checkpointing_off_is_what_the_plan_charges():
+    spec = _spec(uncheckpointedLayers=4)
+    choice, step, _ = _sft(spec, 141 * GiB)
+    assert (choice.kept, choice.how) == (4, "stages.sft.uncheckpointedLayers: 4")
+    off, off_step, lost = _sft(_spec(gradientCheckpointing=False), 80 * GiB)
+    assert off.kept == off.layers and off_step.recompute == 0 and lost == 0
+    zero, zero_step, _ = _sft(_spec(uncheckpointedLayers=0), 141 * GiB)
+    assert zero.kept == 0 and zero_step.recompute > step.recompute > 0
+
+
+def test_rlt_plan_prints_the_choice_with_its_memory_figures(capsys):
+    assert main(["plan", str(EXAMPLES / "rltrun-paper-7b.yaml")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("  checkpointing: sft: "))
+    kept = SFT.layer_choice(_spec(), _shapes(_spec()), True, 80 * GiB).kept
+    assert f"gradient checkpointing on {28 - kept} of 28 decoder layers, the last {kept} keep" in line, line
+    assert "GiB GPU - " in line and "held through the step" in line and "more per layer kept" in line, line
+
+
+def test_bad_values_are_refused_naming_the_field():
+    with pytest.raises(SpecError, match="uncheckpointedLayers"):
+        _spec(uncheckpointedLayers=-1)
+    with pytest.raises(SpecError, match="uncheckpointedLayers"):
+        _spec(uncheckpointedLayers="all")
+    with pytest.raises(SpecError, match="uncheckpointedLayers: 3 is set but gradientCheckpointing is false"):
+        _spec(uncheckpointedLayers=3, gradientCheckpointing=False)
+    spec = _spec(uncheckpointedLayers=29)
+    plan = plan_run(spec, _shapes(spec), 80 * GiB)
+    assert "sft: stages.sft.uncheckpointedLayers: 29 is more than the 28 decoder layers" in "\n".join(plan.errors())

@@ -1,0 +1,113 @@
+"""Selective gradient checkpointing (issue 51): how many decoder layers of a Trainer stage keep their activations
+instead of recomputing them in the backward pass, and what the recompute then costs. Pure, torch-free; the plan
+(rlt.checks.stage_terms.trainer) prints the choice and charges it, the trainer (rlt.stages.checkpoint_layers) runs
+it, both through `choose`.
+
+A checkpointed decoder layer keeps only its input (hidden × bytes per token) and runs its forward a second time in
+the backward pass: 2 FLOPs per parameter of the layer per token, a quarter of the update's work. A kept layer keeps
+what its backward reads (rlt.checks.plan_terms.layer_bytes_per_token, as autograd saves it: 31 × hidden × 2 bytes
+per token for Qwen2.5-7B in bf16, flash/SDPA attention, no length² term): 3.4 GiB for a 16k-token row of
+Qwen2.5-7B against 0.11 GiB. The loss is TRL's fused LM head (chunked log-probs, never the whole logits:
+rlt.checks.plan_terms.lm_head_loss_bytes), charged with every layer's activations. With `uncheckpointedLayers`
+unset the stage keeps as many layers as fit: the GPU less CHECKPOINT_MARGIN, less every term held through the step
+(model states, DeepSpeed's buffers, the CUDA context, the stage's frozen models), must hold the update's
+activations and loss tiles for the longest micro-batch the stage allows (perDeviceBatchSize rows of its longest
+row). The other phases (rl's scoring, the colocated engine awake) come and go outside the update and are checked
+as they were."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlt.checks.gpu_memory import GiB
+
+# The share of the GPU the automatic choice leaves free: what the plan's terms do not count, PyTorch's caching
+# allocator's blocks it cannot reuse for a differently sized tensor (5-10 % at a long-row update's peak is common)
+# and the backward's transients (a layer's activation gradients while it runs). A stated margin, not measured on a GPU.
+CHECKPOINT_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """The decoder layers of a stage's model and how many of them, the last ones, keep their activations."""
+
+    stage: str
+    layers: int
+    kept: int
+    how: str  # where the number comes from, with the memory figures
+    problem: str = ""  # uncheckpointedLayers asks for more layers than the model has: the plan fails, naming it
+
+    @property
+    def checkpointed(self) -> int:
+        return self.layers - self.kept
+
+    def line(self) -> str:
+        if self.kept >= self.layers:
+            return f"{self.stage}: no gradient checkpointing: all {self.layers} decoder layers keep their activations ({self.how})"
+        kept = {0: "none keeps its activations", 1: "the last keeps its activations"}.get(
+            self.kept, f"the last {self.kept} keep their activations"
+        )
+        return (
+            f"{self.stage}: gradient checkpointing on {self.checkpointed} of {self.layers} decoder layers, {kept} "
+            f"({self.how})"
+        )
+
+
+def field_name(stage: str) -> str:
+    return f"stages.{stage}.uncheckpointedLayers"
+
+
+def choose(
+    stage: str,
+    layers: int,
+    checkpointing: bool,
+    asked: int | None,
+    gpu_memory: int | None,
+    held: int,
+    update_phase: Callable[[int], int],
+) -> LayerChoice:
+    """The layers of a `layers`-layer model that keep their activations: all without `checkpointing`; `asked`
+    (uncheckpointedLayers) when set; with no GPU (`gpu_memory` None: a CPU run, which no GPU memory bounds) none;
+    else the most whose update fits: `held` bytes held through the step plus `update_phase(kept)` (activations and
+    loss tiles of the longest micro-batch) within the GPU less CHECKPOINT_MARGIN. More layers asked than the model
+    has is a `problem` naming the field (the trainer raises it, the plan fails with it)."""
+    if not checkpointing:
+        return LayerChoice(stage, layers, layers, f"stages.{stage}.gradientCheckpointing false")
+    if asked is not None:
+        problem = (
+            f"{field_name(stage)}: {asked} is more than the {layers} decoder layers of the stage's model; at most "
+            f"{layers}, or unset for the plan's choice"
+            if asked > layers
+            else ""
+        )
+        return LayerChoice(stage, layers, min(asked, layers), f"{field_name(stage)}: {asked}", problem)
+    if gpu_memory is None:
+        return LayerChoice(stage, layers, 0, f"{field_name(stage)} unset on CPU: no GPU memory to fill")
+    margin = int(CHECKPOINT_MARGIN * gpu_memory)
+    room = gpu_memory - margin - held
+    kept = max((k for k in range(layers + 1) if update_phase(k) <= room), default=0)
+    # the first layer kept takes the room of the layer the backward recomputes (plan_terms.activations)
+    base, one = update_phase(0), update_phase(min(2, layers)) - update_phase(min(1, layers))
+    how = (
+        f"{field_name(stage)} unset, the plan's choice: {gib(gpu_memory)} GPU - {gib(held)} held through the step - "
+        f"{gib(margin)} margin ({CHECKPOINT_MARGIN:.0%}, rlt.checks.checkpoint_layers.CHECKPOINT_MARGIN) leaves "
+        f"{gib(room)} for the update; its activations and loss tiles need {gib(base)} with every layer "
+        f"recomputed, {gib(one)} more per layer kept beyond the first"
+    )
+    if update_phase(kept) > room:
+        how += ": not even every layer recomputed fits"
+    return LayerChoice(stage, layers, kept, how)
+
+
+def recompute_share(params: int, layer_params: int, choice: LayerChoice) -> float:
+    """The recompute as a share of a forward over all `params` (2 FLOPs a parameter a token): the checkpointed
+    layers' parameters only (`layer_params` over every decoder layer); the head and the embedding are outside the
+    layers and never recomputed."""
+    if not choice.layers or not params:
+        return 0.0
+    return layer_params * choice.checkpointed / choice.layers / params
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:.1f} GiB"
