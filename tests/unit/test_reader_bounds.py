@@ -4,6 +4,7 @@ composed), and its time grows linearly with the input on adversarial text of eve
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import subprocess
 import sys
@@ -54,14 +55,28 @@ def test_the_value_bound_trips_while_reading(text):
     assert f"more than {MAX_VALUES} values" in said and "MAX_VALUES" in said, said
 
 
-def _seconds(read: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(3):  # the least of three: the machine is shared, a slow run is its neighbours' doing
-        t0 = time.perf_counter()
-        with contextlib.suppress(InputError, yaml.YAMLError):
-            read()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _once(read: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    with contextlib.suppress(InputError, yaml.YAMLError):
+        read()
+    return time.perf_counter() - t0
+
+
+def _least_seconds(small: Callable[[], object], large: Callable[[], object], rounds: int = 5) -> tuple[float, float]:
+    """The least time of each over `rounds` interleaved runs, the collector paused: on a shared machine a slow run is
+    its neighbours' doing, and interleaving gives both sizes the same neighbours (a busy spell cannot fall on one
+    size's runs only); a collection triggered by the large input's many objects is the collector's cost, not the
+    reader's."""
+    best_small = best_large = float("inf")
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            best_small = min(best_small, _once(small))
+            best_large = min(best_large, _once(large))
+    finally:
+        gc.enable()
+    return best_small, best_large
 
 
 # Adversarial text of n units: each shape once read whole (linear: 4x the text, about 4x the time).
@@ -82,15 +97,16 @@ SIZES["deep-block-nesting"] = 10_000
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_reading_time_grows_linearly(shape):
-    """4x the input within the bounds takes well under 16x the time (quadratic), measured as a ratio, not seconds."""
+    """4x the input within the bounds takes well under 16x the time (quadratic), measured as a ratio, not seconds:
+    linear reads 4-5x; 11 leaves a shared machine room and still fails a quadratic reader."""
     n = SIZES.get(shape, 50_000)
     small, large = SHAPES[shape](n), SHAPES[shape](4 * n)
     assert len(large.encode()) <= MAX_BYTES and len(small) > 10_000
-    _seconds(lambda: load_yaml(small))  # warm up
-    t_small = max(_seconds(lambda: load_yaml(small)), 0.01)
-    t_large = _seconds(lambda: load_yaml(large))
+    _once(lambda: load_yaml(small))  # warm up
+    t_small, t_large = _least_seconds(lambda: load_yaml(small), lambda: load_yaml(large))
+    t_small = max(t_small, 0.01)
     print(f"{shape}: n {t_small:.3f} s, 4n {t_large:.3f} s, ratio {t_large / t_small:.1f}")
-    assert t_large / t_small < 8, f"{shape}: 4x the input took {t_large / t_small:.1f}x the time"
+    assert t_large / t_small < 11, f"{shape}: 4x the input took {t_large / t_small:.1f}x the time"
 
 
 @pytest.mark.parametrize(
@@ -99,15 +115,17 @@ def test_reading_time_grows_linearly(shape):
     ids=["values", "documents"],
 )
 def test_text_past_a_bound_costs_what_the_bound_costs(unit, bound):
-    """Ten times the bound is refused in about the time of the bound itself: the reader stops at it."""
+    """Ten times the bound is refused in about the time of the bound itself: the reader stops at it (a reader that
+    read on would take ~10x; 5 leaves a shared machine room)."""
     prefix = "a: [" if unit == "1, " else ""
     at_bound = prefix + unit * bound
     ten_times = prefix + unit * (10 * bound)
     assert len(ten_times.encode()) <= MAX_BYTES
-    t_bound = max(_seconds(lambda: load_yaml(at_bound)), 0.01)
-    t_ten = _seconds(lambda: load_yaml(ten_times))
+    _once(lambda: load_yaml(at_bound))  # warm up
+    t_bound, t_ten = _least_seconds(lambda: load_yaml(at_bound), lambda: load_yaml(ten_times))
+    t_bound = max(t_bound, 0.01)
     print(f"{unit!r}: bound {t_bound:.3f} s, 10x bound {t_ten:.3f} s")
-    assert t_ten / t_bound < 3, f"10x past the bound took {t_ten / t_bound:.1f}x the bound's time"
+    assert t_ten / t_bound < 5, f"10x past the bound took {t_ten / t_bound:.1f}x the bound's time"
 
 
 # ---------------------------------------------------------------------------------------------- files
