@@ -39,6 +39,8 @@ process and --thread-arm, nice 10, load ~11 (a full CI run beside busy loops on 
     ×1.52 in both, though the vLLM server runs alone on core 0. Not the client's per-token work: with vLLM's
     --stream-interval 16 (16 tokens an event; a one-off run) it was still ×1.40 (and one step off 1.05 ×, the update
     then the longer at 2.43 s); likely the other jobs' load moving to core 0 while the ranks keep core 1 busy.
+  The same balanced command at load ~5.4 (nice 10): rollout 1.41 s, update 2.12 s apart; sequential 0.98 × the sum,
+    one step off 0.93 × the max with the client process, 1.05 × with the client thread (steps 1.97 s and 2.21 s).
 
     python benchmarks/overlap.py                                  # about 5 minutes on 2 loaded cores
     # balanced, seconds-long steps, the client in a thread beside (about 3 minutes with the colocate probe):
