@@ -36,11 +36,18 @@ process and --thread-arm, nice 10, load ~11 (a full CI run beside busy loops on 
   --tokens 8 (0.18 s / 0.15 s): process 1.11 ×, thread 1.19 ×;
   --tokens 64 --rows 32 --prompt-tokens 200 (balanced, 1.56 s / 1.92 s): process 1.20 ×, thread 1.22 ×; sequential
     1.01 × the sum. The update beside the rollout: ×1.07 (process), ×1.16 (thread); the rollout beside the update:
-    ×1.52 in both, though the vLLM server runs alone on core 0. Not the client's per-token work: with vLLM's
-    --stream-interval 16 (16 tokens an event; a one-off run) it was still ×1.40 (and one step off 1.05 ×, the update
-    then the longer at 2.43 s); likely the other jobs' load moving to core 0 while the ranks keep core 1 busy.
-  The same balanced command at load ~5.4 (nice 10): rollout 1.41 s, update 2.12 s apart; sequential 0.98 × the sum,
-    one step off 0.93 × the max with the client process, 1.05 × with the client thread (steps 1.97 s and 2.21 s).
+    ×1.52 in both, though the vLLM server runs alone on core 0.
+  The same balanced command at load ~5.4: rollout 1.41 s, update 2.12 s apart; sequential 0.98 × the sum, one step
+    off 0.93 × the max with the client process, 1.05 × with the client thread (steps 1.97 s and 2.21 s).
+  Again at 23:28 (load 1.9 at the start, 6.1 at the end), --steps 8: rollout 1.33 s, update 1.87 s apart; sequential
+    1.00 × the sum; one step off 1.36 × the max (process), 1.37 × (thread): the update beside the rollout ×1.07 and
+    ×1.15, the rollout beside the update ×1.79 and ×2.04.
+So the client process takes the GIL's cost off the update (×1.07 against ×1.15), but the 15 % target holds only in
+some runs: the rollout, overlapped, ends late. What is left is likely the client's own CPU work, parsing every
+streamed token's JSON (ids, log-prob and text), now in a process on core 1 beside the two ranks' updates, where it
+gets a share of the core (a node has spare host cores for it; this machine has none): moved to core 0 beside vLLM
+(a one-off run), one step off was 1.54 × the max. The requests already stream 16 tokens an event
+(generation.STREAM_INTERVAL). Not yet done: a lighter answer to parse (fewer fields per token).
 
     python benchmarks/overlap.py                                  # about 5 minutes on 2 loaded cores
     # balanced, seconds-long steps, the client in a thread beside (about 3 minutes with the colocate probe):
