@@ -43,11 +43,12 @@ process and --thread-arm, nice 10, load ~11 (a full CI run beside busy loops on 
     1.00 × the sum; one step off 1.36 × the max (process), 1.37 × (thread): the update beside the rollout ×1.07 and
     ×1.15, the rollout beside the update ×1.79 and ×2.04.
 So the client process takes the GIL's cost off the update (×1.07 against ×1.15), but the 15 % target holds only in
-some runs: the rollout, overlapped, ends late. What is left is likely the client's own CPU work, parsing every
-streamed token's JSON (ids, log-prob and text), now in a process on core 1 beside the two ranks' updates, where it
-gets a share of the core (a node has spare host cores for it; this machine has none): moved to core 0 beside vLLM
-(a one-off run), one step off was 1.54 × the max. The requests already stream 16 tokens an event
-(generation.STREAM_INTERVAL). Not yet done: a lighter answer to parse (fewer fields per token).
+some runs: the rollout, overlapped, ends late, and not through the client: instrumented once (23:31, load ~5), the
+client process used 0.02 s of CPU per request, while a request took 1.1-1.5 s with the ranks waiting and 2.5-2.9 s
+beside their update. The vLLM server alone on core 0 serves slower while core 1 trains: the two vCPUs share hardware
+underneath (caches, memory bandwidth, perhaps sibling threads on the host; the VM reports one thread per core),
+which a generator GPU and a trainer GPU do not. Moved to core 0 beside vLLM (a one-off run), the client made it
+worse (1.54 × the max).
 
     python benchmarks/overlap.py                                  # about 5 minutes on 2 loaded cores
     # balanced, seconds-long steps, the client in a thread beside (about 3 minutes with the colocate probe):

@@ -187,7 +187,7 @@ class ServedBehaviour:
 class ClientProcess:
     """rlt.method.generation.server_generate run in a child process (spawned, daemonic: it ends with the trainer).
 
-    In a thread of the trainer, the streamed answer's Python work (a JSON event per token per sequence) takes the GIL
+    In a thread of the trainer, the streamed answer's Python work (a JSON event per chunk of tokens) takes the GIL
     from the update between its torch calls, and waits for it (benchmarks/overlap.py, arm oneStepOff-thread). Here the
     background thread only waits on a pipe, without the GIL; the token ids and log-probs come back whole. Started on
     the first call; one request at a time."""
