@@ -285,6 +285,29 @@ def test_a_stream_cut_every_time_is_a_clear_error(stub, monkeypatch):
         generation.server_generate(url, [[1]], n=2, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=0)
 
 
+def test_the_rollout_client_process_answers_as_server_generate(stub):
+    """rlt.stages.overlap.ClientProcess (a one-step-off rollout's HTTP client, in a spawned process of its own): the
+    same samples as server_generate in-process, the child's errors raised in the parent with their message, and a
+    dead child a clear error, not a hang."""
+    from rlt.stages.overlap import ClientProcess
+
+    server, url = stub
+    FlakyVllmStub.fail = 0
+    args = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=7)
+    here = generation.server_generate(url, [[1, 2], [3]], **args)
+    client = ClientProcess()
+    assert client(url, [[1, 2], [3]], **args) == here
+    assert client.proc is not None and client.proc.pid != os.getpid() and FlakyVllmStub.posts == 2
+    with pytest.raises(RuntimeError, match=r"RuntimeError: vLLM server nowhere:"):
+        client("nowhere:", [[1]], **args)  # no scheme: requests refuses it at once, no retries
+    assert client(url, [[3]], **args).completion_ids == here.completion_ids[2:]  # still serving after the error
+    client.proc.kill()
+    client.proc.join(10)
+    with pytest.raises(RuntimeError, match=r"client process ended \(exit code -9\)"):
+        client(url, [[1]], **args)
+    assert client(url, [[3]], **args).completion_ids == here.completion_ids[2:]  # a new child on the next call
+
+
 def stage_against(url: str, out: Path, rows: int = 12) -> Path:
     """The real distill stage (run_local, one rank, the tiny models scoring) against the server at `url`, with
     1 row per written batch and 2 samples per row; the dataset it wrote."""

@@ -64,10 +64,11 @@ def test_off_by_default(tmp_path):
     assert rollout_ahead(ctx, SimpleNamespace(use_vllm=False), None, None, None, None) is None  # type: ignore[arg-type]
 
 
-def test_served_rollouts_are_seeded_per_group(monkeypatch):
+def test_served_rollouts_are_seeded_per_group():
     """ServedBehaviour: a group's repeats go to vLLM as one prompt with n samples under the rollout's seed (vLLM seeds
     sample j with seed + j; the same prompt twice under one seed would be one sequence twice), and the samples come
-    back in TRL's row order. server_generate is replaced by a stand-in that names what it was asked."""
+    back in TRL's row order. server_generate is replaced by a stand-in that names what it was asked (given as
+    `generate`, in place of the client process)."""
     from rlt.method import generation
     from rlt.spec.stages import RlStage
     from rlt.stages.overlap import ServedBehaviour, rollout_seed
@@ -79,8 +80,7 @@ def test_served_rollouts_are_seeded_per_group(monkeypatch):
         ids = [[p[0], j, seed] for p in prompt_ids for j in range(n)]
         return generation.Samples([], ids, [[-0.5] * 3 for _ in ids])
 
-    monkeypatch.setattr(generation, "server_generate", stand_in)
-    served = ServedBehaviour("http://g:8000", RlStage(), timeout=5)
+    served = ServedBehaviour("http://g:8000", RlStage(), timeout=5, generate=stand_in)
     a, b, c = [1, 1], [2], [3]
     ids, logprobs = served([a, a, b, b, a, c], seed=40)
     sizes = {n: (prompts, seed) for prompts, n, seed in asked}

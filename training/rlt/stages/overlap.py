@@ -37,10 +37,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from trl.trainer.grpo_trainer import GRPOTrainer, RolloutFunc
 
+    from rlt.method.generation import Samples
     from rlt.spec.stages import RlStage
     from rlt.stages.record import PhaseTimer
 
@@ -138,17 +142,20 @@ class LocalBehaviour:
 
 class ServedBehaviour:
     """The generators (vLLM's OpenAI server) sampled by each rank for its own rows over HTTP: no collective runs in
-    the background thread. TRL's weight push keeps the server's weights; `refresh` has nothing to do."""
+    the background thread. TRL's weight push keeps the server's weights; `refresh` has nothing to do. The HTTP client
+    runs in a process of its own (ClientProcess), unless `generate` says otherwise."""
 
-    def __init__(self, base_url: str, st: RlStage, timeout: float) -> None:
+    def __init__(
+        self, base_url: str, st: RlStage, timeout: float, generate: Callable[..., Samples] | None = None
+    ) -> None:
         self.base_url, self.st, self.timeout = base_url, st, timeout
+        # rlt.method.generation.server_generate's arguments
+        self.generate: Callable[..., Samples] = generate or ClientProcess()
 
     def refresh(self, trainer: GRPOTrainer) -> None:
         return None
 
     def __call__(self, prompt_ids: list[list[int]], seed: int) -> Sampled:
-        from rlt.method.generation import server_generate
-
         st = self.st
         # vLLM seeds sample j of every prompt of a request with seed + j: a group's repeats go as one prompt with n
         # samples (the same prompt twice under one seed would be the same sequence twice)
@@ -161,7 +168,7 @@ class ServedBehaviour:
         ids: list[list[int]] = [[] for _ in prompt_ids]
         logprobs: list[list[float]] = [[] for _ in prompt_ids]
         for n, prompts in sorted(by_size.items()):
-            s = server_generate(
+            s = self.generate(
                 self.base_url,
                 [list(p) for p in prompts],
                 n=n,
@@ -175,6 +182,69 @@ class ServedBehaviour:
             for i, c, lp in zip(rows, s.completion_ids, s.logprobs, strict=True):
                 ids[i], logprobs[i] = c, lp
         return ids, logprobs
+
+
+class ClientProcess:
+    """rlt.method.generation.server_generate run in a child process (spawned, daemonic: it ends with the trainer).
+
+    In a thread of the trainer, the streamed answer's Python work (a JSON event per chunk of tokens) takes the GIL
+    from the update between its torch calls, and waits for it (benchmarks/overlap.py, arm oneStepOff-thread). Here the
+    background thread only waits on a pipe, without the GIL; the token ids and log-probs come back whole. Started on
+    the first call; one request at a time."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: Connection | None = None
+        self.proc: BaseProcess | None = None
+
+    def __call__(self, base_url: str, prompt_ids: list[list[int]], **kw: Any) -> Samples:
+        from rlt.method.generation import Samples
+
+        with self.lock:
+            conn = self.started()
+            try:
+                conn.send((base_url, prompt_ids, kw))
+                status, answer = conn.recv()
+            except (EOFError, OSError):  # the child died (killed, out of memory): the next call starts another
+                proc, self.conn, self.proc = self.proc, None, None
+                if proc is not None:
+                    proc.join(5)
+                code = proc.exitcode if proc is not None else None
+                raise RuntimeError(
+                    f"vLLM server {base_url}: the rollout's client process ended (exit code {code}) before it answered"
+                ) from None
+        if status != "ok":
+            raise RuntimeError(answer)  # server_generate's own error, named by the child
+        ids, logprobs = answer
+        return Samples([list(p) for p in prompt_ids for _ in range(kw["n"])], ids, logprobs)
+
+    def started(self) -> Connection:
+        if self.conn is None:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("spawn")  # a fork of a trainer would copy its threads' locks
+            self.conn, child = ctx.Pipe()
+            self.proc = ctx.Process(target=serve_client, args=(child,), name="rlt-rollout-client", daemon=True)
+            self.proc.start()
+            child.close()
+        return self.conn
+
+
+def serve_client(conn: Connection) -> None:
+    """ClientProcess's child: server_generate for each request on `conn`, answered with ("ok", (ids, logprobs)) or
+    ("error", the message), until the parent closes its end."""
+    from rlt.method.generation import server_generate
+
+    while True:
+        try:
+            base_url, prompt_ids, kw = conn.recv()
+        except EOFError:
+            return
+        try:
+            s = server_generate(base_url, prompt_ids, **kw)
+            conn.send(("ok", (s.completion_ids, s.logprobs)))
+        except Exception as e:  # the parent raises it on the calling thread
+            conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
 class Behaviour(Sampler, Protocol):
