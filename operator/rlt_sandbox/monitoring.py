@@ -182,21 +182,43 @@ def say_now(line: str) -> None:
     print(line, flush=True)
 
 
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while `rlt monitor` watches."""
+
+
+def stop_on_signals() -> list[bool]:
+    """SIGINT and SIGTERM end the watch: a flag set, and KeyboardInterrupt raised at once. Set explicitly because a
+    process started with SIGINT ignored (a launcher's, a test worker's) inherits that, and Python then installs no
+    Ctrl-C handler of its own; the flag also ends the loop if a library catches the exception mid-drawing."""
+    stopped = [False]
+
+    def stop(signum: int, frame: object) -> None:
+        stopped[0] = True
+        raise Stopped(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    return stopped
+
+
 def watch(
     run: subprocess.Popen[bytes] | None,
     draw: Callable[[], Drawn],
     every_s: float,
     say: Callable[[str], None] = say_now,
 ) -> int:
-    """Draw the dashboards every `every_s` seconds until the run ends (then once more) or until Ctrl-C."""
+    """Draw the dashboards every `every_s` seconds until the run ends (then once more) or until Ctrl-C/SIGTERM."""
     next_draw = time.monotonic()
+    stopped = stop_on_signals()
     try:
-        while run is None or run.poll() is None:
+        while (run is None or run.poll() is None) and not stopped[0]:
             if time.monotonic() >= next_draw:
                 say(summary(draw()))
                 next_draw = time.monotonic() + every_s
             time.sleep(1)
     except KeyboardInterrupt:
+        stopped[0] = True
+    if stopped[0]:
         say("[monitor] stopped (Ctrl-C)")
         return 130
     time.sleep(2 * float(SCRAPE_INTERVAL.rstrip("s")))  # the run's last samples are scraped before the last draw

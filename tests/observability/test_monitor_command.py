@@ -56,7 +56,10 @@ def test_it_scrapes_a_running_exporter_and_draws_every_dashboard(tmp_path):
     cmd = [sys.executable, "-m", "rlt.cli", "monitor", "--trainer", f"127.0.0.1:{port}", "--port", str(free_port())]
     cmd += ["--out", str(out), "--every", "3", "--work", str(tmp_path / "work")]
     log = tmp_path / "monitor.log"
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    # started with SIGINT ignored, as a child of a process that ignores it (a launcher, a test worker after another
+    # test's handler) is: Ctrl-C must still stop it (it once drew on for ever in CI)
+    ignoring = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"]  # exec keeps the ignored signal ignored
+    proc = subprocess.Popen([*ignoring, *cmd], stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         # the first drawing may come before the first scrape: wait for one that shows the reward
