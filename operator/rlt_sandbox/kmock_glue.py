@@ -17,6 +17,8 @@ installed only by an explicit `patch_kmock()` call (rlt_sandbox.kmock_patches):
 - core discovery says `groupVersion: v1` (not `/v1`), the version is a plausible v1.31;
 - PUT (replace) works, create answers 201, errors use the API's reasons (NotFound, AlreadyExists);
 - watches stream JSON lines and end after `timeoutSeconds`;
+- a watch joins the event stream as it takes its snapshot, so an object created while it opens is not lost
+  (kmock joined after sending the snapshot);
 - creating a CustomResourceDefinition registers its resource and reports it Established (Helm waits for that
   after installing a chart's crds/), and `kubectl get` on it receives a
   server-side Table with the CRD's printer columns (kubectl shows them only that way);
@@ -110,6 +112,16 @@ def _mutate(request: rendering.Request, **fields: Any) -> None:
 
 
 _WATCH_OVER = object()  # a watch stream has nothing more to send
+
+
+def _in_scope(request: rendering.Request, resource: Any, namespace: str | None, name: str | None) -> bool:
+    """Does a watch request cover this object? Its resource; its namespace unless the watch is cluster-wide; its
+    name when the watch's path names one (kmock's own rule)."""
+    return (
+        resource == request.resource
+        and (request.namespace is None or namespace == request.namespace)
+        and (request.name is None or name == request.name)
+    )
 
 
 @attrs.define(kw_only=True)
@@ -390,6 +402,33 @@ class Cluster(Admission, Tables, PodLogs, OpenApi, kmock.KubernetesEmulator):
         except StopAsyncIteration:
             return _WATCH_OVER
 
+    async def _events_since_snapshot(self, request: rendering.Request) -> AsyncGenerator[Any, None]:
+        """The objects as they are (ADDED each), then every change after them, with no gap between the two.
+
+        kmock's own watch took its snapshot, sent it, and only then joined the resource's event bus: an object
+        created meanwhile was in neither, and a watch opened as it was created never saw it (a restarted
+        operator missed the run applied at that moment). Here the bus is joined under the same lock as the
+        snapshot is taken, and writes publish under that lock too."""
+        yield b""  # the headers go out before the first event (kmock's watch does the same)
+        assert request.resource is not None  # kmock routes only resource requests to its watch
+        bus = self._buses[request.resource]
+        async with self._lock:
+            mark = await bus.mark()
+            snapshot = [
+                {"type": "ADDED", "object": obj.raw}
+                for (resource, namespace, name), obj in self.objects.items()
+                if not obj.deleted and _in_scope(request, resource, namespace, name)
+            ]
+        try:
+            for event in snapshot:
+                yield event
+            async for event in bus.stream(since=mark):
+                meta = event.get("object", {}).get("metadata", {})
+                if _in_scope(request, request.resource, meta.get("namespace"), meta.get("name")):
+                    yield event
+        finally:
+            await bus.unmark(mark)
+
     # kmock's watch is an async generator; this one answers with a Response wrapping it (a Payload kmock unfolds).
     async def _serve_watch(self, request: rendering.Request) -> Any:  # type: ignore[override]
         # JSON lines (kubectl refuses octet-stream) and an end after timeoutSeconds (clients rely on it).
@@ -402,8 +441,7 @@ class Cluster(Admission, Tables, PodLogs, OpenApi, kmock.KubernetesEmulator):
         fterms = parse_field_selector(field_selector) if field_selector else None
         since = resource_version({"metadata": {"resourceVersion": request.params.get("resourceVersion")}})
         as_table = self._wants_table(request)
-        # kmock's _serve_watch is an async generator function; it declares only an AsyncIterator
-        stream = cast("AsyncGenerator[rendering.Payload, None]", super()._serve_watch(request))
+        stream = self._events_since_snapshot(request)
 
         async def limited() -> AsyncIterator[Any]:
             loop = asyncio.get_running_loop()

@@ -3,6 +3,7 @@ started because every watch reaching timeoutSeconds ended with a 500 instead of 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -51,3 +52,30 @@ async def test_the_operator_outlives_its_watches_time_limits(harness):
     await harness.create_run(example())
     await harness.wait_object("jobs", "tiny-sft")
     assert harness.operator.alive, harness.operator.error
+
+
+async def test_an_object_created_just_after_a_watchs_snapshot_is_streamed(harness):
+    """A watch sends the objects as they are, then every change. kmock joined the change stream only after
+    sending the snapshot, so an object created in between was lost to that watch: the sandbox's restarted
+    operator never saw the run applied as it started watching. Reading the stream by hand puts the create
+    exactly in that gap."""
+    await harness.call("POST", CMS, {"metadata": {"name": "a"}})
+    await watch_lines(harness, timeoutSeconds="1")  # a real watch request, to take its parsed form
+    request = next(r for r in reversed(harness.cluster._requests) if r.params.get("watch") == "true")
+    response = await harness.cluster._serve_watch(request)
+    stream = aiter(response.payload)
+    got: list[tuple[str, str]] = []
+    try:
+        assert await anext(stream) == b""  # the headers
+        event = await anext(stream)
+        got.append((event["type"], event["object"]["metadata"]["name"]))
+        assert got == [("ADDED", "a")]  # the snapshot, sent; the stream has not been read further
+
+        await harness.call("POST", CMS, {"metadata": {"name": "b"}})
+        event = await asyncio.wait_for(anext(stream), timeout=5)
+        got.append((event["type"], event["object"]["metadata"]["name"]))
+    except (StopAsyncIteration, TimeoutError):
+        pass
+    finally:
+        await stream.aclose()
+    assert got == [("ADDED", "a"), ("ADDED", "b")]
