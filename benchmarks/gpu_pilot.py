@@ -180,18 +180,12 @@ def measure(model, tok, fmt, student, s_tok, rows: list[dict], k: int, cap: int)
     model.eval()
     out, explanations = {}, []
     for tau in TAUS:
-        texts, ids, lps = protocol.sample_explanations(
+        sampled = protocol.sample_explanations(
             model, tok, fmt, rows, k, cap, seed=EVAL_SEED, temperature=tau, batch_size=EVAL_BATCH
         )
+        texts = sampled[0]
         reward = RLTReward(student, s_tok, fmt, temperature=tau, batch_size=64)
-        flat = [r for r in rows for _ in range(k)]
-        br = reward.score(
-            [r["question"] for r in flat],
-            [r["solution"] for r in flat],
-            [t for ts in texts for t in ts],
-            [x for xs in lps for x in xs],
-            [x for xs in ids for x in xs],
-        )
+        br = protocol.score_sampled(reward, rows, sampled)
 
         def per_q(xs: list[float]) -> list[float]:
             return [statistics.fmean(xs[i * k : (i + 1) * k]) for i in range(len(rows))]

@@ -157,18 +157,13 @@ def measure(args, teacher_path: str, chosen: list[dict], heldout: list[dict], sa
         ("tau07", chosen, sz["k07"], 0.7),
         ("heldout", heldout, sz["heldout_k"], sz["temperature"]),
     ):
-        texts, ids, lps = protocol.sample_explanations(
+        sampled = protocol.sample_explanations(
             teacher, t_tok, formatter, rows, k, sz["cap"], seed=sampling, temperature=tau
         )
+        texts = sampled[0]
         reward = RLTReward(student, s_tok, formatter, temperature=tau, batch_size=8)
         flat_rows = [r for r in rows for _ in range(k)]
-        br = reward.score(
-            [r["question"] for r in flat_rows],
-            [r["solution"] for r in flat_rows],
-            [t for ts in texts for t in ts],
-            [x for xs in lps for x in xs],
-            [x for xs in ids for x in xs],
-        )
+        br = protocol.score_sampled(reward, rows, sampled)
         expl = [formatter.split_explanation(t)[0] for ts in texts for t in ts]
         out[name] = {
             "tau": tau,

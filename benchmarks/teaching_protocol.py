@@ -126,18 +126,33 @@ def sample_explanations(
     return per_row(texts), per_row(out.completion_ids), per_row(out.logprobs)
 
 
+def score_sampled(reward, rows: list[dict], sampled):
+    """The reward's parts (RewardBatch) for every explanation of sample_explanations' output `sampled`, flat in its
+    order (row by row, its K explanations together); the teacher's log-probs are the sampling's."""
+    texts, ids, logprobs = sampled
+    k = len(texts[0])
+    flat_rows = [r for r in rows for _ in range(k)]
+    return reward.score(
+        [r["question"] for r in flat_rows],
+        [r["solution"] for r in flat_rows],
+        [t for ts in texts for t in ts],
+        [x for xs in logprobs for x in xs],
+        [x for xs in ids for x in xs],
+    )
+
+
 def measure(student, s_tok_left, formatter, rows: list[dict], sampled, reward) -> dict:
     """Per question (mean over its K explanations): the student's solution log-prob, accuracy when shown the
     explanation, states-answer, bare-leak, closed, r_KL, reward, tokens. `sampled` is sample_explanations' output;
     `reward` an RLTReward with the frozen student (the teacher's log-probs come from the sampling)."""
     from task_calibration import answer_explained, graded
 
-    completions, ids, logprobs = sampled
+    completions = sampled[0]
     k = len(completions[0])
     flat_rows = [r for r in rows for _ in range(k)]
     flat = [c for cs in completions for c in cs]
     qs, sols = [r["question"] for r in flat_rows], [r["solution"] for r in flat_rows]
-    br = reward.score(qs, sols, flat, [x for xs in logprobs for x in xs], [x for xs in ids for x in xs])
+    br = score_sampled(reward, rows, sampled)
     expl = [formatter.split_explanation(c)[0] for c in flat]
     ok = graded(qs, answer_explained(student, s_tok_left, formatter, qs, expl), formatter)
     per = {

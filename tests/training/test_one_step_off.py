@@ -288,7 +288,8 @@ def objective(tmp_path, run, teacher: str, sanity) -> list[float]:
     )
     student, s_tok = load_model(spec.student, "cpu"), load_tokenizer(spec.student, padding_side="right")
     reward = reward_from_spec(spec, student, s_tok, formatter, teacher_tokenizer=tok)
-    texts, ids, lps = sanity["protocol"].sample_explanations(
+    protocol = sanity["protocol"]
+    sampled = protocol.sample_explanations(
         model,
         tok,
         formatter,
@@ -298,15 +299,7 @@ def objective(tmp_path, run, teacher: str, sanity) -> list[float]:
         seed=sanity["SEED_SAMPLING"],
         temperature=st.temperature,
     )
-    flat = [r for r in rows for _ in range(K)]
-    scored = reward.score(
-        [r["question"] for r in flat],
-        [r["solution"] for r in flat],
-        [t for ts in texts for t in ts],
-        [x for xs in lps for x in xs],
-        [x for xs in ids for x in xs],
-    )
-    return list(scored.total)
+    return list(protocol.score_sampled(reward, rows, sampled).total)
 
 
 def paired(a: list[float], b: list[float]) -> tuple[float, float]:

@@ -25,6 +25,12 @@ from suite_helpers import VLLM_PYTHON, start_vllm, stop_vllm, tiny_doc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 PROMPTS, N, MAX_TOKENS = 4, 4, 480  # 16 sequences of 480 tokens after 4 of prompt (--max-model-len 512)
+# The red case's rollout is 4 times as long: on a busy machine the engine finished 16 sequences before the server had
+# acted on the signal (both rollouts whole, "exit 0 6.0 s after SIGTERM" in a CI run beside busy loops).
+N_RED = 4 * N
+# The signal goes only while the server has made less than this share of the two rollouts' tokens (else that try is
+# let finish and the pair asked again): it then lands with most of the decoding still ahead.
+EARLY = 0.25
 
 
 def builder_shutdown_flags() -> list[str]:
@@ -48,10 +54,20 @@ def running_requests(base: str) -> float:
     return sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M))
 
 
-def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dict]:
-    """Two clients ask for a rollout at once: TRL's (rl) and the stream of rlt's own (distill, evaluate:
-    rlt.method.generation._stream, one request). Once the server decodes both, its main process gets SIGTERM.
-    TRL's answer (or the exception it raised, under "error") and the stream's {"finished": ..., "cut": ...}."""
+def generated_tokens(base: str) -> float:
+    """vllm:generation_tokens_total from the server's /metrics (0 when it does not answer)."""
+    try:
+        text = urllib.request.urlopen(f"{base}/metrics", timeout=2).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(v) for v in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def rollout_through_sigterm(base: str, pid: int, monkeypatch, n: int) -> tuple[dict, dict]:
+    """Two clients ask for a rollout of PROMPTS × `n` sequences at once: TRL's (rl) and the stream of rlt's own
+    (distill, evaluate: rlt.method.generation._stream, one request). Once the server decodes both, with less than
+    EARLY of their tokens made, its main process gets SIGTERM. TRL's answer (or the exception it raised, under
+    "error") and the stream's {"finished": ..., "cut": ...}."""
     import trl.generation.vllm_client as trl_client
 
     from rlt.method import generation
@@ -66,7 +82,7 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dic
         try:
             got.update(
                 client.generate(
-                    [[1, 2, 3, 4]] * PROMPTS, n=N, max_tokens=MAX_TOKENS, generation_kwargs={"ignore_eos": True}
+                    [[1, 2, 3, 4]] * PROMPTS, n=n, max_tokens=MAX_TOKENS, generation_kwargs={"ignore_eos": True}
                 )
             )
         except Exception as err:  # what the trainer would see
@@ -74,7 +90,7 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dic
 
     def ask_stream() -> None:
         body = generation.completion_body(
-            client.model, [[5, 6, 7, 8]] * PROMPTS, n=N, temperature=1.0, top_p=1.0, max_new_tokens=MAX_TOKENS
+            client.model, [[5, 6, 7, 8]] * PROMPTS, n=n, temperature=1.0, top_p=1.0, max_new_tokens=MAX_TOKENS
         )
         body["ignore_eos"] = True
         session = generation.retrying_session(retries=0)
@@ -83,11 +99,15 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dic
         except RuntimeError as err:
             streamed["finished"], streamed["cut"] = {}, str(err)
 
-    # The signal must find both requests decoding. On a fast or unevenly loaded machine one client may start late
-    # and the other's rollout end first: then both are let finish and the pair is asked again (up to 3 times).
-    for _attempt in range(3):
+    # The signal must find both requests decoding, early. On a fast or unevenly loaded machine one client may start
+    # late and the other's rollout end first, or both run only when most is made: then both are let finish and the
+    # pair is asked again (up to 5 times).
+    total = 2 * PROMPTS * n * MAX_TOKENS
+    made = 0.0
+    for _attempt in range(5):
         got.clear()
         streamed.clear()
+        before = generated_tokens(base)
         # daemons: TRL's request has no timeout, and a server that aborts may leave it waiting for good
         asking = [threading.Thread(target=ask_trl, daemon=True), threading.Thread(target=ask_stream, daemon=True)]
         for t in asking:
@@ -96,12 +116,15 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch) -> tuple[dict, dic
         while running_requests(base) < 2 and all(t.is_alive() for t in asking):
             assert time.monotonic() < deadline, "the server never ran both requests"
             time.sleep(0.02)
-        if all(t.is_alive() for t in asking):
+        made = generated_tokens(base) - before
+        if all(t.is_alive() for t in asking) and made < EARLY * total:
             break
         for t in asking:
-            t.join(timeout=90)
+            t.join(timeout=300)
     else:
-        raise AssertionError(f"a rollout ended before the signal in 3 tries: make it longer ({got}, {streamed})")
+        raise AssertionError(
+            f"a rollout ended, or had made {made:.0f} of {total} tokens, before the signal in 5 tries: make it longer"
+        )
     os.kill(pid, signal.SIGTERM)  # mid-rollout
     for t in asking:
         t.join(timeout=90)
@@ -122,7 +145,8 @@ def test_a_generator_sent_sigterm_mid_rollout_finishes_it(flags, tmp_path, monke
     proc, base = start_vllm(resolve_model_path("builtin:tiny-qwen2"), "tiny", log, extra=extra)
     try:
         t0 = time.monotonic()
-        got, streamed = rollout_through_sigterm(base, proc.pid, monkeypatch)
+        n = N if flags == "builder" else N_RED
+        got, streamed = rollout_through_sigterm(base, proc.pid, monkeypatch, n)
         try:
             rc: int | str = proc.wait(timeout=60)  # it exits once drained (or at once, aborting)
         except subprocess.TimeoutExpired:  # an aborting server may wait for a client that waits for it
@@ -137,7 +161,7 @@ def test_a_generator_sent_sigterm_mid_rollout_finishes_it(flags, tmp_path, monke
         f"stream kept {kept}, cut "
         f"{streamed['cut']}; exit {rc} {took:.1f} s after SIGTERM"
     )
-    whole = [MAX_TOKENS] * PROMPTS * N
+    whole = [MAX_TOKENS] * PROMPTS * n
     if flags == "builder":
         assert "error" not in got and lengths == whole, got.get("error") or lengths
         assert kept == whole and streamed["cut"] is None, (kept, streamed["cut"])

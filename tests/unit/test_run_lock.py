@@ -31,6 +31,9 @@ def test_a_second_run_of_the_same_file_is_refused_naming_the_first(tmp_path):
             assert first.poll() is None, "the first run ended before taking its lock"
             time.sleep(0.2)
         assert f"pid {first.pid}" in lock.read_text()
+        # Frozen while the second starts: on a busy machine the tiny run could finish, and let go, before the second
+        # has even imported torch. A stopped process keeps its flock, as a slow live one does.
+        os.killpg(first.pid, signal.SIGSTOP)
         metrics_before = sorted(p.name for p in (out / "tiny").iterdir())
         second = subprocess.run([*cmd, "--metrics-port", "-1"], capture_output=True, text=True, timeout=120)
         assert first.poll() is None, "the first run must still hold the folder for this test to mean anything"
