@@ -45,22 +45,21 @@ def builder_shutdown_flags() -> list[str]:
     return cmd[i : i + 2]
 
 
-def running_requests(base: str) -> float:
-    """vllm:num_requests_running from the server's /metrics (0 when it does not answer)."""
+def metric(base: str, name: str) -> float:
+    """A vLLM metric from the server's /metrics, summed over its series (0 when the server does not answer)."""
     try:
         text = urllib.request.urlopen(f"{base}/metrics", timeout=2).read().decode()
     except OSError:
         return 0.0
-    return sum(float(v) for v in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.M))
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+
+def running_requests(base: str) -> float:
+    return metric(base, "vllm:num_requests_running")
 
 
 def generated_tokens(base: str) -> float:
-    """vllm:generation_tokens_total from the server's /metrics (0 when it does not answer)."""
-    try:
-        text = urllib.request.urlopen(f"{base}/metrics", timeout=2).read().decode()
-    except OSError:
-        return 0.0
-    return sum(float(v) for v in re.findall(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)$", text, re.M))
+    return metric(base, "vllm:generation_tokens_total")
 
 
 def rollout_through_sigterm(base: str, pid: int, monkeypatch, n: int) -> tuple[dict, dict]:
