@@ -49,6 +49,9 @@ beside their update. The vLLM server alone on core 0 serves slower while core 1 
 underneath (caches, memory bandwidth, perhaps sibling threads on the host; the VM reports one thread per core),
 which a generator GPU and a trainer GPU do not. Moved to core 0 beside vLLM (a one-off run), the client made it
 worse (1.54 × the max).
+On idle cores (2026-11-29 04:17, load 0.7 before, 2.2 after, nothing else running), the balanced command without
+the thread arm: rollout 1.02 s, update 1.87 s apart; sequential 1.00 × the sum (2.89 s), one step off 1.02 × the max
+(1.90 s, 0.66 × the sequential step), its rollout ×1.15 beside the update, its update ×1.02.
 
     python benchmarks/overlap.py                                  # about 5 minutes on 2 loaded cores
     # balanced, seconds-long steps, the client in a thread beside (about 3 minutes with the colocate probe):
