@@ -1,74 +1,76 @@
-"""The teaching comparison on `builtin:sums-detour` (issue 46; protocol in docs/experiments.md, "The teaching
-comparison on builtin:sums-detour: protocol", committed before any run): do explanations from a teacher trained by
-GRPO with the RLT reward distil a better student than the dataset's own traces, or than a teacher trained by SFT?
+"""The teaching comparison on `builtin:sums-detour` (issues 46, 52): do explanations from a teacher trained by GRPO
+with the RLT reward distil a better student than the dataset's own traces, or than a teacher trained by SFT? The
+design is docs/experiments.md, "Round five: the comparison's fixed design" (registered before any unit ran); the
+arms' settings are the earlier protocol's ("Fixed with the runner"), unchanged.
 
-Five arms per seed, each an RLTRun of rlt's own stages (`run_local`, one process per unit):
+The unit of analysis is a teacher seed s = 1 … 15. Per teacher seed three primary arms and two secondary ones:
 
-  rl               sft warm-up -> rl -> distill -> student -> evaluate
-  sft-continued    sft for the warm-up's steps plus as many as rl takes -> distill -> student -> evaluate
-  sft-convergence  sft until the loss on held-out training-split rows stops improving -> distill -> student -> ...
-  raw              the dataset's traces as the distillation data -> student -> evaluate
-  friendly         the friendly rewrite as the distillation data -> student -> evaluate (the ceiling; not in the rule)
+  rl               sft warm-up -> rl -> distill                     (teacher seed s)
+  sft-continued    sft for the warm-up's steps plus as many as rl takes -> distill
+  raw              the dataset's traces are the distillation data (no teacher)
+  sft-convergence  secondary: sft until the held-out loss stops improving -> distill
+  friendly         secondary: the friendly rewrite as the distillation data (the ceiling)
 
-  python benchmarks/teaching_comparison.py --out results/teaching --deadline 06:30   # units, pilot seeds first
-  python benchmarks/teaching_comparison.py --size       # after the pilot: seeds needed, from d's spread alone
-  python benchmarks/teaching_comparison.py --analyse    # pass@1 per seed and arm, d, its interval, the verdict
-  python benchmarks/teaching_comparison.py --quick --out /tmp/tc --seeds 1 --minutes 30   # tiny: checks it runs
+Each arm's distillation data is distilled into K = 4 students (student + evaluate), student seeds 100·s + 1 … 4,
+the same four in every arm of teacher seed s; the arm's value is their mean held-out pass@1, and the rule
+(benchmarks/comparison_analysis.py) reads d_raw = rl − raw and d_sft = rl − sft-continued per teacher seed at 97.5 %.
 
-Each finished unit is appended to benchmarks/teaching-comparison.jsonl (committed, small: pass@1 and the per-question
-grades); a re-run skips the units in it. The runner runs at nice 19, one unit at a time, and starts no unit that
-the recent units of its arm say cannot end before the deadline; a unit still running at the deadline is stopped.
+A unit is one RLTRun of rlt's own stages under `run_local`, in a process of its own: a *teacher unit* (the arm's
+teacher stages and distill; its row records the explanations' summary and where its dataset is) or a *student unit*
+(student + evaluate from its teacher unit's dataset, or from the traces). Within a teacher seed: rl's teacher,
+sft-continued's teacher, then the students (rl's, sft-continued's, raw's), then, with --secondary, sft-convergence's
+teacher and one student, and one friendly student. A student unit of a teacher arm refuses to run before its teacher
+unit's row is in the units file.
+
+  python benchmarks/teaching_comparison.py --out results/teaching --deadline 06:30   # units, teacher seed by seed
+  python benchmarks/teaching_comparison.py --analyse --plot docs/images/teaching-comparison.png
+  python benchmarks/teaching_comparison.py --quick --out /tmp/tc --seeds 1 --minutes 30 --secondary   # tiny
+
+Each finished unit is appended to benchmarks/teaching-comparison.jsonl (committed, small); a re-run skips the units
+in it. The runner runs at nice 19, one unit at a time, and starts no unit that the recent units of its kind say cannot
+end before the deadline; a unit still running at the deadline is stopped. A unit that fails stops the runner; it is
+re-run under its own seeds, never replaced.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
+import hashlib
 import json
-import math
 import os
+import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import comparison_analysis as analysis
 import teaching_protocol as protocol
-from unit_runner import (
-    append_row,
-    deadline_ts,
-    heavy_lock,
-    read_rows,
-    run_missing_units,
-    run_until,
-    stop_on_sigterm,
-    unit_estimate,
+from comparison_convergence import convergence_stop
+from comparison_runner import (
+    ARMS,
+    FIRST_ESTIMATE,
+    TEACHER_ARMS,
+    parse_unit,
+    pieces_file,
+    run_units,
+    student_seed,
+    teacher_row,
+    unit_name,
+    unit_runner,
 )
+from unit_runner import deadline_ts, read_rows, stop_on_sigterm
 
-# ---- pre-registered (docs/experiments.md, "The teaching comparison ... protocol"); never edited after a unit ran
-ARMS = ("rl", "sft-continued", "sft-convergence", "raw", "friendly")  # run order: the rule's two arms first
-TEACHER_ARMS = ("rl", "sft-continued", "sft-convergence")
-PRIMARY = ("rl", "sft-continued")  # d = pass@1(rl) − pass@1(sft-continued), per seed
-SECONDARY = (("rl", "sft-convergence"), ("rl", "raw"), *((a, "friendly") for a in ARMS if a != "friendly"))
-MARGIN = 0.05  # pass@1: 10 of 200 held-out questions
-EFFECT = 0.10  # the effect the seed count is sized for (80 % power, paired)
-PILOT = (1, 2, 3, 4)  # variance-only internal pilot: only the sd of d is read from them
-MIN_SEEDS, MAX_SEEDS = 6, 24
-SEEDS_FIXED: int | None = None  # set by a commit after the pilot (from --size), before seed 5 runs
-FIRST_ESTIMATE = {"rl": 7200.0, "sft-continued": 1800.0, "sft-convergence": 3600.0, "raw": 1200.0}
-FIRST_ESTIMATE["friendly"] = FIRST_ESTIMATE["raw"]
-# rl's unit is longer than what a session has left after its other work; its stage checkpoints every RL_SAVE steps
-# and a re-run continues from the last one (rlt's restarts change nothing: tests/training/test_restart_changes_nothing),
-# so it may start with PIECE seconds left and is stopped at the deadline, to go on next time. GRACE seconds before
-# the deadline a unit gets SIGTERM, on which the stage saves its last finished step.
-RESUMABLE, PIECE, RL_SAVE, GRACE = ("rl",), 1200.0, 5, 120.0
+# ---- registered (docs/experiments.md, "Round five: the comparison's fixed design"): the arms, the units' names,
+# seeds and order are in comparison_runner, the rule's constants in comparison_analysis
+RL_SAVE = 5  # rl checkpoints every RL_SAVE steps: its teacher unit runs in pieces (comparison_runner.PIECE)
 UNITS_FILE = Path(__file__).parent / "teaching-comparison.jsonl"
 DEFAULT_OUT = "results/teaching"
-COURTESY = 20.0  # seconds between units without the lock
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Settings:
     student_lr: float = 2e-5
     student_batch: int = 16
     answer_tokens: int = 160  # the student writes its own reasoning, then the answer
+    students: int = 4  # K per arm and teacher seed (comparison_analysis.STUDENTS; QUICK runs fewer)
 
 
 QUICK = Settings(
@@ -114,6 +117,7 @@ QUICK = Settings(
     student_epochs=1.0,
     student_batch=4,
     answer_tokens=12,
+    students=2,
 )
 
 
@@ -164,13 +168,19 @@ def run_name(arm: str, seed: int) -> str:
     return f"teach-{arm}-seed{seed}"
 
 
-def run_spec(s: Settings, arm: str, seed: int, heldout_file: str) -> dict[str, Any]:
-    """The RLTRun of one unit. Every arm shares the seed, the student stage and the evaluation; the teacher arms
-    differ only in their sft/rl stages (constant learning rates, so sft-continued's first warm-up steps are the rl
-    arm's warm-up)."""
+def run_spec(
+    s: Settings, arm: str, seed: int, heldout_file: str, part: str = "all", name: str | None = None
+) -> dict[str, Any]:
+    """The RLTRun of one unit. Every arm shares the student stage and the evaluation; the teacher arms differ only
+    in their sft/rl stages (constant learning rates, so sft-continued's first warm-up steps are the rl arm's
+    warm-up). part "teacher": the teacher stages and distill only (seed: the teacher seed); "student": student and
+    evaluate only (seed: the student seed; its distillation data is put in place before it runs); "all": both."""
     if arm not in ARMS:
         raise ValueError(f"arm {arm!r}: choose from {', '.join(ARMS)}")
-    teacher = arm in TEACHER_ARMS
+    if part not in ("all", "teacher", "student"):
+        raise ValueError(f"part {part!r}: choose from all, teacher, student")
+    teacher = arm in TEACHER_ARMS and part != "student"
+    student = part != "teacher"
     sft: dict[str, Any] = {
         "enabled": teacher,
         "batchSize": s.sft_batch,
@@ -191,7 +201,7 @@ def run_spec(s: Settings, arm: str, seed: int, heldout_file: str) -> dict[str, A
     return {
         "apiVersion": "rlt.dev/v1alpha1",
         "kind": "RLTRun",
-        "metadata": {"name": run_name(arm, seed)},
+        "metadata": {"name": name or run_name(arm, seed)},
         "spec": {
             "method": "rlt",
             "seed": seed,
@@ -202,7 +212,7 @@ def run_spec(s: Settings, arm: str, seed: int, heldout_file: str) -> dict[str, A
             "stages": {
                 "sft": sft,
                 "rl": {
-                    "enabled": arm == "rl",
+                    "enabled": arm == "rl" and teacher,
                     "steps": s.rl_steps,
                     "batchSize": s.questions * s.generations,
                     "numGenerations": s.generations,
@@ -225,7 +235,7 @@ def run_spec(s: Settings, arm: str, seed: int, heldout_file: str) -> dict[str, A
                     "batchSize": 16,
                 },
                 "student": {
-                    "enabled": True,
+                    "enabled": student,
                     "epochs": s.student_epochs,
                     "learningRate": s.student_lr,
                     "batchSize": s.student_batch,
@@ -235,7 +245,7 @@ def run_spec(s: Settings, arm: str, seed: int, heldout_file: str) -> dict[str, A
                     "saveSteps": 10_000,
                 },
                 "evaluate": {
-                    "enabled": True,
+                    "enabled": student,
                     "dataset": {"source": heldout_file},
                     "answerType": "builtin",
                     "temperature": 0.0,
@@ -272,135 +282,25 @@ def write_trace_dataset(path: Path, rows: list[dict[str, Any]]) -> None:
     )
 
 
-# ---- sft-convergence: the sft stage with a held-out loss at each epoch's end
+# ---- one unit: a teacher's stages and distill, or a student's distillation and evaluation
 
 
-def stop_epoch(losses: list[float], patience: int) -> tuple[int, bool]:
-    """(best epoch, 1-based; whether to stop now): stop once the loss has not improved for `patience` evaluations."""
-    best = min(range(len(losses)), key=lambda i: (losses[i], i)) + 1
-    return best, len(losses) - best >= patience
+def write_heldout(s: Settings, out: Path) -> str:
+    """The held-out rows in out/heldout.jsonl (every unit: deterministic, and never another settings' rows)."""
+    from rlt.data.jsonl import write_jsonl
+
+    path = out / "heldout.jsonl"
+    write_jsonl(path, heldout_rows(s))
+    return str(path.resolve())
 
 
-def heldout_loss(model: Any, rows: list[dict[str, list[int]]]) -> float:
-    """Mean token loss on the completions of tokenised sft rows (the completion-only loss SFT trains on)."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    total, tokens = 0.0, 0
-    with torch.no_grad():
-        for r in rows:
-            ids = torch.tensor([r["input_ids"]], device=model.device)
-            mask = torch.tensor(r["completion_mask"][1:], device=model.device, dtype=torch.float32)
-            logits = model(ids).logits[0, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")
-            total += float((nll * mask).sum())
-            tokens += int(mask.sum())
-    model.train(was_training)
-    return total / tokens
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def convergence_callback(
-    rows: list[dict[str, list[int]]],
-    patience: int,
-    record: Path,
-    evaluate: Callable[[Any], float] | None = None,
-) -> Any:
-    """A transformers TrainerCallback: the held-out loss at each epoch's end; training stops once it has not
-    improved for `patience` evaluations, and the best epoch's weights are put back before the stage saves its final
-    model (early stopping with the best model restored, as the protocol says). The losses go to `record`.
-    `evaluate(model)` replaces the held-out loss on `rows` (the tests script the losses with it)."""
-    from transformers import TrainerCallback
-
-    score = evaluate or (lambda model: heldout_loss(model, rows))
-
-    class ConvergenceStop(TrainerCallback):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.losses: list[float] = []
-            self.best_state: dict[str, Any] | None = None
-
-        def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-            model = kw["model"]
-            self.losses.append(score(model))
-            best, stop = stop_epoch(self.losses, patience)
-            if best == len(self.losses):
-                self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            control.should_training_stop = control.should_training_stop or stop
-            record.write_text(json.dumps({"losses": self.losses, "best_epoch": best, "stopped": stop}))
-            return control
-
-        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-            if self.best_state is not None:
-                kw["model"].load_state_dict(self.best_state)
-            return control
-
-    return ConvergenceStop()
-
-
-@contextlib.contextmanager
-def convergence_stop(s: Settings, record: Path) -> Iterator[None]:
-    """Within it, the trainer of the sft stage gets ConvergenceStop (the stage itself is rlt's, unchanged)."""
-    from rlt.method.prompts import Formatter, resolve_format
-    from rlt.spec.inputs import FormatSpec
-    from rlt.stages import trainer as stage_trainer
-    from rlt.stages.sft import sft_rows
-
-    original = stage_trainer.TrainerRun.trainer
-    formatter = Formatter(resolve_format(FormatSpec()))
-
-    def trainer(self: Any, trainer_cls: Any, args: Any, rows: Any, *more: Any, **kw: Any) -> Any:
-        built = original(self, trainer_cls, args, rows, *more, **kw)
-        if self.stage == "sft":
-            tokenised = sft_rows(loss_rows(s), formatter, self.tokenizer, "reject", 384)
-            built.add_callback(convergence_callback(tokenised, s.patience, record))
-        return built
-
-    stage_trainer.TrainerRun.trainer = trainer  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        stage_trainer.TrainerRun.trainer = original  # type: ignore[method-assign]
-
-
-# ---- one unit: train (or not) the arm's teacher, distil, evaluate; append its row
-
-
-def unit(s: Settings, out: Path, arm: str, seed: int, traces: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One unit's row. `traces`: the raw or friendly arm's questions when not the training rows (round five's
-    step 0, benchmarks/headroom_students.py); the teacher arms always train on the training rows."""
-    from rlt.contract.layout import PER_QUESTION_FILE, REPORT_JSON, RunLayout
-    from rlt.data.jsonl import read_jsonl, write_jsonl
-    from rlt.data.models import quiet_libraries
-    from rlt.run.runner import run_local
-    from rlt.spec.loading import parse_run
-
-    if traces is not None and arm in TEACHER_ARMS:
-        raise ValueError(f"arm {arm!r}: a teacher arm trains on the training rows, no other traces")
-    quiet_libraries()
-    t0 = time.perf_counter()
-    earlier = read_rows(pieces_file(out, arm, seed))
-    heldout_file = out / "heldout.jsonl"
-    write_jsonl(heldout_file, heldout_rows(s))  # every unit: deterministic, and never another settings' rows
-    run = parse_run(run_spec(s, arm, seed, str(heldout_file.resolve())))
-    layout = RunLayout.for_run(out, run.name)
-    only = None
-    if arm in ("raw", "friendly"):
-        rows = training_rows(s) if traces is None else traces
-        write_trace_dataset(layout.distill_dataset, rows if arm == "raw" else friendly_rows(rows))
-        only = ["student", "evaluate"]
-    convergence = layout.root / "convergence.json"
-    with convergence_stop(s, convergence) if arm == "sft-convergence" else contextlib.nullcontext():
-        summary = run_local(run, out, metrics_port=None, show_progress=False, only=only)
-    report = json.loads((layout.eval_dir / REPORT_JSON).read_text())
-    graded = list(read_jsonl(layout.eval_dir / PER_QUESTION_FILE))
-    if report["questions"] != s.heldout or len(graded) != s.heldout:
-        raise SystemExit(f"{layout.eval_dir}: {report['questions']} questions evaluated, {s.heldout} held out")
-    row: dict[str, Any] = {
-        "arm": arm,
-        "seed": seed,
-        "pass1": report["accuracy"],
-        "correct": [int(q["accuracy"] > 0.5) for q in graded],
-        "questions": report["questions"],
+def stamp(s: Settings, summary: dict[str, Any], t0: float, earlier: list[dict]) -> dict[str, Any]:
+    """What every row records about its run: stage seconds, the seconds of all its pieces, settings, device."""
+    return {
         "stage_seconds": {k: v.get("seconds") for k, v in summary.get("stages", {}).items()},
         "seconds": round(time.perf_counter() - t0 + sum(p["seconds"] for p in earlier), 1),
         "pieces": len(earlier) + 1,
@@ -408,18 +308,134 @@ def unit(s: Settings, out: Path, arm: str, seed: int, traces: list[dict[str, Any
         "device": device_name(),
         "ended": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    if arm in TEACHER_ARMS:
-        explained = list(read_jsonl(layout.distill_dataset))
-        row["explanations"] = {
+
+
+def distil_and_evaluate(
+    s: Settings, out: Path, spec: dict[str, Any], put_data: Callable[[Path], None], pieces: Path
+) -> dict[str, Any]:
+    """A student run (student + evaluate of `spec`): its distillation data put in place by put_data(path), then
+    the student stage and the held-out evaluation; pass@1, the per-question grades and the run's stamp."""
+    from rlt.contract.layout import PER_QUESTION_FILE, REPORT_JSON, RunLayout
+    from rlt.data.jsonl import read_jsonl
+    from rlt.run.runner import run_local
+    from rlt.spec.loading import parse_run
+
+    t0, earlier = time.perf_counter(), read_rows(pieces)
+    run = parse_run(spec)
+    layout = RunLayout.for_run(out, run.name)
+    put_data(layout.distill_dataset)
+    summary = run_local(run, out, metrics_port=None, show_progress=False, only=["student", "evaluate"])
+    report = json.loads((layout.eval_dir / REPORT_JSON).read_text())
+    graded = list(read_jsonl(layout.eval_dir / PER_QUESTION_FILE))
+    if report["questions"] != s.heldout or len(graded) != s.heldout:
+        raise SystemExit(f"{layout.eval_dir}: {report['questions']} questions evaluated, {s.heldout} held out")
+    return {
+        "pass1": report["accuracy"],
+        "correct": [int(q["accuracy"] > 0.5) for q in graded],
+        "questions": report["questions"],
+    } | stamp(s, summary, t0, earlier)
+
+
+def teacher_unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
+    """A teacher arm's teacher stages and distill under teacher seed `seed`; its row records the explanations'
+    summary and where its distillation dataset is (relative to `out`, with its sha256 for the students to check)."""
+    import contextlib
+
+    from rlt.contract.layout import RunLayout
+    from rlt.data.jsonl import read_jsonl
+    from rlt.data.models import quiet_libraries
+    from rlt.run.runner import run_local
+    from rlt.spec.loading import parse_run
+
+    if arm not in TEACHER_ARMS:
+        raise ValueError(f"arm {arm!r}: only a teacher arm ({', '.join(TEACHER_ARMS)}) has a teacher unit")
+    quiet_libraries()
+    name = unit_name(arm)
+    t0, earlier = time.perf_counter(), read_rows(pieces_file(out, name, seed))
+    run = parse_run(run_spec(s, arm, seed, write_heldout(s, out), part="teacher"))
+    layout = RunLayout.for_run(out, run.name)
+    convergence = layout.root / "convergence.json"
+    stop = convergence_stop(loss_rows(s), s.patience, convergence) if arm == "sft-convergence" else None
+    with stop or contextlib.nullcontext():
+        summary = run_local(run, out, metrics_port=None, show_progress=False)
+    explained = list(read_jsonl(layout.distill_dataset))
+    if len(explained) != s.train_rows:
+        raise SystemExit(f"{layout.distill_dataset}: {len(explained)} explanations, {s.train_rows} training rows")
+    row: dict[str, Any] = {
+        "kind": "teacher",
+        "unit": name,
+        "arm": arm,
+        "seed": seed,
+        "dataset": str(layout.distill_dataset.relative_to(out)),
+        "dataset_sha256": file_sha256(layout.distill_dataset),
+        "explanations": {
+            "rows": len(explained),
             "mean_reward": statistics.fmean(r["reward"] for r in explained),
             "closed": statistics.fmean(float(r["closed"]) for r in explained),
             "states_solution": statistics.fmean(
                 float(protocol.mentions(r["reasoning_trace"], r["solution"])) for r in explained
             ),
-        }
+        },
+    } | stamp(s, summary, t0, earlier)
     if convergence.exists():
         row["convergence"] = json.loads(convergence.read_text())
     return row
+
+
+def student_unit(
+    s: Settings, out: Path, arm: str, seed: int, student: int, teacher: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Student `student` of `arm` under teacher seed `seed` (student seed 100·seed + student): a teacher arm's
+    student distils its teacher unit's dataset (`teacher`: that unit's row; refused without it), raw's and
+    friendly's the training rows' traces."""
+    from rlt.data.models import quiet_libraries
+
+    name = unit_name(arm, student)
+    parse_unit(name)
+    source: Path | None = None
+    if arm in TEACHER_ARMS:
+        needed = f"teacher unit {unit_name(arm)} of teacher seed {seed}"
+        if teacher is None:
+            raise ValueError(f"student unit {name} of teacher seed {seed}: its {needed} has no row yet; run it first")
+        source = out / teacher["dataset"]
+        if not source.exists():
+            raise ValueError(f"student unit {name}: {source}, the dataset of its {needed}, is not in {out}")
+        if file_sha256(source) != teacher["dataset_sha256"]:
+            raise ValueError(f"student unit {name}: {source} is not the dataset its {needed} recorded (sha256)")
+    quiet_libraries()
+
+    def put_data(path: Path) -> None:
+        if source is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, path)
+        else:
+            rows = training_rows(s)
+            write_trace_dataset(path, rows if arm == "raw" else friendly_rows(rows))
+
+    run_name_ = f"teach-{arm}-seed{seed}-student{student}"
+    spec = run_spec(s, arm, student_seed(seed, student), write_heldout(s, out), part="student", name=run_name_)
+    row = {"kind": "student", "unit": name, "arm": arm, "seed": seed, "student": student}
+    row |= {"student_seed": student_seed(seed, student)}
+    if teacher is not None:
+        row["dataset_sha256"] = teacher["dataset_sha256"]
+    return row | distil_and_evaluate(s, out, spec, put_data, pieces_file(out, name, seed))
+
+
+def unit(s: Settings, out: Path, arm: str, seed: int, traces: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Round five step 0's unit (benchmarks/headroom_students.py): the raw or friendly arm's traces of `traces`
+    (default: the training rows) distilled into a student with seed `seed`, and evaluated."""
+    from rlt.data.models import quiet_libraries
+
+    if arm in TEACHER_ARMS:
+        raise ValueError(f"arm {arm!r}: a teacher arm trains on the training rows in its own teacher and student units")
+    quiet_libraries()
+    rows = training_rows(s) if traces is None else traces
+
+    def put_data(path: Path) -> None:
+        write_trace_dataset(path, rows if arm == "raw" else friendly_rows(rows))
+
+    spec = run_spec(s, arm, seed, write_heldout(s, out))
+    return {"arm": arm, "seed": seed} | distil_and_evaluate(s, out, spec, put_data, pieces_file(out, arm, seed))
 
 
 def device_name() -> str:
@@ -429,223 +445,42 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-# ---- the runner: units in order, a deadline guard, rows appended as units end, resumable
-
-
-def run_units(
-    seeds: list[int],
-    units_path: Path,
-    run_unit: Callable[[str, int, float], dict | None],
-    deadline: float,
-    first: dict[str, float],
-    clock: Callable[[], float] = time.time,
-    log: Callable[[str], None] = print,
-) -> list[dict]:
-    """Run the missing (seed, arm) units, seed by seed in ARMS order. run_unit(arm, seed, estimate) returns the
-    unit's row, or None when it was stopped at the deadline. No unit starts that the longest of its arm's last
-    three units (`first[arm]` before any ran) says cannot end by the deadline, except that a RESUMABLE arm starts
-    with PIECE seconds left (a piece of it: the next run continues it)."""
-
-    def budget(arm: str, rows: list[dict], left: float) -> tuple[float, float | None]:
-        need = unit_estimate([r["seconds"] for r in rows if r["arm"] == arm], first[arm])
-        piece = arm in RESUMABLE and left >= PIECE
-        if need > left and not piece:
-            return need, None
-        return need, PIECE if piece and need > left else need
-
-    def stopped_note(arm: str) -> str:
-        return " (it continues from its last checkpoint next time)" if arm in RESUMABLE else ""
-
-    units = [(arm, seed) for seed in seeds for arm in ARMS]  # no pass@1 in the log: the pilot is blind
-    return run_missing_units(units, units_path, run_unit, deadline, budget, clock, log, stopped_note=stopped_note)
-
-
-def unit_runner(out: Path, quick: bool, lock: str | None, deadline: float) -> Callable[[str, int, float], dict | None]:
-    """Each unit is this script's --unit in a process group of its own (SIGTERM GRACE seconds before the deadline,
-    killed whole at it), its output in out/unit-<arm>-seed<seed>.log; it leaves its row in
-    out/unit-<arm>-seed<seed>.json, which the runner appends."""
-    wanted = "quick" if quick else "protocol"
-
-    def run(arm: str, seed: int, need: float) -> dict | None:
-        result = out / f"unit-{arm}-seed{seed}.json"
-        if result.exists():  # measured by an earlier, interrupted runner: not rerun
-            row = dict(json.loads(result.read_text()))
-            if row["settings"] != wanted:
-                raise SystemExit(f"{result}: a {row['settings']} unit, this run is {wanted}: use another --out")
-            return row
-        with heavy_lock(lock, deadline - need) as held:
-            if not held or time.time() + need > deadline:
-                return None
-            cmd = [sys.executable, "-u", __file__, "--out", str(out), "--unit", arm, "--seed", str(seed)]
-            started = time.time()
-            logfile = out / f"unit-{arm}-seed{seed}.log"
-            print(f"[unit] seed {seed} {arm}: started, output in {logfile}", flush=True)
-            status = run_until(cmd + (["--quick"] if quick else []), deadline, GRACE, logfile)
-            if status is None:  # stopped: its seconds so far count when a later piece finishes it
-                append_row(pieces_file(out, arm, seed), {"seconds": round(time.time() - started, 1)})
-                return None
-        if lock:
-            time.sleep(COURTESY)
-        if status:
-            raise SystemExit(f"unit {arm} seed {seed} failed (exit {status}); see {out}/unit-{arm}-seed{seed}.log")
-        return dict(json.loads(result.read_text()))
-
-    return run
-
-
-def pieces_file(out: Path, arm: str, seed: int) -> Path:
-    """The seconds of a unit's pieces stopped at a deadline (a resumable unit's earlier runs)."""
-    return out / f"unit-{arm}-seed{seed}.pieces.jsonl"
-
-
-# ---- analysis
-
-
-def pass_table(rows: list[dict], settings: str = "protocol") -> dict[int, dict[str, float]]:
-    """seed -> arm -> pass@1 of the units run with `settings` (protocol: the --quick check's rows are left out)."""
-    table: dict[int, dict[str, float]] = {}
-    for r in rows:
-        if r.get("settings", "protocol") == settings:
-            table.setdefault(r["seed"], {})[r["arm"]] = r["pass1"]
-    return table
-
-
-def differences(table: dict[int, dict[str, float]], a: str, b: str) -> list[float]:
-    """pass@1(a) − pass@1(b) of each seed that has both, in seed order."""
-    return [t[a] - t[b] for _, t in sorted(table.items()) if a in t and b in t]
-
-
-def rule(lo: float, hi: float) -> str:
-    """The pre-registered reading of d's interval."""
-    if lo > 0:
-        return "PASS"
-    if hi < MARGIN:
-        return "FAIL"
-    return "inconclusive"
-
-
-def decide(d: list[float], fixed: int | None = SEEDS_FIXED) -> dict[str, Any]:
-    """The verdict once the sized number of seeds is in (read on the first `fixed` seeds only); before that the
-    interval is a description."""
-    used = d[:fixed] if fixed is not None and len(d) >= fixed else d
-    m, lo, hi = protocol.one_sample_interval(used)  # paired: d per seed against 0
-    out: dict[str, Any] = {"seeds": len(used), "d": [m, lo, hi]}
-    if fixed is None:
-        out["verdict"] = f"not in ({len(d)} seeds; the seed count is fixed after the {len(PILOT)}-seed pilot)"
-    elif len(d) < fixed:
-        out["verdict"] = f"not in ({len(d)} of {fixed} seeds)"
-    else:
-        out["verdict"] = rule(lo, hi)  # `used` is the first `fixed` seeds here
-    return out
-
-
-def sizing(d: list[float]) -> dict[str, Any]:
-    """Seeds needed from the pilot's spread of d alone (its mean is not read: a variance-only internal pilot)."""
-    if len(d) < len(PILOT):
-        raise ValueError(f"the pilot needs all {len(PILOT)} seeds with both primary arms (got {len(d)})")
-    sd = statistics.stdev(d)
-    raw = protocol.seeds_needed(sd, EFFECT, power=0.8, two_arms=False)
-    return {"sd": sd, "seeds_needed": raw, "seeds": min(MAX_SEEDS, max(MIN_SEEDS, raw))}
-
-
-def analyse(path: Path, plot: Path | None = None, settings: str = "protocol") -> dict[str, Any]:
-    table = pass_table(read_rows(path), settings)
-    if settings == "protocol" and SEEDS_FIXED is None:  # the pilot is blind: no arm's figure before the sizing
-        print("| seed | " + " | ".join(ARMS) + " |")
-        print("|---|" + "---|" * len(ARMS))
-        for seed, t in sorted(table.items()):
-            print(f"| {seed} | " + " | ".join("done" if a in t else "—" for a in ARMS) + " |")
-        print("blind until the seed count is fixed: after the pilot seeds, --size prints it from d's spread alone")
-        return {"seeds": len(differences(table, *PRIMARY)), "verdict": "not in (blind pilot)"}
-    print("| seed | " + " | ".join(ARMS) + " | d = rl − sft-continued |")
-    print("|---|" + "---|" * (len(ARMS) + 1))
-    for seed, t in sorted(table.items()):
-        cells = [f"{t[a]:.3f}" if a in t else "—" for a in ARMS]
-        d = f"{t['rl'] - t['sft-continued']:+.3f}" if all(a in t for a in PRIMARY) else "—"
-        print(f"| {seed} | {' | '.join(cells)} | {d} |")
-    res = decide(differences(table, *PRIMARY))
-    m, lo, hi = res["d"]
-    print(f"primary d = rl − sft-continued: {m:+.3f} [{lo:+.3f}, {hi:+.3f}] (95 % paired t, {res['seeds']} seeds)")
-    for a, b in SECONDARY:
-        sm, slo, shi = protocol.one_sample_interval(differences(table, a, b))
-        print(f"secondary {a} − {b}: {sm:+.3f} [{slo:+.3f}, {shi:+.3f}]")
-    print(f"verdict (pre-registered rule, margin {MARGIN}): {res['verdict']}")
-    if plot is not None and table:
-        draw(table, res, plot)
-        print(f"plot: {plot}")
-    return res
-
-
-def draw(table: dict[int, dict[str, float]], res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
-    for seed, t in sorted(table.items()):
-        xs = [i for i, a in enumerate(ARMS) if a in t]
-        left.plot(xs, [t[ARMS[i]] for i in xs], "o-", alpha=0.6, label=f"seed {seed}")
-    left.set_xticks(range(len(ARMS)), ARMS)
-    left.set_ylabel("held-out pass@1 of the distilled student")
-    left.set_title("each seed across the arms (lines join one seed)", fontsize=10)
-    left.grid(alpha=0.3)
-    left.legend(fontsize=7, ncol=2)
-    m, lo, hi = res["d"]
-    d = differences(table, *PRIMARY)
-    right.plot([0] * len(d), d, "o", alpha=0.5)
-    if math.isfinite(lo):
-        right.errorbar([0.3], [m], yerr=[[m - lo], [hi - m]], fmt="s", capsize=5, color="k")
-    right.axhline(0, color="k", lw=0.8)
-    right.axhline(MARGIN, color="grey", ls="--", lw=0.8)
-    right.set_xticks([0, 0.3], ["seeds", "mean, 95 %"])
-    right.set_title(f"d = rl − sft-continued\n{res['verdict']}", fontsize=9)
-    right.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--out", default=DEFAULT_OUT, help="the units' run folders (--quick: OUT-quick unless given)")
     p.add_argument(
         "--units", type=Path, help=f"the finished units (default {UNITS_FILE.name}; --quick: OUT/units.jsonl)"
     )
-    p.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=list(PILOT))
+    seeds = list(range(1, analysis.SEEDS_FIXED + 1))
+    p.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=seeds, help="teacher seeds")
+    p.add_argument("--secondary", action="store_true", help="also sft-convergence and friendly (outside the rule)")
     p.add_argument("--deadline", help="HH:MM UTC: no unit runs past it")
     p.add_argument("--minutes", type=float, help="or: no unit runs past this many minutes from now")
     p.add_argument("--quick", action="store_true", help="the tiny model and sizes: checks that every arm runs")
     p.add_argument("--nice", type=int, default=19)
     p.add_argument("--lock", default="/tmp/rlt-heavy.lock", help="taken per unit; '' for none")
-    p.add_argument("--analyse", action="store_true", help="print the table, d's interval and the verdict")
-    p.add_argument("--plot", type=Path, help="with --analyse: draw the table and d here")
-    p.add_argument("--size", action="store_true", help="after the pilot: the seeds needed, from d's spread only")
-    p.add_argument("--unit", choices=ARMS, help=argparse.SUPPRESS)
+    p.add_argument("--analyse", action="store_true", help="print the arm values, the contrasts and the verdicts")
+    p.add_argument("--plot", type=Path, help="with --analyse: draw the per-seed contrasts here")
+    p.add_argument("--unit", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.units is None:  # --quick's rows never go to the committed file
-        quick_out = args.out + ("-quick" if args.out == DEFAULT_OUT else "")
-        args.units = Path(quick_out) / "units.jsonl" if args.quick else UNITS_FILE
-    if args.analyse:
-        analyse(args.units, args.plot, "quick" if args.quick else "protocol")
-        return
-    if args.size:
-        table = pass_table(read_rows(args.units))
-        pilot = {seed: t for seed, t in table.items() if seed in PILOT}
-        res = sizing(differences(pilot, *PRIMARY))
-        print(
-            f"pilot seeds {list(PILOT)}: sd of d {res['sd']:.4f}; seeds_needed(sd, effect {EFFECT}, power 0.8, "
-            f"paired) = {res['seeds_needed']} -> {res['seeds']} seeds (kept within {MIN_SEEDS}..{MAX_SEEDS})"
-        )
-        return
     s = QUICK if args.quick else Settings()
+    settings = "quick" if args.quick else "protocol"
     out = Path(args.out)
     if args.quick and out == Path(DEFAULT_OUT):
         out = Path(DEFAULT_OUT + "-quick")  # never the protocol's folder: its units would be taken as measured
+    if args.units is None:  # --quick's rows never go to the committed file
+        args.units = out / "units.jsonl" if args.quick else UNITS_FILE
+    if args.analyse:
+        analysis.analyse(read_rows(args.units), args.plot, settings, s.students)
+        return
     if args.unit:
-        row = unit(s, out, args.unit, args.seed)
+        arm, student = parse_unit(args.unit)
+        if student is None:
+            row = teacher_unit(s, out, arm, args.seed)
+        else:
+            teacher = teacher_row(args.units, arm, args.seed, settings) if arm in TEACHER_ARMS else None
+            row = student_unit(s, out, arm, args.seed, student, teacher)
         (out / f"unit-{args.unit}-seed{args.seed}.json").write_text(json.dumps(row))
         return
     end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
@@ -653,9 +488,10 @@ def main(argv: list[str] | None = None) -> None:
     stop_on_sigterm()
     out.mkdir(parents=True, exist_ok=True)
     print(f"settings: {json.dumps(asdict(s))}", flush=True)
-    first = {a: v / (60 if args.quick else 1) for a, v in FIRST_ESTIMATE.items()}
-    run_units(args.seeds, args.units, unit_runner(out, args.quick, args.lock or None, end), end, first)
-    analyse(args.units, None, "quick" if args.quick else "protocol")
+    first = {k: v / (60 if args.quick else 1) for k, v in FIRST_ESTIMATE.items()}
+    runner = unit_runner(out, args.quick, args.lock or None, end, args.units)
+    run_units(args.seeds, args.units, runner, end, first, students=s.students, secondary=args.secondary)
+    analysis.analyse(read_rows(args.units), None, settings, s.students)
 
 
 if __name__ == "__main__":

@@ -49,13 +49,15 @@ def run_missing_units(
     record: Callable[[Path, dict], None] = lambda path, row: None,
     stopped_note: Callable[[str], str] = lambda arm: "",
     done_note: Callable[[dict], str] = lambda row: f"done in {row['seconds']:.0f} s",
+    key: Callable[[dict], tuple[str, int]] = lambda row: (row["arm"], row["seed"]),
 ) -> list[dict]:
     """Run the (arm, seed) units not yet in `units_path`, in order, until one does not start or is stopped.
-    budget(arm, rows so far, seconds left) says (the unit's estimate, the seconds to give it, or None: it does not
-    start). run_unit(arm, seed, seconds) returns the unit's row, or None when it was stopped at the deadline; each row
-    is appended and `record`ed before the next unit starts. The new rows, in order."""
+        budget(arm, rows so far, seconds left) says (the unit's estimate, the seconds to give it, or None: it does not
+        start). run_unit(arm, seed, seconds) returns the unit's row, or None when it was stopped at the deadline; each row
+        is appended and `record`ed before the next unit starts; key(row) names the unit a row is (its arm and seed
+    unless given). The new rows, in order."""
     rows = read_rows(units_path)
-    done = {(r["arm"], r["seed"]) for r in rows}
+    done = {key(r) for r in rows}
     new: list[dict] = []
     for arm, seed in units:
         if (arm, seed) in done:
