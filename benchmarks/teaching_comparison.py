@@ -26,6 +26,13 @@ unit's row is in the units file.
   python benchmarks/teaching_comparison.py --analyse --plot docs/images/teaching-comparison.png
   python benchmarks/teaching_comparison.py --quick --out /tmp/tc --seeds 1 --minutes 30 --secondary   # tiny
 
+Fixed with this runner for the fixed design (what the design leaves open; before any of its units): a teacher
+unit's distill dataset stays in its run folder under --out (its row names it, with a sha256 its students check), so
+a teacher seed's students run where its teachers' folders are; the secondary arms run only with --secondary; the
+deadline guard estimates each teacher arm's teacher units and all student units apart (comparison_runner); rl's
+teacher unit and every student unit run in pieces (step 0's student units outlasted a session), SIGTERM 180 s before
+the deadline (step 0's grace).
+
 Each finished unit is appended to benchmarks/teaching-comparison.jsonl (committed, small); a re-run skips the units
 in it. The runner runs at nice 19, one unit at a time, and starts no unit that the recent units of its kind say cannot
 end before the deadline; a unit still running at the deadline is stopped. A unit that fails stops the runner; it is

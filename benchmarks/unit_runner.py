@@ -52,10 +52,10 @@ def run_missing_units(
     key: Callable[[dict], tuple[str, int]] = lambda row: (row["arm"], row["seed"]),
 ) -> list[dict]:
     """Run the (arm, seed) units not yet in `units_path`, in order, until one does not start or is stopped.
-        budget(arm, rows so far, seconds left) says (the unit's estimate, the seconds to give it, or None: it does not
-        start). run_unit(arm, seed, seconds) returns the unit's row, or None when it was stopped at the deadline; each row
-        is appended and `record`ed before the next unit starts; key(row) names the unit a row is (its arm and seed
-    unless given). The new rows, in order."""
+    budget(arm, rows so far, seconds left) says (the unit's estimate, the seconds to give it, or None: it does not
+    start). run_unit(arm, seed, seconds) returns the unit's row, or None when it was stopped at the deadline; each row
+    is appended and `record`ed before the next unit starts. key(row) is the (arm, seed) a row is the unit of (its
+    "arm" and "seed" unless given). The new rows, in order."""
     rows = read_rows(units_path)
     done = {key(r) for r in rows}
     new: list[dict] = []
