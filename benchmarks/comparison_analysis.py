@@ -98,7 +98,7 @@ def verdicts(rows: list[dict], settings: str = "protocol", students: int = STUDE
 def analyse(rows: list[dict], plot: Path | None = None, settings: str = "protocol", students: int = STUDENTS) -> dict:
     res = verdicts(rows, settings, students)
     table = student_table(rows, settings)
-    arms = sorted({a for t in table.values() for a in t}, key=lambda a: (PRIMARY_ARMS + (a,)).index(a))
+    arms = [*PRIMARY_ARMS, *sorted({a for t in table.values() for a in t} - set(PRIMARY_ARMS))]
     print(f"each arm per teacher seed: the mean held-out pass@1 of its {students} students")
     print(f"| teacher seed | {' | '.join(arms)} | d_raw | d_sft |")
     print("|---|" + "---|" * (len(arms) + 2))
