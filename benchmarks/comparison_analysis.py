@@ -143,7 +143,8 @@ def draw(res: dict[str, Any], path: Path) -> None:
             ax.errorbar([x], [m], yerr=[[m - lo], [hi - m]], fmt="s", capsize=5, color=f"C{i}")
         elif math.isfinite(m):
             ax.plot([x], [m], "s", color=f"C{i}")
-        ax.annotate(dec["verdict"], (x, m if math.isfinite(m) else 0.0), fontsize=7, rotation=90, ha="left")
+        where = (x, m if math.isfinite(m) else 0.0)
+        ax.annotate(dec["verdict"], where, xytext=(8, 0), textcoords="offset points", fontsize=7, va="center")
     ax.axhline(0, color="k", lw=0.8)
     ax.axhline(MARGIN, color="grey", ls="--", lw=0.8, label=f"margin {MARGIN}")
     ticks = list(range(1, SEEDS_FIXED + 1))
