@@ -107,7 +107,7 @@ class Settings:
     student_lr: float = 2e-5
     student_batch: int = 16
     answer_tokens: int = 160  # the student writes its own reasoning, then the answer
-    students: int = 4  # K per arm and teacher seed (comparison_analysis.STUDENTS; QUICK runs fewer)
+    students: int = analysis.STUDENTS  # K per arm and teacher seed (registered; QUICK runs fewer)
 
 
 QUICK = Settings(
