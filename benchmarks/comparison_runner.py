@@ -104,11 +104,13 @@ def run_units(
     log: Callable[[str], None] = print,
     students: int = analysis.STUDENTS,
     secondary: bool = False,
+    record: Callable[[Path, dict], None] = lambda path, row: None,
 ) -> list[dict]:
     """Run the missing units of `plan` in order. run_unit(name, seed, estimate) returns the unit's row, or None when
     it was stopped at the deadline. No unit starts that the longest of the last three units of its kind
     (`first[kind]` before any ran) says cannot end by the deadline, except that a resumable unit starts with PIECE
-    seconds left (a piece of it: the next run continues it)."""
+    seconds left (a piece of it: the next run continues it). record(units file, row) runs as each row is appended
+    (--commit: commits it)."""
 
     def budget(name: str, rows: list[dict], left: float) -> tuple[float, float | None]:
         kind = estimate_kind(name)
@@ -124,7 +126,7 @@ def run_units(
     units = plan(seeds, students, secondary)
     key = lambda r: (r["unit"], r["seed"])  # noqa: E731
     return run_missing_units(
-        units, units_path, run_unit, deadline, budget, clock, log, stopped_note=stopped_note, key=key
+        units, units_path, run_unit, deadline, budget, clock, log, record, stopped_note=stopped_note, key=key
     )
 
 

@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +28,9 @@ import teaching_comparison as tc
 import teaching_protocol as protocol
 from unit_runner import (
     append_row,
+    commit_rows,
     deadline_ts,
+    git,
     read_rows,
     run_missing_units,
     run_until,
@@ -72,27 +73,9 @@ def plan(seeds: tuple[int, ...] = SEEDS) -> list[tuple[str, int]]:
 # ---- the record: rows committed to the repository as each unit ends
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 def code_state(repo: Path) -> dict[str, Any]:
     """The commit a unit runs on, and whether the code it runs differs from that commit."""
     return {"commit": git(repo, "rev-parse", "HEAD"), "dirty": bool(git(repo, "status", "--porcelain", *CODE_PATHS))}
-
-
-def commit_rows(path: Path, message: str, tries: int = 5) -> None:
-    """Commit `path` alone (other staged or edited files are left as they are); a busy index is retried."""
-    repo = path.parent
-    for attempt in range(tries):
-        try:
-            git(repo, "add", "--", path.name)
-            git(repo, "commit", "-q", "-m", message, "--", path.name)
-            return
-        except subprocess.CalledProcessError as e:
-            if "index.lock" not in (e.stderr or "") or attempt == tries - 1:
-                raise SystemExit(f"could not commit {path}: {e.stderr.strip()}") from None
-            time.sleep(2)
 
 
 def run_missing(

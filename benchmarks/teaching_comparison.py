@@ -22,19 +22,19 @@ sft-continued's teacher, then the students (rl's, sft-continued's, raw's), then,
 teacher and one student, and one friendly student. A student unit of a teacher arm refuses to run before its teacher
 unit's row is in the units file.
 
-  python benchmarks/teaching_comparison.py --out results/teaching --deadline 06:30   # units, teacher seed by seed
+  python benchmarks/teaching_comparison.py --out results/teaching --deadline 06:30 --commit   # teacher seed by seed
   python benchmarks/teaching_comparison.py --analyse --plot docs/images/teaching-comparison.png
   python benchmarks/teaching_comparison.py --quick --out /tmp/tc --seeds 1 --minutes 30 --secondary   # tiny
 
 Fixed with this runner for the fixed design (what the design leaves open; before any of its units): a teacher
-unit's distill dataset stays in its run folder under --out (its row names it, with a sha256 its students check), so
-a teacher seed's students run where its teachers' folders are; the secondary arms run only with --secondary; the
+unit's distill dataset is kept gzipped in benchmarks/teaching-comparison/ (its row names it, with the sha256 its
+students check) and committed with its row, so a teacher seed's students run on any clone; the secondary arms run only with --secondary; the
 deadline guard estimates each teacher arm's teacher units and all student units apart (comparison_runner); rl's
 teacher unit and every student unit run in pieces (step 0's student units outlasted a session), SIGTERM 180 s before
 the deadline (step 0's grace).
 
-Each finished unit is appended to benchmarks/teaching-comparison.jsonl (committed, small); a re-run skips the units
-in it. The runner runs at nice 19, one unit at a time, and starts no unit that the recent units of its kind say cannot
+Each finished unit is appended to benchmarks/teaching-comparison.jsonl (with --commit, committed at once); a re-run
+on any clone skips the units in it. The runner runs at nice 19, one unit at a time, and starts no unit that the recent units of its kind say cannot
 end before the deadline; a unit still running at the deadline is stopped. A unit that fails stops the runner; it is
 re-run under its own seeds, never replaced.
 """
@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import hashlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -71,12 +71,15 @@ from comparison_runner import (
     unit_name,
     unit_runner,
 )
-from unit_runner import deadline_ts, read_rows, stop_on_sigterm
+from unit_runner import commit_rows, deadline_ts, read_rows, stop_on_sigterm
 
 # ---- registered (docs/experiments.md, "Round five: the comparison's fixed design"): the arms, the units' names,
 # seeds and order are in comparison_runner, the rule's constants in comparison_analysis
 RL_SAVE = 5  # rl checkpoints every RL_SAVE steps: its teacher unit runs in pieces (comparison_runner.PIECE)
 UNITS_FILE = Path(__file__).parent / "teaching-comparison.jsonl"
+# The protocol's teacher units' distillation datasets (gzip, ~10-40 kB each), committed with their rows: a new clone
+# runs a finished teacher's students from the repository alone.
+RECORDS = Path(__file__).parent / "teaching-comparison"
 DEFAULT_OUT = "results/teaching"
 
 
@@ -301,6 +304,11 @@ def write_heldout(s: Settings, out: Path) -> str:
     return str(path.resolve())
 
 
+def records_dir(s: Settings, out: Path) -> Path:
+    """Where teacher units keep their datasets for their students: RECORDS for the protocol, under `out` else."""
+    return RECORDS if s == Settings() else out / "records"
+
+
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -368,12 +376,16 @@ def teacher_unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
     explained = list(read_jsonl(layout.distill_dataset))
     if len(explained) != s.train_rows:
         raise SystemExit(f"{layout.distill_dataset}: {len(explained)} explanations, {s.train_rows} training rows")
+    archive = records_dir(s, out) / f"{arm}-seed{seed}.jsonl.gz"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.GzipFile(archive, "wb", mtime=0) as f:  # mtime 0: the same explanations give the same bytes
+        f.write(layout.distill_dataset.read_bytes())
     row: dict[str, Any] = {
         "kind": "teacher",
         "unit": name,
         "arm": arm,
         "seed": seed,
-        "dataset": str(layout.distill_dataset.relative_to(out)),
+        "dataset": archive.name,
         "dataset_sha256": file_sha256(layout.distill_dataset),
         "explanations": {
             "rows": len(explained),
@@ -399,22 +411,25 @@ def student_unit(
 
     name = unit_name(arm, student)
     parse_unit(name)
-    source: Path | None = None
+    data: bytes | None = None
     if arm in TEACHER_ARMS:
         needed = f"teacher unit {unit_name(arm)} of teacher seed {seed}"
         if teacher is None:
             raise ValueError(f"student unit {name} of teacher seed {seed}: its {needed} has no row yet; run it first")
-        source = out / teacher["dataset"]
+        source = records_dir(s, out) / teacher["dataset"]
         if not source.exists():
-            raise ValueError(f"student unit {name}: {source}, the dataset of its {needed}, is not in {out}")
-        if file_sha256(source) != teacher["dataset_sha256"]:
+            raise ValueError(
+                f"student unit {name}: {source.name}, the dataset of its {needed}, is not in {source.parent}"
+            )
+        data = gzip.decompress(source.read_bytes())
+        if hashlib.sha256(data).hexdigest() != teacher["dataset_sha256"]:
             raise ValueError(f"student unit {name}: {source} is not the dataset its {needed} recorded (sha256)")
     quiet_libraries()
 
     def put_data(path: Path) -> None:
-        if source is not None:
+        if data is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, path)
+            path.write_bytes(data)
         else:
             rows = training_rows(s)
             write_trace_dataset(path, rows if arm == "raw" else friendly_rows(rows))
@@ -468,6 +483,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lock", default="/tmp/rlt-heavy.lock", help="taken per unit; '' for none")
     p.add_argument("--analyse", action="store_true", help="print the arm values, the contrasts and the verdicts")
     p.add_argument("--plot", type=Path, help="with --analyse: draw the per-seed contrasts here")
+    p.add_argument("--commit", action="store_true", help="commit each unit's row (a teacher's dataset too) at once")
     p.add_argument("--unit", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -490,6 +506,14 @@ def main(argv: list[str] | None = None) -> None:
             row = student_unit(s, out, arm, args.seed, student, teacher)
         (out / f"unit-{args.unit}-seed{args.seed}.json").write_text(json.dumps(row))
         return
+    if args.commit and args.quick:
+        raise SystemExit("--commit: only the protocol's rows are committed (--quick writes under --out)")
+
+    def record(path: Path, row: dict) -> None:
+        if args.commit:
+            also = [records_dir(s, out) / row["dataset"]] if row["kind"] == "teacher" else []
+            commit_rows(path, f"teaching comparison: unit {row['unit']} of teacher seed {row['seed']}", also=also)
+
     end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
     os.nice(max(0, args.nice - os.nice(0)))
     stop_on_sigterm()
@@ -497,7 +521,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"settings: {json.dumps(asdict(s))}", flush=True)
     first = {k: v / (60 if args.quick else 1) for k, v in FIRST_ESTIMATE.items()}
     runner = unit_runner(out, args.quick, args.lock or None, end, args.units)
-    run_units(args.seeds, args.units, runner, end, first, students=s.students, secondary=args.secondary)
+    run_units(args.seeds, args.units, runner, end, first, students=s.students, secondary=args.secondary, record=record)
     analysis.analyse(read_rows(args.units), None, settings, s.students)
 
 

@@ -1,7 +1,7 @@
 """What the long CPU experiments share to run unit by unit on shared cores (benchmarks/sanity_paired.py,
 benchmarks/teaching_comparison.py, benchmarks/headroom_students.py): the loop over the missing units, rows appended
-as each unit ends (a re-run resumes), a deadline no unit runs past, the machine's heavy-run lock, and each unit in a
-process group of its own that is killed whole at the deadline."""
+as each unit ends (a re-run resumes) and committed with --commit, a deadline no unit runs past, the machine's
+heavy-run lock, and each unit in a process group of its own that is killed whole at the deadline."""
 
 from __future__ import annotations
 
@@ -16,6 +16,25 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit_rows(path: Path, message: str, tries: int = 5, also: Iterable[Path] = ()) -> None:
+    """Commit `path` (and the files `also`) alone: other staged or edited files are left as they are; a busy index
+    is retried."""
+    repo, names = path.parent, [str(p.resolve()) for p in (path, *also)]
+    for attempt in range(tries):
+        try:
+            git(repo, "add", "--", *names)
+            git(repo, "commit", "-q", "-m", message, "--", *names)
+            return
+        except subprocess.CalledProcessError as e:
+            if "index.lock" not in (e.stderr or "") or attempt == tries - 1:
+                raise SystemExit(f"could not commit {path}: {e.stderr.strip()}") from None
+            time.sleep(2)
 
 
 def read_rows(path: Path) -> list[dict]:

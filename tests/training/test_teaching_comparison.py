@@ -4,6 +4,7 @@ design's units (a teacher seed's order, the paired student seeds, a student neve
 deadline guard and resume (a stand-in unit on a fake clock), the convergence callback on a real tiny model, and
 every arm run end to end on the tiny model (--quick)."""
 
+import gzip
 import hashlib
 import json
 import math
@@ -133,13 +134,7 @@ def test_a_teacher_seeds_units_in_order_with_paired_student_seeds(tc, tmp_path, 
 
     monkeypatch.setitem(tc["student_unit"].__globals__, "distil_and_evaluate", fake_run)
     s = tc["QUICK"]
-    teachers = {}
-    for arm in ("rl", "sft-continued"):
-        data = tmp_path / f"teach-{arm}-seed3" / "distill" / "dataset.jsonl"
-        data.parent.mkdir(parents=True)
-        data.write_text(f"{arm}\n")
-        sha = hashlib.sha256(data.read_bytes()).hexdigest()
-        teachers[arm] = {"dataset": str(data.relative_to(tmp_path)), "dataset_sha256": sha}
+    teachers = {arm: archived(tc, s, tmp_path, arm, 3, f"{arm}\n".encode()) for arm in ("rl", "sft-continued")}
     for arm in ("rl", "sft-continued", "raw"):
         for j in (1, 2, 3, 4):
             row = tc["student_unit"](s, tmp_path, arm, 3, j, teachers.get(arm))
@@ -153,6 +148,36 @@ def test_a_teacher_seeds_units_in_order_with_paired_student_seeds(tc, tmp_path, 
     for j in (1, 2, 3, 4):
         assert {seen[f"teach-{a}-seed3-student{j}"] for a in ("rl", "sft-continued", "raw")} == {300 + j}
     assert len(seen) == 12
+
+
+def archived(tc, s, out, arm, seed, data: bytes) -> dict:
+    """A teacher unit's row fields and its dataset's archive, as teacher_unit leaves them."""
+    archive = tc["records_dir"](s, out) / f"{arm}-seed{seed}.jsonl.gz"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    archive.write_bytes(gzip.compress(data))
+    return {"dataset": archive.name, "dataset_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_a_student_on_a_new_clone_reads_its_teachers_committed_dataset_only(tc, tmp_path, monkeypatch):
+    """The protocol's teacher datasets live beside the committed rows (RECORDS), not in the run folders: a student
+    unit whose --out is empty (a new clone, another machine) distils exactly the teacher's explanations."""
+    got = {}
+
+    def fake_run(s, out, spec, put_data, pieces):
+        path = out / "distill.jsonl"
+        put_data(path)
+        got["data"] = path.read_bytes()
+        return {}
+
+    monkeypatch.setitem(tc["student_unit"].__globals__, "distil_and_evaluate", fake_run)
+    monkeypatch.setitem(tc["records_dir"].__globals__, "RECORDS", tmp_path / "repo" / "records")
+    s, fresh = tc["Settings"](), tmp_path / "new-clone-out"
+    explanations = b'{"question": "What is 1 + 2?", "reasoning_trace": "1 + 2 = 3."}\n'
+    teacher = archived(tc, s, tmp_path / "elsewhere", "rl", 5, explanations)
+    assert tc["records_dir"](s, fresh) == tmp_path / "repo" / "records"  # whatever the --out
+    tc["student_unit"](s, fresh, "rl", 5, 2, teacher)
+    assert got["data"] == explanations
+    assert not (fresh / "teach-rl-seed5").exists()  # nothing read from a teacher run folder
 
 
 def test_a_student_unit_refuses_to_run_before_its_teacher(tc, tmp_path, monkeypatch):
@@ -172,14 +197,13 @@ def test_a_student_unit_refuses_to_run_before_its_teacher(tc, tmp_path, monkeypa
         run("rl.student3", 2, 1.0)
     assert calls == []
     # a row whose dataset is missing, or not the one it recorded, is refused too
-    row = {"unit": "rl.teacher", "seed": 2, "settings": "quick", "dataset": "teach-rl-seed2/distill/dataset.jsonl"}
+    row = {"unit": "rl.teacher", "seed": 2, "settings": "quick", "dataset": "rl-seed2.jsonl.gz"}
     row["dataset_sha256"] = hashlib.sha256(b"x\n").hexdigest()
     units.write_text(json.dumps(row) + "\n")
     assert tc["teacher_row"](units, "rl", 2, "quick") == row
     with pytest.raises(ValueError, match="the dataset of its teacher unit rl.teacher of teacher seed 2, is not in"):
         tc["student_unit"](s, tmp_path, "rl", 2, 1, row)
-    (tmp_path / row["dataset"]).parent.mkdir(parents=True)
-    (tmp_path / row["dataset"]).write_text("y\n")
+    archived(tc, s, tmp_path, "rl", 2, b"y\n")
     with pytest.raises(ValueError, match="is not the dataset its teacher unit rl.teacher"):
         tc["student_unit"](s, tmp_path, "rl", 2, 1, row)
 
@@ -470,8 +494,12 @@ def test_every_arm_runs_end_to_end_quick(tc, tmp_path):
     assert set(teachers["rl"]["stage_seconds"]) == {"sft", "rl", "distill"}
     assert set(teachers["sft-continued"]["stage_seconds"]) == set(teachers["sft-convergence"]["stage_seconds"])
     assert set(teachers["sft-continued"]["stage_seconds"]) == {"sft", "distill"}
+
+    def dataset(t):
+        return gzip.decompress((out / "records" / t["dataset"]).read_bytes())
+
     for t in teachers.values():
-        data = (out / t["dataset"]).read_bytes()
+        data = dataset(t)
         assert hashlib.sha256(data).hexdigest() == t["dataset_sha256"] and t["explanations"]["rows"] == s.train_rows
     train = tc["training_rows"](s)
     for r in students:
@@ -481,12 +509,12 @@ def test_every_arm_runs_end_to_end_quick(tc, tmp_path):
         assert f"seed: {300 + r['student']}" in (folder / "run.yaml").read_text()
         data = (folder / "distill" / "dataset.jsonl").read_bytes()
         if r["arm"] in teachers:  # the teacher unit's explanations, as written
-            assert data == (out / teachers[r["arm"]]["dataset"]).read_bytes()
+            assert data == dataset(teachers[r["arm"]])
         else:
             traces = [json.loads(x)["reasoning_trace"] for x in data.decode().splitlines()]
             want = train if r["arm"] == "raw" else tc["friendly_rows"](train)
             assert traces == [w["reasoning_trace"] for w in want]
-    rl = (out / teachers["rl"]["dataset"]).read_text()
+    rl = dataset(teachers["rl"]).decode()
     assert [json.loads(x)["reasoning_trace"] for x in rl.splitlines()] != [r["reasoning_trace"] for r in train]
     conv = teachers["sft-convergence"]["convergence"]
     assert 1 <= len(conv["losses"]) <= s.max_epochs and conv["best_epoch"] <= len(conv["losses"])
@@ -538,3 +566,27 @@ def test_sft_convergence_in_the_real_stage_stops_and_saves_the_best_epoch(tc, tm
     assert any(not torch.equal(seen[1][k], seen[3][k]) for k in state)  # training moved the weights after epoch 2
     for key, value in state.items():
         assert torch.equal(value.to(seen[1][key].dtype), seen[1][key]), f"{key}: not epoch 2's weights"
+
+
+def test_commit_puts_a_teachers_dataset_beside_its_row(tc, tmp_path, monkeypatch):
+    """--commit's record: the units file and the teacher's archive in one commit, nothing else that was edited."""
+    for k in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{k}_NAME", "t")
+        monkeypatch.setenv(f"GIT_{k}_EMAIL", "t@example.com")
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    (tmp_path / "notes.md").write_text("x\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "start")
+    (tmp_path / "notes.md").write_text("edited, not to be committed\n")
+    units = tmp_path / "units.jsonl"
+    units.write_text('{"unit": "rl.teacher", "seed": 1}\n')
+    archive = tmp_path / "records" / "rl-seed1.jsonl.gz"
+    archive.parent.mkdir()
+    archive.write_bytes(gzip.compress(b"explanations\n"))
+    tc["commit_rows"](units, "teaching comparison: unit rl.teacher of teacher seed 1", also=[archive])
+    assert git("show", "--name-only", "--format=", "HEAD").split() == ["records/rl-seed1.jsonl.gz", "units.jsonl"]
+    assert git("status", "--porcelain").split() == ["M", "notes.md"]
