@@ -218,3 +218,134 @@ def test_the_ranks_of_a_gang_keep_the_fewest_layers_any_of_them_chose():
     ]
     out = [p.communicate(timeout=120)[0].split() for p in ranks]
     assert [o[-1] for o in out] == ["4", "4"], out
+
+
+def test_each_micro_batch_keeps_the_layers_its_tokens_allow_and_the_gradients_do_not_change():
+    """rlt.stages.checkpoint_layers.PerMicroBatch on the tiny model with a schedule (rlt.checks.checkpoint_layers
+    .LayerSchedule, written here: every layer kept up to a quarter of the 48-token longest, 2 up to half, none
+    above): each forward of the update recomputes only the layers its tokens leave checkpointed; a forward without
+    gradients (the reference and old-policy passes) changes nothing; the gradients are those of no checkpointing."""
+    from rlt.checks.checkpoint_layers import LayerSchedule
+    from rlt.stages.checkpoint_layers import PerMicroBatch
+
+    plan = LayerSchedule(LAYERS, 0, ((0.25, LAYERS), (0.5, 2)))
+    base = _model()
+    adaptive, none = copy.deepcopy(base), copy.deepcopy(base)
+    adaptive.activation_checkpointing_enable()
+    hook = PerMicroBatch(decoder_layers(adaptive), plan, 48, "cpu")
+    adaptive.register_forward_pre_hook(hook, with_kwargs=True)
+    calls = _counted(adaptive)
+    seen = []
+    for rows, length, recomputed in ((1, 12, [0] * 4), (2, 12, [1, 1, 0, 0]), (1, 40, [1] * 4), (2, 6, [0] * 4)):
+        ids = torch.randint(0, 97, (rows, length), generator=torch.Generator().manual_seed(length))
+        for model in (adaptive, none):
+            model.zero_grad()
+            model(input_ids=ids, labels=ids).loss.backward()
+        before = list(calls)
+        adaptive(input_ids=ids, labels=ids).loss.backward()  # counted once more: its forward and recompute
+        seen.append([c - b - 1 for c, b in zip(calls, before, strict=True)])
+        adaptive.zero_grad()
+        adaptive(input_ids=ids, labels=ids).loss.backward()
+        none.zero_grad()
+        none(input_ids=ids, labels=ids).loss.backward()
+        for (name, p), q in zip(adaptive.named_parameters(), none.parameters(), strict=True):
+            assert torch.allclose(p.grad, q.grad, atol=1e-6), (rows, length, name)
+        assert seen[-1] == recomputed, (rows, length, seen)
+    flags = [layer.gradient_checkpointing for layer in decoder_layers(adaptive)]
+    with torch.no_grad():
+        adaptive(input_ids=torch.zeros(1, 40, dtype=torch.long))
+    assert [layer.gradient_checkpointing for layer in decoder_layers(adaptive)] == flags == [False] * LAYERS
+    assert hook.counts == {4: 6, 2: 3, 0: 3}
+    assert (
+        hook.line("sft")
+        == "sft: micro-batches by decoder layers that kept their activations: 4 layers × 6, 2 layers × 3, 0 layers × 3"
+    )
+
+
+def test_ranks_holding_micro_batches_of_different_tokens_recompute_the_same_layers():
+    """Two gloo ranks, one holding 10 tokens and one 40, under the same schedule: both keep the layers the longer
+    one allows (the fewest any rank's schedule gives), since ZeRO-3 gathers a recomputed layer in a collective."""
+    import os
+    import subprocess
+    import sys
+
+    from suite_helpers import free_port
+
+    code = (
+        "import os, types, torch, torch.distributed as dist\n"
+        "from rlt.checks.checkpoint_layers import LayerSchedule\n"
+        "from rlt.stages.checkpoint_layers import PerMicroBatch\n"
+        "dist.init_process_group('gloo')\n"
+        "layers = [types.SimpleNamespace(gradient_checkpointing=True) for _ in range(4)]\n"
+        "hook = PerMicroBatch(layers, LayerSchedule(4, 0, ((0.25, 4), (0.5, 2))), 48, 'cpu')\n"
+        "hook(torch.nn.Linear(1, 1), (), {'input_ids': torch.zeros(1, int(os.environ['TOKENS']))})\n"
+        "print(''.join('c' if x.gradient_checkpointing else 'k' for x in layers))\n"
+        "dist.destroy_process_group()\n"
+    )
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "TOKENS": tokens,
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r, tokens in enumerate(("10", "20"))
+    ]
+    out = [p.communicate(timeout=120)[0].split() for p in ranks]
+    assert [o[-1] for o in out] == ["cckk", "cckk"], out
+
+
+@pytest.mark.slow
+def test_the_trainer_sets_the_layers_per_micro_batch_where_the_plan_gives_a_schedule(
+    tmp_path, formatter, capsys, monkeypatch
+):
+    """One SFT step of the tiny run through TrainerRun where the plan's choice (every layer checkpointed for the
+    longest) comes with a schedule: the callback hooks the model, the step's micro-batch, far shorter than the
+    longest, keeps both layers (no layer runs twice), and the counts are said at the end. The plan makes a schedule
+    on a GPU only; here runtime_layers is replaced by one that returns a schedule written in the test."""
+    from trl import SFTTrainer
+
+    import rlt.stages.checkpoint_layers as cl
+    from rlt.checks.checkpoint_layers import LayerChoice, LayerSchedule
+    from rlt.checks.validation import load_valid_run
+    from rlt.contract.layout import RunLayout
+    from rlt.data.dataset import load_data
+    from rlt.data.models import load_tokenizer
+    from rlt.stages.context import StageContext
+    from rlt.stages.sft import sft_config, sft_rows
+    from rlt.stages.trainer import TrainerRun
+
+    run = load_valid_run(TINY)
+    raw = run.model_dump(by_alias=True)
+    raw["spec"]["stages"]["sft"].update(maxSteps=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=True)
+    run = run.model_validate(raw)
+    monkeypatch.setattr(
+        cl,
+        "runtime_layers",
+        lambda spec, stage, layers, device: (
+            LayerChoice(stage, layers, 0, "test"),
+            LayerSchedule(layers, 0, ((0.5, layers),)),
+            10**6,
+        ),
+    )
+    ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
+    tok = load_tokenizer(run.spec.teacher, padding_side="right")
+    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:2], formatter, tok, "reject")
+    trainer = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu").trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    layers = decoder_layers(trainer.model)
+    calls = [0] * len(layers)
+    for i, layer in enumerate(layers):
+        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))  # as _counted
+    trainer.train()
+    out = capsys.readouterr().out
+    assert len(layers) == 2 and calls == [1, 1], calls
+    assert "sft: micro-batches by decoder layers that kept their activations: 2 layers × 1" in out, out
+    assert "sft: per micro-batch, a shorter one keeps more decoder layers' activations" in out

@@ -58,9 +58,9 @@ def test_one_step_off_lasts_the_longer_side_plus_the_sync_and_every_mode_account
 
 
 def test_the_chosen_modes_of_paper_7b_and_2x8_and_the_old_terms_are_printed(capsys):
-    """The issue's figures: paper-7b's rl one step off ≥ 0.75 (0.755: 0.33 before, strict terms; the decode tail
-    step by step cost it 5 points, keeping the activations of the last 2 layers gave 2 back); 2x8's 0.67 stays under
-    its 0.7 target (the decode tail), said, not tuned away."""
+    """The issue's figures: paper-7b's rl one step off ≥ 0.75 (0.78: 0.33 before, strict terms; the decode tail
+    step by step cost it 5 points, keeping the activations of the last 2 layers gave 2 back, more layers for shorter
+    micro-batches 3); 2x8's 0.67 stays under its 0.7 target (the decode tail), said, not tuned away."""
     assert main(["plan", str(EXAMPLES / "rltrun-paper-7b.yaml")]) == 0
     out = capsys.readouterr().out
     chosen = next(x for x in out.splitlines() if "goodput: rl: the plan chooses " in x)
@@ -165,7 +165,10 @@ def test_sft_is_dealt_by_tokens_in_the_plan():
     from rlt.checks.step_time import rank_imbalance
 
     sft = _step(_doc(), "sft")
-    assert sft.imbalance == rank_imbalance(4, dealt=True) < 1.1
+    # a window of steps dealt (rlt.stages.sft_balance): the simulated and measured 1.02 at 4 ranks, below rl's deal
+    assert sft.imbalance == rank_imbalance(4, dealt=True, window=True) == pytest.approx(1.02)
+    assert rank_imbalance(4, dealt=True, window=True) < rank_imbalance(4, dealt=True) < rank_imbalance(4)
+    assert "WINDOW_DEALT_IMBALANCE" in sft.imbalance_source
 
 
 def test_the_gpu_product_the_spec_selects_sets_the_peak_memory_and_decode_rate():

@@ -17,6 +17,7 @@ as they were."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,8 +85,7 @@ def choose(
         return LayerChoice(stage, layers, min(asked, layers), f"{field_name(stage)}: {asked}", problem)
     if gpu_memory is None:
         return LayerChoice(stage, layers, 0, f"{field_name(stage)} unset on CPU: no GPU memory to fill")
-    margin = int(CHECKPOINT_MARGIN * gpu_memory)
-    room = gpu_memory - margin - held
+    margin, room = update_room(gpu_memory, held)
     kept = max((k for k in range(layers + 1) if update_phase(k) <= room), default=0)
     # the first layer kept takes the room of the layer the backward recomputes (plan_terms.activations)
     base, one = update_phase(0), update_phase(min(2, layers)) - update_phase(min(1, layers))
@@ -100,6 +100,13 @@ def choose(
     return LayerChoice(stage, layers, kept, how)
 
 
+def update_room(gpu_memory: int, held: int) -> tuple[int, int]:
+    """(the margin, the bytes left for the update's activations and loss tiles) on a GPU of `gpu_memory` bytes with
+    `held` bytes held through the step."""
+    margin = int(CHECKPOINT_MARGIN * gpu_memory)
+    return margin, gpu_memory - margin - held
+
+
 def recompute_share(params: int, layer_params: int, choice: LayerChoice) -> float:
     """The recompute as a share of a forward over all `params` (2 FLOPs a parameter a token): the checkpointed
     layers' parameters only (`layer_params` over every decoder layer); the head and the embedding are outside the
@@ -111,3 +118,61 @@ def recompute_share(params: int, layer_params: int, choice: LayerChoice) -> floa
 
 def gib(n: int | float) -> str:
     return f"{n / GiB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class LayerSchedule:
+    """The layers kept per micro-batch (issue 51): the plan's choice (`floor`) is sized for the stage's longest
+    micro-batch, and activations grow with the tokens, so a shorter micro-batch keeps more layers in the same room
+    and recomputes fewer. `steps`: (share of the longest micro-batch's tokens, layers kept) for each count above
+    `floor` that fits, rising shares and falling counts; a micro-batch past the last share keeps `floor`."""
+
+    layers: int
+    floor: int
+    steps: tuple[tuple[float, int], ...]
+
+    def kept_for(self, share: float) -> int:
+        """Layers kept by a micro-batch of `share` of the longest micro-batch's tokens."""
+        for most, kept in self.steps:
+            if share <= most:
+                return kept
+        return self.floor
+
+    def line(self, stage: str, longest: int) -> str:
+        if not self.steps:
+            return f"{stage}: every micro-batch keeps {self.floor} layers (no shorter one fits more)"
+        shown = (
+            self.steps if len(self.steps) <= 4 else (*self.steps[:2], self.steps[len(self.steps) // 2], self.steps[-1])
+        )
+        parts = [f"{kept} up to {math.floor(most * longest)} tokens" for most, kept in shown]
+        return (
+            f"{stage}: per micro-batch, a shorter one keeps more decoder layers' activations in the room the "
+            f"longest ({longest} tokens, {self.floor} kept) leaves: {', '.join(parts)} "
+            f"({len(self.steps)} steps; rlt.checks.checkpoint_layers.LayerSchedule)"
+        )
+
+
+def schedule(choice: LayerChoice, fits: Callable[[int, float], bool], resolution: int = 4096) -> LayerSchedule:
+    """The LayerSchedule of a plan's `choice`: for each count of kept layers above `choice.kept`, the largest share
+    of the longest micro-batch (to 1/`resolution`) whose update `fits` beside what the step holds. `fits(kept,
+    share)` must grow false with the share (activations grow with the tokens)."""
+    steps: list[tuple[float, int]] = []
+    for kept in range(choice.layers, choice.kept, -1):
+        low, high = 0, resolution  # fits at low/resolution (0: none), not at high (1.0 is the floor's)
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(kept, mid / resolution) else (low, mid)
+        if low and (not steps or low / resolution > steps[-1][0]):
+            steps.append((low / resolution, kept))
+    return LayerSchedule(choice.layers, choice.kept, tuple(steps))
+
+
+def spread_checkpointed_share(plan: LayerSchedule, low: float, high: float, points: int = 512) -> float:
+    """The checkpointed layers' share of the decoder layers, token-weighted, over micro-batches spread evenly from
+    `low` to `high` of the longest micro-batch's tokens (the plan's stated spread: rlt.checks.step_time), each
+    keeping plan.kept_for(its share). A step's recompute is this share of its layers' forward."""
+    if not plan.layers:
+        return 0.0
+    shares = [low + (high - low) * (i + 0.5) / points for i in range(points)]
+    done = sum(s * (plan.layers - plan.kept_for(s)) / plan.layers for s in shares)
+    return done / sum(shares)

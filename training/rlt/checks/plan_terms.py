@@ -269,6 +269,8 @@ class StepTime:
     one_step_off: bool = False  # the next step's rollout runs while this step scores, passes and updates
     engine_switch: float = 0.0  # colocated: waking the vLLM engine before the rollout, putting it to sleep after
     decode: Rollout | None = None  # the rollout's decoding step by step (rlt.checks.decode_tail), an engine's
+    row_tokens: tuple[float, float] = (0.0, 0.0)  # (mean, longest) tokens of the step's rows
+    imbalance_source: str = "rlt.checks.step_time.IMBALANCE_PER_DOUBLING"  # where `imbalance` comes from
 
     @property
     def generating(self) -> float:

@@ -9,18 +9,24 @@ true, which `_set_gradient_checkpointing` sets on every such layer when `Trainer
 for the backward pass, as without checkpointing. transformers' own `every_n_layers` cannot say "N layers": it
 spaces the checkpointed layers evenly. The kept layers are the last ones: the backward reaches them first and frees
 their activations before it recomputes the first checkpointed layer, so the peak holds one layer less
-(rlt.checks.plan_terms.activations)."""
+(rlt.checks.plan_terms.activations).
+
+Where the plan chooses (uncheckpointedLayers unset, on a GPU), its count is sized for the stage's longest
+micro-batch; a shorter one keeps more layers in the same room (rlt.checks.checkpoint_layers.LayerSchedule).
+`PerMicroBatch`, a forward pre-hook on the trained model, sets the count before each forward of the update from the
+micro-batch's tokens, the fewest any rank's schedule allows (one collective of one integer per micro-batch)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from rlt.checks.checkpoint_layers import LayerChoice, choose, field_name
+from rlt.checks.checkpoint_layers import LayerChoice, LayerSchedule, choose, field_name
 from rlt.spec.run import RLTRunSpec, stage_settings
 
 if TYPE_CHECKING:
     import torch
+    from torch.utils.hooks import RemovableHandle
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -51,6 +57,14 @@ def runtime_choice(spec: RLTRunSpec, stage: str, layers: int, device: str) -> La
     """The plan's choice for this process (rlt.checks.stage_terms.trainer.TrainerTerms.layer_choice), on the
     smaller of the spec's GPU memory and this GPU's, so it never counts on more than either holds; on CPU every
     layer is checkpointed unless the spec says otherwise. `layers`: the model's, for an unreadable shape."""
+    return runtime_layers(spec, stage, layers, device)[0]
+
+
+def runtime_layers(
+    spec: RLTRunSpec, stage: str, layers: int, device: str
+) -> tuple[LayerChoice, LayerSchedule | None, int]:
+    """(runtime_choice, the plan's per-micro-batch schedule at the same memory or None where the count is fixed,
+    the tokens of the longest micro-batch its shares are of)."""
     from rlt.checks.gpu_memory import spec_gpu_memory
     from rlt.checks.plan_terms import stage_terms
     from rlt.checks.shapes import run_shapes
@@ -60,17 +74,48 @@ def runtime_choice(spec: RLTRunSpec, stage: str, layers: int, device: str) -> La
     st = stage_settings(spec, stage)
     gpu = is_cuda(device)
     if not gpu or st.uncheckpointed_layers is not None or not st.gradient_checkpointing:
-        return choose(stage, layers, st.gradient_checkpointing, st.uncheckpointed_layers, None, 0, lambda k: 0)
+        return choose(stage, layers, st.gradient_checkpointing, st.uncheckpointed_layers, None, 0, lambda k: 0), None, 0
     import torch
 
     memory = min(spec_gpu_memory(spec)[0], torch.cuda.get_device_properties(torch.device(device)).total_memory)
     shapes, unread = run_shapes(spec, build=False)
     terms = stage_terms(stage)
     choice = terms.layer_choice(spec, shapes, True, memory) if isinstance(terms, TrainerTerms) else None
-    if choice is None:
+    if choice is None or not isinstance(terms, TrainerTerms):
         why = "; ".join(unread) or "not a Trainer stage's model"
-        return LayerChoice(stage, layers, 0, f"{field_name(stage)} unset and the model's shape unread: {why}")
-    return choice
+        return LayerChoice(stage, layers, 0, f"{field_name(stage)} unset and the model's shape unread: {why}"), None, 0
+    return choice, terms.layer_schedule(spec, shapes, True, memory), terms.longest_micro_tokens(spec)
+
+
+class PerMicroBatch:
+    """A forward pre-hook (with kwargs) on the trained model: before each forward of the update (the model
+    training, gradients on; the reference, old-policy and evaluation passes run without), the last
+    `plan.kept_for(tokens / longest)` decoder layers keep their activations, the others are checkpointed, for the
+    fewest any rank allows (agreed). Counts the micro-batches by layers kept."""
+
+    def __init__(self, layers: list[GradientCheckpointingLayer], plan: LayerSchedule, longest: int, device: str):
+        self.layers, self.plan, self.longest, self.device = layers, plan, max(1, longest), device
+        self.counts: dict[int, int] = {}
+
+    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import torch
+
+        if not module.training or not torch.is_grad_enabled():
+            return
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        ids = kwargs.get("inputs_embeds") if ids is None else ids
+        if ids is None:
+            raise ValueError("a training forward without input_ids or inputs_embeds: its tokens are unknown")
+        tokens = int(ids.shape[0]) * int(ids.shape[1]) if ids.dim() > 1 else int(ids.numel())
+        kept = agreed(min(self.plan.kept_for(tokens / self.longest), len(self.layers)), self.device)
+        first = len(self.layers) - kept
+        for i, layer in enumerate(self.layers):
+            layer.gradient_checkpointing = i < first
+        self.counts[kept] = self.counts.get(kept, 0) + 1
+
+    def line(self, stage: str) -> str:
+        spread = ", ".join(f"{k} layers × {n}" for k, n in sorted(self.counts.items(), reverse=True))
+        return f"{stage}: micro-batches by decoder layers that kept their activations: {spread or 'none'}"
 
 
 def agreed(kept: int, device: str) -> int:
@@ -95,6 +140,10 @@ def checkpoint_layers_callback(spec: RLTRunSpec, stage: str, device: str, main: 
     from rlt.stages.record import say_line
 
     class KeepLayers(TrainerCallback):
+        def __init__(self) -> None:
+            self.hook: PerMicroBatch | None = None
+            self.handle: RemovableHandle | None = None
+
         def on_train_begin(
             self,
             args: TrainingArguments,
@@ -105,7 +154,7 @@ def checkpoint_layers_callback(spec: RLTRunSpec, stage: str, device: str, main: 
         ) -> None:
             if model is None or not args.gradient_checkpointing:
                 return
-            choice = runtime_choice(spec, stage, len(decoder_layers(model)), device)
+            choice, plan, longest = runtime_layers(spec, stage, len(decoder_layers(model)), device)
             if choice.problem:
                 raise ValueError(choice.problem)
             kept = agreed(choice.kept, device)
@@ -114,5 +163,19 @@ def checkpoint_layers_callback(spec: RLTRunSpec, stage: str, device: str, main: 
             keep_activations(model, choice.kept, stage)
             if main:
                 say_line(choice.line())
+            if plan is not None and plan.steps:
+                self.hook = PerMicroBatch(decoder_layers(model), plan, longest, device)
+                self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+                if main:
+                    say_line(plan.line(stage, longest))
+
+        def on_train_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
+            if self.handle is not None:
+                self.handle.remove()
+                if main and self.hook is not None:
+                    say_line(self.hook.line(stage))
+            self.hook, self.handle = None, None
 
     return KeepLayers()

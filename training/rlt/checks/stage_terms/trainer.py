@@ -8,7 +8,15 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rlt.checks.checkpoint_layers import LayerChoice, choose, recompute_share
+from rlt.checks.checkpoint_layers import (
+    LayerChoice,
+    LayerSchedule,
+    choose,
+    recompute_share,
+    schedule,
+    spread_checkpointed_share,
+    update_room,
+)
 from rlt.checks.model_shape import (
     ModelShape,
     Shapes,
@@ -95,12 +103,15 @@ class TrainerTerms:
         if shape is None:
             plan.notes.append(f"{self.name}: model shape unknown, its memory and disk are not planned")
             return None
-        choice = self.layer_choice(spec, shapes, at.gpu, at.gpu_memory)
+        planned = self._layers(spec, shapes, at.gpu, at.gpu_memory)
+        choice, per_micro = planned if planned is not None else (None, None)
         kept = choice.kept if choice is not None else 0
         host, terms, phases, trainable = self.memory(spec, shape, ref, at.gpu, kept)
         host += self.extra_memory(spec, shape, ref, shapes, at, plan, terms, phases)
         if choice is not None:
             plan.checkpointing.append(choice.line())
+            if per_micro is not None and per_micro.steps:
+                plan.checkpointing.append(per_micro.line(self.name, self.longest_micro_tokens(spec)))
             plan.problems += [(self.name, choice.problem)] if choice.problem else []
         limit = at.gpu_memory if at.gpu else None
         plan.checks.append(
@@ -121,11 +132,19 @@ class TrainerTerms:
         one = checkpoint_bytes(shape, trainable, zero, world_of(spec), b)
         pod = pod_checkpoint_bytes(shape, trainable, zero, world_of(spec), nodes, b)
         t = self.step_phases(spec, shape, shapes, trainable, one, prompts, gpu_memory)
-        # step_time charges a whole forward's recompute; only the checkpointed layers recompute. The longest
+        # step_time charges a whole forward's recompute; only the checkpointed layers recompute, and a micro-batch
+        # shorter than the longest keeps more layers (layer_schedule) over the rows' stated spread. The longest
         # micro-batch keeps the whole recompute: the grace period errs long (the operator sizes it without TRL)
-        choice = self.layer_choice(spec, shapes, gpu, gpu_memory)
-        if choice is not None:
-            t = replace(t, recompute=t.recompute * recompute_share(shape.params, shape.layer_params, choice))
+        planned = self._layers(spec, shapes, gpu, gpu_memory)
+        if planned is not None:
+            choice, plan = planned
+            share = recompute_share(shape.params, shape.layer_params, choice)
+            if plan is not None and shape.layers:
+                length = self.lengths(spec)[0]
+                mean, longest = t.row_tokens
+                low, high = max(0.0, 2 * mean - longest) / length, min(1.0, longest / length)
+                share *= spread_checkpointed_share(plan, low, high) * choice.layers / max(1, choice.checkpointed)
+            t = replace(t, recompute=t.recompute * share)
         # each pod writes its own share to its local volume at once: the first pod's is the longest
         return replace(t, local_bytes=pod, save_local=pod / local_write_rate(spec)[0])
 
@@ -133,6 +152,26 @@ class TrainerTerms:
         """How many decoder layers keep their activations (rlt.checks.checkpoint_layers.choose): with
         uncheckpointedLayers unset, the most whose update fits a GPU of `gpu_memory` (the spec's when None) beside
         the terms held through the step; None when the model's shape is unknown."""
+        planned = self._layers(spec, shapes, gpu, gpu_memory)
+        return None if planned is None else planned[0]
+
+    def layer_schedule(
+        self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, gpu_memory: int | None
+    ) -> LayerSchedule | None:
+        """The layers kept per micro-batch (rlt.checks.checkpoint_layers.schedule): where the plan chooses
+        (uncheckpointedLayers unset, on a GPU), a micro-batch shorter than the longest keeps the most layers whose
+        update fits the same room; None where the count is fixed (set, checkpointing off, CPU, shape unknown)."""
+        planned = self._layers(spec, shapes, gpu, gpu_memory)
+        return None if planned is None else planned[1]
+
+    def longest_micro_tokens(self, spec: RLTRunSpec) -> int:
+        """Tokens of the longest micro-batch the stage allows (perDeviceBatchSize rows of its longest): a
+        LayerSchedule's shares are of it."""
+        return int(self.settings(spec).per_device_batch_size * self.lengths(spec)[0])
+
+    def _layers(
+        self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, gpu_memory: int | None
+    ) -> tuple[LayerChoice, LayerSchedule | None] | None:
         from rlt.checks.gpu_memory import spec_gpu_memory
         from rlt.checks.plan_terms import Plan
 
@@ -142,15 +181,18 @@ class TrainerTerms:
         st = self.settings(spec)
         asked = st.uncheckpointed_layers
         if not st.gradient_checkpointing or asked is not None or not gpu:
-            return choose(self.name, shape.layers, st.gradient_checkpointing, asked, None, 0, lambda k: 0)
+            return choose(self.name, shape.layers, st.gradient_checkpointing, asked, None, 0, lambda k: 0), None
         memory = gpu_memory if gpu_memory is not None else spec_gpu_memory(spec)[0]
         _, terms, phases, _ = self.memory(spec, shape, ref, gpu, 0)
         at = PlanInputs(memory, gpu, None, None)
         self.extra_memory(spec, shape, ref, shapes, at, Plan(memory), terms, phases)  # the stage's frozen models
         held = sum(size for _, size in terms)
-        return choose(
+        choice = choose(
             self.name, shape.layers, True, None, memory, held, lambda k: self.update_phase(spec, shape, ref, gpu, k)[1]
         )
+        room = update_room(memory, held)[1]
+        fits = lambda k, share: self.update_phase(spec, shape, ref, gpu, k, share)[1] <= room  # noqa: E731
+        return choice, schedule(choice, fits)
 
     def step_phases(
         self, spec: RLTRunSpec, shape: ModelShape, shapes: Shapes, trainable: int, checkpoint: int,
@@ -159,7 +201,7 @@ class TrainerTerms:
         """The step of rows of half maxLength on average, maxLength at the longest, dealt across the ranks by
         tokens (the sft-like stages: rlt.stages.sft_balance)."""
         length: int = self.settings(spec).max_length
-        return step_time(spec, self.name, shape, trainable, checkpoint, length / 2, length, dealt=True)
+        return step_time(spec, self.name, shape, trainable, checkpoint, length / 2, length, dealt=True, window=True)
 
     def step_models(self, spec: RLTRunSpec) -> set[str]:
         return {spec.teacher.model}
@@ -198,12 +240,17 @@ class TrainerTerms:
             terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
         return host, terms, phases, trainable
 
-    def update_phase(self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int) -> tuple[str, int]:
-        """The update's activations for the longest micro-batch (perDeviceBatchSize rows of the stage's longest),
-        its last `kept` decoder layers keeping theirs, and TRL's loss tiles: (name, bytes)."""
+    def update_phase(
+        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int, share: float = 1.0
+    ) -> tuple[str, int]:
+        """The update's activations for the longest micro-batch (perDeviceBatchSize rows of the stage's longest;
+        `share` of its tokens for a shorter one), its last `kept` decoder layers keeping theirs, and TRL's loss
+        tiles: (name, bytes)."""
         st = self.settings(spec)
         b = dtype_bytes(ref, gpu)
         length, scored = self.lengths(spec)
+        if share != 1.0:
+            length, scored = max(1, round(length * share)), max(1, round(scored * share))
         rows = st.per_device_batch_size
         # TRL scores only the labelled positions on a Triton device; its torch fallback scores every position
         loss_tokens = rows * scored if gpu else rows * length
