@@ -11,8 +11,9 @@ spaces the checkpointed layers evenly. The kept layers are the last ones: the ba
 their activations before it recomputes the first checkpointed layer, so the peak holds one layer less
 (rlt.checks.plan_terms.activations).
 
-Where the plan chooses (uncheckpointedLayers unset, on a GPU), its count is sized for the stage's longest
-micro-batch; a shorter one keeps more layers in the same room (rlt.checks.checkpoint_layers.LayerSchedule).
+Where the plan chooses (uncheckpointedLayers unset, on a GPU, ZeRO 0-2: under ZeRO-3 a changing recompute would
+turn DeepSpeed's parameter prefetch off), its count is sized for the stage's longest micro-batch; a shorter one
+keeps more layers in the same room (rlt.checks.checkpoint_layers.LayerSchedule).
 `PerMicroBatch`, a forward pre-hook on the trained model, sets the count before each forward of the update from the
 micro-batch's tokens, the fewest any rank's schedule allows (one collective of one integer per micro-batch)."""
 

@@ -112,6 +112,12 @@ class TrainerTerms:
             plan.checkpointing.append(choice.line())
             if per_micro is not None and per_micro.steps:
                 plan.checkpointing.append(per_micro.line(self.name, self.longest_micro_tokens(spec)))
+            elif at.gpu and choice.kept < choice.layers and self.settings(spec).deepspeed_zero_stage == 3:
+                plan.checkpointing.append(
+                    f"{self.name}: one count for every micro-batch under ZeRO-3 (a count that follows each "
+                    "micro-batch's tokens would change the module order DeepSpeed prefetches parameters along, "
+                    "turning its prefetch off; with deepspeedZeroStage 0-2 shorter micro-batches keep more layers)"
+                )
             plan.problems += [(self.name, choice.problem)] if choice.problem else []
         limit = at.gpu_memory if at.gpu else None
         plan.checks.append(
@@ -159,8 +165,9 @@ class TrainerTerms:
         self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, gpu_memory: int | None
     ) -> LayerSchedule | None:
         """The layers kept per micro-batch (rlt.checks.checkpoint_layers.schedule): where the plan chooses
-        (uncheckpointedLayers unset, on a GPU), a micro-batch shorter than the longest keeps the most layers whose
-        update fits the same room; None where the count is fixed (set, checkpointing off, CPU, shape unknown)."""
+        (uncheckpointedLayers unset, on a GPU) and the stage runs ZeRO 0-2, a micro-batch shorter than the longest
+        keeps the most layers whose update fits the same room; None where the count is fixed (set, checkpointing
+        off, CPU, ZeRO-3, shape unknown)."""
         planned = self._layers(spec, shapes, gpu, gpu_memory)
         return None if planned is None else planned[1]
 
@@ -190,6 +197,11 @@ class TrainerTerms:
         choice = choose(
             self.name, shape.layers, True, None, memory, held, lambda k: self.update_phase(spec, shape, ref, gpu, k)[1]
         )
+        if st.deepspeed_zero_stage == 3:
+            # ZeRO-3 prefetches each layer's parameters along the module order it recorded (DeepSpeed's
+            # PartitionedParameterCoordinator trace); a recompute that comes and goes between micro-batches changes
+            # that order, and every change turns the prefetch off for that pass and the next: one count for all
+            return choice, None
         room = update_room(memory, held)[1]
         fits = lambda k, share: self.update_phase(spec, shape, ref, gpu, k, share)[1] <= room  # noqa: E731
         return choice, schedule(choice, fits)
