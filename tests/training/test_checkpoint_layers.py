@@ -86,30 +86,8 @@ def test_the_trainer_keeps_the_last_layers_activations_in_its_own_step(tmp_path,
     """One SFT step of the tiny run through TrainerRun with uncheckpointedLayers 1: the Trainer turns checkpointing
     on at train(), the callback after it keeps the last layer; in the step the first layer runs twice (forward and
     recompute), the last once; the line says the choice."""
-    from trl import SFTTrainer
-
-    from rlt.checks.validation import load_valid_run
-    from rlt.contract.layout import RunLayout
-    from rlt.data.dataset import load_data
-    from rlt.data.models import load_tokenizer
-    from rlt.stages.context import StageContext
-    from rlt.stages.sft import sft_config, sft_rows
-    from rlt.stages.trainer import TrainerRun
-
-    run = load_valid_run(TINY)
-    raw = run.model_dump(by_alias=True)
-    raw["spec"]["stages"]["sft"].update(
-        maxSteps=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=True, uncheckpointedLayers=1
-    )
-    run = run.model_validate(raw)
-    ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
-    tok = load_tokenizer(run.spec.teacher, padding_side="right")
-    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:2], formatter, tok, "reject")
-    trainer = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu").trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    trainer, calls = _tiny_sft_step(tmp_path, formatter, uncheckpointedLayers=1)
     layers = decoder_layers(trainer.model)
-    calls = [0] * len(layers)
-    for i, layer in enumerate(layers):
-        layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))  # as _counted
     trainer.train()
     assert len(layers) == 2 and calls == [2, 1], calls
     assert [layer.gradient_checkpointing for layer in layers] == [True, False]
@@ -186,37 +164,8 @@ def test_the_trainer_on_a_gpu_makes_the_plans_choice_for_the_smaller_of_the_spec
 def test_the_ranks_of_a_gang_keep_the_fewest_layers_any_of_them_chose():
     """Two gloo ranks whose own choices differ (GPUs of different memory) agree on the smaller: under ZeRO-3 a
     recompute gathers the layer's parameters in a collective, so ranks recomputing different layers would hang."""
-    import os
-    import subprocess
-    import sys
-
-    from suite_helpers import free_port
-
-    code = (
-        "import os, torch.distributed as dist\n"
-        "from rlt.stages.checkpoint_layers import agreed\n"
-        "dist.init_process_group('gloo')\n"
-        "print(agreed(int(os.environ['OWN']), 'cpu'))\n"
-        "dist.destroy_process_group()\n"
-    )
-    port = str(free_port())
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env={
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "OWN": own,
-            },
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for r, own in enumerate(("9", "4"))
-    ]
-    out = [p.communicate(timeout=120)[0].split() for p in ranks]
+    code = "from rlt.stages.checkpoint_layers import agreed\nprint(agreed(int(os.environ['OWN']), 'cpu'))\n"
+    out = _two_ranks(code, "OWN", ("9", "4"))
     assert [o[-1] for o in out] == ["4", "4"], out
 
 
@@ -265,41 +214,16 @@ def test_each_micro_batch_keeps_the_layers_its_tokens_allow_and_the_gradients_do
 def test_ranks_holding_micro_batches_of_different_tokens_recompute_the_same_layers():
     """Two gloo ranks, one holding 10 tokens and one 40, under the same schedule: both keep the layers the longer
     one allows (the fewest any rank's schedule gives), since ZeRO-3 gathers a recomputed layer in a collective."""
-    import os
-    import subprocess
-    import sys
-
-    from suite_helpers import free_port
-
     code = (
-        "import os, types, torch, torch.distributed as dist\n"
+        "import types, torch\n"
         "from rlt.checks.checkpoint_layers import LayerSchedule\n"
         "from rlt.stages.checkpoint_layers import PerMicroBatch\n"
-        "dist.init_process_group('gloo')\n"
         "layers = [types.SimpleNamespace(gradient_checkpointing=True) for _ in range(4)]\n"
         "hook = PerMicroBatch(layers, LayerSchedule(4, 0, ((0.25, 4), (0.5, 2))), 48, 'cpu')\n"
         "hook(torch.nn.Linear(1, 1), (), {'input_ids': torch.zeros(1, int(os.environ['TOKENS']))})\n"
         "print(''.join('c' if x.gradient_checkpointing else 'k' for x in layers))\n"
-        "dist.destroy_process_group()\n"
     )
-    port = str(free_port())
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env={
-                **os.environ,
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "TOKENS": tokens,
-            },
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for r, tokens in enumerate(("10", "20"))
-    ]
-    out = [p.communicate(timeout=120)[0].split() for p in ranks]
+    out = _two_ranks(code, "TOKENS", ("10", "20"))
     assert [o[-1] for o in out] == ["cckk", "cckk"], out
 
 
@@ -311,10 +235,63 @@ def test_the_trainer_sets_the_layers_per_micro_batch_where_the_plan_gives_a_sche
     longest) comes with a schedule: the callback hooks the model, the step's micro-batch, far shorter than the
     longest, keeps both layers (no layer runs twice), and the counts are said at the end. The plan makes a schedule
     on a GPU only; here runtime_layers is replaced by one that returns a schedule written in the test."""
-    from trl import SFTTrainer
-
     import rlt.stages.checkpoint_layers as cl
     from rlt.checks.checkpoint_layers import LayerChoice, LayerSchedule
+
+    monkeypatch.setattr(
+        cl,
+        "runtime_layers",
+        lambda spec, stage, layers, device: (
+            LayerChoice(stage, layers, 0, "test"),
+            LayerSchedule(layers, 0, ((0.5, layers),)),
+            10**6,
+        ),
+    )
+    trainer, calls = _tiny_sft_step(tmp_path, formatter)
+    layers = decoder_layers(trainer.model)
+    trainer.train()
+    out = capsys.readouterr().out
+    assert len(layers) == 2 and calls == [1, 1], calls
+    assert "sft: micro-batches by decoder layers that kept their activations: 2 layers × 1" in out, out
+    assert "sft: per micro-batch, a shorter one keeps more decoder layers' activations" in out
+
+
+GROUP = "import os, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+
+
+def _two_ranks(code: str, name: str, values: tuple[str, str]) -> list[list[str]]:
+    """The printed words of `code` run by two gloo ranks (python -c, in a process group, `os` imported), rank r with
+    environment `name` = values[r]."""
+    import os
+    import subprocess
+    import sys
+
+    from suite_helpers import free_port
+
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", f"{GROUP}{code}dist.destroy_process_group()\n"],
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                name: value,
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for r, value in enumerate(values)
+    ]
+    return [p.communicate(timeout=120)[0].split() for p in ranks]
+
+
+def _tiny_sft_step(tmp_path, formatter, **sft):
+    """(the SFTTrainer of one step of the tiny run through TrainerRun, its decoder layers' MLP calls as _counted)."""
+    from trl import SFTTrainer
+
     from rlt.checks.validation import load_valid_run
     from rlt.contract.layout import RunLayout
     from rlt.data.dataset import load_data
@@ -325,17 +302,10 @@ def test_the_trainer_sets_the_layers_per_micro_batch_where_the_plan_gives_a_sche
 
     run = load_valid_run(TINY)
     raw = run.model_dump(by_alias=True)
-    raw["spec"]["stages"]["sft"].update(maxSteps=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=True)
-    run = run.model_validate(raw)
-    monkeypatch.setattr(
-        cl,
-        "runtime_layers",
-        lambda spec, stage, layers, device: (
-            LayerChoice(stage, layers, 0, "test"),
-            LayerSchedule(layers, 0, ((0.5, layers),)),
-            10**6,
-        ),
+    raw["spec"]["stages"]["sft"].update(
+        maxSteps=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=True, **sft
     )
+    run = run.model_validate(raw)
     ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
     tok = load_tokenizer(run.spec.teacher, padding_side="right")
     rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:2], formatter, tok, "reject")
@@ -344,8 +314,4 @@ def test_the_trainer_sets_the_layers_per_micro_batch_where_the_plan_gives_a_sche
     calls = [0] * len(layers)
     for i, layer in enumerate(layers):
         layer.mlp.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))  # as _counted
-    trainer.train()
-    out = capsys.readouterr().out
-    assert len(layers) == 2 and calls == [1, 1], calls
-    assert "sft: micro-batches by decoder layers that kept their activations: 2 layers × 1" in out, out
-    assert "sft: per micro-batch, a shorter one keeps more decoder layers' activations" in out
+    return trainer, calls
