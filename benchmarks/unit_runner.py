@@ -126,14 +126,27 @@ def heavy_lock(path: str | None, deadline: float) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def own_code_env() -> dict[str, str]:
+    """This environment with this checkout's training/ and operator/ first on PYTHONPATH: a unit runs the code of
+    the commit its row names, even where the virtual environment's editable install points at another checkout
+    (a worktree sharing the main checkout's .venv imported the main checkout's code, half-edited)."""
+    own = [str(ROOT / "training"), str(ROOT / "operator")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*own, *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | None = None) -> int | None:
-    """Run `cmd` in a process group of its own (its output to `log` when given); its exit status, or None when the
-    deadline came first. `grace` seconds before the deadline the group gets SIGTERM (rlt's stages then save their
+    """Run `cmd` in a process group of its own (its output to `log` when given; this checkout's code first:
+    own_code_env); its exit status, or None when the deadline came first. `grace` seconds before the deadline the group gets SIGTERM (rlt's stages then save their
     last step), at the deadline SIGKILL; the whole group goes, a unit's own children with it. The runner stopped
     (Ctrl-C, SIGTERM) takes its unit down too: nothing runs on past the deadline unaccounted."""
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(log.open("a")) if log is not None else None
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None)
+        proc = subprocess.Popen(
+            cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None, env=own_code_env()
+        )
         try:
             try:
                 return proc.wait(timeout=max(1.0, deadline - grace - time.time()))

@@ -200,3 +200,21 @@ def test_analyse_puts_the_starts_error_into_real_minus_start(sp, tmp_path, capsy
     assert "4 sampling seeds: s.e. 0.080, 3 df" in out
     m, lo, hi = res["real_vs_start_with_start_error"]
     assert m == pytest.approx(1.0) and lo < 1.0 - 0.15 and hi > 1.0 + 0.15  # the mean start, its error in the width
+
+
+def test_a_unit_runs_this_checkouts_code_whatever_the_environment_puts_first(tmp_path, monkeypatch):
+    """unit_runner.run_until starts a unit with this checkout's training/ first on PYTHONPATH: a unit's row names
+    the commit it ran on, and a worktree sharing another checkout's .venv (whose editable install points there)
+    must not import that checkout's code. Here an `rlt` package earlier on PYTHONPATH stands for it."""
+    import sys
+    import time
+
+    ur = runpy.run_path(str(ROOT / "benchmarks" / "unit_runner.py"), run_name="not_main")
+    other = tmp_path / "other"
+    (other / "rlt").mkdir(parents=True)
+    (other / "rlt" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(other))
+    log = tmp_path / "unit.log"
+    cmd = [sys.executable, "-c", "import rlt; print(rlt.__file__)"]
+    assert ur["run_until"](cmd, time.time() + 120, 0.0, log) == 0
+    assert log.read_text().strip() == str(ROOT / "training" / "rlt" / "__init__.py")
