@@ -66,9 +66,7 @@ DEFAULT_PROMPT_TOKENS = 2048
 IMBALANCE_PER_DOUBLING = 0.27
 # rl deals each step's rows across the ranks by tokens (rlt.stages.balance) for the loss types where a row weighs the
 # same in any micro-batch: measured 1.068 at 4 ranks (benchmarks/rank_balance.py), simulated 1.02 at 8 and 1.04 at
-# 16 with a paper-scale step; 0.035 a doubling covers the measurement. sft and student deal a window of steps
-# (rlt.stages.sft_balance): simulated 1.02 / 1.04 / 1.09 at 4 / 8 / 16 ranks with 4 rows a step per rank
-# (benchmarks/rank_balance.py --simulate), within the same allowance; the 4-rank run measures it.
+# 16 with a paper-scale step; 0.035 a doubling covers the measurement.
 BALANCED_IMBALANCE_PER_DOUBLING = 0.035
 # sft and student deal a window of steps (rlt.stages.sft_balance.StepDeal): a micro-step's rows are neighbours in
 # the window's rows sorted by tokens. benchmarks/rank_balance.py's simulation of the sampler on its skewed length mix

@@ -158,7 +158,7 @@ class TrainerTerms:
         """How many decoder layers keep their activations (rlt.checks.checkpoint_layers.choose): with
         uncheckpointedLayers unset, the most whose update fits a GPU of `gpu_memory` (the spec's when None) beside
         the terms held through the step; None when the model's shape is unknown."""
-        planned = self._layers(spec, shapes, gpu, gpu_memory)
+        planned = self._layers(spec, shapes, gpu, gpu_memory, per_micro=False)
         return None if planned is None else planned[0]
 
     def layer_schedule(
@@ -177,8 +177,9 @@ class TrainerTerms:
         return int(self.settings(spec).per_device_batch_size * self.lengths(spec)[0])
 
     def _layers(
-        self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, gpu_memory: int | None
+        self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, gpu_memory: int | None, per_micro: bool = True
     ) -> tuple[LayerChoice, LayerSchedule | None] | None:
+        """(layer_choice, layer_schedule; the schedule's search left out without `per_micro`)."""
         from rlt.checks.gpu_memory import spec_gpu_memory
         from rlt.checks.plan_terms import Plan
 
@@ -197,7 +198,7 @@ class TrainerTerms:
         choice = choose(
             self.name, shape.layers, True, None, memory, held, lambda k: self.update_phase(spec, shape, ref, gpu, k)[1]
         )
-        if st.deepspeed_zero_stage == 3:
+        if not per_micro or st.deepspeed_zero_stage == 3:
             # ZeRO-3 prefetches each layer's parameters along the module order it recorded (DeepSpeed's
             # PartitionedParameterCoordinator trace); a recompute that comes and goes between micro-batches changes
             # that order, and every change turns the prefetch off for that pass and the next: one count for all
