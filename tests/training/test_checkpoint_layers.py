@@ -6,6 +6,7 @@ checkpointing on); a value the model cannot take errors naming the field. A tiny
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -132,6 +133,141 @@ def test_the_plans_bytes_per_token_are_what_autograd_saves_for_a_decoder_layer(d
     assert kept == tokens * layer_bytes_per_token(shape_of_config(config, "test"), b)
 
 
+def _matmuls_in_backward(model):
+    """(aten mm/addmm calls the backward pass runs: the gradients' two per linear layer, plus the matmuls a
+    recompute runs again; the gradients) of one loss on a fixed batch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls[0] += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+            return func(*args, **(kwargs or {}))
+
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=ids, labels=ids).loss
+    with Count():
+        loss.backward()
+    return calls[0], {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_selective_layers_recompute_no_matmul_and_the_gradients_are_those_of_full_and_no_checkpointing():
+    """Layers [0 full | 1, 2 selective | 3 kept]: the backward runs the matmuls of no checkpointing plus one full
+    layer's recompute (a quarter of full checkpointing's extra matmuls), and the gradients are unchanged."""
+    from rlt.stages.checkpoint_layers import checkpoint_selectively
+
+    base = _model()
+    full, none, part, every = (copy.deepcopy(base) for _ in range(4))
+    for m in (full, part, every):
+        m.activation_checkpointing_enable()
+    keep_activations(part, 1, "sft")
+    assert checkpoint_selectively(part, 1, 2, "sft") == decoder_layers(part)[1:3]
+    assert checkpoint_selectively(every, 0, LAYERS, "sft") == decoder_layers(every)
+
+    n_none, g_none = _matmuls_in_backward(none)
+    n_full, g_full = _matmuls_in_backward(full)
+    n_part, g_part = _matmuls_in_backward(part)
+    n_every, g_every = _matmuls_in_backward(every)
+    one_layer = (n_full - n_none) / LAYERS
+    assert one_layer >= 6, "a full recompute runs a layer's q, k, v, o, gate and up again"
+    assert n_part - n_none == one_layer and n_every == n_none, (n_none, n_full, n_part, n_every)
+    for name in g_none:
+        for grads in (g_part, g_every, g_full):
+            assert torch.allclose(grads[name], g_none[name], atol=1e-6), name
+
+
+def test_a_reentrant_checkpoint_is_refused_for_selective_layers_naming_the_way_out():
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    from rlt.stages.checkpoint_layers import checkpoint_selectively
+
+    model = _model()
+    model.activation_checkpointing_enable({"use_reentrant": True})  # what TRL sets for PEFT under ZeRO-3
+    with pytest.raises(ValueError, match=r"non-reentrant checkpoint.*stages\.rl\.uncheckpointedLayers"):
+        checkpoint_selectively(model, 0, 2, "rl")
+    assert all(
+        layer._gradient_checkpointing_func.keywords == {"use_reentrant": True} for layer in decoder_layers(model)
+    )
+    assert isinstance(decoder_layers(model)[0]._gradient_checkpointing_func, partial)
+    assert decoder_layers(model)[0]._gradient_checkpointing_func.func is checkpoint
+
+
+def _qwen2_layer(dtype):
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+        vocab_size=100, attn_implementation="sdpa",
+    )  # fmt: skip
+    layer = Qwen2DecoderLayer(config, 0).to(dtype).train()
+    tokens = 16
+    x = torch.randn(1, tokens, 64, dtype=dtype, requires_grad=True)
+    positions = torch.arange(tokens)[None]
+    rotary = Qwen2RotaryEmbedding(config)(x, positions)
+    forward = partial(layer, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+    return config, tokens, x, forward
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_plans_selective_bytes_are_what_torch_caches_and_its_recompute_traffic_what_the_ops_move(dtype):
+    """rlt.checks.plan_terms.selective_bytes_per_token against a Qwen2 decoder layer under torch's selective
+    checkpoint with rlt's policy: the outputs its caching mode stores (read from the mode's storage, a private
+    attribute) and the layer's input the checkpoint keeps; selective_recompute_bytes_per_token within 2 % of the
+    bytes every op the backward's recompute runs reads and writes (views left out), traced by a dispatch mode
+    entered with the recompute's."""
+    from contextlib import contextmanager
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.checkpoint import checkpoint
+
+    from rlt.checks.plan_terms import selective_bytes_per_token, selective_recompute_bytes_per_token
+    from rlt.checks.shapes import shape_of_config
+    from rlt.stages.checkpoint_layers import selective_contexts
+
+    config, tokens, x, forward = _qwen2_layer(dtype)
+    moved, modes = [0], []
+
+    def size(value):
+        return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+    class Traffic(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view and func not in (torch.ops.aten.detach.default, torch.ops.aten._unsafe_view.default):
+                moved[0] += size(args) + size(kwargs or {}) + size(out)
+            return out
+
+    @contextmanager
+    def traced(cached):
+        with Traffic(), cached:
+            yield
+
+    def contexts():
+        caching, cached = selective_contexts()
+        modes.append(caching)
+        return caching, traced(cached)
+
+    out = checkpoint(forward, x, use_reentrant=False, context_fn=contexts)
+    cached = {}
+    for entries in modes[0].storage.values():
+        for entry in entries.values():
+            for leaf in tree_leaves(entry):
+                t = getattr(leaf, "val", None)
+                if isinstance(t, torch.Tensor):
+                    cached[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    b = torch.finfo(dtype).bits // 8
+    shape = shape_of_config(config, "test")
+    assert sum(cached.values()) + x.nbytes == tokens * selective_bytes_per_token(shape, b)
+    out.sum().backward()
+    assert moved[0] == pytest.approx(tokens * selective_recompute_bytes_per_token(shape, b), rel=0.02)
+
+
 def test_the_trainer_on_a_gpu_makes_the_plans_choice_for_the_smaller_of_the_specs_memory_and_its_own(monkeypatch):
     """rlt.stages.checkpoint_layers.runtime_choice on `cuda:0` is TrainerTerms.layer_choice at the spec's GPU memory
     (paper-7b: the default 80 GiB), or at the device's when that is smaller. The device's memory is a stand-in
@@ -155,6 +291,7 @@ def test_the_trainer_on_a_gpu_makes_the_plans_choice_for_the_smaller_of_the_spec
     shapes = plan_for_run(spec).shapes
     on_80 = runtime_choice(spec, "sft", 28, "cuda:0")
     assert on_80 == TERMS.layer_choice(spec, shapes, True, 80 * gib) and 0 < on_80.kept < 28
+    assert on_80.selective > 0  # paper-7b's sft is ZeRO-3: selective layers where they recompute less
     assert on_80.line() in plan_for_run(spec, 80 * gib).checkpointing  # what `rlt plan` printed
     device["memory"] = 48 * gib
     assert runtime_choice(spec, "sft", 28, "cuda:0").kept == 0
@@ -254,6 +391,49 @@ def test_the_trainer_sets_the_layers_per_micro_batch_where_the_plan_gives_a_sche
     assert len(layers) == 2 and calls == [1, 1], calls
     assert "sft: micro-batches by decoder layers that kept their activations: 2 layers × 1" in out, out
     assert "sft: per micro-batch, a shorter one keeps more decoder layers' activations" in out
+
+
+@pytest.mark.slow
+def test_the_trainer_makes_the_plans_selective_layers_selective_in_its_own_step(
+    tmp_path, formatter, capsys, monkeypatch
+):
+    """One SFT step of the tiny run through TrainerRun, every layer checkpointed, with the plan's choice making the
+    last one selective (the plan does so on a GPU under ZeRO-3 only; runtime_layers is replaced by one that returns
+    it): the step runs fewer matmuls than with none selective, by at least the six of one layer's recompute, the
+    loss is the same, and the line says the choice."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import rlt.stages.checkpoint_layers as cl
+    from rlt.checks.checkpoint_layers import LayerChoice
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+            return func(*args, **(kwargs or {}))
+
+    counts, losses = [], []
+    for selective in (0, 1):
+        monkeypatch.setattr(
+            cl, "runtime_layers",
+            lambda spec, stage, layers, device, s=selective: (
+                LayerChoice(stage, layers, 0, "test", selective=s, selective_cost=0.2), None, 0
+            ),
+        )  # fmt: skip
+        trainer, _ = _tiny_sft_step(tmp_path / str(selective), formatter)
+        Count.calls = 0
+        torch.manual_seed(0)
+        with Count():
+            out = trainer.train()
+        counts.append(Count.calls)
+        losses.append(out.training_loss)
+        layers = decoder_layers(trainer.model)
+        contexts = [layer._gradient_checkpointing_func.keywords.get("context_fn") for layer in layers]
+        assert contexts == [None] * (len(layers) - selective) + [cl.selective_contexts] * selective
+    assert counts[0] - counts[1] >= 6, counts
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert "sft: gradient checkpointing on 2 of 2 decoder layers, 1 of them selectively" in capsys.readouterr().out
 
 
 GROUP = "import os, torch.distributed as dist\ndist.init_process_group('gloo')\n"

@@ -42,17 +42,12 @@ def _sft(spec, gpu_memory):
 
 
 def test_the_layers_kept_follow_from_memory_and_the_recompute_charged_shrinks_with_them():
-    spec = _spec()
+    spec = _spec(deepspeedZeroStage=2)  # one count from choose alone (ZeRO-3 adds selective layers: below)
     shape = known_shape(spec.teacher.model)
     small, h100, larger, h200, huge = (_sft(spec, g * GiB) for g in (48, 80, 100, 141, 200))
     assert small[0].kept == 0 and 0 < h100[0].kept < larger[0].kept < h200[0].kept < huge[0].kept == shape.layers
     assert small[2] > h100[2] > larger[2] > h200[2] > huge[2] == 0
-    # the recompute is the checkpointed layers' forward: 2 FLOPs a decoder-layer parameter a token; under ZeRO-3
-    # (paper-7b's) one count for every micro-batch
-    every = small[1].recompute  # every layer checkpointed
-    for choice, step, _ in (h100, larger, h200, huge):
-        assert step.recompute == pytest.approx(every * choice.checkpointed / shape.layers)
-    assert every == pytest.approx(small[1].update_work / 3 * shape.layer_params / shape.params)
+    assert all(c.selective == 0 for c, _, _ in (small, h100, larger, h200, huge))
 
     # the most layers that fit: the update with one more kept would pass the GPU less the margin
     for gpu in (80, 100, 141):
@@ -66,6 +61,44 @@ def test_the_layers_kept_follow_from_memory_and_the_recompute_charged_shrinks_wi
         one_more = SFT.update_phase(spec, shape, ref, True, choice.kept + 1)[1]
         assert held + update <= (1 - CHECKPOINT_MARGIN) * memory < held + one_more, gpu
         assert check.fits and f"checkpointing {choice.checkpointed} of {shape.layers} layers" in check.phases[0][0]
+
+
+def test_under_zero_3_selective_layers_recompute_the_fewest_forwards_that_fit_and_are_charged_so():
+    """paper-7b (ZeRO-3, one count for every micro-batch): the plan trades kept layers for selective ones (about
+    half the bytes, SELECTIVE cost of a forward each) where that recomputes less; the pair it takes is the best of
+    every (kept, selective) pair that fits, found here by enumerating them all; the recompute charged is the whole
+    forward's times the recomputed layers' share, and falls as the memory grows."""
+    spec = _spec()
+    shape, ref = known_shape(spec.teacher.model), spec.teacher
+    every = _sft(spec, 48 * GiB)[1].recompute  # nothing but full recompute fits: every layer's forward
+    assert every == pytest.approx(_sft(spec, 48 * GiB)[1].update_work / 3 * shape.layer_params / shape.params)
+    last = None
+    for gpu in (64, 80, 100, 141):
+        memory = gpu * GiB
+        choice, step, lost = _sft(spec, memory)
+        plan = plan_run(spec, _shapes(spec), memory)
+        check = next(c for c in plan.checks if c.stage == "sft" and c.resource == "GPU memory per trainer process")
+        room = (1 - CHECKPOINT_MARGIN) * memory - sum(size for _, size in check.terms)
+        pairs = [
+            (k, s)
+            for k in range(shape.layers + 1)
+            for s in range(shape.layers - k + 1)
+            if SFT.update_phase(spec, shape, ref, True, k, selective=s)[1] <= room
+        ]
+        cost = choice.selective_cost
+        best = min(shape.layers - k - s + s * cost for k, s in pairs)
+        assert choice.recomputed == pytest.approx(best), gpu
+        assert (choice.kept, choice.selective) in pairs and check.fits
+        assert step.recompute == pytest.approx(every * choice.recomputed / shape.layers), gpu
+        assert last is None or lost < last
+        last = lost
+    assert 0.1 < cost < 0.3  # the ops between the matmuls, memory-bound (SELECTIVE_BANDWIDTH_SHARE of 3.35 TB/s)
+    assert _sft(spec, 80 * GiB)[0].selective > 0
+    # with LoRA TRL checkpoints reentrantly under ZeRO-3, which cannot keep chosen outputs: no selective layers
+    doc = yaml.safe_load((EXAMPLES / "rltrun-paper-7b.yaml").read_text())
+    doc["spec"]["teacher"]["lora"] = {"r": 64, "alpha": 128}
+    lora = parse_run(doc).spec
+    assert SFT.layer_choice(lora, _shapes(lora), True, 80 * GiB).selective == 0
 
 
 def test_a_set_value_or_checkpointing_off_is_what_the_plan_charges():
@@ -82,8 +115,11 @@ def test_rlt_plan_prints_the_choice_with_its_memory_figures(capsys):
     assert main(["plan", str(EXAMPLES / "rltrun-paper-7b.yaml")]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("  checkpointing: sft: "))
-    kept = SFT.layer_choice(_spec(), _shapes(_spec()), True, 80 * GiB).kept
-    assert f"gradient checkpointing on {28 - kept} of 28 decoder layers, the last {kept} keep" in line, line
+    choice = SFT.layer_choice(_spec(), _shapes(_spec()), True, 80 * GiB)
+    kept, selective = choice.kept, choice.selective
+    assert f"gradient checkpointing on {28 - kept} of 28 decoder layers, {selective} of them selectively" in line
+    assert ", the last keeps its activations" in line if kept == 1 else f"the last {kept} keep" in line, line
+    assert f"{kept} kept and {selective} selective in the same room recompute" in line, line
     assert "GiB GPU - " in line and "held through the step" in line and "more per layer kept" in line, line
 
 

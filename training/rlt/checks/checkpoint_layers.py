@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlt.checks.gpu_memory import GiB
 
@@ -38,10 +38,19 @@ class LayerChoice:
     kept: int
     how: str  # where the number comes from, with the memory figures
     problem: str = ""  # uncheckpointedLayers asks for more layers than the model has: the plan fails, naming it
+    # of the checkpointed layers, the last `selective` (just before the kept ones) keep their matmuls' and
+    # attention's outputs and recompute only the ops between them, `selective_cost` of a layer's forward each
+    selective: int = 0
+    selective_cost: float = 0.0
 
     @property
     def checkpointed(self) -> int:
         return self.layers - self.kept
+
+    @property
+    def recomputed(self) -> float:
+        """Layers' forwards the backward runs again: each fully checkpointed layer's, a share of each selective's."""
+        return self.checkpointed - self.selective + self.selective * self.selective_cost
 
     def line(self) -> str:
         if self.kept >= self.layers:
@@ -49,9 +58,15 @@ class LayerChoice:
         kept = {0: "none keeps its activations", 1: "the last keeps its activations"}.get(
             self.kept, f"the last {self.kept} keep their activations"
         )
+        selective = (
+            f", {self.selective} of them selectively (their matmuls' and attention's outputs kept, the ops between "
+            f"recomputed: {self.selective_cost:.2f} of a layer's forward)"
+            if self.selective
+            else ""
+        )
         return (
-            f"{self.stage}: gradient checkpointing on {self.checkpointed} of {self.layers} decoder layers, {kept} "
-            f"({self.how})"
+            f"{self.stage}: gradient checkpointing on {self.checkpointed} of {self.layers} decoder layers"
+            f"{selective}, {kept} ({self.how})"
         )
 
 
@@ -109,11 +124,35 @@ def update_room(gpu_memory: int, held: int) -> tuple[int, int]:
 
 def recompute_share(params: int, layer_params: int, choice: LayerChoice) -> float:
     """The recompute as a share of a forward over all `params` (2 FLOPs a parameter a token): the checkpointed
-    layers' parameters only (`layer_params` over every decoder layer); the head and the embedding are outside the
-    layers and never recomputed."""
+    layers' parameters only (`layer_params` over every decoder layer), a selective layer's at its cost; the head and
+    the embedding are outside the layers and never recomputed."""
     if not choice.layers or not params:
         return 0.0
-    return layer_params * choice.checkpointed / choice.layers / params
+    return layer_params * choice.recomputed / choice.layers / params
+
+
+def choose_selective(choice: LayerChoice, fits: Callable[[int, int], bool], cost: float) -> LayerChoice:
+    """The plan's `choice` with selective checkpointing (issue 51): a selective layer keeps about half of a kept
+    layer's activations (rlt.checks.plan_terms.selective_bytes_per_token) and recomputes `cost` of a forward, so
+    giving up a kept layer can pay for two selective ones. Over every count of kept layers up to the choice's, the
+    most selective layers whose update `fits(kept, selective)`; the pair with the fewest forwards recomputed
+    (ties: more kept layers)."""
+    best = choice
+    for kept in range(choice.kept, -1, -1):
+        selective = next((s for s in range(choice.layers - kept, -1, -1) if fits(kept, s)), None)
+        if selective is None:
+            continue
+        candidate = replace(choice, kept=kept, selective=selective, selective_cost=cost)
+        if candidate.recomputed < best.recomputed - 1e-9:
+            best = candidate
+    if best is choice:
+        return choice
+    return replace(
+        best,
+        how=f"{choice.how}; {choice.kept} kept with none selective would recompute {choice.recomputed:.0f} forwards, "
+        f"{best.kept} kept and {best.selective} selective in the same room recompute {best.recomputed:.1f} "
+        "(rlt.checks.checkpoint_layers.choose_selective)",
+    )
 
 
 def gib(n: int | float) -> str:

@@ -186,16 +186,42 @@ def lm_head_loss_bytes(shape: ModelShape, tokens: int, b: int, gpu: bool, head_t
     return total
 
 
-def activations(shape: ModelShape, rows: int, length: int, kept: int, b: int) -> int:
-    """Training activations of one micro-batch whose last `kept` decoder layers keep their activations and the
-    others are checkpointed (kept = layers: no checkpointing; rlt.checks.checkpoint_layers): each checkpointed
-    layer's input, each kept layer's whole activations, and one layer recomputed in the backward pass. The kept
-    layers are the last ones, so the backward frees theirs before it recomputes the first checkpointed layer: the
-    peak holds max(kept, 1) layers' whole activations (the loss is lm_head_loss_bytes)."""
+def selective_bytes_per_token(shape: ModelShape, b: int) -> int:
+    """Activations a selectively checkpointed decoder layer keeps per token (rlt.stages.checkpoint_layers.
+    selective_policy: the outputs of its matmuls and of its attention, the rest recomputed): its input, q, k, v,
+    the attention's output and log-sum-exp (fp32 per head), o_proj's, the MLP's gate and up and down_proj's output.
+    tests/training/test_checkpoint_layers.py holds it equal to what torch's selective checkpoint caches for a Qwen2
+    decoder layer (Qwen2.5-7B in bf16: 113,776 bytes, half of layer_bytes_per_token's)."""
+    kv = shape.kv_heads * shape.head_dim
+    return b * (5 * shape.hidden + 2 * kv + 2 * shape.intermediate) + 4 * shape.heads
+
+
+def selective_recompute_bytes_per_token(shape: ModelShape, b: int) -> int:
+    """Bytes a selectively checkpointed decoder layer's recompute reads and writes per token: the ops between its
+    cached matmuls, each memory-bound. Each RMS norm squares, averages and scales in fp32 (20 × hidden; in a 16-bit
+    dtype also the upcast and the downcast, 8 × hidden + 2 × b × hidden) and multiplies by its weight; the rotary
+    embedding of q and of k (mul, neg, cat, mul, add: 10 × their width × b, and the cos/sin tables); the attention's
+    residual add; the MLP's SiLU and product. tests/training/test_checkpoint_layers.py holds it within 2 % of the
+    ops a Qwen2 layer's recompute runs, bf16 and fp32."""
+    kv, h = shape.kv_heads * shape.head_dim, shape.hidden
+    norm = 20 * h + (8 * h + 2 * b * h if b < 4 else 0) + 2 * b * h
+    rotary = 10 * b * (h + kv) + 4 * b * shape.head_dim
+    return 2 * norm + rotary + 3 * b * h + 5 * b * shape.intermediate
+
+
+def activations(shape: ModelShape, rows: int, length: int, kept: int, b: int, selective: int = 0) -> int:
+    """Training activations of one micro-batch whose last `kept` decoder layers keep their activations, the
+    `selective` before them keep their matmuls' and attention's outputs (selective_bytes_per_token) and the others
+    are checkpointed (kept = layers: no checkpointing; rlt.checks.checkpoint_layers): each checkpointed layer's
+    input, each selective layer's outputs, each kept layer's whole activations, and one layer recomputed in the
+    backward pass. The kept layers are the last ones, so the backward frees theirs before it recomputes the first
+    checkpointed layer: the peak holds max(kept, 1) layers' whole activations (the loss is lm_head_loss_bytes)."""
     kept = min(max(kept, 0), shape.layers)
+    selective = min(max(selective, 0), shape.layers - kept)
     per_layer = rows * length * layer_bytes_per_token(shape, b)
-    inputs = rows * length * shape.hidden * b * (shape.layers - kept)
-    return inputs + per_layer * max(kept, 1 if shape.layers else 0)
+    inputs = rows * length * shape.hidden * b * (shape.layers - kept - selective)
+    cached = rows * length * selective_bytes_per_token(shape, b) * selective
+    return inputs + cached + per_layer * max(kept, 1 if shape.layers else 0)
 
 
 def scoring_bytes_per_token(shape: ModelShape, b: int) -> int:

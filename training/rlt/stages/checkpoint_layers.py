@@ -15,11 +15,15 @@ Where the plan chooses (uncheckpointedLayers unset, on a GPU, ZeRO 0-2: under Ze
 turn DeepSpeed's parameter prefetch off), its count is sized for the stage's longest micro-batch; a shorter one
 keeps more layers in the same room (rlt.checks.checkpoint_layers.LayerSchedule).
 `PerMicroBatch`, a forward pre-hook on the trained model, sets the count before each forward of the update from the
-micro-batch's tokens, the fewest any rank's schedule allows (one collective of one integer per micro-batch)."""
+micro-batch's tokens, the fewest any rank's schedule allows (one collective of one integer per micro-batch).
+Under ZeRO-3 the count is one for every micro-batch, and the plan may make some checkpointed layers selective
+(`checkpoint_selectively`: torch's selective activation checkpointing keeps their matmuls' and attention's outputs
+and recomputes only the ops between; the same modules run in the recompute, so DeepSpeed's prefetch order holds)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rlt.checks.checkpoint_layers import LayerChoice, LayerSchedule, choose, field_name
@@ -51,6 +55,55 @@ def keep_activations(model: torch.nn.Module, kept: int, stage: str) -> list[Grad
     chosen = layers[len(layers) - kept :]
     for layer in chosen:
         layer.gradient_checkpointing = False  # the flag GradientCheckpointingLayer's wrapped forward reads
+    return chosen
+
+
+def keeps_output(op: Any) -> bool:
+    """The ops whose outputs a selective layer keeps: the matmuls (a linear layer's is mm or addmm once flattened)
+    and the attention kernels (SDPA's every backend, flash-attn's op): the work that costs FLOPs to recompute. The
+    ops between them (norms, rotary, SiLU, adds) are memory-bound and recomputed."""
+    import torch
+
+    name = str(op)
+    return op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default) or (
+        "scaled_dot_product" in name or "flash_attn" in name
+    )
+
+
+def selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch.utils.checkpoint's policy for a selective layer (keeps_output)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if keeps_output(op) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_contexts() -> Any:
+    """The context_fn of a selective layer's checkpoint: a fresh pair of torch's caching/cached modes per call."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(selective_policy)  # type: ignore[no-untyped-call]
+
+
+def checkpoint_selectively(
+    model: torch.nn.Module, kept: int, selective: int, stage: str
+) -> list[GradientCheckpointingLayer]:
+    """Make the `selective` decoder layers just before the last `kept` selective: their checkpoint (the function
+    transformers calls them under, a partial of torch's checkpoint) keeps their matmuls' and attention's outputs.
+    Needs the non-reentrant checkpoint (transformers 5's default); a reentrant one cannot keep chosen outputs: a
+    ValueError saying so rather than a silent full recompute."""
+    layers = decoder_layers(model)
+    chosen = layers[max(0, len(layers) - kept - selective) : len(layers) - kept] if selective else []
+    for layer in chosen:
+        func = layer._gradient_checkpointing_func
+        if not isinstance(func, partial) or func.keywords.get("use_reentrant", True):
+            raise ValueError(
+                f"{stage}: the plan made {selective} decoder layers selectively checkpointed, which needs torch's "
+                f"non-reentrant checkpoint; this model's layers run under {func!r} (TRL sets use_reentrant for PEFT "
+                f"under ZeRO-3, where the plan makes none selective); set stages.{stage}.uncheckpointedLayers to "
+                "fix the count instead"
+            )
+        # the attribute transformers' wrapped forward calls (set per layer by _set_gradient_checkpointing)
+        layer._gradient_checkpointing_func = partial(func, context_fn=selective_contexts)  # type: ignore[assignment]
     return chosen
 
 
@@ -158,10 +211,15 @@ def checkpoint_layers_callback(spec: RLTRunSpec, stage: str, device: str, main: 
             choice, plan, longest = runtime_layers(spec, stage, len(decoder_layers(model)), device)
             if choice.problem:
                 raise ValueError(choice.problem)
-            kept = agreed(choice.kept, device)
-            if kept != choice.kept:
-                choice = replace(choice, kept=kept, how=f"{choice.how}; {kept}: the fewest a rank of the gang chose")
+            kept, selective = agreed(choice.kept, device), agreed(choice.selective, device)
+            if (kept, selective) != (choice.kept, choice.selective):
+                # fewer of either holds less: the smallest GPU's pair fits every rank
+                choice = replace(
+                    choice, kept=kept, selective=selective,
+                    how=f"{choice.how}; {kept} kept, {selective} selective: the fewest a rank of the gang chose",
+                )  # fmt: skip
             keep_activations(model, choice.kept, stage)
+            checkpoint_selectively(model, choice.kept, choice.selective, stage)
             if main:
                 say_line(choice.line())
             if plan is not None and plan.steps:

@@ -12,11 +12,13 @@ from rlt.checks.checkpoint_layers import (
     LayerChoice,
     LayerSchedule,
     choose,
+    choose_selective,
     recompute_share,
     schedule,
     spread_checkpointed_share,
     update_room,
 )
+from rlt.checks.gpu_figures import figures
 from rlt.checks.model_shape import (
     ModelShape,
     Shapes,
@@ -39,12 +41,16 @@ from rlt.checks.plan_terms import (
     activations,
     lm_head_loss_bytes,
     model_states,
+    selective_recompute_bytes_per_token,
 )
-from rlt.checks.step_time import local_write_rate, step_time
+from rlt.checks.step_time import UTILISATION, local_write_rate, step_time
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec, stage_settings
 
 Terms = list[tuple[str, int]]
+# The share of the memory bandwidth a selective layer's recomputed ops (elementwise: norms, rotary, SiLU, adds)
+# reach on large tensors; a stated estimate, not measured on a GPU (the plan's decode calibration implies 58 %).
+SELECTIVE_BANDWIDTH_SHARE = 0.7
 
 
 def world_of(spec: RLTRunSpec) -> int:
@@ -105,8 +111,8 @@ class TrainerTerms:
             return None
         planned = self._layers(spec, shapes, at.gpu, at.gpu_memory)
         choice, per_micro = planned if planned is not None else (None, None)
-        kept = choice.kept if choice is not None else 0
-        host, terms, phases, trainable = self.memory(spec, shape, ref, at.gpu, kept)
+        kept, selective = (choice.kept, choice.selective) if choice is not None else (0, 0)
+        host, terms, phases, trainable = self.memory(spec, shape, ref, at.gpu, kept, selective)
         host += self.extra_memory(spec, shape, ref, shapes, at, plan, terms, phases)
         if choice is not None:
             plan.checkpointing.append(choice.line())
@@ -116,7 +122,13 @@ class TrainerTerms:
                 plan.checkpointing.append(
                     f"{self.name}: one count for every micro-batch under ZeRO-3 (a count that follows each "
                     "micro-batch's tokens would change the module order DeepSpeed prefetches parameters along, "
-                    "turning its prefetch off; with deepspeedZeroStage 0-2 shorter micro-batches keep more layers)"
+                    "turning its prefetch off; with deepspeedZeroStage 0-2 shorter micro-batches keep more layers), "
+                    + (
+                        "with selective layers where they recompute less"
+                        if not ref.lora
+                        else "no selective layers: TRL turns PEFT under ZeRO-3 to reentrant checkpointing, which "
+                        "cannot keep chosen outputs"
+                    )
                 )
             plan.problems += [(self.name, choice.problem)] if choice.problem else []
         limit = at.gpu_memory if at.gpu else None
@@ -198,14 +210,34 @@ class TrainerTerms:
         choice = choose(
             self.name, shape.layers, True, None, memory, held, lambda k: self.update_phase(spec, shape, ref, gpu, k)[1]
         )
-        if not per_micro or st.deepspeed_zero_stage == 3:
+        room = update_room(memory, held)[1]
+        if st.deepspeed_zero_stage == 3:
             # ZeRO-3 prefetches each layer's parameters along the module order it recorded (DeepSpeed's
             # PartitionedParameterCoordinator trace); a recompute that comes and goes between micro-batches changes
-            # that order, and every change turns the prefetch off for that pass and the next: one count for all
+            # that order, and every change turns the prefetch off for that pass and the next: one count for all,
+            # with selective layers (the same modules run in the recompute, so the order holds). Not with LoRA:
+            # TRL forces reentrant checkpointing for PEFT under ZeRO-3, and it cannot keep chosen op outputs
+            if ref.lora is None:
+                sel = lambda k, s: self.update_phase(spec, shape, ref, gpu, k, selective=s)[1] <= room  # noqa: E731
+                choice = choose_selective(choice, sel, self.selective_cost(spec, shape, ref, gpu))
             return choice, None
-        room = update_room(memory, held)[1]
+        if not per_micro:
+            return choice, None
         fits = lambda k, share: self.update_phase(spec, shape, ref, gpu, k, share)[1] <= room  # noqa: E731
         return choice, schedule(choice, fits)
+
+    def selective_cost(self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool) -> float:
+        """A selective layer's recompute as a share of the layer's forward: its memory-bound ops' bytes
+        (selective_recompute_bytes_per_token) at SELECTIVE_BANDWIDTH_SHARE of the GPU's bandwidth, over the
+        layer's 2 FLOPs a parameter a token at the plan's utilisation of its peak (rlt.checks.step_time)."""
+        if not shape.layers or not shape.layer_params:
+            return 1.0
+        f = figures(spec)
+        memory = selective_recompute_bytes_per_token(shape, dtype_bytes(ref, gpu)) / (
+            f.gpu.bandwidth * SELECTIVE_BANDWIDTH_SHARE
+        )
+        forward = 2 * shape.layer_params / shape.layers / (f.peak_flops * UTILISATION)
+        return min(1.0, memory / forward)
 
     def step_phases(
         self, spec: RLTRunSpec, shape: ModelShape, shapes: Shapes, trainable: int, checkpoint: int,
@@ -222,10 +254,10 @@ class TrainerTerms:
     # ----------------------------------------------------------------------- shared parts
 
     def memory(
-        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int = 0
+        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int = 0, selective: int = 0
     ) -> tuple[int, Terms, Terms, int]:
         """(host bytes at start-up, GPU terms, phase terms, trainable parameters) of one trainer process whose last
-        `kept` decoder layers keep their activations (layer_choice)."""
+        `kept` decoder layers keep their activations and `selective` before them their matmuls' (layer_choice)."""
         st = self.settings(spec)
         res = spec.resources.trainer
         b = dtype_bytes(ref, gpu)
@@ -248,17 +280,18 @@ class TrainerTerms:
                 # stays whole on every rank through forward and backward
                 live = min(shape.params, DS_MAX_LIVE_PARAMETERS)
                 terms.append(("ZeRO-3 gathered parameters (stage3_max_live_parameters)", live * b))
-        phases = [self.update_phase(spec, shape, ref, gpu, kept)]
+        phases = [self.update_phase(spec, shape, ref, gpu, kept, selective=selective)]
         if gpu:
             terms.append(("CUDA context + NCCL (constant)", CUDA_OVERHEAD))
         return host, terms, phases, trainable
 
     def update_phase(
-        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int, share: float = 1.0
-    ) -> tuple[str, int]:
+        self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, gpu: bool, kept: int, share: float = 1.0,
+        selective: int = 0,
+    ) -> tuple[str, int]:  # fmt: skip
         """The update's activations for the longest micro-batch (perDeviceBatchSize rows of the stage's longest;
-        `share` of its tokens for a shorter one), its last `kept` decoder layers keeping theirs, and TRL's loss
-        tiles: (name, bytes)."""
+        `share` of its tokens for a shorter one), its last `kept` decoder layers keeping theirs and `selective`
+        before them their matmuls' and attention's outputs, and TRL's loss tiles: (name, bytes)."""
         st = self.settings(spec)
         b = dtype_bytes(ref, gpu)
         length, scored = self.lengths(spec)
@@ -269,11 +302,13 @@ class TrainerTerms:
         loss_tokens = rows * scored if gpu else rows * length
         head_trainable = ref.lora is None  # PEFT's all-linear leaves the output head out
         if not st.gradient_checkpointing:
-            kept, how = shape.layers, "checkpointing off"
+            kept, selective, how = shape.layers, 0, "checkpointing off"
         else:
-            how = f"checkpointing {shape.layers - kept} of {shape.layers} layers"
+            how = f"checkpointing {shape.layers - kept} of {shape.layers} layers" + (
+                f", {selective} selectively" if selective else ""
+            )
         name = f"activations ({rows} × {length} tokens, {how}) + TRL loss tiles"
-        size = activations(shape, rows, length, kept, b) + lm_head_loss_bytes(
+        size = activations(shape, rows, length, kept, b, selective) + lm_head_loss_bytes(
             shape, loss_tokens, b, gpu, head_trainable
         )
         if ref.lora is not None and ref.lora.dropout > 0:
