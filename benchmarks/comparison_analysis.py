@@ -114,10 +114,13 @@ def analyse(rows: list[dict], plot: Path | None = None, settings: str = "protoco
     for name, (a, b) in CONTRASTS.items():
         dec = res["decisions"][name]
         m, lo, hi = dec["d"]
-        print(
-            f"{name} = {a} − {b}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({LEVEL} paired t, {dec['seeds']} teacher seeds); "
-            f"verdict (registered rule, margin {MARGIN}): {dec['verdict']}"
-        )
+        if not dec["seeds"]:
+            shown = "no teacher seed with all three arms' students yet"
+        elif dec["seeds"] < 2:
+            shown = f"{m:+.3f} (one teacher seed: no interval)"
+        else:
+            shown = f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({LEVEL} paired t, {dec['seeds']} teacher seeds)"
+        print(f"{name} = {a} − {b}: {shown}; verdict (registered rule, margin {MARGIN}): {dec['verdict']}")
     if plot is not None and any(res["contrasts"].values()):
         draw(res, plot)
         print(f"plot: {plot}")

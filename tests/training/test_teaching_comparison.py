@@ -308,6 +308,17 @@ def test_an_arm_is_the_mean_of_its_students_and_a_seed_counts_only_complete(ca, 
     )
 
 
+def test_the_analysis_says_no_seed_and_one_seed_in_words_not_nan(ca, capsys):
+    """Before two complete teacher seeds there is no interval: the lines say so (they printed +nan [+nan, +nan])."""
+    rows = [student_row(arm, 1, j, 0.5) for arm in ("rl", "sft-continued") for j in (1, 2, 3, 4)]
+    ca["analyse"](rows)
+    out = capsys.readouterr().out
+    assert "d_raw = rl − raw: no teacher seed with all three arms' students yet; verdict" in out, out
+    ca["analyse"](rows + [student_row("raw", 1, j, 0.25) for j in (1, 2, 3, 4)])
+    out = capsys.readouterr().out
+    assert "d_raw = rl − raw: +0.250 (one teacher seed: no interval); verdict" in out and "nan" not in out, out
+
+
 class FakeUnits:
     """A stand-in for a unit: each kind (a teacher arm's teacher, a student) takes its own seconds of a fake clock.
     Like the real unit runner it starts nothing when the estimate it is given does not fit before the deadline."""
