@@ -19,7 +19,7 @@ the layer's input, no checkpointing layer_bytes_per_token (rlt.checks.plan_terms
 
 Measured (2026-11-29, one thread beside a training run): held between forward and backward 276.3 MiB (full),
 944.5 (selective), 1507.4 (none): selective keeps 0.54 of what none keeps beyond full (the plan: 0.55); backward
-matmuls 713.9 GFLOP (full), 550.8 (selective and none: nothing recomputed); time 15.5, 13.8, 14.0 s: selective 0.89x
+matmuls 713.9 GFLOP (full), 550.8 (selective and none: nothing recomputed); time 16.2, 14.2, 14.1 s: selective 0.88x
 full checkpointing's; the gradients of all three agree (2.5 minutes).
 
 On a GPU the recomputed ops are memory-bound elementwise kernels (the plan charges them at their bytes over the

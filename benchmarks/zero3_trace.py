@@ -9,7 +9,9 @@ micro-batches of alternating lengths: arm "one count" keeps the last 2 layers fo
 (keep_activations); arm "per micro-batch" runs the trainer's own hook (rlt.stages.checkpoint_layers.PerMicroBatch)
 with a schedule that keeps 2 layers for the short micro-batches and none for the long; arm "one count, selective"
 keeps the last layer and makes the two before it selective (rlt.stages.checkpoint_layers.checkpoint_selectively:
-what the plan does under ZeRO-3), so their recompute finds the matmuls' outputs cached but runs the same modules.
+what the plan does under ZeRO-3), so their recompute finds the matmuls' outputs cached but runs the same modules;
+the q/k/v biases are random, not zero, so DeepSpeed's linear (zero3_linear_wrap, which adds the bias in place to a
+kept output) would show in the losses if the recompute added them twice.
 Reported per arm: the trace invalidations DeepSpeed printed (log_trace_cache_warnings), the layers kept per
 micro-batch, and the largest difference of its 12 losses from the one-count arm's (the same seeds: the same
 training, up to float rounding).
@@ -17,7 +19,8 @@ training, up to float rounding).
     PYTHONPATH=training python benchmarks/zero3_trace.py      # about a minute
 
 Measured (2026-11-29): one count 0 invalidations in 12 micro-batches, per micro-batch 6; one count with 2
-selective layers 0, its losses those of one count within 4.8e-7 (4 minutes beside a training run).
+selective layers 0, its 12 losses exactly those of one count (1.9e-2 apart when the recompute adds the in-place
+bias a second time: the policy's defect a review found, fixed in rlt.stages.checkpoint_layers.selective_policy).
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ def main() -> int:
                 num_key_value_heads=2,
             )  # fmt: skip
         )
+        with torch.no_grad():  # trained Qwen2 q/k/v biases are far from a fresh model's zeros: DeepSpeed's linear
+            for name, p in model.named_parameters():  # adds them in place to a selective layer's kept matmul output
+                if name.endswith("proj.bias"):
+                    p.normal_(0, 1.0, generator=torch.Generator().manual_seed(2))
         model.activation_checkpointing_enable()
         if arm == "one count, selective":
             keep_activations(model, 1, "bench")

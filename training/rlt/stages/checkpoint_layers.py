@@ -61,27 +61,66 @@ def keep_activations(model: torch.nn.Module, kept: int, stage: str) -> list[Grad
 def keeps_output(op: Any) -> bool:
     """The ops whose outputs a selective layer keeps: the matmuls (a linear layer's is mm or addmm once flattened)
     and the attention kernels (SDPA's every backend, flash-attn's op): the work that costs FLOPs to recompute. The
-    ops between them (norms, rotary, SiLU, adds) are memory-bound and recomputed."""
+    ops between them (norms, rotary, SiLU, adds) are memory-bound and recomputed. Not bmm: eager attention's q·kᵀ
+    is one, a length² tensor the plan's bytes (flash/SDPA attention) do not hold; eager attention recomputes it."""
     import torch
 
     name = str(op)
-    return op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default) or (
+    return op in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default) or (
         "scaled_dot_product" in name or "flash_attn" in name
     )
 
 
-def selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    """torch.utils.checkpoint's policy for a selective layer (keeps_output)."""
+def selective_policy() -> Any:
+    """torch.utils.checkpoint's policy for one selective checkpoint: keep what keeps_output names, and an in-place
+    op that writes into a kept output. DeepSpeed ZeRO-3's linear (zero3_linear_wrap, memory_efficient_linear on by
+    default) adds the bias in place to its matmul's output, which the cache shares; re-run in the recompute, the add
+    would find the bias already there and add it twice. Kept, the recompute takes both as the forward left them,
+    which is right only if nothing read the output between the matmul and the write: a RuntimeError naming the ops
+    otherwise, never a silently wrong gradient. Stateful (the kept outputs' storages), so one per checkpoint call;
+    torch's own check on cached tensors is off (selective_contexts), for these writes are that check's case."""
+    import torch
+    from torch.utils._pytree import tree_leaves
     from torch.utils.checkpoint import CheckpointPolicy
 
-    return CheckpointPolicy.MUST_SAVE if keeps_output(op) else CheckpointPolicy.PREFER_RECOMPUTE
+    read: dict[int, str] = {}  # a kept output's storage -> "" or the first op that read it after it was kept
+    aliases = (torch.ops.aten._unsafe_view.default, torch.ops.aten.detach.default)
+
+    def storages(values: Any) -> set[int]:
+        return {t.untyped_storage().data_ptr() for t in tree_leaves(values) if isinstance(t, torch.Tensor)}
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        if ctx.is_recompute:
+            return CheckpointPolicy.PREFER_RECOMPUTE  # the cached mode follows what the caching one stored
+        touched = storages((args, kwargs)) & read.keys()
+        if touched and op._schema.is_mutable:
+            readers = sorted({read[s] for s in touched if read[s]})
+            if readers:
+                raise RuntimeError(
+                    f"selective checkpointing: {op} writes in place into a kept output that {', '.join(readers)} "
+                    "read first; the recompute cannot reproduce that order. Set the stage's uncheckpointedLayers "
+                    "(no selective layers) and report the model"
+                )
+            return CheckpointPolicy.MUST_SAVE
+        if keeps_output(op):
+            read.update(dict.fromkeys(storages(ctx.op_output), ""))
+            return CheckpointPolicy.MUST_SAVE
+        if touched and not op.is_view and op not in aliases:
+            for s in touched:
+                read[s] = read[s] or str(op)
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
 
 
 def selective_contexts() -> Any:
-    """The context_fn of a selective layer's checkpoint: a fresh pair of torch's caching/cached modes per call."""
+    """The context_fn of a selective layer's checkpoint: a fresh pair of torch's caching/cached modes per call,
+    their mutation check off (selective_policy keeps the in-place writes into kept outputs itself)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return create_selective_checkpoint_contexts(selective_policy)  # type: ignore[no-untyped-call]
+    return create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
+        selective_policy(), allow_cache_entry_mutation=True
+    )
 
 
 def checkpoint_selectively(
