@@ -103,22 +103,11 @@ def test_the_plans_bytes_per_token_are_what_autograd_saves_for_a_decoder_layer(d
     """rlt.checks.plan_terms.layer_bytes_per_token against the tensors a Qwen2 decoder layer (SDPA attention) saves
     for its backward pass, counted by storage: the layer's input counts where the layer saves it (fp32: the first
     norm's upcast is the input itself), the weights and the rotary tables (one per model) do not."""
-    from transformers import Qwen2Config
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
-
     from rlt.checks.plan_terms import layer_bytes_per_token
     from rlt.checks.shapes import shape_of_config
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
-        vocab_size=100, attn_implementation="sdpa",
-    )  # fmt: skip
-    layer = Qwen2DecoderLayer(config, 0).to(dtype).train()
-    tokens = 16
-    x = torch.randn(1, tokens, 64, dtype=dtype, requires_grad=True)
-    positions = torch.arange(tokens)[None]
-    rotary = Qwen2RotaryEmbedding(config)(x, positions)
+    config, tokens, x, forward = _qwen2_layer(dtype)
+    layer, rotary = forward.func, forward.keywords["position_embeddings"]
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -126,7 +115,7 @@ def test_the_plans_bytes_per_token_are_what_autograd_saves_for_a_decoder_layer(d
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(x, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        forward(x)
     not_activations = {t.untyped_storage().data_ptr() for t in (*layer.parameters(), *rotary)}
     kept = sum(n for ptr, n in saved.items() if ptr not in not_activations)
     b = torch.finfo(dtype).bits // 8
