@@ -252,7 +252,8 @@ def checkpoint_layers_callback(spec: RLTRunSpec, stage: str, device: str, main: 
                 raise ValueError(choice.problem)
             kept, selective = agreed(choice.kept, device), agreed(choice.selective, device)
             if (kept, selective) != (choice.kept, choice.selective):
-                # fewer of either holds less: the smallest GPU's pair fits every rank
+                # fewer of either holds less, so the fewest of each fits every rank (it can hold less than the
+                # smallest GPU's own pair would: ranks on different GPUs are rare)
                 choice = replace(
                     choice, kept=kept, selective=selective,
                     how=f"{choice.how}; {kept} kept, {selective} selective: the fewest a rank of the gang chose",
