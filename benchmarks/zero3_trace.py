@@ -4,7 +4,7 @@ prefetches each module's parameters along the order it recorded over one forward
 count that changes between micro-batches changes that order, and DeepSpeed drops the trace ("Invalidate trace
 cache"), its prefetch off for that pass and the next while it records again.
 
-Both arms in one process, a 1-rank gloo world, DeepSpeed ZeRO-3 on a tiny random Qwen2 (4 layers), the same
+Both arms in one process, a 1-rank gloo world, DeepSpeed ZeRO-3 on a tiny random Qwen2 (LAYERS, 12), the same
 micro-batches of alternating lengths: arm "one count" keeps the last 2 layers for every micro-batch
 (keep_activations); arm "per micro-batch" runs the trainer's own hook (rlt.stages.checkpoint_layers.PerMicroBatch)
 with a schedule that keeps 2 layers for the short micro-batches and none for the long; arm "one count, selective"
@@ -12,15 +12,21 @@ keeps the last layer and makes the two before it selective (rlt.stages.checkpoin
 what the plan does under ZeRO-3), so their recompute finds the matmuls' outputs cached but runs the same modules;
 the q/k/v biases are random, not zero, so DeepSpeed's linear (zero3_linear_wrap, which adds the bias in place to a
 kept output) would show in the losses if the recompute added them twice.
+Arm "none checkpointed" runs without gradient checkpointing: the gathers a backward needs anyway.
 Reported per arm: the trace invalidations DeepSpeed printed (log_trace_cache_warnings), the layers kept per
-micro-batch, and the largest difference of its 12 losses from the one-count arm's (the same seeds: the same
-training, up to float rounding).
+micro-batch, the largest difference of its 12 losses from the one-count arm's (the same seeds: the same training,
+up to float rounding), and the parameters DeepSpeed gathered per micro-batch (its coordinator's all-gathers,
+counted): a recompute, selective or not, should gather nothing the backward right after it does not use, as the
+plan assumes (it charges a selective layer's recompute its memory-bound ops only).
 
-    PYTHONPATH=training python benchmarks/zero3_trace.py      # about a minute
+    PYTHONPATH=training python benchmarks/zero3_trace.py      # a few minutes
 
-Measured (2026-11-29): one count 0 invalidations in 12 micro-batches, per micro-batch 6; one count with 2
-selective layers 0, its 12 losses exactly those of one count (1.9e-2 apart when the recompute adds the in-place
-bias a second time: the policy's defect a review found, fixed in rlt.stages.checkpoint_layers.selective_policy).
+Measured (2026-11-29, 4 layers): one count 0 invalidations in 12 micro-batches, per micro-batch 6; one count
+with 2 selective layers 0, its 12 losses exactly those of one count (1.9e-2 apart when the recompute adds the
+in-place bias a second time: the policy's defect a review found, fixed in rlt.stages.checkpoint_layers
+.selective_policy). Again with 12 layers (2026-11-29, 3.8 min beside a teaching unit): the same invalidations and
+losses; parameters gathered per micro-batch 1.68 × the model's in one count, one count selective and none
+checkpointed alike, 2.67 × per micro-batch.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ import os
 import socket
 import sys
 
+LAYERS = 12  # more than the 4.3 layers DeepSpeed keeps gathered (below): a layer's parameters are released
+# The benchmark's tiny Qwen2: a decoder layer's parameters and the whole model's (tied embeddings).
+LAYER_PARAMS = 2 * 64 * 64 + 2 * 64 * 32 + 64 + 2 * 32 + 3 * 64 * 128 + 2 * 64
+MODEL_PARAMS = LAYERS * LAYER_PARAMS + 97 * 64 + 64
+
 
 def main() -> int:
     with socket.socket() as s:
@@ -39,29 +50,49 @@ def main() -> int:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import deepspeed
     import torch
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlt.checks.checkpoint_layers import LayerSchedule
     from rlt.stages.checkpoint_layers import PerMicroBatch, checkpoint_selectively, decoder_layers, keep_activations
 
     deepspeed.init_distributed(dist_backend="gloo")
+    gathered = [0]  # parameters DeepSpeed gathers (all-gathers from their partitions), counted as they are fetched
+    fetch = Coordinator._PartitionedParameterCoordinator__all_gather_params  # type: ignore[attr-defined]
+
+    def counted(self, params, forward):  # type: ignore[no-untyped-def]
+        gathered[0] += sum(p.ds_numel for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
+        return fetch(self, params, forward)
+
+    Coordinator._PartitionedParameterCoordinator__all_gather_params = counted  # type: ignore[attr-defined]
     config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
-        "zero_optimization": {"stage": 3, "log_trace_cache_warnings": True, "stage3_param_persistence_threshold": 0},
+        # rlt leaves stage3_max_live_parameters and stage3_max_reuse_distance at DeepSpeed's 1e9: 4.3 of a 7B's
+        # decoder layers (233 M parameters each). The same 4.3 layers of this model (LAYER_PARAMS), so a layer's
+        # parameters are released between its forward and its backward, and kept between a recompute and the
+        # backward right after it, as on a 7B.
+        "zero_optimization": {
+            "stage": 3,
+            "log_trace_cache_warnings": True,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_live_parameters": int(4.3 * LAYER_PARAMS),
+            "stage3_max_reuse_distance": int(4.3 * LAYER_PARAMS),
+        },
         "zero_allow_untested_optimizer": True,
     }
     lengths = [8, 32] * 6
     results = {}
-    for arm in ("one count", "per micro-batch", "one count, selective"):
+    for arm in ("one count", "per micro-batch", "one count, selective", "none checkpointed"):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(
             Qwen2Config(
                 vocab_size=97,
                 hidden_size=64,
                 intermediate_size=128,
-                num_hidden_layers=4,
+                num_hidden_layers=LAYERS,
                 num_attention_heads=4,
                 num_key_value_heads=2,
             )  # fmt: skip
@@ -70,41 +101,51 @@ def main() -> int:
             for name, p in model.named_parameters():  # adds them in place to a selective layer's kept matmul output
                 if name.endswith("proj.bias"):
                     p.normal_(0, 1.0, generator=torch.Generator().manual_seed(2))
-        model.activation_checkpointing_enable()
+        assert sum(p.numel() for p in model.model.layers[0].parameters()) == LAYER_PARAMS
+        if arm != "none checkpointed":
+            model.activation_checkpointing_enable()
         if arm == "one count, selective":
             keep_activations(model, 1, "bench")
             checkpoint_selectively(model, 1, 2, "bench")
-        else:
+        elif arm != "none checkpointed":
             keep_activations(model, 2, "bench")
         hook = None
         if arm == "per micro-batch":
-            hook = PerMicroBatch(decoder_layers(model), LayerSchedule(4, 0, ((0.5, 2),)), max(lengths), "cpu")
+            hook = PerMicroBatch(decoder_layers(model), LayerSchedule(LAYERS, 0, ((0.5, 2),)), max(lengths), "cpu")
             model.register_forward_pre_hook(hook, with_kwargs=True)
         engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
         printed = io.StringIO()
         g = torch.Generator().manual_seed(1)
-        losses = []
+        losses, gathers = [], []
         with contextlib.redirect_stdout(printed):
             for n in lengths:
                 ids = torch.randint(0, 97, (1, n), generator=g)
+                gathered[0] = 0
                 loss = engine(input_ids=ids, labels=ids).loss
                 losses.append(loss.item())
                 engine.backward(loss)
                 engine.step()
-        kept = dict(hook.counts) if hook else {1 if "selective" in arm else 2: len(lengths)}
-        results[arm] = (printed.getvalue().count("Invalidate trace cache"), kept, losses)
+                gathers.append(gathered[0])
+        kept = dict(hook.counts) if hook else {0 if arm == "none checkpointed" else 1 if "selective" in arm else 2: 12}
+        # the first two micro-batches record DeepSpeed's trace (no prefetch yet); the median of the rest
+        results[arm] = (printed.getvalue().count("Invalidate trace cache"), kept, losses, sorted(gathers[2:])[5])
     print(
-        f"\nDeepSpeed ZeRO-3, 1 gloo rank, tiny Qwen2 of 4 layers; {len(lengths)} micro-batches of {lengths[:2]} tokens"
+        f"\nDeepSpeed ZeRO-3, 1 gloo rank, tiny Qwen2 of {LAYERS} layers; {len(lengths)} micro-batches of {lengths[:2]} tokens"
     )
-    print("| arm | layers kept per micro-batch | trace invalidations | losses' largest difference from one count's |")
-    print("|---|---|---:|---:|")
+    print(
+        "| arm | layers kept per micro-batch | trace invalidations | losses' largest difference from one count's "
+        "| parameters gathered per micro-batch (median after the first two), × the model's |"
+    )
+    print("|---|---|---:|---:|---:|")
     base = results["one count"][2]
     drift = {arm: max(abs(a - b) for a, b in zip(r[2], base, strict=True)) for arm, r in results.items()}
-    for arm, (count, kept, _) in results.items():
+    for arm, (count, kept, _, gathers) in results.items():
         shown = ", ".join(f"{k} × {n}" for k, n in sorted(kept.items(), reverse=True))
-        print(f"| {arm} | {shown} | {count} | {drift[arm]:.1e} |")
+        print(f"| {arm} | {shown} | {count} | {drift[arm]:.1e} | {gathers / MODEL_PARAMS:.2f} |")
     selective = results["one count, selective"][0] == 0 and drift["one count, selective"] < 1e-5
-    return 0 if results["one count"][0] == 0 < results["per micro-batch"][0] and selective else 1
+    # a selective layer's recompute gathers nothing the backward would not: the same parameters as no checkpointing
+    same_gathers = results["one count, selective"][3] == results["none checkpointed"][3]
+    return 0 if results["one count"][0] == 0 < results["per micro-batch"][0] and selective and same_gathers else 1
 
 
 if __name__ == "__main__":
