@@ -16,8 +16,8 @@ uninterrupted). Reported: how many rows the reset preempted (vLLM's own count; a
 late and says so), the stream events that arrived while paused (none may), whether each row's tokens are those of
 the uninterrupted run and the largest log-prob difference.
 
-Measured 2026-11-29 (2 cores shared with a teaching unit, load ~3.7), five runs of the defaults: every run PASS.
-8 rows × 480 tokens (1.4-4.6 s uninterrupted), paused with 24-56 tokens read, every row preempted by the KV reset
+Measured 2026-11-29 (2 cores shared with a teaching unit, load ~3.7), four runs of the defaults: every run PASS.
+8 rows × 480 tokens (1.4-4.4 s uninterrupted), paused with 24-56 tokens read, every row preempted by the KV reset
 (HTTP 200), held 2 s with no stream event inside, every row's tokens those of the uninterrupted run and every
 log-prob equal (difference 0.0), greedy and seeded sampling alike: vLLM's per-request generator survives the
 preemption. About one try in three found the rows ended before the reset (the reader lagging the server) and was
