@@ -214,6 +214,89 @@ def test_an_in_place_write_into_a_kept_output_that_was_read_first_is_refused_not
                    context_fn=selective_contexts)  # fmt: skip
 
 
+def _grads_checkpointed_and_not(fn, *inputs):
+    """(gradients of `fn` under a selective checkpoint with rlt's contexts, gradients without checkpointing)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from rlt.stages.checkpoint_layers import selective_contexts
+
+    outs = []
+    for checkpointed in (True, False):
+        xs = [x.detach().clone().requires_grad_() for x in inputs]
+        out = checkpoint(fn, *xs, use_reentrant=False, context_fn=selective_contexts) if checkpointed else fn(*xs)
+        out.backward()
+        outs.append([x.grad for x in xs])
+    return outs
+
+
+def test_an_in_place_op_that_reads_a_kept_output_and_writes_elsewhere_is_recomputed_right():
+    """h.add_(y) with y a kept matmul output and h recomputed: kept, the recompute would hand back the sum without
+    writing it into h, which the next op reads (a review reproduced a gradient off by 20 this way); recomputed, it
+    writes into the recomputed h."""
+    w = torch.randn(4, 4)
+
+    def read_kept_write_other(x):
+        y = x @ w  # kept
+        h = x * 2.0  # recomputed
+        h.add_(y)
+        return (h * h).sum()
+
+    selective, plain = _grads_checkpointed_and_not(read_kept_write_other, torch.randn(3, 4))
+    assert torch.allclose(selective[0], plain[0], atol=1e-5)
+
+
+def test_empty_tensors_are_not_taken_for_a_kept_output():
+    """Every empty tensor's storage has address 0: a kept empty output (CUDA flash attention's debug mask is one)
+    made any in-place op on any other empty tensor look like a write into it after a read."""
+    w = torch.randn(4, 4)
+
+    def with_empties(x):
+        nothing = torch.mm(x[:0], w)  # a kept matmul output of no bytes
+        nothing.sum()  # reads it
+        torch.empty(0).zero_()  # another empty tensor, written in place
+        return (x @ w).sum()
+
+    selective, plain = _grads_checkpointed_and_not(with_empties, torch.randn(3, 4))
+    assert torch.allclose(selective[0], plain[0])
+
+
+def test_a_recompute_that_gathers_and_allocates_more_than_its_forward_runs_and_its_kept_ops_stay_paired():
+    """Under DeepSpeed ZeRO-3 the gathers, allocations and slices a layer's parameter hooks run inside its checkpoint
+    fall differently in the forward and the recompute (its prefetch): torch's cached mode raises on a recompute with
+    one more op of a kind than the forward recorded. rlt's lenient copy runs such ops (of kinds never kept: stored
+    as "recompute" anyway), and still raises for one more matmul, whose kept outputs must pair one to one."""
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from rlt.stages.checkpoint_layers import selective_contexts, selective_policy
+
+    w = torch.randn(4, 4)
+    calls = {"n": 0}
+
+    def hooks_differ(x, extra_matmul=False):
+        calls["n"] += 1
+        if calls["n"] % 2 == 0:  # the recompute: a prefetch that falls inside this time
+            torch.cat([w, w]).view(-1)
+            torch.empty(8).fill_(1.0)  # an in-place write too, as a gather into its buffer
+        b = torch.tanh(x @ w) @ w
+        if extra_matmul and calls["n"] % 2 == 0:
+            torch.mm(w, w)  # a third matmul the forward never ran: no kept output to pair it with
+        return (b * b).sum()  # the product's backward reads b: the recompute runs past the extra matmul
+
+    def torchs_own():
+        return create_selective_checkpoint_contexts(selective_policy(), allow_cache_entry_mutation=True)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not found in storage"):
+        checkpoint(hooks_differ, x, use_reentrant=False, context_fn=torchs_own).backward()
+    selective, plain = _grads_checkpointed_and_not(hooks_differ, x)
+    assert torch.allclose(selective[0], plain[0], atol=1e-6)
+    calls["n"] = 0  # the next call a forward, the one after it its recompute
+    with pytest.raises(RuntimeError, match="aten.mm.default invocation index 2 .*not found in storage"):
+        checkpoint(
+            partial(hooks_differ, extra_matmul=True), x, use_reentrant=False, context_fn=selective_contexts
+        ).backward()
+
+
 def test_a_reentrant_checkpoint_is_refused_for_selective_layers_naming_the_way_out():
     from functools import partial
 

@@ -23,7 +23,7 @@ and recomputes only the ops between; the same modules run in the recompute, so D
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 from rlt.checks.checkpoint_layers import LayerChoice, LayerSchedule, choose, field_name
@@ -77,8 +77,10 @@ def selective_policy() -> Any:
     default) adds the bias in place to its matmul's output, which the cache shares; re-run in the recompute, the add
     would find the bias already there and add it twice. Kept, the recompute takes both as the forward left them,
     which is right only if nothing read the output between the matmul and the write: a RuntimeError naming the ops
-    otherwise, never a silently wrong gradient. Stateful (the kept outputs' storages), so one per checkpoint call;
-    torch's own check on cached tensors is off (selective_contexts), for these writes are that check's case."""
+    otherwise, never a silently wrong gradient. An in-place op that only reads a kept output (writing elsewhere) is
+    recomputed like any other: kept, the recompute would hand back its result without writing it into the tensor
+    later ops read. Stateful (the kept outputs' storages), so one per checkpoint call; torch's own check on cached
+    tensors is off (selective_contexts), for these writes are that check's case."""
     import torch
     from torch.utils._pytree import tree_leaves
     from torch.utils.checkpoint import CheckpointPolicy
@@ -87,14 +89,31 @@ def selective_policy() -> Any:
     aliases = (torch.ops.aten._unsafe_view.default, torch.ops.aten.detach.default)
 
     def storages(values: Any) -> set[int]:
-        return {t.untyped_storage().data_ptr() for t in tree_leaves(values) if isinstance(t, torch.Tensor)}
+        # an empty tensor's storage has no address (0, every one alike): it holds nothing to keep or write into
+        return {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves(values)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes()
+        }
+
+    def written(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[int]:
+        """The storages `op` writes in place (its schema's arguments marked `(a!)`), of the kept outputs."""
+        schema = getattr(op, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return set()
+        values = [
+            kwargs[a.name] if a.name in kwargs else args[i] if i < len(args) else None
+            for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        ]
+        return storages(values) & read.keys()
 
     def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         if ctx.is_recompute:
             return CheckpointPolicy.PREFER_RECOMPUTE  # the cached mode follows what the caching one stored
-        touched = storages((args, kwargs)) & read.keys()
-        if touched and op._schema.is_mutable:
-            readers = sorted({read[s] for s in touched if read[s]})
+        into = written(op, args, kwargs)
+        if into:
+            readers = sorted({read[s] for s in into if read[s]})
             if readers:
                 raise RuntimeError(
                     f"selective checkpointing: {op} writes in place into a kept output that {', '.join(readers)} "
@@ -105,6 +124,7 @@ def selective_policy() -> Any:
         if keeps_output(op):
             read.update(dict.fromkeys(storages(ctx.op_output), ""))
             return CheckpointPolicy.MUST_SAVE
+        touched = storages((args, kwargs)) & read.keys()
         if touched and not op.is_view and op not in aliases:
             for s in touched:
                 read[s] = read[s] or str(op)
@@ -114,13 +134,49 @@ def selective_policy() -> Any:
 
 
 def selective_contexts() -> Any:
-    """The context_fn of a selective layer's checkpoint: a fresh pair of torch's caching/cached modes per call,
-    their mutation check off (selective_policy keeps the in-place writes into kept outputs itself)."""
+    """The context_fn of a selective layer's checkpoint: torch's caching mode for the forward, with rlt's policy and
+    its mutation check off (selective_policy keeps the in-place writes into kept outputs itself), and for the
+    recompute a lenient copy of torch's cached mode (lenient_recompute)."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    return create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
+    caching, cached = create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
         selective_policy(), allow_cache_entry_mutation=True
     )
+    return caching, lenient_recompute(cached)
+
+
+def lenient_recompute(cached: Any) -> Any:
+    """torch's cached mode (the recompute's side of selective checkpointing) for `cached`'s storage, except that an op
+    of a kind the forward never kept runs when the forward recorded fewer of it (LenientRecompute)."""
+    return lenient_recompute_mode()(None, cached.storage, cached.allow_cache_entry_mutation)
+
+
+@cache
+def lenient_recompute_mode() -> type:
+    """LenientRecompute: torch pairs every op of the recompute with the forward's by kind and count and raises on one
+    more; under DeepSpeed ZeRO-3 the parameter gathers, allocations and slices a layer's hooks run inside the
+    checkpoint fall differently in the forward and in the recompute, as its prefetch did (benchmarks/zero3_trace.py,
+    two gloo ranks). Those ops were stored as "recompute" anyway. A kind with a kept output (a matmul, an in-place
+    write into a kept output) stays strictly paired. Built on torch's private _CachedTorchDispatchMode, _RECOMPUTE
+    and _sac_storage_key (torch 2.13)."""
+    from torch.utils.checkpoint import _RECOMPUTE, SAC_IGNORED_OPS, _CachedTorchDispatchMode, _sac_storage_key
+
+    class LenientRecompute(_CachedTorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's is untyped
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
+            key = _sac_storage_key(func, args)  # type: ignore[no-untyped-call]
+            entries = self.storage.get(key, {})
+            if (
+                func not in SAC_IGNORED_OPS
+                and self.func_counter[key] not in entries
+                and all(e is _RECOMPUTE for e in entries.values())
+            ):
+                self.func_counter[key] += 1
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
+
+    return LenientRecompute
 
 
 def checkpoint_selectively(
