@@ -107,6 +107,32 @@ def test_a_failed_copy_is_raised_at_the_next_wait(tmp_path, monkeypatch):
     assert not (tmp_path / "volume" / "checkpoint-0" / CHECKPOINT_COMPLETE).exists()
 
 
+def test_a_checkpoint_deleted_halfway_is_never_resumed_from(tmp_path, monkeypatch):
+    """Retention killed midway (the pod stopped while rmtree ran): the marker goes first, so a resume sets the
+    half-deleted checkpoint aside instead of loading it, failing on its missing shards and crash-looping."""
+    import shutil
+
+    from rlt.stages.checkpoints import last_checkpoint
+
+    for step in (2, 4):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "rng_state.txt").write_text("w")  # a shard unloadable() does not parse
+        (folder / CHECKPOINT_COMPLETE).write_text("x")
+
+    def killed(path, ignore_errors=False):  # the kill: one shard gone, then nothing more
+        (path / "rng_state.txt").unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rotate(tmp_path, 1)  # checkpoint-2 goes: killed while it went
+    assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-4")
+    monkeypatch.undo()
+    shutil.rmtree(tmp_path / "checkpoint-4")  # the newest lost too: the half-deleted one must not come back
+    assert last_checkpoint(tmp_path) is None
+
+
 def test_rotate_keeps_the_newest_complete(tmp_path):
     for step, complete in ((2, True), (4, True), (6, False), (8, True), (10, False)):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -116,3 +142,26 @@ def test_rotate_keeps_the_newest_complete(tmp_path):
     assert sorted(p.name for p in gone) == ["checkpoint-2", "checkpoint-6"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-4", "checkpoint-8"]
     assert rotate(tmp_path, None) == []
+
+
+def test_a_stop_whose_durable_copy_failed_names_the_checkpoint_before(monkeypatch):
+    """A single process stopped by an error after SIGTERM saves the last step; when that save's durable copy fails,
+    the stop names the last complete checkpoint, not the one that never became durable."""
+    from types import SimpleNamespace
+
+    from rlt.stages import preemption
+    from rlt.stages.trainer import TrainerRun
+
+    run = object.__new__(TrainerRun)  # only what stopped_by_error reads
+    run.stage, run.stop = "rl", preemption.StopRequest()
+    run.recorder = SimpleNamespace(last_checkpoint="/v/rl/checkpoints/checkpoint-4")
+    monkeypatch.setattr(preemption, "save_abandoned", lambda trainer, rng: "/v/rl/checkpoints/checkpoint-6")
+
+    def copy_failed():
+        raise RuntimeError("durable copy of a checkpoint failed: volume gone")
+
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=6))
+    stopped = run.stopped_by_error(trainer, OSError("peer gone"), None, SimpleNamespace(wait=copy_failed))
+    assert (stopped.step, stopped.checkpoint) == (4, "/v/rl/checkpoints/checkpoint-4")
+    copied = run.stopped_by_error(trainer, OSError("peer gone"), None, SimpleNamespace(wait=lambda: None))
+    assert (copied.step, copied.checkpoint) == (6, "/v/rl/checkpoints/checkpoint-6")

@@ -4,6 +4,7 @@ the checkpoints given back once the final model is written."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, Trainer
 
     from rlt.spec.inputs import ModelRef
+
+log = logging.getLogger(__name__)
 
 
 def save_final_model(
@@ -91,6 +94,21 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def delete_checkpoint(path: Path) -> None:
+    """Delete a checkpoint folder, its completion marker first and that fsynced: a pod killed midway leaves a folder
+    without its marker (set aside on resume), never a marked one missing shards (which a resume would load, fail on
+    and crash-loop)."""
+    import shutil
+
+    marker = path / CHECKPOINT_COMPLETE
+    if marker.exists():
+        marker.unlink()
+        fsync_path(path)
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():  # a busy or read-only volume: unmarked, it is set aside on resume, but the disk is not back
+        log.warning("checkpoint %s: its marker is gone but the folder could not be deleted", path)
 
 
 def fsync_tree(path: Path) -> None:
@@ -200,7 +218,7 @@ def prune_finished_checkpoints(directory: Path) -> list[Path]:
     removed: list[Path] = []
     for _step, path in checkpoints(directory):
         if str(path) != last:
-            shutil.rmtree(path)
+            delete_checkpoint(path)
             removed.append(path)
     keep = Path(last)
     for name in OPTIMIZER_STATE_FILES:

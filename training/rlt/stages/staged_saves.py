@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlt.contract.layout import CHECKPOINT_COMPLETE, atomic_write_text, checkpoint_path, checkpoints, format_time
-from rlt.stages.checkpoints import fsync_path
+from rlt.stages.checkpoints import delete_checkpoint, fsync_path
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -46,7 +46,8 @@ def copy_fsynced(src: Path, dst: Path) -> int:
             copied += (target / name).stat().st_size
     for folder, _dirs, _files in os.walk(dst, topdown=False):
         fsync_path(Path(folder))
-    fsync_path(dst.parent)
+    fsync_path(dst.parent)  # the checkpoint's entry in the checkpoints folder
+    fsync_path(dst.parent.parent)  # and that folder's, new at a stage's first save
     return copied
 
 
@@ -71,7 +72,7 @@ def rotate(directory: Path, keep: int | None) -> list[Path]:
     newest = next(s for s, p in found if p == complete[0])
     gone = [p for s, p in found if (p in complete[keep:]) or (p not in complete and s < newest)]
     for p in gone:
-        shutil.rmtree(p, ignore_errors=True)
+        delete_checkpoint(p)
     return gone
 
 

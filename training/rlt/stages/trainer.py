@@ -230,8 +230,9 @@ class TrainerRun:
         if world_size() <= 1 and not self.stop.updating:
             say_line(f"{self.stage}: SIGTERM, then {type(error).__name__}: {error}; saving step {step}")
             try:
-                saved = save_abandoned(trainer, self.stop.step_rng)
-                staged.wait()
+                written = save_abandoned(trainer, self.stop.step_rng)
+                staged.wait()  # the durable copy: until it is fsynced and marked, the checkpoint is not the stop's
+                saved = written
             except Exception as failed:  # noqa: BLE001 - the stop is still a stop; the older checkpoint stands
                 say_line(f"{self.stage}: could not save step {step}: {type(failed).__name__}: {failed}")
         else:
