@@ -92,3 +92,48 @@ def test_served_rollouts_are_seeded_per_group():
     seeds = {rollout_seed(0, step, rank) for step in range(50) for rank in range(8)}
     assert len(seeds) == 400 and max(seeds) + 10_000 * 64 < 2**63
     assert rollout_seed(0, 3, 1) == rollout_seed(0, 3, 1) != rollout_seed(1, 3, 1)
+
+
+@pytest.mark.parametrize(
+    ("rl", "method", "refusal"),
+    [
+        ({"topP": 0.9}, "rlt", r"stages\.rl\.topP: 0\.9 with overlap oneStepOff in mode inprocess"),
+        (
+            {"trainerArgs": {"cast_lm_head_to_fp32": True}},
+            "rlt",
+            r"stages\.rl\.trainerArgs\.cast_lm_head_to_fp32 with overlap oneStepOff in mode inprocess",
+        ),
+        ({}, "rcl", r"stages\.rl\.generation\.overlap: oneStepOff with method rcl"),
+    ],
+)
+def test_one_step_off_refuses_what_would_bias_its_ratio_or_sample_with_live_weights(rl, method, refusal):
+    """In-process one step off with topP < 1 (the behaviour log-probs are the nucleus', the policy's are not), with
+    TRL's fp32 head (a closure over the live head, which the behaviour copy would call) or under RCL (its probe draws
+    from torch's shared generator beside the reward): each refused by the spec, naming the field; each accepted
+    without one step off."""
+    doc = tiny_doc()
+    doc["spec"]["method"] = method
+    doc["spec"]["stages"]["distill"]["enabled"] = method == "rlt"  # rcl has no distill stage
+    doc["spec"]["stages"]["rl"].update(rl)
+    parse_run(doc)  # without one step off: accepted
+    generation = doc["spec"]["stages"]["rl"].setdefault("generation", {})
+    generation["overlap"] = "oneStepOff"
+    with pytest.raises(ValueError, match=refusal):
+        parse_run(doc)
+
+
+def test_the_weight_push_waits_for_every_rollout_and_every_rank_waits_for_the_push():
+    """rlt.stages.overlap.wait_before_weight_push, with hand-written stand-ins recording the order (a mock: the push
+    needs a GPU vLLM): the rollout in flight joined, all ranks met, TRL's push, all ranks met again; a rank that sent
+    its next rollout before rank 0's push ended would sample on the old weights."""
+    from rlt.stages import overlap
+
+    order = []
+    trainer = SimpleNamespace(
+        vllm_generation=SimpleNamespace(sync_weights=lambda: order.append("push")),
+        accelerator=SimpleNamespace(wait_for_everyone=lambda: order.append("barrier")),
+    )
+    ahead = SimpleNamespace(join=lambda: order.append("join"))
+    overlap.wait_before_weight_push(trainer, ahead)
+    trainer.vllm_generation.sync_weights()
+    assert order == ["join", "barrier", "push", "barrier"]

@@ -4,8 +4,8 @@ trainer scores, runs the reference/old-policy passes and updates on step k's.
 Inside optimizer step k (TRL's global_step = k; the policy holds θ_k):
   1. the rollout in flight (step k's prompts, sampled on θ_{k-1}) is joined; its rows are step k's;
   2. the behaviour weights become θ_k (served: TRL's weight push, which first waits for every rank's rollout in
-     flight; in-process: a copy of the policy) and step k+1's prompts, peeked from the dataloader, start sampling
-     on θ_k in a background thread;
+     flight, and which every rank waits for before it samples again; in-process: a copy of the policy) and step
+     k+1's prompts, peeked from the dataloader, start sampling on θ_k in a background thread;
   3. step k's rows are scored and trained on: θ_k → θ_{k+1}.
 A row is trained by the step right after the weights that sampled it, never later (MAX_STEPS_OFF_POLICY): rows
 from older weights, or for other prompts than the step's, are dropped and the step samples on-policy. The first step,
@@ -386,12 +386,15 @@ def behaviour_is_old_policy(trainer: GRPOTrainer) -> None:
 
 def wait_before_weight_push(trainer: GRPOTrainer, ahead: RolloutAhead) -> None:
     """TRL pushes the policy's weights to the generators at the start of a step: every rank's rollout in flight must
-    have finished first (a request served across the push would mix two policies)."""
+    have finished first (a request served across the push would mix two policies), and every rank waits for the
+    push to end before it sends the next rollout (only rank 0 talks to the server: the others would leave TRL's
+    push at once, and their requests would meet the old weights or the old prefix cache)."""
     push: Callable[..., None] = trainer.vllm_generation.sync_weights  # TRL's is unannotated
 
     def after_rollouts(*a: Any, **kw: Any) -> None:
         ahead.join()
         trainer.accelerator.wait_for_everyone()
-        return push(*a, **kw)
+        push(*a, **kw)
+        trainer.accelerator.wait_for_everyone()
 
     trainer.vllm_generation.sync_weights = after_rollouts  # type: ignore[method-assign]  # this trainer only

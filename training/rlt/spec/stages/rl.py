@@ -248,6 +248,27 @@ class RlStage(TrainerOptions):
                 "stages.rl.generation.importanceSampling: off with overlap oneStepOff; a row sampled by the previous "
                 "step's weights needs the importance ratio: use tokenTruncate (TRL's default) or another mode"
             )
+        one_step_off = self.generation.overlap == "oneStepOff"
+        if one_step_off and mode == "inprocess" and self.top_p < 1:
+            # the behaviour log-probs are of the nucleus renormalised; TRL's policy log-probs are the plain tempered
+            # softmax: their ratio is the nucleus mass (< 1) even on-policy, and GRPO's clip would bias the update
+            problems.append(
+                f"stages.rl.topP: {self.top_p} with overlap oneStepOff in mode inprocess; the ratio of the policy to "
+                "the behaviour policy would carry the nucleus' mass: use topP 1, or mode server (TRL's importance "
+                "sampling)"
+            )
+        if one_step_off and mode == "inprocess" and self.trainer_args.get("cast_lm_head_to_fp32"):
+            problems.append(
+                "stages.rl.trainerArgs.cast_lm_head_to_fp32 with overlap oneStepOff in mode inprocess; TRL's fp32 "
+                "head is a closure over the policy's own head, so the behaviour copy would sample with the weights "
+                "the optimizer is changing: drop it, or use mode server"
+            )
+        if one_step_off and getattr(spec, "method", "rlt") == "rcl":
+            problems.append(
+                "stages.rl.generation.overlap: oneStepOff with method rcl; RCL's probe samples the student on torch's "
+                "shared generator in the background rollout while the reward samples it on the training thread, so "
+                "the run would depend on thread timing: use overlap none"
+            )
         if mode == "colocate" and self.generation.overlap != "none":
             problems.append(
                 f"stages.rl.generation.overlap: {self.generation.overlap} with mode colocate, whose trainer GPUs "
