@@ -278,6 +278,7 @@ def test_the_rcl_student_is_planned_whole_on_every_rank():
         doc = _doc()
         doc["spec"]["method"] = method
         doc["spec"]["stages"]["distill"] = {"enabled": False}  # rcl has none
+        doc["spec"]["stages"]["rl"]["generation"]["overlap"] = "none"  # rcl samples its student: no rollout ahead
         spec = parse_run(doc).spec
         plan = plan_for_run(spec)
         (rl,) = [c for c in plan.checks if c.stage == "rl" and c.resource == "GPU memory per trainer process"]

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from rlt.contract.api import Strict
+from rlt.contract.method_registry import method_info
 from rlt.spec.k8s import cel_rules
 from rlt.spec.stage_settings import CelRule, Rollout
 from rlt.spec.stages.shared import (
@@ -263,11 +264,12 @@ class RlStage(TrainerOptions):
                 "head is a closure over the policy's own head, so the behaviour copy would sample with the weights "
                 "the optimizer is changing: drop it, or use mode server"
             )
-        if one_step_off and getattr(spec, "method", "rlt") == "rcl":
+        if one_step_off and method_info(spec.method).samples_student:
             problems.append(
-                "stages.rl.generation.overlap: oneStepOff with method rcl; RCL's probe samples the student on torch's "
-                "shared generator in the background rollout while the reward samples it on the training thread, so "
-                "the run would depend on thread timing: use overlap none"
+                f"stages.rl.generation.overlap: oneStepOff with method {spec.method}, which samples the frozen "
+                "student during rl (its probes in the background rollout, its answers in the reward on the training "
+                "thread: one model, torch's shared generator, two threads), so the run would depend on thread "
+                "timing: use overlap none"
             )
         if mode == "colocate" and self.generation.overlap != "none":
             problems.append(
