@@ -250,7 +250,9 @@ def test_data_rows_beyond_the_bounds_are_bad_rows_naming_the_line(tmp_path):
     good = '{"question": "1+1?", "solution": "2"}\n'
     cases = {
         "huge.jsonl": (good + '{"question": "q", "solution": ' + "9" * 5000 + "}\n", "line 2: 999999999999…"),
-        "deep.jsonl": (good + '{"question": "q", "solution": "s", "x": ' + DEEP + "}\n", "line 2: nested deeper"),
+        # json.loads gives up at the interpreter's recursion limit, which imported libraries raise: then the reader's
+        # own bound names the path (line 2: x[0][0]...: nested deeper), else the line only
+        "deep.jsonl": (good + '{"question": "q", "solution": "s", "x": ' + DEEP + "}\n", "nested deeper than 64"),
         "surrogate.jsonl": (good + '{"question": "q\\ud800", "solution": "s"}\n', "line 2: question: holds a lone"),
         "nan.jsonl": (good + '{"question": "q", "solution": "s", "reasoning_trace": NaN}\n', "line 2: NaN is not"),
         "header.csv": ("question,solution\n", "header.csv: cannot be read as .csv (a header line and no rows)"),
@@ -261,6 +263,7 @@ def test_data_rows_beyond_the_bounds_are_bad_rows_naming_the_line(tmp_path):
         with pytest.raises(DataError) as err:
             check_data(DatasetSpec(source=str(tmp_path / name)), fmt)
         assert expected in str(err.value) and "\n" not in str(err.value), (name, str(err.value))
+        assert name.endswith(".json") or name.endswith(".csv") or " line 2: " in str(err.value), str(err.value)
         if name == "object.json":
             assert "not valid JSON" not in str(err.value) and "its list 'rows'" in str(err.value)
     (tmp_path / "empty" / "sub").mkdir(parents=True)
