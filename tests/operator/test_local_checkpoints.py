@@ -42,26 +42,32 @@ def test_trainer_pods_stage_saves_on_an_emptydir_sized_by_the_plan():
     spec = paper()
     path, volume, requests = local_parts(trainer_pod(spec))
     assert path == b.LOCAL_CHECKPOINTS_MOUNT
-    # one 7B checkpoint with its optimizer on one pod: bf16 weights + fp32 master and Adam moments (14 bytes/param)
+    # one 7B checkpoint of rl with its optimizer on one pod: bf16 weights + fp32 master and Adam moments (14 bytes a
+    # parameter) + the synced GRPO reference in bf16 (rlt.stages.reference, after the first refSync)
     shape = known_shape("Qwen/Qwen2.5-7B-Instruct")
-    whole = checkpoint_bytes(shape, shape.params, 3, 4, 2)
+    whole = checkpoint_bytes(shape, shape.params, 3, 4, 2) + shape.params * 2
     size = -(-int(whole * LOCAL_MARGIN) // GIB)
     assert volume == {"name": "local-checkpoints", "emptyDir": {"sizeLimit": f"{size}Gi"}}
     assert requests["ephemeral-storage"] == f"{size}Gi"  # placed where the node's disk holds it
-    assert 90 * GIB < whole < size * GIB
+    assert 100 * GIB < whole < size * GIB
     # the generators stage nothing
     gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["spec"]
     assert LOCAL_CHECKPOINTS.name not in {e["name"] for e in gen["containers"][0]["env"]}
 
 
 def test_several_pods_each_hold_their_share():
-    """Two pods of 4 GPUs: each writes its ranks' optimizer shards, the first also the whole model."""
+    """Two pods of 4 GPUs: each writes its ranks' optimizer shards, the first also the whole model and, in rl with
+    refSync on, the synced reference (rank 0 writes it); with refSync off, no reference."""
     spec = paper(nodes=2)
     shape = known_shape("Qwen/Qwen2.5-7B-Instruct")
     share = pod_checkpoint_bytes(shape, shape.params, 3, 8, 2, 2)
     assert share == shape.params * 2 + shape.params * 12 // 2
-    assert local_checkpoint_size(spec)[0] == -(-int(share * LOCAL_MARGIN) // GIB) * GIB
-    assert max(t.local_bytes for t in trainer_step_times(spec, _shapes())) == share
+    reference = shape.params * 2
+    assert local_checkpoint_size(spec)[0] == -(-int((share + reference) * LOCAL_MARGIN) // GIB) * GIB
+    by_stage = {t.stage: t.local_bytes for t in trainer_step_times(spec, _shapes())}
+    assert by_stage["rl"] == share + reference and by_stage["sft"] == share
+    spec.stages.rl.ref_sync.enabled = False
+    assert {t.stage: t.local_bytes for t in trainer_step_times(spec, _shapes())}["rl"] == share
 
 
 def _shapes():

@@ -70,6 +70,12 @@ class RlTerms(TrainerTerms):
     def step_models(self, spec: RLTRunSpec) -> set[str]:
         return {spec.teacher.model, spec.student.model}
 
+    def checkpoint_extra(self, spec: RLTRunSpec, shape: ModelShape, trainable: int, b: int) -> int:
+        """The synced GRPO reference (rlt.stages.reference.REFERENCE_FILE, the teacher's dtype), in every checkpoint
+        after the first sync: with a reference (beta > 0), refSync on and no LoRA (whose reference is the base)."""
+        rl = spec.stages.rl
+        return shape.params * b if rl.beta > 0 and rl.ref_sync.enabled and trainable == shape.params else 0
+
     def extra_memory(
         self, spec: RLTRunSpec, shape: ModelShape, ref: ModelRef, shapes: Shapes, at: PlanInputs, plan: Plan,
         terms: Terms, phases: Terms,

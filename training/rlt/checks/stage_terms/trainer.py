@@ -138,6 +138,10 @@ class TrainerTerms:
         b = dtype_bytes(ref, at.gpu)
         return StagePlan(host, self.disk(spec, shape, trainable, b, at.rows, plan))
 
+    def checkpoint_extra(self, spec: RLTRunSpec, shape: ModelShape, trainable: int, b: int) -> int:
+        """Bytes a checkpoint of this stage holds beside the Trainer's (rank 0 writes them)."""
+        return 0
+
     def step_time(
         self, spec: RLTRunSpec, shapes: Shapes, gpu: bool, prompts: PromptTokens | None, gpu_memory: int | None
     ) -> StepTime | None:
@@ -147,8 +151,9 @@ class TrainerTerms:
         trainable = trainable_params(shape, ref)
         zero = self.settings(spec).deepspeed_zero_stage
         b, nodes = dtype_bytes(ref, gpu), spec.resources.trainer.nodes
-        one = checkpoint_bytes(shape, trainable, zero, world_of(spec), b)
-        pod = pod_checkpoint_bytes(shape, trainable, zero, world_of(spec), nodes, b)
+        extra = self.checkpoint_extra(spec, shape, trainable, b)  # rank 0's: on the first pod
+        one = checkpoint_bytes(shape, trainable, zero, world_of(spec), b) + extra
+        pod = pod_checkpoint_bytes(shape, trainable, zero, world_of(spec), nodes, b) + extra
         t = self.step_phases(spec, shape, shapes, trainable, one, prompts, gpu_memory)
         # step_time charges a whole forward's recompute; only the checkpointed layers recompute, and a micro-batch
         # shorter than the longest keeps more layers (layer_schedule) over the rows' stated spread. The longest
@@ -326,6 +331,7 @@ class TrainerTerms:
         st = self.settings(spec)
         world = world_of(spec)
         one = checkpoint_bytes(shape, trainable, st.deepspeed_zero_stage, world, b)
+        one += self.checkpoint_extra(spec, shape, trainable, b)
         steps = self.steps(spec, rows)
         saves = None if steps is None else max(1, steps // st.save_steps + (steps % st.save_steps > 0))
         if st.save_total_limit is not None:
