@@ -176,10 +176,8 @@ def last_checkpoint(directory: Path) -> str | None:
 
 def set_aside(path: Path, why: str) -> None:
     """Move checkpoint `path` to its folder's set-aside/ (kept for a person to look at, never deleted)."""
-    import logging
-
     target = path.parent / SET_ASIDE / f"{path.name}.{int(time.time())}.{os.getpid()}"
-    logging.getLogger(__name__).warning("checkpoint %s %s: set aside as %s, not resumed", path, why, target)
+    log.warning("checkpoint %s %s: set aside as %s, not resumed", path, why, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):  # another rank set it aside first
         path.rename(target)

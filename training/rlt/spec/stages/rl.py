@@ -235,21 +235,17 @@ class RlStage(TrainerOptions):
         if not self.enabled:
             return problems
         mode, generator = self.generation.mode, spec.resources.generator
+        one_step_off = self.generation.overlap == "oneStepOff"
         if mode == "colocate" and spec.resources.trainer.gpus == 0:
             problems.append(
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
             )
-        if (
-            mode == "server"
-            and self.generation.overlap == "oneStepOff"
-            and self.generation.importance_sampling == "off"
-        ):
+        if mode == "server" and one_step_off and self.generation.importance_sampling == "off":
             problems.append(
                 "stages.rl.generation.importanceSampling: off with overlap oneStepOff; a row sampled by the previous "
                 "step's weights needs the importance ratio: use tokenTruncate (TRL's default) or another mode"
             )
-        one_step_off = self.generation.overlap == "oneStepOff"
         if one_step_off and mode == "inprocess" and self.top_p < 1:
             # the behaviour log-probs are of the nucleus renormalised; TRL's policy log-probs are the plain tempered
             # softmax: their ratio is the nucleus mass (< 1) even on-policy, and GRPO's clip would bias the update
