@@ -537,7 +537,18 @@ def test_every_arm_runs_end_to_end_quick(tc, tmp_path):
 
     assert sft_losses("sft-continued")[: s.warmup_steps] == sft_losses("rl")
     assert len(sft_losses("sft-continued")) == s.warmup_steps + s.rl_steps
-    assert "d_raw = rl − raw" in done.stdout and "verdict (registered rule, margin 0.1): not in (1 of 15" in done.stdout
+    # the runner stays blind (counts only); --analyse prints the arm values and the contrasts
+    assert "d_raw" not in done.stdout and f"{len(rows)} rows in" in done.stdout
+    shown = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--analyse", "--units", str(out / "units.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert (
+        "d_raw = rl − raw" in shown.stdout and "verdict (registered rule, margin 0.1): not in (1 of 15" in shown.stdout
+    )
 
 
 def test_sft_convergence_in_the_real_stage_stops_and_saves_the_best_epoch(tc, tmp_path, monkeypatch):
