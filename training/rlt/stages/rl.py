@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from rlt.method.scoring import SpanScorer
     from rlt.spec.stages import RlStage
     from rlt.stages.balance import BalanceFigures
+    from rlt.stages.folded_ratio import FoldedTrainer
     from rlt.stages.preemption import StopRequest
 
     # TRL's soft update of a reference from a policy: (policy, reference, alpha)
@@ -380,6 +381,7 @@ def train_grpo(
     from trl import GRPOTrainer
 
     from rlt.stages.balance import rank_balanced
+    from rlt.stages.folded_ratio import folded_ratio
     from rlt.stages.padding import padding_trimmed
 
     args = grpo_config(ctx, device)
@@ -404,7 +406,8 @@ def train_grpo(
 
     run = TrainerRun(ctx, "rl", start, tokenizer, device, ctx.spec.stages.rl.steps)
     # each micro-batch's model calls on its own tokens (rlt.stages.padding), rows dealt across ranks by tokens
-    trainer_cls: type[GRPOTrainer] = rank_balanced(padding_trimmed(GRPOTrainer))
+    # TRL's importance ratio from the update's own forward, no separate old-policy pass (rlt.stages.folded_ratio)
+    trainer_cls: type[GRPOTrainer] = folded_ratio(rank_balanced(padding_trimmed(GRPOTrainer)))
     rollout = make_rollout_fn(timer, counters)
     ahead = rollout_ahead(ctx, args, tokenizer, rollout, make_rollout_fn(ahead_timer, counters), timer)
     if ahead is not None:  # the trainer peeks the next step's prompts for it
@@ -438,22 +441,28 @@ def train_grpo(
             overlap.wait_before_weight_push(trainer, ahead)
     if args.use_vllm and args.vllm_importance_sampling_correction:
         # TRL logs the ratio's min/mean/max; the share it masked or clipped is what says how much loss was dropped
-        generate_and_score = trainer._generate_and_score_completions
-
-        def counted(*a: Any, **kw: Any) -> dict[str, Any]:
-            out = generate_and_score(*a, **kw)
+        def count(ratio: torch.Tensor, completion_mask: torch.Tensor) -> None:
             hit, total = clipped_share(
-                out["importance_sampling_ratio"],
-                out["completion_mask"],
+                ratio,
+                completion_mask,
                 args.vllm_importance_sampling_mode,
                 cast(float, args.vllm_importance_sampling_clip_max),  # grpo_options sets it (importanceSamplingCap)
                 args.vllm_importance_sampling_clip_min,
             )
             clipped["hit"] += hit
             clipped["all"] += total
-            return out
 
-        trainer._generate_and_score_completions = counted  # type: ignore[method-assign]  # on this trainer only
+        if cast("FoldedTrainer", trainer).fold_ratio:  # the ratio is made in each micro-batch's loss
+            cast("FoldedTrainer", trainer).ratio_seen = count
+        else:
+            generate_and_score = trainer._generate_and_score_completions
+
+            def counted(*a: Any, **kw: Any) -> dict[str, Any]:
+                out = generate_and_score(*a, **kw)
+                count(out["importance_sampling_ratio"], out["completion_mask"])
+                return out
+
+            trainer._generate_and_score_completions = counted  # type: ignore[method-assign]  # on this trainer only
     return run.train(trainer)
 
 
