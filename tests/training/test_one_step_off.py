@@ -37,7 +37,7 @@ def one_step_off(monkeypatch):
     """The mode on (the spec's value comes with the plan's change), and the RolloutAhead the stage builds."""
     from rlt.stages import overlap, rl
 
-    monkeypatch.setattr(overlap, "steps_off_policy", lambda st: overlap.MAX_STEPS_OFF_POLICY)
+    monkeypatch.setattr(overlap, "steps_off_policy", lambda st: overlap.STEPS_OFF_POLICY[overlap.ONE_STEP_OFF])
     built: list = []
     make = rl.rollout_ahead
 
@@ -182,8 +182,7 @@ def rows_and_losses(tmp_path, timing: str) -> tuple[list, list[float]]:
 
     def waited_for(self, trainer):  # "first": the step goes on once its rollout is done
         start_next(self, trainer)
-        if self.in_flight is not None:
-            self.in_flight.rows.exception()
+        self.join()
 
     def held_back(self, rollout, prompts, trainer, step):  # "last": the rollout starts once the step has ended
         if threading.current_thread() is not threading.main_thread():
@@ -217,7 +216,8 @@ def test_one_step_off_is_the_same_whatever_the_thread_timing(tmp_path, one_step_
 
 
 def test_rows_more_than_one_step_old_are_dropped(one_step_off):
-    """RolloutAhead.take: rows sampled two steps before, or for other prompts, are not trained on."""
+    """RolloutAhead.take: rows sampled more steps before than the mode's depth, for other prompts, or for a step
+    already past are not trained on."""
     from concurrent.futures import Future
 
     from rlt.stages.overlap import InFlight, RolloutAhead
@@ -226,13 +226,21 @@ def test_rows_more_than_one_step_old_are_dropped(one_step_off):
     ahead = RolloutAhead(lambda p, t: {}, lambda p, t: {}, behaviour=None, timer=PhaseTimer())  # type: ignore[arg-type]
     rows: Future = Future()
     rows.set_result({"completion_ids": [[1]]})
-    ahead.in_flight = InFlight(["a"], version=3, rows=rows)
+    ahead.in_flight = {4: InFlight(["a"], version=3, rows=rows)}
     assert ahead.take(["a"], step=4) == {"completion_ids": [[1]]}
-    ahead.in_flight = InFlight(["a"], version=3, rows=rows)
+    ahead.in_flight = {5: InFlight(["a"], version=3, rows=rows)}
     assert ahead.take(["a"], step=5) is None  # two steps off
-    ahead.in_flight = InFlight(["a"], version=3, rows=rows)
+    ahead.in_flight = {4: InFlight(["a"], version=3, rows=rows)}
     assert ahead.take(["b"], step=4) is None  # another step's prompts
-    assert ahead.counts["dropped"] == 2
+    ahead.in_flight = {3: InFlight(["a"], version=2, rows=rows)}
+    assert ahead.take(["a"], step=4) is None and not ahead.in_flight  # for a step already past
+    assert ahead.counts["dropped"] == 3
+    partial = RolloutAhead(lambda p, t: {}, lambda p, t: {}, behaviour=None, timer=PhaseTimer(), depth=2)  # type: ignore[arg-type]
+    partial.in_flight = {5: InFlight(["a"], version=3, rows=rows), 6: InFlight(["b"], version=3, rows=rows)}
+    assert partial.take(["a"], step=5) == {"completion_ids": [[1]]}  # two steps off: within partial rollouts' depth
+    assert list(partial.in_flight) == [6]  # the next step's stays in flight
+    partial.in_flight = {6: InFlight(["a"], version=3, rows=rows)}
+    assert partial.take(["a"], step=6) is None  # three
 
 
 @pytest.fixture(scope="module")

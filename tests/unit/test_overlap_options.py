@@ -1,4 +1,5 @@
-"""generation.overlap oneStepOff (rlt.stages.overlap): the TRL options and the behaviour policy it picks per mode."""
+"""generation.overlap oneStepOff and partialRollouts (rlt.stages.overlap): the TRL options, the behaviour policy each
+picks per mode, the order of the weight push, and the rollouts two steps ahead."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rlt.spec.loading import parse_run
 def one_step_off(monkeypatch):
     from rlt.stages import overlap
 
-    monkeypatch.setattr(overlap, "steps_off_policy", lambda st: overlap.MAX_STEPS_OFF_POLICY)
+    monkeypatch.setattr(overlap, "steps_off_policy", lambda st: overlap.STEPS_OFF_POLICY[overlap.ONE_STEP_OFF])
 
 
 def _ctx(tmp_path, **gen):
@@ -122,18 +123,140 @@ def test_one_step_off_refuses_what_would_bias_its_ratio_or_sample_with_live_weig
         parse_run(doc)
 
 
+def pushing(order: list, main: bool = True, step: int = 3):
+    return SimpleNamespace(
+        state=SimpleNamespace(global_step=step),
+        vllm_generation=SimpleNamespace(sync_weights=lambda: order.append("push")),
+        accelerator=SimpleNamespace(wait_for_everyone=lambda: order.append("barrier"), is_main_process=main),
+    )
+
+
 def test_the_weight_push_waits_for_every_rollout_and_every_rank_waits_for_the_push():
     """rlt.stages.overlap.wait_before_weight_push, with hand-written stand-ins recording the order (a mock: the push
-    needs a GPU vLLM): the rollout in flight joined, all ranks met, TRL's push, all ranks met again; a rank that sent
+    needs a GPU vLLM): the step's rollout joined, all ranks met, TRL's push, all ranks met again; a rank that sent
     its next rollout before rank 0's push ended would sample on the old weights."""
     from rlt.stages import overlap
 
-    order = []
-    trainer = SimpleNamespace(
-        vllm_generation=SimpleNamespace(sync_weights=lambda: order.append("push")),
-        accelerator=SimpleNamespace(wait_for_everyone=lambda: order.append("barrier")),
-    )
-    ahead = SimpleNamespace(join=lambda: order.append("join"))
+    order: list = []
+    trainer = pushing(order)
+    ahead = SimpleNamespace(join=lambda upto=None: order.append(("join", upto)))
     overlap.wait_before_weight_push(trainer, ahead)
     trainer.vllm_generation.sync_weights()
-    assert order == ["join", "barrier", "push", "barrier"]
+    assert order == [("join", 3), "barrier", "push", "barrier"]
+
+
+def test_partial_rollouts_hold_the_later_rows_through_rank_zeros_push():
+    """Partial rollouts (a mock hold recording its calls): only step k's rollout is joined, rank 0 pushes inside the
+    hold (pause, push, KV reset, resume), the other ranks take part in the push's collectives without touching the
+    server."""
+    from contextlib import contextmanager
+
+    from rlt.stages import overlap
+
+    for main, inside in ((True, ["pause", "push", "reset+resume"]), (False, ["push"])):
+        order: list = []
+
+        @contextmanager
+        def hold(order=order):
+            order.append("pause")
+            yield
+            order.append("reset+resume")
+
+        trainer = pushing(order, main=main, step=7)
+        ahead = SimpleNamespace(join=lambda upto=None, order=order: order.append(("join", upto)))
+        overlap.wait_before_weight_push(trainer, ahead, hold)
+        trainer.vllm_generation.sync_weights()
+        assert order == [("join", 7), "barrier", *inside, "barrier"]
+
+
+def partial_doc(**gen):
+    doc = tiny_doc()
+    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server", "importanceSampling": "tokenTruncate", **gen}
+    doc["spec"].setdefault("resources", {}).setdefault("generator", {})["gpus"] = 1
+    doc["spec"]["stages"]["rl"]["generation"]["overlap"] = "partialRollouts"
+    return doc
+
+
+def test_partial_rollouts_need_a_server_and_the_importance_ratio():
+    parse_run(partial_doc())  # served, with TRL's importance sampling: accepted
+    with pytest.raises(ValueError, match="stages.rl.generation.importanceSampling: off with overlap partialRollouts"):
+        parse_run(partial_doc(importanceSampling="off"))
+    with pytest.raises(ValueError, match="stages.rl.generation.overlap: partialRollouts with mode inprocess"):
+        parse_run(partial_doc(mode="inprocess"))
+
+
+def test_partial_rollouts_run_two_steps_ahead_with_a_client_each(tmp_path):
+    from rlt.stages import overlap
+    from rlt.stages.record import PhaseTimer
+    from rlt.stages.rl import rollout_ahead
+
+    run = parse_run(partial_doc(serverUrl="http://g:8000"))
+    ctx = SimpleNamespace(spec=run.spec)
+    ahead = rollout_ahead(ctx, SimpleNamespace(use_vllm=True), None, None, None, PhaseTimer())  # type: ignore[arg-type]
+    assert ahead is not None and ahead.depth == 2 == overlap.steps_off_policy(run.spec.stages.rl)
+    assert isinstance(ahead.behaviour, overlap.ServedBehaviour) and ahead.behaviour.clients.qsize() == 2
+
+
+class Behind:
+    """A stand-in behaviour (no weights): records each refresh's step."""
+
+    def __init__(self):
+        self.refreshed: list[int] = []
+
+    def refresh(self, trainer):
+        self.refreshed.append(trainer.state.global_step)
+
+    def __call__(self, prompt_ids, seed):
+        raise AssertionError("the stand-in rollouts never sample")
+
+
+def test_two_rollouts_stay_in_flight_and_each_step_trains_its_own(monkeypatch):
+    """RolloutAhead at depth 2 over 6 steps of a stand-in trainer (a hand-written mock: no TRL loop), the rollouts
+    real threads that block until released: after each step two rollouts are in flight (the next two steps', while
+    steps remain), a step takes the rows started for it, sampled two steps before (one for step 1), never joining a
+    later step's rollout, and rows for other prompts are dropped."""
+    import threading
+
+    from rlt.stages import overlap
+    from rlt.stages.record import PhaseTimer
+
+    gates: dict[int, threading.Event] = {}
+    started: list[tuple[int, int]] = []  # (the step that trains on it, the step it started in)
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(global_step=0, max_steps=6),
+        args=SimpleNamespace(seed=0),
+        accelerator=SimpleNamespace(process_index=0),
+    )
+
+    def rollout(prompts, t):
+        return {"prompts": prompts, "sampled_at": t.state.global_step}
+
+    def ahead_rollout(prompts, t):
+        step = int(prompts[0][1:])
+        gates.setdefault(step, threading.Event()).wait(timeout=60)
+        return {"prompts": prompts}
+
+    real_started = overlap.RolloutAhead.started
+
+    def recorded(self, prompts, t, step):
+        started.append((step, t.state.global_step))
+        return real_started(self, prompts, t, step)
+
+    monkeypatch.setattr(overlap.RolloutAhead, "started", recorded)
+    behaviour = Behind()
+    ahead = overlap.RolloutAhead(rollout, ahead_rollout, behaviour, PhaseTimer(), depth=2)  # type: ignore[arg-type]
+    prompts = {k: [f"p{k}"] for k in range(6)}
+    for step in range(6):
+        trainer.state.global_step = step
+        ahead.next_prompts = [prompts[k] for k in (step + 1, step + 2) if k < 6]
+        gates.setdefault(step, threading.Event()).set()  # this step's rollout may end; later ones still decode
+        rows = ahead(prompts[step] if step != 4 else ["other"], trainer)
+        assert rows["prompts"] == (prompts[step] if step != 4 else ["other"])
+        assert sorted(ahead.in_flight) == [k for k in (step + 1, step + 2) if k < 6]
+        assert not any(f.rows.done() for f in ahead.in_flight.values())  # still decoding: their gates are shut
+    for gate in gates.values():
+        gate.set()
+    assert started == [(1, 0), (2, 0), (3, 1), (4, 2), (5, 3)]
+    # step 0 on-policy; 1-3 and 5 from their rollouts; step 4's rollout was for p4, the step's prompts "other"
+    assert ahead.counts == {"ahead": 4, "on_policy": 2, "dropped": 1}
+    assert behaviour.refreshed == [0, 1, 2, 3, 4]  # the behaviour follows the policy once per step that starts one

@@ -14,6 +14,9 @@ The modes of rl (stages.rl.generation.mode / overlap):
 - one step off (server, oneStepOff): the generators decode step k+1 while the trainers work on step k; a step lasts
   the longer of the two, then the weight sync; a row is trained at most one optimizer step after the weights that
   sampled it;
+- partial rollouts (server, partialRollouts): two steps' rollouts in flight, their rows held through each push, so
+  an engine's slots stay full: a step lasts the longer of the step's tokens decoded at full slots (plus the running
+  rows' KV recompute after the push) and the trainers' phases, then the weight sync; at most two steps off-policy;
 - colocated (colocate): every GPU of the run is a trainer GPU hosting a vLLM engine, asleep during the update; the
   phases run in turn on all GPUs, plus the in-place sync and the engine's wake and sleep; it must fit in memory
   (rlt.checks.colocated)."""
@@ -46,13 +49,17 @@ def goodput(t: StepTime, asynchronous: bool = True) -> Goodput:
     useful = T * work + decoders * t.busy_generation
     if G:
         trainers_idle = t.step - t.trainer_phases - t.transfer
-        generators_idle = t.step - t.generating - t.transfer
+        generators_idle = t.step - t.decoding_held - t.transfer
     else:
         trainers_idle = generators_idle = 0.0
+    # partial rollouts: no tail of its own; the slots a finishing rollout leaves are the next one's (its empty
+    # slot-time, when the trainers are the longer side, is in the generators' wait)
+    tail = 0.0 if t.partial_rollouts else t.generating - t.busy_generation
     losses = [
         ("trainers idle while the generators decode", T * trainers_idle),
         ("generators idle while the trainers score, pass and update", G * generators_idle),
-        ("decode slots empty (the longest completions' tail)", decoders * (t.generating - t.busy_generation)),
+        ("decode slots empty (the longest completions' tail)", decoders * tail),
+        ("KV cache recomputed after each weight push (partial rollouts)", G * t.kv_recompute),
         ("weight sync", (T + G) * t.transfer),
         ("engine wake/sleep", T * t.engine_switch),
         ("rank imbalance", T * (t.imbalance - 1) * (t.update_work + t.recompute + t.passes_work)),

@@ -293,6 +293,8 @@ class StepTime:
     local_bytes: int = 0  # the first trainer pod's share of one checkpoint: what its local volume holds
     durable_copy: float = 0.0  # the background copy of a save to the run's volume
     one_step_off: bool = False  # the next step's rollout runs while this step scores, passes and updates
+    partial_rollouts: bool = False  # two steps' rollouts in flight, held through the push: the slots stay full
+    kv_recompute: float = 0.0  # partial rollouts: an engine recomputing its running rows' KV cache after a push
     engine_switch: float = 0.0  # colocated: waking the vLLM engine before the rollout, putting it to sleep after
     decode: Rollout | None = None  # the rollout's decoding step by step (rlt.checks.decode_tail), an engine's
     row_tokens: tuple[float, float] = (0.0, 0.0)  # (mean, longest) tokens of the step's rows
@@ -329,9 +331,21 @@ class StepTime:
         return self.rollout + self.scoring + self.passes
 
     @property
+    def decoding_held(self) -> float:
+        """Seconds of a step the generators decode: the rollout's decoding; with partial rollouts the step's
+        tokens at full slots (the next rollout's rows fill a finishing one's empty slots) plus the KV recompute
+        after the push."""
+        if self.partial_rollouts:
+            return self.busy_generation + self.kv_recompute
+        return self.generating
+
+    @property
     def step(self) -> float:
         """One optimizer step: the phases in turn; one step off, the longer of the decoding and the trainer's
-        phases, then the weight transfer (neither side can start the next step before it)."""
+        phases, then the weight transfer (neither side can start the next step before it). With partial rollouts
+        the decoding is `decoding_held`, and a rollout decoded alone must end within the two steps it has."""
+        if self.partial_rollouts and self.rollout:
+            return max(self.decoding_held, self.trainer_phases, self.generating / 2) + self.transfer
         if self.one_step_off and self.rollout:
             return max(self.generating, self.trainer_phases) + self.transfer
         return self.before_update + self.update

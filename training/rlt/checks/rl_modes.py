@@ -26,11 +26,19 @@ MAX_COLOCATED_SHARE = 0.9  # vLLM's own default ceiling; the rest is the allocat
 # a change of topology has its own risks.
 MODE_CHANGE_GAIN = 0.05
 ENGINE_PHASE = "vLLM engine awake"
+# what each mode that samples ahead of the update costs in policy lag, printed beside its goodput
+OFF_POLICY = {
+    "oneStepOff": "; a row is at most 1 optimizer step off-policy",
+    "partialRollouts": (
+        "; a row is at most 2 optimizer steps off-policy, its tokens from up to two policies (each token's sampling "
+        "log-prob kept), and the rows depend on when a push meets them: not the same run to run"
+    ),
+}
 
 
 @dataclass(frozen=True)
 class ModeStep:
-    name: str  # separate, oneStepOff, colocated
+    name: str  # separate, oneStepOff, partialRollouts, colocated
     setting: str  # the spec values that select it
     step: StepTime | None
     result: Goodput | None
@@ -59,7 +67,7 @@ def variant(spec: RLTRunSpec, mode: str, overlap: str) -> RLTRunSpec:
         gen.gpu_memory_utilization = GENERATOR_SHARE
     gen.mode = mode  # type: ignore[assignment]
     gen.overlap = overlap  # type: ignore[assignment]
-    if overlap == "oneStepOff" and gen.importance_sampling == "off":
+    if overlap != "none" and gen.importance_sampling == "off":
         gen.importance_sampling = "tokenTruncate"
     return copy
 
@@ -114,9 +122,9 @@ def mode_steps(
     terms_of = stage_terms("rl")
     out = []
     has_generators = spec.resources.generator.gpus > 0 or spec.stages.rl.generation.mode == "colocate"
-    for name, overlap in (("separate", "none"), ("oneStepOff", "oneStepOff")):
+    for name, overlap in (("separate", "none"), ("oneStepOff", "oneStepOff"), ("partialRollouts", "partialRollouts")):
         setting = f"stages.rl.generation.mode: server, stages.rl.generation.overlap: {overlap}"
-        if overlap == "oneStepOff" and spec.stages.rl.generation.importance_sampling == "off":
+        if overlap != "none" and spec.stages.rl.generation.importance_sampling == "off":
             setting += ", stages.rl.generation.importanceSampling: tokenTruncate"
         if spec.stages.rl.generation.mode == "colocate":
             half = variant(spec, "server", overlap).resources
@@ -184,7 +192,7 @@ def mode_lines(
         if m.step is None or m.result is None:
             lines.append(f"rl mode {m.name} ({m.setting}): refused: {m.refused}")
             continue
-        extra = "; a row is at most 1 optimizer step off-policy" if m.name == "oneStepOff" else ""
+        extra = OFF_POLICY.get(m.name, "")
         lines.append(f"{goodput_line(m.step, f' mode {m.name} ({m.setting})')}{extra}")
     runnable = [m for m in steps if m.result is not None]
     if not runnable:
@@ -195,8 +203,8 @@ def mode_lines(
     why = f"the highest goodput: {best.result.share:.0%} (step {minutes(best.result.period)})" + (
         f" against {others}" if others else ""
     )
-    if best.name == "oneStepOff":
-        why += "; its price: a row is trained one optimizer step after the weights that sampled it"
+    if best.name in OFF_POLICY:
+        why += f"; its price:{OFF_POLICY[best.name].removeprefix(';')}"
     lines.append(f"rl: the plan chooses {best.name} ({best.setting}): {why}")
     current = _current_mode(spec)
     now = next((m.result.share for m in runnable if m.name == current and m.result), 0.0)
@@ -218,5 +226,5 @@ def _current_mode(spec: RLTRunSpec) -> str:
     if gen.mode == "colocate":
         return "colocated"
     if gen.mode == "server":
-        return "oneStepOff" if gen.overlap == "oneStepOff" else "separate"
+        return "separate" if gen.overlap == "none" else gen.overlap
     return "inprocess"

@@ -1,20 +1,31 @@
-"""One step off-policy rollouts (spec.stages.rl.generation.overlap oneStepOff): step k+1's rows are sampled while the
-trainer scores, runs the reference/old-policy passes and updates on step k's.
+"""Rollouts ahead of the update (spec.stages.rl.generation.overlap): oneStepOff samples step k+1's rows while the
+trainer scores, runs the reference pass and updates on step k's; partialRollouts keeps two steps' rollouts in flight
+on the generators and holds their unfinished rows through each weight push.
 
-Inside optimizer step k (TRL's global_step = k; the policy holds θ_k):
+Inside optimizer step k (TRL's global_step = k; the policy holds θ_k), one step off:
   1. the rollout in flight (step k's prompts, sampled on θ_{k-1}) is joined; its rows are step k's;
   2. the behaviour weights become θ_k (served: TRL's weight push, which first waits for every rank's rollout in
      flight, and which every rank waits for before it samples again; in-process: a copy of the policy) and step
      k+1's prompts, peeked from the dataloader, start sampling on θ_k in a background thread;
   3. step k's rows are scored and trained on: θ_k → θ_{k+1}.
-A row is trained by the step right after the weights that sampled it, never later (MAX_STEPS_OFF_POLICY): rows
-from older weights, or for other prompts than the step's, are dropped and the step samples on-policy. The first step,
-the first of each epoch (nothing to peek past an epoch's end) and the first after a resume sample on-policy.
+Partial rollouts (served only): step k+1's rollout started at step k−1 is still decoding when θ_k is pushed. Only
+step k's rollout is joined before the push; the push is wrapped as vLLM's pause (keep: the running rows stay where
+they are), TRL's push, the running rows' KV cache dropped (recomputed under θ_k when they are scheduled again) and
+resume; then step k+2's prompts start on θ_k beside step k+1's. An engine's decode slots stay full across steps
+instead of emptying at the end of each rollout (docs/goodput.md, "the decode tail"). A row's tokens then come from
+up to two policies, each token's behaviour log-prob the one its sampler used, and the row's content depends on when
+the push met it: such a run is not the same run to run (the seeds still fix each policy's draws).
+
+A row is trained at most `depth` optimizer steps after the weights that sampled its first token (steps_off_policy:
+1, or 2 with partial rollouts): rows from older weights, or for other prompts than the step's, are dropped and the
+step samples on-policy. The first step, the first of each epoch (nothing to peek past an epoch's end) and the first
+after a resume sample on-policy.
 
 Every rollout of the mode samples from a seed of its own, rollout_seed(spec.seed, the step that trains on it, rank):
 a torch.Generator in-process, vLLM's per-request seed served. The background rollout runs while the step draws from
 torch's shared generator (TRL shuffles the batch); on that shared generator the draws of the two threads would
-interleave by timing, and so would the whole run. Seeded, the run is the same however the threads are scheduled.
+interleave by timing, and so would the whole run. Seeded, the run is the same however the threads are scheduled
+(one step off).
 
 The correction is TRL's: each row keeps the behaviour policy's log-prob of every sampled token (the rollout's
 "logprobs", TRL's sampling_per_token_logps). Served, TRL's vLLM importance sampling weighs each token by
@@ -29,10 +40,11 @@ import copy
 import functools
 import hashlib
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,13 +62,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ONE_STEP_OFF = "oneStepOff"  # spec.stages.rl.generation.overlap
-MAX_STEPS_OFF_POLICY = 1  # optimizer steps between the weights that sample a row and the update that trains on it
+ONE_STEP_OFF, PARTIAL_ROLLOUTS = "oneStepOff", "partialRollouts"  # spec.stages.rl.generation.overlap
+# optimizer steps between the weights that sample a row's first token and the update that trains on it
+STEPS_OFF_POLICY = {"none": 0, ONE_STEP_OFF: 1, PARTIAL_ROLLOUTS: 2}
+OVERLAP_OF_DEPTH = {v: k for k, v in STEPS_OFF_POLICY.items()}
 
 
 def steps_off_policy(st: RlStage) -> int:
     """How many optimizer steps a row may be off-policy: the one place the runtime reads generation.overlap."""
-    return MAX_STEPS_OFF_POLICY if st.generation.overlap == ONE_STEP_OFF else 0
+    return STEPS_OFF_POLICY[st.generation.overlap]
 
 
 Sampled = tuple[list[list[int]], list[list[float]]]  # completion ids, the sampled tokens' log-probs
@@ -146,17 +160,24 @@ class ServedBehaviour:
     runs in a process of its own (ClientProcess), unless `generate` says otherwise."""
 
     def __init__(
-        self, base_url: str, st: RlStage, timeout: float, generate: Callable[..., Samples] | None = None
+        self,
+        base_url: str,
+        st: RlStage,
+        timeout: float,
+        generate: Callable[..., Samples] | None = None,
+        clients: int = 1,
     ) -> None:
         self.base_url, self.st, self.timeout = base_url, st, timeout
-        # rlt.method.generation.server_generate's arguments
-        self.generate: Callable[..., Samples] = generate or ClientProcess()
+        # rlt.method.generation.server_generate's arguments; a client per rollout in flight (each serves one request
+        # at a time), handed to whichever rollout asks
+        self.clients: queue.SimpleQueue[Callable[..., Samples]] = queue.SimpleQueue()
+        for _ in range(clients):
+            self.clients.put(generate or ClientProcess())
 
     def refresh(self, trainer: GRPOTrainer) -> None:
         return None
 
     def __call__(self, prompt_ids: list[list[int]], seed: int) -> Sampled:
-        st = self.st
         # vLLM seeds sample j of every prompt of a request with seed + j: a group's repeats go as one prompt with n
         # samples (the same prompt twice under one seed would be the same sequence twice)
         groups: dict[tuple[int, ...], list[int]] = {}
@@ -165,10 +186,25 @@ class ServedBehaviour:
         by_size: dict[int, list[tuple[int, ...]]] = {}
         for prompt, rows in groups.items():
             by_size.setdefault(len(rows), []).append(prompt)
+        generate = self.clients.get()
+        try:
+            return self._sampled(generate, prompt_ids, groups, by_size, seed)
+        finally:
+            self.clients.put(generate)
+
+    def _sampled(
+        self,
+        generate: Callable[..., Samples],
+        prompt_ids: list[list[int]],
+        groups: dict[tuple[int, ...], list[int]],
+        by_size: dict[int, list[tuple[int, ...]]],
+        seed: int,
+    ) -> Sampled:
+        st = self.st
         ids: list[list[int]] = [[] for _ in prompt_ids]
         logprobs: list[list[float]] = [[] for _ in prompt_ids]
         for n, prompts in sorted(by_size.items()):
-            s = self.generate(
+            s = generate(
                 self.base_url,
                 [list(p) for p in prompts],
                 n=n,
@@ -254,19 +290,23 @@ class Behaviour(Sampler, Protocol):
 @dataclass
 class InFlight:
     prompts: list[str]
-    version: int  # the global_step whose weights sample it
+    version: int  # the global_step whose weights sample its first tokens
     rows: Future[dict[str, Any]]
 
 
 class RolloutAhead:
-    """TRL's rollout_func for one-step-off training (the module's docstring says the order). `rollout` is the method's
-    rollout on the calling thread (timed into the step's timer), `rollout_ahead` the same rollout built on a timer of
-    its own: its phases overlap the step's and are reported apart."""
+    """TRL's rollout_func for rollouts ahead of the update (the module's docstring says the order). `rollout` is the
+    method's rollout on the calling thread (timed into the step's timer), `rollout_ahead` the same rollout built on a
+    timer of its own: its phases overlap the step's and are reported apart. `depth`: how many steps ahead rollouts
+    start (steps_off_policy), one background thread each."""
 
-    def __init__(self, rollout: RolloutFunc, rollout_ahead: RolloutFunc, behaviour: Behaviour, timer: PhaseTimer):
+    def __init__(
+        self, rollout: RolloutFunc, rollout_ahead: RolloutFunc, behaviour: Behaviour, timer: PhaseTimer, depth: int = 1
+    ) -> None:
         self.rollout, self.rollout_ahead, self.behaviour, self.timer = rollout, rollout_ahead, behaviour, timer
-        self.next_prompts: list[str] | None = None  # set by `peeking`'s get_batch_samples
-        self.in_flight: InFlight | None = None
+        self.depth = depth
+        self.next_prompts: list[list[str]] = []  # the next steps' prompts, in order (set by `peeking`)
+        self.in_flight: dict[int, InFlight] = {}  # by the global_step that trains on the rows
         self.behaviour_step = -1  # the global_step whose weights the behaviour holds
         self.counts = {"ahead": 0, "on_policy": 0, "dropped": 0}
 
@@ -283,40 +323,48 @@ class RolloutAhead:
         return rows
 
     def take(self, prompts: list[str], step: int) -> dict[str, Any] | None:
-        """The rows in flight if they are this step's prompts sampled at most MAX_STEPS_OFF_POLICY steps ago."""
-        if self.in_flight is None:
+        """The rows in flight for `step` if they are its prompts sampled at most `depth` steps ago; rollouts for
+        steps already past (none run in order; kept for safety) are dropped."""
+        for past in [s for s in self.in_flight if s < step]:
+            self.drop(self.in_flight.pop(past), step, "an earlier step's")
+        done = self.in_flight.pop(step, None)
+        if done is None:
             return None
-        done, self.in_flight = self.in_flight, None
         with self.timer.phase("generate"):  # the part of the rollout the step waits for
             rows = done.rows.result()  # re-raises the background rollout's error here
-        if done.prompts != prompts or step - done.version > MAX_STEPS_OFF_POLICY:
-            self.counts["dropped"] += 1
-            log.warning(
-                "one-step-off rollout dropped at step %d: sampled at step %d for %s prompts",
-                step,
-                done.version,
-                "the same" if done.prompts == prompts else "other",
-            )
+        if done.prompts != prompts or step - done.version > self.depth:
+            self.drop(done, step, "the same" if done.prompts == prompts else "other")
             return None
         return rows
 
+    def drop(self, done: InFlight, step: int, which: str) -> None:
+        self.counts["dropped"] += 1
+        log.warning("rollout ahead dropped at step %d: sampled at step %d for %s prompts", step, done.version, which)
+
     def start_next(self, trainer: GRPOTrainer) -> None:
-        nxt, self.next_prompts = self.next_prompts, None
-        if nxt is None or trainer.state.global_step + 1 >= trainer.state.max_steps:
-            return  # nothing peeked (an epoch's end), or no step left to use it
-        self.refreshed(trainer)
+        """Start the peeked steps' rollouts not yet in flight, up to `depth` steps ahead, on this step's weights."""
+        upcoming, self.next_prompts = self.next_prompts, []
+        now = trainer.state.global_step
+        for step, nxt in enumerate(upcoming[: self.depth], start=now + 1):
+            if step >= trainer.state.max_steps:
+                return  # no step left to use it
+            if step in self.in_flight:
+                continue
+            self.refreshed(trainer)
+            self.in_flight[step] = InFlight(nxt, now, self.started(nxt, trainer, step))
+
+    def started(self, prompts: list[str], trainer: GRPOTrainer, step: int) -> Future[dict[str, Any]]:
         rows: Future[dict[str, Any]] = Future()
-        step = trainer.state.global_step + 1  # the step that trains on these rows
 
         def work() -> None:
             try:
-                rows.set_result(self.sampled(self.rollout_ahead, nxt, trainer, step))
+                rows.set_result(self.sampled(self.rollout_ahead, prompts, trainer, step))
             except BaseException as e:  # handed to the step that takes the rows
                 rows.set_exception(e)
 
-        # a daemon: a stopping stage does not wait for the next step's rollout
-        threading.Thread(target=work, name="rlt-rollout-ahead", daemon=True).start()
-        self.in_flight = InFlight(nxt, trainer.state.global_step, rows)
+        # a daemon: a stopping stage does not wait for the next steps' rollouts
+        threading.Thread(target=work, name=f"rlt-rollout-ahead-{step}", daemon=True).start()
+        return rows
 
     def refreshed(self, trainer: GRPOTrainer) -> None:
         """The behaviour weights := this step's policy (once per step)."""
@@ -331,38 +379,46 @@ class RolloutAhead:
         with sampling_with(self.behaviour, seed):
             return rollout(prompts, trainer)
 
-    def join(self) -> None:
-        """Wait for the rollout in flight (kept for its step): the behaviour weights may change after this."""
-        if self.in_flight is not None:
-            with self.timer.phase("generate"):
-                self.in_flight.rows.exception()
+    def join(self, upto: int | None = None) -> None:
+        """Wait for the rollouts in flight for steps up to `upto` (all without it), kept for their steps: the
+        behaviour weights may change after this."""
+        for step in sorted(self.in_flight):
+            if upto is None or step <= upto:
+                with self.timer.phase("generate"):
+                    self.in_flight[step].rows.exception()
 
 
 def peeking(trainer_cls: type) -> type:
-    """A GRPOTrainer class whose get_batch_samples also takes the next optimizer step's batches from the epoch
-    iterator and tells the trainer's RolloutAhead (`trainer.rollout_ahead`) their prompts. The trainer loop sets
-    gradient sync itself (transformers 5: it prefetches a step's batches too), so reading one step early changes
-    nothing else."""
+    """A GRPOTrainer class whose get_batch_samples also takes the next optimizer steps' batches (as many as the
+    trainer's RolloutAhead, `trainer.rollout_ahead`, starts ahead: its depth) from the epoch iterator and tells it
+    their prompts. The trainer loop sets gradient sync itself (transformers 5: it prefetches a step's batches too),
+    so reading steps early changes nothing else."""
 
     class Peeking(trainer_cls):  # type: ignore[misc]  # a base known only at run time
         rollout_ahead: RolloutAhead | None = None
-        _peeked: tuple[Iterator[Any], list[Any]] | None = None
+        _peeked: tuple[Iterator[Any], list[list[Any]]] | None = None  # the iterator, the steps' batches read early
 
         def get_batch_samples(
             self, epoch_iterator: Iterator[Any], num_batches: int, device: torch.device
         ) -> tuple[list[Any], Any]:
             held, self._peeked = self._peeked, None
-            if held is not None and held[0] is epoch_iterator:
-                batches = held[1]
+            early = held[1] if held is not None and held[0] is epoch_iterator else []
+            if early:
+                batches = early.pop(0)
                 count = self._get_num_items_in_batch(batches, device)
             else:
                 batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
-            upcoming, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-            if upcoming:
-                self._peeked = (epoch_iterator, upcoming)
+            depth = self.rollout_ahead.depth if self.rollout_ahead is not None else 1
+            while len(early) < depth:
+                upcoming, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+                if not upcoming:
+                    break  # the epoch's end
+                early.append(upcoming)
+            if early:
+                self._peeked = (epoch_iterator, early)
             if self.rollout_ahead is not None:
                 # a step's first micro-batch is its whole generation batch (TRL: steps_per_generation = GA)
-                self.rollout_ahead.next_prompts = [row["prompt"] for row in upcoming[0]] if upcoming else None
+                self.rollout_ahead.next_prompts = [[row["prompt"] for row in b[0]] for b in early]
             return batches, count
 
     Peeking.__name__ = Peeking.__qualname__ = f"Peeking{trainer_cls.__name__}"
@@ -384,17 +440,54 @@ def behaviour_is_old_policy(trainer: GRPOTrainer) -> None:
     trainer._generate_and_score_completions = with_behaviour  # type: ignore[method-assign]  # this trainer only
 
 
-def wait_before_weight_push(trainer: GRPOTrainer, ahead: RolloutAhead) -> None:
-    """TRL pushes the policy's weights to the generators at the start of a step: every rank's rollout in flight must
-    have finished first (a request served across the push would mix two policies), and every rank waits for the
-    push to end before it sends the next rollout (only rank 0 talks to the server: the others would leave TRL's
-    push at once, and their requests would meet the old weights or the old prefix cache)."""
+def wait_before_weight_push(trainer: GRPOTrainer, ahead: RolloutAhead, hold: Hold | None = None) -> None:
+    """TRL pushes the policy's weights to the generators at the start of a step: the step's own rollout must have
+    finished first, and every rank waits for the push to end before it sends the next rollout (only rank 0 talks to
+    the server: the others would leave TRL's push at once, and their requests would meet the old weights or the old
+    prefix cache). One step off, that rollout is all there is in flight (a request served across the push would mix
+    two policies). With partial rollouts (`hold`: held_engine) the later steps' rollouts go on decoding: rank 0
+    pushes inside `hold`, which keeps their rows through the push and makes them go on under the new weights."""
     push: Callable[..., None] = trainer.vllm_generation.sync_weights  # TRL's is unannotated
 
     def after_rollouts(*a: Any, **kw: Any) -> None:
-        ahead.join()
+        ahead.join(upto=trainer.state.global_step)
         trainer.accelerator.wait_for_everyone()
-        push(*a, **kw)
+        if hold is not None and trainer.accelerator.is_main_process:
+            with hold():
+                push(*a, **kw)
+        else:
+            push(*a, **kw)
         trainer.accelerator.wait_for_everyone()
 
     trainer.vllm_generation.sync_weights = after_rollouts  # type: ignore[method-assign]  # this trainer only
+
+
+Hold = Callable[[], AbstractContextManager[None]]
+
+
+def held_engine(base_url: str, timeout: float) -> Hold:
+    """A context for the weight push with rows in flight on vLLM's server (0.32, dev mode; benchmarks/inflight_probe.py
+    holds and preempts rows this way on the CPU server, every row then going on token for token): the scheduler
+    paused with its running rows kept (POST /pause?mode=keep); after the block, their KV cache dropped, so each row
+    goes on over a cache the new weights compute from its prompt and tokens so far (POST
+    /reset_prefix_cache?reset_running_requests=true), and resumed (POST /resume, also when the block fails)."""
+
+    def post(path: str, **params: str) -> None:
+        import requests
+
+        r = requests.post(f"{base_url}{path}", params=params, timeout=timeout)
+        if r.status_code != 200:
+            raise RuntimeError(f"vLLM server {base_url}: POST {path} answered {r.status_code}: {r.text[:300]}")
+
+    @contextmanager
+    def held() -> Iterator[None]:
+        # clear_cache false: the KV cache is dropped once, after the push (vLLM 0.32 drops it at the pause too by
+        # default, which the push would make stale anyway, and its docs say a future one will not)
+        post("/pause", mode="keep", clear_cache="false")
+        try:
+            yield
+            post("/reset_prefix_cache", reset_running_requests="true")
+        finally:
+            post("/resume")
+
+    return held

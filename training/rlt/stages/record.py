@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -128,10 +129,12 @@ class Recorder:
 
 
 class PhaseTimer:
-    """Seconds per phase of the current optimizer step."""
+    """Seconds per phase of the current optimizer step. Thread-safe: rollouts ahead of the update (two with partial
+    rollouts) time their phases into one timer from their own threads."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.lock = threading.Lock()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -139,10 +142,12 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+            with self.lock:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def take(self) -> dict[str, float]:
-        out, self.seconds = self.seconds, {}
+        with self.lock:
+            out, self.seconds = self.seconds, {}
         return out
 
 

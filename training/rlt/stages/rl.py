@@ -180,7 +180,8 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
             f"({st.per_device_batch_size} × {world})"
         )
     gen = st.generation
-    ahead = overlap.steps_off_policy(st) > 0  # overlap oneStepOff: rows sampled one step ahead (rlt.stages.overlap)
+    depth = overlap.steps_off_policy(st)  # rows sampled steps ahead of the update (rlt.stages.overlap)
+    ahead = depth > 0
     server, colocate = gen.mode == "server", gen.mode == "colocate"
     if server and not gen.server_url:
         raise ValueError("stages.rl.generation.serverUrl: required when mode is server (the operator sets it)")
@@ -191,8 +192,8 @@ def grpo_options(ctx: StageContext, device: str) -> dict[str, Any]:
         )
     if ahead and server and gen.importance_sampling == "off":
         raise ValueError(
-            "stages.rl.generation.importanceSampling: overlap oneStepOff needs TRL's importance sampling (a row is sampled "
-            "one update before it is trained on); choose a mode, e.g. tokenTruncate"
+            f"stages.rl.generation.importanceSampling: overlap {overlap.OVERLAP_OF_DEPTH[depth]} needs TRL's importance "
+            "sampling (a row is sampled updates before it is trained on); choose a mode, e.g. tokenTruncate"
         )
     correct_is = (server or colocate) and gen.importance_sampling != "off"
     vllm: dict[str, Any] = {"use_vllm": server or colocate, "vllm_mode": "colocate" if colocate else "server"}
@@ -346,18 +347,26 @@ def rollout_ahead(
     rollout_in_background: RolloutFunc,
     timer: PhaseTimer,
 ) -> overlap.RolloutAhead | None:
-    """The one-step-off rollout (rlt.stages.overlap) when generation.overlap asks for it: on the generators in
-    server mode (TRL pushes the weights), in-process with a copy of the policy."""
+    """The rollouts ahead of the update (rlt.stages.overlap) when generation.overlap asks for them: on the generators
+    in server mode (TRL pushes the weights; one client process per rollout in flight), in-process with a copy of the
+    policy (one step off only: the spec refuses partial rollouts there)."""
     st = ctx.spec.stages.rl
-    if not overlap.steps_off_policy(st):
+    depth = overlap.steps_off_policy(st)
+    if not depth:
         return None
     if args.use_vllm:
         url = cast(str, st.generation.server_url)  # grpo_options: server mode has a serverUrl
-        behaviour: overlap.Behaviour = overlap.ServedBehaviour(url, st, st.generation.server_timeout_seconds)
+        timeout = st.generation.server_timeout_seconds
+        behaviour: overlap.Behaviour = overlap.ServedBehaviour(url, st, timeout, clients=depth)
     else:
         behaviour = overlap.LocalBehaviour(tokenizer, st)
-    log.info("stage rl: one step off-policy rollouts (%s)", type(behaviour).__name__)
-    return overlap.RolloutAhead(rollout, rollout_in_background, behaviour, timer)
+    log.info(
+        "stage rl: rollouts up to %d steps ahead (%s, overlap %s)",
+        depth,
+        type(behaviour).__name__,
+        st.generation.overlap,
+    )
+    return overlap.RolloutAhead(rollout, rollout_in_background, behaviour, timer, depth)
 
 
 def train_grpo(
@@ -437,8 +446,12 @@ def train_grpo(
                 return sync(*a, **kw)
 
         trainer.vllm_generation.sync_weights = timed_sync  # type: ignore[method-assign]  # wrapped on this trainer only
-        if ahead is not None:
-            overlap.wait_before_weight_push(trainer, ahead)
+        if ahead is not None:  # partial rollouts: the later steps' rows held through the push (overlap.held_engine)
+            gen = ctx.spec.stages.rl.generation
+            hold = (
+                overlap.held_engine(cast(str, gen.server_url), gen.server_timeout_seconds) if ahead.depth > 1 else None
+            )
+            overlap.wait_before_weight_push(trainer, ahead, hold)
     if args.use_vllm and args.vllm_importance_sampling_correction:
         # TRL logs the ratio's min/mean/max; the share it masked or clipped is what says how much loss was dropped
         def count(ratio: torch.Tensor, completion_mask: torch.Tensor) -> None:

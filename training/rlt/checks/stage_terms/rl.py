@@ -168,10 +168,9 @@ def _rl_phases(
         tp = gen.tensor_parallel_size if server else 1
         slots = min(slots, max(1, kv_sequences(spec, shape, memory, math.ceil(mean), tp, b)))
     at_once = min(rl.batch_size, engines * slots)
-    # GRPO's reference at beta > 0 (LoRA: the base with its adapter off, still a whole forward); TRL's old-policy
-    # forward only for its vLLM importance sampling correction (rlt aligns generation with the optimizer step)
+    # GRPO's reference at beta > 0 (LoRA: the base with its adapter off, still a whole forward). TRL's old-policy
+    # forward for its vLLM importance sampling is folded into the update's (rlt.stages.folded_ratio): none here
     names = ["reference pass"] if rl.beta > 0 else []
-    names += ["old-policy pass"] if mode != "inprocess" and rl.generation.importance_sampling != "off" else []
     tokens = rows * mean
     fig = figures(spec)
     decode = fig.decode_tokens_per_s
@@ -183,6 +182,12 @@ def _rl_phases(
         engine = Engine(weights, kv, round(mean - completion), slots, decode, fig.gpu.bandwidth)
         tail = rollout(engine, math.ceil(rl.batch_size / engines), rl.max_completion_length, MEAN_COMPLETION_SHARE)
         busy = tail.seconds - tail.empty
+    # partial rollouts: after each push an engine's running rows (its slots; live rows hold a third of the longest
+    # completion on average, rlt.checks.decode_tail) recompute their KV cache under the new weights: a prefill
+    partial = server and rl.generation.overlap == "partialRollouts"
+    live = mean - completion + rl.max_completion_length / 3
+    tp = gen.tensor_parallel_size if server else 1
+    kv_recompute = seconds_of(slots * live * 2 * shape.params / tp, spec) if partial else 0.0
     return replace(
         t,
         reads_prompts=True,
@@ -195,7 +200,9 @@ def _rl_phases(
         if mode != "inprocess"
         else 0.0,
         engine_switch=ENGINE_WAKE_SLEEP_SECONDS if mode == "colocate" else 0.0,
-        one_step_off=rl.generation.overlap == "oneStepOff" and mode != "colocate",
+        one_step_off=rl.generation.overlap != "none" and mode != "colocate",
+        partial_rollouts=partial,
+        kv_recompute=kv_recompute,
         scoring=seconds_of(tokens * 2 * student.params, spec) if student is not None else 0.0,
         passes_work=seconds_of(tokens * 2 * shape.params * len(names), spec),
         passes_name=" + ".join(names),

@@ -118,11 +118,14 @@ class GenerationSpec(ServerSpec):
         "paper; when on, the masked or clipped share per step is a metric).",
     )
     importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
-    overlap: Literal["none", "oneStepOff"] = Field(
+    overlap: Literal["none", "oneStepOff", "partialRollouts"] = Field(
         "none",
         description="none: each step generates, then trains. oneStepOff: the generators produce step k+1's rollouts "
         "while the trainers update on step k (a row is trained at most one optimizer step after the weights that "
-        "sampled it; the GRPO clip and the importance ratio correct for it). For mode server; mode colocate has "
+        "sampled it; the GRPO clip and the importance ratio correct for it). partialRollouts (mode server): two "
+        "steps' rollouts in flight, their unfinished rows held through each weight push and continued under the "
+        "new weights, so the engines' decode slots stay full (a row's tokens come from up to two policies, each "
+        "token's sampling log-prob kept; at most two steps off-policy; not the same run to run). Mode colocate has "
         "nothing to overlap (the same GPUs generate and train). `rlt plan` prints each mode's goodput and the one "
         "it would choose (docs/goodput.md).",
     )
@@ -235,7 +238,8 @@ class RlStage(TrainerOptions):
         if not self.enabled:
             return problems
         mode, generator = self.generation.mode, spec.resources.generator
-        one_step_off = self.generation.overlap == "oneStepOff"
+        overlap = self.generation.overlap
+        one_step_off = overlap != "none"  # rows sampled ahead of the update: oneStepOff or partialRollouts
         if mode == "colocate" and spec.resources.trainer.gpus == 0:
             problems.append(
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
@@ -243,8 +247,14 @@ class RlStage(TrainerOptions):
             )
         if mode == "server" and one_step_off and self.generation.importance_sampling == "off":
             problems.append(
-                "stages.rl.generation.importanceSampling: off with overlap oneStepOff; a row sampled by the previous "
-                "step's weights needs the importance ratio: use tokenTruncate (TRL's default) or another mode"
+                f"stages.rl.generation.importanceSampling: off with overlap {overlap}; a row sampled by earlier "
+                "steps' weights needs the importance ratio: use tokenTruncate (TRL's default) or another mode"
+            )
+        if overlap == "partialRollouts" and mode == "inprocess":
+            problems.append(
+                "stages.rl.generation.overlap: partialRollouts with mode inprocess; partial rollouts hold the "
+                "generators' unfinished rows through the weight push (vLLM's pause and resume), which an in-process "
+                "sampler has no way to do: use mode server, or overlap oneStepOff"
             )
         if one_step_off and mode == "inprocess" and self.top_p < 1:
             # the behaviour log-probs are of the nucleus renormalised; TRL's policy log-probs are the plain tempered
@@ -262,7 +272,7 @@ class RlStage(TrainerOptions):
             )
         if one_step_off and method_info(spec.method).samples_student:
             problems.append(
-                f"stages.rl.generation.overlap: oneStepOff with method {spec.method}, which samples the frozen "
+                f"stages.rl.generation.overlap: {overlap} with method {spec.method}, which samples the frozen "
                 "student during rl (its probes in the background rollout, its answers in the reward on the training "
                 "thread: one model, torch's shared generator, two threads), so the run would depend on thread "
                 "timing: use overlap none"
