@@ -145,14 +145,17 @@ def stop_cost_table(examples_dir) -> str:
     bounds = {
         "rollout": "decoding step by step, the batch emptying in its tail (rlt.checks.decode_tail) + weight transfer",
         "scoring": "the reward student's forward over the rank's rows",
-        "reference/old-policy passes": "one forward each, × rank imbalance",
+        "reference pass": "one forward, × rank imbalance (the old-policy pass is folded into the update's forward)",
         "one micro-batch": "rows of the longest allowed length (forward, backward, recompute)",
         "save": "checkpoint bytes / write rate + 60 s (a stop's; a periodic save blocks for the local write)",
         "write rate assumed": "storage.writeBytesPerSecond, else the default",
         "grace period `rlt plan` prints": (
             "the sum of the above, the decoding at least the earlier bound (a stop may arrive at any phase)"
         ),
-        "one step": "rollout + scoring + passes + update (one step off: the longer of decoding and the rest, + sync)",
+        "one step": (
+            "rollout + scoring + passes + update (one step off: the longer of decoding and the rest, + sync; partial "
+            "rollouts: the decoding at full slots + KV recompute)"
+        ),
         "goodput": "the algorithm's work over held GPU-seconds (docs/goodput.md); largest loss",
     }
     for name in STOP_COST_EXAMPLES:
@@ -163,7 +166,7 @@ def stop_cost_table(examples_dir) -> str:
         values = {
             "rollout": minutes(t.rollout),
             "scoring": minutes(t.scoring),
-            "reference/old-policy passes": f"{minutes(t.passes)} ({t.passes_name})" if t.passes else "-",
+            "reference pass": f"{minutes(t.passes)} ({t.passes_name})" if t.passes else "-",
             "one micro-batch": minutes(t.longest_micro),
             "save": minutes(t.save),
             "write rate assumed": f"{write_rate(spec)[0] / 1e6:.0f} MB/s",

@@ -133,7 +133,7 @@ def test_the_paper_step_counts_real_prompt_lengths_not_max_prompt_length():
     assert shorter.scoring / base.scoring == pytest.approx((1024 + 16384 / 2) / tokens)
 
 
-def test_the_update_counts_recompute_imbalance_and_the_old_policy_pass():
+def test_the_update_counts_recompute_imbalance_and_no_old_policy_pass():
     from rlt.checks.step_time import rank_imbalance
 
     doc = _doc()
@@ -160,7 +160,8 @@ def test_the_update_counts_recompute_imbalance_and_the_old_policy_pass():
     doc = _doc()
     doc["spec"]["stages"]["rl"]["generation"].update(overlap="none", importanceSampling="tokenTruncate")
     both = _rl(doc)
-    assert both.passes_name == "reference pass + old-policy pass" and both.passes == pytest.approx(2 * base.passes)
+    # TRL's old-policy pass for its importance ratio is folded into the update's forward (rlt.stages.folded_ratio)
+    assert both.passes_name == "reference pass" and both.passes == pytest.approx(base.passes)
 
 
 def test_the_rollout_is_its_decoding_step_by_step_plus_the_transfer():
@@ -216,7 +217,7 @@ def test_rlt_plan_prints_the_phases_the_grace_and_the_goodput_of_paper_7b_and_2x
     for name, gpus in (("rltrun-paper-7b.yaml", 8), ("rltrun-2x8.yaml", 16)):
         assert main(["plan", str(EXAMPLES / name)]) == 0
         out = capsys.readouterr().out
-        assert "stopping: rl: one step ≈ " in out and "the longer of the next step's decoding " in out, out
+        assert "stopping: rl: one step ≈ " in out and "the step's decoding at full slots " in out, out
         assert "stopping: write rate: 100 MB/s (the default 100M" in out
         assert "stopping: rl: a stop needs " in out and "+ a save " in out
         line = next(x for x in out.splitlines() if x.startswith("  goodput: rl: "))

@@ -281,7 +281,14 @@ def phase_lines(spec: RLTRunSpec, t: StepTime) -> list[str]:
         for name, v in (("scoring", t.scoring), (t.passes_name, t.passes), ("update", t.update))
         if v
     )
-    if t.one_step_off and t.rollout:
+    if t.partial_rollouts and t.rollout:
+        how = (
+            f"the longest of the step's decoding at full slots {minutes(t.busy_generation)} plus the running rows' KV "
+            f"recompute {minutes(t.kv_recompute)}, this step's {trainer}, and half of a rollout decoded alone "
+            f"{minutes(t.generating / 2)} (it has two steps); then the weight sync {minutes(t.transfer)} (overlap "
+            "partialRollouts)"
+        )
+    elif t.one_step_off and t.rollout:
         how = (
             f"the longer of the next step's decoding {minutes(t.generating)} and this step's {trainer}, then the "
             f"weight sync {minutes(t.transfer)} (overlap oneStepOff)"

@@ -453,30 +453,37 @@ def train_grpo(
             )
             overlap.wait_before_weight_push(trainer, ahead, hold)
     if args.use_vllm and args.vllm_importance_sampling_correction:
-        # TRL logs the ratio's min/mean/max; the share it masked or clipped is what says how much loss was dropped
-        def count(ratio: torch.Tensor, completion_mask: torch.Tensor) -> None:
-            hit, total = clipped_share(
-                ratio,
-                completion_mask,
-                args.vllm_importance_sampling_mode,
-                cast(float, args.vllm_importance_sampling_clip_max),  # grpo_options sets it (importanceSamplingCap)
-                args.vllm_importance_sampling_clip_min,
-            )
-            clipped["hit"] += hit
-            clipped["all"] += total
-
-        if cast("FoldedTrainer", trainer).fold_ratio:  # the ratio is made in each micro-batch's loss
-            cast("FoldedTrainer", trainer).ratio_seen = count
-        else:
-            generate_and_score = trainer._generate_and_score_completions
-
-            def counted(*a: Any, **kw: Any) -> dict[str, Any]:
-                out = generate_and_score(*a, **kw)
-                count(out["importance_sampling_ratio"], out["completion_mask"])
-                return out
-
-            trainer._generate_and_score_completions = counted  # type: ignore[method-assign]  # on this trainer only
+        count_clipped_ratio(trainer, args, clipped)
     return run.train(trainer)
+
+
+def count_clipped_ratio(trainer: GRPOTrainer, args: GRPOConfig, clipped: dict[str, float]) -> None:
+    """Adds the share of TRL's importance-sampling ratio it masked or clipped to `clipped` (hit, all): TRL logs the
+    ratio's min/mean/max, the share is what says how much loss was dropped. Folded (rlt.stages.folded_ratio), each
+    micro-batch's loss makes the ratio; else TRL's scoring does."""
+
+    def count(ratio: torch.Tensor, completion_mask: torch.Tensor) -> None:
+        hit, total = clipped_share(
+            ratio,
+            completion_mask,
+            args.vllm_importance_sampling_mode,
+            cast(float, args.vllm_importance_sampling_clip_max),  # grpo_options sets it (importanceSamplingCap)
+            args.vllm_importance_sampling_clip_min,
+        )
+        clipped["hit"] += hit
+        clipped["all"] += total
+
+    if cast("FoldedTrainer", trainer).fold_ratio:
+        cast("FoldedTrainer", trainer).ratio_seen = count
+        return
+    generate_and_score = trainer._generate_and_score_completions
+
+    def counted(*a: Any, **kw: Any) -> dict[str, Any]:
+        out = generate_and_score(*a, **kw)
+        count(out["importance_sampling_ratio"], out["completion_mask"])
+        return out
+
+    trainer._generate_and_score_completions = counted  # type: ignore[method-assign]  # on this trainer only
 
 
 def run_rl(ctx: StageContext) -> str:
