@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -126,6 +127,9 @@ def sample_policy(
     return s.completion_ids, s.logprobs
 
 
+COUNT_LOCK = threading.Lock()
+
+
 def make_rollout(
     tokenizer: PreTrainedTokenizerBase, timer: PhaseTimer, st: RlStage, counters: dict[str, int]
 ) -> RolloutFunc:
@@ -140,7 +144,8 @@ def make_rollout(
         with timer.phase("generate"):
             group = cast(int, trainer.num_generations)  # grpo_options always sets num_generations
             completion_ids, logprobs = sample_policy(trainer, tokenizer, prompt_ids, group, st)
-        counters["generated_tokens"] += sum(len(c) for c in completion_ids)
+        with COUNT_LOCK:  # rollouts ahead of the update count from their own threads
+            counters["generated_tokens"] += sum(len(c) for c in completion_ids)
         return {
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,
@@ -407,7 +412,8 @@ def train_grpo(
         if clipped["all"]:
             values["importance_sampling_clipped"] = clipped["hit"] / clipped["all"]
             clipped.update(hit=0.0, all=0.0)
-        values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
+        with COUNT_LOCK:
+            values["generated_tokens"], counters["generated_tokens"] = counters["generated_tokens"], 0
         values["tokens_per_second"] = values["generated_tokens"] / step_seconds if step_seconds > 0 else 0.0
         # rlt.stages.balance: the step's rank imbalance (the trainer is rank_balanced's class)
         values.update(cast("BalanceFigures", trainer).balance_figures())
