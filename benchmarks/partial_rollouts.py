@@ -39,7 +39,6 @@ roofline), so the two arms' steps differ by other shares here: the ratio, 0.91, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -53,7 +52,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # suite_helpers: the vLLM command the test suite uses
 
-PROMPT = "Explain why the sum of two even numbers is even."
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from decode_tail import complete  # noqa: E402  # one row made to exactly its length (ignore_eos, min_tokens)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -65,26 +65,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train", type=float, default=0.0, help="seconds a step trains (default: 0.8 × a lone rollout)")
     p.add_argument("--push", type=float, default=0.2, help="seconds the stand-in weight push takes")
     return p.parse_args(argv)
-
-
-def complete(base: str, max_tokens: int, seed: int) -> int:
-    body = {
-        "model": "tiny",
-        "prompt": PROMPT,
-        "max_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 1.0,
-        "seed": seed,
-    }
-    req = urllib.request.Request(
-        f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        made: int = json.loads(resp.read())["usage"]["completion_tokens"]
-    if made != max_tokens:
-        raise RuntimeError(f"asked for {max_tokens} tokens, the server made {made}")
-    return made
 
 
 def lengths(rows: int, longest: int, step: int) -> list[int]:
