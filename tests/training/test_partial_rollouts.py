@@ -81,3 +81,19 @@ def test_a_failed_push_still_resumes_the_engine(vllm_server):
         raise RuntimeError("push failed")
     ids, _ = sample(base, seed=5)  # served: the engine is not left paused
     assert len(ids) == ROWS and all(ids)
+
+
+def test_a_stage_resumes_generators_a_killed_run_left_paused(vllm_server):
+    """A trainer killed inside the hold leaves the server paused (keep): rlt.stages.overlap.resume_engine, sent before
+    a partial-rollouts stage's first step, lets it serve again."""
+    import requests
+
+    from rlt.stages.overlap import resume_engine
+
+    base = vllm_server.base
+    requests.post(f"{base}/pause", params={"mode": "keep", "clear_cache": "false"}, timeout=60).raise_for_status()
+    assert requests.get(f"{base}/is_paused", timeout=30).json().get("is_paused") is True
+    resume_engine(base, timeout=60)
+    resume_engine(base, timeout=60)  # idempotent
+    ids, _ = sample(base, seed=6)
+    assert len(ids) == ROWS and all(ids)

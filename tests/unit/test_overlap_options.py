@@ -260,3 +260,38 @@ def test_two_rollouts_stay_in_flight_and_each_step_trains_its_own(monkeypatch):
     # step 0 on-policy; 1-3 and 5 from their rollouts; step 4's rollout was for p4, the step's prompts "other"
     assert ahead.counts == {"ahead": 4, "on_policy": 2, "dropped": 1}
     assert behaviour.refreshed == [0, 1, 2, 3, 4]  # the behaviour follows the policy once per step that starts one
+
+
+def test_served_rows_are_corrected_once_by_the_folded_ratio():
+    """Served with overlap, TRL's importance ratio (folded: rlt.stages.folded_ratio) is the correction: the
+    behaviour log-probs must not also become old_per_token_logps (GRPO's clip around π_θ/μ, then the ratio again).
+    In-process they are the correction. And a batch that carries both is refused by the folded loss."""
+    import torch
+
+    from rlt.stages import overlap
+    from rlt.stages.folded_ratio import folded_ratio
+
+    def scored(*a, **kw):
+        return {"sampling_per_token_logps": torch.zeros(1, 2)}
+
+    served = SimpleNamespace(use_vllm=True, _generate_and_score_completions=scored)
+    overlap.behaviour_is_old_policy(served)
+    assert "old_per_token_logps" not in served._generate_and_score_completions()
+    local = SimpleNamespace(use_vllm=False, _generate_and_score_completions=scored)
+    overlap.behaviour_is_old_policy(local)
+    out = local._generate_and_score_completions()
+    assert out["old_per_token_logps"] is out["sampling_per_token_logps"]
+
+    class Base:  # a hand-written stand-in for GRPOTrainer's attributes and loss
+        def __init__(self):
+            self.args = SimpleNamespace(gradient_accumulation_steps=2, steps_per_generation=2)
+            self.use_vllm = self.vllm_importance_sampling_correction = True
+            self.num_iterations = 1
+
+        def _compute_loss(self, model, inputs):
+            return 0.0
+
+    trainer = folded_ratio(Base)()
+    assert trainer.fold_ratio and trainer._compute_loss(None, {"completion_mask": torch.ones(1, 2)}) == 0.0
+    with pytest.raises(RuntimeError, match="both correct the same lag"):
+        trainer._compute_loss(None, {"old_per_token_logps": torch.zeros(1, 2)})

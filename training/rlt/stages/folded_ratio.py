@@ -95,6 +95,12 @@ def folded_ratio(trainer_cls: type) -> type:
             return out
 
         def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+            if self.fold_ratio and inputs.get("old_per_token_logps") is not None:
+                # GRPO's clip would then weigh π_θ/old and the ratio weigh π_θ/μ again: a correction counted twice
+                raise RuntimeError(
+                    "folded importance ratio: the batch carries old_per_token_logps; TRL's importance sampling and "
+                    "a behaviour policy's log-probs as old-policy log-probs would both correct the same lag"
+                )
             self._loss_inputs = inputs if self.fold_ratio else None
             try:
                 loss: torch.Tensor = super()._compute_loss(model, inputs)

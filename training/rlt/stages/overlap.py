@@ -428,7 +428,11 @@ def peeking(trainer_cls: type) -> type:
 def behaviour_is_old_policy(trainer: GRPOTrainer) -> None:
     """In-process: the rows' behaviour log-probs become TRL's old_per_token_logps (TRL leaves them unset when the
     generation batch is one optimizer step, taking the policy's own, detached: ratio 1), so GRPO's clipped ratio is
-    π_θ/μ. Served with TRL's importance sampling, TRL computes old_per_token_logps itself and this does nothing."""
+    π_θ/μ. Served (vLLM), TRL's importance sampling is the correction, its ratio made from the update's forward
+    (rlt.stages.folded_ratio), which also leaves old_per_token_logps unset: setting it here too would correct twice
+    (the clip around π_θ/μ, then the ratio again), so nothing is wrapped."""
+    if trainer.use_vllm:
+        return
     generate_and_score: Callable[..., dict[str, Any]] = trainer._generate_and_score_completions
 
     def with_behaviour(*a: Any, **kw: Any) -> dict[str, Any]:
@@ -463,6 +467,16 @@ def wait_before_weight_push(trainer: GRPOTrainer, ahead: RolloutAhead, hold: Hol
 
 
 Hold = Callable[[], AbstractContextManager[None]]
+
+
+def resume_engine(base_url: str, timeout: float) -> None:
+    """POST /resume (idempotent): a trainer killed inside held_engine's pause leaves the generators paused, and the
+    next rollout would wait on them until its timeout; the stage sends it before its first step."""
+    import requests
+
+    r = requests.post(f"{base_url}/resume", timeout=timeout)
+    if r.status_code != 200:
+        raise RuntimeError(f"vLLM server {base_url}: POST /resume answered {r.status_code}: {r.text[:300]}")
 
 
 def held_engine(base_url: str, timeout: float) -> Hold:

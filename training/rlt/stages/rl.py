@@ -454,9 +454,11 @@ def train_grpo(
         trainer.vllm_generation.sync_weights = timed_sync  # type: ignore[method-assign]  # wrapped on this trainer only
         if ahead is not None:  # partial rollouts: the later steps' rows held through the push (overlap.held_engine)
             gen = ctx.spec.stages.rl.generation
-            hold = (
-                overlap.held_engine(cast(str, gen.server_url), gen.server_timeout_seconds) if ahead.depth > 1 else None
-            )
+            hold = None
+            if ahead.depth > 1:
+                hold = overlap.held_engine(cast(str, gen.server_url), gen.server_timeout_seconds)
+                if trainer.accelerator.is_main_process:  # a run killed inside a hold left the generators paused
+                    overlap.resume_engine(cast(str, gen.server_url), gen.server_timeout_seconds)
             overlap.wait_before_weight_push(trainer, ahead, hold)
     if args.use_vllm and args.vllm_importance_sampling_correction:
         count_clipped_ratio(trainer, args, clipped)
