@@ -258,3 +258,16 @@ def test_distill_shows_its_layouts_and_chooses_the_fewest_gpu_hours():
     assert int(served.rsplit("goodput ", 1)[1].rstrip("%")) < 70  # the trainer GPUs wait on the decoding
     best = min(walls, key=walls.__getitem__)
     assert any(x.startswith(f"distill: the plan chooses {best} (the fewest GPU-hours") for x in lines), lines
+
+
+def test_the_plan_never_chooses_an_overlap_the_spec_refuses_for_the_method():
+    """RCL samples the frozen student during rl (its probes) on the rollout's thread and the reward's: the spec
+    refuses overlap for it, so the plan refuses those modes too, naming why, and does not ask for them."""
+    doc = _doc()
+    doc["spec"]["method"] = "rcl"
+    doc["spec"]["stages"]["distill"]["enabled"] = False
+    doc["spec"]["stages"]["rl"]["generation"]["overlap"] = "none"
+    modes = _modes(doc)
+    for name in ("oneStepOff", "partialRollouts"):
+        assert modes[name].result is None and "samples the frozen student" in modes[name].refused, modes[name]
+    assert modes["separate"].result is not None

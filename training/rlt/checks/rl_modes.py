@@ -18,6 +18,7 @@ from rlt.checks.goodput import Goodput, goodput, goodput_line
 from rlt.checks.gpu_memory import VLLM_NON_KV, kv_sequences
 from rlt.checks.model_shape import Shapes, dtype_bytes
 from rlt.checks.plan_terms import Plan, PlanInputs, PromptTokens, StepTime, gib, stage_terms
+from rlt.contract.method_registry import method_info
 from rlt.spec.run import RLTRunSpec
 
 GENERATOR_SHARE = 0.9  # a generator pod's gpuMemoryUtilization (the spec's default) when a colocated spec is split
@@ -134,6 +135,10 @@ def mode_steps(
             )
         if not has_generators:
             out.append(ModeStep(name, setting, None, None, "resources.generator.gpus is 0"))
+            continue
+        if overlap != "none" and method_info(spec.method).samples_student:  # the spec refuses it (rlt.spec.stages)
+            why = f"method {spec.method} samples the frozen student during rl on two threads"
+            out.append(ModeStep(name, setting, None, None, why))
             continue
         t = terms_of.step_time(variant(spec, "server", overlap), shapes, True, prompts, gpu_memory)
         out.append(ModeStep(name, setting, t, goodput(t) if t else None))
