@@ -105,7 +105,9 @@ def test_folded_ratio_trains_as_trls_old_policy_pass(tmp_path, monkeypatch):
         w_two, loss_two, ratio_two, passes_two, start = trained(tmp_path, mp, fold=False)
     w_one, loss_one, ratio_one, passes_one, _ = trained(tmp_path, monkeypatch, fold=True)
     assert passes_two >= STEPS and passes_one == 0  # TRL's pass ran each step; folded, never
-    assert len(loss_two) == STEPS and loss_one == pytest.approx(loss_two, rel=1e-5, abs=1e-7)
+    # GRPO's loss is ~0 at each step (advantages sum to zero within a group; ~1e-7 here), its last bits the float
+    # summation order's: compared to that scale only; the ratios and the weights below carry the property
+    assert len(loss_two) == STEPS and loss_one == pytest.approx(loss_two, abs=1e-6)
     # the same rows, each token's ratio TRL's: 1.2 (truncated) where vLLM's log-prob was moved down, ~0.74 where up
     assert ratio_one.keys() == ratio_two.keys() and len(ratio_one) == STEPS
     truncated = 0
@@ -116,6 +118,6 @@ def test_folded_ratio_trains_as_trls_old_policy_pass(tmp_path, monkeypatch):
             truncated += int((ratio == CAP).sum())
     assert truncated > 0 and any(bool((r < 0.8).any()) for rows in ratio_two.values() for r in rows.values())
     # and the update is the same: the policy after the steps, weight for weight
-    assert all(torch.allclose(w_one[k], w_two[k], atol=1e-5) for k in w_two)
+    assert all(torch.allclose(w_one[k], w_two[k], atol=1e-4) for k in w_two)  # float order: ~3e-6 seen; moved 3e-2
     moved = max((w_two[k].float() - start[k].float()).abs().max().item() for k in start)
     assert moved > 1e-3  # the steps did move the policy (lr 1e-2): the equality above is not of untouched weights
