@@ -179,12 +179,20 @@ def run_name(arm: str, seed: int) -> str:
 
 
 def run_spec(
-    s: Settings, arm: str, seed: int, heldout_file: str, part: str = "all", name: str | None = None
+    s: Settings,
+    arm: str,
+    seed: int,
+    heldout_file: str,
+    part: str = "all",
+    name: str | None = None,
+    fp32: bool = False,
 ) -> dict[str, Any]:
     """The RLTRun of one unit. Every arm shares the student stage and the evaluation; the teacher arms differ only
     in their sft/rl stages (constant learning rates, so sft-continued's first warm-up steps are the rl arm's
     warm-up). part "teacher": the teacher stages and distill only (seed: the teacher seed); "student": student and
-    evaluate only (seed: the student seed; its distillation data is put in place before it runs); "all": both."""
+    evaluate only (seed: the student seed; its distillation data is put in place before it runs); "all": both.
+    fp32: the weights and the training in float32 whatever the device (a teacher unit on a GPU, where rlt's auto is
+    bf16, trains as the CPU units do; on CPU auto is float32 already)."""
     if arm not in ARMS:
         raise ValueError(f"arm {arm!r}: choose from {', '.join(ARMS)}")
     if part not in ("all", "teacher", "student"):
@@ -208,6 +216,9 @@ def run_spec(
         sft["maxSteps"] = s.warmup_steps + s.rl_steps  # compute-matched: one optimizer step per RL step
     else:
         sft["epochs"] = float(s.max_epochs)  # sft-convergence stops earlier (ConvergenceStop); raw/friendly: off
+    models: dict[str, Any] = {"model": s.model} | ({"dtype": "float32"} if fp32 else {})
+    if fp32:
+        sft["precision"] = "fp32"
     return {
         "apiVersion": "rlt.dev/v1alpha1",
         "kind": "RLTRun",
@@ -215,8 +226,8 @@ def run_spec(
         "spec": {
             "method": "rlt",
             "seed": seed,
-            "teacher": {"model": s.model},
-            "student": {"model": s.model},
+            "teacher": dict(models),
+            "student": dict(models),
             "dataset": {"source": f"builtin:{s.task}", "size": s.train_rows, "seed": 0},
             "resources": {"trainer": {"gpus": 1}},  # one trainer process: the batch sizes are per run
             "stages": {
@@ -235,7 +246,8 @@ def run_spec(
                     "saveSteps": RL_SAVE,
                     "gradientCheckpointing": False,
                     "reward": {"lambda": s.kl_weight, "batchSize": 8},
-                },
+                }
+                | ({"precision": "fp32"} if fp32 else {}),
                 # one explanation per question, kept whatever its reward: filtering would be a second treatment
                 "distill": {
                     "enabled": teacher,
@@ -367,7 +379,8 @@ def teacher_unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
     quiet_libraries()
     name = unit_name(arm)
     t0, earlier = time.perf_counter(), read_rows(pieces_file(out, name, seed))
-    run = parse_run(run_spec(s, arm, seed, write_heldout(s, out), part="teacher"))
+    on_gpu = device_name() != "cpu"  # a lent GPU (benchmarks/gpu_teachers.py): trained in float32 as on CPU
+    run = parse_run(run_spec(s, arm, seed, write_heldout(s, out), part="teacher", fp32=on_gpu))
     layout = RunLayout.for_run(out, run.name)
     convergence = layout.root / "convergence.json"
     stop = convergence_stop(loss_rows(s), s.patience, convergence) if arm == "sft-convergence" else None
