@@ -224,7 +224,8 @@ def device_run(args: argparse.Namespace) -> int:
 
     def command(u: UnitRun) -> list[str]:
         cmd = [sys.executable, "-u", str(SCRIPT), "--out", str(work), "--units", str(work / "units.jsonl")]
-        return cmd + ["--unit", u.name, "--seed", str(u.seed)] + (["--quick"] if args.quick else [])
+        cmd += ["--unit", u.name, "--seed", str(u.seed), "--no-plots"]  # the box has no matplotlib
+        return cmd + (["--quick"] if args.quick else [])
 
     peak: dict[str, Any] = {}
     looked = [0.0]

@@ -363,9 +363,10 @@ def distil_and_evaluate(
     } | stamp(s, summary, t0, earlier)
 
 
-def teacher_unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
+def teacher_unit(s: Settings, out: Path, arm: str, seed: int, plots: bool = True) -> dict[str, Any]:
     """A teacher arm's teacher stages and distill under teacher seed `seed`; its row records the explanations'
-    summary and where its distillation dataset is (relative to `out`, with its sha256 for the students to check)."""
+    summary and where its distillation dataset is (relative to `out`, with its sha256 for the students to check).
+    plots False: the run draws none (the GPU box has no matplotlib)."""
     import contextlib
 
     from rlt.contract.layout import RunLayout
@@ -385,7 +386,7 @@ def teacher_unit(s: Settings, out: Path, arm: str, seed: int) -> dict[str, Any]:
     convergence = layout.root / "convergence.json"
     stop = convergence_stop(loss_rows(s), s.patience, convergence) if arm == "sft-convergence" else None
     with stop or contextlib.nullcontext():
-        summary = run_local(run, out, metrics_port=None, show_progress=False)
+        summary = run_local(run, out, metrics_port=None, show_progress=False, plots_wanted=plots)
     explained = list(read_jsonl(layout.distill_dataset))
     if len(explained) != s.train_rows:
         raise SystemExit(f"{layout.distill_dataset}: {len(explained)} explanations, {s.train_rows} training rows")
@@ -499,6 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--commit", action="store_true", help="commit each unit's row (a teacher's dataset too) at once")
     p.add_argument("--unit", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--no-plots", action="store_true", help=argparse.SUPPRESS)  # a teacher unit on the GPU box
     args = p.parse_args(argv)
     s = QUICK if args.quick else Settings()
     settings = "quick" if args.quick else "protocol"
@@ -513,7 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.unit:
         arm, student = parse_unit(args.unit)
         if student is None:
-            row = teacher_unit(s, out, arm, args.seed)
+            row = teacher_unit(s, out, arm, args.seed, plots=not args.no_plots)
         else:
             teacher = teacher_row(args.units, arm, args.seed, settings) if arm in TEACHER_ARMS else None
             row = student_unit(s, out, arm, args.seed, student, teacher)

@@ -114,6 +114,7 @@ def run_local(
     show_progress: bool = True,
     from_stage: str | None = None,
     port_fallback: bool = False,
+    plots_wanted: bool = True,
 ) -> dict[str, Any]:
     name_the_accelerator()
     layout = RunLayout.for_run(output, run.name)
@@ -175,14 +176,15 @@ def run_local(
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
             # Each stage's plots as soon as it ends: a long run has something to look at before the last stage.
-            plots = make_plots(layout.metrics_file, layout.plots_dir, run.name, run_caveat(run))
+            # plots_wanted False: none (a box without matplotlib: benchmarks/gpu_teachers.py's units).
+            plots = make_plots(layout.metrics_file, layout.plots_dir, run.name, run_caveat(run)) if plots_wanted else []
             for plot in plots:
                 if plot not in shown:
                     print(f"[{name}] plot: {plot}", flush=True)
             shown.update(plots)
-        if plots is None:  # every stage was done before: the plots of what the folder holds
+        if plots is None and plots_wanted:  # every stage was done before: the plots of what the folder holds
             plots = make_plots(layout.metrics_file, layout.plots_dir, run.name, run_caveat(run))
-        summary = summarize(layout, info, time.perf_counter() - started, plots)
+        summary = summarize(layout, info, time.perf_counter() - started, plots or [])
         if data_summary is not None:
             summary["data"] = data_summary
         caveat = run_caveat(run)
