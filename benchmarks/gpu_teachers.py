@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="the device: where teachers.json and teachers.tar.gz go ($OUT)")
     p.add_argument("--work", default="/tmp/rlt-teachers", help="the device: the units' run folders (stay on the box)")
     p.add_argument("--seeds", type=seed_list, default=seed_list("1-15"), help="teacher seeds, e.g. 2-15")
-    p.add_argument("--parallel", type=int, default=14, help="teacher units at a time on the GPU")
+    p.add_argument("--parallel", type=int, default=8, help="teacher units at a time on the GPU")
     p.add_argument("--minutes", type=float, default=7.0, help="the device: what still runs then is killed")
     p.add_argument("--quick", action="store_true", help="the tiny model and sizes (the rehearsal)")
     p.add_argument("--units", help="the units file (default: the committed one; --quick: required)")

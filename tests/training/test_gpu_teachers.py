@@ -217,3 +217,28 @@ def test_a_teacher_unit_on_a_gpu_trains_in_float32_as_on_cpu(tmp_path):
         assert trainer_precision("cuda", p.precision)["bf16"] is False
         assert trainer_precision("cuda", a.precision)["bf16"] is True
         assert trainer_precision("cpu", p.precision) == trainer_precision("cpu", a.precision)
+
+
+@pytest.mark.slow
+def test_the_device_run_brings_back_each_finished_teachers_row_and_dataset(gt, tmp_path):
+    """The device half on CPU with the tiny model (--quick): seed 2's two real teacher units side by side, then
+    teachers.json (both done, the code's fingerprint) and teachers.tar.gz (their rows, each dataset the bytes its
+    row's sha256 names) — what the import reads."""
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--work", str(tmp_path / "work"), "--quick", "--units", str(tmp_path / "none.jsonl")]
+    assert gt["main"](argv + ["--seeds", "2", "--parallel", "2", "--minutes", "20"]) == 0
+    summary = json.loads((out / "teachers.json").read_text())
+    assert [(u["name"], u["seed"], u["status"]) for u in summary["units"]] == [
+        ("rl.teacher", 2, "done"),
+        ("sft-continued.teacher", 2, "done"),
+    ]
+    assert summary["code_fingerprint"] == gt["tree_fingerprint"](ROOT) and summary["rows"] == 2
+    with tarfile.open(out / "teachers.tar.gz") as tar:
+        rows = [json.loads(line) for line in tar.extractfile("rows.jsonl").read().decode().splitlines()]
+        assert [(r["unit"], r["settings"], r["device"]) for r in rows] == [
+            ("rl.teacher", "quick", "cpu"),
+            ("sft-continued.teacher", "quick", "cpu"),
+        ]
+        for r in rows:
+            data = gzip.decompress(tar.extractfile(f"records/{r['dataset']}").read())
+            assert hashlib.sha256(data).hexdigest() == r["dataset_sha256"] and len(data.splitlines()) == 16
