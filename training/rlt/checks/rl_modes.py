@@ -20,6 +20,7 @@ from rlt.checks.model_shape import Shapes, dtype_bytes
 from rlt.checks.plan_terms import Plan, PlanInputs, PromptTokens, StepTime, gib, stage_terms
 from rlt.contract.method_registry import method_info
 from rlt.spec.run import RLTRunSpec
+from rlt.spec.stages.rl import NO_OVERLAP, ONE_STEP_OFF, PARTIAL_ROLLOUTS
 
 GENERATOR_SHARE = 0.9  # a generator pod's gpuMemoryUtilization (the spec's default) when a colocated spec is split
 MAX_COLOCATED_SHARE = 0.9  # vLLM's own default ceiling; the rest is the allocator's slack
@@ -29,8 +30,8 @@ MODE_CHANGE_GAIN = 0.05
 ENGINE_PHASE = "vLLM engine awake"
 # what each mode that samples ahead of the update costs in policy lag, printed beside its goodput
 OFF_POLICY = {
-    "oneStepOff": "; a row is at most 1 optimizer step off-policy",
-    "partialRollouts": (
+    ONE_STEP_OFF: "; a row is at most 1 optimizer step off-policy",
+    PARTIAL_ROLLOUTS: (
         "; a row is at most 2 optimizer steps off-policy, its tokens from up to two policies (each token's sampling "
         "log-prob kept), and the rows depend on when a push meets them: not the same run to run"
     ),
@@ -68,7 +69,7 @@ def variant(spec: RLTRunSpec, mode: str, overlap: str) -> RLTRunSpec:
         gen.gpu_memory_utilization = GENERATOR_SHARE
     gen.mode = mode  # type: ignore[assignment]
     gen.overlap = overlap  # type: ignore[assignment]
-    if overlap != "none" and gen.importance_sampling == "off":
+    if overlap != NO_OVERLAP and gen.importance_sampling == "off":
         gen.importance_sampling = "tokenTruncate"
     return copy
 
@@ -83,7 +84,7 @@ def colocated_variant(spec: RLTRunSpec, node_gpus: int) -> tuple[RLTRunSpec | No
     per_node = min(total, node_gpus)
     if total == 0 or total % per_node:
         return None, f"{total} GPUs do not split into nodes of {per_node}"
-    copy = variant(spec, "colocate", "none")
+    copy = variant(spec, "colocate", NO_OVERLAP)
     copy.resources.trainer.nodes, copy.resources.trainer.gpus = total // per_node, per_node
     return copy, ""
 
@@ -123,9 +124,9 @@ def mode_steps(
     terms_of = stage_terms("rl")
     out = []
     has_generators = spec.resources.generator.gpus > 0 or spec.stages.rl.generation.mode == "colocate"
-    for name, overlap in (("separate", "none"), ("oneStepOff", "oneStepOff"), ("partialRollouts", "partialRollouts")):
+    for name, overlap in (("separate", NO_OVERLAP), (ONE_STEP_OFF, ONE_STEP_OFF), (PARTIAL_ROLLOUTS, PARTIAL_ROLLOUTS)):
         setting = f"stages.rl.generation.mode: server, stages.rl.generation.overlap: {overlap}"
-        if overlap != "none" and spec.stages.rl.generation.importance_sampling == "off":
+        if overlap != NO_OVERLAP and spec.stages.rl.generation.importance_sampling == "off":
             setting += ", stages.rl.generation.importanceSampling: tokenTruncate"
         if spec.stages.rl.generation.mode == "colocate":
             half = variant(spec, "server", overlap).resources
@@ -136,7 +137,7 @@ def mode_steps(
         if not has_generators:
             out.append(ModeStep(name, setting, None, None, "resources.generator.gpus is 0"))
             continue
-        if overlap != "none" and method_info(spec.method).samples_student:  # the spec refuses it (rlt.spec.stages)
+        if overlap != NO_OVERLAP and method_info(spec.method).samples_student:  # the spec refuses it (rlt.spec.stages)
             why = f"method {spec.method} samples the frozen student during rl on two threads"
             out.append(ModeStep(name, setting, None, None, why))
             continue
@@ -231,5 +232,5 @@ def _current_mode(spec: RLTRunSpec) -> str:
     if gen.mode == "colocate":
         return "colocated"
     if gen.mode == "server":
-        return "separate" if gen.overlap == "none" else gen.overlap
+        return "separate" if gen.overlap == NO_OVERLAP else gen.overlap
     return "inprocess"

@@ -48,6 +48,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlt.spec.stages.rl import NO_OVERLAP, ONE_STEP_OFF, PARTIAL_ROLLOUTS
+
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
@@ -62,9 +64,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ONE_STEP_OFF, PARTIAL_ROLLOUTS = "oneStepOff", "partialRollouts"  # spec.stages.rl.generation.overlap
 # optimizer steps between the weights that sample a row's first token and the update that trains on it
-STEPS_OFF_POLICY = {"none": 0, ONE_STEP_OFF: 1, PARTIAL_ROLLOUTS: 2}
+STEPS_OFF_POLICY = {NO_OVERLAP: 0, ONE_STEP_OFF: 1, PARTIAL_ROLLOUTS: 2}
 OVERLAP_OF_DEPTH = {v: k for k, v in STEPS_OFF_POLICY.items()}
 
 

@@ -33,6 +33,7 @@ from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import DEALABLE_LOSSES
+from rlt.spec.stages.rl import NO_OVERLAP, PARTIAL_ROLLOUTS
 
 # A sleeping vLLM engine keeps its CUDA graphs and allocator pools on the GPU: ~0.5-1 GiB for a 7B model (vLLM's
 # sleep-mode notes); a documented estimate, not measured here.
@@ -184,7 +185,7 @@ def _rl_phases(
         busy = tail.seconds - tail.empty
     # partial rollouts: after each push an engine's running rows (its slots; live rows hold a third of the longest
     # completion on average, rlt.checks.decode_tail) recompute their KV cache under the new weights: a prefill
-    partial = server and rl.generation.overlap == "partialRollouts"
+    partial = server and rl.generation.overlap == PARTIAL_ROLLOUTS
     live = mean - completion + rl.max_completion_length / 3
     tp = gen.tensor_parallel_size if server else 1
     kv_recompute = seconds_of(slots * live * 2 * shape.params / tp, spec) if partial else 0.0
@@ -200,7 +201,7 @@ def _rl_phases(
         if mode != "inprocess"
         else 0.0,
         engine_switch=ENGINE_WAKE_SLEEP_SECONDS if mode == "colocate" else 0.0,
-        one_step_off=rl.generation.overlap != "none" and mode != "colocate",
+        one_step_off=rl.generation.overlap != NO_OVERLAP and mode != "colocate",
         partial_rollouts=partial,
         kv_recompute=kv_recompute,
         scoring=seconds_of(tokens * 2 * student.params, spec) if student is not None else 0.0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -18,6 +18,10 @@ from rlt.spec.stages.shared import (
     TrainerOptions,
     check_micro_batches,
 )
+
+# spec.stages.rl.generation.overlap: the one place its values are named (the runtime, the plan and the docs read them)
+Overlap = Literal["none", "oneStepOff", "partialRollouts"]
+NO_OVERLAP, ONE_STEP_OFF, PARTIAL_ROLLOUTS = get_args(Overlap)
 
 RL_OWNED_ARGS: dict[str, str] = {
     **TRAINER_OWNED_ARGS,
@@ -118,8 +122,8 @@ class GenerationSpec(ServerSpec):
         "paper; when on, the masked or clipped share per step is a metric).",
     )
     importance_sampling_cap: float = Field(3.0, gt=1, description="Upper bound of the importance ratio when it is on.")
-    overlap: Literal["none", "oneStepOff", "partialRollouts"] = Field(
-        "none",
+    overlap: Overlap = Field(
+        NO_OVERLAP,
         description="none: each step generates, then trains. oneStepOff: the generators produce step k+1's rollouts "
         "while the trainers update on step k (a row is trained at most one optimizer step after the weights that "
         "sampled it; the GRPO clip and the importance ratio correct for it). partialRollouts (mode server): two "
@@ -239,24 +243,24 @@ class RlStage(TrainerOptions):
             return problems
         mode, generator = self.generation.mode, spec.resources.generator
         overlap = self.generation.overlap
-        one_step_off = overlap != "none"  # rows sampled ahead of the update: oneStepOff or partialRollouts
+        ahead = overlap != NO_OVERLAP  # rows sampled ahead of the update: oneStepOff or partialRollouts
         if mode == "colocate" and spec.resources.trainer.gpus == 0:
             problems.append(
                 "resources.trainer.gpus: 0 with stages.rl.generation.mode colocate, which runs vLLM on the "
                 "trainer's GPUs; give the trainer GPUs or use mode server (vLLM pods) or inprocess"
             )
-        if mode == "server" and one_step_off and self.generation.importance_sampling == "off":
+        if mode == "server" and ahead and self.generation.importance_sampling == "off":
             problems.append(
                 f"stages.rl.generation.importanceSampling: off with overlap {overlap}; a row sampled by earlier "
                 "steps' weights needs the importance ratio: use tokenTruncate (TRL's default) or another mode"
             )
-        if overlap == "partialRollouts" and mode == "inprocess":
+        if overlap == PARTIAL_ROLLOUTS and mode == "inprocess":
             problems.append(
                 "stages.rl.generation.overlap: partialRollouts with mode inprocess; partial rollouts hold the "
                 "generators' unfinished rows through the weight push (vLLM's pause and resume), which an in-process "
                 "sampler has no way to do: use mode server, or overlap oneStepOff"
             )
-        if one_step_off and mode == "inprocess" and self.top_p < 1:
+        if ahead and mode == "inprocess" and self.top_p < 1:
             # the behaviour log-probs are of the nucleus renormalised; TRL's policy log-probs are the plain tempered
             # softmax: their ratio is the nucleus mass (< 1) even on-policy, and GRPO's clip would bias the update
             problems.append(
@@ -264,20 +268,20 @@ class RlStage(TrainerOptions):
                 "the behaviour policy would carry the nucleus' mass: use topP 1, or mode server (TRL's importance "
                 "sampling)"
             )
-        if one_step_off and mode == "inprocess" and self.trainer_args.get("cast_lm_head_to_fp32"):
+        if ahead and mode == "inprocess" and self.trainer_args.get("cast_lm_head_to_fp32"):
             problems.append(
                 "stages.rl.trainerArgs.cast_lm_head_to_fp32 with overlap oneStepOff in mode inprocess; TRL's fp32 "
                 "head is a closure over the policy's own head, so the behaviour copy would sample with the weights "
                 "the optimizer is changing: drop it, or use mode server"
             )
-        if one_step_off and method_info(spec.method).samples_student:
+        if ahead and method_info(spec.method).samples_student:
             problems.append(
                 f"stages.rl.generation.overlap: {overlap} with method {spec.method}, which samples the frozen "
                 "student during rl (its probes in the background rollout, its answers in the reward on the training "
                 "thread: one model, torch's shared generator, two threads), so the run would depend on thread "
                 "timing: use overlap none"
             )
-        if mode == "colocate" and self.generation.overlap != "none":
+        if mode == "colocate" and self.generation.overlap != NO_OVERLAP:
             problems.append(
                 f"stages.rl.generation.overlap: {self.generation.overlap} with mode colocate, whose trainer GPUs "
                 "generate and train in turn (nothing to overlap); use mode server with overlap oneStepOff, or overlap "
