@@ -169,6 +169,57 @@ def test_partial_rollouts_hold_the_later_rows_through_rank_zeros_push():
         assert order == [("join", 7), "barrier", *inside, "barrier"]
 
 
+def test_the_hold_and_the_push_are_the_steps_weight_sync_and_the_rollouts_wait_is_not(monkeypatch):
+    """The pause, the push and the KV reset with the resume are timed as weight_sync; the wait for step k's rollout
+    is not (a fake clock that the stand-ins advance: the join 100 s, the pause 1, the push 2, the reset 4)."""
+    from contextlib import contextmanager
+
+    from rlt.stages import overlap, record
+
+    now = [0.0]
+    monkeypatch.setattr(record, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def advance(seconds):
+        now[0] += seconds
+
+    @contextmanager
+    def hold():
+        advance(1)
+        yield
+        advance(4)
+
+    trainer = pushing([])
+    trainer.vllm_generation.sync_weights = lambda: advance(2)
+    timer = record.PhaseTimer()
+    overlap.wait_before_weight_push(trainer, SimpleNamespace(join=lambda upto=None: advance(100)), hold, timer)
+    trainer.vllm_generation.sync_weights()
+    assert timer.take() == {"weight_sync": 7.0}
+
+
+def test_a_phase_counts_wall_time_once_however_many_blocks_overlap_and_never_more_than_its_step(monkeypatch):
+    """Two rollouts generating at once (partial rollouts) count their overlap once; a rollout still running when the
+    step's figures are taken gives that step its seconds so far and the next the rest (a fake clock)."""
+    from rlt.stages import record
+
+    now = [0.0]
+    monkeypatch.setattr(record, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    timer = record.PhaseTimer()
+    first, second = timer.phase("generate"), timer.phase("generate")
+    first.__enter__()  # t 0: step k+1's rollout
+    now[0] = 1.0
+    second.__enter__()  # t 1: step k+2's, beside it
+    now[0] = 3.0
+    first.__exit__(None, None, None)
+    now[0] = 4.0
+    assert timer.take() == {"generate": 4.0}  # not 3 + 3: the step lasted 4 s
+    now[0] = 6.5
+    second.__exit__(None, None, None)
+    with timer.phase("reward"):
+        now[0] = 7.0
+    assert timer.take() == {"generate": 2.5, "reward": 0.5}  # the rest of step k+2's rollout
+    assert timer.take() == {}
+
+
 def partial_doc(**gen):
     doc = tiny_doc()
     doc["spec"]["stages"]["rl"]["generation"] = {"mode": "server", "importanceSampling": "tokenTruncate", **gen}

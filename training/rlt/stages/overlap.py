@@ -44,7 +44,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -445,24 +445,29 @@ def behaviour_is_old_policy(trainer: GRPOTrainer) -> None:
     trainer._generate_and_score_completions = with_behaviour  # type: ignore[method-assign]  # this trainer only
 
 
-def wait_before_weight_push(trainer: GRPOTrainer, ahead: RolloutAhead, hold: Hold | None = None) -> None:
+def wait_before_weight_push(
+    trainer: GRPOTrainer, ahead: RolloutAhead, hold: Hold | None = None, timer: PhaseTimer | None = None
+) -> None:
     """TRL pushes the policy's weights to the generators at the start of a step: the step's own rollout must have
     finished first, and every rank waits for the push to end before it sends the next rollout (only rank 0 talks to
     the server: the others would leave TRL's push at once, and their requests would meet the old weights or the old
     prefix cache). One step off, that rollout is all there is in flight (a request served across the push would mix
     two policies). With partial rollouts (`hold`: held_engine) the later steps' rollouts go on decoding: rank 0
-    pushes inside `hold`, which keeps their rows through the push and makes them go on under the new weights."""
+    pushes inside `hold`, which keeps their rows through the push and makes them go on under the new weights.
+    `timer`: the push, the hold's calls to the server and the ranks' wait for them are its "weight_sync" phase (the
+    wait for the step's rollout is not: the rollout times itself)."""
     push: Callable[..., None] = trainer.vllm_generation.sync_weights  # TRL's is unannotated
 
     def after_rollouts(*a: Any, **kw: Any) -> None:
         ahead.join(upto=trainer.state.global_step)
         trainer.accelerator.wait_for_everyone()
-        if hold is not None and trainer.accelerator.is_main_process:
-            with hold():
+        with timer.phase("weight_sync") if timer is not None else nullcontext():
+            if hold is not None and trainer.accelerator.is_main_process:
+                with hold():
+                    push(*a, **kw)
+            else:
                 push(*a, **kw)
-        else:
-            push(*a, **kw)
-        trainer.accelerator.wait_for_everyone()
+            trainer.accelerator.wait_for_everyone()
 
     trainer.vllm_generation.sync_weights = after_rollouts  # type: ignore[method-assign]  # this trainer only
 

@@ -130,24 +130,36 @@ class Recorder:
 
 class PhaseTimer:
     """Seconds per phase of the current optimizer step. Thread-safe: rollouts ahead of the update (two with partial
-    rollouts) time their phases into one timer from their own threads."""
+    rollouts) time their phases into one timer from their own threads. A phase counts wall time: while one or more
+    of its blocks are open (two rollouts generating at once count once), and a block still open when the step's
+    figures are taken gives that step its seconds so far and the next step the rest, so no phase exceeds its step."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.open: dict[str, tuple[int, float]] = {}  # phase -> (blocks open, since when this step counts them)
         self.lock = threading.Lock()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
+        with self.lock:
+            blocks, since = self.open.get(name, (0, 0.0))
+            self.open[name] = (blocks + 1, since if blocks else time.perf_counter())
         try:
             yield
         finally:
             with self.lock:
-                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+                blocks, since = self.open.pop(name)
+                if blocks > 1:
+                    self.open[name] = (blocks - 1, since)
+                else:
+                    self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - since
 
     def take(self) -> dict[str, float]:
         with self.lock:
-            out, self.seconds = self.seconds, {}
+            out, self.seconds, now = self.seconds, {}, time.perf_counter()
+            for name, (blocks, since) in self.open.items():
+                out[name] = out.get(name, 0.0) + now - since
+                self.open[name] = (blocks, now)
         return out
 
 

@@ -444,7 +444,15 @@ def train_grpo(
     ds = args.deepspeed if isinstance(args.deepspeed, dict) else {}
     use_pairwise_ref_sync(trainer, zero3=ds.get("zero_optimization", {}).get("stage") == 3)
     keep_reference_in_checkpoints(trainer)  # a resume continues with the synced reference, not the start model
-    if args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
+    if args.use_vllm and ahead is not None:  # the push after the step's rollout, timed with the hold's calls
+        gen = ctx.spec.stages.rl.generation
+        hold = None
+        if ahead.depth > 1:  # partial rollouts: the later steps' rows held through the push (overlap.held_engine)
+            hold = overlap.held_engine(cast(str, gen.server_url), gen.server_timeout_seconds)
+            if trainer.accelerator.is_main_process:  # a run killed inside a hold left the generators paused
+                overlap.resume_engine(cast(str, gen.server_url), gen.server_timeout_seconds)
+        overlap.wait_before_weight_push(trainer, ahead, hold, timer)
+    elif args.use_vllm:  # time TRL's weight push to vLLM (server or colocated) as its own phase
         sync: Callable[..., None] = trainer.vllm_generation.sync_weights  # TRL's is unannotated
 
         def timed_sync(*a: Any, **kw: Any) -> None:
@@ -452,14 +460,6 @@ def train_grpo(
                 return sync(*a, **kw)
 
         trainer.vllm_generation.sync_weights = timed_sync  # type: ignore[method-assign]  # wrapped on this trainer only
-        if ahead is not None:  # partial rollouts: the later steps' rows held through the push (overlap.held_engine)
-            gen = ctx.spec.stages.rl.generation
-            hold = None
-            if ahead.depth > 1:
-                hold = overlap.held_engine(cast(str, gen.server_url), gen.server_timeout_seconds)
-                if trainer.accelerator.is_main_process:  # a run killed inside a hold left the generators paused
-                    overlap.resume_engine(cast(str, gen.server_url), gen.server_timeout_seconds)
-            overlap.wait_before_weight_push(trainer, ahead, hold)
     if args.use_vllm and args.vllm_importance_sampling_correction:
         count_clipped_ratio(trainer, args, clipped)
     return run.train(trainer)
