@@ -412,7 +412,19 @@ def teacher_unit(s: Settings, out: Path, arm: str, seed: int, plots: bool = True
     } | stamp(s, summary, t0, earlier)
     if convergence.exists():
         row["convergence"] = json.loads(convergence.read_text())
+    if arm == "rl":
+        row["rl_tokens"] = rl_tokens(layout.metrics_file)
     return row
+
+
+def rl_tokens(metrics_file: Path) -> dict[str, Any]:
+    """What the rl stage generated, measured (the design states compute-matched in tokens as well as steps): its
+    steps and the completion tokens they sampled, from the run's metrics.jsonl (a step a resumed piece logged twice
+    counted once)."""
+    from rlt.run.plots import latest_per_step, read_metrics
+
+    steps = latest_per_step(read_metrics(metrics_file), "rl")
+    return {"steps": len(steps), "generated": int(sum(r.get("generated_tokens", 0) for r in steps))}
 
 
 def student_unit(
