@@ -59,6 +59,10 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.failed_trainer_pod("tiny", "rl", "aaaaa", "RuntimeError: boom")
     await harness.trainer_failed("tiny", "rl")
     await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart")
+    await harness.wait(  # the status may be written before the kept pod's patch is sent (a busy machine)
+        lambda: any(r.method == "PATCH" and "/pods/" in r.url.path for r in harness.cluster._requests),
+        "the failed pod kept (pods patch)",
+    )
     await harness.patch_run("tiny", {"spec": {"seed": 7}})  # config follows the spec: configmap patch
     await harness.wait(
         lambda: any(r.method == "PATCH" and "configmaps" in r.url.path for r in harness.cluster._requests),
