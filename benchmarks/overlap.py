@@ -149,10 +149,10 @@ def run_arm(arm: str, opts, rows: list[dict]) -> dict:
     )
     timer, ahead_timer = PhaseTimer(), PhaseTimer()
     counters = {"generated_tokens": 0}
-    from rlt.method.generation import server_generate
-
     # the rollout's HTTP client: a process of its own (rlt's), or, arm "oneStepOff-thread", a thread of this process
-    served = overlap.ServedBehaviour(opts.base, st, timeout=600, generate=server_generate if "thread" in arm else None)
+    served = overlap.ServedBehaviour(
+        opts.base, st, timeout=600, generate=overlap.generate_all if "thread" in arm else None
+    )
     rollout = make_rollout(tok, timer, st, counters)
     steps: list[dict] = []
     sent: dict[str, float] = {}  # when the step sent its next rollout (oneStepOff)

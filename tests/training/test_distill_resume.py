@@ -286,26 +286,28 @@ def test_a_stream_cut_every_time_is_a_clear_error(stub, monkeypatch):
 
 
 def test_the_rollout_client_process_answers_as_server_generate(stub):
-    """rlt.stages.overlap.ClientProcess (a one-step-off rollout's HTTP client, in a spawned process of its own): the
-    same samples as server_generate in-process, the child's errors raised in the parent with their message, and a
-    dead child a clear error, not a hang."""
-    from rlt.stages.overlap import ClientProcess
+    """rlt.stages.overlap.ClientProcess (a one-step-off rollout's HTTP client, in a spawned process of its own): a
+    rollout's requests, sent together, give each the samples server_generate gives it in-process; the child's errors
+    are raised in the parent with their message, and a dead child is a clear error, not a hang."""
+    from rlt.stages.overlap import ClientProcess, Request
 
     server, url = stub
     FlakyVllmStub.fail = 0
-    args = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=2, seed=7)
-    here = generation.server_generate(url, [[1, 2], [3]], **args)
+    args = dict(temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=30)
+    here = [generation.server_generate(url, [p], n=2, seed=s, **args) for p, s in (([1, 2], 7), ([3], 8))]
+    rollout = [Request([1, 2], 2, 7), Request([3], 2, 8)]
     client = ClientProcess()
-    assert client(url, [[1, 2], [3]], **args) == here
-    assert client.proc is not None and client.proc.pid != os.getpid() and FlakyVllmStub.posts == 2
+    FlakyVllmStub.posts = 0
+    assert client(url, rollout, **args) == here
+    assert client.proc is not None and client.proc.pid != os.getpid() and FlakyVllmStub.posts == 2  # one per request
     with pytest.raises(RuntimeError, match=r"RuntimeError: vLLM server nowhere:"):
-        client("nowhere:", [[1]], **args)  # no scheme: requests refuses it at once, no retries
-    assert client(url, [[3]], **args).completion_ids == here.completion_ids[2:]  # still serving after the error
+        client("nowhere:", rollout, **args)  # no scheme: requests refuses it at once, no retries
+    assert client(url, rollout[1:], **args) == here[1:]  # still serving after the error
     client.proc.kill()
     client.proc.join(10)
     with pytest.raises(RuntimeError, match=r"client process ended \(exit code -9\)"):
-        client(url, [[1]], **args)
-    assert client(url, [[3]], **args).completion_ids == here.completion_ids[2:]  # a new child on the next call
+        client(url, rollout, **args)
+    assert client(url, rollout[1:], **args) == here[1:]  # a new child on the next call
 
 
 def stage_against(url: str, out: Path, rows: int = 12) -> Path:

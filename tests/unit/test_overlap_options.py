@@ -66,33 +66,42 @@ def test_off_by_default(tmp_path):
 
 
 def test_served_rollouts_are_seeded_per_group():
-    """ServedBehaviour: a group's repeats go to vLLM as one prompt with n samples under the rollout's seed (vLLM seeds
-    sample j with seed + j; the same prompt twice under one seed would be one sequence twice), and the samples come
-    back in TRL's row order. server_generate is replaced by a stand-in that names what it was asked (given as
-    `generate`, in place of the client process)."""
+    """ServedBehaviour: each group (a prompt's repeats) goes to vLLM as a request of its own, one prompt with n
+    samples, on a seed of its own from the rollout's seed and the prompt (vLLM seeds sample j of every prompt of a
+    request with seed + j: prompts sharing a request would share their draws; the real server's side of it is
+    tests/training/test_served_behaviour.py), all of the rollout's requests in one call, and the samples come back in
+    TRL's row order. The client process is replaced by a stand-in that names what it was asked (given as
+    `generate`)."""
     from rlt.method import generation
     from rlt.spec.stages import RlStage
-    from rlt.stages.overlap import ServedBehaviour, rollout_seed
+    from rlt.stages.overlap import ServedBehaviour, group_seed, rollout_seed
 
     asked: list = []
 
-    def stand_in(base_url, prompt_ids, *, n, seed, **kw):
-        asked.append((prompt_ids, n, seed))
-        ids = [[p[0], j, seed] for p in prompt_ids for j in range(n)]
-        return generation.Samples([], ids, [[-0.5] * 3 for _ in ids])
+    def stand_in(base_url, requests, **kw):
+        asked.append(requests)
+        return [
+            generation.Samples([], [[r.prompt_ids[0], j, r.seed] for j in range(r.n)], [[-0.5] * 3] * r.n)
+            for r in requests
+        ]
 
     served = ServedBehaviour("http://g:8000", RlStage(), timeout=5, generate=stand_in)
     a, b, c = [1, 1], [2], [3]
     ids, logprobs = served([a, a, b, b, a, c], seed=40)
-    sizes = {n: (prompts, seed) for prompts, n, seed in asked}
-    assert sizes[3][0] == [a] and sizes[2][0] == [b] and sizes[1][0] == [c]
-    assert len({seed for _, seed in sizes.values()}) == 3  # requests of each size on a seed of their own
+    assert len(asked) == 1  # one call: the rollout's requests go out together
+    (requests,) = asked
+    assert [(r.prompt_ids, r.n) for r in requests] == [(a, 3), (b, 2), (c, 1)]
+    assert len({r.seed for r in requests}) == 3  # every group a seed of its own
     assert [i[:2] for i in ids] == [[1, 0], [1, 1], [2, 0], [2, 1], [1, 2], [3, 0]]  # every row its own sample
     assert all(lp == [-0.5] * 3 for lp in logprobs)
-    # a rollout's seed: one per (spec.seed, step, rank), a valid int64 after server_generate adds the sample index
+    # a group's seed is the rollout's and the prompt's alone: b alone, or beside other prompts, draws the same
+    served([b, b], seed=40)
+    assert asked[-1][0].seed == requests[1].seed == group_seed(40, b) != group_seed(41, b)
+    # seeds are valid int64 after vLLM adds the sample index
     seeds = {rollout_seed(0, step, rank) for step in range(50) for rank in range(8)}
     assert len(seeds) == 400 and max(seeds) + 10_000 * 64 < 2**63
     assert rollout_seed(0, 3, 1) == rollout_seed(0, 3, 1) != rollout_seed(1, 3, 1)
+    assert max(group_seed(s, [t] * 20) for s in seeds for t in range(3)) + 4096 < 2**63
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,9 @@ step samples on-policy. The first step, the first of each epoch (nothing to peek
 after a resume sample on-policy.
 
 Every rollout of the mode samples from a seed of its own, rollout_seed(spec.seed, the step that trains on it, rank):
-a torch.Generator in-process, vLLM's per-request seed served. The background rollout runs while the step draws from
-torch's shared generator (TRL shuffles the batch); on that shared generator the draws of the two threads would
-interleave by timing, and so would the whole run. Seeded, the run is the same however the threads are scheduled
+a torch.Generator in-process; served, vLLM's per-request seed, one request and seed per group (group_seed). The
+background rollout runs while the step draws from torch's shared generator (TRL shuffles the batch); on that shared
+generator the draws of the two threads would interleave by timing, and so would the whole run. Seeded, the run is the same however the threads are scheduled
 (one step off).
 
 The correction is TRL's: each row keeps the behaviour policy's log-prob of every sampled token (the rollout's
@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from rlt.spec.stages.rl import NO_OVERLAP, ONE_STEP_OFF, PARTIAL_ROLLOUTS
 
@@ -158,20 +158,20 @@ class LocalBehaviour:
 class ServedBehaviour:
     """The generators (vLLM's OpenAI server) sampled by each rank for its own rows over HTTP: no collective runs in
     the background thread. TRL's weight push keeps the server's weights; `refresh` has nothing to do. The HTTP client
-    runs in a process of its own (ClientProcess), unless `generate` says otherwise."""
+    runs in a process of its own (ClientProcess), unless `generate` (a stand-in with ClientProcess's call) says
+    otherwise."""
 
     def __init__(
         self,
         base_url: str,
         st: RlStage,
         timeout: float,
-        generate: Callable[..., Samples] | None = None,
+        generate: Callable[..., list[Samples]] | None = None,
         clients: int = 1,
     ) -> None:
         self.base_url, self.st, self.timeout = base_url, st, timeout
-        # rlt.method.generation.server_generate's arguments; a client per rollout in flight (each serves one request
-        # at a time), handed to whichever rollout asks
-        self.clients: queue.SimpleQueue[Callable[..., Samples]] = queue.SimpleQueue()
+        # a client per rollout in flight (each serves one rollout's requests at a time), handed to whichever asks
+        self.clients: queue.SimpleQueue[Callable[..., list[Samples]]] = queue.SimpleQueue()
         for _ in range(clients):
             self.clients.put(generate or ClientProcess())
 
@@ -179,68 +179,72 @@ class ServedBehaviour:
         return None
 
     def __call__(self, prompt_ids: list[list[int]], seed: int) -> Sampled:
-        # vLLM seeds sample j of every prompt of a request with seed + j: a group's repeats go as one prompt with n
-        # samples (the same prompt twice under one seed would be the same sequence twice)
+        # vLLM seeds sample j of every prompt of one request with seed + j: prompts sharing a request would share
+        # their random draws (tests/training/test_served_behaviour.py), so each group (a prompt's repeats, as one
+        # prompt with n samples) goes as a request of its own, on a seed of its own, all of them at once
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, ids_in in enumerate(prompt_ids):
             groups.setdefault(tuple(ids_in), []).append(i)
-        by_size: dict[int, list[tuple[int, ...]]] = {}
-        for prompt, rows in groups.items():
-            by_size.setdefault(len(rows), []).append(prompt)
+        requests = [Request(list(p), len(rows), group_seed(seed, p)) for p, rows in groups.items()]
+        st = self.st
         generate = self.clients.get()
         try:
-            return self._sampled(generate, prompt_ids, groups, by_size, seed)
-        finally:
-            self.clients.put(generate)
-
-    def _sampled(
-        self,
-        generate: Callable[..., Samples],
-        prompt_ids: list[list[int]],
-        groups: dict[tuple[int, ...], list[int]],
-        by_size: dict[int, list[tuple[int, ...]]],
-        seed: int,
-    ) -> Sampled:
-        st = self.st
-        ids: list[list[int]] = [[] for _ in prompt_ids]
-        logprobs: list[list[float]] = [[] for _ in prompt_ids]
-        for n, prompts in sorted(by_size.items()):
-            s = generate(
+            answers = generate(
                 self.base_url,
-                [list(p) for p in prompts],
-                n=n,
+                requests,
                 temperature=st.temperature,
                 top_p=st.top_p,
                 max_new_tokens=st.max_completion_length,
                 timeout=self.timeout,
-                seed=seed + n * 10_000,  # requests of other sizes draw apart too
             )
-            rows = [i for p in prompts for i in groups[p]]  # server_generate's order: prompt-major, n per prompt
-            for i, c, lp in zip(rows, s.completion_ids, s.logprobs, strict=True):
+        finally:
+            self.clients.put(generate)
+        ids: list[list[int]] = [[] for _ in prompt_ids]
+        logprobs: list[list[float]] = [[] for _ in prompt_ids]
+        for rows, s in zip(groups.values(), answers, strict=True):
+            for i, c, lp in zip(rows, s.completion_ids, s.logprobs, strict=True):  # n per prompt, in sample order
                 ids[i], logprobs[i] = c, lp
         return ids, logprobs
 
 
+class Request(NamedTuple):
+    """One group's request: its prompt, its samples (n) and its seed (vLLM draws sample j with seed + j)."""
+
+    prompt_ids: list[int]
+    n: int
+    seed: int
+
+
+def group_seed(seed: int, prompt_ids: tuple[int, ...] | list[int]) -> int:
+    """The seed of a rollout's group (a prompt's repeats): its own for each prompt, so no two groups share draws, and
+    from the rollout's seed and the prompt alone, so a group draws the same tokens whatever else the rollout holds.
+    62 bits: vLLM's seed is an int64 and it adds the sample index."""
+    digest = hashlib.sha256(f"rlt-group/{seed}/{','.join(map(str, prompt_ids))}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
+
+
 class ClientProcess:
-    """rlt.method.generation.server_generate run in a child process (spawned, daemonic: it ends with the trainer).
+    """generate_all (a rollout's requests, all at once) run in a child process (spawned, daemonic: it ends with the
+    trainer).
 
     In a thread of the trainer, the streamed answer's Python work (a JSON event per chunk of tokens) takes the GIL
     from the update between its torch calls, and waits for it (benchmarks/overlap.py, arm oneStepOff-thread). Here the
     background thread only waits on a pipe, without the GIL; the token ids and log-probs come back whole. Started on
-    the first call; one request at a time."""
+    the first call; one rollout at a time."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.conn: Connection | None = None
         self.proc: BaseProcess | None = None
 
-    def __call__(self, base_url: str, prompt_ids: list[list[int]], **kw: Any) -> Samples:
+    def __call__(self, base_url: str, requests: list[Request], **kw: Any) -> list[Samples]:
+        """generate_all's answer, from the child."""
         from rlt.method.generation import Samples
 
         with self.lock:
             conn = self.started()
             try:
-                conn.send((base_url, prompt_ids, kw))
+                conn.send((base_url, requests, kw))
                 status, answer = conn.recv()
             except (EOFError, OSError):  # the child died (killed, out of memory): the next call starts another
                 proc, self.conn, self.proc = self.proc, None, None
@@ -252,8 +256,9 @@ class ClientProcess:
                 ) from None
         if status != "ok":
             raise RuntimeError(answer)  # server_generate's own error, named by the child
-        ids, logprobs = answer
-        return Samples([list(p) for p in prompt_ids for _ in range(kw["n"])], ids, logprobs)
+        return [
+            Samples([r.prompt_ids] * r.n, ids, logprobs) for r, (ids, logprobs) in zip(requests, answer, strict=True)
+        ]
 
     def started(self) -> Connection:
         if self.conn is None:
@@ -267,19 +272,34 @@ class ClientProcess:
         return self.conn
 
 
-def serve_client(conn: Connection) -> None:
-    """ClientProcess's child: server_generate for each request on `conn`, answered with ("ok", (ids, logprobs)) or
-    ("error", the message), until the parent closes its end."""
-    from rlt.method.generation import server_generate
+def generate_all(base_url: str, requests: list[Request], **kw: Any) -> list[Samples]:
+    """Each request's samples, rlt.method.generation.server_generate with `kw` (its sampling arguments and timeout),
+    all sent at once (the server batches them as it would one request), in the order asked. A failure cancels the
+    requests still running and is raised."""
+    from rlt.method.generation import served_model, server_generate
+    from rlt.method.pipeline import as_completed
 
+    model = served_model(base_url, kw["timeout"])
+
+    def one(i: int, cancel: threading.Event) -> Samples:
+        r = requests[i]
+        return server_generate(base_url, [r.prompt_ids], n=r.n, seed=r.seed, cancel=cancel, model=model, **kw)
+
+    got = dict(as_completed(one, range(len(requests)), in_flight=len(requests)))
+    return [got[i] for i in range(len(requests))]
+
+
+def serve_client(conn: Connection) -> None:
+    """ClientProcess's child: generate_all for each rollout on `conn`, answered with ("ok", [(ids, logprobs) per
+    request]) or ("error", the message), until the parent closes its end."""
     while True:
         try:
-            base_url, prompt_ids, kw = conn.recv()
+            base_url, requests, kw = conn.recv()
         except EOFError:
             return
         try:
-            s = server_generate(base_url, prompt_ids, **kw)
-            conn.send(("ok", (s.completion_ids, s.logprobs)))
+            got = generate_all(base_url, requests, **kw)
+            conn.send(("ok", [(s.completion_ids, s.logprobs) for s in got]))
         except Exception as e:  # the parent raises it on the calling thread
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
