@@ -68,6 +68,41 @@ def foldable(trainer: Any) -> bool:
     )
 
 
+class SamplingStats:
+    """TRL's sampling metrics (sampling/importance_sampling_ratio/{min,mean,max}, sampling/sampling_logp_difference/
+    {mean,max}) of one generation batch, gathered micro-batch by micro-batch on this rank: TRL computes them on the
+    whole batch while it scores, which folded happens in the update's micro-batches instead. `log` reduces them
+    across ranks as TRL does (a rank's means, averaged; the extremes of the ranks'; 0 for a rank with no token)."""
+
+    def __init__(self) -> None:
+        self.micro_batches = 0
+        self.ratio: list[torch.Tensor] = []
+        self.delta: list[torch.Tensor] = []
+
+    def add(self, ratio: torch.Tensor, delta: torch.Tensor) -> None:
+        self.ratio.append(ratio.detach().float())
+        self.delta.append(delta.detach().float())
+
+    def log(self, gather: Callable[[torch.Tensor], torch.Tensor], metrics: dict[str, list[float]]) -> None:
+        import torch
+
+        ratio, delta = torch.cat(self.ratio), torch.cat(self.delta)
+
+        def rank(values: torch.Tensor) -> list[torch.Tensor]:
+            if not values.numel():
+                return [values.new_zeros(())] * 3
+            return [values.min(), values.mean(), values.max()]
+
+        r_min, r_mean, r_max = rank(ratio)
+        _, d_mean, d_max = rank(delta)
+        ranks = gather(torch.stack([r_min, r_mean, r_max, d_mean, d_max])).view(-1, 5)
+        metrics["sampling/sampling_logp_difference/mean"].append(ranks[:, 3].mean().item())
+        metrics["sampling/sampling_logp_difference/max"].append(ranks[:, 4].max().item())
+        metrics["sampling/importance_sampling_ratio/min"].append(ranks[:, 0].min().item())  # the ratio has no NaN
+        metrics["sampling/importance_sampling_ratio/mean"].append(ranks[:, 1].mean().item())
+        metrics["sampling/importance_sampling_ratio/max"].append(ranks[:, 2].max().item())
+
+
 def folded_ratio(trainer_cls: type) -> type:
     """`trainer_cls` (TRL's GRPOTrainer) that, when `foldable`, scores without the old-policy pass and weighs each
     micro-batch's loss by the ratio of its own forward (the module's docstring). `ratio_seen`, when set, gets each
@@ -80,6 +115,7 @@ def folded_ratio(trainer_cls: type) -> type:
             super().__init__(*a, **kw)
             self.fold_ratio = foldable(self)
             self._loss_inputs: dict[str, Any] | None = None  # the micro-batch whose forward makes the ratio
+            self._sampling: dict[str, SamplingStats] = {}  # the generation batch's so far, per mode
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             if not self.fold_ratio:
@@ -131,18 +167,17 @@ def folded_ratio(trainer_cls: type) -> type:
             inputs["importance_sampling_ratio"] = ratio
             if self.ratio_seen is not None and self.model.training:
                 self.ratio_seen(ratio, inputs["completion_mask"])
-            # TRL's sampling metrics, per micro-batch on this rank (TRL's: per generation batch, gathered)
             valid = mask.bool()
-            seen = ratio.flatten() if ratio.shape[-1] == 1 else ratio[valid]
             delta = (policy - sampling).abs()[valid]
-            delta = delta[~delta.isnan()]
-            metrics = self._metrics["train" if self.model.training else "eval"]
-            for name, values in (("importance_sampling_ratio", seen), ("sampling_logp_difference", delta)):
-                if values.numel():
-                    metrics[f"sampling/{name}/mean"].append(values.float().mean().item())
-                    metrics[f"sampling/{name}/max"].append(values.float().max().item())
-                    if name == "importance_sampling_ratio":
-                        metrics[f"sampling/{name}/min"].append(values.float().min().item())
+            mode = "train" if self.model.training else "eval"
+            stats = self._sampling.setdefault(mode, SamplingStats())
+            stats.add(ratio.flatten() if ratio.shape[-1] == 1 else ratio[valid], delta[~delta.isnan()])
+            # TRL's sampling metrics are over a generation batch: steps_per_generation micro-batches in training,
+            # one in evaluation (every rank runs as many, so the gather meets on all of them)
+            stats.micro_batches += 1
+            if not self.model.training or stats.micro_batches == self.args.steps_per_generation:
+                stats.log(self.accelerator.gather, self._metrics[mode])
+                del self._sampling[mode]
 
     FoldedRatio.__name__ = FoldedRatio.__qualname__ = f"FoldedRatio{trainer_cls.__name__}"
     return FoldedRatio
