@@ -165,3 +165,28 @@ def test_a_stop_whose_durable_copy_failed_names_the_checkpoint_before(monkeypatc
     assert (stopped.step, stopped.checkpoint) == (4, "/v/rl/checkpoints/checkpoint-4")
     copied = run.stopped_by_error(trainer, OSError("peer gone"), None, SimpleNamespace(wait=lambda: None))
     assert (copied.step, copied.checkpoint) == (6, "/v/rl/checkpoints/checkpoint-6")
+
+
+def test_a_rank_waits_while_copies_go_on_and_gives_up_when_they_stall(tmp_path):
+    """The wait for the peers' copies (and for rank 0's marker) is bounded by time without progress, not by time:
+    a copy that keeps bringing files for longer than the timeout is waited for; one that brings nothing times out,
+    naming what is missing."""
+    from rlt.stages.staged_saves import tree_size, wait_for
+
+    ckpt = tmp_path / "checkpoint-5"
+    ckpt.mkdir()
+    done = ckpt / COPIED.format(1)
+
+    def slow_copy() -> None:  # 5 s of steady copying, then the peer's word
+        for i in range(50):
+            (ckpt / f"shard-{i}").write_bytes(b"x" * 10)
+            threading.Event().wait(0.1)
+        done.write_text("copied")
+
+    copier = threading.Thread(target=slow_copy, daemon=True)
+    copier.start()
+    wait_for([done], 2.0, "checkpoint-5", lambda: tree_size(ckpt))  # more than 2 s, never 2 s without a file
+    copier.join()
+    assert tree_size(ckpt) == (51, 500 + len("copied"))
+    with pytest.raises(TimeoutError, match=r"checkpoint-5: \['rank-2.copied'\] not there, and no copy went on"):
+        wait_for([ckpt / COPIED.format(2)], 1.0, "checkpoint-5", lambda: tree_size(ckpt))

@@ -12,6 +12,7 @@ and the stage's end and a stop wait for the last one, so the reported checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COPIED = "rank-{}.copied"  # in the durable checkpoint: that rank's files are copied and fsynced
-MARK_TIMEOUT_SECONDS = 1800.0  # how long a rank waits for its peers' copies (or rank 0's marker)
+# how long a rank waits for its peers' copies (or rank 0's marker) while nothing more reaches the checkpoint
+MARK_TIMEOUT_SECONDS = 1800.0
 
 
 def copy_fsynced(src: Path, dst: Path) -> int:
@@ -51,12 +53,31 @@ def copy_fsynced(src: Path, dst: Path) -> int:
     return copied
 
 
-def wait_for(paths: list[Path], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+def tree_size(folder: Path) -> tuple[int, int]:
+    """(files, bytes) under `folder`: what the ranks' copies have brought so far."""
+    files = size = 0
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):  # retention may take an old file meanwhile
+                size += (Path(root) / name).stat().st_size
+                files += 1
+    return files, size
+
+
+def wait_for(paths: list[Path], timeout: float, what: str, progress: Callable[[], object] | None = None) -> None:
+    """Until every path exists. Gives up after `timeout` seconds in which `progress()` (looked at every second)
+    did not change: a large checkpoint on a slow volume takes as long as its copies go on, a dead peer `timeout`."""
+    last, seen = time.monotonic(), progress() if progress else None
+    looked = last
     while not all(p.exists() for p in paths):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if progress is not None and now - looked >= 1.0:
+            looked = now
+            if (current := progress()) != seen:
+                last, seen = now, current
+        if now - last > timeout:
             missing = [p.name for p in paths if not p.exists()]
-            raise TimeoutError(f"{what}: {missing} not there after {timeout:.0f} s (a peer died?)")
+            raise TimeoutError(f"{what}: {missing} not there, and no copy went on, for {timeout:.0f} s (a peer died?)")
         time.sleep(0.05)
 
 
@@ -127,12 +148,13 @@ class StagedSaves:
                 shutil.rmtree(local, ignore_errors=True)  # durable now: the local space is given back
                 if self.rank == 0:
                     peers = [durable / COPIED.format(r) for r in range(self.world)]
-                    wait_for(peers, self.timeout, f"checkpoint {durable}")
+                    wait_for(peers, self.timeout, f"checkpoint {durable}", lambda: tree_size(durable))
                     atomic_write_text(durable / CHECKPOINT_COMPLETE, format_time() + "\n")
                     fsync_path(durable)  # the marker's directory entry
                     rotate(durable.parent, self.trainer.args.save_total_limit)
                 else:
-                    wait_for([durable / CHECKPOINT_COMPLETE], self.timeout, f"checkpoint {durable}")
+                    marker = [durable / CHECKPOINT_COMPLETE]
+                    wait_for(marker, self.timeout, f"checkpoint {durable}", lambda: tree_size(durable))
                 self.seconds["durable_copy"] = time.perf_counter() - t0
                 self.on_complete(step, str(durable))
             except BaseException as e:  # raised to the training loop at the next save or the stage's end
