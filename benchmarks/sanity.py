@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import teaching_protocol as protocol
+from unit_runner import deadline_ts
 
 ARMS = ("real", "shuffled", "sft")
 ARM_NAMES = {"real": "GRPO, real reward", "shuffled": "GRPO, rewards permuted in group", "sft": "SFT continued"}
@@ -465,11 +466,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.analyse:
         analyse(args, out)
         return None
-    now = dt.datetime.now(dt.UTC)
     if args.deadline:
-        hh, mm = (int(x) for x in args.deadline.split(":"))
-        end = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
-        args.deadline_ts = end.timestamp()
+        args.deadline_ts = deadline_ts(args.deadline, None, dt.datetime.now(dt.UTC))
     else:
         args.deadline_ts = time.time() + 24 * 3600
     (out / "sizes.json").write_text(json.dumps({"sizes": args.sizes, "seeds": args.seeds}, indent=1))

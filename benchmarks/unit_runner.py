@@ -173,8 +173,9 @@ def stop_on_sigterm() -> None:
 
 def deadline_ts(hhmm: str | None, minutes: float | None, now: dt.datetime) -> float:
     """--deadline HH:MM (UTC, its next occurrence) or --minutes N from now, as a timestamp; a bad or past value is
-    refused. A session can run past midnight, so 00:35 at 22:00 is tomorrow's; but a HH:MM more than 12 h ahead is
-    taken for one just past (a typo, or a deadline already missed) and refused rather than run for a day."""
+    refused. A session can run past midnight, so 00:35 at 22:00 is tomorrow's; but an earlier HH:MM that would be
+    tomorrow's more than 12 h ahead is taken for one just past (a typo, a deadline missed) and refused rather than
+    run for a day. A later HH:MM today is today's, however far."""
     if hhmm:
         try:
             hh, mm = (int(x) for x in hhmm.split(":"))
@@ -183,8 +184,8 @@ def deadline_ts(hhmm: str | None, minutes: float | None, now: dt.datetime) -> fl
             raise SystemExit(f"--deadline {hhmm!r}: expected HH:MM (UTC)") from None
         if end <= now:
             end += dt.timedelta(days=1)
-        if end - now > dt.timedelta(hours=12):
-            raise SystemExit(f"--deadline {hhmm}: already past ({now:%H:%M} UTC now)")
+            if end - now > dt.timedelta(hours=12):
+                raise SystemExit(f"--deadline {hhmm}: already past ({now:%H:%M} UTC now)")
         return end.timestamp()
     if minutes is not None:
         if minutes <= 0:

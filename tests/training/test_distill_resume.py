@@ -142,6 +142,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
     cut = False
     cut_all = False  # every request stops at stall_after, not only the first
     abort = False  # at stall_after the rest end as vLLM ends requests it aborts: finish_reason "abort", cut short
+    refuse: int | None = None  # a request whose first prompt token is this is answered 400 (a bad request)
     asked: list[tuple[int, int | None]] = []  # (sequences, seed) of every completion request
     running = 0  # completion requests being answered now
     most_running = 0
@@ -172,6 +173,9 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
             cls.most_running = max(cls.most_running, cls.running)
         try:
             time.sleep(cls.delay + cls.slower.get(body["prompt"][0][0], 0.0) + cls.seed_delay.get(body.get("seed"), 0))
+            if body["prompt"][0][0] == cls.refuse:
+                self._send(400, {"error": "injected bad request"})
+                return
             if cls.posts <= cls.fail or (cls.fail_after is not None and cls.posts > cls.fail_after):
                 self._send(500, {"error": "injected"})
                 return
@@ -212,6 +216,7 @@ def stub():
     FlakyVllmStub.cut_all, FlakyVllmStub.slower, FlakyVllmStub.abort = False, {}, False
     FlakyVllmStub.seed_delay, FlakyVllmStub.fail_after, FlakyVllmStub.fold = {}, None, None
     FlakyVllmStub.running = FlakyVllmStub.most_running = 0
+    FlakyVllmStub.refuse = None
     server = ThreadingHTTPServer(("127.0.0.1", 0), FlakyVllmStub)
     server.handle_error = lambda *a: None  # the injected cuts are not failures of the test
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -308,6 +313,27 @@ def test_the_rollout_client_process_answers_as_server_generate(stub):
     with pytest.raises(RuntimeError, match=r"client process ended \(exit code -9\)"):
         client(url, rollout, **args)
     assert client(url, rollout[1:], **args) == here[1:]  # a new child on the next call
+
+
+def test_a_rollouts_requests_go_in_flight_at_most_and_one_failure_is_the_rollouts(stub):
+    """rlt.stages.overlap.generate_all (a served rollout's requests, one per group): never more than `in_flight` at
+    the server, the next sent as one ends, each request's samples those server_generate gives it alone; a request
+    the server refuses fails the rollout with the server's answer, the other requests cancelled."""
+    from rlt.stages.overlap import Request, generate_all
+
+    server, url = stub
+    FlakyVllmStub.fail, FlakyVllmStub.delay = 0, 0.5
+    args = dict(temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=30)
+    rollout = [Request([p, 1], 2, 100 + p) for p in range(6)]
+    alone = [generation.server_generate(url, [r.prompt_ids], n=r.n, seed=r.seed, **args) for r in rollout]
+    FlakyVllmStub.most_running = 0
+    assert generate_all(url, rollout, in_flight=2, **args) == alone
+    assert FlakyVllmStub.most_running == 2
+    FlakyVllmStub.most_running = 0
+    assert generate_all(url, rollout, **args) == alone and FlakyVllmStub.most_running > 2  # None: all at once
+    FlakyVllmStub.refuse, FlakyVllmStub.slower = 3, {5: 2.0}
+    with pytest.raises(RuntimeError, match=r"answered 400"):
+        generate_all(url, rollout, in_flight=3, **args)
 
 
 def stage_against(url: str, out: Path, rows: int = 12) -> Path:

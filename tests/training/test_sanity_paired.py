@@ -124,6 +124,8 @@ def test_bad_rows_and_deadlines_are_named(sp, tmp_path):
     assert sp["deadline_ts"](None, 5, now) - now.timestamp() == 300
     assert sp["deadline_ts"]("00:35", None, now) - now.timestamp() == (2 * 60 + 35) * 60  # past midnight: tomorrow's
     assert sp["deadline_ts"]("09:59", None, now) - now.timestamp() == (11 * 60 + 59) * 60
+    morning = dt.datetime(2026, 11, 27, 7, 0, tzinfo=dt.UTC)
+    assert sp["deadline_ts"]("20:00", None, morning) - morning.timestamp() == 13 * 3600  # later today: today's
     for hhmm, minutes, msg in (("21:00", None, "already past"), ("2318", None, "HH:MM"), (None, 0, "positive")):
         with pytest.raises(SystemExit, match=msg):
             sp["deadline_ts"](hhmm, minutes, now)

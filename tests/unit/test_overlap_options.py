@@ -251,10 +251,33 @@ def test_partial_rollouts_run_two_steps_ahead_with_a_client_each(tmp_path):
     from rlt.stages.rl import rollout_ahead
 
     run = parse_run(partial_doc(serverUrl="http://g:8000"))
-    ctx = SimpleNamespace(spec=run.spec)
+    ctx = SimpleNamespace(spec=run.spec, world_size=lambda: 2)
     ahead = rollout_ahead(ctx, SimpleNamespace(use_vllm=True), None, None, None, PhaseTimer())  # type: ignore[arg-type]
     assert ahead is not None and ahead.depth == 2 == overlap.steps_off_policy(run.spec.stages.rl)
     assert isinstance(ahead.behaviour, overlap.ServedBehaviour) and ahead.behaviour.clients.qsize() == 2
+    g = run.spec.stages.rl.num_generations  # 256 sequences of one engine for 2 ranks × 2 rollouts each
+    assert ahead.behaviour.in_flight == overlap.groups_in_flight(run.spec, 2) == max(1, 64 // g)
+
+
+@pytest.mark.parametrize(
+    ("engines", "ranks", "overlap_mode", "g", "groups"),
+    [
+        (1, 1, "oneStepOff", 64, 4),  # vLLM's 256 sequences an engine, in groups of 64
+        (1, 1, "partialRollouts", 64, 2),  # two rollouts in flight share them
+        (4, 8, "oneStepOff", 16, 8),  # 1024 sequences for 8 ranks: 128 each
+        (1, 8, "oneStepOff", 64, 1),  # never none: a group that waits in vLLM's queue beats no rollout
+    ],
+)
+def test_a_rank_keeps_what_the_generators_decode_at_once_in_flight(engines, ranks, overlap_mode, g, groups):
+    """A served rollout's groups go to the generators as slots free up, not all at once: a request that waits in
+    vLLM's queue gets no byte, and a long enough wait reads as a cut stream (serverTimeoutSeconds)."""
+    from rlt.stages.overlap import groups_in_flight
+
+    doc = partial_doc()
+    doc["spec"]["stages"]["rl"]["generation"]["overlap"] = overlap_mode
+    doc["spec"]["stages"]["rl"].update(numGenerations=g, batchSize=g)
+    doc["spec"]["resources"]["generator"].update(gpus=engines, dataParallelSize=engines)  # one server, data-parallel
+    assert groups_in_flight(parse_run(doc).spec, ranks) == groups
 
 
 class Behind:

@@ -185,8 +185,8 @@ def test_a_rank_waits_while_copies_go_on_and_gives_up_when_they_stall(tmp_path):
 
     copier = threading.Thread(target=slow_copy, daemon=True)
     copier.start()
-    wait_for([done], 2.0, "checkpoint-5", lambda: tree_size(ckpt))  # more than 2 s, never 2 s without a file
+    wait_for([done], 2.0, "checkpoint-5", lambda: tree_size(ckpt), every=0.5)  # 5 s, never 2 s without a file
     copier.join()
     assert tree_size(ckpt) == (51, 500 + len("copied"))
     with pytest.raises(TimeoutError, match=r"checkpoint-5: \['rank-2.copied'\] not there, and no copy went on"):
-        wait_for([ckpt / COPIED.format(2)], 1.0, "checkpoint-5", lambda: tree_size(ckpt))
+        wait_for([ckpt / COPIED.format(2)], 1.0, "checkpoint-5", lambda: tree_size(ckpt), every=0.5)

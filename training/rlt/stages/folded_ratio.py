@@ -72,10 +72,11 @@ class SamplingStats:
     """TRL's sampling metrics (sampling/importance_sampling_ratio/{min,mean,max}, sampling/sampling_logp_difference/
     {mean,max}) of one generation batch, gathered micro-batch by micro-batch on this rank: TRL computes them on the
     whole batch while it scores, which folded happens in the update's micro-batches instead. `log` reduces them
-    across ranks as TRL does (a rank's means, averaged; the extremes of the ranks'; 0 for a rank with no token)."""
+    across ranks as TRL does (a rank's means, averaged; the extremes of the ranks'; 0 for a rank with no token).
+    With rank balancing (rlt.stages.balance) a rank's rows are those dealt to it, not those it sampled: the extremes
+    are TRL's still, the means (a mean of the ranks' means) may differ a little."""
 
     def __init__(self) -> None:
-        self.micro_batches = 0
         self.ratio: list[torch.Tensor] = []
         self.delta: list[torch.Tensor] = []
 
@@ -169,13 +170,16 @@ def folded_ratio(trainer_cls: type) -> type:
                 self.ratio_seen(ratio, inputs["completion_mask"])
             valid = mask.bool()
             delta = (policy - sampling).abs()[valid]
-            mode = "train" if self.model.training else "eval"
-            stats = self._sampling.setdefault(mode, SamplingStats())
+            # TRL's sampling metrics are over a generation batch: in training the steps_per_generation micro-batches
+            # that TRL's own counter (_step, this micro-batch's index) cuts from one rollout, in evaluation one; every
+            # rank runs as many, so the gather meets on all of them
+            spg, training = self.args.steps_per_generation, self.model.training
+            mode = "train" if training else "eval"
+            if not training or self._step % spg == 0:  # a generation batch's first: whatever an error left goes
+                self._sampling[mode] = SamplingStats()
+            stats = self._sampling[mode]
             stats.add(ratio.flatten() if ratio.shape[-1] == 1 else ratio[valid], delta[~delta.isnan()])
-            # TRL's sampling metrics are over a generation batch: steps_per_generation micro-batches in training,
-            # one in evaluation (every rank runs as many, so the gather meets on all of them)
-            stats.micro_batches += 1
-            if not self.model.training or stats.micro_batches == self.args.steps_per_generation:
+            if not training or (self._step + 1) % spg == 0:
                 stats.log(self.accelerator.gather, self._metrics[mode])
                 del self._sampling[mode]
 

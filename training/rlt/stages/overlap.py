@@ -48,6 +48,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from rlt.spec.budgets import VLLM_MAX_NUM_SEQS
 from rlt.spec.stages.rl import NO_OVERLAP, ONE_STEP_OFF, PARTIAL_ROLLOUTS
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from trl.trainer.grpo_trainer import GRPOTrainer, RolloutFunc
 
     from rlt.method.generation import Samples
+    from rlt.spec.run import RLTRunSpec
     from rlt.spec.stages import RlStage
     from rlt.stages.record import PhaseTimer
 
@@ -168,8 +170,10 @@ class ServedBehaviour:
         timeout: float,
         generate: Callable[..., list[Samples]] | None = None,
         clients: int = 1,
+        in_flight: int | None = None,
     ) -> None:
         self.base_url, self.st, self.timeout = base_url, st, timeout
+        self.in_flight = in_flight  # groups at the generators at once (groups_in_flight); None: all
         # a client per rollout in flight (each serves one rollout's requests at a time), handed to whichever asks
         self.clients: queue.SimpleQueue[Callable[..., list[Samples]]] = queue.SimpleQueue()
         for _ in range(clients):
@@ -181,7 +185,7 @@ class ServedBehaviour:
     def __call__(self, prompt_ids: list[list[int]], seed: int) -> Sampled:
         # vLLM seeds sample j of every prompt of one request with seed + j: prompts sharing a request would share
         # their random draws (tests/training/test_served_behaviour.py), so each group (a prompt's repeats, as one
-        # prompt with n samples) goes as a request of its own, on a seed of its own, all of them at once
+        # prompt with n samples) goes as a request of its own, on a seed of its own, `in_flight` at a time
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, ids_in in enumerate(prompt_ids):
             groups.setdefault(tuple(ids_in), []).append(i)
@@ -192,6 +196,7 @@ class ServedBehaviour:
             answers = generate(
                 self.base_url,
                 requests,
+                in_flight=self.in_flight,
                 temperature=st.temperature,
                 top_p=st.top_p,
                 max_new_tokens=st.max_completion_length,
@@ -207,6 +212,18 @@ class ServedBehaviour:
         return ids, logprobs
 
 
+def groups_in_flight(spec: RLTRunSpec, ranks: int) -> int:
+    """How many of a served rollout's groups one rank keeps at the generators at once: vLLM's max-num-seqs per
+    engine, shared by the `ranks` trainer ranks and the rollouts each keeps in flight (steps_off_policy), in groups of
+    numGenerations. More would wait in vLLM's queue, where a request gets no byte while the sequences before it
+    decode, and server_generate takes serverTimeoutSeconds without a byte for a cut stream (one request per rank
+    before kept its bytes flowing while any of its sequences ran)."""
+    gen, st = spec.resources.generator, spec.stages.rl
+    engines = max(1, gen.replicas * gen.data_parallel_size)
+    per_rank = VLLM_MAX_NUM_SEQS * engines // max(1, ranks * steps_off_policy(st))
+    return max(1, per_rank // st.num_generations)
+
+
 class Request(NamedTuple):
     """One group's request: its prompt, its samples (n) and its seed (vLLM draws sample j with seed + j)."""
 
@@ -217,7 +234,8 @@ class Request(NamedTuple):
 
 def group_seed(seed: int, prompt_ids: tuple[int, ...] | list[int]) -> int:
     """The seed of a rollout's group (a prompt's repeats): its own for each prompt, so no two groups share draws, and
-    from the rollout's seed and the prompt alone, so a group draws the same tokens whatever else the rollout holds.
+    from the rollout's seed and the prompt alone, so a group's draws do not depend on what else the rollout holds
+    (nor its tokens, where the server's numerics do not depend on its batch: the CPU test server's float32).
     62 bits: vLLM's seed is an int64 and it adds the sample index."""
     digest = hashlib.sha256(f"rlt-group/{seed}/{','.join(map(str, prompt_ids))}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 2
@@ -272,10 +290,10 @@ class ClientProcess:
         return self.conn
 
 
-def generate_all(base_url: str, requests: list[Request], **kw: Any) -> list[Samples]:
+def generate_all(base_url: str, requests: list[Request], in_flight: int | None = None, **kw: Any) -> list[Samples]:
     """Each request's samples, rlt.method.generation.server_generate with `kw` (its sampling arguments and timeout),
-    all sent at once (the server batches them as it would one request), in the order asked. A failure cancels the
-    requests still running and is raised."""
+    in the order asked; `in_flight` at the server at a time (None: all), the next sent as one finishes. The server
+    batches them as it would one request. A failure cancels the requests still running and is raised."""
     from rlt.method.generation import served_model, server_generate
     from rlt.method.pipeline import as_completed
 
@@ -285,7 +303,7 @@ def generate_all(base_url: str, requests: list[Request], **kw: Any) -> list[Samp
         r = requests[i]
         return server_generate(base_url, [r.prompt_ids], n=r.n, seed=r.seed, cancel=cancel, model=model, **kw)
 
-    got = dict(as_completed(one, range(len(requests)), in_flight=len(requests)))
+    got = dict(as_completed(one, range(len(requests)), in_flight=in_flight or len(requests)))
     return [got[i] for i in range(len(requests))]
 
 

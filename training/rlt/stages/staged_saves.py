@@ -64,14 +64,18 @@ def tree_size(folder: Path) -> tuple[int, int]:
     return files, size
 
 
-def wait_for(paths: list[Path], timeout: float, what: str, progress: Callable[[], object] | None = None) -> None:
-    """Until every path exists. Gives up after `timeout` seconds in which `progress()` (looked at every second)
-    did not change: a large checkpoint on a slow volume takes as long as its copies go on, a dead peer `timeout`."""
+def wait_for(
+    paths: list[Path], timeout: float, what: str, progress: Callable[[], object] | None = None, every: float = 5.0
+) -> None:
+    """Until every path exists. Gives up after `timeout` seconds in which `progress()` (looked at `every` seconds:
+    on a network volume it walks the checkpoint's metadata) did not change: a large checkpoint on a slow volume takes
+    as long as its copies go on, a dead peer `timeout`. (A volume that shows a file only once it is closed, an
+    object store's FUSE mount, shows no progress during one shard's copy.)"""
     last, seen = time.monotonic(), progress() if progress else None
     looked = last
     while not all(p.exists() for p in paths):
         now = time.monotonic()
-        if progress is not None and now - looked >= 1.0:
+        if progress is not None and now - looked >= every:
             looked = now
             if (current := progress()) != seen:
                 last, seen = now, current
