@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from trl.trainer.grpo_trainer import GRPOTrainer, RolloutFunc
 
     from rlt.method.generation import Samples
-    from rlt.spec.run import RLTRunSpec
+    from rlt.spec.resources import GeneratorResources
     from rlt.spec.stages import RlStage
     from rlt.stages.record import PhaseTimer
 
@@ -212,14 +212,13 @@ class ServedBehaviour:
         return ids, logprobs
 
 
-def groups_in_flight(spec: RLTRunSpec, ranks: int) -> int:
+def groups_in_flight(st: RlStage, generator: GeneratorResources, ranks: int) -> int:
     """How many of a served rollout's groups one rank keeps at the generators at once: vLLM's max-num-seqs per
     engine, shared by the `ranks` trainer ranks and the rollouts each keeps in flight (steps_off_policy), in groups of
     numGenerations. More would wait in vLLM's queue, where a request gets no byte while the sequences before it
     decode, and server_generate takes serverTimeoutSeconds without a byte for a cut stream (one request per rank
     before kept its bytes flowing while any of its sequences ran)."""
-    gen, st = spec.resources.generator, spec.stages.rl
-    engines = max(1, gen.replicas * gen.data_parallel_size)
+    engines = max(1, generator.replicas * generator.data_parallel_size)
     per_rank = VLLM_MAX_NUM_SEQS * engines // max(1, ranks * steps_off_policy(st))
     return max(1, per_rank // st.num_generations)
 

@@ -362,7 +362,7 @@ def rollout_ahead(
     if args.use_vllm:
         url = cast(str, st.generation.server_url)  # grpo_options: server mode has a serverUrl
         timeout = st.generation.server_timeout_seconds
-        in_flight = overlap.groups_in_flight(ctx.spec, ctx.world_size())
+        in_flight = overlap.groups_in_flight(st, ctx.spec.resources.generator, ctx.world_size())
         behaviour: overlap.Behaviour = overlap.ServedBehaviour(url, st, timeout, clients=depth, in_flight=in_flight)
     else:
         behaviour = overlap.LocalBehaviour(tokenizer, st)
