@@ -167,7 +167,11 @@ def unit_runner(
             started = time.time()
             logfile = out / f"unit-{name}-seed{seed}.log"
             print(f"[unit] seed {seed} {name}: started, output in {logfile}", flush=True)
-            status = run_until(cmd, deadline, GRACE, logfile)
+            try:
+                status = run_until(cmd, deadline, GRACE, logfile)
+            except BaseException:  # the runner stopped (SIGTERM at a session's end, Ctrl-C), its unit with it
+                append_row(pieces_file(out, name, seed), {"seconds": round(time.time() - started, 1)})
+                raise
             if status is None:  # stopped: its seconds so far count when a later piece finishes it
                 append_row(pieces_file(out, name, seed), {"seconds": round(time.time() - started, 1)})
                 return None

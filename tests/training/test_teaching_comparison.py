@@ -406,6 +406,22 @@ def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc,
     assert not (tmp_path / "unit-rl.teacher-seed1.json").exists() and (tmp_path / "unit-rl.teacher-seed1.log").exists()
 
 
+def test_a_unit_taken_down_with_its_runner_keeps_its_seconds_too(tc, tmp_path, monkeypatch):
+    """The runner stopped before the deadline (SIGTERM at a session's end: run_until takes the unit down and the
+    runner exits): the piece's seconds are kept as at a deadline, so the finished unit's row counts every piece."""
+    import time
+
+    def taken_down(cmd, *a):
+        raise SystemExit(143)
+
+    monkeypatch.setitem(tc["unit_runner"].__globals__, "run_until", taken_down)
+    run = tc["unit_runner"](tmp_path, True, None, time.time() + 3600, tmp_path / "units.jsonl")
+    with pytest.raises(SystemExit):
+        run("rl.teacher", 2, 1.0)
+    pieces = tc["pieces_file"](tmp_path, "rl.teacher", 2).read_text().splitlines()
+    assert len(pieces) == 1 and json.loads(pieces[0])["seconds"] >= 0
+
+
 def test_unit_runner_starts_a_piece_and_refuses_another_settings_unit(tc, tmp_path, monkeypatch):
     import time
 
