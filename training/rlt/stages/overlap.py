@@ -24,8 +24,8 @@ after a resume sample on-policy.
 Every rollout of the mode samples from a seed of its own, rollout_seed(spec.seed, the step that trains on it, rank):
 a torch.Generator in-process; served, vLLM's per-request seed, one request and seed per group (group_seed). The
 background rollout runs while the step draws from torch's shared generator (TRL shuffles the batch); on that shared
-generator the draws of the two threads would interleave by timing, and so would the whole run. Seeded, the run is the same however the threads are scheduled
-(one step off).
+generator the draws of the two threads would interleave by timing, and so would the whole run. Seeded, the run is
+the same however the threads are scheduled (one step off).
 
 The correction is TRL's: each row keeps the behaviour policy's log-prob of every sampled token (the rollout's
 "logprobs", TRL's sampling_per_token_logps). Served, TRL's vLLM importance sampling weighs each token by
@@ -241,8 +241,7 @@ def group_seed(seed: int, prompt_ids: tuple[int, ...] | list[int]) -> int:
 
 
 class ClientProcess:
-    """generate_all (a rollout's requests, all at once) run in a child process (spawned, daemonic: it ends with the
-    trainer).
+    """generate_all (a rollout's requests) run in a child process (spawned, daemonic: it ends with the trainer).
 
     In a thread of the trainer, the streamed answer's Python work (a JSON event per chunk of tokens) takes the GIL
     from the update between its torch calls, and waits for it (benchmarks/overlap.py, arm oneStepOff-thread). Here the
@@ -274,7 +273,8 @@ class ClientProcess:
         if status != "ok":
             raise RuntimeError(answer)  # server_generate's own error, named by the child
         return [
-            Samples([r.prompt_ids] * r.n, ids, logprobs) for r, (ids, logprobs) in zip(requests, answer, strict=True)
+            Samples([list(r.prompt_ids) for _ in range(r.n)], ids, logprobs)
+            for r, (ids, logprobs) in zip(requests, answer, strict=True)
         ]
 
     def started(self) -> Connection:
