@@ -1,7 +1,8 @@
-"""LoRA under ZeRO-3 on more than one rank finishes: the operator's rendered 2-GPU trainer command (`rlt launch` →
-accelerate launch → torchrun → 2 DeepSpeed ZeRO-3 ranks over gloo) with `teacher.lora` set runs sft and then rl to
-the end and leaves each stage's merged model. Rank 0 alone loads the base model to merge the adapter; inside the
-live ZeRO-3 config that load waits in `zero.Init` for ranks that are already in their exit barrier."""
+"""ZeRO-3 on more than one rank finishes: the operator's rendered 2-GPU trainer command (`rlt launch` → accelerate
+launch → torchrun → 2 DeepSpeed ZeRO-3 ranks over gloo). With `teacher.lora` set it runs sft and then rl to the end
+and leaves each stage's merged model (rank 0 alone loads the base model to merge the adapter; inside the live ZeRO-3
+config that load waits in `zero.Init` for ranks that are already in their exit barrier). One step off in-process, the
+background thread's copy of the policy samples without ZeRO-3's collectives."""
 
 from __future__ import annotations
 
@@ -51,8 +52,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_stage(stage: str, tmp_path: Path, timeout: float = 240) -> str:
-    job = builders.trainer_job(builders.RunRef("lz3", "default", "u"), lora_zero3_spec(), stage, 0)
+def one_step_off_zero3_spec():
+    """No LoRA, no sft: rl one step off in-process (a frozen copy of the policy samples in a background thread)."""
+    doc = tiny_doc()
+    doc["metadata"]["name"] = "lz3"
+    st = doc["spec"]["stages"]
+    st["sft"]["enabled"] = False
+    st["rl"].update(
+        steps=3, saveSteps=100, batchSize=4, perDeviceBatchSize=2, numGenerations=2, maxCompletionLength=8,
+        deepspeedZeroStage=3, topP=1.0, generation={"mode": "inprocess", "overlap": "oneStepOff"},
+    )  # fmt: skip
+    st["distill"] = {"enabled": False}
+    doc["spec"]["dataset"]["size"] = 16
+    doc["spec"]["resources"] = {"trainer": {"gpus": 2}}
+    return validate_spec(doc["spec"], name="lz3")
+
+
+def run_stage(stage: str, tmp_path: Path, timeout: float = 240, spec=lora_zero3_spec) -> str:
+    job = builders.trainer_job(builders.RunRef("lz3", "default", "u"), spec(), stage, 0)
     container = job["spec"]["template"]["spec"]["containers"][0]
     literal = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
@@ -97,3 +114,18 @@ def test_lora_with_zero3_on_two_ranks_runs_sft_and_rl_to_the_merged_model(tmp_pa
     # so were sft's (rlt.stages.sft_balance), and each rank's micro-step measured
     sft = [json.loads(line) for line in layout.metrics_file.read_text().splitlines() if '"stage": "sft"' in line]
     assert sft and all(r["rank_imbalance_tokens"] >= 1.0 and r["rank_imbalance_seconds"] >= 1.0 for r in sft), sft
+
+
+def test_one_step_off_in_process_on_two_zero3_ranks_runs_to_the_end(tmp_path):
+    """The copy of the policy that samples ahead in a background thread (rlt.stages.overlap.LocalBehaviour) runs no
+    collective. It kept DeepSpeed's start-of-forward hook (a broadcast), and HF generate's ZeRO-3 default
+    synced_gpus added an all-reduce each token: they met the step's own collectives on the main thread in another
+    order on each rank, and the two ranks hung at step 1 (stack dumps: the background thread in broadcast or
+    all_reduce, the main thread in all_gather); each alone still hung. Now every step runs, with its rollout ahead."""
+    layout = RunLayout.for_run(tmp_path / "pvc", "lz3")
+    text = run_stage("rl", tmp_path, spec=one_step_off_zero3_spec)
+    assert re.search(r"rlt-world stage=rl rank=1 world_size=2", text), text[-2000:]
+    rl = [json.loads(line) for line in layout.metrics_file.read_text().splitlines() if '"stage": "rl"' in line]
+    assert [r["step"] for r in rl] == [1, 2, 3], rl
+    assert all(r.get("seconds_generate_ahead", 0) > 0 for r in rl[:2]), rl  # steps 2 and 3 were sampled ahead
+    assert layout.stage_done("rl").exists()

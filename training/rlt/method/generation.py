@@ -138,10 +138,12 @@ def sample_with_logprobs(
     max_new_tokens: int,
     batch_size: int | None = None,
     generator: torch.Generator | None = None,
+    synced_gpus: bool | None = None,
 ) -> Samples:
     """One completion per prompt (repeat prompts for G samples), left-padded batches of `batch_size`. With
     `generator`, the tokens are drawn from it (seeded_draw) instead of torch's shared generator: the same draws
-    whatever other threads do (a one-step-off rollout runs beside the training step, rlt.stages.overlap)."""
+    whatever other threads do (a one-step-off rollout runs beside the training step, rlt.stages.overlap).
+    `synced_gpus`: HF's (None: on under ZeRO-3 with more than one rank, each step an all-reduce)."""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     eos = set(tokenizer.all_special_ids) & {
@@ -174,6 +176,7 @@ def sample_with_logprobs(
                     attention_mask=mask,
                     generation_config=config,
                     logits_processor=processors,
+                    synced_gpus=synced_gpus,
                 ),
             )
         new = gen.sequences[:, width:]

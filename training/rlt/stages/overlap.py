@@ -133,6 +133,7 @@ class LocalBehaviour:
                 # policy's bound forward, which a deep copy keeps: the copy would sample with the policy's live
                 # weights, mid-update. Without it the copy runs its class's forward on its own weights.
                 vars(self.model).pop("forward", None)
+                strip_deepspeed_hooks(self.model)
             else:
                 self.model.load_state_dict(policy.state_dict())
 
@@ -153,8 +154,33 @@ class LocalBehaviour:
             top_p=st.top_p,
             max_new_tokens=st.max_completion_length,
             generator=generator,
+            # the copy is whole on every rank, so no rank waits for another's shards; HF's ZeRO-3 default would
+            # all-reduce each token from this thread, between the step's own collectives: a deadlock on 2 ranks
+            synced_gpus=False,
         )
         return s.completion_ids, s.logprobs
+
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def strip_deepspeed_hooks(model: torch.nn.Module) -> int:
+    """Removes DeepSpeed's module hooks from a copy of the policy; how many. Under ZeRO-3 a deep copy keeps some of
+    them (its start-of-forward hook, which TRL's gathering does not take off): the copy's forward would then run
+    ZeRO-3's collectives from the background thread, between the step's own on the main thread, and two ranks would
+    deadlock. The copy holds every weight whole; it needs none of them."""
+    removed = 0
+    for module in model.modules():
+        for name in HOOK_DICTS:
+            hooks = getattr(module, name, None)
+            if not hooks:
+                continue
+            for key, hook in list(hooks.items()):
+                fn = getattr(hook, "func", hook)  # a functools.partial's function
+                if (getattr(fn, "__module__", None) or "").startswith("deepspeed"):
+                    del hooks[key]
+                    removed += 1
+    return removed
 
 
 class ServedBehaviour:
