@@ -2,8 +2,10 @@
 
 The launcher is a child process that gets every SIGTERM/SIGINT this process gets (the kubelet signals only the
 container's main process; the launcher forwards it to the ranks). A launcher exits 1 after a signal whatever its
-ranks did, so the ranks say a clean stop in a file (rlt.stages.preemption.report_stop) and this command exits
-`ExitCode.STOPPED` when they did: the operator then counts the stop as a disruption.
+ranks did, so the ranks say a stop in a file (rlt.stages.preemption.report_stop) and this command exits
+`ExitCode.STOPPED` when the gang agreed on it, or when this pod was signalled: the operator then counts the stop as a
+disruption. A rank that stopped on an error after a signal this pod never got was torn down by its launcher after
+another rank failed (a lost peer): the launcher's failure stands.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from rlt.contract.exitcodes import ExitCode
-from rlt.stages.preemption import STOP_MARKER_ENV
+from rlt.stages.preemption import STOP_AGREED, STOP_MARKER_ENV
 
 
 def launch(command: list[str]) -> int:
@@ -30,7 +32,10 @@ def launch(command: list[str]) -> int:
             print(f"rlt launch: cannot run {command[0]}: {err.strerror}", file=sys.stderr)
             return 127  # the shell's "command not found"
 
+        signalled: list[int] = []
+
         def forward(signum: int, _frame: FrameType | None) -> None:
+            signalled.append(signum)
             if proc.poll() is None:
                 proc.send_signal(signum)
 
@@ -38,8 +43,17 @@ def launch(command: list[str]) -> int:
             signal.signal(sig, forward)
         code = proc.wait()
         if marker.exists():
-            print(f"rlt launch: the ranks stopped after saving ({marker.read_text().strip()})", file=sys.stderr)
-            return ExitCode.STOPPED
+            lines = marker.read_text().split("\n")
+            agreed = any(line.endswith(f" {STOP_AGREED}") for line in lines)
+            if agreed or signalled:
+                print(f"rlt launch: the ranks stopped after saving ({lines[0]})", file=sys.stderr)
+                return ExitCode.STOPPED
+            # no signal came to this pod and no gang agreed: the launcher stopped the ranks itself after one of them
+            # failed (torchrun's SIGTERM to the rest), a failure the operator must count as one, not a disruption
+            print(
+                f"rlt launch: a rank stopped on an error after its launcher's signal ({lines[0]}): a rank failed",
+                file=sys.stderr,
+            )
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's 128+n
 
 

@@ -57,7 +57,7 @@ STOP_MARKER = EnvVar(
     "RLT_STOP_MARKER",
     "`rlt launch` (rlt.cli.launch), for the launcher it starts",
     "rlt.stages.preemption",
-    "a file whose presence says the ranks saved and stopped on SIGTERM",
+    "a file to which each rank that stopped on SIGTERM appends a line: agreed (the gang saved) or after-error",
 )
 CACHE = EnvVar(
     "RLT_CACHE",

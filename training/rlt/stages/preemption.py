@@ -195,8 +195,15 @@ def save_abandoned(trainer: Trainer, step_rng: dict[str, Any] | None = None) -> 
     return str(path)
 
 
+STOP_AGREED, STOP_AFTER_ERROR = "agreed", "after-error"  # the last word of a rank's line in the stop marker
+
+
 def report_stop(stopped: Stopped) -> None:
-    """Tell `rlt launch` (when it runs this rank) that the gang stopped cleanly."""
+    """Tell `rlt launch` (when it runs this rank) that this rank stopped after a signal: one line per rank, ending
+    STOP_AGREED when the gang agreed on the stop, STOP_AFTER_ERROR when this rank left on an error after it (a peer
+    gone: which `rlt launch` counts as a stop only if its own pod was signalled)."""
     marker = os.environ.get(STOP_MARKER_ENV)
     if marker:
-        Path(marker).write_text(f"{stopped.stage} {stopped.step} {stopped.checkpoint or ''}\n")
+        how = STOP_AGREED if stopped.gang_agreed else STOP_AFTER_ERROR
+        with Path(marker).open("a") as f:  # every rank of the pod appends its line
+            f.write(f"{stopped.stage} {stopped.step} {stopped.checkpoint or '-'} {how}\n")
