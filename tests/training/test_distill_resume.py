@@ -132,6 +132,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
 
     fail = 1
     posts = 0
+    gets = 0  # /v1/models requests
     delay = 0.0  # seconds each completion request takes (a long generation)
     slower: dict[int, float] = {}  # first prompt token -> seconds more (requests that finish out of order)
     seed_delay: dict[int, float] = {}  # request seed -> seconds more (one slow sequence)
@@ -160,6 +161,7 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):
+        type(self).gets += 1
         self._send(200, {"data": [{"id": "teacher"}]})
 
     def do_POST(self):
@@ -317,20 +319,23 @@ def test_the_rollout_client_process_answers_as_server_generate(stub):
 
 def test_a_rollouts_requests_go_in_flight_at_most_and_one_failure_is_the_rollouts(stub):
     """rlt.stages.overlap.generate_all (a served rollout's requests, one per group): never more than `in_flight` at
-    the server, the next sent as one ends, each request's samples those server_generate gives it alone; a request
-    the server refuses fails the rollout with the server's answer, the other requests cancelled."""
-    from rlt.stages.overlap import Request, generate_all
+    the server, the next sent as one ends, each request's samples those server_generate gives it alone; the served
+    model's name asked once per process, not once per rollout; a request the server refuses fails the rollout with
+    the server's answer, the other requests cancelled."""
+    from rlt.stages.overlap import SERVED_NAMES, Request, generate_all
 
     server, url = stub
     FlakyVllmStub.fail, FlakyVllmStub.delay = 0, 0.5
     args = dict(temperature=1.0, top_p=1.0, max_new_tokens=2, timeout=30)
     rollout = [Request([p, 1], 2, 100 + p) for p in range(6)]
     alone = [generation.server_generate(url, [r.prompt_ids], n=r.n, seed=r.seed, **args) for r in rollout]
-    FlakyVllmStub.most_running = 0
+    FlakyVllmStub.most_running, FlakyVllmStub.gets = 0, 0
+    SERVED_NAMES.pop(url, None)
     assert generate_all(url, rollout, in_flight=2, **args) == alone
     assert FlakyVllmStub.most_running == 2
     FlakyVllmStub.most_running = 0
     assert generate_all(url, rollout, **args) == alone and FlakyVllmStub.most_running > 2  # None: all at once
+    assert FlakyVllmStub.gets == 1 and SERVED_NAMES[url] == "teacher"  # two rollouts, one /v1/models
     FlakyVllmStub.refuse, FlakyVllmStub.slower = 3, {5: 2.0}
     with pytest.raises(RuntimeError, match=r"answered 400"):
         generate_all(url, rollout, in_flight=3, **args)

@@ -18,38 +18,42 @@ from rlt.contract.exitcodes import ExitCode
 RLT = str(Path(sys.executable).parent / "rlt")
 
 
-def launcher(*lines: str, wait: bool = False) -> list[str]:
-    """A stand-in launcher: its ranks' lines in the stop marker (rlt.stages.preemption.report_stop), then exit 1 as
-    torchrun does after a rank's non-zero exit; with `wait`, first until a SIGTERM reaches it."""
-    code = "import os, pathlib, signal, sys, time\n"
+AGREED, AFTER_ERROR = True, False  # how a rank stopped: the gang agreed and saved, or it left on an error after it
+
+
+def launcher(*ranks: bool, wait: bool = False) -> list[str]:
+    """A stand-in launcher whose ranks report their stops as rlt's ranks do (rlt.stages.preemption.report_stop, one
+    line each in the stop marker), then exits 1 as torchrun does after a rank's non-zero exit; with `wait`, first
+    until a SIGTERM reaches it."""
+    code = "import signal, sys\nfrom rlt.stages.preemption import Stopped, report_stop\n"
     if wait:
         code += "signal.signal(signal.SIGTERM, lambda *a: None)\nprint('ready', flush=True)\nsignal.pause()\n"
-    for line in lines:
-        code += f"open(os.environ['RLT_STOP_MARKER'], 'a').write({line!r} + '\\n')\n"
+    for agreed in ranks:
+        code += f"report_stop(Stopped('rl', 2, '/c/checkpoint-2', gang_agreed={agreed}))\n"
     code += "sys.exit(1)\n"
     return [RLT, "launch", "--", sys.executable, "-c", code]
 
 
 @pytest.mark.parametrize(
-    ("lines", "expect"),
+    ("ranks", "expect"),
     [
-        (["rl 4 /c/checkpoint-4 agreed", "rl 4 /c/checkpoint-4 agreed"], ExitCode.STOPPED),  # a peer pod preempted
-        (["rl 2 /c/checkpoint-2 after-error"], 1),  # torchrun tore the pod's ranks down after one was killed
-        (["rl 2 /c/checkpoint-2 after-error", "rl 2 /c/checkpoint-2 agreed"], ExitCode.STOPPED),  # the gang agreed
+        ([AGREED, AGREED], ExitCode.STOPPED),  # a peer pod preempted: the gang agreed and saved
+        ([AFTER_ERROR], 1),  # torchrun tore the pod's ranks down after one was killed
+        ([AFTER_ERROR, AGREED], ExitCode.STOPPED),  # the gang agreed; one rank still left on an error
         ([], 1),  # no rank stopped: the launcher's failure
     ],
 )
-def test_a_stop_is_a_disruption_only_when_agreed_or_signalled(lines, expect):
-    done = subprocess.run(launcher(*lines), capture_output=True, text=True, timeout=120)
+def test_a_stop_is_a_disruption_only_when_agreed_or_signalled(ranks, expect):
+    done = subprocess.run(launcher(*ranks), capture_output=True, text=True, timeout=120)
     assert done.returncode == expect, done.stderr
-    if lines and expect == 1:
+    if ranks and expect == 1:
         assert "a rank stopped on an error after its launcher's signal" in done.stderr
 
 
 def test_a_signalled_pod_whose_rank_left_on_an_error_stopped():
     """A drain: the pod's SIGTERM, forwarded; a rank leaves on an error after it (a peer pod gone first)."""
     proc = subprocess.Popen(
-        launcher("rl 2 /c/checkpoint-2 after-error", wait=True),
+        launcher(AFTER_ERROR, wait=True),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -32,10 +32,11 @@ def launch(command: list[str]) -> int:
             print(f"rlt launch: cannot run {command[0]}: {err.strerror}", file=sys.stderr)
             return 127  # the shell's "command not found"
 
-        signalled: list[int] = []
+        signalled = False  # this pod got a signal (a drain, a preemption), not only its ranks
 
         def forward(signum: int, _frame: FrameType | None) -> None:
-            signalled.append(signum)
+            nonlocal signalled
+            signalled = True
             if proc.poll() is None:
                 proc.send_signal(signum)
 

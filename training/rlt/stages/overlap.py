@@ -315,6 +315,11 @@ class ClientProcess:
         return self.conn
 
 
+# The name each server serves its model under, asked once per process: a server keeps it for its life and a
+# restarted one is started with the same model argument.
+SERVED_NAMES: dict[str, str] = {}
+
+
 def generate_all(base_url: str, requests: list[Request], in_flight: int | None = None, **kw: Any) -> list[Samples]:
     """Each request's samples, rlt.method.generation.server_generate with `kw` (its sampling arguments and timeout),
     in the order asked; `in_flight` at the server at a time (None: all), the next sent as one finishes. The server
@@ -322,7 +327,7 @@ def generate_all(base_url: str, requests: list[Request], in_flight: int | None =
     from rlt.method.generation import served_model, server_generate
     from rlt.method.pipeline import as_completed
 
-    model = served_model(base_url, kw["timeout"])
+    model = SERVED_NAMES.get(base_url) or SERVED_NAMES.setdefault(base_url, served_model(base_url, kw["timeout"]))
 
     def one(i: int, cancel: threading.Event) -> Samples:
         r = requests[i]
