@@ -78,6 +78,30 @@ def test_partial_rollouts_decode_at_full_slots_and_pay_the_kv_recompute():
     assert off.kv_recompute == 0 and part.step < off.step and goodput(part).share > goodput(off).share + 0.1
 
 
+def test_a_lone_rollouts_tail_setting_a_partial_step_is_named_the_tail_not_the_generators_wait():
+    """Partial rollouts whose step half a lone rollout's decoding sets (its longest rows outlast both sides): the
+    time past the longer side is that rollout's tail (decode slots empty), not generators waiting for the trainers;
+    the generators' wait is only the trainers' lead over the decoding at full slots."""
+    from rlt.checks.plan_terms import StepTime
+
+    def step(trainers: float) -> StepTime:
+        return StepTime(stage="rl", micro_batches=1, update_work=trainers, recompute=0.0, imbalance=1.0,
+                        longest_micro=1.0, save=0.0, save_steps=100, trainer_gpus=4, generator_gpus=4,
+                        longest_bound=1000.0, busy_generation=100.0, kv_recompute=5.0, transfer=10.0,
+                        partial_rollouts=True)  # fmt: skip
+
+    lone = step(trainers=160.0)
+    assert lone.step == pytest.approx(500.0 + 10.0)  # half the lone rollout's 1000 s decoding sets it
+    g = goodput(lone)
+    losses, held = dict(g.losses), 8 * lone.step
+    assert losses["decode slots empty (the longest completions' tail)"] == pytest.approx(4 * (500 - 160) / held)
+    assert losses["generators idle while the trainers score, pass and update"] == pytest.approx(4 * (160 - 105) / held)
+    assert losses["trainers idle while the generators decode"] == pytest.approx(4 * (500 - 160) / held)
+    assert g.share + sum(losses.values()) == pytest.approx(1.0)
+    trainer_bound = goodput(step(trainers=600.0))  # the trainers set the step: no tail, the generators wait
+    assert "decode slots empty (the longest completions' tail)" not in dict(trainer_bound.losses)
+
+
 def test_the_chosen_modes_of_paper_7b_and_2x8_and_the_old_terms_are_printed(capsys):
     """The issue's figures: paper-7b's rl ≥ 0.75 (0.81 with partial rollouts; 0.33 before, strict terms) and its sft
     ≥ 0.8 (0.81: selective layers under ZeRO-3); 2x8's rl ≥ 0.7 (0.73 with partial rollouts, whose engines' slots

@@ -47,14 +47,18 @@ def goodput(t: StepTime, asynchronous: bool = True) -> Goodput:
     held = (T + G) * period
     work = t.update_work + t.scoring + t.passes_work
     useful = T * work + decoders * t.busy_generation
+    if t.partial_rollouts:
+        # the slots a finishing rollout leaves are the next one's, so no tail while either side sets the step; when
+        # half a lone rollout's decoding sets it (its longest rows decode two steps long), the time past the longer
+        # side is that rollout's tail: its last rows decode with the other slots empty
+        tail = max(0.0, t.step - t.transfer - max(t.decoding_held, t.trainer_phases))
+    else:
+        tail = t.generating - t.busy_generation
     if G:
         trainers_idle = t.step - t.trainer_phases - t.transfer
-        generators_idle = t.step - t.decoding_held - t.transfer
+        generators_idle = t.step - t.decoding_held - t.transfer - (tail if t.partial_rollouts else 0.0)
     else:
         trainers_idle = generators_idle = 0.0
-    # partial rollouts: no tail of its own; the slots a finishing rollout leaves are the next one's (its empty
-    # slot-time, when the trainers are the longer side, is in the generators' wait)
-    tail = 0.0 if t.partial_rollouts else t.generating - t.busy_generation
     losses = [
         ("trainers idle while the generators decode", T * trainers_idle),
         ("generators idle while the trainers score, pass and update", G * generators_idle),
