@@ -10,7 +10,7 @@ import yaml
 from suite_helpers import EXAMPLES
 
 from rlt.checks.capacity import plan_for_run, render
-from rlt.checks.model_shape import KNOWN_CONFIGS
+from rlt.checks.model_shape import KNOWN_CONFIGS, known_shape
 from rlt.cli import main
 from rlt.spec.budgets import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout_seconds, rollout_seconds
 from rlt.spec.loading import parse_run
@@ -291,6 +291,32 @@ def test_the_rcl_student_is_planned_whole_on_every_rank():
     _, rcl_terms = student_terms("rcl")
     ((name, whole),) = rcl_terms.items()
     assert name == "rcl student, frozen, whole on every rank" and whole // world == part
+
+
+def test_one_step_off_in_process_counts_a_whole_policy_copy_and_its_kv_cache_beside_the_update():
+    """In-process one step off samples the next step's rows with a frozen copy of the policy during the update
+    (rlt.stages.overlap.LocalBehaviour): the copy is whole on every rank even under ZeRO-3, and it and its KV cache
+    are held beside the update, not as one of its phases."""
+
+    def rl_check(overlap):
+        doc = _doc()
+        doc["spec"]["stages"]["rl"]["generation"] = {"mode": "inprocess", "overlap": overlap}
+        spec = parse_run(doc).spec
+        (rl,) = [
+            c for c in plan_for_run(spec).checks if c.stage == "rl" and c.resource == "GPU memory per trainer process"
+        ]
+        return spec, rl
+
+    spec, on_policy = rl_check("none")
+    _, ahead = rl_check("oneStepOff")
+    assert spec.stages.rl.deepspeed_zero_stage == 3 and spec.resources.trainer.gpus > 1
+    kv = dict(on_policy.phases)[next(n for n, _ in on_policy.phases if n.startswith("in-process sampling KV cache"))]
+    terms = dict(ahead.terms)
+    copy = terms["one-step-off sampling copy of the policy, whole on every rank"]
+    assert copy == 2 * known_shape(spec.teacher.model).params  # the teacher whole in bf16, not its 1/world share
+    assert not any(n.startswith("in-process sampling") for n, _ in ahead.phases)
+    assert ahead.total - on_policy.total >= copy  # the copy and the KV cache beside the update, not max'ed with it
+    assert any(n.startswith("in-process sampling KV cache") and v == kv for n, v in ahead.terms)
 
 
 @pytest.mark.parametrize("prompt", [1000, 4000, None])

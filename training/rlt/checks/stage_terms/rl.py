@@ -112,12 +112,15 @@ class RlTerms(TrainerTerms):
             terms.append(("GRPO reference model" + partitioned, shape.params * b // split))
         if rl.generation.mode == "inprocess":
             seqs = rl.batch_size // world
-            phases.append(
-                (
-                    f"in-process sampling KV cache ({seqs} sequences)",
-                    seqs * (rl.max_prompt_length + rl.max_completion_length) * shape.kv_bytes_per_token * b,
-                )
-            )
+            kv = seqs * (rl.max_prompt_length + rl.max_completion_length) * shape.kv_bytes_per_token * b
+            if rl.generation.overlap == NO_OVERLAP:
+                phases.append((f"in-process sampling KV cache ({seqs} sequences)", kv))
+            else:
+                # one step off (rlt.stages.overlap.LocalBehaviour): a frozen copy of the policy samples the next
+                # step's rows during this step's update, whole on every rank even under ZeRO-3 (it samples without
+                # a collective); the copy and its KV cache sit beside the update, not between its phases
+                terms.append(("one-step-off sampling copy of the policy, whole on every rank", shape.params * b))
+                terms.append((f"in-process sampling KV cache ({seqs} sequences), beside the update", kv))
         elif rl.generation.mode == "colocate":
             # vLLM's sleep mode (level 2, as TRL calls it) between rollouts: weights and KV cache discarded; awake,
             # the engine takes its gpuMemoryUtilization share of the GPU (weights, working memory, KV cache)
