@@ -27,13 +27,11 @@ imported (its seed's units run again elsewhere) and the summary says so.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import hashlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -45,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from comparison_runner import PRIMARY_TEACHERS, SCRIPT, unit_name
-from unit_runner import ROOT, append_row, commit_rows, git, own_code_env, read_rows
+from unit_runner import ROOT, append_row, commit_rows, git, kill_group, own_code_env, read_rows
 
 CODE_DIRS = ("training", "benchmarks")  # the Python a unit runs: rlt's stages and the runner
 POLL = 2.0  # seconds between looks at the running units
@@ -133,9 +131,7 @@ def run_pool(
                 if code is None and now < deadline:
                     continue
                 if code is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    kill_group(proc)
                     u.status = "stopped at the deadline"
                 else:
                     u.status, u.exit = ("done", 0) if code == 0 else ("failed", code)
@@ -162,9 +158,7 @@ def run_pool(
                 time.sleep(poll)
     finally:  # the pool itself stopped (Ctrl-C, SIGTERM): nothing it started runs on
         for _, proc, _ in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc)
     return units
 
 

@@ -155,15 +155,19 @@ def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | N
                     os.killpg(proc.pid, signal.SIGTERM)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=max(1.0, deadline - time.time()))
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                kill_group(proc)
                 return None
         except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_group(proc)
             raise
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `proc`'s whole process group (it was started with start_new_session: a unit's own children go with
+    it) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def stop_on_sigterm() -> None:
