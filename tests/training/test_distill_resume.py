@@ -320,8 +320,8 @@ def test_the_rollout_client_process_answers_as_server_generate(stub):
 def test_a_rollouts_requests_go_in_flight_at_most_and_one_failure_is_the_rollouts(stub):
     """rlt.stages.overlap.generate_all (a served rollout's requests, one per group): never more than `in_flight` at
     the server, the next sent as one ends, each request's samples those server_generate gives it alone; the served
-    model's name asked once per process, not once per rollout; a request the server refuses fails the rollout with
-    the server's answer, the other requests cancelled."""
+    model's name asked once per process, not once per rollout, and forgotten when a rollout fails; a request the
+    server refuses fails the rollout with the server's answer, the other requests cancelled."""
     from rlt.stages.overlap import SERVED_NAMES, Request, generate_all
 
     server, url = stub
@@ -339,6 +339,7 @@ def test_a_rollouts_requests_go_in_flight_at_most_and_one_failure_is_the_rollout
     FlakyVllmStub.refuse, FlakyVllmStub.slower = 3, {5: 2.0}
     with pytest.raises(RuntimeError, match=r"answered 400"):
         generate_all(url, rollout, in_flight=3, **args)
+    assert url not in SERVED_NAMES  # a failed rollout forgets the name: a server serving another model is asked again
 
 
 def stage_against(url: str, out: Path, rows: int = 12) -> Path:

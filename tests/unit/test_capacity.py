@@ -11,6 +11,7 @@ from suite_helpers import EXAMPLES
 
 from rlt.checks.capacity import plan_for_run, render
 from rlt.checks.model_shape import KNOWN_CONFIGS, known_shape
+from rlt.checks.plan_terms import DS_MAX_LIVE_PARAMETERS
 from rlt.cli import main
 from rlt.spec.budgets import DEFAULT_COLLECTIVE_TIMEOUT_S, collective_timeout_seconds, rollout_seconds
 from rlt.spec.loading import parse_run
@@ -315,8 +316,18 @@ def test_one_step_off_in_process_counts_a_whole_policy_copy_and_its_kv_cache_bes
     copy = terms["one-step-off sampling copy of the policy, whole on every rank"]
     assert copy == 2 * known_shape(spec.teacher.model).params  # the teacher whole in bf16, not its 1/world share
     assert not any(n.startswith("in-process sampling") for n, _ in ahead.phases)
-    assert ahead.total - on_policy.total >= copy  # the copy and the KV cache beside the update, not max'ed with it
-    assert any(n.startswith("in-process sampling KV cache") and v == kv for n, v in ahead.terms)
+    assert any(n.startswith("in-process sampling KV cache") and v == kv for n, v in ahead.terms)  # beside it
+    gathered = dict(ahead.phases)["policy gathered whole for sampling (beyond the live parameters)"]
+    assert gathered == 2 * (known_shape(spec.teacher.model).params - DS_MAX_LIVE_PARAMETERS)  # ZeRO-3, 7B > 1e9
+    lora_doc = _doc()
+    lora_doc["spec"]["stages"]["rl"]["generation"] = {"mode": "inprocess", "overlap": "oneStepOff"}
+    lora_doc["spec"]["teacher"]["lora"] = {"r": 16}
+    lora = parse_run(lora_doc).spec
+    (lora_rl,) = [
+        c for c in plan_for_run(lora).checks if c.stage == "rl" and c.resource == "GPU memory per trainer process"
+    ]
+    adapters = known_shape(lora.teacher.model).lora_params(16, lora.teacher.lora.target_modules)
+    assert dict(lora_rl.terms)["one-step-off sampling copy of the policy, whole on every rank"] == copy + 4 * adapters
 
 
 @pytest.mark.parametrize("prompt", [1000, 4000, None])

@@ -15,8 +15,9 @@ The modes of rl (stages.rl.generation.mode / overlap):
   the longer of the two, then the weight sync; a row is trained at most one optimizer step after the weights that
   sampled it;
 - partial rollouts (server, partialRollouts): two steps' rollouts in flight, their rows held through each push, so
-  an engine's slots stay full: a step lasts the longer of the step's tokens decoded at full slots (plus the running
-  rows' KV recompute after the push) and the trainers' phases, then the weight sync; at most two steps off-policy;
+  an engine's slots stay full: a step lasts the longest of the step's tokens decoded at full slots (plus the running
+  rows' KV recompute after the push), the trainers' phases and half a lone rollout's decoding (its time past the
+  other two is that rollout's decode tail), then the weight sync; at most two steps off-policy;
 - colocated (colocate): every GPU of the run is a trainer GPU hosting a vLLM engine, asleep during the update; the
   phases run in turn on all GPUs, plus the in-place sync and the engine's wake and sleep; it must fit in memory
   (rlt.checks.colocated)."""

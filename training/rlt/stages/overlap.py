@@ -315,8 +315,9 @@ class ClientProcess:
         return self.conn
 
 
-# The name each server serves its model under, asked once per process: a server keeps it for its life and a
-# restarted one is started with the same model argument.
+# The name each server serves its model under, asked once per rollout client (ClientProcess's child, one per rl
+# stage's trainer: the generators serve one model for a stage) and forgotten when a rollout fails, so that a server
+# serving another model is asked again.
 SERVED_NAMES: dict[str, str] = {}
 
 
@@ -327,13 +328,19 @@ def generate_all(base_url: str, requests: list[Request], in_flight: int | None =
     from rlt.method.generation import served_model, server_generate
     from rlt.method.pipeline import as_completed
 
-    model = SERVED_NAMES.get(base_url) or SERVED_NAMES.setdefault(base_url, served_model(base_url, kw["timeout"]))
+    if base_url not in SERVED_NAMES:
+        SERVED_NAMES[base_url] = served_model(base_url, kw["timeout"])
+    model = SERVED_NAMES[base_url]
 
     def one(i: int, cancel: threading.Event) -> Samples:
         r = requests[i]
         return server_generate(base_url, [r.prompt_ids], n=r.n, seed=r.seed, cancel=cancel, model=model, **kw)
 
-    got = dict(as_completed(one, range(len(requests)), in_flight=in_flight or len(requests)))
+    try:
+        got = dict(as_completed(one, range(len(requests)), in_flight=in_flight or len(requests)))
+    except BaseException:
+        SERVED_NAMES.pop(base_url, None)
+        raise
     return [got[i] for i in range(len(requests))]
 
 

@@ -12,6 +12,7 @@ from rlt.checks.gpu_figures import figures
 from rlt.checks.gpu_memory import GiB, kv_sequences, spec_gpu_memory
 from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
 from rlt.checks.plan_terms import (
+    DS_MAX_LIVE_PARAMETERS,
     Plan,
     PlanInputs,
     PromptTokens,
@@ -113,13 +114,23 @@ class RlTerms(TrainerTerms):
         if rl.generation.mode == "inprocess":
             seqs = rl.batch_size // world
             kv = seqs * (rl.max_prompt_length + rl.max_completion_length) * shape.kv_bytes_per_token * b
+            if rl.deepspeed_zero_stage == 3 and world > 1:
+                # sampling (and the one-step-off copy's refresh) gathers the whole policy (TRL's
+                # unwrap_model_for_generation): what the live parameters' term does not already hold
+                gathered = (shape.params - min(shape.params, DS_MAX_LIVE_PARAMETERS)) * b
+                if gathered:
+                    phases.append(("policy gathered whole for sampling (beyond the live parameters)", gathered))
             if rl.generation.overlap == NO_OVERLAP:
                 phases.append((f"in-process sampling KV cache ({seqs} sequences)", kv))
             else:
                 # one step off (rlt.stages.overlap.LocalBehaviour): a frozen copy of the policy samples the next
                 # step's rows during this step's update, whole on every rank even under ZeRO-3 (it samples without
-                # a collective); the copy and its KV cache sit beside the update, not between its phases
-                terms.append(("one-step-off sampling copy of the policy, whole on every rank", shape.params * b))
+                # a collective); the copy and its KV cache sit beside the update, not between its phases. A LoRA
+                # policy's copy is PEFT's model: the base in its dtype, the adapters in float32 (PEFT's autocast)
+                adapters = 4 * shape.lora_params(ref.lora.r, ref.lora.target_modules) if ref.lora else 0
+                terms.append(
+                    ("one-step-off sampling copy of the policy, whole on every rank", shape.params * b + adapters)
+                )
                 terms.append((f"in-process sampling KV cache ({seqs} sequences), beside the update", kv))
         elif rl.generation.mode == "colocate":
             # vLLM's sleep mode (level 2, as TRL calls it) between rollouts: weights and KV cache discarded; awake,
