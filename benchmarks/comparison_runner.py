@@ -6,6 +6,7 @@ teacher)."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -128,6 +129,53 @@ def run_units(
     return run_missing_units(
         units, units_path, run_unit, deadline, budget, clock, log, record, stopped_note=stopped_note, key=key
     )
+
+
+def progress(rows: list[dict], seeds: list[int], students: int = analysis.STUDENTS) -> list[str]:
+    """Where the comparison stands, from the rows' unit names, seeds and seconds only (never an arm value: whoever
+    reads it stays blind): per teacher seed its units done, then the units left and the CPU hours they need at the
+    median unit of each kind so far (FIRST_ESTIMATE for a kind none of which ran)."""
+    units = plan(seeds, students)
+    done = {(r["unit"], r["seed"]) for r in rows}
+    lines, idle = [], []
+    for seed in seeds:
+        mine = [u for u in units if u[1] == seed]
+        teachers = sum(1 for u in mine if u in done and parse_unit(u[0])[1] is None)
+        taught = sum(1 for u in mine if u in done and parse_unit(u[0])[1] is not None)
+        if not teachers and not taught:
+            idle.append(seed)
+            continue
+        n_teachers, n_students = len(PRIMARY_TEACHERS), len(mine) - len(PRIMARY_TEACHERS)
+        state = "complete" if teachers + taught == len(mine) else "in progress"
+        lines.append(
+            f"teacher seed {seed}: {state}: {teachers} of {n_teachers} teachers, {taught} of {n_students} students"
+        )
+    if idle:
+        lines.append(f"teacher seeds {spans(idle)}: not started")
+    seconds: dict[str, list[float]] = {}
+    for r in rows:
+        seconds.setdefault(estimate_kind(r["unit"]), []).append(float(r["seconds"]))
+    typical = {k: statistics.median(seconds[k]) if k in seconds else v for k, v in FIRST_ESTIMATE.items()}
+    left = [u for u in units if u not in done]
+    hours = sum(typical[estimate_kind(name)] for name, _ in left) / 3600
+    each = ", ".join(f"{k} {typical[k] / 3600:.2f} h" for k in (*PRIMARY_TEACHERS, "student"))
+    complete = sum(1 for seed in seeds if all(u in done for u in units if u[1] == seed))
+    lines.append(
+        f"complete seeds: {complete} of {len(seeds)}; left: {len(left)} units, about {hours:.0f} CPU hours at the "
+        f"median unit of each kind so far ({each})"
+    )
+    return lines
+
+
+def spans(seeds: list[int]) -> str:
+    """1, 2, 3, 5 as "1-3, 5"."""
+    runs: list[list[int]] = []
+    for s in sorted(seeds):
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def teacher_row(units_path: Path, arm: str, seed: int, settings: str) -> dict[str, Any]:

@@ -65,6 +65,7 @@ from comparison_runner import (
     TEACHER_ARMS,
     parse_unit,
     pieces_file,
+    progress,
     run_units,
     student_seed,
     teacher_row,
@@ -507,6 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="the tiny model and sizes: checks that every arm runs")
     p.add_argument("--nice", type=int, default=19)
     p.add_argument("--lock", default="/tmp/rlt-heavy.lock", help="taken per unit; '' for none")
+    p.add_argument("--progress", action="store_true", help="units done and left, CPU hours left (no arm values)")
     p.add_argument("--analyse", action="store_true", help="print the arm values, the contrasts and the verdicts")
     p.add_argument("--plot", type=Path, help="with --analyse: draw the per-seed contrasts here")
     p.add_argument("--commit", action="store_true", help="commit each unit's row (a teacher's dataset too) at once")
@@ -523,6 +525,9 @@ def main(argv: list[str] | None = None) -> None:
         args.units = out / "units.jsonl" if args.quick else UNITS_FILE
     if args.analyse:
         analysis.analyse(read_rows(args.units), args.plot, settings, s.students)
+        return
+    if args.progress:
+        print("\n".join(progress(read_rows(args.units), args.seeds, s.students)))
         return
     if args.unit:
         arm, student = parse_unit(args.unit)

@@ -362,6 +362,33 @@ def test_runner_deadline_guard_per_kind_append_and_resume(tc, tmp_path):
     assert units.calls == [("raw.student1", 2)] and len(path.read_text().splitlines()) == 10
 
 
+def test_progress_counts_units_and_hours_left_and_shows_no_arm_value(tmp_path):
+    """`--progress` (the real command on a units file): each teacher seed's units done, the seeds not started as
+    spans, the units left and their CPU hours at the median unit of each kind; never a row's pass@1, whose digits
+    would unblind whoever reads it."""
+    path = tmp_path / "units.jsonl"
+    rows = [("rl.teacher", 1, 3600.0), ("sft-continued.teacher", 1, 1800.0)]
+    rows += [(f"{arm}.student{j}", 1, 900.0 + 900.0 * (arm == "raw")) for arm in ("rl", "sft-continued", "raw")
+             for j in range(1, 5)]  # fmt: skip
+    rows += [("rl.teacher", 2, 7200.0), ("sft-continued.teacher", 2, 5400.0), ("rl.student1", 2, 900.0)]
+    path.write_text("".join(json.dumps({"unit": u, "seed": s, "seconds": t, "pass1": 0.123456}) + "\n"
+                            for u, s, t in rows))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--progress", "--units", str(path), "--seeds", "1,2,3,4,6"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines() == [
+        "teacher seed 1: complete: 2 of 2 teachers, 12 of 12 students",
+        "teacher seed 2: in progress: 2 of 2 teachers, 1 of 12 students",
+        "teacher seeds 3-4, 6: not started",
+        # medians: rl 1.5 h, sft-continued 1 h, student 0.25 h (9 at 900 s, 4 at 1800 s); left: seed 2's 11
+        # students and 3 seeds' 2 teachers and 12 students: 11 × 0.25 + 3 × (1.5 + 1 + 12 × 0.25) = 19.25 h
+        "complete seeds: 1 of 5; left: 53 units, about 19 CPU hours at the median unit of each kind so far "
+        "(rl 1.50 h, sft-continued 1.00 h, student 0.25 h)",
+    ]
+    assert "0.12" not in done.stdout + done.stderr
+
+
 def test_a_unit_stopped_at_the_deadline_appends_nothing(tc, tmp_path):
     path = tmp_path / "units.jsonl"
     units = FakeUnits({"rl": 10.0, "sft-continued": 10.0, "student": 10.0}, stop_at=("rl.teacher", 1))
