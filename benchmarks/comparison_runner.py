@@ -137,7 +137,7 @@ def progress(rows: list[dict], seeds: list[int], students: int = analysis.STUDEN
     median unit of each kind so far (FIRST_ESTIMATE for a kind none of which ran)."""
     units = plan(seeds, students)
     done = {(r["unit"], r["seed"]) for r in rows}
-    lines, idle = [], []
+    lines, idle, complete = [], [], 0
     for seed in seeds:
         mine = [u for u in units if u[1] == seed]
         teachers = sum(1 for u in mine if u in done and parse_unit(u[0])[1] is None)
@@ -147,6 +147,7 @@ def progress(rows: list[dict], seeds: list[int], students: int = analysis.STUDEN
             continue
         n_teachers, n_students = len(PRIMARY_TEACHERS), len(mine) - len(PRIMARY_TEACHERS)
         state = "complete" if teachers + taught == len(mine) else "in progress"
+        complete += state == "complete"
         lines.append(
             f"teacher seed {seed}: {state}: {teachers} of {n_teachers} teachers, {taught} of {n_students} students"
         )
@@ -159,7 +160,6 @@ def progress(rows: list[dict], seeds: list[int], students: int = analysis.STUDEN
     left = [u for u in units if u not in done]
     hours = sum(typical[estimate_kind(name)] for name, _ in left) / 3600
     each = ", ".join(f"{k} {typical[k] / 3600:.2f} h" for k in (*PRIMARY_TEACHERS, "student"))
-    complete = sum(1 for seed in seeds if all(u in done for u in units if u[1] == seed))
     lines.append(
         f"complete seeds: {complete} of {len(seeds)}; left: {len(left)} units, about {hours:.0f} CPU hours at the "
         f"median unit of each kind so far ({each})"
