@@ -476,7 +476,9 @@ def run_rootfs(
     cwd = workdir or config.get("WorkingDir") or "/"
     for inside in [*(binds or {}).values(), *tmpfs]:  # the runtime creates missing mount points (in our copy)
         (root / inside.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    mnt = f"/tmp/rlt-rootfs-{os.getpid()}-{time.monotonic_ns()}"
+    # The mount point is the image's own, shared: each container mounts on it in its own mount namespace (unshare
+    # below), so concurrent containers do not meet, and no folder per container is left behind.
+    mnt = str(image_dir / "mnt")
     q = shlex.quote
     script = [f"set -e; mkdir -p {q(mnt)}", f"mount --bind {q(str(root))} {q(mnt)}"]
     if read_only:

@@ -7,10 +7,21 @@
 """
 
 import atexit
+import getpass
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
+if "RLT_SUITE_TMP" not in os.environ:
+    # What the suite's processes leave in the temp folder when a test stops them (vLLM's ZMQ sockets and its
+    # torch.distributed files, torchrun's folders, wandb's media) goes to one folder of its own, removed at the end:
+    # else every run leaves about a hundred entries in /tmp. xdist workers and every subprocess inherit $TMPDIR;
+    # torch inductor's compile cache stays the machine's (vLLM's cache on disk names its kernels there).
+    inductor = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    os.environ["RLT_SUITE_TMP"] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="rlt-suite-")
+    atexit.register(shutil.rmtree, os.environ["RLT_SUITE_TMP"], ignore_errors=True)
 if "RLT_CACHE" not in os.environ:
     # Half a gigabyte of tiny models per run: removed when the process that made it ends (xdist workers inherit
     # the controller's), or a machine that runs the suite often fills its disk.
@@ -31,7 +42,6 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 # The kubernetes client reads $KUBECONFIG once, at import: point it at a file we rewrite per test.
-_KUBECONFIG = Path(tempfile.mkdtemp(prefix="rlt-op-test-")) / "kubeconfig"
+_KUBECONFIG = Path(tempfile.mkdtemp(prefix="rlt-op-test-", dir=os.environ.get("RLT_SUITE_TMP"))) / "kubeconfig"
 os.environ["KUBECONFIG"] = str(_KUBECONFIG)
 os.environ["RLT_OPERATOR_METRICS_PORT"] = "0"
 os.environ["RLT_OPERATOR_METRICS_ADDR"] = "127.0.0.1"
