@@ -1,12 +1,14 @@
 """The generated tables of docs/: spec.md's field table from the spec model, metrics.md's from the metric catalogue,
-operator.md's pod environment from its table, gpu-cluster.md's sizing from the capacity plan (so the reference cannot
-drift from the code). `python hack/generate.py docs` writes them; tests compare them."""
+operator.md's pod environment from its table, gpu-cluster.md's sizing from the capacity plan, architecture.md's floor
+matrices from hack/import_graph.py (so the reference cannot drift from the code). `python hack/generate.py docs`
+writes them; tests compare them."""
 
 from __future__ import annotations
 
 import typing
 from pathlib import Path
 
+import import_graph  # hack/, beside this file (on the path of whoever imports it: generate.py, hack_module)
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
@@ -73,8 +75,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def regenerate(docs_dir: str | Path = DOCS) -> None:
-    """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md, docs/operator.md and
-    docs/gpu-cluster.md."""
+    """`make docs`: rewrite the generated tables of docs/spec.md, docs/metrics.md, docs/operator.md,
+    docs/gpu-cluster.md and the floor matrices of docs/architecture.md."""
     from pathlib import Path
 
     from rlt.contract import env, metrics
@@ -85,11 +87,20 @@ def regenerate(docs_dir: str | Path = DOCS) -> None:
         ("operator.md", "POD ENV", env.markdown_table()),
         ("gpu-cluster.md", "SIZING", sizing_table(Path(docs_dir).resolve().parent / "manifests" / "examples")),
         ("gpu-cluster.md", "STOP COST", stop_cost_table(Path(docs_dir).resolve().parent / "manifests" / "examples")),
+        ("architecture.md", "RLT FLOORS", floors_block("rlt")),
+        ("architecture.md", "OPERATOR FLOORS", floors_block("rlt_operator")),
     ):
         path = Path(docs_dir) / name
         path.write_text(
             replace_between(path.read_text(), f"<!-- BEGIN {marker} TABLE -->", f"<!-- END {marker} TABLE -->", body)
         )
+
+
+def floors_block(package: str) -> str:
+    """hack/import_graph.py's matrix of `package`'s floors (how many imports each floor makes of each below it)."""
+    floors, _ = import_graph.PACKAGE_FLOORS[package]
+    table = import_graph.floor_table(import_graph.subpackage_imports(import_graph.graph(), package), floors)
+    return f"```\n{table}\n```"
 
 
 def spec_table() -> str:

@@ -8,10 +8,18 @@ import re
 
 import pytest
 from op_harness import example, server_mode
+from suite_helpers import ROOT
 from test_events import PULL, trainer_pod
 
 from rlt_operator.cluster.kube import USER_AGENT
-from rlt_operator.cluster.rbac import CLUSTER_RBAC_RULES, RBAC_RULES, allows
+from rlt_operator.cluster.rbac import (
+    CLUSTER_PEERING_RULES,
+    CLUSTER_RBAC_RULES,
+    LEASE_RULES,
+    PEERING_RULES,
+    RBAC_RULES,
+    allows,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,3 +100,25 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     # Granted for a real apiserver's admission (blockOwnerDeletion), which the emulator does not check.
     admission_only = {("rlt.dev", "rltruns/finalizers", "update")}
     assert granted - used - admission_only == set(), "rules the operator never used"
+
+
+def test_the_rbac_table_in_the_docs_is_the_rules():
+    """docs/operator.md's RBAC table says which verbs on which resources, and claims "exactly" the rules: each
+    resource's verbs there must be the code's, with none missing or extra on either side."""
+    code: dict[tuple[str, str], set[str]] = {}
+    for rule in (*RBAC_RULES, *CLUSTER_RBAC_RULES, *PEERING_RULES, *CLUSTER_PEERING_RULES, *LEASE_RULES):
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                code.setdefault((group, res), set()).update(rule["verbs"])
+    text = (ROOT / "docs" / "operator.md").read_text()
+    table = text.split("\n## RBAC\n", 1)[1].split("\n\n| apiGroup |", 1)[1].split("\n\n", 1)[0]
+    docs: dict[tuple[str, str], set[str]] = {}
+    for line in table.splitlines()[2:]:  # after the header's rest and the separator
+        group, resources, verbs = (cell.strip() for cell in line.strip("|").split("|")[:3])
+        group = "" if group == '""' else group
+        names = re.sub(r"\([^)]*\)", "", resources).replace(" or ", ",")  # "(cluster mode)" notes are not names
+        for res in (n.strip() for n in names.split(",")):
+            docs.setdefault((group, res), set()).update(v.strip() for v in verbs.split(","))
+    assert docs == code, {
+        k: (docs.get(k), code.get(k)) for k in docs.keys() | code.keys() if docs.get(k) != code.get(k)
+    }

@@ -92,7 +92,7 @@ def test_the_option_table_is_generated_from_the_installed_trl():
 # (stage, key, value, what the message says; None: accepted)
 VALUES = [
     ("rl", "adam_epsilon", "very", '"very" is a str, not float (GRPOConfig.adam_epsilon)'),
-    ("rl", "adam_epsilon", "1e-8", "write 1.0e-8"),
+    ("rl", "adam_epsilon", "1e-8", "a number in quotes is text: write it without the quotes"),
     ("rl", "adam_epsilon", 1e-8, None),
     ("rl", "adam_epsilon", None, "null is not float (GRPOConfig.adam_epsilon)"),
     ("rl", "optim_target_modules", "q_proj", None),  # str or list[str]

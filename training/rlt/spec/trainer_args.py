@@ -58,7 +58,7 @@ def value_problem(value: Any, kinds: list[Kind]) -> str | None:
     if isinstance(value, str) and "float" in kinds:
         try:
             float(value)
-            hint = " (YAML reads a number like 1e-8 as text: write 1.0e-8)"
+            hint = " (a number in quotes is text: write it without the quotes)"
         except ValueError:
             pass
     shown = json.dumps(value, default=str)
