@@ -147,13 +147,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def gang_command(run: Path, tmp_path: Path, name: str) -> tuple[list[str], dict[str, str]]:
-    """The operator's rendered command of a 2-GPU trainer pod for `run` (its env the gang needs), on this machine."""
+def gang_command(run: Path, tmp_path: Path, name: str, stage: str = "rl") -> tuple[list[str], dict[str, str]]:
+    """The operator's rendered command of a 2-GPU trainer pod of `stage` for `run` (its env the gang needs), on
+    this machine."""
     doc = yaml.safe_load(run.read_text())
     doc["spec"]["resources"] = {"trainer": {"gpus": 2, "terminationGracePeriodSeconds": 120}}
     run.write_text(yaml.safe_dump(doc))
     spec = validate_spec(doc["spec"], name=name)
-    job = builders.trainer_job(builders.RunRef(name, "default", "uid"), spec, "rl", 0)
+    job = builders.trainer_job(builders.RunRef(name, "default", "uid"), spec, stage, 0)
     container = job["spec"]["template"]["spec"]["containers"][0]
     pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     vars_ = {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}

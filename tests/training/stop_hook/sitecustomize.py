@@ -1,5 +1,5 @@
-"""Test hook for tests/training/test_restart_changes_nothing.py, loaded by every Python process of a test gang
-(its folder heads their PYTHONPATH): with RLT_TEST_SIGTERM_AT=<phase>:<step>, rank 1 sends itself SIGTERM at that
+"""Test hook for tests/training/test_restart_changes_nothing.py and test_sft_gang_resume.py, loaded by every
+Python process of a test gang (its folder heads their PYTHONPATH): with RLT_TEST_SIGTERM_AT=<phase>:<step>, rank 1 sends itself SIGTERM at that
 phase of that step, inside the real code's own calls, as a preemption arriving exactly then would. No other process
 and no run outside that test sets the variable."""
 
@@ -12,10 +12,6 @@ def _install(phase: str, step: int) -> None:
     import signal
 
     import trl
-    from trl.trainer.callbacks import SyncRefModelCallback
-
-    from rlt.method.reward import RLTReward
-    from rlt.stages import rl
 
     seen = {"trainer": None, "micro": 0, "sent": False}
 
@@ -27,6 +23,22 @@ def _install(phase: str, step: int) -> None:
             seen["sent"] = True
             os.write(1, f"rlt-test SIGTERM to rank 1 at {phase} of step {step}\n".encode())
             os.kill(os.getpid(), signal.SIGTERM)
+
+    if phase == "sft-accumulation":  # an SFT-like stage (sft, student): after step `step`'s first micro-batch
+        real_sft_step = trl.SFTTrainer.training_step
+
+        def sft_step(self, *a, **kw):
+            out = real_sft_step(self, *a, **kw)
+            kill(self.state.global_step == step - 1)
+            return out
+
+        trl.SFTTrainer.training_step = sft_step
+        return
+
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    from rlt.method.reward import RLTReward
+    from rlt.stages import rl
 
     real_sample = rl.sample_policy
 

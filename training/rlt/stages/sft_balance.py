@@ -102,12 +102,13 @@ def sft_measured(trainer_cls: type) -> type:
             super().__init__(*a, **kw)
             self._balance_seen: list[tuple[float, float]] = []
             self._balance_figures: dict[str, float] = {}
+            self._step_deal: Any = None  # the deal _get_train_sampler made (None: transformers' own sampler)
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
             sampler = super()._get_train_sampler(train_dataset)
             if not isinstance(sampler, BatchRebalanceSampler):
                 return sampler  # another strategy asked for (the benchmark's baseline), or no length
-            return step_deal(
+            self._step_deal = step_deal(
                 sampler.lengths,
                 self.args.train_batch_size,
                 sampler.dp_size,
@@ -116,6 +117,16 @@ def sft_measured(trainer_cls: type) -> type:
                 self.args.seed if self.args.data_seed is None else self.args.data_seed,
                 sampler.drop_last,
             )
+            return self._step_deal
+
+        def _run_epoch(self, model: torch.nn.Module, epoch: int, *rest: Any, **kw: Any) -> Any:
+            # The deal's shuffle is seeded by the epoch. On a resume mid-epoch with several processes, transformers
+            # wraps the loader to skip the trained batches and its set_epoch no longer reaches the deal (accelerate's
+            # skip wrapper hides it behind the shard wrapper): the rest of the epoch would be cut from epoch 0's
+            # order, training some rows twice and others never. Set it here, before the epoch's loader is iterated.
+            if self._step_deal is not None:
+                self._step_deal.set_epoch(epoch)
+            return super()._run_epoch(model, epoch, *rest, **kw)
 
         def training_step(
             self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
