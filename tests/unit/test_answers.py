@@ -55,3 +55,41 @@ def test_is_correct():
     assert not is_correct("I do not know", "98")
     assert is_correct("The answer is (b)", "B") is False  # lowercase letters are not choices
     assert boxed_contents("\\boxed{a{b}c}") == ["a{b}c"]
+
+
+@pytest.mark.parametrize(
+    ("output", "reference", "right"),
+    [
+        # an answer block that is the answer itself is compared whole, not by its last number
+        ("<answer>\\frac{1}{2}</answer>", "\\frac{1}{2}", True),
+        ("<answer>$\\dfrac{1}{2}$</answer>", "1/2", True),
+        ("<answer>\\frac{3}{2}</answer>", "2", False),  # not the denominator
+        ("<answer>2\\pi</answer>", "2", False),
+        ("<answer>2\\pi</answer>", "2\\pi", True),
+        ("<answer>10^{3}</answer>", "3", False),  # not the exponent
+        # a block with a sentence, a box or a unit is still read inside
+        ("<answer>5 apples</answer>", "5", True),
+        ("<answer>5 \\text{cm}</answer>", "5", True),
+        ("<answer>so \\boxed{5}</answer>", "5", True),
+        ("<answer>x = 5</answer>", "5", True),
+        # a decimal point does not end the sentence
+        ("The answer is 3.5", "3.5", True),
+        ("The answer is 3.5", "3", False),
+        ("<answer>The final answer is 0.75.</answer>", "0.75", True),
+        ("<answer>The final answer is 0.75.</answer>", "0", False),
+        ("The answer is 57. Then we stop.", "57", True),
+    ],
+)
+def test_an_answer_is_read_whole_where_it_is_whole(output, reference, right):
+    assert is_correct(output, reference, TAGS) is right
+
+
+def test_the_sums_checker_reads_what_it_read_before():
+    """The built-in sums checker (the teaching comparison's grader) reads an answer block without tags: the
+    whole-block rule above does not reach it, and integer answers read as before."""
+    from rlt.data.tasks import check_sums
+
+    assert check_sums("What is 23 + 34?", "57") is True
+    assert check_sums("What is 23 + 34?", "The answer is 57.") is True
+    assert check_sums("What is 23 + 34?", "23 + 34 = 57") is True
+    assert check_sums("What is 23 + 34?", "56") is False

@@ -11,8 +11,9 @@ import re
 from fractions import Fraction
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?"
+# The sentence ends at a full stop followed by a space or the line's end, not at a decimal point ("is 3.5").
 _ANSWER_IS = re.compile(
-    r"(?:final answer|answer)\s*(?:is|:|=)\s*[:\s]*\$?([^\n$]+?)\$?\s*(?:\.|$)", re.IGNORECASE | re.MULTILINE
+    r"(?:final answer|answer)\s*(?:is|:|=)\s*[:\s]*\$?([^\n$]+?)\$?\s*(?:\.(?=\s|$)|$)", re.IGNORECASE | re.MULTILINE
 )
 _CHOICE = re.compile(r"^\(?([A-J])\)?$|^\(?([A-J])[.)]:?\s")
 _LAST_NUMBER = re.compile(_NUMBER)
@@ -50,7 +51,11 @@ def extract_answer(text: str, answer_tags: tuple[str, str] | None = None, last_n
     if answer_tags:
         inside = between(text, *answer_tags, last=True)
         if inside is not None:
-            # An answer block may itself hold a box or a sentence: look inside it with the same rules.
+            # A block that is itself the answer (a number, a fraction, a LaTeX expression: `\frac{1}{2}`, `2\pi`)
+            # is taken whole: its last number would be a denominator or an exponent. A block that holds a box or a
+            # sentence is read with the same rules as the whole text.
+            if _whole_answer(inside):
+                return inside.strip()
             return extract_answer(inside) or (inside.strip() or None)
     boxes = boxed_contents(text)
     if boxes:
@@ -60,6 +65,17 @@ def extract_answer(text: str, answer_tags: tuple[str, str] | None = None, last_n
         return said[-1].strip()
     numbers: list[str] = _LAST_NUMBER.findall(text) if last_number else []
     return numbers[-1] if numbers else None
+
+
+def _whole_answer(block: str) -> bool:
+    """Is an answer block the answer itself: an exact number once normalised, or LaTeX math with no words in it
+    (words: two letters or more, outside a LaTeX command and `\\text{}`), and no box (a box is looked into)?"""
+    if not block.strip() or boxed_contents(block):
+        return False
+    if re.fullmatch(r"-?\d+(?:/\d+)?", normalize(block) or ""):
+        return True
+    math = re.sub(r"\\text\s*\{[^{}]*\}", " ", block)  # a unit in \text{} does not make the block math
+    return bool(re.search(r"[\\^_{]", math)) and not re.search(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", " ", math))
 
 
 def _unlatex(s: str) -> str:
