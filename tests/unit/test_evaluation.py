@@ -174,6 +174,18 @@ def test_over_long_policies(policy, actions, kept):
         assert chats[1][-1]["content"].startswith("<think>" + short)
 
 
+def test_truncate_records_a_row_whose_prompt_fills_max_length_as_dropped():
+    """TRL keeps a truncated row's first maxLength tokens and drops a row left with no completion token: such a
+    row is recorded dropped, not truncated (rows.json says what the trainer saw)."""
+    long = "x" * 100
+    rows = [_row(long, 1.0), _row(long, 1.0)]
+    rows[1]["messages"][1]["content"] = "q" * 70  # the user turn alone is over the 60 "tokens"
+    prompt = lambda messages: len(messages[-1]["content"])  # noqa: E731  # the user turn's characters stand in
+    chats, records = choose_rows(rows, _length, 60, "truncate", FMT, prompt)
+    assert [r["action"] for r in records] == ["truncated", "dropped"]
+    assert records[1]["prompt_tokens"] >= 60 and len(chats) == 1
+
+
 def test_rows_without_messages_are_rejected_by_index():
     with pytest.raises(DataError, match="row 0"):
         choose_rows([{"question": "q"}], _length, 10, "drop", FMT)

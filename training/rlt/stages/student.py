@@ -40,10 +40,13 @@ def choose_rows(
     max_length: int,
     policy: str,
     formatter: Formatter,
+    prompt_length: Callable[[list[dict[str, str]]], int] | None = None,
 ) -> tuple[list[list[dict[str, str]]], list[dict[str, Any]]]:
     """The chat of every usable row under the over-long policy, and one record per row of what was done.
 
-    drop: rows over max_length are left out. truncate: kept whole; the trainer cuts them at max_length.
+    drop: rows over max_length are left out. truncate: kept whole; the trainer cuts them at max_length, except a row
+    whose prompt (`prompt_length` of system + user, the generation prompt included) alone fills max_length: TRL would
+    keep no completion token of it and drop it unsaid, so it is recorded dropped here.
     best_fit: the best-rewarded candidate whose chat fits (the row's own trace first); none fits → dropped."""
     if policy not in ("drop", "truncate", "best_fit"):
         raise ValueError(f"stages.student.overLong: unknown policy {policy!r}")
@@ -58,8 +61,12 @@ def choose_rows(
             record["action"] = "kept"
             chats.append(messages)
         elif policy == "truncate":
-            record["action"] = "truncated"
-            chats.append(messages)
+            prompt = prompt_length(messages[:2]) if prompt_length is not None else 0
+            if prompt >= max_length:
+                record.update(action="dropped", prompt_tokens=prompt)  # nothing of the answer would be left
+            else:
+                record["action"] = "truncated"
+                chats.append(messages)
         elif policy == "drop":
             record["action"] = "dropped"
         else:
@@ -98,7 +105,11 @@ def run_student(ctx: StageContext) -> str:
         chat = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)
         return len(cast("BatchEncoding", chat)["input_ids"])  # return_dict: a BatchEncoding
 
-    chats, records = choose_rows(read_jsonl(source), length, st.max_length, st.over_long, formatter)
+    def prompt_length(messages: list[dict[str, str]]) -> int:  # as TRL tokenises a conversational prompt
+        chat = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, add_generation_prompt=True)
+        return len(cast("BatchEncoding", chat)["input_ids"])
+
+    chats, records = choose_rows(read_jsonl(source), length, st.max_length, st.over_long, formatter, prompt_length)
     counts = Counter(r["action"] for r in records)
     if ctx.is_main:
         atomic_write_json(
