@@ -141,7 +141,8 @@ def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | N
     """Run `cmd` in a process group of its own (its output to `log` when given; this checkout's code first:
     own_code_env); its exit status, or None when the deadline came first. `grace` seconds before the deadline the group gets SIGTERM (rlt's stages then save their
     last step), at the deadline SIGKILL; the whole group goes, a unit's own children with it. The runner stopped
-    (Ctrl-C, SIGTERM) takes its unit down too: nothing runs on past the deadline unaccounted."""
+    (Ctrl-C, SIGTERM) takes its unit down too, the same way: SIGTERM, up to `grace` seconds to save its last step,
+    then SIGKILL, so nothing runs on past the deadline unaccounted and a piece cut short keeps what it trained."""
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(log.open("a")) if log is not None else None
         proc = subprocess.Popen(
@@ -158,6 +159,11 @@ def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | N
                 kill_group(proc)
                 return None
         except BaseException:
+            if grace > 0 and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace)
             kill_group(proc)
             raise
 

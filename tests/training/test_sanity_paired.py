@@ -2,8 +2,10 @@
 rates, and the runner's deadline guard, append-as-each-pair-ends and resume, without training a model (the unit is
 a stand-in that advances a fake clock)."""
 
+import contextlib
 import fcntl
 import json
+import os
 import runpy
 
 import numpy as np
@@ -222,3 +224,41 @@ def test_a_unit_runs_this_checkouts_code_whatever_the_environment_puts_first(tmp
     cmd = [sys.executable, "-c", "import rlt; print(rlt.__file__)"]
     assert ur["run_until"](cmd, time.time() + 120, 0.0, log) == 0
     assert log.read_text().strip() == str(ROOT / "training" / "rlt" / "__init__.py")
+
+
+def test_a_runner_stopped_gives_its_unit_the_grace_to_save(tmp_path):
+    """The runner itself gets SIGTERM (a session ending): its unit gets SIGTERM and up to the grace period to save
+    its last step (as at the deadline) before the SIGKILL, so the piece keeps what it trained. Real processes: the
+    runner (unit_runner.run_until under stop_on_sigterm) and a unit that saves on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    saved = tmp_path / "saved"
+    unit = (
+        "import signal, sys, time, pathlib\n"
+        "def stop(*_):\n"
+        f"    time.sleep(0.5); pathlib.Path({str(saved)!r}).write_text('step saved'); sys.exit(75)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "print('unit running', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    runner = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
+        "from unit_runner import run_until, stop_on_sigterm\n"
+        "stop_on_sigterm()\n"
+        f"run_until([sys.executable, '-c', {unit!r}], time.time() + 600, 30.0, __import__('pathlib').Path({str(tmp_path / 'unit.log')!r}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", runner], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "unit running" not in ((tmp_path / "unit.log").read_text() if (tmp_path / "unit.log").exists() else ""):
+            assert time.monotonic() < deadline and proc.poll() is None, "the unit never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert saved.exists(), "the unit was killed without its grace: its piece's training is lost"
