@@ -72,7 +72,7 @@ from comparison_runner import (
     unit_name,
     unit_runner,
 )
-from unit_runner import commit_rows, deadline_ts, read_rows, stop_on_sigterm
+from unit_runner import commit_rows, deadline_ts, one_runner, read_rows, stop_on_sigterm
 
 # ---- registered (docs/experiments.md, "Round five: the comparison's fixed design"): the arms, the units' names,
 # seeds and order are in comparison_runner, the rule's constants in comparison_analysis
@@ -553,7 +553,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"settings: {json.dumps(asdict(s))}", flush=True)
     first = {k: v / (60 if args.quick else 1) for k, v in FIRST_ESTIMATE.items()}
     runner = unit_runner(out, args.quick, args.lock or None, end, args.units)
-    run_units(args.seeds, args.units, runner, end, first, students=s.students, secondary=args.secondary, record=record)
+    with one_runner(out):
+        run_units(
+            args.seeds, args.units, runner, end, first, students=s.students, secondary=args.secondary, record=record
+        )
     # Counts only: arm values wait for --analyse, so whoever watches the runner stays blind to the outcome.
     rows = read_rows(args.units)
     print(f"{len(rows)} rows in {args.units}; the arm values: --analyse", flush=True)

@@ -126,6 +126,28 @@ def heavy_lock(path: str | None, deadline: float) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def one_runner(out: Path) -> Iterator[None]:
+    """Hold `out`'s runner lock for the runner's life: a second runner on the same folder (one left from a session
+    before, say) would run the units the first is running and append their rows twice. Refused, naming the pid."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / ".runner.lock").open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise SystemExit(
+                f"another runner works on {out} (pid {f.read().strip() or '?'}): stop it first, or give another --out"
+            ) from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

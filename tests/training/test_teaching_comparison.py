@@ -657,3 +657,23 @@ def test_commit_puts_a_teachers_dataset_beside_its_row(tc, tmp_path, monkeypatch
     tc["commit_rows"](units, "teaching comparison: unit rl.teacher of teacher seed 1", also=[archive])
     assert git("show", "--name-only", "--format=", "HEAD").split() == ["records/rl-seed1.jsonl.gz", "units.jsonl"]
     assert git("status", "--porcelain").split() == ["M", "notes.md"]
+
+
+def test_a_second_runner_on_the_same_folder_is_refused(tmp_path):
+    """One runner per results folder: a second (one left running from a session before, say) would run the unit the
+    first is running and append its row twice. The runner script itself, started while the lock is held, refuses
+    naming the holder's pid; once the holder lets go, a runner may start."""
+    import os
+    import subprocess
+    import sys
+
+    one_runner = runpy.run_path(str(ROOT / "benchmarks" / "unit_runner.py"), run_name="not_main")["one_runner"]
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path), "--minutes", "1", "--lock", ""]
+    cmd += ["--seeds", "1"]
+    with one_runner(tmp_path):
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert second.returncode != 0 and f"another runner works on {tmp_path} (pid {os.getpid()})" in second.stderr
+        with pytest.raises(SystemExit, match="another runner"), one_runner(tmp_path):
+            pass
+    with one_runner(tmp_path):  # released: the next runner takes it
+        pass
