@@ -32,6 +32,7 @@ from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import generation
+from rlt.spec.stages.rl import student_temperature
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
 from rlt.stages.record import Recorder, announce_world, say_line, trace_line
@@ -233,8 +234,17 @@ def run_distill(ctx: StageContext) -> str:
     server = generation(spec).mode == "server"
     teacher: PreTrainedModel | None = None if server else load_model(teacher_ref, ctx.compute_device)
     student: PreTrainedModel = load_model(spec.student, ctx.compute_device)
+    # The reward compares teacher and student log-probs at one temperature, the reward's (student_temperature). The
+    # sampling gives the teacher's at stages.distill.temperature: where the two differ, the teacher model scores its
+    # explanations itself at the reward's (in process: it is loaded; server mode refuses the mix at validation).
+    rescore = teacher is not None and st.temperature != student_temperature(spec)
     reward = reward_from_spec(
-        spec, student, load_tokenizer(spec.student, padding_side="right"), formatter, teacher_tokenizer=tokenizer
+        spec,
+        student,
+        load_tokenizer(spec.student, padding_side="right"),
+        formatter,
+        teacher=teacher if rescore else None,
+        teacher_tokenizer=tokenizer,
     )
     n = st.samples_per_question
     recorder = Recorder(ctx, "distill", len(share))
@@ -256,7 +266,8 @@ def run_distill(ctx: StageContext) -> str:
         texts = [cast(str, tokenizer.decode(c, skip_special_tokens=True)) for c in samples.completion_ids]
         questions = [r["question"] for r in chunk for _ in range(n)]
         solutions = [r["solution"] for r in chunk for _ in range(n)]
-        scores = reward.score(questions, solutions, texts, samples.logprobs, samples.completion_ids)
+        sampled = None if rescore else samples.logprobs  # None: the teacher's forward at the reward's temperature
+        scores = reward.score(questions, solutions, texts, sampled, samples.completion_ids)
         rows = distill_rows(formatter, chunk, texts, scores.total, n)
         indices = [i for i, _ in batch]
         append_rows(mine, zip(indices, rows, strict=True))  # on disk before the next questions are scored

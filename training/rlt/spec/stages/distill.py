@@ -8,7 +8,7 @@ from pydantic import Field
 
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.stage_settings import Rollout, StageSettings
-from rlt.spec.stages.rl import generation, teacher_prompt_tokens
+from rlt.spec.stages.rl import generation, student_temperature, teacher_prompt_tokens
 
 
 class DistillStage(StageSettings):
@@ -30,12 +30,23 @@ class DistillStage(StageSettings):
     def run_problems(self, name: str, spec: Any) -> list[str]:
         gen = generation(spec)
         served = stage_info(name).uses_generators and gen.mode == "server"  # rlt.spec.run.needs_generators
-        if not (self.enabled and served and gen.max_model_len):
+        if not (self.enabled and served):
             return []
+        out = []
+        reward_temperature = student_temperature(spec)
+        if self.temperature != reward_temperature:
+            # served, the teacher's log-probs are the generators' at the sampling temperature, and the distill pod
+            # holds no teacher model to score at another (in process it does: rlt.stages.distill rescores)
+            out.append(
+                f"stages.{name}.temperature: {self.temperature} differs from the reward's temperature "
+                f"{reward_temperature} (stages.rl.reward.studentTemperature, else stages.rl.temperature): served, "
+                "the teacher's log-probs come from the generators at the sampling temperature and the student's at "
+                "the reward's, so the ranking would mix two temperatures; set them equal, or generate in process"
+            )
         need = teacher_prompt_tokens(spec) + self.max_new_tokens
-        if need <= gen.max_model_len:
-            return []
-        return [
-            f"stages.rl.generation.maxModelLen: {gen.max_model_len} is below stages.rl.maxPromptLength + "
-            f"stages.{name}.maxNewTokens = {need} (the generators serve {name} too)"
-        ]
+        if gen.max_model_len and need > gen.max_model_len:
+            out.append(
+                f"stages.rl.generation.maxModelLen: {gen.max_model_len} is below stages.rl.maxPromptLength + "
+                f"stages.{name}.maxNewTokens = {need} (the generators serve {name} too)"
+            )
+        return out
