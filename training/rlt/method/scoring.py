@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -79,6 +79,24 @@ def _common_prefix_len(seqs: list[list[int]]) -> int:
     return n
 
 
+def logit_multiplier(config: Any) -> float:
+    """What a model's forward multiplies its head's logits by, outside the head (the scorer calls the head itself):
+    Granite's models divide by `logits_scaling`, Cohere's multiply by `logit_scale`, Muse's text models by
+    `output_multiplier`; 1 for the rest (Llama, Qwen, SmolLM, ...). By model type: MPT's config has a `logit_scale`
+    its transformers forward does not apply."""
+    for cfg in (config, getattr(config, "text_config", None)):
+        kind = str(getattr(cfg, "model_type", "") or "")
+        for family, name, invert in (
+            ("granite", "logits_scaling", True),
+            ("cohere", "logit_scale", False),
+            ("muse", "output_multiplier", False),
+        ):
+            value = getattr(cfg, name, None) if kind.startswith(family) else None
+            if isinstance(value, int | float) and value:
+                return 1.0 / float(value) if invert else float(value)
+    return 1.0
+
+
 class SpanScorer:
     """log softmax(logits / temperature) at the tokens that lie wholly inside the requested spans."""
 
@@ -106,6 +124,7 @@ class SpanScorer:
         self.backbone = getattr(model, model.base_model_prefix)
         self.head = model.get_output_embeddings()  # type: ignore[no-untyped-call]  # unannotated in transformers
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.logit_multiplier = logit_multiplier(model.config)
         self.stats = ScoringStats()
         # Entered around each score() call. Under ZeRO-3 the frozen model's parameters are partitioned across ranks
         # (rlt.stages.rl.partition_frozen) and this gathers them for the call: ranks run different numbers of
@@ -165,13 +184,19 @@ class SpanScorer:
     def _head_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # Without softcapping or a head bias, logits/τ = head(hidden/τ): scaling the narrow hidden rows
         # instead of the vocabulary-wide logits saves a full pass over every [rows, vocab] chunk.
+        # A model's own multiplier of its head's logits (Granite's 1/logits_scaling, Cohere's logit_scale) folds in
+        # the same way: logits × m / τ = head(hidden × m / τ).
         fold = not self.softcap and getattr(self.head, "bias", None) is None
-        if fold and self.temperature != 1.0:
+        if fold and self.logit_multiplier != 1.0:
+            hidden = hidden * (self.logit_multiplier / self.temperature)
+        elif fold and self.temperature != 1.0:
             hidden = hidden / self.temperature
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for i in range(0, hidden.shape[0], self.head_chunk):
             logits = self.head(hidden[i : i + self.head_chunk]).float()
             if not fold:
+                if self.logit_multiplier != 1.0:
+                    logits = logits * self.logit_multiplier
                 if self.softcap:
                     logits = torch.tanh(logits / self.softcap) * self.softcap
                 logits.div_(self.temperature)
