@@ -78,6 +78,17 @@ def test_is_correct():
         ("<answer>The final answer is 0.75.</answer>", "0.75", True),
         ("<answer>The final answer is 0.75.</answer>", "0", False),
         ("The answer is 57. Then we stop.", "57", True),
+        ("**The answer is 42.**", "42", True),  # a full stop before markup ends the sentence
+        ("(the answer is 42.)", "42", True),
+        # graded right before the whole-block rule, still right: delimiters, spacing, currency, derivations
+        ("<answer>\\$18</answer>", "18", True),
+        ("<answer>\\$18.00</answer>", "18", True),
+        ("<answer>\\( 5 \\)</answer>", "5", True),
+        ("<answer>\\[5\\]</answer>", "5", True),
+        ("<answer>5 \\, \\text{cm}</answer>", "5", True),
+        ("<answer>3 \\cdot 4 = 12</answer>", "12", True),
+        ("<answer>2^{10} = 1024</answer>", "1024", True),
+        ("<answer>x^2=9 \\implies x = 3</answer>", "3", True),
     ],
 )
 def test_an_answer_is_read_whole_where_it_is_whole(output, reference, right):

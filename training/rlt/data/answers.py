@@ -11,9 +11,9 @@ import re
 from fractions import Fraction
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?"
-# The sentence ends at a full stop followed by a space or the line's end, not at a decimal point ("is 3.5").
+# The sentence ends at a full stop that is not a decimal point ("is 3.5", "is 42.**"), or at the line's end.
 _ANSWER_IS = re.compile(
-    r"(?:final answer|answer)\s*(?:is|:|=)\s*[:\s]*\$?([^\n$]+?)\$?\s*(?:\.(?=\s|$)|$)", re.IGNORECASE | re.MULTILINE
+    r"(?:final answer|answer)\s*(?:is|:|=)\s*[:\s]*\$?([^\n$]+?)\$?\s*(?:\.(?!\d)|$)", re.IGNORECASE | re.MULTILINE
 )
 _CHOICE = re.compile(r"^\(?([A-J])\)?$|^\(?([A-J])[.)]:?\s")
 _LAST_NUMBER = re.compile(_NUMBER)
@@ -74,15 +74,17 @@ def _whole_answer(block: str) -> bool:
         return False
     if re.fullmatch(r"-?\d+(?:/\d+)?", normalize(block) or ""):
         return True
-    math = re.sub(r"\\text\s*\{[^{}]*\}", " ", block)  # a unit in \text{} does not make the block math
+    if "=" in block:  # a derivation ("2^{10} = 1024"): its answer is what it ends with
+        return False
+    math = _unlatex(block)  # fractions, \text{}, delimiters and spacing out of the way: what is left is math or prose
     return bool(re.search(r"[\\^_{]", math)) and not re.search(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", " ", math))
 
 
 def _unlatex(s: str) -> str:
     s = re.sub(r"\\(?:d|t)?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"(\1)/(\2)", s)
     s = re.sub(r"\\text\s*\{([^{}]*)\}", r"\1", s)
-    s = re.sub(r"\\(?:left|right|,|;|!|\s)", "", s)
-    return s.replace("\\%", "%").replace("$", "")
+    s = re.sub(r"\\(?:left|right|,|;|!|\s|\(|\)|\[|\])", "", s)  # sizing, spacing and math delimiters
+    return s.replace("\\%", "%").replace("\\$", "$").replace("$", "")
 
 
 def normalize(answer: str | None) -> str | None:
