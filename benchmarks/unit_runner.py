@@ -181,12 +181,14 @@ def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | N
                 kill_group(proc)
                 return None
         except BaseException:
-            if grace > 0 and proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=grace)
-            kill_group(proc)
+            try:  # a second signal during the grace still takes the unit down (finally)
+                if grace > 0 and proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=max(0.1, min(grace, deadline - time.time())))
+            finally:
+                kill_group(proc)
             raise
 
 

@@ -18,9 +18,12 @@ if "RLT_SUITE_TMP" not in os.environ:
     # torch.distributed files, torchrun's folders, wandb's media) goes to one folder of its own, removed at the end:
     # else every run leaves about a hundred entries in /tmp. xdist workers and every subprocess inherit $TMPDIR;
     # torch inductor's compile cache stays the machine's (vLLM's cache on disk names its kernels there).
-    inductor = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    # pytest's own tmp_path folders stay where they were (kept for a look after a failure, the last three runs).
+    system_tmp = tempfile.gettempdir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(system_tmp) / f"torchinductor_{getpass.getuser()}"))
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system_tmp)
     os.environ["RLT_SUITE_TMP"] = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="rlt-suite-")
+    tempfile.tempdir = None  # this process too (without xdist the tests run here): re-read from $TMPDIR
     atexit.register(shutil.rmtree, os.environ["RLT_SUITE_TMP"], ignore_errors=True)
 if "RLT_CACHE" not in os.environ:
     # Half a gigabyte of tiny models per run: removed when the process that made it ends (xdist workers inherit

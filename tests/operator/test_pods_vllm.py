@@ -54,7 +54,10 @@ async def test_distill_generates_through_the_rendered_vllm_generator_pod(harness
     vllm_env = {
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CACHE_ROOT": str(Path.home() / ".cache" / "vllm"),
-        "TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"),
+        # the machine's, as tests/conftest.py pins it (the suite's own temp folder goes at the end)
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+        ),
     }
     images = {generator: ImageEnv(str(VLLM_BIN), vllm_env)}
     # the pods put vLLM's cache on the run's volume (cold here); spec.env, rendered last, points it at the warm one

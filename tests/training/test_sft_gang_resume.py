@@ -18,7 +18,7 @@ from test_preemption import finish, gang_command, start
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.layout import RunLayout
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]  # three gangs, each bounded by finish() at 900 s
 
 HOOK = ROOT / "tests" / "training" / "stop_hook"
 STEPS_PER_EPOCH, EPOCHS, STOP_STEP = 4, 2, 7  # stopped inside step 7: step 6 saved, two steps into the 2nd epoch

@@ -134,8 +134,12 @@ class RLTReward(RewardFunction):
         batch_size: int = DEFAULTS.batch_size,
         share_prefix: bool = DEFAULTS.share_prefix,
         max_batch_tokens: int | None = None,
+        teacher_temperature: float | None = None,
     ) -> None:
+        """`temperature`: the student's log-probs'; `teacher_temperature` (default: the same): the teacher's when
+        its forward scores them (without `teacher_logprobs`), the temperature its sampled log-probs would have."""
         self.fmt = formatter
+        self.teacher_temperature = float(teacher_temperature or temperature)
         self.alpha, self.kl_weight, self.penalty = alpha, kl_weight, format_penalty
         self.student_tokenizer = student_tokenizer
         self.student = SpanScorer(
@@ -147,7 +151,7 @@ class RLTReward(RewardFunction):
             SpanScorer(
                 teacher,
                 self.teacher_tokenizer,
-                temperature,
+                self.teacher_temperature,
                 batch_size,
                 share_prefix,
                 max_batch_tokens=max_batch_tokens,
@@ -165,7 +169,7 @@ class RLTReward(RewardFunction):
         self.teacher = SpanScorer(
             teacher,
             self.teacher_tokenizer,
-            self.student.temperature,
+            self.teacher_temperature,
             self.student.batch_size,
             self.student.share_prefix,
             max_batch_tokens=self.student.max_batch_tokens,

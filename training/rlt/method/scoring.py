@@ -81,8 +81,8 @@ def _common_prefix_len(seqs: list[list[int]]) -> int:
 
 def logit_multiplier(config: Any) -> float:
     """What a model's forward multiplies its head's logits by, outside the head (the scorer calls the head itself):
-    Granite's models divide by `logits_scaling`, Cohere's multiply by `logit_scale`, Muse's text models by
-    `output_multiplier`; 1 for the rest (Llama, Qwen, SmolLM, ...). By model type: MPT's config has a `logit_scale`
+    Granite's models divide by `logits_scaling`, Cohere's multiply by `logit_scale`, Falcon-H1 by
+    `lm_head_multiplier`, Muse's text models by `output_multiplier`; 1 for the rest (Llama, Qwen, SmolLM, ...). By model type: MPT's config has a `logit_scale`
     its transformers forward does not apply."""
     for cfg in (config, getattr(config, "text_config", None)):
         kind = str(getattr(cfg, "model_type", "") or "")
@@ -90,6 +90,7 @@ def logit_multiplier(config: Any) -> float:
             ("granite", "logits_scaling", True),
             ("cohere", "logit_scale", False),
             ("muse", "output_multiplier", False),
+            ("falcon_h1", "lm_head_multiplier", False),
         ):
             value = getattr(cfg, name, None) if kind.startswith(family) else None
             if isinstance(value, int | float) and value:

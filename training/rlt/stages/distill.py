@@ -32,7 +32,6 @@ from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import generation
-from rlt.spec.stages.rl import student_temperature
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
 from rlt.stages.record import Recorder, announce_world, say_line, trace_line
@@ -234,10 +233,11 @@ def run_distill(ctx: StageContext) -> str:
     server = generation(spec).mode == "server"
     teacher: PreTrainedModel | None = None if server else load_model(teacher_ref, ctx.compute_device)
     student: PreTrainedModel = load_model(spec.student, ctx.compute_device)
-    # The reward compares teacher and student log-probs at one temperature, the reward's (student_temperature). The
-    # sampling gives the teacher's at stages.distill.temperature: where the two differ, the teacher model scores its
-    # explanations itself at the reward's (in process: it is loaded; server mode refuses the mix at validation).
-    rescore = teacher is not None and st.temperature != student_temperature(spec)
+    # Best of N by the reward RL optimised: the teacher's log-probs at rl's temperature (the policy's sampling), the
+    # student's at student_temperature. The sampling here gives the teacher's at stages.distill.temperature: where
+    # that is not rl's, the teacher model scores its explanations itself at rl's (in process: it is loaded; a
+    # served distill refuses the mix at validation).
+    rescore = teacher is not None and st.temperature != spec.stages.rl.temperature
     reward = reward_from_spec(
         spec,
         student,

@@ -34,6 +34,7 @@ def reward_from_spec(
         kl_weight=r.kl_weight,
         format_penalty=r.format_penalty,
         temperature=student_temperature(spec),
+        teacher_temperature=spec.stages.rl.temperature,  # the policy samples, and is scored, at rl's temperature
         teacher=teacher,
         teacher_tokenizer=teacher_tokenizer,
         batch_size=r.batch_size,

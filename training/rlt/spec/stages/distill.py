@@ -8,7 +8,7 @@ from pydantic import Field
 
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.stage_settings import Rollout, StageSettings
-from rlt.spec.stages.rl import generation, student_temperature, teacher_prompt_tokens
+from rlt.spec.stages.rl import generation, teacher_prompt_tokens
 
 
 class DistillStage(StageSettings):
@@ -33,15 +33,15 @@ class DistillStage(StageSettings):
         if not (self.enabled and served):
             return []
         out = []
-        reward_temperature = student_temperature(spec)
-        if self.temperature != reward_temperature:
+        rl_temperature = spec.stages.rl.temperature
+        if self.temperature != rl_temperature:
             # served, the teacher's log-probs are the generators' at the sampling temperature, and the distill pod
             # holds no teacher model to score at another (in process it does: rlt.stages.distill rescores)
             out.append(
-                f"stages.{name}.temperature: {self.temperature} differs from the reward's temperature "
-                f"{reward_temperature} (stages.rl.reward.studentTemperature, else stages.rl.temperature): served, "
-                "the teacher's log-probs come from the generators at the sampling temperature and the student's at "
-                "the reward's, so the ranking would mix two temperatures; set them equal, or generate in process"
+                f"stages.{name}.temperature: {self.temperature} differs from stages.rl.temperature "
+                f"{rl_temperature}, the teacher's temperature in the reward RL optimises: served, the teacher's "
+                "log-probs come from the generators at the sampling temperature, so the best of N would be ranked "
+                "by another reward; set them equal, or generate in process"
             )
         need = teacher_prompt_tokens(spec) + self.max_new_tokens
         if gen.max_model_len and need > gen.max_model_len:
