@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -413,10 +414,19 @@ async def test_children_are_watched_with_a_server_side_label_selector(harness):
     from rlt_operator.config.kinds import CHILDREN, RUN
 
     await harness.start_operator()
-    watches = {}
-    for r in harness.cluster._requests:
-        if r.params.get("watch") == "true" or r.method.value == "GET":
-            watches.setdefault(r.url.path.rsplit("/", 1)[-1], []).append(r.params.get("labelSelector"))
+
+    def requested() -> dict[str, list]:
+        out: dict[str, list] = {}
+        for r in harness.cluster._requests:
+            if r.params.get("watch") == "true" or r.method.value == "GET":
+                out.setdefault(r.url.path.rsplit("/", 1)[-1], []).append(r.params.get("labelSelector"))
+        return out
+
+    # Kopf starts its watchers one by one after the operator is up: on a busy machine the last may come seconds later
+    deadline = asyncio.get_running_loop().time() + 60
+    while not all(c.plural in requested() for c in CHILDREN) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.2)
+    watches = requested()
     for child in CHILDREN:
         assert watches.get(child.plural), f"{child.plural} not listed/watched"
         assert all(sel == L_RUN for sel in watches[child.plural]), f"{child.plural}: {watches[child.plural]}"

@@ -31,7 +31,7 @@ from rlt.spec.budgets import rollout_seconds
 from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
-from rlt.spec.stages import generation
+from rlt.spec.stages import generation, teacher_temperature
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
 from rlt.stages.record import Recorder, announce_world, say_line, trace_line
@@ -237,7 +237,7 @@ def run_distill(ctx: StageContext) -> str:
     # student's at student_temperature. The sampling here gives the teacher's at stages.distill.temperature: where
     # that is not rl's, the teacher model scores its explanations itself at rl's (in process: it is loaded; a
     # served distill refuses the mix at validation).
-    rescore = teacher is not None and st.temperature != spec.stages.rl.temperature
+    rescore = teacher is not None and st.temperature != teacher_temperature(spec)
     reward = reward_from_spec(
         spec,
         student,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlt.method.reward import RLTReward
-from rlt.spec.stages import student_temperature
+from rlt.spec.stages import student_temperature, teacher_temperature
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -34,7 +34,7 @@ def reward_from_spec(
         kl_weight=r.kl_weight,
         format_penalty=r.format_penalty,
         temperature=student_temperature(spec),
-        teacher_temperature=spec.stages.rl.temperature,  # the policy samples, and is scored, at rl's temperature
+        teacher_temperature=teacher_temperature(spec),  # the policy samples, and is scored, at rl's temperature
         teacher=teacher,
         teacher_tokenizer=teacher_tokenizer,
         batch_size=r.batch_size,

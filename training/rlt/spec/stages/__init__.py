@@ -24,6 +24,7 @@ from rlt.spec.stages.rl import (
     student_temperature,
     teacher_completion_tokens,
     teacher_prompt_tokens,
+    teacher_temperature,
 )
 from rlt.spec.stages.sft import TEACHER_SFT_OWNED_ARGS, SftStage
 from rlt.spec.stages.shared import (
@@ -61,6 +62,7 @@ __all__ = [
     "student_temperature",
     "teacher_completion_tokens",
     "teacher_prompt_tokens",
+    "teacher_temperature",
     "trained_student",
 ]
 

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.stage_settings import Rollout, StageSettings
-from rlt.spec.stages.rl import generation, teacher_prompt_tokens
+from rlt.spec.stages.rl import generation, teacher_prompt_tokens, teacher_temperature
 
 
 class DistillStage(StageSettings):
@@ -33,7 +33,7 @@ class DistillStage(StageSettings):
         if not (self.enabled and served):
             return []
         out = []
-        rl_temperature = spec.stages.rl.temperature
+        rl_temperature = teacher_temperature(spec)
         if self.temperature != rl_temperature:
             # served, the teacher's log-probs are the generators' at the sampling temperature, and the distill pod
             # holds no teacher model to score at another (in process it does: rlt.stages.distill rescores)

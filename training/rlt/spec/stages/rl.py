@@ -330,6 +330,12 @@ def reward_settings(spec: Any) -> RewardSpec:
     return reward
 
 
+def teacher_temperature(spec: Any) -> float:
+    """The temperature of the teacher's log-probs in the reward RL optimises: rl's, at which its policy samples."""
+    rl: RlStage = spec.stages.rl
+    return rl.temperature
+
+
 def student_temperature(spec: Any) -> float:
     """The temperature of the student's log-probs in the reward: reward.studentTemperature, else rl's temperature."""
     rl: RlStage = spec.stages.rl
