@@ -40,6 +40,7 @@ TOKENIZER_FILES = (
 @dataclass
 class Encoded:
     input_ids: list[int]
+    offset_mapping: list[tuple[int, int]] | None = None
 
 
 def _cache_file(folder: Path) -> Path:
@@ -141,8 +142,9 @@ class FileTokenizer:
                 ) from None
             return str(out[0][0])  # (rendered chats, generation indices)
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> Encoded:
-        return Encoded(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False) -> Encoded:
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        return Encoded(enc.ids, list(enc.offsets) if return_offsets_mapping else None)
 
 
 def special_texts(tokenizer: Any) -> list[str]:

@@ -133,6 +133,13 @@ class Span:
     end: int
 
 
+def span_positions(offsets: list[tuple[int, int]], span: Span) -> list[int]:
+    """The tokens scored for a span (rlt.method.scoring): those wholly inside it, never the first token (nothing
+    predicts it). A token that straddles the span's edge ("<answer>." as one token) is not scored: a span can have
+    none."""
+    return [t for t, (s, e) in enumerate(offsets) if t > 0 and e > s >= span.start and e <= span.end]
+
+
 class Formatter:
     """Renders teacher and student chats with a tokenizer's chat template and locates the parts by character."""
 
@@ -204,3 +211,13 @@ class Formatter:
             {"role": "user", "content": question},
             {"role": "assistant", "content": self.student_answer(explanation, solution)},
         ]
+
+
+def scored_solution_tokens(formatter: Formatter, tokenizer: Any, question: str, solution: str) -> int:
+    """How many of a row's solution tokens the reward's r_SS scores in the student's chat (`tokenizer`: the
+    student's, fast or rlt.data.local_tokenizer's). The explanation cannot change them (the tags stand between), so
+    none is rendered. 0: the solution merges into the tags around it ("<answer>." is one token); no reward exists."""
+    text, _, span = formatter.student_chat(tokenizer, question, "", solution)
+    return len(
+        span_positions(tokenizer(text, add_special_tokens=False, return_offsets_mapping=True).offset_mapping, span)
+    )

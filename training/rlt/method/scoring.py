@@ -23,7 +23,7 @@ import torch
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from rlt.method.prompts import Span
+from rlt.method.prompts import Span, span_positions
 
 MIN_SHARED_PREFIX = 8  # below this, a separate prefix pass costs more than it saves
 
@@ -140,7 +140,7 @@ class SpanScorer:
             ids, offs = enc["input_ids"][i], enc["offset_mapping"][i]
             seq = _Seq(i, ids, [])
             for span in req.spans:
-                pos = [t for t, (s, e) in enumerate(offs) if t > 0 and e > s >= span.start and e <= span.end]
+                pos = span_positions(offs, span)
                 seq.targets.append(pos)
                 seq.offsets.append([(offs[t][0] - span.start, offs[t][1] - span.start) for t in pos])
             seqs.append(seq)

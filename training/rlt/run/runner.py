@@ -88,18 +88,23 @@ def check_run_data(run: RLTRun, stages: list[str]) -> dict[str, Any] | None:
 
 
 def check_lengths(run: RLTRun, stages: list[str]) -> None:
-    """Before any stage trains: every teacher prompt fits the limits of the sft and rl stages about to run, or one
-    DataError lists each limit, the file lines over it and the value to raise it to."""
+    """Before any stage trains: every teacher prompt fits the limits of the sft and rl stages about to run, and the
+    reward of rl and distill can score every solution within the student's context, or one DataError lists each
+    limit, the file lines over it and the value that fits."""
     from rlt.data.errors import DataError
 
-    if not {"sft", "rl"} & set(stages):
+    if not {"sft", "rl", "distill"} & set(stages):
         return
-    from rlt.stages.prompt_lengths import check_prompt_lengths
+    from rlt.stages.prompt_lengths import CONTEXT, check_prompt_lengths
 
     problems, _ = check_prompt_lengths(run.spec)
+    # the student's context against the explanations of the stages about to run: no row can be skipped to fit it
+    whole = [p for p in problems if p.startswith(f"{CONTEXT}:") and any(f"spec.stages.{s}." in p for s in stages)]
     mine = [p for p in problems if any(p.startswith(f"spec.stages.{s}.") for s in stages)]
     if mine and run.spec.dataset.bad_rows == "reject":
-        raise DataError("; ".join(mine) + " (or set spec.dataset.badRows: skip to leave those rows out)")
+        raise DataError("; ".join(whole + mine) + " (or set spec.dataset.badRows: skip to leave those rows out)")
+    if whole:
+        raise DataError("; ".join(whole))
     for p in mine:
         print(f"data: badRows: skip leaves out rows where {p}", flush=True)
 

@@ -35,7 +35,7 @@ from rlt.spec.stages import generation, teacher_temperature
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
 from rlt.stages.record import Recorder, announce_world, say_line, trace_line
-from rlt.stages.rl_reward import reward_from_spec
+from rlt.stages.rl_reward import reward_from_spec, scorable_rows
 from rlt.stages.sft import teacher_prompt_ids
 from rlt.stages.start_models import newest_teacher
 
@@ -221,7 +221,11 @@ def run_distill(ctx: StageContext) -> str:
 
     spec, st, formatter = ctx.spec, ctx.spec.stages.distill, ctx.formatter
     teacher_ref = trained_teacher(ctx)
-    all_rows = load_data(spec.dataset, formatter.fmt).train[: st.limit]
+    data = load_data(spec.dataset, formatter.fmt)
+    student_tok: PreTrainedTokenizerBase = load_tokenizer(spec.student, padding_side="right")
+    all_rows = scorable_rows(
+        data.train[: st.limit], formatter, student_tok, spec.dataset.bad_rows, "distill", data.where
+    )
     # Each rank explains its own share and appends its rows to its file; rank 0 merges the files in dataset order.
     # No process group: nothing to time out.
     rank, world = int(os.environ.get(RANK.name, "0")), world_size()
@@ -241,7 +245,7 @@ def run_distill(ctx: StageContext) -> str:
     reward = reward_from_spec(
         spec,
         student,
-        load_tokenizer(spec.student, padding_side="right"),
+        student_tok,
         formatter,
         teacher=teacher if rescore else None,
         teacher_tokenizer=tokenizer,

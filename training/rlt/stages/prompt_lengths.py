@@ -16,22 +16,26 @@ from typing import TYPE_CHECKING, cast
 from rlt.contract.method_registry import method_info
 from rlt.data.dataset import LoadedData
 from rlt.method.prompts import Formatter
+from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def load_local_tokenizer(spec: RLTRunSpec, build: bool = False) -> tuple[PreTrainedTokenizerBase | None, str]:
-    """The teacher's tokenizer if this machine has it (no download; a built-in is built only when `build`); else None
-    and why not.
+def load_local_tokenizer(
+    spec: RLTRunSpec, build: bool = False, ref: ModelRef | None = None, field: str = "spec.teacher.model"
+) -> tuple[PreTrainedTokenizerBase | None, str]:
+    """The tokenizer of spec.teacher (or of `ref`, the spec's `field`) if this machine has it (no download; a built-in
+    is built only when `build`); else None and why not.
     A folder with tokenizer.json is read without transformers' model code (rlt.data.local_tokenizer: the door
     answers in a second); LocalFileError for a local tokenizer that cannot render prompts (no chat template)."""
     from rlt.checks.model_config import looks_local
     from rlt.data.local_tokenizer import FileTokenizer, has_tokenizer
     from rlt.data.models import builtin_model_dir
 
-    model = spec.teacher.model
+    ref = ref or spec.teacher
+    model = ref.model
     not_here = (
         f"token lengths not checked: the tokenizer of {model} is not on this machine "
         "(the stages check each row when they run)"
@@ -51,13 +55,13 @@ def load_local_tokenizer(spec: RLTRunSpec, build: bool = False) -> tuple[PreTrai
         from huggingface_hub import try_to_load_from_cache
 
         try:
-            found = try_to_load_from_cache(model, "tokenizer.json", revision=spec.teacher.revision)
+            found = try_to_load_from_cache(model, "tokenizer.json", revision=ref.revision)
         except ValueError:
             found = None
         folder = Path(found).parent if isinstance(found, str) else None
     if folder is not None and folder.is_dir() and has_tokenizer(folder):
         try:
-            return cast("PreTrainedTokenizerBase", FileTokenizer(folder, "spec.teacher.model")), ""
+            return cast("PreTrainedTokenizerBase", FileTokenizer(folder, field)), ""
         except LookupError:
             pass  # a tokenizer without a `tokenizers` backend: AutoTokenizer below
     try:  # a slow tokenizer, or a hub tokenizer cached without tokenizer.json
@@ -65,8 +69,8 @@ def load_local_tokenizer(spec: RLTRunSpec, build: bool = False) -> tuple[PreTrai
 
         from rlt.data.models import resolve_model_path
 
-        path = resolve_model_path(spec.teacher)
-        return AutoTokenizer.from_pretrained(path, revision=spec.teacher.revision, local_files_only=True), ""
+        path = resolve_model_path(ref)
+        return AutoTokenizer.from_pretrained(path, revision=ref.revision, local_files_only=True), ""
     except Exception:  # noqa: BLE001 - any failure means "not here"; said as a note, never hidden
         return None, not_here
 
@@ -146,12 +150,78 @@ def length_problems(
     return problems
 
 
-def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | None = None) -> tuple[list[str], str]:
-    """(problems, note) for the run's training rows; the note says when the lengths could not be checked."""
+def unscorable_problems(
+    spec: RLTRunSpec, data: LoadedData, formatter: Formatter, student_tokenizer: PreTrainedTokenizerBase
+) -> list[str]:
+    """Rows whose solution has no token of its own in the student's chat (rlt.method.reward.scored_solution_tokens):
+    the reward of rl and distill cannot score them (the stages refuse them, or skip them under badRows: skip)."""
+    from rlt.method.prompts import scored_solution_tokens
+
+    rows = data.train[: spec.stages.distill.limit] if not spec.stages.rl.enabled else data.train
+    bad = [r for r in rows if scored_solution_tokens(formatter, student_tokenizer, r["question"], r["solution"]) == 0]
+    if not bad:
+        return []
+    shown = ", ".join(sorted({repr(r["solution"]) for r in bad})[:5])
+    return [
+        f"spec.stages.rl.reward: {len(bad)} of {len(rows)} rows have a solution with no token of its own in "
+        f"{spec.student.model}'s chat ({shown}: it merges into the answer tags), so the reward cannot score them: "
+        f"{lines_of([r['row'] for r in bad], data.where)}; write the full answer"
+    ]
+
+
+CONTEXT = "spec.student.model"  # a problem of the run's shape, not of some rows: badRows: skip cannot help
+
+
+def student_context_problems(
+    spec: RLTRunSpec, data: LoadedData, formatter: Formatter, student_tokenizer: PreTrainedTokenizerBase
+) -> list[str]:
+    """The reward's student reads question, explanation and solution in one chat: the longest row's chat with the
+    longest explanation a stage writes must fit the student's positions (max_position_embeddings, from its config
+    when it is here). Past them a RoPE model does not refuse; its log-probs are simply no reward."""
+    from rlt.checks.shapes import read_shape
+
+    shape, _ = read_shape(spec.student, build=False)
+    top = shape.max_positions if shape is not None else None
+    if not top or not data.train:
+        return []
+    chats = {
+        r["row"]: len(
+            student_tokenizer(
+                formatter.student_chat(student_tokenizer, r["question"], "", r["solution"])[0],
+                add_special_tokens=False,
+            ).input_ids
+        )
+        for r in data.train
+    }
+    row, longest = max(chats.items(), key=lambda kv: kv[1])
+    st, problems = spec.stages, []
+    for name, field, tokens in (
+        ("rl", "maxCompletionLength", st.rl.max_completion_length if st.rl.enabled else 0),
+        ("distill", "maxNewTokens", st.distill.max_new_tokens if st.distill.enabled else 0),
+    ):
+        if tokens and longest + tokens > top:
+            problems.append(
+                f"{CONTEXT}: {spec.student.model} reads {top} positions (max_position_embeddings); its chat of "
+                f"{data.where(row)} is {longest} tokens before the explanation and {longest + tokens} with "
+                f"spec.stages.{name}.{field}={tokens}, and past its positions its log-probs are no reward: lower "
+                f"spec.stages.{name}.{field} to at most {max(0, top - longest)}, or use a student with a longer context"
+            )
+    return problems
+
+
+def check_prompt_lengths(
+    spec: RLTRunSpec,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    student_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> tuple[list[str], str]:
+    """(problems, note) for the run's training rows: the teacher prompts' lengths, and the solutions the reward can
+    score when the student's tokenizer is here; the note says when the lengths could not be checked."""
     from rlt.data.dataset import is_reachable, load_data
     from rlt.method.prompts import resolve_format
 
-    if not method_info(spec.method).row_prompts or not (spec.stages.sft.enabled or spec.stages.rl.enabled):
+    st = spec.stages
+    scored = st.rl.enabled or st.distill.enabled
+    if not method_info(spec.method).row_prompts or not (st.sft.enabled or scored):
         return [], ""
     if not is_reachable(spec.dataset):
         return [], ""
@@ -168,7 +238,13 @@ def check_prompt_lengths(spec: RLTRunSpec, tokenizer: PreTrainedTokenizerBase | 
     data = load_data(spec.dataset, formatter.fmt, warn=False)
     special = special_token_problems(spec, data, tokenizer)
     try:  # a local chat template that cannot render the prompts is the folder's problem, in one line
-        return special or length_problems(spec, data, formatter, tokenizer), ""
+        problems = special or length_problems(spec, data, formatter, tokenizer)
+        if scored and not special and student_tokenizer is None:
+            student_tokenizer, _ = load_local_tokenizer(spec, ref=spec.student, field="spec.student.model")
+        if scored and not special and student_tokenizer is not None:
+            problems += unscorable_problems(spec, data, formatter, student_tokenizer)
+            problems += student_context_problems(spec, data, formatter, student_tokenizer)
+        return problems, ""
     except LocalFileError as err:
         return [str(err)], ""
 

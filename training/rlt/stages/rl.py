@@ -25,7 +25,7 @@ from rlt.stages import overlap
 from rlt.stages.context import StageContext
 from rlt.stages.record import PhaseTimer, trace_line
 from rlt.stages.reference import keep_reference_in_checkpoints
-from rlt.stages.rl_reward import TimedReward, reward_from_spec
+from rlt.stages.rl_reward import TimedReward, reward_from_spec, scorable_rows
 from rlt.stages.start_models import newest_teacher
 from rlt.stages.trainer import TrainerRun, trainer_options
 
@@ -502,10 +502,11 @@ def run_rl(ctx: StageContext) -> str:
     start = teacher_start(ctx)
     tokenizer: PreTrainedTokenizerBase = load_tokenizer(start, padding_side="left")
     data = load_data(spec.dataset, formatter.fmt)
-    rows = rl_rows(data.train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows, data.where)
+    student_tok: PreTrainedTokenizerBase = load_tokenizer(spec.student, padding_side="right")
+    train = scorable_rows(data.train, formatter, student_tok, spec.dataset.bad_rows, "rl", data.where)
+    rows = rl_rows(train, formatter, tokenizer, st.max_prompt_length, spec.dataset.bad_rows, data.where)
 
     student: PreTrainedModel = load_model(spec.student, device)
-    student_tok: PreTrainedTokenizerBase = load_tokenizer(spec.student, padding_side="right")
     reward = reward_from_spec(spec, student, student_tok, formatter, teacher_tokenizer=tokenizer)
     scored = {"last": 0}
 
