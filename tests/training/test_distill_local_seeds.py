@@ -16,7 +16,8 @@ def batches(model, tok, seed, share, prompts, noise):
     doc["spec"]["stages"]["distill"].update(batchSize=2, samplesPerQuestion=2, temperature=1.0, maxNewTokens=8)
     spec = parse_run(doc).spec
     torch.manual_seed(noise)  # whatever ran before in the process
-    return [s.completion_ids for _, s in local_batches(spec, model, tok, prompts, share)]
+    pairs = [share[s : s + 2] for s in range(0, len(share), 2)]  # batches of batchSize
+    return [s.completion_ids for _, s in local_batches(spec, model, tok, prompts, pairs)]
 
 
 def test_batches_depend_on_the_seed_and_rows_only(tiny):

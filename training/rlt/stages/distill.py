@@ -142,20 +142,20 @@ def local_batches(
     teacher: PreTrainedModel | None,
     tokenizer: PreTrainedTokenizerBase,
     prompts: dict[int, list[int]],
-    share: list[Question],
+    batches: list[list[Question]],
 ) -> Iterator[tuple[list[Question], Samples]]:
-    """In process: batches of batchSize questions in order, each generated whole, then scored. Each batch samples
-    from a seed of its own (the server path's seed of its first sequence), so a batch's rows depend on the run's seed
-    and its questions only: not on what the process did before (training, other batches), and a restart that resumes
-    at a batch boundary writes the rows the uninterrupted run would have."""
+    """In process: the given batches in order (whole batches of the stage's fixed batching: my_share), each generated
+    whole, then scored. Each batch samples from a seed of its own (the server path's seed of its first sequence), so a
+    batch's rows depend on the run's seed and its questions only: not on what the process did before (training, other
+    batches) nor on the rank or world size that explains it, and a restart writes the rows the uninterrupted run
+    would have."""
     import torch
 
     if teacher is None:  # the caller loads the teacher whenever no server generates
         raise ValueError("in-process generation needs the teacher model: none was loaded")
     st = spec.stages.distill
-    n, per_batch = st.samples_per_question, max(1, st.batch_size)
-    for s in range(0, len(share), per_batch):
-        batch = share[s : s + per_batch]
+    n = st.samples_per_question
+    for batch in batches:
         ids = [prompts[i] for i, _ in batch for _ in range(n)]
         torch.manual_seed(sequence_seed(spec.seed, batch[0][0], n, 0))
         yield (
@@ -167,7 +167,7 @@ def local_batches(
                 temperature=st.temperature,
                 top_p=1.0,
                 max_new_tokens=st.max_new_tokens,
-                batch_size=per_batch * n,
+                batch_size=len(ids),
             ),
         )
 
@@ -203,17 +203,23 @@ def distill_rows(
     return out
 
 
-def my_share(ctx: StageContext, total: int, rank: int, world: int) -> tuple[Path, Path, list[int]]:
-    """(the parts folder, this rank's file, the row indices this rank explains): its share of the rows no rank has
-    written yet (a restart resumes by row index)."""
+def my_share(
+    ctx: StageContext, total: int, rank: int, world: int, per_batch: int = 1
+) -> tuple[Path, Path, list[list[int]], set[int]]:
+    """(the parts folder, this rank's file, this rank's batches of row indices, the indices written before).
+    The stage's rows fall into fixed batches (0..per_batch-1, the next per_batch, ...); the batches with a row no rank
+    has written are dealt round-robin. A batch is redone whole when a kill cut it (its written rows are not written
+    twice), so whichever rank and world size explains it, a batch's rows are the uninterrupted run's."""
     folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(ctx.spec, "distill"))
     mine = rank_file(folder, rank)
     repair_tail(mine)
-    done = read_done(folder)
-    remaining = [i for i in range(total) if i not in done]
+    done = set(read_done(folder))
+    batches = [list(range(s, min(s + per_batch, total))) for s in range(0, total, per_batch)]
+    todo = [b for b in batches if not done.issuperset(b)]
     if done and ctx.is_main:
-        say_line(f"distill: resuming: {len(done)} of {total} rows were written before, {len(remaining)} left")
-    return folder, mine, remaining[rank::world]
+        left = sum(i not in done for b in todo for i in b)
+        say_line(f"distill: resuming: {len(done)} of {total} rows were written before, {left} left")
+    return folder, mine, todo[rank::world], done
 
 
 def run_distill(ctx: StageContext) -> str:
@@ -230,11 +236,13 @@ def run_distill(ctx: StageContext) -> str:
     # No process group: nothing to time out.
     rank, world = int(os.environ.get(RANK.name, "0")), world_size()
     announce_world("distill")
-    folder, mine, indices = my_share(ctx, len(all_rows), rank, world)
-    share = [(i, all_rows[i]) for i in indices]
+    server = generation(spec).mode == "server"
+    # in process a batch is generated whole (its rows share one seed); served, every sequence has a seed of its own
+    per_batch = 1 if server else max(1, st.batch_size)
+    folder, mine, batches, done = my_share(ctx, len(all_rows), rank, world, per_batch)
+    share = [(i, all_rows[i]) for b in batches for i in b if i not in done]
     trace_line(f"rlt-shard stage=distill rank={rank} rows={','.join(str(i) for i, _ in share)}")
     tokenizer: PreTrainedTokenizerBase = load_tokenizer(teacher_ref, padding_side="left")
-    server = generation(spec).mode == "server"
     teacher: PreTrainedModel | None = None if server else load_model(teacher_ref, ctx.compute_device)
     student: PreTrainedModel = load_model(spec.student, ctx.compute_device)
     # Best of N by the reward RL optimised: the teacher's log-probs at rl's temperature (the policy's sampling), the
@@ -254,14 +262,19 @@ def run_distill(ctx: StageContext) -> str:
     recorder = Recorder(ctx, "distill", len(share))
     recorder.reward_key = "candidateRewardMean"  # the step's reward averages every candidate, kept or not
     bar = tqdm(total=len(share), desc="distill", unit="q", disable=not (ctx.show_progress and ctx.is_main))
-    prompts = {i: teacher_prompt_ids(formatter, tokenizer, r["question"], r["solution"]) for i, r in share}
+    prompts = {
+        i: teacher_prompt_ids(formatter, tokenizer, all_rows[i]["question"], all_rows[i]["solution"])
+        for b in batches
+        for i in b
+    }
     if server:
         mean_prompt = sum(map(len, prompts.values())) // max(1, len(prompts))
         in_flight, why = sequences_in_flight(spec, mean_prompt)
         say_line(f"distill: rank {rank}: {why}")
         done_questions = server_questions(spec, prompts, share, in_flight)
     else:
-        done_questions = local_batches(spec, teacher, tokenizer, prompts, share)
+        whole = [[(i, all_rows[i]) for i in b] for b in batches]
+        done_questions = local_batches(spec, teacher, tokenizer, prompts, whole)
     kept: list[float] = []
     t0 = time.perf_counter()
     for batch, samples in done_questions:
@@ -270,13 +283,14 @@ def run_distill(ctx: StageContext) -> str:
         texts = [cast(str, tokenizer.decode(c, skip_special_tokens=True)) for c in samples.completion_ids]
         questions = [r["question"] for r in chunk for _ in range(n)]
         solutions = [r["solution"] for r in chunk for _ in range(n)]
-        sampled = None if rescore else samples.logprobs  # None: the teacher's forward at the reward's temperature
+        sampled = None if rescore else samples.logprobs  # None: the teacher's forward at rl's temperature
         scores = reward.score(questions, solutions, texts, sampled, samples.completion_ids)
-        rows = distill_rows(formatter, chunk, texts, scores.total, n)
-        indices = [i for i, _ in batch]
-        append_rows(mine, zip(indices, rows, strict=True))  # on disk before the next questions are scored
-        trace_line(f"rlt-distill-written rank={rank} rows={','.join(map(str, indices))}")
-        kept += [r["reward"] for r in rows]
+        made = distill_rows(formatter, chunk, texts, scores.total, n)
+        # a batch a kill cut is generated whole again (its rows share one seed); only its unwritten rows are written
+        written = [(i, row) for (i, _), row in zip(batch, made, strict=True) if i not in done]
+        append_rows(mine, written)  # on disk before the next questions are scored
+        trace_line(f"rlt-distill-written rank={rank} rows={','.join(str(i) for i, _ in written)}")
+        kept += [row["reward"] for _, row in written]
         elapsed, t0 = time.perf_counter() - t0, time.perf_counter()  # since the previous questions were written
         gen_tokens = sum(len(c) for c in samples.completion_ids)
         recorder.record(
@@ -291,8 +305,8 @@ def run_distill(ctx: StageContext) -> str:
             },
         )
         if ctx.metrics:
-            ctx.metrics.inc(catalogue.DISTILL_ROWS, len(chunk))
-        bar.update(len(chunk))
+            ctx.metrics.inc(catalogue.DISTILL_ROWS, len(written))
+        bar.update(len(written))
     bar.close()
     path = ctx.layout.distill_dataset
     if rank == 0:

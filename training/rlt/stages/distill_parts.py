@@ -2,9 +2,9 @@
 
 Each rank appends the rows of every finished batch to its own file `distill/parts/<fingerprint>/rank-<R>.jsonl`,
 one write + fsync per batch, each line `{"index": i, "row": {...}}` (i: the row's place in the stage's rows). A
-restart reads every part file of the same stage spec (the fingerprint: a spec edit starts from nothing) and
-splits only the missing indices over the ranks, whatever the world size is now. Rank 0 merges by reading the
-files once all indices are there: no collective, so ranks may finish hours apart.
+restart reads every part file of the same stage spec (the fingerprint: a spec edit starts from nothing) and deals
+only the unfinished batches to the ranks, whatever the world size is now (rlt.stages.distill.my_share). Rank 0
+merges by reading the files once all indices are there: no collective, so ranks may finish hours apart.
 """
 
 from __future__ import annotations
