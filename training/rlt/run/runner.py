@@ -22,7 +22,7 @@ from rlt.spec import fingerprint
 from rlt.spec.loading import dump_run
 from rlt.spec.run import RLTRun, reads_run_dataset
 from rlt.stages.context import StageContext
-from rlt.stages.preemption import Stopped, report_stop
+from rlt.stages.preemption import LATE_SIGNALS, Stopped, report_stop
 from rlt.stages.ranks import leave_process_group
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,7 @@ def run_local(
     plots: list[Path] | None = None  # the last stage's plots are the run's (they read the whole metrics.jsonl)
     shown: set[Path] = set()  # plots already announced: a later stage redraws them, it does not make them new
     started = time.perf_counter()
+    LATE_SIGNALS.clear()  # this run's, not an earlier one's in the same process
     try:
         for plan in plans:
             name = plan.stage
@@ -180,6 +181,15 @@ def run_local(
             push_stage_outputs(ctx, name)
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
+            after = [p.stage for p in plans[plans.index(plan) + 1 :] if p.action != "skip"]
+            if LATE_SIGNALS and after:  # SIGTERM came after the stage's last stop point: stop before the next
+                raise Stopped(
+                    name,
+                    0,
+                    None,
+                    message=f"SIGTERM during stage {name} after its last stop point: {name} finished, the run "
+                    f"stopped before {after[0]} (the same command starts there)",
+                )
             # Each stage's plots as soon as it ends: a long run has something to look at before the last stage.
             # plots_wanted False: none (a box without matplotlib: benchmarks/gpu_teachers.py's units).
             plots = make_plots(layout.metrics_file, layout.plots_dir, run.name, run_caveat(run)) if plots_wanted else []

@@ -39,11 +39,14 @@ STOP_MARKER_ENV = STOP_MARKER.name
 class Stopped(Exception):
     """The gang stopped on a signal after saving `checkpoint` at `step` (what `rlt stage` turns into STOPPED)."""
 
-    def __init__(self, stage: str, step: int, checkpoint: str | None, gang_agreed: bool = True):
+    def __init__(
+        self, stage: str, step: int, checkpoint: str | None, gang_agreed: bool = True, message: str | None = None
+    ):
         # gang_agreed False: this rank left on an error after the signal; the others may still be in a collective
         self.stage, self.step, self.checkpoint, self.gang_agreed = stage, step, checkpoint, gang_agreed
         super().__init__(
-            f"stage {stage} stopped on SIGTERM after step {step}"
+            message
+            or f"stage {stage} stopped on SIGTERM after step {step}"
             + (f"; checkpoint {checkpoint} saved, a restart resumes from it" if checkpoint else "")
         )
 
@@ -51,6 +54,11 @@ class Stopped(Exception):
 class Abandoned(Exception):
     """The gang agreed to stop inside a step: raised out of `train()` at the same micro-batch boundary on every rank;
     `save_abandoned` then saves the last completed step."""
+
+
+# SIGTERMs a stage's handler took after its last stop point: the stage finished anyway, and `rlt run` stops before
+# its next stage (rlt.run.runner) rather than forget them.
+LATE_SIGNALS: list[float] = []
 
 
 class StopRequest:
@@ -72,6 +80,8 @@ class StopRequest:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+            if self.asked_at is not None and not self.agreed:  # taken after the stage's last stop point
+                LATE_SIGNALS.append(self.asked_at)
 
     def _handle(self, signum: int, _frame: Any) -> None:
         if self.asked_at is None:
