@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.layout import atomic_write_json
@@ -45,8 +46,9 @@ def choose_rows(
     """The chat of every usable row under the over-long policy, and one record per row of what was done.
 
     drop: rows over max_length are left out. truncate: kept whole; the trainer cuts them at max_length, except a row
-    whose prompt (`prompt_length` of system + user, the generation prompt included) alone fills max_length: TRL would
-    keep no completion token of it and drop it unsaid, so it is recorded dropped here.
+    whose prompt (`prompt_length` of system + user, the generation prompt included) alone fills max_length: TRL,
+    keeping the start, would keep no completion token of it and drop it unsaid, so it is recorded dropped here
+    (`prompt_length` None: the trainer keeps the end, and every row keeps its completion).
     best_fit: the best-rewarded candidate whose chat fits (the row's own trace first); none fits → dropped."""
     if policy not in ("drop", "truncate", "best_fit"):
         raise ValueError(f"stages.student.overLong: unknown policy {policy!r}")
@@ -101,14 +103,16 @@ def run_student(ctx: StageContext) -> str:
     ref = student_ref(spec)
     tokenizer: PreTrainedTokenizerBase = load_tokenizer(ref, padding_side="right")
 
-    def length(messages: list[dict[str, str]]) -> int:
-        chat = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)
+    def length(messages: list[dict[str, str]], prompt: bool = False) -> int:  # a prompt as TRL tokenises one
+        chat = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, add_generation_prompt=prompt)
         return len(cast("BatchEncoding", chat)["input_ids"])  # return_dict: a BatchEncoding
 
-    def prompt_length(messages: list[dict[str, str]]) -> int:  # as TRL tokenises a conversational prompt
-        chat = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, add_generation_prompt=True)
-        return len(cast("BatchEncoding", chat)["input_ids"])
+    # TRL cuts an over-long row to maxLength and drops one left with no completion token. Keeping the start (its
+    # default) that is a row whose prompt fills maxLength; keeping the end (trainerArgs.truncation_mode) none is.
+    from trl import SFTConfig
 
+    mode = st.trainer_args.get("truncation_mode", SFTConfig.__dataclass_fields__["truncation_mode"].default)
+    prompt_length = partial(length, prompt=True) if mode == "keep_start" else None
     chats, records = choose_rows(read_jsonl(source), length, st.max_length, st.over_long, formatter, prompt_length)
     counts = Counter(r["action"] for r in records)
     if ctx.is_main:
