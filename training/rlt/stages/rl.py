@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.env import RANK
 from rlt.data.dataset import load_data
-from rlt.data.errors import DataError
+from rlt.data.errors import sift_rows
 from rlt.data.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
@@ -64,27 +64,21 @@ def rl_rows(
     where: Callable[[int], str] = lambda i: f"row {i}",
 ) -> list[dict[str, str]]:
     """`where(row)` names a row as the user's file does ('line N', LoadedData.where)."""
-    out, skipped = [], []
-    for r in rows:
-        prompt = formatter.teacher_prompt(tokenizer, r["question"], r["solution"])
-        n = len(tokenizer(prompt, add_special_tokens=False).input_ids)
-        if n > max_prompt_tokens:
-            msg = (
-                f"{where(r['row'])}: teacher prompt is {n} tokens, over spec.stages.rl.maxPromptLength="
-                f"{max_prompt_tokens} (raise it, or set spec.dataset.badRows: skip)"
-            )
-            if bad_rows == "reject":
-                raise DataError(msg)
-            skipped.append(msg)
-            continue
-        out.append({"prompt": prompt, "question": r["question"], "solution": r["solution"]})
-    if not out:
-        raise DataError(
-            "stage rl: no usable rows" + (f" (all {len(skipped)} too long, first {skipped[0]})" if skipped else "")
+
+    def prompt(r: dict[str, Any]) -> str:
+        return formatter.teacher_prompt(tokenizer, r["question"], r["solution"])
+
+    def problem(r: dict[str, Any]) -> str | None:
+        n = len(tokenizer(prompt(r), add_special_tokens=False).input_ids)
+        if n <= max_prompt_tokens:
+            return None
+        return (
+            f"{where(r['row'])}: teacher prompt is {n} tokens, over spec.stages.rl.maxPromptLength="
+            f"{max_prompt_tokens} (raise it, or set spec.dataset.badRows: skip)"
         )
-    if skipped:  # once per stage, not once per row
-        log.warning("stage rl: skipping %d of %d rows (badRows: skip), first %s", len(skipped), len(rows), skipped[0])
-    return out
+
+    kept = sift_rows(rows, problem, bad_rows, "rl", "too long")
+    return [{"prompt": prompt(r), "question": r["question"], "solution": r["solution"]} for r in kept]
 
 
 def sample_policy(

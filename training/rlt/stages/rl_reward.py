@@ -3,11 +3,10 @@ stages.rl.reward and the scoring micro-batch's token cap from the capacity plan.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlt.data.errors import DataError
+from rlt.data.errors import sift_rows
 from rlt.method.prompts import scored_solution_tokens
 from rlt.method.reward import RLTReward
 from rlt.spec.stages import student_temperature, teacher_temperature
@@ -20,8 +19,6 @@ if TYPE_CHECKING:
     from rlt.spec.run import RLTRunSpec
     from rlt.stages.record import PhaseTimer
 
-log = logging.getLogger(__name__)
-
 
 def scorable_rows(
     rows: list[dict[str, Any]],
@@ -33,24 +30,17 @@ def scorable_rows(
 ) -> list[dict[str, Any]]:
     """The rows whose solution r_SS can score, checked before the stage trains: a solution that merges into its tags
     (".", "=") has no token of its own, and its reward could only fail at whatever step first drew it."""
-    out, bad = [], []
-    for r in rows:
+
+    def problem(r: dict[str, Any]) -> str | None:
         if scored_solution_tokens(formatter, student_tokenizer, r["question"], r["solution"]) > 0:
-            out.append(r)
-            continue
-        msg = (
+            return None
+        return (
             f"{where(r['row'])}: solution {r['solution']!r} has no token of its own in the student's chat (it merges "
             "into the answer tags), so the reward cannot score it: write the full answer, or set "
             "spec.dataset.badRows: skip"
         )
-        if bad_rows == "reject":
-            raise DataError(f"stage {stage}: {msg}")
-        bad.append(msg)
-    if not out:
-        raise DataError(f"stage {stage}: no usable rows (all {len(bad)} unscorable, first {bad[0]})")
-    if bad:
-        log.warning("stage %s: skipping %d of %d rows (badRows: skip), first %s", stage, len(bad), len(rows), bad[0])
-    return out
+
+    return sift_rows(rows, problem, bad_rows, stage, "unscorable")
 
 
 def reward_from_spec(
