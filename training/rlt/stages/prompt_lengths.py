@@ -153,7 +153,7 @@ def length_problems(
 def unscorable_problems(
     spec: RLTRunSpec, data: LoadedData, formatter: Formatter, student_tokenizer: PreTrainedTokenizerBase
 ) -> list[str]:
-    """Rows whose solution has no token of its own in the student's chat (rlt.method.reward.scored_solution_tokens):
+    """Rows whose solution has no token of its own in the student's chat (rlt.method.prompts.scored_solution_tokens):
     the reward of rl and distill cannot score them (the stages refuse them, or skip them under badRows: skip)."""
     from rlt.method.prompts import scored_solution_tokens
 
