@@ -65,11 +65,8 @@ def rl_rows(
 ) -> list[dict[str, str]]:
     """`where(row)` names a row as the user's file does ('line N', LoadedData.where)."""
 
-    def prompt(r: dict[str, Any]) -> str:
-        return formatter.teacher_prompt(tokenizer, r["question"], r["solution"])
-
     def problem(r: dict[str, Any]) -> str | None:
-        n = len(tokenizer(prompt(r), add_special_tokens=False).input_ids)
+        n = len(tokenizer(r["prompt"], add_special_tokens=False).input_ids)
         if n <= max_prompt_tokens:
             return None
         return (
@@ -77,8 +74,9 @@ def rl_rows(
             f"{max_prompt_tokens} (raise it, or set spec.dataset.badRows: skip)"
         )
 
-    kept = sift_rows(rows, problem, bad_rows, "rl", "too long")
-    return [{"prompt": prompt(r), "question": r["question"], "solution": r["solution"]} for r in kept]
+    prompted = [{**r, "prompt": formatter.teacher_prompt(tokenizer, r["question"], r["solution"])} for r in rows]
+    kept = sift_rows(prompted, problem, bad_rows, "rl", "too long")
+    return [{"prompt": r["prompt"], "question": r["question"], "solution": r["solution"]} for r in kept]
 
 
 def sample_policy(
