@@ -181,15 +181,7 @@ def run_local(
             push_stage_outputs(ctx, name)
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
-            after = [p.stage for p in plans[plans.index(plan) + 1 :] if p.action != "skip"]
-            if LATE_SIGNALS and after:  # SIGTERM came after the stage's last stop point: stop before the next
-                raise Stopped(
-                    name,
-                    0,
-                    None,
-                    message=f"SIGTERM during stage {name} after its last stop point: {name} finished, the run "
-                    f"stopped before {after[0]} (the same command starts there)",
-                )
+            stop_if_signalled_late(name, [p.stage for p in plans[plans.index(plan) + 1 :] if p.action != "skip"])
             # Each stage's plots as soon as it ends: a long run has something to look at before the last stage.
             # plots_wanted False: none (a box without matplotlib: benchmarks/gpu_teachers.py's units).
             plots = make_plots(layout.metrics_file, layout.plots_dir, run.name, run_caveat(run)) if plots_wanted else []
@@ -214,6 +206,19 @@ def run_local(
     finally:
         metrics.shutdown()
         lock.release()
+
+
+def stop_if_signalled_late(stage: str, after: list[str]) -> None:
+    """A SIGTERM the stage's handler took after its last stop point (the stage finished anyway): stop before the next
+    stage to run, if any."""
+    if LATE_SIGNALS and after:
+        raise Stopped(
+            stage,
+            0,
+            None,
+            message=f"SIGTERM during stage {stage} after its last stop point: {stage} finished, the run stopped "
+            f"before {after[0]} (the same command starts there)",
+        )
 
 
 class Interrupted(KeyboardInterrupt):
