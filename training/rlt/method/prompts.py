@@ -213,11 +213,16 @@ class Formatter:
         ]
 
 
-def scored_solution_tokens(formatter: Formatter, tokenizer: Any, question: str, solution: str) -> int:
-    """How many of a row's solution tokens the reward's r_SS scores in the student's chat (`tokenizer`: the
-    student's, fast or rlt.data.local_tokenizer's). The explanation cannot change them (the tags stand between), so
-    none is rendered. 0: the solution merges into the tags around it ("<answer>." is one token); no reward exists."""
+def student_chat_tokens(formatter: Formatter, tokenizer: Any, question: str, solution: str) -> tuple[int, int]:
+    """(tokens, scored) of a row's student chat with no explanation (`tokenizer`: the student's, fast or
+    rlt.data.local_tokenizer's): its length before an explanation is added, and how many of its solution tokens the
+    reward's r_SS scores. The explanation cannot change the scored ones (the tags stand between), so none is
+    rendered. scored 0: the solution merges into the tags around it ("<answer>." is one token); no reward exists."""
     text, _, span = formatter.student_chat(tokenizer, question, "", solution)
-    return len(
-        span_positions(tokenizer(text, add_special_tokens=False, return_offsets_mapping=True).offset_mapping, span)
-    )
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
+    return len(offsets), len(span_positions(offsets, span))
+
+
+def scored_solution_tokens(formatter: Formatter, tokenizer: Any, question: str, solution: str) -> int:
+    """How many of a row's solution tokens the reward's r_SS scores in the student's chat (student_chat_tokens)."""
+    return student_chat_tokens(formatter, tokenizer, question, solution)[1]

@@ -150,15 +150,23 @@ def length_problems(
     return problems
 
 
-def unscorable_problems(
-    spec: RLTRunSpec, data: LoadedData, formatter: Formatter, student_tokenizer: PreTrainedTokenizerBase
-) -> list[str]:
-    """Rows whose solution has no token of its own in the student's chat (rlt.method.prompts.scored_solution_tokens):
-    the reward of rl and distill cannot score them (the stages refuse them, or skip them under badRows: skip)."""
-    from rlt.method.prompts import scored_solution_tokens
+StudentChats = dict[int, tuple[int, int]]  # row -> (chat tokens before the explanation, scored solution tokens)
 
+
+def student_chats(data: LoadedData, formatter: Formatter, student_tokenizer: PreTrainedTokenizerBase) -> StudentChats:
+    """Each training row's student chat, rendered and tokenized once for both checks below."""
+    from rlt.method.prompts import student_chat_tokens
+
+    return {
+        r["row"]: student_chat_tokens(formatter, student_tokenizer, r["question"], r["solution"]) for r in data.train
+    }
+
+
+def unscorable_problems(spec: RLTRunSpec, data: LoadedData, chats: StudentChats) -> list[str]:
+    """Rows whose solution has no token of its own in the student's chat (rlt.method.prompts.student_chat_tokens):
+    the reward of rl and distill cannot score them (the stages refuse them, or skip them under badRows: skip)."""
     rows = data.train[: spec.stages.distill.limit] if not spec.stages.rl.enabled else data.train
-    bad = [r for r in rows if scored_solution_tokens(formatter, student_tokenizer, r["question"], r["solution"]) == 0]
+    bad = [r for r in rows if chats[r["row"]][1] == 0]
     if not bad:
         return []
     shown = ", ".join(sorted({repr(r["solution"]) for r in bad})[:5])
@@ -172,9 +180,7 @@ def unscorable_problems(
 CONTEXT = "spec.student.model"  # a problem of the run's shape, not of some rows: badRows: skip cannot help
 
 
-def student_context_problems(
-    spec: RLTRunSpec, data: LoadedData, formatter: Formatter, student_tokenizer: PreTrainedTokenizerBase
-) -> list[str]:
+def student_context_problems(spec: RLTRunSpec, data: LoadedData, chats: StudentChats) -> list[str]:
     """The reward's student reads question, explanation and solution in one chat: the longest row's chat with the
     longest explanation a stage writes must fit the student's positions (max_position_embeddings, from its config
     when it is here). Past them a RoPE model does not refuse; its log-probs are simply no reward."""
@@ -182,18 +188,9 @@ def student_context_problems(
 
     shape, _ = read_shape(spec.student, build=False)
     top = shape.max_positions if shape is not None else None
-    if not top or not data.train:
+    if not top or not chats:
         return []
-    chats = {
-        r["row"]: len(
-            student_tokenizer(
-                formatter.student_chat(student_tokenizer, r["question"], "", r["solution"])[0],
-                add_special_tokens=False,
-            ).input_ids
-        )
-        for r in data.train
-    }
-    row, longest = max(chats.items(), key=lambda kv: kv[1])
+    row, longest = max(((i, n) for i, (n, _) in chats.items()), key=lambda kv: kv[1])
     st, problems = spec.stages, []
     for name, field, tokens in (
         ("rl", "maxCompletionLength", st.rl.max_completion_length if st.rl.enabled else 0),
@@ -242,8 +239,9 @@ def check_prompt_lengths(
         if scored and not special and student_tokenizer is None:
             student_tokenizer, _ = load_local_tokenizer(spec, ref=spec.student, field="spec.student.model")
         if scored and not special and student_tokenizer is not None:
-            problems += unscorable_problems(spec, data, formatter, student_tokenizer)
-            problems += student_context_problems(spec, data, formatter, student_tokenizer)
+            chats = student_chats(data, formatter, student_tokenizer)
+            problems += unscorable_problems(spec, data, chats)
+            problems += student_context_problems(spec, data, chats)
         return problems, ""
     except LocalFileError as err:
         return [str(err)], ""
