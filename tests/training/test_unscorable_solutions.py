@@ -126,3 +126,12 @@ def test_the_pods_stages_refuse_or_skip_the_row_themselves(bad_rows, tmp_path):
     path = run_distill(ctx(False))  # the spec's teacher explains the two scorable questions
     written = [json.loads(line) for line in Path(path).read_text().splitlines()]
     assert [r["question"] for r in written] == [GOOD["question"]] * 2
+
+
+def test_a_distill_only_run_refuses_the_rows_before_its_first_stage(tmp_path, tiny):
+    """distill scores with rl's reward: with rl off (or done) `rlt run` still names the rows before distill starts."""
+    path = write_run(tmp_path, [GOOD, BAD, GOOD], {"sft": False, "rl": False})
+    res = rlt("run", str(path), "--output", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
+    assert res.returncode == ExitCode.DATA_ERROR, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "spec.stages.rl.reward: 1 of 3 rows" in res.stderr and "line 2" in res.stderr, res.stderr[-3000:]
+    assert "[distill] starting" not in res.stdout

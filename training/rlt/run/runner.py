@@ -95,12 +95,14 @@ def check_lengths(run: RLTRun, stages: list[str]) -> None:
 
     if not {"sft", "rl", "distill"} & set(stages):
         return
-    from rlt.stages.prompt_lengths import CONTEXT, check_prompt_lengths
+    from rlt.stages.prompt_lengths import CONTEXT, REWARD, SCORED_BY, check_prompt_lengths
 
     problems, _ = check_prompt_lengths(run.spec)
     # the student's context against the explanations of the stages about to run: no row can be skipped to fit it
     whole = [p for p in problems if p.startswith(f"{CONTEXT}:") and any(f"spec.stages.{s}." in p for s in stages)]
     mine = [p for p in problems if any(p.startswith(f"spec.stages.{s}.") for s in stages)]
+    if set(SCORED_BY) & set(stages):  # distill scores with rl's reward: its rows are distill's problem too
+        mine += [p for p in problems if p.startswith(f"{REWARD}:") and p not in mine]
     if mine and run.spec.dataset.bad_rows == "reject":
         raise DataError("; ".join(whole + mine) + " (or set spec.dataset.badRows: skip to leave those rows out)")
     if whole:

@@ -162,6 +162,10 @@ def student_chats(data: LoadedData, formatter: Formatter, student_tokenizer: Pre
     }
 
 
+REWARD = "spec.stages.rl.reward"  # the rows its reward cannot score: a problem of every stage that scores with it
+SCORED_BY = ("rl", "distill")
+
+
 def unscorable_problems(spec: RLTRunSpec, data: LoadedData, chats: StudentChats) -> list[str]:
     """Rows whose solution has no token of its own in the student's chat (rlt.method.prompts.student_chat_tokens):
     the reward of rl and distill cannot score them (the stages refuse them, or skip them under badRows: skip)."""
@@ -171,7 +175,7 @@ def unscorable_problems(spec: RLTRunSpec, data: LoadedData, chats: StudentChats)
         return []
     shown = ", ".join(sorted({repr(r["solution"]) for r in bad})[:5])
     return [
-        f"spec.stages.rl.reward: {len(bad)} of {len(rows)} rows have a solution with no token of its own in "
+        f"{REWARD}: {len(bad)} of {len(rows)} rows have a solution with no token of its own in "
         f"{spec.student.model}'s chat ({shown}: it merges into the answer tags), so the reward cannot score them: "
         f"{lines_of([r['row'] for r in bad], data.where)}; write the full answer"
     ]
