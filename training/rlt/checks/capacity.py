@@ -18,7 +18,6 @@ from rlt.checks.goodput import goodput_line
 from rlt.checks.gpu_figures import figures
 from rlt.checks.gpu_memory import (
     DEFAULT_GPU_MEMORY,
-    GPU_MEMORY_LABEL,
     MIN_KV_SEQUENCES,
     VLLM_NON_KV,
     kv_sequences,
@@ -54,6 +53,7 @@ from rlt.checks.step_time import (
 )
 from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.k8s import quantity_bytes
+from rlt.spec.resources import GPU_MEMORY_LABEL
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt.spec.stages import generation, own_student, teacher_completion_tokens, teacher_prompt_tokens
 
@@ -278,13 +278,10 @@ def dataset_rows(spec: RLTRunSpec) -> int | None:
             rows = sum(1 for line in f if line.strip())
     else:
         rows = KNOWN_DATASET_ROWS.get(d.source)
-    if rows is not None and d.limit is not None:
-        rows = min(rows, d.limit)
-    if rows is None and d.limit is not None:
-        rows = d.limit
-    if rows is not None:
-        rows = int(rows * (1 - d.eval_fraction))
-    return rows
+    if rows is None:  # the size is unknown: the limit, if any, bounds the training rows
+        return d.limit
+    rows -= d.held_out_rows(rows)  # as rlt.data.dataset splits them: the held-out rows first, then the limit
+    return min(rows, d.limit) if d.limit is not None else rows
 
 
 def generator_parallelism(

@@ -43,6 +43,8 @@ def distill_lines(
     d, res = spec.stages.distill, spec.resources
     if shapes.teacher is None or shapes.student is None or rows is None:
         return ["distill layouts: not planned (the models' shapes or the rows are unknown)"]
+    if rows == 0:
+        return ["distill layouts: not planned (no training rows: spec.dataset)"]
     questions = min(rows, d.limit or rows)
     p = (prompts or default_prompts(spec)).mean
     new = d.max_new_tokens * MEAN_COMPLETION_SHARE

@@ -146,48 +146,100 @@ def calibrated(cal: Calibration | None) -> Iterator[None]:
         _CALIBRATION.reset(token)
 
 
+# What a GPU check can plausibly measure; a figure outside is a damaged or hand-edited file, refused naming its field
+# (a negative rate would plan negative step times, a tiny one overflow them).
+FLOPS_RANGE = (1e12, 1e17)  # dense bf16 matmul, FLOP/s: a GPU of this decade is 100-2,500 TFLOP/s
+MEMORY_MIB_RANGE = (1024, 2**22)  # 1 GiB to 4 TiB
+RATE_RANGE = (1e6, 1e12)  # bytes/s written: 1 MB/s to 1 TB/s
+TOKENS_PER_S_RANGE = (1e-3, 1e6)
+
+
+def _measured(value: object, where: str, bounds: tuple[float, float]) -> float | None:
+    """A figure of the check's JSON, None when absent; refused, naming its field, when it is not a number within
+    `bounds`."""
+    if value is None:
+        return None
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValueError(f"{where}: {value!r} is not a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _part(parts: dict[str, object], *names: str) -> dict[str, object]:
+    """parts.<names...> of the check's JSON ({} when absent), refused when it is not an object."""
+    node: object = parts
+    for i, name in enumerate(names):
+        node = node.get(name) if isinstance(node, dict) else None
+        if node is None:
+            return {}
+        if not isinstance(node, dict):
+            where = ".".join(("parts", *names[: i + 1]))
+            raise ValueError(f"{where}: expected an object, got {type(node).__name__}")
+    assert isinstance(node, dict)
+    return node
+
+
 def read_calibration(path: str) -> Calibration:
     """A GPU check's JSON (benchmarks/gpu_check.py) as a Calibration. Replaced: the dense bf16 matmul rate
     (parts.peak), the GPU model and memory (parts.driver's nvidia-smi line), the local-disk write rate of a Trainer
     checkpoint (parts.grpo, else parts.throughput.save): the fast tier the periodic saves block on. Measured but not
     applied, each said: the MFU and the decode rate (a 0.5B model on one GPU, HF generate: not the 7B ZeRO-3 update
     nor the vLLM engine the plan's constants are for). A file that is not a GPU check is refused naming what is
-    missing."""
+    missing, a figure out of range naming its field."""
     try:
         report = json.loads(Path(path).read_text())
         parts = report["parts"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"--calibration {path}: not a GPU check's JSON (benchmarks/gpu_check.py): {err!r}") from err
-    peak = (parts.get("peak") or {}).get("bf16_matmul_flops")
-    driver = parts.get("driver") or {}
+    try:
+        return _calibration(parts, path)
+    except ValueError as err:
+        raise ValueError(f"--calibration {path}: {err}") from err
+
+
+def _calibration(parts: object, path: str) -> Calibration:
+    if not isinstance(parts, dict):
+        raise ValueError(f"parts: expected an object, got {type(parts).__name__}")
+    peak = _measured(_part(parts, "peak").get("bf16_matmul_flops"), "parts.peak.bf16_matmul_flops", FLOPS_RANGE)
+    driver = _part(parts, "driver")
     gpu = driver.get("gpu")
+    if gpu is not None and not isinstance(gpu, str):
+        raise ValueError(f"parts.driver.gpu: expected a GPU name, got {gpu!r}")
     memory = None
-    smi = str(driver.get("nvidia_smi", ""))
-    for piece in smi.split(","):
+    for piece in str(driver.get("nvidia_smi", "")).split(","):
         if piece.strip().endswith("MiB") and piece.strip().split()[0].isdigit():
-            memory = int(piece.strip().split()[0])
-    grpo, throughput = parts.get("grpo") or {}, parts.get("throughput") or {}
-    local = grpo.get("save_bytes_per_s") or (throughput.get("save") or {}).get("bytes_per_s")
+            mib = _measured(int(piece.strip().split()[0]), "parts.driver.nvidia_smi (MiB)", MEMORY_MIB_RANGE)
+            memory = int(mib) if mib is not None else None
+    grpo, throughput = _part(parts, "grpo"), _part(parts, "throughput")
+    local = _measured(grpo.get("save_bytes_per_s"), "parts.grpo.save_bytes_per_s", RATE_RANGE)
+    if local is None:
+        save = _part(parts, "throughput", "save").get("bytes_per_s")
+        local = _measured(save, "parts.throughput.save.bytes_per_s", RATE_RANGE)
     not_applied = []
-    if throughput.get("train_flops_per_s") and peak:
-        mfu = throughput["train_flops_per_s"] / peak
+    train = _measured(throughput.get("train_flops_per_s"), "parts.throughput.train_flops_per_s", FLOPS_RANGE)
+    if train and peak:
         not_applied.append(
-            f"MFU {mfu:.2f} of the measured peak (Qwen2.5-0.5B, 1024-token rows, one GPU, no ZeRO: the plan's "
-            "UTILISATION is a 7B long-sequence ZeRO-3 update's, kept)"
+            f"MFU {train / peak:.2f} of the measured peak (Qwen2.5-0.5B, 1024-token rows, one GPU, no ZeRO: the "
+            "plan's UTILISATION is a 7B long-sequence ZeRO-3 update's, kept)"
         )
-    gen = throughput.get("generate") or {}
-    if gen.get("tokens_per_s_per_sequence"):
+    gen = _part(parts, "throughput", "generate")
+    decode = _measured(
+        gen.get("tokens_per_s_per_sequence"),
+        "parts.throughput.generate.tokens_per_s_per_sequence",
+        TOKENS_PER_S_RANGE,
+    )
+    if decode:
         not_applied.append(
-            f"decode {gen['tokens_per_s_per_sequence']:.1f} tokens/s per sequence (HF generate of a 0.5B model, "
-            f"batch {gen.get('batch')}: the plan's rate is a vLLM engine's at a full batch, kept, scaled by bandwidth)"
+            f"decode {decode:.1f} tokens/s per sequence (HF generate of a 0.5B model, batch {gen.get('batch')}: "
+            "the plan's rate is a vLLM engine's at a full batch, kept, scaled by bandwidth)"
         )
     if peak is None and gpu is None and local is None:
-        raise ValueError(f"--calibration {path}: no measured part (parts.peak, parts.driver, parts.grpo) passed")
+        raise ValueError("no measured part (parts.peak, parts.driver, parts.grpo) passed")
     return Calibration(
         gpu=gpu,
-        peak_flops=float(peak) if peak else None,
+        peak_flops=peak,
         gpu_memory_mib=memory,
-        local_write_rate=float(local) if local else None,
+        local_write_rate=local,
         not_applied=tuple(not_applied),
         path=path,
     )

@@ -5,14 +5,12 @@ sizes the trainer's grace period (rlt.checks.step_time) from the rollout these b
 from __future__ import annotations
 
 from rlt.checks.model_shape import ModelShape
+from rlt.spec.resources import GPU_MEMORY_LABEL
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import generation
 
 GiB = 2**30
 DEFAULT_GPU_MEMORY = 80 * GiB  # an 80 GB A100/H100 (`rlt plan --gpu-memory`)
-# NVIDIA's GPU feature discovery labels each GPU node with its GPU's memory in MiB (nvidia.com/gpu.memory=81559 on an
-# H100 80GB): a run that selects nodes by it says what its GPUs hold (spec_gpu_memory).
-GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 # vLLM keeps this much of its share for activations and CUDA graphs before sizing the KV cache (its profiling run
 # measures it; ~1-2 GiB for a 7B model). Documented constant, not measured here.
 VLLM_NON_KV = 2 * GiB
@@ -30,14 +28,13 @@ def spec_gpu_memory(spec: RLTRunSpec) -> tuple[int, str]:
     calibrated GPU's or the named GPU product's (rlt.checks.gpu_figures), else DEFAULT_GPU_MEMORY (the spec names no GPU type otherwise: nvidia.com/gpu is a count)."""
     from rlt.checks.gpu_figures import spec_gpu_model_memory
 
-    mib = spec.scheduling.node_selector.get(GPU_MEMORY_LABEL)
-    if mib is not None and mib.isdigit():
+    mib = spec.scheduling.node_selector.get(GPU_MEMORY_LABEL)  # a positive whole number (rlt.spec.resources)
+    if mib is not None:
         return int(mib) * 2**20, f"spec.scheduling.nodeSelector {GPU_MEMORY_LABEL}={mib} (MiB)"
     model = spec_gpu_model_memory(spec)  # a calibration's GPU, or the GPU product the spec selects
     if model is not None:
         return model
-    unread = f" ({GPU_MEMORY_LABEL}={mib} is not a number of MiB)" if mib is not None else ""
-    return DEFAULT_GPU_MEMORY, f"the default {DEFAULT_GPU_MEMORY / GiB:.1f} GiB{unread}"
+    return DEFAULT_GPU_MEMORY, f"the default {DEFAULT_GPU_MEMORY / GiB:.1f} GiB"
 
 
 def kv_sequences(spec: RLTRunSpec, shape: ModelShape, gpu_memory: int, length: int, tp: int, b: int) -> int:

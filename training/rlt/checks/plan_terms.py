@@ -422,8 +422,10 @@ def stage_terms(name: str) -> StageTerms:
     return terms
 
 
-def generation_check(stage: str, terms: list[tuple[str, int]], at: PlanInputs) -> Check:
-    """The GPU of a process that generates or scores without a Trainer (distill, evaluate): `terms` plus CUDA's."""
+def generation_check(stage: str, terms: list[tuple[str, int]], at: PlanInputs, samples: str) -> Check:
+    """The GPU of a process that generates or scores without a Trainer (distill, evaluate): `terms` plus CUDA's. The
+    fix names what sizes one process's sampling: the sequences at once (batchSize × `samples`, the stage's field of
+    samples per row) and their length; more GPUs do not shrink a process."""
     if at.gpu:
         terms = [*terms, ("CUDA context + NCCL (constant)", CUDA_OVERHEAD)]
     return Check(
@@ -431,7 +433,7 @@ def generation_check(stage: str, terms: list[tuple[str, int]], at: PlanInputs) -
         "GPU memory per process",
         terms,
         at.gpu_memory if at.gpu else None,
-        f"stages.{stage}.batchSize or resources.trainer.gpus",
+        f"stages.{stage}.batchSize × {samples} (the sequences sampled at once) or maxNewTokens",
     )
 
 

@@ -202,17 +202,26 @@ def save_interval_warning(spec: RLTRunSpec, t: StepTime, asynchronous: bool = Tr
     mtbf = mtbf_seconds(spec)
     blocked = t.save_blocked(asynchronous)
     best = checkpoint_interval(blocked, mtbf)
-    interval = t.save_steps * t.step
+    st = stage_settings(spec, t.stage)
+    # the stage's optimizer steps where the spec fixes them (rl's steps, maxSteps); by epochs the rows decide
+    total: int | None = getattr(st, "max_steps", None) or getattr(st, "steps", None)
+    interval = min(t.save_steps, total or t.save_steps) * t.step
     if 0.5 * best <= interval <= 2 * best:
         return None
-    extra = interval_cost(interval, blocked, mtbf) - interval_cost(best, blocked, mtbf)
+    if total is not None and t.save_steps >= total and interval < best:
+        return None  # the whole stage is shorter than the interval: saving at its end only is the least cost
     how = "over twice" if interval > best else "under half"
     what = "saves blocking" if interval < best else "work redone after a loss"
+    to_set, target, why = max(1, round(best / t.step)), best, ""
+    if total is not None and to_set >= total:
+        to_set, target = total, total * t.step
+        why = f" (the stage's {total} steps ≈ {minutes(target)}: a save at its end only)"
+    extra = interval_cost(interval, blocked, mtbf) - interval_cost(target, blocked, mtbf)
     return (
         f"{t.stage}: saveSteps {t.save_steps} × step ≈ {minutes(interval)} is {how} the checkpoint interval that "
         f"costs least ({minutes(best)}: Young/Daly sqrt(2 × {minutes(blocked)} blocked per save × MTBF "
         f"{spec.resources.trainer.mtbf_hours:g} h, resources.trainer.mtbfHours)); it costs {extra:.1%} more of the "
-        f"stage's GPU-time in {what}; set stages.{t.stage}.saveSteps: {max(1, round(best / t.step))}"
+        f"stage's GPU-time in {what}; set stages.{t.stage}.saveSteps: {to_set}{why}"
     )
 
 

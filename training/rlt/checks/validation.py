@@ -13,6 +13,7 @@ receives apart from the spec.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from rlt.contract.method_registry import load_function, method_info
 from rlt.contract.stage_registry import TRAINER_STAGES, stage_info
+from rlt.spec.inputs import DATA_SUFFIXES
 from rlt.spec.k8s import RunName
-from rlt.spec.loading import DATA_SUFFIXES, SpecError, parse_spec, read_runs, resolve_local_paths
+from rlt.spec.loading import SpecError, parse_spec, read_runs, resolve_local_paths
 from rlt.spec.run import RLTRun, RLTRunSpec, stage_settings
 from rlt.spec.trainer_args import trainer_args_problems as check_trainer_args
 
@@ -231,12 +233,29 @@ def load_valid_runs(path: str | Path, paths_from_file: bool = False) -> list[RLT
     """`rlt validate`, `rlt run` and `rlt stage`: every RLTRun of a file, fully checked. `paths_from_file`: the
     commands that run on the user's machine read relative local paths from the file's folder."""
     runs = read_runs(path)
+    problems = []
     if paths_from_file:
+        problems += [p for run in runs for p in missing_relative_models(run, Path(path).parent)]
         runs = [resolve_local_paths(run, Path(path).parent) for run in runs]
-    problems = [p for run in runs for p in run_problems(run)]
+    problems += [p for run in runs for p in run_problems(run)]
     if problems:
         raise SpecError(str(path), problems)
     return runs
+
+
+def missing_relative_models(run: RLTRun, base: Path) -> list[str]:
+    """A model written ./… or ../… is a folder on this machine, read from the run file's folder `base` (a pod
+    refuses relative paths: rlt.checks.consumers): one that is not there is named, as a missing dataset is. An
+    absolute path may be a path inside the pods, read where it is."""
+    from rlt.spec.local_files import entry_exists
+
+    return [
+        f"{where}.model: {ref.model}: no such folder ({os.path.abspath(base / ref.model)})"  # noqa: PTH100
+        for where, ref, stage in run.spec.named_models()
+        if (stage is None or stage_settings(run.spec, stage).enabled)
+        and ref.model.startswith(("./", "../"))
+        and not entry_exists(base / ref.model)
+    ]
 
 
 def load_valid_run(path: str | Path, paths_from_file: bool = False) -> RLTRun:
@@ -273,6 +292,13 @@ def check_datasets(run: RLTRun) -> tuple[list[str], list[str]]:
                 problems += [f"  {line}" for line in group_problems(bad)] if len(bad) > 1 else []
             except DataError:
                 pass
+            continue
+        usable = len(data.train)  # check_data does not split: every usable row
+        if where == "spec.dataset" and ds.held_out_rows(usable) >= usable:  # the stages train and generate on the rest
+            problems.append(
+                f"spec.dataset.evalFraction: {ds.eval_fraction:g} holds out {ds.held_out_rows(usable)} of "
+                f"{ds.source}'s {usable} usable rows, leaving none to train on (lower it, or add rows)"
+            )
             continue
         if where == "spec.dataset" and ds.columns.system is not None:
             try:  # the documented cross-row rule the stages apply (one student, one system prompt), here too

@@ -32,20 +32,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_files(args: argparse.Namespace) -> int:
     from rlt.checks.capacity import plan_for_run, render, spec_gpu_memory
     from rlt.checks.validation import load_valid_runs
-    from rlt.spec.k8s import quantity_bytes
     from rlt.spec.loading import SpecError
 
-    given = quantity_bytes(args.gpu_memory) if args.gpu_memory else None
+    given = args.gpu_memory
     bad = 0
     for path in args.files:
         try:
-            runs = load_valid_runs(path)
+            runs = load_valid_runs(path, paths_from_file=True)  # relative data paths: from the file's folder
         except SpecError as err:
             print(str(err), file=sys.stderr)
             bad += 1
             continue
         for run in runs:
-            plan = plan_for_run(run.spec, given or spec_gpu_memory(run.spec)[0], prompts=run_prompts(run.spec))
+            gpu_memory = given if given is not None else spec_gpu_memory(run.spec)[0]
+            plan = plan_for_run(run.spec, gpu_memory, prompts=run_prompts(run.spec))
             print(render(plan, f"{path} ({run.name})"))
             for line in plan.errors():
                 print(f"rlt plan: {path}: {line}", file=sys.stderr)
@@ -110,6 +110,23 @@ def measure_prompt_tokens(
     return PromptTokens(mean, max(lengths), f"measured on {len(lengths)} rows of {spec.dataset.source}"), ""
 
 
+GPU_MEMORY_RANGE = (2**30, 2**44)  # 1Gi to 16Ti: a value outside is a typo, not a GPU
+
+
+def gpu_memory_bytes(text: str) -> int:
+    """`--gpu-memory`: a Kubernetes quantity of bytes within GPU_MEMORY_RANGE (argparse names the flag)."""
+    from rlt.spec.k8s import quantity_bytes
+
+    try:
+        value = quantity_bytes(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kubernetes quantity (e.g. 80Gi, 141Gi)") from None
+    low, high = GPU_MEMORY_RANGE
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a GPU's memory (from 1Gi to 16Ti)")
+    return value
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan",
@@ -119,6 +136,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("files", nargs="+")
     p.add_argument(
         "--gpu-memory",
+        type=gpu_memory_bytes,
         help="memory of one GPU, a Kubernetes quantity (default: the spec's nodeSelector nvidia.com/gpu.memory in "
         "MiB when it selects nodes by it, else 80Gi: A100/H100 80GB)",
     )

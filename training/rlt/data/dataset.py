@@ -332,7 +332,7 @@ def load_data(spec: DatasetSpec, fmt: PromptFormat, warn: bool = True) -> Loaded
     if spec.eval_fraction > 0:
         order = list(range(len(rows)))
         random.Random(f"rlt-split-{spec.seed}").shuffle(order)
-        n_eval = max(1, int(len(rows) * spec.eval_fraction))
+        n_eval = spec.held_out_rows(len(rows))
         eval_ids = set(order[:n_eval])
         held_out = [r for i, r in enumerate(rows) if i in eval_ids]
         train = [r for i, r in enumerate(rows) if i not in eval_ids]

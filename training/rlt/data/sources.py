@@ -394,7 +394,8 @@ def _whole_json(path: Path, data: bytes, head: bytes) -> list[Any] | None:
             ) from None
         return None
     except json.JSONDecodeError as err:
-        if head.startswith(b"["):
+        # "Extra data": one whole value, then more: JSON Lines whose first row is a list (that row's problem)
+        if head.startswith(b"[") and err.msg != "Extra data":
             raise DataError(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
         return None
     except ValueError as err:  # valid JSON beyond the bounds, or a key given twice

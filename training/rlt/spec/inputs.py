@@ -103,6 +103,9 @@ class ColumnMapping(Strict):
     )
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")  # a dataset source that is a file (rlt.data.sources)
+
+
 class DatasetSpec(Strict):
     source: PathOrId = Field(
         min_length=1,
@@ -144,6 +147,20 @@ class DatasetSpec(Strict):
         description="Source columns (e.g. id) copied unchanged into every distillation row; "
         "a row without one is a bad row.",
     )
+
+    def held_out_rows(self, rows: int) -> int:
+        """How many of `rows` usable rows evalFraction holds out: at least one when it is set."""
+        return max(1, int(rows * self.eval_fraction)) if self.eval_fraction > 0 else 0
+
+    @model_validator(mode="after")
+    def _split_of_a_folder(self) -> DatasetSpec:
+        # rlt.data.sources reads a file whole (with line numbers): a split or slice of it would be ignored
+        if self.split != "train" and self.source.lower().endswith(DATA_SUFFIXES):
+            raise ValueError(
+                f"split: {self.split!r}: {self.source} is a file, read whole as the split 'train'; take the first "
+                "rows with limit, or give a dataset folder or hub id, whose splits exist"
+            )
+        return self
 
     @model_validator(mode="after")
     def _keep_columns_free(self) -> DatasetSpec:

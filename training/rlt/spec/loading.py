@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlt.spec import reader
+from rlt.spec.inputs import DATA_SUFFIXES
 from rlt.spec.run import RLTRun, RLTRunSpec
 
 _NAMED_MSG = re.compile(r"^([A-Za-z][A-Za-z0-9]*(?:\.(?:[A-Za-z][A-Za-z0-9]*|[0-9]+))*): ")  # list items: finalizers.1
@@ -112,21 +113,16 @@ def _without(doc: Any, locs: list[tuple[Any, ...]]) -> Any:
 
 def _about_dropped(line: str, gone: set[str]) -> bool:
     """Whether a problem found after dropping the fields `gone` is about them rather than the file: it is at (or
-    inside) a dropped field, or at an object holding one and names it (an invalid fieldRef, dropped, left its
-    valueFrom with no source: "give exactly one of ..., fieldRef, ..." would be false of the file), or anywhere and
-    names it by its path (a rule across sections, about the default that took the dropped value's place)."""
+    inside) a dropped field, or it names one (an invalid fieldRef, dropped, left its valueFrom with no source:
+    "give exactly one of ..., fieldRef, ..." would be false of the file; a rule across fields, "batchSize must be
+    divisible by numGenerations (64)", would be about the default that took the dropped value's place). A true
+    problem hidden so is reported once the dropped field is mended."""
     where, _, message = line.partition(": ")
     for g in gone:
         if where == g or where.startswith(g + "."):
             return True
-        if "." in g.removeprefix("spec.") and re.search(rf"\b{re.escape(g.removeprefix('spec.'))}\b", message):
-            return True
-        parent, _, name = g.rpartition(".")
-        if (
-            not name.isdigit()
-            and (where == parent or parent.startswith(where + "."))
-            and re.search(rf"\b{re.escape(name)}\b", message)
-        ):
+        name = g.rpartition(".")[2]
+        if not name.isdigit() and re.search(rf"\b{re.escape(name)}\b", message):
             return True
     return False
 
@@ -223,14 +219,21 @@ def read_runs(path: str | Path) -> list[RLTRun]:
         kinds = ", ".join(str(other_kind(d)) for d in others)
         raise SpecError(str(path), [f"<root>: no RLTRun document (the file holds {kinds})"])
     runs, problems = [], []
+    first: dict[tuple[str | None, str], int] = {}  # (namespace, name) -> the document that names it first
     for i, doc in enumerate(docs):
         if other_kind(doc):
             continue  # a Namespace or ServiceAccount applied with the run: kubectl takes it, rlt checks the runs
         src = f"{path}" if len(docs) == 1 else f"{path}[document {i}]"
         try:
-            runs.append(parse_run(doc, src))
+            run = parse_run(doc, src)
         except SpecError as err:
             problems += [p if len(docs) == 1 else f"document {i}: {p}" for p in err.problems]
+            continue
+        key = (run.metadata.namespace, run.name)
+        if key in first:  # kubectl apply would make the later one replace the earlier
+            problems.append(f"document {i}: metadata.name: {run.name!r} is document {first[key]}'s run too")
+        first.setdefault(key, i)
+        runs.append(run)
     if problems:
         raise SpecError(str(path), problems)
     return runs
@@ -261,9 +264,6 @@ def dump_run(run: RLTRun) -> str:
     """The run as YAML in camelCase, the form the operator writes into the run's ConfigMap."""
     text: str = reader.dump_yaml(run.model_dump(mode="json", by_alias=True, exclude_none=True))
     return text
-
-
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")  # a dataset source that is a file
 
 
 def _relative_local(value: str | None, base: Path, looks_local: bool) -> str | None:

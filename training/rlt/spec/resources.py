@@ -354,6 +354,11 @@ class EnvVar(Strict):
         return self
 
 
+# NVIDIA's GPU feature discovery labels each GPU node with its GPU's memory in MiB (nvidia.com/gpu.memory=81559 on an
+# H100 80GB): a run that selects nodes by it says what its GPUs hold (rlt.checks.gpu_memory.spec_gpu_memory).
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+
+
 class Scheduling(Strict):
     """Where and how the run's pods are scheduled."""
 
@@ -380,6 +385,16 @@ class Scheduling(Strict):
         default_factory=dict,
         description="Annotations on every pod of the run (e.g. for a network operator or a sidecar injector).",
     )
+
+    @model_validator(mode="after")
+    def _gpu_memory_label(self) -> Scheduling:
+        mib = self.node_selector.get(GPU_MEMORY_LABEL)
+        if mib is not None and not (mib.isdigit() and int(mib) > 0):
+            raise ValueError(
+                f"nodeSelector: {GPU_MEMORY_LABEL}={mib!r} matches no node: GPU feature discovery labels a node with "
+                "its GPU's memory in MiB, a whole number (81559 on an H100 80GB)"
+            )
+        return self
 
 
 class SecretEnvVar(Strict):

@@ -50,7 +50,7 @@ class DistillTerms:
                 shapes.teacher, b, d.batch_size * d.samples_per_question, teacher_prompt_tokens(spec) + d.max_new_tokens
             )
         if terms:
-            plan.checks.append(generation_check(self.name, terms, at))
+            plan.checks.append(generation_check(self.name, terms, at, "samplesPerQuestion"))
         lines = []
         if gen.mode == "server":
             in_flight = distill_sequences_in_flight(spec, shapes.teacher, at.gpu_memory)[1]

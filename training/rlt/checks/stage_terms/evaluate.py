@@ -34,7 +34,7 @@ class EvaluateTerms:
             b = dtype_bytes(trained_student(spec), at.gpu)
             length = teacher_prompt_tokens(spec) + e.max_new_tokens
             terms = sampling_terms(shape, b, e.batch_size * e.samples, length)
-            plan.checks.append(generation_check(self.name, terms, at))
+            plan.checks.append(generation_check(self.name, terms, at, "samples"))
         return StagePlan(0, (0, 0))
 
     def step_time(
