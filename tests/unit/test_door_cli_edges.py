@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import EXAMPLES
+from suite_helpers import EXAMPLES, tiny_doc
 
 from rlt.checks.capacity import dataset_rows
 from rlt.cli import main
@@ -50,20 +50,13 @@ def test_the_plan_counts_the_training_rows_the_stages_get(tmp_path, rows, fracti
     plan once took the limit first and rounded 24 × 0.01 down to no rows, then divided by them)."""
     data = tmp_path / "rows.jsonl"
     data.write_text(
-        "".join(json.dumps({"question": f"q{i}", "solution": f"s{i}", "reasoning_trace": "t"}) + "\n" for i in range(rows))
+        "".join(
+            json.dumps({"question": f"q{i}", "solution": f"s{i}", "reasoning_trace": "t"}) + "\n" for i in range(rows)
+        )
     )
-    spec = parse_run(
-        {
-            "apiVersion": "rlt.dev/v1alpha1",
-            "kind": "RLTRun",
-            "metadata": {"name": "rows"},
-            "spec": {
-                "teacher": {"model": "builtin:smollm2-135m-instruct"},
-                "student": {"model": "builtin:smollm2-135m-instruct"},
-                "dataset": {"source": str(data), "evalFraction": fraction, **({"limit": limit} if limit else {})},
-            },
-        }
-    ).spec
+    doc = tiny_doc()
+    doc["spec"]["dataset"] = {"source": str(data), "evalFraction": fraction, **({"limit": limit} if limit else {})}
+    spec = parse_run(doc).spec
     assert dataset_rows(spec) == len(load_data(spec.dataset, resolve_format(spec.format), warn=False).train)
 
 
@@ -161,9 +154,7 @@ def test_a_relative_model_folder_that_is_not_there_is_refused(tmp_path, capsys):
         (("resources", "trainer", "gpus"), -2, "spec.resources.trainer.gpus: Input should be greater than or equal"),
     ],
 )
-def test_an_invalid_field_is_the_only_line_not_the_defaults_that_took_its_place(
-    tmp_path, capsys, field, value, kept
-):
+def test_an_invalid_field_is_the_only_line_not_the_defaults_that_took_its_place(tmp_path, capsys, field, value, kept):
     """batchSize 8 is divisible by the file's numGenerations 4; the line about the default 64 was false."""
 
     def set_field(doc):
