@@ -266,6 +266,16 @@ def test_dashboard_configmaps():
         "operator.watchNamespaces={Team_A}",
         "metrics.serviceMonitor.interval=often",
         "unknownTopLevel=1",
+        "fullnameOverride=Bad_Name",
+        "nameOverride=rlt.operator",
+        "serviceAccount.name=Ops_Bot",
+        "grafanaDashboards.namespace=Bad_NS",
+        "resources.requests.memory=1GB",
+        "resources.requests.cpu=-1",
+        "resources.limits.memory=lots",
+        "prometheusRule.runbookBaseUrl=http://",
+        "prometheusRule.runbookBaseUrl=mailto:oncall@example.com",
+        "prometheusRule.runbookBaseUrl=https://wiki.example.com/rlt#alerts",
     ],
 )
 def test_values_schema_rejects(bad):
@@ -335,3 +345,70 @@ def test_runbooks_default_to_the_page_in_the_source_tree():
         assert "runbook_url" not in rule["annotations"], name
         assert rule["annotations"]["runbook"] == f"docs/alerts.md#{name.lower()}"
         assert f"\n## {name}\n" in doc
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        (
+            ["operator.leaderElection.renewDeadline=20"],
+            "operator.leaderElection: retryPeriod (2) < renewDeadline (20) < leaseDuration (15) < 3600 seconds",
+        ),
+        (["operator.leaderElection.leaseDuration=5000"], "< leaseDuration (5000) < 3600 seconds is required"),
+        (["operator.leaderElection.retryPeriod=10"], "retryPeriod (10) < renewDeadline (10)"),
+        (["operator.metricsPort=8081"], "operator.metricsPort and operator.healthPort are both 8081"),
+        (
+            ["metrics.serviceMonitor.enabled=true", "metrics.service.enabled=false"],
+            "metrics.serviceMonitor.enabled needs metrics.service.enabled",
+        ),
+        (["podLabels.app\\.kubernetes\\.io/component=other"], "podLabels.app.kubernetes.io/component: the chart sets"),
+        (["prometheusRule.for.RLTRunStaled=45m"], "prometheusRule.for.RLTRunStaled: no such alert (the alerts: "),
+        (["prometheusRule.extraAlertLabels.severity=page"], "prometheusRule.extraAlertLabels.severity: the alerts set"),
+    ],
+)
+def test_values_that_conflict_are_refused_at_render_naming_them(values, says):
+    """Each value passes the schema alone; together the operator would exit at start (leader timings: the same rule
+    as `rlt operator`'s), two servers would share a port, or a label or alert setting would be dropped silently."""
+    proc = helm("template", "rel", str(CHART), *IMAGE, *(a for v in values for a in ("--set", v)), check=False)
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+
+
+def test_the_chart_refuses_leader_timings_exactly_when_the_operator_does():
+    """The render's rule is `rlt operator`'s timing_problem, value for value (the chart passes them as flags)."""
+    from rlt_operator.cluster.leader import timing_problem
+
+    for lease, renew, retry in [(15, 10, 2), (15, 15, 2), (15, 10, 10), (15, 20, 2), (30, 29.5, 0.5), (3599, 10, 2)]:
+        # --set-json: --set would read 29.5 as a string
+        args = [f"leaseDuration={lease}", f"renewDeadline={renew}", f"retryPeriod={retry}"]
+        sets = [a for v in args for a in ("--set-json", f"operator.leaderElection.{v}")]
+        proc = helm("template", "rel", str(CHART), *IMAGE, *sets, check=False)
+        assert (proc.returncode == 0) == (timing_problem(lease, renew, retry) is None), (args, proc.stderr)
+
+
+def test_long_and_odd_release_names_give_valid_distinct_names():
+    long = "a" * 53  # the longest release name helm takes
+    docs = template("--set", "grafanaDashboards.enabled=true", release=long)
+    svc = one(docs, "Service", "-metrics")["metadata"]["name"]
+    assert len(svc) <= 63 and svc.endswith("-metrics")
+    dashboards = [d["metadata"]["name"] for d in by_kind(docs, "ConfigMap") if "-dashboard-" in d["metadata"]["name"]]
+    assert len(dashboards) == 4 == len(set(dashboards)) and all(len(n) <= 63 for n in dashboards), dashboards
+    proc = helm("template", "1abc", str(CHART), *IMAGE, check=False)
+    assert proc.returncode != 0 and 'the metrics Service would be named "1abc-rlt-operator-metrics"' in proc.stderr
+    assert (
+        one(template("--set", "fullnameOverride=ops", release="1abc"), "Service")["metadata"]["name"] == "ops-metrics"
+    )
+
+
+def test_the_operator_scrape_job_is_rlt_operator_whatever_the_chart_is_called():
+    """RLTOperatorDown and the operator dashboard select job=~".*rlt-operator.*"; nameOverride must not rename it."""
+    docs = template(
+        "-f",
+        str(CHART / "ci" / "monitoring-values.yaml"),
+        "--api-versions",
+        MONITORING_API,
+        "--set",
+        "nameOverride=ml-op",
+    )
+    sm, svc = one(docs, "ServiceMonitor"), one(docs, "Service", "-metrics")
+    assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "rlt-operator"
+    assert svc["metadata"]["labels"]["app.kubernetes.io/name"] == "ml-op"

@@ -97,3 +97,60 @@ app.kubernetes.io/component: operator
 {{- define "rlt-operator.peeringName" -}}
 {{- default (include "rlt-operator.fullname" .) .Values.operator.peering.name }}
 {{- end }}
+
+{{/* The metrics Service's name: room kept for "-metrics" within the 63 characters, and a DNS-1035 label (a Service
+name starts with a letter and has no dots, which a release name may). */}}
+{{- define "rlt-operator.metricsServiceName" -}}
+{{- $name := printf "%s-metrics" (include "rlt-operator.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) }}
+{{- fail (printf "the metrics Service would be named %q, not a DNS-1035 label (a letter first, no dots): it comes from the release name; set fullnameOverride" $name) }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/* Values the schema accepts one by one but not together, refused at render naming them: otherwise the operator
+exits at start (crash loop), two servers fight over one port, or a label or an alert setting is silently lost. */}}
+{{- define "rlt-operator.checks" -}}
+{{- $o := .Values.operator }}
+{{- if and (gt (int $o.replicas) 1) (not $o.peering.enabled) }}
+{{- fail "operator.replicas > 1 needs operator.peering.enabled: unpeered replicas would all reconcile the same runs" }}
+{{- end }}
+{{- if $o.peering.enabled }}
+{{- $le := $o.leaderElection }}
+{{- if not (and (lt (float64 $le.retryPeriod) (float64 $le.renewDeadline)) (lt (float64 $le.renewDeadline) (float64 $le.leaseDuration)) (lt (float64 $le.leaseDuration) 3600.0)) }}
+{{- fail (printf "operator.leaderElection: retryPeriod (%v) < renewDeadline (%v) < leaseDuration (%v) < 3600 seconds is required: the leader must stop acting before another replica may take the lease (client-go's rule; rlt operator exits 2 otherwise)" $le.retryPeriod $le.renewDeadline $le.leaseDuration) }}
+{{- end }}
+{{- end }}
+{{- if eq (int $o.metricsPort) (int $o.healthPort) }}
+{{- fail (printf "operator.metricsPort and operator.healthPort are both %v: the metrics server and /healthz each need a port" $o.metricsPort) }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.service.enabled: the ServiceMonitor scrapes the metrics Service" }}
+{{- end }}
+{{- $own := include "rlt-operator.labels" . | fromYaml }}
+{{- range $key, $_ := .Values.podLabels }}
+{{- if hasKey $own $key }}
+{{- fail (printf "podLabels.%s: the chart sets this label on the pod itself (the Deployment's selector or its standard labels)" $key) }}
+{{- end }}
+{{- end }}
+{{- $alerts := dict }}
+{{- $rules := dict }}
+{{- range $group := (.Files.Get "files/alerts/rlt-alerts.yaml" | fromYaml).groups }}
+{{- range $rule := $group.rules }}
+{{- if $rule.alert }}
+{{- $_ := set $alerts $rule.alert true }}
+{{- range $key, $_ := (default dict $rule.labels) }}{{- $_ := set $rules $key $rule.alert }}{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $name, $_ := .Values.prometheusRule.for }}
+{{- if not (hasKey $alerts $name) }}
+{{- fail (printf "prometheusRule.for.%s: no such alert (the alerts: %s)" $name (keys $alerts | sortAlpha | join ", ")) }}
+{{- end }}
+{{- end }}
+{{- range $key, $_ := .Values.prometheusRule.extraAlertLabels }}
+{{- if hasKey $rules $key }}
+{{- fail (printf "prometheusRule.extraAlertLabels.%s: the alerts set this label themselves (e.g. %s); the extra labels are added beside theirs" $key (get $rules $key)) }}
+{{- end }}
+{{- end }}
+{{- end }}

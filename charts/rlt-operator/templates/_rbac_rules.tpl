@@ -84,3 +84,4 @@ each verb comes from.
 {{- define "rlt-operator.roleLabel" -}}rlt.dev/role{{- end }}
 {{- define "rlt-operator.runLabelMeta" -}}__meta_kubernetes_pod_label_rlt_dev_run{{- end }}
 {{- define "rlt-operator.roleLabelMeta" -}}__meta_kubernetes_pod_label_rlt_dev_role{{- end }}
+{{- define "rlt-operator.jobLabel" -}}rlt.dev/job{{- end }}

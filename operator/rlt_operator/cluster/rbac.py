@@ -96,6 +96,8 @@ CHART_NAMES: dict[str, str] = {
     "roleLabel": L_ROLE,
     "runLabelMeta": "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", L_RUN),
     "roleLabelMeta": "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", L_ROLE),
+    # the metrics Service's label whose value is the ServiceMonitor's job: "rlt-operator" whatever nameOverride says
+    "jobLabel": f"{RUN.group}/job",
 }
 
 

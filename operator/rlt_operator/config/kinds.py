@@ -57,7 +57,7 @@ EVENTS = Kind("", "v1", "events", "Event", ("create", "list", "patch"))
 
 # Kopf's peering objects (rlt_operator.cluster.peering): the replicas' keep-alives, watched (list, watch) and merge-patched
 # (patch) by Kopf. A cluster-wide operator peers in a ClusterKopfPeering, a namespaced one in a KopfPeering per
-# watched namespace. The chart creates the objects; the operator never creates nor deletes them.
+# watched namespace. The chart creates the objects; the operator recreates one that was deleted, never deletes one.
 _PEER = ("list", "watch", "patch", "create")  # create: a deleted peering object is recreated (cluster/peering.py)
 CLUSTER_PEERING = Kind("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", _PEER, namespaced=False)
 PEERING = Kind("kopf.dev", "v1", "kopfpeerings", "KopfPeering", _PEER)
