@@ -8,7 +8,9 @@ API's log names its sender. Child status is simulated by the test (kmock runs no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import logging
 import os
 import random
 import re
@@ -600,7 +602,8 @@ async def test_replicas_starting_together_say_active_one_at_a_time_and_sigterm_e
             await asyncio.sleep(0.1)
         overlap = both[-1] - both[0] if both else 0.0
         print(f"both active for {overlap:.2f} s ({len(both)} samples 0.1 s apart)")
-        assert states == [0, 1] and overlap < 0.6, (states, both)
+        # 0.2-0.3 s measured; the bound leaves room for a loaded machine and still fails the old 5 s.
+        assert states == [0, 1] and overlap < 2.5, (states, both)
 
         await harness.create_run(example())
         await harness.wait_object("jobs", "tiny-sft", timeout=40)
@@ -612,7 +615,10 @@ async def test_replicas_starting_together_say_active_one_at_a_time_and_sigterm_e
             rc = await asyncio.wait_for(procs[name].wait(), 30)
             exited = time.monotonic() - signalled
             print(f"{name}: exit {rc} {exited:.2f} s after SIGTERM, {what}")
-            assert rc == 0 and exited < 2.0, (name, rc, exited)
+            # About a second on an idle machine; a loaded CI machine stretched such an exit to 5.5 s, so the bound is
+            # the one that matters to the pod: well inside --shutdown-timeout (10 s), whose timer would exit 75.
+            # The sleeps that made it 3 s are pinned by test_a_stopping_operator_waits_half_a_second_for_its_workers.
+            assert rc == 0 and exited < 8.0, (name, rc, exited)
 
 
 async def test_sigterm_exits_at_once_while_a_reconcile_write_hangs(harness, tmp_path):
@@ -645,4 +651,23 @@ async def test_sigterm_exits_at_once_while_a_reconcile_write_hangs(harness, tmp_
         held.cancel()
         print(f"exit: rc {rc} {exited:.2f} s after SIGTERM, a reconcile's POST unanswered")
         assert "op-a" not in await peers(harness), "the goodbye was sent"
-        assert rc == 0 and exited < 2.5, (rc, exited, logs_tail(tmp_path))
+        # Waiting for the call's thread let the 10 s --shutdown-timeout timer fire: exit 75. No wall-clock bound
+        # beyond that: a loaded CI machine took 5.5 s for this exit (1 s idle).
+        assert rc == 0, (rc, exited, logs_tail(tmp_path))
+        assert "abandoning API calls still in flight" in logs_tail(tmp_path), logs_tail(tmp_path)
+
+
+async def test_a_stopping_operator_waits_half_a_second_for_its_workers(harness):
+    """At shutdown Kopf waits `queueing.exit_timeout` for each watch's workers; a standby's peering worker sleeps
+    through all of it, so Kopf's 2 s default made every standby's exit take 3 s. The operator's start-up handler
+    sets 0.5 s (a setting, not a timing: the end-to-end exits above are measured on machines of any load)."""
+    import kopf
+
+    from rlt_operator import handlers
+    from rlt_operator.config.settings import OperatorSettings
+
+    settings = kopf.OperatorSettings()
+    assert settings.queueing.exit_timeout == 2.0  # Kopf's default, which the handler must lower
+    memo = kopf.Memo(settings=dataclasses.replace(OperatorSettings.from_env(), metrics_port=-1))
+    await handlers.configure(settings=settings, memo=memo, logger=logging.getLogger("test"))
+    assert settings.queueing.exit_timeout <= 0.5

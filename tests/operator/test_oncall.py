@@ -141,6 +141,7 @@ async def test_sigterm_exits_promptly_with_many_runs(harness, tmp_path):
             await proc.wait()
         log.close()
     print(f"exit: rc {rc} {exited:.2f} s after SIGTERM with 20 runs")
-    # 2 s is the target (1.1 s measured at load 15-19); the bound leaves room for a CI machine busier than that, so
-    # the test does not hang on a timing: a blocking call in the stop path (a 30 s watch, a join) still fails it.
-    assert rc == 0 and exited < 6.0, (rc, exited, (tmp_path / "op-a.log").read_text()[-3000:])
+    # 2 s is the target (1.1 s measured at load 15-19); a loaded CI machine stretched a like exit to 5.5 s, so the
+    # bound sits just inside --shutdown-timeout (10 s, exit 75): a blocking call in the stop path (a 30 s watch, a
+    # join) still fails it, and the test does not hang on a timing.
+    assert rc == 0 and exited < 8.0, (rc, exited, (tmp_path / "op-a.log").read_text()[-3000:])
