@@ -21,10 +21,10 @@ from typing import Any
 
 from rlt.data.answers import between
 from rlt.data.errors import DataError
-from rlt.data.sources import FILE_KINDS, Unparsable, Where, read_source
+from rlt.data.sources import Unparsable, Where, read_source
 from rlt.method.prompts import PromptFormat, bundled_formats, resolve_format
 from rlt.spec import reader
-from rlt.spec.inputs import DatasetSpec, FormatSpec
+from rlt.spec.inputs import FILE_KINDS, DatasetSpec, FormatSpec
 from rlt.spec.local_files import entry_exists
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,9 @@ from rlt.data import tasks
 from rlt.data.errors import DataError
 from rlt.data.jsonl import decoded_lines
 from rlt.spec import reader
-from rlt.spec.inputs import MAX_BUILTIN_ROWS, DatasetSpec
+from rlt.spec.inputs import FILE_KINDS, MAX_BUILTIN_ROWS, DatasetSpec
 from rlt.spec.local_files import path_words
 
-FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
 _DATA_SUFFIXES = (*FILE_KINDS, ".arrow")
 

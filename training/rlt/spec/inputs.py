@@ -103,7 +103,9 @@ class ColumnMapping(Strict):
     )
 
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")  # a dataset source that is a file (rlt.data.sources)
+# A dataset source that is a file: its suffix and the HF datasets builder that reads it (rlt.data.sources).
+FILE_KINDS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+DATA_SUFFIXES = tuple(FILE_KINDS)
 
 
 class DatasetSpec(Strict):
