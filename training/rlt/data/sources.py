@@ -23,7 +23,7 @@ from rlt.spec.inputs import FILE_KINDS, MAX_BUILTIN_ROWS, DatasetSpec
 from rlt.spec.local_files import path_words
 
 _SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")  # what save_to_disk writes
-_DATA_SUFFIXES = (*FILE_KINDS, ".arrow")
+_FOLDER_FILE_SUFFIXES = (*FILE_KINDS, ".arrow")  # a dataset folder may also hold saved Arrow shards
 
 
 Where = Callable[[int], str]
@@ -137,7 +137,9 @@ def _quiet() -> Iterator[None]:
 
 
 def _data_files(folder: Path) -> list[Path]:
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in _DATA_SUFFIXES and not p.name.startswith("."))
+    files = sorted(
+        p for p in folder.rglob("*") if p.suffix.lower() in _FOLDER_FILE_SUFFIXES and not p.name.startswith(".")
+    )
     for path in files:  # `datasets` would open a device or a pipe named like a data file, and never return
         problem = reader.path_problem(path, folder_ok=True)
         if problem is not None and not path.is_dir():
