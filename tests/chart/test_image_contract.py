@@ -11,14 +11,14 @@ import shlex
 import pytest
 import yaml
 from chart_helpers import CHART, IMAGE, ROOT, helm
-from suite_helpers import tiny_doc
+from suite_helpers import PYPROJECT_VERSION, tiny_doc
 
 from rlt.contract.layout import PVC_MOUNT
 from rlt.spec.loading import parse_run
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders as b
 
-VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+VERSION = PYPROJECT_VERSION
 REGISTRY = re.search(r"^IMAGE_REGISTRY \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
 
 

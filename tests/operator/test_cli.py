@@ -4,6 +4,7 @@ Child status is not needed here; the emulated API runs no controllers."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import urllib.request
 
 import pytest
 from op_harness import example, write_kubeconfig
-from suite_helpers import free_port, hack_module
+from suite_helpers import PYPROJECT_VERSION, free_port, hack_module
 
 pytestmark = pytest.mark.timeout(60)
 RLT = [sys.executable, "-c", "from rlt.cli import main; raise SystemExit(main())"]
@@ -50,3 +51,5 @@ async def test_rlt_operator_process(harness, tmp_path):
         proc.send_signal(signal.SIGTERM)
         _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err.decode()[-2000:]
+    # which build is running, first thing in its log (rlt's version is pyproject's, the one the images are tagged with)
+    assert f"rlt-operator {PYPROJECT_VERSION} (kopf {importlib.metadata.version('kopf')}) starting" in err.decode()

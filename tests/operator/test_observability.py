@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import importlib.metadata
 import re
 import urllib.request
 
 import pytest
 from op_harness import example
 from prometheus_client import CollectorRegistry, generate_latest
-from suite_helpers import free_port
+from suite_helpers import PYPROJECT_VERSION, free_port
 
 from rlt.contract.metrics import TrainerMetrics
 from rlt_operator.cluster.operator_metrics import OperatorMetrics
@@ -128,6 +129,9 @@ async def test_operator_metrics_named_as_controller_runtimes(harness, monkeypatc
     text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
     assert series_sum(text, "rest_client_requests_total", code="200", method="GET") >= len(CHILDREN) + 1, text
     assert "process_resident_memory_bytes" in text and "python_info{" in text
+    # which build this replica runs (rlt's version is pyproject's, the one the images are tagged with)
+    kopf_version = importlib.metadata.version("kopf")
+    assert f'rlt_operator_build_info{{kopf_version="{kopf_version}",version="{PYPROJECT_VERSION}"}} 1.0' in text
     assert series_sum(text, "controller_runtime_reconcile_errors_total", controller="rltrun") == 0
     assert 'controller_runtime_reconcile_total{controller="rltrun",result="error"} 0.0' in text
 

@@ -7,12 +7,10 @@ import platform
 import re
 import subprocess
 import sys
-from pathlib import Path
+
+from suite_helpers import PYPROJECT_VERSION
 
 import rlt
-
-ROOT = Path(__file__).resolve().parents[2]
-PYPROJECT_VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 
 # Run as `python -m rlt.cli --version`, then say whether torch was imported on the way (it takes seconds).
 PROBE = "import runpy, sys\ntry:\n    runpy.run_module('rlt.cli', run_name='__main__')\nexcept SystemExit as e:\n"

@@ -7,6 +7,7 @@ Names from rlt.contract.metrics.OPERATOR_METRICS (the one catalogue); the handle
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import time
 import urllib.parse
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+from rlt import __version__
 from rlt.contract import metrics as catalogue
 from rlt.contract.api import Phase
 from rlt.contract.layout import parse_time
@@ -36,6 +38,8 @@ class OperatorMetrics:
         for result in RECONCILE_RESULTS:  # as controller-runtime does: every result reads 0 before it first happens
             self.m[catalogue.RECONCILES].labels(controller=CONTROLLER, result=result)
         self.m[catalogue.RECONCILE_ERRORS].labels(controller=CONTROLLER)
+        build_info = self.m[catalogue.OPERATOR_BUILD_INFO]
+        build_info.labels(version=__version__, kopf_version=importlib.metadata.version("kopf")).set(1)
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
         self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._reconciled: set[tuple[str, str]] = set()

@@ -71,6 +71,7 @@ RUN_CONDITION = "rlt_run_condition"
 RUN_LAST_RECONCILE = "rlt_run_last_reconcile_timestamp_seconds"
 RUN_STEP_TIME = "rlt_run_step_timestamp_seconds"
 OPERATOR_ACTIVE = "rlt_operator_active"
+OPERATOR_BUILD_INFO = "rlt_operator_build_info"
 RANK_IMBALANCE = "rlt_rank_imbalance_ratio"
 # metrics.jsonl key -> rlt_rcl_* gauge (written by the rcl stages, exported by the Recorder)
 RCL_GAUGES = {
@@ -291,6 +292,14 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
         "gauge",
         "1 on the replica that works, 0 on a paused standby (or any replica whose peering object is missing).",
         (),
+        "operator",
+    ),
+    MetricDef(
+        OPERATOR_BUILD_INFO,
+        "gauge",
+        "Always 1; labels carry the replica's rlt version and its Kopf's (which version each replica runs, e.g. "
+        "during a rolling upgrade).",
+        ("version", "kopf_version"),
         "operator",
     ),
 )
