@@ -3,8 +3,8 @@
 
     python hack/render_install.py   (or: make install-manifests)
 
-Equivalent to `helm template rlt-operator charts/rlt-operator --namespace rlt-system --include-crds` plus the
-Namespace.
+Equivalent to `helm template rlt-operator charts/rlt-operator --namespace rlt-system --include-crds --skip-tests`
+plus the Namespace.
 tests/chart/test_examples_and_crd.py (test_install_manifests_equal_helm_template) keeps the committed file equal
 to a fresh render.
 """
@@ -58,6 +58,7 @@ def render() -> str:
             "--namespace",
             NAMESPACE,
             "--include-crds",  # Kopf's peering CRDs (the chart's crds/)
+            "--skip-tests",  # `helm test`'s pod is run on request, never applied with the install
             "--set",
             f"image.repository={IMAGE_REPOSITORY}",
         ],

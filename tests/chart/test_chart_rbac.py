@@ -107,9 +107,11 @@ def test_templates_take_the_api_group_and_run_labels_from_the_code():
 
     templates = CHART_RULES.parent
     spelled = sorted(
-        p.name
-        for p in templates.iterdir()
-        if p != CHART_RULES and any(s in p.read_text() for s in (API_GROUP, API_GROUP.replace(".", "_")))
+        str(p.relative_to(templates))
+        for p in templates.rglob("*")  # tests/ too
+        if p.is_file()
+        and p != CHART_RULES
+        and any(s in p.read_text() for s in (API_GROUP, API_GROUP.replace(".", "_")))
     )
     assert not spelled, f"{spelled} spell {API_GROUP!r}: include the names of _rbac_rules.tpl instead"
 

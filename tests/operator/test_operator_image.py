@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from op_harness import example
-from suite_helpers import ROOT, find_tool, free_port
+from suite_helpers import PYPROJECT_VERSION, ROOT, find_tool, free_port
 
 from rlt_operator.config.kinds import CLUSTER_PEERING
 
@@ -170,6 +170,24 @@ async def test_operator_image_reconciles_a_run(operator_image, harness, tmp_path
         body = get(f"http://127.0.0.1:{metrics}/metrics")
         assert "controller_runtime_reconcile_total" in body
         assert json.loads(get(f"http://127.0.0.1:{health}/healthz")).get("runs") == 1
+
+        # `helm test`'s pod, in the image as the chart runs it, against this replica (not the Service's DNS name).
+        check = next(d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {}))["spec"]
+        assert check["securityContext"]["runAsUser"] == uid
+        command = check["containers"][0]["command"]
+        probe = images.run_rootfs(
+            operator_image,
+            [*command[:-1], f"http://127.0.0.1:{metrics}/metrics"],
+            uid=uid,
+            gid=gid,
+            read_only=True,
+            tmpfs=(),  # the test pod mounts nothing
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        said = (await asyncio.to_thread(probe.communicate, timeout=60))[0]
+        assert probe.returncode == 0 and f'version="{PYPROJECT_VERSION}"' in said, said
     finally:
         # SIGTERM, as the kubelet sends. Awaited in a thread: the emulated API is served by this test's event loop,
         # and a blocking wait here would leave the operator's last requests (Kopf's peering goodbye) unanswered.
