@@ -341,11 +341,25 @@ OPERATOR = Dashboard(
             width=6,
         ),
         Panel(
+            "Replicas by version",
+            "Each scraped replica, labelled with the rlt version it runs (rlt_operator_build_info): 1 works, 0 is a "
+            "standby. Two versions side by side: a rolling upgrade under way, or one stuck.",
+            [
+                Target(
+                    f"max by (instance, version) (rlt_operator_active{{{OPJOB}}}\n"
+                    f"  * on (instance, job) group_left (version) rlt_operator_build_info{{{OPJOB}}})",
+                    "{{instance}} {{version}}",
+                )
+            ],
+            kind="stat",
+            width=6,
+        ),
+        Panel(
             "Runs by phase",
             "Number of RLTRuns in each phase.",
             [Target(f"count by (phase) (rlt_run_phase{{{S}}} == 1)", "{{phase}}")],
             kind="stat",
-            width=18,
+            width=12,
         ),
         Panel(
             "Reconciles/s by result",
