@@ -330,7 +330,8 @@ OPERATOR = Dashboard(
     uid="rlt-operator",
     title="RLT operator",
     file="rlt-operator.json",
-    description="Health of the rlt operator: scrape status, reconcile rate, errors and latency, runs by phase.",
+    description="Health of the rlt operator: scrape status, replicas by version, reconcile rate, errors and latency, "
+    "runs by phase.",
     run_variable_metrics=("rlt_run_phase",),
     panels=[
         Panel(
