@@ -2,7 +2,7 @@
 goes, per generation/training mode of the rl stage (docs/goodput.md). Pure arithmetic over the step's phases
 (rlt.checks.step_time, rlt.checks.stage_terms.rl).
 
-Useful work: the rollout's decoding at full decode slots, the reward's scoring, the reference/old-policy forwards
+Useful work: the rollout's decoding at full decode slots, the reward's scoring, the reference forward
 and the update's forward and backward, each at balanced ranks. Losses, each named: a side of the pipeline idle while
 the other works, decode slots empty in the rollout's tail, the weight sync, a colocated engine's wake and sleep, the
 rank imbalance, gradient-checkpoint recompute and the time saves block. `strict` counts the update and the decoding

@@ -285,8 +285,8 @@ class StepTime:
     busy_generation: float = 0.0  # the rollout's token work were every decode slot full (goodput's useful part)
     transfer: float = 0.0  # the policy's weights to the generators
     scoring: float = 0.0  # the reward's student forward
-    passes_work: float = 0.0  # reference and old-policy forwards, at balanced ranks
-    passes_name: str = "reference/old-policy passes"  # the ones this step runs
+    passes_work: float = 0.0  # the reference forward (beta > 0), at balanced ranks
+    passes_name: str = "reference pass"  # the ones this step runs
     reads_prompts: bool = False  # its rows are the teacher's prompts (PromptTokens) plus completions
     save_local: float = 0.0  # a periodic save's write to the pod's local disk: what it blocks
     staged_saves: bool = True  # saves go to local storage first (resources.trainer.localCheckpoints.enabled)
@@ -327,7 +327,7 @@ class StepTime:
 
     @property
     def before_update(self) -> float:
-        """The phases before a step's first micro-batch: rollout, scoring, reference/old-policy passes."""
+        """The phases before a step's first micro-batch: rollout, scoring, reference pass."""
         return self.rollout + self.scoring + self.passes
 
     @property

@@ -7,7 +7,7 @@ A stop (SIGTERM: preemption, drain, eviction, suspend) ends at the next boundary
 period, it loses the abandoned step's work so far (at most one step). Past the grace period (SIGKILL before the save
 ends), or on a node loss, it loses everything since the last periodic checkpoint: up to `saveSteps` steps. A stop
 may arrive at any phase of a step, and before the first micro-batch of a GRPO step come the rollout, the scoring
-and the reference/old-policy passes: the grace period a stop needs is all of them plus one micro-batch of the
+and the reference pass: the grace period a stop needs is all of them plus one micro-batch of the
 longest allowed row plus one save. It is a sum, not the longest phase, so that it holds whichever phase ends the
 ranks check the stop at; a grace period longer than needed costs nothing (the pod exits when its save ends). The
 plan also checks that the checkpoint interval (saveSteps x step) is near the one that costs least: Young's interval
@@ -21,7 +21,8 @@ The figures are estimates for planning, stated here so a reader can redo them:
 - compute: 6 FLOPs per trainable parameter per token (forward and backward), 4 per frozen parameter of the trained
   model (LoRA's base: forward, and backward to its input), 2 more per parameter when gradient checkpointing
   recomputes the forward; 2 per parameter per token for each forward pass without gradient: GRPO's reference
-  (beta > 0), the old policy (importance sampling on, server/colocate), the reward's student (scoring); at
+  (beta > 0) and the reward's student (scoring); the old policy's, for importance sampling, is folded into the
+  update's forward (rlt.stages.folded_ratio); at
   UTILISATION of the GPU's dense bf16 peak (PEAK_FLOPS) on every trainer rank;
 - rank imbalance: ZeRO synchronises the ranks at every layer (ZeRO-3) or every micro-step's gradient reduction, so
   each micro-step lasts as long as the longest row any rank holds: the update and the passes take rank_imbalance(world)

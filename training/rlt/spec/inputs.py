@@ -113,8 +113,9 @@ class DatasetSpec(Strict):
         min_length=1,
         max_length=4096,  # bounded: a CEL rule of the run reads it
         description="builtin:arithmetic | builtin:countdown | builtin:mixed | builtin:basic (the task calibrated "
-        "to a ~135M student, levels 1-4 in turn; builtin:basic-N for one level), a local JSONL/Parquet file or "
-        "HF dataset directory, or a hub dataset id.",
+        "to a ~135M student, levels 1-4 in turn; builtin:basic-N for one level) | builtin:sums | builtin:sums-detour "
+        "(the teaching experiment's), a local JSONL, JSON, CSV or Parquet file or HF dataset directory, or a hub "
+        "dataset id.",
     )
     split: SplitName = Field(  # datasets reads '' as no split and ' train' as another split
         "train", description="Split to read (a name, or datasets' slice syntax such as train[:1000])."

@@ -1,6 +1,6 @@
 """The rl stage's plan terms: a Trainer stage (GRPO) on spec.teacher whose rows are prompt + completion, with the
 reward's student, GRPO's reference and the sampling beside the update in memory, and a rollout, the scoring and the
-reference/old-policy passes before each update in its step."""
+reference pass before each update in its step."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def _rl_phases(
     mean: float,
     gpu_memory: int | None,
 ) -> StepTime:
-    """The rl step's phases before the update: the rollout, the scoring and the reference/old-policy passes over a
+    """The rl step's phases before the update: the rollout, the scoring and the reference pass over a
     rank's `rows` of `mean` tokens."""
     rl, gen = spec.stages.rl, spec.resources.generator
     mode = rl.generation.mode
