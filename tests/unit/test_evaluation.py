@@ -9,7 +9,7 @@ from rlt.data.tasks import check_countdown, generate
 from rlt.method.prompts import Formatter, resolve_format
 from rlt.run.compare import compare_stages, pearson
 from rlt.spec.inputs import FormatSpec
-from rlt.spec.loading import parse_run
+from rlt.spec.loading import SpecError, parse_run
 from rlt.stages.evaluate import grade, pass_at_1
 from rlt.stages.student import choose_rows
 
@@ -225,13 +225,11 @@ def test_compare_fills_student_and_evaluate_defaults_and_needs_both_teachers():
     assert stages["student"]["enabled"] and stages["evaluate"]["enabled"] and stages["distill"]["enabled"]
     own = compare_stages(parse_run(_doc(student={"enabled": True, "maxSteps": 3})))
     assert own["student"]["maxSteps"] == 3
-    with pytest.raises(ValueError, match="stages.sft and stages.rl"):
+    with pytest.raises(SpecError, match=r"spec.stages.rl.enabled: false; rlt compare needs stages sft and rl"):
         compare_stages(parse_run(_doc(rl={"enabled": False})))
 
 
 def test_spec_rejects_greedy_with_several_samples():
-    from rlt.spec.loading import SpecError
-
     with pytest.raises(SpecError, match="spec.stages.evaluate.samples"):
         parse_run(_doc(evaluate={"enabled": True, "temperature": 0, "samples": 4}))
 

@@ -120,7 +120,7 @@ def test_compare_and_eval_ask_the_row(dummy, tmp_path, capsys):
     from rlt.spec.loading import parse_run
 
     run = parse_run(dummy_doc(), "dummy")
-    with pytest.raises(ValueError, match="method 'dummy' is not supported"):
+    with pytest.raises(SpecError, match="spec.method: 'dummy' cannot be compared"):
         compare_stages(run)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(dummy_doc()))

@@ -310,8 +310,10 @@ def check_datasets(run: RLTRun) -> tuple[list[str], list[str]]:
             # stage sft learns the explanations from the traces (rlt.stages.sft, rlt.rcl.stages): at the door
             bare = [r for r in data.train if not (r.get("reasoning_trace") or "").strip()]
             if bare and (run.spec.dataset.bad_rows == "reject" or len(bare) == len(data.train)):
+                column = ds.columns.reasoning_trace
+                named = "" if column == "reasoning_trace" else f" (column {column!r})" if column else " (no column)"
                 problems.append(
-                    f"{where}: {ds.source} {data.where(bare[0]['row'])}: reasoning_trace is missing "
+                    f"{where}: {ds.source} {data.where(bare[0]['row'])}: reasoning_trace{named} is missing "
                     f"({len(bare)} of {len(data.train)} rows); stage sft learns explanations from it (map "
                     "spec.dataset.columns.reasoningTrace, disable stages.sft, or set badRows: skip)"
                 )

@@ -41,6 +41,7 @@ def input_errors() -> tuple[type[Exception], ...]:
 
 
 def _one_line_on_input_error(command: str, fn: Callable[[], object]) -> int:
+    from rlt.data.models import ModelLoadError
     from rlt.stages.preemption import Stopped
 
     try:
@@ -53,6 +54,9 @@ def _one_line_on_input_error(command: str, fn: Callable[[], object]) -> int:
 
         print(f"rlt {command}: {err}", file=sys.stderr)
         return ExitCode.DATA_ERROR if isinstance(err, DataError) else ExitCode.CONFIG_ERROR
+    except ModelLoadError as err:  # one line; a hub that may answer next time keeps exit 1, so a pod is retried
+        print(f"rlt {command}: {err}", file=sys.stderr)
+        return ExitCode.CONFIG_ERROR if err.definitive else ExitCode.FAILED
     return ExitCode.OK
 
 
@@ -67,6 +71,15 @@ def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:
     except ValueError as err:
         print(f"rlt {command}: {err}", file=sys.stderr)
         raise SystemExit(ExitCode.CONFIG_ERROR) from None
+
+
+def _metrics_port_flag(value: str) -> int:
+    from rlt.contract.metrics import parse_metrics_port
+
+    try:
+        return parse_metrics_port(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _port_to_serve(chosen: int | None) -> int | None:
@@ -105,6 +118,36 @@ def cmd_stage(args: argparse.Namespace) -> int:
     )
 
 
+def _eval_choice_problem(run: RLTRun, teacher: str | None, label: str | None, output: str) -> str | None:
+    """What is wrong with `rlt eval`'s --teacher and --label, before any model loads; None when nothing."""
+    import re
+    from pathlib import Path
+
+    from rlt.contract.layout import RunLayout
+    from rlt.contract.stage_registry import teacher_stages_before
+    from rlt.spec.inputs import BUILTIN_MODELS
+    from rlt.spec.run import stage_settings
+
+    if label is not None and (label in (".", "..") or not re.fullmatch(r"[A-Za-z0-9_.-]+", label)):
+        return f"--label {label!r}: a report row and a folder name: letters, digits, '.', '_' and '-' only"
+    if teacher is None:  # the run's newest trained teacher: one must have finished under --output
+        layout = RunLayout.for_run(output, run.name)
+        trains = [s for s in teacher_stages_before("evaluate") if stage_settings(run.spec, s).enabled]
+        if trains and not any(layout.stage_done(s).exists() for s in trains):
+            return (
+                f"no finished teacher stage ({', '.join(trains)}) under {layout.root}: run `rlt run` first, check "
+                "--output, or pass --teacher initial to evaluate spec.teacher"
+            )
+    elif "://" in teacher:
+        return f"--teacher {teacher!r} is a URL; give a hub id (org/name) or a local directory"
+    elif teacher.startswith("builtin:") and teacher.removeprefix("builtin:") not in BUILTIN_MODELS:
+        known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
+        return f"--teacher: unknown built-in model {teacher!r} (choose from {known})"
+    elif teacher.startswith(("/", "./", "../")) and not Path(teacher).is_dir():
+        return f"--teacher {teacher}: no such folder"
+    return None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from rlt.contract.method_registry import load_function, method_info
 
@@ -117,6 +160,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.CONFIG_ERROR
+    problem = _eval_choice_problem(run, args.teacher, args.label, args.output)
+    if problem:
+        print(f"rlt eval: {problem}", file=sys.stderr)
+        return ExitCode.USAGE
     run_teaching_eval = load_function(teaching_eval)
 
     def evaluate() -> None:
@@ -143,7 +190,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--output", default="results", help="results folder (default: results)")
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=_metrics_port_flag,
         default=None,
         help=f"Prometheus port on 127.0.0.1 (default $RLT_METRICS_PORT, else {DEFAULT_METRICS_PORT} or a free one "
         "when it is taken; 0 = any, -1 = off)",
@@ -189,7 +236,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("file", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)")
     p.add_argument("--output", default="results", help="results folder (default: results)")
-    p.add_argument("--metrics-port", type=int, default=-1, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)")
+    p.add_argument(
+        "--metrics-port", type=_metrics_port_flag, default=-1, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)"
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)

@@ -372,15 +372,27 @@ def tracking_name(metric: str, label: str | None = None) -> str:
 TRAINER_METRICS_PORT = 9400  # rank 0's rlt_* exporter: local runs, pods (RLT_METRICS_PORT) and the operator's reads
 
 
+def parse_metrics_port(value: str) -> int:
+    """A metrics port as a person writes it: 1-65535, 0 = any free port, -1 = off; anything else is a ValueError
+    (a port past 65535 would fail only at the bind, after the run's files are written)."""
+    try:
+        port = int(value)
+    except ValueError:
+        port = None
+    if port is None or not -1 <= port <= 65535:
+        raise ValueError(f"{value!r} is not a port number (1-65535; 0 = any free port, -1 = off)")
+    return port
+
+
 def metrics_port_from_env() -> int | None:
-    """$RLT_METRICS_PORT (0 = any free port, -1 = off) as `rlt run` and `rlt stage` read it; None when unset."""
+    """$RLT_METRICS_PORT as `rlt run` and `rlt stage` read it (parse_metrics_port); None when unset."""
     value = os.environ.get(METRICS_PORT.name, "").strip()
     if not value:
         return None
     try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{METRICS_PORT.name}={value!r} is not a port number (0 = any free port, -1 = off)") from None
+        return parse_metrics_port(value)
+    except ValueError as err:
+        raise ValueError(f"{METRICS_PORT.name}={err}") from None
 
 
 def markdown_table() -> str:

@@ -187,11 +187,48 @@ def torch_dtype(ref: ModelRef, device: str) -> torch.dtype:
     return dtype
 
 
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer that cannot be loaded, in one line naming it. `definitive`: the hub says it is not there
+    (no such repository, revision or file, a malformed id, gated): every retry fails alike, a config error; otherwise
+    (the hub unreachable, a timeout) a retry may succeed."""
+
+    def __init__(self, name: str, revision: str | None, err: BaseException):
+        from huggingface_hub import errors as hub
+
+        causes: list[BaseException] = []
+        seen: BaseException | None = err
+        while seen is not None and len(causes) < 32:  # the chain, bounded: a cycle would not end
+            causes.append(seen)
+            seen = seen.__cause__ or seen.__context__
+        final = (hub.RepositoryNotFoundError, hub.RevisionNotFoundError, hub.EntryNotFoundError, hub.HFValidationError)
+        self.definitive: bool = not any(isinstance(c, hub.LocalEntryNotFoundError) for c in causes) and any(
+            isinstance(c, final) for c in causes
+        )
+        at = f" at revision {revision}" if revision else ""
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        super().__init__(f"model {name!r}{at} cannot be loaded: {why}")
+
+
+def _loading(name: str, revision: str | None, load: Callable[[], Any]) -> Any:
+    """`load()` (a from_pretrained), its OSError (hub or network, not a full disk) as a ModelLoadError."""
+    import errno
+
+    try:
+        return load()
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise ModelLoadError(name, revision, err) from err
+
+
 def load_tokenizer(ref: ModelRef | str, padding_side: str = "left") -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     revision = ref.revision if isinstance(ref, ModelRef) else None
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(ref), revision=revision)
+    path = resolve_model_path(ref)
+    tok: PreTrainedTokenizerBase = _loading(
+        path, revision, lambda: AutoTokenizer.from_pretrained(path, revision=revision)
+    )
     if tok.pad_token is None:
         # Reuse an existing token (adding one would outgrow the model's embeddings); padding is always masked.
         tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
@@ -209,7 +246,10 @@ def load_model(
 
     device = device or pick_device()
     dtype = torch.float32 if master_fp32 else torch_dtype(ref, device)
-    loaded = AutoModelForCausalLM.from_pretrained(resolve_model_path(ref), revision=ref.revision, dtype=dtype)
+    path = resolve_model_path(ref)
+    loaded: PreTrainedModel = _loading(
+        path, ref.revision, lambda: AutoModelForCausalLM.from_pretrained(path, revision=ref.revision, dtype=dtype)
+    )
     # PreTrainedModel.to carries nn.Module.to's signature through functools.wraps, self included: mypy wants it again
     model: PreTrainedModel = loaded.to(device)  # type: ignore[arg-type]
     if not trainable:

@@ -64,7 +64,7 @@ from rlt.run.compare_report import (
 from rlt.run.lock import lock_run_folder
 from rlt.spec import fingerprint
 from rlt.spec.inputs import ModelRef
-from rlt.spec.loading import parse_run
+from rlt.spec.loading import SpecError, parse_run
 from rlt.spec.run import RLTRun
 from rlt.spec.stages import reward_settings, student_temperature, trained_student
 from rlt.stages.context import StageContext
@@ -151,9 +151,15 @@ def compare_stages(run: RLTRun) -> dict[str, Any]:
     """The file's stages, with the compare defaults for a disabled student or evaluate stage."""
     st = run.spec.stages
     if not method_info(run.spec.method).comparable:
-        raise ValueError(f"rlt compare: method {run.spec.method!r} is not supported (compare distils RLT teachers)")
+        raise SpecError(
+            run.name, [f"spec.method: {run.spec.method!r} cannot be compared (compare distils RLT teachers)"]
+        )
     if not (st.sft.enabled and st.rl.enabled):
-        raise ValueError("rlt compare: the file must enable stages.sft and stages.rl (the two teachers come from them)")
+        off = [name for name, on in (("sft", st.sft.enabled), ("rl", st.rl.enabled)) if not on]
+        raise SpecError(
+            run.name,
+            [f"spec.stages.{s}.enabled: false; rlt compare needs stages sft and rl (its two teachers)" for s in off],
+        )
     out = run.spec.stages.model_dump(mode="json", by_alias=True, exclude_none=True)
     out["distill"]["enabled"] = True
     if not st.student.enabled:
@@ -429,11 +435,13 @@ def run_compare(
 ) -> dict[str, Any]:
     from rlt.contract.metrics import TrainerMetrics
     from rlt.data.models import quiet_libraries
+    from rlt.run.runner import serve_metrics
 
     quiet_libraries()
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
-        print(f"metrics: http://127.0.0.1:{metrics.serve(metrics_port)}/metrics", flush=True)
+        # a taken port is a one-line MetricsPortError, as for `rlt run` with --metrics-port
+        print(f"metrics: http://127.0.0.1:{serve_metrics(metrics, metrics_port, fallback=False)}/metrics", flush=True)
     lock = lock_run_folder(RunLayout.for_run(output, run.name).root, "rlt compare")  # one command per run folder
     try:
         cmp = Compare(run, output, device, show_progress, metrics)

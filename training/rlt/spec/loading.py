@@ -133,9 +133,12 @@ _Model = TypeVar("_Model", bound=BaseModel)
 def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Model | None, list[str]]:
     """Validate, reporting every problem in one pass: pydantic skips a model's cross-field checks while one of its
     fields is invalid or unknown, so those are reported, dropped, and the rest validated again. A problem found
-    then at (or inside) a dropped field is left out: it would be about the default that took its place."""
+    then at (or inside) a dropped field is left out: it would be about the default that took its place.
+
+    By the YAML (camelCase) names only: the API server knows no other, so a snake_case key that Python code may use
+    would pass here and then be refused, or silently dropped, by the cluster."""
     try:
-        return model.model_validate(doc), []
+        return model.model_validate(doc, by_alias=True, by_name=False), []
     except ValidationError as err:
         problems = format_validation_error(err, prefix, model)
         dropped = [tuple(e["loc"]) for e in err.errors() if e["loc"]]
@@ -144,7 +147,7 @@ def _validate_all(model: type[_Model], doc: Any, prefix: str = "") -> tuple[_Mod
             break
         doc = _without(doc, dropped)
         try:
-            model.model_validate(doc)
+            model.model_validate(doc, by_alias=True, by_name=False)
             break
         except ValidationError as err:
             gone = {".".join(filter(None, [prefix, *map(str, loc)])) for loc in dropped}

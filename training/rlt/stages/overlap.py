@@ -561,8 +561,9 @@ def resume_engine(base_url: str, timeout: float) -> None:
 
 
 def held_engine(base_url: str, timeout: float) -> Hold:
-    """A context for the weight push with rows in flight on vLLM's server (0.32, dev mode; benchmarks/inflight_probe.py
-    holds and preempts rows this way on the CPU server, every row then going on token for token): the scheduler
+    """A context for the weight push with rows in flight on vLLM's server (0.31 in the CUDA images, 0.32 on CPU; dev
+    mode; benchmarks/inflight_probe.py holds and preempts rows this way on the CPU server, every row then going on
+    token for token): the scheduler
     paused with its running rows kept (POST /pause?mode=keep); after the block, their KV cache dropped, so each row
     goes on over a cache the new weights compute from its prompt and tokens so far (POST
     /reset_prefix_cache?reset_running_requests=true), and resumed (POST /resume, also when the block fails)."""
@@ -571,12 +572,17 @@ def held_engine(base_url: str, timeout: float) -> Hold:
         import requests
 
         r = requests.post(f"{base_url}{path}", params=params, timeout=timeout)
-        if r.status_code != 200:
+        # /reset_prefix_cache answers 200 with {"success": false} when blocks are still held: rows would go on over
+        # a cache the old weights computed, so that is a failure too
+        failed = (
+            r.status_code == 200 and "json" in r.headers.get("content-type", "") and r.json().get("success") is False
+        )
+        if r.status_code != 200 or failed:
             raise RuntimeError(f"vLLM server {base_url}: POST {path} answered {r.status_code}: {r.text[:300]}")
 
     @contextmanager
     def held() -> Iterator[None]:
-        # clear_cache false: the KV cache is dropped once, after the push (vLLM 0.32 drops it at the pause too by
+        # clear_cache false: the KV cache is dropped once, after the push (vLLM 0.31/0.32 drop it at the pause too by
         # default, which the push would make stale anyway, and its docs say a future one will not)
         post("/pause", mode="keep", clear_cache="false")
         try:

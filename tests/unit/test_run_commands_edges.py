@@ -1,0 +1,153 @@
+"""`rlt run`, `rlt eval`, `rlt compare` and the spec loader at the edges a review found (2026-12-01): each input
+below once ended in a Python traceback, or passed here and then failed or was dropped on the cluster; now each is
+one line naming the field, the flag or the model, with the exit code the operator acts on."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from suite_helpers import EXAMPLES, tiny_doc
+
+from rlt.cli import main
+from rlt.contract.exitcodes import ExitCode
+from rlt.spec.loading import SpecError, parse_spec
+
+RCL_LOCAL = EXAMPLES / "rltrun-rcl-local.yaml"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:  # argparse refuses a flag with exit 2; a bad environment variable exits 78
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def written(tmp_path: Path, doc: dict, name: str = "run.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_a_snake_case_field_is_refused_as_the_cluster_would_with_its_yaml_name(tmp_path, capsys):
+    """Python's field names were accepted from YAML (populate_by_name), which the CRD does not know: kubectl would
+    refuse the run, or drop the field and run with its default."""
+    doc = tiny_doc()
+    doc["spec"]["dataset"]["bad_rows"] = "skip"
+    code, out = run_cli(capsys, "validate", str(written(tmp_path, doc)))
+    assert code == 1
+    assert "spec.dataset.bad_rows: unknown field (did you mean badRows?)" in out
+    with pytest.raises(SpecError, match=r"spec\.stages\.rl\.num_generations: unknown field"):  # the operator's path
+        parse_spec({**tiny_doc()["spec"], "stages": {"rl": {"num_generations": 4}}})
+    doc["spec"]["dataset"]["badRows"] = doc["spec"]["dataset"].pop("bad_rows")
+    assert run_cli(capsys, "validate", str(written(tmp_path, doc)))[0] == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("run", "--metrics-port", "70000"),
+        ("run", "--metrics-port", "-5"),
+        ("compare", "--metrics-port", "65536"),
+        ("run", "--metrics-port", "9400x"),
+    ],
+)
+def test_a_metrics_port_that_is_no_port_is_a_usage_error(tmp_path, capsys, argv):
+    """70000 once failed at the bind, after run.yaml was written; -5 once turned the metrics off in silence."""
+    code, out = run_cli(capsys, argv[0], str(written(tmp_path, tiny_doc())), *argv[1:], "--output", str(tmp_path))
+    assert code == ExitCode.USAGE
+    assert f"argument --metrics-port: '{argv[2]}' is not a port number (1-65535; 0 = any free port, -1 = off)" in out
+    assert not (tmp_path / tiny_doc()["metadata"]["name"]).exists()
+
+
+def test_the_metrics_port_variable_is_held_to_the_same_range(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RLT_METRICS_PORT", "70000")
+    code, out = run_cli(capsys, "run", str(written(tmp_path, tiny_doc())), "--output", str(tmp_path))
+    assert code == ExitCode.CONFIG_ERROR
+    assert "rlt run: RLT_METRICS_PORT='70000' is not a port number" in out
+    assert "Traceback" not in out
+
+
+def test_compare_on_a_taken_metrics_port_is_one_line(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out = run_cli(
+            capsys,
+            "compare",
+            str(written(tmp_path, tiny_doc())),
+            "--output",
+            str(tmp_path),
+            "--metrics-port",
+            str(port),
+        )
+    assert code == ExitCode.CONFIG_ERROR
+    assert f"rlt compare: --metrics-port {port}: 127.0.0.1:{port} is already in use" in out
+
+
+def test_compare_names_what_it_cannot_compare(tmp_path, capsys):
+    code, out = run_cli(capsys, "compare", str(RCL_LOCAL), "--output", str(tmp_path))
+    assert (code, out.count("\n")) == (ExitCode.CONFIG_ERROR, 2)  # the source line and the field's
+    assert "spec.method: 'rcl' cannot be compared" in out
+    doc = tiny_doc()
+    doc["spec"]["stages"]["rl"] = {**doc["spec"]["stages"].get("rl", {}), "enabled": False}
+    code, out = run_cli(capsys, "compare", str(written(tmp_path, doc)), "--output", str(tmp_path))
+    assert code == ExitCode.CONFIG_ERROR
+    assert "spec.stages.rl.enabled: false; rlt compare needs stages sft and rl" in out
+    assert "spec.stages.sft.enabled" not in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--teacher", "builtin:nope"), "--teacher: unknown built-in model 'builtin:nope' (choose from builtin:"),
+        (("--teacher", "./no-such-teacher"), "--teacher ./no-such-teacher: no such folder"),
+        (
+            ("--teacher", "https://huggingface.co/org/m"),
+            "--teacher 'https://huggingface.co/org/m' is a URL; give a hub id (org/name) or a local directory",
+        ),
+        (("--teacher", "initial", "--label", "../../outside"), "--label '../../outside': a report row and a folder"),
+        ((), "no finished teacher stage (rl, sft) under "),
+    ],
+)
+def test_eval_refuses_a_teacher_or_label_it_cannot_use_before_any_model_loads(tmp_path, capsys, flags, says):
+    """Each once loaded the student, then crashed (an unknown built-in, a missing folder), wrote outside eval/
+    (the label is a folder), or evaluated the untrained teacher as if trained (no stage finished under --output)."""
+    code, out = run_cli(capsys, "eval", str(RCL_LOCAL), "--output", str(tmp_path), *flags)
+    assert code == ExitCode.USAGE
+    assert f"rlt eval: {says}" in out
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_hub_model_that_cannot_be_loaded_is_one_line_and_a_retry_when_the_hub_may_answer(tmp_path, capsys):
+    """Offline (the suite sets HF_HUB_OFFLINE) a hub id not in the cache is what an unreachable hub gives a pod:
+    one line naming the model, exit 1 so the trainer is retried; a malformed id fails alike on every retry."""
+    doc = tiny_doc()
+    doc["spec"]["teacher"] = {"model": "nosuchorg/no-such-teacher"}
+    code, out = run_cli(
+        capsys, "run", str(written(tmp_path, doc)), "--output", str(tmp_path), "--metrics-port", "-1", "--no-progress"
+    )
+    assert code == ExitCode.FAILED
+    assert "rlt run: model 'nosuchorg/no-such-teacher' cannot be loaded: " in out
+    assert "Traceback" not in out
+
+    from rlt.data.models import ModelLoadError, load_tokenizer
+
+    with pytest.raises(ModelLoadError, match="model 'org/two words' cannot be loaded: Repo id must") as err:
+        load_tokenizer("org/two words")
+    assert err.value.definitive
+
+
+def test_a_mapped_trace_column_that_no_row_has_is_named(tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(f'{{"question": "q{i}", "solution": "s{i}", "reasoning_trace": "t"}}\n' for i in range(8)))
+    doc = tiny_doc()
+    doc["spec"]["dataset"] = {"source": str(rows), "columns": {"reasoningTrace": "trace"}}
+    code, out = run_cli(capsys, "validate", str(written(tmp_path, doc)))
+    assert code == 1
+    assert "reasoning_trace (column 'trace') is missing (8 of " in out
