@@ -94,6 +94,7 @@ def test_compare_names_what_it_cannot_compare(tmp_path, capsys):
     code, out = run_cli(capsys, "compare", str(RCL_LOCAL), "--output", str(tmp_path))
     assert (code, out.count("\n")) == (ExitCode.CONFIG_ERROR, 2)  # the source line and the field's
     assert "spec.method: 'rcl' cannot be compared" in out
+    assert list(tmp_path.iterdir()) == []  # refused before the run's folder (and its lock) is made
     doc = tiny_doc()
     doc["spec"]["stages"]["rl"] = {**doc["spec"]["stages"].get("rl", {}), "enabled": False}
     code, out = run_cli(capsys, "compare", str(written(tmp_path, doc)), "--output", str(tmp_path))
@@ -112,6 +113,7 @@ def test_compare_names_what_it_cannot_compare(tmp_path, capsys):
             "--teacher 'https://huggingface.co/org/m' is a URL; give a hub id (org/name) or a local directory",
         ),
         (("--teacher", "initial", "--label", "../../outside"), "--label '../../outside': a report row and a folder"),
+        (("--teacher", "results/no/such/model"), "--teacher results/no/such/model: no such folder"),
         ((), "no finished teacher stage (rl, sft) under "),
     ],
 )
@@ -141,6 +143,71 @@ def test_a_hub_model_that_cannot_be_loaded_is_one_line_and_a_retry_when_the_hub_
     with pytest.raises(ModelLoadError, match="model 'org/two words' cannot be loaded: Repo id must") as err:
         load_tokenizer("org/two words")
     assert err.value.definitive
+
+
+def hub_answer(status: int, kind: str) -> Exception:
+    """huggingface_hub's own error for a hub answer `status`, as transformers gets it (wrapped in an OSError)."""
+    import httpx2
+    from huggingface_hub import errors as hub
+
+    response = httpx2.Response(status, request=httpx2.Request("GET", "https://huggingface.co/api/models/org/m"))
+    cause = getattr(hub, kind)(f"{status} from the hub", response=response)
+    try:
+        raise cause
+    except Exception as raised:
+        try:
+            raise OSError(f"org/m: {kind}") from raised
+        except OSError as wrapped:
+            return wrapped
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "definitive"),
+    [
+        (404, "RepositoryNotFoundError", True),
+        (401, "GatedRepoError", True),
+        (404, "RevisionNotFoundError", True),
+        (401, "HfHubHTTPError", True),  # a token the hub refuses: the same on every retry
+        (403, "HfHubHTTPError", True),
+        (503, "HfHubHTTPError", False),  # the hub is down: a retry may succeed
+        (429, "HfHubHTTPError", False),
+    ],
+)
+def test_a_model_load_error_is_sorted_by_what_the_hub_answered(status, kind, definitive):
+    from rlt.data.models import ModelLoadError, _loading
+
+    def load():
+        raise hub_answer(status, kind)
+
+    with pytest.raises(ModelLoadError, match=f"model 'org/m' at revision v1 cannot be loaded: org/m: {kind}") as err:
+        _loading("org/m", "v1", load)
+    assert err.value.definitive is definitive
+
+
+def test_model_files_transformers_cannot_read_are_a_config_error_and_a_full_disk_passes_through(tmp_path):
+    """Real transformers on a folder with a config but no weights (its OSError names no hub error); a full disk
+    is the machine's state and keeps its own one-line report (rlt.cli.main)."""
+    import errno
+    import pickle
+
+    from rlt.data.models import ModelLoadError, _loading, load_model, resolve_model_path
+    from rlt.spec.inputs import ModelRef
+
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text((Path(resolve_model_path("builtin:tiny-qwen2")) / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="cannot be loaded: Error no file named model.safetensors") as err:
+        load_model(ModelRef(model=str(folder)), device="cpu")
+    assert err.value.definitive
+    again = pickle.loads(pickle.dumps(err.value))  # a launcher may carry it across processes
+    assert (str(again), again.definitive) == (str(err.value), True)
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left") as disk:
+        _loading("org/m", None, full)
+    assert not isinstance(disk.value, ModelLoadError)
 
 
 def test_a_mapped_trace_column_that_no_row_has_is_named(tmp_path, capsys):

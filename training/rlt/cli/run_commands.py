@@ -143,8 +143,8 @@ def _eval_choice_problem(run: RLTRun, teacher: str | None, label: str | None, ou
     elif teacher.startswith("builtin:") and teacher.removeprefix("builtin:") not in BUILTIN_MODELS:
         known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
         return f"--teacher: unknown built-in model {teacher!r} (choose from {known})"
-    elif teacher.startswith(("/", "./", "../")) and not Path(teacher).is_dir():
-        return f"--teacher {teacher}: no such folder"
+    elif (teacher.startswith(("/", "./", "../", "~")) or teacher.count("/") > 1) and not Path(teacher).is_dir():
+        return f"--teacher {teacher}: no such folder"  # a path, not a hub id (org/name), as written
     return None
 
 

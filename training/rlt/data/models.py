@@ -188,37 +188,55 @@ def torch_dtype(ref: ModelRef, device: str) -> torch.dtype:
 
 
 class ModelLoadError(RuntimeError):
-    """A model or tokenizer that cannot be loaded, in one line naming it. `definitive`: the hub says it is not there
-    (no such repository, revision or file, a malformed id, gated): every retry fails alike, a config error; otherwise
-    (the hub unreachable, a timeout) a retry may succeed."""
+    """A model or tokenizer that cannot be loaded, in one line naming it (`model_load_error`). `definitive`: every
+    retry fails alike (a config error); otherwise (the hub unreachable, a timeout, a server error) one may succeed."""
 
-    def __init__(self, name: str, revision: str | None, err: BaseException):
-        from huggingface_hub import errors as hub
+    def __init__(self, message: str, definitive: bool):
+        super().__init__(message, definitive)  # both in args: it pickles (a launcher may carry it across processes)
+        self.definitive = definitive
 
-        causes: list[BaseException] = []
-        seen: BaseException | None = err
-        while seen is not None and len(causes) < 32:  # the chain, bounded: a cycle would not end
-            causes.append(seen)
-            seen = seen.__cause__ or seen.__context__
-        final = (hub.RepositoryNotFoundError, hub.RevisionNotFoundError, hub.EntryNotFoundError, hub.HFValidationError)
-        self.definitive: bool = not any(isinstance(c, hub.LocalEntryNotFoundError) for c in causes) and any(
-            isinstance(c, final) for c in causes
-        )
-        at = f" at revision {revision}" if revision else ""
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        super().__init__(f"model {name!r}{at} cannot be loaded: {why}")
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# transformers' OSErrors for a file a hub repo or a local folder lacks (it drops the hub's error from the chain)
+_MISSING_FILE = ("does not appear to have a file named", "Error no file named")
+
+
+def model_load_error(name: str, revision: str | None, err: BaseException) -> ModelLoadError:
+    """`err` from a from_pretrained of `name`, sorted: definitive when the hub or the files say the model is not
+    there or not readable as given (no such repository, revision or file, a malformed id, gated or refused
+    credentials, files transformers cannot read); a retry otherwise."""
+    from huggingface_hub import errors as hub
+
+    causes: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and len(causes) < 32:  # the chain as Python prints it, bounded: a cycle would not end
+        causes.append(seen)
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+    refused = any(
+        isinstance(c, hub.HfHubHTTPError) and getattr(c.response, "status_code", None) in (401, 403) for c in causes
+    )
+    final = (hub.RepositoryNotFoundError, hub.RevisionNotFoundError, hub.EntryNotFoundError, hub.HFValidationError)
+    missing = any(isinstance(c, final) for c in causes) or any(m in str(err) for m in _MISSING_FILE)
+    unreachable = any(isinstance(c, hub.LocalEntryNotFoundError) for c in causes)  # also an EntryNotFoundError
+    definitive = refused or isinstance(err, ValueError) or (missing and not unreachable)
+    at = f" at revision {revision}" if revision else ""
+    why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ModelLoadError(f"model {name!r}{at} cannot be loaded: {why}", definitive)
 
 
 def _loading(name: str, revision: str | None, load: Callable[[], Any]) -> Any:
-    """`load()` (a from_pretrained), its OSError (hub or network, not a full disk) as a ModelLoadError."""
+    """`load()` (a from_pretrained), its OSError (hub, network, files; not a full disk) or ValueError (files
+    transformers cannot read) as a ModelLoadError."""
     import errno
 
     try:
         return load()
-    except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+    except (OSError, ValueError) as err:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise
-        raise ModelLoadError(name, revision, err) from err
+        raise model_load_error(name, revision, err) from err
 
 
 def load_tokenizer(ref: ModelRef | str, padding_side: str = "left") -> PreTrainedTokenizerBase:

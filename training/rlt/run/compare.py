@@ -437,6 +437,7 @@ def run_compare(
     from rlt.data.models import quiet_libraries
     from rlt.run.runner import serve_metrics
 
+    compare_stages(run)  # a run it cannot compare is refused before a port or the run's folder is taken
     quiet_libraries()
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     if metrics_port is not None:
