@@ -104,6 +104,17 @@ class Harness:
     def count_watches(self) -> int:
         return sum(1 for r in self.cluster._requests if r.params.get("watch") == "true")
 
+    def operator_requests(self, since: int = 0) -> list[Any]:
+        """The requests the operator sent from the `since`-th on (Kopf's and rlt's own clients), not the test's:
+        it plays the controllers and the kubelet, so its writes must not satisfy a wait for the operator's."""
+        from rlt_operator.cluster.kube import USER_AGENT
+
+        return [
+            r
+            for r in self.cluster._requests[since:]
+            if (agent := r.headers.get("User-Agent", "")).startswith("kopf") or agent == USER_AGENT
+        ]
+
     # ------------------------------------------------------------------ HTTP helpers
 
     async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:

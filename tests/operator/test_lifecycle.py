@@ -318,8 +318,8 @@ async def test_operator_restart_mid_run_creates_no_duplicates(harness):
 
     seen = len(harness.cluster._requests)
     await harness.start_operator()
-    await harness.wait(
-        lambda: any(r.method == "PATCH" and "rltruns" in str(r.url) for r in harness.cluster._requests[-50:]),
+    await harness.wait(  # the new operator's own write, not one from before the restart
+        lambda: any(r.method == "PATCH" and "rltruns" in str(r.url) for r in harness.operator_requests(seen)),
         "a reconcile after restart",
     )
     import asyncio

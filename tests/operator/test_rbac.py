@@ -11,7 +11,6 @@ from op_harness import example, server_mode
 from suite_helpers import ROOT
 from test_events import PULL, trainer_pod
 
-from rlt_operator.cluster.kube import USER_AGENT
 from rlt_operator.cluster.rbac import (
     CLUSTER_PEERING_RULES,
     CLUSTER_RBAC_RULES,
@@ -42,15 +41,6 @@ def permission(method: str, path: str, watch: bool) -> tuple[str, str, str] | No
     return group, res, verb
 
 
-def operator_requests(harness) -> list:
-    """The requests the operator sent, not the test's own (it plays the controllers and the kubelet)."""
-    return [
-        r
-        for r in harness.cluster._requests
-        if (agent := r.headers.get("User-Agent", "")).startswith("kopf") or agent == USER_AGENT
-    ]
-
-
 async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.start_operator()
     doc = server_mode(example(**{"spec.backoffLimit": 1}))
@@ -58,7 +48,7 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.create_run(doc)
     await harness.wait_object("jobs", "tiny-sft")
     await harness.wait(  # a Job without pods yet: its controller's FailedCreate Events are listed
-        lambda: any(r.method == "GET" and r.url.path.endswith("/events") for r in operator_requests(harness)),
+        lambda: any(r.method == "GET" and r.url.path.endswith("/events") for r in harness.operator_requests()),
         "the Job's Events read",
     )
     # A pod problem that comes back is counted on the Event posted for it the first time (events patch).
@@ -66,7 +56,7 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
         await trainer_pod(harness, state)
         await harness.wait_status("tiny", lambda s, r=reason: s.get("reason") == r, f"reason {reason}")
     await harness.wait(
-        lambda: any(r.method == "PATCH" and "/events/" in r.url.path for r in operator_requests(harness)),
+        lambda: any(r.method == "PATCH" and "/events/" in r.url.path for r in harness.operator_requests()),
         "an Event's count patched",
     )
     await harness.trainer_succeeded("tiny", "sft")
@@ -77,19 +67,19 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.trainer_failed("tiny", "rl")
     await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart")
     await harness.wait(  # the status may be written before the kept pod's patch is sent (a busy machine)
-        lambda: any(r.method == "PATCH" and "/pods/" in r.url.path for r in operator_requests(harness)),
+        lambda: any(r.method == "PATCH" and "/pods/" in r.url.path for r in harness.operator_requests()),
         "the failed pod kept (pods patch by the operator, not the test's pod status)",
     )
     await harness.patch_run("tiny", {"spec": {"seed": 7}})  # config follows the spec: configmap patch
     await harness.wait(
-        lambda: any(r.method == "PATCH" and "configmaps" in r.url.path for r in operator_requests(harness)),
+        lambda: any(r.method == "PATCH" and "configmaps" in r.url.path for r in harness.operator_requests()),
         "configmap patch",
     )
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")
 
     used: set[tuple[str, str, str]] = set()
-    for r in operator_requests(harness):
+    for r in harness.operator_requests():
         perm = permission(str(r.method.value), r.url.path, r.params.get("watch") == "true")
         if perm is None:
             continue
