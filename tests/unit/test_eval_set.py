@@ -55,7 +55,14 @@ def test_a_builtin_task_without_held_out_rows_is_evaluated_on_fresh_problems_by_
 def test_the_held_out_part_of_the_dataset_with_a_limit(tmp_path):
     doc = deep_merge(tiny_doc(), {"spec": {"dataset": {"evalFraction": 0.25}, "stages": {"evaluate": {"limit": 5}}}})
     rows = same_rows(rows_of_the_three(doc, tmp_path))
-    assert len(rows) == 5
+    from rlt.data.dataset import load_data
+    from rlt.method.prompts import resolve_format
+
+    run = parse_run(doc, "tiny")
+    data = load_data(run.spec.dataset, resolve_format(run.spec.format))
+    held_out = [r["question"] for r in data.eval]
+    assert len(rows) == 5 and len(held_out) > 5
+    assert [r["question"] for r in rows] == held_out[:5]  # the held-out rows, the limit's first: none trained on
 
 
 def test_an_evaluation_dataset_with_its_own_held_out_part_gives_that_part(tmp_path):

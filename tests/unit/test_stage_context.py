@@ -23,7 +23,10 @@ def test_context_resolves_device_and_format_once(tmp_path):
     assert ctx.compute_device == "cpu"
     assert ctx.formatter is ctx.formatter  # one Formatter per context, not one per caller
     assert ctx.formatter.t.solution_start == "<final>"  # the run's own format, overrides included
-    assert ctx.formatter.fmt == resolve_format(ctx.spec.format)
+    fmt, preset = ctx.formatter.fmt, resolve_format(parse_run(tiny_doc()).spec.format)
+    assert (fmt.tags.solution_start, fmt.tags.solution_end) == ("<final>", "</final>")  # the override, in the format
+    assert (preset.tags.solution_start, fmt.tags.thought_start) == ("<answer>", preset.tags.thought_start)
+    assert fmt.model_copy(update={"tags": preset.tags}) == preset  # the rest: the preset's
 
 
 @pytest.mark.parametrize(
