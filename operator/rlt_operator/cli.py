@@ -333,7 +333,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: text)",
     )
     level = p.add_mutually_exclusive_group()
-    level.add_argument("--verbose", action="store_true")
-    level.add_argument("--debug", action="store_true")
-    level.add_argument("--quiet", action="store_true")
+    level.add_argument("--verbose", action="store_true", help="log at INFO: every handler run and object written")
+    level.add_argument("--debug", action="store_true", help="log at DEBUG: Kopf's and the API client's own detail")
+    level.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     p.set_defaults(func=cmd_operator)

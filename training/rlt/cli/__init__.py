@@ -163,6 +163,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlt", description=__doc__)
     parser.add_argument(
+        "-V",
         "--version",
         action=PrintVersion,
         help="print the versions of rlt, Python and the libraries it runs on, then exit",
@@ -172,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "validate", help="check RLTRun files and the data they name; exit 1 naming every invalid field and bad row"
     )
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="+", help="RLTRun YAML files (several runs per file allowed), or env:VAR")
     p.add_argument("--no-data", action="store_true", help="check the spec only, not the dataset it names")
     p.add_argument(
         "--no-plan",
@@ -219,7 +220,11 @@ def register_command_groups(sub: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # a bare `rlt`, as kubectl and helm: the commands, exit 0
+        parser.print_help()
+        return 0
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as stop:

@@ -133,7 +133,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="per stage and pod: GPU memory per process, generator KV cache, host memory, disk on the volume; "
         "exit 1 naming the field to change when something cannot fit",
     )
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="+", help="RLTRun YAML files (several runs per file allowed)")
     p.add_argument(
         "--gpu-memory",
         type=gpu_memory_bytes,

@@ -82,6 +82,12 @@ def _metrics_port_flag(value: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _bars(no_progress: bool) -> bool:
+    """Progress bars only where someone watches them: a terminal on stderr (as pip does); a log file gets the stages'
+    lines and the metrics, not a carriage-return stream."""
+    return not no_progress and sys.stderr.isatty()
+
+
 def _port_to_serve(chosen: int | None) -> int | None:
     return DEFAULT_METRICS_PORT if chosen is None else None if chosen < 0 else chosen
 
@@ -101,7 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.linger,
             args.stage or None,
             args.device,
-            not args.no_progress,
+            _bars(args.no_progress),
             from_stage=args.from_stage,
             port_fallback=chosen is None,
         ),
@@ -180,7 +186,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     run = _load(args.file)
     port = None if args.metrics_port < 0 else args.metrics_port
     return _one_line_on_input_error(
-        "compare", lambda: run_compare(run, args.output, args.device, not args.no_progress, port)
+        "compare", lambda: run_compare(run, args.output, args.device, _bars(args.no_progress), port)
     )
 
 
@@ -195,7 +201,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"Prometheus port on 127.0.0.1 (default $RLT_METRICS_PORT, else {DEFAULT_METRICS_PORT} or a free one "
         "when it is taken; 0 = any, -1 = off)",
     )
-    p.add_argument("--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run")
+    p.add_argument(
+        "--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run (default: 0)"
+    )
     p.add_argument("--stage", action="append", choices=STAGE_ORDER, help="run only this stage (repeatable)")
     p.add_argument(
         "--from-stage",
@@ -204,7 +212,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "needed after editing the spec of a finished stage",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (there are none when stderr is not a terminal)"
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("eval", help="rcl: APG/NDR/TES of a teacher on the held-out split -> OUTPUT/<run>/eval/")
@@ -222,7 +232,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stage", help="run one stage of the run in --config (what the operator's pods execute)")
     p.add_argument("name", choices=STAGE_ORDER)
     p.add_argument("--config", required=True, help="RLTRun YAML (the run's ConfigMap)")
-    p.add_argument("--root", default="/data", help="data root (the run's PVC)")
+    p.add_argument("--root", default="/data", help="data root, the run's PVC (default: /data)")
     p.add_argument(
         "--restart",
         action="store_true",
@@ -237,8 +247,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("file", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)")
     p.add_argument("--output", default="results", help="results folder (default: results)")
     p.add_argument(
-        "--metrics-port", type=_metrics_port_flag, default=-1, help="Prometheus port on 127.0.0.1 (0 = any, -1 = off)"
+        "--metrics-port",
+        type=_metrics_port_flag,
+        default=-1,
+        help="Prometheus port on 127.0.0.1 (0 = any, -1 = off; default: off)",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (there are none when stderr is not a terminal)"
+    )
     p.set_defaults(func=cmd_compare)
