@@ -365,6 +365,7 @@ def test_runbooks_default_to_the_page_in_the_source_tree():
         (["podLabels.app\\.kubernetes\\.io/component=other"], "podLabels.app.kubernetes.io/component: the chart sets"),
         (["prometheusRule.for.RLTRunStaled=45m"], "prometheusRule.for.RLTRunStaled: no such alert (the alerts: "),
         (["prometheusRule.extraAlertLabels.severity=page"], "prometheusRule.extraAlertLabels.severity: the alerts set"),
+        (["serviceAccount.create=false"], "serviceAccount.create=false needs serviceAccount.name: without it"),
     ],
 )
 def test_values_that_conflict_are_refused_at_render_naming_them(values, says):
@@ -413,3 +414,17 @@ def test_the_operator_scrape_job_is_rlt_operator_whatever_the_chart_is_called():
     sm, svc = one(docs, "ServiceMonitor"), one(docs, "Service", "-metrics")
     assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "rlt-operator"
     assert svc["metadata"]["labels"]["app.kubernetes.io/name"] == "ml-op"
+
+
+def test_a_rollout_waits_for_a_new_operator_that_answers_and_stays_up():
+    """Readiness on /healthz and minReadySeconds: with maxUnavailable 0, a new pod that never answers, or crashes
+    just after its start, holds the rollout instead of replacing the working replicas."""
+    deployment = one(template(), "Deployment")
+    spec = deployment["spec"]
+    (container,) = [c for c in spec["template"]["spec"]["containers"] if c["name"] == "operator"]
+    ready = container["readinessProbe"]
+    assert ready["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert ready["httpGet"]["port"] in {p["name"] for p in container["ports"]}
+    assert spec["minReadySeconds"] == 10 and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    sa = one(template("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops"), "Deployment")
+    assert sa["spec"]["template"]["spec"]["serviceAccountName"] == "ops"

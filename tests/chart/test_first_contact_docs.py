@@ -56,13 +56,42 @@ def test_walkthrough_kubeconfig_and_selector_work_without_tmpdir():
     assert f"--namespace {run.metadata.namespace}" in walk  # the sandbox serves the example's namespace
 
 
-def test_helm_notes_create_the_example_namespace_first():
-    notes = read("charts/rlt-operator/templates/NOTES.txt")
+def rendered_notes(tmp_path, *sets: str) -> str:
+    """NOTES.txt as `helm install` prints it, without a cluster: the chart copied, its NOTES rendered through `tpl`
+    into a ConfigMap that `helm template` shows."""
+    import shutil
+
+    from chart_helpers import CHART, IMAGE, helm
+
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "files" / "NOTES.txt")
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
+        '{{ tpl (.Files.Get "files/NOTES.txt") . | indent 4 }}\n'
+    )
+    args = [a for v in sets for a in ("--set", v)]
+    out = helm("template", "rel", str(chart), *IMAGE, *args, "--show-only", "templates/zz-notes.yaml").stdout
+    return yaml.safe_load(out)["data"]["notes"]
+
+
+def test_helm_notes_create_the_example_namespace_first(tmp_path):
     ns = yaml.safe_load(read("manifests/examples/rltrun-small-2gpu.yaml"))["metadata"]["namespace"]
+    notes = rendered_notes(tmp_path)
     assert notes.index(f"kubectl create namespace {ns}") < notes.index(
         "kubectl apply -f manifests/examples/rltrun-small-2gpu.yaml"
     )
     assert f"kubectl -n {ns} get rltruns -w" in notes
+    assert "helm test rel -n default" in notes and "The RLTRun CRD is kept" in notes
+
+
+def test_helm_notes_send_the_example_where_the_operator_watches(tmp_path):
+    """With watchNamespaces the example's own namespace is not watched: the notes apply it to a watched one; and
+    with crds.install off the chart keeps no CRD, so the notes do not say it does."""
+    notes = rendered_notes(tmp_path, "operator.watchNamespaces={team-a,team-b}", "crds.install=false")
+    assert "sed 's/namespace: research/namespace: team-a/' manifests/examples/rltrun-small-2gpu.yaml" in notes
+    assert "kubectl -n team-a get rltruns -w" in notes and "kubectl create namespace research" not in notes
+    assert "The RLTRun CRD is kept" not in notes
 
 
 def test_reward_doc_states_the_default_batch_size():
