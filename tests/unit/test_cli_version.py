@@ -67,3 +67,45 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
         monkeypatch.setattr(sys, "stderr", log)
         assert not _bars(no_progress=False)
     os.close(leader)
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`rlt plan FILES | head`: the pipe closes under the plan's output (more than a pipe's 64 KiB buffer)."""
+    from suite_helpers import EXAMPLES
+
+    files = sorted(str(p) for p in EXAMPLES.glob("*.yaml"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlt.cli", "plan", *files], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdout.readline().endswith(b"capacity plan for 80.0 GiB GPUs\n")
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err, err.decode()
+    assert proc.returncode == 141
+
+
+def test_validate_reads_standard_input_and_folders(tmp_path):
+    """kubectl's `-f -` and `-f DIR`: `rlt validate -` reads the YAML piped in; a folder stands for its YAML files."""
+    from suite_helpers import TINY
+
+    piped = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", "--no-plan", "-"],
+        input=TINY.read_text(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert (piped.returncode, piped.stdout.splitlines()[0]) == (0, "-: ok (tiny)"), piped.stderr
+    (tmp_path / "a.yaml").write_text(TINY.read_text())
+    (tmp_path / "b.yml").write_text(TINY.read_text().replace("name: tiny", "name: tiny-b"))
+    (tmp_path / "notes.txt").write_text("not a run")
+    folder = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", "--no-plan", "--no-data", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    oks = [line for line in folder.stdout.splitlines() if ": ok (" in line]
+    assert oks == [f"{tmp_path / 'a.yaml'}: ok (tiny)", f"{tmp_path / 'b.yml'}: ok (tiny-b)"], folder.stdout

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import re
 import sys
 
 from rlt.checks.validation import NotPermitted, check_datasets, load_valid_runs
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.stage_registry import TRAINER_STAGES
-from rlt.spec.loading import SpecError, other_documents
+from rlt.spec.loading import SpecError, expand_run_files, other_documents
 from rlt.spec.run import RLTRun, stage_settings
 
 
@@ -110,7 +111,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # (gradient_checkpointing), which are not the user's to fix.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     bad = denied = 0
-    for path in args.files:
+    for path in expand_run_files(args.files):
         notes: list[str] = []
         try:
             runs = load_valid_runs(path, paths_from_file=True)  # the same checks as the operator's and the pods'
@@ -173,7 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "validate", help="check RLTRun files and the data they name; exit 1 naming every invalid field and bad row"
     )
-    p.add_argument("files", nargs="+", help="RLTRun YAML files (several runs per file allowed), or env:VAR")
+    p.add_argument(
+        "files",
+        nargs="+",
+        help="RLTRun YAML files (several runs per file allowed), folders (their *.yaml, *.yml), - for standard "
+        "input, or env:VAR",
+    )
     p.add_argument("--no-data", action="store_true", help="check the spec only, not the dataset it names")
     p.add_argument(
         "--no-plan",
@@ -231,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C is the user's choice, not a defect: one line (where, and what a re-run does), the shell's code 130.
         print(f"\nrlt {args.command}: {stop or 'stopped (Ctrl-C)'}", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `rlt plan FILE | head`: the reader left, nothing is wrong; no traceback, the shell's code for SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
+        return 128 + 13
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -32,11 +32,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _plan_files(args: argparse.Namespace) -> int:
     from rlt.checks.capacity import plan_for_run, render, spec_gpu_memory
     from rlt.checks.validation import load_valid_runs
-    from rlt.spec.loading import SpecError
+    from rlt.spec.loading import SpecError, expand_run_files
 
     given = args.gpu_memory
     bad = 0
-    for path in args.files:
+    for path in expand_run_files(args.files):
         try:
             runs = load_valid_runs(path, paths_from_file=True)  # relative data paths: from the file's folder
         except SpecError as err:
@@ -133,7 +133,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="per stage and pod: GPU memory per process, generator KV cache, host memory, disk on the volume; "
         "exit 1 naming the field to change when something cannot fit",
     )
-    p.add_argument("files", nargs="+", help="RLTRun YAML files (several runs per file allowed)")
+    p.add_argument(
+        "files",
+        nargs="+",
+        help="RLTRun YAML files (several runs per file allowed), folders (their *.yaml, *.yml) or - for standard input",
+    )
     p.add_argument(
         "--gpu-memory",
         type=gpu_memory_bytes,

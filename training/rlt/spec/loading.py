@@ -176,18 +176,36 @@ def parse_spec(spec: Any, source: str = "<spec>") -> RLTRunSpec:
 
 
 ENV_SOURCE = "env:"  # `--config env:NAME`: the YAML is the value of environment variable NAME
+STDIN_SOURCE = "-"  # `rlt validate -`: the YAML on standard input (relative paths in it: from the working folder)
 
 
 def _read_source(path: Path) -> str:
     """The text of a file, or of an environment variable for `env:NAME` (the operator's trainer pods get the spec
     their gang was created with that way: a Job's pod template is immutable, a mounted ConfigMap is not)."""
     text = str(path)
+    if text == STDIN_SOURCE:
+        return reader.read_stdin()
     if text.startswith(ENV_SOURCE):
         value = os.environ.get(text[len(ENV_SOURCE) :])
         if value is None:
             raise SpecError(text, ["environment variable not set"])
         return value
     return reader.read_file(path)  # at most reader.MAX_BYTES; a device, a pipe or a folder named as such
+
+
+def expand_run_files(given: list[str]) -> list[str]:
+    """The run files a command was given, a folder standing for its *.yaml and *.yml files (sorted, not recursive:
+    kubectl's `-f DIR`); a folder with none stays as given, for the reader to refuse by name."""
+    out: list[str] = []
+    for name in given:
+        folder = Path(name)
+        inside = (
+            sorted(str(p) for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+            if (name != STDIN_SOURCE and not name.startswith(ENV_SOURCE) and folder.is_dir())
+            else []
+        )
+        out += inside or [name]
+    return out
 
 
 def read_runs(path: str | Path) -> list[RLTRun]:

@@ -351,6 +351,21 @@ def read_file(path: str | Path) -> str:
     return _read_bounded(path, MAX_BYTES).decode("utf-8")
 
 
+_stdin_text: list[str] = []  # standard input can be read once; every later read of `-` gets the same text
+
+
+def read_stdin() -> str:
+    """The UTF-8 text on standard input (`rlt validate -`, as kubectl's `-f -`), at most MAX_BYTES, read once."""
+    import sys
+
+    if not _stdin_text:
+        data = sys.stdin.buffer.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise InputError("<file>", None, f"over {MAX_BYTES} bytes (MAX_BYTES); a run file is a few KiB")
+        _stdin_text.append(data.decode("utf-8"))
+    return _stdin_text[0]
+
+
 class _Dumper(yaml.SafeDumper):
     """PyYAML's safe dumper, quoting every string this reader would read as something else (PyYAML quotes by YAML
     1.1's rules: `y`, `1e5` or `0o7` would come back as a refusal, a float or an int)."""
