@@ -15,6 +15,7 @@ import pytest
 from op_harness import NS, PATHS, example, server_mode
 
 from rlt.checks.validation import validate_spec
+from rlt.contract.exitcodes import ExitCode
 from rlt_operator import builders
 from rlt_operator.apply import admission, dry_run
 
@@ -276,8 +277,8 @@ async def test_rlt_validate_server_names_the_spec_field_and_exits_1(harness, tmp
     path.write_text(yaml.safe_dump(example()))
     argv = ["validate", "--no-data", "--no-plan", "--server", str(path)]
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
-    assert await asyncio.to_thread(rlt_main, argv) == 1
-    assert "--server: no cluster to ask" in capsys.readouterr().err
+    assert await asyncio.to_thread(rlt_main, argv) == ExitCode.UNAVAILABLE  # 69: no verdict, neither ok nor INVALID
+    assert f"{path}: NOT CHECKED: --server: no cluster to ask" in capsys.readouterr().err
     monkeypatch.setenv("KUBECONFIG", kubeconfig)
     assert await asyncio.to_thread(rlt_main, argv) == 0, capsys.readouterr().err
     assert await harness.list("jobs") == [], "validate --server creates nothing"
@@ -290,3 +291,20 @@ async def test_rlt_validate_server_names_the_spec_field_and_exits_1(harness, tmp
     err = capsys.readouterr().err
     assert "INVALID" in err and 'spec.scheduling.nodeSelector: Invalid value: "bad key!"' in err, err
     assert "jobs/tiny-sft" in err and len(list(refusing)) >= 1
+
+
+def test_a_server_that_does_not_answer_is_no_verdict_on_the_run():
+    """`rlt validate --server` against a server that refuses the connection: NotChecked (exit 69), not INVALID."""
+    from rlt.checks.validation import NotChecked
+    from rlt.spec.loading import parse_run
+    from rlt_operator.apply.server_check import server_problems
+
+    class Unreachable:  # a hand-written stand-in (a mock) for a Kube whose API server refuses every connection
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                raise ConnectionRefusedError(111, "Connection refused")
+
+            return call
+
+    with pytest.raises(NotChecked, match=r"--server: the API server did not answer \(ConnectionRefusedError"):
+        server_problems([parse_run(example())], runner=Unreachable())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rlt.checks.validation import NotPermitted
+from rlt.checks.validation import NotChecked, NotPermitted
 from rlt_operator import builders
 from rlt_operator.apply import admission, dry_run
 from rlt_operator.config.kinds import BY_PLURAL, RUN
@@ -84,13 +84,14 @@ def missing(runner: ServerRunner, namespace: str, plurals: list[str]) -> list[st
 def server_problems(runs: list[Any], runner: ServerRunner | None = None) -> list[str]:
     """Each run's children (every enabled stage) and their pods dry-run on the current kubeconfig's API server: one
     line per refused field, the run's field (or the cluster object that refused) first; a server that cannot be
-    reached is one line too. Raises NotPermitted, naming the verbs and kinds, when the user may not create them."""
+    reached is one line too. Raises NotPermitted, naming the verbs and kinds, when the user may not create them, and
+    NotChecked when there is no server to ask (no kubeconfig, or it does not answer before any refusal is found)."""
     from rlt_operator.cluster.kube import Kube
 
     try:
         kube: ServerRunner = runner or Kube.from_environment()
     except Exception as err:  # noqa: BLE001 - no kubeconfig, a broken one: said, never a traceback
-        return [f"--server: no cluster to ask ({type(err).__name__}: {err})"]
+        raise NotChecked(f"--server: no cluster to ask ({type(err).__name__}: {err})") from None
     problems: list[str] = []
     for run in runs:
         namespace = run.metadata.namespace or current_namespace()
@@ -104,7 +105,10 @@ def server_problems(runs: list[Any], runner: ServerRunner | None = None) -> list
         except NotPermitted:
             raise
         except Exception as err:  # noqa: BLE001 - unreachable server, 5xx: said, never a traceback
-            return problems + [f"--server: the API server did not answer ({type(err).__name__}: {err})"[:600]]
+            said = f"--server: the API server did not answer ({type(err).__name__}: {err})"[:600]
+            if not problems:  # nothing found before it stopped answering: no verdict at all
+                raise NotChecked(said) from None
+            return [*problems, said]
         denied = [admission.rbac_denial(r.causes[0][2]) for r in refused if r.status == 403]
         if any(denied):  # the review was not there to ask: the 403s name the rights
             kinds = list(dict.fromkeys(d[1] for d in denied if d))

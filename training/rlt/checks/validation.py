@@ -33,6 +33,11 @@ class NotPermitted(Exception):  # noqa: N818 - a verdict on the user's rights, n
     naming the verbs and kinds, exit code NO_PERMISSION, never INVALID."""
 
 
+class NotChecked(Exception):  # noqa: N818 - a check that could not be made, not a verdict on the run
+    """A check with no one to ask (`rlt validate --server` without a reachable API server): one line, exit code
+    UNAVAILABLE, never INVALID."""
+
+
 def run_name_problem(name: str) -> str | None:
     """The run name's rule (rlt.spec.k8s.RunName, the type of metadata.name) for the operator, which receives the
     name apart from the spec."""

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from rlt.checks.validation import NotPermitted, check_datasets, load_valid_runs
+from rlt.checks.validation import NotChecked, NotPermitted, check_datasets, load_valid_runs
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.loading import SpecError, expand_run_files, other_documents
@@ -110,7 +110,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # Building TRL's configs to check trainerArgs trips transformers' deprecation notices of its own fields
     # (gradient_checkpointing), which are not the user's to fix.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-    bad = denied = 0
+    bad = denied = unchecked = 0
     for path in expand_run_files(args.files):
         notes: list[str] = []
         try:
@@ -149,6 +149,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             denied += 1
             print(f"{path}: NOT PERMITTED: {err}", file=sys.stderr)
             continue
+        except NotChecked as err:  # no API server to ask: no verdict on the run either way
+            unchecked += 1
+            print(f"{path}: NOT CHECKED: {err}", file=sys.stderr)
+            continue
         names = ", ".join(r.name for r in runs)
         print(f"{path}: ok ({names})")
         others = other_documents(path)
@@ -158,7 +162,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"  {note}")
     if bad:
         return int(ExitCode.FAILED)
-    return int(ExitCode.NO_PERMISSION) if denied else int(ExitCode.OK)
+    return int(ExitCode.NO_PERMISSION if denied else ExitCode.UNAVAILABLE if unchecked else ExitCode.OK)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,9 @@ class ExitCode(IntEnum):
     # EX_NOPERM: `rlt validate --server` may not make its check (the user may create RLTRuns but not the children
     # it dry-runs): one line naming the verbs and kinds; a verdict on the user's rights, not on the run
     NO_PERMISSION = 77
+    # EX_UNAVAILABLE: `rlt validate --server` found no API server to ask (no kubeconfig, or it did not answer): the
+    # check was not made, no verdict on the run either way
+    UNAVAILABLE = 69
     CONFIG_ERROR = 78  # EX_CONFIG: the spec is invalid, or a stage finished under another spec, or a port is taken
 
 
