@@ -6,7 +6,6 @@ Kopf and the Kubernetes client are imported inside the handlers: `rlt validate` 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
 import os
 import socket
@@ -14,7 +13,6 @@ import sys
 import threading
 from typing import Any
 
-from rlt import __version__
 from rlt_operator.cluster.leader import DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD
 from rlt_operator.cluster.peering import DEFAULT_LIFETIME
 
@@ -37,6 +35,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from rlt_operator import handlers  # noqa: F401 - registers the handlers
     from rlt_operator.cluster import peering, peering_watch  # noqa: F401 - registers the handlers
     from rlt_operator.cluster.leader import LeaseConfig, timing_problem
+    from rlt_operator.cluster.operator_metrics import build_labels
     from rlt_operator.config.settings import OperatorSettings
 
     config = OperatorSettings.from_env()  # every RLT_* variable, read once here
@@ -91,7 +90,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
             f"leader election in Lease {lease.namespace}/{lease.name}: duration {lease.lease_duration:g}s, renew "
             f"deadline {lease.renew_deadline:g}s, retry {lease.retry_period:g}s"
         )
-    log.info(f"rlt-operator {__version__} (kopf {importlib.metadata.version('kopf')}) starting")
+    built = build_labels()
+    log.info(f"rlt-operator {built['version']} (kopf {built['kopf_version']}) starting")
     health = config.health_port
     return serve(
         args.shutdown_timeout,

@@ -24,6 +24,12 @@ from rlt_operator.cluster.kube import NO_ANSWER
 from rlt_operator.config.kinds import BY_PLURAL
 
 
+def build_labels() -> dict[str, str]:
+    """What this operator is: rlt's version and the installed Kopf's, as its start line and rlt_operator_build_info
+    both say them (read once here, so the two cannot disagree)."""
+    return {"version": __version__, "kopf_version": importlib.metadata.version("kopf")}
+
+
 class OperatorMetrics:
     """The operator's Prometheus series (names from rlt.contract.metrics.OPERATOR_METRICS)."""
 
@@ -39,7 +45,7 @@ class OperatorMetrics:
             self.m[catalogue.RECONCILES].labels(controller=CONTROLLER, result=result)
         self.m[catalogue.RECONCILE_ERRORS].labels(controller=CONTROLLER)
         build_info = self.m[catalogue.OPERATOR_BUILD_INFO]
-        build_info.labels(version=__version__, kopf_version=importlib.metadata.version("kopf")).set(1)
+        build_info.labels(**build_labels()).set(1)
         self._info: dict[tuple[str, str], tuple[str, str]] = {}
         self._conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
         self._reconciled: set[tuple[str, str]] = set()

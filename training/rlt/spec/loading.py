@@ -198,14 +198,18 @@ def expand_run_files(given: list[str]) -> list[str]:
     kubectl's `-f DIR`); a folder with none stays as given, for the reader to refuse by name."""
     out: list[str] = []
     for name in given:
-        folder = Path(name)
-        inside = (
-            sorted(str(p) for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
-            if (name != STDIN_SOURCE and not name.startswith(ENV_SOURCE) and folder.is_dir())
-            else []
-        )
+        inside = [] if name == STDIN_SOURCE or name.startswith(ENV_SOURCE) else _yaml_files_in(Path(name))
         out += inside or [name]
     return out
+
+
+def _yaml_files_in(folder: Path) -> list[str]:
+    try:
+        if not folder.is_dir():
+            return []
+        return sorted(str(p) for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    except OSError:  # a name too long, a loop, no permission: the reader names the problem in one line
+        return []
 
 
 def read_runs(path: str | Path) -> list[RLTRun]:
