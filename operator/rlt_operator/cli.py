@@ -250,11 +250,17 @@ def validate_on_server(path: str, args: argparse.Namespace) -> list[str]:
     run's field or the cluster object that refused; a user without the rights is told so (NotPermitted)."""
     if not args.server:
         return []
-    from rlt.checks.validation import load_valid_runs, pod_path_problems
+    from rlt.checks.validation import NotChecked, load_valid_runs, pod_path_problems
     from rlt_operator.apply import server_check
 
     runs = load_valid_runs(path)  # as the operator reads it: no local path resolution
-    return [p for run in runs for p in pod_path_problems(run.spec)] + server_check.server_problems(runs)
+    in_pods = [p for run in runs for p in pod_path_problems(run.spec)]
+    try:
+        return in_pods + server_check.server_problems(runs)
+    except NotChecked as err:  # no server to ask: no verdict, unless the run is already INVALID without one
+        if not in_pods:
+            raise
+        return [*in_pods, str(err)]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

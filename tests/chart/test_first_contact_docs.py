@@ -92,6 +92,11 @@ def test_helm_notes_send_the_example_where_the_operator_watches(tmp_path):
     assert "sed 's/namespace: research/namespace: team-a/' manifests/examples/rltrun-small-2gpu.yaml" in notes
     assert "kubectl -n team-a get rltruns -w" in notes and "kubectl create namespace research" not in notes
     assert "The RLTRun CRD is kept" not in notes
+    listed = rendered_notes(
+        tmp_path / "listed", "operator.watchNamespaces={team,research}", "metrics.service.enabled=false"
+    )
+    assert "kubectl create namespace research" in listed and "does not watch" not in listed  # research is watched
+    assert "helm test" not in listed  # the test pod reads the metrics Service, which is off
 
 
 def test_reward_doc_states_the_default_batch_size():

@@ -308,3 +308,22 @@ def test_a_server_that_does_not_answer_is_no_verdict_on_the_run():
 
     with pytest.raises(NotChecked, match=r"--server: the API server did not answer \(ConnectionRefusedError"):
         server_problems([parse_run(example())], runner=Unreachable())
+
+
+def test_a_run_invalid_in_the_pods_is_said_so_with_no_server_to_ask(tmp_path, monkeypatch, capsys):
+    """No cluster to ask is no verdict (exit 69) only for a run nothing else refuses: a relative dataset path, which
+    no pod can read, keeps the run INVALID (exit 1), the missing server said beside it."""
+    import kubernetes.config  # noqa: F401 - fixes its default kubeconfig path before KUBECONFIG points elsewhere
+    import yaml
+
+    from rlt.cli import main as rlt_main
+
+    doc = example()
+    doc["spec"]["dataset"] = {"source": "./rows.jsonl"}
+    (tmp_path / "rows.jsonl").write_text('{"question": "q", "solution": "s", "reasoning_trace": "t"}\n' * 8)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    assert rlt_main(["validate", "--no-data", "--no-plan", "--server", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: INVALID" in err and "spec.dataset.source" in err and "--server: no cluster to ask" in err

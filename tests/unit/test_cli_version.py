@@ -109,3 +109,48 @@ def test_validate_reads_standard_input_and_folders(tmp_path):
     )
     oks = [line for line in folder.stdout.splitlines() if ": ok (" in line]
     assert oks == [f"{tmp_path / 'a.yaml'}: ok (tiny)", f"{tmp_path / 'b.yml'}: ok (tiny-b)"], folder.stdout
+    closed = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", "-"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert closed.returncode == 1 and "-: INVALID" in closed.stderr and "Traceback" not in closed.stderr
+
+
+def test_a_folder_s_other_yaml_is_skipped_and_said(tmp_path):
+    """A folder beside kustomize and Helm files: those hold no RLTRun, so they are named and skipped, not INVALID;
+    a folder of nothing but those is an error."""
+    from suite_helpers import TINY
+
+    (tmp_path / "run.yaml").write_text(TINY.read_text())
+    (tmp_path / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n")
+    (tmp_path / "values.yaml").write_text("replicas: 2\n")
+    rlt = [sys.executable, "-m", "rlt.cli", "validate", "--no-plan", "--no-data"]
+    both = subprocess.run([*rlt, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.splitlines()[:3] == [
+        f"{tmp_path / 'kustomization.yaml'}: skipped, no RLTRun in it (Kustomization)",
+        f"{tmp_path / 'values.yaml'}: skipped, no RLTRun in it (no kind)",
+        f"{tmp_path / 'run.yaml'}: ok (tiny)",
+    ]
+    (tmp_path / "run.yaml").unlink()
+    none = subprocess.run([*rlt, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
+    assert none.returncode == 1 and f"rlt validate: no RLTRun in {tmp_path}" in none.stderr
+
+
+def test_a_reader_that_leaves_before_the_exit_flush_gets_no_traceback():
+    """Output smaller than the pipe's buffer, stdout block-buffered (PYTHONUNBUFFERED unset): the write fails only
+    at the final flush, which once printed "Exception ignored ... BrokenPipeError" and exited 120."""
+    import os
+
+    from suite_helpers import TINY
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlt.cli", "validate", "--no-plan", "--no-data", str(TINY)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader leaves before the interpreter has even started
+    _, err = proc.communicate(timeout=300)
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
+    assert proc.returncode == 141

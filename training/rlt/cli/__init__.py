@@ -111,7 +111,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # (gradient_checkpointing), which are not the user's to fix.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     bad = denied = unchecked = 0
-    for path in expand_run_files(args.files):
+    paths, skipped = expand_run_files(args.files)
+    for line in skipped:  # a folder's kustomization or values file: said, not checked
+        print(line)
+    if not paths:
+        print(f"rlt validate: no RLTRun in {', '.join(args.files)}", file=sys.stderr)
+        return int(ExitCode.FAILED)
+    for path in paths:
         notes: list[str] = []
         try:
             runs = load_valid_runs(path, paths_from_file=True)  # the same checks as the operator's and the pods'
@@ -229,6 +235,25 @@ def register_command_groups(sub: argparse._SubParsersAction[argparse.ArgumentPar
         register(sub)
 
 
+def _reader_left() -> bool:
+    """Whether standard output's reader has gone (its pipe has no reader: poll says POLLERR); then stdout goes to
+    /dev/null, so the interpreter's own flush at exit cannot fail again ("Exception ignored ... BrokenPipeError")."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return False
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout with no file descriptor (captured): the broken pipe was another's
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # a bare `rlt`, as kubectl and helm: the commands, exit 0
@@ -236,15 +261,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at the interpreter's exit: a reader that left (`| head`) is seen below
+        return code
     except KeyboardInterrupt as stop:
         # Ctrl-C is the user's choice, not a defect: one line (where, and what a re-run does), the shell's code 130.
         print(f"\nrlt {args.command}: {stop or 'stopped (Ctrl-C)'}", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # `rlt plan FILE | head`: the reader left, nothing is wrong; no traceback, the shell's code for SIGPIPE
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail again
-        return 128 + 13
+        if not _reader_left():
+            raise  # another pipe (a socket, a child's): a failure like any other
+        return 128 + 13  # `rlt plan FILE | head`: nothing is wrong; no traceback, the shell's code for SIGPIPE
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

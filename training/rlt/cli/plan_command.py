@@ -36,7 +36,13 @@ def _plan_files(args: argparse.Namespace) -> int:
 
     given = args.gpu_memory
     bad = 0
-    for path in expand_run_files(args.files):
+    paths, skipped = expand_run_files(args.files)
+    for line in skipped:  # a folder's kustomization or values file: said, not planned
+        print(f"rlt plan: {line}", file=sys.stderr)
+    if not paths:
+        print(f"rlt plan: no RLTRun in {', '.join(args.files)}", file=sys.stderr)
+        return 1
+    for path in paths:
         try:
             runs = load_valid_runs(path, paths_from_file=True)  # relative data paths: from the file's folder
         except SpecError as err:

@@ -193,14 +193,40 @@ def _read_source(path: Path) -> str:
     return reader.read_file(path)  # at most reader.MAX_BYTES; a device, a pipe or a folder named as such
 
 
-def expand_run_files(given: list[str]) -> list[str]:
-    """The run files a command was given, a folder standing for its *.yaml and *.yml files (sorted, not recursive:
-    kubectl's `-f DIR`); a folder with none stays as given, for the reader to refuse by name."""
-    out: list[str] = []
+def expand_run_files(given: list[str]) -> tuple[list[str], list[str]]:
+    """(the run files a command was given, what it skips): a folder stands for its *.yaml and *.yml files (sorted,
+    not recursive: kubectl's `-f DIR`), less those that hold no RLTRun (a kustomization, a chart's values), each
+    named in the second list; a folder with no YAML file stays as given, for the reader to refuse by name."""
+    files: list[str] = []
+    skipped: list[str] = []
     for name in given:
-        inside = [] if name == STDIN_SOURCE or name.startswith(ENV_SOURCE) else _yaml_files_in(Path(name))
-        out += inside or [name]
-    return out
+        found = [] if name == STDIN_SOURCE or name.startswith(ENV_SOURCE) else _yaml_files_in(Path(name))
+        for path in found:
+            holds = _holds_instead_of_a_run(path)
+            if holds:
+                skipped.append(f"{path}: skipped, no RLTRun in it ({holds})")
+            else:
+                files.append(path)
+        files += [] if found else [name]
+    return files, skipped
+
+
+def _holds_instead_of_a_run(path: str) -> str | None:
+    """What a folder's YAML file holds when no document of it is an RLTRun; None when one is, or when the file
+    cannot be read (the reader then says why, as for a file named on its own)."""
+    try:
+        docs = reader.load_yaml(reader.read_file(path))
+    except (reader.InputError, yaml.YAMLError, OSError, UnicodeDecodeError):
+        return None
+    runs = [d for d in docs if isinstance(d, dict) and (d.get("kind") == "RLTRun" or _rlt_api(d.get("apiVersion")))]
+    if runs:
+        return None
+    kinds = [str(d["kind"]) for d in docs if isinstance(d, dict) and isinstance(d.get("kind"), str)]
+    return ", ".join(kinds) if kinds else "no kind"
+
+
+def _rlt_api(api: Any) -> bool:
+    return isinstance(api, str) and api.startswith("rlt.dev/")
 
 
 def _yaml_files_in(folder: Path) -> list[str]:

@@ -359,6 +359,12 @@ def read_stdin() -> str:
     import sys
 
     if not _stdin_text:
+        if sys.stdin is None or sys.stdin.closed:
+            raise InputError(
+                "<file>", None, "standard input is closed: pipe the run file in (`rlt validate - < run.yaml`)"
+            )
+        if sys.stdin.isatty():  # kubectl waits silently; say what is awaited
+            print("reading the run file from standard input (end it with Ctrl-D)", file=sys.stderr)
         data = sys.stdin.buffer.read(MAX_BYTES + 1)
         if len(data) > MAX_BYTES:
             raise InputError("<file>", None, f"over {MAX_BYTES} bytes (MAX_BYTES); a run file is a few KiB")
