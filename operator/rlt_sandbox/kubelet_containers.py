@@ -80,11 +80,28 @@ class ContainerRuntime(KubeletCore):
                 )
         pod.scheduled = True
 
+    def _wait_for_leaving_pods(self, ns: str, pod: PodRun) -> None:
+        """PodWaiting while another pod of the pod's run is terminating with live processes: here the pods of a
+        run share its ports (one loopback), so a restarted gang's rank 0 would find the old gang's rendezvous port
+        still held; on a cluster each pod has its own IP and they never meet."""
+        leaving = [
+            p.name
+            for (n, _), p in self.pods.items()
+            if n == ns and p is not pod and p.run == pod.run and p.terminating and not self._gone(p)
+        ]
+        if leaving:
+            raise PodWaiting(
+                "ContainerCreating",
+                f"waiting for {', '.join(sorted(leaving))} of run {pod.run} to end: its processes hold the run's "
+                "ports on this machine's one loopback (the emulator's limit; a cluster gives each pod its own IP)",
+            )
+
     async def _start(self, ns: str, pod: PodRun) -> None:
         """Start the container whose turn it is (the next init container, else the main one)."""
         c = pod.current
         if not pod.scheduled:
             await self._schedule(ns, pod)
+        self._wait_for_leaving_pods(ns, pod)
         self._pull(pod, c.get("image", ""))
         image = self.images.get(c.get("image", ""), self.default_image)
         if image is None:

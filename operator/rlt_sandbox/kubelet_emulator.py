@@ -27,7 +27,8 @@ NOT a kubelet and NOT a container runtime. What it does, and what it stands in f
   `<dns name>:<port>` and its readinessProbe port are rewritten to its run's ports; `ports_of` and `proxy_url`
   (a small HTTP proxy, `/<namespace>/<run>/<port>/<path>`) let callers (the operator's progress reads) reach them.
   Ports are per run, not per pod: the pods of one run reach each other (rendezvous on pod 0, the generator
-  Service) on the same numbers, as on a cluster; per-address loopback (127.0.0.N) was not possible, since the
+  Service) on the same numbers, as on a cluster; so a pod of a run starts only once no other pod of that run is
+  terminating with processes left (a restarted gang would find its rendezvous port held by the old one); per-address loopback (127.0.0.N) was not possible, since the
   programs bind 0.0.0.0 (prometheus_client, torch's TCPStore, vLLM) and rendered commands carry no bind address.
 - GPU requests: ignored; the processes run on CPU (`CUDA_VISIBLE_DEVICES` empty).
 - Init containers run first, one at a time in order, each to its end, as a kubelet runs them; the main container

@@ -189,3 +189,34 @@ async def test_a_pod_binds_a_unix_socket_in_its_tmp_emptydir_under_a_deep_workdi
         assert _condition(done)["type"] == "Complete", logs[-1]
     finally:
         await k.stop()
+
+
+async def test_a_new_pod_of_a_run_waits_for_its_leaving_pod_that_holds_the_runs_ports(harness, kubelet):
+    """The pods of a run share its ports here (one loopback): a restarted gang's pod starts only once the deleted
+    gang's pod has no process left (CI once saw the new rank 0 find the old rendezvous port taken). The old pod
+    ignores SIGTERM and holds for its grace period, as a frozen survivor of a lost peer does."""
+    import time
+
+    from rlt_operator.builders.common import L_RUN
+    from rlt_sandbox.kubelet_processes import tagged_processes
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    old = _job("gang", 0, fails=0)
+    old["spec"]["template"]["metadata"]["labels"][L_RUN] = "r1"
+    old["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 3
+    old["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", stubborn]
+    await harness.create_workload("jobs", old)
+    (first,) = await harness.wait(lambda: [p for p in kubelet.pods.values() if p.proc is not None], "the old pod")
+    await harness.call("DELETE", f"/apis/batch/v1/namespaces/{NS}/jobs/gang")
+    await harness.wait(lambda: first.terminating, "the old pod terminating")
+    new = _job("gang-2", 0, fails=0)
+    new["spec"]["template"]["metadata"]["labels"][L_RUN] = "r1"
+    new["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", "import time; time.sleep(30)"]
+    await harness.create_workload("jobs", new)
+    (second,) = await harness.wait(lambda: [p for p in kubelet.pods.values() if p.owner == "gang-2"], "the new pod")
+    waited = await harness.wait(lambda: second.waiting, "the new pod held back")
+    assert waited.reason == "ContainerCreating" and first.name in waited.message
+    assert second.proc is None and tagged_processes(first.tag)  # held while the old process lives
+    await harness.wait(lambda: second.proc is not None, "the new pod started", timeout=30)
+    assert not tagged_processes(first.tag), "started while the old gang's process still held the run's ports"
+    assert time.monotonic() >= first.kill_at
