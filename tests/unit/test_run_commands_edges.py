@@ -110,7 +110,7 @@ def test_compare_names_what_it_cannot_compare(tmp_path, capsys):
         (("--teacher", "./no-such-teacher"), "--teacher ./no-such-teacher: no such folder"),
         (
             ("--teacher", "https://huggingface.co/org/m"),
-            "--teacher 'https://huggingface.co/org/m' is a URL; give a hub id (org/name) or a local directory",
+            "--teacher: 'https://huggingface.co/org/m' is a URL; models load from a hub id or a local directory: give the hub id 'org/m'",
         ),
         (("--teacher", "initial", "--label", "../../outside"), "--label '../../outside': a report row and a folder"),
         (("--teacher", "results/no/such/model"), "--teacher results/no/such/model: no such folder"),

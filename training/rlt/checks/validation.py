@@ -79,22 +79,27 @@ def _model_refs(spec: RLTRunSpec) -> list[tuple[str, Any]]:
     return [(f"{where}.model", ref) for where, ref, _ in spec.named_models()]
 
 
+def model_name_problem(name: str) -> str | None:
+    """What is wrong with a model's name as a loader would read it (a web address, an unknown built-in); None when
+    it is a hub id, a local path or a known built-in (`rlt validate` for the spec's, `rlt eval --teacher`)."""
+    from rlt.spec.inputs import BUILTIN_MODELS
+
+    if "://" in name:
+        hub = name.split("huggingface.co/", 1)[1].strip("/") if "huggingface.co/" in name else None
+        fix = f"give the hub id {hub!r}" if hub else "give a hub id (org/name) or a local directory"
+        return f"{name!r} is a URL; models load from a hub id or a local directory: {fix}"
+    if name.startswith("builtin:") and name.removeprefix("builtin:") not in BUILTIN_MODELS:
+        known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
+        return f"unknown built-in model {name!r} (choose from {known})"
+    return None
+
+
 def source_problems(spec: RLTRunSpec) -> list[str]:
     """Models and datasets named in a form something can load: a hub id, a local path or a known built-in; a web
     address or another URL scheme is refused here, not by the loader hours later."""
     from rlt.data.tasks import TASKS
-    from rlt.spec.inputs import BUILTIN_MODELS
 
-    out = []
-    for where, ref in _model_refs(spec):
-        name = ref.model
-        if "://" in name:
-            hub = name.split("huggingface.co/", 1)[1].strip("/") if "huggingface.co/" in name else None
-            fix = f"give the hub id {hub!r}" if hub else "give a hub id (org/name) or a local directory"
-            out.append(f"{where}: {name!r} is a URL; models load from a hub id or a local directory: {fix}")
-        elif name.startswith("builtin:") and name.removeprefix("builtin:") not in BUILTIN_MODELS:
-            known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
-            out.append(f"{where}: unknown built-in model {name!r} (choose from {known})")
+    out = [f"{where}: {problem}" for where, ref in _model_refs(spec) if (problem := model_name_problem(ref.model))]
     for where, ds in ((f"{w}.source", ds) for w, ds, _ in spec.named_datasets()):
         if "://" in ds.source:
             out.append(

@@ -129,9 +129,9 @@ def _eval_choice_problem(run: RLTRun, teacher: str | None, label: str | None, ou
     import re
     from pathlib import Path
 
+    from rlt.checks.validation import model_name_problem
     from rlt.contract.layout import RunLayout
     from rlt.contract.stage_registry import teacher_stages_before
-    from rlt.spec.inputs import BUILTIN_MODELS
     from rlt.spec.run import stage_settings
 
     if label is not None and (label in (".", "..") or not re.fullmatch(r"[A-Za-z0-9_.-]+", label)):
@@ -144,11 +144,8 @@ def _eval_choice_problem(run: RLTRun, teacher: str | None, label: str | None, ou
                 f"no finished teacher stage ({', '.join(trains)}) under {layout.root}: run `rlt run` first, check "
                 "--output, or pass --teacher initial to evaluate spec.teacher"
             )
-    elif "://" in teacher:
-        return f"--teacher {teacher!r} is a URL; give a hub id (org/name) or a local directory"
-    elif teacher.startswith("builtin:") and teacher.removeprefix("builtin:") not in BUILTIN_MODELS:
-        known = ", ".join(f"builtin:{b}" for b in BUILTIN_MODELS)
-        return f"--teacher: unknown built-in model {teacher!r} (choose from {known})"
+    elif named := model_name_problem(teacher):
+        return f"--teacher: {named}"
     elif (teacher.startswith(("/", "./", "../", "~")) or teacher.count("/") > 1) and not Path(teacher).is_dir():
         return f"--teacher {teacher}: no such folder"  # a path, not a hub id (org/name), as written
     return None
