@@ -232,3 +232,16 @@ def door_problems(patch: dict) -> list[str]:
         return run_problems(parse_run(doc, "run.yaml"))
     except SpecError as err:
         return err.problems
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    """`rlt ARGV...` in process: its exit code (argparse's refusal exits 2, a bad environment variable 78) and what it
+    printed, stdout then stderr."""
+    from rlt.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out + out.err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import datetime as dt
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -17,6 +18,7 @@ import aiohttp
 import yaml
 from suite_helpers import EXAMPLES
 
+from rlt.contract.layout import format_time
 from rlt_operator.config.kinds import BY_PLURAL, CHILDREN, RUN
 from rlt_sandbox.sandbox import InProcessOperator, serve, write_kubeconfig  # noqa: F401
 
@@ -237,6 +239,7 @@ class Harness:
                         "status": "True",
                         "reason": "BackoffLimitExceeded",
                         "message": "Job has reached the specified backoff limit",
+                        "lastTransitionTime": format_time(dt.datetime.now(dt.timezone.utc)),
                     }
                 ],
             },

@@ -165,7 +165,7 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
         return [(r["kind"], r["uid"], r.get("controller")) for r in refs] == [("RLTRun", run["metadata"]["uid"], True)]
 
     # Handed to the run before its Job is deleted: a cluster's garbage collector deletes it with the run, not the Job.
-    # restarts and lastFailedPod may land in two status writes: wait for both (seen once in CI on loaded cores)
+    # The restart waits until the failed pod is seen (the Job's end can arrive first: the test below), so both land.
     st = await harness.wait_status("tiny", lambda s: s.get("restarts") == 1 and "lastFailedPod" in s, "restart 1")
     assert st["lastFailedPod"] == first["metadata"]["name"]
     assert owned_by_run(await harness.get("pods", first["metadata"]["name"]))
@@ -218,6 +218,28 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
     kept = (await harness.get("configmaps", "tiny-last-failure"))["data"]
     assert kept["pod"] == second["metadata"]["name"] and kept["log-tail"].endswith("ValueError: loss is nan")
     assert kept["outcome"] == "run Failed (BackoffLimitExceeded)" and kept["gangRestart"] == "1"
+
+
+async def test_a_job_seen_failed_before_its_pod_restarts_only_once_the_pod_is_seen(harness, monkeypatch):
+    """The operator watches Jobs and pods on separate streams: the Job's Failed condition may arrive first (seen so in
+    CI on loaded cores). The restart waits for the failed pod, so its log is kept and the failure names it."""
+    from rlt_operator.status import gang as status_gang
+    from rlt_operator.status import gang_steps
+
+    monkeypatch.setattr(gang_steps, "BACKOFF_BASE", 0.5)
+    monkeypatch.setattr(status_gang, "POD_END_LAG_SECONDS", 120.0)  # margin for a loaded machine
+    doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.trainer_running("tiny", "rl")
+    await harness.trainer_failed("tiny", "rl")
+    await asyncio.sleep(3.0)  # passes the operator is woken for by the Job's change
+    assert (await harness.run_status("tiny")).get("restarts", 0) == 0
+    assert (await harness.get("jobs", "tiny-rl"))["metadata"]["labels"]["rlt.dev/restart"] == "0"
+    first = await harness.failed_trainer_pod("tiny", "rl", "late1", "RuntimeError: NCCL timeout")
+    st = await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart 1")
+    assert st["lastFailedPod"] == first["metadata"]["name"]
+    assert "NCCL timeout" in st["lastFailure"], st
 
 
 async def test_a_users_configmap_of_the_evidence_name_is_not_overwritten(harness, monkeypatch):

@@ -213,6 +213,27 @@ def test_trainer_failure_restarts_the_gang_until_the_backoff_limit(restarts, lim
         assert ("delete", "jobs", "t-rl") not in acts(d), "a failed trainer's pods stay for their logs"
 
 
+@pytest.mark.parametrize(
+    "failed_ago, pod_phase, waits",
+    [(3, "Running", True), (3, None, True), (3, "Failed", False), (20, "Running", False)],
+)
+def test_a_failed_job_waits_for_its_failed_pod_to_be_seen_before_the_restart(failed_ago, pod_phase, waits):
+    """The Job watch can run ahead of the pod watch: a restart decided before the failed pod is seen would lose its
+    log and exit code. The gang waits (nothing deleted, restarts unchanged) until the pod is seen Failed or
+    POD_END_LAG_SECONDS have passed since the Job failed (pod_phase None: the pod is not seen at all)."""
+    sp = spec(sft=False)
+    failed = job("rl", failed=True)
+    failed["conditions"][0]["lastTransitionTime"] = format_time(NOW - dt.timedelta(seconds=failed_ago))
+    pods = [] if pod_phase is None else [observed_pod("t-rl-0-x", b.ROLE_TRAINER, "rl", phase=pod_phase)]
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [failed], pods=pods), NOW)
+    if waits:
+        assert not d.actions and d.status["restarts"] == 0 and d.requeue_after == D.SOON
+        assert "lastFailedPod" not in d.status
+    else:
+        assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 1
+        assert d.status.get("lastFailedPod") == ("t-rl-0-x" if pod_phase == "Failed" else None)
+
+
 def test_generator_restart_in_current_gang_counts_but_old_gang_pods_do_not():
     sp = spec(server=True, sft=False)
     pod = {

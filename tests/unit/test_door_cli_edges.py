@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import EXAMPLES, tiny_doc
+from suite_helpers import EXAMPLES, run_cli, tiny_doc
 
 from rlt.checks.capacity import dataset_rows
-from rlt.cli import main
 from rlt.data.dataset import load_data
 from rlt.method.prompts import resolve_format
 from rlt.spec.loading import parse_run
@@ -30,15 +29,6 @@ def own_data(tmp_path: Path, change=None, name: str = "run.yaml") -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:  # argparse refuses a flag with exit 2
-        code = int(exit_.code or 0)
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 @pytest.mark.parametrize(

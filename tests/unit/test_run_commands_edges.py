@@ -9,22 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import EXAMPLES, tiny_doc
+from suite_helpers import EXAMPLES, run_cli, tiny_doc
 
-from rlt.cli import main
 from rlt.contract.exitcodes import ExitCode
 from rlt.spec.loading import SpecError, parse_spec
 
 RCL_LOCAL = EXAMPLES / "rltrun-rcl-local.yaml"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:  # argparse refuses a flag with exit 2; a bad environment variable exits 78
-        code = int(exit_.code or 0)
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 def written(tmp_path: Path, doc: dict, name: str = "run.yaml") -> Path:

@@ -35,6 +35,7 @@ from rlt_operator.status.decision import (
 )
 from rlt_operator.status.events import transition_events
 from rlt_operator.status.gang_steps import (
+    POD_LAG,
     RESTART,
     gang_children,
     gang_outcome,
@@ -82,7 +83,7 @@ def decide(
     requeue = activate(spec, run_status, now)
     gang = gang_children(ref, spec, stage, run_status, observed, plan, other_active, now)
     outcome = gang_outcome(ref, spec, gang, run_status, observed, plan, now)
-    if outcome == RESTART:
+    if outcome in (RESTART, POD_LAG):
         return _finish(ref, prev, run_status, plan, SOON, now)
     if outcome == FAILED:
         return _finish(ref, prev, run_status, plan, _terminal(ref, spec, run_status, plan, observed, now), now)

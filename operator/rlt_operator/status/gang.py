@@ -174,6 +174,31 @@ def gang_failure(
     return None, None, False
 
 
+# How long a failed Job waits for the operator to see its failed pod: the operator watches pods and Jobs on separate
+# streams, so the Job's Failed condition can arrive before the pod's end, and a restart decided then would lose the
+# pod's log (keep_failed_pod) and its exit code (gang_failure). A pod that never shows (deleted) costs this much.
+POD_END_LAG_SECONDS = 15.0
+
+
+def pods_behind_job(
+    job: dict[str, Any] | None, pods: list[dict[str, Any]], stage: str, restarts: int, now: dt.datetime
+) -> float | None:
+    """Seconds left to wait for a trainer pod of the current gang to be seen Failed when its Job already says Failed
+    (the pod watch lags the Job watch); None when one is seen, the Job has not failed, or the wait is over."""
+    failed = condition_true(job, "Failed") if job else None
+    if failed is None or any(
+        p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Failed"
+        for p in current_gang(pods, stage, restarts)
+    ):
+        return None
+    try:
+        since = parse_time(failed.get("lastTransitionTime"))
+    except ValueError:  # not the API server's form: no wait rather than a guess
+        since = None
+    left = POD_END_LAG_SECONDS - ((now - since).total_seconds() if since else POD_END_LAG_SECONDS)
+    return left if left > 0 else None
+
+
 def failed_trainer_pod(pods: list[dict[str, Any]], stage: str, restarts: int) -> str | None:
     """The current gang's failed trainer pod whose log says why (the one gang_failure names first: an exit code or
     a last line, not a disruption), else any failed trainer pod of the gang; None when none has ended. Only

@@ -21,6 +21,7 @@ from rlt_operator.status.gang import (
     gang_failure,
     kept_pod_patch,
     placement_timeout,
+    pods_behind_job,
     trainer_shape,
 )
 from rlt_operator.status.model import ConditionType, RLTRunStatus
@@ -122,6 +123,7 @@ def gang_ran(
 
 
 RESTART = "Restart"  # gang_outcome: the gang is being restarted
+POD_LAG = "PodLag"  # gang_outcome: its Job failed, its failed pod is not seen yet (pods_behind_job): decide soon
 
 
 def keep_failed_pod(ref: builders.RunRef, gang: Gang, run_status: RLTRunStatus, observed: Observed, plan: Plan) -> None:
@@ -159,8 +161,10 @@ def gang_outcome(
     """A failure anywhere in the current gang restarts the whole gang (trainer and generators), except a
     config/data error of any of its pods (retrying cannot help: fail now); a disruption restarts it uncounted, and
     a ReadWriteOnce re-placement counts against spec.replacementLimit instead of spec.backoffLimit.
-    Returns RESTART, FAILED, or None (the gang goes on)."""
+    Returns RESTART, FAILED, POD_LAG, or None (the gang goes on)."""
     stage, restarts = gang.stage, gang.restarts
+    if pods_behind_job(gang.job, observed.pods, stage, restarts, now) is not None:
+        return POD_LAG
     live = gang.sts is not None
     failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, live)
     capacity_condition(run_status, observed.pods, stage, restarts, now)

@@ -42,7 +42,7 @@ def _job(out: dict[str, Any], meta: dict[str, Any], spec: dict[str, Any], status
     out["succeeded"] = int(status.get("succeeded") or 0)
     out["failed"] = int(status.get("failed") or 0)
     out["conditions"] = [
-        {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason"), "message": c.get("message")}
+        {k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
         for c in status.get("conditions") or []
     ]
     # The spec the gang was created with (its pods' RLT_RUN_YAML): what it runs, whatever the spec says now.
