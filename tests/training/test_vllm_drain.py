@@ -62,11 +62,12 @@ def generated_tokens(base: str) -> float:
     return metric(base, "vllm:generation_tokens_total")
 
 
-def rollout_through_sigterm(base: str, pid: int, monkeypatch, n: int) -> tuple[dict, dict]:
+def rollout_through_sigterm(base: str, pid: int, monkeypatch, n: int, patience: float) -> tuple[dict, dict]:
     """Two clients ask for a rollout of PROMPTS × `n` sequences at once: TRL's (rl) and the stream of rlt's own
     (distill, evaluate: rlt.method.generation._stream, one request). Once the server decodes both, with less than
     EARLY of their tokens made, its main process gets SIGTERM. TRL's answer (or the exception it raised, under
-    "error") and the stream's {"finished": ..., "cut": ...}."""
+    "error") and the stream's {"finished": ..., "cut": ...}. `patience`: seconds each client is given, after the
+    signal, to end (a drain needs its whole rollout; an abort answers at once or never)."""
     import trl.generation.vllm_client as trl_client
 
     from rlt.method import generation
@@ -126,7 +127,7 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch, n: int) -> tuple[d
         )
     os.kill(pid, signal.SIGTERM)  # mid-rollout
     for t in asking:
-        t.join(timeout=90)
+        t.join(timeout=patience)
     if asking[0].is_alive():
         got["hung"] = True  # the engine went before it answered: TRL's client waits for ever
     return got, streamed
@@ -145,9 +146,11 @@ def test_a_generator_sent_sigterm_mid_rollout_finishes_it(flags, tmp_path, monke
     try:
         t0 = time.monotonic()
         n = N if flags == "builder" else N_RED
-        got, streamed = rollout_through_sigterm(base, proc.pid, monkeypatch, n)
+        # the stream's read timeout is 30 s: an aborting server's stream has ended (cut) well within 45 s
+        patience = 90 if flags == "builder" else 45
+        got, streamed = rollout_through_sigterm(base, proc.pid, monkeypatch, n, patience)
         try:
-            rc: int | str = proc.wait(timeout=60)  # it exits once drained (or at once, aborting)
+            rc: int | str = proc.wait(timeout=60 if flags == "builder" else 15)  # it exits once drained (or aborting)
         except subprocess.TimeoutExpired:  # an aborting server may wait for a client that waits for it
             rc = "still running"
         took = time.monotonic() - t0

@@ -114,6 +114,13 @@ def test_validate_reads_standard_input_and_folders(tmp_path):
         timeout=300, check=False,
     )  # fmt: skip
     assert closed.returncode == 1 and "-: INVALID" in closed.stderr and "Traceback" not in closed.stderr
+    from rlt.spec.reader import MAX_BYTES
+
+    flood = subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "validate", "-"], input=b"a" * (MAX_BYTES + 1), capture_output=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert flood.returncode == 1 and f"over {MAX_BYTES} bytes" in flood.stderr.decode(), flood.stderr[-300:]
 
 
 def test_a_folder_s_other_yaml_is_skipped_and_said(tmp_path):

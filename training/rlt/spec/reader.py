@@ -21,7 +21,7 @@ import math
 import re
 import stat
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, BinaryIO, NoReturn, cast
 
 import yaml
 from yaml.composer import ComposerError
@@ -338,9 +338,14 @@ def _read_bounded(path: str | Path, limit: int) -> bytes:
         raise InputError("<file>", None, problem)
     try:
         with Path(path).open("rb") as f:
-            data = f.read(limit + 1)
+            return _at_most(f, limit)
     except OSError as err:
         raise InputError("<file>", None, f"cannot read the file: {err.strerror}") from None
+
+
+def _at_most(stream: BinaryIO, limit: int) -> bytes:
+    """What `stream` holds, refused (one line) when it holds more than `limit` bytes."""
+    data = stream.read(limit + 1)
     if len(data) > limit:
         raise InputError("<file>", None, f"over {limit} bytes (MAX_BYTES); a run file is a few KiB")
     return data
@@ -365,10 +370,7 @@ def read_stdin() -> str:
             )
         if sys.stdin.isatty():  # kubectl waits silently; say what is awaited
             print("reading the run file from standard input (end it with Ctrl-D)", file=sys.stderr)
-        data = sys.stdin.buffer.read(MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            raise InputError("<file>", None, f"over {MAX_BYTES} bytes (MAX_BYTES); a run file is a few KiB")
-        _stdin_text.append(data.decode("utf-8"))
+        _stdin_text.append(_at_most(sys.stdin.buffer, MAX_BYTES).decode("utf-8"))
     return _stdin_text[0]
 
 
