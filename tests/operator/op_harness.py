@@ -226,7 +226,9 @@ class Harness:
             {"active": 0, "succeeded": n, "conditions": [{"type": "Complete", "status": "True"}]},
         )
 
-    async def trainer_failed(self, run: str, stage: str) -> None:
+    async def trainer_failed(self, run: str, stage: str, failed_ago: float = 0.0) -> None:
+        """The Job controller failed the Job `failed_ago` seconds ago (its condition's lastTransitionTime): the
+        operator waits up to POD_END_LAG_SECONDS after it to see a failed pod (a test with none passes 60)."""
         await self.set_status(
             "jobs",
             f"{run}-{stage}",
@@ -239,7 +241,9 @@ class Harness:
                         "status": "True",
                         "reason": "BackoffLimitExceeded",
                         "message": "Job has reached the specified backoff limit",
-                        "lastTransitionTime": format_time(dt.datetime.now(dt.timezone.utc)),
+                        "lastTransitionTime": format_time(
+                            dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=failed_ago)
+                        ),
                     }
                 ],
             },

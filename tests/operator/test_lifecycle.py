@@ -117,7 +117,7 @@ async def test_pod_failure_gang_restart_then_backoff_limit(harness):
     await harness.wait(lambda: relabelled("statefulsets", "tiny-generator"), "new generators")
     await harness.generators_ready("tiny")
     await harness.wait(lambda: relabelled("jobs", "tiny-rl"), "new trainer")
-    await harness.trainer_failed("tiny", "rl")
+    await harness.trainer_failed("tiny", "rl", failed_ago=60)  # no pod here: past the operator's wait for one
 
     st = await harness.wait_status("tiny", lambda s: s.get("phase") == "Failed", "Failed")
     assert st["reason"] == "BackoffLimitExceeded" and st["restarts"] == 1
