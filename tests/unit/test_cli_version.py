@@ -144,6 +144,33 @@ def test_a_folder_s_other_yaml_is_skipped_and_said(tmp_path):
     assert none.returncode == 1 and f"rlt validate: no RLTRun in {tmp_path}" in none.stderr
 
 
+def test_validate_json_says_what_the_text_says_and_exits_the_same(tmp_path):
+    """`-o json`: one document on stdout, each file's status, runs, problems and notes, the skipped files named, the
+    exit code the text's; its problems are the lines the text prints under INVALID."""
+    import json
+
+    from suite_helpers import TINY
+
+    (tmp_path / "a.yaml").write_text(TINY.read_text())
+    (tmp_path / "b.yaml").write_text(TINY.read_text().replace("name: tiny", "name: Bad_Name"))
+    (tmp_path / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n")
+    rlt = [sys.executable, "-m", "rlt.cli", "validate", "--no-plan", "--no-data", str(tmp_path)]
+    text = subprocess.run(rlt, capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run([*rlt, "-o", "json"], capture_output=True, text=True, timeout=300, check=False)
+    assert text.returncode == out.returncode == 1, (text.stderr, out.stderr)
+    doc = json.loads(out.stdout)
+    assert [(f["file"], f["status"], f["runs"]) for f in doc["files"]] == [
+        (str(tmp_path / "a.yaml"), "Valid", ["tiny"]),
+        (str(tmp_path / "b.yaml"), "Invalid", []),
+    ]
+    said = text.stderr.split(f"{tmp_path / 'b.yaml'}: INVALID\n", 1)[1].splitlines()
+    assert [f"  {p}" for p in doc["files"][1]["problems"]] == said and "Bad_Name" in said[0], said
+    assert doc["skipped"] == [f"{tmp_path / 'kustomization.yaml'}: skipped, no RLTRun in it (Kustomization)"]
+    (tmp_path / "b.yaml").unlink()
+    ok = subprocess.run([*rlt, "-o", "json"], capture_output=True, text=True, timeout=300, check=False)
+    assert ok.returncode == 0 and [f["status"] for f in json.loads(ok.stdout)["files"]] == ["Valid"], ok.stderr
+
+
 def test_a_reader_that_leaves_before_the_exit_flush_gets_no_traceback():
     """Output smaller than the pipe's buffer, stdout block-buffered (PYTHONUNBUFFERED unset): the write fails only
     at the final flush, which once printed "Exception ignored ... BrokenPipeError" and exited 120."""

@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import sys
+from dataclasses import asdict, dataclass, field
 
 from rlt.checks.validation import NotChecked, NotPermitted, check_datasets, load_valid_runs
 from rlt.contract.exitcodes import ExitCode
@@ -104,71 +105,106 @@ def pod_path_hint(problem: str) -> str:
     return problem
 
 
+@dataclass
+class FileVerdict:
+    """What `rlt validate` found in one file: `status` Valid, Invalid, NotPermitted (the user's rights stopped a
+    check) or NotChecked (no API server to ask); the runs it holds (when it could be read), every problem, and the
+    notes of what was or was not checked."""
+
+    file: str
+    status: str
+    runs: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def validate_file(path: str, args: argparse.Namespace) -> FileVerdict:
+    """Every check `rlt validate` makes of one run file (the operator's and the pods' checks, then the data, the
+    trainer options, the prompt lengths, the capacity plan and the checks a package built on rlt adds)."""
+    notes: list[str] = []
+    runs: list[RLTRun] = []
+    try:
+        runs = load_valid_runs(path, paths_from_file=True)  # the same checks as the operator's and the pods'
+        problems: list[str] = []
+        if not args.no_data:
+            for run in runs:
+                run_problems, run_notes = check_datasets(run)
+                problems += [pod_path_hint(p) for p in run_problems]
+                notes += run_notes
+        problems += [p for run in runs for p in trainer_args_problems(run)]
+        if not args.no_data and not problems:  # lengths of rows that are otherwise usable
+            for run in runs:
+                length_problems, note = prompt_length_problems(run)
+                problems += length_problems
+                notes += [note] if note else []
+        if not args.no_plan:
+            from rlt.checks.capacity import capacity_problems, model_problems
+
+            problems += [p for run in runs for p in capacity_problems(run.spec)]
+            for run in runs:  # tensor parallelism and LoRA targets against the models' configs
+                more, model_notes = model_problems(run.spec)
+                problems += more
+                notes += model_notes
+        for more_check in getattr(args, "more_checks", None) or []:  # a package built on rlt adds these (--server)
+            problems += more_check(path, args) if not problems else []
+        if problems:
+            raise SpecError(path, problems)
+    except SpecError as err:
+        return FileVerdict(path, "Invalid", [r.name for r in runs], list(err.problems))
+    except NotPermitted as err:  # the check could not be made: the user's rights, not the run, in one line
+        return FileVerdict(path, "NotPermitted", [r.name for r in runs], [str(err)])
+    except NotChecked as err:  # no API server to ask: no verdict on the run either way
+        return FileVerdict(path, "NotChecked", [r.name for r in runs], [str(err)])
+    others = other_documents(path)
+    if others:  # applied with the run by kubectl; rlt has no rules for them
+        notes.insert(0, f"note: checked the RLTRun documents only; not checked: {', '.join(others)}")
+    return FileVerdict(path, "Valid", [r.name for r in runs], [], notes)
+
+
+def print_verdict(v: FileVerdict) -> None:
+    """One file's verdict as text: `FILE: ok (runs)` and its notes on stdout; anything else on stderr."""
+    if v.status == "Valid":
+        print(f"{v.file}: ok ({', '.join(v.runs)})")
+        for note in v.notes:
+            print(f"  {note}")
+    elif v.status == "Invalid":
+        print(f"{v.file}: INVALID", file=sys.stderr)
+        for p in v.problems:
+            print(f"  {p}", file=sys.stderr)
+    else:
+        label = "NOT PERMITTED" if v.status == "NotPermitted" else "NOT CHECKED"
+        print(f"{v.file}: {label}: {v.problems[0]}", file=sys.stderr)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
+    import json
     import warnings
 
     # Building TRL's configs to check trainerArgs trips transformers' deprecation notices of its own fields
     # (gradient_checkpointing), which are not the user's to fix.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-    bad = denied = unchecked = 0
+    as_json = getattr(args, "output", "text") == "json"
     paths, skipped = expand_run_files(args.files)
-    for line in skipped:  # a folder's kustomization or values file: said, not checked
-        print(line)
+    if not as_json:
+        for line in skipped:  # a folder's kustomization or values file: said, not checked
+            print(line)
     if not paths:
         print(f"rlt validate: no RLTRun in {', '.join(args.files)}", file=sys.stderr)
         return int(ExitCode.FAILED)
+    verdicts = []
     for path in paths:
-        notes: list[str] = []
-        try:
-            runs = load_valid_runs(path, paths_from_file=True)  # the same checks as the operator's and the pods'
-            problems: list[str] = []
-            if not args.no_data:
-                for run in runs:
-                    run_problems, run_notes = check_datasets(run)
-                    problems += [pod_path_hint(p) for p in run_problems]
-                    notes += run_notes
-            problems += [p for run in runs for p in trainer_args_problems(run)]
-            if not args.no_data and not problems:  # lengths of rows that are otherwise usable
-                for run in runs:
-                    length_problems, note = prompt_length_problems(run)
-                    problems += length_problems
-                    notes += [note] if note else []
-            if not args.no_plan:
-                from rlt.checks.capacity import capacity_problems, model_problems
-
-                problems += [p for run in runs for p in capacity_problems(run.spec)]
-                for run in runs:  # tensor parallelism and LoRA targets against the models' configs
-                    more, model_notes = model_problems(run.spec)
-                    problems += more
-                    notes += model_notes
-            for more in getattr(args, "more_checks", None) or []:  # a package built on rlt adds these (--server)
-                problems += more(path, args) if not problems else []
-            if problems:
-                raise SpecError(path, problems)
-        except SpecError as err:
-            bad += 1
-            print(f"{path}: INVALID", file=sys.stderr)
-            for p in err.problems:
-                print(f"  {p}", file=sys.stderr)
-            continue
-        except NotPermitted as err:  # the check could not be made: the user's rights, not the run, in one line
-            denied += 1
-            print(f"{path}: NOT PERMITTED: {err}", file=sys.stderr)
-            continue
-        except NotChecked as err:  # no API server to ask: no verdict on the run either way
-            unchecked += 1
-            print(f"{path}: NOT CHECKED: {err}", file=sys.stderr)
-            continue
-        names = ", ".join(r.name for r in runs)
-        print(f"{path}: ok ({names})")
-        others = other_documents(path)
-        if others:  # applied with the run by kubectl; rlt has no rules for them
-            print(f"  note: checked the RLTRun documents only; not checked: {', '.join(others)}")
-        for note in notes:
-            print(f"  {note}")
-    if bad:
+        verdicts.append(validate_file(path, args))
+        if not as_json:  # each file as it is done: the data checks of a large dataset take a while
+            print_verdict(verdicts[-1])
+    if as_json:  # one document on stdout, for a pipeline (kubeconform's and kubectl's -o json)
+        files = [asdict(v) for v in verdicts]
+        print(json.dumps({"files": files, "skipped": skipped}, indent=2))
+    statuses = {v.status for v in verdicts}
+    if "Invalid" in statuses:
         return int(ExitCode.FAILED)
-    return int(ExitCode.NO_PERMISSION if denied else ExitCode.UNAVAILABLE if unchecked else ExitCode.OK)
+    if "NotPermitted" in statuses:
+        return int(ExitCode.NO_PERMISSION)
+    return int(ExitCode.UNAVAILABLE if "NotChecked" in statuses else ExitCode.OK)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +231,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-plan",
         action="store_true",
         help="skip the capacity plan (`rlt plan`; GPUs of the nodeSelector's nvidia.com/gpu.memory, else 80Gi)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="text: a line per file as it is checked; json: one document on stdout at the end, each file's status "
+        "(Valid, Invalid, NotPermitted, NotChecked), runs, problems and notes (the exit code is the same)",
     )
     p.set_defaults(func=cmd_validate, more_checks=[])  # the operator's entry point adds --server
 
