@@ -9,7 +9,7 @@ import pytest
 import yaml
 from suite_helpers import EXAMPLES
 
-from rlt.checks.capacity import plan_for_run, render
+from rlt.checks.capacity import gib, plan_for_run, render
 from rlt.checks.model_shape import KNOWN_CONFIGS, known_shape
 from rlt.checks.plan_terms import DS_MAX_LIVE_PARAMETERS
 from rlt.cli import main
@@ -57,6 +57,39 @@ def test_cli_exit_code_and_validate_run_the_plan(tmp_path, capsys):
     assert "change storage.size" in capsys.readouterr().err
     assert main(["validate", "--no-data", str(bad)]) == 1
     assert "capacity: all: run volume" in capsys.readouterr().err
+
+
+def test_plan_json_carries_the_texts_figures_and_exit_code(tmp_path, capsys):
+    """`rlt plan -o json`: one document on stdout; each run's goodput share per stage is the text's percentage, its
+    checks' bytes are the table's, its errors the lines on stderr, and the exit code the text's."""
+    import json
+    import re
+
+    paper = str(EXAMPLES / "rltrun-paper-7b.yaml")
+    assert main(["plan", paper]) == 0
+    text = capsys.readouterr().out
+    assert main(["plan", "-o", "json", paper]) == 0
+    (plan,) = json.loads(capsys.readouterr().out)["plans"]
+    assert plan["fits"] and plan["errors"] == [] and plan["run"] == "rlt-qwen7b-paper"
+    for stage, g in plan["goodput"].items():
+        said = re.search(rf"goodput: {stage}: (\d+)% of the (\d+) GPUs' held GPU-seconds .*?; (\d+)% counting", text)
+        assert said and (round(g["share"] * 100), g["gpus"], round(g["strict"] * 100)) == tuple(
+            int(x) for x in said.groups()
+        ), (stage, g, said)
+        assert 0 < g["share"] <= 1 and g["losses"] == sorted(g["losses"], key=lambda x: -x["share"])
+    assert set(plan["goodput"]) == {"sft", "rl"}
+    first = plan["checks"][0]
+    row = f"{first['stage']:<9}{first['resource']:<78}{gib(first['needBytes']):>11}{gib(first['hasBytes']):>11}  ok"
+    assert row in text, row
+    doc = _doc()
+    doc["spec"]["storage"]["size"] = "200Gi"
+    bad = tmp_path / "small-volume.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["plan", "-o", "json", str(bad)]) == 1
+    out = capsys.readouterr()
+    (plan,) = json.loads(out.out)["plans"]
+    assert not plan["fits"] and plan["errors"] and all(f"{bad}: {e}" in out.err for e in plan["errors"])
+    assert any(not c["fits"] and c["change"].startswith("storage.size") for c in plan["checks"])
 
 
 def test_gpu_memory_comes_from_the_nodeselector_label_when_the_run_selects_by_it(tmp_path, capsys):

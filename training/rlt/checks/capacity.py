@@ -14,7 +14,7 @@ from typing import Any
 
 from rlt.checks.decode_tail import tail_line
 from rlt.checks.distill_modes import distill_lines
-from rlt.checks.goodput import goodput_line
+from rlt.checks.goodput import goodput, goodput_line
 from rlt.checks.gpu_figures import figures
 from rlt.checks.gpu_memory import (
     DEFAULT_GPU_MEMORY,
@@ -134,6 +134,7 @@ def plan_run(
         before = every_layer_recomputed(spec)  # the earlier plan checkpointed every layer
         olds = trainer_step_times(before, shapes, prompts=prompts, gpu_memory=gpu_memory)
         plan.goodput = [goodput_line(t) for t in times] + old_goodput_lines(before, shapes, olds, prompts, gpu_memory)
+        plan.stage_goodput = {t.stage: goodput(t) for t in times}
         plan.goodput += [tail_line(t.stage, t.decode) for t in times if t.decode]
         gen = generation(spec)
         if any(t.stage == "rl" for t in times) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
@@ -371,6 +372,53 @@ def render(plan: Plan, name: str) -> str:
     lines += [f"  goodput: {n}" for n in plan.goodput]
     lines += [f"  WARNING: {n}" for n in plan.warnings]
     return "\n".join(lines)
+
+
+def plan_document(plan: Plan, file: str, run: str) -> dict[str, Any]:
+    """The plan as `rlt plan -o json` prints it: what render shows, with sizes in bytes, times in seconds and shares
+    as fractions, for a pipeline to read (e.g. to refuse a run whose rl goodput is under a bar)."""
+
+    def check(c: Check) -> dict[str, Any]:
+        return {
+            "stage": c.stage,
+            "resource": c.resource,
+            "needBytes": c.total,
+            "hasBytes": c.limit,
+            "fits": c.fits,
+            "change": c.fix,
+            "terms": [{"term": term, "bytes": size} for term, size in c.terms],
+            "phases": [{"term": term, "bytes": size} for term, size in c.phases],
+            "note": c.note,
+        }
+
+    return {
+        "file": file,
+        "run": run,
+        "gpuMemoryBytes": plan.gpu_memory,
+        "fits": not (plan.failures or plan.unplaceable or plan.problems),
+        "errors": plan.errors(),
+        "warnings": list(plan.warnings),
+        "checks": [check(c) for c in plan.checks],
+        "goodput": {
+            stage: {
+                "share": g.share,
+                "strict": g.strict,
+                "stepSeconds": g.period,
+                "gpus": g.gpus,
+                "losses": [{"cause": cause, "share": share} for cause, share in g.losses],
+            }
+            for stage, g in plan.stage_goodput.items()
+        },
+        "derived": {f"stages.{key}": value for key, value in plan.values.items()},
+        "figures": dict(plan.figures),
+        "lines": {
+            "goodput": list(plan.goodput),
+            "stopping": list(plan.stopping),
+            "generation": list(plan.generation),
+            "checkpointing": list(plan.checkpointing),
+            "notes": list(plan.notes),
+        },
+    }
 
 
 def capacity_problems(spec: RLTRunSpec) -> list[str]:

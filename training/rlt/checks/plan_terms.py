@@ -13,7 +13,7 @@ import importlib
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rlt.checks.decode_tail import Rollout
 from rlt.checks.gpu_memory import GiB, kv_sequences
@@ -21,6 +21,9 @@ from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import reward_settings, teacher_completion_tokens, teacher_prompt_tokens
+
+if TYPE_CHECKING:
+    from rlt.checks.goodput import Goodput  # it imports StepTime from here
 
 # Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
 # communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
@@ -77,6 +80,7 @@ class Plan:
     stopping: list[str] = field(default_factory=list)  # step time, save time, what a stop loses (step_time)
     generation: list[str] = field(default_factory=list)  # distill's sequences in flight per rank, and why
     goodput: list[str] = field(default_factory=list)  # per Trainer stage: useful share of held GPU-seconds, losses
+    stage_goodput: dict[str, Goodput] = field(default_factory=dict)  # the figures of each stage's first goodput line
     unplaceable: list[str] = field(default_factory=list)  # pods no node set can hold (one line each, the fix named)
     warnings: list[str] = field(default_factory=list)  # settings that cost GPU-hours, with the value to set
     figures: dict[str, str] = field(default_factory=dict)  # the GPU figures the times use, with their sources

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -15,22 +15,32 @@ if TYPE_CHECKING:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
     from rlt.checks.gpu_figures import calibrated, calibration_lines, read_calibration
 
     calibration = None
+    doc: dict[str, Any] | None = {"calibration": [], "plans": [], "invalid": []} if args.output == "json" else None
     if args.calibration:
         try:
             calibration = read_calibration(args.calibration)
         except ValueError as err:
             print(f"rlt plan: {err}", file=sys.stderr)
             return 2
-        print("\n".join(calibration_lines(calibration)))
+        if doc is None:
+            print("\n".join(calibration_lines(calibration)))
+        else:
+            doc["calibration"] = calibration_lines(calibration)
     with calibrated(calibration):
-        return _plan_files(args)
+        code = _plan_files(args, doc)
+    if doc is not None:  # one document on stdout; the errors and warnings are on stderr as in text
+        print(json.dumps(doc, indent=2))
+    return code
 
 
-def _plan_files(args: argparse.Namespace) -> int:
-    from rlt.checks.capacity import plan_for_run, render, spec_gpu_memory
+def _plan_files(args: argparse.Namespace, doc: dict[str, Any] | None) -> int:
+    """Plan every run of the files; each plan rendered as text, or added to `doc` (-o json)."""
+    from rlt.checks.capacity import plan_document, plan_for_run, render, spec_gpu_memory
     from rlt.checks.validation import load_valid_runs
     from rlt.spec.loading import SpecError, expand_run_files
 
@@ -47,12 +57,17 @@ def _plan_files(args: argparse.Namespace) -> int:
             runs = load_valid_runs(path, paths_from_file=True)  # relative data paths: from the file's folder
         except SpecError as err:
             print(str(err), file=sys.stderr)
+            if doc is not None:
+                doc["invalid"].append({"file": path, "problems": list(err.problems)})
             bad += 1
             continue
         for run in runs:
             gpu_memory = given if given is not None else spec_gpu_memory(run.spec)[0]
             plan = plan_for_run(run.spec, gpu_memory, prompts=run_prompts(run.spec))
-            print(render(plan, f"{path} ({run.name})"))
+            if doc is None:
+                print(render(plan, f"{path} ({run.name})"))
+            else:
+                doc["plans"].append(plan_document(plan, path, run.name))
             for line in plan.errors():
                 print(f"rlt plan: {path}: {line}", file=sys.stderr)
             for line in plan.warnings:  # a run that fits but wastes GPU-hours: said, not refused
@@ -156,5 +171,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a GPU check's JSON (benchmarks/gpu_check.py): plan with the figures it measured (dense bf16 matmul "
         "rate, GPU model and memory, local-disk write rate) instead of the spec-sheet ones; prints which it replaced "
         "and which it measured but kept, and why",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="text: a table per run; json: one document on stdout, each run's checks in bytes, its goodput per stage "
+        "as fractions (share, losses), errors and warnings (the exit code is the same)",
     )
     p.set_defaults(func=cmd_plan)
