@@ -24,18 +24,9 @@ The modes of rl (stages.rl.generation.mode / overlap):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rlt.checks.plan_terms import Goodput, StepTime
 
-from rlt.checks.plan_terms import StepTime
-
-
-@dataclass(frozen=True)
-class Goodput:
-    share: float  # useful work (algorithm's) over held GPU-seconds
-    strict: float  # the update and the decoding only
-    losses: list[tuple[str, float]]  # by cause, shares of the held GPU-seconds, largest first
-    period: float  # seconds of one optimizer step with its share of the saves
-    gpus: int
+__all__ = ["Goodput", "goodput", "goodput_line"]  # Goodput lives beside StepTime, in the Plan it is part of
 
 
 def goodput(t: StepTime, asynchronous: bool = True) -> Goodput:

@@ -13,7 +13,7 @@ import importlib
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from rlt.checks.decode_tail import Rollout
 from rlt.checks.gpu_memory import GiB, kv_sequences
@@ -21,9 +21,6 @@ from rlt.checks.model_shape import ModelShape, Shapes, dtype_bytes
 from rlt.contract.stage_registry import stage_info
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import reward_settings, teacher_completion_tokens, teacher_prompt_tokens
-
-if TYPE_CHECKING:
-    from rlt.checks.goodput import Goodput  # it imports StepTime from here
 
 # Per GPU process, outside what torch allocates: the CUDA context with torch's kernels (0.5-1 GiB) and NCCL's
 # communicators and buffers (NCCL_BUFFSIZE 4 MiB per channel and peer, up to 32 channels; ~1-2 GiB on 8 GPUs).
@@ -67,6 +64,17 @@ class Check:
     @property
     def fits(self) -> bool:
         return self.limit is None or self.total <= self.limit
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """A Trainer stage's goodput (rlt.checks.goodput computes it from the stage's StepTime)."""
+
+    share: float  # useful work (algorithm's) over held GPU-seconds
+    strict: float  # the update and the decoding only
+    losses: list[tuple[str, float]]  # by cause, shares of the held GPU-seconds, largest first
+    period: float  # seconds of one optimizer step with its share of the saves
+    gpus: int
 
 
 @dataclass
