@@ -223,17 +223,29 @@ async def test_the_failed_gangs_pod_is_kept_for_its_logs_one_per_run_and_goes_wi
 async def test_a_job_seen_failed_before_its_pod_restarts_only_once_the_pod_is_seen(harness, monkeypatch):
     """The operator watches Jobs and pods on separate streams: the Job's Failed condition may arrive first (seen so in
     CI on loaded cores). The restart waits for the failed pod, so its log is kept and the failure names it."""
+    import threading
+
     from rlt_operator.status import gang as status_gang
     from rlt_operator.status import gang_steps
 
     monkeypatch.setattr(gang_steps, "BACKOFF_BASE", 0.5)
     monkeypatch.setattr(status_gang, "POD_END_LAG_SECONDS", 120.0)  # margin for a loaded machine
+    waiting = threading.Event()  # set once a pass of the operator (its own thread) found its pod behind the Job
+    real = gang_steps.pods_behind_job
+
+    def spied(*args):  # the real function, watched
+        left = real(*args)
+        if left is not None:
+            waiting.set()
+        return left
+
+    monkeypatch.setattr(gang_steps, "pods_behind_job", spied)
     doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
     await harness.start_operator()
     await harness.create_run(doc)
     await harness.trainer_running("tiny", "rl")
     await harness.trainer_failed("tiny", "rl")
-    await asyncio.sleep(3.0)  # passes the operator is woken for by the Job's change
+    await harness.wait(waiting.is_set, "a pass that sees the failed Job before its pod")
     assert (await harness.run_status("tiny")).get("restarts", 0) == 0
     assert (await harness.get("jobs", "tiny-rl"))["metadata"]["labels"]["rlt.dev/restart"] == "0"
     first = await harness.failed_trainer_pod("tiny", "rl", "late1", "RuntimeError: NCCL timeout")

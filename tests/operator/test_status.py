@@ -214,16 +214,26 @@ def test_trainer_failure_restarts_the_gang_until_the_backoff_limit(restarts, lim
 
 
 @pytest.mark.parametrize(
-    "failed_ago, pod_phase, waits",
-    [(3, "Running", True), (3, None, True), (3, "Failed", False), (20, "Running", False)],
+    "condition, failed_ago, pod_phase, waits",
+    [
+        ("Failed", 3, "Running", True),
+        ("Failed", 3, None, True),
+        ("Failed", 3, "Failed", False),
+        ("Failed", 20, "Running", False),
+        ("FailureTarget", 3, "Running", True),  # Kubernetes 1.31+: failed 1, Failed only once every pod stopped
+        ("FailureTarget", 3, "Failed", False),
+    ],
 )
-def test_a_failed_job_waits_for_its_failed_pod_to_be_seen_before_the_restart(failed_ago, pod_phase, waits):
+def test_a_failed_job_waits_for_its_failed_pod_to_be_seen_before_the_restart(condition, failed_ago, pod_phase, waits):
     """The Job watch can run ahead of the pod watch: a restart decided before the failed pod is seen would lose its
     log and exit code. The gang waits (nothing deleted, restarts unchanged) until the pod is seen Failed or
     POD_END_LAG_SECONDS have passed since the Job failed (pod_phase None: the pod is not seen at all)."""
     sp = spec(sft=False)
     failed = job("rl", failed=True)
-    failed["conditions"][0]["lastTransitionTime"] = format_time(NOW - dt.timedelta(seconds=failed_ago))
+    failed["conditions"] = [
+        {"type": condition, "status": "True", "reason": "BackoffLimitExceeded", "message": "x"}
+        | {"lastTransitionTime": format_time(NOW - dt.timedelta(seconds=failed_ago))}
+    ]
     pods = [] if pod_phase is None else [observed_pod("t-rl-0-x", b.ROLE_TRAINER, "rl", phase=pod_phase)]
     d = S.decide(REF, 1, sp, running("rl"), observed(sp, [failed], pods=pods), NOW)
     if waits:
@@ -232,6 +242,22 @@ def test_a_failed_job_waits_for_its_failed_pod_to_be_seen_before_the_restart(fai
     else:
         assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 1
         assert d.status.get("lastFailedPod") == ("t-rl-0-x" if pod_phase == "Failed" else None)
+
+
+def test_a_pod_seen_with_a_config_error_fails_the_run_without_waiting_for_the_failed_pod():
+    """A pod of the gang that exited with a config/data error is seen: the run fails at once (no retry can help),
+    whatever the Job's pods show yet."""
+    sp = spec(server=True, sft=False)
+    failed = job("rl", failed=True)
+    failed["conditions"][0]["lastTransitionTime"] = format_time(NOW)
+    gen = observed_pod(
+        "t-generator-0",
+        b.ROLE_GENERATOR,
+        "rl",
+        containers=[{"name": "vllm", "state": {"terminated": {"exitCode": 78, "message": "bad model"}}}],
+    )
+    d = S.decide(REF, 1, sp, running("rl"), observed(sp, [failed], [sts("rl")], pods=[gen]), NOW)
+    assert d.status["phase"] == "Failed" and d.status["reason"] == "ConfigError", d.status
 
 
 def test_generator_restart_in_current_gang_counts_but_old_gang_pods_do_not():

@@ -169,6 +169,9 @@ def test_validate_json_says_what_the_text_says_and_exits_the_same(tmp_path):
     (tmp_path / "b.yaml").unlink()
     ok = subprocess.run([*rlt, "-o", "json"], capture_output=True, text=True, timeout=300, check=False)
     assert ok.returncode == 0 and [f["status"] for f in json.loads(ok.stdout)["files"]] == ["Valid"], ok.stderr
+    (tmp_path / "a.yaml").unlink()  # no run left: still one document, for the pipeline reading it
+    none = subprocess.run([*rlt, "-o", "json"], capture_output=True, text=True, timeout=300, check=False)
+    assert none.returncode == 1 and json.loads(none.stdout) == {"files": [], "skipped": doc["skipped"]}, none.stdout
 
 
 def test_a_reader_that_leaves_before_the_exit_flush_gets_no_traceback():

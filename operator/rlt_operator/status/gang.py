@@ -175,19 +175,24 @@ def gang_failure(
 
 
 # How long a failed Job waits for the operator to see its failed pod: the operator watches pods and Jobs on separate
-# streams, so the Job's Failed condition can arrive before the pod's end, and a restart decided then would lose the
-# pod's log (keep_failed_pod) and its exit code (gang_failure). A pod that never shows (deleted) costs this much.
+# streams, so the Job's failure can arrive before the pod's end, and a restart decided then would lose the pod's log
+# (keep_failed_pod) and its exit code (gang_failure). A pod that never shows (deleted) costs this much. Timed from
+# the condition's lastTransitionTime (the API server's clock against the operator's: a skew lengthens or shortens it).
 POD_END_LAG_SECONDS = 15.0
 
 
 def pods_behind_job(
     job: dict[str, Any] | None, pods: list[dict[str, Any]], stage: str, restarts: int, now: dt.datetime
 ) -> float | None:
-    """Seconds left to wait for a trainer pod of the current gang to be seen Failed when its Job already says Failed
-    (the pod watch lags the Job watch); None when one is seen, the Job has not failed, or the wait is over."""
-    failed = condition_true(job, "Failed") if job else None
+    """Seconds left to wait for the current gang's failed pod when its Job already says it failed (Failed, or the
+    FailureTarget that Kubernetes 1.31+ writes while the other pods stop) and no pod of the gang is seen ended with
+    a failure (a Failed trainer pod, or a pod that exited with a config/data error); None when one is seen, the Job
+    has not failed, or the wait is over."""
+    failed = (condition_true(job, "FailureTarget") or condition_true(job, "Failed")) if job else None
     if failed is None or any(
-        p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Failed"
+        (p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Failed")
+        or p.get("failFast")
+        or p.get("exitCode") in FAIL_FAST
         for p in current_gang(pods, stage, restarts)
     ):
         return None

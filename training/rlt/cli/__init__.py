@@ -150,7 +150,7 @@ def validate_file(path: str, args: argparse.Namespace) -> FileVerdict:
         if problems:
             raise SpecError(path, problems)
     except SpecError as err:
-        return FileVerdict(path, "Invalid", [r.name for r in runs], list(err.problems))
+        return FileVerdict(path, "Invalid", [r.name for r in runs], list(err.problems), notes)
     except NotPermitted as err:  # the check could not be made: the user's rights, not the run, in one line
         return FileVerdict(path, "NotPermitted", [r.name for r in runs], [str(err)])
     except NotChecked as err:  # no API server to ask: no verdict on the run either way
@@ -190,6 +190,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(line)
     if not paths:
         print(f"rlt validate: no RLTRun in {', '.join(args.files)}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"files": [], "skipped": skipped}, indent=2))
         return int(ExitCode.FAILED)
     verdicts = []
     for path in paths:

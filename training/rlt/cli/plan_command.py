@@ -20,7 +20,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rlt.checks.gpu_figures import calibrated, calibration_lines, read_calibration
 
     calibration = None
-    doc: dict[str, Any] | None = {"calibration": [], "plans": [], "invalid": []} if args.output == "json" else None
+    doc: dict[str, Any] | None = None
+    if args.output == "json":
+        doc = {"calibration": [], "plans": [], "invalid": [], "skipped": []}
     if args.calibration:
         try:
             calibration = read_calibration(args.calibration)
@@ -49,6 +51,8 @@ def _plan_files(args: argparse.Namespace, doc: dict[str, Any] | None) -> int:
     paths, skipped = expand_run_files(args.files)
     for line in skipped:  # a folder's kustomization or values file: said, not planned
         print(f"rlt plan: {line}", file=sys.stderr)
+    if doc is not None:
+        doc["skipped"] = skipped
     if not paths:
         print(f"rlt plan: no RLTRun in {', '.join(args.files)}", file=sys.stderr)
         return 1
