@@ -133,8 +133,9 @@ def plan_run(
         plan.warnings += stop_warnings
         before = every_layer_recomputed(spec)  # the earlier plan checkpointed every layer
         olds = trainer_step_times(before, shapes, prompts=prompts, gpu_memory=gpu_memory)
-        plan.goodput = [goodput_line(t) for t in times] + old_goodput_lines(before, shapes, olds, prompts, gpu_memory)
         plan.stage_goodput = {t.stage: goodput(t) for t in times}
+        plan.goodput = [goodput_line(stage, g) for stage, g in plan.stage_goodput.items()]
+        plan.goodput += old_goodput_lines(before, shapes, olds, prompts, gpu_memory)
         plan.goodput += [tail_line(t.stage, t.decode) for t in times if t.decode]
         gen = generation(spec)
         if any(t.stage == "rl" for t in times) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
@@ -161,7 +162,7 @@ def old_goodput_lines(
         if t.stage == "rl" and generation(spec).mode == "server" and spec.resources.generator.gpus:
             separate = stage_terms("rl").step_time(variant(spec, "server", "none"), shapes, True, prompts, gpu_memory)
             old, how = separate or t, how + ", generators separate"
-        out.append(goodput_line(old, f" before ({how})", asynchronous=False))
+        out.append(goodput_line(old.stage, goodput(old, asynchronous=False), f" before ({how})"))
     return out
 
 

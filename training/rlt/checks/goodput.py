@@ -67,11 +67,11 @@ def goodput(t: StepTime, asynchronous: bool = True) -> Goodput:
     return Goodput(useful / held, strict, ranked, period, T + G)
 
 
-def goodput_line(t: StepTime, label: str = "", asynchronous: bool = True) -> str:
-    g = goodput(t, asynchronous)
+def goodput_line(stage: str, g: Goodput, label: str = "") -> str:
+    """The plan's line for a stage's goodput, computed once by `goodput` (the text and `-o json` show the same)."""
     lost = ", ".join(f"{name} {v:.0%}" for name, v in g.losses if v >= 0.005)
     return (
-        f"{t.stage}{label}: {g.share:.0%} of the {g.gpus} GPUs' held GPU-seconds do the algorithm's work (update, "
+        f"{stage}{label}: {g.share:.0%} of the {g.gpus} GPUs' held GPU-seconds do the algorithm's work (update, "
         f"scoring, passes, full decode slots; {g.strict:.0%} counting the update and decoding only); step "
         f"{g.period / 60:.1f} min; lost: {lost}"
     )

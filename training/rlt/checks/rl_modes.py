@@ -199,7 +199,7 @@ def mode_lines(
             lines.append(f"rl mode {m.name} ({m.setting}): refused: {m.refused}")
             continue
         extra = OFF_POLICY.get(m.name, "")
-        lines.append(f"{goodput_line(m.step, f' mode {m.name} ({m.setting})')}{extra}")
+        lines.append(f"{goodput_line(m.step.stage, m.result, f' mode {m.name} ({m.setting})')}{extra}")
     runnable = [m for m in steps if m.result is not None]
     if not runnable:
         return lines, []

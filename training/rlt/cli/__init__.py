@@ -10,6 +10,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from rlt.checks.validation import NotChecked, NotPermitted, check_datasets, load_valid_runs
+from rlt.cli.output import add_output_option, wants_json
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.loading import SpecError, expand_run_files, other_documents
@@ -105,6 +106,16 @@ def pod_path_hint(problem: str) -> str:
     return problem
 
 
+VALID, INVALID, NOT_PERMITTED, NOT_CHECKED = "Valid", "Invalid", "NotPermitted", "NotChecked"
+VERDICTS = (VALID, INVALID, NOT_PERMITTED, NOT_CHECKED)
+# The command's exit code: the first of these that any file has, else 0 (the same with -o json).
+VERDICT_EXIT = (
+    (INVALID, ExitCode.FAILED),
+    (NOT_PERMITTED, ExitCode.NO_PERMISSION),
+    (NOT_CHECKED, ExitCode.UNAVAILABLE),
+)
+
+
 @dataclass
 class FileVerdict:
     """What `rlt validate` found in one file: `status` Valid, Invalid, NotPermitted (the user's rights stopped a
@@ -150,29 +161,29 @@ def validate_file(path: str, args: argparse.Namespace) -> FileVerdict:
         if problems:
             raise SpecError(path, problems)
     except SpecError as err:
-        return FileVerdict(path, "Invalid", [r.name for r in runs], list(err.problems), notes)
+        return FileVerdict(path, INVALID, [r.name for r in runs], list(err.problems), notes)
     except NotPermitted as err:  # the check could not be made: the user's rights, not the run, in one line
-        return FileVerdict(path, "NotPermitted", [r.name for r in runs], [str(err)])
+        return FileVerdict(path, NOT_PERMITTED, [r.name for r in runs], [str(err)])
     except NotChecked as err:  # no API server to ask: no verdict on the run either way
-        return FileVerdict(path, "NotChecked", [r.name for r in runs], [str(err)])
+        return FileVerdict(path, NOT_CHECKED, [r.name for r in runs], [str(err)])
     others = other_documents(path)
     if others:  # applied with the run by kubectl; rlt has no rules for them
         notes.insert(0, f"note: checked the RLTRun documents only; not checked: {', '.join(others)}")
-    return FileVerdict(path, "Valid", [r.name for r in runs], [], notes)
+    return FileVerdict(path, VALID, [r.name for r in runs], [], notes)
 
 
 def print_verdict(v: FileVerdict) -> None:
     """One file's verdict as text: `FILE: ok (runs)` and its notes on stdout; anything else on stderr."""
-    if v.status == "Valid":
+    if v.status == VALID:
         print(f"{v.file}: ok ({', '.join(v.runs)})")
         for note in v.notes:
             print(f"  {note}")
-    elif v.status == "Invalid":
+    elif v.status == INVALID:
         print(f"{v.file}: INVALID", file=sys.stderr)
         for p in v.problems:
             print(f"  {p}", file=sys.stderr)
     else:
-        label = "NOT PERMITTED" if v.status == "NotPermitted" else "NOT CHECKED"
+        label = "NOT PERMITTED" if v.status == NOT_PERMITTED else "NOT CHECKED"
         print(f"{v.file}: {label}: {v.problems[0]}", file=sys.stderr)
 
 
@@ -183,7 +194,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     # Building TRL's configs to check trainerArgs trips transformers' deprecation notices of its own fields
     # (gradient_checkpointing), which are not the user's to fix.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-    as_json = getattr(args, "output", "text") == "json"
+    as_json = wants_json(args)
     paths, skipped = expand_run_files(args.files)
     if not as_json:
         for line in skipped:  # a folder's kustomization or values file: said, not checked
@@ -202,11 +213,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         files = [asdict(v) for v in verdicts]
         print(json.dumps({"files": files, "skipped": skipped}, indent=2))
     statuses = {v.status for v in verdicts}
-    if "Invalid" in statuses:
-        return int(ExitCode.FAILED)
-    if "NotPermitted" in statuses:
-        return int(ExitCode.NO_PERMISSION)
-    return int(ExitCode.UNAVAILABLE if "NotChecked" in statuses else ExitCode.OK)
+    return int(next((code for status, code in VERDICT_EXIT if status in statuses), ExitCode.OK))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -234,13 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the capacity plan (`rlt plan`; GPUs of the nodeSelector's nvidia.com/gpu.memory, else 80Gi)",
     )
-    p.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="text: a line per file as it is checked; json: one document on stdout at the end, each file's status "
-        "(Valid, Invalid, NotPermitted, NotChecked), runs, problems and notes (the exit code is the same)",
+    add_output_option(
+        p,
+        text="a line per file as it is checked",
+        json=f"one document on stdout at the end, each file's status ({', '.join(VERDICTS)}), runs, problems and notes",
     )
     p.set_defaults(func=cmd_validate, more_checks=[])  # the operator's entry point adds --server
 

@@ -7,6 +7,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from rlt.cli.output import add_output_option, wants_json
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -21,7 +23,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     calibration = None
     doc: dict[str, Any] | None = None
-    if args.output == "json":
+    if wants_json(args):
         doc = {"calibration": [], "plans": [], "invalid": [], "skipped": []}
     if args.calibration:
         try:
@@ -176,12 +178,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "rate, GPU model and memory, local-disk write rate) instead of the spec-sheet ones; prints which it replaced "
         "and which it measured but kept, and why",
     )
-    p.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="text: a table per run; json: one document on stdout, each run's checks in bytes, its goodput per stage "
-        "as fractions (share, losses), errors and warnings (the exit code is the same)",
+    add_output_option(
+        p,
+        text="a table per run",
+        json="one document on stdout, each run's checks in bytes, its goodput per stage as fractions (share, losses), "
+        "errors and warnings",
     )
     p.set_defaults(func=cmd_plan)
