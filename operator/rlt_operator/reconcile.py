@@ -23,7 +23,7 @@ from rlt_operator.status import progress
 from rlt_operator.status.conditions import with_write_problems
 from rlt_operator.status.decision import Action
 from rlt_operator.status.events import events_for
-from rlt_operator.status.observed import Observed, failed_create, pods_not_created
+from rlt_operator.status.observed import FAILURE_SEEN, Observed, failed_create, job_failing, pods_not_created
 from rlt_operator.status.patch import status_patch
 
 
@@ -93,11 +93,21 @@ class RunMemory:
     generation: int = 0  # a new spec retries refused writes at once
     evidence: str | None = None  # the failed pod whose end is copied (rlt_operator.apply.evidence)
     children: dry_run.ChildrenCheck = field(default_factory=dry_run.ChildrenCheck)  # the server's dry-run verdict
+    failures_seen: dict[str, dt.datetime] = field(default_factory=dict)  # failing Job uid -> first seen, our clock
 
     def expected(self, observed: Observed, actions: list[Action], now: float, ttl: float = 10.0) -> list[Action]:
         for key in [k for k, t in self.created.items() if now - t > ttl or k[1] in getattr(observed, k[0], {})]:
             del self.created[key]
         return [a for a in actions if not (a.verb == "create" and (a.plural, a.name) in self.created)]
+
+    def stamp_failures(self, observed: Observed, now: dt.datetime) -> None:
+        """Mark each failing Job's summary with when this loop first saw it failing (FAILURE_SEEN): the wait for its
+        failed pod (status.gang.pods_behind_job) is then timed by the operator's clock alone, whatever the API
+        server's clock says. Forgotten once the Job is gone or no longer failing (and on operator restart)."""
+        failing = {job["uid"]: job for job in observed.jobs.values() if job.get("uid") and job_failing(job)}
+        self.failures_seen = {uid: self.failures_seen.get(uid, now) for uid in failing}
+        for uid, job in failing.items():
+            job[FAILURE_SEEN] = format_time(self.failures_seen[uid])
 
 
 async def reconcile_once(
@@ -110,6 +120,7 @@ async def reconcile_once(
     prev = mem.status if mem.status is not None else server_status
     observed = observe(namespace, name, indices)
     now = dt.datetime.now(dt.timezone.utc)
+    mem.stamp_failures(observed, now)
     spec = dict(body.get("spec") or {})
 
     # Progress: scrape the trainer's rank 0 at most once per interval, only while it runs.

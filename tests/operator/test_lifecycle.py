@@ -254,6 +254,24 @@ async def test_a_job_seen_failed_before_its_pod_restarts_only_once_the_pod_is_se
     assert "NCCL timeout" in st["lastFailure"], st
 
 
+async def test_an_api_server_clock_ahead_does_not_hold_the_restart_past_the_operators_wait(harness, monkeypatch):
+    """The Job's Failed condition is stamped an hour "in the future" (the API server's clock ahead of the operator's)
+    and its failed pod never shows: the operator times its wait from its own first sighting and restarts the gang
+    after POD_END_LAG_SECONDS, not after the skew."""
+    from rlt_operator.status import gang as status_gang
+    from rlt_operator.status import gang_steps
+
+    monkeypatch.setattr(gang_steps, "BACKOFF_BASE", 0.5)
+    monkeypatch.setattr(status_gang, "POD_END_LAG_SECONDS", 2.0)
+    doc = example(**{"spec.stages.sft.enabled": False, "spec.stages.distill.enabled": False, "spec.backoffLimit": 1})
+    await harness.start_operator()
+    await harness.create_run(doc)
+    await harness.trainer_running("tiny", "rl")
+    await harness.trainer_failed("tiny", "rl", failed_ago=-3600)
+    st = await harness.wait_status("tiny", lambda s: s.get("restarts") == 1, "restart 1")
+    assert not st.get("lastFailedPod"), "no pod was seen, none is named"
+
+
 async def test_a_users_configmap_of_the_evidence_name_is_not_overwritten(harness, monkeypatch):
     from rlt_operator.status import gang_steps as status_gang
 

@@ -18,6 +18,7 @@ from rlt_operator.status import events as E
 from rlt_operator.status import gang_steps as G
 from rlt_operator.status import patch as W
 from rlt_operator.status import records as R
+from rlt_operator.status.gang import POD_END_LAG_SECONDS
 from rlt_operator.status.observed import Observed, summarize
 
 REF = b.RunRef(name="t", namespace="ns", uid="u1")
@@ -242,6 +243,31 @@ def test_a_failed_job_waits_for_its_failed_pod_to_be_seen_before_the_restart(con
     else:
         assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 1
         assert d.status.get("lastFailedPod") == ("t-rl-0-x" if pod_phase == "Failed" else None)
+
+
+@pytest.mark.parametrize("server_ahead", [3600, -3600])
+def test_the_wait_for_the_failed_pod_lasts_at_most_15_s_of_the_operators_clock(server_ahead):
+    """The API server's clock may be ahead of the operator's (the Job failed "in the future") or behind: the run's
+    loop stamps when it first saw the Job failing (RunMemory.stamp_failures), so the gang waits no longer than
+    POD_END_LAG_SECONDS of the operator's own time before it restarts without the pod."""
+    from rlt_operator.reconcile import RunMemory
+
+    sp = spec(sft=False)
+    failed = job("rl", failed=True) | {"uid": "job-uid"}
+    failed["conditions"][0]["lastTransitionTime"] = format_time(NOW + dt.timedelta(seconds=server_ahead))
+    mem = RunMemory()
+    first = observed(sp, [dict(failed)])
+    mem.stamp_failures(first, NOW)
+    d = S.decide(REF, 1, sp, running("rl"), first, NOW)
+    if server_ahead > 0:  # a failure seen now waits for its pod
+        assert not d.actions and d.status["restarts"] == 0 and d.requeue_after == D.SOON
+    later = NOW + dt.timedelta(seconds=POD_END_LAG_SECONDS + 1)
+    again = observed(sp, [dict(failed)])
+    mem.stamp_failures(again, later)
+    d = S.decide(REF, 1, sp, running("rl"), again, later)
+    assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 1
+    mem.stamp_failures(observed(sp, []), later)
+    assert mem.failures_seen == {}, "a Job gone is forgotten"
 
 
 def test_a_pod_seen_with_a_config_error_fails_the_run_without_waiting_for_the_failed_pod():

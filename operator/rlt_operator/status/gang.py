@@ -18,7 +18,7 @@ from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
 from rlt_operator.status.conditions import RWO_PLACEMENT_SECONDS, has_condition, set_condition
 from rlt_operator.status.model import ConditionType, RLTRunStatus, TrainerShape
-from rlt_operator.status.observed import condition_true, job_failure
+from rlt_operator.status.observed import FAILURE_SEEN, condition_true, job_failing, job_failure
 
 
 def trainer_shape(spec: RLTRunSpec, stage: str, run_status: RLTRunStatus, now: dt.datetime) -> TrainerShape:
@@ -177,7 +177,9 @@ def gang_failure(
 # How long a failed Job waits for the operator to see its failed pod: the operator watches pods and Jobs on separate
 # streams, so the Job's failure can arrive before the pod's end, and a restart decided then would lose the pod's log
 # (keep_failed_pod) and its exit code (gang_failure). A pod that never shows (deleted) costs this much. Timed from
-# the condition's lastTransitionTime (the API server's clock against the operator's: a skew lengthens or shortens it).
+# the condition's lastTransitionTime or the operator's first sighting of the failure (FAILURE_SEEN, its own clock),
+# whichever is earlier: an API server clock ahead of the operator's cannot lengthen the wait past 15 s of the
+# operator's time (one behind can shorten it, as can an operator restart long after the failure).
 POD_END_LAG_SECONDS = 15.0
 
 
@@ -188,18 +190,23 @@ def pods_behind_job(
     FailureTarget that Kubernetes 1.31+ writes while the other pods stop) and no pod of the gang is seen ended with
     a failure (a Failed trainer pod, or a pod that exited with a config/data error); None when one is seen, the Job
     has not failed, or the wait is over."""
-    failed = (condition_true(job, "FailureTarget") or condition_true(job, "Failed")) if job else None
-    if failed is None or any(
-        (p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Failed")
-        or p.get("failFast")
-        or p.get("exitCode") in FAIL_FAST
-        for p in current_gang(pods, stage, restarts)
+    failed = job_failing(job)
+    if (
+        job is None
+        or failed is None
+        or any(
+            (p["labels"].get(builders.L_ROLE) == builders.ROLE_TRAINER and p.get("phase") == "Failed")
+            or p.get("failFast")
+            or p.get("exitCode") in FAIL_FAST
+            for p in current_gang(pods, stage, restarts)
+        )
     ):
         return None
     try:
-        since = parse_time(failed.get("lastTransitionTime"))
-    except ValueError:  # not the API server's form: no wait rather than a guess
-        since = None
+        server = parse_time(failed.get("lastTransitionTime"))
+    except ValueError:  # not the API server's form: the operator's sighting alone, or no wait rather than a guess
+        server = None
+    since = min((t for t in (server, parse_time(job.get(FAILURE_SEEN))) if t), default=None)
     left = POD_END_LAG_SECONDS - ((now - since).total_seconds() if since else POD_END_LAG_SECONDS)
     return left if left > 0 else None
 

@@ -280,6 +280,19 @@ def condition_true(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return None
 
 
+def job_failing(job: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The condition that says the Job failed: Failed, or the FailureTarget that Kubernetes 1.31+ writes first
+    while the other pods stop; None while it has not."""
+    if not job:
+        return None
+    return condition_true(job, "FailureTarget") or condition_true(job, "Failed")
+
+
+# Set on a failing Job's summary by the run's loop (rlt_operator.reconcile.RunMemory.stamp_failures): when this
+# operator first saw it failing, by its own clock.
+FAILURE_SEEN = "failureSeen"
+
+
 def job_complete(job: dict[str, Any] | None) -> bool:
     if not job or job.get("deleting"):
         return False
