@@ -240,6 +240,8 @@ def test_a_failed_job_waits_for_its_failed_pod_to_be_seen_before_the_restart(con
     if waits:
         assert not d.actions and d.status["restarts"] == 0 and d.requeue_after == D.SOON
         assert "lastFailedPod" not in d.status
+        trainer = {c["type"]: c for c in d.status["conditions"]}["TrainerRunning"]
+        assert (trainer["status"], trainer["reason"]) == ("False", "WaitingForFailedPod"), trainer
     else:
         assert ("delete", "jobs", "t-rl") in acts(d) and d.status["restarts"] == 1
         assert d.status.get("lastFailedPod") == ("t-rl-0-x" if pod_phase == "Failed" else None)

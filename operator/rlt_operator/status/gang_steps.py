@@ -124,6 +124,7 @@ def gang_ran(
 
 RESTART = "Restart"  # gang_outcome: the gang is being restarted
 POD_LAG = "PodLag"  # gang_outcome: its Job failed, its failed pod is not seen yet (pods_behind_job): decide soon
+WAITING_FOR_FAILED_POD = "WaitingForFailedPod"  # TrainerRunning's reason meanwhile
 
 
 def keep_failed_pod(ref: builders.RunRef, gang: Gang, run_status: RLTRunStatus, observed: Observed, plan: Plan) -> None:
@@ -164,6 +165,10 @@ def gang_outcome(
     Returns RESTART, FAILED, POD_LAG, or None (the gang goes on)."""
     stage, restarts = gang.stage, gang.restarts
     if pods_behind_job(gang.job, observed.pods, stage, restarts, now) is not None:
+        why = f"stage {stage}: trainer Job failed; waiting a few seconds for its failed pod to be seen, to keep its log"
+        set_condition(
+            run_status.conditions or [], ConditionType.TRAINER_RUNNING, False, WAITING_FOR_FAILED_POD, why, now
+        )
         return POD_LAG
     live = gang.sts is not None
     failure, fatal, disrupted = gang_failure(gang.job, gang.job_name, observed.pods, stage, restarts, live)
