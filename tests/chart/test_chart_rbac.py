@@ -5,15 +5,14 @@ from __future__ import annotations
 from chart_helpers import by_kind, one, render_set, template
 from suite_helpers import hack_module
 
-from rlt_operator.cluster.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, LEASE_RULES, PEERING_RULES, RBAC_RULES
+from rlt_operator.cluster.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, PEERING_RULES, RBAC_RULES, lease_rules
 
 CHART_RULES = hack_module("generate").CHART_RULES
 
 
 def normalized(rules) -> list[dict]:
-    return [
-        {"apiGroups": list(r["apiGroups"]), "resources": list(r["resources"]), "verbs": list(r["verbs"])} for r in rules
-    ]
+    keys = ("apiGroups", "resources", "resourceNames", "verbs")
+    return [{k: list(r[k]) for k in keys if k in r} for r in rules]
 
 
 def test_cluster_mode_rules_equal_the_operators():
@@ -59,19 +58,35 @@ def test_every_verb_the_operator_needs_is_granted_and_nothing_more():
     assert not {res for _, res, _ in granted} & {"secrets", "roles", "rolebindings", "nodes", "clusterroles"}
 
 
+def peering_name(docs: list[dict]) -> str:
+    """The --peering the chart's Deployment passes: the Kopf peering's name and the leader Lease's."""
+    (container,) = one(docs, "Deployment", "rlt-operator")["spec"]["template"]["spec"]["containers"]
+    (arg,) = [a for a in container["args"] if a.startswith("--peering=")]
+    return arg.split("=", 1)[1]
+
+
 def test_the_leader_lease_is_granted_in_the_release_namespace_only():
-    """get/create/update on leases (rlt_operator.cluster.leader), in a Role of the release namespace, in both modes; none
-    without peering (one replica, no election)."""
+    """create on leases, get and update on the replicas' Lease alone (rlt_operator.cluster.leader, named as the
+    peering), in a Role of the release namespace, in both modes; none without peering (one replica, no election)."""
     for values in ("defaults", "namespaced"):
         docs = render_set(values)
         role = one(docs, "Role", "-leader-election")
-        assert normalized(role["rules"]) == normalized(LEASE_RULES)
+        assert normalized(role["rules"]) == normalized(lease_rules(peering_name(docs)))
         assert role["metadata"]["namespace"] == one(docs, "Deployment", "rlt-operator")["metadata"]["namespace"]
         binding = one(docs, "RoleBinding", "-leader-election")
         assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert LEASE_RULES == (
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    assert lease_rules("rel-rlt-operator") == (
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "update"],
+            "resourceNames": ["rel-rlt-operator"],
+        },
     )
+    docs = template("--set", "operator.peering.name=team-a")  # the Role follows a peering named by the user
+    assert peering_name(docs) == "team-a"
+    assert one(docs, "Role", "-leader-election")["rules"][1]["resourceNames"] == ["team-a"]
 
 
 def test_the_charts_rules_are_generated_from_the_kind_table():

@@ -93,7 +93,7 @@ def _binding(kind: str, role_kind: str, name: str, namespace: str) -> dict:
 
 @pytest.fixture(scope="module")
 def ha(cluster, tmp_path_factory):
-    """The CRDs, and each replica's ServiceAccount with the operator's cluster rules and the Lease's Role in SYSTEM;
+    """The CRDs, and each replica's ServiceAccount with the operator's cluster rules (the Lease's: runs_namespace);
     yields each replica's kubeconfig (a token of its ServiceAccount)."""
     if not cluster.has_controllers:
         pytest.skip("needs kube-controller-manager (the Job controller completes each stage) in $KUBEBUILDER_ASSETS")
@@ -103,8 +103,6 @@ def ha(cluster, tmp_path_factory):
     docs = [
         _role("ClusterRole", "rlt-ha-test", "", rbac.CLUSTER_RBAC_RULES),
         _binding("ClusterRoleBinding", "ClusterRole", "rlt-ha-test", ""),
-        _role("Role", "rlt-ha-lease", SYSTEM, rbac.LEASE_RULES),
-        _binding("RoleBinding", "Role", "rlt-ha-lease", SYSTEM),
     ]
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
     work = tmp_path_factory.mktemp("ha")
@@ -119,9 +117,12 @@ def ha(cluster, tmp_path_factory):
 
 
 def runs_namespace(cluster, ns: str) -> None:
-    """A namespace the replicas watch: the operator's namespaced rules there, and the KopfPeering `ns`."""
+    """A namespace the replicas watch: the operator's namespaced rules there, the KopfPeering `ns`, and in SYSTEM the
+    rules of the Lease `ns` (named as the peering; get and update on it alone, as the chart grants)."""
     cluster.create_namespace(ns)
     docs = [
+        _role("Role", f"rlt-ha-lease-{ns}", SYSTEM, rbac.lease_rules(ns)),
+        _binding("RoleBinding", "Role", f"rlt-ha-lease-{ns}", SYSTEM),
         _role("Role", "rlt-ha-operator", ns, (*rbac.RBAC_RULES, *rbac.PEERING_RULES)),
         _binding("RoleBinding", "Role", "rlt-ha-operator", ns),
         {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": ns, "namespace": ns}},

@@ -60,7 +60,11 @@ each verb comes from.
 {{- define "rlt-operator.leaseRules" -}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "create", "update"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ include "rlt-operator.peeringName" . | quote }}]
+  verbs: ["get", "update"]
 {{- end }}
 
 {{/* Users' RLTRun rules, aggregated into the built-in edit/admin and view roles. */}}

@@ -26,7 +26,8 @@ lifecycle is covered. Where each verb comes from:
   Kopf's peering between replicas (rlt_operator.cluster.peering): it watches the peering object and merge-patches its own
   keep-alive into it. Only with peering on (the chart's default); the chart creates the objects.
 - leases get/create/update (coordination.k8s.io, in the operator's own namespace): the replicas' leader Lease
-  (rlt_operator.cluster.leader): read, created once, renewed and released by a conditional replace. Only with peering on.
+  (rlt_operator.cluster.leader): read, created once, renewed and released by a conditional replace; get and update on
+  that one Lease only (resourceNames). Only with peering on.
   Namespaces are not needed unless `--namespace` is given a glob pattern (Kopf then watches them).
 """
 
@@ -73,8 +74,22 @@ PEERING_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((PEERING,)))
 CLUSTER_PEERING_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((CLUSTER_PEERING,)))
 """Peering in cluster mode: in the cluster-scoped ClusterRole, next to CLUSTER_RBAC_RULES."""
 
-LEASE_RULES: tuple[dict[str, Any], ...] = tuple(_kind_rules((LEASE,)))
-"""The leader Lease, in both modes: a Role in the operator's own namespace (with peering on)."""
+
+def lease_rules(name: str) -> tuple[dict[str, Any], ...]:
+    """The leader Lease `name` (named as the peering object), in both modes: a Role in the operator's own namespace
+    (with peering on). get and update are granted on that Lease alone; create cannot be narrowed to a name (the
+    API server authorizes a create before the object exists), so it is granted on leases of the namespace."""
+    named = [v for v in LEASE.verbs if v != "create"]
+    return (
+        _rule(LEASE.group, [LEASE.plural], ["create"]),
+        {**_rule(LEASE.group, [LEASE.plural], named), "resourceNames": [name]},
+    )
+
+
+# The chart's Role names the Lease as its Deployment names the peering (--peering).
+CHART_LEASE_NAME = '{{ include "rlt-operator.peeringName" . }}'
+LEASE_RULES: tuple[dict[str, Any], ...] = lease_rules(CHART_LEASE_NAME)
+"""The chart's leader-Lease rules (the name a template the chart fills in)."""
 
 
 EDITOR_RULES: tuple[dict[str, Any], ...] = (
@@ -106,9 +121,13 @@ def allows(rules: tuple[dict[str, Any], ...], group: str, resource: str, verb: s
 
 
 def _yaml_rules(rules: tuple[dict[str, Any], ...]) -> str:
+    def names(r: dict[str, Any]) -> str:  # a chart template in a name is filled in by helm, then quoted
+        quoted = (f"{n[:-3]} | quote }}}}" if n.startswith("{{") else json.dumps(n) for n in r["resourceNames"])
+        return f"\n  resourceNames: [{', '.join(quoted)}]"
+
     return "\n".join(
-        f"- apiGroups: {json.dumps(r['apiGroups'])}\n  resources: {json.dumps(r['resources'])}\n"
-        f"  verbs: {json.dumps(r['verbs'])}"
+        f"- apiGroups: {json.dumps(r['apiGroups'])}\n  resources: {json.dumps(r['resources'])}"
+        f"{names(r) if 'resourceNames' in r else ''}\n  verbs: {json.dumps(r['verbs'])}"
         for r in rules
     )
 
