@@ -461,6 +461,24 @@ def test_the_operator_was_never_forbidden(cluster, operator):
     assert operator["proc"].poll() is None, "the operator exited"
 
 
+def test_the_charts_service_account_reads_and_renews_its_own_lease_only(cluster, operator):
+    """The chart's Role grants get and update on the Lease named as the peering (the one the replicas elect by),
+    create on leases; the real authorizer refuses the same verbs on another Lease of the namespace."""
+    deploy = get(cluster, "deployment", RELEASE, "-n", SYSTEM_NS)
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    (peering,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--peering=")]
+    who = f"system:serviceaccount:{SYSTEM_NS}:{deploy['spec']['template']['spec']['serviceAccountName']}"
+
+    def may(verb: str, resource: str) -> bool:
+        r = cluster.kubectl("auth", "can-i", verb, resource, "-n", SYSTEM_NS, "--as", who, check=False)
+        return r.stdout.strip() == "yes"
+
+    assert get(cluster, "lease", peering, "-n", SYSTEM_NS) is not None, "the operator took its Lease"
+    assert may("get", f"leases/{peering}") and may("update", f"leases/{peering}") and may("create", "leases")
+    assert not may("get", "leases/someone-else") and not may("update", "leases/someone-else")
+    assert not may("delete", f"leases/{peering}") and not may("list", "leases")
+
+
 def test_day_two_upgrade_rollback_and_uninstall_on_the_real_server(cluster):
     """The day-two script's Helm steps against the real server (last: it uninstalls the release the operator
     fixture runs under): `helm upgrade` changes the Deployment in place (a strategic-merge patch the sandbox
