@@ -114,6 +114,13 @@ MESSAGES = [
         'Pod Security "restricted:latest" of namespace team (label pod-security.kubernetes.io/enforce)',
     ),
     (
+        'pods "x" is forbidden: violates PodSecurity "baseline:latest": non-default capabilities (container '
+        '"trainer" must not include "IPC_LOCK" in securityContext.capabilities.add)',
+        "pods",
+        'Pod Security "baseline:latest" of namespace team (label pod-security.kubernetes.io/enforce), against '
+        "spec.resources.trainer.extra (an RDMA device: IPC_LOCK)",
+    ),
+    (
         'jobs.batch is forbidden: User "system:serviceaccount:rlt-system:rlt" cannot create resource "jobs" in API '
         'group "batch" in the namespace "team"',
         "jobs",

@@ -216,6 +216,28 @@ def test_every_child_of_every_stage_of_the_examples_passes_the_servers_dry_run(s
     assert server.list("jobs", NS) == []
 
 
+def test_an_rdma_device_brings_ipc_lock_and_pod_security_baseline_refuses_it_naming_the_field(cluster, server):
+    """A trainer given an RDMA device gets IPC_LOCK (NCCL pins its buffers): a namespace without Pod Security
+    admits its pod; one that enforces "baseline" refuses it, and the refusal names the run's field that added it."""
+    doc = tiny(resources={"trainer": {"gpus": 1, "extra": {"rdma/rdma_shared_device_a": "1"}}})
+    spec = validate_spec(doc["spec"], name="tiny", source="test")
+
+    def refusals(ns: str) -> list[str]:
+        ref = builders.RunRef(name="tiny", namespace=ns, uid=str(uuid.uuid4()))
+        return [
+            line
+            for r in dry_run.check(server, ns, spec, dry_run.checked_children(ref, spec, "sft"))
+            for line in r.lines()
+        ]
+
+    assert refusals(NS) == []
+    strict = "dry-run-baseline"
+    cluster.create_namespace(strict)
+    cluster.kubectl("label", "namespace", strict, "pod-security.kubernetes.io/enforce=baseline", "--overwrite")
+    (line,) = refusals(strict)
+    assert "IPC_LOCK" in line and "against spec.resources.trainer.extra (an RDMA device: IPC_LOCK)" in line, line
+
+
 # ------------------------------------------------------------------------------------ the operator
 
 

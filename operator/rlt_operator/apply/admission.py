@@ -135,7 +135,10 @@ def refused_by(message: str, plural: str, namespace: str, spec: RLTRunSpec | Non
         return f"admission webhook {webhook.group(1)}"
     psa = _PSA.search(message)
     if psa:
-        return f'Pod Security "{psa.group(1)}" of namespace {namespace} (label pod-security.kubernetes.io/enforce)'
+        # the one capability rlt adds (builders.common.container_security): an RDMA device in the role's extra
+        rdma = [f"spec.resources.{role}.extra (an RDMA device: IPC_LOCK)"] if "IPC_LOCK" in message else []
+        where = f'Pod Security "{psa.group(1)}" of namespace {namespace} (label pod-security.kubernetes.io/enforce)'
+        return where + _against(rdma)
     rbac = _RBAC.search(message)
     if rbac:
         group = f".{rbac.group(4)}" if rbac.group(4) else ""

@@ -287,6 +287,15 @@ _CONTAINER_SECURITY = {
 }
 
 
+def container_security(resources: dict[str, Any]) -> dict[str, Any]:
+    """The locked-down security context of a container; IPC_LOCK added back when it is given an RDMA device (an
+    extended resource whose name says rdma: rdma/rdma_shared_device_a, nvidia.com/sriov_rdma_vf): NCCL's
+    InfiniBand/RoCE transport pins the buffers it registers with the adapter, past the container's locked-memory
+    limit, which needs the capability (Pod Security "baseline" refuses it: such a namespace refuses the pod)."""
+    rdma = any("rdma" in name.lower() for name in resources.get("limits", {}))
+    return {**_CONTAINER_SECURITY, "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if rdma else {})}}
+
+
 def common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": pod_env.NAMESPACE.name, "value": ref.namespace},
@@ -337,7 +346,7 @@ def pod_container(
         "env": env,
         "resources": resources,
         "volumeMounts": [dict(m) for m in _MOUNTS],
-        "securityContext": dict(_CONTAINER_SECURITY),
+        "securityContext": container_security(resources),
         # A container that fails leaves its log's tail in its terminated state: the operator puts the error line
         # into the run's condition (rlt's one-line errors), so the cause is on the RLTRun, not only in the log.
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -96,7 +96,8 @@ class PodResources(Strict):
         default_factory=dict,
         max_length=32,  # bounded: a CEL rule of the run reads it (the API server prices rules by the worst case)
         description="More extended resources, request = limit, e.g. "
-        "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.",
+        "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'. A name that says rdma gives the container "
+        "the IPC_LOCK capability (NCCL pins its buffers for the adapter).",
     )
 
     def cpu_request(self) -> str:
