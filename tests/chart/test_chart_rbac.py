@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chart_helpers import by_kind, one, render_set, template
+from chart_helpers import CHART, IMAGE, by_kind, helm, one, render_set, template
 from suite_helpers import hack_module
 
 from rlt_operator.cluster.rbac import CLUSTER_PEERING_RULES, CLUSTER_RBAC_RULES, PEERING_RULES, RBAC_RULES, lease_rules
@@ -87,6 +87,17 @@ def test_the_leader_lease_is_granted_in_the_release_namespace_only():
     docs = template("--set", "operator.peering.name=team-a")  # the Role follows a peering named by the user
     assert peering_name(docs) == "team-a"
     assert one(docs, "Role", "-leader-election")["rules"][1]["resourceNames"] == ["team-a"]
+
+
+def test_a_peering_passed_as_an_extra_argument_is_refused_naming_the_value_to_set():
+    """The Role grants the Lease named as operator.peering.name: a --peering in extraArgs (argparse keeps the last)
+    would name another Lease, and every replica would be refused it. Other extra arguments render."""
+    refused = helm("template", "rel", str(CHART), *IMAGE, "--set", "operator.extraArgs={--peering=other}", check=False)
+    assert refused.returncode != 0 and "operator.peering.name" in refused.stderr, refused.stderr
+    docs = template(
+        "--set", "operator.extraArgs={--peering-lifetime=30,--namespace=team-*}", "--set", "rbac.create=false"
+    )
+    assert by_kind(docs, "Deployment")
 
 
 def test_the_charts_rules_are_generated_from_the_kind_table():

@@ -118,7 +118,7 @@ MESSAGES = [
         '"trainer" must not include "IPC_LOCK" in securityContext.capabilities.add)',
         "pods",
         'Pod Security "baseline:latest" of namespace team (label pod-security.kubernetes.io/enforce), against '
-        "spec.resources.trainer.extra (an RDMA device: IPC_LOCK)",
+        "spec.resources.trainer.ipcLock",
     ),
     (
         'jobs.batch is forbidden: User "system:serviceaccount:rlt-system:rlt" cannot create resource "jobs" in API '

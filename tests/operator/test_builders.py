@@ -843,7 +843,7 @@ def test_limits_extra_resources_and_pod_annotations_pass_through():
 
 def test_a_container_given_an_rdma_device_may_lock_memory_and_no_other():
     """NCCL over InfiniBand/RoCE pins the buffers it registers: the trainer given an RDMA device gets IPC_LOCK (all
-    else still dropped); its init container, and every container without one, get none."""
+    else still dropped); its init container, and every container without one, get none; ipcLock decides when set."""
     rdma = {"gpus": 8, "extra": {"rdma/rdma_shared_device_a": "1"}}
     spec = spec_from(resources={"trainer": rdma, "generator": {"gpus": 1, "extra": {"nvidia.com/sriov_rdma_vf": "1"}}})
     pod = b.trainer_job(REF, spec, "rl", 0)["spec"]["template"]["spec"]
@@ -851,11 +851,15 @@ def test_a_container_given_an_rdma_device_may_lock_memory_and_no_other():
     assert all(c["securityContext"]["capabilities"] == {"drop": ["ALL"]} for c in pod["initContainers"])
     gen = b.generator_statefulset(REF, spec, "rl", 0)["spec"]["template"]["spec"]["containers"][0]
     assert gen["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
-    for tmpl in _all_pod_templates(
-        spec_from(resources={"trainer": {"gpus": 8, "extra": {"nvidia.com/mig-3g.40gb": "1"}}})
-    ):
-        for c in tmpl["spec"]["containers"] + tmpl["spec"].get("initContainers", []):
-            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, c["name"]
+    mig = {"trainer": {"gpus": 8, "extra": {"nvidia.com/mig-3g.40gb": "1"}}}
+    off = {"trainer": {**rdma, "ipcLock": False}}  # a namespace that enforces Pod Security baseline
+    for resources in (mig, off):
+        for tmpl in _all_pod_templates(spec_from(resources=resources)):
+            for c in tmpl["spec"]["containers"] + tmpl["spec"].get("initContainers", []):
+                assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, c["name"]
+    on = {"trainer": {"gpus": 8, "ipcLock": True, "extra": {"nvidia.com/hostdev": "1"}}}  # a device named otherwise
+    pod = b.trainer_job(REF, spec_from(resources=on), "rl", 0)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
 
 
 def test_a_malformed_quantity_is_refused_naming_the_field():

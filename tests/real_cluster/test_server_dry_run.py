@@ -218,7 +218,8 @@ def test_every_child_of_every_stage_of_the_examples_passes_the_servers_dry_run(s
 
 def test_an_rdma_device_brings_ipc_lock_and_pod_security_baseline_refuses_it_naming_the_field(cluster, server):
     """A trainer given an RDMA device gets IPC_LOCK (NCCL pins its buffers): a namespace without Pod Security
-    admits its pod; one that enforces "baseline" refuses it, and the refusal names the run's field that added it."""
+    admits its pod; one that enforces "baseline" refuses it, naming the run's field that sets it (ipcLock), and
+    admits it with ipcLock false."""
     doc = tiny(resources={"trainer": {"gpus": 1, "extra": {"rdma/rdma_shared_device_a": "1"}}})
     spec = validate_spec(doc["spec"], name="tiny", source="test")
 
@@ -235,7 +236,14 @@ def test_an_rdma_device_brings_ipc_lock_and_pod_security_baseline_refuses_it_nam
     cluster.create_namespace(strict)
     cluster.kubectl("label", "namespace", strict, "pod-security.kubernetes.io/enforce=baseline", "--overwrite")
     (line,) = refusals(strict)
-    assert "IPC_LOCK" in line and "against spec.resources.trainer.extra (an RDMA device: IPC_LOCK)" in line, line
+    assert "IPC_LOCK" in line and "against spec.resources.trainer.ipcLock" in line, line
+    off = validate_spec(
+        {**doc["spec"], "resources": {"trainer": {"gpus": 1, "ipcLock": False, "extra": {"rdma/x": "1"}}}}
+    )
+    ref = builders.RunRef(name="tiny", namespace=strict, uid=str(uuid.uuid4()))
+    assert dry_run.check(server, strict, off, dry_run.checked_children(ref, off, "sft")) == [], (
+        "ipcLock false: admitted"
+    )
 
 
 # ------------------------------------------------------------------------------------ the operator

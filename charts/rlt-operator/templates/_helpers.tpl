@@ -121,6 +121,11 @@ exits at start (crash loop), two servers fight over one port, or a label or an a
 {{- fail (printf "operator.leaderElection: retryPeriod (%v) < renewDeadline (%v) < leaseDuration (%v) < 3600 seconds is required: the leader must stop acting before another replica may take the lease (client-go's rule; rlt operator exits 2 otherwise)" $le.retryPeriod $le.renewDeadline $le.leaseDuration) }}
 {{- end }}
 {{- end }}
+{{- range $o.extraArgs }}
+{{- if and $.Values.rbac.create (eq (regexReplaceAll "=.*" . "") "--peering") }}
+{{- fail (printf "operator.extraArgs: %s: the peering's name is operator.peering.name (the Lease the replicas elect by is named after it, and the chart's Role grants that Lease only)" .) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.rbac.create (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
 {{- fail "serviceAccount.create=false needs serviceAccount.name: without it the operator's RBAC would be bound to the namespace's \"default\" account, which every pod there runs as" }}
 {{- end }}

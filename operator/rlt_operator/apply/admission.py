@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from rlt.spec.run import RLTRunSpec
-from rlt_operator.builders.common import L_ROLE, ROLE_GENERATOR
+from rlt_operator.builders.common import IPC_LOCK, L_ROLE, ROLE_GENERATOR
 
 # The pod of a Job or StatefulSet sent with dryRun=All: never stored, so its name only has to be valid and not taken.
 POD_SUFFIX = "-admission-check"
@@ -135,8 +135,8 @@ def refused_by(message: str, plural: str, namespace: str, spec: RLTRunSpec | Non
         return f"admission webhook {webhook.group(1)}"
     psa = _PSA.search(message)
     if psa:
-        # the one capability rlt adds (builders.common.container_security): an RDMA device in the role's extra
-        rdma = [f"spec.resources.{role}.extra (an RDMA device: IPC_LOCK)"] if "IPC_LOCK" in message else []
+        # the one capability a container of the run may keep (builders.common.container_security)
+        rdma = [f"spec.resources.{role}.ipcLock"] if IPC_LOCK in message else []
         where = f'Pod Security "{psa.group(1)}" of namespace {namespace} (label pod-security.kubernetes.io/enforce)'
         return where + _against(rdma)
     rbac = _RBAC.search(message)

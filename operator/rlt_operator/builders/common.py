@@ -287,13 +287,14 @@ _CONTAINER_SECURITY = {
 }
 
 
-def container_security(resources: dict[str, Any]) -> dict[str, Any]:
-    """The locked-down security context of a container; IPC_LOCK added back when it is given an RDMA device (an
-    extended resource whose name says rdma: rdma/rdma_shared_device_a, nvidia.com/sriov_rdma_vf): NCCL's
-    InfiniBand/RoCE transport pins the buffers it registers with the adapter, past the container's locked-memory
-    limit, which needs the capability (Pod Security "baseline" refuses it: such a namespace refuses the pod)."""
-    rdma = any("rdma" in name.lower() for name in resources.get("limits", {}))
-    return {**_CONTAINER_SECURITY, "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if rdma else {})}}
+# The one capability a container of the run may keep (spec.resources.<role>.ipcLock).
+IPC_LOCK = "IPC_LOCK"
+
+
+def container_security(ipc_lock: bool = False) -> dict[str, Any]:
+    """The locked-down security context of a container, with IPC_LOCK added back when `ipc_lock`
+    (PodResources.locks_memory: NCCL over InfiniBand/RoCE pins the buffers it registers with the adapter)."""
+    return {**_CONTAINER_SECURITY, "capabilities": {"drop": ["ALL"], **({"add": [IPC_LOCK]} if ipc_lock else {})}}
 
 
 def common_env(ref: RunRef, spec: RLTRunSpec, stage: str, trainer: bool = True) -> list[dict[str, Any]]:
@@ -335,9 +336,11 @@ def pod_container(
     command: list[str],
     env: list[dict[str, Any]],
     resources: dict[str, Any],
+    ipc_lock: bool = False,
     **more: Any,
 ) -> dict[str, Any]:
-    """A container of the run's pods: the run's pull policy, its volumes, and the locked-down security context."""
+    """A container of the run's pods: the run's pull policy, its volumes, and the locked-down security context
+    (container_security)."""
     return {
         "name": name,
         "image": image,
@@ -346,7 +349,7 @@ def pod_container(
         "env": env,
         "resources": resources,
         "volumeMounts": [dict(m) for m in _MOUNTS],
-        "securityContext": container_security(resources),
+        "securityContext": container_security(ipc_lock),
         # A container that fails leaves its log's tail in its terminated state: the operator puts the error line
         # into the run's condition (rlt's one-line errors), so the cause is on the RLTRun, not only in the log.
         "terminationMessagePolicy": "FallbackToLogsOnError",

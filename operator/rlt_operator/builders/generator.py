@@ -157,6 +157,7 @@ def generator_statefulset(ref: RunRef, spec: RLTRunSpec, stage: str, restart: in
                     generator_command(ref.name, spec, stage),
                     env,
                     pod_resources(res),
+                    ipc_lock=res.locks_memory(),
                     # vLLM serves its vllm:* Prometheus metrics on /metrics of this port.
                     ports=[{"name": "http", "containerPort": VLLM_PORT}],
                     lifecycle={"preStop": {"exec": {"command": generator_prestop(ref, spec, stage)}}},

@@ -198,6 +198,7 @@ def trainer_job(ref: RunRef, spec: RLTRunSpec, stage: str, restart: int) -> dict
                     trainer_command(spec, stage),
                     [snapshot, *env, *common_env(ref, spec, stage)],
                     pod_resources(res),
+                    ipc_lock=res.locks_memory(),
                     ports=[
                         {"name": "rendezvous", "containerPort": MASTER_PORT},
                         {"name": "metrics", "containerPort": METRICS_PORT},

@@ -116,13 +116,25 @@ CHART_NAMES: dict[str, str] = {
 }
 
 
-def allows(rules: tuple[dict[str, Any], ...], group: str, resource: str, verb: str) -> bool:
-    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+def allows(rules: tuple[dict[str, Any], ...], group: str, resource: str, verb: str, name: str | None = None) -> bool:
+    """Whether `rules` grant `verb` on `resource` (the object `name`, if one): a rule with resourceNames grants only
+    a request for one of those names."""
+    return any(
+        group in r["apiGroups"]
+        and resource in r["resources"]
+        and verb in r["verbs"]
+        and ("resourceNames" not in r or name in r["resourceNames"])
+        for r in rules
+    )
 
 
 def _yaml_rules(rules: tuple[dict[str, Any], ...]) -> str:
-    def names(r: dict[str, Any]) -> str:  # a chart template in a name is filled in by helm, then quoted
-        quoted = (f"{n[:-3]} | quote }}}}" if n.startswith("{{") else json.dumps(n) for n in r["resourceNames"])
+    def quote(name: str) -> str:  # a chart template (`{{ include ... }}`) is filled in by helm, then quoted
+        template = re.fullmatch(r"\{\{(.*?)\}\}", name.strip())
+        return f"{{{{{template.group(1).rstrip()} | quote }}}}" if template else json.dumps(name)
+
+    def names(r: dict[str, Any]) -> str:
+        quoted = (quote(n) for n in r["resourceNames"])
         return f"\n  resourceNames: [{', '.join(quoted)}]"
 
     return "\n".join(

@@ -40,8 +40,10 @@ def has_condition(run_status: RLTRunStatus, type_: ConditionType) -> bool:
 
 # The reason of a run one of whose finished stages was edited (StagesCurrent=False): a note, which a problem replaces.
 STAGE_EDITED = "FinishedStageEdited"
+# TrainerRunning's reason while a failed Job's pod is awaited before the restart (status.gang.pods_behind_job).
+WAITING_FOR_FAILED_POD = "WaitingForFailedPod"
 # TrainerRunning's reasons while a failed gang is replaced: the run does not progress then (Ready=False).
-RESTARTING = ("GangRestart", "RestartBackOff")
+RESTARTING = ("GangRestart", "RestartBackOff", WAITING_FOR_FAILED_POD)
 
 
 def hold(run_status: RLTRunStatus, reason: str, message: str) -> None:

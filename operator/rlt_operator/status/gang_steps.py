@@ -12,7 +12,13 @@ from rlt.contract.layout import format_time, parse_time
 from rlt.spec.fingerprint import describe_changes, flat_spec
 from rlt.spec.run import RLTRunSpec, needs_generators
 from rlt_operator import builders
-from rlt_operator.status.conditions import has_condition, pod_conditions, set_condition, stuck_terminating
+from rlt_operator.status.conditions import (
+    WAITING_FOR_FAILED_POD,
+    has_condition,
+    pod_conditions,
+    set_condition,
+    stuck_terminating,
+)
 from rlt_operator.status.decision import FAILED, RUNNING, Action, Plan, fail
 from rlt_operator.status.gang import (
     capacity_condition,
@@ -124,7 +130,6 @@ def gang_ran(
 
 RESTART = "Restart"  # gang_outcome: the gang is being restarted
 POD_LAG = "PodLag"  # gang_outcome: its Job failed, its failed pod is not seen yet (pods_behind_job): decide soon
-WAITING_FOR_FAILED_POD = "WaitingForFailedPod"  # TrainerRunning's reason meanwhile
 
 
 def keep_failed_pod(ref: builders.RunRef, gang: Gang, run_status: RLTRunStatus, observed: Observed, plan: Plan) -> None:

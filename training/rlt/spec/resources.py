@@ -96,9 +96,18 @@ class PodResources(Strict):
         default_factory=dict,
         max_length=32,  # bounded: a CEL rule of the run reads it (the API server prices rules by the worst case)
         description="More extended resources, request = limit, e.g. "
-        "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'. A name that says rdma gives the container "
-        "the IPC_LOCK capability (NCCL pins its buffers for the adapter).",
+        "rdma/rdma_shared_device_a: '1' or nvidia.com/mig-3g.40gb: '1'.",
     )
+    ipc_lock: bool | None = Field(
+        None,
+        description="Give the container the IPC_LOCK capability (every other one stays dropped): NCCL over "
+        "InfiniBand/RoCE pins the buffers it registers with the adapter. Default: when a name in extra says rdma. "
+        "Pod Security baseline and restricted refuse it; false keeps it dropped.",
+    )
+
+    def locks_memory(self) -> bool:
+        """Whether the container gets IPC_LOCK: ipcLock, else whether it is given an RDMA device."""
+        return self.ipc_lock if self.ipc_lock is not None else any("rdma" in name.lower() for name in self.extra)
 
     def cpu_request(self) -> str:
         return self.cpu or str(max(MIN_CPU, CPU_PER_GPU * self.gpus))
