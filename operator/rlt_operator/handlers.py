@@ -97,8 +97,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     if lease is not None:
         own = Kube.from_environment()
         own.on_request, own.timeout = metrics.api_request, lease.renew_deadline
-        state.elector = Elector(lease, own)
-        kube.may_write = state.elector.leads  # every write of the handlers: fenced at the moment it is sent
+        # every write of the handlers: fenced at the moment it is sent, and answered before the Lease is released
+        state.elector = Elector(lease, own, writes_settled=kube.writes_settled)
+        kube.may_write = state.elector.leads
         state.election_task = asyncio.create_task(
             elect(state.elector, lambda: state.kopf_works, state.metrics.active, logger), name="rlt leader election"
         )

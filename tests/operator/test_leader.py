@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -109,6 +110,54 @@ async def test_release_hands_over_at_the_standbys_next_try_and_a_fenced_write_is
     assert not await asyncio.to_thread(a.attempt, True), "a replica that left does not take the lease back"
     clock.now += 2  # the next retry: no waiting out the 15 s
     assert await asyncio.to_thread(b.attempt, True)
+
+
+@pytest.mark.parametrize("leaving", ["stopped", "paused"])
+async def test_a_release_waits_for_the_fenced_write_on_the_wire_to_be_answered(harness, leaving):
+    """A holder that leaves (stopped: SIGTERM's release; paused: Kopf's peering made it a non-candidate) while one of
+    its writes has passed the fence but is not answered yet keeps the Lease named until the answer comes: cleared
+    earlier, the standby could take it and write beside the late write (seen in the real-cluster suite: a run's
+    status patch answered after its sender, paused by the peering, had released the Lease)."""
+    clock = Clock()
+    a, b = electors(clock)
+    gated = Kube.from_environment()
+    gated.may_write = a.leads
+    a.writes_settled = gated.writes_settled
+    assert await asyncio.to_thread(a.attempt, True)
+    on_the_wire, answer = threading.Event(), threading.Event()
+    send = gated.api.call_api
+
+    def held(*args, **kwargs):  # the request is sent once the test lets it: until then it is "on the wire"
+        on_the_wire.set()
+        answer.wait(10)
+        return send(*args, **kwargs)
+
+    gated.api.call_api = held
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "late-write"}}
+    write = asyncio.ensure_future(asyncio.to_thread(gated.create, "configmaps", NS, body))
+    try:
+        assert await asyncio.to_thread(on_the_wire.wait, 5)
+        if leaving == "stopped":
+            releasing = asyncio.ensure_future(asyncio.to_thread(a.release))
+        else:  # what the election loop does when the peering pauses the holder
+            a.step_down()
+            releasing = asyncio.ensure_future(asyncio.to_thread(a.attempt, False))
+        await asyncio.sleep(0.5)
+        assert not a.leads() and not releasing.done()
+        assert (await lease(harness))["spec"]["holderIdentity"] == "op-a", "released with a write on the wire"
+    finally:
+        answer.set()
+    assert await write is None
+    assert await releasing is (leaving == "stopped")
+    assert (await lease(harness))["spec"]["holderIdentity"] == ""
+    clock.now += 2
+    assert await asyncio.to_thread(b.attempt, True)
+    # A write that stays unanswered for a retry period: the Lease is left to expire rather than cleared under it.
+    c = Elector(LeaseConfig(name="other", namespace=NS, identity="op-c"), Kube.from_environment(), clock=clock)
+    c.writes_settled = lambda timeout: False
+    assert await asyncio.to_thread(c.attempt, True)
+    assert not await asyncio.to_thread(c.release)
+    assert (await harness.call("GET", f"{LEASE.collection_path(NS)}/other"))["spec"]["holderIdentity"] == "op-c"
 
 
 async def test_of_two_candidates_that_read_the_same_record_one_wins(harness):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlt import __version__
@@ -60,6 +61,10 @@ class Kube:
     # Asked right before every write is sent: False refuses it with NotLeader (the leader Lease's fence; None: no
     # election, every write goes).
     may_write: Callable[[], bool] | None = None
+    # The writes that passed the fence and are not answered yet (writes_settled); the lock makes the fence's check
+    # and the count one step, so a write is either counted or refused.
+    _writing: int = field(default=0, init=False, repr=False)
+    _settled: threading.Condition = field(default_factory=threading.Condition, init=False, repr=False)
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -85,8 +90,30 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> tuple[int, Any]:
-        if method != "GET" and self.may_write is not None and not self.may_write():
-            raise NotLeader(method, path)
+        fence = self.may_write if method != "GET" else None
+        if fence is not None:
+            with self._settled:
+                if not fence():
+                    raise NotLeader(method, path)
+                self._writing += 1
+        try:
+            return self._send(method, path, body, query, content_type)
+        finally:
+            if fence is not None:
+                with self._settled:
+                    self._writing -= 1
+                    self._settled.notify_all()
+
+    def writes_settled(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until no write that passed the fence is still unanswered; True when none is.
+        A leader that leaves calls it after it stopped acting and before it clears the Lease: a write already on the
+        wire then lands while the Lease still names it, never beside a new holder's."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._writing == 0, timeout)
+
+    def _send(
+        self, method: str, path: str, body: Any, query: list[tuple[str, str]] | None, content_type: str
+    ) -> tuple[int, Any]:
         if method in ("POST", "PATCH", "PUT"):
             query = [*(query or []), ("fieldManager", FIELD_MANAGER)]
         m, url, headers, body, _ = self.api.param_serialize(

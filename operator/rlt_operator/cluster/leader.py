@@ -9,8 +9,10 @@ which of several `rlt operator --peering` replicas may act (docs/decisions/leade
   could have seen that record. renew_deadline < lease_duration: the holder stops acting at least
   lease_duration - renew_deadline before any other may take over, even if it was frozen (SIGSTOP, a starved CPU)
   and its renewals never went out. `leads()` reads the clock each time: it needs no task to run to turn false.
-- A holder that leaves (SIGTERM, or Kopf's peering pauses it) stops acting first, then releases the Lease (holder
-  cleared, one-second duration) so that a standby takes it at its next try rather than after the lease duration.
+- A holder that leaves (SIGTERM, or Kopf's peering pauses it) stops acting first, then waits (a retry period at
+  most) for its writes already on the wire to be answered, then releases the Lease (holder cleared, one-second
+  duration) so that a standby takes it at its next try rather than after the lease duration. A write still
+  unanswered then keeps the Lease named: the standby waits out the lease, the fence's margin covers the write.
 """
 
 from __future__ import annotations
@@ -78,8 +80,11 @@ class Elector:
         kube: Kube,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+        writes_settled: Callable[[float], bool] = lambda _timeout: True,
     ):
         self.config, self.kube, self.clock, self.wall = config, kube, clock, wall
+        # Waits until the fenced client's writes on the wire are answered (Kube.writes_settled): before a release.
+        self.writes_settled = writes_settled
         self.renewed_at: float | None = None  # clock before the last successful acquire/renew was sent
         self.observed: tuple[Any, ...] | None = None  # the last Lease record read
         self.observed_at = 0.0  # when that record was first seen unchanged
@@ -116,7 +121,7 @@ class Elector:
         mine = self.holder == cfg.identity
         if not candidate or self.closed:
             self.renewed_at = None
-            if mine:
+            if mine and self.writes_settled(cfg.retry_period):  # else tried again at the next attempt
                 self._clear(lease)
             return False
         duration = float(spec.get("leaseDurationSeconds") or cfg.lease_duration)
@@ -155,15 +160,16 @@ class Elector:
         self.renewed_at = None
 
     def release(self) -> bool:
-        """Leave: stop acting, then clear the holder if it is still this replica, so that a standby need not wait out
-        the lease. One read and one write with this Kube's timeout; False if the Lease was not ours or the write
-        failed. No later attempt takes it again."""
+        """Leave: stop acting, let the writes on the wire be answered, then clear the holder if it is still this
+        replica, so that a standby need not wait out the lease. One read and one write with this Kube's timeout;
+        False if the Lease was not ours, a write stayed unanswered for a retry period or the clearing failed. No
+        later attempt takes it again."""
         self.closed = True
         self.step_down()
         lease = self.kube.get(LEASE.plural, self.config.namespace, self.config.name)
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.config.identity:
             return False
-        return self._clear(lease)
+        return self.writes_settled(self.config.retry_period) and self._clear(lease)
 
 
 async def elect(elector: Elector, candidate: Callable[[], bool], changed: Callable[[bool], None], logger: Any) -> None:
