@@ -138,15 +138,20 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def _release(elector: Elector) -> None:
-    """Hand the Lease over on the way out (a standby takes it at its next try), bounded: an API that does not answer
-    costs at most RELEASE_TIMEOUT (the standby then waits out the lease)."""
-    elector.step_down()  # first: nothing acts from here on, whatever the release does
+    """Hand the Lease over on the way out (a standby takes it at its next try), bounded: an API that does not answer,
+    or a write of the handlers still unanswered, costs at most RELEASE_TIMEOUT (the standby then waits out the
+    lease)."""
+    elector.leave()  # first: nothing acts from here on, whatever the release does
     if elector.holder != elector.config.identity:
-        elector.closed = True
         return  # a standby: nothing to hand over, no request in the stop path
     elector.kube.timeout = RELEASE_TIMEOUT
     try:
-        await asyncio.wait_for(asyncio.to_thread(elector.release), RELEASE_TIMEOUT)
+        released = await asyncio.wait_for(asyncio.to_thread(elector.release, RELEASE_TIMEOUT), RELEASE_TIMEOUT)
+        if not released:
+            log.info(
+                f"leader Lease not cleared (no longer this replica's, or a write still unanswered after "
+                f"{RELEASE_TIMEOUT:g}s): a standby takes it when it expires"
+            )
     except Exception as err:  # noqa: BLE001 - best effort: the lease expires anyway
         log.info(f"leader Lease not released ({err or type(err).__name__}): a standby takes it when it expires")
 

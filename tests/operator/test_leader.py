@@ -8,6 +8,7 @@ at its renew deadline, before another replica may take the lease.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -120,6 +121,8 @@ async def test_a_release_waits_for_the_fenced_write_on_the_wire_to_be_answered(h
     status patch answered after its sender, paused by the peering, had released the Lease)."""
     clock = Clock()
     a, b = electors(clock)
+    # The wait for the write is in real seconds (a retry period at most): long, so a slow machine cannot end it.
+    a.config = dataclasses.replace(a.config, retry_period=8.0)
     gated = Kube.from_environment()
     gated.may_write = a.leads
     a.writes_settled = gated.writes_settled
@@ -158,6 +161,52 @@ async def test_a_release_waits_for_the_fenced_write_on_the_wire_to_be_answered(h
     assert await asyncio.to_thread(c.attempt, True)
     assert not await asyncio.to_thread(c.release)
     assert (await harness.call("GET", f"{LEASE.collection_path(NS)}/other"))["spec"]["holderIdentity"] == "op-c"
+
+
+async def test_a_renewal_answered_while_the_holder_leaves_does_not_let_it_act_again(harness):
+    """The election's renewal is on the wire when SIGTERM's release runs: the release reads the renewed record and
+    clears it; the renewal's answer, arriving after, must not make the replica lead for another renew deadline."""
+    clock = Clock()
+    a, b = electors(clock)
+    assert await asyncio.to_thread(a.attempt, True)
+    applied, answered = threading.Event(), threading.Event()
+    replace = a.kube.replace
+    held = [True]
+
+    def renewal_answered_late(*args):
+        out = replace(*args)
+        if held.pop() if held else False:  # only the renewal: the release's own clearing goes straight through
+            applied.set()
+            answered.wait(10)
+        return out
+
+    a.kube.replace = renewal_answered_late  # type: ignore[method-assign]
+    clock.now += 2
+    renewing = asyncio.ensure_future(asyncio.to_thread(a.attempt, True))
+    try:
+        assert await asyncio.to_thread(applied.wait, 5)
+        assert await asyncio.to_thread(a.release)
+    finally:
+        answered.set()
+    assert not await renewing and not a.leads(), "the late renewal made the leaving replica lead again"
+    assert (await lease(harness))["spec"]["holderIdentity"] == ""
+    clock.now += 2
+    assert await asyncio.to_thread(b.attempt, True)
+
+
+def test_leads_reads_its_renewal_once():
+    """An attempt in its thread may clear the renewal while the fence reads it: the answer is one or the other, never
+    an exception (which would end the election loop and fail the handlers' write with a TypeError)."""
+    config = LeaseConfig(name="rlt-operator", namespace=NS, identity="op-a")
+    elector: Elector
+
+    def clock_read_while_an_attempt_steps_down() -> float:
+        elector.step_down()
+        return 1000.0
+
+    elector = Elector(config, Kube(api=None), clock=clock_read_while_an_attempt_steps_down)
+    elector.renewed_at = 999.0
+    assert elector.leads() in (True, False)
 
 
 async def test_of_two_candidates_that_read_the_same_record_one_wins(harness):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,9 +91,21 @@ class Elector:
         self.observed_at = 0.0  # when that record was first seen unchanged
         self.holder = ""  # who the last record read names
         self.closed = False  # leaving: an attempt still running in its thread must not take the Lease back
+        # `closed` and a new `renewed_at` change as one step: a renewal answered while the replica leaves cannot let
+        # it act again after it stepped down.
+        self._leaving = threading.Lock()
 
     def leads(self) -> bool:
-        return self.renewed_at is not None and self.clock() < self.renewed_at + self.config.renew_deadline
+        renewed = self.renewed_at  # read once: an attempt's thread may clear it meanwhile
+        return renewed is not None and self.clock() < renewed + self.config.renew_deadline
+
+    def _held_since(self, sent: float) -> bool:
+        """Record a successful acquire or renewal sent at `sent`; False (and no lead) when the replica is leaving."""
+        with self._leaving:
+            if self.closed:
+                return False
+            self.renewed_at = sent
+            return True
 
     def _observe(self, lease: dict[str, Any]) -> None:
         record = _record(lease)
@@ -114,8 +127,8 @@ class Elector:
             body = {"apiVersion": LEASE.api_version, "kind": LEASE.kind, "metadata": meta, "spec": self._spec(None, 0)}
             if self.kube.create(LEASE.plural, cfg.namespace, body) is not None:
                 return False  # another candidate created it first
-            self.renewed_at, self.holder = sent, cfg.identity
-            return True
+            self.holder = cfg.identity
+            return self._held_since(sent)
         self._observe(lease)
         spec = lease.get("spec") or {}
         mine = self.holder == cfg.identity
@@ -134,9 +147,8 @@ class Elector:
         )
         if written is None:  # 409: another replica wrote it since it was read
             return self.leads()
-        self.renewed_at = sent
         self._observe(written)
-        return True
+        return self._held_since(sent)
 
     def _clear(self, lease: dict[str, Any]) -> bool:
         spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": micro_time(self.wall())}
@@ -159,17 +171,22 @@ class Elector:
         """Stop acting now (the Lease is released separately)."""
         self.renewed_at = None
 
-    def release(self) -> bool:
+    def leave(self) -> None:
+        """Stop acting for good: no later attempt, nor a renewal already on the wire, makes this replica lead again."""
+        with self._leaving:
+            self.closed = True
+            self.renewed_at = None
+
+    def release(self, settle: float | None = None) -> bool:
         """Leave: stop acting, let the writes on the wire be answered, then clear the holder if it is still this
         replica, so that a standby need not wait out the lease. One read and one write with this Kube's timeout;
-        False if the Lease was not ours, a write stayed unanswered for a retry period or the clearing failed. No
-        later attempt takes it again."""
-        self.closed = True
-        self.step_down()
+        False if the Lease was not ours, a write stayed unanswered for `settle` seconds (default: a retry period) or
+        the clearing failed. No later attempt takes it again."""
+        self.leave()
         lease = self.kube.get(LEASE.plural, self.config.namespace, self.config.name)
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.config.identity:
             return False
-        return self.writes_settled(self.config.retry_period) and self._clear(lease)
+        return self.writes_settled(self.config.retry_period if settle is None else settle) and self._clear(lease)
 
 
 async def elect(elector: Elector, candidate: Callable[[], bool], changed: Callable[[bool], None], logger: Any) -> None:
