@@ -3,14 +3,15 @@ reader's scalar checks run in linear time on long adversarial scalars."""
 
 from __future__ import annotations
 
-import gc
-import time
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 from suite_helpers import tiny_doc
 
 from rlt.spec.loading import SpecError, parse_run
-from rlt.spec.reader import load_yaml
 
 
 def _refused(doc: dict) -> str:
@@ -45,10 +46,14 @@ def test_a_trailing_newline_is_refused_as_the_api_server_refuses_it(where, field
     assert field in _refused(doc)
 
 
-def _seconds_to_read(scalar: str) -> float:
-    """CPU seconds of this thread to read `a: <scalar>`: other processes on a busy machine do not count (wall time
-    did: a CI run beside a training job measured 12x for a linear 4x), nor does a garbage collection."""
-    text = f"a: {scalar}\n"
+# Runs in a child process so that a quadratic reader fails at the timeout instead of holding the suite for an
+# hour. It prints the least of three reads of each size, in the child's own thread CPU seconds (other processes on a
+# busy machine do not count; wall time did: a CI run beside a training job measured 12x for a linear 4x), GC off.
+_TIMING = """
+import gc, json, sys, time
+
+def seconds(scalar):
+    text = "a: " + scalar + "\\n"
     gc.disable()
     try:
         t0 = time.thread_time()
@@ -57,15 +62,33 @@ def _seconds_to_read(scalar: str) -> float:
     finally:
         gc.enable()
 
+unit, n = sys.argv[1], int(sys.argv[2])
+seconds(unit * n + "x")  # warm up
+small = min(seconds(unit * n + "x") for _ in range(3))
+large = min(seconds(unit * (8 * n) + "x") for _ in range(3))
+print(json.dumps({"small": small, "large": large}))
+"""
+TIMEOUT_S = 120  # a linear read of both sizes takes seconds; a quadratic one took 60 s at 80,000 characters
+
 
 @pytest.mark.parametrize("unit", ["1_", "0x1_", "+0_", "9"])
 def test_reading_long_plain_scalars_takes_linear_time(unit):
     """A plain scalar of digits and underscores that is almost a YAML 1.1 number: reading 8x as much takes about
-    8x as long, far from the 64x of a quadratic check (which took 60 s at 80,000 characters)."""
+    8x as long, far from the 64x of a quadratic check."""
     n = 50_000  # large enough that the reader's own work, not the clock's granularity, is what is timed
-    _seconds_to_read(unit * n + "x")  # warm up
-    small = min(_seconds_to_read(unit * n + "x") for _ in range(3))
-    large = min(_seconds_to_read(unit * (8 * n) + "x") for _ in range(3))
-    assert large < 30.0, f"{large:.2f} s to read one scalar of {len(unit) * 8 * n} characters"  # quadratic: minutes
-    ratio = large / max(small, 0.02)
-    assert ratio < 24, f"8x the input took {ratio:.1f}x the time (linear: 8x, quadratic: 64x)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _TIMING, unit, str(n)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading scalars of {len(unit) * n} and {len(unit) * 8 * n} characters took over {TIMEOUT_S} s")
+    assert done.returncode == 0, done.stderr
+    times = json.loads(done.stdout)
+    ratio = times["large"] / max(times["small"], 0.02)
+    assert ratio < 24, f"8x the input took {ratio:.1f}x the time (linear: 8x, quadratic: 64x): {times}"

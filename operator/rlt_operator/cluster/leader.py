@@ -9,10 +9,11 @@ which of several `rlt operator --peering` replicas may act (docs/decisions/leade
   could have seen that record. renew_deadline < lease_duration: the holder stops acting at least
   lease_duration - renew_deadline before any other may take over, even if it was frozen (SIGSTOP, a starved CPU)
   and its renewals never went out. `leads()` reads the clock each time: it needs no task to run to turn false.
-- A holder that leaves (SIGTERM, or Kopf's peering pauses it) stops acting first, then waits (a retry period at
-  most) for its writes already on the wire to be answered, then releases the Lease (holder cleared, one-second
-  duration) so that a standby takes it at its next try rather than after the lease duration. A write still
-  unanswered then keeps the Lease named: the standby waits out the lease, the fence's margin covers the write.
+- A holder that leaves (SIGTERM, or Kopf's peering pauses it) stops acting first, then waits (at most the stop
+  path's RELEASE_TIMEOUT on SIGTERM, a retry period when paused) for its writes already on the wire to be answered,
+  then releases the Lease (holder cleared, one-second duration) so that a standby takes it at its next try rather
+  than after the lease duration. A write still unanswered then keeps the Lease named: the standby waits out the
+  lease, the fence's margin covers the write.
 """
 
 from __future__ import annotations
