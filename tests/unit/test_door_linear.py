@@ -51,6 +51,7 @@ def test_a_trailing_newline_is_refused_as_the_api_server_refuses_it(where, field
 # busy machine do not count; wall time did: a CI run beside a training job measured 12x for a linear 4x), GC off.
 _TIMING = """
 import gc, json, sys, time
+from rlt.spec.reader import load_yaml
 
 def seconds(scalar):
     text = "a: " + scalar + "\\n"
