@@ -58,7 +58,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--port", type=int, help="port of the emulated API (default 18443, or a free one when 18443 is taken)"
     )
-    p.add_argument("--kubeconfig", help="where to write the kubeconfig (default: $TMPDIR/rlt-sandbox/kubeconfig)")
+    p.add_argument(
+        "--kubeconfig", metavar="FILE", help="where to write the kubeconfig (default: $TMPDIR/rlt-sandbox/kubeconfig)"
+    )
     p.add_argument("--namespace", action="append", metavar="NS", help="extra namespaces to create")
     p.add_argument(
         "--run-pods",
@@ -99,15 +101,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the chart's monitoring on this machine: a real Prometheus (make tools) with the chart's scrape config "
         "and alert rules, and its dashboards drawn as PNGs, for a local run (started here from FILE) or the sandbox",
     )
-    m.add_argument("file", nargs="?", help="a run file to run here with its metrics served (rlt run FILE)")
+    m.add_argument(
+        "file", nargs="?", metavar="FILE", help="a run file to run here with its metrics served (rlt run FILE)"
+    )
     m.add_argument("--trainer", metavar="HOST:PORT", help="a run's exporter already serving (rlt run --metrics-port)")
     m.add_argument(
         "--operator", metavar="HOST:PORT", help="the operator's metrics (rlt sandbox with RLT_OPERATOR_METRICS_PORT)"
     )
     m.add_argument("--port", type=int, default=9090, help="Prometheus' port on 127.0.0.1 (default 9090)")
-    m.add_argument("--out", help="where the dashboards' PNGs go (default results/<run>/dashboards)")
+    m.add_argument("--out", metavar="DIR", help="where the dashboards' PNGs go (default results/<run>/dashboards)")
     m.add_argument(
         "--every", type=float, default=30.0, help="seconds between two drawings of the dashboards (default: 30)"
     )
-    m.add_argument("--work", help="Prometheus' data and config folder (default a new temp folder)")
+    m.add_argument("--work", metavar="DIR", help="Prometheus' data and config folder (default a new temp folder)")
     m.set_defaults(func=cmd_monitor)

@@ -102,10 +102,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "preflight",
         help="the trainer pod's init check: `rlt validate`, then the run's volume and the stage's capacity plan",
     )
-    p.add_argument("file", help="the run file, or env:VAR (the pod's RLT_RUN_YAML)")
+    p.add_argument("file", metavar="FILE", help="the run file, or env:VAR (the pod's RLT_RUN_YAML)")
     p.add_argument("--stage", choices=STAGE_ORDER, help="the stage this pod runs: check the volume for it")
-    p.add_argument("--root", help="the run volume's mount (with --stage; default: the current folder)")
-    p.add_argument("--message-file", help="write the capacity check's line here (the termination message)")
+    p.add_argument("--root", metavar="ROOT", help="the run volume's mount (with --stage; default: the current folder)")
+    p.add_argument(
+        "--message-file", metavar="FILE", help="write the capacity check's line here (the termination message)"
+    )
     p.set_defaults(func=run)
 
 

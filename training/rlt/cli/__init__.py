@@ -232,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "files",
         nargs="+",
+        metavar="FILE",
         help="RLTRun YAML files (several runs per file allowed), folders (their *.yaml, *.yml), - for standard "
         "input, or env:VAR",
     )
@@ -261,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlt.checks import preflight
 
     preflight.register(sub)
+    from rlt.cli import completion
+
+    completion.register(sub)
 
     register_command_groups(sub)
     return parser

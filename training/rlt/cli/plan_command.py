@@ -163,6 +163,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "files",
         nargs="+",
+        metavar="FILE",
         help="RLTRun YAML files (several runs per file allowed), folders (their *.yaml, *.yml) or - for standard input",
     )
     p.add_argument(

@@ -189,8 +189,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
-    p.add_argument("file", help="RLTRun YAML")
-    p.add_argument("--output", default="results", help="results folder (default: results)")
+    p.add_argument("file", metavar="FILE", help="RLTRun YAML")
+    p.add_argument("--output", metavar="OUTPUT", default="results", help="results folder (default: results)")
     p.add_argument(
         "--metrics-port",
         type=_metrics_port_flag,
@@ -215,21 +215,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("eval", help="rcl: APG/NDR/TES of a teacher on the held-out split -> OUTPUT/<run>/eval/")
-    p.add_argument("file", help="RLTRun YAML (method: rcl)")
+    p.add_argument("file", metavar="FILE", help="RLTRun YAML (method: rcl)")
     p.add_argument(
         "--teacher",
         help="teacher to evaluate: a model path or hub id, builtin:<name>, 'initial' "
         "(spec.teacher), 'none' (no teacher); default: the run's latest trained teacher (rl, else sft)",
     )
     p.add_argument("--label", help="row name in the report (default: from --teacher)")
-    p.add_argument("--output", default="results", help="results folder of the run (default: results)")
+    p.add_argument("--output", metavar="OUTPUT", default="results", help="results folder of the run (default: results)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("stage", help="run one stage of the run in --config (what the operator's pods execute)")
     p.add_argument("name", choices=STAGE_ORDER)
-    p.add_argument("--config", required=True, help="RLTRun YAML (the run's ConfigMap)")
-    p.add_argument("--root", default="/data", help="data root, the run's PVC (default: /data)")
+    p.add_argument("--config", metavar="FILE", required=True, help="RLTRun YAML (the run's ConfigMap)")
+    p.add_argument("--root", metavar="ROOT", default="/data", help="data root, the run's PVC (default: /data)")
     p.add_argument(
         "--restart",
         action="store_true",
@@ -241,8 +241,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="distil students from the RL teacher, the SFT-only teacher and the dataset's traces; "
         "evaluate them and the untrained student (OUTPUT/<run>/compare/)",
     )
-    p.add_argument("file", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)")
-    p.add_argument("--output", default="results", help="results folder (default: results)")
+    p.add_argument(
+        "file", metavar="FILE", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)"
+    )
+    p.add_argument("--output", metavar="OUTPUT", default="results", help="results folder (default: results)")
     p.add_argument(
         "--metrics-port",
         type=_metrics_port_flag,
