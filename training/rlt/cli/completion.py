@@ -15,20 +15,17 @@ FILE_METAVARS = frozenset({"FILE"})
 DIR_METAVARS = frozenset({"DIR", "OUTPUT", "ROOT"})
 
 
-def mark_paths(parser: argparse.ArgumentParser, file: object, directory: object) -> int:
-    """Give every argument of `parser` and its subcommands that names a FILE or a folder shtab's path completion;
-    returns how many were marked."""
-    marked = 0
+def mark_paths(parser: argparse.ArgumentParser, file: object, directory: object) -> None:
+    """Give every argument of `parser` and its subcommands whose metavar names a file or a folder shtab's path
+    completion (`file` or `directory`, shtab's values; read from its `complete` attribute)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            marked += sum(mark_paths(sub, file, directory) for sub in action.choices.values())
+            for sub in action.choices.values():
+                mark_paths(sub, file, directory)
         elif action.metavar in FILE_METAVARS:
-            action.complete = file  # type: ignore[attr-defined]  # shtab reads this attribute
-            marked += 1
+            action.complete = file  # type: ignore[attr-defined]
         elif action.metavar in DIR_METAVARS:
             action.complete = directory  # type: ignore[attr-defined]
-            marked += 1
-    return marked
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
