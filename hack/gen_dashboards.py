@@ -25,7 +25,7 @@ DOC = ROOT / "docs" / "dashboards.md"
 S = 'namespace=~"$namespace", run=~"$run"'
 RI = "$__rate_interval"
 CR = 'controller="rltrun"'  # the operator's controller in controller-runtime's series (rlt.contract.metrics.CONTROLLER)
-OPJOB = 'job=~".*rlt-operator.*"'
+OPJOB = 'job="rlt-operator"'  # the Service's fixed jobLabel value (a PodMonitor's job is <namespace>/<name>)
 
 
 @dataclass

@@ -407,7 +407,7 @@ def test_long_and_odd_release_names_give_valid_distinct_names():
 
 
 def test_the_operator_scrape_job_is_rlt_operator_whatever_the_chart_is_called():
-    """RLTOperatorDown and the operator dashboard select job=~".*rlt-operator.*"; nameOverride must not rename it."""
+    """RLTOperatorDown and the operator dashboard select job="rlt-operator"; nameOverride must not rename it."""
     docs = template(
         "-f",
         str(CHART / "ci" / "monitoring-values.yaml"),
