@@ -136,7 +136,8 @@ def servicemonitor_scrape_configs(sm: dict[str, Any], sd_file: Path, interval: s
 
 
 def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Kubernetes service discovery's `pod` role: one target per container port, with the pod's meta labels."""
+    """Kubernetes service discovery's `pod` role: one target per container port, with the pod's meta labels (its
+    labels and annotations among them)."""
     groups = []
     for pod in pods:
         ip = (pod.get("status") or {}).get("podIP")
@@ -148,9 +149,10 @@ def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "__meta_kubernetes_pod_name": meta["name"],
             "__meta_kubernetes_pod_phase": (pod.get("status") or {}).get("phase", ""),
         }
-        for key, value in (meta.get("labels") or {}).items():
-            base[f"__meta_kubernetes_pod_label_{meta_name(key)}"] = value
-            base[f"__meta_kubernetes_pod_labelpresent_{meta_name(key)}"] = "true"
+        for kind, pairs in (("label", meta.get("labels")), ("annotation", meta.get("annotations"))):
+            for key, value in (pairs or {}).items():
+                base[f"__meta_kubernetes_pod_{kind}_{meta_name(key)}"] = value
+                base[f"__meta_kubernetes_pod_{kind}present_{meta_name(key)}"] = "true"
         for c in pod["spec"]["containers"]:
             for port in c.get("ports") or []:
                 labels = {

@@ -147,5 +147,5 @@ def test_templates_take_the_api_group_and_run_labels_from_the_code():
     pm = one(docs, "PodMonitor")
     assert {e["key"] for e in pm["spec"]["selector"]["matchExpressions"]} == {L_RUN, L_ROLE}
     sources = {s for ep in pm["spec"]["podMetricsEndpoints"] for r in ep["relabelings"] for s in r["sourceLabels"]}
-    assert sources == {rbac.CHART_NAMES["runLabelMeta"], rbac.CHART_NAMES["roleLabelMeta"]}
+    assert sources == {rbac.CHART_NAMES[k] for k in ("runLabelMeta", "roleLabelMeta", "jobIndexMeta")}
     assert one(docs, "CustomResourceDefinition")["metadata"]["name"] == rbac.CHART_NAMES["crdName"]

@@ -88,4 +88,5 @@ each verb comes from.
 {{- define "rlt-operator.roleLabel" -}}rlt.dev/role{{- end }}
 {{- define "rlt-operator.runLabelMeta" -}}__meta_kubernetes_pod_label_rlt_dev_run{{- end }}
 {{- define "rlt-operator.roleLabelMeta" -}}__meta_kubernetes_pod_label_rlt_dev_role{{- end }}
+{{- define "rlt-operator.jobIndexMeta" -}}__meta_kubernetes_pod_annotation_batch_kubernetes_io_job_completion_index{{- end }}
 {{- define "rlt-operator.jobLabel" -}}rlt.dev/job{{- end }}

@@ -37,7 +37,7 @@ import json
 import re
 from typing import Any
 
-from rlt_operator.builders.common import L_ROLE, L_RUN
+from rlt_operator.builders.common import JOB_INDEX_ANNOTATION, L_ROLE, L_RUN
 from rlt_operator.config.kinds import CHILDREN, CLUSTER_PEERING, EVENTS, LEASE, PEERING, RUN, Kind
 
 
@@ -111,6 +111,8 @@ CHART_NAMES: dict[str, str] = {
     "roleLabel": L_ROLE,
     "runLabelMeta": "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", L_RUN),
     "roleLabelMeta": "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", L_ROLE),
+    # a trainer pod's completion index: the PodMonitor scrapes only index 0, where global rank 0 serves /metrics
+    "jobIndexMeta": "__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9_]", "_", JOB_INDEX_ANNOTATION),
     # the metrics Service's label whose value is the ServiceMonitor's job: "rlt-operator" whatever nameOverride says
     "jobLabel": f"{RUN.group}/job",
 }
