@@ -59,6 +59,22 @@ def test_the_test_pod_asks_the_metrics_service_and_no_selector_of_the_release_pi
     assert pod["spec"]["automountServiceAccountToken"] is False  # it talks to no API server
 
 
+def test_the_test_pod_goes_where_the_operators_pods_may_go():
+    """Nodes reached only with a toleration, or picked by a nodeSelector: the test pod follows the operator's."""
+    docs = template(
+        "--set",
+        "nodeSelector.pool=system",
+        "--set",
+        "tolerations[0].key=dedicated,tolerations[0].operator=Equal,tolerations[0].value=system,"
+        "tolerations[0].effect=NoSchedule",
+    )
+    pod, operator = helm_test_pod(docs)["spec"], one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == operator["nodeSelector"] == {"pool": "system"}
+    assert pod["tolerations"] == operator["tolerations"] and pod["tolerations"][0]["key"] == "dedicated"
+    defaults = helm_test_pod(render_set("defaults"))["spec"]
+    assert "nodeSelector" not in defaults and "tolerations" not in defaults
+
+
 def test_no_test_pod_without_the_metrics_service():
     docs = template("--set", "metrics.service.enabled=false")
     assert not [d for d in docs if HOOK in (d["metadata"].get("annotations") or {})]
