@@ -178,7 +178,7 @@ class _Server:
 
 
 async def test_the_gate_holds_on_a_forbidden_pod_and_on_someone_elses_name_not_on_its_own_child():
-    from rlt_operator.status.decide import Action
+    from rlt_operator.status.decision import Action
 
     actions = [Action("create", "jobs", "tiny-sft", {})]
     decided = {"stage": "sft", "restarts": 0}

@@ -162,7 +162,7 @@ class _Server:
 
 
 async def test_the_gate_holds_every_create_while_a_child_is_refused_and_checks_once_per_stage():
-    from rlt_operator.status.decide import Action
+    from rlt_operator.status.decision import Action
 
     bad = {"message": "bad", "details": {"causes": [{"field": "spec.template.spec.nodeSelector", "message": "no"}]}}
     server, memory = _Server({"jobs": (422, bad)}), dry_run.ChildrenCheck()

@@ -521,3 +521,32 @@ async def test_an_edit_of_a_finished_stage_is_recorded_reported_and_not_applied(
     assert messages.count("FinishedStageEdited") == 1
     job = await harness.get("jobs", "tiny-sft")
     assert job["status"].get("succeeded"), "the finished sft Job is neither replaced nor re-run"
+
+
+async def test_the_generators_policy_follows_the_operators_scrapers_for_a_run_already_going(harness, monkeypatch):
+    """An operator upgraded with another metrics.podMonitor.prometheusNamespaces updates the NetworkPolicy of a run
+    whose generators already serve: Prometheus of the new namespace may then scrape them (the trainer's rule kept)."""
+    monkeypatch.delenv("RLT_PROMETHEUS_NAMESPACES", raising=False)
+    await harness.start_operator()
+    doc = server_mode(example())
+    doc["spec"]["stages"]["sft"]["enabled"] = False
+    await harness.create_run(doc)
+    before = await harness.wait_object("networkpolicies", "tiny-generator")
+    assert len(before["spec"]["ingress"]) == 1  # the run's trainers only
+    await harness.generators_ready("tiny")
+    await harness.trainer_running("tiny", "rl")
+    await harness.stop_operator()
+
+    monkeypatch.setenv("RLT_PROMETHEUS_NAMESPACES", "monitoring")
+    await harness.start_operator()
+
+    async def updated():
+        policy = await harness.get("networkpolicies", "tiny-generator")
+        return policy if len(policy["spec"]["ingress"]) == 2 else None
+
+    after = await harness.wait(updated, "the policy's rules to take the new scrapers")
+    trainers, scrapers = after["spec"]["ingress"]
+    assert trainers == before["spec"]["ingress"][0]
+    assert scrapers["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
+    assert after["metadata"]["uid"] == before["metadata"]["uid"], "patched in place: never a moment without it"
+    assert (await harness.run_status("tiny"))["phase"] == "Running"

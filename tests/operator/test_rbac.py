@@ -41,7 +41,8 @@ def permission(method: str, path: str, watch: bool) -> tuple[str, str, str] | No
     return group, res, verb
 
 
-async def test_operator_requests_are_exactly_the_rbac_rules(harness):
+async def test_operator_requests_are_exactly_the_rbac_rules(harness, monkeypatch):
+    monkeypatch.delenv("RLT_PROMETHEUS_NAMESPACES", raising=False)
     await harness.start_operator()
     doc = server_mode(example(**{"spec.backoffLimit": 1}))
     doc["spec"]["storage"]["retentionPolicy"] = "Delete"  # so that deletion deletes the PVC too
@@ -62,6 +63,14 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness):
     await harness.trainer_succeeded("tiny", "sft")
     await harness.generators_ready("tiny")
     await harness.trainer_running("tiny", "rl")
+    # An operator upgraded with other scrapers updates the generators' policy (networkpolicies patch).
+    await harness.stop_operator()
+    monkeypatch.setenv("RLT_PROMETHEUS_NAMESPACES", "monitoring")
+    await harness.start_operator()
+    await harness.wait(
+        lambda: any(r.method == "PATCH" and "/networkpolicies/" in r.url.path for r in harness.operator_requests()),
+        "the generators' policy patched",
+    )
     # A trainer pod fails, its gang restarts: deletes, and the failed pod is kept (pods patch; pods delete with the run)
     await harness.failed_trainer_pod("tiny", "rl", "aaaaa", "RuntimeError: boom")
     await harness.trainer_failed("tiny", "rl")

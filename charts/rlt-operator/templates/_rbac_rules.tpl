@@ -32,7 +32,7 @@ each verb comes from.
   verbs: ["list", "watch", "create", "delete"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 {{- end }}
 
 {{/* Rules on cluster-scoped resources, needed in both modes (Kopf's resource discovery). */}}

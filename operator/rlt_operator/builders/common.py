@@ -4,6 +4,7 @@ containers. Pure: no I/O, no Kopf."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,13 @@ L_ROLE = f"{PREFIX}/role"
 L_STAGE = f"{PREFIX}/stage"
 L_RESTART = f"{PREFIX}/restart"
 L_SHAPE = f"{PREFIX}/shape"
-A_CONFIG_HASH = f"{PREFIX}/config-hash"
+A_CONFIG_HASH = f"{PREFIX}/config-hash"  # of what the operator keeps equal to the spec in a child it made
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 

@@ -11,6 +11,7 @@ from rlt.contract.env import VLLM_CACHE_ROOT, VLLM_DEV_MODE
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import generation
 from rlt_operator.builders.common import (
+    A_CONFIG_HASH,
     GENERATOR_BUSY_S,
     GENERATOR_ENTRYPOINT,
     GENERATOR_PROBE_TIMEOUT_S,
@@ -24,6 +25,7 @@ from rlt_operator.builders.common import (
     VLLM_PORT,
     RunRef,
     common_env,
+    config_hash,
     generator_model,
     generator_name,
     generator_policy_name,
@@ -217,9 +219,11 @@ def generator_network_policy(ref: RunRef, spec: RLTRunSpec, scrapers: tuple[str,
                 "ports": [{"protocol": "TCP", "port": VLLM_PORT}],
             }
         )
+    # The hash of the rules: a change of the scrapers (an operator upgrade) reaches the policy of a run already going.
+    rules = {A_CONFIG_HASH: config_hash(json.dumps(ingress, sort_keys=True))}
     return {
         **type_meta("networkpolicies"),
-        "metadata": object_meta(ref, name, labels(ref.name, ROLE_GENERATOR)),
+        "metadata": object_meta(ref, name, labels(ref.name, ROLE_GENERATOR), rules),
         "spec": {
             "podSelector": {"matchLabels": {L_RUN: ref.name, L_ROLE: ROLE_GENERATOR}},
             "policyTypes": ["Ingress"],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Any
 
 from rlt.contract.layout import CONFIG_FILE
@@ -15,6 +14,7 @@ from rlt_operator.builders.common import (
     ROLE_CONFIG,
     ROLE_DATA,
     RunRef,
+    config_hash,
     config_name,
     data_claim_name,
     generator_url,
@@ -46,10 +46,6 @@ def _pod_config(name: str, namespace: str, spec_json: str) -> str:
         spec=spec,
     )
     return dump_run(run)
-
-
-def config_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def configmap(ref: RunRef, spec: RLTRunSpec) -> dict[str, Any]:

@@ -20,7 +20,8 @@ lifecycle is covered. Where each verb comes from:
   before, when a newer one is kept, and the kept one at the run's deletion; create: only with dryRun=All, the pod
   each Job and StatefulSet would make, so that pod-level admission is asked before any child is created (a
   dry-run needs the create verb; nothing is stored).
-- networkpolicies list/watch/create/delete: the policy that lets only a run's trainers reach its generators.
+- networkpolicies list/watch/create/patch/delete: the policy that lets only a run's trainers reach its generators;
+  patch: its rules follow the operator's scrapers (metrics.podMonitor.prometheusNamespaces) for a run already going.
 - customresourcedefinitions list/watch (cluster scope): Kopf's resource discovery.
 - clusterkopfpeerings (cluster mode) or kopfpeerings (namespaced mode, in each watched namespace) list/watch/patch:
   Kopf's peering between replicas (rlt_operator.cluster.peering): it watches the peering object and merge-patches its own

@@ -46,7 +46,7 @@ CHILDREN: tuple[Kind, ...] = (
     Kind("apps", "v1", "statefulsets", "StatefulSet", _WRITE),
     Kind("batch", "v1", "jobs", "Job", _WRITE),
     Kind("", "v1", "pods", "Pod", ("list", "watch", "create", "patch", "delete")),
-    Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", _WRITE),
+    Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", ("list", "watch", "create", "patch", "delete")),
 )
 
 # The RLTRun itself: Kopf's watch (list, watch) and its finalizer and progress annotations (patch).

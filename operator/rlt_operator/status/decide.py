@@ -27,7 +27,6 @@ from rlt_operator.status.decision import (
     SUCCEEDED,
     SUSPENDED,
     TERMINAL,
-    Action,
     Decision,
     Plan,
     fail,
@@ -152,17 +151,9 @@ def run_wide_children(
 ) -> None:
     """The pods' config (kept equal to the spec) and the data claim (its state: VolumeReady)."""
     cm = builders.configmap(ref, spec)
-    if plan.ensure("configmaps", cm):
-        have = observed.configmaps[cm["metadata"]["name"]].get("configHash")
-        if have != cm["metadata"]["annotations"][builders.A_CONFIG_HASH]:
-            plan.actions.append(
-                Action(
-                    "patch",
-                    "configmaps",
-                    cm["metadata"]["name"],
-                    {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]},
-                )
-            )
+    plan.keep_current(
+        "configmaps", cm, {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]}
+    )
     claim = observed.persistentvolumeclaims.get(builders.data_claim_name(ref.name, spec))
     if plan.ensure("persistentvolumeclaims", builders.pvc(ref, spec)) and claim is not None:
         volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlt.contract.api import TERMINAL_PHASES, Phase
+from rlt_operator.builders.common import A_CONFIG_HASH
 from rlt_operator.status.conditions import set_condition
 from rlt_operator.status.model import ConditionType, RLTRunStatus
 from rlt_operator.status.observed import Observed
@@ -64,6 +65,14 @@ class Plan:
             return True
         self.actions.append(Action("create", plural, name, manifest))
         return False
+
+    def keep_current(self, plural: str, manifest: dict[str, Any], update: dict[str, Any]) -> None:
+        """Create if absent; merge-patch with `update` when the existing child's config hash is not the manifest's
+        (the child is kept equal to what the spec, or the operator's settings, say now)."""
+        if self.ensure(plural, manifest):
+            name, want = manifest["metadata"]["name"], manifest["metadata"]["annotations"][A_CONFIG_HASH]
+            if getattr(self.obs, plural)[name].get("configHash") != want:
+                self.actions.append(Action("patch", plural, name, update))
 
     def delete(self, plural: str, name: str, propagation: str = "Background", grace_seconds: int | None = None) -> None:
         child = self.obs.child(plural, name)

@@ -312,7 +312,12 @@ def launch(
     stage, restarts = gang.stage, gang.restarts
     ready = True
     if gang.gens_needed:
-        plan.ensure("networkpolicies", builders.generator_network_policy(ref, spec, scrapers))
+        policy = builders.generator_network_policy(ref, spec, scrapers)
+        rules = {
+            "metadata": {"annotations": policy["metadata"]["annotations"]},
+            "spec": {"ingress": policy["spec"]["ingress"]},
+        }
+        plan.keep_current("networkpolicies", policy, rules)
         plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
         if gang.sts is None and not gang.waiting and not gang.backoff:
             plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))

@@ -27,7 +27,7 @@ def summarize(plural: str, body: dict[str, Any]) -> dict[str, Any]:
     spec = body.get("spec") or {}
     if plural == "persistentvolumeclaims":
         out["phase"] = status.get("phase")
-    elif plural == "configmaps":
+    elif plural in ("configmaps", "networkpolicies"):
         out["configHash"] = (meta.get("annotations") or {}).get(builders.A_CONFIG_HASH)
     elif plural in _BY_KIND:
         _BY_KIND[plural](out, meta, spec, status)
