@@ -27,13 +27,7 @@ L_ROLE = f"{PREFIX}/role"
 L_STAGE = f"{PREFIX}/stage"
 L_RESTART = f"{PREFIX}/restart"
 L_SHAPE = f"{PREFIX}/shape"
-A_CONFIG_HASH = f"{PREFIX}/config-hash"  # of what the operator keeps equal to the spec in a child it made
-
-
-def config_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
+A_CONFIG_HASH = f"{PREFIX}/config-hash"  # of what the operator keeps current in a child it made (Plan.keep_current)
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 JOB_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
@@ -180,6 +174,10 @@ def owner_reference(ref: RunRef) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def object_meta(

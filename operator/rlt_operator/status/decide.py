@@ -150,10 +150,7 @@ def run_wide_children(
     now: dt.datetime,
 ) -> None:
     """The pods' config (kept equal to the spec) and the data claim (its state: VolumeReady)."""
-    cm = builders.configmap(ref, spec)
-    plan.keep_current(
-        "configmaps", cm, {"metadata": {"annotations": cm["metadata"]["annotations"]}, "data": cm["data"]}
-    )
+    plan.keep_current("configmaps", builders.configmap(ref, spec), "data")
     claim = observed.persistentvolumeclaims.get(builders.data_claim_name(ref.name, spec))
     if plan.ensure("persistentvolumeclaims", builders.pvc(ref, spec)) and claim is not None:
         volume_condition(run_status, claim, now)  # a user's existingClaim is not watched (it has no run label)

@@ -66,12 +66,13 @@ class Plan:
         self.actions.append(Action("create", plural, name, manifest))
         return False
 
-    def keep_current(self, plural: str, manifest: dict[str, Any], update: dict[str, Any]) -> None:
-        """Create if absent; merge-patch with `update` when the existing child's config hash is not the manifest's
-        (the child is kept equal to what the spec, or the operator's settings, say now)."""
+    def keep_current(self, plural: str, manifest: dict[str, Any], field: str) -> None:
+        """Create if absent; when the existing child's config hash is not the manifest's, merge-patch its `field`
+        (`data`, `spec`) and the hash (the child is kept equal to what the spec, or the operator's settings, say now)."""
         if self.ensure(plural, manifest):
-            name, want = manifest["metadata"]["name"], manifest["metadata"]["annotations"][A_CONFIG_HASH]
-            if getattr(self.obs, plural)[name].get("configHash") != want:
+            name, annotations = manifest["metadata"]["name"], manifest["metadata"]["annotations"]
+            if getattr(self.obs, plural)[name].get("configHash") != annotations[A_CONFIG_HASH]:
+                update = {"metadata": {"annotations": annotations}, field: manifest[field]}
                 self.actions.append(Action("patch", plural, name, update))
 
     def delete(self, plural: str, name: str, propagation: str = "Background", grace_seconds: int | None = None) -> None:

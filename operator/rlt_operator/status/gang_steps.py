@@ -312,12 +312,7 @@ def launch(
     stage, restarts = gang.stage, gang.restarts
     ready = True
     if gang.gens_needed:
-        policy = builders.generator_network_policy(ref, spec, scrapers)
-        rules = {
-            "metadata": {"annotations": policy["metadata"]["annotations"]},
-            "spec": {"ingress": policy["spec"]["ingress"]},
-        }
-        plan.keep_current("networkpolicies", policy, rules)
+        plan.keep_current("networkpolicies", builders.generator_network_policy(ref, spec, scrapers), "spec")
         plan.ensure("services", builders.generator_service(ref, spec, stage, restarts))
         if gang.sts is None and not gang.waiting and not gang.backoff:
             plan.ensure("statefulsets", builders.generator_statefulset(ref, spec, stage, restarts))
