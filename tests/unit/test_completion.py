@@ -24,15 +24,16 @@ printf '%s\n' "${COMPREPLY[@]}"
 """
 
 
+def completion(shell: str) -> subprocess.CompletedProcess:
+    """`rlt completion SHELL`, run as a command."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlt.cli", "completion", shell], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 @pytest.fixture(scope="module")
 def script(tmp_path_factory):
-    done = subprocess.run(
-        [sys.executable, "-m", "rlt.cli", "completion", "bash"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = completion("bash")
     assert done.returncode == 0, done.stderr
     path = tmp_path_factory.mktemp("completion") / "rlt.bash"
     path.write_text(done.stdout)
@@ -83,12 +84,6 @@ def test_a_run_file_completes_to_files_and_the_output_folder_to_folders_only(scr
 
 
 def test_an_unknown_shell_is_refused_naming_the_ones_there_are():
-    done = subprocess.run(
-        [sys.executable, "-m", "rlt.cli", "completion", "fish"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = completion("fish")
     assert done.returncode == 2
     assert "'bash', 'zsh', 'tcsh'" in done.stderr, done.stderr
