@@ -104,16 +104,22 @@ VIEWER_RULES: tuple[dict[str, Any], ...] = (
 )
 """Users' rules: what the chart aggregates into the built-in `view` role."""
 
+
 # Names other chart templates spell (NOTES, PodMonitor), from the same code. Prometheus turns a pod label into
 # `__meta_kubernetes_pod_label_<name>` with every character outside [a-zA-Z0-9_] replaced by `_`.
+def _pod_meta(kind: str, key: str) -> str:
+    """How Kubernetes service discovery names a pod's label or annotation `key` for the PodMonitor's relabelings."""
+    return f"__meta_kubernetes_pod_{kind}_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
 CHART_NAMES: dict[str, str] = {
     "crdName": f"{RUN.plural}.{RUN.group}",
     "runLabel": L_RUN,
     "roleLabel": L_ROLE,
-    "runLabelMeta": "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", L_RUN),
-    "roleLabelMeta": "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", L_ROLE),
+    "runLabelMeta": _pod_meta("label", L_RUN),
+    "roleLabelMeta": _pod_meta("label", L_ROLE),
     # a trainer pod's completion index: the PodMonitor scrapes only index 0, where global rank 0 serves /metrics
-    "jobIndexMeta": "__meta_kubernetes_pod_annotation_" + re.sub(r"[^a-zA-Z0-9_]", "_", JOB_INDEX_ANNOTATION),
+    "jobIndexMeta": _pod_meta("annotation", JOB_INDEX_ANNOTATION),
     # the metrics Service's label whose value is the ServiceMonitor's job: "rlt-operator" whatever nameOverride says
     "jobLabel": f"{RUN.group}/job",
 }

@@ -32,7 +32,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
     try:
         import shtab
     except ModuleNotFoundError:  # the images leave it out: completion is for the machine one types on
-        print("rlt completion: needs shtab (pip install shtab==1.13.0)", file=sys.stderr)
+        print("rlt completion: needs shtab, a dependency of rlt (pip install shtab)", file=sys.stderr)
         return int(ExitCode.FAILED)
     from rlt.cli import build_parser
 
