@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ from unit_runner import (
     commit_rows,
     deadline_ts,
     git,
+    lower_priority,
     read_rows,
     run_missing_units,
     run_until,
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         (out / f"unit-{args.unit}-seed{args.seed}.json").write_text(json.dumps(row))
         return
     end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
-    os.nice(max(0, args.nice - os.nice(0)))
+    lower_priority(args.nice)
     stop_on_sigterm()
     out.mkdir(parents=True, exist_ok=True)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 import teaching_protocol as protocol
-from unit_runner import append_row, deadline_ts, heavy_lock, read_rows, run_until, unit_estimate
+from unit_runner import append_row, deadline_ts, heavy_lock, lower_priority, read_rows, run_until, unit_estimate
 
 # ---- pre-registered (docs/experiments.md, "settled with paired seeds"); never edited after the first pair ran
 SEEDS = list(range(4, 28))  # 24 new seeds; 1–3 ran in the first experiment and are only pooled as secondary
@@ -414,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     if not start_file.exists():
         raise SystemExit(f"{start_file}: missing; run benchmarks/sanity.py --out {out} --select first")
     start = json.loads(start_file.read_text())["summary"]["objective_reward"]
-    os.nice(max(0, args.nice - os.nice(0)))
+    lower_priority(args.nice)
     run_pairs(SEEDS, args.pairs, unit_runner(out, args.lock or None, end), start, end, args.first_estimate)
     analyse(args.pairs)
 

@@ -46,7 +46,6 @@ import datetime as dt
 import gzip
 import hashlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -72,7 +71,7 @@ from comparison_runner import (
     unit_name,
     unit_runner,
 )
-from unit_runner import commit_rows, deadline_ts, one_runner, read_rows, stop_on_sigterm
+from unit_runner import commit_rows, deadline_ts, lower_priority, one_runner, read_rows, stop_on_sigterm
 
 # ---- registered (docs/experiments.md, "Round five: the comparison's fixed design"): the arms, the units' names,
 # seeds and order are in comparison_runner, the rule's constants in comparison_analysis
@@ -547,7 +546,7 @@ def main(argv: list[str] | None = None) -> None:
             commit_rows(path, f"teaching comparison: unit {row['unit']} of teacher seed {row['seed']}", also=also)
 
     end = deadline_ts(args.deadline, args.minutes, dt.datetime.now(dt.UTC))
-    os.nice(max(0, args.nice - os.nice(0)))
+    lower_priority(args.nice)
     stop_on_sigterm()
     out.mkdir(parents=True, exist_ok=True)
     print(f"settings: {json.dumps(asdict(s))}", flush=True)

@@ -1,7 +1,8 @@
 """What the long CPU experiments share to run unit by unit on shared cores (benchmarks/sanity_paired.py,
 benchmarks/teaching_comparison.py, benchmarks/headroom_students.py): the loop over the missing units, rows appended
 as each unit ends (a re-run resumes) and committed with --commit, a deadline no unit runs past, the machine's
-heavy-run lock, and each unit in a process group of its own that is killed whole at the deadline."""
+heavy-run lock, a low priority that really gives way to other work, and each unit in a process group of its own that
+is killed whole at the deadline."""
 
 from __future__ import annotations
 
@@ -159,8 +160,31 @@ def own_code_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([*own, *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
+def set_autogroup_nice(pid: int | str, nice: int) -> bool:
+    """Give the scheduler autogroup of `pid` ("self" for this process) the niceness `nice`; False where the kernel
+    has no autogroups or the process is gone.
+
+    Linux shares the CPU between sessions (one autogroup per setsid) before it looks at a process's own nice, which
+    orders processes only inside their group: a unit in a session of its own at nice 19 still took 88 % of a core
+    beside a CI run's pytest workers. The group's niceness is what makes it give way."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:  # no CONFIG_SCHED_AUTOGROUP, autogroups off, not Linux, the process already ended
+        return False
+    return True
+
+
+def lower_priority(nice: int) -> None:
+    """Run this process at niceness `nice` (never higher priority than it has) and, when it leads a session of its
+    own (`setsid nohup ...`), its autogroup too. A runner started from a terminal shares that terminal's group,
+    whose niceness is not this process's to change; its units get their own groups (run_until) at its niceness."""
+    os.nice(max(0, nice - os.nice(0)))
+    if os.getsid(0) == os.getpid():
+        set_autogroup_nice("self", os.nice(0))
+
+
 def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | None = None) -> int | None:
-    """Run `cmd` in a process group of its own (its output to `log` when given; this checkout's code first:
+    """Run `cmd` in a process group (and session, scheduled at this process's niceness) of its own (its output to `log` when given; this checkout's code first:
     own_code_env); its exit status, or None when the deadline came first. `grace` seconds before the deadline the group gets SIGTERM (rlt's stages then save their
     last step), at the deadline SIGKILL; the whole group goes, a unit's own children with it. The runner stopped
     (Ctrl-C, SIGTERM) takes its unit down too, the same way: SIGTERM, up to `grace` seconds to save its last step,
@@ -170,6 +194,8 @@ def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | N
         proc = subprocess.Popen(
             cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None, env=own_code_env()
         )
+        # The new session is a new autogroup at niceness 0: give it the runner's, or the unit would not give way.
+        set_autogroup_nice(proc.pid, os.nice(0))
         try:
             try:
                 return proc.wait(timeout=max(1.0, deadline - grace - time.time()))

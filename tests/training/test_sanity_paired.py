@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import runpy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -224,6 +225,38 @@ def test_a_unit_runs_this_checkouts_code_whatever_the_environment_puts_first(tmp
     cmd = [sys.executable, "-c", "import rlt; print(rlt.__file__)"]
     assert ur["run_until"](cmd, time.time() + 120, 0.0, log) == 0
     assert log.read_text().strip() == str(ROOT / "training" / "rlt" / "__init__.py")
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel has no scheduler autogroups")
+def test_a_low_priority_runner_and_its_units_give_way_to_other_sessions(tmp_path):
+    """Nice orders processes only inside their autogroup (one per session), so a runner at --nice 19 in a session
+    of its own, and each unit it starts in a new session, must set their groups' niceness too, or they take a full
+    share beside a CI run. Real processes: a runner leading its own session (as `setsid nohup` starts it) lowers its
+    priority and runs a unit that reports its group; a runner inside another's session leaves that group alone."""
+    import subprocess
+    import sys
+
+    unit = "import os, pathlib; print(os.nice(0), pathlib.Path('/proc/self/autogroup').read_text().split()[-1])"
+    runner = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import unit_runner as ur; "
+        "ur.lower_priority(7); print(open('/proc/self/autogroup').read().split()[-1], flush=True); "
+        f"sys.exit(ur.run_until([sys.executable, '-c', {unit!r}], time.time() + 120))"
+    )
+
+    def run(own_session: bool) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", runner], start_new_session=own_session, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split("\n")
+
+    own_group, unit_line, _ = run(own_session=True)
+    assert own_group == "7"  # the runner's own group gives way
+    assert unit_line == "7 7"  # the unit: its nice inherited, and its new group given the runner's niceness
+    before = Path("/proc/self/autogroup").read_text().split()[-1]
+    shared_group, unit_line, _ = run(own_session=False)
+    assert shared_group == before == Path("/proc/self/autogroup").read_text().split()[-1]  # this session's: untouched
+    assert unit_line == "7 7"
 
 
 def test_a_runner_stopped_gives_its_unit_the_grace_to_save(tmp_path):
