@@ -9,7 +9,7 @@ questions of the first sanity experiment (benchmarks/sanity.py --select).
   python benchmarks/sanity_paired.py --analyse --plot docs/images/sanity-paired.png   # intervals, verdict, plot
 
 Each finished pair is appended to benchmarks/sanity-paired.jsonl (committed, small); a re-run skips the seeds in it.
-The runner takes the heavy lock per unit, runs at nice 19, and never starts a unit that the longest of the recent
+The runner takes the heavy lock per unit, runs at nice 19 (its units' autogroups too), and never starts a unit that the longest of the recent
 units says cannot finish before the deadline; a unit still running at the deadline is stopped.
 """
 

@@ -34,7 +34,7 @@ teacher unit and every student unit run in pieces (step 0's student units outlas
 the deadline (step 0's grace).
 
 Each finished unit is appended to benchmarks/teaching-comparison.jsonl (with --commit, committed at once); a re-run
-on any clone skips the units in it. The runner runs at nice 19, one unit at a time, and starts no unit that the recent units of its kind say cannot
+on any clone skips the units in it. The runner runs at nice 19 (its units' autogroups too: unit_runner), one unit at a time, and starts no unit that the recent units of its kind say cannot
 end before the deadline; a unit still running at the deadline is stopped. A unit that fails stops the runner; it is
 re-run under its own seeds, never replaced.
 """
