@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from kube_env import RLT, running_operator
 from suite_helpers import EXAMPLES
 from suite_helpers import wait_for as suite_wait_for
 
+from rlt_operator.builders.common import A_CONFIG_HASH
 from rlt_operator.status.model import RLTRunStatus
 
 skip_without_assets()
@@ -440,6 +442,24 @@ def test_generators_and_suspend_on_the_real_server(cluster, operator):
     assert condition(st, "GeneratorsReady")["status"] == "False" and st["stage"] == "rl"
     if cluster.has_controllers:
         wait_for(lambda: get(cluster, "pod", "gen-generator-0", "-n", ns), "the StatefulSet controller's pod")
+    # An operator upgrade that changes the policy's rules (its scrapers) reaches a run already going: an old hash and
+    # old rules stand for it here, and the operator, as the chart's ServiceAccount, patches both back on the server.
+    policy = get(cluster, "networkpolicy", "gen-generator", "-n", ns)
+    current = policy["metadata"]["annotations"][A_CONFIG_HASH]
+    stale = {"metadata": {"annotations": {A_CONFIG_HASH: "stale"}}, "spec": {"ingress": []}}
+    since = time.time()
+    cluster.kubectl("patch", "networkpolicy", "gen-generator", "-n", ns, "--type=merge", "-p", json.dumps(stale))
+
+    def kept_current() -> dict | None:
+        now = get(cluster, "networkpolicy", "gen-generator", "-n", ns)
+        same = now["metadata"]["annotations"][A_CONFIG_HASH] == current and now["spec"] == policy["spec"]
+        return now if same else None
+
+    wait_for(kept_current, "the policy patched back to the operator's rules", timeout=120)
+    patched = [
+        (w.user, w.code) for w in cluster.audit_writes(since) if (w.verb, w.resource) == ("patch", "networkpolicies")
+    ]
+    assert (operator_user(cluster), 200) in patched, patched
     cluster.kubectl("patch", "rltrun", "gen", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
     wait_for(lambda: run_status(cluster, "gen", ns).get("phase") == "Suspended", "phase Suspended")
     wait_for(lambda: get(cluster, "statefulset", "gen-generator", "-n", ns) is None, "generators released")
@@ -461,13 +481,19 @@ def test_the_operator_was_never_forbidden(cluster, operator):
     assert operator["proc"].poll() is None, "the operator exited"
 
 
+def operator_user(cluster) -> str:
+    """The chart's ServiceAccount as the API server names a request's user (the operator fixture runs as it)."""
+    deploy = get(cluster, "deployment", RELEASE, "-n", SYSTEM_NS)
+    return f"system:serviceaccount:{SYSTEM_NS}:{deploy['spec']['template']['spec']['serviceAccountName']}"
+
+
 def test_the_charts_service_account_reads_and_renews_its_own_lease_only(cluster, operator):
     """The chart's Role grants get and update on the Lease named as the peering (the one the replicas elect by),
     create on leases; the real authorizer refuses the same verbs on another Lease of the namespace."""
     deploy = get(cluster, "deployment", RELEASE, "-n", SYSTEM_NS)
     container = deploy["spec"]["template"]["spec"]["containers"][0]
     (peering,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--peering=")]
-    who = f"system:serviceaccount:{SYSTEM_NS}:{deploy['spec']['template']['spec']['serviceAccountName']}"
+    who = operator_user(cluster)
 
     def may(verb: str, resource: str) -> bool:
         r = cluster.kubectl("auth", "can-i", verb, resource, "-n", SYSTEM_NS, "--as", who, check=False)
