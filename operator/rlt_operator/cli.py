@@ -43,6 +43,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if problem:
         sys.stderr.write(f"rlt operator: {problem}\n")
         return 2
+    problem = no_cluster()
+    if problem:
+        sys.stderr.write(f"rlt operator: {problem}\n")
+        return 1
 
     # The operator owns its log format: drop handlers another command's registration may have installed.
     logging.getLogger().handlers.clear()
@@ -105,6 +109,25 @@ def cmd_operator(args: argparse.Namespace) -> int:
         memo=kopf.Memo(settings=config, peering=info, lease=lease),
         identity=info.identity if info else None,
     )
+
+
+def no_cluster() -> str | None:
+    """Why no API client can be built here (no service account, no readable kubeconfig), or None. Checked once at
+    the start: in Kopf's startup handler it would be a traceback retried every minute, for ever."""
+    import kubernetes
+    import yaml
+
+    from rlt_operator.cluster.kube import Kube, kubeconfig_path
+
+    try:
+        Kube.from_environment()
+    except (kubernetes.config.ConfigException, OSError, yaml.YAMLError) as err:
+        reason = " ".join(str(err).split())  # a YAML error's lines as one
+    except (ValueError, TypeError, KeyError, AttributeError) as err:  # the client library's reading of odd shapes
+        reason = f"not a kubeconfig ({type(err).__name__}: {err})"
+    else:
+        return None
+    return f"no cluster to connect to: not in a pod, and the kubeconfig {kubeconfig_path()}: {reason}"
 
 
 class _SuccessAtDebug(logging.Filter):

@@ -53,3 +53,31 @@ async def test_rlt_operator_process(harness, tmp_path):
     assert proc.returncode == 0, err.decode()[-2000:]
     # which build is running, first thing in its log (rlt's version is pyproject's, the one the images are tagged with)
     assert f"rlt-operator {PYPROJECT_VERSION} (kopf {importlib.metadata.version('kopf')}) starting" in err.decode()
+
+
+@pytest.mark.parametrize(
+    ("kubeconfig", "says"),
+    [
+        (None, "No configuration found"),  # no file there
+        ("folder", "Is a directory"),
+        ("clusters: [unclosed", "expected ',' or ']'"),  # not YAML
+        ("- a list\n", "not a kubeconfig (TypeError"),  # YAML, not a kubeconfig
+    ],
+)
+def test_rlt_operator_without_a_cluster_says_so_in_one_line_and_exits(tmp_path, kubeconfig, says):
+    """No service account and no usable kubeconfig: one line naming the file and why, exit 1, at once (in Kopf's
+    startup handler it was two tracebacks retried every minute, for ever)."""
+    path = tmp_path / "kubeconfig"
+    if kubeconfig == "folder":
+        path.mkdir()
+    elif kubeconfig is not None:
+        path.write_text(kubeconfig)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    env |= {"KUBECONFIG": str(path), "HOME": str(tmp_path), "RLT_OPERATOR_METRICS_PORT": "-1"}
+    done = subprocess.run([*RLT, "operator", "--all-namespaces"], env=env, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"rlt operator: no cluster to connect to: not in a pod, and the kubeconfig {path}: "
+    ), lines[-5:]
+    assert says in lines[0]
