@@ -117,7 +117,8 @@ def no_cluster() -> str | None:
     import kubernetes
     import yaml
 
-    from rlt_operator.cluster.kube import Kube, kubeconfig_path
+    from rlt_operator.cluster.kube import Kube
+    from rlt_operator.config.settings import kubeconfig_path
 
     try:
         Kube.from_environment()
@@ -127,7 +128,8 @@ def no_cluster() -> str | None:
         reason = f"not a kubeconfig ({type(err).__name__}: {err})"
     else:
         return None
-    return f"no cluster to connect to: not in a pod, and the kubeconfig {kubeconfig_path()}: {reason}"
+    where = kubeconfig_path() or "~/.kube/config ($KUBECONFIG unset)"
+    return f"no cluster to connect to: not in a pod, and the kubeconfig {where}: {reason}"
 
 
 class _SuccessAtDebug(logging.Filter):
