@@ -4,6 +4,9 @@ entry point like the operator's commands."""
 from __future__ import annotations
 
 import argparse
+import sys
+
+from rlt.cli.arg_types import file_to_write, folder_to_write, port, seconds
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
@@ -31,12 +34,23 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
     from rlt_sandbox.monitoring import run_monitor
 
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rlt-monitor-"))
     run_file = Path(args.file) if args.file else None
-    if run_file is not None and not run_file.is_file():
-        raise SystemExit(f"rlt monitor: {run_file}: no such run file")
+    if run_file is None and args.trainer is None and args.operator is None:
+        raise SystemExit("rlt monitor: give a run file, --trainer HOST:PORT or --operator HOST:PORT to scrape")
+    run_name = None
+    if run_file is not None:  # checked as `rlt run` will check it, before anything starts
+        from rlt.checks.validation import load_valid_run
+        from rlt.contract.exitcodes import ExitCode
+        from rlt.spec.loading import SpecError
+
+        try:
+            run_name = load_valid_run(run_file, paths_from_file=True).name
+        except SpecError as err:
+            print(str(err), file=sys.stderr)
+            return int(ExitCode.CONFIG_ERROR)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rlt-monitor-"))
     out = Path(args.out) if args.out else None
-    return run_monitor(run_file, args.trainer, args.operator, args.port, out, args.every, work)
+    return run_monitor(run_file, run_name, args.trainer, args.operator, args.port, out, args.every, work)
 
 
 def parse_labels(specs: list[str]) -> dict[str, str]:
@@ -56,10 +70,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "create, not a cluster",
     )
     p.add_argument(
-        "--port", type=int, help="port of the emulated API (default 18443, or a free one when 18443 is taken)"
+        "--port", type=port, help="port of the emulated API (default 18443, or a free one when 18443 is taken)"
     )
     p.add_argument(
-        "--kubeconfig", metavar="FILE", help="where to write the kubeconfig (default: $TMPDIR/rlt-sandbox/kubeconfig)"
+        "--kubeconfig",
+        metavar="FILE",
+        type=file_to_write,
+        help="where to write the kubeconfig (default: $TMPDIR/rlt-sandbox/kubeconfig)",
     )
     p.add_argument("--namespace", action="append", metavar="NS", help="extra namespaces to create")
     p.add_argument(
@@ -67,6 +84,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         nargs="?",
         const="",
         metavar="DIR",
+        type=folder_to_write,
         help="run the pods as local processes (kubelet emulator; volumes and logs under DIR, "
         "default a new temp folder)",
     )
@@ -108,10 +126,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.add_argument(
         "--operator", metavar="HOST:PORT", help="the operator's metrics (rlt sandbox with RLT_OPERATOR_METRICS_PORT)"
     )
-    m.add_argument("--port", type=int, default=9090, help="Prometheus' port on 127.0.0.1 (default 9090)")
-    m.add_argument("--out", metavar="DIR", help="where the dashboards' PNGs go (default results/<run>/dashboards)")
+    m.add_argument("--port", type=port, default=9090, help="Prometheus' port on 127.0.0.1 (default 9090)")
     m.add_argument(
-        "--every", type=float, default=30.0, help="seconds between two drawings of the dashboards (default: 30)"
+        "--out",
+        metavar="DIR",
+        type=folder_to_write,
+        help="where the dashboards' PNGs go (default results/<run>/dashboards)",
     )
-    m.add_argument("--work", metavar="DIR", help="Prometheus' data and config folder (default a new temp folder)")
+    m.add_argument(
+        "--every",
+        type=seconds(above=True),
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between two drawings of the dashboards (default: 30)",
+    )
+    m.add_argument(
+        "--work",
+        metavar="DIR",
+        type=folder_to_write,
+        help="Prometheus' data and config folder (default a new temp folder)",
+    )
     m.set_defaults(func=cmd_monitor)

@@ -241,6 +241,7 @@ GRAFANA_IMAGE = "grafana/grafana:13.2.3"  # the release of the @grafana/schema t
 
 def run_monitor(
     run_file: Path | None,
+    run_name: str | None,
     trainer: str | None,
     operator: str | None,
     port: int,
@@ -253,13 +254,8 @@ def run_monitor(
     operator, the dashboards drawn into `out_dir` every `every_s` seconds. Returns the run's exit code."""
     from rlt_sandbox.dashboard_render import draw_all
 
-    run_name = None
     if run_file is not None:
-        doc = yaml.safe_load(run_file.read_text())
-        run_name = (doc.get("metadata") or {}).get("name") if isinstance(doc, dict) else None
         trainer = trainer or f"127.0.0.1:{free_port()}"
-    if trainer is None and operator is None:
-        raise SystemExit("rlt monitor: give a run file, --trainer HOST:PORT or --operator HOST:PORT to scrape")
     out_dir = out_dir or Path("results") / (run_name or "monitor") / "dashboards"
     work.mkdir(parents=True, exist_ok=True)
     stack = Stack(work)

@@ -187,10 +187,15 @@ def read_calibration(path: str) -> Calibration:
     nor the vLLM engine the plan's constants are for). A file that is not a GPU check is refused naming what is
     missing, a figure out of range naming its field."""
     try:
-        report = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+    except OSError as err:  # not there, a folder, unreadable: the system's words, not a Python repr
+        raise ValueError(f"--calibration {path}: {err.strerror or err}") from err
+    try:
+        report = json.loads(text)
         parts = report["parts"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"--calibration {path}: not a GPU check's JSON (benchmarks/gpu_check.py): {err!r}") from err
+    except (ValueError, KeyError, TypeError) as err:
+        what = f"no {err}" if isinstance(err, KeyError) else str(err)
+        raise ValueError(f"--calibration {path}: not a GPU check's JSON (benchmarks/gpu_check.py): {what}") from err
     try:
         return _calibration(parts, path)
     except ValueError as err:

@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     completion.register(sub)
 
     register_command_groups(sub)
+    # `rlt CMD --help` opens with the line `rlt --help` lists it by, as kubectl's and helm's commands do.
+    for listed in sub._choices_actions:
+        command = sub.choices[listed.dest]
+        command.description = command.description or listed.help
     return parser
 
 

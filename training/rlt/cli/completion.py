@@ -48,5 +48,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="print the shell completion script: `source <(rlt completion bash)`, or for zsh "
         '`rlt completion zsh > "${fpath[1]}/_rlt"`',
     )
-    p.add_argument("shell", choices=SHELLS)
+    p.add_argument("shell", choices=SHELLS, metavar="SHELL", help=f"the shell: {', '.join(SHELLS)}")
     p.set_defaults(func=cmd_completion)

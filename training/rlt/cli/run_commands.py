@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from rlt.checks.validation import load_valid_run
+from rlt.cli.arg_types import folder_to_write, seconds
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt.contract.stage_registry import STAGE_ORDER
@@ -190,7 +191,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
     p.add_argument("file", metavar="FILE", help="RLTRun YAML")
-    p.add_argument("--output", metavar="OUTPUT", default="results", help="results folder (default: results)")
+    p.add_argument(
+        "--output", metavar="OUTPUT", type=folder_to_write, default="results", help="results folder (default: results)"
+    )
     p.add_argument(
         "--metrics-port",
         type=_metrics_port_flag,
@@ -199,7 +202,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "when it is taken; 0 = any, -1 = off)",
     )
     p.add_argument(
-        "--linger", type=float, default=0.0, help="keep serving metrics this many seconds after the run (default: 0)"
+        "--linger",
+        type=seconds(),
+        default=0.0,
+        metavar="SECONDS",
+        help="keep serving metrics this many seconds after the run (default: 0)",
     )
     p.add_argument("--stage", action="append", choices=STAGE_ORDER, help="run only this stage (repeatable)")
     p.add_argument(
@@ -222,14 +229,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(spec.teacher), 'none' (no teacher); default: the run's latest trained teacher (rl, else sft)",
     )
     p.add_argument("--label", help="row name in the report (default: from --teacher)")
-    p.add_argument("--output", metavar="OUTPUT", default="results", help="results folder of the run (default: results)")
+    p.add_argument(
+        "--output",
+        metavar="OUTPUT",
+        type=folder_to_write,
+        default="results",
+        help="results folder of the run (default: results)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("stage", help="run one stage of the run in --config (what the operator's pods execute)")
-    p.add_argument("name", choices=STAGE_ORDER)
+    p.add_argument("name", choices=STAGE_ORDER, metavar="STAGE", help=f"the stage to run: {', '.join(STAGE_ORDER)}")
     p.add_argument("--config", metavar="FILE", required=True, help="RLTRun YAML (the run's ConfigMap)")
-    p.add_argument("--root", metavar="ROOT", default="/data", help="data root, the run's PVC (default: /data)")
+    p.add_argument(
+        "--root",
+        metavar="ROOT",
+        type=folder_to_write,
+        default="/data",
+        help="data root, the run's PVC (default: /data)",
+    )
     p.add_argument(
         "--restart",
         action="store_true",
@@ -244,7 +263,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "file", metavar="FILE", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)"
     )
-    p.add_argument("--output", metavar="OUTPUT", default="results", help="results folder (default: results)")
+    p.add_argument(
+        "--output", metavar="OUTPUT", type=folder_to_write, default="results", help="results folder (default: results)"
+    )
     p.add_argument(
         "--metrics-port",
         type=_metrics_port_flag,

@@ -196,7 +196,7 @@ def _read_source(path: Path) -> str:
 def expand_run_files(given: list[str]) -> tuple[list[str], list[str]]:
     """(the run files a command was given, what it skips): a folder stands for its *.yaml and *.yml files (sorted,
     not recursive: kubectl's `-f DIR`), less those that hold no RLTRun (a kustomization, a chart's values), each
-    named in the second list; a folder with no YAML file stays as given, for the reader to refuse by name."""
+    named in the second list, as is a folder with no YAML file at all."""
     files: list[str] = []
     skipped: list[str] = []
     for name in given:
@@ -207,8 +207,18 @@ def expand_run_files(given: list[str]) -> tuple[list[str], list[str]]:
                 skipped.append(f"{path}: skipped, no RLTRun in it ({holds})")
             else:
                 files.append(path)
-        files += [] if found else [name]
+        if not found and _is_folder(name):
+            skipped.append(f"{name}: skipped, a folder with no *.yaml or *.yml file in it")
+        elif not found:
+            files.append(name)  # a file, standard input, env:VAR, or nothing there: the reader says which
     return files, skipped
+
+
+def _is_folder(name: str) -> bool:
+    try:
+        return Path(name).is_dir()
+    except OSError:  # a name too long: not a folder here; the reader names the problem
+        return False
 
 
 def _holds_instead_of_a_run(path: str) -> str | None:

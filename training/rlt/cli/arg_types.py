@@ -1,0 +1,60 @@
+"""argparse types for the flags that name a folder, a file to write, a port or a number of seconds: a bad value is
+the usual one-line usage error before anything starts, not a traceback after a run (or never)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _nearest_existing(path: Path) -> Path:
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
+def folder_to_write(value: str) -> str:
+    """A folder, or one that can be made here: what exists of the path is folders."""
+    path = Path(value)
+    there = _nearest_existing(path.absolute())
+    if not there.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: {'' if there == path.absolute() else f'{there} is '}not a folder")
+    return value
+
+
+def file_to_write(value: str) -> str:
+    """A file that can be written: not a folder, and its folder exists or can be made."""
+    path = Path(value)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: a folder, not a file")
+    there = _nearest_existing(path.absolute().parent)
+    if not there.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: {there} is not a folder")
+    return value
+
+
+def port(value: str) -> int:
+    """A TCP port to listen on, 1-65535."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number (1-65535)")
+    return number
+
+
+def seconds(minimum: float = 0.0, above: bool = False) -> Callable[[str], float]:
+    """A finite number of seconds, at least `minimum` (above it when `above`)."""
+    bound = f"{'above' if above else 'at least'} {minimum:g}"
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number < minimum or (above and number == minimum):
+            raise argparse.ArgumentTypeError(f"{value!r}: expected a number of seconds, {bound}")
+        return number
+
+    return parse
