@@ -90,3 +90,26 @@ def test_every_command_says_what_it_does_at_the_top_of_its_help(capsys):
     out = capsys.readouterr().out
     plan_line = next(a.help for a in sub._choices_actions if a.dest == "plan")
     assert plan_line.split()[0] in out.split("\n\n")[1], out
+
+
+@pytest.mark.parametrize(
+    ("command", "example"),
+    [
+        ("run", "local/rltrun-own-data.yaml"),
+        ("compare", "local/rltrun-own-data.yaml"),
+        ("eval", "rltrun-rcl-local.yaml"),
+    ],
+)
+def test_device_cuda_without_a_cuda_device_is_one_line_before_anything_loads(capsys, command, example):
+    import torch
+    from suite_helpers import EXAMPLES
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit) as stop:
+        main([command, str(EXAMPLES / example), "--device", "cuda"])
+    assert stop.value.code == 69
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"rlt {command}: --device cuda: no CUDA device here (torch {torch.__version__}, built for CPU); leave --device out for the CPU"
+    ], err

@@ -83,6 +83,22 @@ def _metrics_port_flag(value: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _check_device(command: str, device: str | None) -> None:
+    """--device cuda on a machine with no CUDA device: one line before anything loads (it was a traceback from
+    transformers' arguments once a stage had started)."""
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}, " + ("built for CPU" if torch.version.cuda is None else "no GPU visible")
+        print(
+            f"rlt {command}: --device cuda: no CUDA device here ({build}); leave --device out for the CPU",
+            file=sys.stderr,
+        )
+        raise SystemExit(ExitCode.UNAVAILABLE)
+
+
 def _bars(no_progress: bool) -> bool:
     """Progress bars only where someone watches them: a terminal on stderr (as pip does); a log file gets the stages'
     lines and the metrics, not a carriage-return stream."""
@@ -97,6 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rlt.run.runner import run_local
 
     run = _load(args.file)
+    _check_device("run", args.device)
     # The flag, else $RLT_METRICS_PORT, else 9400 with a free port when that is taken.
     chosen = _chosen_metrics_port("run", args.metrics_port)
     return _one_line_on_input_error(
@@ -164,6 +181,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.CONFIG_ERROR
+    _check_device("eval", args.device)
     problem = _eval_choice_problem(run, args.teacher, args.label, args.output)
     if problem:
         print(f"rlt eval: {problem}", file=sys.stderr)
@@ -182,6 +200,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rlt.run.compare import run_compare
 
     run = _load(args.file)
+    _check_device("compare", args.device)
     port = None if args.metrics_port < 0 else args.metrics_port
     return _one_line_on_input_error(
         "compare", lambda: run_compare(run, args.output, args.device, _bars(args.no_progress), port)

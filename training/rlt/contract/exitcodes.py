@@ -24,7 +24,7 @@ class ExitCode(IntEnum):
     # it dry-runs): one line naming the verbs and kinds; a verdict on the user's rights, not on the run
     NO_PERMISSION = 77
     # EX_UNAVAILABLE: `rlt validate --server` found no API server to ask (no kubeconfig, or it did not answer): the
-    # check was not made, no verdict on the run either way
+    # check was not made, no verdict on the run either way; or `--device cuda` where no CUDA device is visible
     UNAVAILABLE = 69
     CONFIG_ERROR = 78  # EX_CONFIG: the spec is invalid, or a stage finished under another spec, or a port is taken
 
