@@ -58,7 +58,7 @@ def test_bad_rows_rejected_or_skipped_by_index(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(
         DataError,
-        match=r"line 2: solution: empty \(1 more bad rows; `rlt validate` lists them\); "
+        match=r"line 2: solution: empty \(1 more bad row; `rlt validate` lists them\); "
         r"set spec.dataset.badRows: skip to drop the 2 bad rows$",
     ):
         load_data(DatasetSpec(source=str(path)), FMT)

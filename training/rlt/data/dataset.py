@@ -220,7 +220,8 @@ def bad_rows_message(source: str, bad: list[str], good: int, policy: str, listed
     """One line: the first bad row, how many more, and the way out that would actually help."""
     more = ""
     if len(bad) > 1:
-        more = f" ({len(bad) - 1} more bad rows" + (")" if listed else "; `rlt validate` lists them)")
+        plural = "s" if len(bad) > 2 else ""
+        more = f" ({len(bad) - 1} more bad row{plural}" + (")" if listed else "; `rlt validate` lists them)")
     if good == 0:
         told = "set spec." in bad[0] or "map it:" in bad[0]  # the row's own message already names the fix
         return f"{source} {bad[0]}{more}; no row is usable, so badRows: skip would drop every row" + (
