@@ -33,8 +33,18 @@ def file_to_write(value: str) -> str:
     return value
 
 
+def metrics_port(value: str) -> int:
+    """A metrics port as `rlt run` takes it (rlt.contract.metrics.parse_metrics_port: also 0 = any, -1 = off)."""
+    from rlt.contract.metrics import parse_metrics_port
+
+    try:
+        return parse_metrics_port(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def port(value: str) -> int:
-    """A TCP port to listen on, 1-65535."""
+    """A TCP port to listen on, 1-65535 (a server's own port: no 'any' or 'off')."""
     try:
         number = int(value)
     except ValueError:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 
 from rlt.checks.validation import load_valid_run
-from rlt.cli.arg_types import folder_to_write, seconds
+from rlt.cli.arg_types import folder_to_write, metrics_port, seconds
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt.contract.stage_registry import STAGE_ORDER
@@ -72,15 +72,6 @@ def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:
     except ValueError as err:
         print(f"rlt {command}: {err}", file=sys.stderr)
         raise SystemExit(ExitCode.CONFIG_ERROR) from None
-
-
-def _metrics_port_flag(value: str) -> int:
-    from rlt.contract.metrics import parse_metrics_port
-
-    try:
-        return parse_metrics_port(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _check_device(command: str, device: str | None) -> None:
@@ -215,7 +206,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=_metrics_port_flag,
+        type=metrics_port,
         default=None,
         help=f"Prometheus port on 127.0.0.1 (default $RLT_METRICS_PORT, else {DEFAULT_METRICS_PORT} or a free one "
         "when it is taken; 0 = any, -1 = off)",
@@ -287,7 +278,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=_metrics_port_flag,
+        type=metrics_port,
         default=-1,
         help="Prometheus port on 127.0.0.1 (0 = any, -1 = off; default: off)",
     )
