@@ -175,7 +175,7 @@ def grpo_step(path: Path, workdir: Path) -> dict:
             "rlt.cli",
             "run",
             str(spec_file),
-            "--output",
+            "--output-dir",
             str(workdir / "out"),
             "--metrics-port",
             "-1",

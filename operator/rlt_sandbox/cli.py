@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlt.cli.arg_types import file_to_write, folder_to_write, port, seconds
+from rlt.cli.arg_types import add_output_dir, file_to_write, folder_to_write, port, seconds
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
@@ -49,7 +49,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
             print(str(err), file=sys.stderr)
             return int(ExitCode.CONFIG_ERROR)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rlt-monitor-"))
-    out = Path(args.out) if args.out else None
+    out = Path(args.output_dir) if args.output_dir else None
     return run_monitor(run_file, run_name, args.trainer, args.operator, args.port, out, args.every, work)
 
 
@@ -127,12 +127,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--operator", metavar="HOST:PORT", help="the operator's metrics (rlt sandbox with RLT_OPERATOR_METRICS_PORT)"
     )
     m.add_argument("--port", type=port, default=9090, help="Prometheus' port on 127.0.0.1 (default 9090)")
-    m.add_argument(
-        "--out",
-        metavar="DIR",
-        type=folder_to_write,
-        help="where the dashboards' PNGs go (default results/<run>/dashboards)",
-    )
+    add_output_dir(m, "where the dashboards' PNGs go (default results/<run>/dashboards)", default=None, old="--out")
     m.add_argument(
         "--every",
         type=seconds(above=True),

@@ -108,7 +108,7 @@ def test_every_panel_query_returns_data(tmp_path, procs, start_sandbox):
             str(trainer_port),
             "--linger",
             "60",
-            "--output",
+            "--output-dir",
             str(tmp_path / "results"),
             "--no-progress",
             "--device",

@@ -132,7 +132,7 @@ def test_cli_rerun_reuses_every_finished_part(compared, tmp_path):
             "rlt.cli",
             "compare",
             str(path),
-            "--output",
+            "--output-dir",
             str(out),
             "--no-progress",
             "--device",
@@ -159,13 +159,22 @@ def test_cli_refuses_stages_trained_on_another_split(compared, tmp_path):
     path.write_text(yaml.safe_dump(doc))
     before = read(root / "report.json")
     proc = subprocess.run(
-        [sys.executable, "-m", "rlt.cli", "compare", str(path), "--output", str(root.parent.parent), "--no-progress"],
+        [
+            sys.executable,
+            "-m",
+            "rlt.cli",
+            "compare",
+            str(path),
+            "--output-dir",
+            str(root.parent.parent),
+            "--no-progress",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 78, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert "dataset.evalFraction 0.0 -> 0.25" in proc.stderr and "a new --output folder" in proc.stderr, proc.stderr
+    assert "dataset.evalFraction 0.0 -> 0.25" in proc.stderr and "a new --output-dir folder" in proc.stderr, proc.stderr
     assert "starting" not in proc.stdout and "done before, skipped" not in proc.stdout
     assert read(root / "report.json") == before

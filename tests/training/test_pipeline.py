@@ -117,7 +117,7 @@ def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
             "rlt.cli",
             "run",
             str(TINY),
-            "--output",
+            "--output-dir",
             str(tmp_path),
             "--metrics-port",
             str(port),

@@ -54,12 +54,14 @@ def assert_one_line_error(
 def test_rerun_after_a_spec_edit_continues_or_refuses(tmp_path):
     out = tmp_path / "results"
     layout = RunLayout.for_run(out, "tiny")
-    first = rlt("run", str(rl_only(tmp_path)), "--output", str(out), "--metrics-port", "-1", "--no-progress")
+    first = rlt("run", str(rl_only(tmp_path)), "--output-dir", str(out), "--metrics-port", "-1", "--no-progress")
     assert first.returncode == 0, first.stderr[-3000:]
     assert [r["step"] for r in read_metrics(layout.metrics_file)] == [1, 2]
 
     # more steps: RL trains on from its last checkpoint, to step 3 only
-    more = rlt("run", str(rl_only(tmp_path, steps=3)), "--output", str(out), "--metrics-port", "-1", "--no-progress")
+    more = rlt(
+        "run", str(rl_only(tmp_path, steps=3)), "--output-dir", str(out), "--metrics-port", "-1", "--no-progress"
+    )
     assert more.returncode == 0, more.stderr[-3000:]
     assert "[rl] stages.rl.steps 2 -> 3: continuing from the last checkpoint" in more.stdout
     assert [r["step"] for r in read_metrics(layout.metrics_file)] == [1, 2, 3]
@@ -68,7 +70,7 @@ def test_rerun_after_a_spec_edit_continues_or_refuses(tmp_path):
 
     # an edit RL cannot absorb: refused in one line naming the fields and the flag; run.yaml still tells the truth
     edited = rl_only(tmp_path, steps=3, learningRate=0.01)
-    refused = rlt("run", str(edited), "--output", str(out), "--metrics-port", "-1", "--no-progress")
+    refused = rlt("run", str(edited), "--output-dir", str(out), "--metrics-port", "-1", "--no-progress")
     line = assert_one_line_error(
         refused, "[rl] finished under a different spec (stages.rl.learningRate 0.0001 -> 0.01)", "--from-stage rl"
     )
@@ -76,7 +78,9 @@ def test_rerun_after_a_spec_edit_continues_or_refuses(tmp_path):
     print(line)
 
     # the flag it names starts rl over; the old outputs are kept aside
-    again = rlt("run", str(edited), "--output", str(out), "--metrics-port", "-1", "--no-progress", "--from-stage", "rl")
+    again = rlt(
+        "run", str(edited), "--output-dir", str(out), "--metrics-port", "-1", "--no-progress", "--from-stage", "rl"
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[rl] started over as asked; previous outputs moved to" in again.stdout
     [old] = (layout.root / "replaced").iterdir()
@@ -107,7 +111,7 @@ def test_bad_data_stops_run_and_stage_in_one_line_before_any_model_loads(tmp_pat
     doc = tiny_doc()
     doc["spec"]["dataset"] = {"source": "data.jsonl", "badRows": policy}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
-    res = rlt("run", "run.yaml", "--output", "out", "--metrics-port", "-1", "--no-progress", cwd=tmp_path)
+    res = rlt("run", "run.yaml", "--output-dir", "out", "--metrics-port", "-1", "--no-progress", cwd=tmp_path)
     assert_one_line_error(res, "rlt run: ", *fragments, code=ExitCode.DATA_ERROR)
     assert not (tmp_path / "out" / "tiny" / "run.yaml").exists()  # refused before anything was written
     # the pod's command: the same line, the same exit code (the operator then fails the run instead of restarting)
@@ -129,14 +133,14 @@ def test_a_taken_metrics_port_falls_back_by_default_and_is_one_line_when_chosen(
             str(TINY),
             "--metrics-port",
             str(port),
-            "--output",
+            "--output-dir",
             str(tmp_path),
         )
         assert_one_line_error(res, f"--metrics-port {port}: 127.0.0.1:{port} is already in use")
         # chosen by $RLT_METRICS_PORT instead of the flag: chosen all the same, so no fallback either
-        res = rlt("run", str(TINY), "--output", str(tmp_path), RLT_METRICS_PORT=str(port))
+        res = rlt("run", str(TINY), "--output-dir", str(tmp_path), RLT_METRICS_PORT=str(port))
         assert_one_line_error(res, f"{port}: 127.0.0.1:{port} is already in use")
-    res = rlt("run", str(TINY), "--output", str(tmp_path), RLT_METRICS_PORT="nine")
+    res = rlt("run", str(TINY), "--output-dir", str(tmp_path), RLT_METRICS_PORT="nine")
     assert_one_line_error(res, "rlt run: RLT_METRICS_PORT='nine' is not a port number")
     # the pod's command reads the same variable the same way
     res = rlt("stage", "sft", "--config", str(TINY), "--root", str(tmp_path), RLT_METRICS_PORT="nine")
@@ -190,7 +194,7 @@ def test_ctrl_c_is_one_line_naming_where_it_stopped(tmp_path):
 
     def interrupted(out):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rlt.cli", "run", str(path), "--output", str(out), "--no-progress"],
+            [sys.executable, "-m", "rlt.cli", "run", str(path), "--output-dir", str(out), "--no-progress"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_a_local_run_prints_no_debug_or_library_noise(tmp_path):
     res = subprocess.run(
-        [sys.executable, "-m", "rlt.cli", "run", str(TINY), "--output", str(tmp_path), "--stage", "sft"],
+        [sys.executable, "-m", "rlt.cli", "run", str(TINY), "--output-dir", str(tmp_path), "--stage", "sft"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -39,7 +39,7 @@ def test_a_local_distill_prints_no_trace_lines_unless_asked(tmp_path):
     spec = tmp_path / "run.yaml"
     spec.write_text(yaml.safe_dump(doc))
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("RLT_TRACE", "RLT_STAGE")}
-    cmd = [sys.executable, "-m", "rlt.cli", "run", str(spec), "--output", str(tmp_path / "out")]
+    cmd = [sys.executable, "-m", "rlt.cli", "run", str(spec), "--output-dir", str(tmp_path / "out")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**env, "RLT_METRICS_PORT": "-1"})
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout + res.stderr

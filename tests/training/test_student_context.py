@@ -43,7 +43,7 @@ def test_validate_refuses_explanations_past_the_students_positions_and_says_what
 def test_run_stops_before_training_even_when_bad_rows_are_skipped(tmp_path, tiny):
     """No row can be left out to make the student's context longer: badRows: skip does not let the run go on."""
     path = write_run(tmp_path, 1000, bad_rows="skip")
-    res = rlt("run", str(path), "--output", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
+    res = rlt("run", str(path), "--output-dir", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
     assert res.returncode == ExitCode.DATA_ERROR, res.stdout[-2000:] + res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "reads 1024 positions" in res.stderr
     assert "[sft] starting" not in res.stdout

@@ -88,7 +88,7 @@ def test_validate_and_run_name_the_line_before_anything_trains(tmp_path, tiny):
     assert res.returncode == 1, res.stdout + res.stderr
     line = next(x for x in res.stderr.splitlines() if "spec.stages.rl.reward:" in x)
     assert "2 of 4 rows have a solution with no token of its own" in line and ": line 2, line 4;" in line, line
-    res = rlt("run", str(path), "--output", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
+    res = rlt("run", str(path), "--output-dir", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
     assert res.returncode == ExitCode.DATA_ERROR, res.stdout[-2000:] + res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "line 2, line 4" in res.stderr
     assert "[sft] starting" not in res.stdout
@@ -131,7 +131,7 @@ def test_the_pods_stages_refuse_or_skip_the_row_themselves(bad_rows, tmp_path):
 def test_a_distill_only_run_refuses_the_rows_before_its_first_stage(tmp_path, tiny):
     """distill scores with rl's reward: with rl off (or done) `rlt run` still names the rows before distill starts."""
     path = write_run(tmp_path, [GOOD, BAD, GOOD], {"sft": False, "rl": False})
-    res = rlt("run", str(path), "--output", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
+    res = rlt("run", str(path), "--output-dir", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
     assert res.returncode == ExitCode.DATA_ERROR, res.stdout[-2000:] + res.stderr[-3000:]
     assert "spec.stages.rl.reward: 1 of 3 rows" in res.stderr and "line 2" in res.stderr, res.stderr[-3000:]
     assert "[distill] starting" not in res.stdout

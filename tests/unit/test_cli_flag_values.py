@@ -3,6 +3,7 @@ error (exit 2) before anything starts: the real parser of `rlt`, sandbox and mon
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -22,9 +23,13 @@ def paths(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["run", "r.yaml", "--output", "{a-file}"], "argument --output: {a-file}: not a folder"),
-        (["run", "r.yaml", "--output", "{a-file}/sub"], "argument --output: {a-file}/sub: {a-file} is not a folder"),
-        (["compare", "r.yaml", "--output", "{a-file}"], "argument --output: {a-file}: not a folder"),
+        (["run", "r.yaml", "--output-dir", "{a-file}"], "argument --output-dir: {a-file}: not a folder"),
+        (
+            ["run", "r.yaml", "--output-dir", "{a-file}/sub"],
+            "argument --output-dir: {a-file}/sub: {a-file} is not a folder",
+        ),
+        (["compare", "r.yaml", "--output-dir", "{a-file}"], "argument --output-dir: {a-file}: not a folder"),
+        (["eval", "r.yaml", "--output", "{a-file}"], "argument --output: {a-file}: not a folder"),  # the old name
         (["stage", "sft", "--config", "r.yaml", "--root", "{a-file}"], "argument --root: {a-file}: not a folder"),
         (["run", "r.yaml", "--linger", "inf"], "argument --linger: 'inf': expected a number of seconds, at least 0"),
         (["run", "r.yaml", "--linger", "-5"], "argument --linger: '-5': expected a number of seconds, at least 0"),
@@ -36,7 +41,7 @@ def paths(tmp_path):
         (["sandbox", "--run-pods", "{a-file}"], "argument --run-pods: {a-file}: not a folder"),
         (["monitor", "--port", "70000"], "argument --port: '70000' is not a port number (1-65535)"),
         (["monitor", "--every", "0"], "argument --every: '0': expected a number of seconds, above 0"),
-        (["monitor", "--out", "{a-file}"], "argument --out: {a-file}: not a folder"),
+        (["monitor", "--output-dir", "{a-file}"], "argument --output-dir: {a-file}: not a folder"),
     ],
 )
 def test_a_bad_flag_value_is_a_usage_error_naming_it(paths, capsys, argv, says):
@@ -57,10 +62,48 @@ def test_a_bad_flag_value_is_a_usage_error_naming_it(paths, capsys, argv, says):
 def test_good_values_pass(paths):
     from rlt.cli import build_parser
 
-    args = build_parser().parse_args(["run", "r.yaml", "--output", str(paths / "new" / "deeper"), "--linger", "2.5"])
-    assert (args.output, args.linger) == (str(paths / "new" / "deeper"), 2.5)
+    args = build_parser().parse_args(
+        ["run", "r.yaml", "--output-dir", str(paths / "new" / "deeper"), "--linger", "2.5"]
+    )
+    assert (args.output_dir, args.linger) == (str(paths / "new" / "deeper"), 2.5)
+    assert build_parser().parse_args(["compare", "r.yaml"]).output_dir == "results"
     args = build_parser().parse_args(["monitor", "--port", "9091", "--every", "0.5", "--work", str(paths / "w")])
     assert (args.port, args.every) == (9091, 0.5)
+
+
+def _visible_options(parser, prog="rlt"):
+    """(command, option, action) for every option `--help` shows, subcommands included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _visible_options(sub, f"{prog} {name}")
+        elif action.help != argparse.SUPPRESS:
+            yield from ((prog, option, action) for option in action.option_strings)
+
+
+def test_output_picks_a_format_and_output_dir_names_a_folder_in_every_command():
+    """kubectl's meaning everywhere: `-o/--output` is text or json; the folder a command writes is `--output-dir`."""
+    from rlt.cli import build_parser
+    from rlt.cli.output import FORMATS
+
+    options = list(_visible_options(build_parser()))
+    outputs = [(command, tuple(a.choices or ())) for command, option, a in options if option == "--output"]
+    assert outputs and all(choices == FORMATS for _, choices in outputs), outputs
+    folders = {command for command, option, a in options if option == "--output-dir" and a.metavar == "DIR"}
+    assert folders == {"rlt run", "rlt eval", "rlt compare", "rlt monitor"}, folders
+    assert not [(c, o) for c, o, _ in options if o == "--out"]
+
+
+@pytest.mark.parametrize(("argv", "old"), [(["run", "r.yaml"], "--output"), (["monitor"], "--out")])
+def test_a_folder_flags_old_name_still_works_and_says_its_new_one(paths, capsys, argv, old):
+    from rlt.cli import build_parser
+
+    args = build_parser().parse_args([*argv, old, str(paths / "kept")])
+    assert args.output_dir == str(paths / "kept")
+    assert f"rlt {argv[0]}: {old} is deprecated, use --output-dir (same value)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([argv[0], "--help"])
+    assert f"{old} " not in capsys.readouterr().out  # hidden from help: new scripts learn the new name only
 
 
 def test_rlt_monitor_refuses_a_bad_run_file_as_rlt_run_does_and_leaves_no_temp_folder(tmp_path):

@@ -27,7 +27,7 @@ def test_compare_without_held_out_data_stops_before_training(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     out = tmp_path / "results"
     res = subprocess.run(
-        [sys.executable, "-m", "rlt.cli", "compare", str(path), "--output", str(out), "--no-progress"],
+        [sys.executable, "-m", "rlt.cli", "compare", str(path), "--output-dir", str(out), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=300,

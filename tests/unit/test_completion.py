@@ -78,7 +78,7 @@ def test_options_and_their_choices_complete(script, folder):
 def test_a_run_file_completes_to_files_and_the_output_folder_to_folders_only(script, folder):
     assert complete(script, folder, "run", "ru") == ["run.yaml", "runs-notes.txt"]
     assert complete(script, folder, "validate", "run.yaml", "r") == ["results", "run.yaml", "runs-notes.txt"]
-    assert complete(script, folder, "run", "run.yaml", "--output", "r") == ["results"]
+    assert complete(script, folder, "run", "run.yaml", "--output-dir", "r") == ["results"]
     assert complete(script, folder, "stage", "rl", "--root", "") == ["results"]
     assert complete(script, folder, "plan", "--calibration", "runs") == ["runs-notes.txt"]
 

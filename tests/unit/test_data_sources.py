@@ -205,7 +205,7 @@ def test_rlt_validate_and_run_say_a_data_source_problem_in_one_line(tmp_path, ma
     doc["spec"]["dataset"] = {"source": make(tmp_path)}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
     for command in ("validate", "run"):
-        args = [command, "run.yaml"] + (["--output", "out", "--metrics-port", "-1"] if command == "run" else [])
+        args = [command, "run.yaml"] + (["--output-dir", "out", "--metrics-port", "-1"] if command == "run" else [])
         res = subprocess.run(
             [sys.executable, "-m", "rlt.cli", *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
         )

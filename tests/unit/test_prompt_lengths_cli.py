@@ -68,7 +68,7 @@ def test_validate_names_the_lines_and_the_field_to_raise(tmp_path):
 def test_run_stops_before_training_naming_the_lines(tmp_path):
     long = {"question": LONG, "reasoning_trace": "count them", "solution": "41"}
     path = write_run(tmp_path, [long] * 4)
-    res = rlt("run", str(path), "--output", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
+    res = rlt("run", str(path), "--output-dir", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
     assert res.returncode == ExitCode.DATA_ERROR, res.stdout[-2000:] + res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "num_samples" not in res.stderr
     assert "spec.stages.sft.maxLength=256" in res.stderr and "line 1, line 2, line 3, line 4" in res.stderr

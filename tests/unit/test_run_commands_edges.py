@@ -48,7 +48,7 @@ def test_a_snake_case_field_is_refused_as_the_cluster_would_with_its_yaml_name(t
 )
 def test_a_metrics_port_that_is_no_port_is_a_usage_error(tmp_path, capsys, argv):
     """70000 once failed at the bind, after run.yaml was written; -5 once turned the metrics off in silence."""
-    code, out = run_cli(capsys, argv[0], str(written(tmp_path, tiny_doc())), *argv[1:], "--output", str(tmp_path))
+    code, out = run_cli(capsys, argv[0], str(written(tmp_path, tiny_doc())), *argv[1:], "--output-dir", str(tmp_path))
     assert code == ExitCode.USAGE
     assert f"argument --metrics-port: '{argv[2]}' is not a port number (1-65535; 0 = any free port, -1 = off)" in out
     assert not (tmp_path / tiny_doc()["metadata"]["name"]).exists()
@@ -56,7 +56,7 @@ def test_a_metrics_port_that_is_no_port_is_a_usage_error(tmp_path, capsys, argv)
 
 def test_the_metrics_port_variable_is_held_to_the_same_range(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RLT_METRICS_PORT", "70000")
-    code, out = run_cli(capsys, "run", str(written(tmp_path, tiny_doc())), "--output", str(tmp_path))
+    code, out = run_cli(capsys, "run", str(written(tmp_path, tiny_doc())), "--output-dir", str(tmp_path))
     assert code == ExitCode.CONFIG_ERROR
     assert "rlt run: RLT_METRICS_PORT='70000' is not a port number" in out
     assert "Traceback" not in out
@@ -71,7 +71,7 @@ def test_compare_on_a_taken_metrics_port_is_one_line(tmp_path, capsys):
             capsys,
             "compare",
             str(written(tmp_path, tiny_doc())),
-            "--output",
+            "--output-dir",
             str(tmp_path),
             "--metrics-port",
             str(port),
@@ -81,13 +81,13 @@ def test_compare_on_a_taken_metrics_port_is_one_line(tmp_path, capsys):
 
 
 def test_compare_names_what_it_cannot_compare(tmp_path, capsys):
-    code, out = run_cli(capsys, "compare", str(RCL_LOCAL), "--output", str(tmp_path))
+    code, out = run_cli(capsys, "compare", str(RCL_LOCAL), "--output-dir", str(tmp_path))
     assert (code, out.count("\n")) == (ExitCode.CONFIG_ERROR, 2)  # the source line and the field's
     assert "spec.method: 'rcl' cannot be compared" in out
     assert list(tmp_path.iterdir()) == []  # refused before the run's folder (and its lock) is made
     doc = tiny_doc()
     doc["spec"]["stages"]["rl"] = {**doc["spec"]["stages"].get("rl", {}), "enabled": False}
-    code, out = run_cli(capsys, "compare", str(written(tmp_path, doc)), "--output", str(tmp_path))
+    code, out = run_cli(capsys, "compare", str(written(tmp_path, doc)), "--output-dir", str(tmp_path))
     assert code == ExitCode.CONFIG_ERROR
     assert "spec.stages.rl.enabled: false; rlt compare needs stages sft and rl" in out
     assert "spec.stages.sft.enabled" not in out
@@ -109,8 +109,8 @@ def test_compare_names_what_it_cannot_compare(tmp_path, capsys):
 )
 def test_eval_refuses_a_teacher_or_label_it_cannot_use_before_any_model_loads(tmp_path, capsys, flags, says):
     """Each once loaded the student, then crashed (an unknown built-in, a missing folder), wrote outside eval/
-    (the label is a folder), or evaluated the untrained teacher as if trained (no stage finished under --output)."""
-    code, out = run_cli(capsys, "eval", str(RCL_LOCAL), "--output", str(tmp_path), *flags)
+    (the label is a folder), or evaluated the untrained teacher as if trained (no stage finished under --output-dir)."""
+    code, out = run_cli(capsys, "eval", str(RCL_LOCAL), "--output-dir", str(tmp_path), *flags)
     assert code == ExitCode.USAGE
     assert f"rlt eval: {says}" in out
     assert list(tmp_path.iterdir()) == []  # nothing written
@@ -122,7 +122,14 @@ def test_a_hub_model_that_cannot_be_loaded_is_one_line_and_a_retry_when_the_hub_
     doc = tiny_doc()
     doc["spec"]["teacher"] = {"model": "nosuchorg/no-such-teacher"}
     code, out = run_cli(
-        capsys, "run", str(written(tmp_path, doc)), "--output", str(tmp_path), "--metrics-port", "-1", "--no-progress"
+        capsys,
+        "run",
+        str(written(tmp_path, doc)),
+        "--output-dir",
+        str(tmp_path),
+        "--metrics-port",
+        "-1",
+        "--no-progress",
     )
     assert code == ExitCode.FAILED
     assert "rlt run: model 'nosuchorg/no-such-teacher' cannot be loaded: " in out

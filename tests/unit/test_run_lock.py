@@ -17,7 +17,7 @@ from rlt.run.lock import LOCK_FILE
 
 def test_a_second_run_of_the_same_file_is_refused_naming_the_first(tmp_path):
     out = tmp_path / "results"
-    cmd = [sys.executable, "-m", "rlt.cli", "run", str(TINY), "--output", str(out), "--no-progress"]
+    cmd = [sys.executable, "-m", "rlt.cli", "run", str(TINY), "--output-dir", str(out), "--no-progress"]
     first = subprocess.Popen(
         [*cmd, "--metrics-port", "-1", "--device", "cpu"],
         stdout=subprocess.DEVNULL,
@@ -45,7 +45,7 @@ def test_a_second_run_of_the_same_file_is_refused_naming_the_first(tmp_path):
     line = second.stderr.strip().splitlines()[-1]
     assert line == (
         f"rlt run: {out / 'tiny'} is in use by rlt run (pid {first.pid}); wait for it to finish (or stop it), "
-        "or use another --output"
+        "or use another --output-dir"
     ), second.stderr
     assert "starting" not in second.stdout
     assert metrics_before  # the first run's files were there and the second added none of its own

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -68,3 +70,36 @@ def seconds(minimum: float = 0.0, above: bool = False) -> Callable[[str], float]
         return number
 
     return parse
+
+
+class _RenamedFlag(argparse.Action):
+    """A flag's old name, still taken for a while: it fills the new flag's value and says on stderr what to type."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated, use {self.new} (same value)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_output_dir(parser: argparse.ArgumentParser, help: str, default: str | None, old: str) -> None:
+    """`--output-dir DIR`, every command's name for the folder it writes (`-o/--output` picks a format, as kubectl's
+    does); `old`, the name it had, is still taken, hidden from help, with a deprecation line on stderr."""
+    parser.add_argument("--output-dir", metavar="DIR", type=folder_to_write, default=default, help=help)
+    parser.add_argument(
+        old,
+        dest="output_dir",
+        metavar="DIR",
+        type=folder_to_write,
+        action=_RenamedFlag,
+        new="--output-dir",
+        help=argparse.SUPPRESS,
+    )

@@ -12,7 +12,7 @@ from rlt.contract.exitcodes import ExitCode
 SHELLS = ("bash", "zsh", "tcsh")  # what shtab writes
 # An argument whose metavar says it is a path completes as one (files, or folders only).
 FILE_METAVARS = frozenset({"FILE"})
-DIR_METAVARS = frozenset({"DIR", "OUTPUT", "ROOT"})
+DIR_METAVARS = frozenset({"DIR", "ROOT"})
 
 
 def mark_paths(parser: argparse.ArgumentParser, file: object, directory: object) -> None:

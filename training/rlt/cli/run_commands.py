@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 
 from rlt.checks.validation import load_valid_run
-from rlt.cli.arg_types import folder_to_write, metrics_port, seconds
+from rlt.cli.arg_types import add_output_dir, folder_to_write, metrics_port, seconds
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.metrics import TRAINER_METRICS_PORT
 from rlt.contract.stage_registry import STAGE_ORDER
@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "run",
         lambda: run_local(
             run,
-            args.output,
+            args.output_dir,
             _port_to_serve(chosen),
             args.linger,
             args.stage or None,
@@ -145,13 +145,13 @@ def _eval_choice_problem(run: RLTRun, teacher: str | None, label: str | None, ou
 
     if label is not None and (label in (".", "..") or not re.fullmatch(r"[A-Za-z0-9_.-]+", label)):
         return f"--label {label!r}: a report row and a folder name: letters, digits, '.', '_' and '-' only"
-    if teacher is None:  # the run's newest trained teacher: one must have finished under --output
+    if teacher is None:  # the run's newest trained teacher: one must have finished under --output-dir
         layout = RunLayout.for_run(output, run.name)
         trains = [s for s in teacher_stages_before("evaluate") if stage_settings(run.spec, s).enabled]
         if trains and not any(layout.stage_done(s).exists() for s in trains):
             return (
                 f"no finished teacher stage ({', '.join(trains)}) under {layout.root}: run `rlt run` first, check "
-                "--output, or pass --teacher initial to evaluate spec.teacher"
+                "--output-dir, or pass --teacher initial to evaluate spec.teacher"
             )
     elif named := model_name_problem(teacher):
         return f"--teacher: {named}"
@@ -173,14 +173,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
         return ExitCode.CONFIG_ERROR
     _check_device("eval", args.device)
-    problem = _eval_choice_problem(run, args.teacher, args.label, args.output)
+    problem = _eval_choice_problem(run, args.teacher, args.label, args.output_dir)
     if problem:
         print(f"rlt eval: {problem}", file=sys.stderr)
         return ExitCode.USAGE
     run_teaching_eval = load_function(teaching_eval)
 
     def evaluate() -> None:
-        report = run_teaching_eval(run, args.output, args.teacher, args.label, args.device)
+        report = run_teaching_eval(run, args.output_dir, args.teacher, args.label, args.device)
         print(report.read_text())
         print(f"report: {report}")
 
@@ -194,16 +194,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _check_device("compare", args.device)
     port = None if args.metrics_port < 0 else args.metrics_port
     return _one_line_on_input_error(
-        "compare", lambda: run_compare(run, args.output, args.device, _bars(args.no_progress), port)
+        "compare", lambda: run_compare(run, args.output_dir, args.device, _bars(args.no_progress), port)
     )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="run an RLTRun's stages on this machine into OUTPUT/<run>/")
+    p = sub.add_parser("run", help="run an RLTRun's stages on this machine into DIR/<run>/")
     p.add_argument("file", metavar="FILE", help="RLTRun YAML")
-    p.add_argument(
-        "--output", metavar="OUTPUT", type=folder_to_write, default="results", help="results folder (default: results)"
-    )
+    add_output_dir(p, "results folder (default: results)", default="results", old="--output")
     p.add_argument(
         "--metrics-port",
         type=metrics_port,
@@ -222,7 +220,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--from-stage",
         choices=STAGE_ORDER,
-        help="start this stage and every later one over (old outputs move to OUTPUT/<run>/replaced/); "
+        help="start this stage and every later one over (old outputs move to DIR/<run>/replaced/); "
         "needed after editing the spec of a finished stage",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
@@ -231,7 +229,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("eval", help="rcl: APG/NDR/TES of a teacher on the held-out split -> OUTPUT/<run>/eval/")
+    p = sub.add_parser("eval", help="rcl: APG/NDR/TES of a teacher on the held-out split -> DIR/<run>/eval/")
     p.add_argument("file", metavar="FILE", help="RLTRun YAML (method: rcl)")
     p.add_argument(
         "--teacher",
@@ -239,13 +237,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(spec.teacher), 'none' (no teacher); default: the run's latest trained teacher (rl, else sft)",
     )
     p.add_argument("--label", help="row name in the report (default: from --teacher)")
-    p.add_argument(
-        "--output",
-        metavar="OUTPUT",
-        type=folder_to_write,
-        default="results",
-        help="results folder of the run (default: results)",
-    )
+    add_output_dir(p, "results folder of the run (default: results)", default="results", old="--output")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.set_defaults(func=cmd_eval)
 
@@ -268,14 +260,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "compare",
         help="distil students from the RL teacher, the SFT-only teacher and the dataset's traces; "
-        "evaluate them and the untrained student (OUTPUT/<run>/compare/)",
+        "evaluate them and the untrained student (DIR/<run>/compare/)",
     )
     p.add_argument(
         "file", metavar="FILE", help="RLTRun YAML (sft and rl enabled; student/evaluate defaults apply when disabled)"
     )
-    p.add_argument(
-        "--output", metavar="OUTPUT", type=folder_to_write, default="results", help="results folder (default: results)"
-    )
+    add_output_dir(p, "results folder (default: results)", default="results", old="--output")
     p.add_argument(
         "--metrics-port",
         type=metrics_port,

@@ -217,7 +217,7 @@ class Compare:
             ctx.spec,
             list(names),
             has_checkpoint=ctx.layout.has_complete_checkpoint,
-            restart_hint=f"use a new --output folder, or move {self.root} aside to compare from scratch",
+            restart_hint=f"use a new --output-dir folder, or move {self.root} aside to compare from scratch",
         )
 
     def check_finished_stages(self) -> None:

@@ -49,7 +49,7 @@ def lock_run_folder(root: str | Path, command: str) -> RunLock:
         holder = f.read().strip() or "another process"
         f.close()
         raise RunLockedError(
-            f"{root} is in use by {holder}; wait for it to finish (or stop it), or use another --output"
+            f"{root} is in use by {holder}; wait for it to finish (or stop it), or use another --output-dir"
         ) from None
     f.seek(0)
     f.truncate()
