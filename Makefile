@@ -5,8 +5,11 @@ BIN     := $(VENV)/bin
 TOOLS   := .tools/bin
 STAMP   := $(VENV)/.installed
 export PATH := $(CURDIR)/$(TOOLS):$(CURDIR)/$(BIN):$(PATH)
+# Debian packages, one apt-get at a time (make test installs side by side; two at once fail on dpkg's lock).
+APT_INSTALL = flock /tmp/.rlt-apt.lock sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends "$$@" >/dev/null' apt-install
 
-.PHONY: help venv vllm-venv tools test test-fast test-real-cluster demo docs crd chart-crd chart-rbac install-manifests generate images bench clean \
+.PHONY: help venv vllm-venv tools test test-needs test-fast test-real-cluster demo docs crd chart-crd chart-rbac install-manifests generate images bench clean \
 	image-tools operator-image images-local images-test images-cuda images-test-cuda images-push lint sandbox-soak
 
 help:
@@ -65,7 +68,7 @@ $(TOOLS)/helm:
 
 $(TOOLS)/promtool:
 	mkdir -p $(TOOLS)
-	command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	command -v prometheus >/dev/null || $(APT_INSTALL) prometheus
 	ln -sf "$$(command -v promtool)" $(TOOLS)/promtool
 	ln -sf "$$(command -v prometheus)" $(TOOLS)/prometheus
 
@@ -83,11 +86,18 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
+# What the suite needs, installed side by side (-j3): the two venvs' downloads at once, then DeepSpeed's op compiling
+# while the tools and the operator image install. About 6 minutes saved of 15 on a fresh 2-core machine.
+TEST_NEEDS := $(STAMP) $(DS_OP_STAMP) tools $(VLLM_STAMP) operator-image
+test-needs: $(TEST_NEEDS)
+
 # Lint first: a style or type slip fails in seconds, before the long suite starts.
 # The pod tests alone first (they own the pods' fixed ports and time their faults), then the rest on two
 # pytest-xdist workers (tests that share a session resource stay on one: tests/conftest.py). Both parts always run.
 PYTEST_WORKERS ?= 2
-test: $(STAMP) $(DS_OP_STAMP) tools $(VLLM_STAMP) operator-image lint
+test:
+	@$(MAKE) --no-print-directory -j3 test-needs
+	@$(MAKE) --no-print-directory lint
 	status=0; \
 	$(BIN)/python -m pytest -q -rs --durations=10 -m pods || status=$$?; \
 	$(BIN)/python -m pytest -q -rs --durations=25 -m "not pods" -n $(PYTEST_WORKERS) --dist loadgroup || status=$$?; \
@@ -149,8 +159,7 @@ images:
 # The operator image's smoke test runs in `make test` (tests/operator/test_operator_image.py, build cached by its
 # inputs in ~/.cache/rlt/images); the trainer/generator smoke tests (several GB each) in `make images-test`.
 image-tools:
-	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah mmdebstrap >/dev/null; }
+	@command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || $(APT_INSTALL) buildah mmdebstrap
 
 # Build (or reuse, keyed by its inputs) the operator image's rootfs before the tests, outside their timeouts.
 operator-image: image-tools
