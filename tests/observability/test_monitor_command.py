@@ -54,7 +54,7 @@ def test_it_scrapes_a_running_exporter_and_draws_every_dashboard(tmp_path):
     metrics.set("rlt_reward_mean", -2.5)
     out = tmp_path / "dash"
     cmd = [sys.executable, "-m", "rlt.cli", "monitor", "--trainer", f"127.0.0.1:{port}", "--port", str(free_port())]
-    cmd += ["--out", str(out), "--every", "3", "--work", str(tmp_path / "work")]
+    cmd += ["--output-dir", str(out), "--every", "3", "--work", str(tmp_path / "work")]
     log = tmp_path / "monitor.log"
     # started with SIGINT ignored, as a child of a process that ignores it (a launcher, a test worker after another
     # test's handler) is: Ctrl-C must still stop it (it once drew on for ever in CI)
