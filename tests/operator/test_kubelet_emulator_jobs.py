@@ -203,7 +203,9 @@ async def test_a_new_pod_of_a_run_waits_for_its_leaving_pod_that_holds_the_runs_
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
     old = _job("gang", 0, fails=0)
     old["spec"]["template"]["metadata"]["labels"][L_RUN] = "r1"
-    old["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 3
+    # A grace long enough that the new pod is there to be held back on a busy machine (CI once took over 3 s from
+    # the delete to the new pod's first start attempt, and the old process was gone by then).
+    old["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 15
     old["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-c", stubborn]
     await harness.create_workload("jobs", old)
     (first,) = await harness.wait(lambda: [p for p in kubelet.pods.values() if p.proc is not None], "the old pod")
@@ -217,6 +219,6 @@ async def test_a_new_pod_of_a_run_waits_for_its_leaving_pod_that_holds_the_runs_
     waited = await harness.wait(lambda: second.waiting, "the new pod held back")
     assert waited.reason == "ContainerCreating" and first.name in waited.message
     assert second.proc is None and tagged_processes(first.tag)  # held while the old process lives
-    await harness.wait(lambda: second.proc is not None, "the new pod started", timeout=30)
+    await harness.wait(lambda: second.proc is not None, "the new pod started", timeout=60)
     assert not tagged_processes(first.tag), "started while the old gang's process still held the run's ports"
     assert time.monotonic() >= first.kill_at
