@@ -119,29 +119,19 @@ def test_every_number_comes_from_a_run(compared):
     assert report["correlation"]["logprobGain"]["pooled"]["pearson"] == pytest.approx(np.corrcoef(xs, ys)[0, 1])
 
 
+def rlt_compare(path, out, *flags):
+    """`rlt compare FILE --output-dir OUT` as a user runs it, in a process of its own."""
+    cmd = [sys.executable, "-m", "rlt.cli", "compare", str(path), "--output-dir", str(out), "--no-progress", *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
 def test_cli_rerun_reuses_every_finished_part(compared, tmp_path):
     """`rlt compare` as a user runs it; a second call skips the finished stages and evaluations."""
     run, root, report = compared
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(tiny_compare_doc()))
     out = root.parent.parent
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlt.cli",
-            "compare",
-            str(path),
-            "--output-dir",
-            str(out),
-            "--no-progress",
-            "--device",
-            "cpu",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = rlt_compare(path, out, "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("done before, skipped") == 7  # sft, rl, 2 distills, 3 students
     assert "| rl_teacher |" in proc.stdout
@@ -158,21 +148,7 @@ def test_cli_refuses_stages_trained_on_another_split(compared, tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc))
     before = read(root / "report.json")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlt.cli",
-            "compare",
-            str(path),
-            "--output-dir",
-            str(root.parent.parent),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = rlt_compare(path, root.parent.parent)
     assert proc.returncode == 78, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "dataset.evalFraction 0.0 -> 0.25" in proc.stderr and "a new --output-dir folder" in proc.stderr, proc.stderr
