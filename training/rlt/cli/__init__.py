@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     args = parser.parse_args(argv)
+    # The command owns this process when its arguments are the command line's: only then may it drop modules
+    # for the process's whole life (rlt run/stage hide the tracking libraries the run does not use).
+    args.owns_process = argv is None
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at the interpreter's exit: a reader that left (`| head`) is seen below

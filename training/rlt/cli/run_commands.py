@@ -100,11 +100,20 @@ def _port_to_serve(chosen: int | None) -> int | None:
     return DEFAULT_METRICS_PORT if chosen is None else None if chosen < 0 else chosen
 
 
+def _skip_unused_tracking_libraries(args: argparse.Namespace, run: RLTRun) -> None:
+    """Before the runner imports TRL and DeepSpeed: their imports of W&B and MLflow cost seconds per process."""
+    if getattr(args, "owns_process", False):
+        from rlt.stages.tracking import hide_unused_tracking_libraries
+
+        hide_unused_tracking_libraries(run)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rlt.run.runner import run_local
 
     run = _load(args.file)
     _check_device("run", args.device)
+    _skip_unused_tracking_libraries(args, run)
     # The flag, else $RLT_METRICS_PORT, else 9400 with a free port when that is taken.
     chosen = _chosen_metrics_port("run", args.metrics_port)
     return _one_line_on_input_error(
@@ -127,6 +136,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from rlt.run.runner import run_stage_in_pod
 
     run = _load(args.config, paths_from_file=False)
+    _skip_unused_tracking_libraries(args, run)
     port = _port_to_serve(_chosen_metrics_port("stage"))
     return _one_line_on_input_error(
         "stage", lambda: run_stage_in_pod(run, args.name, args.root, port, restart=args.restart)

@@ -1,0 +1,116 @@
+"""A training process does not import the tracking libraries its run does not report to: TRL (its profiling module)
+and DeepSpeed (its autotuner) import W&B and MLflow whenever they are installed, seconds of every process's start.
+The libraries a run does report to stay importable, and a caller that imports `rlt.cli.main` keeps its modules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+from suite_helpers import ROOT, tiny_doc
+
+from rlt.cli import main
+from rlt.contract.exitcodes import ExitCode
+from rlt.spec.loading import parse_run
+from rlt.stages.tracking import hide_unused_tracking_libraries
+
+ENV = {"PYTHONPATH": f"{ROOT / 'training'}:{ROOT / 'operator'}", "PATH": "/usr/bin:/bin"}
+
+# Hide for a run's spec, then ask the libraries' own availability checks (transformers', which TRL uses) and import
+# TRL's profiling module, the one that imports both when they are available.
+HIDE_AND_ASK = """
+import json, sys
+from rlt.spec.loading import parse_run
+from rlt.stages.tracking import hide_unused_tracking_libraries
+hidden = hide_unused_tracking_libraries(parse_run(json.loads(sys.argv[1])))
+from transformers.integrations import is_mlflow_available, is_wandb_available
+import trl.extras.profiling
+def imports(name):
+    try:
+        __import__(name)
+        return True
+    except ImportError:
+        return False
+print(json.dumps({"hidden": hidden, "available": {"wandb": is_wandb_available(), "mlflow": is_mlflow_available()},
+                  "imports": {"wandb": imports("wandb"), "mlflow": imports("mlflow")}}))
+"""
+
+
+def hide_for(tracking: dict) -> dict:
+    doc = tiny_doc()
+    doc["spec"]["tracking"] = tracking
+    done = subprocess.run(
+        [sys.executable, "-c", HIDE_AND_ASK, json.dumps(doc)], capture_output=True, text=True, env=ENV, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_run_without_tracking_hides_both_and_trl_still_imports():
+    seen = hide_for({})
+    assert seen["hidden"] == ["wandb", "mlflow"]
+    assert seen["available"] == {"wandb": False, "mlflow": False}
+    assert seen["imports"] == {"wandb": False, "mlflow": False}
+
+
+def test_the_library_a_run_reports_to_stays():
+    seen = hide_for({"mlflow": {}})
+    assert seen["hidden"] == ["wandb"]
+    assert seen["available"] == {"wandb": False, "mlflow": True}
+    assert seen["imports"] == {"wandb": False, "mlflow": True}
+    doc = tiny_doc()
+    doc["spec"]["tracking"] = {"wandb": {"project": "p", "mode": "offline"}, "mlflow": {}, "tensorboard": True}
+    held = dict(sys.modules)
+    try:  # in this process: a run that reports to both hides nothing (restored should it hide)
+        assert hide_unused_tracking_libraries(parse_run(doc)) == []
+        assert {n: sys.modules.get(n, "absent") for n in ("wandb", "mlflow")} == {
+            n: held.get(n, "absent") for n in ("wandb", "mlflow")
+        }
+    finally:
+        for name in ("wandb", "mlflow"):
+            if name in held:
+                sys.modules[name] = held[name]
+            else:
+                sys.modules.pop(name, None)
+
+
+def bad_data_run(tmp_path) -> str:
+    """A run whose data check fails in `rlt stage` before any model loads (exit DATA_ERROR), after the hiding."""
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"question": "1+1?"}) + "\n")  # no solution column
+    doc = tiny_doc()
+    doc["spec"]["dataset"] = {"source": str(tmp_path / "rows.jsonl")}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+# `rlt stage` as the pods start it (the command line's arguments); at exit, what the process holds for each name.
+STAGE_THEN_SHOW = """
+import atexit, sys
+atexit.register(lambda: print("held:", {n: sys.modules.get(n, "absent") is None for n in ("wandb", "mlflow")}))
+from rlt.cli import main
+raise SystemExit(main())
+"""
+
+
+def test_rlt_stage_hides_them_for_its_process(tmp_path):
+    run = bad_data_run(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", STAGE_THEN_SHOW, "stage", "sft", "--config", run, "--root", str(tmp_path / "pvc")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert done.returncode == ExitCode.DATA_ERROR, done.stderr[-3000:]
+    assert "held: {'wandb': True, 'mlflow': True}" in done.stdout  # hidden: None in sys.modules
+
+
+def test_a_caller_of_main_keeps_its_modules(tmp_path, capsys):
+    run = bad_data_run(tmp_path)
+    before = {n: sys.modules.get(n, "absent") for n in ("wandb", "mlflow")}
+    assert main(["stage", "sft", "--config", run, "--root", str(tmp_path / "pvc")]) == ExitCode.DATA_ERROR
+    assert {n: sys.modules.get(n, "absent") for n in ("wandb", "mlflow")} == before
+    assert None not in before.values()
