@@ -86,18 +86,19 @@ $(VLLM_STAMP):
 
 vllm-venv: $(VLLM_STAMP)
 
-# What the suite needs, installed side by side (-j3): the two venvs' downloads at once, then DeepSpeed's op compiling
-# while the tools and the operator image install (2 cores, image cached: 796 s to the end of lint, 915 s one by one).
+# What the suite needs, installed side by side (make test runs them with lint, -j4): the two venvs' downloads at
+# once, then DeepSpeed's op compiling while the tools and the operator image install (2 cores, image cached: 796 s to
+# the end of lint when lint came after them, 915 s one by one).
 TEST_NEEDS := $(STAMP) $(DS_OP_STAMP) tools $(VLLM_STAMP) operator-image
 test-needs: $(TEST_NEEDS)
 
-# Lint first: a style or type slip fails in seconds, before the long suite starts.
+# Lint before the suite: a style or type slip fails make test before the long suite starts. It runs beside the
+# installs it does not need (it needs the venv only: mypy's 140 s overlap DeepSpeed's op compiling).
 # The pod tests alone first (they own the pods' fixed ports and time their faults), then the rest on two
 # pytest-xdist workers (tests that share a session resource stay on one: tests/conftest.py). Both parts always run.
 PYTEST_WORKERS ?= 2
 test:
-	@$(MAKE) --no-print-directory -j3 test-needs
-	@$(MAKE) --no-print-directory lint
+	@$(MAKE) --no-print-directory -j4 test-needs lint
 	status=0; \
 	$(BIN)/python -m pytest -q -rs --durations=10 -m pods || status=$$?; \
 	$(BIN)/python -m pytest -q -rs --durations=25 -m "not pods" -n $(PYTEST_WORKERS) --dist loadgroup || status=$$?; \
