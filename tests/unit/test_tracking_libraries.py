@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 from suite_helpers import ROOT, tiny_doc
 
@@ -86,8 +87,9 @@ def bad_data_run(tmp_path) -> str:
     return str(path)
 
 
-# `rlt stage` as the pods start it (the command line's arguments); at exit, what the process holds for each name.
-STAGE_THEN_SHOW = """
+# The command with the command line's arguments (as the pods start `rlt stage`); at exit, what the process holds
+# for each name.
+COMMAND_THEN_SHOW = """
 import atexit, sys
 atexit.register(lambda: print("held:", {n: sys.modules.get(n, "absent") is None for n in ("wandb", "mlflow")}))
 from rlt.cli import main
@@ -95,10 +97,15 @@ raise SystemExit(main())
 """
 
 
-def test_rlt_stage_hides_them_for_its_process(tmp_path):
+@pytest.mark.parametrize("command", ["stage", "run"])
+def test_rlt_stage_and_run_hide_them_for_their_process(tmp_path, command):
     run = bad_data_run(tmp_path)
+    args = {
+        "stage": ["stage", "sft", "--config", run, "--root", str(tmp_path / "pvc")],
+        "run": ["run", run, "--output-dir", str(tmp_path / "results"), "--metrics-port", "-1"],
+    }[command]
     done = subprocess.run(
-        [sys.executable, "-c", STAGE_THEN_SHOW, "stage", "sft", "--config", run, "--root", str(tmp_path / "pvc")],
+        [sys.executable, "-c", COMMAND_THEN_SHOW, *args],
         capture_output=True,
         text=True,
         env=ENV,

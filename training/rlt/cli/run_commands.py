@@ -101,7 +101,8 @@ def _port_to_serve(chosen: int | None) -> int | None:
 
 
 def _skip_unused_tracking_libraries(args: argparse.Namespace, run: RLTRun) -> None:
-    """Before the runner imports TRL and DeepSpeed: their imports of W&B and MLflow cost seconds per process."""
+    """Before the runner (and through it TRL and DeepSpeed) is imported: their imports of W&B and MLflow cost
+    seconds per process."""
     if getattr(args, "owns_process", False):
         from rlt.stages.tracking import hide_unused_tracking_libraries
 
@@ -109,11 +110,11 @@ def _skip_unused_tracking_libraries(args: argparse.Namespace, run: RLTRun) -> No
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rlt.run.runner import run_local
-
     run = _load(args.file)
     _check_device("run", args.device)
     _skip_unused_tracking_libraries(args, run)
+    from rlt.run.runner import run_local
+
     # The flag, else $RLT_METRICS_PORT, else 9400 with a free port when that is taken.
     chosen = _chosen_metrics_port("run", args.metrics_port)
     return _one_line_on_input_error(
@@ -133,10 +134,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from rlt.run.runner import run_stage_in_pod
-
     run = _load(args.config, paths_from_file=False)
     _skip_unused_tracking_libraries(args, run)
+    from rlt.run.runner import run_stage_in_pod
+
     port = _port_to_serve(_chosen_metrics_port("stage"))
     return _one_line_on_input_error(
         "stage", lambda: run_stage_in_pod(run, args.name, args.root, port, restart=args.restart)
