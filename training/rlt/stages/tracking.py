@@ -51,7 +51,7 @@ def tracking_env(run: RLTRun, layout: RunLayout) -> dict[str, str]:
 
 
 # The tracking libraries that TRL (its profiling module) and DeepSpeed (its autotuner) import whenever they are
-# installed, used or not: about 2.5 s of every training process's start (a fifth of its imports, measured).
+# installed, used or not: about 4 s and 40 MiB of every training process (its imports took 16.9 s, 13.0 s without).
 TRACKING_LIBRARIES = ("wandb", "mlflow")
 
 
