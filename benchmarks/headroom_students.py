@@ -208,6 +208,10 @@ def main(argv: list[str] | None = None) -> None:
         analyse(args.units)
         return
     if args.unit:
+        if argv is None:  # the unit's own process: its runs report to no tracker
+            from rlt.stages.tracking import hide_tracking_libraries
+
+            hide_tracking_libraries()
         row = unit(out, args.unit, args.seed)
         (out / f"unit-{args.unit}-seed{args.seed}.json").write_text(json.dumps(row))
         return

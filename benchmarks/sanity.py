@@ -460,6 +460,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.select:
         return select(args, out)
     if args.unit:
+        if argv is None:  # the unit's own process: its runs report to no tracker
+            from rlt.stages.tracking import hide_tracking_libraries
+
+            hide_tracking_libraries()
         return unit(args, out, args.unit, args.seed)
     if args.start_seeds:
         return measure_start(args, out, args.start_seeds)

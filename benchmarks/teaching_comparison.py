@@ -529,6 +529,10 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(progress(read_rows(args.units), args.seeds, s.students)))
         return
     if args.unit:
+        if argv is None:  # the unit's own process (unit_runner's): its runs report to no tracker
+            from rlt.stages.tracking import hide_tracking_libraries
+
+            hide_tracking_libraries()
         arm, student = parse_unit(args.unit)
         if student is None:
             row = teacher_unit(s, out, arm, args.seed, plots=not args.no_plots)

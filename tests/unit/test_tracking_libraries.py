@@ -81,7 +81,7 @@ def bad_data_run(tmp_path) -> str:
     """A run whose data check fails in `rlt stage` before any model loads (exit DATA_ERROR), after the hiding."""
     (tmp_path / "rows.jsonl").write_text(json.dumps({"question": "1+1?"}) + "\n")  # no solution column
     doc = tiny_doc()
-    doc["spec"]["dataset"] = {"source": str(tmp_path / "rows.jsonl")}
+    doc["spec"]["dataset"] = {"source": str(tmp_path / "rows.jsonl"), "evalFraction": 0.5}  # held-out rows: compare
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(doc))
     return str(path)
@@ -97,12 +97,13 @@ raise SystemExit(main())
 """
 
 
-@pytest.mark.parametrize("command", ["stage", "run"])
-def test_rlt_stage_and_run_hide_them_for_their_process(tmp_path, command):
+@pytest.mark.parametrize("command", ["stage", "run", "compare"])
+def test_rlt_stage_run_and_compare_hide_them_for_their_process(tmp_path, command):
     run = bad_data_run(tmp_path)
     args = {
         "stage": ["stage", "sft", "--config", run, "--root", str(tmp_path / "pvc")],
         "run": ["run", run, "--output-dir", str(tmp_path / "results"), "--metrics-port", "-1"],
+        "compare": ["compare", run, "--output-dir", str(tmp_path / "results")],  # its students train with TRL
     }[command]
     done = subprocess.run(
         [sys.executable, "-c", COMMAND_THEN_SHOW, *args],
@@ -121,3 +122,24 @@ def test_a_caller_of_main_keeps_its_modules(tmp_path, capsys):
     assert main(["stage", "sft", "--config", run, "--root", str(tmp_path / "pvc")]) == ExitCode.DATA_ERROR
     assert {n: sys.modules.get(n, "absent") for n in ("wandb", "mlflow")} == before
     assert None not in before.values()
+
+
+# A benchmark's unit process, as unit_runner starts it (the script as __main__, the command line's arguments).
+SCRIPT_THEN_SHOW = """
+import atexit, runpy, sys
+atexit.register(lambda: print("held:", {n: sys.modules.get(n, "absent") is None for n in ("wandb", "mlflow")}))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_teaching_comparison_unit_process_hides_them(tmp_path):
+    """The comparison's units (hours of CPU each, two to five stages in one process) report to no tracker. A unit
+    name the script refuses ends the process after the hiding, before any model loads."""
+    script = ROOT / "benchmarks" / "teaching_comparison.py"
+    args = [str(script), "--quick", "--out", str(tmp_path), "--unit", "nonsense.student1", "--seed", "1"]
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT_THEN_SHOW, *args], capture_output=True, text=True, env=ENV, timeout=300
+    )
+    assert done.returncode == 1 and "unit 'nonsense.student1'" in done.stderr, done.stderr[-3000:]
+    assert "held: {'wandb': True, 'mlflow': True}" in done.stdout

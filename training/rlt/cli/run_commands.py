@@ -203,6 +203,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     run = _load(args.file)
     _check_device("compare", args.device)
+    _skip_unused_tracking_libraries(args, run)
     port = None if args.metrics_port < 0 else args.metrics_port
     return _one_line_on_input_error(
         "compare", lambda: run_compare(run, args.output_dir, args.device, _bars(args.no_progress), port)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,9 +59,15 @@ TRACKING_LIBRARIES = ("wandb", "mlflow")
 def hide_unused_tracking_libraries(run: RLTRun) -> list[str]:
     """Make the tracking libraries `run` does not report to unimportable in this process, before TRL or DeepSpeed
     load: their availability checks then say no, as where they are not installed. For a process that runs this one
-    spec (`rlt stage`, `rlt run`); a library already imported is left as it is. Returns the hidden names."""
-    used = set(run.spec.tracking.report_to())
-    hidden = [name for name in TRACKING_LIBRARIES if name not in used and name not in sys.modules]
+    spec (`rlt stage`, `rlt run`, `rlt compare`); a library already imported is left as it is. Returns the hidden
+    names."""
+    return hide_tracking_libraries(keep=run.spec.tracking.report_to())
+
+
+def hide_tracking_libraries(keep: Iterable[str] = ()) -> list[str]:
+    """hide_unused_tracking_libraries for a process whose runs report to the libraries in `keep` only (a benchmark's
+    unit process: none)."""
+    hidden = [name for name in TRACKING_LIBRARIES if name not in set(keep) and name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # `import` raises ImportError, find_spec says None
     return hidden
