@@ -67,7 +67,8 @@ def hide_unused_tracking_libraries(run: RLTRun) -> list[str]:
 def hide_tracking_libraries(keep: Iterable[str] = ()) -> list[str]:
     """hide_unused_tracking_libraries for a process whose runs report to the libraries in `keep` only (a benchmark's
     unit process: none)."""
-    hidden = [name for name in TRACKING_LIBRARIES if name not in set(keep) and name not in sys.modules]
+    kept = set(keep)  # once: `keep` may be an iterator
+    hidden = [name for name in TRACKING_LIBRARIES if name not in kept and name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # `import` raises ImportError, find_spec says None
     return hidden
