@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from rlt_operator.apply.writes import owns_object
+from rlt_operator.apply.writes import claim_disowned, owns_object
 from rlt_operator.cluster.api_session import counted_login
 from rlt_operator.cluster.events import COMPONENT, Recorder
 from rlt_operator.cluster.kube import Kube, KubeError, NotLeader
@@ -284,6 +284,8 @@ async def cleanup(
             if not owns_object(ref, child.plural, obj):
                 continue
             if child.plural == "persistentvolumeclaims" and (retention == "Retain" or storage.get("existingClaim")):
+                if (body := claim_disowned(ref, obj)) is not None:  # created under Delete, kept now
+                    await asyncio.to_thread(state.kube.patch, child.plural, namespace, m["name"], body)
                 continue
             await asyncio.to_thread(state.kube.delete, child.plural, namespace, m["name"], "Background", m.get("uid"))
     state.metrics.forget(namespace, name)

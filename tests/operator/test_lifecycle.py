@@ -331,6 +331,25 @@ async def test_deletion_removes_children_and_finalizer_and_the_volume_only_when_
     assert (kept is not None) == (policy == "Retain")
 
 
+@pytest.mark.parametrize(("created", "deleted"), [("Delete", "Retain"), ("Retain", "Delete")])
+async def test_the_retention_policy_is_the_one_the_run_has_when_it_is_deleted(harness, created, deleted):
+    """docs/operator.md: retentionPolicy is read when the run is deleted. A claim created under Delete carries the
+    run's owner reference; kept under Retain it must lose it, or a real cluster's garbage collector (kmock has none)
+    deletes the checkpoints with the run."""
+    await harness.start_operator()
+    await harness.create_run(example(**{"spec.storage": {"retentionPolicy": created}}))
+    await harness.wait_object("jobs", "tiny-sft")
+    uid = (await harness.get("rltruns", "tiny"))["metadata"]["uid"]
+    await harness.patch_run("tiny", {"spec": {"storage": {"retentionPolicy": deleted}}})
+    await harness.delete_run("tiny")
+    await harness.wait_gone("rltruns", "tiny")
+    kept = await harness.get("persistentvolumeclaims", "tiny-data")
+    assert (kept is not None) == (deleted == "Retain")
+    if kept is not None:
+        owners = [r.get("uid") for r in kept["metadata"].get("ownerReferences") or []]
+        assert uid not in owners, "the garbage collector would delete the retained claim with the run"
+
+
 async def test_a_run_created_again_under_the_same_name_mounts_its_retained_volume(harness):
     """docs/alerts.md (RLTRunFailed): a retained claim (retentionPolicy Retain, the default) is the new run's, not a
     NameConflict, so its trainer mounts the old checkpoints and resumes from them."""

@@ -86,6 +86,12 @@ async def test_operator_requests_are_exactly_the_rbac_rules(harness, monkeypatch
     )
     await harness.delete_run("tiny")
     await harness.wait_gone("rltruns", "tiny")
+    # A run created under Delete and deleted under Retain: its claim's owner reference goes (pvc patch).
+    await harness.create_run(example(**{"metadata.name": "kept", "spec.storage": {"retentionPolicy": "Delete"}}))
+    await harness.wait_object("persistentvolumeclaims", "kept-data")
+    await harness.patch_run("kept", {"spec": {"storage": {"retentionPolicy": "Retain"}}})
+    await harness.delete_run("kept")
+    await harness.wait_gone("rltruns", "kept")
 
     used: set[tuple[str, str, str]] = set()
     for r in harness.operator_requests():

@@ -3,7 +3,8 @@
 - Ownership: a child is the run's when its controller owner reference carries the run's UID. The one exception is
   the run's own volume claim kept by `storage.retentionPolicy: Retain`: it has no owner reference (the garbage
   collector would delete it with the run) and is the run's when it carries the run's name and data role labels
-  (a new run of the same name reuses it, as documented). Anything else with a child's name is someone else's: a
+  (a new run of the same name reuses it, as documented); one created under `Delete` and kept under `Retain` loses
+  its owner reference when the run is deleted (claim_disowned). Anything else with a child's name is someone else's: a
   create that meets it (409) becomes `NameConflict` naming it, and the operator never patches or deletes it.
 - A write the API server refuses with a 4xx other than 404/409 (a 422 from an invalid pass-through field, a 403 from
   a quota or admission webhook) becomes a problem carrying the server's message; the reconcile goes on, the status
@@ -51,6 +52,17 @@ def owns_object(ref: RunRef, plural: str, obj: dict[str, Any]) -> bool:
     meta = obj.get("metadata") or {}
     uids = [r.get("uid") for r in meta.get("ownerReferences") or []]
     return owns(ref, plural, [u for u in uids if u], dict(meta.get("labels") or {}))
+
+
+def claim_disowned(ref: RunRef, claim: dict[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that takes the run's owner reference off its claim, kept at deletion (Retain) although created
+    under Delete (the policy is read when the run goes); None when the claim has none. Conditional on the version read."""
+    meta = claim.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    kept = [r for r in refs if r.get("uid") != ref.uid]
+    if len(kept) == len(refs):
+        return None
+    return {"metadata": {"ownerReferences": kept, "resourceVersion": meta.get("resourceVersion")}}
 
 
 def owns_summary(ref: RunRef, plural: str, summary: dict[str, Any]) -> bool:

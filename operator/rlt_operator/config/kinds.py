@@ -38,10 +38,11 @@ _WRITE = ("list", "watch", "create", "delete")
 # Pods are their Job's or StatefulSet's; a failed gang's failed trainer pod is patched to be the run's (kept for its
 # logs when its Job goes) and deleted when a newer one is kept or the run goes; a pod is created only with
 # dryRun=All (nothing stored: pod-level admission is asked before any child exists, rlt_operator.apply.admission).
-# ConfigMaps are patched too: the pods' run.yaml follows spec edits.
+# ConfigMaps are patched too: the pods' run.yaml follows spec edits. The data claim is patched once, when a run
+# created under retentionPolicy Delete is deleted under Retain: its owner reference goes, the claim stays.
 CHILDREN: tuple[Kind, ...] = (
     Kind("", "v1", "configmaps", "ConfigMap", ("list", "watch", "create", "patch", "delete")),
-    Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", _WRITE),
+    Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", ("list", "watch", "create", "patch", "delete")),
     Kind("", "v1", "services", "Service", _WRITE),
     Kind("apps", "v1", "statefulsets", "StatefulSet", _WRITE),
     Kind("batch", "v1", "jobs", "Job", _WRITE),
