@@ -965,6 +965,22 @@ def test_disabling_the_running_stage_stops_its_job_before_the_next_stage_starts(
     assert ("create", "jobs", "t-distill") in acts(gone)
 
 
+def test_disabling_the_last_unfinished_stage_while_it_runs_stops_its_job_and_the_run_succeeds():
+    """The run ends (every enabled stage finished); the disabled stage's Job must not keep its GPUs."""
+    sp = spec(sft=False)
+    sp["stages"]["distill"]["enabled"] = False
+    prev = running("distill", completedStages=["rl"])
+    d = S.decide(REF, 2, sp, prev, observed(sp, [job("rl", complete=True), job("distill", active=1)]), NOW)
+    assert d.status["phase"] == "Succeeded"
+    assert ("delete", "jobs", "t-distill") in acts(d), "the disabled stage's Job runs on after Succeeded"
+    assert ("delete", "jobs", "t-rl") not in acts(d), "a finished Job is kept (its logs) until the TTL"
+    sp["ttlSecondsAfterFinished"] = 0
+    after = observed(sp, [job("rl", complete=True), job("distill")])
+    after.services = {"t-distill": {"name": "t-distill", "labels": b.labels("t", b.ROLE_TRAINER, "distill", 0)}}
+    later = S.decide(REF, 2, sp, d.status, after, NOW)
+    assert {("delete", "jobs", "t-distill"), ("delete", "services", "t-distill")} <= acts(later), "the TTL takes it too"
+
+
 def test_a_new_trainer_shape_replaces_the_gang_before_any_checkpoint_uncounted():
     sp = spec(sft=False, resources={"trainer": {"gpus": 4}})
     sp["stages"]["rl"]["perDeviceBatchSize"] = 1  # rl's 8 completions over 4 (or the kept 8) processes

@@ -266,10 +266,11 @@ def _terminal(
     run_status.conditions = [c for c in run_status.conditions or [] if c.type != ConditionType.SPEC_APPLIED]
     run_status.trainer_shape = run_status.backoff_until = None
     plan.delete("statefulsets", builders.generator_name(ref.name))
-    for stage in spec.stages.enabled():
-        job = observed.jobs.get(builders.trainer_name(ref.name, stage))
-        if job and job.get("active", 0) > 0:
-            plan.delete("jobs", builders.trainer_name(ref.name, stage), "Foreground")
+    # Every stage's Job, not only the enabled stages': disabling the last unfinished stage while it runs ends the run.
+    stage_jobs = [n for n, j in observed.jobs.items() if j["labels"].get(builders.L_STAGE)]
+    for name in stage_jobs:
+        if observed.jobs[name].get("active", 0) > 0:
+            plan.delete("jobs", name, "Foreground")
     no_pods(run_status, "Finished", f"run {str(run_status.phase).lower()}", now)
     ttl = spec.ttl_seconds_after_finished
     if ttl is None:
@@ -279,9 +280,9 @@ def _terminal(
     left = ttl - (now - finished).total_seconds()
     if left > 0:
         return left
-    for stage in spec.stages.enabled():
-        plan.delete("jobs", builders.trainer_name(ref.name, stage), "Background")
-        plan.delete("services", builders.trainer_name(ref.name, stage))
+    for name in dict.fromkeys([*(builders.trainer_name(ref.name, s) for s in spec.stages.enabled()), *stage_jobs]):
+        plan.delete("jobs", name, "Background")
+        plan.delete("services", name)  # a trainer's Service has its Job's name
     plan.delete("services", builders.generator_name(ref.name))
     plan.delete("networkpolicies", builders.generator_policy_name(ref.name))
     return None
