@@ -1077,13 +1077,26 @@ def test_a_volume_that_cannot_attach_is_a_condition():
             ],
         )
 
-    early = S.decide(REF, 1, sp, running("rl"), observed(sp, [job("rl", active=1)], pods=[stuck_for(30)]), NOW)
-    assert "VolumeReady" not in conds(early), "a minute of attaching is normal"
-    late = S.decide(REF, 1, sp, early.status, observed(sp, [job("rl", active=1)], pods=[stuck_for(600)]), NOW)
+    def seen(pods):
+        o = observed(sp, [job("rl", active=1)], pods=pods)
+        o.persistentvolumeclaims["t-data"]["phase"] = "Bound"  # bound: the claim is fine, its attachment is not
+        return o
+
+    early = S.decide(REF, 1, sp, running("rl"), seen([stuck_for(30)]), NOW)
+    assert conds(early)["VolumeReady"]["status"] == "True", "a minute of attaching is normal"
+    late = S.decide(REF, 1, sp, early.status, seen([stuck_for(600)]), NOW)
     c = conds(late)["VolumeReady"]
-    assert (c["status"], c["reason"]) == ("False", "VolumeNotAttached") and "10 min" in c["message"]
+    assert (c["status"], c["reason"]) == ("False", "VolumeNotAttached") and format_time(NOW) == c["lastTransitionTime"]
+    assert format_time(NOW - dt.timedelta(seconds=600)) in c["message"], "since when it waits"
     assert late.status["reason"] == "VolumeNotAttached"
     assert ("Warning", "VolumeNotAttached") in [e[:2] for e in late.events]
+    # Still stuck a few minutes on: the same condition, the same transition time, no second Event.
+    then = NOW + dt.timedelta(minutes=3)
+    still = S.decide(REF, 1, sp, late.status, seen([stuck_for(600)]), then)  # the same pod, since the same time
+    assert conds(still)["VolumeReady"] == c, "the condition flapped through True, or its message changed"
+    assert "VolumeNotAttached" not in [e[1] for e in still.events], "one Event while it lasts, not one a reconcile"
+    attached = S.decide(REF, 1, sp, still.status, seen([]), then)
+    assert (conds(attached)["VolumeReady"]["status"], attached.status.get("reason")) == ("True", None)
 
 
 def state(d, type_="StagesCurrent"):

@@ -12,6 +12,7 @@ from rlt_operator.status.model import Condition, ConditionType, RLTRunStatus
 
 # A scheduled pod whose volumes are not attached and mounted after this long is reported (VolumeNotAttached).
 VOLUME_ATTACH_WAIT = 180.0
+VOLUME_NOT_ATTACHED = "VolumeNotAttached"  # VolumeReady's reason while a scheduled pod waits for its volumes
 # A deleted pod still there this long after its deletionTimestamp (= deletion + grace period) is stuck Terminating.
 STUCK_TERMINATING_AFTER = 120.0
 # ReadWriteOnce runs: a trainer pod unschedulable this long beside its generators releases the gang (status/gang.py).
@@ -157,19 +158,32 @@ def pod_conditions(
     stuck = [(p, since) for p, since in waiting if (now - since).total_seconds() >= VOLUME_ATTACH_WAIT]
     if stuck:
         name = stuck[0][0]["name"]
-        minutes = int((now - stuck[0][1]).total_seconds() // 60)
+        # A fixed time, not "N min ago": the message (and so its Warning Event) stays the same while it lasts.
         message = (
-            f"pod {name} was scheduled {minutes} min ago but its volumes are not attached or mounted "
+            f"pod {name} has waited for its volumes since {format_time(stuck[0][1])}: not attached or mounted "
             f"(Multi-Attach, FailedAttachVolume or FailedMount: {kubectl(namespace)} describe pod {name})"
         )
-        set_condition(conds, ConditionType.VOLUME_READY, False, "VolumeNotAttached", message, now)
-        hold(run_status, "VolumeNotAttached", message)
+        set_condition(conds, ConditionType.VOLUME_READY, False, VOLUME_NOT_ATTACHED, message, now)
+        hold(run_status, VOLUME_NOT_ATTACHED, message)
+    elif volume_not_attached(run_status):
+        set_condition(conds, ConditionType.VOLUME_READY, True, "Bound", "no pod of the gang waits for its volumes", now)
+
+
+def volume_not_attached(run_status: RLTRunStatus) -> bool:
+    """VolumeReady is False because a pod waits for its volumes (pod_conditions), not because of the claim."""
+    return any(
+        c.type == ConditionType.VOLUME_READY and (c.status, c.reason) == ("False", VOLUME_NOT_ATTACHED)
+        for c in run_status.conditions or []
+    )
 
 
 def no_pods(run_status: RLTRunStatus, reason: str, message: str, now: dt.datetime) -> None:
     """No gang runs (suspended or terminal): the pod conditions go, the running ones say why they are False."""
     gone = (ConditionType.PODS_SCHEDULABLE, ConditionType.PODS_HEALTHY)
+    was_waiting = volume_not_attached(run_status)
     conds = run_status.conditions = [c for c in run_status.conditions or [] if c.type not in gone]
+    if was_waiting:
+        set_condition(conds, ConditionType.VOLUME_READY, True, "Bound", f"no pod waits for its volumes ({message})", now)
     for c in list(conds):
         if c.type in (ConditionType.TRAINER_RUNNING, ConditionType.GENERATORS_READY):
             set_condition(conds, c.type, False, reason, message, now)
@@ -180,6 +194,8 @@ def volume_condition(run_status: RLTRunStatus, claim: dict[str, Any], now: dt.da
     conds = run_status.conditions = run_status.conditions or []
     phase = claim.get("phase")
     if phase in (None, "Bound"):
+        if volume_not_attached(run_status):
+            return  # bound, but a pod still waits for it: the gang's pods decide (pod_conditions), or its status flaps
         if phase == "Bound" or has_condition(run_status, ConditionType.VOLUME_READY):
             set_condition(conds, ConditionType.VOLUME_READY, True, "Bound", f"claim {claim['name']} is bound", now)
         return
