@@ -193,6 +193,24 @@ async def test_the_gate_holds_every_create_while_a_child_is_refused_and_checks_o
     ]
 
 
+async def test_the_gate_asks_about_the_trainer_shape_the_gang_is_created_with():
+    """A trainer edited to 4 GPUs after the stage's checkpoint keeps its 8 (status.trainerShape): the dry-run asks
+    about the 8-GPU pod decide creates, not the 4-GPU one the spec names (a quota may allow one and not the other)."""
+    from rlt_operator.status.decision import Action
+
+    doc = example(**{"spec.resources": {"trainer": {"gpus": 4}}})
+    doc["spec"]["stages"]["rl"]["perDeviceBatchSize"] = 1  # rl's 8 completions over 4 (or the kept 8) processes
+    doc["spec"]["stages"]["sft"].update(batchSize=8, perDeviceBatchSize=1)
+    server, memory = _Server({}), dry_run.ChildrenCheck()
+    sent: list[dict] = []
+    answer = server.dry_run_create
+    server.dry_run_create = lambda plural, ns, manifest: (sent.append(manifest), answer(plural, ns, manifest))[1]
+    decided = {"stage": "rl", "restarts": 1, "trainerShape": {"stage": "rl", "nodes": 1, "gpus": 8}}
+    await dry_run.gate(server, REF, doc["spec"], decided, 2, [Action("create", "jobs", "tiny-rl", {})], memory, 0.0)
+    pod = next(m for m in sent if m["kind"] == "Pod" and m["metadata"]["name"].startswith("tiny-rl"))
+    assert pod["spec"]["containers"][0]["resources"]["limits"][builders.GPU] == "8"
+
+
 # --------------------------------------------------------------------------------------------- with kmock
 
 

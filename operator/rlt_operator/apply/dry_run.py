@@ -392,6 +392,9 @@ async def gate(
     key = (generation, stage)
     if stage and memory.due(key, now):
         spec = validate_spec(raw_spec, name=ref.name, source=f"rltrun/{ref.name}")  # creates only follow a valid one
+        shape = decided.get("trainerShape") or {}
+        if shape.get("stage") == stage:  # the shape the gang is created with (frozen once it has a checkpoint)
+            spec = builders.with_trainer_shape(spec, int(shape["nodes"]), int(shape["gpus"]))
         children = checked_children(ref, spec, stage, restarts, scrapers)
         refused = await asyncio.to_thread(check, runner, ref.namespace, spec, children, REFUSAL_CODES, ours)
         memory.checked(key, refused, now)
