@@ -226,6 +226,22 @@ async def test_of_two_candidates_that_read_the_same_record_one_wins(harness):
     assert (await lease(harness))["spec"]["holderIdentity"] == "op-a"
 
 
+async def test_of_two_candidates_that_both_saw_no_lease_one_creates_it_and_the_other_lists_nothing(harness):
+    """The second create meets 409: that candidate does not lead, and reads no list (the Lease Role has get, create
+    and update only: a list would be a 403 on a real cluster)."""
+    clock = Clock()
+    a, b = electors(clock)
+    b.kube.get = lambda *args: None  # type: ignore[method-assign]  # b read before a created it
+
+    def refused(*args, **kwargs):
+        raise AssertionError("listed leases: the operator's Lease Role grants no list")
+
+    b.kube.list = refused  # type: ignore[method-assign]
+    assert await asyncio.to_thread(a.attempt, True)
+    assert not await asyncio.to_thread(b.attempt, True) and not b.leads()
+    assert (await lease(harness))["spec"]["holderIdentity"] == "op-a"
+
+
 def test_timings_that_cannot_fence_are_refused():
     assert timing_problem(15, 10, 2) is None
     assert "must be below --lease-duration" in (timing_problem(10, 10, 2) or "")

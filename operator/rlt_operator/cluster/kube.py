@@ -138,11 +138,16 @@ class Kube:
         if self.on_request is not None:
             self.on_request(self.api.configuration.host, method, code)
 
-    def create(self, plural: str, namespace: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    def create(
+        self, plural: str, namespace: str, manifest: dict[str, Any], find: bool = True
+    ) -> dict[str, Any] | None:
         """None if created; the object that already has the name if not (the caller decides whether it is ours:
-        rlt_operator.apply.writes), or {} if that one was deleted meanwhile."""
+        rlt_operator.apply.writes), or {} if that one was deleted meanwhile. `find=False`: {} for any 409, without the
+        list that reads the existing object (the leader Lease's Role grants no list)."""
         path = collection_path(plural, namespace)
         status, data = self._call("POST", path, manifest)
+        if status == 409 and not find:
+            return {}
         if status == 409:
             found = self.list(plural, namespace, field_selector=f"metadata.name={manifest['metadata']['name']}")
             return found[0] if found else {}

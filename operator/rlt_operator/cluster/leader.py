@@ -126,7 +126,7 @@ class Elector:
                 return False
             meta = {"name": cfg.name, "namespace": cfg.namespace}
             body = {"apiVersion": LEASE.api_version, "kind": LEASE.kind, "metadata": meta, "spec": self._spec(None, 0)}
-            if self.kube.create(LEASE.plural, cfg.namespace, body) is not None:
+            if self.kube.create(LEASE.plural, cfg.namespace, body, find=False) is not None:
                 return False  # another candidate created it first
             self.holder = cfg.identity
             return self._held_since(sent)
