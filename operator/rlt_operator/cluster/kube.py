@@ -138,9 +138,7 @@ class Kube:
         if self.on_request is not None:
             self.on_request(self.api.configuration.host, method, code)
 
-    def create(
-        self, plural: str, namespace: str, manifest: dict[str, Any], find: bool = True
-    ) -> dict[str, Any] | None:
+    def create(self, plural: str, namespace: str, manifest: dict[str, Any], find: bool = True) -> dict[str, Any] | None:
         """None if created; the object that already has the name if not (the caller decides whether it is ours:
         rlt_operator.apply.writes), or {} if that one was deleted meanwhile. `find=False`: {} for any 409, without the
         list that reads the existing object (the leader Lease's Role grants no list)."""

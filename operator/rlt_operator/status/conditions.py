@@ -183,7 +183,9 @@ def no_pods(run_status: RLTRunStatus, reason: str, message: str, now: dt.datetim
     was_waiting = volume_not_attached(run_status)
     conds = run_status.conditions = [c for c in run_status.conditions or [] if c.type not in gone]
     if was_waiting:
-        set_condition(conds, ConditionType.VOLUME_READY, True, "Bound", f"no pod waits for its volumes ({message})", now)
+        set_condition(
+            conds, ConditionType.VOLUME_READY, True, "Bound", f"no pod waits for its volumes ({message})", now
+        )
     for c in list(conds):
         if c.type in (ConditionType.TRAINER_RUNNING, ConditionType.GENERATORS_READY):
             set_condition(conds, c.type, False, reason, message, now)
