@@ -342,6 +342,19 @@ def test_alert_thresholds_and_for_are_chart_values(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_a_threshold_equal_to_another_ones_default_is_not_rewritten_by_it(tmp_path):
+    """stalledFloorMinutes 30 is stalledMinutes' default: substituted one after the other, the floor would become
+    stalledMinutes' 60 too, in the expression and in the text that states it."""
+    values = tmp_path / "alerting.yaml"
+    values.write_text("prometheusRule:\n  thresholds: {stalledMinutes: 60, stalledFloorMinutes: 30}\n")
+    files, extra = VALUE_SETS["monitoring"]
+    stalled = _alerts(template(*[a for f in files for a in ("-f", str(f))], *extra, "-f", str(values)))["RLTRunStalled"]
+    assert "30 * 60" in stalled["expr"] and "+ 60 * 60" in stalled["expr"], stalled["expr"]
+    assert "at least 30 minutes" in stalled["annotations"]["description"]
+    assert "60 minutes while" in stalled["annotations"]["description"]
+    assert "@@" not in stalled["expr"] + stalled["annotations"]["description"], "a placeholder left behind"
+
+
 def test_runbooks_default_to_the_page_in_the_source_tree():
     """No rlt site is published: without prometheusRule.runbookBaseUrl each alert names docs/alerts.md, not a URL of
     an organisation that does not host it."""
