@@ -207,14 +207,19 @@ async def reconcile_loop(
     indices = {f"rlt_{c.plural}": kwargs[f"rlt_{c.plural}"] for c in CHILDREN}
     wake = state.waker(namespace, name)
     mem = RunMemory()
+    following = False
     try:
         while not stopped:
             if state.gives_way(namespace) or not state.leads():  # another install or replica reconciles this run
                 # What this loop remembers is stale once another acts: a fresh start, as a new process, reading the
                 # run's status from the server when this replica leads again.
                 mem = RunMemory()
+                if not following:  # so are this replica's series of the run, served beside the acting one's
+                    state.metrics.forget(namespace, name)
+                    following = True
                 await asyncio.sleep(FOLLOWER_POLL)
                 continue
+            following = False
             wake.clear()
             t0 = time.perf_counter()
             try:
@@ -253,6 +258,8 @@ async def reconcile_loop(
                 await asyncio.sleep(state.settings.debounce_seconds)  # coalesce bursts of child events
     finally:
         state.wakers.pop((namespace, name), None)
+        # Kopf stops the daemon when its peering pauses this replica (or the run or operator goes): no stale series.
+        state.metrics.forget(namespace, name)
 
 
 # --------------------------------------------------------------------------- deletion

@@ -107,6 +107,7 @@ class InProcessOperator:
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.error: BaseException | None = None
+        self.memo: Any = None  # Kopf's root memo of the running operator (memo.rlt: its OperatorState, once started)
 
     async def start(self) -> None:
         import kopf
@@ -117,6 +118,8 @@ class InProcessOperator:
         config = OperatorSettings.from_env()  # read once, when this operator starts
         if self.overrides:
             config = dataclasses.replace(config, **self.overrides)
+
+        self.memo = memo = kopf.Memo(settings=config)
 
         def main() -> None:
             try:
@@ -129,7 +132,7 @@ class InProcessOperator:
                         namespaces=self.namespaces or [],
                         liveness_endpoint=self.liveness,
                         stop_flag=self._stop,
-                        memo=kopf.Memo(settings=config),
+                        memo=memo,
                     )
                 )
             except BaseException as err:  # reported by stop()

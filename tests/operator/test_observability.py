@@ -100,6 +100,32 @@ async def test_operator_metrics_liveness_and_events(harness, monkeypatch):
     assert all(e["involvedObject"]["kind"] == "RLTRun" for e in events)
 
 
+async def test_a_replica_that_stops_acting_stops_serving_the_runs_series(harness, monkeypatch):
+    """A replica that worked and then gave way (another install, or the leader Lease lost) would otherwise serve its
+    last TrainerRunning=True and phase beside the acting replica's: RLTRunStalled and the phase counts read both."""
+    mport = free_port()
+    monkeypatch.setenv("RLT_OPERATOR_METRICS_PORT", str(mport))
+    await harness.start_operator()
+    await harness.create_run(example())
+    await harness.trainer_running("tiny", "sft")
+
+    def scraped(present: bool):
+        async def probe():
+            text = await asyncio.to_thread(get, f"http://127.0.0.1:{mport}/metrics")
+            has = re.search(r'^rlt_run_(phase|condition|info|step)\{[^}]*run="tiny"', text, re.M) is not None
+            return text if has == present else None
+
+        return probe
+
+    await harness.wait(scraped(True), "the run's series")
+    state = harness.operator.memo.rlt
+    state.yielded["default"] = "test: an older install works here"  # what watch_peering sets
+    text = await harness.wait(scraped(False), "the run's series gone while this replica does not act")
+    assert re.search(r'^rlt_run_\w+\{[^}]*run="tiny"', text, re.M) is None, "every per-run series goes"
+    del state.yielded["default"]
+    await harness.wait(scraped(True), "the run's series back once it acts again")
+
+
 def series_sum(text: str, name: str, **labels: str) -> float:
     """The sum of `name`'s samples whose labels include `labels` (0 when there is none)."""
     total = 0.0
