@@ -166,6 +166,8 @@ class PhaseTimer:
 # The figures of TRL's step logs each step record keeps (metrics.jsonl; rlt.contract.metrics.STEP_KEYS says which become
 # Prometheus series). frac_reward_zero_std: the share of groups whose G rewards were equal (advantage 0: no update).
 TRL_LOG_KEYS = ("loss", "reward", "reward_std", "frac_reward_zero_std", "kl", "grad_norm", "learning_rate", "entropy")
+# The step figures that feed a Prometheus counter (generated_tokens, scored_tokens): summed over unlogged steps.
+COUNTED_KEYS = tuple(k for k, (metric, _) in STEP_KEYS.items() if METRIC_DEFS[metric].kind == "counter")
 
 
 def make_callback(
@@ -207,6 +209,10 @@ def make_callback(
             values = {"step_seconds": time.perf_counter() - self.step_started}
             if extra_values is not None:
                 values.update(extra_values(values["step_seconds"]))
+            # A counter's figures of the steps not logged (loggingSteps > 1) add up; the rest are the last step's.
+            for key in COUNTED_KEYS:
+                if key in self.pending:
+                    values[key] = values.get(key, 0.0) + self.pending[key]
             self.pending = values
 
         def on_log(
@@ -225,6 +231,7 @@ def make_callback(
             if "train_loss" in logs:
                 return
             recorder.record(state.global_step, values)
+            self.pending = {k: v for k, v in self.pending.items() if k not in COUNTED_KEYS}  # counted once
             self.estimate_once(state, values.get("step_seconds"))
             if self.bar is not None:
                 self.bar.n = state.global_step
