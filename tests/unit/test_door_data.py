@@ -153,3 +153,14 @@ def test_a_question_holding_the_teachers_special_tokens_is_refused_with_its_row(
     rc, err = _validate(tmp_path, rows, capsys)
     assert rc == 1, err
     assert "line 3" in err and ("<|im_end|>" in err or "<|im_start|>" in err) and "special token" in err, err
+    # `rlt run` refuses it before any stage trains, as validate does, also with badRows: skip (it is no length)
+    from rlt.checks.validation import load_valid_run
+    from rlt.run.runner import check_lengths
+
+    for bad_rows in ("reject", "skip"):
+        doc = yaml.safe_load((tmp_path / "run.yaml").read_text())
+        doc["spec"]["dataset"]["badRows"] = bad_rows
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
+        with pytest.raises(DataError) as refused:
+            check_lengths(load_valid_run(tmp_path / "run.yaml"), ["sft", "rl"])
+        assert "line 3" in str(refused.value) and "special token" in str(refused.value), str(refused.value)

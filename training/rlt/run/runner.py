@@ -98,6 +98,10 @@ def check_lengths(run: RLTRun, stages: list[str]) -> None:
     from rlt.stages.prompt_lengths import CONTEXT, REWARD, SCORED_BY, check_prompt_lengths
 
     problems, _ = check_prompt_lengths(run.spec)
+    # the data itself (a row holding the teacher's special tokens): refused whatever badRows says, as by rlt validate
+    refused = [p for p in problems if p.startswith("spec.dataset:")]
+    if refused:
+        raise DataError("; ".join(refused))
     # the student's context against the explanations of the stages about to run: no row can be skipped to fit it
     whole = [p for p in problems if p.startswith(f"{CONTEXT}:") and any(f"spec.stages.{s}." in p for s in stages)]
     mine = [p for p in problems if any(p.startswith(f"spec.stages.{s}.") for s in stages)]
