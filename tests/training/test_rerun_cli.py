@@ -222,3 +222,13 @@ def test_ctrl_c_is_one_line_naming_where_it_stopped(tmp_path):
     assert any(line.startswith("[rl] step 1/6 took ") and "for the 5 steps left" in line for line in seen), seen
     [last] = [line for line in err.splitlines() if line.startswith("rlt run:")]
     assert "stopped (Ctrl-C) at rl step" in last and "a re-run of the same command" in last, last
+
+
+def test_ctrl_c_during_distill_says_it_resumes_after_the_rows_written(tmp_path):
+    """distill has no checkpoints but keeps every row it made (rlt.stages.distill_parts): the message must not send
+    its user to a full redo; a trainer stage without a checkpoint does start again."""
+    from rlt.run.runner import Interrupted
+
+    layout = RunLayout(tmp_path)
+    assert "resumes distill after the rows already written" in str(Interrupted("distill", layout))
+    assert "starts rl again" in str(Interrupted("rl", layout))

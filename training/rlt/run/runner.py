@@ -235,6 +235,8 @@ class Interrupted(KeyboardInterrupt):
         saved = newest_complete_checkpoint(layout.checkpoints_dir(stage))
         where = f"{stage} step {max(steps)}" if steps else f"the start of {stage}"
         resume = f"resumes {stage} from {saved.name}" if saved else f"starts {stage} again"
+        if stage == "distill":  # no checkpoints: each row is on disk once made, and a re-run makes only the rest
+            where, resume = "distill", "resumes distill after the rows already written"
         super().__init__(
             f"stopped (Ctrl-C) at {where}; completed stages are kept and a re-run of the same command {resume}"
         )
