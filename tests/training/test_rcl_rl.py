@@ -205,3 +205,35 @@ def test_dense_performance_is_the_students_probability_of_the_reference(tiny):
     assert all(0.0 < p <= 1.0 for p in batch.perf_base)
     assert batch.perf_with[1] is None and all(0.0 < batch.perf_with[i] <= 1.0 for i in (0, 2))
     assert batch.reward[1] == -1.0
+
+
+@pytest.mark.parametrize("bad_rows", ["reject", "skip"])
+def test_rcl_rows_name_the_file_line_and_skip_with_one_warning(tiny, bad_rows, caplog):
+    """rcl's sft and rl rows name a bad row as the rlt stages do (`data.where`: 'line N' of the file, not the 0-based
+    index), and badRows: skip warns once per stage, not once per row."""
+    from rlt.data.errors import DataError
+    from rlt.stages.rcl import rcl_rl_rows, rcl_sft_rows
+
+    _, tok = tiny
+    protocol = Protocol(load_rcl_format("rcl-default"))
+    rows = [
+        {"row": i, "question": q, "solution": "1", "reasoning_trace": "t" if i == 0 else ""}
+        for i, q in enumerate(QUESTIONS)
+    ]
+    rows.append({"row": 3, "question": "What is 1 + 0?" * 200, "solution": "1", "reasoning_trace": "t"})
+
+    def where(i: int) -> str:
+        return f"line {i + 1}"
+
+    def check(make, bad: str) -> None:
+        caplog.clear()
+        if bad_rows == "reject":
+            with pytest.raises(DataError, match=bad):
+                make()
+        else:
+            make()
+            warned = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+            assert len(warned) == 1 and bad in warned[0], warned
+
+    check(lambda: rcl_sft_rows(rows, protocol, tok, bad_rows, where), "line 2: reasoning_trace is missing")
+    check(lambda: rcl_rl_rows(rows, protocol, tok, 400, 8, bad_rows, where), "line 4: teacher prompt is")

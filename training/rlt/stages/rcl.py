@@ -10,7 +10,6 @@ Two properties the public RCL code lacks and tests pin down (tests/training/test
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -18,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.layout import REPORT_MD, RunLayout
-from rlt.data.dataset import load_data
-from rlt.data.errors import DataError
+from rlt.data.dataset import LoadedData, load_data
+from rlt.data.errors import sift_rows
 from rlt.data.eval_set import evaluation_set
 from rlt.data.models import load_model, load_tokenizer
 from rlt.method.prompts import resolve_format
@@ -40,48 +39,52 @@ if TYPE_CHECKING:
 
     from rlt.spec.stages import RlStage
 
-log = logging.getLogger(__name__)
-
 
 def protocol_for(spec: RLTRunSpec) -> Protocol:
     return Protocol(load_rcl_format(spec.rcl.format))
 
 
-def _rows(spec: RLTRunSpec) -> list[dict[str, Any]]:
-    return load_data(spec.dataset, resolve_format(spec.format)).train
+def _data(spec: RLTRunSpec) -> LoadedData:
+    return load_data(spec.dataset, resolve_format(spec.format))
 
 
 # --------------------------------------------------------------------------- sft
 
 
 def rcl_sft_rows(
-    rows: list[dict[str, Any]], protocol: Protocol, tokenizer: PreTrainedTokenizerBase, bad_rows: str
+    rows: list[dict[str, Any]],
+    protocol: Protocol,
+    tokenizer: PreTrainedTokenizerBase,
+    bad_rows: str,
+    where: Callable[[int], str] = lambda i: f"row {i}",
 ) -> list[dict[str, str]]:
-    """Teacher-format rows from worked reasoning: fixed probe and diagnosis (format file), guidance = its first line."""
-    f, out = protocol.fmt, []
-    for r in rows:
-        trace = (r.get("reasoning_trace") or "").strip()
-        if not trace:
-            msg = f"row {r['row']}: reasoning_trace is missing; the rcl warm-up takes the guidance from it"
-            if bad_rows == "reject":
-                raise DataError(msg + " (disable stages.sft or set spec.dataset.badRows: skip)")
-            log.warning("skipping %s", msg)
-            continue
-        out.append(
-            {
-                "prompt": protocol.teacher_prompt(tokenizer, r["question"], f.sft_probe),
-                "completion": protocol.teacher_target(f.sft_diagnosis, trace.splitlines()[0]) + tokenizer.eos_token,
-            }
+    """Teacher-format rows from worked reasoning: fixed probe and diagnosis (format file), guidance = its first line.
+    A bad row is named by `where(row)` ('line N' of the file)."""
+    f = protocol.fmt
+
+    def problem(r: dict[str, Any]) -> str | None:
+        if (r.get("reasoning_trace") or "").strip():
+            return None
+        return (
+            f"{where(r['row'])}: reasoning_trace is missing; the rcl warm-up takes the guidance from it (disable "
+            "stages.sft or set spec.dataset.badRows: skip)"
         )
-    if not out:
-        raise DataError("stage sft (rcl): no row has a reasoning_trace")
-    return out
+
+    return [
+        {
+            "prompt": protocol.teacher_prompt(tokenizer, r["question"], f.sft_probe),
+            "completion": protocol.teacher_target(f.sft_diagnosis, r["reasoning_trace"].strip().splitlines()[0])
+            + tokenizer.eos_token,
+        }
+        for r in sift_rows(rows, problem, bad_rows, "sft (rcl)", "without a reasoning_trace")
+    ]
 
 
 def run_rcl_sft(ctx: StageContext) -> str:
     spec = ctx.spec
     tokenizer: PreTrainedTokenizerBase = load_tokenizer(spec.teacher, padding_side="right")
-    rows = rcl_sft_rows(_rows(spec), protocol_for(spec), tokenizer, spec.dataset.bad_rows)
+    data = _data(spec)
+    rows = rcl_sft_rows(data.train, protocol_for(spec), tokenizer, spec.dataset.bad_rows, data.where)
     return train_sft(ctx, ctx.compute_device, rows, tokenizer)
 
 
@@ -95,24 +98,24 @@ def rcl_rl_rows(
     max_prompt_tokens: int,
     max_probe_tokens: int,
     bad_rows: str,
+    where: Callable[[int], str] = lambda i: f"row {i}",
 ) -> list[dict[str, str]]:
-    """Dataset rows for GRPO: `prompt` is the bare question (the rollout builds the real teacher prompt)."""
-    out = []
-    for r in rows:
+    """Dataset rows for GRPO: `prompt` is the bare question (the rollout builds the real teacher prompt). A bad row
+    is named by `where(row)` ('line N' of the file)."""
+
+    def problem(r: dict[str, Any]) -> str | None:
         n = len(tokenizer(protocol.teacher_prompt(tokenizer, r["question"], ""), add_special_tokens=False).input_ids)
-        if n + max_probe_tokens > max_prompt_tokens:
-            msg = (
-                f"row {r['row']}: teacher prompt is {n} tokens + up to {max_probe_tokens} probe tokens, over "
-                f"stages.rl.maxPromptLength={max_prompt_tokens}"
-            )
-            if bad_rows == "reject":
-                raise DataError(msg)
-            log.warning("skipping %s", msg)
-            continue
-        out.append({"prompt": r["question"], "question": r["question"], "solution": r["solution"]})
-    if not out:
-        raise DataError("stage rl (rcl): no usable rows")
-    return out
+        if n + max_probe_tokens <= max_prompt_tokens:
+            return None
+        return (
+            f"{where(r['row'])}: teacher prompt is {n} tokens + up to {max_probe_tokens} probe tokens, over "
+            f"stages.rl.maxPromptLength={max_prompt_tokens}"
+        )
+
+    return [
+        {"prompt": r["question"], "question": r["question"], "solution": r["solution"]}
+        for r in sift_rows(rows, problem, bad_rows, "rl (rcl)", "too long")
+    ]
 
 
 def probe_sampler(
@@ -217,8 +220,15 @@ def run_rcl_rl(ctx: StageContext) -> str:
     protocol = protocol_for(spec)
     start = teacher_start(ctx)
     tokenizer: PreTrainedTokenizerBase = load_tokenizer(start, padding_side="left")
+    data = _data(spec)
     rows = rcl_rl_rows(
-        _rows(spec), protocol, tokenizer, st.max_prompt_length, spec.rcl.max_probe_tokens, spec.dataset.bad_rows
+        data.train,
+        protocol,
+        tokenizer,
+        st.max_prompt_length,
+        spec.rcl.max_probe_tokens,
+        spec.dataset.bad_rows,
+        data.where,
     )
     student: PreTrainedModel = load_model(spec.student, device)
     student_tok: PreTrainedTokenizerBase = load_tokenizer(spec.student, padding_side="left")
