@@ -222,6 +222,9 @@ def test_ctrl_c_is_one_line_naming_where_it_stopped(tmp_path):
     assert any(line.startswith("[rl] step 1/6 took ") and "for the 5 steps left" in line for line in seen), seen
     [last] = [line for line in err.splitlines() if line.startswith("rlt run:")]
     assert "stopped (Ctrl-C) at rl step" in last and "a re-run of the same command" in last, last
+    # what rl's checkpoints are trained under, for a re-run to resume only under the same (tests/unit/test_fingerprint)
+    started = RunLayout.for_run(tmp_path / "out", doc["metadata"]["name"]).stage_started_spec("rl")
+    assert json.loads(started.read_text())["fields"]["stages.rl.steps"] == 6
 
 
 def test_ctrl_c_during_distill_says_it_resumes_after_the_rows_written(tmp_path):

@@ -137,3 +137,31 @@ def test_a_field_added_later_at_its_old_behaviour_keeps_finished_stages_current(
     assert "stages.rl.lossType" in fp.changed_fields(
         recorded, fp.stage_fields(tiny(**{"stages.rl.lossType": "dapo"}).spec, "rl")
     )
+
+
+def test_a_stage_stopped_mid_way_resumes_only_under_the_fields_it_was_started_under(tmp_path):
+    """`rlt run` killed during rl, the spec edited, the same command again: rl's checkpoint was trained under the old
+    fields. Resuming it would train on under new ones and record them as if it had run under them throughout."""
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny()
+    finish(layout, run, "sft")
+    fp.record_start(layout, run.spec, "rl")  # rl started, saved a checkpoint, was killed
+    ckpt = layout.checkpoint_dir("rl", 2)
+    ckpt.mkdir(parents=True)
+    (ckpt / CHECKPOINT_COMPLETE).write_text("now\n")
+
+    def planned(r: RLTRun) -> list[tuple[str, str]]:
+        return plan(layout, r, ("sft", "rl"), check_resumes=True)
+
+    assert planned(run) == [("sft", "skip"), ("rl", "run")], "the same spec resumes"
+    assert planned(tiny(**{"stages.rl.saveSteps": 1})) == [("sft", "skip"), ("rl", "run")], "speed is no edit"
+    assert planned(tiny(**{"stages.rl.steps": 5})) == [("sft", "skip"), ("rl", "continue")]
+    with pytest.raises(fp.StaleStageError) as err:
+        planned(tiny(**{"stages.rl.beta": 0.0}))
+    assert str(err.value).startswith("[rl] stopped under a different spec (stages.rl.beta 0.04 -> 0.0); not resuming")
+    assert "re-run with --from-stage rl" in str(err.value)
+    # the pods resume a gang under the spec it was created with: no check there
+    assert plan(layout, tiny(**{"stages.rl.beta": 0.0}), ("sft", "rl")) == [("sft", "skip"), ("rl", "run")]
+    # no checkpoint yet: the stage starts from scratch under the new fields anyway
+    (ckpt / CHECKPOINT_COMPLETE).unlink()
+    assert planned(tiny(**{"stages.rl.beta": 0.0})) == [("sft", "skip"), ("rl", "run")]

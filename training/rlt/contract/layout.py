@@ -121,6 +121,11 @@ class RunLayout:
         """The spec fields a finished stage's output depends on (rlt.spec.fingerprint)."""
         return self.stage_dir(stage) / "spec-fingerprint.json"
 
+    def stage_started_spec(self, stage: str) -> Path:
+        """The same fields, written when `rlt run` last started or resumed the stage: what its checkpoints were
+        trained under, before it finishes (rlt.spec.fingerprint.plan_stages)."""
+        return self.stage_dir(stage) / "spec-started.json"
+
     def model_dir(self, stage: str) -> Path:
         """Final model written by a training stage (sft, rl, student)."""
         return self.stage_dir(stage) / "model"

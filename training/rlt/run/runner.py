@@ -140,6 +140,7 @@ def run_local(
         restart,
         "--from-stage {stage}",
         has_checkpoint=layout.has_complete_checkpoint,
+        check_resumes=True,
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     check_lengths(run, [p.stage for p in plans if p.action != "skip"])
@@ -179,6 +180,7 @@ def run_local(
                 fingerprint.reopen(layout, name)
                 print(f"[{name}] {plan.note}", flush=True)
             print(f"[{name}] starting", flush=True)
+            fingerprint.record_start(layout, run.spec, name)  # what its checkpoints are trained under
             t0 = time.perf_counter()
             try:
                 output_path = stage_function(name, run.spec.method)(ctx)

@@ -139,6 +139,19 @@ def record(layout: RunLayout, spec: RLTRunSpec, stage: str) -> None:
     atomic_write_json(fingerprint_path(layout, stage), {"fingerprint": fingerprint_of(fields), "fields": fields})
 
 
+def record_start(layout: RunLayout, spec: RLTRunSpec, stage: str) -> None:
+    """Written as `rlt run` starts or resumes the stage: the fields its checkpoints are trained under."""
+    path = layout.stage_started_spec(stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"fields": stage_fields(spec, stage)})
+
+
+def started_fields(layout: RunLayout, stage: str) -> dict[str, Any] | None:
+    """The fields an unfinished stage was last started under; None when rlt run did not record them."""
+    path = layout.stage_started_spec(stage)
+    return json.loads(path.read_text())["fields"] if path.exists() else None
+
+
 def recorded_fields(layout: RunLayout, stage: str) -> dict[str, Any] | None:
     """The fields a finished stage ran under; None when it finished before rlt recorded them."""
     path = fingerprint_path(layout, stage)
@@ -170,12 +183,16 @@ def plan_stages(
     restart_flag: str = "--from-stage {stage}",
     has_checkpoint: Callable[[str], bool] | None = None,
     restart_hint: str | None = None,
+    check_resumes: bool = False,
 ) -> list[StagePlan]:
     """What to do with each of `stages` (in run order); raises StaleStageError for the first that must refuse.
 
     `restart`: stages the user asked to start over. `restart_flag` is how the refusal names that option.
     `has_checkpoint(stage)`: whether a checkpoint to continue from exists (RL's extension needs one).
-    `restart_hint`: the refusal's advice when the caller has no restart flag (it replaces the flag's sentence)."""
+    `restart_hint`: the refusal's advice when the caller has no restart flag (it replaces the flag's sentence).
+    `check_resumes`: an unfinished stage with a checkpoint, started under other fields (record_start), follows the
+    finished stages' rules: a grown extendable field continues, a changed input starts it over, anything else
+    refuses (`rlt run`; the operator's pods resume a gang under the spec it was created with)."""
     restart = restart or set()
     fresh: set[str] = set()  # stages whose output is (or will be, in this invocation) from the current spec
     plans: list[StagePlan] = []
@@ -190,7 +207,14 @@ def plan_stages(
                 StagePlan(stage, "start_over" if layout.stage_dir(stage).exists() else "run", "started over as asked")
             )
         elif not done:
-            plans.append(StagePlan(stage, "run"))
+            started = started_fields(layout, stage) if check_resumes else None
+            resumes = has_checkpoint is not None and has_checkpoint(stage)
+            if started is not None and resumes and started != (new := stage_fields(spec, stage)):
+                plans.append(
+                    _stale(layout, stage, started, new, fresh, restart_flag, has_checkpoint, restart_hint, "stopped")
+                )
+            else:
+                plans.append(StagePlan(stage, "run"))
         else:
             old, new = recorded_fields(layout, stage), stage_fields(spec, stage)
             if old is None or old == new:
@@ -216,6 +240,7 @@ def _stale(
     restart_flag: str,
     has_checkpoint: Callable[[str], bool] | None,
     restart_hint: str | None = None,
+    ended: str = "finished",
 ) -> StagePlan:
     names = changed_fields(old, new)
     upstream = {n.split(".")[1] for n in names if n.startswith("stages.") and n.split(".")[1] != stage}
@@ -237,7 +262,8 @@ def _stale(
     changes = describe_changes(old, new)
     advice = restart_hint or f"re-run with {flag} to train it again (its old outputs move to {layout.replaced_dir}/)"
     raise StaleStageError(
-        f"[{stage}] finished under a different spec ({changes}); not reusing it. Restore the old values, or {advice}",
+        f"[{stage}] {ended} under a different spec ({changes}); not "
+        f"{'reusing' if ended == 'finished' else 'resuming'} it. Restore the old values, or {advice}",
         stage,
         changes,
     )
