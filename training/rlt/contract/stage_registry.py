@@ -47,6 +47,8 @@ class StageInfo:
     # a setting that, raised on a finished stage, continues it from its last checkpoint (RL's schedule is constant:
     # steps 1..n then n+1..m from the checkpoint equal one run of m steps)
     extendable: str | None = None
+    # a stage without a Trainer that writes each row once made and, re-run, makes only the rest (Ctrl-C loses none)
+    resumes_by_row: bool = False
     # the roles it reads, each the product of the last enabled stage before it that produces the role
     # (producer_of; a stage's function finds the file with RunLayout.input_of)
     consumes: tuple[Role, ...] = ()
@@ -70,7 +72,7 @@ STAGES: tuple[StageInfo, ...] = (
     # name, produces, TRL config (None: no Trainer), uses generators, reads spec.dataset, folder
     StageInfo("sft", "teacher", "SFTConfig", False, True, "sft"),
     StageInfo("rl", "teacher", "GRPOConfig", True, True, "rl", extendable="steps", consumes=("teacher",)),
-    StageInfo("distill", "dataset", None, True, True, "distill", consumes=("teacher",)),
+    StageInfo("distill", "dataset", None, True, True, "distill", consumes=("teacher",), resumes_by_row=True),
     StageInfo("student", "student", "SFTConfig", False, False, "student", consumes=("dataset",)),
     StageInfo("evaluate", "report", None, False, True, "eval", consumes=("student",)),
 )

@@ -13,7 +13,7 @@ from rlt.contract.env import NAMESPACE
 from rlt.contract.layout import RunLayout, atomic_write_json, atomic_write_text, newest_complete_checkpoint
 from rlt.contract.metrics import TRAINER_METRICS_PORT, TrainerMetrics
 from rlt.contract.outputs import push_stage_outputs
-from rlt.contract.stage_registry import STAGE_ORDER, stage_function
+from rlt.contract.stage_registry import STAGE_ORDER, stage_function, stage_info
 from rlt.data.models import name_the_accelerator, quiet_libraries
 from rlt.run.lock import lock_run_folder
 from rlt.run.plots import make_plots, read_metrics
@@ -237,8 +237,8 @@ class Interrupted(KeyboardInterrupt):
         saved = newest_complete_checkpoint(layout.checkpoints_dir(stage))
         where = f"{stage} step {max(steps)}" if steps else f"the start of {stage}"
         resume = f"resumes {stage} from {saved.name}" if saved else f"starts {stage} again"
-        if stage == "distill":  # no checkpoints: each row is on disk once made, and a re-run makes only the rest
-            where, resume = "distill", "resumes distill after the rows already written"
+        if stage_info(stage).resumes_by_row:  # no checkpoints: each row is on disk once made
+            where, resume = stage, f"resumes {stage} after the rows already written"
         super().__init__(
             f"stopped (Ctrl-C) at {where}; completed stages are kept and a re-run of the same command {resume}"
         )
