@@ -94,10 +94,23 @@ def test_a_peering_passed_as_an_extra_argument_is_refused_naming_the_value_to_se
     would name another Lease, and every replica would be refused it. Other extra arguments render."""
     refused = helm("template", "rel", str(CHART), *IMAGE, "--set", "operator.extraArgs={--peering=other}", check=False)
     assert refused.returncode != 0 and "operator.peering.name" in refused.stderr, refused.stderr
-    docs = template(
-        "--set", "operator.extraArgs={--peering-lifetime=30,--namespace=team-*}", "--set", "rbac.create=false"
-    )
-    assert by_kind(docs, "Deployment")
+    docs = template("--set", "operator.extraArgs={--peering-lifetime=30}")
+    assert "--peering-lifetime=30" in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_glob_namespace_in_extra_arguments_runs_one_unpeered_replica_as_the_readme_says():
+    """README: a glob --namespace goes through operator.extraArgs. `rlt operator` takes --namespace or
+    --all-namespaces, not both (it would exit 2: a crash loop); and a --namespace operator peers through
+    KopfPeerings the chart cannot create for a pattern, so peering must be off."""
+    from rlt.cli import build_parser
+
+    glob = ("--set", "operator.extraArgs={--namespace=team-*}", "--set", "rbac.create=false")
+    refused = helm("template", "rel", str(CHART), *IMAGE, *glob, check=False)
+    assert refused.returncode != 0 and "operator.peering.enabled=false" in refused.stderr, refused.stderr
+    docs = template(*glob, "--set", "operator.peering.enabled=false", "--set", "operator.replicas=1")
+    c = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["command"][1:] + c["args"])  # exits 2 on a conflict, as the pod would
+    assert args.namespace == ["team-*"] and not args.all_namespaces
 
 
 def test_the_charts_rules_are_generated_from_the_kind_table():

@@ -258,6 +258,15 @@ def test_dashboard_configmaps():
         assert json.loads(body) == json.loads((CHART / "files" / "dashboards" / key).read_text())
 
 
+def test_an_extra_env_value_that_is_not_a_string_is_refused_by_the_schema():
+    """`value: 60` would reach the API server, which refuses the whole Deployment with a decoding error."""
+    env = '[{"name": "RLT_RESYNC_SECONDS", "value": 60}]'
+    proc = helm("template", "rel", str(CHART), *IMAGE, "--set-json", f"operator.extraEnv={env}", check=False)
+    assert proc.returncode != 0 and "value" in proc.stderr and "string" in proc.stderr, proc.stderr
+    ok = '[{"name": "RLT_RESYNC_SECONDS", "value": "60"}]'
+    assert helm("template", "rel", str(CHART), *IMAGE, "--set-json", f"operator.extraEnv={ok}").returncode == 0
+
+
 @pytest.mark.parametrize(
     "bad",
     [

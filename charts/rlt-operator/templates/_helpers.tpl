@@ -68,7 +68,7 @@ app.kubernetes.io/component: operator
 {{- range .Values.operator.watchNamespaces }}
 - --namespace={{ . }}
 {{- end }}
-{{- else }}
+{{- else if not (include "rlt-operator.extraNamespaceArg" .) }}
 - --all-namespaces
 {{- end }}
 {{- if .Values.operator.peering.enabled }}
@@ -90,6 +90,14 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- with .Values.operator.extraArgs }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The first of operator.extraArgs that names a namespace (a glob pattern: the schema keeps watchNamespaces to
+names), or "". `rlt operator` takes --namespace or --all-namespaces, not both. */}}
+{{- define "rlt-operator.extraNamespaceArg" -}}
+{{- range .Values.operator.extraArgs }}
+{{- if regexMatch "^(--namespace|-n)(=|$)" . }}{{ . }}{{ break }}{{ end }}
 {{- end }}
 {{- end }}
 
@@ -119,6 +127,11 @@ exits at start (crash loop), two servers fight over one port, or a label or an a
 {{- $le := $o.leaderElection }}
 {{- if not (and (lt (float64 $le.retryPeriod) (float64 $le.renewDeadline)) (lt (float64 $le.renewDeadline) (float64 $le.leaseDuration)) (lt (float64 $le.leaseDuration) 3600.0)) }}
 {{- fail (printf "operator.leaderElection: retryPeriod (%v) < renewDeadline (%v) < leaseDuration (%v) < 3600 seconds is required: the leader must stop acting before another replica may take the lease (client-go's rule; rlt operator exits 2 otherwise)" $le.retryPeriod $le.renewDeadline $le.leaseDuration) }}
+{{- end }}
+{{- end }}
+{{- with include "rlt-operator.extraNamespaceArg" . }}
+{{- if $o.peering.enabled }}
+{{- fail (printf "operator.extraArgs: %s needs operator.peering.enabled=false and operator.replicas=1: a --namespace operator peers through a KopfPeering in each namespace it watches, which the chart cannot create for a pattern" .) }}
 {{- end }}
 {{- end }}
 {{- range $o.extraArgs }}
