@@ -59,6 +59,18 @@ def test_one_step_off_lasts_the_longer_side_plus_the_sync_and_every_mode_account
             assert m.result.share + sum(v for _, v in m.result.losses) == pytest.approx(1.0), m.name
 
 
+def test_one_step_off_in_process_overlaps_nothing_and_counts_each_gpu_second_once():
+    """inprocess decodes on the trainers' own GPUs: generating and training cannot both be useful work over the same
+    GPU-seconds (counted as overlapping, the share and the losses summed to more than 1)."""
+    doc = _doc()
+    doc["spec"]["stages"]["rl"]["generation"] = {"mode": "inprocess", "overlap": "oneStepOff"}
+    step = _step(doc)
+    assert not step.one_step_off
+    assert step.step == pytest.approx(step.rollout + step.scoring + step.passes + step.update)
+    g = goodput(step)
+    assert g.share + sum(v for _, v in g.losses) == pytest.approx(1.0)
+
+
 def test_partial_rollouts_decode_at_full_slots_and_pay_the_kv_recompute():
     """Partial rollouts (2x8, the trainers the longer side): the step is the trainers' phases plus the sync, never
     shorter than the step's tokens at full slots plus the KV recompute or half a lone rollout's decoding; no decode

@@ -215,7 +215,8 @@ def _rl_phases(
         if mode != "inprocess"
         else 0.0,
         engine_switch=ENGINE_WAKE_SLEEP_SECONDS if mode == "colocate" else 0.0,
-        one_step_off=rl.generation.overlap != NO_OVERLAP and mode != "colocate",
+        # only separate generators overlap the trainers: inprocess and colocate decode on the trainers' own GPUs
+        one_step_off=rl.generation.overlap != NO_OVERLAP and mode == "server",
         partial_rollouts=partial,
         kv_recompute=kv_recompute,
         scoring=seconds_of(tokens * 2 * student.params, spec) if student is not None else 0.0,

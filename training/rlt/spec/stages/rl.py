@@ -129,8 +129,8 @@ class GenerationSpec(ServerSpec):
         "sampled it; the GRPO clip and the importance ratio correct for it). partialRollouts (mode server): two "
         "steps' rollouts in flight, their unfinished rows held through each weight push and continued under the "
         "new weights, so the engines' decode slots stay full (a row's tokens come from up to two policies, each "
-        "token's sampling log-prob kept; at most two steps off-policy; not the same run to run). Mode colocate has "
-        "nothing to overlap (the same GPUs generate and train). `rlt plan` prints each mode's goodput and the one "
+        "token's sampling log-prob kept; at most two steps off-policy; not the same run to run). Modes colocate "
+        "and inprocess have no time to gain by it (the same GPUs generate and train). `rlt plan` prints each mode's goodput and the one "
         "it would choose (docs/goodput.md).",
     )
 
