@@ -469,3 +469,22 @@ def test_a_student_stage_with_its_own_model_is_planned_with_that_models_shape():
     # a 72B checkpoint with its optimizer (~1 TB) takes far longer to save than the 0.5B's: the operator's default
     grace, why = trainer_grace_period(parse_run(doc).spec)
     assert grace > 600 and "a stop of student" in why, why
+
+
+def test_a_trainer_without_deepspeed_is_planned_in_fp32_as_it_trains():
+    """One process (or ZeRO 0) trains the whole model in fp32 (rlt.stages.trainer.master_fp32: a bf16 weight cannot
+    take the paper's 1e-6 updates): 16 bytes a parameter on the GPU, the fp32 model and two fp32 moments in a
+    checkpoint. Planned in bf16, the checkpoint volume's sizeLimit was half the first save."""
+    from rlt.checks.model_shape import checkpoint_bytes
+    from rlt.checks.plan_terms import model_states
+
+    shape = known_shape("Qwen/Qwen2.5-0.5B-Instruct")
+    p = shape.params
+    gpu, host, _ = model_states(shape, p, zero=3, nodes=1, gpus=1, b=2)
+    assert (gpu, host) == (16 * p, 4 * p)
+    assert checkpoint_bytes(shape, p, 3, 1, 2) == 4 * p + 8 * p
+    # DeepSpeed keeps the fp32 master copy in its optimizer: the bf16 model, 12 bytes of optimizer a parameter
+    assert checkpoint_bytes(shape, p, 3, 2, 2) == 2 * p + 12 * p
+    # LoRA: the frozen base in its dtype, the adapter (and its moments) in fp32
+    lora = p // 100
+    assert model_states(shape, lora, zero=0, nodes=1, gpus=1, b=2)[0] == 2 * p + 16 * lora

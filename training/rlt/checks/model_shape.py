@@ -234,10 +234,10 @@ def checkpoint_bytes(shape: ModelShape, trainable: int, zero: int, world: int, b
     """One checkpoint on disk: the weights (16-bit gathered model under ZeRO-3, the model otherwise; a LoRA adapter
     alone) plus the optimizer: DeepSpeed's fp32 master weights and two Adam moments (12 bytes per trainable
     parameter, all ranks' shards together; ZeRO 1/2 also write the whole module again in their model states), or
-    the Trainer's AdamW states in the parameters' dtype."""
+    without DeepSpeed the fp32 model (rlt.stages.trainer.master_fp32) and the Trainer's two fp32 AdamW moments."""
     lora = trainable < shape.params
-    weights = trainable * 4 if lora else saved_model_bytes(shape, zero, world, b)
     ds = world > 1 and zero > 0
-    optimizer = trainable * 12 if ds or lora else trainable * 2 * b
+    weights = trainable * 4 if lora else saved_model_bytes(shape, zero, world, 4 if not ds else b)
+    optimizer = trainable * 12 if ds or lora else trainable * 8
     module_states = saved_model_bytes(shape, zero, world, b) if ds and zero in (1, 2) and not lora else 0
     return weights + optimizer + module_states

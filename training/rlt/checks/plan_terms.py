@@ -131,8 +131,9 @@ def gib(n: int | float) -> str:
 def model_states(shape: ModelShape, trainable: int, zero: int, nodes: int, gpus: int, b: int) -> tuple[int, int, str]:
     """(GPU bytes, host bytes at start-up, how) of one process's weights, gradients and Adam states.
 
-    One process or ZeRO 0: no DeepSpeed; the Trainer's AdamW keeps its states in the parameters' dtype (weights b,
-    gradient b, two moments 2b per trainable parameter; a LoRA adapter is kept in fp32 by PEFT: 16 bytes).
+    One process or ZeRO 0: no DeepSpeed, so the whole model trains in fp32 (rlt.stages.trainer.master_fp32: weights,
+    gradient and two Adam moments, 16 bytes per parameter); with LoRA the frozen base stays in b bytes and PEFT keeps
+    the adapter in fp32 (16 bytes per trainable parameter).
     ZeRO 1/2/3: DeepSpeed's estimators for the trainable parameters (mixed precision: 18 bytes per parameter split
     over the ranks, plus the 16-bit copy for ZeRO 1/2 or the largest layer gathered for ZeRO 3); frozen parameters
     (LoRA's base) in 16 bit, partitioned by ZeRO 3. Host: the estimators' start-up memory (each rank loads the
@@ -141,9 +142,9 @@ def model_states(shape: ModelShape, trainable: int, zero: int, nodes: int, gpus:
     world = nodes * gpus
     lora = trainable < shape.params
     if world <= 1 or zero == 0:
-        # weights b per parameter; per trainable one: gradient + two moments (3b), or 16 bytes for fp32 LoRA
-        per_trainable = 16 if lora else 3 * b
-        return shape.params * b + trainable * per_trainable, shape.params * b, "no DeepSpeed (one process or ZeRO 0)"
+        if lora:
+            return shape.params * b + trainable * 16, shape.params * b, "no DeepSpeed (one process or ZeRO 0), LoRA"
+        return shape.params * 16, shape.params * 4, "no DeepSpeed (one process or ZeRO 0): fp32 master weights"
     from rlt.checks.zero_estimates import zero2_states, zero3_states
 
     if zero == 3:
