@@ -96,7 +96,7 @@ def test_seeded_sampling_draws_on_its_own_generator_at_tau_and_top_p(penalised, 
 
 
 def test_greedy_evaluation_ignores_the_checkpoint_penalty(penalised):
-    from rlt.stages.evaluate import greedy
+    from rlt.method.generation import greedy
 
     model, tok = penalised
     prompt = tok("1 + 1 = 2. 1 + 1 = 2. 1 + 1 =", add_special_tokens=False).input_ids
@@ -106,6 +106,19 @@ def test_greedy_evaluation_ignores_the_checkpoint_penalty(penalised):
         for _ in range(len(got)):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     assert got == ids[len(prompt) :]  # plain argmax of the model's logits, token by token
+
+
+def test_rcl_sampling_at_temperature_zero_is_greedy(penalised):
+    """stages.evaluate.temperature 0 passes the spec; rcl's evaluation samples through sample_texts, which must then
+    decode greedily (HF refuses do_sample at temperature 0), every repeat of a prompt the same argmax answer."""
+    from rlt.method.generation import greedy, sample_texts
+
+    model, tok = penalised
+    prompts = ["1 + 1 = 2. 1 + 1 =", "2 + 2 = 4. 2 + 2 =", "1 + 1 = 2. 1 + 1 ="]
+    got = sample_texts(model, tok, prompts, temperature=0, max_new_tokens=8, batch_size=2)
+    ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    assert got == [tok.decode(greedy(model, tok, [i], max_new_tokens=8)[0], skip_special_tokens=True) for i in ids]
+    assert got[0] == got[2]
 
 
 class RecordingVLLMServer(BaseHTTPRequestHandler):

@@ -89,6 +89,14 @@ def test_is_correct():
         ("<answer>3 \\cdot 4 = 12</answer>", "12", True),
         ("<answer>2^{10} = 1024</answer>", "1024", True),
         ("<answer>x^2=9 \\implies x = 3</answer>", "3", True),
+        # a list of numbers is one answer: a hedge is not paid by its last number, a tuple or interval is right whole
+        ("<answer>3 or 4</answer>", "4", False),
+        ("<answer>1, 3</answer>", "3", False),
+        ("<answer>x = 2 or x = 3</answer>", "3", False),
+        ("<answer>2, 3</answer>", "2, 3", True),
+        ("<answer>(3, 4)</answer>", "(3, 4)", True),
+        ("<answer>[2, 5)</answer>", "[2, 5)", True),
+        ("<answer>1,234</answer>", "1234", True),  # a thousands separator is not a list
     ],
 )
 def test_an_answer_is_read_whole_where_it_is_whole(output, reference, right):
@@ -104,3 +112,4 @@ def test_the_sums_checker_reads_what_it_read_before():
     assert check_sums("What is 23 + 34?", "The answer is 57.") is True
     assert check_sums("What is 23 + 34?", "23 + 34 = 57") is True
     assert check_sums("What is 23 + 34?", "56") is False
+    assert check_sums("What is 23 + 34?", "56 or 57") is True  # its last number, as before the list rule

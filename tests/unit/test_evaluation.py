@@ -33,6 +33,9 @@ FMT = Formatter(resolve_format(FormatSpec()))
         ("math", {"question": "q", "solution": "7"}, "I cannot say", (None, False)),
         ("choice", {"question": "q", "solution": "C"}, "<answer>(C)</answer>", ("C", True)),
         ("choice", {"question": "q", "solution": "C"}, "The answer is B.", ("B", False)),
+        # an option's text after its letter: the letter, not the option's number (no number fallback in the tags)
+        ("choice", {"question": "q", "solution": "C"}, "<answer>C. 4 electrons</answer>", ("C", True)),
+        ("choice", {"question": "q", "solution": "B"}, "<answer>(B) 3 bonds</answer>", ("B", True)),
         (
             "choice",
             {"question": "q", "solution": "C"},

@@ -71,6 +71,14 @@ def test_efficiency():
         ("It is 1,000 in total", "The answer is 1000.", True),
         ("Add 10 and 4", "The answer is 104.", False),
         ("Try (3 + 4) * 5 = 35", "(3 + 4) * 5 = 35", True),
+        # text and choice answers: case-folded, as a phrase (not inside another word), a letter only as an option
+        ("The answer is (C).", "C", True),
+        ("The answer is (C).", "\\text{(C)}", True),
+        ("Think about option c first", "C", True),
+        ("Let c be the third side", "C", False),
+        ("Seven is odd", "even", False),
+        ("You know the rule", "no", False),
+        ("So the number is Even.", "even", True),
     ],
 )
 def test_states_answer(guidance, solution, leaked):
@@ -138,7 +146,33 @@ def test_extract_guidance(protocol, output, guidance):
     ],
 )
 def test_student_answers_are_checked_with_the_shared_normaliser(protocol, output, solution, ok):
-    assert protocol.correct(output, solution) is ok
+    assert protocol.correct(output, "What is the answer?", solution) is ok
+
+
+def test_countdown_answers_are_verified_from_the_question_as_the_evaluate_stage_does(protocol):
+    """A countdown reference is one expression of many: rcl grades the student's expression against the question
+    (numbers used once, the target reached), the same verdict as the evaluate stage, not by comparing texts."""
+    from rlt.data.tasks import generate
+    from rlt.stages.evaluate import grade
+
+    row = generate("countdown", 1, seed=3)[0]
+    expr = row["solution"].split("=")[0].strip()
+    target = row["solution"].split("=")[1].strip()
+    cases = {
+        f"<answer>{row['solution']}</answer>": True,
+        f"<answer>{expr}</answer>": True,
+        f"<answer>{target}</answer>": False,
+    }
+    for output, ok in cases.items():
+        assert protocol.correct(output, row["question"], row["solution"]) is ok, output
+        assert grade(dict(row), output, "builtin", protocol.answer_tags)[1] is ok, output
+
+    def answers(prompts, n):  # the student writes the reference expression with guidance, a bare number without
+        return [[f"<answer>{expr}</answer>" if "hint" in p else f"<answer>{target}</answer>"] * n for p in prompts]
+
+    reward = RCLReward(protocol, WordTokenizer(), answers, samples=2)
+    batch = reward.score([row["question"]], [row["solution"]], ["<guidance>a hint</guidance>"])
+    assert batch.perf_base == [0.0] and batch.means()["rcl_apg"] == 1.0
 
 
 def test_teacher_prompt_holds_question_and_probe_verbatim(protocol):

@@ -17,6 +17,11 @@ _ANSWER_IS = re.compile(
 )
 _CHOICE = re.compile(r"^\(?([A-J])\)?$|^\(?([A-J])[.)]:?\s")
 _LAST_NUMBER = re.compile(_NUMBER)
+# An answer block of several numbers joined by "," ";" "or" "and" (each maybe "x = "), maybe in brackets: a tuple, an
+# interval, a list of roots, or a hedge ("3 or 4"). It is an answer of its own, read whole: its last number would pay
+# a hedge. Only answer blocks: the built-in checkers (tasks.check_sums, the teaching comparison's grader) read as before.
+_ITEM = r"(?:[a-z]\s*=\s*)?-?\d+(?:\.\d+)?(?:/\d+)?"
+_LIST = re.compile(rf"[(\[]?\s*{_ITEM}(?:\s*(?:,|;|\bor\b|\band\b)\s*{_ITEM})+\s*[)\]]?\.?")
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -56,7 +61,7 @@ def extract_answer(text: str, answer_tags: tuple[str, str] | None = None, last_n
             # sentence is read with the same rules as the whole text.
             if _whole_answer(inside):
                 return inside.strip()
-            return extract_answer(inside) or (inside.strip() or None)
+            return extract_answer(inside, last_number=last_number) or (inside.strip() or None)
     boxes = boxed_contents(text)
     if boxes:
         return boxes[-1].strip()
@@ -72,7 +77,7 @@ def _whole_answer(block: str) -> bool:
     (words: two letters or more, outside a LaTeX command and `\\text{}`), and no box (a box is looked into)?"""
     if not block.strip() or boxed_contents(block):
         return False
-    if re.fullmatch(r"-?\d+(?:/\d+)?", normalize(block) or ""):
+    if re.fullmatch(r"-?\d+(?:/\d+)?", normalize(block) or "") or _LIST.fullmatch(_unlatex(block).strip()):
         return True
     if "=" in block:  # a derivation ("2^{10} = 1024"): its answer is what it ends with
         return False

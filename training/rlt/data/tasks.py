@@ -173,6 +173,18 @@ def check_builtin(question: str, answer: str | None) -> bool | None:
     return None
 
 
+def verify_builtin(question: str, output: str, answer_tags: tuple[str, str]) -> tuple[str, bool | None]:
+    """(the answer read from a model's `output`, the built-in checker's verdict on it, or None when no checker knows
+    `question`). The answer is the last answer block (open at the end if unclosed), else the output's last line. The
+    one reading of built-in answers: the evaluate stage and rcl's student grading both call it."""
+    from rlt.data.answers import between
+
+    block = between(output, *answer_tags, last=True, open_end=True)
+    lines = [ln for ln in output.strip().splitlines() if ln.strip()]
+    answer = block.strip() if block is not None else (lines[-1] if lines else "")
+    return answer, check_builtin(question, answer)
+
+
 def generate(task: str, size: int, seed: int = 0) -> list[TaskRow]:
     if task not in TASKS:
         raise ValueError(f"spec.dataset.source: unknown built-in task {task!r} (choose from {', '.join(TASKS)})")

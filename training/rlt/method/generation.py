@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -208,12 +208,43 @@ def sample_texts(
     batch_size: int,
 ) -> list[str]:
     """One decoded completion per rendered prompt (repeat a prompt for several), sampled with the shared sampler
-    at top-p 1: what the rcl protocol asks of its student and teacher."""
+    at top-p 1: what the rcl protocol asks of its student and teacher; greedy at temperature 0 (as evaluate's)."""
     ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    if temperature == 0:
+        chunks = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+        greedy_ids = [c for chunk in chunks for c in greedy(model, tokenizer, chunk, max_new_tokens)]
+        return tokenizer.batch_decode(greedy_ids, skip_special_tokens=True)
     samples = sample_with_logprobs(
         model, tokenizer, ids, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, batch_size=batch_size
     )
     return tokenizer.batch_decode(samples.completion_ids, skip_special_tokens=True)
+
+
+def greedy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[list[int]], max_new_tokens: int
+) -> list[list[int]]:
+    """Greedy answers to left-padded prompts, each cut after its first end-of-text token."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), tokenizer.pad_token_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for j, p in enumerate(prompt_ids):
+        ids[j, width - len(p) :] = torch.tensor(p, device=device)
+        mask[j, width - len(p) :] = 1
+    # greedy on the model's own logits: no repetition penalty or other processor from the checkpoint's config
+    config = clean_generation_config(
+        model, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
+    )
+    with torch.no_grad(), only_generation_config(model, config):
+        # PreTrainedModel does not declare generate (its causal-LM subclasses mix in GenerationMixin); without
+        # return_dict_in_generate it returns the sequences' ids
+        generate = cast("Callable[..., torch.Tensor]", model.generate)
+        seqs = generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    eos = tokenizer.eos_token_id
+    out = []
+    for row in seqs[:, width:].tolist():
+        out.append(row[: row.index(eos) + 1] if eos in row else row)
+    return out
 
 
 # vLLM's finish reasons for a sequence it did not finish: "abort" (a server stopping with --shutdown-timeout 0, a

@@ -57,14 +57,14 @@ def evaluate_teacher(
         student, student_tok, temperature=temperature, max_new_tokens=max_student_tokens, batch_size=batch_size
     )
 
-    def accuracy(prompts: list[str], sols: list[str]) -> list[float]:
+    def accuracy(prompts: list[str], questions: list[str], sols: list[str]) -> list[float]:
         return [
-            sum(protocol.correct(a, s) for a in ans) / len(ans)
-            for ans, s in zip(answer(prompts, student_samples), sols, strict=True)
+            sum(protocol.correct(a, q, s) for a in ans) / len(ans)
+            for ans, q, s in zip(answer(prompts, student_samples), questions, sols, strict=True)
         ]
 
     qs, sols = [r["question"] for r in rows], [r["solution"] for r in rows]
-    base = accuracy([protocol.student_prompt(student_tok, q) for q in qs], sols)
+    base = accuracy([protocol.student_prompt(student_tok, q) for q in qs], qs, sols)
     records: list[ProblemRecord] = [
         {"row": r.get("row"), "question": q, "solution": s, "acc_without": b}
         for r, q, s, b in zip(rows, qs, sols, base, strict=True)
@@ -101,6 +101,7 @@ def evaluate_teacher(
             todo,
             accuracy(
                 [protocol.student_prompt(student_tok, qs[k // guidance_samples], guidance[k]) for k in todo],
+                [qs[k // guidance_samples] for k in todo],
                 [sols[k // guidance_samples] for k in todo],
             ),
             strict=True,

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from rlt.contract.api import Strict
 from rlt.data.answers import between, is_correct
+from rlt.data.tasks import verify_builtin
 from rlt.method.prompts import chat_text
 from rlt.spec import reader
 from rlt.spec.inputs import FORMATS_DIR
@@ -160,5 +161,9 @@ class Protocol:
         """The reference solution as the student would write it (the dense variant scores this)."""
         return f"{self.fmt.answer_start}{solution}{self.fmt.answer_end}"
 
-    def correct(self, output: str, solution: str) -> bool:
-        return is_correct(output, solution, self.answer_tags)
+    def correct(self, output: str, question: str, solution: str) -> bool:
+        """Graded as the evaluate stage grades `builtin` rows: a question a built-in checker knows (countdown, basic)
+        is verified from the question itself (a countdown reference is one expression of many); any other answer is
+        compared with the reference."""
+        verdict = verify_builtin(question, output, self.answer_tags)[1]
+        return verdict if verdict is not None else is_correct(output, solution, self.answer_tags)

@@ -90,7 +90,15 @@ def states_answer(guidance: str, solution: str) -> bool:
     candidates = boxed_contents(guidance) + _NUMBERS.findall(guidance)
     if any(normalize(c) == want for c in candidates):
         return True
-    return not _NUMBERS.fullmatch(want) and want in re.sub(r"\s+", " ", guidance).lower()
+    if _NUMBERS.fullmatch(want):
+        return False
+    text, phrase = re.sub(r"\s+", " ", guidance).lower(), re.escape(want.lower())
+    if len(want) == 1:  # a choice letter: only where it names an option ("(C)", "C)", "option C"), not a variable c
+        return (
+            re.search(rf"\({phrase}\)|(?<!\w){phrase}\)|(?:answer|option|choice)(?: is)?:? ?\(?{phrase}\b", text)
+            is not None
+        )
+    return re.search(rf"(?<!\w){phrase}(?!\w)", text) is not None  # a phrase: "even" is not in "seven"
 
 
 # --------------------------------------------------------------------------- running the student
@@ -204,7 +212,8 @@ class RCLReward(RewardFunction):
             return self._dense(prompts, solutions)
         answers = self.answer_fn(prompts, self.samples)
         return [
-            sum(self.protocol.correct(a, s) for a in ans) / len(ans) for ans, s in zip(answers, solutions, strict=True)
+            sum(self.protocol.correct(a, q, s) for a in ans) / len(ans)
+            for ans, (q, _), s in zip(answers, items, solutions, strict=True)
         ]
 
     def _dense(self, prompts: list[str], solutions: Sequence[str]) -> list[float]:

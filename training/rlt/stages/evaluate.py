@@ -40,8 +40,7 @@ from rlt.stages.ranks import gather_shares, shard_rows
 from rlt.stages.record import Recorder
 
 if TYPE_CHECKING:
-    import torch
-    from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rlt.spec.stages import EvaluateStage
 
@@ -121,9 +120,7 @@ def grade(row: dict[str, Any], output: str, answer_type: str, tags: tuple[str, s
         want = answers.normalize(row["solution"])
         return got, got is not None and len(got) == 1 and got == want
     if answer_type == "builtin":
-        block = answers.between(output, *tags, last=True, open_end=True)
-        answer = block.strip() if block is not None else _last_line(output)
-        verdict = tasks.check_builtin(row["question"], answer)
+        answer, verdict = tasks.verify_builtin(row["question"], output, tags)
         if verdict is not None:  # countdown/basic: verified from the question itself; other built-in rows are math
             return answer, verdict
     if answer_type not in ("math", "builtin"):
@@ -138,11 +135,6 @@ def grade_question(
     """Every answer of one question graded once."""
     graded = tuple(GradedAnswer(o, *grade(row, o, answer_type, tags)) for o in outputs)
     return QuestionResult(row.get("row"), row["question"], row["solution"], graded)
-
-
-def _last_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
 
 
 def pass_at_1(per_question: Sequence[Sequence[bool]]) -> float:
@@ -227,7 +219,7 @@ def generate_answers(
 ) -> list[list[str]]:
     """`st.samples` decoded answers per prompt (settings: stages.evaluate), in-process (the shared sampler; greedy at
     temperature 0) or from the vLLM server at `server_url`."""
-    from rlt.method.generation import sample_with_logprobs, server_generate
+    from rlt.method.generation import greedy, sample_with_logprobs, server_generate
 
     samples, temperature, top_p, max_new_tokens = st.samples, st.temperature, st.top_p, st.max_new_tokens
     batch_size, timeout = st.batch_size, st.generation.server_timeout_seconds
@@ -265,35 +257,6 @@ def generate_answers(
         out += batch
         if on_batch is not None:
             on_batch(start, batch, sum(len(c) for c in ids))
-    return out
-
-
-def greedy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[list[int]], max_new_tokens: int
-) -> list[list[int]]:
-    import torch
-
-    device = next(model.parameters()).device
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), tokenizer.pad_token_id, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for j, p in enumerate(prompt_ids):
-        ids[j, width - len(p) :] = torch.tensor(p, device=device)
-        mask[j, width - len(p) :] = 1
-    from rlt.method.generation import clean_generation_config, only_generation_config
-
-    # greedy on the model's own logits: no repetition penalty or other processor from the checkpoint's config
-    clean = cast("Callable[..., GenerationConfig]", clean_generation_config)  # unannotated in rlt.method.generation
-    config = clean(model, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-    with torch.no_grad(), only_generation_config(model, config):
-        # PreTrainedModel does not declare generate (its causal-LM subclasses mix in GenerationMixin); without
-        # return_dict_in_generate it returns the sequences' ids
-        generate = cast("Callable[..., torch.Tensor]", model.generate)
-        seqs = generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    eos = tokenizer.eos_token_id
-    out = []
-    for row in seqs[:, width:].tolist():
-        out.append(row[: row.index(eos) + 1] if eos in row else row)
     return out
 
 
