@@ -240,7 +240,7 @@ def test_spec_rejects_greedy_with_several_samples():
 def test_wilson_interval_of_compare():
     from rlt.run.compare import wilson_interval
 
-    lo, hi = wilson_interval(20, 100)  # textbook value: [0.133, 0.289]
+    lo, hi = wilson_interval(0.2, 100)  # textbook value for 20 of 100: [0.133, 0.289]
     assert lo == pytest.approx(0.1334, abs=1e-3) and hi == pytest.approx(0.2888, abs=1e-3)
-    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == pytest.approx(1.0)
+    assert wilson_interval(0.0, 10)[0] == 0.0 and wilson_interval(1.0, 10)[1] == pytest.approx(1.0)
     assert wilson_interval(0, 0) is None

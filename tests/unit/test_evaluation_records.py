@@ -133,7 +133,9 @@ def test_compare_report_from_records(tmp_path):
     assert report["untrained"]["accuracy"] == 0.25 and report["untrained"]["taughtAccuracy"] == 0.5
     rl = report["arms"]["rl_teacher"]
     assert rl["gainOverUntrained"] == pytest.approx(0.25) and rl["meanReward"] == pytest.approx(1 / 3)
-    assert rl["ci95"] == pytest.approx([0.2152, 0.7848], abs=1e-3)  # Wilson, 4 of 8
+    # Wilson over the 4 questions (accuracy 0.5), not over the 8 answers pooled ([0.215, 0.785]): samples of one
+    # question are not independent
+    assert rl["ci95"] == pytest.approx([0.1500, 0.8500], abs=1e-3)
     assert rl["evalReport"] == str(tmp_path / "compare" / "rl_teacher" / "eval" / "report.json")
     assert rl["taughtReport"] == str(tmp_path / "compare" / "rl_teacher" / "eval-taught" / "report.json")
     assert report["arms"]["dataset_traces"]["meanReward"] is None
@@ -171,12 +173,12 @@ def test_compare_plot_draws_the_tables_wilson_intervals_and_says_so(tmp_path):
     from rlt.stages.evaluate import error_bars, plot_accuracy
 
     reports = [
-        {"model": "untrained", "accuracy": 0.25, "stderr": 0.1, "ci95": wilson_interval(5, 20)},
-        {"model": "rl_teacher", "accuracy": 0.5, "stderr": 0.1, "ci95": wilson_interval(10, 20)},
+        {"model": "untrained", "accuracy": 0.25, "stderr": 0.1, "ci95": wilson_interval(0.25, 20)},
+        {"model": "rl_teacher", "accuracy": 0.5, "stderr": 0.1, "ci95": wilson_interval(0.5, 20)},
     ]
     (lower, upper), what = error_bars(reports)
     assert what == "error bars: 95 % Wilson interval"
-    lo, hi = wilson_interval(5, 20)
+    lo, hi = wilson_interval(0.25, 20)
     assert lower[0] == pytest.approx(0.25 - lo) and upper[0] == pytest.approx(hi - 0.25) and lower[0] != upper[0]
     assert error_bars([{"model": "student", "accuracy": 0.5, "stderr": 0.1}]) == (
         [[0.1], [0.1]],

@@ -37,11 +37,14 @@ ARMS = {
 # --------------------------------------------------------------------------- pure helpers
 
 
-def wilson_interval(correct: int, n: int, z: float = 1.96) -> list[float] | None:
-    """95 % Wilson score interval of a binomial proportion (all answers pooled); None without answers."""
+def wilson_interval(p: float, n: int, z: float = 1.96) -> list[float] | None:
+    """95 % Wilson score interval of a proportion `p` over `n` units; None without units. Called with the held-out
+    questions as units (as ± s.e. is): a question's samples are not independent answers, and pooling them would
+    narrow the interval by up to √samples. A question's mean accuracy counts as one observation, which errs wide."""
     if n <= 0:
         return None
-    p = correct / n
+    if not 0 <= p <= 1:
+        raise ValueError(f"wilson_interval: p={p} is not a proportion")
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return [max(0.0, centre - half), min(1.0, centre + half)]
@@ -129,7 +132,7 @@ def arm_summary(arm: ArmResult, untrained: EvalReport) -> dict[str, Any]:
         "meanReward": sum(rewards) / len(rewards) if rewards else None,
         "accuracy": arm.held_out.accuracy,
         "stderr": arm.held_out.stderr,
-        "ci95": wilson_interval(arm.held_out.correct, arm.held_out.answers),
+        "ci95": wilson_interval(arm.held_out.accuracy, arm.held_out.questions),
         "gainOverUntrained": arm.held_out.accuracy - untrained.accuracy,
         "taughtAccuracy": arm.taught.accuracy,
         "evalReport": str(arm.layout.eval_dir / REPORT_JSON),
@@ -163,7 +166,7 @@ def build_report(
         "untrained": {
             "accuracy": held_out.accuracy,
             "stderr": held_out.stderr,
-            "ci95": wilson_interval(held_out.correct, held_out.answers),
+            "ci95": wilson_interval(held_out.accuracy, held_out.questions),
             "taughtAccuracy": taught_report.accuracy,
             "evalReport": str(untrained_layout.eval_dir / REPORT_JSON),
         },
