@@ -102,6 +102,30 @@ def test_typed_options_and_trainer_args_reach_the_trl_configs(tmp_path):
     assert grpo_config(StageContext(plain, RunLayout.for_run(tmp_path, "p")), "cpu").report_to == []
 
 
+def test_a_constant_schedule_keeps_its_warmup(tmp_path):
+    """lrScheduler constant with warmupRatio > 0 warms up (transformers' plain "constant" would drop the warmup):
+    the learning rate the real scheduler gives rises over the warmup steps, then stays at learningRate."""
+    import torch
+    from transformers import get_scheduler
+
+    from rlt.stages.context import StageContext
+    from rlt.stages.sft import sft_config
+
+    run = parse_run(doc(stages__sft__lrScheduler="constant", stages__sft__warmupRatio=0.2))
+    args = sft_config(StageContext(run, RunLayout.for_run(tmp_path, run.name), show_progress=False), "cpu")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    steps = 10
+    schedule = get_scheduler(
+        args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(steps), num_training_steps=steps
+    )
+    lrs = []
+    for _ in range(steps):
+        lrs.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(0.5) and lrs[2:] == [1.0] * 8
+
+
 def test_outputs_destinations_are_checked():
     assert problems(doc(outputs={"teacher": "ftp://host/x"})) == [
         "spec.outputs.teacher: 'ftp://host/x' is not s3://, gs://, file://, memory:// or hf:// followed by a path"

@@ -76,7 +76,10 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
         "output_dir": str(ctx.layout.checkpoints_dir(stage)),
         "per_device_train_batch_size": st.per_device_batch_size,
         "learning_rate": st.learning_rate,
-        "lr_scheduler_type": st.lr_scheduler,
+        # transformers' "constant" drops the warmup steps: with a warmup it is its "constant_with_warmup"
+        "lr_scheduler_type": "constant_with_warmup"
+        if st.lr_scheduler == "constant" and st.warmup_ratio > 0
+        else st.lr_scheduler,
         "warmup_steps": st.warmup_ratio,  # below 1: a share of the steps
         "weight_decay": st.weight_decay,
         "save_strategy": "steps",
