@@ -165,3 +165,44 @@ def test_a_stage_stopped_mid_way_resumes_only_under_the_fields_it_was_started_un
     # no checkpoint yet: the stage starts from scratch under the new fields anyway
     (ckpt / CHECKPOINT_COMPLETE).unlink()
     assert planned(tiny(**{"stages.rl.beta": 0.0})) == [("sft", "skip"), ("rl", "run")]
+
+
+@pytest.mark.parametrize("schedule", [{"stages.rl.lrScheduler": "cosine"}, {"stages.rl.warmupRatio": 0.1}])
+def test_more_rl_steps_refuse_when_the_schedule_depends_on_the_total(tmp_path, schedule):
+    """Continuing equals one longer run only at a constant learning rate: under cosine (or with a warmup) the steps
+    after the checkpoint would follow a schedule rebuilt for the new total, so the edit is refused, saying why."""
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny(**schedule)
+    for stage in ("sft", "rl"):
+        finish(layout, run, stage)
+    with pytest.raises(fp.StaleStageError) as err:
+        plan(layout, tiny(**schedule, **{"stages.rl.steps": 5}), ("sft", "rl"))
+    assert "stages.rl.steps 3 -> 5" in str(err.value) and "depends on the total steps" in str(err.value)
+
+
+def test_generation_settings_that_change_the_objective_are_fields_and_speed_ones_are_not():
+    base = fp.stage_fields(tiny().spec, "rl")
+    assert not any(k.startswith("stages.rl.generation") for k in base)  # at the defaults: as recorded before
+    assert fp.stage_fields(tiny(**{"stages.rl.generation.gpuMemoryUtilization": 0.5}).spec, "rl") == base
+    for edit in (
+        {"stages.rl.generation.overlap": "oneStepOff"},
+        {"stages.rl.generation.importanceSampling": "tokenTruncate"},
+    ):
+        assert fp.changed_fields(base, fp.stage_fields(tiny(**edit).spec, "rl")) == [next(iter(edit))]
+
+
+def test_a_disabled_rl_stage_still_gives_distill_the_reward_it_ranks_by():
+    """distill ranks its explanations by rl's reward at rl's temperature even when rl is disabled (an SFT-only
+    teacher, `rlt compare`'s sft_teacher arm): those settings are distill's fields, the speed ones are not."""
+    off = {"stages.rl.enabled": False}
+    base = fp.stage_fields(tiny(**off).spec, "distill")
+    assert {k: v for k, v in base.items() if k.startswith("stages.rl.")} == {"stages.rl.enabled": False}
+    for edit, field in (
+        ({"stages.rl.reward.lambda": 0.0}, "stages.rl.reward.lambda"),
+        ({"stages.rl.temperature": 1.0}, "stages.rl.temperature"),
+    ):
+        assert fp.changed_fields(base, fp.stage_fields(tiny(**off, **edit).spec, "distill")) == [field]
+    assert fp.stage_fields(tiny(**off, **{"stages.rl.reward.batchSize": 8}).spec, "distill") == base
+    assert fp.stage_fields(tiny(**off, **{"stages.rl.reward.lambda": 0.0}).spec, "sft") == fp.stage_fields(
+        tiny(**off).spec, "sft"
+    )  # not a field of the stages before rl

@@ -44,8 +44,8 @@ class StageInfo:
     reads_dataset: bool
     # folder under the run's root
     folder: str
-    # a setting that, raised on a finished stage, continues it from its last checkpoint (RL's schedule is constant:
-    # steps 1..n then n+1..m from the checkpoint equal one run of m steps)
+    # a setting that, raised on a finished stage, continues it from its last checkpoint (under a constant schedule
+    # without warmup, steps 1..n then n+1..m from the checkpoint equal one run of m steps: fingerprint._flat_schedule)
     extendable: str | None = None
     # a stage without a Trainer that writes each row once made and, re-run, makes only the rest (Ctrl-C loses none)
     resumes_by_row: bool = False

@@ -41,9 +41,20 @@ NOT_AFFECTING = {
 NOT_AFFECTING_BY_STAGE = {s.name: {"batchSize"} for s in STAGES if not s.trainer}
 # Changes a finished stage can absorb by training on (rlt.contract.stage_registry says which and why).
 EXTENDABLE = {s.name: f"stages.{s.name}.{s.extendable}" for s in STAGES if s.extendable}
+# Inside a block left out above, the settings that do change the output: rl's generation overlap and importance
+# sampling change how off-policy its training rows are and how the loss weighs them.
+AFFECTING_INSIDE = {"generation.overlap", "generation.importanceSampling", "generation.importanceSamplingCap"}
+# Settings of a disabled stage that later stages still read: distill ranks (and records) its explanations by rl's
+# reward, at rl's temperature, whether or not rl ran.
+READ_WHEN_DISABLED = {"rl": ("reward", "temperature")}
 # Fields added after stages recorded their fingerprints, at the value that reproduces what those stages did: left out
 # of the fields at that value, so a stage finished before the field existed is still current.
-ADDED_AT_DEFAULT = {"stages.rl.lossType": "grpo"}
+ADDED_AT_DEFAULT = {
+    "stages.rl.lossType": "grpo",
+    "stages.rl.generation.overlap": "none",
+    "stages.rl.generation.importanceSampling": "off",
+    "stages.rl.generation.importanceSamplingCap": 3.0,
+}
 
 
 class StaleStageError(ValueError):
@@ -74,12 +85,31 @@ def _stage_settings(doc: dict[str, Any], stage: str, own: bool) -> dict[str, Any
     flat: dict[str, Any] = {}
     _flatten(doc["stages"][stage], "", flat)
     skip = NOT_AFFECTING | NOT_AFFECTING_BY_STAGE.get(stage, set())
-    kept = {k: v for k, v in flat.items() if not any(k == s or k.startswith(s + ".") for s in skip)}
+    kept = {
+        k: v for k, v in flat.items() if k in AFFECTING_INSIDE or not any(k == s or k.startswith(s + ".") for s in skip)
+    }
     if own:
         kept.pop("enabled", None)  # it runs, so it is enabled
     elif not kept.get("enabled"):
-        kept = {"enabled": False}  # a disabled earlier stage contributes nothing but that fact
+        # a disabled earlier stage contributes that fact and the settings later stages read, where they are not the
+        # defaults (a stage recorded before they were counted, at the defaults, stays current)
+        read = READ_WHEN_DISABLED.get(stage, ())
+        default = _default_flat(stage)
+        kept = {"enabled": False} | {
+            k: v
+            for k, v in kept.items()
+            if any(k == r or k.startswith(r + ".") for r in read) and v != default.get(k, "<unset>")
+        }
     return {f"stages.{stage}.{k}": v for k, v in kept.items()}
+
+
+def _default_flat(stage: str) -> dict[str, Any]:
+    """A stage's default settings, flattened as _stage_settings flattens them."""
+    from rlt.spec.stages import Stages
+
+    flat: dict[str, Any] = {}
+    _flatten(Stages().model_dump(mode="json", by_alias=True)[stage], "", flat)
+    return flat
 
 
 def stage_fields(spec: RLTRunSpec, stage: str) -> dict[str, Any]:
@@ -248,18 +278,24 @@ def _stale(
     if not own_or_run_wide and upstream <= fresh:
         return StagePlan(stage, "start_over", f"its input changed ({', '.join(names)}): done again from the start")
     extend = EXTENDABLE.get(stage)
-    if (
+    grown = (
         extend is not None  # implied by the next line (names are text); said for the checker
         and names == [extend]
         and isinstance(old.get(extend), int)
         and new[extend] > old[extend]
-        and (has_checkpoint is None or has_checkpoint(stage))
-    ):
+    )
+    flat = _flat_schedule(old, stage)
+    if grown and flat and (has_checkpoint is None or has_checkpoint(stage)):
         return StagePlan(
             stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: continuing from the last checkpoint"
         )
     flag = restart_flag.format(stage=stage)
     changes = describe_changes(old, new)
+    if grown and not flat:
+        changes += (
+            f"; its learning-rate schedule ({old.get(f'stages.{stage}.lrScheduler')}, warmupRatio "
+            f"{old.get(f'stages.{stage}.warmupRatio')}) depends on the total steps, so more steps are not one longer run"
+        )
     advice = restart_hint or f"re-run with {flag} to train it again (its old outputs move to {layout.replaced_dir}/)"
     raise StaleStageError(
         f"[{stage}] {ended} under a different spec ({changes}); not "
@@ -267,6 +303,12 @@ def _stale(
         stage,
         changes,
     )
+
+
+def _flat_schedule(fields: dict[str, Any], stage: str) -> bool:
+    """Is the stage's learning rate the same at every step whatever the total (constant, no warmup)? Only then do
+    steps 1..n and n+1..m from the checkpoint equal one run of m steps."""
+    return fields.get(f"stages.{stage}.lrScheduler") == "constant" and not fields.get(f"stages.{stage}.warmupRatio")
 
 
 def start_over(layout: RunLayout, stage: str) -> Path | None:
