@@ -278,14 +278,9 @@ def _stale(
     if not own_or_run_wide and upstream <= fresh:
         return StagePlan(stage, "start_over", f"its input changed ({', '.join(names)}): done again from the start")
     extend = EXTENDABLE.get(stage)
-    grown = (
-        extend is not None  # implied by the next line (names are text); said for the checker
-        and names == [extend]
-        and isinstance(old.get(extend), int)
-        and new[extend] > old[extend]
-    )
+    grown = extend is not None and names == [extend] and isinstance(old.get(extend), int) and new[extend] > old[extend]
     flat = _flat_schedule(old, stage)
-    if grown and flat and (has_checkpoint is None or has_checkpoint(stage)):
+    if extend is not None and grown and flat and (has_checkpoint is None or has_checkpoint(stage)):
         return StagePlan(
             stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: continuing from the last checkpoint"
         )
