@@ -260,3 +260,16 @@ def test_a_device_inside_a_dataset_folder_is_named_not_read(tmp_path):
     (tmp_path / "d" / "more.jsonl").symlink_to("/dev/zero")
     said = _refused(source=str(tmp_path / "d"))
     assert "more.jsonl: a device file" in said, said
+
+
+@pytest.mark.parametrize("other", ["more.jsonl", "sub/more.jsonl"])
+def test_a_folder_file_that_datasets_would_not_read_is_named_not_dropped(tmp_path, other):
+    """Once one file of a folder is named for a split (train.jsonl), `datasets` reads only the files named for
+    splits: a valid file beside it would be dropped in silence. It is refused, named; files all named for splits,
+    or none named, are read whole."""
+    _jsonl(tmp_path / "d" / "train.jsonl", GOOD)
+    _jsonl(tmp_path / "d" / other, GOOD)
+    said = _refused(source=str(tmp_path / "d"))
+    assert other in said and "would ignore" in said and "train: 1 files" in said, said
+    (tmp_path / "d" / "train.jsonl").rename(tmp_path / "d" / "first.jsonl")
+    assert len(check_data(DatasetSpec(source=str(tmp_path / "d")), FMT).train) == 2

@@ -176,11 +176,31 @@ def _read_folder(folder: Path, spec: DatasetSpec) -> Any:
         _check_file(path)
     try:
         with _quiet():
+            _every_file_in_a_split(folder, files, src)
             return _split(datasets.load_dataset(str(folder)), spec)
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001
         raise DataError(f"{src}: cannot be read as a dataset folder ({_cause(err)})") from None
+
+
+def _every_file_in_a_split(folder: Path, files: list[Path], src: str) -> None:
+    """`datasets` reads a folder by file names: once one file is named for a split (train.jsonl, test/…), it reads
+    only the files named for one and ignores the rest without a word. Refuse that, naming the files left out."""
+    import datasets
+
+    by_split = datasets.load_dataset_builder(str(folder)).config.data_files or {}
+    used = {Path(str(f)).resolve() for split_files in by_split.values() for f in split_files}
+    left = [p for p in files if p.resolve() not in used]
+    if left:
+        names = ", ".join(str(p.relative_to(folder)) for p in left[:3]) + (
+            f" and {len(left) - 3} more" if len(left) > 3 else ""
+        )
+        splits = ", ".join(f"{k}: {len(v)} files" for k, v in sorted(by_split.items(), key=lambda kv: str(kv[0])))
+        raise DataError(
+            f"spec.dataset.source: folder {src}: `datasets` reads only the files named for a split ({splits}) and "
+            f"would ignore {names}: name every file for its split (train…, test…) or move the others out"
+        )
 
 
 def _check_file(path: Path) -> None:
