@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from rlt.contract.env import RANK
 from rlt.data.dataset import load_data
-from rlt.data.errors import sift_rows
+from rlt.data.errors import DataError, sift_rows
 from rlt.data.models import is_cuda, load_model, load_tokenizer, torch_dtype
 from rlt.method.generation import sample_with_logprobs
 from rlt.method.prompts import Formatter
@@ -391,6 +391,14 @@ def train_grpo(
     from rlt.stages.folded_ratio import folded_ratio
     from rlt.stages.padding import padding_trimmed
 
+    st = ctx.spec.stages.rl
+    per_step = st.batch_size // st.num_generations  # TRL's sampler deals whole steps of questions, drops the rest
+    if len(rows) < per_step:
+        raise DataError(
+            f"spec.stages.rl.batchSize: a step takes {per_step} questions (batchSize {st.batch_size} / numGenerations "
+            f"{st.num_generations}) but {len(rows)} rows are usable, so rl would train no step: lower batchSize or "
+            "give more rows"
+        )
     args = grpo_config(ctx, device)
     timer, ahead_timer = PhaseTimer(), PhaseTimer()  # the step's phases; a one-step-off rollout's, overlapping them
     counters = {"generated_tokens": 0}

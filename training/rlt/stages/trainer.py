@@ -197,6 +197,11 @@ class TrainerRun:
                 self.stop.uninstall()
         if self.stop.agreed:
             raise Stopped(self.stage, trainer.state.global_step, self.recorder.last_checkpoint)
+        if trainer.state.global_step == 0 and resume is None:  # transformers only warns; the start model is no result
+            raise RuntimeError(
+                f"{self.stage}: trained no step: its data loader gave no full batch (fewer usable rows than "
+                f"spec.stages.{self.stage}.batchSize asks of a step)"
+            )
         out = save_final_model(trainer, self.ctx, self.stage, self.start, self.tokenizer, self.device)
         # Every rank has written its part of the final model (save_model gathers). An extendable stage (rl) keeps
         # its checkpoints (at most saveTotalLimit): `rlt run` with more stages.rl.steps continues from the last one,
