@@ -47,6 +47,9 @@ class StageInfo:
     # a setting that, raised on a finished stage, continues it from its last checkpoint (under a constant schedule
     # without warmup, steps 1..n then n+1..m from the checkpoint equal one run of m steps: fingerprint._flat_schedule)
     extendable: str | None = None
+    # its settings that later stages read even when it is disabled (distill ranks by rl's reward at rl's temperature):
+    # a disabled stage's fingerprint fields (rlt.spec.fingerprint)
+    read_when_disabled: tuple[str, ...] = ()
     # a stage without a Trainer that writes each row once made and, re-run, makes only the rest (Ctrl-C loses none)
     resumes_by_row: bool = False
     # the roles it reads, each the product of the last enabled stage before it that produces the role
@@ -71,7 +74,17 @@ class StageInfo:
 STAGES: tuple[StageInfo, ...] = (
     # name, produces, TRL config (None: no Trainer), uses generators, reads spec.dataset, folder
     StageInfo("sft", "teacher", "SFTConfig", False, True, "sft"),
-    StageInfo("rl", "teacher", "GRPOConfig", True, True, "rl", extendable="steps", consumes=("teacher",)),
+    StageInfo(
+        "rl",
+        "teacher",
+        "GRPOConfig",
+        True,
+        True,
+        "rl",
+        extendable="steps",
+        read_when_disabled=("reward", "temperature"),
+        consumes=("teacher",),
+    ),
     StageInfo("distill", "dataset", None, True, True, "distill", consumes=("teacher",), resumes_by_row=True),
     StageInfo("student", "student", "SFTConfig", False, False, "student", consumes=("dataset",)),
     StageInfo("evaluate", "report", None, False, True, "eval", consumes=("student",)),

@@ -44,9 +44,9 @@ EXTENDABLE = {s.name: f"stages.{s.name}.{s.extendable}" for s in STAGES if s.ext
 # Inside a block left out above, the settings that do change the output: rl's generation overlap and importance
 # sampling change how off-policy its training rows are and how the loss weighs them.
 AFFECTING_INSIDE = {"generation.overlap", "generation.importanceSampling", "generation.importanceSamplingCap"}
-# Settings of a disabled stage that later stages still read: distill ranks (and records) its explanations by rl's
-# reward, at rl's temperature, whether or not rl ran.
-READ_WHEN_DISABLED = {"rl": ("reward", "temperature")}
+# Settings of a disabled stage that later stages still read (distill ranks and records its explanations by rl's
+# reward, at rl's temperature, whether or not rl ran): the stage table says which.
+READ_WHEN_DISABLED = {s.name: s.read_when_disabled for s in STAGES if s.read_when_disabled}
 # Fields added after stages recorded their fingerprints, at the value that reproduces what those stages did: left out
 # of the fields at that value, so a stage finished before the field existed is still current.
 ADDED_AT_DEFAULT = {
