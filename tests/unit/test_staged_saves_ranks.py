@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from rlt.contract.layout import CHECKPOINT_COMPLETE
-from rlt.stages.staged_saves import COPIED, StagedSaves, rotate
+from rlt.stages.checkpoints import rotate
+from rlt.stages.staged_saves import COPIED, StagedSaves
 
 
 class FakeTrainer:

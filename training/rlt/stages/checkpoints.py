@@ -111,6 +111,23 @@ def delete_checkpoint(path: Path) -> None:
         log.warning("checkpoint %s: its marker is gone but the folder could not be deleted", path)
 
 
+def rotate(directory: Path, keep: int | None) -> list[Path]:
+    """saveTotalLimit, applied by rlt once a new checkpoint is marked complete (transformers' own rotation is off: it
+    deletes before rlt marks): the newest `keep` complete checkpoints stay; older ones, and incomplete ones older
+    than the newest complete one, go, each marker first."""
+    if keep is None:
+        return []
+    found = checkpoints(directory)
+    complete = [p for _s, p in found if (p / CHECKPOINT_COMPLETE).exists()]
+    if not complete:
+        return []
+    newest = next(s for s, p in found if p == complete[0])
+    gone = [p for s, p in found if (p in complete[keep:]) or (p not in complete and s < newest)]
+    for p in gone:
+        delete_checkpoint(p)
+    return gone
+
+
 def fsync_tree(path: Path) -> None:
     """fsync every file and folder under `path`, then `path`'s own entry in its parent. Files another rank is still
     writing are fsynced by that rank too (it calls this once its own save ended)."""

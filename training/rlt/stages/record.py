@@ -22,7 +22,8 @@ from rlt.contract.layout import (
 )
 from rlt.contract.metrics import METRIC_DEFS, RUN_LABELS, STEP_KEYS, tracking_name
 from rlt.data.jsonl import append_jsonl
-from rlt.stages.checkpoints import mark_checkpoint_complete
+from rlt.spec.run import stage_settings
+from rlt.stages.checkpoints import mark_checkpoint_complete, rotate
 from rlt.stages.context import StageContext, world_size
 from rlt.stages.tracking import Tracker
 
@@ -256,6 +257,8 @@ def make_callback(
             path = checkpoint_path(cast(str, args.output_dir), state.global_step)  # TrainingArguments sets a default
             mark_checkpoint_complete(path, recorder.ctx.is_main)
             recorder.checkpoint(state.global_step, str(path))
+            if recorder.ctx.is_main:  # saveTotalLimit, now that the new one is complete (transformers' rotation is off)
+                rotate(path.parent, stage_settings(recorder.ctx.spec, recorder.stage).save_total_limit)
 
         def on_train_end(
             self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlt.contract.layout import CHECKPOINT_COMPLETE, atomic_write_text, checkpoint_path, checkpoints, format_time
-from rlt.stages.checkpoints import delete_checkpoint, fsync_path
+from rlt.contract.layout import CHECKPOINT_COMPLETE, atomic_write_text, checkpoint_path, format_time
+from rlt.stages.checkpoints import fsync_path, rotate
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -85,22 +85,6 @@ def wait_for(
         time.sleep(0.05)
 
 
-def rotate(directory: Path, keep: int | None) -> list[Path]:
-    """The Trainer's saveTotalLimit on the durable folder: the newest `keep` complete checkpoints stay; older ones,
-    and incomplete ones older than the newest complete one, go."""
-    if keep is None:
-        return []
-    found = checkpoints(directory)
-    complete = [p for _s, p in found if (p / CHECKPOINT_COMPLETE).exists()]
-    if not complete:
-        return []
-    newest = next(s for s, p in found if p == complete[0])
-    gone = [p for s, p in found if (p in complete[keep:]) or (p not in complete and s < newest)]
-    for p in gone:
-        delete_checkpoint(p)
-    return gone
-
-
 class StagedSaves:
     """Installed on a trainer (`install`); `wait()` joins the copy in flight and raises its error."""
 
@@ -112,8 +96,10 @@ class StagedSaves:
         world: int,
         on_complete: Callable[[int, str], None],
         timeout: float = MARK_TIMEOUT_SECONDS,
+        keep: int | None = None,
     ) -> None:
         self.trainer, self.rank, self.world, self.on_complete, self.timeout = trainer, rank, world, on_complete, timeout
+        self.keep = keep  # saveTotalLimit: the durable folder's complete checkpoints kept once a new one is marked
         self.local = local_root / f"rank-{rank}"  # one folder per rank: each copies only what it wrote
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
@@ -155,7 +141,7 @@ class StagedSaves:
                     wait_for(peers, self.timeout, f"checkpoint {durable}", lambda: tree_size(durable))
                     atomic_write_text(durable / CHECKPOINT_COMPLETE, format_time() + "\n")
                     fsync_path(durable)  # the marker's directory entry
-                    rotate(durable.parent, self.trainer.args.save_total_limit)
+                    rotate(durable.parent, self.keep)
                 else:
                     marker = [durable / CHECKPOINT_COMPLETE]
                     wait_for(marker, self.timeout, f"checkpoint {durable}", lambda: tree_size(durable))

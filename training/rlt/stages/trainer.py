@@ -90,7 +90,9 @@ def trainer_options(ctx: StageContext, stage: str, device: str) -> dict[str, Any
         "deepspeed": deepspeed_config(zero_stage(ctx.spec, stage)),
         "max_grad_norm": st.max_grad_norm,
         "logging_steps": st.logging_steps,
-        "save_total_limit": st.save_total_limit,
+        # saveTotalLimit is applied by rlt once the new checkpoint is marked complete (checkpoints.rotate): transformers
+        # rotates right after writing, before the marker, and would leave no complete checkpoint to resume from
+        "save_total_limit": None,
         "ddp_timeout": timeout,  # a rank waits this long in a collective while rank 0 waits on the rollout
         **trainer_precision(device, st.precision, processes),
         **report_to_args(ctx),
@@ -220,7 +222,9 @@ class TrainerRun:
             self.recorder.checkpoint(step, path)
 
         local = os.environ.get(LOCAL_CHECKPOINTS.name)
-        staged = StagedSaves(trainer, Path(local or "."), int(os.environ.get(RANK.name, "0")), world_size(), durable)
+        keep = stage_settings(self.ctx.spec, self.stage).save_total_limit
+        rank = int(os.environ.get(RANK.name, "0"))
+        staged = StagedSaves(trainer, Path(local or "."), rank, world_size(), durable, keep=keep)
         if local:
             staged.install()
             self.recorder.marked_elsewhere = True

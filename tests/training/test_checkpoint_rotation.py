@@ -1,0 +1,49 @@
+"""saveTotalLimit without staged saves: the previous complete checkpoint stays until the new one is marked complete.
+transformers' own rotation runs inside its save, before rlt's marker; with a limit of 1 it deleted the only
+complete checkpoint first, so a kill during the rest of the save (fsync, the marker's barrier) left nothing to
+resume from (or, mid-delete, a marked checkpoint missing files)."""
+
+from __future__ import annotations
+
+import pytest
+from suite_helpers import TINY
+
+from rlt.checks.validation import load_valid_run
+from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout, checkpoints
+from rlt.stages.context import StageContext
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_limit_of_one_keeps_the_last_complete_checkpoint_through_the_next_save(tmp_path, formatter):
+    from trl import SFTTrainer
+
+    from rlt.data.dataset import load_data
+    from rlt.data.models import load_tokenizer
+    from rlt.stages.sft import sft_config, sft_rows
+    from rlt.stages.trainer import TrainerRun
+
+    run = load_valid_run(TINY)
+    raw = run.model_dump(by_alias=True)
+    raw["spec"]["stages"]["sft"].update(
+        maxSteps=3, saveSteps=1, saveTotalLimit=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=False
+    )
+    run = run.model_validate(raw)
+    ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
+    tok = load_tokenizer(run.spec.teacher, padding_side="right")
+    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:6], formatter, tok, "reject")
+    stage = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu")
+    trainer = stage.trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    folder = ctx.layout.checkpoints_dir("sft")
+    save, seen = trainer._save_checkpoint, []
+
+    def watched(model, trial):  # the moment between transformers' save and rlt's marker
+        save(model, trial)
+        seen.append(
+            (trainer.state.global_step, [s for s, p in checkpoints(folder) if (p / CHECKPOINT_COMPLETE).exists()])
+        )
+
+    trainer._save_checkpoint = watched
+    stage.train(trainer)
+    assert seen == [(1, []), (2, [1]), (3, [2])], seen  # step k saved, k - 1 still complete
+    assert [s for s, _p in checkpoints(folder)] == [3]  # the limit kept: one checkpoint at the end
