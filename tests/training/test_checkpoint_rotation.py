@@ -47,3 +47,35 @@ def test_a_limit_of_one_keeps_the_last_complete_checkpoint_through_the_next_save
     stage.train(trainer)
     assert seen == [(1, []), (2, [1]), (3, [2])], seen  # step k saved, k - 1 still complete
     assert [s for s, _p in checkpoints(folder)] == [3]  # the limit kept: one checkpoint at the end
+
+
+def test_a_kill_while_the_finished_stage_prunes_leaves_it_done(tmp_path, formatter, monkeypatch):
+    """The last checkpoint loses its optimizer states when a finished stage prunes: a stage killed then, without its
+    DONE marker, would resume from that checkpoint (DeepSpeed refuses it on every restart). DONE comes first."""
+    from trl import SFTTrainer
+
+    from rlt.data.dataset import load_data
+    from rlt.data.models import load_tokenizer
+    from rlt.stages import trainer as trainer_module
+    from rlt.stages.sft import sft_config, sft_rows
+    from rlt.stages.trainer import TrainerRun
+
+    class Killed(BaseException):
+        pass
+
+    def killed(directory):
+        raise Killed
+
+    run = load_valid_run(TINY)
+    raw = run.model_dump(by_alias=True)
+    raw["spec"]["stages"]["sft"].update(maxSteps=1, saveSteps=1, batchSize=2, perDeviceBatchSize=2)
+    run = run.model_validate(raw)
+    ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
+    tok = load_tokenizer(run.spec.teacher, padding_side="right")
+    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:2], formatter, tok, "reject")
+    stage = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu")
+    trainer = stage.trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    monkeypatch.setattr(trainer_module, "prune_finished_checkpoints", killed)
+    with pytest.raises(Killed):
+        stage.train(trainer)
+    assert ctx.layout.stage_done("sft").exists()  # a restart skips the stage; its model is written

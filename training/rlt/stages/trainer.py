@@ -205,12 +205,14 @@ class TrainerRun:
                 f"spec.stages.{self.stage}.batchSize asks of a step)"
             )
         out = save_final_model(trainer, self.ctx, self.stage, self.start, self.tokenizer, self.device)
-        # Every rank has written its part of the final model (save_model gathers). An extendable stage (rl) keeps
-        # its checkpoints (at most saveTotalLimit): `rlt run` with more stages.rl.steps continues from the last one,
-        # optimizer included.
+        # Every rank has written its part of the final model (save_model gathers): the stage is done. Marked done
+        # before its checkpoints are pruned: a kill mid-prune must not leave an unfinished stage whose last
+        # checkpoint has lost its optimizer states (a DeepSpeed resume refuses it, on every restart). An extendable
+        # stage (rl) keeps its checkpoints (at most saveTotalLimit): `rlt run` with more stages.rl.steps continues
+        # from the last one, optimizer included.
+        self.recorder.done()
         if self.ctx.is_main and stage_info(self.stage).extendable is None:
             prune_finished_checkpoints(self.ctx.layout.checkpoints_dir(self.stage))
-        self.recorder.done()
         return out
 
     def staged_saves(self, trainer: Trainer) -> StagedSaves:
