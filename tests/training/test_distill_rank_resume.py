@@ -31,8 +31,12 @@ def distill_run(tmp_path):
     return parse_run(doc)
 
 
-def explain(tmp_path, monkeypatch, world: int, ranks: list[int], stop_after: dict[int, int] | None = None) -> list:
-    """Run `ranks` of a `world`-rank distill in turn; rank r stops (as if killed) after `stop_after[r]` batches."""
+def explain(
+    tmp_path, monkeypatch, world: int, ranks: list[int], stop_after: dict[int, int] | None = None, same_moment=True
+) -> list:
+    """Run `ranks` of a `world`-rank distill in turn; rank r stops (as if killed) after `stop_after[r]` batches.
+    `same_moment`: every rank reads the part files as they were at the start (else each reads them when it starts,
+    after the ranks before it wrote)."""
     from rlt.contract.layout import RunLayout
     from rlt.spec.fingerprint import stage_fingerprint
     from rlt.stages import distill
@@ -51,8 +55,9 @@ def explain(tmp_path, monkeypatch, world: int, ranks: list[int], stop_after: dic
     monkeypatch.setattr(distill, "wait_for_all", at_once)
     # the ranks of one start read the part files at the same moment: each sees what was written before the start
     layout = RunLayout.for_run(tmp_path, run.name)
-    before = read_done(parts_dir(layout.stage_dir("distill"), stage_fingerprint(run.spec, "distill")))
-    monkeypatch.setattr(distill, "read_done", lambda folder: dict(before))
+    snapshot = read_done(parts_dir(layout.stage_dir("distill"), stage_fingerprint(run.spec, "distill")))
+    if same_moment:
+        monkeypatch.setattr(distill, "read_done", lambda folder, before=None: dict(snapshot))
     for rank in ranks:
         monkeypatch.setenv("RANK", str(rank))
         calls = {"n": 0}
@@ -99,3 +104,14 @@ def test_a_restart_at_another_world_size_writes_the_uninterrupted_runs_rows(tmp_
     assert rows == reference  # the same explanations, rewards and choices as the run that was never stopped
     written = [json.loads(x)["index"] for f in sorted(folder.glob("rank-*.jsonl")) for x in f.read_text().splitlines()]
     assert sorted(written) == list(range(ROWS)), "every row written exactly once"
+
+
+@pytest.mark.slow
+def test_a_rank_that_starts_after_its_peer_wrote_deals_as_its_peer_did(tmp_path, monkeypatch, tiny):
+    """The ranks of one launch (torchrun's run id) each read the part files when they start: rank 1 has written its
+    batches ([2, 3] [6]) before rank 0 reads them. Rank 0 must still take [0, 1] and [4, 5], as dealt at the start:
+    dealing anew from what it sees would give it only [0, 1], leave [4, 5] to no rank, and the merge would wait."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-1")
+    reference = explain(tmp_path / "one", monkeypatch, world=1, ranks=[0])
+    rows = explain(tmp_path / "late", monkeypatch, world=2, ranks=[1, 0], same_moment=False)
+    assert rows == reference

@@ -111,6 +111,15 @@ LOCAL_RANK = EnvVar(
 GROUP_RANK = EnvVar(
     "GROUP_RANK", "the launcher (torchrun), per rank", "rlt.stages.record", "NODE_RANK, as torchrun says"
 )
+ELASTIC_RUN_ID = EnvVar(
+    "TORCHELASTIC_RUN_ID",
+    "the launcher (torchrun), the same for every rank of one launch",
+    "rlt.stages.distill_parts",
+    "the launch a distill row was written in: ranks deal only the rows of earlier launches",
+)
+ELASTIC_RESTART_COUNT = EnvVar(
+    "TORCHELASTIC_RESTART_COUNT", "the launcher (torchrun)", "rlt.stages.distill_parts", "its restarts of the ranks"
+)
 SHUTDOWN_TIMEOUT = EnvVar(
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
     OPERATOR_TRAINER,

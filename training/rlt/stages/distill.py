@@ -33,7 +33,15 @@ from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import generation, teacher_temperature
 from rlt.stages.context import StageContext, world_size
-from rlt.stages.distill_parts import append_rows, parts_dir, rank_file, read_done, repair_tail, wait_for_all
+from rlt.stages.distill_parts import (
+    append_rows,
+    launch,
+    parts_dir,
+    rank_file,
+    read_done,
+    repair_tail,
+    wait_for_all,
+)
 from rlt.stages.record import Recorder, announce_world, say_line, trace_line
 from rlt.stages.rl_reward import reward_from_spec, scorable_rows
 from rlt.stages.sft import teacher_prompt_ids
@@ -213,7 +221,7 @@ def my_share(
     folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(ctx.spec, "distill"))
     mine = rank_file(folder, rank)
     repair_tail(mine)
-    done = set(read_done(folder))
+    done = set(read_done(folder, before=launch()))  # this launch's peers may have written already: not dealt on
     batches = [list(range(s, min(s + per_batch, total))) for s in range(0, total, per_batch)]
     todo = [b for b in batches if not done.issuperset(b)]
     if done and ctx.is_main:

@@ -1,10 +1,13 @@
 """Distillation rows on the volume as they are made, so a lost rank or a restart costs at most its batch in progress.
 
 Each rank appends the rows of every finished batch to its own file `distill/parts/<fingerprint>/rank-<R>.jsonl`,
-one write + fsync per batch, each line `{"index": i, "row": {...}}` (i: the row's place in the stage's rows). A
-restart reads every part file of the same stage spec (the fingerprint: a spec edit starts from nothing) and deals
-only the unfinished batches to the ranks, whatever the world size is now (rlt.stages.distill.my_share). Rank 0
-merges by reading the files once all indices are there: no collective, so ranks may finish hours apart.
+one write + fsync per batch, each line `{"index": i, "row": {...}, "attempt": "<launch>"}` (i: the row's place in
+the stage's rows; the launch: torchrun's run id and restart count). A restart reads every part file of the same stage
+spec (the fingerprint: a spec edit starts from nothing) and deals only the unfinished batches to the ranks, whatever
+the world size is now (rlt.stages.distill.my_share). The ranks of one launch deal from the rows of earlier launches
+only: a rank that reads the files after a peer wrote its first batch still deals as its peers did (else a batch
+could fall to no rank, and the merge would wait forever). Rank 0 merges by reading the files once all indices are
+there: no collective, so ranks may finish hours apart.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rlt.contract.env import ELASTIC_RESTART_COUNT, ELASTIC_RUN_ID
 from rlt.data.jsonl import dumps_line
 from rlt.stages.record import say_line
 
@@ -41,9 +45,17 @@ def repair_tail(path: Path) -> None:
             os.fsync(f.fileno())
 
 
+def launch() -> str | None:
+    """This launch of the ranks, the same in each (torchrun's run id and restart count); None without a launcher
+    (one process: no peer can write while it deals)."""
+    run_id = os.environ.get(ELASTIC_RUN_ID.name)
+    return f"{run_id}/{os.environ.get(ELASTIC_RESTART_COUNT.name, '0')}" if run_id else None
+
+
 def append_rows(path: Path, pairs: Iterable[tuple[int, dict[str, Any]]]) -> None:
     """One batch, in one write, on disk before returning (fsync): a kill loses the batch in progress only."""
-    text = "".join(dumps_line({"index": i, "row": row}) for i, row in pairs)
+    tag = {"attempt": attempt} if (attempt := launch()) else {}
+    text = "".join(dumps_line({"index": i, "row": row} | tag) for i, row in pairs)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -53,8 +65,9 @@ def append_rows(path: Path, pairs: Iterable[tuple[int, dict[str, Any]]]) -> None
         os.close(fd)
 
 
-def read_done(folder: Path) -> dict[int, dict[str, Any]]:
-    """index -> row of every row any rank has written; a torn last line (a kill mid-write) is not a row."""
+def read_done(folder: Path, before: str | None = None) -> dict[int, dict[str, Any]]:
+    """index -> row of every row any rank has written (with `before`, a launch: written by earlier launches only); a
+    torn last line (a kill mid-write) is not a row."""
     done: dict[int, dict[str, Any]] = {}
     for path in sorted(folder.glob("rank-*.jsonl")) if folder.is_dir() else []:
         for line in path.read_text().splitlines():
@@ -62,7 +75,8 @@ def read_done(folder: Path) -> dict[int, dict[str, Any]]:
                 item = json.loads(line)
             except json.JSONDecodeError:
                 continue  # only ever the last line of a file, cut by repair_tail before its rank appends again
-            done.setdefault(int(item["index"]), item["row"])
+            if before is None or item.get("attempt") != before:
+                done.setdefault(int(item["index"]), item["row"])
     return done
 
 
