@@ -160,6 +160,21 @@ def test_csv_lines_count_the_header_and_broken_jsonl_lines_are_named(tmp_path):
         load_data(DatasetSpec(source=str(tmp_path / "b.jsonl")), FMT)
 
 
+def test_csv_cells_are_read_as_the_text_they_are(tmp_path):
+    """pandas types a CSV column: a number column with an empty cell would be floats (41 -> "41.0"), `007` an int,
+    `True` a boolean, `NA` and `None` missing. Each cell is its own text; only an empty cell is missing."""
+    (tmp_path / "d.csv").write_text("question,solution\nQ1,41\nQ2,\nQ3,007\nQ4,2.50\nQ5,True\nQ6,NA\nQ7,None\n")
+    data = load_data(DatasetSpec(source=str(tmp_path / "d.csv"), badRows="skip"), FMT)
+    assert [r["solution"] for r in data.train] == ["41", "007", "2.50", "True", "NA", "None"]
+    assert data.skipped == [f"{tmp_path / 'd.csv'} line 3: solution: missing (null)"] and data.numbers == []
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "a.csv").write_text("question,solution\nQ1,41\nQ2,\n")
+    (folder / "b.csv").write_text("question,solution\nQ3,007\n")
+    data = load_data(DatasetSpec(source=str(folder), badRows="skip"), FMT)
+    assert sorted(r["solution"] for r in data.train) == ["007", "41"]
+
+
 def test_a_missing_file_is_one_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"^spec.dataset.source: file data/nope.jsonl does not exist$"):
         load_data(DatasetSpec(source="data/nope.jsonl"), FMT)

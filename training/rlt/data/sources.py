@@ -177,7 +177,8 @@ def _read_folder(folder: Path, spec: DatasetSpec) -> Any:
     try:
         with _quiet():
             _every_file_in_a_split(folder, files, src)
-            return _split(datasets.load_dataset(str(folder)), spec)
+            options = _csv_as_text(files[0]) if kinds == ["csv"] else {}  # one table: the same columns (checked)
+            return _split(datasets.load_dataset(str(folder), **options), spec)
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001
@@ -274,11 +275,22 @@ def _cause(err: BaseException) -> str:
 def _load_file(path: Path, kind: str) -> Any:
     import datasets
 
+    options = _csv_as_text(path) if kind == "csv" else {}
     try:
         with _quiet():
-            return datasets.load_dataset(kind, data_files=str(path), split="train")
+            return datasets.load_dataset(kind, data_files=str(path), split="train", **options)
     except Exception as err:  # noqa: BLE001 - any reader failure is a problem of this file, said in one line
         raise DataError(f"{path}: cannot be read as {path.suffix} ({_read_error(path, kind, err)})") from None
+
+
+def _csv_as_text(path: Path) -> dict[str, Any]:
+    """`datasets` options that read every CSV cell as the text it is: pandas would type a column (`41` beside an empty
+    cell becomes `41.0`, `007` becomes `7`, `True` a boolean, `NA` or `None` a missing value). An empty cell is missing."""
+    import datasets
+
+    columns = _columns(path) or []
+    features = datasets.Features({name: datasets.Value("string") for name in columns}) if columns else None
+    return {"features": features, "keep_default_na": False, "na_values": [""]}
 
 
 def _csv_record_lines(path: Path) -> list[int]:
