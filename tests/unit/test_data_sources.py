@@ -273,3 +273,9 @@ def test_a_folder_file_that_datasets_would_not_read_is_named_not_dropped(tmp_pat
     assert other in said and "would ignore" in said and "train: 1 files" in said, said
     (tmp_path / "d" / "train.jsonl").rename(tmp_path / "d" / "first.jsonl")
     assert len(check_data(DatasetSpec(source=str(tmp_path / "d")), FMT).train) == 2
+
+
+def test_a_source_under_the_home_folder_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _jsonl(tmp_path / "d.jsonl", GOOD, GOOD)
+    assert len(check_data(DatasetSpec(source="~/d.jsonl"), FMT).train) == 2

@@ -83,7 +83,7 @@ def _read(spec: DatasetSpec) -> tuple[Iterable[Any], Where]:
                 "generates (its rows are held in memory)"
             )
         return tasks.generate(src.removeprefix("builtin:"), spec.size, spec.seed), by_index
-    path = Path(src)
+    path = Path(src).expanduser()  # `~/data.jsonl`, as a shell would read it
     problem = path_words(path)  # reader.path_problem's words, a symlink loop named as one
     if problem == "file not found":
         if src.startswith((".", "/", "~")) or path.suffix.lower() in FILE_KINDS:
