@@ -199,3 +199,10 @@ def test_skip_warns_once_per_load(tmp_path, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         f"skipping 5 of 6 rows of {path} (badRows: skip), first line 1: solution: empty"
     ]
+
+
+def test_the_sft_target_of_a_tokenizer_without_eos_ends_at_the_closing_tag():
+    """A tokenizer with no eos token (eos_token None) adds nothing after the explanation's closing tag, not "None"."""
+    fmt = Formatter(FMT)
+    assert fmt.teacher_completion("so 5", None) == f"so 5{FMT.tags.explanation_end}"
+    assert fmt.teacher_completion("so 5", "<|im_end|>") == f"so 5{FMT.tags.explanation_end}<|im_end|>"

@@ -180,9 +180,10 @@ class Formatter:
             )
         return text
 
-    def teacher_completion(self, explanation: str, eos: str) -> str:
-        """SFT target after the teacher prompt: the explanation, its closing tag and the end of turn."""
-        return f"{explanation}{self.t.explanation_end}{eos}"
+    def teacher_completion(self, explanation: str, eos: str | None) -> str:
+        """SFT target after the teacher prompt: the explanation, its closing tag and the end of turn (the tokenizer's
+        eos token; nothing when it has none)."""
+        return f"{explanation}{self.t.explanation_end}{eos or ''}"
 
     def student_chat(
         self, tokenizer: PreTrainedTokenizerBase, question: str, explanation: str, solution: str

@@ -111,7 +111,7 @@ def length_problems(
     }
     problems = []
     if st.sft.enabled:
-        eos = tokenizer.eos_token or ""
+        eos = tokenizer.eos_token
         full = {
             r["row"]: prompts[r["row"]]
             + len(
