@@ -50,6 +50,18 @@ def test_the_plan_counts_the_training_rows_the_stages_get(tmp_path, rows, fracti
     assert dataset_rows(spec) == len(load_data(spec.dataset, resolve_format(spec.format), warn=False).train)
 
 
+def test_fewer_training_rows_than_one_rl_step_takes_are_refused_at_the_door(tmp_path, capsys):
+    """TRL deals rl's questions in whole steps: with fewer usable rows than a step takes, rl would train no step
+    (after sft had run). `rlt validate` says so before anything runs."""
+
+    def few_rows(doc):
+        doc["spec"]["dataset"] = {"source": "builtin:arithmetic", "size": 3}
+        doc["spec"]["stages"]["rl"].update(batchSize=16, numGenerations=4, perDeviceBatchSize=16)
+
+    code, out = run_cli(capsys, "validate", "--no-plan", str(own_data(tmp_path, few_rows)))
+    assert code == 1 and "spec.stages.rl.batchSize: a step takes 4 questions" in out and "has 3 usable" in out, out
+
+
 def test_a_split_that_leaves_no_training_rows_is_refused_and_the_plan_still_holds(tmp_path, capsys):
     def one_row(doc):
         doc["spec"]["dataset"] = {"source": "builtin:arithmetic", "size": 1, "evalFraction": 0.5}
