@@ -151,7 +151,10 @@ def test_credentials_never_inline():
 
 def test_lora_only_where_a_stage_trains():
     assert problems(doc(student={"model": "builtin:tiny-qwen2", "lora": {"r": 4}})) == [
-        "spec.student: student.lora is for trained models only (teacher, stages.student.model)"
+        "spec.student.lora: an adapter is for trained models only (teacher, stages.student.model)"
+    ]
+    assert problems(doc(stages={"evaluate": {"model": {"model": "builtin:tiny-qwen2", "lora": {"r": 4}}}})) == [
+        "spec.stages.evaluate.model.lora: an adapter is for trained models only (teacher, stages.student.model)"
     ]
     run = parse_run(doc(teacher={"model": "builtin:tiny-qwen2", "lora": {"r": 4, "targetModules": ["q_proj"]}}))
     from rlt.stages.start_models import peft_config

@@ -153,9 +153,7 @@ class RLTRunSpec(Strict):
         # LoRA trains an adapter: only where a stage trains the model
         for where, ref in (("student", self.student), ("stages.evaluate.model", self.stages.evaluate.model)):
             if ref is not None and ref.lora is not None:
-                problems.append(
-                    f"{where.split('.')[0]}: {where}.lora is for trained models only (teacher, stages.student.model)"
-                )
+                problems.append(f"{where}.lora: an adapter is for trained models only (teacher, stages.student.model)")
         # a destination needs a stage producing what it names (the stage table's roles)
         for product in RUN_PRODUCTS:
             if getattr(self.outputs, product.attr) and producer_of(product.role, self.stages.enabled()) is None:
