@@ -28,7 +28,9 @@ def test_rl_refuses_fewer_usable_rows_than_one_step_takes(tmp_path):
     ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
     row = {"prompt": "p", "question": "q", "solution": "s"}
     # the check comes first: the model, tokenizer, reward and rollout (None here) are never reached
-    with pytest.raises(DataError, match=r"spec.stages.rl.batchSize: a step takes 2 questions .* but 1 rows are usable"):
+    with pytest.raises(
+        DataError, match=r"spec.stages.rl.batchSize: a step takes 2 questions .* has 1 usable training rows"
+    ):
         train_grpo(ctx, "cpu", run.spec.teacher, None, [row], None, None, None)  # type: ignore[arg-type]
 
 

@@ -310,15 +310,16 @@ def check_datasets(run: RLTRun) -> tuple[list[str], list[str]]:
                 f"{ds.source}'s {usable} usable rows, leaving none to train on (lower it, or add rows)"
             )
             continue
-        rl = run.spec.stages.rl
-        per_step = rl.batch_size // rl.num_generations  # TRL deals whole steps of questions (rlt.stages.rl.train_grpo)
-        if where == "spec.dataset" and rl.enabled and usable - ds.held_out_rows(usable) < per_step:
-            problems.append(
-                f"spec.stages.rl.batchSize: a step takes {per_step} questions (batchSize {rl.batch_size} / "
-                f"numGenerations {rl.num_generations}) but {ds.source} has {usable - ds.held_out_rows(usable)} usable "
-                "training rows, so rl would train no step (lower batchSize, or add rows)"
-            )
-            continue
+        if where == "spec.dataset":  # each enabled stage says what it needs of the training rows
+            train = usable - ds.held_out_rows(usable)
+            found = [
+                p
+                for stage in run.spec.stages.enabled()
+                if (p := stage_settings(run.spec, stage).training_rows_problem(train, ds.source))
+            ]
+            if found:
+                problems += found
+                continue
         if where == "spec.dataset" and ds.columns.system is not None:
             try:  # the documented cross-row rule the stages apply (one student, one system prompt), here too
                 data_system_prompt(ds)

@@ -56,6 +56,10 @@ class StageSettings(Strict):
         """The same rules as CEL on the run's spec (`self` is the spec), for the CRD (rlt.spec.k8s.cel_rules)."""
         return []
 
+    def training_rows_problem(self, rows: int, source: str) -> str | None:
+        """What is wrong with training on `rows` usable rows of spec.dataset (`source`); None when nothing is."""
+        return None
+
     def named_models(self, name: str) -> list[tuple[str, Any]]:
         """The models stage `name`'s own settings name, as (spec field, rlt.spec.inputs.ModelRef); the run's list
         is RLTRunSpec.named_models."""

@@ -391,14 +391,9 @@ def train_grpo(
     from rlt.stages.folded_ratio import folded_ratio
     from rlt.stages.padding import padding_trimmed
 
-    st = ctx.spec.stages.rl
-    per_step = st.batch_size // st.num_generations  # TRL's sampler deals whole steps of questions, drops the rest
-    if len(rows) < per_step:
-        raise DataError(
-            f"spec.stages.rl.batchSize: a step takes {per_step} questions (batchSize {st.batch_size} / numGenerations "
-            f"{st.num_generations}) but {len(rows)} rows are usable, so rl would train no step: lower batchSize or "
-            "give more rows"
-        )
+    too_few = ctx.spec.stages.rl.training_rows_problem(len(rows), ctx.spec.dataset.source)  # the door's check, here
+    if too_few:  # on the rows left after the stage's own sifting (too long, unscorable)
+        raise DataError(too_few)
     args = grpo_config(ctx, device)
     timer, ahead_timer = PhaseTimer(), PhaseTimer()  # the step's phases; a one-step-off rollout's, overlapping them
     counters = {"generated_tokens": 0}

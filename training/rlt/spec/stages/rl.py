@@ -237,6 +237,16 @@ class RlStage(TrainerOptions):
         )
         return [*super().run_cel_rules(name), colocate, server]
 
+    def training_rows_problem(self, rows: int, source: str) -> str | None:
+        per_step = self.batch_size // self.num_generations  # TRL deals whole steps of questions, drops the rest
+        if rows >= per_step:
+            return None
+        return (
+            f"spec.stages.rl.batchSize: a step takes {per_step} questions (batchSize {self.batch_size} / "
+            f"numGenerations {self.num_generations}) but {source} has {rows} usable training rows, so rl would "
+            "train no step (lower batchSize, or add rows)"
+        )
+
     def run_problems(self, name: str, spec: Any) -> list[str]:
         problems = super().run_problems(name, spec)
         if not self.enabled:
