@@ -34,7 +34,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def _greedy_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
-    from rlt.stages.evaluate import greedy
+    from rlt.method.generation import greedy
 
     out = []
     for i in range(0, len(prompts), batch_size):

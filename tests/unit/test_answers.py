@@ -97,6 +97,9 @@ def test_is_correct():
         ("<answer>(3, 4)</answer>", "(3, 4)", True),
         ("<answer>[2, 5)</answer>", "[2, 5)", True),
         ("<answer>1,234</answer>", "1234", True),  # a thousands separator is not a list
+        # a reference in answer tags is read as an output's block is
+        ("<answer>18</answer>", "<answer>18 dollars</answer>", True),
+        ("<answer>1024</answer>", "<answer>2^{10} = 1024</answer>", True),
     ],
 )
 def test_an_answer_is_read_whole_where_it_is_whole(output, reference, right):

@@ -173,6 +173,9 @@ def test_csv_cells_are_read_as_the_text_they_are(tmp_path):
     (folder / "b.csv").write_text("question,solution\nQ3,007\n")
     data = load_data(DatasetSpec(source=str(folder), badRows="skip"), FMT)
     assert sorted(r["solution"] for r in data.train) == ["007", "41"]
+    # pandas' to_csv writes its index under a blank header name: read as pandas names it, the rows as before
+    (tmp_path / "p.csv").write_text(",question,solution\n0,Q1,41\n1,Q2,7\n")
+    assert [r["solution"] for r in load_data(DatasetSpec(source=str(tmp_path / "p.csv")), FMT).train] == ["41", "7"]
 
 
 def test_a_missing_file_is_one_clear_error(tmp_path):

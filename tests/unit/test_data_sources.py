@@ -279,3 +279,11 @@ def test_a_source_under_the_home_folder_is_read(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     _jsonl(tmp_path / "d.jsonl", GOOD, GOOD)
     assert len(check_data(DatasetSpec(source="~/d.jsonl"), FMT).train) == 2
+
+
+def test_hidden_and_dunder_folders_of_a_dataset_folder_are_not_its_files(tmp_path):
+    """`datasets` skips a folder's hidden and `__` folders (a notebook's .ipynb_checkpoints/ copies): so does rlt."""
+    _jsonl(tmp_path / "d" / "rows.jsonl", GOOD, GOOD)
+    _jsonl(tmp_path / "d" / ".ipynb_checkpoints" / "rows-checkpoint.jsonl", GOOD)
+    _jsonl(tmp_path / "d" / "__cache" / "old.jsonl", {"other": "columns"})
+    assert len(check_data(DatasetSpec(source=str(tmp_path / "d")), FMT).train) == 2

@@ -118,6 +118,8 @@ def normalize(answer: str | None) -> str | None:
 def is_correct(output: str, reference: str, answer_tags: tuple[str, str] | None = None) -> bool:
     """Does the answer extracted from `output` equal the reference answer (itself extracted if it is a sentence)?"""
     got = normalize(extract_answer(output, answer_tags))
-    # A reference is an answer unless it marks one ("The answer is 98.", a box, answer tags).
-    want = normalize(extract_answer(reference, answer_tags, last_number=False) or reference)
+    # A reference is an answer unless it marks one ("The answer is 98.", a box, answer tags); inside its answer tags
+    # it is read as an output's block is ("18 dollars" is 18), outside them never by a last number.
+    tagged = answer_tags is not None and answer_tags[0] in reference
+    want = normalize(extract_answer(reference, answer_tags, last_number=tagged) or reference)
     return got is not None and got == want

@@ -137,8 +137,14 @@ def _quiet() -> Iterator[None]:
 
 
 def _data_files(folder: Path) -> list[Path]:
+    """The data files `datasets` reads from a folder: not hidden, not under a hidden or `__` folder (editor and
+    notebook copies such as .ipynb_checkpoints/)."""
     files = sorted(
-        p for p in folder.rglob("*") if p.suffix.lower() in _FOLDER_FILE_SUFFIXES and not p.name.startswith(".")
+        p
+        for p in folder.rglob("*")
+        if p.suffix.lower() in _FOLDER_FILE_SUFFIXES
+        and not any(part.startswith((".", "__")) for part in p.relative_to(folder).parts[:-1])
+        and not p.name.startswith(".")
     )
     for path in files:  # `datasets` would open a device or a pipe named like a data file, and never return
         problem = reader.path_problem(path, folder_ok=True)
@@ -288,7 +294,7 @@ def _csv_as_text(path: Path) -> dict[str, Any]:
     cell becomes `41.0`, `007` becomes `7`, `True` a boolean, `NA` or `None` a missing value). An empty cell is missing."""
     import datasets
 
-    columns = _columns(path) or []
+    columns = [name or f"Unnamed: {i}" for i, name in enumerate(_columns(path) or [])]  # pandas' name of a blank one
     features = datasets.Features({name: datasets.Value("string") for name in columns}) if columns else None
     return {"features": features, "keep_default_na": False, "na_values": [""]}
 

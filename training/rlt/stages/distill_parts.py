@@ -49,7 +49,9 @@ def launch() -> str | None:
     """This launch of the ranks, the same in each (torchrun's run id and restart count); None without a launcher
     (one process: no peer can write while it deals)."""
     run_id = os.environ.get(ELASTIC_RUN_ID.name)
-    return f"{run_id}/{os.environ.get(ELASTIC_RESTART_COUNT.name, '0')}" if run_id else None
+    if not run_id or run_id == "none":  # torchrun's default id without --standalone: the same for every launch
+        return None
+    return f"{run_id}/{os.environ.get(ELASTIC_RESTART_COUNT.name, '0')}"
 
 
 def append_rows(path: Path, pairs: Iterable[tuple[int, dict[str, Any]]]) -> None:
