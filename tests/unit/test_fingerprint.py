@@ -206,3 +206,27 @@ def test_a_disabled_rl_stage_still_gives_distill_the_reward_it_ranks_by():
     assert fp.stage_fields(tiny(**off, **{"stages.rl.reward.lambda": 0.0}).spec, "sft") == fp.stage_fields(
         tiny(**off).spec, "sft"
     )  # not a field of the stages before rl
+
+
+def test_a_record_from_before_a_field_was_counted_stays_current_whatever_its_value(tmp_path):
+    """A stage recorded before rl's overlap (or a disabled rl's reward) counted has no such field: it is read as the
+    current value, so an upgrade neither refuses nor redoes it; a record that counted it still sees every edit."""
+    import json
+
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny(**{"stages.rl.generation.overlap": "oneStepOff"})
+    for stage in ("sft", "rl"):
+        finish(layout, run, stage)
+    for stage in ("sft", "rl"):  # as the earlier version wrote them: no version, no overlap field
+        path = fp.fingerprint_path(layout, stage)
+        doc = json.loads(path.read_text())
+        fields = {k: v for k, v in doc["fields"].items() if "generation" not in k}
+        path.write_text(json.dumps({"fingerprint": fp.fingerprint_of(fields), "fields": fields}))
+    assert plan(layout, run, ("sft", "rl")) == [("sft", "skip"), ("rl", "skip")]
+    with pytest.raises(fp.StaleStageError):  # a field counted then is compared as ever
+        plan(layout, tiny(**{"stages.rl.generation.overlap": "oneStepOff", "stages.rl.beta": 0.0}), ("sft", "rl"))
+    fresh = RunLayout.for_run(tmp_path / "now", "tiny")
+    for stage in ("sft", "rl"):
+        finish(fresh, tiny(), stage)  # this version's records: overlap at its default, left out, counted
+    with pytest.raises(fp.StaleStageError, match="stages.rl.generation.overlap <unset> -> oneStepOff"):
+        plan(fresh, run, ("sft", "rl"))

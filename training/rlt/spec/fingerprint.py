@@ -47,6 +47,10 @@ AFFECTING_INSIDE = {"generation.overlap", "generation.importanceSampling", "gene
 # Settings of a disabled stage that later stages still read (distill ranks and records its explanations by rl's
 # reward, at rl's temperature, whether or not rl ran): the stage table says which.
 READ_WHEN_DISABLED = {s.name: s.read_when_disabled for s in STAGES if s.read_when_disabled}
+# What stage_fields counts, by version, written with each record: 2 added AFFECTING_INSIDE and READ_WHEN_DISABLED. A
+# record of an earlier version is read as if it had the current value of each field counted since (it was not
+# counted then, so nothing about it can have changed for that record).
+COUNTED = 2
 # Fields added after stages recorded their fingerprints, at the value that reproduces what those stages did: left out
 # of the fields at that value, so a stage finished before the field existed is still current.
 ADDED_AT_DEFAULT = {
@@ -166,26 +170,47 @@ def fingerprint_path(layout: RunLayout, stage: str) -> Path:
 def record(layout: RunLayout, spec: RLTRunSpec, stage: str) -> None:
     """Written just before the stage's DONE marker."""
     fields = stage_fields(spec, stage)
-    atomic_write_json(fingerprint_path(layout, stage), {"fingerprint": fingerprint_of(fields), "fields": fields})
+    doc = {"fingerprint": fingerprint_of(fields), "fields": fields, "counted": COUNTED}
+    atomic_write_json(fingerprint_path(layout, stage), doc)
 
 
 def record_start(layout: RunLayout, spec: RLTRunSpec, stage: str) -> None:
     """Written as `rlt run` starts or resumes the stage: the fields its checkpoints are trained under."""
     path = layout.stage_started_spec(stage)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"fields": stage_fields(spec, stage)})
+    atomic_write_json(path, {"fields": stage_fields(spec, stage), "counted": COUNTED})
 
 
-def started_fields(layout: RunLayout, stage: str) -> dict[str, Any] | None:
-    """The fields an unfinished stage was last started under; None when rlt run did not record them."""
-    path = layout.stage_started_spec(stage)
-    return json.loads(path.read_text())["fields"] if path.exists() else None
+def _counted_since(key: str, version: int) -> bool:
+    """Is `key` a field stage_fields counts now but did not at `version`?"""
+    if version >= COUNTED:
+        return False
+    read = tuple(f"stages.{s}.{r}" for s, names in READ_WHEN_DISABLED.items() for r in names)
+    inside = key.split(".", 2)[2] if key.startswith("stages.") and key.count(".") >= 2 else ""
+    return inside in AFFECTING_INSIDE or any(key == r or key.startswith(r + ".") for r in read)
 
 
-def recorded_fields(layout: RunLayout, stage: str) -> dict[str, Any] | None:
-    """The fields a finished stage ran under; None when it finished before rlt recorded them."""
-    path = fingerprint_path(layout, stage)
-    return json.loads(path.read_text())["fields"] if path.exists() else None
+def _read_fields(path: Path, current: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    fields: dict[str, Any] = doc["fields"]
+    version = int(doc.get("counted", 1))
+    if current is None:
+        return fields
+    return fields | {k: v for k, v in current.items() if k not in fields and _counted_since(k, version)}
+
+
+def started_fields(layout: RunLayout, stage: str, current: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The fields an unfinished stage was last started under; None when rlt run did not record them. With
+    `current` (the fields now), a field counted since the record was written reads as its current value."""
+    return _read_fields(layout.stage_started_spec(stage), current)
+
+
+def recorded_fields(layout: RunLayout, stage: str, current: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The fields a finished stage ran under; None when it finished before rlt recorded them. With `current`, as
+    started_fields."""
+    return _read_fields(fingerprint_path(layout, stage), current)
 
 
 # --------------------------------------------------------------------------- the plan of a (re-)run
@@ -201,8 +226,9 @@ class StagePlan:
 def _is_current(layout: RunLayout, spec: RLTRunSpec, stage: str) -> bool:
     if not layout.stage_done(stage).exists():
         return False
-    old = recorded_fields(layout, stage)
-    return old is None or old == stage_fields(spec, stage)
+    new = stage_fields(spec, stage)
+    old = recorded_fields(layout, stage, new)
+    return old is None or old == new
 
 
 def plan_stages(
@@ -237,16 +263,18 @@ def plan_stages(
                 StagePlan(stage, "start_over" if layout.stage_dir(stage).exists() else "run", "started over as asked")
             )
         elif not done:
-            started = started_fields(layout, stage) if check_resumes else None
+            new = stage_fields(spec, stage)
+            started = started_fields(layout, stage, new) if check_resumes else None
             resumes = has_checkpoint is not None and has_checkpoint(stage)
-            if started is not None and resumes and started != (new := stage_fields(spec, stage)):
+            if started is not None and resumes and started != new:
                 plans.append(
                     _stale(layout, stage, started, new, fresh, restart_flag, has_checkpoint, restart_hint, "stopped")
                 )
             else:
                 plans.append(StagePlan(stage, "run"))
         else:
-            old, new = recorded_fields(layout, stage), stage_fields(spec, stage)
+            new = stage_fields(spec, stage)
+            old = recorded_fields(layout, stage, new)
             if old is None or old == new:
                 plans.append(
                     StagePlan(
