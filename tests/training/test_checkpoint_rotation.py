@@ -15,7 +15,8 @@ from rlt.stages.context import StageContext
 pytestmark = pytest.mark.slow
 
 
-def test_a_limit_of_one_keeps_the_last_complete_checkpoint_through_the_next_save(tmp_path, formatter):
+def sft_stage(tmp_path, formatter, rows: int, **sft):
+    """(context, TrainerRun, its SFTTrainer) of the tiny model's sft stage on `rows` rows, under settings `sft`."""
     from trl import SFTTrainer
 
     from rlt.data.dataset import load_data
@@ -25,15 +26,27 @@ def test_a_limit_of_one_keeps_the_last_complete_checkpoint_through_the_next_save
 
     run = load_valid_run(TINY)
     raw = run.model_dump(by_alias=True)
-    raw["spec"]["stages"]["sft"].update(
-        maxSteps=3, saveSteps=1, saveTotalLimit=1, batchSize=2, perDeviceBatchSize=2, gradientCheckpointing=False
-    )
+    raw["spec"]["stages"]["sft"].update(sft)
     run = run.model_validate(raw)
     ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
     tok = load_tokenizer(run.spec.teacher, padding_side="right")
-    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:6], formatter, tok, "reject")
+    data = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:rows], formatter, tok, "reject")
     stage = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu")
-    trainer = stage.trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    return ctx, stage, stage.trainer(SFTTrainer, sft_config(ctx, "cpu"), data)
+
+
+def test_a_limit_of_one_keeps_the_last_complete_checkpoint_through_the_next_save(tmp_path, formatter):
+    ctx, stage, trainer = sft_stage(
+        tmp_path,
+        formatter,
+        6,
+        maxSteps=3,
+        saveSteps=1,
+        saveTotalLimit=1,
+        batchSize=2,
+        perDeviceBatchSize=2,
+        gradientCheckpointing=False,
+    )
     folder = ctx.layout.checkpoints_dir("sft")
     save, seen = trainer._save_checkpoint, []
 
@@ -52,13 +65,7 @@ def test_a_limit_of_one_keeps_the_last_complete_checkpoint_through_the_next_save
 def test_a_kill_while_the_finished_stage_prunes_leaves_it_done(tmp_path, formatter, monkeypatch):
     """The last checkpoint loses its optimizer states when a finished stage prunes: a stage killed then, without its
     DONE marker, would resume from that checkpoint (DeepSpeed refuses it on every restart). DONE comes first."""
-    from trl import SFTTrainer
-
-    from rlt.data.dataset import load_data
-    from rlt.data.models import load_tokenizer
     from rlt.stages import trainer as trainer_module
-    from rlt.stages.sft import sft_config, sft_rows
-    from rlt.stages.trainer import TrainerRun
 
     class Killed(BaseException):
         pass
@@ -66,15 +73,7 @@ def test_a_kill_while_the_finished_stage_prunes_leaves_it_done(tmp_path, formatt
     def killed(directory):
         raise Killed
 
-    run = load_valid_run(TINY)
-    raw = run.model_dump(by_alias=True)
-    raw["spec"]["stages"]["sft"].update(maxSteps=1, saveSteps=1, batchSize=2, perDeviceBatchSize=2)
-    run = run.model_validate(raw)
-    ctx = StageContext(run, RunLayout(tmp_path), device="cpu", show_progress=False)
-    tok = load_tokenizer(run.spec.teacher, padding_side="right")
-    rows = sft_rows(load_data(run.spec.dataset, formatter.fmt).train[:2], formatter, tok, "reject")
-    stage = TrainerRun(ctx, "sft", run.spec.teacher, tok, "cpu")
-    trainer = stage.trainer(SFTTrainer, sft_config(ctx, "cpu"), rows)
+    ctx, stage, trainer = sft_stage(tmp_path, formatter, 2, maxSteps=1, saveSteps=1, batchSize=2, perDeviceBatchSize=2)
     monkeypatch.setattr(trainer_module, "prune_finished_checkpoints", killed)
     with pytest.raises(Killed):
         stage.train(trainer)
