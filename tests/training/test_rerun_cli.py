@@ -235,3 +235,38 @@ def test_ctrl_c_during_distill_says_it_resumes_after_the_rows_written(tmp_path):
     layout = RunLayout(tmp_path)
     assert "resumes distill after the rows already written" in str(Interrupted("distill", layout))
     assert "starts rl again" in str(Interrupted("rl", layout))
+
+
+def test_a_stage_asked_for_without_its_input_is_one_line(tmp_path):
+    """`rlt run --stage rl` on a folder without sft's model: one line naming the stage to run first, exit 78."""
+    res = rlt("run", str(TINY), "--stage", "rl", "--output-dir", str(tmp_path), "--metrics-port", "-1")
+    assert_one_line_error(res, "stage rl needs the sft stage's model", "run stage sft first")
+
+
+def test_the_stop_messages_say_to_drop_from_stage_to_resume(tmp_path):
+    """With --from-stage, "the same command" would start the stage over: the messages say to re-run without it."""
+    from rlt.run.runner import Interrupted, stop_if_signalled_late
+    from rlt.stages.preemption import LATE_SIGNALS, Stopped
+
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    plain, asked = str(Interrupted("rl", layout)), str(Interrupted("rl", layout, "sft"))
+    assert "a re-run of the same command starts rl again" in plain
+    assert "a re-run without --from-stage sft starts rl again (with it, sft and every later stage start over)" in asked
+    LATE_SIGNALS.append(0.0)
+    try:
+        with pytest.raises(Stopped, match="re-run without --from-stage rl to resume"):
+            stop_if_signalled_late("rl", ["distill"], "rl")
+    finally:
+        LATE_SIGNALS.clear()
+
+
+def test_a_metrics_address_that_cannot_be_served_is_one_line():
+    from rlt.contract.metrics import TrainerMetrics
+    from rlt.run.runner import MetricsPortError, serve_metrics
+
+    m = TrainerMetrics("a", "local", "rlt")
+    try:
+        with pytest.raises(MetricsPortError, match=r"--metrics-port 9: cannot serve on 192.0.2.1:9: "):
+            serve_metrics(m, 9, fallback=False, addr="192.0.2.1")  # TEST-NET: no interface of this machine
+    finally:
+        m.shutdown()

@@ -33,12 +33,13 @@ def _load(path: str, paths_from_file: bool = True) -> RLTRun:
 def input_errors() -> tuple[type[Exception], ...]:
     """Problems a person must fix (spec, data, a stage finished under another spec, a taken port): said in one line
     without a traceback, exit code DATA_ERROR or CONFIG_ERROR, so the operator fails the run instead of restarting its pods."""
+    from rlt.contract.layout import MissingStageInput
     from rlt.data.errors import DataError
     from rlt.run.lock import RunLockedError
     from rlt.run.runner import MetricsPortError
     from rlt.spec.fingerprint import StaleStageError
 
-    return SpecError, DataError, StaleStageError, MetricsPortError, RunLockedError
+    return SpecError, DataError, StaleStageError, MetricsPortError, RunLockedError, MissingStageInput
 
 
 def _one_line_on_input_error(command: str, fn: Callable[[], object]) -> int:

@@ -16,6 +16,12 @@ from typing import Any
 
 from rlt.contract.stage_registry import STAGE_ORDER, Role, producer_of, stage_info
 
+
+class MissingStageInput(RuntimeError):
+    """A stage's input (an earlier stage's model or dataset) is not in the run folder: run that stage first. One
+    line, said without a traceback (`rlt run --stage`, `rlt stage`)."""
+
+
 PVC_MOUNT = "/data"
 CONFIG_FILE = "run.yaml"  # the key of the run's ConfigMap (the current spec, for people and tools)
 

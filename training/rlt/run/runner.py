@@ -49,8 +49,8 @@ def serve_metrics(metrics: TrainerMetrics, port: int, fallback: bool, addr: str 
     try:
         return metrics.serve(port, addr=addr)
     except OSError as err:
-        if err.errno != errno.EADDRINUSE:
-            raise
+        if err.errno != errno.EADDRINUSE:  # not allowed (a port below 1024), no such address: one line
+            raise MetricsPortError(f"--metrics-port {port}: cannot serve on {addr}:{port}: {err.strerror}") from None
     if not fallback:
         raise MetricsPortError(
             f"--metrics-port {port}: {addr}:{port} is already in use (another rlt run?); "
@@ -148,11 +148,12 @@ def run_local(
     quiet_libraries()
     metrics = TrainerMetrics(run.name, namespace=run.metadata.namespace or "local", method=run.spec.method)
     try:
-        atomic_write_text(layout.run_file, dump_run(run))
-        if metrics_port is not None:
+        if metrics_port is not None:  # a port it cannot serve on is a refusal: before run.yaml is written
             port = serve_metrics(metrics, metrics_port, port_fallback)
             print(f"metrics: http://127.0.0.1:{port}/metrics", flush=True)
+        atomic_write_text(layout.run_file, dump_run(run))
     except BaseException:
+        metrics.shutdown()
         lock.release()
         raise
     ctx = StageContext(run, layout, metrics, device, show_progress)
@@ -185,11 +186,17 @@ def run_local(
             try:
                 output_path = stage_function(name, run.spec.method)(ctx)
             except KeyboardInterrupt:
-                raise Interrupted(name, layout) from None
+                raise Interrupted(name, layout, from_stage) from None
+            except Stopped as stop:  # "the same command" would start the stage over again: say how to resume
+                if from_stage:
+                    stop.args = (f"{stop}; {_without_from_stage(from_stage)}",)
+                raise
             push_stage_outputs(ctx, name)
             info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
             print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
-            stop_if_signalled_late(name, [p.stage for p in plans[plans.index(plan) + 1 :] if p.action != "skip"])
+            stop_if_signalled_late(
+                name, [p.stage for p in plans[plans.index(plan) + 1 :] if p.action != "skip"], from_stage
+            )
             # Each stage's plots as soon as it ends: a long run has something to look at before the last stage.
             # plots_wanted False: none (a box without matplotlib: benchmarks/gpu_teachers.py's units).
             plots = make_plots(layout.metrics_file, layout.plots_dir, run.name, run_caveat(run)) if plots_wanted else []
@@ -216,32 +223,44 @@ def run_local(
         lock.release()
 
 
-def stop_if_signalled_late(stage: str, after: list[str]) -> None:
+def _without_from_stage(from_stage: str) -> str:
+    return (
+        f"re-run without --from-stage {from_stage} to resume (with it, {from_stage} and every later stage start over)"
+    )
+
+
+def stop_if_signalled_late(stage: str, after: list[str], from_stage: str | None = None) -> None:
     """A SIGTERM the stage's handler took after its last stop point (the stage finished anyway): stop before the next
     stage to run, if any."""
     if LATE_SIGNALS and after:
+        again = _without_from_stage(from_stage) if from_stage else "the same command starts there"
         raise Stopped(
             stage,
             0,
             None,
             message=f"SIGTERM during stage {stage} after its last stop point: {stage} finished, the run stopped "
-            f"before {after[0]} (the same command starts there)",
+            f"before {after[0]} ({again})",
         )
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C inside a stage of `rlt run`: where it stopped, and what a re-run of the same command does."""
+    """Ctrl-C inside a stage of `rlt run`: where it stopped, and what a re-run of the same command does (with
+    --from-stage, the same command would start over: the message says to drop it)."""
 
-    def __init__(self, stage: str, layout: RunLayout):
+    def __init__(self, stage: str, layout: RunLayout, from_stage: str | None = None):
         steps = [r["step"] for r in read_metrics(layout.metrics_file) if r.get("stage") == stage and "step" in r]
         saved = newest_complete_checkpoint(layout.checkpoints_dir(stage))
         where = f"{stage} step {max(steps)}" if steps else f"the start of {stage}"
         resume = f"resumes {stage} from {saved.name}" if saved else f"starts {stage} again"
         if stage_info(stage).resumes_by_row:  # no checkpoints: each row is on disk once made
             where, resume = stage, f"resumes {stage} after the rows already written"
-        super().__init__(
-            f"stopped (Ctrl-C) at {where}; completed stages are kept and a re-run of the same command {resume}"
+        again = (
+            f"a re-run without --from-stage {from_stage} {resume} (with it, {from_stage} and every later stage start "
+            "over)"
+            if from_stage
+            else f"a re-run of the same command {resume}"
         )
+        super().__init__(f"stopped (Ctrl-C) at {where}; completed stages are kept and {again}")
 
 
 # Below this many RL steps a run's reward is not expected to trend (the paper trains 125 steps): the demo's 6 steps

@@ -25,6 +25,7 @@ from rlt.contract.layout import (
     PER_QUESTION_FILE,
     REPORT_JSON,
     REPORT_MD,
+    MissingStageInput,
     atomic_write_json,
     atomic_write_text,
 )
@@ -64,7 +65,7 @@ def eval_target(ctx: StageContext) -> tuple[str, ModelRef]:
     source = producer_of("student", spec.stages.enabled(), before="evaluate")
     if source is not None:
         if not ctx.layout.stage_done(source).exists():
-            raise RuntimeError(f"stage evaluate needs the {source} stage's model; run stage {source} first")
+            raise MissingStageInput(f"stage evaluate needs the {source} stage's model; run stage {source} first")
         path = str(ctx.layout.product(source))
         return "student", trained_student(spec).model_copy(update={"model": path, "revision": None})
     return "baseline", trained_student(spec)

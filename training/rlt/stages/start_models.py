@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlt.contract.layout import MissingStageInput
 from rlt.contract.stage_registry import teacher_stages_before
 from rlt.spec.run import stage_settings
 from rlt.stages.context import StageContext
@@ -28,7 +29,7 @@ def newest_teacher(ctx: StageContext, for_stage: str, strict: bool = True) -> tu
             path = str(ctx.layout.model_dir(stage))
             return spec.teacher.model_copy(update={"model": path, "revision": None}), stage
         if strict:
-            raise RuntimeError(
+            raise MissingStageInput(
                 f"stage {for_stage} needs the {stage} stage's model at {ctx.layout.model_dir(stage)}; "
                 f"run stage {stage} first"
             )

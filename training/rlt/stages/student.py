@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
-from rlt.contract.layout import atomic_write_json
+from rlt.contract.layout import MissingStageInput, atomic_write_json
 from rlt.data.errors import DataError
 from rlt.data.jsonl import read_jsonl
 from rlt.data.models import load_tokenizer
@@ -97,7 +97,7 @@ def run_student(ctx: StageContext) -> str:
     # the product of the last enabled dataset stage before this one (distill, or a stage inserted after it)
     source = ctx.layout.input_of("student", "dataset", spec.stages.enabled())
     if not source.exists():
-        raise RuntimeError(
+        raise MissingStageInput(
             f"stage student needs the distillation dataset at {source}; run stage {source.parent.name} first"
         )
     ref = student_ref(spec)
