@@ -105,8 +105,13 @@ def test_an_earlier_edit_refuses_at_the_earliest_stage_and_a_redone_upstream_rer
     layout2 = RunLayout.for_run(tmp_path / "b", "tiny")
     for stage in ("sft", "rl"):
         finish(layout2, run, stage)
-    with pytest.raises(fp.StaleStageError, match=r"^\[rl\] .*stages.sft.learningRate"):
-        plan(layout2, edited, ("rl",))
+    with pytest.raises(fp.StaleStageError, match=r"^\[rl\] .*stages.sft.learningRate.*--from-stage sft"):
+        plan(layout2, edited, ("rl",))  # the advice names the stage to train again: sft, not rl
+    # and rl asked to start over (or run for the first time) on sft's old output refuses too, naming sft
+    with pytest.raises(fp.StaleStageError, match=r"^\[sft\] .*stage rl would train on its output.*--from-stage sft"):
+        plan(layout2, edited, ("rl",), restart={"rl"}, check_inputs=True)
+    # the operator's pods run it on the old output (reported there as FinishedStageEdited): no refusal for them
+    assert plan(layout2, edited, ("rl",), restart={"rl"}) == [("rl", "start_over")]
 
 
 def test_stages_finished_before_fingerprints_existed_are_kept(tmp_path):

@@ -141,6 +141,7 @@ def run_local(
         "--from-stage {stage}",
         has_checkpoint=layout.has_complete_checkpoint,
         check_resumes=True,
+        check_inputs=True,
     )
     data_summary = check_run_data(run, [p.stage for p in plans if p.action != "skip"])
     check_lengths(run, [p.stage for p in plans if p.action != "skip"])

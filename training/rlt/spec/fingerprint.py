@@ -240,6 +240,7 @@ def plan_stages(
     has_checkpoint: Callable[[str], bool] | None = None,
     restart_hint: str | None = None,
     check_resumes: bool = False,
+    check_inputs: bool = False,
 ) -> list[StagePlan]:
     """What to do with each of `stages` (in run order); raises StaleStageError for the first that must refuse.
 
@@ -248,16 +249,25 @@ def plan_stages(
     `restart_hint`: the refusal's advice when the caller has no restart flag (it replaces the flag's sentence).
     `check_resumes`: an unfinished stage with a checkpoint, started under other fields (record_start), follows the
     finished stages' rules: a grown extendable field continues, a changed input starts it over, anything else
-    refuses (`rlt run`; the operator's pods resume a gang under the spec it was created with)."""
+    refuses (`rlt run`; the operator's pods resume a gang under the spec it was created with).
+    `check_inputs`: a stage run now (or started over) whose earlier stage, not run now, finished under another spec
+    refuses, naming that stage (`rlt run --stage`; the operator's later stages run on the old outputs, as reported)."""
     restart = restart or set()
     fresh: set[str] = set()  # stages whose output is (or will be, in this invocation) from the current spec
+    stale: list[str] = []  # finished stages not run now whose output is of another spec
     plans: list[StagePlan] = []
     for stage in STAGE_ORDER:
         if stage not in stages:
             if _is_current(layout, spec, stage):
                 fresh.add(stage)
+            elif layout.stage_done(stage).exists():
+                stale.append(stage)
             continue
         done = layout.stage_done(stage).exists()
+        if (
+            check_inputs and stale and (stage in restart or not done)
+        ):  # it would train on an earlier stage's output of another spec
+            _refuse_stale_input(layout, spec, stale[0], stage, restart_flag, restart_hint)
         if stage in restart:
             plans.append(
                 StagePlan(stage, "start_over" if layout.stage_dir(stage).exists() else "run", "started over as asked")
@@ -305,14 +315,16 @@ def _stale(
     own_or_run_wide = [n for n in names if not n.startswith("stages.") or n.split(".")[1] == stage]
     if not own_or_run_wide and upstream <= fresh:
         return StagePlan(stage, "start_over", f"its input changed ({', '.join(names)}): done again from the start")
-    extend = EXTENDABLE.get(stage)
+    # an earlier stage whose output is of another spec is the one to train again (its later stages follow)
+    redo = min(upstream - fresh, key=STAGE_ORDER.index) if upstream - fresh else stage
+    extend = EXTENDABLE.get(stage) if redo == stage else None
     grown = extend is not None and names == [extend] and isinstance(old.get(extend), int) and new[extend] > old[extend]
     flat = _flat_schedule(old, stage)
     if extend is not None and grown and flat and (has_checkpoint is None or has_checkpoint(stage)):
         return StagePlan(
             stage, "continue", f"{extend} {old[extend]} -> {new[extend]}: continuing from the last checkpoint"
         )
-    flag = restart_flag.format(stage=stage)
+    flag = restart_flag.format(stage=redo)
     changes = describe_changes(old, new)
     if grown and not flat:
         changes += (
@@ -325,6 +337,20 @@ def _stale(
         f"{'reusing' if ended == 'finished' else 'resuming'} it. Restore the old values, or {advice}",
         stage,
         changes,
+    )
+
+
+def _refuse_stale_input(
+    layout: RunLayout, spec: RLTRunSpec, earlier: str, stage: str, restart_flag: str, restart_hint: str | None
+) -> None:
+    new = stage_fields(spec, earlier)
+    old = recorded_fields(layout, earlier, new) or {}
+    advice = restart_hint or f"re-run with {restart_flag.format(stage=earlier)} to train it again too"
+    raise StaleStageError(
+        f"[{earlier}] finished under a different spec ({describe_changes(old, new)}) and stage {stage} would train "
+        f"on its output; not running {stage}. Restore the old values, or {advice}",
+        earlier,
+        describe_changes(old, new),
     )
 
 
