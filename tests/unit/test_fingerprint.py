@@ -1,5 +1,7 @@
 """What a finished stage remembers of its spec, and what a re-run decides from it (pure: no training here)."""
 
+import json
+
 import pytest
 from suite_helpers import tiny_doc
 
@@ -83,10 +85,15 @@ def test_other_edits_refuse_in_one_line_naming_fields_and_flag(tmp_path):
         fp.plan_stages(layout, edited.spec, ["rl"], restart_flag="--restart")
     # asked to start over: allowed, and the old outputs are moved, not deleted
     assert plan(layout, edited, ("sft", "rl"), restart={"rl"}) == [("sft", "skip"), ("rl", "start_over")]
+    rows = [{"stage": "sft", "step": 1}, {"stage": "rl", "step": 1}, {"stage": "rl", "step": 2}]
+    layout.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"stage": "rl", "st')
     moved = fp.start_over(layout, "rl")
     assert (
         moved.parent == layout.root / "replaced" and (moved / "DONE").exists() and not layout.stage_dir("rl").exists()
     )
+    # its metric rows go with it (the summary and plots show the new run, not both merged); others stay, as written
+    assert [json.loads(x) for x in (moved / "metrics.jsonl").read_text().splitlines()] == rows[1:]
+    assert layout.metrics_file.read_text() == json.dumps(rows[0]) + '\n{"stage": "rl", "st'
 
 
 def test_an_earlier_edit_refuses_at_the_earliest_stage_and_a_redone_upstream_reruns_later_ones(tmp_path):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlt.contract.layout import STAMP_FORMAT, RunLayout, atomic_write_json, format_time
+from rlt.contract.layout import STAMP_FORMAT, RunLayout, atomic_write_json, atomic_write_text, format_time
 from rlt.contract.method_registry import method_info
 from rlt.contract.stage_registry import STAGE_ORDER, STAGES, stages_before
 from rlt.spec.run import RLTRunSpec
@@ -373,7 +373,26 @@ def start_over(layout: RunLayout, stage: str) -> Path | None:
         dest = layout.replaced_dir / f"{src.name}-{stamp}-{n}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     src.rename(dest)
+    _move_metric_rows(layout.metrics_file, stage, dest / "metrics.jsonl")
     return dest
+
+
+def _move_metric_rows(metrics: Path, stage: str, dest: Path) -> None:
+    """The run's metrics.jsonl rows of a stage started over go with its old outputs: the summary and the plots then
+    show the new run of the stage, not both merged step by step."""
+    if not metrics.exists():
+        return
+    kept: list[str] = []
+    moved: list[str] = []
+    for line in metrics.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line or a blank one: left for the readers that skip it
+            row = None
+        (moved if isinstance(row, dict) and row.get("stage") == stage else kept).append(line)
+    if moved:
+        dest.write_text("".join(moved), encoding="utf-8")
+        atomic_write_text(metrics, "".join(kept))
 
 
 def reopen(layout: RunLayout, stage: str) -> None:
