@@ -175,14 +175,7 @@ def run_local(
                 info[name] = {"skipped": True}
                 push_stage_outputs(ctx, name)  # a push that failed after the stage finished is retried
                 continue
-            if plan.action == "start_over":
-                moved = fingerprint.start_over(layout, name)
-                print(f"[{name}] {plan.note}; previous outputs moved to {moved}", flush=True)
-            elif plan.action == "continue":
-                fingerprint.reopen(layout, name)
-                print(f"[{name}] {plan.note}", flush=True)
-            print(f"[{name}] starting", flush=True)
-            fingerprint.record_start(layout, run.spec, name)  # what its checkpoints are trained under
+            begin_stage(layout, run, plan)
             t0 = time.perf_counter()
             try:
                 output_path = stage_function(name, run.spec.method)(ctx)
@@ -222,6 +215,20 @@ def run_local(
     finally:
         metrics.shutdown()
         lock.release()
+
+
+def begin_stage(layout: RunLayout, run: RLTRun, plan: fingerprint.StagePlan) -> None:
+    """Before a stage runs: its old outputs moved aside (start over) or its DONE dropped (continue), said; the fields
+    its checkpoints are trained under recorded."""
+    name = plan.stage
+    if plan.action == "start_over":
+        moved = fingerprint.start_over(layout, name)
+        print(f"[{name}] {plan.note}; previous outputs moved to {moved}", flush=True)
+    elif plan.action == "continue":
+        fingerprint.reopen(layout, name)
+        print(f"[{name}] {plan.note}", flush=True)
+    print(f"[{name}] starting", flush=True)
+    fingerprint.record_start(layout, run.spec, name)
 
 
 def _without_from_stage(from_stage: str) -> str:

@@ -373,7 +373,7 @@ def start_over(layout: RunLayout, stage: str) -> Path | None:
         dest = layout.replaced_dir / f"{src.name}-{stamp}-{n}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     src.rename(dest)
-    _move_metric_rows(layout.metrics_file, stage, dest / "metrics.jsonl")
+    _move_metric_rows(layout.metrics_file, stage, dest / layout.metrics_file.name)
     return dest
 
 
