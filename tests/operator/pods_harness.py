@@ -71,10 +71,15 @@ def metrics_rows(claim: Path, run: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def log_tails(logs: dict[str, str], chars: int = 3000) -> str:
+    """The end of each pod's log, under its name: what a failure message can hold."""
+    return "\n".join(f"--- {name}\n{text[-chars:]}" for name, text in logs.items())
+
+
 async def wait_for(predicate, what: str, timeout: float, kubelet: LocalKubelet | None = None) -> Any:
     """poll_until, every 0.2 s, with every pod's log tail in the failure."""
 
     def logs() -> str:
-        return "" if kubelet is None else "\n".join(f"--- {n}\n{t[-3000:]}" for n, t in pod_logs(kubelet, "").items())
+        return "" if kubelet is None else log_tails(pod_logs(kubelet, ""))
 
     return await poll_until(predicate, what, timeout, every=0.2, detail=logs)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from op_harness import example
-from pods_harness import metrics_rows, pod_logs, running_pods, wait_for, world_lines
+from pods_harness import log_tails, metrics_rows, pod_logs, running_pods, wait_for, world_lines
 
 from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
 from rlt_operator.builders import own_claim_name
@@ -89,7 +89,8 @@ async def test_two_nodes_of_two_ranks_train_as_one_world_and_resume_after_a_kill
             RUN, lambda s: s.get("phase") in ("Succeeded", "Failed"), "the run to finish", timeout=900
         )
         assert final["phase"] == "Succeeded", (final, pod_logs(kubelet, f"{RUN}-"))
-        assert final["restarts"] == 1
+        # Exactly one restart: a second one means the resumed gang failed too; its pods' logs say why.
+        assert final["restarts"] == 1, (final.get("lastFailure"), log_tails(pod_logs(kubelet, f"{RUN}-rl-")))
 
         logs = pod_logs(kubelet, f"{RUN}-")
         # ONE world of 4 per training stage attempt: ranks 0..3, ranks 0-1 on node 0 and 2-3 on node 1.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import faulthandler
 import os
 import re
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import NoReturn
 
 from rlt.checks.validation import NotChecked, NotPermitted, check_datasets, load_valid_runs
 from rlt.cli.output import add_output_option, wants_json
@@ -312,6 +315,24 @@ def _reader_left() -> bool:
     return True
 
 
+def exit_without_teardown(code: int) -> NoReturn:
+    """End this process with `code` once its command has returned: output flushed and atexit handlers run (logging,
+    multiprocessing's children, trackers), but not the interpreter's teardown. There a daemon thread of a library
+    still inside a native torch call (a tokenizer, a generation, a copy) is ended by the C++ runtime with SIGABRT
+    (`terminate called without an active exception`): a rank whose stage is done and recorded would fail its Job,
+    and the operator would restart a finished gang."""
+    import atexit
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream: nothing to say
+            stream.flush()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not (sys.argv[1:] if argv is None else argv):  # a bare `rlt`, as kubectl and helm: the commands, exit 0
@@ -319,8 +340,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parser.parse_args(argv)
     # The command owns this process when its arguments are the command line's: only then may it drop modules
-    # for the process's whole life (rlt run/stage hide the tracking libraries the run does not use).
+    # for the process's whole life (rlt run/stage hide the tracking libraries the run does not use), and end the
+    # process without the interpreter's teardown once it has its exit code.
     args.owns_process = argv is None
+    if args.owns_process:
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr to write to: nothing to enable
+            faulthandler.enable()  # a native crash (SIGSEGV, SIGABRT) prints every thread's Python stack (pod logs)
+    code = _run_command(args)
+    if args.owns_process:
+        exit_without_teardown(code)
+    return code
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at the interpreter's exit: a reader that left (`| head`) is seen below
