@@ -308,3 +308,34 @@ def test_the_plan_never_chooses_an_overlap_the_spec_refuses_for_the_method():
     for name in ("oneStepOff", "partialRollouts"):
         assert modes[name].result is None and "samples the frozen student" in modes[name].refused, modes[name]
     assert modes["separate"].result is not None
+
+
+def test_generators_on_mig_slices_get_no_rl_goodput_rather_than_one_above_the_whole():
+    """Mode server with resources.generator.gpus 0 (MIG slices named in extra): the plan does not know the slices'
+    share of a GPU. Counting none made the trainer GPUs the decoders: a share above 100 %. No figure, one line."""
+    doc = _doc()
+    gen = doc["spec"]["resources"]["generator"]
+    gen.update(gpus=0, extra={"nvidia.com/mig-3g.71gb": "1"})
+    gen.pop("dataParallelSize", None)
+    plan = plan_for_run(parse_run(doc).spec)
+    assert "rl" not in plan.stage_goodput and "sft" in plan.stage_goodput, plan.stage_goodput
+    assert all(0 < g.share <= 1 for g in plan.stage_goodput.values())
+    text = "\n".join(plan.goodput)
+    assert "rl: goodput not planned: the generators hold MIG slices (resources.generator.gpus: 0)" in text, text
+    assert not any(line.startswith(("rl:", "rl ")) and "GPU-seconds" in line for line in plan.goodput), text
+    assert not any("the plan chooses" in w for w in plan.warnings), plan.warnings
+
+
+def test_a_one_gpu_colocated_run_is_not_told_to_train_on_no_gpu():
+    """Split in half for the modes with generator pods, one GPU leaves the trainer none: those modes are refused,
+    naming why, instead of a plan over an invented trainer GPU that says to set resources.trainer.gpus: 0."""
+    doc = _doc()
+    doc["spec"]["stages"]["distill"]["enabled"] = False
+    doc["spec"]["resources"]["trainer"].update(nodes=1, gpus=1)
+    doc["spec"]["stages"]["rl"]["generation"].update(mode="colocate", overlap="none")
+    modes = _modes(doc)
+    for name in ("separate", "oneStepOff", "partialRollouts"):
+        assert modes[name].result is None, name
+        assert "1 GPU does not split into a trainer GPU and a generator GPU" in modes[name].refused, modes[name]
+    plan = plan_for_run(parse_run(doc).spec)
+    assert not any("resources.trainer.gpus: 0" in w for w in plan.warnings), plan.warnings

@@ -37,7 +37,7 @@ from rlt.checks.plan_terms import (
     stage_terms,
     trl_constant,
 )
-from rlt.checks.rl_modes import mode_lines, variant
+from rlt.checks.rl_modes import generator_share_unknown, mode_lines, variant
 from rlt.checks.stage_terms.distill import distill_sequences_in_flight
 from rlt.checks.stage_terms.rl import position_problems
 from rlt.checks.step_time import (
@@ -133,12 +133,17 @@ def plan_run(
         plan.warnings += stop_warnings
         before = every_layer_recomputed(spec)  # the earlier plan checkpointed every layer
         olds = trainer_step_times(before, shapes, prompts=prompts, gpu_memory=gpu_memory)
-        plan.stage_goodput = {t.stage: goodput(t) for t in times}
+        unknown = generator_share_unknown(spec)  # rl's goodput is not planned: no figure rather than a wrong one
+        planned = [t for t in times if not (t.stage == "rl" and unknown)]
+        plan.stage_goodput = {t.stage: goodput(t) for t in planned}
         plan.goodput = [goodput_line(stage, g) for stage, g in plan.stage_goodput.items()]
-        plan.goodput += old_goodput_lines(before, shapes, olds, prompts, gpu_memory)
+        plan.goodput += [f"rl: goodput not planned: {unknown}"] if len(planned) < len(times) else []
+        plan.goodput += old_goodput_lines(
+            before, shapes, [t for t in olds if t.stage in plan.stage_goodput], prompts, gpu_memory
+        )
         plan.goodput += [tail_line(t.stage, t.decode) for t in times if t.decode]
         gen = generation(spec)
-        if any(t.stage == "rl" for t in times) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
+        if any(t.stage == "rl" for t in planned) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
             lines, warnings = mode_lines(spec, shapes, gpu_memory, prompts, node_gpus(spec))
             plan.goodput += lines
             plan.warnings += warnings
