@@ -339,3 +339,20 @@ def test_a_one_gpu_colocated_run_is_not_told_to_train_on_no_gpu():
         assert "1 GPU does not split into a trainer GPU and a generator GPU" in modes[name].refused, modes[name]
     plan = plan_for_run(parse_run(doc).spec)
     assert not any("resources.trainer.gpus: 0" in w for w in plan.warnings), plan.warnings
+
+
+def test_generator_gpus_vllm_does_not_run_on_are_a_named_loss_and_a_warning():
+    """paper-7b's generator pod holds 4 GPUs; with dataParallelSize 1 vLLM runs one engine on one of them. The other
+    three were credited with decoding; they are held for nothing: 3 of the 8 GPUs' period, named, and the plan says
+    which value to set."""
+    doc = _doc()
+    doc["spec"]["resources"]["generator"]["dataParallelSize"] = 1
+    g = goodput(_step(doc))
+    lost = dict(g.losses)
+    idle = "generator GPUs with no engine (tensorParallelSize × dataParallelSize < gpus)"
+    assert lost[idle] == pytest.approx(3 / 8), g.losses
+    assert g.share + sum(lost.values()) == pytest.approx(1.0)
+    assert g.share < goodput(_step(_doc())).share
+    warnings = plan_for_run(parse_run(doc).spec).warnings
+    assert any("Set resources.generator.dataParallelSize: 4" in w and "3 hold no engine" in w for w in warnings)
+    assert idle not in dict(goodput(_step(_doc())).losses)  # the example's 4 engines leave none idle

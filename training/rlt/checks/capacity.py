@@ -134,16 +134,20 @@ def plan_run(
         before = every_layer_recomputed(spec)  # the earlier plan checkpointed every layer
         olds = trainer_step_times(before, shapes, prompts=prompts, gpu_memory=gpu_memory)
         unknown = generator_share_unknown(spec)  # rl's goodput is not planned: no figure rather than a wrong one
-        planned = [t for t in times if not (t.stage == "rl" and unknown)]
-        plan.stage_goodput = {t.stage: goodput(t) for t in planned}
+        with_goodput = [t for t in times if not (t.stage == "rl" and unknown)]
+        plan.stage_goodput = {t.stage: goodput(t) for t in with_goodput}
         plan.goodput = [goodput_line(stage, g) for stage, g in plan.stage_goodput.items()]
-        plan.goodput += [f"rl: goodput not planned: {unknown}"] if len(planned) < len(times) else []
+        plan.goodput += [f"rl: goodput not planned: {unknown}"] if len(with_goodput) < len(times) else []
         plan.goodput += old_goodput_lines(
             before, shapes, [t for t in olds if t.stage in plan.stage_goodput], prompts, gpu_memory
         )
         plan.goodput += [tail_line(t.stage, t.decode) for t in times if t.decode]
         gen = generation(spec)
-        if any(t.stage == "rl" for t in planned) and shapes.teacher is not None and gen.mode in ("server", "colocate"):
+        if (
+            any(t.stage == "rl" for t in with_goodput)
+            and shapes.teacher is not None
+            and gen.mode in ("server", "colocate")
+        ):
             lines, warnings = mode_lines(spec, shapes, gpu_memory, prompts, node_gpus(spec))
             plan.goodput += lines
             plan.warnings += warnings
@@ -320,7 +324,14 @@ def generator_parallelism(
         f"+ mean completion; at least {MIN_KV_SEQUENCES} wanted); the spec has TP{tp} x DP{res.data_parallel_size}"
     )
     if tp == chosen:
-        return line, None
+        idle = res.gpus - tp * res.data_parallel_size
+        if not idle:
+            return line, None
+        return line, (
+            f"resources.generator.dataParallelSize {res.data_parallel_size}: vLLM runs on tensorParallelSize × "
+            f"dataParallelSize = {tp * res.data_parallel_size} of each generator pod's {res.gpus} GPUs; {idle} hold "
+            f"no engine. Set resources.generator.dataParallelSize: {res.gpus // tp}"
+        )
     why = (
         "TP splits it for nothing: two all-reduces per layer per token, and half the engines' schedulers"
         if tp > chosen

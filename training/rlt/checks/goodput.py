@@ -2,11 +2,11 @@
 goes, per generation/training mode of the rl stage (docs/goodput.md). Pure arithmetic over the step's phases
 (rlt.checks.step_time, rlt.checks.stage_terms.rl).
 
-Useful work: the rollout's decoding at full decode slots, the reward's scoring, the reference forward
-and the update's forward and backward, each at balanced ranks. Losses, each named: a side of the pipeline idle while
-the other works, decode slots empty in the rollout's tail, the weight sync, a colocated engine's wake and sleep, the
-rank imbalance, gradient-checkpoint recompute and the time saves block. `strict` counts the update and the decoding
-only (the plan's figure before issue 51), printed beside it.
+Useful work: the rollout's decoding at full decode slots, the reward's scoring, the reference forward and the update's
+forward and backward, each at balanced ranks. Losses, each named: a side of the pipeline idle while the other works,
+decode slots empty in the rollout's tail, the weight sync, a colocated engine's wake and sleep, the rank imbalance,
+gradient-checkpoint recompute, the time saves block and generator GPUs vLLM does not run on. `strict` counts the
+update and the decoding only (the plan's figure before issue 51), printed beside it.
 
 The modes of rl (stages.rl.generation.mode / overlap):
 - separate (server, none): generator pods decode while the trainers wait, then the trainers score, pass and update
@@ -35,7 +35,9 @@ def goodput(t: StepTime, asynchronous: bool = True) -> Goodput:
     save = t.save_blocked(asynchronous) / max(1, t.save_steps)
     period = t.step + save
     T, G = t.trainer_gpus, t.generator_gpus
-    decoders = G or (T if t.rollout else 0)  # colocate/inprocess decode on the trainer GPUs
+    # generator GPUs with an engine: a GPU beyond tensorParallelSize × dataParallelSize holds its period for nothing
+    E = G if t.engine_gpus is None else min(G, t.engine_gpus)
+    decoders = E or (T if t.rollout else 0)  # colocate/inprocess decode on the trainer GPUs
     held = (T + G) * period
     work = t.update_work + t.scoring + t.passes_work
     useful = T * work + decoders * t.busy_generation
@@ -53,14 +55,15 @@ def goodput(t: StepTime, asynchronous: bool = True) -> Goodput:
         trainers_idle = generators_idle = 0.0
     losses = [
         ("trainers idle while the generators decode", T * trainers_idle),
-        ("generators idle while the trainers score, pass and update", G * generators_idle),
+        ("generators idle while the trainers score, pass and update", E * generators_idle),
         ("decode slots empty (the longest completions' tail)", decoders * tail),
-        ("KV cache recomputed after each weight push (partial rollouts)", G * t.kv_recompute),
-        ("weight sync", (T + G) * t.transfer),
+        ("KV cache recomputed after each weight push (partial rollouts)", E * t.kv_recompute),
+        ("weight sync", (T + E) * t.transfer),
         ("engine wake/sleep", T * t.engine_switch),
         ("rank imbalance", T * (t.imbalance - 1) * (t.update_work + t.recompute + t.passes_work)),
         ("gradient-checkpoint recompute", T * t.recompute),
-        ("saves (time they block)", (T + G) * save),
+        ("saves (time they block)", (T + E) * save),
+        ("generator GPUs with no engine (tensorParallelSize × dataParallelSize < gpus)", (G - E) * period),
     ]
     ranked = sorted(((name, v / held) for name, v in losses if v > 1e-9), key=lambda x: -x[1])
     strict = (T * t.update_work + decoders * t.busy_generation) / held

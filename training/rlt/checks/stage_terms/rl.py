@@ -207,6 +207,7 @@ def _rl_phases(
         t,
         reads_prompts=True,
         generator_gpus=gen.replicas * gen.gpus if server else 0,
+        engine_gpus=gen.replicas * gen.tensor_parallel_size * gen.data_parallel_size if server else 0,
         throughput_bound=rl.batch_size * completion / (at_once * decode),
         longest_bound=rl.max_completion_length / decode,
         busy_generation=busy,
