@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import yaml
 from suite_helpers import tiny_doc
 
+from rlt.contract.env import CACHE
 from rlt.contract.exitcodes import ExitCode
 
 LONG = "Count the apples in this long story. " + "There was one more apple on the table. " * 40
@@ -27,9 +29,9 @@ def write_run(tmp_path, rows):
     return path
 
 
-def rlt(*args, cwd=None):
+def rlt(*args, cwd=None, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "rlt.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd
+        [sys.executable, "-m", "rlt.cli", *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
     )
 
 
@@ -66,9 +68,13 @@ def test_validate_names_the_lines_and_the_field_to_raise(tmp_path):
 
 
 def test_run_stops_before_training_naming_the_lines(tmp_path):
+    """On a machine where the built-in model is not made yet (a fresh cache): `rlt run` makes it before the check,
+    which otherwise was skipped and left sft to refuse the first row alone."""
     long = {"question": LONG, "reasoning_trace": "count them", "solution": "41"}
     path = write_run(tmp_path, [long] * 4)
-    res = rlt("run", str(path), "--output-dir", str(tmp_path / "results"), "--no-progress", "--metrics-port", "-1")
+    fresh = {**os.environ, CACHE.name: str(tmp_path / "cache")}
+    out = str(tmp_path / "results")
+    res = rlt("run", str(path), "--output-dir", out, "--no-progress", "--metrics-port", "-1", env=fresh)
     assert res.returncode == ExitCode.DATA_ERROR, res.stdout[-2000:] + res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "num_samples" not in res.stderr
     assert "spec.stages.sft.maxLength=256" in res.stderr and "line 1, line 2, line 3, line 4" in res.stderr

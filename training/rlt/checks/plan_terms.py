@@ -366,9 +366,10 @@ class StepTime:
 
     def save_blocked(self, asynchronous: bool) -> float:
         """Seconds one periodic save holds the training loop: the local write, plus the wait for the previous
-        durable copy when it outlasts saveSteps steps (`asynchronous`); else the whole save to the volume."""
+        durable copy when it outlasts saveSteps steps (`asynchronous`); else the whole write to the volume (not the
+        ranks' exit that a stop's save adds: `save`)."""
         if not asynchronous or not self.staged_saves:
-            return self.save
+            return self.durable_copy
         return self.save_local + max(0.0, self.durable_copy - self.save_steps * self.step)
 
     @property

@@ -97,7 +97,7 @@ def check_lengths(run: RLTRun, stages: list[str]) -> None:
         return
     from rlt.stages.prompt_lengths import CONTEXT, REWARD, SCORED_BY, check_prompt_lengths
 
-    problems, _ = check_prompt_lengths(run.spec)
+    problems, _ = check_prompt_lengths(run.spec, build=True)  # a built-in model is made now, not skipped unchecked
     # the data itself (a row holding the teacher's special tokens): refused whatever badRows says, as by rlt validate
     refused = [p for p in problems if p.startswith("spec.dataset:")]
     if refused:

@@ -214,9 +214,11 @@ def check_prompt_lengths(
     spec: RLTRunSpec,
     tokenizer: PreTrainedTokenizerBase | None = None,
     student_tokenizer: PreTrainedTokenizerBase | None = None,
+    build: bool = False,
 ) -> tuple[list[str], str]:
     """(problems, note) for the run's training rows: the teacher prompts' lengths, and the solutions the reward can
-    score when the student's tokenizer is here; the note says when the lengths could not be checked."""
+    score when the student's tokenizer is here; the note says when the lengths could not be checked. `build`: make
+    a built-in model not made yet (a run about to train needs it anyway; `rlt validate` only reads)."""
     from rlt.data.dataset import is_reachable, load_data
     from rlt.method.prompts import resolve_format
 
@@ -230,7 +232,7 @@ def check_prompt_lengths(
 
     if tokenizer is None:
         try:
-            tokenizer, note = load_local_tokenizer(spec)
+            tokenizer, note = load_local_tokenizer(spec, build)
         except LocalFileError as err:
             return [str(err)], ""
         if tokenizer is None:
@@ -241,7 +243,7 @@ def check_prompt_lengths(
     try:  # a local chat template that cannot render the prompts is the folder's problem, in one line
         problems = special or length_problems(spec, data, formatter, tokenizer)
         if scored and not special and student_tokenizer is None:
-            student_tokenizer, _ = load_local_tokenizer(spec, ref=spec.student, field="spec.student.model")
+            student_tokenizer, _ = load_local_tokenizer(spec, build, ref=spec.student, field="spec.student.model")
         if scored and not special and student_tokenizer is not None:
             chats = student_chats(data, formatter, student_tokenizer)
             problems += unscorable_problems(spec, data, chats)
