@@ -37,7 +37,7 @@ from rlt.checks.plan_terms import (
     stage_terms,
     trl_constant,
 )
-from rlt.checks.rl_modes import generator_share_unknown, mode_lines, variant
+from rlt.checks.rl_modes import mode_lines, variant
 from rlt.checks.stage_terms.distill import distill_sequences_in_flight
 from rlt.checks.stage_terms.rl import position_problems
 from rlt.checks.step_time import (
@@ -133,13 +133,12 @@ def plan_run(
         plan.warnings += stop_warnings
         before = every_layer_recomputed(spec)  # the earlier plan checkpointed every layer
         olds = trainer_step_times(before, shapes, prompts=prompts, gpu_memory=gpu_memory)
-        unknown = generator_share_unknown(spec)  # rl's goodput is not planned: no figure rather than a wrong one
-        with_goodput = [t for t in times if not (t.stage == "rl" and unknown)]
+        with_goodput = [t for t in times if not t.goodput_unknown]  # no figure rather than a wrong one
         plan.stage_goodput = {t.stage: goodput(t) for t in with_goodput}
         plan.goodput = [goodput_line(stage, g) for stage, g in plan.stage_goodput.items()]
-        plan.goodput += [f"rl: goodput not planned: {unknown}"] if len(with_goodput) < len(times) else []
+        plan.goodput += [f"{t.stage}: goodput not planned: {t.goodput_unknown}" for t in times if t.goodput_unknown]
         plan.goodput += old_goodput_lines(
-            before, shapes, [t for t in olds if t.stage in plan.stage_goodput], prompts, gpu_memory
+            before, shapes, [t for t in olds if not t.goodput_unknown], prompts, gpu_memory
         )
         plan.goodput += [tail_line(t.stage, t.decode) for t in times if t.decode]
         gen = generation(spec)

@@ -294,6 +294,7 @@ class StepTime:
     trainer_gpus: int
     generator_gpus: int = 0  # GPUs of the vLLM generators held beside the trainer (server mode)
     engine_gpus: int | None = None  # of those, the ones vLLM runs on (tp × dp per replica); None: all of them
+    goodput_unknown: str = ""  # why the stage's goodput is not planned ("" when it is)
     throughput_bound: float = 0.0  # the completion tokens over the sequences decoded at once
     longest_bound: float = 0.0  # the longest allowed completion, one sequence's decode
     busy_generation: float = 0.0  # the rollout's token work were every decode slot full (goodput's useful part)

@@ -74,14 +74,6 @@ def variant(spec: RLTRunSpec, mode: str, overlap: str) -> RLTRunSpec:
     return copy
 
 
-def generator_share_unknown(spec: RLTRunSpec) -> str:
-    """Why the rl stage's goodput cannot be planned, or "": generators on MIG slices (mode server, gpus 0) hold a
-    share of a GPU the plan does not know, and counting none would credit their decoding to the trainer GPUs."""
-    if spec.stages.rl.generation.mode == "server" and spec.resources.generator.gpus == 0:
-        return "the generators hold MIG slices (resources.generator.gpus: 0), a share of a GPU the plan does not know"
-    return ""
-
-
 def colocated_variant(spec: RLTRunSpec, node_gpus: int) -> tuple[RLTRunSpec | None, str]:
     """The spec with every GPU of the run (trainer's and generators') a trainer GPU, vLLM colocated; None and why
     when the GPUs do not split into whole nodes."""

@@ -208,6 +208,12 @@ def _rl_phases(
         reads_prompts=True,
         generator_gpus=gen.replicas * gen.gpus if server else 0,
         engine_gpus=gen.replicas * gen.tensor_parallel_size * gen.data_parallel_size if server else 0,
+        # generators on MIG slices hold a share of a GPU the plan does not know: counting none would credit their
+        # decoding to the trainer GPUs (a goodput above 100 %)
+        goodput_unknown="the generators hold MIG slices (resources.generator.gpus: 0), a share of a GPU the plan "
+        "does not know"
+        if server and not gen.gpus
+        else "",
         throughput_bound=rl.batch_size * completion / (at_once * decode),
         longest_bound=rl.max_completion_length / decode,
         busy_generation=busy,
