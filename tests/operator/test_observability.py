@@ -209,6 +209,12 @@ def test_condition_series_are_one_per_condition_type_and_go_with_the_run():
         'rlt_run_condition{namespace="ns",reason="Running",run="a",status="True",type="TrainerRunning"} 1.0',
         'rlt_run_last_reconcile_timestamp_seconds{namespace="ns",run="a"} 1.7e+09',
     ]
+    # a condition the status no longer carries (PodsHealthy once a suspended run's pods are gone) leaves no series
+    healthy = {"type": "PodsHealthy", "status": "False", "reason": "CrashLoopBackOff"}
+    metrics.run("ns", "a", {"phase": "Running", "conditions": [healthy]}, "rlt")
+    assert any('type="PodsHealthy"' in line for line in series()), series()
+    metrics.run("ns", "a", {"phase": "Suspended", "conditions": []}, "rlt")
+    assert not any(line.startswith("rlt_run_condition{") for line in series()), series()
     metrics.forget("ns", "a")
     assert series() == []
 

@@ -97,8 +97,12 @@ class OperatorMetrics:
         step = (run_status.get("progress") or {}).get("step", 0)
         self.m[catalogue.RUN_STEP].labels(namespace, name).set(step)
         self._stall_clock(namespace, name, run_status, int(step or 0))
-        # One series per condition type: a changed status or reason replaces it (bounded: types x runs).
+        # One series per condition type: a changed status or reason replaces it (bounded: types x runs); a type
+        # the status no longer has (PodsHealthy once the pods are gone, Failed once a run is retried) goes too.
         had = self._conditions.setdefault((namespace, name), {})
+        present = {c["type"] for c in run_status.get("conditions") or []}
+        for gone in [t for t in had if t not in present]:
+            _remove(self.m[catalogue.RUN_CONDITION], namespace, name, gone, *had.pop(gone))
         for c in run_status.get("conditions") or []:
             now = (c.get("status") or "Unknown", c.get("reason") or "")
             old = had.get(c["type"])
