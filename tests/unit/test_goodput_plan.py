@@ -357,3 +357,39 @@ def test_generator_gpus_vllm_does_not_run_on_are_a_named_loss_and_a_warning():
     warnings = plan_for_run(parse_run(doc).spec).warnings
     assert any("Set resources.generator.dataParallelSize: 4" in w and "3 hold no engine" in w for w in warnings)
     assert idle not in dict(goodput(_step(_doc())).losses)  # the example's 4 engines leave none idle
+
+
+def test_distill_served_decodes_on_the_engines_vllm_runs_and_is_not_planned_on_mig_slices():
+    """Served distill decodes on tensorParallelSize × dataParallelSize GPUs of each generator pod, as rl: one engine
+    of paper-7b's 4 GPUs decodes 4 times longer. On MIG slices (gpus 0) the layouts are not planned, rather than
+    described as an in-process run on the trainer GPUs."""
+    import re
+
+    def served(doc) -> tuple[float, str]:
+        line = next(x for x in plan_for_run(parse_run(doc).spec).goodput if x.startswith("distill layout served"))
+        return float(re.search(r": ([\d.]+) min", line)[1]), line
+
+    four, _ = served(_doc())
+    doc = _doc()
+    doc["spec"]["resources"]["generator"]["dataParallelSize"] = 1
+    one, line = served(doc)
+    assert "1 generator GPUs (of 4 held) decode" in line, line
+    assert one > 3 * four, (one, four)
+    gen = doc["spec"]["resources"]["generator"]
+    gen.update(gpus=0, extra={"nvidia.com/mig-3g.71gb": "1"})
+    lines = [x for x in plan_for_run(parse_run(doc).spec).goodput if x.startswith("distill")]
+    assert lines == ["distill layouts: not planned (the generators hold MIG slices: resources.generator.gpus is 0)"]
+
+
+def test_a_generator_gpu_no_engine_can_use_is_named_with_the_gpus_to_ask_for():
+    """A 72B teacher on 141 GiB GPUs takes tensorParallelSize 4; with gpus 5 one engine of 4 GPUs runs and no second
+    fits: the warning asks for 4 GPUs, not for the dataParallelSize the spec already has."""
+    doc = _doc()
+    doc["spec"]["teacher"]["model"] = "Qwen/Qwen2.5-72B-Instruct"
+    doc["spec"]["resources"]["generator"].update(gpus=5, tensorParallelSize=4, dataParallelSize=1)
+    from rlt.checks.capacity import generator_parallelism
+    from rlt.checks.model_shape import known_shape
+
+    spec = parse_run(doc).spec
+    _, warning = generator_parallelism(spec, known_shape(spec.teacher.model), 141 * GiB, None)
+    assert warning is not None and "1 hold no engine" in warning and "Set resources.generator.gpus: 4" in warning

@@ -323,13 +323,19 @@ def generator_parallelism(
         f"+ mean completion; at least {MIN_KV_SEQUENCES} wanted); the spec has TP{tp} x DP{res.data_parallel_size}"
     )
     if tp == chosen:
-        idle = res.gpus - tp * res.data_parallel_size
-        if not idle:
+        used = tp * res.data_parallel_size
+        if used == res.gpus:
             return line, None
+        # more engines where the GPUs hold another; else the GPUs no engine of tp GPUs can use are not asked for
+        fix = (
+            f"resources.generator.dataParallelSize: {res.gpus // tp}"
+            if res.gpus // tp > res.data_parallel_size
+            else f"resources.generator.gpus: {used}"
+        )
         return line, (
             f"resources.generator.dataParallelSize {res.data_parallel_size}: vLLM runs on tensorParallelSize × "
-            f"dataParallelSize = {tp * res.data_parallel_size} of each generator pod's {res.gpus} GPUs; {idle} hold "
-            f"no engine. Set resources.generator.dataParallelSize: {res.gpus // tp}"
+            f"dataParallelSize = {used} of each generator pod's {res.gpus} GPUs; {res.gpus - used} hold no engine. "
+            f"Set {fix}"
         )
     why = (
         "TP splits it for nothing: two all-reduces per layer per token, and half the engines' schedulers"

@@ -45,6 +45,8 @@ def distill_lines(
         return ["distill layouts: not planned (the models' shapes or the rows are unknown)"]
     if rows == 0:
         return ["distill layouts: not planned (no training rows: spec.dataset)"]
+    if generation(spec).mode == "server" and not res.generator.gpus:
+        return ["distill layouts: not planned (the generators hold MIG slices: resources.generator.gpus is 0)"]
     questions = min(rows, d.limit or rows)
     p = (prompts or default_prompts(spec)).mean
     new = d.max_new_tokens * MEAN_COMPLETION_SHARE
@@ -73,8 +75,16 @@ def distill_lines(
 
     if served:
         slots = _slots(spec, shapes, gpu_memory, generation(spec).gpu_memory_utilization, length, tp)
-        engines = served // tp
-        add("served", engines, slots, trainers, False, f"{served} generator GPUs decode, {trainers} trainer GPUs score")
+        engines = res.generator.replicas * res.generator.data_parallel_size  # vLLM's: tp × dp of each pod's GPUs
+        held = f" (of {served} held)" if engines * tp < served else ""
+        add(
+            "served",
+            engines,
+            slots,
+            trainers,
+            False,
+            f"{engines * tp} generator GPUs{held} decode, {trainers} trainer GPUs score",
+        )
         # the fewest scorers that keep up with the decoding; the rest of the trainer GPUs decode too
         for scorers in range(1, trainers if slots else 1):
             moved = (served + trainers - scorers) // tp

@@ -322,10 +322,13 @@ def exit_without_teardown(code: int) -> NoReturn:
     (`terminate called without an active exception`): a rank whose stage is done and recorded would fail its Job,
     and the operator would restart a finished gang."""
     import atexit
+    import threading
 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream: nothing to say
             stream.flush()
+    # as the interpreter's exit does first: join the non-daemon threads (an executor's workers among them)
+    getattr(threading, "_shutdown", lambda: None)()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
