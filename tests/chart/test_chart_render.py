@@ -455,3 +455,45 @@ def test_a_rollout_waits_for_a_new_operator_that_answers_and_stays_up():
     assert spec["minReadySeconds"] == 10 and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     sa = one(template("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops"), "Deployment")
     assert sa["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+
+
+@pytest.mark.parametrize("service_monitor", [True, False])
+def test_operator_down_fires_for_no_scrape_only_where_the_chart_makes_the_scrape(tmp_path, service_monitor):
+    """RLTOperatorDown's "no operator scraped at all" needs the job="rlt-operator" scrape that the chart's
+    ServiceMonitor makes: rendered without one, it would fire from the install on, for ever. The rendered rules run
+    under promtool: no `up` series at all, then an operator scraped and gone."""
+    files, extra = VALUE_SETS["monitoring"]
+    docs = template(
+        *[a for f in files for a in ("-f", str(f))],
+        *extra,
+        "--set",
+        f"metrics.serviceMonitor.enabled={service_monitor}",
+    )
+    rule = {k: v for k, v in _alerts(docs)["RLTOperatorDown"].items() if k != "annotations"}  # labels are the test
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "rlt", "rules": [rule]}]}))
+    none_scraped = [{"exp_labels": {"severity": "critical", "team": "ml-platform", "job": "rlt-operator"}}]
+    none_scraped = none_scraped if service_monitor else []
+    gone = {"severity": "critical", "team": "ml-platform", "namespace": "rlt-system", "job": "rlt-operator"}
+    case = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [],
+                "alert_rule_test": [{"eval_time": "10m", "alertname": "RLTOperatorDown", "exp_alerts": none_scraped}],
+            },
+            {
+                "interval": "1m",
+                "input_series": [{"series": 'up{namespace="rlt-system", job="rlt-operator"}', "values": "1x5 0x10"}],
+                "alert_rule_test": [
+                    {"eval_time": "14m", "alertname": "RLTOperatorDown", "exp_alerts": [{"exp_labels": gone}]}
+                ],
+            },
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(case))
+    proc = subprocess.run(
+        [tool("promtool"), "test", "rules", "test.yaml"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

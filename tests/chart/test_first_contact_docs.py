@@ -136,3 +136,12 @@ def test_install_guide_says_pvcs_are_kept_and_refused_specs_are_held():
     assert "PVCs stay" in install and "PVCs)" not in install
     assert "as Failed" not in install and "it is held" in install
     assert "## Rolling back" in install and "## Which replica works, several installs" in install
+
+
+def test_helm_notes_say_operator_down_needs_the_service_monitor(tmp_path):
+    """Alerts without the chart's ServiceMonitor: RLTOperatorDown then leaves out "none scraped" (the chart makes no
+    scrape of job rlt-operator), and the notes say how to give it one."""
+    alone = rendered_notes(tmp_path / "alone", "prometheusRule.enabled=true")
+    assert 'RLTOperatorDown watches the scrape job "rlt-operator"' in alone
+    both = rendered_notes(tmp_path / "both", "prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true")
+    assert "RLTOperatorDown" not in both

@@ -38,3 +38,35 @@ def test_tokens_of_steps_between_two_logs_are_counted_once(tmp_path):
     assert total("rlt_scored_tokens_total") == 6.0
     rows = [json.loads(line) for line in recorder.ctx.layout.metrics_file.read_text().splitlines()]
     assert [(r["step"], r["generated_tokens"]) for r in rows] == [(2, 30.0), (4, 70.0), (6, 110.0)]
+
+
+def test_the_step_and_the_step_time_move_with_every_step_between_two_logs(tmp_path):
+    """loggingSteps 3: status.progress.step (read from rlt_step), RLTRunStalled's mean step time and the Step rate
+    panel (rlt_step_seconds) must see every step, or a run with slow steps alerts as stalled between two logs and
+    its step rate reads a third. metrics.jsonl still has a row per log only."""
+    run = load_valid_run(TINY)
+    registry = CollectorRegistry()
+    recorder = Recorder(StageContext(run, RunLayout(tmp_path), TrainerMetrics(run.name, registry=registry)), "rl", 6)
+    callback = make_callback(recorder, lambda seconds: {"seconds_generate": 0.25}, show_progress=False)
+    labels = {"namespace": "local", "run": run.name, "method": "rlt", "stage": "rl"}
+    state, control = TrainerState(max_steps=6), TrainerControl()
+    seen = []
+    for step in range(1, 7):
+        state.global_step = step
+        callback.on_step_begin(None, state, control)
+        callback.on_step_end(None, state, control)
+        if step % 3 == 0:
+            callback.on_log(None, state, control, logs={"loss": 0.5})
+        progress = json.loads(recorder.ctx.layout.progress_file.read_text())
+        seen.append(
+            (
+                registry.get_sample_value("rlt_step", labels),
+                progress["step"],
+                registry.get_sample_value("rlt_step_seconds_count", labels),
+                registry.get_sample_value("rlt_step_phase_seconds_count", labels | {"phase": "generate"}),
+            )
+        )
+    assert seen == [(float(s), s, float(s), float(s)) for s in range(1, 7)]
+    assert registry.get_sample_value("rlt_step_phase_seconds_sum", labels | {"phase": "generate"}) == 1.5
+    rows = [json.loads(line) for line in recorder.ctx.layout.metrics_file.read_text().splitlines()]
+    assert [(r["step"], r["seconds_generate"]) for r in rows] == [(3, 0.25), (6, 0.25)]

@@ -256,9 +256,19 @@ def eval_rows(spec: RLTRunSpec) -> list[dict[str, Any]]:
     return evaluation_set(spec, resolve_format(spec.format)).rows
 
 
-def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, out_dir: Path) -> dict[str, Any]:
-    """Two-pass evaluation of `teacher` (None = no teacher) -> out_dir/<label>/ and out_dir/report.md."""
-    from rlt.rcl.evaluation import evaluate_teacher, write_report
+def evaluate_teaching(
+    ctx: StageContext,
+    teacher: ModelRef | None,
+    label: str,
+    out_dir: Path,
+    on_problems: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Two-pass evaluation of `teacher` (None = no teacher) -> out_dir/<label>/ and out_dir/report.md. The problems
+    go through in slices of `batchSize`, each through both passes, so that a bar and on_problems(done, total) move
+    while it runs: one pass over a whole paper-scale set is longer than RLTRunStalled waits for a step."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
+
+    from rlt.rcl.evaluation import ProblemRecord, evaluate_teacher, write_report
 
     spec, ev = ctx.spec, ctx.spec.stages.evaluate
     device = ctx.compute_device
@@ -269,21 +279,30 @@ def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, o
     t_model = t_tok = None
     if teacher is not None:
         t_model, t_tok = load_model(teacher, device), load_tokenizer(teacher, padding_side="left")
-    records = evaluate_teacher(
-        protocol_for(spec),
-        rows,
-        student,
-        student_tok,
-        t_model,
-        t_tok,
-        student_samples=spec.rcl.student_samples,
-        guidance_samples=ev.samples,
-        temperature=ev.temperature,
-        max_probe_tokens=spec.rcl.max_probe_tokens,
-        max_student_tokens=spec.rcl.max_student_tokens,
-        max_guidance_tokens=ev.max_new_tokens,
-        batch_size=ev.batch_size,
+    records: list[ProblemRecord] = []
+    bar = tqdm(
+        total=len(rows), desc=f"evaluate {label}", unit="problem", disable=not (ctx.show_progress and ctx.is_main)
     )
+    for start in range(0, len(rows), ev.batch_size):
+        records += evaluate_teacher(
+            protocol_for(spec),
+            rows[start : start + ev.batch_size],
+            student,
+            student_tok,
+            t_model,
+            t_tok,
+            student_samples=spec.rcl.student_samples,
+            guidance_samples=ev.samples,
+            temperature=ev.temperature,
+            max_probe_tokens=spec.rcl.max_probe_tokens,
+            max_student_tokens=spec.rcl.max_student_tokens,
+            max_guidance_tokens=ev.max_new_tokens,
+            batch_size=ev.batch_size,
+        )
+        bar.update(len(records) - bar.n)
+        if on_problems is not None:
+            on_problems(len(records), len(rows))
+    bar.close()
     info = {"teacher": teacher.model if teacher else "none", "seconds": round(time.perf_counter() - t0, 1)}
     return write_report(out_dir, label, records, info)
 
@@ -291,9 +310,14 @@ def evaluate_teaching(ctx: StageContext, teacher: ModelRef | None, label: str, o
 def run_rcl_evaluate(ctx: StageContext) -> str:
     teacher, label = final_teacher(ctx)
     recorder = Recorder(ctx, "evaluate", 1)
+
+    def problems_done(done: int, total: int) -> None:  # the stage's step: problems evaluated (the stall clock)
+        recorder.set_total(total)
+        recorder.step_ended(done, {})
+
     out_dir = ctx.layout.eval_dir  # the evaluate stage and `rlt eval` share one report
-    summary = evaluate_teaching(ctx, teacher, label, out_dir)
-    recorder.record(1, step_values(summary))
+    summary = evaluate_teaching(ctx, teacher, label, out_dir, problems_done)
+    recorder.record(recorder.total, step_values(summary))
     recorder.done()
     return str(out_dir / REPORT_MD)
 

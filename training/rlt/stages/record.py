@@ -57,7 +57,30 @@ class Recorder:
         if self.ctx.metrics:
             self.ctx.metrics.set(catalogue.TOTAL_STEPS, total)
 
-    def record(self, step: int, values: dict[str, float]) -> None:
+    def step_ended(self, step: int, values: dict[str, float]) -> None:
+        """Every optimizer step, logged or not: the step gauge (status.progress.step, the clock of the RLTRunStalled
+        alert), progress.json's step and the step-time histograms (the Step rate panel, the alert's mean step time)
+        move with each step; with loggingSteps N they moved only every Nth, so a run alerted as stalled between two
+        logs and its step rate read 1/N. The rest of the record waits for the log (record, observed_each_step)."""
+        if not self.ctx.is_main:
+            return
+        m = self.ctx.metrics
+        if m:
+            m.set(catalogue.STEP, step)
+            for key, value in values.items():
+                metric, label = STEP_KEYS.get(key, ("", None))
+                if (
+                    metric
+                    and METRIC_DEFS[metric].kind == "histogram"
+                    and isinstance(value, (int, float))
+                    and math.isfinite(value)
+                ):
+                    extra = METRIC_DEFS[metric].labels[len(RUN_LABELS) :]
+                    m.observe(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
+        self.write_progress(step, {})
+
+    def record(self, step: int, values: dict[str, float], observed_each_step: bool = False) -> None:
+        """One step record. observed_each_step: step_ended already observed its histograms (the Trainer callback)."""
         if not self.ctx.is_main:
             return
         row = {"stage": self.stage, "step": step, "time": round(time.time(), 3), **values}
@@ -81,7 +104,8 @@ class Recorder:
             elif m and d.kind == "gauge":
                 m.set(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
             elif m and d.kind == "histogram":
-                m.observe(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
+                if not observed_each_step:
+                    m.observe(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
             elif m and value:
                 m.inc(metric, value)
             tracked[tracking_name(metric, label)] = self.totals.get(metric, value)
@@ -215,6 +239,7 @@ def make_callback(
                 if key in self.pending:
                     values[key] = values.get(key, 0.0) + self.pending[key]
             self.pending = values
+            recorder.step_ended(state.global_step, values)
 
         def on_log(
             self,
@@ -231,7 +256,7 @@ def make_callback(
                     values.setdefault(key, float(logs[key]))
             if "train_loss" in logs:
                 return
-            recorder.record(state.global_step, values)
+            recorder.record(state.global_step, values, observed_each_step=True)
             self.pending = {k: v for k, v in self.pending.items() if k not in COUNTED_KEYS}  # counted once
             self.estimate_once(state, values.get("step_seconds"))
             if self.bar is not None:

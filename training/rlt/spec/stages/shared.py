@@ -78,7 +78,12 @@ class TrainerOptions(StageSettings):
     """Options every TRL-trained stage (sft, rl, student) shares, plus the trainerArgs escape hatch."""
 
     max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 = off).")
-    logging_steps: int = Field(1, gt=0, description="Log (metrics.jsonl, tracking, Prometheus) every N steps.")
+    logging_steps: int = Field(
+        1,
+        gt=0,
+        description="Log (metrics.jsonl, tracking, Prometheus) every N steps; the step (rlt_step, progress) and the "
+        "step-time histograms move every step.",
+    )
     save_total_limit: int | None = Field(
         2,
         gt=0,
