@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from rlt.contract import metrics as catalogue
 from rlt.contract.env import GROUP_RANK, LOCAL_RANK, NODE_RANK, RANK, STAGE, TRACE
@@ -69,15 +69,24 @@ class Recorder:
             m.set(catalogue.STEP, step)
             for key, value in values.items():
                 metric, label = STEP_KEYS.get(key, ("", None))
-                if (
-                    metric
-                    and METRIC_DEFS[metric].kind == "histogram"
-                    and isinstance(value, (int, float))
-                    and math.isfinite(value)
-                ):
-                    extra = METRIC_DEFS[metric].labels[len(RUN_LABELS) :]
-                    m.observe(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
+                if metric and METRIC_DEFS[metric].kind == "histogram" and _finite(value):
+                    self._export(metric, value, label)
         self.write_progress(step, {})
+
+    def _export(self, metric: str, value: float, label: str | None) -> None:
+        """One value to Prometheus by its kind; a metric with a label beyond the run's takes `label` as its value."""
+        m = self.ctx.metrics
+        if not m:
+            return
+        d = METRIC_DEFS[metric]
+        extra = d.labels[len(RUN_LABELS) :]
+        labels = cast("dict[str, str]", {extra[0]: label} if extra else {})
+        if d.kind == "gauge":
+            m.set(metric, value, **labels)
+        elif d.kind == "histogram":
+            m.observe(metric, value, **labels)
+        elif value:
+            m.inc(metric, value)
 
     def record(self, step: int, values: dict[str, float], observed_each_step: bool = False) -> None:
         """One step record. observed_each_step: step_ended already observed its histograms (the Trainer callback)."""
@@ -91,23 +100,16 @@ class Recorder:
         tracked: dict[str, float] = {}
         for key, (metric, step_label) in STEP_KEYS.items():
             value = values.get(key)
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not _finite(value):
                 continue
-            d = METRIC_DEFS[metric]
-            extra = d.labels[len(RUN_LABELS) :]
-            if d.kind == "counter":
+            kind = METRIC_DEFS[metric].kind
+            if kind == "counter":
                 self.totals[metric] = self.totals.get(metric, 0.0) + value
-            label = step_label
+            label = step_label  # a metric with a label has a label value in STEP_KEYS
             if key == "accuracy":  # labelled by the evaluated model: the evaluate stage exports it itself
                 label = self.eval_model
-            # a metric with a label has a label value in STEP_KEYS
-            elif m and d.kind == "gauge":
-                m.set(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
-            elif m and d.kind == "histogram":
-                if not observed_each_step:
-                    m.observe(metric, value, **cast("dict[str, str]", {extra[0]: label} if extra else {}))
-            elif m and value:
-                m.inc(metric, value)
+            elif not (kind == "histogram" and observed_each_step):
+                self._export(metric, value, label)
             tracked[tracking_name(metric, label)] = self.totals.get(metric, value)
         if self.tracker is not None and tracked:
             self.tracker.log(step, tracked)
@@ -151,6 +153,10 @@ class Recorder:
 
             fingerprint.record(self.ctx.layout, self.ctx.spec, self.stage)
             atomic_write_text(self.ctx.layout.stage_done(self.stage), format_time() + "\n")
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 class PhaseTimer:
