@@ -132,3 +132,79 @@ def test_required_panels_exist():
     } <= titles["rlt-generation"]
     assert {"Step time by phase", "Scored tokens/s"} <= titles["rlt-training"]
     assert {"Operator up", "Reconciles/s by result", "Reconcile latency p50 / p95"} <= titles["rlt-operator"]
+
+
+# A selector of one of our series: `rlt_step_phase_seconds_sum{namespace=~"$namespace", phase="generate"}`.
+SELECTOR_RE = re.compile(r"\b(rlt_[a-z0-9_]+|controller_runtime_[a-z_]+|rest_client_[a-z_]+)\{([^}]*)\}")
+MATCHER_RE = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+# Labels a scrape adds to every series (the Pod's namespace is also a run label).
+SCRAPE_LABELS = {"namespace", "pod", "instance", "job", "container", "endpoint", "service"}
+
+
+def _selectors() -> list[tuple[str, str, str, str, str]]:
+    """(where, series, label, operator, value) for every label matcher on one of our series."""
+    found = []
+    queries = [(f"alert {r['alert']}", r["expr"]) for r in alert_rules()]
+    queries += [(f"{name}: {title}", expr) for name, d in dashboards().items() for title, _, expr in panel_queries(d)]
+    for where, expr in queries:
+        for series, matchers in SELECTOR_RE.findall(expr):
+            found += [(where, series, *m) for m in MATCHER_RE.findall(matchers)]
+    return found
+
+
+def _label_values() -> dict[tuple[str, str], set[str]]:
+    """(metric, label) -> the values the code can give that label, where they are a bounded set."""
+    from rlt.contract.method_registry import METHOD_NAMES
+    from rlt.contract.metrics import ALL_METRICS, RUN_CONDITION
+    from rlt.contract.stage_registry import STAGE_ORDER
+    from rlt_operator.status.model import ConditionType
+
+    values: dict[tuple[str, str], set[str]] = {}
+    for d in ALL_METRICS:
+        values |= {(d.name, label): {str(v) for v in vals} for label, vals in d.bounded}
+        if "stage" in d.labels:
+            values[d.name, "stage"] = set(STAGE_ORDER)
+        if "method" in d.labels:
+            values[d.name, "method"] = set(METHOD_NAMES)
+    values[RUN_CONDITION, "type"] = {str(t) for t in ConditionType}
+    values[RUN_CONDITION, "status"] = {"True", "False", "Unknown"}
+    return values
+
+
+def _catalogued(series: str):
+    from rlt.contract.metrics import METRIC_DEFS
+
+    for suffix in ("_bucket", "_sum", "_count", ""):
+        d = METRIC_DEFS.get(series.removesuffix(suffix)) if series.endswith(suffix) else None
+        if d is not None and (suffix == "" or d.kind == "histogram"):
+            return d, suffix
+    raise AssertionError(f"{series} is not in the catalogue")
+
+
+def test_alerts_and_dashboards_name_only_labels_and_values_the_code_gives():
+    """A retyped label value (`phase="generation"`, `type="TrainerRuning"`) matches no series: the panel is empty
+    and the alert never fires, silently. Every label a rule or panel matches on must be the series' own or a scrape's,
+    and every literal value one the code emits: the catalogue's bounded values, a stage, a method, a condition type,
+    or a reason the operator's code writes."""
+    operator_code = "\n".join(p.read_text() for p in (ROOT / "operator" / "rlt_operator").rglob("*.py"))
+    values = _label_values()
+    selectors = _selectors()
+    assert any(label == "phase" and value == "generate" for _, _, label, _, value in selectors)
+    wrong = []
+    for where, series, label, op, value in selectors:
+        d, suffix = _catalogued(series)
+        if label not in {*d.labels, *SCRAPE_LABELS, *(("le",) if suffix == "_bucket" else ())}:
+            wrong.append(f"{where}: {series} has no label {label!r}")
+            continue
+        if op not in ("=", "=~") or "$" in value or not value:
+            continue  # a dashboard variable, or a negative matcher
+        literals = value.split("|") if op == "=~" else [value]
+        for literal in literals:
+            if not re.fullmatch(r"[\w-]+", literal):
+                wrong.append(f"{where}: {label}=~{value!r} is not a list of literal values this test can check")
+            elif label == "reason":
+                if f'"{literal}"' not in operator_code:
+                    wrong.append(f"{where}: no reason {literal!r} in the operator's code")
+            elif (d.name, label) in values and literal not in values[d.name, label]:
+                wrong.append(f"{where}: {d.name}'s {label} is never {literal!r}: {sorted(values[d.name, label])}")
+    assert not wrong, "\n".join(wrong)

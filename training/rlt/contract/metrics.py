@@ -125,11 +125,15 @@ class MetricDef:
     help: str
     labels: tuple[str, ...] = RUN_LABELS
     source: str = "trainer"  # trainer | operator
+    # (label, its values) for a label with a bounded set of values beyond the run's (which rules and panels may name)
+    bounded: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def per_value(name: str, kind: str, what: str, label: str, values: tuple[str, ...]) -> MetricDef:
     """A trainer metric with one label beyond the run's; its help names the label's values."""
-    return MetricDef(name, kind, f"{what} ({label}: {', '.join(values)}).", RUN_LABELS + (label,))
+    return MetricDef(
+        name, kind, f"{what} ({label}: {', '.join(values)}).", RUN_LABELS + (label,), bounded=((label, values),)
+    )
 
 
 TRAINER_METRICS: tuple[MetricDef, ...] = (
@@ -223,6 +227,7 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
         "as controller-runtime counts them.",
         ("controller", "result"),
         "operator",
+        bounded=(("controller", (CONTROLLER,)), ("result", RECONCILE_RESULTS)),
     ),
     MetricDef(
         RECONCILE_ERRORS,
@@ -230,8 +235,16 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
         "Reconciles that failed (an API error or a bug; the loop retries), as controller-runtime counts them.",
         ("controller",),
         "operator",
+        bounded=(("controller", (CONTROLLER,)),),
     ),
-    MetricDef(RECONCILE_SECONDS, "histogram", "Seconds per reconcile.", ("controller",), "operator"),
+    MetricDef(
+        RECONCILE_SECONDS,
+        "histogram",
+        "Seconds per reconcile.",
+        ("controller",),
+        "operator",
+        (("controller", (CONTROLLER,)),),
+    ),
     MetricDef(
         REST_CLIENT_REQUESTS,
         "counter",
@@ -254,6 +267,7 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
         f"1 for the run's current phase (phase: {', '.join(Phase)}), else 0.",
         OPERATOR_LABELS + ("phase",),
         "operator",
+        bounded=(("phase", tuple(Phase)),),
     ),
     MetricDef(
         RUN_INFO,
