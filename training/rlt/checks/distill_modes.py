@@ -75,7 +75,7 @@ def distill_lines(
 
     if served:
         slots = _slots(spec, shapes, gpu_memory, generation(spec).gpu_memory_utilization, length, tp)
-        engines = res.generator.replicas * res.generator.data_parallel_size  # vLLM's: tp × dp of each pod's GPUs
+        engines = res.generator.engines
         held = f" (of {served} held)" if engines * tp < served else ""
         add(
             "served",

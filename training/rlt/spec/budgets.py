@@ -30,7 +30,7 @@ def rollout_seconds(spec: RLTRunSpec, stage: str) -> int:
     round at the slowest assumed rate. 0 for stages that generate nothing. The stage's settings model says what its
     round is (rlt.spec.stages.StageSettings.rollout)."""
     gen = spec.resources.generator
-    servers = gen.replicas * gen.data_parallel_size
+    servers = gen.engines
     rollout = stage_settings(spec, stage).rollout(spec)
     if rollout is None:
         return 0

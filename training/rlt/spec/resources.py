@@ -216,6 +216,16 @@ class GeneratorResources(PodResources):
         }
     )
 
+    @property
+    def engines(self) -> int:
+        """vLLM engines the generators run: dataParallelSize per replica, each a scheduler with its own decode slots."""
+        return self.replicas * self.data_parallel_size
+
+    @property
+    def engine_gpus(self) -> int:
+        """GPUs the engines use (tensorParallelSize each); a pod's gpus beyond them are held for nothing."""
+        return self.engines * self.tensor_parallel_size
+
     @model_validator(mode="after")
     def _tp_fits(self) -> GeneratorResources:
         if self.gpus and self.tensor_parallel_size > self.gpus:

@@ -244,7 +244,7 @@ def groups_in_flight(st: RlStage, generator: GeneratorResources, ranks: int) -> 
     numGenerations. More would wait in vLLM's queue, where a request gets no byte while the sequences before it
     decode, and server_generate takes serverTimeoutSeconds without a byte for a cut stream (one request per rank
     before kept its bytes flowing while any of its sequences ran)."""
-    engines = max(1, generator.replicas * generator.data_parallel_size)
+    engines = max(1, generator.engines)
     per_rank = VLLM_MAX_NUM_SEQS * engines // max(1, ranks * steps_off_policy(st))
     return max(1, per_rank // st.num_generations)
 

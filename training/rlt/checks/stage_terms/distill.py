@@ -86,7 +86,7 @@ def distill_sequences_in_flight(
     (rlt.method.pipeline.as_completed), so the slots stay filled, not only at the start of a wave. Without the
     teacher's shape, max-num-seqs alone bounds it."""
     d, res = spec.stages.distill, spec.resources
-    servers = max(1, res.generator.replicas * res.generator.data_parallel_size)
+    servers = max(1, res.generator.engines)
     ranks = res.trainer.nodes * max(1, res.trainer.gpus)
     prompt = teacher_prompt_tokens(spec) if prompt_tokens is None else prompt_tokens
     length = prompt + math.ceil(d.max_new_tokens * MEAN_COMPLETION_SHARE)

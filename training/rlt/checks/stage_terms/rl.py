@@ -173,7 +173,7 @@ def _rl_phases(
     mode = rl.generation.mode
     completion = rl.max_completion_length * MEAN_COMPLETION_SHARE
     server = mode == "server"
-    engines = max(1, gen.replicas * gen.data_parallel_size) if server else t.trainer_gpus
+    engines = max(1, gen.engines) if server else t.trainer_gpus
     slots = VLLM_MAX_NUM_SEQS
     b = dtype_bytes(spec.teacher)
     if mode != "inprocess":
@@ -207,7 +207,7 @@ def _rl_phases(
         t,
         reads_prompts=True,
         generator_gpus=gen.replicas * gen.gpus if server else 0,
-        engine_gpus=gen.replicas * gen.tensor_parallel_size * gen.data_parallel_size if server else 0,
+        engine_gpus=gen.engine_gpus if server else 0,
         # generators on MIG slices hold a share of a GPU the plan does not know: counting none would credit their
         # decoding to the trainer GPUs (a goodput above 100 %)
         goodput_unknown="the generators hold MIG slices (resources.generator.gpus: 0), a share of a GPU the plan "
