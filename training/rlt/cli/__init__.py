@@ -324,16 +324,18 @@ def exit_without_teardown(code: int) -> NoReturn:
     import atexit
     import threading
 
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream: nothing to say
-            stream.flush()
+    _flush_output()
     # as the interpreter's exit does first: join the non-daemon threads (an executor's workers among them)
     getattr(threading, "_shutdown", lambda: None)()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
+    _flush_output()  # what the atexit handlers said
     os._exit(code)
+
+
+def _flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream: nothing to say
+            stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
