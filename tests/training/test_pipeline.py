@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -107,7 +108,8 @@ def test_rerun_after_the_last_checkpoint_trains_no_extra_step(finished, tmp_path
 
 
 def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
-    """`rlt run` as a user runs it: metrics on a port, then --linger keeps them up."""
+    """`rlt run` as a user runs it: metrics on a port, then --linger keeps them up; Ctrl-C ends the wait with the
+    run's own exit code, 0 (the run is done), not the 130 of an interrupted run."""
 
     port = free_port()
     proc = subprocess.Popen(
@@ -136,9 +138,13 @@ def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
             if "serving metrics" in line:
                 break
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stdout.read()
+        code = proc.wait(timeout=60)
     finally:
         proc.kill()
         proc.wait()
+    assert code == 0 and "stopped serving metrics" in rest, rest[-2000:]
     assert 'rlt_stage_completed{method="rlt",namespace="local",run="tiny",stage="sft"} 1.0' in body
     assert 'rlt_step{method="rlt",namespace="local",run="tiny",stage="sft"} 2.0' in body
     assert "rlt_loss{" in body

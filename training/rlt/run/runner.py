@@ -209,8 +209,11 @@ def run_local(
         atomic_write_json(layout.summary_file, summary)
         print_summary(layout, summary)
         if linger > 0:
-            print(f"serving metrics for {linger:.0f} s more", flush=True)
-            time.sleep(linger)
+            print(f"serving metrics for {linger:.0f} s more (Ctrl-C ends this; the run is done)", flush=True)
+            try:
+                time.sleep(linger)
+            except KeyboardInterrupt:  # the run finished and is recorded: ending the wait is no failure (exit 0)
+                print("stopped serving metrics", flush=True)
         return summary
     finally:
         metrics.shutdown()
