@@ -15,6 +15,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,7 @@ def _stage_settings(doc: dict[str, Any], stage: str, own: bool) -> dict[str, Any
     return {f"stages.{stage}.{k}": v for k, v in kept.items()}
 
 
+@cache  # the defaults never change (callers only read the dict)
 def _default_flat(stage: str) -> dict[str, Any]:
     """A stage's default settings, flattened as _stage_settings flattens them."""
     from rlt.spec.stages import Stages
