@@ -209,15 +209,21 @@ def run_local(
         atomic_write_json(layout.summary_file, summary)
         print_summary(layout, summary)
         if linger > 0:
-            print(f"serving metrics for {linger:.0f} s more (Ctrl-C ends this; the run is done)", flush=True)
-            try:
-                time.sleep(linger)
-            except KeyboardInterrupt:  # the run finished and is recorded: ending the wait is no failure (exit 0)
-                print("stopped serving metrics", flush=True)
+            _linger(linger)
         return summary
     finally:
         metrics.shutdown()
         lock.release()
+
+
+def _linger(seconds: float) -> None:
+    """Keep the metrics served after the run (--linger). Ctrl-C ends the wait: the run finished and is recorded, so
+    that is no failure (exit 0, not an interrupted run's 130)."""
+    print(f"serving metrics for {seconds:.0f} s more (Ctrl-C ends this; the run is done)", flush=True)
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        print("stopped serving metrics", flush=True)
 
 
 def begin_stage(layout: RunLayout, run: RLTRun, plan: fingerprint.StagePlan) -> None:
