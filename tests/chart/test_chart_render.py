@@ -457,18 +457,19 @@ def test_a_rollout_waits_for_a_new_operator_that_answers_and_stays_up():
     assert sa["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
 
 
-@pytest.mark.parametrize("service_monitor", [True, False])
-def test_operator_down_fires_for_no_scrape_only_where_the_chart_makes_the_scrape(tmp_path, service_monitor):
+@pytest.mark.parametrize(
+    "unset",
+    [None, "metrics.serviceMonitor.enabled=false"],
+    ids=["service-monitor", "no-service-monitor"],
+)
+def test_operator_down_fires_for_no_scrape_only_where_the_chart_makes_the_scrape(tmp_path, unset):
     """RLTOperatorDown's "no operator scraped at all" needs the job="rlt-operator" scrape that the chart's
-    ServiceMonitor makes: rendered without one, it would fire from the install on, for ever. The rendered rules run
-    under promtool: no `up` series at all, then an operator scraped and gone."""
+    ServiceMonitor makes: rendered without one, it would fire from the install on, for ever. The rendered rules run under promtool: no `up` series at all, then an operator
+    scraped and gone."""
     files, extra = VALUE_SETS["monitoring"]
-    docs = template(
-        *[a for f in files for a in ("-f", str(f))],
-        *extra,
-        "--set",
-        f"metrics.serviceMonitor.enabled={service_monitor}",
-    )
+    docs = template(*[a for f in files for a in ("-f", str(f))], *extra, *(("--set", unset) if unset else ()))
+    service_monitor = unset is None
+    assert any(d["kind"] == "ServiceMonitor" for d in docs) == service_monitor
     rule = {k: v for k, v in _alerts(docs)["RLTOperatorDown"].items() if k != "annotations"}  # labels are the test
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "rlt", "rules": [rule]}]}))
     none_scraped = [{"exp_labels": {"severity": "critical", "team": "ml-platform", "job": "rlt-operator"}}]

@@ -56,12 +56,12 @@ def test_walkthrough_kubeconfig_and_selector_work_without_tmpdir():
     assert f"--namespace {run.metadata.namespace}" in walk  # the sandbox serves the example's namespace
 
 
-def rendered_notes(tmp_path, *sets: str) -> str:
+def rendered_notes(tmp_path, *sets: str, api: bool = False) -> str:
     """NOTES.txt as `helm install` prints it, without a cluster: the chart copied, its NOTES rendered through `tpl`
-    into a ConfigMap that `helm template` shows."""
+    into a ConfigMap that `helm template` shows. api: the cluster serves monitoring.coreos.com/v1."""
     import shutil
 
-    from chart_helpers import CHART, IMAGE, helm
+    from chart_helpers import CHART, IMAGE, MONITORING_API, helm
 
     chart = tmp_path / "chart"
     shutil.copytree(CHART, chart)
@@ -70,7 +70,7 @@ def rendered_notes(tmp_path, *sets: str) -> str:
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
         '{{ tpl (.Files.Get "files/NOTES.txt") . | indent 4 }}\n'
     )
-    args = [a for v in sets for a in ("--set", v)]
+    args = [a for v in sets for a in ("--set", v)] + (["--api-versions", MONITORING_API] if api else [])
     out = helm("template", "rel", str(chart), *IMAGE, *args, "--show-only", "templates/zz-notes.yaml").stdout
     return yaml.safe_load(out)["data"]["notes"]
 
@@ -141,7 +141,9 @@ def test_install_guide_says_pvcs_are_kept_and_refused_specs_are_held():
 def test_helm_notes_say_operator_down_needs_the_service_monitor(tmp_path):
     """Alerts without the chart's ServiceMonitor: RLTOperatorDown then leaves out "none scraped" (the chart makes no
     scrape of job rlt-operator), and the notes say how to give it one."""
-    alone = rendered_notes(tmp_path / "alone", "prometheusRule.enabled=true")
+    alone = rendered_notes(tmp_path / "alone", "prometheusRule.enabled=true", api=True)
     assert 'RLTOperatorDown watches the scrape job "rlt-operator"' in alone
-    both = rendered_notes(tmp_path / "both", "prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true")
-    assert "RLTOperatorDown" not in both
+    on = ("prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true")
+    assert "RLTOperatorDown" not in rendered_notes(tmp_path / "both", *on, api=True)
+    # no monitoring API: no rule was made, and the warning above says so
+    assert "RLTOperatorDown" not in rendered_notes(tmp_path / "no-api", "prometheusRule.enabled=true")

@@ -62,6 +62,12 @@ app.kubernetes.io/component: operator
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
 {{- end }}
 
+{{/* "true" where the chart makes the operator's ServiceMonitor (the scrape job="rlt-operator"), else empty: it
+needs the metrics Service and the monitoring API too. servicemonitor.yaml, RLTOperatorDown's rule and the notes. */}}
+{{- define "rlt-operator.makesServiceMonitor" -}}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.service.enabled (include "rlt-operator.hasMonitoringApi" .) }}true{{ end }}
+{{- end }}
+
 {{/* Arguments of `rlt operator`: the namespaces to watch (or all of them), then the user's extras. */}}
 {{- define "rlt-operator.args" -}}
 {{- if .Values.operator.watchNamespaces }}
