@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from prometheus_client import CollectorRegistry
 from suite_helpers import TINY
@@ -48,6 +49,7 @@ def test_the_step_and_the_step_time_move_with_every_step_between_two_logs(tmp_pa
     registry = CollectorRegistry()
     recorder = Recorder(StageContext(run, RunLayout(tmp_path), TrainerMetrics(run.name, registry=registry)), "rl", 6)
     callback = make_callback(recorder, lambda seconds: {"seconds_generate": 0.25}, show_progress=False)
+    recorder.progress_every_s = 0.0  # progress.json too, every step (at most every 5 s in a run: its fsync)
     labels = {"namespace": "local", "run": run.name, "method": "rlt", "stage": "rl"}
     state, control = TrainerState(max_steps=6), TrainerControl()
     seen = []
@@ -70,3 +72,25 @@ def test_the_step_and_the_step_time_move_with_every_step_between_two_logs(tmp_pa
     assert registry.get_sample_value("rlt_step_phase_seconds_sum", labels | {"phase": "generate"}) == 1.5
     rows = [json.loads(line) for line in recorder.ctx.layout.metrics_file.read_text().splitlines()]
     assert [(r["step"], r["seconds_generate"]) for r in rows] == [(3, 0.25), (6, 0.25)]
+
+
+def test_progress_json_between_logs_waits_its_interval_and_logs_always_write(tmp_path):
+    """progress.json is an fsync on the step's path (~6 ms on a busy disk): between two logs it is written at most
+    every progress_every_s, from the first step on; a log writes it always, and the step gauge moves every step."""
+    run = load_valid_run(TINY)
+    registry = CollectorRegistry()
+    recorder = Recorder(StageContext(run, RunLayout(tmp_path), TrainerMetrics(run.name, registry=registry)), "rl", 6)
+    callback = make_callback(recorder, lambda seconds: {}, show_progress=False)
+    recorder.progress_every_s = math.inf  # no clock in the test: only the first step and the logs write
+    labels = {"namespace": "local", "run": run.name, "method": "rlt", "stage": "rl"}
+    state, control = TrainerState(max_steps=6), TrainerControl()
+    seen = []
+    for step in range(1, 7):
+        state.global_step = step
+        callback.on_step_begin(None, state, control)
+        callback.on_step_end(None, state, control)
+        if step % 3 == 0:
+            callback.on_log(None, state, control, logs={"loss": 0.5})
+        progress = json.loads(recorder.ctx.layout.progress_file.read_text())
+        seen.append((registry.get_sample_value("rlt_step", labels), progress["step"]))
+    assert seen == [(1.0, 1), (2.0, 1), (3.0, 3), (4.0, 3), (5.0, 3), (6.0, 6)]

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 
+PROGRESS_EVERY_S = 5.0  # progress.json between two logs (Recorder.step_ended)
+
+
 class Recorder:
     """Appends step records to metrics.jsonl, updates progress.json and the Prometheus gauges (rank 0 only)."""
 
@@ -51,6 +54,10 @@ class Recorder:
         self.eval_model: str | None = None  # label of rlt_eval_accuracy (set by evaluate stages)
         self.tracker = Tracker(ctx, stage) if ctx.spec.tracking.report_to() and ctx.is_main else None
         self.reward_key = "rewardMean"  # progress.json's name for values["reward"] (distill: candidateRewardMean)
+        # progress.json between two logs at most this often: a write is an fsync (~6 ms on a busy disk, more on a
+        # network volume), on the step's path; the step gauge, which the operator and the alerts read, moves every step
+        self.progress_every_s = PROGRESS_EVERY_S
+        self.progress_written = -math.inf  # time.monotonic() of the last write
 
     def set_total(self, total: int) -> None:
         self.total = total
@@ -59,9 +66,10 @@ class Recorder:
 
     def step_ended(self, step: int, values: dict[str, float]) -> None:
         """Every optimizer step, logged or not: the step gauge (status.progress.step, the clock of the RLTRunStalled
-        alert), progress.json's step and the step-time histograms (the Step rate panel, the alert's mean step time)
-        move with each step; with loggingSteps N they moved only every Nth, so a run alerted as stalled between two
-        logs and its step rate read 1/N. The rest of the record waits for the log (record, observed_each_step)."""
+        alert) and the step-time histograms (the Step rate panel, the alert's mean step time) move with each step;
+        with loggingSteps N they moved only every Nth, so a run alerted as stalled between two logs and its step rate
+        read 1/N. progress.json's step follows every progress_every_s. The rest of the record waits for the log
+        (record, observed_each_step)."""
         if not self.ctx.is_main:
             return
         m = self.ctx.metrics
@@ -71,7 +79,8 @@ class Recorder:
                 metric, label = STEP_KEYS.get(key, ("", None))
                 if metric and METRIC_DEFS[metric].kind == "histogram" and _finite(value):
                     self._export(metric, value, label)
-        self.write_progress(step, {})
+        if time.monotonic() - self.progress_written >= self.progress_every_s:
+            self.write_progress(step, {})
 
     def _export(self, metric: str, value: float, label: str | None) -> None:
         """One value to Prometheus by its kind; a metric with a label beyond the run's takes `label` as its value."""
@@ -142,6 +151,7 @@ class Recorder:
         if self.last_checkpoint:
             self.progress["lastCheckpoint"] = self.last_checkpoint
         atomic_write_json(self.ctx.layout.progress_file, self.progress)
+        self.progress_written = time.monotonic()
 
     def done(self) -> None:
         if self.tracker is not None:
