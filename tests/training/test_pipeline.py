@@ -112,27 +112,34 @@ def test_cli_run_serves_prometheus_metrics_while_lingering(tmp_path):
     run's own exit code, 0 (the run is done), not the 130 of an interrupted run."""
 
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rlt.cli",
-            "run",
-            str(TINY),
-            "--output-dir",
-            str(tmp_path),
-            "--metrics-port",
-            str(port),
-            "--linger",
-            "30",
-            "--stage",
-            "sft",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # Ctrl-C as a terminal sends it: a suite started in the background (`make test &`) ignores SIGINT and a child
+    # inherits an ignored signal, so the wait would run its 30 s out. A handler is not inherited: the child gets
+    # the default, as from a shell.
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlt.cli",
+                "run",
+                str(TINY),
+                "--output-dir",
+                str(tmp_path),
+                "--metrics-port",
+                str(port),
+                "--linger",
+                "30",
+                "--stage",
+                "sft",
+                "--no-progress",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     try:
         for line in proc.stdout:
             if "serving metrics" in line:
