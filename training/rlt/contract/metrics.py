@@ -243,7 +243,7 @@ OPERATOR_METRICS: tuple[MetricDef, ...] = (
         "Seconds per reconcile.",
         ("controller",),
         "operator",
-        (("controller", (CONTROLLER,)),),
+        bounded=(("controller", (CONTROLLER,)),),
     ),
     MetricDef(
         REST_CLIENT_REQUESTS,
