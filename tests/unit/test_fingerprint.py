@@ -242,3 +242,25 @@ def test_a_record_from_before_a_field_was_counted_stays_current_whatever_its_val
         finish(fresh, tiny(), stage)  # this version's records: overlap at its default, left out, counted
     with pytest.raises(fp.StaleStageError, match="stages.rl.generation.overlap <unset> -> oneStepOff"):
         plan(fresh, run, ("sft", "rl"))
+
+
+def test_logging_cadence_is_no_edit_and_a_record_that_counted_it_stays_current(tmp_path):
+    """loggingSteps changes what is logged, not what a stage produces: editing it on a finished run must not refuse
+    (nor redo hours of training), also for stages recorded by the earlier version that counted it."""
+    layout = RunLayout.for_run(tmp_path, "tiny")
+    run = tiny()
+    for stage in ("sft", "rl"):
+        finish(layout, run, stage)
+    logged = tiny(**{"stages.sft.loggingSteps": 4, "stages.rl.loggingSteps": 2})
+    assert plan(layout, logged, ("sft", "rl")) == [("sft", "skip"), ("rl", "skip")]
+    for stage in ("sft", "rl"):  # as version 2 wrote them: loggingSteps among the fields
+        path = fp.fingerprint_path(layout, stage)
+        doc = json.loads(path.read_text())
+        fields = {**doc["fields"], **{f"stages.{s}.loggingSteps": 1 for s in ("sft", "rl")[: 1 + (stage == "rl")]}}
+        path.write_text(json.dumps({"fingerprint": fp.fingerprint_of(fields), "fields": fields, "counted": 2}))
+    assert plan(layout, logged, ("sft", "rl")) == [("sft", "skip"), ("rl", "skip")]
+    with pytest.raises(fp.StaleStageError, match="stages.rl.beta 0.04 -> 0.0"):  # a real edit is still one
+        plan(layout, tiny(**{"stages.rl.beta": 0.0}), ("sft", "rl"))
+    # version 2 counted rl's overlap already (left out at its default): it is not read as the current value
+    with pytest.raises(fp.StaleStageError, match="stages.rl.generation.overlap <unset> -> oneStepOff"):
+        plan(layout, tiny(**{"stages.rl.generation.overlap": "oneStepOff"}), ("sft", "rl"))
