@@ -59,3 +59,29 @@ def test_the_exit_code_is_the_commands_while_daemon_threads_are_inside_torch_cal
     # all of the command's output flushed
     assert ("rltrun-tiny.yaml: ok" in said) if valid else ("unknown teaching method 'nope'" in said), said
     assert "hook: atexit ran" in done.stderr, said  # atexit handlers still run (logging, multiprocessing, trackers)
+
+
+DEFECT = """
+import rlt.cli
+
+def defect(path, args):
+    raise RuntimeError("a defect inside the command")
+
+rlt.cli.validate_file = defect
+"""
+
+
+def test_a_command_that_raises_exits_1_with_its_traceback_last_while_daemon_threads_are_inside_torch_calls(tmp_path):
+    """A failing rank (an exception no command catches) went through the interpreter's teardown: exit 134 and, with
+    faulthandler on, every thread's stack after the traceback, which pushed the exception out of the log tail the
+    operator reads the pod's error line from (FallbackToLogsOnError)."""
+    (tmp_path / "sitecustomize.py").write_text(HOOK + DEFECT)
+    done = rlt(tmp_path, "validate", str(EXAMPLES / "rltrun-tiny.yaml"))
+    said = done.stdout + done.stderr
+    assert "hook: 2 daemon threads inside torch calls" in done.stderr, said
+    assert "terminate called" not in said and "Fatal Python error" not in said, said
+    assert done.returncode == 1, said
+    lines = done.stderr.splitlines()
+    assert "Traceback (most recent call last):" in lines, said
+    # the exception is the last thing said but the atexit handlers' lines: the tail the operator reads
+    assert lines[-2:] == ["RuntimeError: a defect inside the command", "hook: atexit ran"], said

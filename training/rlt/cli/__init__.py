@@ -9,6 +9,7 @@ import faulthandler
 import os
 import re
 import sys
+import traceback
 from dataclasses import asdict, dataclass, field
 from typing import NoReturn
 
@@ -351,10 +352,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.owns_process:
         with contextlib.suppress(RuntimeError, ValueError, OSError):  # no stderr to write to: nothing to enable
             faulthandler.enable()  # a native crash (SIGSEGV, SIGABRT) prints every thread's Python stack (pod logs)
-    code = _run_command(args)
-    if args.owns_process:
-        exit_without_teardown(code)
-    return code
+    if not args.owns_process:
+        return _run_command(args)
+    try:
+        code = _run_command(args)
+    except Exception:  # a defect: its traceback as Python prints it, exit 1, but no teardown (it could abort, 134)
+        traceback.print_exc()
+        code = ExitCode.FAILED
+    exit_without_teardown(code)
 
 
 def _run_command(args: argparse.Namespace) -> int:
