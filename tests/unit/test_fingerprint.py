@@ -128,15 +128,6 @@ def test_stages_finished_before_fingerprints_existed_are_kept(tmp_path):
     assert p.action == "skip" and "assumed unchanged" in p.note
 
 
-def test_the_operator_can_tell_which_finished_stages_an_edit_touches():
-    run = tiny()
-    recorded = {stage: fp.stage_fingerprint(run.spec, stage) for stage in ("sft", "rl")}
-    assert fp.edited_finished_stages(run.spec, recorded) == []
-    assert fp.edited_finished_stages(tiny(**{"stages.rl.beta": 0.0}).spec, recorded) == ["rl"]
-    assert fp.edited_finished_stages(tiny(**{"stages.sft.maxSteps": 3}).spec, recorded) == ["sft", "rl"]
-    assert fp.edited_finished_stages(tiny(**{"stages.distill.limit": 2}).spec, recorded) == []  # distill not finished
-
-
 def test_a_field_added_later_at_its_old_behaviour_keeps_finished_stages_current(tmp_path):
     """stages.rl.lossType (was fixed at grpo): a stage recorded before the field existed is still current at grpo, and
     the new value is a named change."""
@@ -244,23 +235,25 @@ def test_a_record_from_before_a_field_was_counted_stays_current_whatever_its_val
         plan(fresh, run, ("sft", "rl"))
 
 
-def test_logging_cadence_is_no_edit_and_a_record_that_counted_it_stays_current(tmp_path):
-    """loggingSteps changes what is logged, not what a stage produces: editing it on a finished run must not refuse
-    (nor redo hours of training), also for stages recorded by the earlier version that counted it."""
+def test_logging_cadence_is_recorded_but_no_edit_of_a_finished_or_a_stopped_stage(tmp_path):
+    """loggingSteps changes what is logged, not what a stage produces: editing it must not refuse (nor redo hours of
+    training). It stays in the records, so their fingerprints and what an earlier rlt reads (a rollback) are as
+    before."""
     layout = RunLayout.for_run(tmp_path, "tiny")
     run = tiny()
     for stage in ("sft", "rl"):
         finish(layout, run, stage)
+    assert fp.recorded_fields(layout, "rl")["stages.rl.loggingSteps"] == 1
     logged = tiny(**{"stages.sft.loggingSteps": 4, "stages.rl.loggingSteps": 2})
     assert plan(layout, logged, ("sft", "rl")) == [("sft", "skip"), ("rl", "skip")]
-    for stage in ("sft", "rl"):  # as version 2 wrote them: loggingSteps among the fields
-        path = fp.fingerprint_path(layout, stage)
-        doc = json.loads(path.read_text())
-        fields = {**doc["fields"], **{f"stages.{s}.loggingSteps": 1 for s in ("sft", "rl")[: 1 + (stage == "rl")]}}
-        path.write_text(json.dumps({"fingerprint": fp.fingerprint_of(fields), "fields": fields, "counted": 2}))
-    assert plan(layout, logged, ("sft", "rl")) == [("sft", "skip"), ("rl", "skip")]
-    with pytest.raises(fp.StaleStageError, match="stages.rl.beta 0.04 -> 0.0"):  # a real edit is still one
-        plan(layout, tiny(**{"stages.rl.beta": 0.0}), ("sft", "rl"))
-    # version 2 counted rl's overlap already (left out at its default): it is not read as the current value
-    with pytest.raises(fp.StaleStageError, match="stages.rl.generation.overlap <unset> -> oneStepOff"):
-        plan(layout, tiny(**{"stages.rl.generation.overlap": "oneStepOff"}), ("sft", "rl"))
+    # a real edit beside it is refused, naming only itself
+    with pytest.raises(fp.StaleStageError, match=r"different spec \(stages.rl.beta 0.04 -> 0.0\)"):
+        plan(layout, tiny(**{"stages.rl.beta": 0.0, "stages.rl.loggingSteps": 2}), ("sft", "rl"))
+    # a stage stopped mid-way resumes under another logging cadence
+    stopped = RunLayout.for_run(tmp_path / "stopped", "tiny")
+    finish(stopped, run, "sft")
+    fp.record_start(stopped, run.spec, "rl")
+    ckpt = stopped.checkpoint_dir("rl", 1)
+    ckpt.mkdir(parents=True)
+    (ckpt / CHECKPOINT_COMPLETE).write_text("now\n")
+    assert plan(stopped, logged, ("sft", "rl"), check_resumes=True) == [("sft", "skip"), ("rl", "run")]

@@ -12,7 +12,7 @@ import yaml
 
 from rlt.contract.layout import format_time
 from rlt.contract.stage_registry import STAGE_ORDER
-from rlt.spec.fingerprint import counted_now, describe_changes, fingerprint_of, stage_fields
+from rlt.spec.fingerprint import changed_fields, describe_changes, fingerprint_of, stage_fields
 from rlt.spec.loading import SpecError, parse_run
 from rlt.spec.run import RLTRunSpec
 from rlt_operator import builders
@@ -91,8 +91,8 @@ def finished_stage_edits(
         if record is None:  # finished now (or before the operator recorded stage specs)
             snapshot = (ran or {}).get(stage)
             record = records[stage] = stage_record(stage_fields(snapshot, stage) if snapshot else fields)
-        old = counted_now(record.values())  # a record of an earlier rlt may hold a field no longer counted
-        if old != fields:
+        old = record.values()
+        if changed_fields(old, fields):  # not the fingerprints: a field that is not compared (loggingSteps) differs
             edits.append(f"stage {stage} finished under a different spec ({describe_changes(old, fields)})")
     run_status.stage_specs = records
     conds = run_status.conditions = run_status.conditions or []

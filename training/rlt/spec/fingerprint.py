@@ -1,12 +1,13 @@
 """What a finished stage remembers of the spec it finished under, and what a re-run does when the spec changed.
 
-A stage's output depends on the run-wide fields (models, data, format, seed, method) and on its own and every
-earlier stage's settings; it does not depend on how fast or where it ran or what it logged (checkpoint cadence,
-ZeRO stage, micro-batching, the generation backend, loggingSteps). `stage_fields` flattens the fields that matter to `path: value` so that a
-change can be named; `stage_fingerprint` hashes them (the operator can compare it with what a finished stage
-recorded). `plan_stages` decides per stage: run, skip (done under this spec), continue (more RL steps resume from
-the last checkpoint), start over (an earlier stage was redone, or the user asked), or refuse with one line naming
-the changed fields and the flag that starts the stage over.
+A stage's output depends on the run-wide fields (models, data, format, seed, method) and on its own and every earlier
+stage's settings; it does not depend on how fast or where it ran (checkpoint cadence, ZeRO stage, micro-batching, the
+generation backend) nor on what it logged (loggingSteps: recorded, never compared). `stage_fields` flattens the fields
+that matter to `path: value` so that a change can be named; `stage_fingerprint` hashes them (distill's parts folder is
+named by it). `changed_fields` compares two records (the operator's status too). `plan_stages` decides per stage: run,
+skip (done under this spec), continue (more RL steps resume from the last checkpoint), start over (an earlier stage
+was redone, or the user asked), or refuse with one line naming the changed fields and the flag that starts the stage
+over.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from rlt.contract.stage_registry import STAGE_ORDER, STAGES, stages_before
 from rlt.spec.run import RLTRunSpec
 
 RUN_WIDE = ("method", "teacher", "student", "dataset", "format", "seed")
-# Settings of a stage that change speed, memory, placement or what is logged, but not what the stage produces.
+# Settings of a stage that change speed, memory or placement but not what the stage produces.
 NOT_AFFECTING = {
-    "loggingSteps",
     "gradientCheckpointing",
     "uncheckpointedLayers",
     "saveSteps",
@@ -49,13 +49,14 @@ AFFECTING_INSIDE = {"generation.overlap", "generation.importanceSampling", "gene
 # Settings of a disabled stage that later stages still read (distill ranks and records its explanations by rl's
 # reward, at rl's temperature, whether or not rl ran): the stage table says which.
 READ_WHEN_DISABLED = {s.name: s.read_when_disabled for s in STAGES if s.read_when_disabled}
-# What stage_fields counts, by version, written with each record: 2 added AFFECTING_INSIDE and READ_WHEN_DISABLED, 3
-# left out loggingSteps. A record of an earlier version is read as if it had the current value of each field counted
-# since (it was not counted then, so nothing about it can have changed for that record).
-COUNTED = 3
-# Settings earlier versions counted and this one does not: a record's value of one is no output's cause, so it is
-# dropped as the record is read (an edit of it is no edit, and a stage recorded before is still current).
-NO_LONGER_COUNTED = ("loggingSteps",)
+# What stage_fields counts, by version, written with each record: 2 added AFFECTING_INSIDE and READ_WHEN_DISABLED. A
+# record of an earlier version is read as if it had the current value of each field counted since (it was not
+# counted then, so nothing about it can have changed for that record).
+COUNTED = 2
+# Settings recorded with a stage that are no cause of its output: what it logged. They stay in the records (the
+# fingerprint, and what an earlier rlt reads after a rollback, are those of before) but are never compared: an edit
+# of one is no edit of a finished stage, nor of a stopped one.
+NOT_COMPARED = ("loggingSteps",)
 # Fields added after stages recorded their fingerprints, at the value that reproduces what those stages did: left out
 # of the fields at that value, so a stage finished before the field existed is still current.
 ADDED_AT_DEFAULT = {
@@ -144,14 +145,10 @@ def stage_fingerprint(spec: RLTRunSpec, stage: str) -> str:
     return fingerprint_of(stage_fields(spec, stage))
 
 
-def edited_finished_stages(spec: RLTRunSpec, recorded: dict[str, str]) -> list[str]:
-    """For the operator, which cannot read the PVC: given {stage: fingerprint} recorded in status when each stage
-    finished, the finished stages the current spec would change (to report the edit instead of ignoring it)."""
-    return [stage for stage in STAGE_ORDER if stage in recorded and recorded[stage] != stage_fingerprint(spec, stage)]
-
-
 def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
+    """The fields whose values differ, but those NOT_COMPARED."""
+    keys = (k for k in old.keys() | new.keys() if not (k.startswith("stages.") and k.split(".")[-1] in NOT_COMPARED))
+    return sorted(k for k in keys if old.get(k, "<unset>") != new.get(k, "<unset>"))
 
 
 def describe_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
@@ -188,24 +185,19 @@ def record_start(layout: RunLayout, spec: RLTRunSpec, stage: str) -> None:
 
 
 def _counted_since(key: str, version: int) -> bool:
-    """Is `key` a field stage_fields counts now but did not at `version`? (Version 2 added them; 3 only removed.)"""
-    if version >= 2:
+    """Is `key` a field stage_fields counts now but did not at `version`?"""
+    if version >= COUNTED:
         return False
     read = tuple(f"stages.{s}.{r}" for s, names in READ_WHEN_DISABLED.items() for r in names)
     inside = key.split(".", 2)[2] if key.startswith("stages.") and key.count(".") >= 2 else ""
     return inside in AFFECTING_INSIDE or any(key == r or key.startswith(r + ".") for r in read)
 
 
-def counted_now(fields: dict[str, Any]) -> dict[str, Any]:
-    """A recorded stage's fields less those this version no longer counts (NO_LONGER_COUNTED)."""
-    return {k: v for k, v in fields.items() if not (k.startswith("stages.") and k.split(".")[-1] in NO_LONGER_COUNTED)}
-
-
 def _read_fields(path: Path, current: dict[str, Any] | None) -> dict[str, Any] | None:
     if not path.exists():
         return None
     doc = json.loads(path.read_text())
-    fields = counted_now(doc["fields"])
+    fields: dict[str, Any] = doc["fields"]
     version = int(doc.get("counted", 1))
     if current is None:
         return fields
@@ -239,7 +231,7 @@ def _is_current(layout: RunLayout, spec: RLTRunSpec, stage: str) -> bool:
         return False
     new = stage_fields(spec, stage)
     old = recorded_fields(layout, stage, new)
-    return old is None or old == new
+    return old is None or not changed_fields(old, new)
 
 
 def plan_stages(
@@ -287,7 +279,7 @@ def plan_stages(
             new = stage_fields(spec, stage)
             started = started_fields(layout, stage, new) if check_resumes else None
             resumes = has_checkpoint is not None and has_checkpoint(stage)
-            if started is not None and resumes and started != new:
+            if started is not None and resumes and changed_fields(started, new):
                 plans.append(
                     _stale(layout, stage, started, new, fresh, restart_flag, has_checkpoint, restart_hint, "stopped")
                 )
@@ -296,7 +288,7 @@ def plan_stages(
         else:
             new = stage_fields(spec, stage)
             old = recorded_fields(layout, stage, new)
-            if old is None or old == new:
+            if old is None or not changed_fields(old, new):
                 plans.append(
                     StagePlan(
                         stage,
