@@ -14,6 +14,7 @@ from rlt.checks.validation import load_valid_run
 from rlt.contract.layout import RunLayout, checkpoints
 from rlt.run.plots import read_metrics
 from rlt.run.runner import run_local
+from rlt.spec.run import RLTRun
 
 pytestmark = pytest.mark.slow
 
@@ -88,6 +89,22 @@ def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_pa
     new_rl = [r for r in read_metrics(copy.metrics_file)[before:] if r["stage"] == "rl"]
     assert [r["step"] for r in new_rl] == [3]  # resumed at step 2, trained only step 3
     assert copy.stage_done("distill").exists()
+
+
+def test_a_resumed_stage_logs_and_saves_at_the_specs_cadence_not_its_checkpoints(finished, tmp_path):
+    """More rl steps continue from the checkpoint; loggingSteps and saveSteps edited with them (no edit of the
+    stage's output) apply to the steps trained now. transformers would keep the checkpoint's cadence (every step)."""
+    run, copy, before = killed_before_rls_final_model(finished, tmp_path)
+    shutil.rmtree(copy.checkpoint_dir("rl", 3))  # resumes at step 2
+    doc = run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    rl = doc["spec"]["stages"]["rl"]
+    assert rl["steps"] == 3 and rl.get("loggingSteps", 1) == 1 and rl["saveSteps"] == 2
+    rl.update(steps=6, loggingSteps=2, saveSteps=3, saveTotalLimit=None)
+    edited = RLTRun.model_validate(doc)
+    run_local(edited, tmp_path, metrics_port=None, show_progress=False, device="cpu")
+    new_rl = [r["step"] for r in read_metrics(copy.metrics_file)[before:] if r["stage"] == "rl"]
+    assert new_rl == [4, 6], new_rl  # the checkpoint's cadence: 3, 4, 5, 6
+    assert [step for step, _ in checkpoints(copy.checkpoints_dir("rl"))] == [6, 3, 2]  # the checkpoint's: 6, 4, 2
 
 
 def test_rerun_after_the_last_checkpoint_trains_no_extra_step(finished, tmp_path):

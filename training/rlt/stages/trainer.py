@@ -159,6 +159,7 @@ class TrainerRun:
             processing_class=self.tokenizer,
             callbacks=[
                 end_reached_callback(),  # first: before the record callback opens a progress bar
+                spec_cadence_callback(),
                 make_callback(self.recorder, step_values, self.ctx.show_progress),
                 stop_callback(self.stop),
                 # after Trainer.train turns gradient checkpointing on: the layers that keep their activations
@@ -270,6 +271,22 @@ class EndReached(Exception):
     def __init__(self, step: int) -> None:
         self.step = step
         super().__init__(f"resumed at step {step}, the stage's last")
+
+
+def spec_cadence_callback() -> TrainerCallback:
+    """A transformers TrainerCallback that gives a resumed stage the spec's loggingSteps and saveSteps: transformers
+    takes them from the checkpoint's trainer_state.json (with a warning), so an edit since, which is no edit of the
+    stage's output (rlt.spec.fingerprint), would silently not apply to the rest of the stage."""
+    from transformers import TrainerCallback
+
+    class SpecCadence(TrainerCallback):
+        def on_train_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+        ) -> None:
+            # what a fresh start sets: logging, eval and save steps (transformers leaves compute_steps untyped)
+            state.compute_steps(args, state.max_steps)  # type: ignore[no-untyped-call]
+
+    return SpecCadence()
 
 
 def end_reached_callback() -> TrainerCallback:
