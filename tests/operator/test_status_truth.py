@@ -230,6 +230,35 @@ def test_the_failure_line_is_the_diagnosis_not_a_trace_line():
         "rlt stage: the dataset has no rows"
     )
     assert last_error_line("starting\nSegmentation fault (core dumped)") == "Segmentation fault (core dumped)"
+
+
+def test_a_failed_ranks_exception_is_the_line_not_torchruns_report_after_it(tmp_path):
+    """A real torchrun whose rank raises after joining its process group: torch.distributed's excepthook starts each
+    line of the rank's traceback with "[rank0]: ", and torchrun's own ChildFailedError traceback follows. The rank's
+    exception says why; the launcher's only that a rank failed."""
+    import os
+    import subprocess
+    import sys
+
+    from suite_helpers import free_port
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "raise RuntimeError('CUDA error: out of memory')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port", str(free_port())]
+        + [str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    tail = (done.stdout + done.stderr)[-2048:]  # what FallbackToLogsOnError keeps of a log
+    assert done.returncode == 1 and "ChildFailedError" in tail, tail
+    assert last_error_line(tail) == "[rank0]: RuntimeError: CUDA error: out of memory", tail
     end = {"terminated": {"reason": "Error", "exitCode": 137, "message": "rlt-world stage=rl rank=0 world_size=1"}}
     killed = observed_pod("t-rl-0-x", b.ROLE_TRAINER, "rl", phase="Failed", containers=[{"name": "t", "state": end}])
     assert killed["lastError"] is None and killed["exitCode"] == 137

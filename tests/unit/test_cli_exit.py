@@ -68,6 +68,13 @@ def defect(path, args):
     raise RuntimeError("a defect inside the command")
 
 rlt.cli.validate_file = defect
+reported = sys.excepthook
+
+def report(*exc):  # as torch.distributed's (the rank) and wandb's (the run failed) hooks do
+    print("hook: excepthook saw " + exc[0].__name__, file=sys.stderr, flush=True)
+    reported(*exc)
+
+sys.excepthook = report
 """
 
 
@@ -83,5 +90,6 @@ def test_a_command_that_raises_exits_1_with_its_traceback_last_while_daemon_thre
     assert done.returncode == 1, said
     lines = done.stderr.splitlines()
     assert "Traceback (most recent call last):" in lines, said
+    assert "hook: excepthook saw RuntimeError" in lines, said  # the libraries' hooks still see the failure
     # the exception is the last thing said but the atexit handlers' lines: the tail the operator reads
     assert lines[-2:] == ["RuntimeError: a defect inside the command", "hook: atexit ran"], said

@@ -136,6 +136,10 @@ _BY_KIND: dict[str, Callable[[dict[str, Any], dict[str, Any], dict[str, Any], di
 
 # A line of a Python exception (`RuntimeError: CUDA error: ...`, `torch.OutOfMemoryError: ...`, a bare `KeyboardInterrupt`).
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Timeout)\b(:|$)")
+# torch.distributed's excepthook starts each line of a rank's traceback with its rank.
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+# What torchrun raises when a rank failed: the rank's own exception, above it, says why.
+_LAUNCHER_FAILED = "ChildFailedError"
 # Lines that say where the process was, not why it ended: rlt's trace lines (rlt.stages.record.trace_line), torch
 # elastic's report frame, rank-prefixed log lines of the launcher.
 _NOT_A_CAUSE = re.compile(r"^(rlt-world |[=-]{8,}|\[rank\d+\]:\[[WI]|[WI]\d{4} \d|\[[\d/]+\] )")
@@ -148,7 +152,9 @@ def last_error_line(message: str | None) -> str | None:
     those: the exit code then says what is known)."""
     lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
     ours = [line for line in lines if line.startswith(("rlt ", "/etc/rlt/", CAPACITY_PREFIX, DRIVER_PREFIX))]
-    raised = [line for line in lines if _EXCEPTION.match(line)]
+    # a rank's exception ("[rank1]: RuntimeError: ...") before the launcher's report that a rank failed
+    raised = [line for line in lines if _EXCEPTION.match(_RANK_PREFIX.sub("", line))]
+    raised = [line for line in raised if _LAUNCHER_FAILED not in line] or raised
     plain = [line for line in lines if not _NOT_A_CAUSE.match(line)]
     found = ours or raised or plain
     if not found:

@@ -356,8 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         return _run_command(args)
     try:
         code = _run_command(args)
-    except Exception:  # a defect: its traceback as Python prints it, exit 1, but no teardown (it could abort, 134)
-        traceback.print_exc()
+    except Exception:  # a defect: exit 1, but without the interpreter's teardown (it could abort: 134)
+        _flush_output()  # what the command said comes before its traceback
+        try:  # the interpreter's report: torch.distributed's hook names the rank, wandb's marks its run failed
+            sys.excepthook(*sys.exc_info())
+        except Exception:
+            traceback.print_exc()
         code = ExitCode.FAILED
     exit_without_teardown(code)
 
