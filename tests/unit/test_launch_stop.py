@@ -5,6 +5,8 @@ processes: `rlt launch` runs a stand-in launcher (a Python one-liner) that write
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,3 +65,43 @@ def test_a_signalled_pod_whose_rank_left_on_an_error_stopped():
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == ExitCode.STOPPED, err
+
+
+DEFECT = """
+import os, rlt.cli
+
+def defect(path, args):
+    raise RuntimeError(f"a defect on rank {os.environ['RANK']}")
+
+rlt.cli.validate_file = defect
+"""
+
+
+def test_a_failed_ranks_exception_is_the_pods_last_line_after_the_launchers_reports(tmp_path):
+    """A 2-rank gang as the trainer pods run it (rlt launch → accelerate launch with DeepSpeed's standard launcher →
+    torchrun → `python -m rlt.cli`) whose ranks raise: torchrun's and accelerate's tracebacks and failure report
+    follow the ranks' (about 2 KiB), so the pod's termination message (the log's last 2 KiB) lost the rank's
+    exception and the run's error line read `ChildFailedError:`. `rlt launch` says the first rank's exception last."""
+    from suite_helpers import EXAMPLES, ROOT, free_port
+
+    from rlt_operator.status.observed import last_error_line
+
+    (tmp_path / "sitecustomize.py").write_text(DEFECT)
+    pythonpath = os.pathsep.join([str(tmp_path), str(ROOT / "training"), str(ROOT / "operator")])
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": pythonpath,
+        "OMP_NUM_THREADS": "1",
+        "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+    }
+    accelerate = ["accelerate", "launch", "--num_machines", "1", "--num_processes", "2", "--machine_rank", "0"]
+    accelerate += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()), "--use_deepspeed"]
+    accelerate += ["--zero_stage", "2", "--deepspeed_multinode_launcher", "standard", "--mixed_precision", "no"]
+    command = [RLT, "launch", "--", *accelerate, "-m", "rlt.cli", "validate", str(EXAMPLES / "rltrun-tiny.yaml")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    log = done.stdout + done.stderr
+    assert done.returncode == 1 and "ChildFailedError" in log, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert re.fullmatch(r"rlt launch: rank [01] failed: RuntimeError: a defect on rank [01]", last), log[-3000:]
+    assert last_error_line(log[-2048:]) == last

@@ -5,7 +5,9 @@ container's main process; the launcher forwards it to the ranks). A launcher exi
 ranks did, so the ranks say a stop in a file (rlt.stages.preemption.report_stop) and this command exits
 `ExitCode.STOPPED` when the gang agreed on it, or when this pod was signalled: the operator then counts the stop as a
 disruption. A rank that stopped on an error after a signal this pod never got was torn down by its launcher after
-another rank failed (a lost peer): the launcher's failure stands.
+another rank failed (a lost peer): the launcher's failure stands. A rank whose command raised notes its exception in
+another file, and this command says the first last: the launchers' own tracebacks and reports would push it out of
+the pod's termination message, the log's last 2 KiB.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+from rlt.contract.env import FAILURE_NOTE
 from rlt.contract.exitcodes import ExitCode
 from rlt.stages.preemption import STOP_AGREED, STOP_MARKER_ENV
 
 
 def launch(command: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="rlt-launch-") as tmp:
-        marker = Path(tmp) / "stopped"
+        marker, failures = Path(tmp) / "stopped", Path(tmp) / "failed"
         try:
-            proc = subprocess.Popen(command, env={**os.environ, STOP_MARKER_ENV: str(marker)})
+            env = {**os.environ, STOP_MARKER_ENV: str(marker), FAILURE_NOTE.name: str(failures)}
+            proc = subprocess.Popen(command, env=env)
         except OSError as err:
             print(f"rlt launch: cannot run {command[0]}: {err.strerror}", file=sys.stderr)
             return 127  # the shell's "command not found"
@@ -55,6 +59,9 @@ def launch(command: list[str]) -> int:
                 f"rlt launch: a rank stopped on an error after its launcher's signal ({lines[0]}): a rank failed",
                 file=sys.stderr,
             )
+        said = failures.read_text().splitlines() if code != 0 and failures.exists() else []
+        if said:  # last in the log: the pod's termination message keeps the log's tail
+            print(f"rlt launch: {said[0]}", file=sys.stderr)
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's 128+n
 
 

@@ -59,6 +59,13 @@ STOP_MARKER = EnvVar(
     "rlt.stages.preemption",
     "a file to which each rank that stopped on SIGTERM appends a line: agreed (the gang saved) or after-error",
 )
+FAILURE_NOTE = EnvVar(
+    "RLT_FAILURE_NOTE",
+    "`rlt launch` (rlt.cli.launch), for the launcher it starts",
+    "rlt.cli.main (a command that raised)",
+    "a file to which each rank whose command raised appends its rank and exception: `rlt launch` says the first "
+    "last, where the pod's termination message (its log's last 2 KiB) keeps it",
+)
 CACHE = EnvVar(
     "RLT_CACHE",
     "the user; the sandbox's pods",
@@ -150,6 +157,7 @@ POD_ENV: tuple[EnvVar, ...] = (
     METRICS_PORT,
     CAPACITY_CHECK,
     STOP_MARKER,
+    FAILURE_NOTE,
     CACHE,
     TRACE,
     LOCAL_CHECKPOINTS,
