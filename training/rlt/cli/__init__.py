@@ -362,9 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         _note_failure(defect)
         _flush_output()  # what the command said comes before its traceback
         try:  # the interpreter's report: torch.distributed's hook names the rank, wandb's marks its run failed
-            sys.excepthook(*sys.exc_info())
+            sys.excepthook(type(defect), defect, defect.__traceback__)
         except Exception:
-            traceback.print_exc()
+            with contextlib.suppress(Exception):  # no stderr left to say it on: the exit code still says it
+                traceback.print_exception(defect)
         code = ExitCode.FAILED
     exit_without_teardown(code)
 
