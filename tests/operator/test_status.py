@@ -1486,6 +1486,12 @@ def test_an_accepted_edit_the_running_gang_does_not_run_yet_is_spec_applied_fals
     # What the operator applies at once is never pending.
     at_once = spec(sft=False, backoffLimit=7, activeDeadlineSeconds=99999)
     assert "SpecApplied" not in conds(S.decide(REF, 3, at_once, running("rl"), observed(at_once, running_job), NOW))
+    # A logging cadence leaves finished stages current, yet the running gang still logs at its old one: pending.
+    cadence = spec(sft=False)
+    cadence["stages"]["rl"]["loggingSteps"] = 7
+    c = S.decide(REF, 3, cadence, same.status, observed(cadence, running_job), NOW)
+    assert state(c, "SpecApplied") == ("False", "PendingGangRestart")
+    assert "stages.rl.loggingSteps" in conds(c)["SpecApplied"]["message"]
     # The next gang runs the edit: applied.
     next_gang = [with_snapshot(job("rl", active=1), edit)]
     applied = S.decide(REF, 3, edit, d.status, observed(edit, next_gang), NOW)

@@ -38,10 +38,9 @@ def explain(
     `same_moment`: every rank reads the part files as they were at the start (else each reads them when it starts,
     after the ranks before it wrote)."""
     from rlt.contract.layout import RunLayout
-    from rlt.spec.fingerprint import stage_fingerprint
     from rlt.stages import distill
     from rlt.stages.context import StageContext
-    from rlt.stages.distill_parts import parts_dir, read_done
+    from rlt.stages.distill_parts import parts_folder, read_done
 
     run = distill_run(tmp_path)
     monkeypatch.setenv("WORLD_SIZE", str(world))
@@ -55,7 +54,7 @@ def explain(
     monkeypatch.setattr(distill, "wait_for_all", at_once)
     # the ranks of one start read the part files at the same moment: each sees what was written before the start
     layout = RunLayout.for_run(tmp_path, run.name)
-    snapshot = read_done(parts_dir(layout.stage_dir("distill"), stage_fingerprint(run.spec, "distill")))
+    snapshot = read_done(parts_folder(layout.stage_dir("distill"), run.spec))
     if same_moment:
         monkeypatch.setattr(distill, "read_done", lambda folder, before=None: dict(snapshot))
     for rank in ranks:
@@ -83,8 +82,7 @@ def explain(
 @pytest.mark.slow
 def test_a_restart_at_another_world_size_writes_the_uninterrupted_runs_rows(tmp_path, monkeypatch, tiny):
     from rlt.contract.layout import RunLayout
-    from rlt.spec.fingerprint import stage_fingerprint
-    from rlt.stages.distill_parts import parts_dir
+    from rlt.stages.distill_parts import parts_folder
 
     reference = explain(tmp_path / "one", monkeypatch, world=1, ranks=[0])
     assert len(reference) == ROWS
@@ -93,9 +91,7 @@ def test_a_restart_at_another_world_size_writes_the_uninterrupted_runs_rows(tmp_
     resumed = tmp_path / "resumed"
     assert explain(resumed, monkeypatch, world=2, ranks=[1, 0], stop_after={1: 1, 0: 0}) == []
     run = distill_run(resumed)
-    folder = parts_dir(
-        RunLayout.for_run(resumed, run.name).stage_dir("distill"), stage_fingerprint(run.spec, "distill")
-    )
+    folder = parts_folder(RunLayout.for_run(resumed, run.name).stage_dir("distill"), run.spec)
     # a kill inside a batch's write: of batch [4, 5] only row 4 reached the disk
     (folder / "rank-0.jsonl").write_text(json.dumps({"index": 4, "row": reference[4]}) + "\n")
     # the restart runs three ranks: the batches left ([0, 1] [4, 5] [6]) go one to each

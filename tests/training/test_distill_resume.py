@@ -24,9 +24,8 @@ from suite_helpers import EXAMPLES, ROOT, kill_gang, send_vllm_stream, tiny_doc
 from rlt.checks.validation import validate_spec
 from rlt.contract.layout import RunLayout
 from rlt.method import generation
-from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.loading import parse_run
-from rlt.stages.distill_parts import parts_dir
+from rlt.stages.distill_parts import parts_folder
 from rlt_operator import builders
 
 ROWS = 16
@@ -73,7 +72,7 @@ def indices(path: Path) -> list[int]:
 @pytest.mark.slow
 def test_a_distill_rank_killed_half_way_resumes_with_every_row_exactly_once(tmp_path):
     layout = RunLayout.for_run(tmp_path / "pvc", "dres")
-    folder = parts_dir(layout.stage_dir("distill"), stage_fingerprint(distill_spec(), "distill"))
+    folder = parts_folder(layout.stage_dir("distill"), distill_spec())
     log1 = tmp_path / "attempt1.log"
     proc = start(tmp_path, log1)
     deadline = time.monotonic() + 600

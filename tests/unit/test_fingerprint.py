@@ -257,3 +257,21 @@ def test_logging_cadence_is_recorded_but_no_edit_of_a_finished_or_a_stopped_stag
     ckpt.mkdir(parents=True)
     (ckpt / CHECKPOINT_COMPLETE).write_text("now\n")
     assert plan(stopped, logged, ("sft", "rl"), check_resumes=True) == [("sft", "skip"), ("rl", "run")]
+
+
+def test_distills_part_files_outlive_a_logging_edit_and_an_older_rlts_name(tmp_path):
+    """A distill stopped mid-way keeps the rows its ranks wrote (hours of generation at scale) when only the logging
+    cadence is edited; a real edit starts a folder of its own; the folder an older rlt named by every field (the same
+    rows) is taken over."""
+    from rlt.stages.distill_parts import parts_dir, parts_folder
+
+    stage_dir = tmp_path / "distill"
+    run = tiny()
+    folder = parts_folder(stage_dir, run.spec)
+    assert parts_folder(stage_dir, tiny(**{"stages.sft.loggingSteps": 4, "stages.rl.loggingSteps": 2}).spec) == folder
+    assert parts_folder(stage_dir, tiny(**{"stages.rl.beta": 0.0}).spec) != folder
+    older = parts_dir(stage_dir, fp.stage_fingerprint(run.spec, "distill"))
+    older.mkdir(parents=True)
+    (older / "rank-0.jsonl").write_text('{"index": 0}\n')
+    assert parts_folder(stage_dir, run.spec) == folder
+    assert (folder / "rank-0.jsonl").read_text() == '{"index": 0}\n' and not older.exists()

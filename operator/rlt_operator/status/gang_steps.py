@@ -278,7 +278,8 @@ def pending_edits(ref: builders.RunRef, gang: Gang) -> str | None:
         }
 
     before, after = gang_fields(old), gang_fields(new)
-    return describe_changes(before, after) if before != after else None
+    # compare_all: a loggingSteps edit leaves finished stages current, but the running gang still logs at the old one
+    return describe_changes(before, after, compare_all=True) if before != after else None
 
 
 def spec_applied(ref: builders.RunRef, gang: Gang, run_status: RLTRunStatus, now: dt.datetime) -> None:

@@ -145,18 +145,29 @@ def stage_fingerprint(spec: RLTRunSpec, stage: str) -> str:
     return fingerprint_of(stage_fields(spec, stage))
 
 
-def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The fields whose values differ, but those NOT_COMPARED."""
-    keys = (k for k in old.keys() | new.keys() if not (k.startswith("stages.") and k.split(".")[-1] in NOT_COMPARED))
+def is_compared(field: str) -> bool:
+    return not (field.startswith("stages.") and field.rsplit(".", maxsplit=1)[-1] in NOT_COMPARED)
+
+
+def compared_fingerprint(spec: RLTRunSpec, stage: str) -> str:
+    """A short hash of the stage's compared fields: what names its work in progress (distill's part files), so an
+    edit that leaves a finished stage current (loggingSteps) also keeps what an unfinished one has done."""
+    return fingerprint_of({k: v for k, v in stage_fields(spec, stage).items() if is_compared(k)})
+
+
+def changed_fields(old: dict[str, Any], new: dict[str, Any], compare_all: bool = False) -> list[str]:
+    """The fields whose values differ, but those NOT_COMPARED (a finished stage is still current after their edit);
+    `compare_all` names those too (a running gang does not apply them until it restarts)."""
+    keys = (k for k in old.keys() | new.keys() if compare_all or is_compared(k))
     return sorted(k for k in keys if old.get(k, "<unset>") != new.get(k, "<unset>"))
 
 
-def describe_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
+def describe_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4, compare_all: bool = False) -> str:
     def show(v: Any) -> str:
         s = "<unset>" if v is None else json.dumps(v) if not isinstance(v, str) else v
         return s if len(s) <= 30 else s[:27] + "..."
 
-    names = changed_fields(old, new)
+    names = changed_fields(old, new, compare_all)
     parts = [f"{k} {show(old.get(k))} -> {show(new.get(k))}" for k in names[:limit]]
     if len(names) > limit:
         parts.append(f"and {len(names) - limit} more")

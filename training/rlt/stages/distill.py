@@ -28,7 +28,6 @@ from rlt.data.models import load_model, load_tokenizer
 from rlt.method.generation import Samples, sample_with_logprobs, served_model, server_generate
 from rlt.method.pipeline import as_completed
 from rlt.spec.budgets import rollout_seconds
-from rlt.spec.fingerprint import stage_fingerprint
 from rlt.spec.inputs import ModelRef
 from rlt.spec.run import RLTRunSpec
 from rlt.spec.stages import generation, teacher_temperature
@@ -36,7 +35,7 @@ from rlt.stages.context import StageContext, world_size
 from rlt.stages.distill_parts import (
     append_rows,
     launch,
-    parts_dir,
+    parts_folder,
     rank_file,
     read_done,
     repair_tail,
@@ -218,7 +217,7 @@ def my_share(
     The stage's rows fall into fixed batches (0..per_batch-1, the next per_batch, ...); the batches with a row no rank
     has written are dealt round-robin. A batch is redone whole when a kill cut it (its written rows are not written
     twice), so whichever rank and world size explains it, a batch's rows are the uninterrupted run's."""
-    folder = parts_dir(ctx.layout.stage_dir("distill"), stage_fingerprint(ctx.spec, "distill"))
+    folder = parts_folder(ctx.layout.stage_dir("distill"), ctx.spec)
     mine = rank_file(folder, rank)
     repair_tail(mine)
     done = set(read_done(folder, before=launch()))  # this launch's peers may have written already: not dealt on

@@ -3,7 +3,7 @@
 Each rank appends the rows of every finished batch to its own file `distill/parts/<fingerprint>/rank-<R>.jsonl`,
 one write + fsync per batch, each line `{"index": i, "row": {...}, "attempt": "<launch>"}` (i: the row's place in
 the stage's rows; the launch: torchrun's run id and restart count). A restart reads every part file of the same stage
-spec (the fingerprint: a spec edit starts from nothing) and deals only the unfinished batches to the ranks, whatever
+spec (the fingerprint of its compared fields: a spec edit starts from nothing, a loggingSteps edit does not) and deals only the unfinished batches to the ranks, whatever
 the world size is now (rlt.stages.distill.my_share). The ranks of one launch deal from the rows of earlier launches
 only: a rank that reads the files after a peer wrote its first batch still deals as its peers did (else a batch
 could fall to no rank, and the merge would wait forever). Rank 0 merges by reading the files once all indices are
@@ -12,6 +12,7 @@ there: no collective, so ranks may finish hours apart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -21,11 +22,25 @@ from typing import Any
 
 from rlt.contract.env import ELASTIC_RESTART_COUNT, ELASTIC_RUN_ID
 from rlt.data.jsonl import dumps_line
+from rlt.spec.fingerprint import compared_fingerprint, stage_fingerprint
+from rlt.spec.run import RLTRunSpec
 from rlt.stages.record import say_line
 
 
 def parts_dir(stage_dir: Path, fingerprint: str) -> Path:
     return stage_dir / "parts" / fingerprint
+
+
+def parts_folder(stage_dir: Path, spec: RLTRunSpec) -> Path:
+    """The part files of this distill spec, named by its compared fields: an edit of loggingSteps keeps the rows
+    written. A folder that an older rlt named by all the fields (the same rows) is taken over, so an upgrade in the
+    middle of the stage loses nothing."""
+    folder = parts_dir(stage_dir, compared_fingerprint(spec, "distill"))
+    older = parts_dir(stage_dir, stage_fingerprint(spec, "distill"))
+    if older != folder and older.exists() and not folder.exists():
+        with contextlib.suppress(OSError):  # a peer rank renamed it first
+            older.rename(folder)
+    return folder
 
 
 def rank_file(folder: Path, rank: int) -> Path:
