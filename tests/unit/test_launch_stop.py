@@ -77,16 +77,11 @@ rlt.cli.validate_file = defect
 """
 
 
-def test_a_failed_ranks_exception_is_the_pods_last_line_after_the_launchers_reports(tmp_path):
-    """A 2-rank gang as the trainer pods run it (rlt launch → accelerate launch with DeepSpeed's standard launcher →
-    torchrun → `python -m rlt.cli`) whose ranks raise: torchrun's and accelerate's tracebacks and failure report
-    follow the ranks' (about 2 KiB), so the pod's termination message (the log's last 2 KiB) lost the rank's
-    exception and the run's error line read `ChildFailedError:`. `rlt launch` says the first rank's exception last."""
-    from suite_helpers import EXAMPLES, ROOT, free_port
+def accelerate_gang(tmp_path: Path, *rlt_args: str) -> subprocess.CompletedProcess[str]:
+    """`rlt launch` running a 2-rank gang as the trainer pods run it: accelerate launch with DeepSpeed's standard
+    launcher → torchrun → `python -m rlt.cli RLT_ARGS` per rank (tmp_path on PYTHONPATH: a sitecustomize there)."""
+    from suite_helpers import ROOT, free_port
 
-    from rlt_operator.status.observed import last_error_line
-
-    (tmp_path / "sitecustomize.py").write_text(DEFECT)
     pythonpath = os.pathsep.join([str(tmp_path), str(ROOT / "training"), str(ROOT / "operator")])
     bin_dir = str(Path(sys.executable).parent)
     env = {
@@ -98,10 +93,64 @@ def test_a_failed_ranks_exception_is_the_pods_last_line_after_the_launchers_repo
     accelerate = ["accelerate", "launch", "--num_machines", "1", "--num_processes", "2", "--machine_rank", "0"]
     accelerate += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()), "--use_deepspeed"]
     accelerate += ["--zero_stage", "2", "--deepspeed_multinode_launcher", "standard", "--mixed_precision", "no"]
-    command = [RLT, "launch", "--", *accelerate, "-m", "rlt.cli", "validate", str(EXAMPLES / "rltrun-tiny.yaml")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    command = [RLT, "launch", "--", *accelerate, "-m", "rlt.cli", *rlt_args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+def test_a_failed_ranks_exception_is_the_pods_last_line_after_the_launchers_reports(tmp_path):
+    """A 2-rank gang whose ranks raise: torchrun's and accelerate's tracebacks and failure report follow the ranks'
+    (about 2 KiB), so the pod's termination message (the log's last 2 KiB) lost the rank's exception and the run's
+    error line read `ChildFailedError:`. `rlt launch` says the first rank's exception last."""
+    from suite_helpers import EXAMPLES
+
+    from rlt_operator.status.observed import last_error_line
+
+    (tmp_path / "sitecustomize.py").write_text(DEFECT)
+    done = accelerate_gang(tmp_path, "validate", str(EXAMPLES / "rltrun-tiny.yaml"))
     log = done.stdout + done.stderr
     assert done.returncode == 1 and "ChildFailedError" in log, log[-3000:]
     last = log.strip().splitlines()[-1]
     assert re.fullmatch(r"rlt launch: rank [01] failed: RuntimeError: a defect on rank [01]", last), log[-3000:]
     assert last_error_line(log[-2048:]) == last
+
+
+def test_a_ranks_config_error_fails_the_pod_with_its_code_not_the_launchers(tmp_path):
+    """`rlt stage rl` before sft's model exists: each rank says it in one line and exits CONFIG_ERROR, which the
+    launchers turn into 1 (a gang restart into the same error, each retry counted). `rlt launch` exits with the
+    rank's code (the Job's podFailurePolicy fails the run) and says the rank's line last."""
+    from suite_helpers import EXAMPLES
+
+    from rlt_operator.status.observed import last_error_line
+
+    done = accelerate_gang(
+        tmp_path, "stage", "--config", str(EXAMPLES / "rltrun-tiny.yaml"), "--root", str(tmp_path / "pvc"), "rl"
+    )
+    log = done.stdout + done.stderr
+    assert "ChildFailedError" in log, log[-3000:]
+    last = log.strip().splitlines()[-1]
+    assert re.fullmatch(r"rlt launch: rank [01] failed: rlt stage: stage rl needs the sft stage's model .*", last), log[
+        -3000:
+    ]
+    assert done.returncode == ExitCode.CONFIG_ERROR, log[-3000:]
+    assert last_error_line(log[-2048:]) == last  # the run's error line (rlt_operator.status.observed)
+
+
+def test_the_line_said_is_the_first_cause_not_a_rank_that_lost_its_peer(tmp_path, monkeypatch):
+    """A rank killed without a Python error (an OOM kill) leaves its peers failing on the lost connection: their
+    lines are victims'. The first line that is not one is said; with victims only, the first, called one."""
+    from rlt.cli.launch import NOTE_CHARS, first_cause, note_failure
+
+    victim = "1\trank 1 failed: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41"
+    cause = "78\trank 0 failed: rlt stage: stage rl needs the sft stage's model at /data/r/sft/model"
+    assert first_cause([victim, cause]) == (78, cause.split("\t")[1])
+    assert first_cause(["a torn line", cause]) == (78, cause.split("\t")[1])
+    code, line = first_cause([victim]) or (0, "")
+    assert code == 1 and line.startswith("rank 1 failed: RuntimeError:") and "a lost peer" in line
+    assert first_cause([]) is None and first_cause(["torn"]) is None
+    # a long line is cut, a second line left out
+    monkeypatch.setenv("RLT_FAILURE_NOTE", str(tmp_path / "failed"))
+    monkeypatch.setenv("RANK", "3")
+    note_failure("ValueError: " + "x" * 5000 + "\nsecond line", 1)
+    (written,) = (tmp_path / "failed").read_text().splitlines()
+    code, line = first_cause([written]) or (0, "")
+    assert code == 1 and line.startswith("rank 3 failed: ValueError: xxx") and len(line) < NOTE_CHARS + 40

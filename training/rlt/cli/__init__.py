@@ -11,12 +11,10 @@ import re
 import sys
 import traceback
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import NoReturn
 
 from rlt.checks.validation import NotChecked, NotPermitted, check_datasets, load_valid_runs
 from rlt.cli.output import add_output_option, wants_json
-from rlt.contract.env import FAILURE_NOTE, RANK
 from rlt.contract.exitcodes import ExitCode
 from rlt.contract.stage_registry import TRAINER_STAGES
 from rlt.spec.loading import SpecError, expand_run_files, other_documents
@@ -371,14 +369,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _note_failure(defect: Exception) -> None:
-    """Tell `rlt launch`, when it runs this rank, why the rank failed: its exception's line comes last in the pod's
-    log, where the launchers' own tracebacks and reports would push the rank's out of the termination message."""
-    note = os.environ.get(FAILURE_NOTE.name)
-    if not note:
-        return
-    what = "".join(traceback.format_exception_only(type(defect), defect)).strip().splitlines()[0]
-    with contextlib.suppress(OSError), Path(note).open("a") as f:  # every failing rank of the pod appends its line
-        f.write(f"rank {os.environ.get(RANK.name, '0')} failed: {what}\n")
+    """Tell `rlt launch`, when it runs this rank, the rank's exception (rlt.cli.launch.note_failure)."""
+    from rlt.cli.launch import note_failure
+
+    note_failure("".join(traceback.format_exception_only(type(defect), defect)), ExitCode.FAILED)
 
 
 def _run_command(args: argparse.Namespace) -> int:

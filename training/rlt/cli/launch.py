@@ -5,15 +5,19 @@ container's main process; the launcher forwards it to the ranks). A launcher exi
 ranks did, so the ranks say a stop in a file (rlt.stages.preemption.report_stop) and this command exits
 `ExitCode.STOPPED` when the gang agreed on it, or when this pod was signalled: the operator then counts the stop as a
 disruption. A rank that stopped on an error after a signal this pod never got was torn down by its launcher after
-another rank failed (a lost peer): the launcher's failure stands. A rank whose command raised notes its exception in
-another file, and this command says the first last: the launchers' own tracebacks and reports would push it out of
-the pod's termination message, the log's last 2 KiB.
+another rank failed (a lost peer): the launcher's failure stands. A rank that failed (an exception, or `rlt stage`'s
+one-line config or data error) notes its line and exit code in another file (`note_failure`), and this command says
+the first cause last: the launchers' own tracebacks and reports would push it out of the pod's termination message,
+the log's last 2 KiB. A launcher exits 1 whatever its ranks' codes were, so a noted config or data error (FAIL_FAST)
+becomes this command's code: the Job's podFailurePolicy fails the run instead of restarting the gang into it again.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,9 +25,41 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
-from rlt.contract.env import FAILURE_NOTE
-from rlt.contract.exitcodes import ExitCode
+from rlt.contract.env import FAILURE_NOTE, RANK
+from rlt.contract.exitcodes import FAIL_FAST, ExitCode
 from rlt.stages.preemption import STOP_AGREED, STOP_MARKER_ENV
+
+# A noted line longer than this is cut: the termination message has 2 KiB for the launcher's report and this line.
+NOTE_CHARS = 400
+# A rank that lost its peer (gloo's closed connection, NCCL's aborted communicator) fails after the rank that caused
+# it, which may have died with no Python error (an OOM kill): such a line is a victim's, not the cause.
+PEER_LOST = re.compile(
+    r"closed by peer|reset by peer|broken pipe|DistBackendError|DistNetworkError|remote process exited|"
+    r"communicator was aborted",
+    re.IGNORECASE,
+)
+
+
+def note_failure(line: str, code: int) -> None:
+    """Tell `rlt launch`, when it runs this rank, why the rank fails: the line's first line and the exit code."""
+    note = os.environ.get(FAILURE_NOTE.name)
+    if not note:
+        return
+    text = (line.strip().splitlines() or ["(no message)"])[0]
+    text = text if len(text) <= NOTE_CHARS else text[: NOTE_CHARS - 3] + "..."
+    with contextlib.suppress(OSError), Path(note).open("a") as f:  # every failing rank of the pod appends its line
+        f.write(f"{int(code)}\trank {os.environ.get(RANK.name, '0')} failed: {text}\n")
+
+
+def first_cause(noted: list[str]) -> tuple[int, str] | None:
+    """(exit code, line) of the noted failure to report: the first that is not a lost peer's, else the first, said
+    to be one. None when nothing was noted."""
+    failures = [(int(code), text) for code, tab, text in (n.partition("\t") for n in noted) if tab and code.isdigit()]
+    cause = next(((code, text) for code, text in failures if not PEER_LOST.search(text)), None)
+    if cause or not failures:
+        return cause
+    code, text = failures[0]
+    return code, f"{text} (a lost peer: the rank that failed first left no Python error; see the launcher's report)"
 
 
 def launch(command: list[str]) -> int:
@@ -59,9 +95,11 @@ def launch(command: list[str]) -> int:
                 f"rlt launch: a rank stopped on an error after its launcher's signal ({lines[0]}): a rank failed",
                 file=sys.stderr,
             )
-        said = failures.read_text().splitlines() if code != 0 and failures.exists() else []
-        if said:  # last in the log: the pod's termination message keeps the log's tail
-            print(f"rlt launch: {said[0]}", file=sys.stderr)
+        cause = first_cause(failures.read_text().splitlines()) if code != 0 and failures.exists() else None
+        if cause:  # last in the log: the pod's termination message keeps the log's tail
+            print(f"rlt launch: {cause[1]}", file=sys.stderr)
+            if code == ExitCode.FAILED and cause[0] in FAIL_FAST:
+                return cause[0]  # the launcher's 1 for any failed rank would restart the gang into the same error
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's 128+n
 
 

@@ -54,12 +54,19 @@ def _one_line_on_input_error(command: str, fn: Callable[[], object]) -> int:
     except input_errors() as err:
         from rlt.data.errors import DataError
 
-        print(f"rlt {command}: {err}", file=sys.stderr)
-        return ExitCode.DATA_ERROR if isinstance(err, DataError) else ExitCode.CONFIG_ERROR
+        return _said(command, err, ExitCode.DATA_ERROR if isinstance(err, DataError) else ExitCode.CONFIG_ERROR)
     except ModelLoadError as err:  # one line; a hub that may answer next time keeps exit 1, so a pod is retried
-        print(f"rlt {command}: {err}", file=sys.stderr)
-        return ExitCode.CONFIG_ERROR if err.definitive else ExitCode.FAILED
+        return _said(command, err, ExitCode.CONFIG_ERROR if err.definitive else ExitCode.FAILED)
     return ExitCode.OK
+
+
+def _said(command: str, err: Exception, code: ExitCode) -> ExitCode:
+    """The one line, on stderr and to `rlt launch` when it runs this rank (its launcher's reports come after)."""
+    from rlt.cli.launch import note_failure
+
+    print(f"rlt {command}: {err}", file=sys.stderr)
+    note_failure(f"rlt {command}: {err}", code)
+    return code
 
 
 def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:

@@ -62,9 +62,10 @@ STOP_MARKER = EnvVar(
 FAILURE_NOTE = EnvVar(
     "RLT_FAILURE_NOTE",
     "`rlt launch` (rlt.cli.launch), for the launcher it starts",
-    "rlt.cli.main (a command that raised)",
-    "a file to which each rank whose command raised appends its rank and exception: `rlt launch` says the first "
-    "last, where the pod's termination message (its log's last 2 KiB) keeps it",
+    "rlt.cli.launch.note_failure (a command that raised, or `rlt stage`'s one-line errors)",
+    "a file to which each failing rank appends its exit code, rank and one line: `rlt launch` says the first cause "
+    "(not a rank that lost its peer) last, where the pod's termination message (its log's last 2 KiB) keeps it, "
+    "and exits with its config or data error code (the launchers exit 1 for any failed rank)",
 )
 CACHE = EnvVar(
     "RLT_CACHE",
