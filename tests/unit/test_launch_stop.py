@@ -145,12 +145,58 @@ def test_the_line_said_is_the_first_cause_not_a_rank_that_lost_its_peer(tmp_path
     assert first_cause([victim, cause]) == (78, cause.split("\t")[1])
     assert first_cause(["a torn line", cause]) == (78, cause.split("\t")[1])
     code, line = first_cause([victim]) or (0, "")
-    assert code == 1 and line.startswith("rank 1 failed: RuntimeError:") and "a lost peer" in line
+    assert code == 1 and line.startswith("(perhaps a lost peer") and line.endswith(victim.split("\t")[1])
     assert first_cause([]) is None and first_cause(["torn"]) is None
-    # a long line is cut, a second line left out
+    # NCCL's own failure (a full /dev/shm, a bad fabric) and a generator's reset connection are causes, said as they are
+    nccl = (
+        "1\trank 0 failed: torch.distributed.DistBackendError: NCCL error in: NCCLUtils.cpp:77, unhandled system error"
+    )
+    reset = "1\trank 0 failed: ConnectionResetError: [Errno 104] Connection reset by peer"
+    assert first_cause([victim, nccl]) == (1, nccl.split("\t")[1])
+    assert first_cause([reset]) == (1, reset.split("\t")[1])
+    # a long line is cut
     monkeypatch.setenv("RLT_FAILURE_NOTE", str(tmp_path / "failed"))
     monkeypatch.setenv("RANK", "3")
     note_failure("ValueError: " + "x" * 5000 + "\nsecond line", 1)
     (written,) = (tmp_path / "failed").read_text().splitlines()
     code, line = first_cause([written]) or (0, "")
     assert code == 1 and line.startswith("rank 3 failed: ValueError: xxx") and len(line) < NOTE_CHARS + 40
+    # a line that is no valid UTF-8 (a file name's surrogate escapes) is still noted, and noting never raises
+    note_failure("DataError: caf\udce9.jsonl row 3: no question", 65)
+    code, line = first_cause(["torn", (tmp_path / "failed").read_text().splitlines()[-1]]) or (0, "")
+    assert code == 65 and line == "rank 3 failed: DataError: caf\\udce9.jsonl row 3: no question"
+    monkeypatch.setenv("RLT_FAILURE_NOTE", str(tmp_path / "no-such-folder" / "failed"))
+    note_failure("ValueError: nowhere to note it", 1)
+
+
+def test_a_rank_notes_its_spec_error_and_its_syntax_error_by_what_went_wrong(tmp_path):
+    """`rlt stage` on a spec that does not load exits 78 before any stage runs (SystemExit, not an error the stage
+    raised): its line is noted too, or its launcher's 1 would restart the gang into it. A SyntaxError (a user's
+    reward module) is noted by its message, not by the file and line its report starts with."""
+    bad = tmp_path / "run.yaml"
+    bad.write_text("apiVersion: rlt.dev/v1alpha1\nkind: RLTRun\nmetadata: {name: bad}\nspec: {method: nope}\n")
+    note = tmp_path / "failed"
+    env = {**os.environ, "RLT_FAILURE_NOTE": str(note), "RANK": "1"}
+    done = subprocess.run(
+        [RLT, "stage", "--config", str(bad), "--root", str(tmp_path / "pvc"), "rl"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == ExitCode.CONFIG_ERROR, done.stderr
+    (noted,) = note.read_text().splitlines()
+    assert noted.startswith("78\trank 1 failed: ") and "invalid RLTRun; spec.method: unknown" in noted, noted
+
+    from rlt.cli import _note_failure
+
+    note.unlink()
+    try:
+        compile("def reward(:\n", "/data/reward.py", "exec")
+    except SyntaxError as err:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("RLT_FAILURE_NOTE", str(note))
+            mp.setenv("RANK", "0")
+            _note_failure(err)
+    (noted,) = note.read_text().splitlines()
+    assert noted.startswith("1\trank 0 failed: SyntaxError: "), noted

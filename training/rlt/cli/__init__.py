@@ -372,7 +372,9 @@ def _note_failure(defect: Exception) -> None:
     """Tell `rlt launch`, when it runs this rank, the rank's exception (rlt.cli.launch.note_failure)."""
     from rlt.cli.launch import note_failure
 
-    note_failure("".join(traceback.format_exception_only(type(defect), defect)), ExitCode.FAILED)
+    # the exception's own line: a SyntaxError's report starts with its file and line, indented
+    lines = "".join(traceback.format_exception_only(type(defect), defect)).splitlines()
+    note_failure(next((line for line in lines if line[:1].strip()), type(defect).__name__), ExitCode.FAILED)
 
 
 def _run_command(args: argparse.Namespace) -> int:

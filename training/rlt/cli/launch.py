@@ -32,22 +32,24 @@ from rlt.stages.preemption import STOP_AGREED, STOP_MARKER_ENV
 # A noted line longer than this is cut: the termination message has 2 KiB for the launcher's report and this line.
 NOTE_CHARS = 400
 # A rank that lost its peer (gloo's closed connection, NCCL's aborted communicator) fails after the rank that caused
-# it, which may have died with no Python error (an OOM kill): such a line is a victim's, not the cause.
+# it, which may have died with no Python error (an OOM kill): such a line is a victim's, not the cause. Only the
+# collectives' own words: DistBackendError is any NCCL error (a full /dev/shm too), and a reset connection may be a
+# generator's, both causes in their own right.
 PEER_LOST = re.compile(
-    r"closed by peer|reset by peer|broken pipe|DistBackendError|DistNetworkError|remote process exited|"
-    r"communicator was aborted",
-    re.IGNORECASE,
+    r"connection closed by peer|DistNetworkError|remote process exited|communicator was aborted", re.IGNORECASE
 )
 
 
 def note_failure(line: str, code: int) -> None:
-    """Tell `rlt launch`, when it runs this rank, why the rank fails: the line's first line and the exit code."""
+    """Tell `rlt launch`, when it runs this rank, why the rank fails: the line (its lines joined) and the exit code."""
     note = os.environ.get(FAILURE_NOTE.name)
     if not note:
         return
-    text = (line.strip().splitlines() or ["(no message)"])[0]
+    # one line: a spec error's field lines are joined to its first (the pod's line must name the field)
+    text = "; ".join(part.strip() for part in line.splitlines() if part.strip()) or "(no message)"
     text = text if len(text) <= NOTE_CHARS else text[: NOTE_CHARS - 3] + "..."
-    with contextlib.suppress(OSError), Path(note).open("a") as f:  # every failing rank of the pod appends its line
+    # every failing rank of the pod appends its line; a note that cannot be written must not change how it fails
+    with contextlib.suppress(Exception), Path(note).open("a", encoding="utf-8", errors="backslashreplace") as f:
         f.write(f"{int(code)}\trank {os.environ.get(RANK.name, '0')} failed: {text}\n")
 
 
@@ -58,8 +60,8 @@ def first_cause(noted: list[str]) -> tuple[int, str] | None:
     cause = next(((code, text) for code, text in failures if not PEER_LOST.search(text)), None)
     if cause or not failures:
         return cause
-    code, text = failures[0]
-    return code, f"{text} (a lost peer: the rank that failed first left no Python error; see the launcher's report)"
+    code, text = failures[0]  # the label first: the operator cuts a long line's end
+    return code, f"(perhaps a lost peer: see the launcher's report for the rank that failed first) {text}"
 
 
 def launch(command: list[str]) -> int:

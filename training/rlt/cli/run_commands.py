@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from rlt.checks.validation import load_valid_run
 from rlt.cli.arg_types import add_output_dir, folder_to_write, metrics_port, seconds
@@ -26,8 +27,7 @@ def _load(path: str, paths_from_file: bool = True) -> RLTRun:
     try:
         return load_valid_run(path, paths_from_file)  # the checks `rlt validate` and the operator make
     except SpecError as err:
-        print(str(err), file=sys.stderr)
-        raise SystemExit(ExitCode.CONFIG_ERROR) from None
+        _fail(str(err), ExitCode.CONFIG_ERROR)
 
 
 def input_errors() -> tuple[type[Exception], ...]:
@@ -61,12 +61,21 @@ def _one_line_on_input_error(command: str, fn: Callable[[], object]) -> int:
 
 
 def _said(command: str, err: Exception, code: ExitCode) -> ExitCode:
-    """The one line, on stderr and to `rlt launch` when it runs this rank (its launcher's reports come after)."""
+    return _say(f"rlt {command}: {err}", code)
+
+
+def _say(line: str, code: ExitCode) -> ExitCode:
+    """The one line, on stderr and to `rlt launch` when it runs this rank (its launcher's reports come after, and its
+    exit 1 would hide the code)."""
     from rlt.cli.launch import note_failure
 
-    print(f"rlt {command}: {err}", file=sys.stderr)
-    note_failure(f"rlt {command}: {err}", code)
+    print(line, file=sys.stderr)
+    note_failure(line, code)
     return code
+
+
+def _fail(line: str, code: ExitCode) -> NoReturn:
+    raise SystemExit(_say(line, code)) from None
 
 
 def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:
@@ -78,8 +87,7 @@ def _chosen_metrics_port(command: str, flag: int | None = None) -> int | None:
     try:
         return metrics_port_from_env()
     except ValueError as err:
-        print(f"rlt {command}: {err}", file=sys.stderr)
-        raise SystemExit(ExitCode.CONFIG_ERROR) from None
+        _fail(f"rlt {command}: {err}", ExitCode.CONFIG_ERROR)
 
 
 def _check_device(command: str, device: str | None) -> None:
@@ -91,11 +99,10 @@ def _check_device(command: str, device: str | None) -> None:
 
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}, " + ("built for CPU" if torch.version.cuda is None else "no GPU visible")
-        print(
+        _fail(
             f"rlt {command}: --device cuda: no CUDA device here ({build}); leave --device out for the CPU",
-            file=sys.stderr,
+            ExitCode.UNAVAILABLE,
         )
-        raise SystemExit(ExitCode.UNAVAILABLE)
 
 
 def _bars(no_progress: bool) -> bool:

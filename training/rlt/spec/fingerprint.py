@@ -4,10 +4,10 @@ A stage's output depends on the run-wide fields (models, data, format, seed, met
 stage's settings; it does not depend on how fast or where it ran (checkpoint cadence, ZeRO stage, micro-batching, the
 generation backend) nor on what it logged (loggingSteps: recorded, never compared). `stage_fields` flattens the fields
 that matter to `path: value` so that a change can be named; `stage_fingerprint` hashes them (distill's parts folder is
-named by it). `changed_fields` compares two records (the operator's status too). `plan_stages` decides per stage: run,
-skip (done under this spec), continue (more RL steps resume from the last checkpoint), start over (an earlier stage
-was redone, or the user asked), or refuse with one line naming the changed fields and the flag that starts the stage
-over.
+named by `compared_fingerprint`, the compared fields only). `changed_fields` compares two records (the operator's
+status too). `plan_stages` decides per stage: run, skip (done under this spec), continue (more RL steps resume from the
+last checkpoint), start over (an earlier stage was redone, or the user asked), or refuse with one line naming the
+changed fields and the flag that starts the stage over.
 """
 
 from __future__ import annotations
