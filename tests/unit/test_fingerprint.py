@@ -262,7 +262,7 @@ def test_logging_cadence_is_recorded_but_no_edit_of_a_finished_or_a_stopped_stag
 def test_distills_part_files_outlive_a_logging_edit_and_an_older_rlts_name(tmp_path):
     """A distill stopped mid-way keeps the rows its ranks wrote (hours of generation at scale) when only the logging
     cadence is edited; a real edit starts a folder of its own; the folder an older rlt named by every field (the same
-    rows) is taken over."""
+    rows) is taken over, and a link keeps its name for a rollback."""
     from rlt.stages.distill_parts import parts_dir, parts_folder
 
     stage_dir = tmp_path / "distill"
@@ -274,4 +274,12 @@ def test_distills_part_files_outlive_a_logging_edit_and_an_older_rlts_name(tmp_p
     older.mkdir(parents=True)
     (older / "rank-0.jsonl").write_text('{"index": 0}\n')
     assert parts_folder(stage_dir, run.spec) == folder
-    assert (folder / "rank-0.jsonl").read_text() == '{"index": 0}\n' and not older.exists()
+    assert (folder / "rank-0.jsonl").read_text() == '{"index": 0}\n'
+    # rolled back, the older rlt reads and appends through its own name (a link), and the newer one sees the append
+    assert older.is_symlink() and (older / "rank-0.jsonl").read_text() == '{"index": 0}\n'
+    with (older / "rank-1.jsonl").open("w") as f:
+        f.write('{"index": 1}\n')
+    assert parts_folder(stage_dir, run.spec) == folder and sorted(p.name for p in folder.iterdir()) == [
+        "rank-0.jsonl",
+        "rank-1.jsonl",
+    ]

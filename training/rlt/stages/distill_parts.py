@@ -34,12 +34,13 @@ def parts_dir(stage_dir: Path, fingerprint: str) -> Path:
 def parts_folder(stage_dir: Path, spec: RLTRunSpec) -> Path:
     """The part files of this distill spec, named by its compared fields: an edit of loggingSteps keeps the rows
     written. A folder that an older rlt named by all the fields (the same rows) is taken over, so an upgrade in the
-    middle of the stage loses nothing."""
+    middle of the stage loses nothing; a link keeps the old name, so a rollback to that rlt finds them too."""
     folder = parts_dir(stage_dir, compared_fingerprint(spec, "distill"))
     older = parts_dir(stage_dir, stage_fingerprint(spec, "distill"))
-    if older != folder and older.exists() and not folder.exists():
-        with contextlib.suppress(OSError):  # a peer rank renamed it first
+    if older != folder and older.is_dir() and not older.is_symlink() and not folder.exists():
+        with contextlib.suppress(OSError):  # a peer rank renamed it first, or made the link
             older.rename(folder)
+            older.symlink_to(folder.name, target_is_directory=True)
     return folder
 
 
