@@ -326,9 +326,10 @@ def file_sha256(path: Path) -> str:
 
 
 def stamp(s: Settings, summary: dict[str, Any], t0: float, earlier: list[dict]) -> dict[str, Any]:
-    """What every row records about its run: stage seconds, the seconds of all its pieces, settings, device."""
+    """What every row records about its run: stage seconds and the seconds of all its pieces (a stage stopped at a
+    deadline and resumed counts both pieces; one finished in an earlier piece counts too), settings, device."""
     return {
-        "stage_seconds": {k: v.get("seconds") for k, v in summary.get("stages", {}).items()},
+        "stage_seconds": {k: v.get("secondsAllRuns", v.get("seconds")) for k, v in summary.get("stages", {}).items()},
         "seconds": round(time.perf_counter() - t0 + sum(p["seconds"] for p in earlier), 1),
         "pieces": len(earlier) + 1,
         "settings": "protocol" if s == Settings() else "quick" if s == QUICK else "other",

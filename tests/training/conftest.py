@@ -20,6 +20,17 @@ def tiny(tiny_ref):
     return load_model(tiny_ref, "cpu"), load_tokenizer(tiny_ref)
 
 
+@pytest.fixture
+def sigterm_restored():
+    """A stage that stopped on SIGTERM keeps its handler (a second SIGTERM must not kill its exit); the process would
+    end there, a test's goes on: it gets the handler it had back."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.fixture(scope="session")
 def formatter():
     return Formatter(resolve_format(FormatSpec()))

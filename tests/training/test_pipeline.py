@@ -84,8 +84,14 @@ def killed_before_rls_final_model(finished, tmp_path):
 def test_rerun_skips_done_stages_and_rl_resumes_from_checkpoint(finished, tmp_path):
     run, copy, before = killed_before_rls_final_model(finished, tmp_path)
     shutil.rmtree(copy.checkpoint_dir("rl", 3))  # killed after RL's checkpoint at step 2
+    first = finished[2]["stages"]
     summary = run_local(run, tmp_path, metrics_port=None, show_progress=False, device="cpu")
-    assert summary["stages"]["sft"] == {"skipped": True}
+    # sft's seconds are the first run's; rl's add both runs (its folder came with the copy)
+    sft = summary["stages"]["sft"]
+    assert sft["skipped"] and sft["runs"] == 1
+    assert sft["secondsAllRuns"] == pytest.approx(first["sft"]["seconds"], abs=0.3)
+    rl = summary["stages"]["rl"]
+    assert rl["runs"] == 2 and rl["secondsAllRuns"] == pytest.approx(first["rl"]["seconds"] + rl["seconds"], abs=0.3)
     new_rl = [r for r in read_metrics(copy.metrics_file)[before:] if r["stage"] == "rl"]
     assert [r["step"] for r in new_rl] == [3]  # resumed at step 2, trained only step 3
     assert copy.stage_done("distill").exists()

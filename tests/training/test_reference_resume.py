@@ -261,15 +261,6 @@ PHASES = {  # phase -> (where the gang abandons, the step saved, backward passes
 }
 
 
-@pytest.fixture
-def sigterm_restored():
-    import signal
-
-    previous = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, previous)
-
-
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_a_stop_at_any_phase_abandons_the_step_and_the_restart_changes_nothing(
     phase, uninterrupted, tmp_path, monkeypatch, capsys, sigterm_restored

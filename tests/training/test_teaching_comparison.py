@@ -546,6 +546,7 @@ def test_every_arm_runs_end_to_end_quick(tc, tmp_path):
     teachers = {r["arm"]: r for r in rows if r["kind"] == "teacher"}
     students = [r for r in rows if r["kind"] == "student"]
     assert set(teachers["rl"]["stage_seconds"]) == {"sft", "rl", "distill"}
+    assert all(v > 0 for r in rows for v in r["stage_seconds"].values())  # a stage done in an earlier piece too
     tokens = teachers["rl"]["rl_tokens"]  # the compute the rl arm spent beyond its steps, measured
     assert tokens["steps"] == s.rl_steps and 0 < tokens["generated"] <= s.rl_steps * s.questions * s.generations * s.cap
     assert set(teachers["sft-continued"]["stage_seconds"]) == set(teachers["sft-convergence"]["stage_seconds"])

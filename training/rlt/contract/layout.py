@@ -127,6 +127,11 @@ class RunLayout:
         """The spec fields a finished stage's output depends on (rlt.spec.fingerprint)."""
         return self.stage_dir(stage) / "spec-fingerprint.json"
 
+    def stage_time_spent(self, stage: str) -> Path:
+        """Seconds and runs `rlt run` spent on the stage's present output: a stopped run and the one that resumes it
+        add up; starting the stage over moves the file aside with its folder."""
+        return self.stage_dir(stage) / "time-spent.json"
+
     def stage_started_spec(self, stage: str) -> Path:
         """The same fields, written when `rlt run` last started or resumed the stage: what its checkpoints were
         trained under, before it finishes (rlt.spec.fingerprint.plan_stages)."""

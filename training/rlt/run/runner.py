@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import time
@@ -172,22 +173,12 @@ def run_local(
                     + (f" ({plan.note})" if plan.note else ""),
                     flush=True,
                 )
-                info[name] = {"skipped": True}
+                info[name] = {"skipped": True} | time_spent(layout, name)
                 push_stage_outputs(ctx, name)  # a push that failed after the stage finished is retried
                 continue
             begin_stage(layout, run, plan)
-            t0 = time.perf_counter()
-            try:
-                output_path = stage_function(name, run.spec.method)(ctx)
-            except KeyboardInterrupt:
-                raise Interrupted(name, layout, from_stage) from None
-            except Stopped as stop:  # "the same command" would start the stage over again: say how to resume
-                if from_stage:
-                    stop.args = (f"{stop}; {_without_from_stage(from_stage)}",)
-                raise
-            push_stage_outputs(ctx, name)
-            info[name] = {"seconds": round(time.perf_counter() - t0, 1), "output": output_path}
-            print(f"[{name}] done in {info[name]['seconds']} s -> {output_path}", flush=True)
+            info[name] = run_stage(ctx, name, from_stage)
+            print(f"[{name}] done in {info[name]['seconds']} s -> {info[name]['output']}", flush=True)
             stop_if_signalled_late(
                 name, [p.stage for p in plans[plans.index(plan) + 1 :] if p.action != "skip"], from_stage
             )
@@ -214,6 +205,40 @@ def run_local(
     finally:
         metrics.shutdown()
         lock.release()
+
+
+def run_stage(ctx: StageContext, name: str, from_stage: str | None) -> dict[str, Any]:
+    """One stage of `rlt run` and its outputs' push: its seconds, output and the seconds of every run on it."""
+    layout, t0 = ctx.layout, time.perf_counter()
+    try:
+        try:
+            output_path = stage_function(name, ctx.run.spec.method)(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted(name, layout, from_stage) from None
+        except Stopped as stop:  # "the same command" would start the stage over again: say how to resume
+            if from_stage:
+                stop.args = (f"{stop}; {_without_from_stage(from_stage)}",)
+            raise
+        push_stage_outputs(ctx, name)
+    finally:  # a stopped or failed run's seconds count too: the run that resumes it adds its own
+        spent = add_time_spent(layout, name, time.perf_counter() - t0)
+    return {"seconds": round(time.perf_counter() - t0, 1), "output": output_path} | spent
+
+
+def time_spent(layout: RunLayout, stage: str) -> dict[str, Any]:
+    """secondsAllRuns and runs of the stage's present output; {} for a folder from before rlt recorded them."""
+    path = layout.stage_time_spent(stage)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def add_time_spent(layout: RunLayout, stage: str, seconds: float) -> dict[str, Any]:
+    spent = time_spent(layout, stage)
+    spent = {
+        "secondsAllRuns": round(spent.get("secondsAllRuns", 0.0) + seconds, 1),
+        "runs": spent.get("runs", 0) + 1,
+    }
+    atomic_write_json(layout.stage_time_spent(stage), spent)
+    return spent
 
 
 def _linger(seconds: float) -> None:
@@ -308,7 +333,7 @@ def run_caveat(run: RLTRun) -> str | None:
 def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
     print(f"\nrun finished in {summary['wallSeconds']} s -> {layout.root}")
     for name, st in summary["stages"].items():
-        print(f"  {name:8s} {'skipped (done before)' if st.get('skipped') else str(st['seconds']) + ' s'}")
+        print(f"  {name:8s} {stage_time_line(st)}")
     for name in STAGE_ORDER:
         found = stage_summary(name)
         for line in found.lines(summary[name]) if found is not None and name in summary else []:
@@ -319,6 +344,14 @@ def print_summary(layout: RunLayout, summary: dict[str, Any]) -> None:
         print(f"  plot: {p}")
     if summary.get("note"):
         print(f"  {summary['note']}")
+
+
+def stage_time_line(st: dict[str, Any]) -> str:
+    """`12.3 s`, `12.3 s (40.1 s over 3 runs)`, `skipped (done before, in 40.1 s)` or `skipped (done before)`."""
+    runs, total = st.get("runs", 0), st.get("secondsAllRuns")
+    if st.get("skipped"):
+        return f"skipped (done before, in {total} s)" if total is not None else "skipped (done before)"
+    return f"{st['seconds']} s" + (f" ({total} s over {runs} runs)" if runs > 1 else "")
 
 
 def run_stage_in_pod(run: RLTRun, stage: str, root: str | Path, metrics_port: int | None, restart: bool = False) -> str:
