@@ -97,6 +97,7 @@ def accelerate_gang(tmp_path: Path, *rlt_args: str) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
 
 
+@pytest.mark.slow  # a real 2-rank accelerate gang: 6-8 s each
 def test_a_failed_ranks_exception_is_the_pods_last_line_after_the_launchers_reports(tmp_path):
     """A 2-rank gang whose ranks raise: torchrun's and accelerate's tracebacks and failure report follow the ranks'
     (about 2 KiB), so the pod's termination message (the log's last 2 KiB) lost the rank's exception and the run's
@@ -114,6 +115,7 @@ def test_a_failed_ranks_exception_is_the_pods_last_line_after_the_launchers_repo
     assert last_error_line(log[-2048:]) == last
 
 
+@pytest.mark.slow  # a real 2-rank accelerate gang: 6-8 s each
 def test_a_ranks_config_error_fails_the_pod_with_its_code_not_the_launchers(tmp_path):
     """`rlt stage rl` before sft's model exists: each rank says it in one line and exits CONFIG_ERROR, which the
     launchers turn into 1 (a gang restart into the same error, each retry counted). `rlt launch` exits with the
