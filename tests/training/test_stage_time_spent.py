@@ -13,7 +13,9 @@ from suite_helpers import tiny_doc
 
 
 @pytest.mark.slow
-def test_a_stopped_stage_and_its_resume_add_up_and_a_skip_keeps_the_sum(tmp_path, monkeypatch, capsys, tiny, sigterm_restored):
+def test_a_stopped_stage_and_its_resume_add_up_and_a_skip_keeps_the_sum(
+    tmp_path, monkeypatch, capsys, tiny, sigterm_restored
+):
     from rlt.contract.layout import RunLayout
     from rlt.run.runner import print_summary, run_local
     from rlt.spec.loading import parse_run
