@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import test_reference_resume as rr
-from test_reference_resume import sigterm_restored  # noqa: F401  # a fixture the stop test takes
 
 from rlt.contract.env import LOCAL_CHECKPOINTS
 from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
@@ -77,7 +76,7 @@ def test_staged_stop_restarts_to_the_uninterrupted_result(
     tmp_path,
     monkeypatch,
     capsys,
-    sigterm_restored,  # noqa: F811  # the imported fixture, taken
+    sigterm_restored,
 ):
     rr.test_a_stop_at_any_phase_abandons_the_step_and_the_restart_changes_nothing(
         phase, uninterrupted, tmp_path, monkeypatch, capsys, sigterm_restored
