@@ -221,8 +221,9 @@ def run_stage(ctx: StageContext, name: str, from_stage: str | None) -> dict[str,
             raise
         push_stage_outputs(ctx, name)
     finally:  # a stopped or failed run's seconds count too: the run that resumes it adds its own
-        spent = add_time_spent(layout, name, time.perf_counter() - t0)
-    return {"seconds": round(time.perf_counter() - t0, 1), "output": output_path} | spent
+        seconds = time.perf_counter() - t0  # once: the sum and this run's figure are of the same seconds
+        spent = add_time_spent(layout, name, seconds)
+    return {"seconds": round(seconds, 1), "output": output_path} | spent
 
 
 def time_spent(layout: RunLayout, stage: str) -> dict[str, Any]:
