@@ -191,3 +191,17 @@ def test_a_reader_that_leaves_before_the_exit_flush_gets_no_traceback():
     _, err = proc.communicate(timeout=300)
     assert b"Traceback" not in err and b"Exception ignored" not in err, err.decode()
     assert proc.returncode == 141
+
+
+def test_a_ctrl_c_outside_any_stage_still_says_it_stopped(capsys):
+    """A bare KeyboardInterrupt (no stage to name) once printed "rlt run: " and nothing after it: an exception is
+    truthy even when its text is empty, so the fallback line never showed."""
+    import argparse
+
+    from rlt.cli import _run_command
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    assert _run_command(argparse.Namespace(command="run", func=interrupted)) == 130
+    assert capsys.readouterr().err.strip() == "rlt run: stopped (Ctrl-C)"

@@ -384,7 +384,7 @@ def _run_command(args: argparse.Namespace) -> int:
         return code
     except KeyboardInterrupt as stop:
         # Ctrl-C is the user's choice, not a defect: one line (where, and what a re-run does), the shell's code 130.
-        print(f"\nrlt {args.command}: {stop or 'stopped (Ctrl-C)'}", file=sys.stderr)
+        print(f"\nrlt {args.command}: {str(stop) or 'stopped (Ctrl-C)'}", file=sys.stderr)
         return 130
     except BrokenPipeError:
         if not _reader_left():

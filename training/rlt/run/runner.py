@@ -245,8 +245,8 @@ def add_time_spent(layout: RunLayout, stage: str, seconds: float) -> dict[str, A
 def _linger(seconds: float) -> None:
     """Keep the metrics served after the run (--linger). Ctrl-C ends the wait: the run finished and is recorded, so
     that is no failure (exit 0, not an interrupted run's 130)."""
-    print(f"serving metrics for {seconds:.0f} s more (Ctrl-C ends this; the run is done)", flush=True)
-    try:
+    try:  # the line inside: a Ctrl-C sent the moment it is read lands before the sleep starts
+        print(f"serving metrics for {seconds:.0f} s more (Ctrl-C ends this; the run is done)", flush=True)
         time.sleep(seconds)
     except KeyboardInterrupt:
         print("stopped serving metrics", flush=True)
