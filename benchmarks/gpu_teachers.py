@@ -17,6 +17,9 @@ which goes back bare: it is run again, under its own seed, on CPU or the next GP
 teachers.json (every unit's status, seconds and log tail, the GPU, the code's fingerprint) and teachers.tar.gz (the
 finished units' rows and their distillation datasets).
 
+Its first run (2026-12-04, one H200, twelve units at once) found that an rl unit needs about 20 minutes there, more
+than a lease gives (10 minutes a command, 15 a session): read docs/experiments.md before spending a lease on it.
+
 Fixed before any device run: a teacher seed is imported only with both primary teacher units (its teachers then
 ran on one device), each row keeps `device` (the GPU's name), gets `code` (the commit whose training/ and
 benchmarks/ Python files the device ran, checked against the fingerprint) and is appended and committed as the CPU
