@@ -226,12 +226,17 @@ def make_callback(
             self.step_started = time.perf_counter()
             self.pending: dict[str, float] = {}
             self.estimated = False
+            self.estimated_at = 0  # the step of the first-step estimate
+            self.began, self.began_step = time.perf_counter(), 0  # this piece's start (a resumed one starts late)
+            self.marks: list[int] = []  # the quarter steps not yet reported
 
         def on_train_begin(
             self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
         ) -> None:
             announce_world(recorder.stage)
             recorder.set_total(state.max_steps)
+            self.began, self.began_step = time.perf_counter(), state.global_step
+            self.marks = quarter_steps(state.max_steps)
             if recorder.ctx.is_main and show_progress:
                 self.bar = tqdm(
                     total=state.max_steps,
@@ -275,6 +280,7 @@ def make_callback(
             recorder.record(state.global_step, values, observed_each_step=True)
             self.pending = {k: v for k, v in self.pending.items() if k not in COUNTED_KEYS}  # counted once
             self.estimate_once(state, values.get("step_seconds"))
+            self.say_quarter(state)
             if self.bar is not None:
                 self.bar.n = state.global_step
                 shown = {k: f"{values[k]:.3f}" for k in ("reward", "loss") if k in values}
@@ -285,11 +291,30 @@ def make_callback(
             gone from a log or a pipe, and a newcomer wants to know whether to wait or come back later."""
             if self.estimated or seconds is None or not recorder.ctx.is_main:
                 return
-            self.estimated = True
+            self.estimated, self.estimated_at = True, state.global_step
             left = max(state.max_steps - state.global_step, 0)
             say_line(
                 f"[{recorder.stage}] step {state.global_step}/{state.max_steps} took {seconds:.0f} s: "
                 f"about {_duration(seconds * left)} for the {left} steps left"
+            )
+
+        def say_quarter(self, state: TrainerState) -> None:
+            """A plain line at a quarter, half and three quarters of the steps, with the time left at this piece's
+            pace: a pod's log (or a unit's) otherwise shows the first step's estimate and then nothing until the
+            stage ends, and whoever reads it cannot tell a slow stage from a stuck one."""
+            passed = [m for m in self.marks if m <= state.global_step]
+            if not passed or not recorder.ctx.is_main:
+                return
+            self.marks = [m for m in self.marks if m > state.global_step]
+            done = state.global_step - self.began_step
+            if state.global_step <= self.estimated_at or done <= 0 or state.global_step >= state.max_steps:
+                return  # the estimate's line has just said it, or the stage's own will
+            elapsed = time.perf_counter() - self.began
+            left = max(state.max_steps - state.global_step, 0)
+            say_line(
+                f"[{recorder.stage}] step {state.global_step}/{state.max_steps} "
+                f"({100 * state.global_step // state.max_steps} %) after {_duration(elapsed)}: "
+                f"about {_duration(elapsed / done * left)} left"
             )
 
         def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
@@ -309,6 +334,12 @@ def make_callback(
                 self.bar.close()
 
     return RecordCallback()
+
+
+def quarter_steps(total: int) -> list[int]:
+    """The steps at which a stage of `total` steps is a quarter, half and three quarters done (none twice, nor the
+    last step: the stage's own line says that)."""
+    return sorted({math.ceil(total * k / 4) for k in (1, 2, 3)} - {0, total})
 
 
 def _duration(seconds: float) -> str:
