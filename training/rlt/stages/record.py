@@ -225,18 +225,14 @@ def make_callback(
             self.bar: tqdm | None = None
             self.step_started = time.perf_counter()
             self.pending: dict[str, float] = {}
-            self.estimated = False
-            self.estimated_at = 0  # the step of the first-step estimate
-            self.began, self.began_step = time.perf_counter(), 0  # this piece's start (a resumed one starts late)
-            self.marks: list[int] = []  # the quarter steps not yet reported
+            self.lines = ProgressLines(recorder.stage)
 
         def on_train_begin(
             self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
         ) -> None:
             announce_world(recorder.stage)
             recorder.set_total(state.max_steps)
-            self.began, self.began_step = time.perf_counter(), state.global_step
-            self.marks = quarter_steps(state.max_steps)
+            self.lines.begin(state.global_step, state.max_steps)
             if recorder.ctx.is_main and show_progress:
                 self.bar = tqdm(
                     total=state.max_steps,
@@ -279,43 +275,12 @@ def make_callback(
                 return
             recorder.record(state.global_step, values, observed_each_step=True)
             self.pending = {k: v for k, v in self.pending.items() if k not in COUNTED_KEYS}  # counted once
-            self.estimate_once(state, values.get("step_seconds"))
-            self.say_quarter(state)
+            if recorder.ctx.is_main:
+                self.lines.logged(state.global_step, state.max_steps, values.get("step_seconds"))
             if self.bar is not None:
                 self.bar.n = state.global_step
                 shown = {k: f"{values[k]:.3f}" for k in ("reward", "loss") if k in values}
                 self.bar.set_postfix(shown, refresh=True)
-
-        def estimate_once(self, state: TrainerState, seconds: float | None) -> None:
-            """After the stage's first step, one plain line with the time the rest should take: the bar's ETA is
-            gone from a log or a pipe, and a newcomer wants to know whether to wait or come back later."""
-            if self.estimated or seconds is None or not recorder.ctx.is_main:
-                return
-            self.estimated, self.estimated_at = True, state.global_step
-            left = max(state.max_steps - state.global_step, 0)
-            say_line(
-                f"[{recorder.stage}] step {state.global_step}/{state.max_steps} took {seconds:.0f} s: "
-                f"about {_duration(seconds * left)} for the {left} steps left"
-            )
-
-        def say_quarter(self, state: TrainerState) -> None:
-            """A plain line at a quarter, half and three quarters of the steps, with the time left at this piece's
-            pace: a pod's log (or a unit's) otherwise shows the first step's estimate and then nothing until the
-            stage ends, and whoever reads it cannot tell a slow stage from a stuck one."""
-            passed = [m for m in self.marks if m <= state.global_step]
-            if not passed or not recorder.ctx.is_main:
-                return
-            self.marks = [m for m in self.marks if m > state.global_step]
-            done = state.global_step - self.began_step
-            if state.global_step <= self.estimated_at or done <= 0 or state.global_step >= state.max_steps:
-                return  # the estimate's line has just said it, or the stage's own will
-            elapsed = time.perf_counter() - self.began
-            left = max(state.max_steps - state.global_step, 0)
-            say_line(
-                f"[{recorder.stage}] step {state.global_step}/{state.max_steps} "
-                f"({100 * state.global_step // state.max_steps} %) after {_duration(elapsed)}: "
-                f"about {_duration(elapsed / done * left)} left"
-            )
 
         def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
             if recorder.marked_elsewhere:  # rlt.stages.staged_saves marks it once durable
@@ -334,6 +299,43 @@ def make_callback(
                 self.bar.close()
 
     return RecordCallback()
+
+
+class ProgressLines:
+    """The plain lines of a stage's progress, for a log or a pipe where the bar's ETA is gone: after the first step
+    the time the rest should take (a newcomer wants to know whether to wait or come back later), then a line at a
+    quarter, half and three quarters of the steps with the time left at this piece's pace (a pod's log otherwise
+    shows nothing more until the stage ends, and a slow stage looks like a stuck one)."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.estimated_at = 0  # the step of the first-step estimate (0: not yet)
+        self.began, self.began_step = time.perf_counter(), 0  # this piece's start (a resumed one starts late)
+        self.marks: list[int] = []  # the quarter steps not yet passed
+
+    def begin(self, step: int, total: int) -> None:
+        self.began, self.began_step, self.marks = time.perf_counter(), step, quarter_steps(total)
+
+    def logged(self, step: int, total: int, step_seconds: float | None) -> None:
+        """After a logged step: the estimate once, or the line of a quarter passed since the last log."""
+        passed = [m for m in self.marks if m <= step]
+        self.marks = [m for m in self.marks if m > step]
+        left = max(total - step, 0)
+        if not self.estimated_at:
+            if step_seconds is not None:
+                self.estimated_at = step
+                say_line(
+                    f"[{self.stage}] step {step}/{total} took {step_seconds:.0f} s: "
+                    f"about {_duration(step_seconds * left)} for the {left} steps left"
+                )
+            return
+        if not passed or step >= total or step <= self.began_step:  # the stage's own line says it is done
+            return
+        elapsed = time.perf_counter() - self.began
+        say_line(
+            f"[{self.stage}] step {step}/{total} ({100 * step // total} %) after {_duration(elapsed)}: "
+            f"about {_duration(elapsed / (step - self.began_step) * left)} left"
+        )
 
 
 def quarter_steps(total: int) -> list[int]:
