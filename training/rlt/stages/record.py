@@ -309,7 +309,7 @@ class ProgressLines:
 
     def __init__(self, stage: str) -> None:
         self.stage = stage
-        self.estimated_at = 0  # the step of the first-step estimate (0: not yet)
+        self.estimated = False  # the first-step estimate said
         self.began, self.began_step = time.perf_counter(), 0  # this piece's start (a resumed one starts late)
         self.marks: list[int] = []  # the quarter steps not yet passed
 
@@ -321,9 +321,9 @@ class ProgressLines:
         passed = [m for m in self.marks if m <= step]
         self.marks = [m for m in self.marks if m > step]
         left = max(total - step, 0)
-        if not self.estimated_at:
+        if not self.estimated:
             if step_seconds is not None:
-                self.estimated_at = step
+                self.estimated = True
                 say_line(
                     f"[{self.stage}] step {step}/{total} took {step_seconds:.0f} s: "
                     f"about {_duration(step_seconds * left)} for the {left} steps left"
