@@ -172,19 +172,35 @@ class FlakyVllmStub(BaseHTTPRequestHandler):
             cls.asked.append((len(body["prompt"]) * body["n"], body.get("seed")))
             cls.running += 1
             cls.most_running = max(cls.most_running, cls.running)
+        ended = False
+
+        def end() -> None:
+            # counted as ended before the answer's last bytes go out: once the client reads them it may send its
+            # next request, and a count still held then would see one more at the server than the client sent
+            nonlocal ended
+            if not ended:
+                ended = True
+                with cls.lock:
+                    cls.running -= 1
+
+        def then_end(events):
+            yield from events
+            end()
+
         try:
             time.sleep(cls.delay + cls.slower.get(body["prompt"][0][0], 0.0) + cls.seed_delay.get(body.get("seed"), 0))
             if body["prompt"][0][0] == cls.refuse:
+                end()
                 self._send(400, {"error": "injected bad request"})
                 return
             if cls.posts <= cls.fail or (cls.fail_after is not None and cls.posts > cls.fail_after):
+                end()
                 self._send(500, {"error": "injected"})
                 return
             stop = cls.stall_after if first or cls.cut_all else None
-            send_vllm_stream(self, self.events(body, stop))
+            send_vllm_stream(self, then_end(self.events(body, stop)))
         finally:
-            with cls.lock:
-                cls.running -= 1
+            end()
 
     def events(self, body: dict, stop: int | None):
         n, seed = body["n"], body.get("seed") or 0
