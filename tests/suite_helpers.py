@@ -25,11 +25,42 @@ PYPROJECT_VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml")
 VLLM_PYTHON = Path(os.environ.get("RLT_VLLM_PYTHON") or ROOT / ".vllm-venv" / "bin" / "python")
 
 
+def _ephemeral_ports() -> range:
+    """The kernel's range for the local end of outgoing connections (and for bind to port 0)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+# Ports handed out below the ephemeral range, one block per xdist worker. A port the OS picks from its ephemeral
+# range can be taken, between our pick and the server's bind, by any process's outgoing connection (CI saw the
+# operator's health server lose its port that way); below the range only a listener can take it, and the workers'
+# blocks never overlap.
+_next_port: dict[str, int] = {}
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on right now and no outgoing connection will be given meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) % 16 if worker[2:].isdigit() else 0
+    block = min(800, (_ephemeral_ports().start - 10000) // 16)
+    if block < 16:
+        raise RuntimeError(f"the ephemeral port range starts at {_ephemeral_ports().start}: no room below it for tests")
+    low = 10000 + index * block
+    # each process starts at its own place in its block, so two sessions side by side rarely meet
+    cursor = _next_port.setdefault(worker, (os.getpid() * 7) % block)
+    for i in range(block):
+        port = low + (cursor + i) % block
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _next_port[worker] = (cursor + i + 1) % block
+        return port
+    raise RuntimeError(f"no free loopback port in {low}..{low + block - 1} (xdist worker {worker})")
 
 
 def find_tool(name: str) -> str | None:

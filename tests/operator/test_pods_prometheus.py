@@ -25,6 +25,7 @@ import yaml
 from monitor_scrape import only, pod_targets, podmonitor_scrape_configs, render_chart
 from op_harness import example
 from pods_harness import REPO, running_pods, wait_for
+from suite_helpers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -42,14 +43,6 @@ def prom_get(base: str, path: str, **params: str) -> dict[str, Any]:
     url = f"{base}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
     with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
         return json.loads(resp.read())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------- the test

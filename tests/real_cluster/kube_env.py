@@ -17,7 +17,6 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+from suite_helpers import free_port
 
 ASSETS_VAR = "KUBEBUILDER_ASSETS"
 
@@ -89,12 +89,6 @@ def audited_write(event: dict[str, Any]) -> AuditedWrite:
         dry_run="dryRun=" in event.get("requestURI", ""),
         body=body,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _key() -> rsa.RSAPrivateKey:

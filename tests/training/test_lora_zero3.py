@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from suite_helpers import ROOT, kill_gang, tiny_doc
+from suite_helpers import ROOT, free_port, kill_gang, tiny_doc
 
 from rlt.checks.validation import validate_spec
 from rlt.contract.layout import RunLayout
@@ -44,12 +43,6 @@ def lora_zero3_spec():
     doc["spec"]["dataset"]["size"] = 16
     doc["spec"]["resources"] = {"trainer": {"gpus": 2}}
     return validate_spec(doc["spec"], name="lz3")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def one_step_off_zero3_spec():

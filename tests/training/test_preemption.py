@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from suite_helpers import ROOT, kill_gang, tiny_doc
+from suite_helpers import ROOT, free_port, kill_gang, tiny_doc
 
 from rlt.checks.validation import validate_spec
 from rlt.contract.exitcodes import ExitCode
@@ -139,12 +138,6 @@ def test_sigterm_mid_rl_saves_the_step_exits_75_and_resumes_with_nothing_lost(tm
     assert progress["lastCheckpoint"].endswith(f"checkpoint-{stopped_at}")
     print(f"\nSIGTERM after {done_before} completed steps: saved checkpoint-{stopped_at}; completed steps lost: 0")
     resume_and_check(cmd, layout, tmp_path, stopped_at)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def gang_command(run: Path, tmp_path: Path, name: str, stage: str = "rl") -> tuple[list[str], dict[str, str]]:
