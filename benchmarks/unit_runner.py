@@ -191,11 +191,18 @@ def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | N
     then SIGKILL, so nothing runs on past the deadline unaccounted and a piece cut short keeps what it trained."""
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(log.open("a")) if log is not None else None
+        # The new session is a new autogroup at niceness 0: it gets the runner's, or the unit would not give way. The
+        # child sets it itself, after setsid and before exec: set from here, a unit favoured over a reniced runner
+        # could run (and print its group's niceness) first. The runners have no threads, so preexec_fn is safe.
+        nice = os.nice(0)
         proc = subprocess.Popen(
-            cmd, start_new_session=True, stdout=out, stderr=subprocess.STDOUT if out else None, env=own_code_env()
+            cmd,
+            start_new_session=True,
+            preexec_fn=lambda: set_autogroup_nice("self", nice),  # noqa: PLW1509 (no threads, see above)
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            env=own_code_env(),
         )
-        # The new session is a new autogroup at niceness 0: give it the runner's, or the unit would not give way.
-        set_autogroup_nice(proc.pid, os.nice(0))
         try:
             try:
                 return proc.wait(timeout=max(1.0, deadline - grace - time.time()))
