@@ -160,16 +160,15 @@ def own_code_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([*own, *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def set_autogroup_nice(pid: int | str, nice: int) -> bool:
-    """Give the scheduler autogroup of `pid` ("self" for this process) the niceness `nice`; False where the kernel
-    has no autogroups or the process is gone.
+def set_autogroup_nice(nice: int) -> bool:
+    """Give this process's scheduler autogroup the niceness `nice`; False where the kernel has no autogroups.
 
     Linux shares the CPU between sessions (one autogroup per setsid) before it looks at a process's own nice, which
     orders processes only inside their group: a unit in a session of its own at nice 19 still took 88 % of a core
     beside a CI run's pytest workers. The group's niceness is what makes it give way."""
     try:
-        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
-    except OSError:  # no CONFIG_SCHED_AUTOGROUP, autogroups off, not Linux, the process already ended
+        Path("/proc/self/autogroup").write_text(str(nice))
+    except OSError:  # no CONFIG_SCHED_AUTOGROUP, autogroups off, not Linux
         return False
     return True
 
@@ -180,13 +179,14 @@ def lower_priority(nice: int) -> None:
     whose niceness is not this process's to change; its units get their own groups (run_until) at its niceness."""
     os.nice(max(0, nice - os.nice(0)))
     if os.getsid(0) == os.getpid():
-        set_autogroup_nice("self", os.nice(0))
+        set_autogroup_nice(os.nice(0))
 
 
 def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | None = None) -> int | None:
-    """Run `cmd` in a process group (and session, scheduled at this process's niceness) of its own (its output to `log` when given; this checkout's code first:
-    own_code_env); its exit status, or None when the deadline came first. `grace` seconds before the deadline the group gets SIGTERM (rlt's stages then save their
-    last step), at the deadline SIGKILL; the whole group goes, a unit's own children with it. The runner stopped
+    """Run `cmd` in a process group and session of its own, scheduled at this process's niceness (its output to
+    `log` when given; this checkout's code first: own_code_env); its exit status, or None when the deadline came
+    first. `grace` seconds before the deadline the group gets SIGTERM (rlt's stages then save their last step), at
+    the deadline SIGKILL; the whole group goes, a unit's own children with it. The runner stopped
     (Ctrl-C, SIGTERM) takes its unit down too, the same way: SIGTERM, up to `grace` seconds to save its last step,
     then SIGKILL, so nothing runs on past the deadline unaccounted and a piece cut short keeps what it trained."""
     with contextlib.ExitStack() as stack:
@@ -198,7 +198,7 @@ def run_until(cmd: list[str], deadline: float, grace: float = 0.0, log: Path | N
         proc = subprocess.Popen(
             cmd,
             start_new_session=True,
-            preexec_fn=lambda: set_autogroup_nice("self", nice),  # noqa: PLW1509 (no threads, see above)
+            preexec_fn=lambda: set_autogroup_nice(nice),  # noqa: PLW1509 (no threads, see above)
             stdout=out,
             stderr=subprocess.STDOUT if out else None,
             env=own_code_env(),
