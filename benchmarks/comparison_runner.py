@@ -35,7 +35,8 @@ FIRST_ESTIMATE = {"rl": 7200.0, "sft-continued": 1800.0, "sft-convergence": 3600
 # teaching_comparison.RL_SAVE steps; the student stage on SIGTERM) and a re-run continues from the last one (rlt's restarts change nothing:
 # tests/training/test_restart_changes_nothing), so they may start with PIECE seconds left and are stopped at the
 # deadline, to go on next time. GRACE seconds before the deadline a unit gets SIGTERM, on which the stage saves its
-# last finished step (step 0's 180 s: a student step took up to ~160 s there).
+# last finished step (step 0's 180 s: a student step took up to ~160 s there). A unit starved of the cores (a CI
+# run beside it at a higher priority) may save nothing in the grace: the runner says what each piece kept.
 PIECE, GRACE = 1200.0, 180.0
 COURTESY = 20.0  # seconds between units without the lock
 
@@ -59,6 +60,11 @@ def parse_unit(name: str) -> tuple[str, int | None]:
         f"unit {name!r}: expected <teacher arm>.teacher ({', '.join(TEACHER_ARMS)}) or <arm>.student<j> "
         f"(j 1 … {STUDENT_SEED_BASE - 1}; arms {', '.join(ARMS)})"
     )
+
+
+def run_name(arm: str, seed: int, student: int | None = None) -> str:
+    """The RLTRun of a unit: teach-<arm>-seed<s> (a teacher unit) or teach-<arm>-seed<s>-student<j>."""
+    return f"teach-{arm}-seed{seed}" + ("" if student is None else f"-student{student}")
 
 
 def student_seed(seed: int, student: int) -> int:
@@ -122,7 +128,7 @@ def run_units(
         return need, PIECE if piece and need > left else need
 
     def stopped_note(name: str) -> str:
-        return " (it continues from its last checkpoint next time)" if resumable(name) else ""
+        return " (a piece: the next run goes on from what it kept)" if resumable(name) else ""
 
     units = plan(seeds, students, secondary)
     key = lambda r: (r["unit"], r["seed"])  # noqa: E731
@@ -221,7 +227,9 @@ def unit_runner(
                 append_row(pieces_file(out, name, seed), {"seconds": round(time.time() - started, 1)})
                 raise
             if status is None:  # stopped: its seconds so far count when a later piece finishes it
-                append_row(pieces_file(out, name, seed), {"seconds": round(time.time() - started, 1)})
+                kept = kept_checkpoints(out, name, seed)
+                append_row(pieces_file(out, name, seed), {"seconds": round(time.time() - started, 1), "kept": kept})
+                print(f"[deadline] seed {seed} {name}: the piece kept {kept_note(kept)}", flush=True)
                 return None
         if lock:
             time.sleep(COURTESY)
@@ -230,6 +238,26 @@ def unit_runner(
         return dict(json.loads(result.read_text()))
 
     return run
+
+
+def kept_checkpoints(out: Path, name: str, seed: int) -> list[str]:
+    """The newest complete checkpoint of each unfinished stage of the unit's run ("<stage>/checkpoint-<step>"):
+    where its next piece goes on from; a stage with none starts over."""
+    from rlt.contract.layout import RunLayout, newest_complete_checkpoint
+
+    arm, student = parse_unit(name)
+    layout = RunLayout.for_run(out, run_name(arm, seed, student))
+    stages = sorted(p.name for p in layout.root.iterdir() if p.is_dir()) if layout.root.is_dir() else []
+    kept = []
+    for stage in stages:
+        newest = newest_complete_checkpoint(layout.checkpoints_dir(stage))
+        if newest is not None and not layout.stage_done(stage).exists():
+            kept.append(f"{stage}/{newest.name}")
+    return kept
+
+
+def kept_note(kept: list[str]) -> str:
+    return ", ".join(kept) if kept else "no checkpoint (none saved in time): its unfinished stage starts over"
 
 
 def pieces_file(out: Path, name: str, seed: int) -> Path:

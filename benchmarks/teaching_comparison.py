@@ -65,6 +65,7 @@ from comparison_runner import (
     parse_unit,
     pieces_file,
     progress,
+    run_name,
     run_units,
     student_seed,
     teacher_row,
@@ -172,10 +173,6 @@ def friendly_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---- each arm as an RLTRun
-
-
-def run_name(arm: str, seed: int) -> str:
-    return f"teach-{arm}-seed{seed}"
 
 
 def run_spec(
@@ -461,8 +458,9 @@ def student_unit(
             rows = training_rows(s)
             write_trace_dataset(path, rows if arm == "raw" else friendly_rows(rows))
 
-    run_name_ = f"teach-{arm}-seed{seed}-student{student}"
-    spec = run_spec(s, arm, student_seed(seed, student), write_heldout(s, out), part="student", name=run_name_)
+    spec = run_spec(
+        s, arm, student_seed(seed, student), write_heldout(s, out), part="student", name=run_name(arm, seed, student)
+    )
     row = {"kind": "student", "unit": name, "arm": arm, "seed": seed, "student": student}
     row |= {"student_seed": student_seed(seed, student)}
     if teacher is not None:

@@ -409,7 +409,7 @@ def test_the_rl_teacher_and_the_students_start_as_pieces_and_sft_continued_does_
     assert units.calls == [] and "seed 1 rl.teacher not started" in logs[-1]
     units.deadline = piece + 1
     assert tc["run_units"]([1], tmp_path / "u.jsonl", units, piece + 1, first, units.clock, logs.append) == []
-    assert units.calls == [("rl.teacher", 1)] and "continues from its last checkpoint" in logs[-1]
+    assert units.calls == [("rl.teacher", 1)] and "the next run goes on from what it kept" in logs[-1]
     units = FakeUnits(took, stop_at=("rl.student1", 1))
     done = {"unit": "rl.teacher", "arm": "rl", "seed": 1, "seconds": 10.0}
     (tmp_path / "v.jsonl").write_text(json.dumps(done) + "\n")
@@ -419,10 +419,10 @@ def test_the_rl_teacher_and_the_students_start_as_pieces_and_sft_continued_does_
     (tmp_path / "v.jsonl").write_text(json.dumps(done) + "\n" + json.dumps(done | {"unit": "sft-continued.teacher"}))
     first["student"] = 2 * piece
     assert tc["run_units"]([1], tmp_path / "v.jsonl", units, piece + 1, first, units.clock, logs.append) == []
-    assert units.calls == [("rl.student1", 1)] and "continues from its last checkpoint" in logs[-1]
+    assert units.calls == [("rl.student1", 1)] and "the next run goes on from what it kept" in logs[-1]
 
 
-def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc, tmp_path):
+def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc, tmp_path, capsys):
     import time
 
     grace = tc["unit_runner"].__globals__["GRACE"]
@@ -430,7 +430,31 @@ def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc,
     assert run("rl.teacher", 1, 1.0) is None  # the tiny rl unit takes longer than 4 s: SIGTERM, then killed
     pieces = [json.loads(x) for x in tc["pieces_file"](tmp_path, "rl.teacher", 1).read_text().splitlines()]
     assert len(pieces) == 1 and 3.0 <= pieces[0]["seconds"] < grace + 30
+    # stopped in its first seconds (before sft's first step): nothing to go on from, and the runner says so
+    assert pieces[0]["kept"] == [] and "rl.teacher: the piece kept no checkpoint" in capsys.readouterr().out
     assert not (tmp_path / "unit-rl.teacher-seed1.json").exists() and (tmp_path / "unit-rl.teacher-seed1.log").exists()
+
+
+def test_a_stopped_piece_names_the_checkpoints_its_next_piece_goes_on_from(tc, tmp_path):
+    """What a piece kept: the newest complete checkpoint of each unfinished stage; a finished stage's, an
+    incomplete checkpoint (no marker: not every rank saved it) and another unit's run are not."""
+    from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
+
+    kept = tc["unit_runner"].__globals__["kept_checkpoints"]
+    assert kept(tmp_path, "rl.teacher", 4) == []  # the unit never started: no run folder
+    layout = RunLayout.for_run(tmp_path, "teach-rl-seed4")
+    for stage, step, complete in [("sft", 8, True), ("rl", 5, True), ("rl", 10, True), ("rl", 15, False)]:
+        layout.checkpoint_dir(stage, step).mkdir(parents=True)
+        if complete:
+            (layout.checkpoint_dir(stage, step) / CHECKPOINT_COMPLETE).touch()
+    layout.stage_done("sft").touch()
+    (layout.root / "distill").mkdir()
+    other = RunLayout.for_run(tmp_path, "teach-rl-seed4-student1")
+    other.checkpoint_dir("student", 12).mkdir(parents=True)
+    (other.checkpoint_dir("student", 12) / CHECKPOINT_COMPLETE).touch()
+    assert kept(tmp_path, "rl.teacher", 4) == ["rl/checkpoint-10"]
+    assert kept(tmp_path, "rl.student1", 4) == ["student/checkpoint-12"]
+    assert kept(tmp_path, "rl.student2", 4) == []
 
 
 def test_a_unit_taken_down_with_its_runner_keeps_its_seconds_too(tc, tmp_path, monkeypatch):
