@@ -31,6 +31,7 @@ N_RED = 4 * N
 # The signal goes only while the server has made less than this share of the two rollouts' tokens (else that try is
 # let finish and the pair asked again): it then lands with most of the decoding still ahead.
 EARLY = 0.25
+TRIES = 10  # pairs of rollouts asked for until one is caught early (each a few seconds)
 
 
 def builder_shutdown_flags() -> list[str]:
@@ -101,10 +102,10 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch, n: int, patience: 
 
     # The signal must find both requests decoding, early. On a fast or unevenly loaded machine one client may start
     # late and the other's rollout end first, or both run only when most is made: then both are let finish and the
-    # pair is asked again (up to 5 times).
+    # pair is asked again (up to TRIES times: a CI run beside busy loops saw 5 tries in a row end so, ~10 s each).
     total = 2 * PROMPTS * n * MAX_TOKENS
     made = 0.0
-    for _attempt in range(5):
+    for _attempt in range(TRIES):
         got.clear()
         streamed.clear()
         before = generated_tokens(base)
@@ -123,7 +124,8 @@ def rollout_through_sigterm(base: str, pid: int, monkeypatch, n: int, patience: 
             t.join(timeout=300)
     else:
         raise AssertionError(
-            f"a rollout ended, or had made {made:.0f} of {total} tokens, before the signal in 5 tries: make it longer"
+            f"a rollout ended, or had made {made:.0f} of {total} tokens, before the signal in {TRIES} tries: make it "
+            "longer"
         )
     os.kill(pid, signal.SIGTERM)  # mid-rollout
     for t in asking:
