@@ -244,12 +244,14 @@ def kept_checkpoints(out: Path, name: str, seed: int) -> list[str]:
     """The newest complete checkpoint of each unfinished stage of the unit's run ("<stage>/checkpoint-<step>"):
     where its next piece goes on from; a stage with none starts over."""
     from rlt.contract.layout import RunLayout, newest_complete_checkpoint
+    from rlt.contract.stage_registry import STAGE_ORDER
 
     arm, student = parse_unit(name)
     layout = RunLayout.for_run(out, run_name(arm, seed, student))
-    stages = sorted(p.name for p in layout.root.iterdir() if p.is_dir()) if layout.root.is_dir() else []
     kept = []
-    for stage in stages:
+    for stage in STAGE_ORDER:  # the run folder also holds plots/, tracking/, cache/: not stages
+        if not layout.stage_dir(stage).is_dir():
+            continue
         newest = newest_complete_checkpoint(layout.checkpoints_dir(stage))
         if newest is not None and not layout.stage_done(stage).exists():
             kept.append(f"{stage}/{newest.name}")
