@@ -227,7 +227,7 @@ def unit_runner(
                 append_row(pieces_file(out, name, seed), {"seconds": round(time.time() - started, 1)})
                 raise
             if status is None:  # stopped: its seconds so far count when a later piece finishes it
-                kept = kept_checkpoints(out, name, seed)
+                kept = kept_progress(out, name, seed)
                 append_row(pieces_file(out, name, seed), {"seconds": round(time.time() - started, 1), "kept": kept})
                 print(f"[deadline] seed {seed} {name}: the piece kept {kept_note(kept)}", flush=True)
                 return None
@@ -240,26 +240,41 @@ def unit_runner(
     return run
 
 
-def kept_checkpoints(out: Path, name: str, seed: int) -> list[str]:
-    """The newest complete checkpoint of each unfinished stage of the unit's run ("<stage>/checkpoint-<step>"):
-    where its next piece goes on from; a stage with none starts over."""
+def kept_progress(out: Path, name: str, seed: int) -> list[str]:
+    """Where the unit's next piece goes on from, per unfinished stage of its run: the newest complete checkpoint
+    ("rl/checkpoint-40"), or for a stage that resumes by row the rows written ("distill/240 rows"); a stage with
+    neither starts over."""
     from rlt.contract.layout import RunLayout, newest_complete_checkpoint
-    from rlt.contract.stage_registry import STAGE_ORDER
+    from rlt.contract.stage_registry import STAGE_ORDER, stage_info
 
     arm, student = parse_unit(name)
     layout = RunLayout.for_run(out, run_name(arm, seed, student))
     kept = []
     for stage in STAGE_ORDER:  # the run folder also holds plots/, tracking/, cache/: not stages
-        if not layout.stage_dir(stage).is_dir():
+        if not layout.stage_dir(stage).is_dir() or layout.stage_done(stage).exists():
             continue
-        newest = newest_complete_checkpoint(layout.checkpoints_dir(stage))
-        if newest is not None and not layout.stage_done(stage).exists():
+        if stage_info(stage).resumes_by_row:
+            if rows := rows_written(layout, stage):
+                kept.append(f"{stage}/{rows} rows")
+        elif (newest := newest_complete_checkpoint(layout.checkpoints_dir(stage))) is not None:
             kept.append(f"{stage}/{newest.name}")
     return kept
 
 
+def rows_written(layout: Any, stage: str) -> int:
+    """The rows a by-row stage has on disk for the run's spec (its part files, which its restart reads)."""
+    from rlt.spec.fingerprint import compared_fingerprint
+    from rlt.spec.loading import read_runs
+    from rlt.stages.distill_parts import parts_dir, read_done
+
+    if not layout.run_file.is_file():
+        return 0
+    spec = read_runs(layout.run_file)[0].spec
+    return len(read_done(parts_dir(layout.stage_dir(stage), compared_fingerprint(spec, stage))))
+
+
 def kept_note(kept: list[str]) -> str:
-    return ", ".join(kept) if kept else "no checkpoint (none saved in time): its unfinished stage starts over"
+    return ", ".join(kept) if kept else "nothing (no checkpoint or row saved in time): its unfinished stage starts over"
 
 
 def pieces_file(out: Path, name: str, seed: int) -> Path:

@@ -434,8 +434,9 @@ def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc,
     from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
 
     kept, layout = pieces[0]["kept"], RunLayout.for_run(tmp_path, "teach-rl-seed1")
-    for stage, checkpoint in (k.split("/") for k in kept):
-        assert (layout.checkpoints_dir(stage) / checkpoint / CHECKPOINT_COMPLETE).is_file()
+    for stage, what in (k.split("/") for k in kept):
+        assert what.endswith(" rows") if stage == "distill" else (layout.checkpoints_dir(stage) / what).is_dir()
+        assert stage == "distill" or (layout.checkpoints_dir(stage) / what / CHECKPOINT_COMPLETE).is_file()
     kept_note = tc["unit_runner"].__globals__["kept_note"]
     assert f"rl.teacher: the piece kept {kept_note(kept)}" in capsys.readouterr().out
     assert not (tmp_path / "unit-rl.teacher-seed1.json").exists() and (tmp_path / "unit-rl.teacher-seed1.log").exists()
@@ -446,7 +447,7 @@ def test_a_stopped_piece_names_the_checkpoints_its_next_piece_goes_on_from(tc, t
     incomplete checkpoint (no marker: not every rank saved it) and another unit's run are not."""
     from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
 
-    kept = tc["unit_runner"].__globals__["kept_checkpoints"]
+    kept = tc["unit_runner"].__globals__["kept_progress"]
     assert kept(tmp_path, "rl.teacher", 4) == []  # the unit never started: no run folder
     layout = RunLayout.for_run(tmp_path, "teach-rl-seed4")
     for stage, step, complete in [("sft", 8, True), ("rl", 5, True), ("rl", 10, True), ("rl", 15, False)]:
@@ -463,6 +464,37 @@ def test_a_stopped_piece_names_the_checkpoints_its_next_piece_goes_on_from(tc, t
     assert kept(tmp_path, "rl.teacher", 4) == ["rl/checkpoint-10"]
     assert kept(tmp_path, "rl.student1", 4) == ["student/checkpoint-12"]
     assert kept(tmp_path, "rl.student2", 4) == []
+
+
+def test_a_piece_stopped_in_distill_names_the_rows_its_next_piece_keeps(tc, tmp_path):
+    """Distill resumes by row, not from a checkpoint: a piece stopped in it kept the rows in the part files of the
+    run's spec (a torn last line is no row; the parts of an edited spec are not read by the restart, so not
+    counted)."""
+    import yaml
+    from suite_helpers import tiny_doc
+
+    from rlt.contract.layout import RunLayout
+    from rlt.spec.fingerprint import compared_fingerprint
+    from rlt.spec.run import RLTRun
+    from rlt.stages.distill_parts import append_rows, parts_dir, rank_file
+
+    kept = tc["unit_runner"].__globals__["kept_progress"]
+    layout = RunLayout.for_run(tmp_path, "teach-rl-seed6")
+    doc = tiny_doc()
+    layout.run_file.parent.mkdir(parents=True)
+    layout.run_file.write_text(yaml.safe_dump(doc))
+    for stage in ("sft", "rl"):
+        layout.stage_done(stage).parent.mkdir(parents=True)
+        layout.stage_done(stage).touch()
+    mine = parts_dir(layout.stage_dir("distill"), compared_fingerprint(RLTRun.model_validate(doc).spec, "distill"))
+    append_rows(rank_file(mine, 0), [(0, {"a": 1}), (1, {"a": 2})])
+    append_rows(rank_file(mine, 1), [(2, {"a": 3})])
+    with rank_file(mine, 1).open("a") as torn:
+        torn.write('{"index": 3, "ro')
+    append_rows(rank_file(parts_dir(layout.stage_dir("distill"), "an-edited-spec"), 0), [(5, {"a": 6})])
+    assert kept(tmp_path, "rl.teacher", 6) == ["distill/3 rows"]
+    layout.stage_done("distill").touch()
+    assert kept(tmp_path, "rl.teacher", 6) == []  # a finished stage keeps nothing to go on from
 
 
 def test_a_unit_taken_down_with_its_runner_keeps_its_seconds_too(tc, tmp_path, monkeypatch):
