@@ -434,9 +434,11 @@ def test_a_unit_stopped_at_the_deadline_keeps_its_seconds_for_the_next_piece(tc,
     from rlt.contract.layout import CHECKPOINT_COMPLETE, RunLayout
 
     kept, layout = pieces[0]["kept"], RunLayout.for_run(tmp_path, "teach-rl-seed1")
-    for stage, what in (k.split("/") for k in kept):
-        assert what.endswith(" rows") if stage == "distill" else (layout.checkpoints_dir(stage) / what).is_dir()
-        assert stage == "distill" or (layout.checkpoints_dir(stage) / what / CHECKPOINT_COMPLETE).is_file()
+    for stage, what in (k.split("/") for k in kept):  # distill resumes by row; every other stage from a checkpoint
+        if stage == "distill":
+            assert what.endswith(" rows"), what
+        else:
+            assert (layout.checkpoints_dir(stage) / what / CHECKPOINT_COMPLETE).is_file(), what
     kept_note = tc["unit_runner"].__globals__["kept_note"]
     assert f"rl.teacher: the piece kept {kept_note(kept)}" in capsys.readouterr().out
     assert not (tmp_path / "unit-rl.teacher-seed1.json").exists() and (tmp_path / "unit-rl.teacher-seed1.log").exists()
